@@ -1,0 +1,422 @@
+package llmlb
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Balancer picks an endpoint for each request and accounts for the work it
+// has sent to each endpoint until the request is done. Create one with [New].
+//
+// Pick, the methods of [Pick], Update, SetHealthy and Stats are safe for
+// concurrent use by multiple goroutines; Pick and the pick handle never block
+// on I/O and do not allocate for count-based policies.
+type Balancer struct {
+	policy    Policy
+	clock     Clock
+	signal    Signal
+	maxAge    time.Duration
+	allowance int
+	slow      SlowStart
+
+	randMu sync.Mutex // protects src
+	src    rand.Source
+
+	snap      atomic.Pointer[snapshot]
+	unhealthy atomic.Int64 // members currently marked unhealthy
+	slowUntil atomic.Int64 // unix nanos after which no member is in slow start
+
+	mu          sync.Mutex // serializes Update and SetHealthy
+	initialized bool       // a non-empty membership was seen
+}
+
+// snapshot is an immutable membership. Pick reads it without locks; Update
+// replaces it.
+type snapshot struct {
+	eps   []*epState
+	byKey map[string]*epState
+	gen   uint64
+}
+
+// generations numbers memberships across all balancers, so a policy may cache
+// a structure derived from the membership under its generation.
+var generations atomic.Uint64
+
+// epState is the accounting of one endpoint. It lives as long as the endpoint
+// is a member and past that while handles still point to it.
+type epState struct {
+	key  string
+	desc atomic.Pointer[epDesc] // replaced by Update, read by Pick
+
+	outstanding atomic.Int64 // requests picked and not done
+	queued      atomic.Int64 // requests picked and before their first token
+	prefill     atomic.Int64 // prompt tokens picked and not yet prefilled
+	decode      atomic.Int64 // expected decode tokens of outstanding requests
+	unhealthy   atomic.Bool
+	started     atomic.Int64 // unix nanos slow start began; 0 = never in slow start
+
+	// Own dispatches since the current observation was first seen; used
+	// only when a signal is configured.
+	mu       sync.Mutex // protects the fields below
+	obsAt    int64      // At (unix nanos) of the observation the epoch belongs to
+	epoch    uint64
+	epReqs   int64
+	epTokens int64
+}
+
+// epDesc is the part of an endpoint that Update may change while its
+// accounting continues.
+type epDesc struct {
+	ep     Endpoint
+	weight float64
+}
+
+// New returns a Balancer that chooses with policy. It has no endpoints until
+// [Balancer.Update] is called.
+func New(policy Policy, opts ...Option) (*Balancer, error) {
+	if policy == nil {
+		return nil, fmt.Errorf("%w: nil policy", ErrInvalidOption)
+	}
+	cfg := config{clock: systemClock{}, allowance: DefaultDecodeAllowance}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: nil option", ErrInvalidOption)
+		}
+		if err := o.apply(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	b := &Balancer{
+		policy:    policy,
+		clock:     cfg.clock,
+		signal:    cfg.signal,
+		maxAge:    cfg.maxSignalAge,
+		allowance: cfg.allowance,
+		slow:      cfg.slow,
+		src:       cfg.src,
+	}
+	b.snap.Store(&snapshot{byKey: map[string]*epState{}, gen: generations.Add(1)})
+	return b, nil
+}
+
+// Update replaces the membership with eps. Endpoints whose key stays keep
+// their accounting and health; requests picked before the update finish
+// correctly after it even if their endpoint is gone. Endpoints added after the
+// first non-empty membership start in slow start. Update rejects a nil
+// endpoint, an empty or duplicate key, or a weight that is not finite and
+// positive with an error wrapping [ErrInvalidEndpoints], and then leaves the
+// membership unchanged.
+func (b *Balancer) Update(eps []Endpoint) error {
+	type entry struct {
+		ep     Endpoint
+		weight float64
+	}
+	entries := make([]entry, len(eps))
+	seen := make(map[string]struct{}, len(eps))
+	for i, ep := range eps {
+		if ep == nil {
+			return fmt.Errorf("%w: endpoint %d is nil", ErrInvalidEndpoints, i)
+		}
+		key := ep.Key()
+		if key == "" {
+			return fmt.Errorf("%w: endpoint %d has an empty key", ErrInvalidEndpoints, i)
+		}
+		if _, dup := seen[key]; dup {
+			return fmt.Errorf("%w: duplicate key %q", ErrInvalidEndpoints, key)
+		}
+		seen[key] = struct{}{}
+		w := 1.0
+		if wep, ok := ep.(interface{ Weight() float64 }); ok {
+			w = wep.Weight()
+			if !(w > 0) || math.IsInf(w, 0) {
+				return fmt.Errorf("%w: endpoint %q has weight %v; want finite and positive", ErrInvalidEndpoints, key, w)
+			}
+		}
+		entries[i] = entry{ep, w}
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := b.snap.Load()
+	next := &snapshot{
+		eps:   make([]*epState, len(entries)),
+		byKey: make(map[string]*epState, len(entries)),
+		gen:   generations.Add(1),
+	}
+	var now int64
+	if b.initialized && b.slow.Window > 0 {
+		now = b.clock.Now().UnixNano()
+	}
+	var unhealthy int64
+	for i, e := range entries {
+		key := e.ep.Key()
+		st := old.byKey[key]
+		if st == nil {
+			st = &epState{key: key}
+			if now != 0 {
+				st.started.Store(now)
+				b.extendSlowStart(now)
+			}
+		}
+		st.desc.Store(&epDesc{ep: e.ep, weight: e.weight})
+		if st.unhealthy.Load() {
+			unhealthy++
+		}
+		next.eps[i] = st
+		next.byKey[key] = st
+	}
+	if len(entries) > 0 {
+		b.initialized = true
+	}
+	b.unhealthy.Store(unhealthy)
+	b.snap.Store(next)
+	return nil
+}
+
+func (b *Balancer) extendSlowStart(startNanos int64) {
+	until := startNanos + int64(b.slow.Window)
+	for {
+		cur := b.slowUntil.Load()
+		if cur >= until || b.slowUntil.CompareAndSwap(cur, until) {
+			return
+		}
+	}
+}
+
+// SetHealthy marks the endpoint with key healthy or unhealthy. Unhealthy
+// endpoints are not picked while a healthy one is a candidate; when every
+// candidate of a request is unhealthy the balancer picks among them anyway
+// (Envoy's panic mode), since failing every request is worse than trying.
+// In-flight requests of an unhealthy endpoint finish normally. An endpoint
+// marked healthy again starts slow start. Busy is not unhealthy: a saturated
+// endpoint should stay healthy and is only scored lower by the policy.
+func (b *Balancer) SetHealthy(key string, healthy bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.snap.Load().byKey[key]
+	if st == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownEndpoint, key)
+	}
+	if st.unhealthy.Load() == !healthy {
+		return nil
+	}
+	st.unhealthy.Store(!healthy)
+	if healthy {
+		b.unhealthy.Add(-1)
+		if b.slow.Window > 0 {
+			now := b.clock.Now().UnixNano()
+			st.started.Store(now)
+			b.extendSlowStart(now)
+		}
+	} else {
+		b.unhealthy.Add(1)
+	}
+	return nil
+}
+
+// EndpointStats is this balancer's accounting of one endpoint.
+type EndpointStats struct {
+	Key           string
+	Outstanding   int64 // requests picked and not done
+	Queued        int64 // requests picked and before their first token
+	PrefillTokens int64 // prompt tokens picked and not yet prefilled
+	DecodeTokens  int64 // expected decode tokens of outstanding requests
+	Healthy       bool
+}
+
+// Stats returns the accounting of every member, in membership order.
+func (b *Balancer) Stats() []EndpointStats {
+	s := b.snap.Load()
+	out := make([]EndpointStats, len(s.eps))
+	for i, st := range s.eps {
+		out[i] = EndpointStats{
+			Key:           st.key,
+			Outstanding:   st.outstanding.Load(),
+			Queued:        st.queued.Load(),
+			PrefillTokens: st.prefill.Load(),
+			DecodeTokens:  st.decode.Load(),
+			Healthy:       !st.unhealthy.Load(),
+		}
+	}
+	return out
+}
+
+// Pick chooses an endpoint for r and charges the request to it. The caller
+// must call Done on the returned handle exactly when the request ends (more
+// calls are no-ops), and FirstToken when the first token is streamed. A nil r
+// is the zero Request. Pick returns ctx's error if ctx is done, and errors
+// wrapping [ErrInvalidRequest], [ErrNoEndpoints] or [ErrNoCandidates].
+func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
+	if ctx != nil {
+		if err := ctx.Err(); err != nil {
+			return Pick{}, err
+		}
+	}
+	c := candidatesPool.Get().(*Candidates)
+	defer c.release()
+	if r != nil {
+		if err := r.validate(); err != nil {
+			return Pick{}, err
+		}
+		c.req = *r
+	}
+	snap := b.snap.Load()
+	if len(snap.eps) == 0 {
+		return Pick{}, ErrNoEndpoints
+	}
+	if err := c.init(b, snap); err != nil {
+		return Pick{}, err
+	}
+	i := 0
+	if c.Len() > 1 {
+		i = b.policy.Choose(c)
+		if i < 0 || i >= c.Len() {
+			return Pick{}, fmt.Errorf("llmlb: policy %T chose %d of %d candidates", b.policy, i, c.Len())
+		}
+	}
+	return b.commit(c, c.state(i)), nil
+}
+
+// commit charges c's request to st and returns its handle.
+func (b *Balancer) commit(c *Candidates, st *epState) Pick {
+	r := &c.req
+	prefill := int64(r.PromptTokens - min(c.cached, r.PromptTokens))
+	decode := b.decodeEstimate(r)
+	st.outstanding.Add(1)
+	st.queued.Add(1)
+	st.prefill.Add(prefill)
+	st.decode.Add(decode)
+
+	rec := recordPool.Get().(*record)
+	rec.st.Store(st)
+	rec.prefill.Store(prefill)
+	rec.decode.Store(decode)
+	rec.epoch.Store(0)
+	if b.signal != nil {
+		tokens := prefill + decode
+		obs, fresh := c.observe(st)
+		st.mu.Lock()
+		if fresh {
+			st.roll(obs.At.UnixNano())
+		}
+		st.epReqs++
+		st.epTokens += tokens
+		epoch := st.epoch
+		st.mu.Unlock()
+		rec.epoch.Store(epoch + 1) // 0 means "not tracked"
+		rec.epTokens.Store(tokens)
+	}
+	gen := rec.state.Add(1) // even (free) -> odd (picked)
+	return Pick{rec: rec, gen: gen, ep: st.desc.Load().ep}
+}
+
+// Pick is the handle of one picked request. Its zero value (returned with an
+// error) is inert. A Pick may be copied; all copies refer to the same request.
+//
+// The request moves through two states: picked (its prompt is charged as
+// prefill work) and, after FirstToken, streaming (only its decode work is
+// charged). Done releases everything. FirstToken and Done are idempotent and
+// safe to call concurrently; after Done both are no-ops, even if the
+// balancer's storage for the handle was reused by a later request.
+type Pick struct {
+	rec *record
+	gen uint64
+	ep  Endpoint
+}
+
+// Endpoint returns the picked endpoint, or nil for the zero Pick.
+func (p Pick) Endpoint() Endpoint { return p.ep }
+
+// FirstToken records that prefill is done and streaming began: the request's
+// prompt tokens stop counting as pending prefill. It is the commitment point
+// after which retries and hedges are no longer invisible to the user.
+func (p Pick) FirstToken() {
+	rec := p.rec
+	if rec == nil {
+		return
+	}
+	st, prefill := rec.st.Load(), rec.prefill.Load()
+	if !rec.state.CompareAndSwap(p.gen, p.gen|streamingBit) {
+		return
+	}
+	st.prefill.Add(-prefill)
+	st.queued.Add(-1)
+}
+
+// Done records that the request finished, successfully or not (err is
+// informational). It releases all the work charged to the endpoint. Calls
+// after the first are no-ops.
+func (p Pick) Done(err error) {
+	rec := p.rec
+	if rec == nil {
+		return
+	}
+	st, prefill, decode := rec.st.Load(), rec.prefill.Load(), rec.decode.Load()
+	epoch, epTokens := rec.epoch.Load(), rec.epTokens.Load()
+	next := (p.gen &^ streamingBit) + 1 // odd -> even: free
+	if rec.state.CompareAndSwap(p.gen, next) {
+		st.prefill.Add(-prefill)
+		st.queued.Add(-1)
+	} else if !rec.state.CompareAndSwap(p.gen|streamingBit, next) {
+		return
+	}
+	st.decode.Add(-decode)
+	st.outstanding.Add(-1)
+	if epoch != 0 {
+		st.mu.Lock()
+		if st.epoch == epoch-1 {
+			st.epReqs--
+			st.epTokens -= epTokens
+		}
+		st.mu.Unlock()
+	}
+	recordPool.Put(rec)
+}
+
+// streamingBit marks a picked request whose first token was seen. Generations
+// advance by 2 per request (free -> picked -> free), so bit 62 never carries.
+const streamingBit = 1 << 62
+
+// record is the pooled storage behind a Pick. Its fields are atomic because a
+// stale handle may read them while a later request reuses the record; the
+// state's compare-and-swap then fails and the values read are discarded.
+type record struct {
+	state    atomic.Uint64 // generation: even = free, odd = picked; | streamingBit
+	st       atomic.Pointer[epState]
+	prefill  atomic.Int64
+	decode   atomic.Int64
+	epoch    atomic.Uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
+	epTokens atomic.Int64
+}
+
+var recordPool = sync.Pool{New: func() any { return new(record) }}
+
+// uint64n returns a uniformly distributed number in [0, n).
+func (b *Balancer) uint64n(n uint64) uint64 {
+	var x uint64
+	if b.src == nil {
+		return rand.Uint64N(n)
+	}
+	b.randMu.Lock()
+	x = b.src.Uint64()
+	b.randMu.Unlock()
+	// Lemire's multiply-shift; the bias is below 2^-32 for the n used here.
+	hi, _ := bits.Mul64(x, n)
+	return hi
+}
+
+func (b *Balancer) float64() float64 {
+	if b.src == nil {
+		return rand.Float64()
+	}
+	b.randMu.Lock()
+	x := b.src.Uint64()
+	b.randMu.Unlock()
+	return float64(x>>11) / (1 << 53)
+}

@@ -1,0 +1,275 @@
+package llmlb
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// Candidates is the view a [Policy] chooses from: the endpoints a request may
+// go to, with the balancer's estimate of each one's load. It is valid only
+// during Policy.Choose; indexes run from 0 to Len()-1.
+type Candidates struct {
+	b      *Balancer
+	snap   *snapshot
+	idx    []int32 // member indexes of the candidates; used when filtered
+	all    bool    // every member is a candidate
+	req    Request
+	cached int
+	now    int64 // unix nanos, read from the clock on first use; 0 = not yet
+}
+
+var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
+
+func (c *Candidates) release() {
+	c.b, c.snap, c.req, c.cached, c.now = nil, nil, Request{}, 0, 0
+	c.idx = c.idx[:0]
+	candidatesPool.Put(c)
+}
+
+// init selects the candidates: members not excluded by the request, and of
+// those the healthy ones if any is healthy.
+func (c *Candidates) init(b *Balancer, snap *snapshot) error {
+	c.b, c.snap = b, snap
+	c.all = len(c.req.Exclude) == 0 && b.unhealthy.Load() == 0
+	if c.all {
+		return nil
+	}
+	c.idx = c.idx[:0]
+	sick := 0
+	for i, st := range snap.eps {
+		if excluded(c.req.Exclude, st.key) {
+			continue
+		}
+		if st.unhealthy.Load() {
+			sick++
+			continue
+		}
+		c.idx = append(c.idx, int32(i))
+	}
+	if len(c.idx) > 0 {
+		return nil
+	}
+	if sick == 0 {
+		return fmt.Errorf("%w: all %d endpoints excluded", ErrNoCandidates, len(snap.eps))
+	}
+	// Panic mode: only unhealthy endpoints remain; pick among them.
+	for i, st := range snap.eps {
+		if !excluded(c.req.Exclude, st.key) {
+			c.idx = append(c.idx, int32(i))
+		}
+	}
+	return nil
+}
+
+func excluded(keys []string, key string) bool {
+	for _, k := range keys {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// Len returns the number of candidates.
+func (c *Candidates) Len() int {
+	if c.all {
+		return len(c.snap.eps)
+	}
+	return len(c.idx)
+}
+
+func (c *Candidates) state(i int) *epState {
+	if c.all {
+		return c.snap.eps[i]
+	}
+	return c.snap.eps[c.idx[i]]
+}
+
+// Endpoint returns candidate i.
+func (c *Candidates) Endpoint(i int) Endpoint { return c.state(i).desc.Load().ep }
+
+// Key returns the key of candidate i.
+func (c *Candidates) Key(i int) string { return c.state(i).key }
+
+// Member returns the position of candidate i in the membership passed to the
+// last [Balancer.Update]. Together with Generation it lets a policy keep
+// per-endpoint state in a slice.
+func (c *Candidates) Member(i int) int {
+	if c.all {
+		return i
+	}
+	return int(c.idx[i])
+}
+
+// Members returns the number of endpoints in the membership.
+func (c *Candidates) Members() int { return len(c.snap.eps) }
+
+// MemberKey returns the key of the member at position m (see Member).
+func (c *Candidates) MemberKey(m int) string { return c.snap.eps[m].key }
+
+// Generation identifies the membership: it changes with every
+// [Balancer.Update] and is unique across balancers, so a policy can cache a
+// structure derived from the membership (a hash ring) under it.
+func (c *Candidates) Generation() uint64 { return c.snap.gen }
+
+// Request returns the request being picked for. The policy must not modify
+// it or retain it.
+func (c *Candidates) Request() *Request { return &c.req }
+
+// SetCachedTokens tells the balancer how many of the request's prompt tokens
+// the policy expects the chosen endpoint to serve from its prefix cache; they
+// are not charged as prefill work. Policies that know nothing of prefixes
+// leave it at 0.
+func (c *Candidates) SetCachedTokens(n int) { c.cached = max(n, 0) }
+
+// Uint64N returns a uniform random number in [0, n) from the balancer's
+// random source. n must be positive.
+func (c *Candidates) Uint64N(n uint64) uint64 { return c.b.uint64n(n) }
+
+// Float64 returns a uniform random number in [0, 1) from the balancer's
+// random source.
+func (c *Candidates) Float64() float64 { return c.b.float64() }
+
+// Now returns the balancer clock's time, read once per pick.
+func (c *Candidates) Now() time.Time { return time.Unix(0, c.nowNanos()) }
+
+func (c *Candidates) nowNanos() int64 {
+	if c.now == 0 {
+		c.now = c.b.clock.Now().UnixNano()
+	}
+	return c.now
+}
+
+// RequestTokens returns the work, in tokens, that the request being picked
+// adds to an endpoint: its prompt tokens plus its expected decode tokens
+// (OutputTokens, else the decode allowance capped by MaxTokens).
+func (c *Candidates) RequestTokens() int64 {
+	return int64(c.req.PromptTokens) + c.b.decodeEstimate(&c.req)
+}
+
+// EndpointLoad is the balancer's estimate of one candidate's load.
+type EndpointLoad struct {
+	// Outstanding, Queued, PrefillTokens and DecodeTokens are this
+	// balancer's own exact counts: requests picked and not done, of those
+	// the ones before their first token, prompt tokens not yet prefilled,
+	// and expected decode tokens.
+	Outstanding   int64
+	Queued        int64
+	PrefillTokens int64
+	DecodeTokens  int64
+	// Requests and Waiting estimate the requests at the endpoint from all
+	// routers, in total and queued in the engine: with a fresh signal, the
+	// observation plus this balancer's dispatches since it (never less than
+	// this balancer's own counts); otherwise Outstanding and Queued.
+	Requests int64
+	Waiting  int64
+	// KVUsage estimates the fraction of KV blocks in use, corrected with the
+	// tokens dispatched since the observation when the capacity is known. It
+	// may exceed 1 when more was sent than fits. NaN when no fresh signal
+	// reports it.
+	KVUsage float64
+	// KVBlocks and BlockSize are the reported KV capacity, 0 if unknown.
+	KVBlocks  int
+	BlockSize int
+	// Fresh reports whether a signal observation younger than the maximum
+	// age was used.
+	Fresh bool
+	// Weight is the endpoint's effective weight: its static weight times its
+	// slow-start factor.
+	Weight float64
+}
+
+// Load returns the load estimate of candidate i. It consults the signal, so a
+// policy should call it once per candidate it considers.
+func (c *Candidates) Load(i int) EndpointLoad {
+	st := c.state(i)
+	l := EndpointLoad{
+		Outstanding:   st.outstanding.Load(),
+		Queued:        st.queued.Load(),
+		PrefillTokens: st.prefill.Load(),
+		DecodeTokens:  st.decode.Load(),
+		KVUsage:       math.NaN(),
+		Weight:        c.weight(st),
+	}
+	l.Requests, l.Waiting = l.Outstanding, l.Queued
+	if c.b.signal == nil {
+		return l
+	}
+	obs, ok := c.observe(st)
+	if !ok {
+		return l
+	}
+	reqs, tokens := st.correction(obs.At.UnixNano())
+	l.Fresh = true
+	l.Requests = max(int64(obs.Running+obs.Waiting)+reqs, l.Outstanding)
+	l.Waiting = max(int64(obs.Waiting)+reqs, l.Queued)
+	l.KVBlocks, l.BlockSize = obs.KVBlocks, obs.BlockSize
+	if !math.IsNaN(obs.KVUsage) {
+		l.KVUsage = obs.KVUsage
+		if capacity := obs.KVBlocks * obs.BlockSize; capacity > 0 {
+			l.KVUsage += float64(tokens) / float64(capacity)
+		}
+	}
+	return l
+}
+
+// Weight returns the effective weight of candidate i: its static weight
+// times its slow-start factor.
+func (c *Candidates) Weight(i int) float64 { return c.weight(c.state(i)) }
+
+func (c *Candidates) weight(st *epState) float64 {
+	w := st.desc.Load().weight
+	if until := c.b.slowUntil.Load(); until != 0 {
+		if started := st.started.Load(); started != 0 {
+			if now := c.nowNanos(); now < until {
+				w *= c.b.slow.factor(time.Duration(now - started))
+			}
+		}
+	}
+	return w
+}
+
+// observe returns st's observation if there is a valid one younger than the
+// maximum signal age.
+func (c *Candidates) observe(st *epState) (Load, bool) {
+	obs, ok := c.b.signal.Load(st.key)
+	if !ok || !obs.valid() || c.nowNanos()-obs.At.UnixNano() > int64(c.b.maxAge) {
+		return Load{}, false
+	}
+	return obs, true
+}
+
+// correction returns this balancer's dispatches to st, in requests and
+// tokens, made since the observation taken at at was first seen and still
+// outstanding.
+func (st *epState) correction(at int64) (reqs, tokens int64) {
+	st.mu.Lock()
+	st.roll(at)
+	reqs, tokens = st.epReqs, st.epTokens
+	st.mu.Unlock()
+	return reqs, tokens
+}
+
+// roll starts a new dispatch epoch if the observation at is newer than the
+// current epoch's. The caller holds st.mu.
+func (st *epState) roll(at int64) {
+	if at > st.obsAt {
+		st.obsAt = at
+		st.epoch++
+		st.epReqs, st.epTokens = 0, 0
+	}
+}
+
+// decodeEstimate is the decode work charged for r.
+func (b *Balancer) decodeEstimate(r *Request) int64 {
+	if r.OutputTokens > 0 {
+		return int64(r.OutputTokens)
+	}
+	d := int64(b.allowance)
+	if r.MaxTokens > 0 {
+		d = min(d, int64(r.MaxTokens))
+	}
+	return d
+}

@@ -1,0 +1,130 @@
+package llmlb
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Endpoint is one replica of an inference service. Key is its stable identity,
+// such as "10.0.0.7:8000"; two endpoints with the same key are the same replica.
+//
+// An Endpoint may also implement interface{ Weight() float64 } to declare a
+// relative capacity for heterogeneous replicas. The weight is read when the
+// endpoint is passed to [Balancer.Update]; it must be finite and positive, and
+// defaults to 1.
+type Endpoint interface {
+	Key() string
+}
+
+// Request is what is known about a request at dispatch. The zero value is a
+// valid request about which nothing is known; a nil *Request is treated as the
+// zero value.
+type Request struct {
+	// PromptTokens is the prompt length after tokenization, or an estimate
+	// from its size in bytes (about 4 bytes a token for English text).
+	PromptTokens int
+	// MaxTokens is the output cap; 0 means unknown.
+	MaxTokens int
+	// OutputTokens is the caller's estimate of the output length; 0 means use
+	// the balancer's decode allowance (see [WithDecodeAllowance]).
+	OutputTokens int
+	// Prefix holds chained block hashes of the prompt head (see package
+	// prefix); nil means unknown. Only prefix-aware policies read it.
+	Prefix []uint64
+	// AffinityKey is a session or conversation key for hashing policies.
+	AffinityKey string
+	// Tenant is the isolation and fairness principal.
+	Tenant string
+	// Exclude lists endpoint keys that must not be picked, for example those
+	// a retry already failed on.
+	Exclude []string
+}
+
+// maxTokens bounds every token count in a Request so that sums over many
+// requests cannot overflow.
+const maxTokens = 1<<31 - 1
+
+func (r *Request) validate() error {
+	switch {
+	case r.PromptTokens < 0 || r.PromptTokens > maxTokens:
+		return invalidf("PromptTokens %d out of range [0, %d]", r.PromptTokens, maxTokens)
+	case r.MaxTokens < 0 || r.MaxTokens > maxTokens:
+		return invalidf("MaxTokens %d out of range [0, %d]", r.MaxTokens, maxTokens)
+	case r.OutputTokens < 0 || r.OutputTokens > maxTokens:
+		return invalidf("OutputTokens %d out of range [0, %d]", r.OutputTokens, maxTokens)
+	}
+	return nil
+}
+
+// Load is one observation of an endpoint, reported by the engine itself (a
+// metrics scrape, an ORCA load report, a KV event). It describes the whole
+// replica, including work sent by other routers.
+type Load struct {
+	// At is when the engine was observed. An observation with a zero At is
+	// ignored.
+	At time.Time
+	// Running is the number of requests in the engine's running batch.
+	Running int
+	// Waiting is the number of requests queued in the engine.
+	Waiting int
+	// KVUsage is the fraction of KV-cache blocks in use, in [0, 1]. NaN means
+	// the engine does not report it.
+	KVUsage float64
+	// KVBlocks is the KV-cache capacity in blocks; 0 means unknown.
+	KVBlocks int
+	// BlockSize is the number of tokens per KV block; 0 means unknown.
+	BlockSize int
+}
+
+// valid reports whether l can be trusted at all: a zero At, a negative count,
+// or a KV usage that is infinite or outside [0, 1] make it unusable (NaN
+// KVUsage is allowed and means "not reported").
+func (l *Load) valid() bool {
+	if l.At.IsZero() || l.Running < 0 || l.Waiting < 0 || l.KVBlocks < 0 || l.BlockSize < 0 {
+		return false
+	}
+	if math.IsNaN(l.KVUsage) {
+		return true
+	}
+	return l.KVUsage >= 0 && l.KVUsage <= 1
+}
+
+// Signal supplies the last observation of each endpoint. It may be stale; the
+// balancer corrects it with its own dispatches (see [WithSignal]). Load must be
+// safe for concurrent use and fast: it is called during Pick.
+type Signal interface {
+	Load(key string) (Load, bool)
+}
+
+// Policy chooses one of the candidates of a pick. Choose returns an index in
+// [0, c.Len()); c.Len() is at least 1. Choose is called concurrently from every
+// goroutine that calls [Balancer.Pick], must not block, and must not retain c
+// after it returns.
+type Policy interface {
+	Choose(c *Candidates) int
+}
+
+// Sentinel errors. Errors returned by this package wrap one of them, so
+// callers branch with [errors.Is].
+var (
+	// ErrNoEndpoints: the balancer has no endpoints. Update it with at least one.
+	ErrNoEndpoints = errors.New("llmlb: no endpoints")
+	// ErrNoCandidates: every endpoint is excluded by the request or marked
+	// unhealthy. A retry loop should give up rather than pick again.
+	ErrNoCandidates = errors.New("llmlb: every endpoint is excluded or unhealthy")
+	// ErrInvalidRequest: a Request field is out of range.
+	ErrInvalidRequest = errors.New("llmlb: invalid request")
+	// ErrInvalidEndpoints: Update was given a nil endpoint, an empty or
+	// duplicate key, or an invalid weight; membership is unchanged.
+	ErrInvalidEndpoints = errors.New("llmlb: invalid endpoints")
+	// ErrUnknownEndpoint: no endpoint with that key is a member.
+	ErrUnknownEndpoint = errors.New("llmlb: unknown endpoint")
+	// ErrInvalidOption: an option passed to New is out of range.
+	ErrInvalidOption = errors.New("llmlb: invalid option")
+)
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, args...)...)
+}

@@ -1,0 +1,75 @@
+// Package llmlb routes LLM inference requests across the replicas of a model
+// server (vLLM, SGLang, TensorRT-LLM, llama.cpp), inside your own Go process.
+//
+// Round robin and least connections assume requests cost the same and
+// replicas are stateless. LLM requests break both assumptions: their cost
+// varies by orders of magnitude with prompt and output length, the output
+// length is unknown at dispatch, and each replica keeps a prefix (KV) cache,
+// so where a request goes decides how much prefill work it needs. A
+// [Balancer] makes that decision with exact accounting of the work it has
+// sent, a [Policy] that scores the candidates, and optionally an engine
+// [Signal] that it corrects for staleness.
+//
+// # How a request flows
+//
+// Create a Balancer with a policy, give it endpoints, then for each request:
+//
+//	p, err := b.Pick(ctx, &llmlb.Request{PromptTokens: 1200, MaxTokens: 512})
+//	// send the request to p.Endpoint()
+//	p.FirstToken() // when the first token streams back
+//	p.Done(err)    // when the response ends, successfully or not
+//
+// Pick charges the request to the chosen endpoint: one outstanding request,
+// its prompt tokens as pending prefill work, and its expected output tokens as
+// decode work (Request.OutputTokens, else the decode allowance, capped by
+// MaxTokens). FirstToken releases the prefill charge: the prompt has been
+// processed and the request is now only decoding. It is also the commitment
+// point: before it a request may be retried or hedged elsewhere invisibly,
+// after it not. Done releases the rest. Every accepted but unfinished request
+// counts as load, including one still queued inside the engine, which holds no
+// KV blocks yet but will.
+//
+// # Policies
+//
+// Policies are values built by constructors; pass one to [New]:
+//
+//   - [RoundRobin] and [Random]: baselines that ignore load.
+//   - [LeastOutstanding], [LeastTokens], [LeastKV]: full scans for the lowest
+//     [RequestsScore], [TokensScore] or [KVScore].
+//   - [P2C]: power of two choices over any [Score]: sample two candidates,
+//     keep the lower. Constant cost, and it does not herd when several
+//     balancers share a stale view.
+//   - [WeightedLeastRequest]: Envoy's policy for replicas of unequal capacity
+//     (an Endpoint may implement Weight() float64).
+//
+// Ties are always broken at random, never by position. A custom Policy
+// implements Choose over [Candidates], which exposes each candidate's
+// [EndpointLoad], the request, and the balancer's random source and clock.
+//
+// # Signals and staleness
+//
+// An engine reports the load of the whole replica, including other routers'
+// work, but the report is old by the time it is read. With [WithSignal] the
+// estimate of an endpoint is the last observation plus this balancer's own
+// dispatches sent after it and still outstanding, so the correction never
+// counts a dispatch twice. An observation older than the maximum age is
+// dropped and the endpoint falls back to this balancer's own counts: a stale
+// endpoint never looks idle.
+//
+// # Slow start and health
+//
+// An endpoint that joins after the first membership, or is marked healthy
+// again with [Balancer.SetHealthy], has no outstanding work and a cold cache;
+// load-based policies would flood it. [WithSlowStart] ramps its effective
+// weight as Envoy does. Unhealthy endpoints are skipped; busy ones are not:
+// a saturated replica stays in the pool and only scores worse, because
+// removing busy replicas concentrates load on the rest.
+//
+// # Time, randomness, concurrency
+//
+// [WithClock] and [WithRand] inject the clock and the random source, so tests
+// and the simulator are deterministic. The Balancer starts no goroutines. All
+// its methods and those of [Pick] are safe for concurrent use; Pick,
+// FirstToken and Done never block on I/O and do not allocate for the
+// count-based policies.
+package llmlb

@@ -1,0 +1,3 @@
+module github.com/llmlb/llmlb
+
+go 1.26.8

@@ -1,0 +1,93 @@
+package llmlb
+
+import (
+	"fmt"
+	"math"
+	"sync"
+)
+
+// LeastOutstanding returns the full-scan policy that picks the candidate with
+// the fewest estimated requests ([RequestsScore]), random among ties.
+func LeastOutstanding() Policy { return LeastScore(RequestsScore) }
+
+// LeastTokens returns the full-scan policy that picks the candidate with the
+// least outstanding token work ([TokensScore]): unlike request counts it sees
+// that a 30,000-token prompt and a 40-token chat turn are not the same load.
+func LeastTokens() Policy { return LeastScore(TokensScore) }
+
+// LeastKV returns the full-scan policy that picks the candidate with the
+// lowest KV usage plus queued work ([KVScore]). It needs a [Signal] reporting
+// KV usage to be more than [LeastTokens].
+func LeastKV() Policy { return LeastScore(KVScore) }
+
+// DefaultActiveRequestBias is Envoy's default active_request_bias.
+const DefaultActiveRequestBias = 1.0
+
+type weightedLeastRequest struct {
+	bias float64
+
+	mu      sync.Mutex // protects gen and current
+	gen     uint64
+	current []float64 // smooth weighted round robin credit per member
+}
+
+// WeightedLeastRequest returns Envoy's weighted least request policy for
+// heterogeneous endpoints. When every candidate has the same effective weight
+// it is [P2C] over [RequestsScore]. Otherwise each candidate's dynamic weight
+// is
+//
+//	weight / (requests + 1)^bias
+//
+// and candidates are chosen by smooth weighted round robin over the dynamic
+// weights, so an idle pool receives requests in proportion to the weights and
+// a loaded one leans towards the endpoints with fewer requests. bias 0 is
+// weighted round robin; larger values approach least outstanding. A negative,
+// NaN or infinite bias is an error. Give each Balancer its own policy.
+func WeightedLeastRequest(bias float64) (Policy, error) {
+	if !(bias >= 0) || math.IsInf(bias, 0) {
+		return nil, fmt.Errorf("llmlb: weighted least request bias %v must be finite and non-negative", bias)
+	}
+	return &weightedLeastRequest{bias: bias}, nil
+}
+
+func (p *weightedLeastRequest) Choose(c *Candidates) int {
+	n := c.Len()
+	w0 := c.Weight(0)
+	equal := true
+	for i := 1; i < n && equal; i++ {
+		equal = c.Weight(i) == w0
+	}
+	if equal {
+		return p2c{RequestsScore}.Choose(c)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gen != c.Generation() || len(p.current) != c.Members() {
+		p.gen = c.Generation()
+		p.current = make([]float64, c.Members())
+	}
+	best, ties, total := -1, 0, 0.0
+	for i := 0; i < n; i++ {
+		l := c.Load(i)
+		w := l.Weight
+		if p.bias == 1 {
+			w /= float64(l.Requests + 1)
+		} else if p.bias != 0 {
+			w /= math.Pow(float64(l.Requests+1), p.bias)
+		}
+		m := c.Member(i)
+		p.current[m] += w
+		total += w
+		switch {
+		case best < 0 || p.current[m] > p.current[c.Member(best)]:
+			best, ties = i, 1
+		case p.current[m] == p.current[c.Member(best)]:
+			ties++
+			if c.Uint64N(uint64(ties)) == 0 {
+				best = i
+			}
+		}
+	}
+	p.current[c.Member(best)] -= total
+	return best
+}
