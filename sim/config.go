@@ -1,0 +1,155 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors; errors returned by this package wrap one of them.
+var (
+	// ErrInvalidConfig: a Config or Engine field is out of range.
+	ErrInvalidConfig = errors.New("sim: invalid config")
+	// ErrInvalidWorkload: a request or a workload description is invalid.
+	ErrInvalidWorkload = errors.New("sim: invalid workload")
+	// ErrUnknownPolicy: no policy of that name is in [Policies].
+	ErrUnknownPolicy = errors.New("sim: unknown policy")
+	// ErrMalformedTrace: a trace line could not be parsed; the message names
+	// the line.
+	ErrMalformedTrace = errors.New("sim: malformed trace")
+)
+
+// Engine defaults.
+const (
+	DefaultTokenBudget = 8192
+	DefaultMaxRunning  = 256
+	DefaultBlockSize   = 16
+	// DefaultKVBlocks is the KV capacity of a replica: 8192 blocks of 16
+	// tokens, 131,072 tokens. It is deliberately small for the default
+	// scenario's traffic, so that KV pressure, eviction of cached prefixes
+	// and preemption all occur; raise it for long-context traces.
+	DefaultKVBlocks = 8192
+)
+
+// Engine models one continuous-batching replica. The zero value is the
+// default engine.
+type Engine struct {
+	// TokenBudget is the number of tokens one iteration processes, prefill
+	// chunks and decode tokens together (chunked prefill). 0 means
+	// [DefaultTokenBudget].
+	TokenBudget int
+	// MaxRunning is the maximum number of sequences in the running batch.
+	// 0 means [DefaultMaxRunning].
+	MaxRunning int
+	// KVBlocks is the KV-cache capacity in blocks. 0 means [DefaultKVBlocks].
+	KVBlocks int
+	// BlockSize is the number of tokens per KV block. 0 means
+	// [DefaultBlockSize].
+	BlockSize int
+	// IterTime is the iteration-time model. nil means [MockerIterTime].
+	IterTime IterTimeFunc
+}
+
+func (e *Engine) normalize() error {
+	if e.TokenBudget == 0 {
+		e.TokenBudget = DefaultTokenBudget
+	}
+	if e.MaxRunning == 0 {
+		e.MaxRunning = DefaultMaxRunning
+	}
+	if e.KVBlocks == 0 {
+		e.KVBlocks = DefaultKVBlocks
+	}
+	if e.BlockSize == 0 {
+		e.BlockSize = DefaultBlockSize
+	}
+	if e.IterTime == nil {
+		e.IterTime = MockerIterTime
+	}
+	switch {
+	case e.TokenBudget < 1 || e.TokenBudget > maxTokens:
+		return fmt.Errorf("%w: token budget %d", ErrInvalidConfig, e.TokenBudget)
+	case e.MaxRunning < 1:
+		return fmt.Errorf("%w: max running %d", ErrInvalidConfig, e.MaxRunning)
+	case e.KVBlocks < 1 || e.KVBlocks > maxTokens:
+		return fmt.Errorf("%w: KV blocks %d", ErrInvalidConfig, e.KVBlocks)
+	case e.BlockSize < 1 || e.BlockSize > 1<<16:
+		return fmt.Errorf("%w: block size %d", ErrInvalidConfig, e.BlockSize)
+	}
+	return nil
+}
+
+// SLO is the per-request service-level objective; a request meets it when
+// both its TTFT and its TPOT are within bounds.
+type SLO struct {
+	// TTFT is the time-to-first-token bound. 0 means 2 s.
+	TTFT time.Duration
+	// TPOT is the time-per-output-token bound: (E2E - TTFT) / (output - 1).
+	// 0 means 50 ms.
+	TPOT time.Duration
+}
+
+// Config describes the simulated cluster. The zero value is 8 default
+// replicas behind one router that scrapes every second.
+type Config struct {
+	// Replicas is the number of replicas. 0 means 8.
+	Replicas int
+	// Routers is the number of routers, each with its own Balancer; arrivals
+	// are split among them in turn. 0 means 1.
+	Routers int
+	// RandomSplit splits arrivals among routers at random instead of in turn.
+	RandomSplit bool
+	// Engine configures every replica.
+	Engine Engine
+	// Scrape is the interval at which each router refreshes its view of the
+	// replicas' engine metrics. 0 means 1 s.
+	Scrape time.Duration
+	// Stagger offsets router r's scrapes by r*Scrape/Routers; otherwise all
+	// routers scrape at the same instants and share one stale view.
+	Stagger bool
+	// MaxSignalAge is passed to llmlb.WithSignal. 0 means 3*Scrape.
+	MaxSignalAge time.Duration
+	// Delay is the network delay from a router to a replica.
+	Delay time.Duration
+	// SLO is the per-request objective for SLO attainment and goodput.
+	SLO SLO
+	// Seed seeds every random choice of the routers and policies.
+	Seed uint64
+	// Series is the sampling interval of the per-replica outstanding-work
+	// series. 0 means the last arrival time / 200 (at least 10 ms).
+	Series time.Duration
+}
+
+func (c *Config) normalize() error {
+	if c.Replicas == 0 {
+		c.Replicas = 8
+	}
+	if c.Routers == 0 {
+		c.Routers = 1
+	}
+	if c.Scrape == 0 {
+		c.Scrape = time.Second
+	}
+	if c.MaxSignalAge == 0 {
+		c.MaxSignalAge = 3 * c.Scrape
+	}
+	if c.SLO.TTFT == 0 {
+		c.SLO.TTFT = 2 * time.Second
+	}
+	if c.SLO.TPOT == 0 {
+		c.SLO.TPOT = 50 * time.Millisecond
+	}
+	switch {
+	case c.Replicas < 1 || c.Replicas > 1<<12:
+		return fmt.Errorf("%w: %d replicas, want 1 to 4096", ErrInvalidConfig, c.Replicas)
+	case c.Routers < 1 || c.Routers > 1<<10:
+		return fmt.Errorf("%w: %d routers, want 1 to 1024", ErrInvalidConfig, c.Routers)
+	case c.Scrape < time.Millisecond:
+		return fmt.Errorf("%w: scrape interval %v, want at least 1ms", ErrInvalidConfig, c.Scrape)
+	case c.MaxSignalAge < 0 || c.Delay < 0 || c.Series < 0:
+		return fmt.Errorf("%w: negative duration", ErrInvalidConfig)
+	case c.SLO.TTFT < 0 || c.SLO.TPOT < 0:
+		return fmt.Errorf("%w: negative SLO", ErrInvalidConfig)
+	}
+	return c.Engine.normalize()
+}

@@ -1,0 +1,149 @@
+package sim
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// Result is the measurement of one policy on one workload. Latencies are in
+// milliseconds; rates are per second of simulated time over the run's span,
+// from the first arrival to the last completion.
+type Result struct {
+	Policy    string `json:"policy"`
+	Requests  int    `json:"requests"`
+	Completed int    `json:"completed"`
+	// Rejected counts requests larger than a replica's whole KV cache.
+	Rejected int `json:"rejected"`
+
+	TTFT Latency `json:"ttft_ms"`
+	TPOT Latency `json:"tpot_ms"`
+	E2E  Latency `json:"e2e_ms"`
+
+	// SLOAttainment is the share of requests whose TTFT and TPOT are both
+	// within the SLO; unfinished requests miss it.
+	SLOAttainment float64 `json:"slo_attainment"`
+	// GoodputRPS is the number of requests meeting the SLO per second.
+	GoodputRPS float64 `json:"goodput_rps"`
+	// PrefixHitRate is the share of prompt tokens served from a replica's
+	// prefix cache at the request's first admission.
+	PrefixHitRate    float64 `json:"prefix_hit_rate"`
+	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	// AssignmentGap is the largest minus the smallest number of requests
+	// assigned to a replica.
+	AssignmentGap int `json:"assignment_gap"`
+	Preemptions   int `json:"preemptions"`
+
+	// PeakSkew and MeanSkew are the largest and the mean difference between
+	// the most and the least loaded replica in outstanding requests, sampled
+	// at every arrival. PileupShare is the share of scrape windows with at
+	// least two arrivals in which every arrival went to one replica.
+	PeakSkew    int     `json:"peak_skew"`
+	MeanSkew    float64 `json:"mean_skew"`
+	PileupShare float64 `json:"pileup_share"`
+
+	// SpanSeconds is the simulated span the rates are computed over.
+	SpanSeconds float64 `json:"span_s"`
+
+	// TTFTs holds every completed request's TTFT in milliseconds, sorted.
+	TTFTs []float64 `json:"-"`
+	// Series is the outstanding requests of each replica over time.
+	Series []Sample `json:"-"`
+}
+
+// Latency summarizes a latency distribution in milliseconds. Fields that a
+// measurement does not report are zero.
+type Latency struct {
+	P50 float64 `json:"p50"`
+	P95 float64 `json:"p95,omitempty"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max,omitempty"`
+}
+
+// Sample is the number of outstanding requests of every replica at one
+// instant.
+type Sample struct {
+	At          time.Duration
+	Outstanding []int
+}
+
+// quantile returns the q-quantile of sorted xs by the nearest-rank method.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(xs)))) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func (r *runner) result(policy string) *Result {
+	res := &Result{Policy: policy, Requests: len(r.reqs)}
+	ttft := make([]float64, 0, len(r.reqs))
+	tpot := make([]float64, 0, len(r.reqs))
+	e2e := make([]float64, 0, len(r.reqs))
+	var prompt, cached, output int64
+	good := 0
+	first := r.reqs[0].Arrival
+	last := first
+	for i := range r.st {
+		s := &r.st[i]
+		prompt += int64(s.req.PromptTokens)
+		cached += int64(s.cached)
+		switch s.state {
+		case stateRejected:
+			res.Rejected++
+			continue
+		case stateDone:
+		default:
+			continue
+		}
+		res.Completed++
+		output += int64(s.generated)
+		last = max(last, s.finished)
+		t := s.firstToken - s.req.Arrival
+		var per time.Duration
+		if s.generated > 1 {
+			per = (s.finished - s.firstToken) / time.Duration(s.generated-1)
+		}
+		ttft = append(ttft, ms(t))
+		tpot = append(tpot, ms(per))
+		e2e = append(e2e, ms(s.finished-s.req.Arrival))
+		if t <= r.cfg.SLO.TTFT && per <= r.cfg.SLO.TPOT {
+			good++
+		}
+	}
+	slices.Sort(ttft)
+	slices.Sort(tpot)
+	slices.Sort(e2e)
+	res.TTFT = Latency{P50: quantile(ttft, .5), P95: quantile(ttft, .95), P99: quantile(ttft, .99), Max: quantile(ttft, 1)}
+	res.TPOT = Latency{P50: quantile(tpot, .5), P99: quantile(tpot, .99)}
+	res.E2E = Latency{P50: quantile(e2e, .5), P99: quantile(e2e, .99)}
+	span := (last - first).Seconds()
+	res.SpanSeconds = span
+	res.SLOAttainment = float64(good) / float64(len(r.reqs))
+	if span > 0 {
+		res.GoodputRPS = float64(good) / span
+		res.OutputTokensPerS = float64(output) / span
+	}
+	if prompt > 0 {
+		res.PrefixHitRate = float64(cached) / float64(prompt)
+	}
+	lo, hi := r.reps[0].assigned, r.reps[0].assigned
+	for _, rep := range r.reps {
+		lo, hi = min(lo, rep.assigned), max(hi, rep.assigned)
+		res.Preemptions += rep.preemptions
+	}
+	res.AssignmentGap = hi - lo
+	res.PeakSkew = r.skewPeak
+	if r.skewN > 0 {
+		res.MeanSkew = r.skewSum / float64(r.skewN)
+	}
+	if r.windows > 0 {
+		res.PileupShare = float64(r.pileups) / float64(r.windows)
+	}
+	res.TTFTs = ttft
+	res.Series = r.samples
+	return res
+}

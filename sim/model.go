@@ -1,0 +1,58 @@
+package sim
+
+import (
+	"math"
+	"time"
+)
+
+// Batch describes one engine iteration for an [IterTimeFunc]: the prompt
+// tokens prefilled in it, the sequences that each decode one token in it, and
+// the fraction of KV blocks held by running sequences when it starts.
+type Batch struct {
+	PrefillTokens int
+	DecodeSeqs    int
+	KVUsage       float64
+}
+
+// IterTimeFunc returns how long an engine iteration takes. It must return a
+// positive duration for a batch with any work in it.
+type IterTimeFunc func(b Batch) time.Duration
+
+// MockerIterTime is the default iteration-time model, the polynomial fitted
+// by NVIDIA Dynamo's mocker engine:
+//
+//	prefill ms = 4.209989e-7*T^2 + 1.518344e-2*T + 16.50142   (T batched prefill tokens)
+//	decode  ms = max(1, -25.74*u^2 + 54.01*u + 5.74)          (u active KV fraction)
+//
+// An iteration that prefills and decodes costs the sum of the two parts: the
+// chunked prefill runs in the same forward pass as the decode tokens but the
+// model charges each phase its full cost, which is conservative (a mixed
+// batch is never cheaper than either phase alone). An iteration with only
+// prefill costs the prefill part, one with only decode the decode part.
+func MockerIterTime(b Batch) time.Duration {
+	ms := 0.0
+	if b.PrefillTokens > 0 {
+		ms += MockerPrefillMillis(b.PrefillTokens)
+	}
+	if b.DecodeSeqs > 0 {
+		ms += MockerDecodeMillis(b.KVUsage)
+	}
+	return time.Duration(ms * float64(time.Millisecond))
+}
+
+// MockerPrefillMillis is the prefill part of [MockerIterTime] for t tokens,
+// in milliseconds.
+func MockerPrefillMillis(t int) float64 {
+	x := float64(t)
+	return 4.209989e-7*x*x + 1.518344e-2*x + 16.50142
+}
+
+// MockerDecodeMillis is the decode part of [MockerIterTime] at active KV
+// fraction u (clamped to [0, 1]), in milliseconds.
+func MockerDecodeMillis(u float64) float64 {
+	if math.IsNaN(u) || u < 0 {
+		u = 0
+	}
+	u = min(u, 1)
+	return max(1, -25.74*u*u+54.01*u+5.74)
+}

@@ -1,0 +1,358 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/llmlb/llmlb"
+)
+
+// Event kinds, in no particular order: ties in time are broken by the order
+// in which events were scheduled.
+const (
+	evArrival uint8 = iota
+	evDeliver
+	evIteration
+	evScrape
+	evSample
+)
+
+type event struct {
+	at   time.Duration
+	seq  uint64
+	kind uint8
+	idx  int
+}
+
+func (e *event) before(f *event) bool {
+	return e.at < f.at || e.at == f.at && e.seq < f.seq
+}
+
+// eventQueue is a binary min-heap of events ordered by (time, sequence). It
+// is written out rather than built on container/heap so that pushing an
+// event does not box it in an interface and allocate.
+type eventQueue []event
+
+func (q *eventQueue) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h[i].before(&h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
+}
+
+func (q *eventQueue) pop() event {
+	h := *q
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h = h[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && h[r].before(&h[l]) {
+			m = r
+		}
+		if !h[m].before(&h[i]) {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	*q = h
+	return top
+}
+
+// epoch is the wall-clock instant of simulated time 0; any non-zero instant
+// works, since llmlb ignores observations with a zero At.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type simClock struct{ r *runner }
+
+func (c simClock) Now() time.Time { return epoch.Add(c.r.now) }
+
+type endpoint struct {
+	key string
+	idx int
+}
+
+func (e *endpoint) Key() string { return e.key }
+
+// router is one Balancer with its own view of the replicas.
+type router struct {
+	bal  *llmlb.Balancer
+	snap []llmlb.Load // last scrape, by replica
+	keys map[string]int
+}
+
+// Load implements llmlb.Signal with the router's last scrape.
+func (rt *router) Load(key string) (llmlb.Load, bool) {
+	i, ok := rt.keys[key]
+	if !ok {
+		return llmlb.Load{}, false
+	}
+	return rt.snap[i], true
+}
+
+// runner is one simulation of one policy.
+type runner struct {
+	cfg     Config
+	reqs    []Request
+	st      []reqState
+	reps    []*replica
+	routers []*router
+	q       eventQueue
+	seq     uint64
+	now     time.Duration
+	rng     *rand.Rand
+	current *reqState // the request being picked, for the oracle
+
+	nextArrival int
+	ended       int // requests done or rejected
+	lastArrival time.Duration
+	series      time.Duration
+
+	// herding metrics
+	skewSum   float64
+	skewN     int
+	skewPeak  int
+	window    int64
+	winCount  int
+	winFirst  int
+	winSame   bool
+	windows   int
+	pileups   int
+	samples   []Sample
+	lastEvent time.Duration
+}
+
+func (r *runner) schedule(at time.Duration, kind uint8, idx int) {
+	r.seq++
+	r.q.push(event{at: at, seq: r.seq, kind: kind, idx: idx})
+}
+
+// Simulate replays reqs against a cluster described by cfg whose routers use
+// the named policy (see [Policies]), and returns its measurements. It is
+// deterministic for cfg.Seed. ctx cancels a long run.
+func Simulate(ctx context.Context, cfg Config, reqs []Request, policy string) (*Result, error) {
+	spec, ok := LookupPolicy(policy)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownPolicy, policy)
+	}
+	return simulate(ctx, cfg, reqs, spec)
+}
+
+func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) (*Result, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%w: no requests", ErrInvalidWorkload)
+	}
+	if err := validateRequests(reqs, cfg.Engine.BlockSize); err != nil {
+		return nil, err
+	}
+	r := &runner{
+		cfg:  cfg,
+		reqs: reqs,
+		st:   make([]reqState, len(reqs)),
+		rng:  rand.New(rand.NewPCG(cfg.Seed, 0x5711)),
+	}
+	r.lastArrival = reqs[len(reqs)-1].Arrival
+	r.series = cfg.Series
+	if r.series == 0 {
+		r.series = max(r.lastArrival/200, 10*time.Millisecond)
+	}
+	eps := make([]llmlb.Endpoint, cfg.Replicas)
+	keys := make(map[string]int, cfg.Replicas)
+	r.reps = make([]*replica, cfg.Replicas)
+	for i := range r.reps {
+		r.reps[i] = newReplica(i, &r.cfg.Engine, r)
+		key := "replica-" + strconv.Itoa(i)
+		eps[i] = &endpoint{key: key, idx: i}
+		keys[key] = i
+	}
+	for k := 0; k < cfg.Routers; k++ {
+		rt := &router{snap: make([]llmlb.Load, cfg.Replicas), keys: keys}
+		env := &PolicyEnv{
+			Replicas: cfg.Replicas,
+			Router:   k,
+			Stale:    func(m int) llmlb.Load { return rt.snap[m] },
+			run:      r,
+		}
+		pol, err := spec.New(env)
+		if err != nil {
+			return nil, fmt.Errorf("sim: policy %s: %w", spec.Name, err)
+		}
+		bal, err := llmlb.New(pol,
+			llmlb.WithClock(simClock{r}),
+			llmlb.WithRand(rand.NewPCG(cfg.Seed, uint64(k)+1)),
+			llmlb.WithSignal(rt, cfg.MaxSignalAge))
+		if err != nil {
+			return nil, fmt.Errorf("sim: %w", err)
+		}
+		if err := bal.Update(eps); err != nil {
+			return nil, fmt.Errorf("sim: %w", err)
+		}
+		rt.bal = bal
+		r.routers = append(r.routers, rt)
+		var offset time.Duration
+		if cfg.Stagger {
+			offset = time.Duration(k) * cfg.Scrape / time.Duration(cfg.Routers)
+		}
+		r.schedule(offset, evScrape, k)
+	}
+	r.schedule(0, evSample, 0)
+	r.window = -1
+	r.schedule(reqs[0].Arrival, evArrival, 0)
+	r.nextArrival = 1
+
+	for n := 0; len(r.q) > 0; n++ {
+		if n&0xffff == 0 && ctx != nil {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		e := r.q.pop()
+		r.now = e.at
+		switch e.kind {
+		case evArrival:
+			if r.nextArrival < len(reqs) {
+				r.schedule(reqs[r.nextArrival].Arrival, evArrival, r.nextArrival)
+				r.nextArrival++
+			}
+			if err := r.arrive(e.idx); err != nil {
+				return nil, err
+			}
+		case evDeliver:
+			s := &r.st[e.idx]
+			r.reps[s.replica].enqueue(s, r.now)
+		case evIteration:
+			r.reps[e.idx].finish(r.now)
+		case evScrape:
+			r.scrape(e.idx)
+			if r.ended < len(reqs) {
+				r.schedule(r.now+cfg.Scrape, evScrape, e.idx)
+			}
+		case evSample:
+			r.sample()
+			if r.ended < len(reqs) {
+				r.schedule(r.now+r.series, evSample, 0)
+			}
+		}
+	}
+	r.closeWindow()
+	return r.result(spec.Name), nil
+}
+
+// arrive routes request i.
+func (r *runner) arrive(i int) error {
+	req := &r.reqs[i]
+	s := &r.st[i]
+	s.req = req
+	k := i % len(r.routers)
+	if r.cfg.RandomSplit {
+		k = r.rng.IntN(len(r.routers))
+	}
+	lr := llmlb.Request{PromptTokens: req.PromptTokens, Prefix: req.Prefix, AffinityKey: req.Session}
+	r.current = s
+	pick, err := r.routers[k].bal.Pick(context.Background(), &lr)
+	r.current = nil
+	if err != nil {
+		return fmt.Errorf("sim: pick for request %d: %w", i, err)
+	}
+	rep := r.reps[pick.Endpoint().(*endpoint).idx]
+	s.pick = pick
+	s.replica = rep.idx
+	rep.assigned++
+	rep.outstanding++
+	r.observeDispatch(rep.idx)
+	if !rep.fits(req) {
+		s.state = stateRejected
+		pick.Done(fmt.Errorf("sim: request %d does not fit in the KV cache", i))
+		rep.outstanding--
+		r.ended++
+		return nil
+	}
+	if r.cfg.Delay > 0 {
+		r.schedule(r.now+r.cfg.Delay, evDeliver, i)
+		return nil
+	}
+	rep.enqueue(s, r.now)
+	return nil
+}
+
+// finished is called by a replica when a request completes.
+func (r *runner) finished(*reqState) {
+	r.ended++
+	r.lastEvent = r.now
+}
+
+// scrape refreshes router k's view of every replica.
+func (r *runner) scrape(k int) {
+	rt := r.routers[k]
+	at := epoch.Add(r.now)
+	for i, rep := range r.reps {
+		rt.snap[i] = llmlb.Load{
+			At:        at,
+			Running:   len(rep.running),
+			Waiting:   rep.nwaiting(),
+			KVUsage:   float64(rep.kv.used) / float64(rep.kv.total),
+			KVBlocks:  rep.kv.total,
+			BlockSize: rep.eng.BlockSize,
+		}
+	}
+}
+
+// observeDispatch updates the herding metrics after a dispatch to replica
+// idx: the skew of outstanding requests across replicas, and whether every
+// dispatch of the current scrape window went to one replica.
+func (r *runner) observeDispatch(idx int) {
+	lo, hi := r.reps[0].outstanding, r.reps[0].outstanding
+	for _, rep := range r.reps[1:] {
+		lo, hi = min(lo, rep.outstanding), max(hi, rep.outstanding)
+	}
+	r.skewSum += float64(hi - lo)
+	r.skewN++
+	r.skewPeak = max(r.skewPeak, hi-lo)
+
+	w := int64(r.now / r.cfg.Scrape)
+	if w != r.window {
+		r.closeWindow()
+		r.window, r.winCount, r.winFirst, r.winSame = w, 0, idx, true
+	}
+	r.winCount++
+	r.winSame = r.winSame && idx == r.winFirst
+}
+
+func (r *runner) closeWindow() {
+	if r.winCount >= 2 {
+		r.windows++
+		if r.winSame {
+			r.pileups++
+		}
+	}
+	r.winCount = 0
+}
+
+// sample records each replica's outstanding requests.
+func (r *runner) sample() {
+	s := Sample{At: r.now, Outstanding: make([]int, len(r.reps))}
+	for i, rep := range r.reps {
+		s.Outstanding[i] = rep.outstanding
+	}
+	r.samples = append(r.samples, s)
+}

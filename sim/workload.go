@@ -1,0 +1,365 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+)
+
+// Request is one request of a workload.
+type Request struct {
+	// Arrival is when the request arrives, from the start of the run.
+	Arrival time.Duration
+	// PromptTokens and OutputTokens are the true prompt and output lengths;
+	// both are at least 1. Routers are told the prompt length only.
+	PromptTokens int
+	OutputTokens int
+	// BlockTokens is the number of prompt tokens each Prefix hash covers; it
+	// is a multiple of the engine block size when Prefix is set.
+	BlockTokens int
+	// Prefix holds the chained hashes of the prompt's blocks: Prefix[i]
+	// covers tokens [i*BlockTokens, (i+1)*BlockTokens) and depends on every
+	// block before it, so equal hashes mean equal prefixes. The last hash may
+	// cover a partial block; only full blocks are cached. nil means the
+	// prompt shares nothing.
+	Prefix []uint64
+	// Session is the conversation key of a multi-turn request, passed to
+	// routers as the affinity key; empty for single requests.
+	Session string
+}
+
+// ChainHash returns the chained hash of a block whose identity is id and
+// whose predecessor's chained hash is prev (0 for the first block). It is
+// SplitMix64's finalizer over both words, so equal chains give equal hashes
+// and any difference in an earlier block changes every later hash.
+func ChainHash(prev, id uint64) uint64 {
+	return mix64(prev*0x9e3779b97f4a7c15 ^ mix64(id+0x632be59bd9b4e019))
+}
+
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// validateRequests checks a workload against an engine block size.
+func validateRequests(reqs []Request, blockSize int) error {
+	var last time.Duration
+	for i := range reqs {
+		r := &reqs[i]
+		switch {
+		case r.Arrival < 0 || r.Arrival < last:
+			return fmt.Errorf("%w: request %d arrives at %v, before %v", ErrInvalidWorkload, i, r.Arrival, last)
+		case r.PromptTokens < 1 || r.PromptTokens > maxTokens:
+			return fmt.Errorf("%w: request %d has %d prompt tokens", ErrInvalidWorkload, i, r.PromptTokens)
+		case r.OutputTokens < 1 || r.OutputTokens > maxTokens:
+			return fmt.Errorf("%w: request %d has %d output tokens", ErrInvalidWorkload, i, r.OutputTokens)
+		case len(r.Prefix) > 0 && (r.BlockTokens < blockSize || r.BlockTokens%blockSize != 0):
+			return fmt.Errorf("%w: request %d has %d tokens per prefix hash; want a multiple of the block size %d", ErrInvalidWorkload, i, r.BlockTokens, blockSize)
+		}
+		last = r.Arrival
+	}
+	return nil
+}
+
+// maxTokens bounds token counts so that sums cannot overflow.
+const maxTokens = 1 << 24
+
+// Synthetic describes a generated workload. Its zero value is not useful:
+// start from [DefaultSynthetic] and change fields. Every arrival is one of:
+// a follow-up turn of a recent multi-turn session (SessionShare), the start
+// of an agent fan-out burst (FanoutShare), or a fresh request, which starts
+// with one of PrefixGroups shared prefixes with probability PrefixShare.
+type Synthetic struct {
+	// Requests is the number of requests generated.
+	Requests int
+	// Rate is the mean arrival rate in requests per second.
+	Rate float64
+	// ArrivalCV is the coefficient of variation of inter-arrival times: 1
+	// gives Poisson arrivals, larger values burstier Gamma arrivals. 0 means 1.
+	ArrivalCV float64
+	// Prompt and Output are the length distributions of fresh text (the
+	// unique part of a prompt, a new message, an output).
+	Prompt, Output LogNormal
+	// BlockTokens is the number of tokens per prefix hash, a multiple of the
+	// engine block size. 0 means 64.
+	BlockTokens int
+	// PrefixShare is the probability that a fresh request starts with a
+	// shared prefix; PrefixGroups is the number of shared prefixes, drawn with
+	// Zipf popularity of exponent PrefixZipf (> 1), each PrefixTokens long.
+	PrefixShare  float64
+	PrefixGroups int
+	PrefixZipf   float64
+	PrefixTokens LogNormal
+	// SessionShare is the probability that an arrival is the next turn of one
+	// of the last Sessions conversations; its prompt is the previous prompt
+	// plus the previous reply plus a new message.
+	SessionShare float64
+	Sessions     int
+	// FanoutShare is the probability that an arrival starts an agent burst of
+	// FanoutSize requests arriving within a few milliseconds that share a new
+	// parent prefix of PrefixTokens.
+	FanoutShare float64
+	FanoutSize  int
+}
+
+// LogNormal is a log-normal length distribution with the given median and
+// shape sigma, clamped to [Min, Max].
+type LogNormal struct {
+	Median, Sigma float64
+	Min, Max      int
+}
+
+func (d LogNormal) sample(r *rand.Rand) int {
+	x := d.Median * math.Exp(d.Sigma*r.NormFloat64())
+	return int(min(max(x, float64(d.Min)), float64(d.Max)))
+}
+
+func (d LogNormal) validate(name string) error {
+	if !(d.Median > 0) || math.IsInf(d.Median, 0) || !(d.Sigma >= 0) || math.IsInf(d.Sigma, 0) || d.Min < 1 || d.Max < d.Min || d.Max > maxTokens {
+		return fmt.Errorf("%w: %s distribution %+v: want median > 0, sigma >= 0, 1 <= min <= max <= %d", ErrInvalidWorkload, name, d, maxTokens)
+	}
+	return nil
+}
+
+// DefaultSynthetic returns the workload of the default scenario: n requests
+// at rate requests per second, Poisson arrivals, log-normal prompts (median
+// 1000 tokens, capped at 16k) and outputs (median 150, capped at 2k), 60% of
+// fresh requests starting with one of 32 shared prefixes (Zipf 1.1, median
+// 1500 tokens), 15% of arrivals continuing one of 64 recent sessions and 1%
+// starting an agent burst of 8.
+func DefaultSynthetic(n int, rate float64) Synthetic {
+	return Synthetic{
+		Requests:     n,
+		Rate:         rate,
+		ArrivalCV:    1,
+		Prompt:       LogNormal{Median: 1000, Sigma: 1.0, Min: 16, Max: 16384},
+		Output:       LogNormal{Median: 150, Sigma: 0.9, Min: 2, Max: 2048},
+		BlockTokens:  64,
+		PrefixShare:  0.6,
+		PrefixGroups: 32,
+		PrefixZipf:   1.1,
+		PrefixTokens: LogNormal{Median: 1500, Sigma: 0.5, Min: 256, Max: 8192},
+		SessionShare: 0.15,
+		Sessions:     64,
+		FanoutShare:  0.01,
+		FanoutSize:   8,
+	}
+}
+
+func (s *Synthetic) validate() error {
+	switch {
+	case s.Requests < 1:
+		return fmt.Errorf("%w: %d requests", ErrInvalidWorkload, s.Requests)
+	case !(s.Rate > 0) || math.IsInf(s.Rate, 0):
+		return fmt.Errorf("%w: rate %v", ErrInvalidWorkload, s.Rate)
+	case s.ArrivalCV < 0 || math.IsNaN(s.ArrivalCV) || math.IsInf(s.ArrivalCV, 0):
+		return fmt.Errorf("%w: arrival CV %v", ErrInvalidWorkload, s.ArrivalCV)
+	case s.BlockTokens < 0:
+		return fmt.Errorf("%w: block tokens %d", ErrInvalidWorkload, s.BlockTokens)
+	case !inUnit(s.PrefixShare) || !inUnit(s.SessionShare) || !inUnit(s.FanoutShare) || s.SessionShare+s.FanoutShare > 1:
+		return fmt.Errorf("%w: shares must be in [0, 1] (session + fanout <= 1)", ErrInvalidWorkload)
+	case s.PrefixShare > 0 && (s.PrefixGroups < 1 || !(s.PrefixZipf > 1)):
+		return fmt.Errorf("%w: prefix groups %d, zipf %v: want >= 1 and > 1", ErrInvalidWorkload, s.PrefixGroups, s.PrefixZipf)
+	case s.SessionShare > 0 && s.Sessions < 1:
+		return fmt.Errorf("%w: %d sessions", ErrInvalidWorkload, s.Sessions)
+	case s.FanoutShare > 0 && s.FanoutSize < 1:
+		return fmt.Errorf("%w: fan-out size %d", ErrInvalidWorkload, s.FanoutSize)
+	}
+	if err := s.Prompt.validate("prompt"); err != nil {
+		return err
+	}
+	if err := s.Output.validate("output"); err != nil {
+		return err
+	}
+	if s.PrefixShare > 0 || s.FanoutShare > 0 {
+		return s.PrefixTokens.validate("prefix")
+	}
+	return nil
+}
+
+func inUnit(x float64) bool { return x >= 0 && x <= 1 }
+
+// session is the state of a multi-turn conversation.
+type session struct {
+	key    string
+	prompt int      // tokens of the last prompt plus its reply
+	hashes []uint64 // chained hashes of the full blocks of those tokens
+}
+
+// Generate returns the requests of s, deterministic for seed.
+func (s Synthetic) Generate(seed uint64) ([]Request, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	if s.ArrivalCV == 0 {
+		s.ArrivalCV = 1
+	}
+	if s.BlockTokens == 0 {
+		s.BlockTokens = 64
+	}
+	g := &generator{s: &s, rng: rand.New(rand.NewPCG(seed, 0x5eed))}
+	if s.PrefixShare > 0 {
+		g.zipf = rand.NewZipf(g.rng, s.PrefixZipf, 1, uint64(s.PrefixGroups-1))
+		g.groups = make([][]uint64, s.PrefixGroups)
+		for i := range g.groups {
+			g.groups[i] = g.blocks(nil, s.PrefixTokens.sample(g.rng))
+		}
+	}
+	out := make([]Request, 0, s.Requests)
+	var t time.Duration
+	for len(out) < s.Requests {
+		t += g.gap()
+		u := g.rng.Float64()
+		switch {
+		case u < s.SessionShare && len(g.sessions) > 0:
+			out = append(out, g.followUp(t))
+		case u < s.SessionShare+s.FanoutShare:
+			parent := g.blocks(nil, s.PrefixTokens.sample(g.rng))
+			at := t
+			for k := 0; k < s.FanoutSize && len(out) < s.Requests; k++ {
+				out = append(out, g.fresh(at, parent))
+				at += time.Duration(1+g.rng.IntN(5)) * time.Millisecond
+			}
+			t = at
+		default:
+			var head []uint64
+			if s.PrefixShare > 0 && g.rng.Float64() < s.PrefixShare {
+				head = g.groups[g.zipf.Uint64()]
+			}
+			req := g.fresh(t, head)
+			if s.SessionShare > 0 {
+				g.remember(&req)
+			}
+			out = append(out, req)
+		}
+	}
+	return out, nil
+}
+
+type generator struct {
+	s        *Synthetic
+	rng      *rand.Rand
+	zipf     *rand.Zipf
+	groups   [][]uint64
+	sessions []*session
+	nextSess int
+	nextID   uint64
+}
+
+// gap draws an inter-arrival time: exponential for CV 1, else Gamma with
+// shape 1/CV^2.
+func (g *generator) gap() time.Duration {
+	mean := 1 / g.s.Rate
+	var x float64
+	if g.s.ArrivalCV == 1 {
+		x = g.rng.ExpFloat64() * mean
+	} else {
+		k := 1 / (g.s.ArrivalCV * g.s.ArrivalCV)
+		x = gammaSample(g.rng, k) * mean / k
+	}
+	return time.Duration(x * float64(time.Second))
+}
+
+// gammaSample draws from Gamma(k, 1) (Marsaglia and Tsang).
+func gammaSample(r *rand.Rand, k float64) float64 {
+	if k < 1 {
+		return gammaSample(r, k+1) * math.Pow(r.Float64(), 1/k)
+	}
+	d := k - 1.0/3
+	c := 1 / math.Sqrt(9*d)
+	for {
+		x := r.NormFloat64()
+		v := 1 + c*x
+		if v <= 0 {
+			continue
+		}
+		v = v * v * v
+		u := r.Float64()
+		if u < 1-0.0331*x*x*x*x || math.Log(u) < 0.5*x*x+d*(1-v+math.Log(v)) {
+			return d * v
+		}
+	}
+}
+
+// blocks extends the chain head with fresh unique blocks covering tokens
+// tokens (the last block possibly partial).
+func (g *generator) blocks(head []uint64, tokens int) []uint64 {
+	bt := g.s.BlockTokens
+	n := (tokens + bt - 1) / bt
+	out := make([]uint64, len(head), len(head)+n)
+	copy(out, head)
+	prev := uint64(0)
+	if len(head) > 0 {
+		prev = head[len(head)-1]
+	}
+	for i := 0; i < n; i++ {
+		g.nextID++
+		prev = ChainHash(prev, g.nextID)
+		out = append(out, prev)
+	}
+	return out
+}
+
+// fresh builds a request made of head (full blocks) and a new message.
+func (g *generator) fresh(t time.Duration, head []uint64) Request {
+	msg := g.s.Prompt.sample(g.rng)
+	prompt := len(head)*g.s.BlockTokens + msg
+	return Request{
+		Arrival:      t,
+		PromptTokens: min(prompt, maxTokens),
+		OutputTokens: g.s.Output.sample(g.rng),
+		BlockTokens:  g.s.BlockTokens,
+		Prefix:       g.blocks(head, msg),
+	}
+}
+
+// remember starts a session with req as its first turn, replacing the
+// oldest remembered session when Sessions are kept.
+func (g *generator) remember(req *Request) {
+	g.nextSess++
+	sess := &session{key: fmt.Sprintf("s%d", g.nextSess)}
+	req.Session = sess.key
+	g.extend(sess, req)
+	if len(g.sessions) < g.s.Sessions {
+		g.sessions = append(g.sessions, sess)
+	} else {
+		g.sessions[g.nextSess%g.s.Sessions] = sess
+	}
+}
+
+// extend records req's prompt and reply as the session's history: its full
+// prompt blocks stay, and the partial tail plus the reply become new blocks.
+func (g *generator) extend(sess *session, req *Request) {
+	bt := g.s.BlockTokens
+	full := min(req.PromptTokens/bt, len(req.Prefix))
+	sess.prompt = req.PromptTokens + req.OutputTokens
+	h := g.blocks(req.Prefix[:full], sess.prompt-full*bt)
+	sess.hashes = h[:sess.prompt/bt] // only full blocks are a reusable head
+}
+
+// followUp builds the next turn of a random remembered session. A session
+// whose history outgrew the prompt cap starts over.
+func (g *generator) followUp(t time.Duration) Request {
+	sess := g.sessions[g.rng.IntN(len(g.sessions))]
+	msg := g.s.Prompt.sample(g.rng) / 4
+	msg = max(msg, 1)
+	head, base := sess.hashes, sess.prompt
+	if base+msg > g.s.Prompt.Max+g.s.PrefixTokens.Max {
+		head, base = nil, 0
+	}
+	req := Request{
+		Arrival:      t,
+		PromptTokens: base + msg,
+		OutputTokens: g.s.Output.sample(g.rng),
+		BlockTokens:  g.s.BlockTokens,
+		Prefix:       g.blocks(head, base-len(head)*g.s.BlockTokens+msg),
+		Session:      sess.key,
+	}
+	g.extend(sess, &req)
+	return req
+}
