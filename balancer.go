@@ -295,8 +295,7 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 
 	rec := recordPool.Get().(*record)
 	rec.st.Store(st)
-	rec.prefill.Store(prefill)
-	rec.decode.Store(decode)
+	rec.tokens.Store(uint64(prefill)<<32 | uint64(decode))
 	rec.epoch.Store(0)
 	if b.signal != nil {
 		tokens := prefill + decode
@@ -310,7 +309,6 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 		epoch := st.epoch
 		st.mu.Unlock()
 		rec.epoch.Store(epoch + 1) // 0 means "not tracked"
-		rec.epTokens.Store(tokens)
 	}
 	gen := rec.state.Add(1) // even (free) -> odd (picked)
 	return Pick{rec: rec, gen: gen, ep: st.desc.Load().ep}
@@ -341,7 +339,7 @@ func (p Pick) FirstToken() {
 	if rec == nil {
 		return
 	}
-	st, prefill := rec.st.Load(), rec.prefill.Load()
+	st, prefill, _ := rec.load()
 	if !rec.state.CompareAndSwap(p.gen, p.gen|streamingBit) {
 		return
 	}
@@ -357,8 +355,8 @@ func (p Pick) Done(err error) {
 	if rec == nil {
 		return
 	}
-	st, prefill, decode := rec.st.Load(), rec.prefill.Load(), rec.decode.Load()
-	epoch, epTokens := rec.epoch.Load(), rec.epTokens.Load()
+	st, prefill, decode := rec.load()
+	epoch := rec.epoch.Load()
 	next := (p.gen &^ streamingBit) + 1 // odd -> even: free
 	if rec.state.CompareAndSwap(p.gen, next) {
 		st.prefill.Add(-prefill)
@@ -372,7 +370,7 @@ func (p Pick) Done(err error) {
 		st.mu.Lock()
 		if st.epoch == epoch-1 {
 			st.epReqs--
-			st.epTokens -= epTokens
+			st.epTokens -= prefill + decode
 		}
 		st.mu.Unlock()
 	}
@@ -387,12 +385,15 @@ const streamingBit = 1 << 62
 // stale handle may read them while a later request reuses the record; the
 // state's compare-and-swap then fails and the values read are discarded.
 type record struct {
-	state    atomic.Uint64 // generation: even = free, odd = picked; | streamingBit
-	st       atomic.Pointer[epState]
-	prefill  atomic.Int64
-	decode   atomic.Int64
-	epoch    atomic.Uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
-	epTokens atomic.Int64
+	state  atomic.Uint64 // generation: even = free, odd = picked; | streamingBit
+	st     atomic.Pointer[epState]
+	tokens atomic.Uint64 // prefill tokens << 32 | decode tokens
+	epoch  atomic.Uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
+}
+
+func (r *record) load() (st *epState, prefill, decode int64) {
+	t := r.tokens.Load()
+	return r.st.Load(), int64(t >> 32), int64(t & (1<<32 - 1))
 }
 
 var recordPool = sync.Pool{New: func() any { return new(record) }}

@@ -11,20 +11,23 @@ import (
 // go to, with the balancer's estimate of each one's load. It is valid only
 // during Policy.Choose; indexes run from 0 to Len()-1.
 type Candidates struct {
-	b      *Balancer
-	snap   *snapshot
-	idx    []int32 // member indexes of the candidates; used when filtered
-	all    bool    // every member is a candidate
-	req    Request
-	cached int
-	now    int64 // unix nanos, read from the clock on first use; 0 = not yet
+	b       *Balancer
+	snap    *snapshot
+	idx     []int32 // member indexes of the candidates; used when filtered
+	all     bool    // every member is a candidate
+	req     Request
+	reqTok  int64 // RequestTokens, computed once per pick
+	ties    []int32
+	scratch EndpointLoad
+	cached  int
+	now     int64 // unix nanos, read from the clock on first use; 0 = not yet
 }
 
 var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 
 func (c *Candidates) release() {
 	c.b, c.snap, c.req, c.cached, c.now = nil, nil, Request{}, 0, 0
-	c.idx = c.idx[:0]
+	c.idx, c.ties = c.idx[:0], c.ties[:0]
 	candidatesPool.Put(c)
 }
 
@@ -32,6 +35,7 @@ func (c *Candidates) release() {
 // those the healthy ones if any is healthy.
 func (c *Candidates) init(b *Balancer, snap *snapshot) error {
 	c.b, c.snap = b, snap
+	c.reqTok = int64(c.req.PromptTokens) + b.decodeEstimate(&c.req)
 	c.all = len(c.req.Exclude) == 0 && b.unhealthy.Load() == 0
 	if c.all {
 		return nil
@@ -145,9 +149,7 @@ func (c *Candidates) nowNanos() int64 {
 // RequestTokens returns the work, in tokens, that the request being picked
 // adds to an endpoint: its prompt tokens plus its expected decode tokens
 // (OutputTokens, else the decode allowance capped by MaxTokens).
-func (c *Candidates) RequestTokens() int64 {
-	return int64(c.req.PromptTokens) + c.b.decodeEstimate(&c.req)
-}
+func (c *Candidates) RequestTokens() int64 { return c.reqTok }
 
 // EndpointLoad is the balancer's estimate of one candidate's load.
 type EndpointLoad struct {
@@ -184,22 +186,26 @@ type EndpointLoad struct {
 // Load returns the load estimate of candidate i. It consults the signal, so a
 // policy should call it once per candidate it considers.
 func (c *Candidates) Load(i int) EndpointLoad {
+	var l EndpointLoad
+	c.loadInto(i, &l)
+	return l
+}
+
+func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	st := c.state(i)
-	l := EndpointLoad{
-		Outstanding:   st.outstanding.Load(),
-		Queued:        st.queued.Load(),
-		PrefillTokens: st.prefill.Load(),
-		DecodeTokens:  st.decode.Load(),
-		KVUsage:       math.NaN(),
-		Weight:        c.weight(st),
-	}
+	l.Outstanding = st.outstanding.Load()
+	l.Queued = st.queued.Load()
+	l.PrefillTokens = st.prefill.Load()
+	l.DecodeTokens = st.decode.Load()
 	l.Requests, l.Waiting = l.Outstanding, l.Queued
+	l.KVUsage, l.KVBlocks, l.BlockSize, l.Fresh = math.NaN(), 0, 0, false
+	l.Weight = c.weight(st)
 	if c.b.signal == nil {
-		return l
+		return
 	}
 	obs, ok := c.observe(st)
 	if !ok {
-		return l
+		return
 	}
 	reqs, tokens := st.correction(obs.At.UnixNano())
 	l.Fresh = true
@@ -212,7 +218,6 @@ func (c *Candidates) Load(i int) EndpointLoad {
 			l.KVUsage += float64(tokens) / float64(capacity)
 		}
 	}
-	return l
 }
 
 // Weight returns the effective weight of candidate i: its static weight

@@ -2,24 +2,24 @@ package llmlb
 
 import "math"
 
-// A Score rates candidate i of c for the request being picked; lower is
-// better. A score should be the candidate's load after it takes the request
-// (so it is positive even for an idle endpoint): the selectors divide it by the
-// candidate's effective weight, which makes heavier endpoints and endpoints
-// out of slow start take proportionally more. NaN scores lose to any number.
-type Score func(c *Candidates, i int) float64
+// A Score rates candidate i of c, whose load estimate is l, for the request
+// being picked; lower is better. A score should be the candidate's load after
+// it takes the request (so it is positive even for an idle endpoint): the
+// selectors divide it by the candidate's effective weight l.Weight, which
+// makes heavier endpoints and endpoints out of slow start take proportionally
+// more. NaN scores lose to any number.
+type Score func(c *Candidates, i int, l *EndpointLoad) float64
 
 // RequestsScore is the estimated number of requests at the endpoint,
 // counting this one: [EndpointLoad.Requests] + 1.
-func RequestsScore(c *Candidates, i int) float64 {
-	return float64(c.Load(i).Requests + 1)
+func RequestsScore(c *Candidates, i int, l *EndpointLoad) float64 {
+	return float64(l.Requests + 1)
 }
 
 // TokensScore is this balancer's outstanding token work at the endpoint
 // (prompt tokens not yet prefilled plus expected decode tokens), counting this
 // request's.
-func TokensScore(c *Candidates, i int) float64 {
-	l := c.Load(i)
+func TokensScore(c *Candidates, i int, l *EndpointLoad) float64 {
 	return float64(l.PrefillTokens+l.DecodeTokens+c.RequestTokens()) + 1
 }
 
@@ -34,8 +34,7 @@ const DefaultKVCapacityTokens = 1 << 18
 // because a request waiting for admission holds no KV blocks yet but will.
 // Without a fresh KV observation the usage is estimated from this balancer's
 // own outstanding tokens.
-func KVScore(c *Candidates, i int) float64 {
-	l := c.Load(i)
+func KVScore(c *Candidates, i int, l *EndpointLoad) float64 {
 	capacity := float64(DefaultKVCapacityTokens)
 	if l.KVBlocks > 0 && l.BlockSize > 0 {
 		capacity = float64(l.KVBlocks * l.BlockSize)
@@ -50,8 +49,10 @@ func KVScore(c *Candidates, i int) float64 {
 // weighted returns candidate i's score divided by its effective weight, with
 // NaN mapped to +Inf so that it always loses.
 func weighted(c *Candidates, score Score, i int) float64 {
-	s := score(c, i) / c.Weight(i)
-	if math.IsNaN(s) {
+	l := &c.scratch // a field of the pooled c, so l does not escape per call
+	c.loadInto(i, l)
+	s := score(c, i, l) / l.Weight
+	if s != s { // NaN
 		return math.Inf(1)
 	}
 	return s
@@ -109,21 +110,23 @@ func (p leastScore) Choose(c *Candidates) int {
 	return argmin(c, p.score)
 }
 
-// argmin returns the candidate with the lowest weighted score, breaking ties
-// uniformly at random (reservoir sampling, so not by position).
+// argmin returns the candidate with the lowest weighted score, uniformly at
+// random among exact ties (never by position).
 func argmin(c *Candidates, score Score) int {
-	best, bestScore, ties := 0, math.Inf(1), 0
+	ties, bestScore := c.ties[:0], math.Inf(1)
 	for i, n := 0, c.Len(); i < n; i++ {
 		s := weighted(c, score, i)
 		switch {
 		case s < bestScore:
-			best, bestScore, ties = i, s, 1
+			bestScore = s
+			ties = append(ties[:0], int32(i))
 		case s == bestScore:
-			ties++
-			if c.Uint64N(uint64(ties)) == 0 {
-				best = i
-			}
+			ties = append(ties, int32(i))
 		}
 	}
-	return best
+	c.ties = ties
+	if len(ties) == 1 {
+		return int(ties[0])
+	}
+	return int(ties[c.Uint64N(uint64(len(ties)))])
 }

@@ -1,0 +1,130 @@
+package llmlb_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/llmlb/llmlb"
+)
+
+// replica is an Endpoint: anything with a stable key.
+type replica string
+
+func (r replica) Key() string { return string(r) }
+
+func Example() {
+	b, err := llmlb.New(llmlb.LeastTokens(), llmlb.WithRand(rand.NewPCG(1, 2)))
+	if err != nil {
+		panic(err)
+	}
+	if err := b.Update([]llmlb.Endpoint{replica("10.0.0.1:8000"), replica("10.0.0.2:8000")}); err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+
+	// A long summarization lands on one replica...
+	long, _ := b.Pick(ctx, &llmlb.Request{PromptTokens: 30000, MaxTokens: 1024})
+	// ...so the short chat turns that follow go to the other one.
+	for range 3 {
+		short, _ := b.Pick(ctx, &llmlb.Request{PromptTokens: 40, MaxTokens: 64})
+		fmt.Println(long.Endpoint().Key() != short.Endpoint().Key())
+		short.FirstToken()
+		short.Done(nil)
+	}
+	long.FirstToken() // prefill done: the prompt no longer counts as pending work
+	long.Done(nil)    // all work released
+	// Output:
+	// true
+	// true
+	// true
+}
+
+// staticSignal reports fixed observations, as a metrics scraper would.
+type staticSignal map[string]llmlb.Load
+
+func (s staticSignal) Load(key string) (llmlb.Load, bool) {
+	l, ok := s[key]
+	return l, ok
+}
+
+func ExampleWithSignal() {
+	now := time.Now()
+	sig := staticSignal{
+		"a": {At: now, Running: 30, Waiting: 10, KVUsage: 0.95},
+		"b": {At: now, Running: 4, Waiting: 0, KVUsage: 0.20},
+	}
+	b, _ := llmlb.New(llmlb.P2C(llmlb.KVScore), llmlb.WithSignal(sig, 10*time.Second))
+	_ = b.Update([]llmlb.Endpoint{replica("a"), replica("b")})
+
+	p, _ := b.Pick(context.Background(), &llmlb.Request{PromptTokens: 2000})
+	fmt.Println(p.Endpoint().Key())
+	p.Done(nil)
+	// Output: b
+}
+
+func ExampleBalancer_SetHealthy() {
+	b, _ := llmlb.New(llmlb.RoundRobin())
+	_ = b.Update([]llmlb.Endpoint{replica("a"), replica("b"), replica("c")})
+	_ = b.SetHealthy("b", false) // ejected by an outlier detector
+
+	for range 4 {
+		p, _ := b.Pick(context.Background(), nil)
+		fmt.Print(p.Endpoint().Key(), " ")
+		p.Done(nil)
+	}
+	fmt.Println()
+	// Output: a c a c
+}
+
+func ExampleRequest_exclude() {
+	b, _ := llmlb.New(llmlb.P2C(nil))
+	_ = b.Update([]llmlb.Endpoint{replica("a"), replica("b")})
+
+	// A retry excludes the endpoint its first attempt failed on.
+	first, _ := b.Pick(context.Background(), nil)
+	first.Done(fmt.Errorf("503"))
+	retry, _ := b.Pick(context.Background(), &llmlb.Request{Exclude: []string{first.Endpoint().Key()}})
+	fmt.Println(retry.Endpoint().Key() != first.Endpoint().Key())
+	retry.Done(nil)
+	// Output: true
+}
+
+// sessionPolicy is a custom Policy: it keeps a session on the endpoint its
+// key hashes to unless that endpoint has twice the mean load.
+type sessionPolicy struct{}
+
+func (sessionPolicy) Choose(c *llmlb.Candidates) int {
+	r := c.Request()
+	if r.AffinityKey == "" {
+		return llmlb.P2C(nil).Choose(c)
+	}
+	var h uint64 = 14695981039346656037
+	for i := 0; i < len(r.AffinityKey); i++ {
+		h = (h ^ uint64(r.AffinityKey[i])) * 1099511628211
+	}
+	home := int(h % uint64(c.Len()))
+	total := 0.0
+	for i := 0; i < c.Len(); i++ {
+		total += float64(c.Load(i).Requests)
+	}
+	if float64(c.Load(home).Requests) > 2*math.Max(total/float64(c.Len()), 1) {
+		return llmlb.P2C(nil).Choose(c)
+	}
+	return home
+}
+
+func ExamplePolicy() {
+	b, _ := llmlb.New(sessionPolicy{})
+	_ = b.Update([]llmlb.Endpoint{replica("a"), replica("b"), replica("c")})
+	seen := map[string]bool{}
+	for range 5 {
+		p, _ := b.Pick(context.Background(), &llmlb.Request{AffinityKey: "conversation-42"})
+		seen[p.Endpoint().Key()] = true
+		p.Done(nil)
+	}
+	fmt.Println(len(seen))
+	// Output: 1
+}

@@ -1,0 +1,152 @@
+package llmlb
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+)
+
+func TestSignalCorrection(t *testing.T) {
+	clock := newFakeClock()
+	sig := &fakeSignal{}
+	p := &probe{pick: "ep0"}
+	b := mustNew(t, p, WithClock(clock), WithSignal(sig, 5*time.Second))
+	mustUpdate(t, b, eps(2))
+	ctx := context.Background()
+	pick := func() Pick {
+		pk, err := b.Pick(ctx, &Request{PromptTokens: 100, OutputTokens: 28})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pk
+	}
+
+	// Dispatches made before any observation.
+	early := pick()
+	sig.Set("ep0", Load{At: clock.Now(), Running: 5, Waiting: 2, KVUsage: 0.5, KVBlocks: 1000, BlockSize: 16})
+	clock.Advance(10 * time.Millisecond)
+	var after []Pick
+	for range 3 {
+		after = append(after, pick())
+	}
+	pick().Done(nil) // a dispatch that finished adds nothing
+	l := p.loads["ep0"]
+	// The observation (7 requests) plus the 3 still-outstanding dispatches
+	// made after it; the early dispatch is assumed seen by the observation.
+	if !l.Fresh || l.Requests != 10 || l.Waiting != 5 {
+		t.Fatalf("after 3 dispatches: %+v, want fresh, 10 requests, 5 waiting", l)
+	}
+	pick().Done(nil)
+	l = p.loads["ep0"]
+	if want := 0.5 + 3*128.0/16000; math.Abs(l.KVUsage-want) > 1e-12 {
+		t.Fatalf("KV usage %v, want %v (observation plus dispatched tokens)", l.KVUsage, want)
+	}
+
+	// A newer observation that saw everything: no double counting.
+	sig.Set("ep0", Load{At: clock.Now(), Running: 9, Waiting: 0, KVUsage: 0.6, KVBlocks: 1000, BlockSize: 16})
+	clock.Advance(time.Millisecond)
+	pick().Done(nil)
+	if l := p.loads["ep0"]; l.Requests != 9 || l.KVUsage != 0.6 {
+		t.Fatalf("after a newer observation: %+v, want 9 requests and usage 0.6", l)
+	}
+	// Completing requests of an earlier epoch does not disturb the new one.
+	for _, pk := range after {
+		pk.Done(nil)
+	}
+	early.Done(nil)
+	pick().Done(nil)
+	if l := p.loads["ep0"]; l.Requests != 9 {
+		t.Fatalf("requests %d, want 9", l.Requests)
+	}
+
+	// The observation never makes an endpoint look emptier than this
+	// balancer's own outstanding requests.
+	sig.Set("ep1", Load{At: clock.Now(), Running: 0, KVUsage: math.NaN()})
+	held := holdOn(t, b, "ep1", 4, Request{})
+	pick().Done(nil)
+	if l := p.loads["ep1"]; l.Requests != 4 || !math.IsNaN(l.KVUsage) || !l.Fresh {
+		t.Fatalf("ep1: %+v, want 4 requests (own count), unknown KV", l)
+	}
+
+	// Too old: the observation is ignored and own counts are used.
+	clock.Advance(6 * time.Second)
+	pick().Done(nil)
+	if l := p.loads["ep1"]; l.Fresh || l.Requests != 4 {
+		t.Fatalf("stale ep1: %+v, want not fresh and own count 4", l)
+	}
+	if l := p.loads["ep0"]; l.Fresh || l.Requests != 0 {
+		t.Fatalf("stale ep0: %+v, want not fresh and 0", l)
+	}
+	for _, h := range held {
+		h.Done(nil)
+	}
+}
+
+func TestInvalidObservationsIgnored(t *testing.T) {
+	clock := newFakeClock()
+	for _, tc := range []struct {
+		name string
+		obs  Load
+	}{
+		{"negative running", Load{Running: -1}},
+		{"negative waiting", Load{Waiting: -3}},
+		{"Inf usage", Load{KVUsage: math.Inf(1)}},
+		{"negative usage", Load{KVUsage: -0.1}},
+		{"usage over 1", Load{KVUsage: 1.5}},
+		{"negative blocks", Load{KVBlocks: -1}},
+		{"zero time", Load{Running: 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sig := &fakeSignal{}
+			p := &probe{}
+			b := mustNew(t, p, WithClock(clock), WithSignal(sig, 0))
+			mustUpdate(t, b, eps(1))
+			obs := tc.obs
+			if tc.name != "zero time" {
+				obs.At = clock.Now()
+			}
+			sig.Set("ep0", obs)
+			pk, err := b.Pick(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pk.Done(nil)
+			// A single candidate is not scored; pick again with two.
+			mustUpdate(t, b, eps(2))
+			pk, _ = b.Pick(context.Background(), nil)
+			pk.Done(nil)
+			if l := p.loads["ep0"]; l.Fresh || l.Requests != 0 || !math.IsNaN(l.KVUsage) {
+				t.Fatalf("invalid observation used: %+v", l)
+			}
+		})
+	}
+}
+
+// TestStaleViewHerding checks the property the correction exists for: with a
+// signal that is never refreshed, a balancer still spreads its own
+// dispatches instead of sending all of them to the endpoint that looked
+// emptiest at the last observation.
+func TestStaleViewHerding(t *testing.T) {
+	clock := newFakeClock()
+	sig := &fakeSignal{}
+	b := mustNew(t, LeastOutstanding(), WithClock(clock), WithSignal(sig, time.Minute))
+	mustUpdate(t, b, eps(4))
+	for i, running := range []int{0, 5, 5, 5} {
+		sig.Set(eps(4)[i].Key(), Load{At: clock.Now(), Running: running, KVUsage: math.NaN()})
+	}
+	counts := map[string]int{}
+	var live []Pick
+	for range 40 {
+		pk, _ := b.Pick(context.Background(), nil)
+		counts[pk.Endpoint().Key()]++
+		live = append(live, pk)
+	}
+	// ep0 absorbs its 5 requests of headroom, then all four share: 5 + 35/4.
+	if counts["ep0"] > 15 || counts["ep1"] < 7 {
+		t.Fatalf("dispatch counts %v: the stale minimum absorbed everything", counts)
+	}
+	for _, p := range live {
+		p.Done(nil)
+	}
+}
