@@ -283,7 +283,7 @@ func maxOutstandingWork(t *testing.T, pol Policy) (int64, float64) {
 	const (
 		endpoints = 8
 		ticks     = 20_000
-		perTick   = 1 // arrivals per tick
+		perTick   = 1   // arrivals per tick
 		service   = 150 // tokens per tick per endpoint: utilization about 0.83
 	)
 	b := mustNew(t, pol)
