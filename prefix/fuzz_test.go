@@ -1,0 +1,221 @@
+package prefix
+
+import (
+	"errors"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+)
+
+// fuzzChains are the prompts of the index fuzz test: chains that share heads
+// of various lengths, so that matches stop at different blocks.
+var fuzzChains = func() [][]uint64 {
+	chains := make([][]uint64, 5)
+	next := uint64(1)
+	fresh := func() uint64 { next++; return next * 0x1000193 }
+	for c := range chains {
+		for j := 0; j < 10; j++ {
+			// Chain c shares its first c blocks with chain 0.
+			if c > 0 && j < c {
+				chains[c] = append(chains[c], chains[0][j])
+			} else {
+				chains[c] = append(chains[c], fresh())
+			}
+		}
+	}
+	return chains
+}()
+
+// FuzzIndex applies a sequence of operations decoded from the input to an
+// Index and to the reference model and compares every observable result.
+func FuzzIndex(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 5, 6, 0, 0, 9})
+	f.Add([]byte{0, 1, 1, 9, 1, 2, 3, 7, 6, 0, 1, 9, 5, 3, 0, 0, 6, 1, 0, 9})
+	f.Add([]byte{1, 1, 2, 8, 7, 0, 0, 0, 2, 1, 2, 3, 6, 0, 2, 9, 3, 1, 0, 0, 6, 0, 2, 9, 4, 1, 0, 0})
+	seed := make([]byte, 600)
+	r := rand.New(rand.NewPCG(7, 7))
+	for i := range seed {
+		seed[i] = byte(r.Uint32())
+	}
+	f.Add(seed)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		runOps(t, data)
+	})
+}
+
+func runOps(t *testing.T, data []byte) {
+	cfg := IndexConfig{BlockSize: 16, Capacity: 6, TTL: 16 * time.Second, MaxEndpoints: 70}
+	x, err := NewIndex(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(cfg)
+	now := time.Unix(1_000_000, 0)
+	var dst []Match
+	for len(data) >= 4 {
+		op, a, b, c := data[0], int(data[1]), int(data[2]), int(data[3])
+		data = data[4:]
+		ep := epName(a % 74)
+		blocks := fuzzChains[b%len(fuzzChains)][:c%11]
+		bs := 16
+		if c%7 == 0 {
+			bs = 32
+		}
+		switch op % 9 {
+		case 0, 1:
+			err := x.Record(ep, blocks, now)
+			if ok := m.record(ep, blocks, now.UnixNano()); ok != (err == nil) {
+				t.Fatalf("Record(%s) = %v, model ok %v", ep, err, ok)
+			}
+			if err != nil && !errors.Is(err, ErrTooManyEndpoints) {
+				t.Fatalf("Record: unexpected error %v", err)
+			}
+		case 2:
+			err := x.Stored(ep, bs, blocks...)
+			if ok := m.stored(ep, bs, blocks); ok != (err == nil) {
+				t.Fatalf("Stored(%s, %d) = %v, model ok %v", ep, bs, err, ok)
+			}
+			if bs != 16 && !errors.Is(err, ErrBlockSizeMismatch) {
+				t.Fatalf("Stored with block size %d: error %v", bs, err)
+			}
+		case 3:
+			// Remove a few blocks from the middle and the tail.
+			rm := blocks[len(blocks)/2:]
+			err := x.Removed(ep, bs, rm...)
+			if ok := m.removed(ep, bs, rm); ok != (err == nil) {
+				t.Fatalf("Removed(%s, %d) = %v, model ok %v", ep, bs, err, ok)
+			}
+		case 4:
+			if err := x.Cleared(ep); err != nil {
+				t.Fatal(err)
+			}
+			if e := m.eps[ep]; e != nil {
+				e.list = nil
+			}
+		case 5:
+			x.RemoveEndpoint(ep)
+			delete(m.eps, ep)
+		case 6:
+			got := asMap(t, x.Match(blocks, now, dst[:0]))
+			want := m.match(blocks, now.UnixNano())
+			if !maps.Equal(got, want) {
+				t.Fatalf("Match(chain %d[:%d]) = %v, want %v", b%len(fuzzChains), len(blocks), got, want)
+			}
+			if got, want := x.MatchLen(ep, blocks, now), m.matchLen(ep, blocks, now.UnixNano()); got != want {
+				t.Fatalf("MatchLen(%s) = %d, want %d", ep, got, want)
+			}
+		case 7:
+			capacity := 1 + c%9
+			err := x.SetCapacity(ep, capacity)
+			if ok := m.setCapacity(ep, capacity); ok != (err == nil) {
+				t.Fatalf("SetCapacity(%s, %d) = %v, model ok %v", ep, capacity, err, ok)
+			}
+		case 8:
+			now = now.Add(time.Duration(b%20) * time.Second)
+		}
+		for key, e := range m.eps {
+			if got := x.Len(key); got != len(e.list) {
+				t.Fatalf("Len(%s) = %d, want %d", key, got, len(e.list))
+			}
+		}
+		checkInvariants(t, x)
+	}
+	// A final full comparison for every chain prefix.
+	for _, ch := range fuzzChains {
+		got := asMap(t, x.Match(ch, now, nil))
+		if want := m.match(ch, now.UnixNano()); !maps.Equal(got, want) {
+			t.Fatalf("final Match = %v, want %v (endpoints %v)", got, want, slices.Collect(maps.Keys(m.eps)))
+		}
+	}
+}
+
+// TestIndexRandomOps runs the fuzz body on seeded random inputs so that the
+// comparison with the model runs in every test run.
+func TestIndexRandomOps(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 1))
+	for i := 0; i < 200; i++ {
+		data := make([]byte, 4*(50+r.IntN(400)))
+		for j := range data {
+			data[j] = byte(r.Uint32())
+		}
+		runOps(t, data)
+	}
+}
+
+// FuzzHasher checks the chain properties on arbitrary tokens and text.
+func FuzzHasher(f *testing.F) {
+	f.Add([]byte("hello, world: a prompt that is longer than one block of sixty-four bytes, surely"), uint8(4), uint16(3))
+	f.Add([]byte{}, uint8(0), uint16(0))
+	f.Add(make([]byte, 300), uint8(1), uint16(299))
+	f.Fuzz(func(t *testing.T, text []byte, bt uint8, cut uint16) {
+		h, err := NewHasher(HasherConfig{BlockTokens: 1 + int(bt%32), BlockBytes: 1 + int(bt%64), MaxTokens: 40 * (1 + int(bt%32))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens := make([]uint32, len(text))
+		for i, c := range text {
+			tokens[i] = uint32(c) * 2654435761
+		}
+		root := h.Root(Salt{Model: "m"})
+		checkChain(t, h.BlockTokens(), h.MaxBlocks(), len(tokens), func(n int) []uint64 {
+			return h.AppendTokens(nil, root, tokens[:n])
+		})
+		checkChain(t, h.BlockBytes(), h.MaxBlocks(), len(text), func(n int) []uint64 {
+			return h.AppendBytes(nil, root, text[:n])
+		})
+		if got, want := h.AppendString(nil, root, string(text)), h.AppendBytes(nil, root, text); !slices.Equal(got, want) {
+			t.Fatalf("AppendString != AppendBytes")
+		}
+		// Changing one token changes its block's hash and every later one,
+		// and no earlier one.
+		if len(tokens) > 0 {
+			k := int(cut) % len(tokens)
+			before := h.AppendTokens(nil, root, tokens)
+			tokens[k] ^= 1
+			after := h.AppendTokens(nil, root, tokens)
+			checkDivergence(t, before, after, k/h.BlockTokens())
+		}
+	})
+}
+
+// checkChain verifies that hashing a prefix of n elements yields exactly
+// min(n/block, maxBlocks) hashes, and that they are the leading hashes of
+// the whole input.
+func checkChain(t *testing.T, block, maxBlocks, total int, hash func(n int) []uint64) {
+	t.Helper()
+	full := hash(total)
+	if want := min(total/block, maxBlocks); len(full) != want {
+		t.Fatalf("%d elements, block %d, max %d: %d hashes, want %d", total, block, maxBlocks, len(full), want)
+	}
+	for _, n := range []int{0, 1, block - 1, block, block + 1, total / 2, total - 1} {
+		if n < 0 || n > total {
+			continue
+		}
+		part := hash(n)
+		if want := min(n/block, maxBlocks); len(part) != want {
+			t.Fatalf("prefix of %d: %d hashes, want %d", n, len(part), want)
+		}
+		if !slices.Equal(part, full[:len(part)]) {
+			t.Fatalf("prefix of %d elements does not give the leading hashes", n)
+		}
+	}
+}
+
+// checkDivergence verifies that two chains agree before block k and differ
+// at every block from k on.
+func checkDivergence(t *testing.T, a, b []uint64, k int) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("lengths %d != %d", len(a), len(b))
+	}
+	for i := range a {
+		if i < k && a[i] != b[i] {
+			t.Fatalf("block %d before the change at block %d differs", i, k)
+		}
+		if i >= k && a[i] == b[i] {
+			t.Fatalf("block %d at or after the change at block %d is equal", i, k)
+		}
+	}
+}

@@ -1,0 +1,524 @@
+package prefix
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+)
+
+// Defaults and limits of [IndexConfig].
+const (
+	// DefaultCapacity is the default number of blocks indexed per endpoint:
+	// 16384 blocks, 256k tokens at 16 tokens a block, about 2.5 MB of index
+	// (see [BytesPerBlock]). Size it from the engine's KV-cache capacity
+	// with [Index.SetCapacity].
+	DefaultCapacity = 1 << 14
+	// MaxCapacity is the largest capacity accepted for one endpoint.
+	MaxCapacity = 1 << 24
+	// DefaultTTL is how long a block recorded from a routing decision keeps
+	// matching: 2 minutes, the expiry of NVIDIA Dynamo's approximate
+	// (event-free) indexer and SGLang's cache-aware eviction interval.
+	DefaultTTL = 2 * time.Minute
+	// DefaultMaxEndpoints is the default and largest number of endpoints
+	// an index tracks.
+	DefaultMaxEndpoints = 4096
+	// BytesPerBlock bounds the memory of one indexed block of one endpoint,
+	// in bytes, on 64-bit platforms: the LRU entry (80), its slot in the
+	// endpoint's LRU map (about 25) and its share of the index-wide map from
+	// block hash to holders (about 40, shared by up to 64 endpoints holding
+	// the same block). About 150 bytes are typical; the memory test asserts
+	// this bound over a million blocks. The whole index stays below the sum
+	// of all endpoints' capacities times BytesPerBlock, plus a few hundred
+	// bytes per endpoint.
+	BytesPerBlock = 200
+)
+
+// never is the expiry of blocks reported by engine events.
+const never = math.MaxInt64
+
+// IndexConfig configures an [Index]. The zero value is valid and selects
+// every default.
+type IndexConfig struct {
+	// BlockSize is the number of tokens per block of the indexed hashes:
+	// [Hasher.BlockTokens] of the hasher that produces them, and the block
+	// size engine KV events must report. Zero means [DefaultBlockTokens].
+	BlockSize int
+	// Capacity is the number of blocks indexed per endpoint until
+	// [Index.SetCapacity] sets another. Zero means [DefaultCapacity]; at
+	// most [MaxCapacity].
+	Capacity int
+	// TTL is how long a block recorded by [Index.Record] keeps matching
+	// after its last Record. Blocks reported by engine events do not
+	// expire. Zero means [DefaultTTL]; negative values are rejected.
+	TTL time.Duration
+	// MaxEndpoints bounds the number of endpoints tracked. Zero means
+	// [DefaultMaxEndpoints], which is also the largest value accepted.
+	MaxEndpoints int
+}
+
+// Match is the longest cached prefix of a prompt on one endpoint.
+type Match struct {
+	// Endpoint is the endpoint's key.
+	Endpoint string
+	// Blocks is the number of leading blocks of the prompt believed cached
+	// on the endpoint, at least 1.
+	Blocks int
+}
+
+// Index records which endpoints hold which prefix blocks and finds, for a
+// prompt, the longest cached prefix on every endpoint at once.
+//
+// Each endpoint has its own LRU of block hashes, bounded by its capacity. An
+// index-wide map from block hash to the set of endpoints holding it (a bitset
+// per group of 64 endpoints) is kept consistent with the LRUs through their
+// eviction callbacks, so [Index.Match] walks the prompt's blocks once,
+// intersecting the set of endpoints still matching, whatever the number of
+// endpoints.
+//
+// An endpoint's blocks are fed approximately by [Index.Record] (the router's
+// own decisions; they expire after the TTL) or precisely by
+// [Index.Stored], [Index.Removed] and [Index.Cleared] (the engine's KV
+// events; they do not expire). Both may feed the same endpoint: a block's
+// expiry is the latest of the two.
+//
+// Index is safe for concurrent use. Match, MatchLen, Len and Capacity take a
+// read lock; every other method takes the write lock. No method calls out of
+// the package while holding a lock, and no goroutine is started: expiry is
+// evaluated when matching.
+type Index struct {
+	blockSize    int
+	defCapacity  int
+	ttl          int64
+	maxEndpoints int
+
+	mu        sync.RWMutex // protects the fields below
+	endpoints map[string]*endpoint
+	slots     []*endpoint // by slot; nil when free
+	occupied  []uint64    // bitset of non-nil slots
+	holders   map[uint64]holder
+}
+
+// endpoint is the state of one endpoint.
+type endpoint struct {
+	key      string
+	slot     int
+	capacity int // the LRU's size, which simplelru does not expose
+	// lru maps block hash to expiry (Unix nanoseconds; never for blocks
+	// reported by events). Its eviction callback keeps Index.holders
+	// consistent.
+	lru *simplelru.LRU[uint64, int64]
+}
+
+// holder is the set of endpoints, within one group of 64 slots, that hold a
+// block. It is stored in Index.holders under holderKey(hash, group).
+type holder struct {
+	bits uint64 // slot%64 of each holder
+	// minExp is at most the expiry of every holder not in stale. When it is
+	// in the past, Match checks each holder's own expiry.
+	minExp int64
+	stale  uint64 // holders known to be expired
+}
+
+// holderKey is the key of group w's holder entry for block hash h. Group 0
+// uses the hash itself; other groups XOR in an odd multiple of w, which
+// keeps keys of one block distinct across groups.
+func holderKey(h uint64, w int) uint64 {
+	return h ^ uint64(w)*0x9e3779b97f4a7c15
+}
+
+// NewIndex returns an empty Index for c, or an error wrapping
+// [ErrInvalidConfig] if a field is out of range.
+func NewIndex(c IndexConfig) (*Index, error) {
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockTokens
+	}
+	if c.Capacity == 0 {
+		c.Capacity = DefaultCapacity
+	}
+	if c.TTL == 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.MaxEndpoints == 0 {
+		c.MaxEndpoints = DefaultMaxEndpoints
+	}
+	switch {
+	case c.BlockSize < 0 || c.BlockSize > maxBlockTokens:
+		return nil, fmt.Errorf("%w: BlockSize %d out of range [1, %d]", ErrInvalidConfig, c.BlockSize, maxBlockTokens)
+	case c.Capacity < 0 || c.Capacity > MaxCapacity:
+		return nil, fmt.Errorf("%w: Capacity %d out of range [1, %d]", ErrInvalidConfig, c.Capacity, MaxCapacity)
+	case c.TTL < 0:
+		return nil, fmt.Errorf("%w: TTL %v is negative", ErrInvalidConfig, c.TTL)
+	case c.MaxEndpoints < 0 || c.MaxEndpoints > DefaultMaxEndpoints:
+		return nil, fmt.Errorf("%w: MaxEndpoints %d out of range [1, %d]", ErrInvalidConfig, c.MaxEndpoints, DefaultMaxEndpoints)
+	}
+	return &Index{
+		blockSize:    c.BlockSize,
+		defCapacity:  c.Capacity,
+		ttl:          int64(c.TTL),
+		maxEndpoints: c.MaxEndpoints,
+		endpoints:    make(map[string]*endpoint),
+		occupied:     make([]uint64, (c.MaxEndpoints+63)/64),
+		holders:      make(map[uint64]holder),
+	}, nil
+}
+
+// BlockSize returns the number of tokens per block the index expects.
+func (x *Index) BlockSize() int { return x.blockSize }
+
+// endpointLocked returns the endpoint with key, adding it if create is set.
+// x.mu must be held for writing when create is set.
+func (x *Index) endpointLocked(key string, create bool) (*endpoint, error) {
+	if e := x.endpoints[key]; e != nil || !create {
+		return e, nil
+	}
+	if key == "" {
+		return nil, fmt.Errorf("%w: empty endpoint key", ErrInvalidArgument)
+	}
+	if len(x.endpoints) >= x.maxEndpoints {
+		return nil, fmt.Errorf("%w: %q would be endpoint %d of at most %d", ErrTooManyEndpoints, key, len(x.endpoints)+1, x.maxEndpoints)
+	}
+	slot := 0
+	for w, occ := range x.occupied {
+		if occ != math.MaxUint64 {
+			slot = 64*w + bits.TrailingZeros64(^occ)
+			break
+		}
+	}
+	e := &endpoint{key: key, slot: slot, capacity: x.defCapacity}
+	w, bit := slot/64, uint64(1)<<(slot%64)
+	lru, err := simplelru.NewLRU(x.defCapacity, func(h uint64, _ int64) {
+		x.unlink(h, w, bit)
+	})
+	if err != nil { // unreachable: the capacity is validated
+		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	e.lru = lru
+	x.endpoints[key] = e
+	for len(x.slots) <= slot {
+		x.slots = append(x.slots, nil)
+	}
+	x.slots[slot] = e
+	x.occupied[w] |= bit
+	return e, nil
+}
+
+// unlink removes the holder bit of group w from block h.
+func (x *Index) unlink(h uint64, w int, bit uint64) {
+	k := holderKey(h, w)
+	hd, ok := x.holders[k]
+	if !ok {
+		return
+	}
+	hd.bits &^= bit
+	hd.stale &^= bit
+	if hd.bits == 0 {
+		delete(x.holders, k)
+		return
+	}
+	x.holders[k] = hd
+}
+
+// SetCapacity sets the number of blocks indexed for endpoint, adding the
+// endpoint if it is new; the least recently used blocks beyond the new
+// capacity are dropped. Size it from the engine's KV cache: the engine's
+// block count times its block size divided by [Index.BlockSize]. It returns
+// an error wrapping [ErrInvalidArgument] if blocks is outside
+// [1, MaxCapacity] or endpoint is empty, or [ErrTooManyEndpoints].
+func (x *Index) SetCapacity(endpoint string, blocks int) error {
+	if blocks < 1 || blocks > MaxCapacity {
+		return fmt.Errorf("%w: capacity %d out of range [1, %d]", ErrInvalidArgument, blocks, MaxCapacity)
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e, err := x.endpointLocked(endpoint, true)
+	if err != nil {
+		return err
+	}
+	e.lru.Resize(blocks)
+	e.capacity = blocks
+	return nil
+}
+
+// Capacity returns the number of blocks indexed at most for endpoint, or 0
+// if the index does not track it.
+func (x *Index) Capacity(endpoint string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	e := x.endpoints[endpoint]
+	if e == nil {
+		return 0
+	}
+	return e.capacity
+}
+
+// Len returns the number of blocks indexed for endpoint, expired ones
+// included, or 0 if the index does not track it.
+func (x *Index) Len(endpoint string) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if e := x.endpoints[endpoint]; e != nil {
+		return e.lru.Len()
+	}
+	return 0
+}
+
+// Record notes that blocks (the chained hashes of a prompt head, in order)
+// were just sent to endpoint, adding the endpoint if it is new. The blocks
+// match until now plus the TTL, or longer if they were already held for
+// longer. Blocks are touched tail first, so the head of the prompt is the
+// most recently used and the last evicted. If there are more blocks than
+// the endpoint's capacity, only the leading ones that fit are recorded.
+//
+// Record returns an error wrapping [ErrInvalidArgument] for an empty
+// endpoint key, or [ErrTooManyEndpoints].
+func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
+	t := now.UnixNano()
+	exp := t + x.ttl
+	if exp < t { // overflow
+		exp = never - 1
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e, err := x.endpointLocked(endpoint, true)
+	if err != nil {
+		return err
+	}
+	x.touchLocked(e, blocks, exp, t)
+	return nil
+}
+
+// Stored applies an engine KV event: endpoint now holds the blocks, which
+// do not expire until [Index.Removed] or [Index.Cleared] reports them gone
+// or the endpoint's LRU evicts them. blockSize is the block size of the
+// event, in tokens; if it differs from [Index.BlockSize] the event is not
+// applied and the error wraps [ErrBlockSizeMismatch].
+//
+// The hashes must be the chained hashes a [Hasher] with the same block size
+// computes for the same tokens and salt, in prompt order. Engines publish
+// their own block hashes (vLLM's are SHA-256 or CBOR-based, SGLang's and
+// Dynamo's differ again), so the caller translates them: either by hashing
+// the token IDs the event carries with the router's Hasher (vLLM's
+// BlockStored carries them), or by keeping a map from engine hash to
+// router hash filled when the router dispatched the prompt. Hashes that
+// correspond to no prompt the router hashes are harmless: they never match.
+// As with Record, the blocks are touched tail first and at most the
+// endpoint's capacity of them is kept.
+func (x *Index) Stored(endpoint string, blockSize int, hashes ...uint64) error {
+	if err := x.checkBlockSize(blockSize); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e, err := x.endpointLocked(endpoint, true)
+	if err != nil {
+		return err
+	}
+	x.touchLocked(e, hashes, never, math.MinInt64)
+	return nil
+}
+
+// Removed applies an engine KV event: endpoint evicted the blocks. Unknown
+// endpoints and blocks are ignored. A blockSize other than [Index.BlockSize]
+// returns an error wrapping [ErrBlockSizeMismatch] and changes nothing.
+func (x *Index) Removed(endpoint string, blockSize int, hashes ...uint64) error {
+	if err := x.checkBlockSize(blockSize); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if e := x.endpoints[endpoint]; e != nil {
+		for _, h := range hashes {
+			e.lru.Remove(h)
+		}
+	}
+	return nil
+}
+
+// Cleared applies an engine KV event: endpoint dropped its whole cache (for
+// example after a restart or a weight update). The endpoint stays tracked
+// with its capacity. Unknown endpoints are ignored.
+func (x *Index) Cleared(endpoint string) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if e := x.endpoints[endpoint]; e != nil {
+		e.lru.Purge()
+	}
+	return nil
+}
+
+// RemoveEndpoint forgets endpoint and all its blocks, freeing its place
+// among [IndexConfig.MaxEndpoints]. Call it when the endpoint leaves the
+// pool. Unknown endpoints are ignored.
+func (x *Index) RemoveEndpoint(endpoint string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e := x.endpoints[endpoint]
+	if e == nil {
+		return
+	}
+	e.lru.Purge()
+	delete(x.endpoints, endpoint)
+	x.slots[e.slot] = nil
+	x.occupied[e.slot/64] &^= 1 << (e.slot % 64)
+}
+
+func (x *Index) checkBlockSize(blockSize int) error {
+	if blockSize != x.blockSize {
+		return fmt.Errorf("%w: event block size %d, index block size %d", ErrBlockSizeMismatch, blockSize, x.blockSize)
+	}
+	return nil
+}
+
+// touchLocked makes e hold blocks[:capacity] with expiry at least exp,
+// touching them tail first. now is the time used to refresh the expiry
+// summary of each block's holder entry. x.mu must be held for writing.
+func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, now int64) {
+	n := min(len(blocks), e.capacity)
+	w, bit := e.slot/64, uint64(1)<<(e.slot%64)
+	for i := n - 1; i >= 0; i-- {
+		h := blocks[i]
+		v := exp
+		if old, ok := e.lru.Peek(h); ok && old > v {
+			v = old
+		}
+		e.lru.Add(h, v) // may evict another block, unlinking it
+		k := holderKey(h, w)
+		hd := x.holders[k]
+		switch {
+		case hd.bits&^bit == 0:
+			hd = holder{bits: bit, minExp: v}
+		default:
+			hd.bits |= bit
+			hd.stale &^= bit
+			hd.minExp = min(hd.minExp, v)
+			if hd.minExp <= now {
+				hd = x.refresh(h, w, hd, now)
+			}
+		}
+		x.holders[k] = hd
+	}
+}
+
+// refresh recomputes the expiry summary of the holders of block h in group
+// w at time now: expired holders are marked stale and minExp becomes the
+// least expiry of the others.
+func (x *Index) refresh(h uint64, w int, hd holder, now int64) holder {
+	hd.minExp = never
+	for b := hd.bits &^ hd.stale; b != 0; b &= b - 1 {
+		i := bits.TrailingZeros64(b)
+		exp, _ := x.slots[64*w+i].lru.Peek(h)
+		if exp <= now {
+			hd.stale |= 1 << i
+		} else {
+			hd.minExp = min(hd.minExp, exp)
+		}
+	}
+	return hd
+}
+
+// maxGroups is the number of 64-endpoint groups of the largest index.
+const maxGroups = DefaultMaxEndpoints / 64
+
+// Match appends to dst, for each endpoint holding at least the first of
+// blocks, the number of leading blocks it holds unexpired at now, and
+// returns the extended slice. Each endpoint's match stops at its first
+// missing or expired block; endpoints that match no block are omitted. The
+// appended matches are in decreasing order of Blocks; the order of equal
+// matches is unspecified, so a policy should break ties at random.
+//
+// Match walks blocks once, checking all endpoints together, and stops when
+// none is left matching. It takes the read lock and does not allocate when
+// dst has room for the result.
+func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
+	if len(blocks) == 0 {
+		return dst
+	}
+	t := now.UnixNano()
+	start := len(dst)
+	var alive [maxGroups]uint64
+	var active [maxGroups]uint8
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	na := 0
+	for w, occ := range x.occupied {
+		if occ != 0 {
+			alive[w] = occ
+			active[na] = uint8(w)
+			na++
+		}
+	}
+	for i, h := range blocks {
+		j := 0
+		for _, w8 := range active[:na] {
+			w := int(w8)
+			cur := alive[w]
+			hd := x.holders[holderKey(h, w)]
+			next := cur & hd.bits &^ hd.stale
+			if next != 0 && hd.minExp <= t {
+				next = x.unexpired(h, w, next, t)
+			}
+			if gone := cur &^ next; gone != 0 && i > 0 {
+				dst = x.appendMatches(dst, w, gone, i)
+			}
+			alive[w] = next
+			if next != 0 {
+				active[j] = w8
+				j++
+			}
+		}
+		na = j
+		if na == 0 {
+			break
+		}
+	}
+	for _, w8 := range active[:na] {
+		dst = x.appendMatches(dst, int(w8), alive[w8], len(blocks))
+	}
+	// Matches were appended shortest first.
+	for i, j := start, len(dst)-1; i < j; i, j = i+1, j-1 {
+		dst[i], dst[j] = dst[j], dst[i]
+	}
+	return dst
+}
+
+// unexpired returns the endpoints of set (group w) whose copy of block h
+// has not expired at now.
+func (x *Index) unexpired(h uint64, w int, set uint64, now int64) uint64 {
+	for b := set; b != 0; b &= b - 1 {
+		i := bits.TrailingZeros64(b)
+		if exp, _ := x.slots[64*w+i].lru.Peek(h); exp <= now {
+			set &^= 1 << i
+		}
+	}
+	return set
+}
+
+func (x *Index) appendMatches(dst []Match, w int, set uint64, n int) []Match {
+	for ; set != 0; set &= set - 1 {
+		e := x.slots[64*w+bits.TrailingZeros64(set)]
+		dst = append(dst, Match{Endpoint: e.key, Blocks: n})
+	}
+	return dst
+}
+
+// MatchLen returns the number of leading blocks endpoint holds unexpired at
+// now: [Index.Match] for one endpoint. It is 0 for unknown endpoints.
+func (x *Index) MatchLen(endpoint string, blocks []uint64, now time.Time) int {
+	t := now.UnixNano()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	e := x.endpoints[endpoint]
+	if e == nil {
+		return 0
+	}
+	for i, h := range blocks {
+		if exp, ok := e.lru.Peek(h); !ok || exp <= t {
+			return i
+		}
+	}
+	return len(blocks)
+}

@@ -1,0 +1,207 @@
+package prefix
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"testing"
+)
+
+// model is a plain reference implementation of Index: per endpoint, a slice
+// ordered from least to most recently used.
+type model struct {
+	blockSize int
+	defCap    int
+	ttl       int64
+	maxEPs    int
+	eps       map[string]*modelEndpoint
+}
+
+type modelEndpoint struct {
+	capacity int
+	list     []modelEntry // least recently used first
+}
+
+type modelEntry struct {
+	h   uint64
+	exp int64
+}
+
+func newModel(c IndexConfig) *model {
+	return &model{blockSize: c.BlockSize, defCap: c.Capacity, ttl: int64(c.TTL), maxEPs: c.MaxEndpoints, eps: map[string]*modelEndpoint{}}
+}
+
+func (m *model) endpoint(key string) *modelEndpoint {
+	if e := m.eps[key]; e != nil {
+		return e
+	}
+	if key == "" || len(m.eps) >= m.maxEPs {
+		return nil
+	}
+	e := &modelEndpoint{capacity: m.defCap}
+	m.eps[key] = e
+	return e
+}
+
+func (e *modelEndpoint) touch(blocks []uint64, exp int64) {
+	n := min(len(blocks), e.capacity)
+	for i := n - 1; i >= 0; i-- {
+		h := blocks[i]
+		v := exp
+		if j := e.find(h); j >= 0 {
+			v = max(v, e.list[j].exp)
+			e.list = slices.Delete(e.list, j, j+1)
+			e.list = append(e.list, modelEntry{h, v})
+			continue
+		}
+		e.list = append(e.list, modelEntry{h, v})
+		if len(e.list) > e.capacity {
+			e.list = e.list[1:]
+		}
+	}
+}
+
+func (e *modelEndpoint) find(h uint64) int {
+	return slices.IndexFunc(e.list, func(x modelEntry) bool { return x.h == h })
+}
+
+func (m *model) record(key string, blocks []uint64, t int64) bool {
+	e := m.endpoint(key)
+	if e == nil {
+		return false
+	}
+	e.touch(blocks, t+m.ttl)
+	return true
+}
+
+func (m *model) stored(key string, blockSize int, blocks []uint64) bool {
+	if blockSize != m.blockSize {
+		return false
+	}
+	e := m.endpoint(key)
+	if e == nil {
+		return false
+	}
+	e.touch(blocks, math.MaxInt64)
+	return true
+}
+
+func (m *model) removed(key string, blockSize int, blocks []uint64) bool {
+	if blockSize != m.blockSize {
+		return false
+	}
+	if e := m.eps[key]; e != nil {
+		for _, h := range blocks {
+			if j := e.find(h); j >= 0 {
+				e.list = slices.Delete(e.list, j, j+1)
+			}
+		}
+	}
+	return true
+}
+
+func (m *model) setCapacity(key string, c int) bool {
+	e := m.endpoint(key)
+	if e == nil {
+		return false
+	}
+	if len(e.list) > c {
+		e.list = e.list[len(e.list)-c:]
+	}
+	e.capacity = c
+	return true
+}
+
+func (m *model) matchLen(key string, blocks []uint64, t int64) int {
+	e := m.eps[key]
+	if e == nil {
+		return 0
+	}
+	for i, h := range blocks {
+		j := e.find(h)
+		if j < 0 || e.list[j].exp <= t {
+			return i
+		}
+	}
+	return len(blocks)
+}
+
+func (m *model) match(blocks []uint64, t int64) map[string]int {
+	out := map[string]int{}
+	for key := range m.eps {
+		if n := m.matchLen(key, blocks, t); n > 0 {
+			out[key] = n
+		}
+	}
+	return out
+}
+
+// checkInvariants verifies that the holder map mirrors the endpoints' LRUs
+// exactly and that no endpoint exceeds its capacity.
+func checkInvariants(t testing.TB, x *Index) {
+	t.Helper()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	pairs := 0
+	for key, e := range x.endpoints {
+		if x.slots[e.slot] != e {
+			t.Fatalf("endpoint %q: slot %d holds another endpoint", key, e.slot)
+		}
+		if x.occupied[e.slot/64]&(1<<(e.slot%64)) == 0 {
+			t.Fatalf("endpoint %q: slot %d not marked occupied", key, e.slot)
+		}
+		if e.lru.Len() > e.capacity {
+			t.Fatalf("endpoint %q: %d blocks exceed capacity %d", key, e.lru.Len(), e.capacity)
+		}
+		for _, h := range e.lru.Keys() {
+			hd := x.holders[holderKey(h, e.slot/64)]
+			if hd.bits&(1<<(e.slot%64)) == 0 {
+				t.Fatalf("endpoint %q holds %x but the holder map does not say so", key, h)
+			}
+		}
+		pairs += e.lru.Len()
+	}
+	bitsSet := 0
+	for _, hd := range x.holders {
+		if hd.bits == 0 {
+			t.Fatalf("empty holder entry kept")
+		}
+		if hd.stale&^hd.bits != 0 {
+			t.Fatalf("stale bits outside holders")
+		}
+		bitsSet += bits.OnesCount64(hd.bits)
+	}
+	if bitsSet != pairs {
+		t.Fatalf("holder map has %d (block, endpoint) pairs, LRUs have %d", bitsSet, pairs)
+	}
+	n := 0
+	for _, occ := range x.occupied {
+		n += bits.OnesCount64(occ)
+	}
+	if n != len(x.endpoints) {
+		t.Fatalf("%d slots occupied, %d endpoints", n, len(x.endpoints))
+	}
+}
+
+// asMap turns Match results into a map, failing on duplicates, zero counts
+// or a wrong order.
+func asMap(t testing.TB, ms []Match) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for i, m := range ms {
+		if _, dup := out[m.Endpoint]; dup {
+			t.Fatalf("endpoint %q matched twice", m.Endpoint)
+		}
+		if m.Blocks < 1 {
+			t.Fatalf("endpoint %q matched %d blocks", m.Endpoint, m.Blocks)
+		}
+		if i > 0 && ms[i-1].Blocks < m.Blocks {
+			t.Fatalf("matches not in decreasing order: %v", ms)
+		}
+		out[m.Endpoint] = m.Blocks
+	}
+	return out
+}
+
+func epName(i int) string { return fmt.Sprintf("ep%d", i) }
