@@ -29,7 +29,7 @@ const (
 	DefaultRequests = 12000
 	// DefaultRate is the arrival rate of the default scenario, in requests
 	// per second for 8 replicas.
-	DefaultRate = 35.0
+	DefaultRate = 37.0
 )
 
 // Scenarios returns the presets, in display order:

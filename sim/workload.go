@@ -77,7 +77,8 @@ const maxTokens = 1 << 24
 type Synthetic struct {
 	// Requests is the number of requests generated.
 	Requests int
-	// Rate is the mean arrival rate in requests per second.
+	// Rate is the mean arrival rate in requests per second (agent bursts
+	// included).
 	Rate float64
 	// ArrivalCV is the coefficient of variation of inter-arrival times: 1
 	// gives Poisson arrivals, larger values burstier Gamma arrivals. 0 means 1.
@@ -225,7 +226,12 @@ func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 				out = append(out, g.fresh(at, parent))
 				at += time.Duration(1+g.rng.IntN(5)) * time.Millisecond
 			}
-			t = at
+			// Skip the arrival gaps of the children so that Rate stays the
+			// mean request rate.
+			for k := 1; k < s.FanoutSize; k++ {
+				t += g.gap()
+			}
+			t = max(t, at)
 		default:
 			var head []uint64
 			if s.PrefixShare > 0 && g.rng.Float64() < s.PrefixShare {

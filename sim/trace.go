@@ -1,0 +1,295 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Trace formats accepted by [ReadTrace].
+const (
+	FormatMooncake = "mooncake"
+	FormatAzure    = "azure"
+)
+
+// MooncakeBlockTokens is the number of prompt tokens per hash id in Mooncake
+// traces.
+const MooncakeBlockTokens = 512
+
+// maxLine bounds one trace line.
+const maxLine = 4 << 20
+
+// TraceOptions controls how a trace is turned into requests. The zero value
+// replays the whole trace at its own rate.
+type TraceOptions struct {
+	// RateScale multiplies the arrival rate: inter-arrival times are divided
+	// by it. 0 means 1.
+	RateScale float64
+	// Requests keeps only the first Requests requests by arrival; 0 keeps
+	// all.
+	Requests int
+}
+
+func (o *TraceOptions) normalize() error {
+	if o.RateScale == 0 {
+		o.RateScale = 1
+	}
+	if !(o.RateScale > 0) || math.IsInf(o.RateScale, 0) {
+		return fmt.Errorf("%w: rate scale %v, want a positive number", ErrInvalidConfig, o.RateScale)
+	}
+	if o.Requests < 0 {
+		return fmt.Errorf("%w: request cap %d is negative", ErrInvalidConfig, o.Requests)
+	}
+	return nil
+}
+
+// ReadTrace reads a trace in the given format; an empty format is detected
+// from the content: a line starting with '{' is Mooncake JSONL, anything
+// else Azure CSV.
+func ReadTrace(r io.Reader, format string, opt TraceOptions) ([]Request, error) {
+	br := bufio.NewReader(r)
+	if format == "" {
+		head, _ := br.Peek(64)
+		format = FormatAzure
+		if t := bytes.TrimLeft(head, " \t\r\n\ufeff"); len(t) > 0 && t[0] == '{' {
+			format = FormatMooncake
+		}
+	}
+	switch format {
+	case FormatMooncake:
+		return ReadMooncake(br, opt)
+	case FormatAzure:
+		return ReadAzure(br, opt)
+	}
+	return nil, fmt.Errorf("%w: unknown trace format %q (want %s or %s)", ErrInvalidConfig, format, FormatMooncake, FormatAzure)
+}
+
+// traceLine is one arrival read from a trace, before scaling.
+type traceLine struct {
+	at     float64 // seconds, relative to an arbitrary origin
+	prompt int
+	output int
+	ids    []uint64
+}
+
+type mooncakeRecord struct {
+	Timestamp    *float64  `json:"timestamp"`
+	InputLength  *int64    `json:"input_length"`
+	OutputLength *int64    `json:"output_length"`
+	HashIDs      []float64 `json:"hash_ids"`
+}
+
+// ReadMooncake reads a Mooncake JSONL trace: one object per line with
+// timestamp (milliseconds), input_length, output_length and hash_ids, the
+// ids of the prompt's 512-token blocks (equal id, same block content). Block
+// i of a request gets the chained hash ChainHash(hash of block i-1,
+// hash_ids[i]), so a cache hit requires the whole prefix to match. An output
+// length of 0 is replayed as 1. Blank lines are skipped; any other malformed
+// line is an error wrapping [ErrMalformedTrace] that names it.
+func ReadMooncake(r io.Reader, opt TraceOptions) ([]Request, error) {
+	if err := opt.normalize(); err != nil {
+		return nil, err
+	}
+	var lines []traceLine
+	err := scanLines(r, func(n int, line []byte) error {
+		var rec mooncakeRecord
+		dec := json.NewDecoder(bytes.NewReader(line))
+		if err := dec.Decode(&rec); err != nil {
+			return fmt.Errorf("%w: line %d: %v", ErrMalformedTrace, n, err)
+		}
+		if dec.More() {
+			return fmt.Errorf("%w: line %d: trailing data after the object", ErrMalformedTrace, n)
+		}
+		switch {
+		case rec.Timestamp == nil || rec.InputLength == nil || rec.OutputLength == nil:
+			return fmt.Errorf("%w: line %d: want timestamp, input_length and output_length", ErrMalformedTrace, n)
+		case math.IsNaN(*rec.Timestamp) || math.IsInf(*rec.Timestamp, 0) || *rec.Timestamp < 0 || *rec.Timestamp > 1e15:
+			return fmt.Errorf("%w: line %d: timestamp %v out of range", ErrMalformedTrace, n, *rec.Timestamp)
+		case *rec.InputLength < 1 || *rec.InputLength > maxTokens:
+			return fmt.Errorf("%w: line %d: input_length %d out of range [1, %d]", ErrMalformedTrace, n, *rec.InputLength, maxTokens)
+		case *rec.OutputLength < 0 || *rec.OutputLength > maxTokens:
+			return fmt.Errorf("%w: line %d: output_length %d out of range [0, %d]", ErrMalformedTrace, n, *rec.OutputLength, maxTokens)
+		}
+		prompt := int(*rec.InputLength)
+		nb := (prompt + MooncakeBlockTokens - 1) / MooncakeBlockTokens
+		if len(rec.HashIDs) > nb {
+			return fmt.Errorf("%w: line %d: %d hash_ids for %d tokens (at most %d)", ErrMalformedTrace, n, len(rec.HashIDs), prompt, nb)
+		}
+		ids := make([]uint64, len(rec.HashIDs))
+		for i, id := range rec.HashIDs {
+			if id < 0 || id != math.Trunc(id) || id >= 1<<53 {
+				return fmt.Errorf("%w: line %d: hash id %v is not a non-negative integer", ErrMalformedTrace, n, id)
+			}
+			ids[i] = uint64(id)
+		}
+		lines = append(lines, traceLine{at: *rec.Timestamp / 1000, prompt: prompt, output: max(int(*rec.OutputLength), 1), ids: ids})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return toRequests(lines, MooncakeBlockTokens, opt)
+}
+
+// azureLayout is the TIMESTAMP format of the Azure LLM inference traces.
+const azureLayout = "2006-01-02 15:04:05.999999999"
+
+// ReadAzure reads an Azure LLM inference trace: a CSV header naming
+// TIMESTAMP, ContextTokens and GeneratedTokens (in any order), then one
+// request per line, timestamps in the form 2023-11-16 18:15:46.6805900. The
+// trace has no prefix information, so its requests share nothing. A
+// GeneratedTokens of 0 is replayed as 1.
+func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
+	if err := opt.normalize(); err != nil {
+		return nil, err
+	}
+	var lines []traceLine
+	cols := map[string]int{}
+	var ts, ctx, gen int
+	width := 0
+	var origin time.Time
+	err := scanLines(r, func(n int, line []byte) error {
+		fields := strings.Split(strings.TrimSpace(string(line)), ",")
+		if width == 0 {
+			for i, f := range fields {
+				cols[strings.TrimSpace(strings.TrimPrefix(f, "\ufeff"))] = i
+			}
+			var ok1, ok2, ok3 bool
+			ts, ok1 = cols["TIMESTAMP"]
+			ctx, ok2 = cols["ContextTokens"]
+			gen, ok3 = cols["GeneratedTokens"]
+			if !ok1 || !ok2 || !ok3 {
+				return fmt.Errorf("%w: line %d: header must name TIMESTAMP, ContextTokens and GeneratedTokens", ErrMalformedTrace, n)
+			}
+			width = len(fields)
+			return nil
+		}
+		if len(fields) != width {
+			return fmt.Errorf("%w: line %d: %d fields, want %d", ErrMalformedTrace, n, len(fields), width)
+		}
+		t, err := time.Parse(azureLayout, strings.TrimSpace(fields[ts]))
+		if err != nil {
+			return fmt.Errorf("%w: line %d: TIMESTAMP: %v", ErrMalformedTrace, n, err)
+		}
+		prompt, err := strconv.Atoi(strings.TrimSpace(fields[ctx]))
+		if err != nil || prompt < 1 || prompt > maxTokens {
+			return fmt.Errorf("%w: line %d: ContextTokens %q, want an integer in [1, %d]", ErrMalformedTrace, n, fields[ctx], maxTokens)
+		}
+		output, err := strconv.Atoi(strings.TrimSpace(fields[gen]))
+		if err != nil || output < 0 || output > maxTokens {
+			return fmt.Errorf("%w: line %d: GeneratedTokens %q, want an integer in [0, %d]", ErrMalformedTrace, n, fields[gen], maxTokens)
+		}
+		if origin.IsZero() {
+			origin = t
+		}
+		d := t.Sub(origin).Seconds()
+		if math.Abs(d) > 1e9 {
+			return fmt.Errorf("%w: line %d: TIMESTAMP %s too far from the first one", ErrMalformedTrace, n, fields[ts])
+		}
+		lines = append(lines, traceLine{at: d, prompt: prompt, output: max(output, 1)})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if width == 0 {
+		return nil, fmt.Errorf("%w: empty trace", ErrMalformedTrace)
+	}
+	return toRequests(lines, 0, opt)
+}
+
+// scanLines calls f with each non-blank line and its 1-based number.
+func scanLines(r io.Reader, f func(n int, line []byte) error) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
+	n := 0
+	for sc.Scan() {
+		n++
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		if err := f(n, line); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("%w: line %d: %v", ErrMalformedTrace, n+1, err)
+	}
+	return nil
+}
+
+// toRequests sorts lines by time (stably), keeps the first opt.Requests,
+// shifts the first arrival to 0, scales time and chains the hash ids.
+func toRequests(lines []traceLine, blockTokens int, opt TraceOptions) ([]Request, error) {
+	if len(lines) == 0 {
+		return nil, fmt.Errorf("%w: no requests", ErrMalformedTrace)
+	}
+	slices.SortStableFunc(lines, func(a, b traceLine) int {
+		switch {
+		case a.at < b.at:
+			return -1
+		case a.at > b.at:
+			return 1
+		}
+		return 0
+	})
+	if opt.Requests > 0 && len(lines) > opt.Requests {
+		lines = lines[:opt.Requests]
+	}
+	out := make([]Request, len(lines))
+	t0 := lines[0].at
+	for i, l := range lines {
+		req := Request{
+			Arrival:      time.Duration((l.at - t0) / opt.RateScale * float64(time.Second)),
+			PromptTokens: l.prompt,
+			OutputTokens: l.output,
+		}
+		if len(l.ids) > 0 {
+			req.BlockTokens = blockTokens
+			req.Prefix = make([]uint64, len(l.ids))
+			var h uint64
+			for j, id := range l.ids {
+				h = ChainHash(h, id)
+				req.Prefix[j] = h
+			}
+		}
+		out[i] = req
+	}
+	return out, nil
+}
+
+// InfiniteCacheHitRate returns the prefix hit rate an infinite cache shared
+// by all replicas would reach on reqs: the token-weighted share of prompt
+// blocks whose chained hash appeared in an earlier request. No policy can
+// exceed it.
+func InfiniteCacheHitRate(reqs []Request) float64 {
+	seen := make(map[uint64]struct{})
+	var hit, total int64
+	for i := range reqs {
+		r := &reqs[i]
+		total += int64(r.PromptTokens)
+		for j, h := range r.Prefix {
+			tokens := min(r.BlockTokens, r.PromptTokens-j*r.BlockTokens)
+			if tokens <= 0 {
+				break
+			}
+			if _, ok := seen[h]; ok {
+				hit += int64(tokens)
+			} else {
+				seen[h] = struct{}{}
+			}
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(hit) / float64(total)
+}
