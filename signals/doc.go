@@ -1,0 +1,35 @@
+// Package signals supplies engine load signals to an [llmlb.Balancer]: it
+// scrapes the Prometheus metrics of vLLM, SGLang, TensorRT-LLM, Triton and
+// llama.cpp replicas, parses ORCA load reports, and accepts observations
+// pushed from anywhere.
+//
+// A [Store] holds the newest observation ([Observation], an [llmlb.Load] plus
+// engine counters) of each endpoint and implements [llmlb.Signal]; anyone may
+// record into it, and the newest observation by time wins. A [Scraper] polls
+// each target's metrics URL on its own jittered phase, parses the exposition
+// with prometheus/common/expfmt ([Parse]), maps it with the engine's profile
+// (detected from the metric names unless configured), and records good
+// observations into a Store; a failed scrape leaves the last good observation
+// in place and is reported by [Scraper.Status]. [ParseOrca] reads the
+// endpoint-load-metrics response header in its TEXT, JSON and BIN forms, and
+// [Store.RecordResponse] records it as a push observation.
+//
+// Metrics read per engine (several series of one metric are summed, KV usage
+// fractions averaged):
+//
+//	engine    running                          waiting                           KV usage                              KV capacity
+//	vllm      vllm:num_requests_running        vllm:num_requests_waiting         vllm:kv_cache_usage_perc              vllm:cache_config_info labels num_gpu_blocks, block_size
+//	                                                                             (older: vllm:gpu_cache_usage_perc)
+//	sglang    sglang:num_running_reqs          sglang:num_queue_reqs             sglang:token_usage
+//	trtllm    trtllm_num_requests_running      trtllm_num_requests_waiting       trtllm_kv_cache_utilization           trtllm_kv_cache_max_blocks, trtllm_kv_cache_tokens_per_block
+//	triton    nv_trt_llm_request_metrics       nv_trt_llm_request_metrics        nv_trt_llm_kv_cache_block_metrics     nv_trt_llm_kv_cache_block_metrics
+//	          {request_type="scheduled"}       {request_type="waiting"}          {kv_cache_block_type="fraction"}      {kv_cache_block_type="max"|"tokens_per"}
+//	llamacpp  llamacpp:requests_processing     llamacpp:requests_deferred        llamacpp:kv_cache_usage_ratio
+//
+// For vLLM, vllm:num_preemptions_total and vllm:prefix_cache_queries_total /
+// vllm:prefix_cache_hits_total are also read into the Observation.
+//
+// Nothing in this package starts a goroutine except [Scraper.Run], which
+// returns when its context is done. Stores and Scrapers are safe for
+// concurrent use; reading an observation takes no lock.
+package signals

@@ -1,0 +1,299 @@
+package signals
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Engine names an inference engine's metrics dialect. The zero value,
+// [EngineAuto], detects the engine from the metric names in each exposition.
+type Engine int
+
+// Engines whose Prometheus expositions this package maps to a load.
+const (
+	// EngineAuto detects the engine from the metric names present.
+	EngineAuto Engine = iota
+	// EngineVLLM is vLLM (vllm:* metrics).
+	EngineVLLM
+	// EngineSGLang is SGLang (sglang:* metrics).
+	EngineSGLang
+	// EngineTRTLLM is TensorRT-LLM's trtllm-serve (trtllm_* metrics).
+	EngineTRTLLM
+	// EngineTriton is Triton Inference Server with the TensorRT-LLM backend
+	// (nv_trt_llm_* metrics selected by label).
+	EngineTriton
+	// EngineLlamaCpp is the llama.cpp server (llamacpp:* metrics).
+	EngineLlamaCpp
+	numEngines
+)
+
+var engineNames = [numEngines]string{"auto", "vllm", "sglang", "trtllm", "triton", "llamacpp"}
+
+// String returns the engine's short name, such as "vllm".
+func (e Engine) String() string {
+	if e < 0 || e >= numEngines {
+		return "Engine(" + strconv.Itoa(int(e)) + ")"
+	}
+	return engineNames[e]
+}
+
+// ParseEngine returns the engine named s (as returned by [Engine.String]).
+func ParseEngine(s string) (Engine, error) {
+	for i, n := range engineNames {
+		if n == s {
+			return Engine(i), nil
+		}
+	}
+	return EngineAuto, fmt.Errorf("%w: unknown engine %q", ErrInvalidConfig, s)
+}
+
+// series selects the samples of one metric: every series of family name, or
+// only those whose label has value. With info set, the number is read from
+// the label named info instead of the sample value (for info metrics such as
+// vllm:cache_config_info).
+type series struct {
+	name         string
+	label, value string
+	info         string
+}
+
+// profile maps one engine's exposition to an Observation.
+type profile struct {
+	engine             Engine
+	running, waiting   series
+	kv                 []series // the first present wins (renames across versions)
+	blocks, blockSize  series
+	preempt            series
+	prefixQ, prefixHit series
+}
+
+var profiles = [numEngines]*profile{
+	EngineVLLM: {
+		engine:  EngineVLLM,
+		running: series{name: "vllm:num_requests_running"},
+		waiting: series{name: "vllm:num_requests_waiting"},
+		kv: []series{
+			{name: "vllm:kv_cache_usage_perc"},
+			{name: "vllm:gpu_cache_usage_perc"},
+		},
+		blocks:    series{name: "vllm:cache_config_info", info: "num_gpu_blocks"},
+		blockSize: series{name: "vllm:cache_config_info", info: "block_size"},
+		preempt:   series{name: "vllm:num_preemptions_total"},
+		prefixQ:   series{name: "vllm:prefix_cache_queries_total"},
+		prefixHit: series{name: "vllm:prefix_cache_hits_total"},
+	},
+	EngineSGLang: {
+		engine:  EngineSGLang,
+		running: series{name: "sglang:num_running_reqs"},
+		waiting: series{name: "sglang:num_queue_reqs"},
+		kv:      []series{{name: "sglang:token_usage"}},
+	},
+	EngineTRTLLM: {
+		engine:    EngineTRTLLM,
+		running:   series{name: "trtllm_num_requests_running"},
+		waiting:   series{name: "trtllm_num_requests_waiting"},
+		kv:        []series{{name: "trtllm_kv_cache_utilization"}},
+		blocks:    series{name: "trtllm_kv_cache_max_blocks"},
+		blockSize: series{name: "trtllm_kv_cache_tokens_per_block"},
+	},
+	EngineTriton: {
+		engine:    EngineTriton,
+		running:   series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "scheduled"},
+		waiting:   series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "waiting"},
+		kv:        []series{{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "fraction"}},
+		blocks:    series{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "max"},
+		blockSize: series{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "tokens_per"},
+	},
+	EngineLlamaCpp: {
+		engine:  EngineLlamaCpp,
+		running: series{name: "llamacpp:requests_processing"},
+		waiting: series{name: "llamacpp:requests_deferred"},
+		kv:      []series{{name: "llamacpp:kv_cache_usage_ratio"}},
+	},
+}
+
+// detectOrder is the order in which auto-detection tries the profiles.
+var detectOrder = [...]Engine{EngineVLLM, EngineSGLang, EngineTRTLLM, EngineTriton, EngineLlamaCpp}
+
+// Plausibility bounds: a value beyond them is garbage, not load.
+const (
+	maxRequests  = 1 << 24 // requests running or waiting on one replica
+	maxBlocks    = 1 << 31 // KV blocks
+	maxBlockSize = 1 << 20 // tokens per KV block
+	maxCounter   = 1e18    // cumulative counters
+	kvSlack      = 1e-6    // rounding slack above 1 tolerated in KV fractions
+)
+
+type families map[string]*dto.MetricFamily
+
+// detect returns the engine whose running-requests metric is present.
+func detect(fams families) (*profile, error) {
+	for _, e := range detectOrder {
+		if _, ok := fams[profiles[e].running.name]; ok {
+			return profiles[e], nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no known engine metrics (looked for %s, %s, %s, %s, %s)", ErrMissingMetric,
+		profiles[EngineVLLM].running.name, profiles[EngineSGLang].running.name, profiles[EngineTRTLLM].running.name,
+		profiles[EngineTriton].running.name, profiles[EngineLlamaCpp].running.name)
+}
+
+// sum returns the sum of the selected samples, how many there were, and
+// an error naming the metric if one is not a finite non-negative number.
+func (s series) sum(fams families) (sum float64, n int, err error) {
+	if s.name == "" {
+		return 0, 0, nil
+	}
+	fam := fams[s.name]
+	if fam == nil {
+		// OpenMetrics names a counter family without its _total suffix.
+		if base, ok := strings.CutSuffix(s.name, "_total"); ok {
+			fam = fams[base]
+		}
+		if fam == nil {
+			return 0, 0, nil
+		}
+	}
+	for _, m := range fam.Metric {
+		if s.label != "" && labelValue(m, s.label) != s.value {
+			continue
+		}
+		var v float64
+		if s.info != "" {
+			str := labelValue(m, s.info)
+			if str == "" {
+				continue
+			}
+			v, err = strconv.ParseFloat(str, 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("%w: %s label %s=%q is not a number", ErrInvalidValue, s.name, s.info, str)
+			}
+		} else {
+			var ok bool
+			if v, ok = sampleValue(m); !ok {
+				continue
+			}
+		}
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return 0, 0, fmt.Errorf("%w: %s is %v", ErrInvalidValue, s.describe(), v)
+		}
+		sum += v
+		n++
+	}
+	return sum, n, nil
+}
+
+func (s series) describe() string {
+	switch {
+	case s.label != "":
+		return fmt.Sprintf("%s{%s=%q}", s.name, s.label, s.value)
+	case s.info != "":
+		return s.name + " label " + s.info
+	}
+	return s.name
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, lp := range m.Label {
+		if lp.GetName() == name {
+			return lp.GetValue()
+		}
+	}
+	return ""
+}
+
+// sampleValue returns the value of a gauge, counter or untyped sample.
+func sampleValue(m *dto.Metric) (float64, bool) {
+	switch {
+	case m.Gauge != nil:
+		return m.Gauge.GetValue(), true
+	case m.Counter != nil:
+		return m.Counter.GetValue(), true
+	case m.Untyped != nil:
+		return m.Untyped.GetValue(), true
+	}
+	return 0, false
+}
+
+// observe maps fams to an observation with p. At is left zero.
+func (p *profile) observe(fams families) (Observation, error) {
+	o := Observation{Engine: p.engine}
+	var err error
+	if o.Running, err = p.count(fams, p.running, maxRequests, true); err != nil {
+		return Observation{}, err
+	}
+	if o.Waiting, err = p.count(fams, p.waiting, maxRequests, true); err != nil {
+		return Observation{}, err
+	}
+	o.KVUsage = math.NaN()
+	for _, s := range p.kv {
+		sum, n, err := s.sum(fams)
+		if err != nil {
+			return Observation{}, err
+		}
+		if n == 0 {
+			continue
+		}
+		// Several series (one per model or data-parallel rank) are averaged:
+		// a fraction of equal-sized pools.
+		kv := sum / float64(n)
+		if kv > 1+kvSlack {
+			return Observation{}, fmt.Errorf("%w: %s is %v, above 1", ErrInvalidValue, s.describe(), kv)
+		}
+		o.KVUsage = min(kv, 1)
+		break
+	}
+	if o.KVBlocks, err = p.count(fams, p.blocks, maxBlocks, false); err != nil {
+		return Observation{}, err
+	}
+	if o.BlockSize, err = p.count(fams, p.blockSize, maxBlockSize, false); err != nil {
+		return Observation{}, err
+	}
+	if o.Preemptions, err = counter(fams, p.preempt); err != nil {
+		return Observation{}, err
+	}
+	if o.PrefixQueries, err = counter(fams, p.prefixQ); err != nil {
+		return Observation{}, err
+	}
+	if o.PrefixHits, err = counter(fams, p.prefixHit); err != nil {
+		return Observation{}, err
+	}
+	return o, nil
+}
+
+// count returns the sum of s's samples as an integer no larger than limit.
+// A missing metric is an error if required and 0 otherwise.
+func (p *profile) count(fams families, s series, limit float64, required bool) (int, error) {
+	sum, n, err := s.sum(fams)
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		if required {
+			return 0, fmt.Errorf("%w: %s exposition has no %s", ErrMissingMetric, p.engine, s.describe())
+		}
+		return 0, nil
+	}
+	if sum > limit {
+		return 0, fmt.Errorf("%w: %s is %v, above the plausible limit %v", ErrInvalidValue, s.describe(), sum, limit)
+	}
+	return int(math.Round(sum)), nil
+}
+
+// counter returns the sum of a cumulative counter, NaN if it is absent.
+func counter(fams families, s series) (float64, error) {
+	sum, n, err := s.sum(fams)
+	switch {
+	case err != nil:
+		return 0, err
+	case n == 0:
+		return math.NaN(), nil
+	case sum > maxCounter:
+		return 0, fmt.Errorf("%w: %s is %v, above the plausible limit %v", ErrInvalidValue, s.describe(), sum, maxCounter)
+	}
+	return sum, nil
+}

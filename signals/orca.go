@@ -1,0 +1,494 @@
+package signals
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/llmlb/llmlb"
+)
+
+// OrcaHeader is the HTTP response header that carries an ORCA load report,
+// as Envoy and vLLM name it.
+const OrcaHeader = "endpoint-load-metrics"
+
+// maxOrcaHeader bounds the size of an ORCA header value accepted, and
+// maxOrcaMetrics the number of map entries in a report.
+const (
+	maxOrcaHeader  = 16 << 10
+	maxOrcaMetrics = 256
+)
+
+// OrcaReport is an ORCA load report (xds.data.orca.v3.OrcaLoadReport).
+// Utilization, RequestCost and NamedMetrics are nil when empty.
+type OrcaReport struct {
+	CPUUtilization         float64
+	MemUtilization         float64
+	ApplicationUtilization float64
+	// RPSFractional is the endpoint's requests per second; EPS its errors
+	// per second.
+	RPSFractional float64
+	EPS           float64
+	Utilization   map[string]float64
+	RequestCost   map[string]float64
+	NamedMetrics  map[string]float64
+}
+
+// ParseOrca parses the value of an [OrcaHeader] header. Three forms exist,
+// each starting with its format name:
+//
+//	TEXT cpu_utilization=0.3, rps_fractional=10, named_metrics.kv_cache_usage_perc=0.4
+//	JSON {"cpu_utilization": 0.3, "named_metrics": {"kv_cache_usage_perc": 0.4}}
+//	BIN <base64 of the serialized OrcaLoadReport protobuf>
+//
+// In TEXT, map entries are written with the prefixes named_metrics.,
+// utilization. and request_cost.; an unknown field, a duplicate, or a value
+// that is not a finite number is an error wrapping [ErrORCA], as is a
+// negative utilization or rate.
+func ParseOrca(header string) (OrcaReport, error) {
+	if len(header) > maxOrcaHeader {
+		return OrcaReport{}, fmt.Errorf("%w: header is %d bytes, above %d", ErrORCA, len(header), maxOrcaHeader)
+	}
+	format, body, _ := strings.Cut(strings.TrimSpace(header), " ")
+	body = strings.TrimSpace(body)
+	var r OrcaReport
+	var err error
+	switch format {
+	case "TEXT":
+		err = r.parseText(body)
+	case "JSON":
+		err = r.parseJSON(body)
+	case "BIN":
+		err = r.parseBin(body)
+	default:
+		return OrcaReport{}, fmt.Errorf("%w: unsupported format %q (want TEXT, JSON or BIN)", ErrORCA, truncate(format))
+	}
+	if err == nil {
+		err = r.check()
+	}
+	if err != nil {
+		return OrcaReport{}, err
+	}
+	return r, nil
+}
+
+func truncate(s string) string {
+	if len(s) > 32 {
+		return s[:32] + "..."
+	}
+	return s
+}
+
+func (r *OrcaReport) parseText(body string) error {
+	if body == "" {
+		return fmt.Errorf("%w: empty TEXT report", ErrORCA)
+	}
+	seen := make(map[string]bool)
+	for field := range strings.SplitSeq(body, ",") {
+		name, val, ok := strings.Cut(strings.TrimSpace(field), "=")
+		name, val = strings.TrimSpace(name), strings.TrimSpace(val)
+		if !ok || name == "" || val == "" {
+			return fmt.Errorf("%w: TEXT field %q is not name=value", ErrORCA, truncate(field))
+		}
+		if seen[name] {
+			return fmt.Errorf("%w: duplicate field %q", ErrORCA, truncate(name))
+		}
+		seen[name] = true
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			return fmt.Errorf("%w: field %q: value %q is not a number", ErrORCA, truncate(name), truncate(val))
+		}
+		if err := r.set(name, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// set stores the TEXT field name.
+func (r *OrcaReport) set(name string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return fmt.Errorf("%w: field %q is %v", ErrORCA, truncate(name), v)
+	}
+	switch name {
+	case "cpu_utilization":
+		r.CPUUtilization = v
+	case "mem_utilization":
+		r.MemUtilization = v
+	case "application_utilization":
+		r.ApplicationUtilization = v
+	case "rps_fractional":
+		r.RPSFractional = v
+	case "eps":
+		r.EPS = v
+	default:
+		prefix, key, ok := strings.Cut(name, ".")
+		if !ok || key == "" {
+			return fmt.Errorf("%w: unknown field %q", ErrORCA, truncate(name))
+		}
+		var m *map[string]float64
+		switch prefix {
+		case "named_metrics":
+			m = &r.NamedMetrics
+		case "utilization":
+			m = &r.Utilization
+		case "request_cost":
+			m = &r.RequestCost
+		default:
+			return fmt.Errorf("%w: unknown field %q", ErrORCA, truncate(name))
+		}
+		return put(m, key, v)
+	}
+	return nil
+}
+
+func put(m *map[string]float64, key string, v float64) error {
+	if *m == nil {
+		*m = make(map[string]float64)
+	}
+	if len(*m) >= maxOrcaMetrics {
+		return fmt.Errorf("%w: more than %d map entries", ErrORCA, maxOrcaMetrics)
+	}
+	(*m)[key] = v
+	return nil
+}
+
+// orcaJSON is the proto3 JSON mapping of OrcaLoadReport; both the
+// lowerCamelCase JSON names and the original field names are accepted.
+type orcaJSON struct {
+	CPUUtilization         *float64           `json:"cpu_utilization"`
+	CPUUtilizationCamel    *float64           `json:"cpuUtilization"`
+	MemUtilization         *float64           `json:"mem_utilization"`
+	MemUtilizationCamel    *float64           `json:"memUtilization"`
+	ApplicationUtilization *float64           `json:"application_utilization"`
+	AppUtilizationCamel    *float64           `json:"applicationUtilization"`
+	RPSFractional          *float64           `json:"rps_fractional"`
+	RPSFractionalCamel     *float64           `json:"rpsFractional"`
+	EPS                    *float64           `json:"eps"`
+	Utilization            map[string]float64 `json:"utilization"`
+	RequestCost            map[string]float64 `json:"request_cost"`
+	RequestCostCamel       map[string]float64 `json:"requestCost"`
+	NamedMetrics           map[string]float64 `json:"named_metrics"`
+	NamedMetricsCamel      map[string]float64 `json:"namedMetrics"`
+}
+
+func (r *OrcaReport) parseJSON(body string) error {
+	var j orcaJSON
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return fmt.Errorf("%w: JSON: %v", ErrORCA, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%w: JSON: trailing data after the report", ErrORCA)
+	}
+	pick := func(a, b *float64) float64 {
+		if a != nil {
+			return *a
+		}
+		if b != nil {
+			return *b
+		}
+		return 0
+	}
+	r.CPUUtilization = pick(j.CPUUtilization, j.CPUUtilizationCamel)
+	r.MemUtilization = pick(j.MemUtilization, j.MemUtilizationCamel)
+	r.ApplicationUtilization = pick(j.ApplicationUtilization, j.AppUtilizationCamel)
+	r.RPSFractional = pick(j.RPSFractional, j.RPSFractionalCamel)
+	r.EPS = pick(j.EPS, nil)
+	for _, m := range []struct {
+		dst *map[string]float64
+		a   map[string]float64
+		b   map[string]float64
+	}{
+		{&r.Utilization, j.Utilization, nil},
+		{&r.RequestCost, j.RequestCost, j.RequestCostCamel},
+		{&r.NamedMetrics, j.NamedMetrics, j.NamedMetricsCamel},
+	} {
+		for _, src := range []map[string]float64{m.a, m.b} {
+			for k, v := range src {
+				if err := put(m.dst, k, v); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Field numbers of xds.data.orca.v3.OrcaLoadReport.
+const (
+	fieldCPU         = 1
+	fieldMem         = 2
+	fieldRPS         = 3
+	fieldRequestCost = 4
+	fieldUtilization = 5
+	fieldRPSFrac     = 6
+	fieldEPS         = 7
+	fieldNamed       = 8
+	fieldApp         = 9
+)
+
+func (r *OrcaReport) parseBin(body string) error {
+	b, err := base64.StdEncoding.DecodeString(body)
+	if err != nil {
+		if b, err = base64.RawStdEncoding.DecodeString(body); err != nil {
+			return fmt.Errorf("%w: BIN: %v", ErrORCA, err)
+		}
+	}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return fmt.Errorf("%w: BIN: %v", ErrORCA, protowire.ParseError(n))
+		}
+		b = b[n:]
+		var dst *float64
+		var dstMap *map[string]float64
+		switch num {
+		case fieldCPU:
+			dst = &r.CPUUtilization
+		case fieldMem:
+			dst = &r.MemUtilization
+		case fieldRPSFrac:
+			dst = &r.RPSFractional
+		case fieldEPS:
+			dst = &r.EPS
+		case fieldApp:
+			dst = &r.ApplicationUtilization
+		case fieldRequestCost:
+			dstMap = &r.RequestCost
+		case fieldUtilization:
+			dstMap = &r.Utilization
+		case fieldNamed:
+			dstMap = &r.NamedMetrics
+		}
+		switch {
+		case dst != nil && typ == protowire.Fixed64Type:
+			v, n := protowire.ConsumeFixed64(b)
+			if n < 0 {
+				return fmt.Errorf("%w: BIN field %d: %v", ErrORCA, num, protowire.ParseError(n))
+			}
+			*dst, b = math.Float64frombits(v), b[n:]
+		case dstMap != nil && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return fmt.Errorf("%w: BIN field %d: %v", ErrORCA, num, protowire.ParseError(n))
+			}
+			b = b[n:]
+			k, f, err := mapEntry(v)
+			if err != nil {
+				return fmt.Errorf("%w: BIN field %d: %v", ErrORCA, num, err)
+			}
+			if err := put(dstMap, k, f); err != nil {
+				return err
+			}
+		case dst != nil || dstMap != nil:
+			return fmt.Errorf("%w: BIN field %d has wire type %d", ErrORCA, num, typ)
+		default: // rps (deprecated) and unknown fields are skipped
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return fmt.Errorf("%w: BIN field %d: %v", ErrORCA, num, protowire.ParseError(n))
+			}
+			b = b[n:]
+		}
+	}
+	return nil
+}
+
+// mapEntry decodes a map<string, double> entry.
+func mapEntry(b []byte) (string, float64, error) {
+	var key string
+	var val float64
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", 0, protowire.ParseError(n)
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return "", 0, protowire.ParseError(n)
+			}
+			key, b = string(v), b[n:]
+		case num == 2 && typ == protowire.Fixed64Type:
+			v, n := protowire.ConsumeFixed64(b)
+			if n < 0 {
+				return "", 0, protowire.ParseError(n)
+			}
+			val, b = math.Float64frombits(v), b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return "", 0, protowire.ParseError(n)
+			}
+			b = b[n:]
+		}
+	}
+	return key, val, nil
+}
+
+// check rejects non-finite values, negative utilizations and rates, and
+// empty map keys.
+func (r *OrcaReport) check() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"cpu_utilization", r.CPUUtilization},
+		{"mem_utilization", r.MemUtilization},
+		{"application_utilization", r.ApplicationUtilization},
+		{"rps_fractional", r.RPSFractional},
+		{"eps", r.EPS},
+	} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 {
+			return fmt.Errorf("%w: %s is %v", ErrORCA, f.name, f.v)
+		}
+	}
+	for _, m := range []struct {
+		name string
+		m    map[string]float64
+	}{{"utilization", r.Utilization}, {"request_cost", r.RequestCost}, {"named_metrics", r.NamedMetrics}} {
+		for k, v := range m.m {
+			if k == "" {
+				return fmt.Errorf("%w: %s has an empty key", ErrORCA, m.name)
+			}
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				return fmt.Errorf("%w: %s.%s is %v", ErrORCA, m.name, truncate(k), v)
+			}
+		}
+	}
+	return nil
+}
+
+// Default named metrics read by [OrcaMapping]; vLLM reports the first and
+// third in its ORCA headers.
+const (
+	DefaultOrcaKVUsage = "kv_cache_usage_perc"
+	DefaultOrcaRunning = "num_requests_running"
+	DefaultOrcaWaiting = "num_requests_waiting"
+	// orcaKVUsageAlt is also tried when KVUsage is left at its default.
+	orcaKVUsageAlt = "kv_cache_utilization"
+)
+
+// OrcaMapping names the entries of an ORCA report's named_metrics (or, for
+// KV usage, utilization) that make up a [llmlb.Load]. The zero value uses
+// the defaults.
+type OrcaMapping struct {
+	// KVUsage names the KV-cache usage fraction. "" means
+	// [DefaultOrcaKVUsage], falling back to "kv_cache_utilization".
+	KVUsage string
+	// Running and Waiting name the request counts. "" means
+	// [DefaultOrcaRunning] and [DefaultOrcaWaiting].
+	Running string
+	Waiting string
+	// KVBlocks and BlockSize name the KV capacity in blocks and the tokens
+	// per block; "" means not reported.
+	KVBlocks  string
+	BlockSize string
+}
+
+// Load maps r to an observation taken at at. A metric the report lacks is
+// left at 0 (NaN for KV usage); the balancer never estimates fewer requests
+// than it has outstanding itself. A report with none of the mapped metrics,
+// or with a mapped value out of range, is an error wrapping [ErrORCA].
+func (m OrcaMapping) Load(r OrcaReport, at time.Time) (llmlb.Load, error) {
+	l := llmlb.Load{At: at, KVUsage: math.NaN()}
+	found := false
+	kvNames := []string{m.KVUsage}
+	if m.KVUsage == "" {
+		kvNames = []string{DefaultOrcaKVUsage, orcaKVUsageAlt}
+	}
+	for _, name := range kvNames {
+		v, ok := r.NamedMetrics[name]
+		if !ok {
+			v, ok = r.Utilization[name]
+		}
+		if ok {
+			if !(v >= 0 && v <= 1+kvSlack) {
+				return llmlb.Load{}, fmt.Errorf("%w: %s is %v, outside [0, 1]", ErrORCA, name, v)
+			}
+			l.KVUsage, found = min(v, 1), true
+			break
+		}
+	}
+	for _, c := range []struct {
+		name, def string
+		limit     float64
+		dst       *int
+	}{
+		{m.Running, DefaultOrcaRunning, maxRequests, &l.Running},
+		{m.Waiting, DefaultOrcaWaiting, maxRequests, &l.Waiting},
+		{m.KVBlocks, "", maxBlocks, &l.KVBlocks},
+		{m.BlockSize, "", maxBlockSize, &l.BlockSize},
+	} {
+		name := c.name
+		if name == "" {
+			name = c.def
+		}
+		v, ok := r.NamedMetrics[name]
+		if name == "" || !ok {
+			continue
+		}
+		if !(v >= 0 && v <= c.limit) {
+			return llmlb.Load{}, fmt.Errorf("%w: %s is %v, outside [0, %v]", ErrORCA, name, v, c.limit)
+		}
+		*c.dst, found = int(math.Round(v)), true
+	}
+	if !found {
+		return llmlb.Load{}, fmt.Errorf("%w: report has none of the mapped metrics", ErrORCA)
+	}
+	return l, nil
+}
+
+// RecordOrca records the ORCA report r, received at at, as an observation of
+// the endpoint key, mapped with m. It is the entry point for reports that
+// arrive already decoded, such as grpc-go's per-call server load.
+func (s *Store) RecordOrca(key string, r OrcaReport, at time.Time, m OrcaMapping) error {
+	l, err := m.Load(r, at)
+	if err != nil {
+		return fmt.Errorf("%w (endpoint %q)", err, key)
+	}
+	return s.Record(key, l)
+}
+
+// RecordResponse records the ORCA report in resp's [OrcaHeader] header, if
+// any, as an observation of the endpoint key taken at at (when the response
+// headers arrived), mapped with m. It reports whether the response carried a
+// report; a malformed one is an error and records nothing.
+func (s *Store) RecordResponse(key string, resp *http.Response, at time.Time, m OrcaMapping) (bool, error) {
+	if resp == nil {
+		return false, nil
+	}
+	vals := resp.Header.Values(OrcaHeader)
+	if len(vals) == 0 {
+		return false, nil
+	}
+	h := vals[0]
+	if len(vals) > 1 {
+		// Repeated TEXT headers are one comma-separated list.
+		var b bytes.Buffer
+		for i, v := range vals {
+			if i > 0 {
+				v = strings.TrimPrefix(strings.TrimSpace(v), "TEXT ")
+				b.WriteString(", ")
+			}
+			b.WriteString(v)
+		}
+		h = b.String()
+	}
+	r, err := ParseOrca(h)
+	if err != nil {
+		return true, fmt.Errorf("%w (endpoint %q)", err, key)
+	}
+	return true, s.RecordOrca(key, r, at, m)
+}

@@ -1,0 +1,166 @@
+package signals_test
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmlb/llmlb/signals"
+)
+
+const (
+	textType = "text/plain; version=0.0.4; charset=utf-8"
+	omType   = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+)
+
+func fixture(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	require.NoError(t, err)
+	return b
+}
+
+func TestParseFixtures(t *testing.T) {
+	nan := math.NaN()
+	cases := []struct {
+		file        string
+		contentType string
+		engine      signals.Engine
+		running     int
+		waiting     int
+		kv          float64
+		blocks      int
+		blockSize   int
+		preempt     float64
+		queries     float64
+		hits        float64
+	}{
+		{"vllm.prom", textType, signals.EngineVLLM, 12, 3, 0.42, 27153, 16, 17, 4.8213e6, 2.9011e6},
+		{"vllm_v0.prom", textType, signals.EngineVLLM, 5, 0, 0.9, 27153, 16, 17, nan, nan},
+		{"vllm_openmetrics.prom", omType, signals.EngineVLLM, 12, 3, 0.42, 27153, 16, 17, 4.8213e6, 2.9011e6},
+		{"sglang.prom", textType, signals.EngineSGLang, 7, 2, 0.28, 0, 0, nan, nan, nan},
+		{"trtllm.prom", textType, signals.EngineTRTLLM, 9, 4, 0.55, 8192, 32, nan, nan, nan},
+		{"triton.prom", textType, signals.EngineTriton, 5, 2, 0.369629, 4096, 64, nan, nan, nan},
+		{"llamacpp.prom", "", signals.EngineLlamaCpp, 2, 1, 0.125, 0, 0, nan, nan, nan},
+	}
+	for _, c := range cases {
+		for _, engine := range []signals.Engine{signals.EngineAuto, c.engine} {
+			t.Run(c.file+"/engine="+engine.String(), func(t *testing.T) {
+				o, err := signals.Parse(strings.NewReader(string(fixture(t, c.file))), c.contentType, engine)
+				require.NoError(t, err)
+				assert.Equal(t, c.engine, o.Engine)
+				assert.True(t, o.At.IsZero(), "Parse leaves At to the caller")
+				assert.Equal(t, c.running, o.Running)
+				assert.Equal(t, c.waiting, o.Waiting)
+				assert.InDelta(t, c.kv, o.KVUsage, 1e-12)
+				assert.Equal(t, c.blocks, o.KVBlocks)
+				assert.Equal(t, c.blockSize, o.BlockSize)
+				assertNaNOr(t, c.preempt, o.Preemptions, "preemptions")
+				assertNaNOr(t, c.queries, o.PrefixQueries, "prefix queries")
+				assertNaNOr(t, c.hits, o.PrefixHits, "prefix hits")
+			})
+		}
+	}
+}
+
+func assertNaNOr(t *testing.T, want, got float64, what string) {
+	t.Helper()
+	if math.IsNaN(want) {
+		assert.True(t, math.IsNaN(got), "%s: want NaN, got %v", what, got)
+		return
+	}
+	assert.InDelta(t, want, got, 1e-9, what)
+}
+
+func TestParseWrongEngine(t *testing.T) {
+	_, err := signals.Parse(strings.NewReader(string(fixture(t, "sglang.prom"))), textType, signals.EngineVLLM)
+	require.ErrorIs(t, err, signals.ErrMissingMetric)
+	assert.Contains(t, err.Error(), "vllm:num_requests_running")
+}
+
+func TestParseSumsSeries(t *testing.T) {
+	in := `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="a"} 3
+vllm:num_requests_running{engine="1",model_name="a"} 4
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="a"} 1
+vllm:num_requests_waiting{engine="1",model_name="a"} 2
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.2
+vllm:kv_cache_usage_perc{engine="1",model_name="a"} 0.6
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="1000"} 1
+vllm:cache_config_info{engine="1",block_size="16",num_gpu_blocks="1000"} 1
+`
+	o, err := signals.Parse(strings.NewReader(in), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 7, o.Running)
+	assert.Equal(t, 3, o.Waiting)
+	assert.InDelta(t, 0.4, o.KVUsage, 1e-12, "fractions are averaged")
+	assert.Equal(t, 2000, o.KVBlocks, "capacity is summed over ranks")
+}
+
+func TestParseBadInput(t *testing.T) {
+	const head = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n# TYPE vllm:num_requests_waiting gauge\n"
+	cases := []struct {
+		name        string
+		body        string
+		contentType string
+		want        error
+		mention     string
+	}{
+		{"empty", "", textType, signals.ErrMissingMetric, "no known engine"},
+		{"malformed", "vllm:num_requests_running{model_name=\"a\" 1\n", textType, signals.ErrParse, ""},
+		{"garbage value", head + "vllm:num_requests_waiting one\n", textType, signals.ErrParse, ""},
+		{"html page", "<!DOCTYPE html>\n<html><body>502 Bad Gateway</body></html>\n", textType, signals.ErrParse, ""},
+		{"html content type", "<html></html>", "text/html; charset=utf-8", signals.ErrParse, "text/html"},
+		{"json content type", "{}", "application/json", signals.ErrParse, "application/json"},
+		{"bad content type", "x", "text/plain; ;;", signals.ErrParse, ""},
+		{"unknown text version", head, "text/plain; version=9.9", signals.ErrParse, ""},
+		{"NaN", head + "vllm:num_requests_waiting NaN\n", textType, signals.ErrInvalidValue, "vllm:num_requests_waiting"},
+		{"+Inf", head + "vllm:num_requests_waiting +Inf\n", textType, signals.ErrInvalidValue, "vllm:num_requests_waiting"},
+		{"-Inf", head + "vllm:num_requests_waiting -Inf\n", textType, signals.ErrInvalidValue, "vllm:num_requests_waiting"},
+		{"negative", head + "vllm:num_requests_waiting -3\n", textType, signals.ErrInvalidValue, "vllm:num_requests_waiting"},
+		{"huge", head + "vllm:num_requests_waiting 1e30\n", textType, signals.ErrInvalidValue, "vllm:num_requests_waiting"},
+		{"missing waiting", head, textType, signals.ErrMissingMetric, "vllm:num_requests_waiting"},
+		{"kv above 1", head + "vllm:num_requests_waiting 0\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 1.5\n", textType, signals.ErrInvalidValue, "vllm:kv_cache_usage_perc"},
+		{"kv NaN", head + "vllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc NaN\n", textType, signals.ErrInvalidValue, "vllm:kv_cache_usage_perc"},
+		{"bad info label", head + "vllm:num_requests_waiting 0\nvllm:cache_config_info{num_gpu_blocks=\"many\"} 1\n", textType, signals.ErrInvalidValue, "num_gpu_blocks"},
+		{"huge blocks", head + "vllm:num_requests_waiting 0\nvllm:cache_config_info{num_gpu_blocks=\"1e12\"} 1\n", textType, signals.ErrInvalidValue, "vllm:cache_config_info"},
+		{"counter NaN", head + "vllm:num_requests_waiting 0\nvllm:num_preemptions_total NaN\n", textType, signals.ErrInvalidValue, "vllm:num_preemptions_total"},
+		{"openmetrics without EOF", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n", omType, signals.ErrParse, ""},
+		{"openmetrics long line", "# HELP x " + strings.Repeat("a", 100<<10) + "\n# EOF\n", omType, signals.ErrParse, "line longer"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := signals.Parse(strings.NewReader(c.body), c.contentType, signals.EngineAuto)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, c.want), "want %v, got %v", c.want, err)
+			assert.True(t, strings.HasPrefix(err.Error(), "signals: "), "unprefixed error %q", err)
+			assert.Contains(t, err.Error(), c.mention)
+		})
+	}
+}
+
+func TestParseInvalidEngine(t *testing.T) {
+	_, err := signals.Parse(strings.NewReader(""), textType, signals.Engine(42))
+	require.ErrorIs(t, err, signals.ErrInvalidConfig)
+}
+
+func TestEngineNames(t *testing.T) {
+	for _, e := range []signals.Engine{signals.EngineAuto, signals.EngineVLLM, signals.EngineSGLang,
+		signals.EngineTRTLLM, signals.EngineTriton, signals.EngineLlamaCpp} {
+		got, err := signals.ParseEngine(e.String())
+		require.NoError(t, err)
+		assert.Equal(t, e, got)
+	}
+	_, err := signals.ParseEngine("tgi")
+	require.ErrorIs(t, err, signals.ErrInvalidConfig)
+	assert.Equal(t, "Engine(42)", signals.Engine(42).String())
+}
