@@ -1,0 +1,409 @@
+package prefix
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func mustIndex(t testing.TB, c IndexConfig) *Index {
+	t.Helper()
+	x, err := NewIndex(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// chainOf returns n distinct block hashes starting at base.
+func chainOf(base uint64, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = base*1_000_003 + uint64(i) + 1
+	}
+	return out
+}
+
+func TestNewIndexValidation(t *testing.T) {
+	x := mustIndex(t, IndexConfig{})
+	if x.BlockSize() != DefaultBlockTokens {
+		t.Fatalf("default BlockSize %d", x.BlockSize())
+	}
+	if err := x.Record("a", nil, t0); err != nil {
+		t.Fatal(err)
+	}
+	if x.Capacity("a") != DefaultCapacity {
+		t.Fatalf("default capacity %d", x.Capacity("a"))
+	}
+	cases := []IndexConfig{
+		{BlockSize: -1},
+		{BlockSize: maxBlockTokens + 1},
+		{Capacity: -1},
+		{Capacity: MaxCapacity + 1},
+		{TTL: -time.Second},
+		{MaxEndpoints: -1},
+		{MaxEndpoints: DefaultMaxEndpoints + 1},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%+v", c), func(t *testing.T) {
+			if _, err := NewIndex(c); !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("error %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+func TestMatchLongestPrefixStopsAtFirstMiss(t *testing.T) {
+	x := mustIndex(t, IndexConfig{})
+	p := chainOf(1, 8)
+	must(t, x.Stored("full", 16, p...))
+	must(t, x.Stored("head3", 16, p[:3]...))
+	must(t, x.Stored("hole", 16, p[0], p[1], p[3], p[4], p[5])) // misses block 2
+	must(t, x.Stored("nohead", 16, p[1:]...))                   // misses block 0
+	must(t, x.Stored("other", 16, chainOf(2, 8)...))
+	got := x.Match(p, t0, nil)
+	want := map[string]int{"full": 8, "head3": 3, "hole": 2}
+	if m := asMap(t, got); !maps.Equal(m, want) {
+		t.Fatalf("Match = %v, want %v", got, want)
+	}
+	if got[0].Endpoint != "full" {
+		t.Fatalf("longest match not first: %v", got)
+	}
+	for key, n := range map[string]int{"full": 8, "head3": 3, "hole": 2, "nohead": 0, "other": 0, "unknown": 0} {
+		if got := x.MatchLen(key, p, t0); got != n {
+			t.Errorf("MatchLen(%s) = %d, want %d", key, got, n)
+		}
+	}
+	// A prompt longer than anything held stops where the holders stop.
+	long := append(append([]uint64{}, p...), 99, 100)
+	if m := asMap(t, x.Match(long, t0, nil)); m["full"] != 8 {
+		t.Fatalf("long prompt: %v", m)
+	}
+	if got := x.Match(nil, t0, nil); len(got) != 0 {
+		t.Fatalf("empty prompt matched %v", got)
+	}
+	// dst is appended to, not overwritten.
+	dst := []Match{{Endpoint: "keep", Blocks: 1}}
+	if got := x.Match(p, t0, dst); len(got) != 4 || got[0].Endpoint != "keep" {
+		t.Fatalf("Match did not append to dst: %v", got)
+	}
+}
+
+func TestTTL(t *testing.T) {
+	ttl := time.Minute
+	x := mustIndex(t, IndexConfig{TTL: ttl})
+	p := chainOf(1, 6)
+	must(t, x.Record("a", p, t0))
+	must(t, x.Record("a", p[:2], t0.Add(30*time.Second))) // refreshes the head only
+	must(t, x.Record("b", p[:4], t0))
+	must(t, x.Stored("c", 16, p[:3]...))
+	must(t, x.Record("c", p, t0)) // events never expire; Record extends beyond
+	cases := []struct {
+		at   time.Duration
+		want map[string]int
+	}{
+		{0, map[string]int{"a": 6, "b": 4, "c": 6}},
+		{ttl - time.Nanosecond, map[string]int{"a": 6, "b": 4, "c": 6}},
+		{ttl, map[string]int{"a": 2, "c": 3}},
+		{ttl + 30*time.Second - time.Nanosecond, map[string]int{"a": 2, "c": 3}},
+		{ttl + 30*time.Second, map[string]int{"c": 3}},
+		{24 * time.Hour, map[string]int{"c": 3}},
+	}
+	for _, tc := range cases {
+		now := t0.Add(tc.at)
+		if got := asMap(t, x.Match(p, now, nil)); !maps.Equal(got, tc.want) {
+			t.Errorf("at +%v: Match = %v, want %v", tc.at, got, tc.want)
+		}
+		for key, n := range tc.want {
+			if got := x.MatchLen(key, p, now); got != n {
+				t.Errorf("at +%v: MatchLen(%s) = %d, want %d", tc.at, key, got, n)
+			}
+		}
+	}
+	// Expired blocks are still held (lazily expired) and count toward Len.
+	if x.Len("b") != 4 {
+		t.Fatalf("Len(b) = %d, want 4", x.Len("b"))
+	}
+	// Recording again revives them.
+	late := t0.Add(time.Hour)
+	must(t, x.Record("b", p[:4], late))
+	if got := x.MatchLen("b", p, late); got != 4 {
+		t.Fatalf("re-recorded: MatchLen = %d, want 4", got)
+	}
+}
+
+// TestTTLSharedBlock exercises the per-block expiry summary: a block held
+// by several endpoints, some expired, is matched only by the live ones,
+// before and after a write refreshes the summary.
+func TestTTLSharedBlock(t *testing.T) {
+	x := mustIndex(t, IndexConfig{TTL: time.Minute})
+	p := chainOf(3, 3)
+	for i := 0; i < 5; i++ {
+		must(t, x.Record(epName(i), p, t0.Add(time.Duration(i)*20*time.Second)))
+	}
+	now := t0.Add(time.Minute + 30*time.Second) // ep0 and ep1 expired
+	want := map[string]int{"ep2": 3, "ep3": 3, "ep4": 3}
+	if got := asMap(t, x.Match(p, now, nil)); !maps.Equal(got, want) {
+		t.Fatalf("before refresh: %v, want %v", got, want)
+	}
+	must(t, x.Record("ep4", p, now)) // refreshes the summary
+	if got := asMap(t, x.Match(p, now, nil)); !maps.Equal(got, want) {
+		t.Fatalf("after refresh: %v, want %v", got, want)
+	}
+	must(t, x.Record("ep0", p[:1], now)) // ep0 revives its head only
+	want["ep0"] = 1
+	if got := asMap(t, x.Match(p, now, nil)); !maps.Equal(got, want) {
+		t.Fatalf("after revival: %v, want %v", got, want)
+	}
+	checkInvariants(t, x)
+}
+
+func TestHeadEvictedLast(t *testing.T) {
+	x := mustIndex(t, IndexConfig{Capacity: 4})
+	p := chainOf(1, 4)
+	must(t, x.Record("a", p, t0))
+	must(t, x.Record("a", chainOf(2, 1), t0)) // evicts one block: the tail
+	if got := x.MatchLen("a", p, t0); got != 3 {
+		t.Fatalf("after one eviction MatchLen = %d, want 3 (tail evicted first)", got)
+	}
+	must(t, x.Record("a", chainOf(3, 2), t0))
+	if got := x.MatchLen("a", p, t0); got != 1 {
+		t.Fatalf("after three evictions MatchLen = %d, want 1", got)
+	}
+	// A prefix longer than the capacity keeps its head.
+	y := mustIndex(t, IndexConfig{Capacity: 3})
+	long := chainOf(4, 10)
+	must(t, y.Stored("a", 16, long...))
+	if got, n := y.MatchLen("a", long, t0), y.Len("a"); got != 3 || n != 3 {
+		t.Fatalf("long prefix: MatchLen %d Len %d, want 3 and 3", got, n)
+	}
+}
+
+func TestSetCapacity(t *testing.T) {
+	x := mustIndex(t, IndexConfig{})
+	p := chainOf(1, 10)
+	must(t, x.Record("a", p, t0))
+	must(t, x.SetCapacity("a", 4))
+	if x.Len("a") != 4 || x.Capacity("a") != 4 || x.MatchLen("a", p, t0) != 4 {
+		t.Fatalf("shrink: Len %d Capacity %d MatchLen %d", x.Len("a"), x.Capacity("a"), x.MatchLen("a", p, t0))
+	}
+	must(t, x.SetCapacity("new", 7)) // adds the endpoint
+	if x.Capacity("new") != 7 {
+		t.Fatalf("Capacity(new) = %d", x.Capacity("new"))
+	}
+	for _, bad := range []int{0, -1, MaxCapacity + 1} {
+		if err := x.SetCapacity("a", bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("SetCapacity(%d): %v, want ErrInvalidArgument", bad, err)
+		}
+	}
+	if x.Capacity("unknown") != 0 || x.Len("unknown") != 0 {
+		t.Fatal("unknown endpoint has a capacity or blocks")
+	}
+	checkInvariants(t, x)
+}
+
+func TestBlockSizeMismatch(t *testing.T) {
+	x := mustIndex(t, IndexConfig{BlockSize: 16})
+	p := chainOf(1, 4)
+	for _, bs := range []int{0, 32, -16} {
+		if err := x.Stored("a", bs, p...); !errors.Is(err, ErrBlockSizeMismatch) {
+			t.Fatalf("Stored block size %d: %v, want ErrBlockSizeMismatch", bs, err)
+		}
+	}
+	if x.Len("a") != 0 || x.Capacity("a") != 0 {
+		t.Fatal("a mismatched Stored changed the index")
+	}
+	must(t, x.Stored("a", 16, p...))
+	if err := x.Removed("a", 32, p...); !errors.Is(err, ErrBlockSizeMismatch) {
+		t.Fatalf("Removed: %v, want ErrBlockSizeMismatch", err)
+	}
+	if x.MatchLen("a", p, t0) != 4 {
+		t.Fatal("a mismatched Removed changed the index")
+	}
+	must(t, x.Removed("a", 16, p[2]))
+	if x.MatchLen("a", p, t0) != 2 {
+		t.Fatal("Removed did not remove")
+	}
+	must(t, x.Removed("unknown", 16, p...))
+}
+
+func TestClearedAndRemoveEndpoint(t *testing.T) {
+	x := mustIndex(t, IndexConfig{MaxEndpoints: 2})
+	p := chainOf(1, 4)
+	must(t, x.Stored("a", 16, p...))
+	must(t, x.SetCapacity("a", 100))
+	must(t, x.Record("b", p, t0))
+	if err := x.Record("c", p, t0); !errors.Is(err, ErrTooManyEndpoints) {
+		t.Fatalf("third endpoint: %v, want ErrTooManyEndpoints", err)
+	}
+	must(t, x.Cleared("a"))
+	if x.Len("a") != 0 || x.Capacity("a") != 100 {
+		t.Fatalf("Cleared: Len %d Capacity %d, want 0 and 100", x.Len("a"), x.Capacity("a"))
+	}
+	if got := asMap(t, x.Match(p, t0, nil)); !maps.Equal(got, map[string]int{"b": 4}) {
+		t.Fatalf("after Cleared: %v", got)
+	}
+	must(t, x.Cleared("unknown"))
+	x.RemoveEndpoint("b")
+	x.RemoveEndpoint("unknown")
+	if got := x.Match(p, t0, nil); len(got) != 0 {
+		t.Fatalf("after RemoveEndpoint: %v", got)
+	}
+	must(t, x.Record("c", p, t0)) // room again
+	if x.MatchLen("c", p, t0) != 4 || x.Capacity("b") != 0 {
+		t.Fatal("slot not reused cleanly")
+	}
+	if err := x.Record("", p, t0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("empty key: %v, want ErrInvalidArgument", err)
+	}
+	checkInvariants(t, x)
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if len(x.holders) != 4 {
+		t.Fatalf("holder map has %d entries, want 4 (only c's blocks)", len(x.holders))
+	}
+}
+
+// TestManyEndpoints spans several 64-endpoint groups: endpoint i holds the
+// first i%40 blocks of a shared prompt.
+func TestManyEndpoints(t *testing.T) {
+	x := mustIndex(t, IndexConfig{})
+	p := chainOf(1, 40)
+	want := map[string]int{}
+	for i := 0; i < 300; i++ {
+		must(t, x.Record(epName(i), p[:i%40], t0))
+		if i%40 > 0 {
+			want[epName(i)] = i % 40
+		}
+	}
+	for i := 0; i < 300; i += 7 { // holes in the slot table
+		x.RemoveEndpoint(epName(i))
+		delete(want, epName(i))
+	}
+	if got := asMap(t, x.Match(p, t0, nil)); !maps.Equal(got, want) {
+		t.Fatalf("Match over %d endpoints: got %d matches, want %d", len(want), len(got), len(want))
+	}
+	checkInvariants(t, x)
+}
+
+func TestTenantsNeverMatchEachOther(t *testing.T) {
+	h := mustHasher(t, HasherConfig{})
+	x := mustIndex(t, IndexConfig{BlockSize: h.BlockTokens()})
+	prompt := seq(512, 1)
+	alice := h.HashTokens(Salt{Model: "m", Tenant: "alice"}, prompt)
+	bob := h.HashTokens(Salt{Model: "m", Tenant: "bob"}, prompt)
+	must(t, x.Record("ep", alice, t0))
+	if got := x.Match(bob, t0, nil); len(got) != 0 {
+		t.Fatalf("bob matched alice's blocks: %v", got)
+	}
+	if got := x.MatchLen("ep", alice, t0); got != len(alice) {
+		t.Fatalf("alice matched %d of %d", got, len(alice))
+	}
+	sh := mustHasher(t, HasherConfig{ShareAcrossTenants: true})
+	must(t, x.Record("ep", sh.HashTokens(Salt{Model: "m", Tenant: "alice"}, prompt), t0))
+	if got := x.MatchLen("ep", sh.HashTokens(Salt{Model: "m", Tenant: "bob"}, prompt), t0); got != len(alice) {
+		t.Fatalf("shared tenants matched %d of %d", got, len(alice))
+	}
+}
+
+// TestCapacityUnderDistinctBlocks feeds 10M distinct blocks (1M with
+// -short) and checks that no endpoint ever holds more than its capacity and
+// that the holder map stays bounded.
+func TestCapacityUnderDistinctBlocks(t *testing.T) {
+	total := 10_000_000
+	if testing.Short() {
+		total = 1_000_000
+	}
+	const capacity = 1000
+	x := mustIndex(t, IndexConfig{Capacity: capacity})
+	eps := []string{"a", "b", "c", "d"}
+	batch := make([]uint64, 500)
+	next := uint64(0)
+	for n := 0; n < total; n += len(batch) {
+		for i := range batch {
+			next++
+			batch[i] = next * 0x9e3779b97f4a7c15
+		}
+		ep := eps[(n/len(batch))%len(eps)]
+		if n%3 == 0 {
+			must(t, x.Stored(ep, 16, batch...))
+		} else {
+			must(t, x.Record(ep, batch, t0))
+		}
+		if got := x.Len(ep); got > capacity {
+			t.Fatalf("after %d blocks: Len(%s) = %d > capacity %d", n, ep, got, capacity)
+		}
+	}
+	x.mu.RLock()
+	held := len(x.holders)
+	x.mu.RUnlock()
+	if held > len(eps)*capacity {
+		t.Fatalf("holder map has %d entries > %d", held, len(eps)*capacity)
+	}
+	checkInvariants(t, x)
+}
+
+func TestConcurrentUse(t *testing.T) {
+	x := mustIndex(t, IndexConfig{Capacity: 64, MaxEndpoints: 100})
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var dst []Match
+			for i := 0; i < 2000; i++ {
+				p := chainOf(uint64(i%13), 1+i%20)
+				ep := epName((g*31 + i) % 90)
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				switch i % 6 {
+				case 0, 1:
+					_ = x.Record(ep, p, now)
+				case 2:
+					_ = x.Stored(ep, 16, p...)
+				case 3:
+					_ = x.Removed(ep, 16, p[len(p)/2:]...)
+				case 4:
+					dst = x.Match(p, now, dst[:0])
+					_ = x.MatchLen(ep, p, now)
+				case 5:
+					if i%60 == 5 {
+						x.RemoveEndpoint(ep)
+					} else {
+						_ = x.SetCapacity(ep, 1+i%100)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	checkInvariants(t, x)
+}
+
+func TestMatchAllocs(t *testing.T) {
+	x := mustIndex(t, IndexConfig{})
+	p := chainOf(1, 64)
+	for i := 0; i < 64; i++ {
+		must(t, x.Record(epName(i), p[:1+i], t0))
+	}
+	dst := make([]Match, 0, 64)
+	if n := testing.AllocsPerRun(100, func() {
+		dst = x.Match(p, t0, dst[:0])
+	}); n != 0 {
+		t.Fatalf("Match with room in dst: %v allocs, want 0", n)
+	}
+	if len(dst) != 64 || dst[0].Blocks != 64 || dst[63].Blocks != 1 {
+		t.Fatalf("unexpected matches: first %v last %v", dst[0], dst[len(dst)-1])
+	}
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
