@@ -1,0 +1,87 @@
+package retry
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// Defaults of [ConcurrentConfig], from Envoy's retry budget.
+const (
+	DefaultBudgetPercent       = 20
+	DefaultMinRetryConcurrency = 3
+)
+
+// ConcurrentConfig configures a [ConcurrentBudget]. The zero value is
+// Envoy's default: retries may be 20% of the active attempts, and at least 3
+// retries may always be active.
+type ConcurrentConfig struct {
+	// BudgetPercent is the share of active attempts that may be retries, in
+	// percent, in (0, 100]; 0 means [DefaultBudgetPercent].
+	BudgetPercent float64
+	// MinRetryConcurrency is the number of retries always allowed to be
+	// active; 0 means [DefaultMinRetryConcurrency]. It must not be negative.
+	MinRetryConcurrency int
+}
+
+// ConcurrentBudget is Envoy's concurrent retry budget: a retry may start
+// while the active retries are fewer than max(MinRetryConcurrency,
+// BudgetPercent% of the active attempts), retries included. It bounds how
+// many retries are in flight at once rather than how many are sent over time.
+// Create one with [NewConcurrentBudget]; the zero value is not usable. It is
+// safe for concurrent use, takes no locks, and does not allocate.
+type ConcurrentBudget struct {
+	permille int64 // budget in thousandths of the active attempts
+	min      int64
+	active   atomic.Int64 // attempts in flight, retries included
+	retries  atomic.Int64 // retries in flight
+}
+
+// NewConcurrentBudget returns a budget configured by cfg. It rejects values
+// out of range with an error wrapping [ErrInvalidConfig].
+func NewConcurrentBudget(cfg ConcurrentConfig) (*ConcurrentBudget, error) {
+	if cfg.BudgetPercent == 0 {
+		cfg.BudgetPercent = DefaultBudgetPercent
+	}
+	if cfg.MinRetryConcurrency == 0 {
+		cfg.MinRetryConcurrency = DefaultMinRetryConcurrency
+	}
+	if !(cfg.BudgetPercent > 0 && cfg.BudgetPercent <= 100) {
+		return nil, invalidf("concurrent budget BudgetPercent %v must be in (0, 100]", cfg.BudgetPercent)
+	}
+	if cfg.MinRetryConcurrency < 0 {
+		return nil, invalidf("concurrent budget MinRetryConcurrency %d is negative", cfg.MinRetryConcurrency)
+	}
+	return &ConcurrentBudget{
+		permille: int64(math.Round(cfg.BudgetPercent * 10)),
+		min:      int64(cfg.MinRetryConcurrency),
+	}, nil
+}
+
+// Active returns the attempts and the retries in flight.
+func (b *ConcurrentBudget) Active() (attempts, retries int64) {
+	return b.active.Load(), b.retries.Load()
+}
+
+// Start implements [Budget]: a first attempt becomes active.
+func (b *ConcurrentBudget) Start() { b.active.Add(1) }
+
+// Withdraw implements [Budget]: it reports whether a retry may start and, if
+// so, counts it as active until Finish.
+func (b *ConcurrentBudget) Withdraw() bool {
+	r := b.retries.Add(1)
+	a := b.active.Load()
+	if r <= b.min || r*1000 <= a*b.permille {
+		b.active.Add(1)
+		return true
+	}
+	b.retries.Add(-1)
+	return false
+}
+
+// Finish implements [Budget]: the attempt stops being active.
+func (b *ConcurrentBudget) Finish(retry bool, _ Outcome) {
+	b.active.Add(-1)
+	if retry {
+		b.retries.Add(-1)
+	}
+}

@@ -1,0 +1,550 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmlb/llmlb"
+)
+
+// Picker chooses an endpoint for a request; [*llmlb.Balancer] implements it.
+type Picker interface {
+	Pick(ctx context.Context, r *llmlb.Request) (llmlb.Pick, error)
+}
+
+// Backoff computes the wait before a retry: n is the retry's number (1 for
+// the first) and prev the previous wait it returned (0 before the first).
+// [*FullJitter] and [*DecorrelatedJitter] implement it. It must be safe for
+// concurrent use.
+type Backoff interface {
+	Backoff(n int, prev time.Duration) time.Duration
+}
+
+// Reporter is told how each attempt ended; [*Ejector] implements it. Report
+// is called once per finished attempt, except for attempts the loop itself
+// cancelled because another one won; it must be safe for concurrent use.
+type Reporter interface {
+	Report(key string, err error)
+}
+
+// DefaultMaxAttempts is the default number of attempts per request, the
+// first included.
+const DefaultMaxAttempts = 3
+
+// LoopConfig configures a [Loop]. The zero value retries a request up to
+// twice (three attempts) on the default retryable errors, with Envoy's
+// full-jitter back-off and a Finagle budget of its own, without hedging.
+type LoopConfig struct {
+	// Budget decides whether retries and hedges may be sent; nil means a
+	// [PercentBudget] with default settings, private to this loop. Share one
+	// budget among the loops that call the same upstream.
+	Budget Budget
+	// Backoff computes the wait before a retry; nil means [FullJitter] with
+	// default settings.
+	Backoff Backoff
+	// MaxAttempts bounds the attempts per request, hedges included; 0 means
+	// [DefaultMaxAttempts], 1 disables retries and hedges.
+	MaxAttempts int
+	// Classify reports whether an attempt's error (before its first token)
+	// may be retried; nil means [DefaultClassify].
+	Classify func(err error) bool
+	// MaxPushback is the longest server-requested delay honoured; a longer
+	// one is ignored. 0 means [DefaultMaxPushback].
+	MaxPushback time.Duration
+	// Hedge enables hedging before the first token; the zero value disables
+	// it.
+	Hedge HedgeConfig
+	// Reporter, if set, is told the outcome of every attempt, e.g. an
+	// [*Ejector].
+	Reporter Reporter
+	// Clock tells the time; nil means the system clock.
+	Clock Clock
+	// After returns a channel that receives after d, like time.After, which
+	// is what nil means. The loop waits with it for back-offs and hedge
+	// delays.
+	After func(d time.Duration) <-chan time.Time
+}
+
+// HedgeConfig configures hedging: when an attempt has produced no first
+// token after the hedge delay, one more attempt is sent to another endpoint;
+// the first to stream wins and the others are cancelled at once. Hedging is
+// on when Delay or Percentile is set.
+type HedgeConfig struct {
+	// Delay is the hedge delay, or, with Percentile set, its floor. It must
+	// not be negative.
+	Delay time.Duration
+	// Percentile, in [0, 1), sets the delay to that quantile of the
+	// time-to-first-token of the last 256 winning attempts (for example
+	// 0.95), once 20 have been seen; until then Delay is used, and with no
+	// Delay nothing is hedged. 0 means a fixed Delay.
+	Percentile float64
+	// MaxHedges bounds the hedges per request; 0 means 1.
+	MaxHedges int
+}
+
+// Loop sends a request with retries and hedges: attempt, classify the
+// failure, ask the budget, back off (never less than the server's
+// pushback), pick again excluding the endpoints that failed, and stop at the
+// commitment point: once an attempt has called [Attempt.FirstToken], its
+// result is final. Create one with [NewLoop]. A Loop is safe for concurrent
+// use; share one per upstream service.
+type Loop struct {
+	picker      Picker
+	budget      Budget
+	backoff     Backoff
+	maxAttempts int
+	classify    func(error) bool
+	maxPushback time.Duration
+	hedge       HedgeConfig
+	reporter    Reporter
+	clock       Clock
+	after       func(time.Duration) <-chan time.Time
+	ttft        ttftWindow
+}
+
+// NewLoop returns a loop that picks endpoints with p (usually an
+// [*llmlb.Balancer]) and is configured by cfg. It rejects a nil picker and
+// values out of range with an error wrapping [ErrInvalidConfig].
+func NewLoop(p Picker, cfg LoopConfig) (*Loop, error) {
+	if p == nil {
+		return nil, invalidf("loop has a nil Picker")
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.MaxAttempts < 0 || cfg.MaxAttempts > 100 {
+		return nil, invalidf("loop MaxAttempts %d must be in [1, 100]", cfg.MaxAttempts)
+	}
+	if cfg.MaxPushback < 0 {
+		return nil, invalidf("loop MaxPushback %v is negative", cfg.MaxPushback)
+	}
+	h := cfg.Hedge
+	if h.Delay < 0 {
+		return nil, invalidf("hedge Delay %v is negative", h.Delay)
+	}
+	if !(h.Percentile >= 0 && h.Percentile < 1) {
+		return nil, invalidf("hedge Percentile %v must be in [0, 1)", h.Percentile)
+	}
+	if h.MaxHedges < 0 {
+		return nil, invalidf("hedge MaxHedges %d is negative", h.MaxHedges)
+	}
+	if h.MaxHedges == 0 {
+		h.MaxHedges = 1
+	}
+	l := &Loop{
+		picker:      p,
+		budget:      cfg.Budget,
+		backoff:     cfg.Backoff,
+		maxAttempts: cfg.MaxAttempts,
+		classify:    cfg.Classify,
+		maxPushback: limitOr(cfg.MaxPushback),
+		hedge:       h,
+		reporter:    cfg.Reporter,
+		clock:       clockOr(cfg.Clock),
+		after:       cfg.After,
+	}
+	if l.budget == nil {
+		b, err := NewPercentBudget(PercentConfig{Clock: cfg.Clock})
+		if err != nil {
+			return nil, err
+		}
+		l.budget = b
+	}
+	if l.backoff == nil {
+		b, err := NewFullJitter(BackoffConfig{})
+		if err != nil {
+			return nil, err
+		}
+		l.backoff = b
+	}
+	if l.classify == nil {
+		l.classify = DefaultClassify
+	}
+	if l.after == nil {
+		l.after = time.After
+	}
+	return l, nil
+}
+
+// Attempt is one try of a request on one endpoint, passed to the attempt
+// function of [Loop.Do]. Its methods are safe for concurrent use.
+type Attempt struct {
+	r      *run
+	pick   llmlb.Pick
+	key    string
+	n      int32
+	hedge  bool
+	retry  bool // granted by the budget's Withdraw
+	start  time.Time
+	cancel context.CancelFunc
+	err    error
+	over   bool // its result was processed; used only by Do's goroutine
+}
+
+// Endpoint returns the endpoint to send the attempt to.
+func (a *Attempt) Endpoint() llmlb.Endpoint { return a.pick.Endpoint() }
+
+// Number returns the attempt's number within its request, from 1.
+func (a *Attempt) Number() int { return int(a.n) }
+
+// Hedge reports whether the attempt is a hedge, sent while an earlier one
+// was still waiting for its first token.
+func (a *Attempt) Hedge() bool { return a.hedge }
+
+// FirstToken marks the commitment point: the attempt received its first
+// token and is about to stream it to the user. It reports whether this
+// attempt won the request. If it did, every other attempt is cancelled and
+// the attempt's result, whatever it is, becomes the result of [Loop.Do]:
+// it is never retried. If it returns false another attempt already won; the
+// attempt must not stream anything and should return (its context is being
+// cancelled). Calls after the first return the same answer.
+func (a *Attempt) FirstToken() bool {
+	r := a.r
+	if !r.winner.CompareAndSwap(0, a.n) {
+		return r.winner.Load() == a.n
+	}
+	a.pick.FirstToken()
+	if r.l.hedge.Percentile > 0 {
+		r.l.ttft.add(r.l.clock.Now().Sub(a.start))
+	}
+	if r.commit != nil {
+		r.commit <- struct{}{} // buffered; only the winner sends
+	}
+	return true
+}
+
+// Do runs attempt for req until one attempt succeeds, fails with an error
+// that is not retried, or commits by calling [Attempt.FirstToken] (then that
+// attempt's result is returned whatever it is). The attempt function sends
+// the request to a.Endpoint(), calls a.FirstToken() when the first token
+// arrives, streams the response to the user only if FirstToken returned
+// true, and returns nil or an error (a [*StatusError] for an upstream status,
+// so that it can be classified and its pushback honoured). It must return
+// promptly when its context is cancelled.
+//
+// Retries pick again with req.Exclude plus every endpoint that failed (a
+// copy: req is not modified). When no other endpoint is left, the failed
+// ones become candidates again (req.Exclude never does), so retries return
+// to an endpoint only when no other is available. Hedges go to endpoints
+// with no attempt in flight, draw from the same budget, and count towards
+// MaxAttempts.
+//
+// Every attempt's pick handle is finished (Done) exactly once, when its
+// function returns; without hedging the function runs on the caller's
+// goroutine, with hedging each attempt runs on its own goroutine, and every
+// one of them has returned before Do returns: the winner's stream is
+// consumed inside its attempt function.
+//
+// When retries run out, Do returns a [*GiveUpError] wrapping [ErrExhausted]
+// and the last error. It returns pick errors of the first attempt (such as
+// [llmlb.ErrNoCandidates]) as they are, and the context's error if it ends
+// during a back-off.
+func (l *Loop) Do(ctx context.Context, req *llmlb.Request, attempt func(ctx context.Context, a *Attempt) error) error {
+	if attempt == nil {
+		return invalidf("Do with a nil attempt function")
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	r := &run{l: l, ctx: ctx, fn: attempt}
+	if req != nil {
+		r.req = *req
+		r.callerExclude = req.Exclude
+	}
+	l.budget.Start()
+	first, err := r.newAttempt(false, false)
+	if err != nil {
+		l.budget.Finish(false, Abandoned)
+		return err
+	}
+	if l.maxAttempts > 1 && (l.hedge.Delay > 0 || l.hedge.Percentile > 0) {
+		return r.parallel(first)
+	}
+	return r.serial(first)
+}
+
+// run is the state of one Do call. Fields other than winner and commit are
+// used only by Do's goroutine.
+type run struct {
+	l             *Loop
+	ctx           context.Context
+	fn            func(context.Context, *Attempt) error
+	req           llmlb.Request
+	callerExclude []string
+
+	winner atomic.Int32  // number of the attempt whose result is final; 0 = none yet
+	commit chan struct{} // the winner signals FirstToken; nil without hedging
+	done   chan *Attempt // finished attempts; nil without hedging
+
+	attempts []*Attempt // launched, in order
+	failed   []string   // keys that failed in this round
+	inflight int
+	hedges   int
+	retries  int
+	prev     time.Duration // previous back-off
+	last     *Attempt      // last failed attempt
+}
+
+func (r *run) serial(a *Attempt) error {
+	for {
+		a.err = r.fn(r.ctx, a)
+		if final, err := r.finished(a); final {
+			return err
+		}
+		next, err := r.next()
+		if err != nil {
+			return err
+		}
+		a = next
+	}
+}
+
+func (r *run) parallel(a *Attempt) error {
+	l := r.l
+	r.commit = make(chan struct{}, 1)
+	r.done = make(chan *Attempt, l.maxAttempts)
+	defer func() {
+		for _, a := range r.attempts {
+			a.cancel()
+		}
+	}()
+	r.launch(a)
+	hedgeC := r.armHedge()
+	for {
+		select {
+		case <-r.commit:
+			r.cancelOthers(r.winner.Load())
+		case a := <-r.done:
+			r.inflight--
+			if final, err := r.finished(a); final {
+				r.cancelOthers(a.n)
+				for r.inflight > 0 {
+					r.inflight--
+					r.finished(<-r.done)
+				}
+				return err
+			}
+			if r.inflight > 0 {
+				continue
+			}
+			next, err := r.next()
+			if err != nil {
+				return err
+			}
+			r.launch(next)
+			hedgeC = r.armHedge()
+		case <-hedgeC:
+			hedgeC = nil
+			if r.winner.Load() != 0 {
+				continue
+			}
+			if h := r.newHedge(); h != nil {
+				r.launch(h)
+				hedgeC = r.armHedge()
+			}
+		}
+	}
+}
+
+// launch starts a on its own goroutine.
+func (r *run) launch(a *Attempt) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	a.cancel = cancel
+	r.inflight++
+	go func() {
+		a.err = r.fn(ctx, a)
+		r.done <- a
+	}()
+}
+
+func (r *run) cancelOthers(winner int32) {
+	for _, a := range r.attempts {
+		if a.n != winner {
+			a.cancel()
+		}
+	}
+}
+
+// armHedge returns a channel that fires when the next hedge is due, or nil
+// if no hedge can be sent.
+func (r *run) armHedge() <-chan time.Time {
+	l := r.l
+	if r.hedges >= l.hedge.MaxHedges || len(r.attempts) >= l.maxAttempts {
+		return nil
+	}
+	d := l.hedge.Delay
+	if l.hedge.Percentile > 0 {
+		if q, ok := l.ttft.quantile(l.hedge.Percentile); ok {
+			d = max(d, q)
+		}
+	}
+	if d <= 0 {
+		return nil
+	}
+	return l.after(d)
+}
+
+// newHedge picks an endpoint with no attempt in flight for a hedge, or
+// returns nil if the budget or the endpoints do not allow one.
+func (r *run) newHedge() *Attempt {
+	l := r.l
+	if r.hedges >= l.hedge.MaxHedges || len(r.attempts) >= l.maxAttempts || !l.budget.Withdraw() {
+		return nil
+	}
+	a, err := r.newAttempt(true, true)
+	if err != nil {
+		l.budget.Finish(true, Abandoned)
+		return nil
+	}
+	r.hedges++
+	return a
+}
+
+// finished does the bookkeeping of an attempt whose function returned and
+// reports whether its result is final (and Do returns err).
+func (r *run) finished(a *Attempt) (final bool, err error) {
+	l := r.l
+	w := r.winner.Load()
+	retryable := a.err != nil && l.classify(a.err)
+	if w == 0 && !retryable {
+		if !r.winner.CompareAndSwap(0, a.n) {
+			w = r.winner.Load()
+		} else {
+			w = a.n
+		}
+	}
+	o := Abandoned
+	switch {
+	case a.err == nil:
+		o = Succeeded
+	case retryable:
+		o = Failed
+	}
+	lost := w != 0 && w != a.n
+	if lost {
+		o = Abandoned
+	}
+	a.over = true
+	a.pick.Done(a.err)
+	l.budget.Finish(a.retry, o)
+	if !lost && l.reporter != nil {
+		l.reporter.Report(a.key, a.err)
+	}
+	switch {
+	case w == a.n:
+		return true, a.err
+	case lost:
+		return false, nil
+	}
+	r.failed = append(r.failed, a.key)
+	r.last = a
+	return false, nil
+}
+
+// next decides whether to retry after the last attempt failed and nothing
+// is in flight. It waits the back-off and returns the next attempt, or the
+// error Do returns.
+func (r *run) next() (*Attempt, error) {
+	l := r.l
+	giveUp := func(reason string) error {
+		return &GiveUpError{Attempts: len(r.attempts), Reason: reason, Err: r.last.err}
+	}
+	if len(r.attempts) >= l.maxAttempts {
+		return nil, giveUp("attempts")
+	}
+	pb := r.pushback(r.last.err)
+	if pb.Kind == DoNotRetry {
+		return nil, giveUp("pushback")
+	}
+	if !l.budget.Withdraw() {
+		return nil, giveUp("budget")
+	}
+	r.retries++
+	d := max(l.backoff.Backoff(r.retries, r.prev), 0)
+	r.prev = d
+	if pb.Kind == RetryLater {
+		d = max(d, pb.Delay)
+	}
+	if deadline, ok := r.ctx.Deadline(); ok && !l.clock.Now().Add(d).Before(deadline) {
+		l.budget.Finish(true, Abandoned)
+		return nil, giveUp("deadline")
+	}
+	if d > 0 {
+		select {
+		case <-l.after(d):
+		case <-r.ctx.Done():
+			l.budget.Finish(true, Abandoned)
+			return nil, fmt.Errorf("retry: waiting to retry: %w (last attempt: %w)", r.ctx.Err(), r.last.err)
+		}
+	}
+	a, err := r.newAttempt(true, false)
+	if err != nil {
+		l.budget.Finish(true, Abandoned)
+		if errors.Is(err, llmlb.ErrNoCandidates) || errors.Is(err, llmlb.ErrNoEndpoints) {
+			return nil, giveUp("endpoints")
+		}
+		return nil, fmt.Errorf("retry: picking for a retry: %w (last attempt: %w)", err, r.last.err)
+	}
+	return a, nil
+}
+
+// pushback reads the server's pushback from an attempt's error.
+func (r *run) pushback(err error) Pushback {
+	var se *StatusError
+	if errors.As(err, &se) {
+		return FromHeader(se.Header, r.l.clock.Now(), r.l.maxPushback)
+	}
+	var oe *OverloadError
+	if errors.As(err, &oe) {
+		return later(oe.RetryAfter, r.l.maxPushback)
+	}
+	return Pushback{}
+}
+
+// newAttempt picks an endpoint excluding the caller's exclusions, the
+// endpoints that failed in this round and those with an attempt in flight.
+// A retry that finds no endpoint left starts a new round without the
+// failed ones; a hedge does not.
+func (r *run) newAttempt(retry, hedge bool) (*Attempt, error) {
+	p, err := r.pick()
+	if err != nil && errors.Is(err, llmlb.ErrNoCandidates) && !hedge && len(r.failed) > 0 {
+		r.failed = r.failed[:0]
+		p, err = r.pick()
+	}
+	if err != nil {
+		return nil, err
+	}
+	a := &Attempt{
+		r:     r,
+		pick:  p,
+		n:     int32(len(r.attempts) + 1),
+		hedge: hedge,
+		retry: retry,
+		start: r.l.clock.Now(),
+	}
+	if ep := p.Endpoint(); ep != nil {
+		a.key = ep.Key()
+	}
+	r.attempts = append(r.attempts, a)
+	return a, nil
+}
+
+func (r *run) pick() (llmlb.Pick, error) {
+	if len(r.attempts) == 0 {
+		return r.l.picker.Pick(r.ctx, &r.req)
+	}
+	ex := make([]string, 0, len(r.callerExclude)+len(r.failed)+r.inflight)
+	ex = append(ex, r.callerExclude...)
+	ex = append(ex, r.failed...)
+	for _, a := range r.attempts {
+		if r.inflight > 0 && a.cancel != nil && !a.over {
+			ex = append(ex, a.key)
+		}
+	}
+	req := r.req
+	req.Exclude = ex
+	return r.l.picker.Pick(r.ctx, &req)
+}

@@ -1,0 +1,231 @@
+package retry
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultMaxPushback is the longest server-requested delay honoured by
+// default; a longer one is ignored, as Envoy does.
+const DefaultMaxPushback = 300 * time.Second
+
+// PushbackKind says what a server asked for.
+type PushbackKind uint8
+
+const (
+	// NoPushback: the header is absent, or its delay is above the cap and is
+	// ignored. The caller's own back-off applies.
+	NoPushback PushbackKind = iota
+	// RetryLater: the server asked to wait Delay before retrying. A retry
+	// waits max(back-off, Delay): pushback never shortens a back-off.
+	RetryLater
+	// DoNotRetry: the server asked not to retry, or sent a negative or
+	// unparseable value, which is taken to mean the same.
+	DoNotRetry
+)
+
+// String returns the kind's name.
+func (k PushbackKind) String() string {
+	switch k {
+	case NoPushback:
+		return "none"
+	case RetryLater:
+		return "retry-later"
+	case DoNotRetry:
+		return "do-not-retry"
+	}
+	return "PushbackKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Pushback is a server's answer to "when may I retry?".
+type Pushback struct {
+	Kind PushbackKind
+	// Delay is the requested wait when Kind is RetryLater, in [0, cap].
+	Delay time.Duration
+}
+
+func later(d, limit time.Duration) Pushback {
+	if d < 0 {
+		d = 0
+	}
+	if d > limit {
+		return Pushback{}
+	}
+	return Pushback{Kind: RetryLater, Delay: d}
+}
+
+func limitOr(limit time.Duration) time.Duration {
+	if limit <= 0 {
+		return DefaultMaxPushback
+	}
+	return limit
+}
+
+// ParseRetryAfter parses an HTTP Retry-After value: delay-seconds (a
+// non-negative number; a fraction is accepted) or an HTTP-date, taken
+// relative to now (a date in the past means retry now). A delay above limit
+// (0 means [DefaultMaxPushback]) is ignored: NoPushback. An empty value is
+// NoPushback; a negative or unparseable one is DoNotRetry.
+func ParseRetryAfter(v string, now time.Time, limit time.Duration) Pushback {
+	limit = limitOr(limit)
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return Pushback{}
+	}
+	if d, ok := parseSeconds(v); ok {
+		return later(d, limit)
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return later(t.Sub(now), limit)
+	}
+	return Pushback{Kind: DoNotRetry}
+}
+
+// ParseGRPCPushback parses gRPC's grpc-retry-pushback-ms trailer: a
+// non-negative integer of milliseconds. A delay above limit (0 means
+// [DefaultMaxPushback]) is ignored: NoPushback. An empty value is NoPushback;
+// a negative or unparseable one is DoNotRetry, as gRPC specifies.
+func ParseGRPCPushback(v string, limit time.Duration) Pushback {
+	limit = limitOr(limit)
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return Pushback{}
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return Pushback{Kind: DoNotRetry}
+		}
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms > int64(limit/time.Millisecond) {
+		return Pushback{} // all digits, so only too large
+	}
+	return later(time.Duration(ms)*time.Millisecond, limit)
+}
+
+// unixThreshold separates delta-seconds from Unix timestamps in rate-limit
+// reset headers: no sane reset is 30 years away, and no timestamp since 2001
+// is smaller.
+const unixThreshold = 1e9
+
+// ParseRateLimitReset parses a rate-limit reset header: delta seconds
+// (RateLimit-Reset, X-RateLimit-Reset), a Unix timestamp in seconds (a
+// number of at least 1e9, as GitHub sends), a Go-style duration ("1s",
+// "6m0s", "20ms", as OpenAI sends in x-ratelimit-reset-requests and
+// x-ratelimit-reset-tokens), or an RFC 3339 time. Times are taken relative to
+// now. A delay above limit (0 means [DefaultMaxPushback]) is ignored:
+// NoPushback. An empty value is NoPushback; a negative or unparseable one is
+// DoNotRetry.
+func ParseRateLimitReset(v string, now time.Time, limit time.Duration) Pushback {
+	limit = limitOr(limit)
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return Pushback{}
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil && isDecimal(v) {
+		if f >= unixThreshold {
+			sec, frac := math.Modf(f)
+			if sec > math.MaxInt64/2/1e9 {
+				return Pushback{}
+			}
+			return later(time.Unix(int64(sec), int64(frac*1e9)).Sub(now), limit)
+		}
+		d, _ := parseSeconds(v)
+		return later(d, limit)
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		if d < 0 {
+			return Pushback{Kind: DoNotRetry}
+		}
+		return later(d, limit)
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return later(t.Sub(now), limit)
+	}
+	return Pushback{Kind: DoNotRetry}
+}
+
+// Header names read by [FromHeader].
+const (
+	HeaderGRPCPushback       = "Grpc-Retry-Pushback-Ms"
+	HeaderRetryAfter         = "Retry-After"
+	HeaderRateLimitReset     = "Ratelimit-Reset"
+	HeaderXRateLimitReset    = "X-Ratelimit-Reset"
+	HeaderResetRequests      = "X-Ratelimit-Reset-Requests"
+	HeaderResetTokens        = "X-Ratelimit-Reset-Tokens"
+	headerRemainingRequests  = "X-Ratelimit-Remaining-Requests"
+	headerRemainingTokensKey = "X-Ratelimit-Remaining-Tokens"
+)
+
+// FromHeader reads the server's pushback from response headers (or gRPC
+// trailers copied into an http.Header), trying in order
+// grpc-retry-pushback-ms, Retry-After, RateLimit-Reset, X-RateLimit-Reset,
+// and x-ratelimit-reset-requests / -tokens. The first header that says
+// anything decides; one whose delay is above limit is skipped, as Envoy
+// does. For the OpenAI pair, the reset of the limit whose remaining count is
+// "0" is used, else the longer of the two. A nil header is NoPushback.
+func FromHeader(h http.Header, now time.Time, limit time.Duration) Pushback {
+	if h == nil {
+		return Pushback{}
+	}
+	if p := ParseGRPCPushback(h.Get(HeaderGRPCPushback), limit); p.Kind != NoPushback {
+		return p
+	}
+	if p := ParseRetryAfter(h.Get(HeaderRetryAfter), now, limit); p.Kind != NoPushback {
+		return p
+	}
+	for _, name := range [...]string{HeaderRateLimitReset, HeaderXRateLimitReset} {
+		if p := ParseRateLimitReset(h.Get(name), now, limit); p.Kind != NoPushback {
+			return p
+		}
+	}
+	rq := ParseRateLimitReset(h.Get(HeaderResetRequests), now, limit)
+	tk := ParseRateLimitReset(h.Get(HeaderResetTokens), now, limit)
+	switch {
+	case rq.Kind != NoPushback && strings.TrimSpace(h.Get(headerRemainingRequests)) == "0":
+		return rq
+	case tk.Kind != NoPushback && strings.TrimSpace(h.Get(headerRemainingTokensKey)) == "0":
+		return tk
+	case rq.Kind == DoNotRetry || tk.Kind == DoNotRetry:
+		return Pushback{Kind: DoNotRetry}
+	case rq.Kind == RetryLater && (tk.Kind != RetryLater || rq.Delay >= tk.Delay):
+		return rq
+	}
+	return tk
+}
+
+// isDecimal reports whether s is digits with at most one '.', and at least
+// one digit.
+func isDecimal(s string) bool {
+	digits, dots := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			digits++
+		case c == '.':
+			dots++
+		default:
+			return false
+		}
+	}
+	return digits > 0 && dots <= 1
+}
+
+// parseSeconds parses non-negative decimal seconds. A value too large for a
+// Duration is returned as the largest Duration.
+func parseSeconds(s string) (time.Duration, bool) {
+	if !isDecimal(s) {
+		return 0, false
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil && f == 0 {
+		return 0, false
+	}
+	if f*1e9 >= math.MaxInt64 || err != nil {
+		return math.MaxInt64, true
+	}
+	return time.Duration(math.Round(f * 1e9)), true
+}

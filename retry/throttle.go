@@ -1,0 +1,107 @@
+package retry
+
+import (
+	"math"
+	"sync/atomic"
+)
+
+// Defaults of [ThrottleConfig]. gRPC has none; these are the values of its
+// service-config examples.
+const (
+	DefaultMaxTokens  = 10
+	DefaultTokenRatio = 0.1
+)
+
+// ThrottleConfig configures a [Throttle]. The zero value means 10 tokens and
+// a ratio of 0.1.
+type ThrottleConfig struct {
+	// MaxTokens is the bucket size, in (0, 1000]; 0 means [DefaultMaxTokens].
+	MaxTokens float64
+	// TokenRatio is the tokens a success earns back, in (0, MaxTokens],
+	// with a precision of 0.001; 0 means [DefaultTokenRatio].
+	TokenRatio float64
+}
+
+// Throttle is gRPC's client-side retry throttle: the bucket starts full at
+// MaxTokens, each failed attempt takes one token, each success puts back
+// TokenRatio (never above MaxTokens), and retries are allowed only while more
+// than MaxTokens/2 tokens remain. Create one with [NewThrottle]; the zero
+// value is not usable. It is safe for concurrent use, takes no locks, and does
+// not allocate. Tokens are kept in thousandths.
+type Throttle struct {
+	max    int64 // milli-tokens
+	ratio  int64 // milli-tokens per success
+	tokens atomic.Int64
+}
+
+// NewThrottle returns a throttle configured by cfg, with a full bucket. It
+// rejects values out of range with an error wrapping [ErrInvalidConfig].
+func NewThrottle(cfg ThrottleConfig) (*Throttle, error) {
+	if cfg.MaxTokens == 0 {
+		cfg.MaxTokens = DefaultMaxTokens
+	}
+	if cfg.TokenRatio == 0 {
+		cfg.TokenRatio = DefaultTokenRatio
+	}
+	if !(cfg.MaxTokens > 0 && cfg.MaxTokens <= 1000) {
+		return nil, invalidf("throttle MaxTokens %v must be in (0, 1000]", cfg.MaxTokens)
+	}
+	if !(cfg.TokenRatio > 0 && cfg.TokenRatio <= cfg.MaxTokens) {
+		return nil, invalidf("throttle TokenRatio %v must be in (0, MaxTokens]", cfg.TokenRatio)
+	}
+	t := &Throttle{
+		max:   int64(math.Round(cfg.MaxTokens * 1000)),
+		ratio: int64(math.Round(cfg.TokenRatio * 1000)),
+	}
+	if t.ratio == 0 || t.max == 0 {
+		return nil, invalidf("throttle values below the precision of 0.001")
+	}
+	t.tokens.Store(t.max)
+	return t, nil
+}
+
+// Allow reports whether a retry may be sent: more than MaxTokens/2 tokens
+// remain.
+func (t *Throttle) Allow() bool { return 2*t.tokens.Load() > t.max }
+
+// Success records a successful attempt.
+func (t *Throttle) Success() {
+	for {
+		old := t.tokens.Load()
+		n := min(old+t.ratio, t.max)
+		if n == old || t.tokens.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// Failure records a failed attempt.
+func (t *Throttle) Failure() {
+	for {
+		old := t.tokens.Load()
+		n := max(old-1000, 0)
+		if n == old || t.tokens.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// Tokens returns the tokens in the bucket.
+func (t *Throttle) Tokens() float64 { return float64(t.tokens.Load()) / 1000 }
+
+// Start implements [Budget]; it does nothing.
+func (t *Throttle) Start() {}
+
+// Withdraw implements [Budget]; see [Throttle.Allow].
+func (t *Throttle) Withdraw() bool { return t.Allow() }
+
+// Finish implements [Budget]: Succeeded puts back TokenRatio, Failed takes a
+// token, Abandoned changes nothing.
+func (t *Throttle) Finish(_ bool, o Outcome) {
+	switch o {
+	case Succeeded:
+		t.Success()
+	case Failed:
+		t.Failure()
+	}
+}
