@@ -255,6 +255,13 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		}
 	}
 	r.closeWindow()
+	for _, rep := range r.reps {
+		// Every request ended, so every block must be back.
+		if rep.kv.used != 0 || rep.kv.evictable < 0 || rep.kv.evictable > rep.kv.total || len(rep.running) != 0 || rep.nwaiting() != 0 || rep.outstanding != 0 {
+			return nil, fmt.Errorf("sim: internal error: replica %d ended with %d blocks used, %d evictable, %d running, %d waiting",
+				rep.idx, rep.kv.used, rep.kv.evictable, len(rep.running), rep.nwaiting())
+		}
+	}
 	return r.result(spec.Name), nil
 }
 

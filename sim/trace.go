@@ -23,6 +23,10 @@ const (
 // traces.
 const MooncakeBlockTokens = 512
 
+// maxTraceSeconds bounds the scaled span of a trace (about 30 years), so
+// arrival times cannot overflow.
+const maxTraceSeconds = 1e9
+
 // maxLine bounds one trace line.
 const maxLine = 4 << 20
 
@@ -73,6 +77,7 @@ func ReadTrace(r io.Reader, format string, opt TraceOptions) ([]Request, error) 
 
 // traceLine is one arrival read from a trace, before scaling.
 type traceLine struct {
+	line   int
 	at     float64 // seconds, relative to an arbitrary origin
 	prompt int
 	output int
@@ -129,7 +134,7 @@ func ReadMooncake(r io.Reader, opt TraceOptions) ([]Request, error) {
 			}
 			ids[i] = uint64(id)
 		}
-		lines = append(lines, traceLine{at: *rec.Timestamp / 1000, prompt: prompt, output: max(int(*rec.OutputLength), 1), ids: ids})
+		lines = append(lines, traceLine{line: n, at: *rec.Timestamp / 1000, prompt: prompt, output: max(int(*rec.OutputLength), 1), ids: ids})
 		return nil
 	})
 	if err != nil {
@@ -193,7 +198,7 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 		if math.Abs(d) > 1e9 {
 			return fmt.Errorf("%w: line %d: TIMESTAMP %s too far from the first one", ErrMalformedTrace, n, fields[ts])
 		}
-		lines = append(lines, traceLine{at: d, prompt: prompt, output: max(output, 1)})
+		lines = append(lines, traceLine{line: n, at: d, prompt: prompt, output: max(output, 1)})
 		return nil
 	})
 	if err != nil {
@@ -247,8 +252,12 @@ func toRequests(lines []traceLine, blockTokens int, opt TraceOptions) ([]Request
 	out := make([]Request, len(lines))
 	t0 := lines[0].at
 	for i, l := range lines {
+		at := (l.at - t0) / opt.RateScale
+		if at > maxTraceSeconds {
+			return nil, fmt.Errorf("%w: line %d: arrival %.3gs after the first request exceeds %gs", ErrMalformedTrace, l.line, at, float64(maxTraceSeconds))
+		}
 		req := Request{
-			Arrival:      time.Duration((l.at - t0) / opt.RateScale * float64(time.Second)),
+			Arrival:      time.Duration(at * float64(time.Second)),
 			PromptTokens: l.prompt,
 			OutputTokens: l.output,
 		}

@@ -1,0 +1,45 @@
+// Package sim is a deterministic discrete-event simulator that measures
+// llmlb's routing policies against each other on the same traffic.
+//
+// # Model
+//
+// Routers are real [llmlb.Balancer]s running real policies. Each of the
+// Config.Routers routers has its own Balancer and a [llmlb.Signal] that
+// returns the replicas' engine metrics (running, waiting, KV usage) as of
+// its last scrape, refreshed every Config.Scrape (all routers at the same
+// instants unless Config.Stagger); the Balancer corrects that stale view
+// with its own dispatches. Arrivals are split among the routers in turn.
+// A request is charged by Pick, released from prefill by FirstToken at its
+// first output token, and finished by Done.
+//
+// Each replica is one continuous-batching engine ([Engine]): every
+// iteration, running sequences get their next prefill chunk or one decode
+// token within a token budget (chunked prefill, 8192 by default), waiting
+// requests are admitted in arrival order while the budget, the batch limit
+// (256) and KV blocks last, and when the KV cache runs out the newest running
+// sequence is preempted back to the queue and later recomputes its prompt
+// and output so far. KV memory is counted in 16-token blocks. Prompt blocks
+// of a finished prefill stay cached under their chained hash ([Request]
+// Prefix) and are reused by later prompts with the same prefix; cached blocks
+// no sequence uses are evicted least recently used first. An iteration's
+// duration comes from an [IterTimeFunc], by default [MockerIterTime], the
+// polynomial of NVIDIA Dynamo's mocker engine.
+//
+// # Workloads and measurements
+//
+// Workloads are generated ([Synthetic]: Poisson or Gamma arrivals,
+// log-normal lengths, Zipf-popular shared prefixes, multi-turn sessions,
+// agent fan-out bursts) or replayed ([ReadMooncake], [ReadAzure]). [Compare]
+// runs the same requests under each policy (open loop: arrivals never wait
+// for the cluster) and returns a [Result] per policy: TTFT, TPOT and E2E
+// percentiles, SLO attainment and goodput, prefix hit rate, throughput,
+// assignment gap, preemptions, and the herding metrics (skew of outstanding
+// requests across replicas, pile-up share). [Report] prints them as a table,
+// JSON or SVG. Policies are looked up by name in [Policies], which includes
+// an oracle with perfect knowledge of the replicas as the upper bound;
+// [Scenarios] holds the presets of the llmlb-sim command.
+//
+// Runs are deterministic for a seed: all randomness comes from seeded PCG
+// sources, simulated time never reads the wall clock, and events at equal
+// times are processed in the order they were scheduled.
+package sim

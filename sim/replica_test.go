@@ -1,0 +1,147 @@
+package sim
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// oneReplica is a cluster of one default replica.
+func oneReplica(kvBlocks int) Config {
+	return Config{Replicas: 1, Engine: Engine{KVBlocks: kvBlocks}}
+}
+
+func run1(t *testing.T, cfg Config, reqs []Request) *Result {
+	t.Helper()
+	res, err := Simulate(context.Background(), cfg, reqs, "round-robin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestSingleRequestMatchesIterationFormula(t *testing.T) {
+	const prompt, output, blocks = 1000, 10, 8192
+	res := run1(t, oneReplica(blocks), []Request{{PromptTokens: prompt, OutputTokens: output}})
+	if res.Completed != 1 {
+		t.Fatalf("completed %d, want 1", res.Completed)
+	}
+	// Iteration 1 prefills the whole prompt and emits the first token:
+	// 4.209989e-7*1000^2 + 1.518344e-2*1000 + 16.50142 = 32.1058589 ms.
+	ttftMs := 32.1058589
+	ttft := time.Duration(ttftMs * float64(time.Millisecond))
+	if got := time.Duration(res.TTFT.P50 * float64(time.Millisecond)); absDur(got-ttft) > time.Microsecond {
+		t.Errorf("TTFT %v, want %v", got, ttft)
+	}
+	// Each of the 9 remaining tokens takes one decode iteration whose KV
+	// usage counts the blocks of prompt + tokens decoded so far + 1.
+	e2e := ttft
+	for k := 1; k < output; k++ {
+		u := float64((prompt+k+15)/16) / blocks
+		e2e += time.Duration((-25.74*u*u + 54.01*u + 5.74) * float64(time.Millisecond))
+	}
+	if got := time.Duration(res.E2E.P50 * float64(time.Millisecond)); absDur(got-e2e) > time.Microsecond {
+		t.Errorf("E2E %v, want %v", got, e2e)
+	}
+	wantTPOT := (e2e - ttft) / (output - 1)
+	if got := time.Duration(res.TPOT.P50 * float64(time.Millisecond)); absDur(got-wantTPOT) > time.Microsecond {
+		t.Errorf("TPOT %v, want %v", got, wantTPOT)
+	}
+	if res.Preemptions != 0 || res.PrefixHitRate != 0 {
+		t.Errorf("preemptions %d, hit rate %v; want 0, 0", res.Preemptions, res.PrefixHitRate)
+	}
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
+
+func TestKVExhaustionPreempts(t *testing.T) {
+	// 100 blocks hold 1600 tokens; two requests of 600 + 400 need 126.
+	reqs := []Request{
+		{PromptTokens: 600, OutputTokens: 400},
+		{Arrival: time.Millisecond, PromptTokens: 600, OutputTokens: 400},
+	}
+	res := run1(t, oneReplica(100), reqs)
+	if res.Preemptions == 0 {
+		t.Error("no preemption, want at least one")
+	}
+	if res.Completed != 2 {
+		t.Errorf("completed %d, want 2 (preempted requests recompute and finish)", res.Completed)
+	}
+}
+
+func TestOversizedRequestIsRejected(t *testing.T) {
+	reqs := []Request{{PromptTokens: 2000, OutputTokens: 10}, {PromptTokens: 100, OutputTokens: 10}}
+	res := run1(t, oneReplica(100), reqs)
+	if res.Rejected != 1 || res.Completed != 1 {
+		t.Errorf("rejected %d, completed %d; want 1, 1", res.Rejected, res.Completed)
+	}
+}
+
+func TestRepeatedPrefixServedFromCache(t *testing.T) {
+	prefix := make([]uint64, 20) // 20 blocks of 16 tokens = 320 tokens
+	var h uint64
+	for i := range prefix {
+		h = ChainHash(h, uint64(i))
+		prefix[i] = h
+	}
+	reqs := []Request{
+		{PromptTokens: 320, OutputTokens: 5, BlockTokens: 16, Prefix: prefix},
+		{Arrival: time.Second, PromptTokens: 320, OutputTokens: 5, BlockTokens: 16, Prefix: prefix},
+	}
+	res := run1(t, oneReplica(0), reqs)
+	// The second prompt reuses 19 full blocks; its last token is recomputed.
+	if want := float64(19*16) / 640; res.PrefixHitRate != want {
+		t.Errorf("prefix hit rate %v, want %v", res.PrefixHitRate, want)
+	}
+	// Its prefill is 16 tokens instead of 320.
+	if got, want := res.TTFT.P50, MockerPrefillMillis(16); abs(got-want) > 1e-3 {
+		t.Errorf("cached TTFT %vms, want %vms", got, want)
+	}
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func TestKVPoolLRU(t *testing.T) {
+	p := newKVPool(10)
+	// A sequence allocates private blocks, then publishes them as entries.
+	if !p.alloc(4) {
+		t.Fatal("alloc 4 of 10 failed")
+	}
+	a := p.insert(1, 4)
+	if !p.alloc(4) {
+		t.Fatal("alloc 4 of 6 failed")
+	}
+	b := p.insert(2, 4)
+	if p.used != 8 {
+		t.Fatalf("used %d, want 8", p.used)
+	}
+	p.unref(a)
+	p.unref(b)
+	if p.evictable != 8 || p.used != 0 {
+		t.Fatalf("evictable %d used %d, want 8 0", p.evictable, p.used)
+	}
+	// Allocating 6 must evict the oldest entry (a) only.
+	if !p.alloc(6) {
+		t.Fatal("alloc 6 with 2 free and 8 evictable failed")
+	}
+	if p.lookup(1) != nil || p.lookup(2) == nil {
+		t.Errorf("entries after eviction: 1=%v 2=%v, want 1 evicted, 2 kept", p.lookup(1), p.lookup(2))
+	}
+	p.acquire(p.lookup(2))
+	if p.alloc(1) {
+		t.Error("alloc beyond capacity succeeded")
+	}
+	if p.used != 10 || p.evictable != 0 {
+		t.Errorf("used %d evictable %d, want 10 0", p.used, p.evictable)
+	}
+}

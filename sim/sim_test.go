@@ -1,0 +1,228 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+)
+
+// defaultResults runs the default scenario once for every test that needs
+// it, at full size: the findings asserted on it hold at this size.
+var defaultResults = sync.OnceValues(func() (map[string]*Result, error) {
+	sc, err := LookupScenario("default")
+	if err != nil {
+		return nil, err
+	}
+	sc.Config.Seed = 1
+	reqs, err := sc.Workload.Generate(1)
+	if err != nil {
+		return nil, err
+	}
+	res, err := Compare(context.Background(), sc.Config, reqs, sc.Policies, nil)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]*Result, len(res))
+	for _, r := range res {
+		m[r.Policy] = r
+	}
+	return m, nil
+})
+
+func defaults(t *testing.T) map[string]*Result {
+	t.Helper()
+	m, err := defaultResults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// (a) Round robin equalizes counts but not work: a near-zero assignment gap
+// and yet a worse TTFT tail than least outstanding.
+func TestDefaultRoundRobinBalancedCountsWorseTail(t *testing.T) {
+	m := defaults(t)
+	rr, lo := m["round-robin"], m["least-outstanding"]
+	if rr.AssignmentGap > 1 {
+		t.Errorf("round robin assignment gap %d, want <= 1", rr.AssignmentGap)
+	}
+	if rr.TTFT.P99 <= lo.TTFT.P99 {
+		t.Errorf("round robin TTFT p99 %.0fms <= least outstanding %.0fms", rr.TTFT.P99, lo.TTFT.P99)
+	}
+	if rr.SLOAttainment > 0.9 {
+		t.Errorf("round robin SLO attainment %.3f; the default load should make it miss for a noticeable share", rr.SLOAttainment)
+	}
+	if lo.SLOAttainment <= rr.SLOAttainment {
+		t.Errorf("least outstanding SLO attainment %.3f <= round robin %.3f", lo.SLOAttainment, rr.SLOAttainment)
+	}
+}
+
+// (c) The oracle is the upper bound.
+func TestDefaultOracleBestGoodput(t *testing.T) {
+	m := defaults(t)
+	o := m["oracle"]
+	for name, r := range m {
+		if name != "oracle" && r.GoodputRPS >= o.GoodputRPS {
+			t.Errorf("%s goodput %.2f/s >= oracle %.2f/s", name, r.GoodputRPS, o.GoodputRPS)
+		}
+	}
+}
+
+func TestDefaultInvariants(t *testing.T) {
+	for name, r := range defaults(t) {
+		if r.Completed+r.Rejected != r.Requests || r.Rejected != 0 {
+			t.Errorf("%s: %d completed + %d rejected of %d", name, r.Completed, r.Rejected, r.Requests)
+		}
+		if !(r.TTFT.P50 <= r.TTFT.P95 && r.TTFT.P95 <= r.TTFT.P99 && r.TTFT.P99 <= r.TTFT.Max) {
+			t.Errorf("%s: TTFT quantiles not ordered: %+v", name, r.TTFT)
+		}
+		if r.PrefixHitRate <= 0 || r.PrefixHitRate >= 1 || r.SLOAttainment < 0 || r.SLOAttainment > 1 {
+			t.Errorf("%s: hit rate %v, SLO attainment %v out of range", name, r.PrefixHitRate, r.SLOAttainment)
+		}
+	}
+}
+
+// (b) With several routers trusting one stale scrape, P2C plus correction
+// for the router's own dispatches at least halves the mean skew.
+func TestHerding(t *testing.T) {
+	sc, err := LookupScenario("herding")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := sc.Workload.Generate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Compare(context.Background(), sc.Config, reqs, sc.Policies, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]*Result{}
+	for _, r := range res {
+		m[r.Policy] = r
+	}
+	stale, both := m["stale-least-outstanding"], m["p2c"]
+	if both.MeanSkew > stale.MeanSkew/2 {
+		t.Errorf("P2C + own dispatches mean skew %.2f > half of stale least outstanding %.2f", both.MeanSkew, stale.MeanSkew)
+	}
+	if stale.PileupShare < 0.5 || both.PileupShare > 0.05 {
+		t.Errorf("pile-up share: stale %.2f (want >= 0.5), P2C %.2f (want <= 0.05)", stale.PileupShare, both.PileupShare)
+	}
+	if m["least-outstanding"].MeanSkew >= stale.MeanSkew {
+		t.Errorf("own-dispatch correction did not reduce the skew: %.2f >= %.2f", m["least-outstanding"].MeanSkew, stale.MeanSkew)
+	}
+}
+
+func TestDeterministic(t *testing.T) {
+	w := DefaultSynthetic(1500, 37)
+	reqs, err := w.Generate(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := w.Generate(7)
+	if !reflect.DeepEqual(reqs, again) {
+		t.Fatal("Generate is not deterministic")
+	}
+	cfg := Config{Seed: 3, Routers: 2, Stagger: true, Delay: time.Millisecond}
+	for _, p := range []string{"p2c", "random", "oracle"} {
+		a, err := Simulate(context.Background(), cfg, reqs, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := Simulate(context.Background(), cfg, reqs, p)
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("%s: two runs with the same seed differ", p)
+		}
+	}
+}
+
+func TestSyntheticShape(t *testing.T) {
+	w := DefaultSynthetic(5000, 50)
+	reqs, err := w.Generate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 5000 {
+		t.Fatalf("%d requests, want 5000", len(reqs))
+	}
+	if err := validateRequests(reqs, DefaultBlockSize); err != nil {
+		t.Fatal(err)
+	}
+	rate := float64(len(reqs)-1) / (reqs[len(reqs)-1].Arrival - reqs[0].Arrival).Seconds()
+	if rate < 45 || rate > 55 {
+		t.Errorf("arrival rate %.1f/s, want about 50", rate)
+	}
+	sessions := 0
+	for _, r := range reqs {
+		if r.Session != "" {
+			sessions++
+		}
+		if len(r.Prefix) != (r.PromptTokens+63)/64 {
+			t.Fatalf("request with %d tokens has %d hashes", r.PromptTokens, len(r.Prefix))
+		}
+	}
+	if sessions == 0 {
+		t.Error("no multi-turn requests")
+	}
+	if b := InfiniteCacheHitRate(reqs); b < 0.3 || b > 0.8 {
+		t.Errorf("infinite-cache hit rate %.2f, want a workload with heavy prefix sharing", b)
+	}
+	bursty := w
+	bursty.ArrivalCV = 3
+	if _, err := bursty.Generate(1); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestInvalidInput(t *testing.T) {
+	good := []Request{{PromptTokens: 10, OutputTokens: 1}}
+	cases := []struct {
+		name string
+		cfg  Config
+		reqs []Request
+		pol  string
+		want error
+	}{
+		{"no requests", Config{}, nil, "p2c", ErrInvalidWorkload},
+		{"unknown policy", Config{}, good, "nope", ErrUnknownPolicy},
+		{"negative replicas", Config{Replicas: -1}, good, "p2c", ErrInvalidConfig},
+		{"tiny scrape", Config{Scrape: time.Microsecond}, good, "p2c", ErrInvalidConfig},
+		{"negative budget", Config{Engine: Engine{TokenBudget: -1}}, good, "p2c", ErrInvalidConfig},
+		{"zero output", Config{}, []Request{{PromptTokens: 10}}, "p2c", ErrInvalidWorkload},
+		{"unordered", Config{}, []Request{{Arrival: time.Second, PromptTokens: 1, OutputTokens: 1}, {PromptTokens: 1, OutputTokens: 1}}, "p2c", ErrInvalidWorkload},
+		{"odd block tokens", Config{}, []Request{{PromptTokens: 10, OutputTokens: 1, BlockTokens: 10, Prefix: []uint64{1}}}, "p2c", ErrInvalidWorkload},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := Simulate(context.Background(), c.cfg, c.reqs, c.pol); !errors.Is(err, c.want) {
+				t.Errorf("error %v, want %v", err, c.want)
+			}
+		})
+	}
+	bad := DefaultSynthetic(10, 1)
+	bad.PrefixZipf = 1
+	if _, err := bad.Generate(1); !errors.Is(err, ErrInvalidWorkload) {
+		t.Errorf("zipf 1: %v", err)
+	}
+	if _, err := LookupScenario("nope"); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("unknown scenario: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Simulate(ctx, Config{}, good, "p2c"); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: %v", err)
+	}
+}
+
+func TestPolicyNamesUnique(t *testing.T) {
+	seen := map[string]bool{}
+	for _, p := range Policies() {
+		if p.Name == "" || p.Doc == "" || p.New == nil || seen[p.Name] {
+			t.Errorf("bad or duplicate policy entry %q", p.Name)
+		}
+		seen[p.Name] = true
+	}
+}

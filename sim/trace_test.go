@@ -1,0 +1,197 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const mooncakeSample = `{"timestamp": 0, "input_length": 1000, "output_length": 6, "hash_ids": [0, 1]}
+{"timestamp": 500, "input_length": 1100, "output_length": 0, "hash_ids": [0, 1, 2]}
+
+{"timestamp": 250, "input_length": 600, "output_length": 20, "hash_ids": [7, 1]}
+`
+
+func TestReadMooncake(t *testing.T) {
+	reqs, err := ReadMooncake(strings.NewReader(mooncakeSample), TraceOptions{RateScale: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 3 {
+		t.Fatalf("%d requests, want 3", len(reqs))
+	}
+	// Sorted by time and scaled: 0, 250 ms / 2, 500 ms / 2.
+	wantAt := []time.Duration{0, 125 * time.Millisecond, 250 * time.Millisecond}
+	wantPrompt := []int{1000, 600, 1100}
+	for i, r := range reqs {
+		if r.Arrival != wantAt[i] || r.PromptTokens != wantPrompt[i] || r.BlockTokens != MooncakeBlockTokens {
+			t.Errorf("request %d = %+v, want arrival %v prompt %d", i, r, wantAt[i], wantPrompt[i])
+		}
+	}
+	if reqs[2].OutputTokens != 1 {
+		t.Errorf("output_length 0 replayed as %d, want 1", reqs[2].OutputTokens)
+	}
+	// Chained hashes: the third line's [0, 1, 2] shares two blocks with the
+	// first; [7, 1] shares nothing, even block 1, because its head differs.
+	a, b, c := reqs[0].Prefix, reqs[2].Prefix, reqs[1].Prefix
+	if a[0] != b[0] || a[1] != b[1] || len(b) != 3 {
+		t.Errorf("shared prefix hashes differ: %x vs %x", a, b)
+	}
+	if c[1] == a[1] {
+		t.Error("block 1 after a different block 0 has the same chained hash")
+	}
+	// Infinite cache: request 3 (1100 tokens) re-uses blocks 0 and 1 (1024
+	// tokens) of request 1.
+	if got, want := InfiniteCacheHitRate(reqs), 1024.0/2700; abs(got-want) > 1e-12 {
+		t.Errorf("InfiniteCacheHitRate = %v, want %v", got, want)
+	}
+
+	capped, err := ReadMooncake(strings.NewReader(mooncakeSample), TraceOptions{Requests: 2})
+	if err != nil || len(capped) != 2 || capped[1].Arrival != 250*time.Millisecond {
+		t.Errorf("Requests cap: %d requests, err %v", len(capped), err)
+	}
+}
+
+func TestReadAzure(t *testing.T) {
+	const in = "TIMESTAMP,ContextTokens,GeneratedTokens\n" +
+		"2023-11-16 18:15:46.6805900,374,44\n" +
+		"2023-11-16 18:15:50.9951690,396,109\n" +
+		"2023-11-16 18:15:47.0000000,10,0\n"
+	reqs, err := ReadTrace(strings.NewReader(in), "", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 3 || reqs[1].PromptTokens != 10 || reqs[1].OutputTokens != 1 || reqs[2].PromptTokens != 396 {
+		t.Fatalf("requests %+v", reqs)
+	}
+	if want := 4314579 * time.Microsecond; reqs[2].Arrival != want {
+		t.Errorf("arrival %v, want %v", reqs[2].Arrival, want)
+	}
+	if reqs[0].Prefix != nil {
+		t.Error("Azure requests have prefix hashes")
+	}
+}
+
+func TestTraceErrorsNameTheLine(t *testing.T) {
+	cases := []struct {
+		name, format, in, want string
+	}{
+		{"mooncake bad json", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1}` + "\n{oops\n", "line 2"},
+		{"mooncake missing field", FormatMooncake, `{"timestamp": 0, "input_length": 10}`, "line 1"},
+		{"mooncake negative length", FormatMooncake, "\n\n" + `{"timestamp": 0, "input_length": -1, "output_length": 1}`, "line 3"},
+		{"mooncake fractional id", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1.5]}`, "line 1"},
+		{"mooncake too many ids", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}`, "line 1"},
+		{"mooncake trailing data", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1} {}`, "line 1"},
+		{"mooncake empty", FormatMooncake, "", "no requests"},
+		{"azure bad header", FormatAzure, "a,b,c\n", "line 1"},
+		{"azure bad time", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1,1\nyesterday,1,1\n", "line 3"},
+		{"azure bad count", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,x,1\n", "line 2"},
+		{"azure field count", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1\n", "line 2"},
+		{"azure empty", FormatAzure, "", "empty trace"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ReadTrace(strings.NewReader(c.in), c.format, TraceOptions{})
+			if !errors.Is(err, ErrMalformedTrace) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %v, want ErrMalformedTrace naming %q", err, c.want)
+			}
+		})
+	}
+	if _, err := ReadTrace(strings.NewReader(""), "parquet", TraceOptions{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("unknown format: %v", err)
+	}
+	if _, err := ReadMooncake(strings.NewReader(mooncakeSample), TraceOptions{RateScale: -1}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("negative rate scale: %v", err)
+	}
+}
+
+// checkTrace checks what every successfully parsed trace guarantees.
+func checkTrace(t *testing.T, reqs []Request) {
+	if err := validateRequests(reqs, DefaultBlockSize); err != nil {
+		t.Fatalf("parsed trace is invalid: %v", err)
+	}
+}
+
+func FuzzReadMooncake(f *testing.F) {
+	f.Add([]byte(mooncakeSample))
+	f.Add([]byte(`{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": []}`))
+	f.Add([]byte(`{"timestamp": -1}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		reqs, err := ReadMooncake(strings.NewReader(string(in)), TraceOptions{RateScale: 3})
+		if err != nil {
+			if !errors.Is(err, ErrMalformedTrace) {
+				t.Fatalf("error %v does not wrap ErrMalformedTrace", err)
+			}
+			return
+		}
+		checkTrace(t, reqs)
+	})
+}
+
+func FuzzReadAzure(f *testing.F) {
+	f.Add([]byte("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"))
+	f.Add([]byte("GeneratedTokens,TIMESTAMP,ContextTokens\n0,2023-11-16 18:15:46,1\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		reqs, err := ReadAzure(strings.NewReader(string(in)), TraceOptions{RateScale: 0.5})
+		if err != nil {
+			if !errors.Is(err, ErrMalformedTrace) {
+				t.Fatalf("error %v does not wrap ErrMalformedTrace", err)
+			}
+			return
+		}
+		checkTrace(t, reqs)
+	})
+}
+
+// sharedTrace opens a file of ../shared/traces relative to the repository
+// root, or skips.
+func sharedTrace(t *testing.T, name string) *os.File {
+	t.Helper()
+	path := filepath.Join("..", "..", "shared", "traces", name)
+	f, err := os.Open(path)
+	if err != nil {
+		t.Skipf("trace %s not available (%v); it lives in ../shared/traces beside the repository", name, err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// mooncakeRateScale is the rate scale at which round robin misses the SLO
+// for about half of the Mooncake requests.
+const mooncakeRateScale = 4
+
+func TestMooncakeReplay(t *testing.T) {
+	f := sharedTrace(t, "mooncake_synthetic_trace.jsonl")
+	opt := TraceOptions{RateScale: mooncakeRateScale}
+	if testing.Short() {
+		opt.Requests = 1000
+	}
+	reqs, err := ReadTrace(f, "", opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := InfiniteCacheHitRate(reqs)
+	if !testing.Short() && (bound < 0.6 || bound > 0.7) {
+		t.Errorf("infinite-cache bound %.3f, want about 0.65", bound)
+	}
+	cfg := Config{Seed: 1, Engine: Engine{KVBlocks: 32768}}
+	res, err := Compare(context.Background(), cfg, reqs, DefaultPolicies(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if r.PrefixHitRate > bound {
+			t.Errorf("%s: prefix hit rate %.3f exceeds the infinite-cache bound %.3f", r.Policy, r.PrefixHitRate, bound)
+		}
+		if r.Completed != len(reqs) {
+			t.Errorf("%s: completed %d of %d", r.Policy, r.Completed, len(reqs))
+		}
+	}
+	if rr := res[0]; !testing.Short() && rr.SLOAttainment > 0.8 {
+		t.Errorf("round robin SLO attainment %.2f at rate x%d; want the trace to stress it", rr.SLOAttainment, mooncakeRateScale)
+	}
+}
