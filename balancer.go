@@ -41,7 +41,14 @@ type Balancer struct {
 type snapshot struct {
 	eps   []*epState
 	byKey map[string]*epState
+	pos   map[string]int // member index by key
 	gen   uint64
+}
+
+// member returns the member index of key.
+func (s *snapshot) member(key string) (int, bool) {
+	m, ok := s.pos[key]
+	return m, ok
 }
 
 // generations numbers memberships across all balancers, so a policy may cache
@@ -57,6 +64,7 @@ type epState struct {
 	outstanding atomic.Int64 // requests picked and not done
 	queued      atomic.Int64 // requests picked and before their first token
 	prefill     atomic.Int64 // prompt tokens picked and not yet prefilled
+	prompt      atomic.Int64 // prompt tokens of outstanding requests
 	decode      atomic.Int64 // expected decode tokens of outstanding requests
 	unhealthy   atomic.Bool
 	started     atomic.Int64 // unix nanos slow start began; 0 = never in slow start
@@ -147,6 +155,7 @@ func (b *Balancer) Update(eps []Endpoint) error {
 	next := &snapshot{
 		eps:   make([]*epState, len(entries)),
 		byKey: make(map[string]*epState, len(entries)),
+		pos:   make(map[string]int, len(entries)),
 		gen:   generations.Add(1),
 	}
 	var now int64
@@ -170,6 +179,7 @@ func (b *Balancer) Update(eps []Endpoint) error {
 		}
 		next.eps[i] = st
 		next.byKey[key] = st
+		next.pos[key] = i
 	}
 	if len(entries) > 0 {
 		b.initialized = true
@@ -291,12 +301,14 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	st.outstanding.Add(1)
 	st.queued.Add(1)
 	st.prefill.Add(prefill)
+	st.prompt.Add(int64(r.PromptTokens))
 	st.decode.Add(decode)
 
 	rec := recordPool.Get().(*record)
 	rec.st.Store(st)
 	rec.tokens.Store(uint64(prefill)<<32 | uint64(decode))
 	rec.epoch.Store(0)
+	rec.prompt.Store(int64(r.PromptTokens))
 	if b.signal != nil {
 		tokens := prefill + decode
 		obs, fresh := c.observe(st)
@@ -356,7 +368,7 @@ func (p Pick) Done(err error) {
 		return
 	}
 	st, prefill, decode := rec.load()
-	epoch := rec.epoch.Load()
+	epoch, prompt := rec.epoch.Load(), rec.prompt.Load()
 	next := (p.gen &^ streamingBit) + 1 // odd -> even: free
 	if rec.state.CompareAndSwap(p.gen, next) {
 		st.prefill.Add(-prefill)
@@ -365,6 +377,7 @@ func (p Pick) Done(err error) {
 		return
 	}
 	st.decode.Add(-decode)
+	st.prompt.Add(-prompt)
 	st.outstanding.Add(-1)
 	if epoch != 0 {
 		st.mu.Lock()
@@ -389,6 +402,7 @@ type record struct {
 	st     atomic.Pointer[epState]
 	tokens atomic.Uint64 // prefill tokens << 32 | decode tokens
 	epoch  atomic.Uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
+	prompt atomic.Int64
 }
 
 func (r *record) load() (st *epState, prefill, decode int64) {

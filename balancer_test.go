@@ -423,7 +423,7 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 			}
 			wg.Wait()
 			for st := range states {
-				if o, p, d, q := st.outstanding.Load(), st.prefill.Load(), st.decode.Load(), st.queued.Load(); o != 0 || p != 0 || d != 0 || q != 0 {
+				if o, p, d, q := st.outstanding.Load(), st.prefill.Load(), st.decode.Load(), st.queued.Load(); o != 0 || p != 0 || d != 0 || q != 0 || st.prompt.Load() != 0 {
 					t.Errorf("%s: outstanding %d prefill %d decode %d queued %d, want all 0", st.key, o, p, d, q)
 				}
 				st.mu.Lock()

@@ -3,6 +3,9 @@ package llmlb
 import (
 	"fmt"
 	"math"
+	"slices"
+
+	"github.com/llmlb/llmlb/prefix"
 	"sync"
 	"time"
 )
@@ -18,7 +21,13 @@ type Candidates struct {
 	req     Request
 	reqTok  int64 // RequestTokens, computed once per pick
 	ties    []int32
+	cand    []int32 // member index -> candidate index or -1
+	seen    []bool  // per member, for ring walks
 	scratch EndpointLoad
+	loads   []EndpointLoad // per candidate, for policies that need them all
+	matched []int32        // per candidate: leading prompt blocks cached
+	matches []prefix.Match
+	costs   []float64
 	cached  int
 	now     int64 // unix nanos, read from the clock on first use; 0 = not yet
 }
@@ -27,7 +36,7 @@ var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 
 func (c *Candidates) release() {
 	c.b, c.snap, c.req, c.cached, c.now = nil, nil, Request{}, 0, 0
-	c.idx, c.ties = c.idx[:0], c.ties[:0]
+	c.idx, c.ties, c.cand, c.matched, c.matches = c.idx[:0], c.ties[:0], c.cand[:0], c.matched[:0], c.matches[:0]
 	candidatesPool.Put(c)
 }
 
@@ -155,12 +164,15 @@ func (c *Candidates) RequestTokens() int64 { return c.reqTok }
 type EndpointLoad struct {
 	// Outstanding, Queued, PrefillTokens and DecodeTokens are this
 	// balancer's own exact counts: requests picked and not done, of those
-	// the ones before their first token, prompt tokens not yet prefilled,
-	// and expected decode tokens.
+	// the ones before their first token, prompt tokens not yet prefilled
+	// (net of expected cache hits), and expected decode tokens.
 	Outstanding   int64
 	Queued        int64
 	PrefillTokens int64
 	DecodeTokens  int64
+	// ActiveTokens estimates the KV footprint of this balancer's
+	// outstanding requests: their prompt tokens plus expected decode tokens.
+	ActiveTokens int64
 	// Requests and Waiting estimate the requests at the endpoint from all
 	// routers, in total and queued in the engine: with a fresh signal, the
 	// observation plus this balancer's dispatches since it (never less than
@@ -197,6 +209,7 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	l.Queued = st.queued.Load()
 	l.PrefillTokens = st.prefill.Load()
 	l.DecodeTokens = st.decode.Load()
+	l.ActiveTokens = st.prompt.Load() + l.DecodeTokens
 	l.Requests, l.Waiting = l.Outstanding, l.Queued
 	l.KVUsage, l.KVBlocks, l.BlockSize, l.Fresh = math.NaN(), 0, 0, false
 	l.Weight = c.weight(st)
@@ -277,4 +290,78 @@ func (b *Balancer) decodeEstimate(r *Request) int64 {
 		d = min(d, int64(r.MaxTokens))
 	}
 	return d
+}
+
+// requests returns candidate i's estimated requests.
+func (c *Candidates) requests(i int) int64 {
+	var l EndpointLoad
+	c.loadInto(i, &l)
+	return l.Requests
+}
+
+// memberToCandidate returns a slice mapping member index to candidate index,
+// -1 for members that are not candidates. It is valid for this pick.
+func (c *Candidates) memberToCandidate() []int32 {
+	if len(c.cand) == len(c.snap.eps) {
+		return c.cand
+	}
+	c.cand = slices.Grow(c.cand[:0], len(c.snap.eps))[:len(c.snap.eps)]
+	if c.all {
+		for m := range c.cand {
+			c.cand[m] = int32(m)
+		}
+		return c.cand
+	}
+	for m := range c.cand {
+		c.cand[m] = -1
+	}
+	for i, m := range c.idx {
+		c.cand[m] = int32(i)
+	}
+	return c.cand
+}
+
+// visitedScratch returns a zeroed per-member slice of flags.
+func (c *Candidates) visitedScratch() []bool {
+	c.seen = slices.Grow(c.seen[:0], len(c.snap.eps))[:len(c.snap.eps)]
+	clear(c.seen)
+	return c.seen
+}
+
+// Narrow keeps only the candidates for which keep returns true, renumbering
+// them from 0, and reports whether any was kept; if none is, the candidates
+// are left unchanged. A policy that delegates to another over a subset (a
+// pool) narrows first, then calls the other policy with c: the index it
+// returns refers to the narrowed candidates.
+func (c *Candidates) Narrow(keep func(i int) bool) bool {
+	n := c.Len()
+	kept := c.ties[:0] // scratch: candidate indexes kept
+	for i := 0; i < n; i++ {
+		if keep(i) {
+			kept = append(kept, int32(i))
+		}
+	}
+	c.ties = kept[:0]
+	if len(kept) == 0 {
+		return false
+	}
+	if len(kept) == n {
+		return true
+	}
+	// Rewrite idx in place: kept is increasing, so member(kept[j]) is read
+	// before position j is overwritten.
+	if c.all {
+		c.idx = slices.Grow(c.idx[:0], len(kept))
+		for _, i := range kept {
+			c.idx = append(c.idx, i)
+		}
+		c.all = false
+	} else {
+		for j, i := range kept {
+			c.idx[j] = c.idx[i]
+		}
+		c.idx = c.idx[:len(kept)]
+	}
+	c.cand = c.cand[:0]
+	return true
 }

@@ -128,3 +128,7 @@ var (
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, args...)...)
 }
+
+func errorf(format string, args ...any) error {
+	return fmt.Errorf("llmlb: "+format, args...)
+}

@@ -32,18 +32,11 @@ const DefaultKVCapacityTokens = 1 << 18
 // balancer's dispatches since the observation) plus this balancer's prompt
 // tokens not yet prefilled plus this request's tokens. Queued work counts
 // because a request waiting for admission holds no KV blocks yet but will.
-// Without a fresh KV observation the usage is estimated from this balancer's
-// own outstanding tokens.
+// Without a fresh KV observation the usage is estimated from the KV footprint
+// of this balancer's own requests past prefill, against the reported capacity
+// or [DefaultKVCapacityTokens].
 func KVScore(c *Candidates, i int, l *EndpointLoad) float64 {
-	capacity := float64(DefaultKVCapacityTokens)
-	if l.KVBlocks > 0 && l.BlockSize > 0 {
-		capacity = float64(l.KVBlocks * l.BlockSize)
-	}
-	usage := l.KVUsage
-	if math.IsNaN(usage) {
-		usage = float64(l.DecodeTokens) / capacity
-	}
-	return usage + float64(l.PrefillTokens+c.RequestTokens()+1)/capacity
+	return kvUsage(l) + float64(l.PrefillTokens+c.RequestTokens()+1)/kvCapacity(l)
 }
 
 // weighted returns candidate i's score divided by its effective weight, with
@@ -75,6 +68,9 @@ func P2C(score Score) Policy {
 
 func (p p2c) Choose(c *Candidates) int {
 	n := uint64(c.Len())
+	if n == 1 {
+		return 0
+	}
 	a := int(c.Uint64N(n))
 	b := int(c.Uint64N(n - 1))
 	if b >= a {

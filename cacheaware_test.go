@@ -1,0 +1,342 @@
+package llmlb
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/llmlb/llmlb/prefix"
+)
+
+// blocks returns n chained-looking block hashes for prompt family f.
+func blocks(f, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(f)<<40 | uint64(i)
+	}
+	return out
+}
+
+func TestDynamoWorkedExample(t *testing.T) {
+	// Dynamo's documented example: raw prefill 10/10/10 blocks, device
+	// overlap 2/5/8, decode 10/5/9 -> costs 18/10/11, worker 2 wins.
+	cfg := DynamoKVCostConfig()
+	want := []float64{18, 10, 11}
+	overlap := []float64{2, 5, 8}
+	decode := []float64{10, 5, 9}
+	for i := range want {
+		got := cfg.Cost(KVCostTerms{PrefillBlocks: 10, RequestBlocks: 10, DeviceOverlap: overlap[i], DecodeBlocks: decode[i]})
+		if got != want[i] {
+			t.Errorf("worker %d: cost %v, want %v", i+1, got, want[i])
+		}
+	}
+	// The same numbers through the policy: 3 workers, 16-token blocks, a
+	// 160-token prompt (10 blocks) cached 2/5/8 blocks deep, and active
+	// decode footprints so that decode blocks come out 10/5/9.
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
+	prompt := blocks(1, 10)
+	for i, n := range []int{2, 5, 8} {
+		if err := ix.Stored("ep"+string(rune('0'+i)), 16, prompt[:n]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pol, err := KVCost(KVCostConfig{Index: ix, OverlapCredit: 1, PrefillScale: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(3))
+	// Active footprint = decode - (request blocks - overlap) blocks:
+	// 10-8=2, 5-5=0, 9-2=7 blocks of 16 tokens, held as outstanding decode.
+	var held []Pick
+	for i, blk := range []int{2, 0, 7} {
+		if blk > 0 {
+			held = append(held, holdOn(t, b, "ep"+string(rune('0'+i)), 1, Request{OutputTokens: blk * 16})...)
+		}
+	}
+	for _, h := range held {
+		h.FirstToken() // prefill done: no queued prefill, only decode footprint
+	}
+	for range 20 {
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 160, OutputTokens: 1, Prefix: prompt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pk.Endpoint().Key(); got != "ep1" {
+			t.Fatalf("picked %s, want ep1 (worker 2, cost 10)", got)
+		}
+		// The first pick finds 5 cached blocks; it records the whole
+		// prompt on ep1, so later picks find all 10.
+		if s := statsByKey(b)["ep1"]; s.PrefillTokens != 160-5*16 && s.PrefillTokens != 0 {
+			t.Fatalf("prefill charged %d, want %d or 0 (matched blocks not charged)", s.PrefillTokens, 160-5*16)
+		}
+		pk.Done(nil)
+	}
+	for _, h := range held {
+		h.Done(nil)
+	}
+}
+
+func TestKVCostDecayAndTemperature(t *testing.T) {
+	cfg := DynamoKVCostConfig()
+	cfg.DecayK = 1
+	terms := KVCostTerms{PrefillBlocks: 20, RequestBlocks: 10, ExcessQueuedBlocks: 10, DeviceOverlap: 8}
+	// decay = 1/(1+1*10/10) = 0.5: credit 4, cost 16.
+	if got := cfg.Cost(terms); got != 16 {
+		t.Fatalf("decayed cost %v, want 16", got)
+	}
+	// Temperature 0 is argmin; a large temperature samples every candidate.
+	costs := []float64{5, 1, 3, 9}
+	for _, tc := range []struct {
+		temp    float64
+		wantAll bool
+	}{{0, false}, {100, true}} {
+		b := mustNew(t, P2C(nil))
+		mustUpdate(t, b, eps(4))
+		c := candidatesPool.Get().(*Candidates)
+		if err := c.init(b, b.snap.Load()); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[int]int{}
+		for range 4000 {
+			seen[softmin(c, costs, tc.temp)]++
+		}
+		c.release()
+		if tc.wantAll {
+			for i := range costs {
+				if seen[i] < 600 {
+					t.Errorf("T=%v: candidate %d sampled %d of 4000 times", tc.temp, i, seen[i])
+				}
+			}
+		} else if seen[1] != 4000 {
+			t.Errorf("T=0: %v, want always candidate 1", seen)
+		}
+	}
+	if _, err := KVCost(KVCostConfig{OverlapCredit: -1}); err == nil {
+		t.Error("negative credit accepted")
+	}
+	if _, err := KVCost(KVCostConfig{Temperature: math.NaN()}); err == nil {
+		t.Error("NaN temperature accepted")
+	}
+}
+
+func TestPrefixAwareThresholds(t *testing.T) {
+	newB := func(faithful bool) (*Balancer, *prefix.Index) {
+		ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+		cfg := PrefixAwareConfig{Index: ix, AbsThreshold: 4, RelThreshold: 1.5, MatchThreshold: 0.3}
+		var pol Policy
+		var err error
+		if faithful {
+			pol, err = SGLangCacheAware(cfg)
+		} else {
+			pol, err = PrefixAware(cfg)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mustNew(t, pol), ix
+	}
+	prompt := blocks(7, 20) // 320 tokens
+	req := Request{PromptTokens: 320, Prefix: prompt}
+	for _, faithful := range []bool{false, true} {
+		b, ix := newB(faithful)
+		mustUpdate(t, b, eps(4))
+		_ = ix.Stored("ep2", 16, prompt[:15]...) // 75% cached on ep2
+		pick := func() string {
+			pk, err := b.Pick(context.Background(), &req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pk.Done(nil)
+			return pk.Endpoint().Key()
+		}
+		if got := pick(); got != "ep2" {
+			t.Fatalf("faithful=%v balanced: picked %s, want the holder ep2", faithful, got)
+		}
+		// ep2 busier by exactly the abs threshold: max-min = 4, not > 4:
+		// still balanced, locality wins.
+		held := holdOn(t, b, "ep2", 4, Request{})
+		if got := pick(); got != "ep2" {
+			t.Fatalf("faithful=%v at the abs threshold: picked %s, want ep2", faithful, got)
+		}
+		// max-min = 5 > 4 but 5 <= 0*1.5 is false... min is 0 so rel holds:
+		// imbalanced now.
+		held = append(held, holdOn(t, b, "ep2", 1, Request{})...)
+		got := pick()
+		if got == "ep2" {
+			t.Fatalf("faithful=%v imbalanced: still picked the overloaded holder", faithful)
+		}
+		// Both abs and rel must be crossed: load everyone so that max-min > 4
+		// but max <= 1.5*min.
+		for _, k := range []string{"ep0", "ep1", "ep3"} {
+			held = append(held, holdOn(t, b, k, 12, Request{})...)
+		}
+		held = append(held, holdOn(t, b, "ep2", 12, Request{})...) // ep2: 17, others 12
+		// Balanced again (17 <= 1.5*12): locality decides. ep2 and the
+		// endpoint that took the imbalanced pick both hold the whole prompt;
+		// the improved policy takes the less loaded of them, the faithful
+		// one either.
+		again := pick()
+		if again != got && (!faithful || again != "ep2") {
+			t.Fatalf("faithful=%v abs crossed but not rel: picked %s, want locality (%s)", faithful, again, got)
+		}
+		for _, h := range held {
+			h.Done(nil)
+		}
+	}
+}
+
+func TestPrefixAwareLoadAmongHolders(t *testing.T) {
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+	pol, _ := PrefixAware(PrefixAwareConfig{Index: ix})
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(4))
+	prompt := blocks(3, 10)
+	_ = ix.Stored("ep0", 16, prompt...)
+	_ = ix.Stored("ep1", 16, prompt...)
+	held := holdOn(t, b, "ep0", 3, Request{})
+	for range 10 {
+		pk, _ := b.Pick(context.Background(), &Request{PromptTokens: 160, Prefix: prompt})
+		if k := pk.Endpoint().Key(); k != "ep1" {
+			t.Fatalf("picked %s, want ep1, the less loaded of two holders", k)
+		}
+		pk.Done(nil)
+	}
+	for _, h := range held {
+		h.Done(nil)
+	}
+}
+
+func TestPrefixAwareRecordsAndForgetsRemoved(t *testing.T) {
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+	pol, _ := PrefixAware(PrefixAwareConfig{Index: ix})
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(3))
+	prompt := blocks(9, 8)
+	pk, _ := b.Pick(context.Background(), &Request{PromptTokens: 128, Prefix: prompt})
+	first := pk.Endpoint().Key()
+	pk.Done(nil)
+	for range 10 {
+		pk, _ := b.Pick(context.Background(), &Request{PromptTokens: 128, Prefix: prompt})
+		if pk.Endpoint().Key() != first {
+			t.Fatalf("repeated prompt went to %s, first to %s", pk.Endpoint().Key(), first)
+		}
+		if s := statsByKey(b)[first]; s.PrefillTokens != 0 {
+			t.Fatalf("fully cached prompt charged %d prefill tokens", s.PrefillTokens)
+		}
+		pk.Done(nil)
+	}
+	var rest []Endpoint
+	for _, e := range eps(3) {
+		if e.Key() != first {
+			rest = append(rest, e)
+		}
+	}
+	mustUpdate(t, b, rest)
+	pk, _ = b.Pick(context.Background(), &Request{PromptTokens: 128, Prefix: prompt})
+	pk.Done(nil)
+	if ix.Len(first) != 0 {
+		t.Fatalf("removed endpoint %s still has %d indexed blocks", first, ix.Len(first))
+	}
+}
+
+func TestTenantIsolationThroughPolicies(t *testing.T) {
+	h, err := prefix.NewHasher(prefix.HasherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := make([]uint32, 512)
+	for i := range tokens {
+		tokens[i] = uint32(i * 7)
+	}
+	a := h.HashTokens(prefix.Salt{Tenant: "a"}, tokens)
+	bb := h.HashTokens(prefix.Salt{Tenant: "b"}, tokens)
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+	pol, _ := PrefixAware(PrefixAwareConfig{Index: ix})
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(4))
+	pk, _ := b.Pick(context.Background(), &Request{PromptTokens: 512, Prefix: a, Tenant: "a"})
+	pk.Done(nil)
+	if m := ix.Match(bb, b.clock.Now(), nil); len(m) != 0 {
+		t.Fatalf("tenant b matched tenant a's blocks: %v", m)
+	}
+}
+
+func TestGIEDefault(t *testing.T) {
+	clock := newFakeClock()
+	sig := &fakeSignal{}
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+	pol, err := GIEDefault(GIEConfig{Index: ix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol, WithClock(clock), WithSignal(sig, 0))
+	mustUpdate(t, b, eps(3))
+	prompt := blocks(5, 10)
+	_ = ix.Stored("ep0", 16, prompt...)
+	// ep0: full prefix (3), queue worst (0), kv 0.5 (1): 4
+	// ep1: no prefix, queue best (2), kv 0.1 (1.8): 3.8
+	// ep2: no prefix, queue mid (1), kv 0 (2): 3
+	sig.Set("ep0", Load{At: clock.Now(), Waiting: 10, KVUsage: 0.5})
+	sig.Set("ep1", Load{At: clock.Now(), Waiting: 0, KVUsage: 0.1})
+	sig.Set("ep2", Load{At: clock.Now(), Waiting: 5, KVUsage: 0})
+	pk, _ := b.Pick(context.Background(), &Request{PromptTokens: 160, Prefix: prompt})
+	if k := pk.Endpoint().Key(); k != "ep0" {
+		t.Fatalf("picked %s, want ep0 (score 4)", k)
+	}
+	pk.Done(nil)
+	// Without the prefix ep1 wins (3.8 vs 3 vs 1).
+	pk, _ = b.Pick(context.Background(), &Request{PromptTokens: 160})
+	if k := pk.Endpoint().Key(); k != "ep1" {
+		t.Fatalf("picked %s, want ep1", k)
+	}
+	pk.Done(nil)
+}
+
+func TestSegregatedPools(t *testing.T) {
+	pol, err := Segregated(
+		Pool{Name: "long-context", MinPromptTokens: 32000, Endpoints: []string{"ep0"}},
+		Pool{Name: "long-generation", MinMaxTokens: 4000, Endpoints: []string{"ep1"}},
+		Pool{Name: "general"},
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(5))
+	rng := rand.New(rand.NewPCG(1, 1))
+	for range 2000 {
+		r := Request{PromptTokens: rng.IntN(64000), MaxTokens: rng.IntN(8000)}
+		pk, err := b.Pick(context.Background(), &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := pk.Endpoint().Key()
+		switch {
+		case r.PromptTokens >= 32000 && k != "ep0":
+			t.Fatalf("long prompt went to %s", k)
+		case r.PromptTokens < 32000 && r.MaxTokens >= 4000 && k != "ep1":
+			t.Fatalf("long generation went to %s", k)
+		case r.PromptTokens < 32000 && r.MaxTokens < 4000 && (k == "ep0" || k == "ep1"):
+			t.Fatalf("general request went to %s", k)
+		}
+		pk.Done(nil)
+	}
+	// The long-context pool is excluded: fall back to the general pool.
+	pk, err := b.Pick(context.Background(), &Request{PromptTokens: 50000, Exclude: []string{"ep0"}})
+	if err != nil || pk.Endpoint().Key() == "ep0" || pk.Endpoint().Key() == "ep1" {
+		t.Fatalf("fallback: %v %v", pk.Endpoint(), err)
+	}
+	pk.Done(nil)
+	for _, bad := range [][]Pool{
+		nil,
+		{{Name: "a"}, {Name: "b"}},
+		{{Name: "x", MinPromptTokens: 10}},
+		{{Name: "y", MinPromptTokens: -1, Endpoints: []string{"a"}}},
+	} {
+		if _, err := Segregated(bad...); err == nil {
+			t.Errorf("pools %+v accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,184 @@
+package llmlb
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/llmlb/llmlb/prefix"
+)
+
+// KVCostConfig holds the weights of NVIDIA Dynamo's KV-block cost function.
+// Unlike most configuration in this package its zero value is not the
+// default, because a zero weight is meaningful: start from
+// [DynamoKVCostConfig] and change what you need.
+type KVCostConfig struct {
+	// Index holds which endpoint has which prompt blocks; costs are counted
+	// in its blocks. Nil means a new index with the defaults of package
+	// prefix.
+	Index *prefix.Index
+	// OverlapCredit scales the credit for prompt blocks already cached on
+	// the device (Dynamo's overlap_score_weight).
+	OverlapCredit float64
+	// DecayK brakes affinity as the endpoint's queued prefill grows beyond
+	// the least queued candidate's: the device credit is multiplied by
+	// 1 / (1 + DecayK * excess_queued_blocks / request_blocks). 0 is no
+	// brake.
+	DecayK float64
+	// PrefillScale weighs prefill blocks against decode blocks.
+	PrefillScale float64
+	// HostWeight and DiskWeight credit blocks cached in lower tiers; this
+	// package's index knows only the device tier, so they apply to
+	// [KVCostTerms] given by the caller.
+	HostWeight, DiskWeight float64
+	// ActiveWeight adds a cost per active request.
+	ActiveWeight float64
+	// Temperature > 0 samples endpoints with probability proportional to
+	// exp(-(c - c_min) / ((c_max - c_min) * Temperature)) instead of taking
+	// the cheapest; it spreads load when several routers share one view.
+	Temperature float64
+}
+
+// DynamoKVCostConfig returns the published defaults of Dynamo's KV router:
+// overlap credit 1, no decay, prefill scale 1, host 0.75, disk 0.25, no
+// active-request weight, temperature 0 (the cheapest endpoint, random among
+// exact ties).
+func DynamoKVCostConfig() KVCostConfig {
+	return KVCostConfig{OverlapCredit: 1, PrefillScale: 1, HostWeight: 0.75, DiskWeight: 0.25}
+}
+
+// KVCostTerms are the inputs of the cost of one endpoint, in KV blocks.
+type KVCostTerms struct {
+	// PrefillBlocks is the raw prefill: (queued prefill tokens + prompt
+	// tokens) / block size.
+	PrefillBlocks float64
+	// RequestBlocks is the request's prompt in blocks.
+	RequestBlocks float64
+	// ExcessQueuedBlocks is the endpoint's queued prefill beyond the least
+	// queued candidate's, in blocks.
+	ExcessQueuedBlocks float64
+	// DeviceOverlap, HostOverlap and DiskOverlap are the prompt blocks
+	// cached on the endpoint per tier.
+	DeviceOverlap, HostOverlap, DiskOverlap float64
+	// DecodeBlocks is the potential decode load: the blocks of the active
+	// sequences plus this request's blocks not already there.
+	DecodeBlocks float64
+	// ActiveRequests is the number of requests at the endpoint.
+	ActiveRequests float64
+}
+
+// Cost returns Dynamo's cost of sending a request to an endpoint:
+//
+//	decay  = 1 / (1 + DecayK * ExcessQueuedBlocks / RequestBlocks)
+//	credit = OverlapCredit*decay*DeviceOverlap + HostWeight*HostOverlap + DiskWeight*DiskOverlap
+//	cost   = PrefillScale * max(PrefillBlocks - credit, 0) + DecodeBlocks + ActiveWeight*ActiveRequests
+func (cfg *KVCostConfig) Cost(t KVCostTerms) float64 {
+	decay := 1.0
+	if cfg.DecayK != 0 && t.RequestBlocks > 0 {
+		decay = 1 / (1 + cfg.DecayK*t.ExcessQueuedBlocks/t.RequestBlocks)
+	}
+	credit := cfg.OverlapCredit*decay*t.DeviceOverlap + cfg.HostWeight*t.HostOverlap + cfg.DiskWeight*t.DiskOverlap
+	return cfg.PrefillScale*max(t.PrefillBlocks-credit, 0) + t.DecodeBlocks + cfg.ActiveWeight*t.ActiveRequests
+}
+
+func (cfg *KVCostConfig) validate() error {
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{
+		{"OverlapCredit", cfg.OverlapCredit}, {"DecayK", cfg.DecayK}, {"PrefillScale", cfg.PrefillScale},
+		{"HostWeight", cfg.HostWeight}, {"DiskWeight", cfg.DiskWeight}, {"ActiveWeight", cfg.ActiveWeight},
+		{"Temperature", cfg.Temperature},
+	} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("llmlb: KV cost %s %v must be finite and non-negative", f.name, f.v)
+		}
+	}
+	return nil
+}
+
+type kvCost struct {
+	cfg KVCostConfig
+	t   *prefixTracker
+}
+
+// KVCost returns the policy that sends each request to the endpoint of least
+// [KVCostConfig.Cost], everything counted in KV blocks of the index's block
+// size: raw prefill is the endpoint's queued prefill tokens (this balancer's
+// requests before their first token) plus the prompt; the device overlap is
+// the endpoint's matched prefix; the decode load is the KV footprint of the
+// endpoint's outstanding requests plus the request's uncached blocks. With
+// Temperature > 0 it samples by softmax instead. The choice is recorded in
+// the index. Give each Balancer its own policy; several may share one Index.
+func KVCost(cfg KVCostConfig) (Policy, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	t, err := newPrefixTracker(cfg.Index)
+	if err != nil {
+		return nil, err
+	}
+	return &kvCost{cfg: cfg, t: t}, nil
+}
+
+func (p *kvCost) Choose(c *Candidates) int {
+	n := c.Len()
+	c.loads = growLoads(c.loads, n)
+	minQueued := math.Inf(1)
+	for i := 0; i < n; i++ {
+		c.loadInto(i, &c.loads[i])
+		minQueued = min(minQueued, float64(c.loads[i].PrefillTokens))
+	}
+	p.t.match(c)
+	bs := float64(p.t.block)
+	prompt := float64(c.req.PromptTokens)
+	reqBlocks := prompt / bs
+	c.costs = growFloat64(c.costs, n)
+	for i := 0; i < n; i++ {
+		l := &c.loads[i]
+		overlap := float64(c.matched[i])
+		c.costs[i] = p.cfg.Cost(KVCostTerms{
+			PrefillBlocks:      (float64(l.PrefillTokens) + prompt) / bs,
+			RequestBlocks:      reqBlocks,
+			ExcessQueuedBlocks: (float64(l.PrefillTokens) - minQueued) / bs,
+			DeviceOverlap:      overlap,
+			DecodeBlocks:       float64(l.ActiveTokens)/bs + max(reqBlocks-overlap, 0),
+			ActiveRequests:     float64(l.Requests),
+		}) / l.Weight
+	}
+	i := softmin(c, c.costs, p.cfg.Temperature)
+	p.t.record(c, i, &c.loads[i])
+	return i
+}
+
+// softmin returns the index of the lowest cost, random among exact ties, when
+// temperature is 0; otherwise it samples index i with probability
+// proportional to exp(-(cost_i - min) / ((max - min) * temperature)).
+func softmin(c *Candidates, costs []float64, temperature float64) int {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, v := range costs {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	if temperature == 0 || hi == lo || math.IsInf(hi-lo, 0) || math.IsNaN(hi-lo) {
+		return pickBy(c, func(i int) (float64, float64) { return costs[i], 0 })
+	}
+	scale := (hi - lo) * temperature
+	total := 0.0
+	for _, v := range costs {
+		total += math.Exp(-(v - lo) / scale)
+	}
+	x := c.Float64() * total
+	for i, v := range costs {
+		x -= math.Exp(-(v - lo) / scale)
+		if x < 0 {
+			return i
+		}
+	}
+	return len(costs) - 1
+}
+
+func growFloat64(s []float64, n int) []float64 {
+	if cap(s) < n {
+		return make([]float64, n)
+	}
+	return s[:n]
+}

@@ -1,0 +1,273 @@
+package llmlb
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/llmlb/llmlb/prefix"
+)
+
+// Defaults of [PrefixAwareConfig], SGLang's cache-aware router defaults.
+const (
+	DefaultBalanceAbsThreshold = 64
+	DefaultBalanceRelThreshold = 1.5
+	DefaultMatchThreshold      = 0.3
+)
+
+// prefixTracker is the part of a cache-aware policy that knows which
+// endpoint holds which prompt blocks: a prefix.Index fed by the policy's own
+// decisions (and by engine KV events, if the caller feeds the same index),
+// kept in step with the membership.
+type prefixTracker struct {
+	index *prefix.Index
+	block int // tokens per block
+
+	mu      sync.Mutex // protects gen, members and capacity
+	gen     uint64
+	members map[string]struct{}
+	capKV   map[string]int // KV capacity last applied per endpoint, in index blocks
+}
+
+func newPrefixTracker(ix *prefix.Index) (*prefixTracker, error) {
+	if ix == nil {
+		var err error
+		if ix, err = prefix.NewIndex(prefix.IndexConfig{}); err != nil {
+			return nil, err
+		}
+	}
+	return &prefixTracker{index: ix, block: ix.BlockSize(), members: map[string]struct{}{}, capKV: map[string]int{}}, nil
+}
+
+// sync drops the index entries of endpoints that left the membership.
+func (t *prefixTracker) sync(c *Candidates) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.gen == c.Generation() {
+		return
+	}
+	t.gen = c.Generation()
+	next := make(map[string]struct{}, c.Members())
+	for m := 0; m < c.Members(); m++ {
+		next[c.MemberKey(m)] = struct{}{}
+	}
+	for k := range t.members {
+		if _, ok := next[k]; !ok {
+			t.index.RemoveEndpoint(k)
+			delete(t.capKV, k)
+		}
+	}
+	t.members = next
+}
+
+// match fills c.matched with the number of leading prompt blocks each
+// candidate holds and returns the largest.
+func (t *prefixTracker) match(c *Candidates) int {
+	t.sync(c)
+	n := c.Len()
+	c.matched = growInt32(c.matched, n)
+	clear(c.matched)
+	if len(c.req.Prefix) == 0 {
+		return 0
+	}
+	c.matches = t.index.Match(c.req.Prefix, c.Now(), c.matches[:0])
+	if len(c.matches) == 0 {
+		return 0
+	}
+	cand := c.memberToCandidate()
+	best := 0
+	for _, m := range c.matches {
+		mi, ok := c.snap.member(m.Endpoint)
+		if !ok || cand[mi] < 0 {
+			continue
+		}
+		c.matched[cand[mi]] = int32(m.Blocks)
+		best = max(best, m.Blocks)
+	}
+	return best
+}
+
+// cachedTokens converts matched blocks into prompt tokens.
+func (t *prefixTracker) cachedTokens(c *Candidates, blocks int) int {
+	return min(blocks*t.block, c.req.PromptTokens)
+}
+
+// record notes that candidate i now holds the request's prefix, sizes the
+// index from the engine's reported KV capacity, and tells the balancer how
+// many prompt tokens it expects to be cached there.
+func (t *prefixTracker) record(c *Candidates, i int, l *EndpointLoad) {
+	c.SetCachedTokens(t.cachedTokens(c, int(c.matched[i])))
+	if len(c.req.Prefix) == 0 {
+		return
+	}
+	key := c.Key(i)
+	if l != nil && l.KVBlocks > 0 && l.BlockSize > 0 {
+		blocks := min(max(l.KVBlocks*l.BlockSize/t.block, 1), prefix.MaxCapacity)
+		t.mu.Lock()
+		changed := t.capKV[key] != blocks
+		t.capKV[key] = blocks
+		t.mu.Unlock()
+		if changed {
+			_ = t.index.SetCapacity(key, blocks)
+		}
+	}
+	// An error here means the index is full of endpoints; the policy still
+	// routes, it only forgets this decision.
+	_ = t.index.Record(key, c.req.Prefix, c.Now())
+}
+
+func growInt32(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	return s[:n]
+}
+
+// PrefixAwareConfig configures [PrefixAware] and [SGLangCacheAware].
+type PrefixAwareConfig struct {
+	// Index holds which endpoint has which prompt blocks. Its block size
+	// must be the block size of the hashes in Request.Prefix. Nil means a
+	// new index with the defaults of package prefix. Feed it engine KV
+	// events for precise matching; otherwise the policy's own decisions
+	// feed it.
+	Index *prefix.Index
+	// AbsThreshold and RelThreshold define imbalance: the candidates are
+	// imbalanced when max-min requests > AbsThreshold and max > min *
+	// RelThreshold. Zero means [DefaultBalanceAbsThreshold] and
+	// [DefaultBalanceRelThreshold].
+	AbsThreshold int
+	RelThreshold float64
+	// MatchThreshold is the share of the prompt that must be cached on an
+	// endpoint for locality to decide. Zero means [DefaultMatchThreshold].
+	MatchThreshold float64
+}
+
+type prefixAware struct {
+	t        *prefixTracker
+	abs      float64
+	rel      float64
+	thresh   float64
+	faithful bool
+}
+
+func newPrefixAware(cfg PrefixAwareConfig, faithful bool) (*prefixAware, error) {
+	if cfg.AbsThreshold == 0 {
+		cfg.AbsThreshold = DefaultBalanceAbsThreshold
+	}
+	if cfg.RelThreshold == 0 {
+		cfg.RelThreshold = DefaultBalanceRelThreshold
+	}
+	if cfg.MatchThreshold == 0 {
+		cfg.MatchThreshold = DefaultMatchThreshold
+	}
+	switch {
+	case cfg.AbsThreshold < 0:
+		return nil, fmt.Errorf("llmlb: prefix-aware abs threshold %d is negative", cfg.AbsThreshold)
+	case !(cfg.RelThreshold >= 1) || math.IsInf(cfg.RelThreshold, 0):
+		return nil, fmt.Errorf("llmlb: prefix-aware rel threshold %v must be finite and at least 1", cfg.RelThreshold)
+	case !(cfg.MatchThreshold >= 0 && cfg.MatchThreshold <= 1):
+		return nil, fmt.Errorf("llmlb: prefix-aware match threshold %v out of [0, 1]", cfg.MatchThreshold)
+	}
+	t, err := newPrefixTracker(cfg.Index)
+	if err != nil {
+		return nil, err
+	}
+	return &prefixAware{t: t, abs: float64(cfg.AbsThreshold), rel: cfg.RelThreshold, thresh: cfg.MatchThreshold, faithful: faithful}, nil
+}
+
+// PrefixAware returns cache-aware routing with an escape hatch, improving
+// on SGLang's cache_aware policy where its users found it weak. Loads are
+// estimated requests ([EndpointLoad.Requests]); the candidates are imbalanced
+// when max-min > AbsThreshold and max > min*RelThreshold.
+//
+//   - Balanced, and some candidate holds more than MatchThreshold of the
+//     prompt: among the candidates with the longest match, the least loaded.
+//     (SGLang takes the longest match whatever the load of its holders.)
+//   - Balanced, no good match: the least loaded.
+//   - Imbalanced: the longest match among the candidates within
+//     AbsThreshold of the least loaded (SGLang PR 32195), instead of
+//     dropping locality altogether.
+//
+// Ties are broken at random. The choice is recorded in the index, and the
+// matched tokens are not charged as prefill work. Give each Balancer its own
+// policy; several may share one Index.
+func PrefixAware(cfg PrefixAwareConfig) (Policy, error) { return newPrefixAware(cfg, false) }
+
+// SGLangCacheAware returns SGLang's cache_aware policy as published, as a
+// baseline: when the candidates are imbalanced, the least loaded; otherwise,
+// if the longest match covers more than MatchThreshold of the prompt, the
+// candidate with the longest match; otherwise the candidate with the fewest
+// indexed blocks (the most free cache). Ties are broken at random rather than
+// by order.
+func SGLangCacheAware(cfg PrefixAwareConfig) (Policy, error) { return newPrefixAware(cfg, true) }
+
+func (p *prefixAware) Choose(c *Candidates) int {
+	n := c.Len()
+	c.loads = growLoads(c.loads, n)
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i := 0; i < n; i++ {
+		c.loadInto(i, &c.loads[i])
+		r := float64(c.loads[i].Requests)
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	best := p.t.match(c)
+	imbalanced := hi-lo > p.abs && hi > lo*p.rel
+	rate := 0.0
+	if c.req.PromptTokens > 0 {
+		rate = float64(p.t.cachedTokens(c, best)) / float64(c.req.PromptTokens)
+	}
+	var i int
+	switch {
+	case imbalanced && p.faithful:
+		i = pickBy(c, func(i int) (float64, float64) { return float64(c.loads[i].Requests), 0 })
+	case imbalanced:
+		i = pickBy(c, func(i int) (float64, float64) {
+			if float64(c.loads[i].Requests) > lo+p.abs {
+				return math.Inf(1), 0
+			}
+			return -float64(c.matched[i]), float64(c.loads[i].Requests)
+		})
+	case rate > p.thresh && p.faithful:
+		i = pickBy(c, func(i int) (float64, float64) { return -float64(c.matched[i]), 0 })
+	case rate > p.thresh:
+		i = pickBy(c, func(i int) (float64, float64) { return -float64(c.matched[i]), float64(c.loads[i].Requests) })
+	case p.faithful:
+		i = pickBy(c, func(i int) (float64, float64) { return float64(p.t.index.Len(c.Key(i))), 0 })
+	default:
+		i = pickBy(c, func(i int) (float64, float64) { return float64(c.loads[i].Requests), 0 })
+	}
+	p.t.record(c, i, &c.loads[i])
+	return i
+}
+
+// pickBy returns the candidate with the lexicographically smallest key,
+// uniformly at random among exact ties.
+func pickBy(c *Candidates, key func(i int) (float64, float64)) int {
+	ties := c.ties[:0]
+	b1, b2 := math.Inf(1), math.Inf(1)
+	for i, n := 0, c.Len(); i < n; i++ {
+		k1, k2 := key(i)
+		switch {
+		case k1 < b1 || (k1 == b1 && k2 < b2):
+			b1, b2 = k1, k2
+			ties = append(ties[:0], int32(i))
+		case k1 == b1 && k2 == b2:
+			ties = append(ties, int32(i))
+		}
+	}
+	c.ties = ties
+	if len(ties) == 0 { // every key NaN
+		return int(c.Uint64N(uint64(c.Len())))
+	}
+	if len(ties) == 1 {
+		return int(ties[0])
+	}
+	return int(ties[c.Uint64N(uint64(len(ties)))])
+}
+
+func growLoads(s []EndpointLoad, n int) []EndpointLoad {
+	if cap(s) < n {
+		return make([]EndpointLoad, n)
+	}
+	return s[:n]
+}

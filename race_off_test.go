@@ -1,0 +1,5 @@
+//go:build !race
+
+package llmlb
+
+const raceEnabled = false
