@@ -1,0 +1,58 @@
+package prefix
+
+import (
+	"runtime"
+	"testing"
+)
+
+// TestBytesPerBlock measures the heap used per indexed block and checks it
+// against the documented BytesPerBlock, for blocks held by one endpoint
+// each (the worst case: nothing is shared) and for blocks held by several.
+func TestBytesPerBlock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates about 200 MB; skipped with -short")
+	}
+	const total = 1 << 20
+	cases := []struct {
+		name      string
+		endpoints int
+		shared    bool
+	}{
+		{"distinct/endpoints=1", 1, false},
+		{"distinct/endpoints=8", 8, false},
+		{"shared/endpoints=8", 8, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			per := total / tc.endpoints
+			blocks := make([]uint64, per)
+			before := heapInUse()
+			x := mustIndex(t, IndexConfig{Capacity: per})
+			for e := 0; e < tc.endpoints; e++ {
+				for i := range blocks {
+					base := uint64(e)
+					if tc.shared {
+						base = 0
+					}
+					blocks[i] = (base<<32 | uint64(i) + 1) * 0x9e3779b97f4a7c15
+				}
+				must(t, x.Stored(epName(e), 16, blocks...))
+			}
+			after := heapInUse()
+			runtime.KeepAlive(x)
+			perBlock := float64(after-before) / total
+			t.Logf("%d blocks over %d endpoints: %.1f bytes per block per endpoint", total, tc.endpoints, perBlock)
+			if perBlock > BytesPerBlock {
+				t.Fatalf("%.1f bytes per block > documented %d", perBlock, BytesPerBlock)
+			}
+		})
+	}
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
