@@ -1,0 +1,71 @@
+package llmlb
+
+import (
+	"context"
+	"testing"
+
+	"github.com/llmlb/llmlb/prefix"
+)
+
+func TestDefaultPrefersCachedHolderUntilItsQueueCostsMore(t *testing.T) {
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+	pol, err := Default(DefaultConfig{Index: ix, Sampled: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(4))
+	prompt := blocks(2, 100) // 1600 tokens, all cached on ep3
+	_ = ix.Stored("ep3", 16, prompt...)
+	req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
+	pk, _ := b.Pick(context.Background(), &req)
+	if k := pk.Endpoint().Key(); k != "ep3" {
+		t.Fatalf("picked %s, want the holder ep3", k)
+	}
+	pk.Done(nil)
+	// 1000 tokens queued on ep3 still cost less than 1600 uncached ones.
+	held := holdOn(t, b, "ep3", 1, Request{PromptTokens: 1000})
+	pk, _ = b.Pick(context.Background(), &req)
+	if k := pk.Endpoint().Key(); k != "ep3" {
+		t.Fatalf("picked %s with 1000 queued tokens on the holder, want ep3", k)
+	}
+	pk.Done(nil)
+	// 2000 more queued tokens cost more than the prefill saved: go elsewhere.
+	held = append(held, holdOn(t, b, "ep3", 1, Request{PromptTokens: 2000})...)
+	pk, _ = b.Pick(context.Background(), &req)
+	if k := pk.Endpoint().Key(); k == "ep3" {
+		t.Fatal("picked the holder behind 3000 queued tokens to save 1600")
+	}
+	pk.Done(nil)
+	for _, h := range held {
+		h.Done(nil)
+	}
+	if _, err := Default(DefaultConfig{KVPenalty: -1}); err == nil {
+		t.Fatal("negative KV penalty accepted")
+	}
+}
+
+func TestDefaultSamplesHoldersAndRandom(t *testing.T) {
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+	pol, _ := Default(DefaultConfig{Index: ix})
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(16))
+	// Without prefixes the policy spreads load like P2C over prefill work:
+	// after many held requests no endpoint holds far more than the mean.
+	var held []Pick
+	for range 1600 {
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, pk)
+	}
+	for _, s := range b.Stats() {
+		if s.Outstanding > 130 || s.Outstanding < 70 {
+			t.Errorf("%s holds %d of 1600 requests on 16 endpoints", s.Key, s.Outstanding)
+		}
+	}
+	for _, h := range held {
+		h.Done(nil)
+	}
+}
