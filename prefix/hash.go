@@ -77,11 +77,19 @@ type Salt struct {
 // where only full blocks are hashed, at most MaxTokens/BlockTokens of them. In
 // token mode the content of a block is its BlockTokens tokens as 4-byte
 // little-endian integers; in byte mode it is BlockBytes bytes of the prompt
-// text. mix multiplies h_{i-1} by an odd constant, XORs in the block's hash
-// and applies XXH64's final avalanche; the block is hashed in place, without
-// copying. The result is h_1..h_n: equal prompt heads give equal leading hashes,
-// and the hashes differ from the first differing block on. Token and byte
-// chains start from different roots, so they never share hashes.
+// text, and h_{i-1} is first XORed with a constant so that token and byte
+// chains never share a hash. mix multiplies h_{i-1} by an odd constant, XORs
+// in the block's hash and applies XXH64's final avalanche, a bijection, so
+// distinct parents give distinct children; blocks are hashed in place,
+// without copying. The result is h_1..h_n: equal prompt heads under equal
+// salts give equal leading hashes, and the hashes differ from the first
+// differing block on.
+//
+// Because each step depends only on the previous hash, a chain can be
+// continued: passing h_k as the root of the Append methods hashes the blocks
+// that follow block k. That is how engine KV events, which report new blocks
+// with their parent, are translated into the router's hashes (see
+// [Index.Stored]).
 //
 // A Hasher is immutable and safe for concurrent use. The Append methods do
 // not allocate when dst has room.
@@ -134,8 +142,9 @@ func (h *Hasher) MaxBlocks() int { return h.maxBlocks }
 // of any input changes, so that stale hashes never match.
 const rootVersion = "llmlb-prefix-v1"
 
-// byteModeSeed is XORed into the root of byte-mode chains so that token and
-// byte chains never share a hash.
+// byteModeSeed is XORed into the previous hash at every step of a byte-mode
+// chain, so that token and byte chains never share a hash and a byte chain
+// can be continued from any of its hashes like a token chain.
 const byteModeSeed = 0x9e3779b97f4a7c15
 
 // Root returns h_0, the root of every chain hashed for s: a hash of the
@@ -197,7 +206,8 @@ const (
 const beBufLen = 256
 
 // AppendTokens appends the hashes of the full blocks of tokens, chained from
-// root (see [Hasher.Root]), to dst and returns the extended slice.
+// root, to dst and returns the extended slice. root is [Hasher.Root] of the
+// request's salt, or the last hash of a prefix to continue its chain.
 func (h *Hasher) AppendTokens(dst []uint64, root uint64, tokens []uint32) []uint64 {
 	bt := h.blockTokens
 	n := min(len(tokens)/bt, h.maxBlocks)
@@ -237,7 +247,9 @@ func (h *Hasher) AppendTokens(dst []uint64, root uint64, tokens []uint32) []uint
 }
 
 // AppendBytes appends the byte-mode hashes of the full blocks of text,
-// chained from root, to dst and returns the extended slice.
+// chained from root, to dst and returns the extended slice. root is
+// [Hasher.Root] of the request's salt, or the last hash of a byte-mode prefix
+// to continue its chain.
 func (h *Hasher) AppendBytes(dst []uint64, root uint64, text []byte) []uint64 {
 	bb := h.blockBytes
 	n := min(len(text)/bb, h.maxBlocks)
@@ -245,9 +257,9 @@ func (h *Hasher) AppendBytes(dst []uint64, root uint64, text []byte) []uint64 {
 		return dst
 	}
 	dst = grow(dst, n)
-	prev := root ^ byteModeSeed
+	prev := root
 	for i := 0; i < n; i++ {
-		prev = chain(prev, xxhash.Sum64(text[i*bb:(i+1)*bb]))
+		prev = chain(prev^byteModeSeed, xxhash.Sum64(text[i*bb:(i+1)*bb]))
 		dst = append(dst, prev)
 	}
 	return dst
@@ -261,9 +273,9 @@ func (h *Hasher) AppendString(dst []uint64, root uint64, text string) []uint64 {
 		return dst
 	}
 	dst = grow(dst, n)
-	prev := root ^ byteModeSeed
+	prev := root
 	for i := 0; i < n; i++ {
-		prev = chain(prev, xxhash.Sum64String(text[i*bb:(i+1)*bb]))
+		prev = chain(prev^byteModeSeed, xxhash.Sum64String(text[i*bb:(i+1)*bb]))
 		dst = append(dst, prev)
 	}
 	return dst

@@ -3,6 +3,7 @@ package prefix
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -169,9 +170,9 @@ func TestHashStable(t *testing.T) {
 	h := mustHasher(t, HasherConfig{})
 	s := Salt{Model: "m", Tenant: "t"}
 	tok := h.HashTokens(s, seq(32, 1))
-	byt := h.HashString(s, "The quick brown fox jumps over the lazy dog, then naps in the sun.")
-	want := []uint64{0xa61a809cac5cda77, 0xfa85b7cc13e18d56, 0xc2a912c1fc12ce07}
-	got := []uint64{tok[0], tok[1], byt[0]}
+	byt := h.HashString(s, strings.Repeat("The quick brown fox jumps over the lazy dog, then naps in the sun.", 2))
+	want := []uint64{0xa61a809cac5cda77, 0xfa85b7cc13e18d56, 0xc2a912c1fc12ce07, 0x8325800a0eb9510}
+	got := []uint64{tok[0], tok[1], byt[0], byt[1]}
 	if !slices.Equal(got, want) {
 		t.Fatalf("hashes changed: got %#x, want %#x", got, want)
 	}
@@ -214,5 +215,27 @@ func TestHashAllocs(t *testing.T) {
 	}
 	if got := h.AppendTokens([]uint64{42}, root, tokens[:32]); len(got) != 3 || got[0] != 42 {
 		t.Fatalf("AppendTokens did not append: %v", got)
+	}
+}
+
+// TestChainContinuation checks that hashing the blocks after block k from
+// h_k gives the rest of the chain, in both modes: the property engine-event
+// translation relies on.
+func TestChainContinuation(t *testing.T) {
+	h := mustHasher(t, HasherConfig{BlockTokens: 4, BlockBytes: 3})
+	root := h.Root(Salt{Model: "m"})
+	tokens := seq(40, 2)
+	full := h.AppendTokens(nil, root, tokens)
+	text := "abcdefghijklmnopqrstuvwxyz0123"
+	fullB := h.AppendString(nil, root, text)
+	for k := 1; k < len(full); k++ {
+		if got := h.AppendTokens(nil, full[k-1], tokens[4*k:]); !slices.Equal(got, full[k:]) {
+			t.Fatalf("token chain continued after block %d differs", k)
+		}
+	}
+	for k := 1; k < len(fullB); k++ {
+		if got := h.AppendString(nil, fullB[k-1], text[3*k:]); !slices.Equal(got, fullB[k:]) {
+			t.Fatalf("byte chain continued after block %d differs", k)
+		}
 	}
 }

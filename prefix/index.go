@@ -48,6 +48,8 @@ type IndexConfig struct {
 	// BlockSize is the number of tokens per block of the indexed hashes:
 	// [Hasher.BlockTokens] of the hasher that produces them, and the block
 	// size engine KV events must report. Zero means [DefaultBlockTokens].
+	// A router hashing in byte mode receives no engine events and may leave
+	// it zero.
 	BlockSize int
 	// Capacity is the number of blocks indexed per endpoint until
 	// [Index.SetCapacity] sets another. Zero means [DefaultCapacity]; at
@@ -304,14 +306,15 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 //
 // The hashes must be the chained hashes a [Hasher] with the same block size
 // computes for the same tokens and salt, in prompt order. Engines publish
-// their own block hashes (vLLM's are SHA-256 or CBOR-based, SGLang's and
-// Dynamo's differ again), so the caller translates them: either by hashing
-// the token IDs the event carries with the router's Hasher (vLLM's
-// BlockStored carries them), or by keeping a map from engine hash to
-// router hash filled when the router dispatched the prompt. Hashes that
-// correspond to no prompt the router hashes are harmless: they never match.
-// As with Record, the blocks are touched tail first and at most the
-// endpoint's capacity of them is kept.
+// their own block hashes (vLLM's, SGLang's and Dynamo's all differ from
+// these and from each other), so the caller translates them. vLLM's
+// BlockStored event carries the blocks' token IDs and the hash of their
+// parent block: keep a bounded map from engine hash to router hash, look up
+// the parent's router hash (the salt's [Hasher.Root] when there is no
+// parent), and continue the chain with [Hasher.AppendTokens](dst,
+// parentRouterHash, tokenIDs). Hashes that correspond to no prompt the router
+// hashes are harmless: they never match. As with Record, the blocks are
+// touched tail first and at most the endpoint's capacity of them is kept.
 func (x *Index) Stored(endpoint string, blockSize int, hashes ...uint64) error {
 	if err := x.checkBlockSize(blockSize); err != nil {
 		return err
