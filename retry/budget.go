@@ -95,13 +95,15 @@ const percentScale = 10000
 // a retry.
 type PercentBudget struct {
 	clock   Clock
+	sys     bool // clock is the system clock
 	start   time.Time
 	width   int64 // slot width in nanoseconds
 	deposit int64 // units added per deposit
 	cost    int64 // units taken per withdrawal
 	reserve int64 // units always available
 	// slots holds, per slot, the low 32 bits of the slot's epoch and its net
-	// balance in units as an int32: epoch<<32 | uint32(balance).
+	// balance in units (see packSlot). The zero word is not a valid slot:
+	// NewPercentBudget initializes each to balance 0 of a far epoch.
 	slots [budgetSlots]atomic.Uint64
 }
 
@@ -139,14 +141,21 @@ func NewPercentBudget(cfg PercentConfig) (*PercentBudget, error) {
 		return nil, invalidf("budget reserve of %v retries per TTL is too large", reserveRetries)
 	}
 	clock := clockOr(cfg.Clock)
-	return &PercentBudget{
+	_, sys := clock.(systemClock)
+	b := &PercentBudget{
 		clock:   clock,
+		sys:     sys,
 		start:   clock.Now(),
 		width:   int64(cfg.TTL / budgetSlots),
 		deposit: d,
 		cost:    w,
 		reserve: int64(reserveRetries * float64(w)),
-	}, nil
+	}
+	for i := range b.slots {
+		// An epoch half the cycle away reads as stale from epoch 0 on.
+		b.slots[i].Store(packSlot(1<<31, 0))
+	}
+	return b, nil
 }
 
 func gcd(a, b int64) int64 {
@@ -158,7 +167,12 @@ func gcd(a, b int64) int64 {
 
 // epoch returns the slot number of the current time.
 func (b *PercentBudget) epoch() uint64 {
-	d := int64(b.clock.Now().Sub(b.start))
+	var d int64
+	if b.sys {
+		d = int64(time.Since(b.start)) // monotonic only: half the cost of Now
+	} else {
+		d = int64(b.clock.Now().Sub(b.start))
+	}
 	if d < 0 {
 		return 0
 	}
@@ -171,6 +185,9 @@ func (b *PercentBudget) Deposit() { b.add(b.epoch(), b.deposit, false) }
 // TryWithdraw reports whether one retry may be sent, and if so records it.
 func (b *PercentBudget) TryWithdraw() bool {
 	e := b.epoch()
+	if b.balance(e) < b.cost {
+		return false // fast path: no write when the budget is spent
+	}
 	rec, ok := b.add(e, -b.cost, false)
 	if !ok {
 		return false
@@ -207,17 +224,40 @@ func (b *PercentBudget) Finish(bool, Outcome) {}
 // could be mistaken for a newer one.
 const newerSlots = 1 << 20
 
+// A slot packs the low 32 bits of its epoch and its balance biased by 2^31:
+// epoch<<32 | uint32(balance + 2^31). While the balance stays well inside
+// the int32 range, adding a delta to the packed word adds it to the balance
+// without touching the epoch, so the common case is one atomic add.
+const (
+	slotBias = 1 << 31
+	slotSafe = 1 << 30 // |balance| below this takes the atomic-add path
+)
+
+func packSlot(e uint32, v int64) uint64 { return uint64(e)<<32 | uint64(v+slotBias) }
+
+func unpackSlot(x uint64) (uint32, int64) { return uint32(x >> 32), int64(uint32(x)) - slotBias }
+
 // add adds delta units to the slot of epoch e and returns the epoch it was
 // recorded under. A slot holding an older epoch is restarted; one holding a
 // newer epoch (another goroutine read a later time) takes the delta, which
-// errs on the safe side for a withdrawal. With exact set, the delta is dropped unless the slot still
+// errs on the safe side for a withdrawal and extends a deposit's life by at
+// most a slot. With exact set, the delta is dropped unless the slot still
 // holds epoch e: a refund of a withdrawal that expired is not paid. A balance
 // is capped at the int32 range; a withdrawal that would pass the floor fails.
 func (b *PercentBudget) add(e uint64, delta int64, exact bool) (uint64, bool) {
 	s := &b.slots[e%budgetSlots]
+	if !exact {
+		// Fast path: the slot is current and far from the bounds. If
+		// another goroutine restarts it for a newer epoch meanwhile, the
+		// delta lands in the newer epoch, as on the slow path.
+		if se, sv := unpackSlot(s.Load()); se == uint32(e) && sv > -slotSafe && sv < slotSafe {
+			ne, _ := unpackSlot(s.Add(uint64(delta)))
+			return e + uint64(int32(ne-uint32(e))), true
+		}
+	}
 	for {
 		old := s.Load()
-		se, sv := uint32(old>>32), int64(int32(uint32(old)))
+		se, sv := unpackSlot(old)
 		diff := int32(uint32(e) - se)
 		re := e
 		switch {
@@ -234,7 +274,7 @@ func (b *PercentBudget) add(e uint64, delta int64, exact bool) (uint64, bool) {
 			return 0, false
 		}
 		nv = min(nv, math.MaxInt32)
-		if s.CompareAndSwap(old, uint64(se)<<32|uint64(uint32(int32(nv)))) {
+		if s.CompareAndSwap(old, packSlot(se, nv)) {
 			return re, true
 		}
 	}
@@ -245,10 +285,9 @@ func (b *PercentBudget) add(e uint64, delta int64, exact bool) (uint64, bool) {
 func (b *PercentBudget) balance(e uint64) int64 {
 	sum := b.reserve
 	for i := range b.slots {
-		v := b.slots[i].Load()
-		diff := int32(uint32(e) - uint32(v>>32))
-		if diff > -budgetSlots && diff < budgetSlots {
-			sum += int64(int32(uint32(v)))
+		se, sv := unpackSlot(b.slots[i].Load())
+		if diff := int32(uint32(e) - se); diff > -budgetSlots && diff < budgetSlots {
+			sum += sv
 		}
 	}
 	return sum

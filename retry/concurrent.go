@@ -32,9 +32,17 @@ type ConcurrentConfig struct {
 type ConcurrentBudget struct {
 	permille int64 // budget in thousandths of the active attempts
 	min      int64
-	active   atomic.Int64 // attempts in flight, retries included
-	retries  atomic.Int64 // retries in flight
+	// state packs the retries in flight (high 32 bits) and the attempts in
+	// flight, retries included (low 32 bits), so that each call is one
+	// atomic add.
+	state atomic.Int64
 }
+
+const (
+	oneActive = 1
+	oneRetry  = 1<<32 | oneActive
+	lowMask   = 1<<32 - 1
+)
 
 // NewConcurrentBudget returns a budget configured by cfg. It rejects values
 // out of range with an error wrapping [ErrInvalidConfig].
@@ -59,29 +67,31 @@ func NewConcurrentBudget(cfg ConcurrentConfig) (*ConcurrentBudget, error) {
 
 // Active returns the attempts and the retries in flight.
 func (b *ConcurrentBudget) Active() (attempts, retries int64) {
-	return b.active.Load(), b.retries.Load()
+	s := b.state.Load()
+	return s & lowMask, s >> 32
 }
 
 // Start implements [Budget]: a first attempt becomes active.
-func (b *ConcurrentBudget) Start() { b.active.Add(1) }
+func (b *ConcurrentBudget) Start() { b.state.Add(oneActive) }
 
 // Withdraw implements [Budget]: it reports whether a retry may start and, if
 // so, counts it as active until Finish.
 func (b *ConcurrentBudget) Withdraw() bool {
-	r := b.retries.Add(1)
-	a := b.active.Load()
+	s := b.state.Add(oneRetry)
+	r, a := s>>32, s&lowMask-1 // a: the active attempts before this retry
 	if r <= b.min || r*1000 <= a*b.permille {
-		b.active.Add(1)
 		return true
 	}
-	b.retries.Add(-1)
+	b.state.Add(-oneRetry)
 	return false
 }
 
-// Finish implements [Budget]: the attempt stops being active.
+// Finish implements [Budget]: the attempt stops being active. Calls must
+// match Start and granted Withdraw calls one to one.
 func (b *ConcurrentBudget) Finish(retry bool, _ Outcome) {
-	b.active.Add(-1)
 	if retry {
-		b.retries.Add(-1)
+		b.state.Add(-oneRetry)
+	} else {
+		b.state.Add(-oneActive)
 	}
 }

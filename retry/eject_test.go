@@ -1,0 +1,300 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+)
+
+func healthy(b *llmlb.Balancer, key string) bool {
+	for _, s := range b.Stats() {
+		if s.Key == key {
+			return s.Healthy
+		}
+	}
+	return false
+}
+
+func keys(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("e%d", i)
+	}
+	return out
+}
+
+func TestEjectorLifecycle(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, keys(10)...)
+	e, err := NewEjector(b, EjectorConfig{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := &StatusError{Code: 500}
+	for i := 0; i < 4; i++ {
+		e.Report("e0", fail)
+	}
+	e.Report("e0", nil) // a success resets the count
+	for i := 0; i < 4; i++ {
+		e.Report("e0", fail)
+	}
+	if !healthy(b, "e0") {
+		t.Fatal("ejected before 5 consecutive failures")
+	}
+	e.Report("e0", fail)
+	if healthy(b, "e0") || !slices.Equal(e.Ejected(), []string{"e0"}) {
+		t.Fatalf("not ejected after 5 failures: %v", e.Ejected())
+	}
+	// 10% of 10 endpoints: only one at a time.
+	for i := 0; i < 10; i++ {
+		e.Report("e1", fail)
+	}
+	if !healthy(b, "e1") {
+		t.Fatal("ejected beyond the 10% cap")
+	}
+	// Reports for the ejected endpoint (requests sent before) are ignored.
+	e.Report("e0", nil)
+	clk.Advance(30*time.Second - time.Nanosecond)
+	e.Sweep()
+	if healthy(b, "e0") {
+		t.Fatal("restored before 30 s")
+	}
+	clk.Advance(time.Nanosecond)
+	e.Report("e3", nil) // any report sweeps
+	if !healthy(b, "e0") {
+		t.Fatal("not restored after 30 s")
+	}
+	// Half-open: one failure ejects again, for 2 x 30 s.
+	e.Report("e0", fail)
+	if healthy(b, "e0") {
+		t.Fatal("half-open endpoint not ejected on its first failure")
+	}
+	clk.Advance(59 * time.Second)
+	e.Sweep()
+	if healthy(b, "e0") {
+		t.Fatal("second ejection shorter than 60 s")
+	}
+	clk.Advance(time.Second)
+	e.Sweep()
+	if !healthy(b, "e0") {
+		t.Fatal("not restored after 60 s")
+	}
+	// A success closes it: it takes 5 failures again, and the third
+	// ejection lasts 90 s.
+	e.Report("e0", nil)
+	for i := 0; i < 4; i++ {
+		e.Report("e0", fail)
+	}
+	if !healthy(b, "e0") {
+		t.Fatal("closed endpoint ejected before 5 failures")
+	}
+	e.Report("e0", fail)
+	clk.Advance(89 * time.Second)
+	e.Sweep()
+	if healthy(b, "e0") {
+		t.Fatal("third ejection shorter than 90 s")
+	}
+	clk.Advance(time.Second)
+	e.Sweep()
+	if !healthy(b, "e0") {
+		t.Fatal("not restored after 90 s")
+	}
+	// After MaxEjectionTime of health, the ejection count resets.
+	clk.Advance(DefaultMaxEjectionTime)
+	e.Report("e0", nil)
+	for i := 0; i < 5; i++ {
+		e.Report("e0", fail)
+	}
+	clk.Advance(30 * time.Second)
+	e.Sweep()
+	if !healthy(b, "e0") {
+		t.Fatal("ejection count did not reset after a healthy period")
+	}
+}
+
+func TestEjectorMaxTime(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, "a", "b")
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk, ConsecutiveFailures: 1})
+	for n := 1; n <= 12; n++ {
+		e.Report("a", errors.New("connection reset"))
+		want := min(time.Duration(n)*30*time.Second, 300*time.Second)
+		clk.Advance(want - time.Second)
+		e.Sweep()
+		if healthy(b, "a") {
+			t.Fatalf("ejection %d shorter than %v", n, want)
+		}
+		clk.Advance(time.Second)
+		e.Sweep()
+		if !healthy(b, "a") {
+			t.Fatalf("ejection %d longer than %v", n, want)
+		}
+	}
+}
+
+func TestEjectorOverloadIsNotFailure(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, "a", "b")
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk})
+	overloads := []error{
+		&StatusError{Code: 429},
+		&StatusError{Code: 503, Header: http.Header{"Retry-After": {"1"}}},
+		&StatusError{Code: GRPCResourceExhausted, GRPC: true},
+		&StatusError{Code: GRPCUnavailable, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"100"}}},
+		&OverloadError{Scope: "global", RetryAfter: time.Second},
+		context.Canceled,
+		&GiveUpError{Err: &StatusError{Code: 503}},
+	}
+	for i := 0; i < 20; i++ {
+		for _, err := range overloads {
+			e.Report("a", err)
+		}
+	}
+	if !healthy(b, "a") {
+		t.Fatal("overload answers ejected an endpoint")
+	}
+	// Overloads neither count nor reset: 4 failures + overloads + 1 failure
+	// eject.
+	for i := 0; i < 4; i++ {
+		e.Report("a", &StatusError{Code: 503})
+	}
+	e.Report("a", &StatusError{Code: 429})
+	e.Report("a", &StatusError{Code: GRPCUnavailable, GRPC: true})
+	if healthy(b, "a") {
+		t.Fatal("5 failures around an overload did not eject")
+	}
+}
+
+func TestHealthOutcome(t *testing.T) {
+	cases := []struct {
+		err  error
+		want Outcome
+	}{
+		{nil, Succeeded},
+		{&StatusError{Code: 404}, Succeeded},
+		{&StatusError{Code: 400}, Succeeded},
+		{&StatusError{Code: 500}, Failed},
+		{&StatusError{Code: 503}, Failed},
+		{&StatusError{Code: 429}, Abandoned},
+		{&StatusError{Code: 3, GRPC: true}, Succeeded},
+		{&StatusError{Code: 13, GRPC: true}, Failed},
+		{errors.New("dial tcp: connection refused"), Failed},
+		{context.DeadlineExceeded, Abandoned},
+		{fmt.Errorf("wrapped: %w", ErrOverloaded), Abandoned},
+	}
+	for _, tc := range cases {
+		if got := HealthOutcome(tc.err); got != tc.want {
+			t.Errorf("HealthOutcome(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestEjectorUnknownAndBounded(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, "a", "b")
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk, ConsecutiveFailures: 2})
+	for i := 0; i < 3*maxTracked; i++ {
+		e.Report(fmt.Sprintf("gone-%d", i), errors.New("reset"))
+	}
+	e.mu.Lock()
+	n := len(e.eps)
+	e.mu.Unlock()
+	if n > maxTracked {
+		t.Fatalf("%d endpoints tracked, cap %d", n, maxTracked)
+	}
+	// Failing twice on a key that is not a member drops its state.
+	e2, _ := NewEjector(b, EjectorConfig{Clock: clk, ConsecutiveFailures: 2})
+	e2.Report("gone", errors.New("reset"))
+	e2.Report("gone", errors.New("reset"))
+	if len(e2.eps) != 0 || len(e2.Ejected()) != 0 {
+		t.Fatalf("state kept for a non-member: %v", e2.eps)
+	}
+	// Ejected, then removed from the balancer: restoring drops it.
+	e2.Report("a", errors.New("reset"))
+	e2.Report("a", errors.New("reset"))
+	if err := b.Update([]llmlb.Endpoint{ep("b")}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour)
+	e2.Sweep()
+	if len(e2.eps) != 0 {
+		t.Fatalf("state kept for a removed endpoint: %v", e2.eps)
+	}
+}
+
+func TestEjectorAtLeastOne(t *testing.T) {
+	b := newBalancer(t, "a", "b", "c")
+	e, _ := NewEjector(b, EjectorConfig{ConsecutiveFailures: 1})
+	e.Report("a", errors.New("reset"))
+	e.Report("b", errors.New("reset"))
+	if got := e.Ejected(); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("ejected %v, want exactly one with 10%% of 3", got)
+	}
+}
+
+func TestEjectorWithLoop(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, "bad", "good")
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk})
+	l, _ := NewLoop(b, LoopConfig{Reporter: e, Backoff: noBackoff{}, Budget: unlimited{}, Clock: clk})
+	var badHits int
+	for i := 0; i < 100; i++ {
+		err := l.Do(context.Background(), nil, func(ctx context.Context, a *Attempt) error {
+			if a.Endpoint().Key() == "bad" {
+				badHits++
+				return &StatusError{Code: 502}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if badHits != 5 || !slices.Equal(e.Ejected(), []string{"bad"}) {
+		t.Fatalf("bad endpoint hit %d times, ejected %v", badHits, e.Ejected())
+	}
+}
+
+func TestEjectorRun(t *testing.T) {
+	b := newBalancer(t, "a", "b")
+	e, _ := NewEjector(b, EjectorConfig{ConsecutiveFailures: 1, BaseEjectionTime: time.Millisecond})
+	e.Report("a", errors.New("reset"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- e.Run(ctx, time.Millisecond) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !healthy(b, "a") && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v", err)
+	}
+	if !healthy(b, "a") {
+		t.Fatal("Run did not restore the endpoint")
+	}
+}
+
+func TestEjectorBadConfig(t *testing.T) {
+	b := newBalancer(t, "a")
+	for _, cfg := range []EjectorConfig{
+		{ConsecutiveFailures: -1},
+		{BaseEjectionTime: -time.Second},
+		{BaseEjectionTime: time.Minute, MaxEjectionTime: time.Second},
+		{MaxEjectionPercent: -1},
+		{MaxEjectionPercent: 101},
+	} {
+		if _, err := NewEjector(b, cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("NewEjector(%+v) = %v", cfg, err)
+		}
+	}
+	if _, err := NewEjector(nil, EjectorConfig{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("nil health: %v", err)
+	}
+}

@@ -1,0 +1,111 @@
+package retry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+)
+
+// backend is a replica reachable over HTTP.
+type backend struct{ name, url string }
+
+func (b backend) Key() string { return b.name }
+
+// Example wires a Loop, a budget and a Balancer into an http.Client call:
+// the first replica answers 503, the retry goes to the other one.
+func Example() {
+	overloaded := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer overloaded.Close()
+	healthy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "Hello from the healthy replica")
+	}))
+	defer healthy.Close()
+	transport := &http.Transport{}
+	defer transport.CloseIdleConnections()
+	client := &http.Client{Transport: transport}
+
+	b, _ := llmlb.New(llmlb.RoundRobin(), llmlb.WithRand(rand.NewPCG(1, 2)))
+	_ = b.Update([]llmlb.Endpoint{backend{"replica-a", overloaded.URL}, backend{"replica-b", healthy.URL}})
+	budget, _ := retry.NewPercentBudget(retry.PercentConfig{}) // 20% of requests + 10/s
+	backoff, _ := retry.NewFullJitter(retry.BackoffConfig{Base: time.Millisecond, Rand: rand.NewPCG(3, 4)})
+	ejector, _ := retry.NewEjector(b, retry.EjectorConfig{})
+	loop, _ := retry.NewLoop(b, retry.LoopConfig{Budget: budget, Backoff: backoff, Reporter: ejector})
+
+	err := loop.Do(context.Background(), &llmlb.Request{PromptTokens: 12}, func(ctx context.Context, a *retry.Attempt) error {
+		be := a.Endpoint().(backend)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, be.url+"/v1/completions", strings.NewReader(`{"prompt":"Hi"}`))
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err // a transport failure: retried elsewhere
+		}
+		defer resp.Body.Close()
+		fmt.Printf("attempt %d on %s: %d\n", a.Number(), be.name, resp.StatusCode)
+		if resp.StatusCode != http.StatusOK {
+			return &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}
+		}
+		if !a.FirstToken() { // the commitment point: from here on, no retry
+			return nil
+		}
+		body, err := io.ReadAll(resp.Body)
+		fmt.Printf("streamed: %s\n", body)
+		return err
+	})
+	fmt.Println("error:", err)
+	// Output:
+	// attempt 1 on replica-a: 503
+	// attempt 2 on replica-b: 200
+	// streamed: Hello from the healthy replica
+	// error: <nil>
+}
+
+// ExampleAdmission shows a gateway's fail-fast cap: the refused request gets
+// a 429 with a Retry-After instead of waiting in a queue.
+func ExampleAdmission() {
+	adm, _ := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 100, MaxPerSession: 1})
+	release, err := adm.Acquire("agent-7")
+	fmt.Println("first:", err)
+	_, err = adm.Acquire("agent-7") // the same session fans out again
+	var oe *retry.OverloadError
+	if errors.As(err, &oe) {
+		fmt.Printf("second: 429, Retry-After: %.0f\n", oe.RetryAfter.Seconds())
+	}
+	release()
+	// Output:
+	// first: <nil>
+	// second: 429, Retry-After: 1
+}
+
+func ExampleFromHeader() {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, h := range []http.Header{
+		{"Retry-After": {"120"}},
+		{"Retry-After": {"Mon, 30 Nov 2026 12:00:30 GMT"}},
+		{"Retry-After": {"3600"}}, // above the 300 s cap: ignored
+		{"Grpc-Retry-Pushback-Ms": {"-1"}},
+		{"X-Ratelimit-Reset-Tokens": {"6s"}, "X-Ratelimit-Remaining-Tokens": {"0"}},
+	} {
+		p := retry.FromHeader(h, now, 0)
+		fmt.Println(p.Kind, p.Delay)
+	}
+	// Output:
+	// retry-later 2m0s
+	// retry-later 30s
+	// none 0s
+	// do-not-retry 0s
+	// retry-later 6s
+}
