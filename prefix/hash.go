@@ -92,7 +92,8 @@ type Salt struct {
 // [Index.Stored]).
 //
 // A Hasher is immutable and safe for concurrent use. The Append methods do
-// not allocate when dst has room.
+// not allocate when dst has room. The zero Hasher is not usable; create one
+// with [NewHasher].
 type Hasher struct {
 	blockTokens int
 	blockBytes  int

@@ -20,8 +20,9 @@ const (
 	// MaxCapacity is the largest capacity accepted for one endpoint.
 	MaxCapacity = 1 << 24
 	// DefaultTTL is how long a block recorded from a routing decision keeps
-	// matching: 2 minutes, the expiry of NVIDIA Dynamo's approximate
-	// (event-free) indexer and SGLang's cache-aware eviction interval.
+	// matching: 2 minutes, the block TTL of NVIDIA Dynamo's router without
+	// KV events (router_ttl_secs) and SGLang's cache-aware eviction interval
+	// (eviction_interval_secs).
 	DefaultTTL = 2 * time.Minute
 	// DefaultMaxEndpoints is the default and largest number of endpoints
 	// an index tracks.
@@ -90,9 +91,10 @@ type Match struct {
 // expiry is the latest of the two.
 //
 // Index is safe for concurrent use. Match, MatchLen, Len and Capacity take a
-// read lock; every other method takes the write lock. No method calls out of
-// the package while holding a lock, and no goroutine is started: expiry is
-// evaluated when matching.
+// read lock, so concurrent matches proceed in parallel; every other method
+// takes the write lock. No caller-supplied code runs under a lock, and no
+// goroutine is started: expiry is evaluated when matching. The zero Index is
+// not usable; create one with [NewIndex].
 type Index struct {
 	blockSize    int
 	defCapacity  int
@@ -390,7 +392,8 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, now int64) {
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]
 		v := exp
-		if old, ok := e.lru.Peek(h); ok && old > v {
+		old, had := e.lru.Peek(h)
+		if had && old > v {
 			v = old
 		}
 		e.lru.Add(h, v) // may evict another block, unlinking it
@@ -399,6 +402,9 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, now int64) {
 		switch {
 		case hd.bits&^bit == 0:
 			hd = holder{bits: bit, minExp: v}
+		case had && hd.bits&bit != 0 && hd.minExp > now:
+			// Already listed, and minExp <= old <= v still holds.
+			continue
 		default:
 			hd.bits |= bit
 			hd.minExp = min(hd.minExp, v)
