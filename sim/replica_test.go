@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -143,5 +144,66 @@ func TestKVPoolLRU(t *testing.T) {
 	}
 	if p.used != 10 || p.evictable != 0 {
 		t.Errorf("used %d evictable %d, want 10 0", p.used, p.evictable)
+	}
+}
+
+// TestReplicaAccountingProperty runs random small workloads on cramped
+// engines (tiny KV caches, budgets and batches, heavy prefix sharing) and
+// checks that every request finishes or is rejected and that every KV block
+// is returned (Simulate fails otherwise).
+func TestReplicaAccountingProperty(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for trial := 0; trial < 40; trial++ {
+		eng := Engine{
+			TokenBudget: 16 + rng.IntN(512),
+			MaxRunning:  1 + rng.IntN(8),
+			KVBlocks:    8 + rng.IntN(200),
+		}
+		heads := [][]uint64{nil}
+		for g := 0; g < 3; g++ {
+			var h uint64
+			head := make([]uint64, 1+rng.IntN(6))
+			for i := range head {
+				h = ChainHash(h, uint64(g*100+i))
+				head[i] = h
+			}
+			heads = append(heads, head)
+		}
+		var reqs []Request
+		var at time.Duration
+		for i := 0; i < 60; i++ {
+			at += time.Duration(rng.IntN(50)) * time.Millisecond
+			head := heads[rng.IntN(len(heads))]
+			tail := 1 + rng.IntN(200)
+			prefix := append([]uint64(nil), head...)
+			h := uint64(0)
+			if len(head) > 0 {
+				h = head[len(head)-1]
+			}
+			for k := 0; k < (tail+15)/16; k++ {
+				h = ChainHash(h, uint64(1e6+i*1000+k))
+				prefix = append(prefix, h)
+			}
+			reqs = append(reqs, Request{
+				Arrival:      at,
+				PromptTokens: len(head)*16 + tail,
+				OutputTokens: 1 + rng.IntN(300),
+				BlockTokens:  16,
+				Prefix:       prefix,
+			})
+		}
+		cfg := Config{Replicas: 1 + rng.IntN(3), Routers: 1 + rng.IntN(2), Engine: eng, Seed: uint64(trial)}
+		for _, p := range []string{"round-robin", "oracle"} {
+			res, err := Simulate(context.Background(), cfg, reqs, p)
+			if err != nil {
+				t.Fatalf("trial %d %s (%+v): %v", trial, p, eng, err)
+			}
+			if res.Completed+res.Rejected != len(reqs) {
+				t.Fatalf("trial %d %s: %d completed + %d rejected of %d", trial, p, res.Completed, res.Rejected, len(reqs))
+			}
+			if res.PrefixHitRate > InfiniteCacheHitRate(reqs) {
+				t.Fatalf("trial %d %s: hit rate %.3f above the infinite-cache bound %.3f", trial, p, res.PrefixHitRate, InfiniteCacheHitRate(reqs))
+			}
+		}
 	}
 }
