@@ -52,17 +52,14 @@ func (o *oracle) cost(rep *replica, req *Request) float64 {
 	work := queued + req.PromptTokens - hit
 	demand += rep.blocksFor(req.PromptTokens - hit + req.OutputTokens)
 
-	u := float64(rep.kv.used) / float64(rep.kv.total)
+	// Prefill proceeds in budget-sized chunks, each an iteration of the
+	// engine's own time model alongside the running decodes.
+	b := Batch{PrefillTokens: eng.TokenBudget, DecodeSeqs: len(rep.running), KVUsage: float64(rep.kv.used) / float64(rep.kv.total)}
 	full := work / eng.TokenBudget
-	rest := work - full*eng.TokenBudget
-	iters := float64(full)
-	ttft := iters * MockerPrefillMillis(eng.TokenBudget)
-	if rest > 0 {
-		ttft += MockerPrefillMillis(rest)
-		iters++
-	}
-	if len(rep.running) > 0 {
-		ttft += iters * MockerDecodeMillis(u)
+	ttft := float64(full) * ms(eng.IterTime(b))
+	if rest := work - full*eng.TokenBudget; rest > 0 {
+		b.PrefillTokens = rest
+		ttft += ms(eng.IterTime(b))
 	}
 	over := float64(demand)/float64(rep.kv.total) - 1
 	if over > 0 {
