@@ -1,7 +1,6 @@
 package signals
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -42,17 +41,24 @@ func observationOf(l llmlb.Load) Observation {
 	return Observation{Load: l, Preemptions: nan, PrefixQueries: nan, PrefixHits: nan}
 }
 
-// maxOpenMetricsLine bounds the length of a line handed to the OpenMetrics
-// parser, whose cost grows faster than linearly with line length.
-const maxOpenMetricsLine = 64 << 10
+// OpenMetrics bodies are read with expfmt's text parser, not its OpenMetrics
+// decoder: in prometheus/common v0.74 that decoder is a reference
+// implementation whose cost grows faster than linearly with the input (about
+// two seconds of CPU for a 25 KiB vLLM exposition, half a minute for 64 KiB),
+// unusable on a scrape loop and a way for one endpoint to exhaust the
+// router's CPU. The text parser reads what engines' client libraries emit in
+// OpenMetrics (counter samples with _total and _created suffixes, UNIT
+// comments, the EOF marker) in linear time; OpenMetrics-only syntax
+// (exemplars, info and stateset types, fractional timestamps) fails with
+// [ErrParse]. The [Scraper] asks for the text format in the first place.
 
 // Parse reads one metrics exposition from r and maps it to an observation
 // with the engine's profile; [EngineAuto] detects the engine from the metric
 // names. contentType is the response's Content-Type: the Prometheus text
 // format (text/plain, also assumed when empty), OpenMetrics
-// (application/openmetrics-text) and delimited protobuf are read with
-// prometheus/common/expfmt; anything else, such as text/html, is an error
-// wrapping [ErrParse].
+// (application/openmetrics-text; see the note above) and delimited protobuf
+// are read with prometheus/common/expfmt; anything else, such as text/html,
+// is an error wrapping [ErrParse].
 //
 // Counts summed over several series (one per model or data-parallel rank) are
 // added up; KV usage fractions are averaged. The running and waiting counts
@@ -63,12 +69,56 @@ const maxOpenMetricsLine = 64 << 10
 // Parse reads all of r; bound it (the [Scraper] caps the body). The returned
 // observation's At is zero: the caller stamps it.
 func Parse(r io.Reader, contentType string, engine Engine) (Observation, error) {
+	format, err := formatOf(contentType)
+	if err != nil {
+		return Observation{}, err
+	}
+	if !isText(format) {
+		return parse(nil, r, format, engine)
+	}
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return Observation{}, fmt.Errorf("%w: reading: %v", ErrParse, err)
+	}
+	return parse(b, nil, format, engine)
+}
+
+// parseBody is Parse for a body the caller owns: a text body is filtered in
+// place.
+func parseBody(b []byte, contentType string, engine Engine) (Observation, error) {
+	format, err := formatOf(contentType)
+	if err != nil {
+		return Observation{}, err
+	}
+	if !isText(format) {
+		return parse(nil, bytes.NewReader(b), format, engine)
+	}
+	return parse(b, nil, format, engine)
+}
+
+func isText(f expfmt.Format) bool {
+	t := f.FormatType()
+	return t == expfmt.TypeTextPlain || t == expfmt.TypeOpenMetrics
+}
+
+// parse maps a text body b, or else the binary stream r, to an observation.
+func parse(b []byte, r io.Reader, format expfmt.Format, engine Engine) (Observation, error) {
 	if engine < 0 || engine >= numEngines {
 		return Observation{}, fmt.Errorf("%w: unknown engine %d", ErrInvalidConfig, int(engine))
 	}
-	fams, err := decode(r, contentType)
+	var fams families
+	var err error
+	if r == nil {
+		if b, err = filter(b, wanted[engine]); err != nil {
+			return Observation{}, err
+		}
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err = p.TextToMetricFamilies(bytes.NewReader(b))
+	} else {
+		fams, err = decode(r, format)
+	}
 	if err != nil {
-		return Observation{}, err
+		return Observation{}, parseErr(err)
 	}
 	p := profiles[engine]
 	if p == nil {
@@ -79,35 +129,29 @@ func Parse(r io.Reader, contentType string, engine Engine) (Observation, error) 
 	return p.observe(fams)
 }
 
-// decode parses r into metric families according to contentType.
-func decode(r io.Reader, contentType string) (families, error) {
-	format := expfmt.FmtText
-	if contentType != "" {
-		mediaType, _, err := mime.ParseMediaType(contentType)
-		if err != nil {
-			return nil, fmt.Errorf("%w: Content-Type %q: %v", ErrParse, contentType, err)
-		}
-		switch mediaType {
-		case "text/plain", expfmt.OpenMetricsType, expfmt.ProtoType:
-		default:
-			return nil, fmt.Errorf("%w: Content-Type %q is not a metrics format", ErrParse, contentType)
-		}
-		h := http.Header{"Content-Type": {contentType}}
-		if format = expfmt.ResponseFormat(h); format == expfmt.FmtUnknown {
-			return nil, fmt.Errorf("%w: unsupported Content-Type %q", ErrParse, contentType)
-		}
+// formatOf returns the exposition format of a Content-Type; "" means text.
+func formatOf(contentType string) (expfmt.Format, error) {
+	if contentType == "" {
+		return expfmt.FmtText, nil
 	}
-	switch format.FormatType() {
-	case expfmt.TypeTextPlain:
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		fams, err := p.TextToMetricFamilies(r)
-		if err != nil {
-			return nil, parseErr(err)
-		}
-		return fams, nil
-	case expfmt.TypeOpenMetrics:
-		r = &lineLimitReader{r: bufio.NewReader(r), max: maxOpenMetricsLine}
+	mediaType, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return "", fmt.Errorf("%w: Content-Type %q: %v", ErrParse, contentType, err)
 	}
+	switch mediaType {
+	case "text/plain", expfmt.OpenMetricsType, expfmt.ProtoType:
+	default:
+		return "", fmt.Errorf("%w: Content-Type %q is not a metrics format", ErrParse, contentType)
+	}
+	format := expfmt.ResponseFormat(http.Header{"Content-Type": {contentType}})
+	if format == expfmt.FmtUnknown {
+		return "", fmt.Errorf("%w: unsupported Content-Type %q", ErrParse, contentType)
+	}
+	return format, nil
+}
+
+// decode reads binary metric families (delimited protobuf) from r.
+func decode(r io.Reader, format expfmt.Format) (families, error) {
 	dec := expfmt.NewDecoder(r, format)
 	fams := make(families)
 	for {
@@ -117,7 +161,7 @@ func decode(r io.Reader, contentType string) (families, error) {
 			return fams, nil
 		}
 		if err != nil {
-			return nil, parseErr(err)
+			return nil, err
 		}
 		if len(mf.Metric) > 0 {
 			fams[mf.GetName()] = mf
@@ -130,30 +174,4 @@ func parseErr(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %v", ErrParse, err)
-}
-
-// lineLimitReader fails once a line exceeds max bytes.
-type lineLimitReader struct {
-	r    *bufio.Reader
-	max  int
-	line int // length of the current line so far
-}
-
-func (l *lineLimitReader) Read(p []byte) (int, error) {
-	n, err := l.r.Read(p)
-	for rest := p[:n]; ; {
-		i := bytes.IndexByte(rest, '\n')
-		if i < 0 {
-			l.line += len(rest)
-			break
-		}
-		if l.line+i > l.max {
-			return 0, fmt.Errorf("%w: line longer than %d bytes", ErrParse, l.max)
-		}
-		l.line, rest = 0, rest[i+1:]
-	}
-	if l.line > l.max {
-		return 0, fmt.Errorf("%w: line longer than %d bytes", ErrParse, l.max)
-	}
-	return n, err
 }

@@ -134,8 +134,11 @@ func TestParseBadInput(t *testing.T) {
 		{"bad info label", head + "vllm:num_requests_waiting 0\nvllm:cache_config_info{num_gpu_blocks=\"many\"} 1\n", textType, signals.ErrInvalidValue, "num_gpu_blocks"},
 		{"huge blocks", head + "vllm:num_requests_waiting 0\nvllm:cache_config_info{num_gpu_blocks=\"1e12\"} 1\n", textType, signals.ErrInvalidValue, "vllm:cache_config_info"},
 		{"counter NaN", head + "vllm:num_requests_waiting 0\nvllm:num_preemptions_total NaN\n", textType, signals.ErrInvalidValue, "vllm:num_preemptions_total"},
-		{"openmetrics without EOF", "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n", omType, signals.ErrParse, ""},
-		{"openmetrics long line", "# HELP x " + strings.Repeat("a", 100<<10) + "\n# EOF\n", omType, signals.ErrParse, "line longer"},
+		{"openmetrics exemplar", head + "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 1 # {trace_id=\"x\"} 1\n# EOF\n", omType, signals.ErrParse, ""},
+		{"openmetrics stateset type", "# TYPE vllm:num_requests_running stateset\nvllm:num_requests_running 1\n# EOF\n", omType, signals.ErrParse, ""},
+		{"binary garbage", "\x00\x01\x02", textType, signals.ErrParse, "line 1"},
+		{"json body", "{\"running\": 1}\n", "", signals.ErrParse, ""},
+		{"protobuf garbage", "\x05\x01\x02", "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited", signals.ErrParse, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -163,4 +166,32 @@ func TestEngineNames(t *testing.T) {
 	_, err := signals.ParseEngine("tgi")
 	require.ErrorIs(t, err, signals.ErrInvalidConfig)
 	assert.Equal(t, "Engine(42)", signals.Engine(42).String())
+}
+
+
+// OpenMetrics names the info metric's family without _info; the sample is
+// still read.
+func TestParseOpenMetricsInfo(t *testing.T) {
+	in := `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running 2
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting 1
+# TYPE vllm:cache_config info
+vllm:cache_config_info{block_size="32",num_gpu_blocks="100"} 1
+# EOF
+`
+	o, err := signals.Parse(strings.NewReader(in), omType, signals.EngineVLLM)
+	require.NoError(t, err)
+	assert.Equal(t, 100, o.KVBlocks)
+	assert.Equal(t, 32, o.BlockSize)
+	assert.True(t, math.IsNaN(o.KVUsage))
+}
+
+// Lines no profile reads are not parsed, but must still look like lines of
+// an exposition.
+func TestParseIgnoresUnreadLines(t *testing.T) {
+	in := string(fixture(t, "llamacpp.prom")) + "other_metric{le=\"x\" 1\n# random comment\n\n"
+	o, err := signals.Parse(strings.NewReader(in), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 2, o.Running)
 }

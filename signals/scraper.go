@@ -1,7 +1,6 @@
 package signals
 
 import (
-	"bytes"
 	"compress/gzip"
 	"container/heap"
 	"context"
@@ -40,9 +39,9 @@ const (
 	DefaultMaxRedirects = 3
 )
 
-// acceptHeader prefers the Prometheus text format, which expfmt parses in
-// linear time, over OpenMetrics.
-const acceptHeader = "text/plain;version=0.0.4;q=1,application/openmetrics-text;version=1.0.0;q=0.5,*/*;q=0.1"
+// acceptHeader asks for the Prometheus text format, which expfmt parses in
+// linear time, and not for OpenMetrics (see [MaxOpenMetricsBytes]).
+const acceptHeader = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 // Config configures a [Scraper]. The zero value is valid: every field's zero
 // value is a documented default.
@@ -498,7 +497,7 @@ func (s *Scraper) fetch(ctx context.Context, u string) (Observation, error) {
 	if err := readCapped(body, bp, s.maxBytes, hint); err != nil {
 		return Observation{}, err
 	}
-	return Parse(bytes.NewReader(*bp), resp.Header.Get("Content-Type"), s.cfg.Engine)
+	return parseBody(*bp, resp.Header.Get("Content-Type"), s.cfg.Engine)
 }
 
 // bufPool recycles body buffers of up to maxPooled bytes across scrapes.

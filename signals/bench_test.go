@@ -1,0 +1,99 @@
+package signals_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/signals"
+)
+
+func BenchmarkParse(b *testing.B) {
+	for _, c := range []struct{ engine, file string }{
+		{"vllm", "vllm.prom"},
+		{"vllm-openmetrics", "vllm_openmetrics.prom"},
+		{"sglang", "sglang.prom"},
+		{"trtllm", "trtllm.prom"},
+		{"triton", "triton.prom"},
+		{"llamacpp", "llamacpp.prom"},
+	} {
+		body := fixture(b, c.file)
+		ct := textType
+		if c.engine == "vllm-openmetrics" {
+			ct = omType
+		}
+		b.Run("engine="+c.engine, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := signals.Parse(bytes.NewReader(body), ct, signals.EngineAuto); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkLoad is the read path the balancer takes on every pick.
+func BenchmarkLoad(b *testing.B) {
+	for _, n := range []int{16, 1024} {
+		var s signals.Store
+		keys := make([]string, n)
+		now := time.Now()
+		for i := range keys {
+			keys[i] = fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)
+			if err := s.Record(keys[i], llmlb.Load{At: now, Running: i, KVUsage: 0.5}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				r := rand.New(rand.NewPCG(1, 2))
+				for pb.Next() {
+					if _, ok := s.Load(keys[r.IntN(n)]); !ok {
+						b.Fatal("missing")
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkRecord is the push path, one key per goroutine contended by all.
+func BenchmarkRecord(b *testing.B) {
+	var s signals.Store
+	base := time.Now()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			i++
+			_ = s.Record("a", llmlb.Load{At: base.Add(time.Duration(i)), Running: i})
+		}
+	})
+}
+
+// BenchmarkScrapeOnce is one scrape of a vLLM exposition over loopback HTTP,
+// client and server in this process.
+func BenchmarkScrapeOnce(b *testing.B) {
+	srv := newSwitchServer(b, serve(textType, fixture(b, "vllm.prom")))
+	s, err := signals.NewScraper(signals.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Add("a", srv.URL); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.Scrape(context.Background(), "a"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,108 @@
+package signals
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+)
+
+// An engine exposition is mostly histogram buckets and process metrics that
+// no profile reads (a vLLM /metrics body has ~200 samples, ~15 of them
+// used), and expfmt's text parser spends its time allocating a protobuf
+// message per sample. filter therefore keeps only the lines that name a
+// metric some profile reads (HELP, TYPE and sample lines) before the body
+// goes to the parser; the parser still parses every line it is given. A line
+// that cannot start a sample or a comment (HTML, JSON, binary) fails the whole
+// body, as it would in the parser.
+
+// wanted holds, per engine, the metric names its profile reads (every
+// profile's for EngineAuto), with and without a counter's _total suffix.
+var wanted = func() [numEngines]map[string]bool {
+	var w [numEngines]map[string]bool
+	for e := range w {
+		w[e] = make(map[string]bool)
+	}
+	for e, p := range profiles {
+		if p == nil {
+			continue
+		}
+		for _, s := range append([]series{p.running, p.waiting, p.blocks, p.blockSize, p.preempt, p.prefixQ, p.prefixHit}, p.kv...) {
+			if s.name == "" {
+				continue
+			}
+			for _, name := range []string{s.name, strings.TrimSuffix(s.name, "_total")} {
+				w[e][name] = true
+				w[EngineAuto][name] = true
+			}
+		}
+	}
+	return w
+}()
+
+// filter compacts b in place to the lines naming a wanted metric and returns
+// the result.
+func filter(b []byte, want map[string]bool) ([]byte, error) {
+	out := b[:0]
+	for n, rest := 1, b; len(rest) > 0; n++ {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i+1], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		name, quoted, err := lineName(line)
+		if err != nil {
+			return nil, fmt.Errorf("%w: line %d: %v", ErrParse, n, err)
+		}
+		if !quoted && (name == nil || !want[string(name)]) {
+			continue
+		}
+		// out never overtakes line: both advance through b and out only by
+		// lines already passed.
+		out = append(out, line...)
+		if line[len(line)-1] != '\n' {
+			out = append(out, '\n')
+		}
+	}
+	return out, nil
+}
+
+// lineName returns the metric a line is about: a sample's name, or the name
+// in a HELP or TYPE comment. It returns nil for blank lines and other
+// comments, quoted for a sample whose name is quoted inside its braces (left
+// to the parser), and an error for a line that cannot start a sample or a
+// comment.
+func lineName(line []byte) (name []byte, quoted bool, err error) {
+	line = bytes.TrimLeft(line, " \t")
+	if len(line) == 0 || line[0] == '\n' || line[0] == '\r' {
+		return nil, false, nil
+	}
+	c := line[0]
+	switch {
+	case c == '#':
+		rest := bytes.TrimLeft(line[1:], " \t")
+		var ok bool
+		if rest, ok = bytes.CutPrefix(rest, []byte("HELP")); !ok {
+			if rest, ok = bytes.CutPrefix(rest, []byte("TYPE")); !ok {
+				return nil, false, nil
+			}
+		}
+		rest = bytes.TrimLeft(rest, " \t")
+		return rest[:nameEnd(rest)], false, nil
+	case c == '{':
+		return nil, true, nil
+	case c == '_' || c == ':' || (c|0x20 >= 'a' && c|0x20 <= 'z'):
+		return line[:nameEnd(line)], false, nil
+	}
+	return nil, false, fmt.Errorf("%q does not start a sample or a comment", truncate(string(line)))
+}
+
+// nameEnd returns the length of the metric name at the start of b.
+func nameEnd(b []byte) int {
+	for i, c := range b {
+		if c == '{' || c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			return i
+		}
+	}
+	return len(b)
+}

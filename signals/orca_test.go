@@ -1,0 +1,195 @@
+package signals_test
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"math"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/signals"
+)
+
+// orcaBin encodes an OrcaLoadReport by hand: cpu_utilization (field 1) and
+// one named_metrics entry (field 8), plus the deprecated rps (field 3).
+func orcaBin(cpu float64, name string, v float64) string {
+	var b []byte
+	b = append(b, 1<<3|1) // field 1, fixed64
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(cpu))
+	b = append(b, 3<<3|0, 7) // field 3, varint 7
+	var entry []byte
+	entry = append(entry, 1<<3|2, byte(len(name)))
+	entry = append(entry, name...)
+	entry = append(entry, 2<<3|1)
+	entry = binary.LittleEndian.AppendUint64(entry, math.Float64bits(v))
+	b = append(b, 8<<3|2, byte(len(entry)))
+	b = append(b, entry...)
+	return "BIN " + base64.StdEncoding.EncodeToString(b)
+}
+
+func TestParseOrca(t *testing.T) {
+	cases := []struct {
+		name   string
+		header string
+		want   signals.OrcaReport
+	}{
+		{"text", "TEXT cpu_utilization=0.3, mem_utilization=0.8, rps_fractional=10, eps=0.5, application_utilization=0.7, named_metrics.kv_cache_utilization=0.4",
+			signals.OrcaReport{CPUUtilization: 0.3, MemUtilization: 0.8, RPSFractional: 10, EPS: 0.5, ApplicationUtilization: 0.7,
+				NamedMetrics: map[string]float64{"kv_cache_utilization": 0.4}}},
+		{"text maps", "TEXT utilization.gpu=0.5,request_cost.tokens=812,named_metrics.num_requests_waiting=3",
+			signals.OrcaReport{Utilization: map[string]float64{"gpu": 0.5}, RequestCost: map[string]float64{"tokens": 812},
+				NamedMetrics: map[string]float64{"num_requests_waiting": 3}}},
+		{"vllm text", "TEXT named_metrics.kv_cache_usage_perc=0.25, named_metrics.num_requests_waiting=2.0",
+			signals.OrcaReport{NamedMetrics: map[string]float64{"kv_cache_usage_perc": 0.25, "num_requests_waiting": 2}}},
+		{"json", `JSON {"cpu_utilization": 0.3, "named_metrics": {"kv_cache_utilization": 0.4}}`,
+			signals.OrcaReport{CPUUtilization: 0.3, NamedMetrics: map[string]float64{"kv_cache_utilization": 0.4}}},
+		{"json camel", `JSON {"cpuUtilization": 0.3, "rpsFractional": 2, "namedMetrics": {"a": 1}, "requestCost": {"b": 2}, "utilization": {"c": 0.1}}`,
+			signals.OrcaReport{CPUUtilization: 0.3, RPSFractional: 2, NamedMetrics: map[string]float64{"a": 1},
+				RequestCost: map[string]float64{"b": 2}, Utilization: map[string]float64{"c": 0.1}}},
+		{"json empty", `JSON {}`, signals.OrcaReport{}},
+		{"bin", orcaBin(0.3, "kv_cache_usage_perc", 0.4),
+			signals.OrcaReport{CPUUtilization: 0.3, NamedMetrics: map[string]float64{"kv_cache_usage_perc": 0.4}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := signals.ParseOrca(c.header)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, got)
+		})
+	}
+}
+
+func TestParseOrcaErrors(t *testing.T) {
+	cases := []struct {
+		name, header, mention string
+	}{
+		{"empty", "", "unsupported format"},
+		{"no format", "cpu_utilization=0.3", "unsupported format"},
+		{"lowercase format", "text cpu_utilization=0.3", "unsupported format"},
+		{"empty text", "TEXT ", "empty TEXT"},
+		{"missing value", "TEXT cpu_utilization=", "not name=value"},
+		{"missing equals", "TEXT cpu_utilization", "not name=value"},
+		{"colon separator", "TEXT cpu_utilization:0.3", "not name=value"},
+		{"unknown field", "TEXT gpu_utilization=0.3", "unknown field"},
+		{"unknown prefix", "TEXT metrics.x=0.3", "unknown field"},
+		{"empty named key", "TEXT named_metrics.=0.3", "unknown field"},
+		{"duplicate", "TEXT cpu_utilization=0.3, cpu_utilization=0.4", "duplicate"},
+		{"not a number", "TEXT cpu_utilization=high", "not a number"},
+		{"NaN", "TEXT cpu_utilization=NaN", "NaN"},
+		{"Inf", "TEXT named_metrics.x=+Inf", "Inf"},
+		{"negative cpu", "TEXT cpu_utilization=-0.1", "cpu_utilization is -0.1"},
+		{"negative rps", `JSON {"rps_fractional": -1}`, "rps_fractional"},
+		{"json garbage", "JSON {", "JSON"},
+		{"json unknown field", `JSON {"cpu": 1}`, "unknown field"},
+		{"json wrong type", `JSON {"named_metrics": {"a": "b"}}`, "JSON"},
+		{"json trailing", `JSON {} {}`, "trailing"},
+		{"json string", `JSON "x"`, "JSON"},
+		{"bin garbage base64", "BIN !!!", "BIN"},
+		{"bin truncated", "BIN " + base64.StdEncoding.EncodeToString([]byte{1<<3 | 1, 0, 0}), "BIN"},
+		{"bin wrong wire type", "BIN " + base64.StdEncoding.EncodeToString([]byte{1<<3 | 0, 1}), "wire type"},
+		{"bin NaN", orcaBin(math.NaN(), "a", 1), "NaN"},
+		{"too long", "TEXT " + strings.Repeat("named_metrics.a=1,", 2000), "bytes"},
+		{"too many metrics", "TEXT " + manyMetrics(300), "map entries"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := signals.ParseOrca(c.header)
+			require.ErrorIs(t, err, signals.ErrORCA)
+			assert.Contains(t, err.Error(), c.mention)
+			assert.True(t, strings.HasPrefix(err.Error(), "signals: "))
+		})
+	}
+}
+
+func manyMetrics(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		b.WriteString("named_metrics.m")
+		b.WriteString(strings.Repeat("x", i%7))
+		b.WriteString(string(rune('a' + i%26)))
+		b.WriteString(strings.Repeat("y", i/26))
+		b.WriteString("=1")
+	}
+	return b.String()
+}
+
+func TestOrcaMapping(t *testing.T) {
+	at := time.Unix(1000, 0)
+	r, err := signals.ParseOrca("TEXT named_metrics.kv_cache_usage_perc=0.25, named_metrics.num_requests_waiting=2, named_metrics.num_requests_running=5")
+	require.NoError(t, err)
+	l, err := signals.OrcaMapping{}.Load(r, at)
+	require.NoError(t, err)
+	assert.Equal(t, llmlb.Load{At: at, Running: 5, Waiting: 2, KVUsage: 0.25}, l)
+
+	// The alternative default KV name, in the utilization map.
+	r, err = signals.ParseOrca("TEXT utilization.kv_cache_utilization=0.5")
+	require.NoError(t, err)
+	l, err = signals.OrcaMapping{}.Load(r, at)
+	require.NoError(t, err)
+	assert.Equal(t, 0.5, l.KVUsage)
+	assert.Zero(t, l.Running)
+
+	// Custom names, including capacity.
+	m := signals.OrcaMapping{KVUsage: "kv", Running: "run", Waiting: "wait", KVBlocks: "blocks", BlockSize: "bs"}
+	r, err = signals.ParseOrca(`JSON {"named_metrics": {"kv": 0.1, "run": 1, "wait": 2, "blocks": 1000, "bs": 16}}`)
+	require.NoError(t, err)
+	l, err = m.Load(r, at)
+	require.NoError(t, err)
+	assert.Equal(t, llmlb.Load{At: at, Running: 1, Waiting: 2, KVUsage: 0.1, KVBlocks: 1000, BlockSize: 16}, l)
+
+	for _, bad := range []string{
+		"TEXT cpu_utilization=0.5",                  // none of the mapped metrics
+		"TEXT named_metrics.kv_cache_usage_perc=1.5", // KV above 1
+		"TEXT named_metrics.num_requests_running=-1", // negative count
+		"TEXT named_metrics.num_requests_waiting=1e300",
+	} {
+		r, err := signals.ParseOrca(bad)
+		require.NoError(t, err, bad)
+		_, err = signals.OrcaMapping{}.Load(r, at)
+		assert.ErrorIs(t, err, signals.ErrORCA, bad)
+	}
+}
+
+func TestRecordResponse(t *testing.T) {
+	var s signals.Store // the zero Store is ready to use
+	at := time.Unix(1000, 0)
+	resp := &http.Response{Header: http.Header{}}
+	ok, err := s.RecordResponse("a", resp, at, signals.OrcaMapping{})
+	assert.False(t, ok)
+	assert.NoError(t, err)
+	ok, err = s.RecordResponse("a", nil, at, signals.OrcaMapping{})
+	assert.False(t, ok)
+	assert.NoError(t, err)
+
+	resp.Header.Set(signals.OrcaHeader, "TEXT named_metrics.kv_cache_usage_perc=0.3")
+	resp.Header.Add(signals.OrcaHeader, "TEXT named_metrics.num_requests_waiting=4")
+	ok, err = s.RecordResponse("a", resp, at, signals.OrcaMapping{})
+	assert.True(t, ok)
+	require.NoError(t, err)
+	l, found := s.Load("a")
+	require.True(t, found)
+	assert.Equal(t, llmlb.Load{At: at, Waiting: 4, KVUsage: 0.3}, l)
+
+	resp.Header.Set(signals.OrcaHeader, "TEXT garbage")
+	ok, err = s.RecordResponse("b", resp, at, signals.OrcaMapping{})
+	assert.True(t, ok)
+	assert.ErrorIs(t, err, signals.ErrORCA)
+	assert.Contains(t, err.Error(), `endpoint "b"`)
+	_, found = s.Load("b")
+	assert.False(t, found)
+
+	// RecordOrca takes an already decoded report (the grpc adapter's path).
+	require.NoError(t, s.RecordOrca("c", signals.OrcaReport{NamedMetrics: map[string]float64{"num_requests_running": 2}}, at, signals.OrcaMapping{}))
+	l, _ = s.Load("c")
+	assert.Equal(t, 2, l.Running)
+	assert.True(t, math.IsNaN(l.KVUsage))
+}

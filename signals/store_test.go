@@ -1,0 +1,152 @@
+package signals_test
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/signals"
+)
+
+func TestStoreNewestWins(t *testing.T) {
+	var s signals.Store
+	t0 := time.Unix(1000, 0)
+	_, ok := s.Load("a")
+	assert.False(t, ok)
+	require.NoError(t, s.Record("a", llmlb.Load{At: t0, Running: 1, KVUsage: math.NaN()}))
+	require.NoError(t, s.Record("a", llmlb.Load{At: t0.Add(-time.Second), Running: 2}))
+	l, ok := s.Load("a")
+	require.True(t, ok)
+	assert.Equal(t, 1, l.Running, "an older observation never replaces a newer one")
+	require.NoError(t, s.Record("a", llmlb.Load{At: t0, Running: 3}))
+	l, _ = s.Load("a")
+	assert.Equal(t, 3, l.Running, "an observation at the same time replaces")
+	require.NoError(t, s.Record("a", llmlb.Load{At: t0.Add(time.Second), Running: 4}))
+	o, ok := s.Observation("a")
+	require.True(t, ok)
+	assert.Equal(t, 4, o.Running)
+	assert.True(t, math.IsNaN(o.Preemptions), "a pushed load has no engine counters")
+	assert.Equal(t, signals.EngineAuto, o.Engine)
+	assert.Equal(t, 1, s.Len())
+	s.Delete("a")
+	s.Delete("a")
+	_, ok = s.Load("a")
+	assert.False(t, ok)
+	assert.Zero(t, s.Len())
+}
+
+func TestStoreRejectsInvalid(t *testing.T) {
+	var s signals.Store
+	now := time.Unix(1000, 0)
+	for _, c := range []struct {
+		key string
+		l   llmlb.Load
+	}{
+		{"", llmlb.Load{At: now}},
+		{"a", llmlb.Load{}},
+		{"a", llmlb.Load{At: now, Running: -1}},
+		{"a", llmlb.Load{At: now, Waiting: -1}},
+		{"a", llmlb.Load{At: now, KVBlocks: -1}},
+		{"a", llmlb.Load{At: now, BlockSize: -1}},
+		{"a", llmlb.Load{At: now, KVUsage: 1.01}},
+		{"a", llmlb.Load{At: now, KVUsage: -0.1}},
+		{"a", llmlb.Load{At: now, KVUsage: math.Inf(1)}},
+	} {
+		assert.ErrorIs(t, s.Record(c.key, c.l), signals.ErrInvalidLoad, "%+v", c)
+	}
+	assert.Zero(t, s.Len())
+}
+
+func TestStoreConfig(t *testing.T) {
+	_, err := signals.NewStore(signals.StoreConfig{MaxKeys: -1})
+	assert.ErrorIs(t, err, signals.ErrInvalidConfig)
+	_, err = signals.NewStore(signals.StoreConfig{MaxAge: -1})
+	assert.ErrorIs(t, err, signals.ErrInvalidConfig)
+
+	clock := newFakeClock()
+	s, err := signals.NewStore(signals.StoreConfig{MaxKeys: 2, MaxAge: time.Second, Clock: clock})
+	require.NoError(t, err)
+	require.NoError(t, s.Record("a", llmlb.Load{At: clock.Now()}))
+	require.NoError(t, s.Record("b", llmlb.Load{At: clock.Now()}))
+	assert.ErrorIs(t, s.Record("c", llmlb.Load{At: clock.Now()}), signals.ErrTooManyKeys)
+	require.NoError(t, s.Record("a", llmlb.Load{At: clock.Now()}), "updating a held key is fine when full")
+	clock.Advance(time.Second)
+	_, ok := s.Load("a")
+	assert.True(t, ok, "exactly MaxAge old is still served")
+	clock.Advance(time.Nanosecond)
+	_, ok = s.Load("a")
+	assert.False(t, ok)
+	s.Delete("b")
+	require.NoError(t, s.Record("c", llmlb.Load{At: clock.Now()}))
+}
+
+// Concurrent writers of one key leave the newest observation; readers never
+// see a torn or older-than-read observation.
+func TestStoreConcurrent(t *testing.T) {
+	var s signals.Store
+	base := time.Unix(1000, 0)
+	const writers, per = 8, 500
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var readerErr error
+	var rmu sync.Mutex
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var last time.Time
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, k := range []string{"k0", "k1", "k2"} {
+				l, ok := s.Load(k)
+				if ok && l.Running != int(l.At.Sub(base)) {
+					rmu.Lock()
+					readerErr = fmt.Errorf("torn observation %+v", l)
+					rmu.Unlock()
+				}
+				if k == "k0" && ok {
+					if l.At.Before(last) {
+						rmu.Lock()
+						readerErr = fmt.Errorf("observation went back in time: %v after %v", l.At, last)
+						rmu.Unlock()
+					}
+					last = l.At
+				}
+			}
+		}
+	}()
+	var ww sync.WaitGroup
+	for w := range writers {
+		ww.Add(1)
+		go func() {
+			defer ww.Done()
+			for i := range per {
+				n := i*writers + w
+				k := fmt.Sprintf("k%d", n%3)
+				if err := s.Record(k, llmlb.Load{At: base.Add(time.Duration(n)), Running: n}); err != nil {
+					t.Error(err)
+				}
+				if n%97 == 0 {
+					s.Delete("k2")
+				}
+			}
+		}()
+	}
+	ww.Wait()
+	close(stop)
+	wg.Wait()
+	require.NoError(t, readerErr)
+	l, ok := s.Load("k0")
+	require.True(t, ok)
+	newest := (writers*per - 1) / 3 * 3 // the largest n with n%3 == 0
+	assert.Equal(t, newest, l.Running)
+}
