@@ -2,6 +2,7 @@ package retry
 
 import (
 	"math"
+	"strconv"
 	"sync/atomic"
 	"time"
 )
@@ -291,4 +292,17 @@ func (b *PercentBudget) balance(e uint64) int64 {
 		}
 	}
 	return sum
+}
+
+// String returns the outcome's name.
+func (o Outcome) String() string {
+	switch o {
+	case Succeeded:
+		return "succeeded"
+	case Failed:
+		return "failed"
+	case Abandoned:
+		return "abandoned"
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }

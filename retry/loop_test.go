@@ -560,3 +560,25 @@ func TestLoopConcurrent(t *testing.T) {
 		t.Fatalf("budget still counts %d attempts, %d retries", a, r)
 	}
 }
+
+func BenchmarkLoopDo(b *testing.B) {
+	bal := newBalancer(b, "a", "b", "c", "d")
+	for _, tc := range []struct {
+		name string
+		fail bool
+	}{{"outcome=ok", false}, {"outcome=retry-once", true}} {
+		l, _ := NewLoop(bal, LoopConfig{Backoff: noBackoff{}, Budget: unlimited{}})
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = l.Do(context.Background(), nil, func(ctx context.Context, a *Attempt) error {
+					if tc.fail && a.Number() == 1 {
+						return &StatusError{Code: 503}
+					}
+					a.FirstToken()
+					return nil
+				})
+			}
+		})
+	}
+}
