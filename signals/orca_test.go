@@ -147,7 +147,7 @@ func TestOrcaMapping(t *testing.T) {
 	assert.Equal(t, llmlb.Load{At: at, Running: 1, Waiting: 2, KVUsage: 0.1, KVBlocks: 1000, BlockSize: 16}, l)
 
 	for _, bad := range []string{
-		"TEXT cpu_utilization=0.5",                  // none of the mapped metrics
+		"TEXT cpu_utilization=0.5",                   // none of the mapped metrics
 		"TEXT named_metrics.kv_cache_usage_perc=1.5", // KV above 1
 		"TEXT named_metrics.num_requests_running=-1", // negative count
 		"TEXT named_metrics.num_requests_waiting=1e300",

@@ -168,7 +168,6 @@ func TestEngineNames(t *testing.T) {
 	assert.Equal(t, "Engine(42)", signals.Engine(42).String())
 }
 
-
 // OpenMetrics names the info metric's family without _info; the sample is
 // still read.
 func TestParseOpenMetricsInfo(t *testing.T) {
