@@ -250,6 +250,7 @@ func (l *Loop) Do(ctx context.Context, req *llmlb.Request, attempt func(ctx cont
 		ctx = context.Background()
 	}
 	r := &run{l: l, ctx: ctx, fn: attempt}
+	r.attempts = r.buf[:0]
 	if req != nil {
 		r.req = *req
 		r.callerExclude = req.Exclude
@@ -280,7 +281,9 @@ type run struct {
 	done   chan *Attempt // finished attempts; nil without hedging
 
 	attempts []*Attempt // launched, in order
-	failed   []string   // keys that failed in this round
+	first    Attempt    // storage of the first attempt
+	buf      [4]*Attempt
+	failed   []string // keys that failed in this round
 	inflight int
 	hedges   int
 	retries  int
@@ -517,7 +520,11 @@ func (r *run) newAttempt(retry, hedge bool) (*Attempt, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Attempt{
+	a := &r.first
+	if len(r.attempts) > 0 {
+		a = new(Attempt)
+	}
+	*a = Attempt{
 		r:     r,
 		pick:  p,
 		n:     int32(len(r.attempts) + 1),
