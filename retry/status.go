@@ -43,7 +43,7 @@ func (e *StatusError) Error() string {
 var (
 	defaultHTTPCodes = []int{408, 429, 500, 502, 503, 504}
 	defaultGRPCCodes = []int{GRPCResourceExhausted, GRPCUnavailable}
-	defaultClassify  = RetryOn(defaultHTTPCodes, defaultGRPCCodes)
+	defaultClassify  = OnCodes(defaultHTTPCodes, defaultGRPCCodes)
 )
 
 // DefaultClassify reports whether an attempt's error may be retried: a
@@ -55,10 +55,10 @@ var (
 // retry at one layer only) are not retryable.
 func DefaultClassify(err error) bool { return defaultClassify(err) }
 
-// RetryOn returns a classifier like [DefaultClassify] that retries the given
+// OnCodes returns a classifier like [DefaultClassify] that retries the given
 // HTTP statuses and gRPC codes instead of the default ones. The slices are
 // copied.
-func RetryOn(httpCodes, grpcCodes []int) func(err error) bool {
+func OnCodes(httpCodes, grpcCodes []int) func(err error) bool {
 	httpCodes, grpcCodes = slices.Clone(httpCodes), slices.Clone(grpcCodes)
 	return func(err error) bool {
 		switch {
