@@ -32,7 +32,10 @@
 // [ErrExhausted], which [DefaultClassify] does not retry, so loops stacked in
 // one process do not multiply. With a PercentBudget at the inner loop, the
 // upstream attempts of U user requests under total failure are then at most
-// (1+PercentCanRetry)*U plus the budget's reserve (see [PercentBudget]).
+// (1+PercentCanRetry)*U plus the budget's reserve, MinRetriesPerSec*TTL, once
+// per started TTL (see [PercentBudget] for the exact bound); stacked loops
+// that retried each other's give-ups would instead compound to
+// (1+p)^2*U and more.
 //
 // Every type takes an injectable clock (and back-off an injectable random
 // source), starts no goroutines in its constructor, and is safe for
