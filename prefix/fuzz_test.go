@@ -135,7 +135,7 @@ func runOps(t *testing.T, data []byte) {
 // comparison with the model runs in every test run.
 func TestIndexRandomOps(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 1))
-	for i := 0; i < 200; i++ {
+	for i := 0; i < 120; i++ {
 		data := make([]byte, 4*(50+r.IntN(400)))
 		for j := range data {
 			data[j] = byte(r.Uint32())

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -105,7 +106,7 @@ type Index struct {
 	endpoints map[string]*endpoint
 	slots     []*endpoint // by slot; nil when free
 	occupied  []uint64    // bitset of non-nil slots
-	holders   map[uint64]holder
+	holders   holderTable
 }
 
 // endpoint is the state of one endpoint.
@@ -172,7 +173,7 @@ func NewIndex(c IndexConfig) (*Index, error) {
 		maxEndpoints: c.MaxEndpoints,
 		endpoints:    make(map[string]*endpoint),
 		occupied:     make([]uint64, (c.MaxEndpoints+63)/64),
-		holders:      make(map[uint64]holder),
+		holders:      holderTable{seed: rand.Uint64()},
 	}, nil
 }
 
@@ -219,16 +220,12 @@ func (x *Index) endpointLocked(key string, create bool) (*endpoint, error) {
 // unlink removes the holder bit of group w from block h.
 func (x *Index) unlink(h uint64, w int, bit uint64) {
 	k := holderKey(h, w)
-	hd, ok := x.holders[k]
-	if !ok {
+	hd := x.holders.get(k)
+	if hd.bits&bit == 0 {
 		return
 	}
 	hd.bits &^= bit
-	if hd.bits == 0 {
-		delete(x.holders, k)
-		return
-	}
-	x.holders[k] = hd
+	x.holders.put(k, hd) // deletes the entry when no holder is left
 }
 
 // SetCapacity sets the number of blocks indexed for endpoint, adding the
@@ -398,7 +395,7 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, now int64) {
 		}
 		e.lru.Add(h, v) // may evict another block, unlinking it
 		k := holderKey(h, w)
-		hd := x.holders[k]
+		hd := x.holders.get(k)
 		switch {
 		case hd.bits&^bit == 0:
 			hd = holder{bits: bit, minExp: v}
@@ -412,7 +409,7 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, now int64) {
 				hd = x.refresh(h, w, hd, now)
 			}
 		}
-		x.holders[k] = hd
+		x.holders.put(k, hd)
 	}
 }
 
@@ -469,7 +466,7 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 		for _, w8 := range active[:na] {
 			w := int(w8)
 			cur := alive[w]
-			hd := x.holders[holderKey(h, w)]
+			hd := x.holders.get(holderKey(h, w))
 			next := cur & hd.bits
 			if next != 0 && hd.minExp <= t {
 				next = x.unexpired(h, w, next, t)

@@ -264,8 +264,8 @@ func TestClearedAndRemoveEndpoint(t *testing.T) {
 	checkInvariants(t, x)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	if len(x.holders) != 4 {
-		t.Fatalf("holder map has %d entries, want 4 (only c's blocks)", len(x.holders))
+	if x.holders.len() != 4 {
+		t.Fatalf("holder map has %d entries, want 4 (only c's blocks)", x.holders.len())
 	}
 }
 
@@ -312,12 +312,16 @@ func TestTenantsNeverMatchEachOther(t *testing.T) {
 }
 
 // TestCapacityUnderDistinctBlocks feeds 10M distinct blocks (1M with
-// -short) and checks that no endpoint ever holds more than its capacity and
-// that the holder map stays bounded.
+// -short, 2M under the race detector, which makes it ten times slower and
+// has nothing to find in one goroutine) and checks that no endpoint ever
+// holds more than its capacity and that the holder map stays bounded.
 func TestCapacityUnderDistinctBlocks(t *testing.T) {
 	total := 10_000_000
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		total = 1_000_000
+	case raceEnabled:
+		total = 2_000_000
 	}
 	const capacity = 1000
 	x := mustIndex(t, IndexConfig{Capacity: capacity})
@@ -340,7 +344,7 @@ func TestCapacityUnderDistinctBlocks(t *testing.T) {
 		}
 	}
 	x.mu.RLock()
-	held := len(x.holders)
+	held := x.holders.len()
 	x.mu.RUnlock()
 	if held > len(eps)*capacity {
 		t.Fatalf("holder map has %d entries > %d", held, len(eps)*capacity)

@@ -9,8 +9,8 @@ import (
 // against the documented BytesPerBlock, for blocks held by one endpoint
 // each (the worst case: nothing is shared) and for blocks held by several.
 func TestBytesPerBlock(t *testing.T) {
-	if testing.Short() {
-		t.Skip("allocates about 200 MB; skipped with -short")
+	if testing.Short() || raceEnabled {
+		t.Skip("allocates about 200 MB and takes seconds; skipped with -short and under the race detector")
 	}
 	const total = 1 << 20
 	cases := []struct {

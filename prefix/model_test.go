@@ -160,14 +160,14 @@ func checkInvariants(t testing.TB, x *Index) {
 			k := holderKey(h, e.slot/64)
 			held[[2]uint64{k, uint64(e.slot % 64)}] = true
 			exp, _ := e.lru.Peek(h)
-			if x.holders[k].bits&(1<<(e.slot%64)) == 0 && exp == never {
+			if x.holders.get(k).bits&(1<<(e.slot%64)) == 0 && exp == never {
 				t.Fatalf("endpoint %q holds %x from an event but the holder map does not say so", key, h)
 			}
 		}
 		pairs += e.lru.Len()
 	}
 	bitsSet := 0
-	for k, hd := range x.holders {
+	x.holders.all(func(k uint64, hd holder) {
 		if hd.bits == 0 {
 			t.Fatalf("empty holder entry kept")
 		}
@@ -177,7 +177,7 @@ func checkInvariants(t testing.TB, x *Index) {
 			}
 		}
 		bitsSet += bits.OnesCount64(hd.bits)
-	}
+	})
 	if bitsSet > pairs {
 		t.Fatalf("holder map has %d (block, endpoint) pairs, LRUs only %d", bitsSet, pairs)
 	}

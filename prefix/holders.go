@@ -1,0 +1,158 @@
+package prefix
+
+// holderTable maps holder keys to holder entries: an open-addressing hash
+// table with linear probing and backward-shift deletion, split into
+// tableShards independently sized shards. It replaces a Go map on the
+// matching path because a lookup is then a multiply and, usually, a single
+// cache line, and growing one shard rehashes only that shard, so no write
+// stalls on rehashing the whole index.
+//
+// A slot whose bits are zero is empty; callers never store an entry with
+// zero bits (put with zero bits deletes). The zero holderTable is empty and
+// ready to use. It is not safe for concurrent writes; Index.mu guards it.
+type holderTable struct {
+	seed   uint64 // mixed into every key, so that layouts are unpredictable
+	n      int
+	shards [tableShards]shard
+}
+
+const (
+	tableShardBits = 8
+	tableShards    = 1 << tableShardBits
+	minShardSlots  = 8
+)
+
+type shard struct {
+	slots []holderSlot // len is 0 or a power of two
+	n     int
+}
+
+type holderSlot struct {
+	key uint64
+	holder
+}
+
+// spread maps a key to its shard (top bits) and home slot (low bits). The
+// multiply-xorshift rounds make every output bit depend on every key bit.
+func (t *holderTable) spread(key uint64) uint64 {
+	x := (key ^ t.seed) * prime2
+	x ^= x >> 32
+	x *= prime3
+	x ^= x >> 29
+	return x
+}
+
+// get returns the entry for key, or the zero holder.
+func (t *holderTable) get(key uint64) holder {
+	x := t.spread(key)
+	s := &t.shards[x>>(64-tableShardBits)]
+	if len(s.slots) == 0 {
+		return holder{}
+	}
+	mask := uint64(len(s.slots) - 1)
+	for i := x & mask; ; i = (i + 1) & mask {
+		sl := &s.slots[i]
+		if sl.bits == 0 {
+			return holder{}
+		}
+		if sl.key == key {
+			return sl.holder
+		}
+	}
+}
+
+// put stores hd under key, deleting key when hd.bits is zero.
+func (t *holderTable) put(key uint64, hd holder) {
+	if hd.bits == 0 {
+		t.del(key)
+		return
+	}
+	x := t.spread(key)
+	s := &t.shards[x>>(64-tableShardBits)]
+	if (s.n+1)*4 > len(s.slots)*3 { // keep the load at most 3/4
+		t.resize(s, max(2*len(s.slots), minShardSlots))
+	}
+	mask := uint64(len(s.slots) - 1)
+	for i := x & mask; ; i = (i + 1) & mask {
+		sl := &s.slots[i]
+		if sl.bits == 0 {
+			*sl = holderSlot{key, hd}
+			s.n++
+			t.n++
+			return
+		}
+		if sl.key == key {
+			sl.holder = hd
+			return
+		}
+	}
+}
+
+// del removes key, shifting later entries of its probe run back so that no
+// tombstones are left.
+func (t *holderTable) del(key uint64) {
+	x := t.spread(key)
+	s := &t.shards[x>>(64-tableShardBits)]
+	if len(s.slots) == 0 {
+		return
+	}
+	mask := uint64(len(s.slots) - 1)
+	i := x & mask
+	for {
+		sl := &s.slots[i]
+		if sl.bits == 0 {
+			return // absent
+		}
+		if sl.key == key {
+			break
+		}
+		i = (i + 1) & mask
+	}
+	for j := (i + 1) & mask; s.slots[j].bits != 0; j = (j + 1) & mask {
+		home := t.spread(s.slots[j].key) & mask
+		// The entry at j may move to the hole at i unless its home lies
+		// cyclically in (i, j].
+		if (j-home)&mask < (j-i)&mask {
+			continue
+		}
+		s.slots[i] = s.slots[j]
+		i = j
+	}
+	s.slots[i] = holderSlot{}
+	s.n--
+	t.n--
+	if len(s.slots) > minShardSlots && s.n*8 < len(s.slots) {
+		t.resize(s, len(s.slots)/2)
+	}
+}
+
+// resize rehashes shard s into size slots.
+func (t *holderTable) resize(s *shard, size int) {
+	old := s.slots
+	s.slots = make([]holderSlot, size)
+	mask := uint64(size - 1)
+	for _, sl := range old {
+		if sl.bits == 0 {
+			continue
+		}
+		i := t.spread(sl.key) & mask
+		for s.slots[i].bits != 0 {
+			i = (i + 1) & mask
+		}
+		s.slots[i] = sl
+	}
+}
+
+// len returns the number of entries.
+func (t *holderTable) len() int { return t.n }
+
+// all calls f for every entry, in no particular order.
+func (t *holderTable) all(f func(key uint64, hd holder)) {
+	for i := range t.shards {
+		for _, sl := range t.shards[i].slots {
+			if sl.bits != 0 {
+				f(sl.key, sl.holder)
+			}
+		}
+	}
+}
