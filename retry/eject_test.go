@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"testing"
@@ -296,5 +297,47 @@ func TestEjectorBadConfig(t *testing.T) {
 	}
 	if _, err := NewEjector(nil, EjectorConfig{}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("nil health: %v", err)
+	}
+}
+
+// TestEjectorSlowStart: an endpoint restored after its ejection ramps up
+// through the balancer's slow start instead of taking its full share at once.
+func TestEjectorSlowStart(t *testing.T) {
+	clk := newFakeClock()
+	b, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithClock(clk), llmlb.WithRand(rand.NewPCG(1, 2)),
+		llmlb.WithSlowStart(llmlb.SlowStart{Window: time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Update([]llmlb.Endpoint{ep("a"), ep("b")}); err != nil {
+		t.Fatal(err)
+	}
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk, ConsecutiveFailures: 1})
+	e.Report("a", errors.New("reset"))
+	clk.Advance(30 * time.Second)
+	e.Sweep()
+	if !healthy(b, "a") {
+		t.Fatal("not restored")
+	}
+	share := func() float64 {
+		n := 0
+		for i := 0; i < 2000; i++ {
+			p, err := b.Pick(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Endpoint().Key() == "a" {
+				n++
+			}
+			p.Done(nil)
+		}
+		return float64(n) / 2000
+	}
+	if s := share(); s > 0.2 {
+		t.Fatalf("restored endpoint took %.0f%% of picks at once; slow start should hold it near 10%%", 100*s)
+	}
+	clk.Advance(time.Minute)
+	if s := share(); s < 0.45 {
+		t.Fatalf("after the slow-start window the endpoint takes %.0f%% of picks", 100*s)
 	}
 }
