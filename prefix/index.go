@@ -31,13 +31,13 @@ const (
 	// BytesPerBlock bounds the heap used by one indexed block of one
 	// endpoint, in bytes, on 64-bit platforms. It is made of the endpoint's
 	// LRU entry (80 bytes), its slot in the LRU's map (16 bytes plus hash
-	// table slack) and the block's entry in the index-wide holder map (24
-	// bytes plus slack, shared by all endpoints of a 64-endpoint group that
-	// hold the block). Measured: 120 bytes when 8 endpoints share every
-	// block, 150-170 bytes when no block is shared; a test checks the bound
-	// over a million blocks. The index as a whole stays below the sum of the
-	// endpoints' capacities times BytesPerBlock, plus about a kilobyte per
-	// endpoint.
+	// table slack) and the block's entry in the index-wide holder table (a
+	// 24-byte slot in a table kept between 3/8 and 3/4 full, shared by all
+	// endpoints of a 64-endpoint group that hold the block). Measured: 120
+	// bytes when 8 endpoints share every block, 155-165 bytes when no block
+	// is shared; a test checks the bound over a million blocks. The index as
+	// a whole stays below the sum of the endpoints' capacities times
+	// BytesPerBlock, plus about a kilobyte per endpoint and 8 KB per index.
 	BytesPerBlock = 200
 )
 
@@ -79,17 +79,23 @@ type Match struct {
 // prompt, the longest cached prefix on every endpoint at once.
 //
 // Each endpoint has its own LRU of block hashes, bounded by its capacity. An
-// index-wide map from block hash to the set of endpoints holding it (a bitset
-// per group of 64 endpoints) is kept consistent with the LRUs through their
-// eviction callbacks, so [Index.Match] walks the prompt's blocks once,
-// intersecting the set of endpoints still matching, whatever the number of
-// endpoints.
+// index-wide table from block hash to the set of endpoints holding it (a
+// bitset per group of 64 endpoints) is kept consistent with the LRUs through
+// their eviction callbacks, so [Index.Match] walks the prompt's blocks once,
+// intersecting the set of endpoints still matching: one table lookup per
+// block for up to 64 endpoints, one per block and group beyond.
 //
 // An endpoint's blocks are fed approximately by [Index.Record] (the router's
 // own decisions; they expire after the TTL) or precisely by
 // [Index.Stored], [Index.Removed] and [Index.Cleared] (the engine's KV
 // events; they do not expire). Both may feed the same endpoint: a block's
-// expiry is the latest of the two.
+// expiry is the latest of the two. A block recorded at time t matches while
+// now < t + TTL. Expired blocks stay in their LRU until evicted, so expiry
+// never changes which blocks an LRU evicts.
+//
+// Times are the caller's clock, passed to each call. They should not go
+// backwards: a Match at a time earlier than a preceding Record's may treat a
+// block that expired between the two times as expired already.
 //
 // Index is safe for concurrent use. Match, MatchLen, Len and Capacity take a
 // read lock, so concurrent matches proceed in parallel; every other method
