@@ -238,8 +238,11 @@ func (a *Attempt) FirstToken() bool {
 // one of them has returned before Do returns: the winner's stream is
 // consumed inside its attempt function.
 //
-// When retries run out, Do returns a [*GiveUpError] wrapping [ErrExhausted]
-// and the last error. It returns pick errors of the first attempt (such as
+// Before a retry Do waits max(back-off, server pushback); if that wait
+// would end after the context's deadline it gives up at once. When retries
+// run out (attempts, budget, a "do not retry" pushback, the deadline, or no
+// endpoint), Do returns a [*GiveUpError] wrapping [ErrExhausted] and the
+// last error. It returns pick errors of the first attempt (such as
 // [llmlb.ErrNoCandidates]) as they are, and the context's error if it ends
 // during a back-off.
 func (l *Loop) Do(ctx context.Context, req *llmlb.Request, attempt func(ctx context.Context, a *Attempt) error) error {
@@ -471,7 +474,7 @@ func (r *run) next() (*Attempt, error) {
 	if pb.Kind == RetryLater {
 		d = max(d, pb.Delay)
 	}
-	if deadline, ok := r.ctx.Deadline(); ok && !l.clock.Now().Add(d).Before(deadline) {
+	if deadline, ok := r.ctx.Deadline(); ok && time.Until(deadline) <= d { // the context's own clock
 		l.budget.Finish(true, Abandoned)
 		return nil, giveUp("deadline")
 	}
