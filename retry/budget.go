@@ -90,10 +90,10 @@ const percentScale = 10000
 // because the last retry of the run bounds every retry in its 10-slot window,
 // the last retry before that window bounds the previous window, and so on:
 // at most ceil(m/10) disjoint windows, each with its own reserve and its own
-// deposits. In particular, over T seconds of steady traffic, retries are at
-// most PercentCanRetry*requests plus MinRetriesPerSec*TTL per started TTL.
-// The percentage is rounded to 1e-4 and the reserve down to a whole 1e-4 of
-// a retry.
+// deposits. In particular, for traffic that starts on an idle budget,
+// retries are at most PercentCanRetry*requests plus MinRetriesPerSec*TTL per
+// started TTL. The percentage is rounded to 1e-4, written d/w in lowest
+// terms, and the reserve is rounded down to a multiple of 1/w of a retry.
 type PercentBudget struct {
 	clock   Clock
 	sys     bool // clock is the system clock
