@@ -165,7 +165,7 @@ func (s series) sum(fams families) (sum float64, n int, err error) {
 		var v float64
 		if s.info != "" {
 			str := labelValue(m, s.info)
-			if str == "" {
+			if str == "" || str == "None" { // vLLM writes None before it has profiled memory
 				continue
 			}
 			v, err = strconv.ParseFloat(str, 64)

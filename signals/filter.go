@@ -40,8 +40,8 @@ var wanted = func() [numEngines]map[string]bool {
 }()
 
 // filter compacts b in place to the lines naming a wanted metric and returns
-// the result.
-func filter(b []byte, want map[string]bool) ([]byte, error) {
+// the result, with the line number in b of each line kept appended to lines.
+func filter(b []byte, want map[string]bool, lines []int) ([]byte, []int, error) {
 	out := b[:0]
 	for n, rest := 1, b; len(rest) > 0; n++ {
 		line := rest
@@ -52,7 +52,7 @@ func filter(b []byte, want map[string]bool) ([]byte, error) {
 		}
 		name, quoted, err := lineName(line)
 		if err != nil {
-			return nil, fmt.Errorf("%w: line %d: %v", ErrParse, n, err)
+			return nil, lines, fmt.Errorf("%w: line %d: %v", ErrParse, n, err)
 		}
 		if !quoted && (name == nil || !want[string(name)]) {
 			continue
@@ -63,8 +63,9 @@ func filter(b []byte, want map[string]bool) ([]byte, error) {
 		if line[len(line)-1] != '\n' {
 			out = append(out, '\n')
 		}
+		lines = append(lines, n)
 	}
-	return out, nil
+	return out, lines, nil
 }
 
 // lineName returns the metric a line is about: a sample's name, or the name

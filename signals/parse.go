@@ -1,6 +1,7 @@
 package signals
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/protobuf/encoding/protodelim"
 
 	"github.com/llmlb/llmlb"
 )
@@ -73,14 +75,11 @@ func Parse(r io.Reader, contentType string, engine Engine) (Observation, error) 
 	if err != nil {
 		return Observation{}, err
 	}
-	if !isText(format) {
-		return parse(nil, r, format, engine)
-	}
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return Observation{}, fmt.Errorf("%w: reading: %v", ErrParse, err)
 	}
-	return parse(b, nil, format, engine)
+	return parse(b, format, engine)
 }
 
 // parseBody is Parse for a body the caller owns: a text body is filtered in
@@ -90,32 +89,31 @@ func parseBody(b []byte, contentType string, engine Engine) (Observation, error)
 	if err != nil {
 		return Observation{}, err
 	}
-	if !isText(format) {
-		return parse(nil, bytes.NewReader(b), format, engine)
-	}
-	return parse(b, nil, format, engine)
+	return parse(b, format, engine)
 }
 
-func isText(f expfmt.Format) bool {
-	t := f.FormatType()
-	return t == expfmt.TypeTextPlain || t == expfmt.TypeOpenMetrics
-}
-
-// parse maps a text body b, or else the binary stream r, to an observation.
-func parse(b []byte, r io.Reader, format expfmt.Format, engine Engine) (Observation, error) {
+// parse maps the body b, in format, to an observation. A text body is
+// filtered in place.
+func parse(b []byte, format expfmt.Format, engine Engine) (Observation, error) {
 	if engine < 0 || engine >= numEngines {
 		return Observation{}, fmt.Errorf("%w: unknown engine %d", ErrInvalidConfig, int(engine))
 	}
 	var fams families
 	var err error
-	if r == nil {
-		if b, err = filter(b, wanted[engine]); err != nil {
+	if t := format.FormatType(); t == expfmt.TypeTextPlain || t == expfmt.TypeOpenMetrics {
+		var lines []int
+		if b, lines, err = filter(b, wanted[engine], make([]int, 0, 64)); err != nil {
 			return Observation{}, err
 		}
 		p := expfmt.NewTextParser(model.UTF8Validation)
 		fams, err = p.TextToMetricFamilies(bytes.NewReader(b))
+		var pe expfmt.ParseError
+		if errors.As(err, &pe) && pe.Line >= 1 && pe.Line <= len(lines) {
+			// Report the line number of the unfiltered body.
+			return Observation{}, fmt.Errorf("%w: line %d: %s", ErrParse, lines[pe.Line-1], pe.Msg)
+		}
 	} else {
-		fams, err = decode(r, format)
+		fams, err = decodeProto(b)
 	}
 	if err != nil {
 		return Observation{}, parseErr(err)
@@ -150,17 +148,20 @@ func formatOf(contentType string) (expfmt.Format, error) {
 	return format, nil
 }
 
-// decode reads binary metric families (delimited protobuf) from r.
-func decode(r io.Reader, format expfmt.Format) (families, error) {
-	dec := expfmt.NewDecoder(r, format)
+// decodeProto reads length-delimited protobuf metric families from b. It
+// does not use expfmt's protobuf decoder, which accepts any length prefix
+// and allocates a buffer of that size before reading: a few bytes of garbage
+// could make it allocate gigabytes. Here no message may be longer than b.
+func decodeProto(b []byte) (families, error) {
+	br := bufio.NewReader(bytes.NewReader(b))
+	opts := protodelim.UnmarshalOptions{MaxSize: int64(len(b))}
 	fams := make(families)
 	for {
 		mf := new(dto.MetricFamily)
-		err := dec.Decode(mf)
-		if errors.Is(err, io.EOF) {
-			return fams, nil
-		}
-		if err != nil {
+		if err := opts.UnmarshalFrom(br, mf); err != nil {
+			if err == io.EOF {
+				return fams, nil
+			}
 			return nil, err
 		}
 		if len(mf.Metric) > 0 {

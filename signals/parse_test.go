@@ -2,12 +2,15 @@ package signals_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -138,6 +141,7 @@ func TestParseBadInput(t *testing.T) {
 		{"openmetrics stateset type", "# TYPE vllm:num_requests_running stateset\nvllm:num_requests_running 1\n# EOF\n", omType, signals.ErrParse, ""},
 		{"binary garbage", "\x00\x01\x02", textType, signals.ErrParse, "line 1"},
 		{"json body", "{\"running\": 1}\n", "", signals.ErrParse, ""},
+		{"protobuf huge length", "\xff\xff\xff\xff\xff\xff\xff\x7f", "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited", signals.ErrParse, ""},
 		{"protobuf garbage", "\x05\x01\x02", "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited", signals.ErrParse, ""},
 	}
 	for _, c := range cases {
@@ -193,4 +197,34 @@ func TestParseIgnoresUnreadLines(t *testing.T) {
 	o, err := signals.Parse(strings.NewReader(in), textType, signals.EngineAuto)
 	require.NoError(t, err)
 	assert.Equal(t, 2, o.Running)
+}
+
+// A parse error names the line of the body as received.
+func TestParseErrorLine(t *testing.T) {
+	body := string(fixture(t, "llamacpp.prom"))
+	n := strings.Count(body, "\n") + 1
+	_, err := signals.Parse(strings.NewReader(body+"llamacpp:requests_deferred{ 1\n"), textType, signals.EngineAuto)
+	require.ErrorIs(t, err, signals.ErrParse)
+	assert.Contains(t, err.Error(), fmt.Sprintf("line %d:", n))
+}
+
+// The delimited protobuf format gives the same observation as the text one.
+func TestParseProtobuf(t *testing.T) {
+	tp := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := tp.TextToMetricFamilies(strings.NewReader(string(fixture(t, "vllm.prom"))))
+	require.NoError(t, err)
+	var buf strings.Builder
+	format := expfmt.NewFormat(expfmt.TypeProtoDelim)
+	enc := expfmt.NewEncoder(&buf, format)
+	for _, mf := range fams {
+		require.NoError(t, enc.Encode(mf))
+	}
+	o, err := signals.Parse(strings.NewReader(buf.String()), string(format), signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, signals.EngineVLLM, o.Engine)
+	assert.Equal(t, 12, o.Running)
+	assert.Equal(t, 3, o.Waiting)
+	assert.InDelta(t, 0.42, o.KVUsage, 1e-12)
+	assert.Equal(t, 27153, o.KVBlocks)
+	assert.InDelta(t, 17, o.Preemptions, 0)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
@@ -242,10 +243,18 @@ func NewScraper(cfg Config) (*Scraper, error) {
 	return s, nil
 }
 
+// defaultClient returns the client used when Config.Client is nil: direct
+// connections (no proxy from the environment: metrics endpoints are internal),
+// kept alive across scrapes, at most DefaultMaxRedirects redirects.
 func defaultClient(conc int) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns = max(tr.MaxIdleConns, conc)
-	tr.MaxIdleConnsPerHost = 2
+	tr := &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          max(100, conc),
+		MaxIdleConnsPerHost:   2,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   5 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
 	return &http.Client{
 		Transport: tr,
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
@@ -312,13 +321,12 @@ func (s *Scraper) SetTargets(targets map[string]string) error {
 		}
 	}
 	s.mu.Lock()
-	var gone []string
 	for k, t := range s.targets {
 		if u, ok := targets[k]; !ok || u != t.url {
 			t.removed.Store(true)
 			delete(s.targets, k)
 			if !ok {
-				gone = append(gone, k)
+				s.store.Delete(k)
 			}
 		}
 	}
@@ -328,9 +336,6 @@ func (s *Scraper) SetTargets(targets map[string]string) error {
 		}
 	}
 	s.mu.Unlock()
-	for _, k := range gone {
-		s.store.Delete(k)
-	}
 	s.wake()
 	return nil
 }
@@ -367,11 +372,10 @@ func (s *Scraper) Add(key, metricsURL string) error {
 // unknown key. A scrape of it in flight completes without recording.
 func (s *Scraper) Remove(key string) {
 	s.mu.Lock()
-	t := s.targets[key]
-	delete(s.targets, key)
-	s.mu.Unlock()
-	if t != nil {
+	defer s.mu.Unlock()
+	if t := s.targets[key]; t != nil {
 		t.removed.Store(true)
+		delete(s.targets, key)
 		s.store.Delete(key)
 	}
 }
@@ -433,9 +437,15 @@ func (s *Scraper) scrape(ctx context.Context, t *target) (Observation, error) {
 	o, err := s.fetch(ctx, t.url)
 	if err == nil {
 		o.At = sent
+		s.mu.Lock() // a target is removed, and its observation deleted, under s.mu
 		if !t.removed.Load() {
 			err = s.store.RecordObservation(t.key, o)
 		}
+		s.mu.Unlock()
+	}
+	if err != nil && ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The caller gave up (Run is stopping): not the endpoint's failure.
+		return Observation{}, &ScrapeError{Key: t.key, URL: t.url, Err: err}
 	}
 	d := time.Since(start)
 	t.mu.Lock()
@@ -472,6 +482,7 @@ func (s *Scraper) fetch(ctx context.Context, u string) (Observation, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10) // let a short error body keep the connection
 		return Observation{}, fmt.Errorf("%w: %s", ErrHTTPStatus, resp.Status)
 	}
 	var body io.Reader = resp.Body
