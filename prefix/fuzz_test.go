@@ -46,7 +46,9 @@ func FuzzIndex(f *testing.F) {
 }
 
 func runOps(t *testing.T, data []byte) {
-	cfg := IndexConfig{BlockSize: 16, Capacity: 6, TTL: 16 * time.Second, MaxEndpoints: 70}
+	// TTL/64 is 10ms, one time step: records one step apart exercise the
+	// update slack, and matches land exactly on expiry instants.
+	cfg := IndexConfig{BlockSize: 16, Capacity: 6, TTL: 640 * time.Millisecond, MaxEndpoints: 70}
 	x, err := NewIndex(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +115,7 @@ func runOps(t *testing.T, data []byte) {
 				t.Fatalf("SetCapacity(%s, %d) = %v, model ok %v", ep, capacity, err, ok)
 			}
 		case 8:
-			now = now.Add(time.Duration(b%20) * time.Second)
+			now = now.Add(time.Duration(b%8) * 10 * time.Millisecond)
 		}
 		for key, e := range m.eps {
 			if got := x.Len(key); got != len(e.list) {

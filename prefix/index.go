@@ -44,6 +44,11 @@ const (
 // never is the expiry of blocks reported by engine events.
 const never = math.MaxInt64
 
+// recordSlack sets how stale an expiry may be before Record updates it:
+// a block recorded again within TTL/recordSlack of its previous Record keeps
+// the earlier expiry, which saves an LRU update per block on hot prefixes.
+const recordSlack = 64
+
 // IndexConfig configures an [Index]. The zero value is valid and selects
 // every default.
 type IndexConfig struct {
@@ -58,8 +63,10 @@ type IndexConfig struct {
 	// most [MaxCapacity].
 	Capacity int
 	// TTL is how long a block recorded by [Index.Record] keeps matching
-	// after its last Record. Blocks reported by engine events do not
-	// expire. Zero means [DefaultTTL]; negative values are rejected.
+	// after its last Record. A Record less than TTL/64 after the previous
+	// one keeps the earlier expiry (it only refreshes recency), so a block
+	// may stop matching up to TTL/64 early. Blocks reported by engine events
+	// do not expire. Zero means [DefaultTTL]; negative values are rejected.
 	TTL time.Duration
 	// MaxEndpoints bounds the number of endpoints tracked. Zero means
 	// [DefaultMaxEndpoints], which is also the largest value accepted.
@@ -299,7 +306,7 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	if err != nil {
 		return err
 	}
-	x.touchLocked(e, blocks, exp, t)
+	x.touchLocked(e, blocks, exp, x.ttl/recordSlack, t)
 	return nil
 }
 
@@ -330,7 +337,7 @@ func (x *Index) Stored(endpoint string, blockSize int, hashes ...uint64) error {
 	if err != nil {
 		return err
 	}
-	x.touchLocked(e, hashes, never, math.MinInt64)
+	x.touchLocked(e, hashes, never, 0, math.MinInt64)
 	return nil
 }
 
@@ -386,20 +393,22 @@ func (x *Index) checkBlockSize(blockSize int) error {
 	return nil
 }
 
-// touchLocked makes e hold blocks[:capacity] with expiry at least exp,
-// touching them tail first. now is the time used to refresh the expiry
-// summary of each block's holder entry. x.mu must be held for writing.
-func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, now int64) {
+// touchLocked makes e hold blocks[:capacity], touching them tail first, with
+// expiry exp, or the expiry they already have if it is at least exp-slack.
+// now is the time used to refresh the expiry summary of each block's holder
+// entry. x.mu must be held for writing.
+func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64) {
 	n := min(len(blocks), e.capacity)
 	w, bit := e.slot/64, uint64(1)<<(e.slot%64)
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]
 		v := exp
-		old, had := e.lru.Peek(h)
-		if had && old > v {
-			v = old
+		old, had := e.lru.Get(h) // makes h the most recently used if held
+		if had && old >= exp-slack {
+			v = old // recent enough, or held longer: no update needed
+		} else {
+			e.lru.Add(h, v) // may evict another block, unlinking it
 		}
-		e.lru.Add(h, v) // may evict another block, unlinking it
 		k := holderKey(h, w)
 		hd := x.holders.get(k)
 		switch {

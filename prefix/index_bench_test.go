@@ -102,3 +102,19 @@ func BenchmarkStored(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRecordRepeat records the same 256-block prompt again and again on
+// one endpoint: the cost of touching blocks already held, the common case
+// of a popular prefix.
+func BenchmarkRecordRepeat(b *testing.B) {
+	x := mustIndex(b, IndexConfig{})
+	prompt := chainOf(1, 256)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		if err := x.Record("a", prompt, t0.Add(time.Duration(i)*time.Millisecond)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

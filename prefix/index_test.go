@@ -137,6 +137,28 @@ func TestTTL(t *testing.T) {
 	}
 }
 
+// TestTTLSlack checks that a Record soon after the previous one refreshes
+// recency but keeps the earlier expiry, and that a later one extends it.
+func TestTTLSlack(t *testing.T) {
+	ttl := 64 * time.Second // slack TTL/64 = 1s
+	x := mustIndex(t, IndexConfig{TTL: ttl, Capacity: 2})
+	p := chainOf(1, 1)
+	must(t, x.Record("a", p, t0))
+	must(t, x.Record("a", chainOf(2, 1), t0))
+	must(t, x.Record("a", p, t0.Add(time.Second))) // within slack: recency only
+	must(t, x.Record("a", chainOf(3, 1), t0.Add(time.Second)))
+	if x.MatchLen("a", p, t0) != 1 {
+		t.Fatal("the re-recorded block was evicted: recency not refreshed")
+	}
+	if x.MatchLen("a", p, t0.Add(ttl)) != 0 {
+		t.Fatal("a Record within the slack extended the expiry")
+	}
+	must(t, x.Record("a", p, t0.Add(time.Second+time.Nanosecond))) // beyond the slack
+	if x.MatchLen("a", p, t0.Add(ttl)) != 1 || x.MatchLen("a", p, t0.Add(ttl+time.Second+time.Nanosecond)) != 0 {
+		t.Fatal("a Record beyond the slack did not extend the expiry to its time plus TTL")
+	}
+}
+
 // TestTTLSharedBlock exercises the per-block expiry summary: a block held
 // by several endpoints, some expired, is matched only by the live ones,
 // before and after a write refreshes the summary.

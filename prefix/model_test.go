@@ -44,13 +44,15 @@ func (m *model) endpoint(key string) *modelEndpoint {
 	return e
 }
 
-func (e *modelEndpoint) touch(blocks []uint64, exp int64) {
+func (e *modelEndpoint) touch(blocks []uint64, exp, slack int64) {
 	n := min(len(blocks), e.capacity)
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]
 		v := exp
 		if j := e.find(h); j >= 0 {
-			v = max(v, e.list[j].exp)
+			if old := e.list[j].exp; old >= exp-slack {
+				v = old
+			}
 			e.list = slices.Delete(e.list, j, j+1)
 			e.list = append(e.list, modelEntry{h, v})
 			continue
@@ -71,7 +73,7 @@ func (m *model) record(key string, blocks []uint64, t int64) bool {
 	if e == nil {
 		return false
 	}
-	e.touch(blocks, t+m.ttl)
+	e.touch(blocks, t+m.ttl, m.ttl/64)
 	return true
 }
 
@@ -83,7 +85,7 @@ func (m *model) stored(key string, blockSize int, blocks []uint64) bool {
 	if e == nil {
 		return false
 	}
-	e.touch(blocks, math.MaxInt64)
+	e.touch(blocks, math.MaxInt64, 0)
 	return true
 }
 
