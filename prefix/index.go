@@ -361,13 +361,12 @@ func (x *Index) Removed(endpoint string, blockSize int, hashes ...uint64) error 
 // Cleared applies an engine KV event: endpoint dropped its whole cache (for
 // example after a restart or a weight update). The endpoint stays tracked
 // with its capacity. Unknown endpoints are ignored.
-func (x *Index) Cleared(endpoint string) error {
+func (x *Index) Cleared(endpoint string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if e := x.endpoints[endpoint]; e != nil {
 		e.lru.Purge()
 	}
-	return nil
 }
 
 // RemoveEndpoint forgets endpoint and all its blocks, freeing its place
