@@ -219,3 +219,25 @@ func checkDivergence(t *testing.T, a, b []uint64, k int) {
 		}
 	}
 }
+
+// FuzzRoot checks that distinct salts give distinct roots (the encoding is
+// unambiguous), and that the tenant counts exactly when isolation is on.
+func FuzzRoot(f *testing.F) {
+	f.Add("m", "a", "n", "low", "t", "m", "a", "n", "low", "u")
+	f.Add("ab", "", "", "", "", "a", "b", "", "", "")
+	f.Add("", "", "", "", "", "", "", "", "", "")
+	f.Fuzz(func(t *testing.T, m1, a1, n1, r1, t1, m2, a2, n2, r2, t2 string) {
+		iso := mustHasher(t, HasherConfig{})
+		shared := mustHasher(t, HasherConfig{ShareAcrossTenants: true})
+		s1 := Salt{Model: m1, Adapter: a1, Namespace: n1, ReasoningEffort: r1, Tenant: t1}
+		s2 := Salt{Model: m2, Adapter: a2, Namespace: n2, ReasoningEffort: r2, Tenant: t2}
+		if (iso.Root(s1) == iso.Root(s2)) != (s1 == s2) {
+			t.Fatalf("isolated roots: equal %v for salts %+v and %+v", iso.Root(s1) == iso.Root(s2), s1, s2)
+		}
+		s1.Tenant, s2.Tenant = "", ""
+		if (shared.Root(Salt{Model: m1, Adapter: a1, Namespace: n1, ReasoningEffort: r1, Tenant: t1}) ==
+			shared.Root(Salt{Model: m2, Adapter: a2, Namespace: n2, ReasoningEffort: r2, Tenant: t2})) != (s1 == s2) {
+			t.Fatalf("shared roots must ignore only the tenant: %+v vs %+v", s1, s2)
+		}
+	})
+}
