@@ -202,9 +202,9 @@ const (
 	prime3 uint64 = 1609587929392839161
 )
 
-// beBufLen is the size of the stack buffer tokens are encoded into on
+// encodeBufLen is the size of the stack buffer tokens are encoded into on
 // big-endian machines.
-const beBufLen = 256
+const encodeBufLen = 256
 
 // AppendTokens appends the hashes of the full blocks of tokens, chained from
 // root, to dst and returns the extended slice. root is [Hasher.Root] of the
@@ -216,23 +216,34 @@ func (h *Hasher) AppendTokens(dst []uint64, root uint64, tokens []uint32) []uint
 		return dst
 	}
 	dst = grow(dst, n)
-	prev := root
 	if littleEndian {
-		// The memory of tokens is already their little-endian encoding:
-		// hash it in place.
-		step := 4 * bt
-		raw := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(tokens))), n*step)
-		for i := 0; i < n; i++ {
-			prev = chain(prev, xxhash.Sum64(raw[i*step:(i+1)*step]))
-			dst = append(dst, prev)
-		}
-		return dst
+		return appendTokensInPlace(dst, root, tokens[:n*bt], bt)
 	}
+	return appendTokensEncoded(dst, root, tokens[:n*bt], bt)
+}
+
+// appendTokensInPlace hashes the blocks of tokens (a whole number of blocks
+// of bt tokens) on a little-endian machine, where the memory of tokens is
+// already their little-endian encoding.
+func appendTokensInPlace(dst []uint64, prev uint64, tokens []uint32, bt int) []uint64 {
+	step := 4 * bt
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(tokens))), 4*len(tokens))
+	for i := 0; i+step <= len(raw); i += step {
+		prev = chain(prev, xxhash.Sum64(raw[i:i+step]))
+		dst = append(dst, prev)
+	}
+	return dst
+}
+
+// appendTokensEncoded hashes the blocks of tokens (a whole number of blocks
+// of bt tokens) on any machine, encoding the tokens little-endian through a
+// stack buffer.
+func appendTokensEncoded(dst []uint64, prev uint64, tokens []uint32, bt int) []uint64 {
 	var d xxhash.Digest
-	var buf [beBufLen]byte
-	for i := 0; i < n; i++ {
+	var buf [encodeBufLen]byte
+	for ; len(tokens) >= bt; tokens = tokens[bt:] {
 		d.Reset()
-		block := tokens[i*bt : (i+1)*bt]
+		block := tokens[:bt]
 		for len(block) > 0 {
 			k := min(len(block), len(buf)/4)
 			for j, t := range block[:k] {
