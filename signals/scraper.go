@@ -52,11 +52,12 @@ type Config struct {
 	// redirects; its idle connections are closed by Close. The Timeout of a
 	// caller's client still applies, as does its redirect policy.
 	Client *http.Client
-	// Interval is the time between two scrapes of one endpoint. 0 means
-	// [DefaultInterval].
+	// Interval is the time between two scrapes of one endpoint, at least
+	// 1ms. 0 means [DefaultInterval].
 	Interval time.Duration
-	// Timeout bounds one scrape, from sending the request to parsing the
-	// body. 0 means the Interval, at most [DefaultMaxTimeout].
+	// Timeout bounds the HTTP exchange of one scrape: connecting, sending
+	// the request and reading the whole body. 0 means the Interval, at most
+	// [DefaultMaxTimeout].
 	Timeout time.Duration
 	// Jitter is the fraction, in [0, 1), of the Interval by which each wait
 	// between two scrapes of an endpoint is randomly lengthened or
@@ -178,8 +179,8 @@ type target struct {
 // NewScraper returns a Scraper configured by cfg, with no targets.
 func NewScraper(cfg Config) (*Scraper, error) {
 	switch {
-	case cfg.Interval < 0:
-		return nil, fmt.Errorf("%w: Interval %v is negative", ErrInvalidConfig, cfg.Interval)
+	case cfg.Interval < 0 || (cfg.Interval > 0 && cfg.Interval < time.Millisecond):
+		return nil, fmt.Errorf("%w: Interval %v is negative or below 1ms", ErrInvalidConfig, cfg.Interval)
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("%w: Timeout %v is negative", ErrInvalidConfig, cfg.Timeout)
 	case !(cfg.Jitter < 1): // also rejects NaN

@@ -252,6 +252,7 @@ func TestConfigValidation(t *testing.T) {
 		cfg  signals.Config
 	}{
 		{"negative interval", signals.Config{Interval: -1}},
+		{"tiny interval", signals.Config{Interval: time.Microsecond}},
 		{"negative timeout", signals.Config{Timeout: -1}},
 		{"jitter 1", signals.Config{Jitter: 1}},
 		{"jitter NaN", signals.Config{Jitter: nan()}},

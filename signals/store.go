@@ -160,7 +160,8 @@ func (s *Store) insert(key string, p *Observation) (*entry, error) {
 	return nil, nil
 }
 
-// Delete forgets the endpoint key. It is a no-op for an unknown key.
+// Delete forgets the endpoint key. It is a no-op for an unknown key. A later
+// Record for key adds it again.
 func (s *Store) Delete(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
