@@ -8,17 +8,21 @@ import (
 	"github.com/llmlb/llmlb/prefix"
 )
 
-// Defaults of [DefaultConfig].
+// Defaults of [DefaultConfig]. The simulator's default scenario and the
+// Mooncake trace replay chose them (see the README's policy comparison).
 const (
-	// DefaultSampled is the number of candidates drawn at random besides the
-	// prefix holders.
-	DefaultSampled = 2
-	// DefaultHolders is the number of longest-prefix holders always
-	// considered.
-	DefaultHolders = 2
+	// DefaultCacheWeight is the credit per cached prompt token, in prefill
+	// tokens.
+	DefaultCacheWeight = 4.0
+	// DefaultFootprintWeight is the cost per token of an endpoint's KV
+	// footprint, in prefill tokens.
+	DefaultFootprintWeight = 0.5
 	// DefaultKVPenalty is the cost, in prefill tokens, of each token of KV
 	// demand beyond an endpoint's capacity.
 	DefaultKVPenalty = 2.0
+	// DefaultHolders is the number of longest-prefix holders scored when
+	// [DefaultConfig.Sampled] is positive.
+	DefaultHolders = 2
 )
 
 // DefaultConfig configures [Default]. The zero value selects every default.
@@ -28,109 +32,106 @@ type DefaultConfig struct {
 	// defaults of package prefix. Feed it engine KV events for precise
 	// matching; otherwise the policy's own decisions feed it.
 	Index *prefix.Index
-	// Sampled is the number of candidates drawn at random for each pick, in
-	// addition to the Holders candidates with the longest cached prefix.
-	// Zero means [DefaultSampled]; a negative value scores every candidate.
+	// Sampled, when positive, limits scoring to the Holders candidates with
+	// the longest cached prefix plus Sampled candidates drawn at random, as
+	// P2C does, for very large pools or many routers sharing a stale view.
+	// Zero scores every candidate.
 	Sampled int
-	// Holders is the number of candidates with the longest cached prefix
-	// always scored. Zero means [DefaultHolders]; negative means none.
+	// Holders is the number of longest-prefix holders scored when Sampled
+	// is positive. Zero means [DefaultHolders].
 	Holders int
-	// KVPenalty is the cost, in prefill tokens, of each token of estimated
-	// KV demand beyond an endpoint's capacity (where requests wait for
-	// memory or are preempted). Zero means [DefaultKVPenalty].
+	// CacheWeight is the credit per cached prompt token, in prefill tokens.
+	// Above 1 it values locality beyond the prefill a hit saves now: the hit
+	// keeps the prefix warm for the next request, and the prefill chunk it
+	// avoids would have stalled every decode in the endpoint's batch. Zero
+	// means [DefaultCacheWeight].
+	CacheWeight float64
+	// FootprintWeight is the cost per token of the endpoint's KV footprint:
+	// the larger of this balancer's outstanding requests' tokens and the
+	// reported KV usage. It spreads decode load. Zero means
+	// [DefaultFootprintWeight].
+	FootprintWeight float64
+	// KVPenalty is the cost per token of estimated KV demand beyond the
+	// endpoint's capacity, where requests wait for memory or are preempted.
+	// Zero means [DefaultKVPenalty].
 	KVPenalty float64
 }
 
 type defaultPolicy struct {
-	t         *prefixTracker
-	sampled   int
-	holders   int
-	kvPenalty float64
-	avgPrompt atomic.Uint64 // float64 bits: moving average of prompt tokens
+	t           *prefixTracker
+	sampled     int
+	holders     int
+	cacheWeight float64
+	footprint   float64
+	kvPenalty   float64
+	avgPrompt   atomic.Uint64 // float64 bits: moving average of prompt tokens
 }
 
-// Default returns the policy this package recommends for LLM traffic. It
-// estimates, for each endpoint it considers, the prefill work the request
-// would wait behind plus its own uncached prompt, and takes the cheapest:
+// Default returns the policy this package recommends for LLM traffic. For
+// each candidate it estimates the prefill work the request would wait behind,
+// credits the prompt tokens the candidate holds in its prefix cache, and adds
+// the candidate's KV footprint and any KV overcommitment:
 //
-//	cost = queued prefill tokens + prompt tokens - cached prompt tokens
+//	cost = queued prefill tokens + prompt tokens - CacheWeight * cached prompt tokens
+//	       + FootprintWeight * KV footprint
 //	       + KVPenalty * max(0, KV demand - KV capacity)
 //
-// divided by the endpoint's effective weight (slow start, static weight).
-// Queued prefill is this balancer's requests before their first token plus,
-// with a fresh signal, the other routers' waiting requests at the mean prompt
-// length; cached tokens come from the prefix index; KV demand is the
-// reported (or, without a signal, estimated) KV usage plus the queued work
-// plus this request. A cached prefix therefore wins exactly as long as the
-// queue in front of it is shorter than the prefill it saves: affinity decays
-// with load by construction, with no threshold to tune, and a popular prefix
-// cannot bury its holder.
+// and takes the cheapest, at random among ties, after dividing by the
+// endpoint's effective weight (static weight, slow start). Queued prefill is
+// this balancer's requests before their first token plus, with a fresh
+// signal, the other routers' waiting requests at the mean prompt length;
+// cached tokens come from the prefix index; the footprint is the larger of
+// this balancer's outstanding tokens and the reported KV usage.
 //
-// It scores the Holders candidates with the longest cached prefix plus
-// Sampled candidates drawn at random (not every candidate): the holders
-// keep locality, and the random draws keep several routers sharing a stale
-// view from stampeding onto the same endpoint, as in [P2C]. Ties are broken
-// at random. The choice is recorded in the index and its cached tokens are
-// not charged as prefill. Give each Balancer its own policy; several may
-// share one Index.
+// Locality is bought with queueing, in the same unit: a prefix holder wins
+// while the work queued in front of it is smaller than what its cache saves,
+// so affinity decays with load by construction, with no imbalance threshold
+// to tune, and a popular prefix cannot bury its holder. The choice is
+// recorded in the index and its cached tokens are not charged as prefill.
+// Give each Balancer its own policy; several may share one Index.
 func Default(cfg DefaultConfig) (Policy, error) {
-	if cfg.Sampled == 0 {
-		cfg.Sampled = DefaultSampled
-	}
 	if cfg.Holders == 0 {
 		cfg.Holders = DefaultHolders
+	}
+	if cfg.CacheWeight == 0 {
+		cfg.CacheWeight = DefaultCacheWeight
+	}
+	if cfg.FootprintWeight == 0 {
+		cfg.FootprintWeight = DefaultFootprintWeight
 	}
 	if cfg.KVPenalty == 0 {
 		cfg.KVPenalty = DefaultKVPenalty
 	}
-	if !(cfg.KVPenalty >= 0) || math.IsInf(cfg.KVPenalty, 0) {
-		return nil, fmt.Errorf("llmlb: default KV penalty %v must be finite and non-negative", cfg.KVPenalty)
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return nil, fmt.Errorf("llmlb: default policy %s %v must be finite and non-negative", f.name, f.v)
+		}
+	}
+	if cfg.Sampled < 0 || cfg.Holders < 0 {
+		return nil, fmt.Errorf("llmlb: default policy Sampled %d and Holders %d must not be negative", cfg.Sampled, cfg.Holders)
 	}
 	t, err := newPrefixTracker(cfg.Index)
 	if err != nil {
 		return nil, err
 	}
-	return &defaultPolicy{t: t, sampled: cfg.Sampled, holders: max(cfg.Holders, 0), kvPenalty: cfg.KVPenalty}, nil
+	return &defaultPolicy{
+		t:           t,
+		sampled:     cfg.Sampled,
+		holders:     cfg.Holders,
+		cacheWeight: cfg.CacheWeight,
+		footprint:   cfg.FootprintWeight,
+		kvPenalty:   cfg.KVPenalty,
+	}, nil
 }
 
 func (p *defaultPolicy) Choose(c *Candidates) int {
 	n := c.Len()
 	avg := p.observePrompt(float64(c.req.PromptTokens))
 	p.t.match(c)
-
-	// The candidates to score: holders of the longest prefixes, then random
-	// draws, each once (c.seen marks them by candidate index).
-	c.seen = growBool(c.seen, n)
-	clear(c.seen)
-	pick := c.ties[:0]
-	if p.sampled < 0 || p.holders+p.sampled >= n {
-		for i := 0; i < n; i++ {
-			pick = append(pick, int32(i))
-		}
-	} else {
-		for h := 0; h < p.holders; h++ {
-			best, bestBlocks := -1, int32(0)
-			for i := 0; i < n; i++ {
-				if !c.seen[i] && c.matched[i] > bestBlocks {
-					best, bestBlocks = i, c.matched[i]
-				}
-			}
-			if best < 0 {
-				break
-			}
-			c.seen[best] = true
-			pick = append(pick, int32(best))
-		}
-		for drawn := 0; drawn < p.sampled; {
-			i := int(c.Uint64N(uint64(n)))
-			if c.seen[i] {
-				continue
-			}
-			c.seen[i] = true
-			pick = append(pick, int32(i))
-			drawn++
-		}
-	}
+	pick := p.scored(c, n)
 
 	c.loads = growLoads(c.loads, n)
 	best, bestCost, ties := -1, math.Inf(1), 0
@@ -138,7 +139,10 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		i := int(ii)
 		l := &c.loads[i]
 		c.loadInto(i, l)
-		cost := p.cost(c, i, l, avg) / l.Weight
+		// The credit makes costs negative; shifting every candidate by the
+		// same CacheWeight*prompt keeps them positive, so that dividing by
+		// the weight favours heavier endpoints as it should.
+		cost := (p.cost(c, i, l, avg) + p.cacheWeight*float64(c.req.PromptTokens)) / l.Weight
 		switch {
 		case cost < bestCost:
 			best, bestCost, ties = i, cost, 1
@@ -157,8 +161,44 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	return best
 }
 
-// cost is the estimated prefill work, in tokens, in front of and of the
-// request on candidate i, plus the KV overcommitment penalty.
+// scored returns the candidates to score: all of them, or the holders of the
+// longest prefixes plus random draws, each once.
+func (p *defaultPolicy) scored(c *Candidates, n int) []int32 {
+	pick := c.ties[:0]
+	if p.sampled == 0 || p.holders+p.sampled >= n {
+		for i := 0; i < n; i++ {
+			pick = append(pick, int32(i))
+		}
+		return pick
+	}
+	c.seen = growBool(c.seen, n)
+	clear(c.seen)
+	for h := 0; h < p.holders; h++ {
+		best, bestBlocks := -1, int32(0)
+		for i := 0; i < n; i++ {
+			if !c.seen[i] && c.matched[i] > bestBlocks {
+				best, bestBlocks = i, c.matched[i]
+			}
+		}
+		if best < 0 {
+			break
+		}
+		c.seen[best] = true
+		pick = append(pick, int32(best))
+	}
+	for drawn := 0; drawn < p.sampled; {
+		i := int(c.Uint64N(uint64(n)))
+		if !c.seen[i] {
+			c.seen[i] = true
+			pick = append(pick, int32(i))
+			drawn++
+		}
+	}
+	return pick
+}
+
+// cost is the estimated cost, in prefill tokens, of sending the request to
+// candidate i.
 func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt float64) float64 {
 	prompt := float64(c.req.PromptTokens)
 	cached := float64(p.t.cachedTokens(c, int(c.matched[i])))
@@ -166,10 +206,15 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt fl
 	if l.Fresh {
 		queued += float64(max(l.Waiting-l.Queued, 0)) * avgPrompt
 	}
-	work := queued + prompt - cached
 	capacity := kvCapacity(l)
+	footprint := float64(l.ActiveTokens)
+	if !math.IsNaN(l.KVUsage) {
+		footprint = max(footprint, l.KVUsage*capacity)
+	}
 	demand := kvUsage(l)*capacity + queued + prompt - cached + float64(c.reqTok-int64(c.req.PromptTokens))
-	return work + p.kvPenalty*max(demand-capacity, 0)
+	return queued + prompt - p.cacheWeight*cached +
+		p.footprint*footprint +
+		p.kvPenalty*max(demand-capacity, 0)
 }
 
 // observePrompt folds a prompt length into the moving average (weight 1/64)

@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"math"
 	"testing"
 
 	"github.com/llmlb/llmlb/prefix"
@@ -9,7 +10,7 @@ import (
 
 func TestDefaultPrefersCachedHolderUntilItsQueueCostsMore(t *testing.T) {
 	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
-	pol, err := Default(DefaultConfig{Index: ix, Sampled: -1})
+	pol, err := Default(DefaultConfig{Index: ix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,31 +24,35 @@ func TestDefaultPrefersCachedHolderUntilItsQueueCostsMore(t *testing.T) {
 		t.Fatalf("picked %s, want the holder ep3", k)
 	}
 	pk.Done(nil)
-	// 1000 tokens queued on ep3 still cost less than 1600 uncached ones.
-	held := holdOn(t, b, "ep3", 1, Request{PromptTokens: 1000})
+	// With the default weights the holder, behind Q queued prompt tokens
+	// (each held request also adds a 256-token decode allowance to its
+	// footprint), costs Q + 1600 - 4*1600 + 0.5*(Q + 256) against 1600 for
+	// an idle endpoint: it wins while Q < 4181.
+	held := holdOn(t, b, "ep3", 1, Request{PromptTokens: 3000, MaxTokens: 256})
 	pk, _ = b.Pick(context.Background(), &req)
 	if k := pk.Endpoint().Key(); k != "ep3" {
-		t.Fatalf("picked %s with 1000 queued tokens on the holder, want ep3", k)
+		t.Fatalf("picked %s with 3000 queued tokens on the holder, want ep3", k)
 	}
 	pk.Done(nil)
-	// 2000 more queued tokens cost more than the prefill saved: go elsewhere.
-	held = append(held, holdOn(t, b, "ep3", 1, Request{PromptTokens: 2000})...)
+	held = append(held, holdOn(t, b, "ep3", 1, Request{PromptTokens: 2000, MaxTokens: 1})...)
 	pk, _ = b.Pick(context.Background(), &req)
 	if k := pk.Endpoint().Key(); k == "ep3" {
-		t.Fatal("picked the holder behind 3000 queued tokens to save 1600")
+		t.Fatal("picked the holder behind 5000 queued tokens to save 1600")
 	}
 	pk.Done(nil)
 	for _, h := range held {
 		h.Done(nil)
 	}
-	if _, err := Default(DefaultConfig{KVPenalty: -1}); err == nil {
-		t.Fatal("negative KV penalty accepted")
+	for _, bad := range []DefaultConfig{{KVPenalty: -1}, {CacheWeight: math.NaN()}, {FootprintWeight: math.Inf(1)}, {Sampled: -1}, {Holders: -2}} {
+		if _, err := Default(bad); err == nil {
+			t.Errorf("config %+v accepted", bad)
+		}
 	}
 }
 
 func TestDefaultSamplesHoldersAndRandom(t *testing.T) {
 	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
-	pol, _ := Default(DefaultConfig{Index: ix})
+	pol, _ := Default(DefaultConfig{Index: ix, Sampled: 2})
 	b := mustNew(t, pol)
 	mustUpdate(t, b, eps(16))
 	// Without prefixes the policy spreads load like P2C over prefill work:

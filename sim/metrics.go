@@ -7,8 +7,9 @@ import (
 )
 
 // Result is the measurement of one policy on one workload. Latencies are in
-// milliseconds; rates are per second of simulated time over the run's span,
-// from the first arrival to the last completion.
+// milliseconds. Goodput is per second of the arrival window (first to last
+// arrival); output tokens per second is over the run's span, from the first
+// arrival to the last completion.
 type Result struct {
 	Policy    string `json:"policy"`
 	Requests  int    `json:"requests"`
@@ -23,7 +24,8 @@ type Result struct {
 	// SLOAttainment is the share of requests whose TTFT and TPOT are both
 	// within the SLO; unfinished requests miss it.
 	SLOAttainment float64 `json:"slo_attainment"`
-	// GoodputRPS is the number of requests meeting the SLO per second.
+	// GoodputRPS is the number of requests meeting the SLO per second of
+	// the arrival window (first to last arrival).
 	GoodputRPS float64 `json:"goodput_rps"`
 	// PrefixHitRate is the share of prompt tokens served from a replica's
 	// prefix cache at the request's first admission.
@@ -123,8 +125,17 @@ func (r *runner) result(policy string) *Result {
 	span := (last - first).Seconds()
 	res.SpanSeconds = span
 	res.SLOAttainment = float64(good) / float64(len(r.reqs))
+	// Goodput is over the arrival window, the same for every policy on one
+	// trace, so that it ranks policies by the requests they serve within the
+	// SLO and not by when their last straggler finishes.
+	window := (r.reqs[len(r.reqs)-1].Arrival - first).Seconds()
+	if window <= 0 {
+		window = span
+	}
+	if window > 0 {
+		res.GoodputRPS = float64(good) / window
+	}
 	if span > 0 {
-		res.GoodputRPS = float64(good) / span
 		res.OutputTokensPerS = float64(output) / span
 	}
 	if prompt > 0 {

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"time"
 
 	"github.com/llmlb/llmlb"
 )
@@ -34,10 +35,14 @@ func (o *oracle) Choose(c *llmlb.Candidates) int {
 	return best
 }
 
-// cost predicts, in milliseconds, the time to the first token of req on rep
-// plus a penalty for KV overcommitment, which causes preemptions.
+// cost scores req on rep with the cost of llmlb.Default, in prompt tokens,
+// computed from the true state instead of estimates: the prefill tokens
+// truly queued ahead, the prompt less four times the tokens truly cached,
+// half the KV footprint the replica will reach (its used blocks plus what
+// its sequences still need, with true output lengths), and twice the KV
+// demand beyond capacity, which causes preemptions.
 func (o *oracle) cost(rep *replica, req *Request) float64 {
-	eng := rep.eng
+	bs := rep.eng.BlockSize
 	queued := 0 // prefill tokens ahead of req
 	demand := rep.kv.used
 	for _, s := range rep.running {
@@ -48,22 +53,42 @@ func (o *oracle) cost(rep *replica, req *Request) float64 {
 		queued += s.target - s.computed
 		demand += rep.blocksFor(s.target + s.req.OutputTokens - s.generated)
 	}
+	footprint := float64(demand * bs)
 	hit := rep.matchTokens(req)
-	work := queued + req.PromptTokens - hit
 	demand += rep.blocksFor(req.PromptTokens - hit + req.OutputTokens)
+	over := float64((demand - rep.kv.total) * bs)
+	cost := float64(queued+req.PromptTokens) - 4*float64(hit) + 0.5*footprint + 2*max(over, 0)
+	return cost + 1e6*float64(o.damage(rep, req, queued, hit))
+}
 
-	// Prefill proceeds in budget-sized chunks, each an iteration of the
-	// engine's own time model alongside the running decodes.
-	b := Batch{PrefillTokens: eng.TokenBudget, DecodeSeqs: len(rep.running), KVUsage: float64(rep.kv.used) / float64(rep.kv.total)}
-	full := work / eng.TokenBudget
-	ttft := float64(full) * ms(eng.IterTime(b))
-	if rest := work - full*eng.TokenBudget; rest > 0 {
-		b.PrefillTokens = rest
-		ttft += ms(eng.IterTime(b))
+// damage counts the requests that sending req to rep would push past the
+// SLO: req itself if its predicted TTFT misses it, and every decoding
+// sequence whose predicted TPOT its prefill chunks would push over the SLO.
+func (o *oracle) damage(rep *replica, req *Request, queued, hit int) int {
+	eng, slo, now := rep.eng, o.run.cfg.SLO, o.run.now
+	uncached := req.PromptTokens - hit
+	chunkMs := MockerPrefillMillis(eng.TokenBudget)
+	u := float64(rep.kv.used) / float64(rep.kv.total)
+	decodeMs := MockerDecodeMillis(u)
+	iters := float64(queued+uncached)/float64(eng.TokenBudget) + 1
+	n := 0
+	if time.Duration(iters*(chunkMs+decodeMs)*float64(time.Millisecond)) > slo.TTFT {
+		n++
 	}
-	over := float64(demand)/float64(rep.kv.total) - 1
-	if over > 0 {
-		ttft += over * 10000
+	// The request's prefill adds about this much to each co-running decode.
+	stall := float64(uncached) / float64(eng.TokenBudget) * chunkMs
+	sloMs := float64(slo.TPOT) / float64(time.Millisecond)
+	for _, s := range rep.running {
+		out := s.req.OutputTokens
+		if s.generated == 0 || out <= 1 {
+			continue
+		}
+		elapsed := float64(now-s.firstToken) / float64(time.Millisecond)
+		rest := float64(out-s.generated) * decodeMs
+		before := (elapsed + rest) / float64(out-1)
+		if before <= sloMs && before+stall/float64(out-1) > sloMs {
+			n++
+		}
 	}
-	return ttft
+	return n
 }

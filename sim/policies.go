@@ -1,6 +1,9 @@
 package sim
 
-import "github.com/llmlb/llmlb"
+import (
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
+)
 
 // PolicyEnv is what a policy constructor may use. A constructor is called
 // once per router per run, so a policy may keep per-run state.
@@ -8,6 +11,9 @@ type PolicyEnv struct {
 	// Replicas is the number of replicas; candidate member m of a pick is
 	// replica m.
 	Replicas int
+	// BlockTokens is the number of prompt tokens per Request.Prefix hash
+	// of the workload; a prefix index for the policy must use it.
+	BlockTokens int
 	// Router is the index of the router the policy serves.
 	Router int
 	// Stale returns the router's last scraped observation of replica m,
@@ -44,11 +50,50 @@ func Policies() []PolicySpec {
 			return llmlb.WeightedLeastRequest(llmlb.DefaultActiveRequestBias)
 		}},
 
-		// Policies of the root package's later constructors are added here,
-		// one line each, in the form:
-		//	{Name: "prefix-aware", Doc: "...", New: plain(llmlb.PrefixAware)},
-		// (consistent-hash, prefix-hash, prefix-aware, sglang-cache-aware,
-		// dynamo-kv, gie-default, segregated, default).
+		{Name: "consistent-hash", Doc: "bounded-load consistent hashing on the session key (c = 1.25)", New: func(*PolicyEnv) (llmlb.Policy, error) {
+			return llmlb.ConsistentHash(llmlb.HashConfig{})
+		}},
+		{Name: "sglang-prefix-hash", Doc: "SGLang prefix_hash: first 256 tokens on a ring, load factor 1.25", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return llmlb.PrefixHash(llmlb.PrefixHashConfig{BlockTokens: env.BlockTokens})
+		}},
+		{Name: "sglang-cache-aware", Doc: "SGLang cache_aware as published (abs 64, rel 1.5, match 0.3)", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			ix, err := newIndex(env)
+			if err != nil {
+				return nil, err
+			}
+			return llmlb.SGLangCacheAware(llmlb.PrefixAwareConfig{Index: ix})
+		}},
+		{Name: "prefix-aware", Doc: "cache-aware with load among holders and locality under imbalance", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			ix, err := newIndex(env)
+			if err != nil {
+				return nil, err
+			}
+			return llmlb.PrefixAware(llmlb.PrefixAwareConfig{Index: ix})
+		}},
+		{Name: "dynamo-kv", Doc: "NVIDIA Dynamo KV-block cost function, published defaults", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			ix, err := newIndex(env)
+			if err != nil {
+				return nil, err
+			}
+			cfg := llmlb.DynamoKVCostConfig()
+			cfg.Index = ix
+			return llmlb.KVCost(cfg)
+		}},
+		{Name: "gie-default", Doc: "Gateway API Inference Extension default scorers (queue 2, KV 2, prefix 3)", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			ix, err := newIndex(env)
+			if err != nil {
+				return nil, err
+			}
+			return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
+		}},
+		{Name: "segregated", Doc: "prompts >= 8k tokens to 1/8 of the replicas, the rest to the others; least tokens in each", New: newSegregated},
+		{Name: "default", Doc: "llmlb.Default: queued prefill + prompt - 4x cached + KV footprint, full scan", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			ix, err := newIndex(env)
+			if err != nil {
+				return nil, err
+			}
+			return llmlb.Default(llmlb.DefaultConfig{Index: ix})
+		}},
 
 		{Name: "oracle", Doc: "perfect knowledge of replica state, cache and output lengths (upper bound)", New: newOracle},
 		{Name: "stale-least-outstanding", Doc: "fewest running+waiting in the last scrape only (no own-dispatch correction)", Herding: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
@@ -58,6 +103,34 @@ func Policies() []PolicySpec {
 			return llmlb.P2C(staleScore(env)), nil
 		}},
 	}
+}
+
+// newIndex returns a prefix index for the workload's block size.
+func newIndex(env *PolicyEnv) (*prefix.Index, error) {
+	return prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens})
+}
+
+// SegregatedLongPrompt is the prompt length from which the segregated
+// policy sends a request to the long-request pool.
+const SegregatedLongPrompt = 8192
+
+// newSegregated puts an eighth of the replicas (at least one) in a pool for
+// prompts of SegregatedLongPrompt tokens or more (about a tenth of the
+// default workload's tokens) and the rest in the general pool; both balance
+// by outstanding tokens.
+func newSegregated(env *PolicyEnv) (llmlb.Policy, error) {
+	long := max(env.Replicas/8, 1)
+	if env.Replicas < 2 {
+		return llmlb.LeastTokens(), nil
+	}
+	var keys []string
+	for m := env.Replicas - long; m < env.Replicas; m++ {
+		keys = append(keys, replicaKey(m))
+	}
+	return llmlb.Segregated(
+		llmlb.Pool{Name: "long", MinPromptTokens: SegregatedLongPrompt, Endpoints: keys, Policy: llmlb.LeastTokens()},
+		llmlb.Pool{Name: "general", Policy: llmlb.LeastTokens()},
+	)
 }
 
 // plain adapts a constructor without arguments.

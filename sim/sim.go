@@ -181,17 +181,28 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 	r.reps = make([]*replica, cfg.Replicas)
 	for i := range r.reps {
 		r.reps[i] = newReplica(i, &r.cfg.Engine, r)
-		key := "replica-" + strconv.Itoa(i)
+		key := replicaKey(i)
 		eps[i] = &endpoint{key: key, idx: i}
 		keys[key] = i
+	}
+	blockTokens := 0
+	for i := range reqs {
+		if len(reqs[i].Prefix) > 0 {
+			blockTokens = reqs[i].BlockTokens
+			break
+		}
+	}
+	if blockTokens == 0 {
+		blockTokens = cfg.Engine.BlockSize
 	}
 	for k := 0; k < cfg.Routers; k++ {
 		rt := &router{snap: make([]llmlb.Load, cfg.Replicas), keys: keys}
 		env := &PolicyEnv{
-			Replicas: cfg.Replicas,
-			Router:   k,
-			Stale:    func(m int) llmlb.Load { return rt.snap[m] },
-			run:      r,
+			Replicas:    cfg.Replicas,
+			BlockTokens: blockTokens,
+			Router:      k,
+			Stale:       func(m int) llmlb.Load { return rt.snap[m] },
+			run:         r,
 		}
 		pol, err := spec.New(env)
 		if err != nil {
@@ -363,3 +374,6 @@ func (r *runner) sample() {
 	}
 	r.samples = append(r.samples, s)
 }
+
+// replicaKey is the endpoint key of replica i.
+func replicaKey(i int) string { return "replica-" + strconv.Itoa(i) }
