@@ -30,6 +30,9 @@ const (
 // OrcaReport is an ORCA load report (xds.data.orca.v3.OrcaLoadReport).
 // Utilization, RequestCost and NamedMetrics are nil when empty.
 type OrcaReport struct {
+	// CPUUtilization, MemUtilization and ApplicationUtilization are
+	// fractions of the endpoint's resources in use (CPU and application
+	// utilization may exceed 1 past a soft limit).
 	CPUUtilization         float64
 	MemUtilization         float64
 	ApplicationUtilization float64
@@ -37,9 +40,14 @@ type OrcaReport struct {
 	// per second.
 	RPSFractional float64
 	EPS           float64
-	Utilization   map[string]float64
-	RequestCost   map[string]float64
-	NamedMetrics  map[string]float64
+	// Utilization holds named resource utilizations, fractions in [0, 1].
+	Utilization map[string]float64
+	// RequestCost holds named absolute costs of the request the report
+	// came with.
+	RequestCost map[string]float64
+	// NamedMetrics holds application-specific metrics, such as an engine's
+	// KV-cache usage and queue length.
+	NamedMetrics map[string]float64
 }
 
 // ParseOrca parses the value of an [OrcaHeader] header. Three forms exist,

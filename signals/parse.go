@@ -43,17 +43,6 @@ func observationOf(l llmlb.Load) Observation {
 	return Observation{Load: l, Preemptions: nan, PrefixQueries: nan, PrefixHits: nan}
 }
 
-// OpenMetrics bodies are read with expfmt's text parser, not its OpenMetrics
-// decoder: in prometheus/common v0.74 that decoder is a reference
-// implementation whose cost grows faster than linearly with the input (about
-// two seconds of CPU for a 25 KiB vLLM exposition, half a minute for 64 KiB),
-// unusable on a scrape loop and a way for one endpoint to exhaust the
-// router's CPU. The text parser reads what engines' client libraries emit in
-// OpenMetrics (counter samples with _total and _created suffixes, UNIT
-// comments, the EOF marker) in linear time; OpenMetrics-only syntax
-// (exemplars, info and stateset types, fractional timestamps) fails with
-// [ErrParse]. The [Scraper] asks for the text format in the first place.
-
 // Parse reads one metrics exposition from r and maps it to an observation
 // with the engine's profile; [EngineAuto] detects the engine from the metric
 // names. contentType is the response's Content-Type: the Prometheus text
@@ -67,6 +56,18 @@ func observationOf(l llmlb.Load) Observation {
 // are required ([ErrMissingMetric] if absent); KV usage is NaN and the KV
 // capacity 0 when not reported. A NaN, infinite, negative or implausibly
 // large value is an error wrapping [ErrInvalidValue] naming the metric.
+//
+// Only the lines naming a metric some profile reads go to the parser (a vLLM
+// body is mostly histogram buckets, which would dominate the cost); every
+// other line must still look like a sample or a comment. OpenMetrics is read
+// with expfmt's text parser, not its OpenMetrics decoder: in
+// prometheus/common v0.74 that decoder's cost grows faster than linearly with
+// its input (seconds of CPU for a 25 KiB vLLM exposition), unusable on a
+// scrape loop. The text parser reads what client libraries emit as
+// OpenMetrics (_total and _created samples, UNIT comments, the EOF marker);
+// OpenMetrics-only syntax on a line that is read (exemplars, stateset types,
+// fractional timestamps) fails with [ErrParse]. Delimited protobuf is decoded
+// with no message allowed to be longer than the body.
 //
 // Parse reads all of r; bound it (the [Scraper] caps the body). The returned
 // observation's At is zero: the caller stamps it.
