@@ -20,6 +20,13 @@ const (
 	// DefaultKVPenalty is the cost, in prefill tokens, of each token of KV
 	// demand beyond an endpoint's capacity.
 	DefaultKVPenalty = 2.0
+	// DefaultOverloadWeight is how much each waiting request per endpoint
+	// beyond DefaultOverloadQueue adds to the weight of an uncached prompt
+	// token.
+	DefaultOverloadWeight = 8.0
+	// DefaultOverloadQueue is the mean number of waiting requests per
+	// endpoint from which locality is reinforced.
+	DefaultOverloadQueue = 2.0
 	// DefaultHolders is the number of longest-prefix holders scored when
 	// [DefaultConfig.Sampled] is positive.
 	DefaultHolders = 2
@@ -55,6 +62,16 @@ type DefaultConfig struct {
 	// endpoint's capacity, where requests wait for memory or are preempted.
 	// Zero means [DefaultKVPenalty].
 	KVPenalty float64
+	// OverloadWeight and OverloadQueue reinforce locality under overload:
+	// when the candidates hold on average more than OverloadQueue waiting
+	// requests ([EndpointLoad.Waiting]), each uncached prompt token costs
+	// OverloadWeight more per excess waiting request. A cache miss then
+	// costs the whole pool capacity, and abandoning locality because every
+	// queue is long is how cache-aware routers enter a death spiral. Zero
+	// means [DefaultOverloadWeight] and [DefaultOverloadQueue]; set
+	// OverloadQueue to +Inf to turn the reinforcement off.
+	OverloadWeight float64
+	OverloadQueue  float64
 }
 
 type defaultPolicy struct {
@@ -64,6 +81,8 @@ type defaultPolicy struct {
 	cacheWeight float64
 	footprint   float64
 	kvPenalty   float64
+	overWeight  float64
+	overQueue   float64
 	avgPrompt   atomic.Uint64 // float64 bits: moving average of prompt tokens
 }
 
@@ -72,12 +91,15 @@ type defaultPolicy struct {
 // credits the prompt tokens the candidate holds in its prefix cache, and adds
 // the candidate's KV footprint and any KV overcommitment:
 //
-//	cost = queued prefill tokens + prompt tokens - CacheWeight * cached prompt tokens
+//	cost = queued prefill tokens + k * (prompt tokens - cached prompt tokens)
 //	       + FootprintWeight * KV footprint
 //	       + KVPenalty * max(0, KV demand - KV capacity)
+//	k    = CacheWeight + OverloadWeight * max(0, mean waiting requests - OverloadQueue)
 //
 // and takes the cheapest, at random among ties, after dividing by the
-// endpoint's effective weight (static weight, slow start). Queued prefill is
+// endpoint's effective weight (static weight, slow start). Up to a constant
+// the same for every candidate, k*(prompt - cached) is prompt - k*cached: a
+// cached token is worth k prefill tokens. Queued prefill is
 // this balancer's requests before their first token plus, with a fresh
 // signal, the other routers' waiting requests at the mean prompt length;
 // cached tokens come from the prefix index; the footprint is the larger of
@@ -85,8 +107,10 @@ type defaultPolicy struct {
 //
 // Locality is bought with queueing, in the same unit: a prefix holder wins
 // while the work queued in front of it is smaller than what its cache saves,
-// so affinity decays with load by construction, with no imbalance threshold
-// to tune, and a popular prefix cannot bury its holder. The choice is
+// so affinity yields to imbalance by construction, with no threshold to tune,
+// and a popular prefix cannot bury its holder. When every queue is long, k
+// grows: a miss then costs capacity the whole pool lacks, so the policy holds
+// on to locality instead of spiralling into misses. The choice is
 // recorded in the index and its cached tokens are not charged as prefill.
 // Give each Balancer its own policy; several may share one Index.
 func Default(cfg DefaultConfig) (Policy, error) {
@@ -102,10 +126,19 @@ func Default(cfg DefaultConfig) (Policy, error) {
 	if cfg.KVPenalty == 0 {
 		cfg.KVPenalty = DefaultKVPenalty
 	}
+	if cfg.OverloadWeight == 0 {
+		cfg.OverloadWeight = DefaultOverloadWeight
+	}
+	if cfg.OverloadQueue == 0 {
+		cfg.OverloadQueue = DefaultOverloadQueue
+	}
+	if !(cfg.OverloadQueue >= 0) {
+		return nil, fmt.Errorf("llmlb: default policy OverloadQueue %v must not be negative", cfg.OverloadQueue)
+	}
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}} {
+	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}, {"OverloadWeight", cfg.OverloadWeight}} {
 		if !(f.v >= 0) || math.IsInf(f.v, 0) {
 			return nil, fmt.Errorf("llmlb: default policy %s %v must be finite and non-negative", f.name, f.v)
 		}
@@ -124,6 +157,8 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		cacheWeight: cfg.CacheWeight,
 		footprint:   cfg.FootprintWeight,
 		kvPenalty:   cfg.KVPenalty,
+		overWeight:  cfg.OverloadWeight,
+		overQueue:   cfg.OverloadQueue,
 	}, nil
 }
 
@@ -134,15 +169,18 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	pick := p.scored(c, n)
 
 	c.loads = growLoads(c.loads, n)
+	waiting := 0.0
+	for _, i := range pick {
+		c.loadInto(int(i), &c.loads[i])
+		waiting += float64(c.loads[i].Waiting)
+	}
+	// k is the cost of an uncached prompt token, in prefill tokens.
+	k := p.cacheWeight + p.overWeight*max(waiting/float64(len(pick))-p.overQueue, 0)
 	best, bestCost, ties := -1, math.Inf(1), 0
 	for _, ii := range pick {
 		i := int(ii)
 		l := &c.loads[i]
-		c.loadInto(i, l)
-		// The credit makes costs negative; shifting every candidate by the
-		// same CacheWeight*prompt keeps them positive, so that dividing by
-		// the weight favours heavier endpoints as it should.
-		cost := (p.cost(c, i, l, avg) + p.cacheWeight*float64(c.req.PromptTokens)) / l.Weight
+		cost := p.cost(c, i, l, avg, k) / l.Weight
 		switch {
 		case cost < bestCost:
 			best, bestCost, ties = i, cost, 1
@@ -198,8 +236,8 @@ func (p *defaultPolicy) scored(c *Candidates, n int) []int32 {
 }
 
 // cost is the estimated cost, in prefill tokens, of sending the request to
-// candidate i.
-func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt float64) float64 {
+// candidate i, where k is the cost of one uncached prompt token.
+func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, k float64) float64 {
 	prompt := float64(c.req.PromptTokens)
 	cached := float64(p.t.cachedTokens(c, int(c.matched[i])))
 	queued := float64(l.PrefillTokens)
@@ -212,7 +250,7 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt fl
 		footprint = max(footprint, l.KVUsage*capacity)
 	}
 	demand := kvUsage(l)*capacity + queued + prompt - cached + float64(c.reqTok-int64(c.req.PromptTokens))
-	return queued + prompt - p.cacheWeight*cached +
+	return queued + k*(prompt-cached) +
 		p.footprint*footprint +
 		p.kvPenalty*max(demand-capacity, 0)
 }

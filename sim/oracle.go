@@ -7,21 +7,37 @@ import (
 	"github.com/llmlb/llmlb"
 )
 
-// oracle is the upper-bound policy. It reads the true state of every replica
-// (running and waiting sequences, their true remaining prefill and output,
-// the prefix cache) and the true output length of the request, and picks the
-// replica where the request is predicted to finish its prefill soonest
-// without pushing the replica's KV demand past its capacity; ties are broken
-// at random.
+// oracle is the policy with perfect knowledge. It reads the true state of
+// every replica (running and waiting sequences, their true remaining prefill
+// and output, the prefix cache) and the true output length of the request,
+// scores each replica with llmlb.Default's cost computed from that state, and
+// adds a large penalty for every request the choice is predicted to push past
+// the SLO (the request itself, and decoding sequences its prefill would
+// stall); ties are broken at random. It knows everything but still decides
+// greedily, one request at a time, so it bounds what better information buys,
+// not what any policy can reach.
 type oracle struct{ run *runner }
 
 func newOracle(env *PolicyEnv) (llmlb.Policy, error) { return &oracle{run: env.run}, nil }
 
 func (o *oracle) Choose(c *llmlb.Candidates) int {
 	s := o.run.current
+	// k weighs uncached prompt tokens as llmlb.Default does, from the true
+	// mean queue.
+	waiting := 0 // requests before their first token, as Default counts them
+	for i, n := 0, c.Len(); i < n; i++ {
+		rep := o.run.reps[c.Member(i)]
+		waiting += len(rep.waiting) - rep.whead
+		for _, s := range rep.running {
+			if s.generated == 0 {
+				waiting++
+			}
+		}
+	}
+	k := 4 + 8*max(float64(waiting)/float64(c.Len())-2, 0)
 	best, bestCost, ties := 0, math.Inf(1), 0
 	for i, n := 0, c.Len(); i < n; i++ {
-		cost := o.cost(o.run.reps[c.Member(i)], s.req)
+		cost := o.cost(o.run.reps[c.Member(i)], s.req, k)
 		switch {
 		case cost < bestCost:
 			best, bestCost, ties = i, cost, 1
@@ -37,11 +53,11 @@ func (o *oracle) Choose(c *llmlb.Candidates) int {
 
 // cost scores req on rep with the cost of llmlb.Default, in prompt tokens,
 // computed from the true state instead of estimates: the prefill tokens
-// truly queued ahead, the prompt less four times the tokens truly cached,
+// truly queued ahead, k times the prompt tokens truly not cached,
 // half the KV footprint the replica will reach (its used blocks plus what
 // its sequences still need, with true output lengths), and twice the KV
 // demand beyond capacity, which causes preemptions.
-func (o *oracle) cost(rep *replica, req *Request) float64 {
+func (o *oracle) cost(rep *replica, req *Request, k float64) float64 {
 	bs := rep.eng.BlockSize
 	queued := 0 // prefill tokens ahead of req
 	demand := rep.kv.used
@@ -57,7 +73,7 @@ func (o *oracle) cost(rep *replica, req *Request) float64 {
 	hit := rep.matchTokens(req)
 	demand += rep.blocksFor(req.PromptTokens - hit + req.OutputTokens)
 	over := float64((demand - rep.kv.total) * bs)
-	cost := float64(queued+req.PromptTokens) - 4*float64(hit) + 0.5*footprint + 2*max(over, 0)
+	cost := float64(queued) + k*float64(req.PromptTokens-hit) + 0.5*footprint + 2*max(over, 0)
 	return cost + 1e6*float64(o.damage(rep, req, queued, hit))
 }
 

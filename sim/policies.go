@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"math"
+
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/prefix"
 )
@@ -14,6 +16,9 @@ type PolicyEnv struct {
 	// BlockTokens is the number of prompt tokens per Request.Prefix hash
 	// of the workload; a prefix index for the policy must use it.
 	BlockTokens int
+	// LongShare is the share of the workload's prompt tokens in prompts of
+	// at least SegregatedLongPrompt tokens.
+	LongShare float64
 	// Router is the index of the router the policy serves.
 	Router int
 	// Stale returns the router's last scraped observation of replica m,
@@ -86,8 +91,8 @@ func Policies() []PolicySpec {
 			}
 			return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
 		}},
-		{Name: "segregated", Doc: "prompts >= 8k tokens to 1/8 of the replicas, the rest to the others; least tokens in each", New: newSegregated},
-		{Name: "default", Doc: "llmlb.Default: queued prefill + prompt - 4x cached + KV footprint, full scan", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+		{Name: "segregated", Doc: "prompts >= 8k tokens to a pool sized by their token share; least tokens in each pool", New: newSegregated},
+		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			ix, err := newIndex(env)
 			if err != nil {
 				return nil, err
@@ -114,15 +119,15 @@ func newIndex(env *PolicyEnv) (*prefix.Index, error) {
 // policy sends a request to the long-request pool.
 const SegregatedLongPrompt = 8192
 
-// newSegregated puts an eighth of the replicas (at least one) in a pool for
-// prompts of SegregatedLongPrompt tokens or more (about a tenth of the
-// default workload's tokens) and the rest in the general pool; both balance
-// by outstanding tokens.
+// newSegregated puts the replicas in two pools, one for prompts of
+// SegregatedLongPrompt tokens or more and one for the rest, sized by the
+// long prompts' share of the workload's prompt tokens (at least one replica
+// each); both balance by outstanding tokens.
 func newSegregated(env *PolicyEnv) (llmlb.Policy, error) {
-	long := max(env.Replicas/8, 1)
 	if env.Replicas < 2 {
 		return llmlb.LeastTokens(), nil
 	}
+	long := min(max(int(math.Round(float64(env.Replicas)*env.LongShare)), 1), env.Replicas-1)
 	var keys []string
 	for m := env.Replicas - long; m < env.Replicas; m++ {
 		keys = append(keys, replicaKey(m))

@@ -195,11 +195,19 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 	if blockTokens == 0 {
 		blockTokens = cfg.Engine.BlockSize
 	}
+	var promptTokens, longTokens float64
+	for i := range reqs {
+		promptTokens += float64(reqs[i].PromptTokens)
+		if reqs[i].PromptTokens >= SegregatedLongPrompt {
+			longTokens += float64(reqs[i].PromptTokens)
+		}
+	}
 	for k := 0; k < cfg.Routers; k++ {
 		rt := &router{snap: make([]llmlb.Load, cfg.Replicas), keys: keys}
 		env := &PolicyEnv{
 			Replicas:    cfg.Replicas,
 			BlockTokens: blockTokens,
+			LongShare:   longTokens / max(promptTokens, 1),
 			Router:      k,
 			Stale:       func(m int) llmlb.Load { return rt.snap[m] },
 			run:         r,

