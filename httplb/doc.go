@@ -1,0 +1,33 @@
+// Package httplb connects an llmlb.Balancer to net/http: a [Transport]
+// (an [http.RoundTripper]) that routes, retries and accounts for
+// OpenAI-compatible requests, and [NewProxy], a streaming
+// [httputil.ReverseProxy] built on it.
+//
+// A [Parser] reads each request body (/v1/completions prompts,
+// /v1/chat/completions messages, max_tokens, model, user) into an
+// llmlb.Request: prompt tokens estimated at [BytesPerToken] bytes a token
+// unless a token counter is given, byte-mode prefix hashes of the prompt text
+// salted with the model and tenant (package prefix), the affinity key from a
+// session header or the body's user, and the tenant from a header. The body is
+// read up to a cap ([ErrBodyTooLarge] beyond it) and restored, re-readable for
+// retries; malformed JSON is routed without body information, never refused.
+//
+// The Transport picks an endpoint per attempt, rewrites the request URL to
+// it (endpoints are [*Endpoint]s, base URLs, unless [Config.URL] maps them),
+// and retries connection errors and retryable statuses on other endpoints
+// until the response's first event arrives, honouring Retry-After with the
+// back-off, budget and pushback rules of package retry. The first event (the
+// first "data:" line of a server-sent event stream, or the first byte of any
+// other body) is the commitment point: the pick's FirstToken is called and the
+// response is returned; from then on every body Read passes straight through,
+// a failure reaches the caller as a read error and is never retried, and the
+// pick's Done is called exactly once when the body ends, fails or is closed.
+//
+// [NewProxy] wraps a Transport in a ReverseProxy that flushes every event as
+// it arrives, and [ErrorHandler] maps failures to statuses: 413 for a body
+// over the cap, 429 with Retry-After when no endpoint can take the request
+// (admission caps, every endpoint excluded or unhealthy), 502 otherwise.
+//
+// Parsers, Transports and Endpoints are safe for concurrent use, and nothing in
+// this package starts a goroutine.
+package httplb

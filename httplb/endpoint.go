@@ -1,0 +1,61 @@
+package httplb
+
+import (
+	"net/url"
+	"strings"
+
+	"github.com/llmlb/llmlb"
+)
+
+// Endpoint is a replica reached over HTTP at a base URL, such as
+// "http://10.0.0.7:8000". Its key is the base URL without a trailing slash.
+// A request for path /v1/completions goes to the base URL's scheme and host,
+// with the base URL's path, if any, prepended.
+//
+// An Endpoint is immutable and safe for concurrent use.
+type Endpoint struct {
+	key string
+	u   *url.URL
+}
+
+// NewEndpoint returns the endpoint at base, an absolute http or https URL
+// without query or fragment. It returns an error wrapping [ErrInvalidConfig]
+// for anything else.
+func NewEndpoint(base string) (*Endpoint, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return nil, configErrorf("endpoint %q: %v", base, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, configErrorf("endpoint %q: want an absolute http or https URL", base)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return nil, configErrorf("endpoint %q: query, fragment and user info are not allowed", base)
+	}
+	u.Path = strings.TrimRight(u.Path, "/")
+	u.RawPath = ""
+	return &Endpoint{key: u.String(), u: u}, nil
+}
+
+// Key returns the endpoint's base URL, its identity in an llmlb.Balancer.
+func (e *Endpoint) Key() string { return e.key }
+
+// URL returns a copy of the endpoint's base URL.
+func (e *Endpoint) URL() *url.URL {
+	u := *e.u
+	return &u
+}
+
+// NewEndpoints returns an [*Endpoint] for each base URL, ready for
+// [llmlb.Balancer.Update].
+func NewEndpoints(bases ...string) ([]llmlb.Endpoint, error) {
+	eps := make([]llmlb.Endpoint, 0, len(bases))
+	for _, b := range bases {
+		e, err := NewEndpoint(b)
+		if err != nil {
+			return nil, err
+		}
+		eps = append(eps, e)
+	}
+	return eps, nil
+}

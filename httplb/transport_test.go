@@ -1,0 +1,573 @@
+package httplb
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// upstream is a loopback test server that counts its requests.
+type upstream struct {
+	*httptest.Server
+	hits atomic.Int64
+}
+
+func newUpstream(t *testing.T, h http.HandlerFunc) *upstream {
+	t.Helper()
+	u := &upstream{}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		h(w, r)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+// sse streams n events, flushing each.
+func sse(n int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range n {
+			fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}
+}
+
+func status(code int, header ...string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		for i := 0; i+1 < len(header); i += 2 {
+			w.Header().Set(header[i], header[i+1])
+		}
+		w.WriteHeader(code)
+		fmt.Fprintf(w, `{"error":"%d"}`, code)
+	}
+}
+
+// hangUp closes the connection after writing prelude (raw bytes of a
+// response start, possibly empty).
+func hangUp(prelude string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		_, _ = buf.WriteString(prelude)
+		_ = buf.Flush()
+		_ = conn.Close()
+	}
+}
+
+// fixed picks the endpoints in the order given, skipping excluded ones, so
+// that tests know which endpoint an attempt goes to.
+type fixed struct{}
+
+func (fixed) Choose(c *llmlb.Candidates) int {
+	best := 0
+	for i := 1; i < c.Len(); i++ {
+		if c.Member(i) < c.Member(best) {
+			best = i
+		}
+	}
+	return best
+}
+
+type harness struct {
+	b    *llmlb.Balancer
+	tr   *Transport
+	base *http.Transport
+	cfg  Config
+}
+
+func newHarness(t *testing.T, policy llmlb.Policy, cfg Config, ups ...*upstream) *harness {
+	t.Helper()
+	b, err := llmlb.New(policy, llmlb.WithRand(rand.NewPCG(1, 2)))
+	require.NoError(t, err)
+	urls := make([]string, len(ups))
+	for i, u := range ups {
+		urls[i] = u.URL
+	}
+	eps, err := NewEndpoints(urls...)
+	require.NoError(t, err)
+	require.NoError(t, b.Update(eps))
+	base := &http.Transport{}
+	cfg.Balancer = b
+	cfg.Base = base
+	if cfg.After == nil {
+		cfg.After = func(time.Duration) <-chan time.Time { return closedTime }
+	}
+	tr, err := NewTransport(cfg)
+	require.NoError(t, err)
+	t.Cleanup(base.CloseIdleConnections)
+	h := &harness{b: b, tr: tr, base: base, cfg: cfg}
+	t.Cleanup(func() { h.requireIdle(t) })
+	return h
+}
+
+var closedTime = func() <-chan time.Time {
+	c := make(chan time.Time)
+	close(c)
+	return c
+}()
+
+// requireIdle asserts the balancer's accounting is back to zero.
+func (h *harness) requireIdle(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, s := range h.b.Stats() {
+			if s.Outstanding != 0 || s.Queued != 0 || s.PrefillTokens != 0 || s.DecodeTokens != 0 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "accounting not released: %+v", h.b.Stats())
+}
+
+func (h *harness) proxy(t *testing.T) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(NewProxy(h.tr))
+	t.Cleanup(s.Close)
+	return s
+}
+
+const chatBody = `{"model":"m","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hello"}]}`
+
+func do(t *testing.T, h *harness, body string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://gateway.invalid/v1/chat/completions", strings.NewReader(body))
+	require.NoError(t, err)
+	return h.tr.RoundTrip(req)
+}
+
+func readAll(t *testing.T, resp *http.Response) (string, error) {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+func TestStreamPassesThrough(t *testing.T) {
+	up := newUpstream(t, sse(3))
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{}, up)
+	resp, err := do(t, h, chatBody)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	// Committed: the prefill charge is released, the request still counts.
+	st := h.b.Stats()[0]
+	assert.EqualValues(t, 1, st.Outstanding)
+	assert.EqualValues(t, 0, st.Queued)
+	assert.EqualValues(t, 0, st.PrefillTokens)
+	body, err := readAll(t, resp)
+	require.NoError(t, err)
+	assert.Equal(t, "data: {\"i\":0}\n\ndata: {\"i\":1}\n\ndata: {\"i\":2}\n\ndata: [DONE]\n\n", body)
+}
+
+// The client receives the first event before the upstream sends the second.
+func TestProxyStreamsWithoutBuffering(t *testing.T) {
+	gate := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-gate:
+		case <-time.After(10 * time.Second):
+			return // the client never saw the first event
+		}
+		fmt.Fprint(w, "data: second\n\n")
+	})
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{}, up)
+	gw := h.proxy(t)
+	resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "data: first\n", line)
+	close(gate)
+	rest, err := io.ReadAll(br)
+	require.NoError(t, err)
+	assert.Equal(t, "\ndata: second\n\n", string(rest))
+	http.DefaultClient.CloseIdleConnections()
+}
+
+func TestNonStreamingJSON(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"text":"hi"}]}`)
+	})
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{}, up)
+	resp, err := do(t, h, `{"prompt":"x"}`)
+	require.NoError(t, err)
+	body, err := readAll(t, resp)
+	require.NoError(t, err)
+	assert.Equal(t, `{"choices":[{"text":"hi"}]}`, body)
+}
+
+func TestClientDisconnectReleases(t *testing.T) {
+	stop := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for {
+			fmt.Fprint(w, "data: x\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	})
+	defer close(stop)
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{}, up)
+	gw := h.proxy(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, gw.URL+"/v1/completions", strings.NewReader(`{"prompt":"hello","stream":true}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, err = bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, h.b.Stats()[0].Outstanding)
+	cancel()
+	resp.Body.Close()
+	h.requireIdle(t)
+	http.DefaultClient.CloseIdleConnections()
+}
+
+// An upstream that dies mid-stream: the caller gets a read error, the
+// request is not sent again, and the accounting is released.
+func TestErrorMidStreamNotRetried(t *testing.T) {
+	a := newUpstream(t, hangUp("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n10\r\ndata: first\n\n   \r\n"))
+	b := newUpstream(t, sse(2))
+	h := newHarness(t, fixed{}, Config{}, a, b)
+	resp, err := do(t, h, chatBody)
+	require.NoError(t, err)
+	body, err := readAll(t, resp)
+	require.Error(t, err, "a broken stream must end with an error")
+	assert.True(t, strings.HasPrefix(body, "data: first"), "got %q", body)
+	assert.EqualValues(t, 1, a.hits.Load())
+	assert.EqualValues(t, 0, b.hits.Load(), "no retry after the first event")
+}
+
+func TestRetryBeforeFirstToken(t *testing.T) {
+	cases := []struct {
+		name string
+		h    http.HandlerFunc
+	}{
+		{"503", status(http.StatusServiceUnavailable)},
+		{"502", status(http.StatusBadGateway)},
+		{"connection closed", hangUp("")},
+		{"headers then closed", hangUp("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")},
+		{"comment then closed", hangUp("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n: ping\n\n\n\r\n")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := newUpstream(t, c.h)
+			b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				got, _ := io.ReadAll(r.Body)
+				if string(got) != chatBody {
+					http.Error(w, "body not replayed: "+string(got), http.StatusBadRequest)
+					return
+				}
+				sse(1)(w, r)
+			})
+			h := newHarness(t, fixed{}, Config{}, a, b)
+			resp, err := do(t, h, chatBody)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			body, err := readAll(t, resp)
+			require.NoError(t, err)
+			assert.Equal(t, "data: {\"i\":0}\n\ndata: [DONE]\n\n", body)
+			assert.EqualValues(t, 1, a.hits.Load())
+			assert.EqualValues(t, 1, b.hits.Load())
+		})
+	}
+}
+
+func TestNotRetried(t *testing.T) {
+	a := newUpstream(t, status(http.StatusBadRequest))
+	b := newUpstream(t, sse(1))
+	h := newHarness(t, fixed{}, Config{}, a, b)
+	resp, err := do(t, h, chatBody)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	_, err = readAll(t, resp)
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, b.hits.Load())
+}
+
+func TestRetryAfterHonoured(t *testing.T) {
+	a := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "2"))
+	b := newUpstream(t, sse(1))
+	var mu sync.Mutex
+	var waits []time.Duration
+	h := newHarness(t, fixed{}, Config{After: func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		return closedTime
+	}}, a, b)
+	resp, err := do(t, h, chatBody)
+	require.NoError(t, err)
+	_, err = readAll(t, resp)
+	require.NoError(t, err)
+	assert.Equal(t, []time.Duration{2 * time.Second}, waits)
+	assert.EqualValues(t, 1, b.hits.Load())
+}
+
+// A Retry-After that would end after the request's deadline gives up at
+// once and returns the upstream's answer.
+func TestRetryAfterPastDeadline(t *testing.T) {
+	a := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "60"))
+	b := newUpstream(t, sse(1))
+	h := newHarness(t, fixed{}, Config{}, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw.invalid/v1/completions", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	resp, err := h.tr.RoundTrip(req)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "60", resp.Header.Get("Retry-After"))
+	_, _ = readAll(t, resp)
+	assert.EqualValues(t, 0, b.hits.Load())
+}
+
+func TestAllOverloadedPassesThrough429(t *testing.T) {
+	a := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "1"))
+	b := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "1"))
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{MaxAttempts: 4}, a, b)
+	gw := h.proxy(t)
+	resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
+	require.NoError(t, err)
+	_, _ = readAll(t, resp)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.EqualValues(t, 4, a.hits.Load()+b.hits.Load())
+	assert.Positive(t, a.hits.Load())
+	assert.Positive(t, b.hits.Load())
+	http.DefaultClient.CloseIdleConnections()
+}
+
+func TestGiveUpOnConnectionErrors(t *testing.T) {
+	a := newUpstream(t, hangUp(""))
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{MaxAttempts: 2}, a)
+	_, err := do(t, h, chatBody)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, retry.ErrExhausted)
+	assert.EqualValues(t, 2, a.hits.Load(), "the failed endpoint is tried again when no other is left")
+
+	gw := h.proxy(t)
+	resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	_, _ = readAll(t, resp)
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	http.DefaultClient.CloseIdleConnections()
+}
+
+func TestProxyStatuses(t *testing.T) {
+	up := newUpstream(t, sse(1))
+	adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 1, RetryAfter: 1500 * time.Millisecond})
+	require.NoError(t, err)
+	p, err := NewParser(ParserConfig{MaxBodyBytes: 64})
+	require.NoError(t, err)
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{Parser: p, Admission: adm}, up)
+	gw := h.proxy(t)
+	defer http.DefaultClient.CloseIdleConnections()
+	postGW := func(body string) *http.Response {
+		resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		require.NoError(t, err)
+		_, _ = readAll(t, resp)
+		return resp
+	}
+
+	resp := postGW(`{"prompt":"` + strings.Repeat("x", 100) + `"}`)
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+
+	resp = postGW(`{"prompt": this is not json`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "malformed JSON is routed")
+
+	// Hold the only admission slot with a request in flight.
+	req, err := http.NewRequest(http.MethodPost, "http://gw.invalid/v1/completions", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	held, err := h.tr.RoundTrip(req)
+	require.NoError(t, err)
+	resp = postGW(`{"prompt":"x"}`)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "2", resp.Header.Get("Retry-After"))
+	_, _ = readAll(t, held)
+	assert.Zero(t, adm.InFlight())
+
+	require.NoError(t, h.b.SetHealthy(up.URL, false))
+	resp = postGW(`{"prompt":"x"}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "a lone unhealthy endpoint is still tried")
+	require.NoError(t, h.b.SetHealthy(up.URL, true))
+}
+
+func TestNoEndpoints(t *testing.T) {
+	b, err := llmlb.New(llmlb.LeastOutstanding())
+	require.NoError(t, err)
+	tr, err := NewTransport(Config{Balancer: b})
+	require.NoError(t, err)
+	gw := httptest.NewServer(NewProxy(tr))
+	defer gw.Close()
+	resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	body, _ := readAll(t, resp)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.Contains(t, body, "no endpoints")
+	http.DefaultClient.CloseIdleConnections()
+}
+
+func TestConfigErrors(t *testing.T) {
+	_, err := NewTransport(Config{})
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+	b, err := llmlb.New(llmlb.RoundRobin())
+	require.NoError(t, err)
+	_, err = NewTransport(Config{Balancer: b, MaxAttempts: -1})
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+	for _, bad := range []string{"", "10.0.0.1:80", "ftp://x", "http://", "http://h/?q=1", "http://u:p@h/"} {
+		_, err := NewEndpoint(bad)
+		assert.ErrorIs(t, err, ErrInvalidConfig, bad)
+	}
+	e, err := NewEndpoint("http://h:1/base/")
+	require.NoError(t, err)
+	assert.Equal(t, "http://h:1/base", e.Key())
+	assert.Equal(t, "/base", e.URL().Path)
+}
+
+type keyOnly string
+
+func (k keyOnly) Key() string { return string(k) }
+
+func TestEndpointWithoutURL(t *testing.T) {
+	b, err := llmlb.New(llmlb.RoundRobin())
+	require.NoError(t, err)
+	require.NoError(t, b.Update([]llmlb.Endpoint{keyOnly("a")}))
+	tr, err := NewTransport(Config{Balancer: b, MaxAttempts: 1})
+	require.NoError(t, err)
+	req, _ := http.NewRequest(http.MethodPost, "http://gw.invalid/", strings.NewReader(`{}`))
+	_, err = tr.RoundTrip(req)
+	assert.ErrorIs(t, err, ErrNoURL)
+	assert.Zero(t, b.Stats()[0].Outstanding)
+}
+
+func TestEndpointBasePath(t *testing.T) {
+	var path atomic.Value
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		path.Store(r.URL.Path + "?" + r.URL.RawQuery + " " + r.Host)
+		fmt.Fprint(w, "ok")
+	})
+	b, err := llmlb.New(llmlb.RoundRobin())
+	require.NoError(t, err)
+	eps, err := NewEndpoints(up.URL + "/api")
+	require.NoError(t, err)
+	require.NoError(t, b.Update(eps))
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := NewTransport(Config{Balancer: b, Base: base})
+	require.NoError(t, err)
+	req, _ := http.NewRequest(http.MethodGet, "http://gw.invalid/v1/models?x=1", nil)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	_, _ = readAll(t, resp)
+	assert.Equal(t, "/api/v1/models?x=1 "+strings.TrimPrefix(up.URL, "http://"), path.Load())
+}
+
+// Many concurrent requests through the proxy, some of them to a failing
+// endpoint: every one succeeds, and the accounting returns to zero.
+func TestConcurrentWithFailingEndpoint(t *testing.T) {
+	a := newUpstream(t, sse(3))
+	b := newUpstream(t, hangUp(""))
+	c := newUpstream(t, sse(3))
+	h := newHarness(t, llmlb.RoundRobin(), Config{MaxAttempts: 3, Budget: unlimited{}}, a, b, c)
+	gw := h.proxy(t)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	for range 30 {
+		wg.Go(func() {
+			resp, err := client.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x","stream":true}`))
+			if err != nil {
+				failures.Add(1)
+				return
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || !strings.HasSuffix(string(body), "[DONE]\n\n") {
+				failures.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, failures.Load())
+	assert.Positive(t, b.hits.Load())
+}
+
+type unlimited struct{}
+
+func (unlimited) Start()                     {}
+func (unlimited) Withdraw() bool             { return true }
+func (unlimited) Finish(bool, retry.Outcome) {}
+
+func TestEventScanner(t *testing.T) {
+	cases := []struct {
+		in   []string
+		want bool
+	}{
+		{[]string{"data: x"}, true},
+		{[]string{"da", "ta:"}, true},
+		{[]string{": comment\n", "data:"}, true},
+		{[]string{"event: a\r\ndata"}, false},
+		{[]string{"event: a\r\ndata:"}, true},
+		{[]string{"xdata:"}, false},
+		{[]string{"retry: 10\n"}, false},
+	}
+	for _, c := range cases {
+		var s eventScanner
+		got := false
+		for _, p := range c.in {
+			if s.scan([]byte(p)) {
+				got = true
+				break
+			}
+		}
+		assert.Equal(t, c.want, got, "%q", c.in)
+	}
+}
+
+func TestErrorHandlerClientGone(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest(http.MethodPost, "/", nil).WithContext(ctx)
+	w := httptest.NewRecorder()
+	ErrorHandler(w, r, context.Canceled)
+	assert.Zero(t, w.Body.Len())
+	w = httptest.NewRecorder()
+	ErrorHandler(w, httptest.NewRequest(http.MethodPost, "/", nil), errors.New("x"))
+	assert.Equal(t, http.StatusBadGateway, w.Code)
+}
