@@ -1,0 +1,293 @@
+package grpclb
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/balancer/endpointsharding"
+	"google.golang.org/grpc/balancer/pickfirst"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/orca"
+	"google.golang.org/grpc/resolver"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/signals"
+)
+
+// lbBalancer is the balancer of one channel. It shards the resolved
+// endpoints over pick-first children (endpointsharding), turns the READY
+// children into the membership of an llmlb.Balancer, and publishes a picker
+// that picks with it. It embeds the channel's ClientConn to intercept the
+// children's UpdateState and NewSubConn calls.
+//
+// grpc calls the balancer.Balancer methods from one goroutine; the children
+// call UpdateState and the SubConn state listeners from that goroutine too,
+// but mu still guards the fields below against the pickers' Done callbacks
+// and the out-of-band listeners.
+type lbBalancer struct {
+	balancer.ClientConn
+	child   balancer.Balancer
+	builder *Builder
+	target  string
+	rec     *recorder
+
+	// addrKey maps each resolved address to its endpoint's key. It is read
+	// without locks by the out-of-band listeners, which grpc calls under a
+	// lock of its own that stopping a listener also takes.
+	addrKey atomic.Pointer[map[string]string]
+
+	mu       sync.Mutex // protects the fields below
+	cfg      *Config
+	lb       *llmlb.Balancer
+	subConns map[*subConnState]struct{}
+	closed   bool
+}
+
+// subConnState tracks one SubConn for out-of-band ORCA reporting.
+type subConnState struct {
+	sc    balancer.SubConn
+	addr  string
+	ready bool
+	stop  func() // stops the OOB listener; nil when none runs
+}
+
+func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions) *lbBalancer {
+	store, owned := bb.opts.Store, false
+	if store == nil {
+		store, owned = new(signals.Store), true
+	}
+	b := &lbBalancer{
+		ClientConn: cc,
+		builder:    bb,
+		target:     cc.Target(),
+		rec:        &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock},
+		subConns:   make(map[*subConnState]struct{}),
+	}
+	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
+	return b
+}
+
+// newLLMLB builds the llmlb.Balancer for cfg.
+func (b *lbBalancer) newLLMLB(cfg *Config) (*llmlb.Balancer, error) {
+	policy, err := cfg.newPolicy()
+	if err != nil {
+		return nil, err
+	}
+	opts := append(cfg.options(), llmlb.WithSignal(b.rec.store, time.Duration(cfg.MaxSignalAge)))
+	if b.builder.opts.Clock != nil {
+		opts = append(opts, llmlb.WithClock(b.builder.opts.Clock))
+	}
+	if b.builder.opts.NewRand != nil {
+		if src := b.builder.opts.NewRand(); src != nil {
+			opts = append(opts, llmlb.WithRand(src))
+		}
+	}
+	lb, err := llmlb.New(policy, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return lb, nil
+}
+
+// UpdateClientConnState applies a resolver update and its config.
+func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
+	cfg, _ := ccs.BalancerConfig.(*Config)
+	if cfg == nil {
+		cfg = &Config{Policy: DefaultPolicy}
+	}
+	b.mu.Lock()
+	if b.lb == nil || !cfg.sameBalancer(b.cfg) {
+		lb, err := b.newLLMLB(cfg)
+		if err != nil {
+			b.mu.Unlock()
+			return fmt.Errorf("%v: %w", err, balancer.ErrBadResolverState)
+		}
+		b.lb = lb
+		if hook := b.builder.opts.OnBalancer; hook != nil {
+			hook(b.target, lb)
+		}
+	}
+	oobChanged := b.cfg == nil || b.cfg.OOBReportInterval != cfg.OOBReportInterval
+	b.cfg = cfg
+
+	keys := make(map[string]string)
+	present := make(map[string]bool)
+	for _, ep := range ccs.ResolverState.Endpoints {
+		if len(ep.Addresses) == 0 {
+			continue
+		}
+		key := ep.Addresses[0].Addr
+		present[key] = true
+		for _, a := range ep.Addresses {
+			if _, dup := keys[a.Addr]; !dup {
+				keys[a.Addr] = key
+			}
+		}
+	}
+	if old := b.addrKey.Load(); old != nil && b.rec.owned {
+		for _, key := range *old {
+			if !present[key] {
+				b.rec.store.Delete(key)
+			}
+		}
+	}
+	b.addrKey.Store(&keys)
+	if oobChanged {
+		for s := range b.subConns {
+			b.restartOOBLocked(s)
+		}
+	}
+	b.mu.Unlock()
+
+	// The child pushes its aggregated state inline, which publishes a
+	// picker for the new balancer.
+	return b.child.UpdateClientConnState(balancer.ClientConnState{
+		ResolverState: pickfirst.EnableHealthListener(ccs.ResolverState),
+	})
+}
+
+// UpdateState receives the aggregated state of the children: their READY
+// endpoints become the membership, and a new picker is published.
+func (b *lbBalancer) UpdateState(state balancer.State) {
+	children := endpointsharding.ChildStatesFromPicker(state.Picker)
+	eps := make([]llmlb.Endpoint, 0, len(children))
+	seen := make(map[string]bool, len(children))
+	for _, c := range children {
+		if c.State.ConnectivityState != connectivity.Ready || len(c.Endpoint.Addresses) == 0 {
+			continue
+		}
+		key := c.Endpoint.Addresses[0].Addr
+		if key == "" || seen[key] {
+			continue
+		}
+		seen[key] = true
+		eps = append(eps, &endpoint{key: key, picker: c.State.Picker})
+	}
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.lb == nil {
+		return
+	}
+	// Keys are non-empty and distinct, so Update cannot fail.
+	_ = b.lb.Update(eps)
+	if len(eps) == 0 {
+		// No READY endpoint: the children's picker queues RPCs while they
+		// connect and fails them when all are in transient failure.
+		b.ClientConn.UpdateState(state)
+		return
+	}
+	b.ClientConn.UpdateState(balancer.State{
+		ConnectivityState: connectivity.Ready,
+		Picker:            &picker{lb: b.lb, rec: b.rec},
+	})
+}
+
+// NewSubConn intercepts the children's SubConns to follow their state for
+// out-of-band ORCA reporting.
+func (b *lbBalancer) NewSubConn(addrs []resolver.Address, opts balancer.NewSubConnOptions) (balancer.SubConn, error) {
+	s := new(subConnState)
+	if len(addrs) > 0 {
+		s.addr = addrs[0].Addr
+	}
+	listener := opts.StateListener
+	opts.StateListener = func(st balancer.SubConnState) {
+		b.subConnStateChanged(s, st)
+		if listener != nil {
+			listener(st)
+		}
+	}
+	sc, err := b.ClientConn.NewSubConn(addrs, opts)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s.sc = sc
+	if !b.closed {
+		b.subConns[s] = struct{}{}
+	}
+	return sc, nil
+}
+
+func (b *lbBalancer) subConnStateChanged(s *subConnState, st balancer.SubConnState) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s.ready = st.ConnectivityState == connectivity.Ready
+	if st.ConnectivityState == connectivity.Shutdown {
+		delete(b.subConns, s)
+	}
+	b.restartOOBLocked(s)
+}
+
+// restartOOBLocked starts or stops the out-of-band listener of s to match
+// its readiness and the configured interval.
+func (b *lbBalancer) restartOOBLocked(s *subConnState) {
+	if s.stop != nil {
+		s.stop()
+		s.stop = nil
+	}
+	if b.closed || !s.ready || s.sc == nil || b.cfg == nil || b.cfg.OOBReportInterval <= 0 {
+		return
+	}
+	l := &oobListener{b: b, addr: s.addr}
+	s.stop = orca.RegisterOOBListener(s.sc, l, orca.OOBListenerOptions{ReportInterval: time.Duration(b.cfg.OOBReportInterval)})
+}
+
+// keyOf returns the endpoint key of a resolved address.
+func (b *lbBalancer) keyOf(addr string) string {
+	if m := b.addrKey.Load(); m != nil {
+		if k, ok := (*m)[addr]; ok {
+			return k
+		}
+	}
+	return addr
+}
+
+// ResolverError forwards a resolver error to the children.
+func (b *lbBalancer) ResolverError(err error) { b.child.ResolverError(err) }
+
+// UpdateSubConnState is unused: SubConns report through their listeners.
+func (b *lbBalancer) UpdateSubConnState(balancer.SubConn, balancer.SubConnState) {}
+
+// ExitIdle asks the children to connect.
+func (b *lbBalancer) ExitIdle() { b.child.ExitIdle() }
+
+// Close stops the out-of-band listeners and closes the children.
+func (b *lbBalancer) Close() {
+	b.mu.Lock()
+	b.closed = true
+	for s := range b.subConns {
+		if s.stop != nil {
+			s.stop()
+			s.stop = nil
+		}
+	}
+	clear(b.subConns)
+	b.mu.Unlock()
+	b.child.Close()
+}
+
+// endpoint is a READY endpoint: its key and the picker of its pick-first
+// child.
+type endpoint struct {
+	key    string
+	picker balancer.Picker
+}
+
+func (e *endpoint) Key() string { return e.key }
+
+// oobListener records the out-of-band reports of one SubConn.
+type oobListener struct {
+	b    *lbBalancer
+	addr string
+}
+
+func (l *oobListener) OnLoadReport(r *v3orcapb.OrcaLoadReport) {
+	l.b.rec.record(l.b.keyOf(l.addr), r)
+}

@@ -1,0 +1,121 @@
+package grpclb
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/serviceconfig"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/signals"
+)
+
+// DefaultName is the name under which [Register] registers the balancer when
+// Options.Name is empty.
+const DefaultName = "llmlb"
+
+// Sentinel errors. Errors returned by this package wrap one of them, so
+// callers branch with [errors.Is].
+var (
+	// ErrInvalidConfig: a service config's balancer config is malformed,
+	// names an unknown policy, or has a parameter out of range or that the
+	// policy does not take.
+	ErrInvalidConfig = errors.New("grpclb: invalid config")
+	// ErrInvalidOptions: an Options field is invalid.
+	ErrInvalidOptions = errors.New("grpclb: invalid options")
+)
+
+// Options configures a [Builder]. The zero value is valid: every field's
+// zero value is a documented default.
+type Options struct {
+	// Name is the balancer's name in service configs. "" means
+	// [DefaultName]. It must be lower case, without spaces.
+	Name string
+	// Store receives the ORCA load reports of every channel the builder
+	// serves and is the balancers' signal. Nil means each channel gets its
+	// own store, and forgets an endpoint's observation when the resolver
+	// drops the endpoint; a shared store is never pruned (it is bounded by
+	// its MaxKeys).
+	Store *signals.Store
+	// OrcaMapping names the ORCA metrics that make up an observation. The
+	// zero value reads the named metrics kv_cache_usage_perc (or
+	// kv_cache_utilization), num_requests_running and num_requests_waiting.
+	OrcaMapping signals.OrcaMapping
+	// Clock timestamps ORCA reports and drives the balancers' signal age
+	// and slow start. Nil means the system clock.
+	Clock llmlb.Clock
+	// NewRand returns the random source of a new balancer (one per channel
+	// and config). Nil means math/rand/v2's global generator.
+	NewRand func() rand.Source
+	// OnBalancer, if set, is called with the channel's target each time a
+	// channel builds its llmlb.Balancer: when the first config arrives and
+	// when a config change replaces the policy. Use it to read Stats or to
+	// mark endpoints unhealthy with SetHealthy; never call Update, the
+	// adapter owns membership. It is called from grpc's balancer goroutine
+	// and must not block.
+	OnBalancer func(target string, b *llmlb.Balancer)
+}
+
+// Builder builds llmlb balancers for grpc-go channels. It implements
+// balancer.Builder and balancer.ConfigParser. Create one with [NewBuilder]
+// or [Register]. A Builder is safe for concurrent use; grpc calls Build once
+// per channel.
+type Builder struct {
+	opts Options
+}
+
+// NewBuilder returns a Builder configured by opts, without registering it.
+// grpc-go selects balancers by name from its global registry, so a channel
+// can use the builder only once it is registered (see [Register]); an
+// unregistered Builder serves a parent balancer that builds its children
+// itself.
+func NewBuilder(opts Options) (*Builder, error) {
+	if opts.Name == "" {
+		opts.Name = DefaultName
+	}
+	if strings.ToLower(opts.Name) != opts.Name || strings.ContainsAny(opts.Name, " \t\r\n") {
+		return nil, fmt.Errorf("%w: name %q must be lower case without spaces", ErrInvalidOptions, truncate(opts.Name))
+	}
+	return &Builder{opts: opts}, nil
+}
+
+// Register builds a Builder for opts and registers it with grpc-go under
+// opts.Name, so that service configs can select it:
+//
+//	{"loadBalancingConfig": [{"llmlb": {"policy": "default"}}]}
+//
+// grpc-go's own balancers register themselves from init functions; this
+// package does not, because the registry is global, last registration wins,
+// and balancer.Register is not safe for concurrent use. Importing a library
+// should not change how every channel in the process may be configured.
+// Call Register once, early in main or in a test's TestMain, before any
+// channel is dialed and not concurrently with dials; give each differently
+// configured Builder its own name.
+func Register(opts Options) (*Builder, error) {
+	b, err := NewBuilder(opts)
+	if err != nil {
+		return nil, err
+	}
+	balancer.Register(b)
+	return b, nil
+}
+
+// Name returns the name the balancer is selected by in service configs.
+func (b *Builder) Name() string { return b.opts.Name }
+
+// ParseConfig parses the balancer's JSON config, a [Config]. It returns an
+// error wrapping [ErrInvalidConfig] for malformed JSON, an unknown policy or
+// parameter, a parameter the policy does not take, or a value the policy
+// rejects; grpc then keeps the channel's previous config.
+func (b *Builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
+	return parseConfig(js)
+}
+
+// Build returns a new balancer for the channel cc. It is called by grpc.
+func (b *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
+	return newBalancer(b, cc, opts)
+}

@@ -1,0 +1,48 @@
+// Package grpclb is a grpc-go load balancing policy that routes RPCs with an
+// [llmlb.Balancer].
+//
+// # How it works
+//
+// A [Builder] builds one balancer per channel. Like grpc-go's own
+// least_request and weighted_round_robin policies it gives each resolved
+// endpoint a pick-first child (endpointsharding), so connection management,
+// backoff and IDLE reconnection are grpc's. The endpoints whose child is
+// READY are the members of the channel's llmlb.Balancer, keyed by their
+// first address; an endpoint that leaves READY (connection lost, server
+// stopped, TRANSIENT_FAILURE) leaves the membership, and every change
+// publishes a new picker. While no endpoint is READY the children's picker
+// is used: RPCs queue while connecting (balancer.ErrNoSubConnAvailable) and
+// fail fast in TRANSIENT_FAILURE unless they wait for ready.
+//
+// The picker builds an llmlb.Request for each RPC from a [Call] the caller
+// put in the RPC's context ([WithCall], [WithRequest]), or else from the
+// call metadata keys x-llmlb-prompt-tokens, x-llmlb-max-tokens,
+// x-llmlb-output-tokens, x-llmlb-affinity-key and x-llmlb-tenant. The pick
+// handle's Done is called from grpc's PickResult.Done when the RPC ends;
+// a streaming caller reports the first token with [Call.FirstToken] (grpc
+// has no hook for it; without it, the prompt counts as pending prefill until
+// the RPC ends).
+//
+// The balancer's signal is a signals.Store fed with ORCA load reports: those
+// the server attaches to each RPC's trailer (DoneInfo.ServerLoad, enabled on
+// grpc-go servers by orca.CallMetricsServerOption), and, when
+// Config.OOBReportInterval is set, those of an out-of-band ORCA stream per
+// READY connection (orca.Register on the server). Reports are mapped with
+// signals.OrcaMapping: named metrics kv_cache_usage_perc or
+// kv_cache_utilization, num_requests_running and num_requests_waiting.
+//
+// # Selecting the policy
+//
+// The service config selects the balancer by its registered name and the
+// llmlb policy and its parameters by a [Config]:
+//
+//	{"loadBalancingConfig": [{"llmlb": {"policy": "default", "slowStartWindow": "30s"}}]}
+//
+// [Policies] lists the policy names. grpc-go finds balancers in a global
+// registry filled, by convention, from init functions; this package
+// registers only when [Register] is called, under the name it is given.
+//
+// Builders and the balancers they build are safe for concurrent use; the
+// package starts no goroutines of its own (grpc runs the out-of-band
+// streams).
+package grpclb

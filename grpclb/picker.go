@@ -1,0 +1,198 @@
+package grpclb
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+
+	"github.com/llmlb/llmlb"
+)
+
+// Call metadata keys read when the call's context carries no [Call]. Values
+// are decimal integers or strings; a malformed or out-of-range number is
+// ignored (the field stays unknown) rather than failing the call. The keys
+// are ordinary outgoing metadata, so the server receives them too.
+const (
+	// MetadataPromptTokens is the prompt length in tokens.
+	MetadataPromptTokens = "x-llmlb-prompt-tokens"
+	// MetadataMaxTokens is the output cap in tokens.
+	MetadataMaxTokens = "x-llmlb-max-tokens"
+	// MetadataOutputTokens is the caller's estimate of the output length.
+	MetadataOutputTokens = "x-llmlb-output-tokens"
+	// MetadataAffinityKey is the session or conversation key.
+	MetadataAffinityKey = "x-llmlb-affinity-key"
+	// MetadataTenant is the tenant.
+	MetadataTenant = "x-llmlb-tenant"
+)
+
+// Call carries one RPC's routing facts to the balancer and its pick back to
+// the caller. Attach it to the call's context with [WithCall]; the balancer
+// picks with Request and stores the pick in the Call, so that a streaming
+// caller can report the first token with [Call.FirstToken]. Use one Call per
+// RPC and do not change Request once the RPC has started.
+//
+// grpc's picker cannot add values to the RPC's context, so a holder the
+// caller creates is the only way back from the pick to the caller. A caller
+// that never calls FirstToken loses nothing but precision: the request's
+// prompt then counts as pending prefill until the RPC ends, which
+// overestimates the endpoint's queued work during a long stream.
+type Call struct {
+	// Request is what is known about the RPC. Prefix (block hashes of the
+	// prompt head, see package prefix) can only be given here, not in
+	// metadata.
+	Request llmlb.Request
+
+	mu   sync.Mutex // protects pick and key
+	pick llmlb.Pick
+	key  string
+}
+
+type callKey struct{}
+
+// WithCall returns a copy of ctx that carries c. Start the RPC with it.
+func WithCall(ctx context.Context, c *Call) context.Context {
+	return context.WithValue(ctx, callKey{}, c)
+}
+
+// WithRequest returns a copy of ctx that carries r, for callers that do not
+// report the first token. It is shorthand for WithCall(ctx, &Call{Request:
+// *r}); a nil r is the zero Request.
+func WithRequest(ctx context.Context, r *llmlb.Request) context.Context {
+	c := new(Call)
+	if r != nil {
+		c.Request = *r
+	}
+	return WithCall(ctx, c)
+}
+
+// FirstToken records that the RPC's first token arrived: the endpoint's
+// pending prefill work for the request is released (see llmlb.Pick). Call
+// it when the first response message of a stream is received. It is a
+// no-op before the RPC was picked, after it ended, and on a nil Call.
+func (c *Call) FirstToken() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	p := c.pick
+	c.mu.Unlock()
+	p.FirstToken()
+}
+
+// Endpoint returns the key (address) of the endpoint the RPC was last
+// picked for, or "" before the pick.
+func (c *Call) Endpoint() string {
+	if c == nil {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.key
+}
+
+func (c *Call) set(p llmlb.Pick, key string) {
+	c.mu.Lock()
+	c.pick, c.key = p, key
+	c.mu.Unlock()
+}
+
+// picker picks with the channel's llmlb.Balancer, whose members are the
+// READY endpoints when the picker was published.
+type picker struct {
+	lb  *llmlb.Balancer
+	rec *recorder
+}
+
+func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
+	ctx := info.Ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	var req *llmlb.Request
+	call, _ := ctx.Value(callKey{}).(*Call)
+	if call != nil {
+		req = &call.Request
+	} else if md, ok := metadata.FromOutgoingContext(ctx); ok {
+		req = requestFromMetadata(md)
+	}
+	pk, err := p.lb.Pick(ctx, req)
+	if err != nil {
+		return balancer.PickResult{}, pickError(err)
+	}
+	ep := pk.Endpoint().(*endpoint)
+	res, err := ep.picker.Pick(info)
+	if err != nil {
+		// The endpoint left READY after this picker was published; a new
+		// picker is on its way.
+		pk.Done(err)
+		if errors.Is(err, balancer.ErrNoSubConnAvailable) || status.Code(err) == codes.Unknown {
+			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+		}
+		return balancer.PickResult{}, err
+	}
+	if call != nil {
+		call.set(pk, ep.key)
+	}
+	childDone, rec, key := res.Done, p.rec, ep.key
+	res.Done = func(di balancer.DoneInfo) {
+		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && r != nil {
+			rec.record(key, r)
+		}
+		pk.Done(di.Err)
+		if childDone != nil {
+			childDone(di)
+		}
+	}
+	return res, nil
+}
+
+// pickError maps an llmlb.Pick error to what grpc expects of a picker.
+func pickError(err error) error {
+	switch {
+	case errors.Is(err, llmlb.ErrNoEndpoints):
+		// Membership is being replaced; wait for the next picker.
+		return balancer.ErrNoSubConnAvailable
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	case errors.Is(err, llmlb.ErrInvalidRequest):
+		// InvalidArgument is reserved to the server; grpc would rewrite it.
+		return status.Errorf(codes.Internal, "grpclb: %v", err)
+	default: // ErrNoCandidates: the request excluded every endpoint
+		return status.Errorf(codes.Unavailable, "grpclb: %v", err)
+	}
+}
+
+// requestFromMetadata reads the request facts from call metadata; nil if
+// none is present.
+func requestFromMetadata(md metadata.MD) *llmlb.Request {
+	var r llmlb.Request
+	found := false
+	for _, f := range []struct {
+		key string
+		dst *int
+	}{{MetadataPromptTokens, &r.PromptTokens}, {MetadataMaxTokens, &r.MaxTokens}, {MetadataOutputTokens, &r.OutputTokens}} {
+		if v := md.Get(f.key); len(v) > 0 {
+			if n, err := strconv.ParseInt(v[0], 10, 32); err == nil && n >= 0 {
+				*f.dst, found = int(n), true
+			}
+		}
+	}
+	if v := md.Get(MetadataAffinityKey); len(v) > 0 && v[0] != "" {
+		r.AffinityKey, found = v[0], true
+	}
+	if v := md.Get(MetadataTenant); len(v) > 0 && v[0] != "" {
+		r.Tenant, found = v[0], true
+	}
+	if !found {
+		return nil
+	}
+	return &r
+}
