@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"testing"
+
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // benchPolicies are the policies of this package measured by BenchmarkPick;
@@ -21,8 +23,11 @@ var benchPolicies = []struct {
 	{"weighted-least-request", func() Policy { p, _ := WeightedLeastRequest(1); return p }},
 }
 
-// BenchmarkPick measures one Pick plus Done per iteration.
+// BenchmarkPick measures one Pick plus Done per iteration: every
+// count-based policy on 8, 64 and 512 endpoints, and the prefix-aware ones on
+// 64 endpoints with a 4k-token prompt.
 func BenchmarkPick(b *testing.B) {
+	benchCacheAware(b)
 	ctx := context.Background()
 	for _, pol := range benchPolicies {
 		for _, n := range []int{8, 64, 512} {
@@ -95,5 +100,50 @@ func TestPickDoesNotAllocate(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("%s: %v allocs per Pick+FirstToken+Done, want 0", pol.name, allocs)
 		}
+	}
+}
+
+// benchCacheAware measures Pick plus Done of the prefix-aware policies on 64
+// endpoints for a 4k-token prompt (256 blocks of 16 tokens) whose first half
+// is cached on 8 of them.
+func benchCacheAware(b *testing.B) {
+	ctx := context.Background()
+	builders := []struct {
+		name string
+		new  func(ix *prefix.Index) (Policy, error)
+	}{
+		{"kv-cost", func(ix *prefix.Index) (Policy, error) {
+			cfg := DynamoKVCostConfig()
+			cfg.Index = ix
+			return KVCost(cfg)
+		}},
+		{"default", func(ix *prefix.Index) (Policy, error) { return Default(DefaultConfig{Index: ix}) }},
+		{"prefix-aware", func(ix *prefix.Index) (Policy, error) { return PrefixAware(PrefixAwareConfig{Index: ix}) }},
+		{"gie-default", func(ix *prefix.Index) (Policy, error) { return GIEDefault(GIEConfig{Index: ix}) }},
+	}
+	for _, bb := range builders {
+		b.Run("policy="+bb.name+"/endpoints=64", func(b *testing.B) {
+			ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+			pol, err := bb.new(ix)
+			if err != nil {
+				b.Fatal(err)
+			}
+			bal, _ := New(pol)
+			members := eps(64)
+			_ = bal.Update(members)
+			prompt := blocks(1, 256)
+			for i := 0; i < 8; i++ {
+				_ = ix.Stored(members[i].Key(), 16, prompt[:128]...)
+			}
+			req := &Request{PromptTokens: 4096, MaxTokens: 256, Prefix: prompt}
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := bal.Pick(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.Done(nil)
+			}
+		})
 	}
 }

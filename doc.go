@@ -41,6 +41,17 @@
 //     balancers share a stale view.
 //   - [WeightedLeastRequest]: Envoy's policy for replicas of unequal capacity
 //     (an Endpoint may implement Weight() float64).
+//   - [ConsistentHash] (bounded loads, on Request.AffinityKey) and
+//     [PrefixHash] (SGLang's prefix_hash): locality without an index.
+//   - [PrefixAware] and [SGLangCacheAware], [KVCost] (NVIDIA Dynamo's cost
+//     function) and [GIEDefault] (the Kubernetes inference gateway's
+//     scorers): cache-aware policies over a prefix index (package prefix),
+//     fed by their own decisions or by engine KV events.
+//   - [Segregated]: pools of endpoints per request size class.
+//   - [Default]: the recommended policy. It prices queueing and cache
+//     misses in the same unit (prefill tokens), so locality yields to load
+//     exactly when the queue in front of a prefix holder costs more than its
+//     cache saves, and holds on to locality when every queue is long.
 //
 // Ties are always broken at random, never by position. A custom Policy
 // implements Choose over [Candidates], which exposes each candidate's
