@@ -1,0 +1,164 @@
+package grpclb_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/grpclb"
+)
+
+func newTestBuilder(t testing.TB) *grpclb.Builder {
+	t.Helper()
+	b, err := grpclb.NewBuilder(grpclb.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestParseConfig(t *testing.T) {
+	b := newTestBuilder(t)
+	ms := func(d time.Duration) grpclb.Duration { return grpclb.Duration(d) }
+	for _, tc := range []struct {
+		name    string
+		js      string
+		check   func(c *grpclb.Config) bool
+		wantErr string // substring of the error; "" means success
+	}{
+		{name: "empty object", js: `{}`, check: func(c *grpclb.Config) bool { return c.Policy == "default" }},
+		{name: "null", js: `null`, check: func(c *grpclb.Config) bool { return c.Policy == "default" }},
+		{name: "empty", js: ``, check: func(c *grpclb.Config) bool { return c.Policy == "default" }},
+		{name: "default with parameters", js: `{"policy": "default", "decodeAllowance": 128, "slowStartWindow": "10s",
+			"blockTokens": 32, "cacheWeight": 2, "sampled": 4, "maxSignalAge": "1.5s", "oobReportInterval": "250ms"}`,
+			check: func(c *grpclb.Config) bool {
+				return *c.DecodeAllowance == 128 && c.SlowStartWindow == ms(10*time.Second) && c.BlockTokens == 32 &&
+					c.CacheWeight == 2 && c.Sampled == 4 && c.MaxSignalAge == ms(1500*time.Millisecond) &&
+					c.OOBReportInterval == ms(250*time.Millisecond)
+			}},
+		{name: "p2c kv", js: `{"policy": "p2c", "score": "kv"}`, check: func(c *grpclb.Config) bool { return c.Score == "kv" }},
+		{name: "least-score tokens", js: `{"policy": "least-score", "score": "tokens"}`},
+		{name: "weighted least request", js: `{"policy": "weighted-least-request", "bias": 0}`,
+			check: func(c *grpclb.Config) bool { return c.Bias != nil && *c.Bias == 0 }},
+		{name: "consistent hash", js: `{"policy": "consistent-hash", "hashBalance": 1.5, "ringReplicas": 100}`},
+		{name: "prefix hash", js: `{"policy": "prefix-hash", "prefixTokens": 128, "blockTokens": 16, "loadFactor": 2}`},
+		{name: "prefix aware", js: `{"policy": "prefix-aware", "absThreshold": 10, "relThreshold": 2, "matchThreshold": 0.5}`},
+		{name: "sglang cache aware", js: `{"policy": "sglang-cache-aware"}`},
+		{name: "dynamo kv", js: `{"policy": "dynamo-kv", "temperature": 0.5, "decayK": 1}`},
+		{name: "gie", js: `{"policy": "gie-default", "queueWeight": 1, "kvWeight": 1, "prefixWeight": 1}`},
+		{name: "baselines", js: `{"policy": "round-robin", "slowStartWindow": "5s", "slowStartAggression": 2}`},
+
+		{name: "not an object", js: `[1]`, wantErr: "must be a JSON object"},
+		{name: "malformed", js: `{"policy": `, wantErr: "must be a JSON object"},
+		{name: "unknown policy", js: `{"policy": "fastest"}`, wantErr: `unknown policy "fastest"`},
+		{name: "policy not a string", js: `{"policy": 3}`, wantErr: "policy must be a string"},
+		{name: "unknown parameter", js: `{"policy": "p2c", "scor": "kv"}`, wantErr: `unknown parameter "scor"`},
+		{name: "parameter of another policy", js: `{"policy": "round-robin", "score": "kv"}`,
+			wantErr: `parameter "score" does not apply to policy "round-robin"`},
+		{name: "unknown score", js: `{"policy": "p2c", "score": "latency"}`, wantErr: `unknown score "latency"`},
+		{name: "bad duration", js: `{"maxSignalAge": "ten seconds"}`, wantErr: "duration"},
+		{name: "numeric duration", js: `{"maxSignalAge": 10}`, wantErr: "duration must be a string"},
+		{name: "negative duration", js: `{"slowStartWindow": "-1s"}`, wantErr: "negative"},
+		{name: "negative allowance", js: `{"decodeAllowance": -1}`, wantErr: "decode allowance"},
+		{name: "wrong type", js: `{"decodeAllowance": "many"}`, wantErr: "decodeAllowance"},
+		{name: "hash balance below 1", js: `{"policy": "consistent-hash", "hashBalance": 0.5}`, wantErr: "hash balance"},
+		{name: "negative bias", js: `{"policy": "weighted-least-request", "bias": -1}`, wantErr: "bias"},
+		{name: "negative block tokens", js: `{"blockTokens": -16}`, wantErr: "blockTokens"},
+		{name: "match threshold above 1", js: `{"policy": "prefix-aware", "matchThreshold": 2}`, wantErr: "match threshold"},
+		{name: "negative cache weight", js: `{"cacheWeight": -1}`, wantErr: "CacheWeight"},
+		{name: "bad slow start", js: `{"slowStartWindow": "1s", "slowStartMinWeightPercent": 200}`, wantErr: "min weight percent"},
+		{name: "trailing data", js: `{} {}`, wantErr: "invalid config"},
+		{name: "too large", js: `{"policy": "` + strings.Repeat("x", 70<<10) + `"}`, wantErr: "bytes, above"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := b.ParseConfig(json.RawMessage(tc.js))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, grpclb.ErrInvalidConfig) {
+					t.Fatalf("ParseConfig(%s) error = %v, want one wrapping ErrInvalidConfig containing %q", tc.js, err, tc.wantErr)
+				}
+				if !strings.HasPrefix(err.Error(), "grpclb: ") {
+					t.Errorf("error %q lacks the package prefix", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ParseConfig(%s): %v", tc.js, err)
+			}
+			c, ok := got.(*grpclb.Config)
+			if !ok {
+				t.Fatalf("ParseConfig returned %T, want *grpclb.Config", got)
+			}
+			if tc.check != nil && !tc.check(c) {
+				t.Errorf("ParseConfig(%s) = %+v", tc.js, c)
+			}
+		})
+	}
+}
+
+// TestParseConfigEveryPolicy parses a config naming each policy.
+func TestParseConfigEveryPolicy(t *testing.T) {
+	b := newTestBuilder(t)
+	names := grpclb.Policies()
+	if len(names) < 14 {
+		t.Fatalf("Policies() = %v, want at least 14", names)
+	}
+	for _, name := range names {
+		js, _ := json.Marshal(map[string]string{"policy": name})
+		if _, err := b.ParseConfig(js); err != nil {
+			t.Errorf("policy %q: %v", name, err)
+		}
+	}
+}
+
+// TestDurationRoundTrip checks that a Duration marshals to what it parses.
+func TestDurationRoundTrip(t *testing.T) {
+	for _, d := range []time.Duration{0, time.Millisecond, 1500 * time.Millisecond, 3 * time.Minute} {
+		js, err := json.Marshal(grpclb.Duration(d))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got grpclb.Duration
+		if err := json.Unmarshal(js, &got); err != nil || time.Duration(got) != d {
+			t.Errorf("%v -> %s -> %v, %v", d, js, time.Duration(got), err)
+		}
+	}
+}
+
+// FuzzParseConfig checks that ParseConfig never panics, that every error
+// wraps ErrInvalidConfig, and that an accepted config parses again to the
+// same config after marshaling.
+func FuzzParseConfig(f *testing.F) {
+	for _, s := range []string{
+		`{}`, `null`, ``, `{"policy": "p2c", "score": "kv"}`, `{"policy": "default", "slowStartWindow": "10s", "cacheWeight": 3}`,
+		`{"policy": "dynamo-kv", "temperature": 0.5}`, `{"policy": "consistent-hash", "hashBalance": 1e308}`,
+		`{"decodeAllowance": 9223372036854775807}`, `{"maxSignalAge": "9999999h"}`, `{"policy": "x"}`, `{"a": 1}`, `[`, `"s"`,
+		`{"policy": "prefix-hash", "prefixTokens": -1}`, `{"policy": "gie-default", "queueWeight": 1e400}`,
+	} {
+		f.Add([]byte(s))
+	}
+	b := newTestBuilder(f)
+	f.Fuzz(func(t *testing.T, js []byte) {
+		got, err := b.ParseConfig(js)
+		if err != nil {
+			if !errors.Is(err, grpclb.ErrInvalidConfig) {
+				t.Fatalf("error %v does not wrap ErrInvalidConfig", err)
+			}
+			return
+		}
+		c := got.(*grpclb.Config)
+		again, err := json.Marshal(c)
+		if err != nil {
+			t.Fatalf("marshal accepted config: %v", err)
+		}
+		got2, err := b.ParseConfig(again)
+		if err != nil {
+			t.Fatalf("accepted %s but not its re-marshaled form %s: %v", js, again, err)
+		}
+		again2, _ := json.Marshal(got2)
+		if string(again) != string(again2) {
+			t.Fatalf("round trip changed the config: %s -> %s", again, again2)
+		}
+	})
+}
