@@ -64,8 +64,9 @@ type DefaultConfig struct {
 	KVPenalty float64
 	// OverloadWeight and OverloadQueue reinforce locality under overload:
 	// when the candidates hold on average more than OverloadQueue waiting
-	// requests ([EndpointLoad.Waiting]), each uncached prompt token costs
-	// OverloadWeight more per excess waiting request. A cache miss then
+	// requests ([EndpointLoad.Waiting], averaged over about the last 100
+	// picks), each uncached prompt token costs OverloadWeight more per
+	// excess waiting request. A cache miss then
 	// costs the whole pool capacity, and abandoning locality because every
 	// queue is long is how cache-aware routers enter a death spiral. Zero
 	// means [DefaultOverloadWeight] and [DefaultOverloadQueue]; set
@@ -83,6 +84,7 @@ type defaultPolicy struct {
 	kvPenalty   float64
 	overWeight  float64
 	overQueue   float64
+	waiting     atomic.Uint64 // float64 bits: smoothed mean waiting requests
 	avgPrompt   atomic.Uint64 // float64 bits: moving average of prompt tokens
 }
 
@@ -95,6 +97,9 @@ type defaultPolicy struct {
 //	       + FootprintWeight * KV footprint
 //	       + KVPenalty * max(0, KV demand - KV capacity)
 //	k    = CacheWeight + OverloadWeight * max(0, mean waiting requests - OverloadQueue)
+//
+// (the mean waiting requests per candidate is smoothed over about the last
+// 100 picks)
 //
 // and takes the cheapest, at random among ties, after dividing by the
 // endpoint's effective weight (static weight, slow start). Up to a constant
@@ -175,7 +180,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		waiting += float64(c.loads[i].Waiting)
 	}
 	// k is the cost of an uncached prompt token, in prefill tokens.
-	k := p.cacheWeight + p.overWeight*max(waiting/float64(len(pick))-p.overQueue, 0)
+	k := p.cacheWeight + p.overWeight*max(p.smoothWaiting(waiting/float64(len(pick)))-p.overQueue, 0)
 	best, bestCost, ties := -1, math.Inf(1), 0
 	for _, ii := range pick {
 		i := int(ii)
@@ -253,6 +258,21 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, k
 	return queued + k*(prompt-cached) +
 		p.footprint*footprint +
 		p.kvPenalty*max(demand-capacity, 0)
+}
+
+// smoothWaiting folds the mean number of waiting requests per candidate of
+// this pick into a moving average over about the last 100 picks and returns
+// it, so that a short burst does not trade the tail of TTFT for locality but
+// a sustained backlog does.
+func (p *defaultPolicy) smoothWaiting(x float64) float64 {
+	for {
+		old := p.waiting.Load()
+		next := math.Float64frombits(old)
+		next += (x - next) / 100
+		if p.waiting.CompareAndSwap(old, math.Float64bits(next)) {
+			return next
+		}
+	}
 }
 
 // observePrompt folds a prompt length into the moving average (weight 1/64)
