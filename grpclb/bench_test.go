@@ -151,8 +151,17 @@ func TestFakePickerSpreadsLoad(t *testing.T) {
 	r1.Done(balancer.DoneInfo{})
 	r2.Done(balancer.DoneInfo{})
 
-	// a:1 fails: every pick now goes to b:1.
-	cc.subConns[0].listener(balancer.SubConnState{ConnectivityState: connectivity.TransientFailure})
+	// a:1 fails: every pick now goes to b:1. (The SubConns are created in
+	// a random order.)
+	cc.mu.Lock()
+	var failed *fakeSC
+	for _, sc := range cc.subConns {
+		if sc.addr == "a:1" {
+			failed = sc
+		}
+	}
+	cc.mu.Unlock()
+	failed.listener(balancer.SubConnState{ConnectivityState: connectivity.TransientFailure})
 	p, _ = cc.currentPicker()
 	for range 10 {
 		r, err := p.Pick(balancer.PickInfo{Ctx: context.Background()})
