@@ -1,0 +1,362 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/signals"
+	"github.com/llmlb/llmlb/sim"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// serve starts e on a loopback port and returns its base URL and a function
+// that stops it.
+func serve(t *testing.T, e *Engine) (string, func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = e.Serve(ctx, l)
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return "http://" + l.Addr().String(), stop
+}
+
+func newEngine(t *testing.T, cfg Config) *Engine {
+	t.Helper()
+	if cfg.Speedup == 0 {
+		cfg.Speedup = 50
+	}
+	e, err := New(cfg)
+	require.NoError(t, err)
+	return e
+}
+
+var client = &http.Client{Transport: &http.Transport{}}
+
+func post(t *testing.T, url, body string) *http.Response {
+	t.Helper()
+	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	t.Cleanup(func() { resp.Body.Close(); client.CloseIdleConnections() })
+	return resp
+}
+
+func events(t *testing.T, r io.Reader) []string {
+	t.Helper()
+	var out []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out = append(out, d)
+		}
+	}
+	require.NoError(t, sc.Err())
+	return out
+}
+
+func TestStreamCompletions(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	resp := post(t, url+"/v1/completions", `{"model":"m","prompt":"hello world","max_tokens":5,"stream":true}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	ev := events(t, resp.Body)
+	require.Len(t, ev, 6)
+	assert.Equal(t, "[DONE]", ev[5])
+	var chunk struct {
+		Object  string `json:"object"`
+		Model   string `json:"model"`
+		Choices []struct {
+			Text         string  `json:"text"`
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(ev[0]), &chunk))
+	assert.Equal(t, "text_completion", chunk.Object)
+	assert.Equal(t, "m", chunk.Model)
+	assert.Nil(t, chunk.Choices[0].FinishReason)
+	require.NoError(t, json.Unmarshal([]byte(ev[4]), &chunk))
+	assert.Equal(t, "length", *chunk.Choices[0].FinishReason)
+	assert.EqualValues(t, 1, e.Stats().Finished)
+}
+
+func TestStreamChat(t *testing.T) {
+	e := newEngine(t, Config{DefaultMaxTokens: 3})
+	url, _ := serve(t, e)
+	resp := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"stream":true}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	ev := events(t, resp.Body)
+	require.Len(t, ev, 4)
+	assert.Contains(t, ev[0], `"role":"assistant"`)
+	assert.Contains(t, ev[1], `"delta":{"content":" tok"}`)
+}
+
+func TestNonStreaming(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	resp := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":4}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var out struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	assert.Equal(t, " tok tok tok tok", out.Choices[0].Message.Content)
+	assert.Equal(t, 4, out.Usage.CompletionTokens)
+	assert.Equal(t, 2, out.Usage.PromptTokens) // "user\nhi\n" is 8 bytes
+}
+
+func TestBadRequests(t *testing.T) {
+	e := newEngine(t, Config{MaxBodyBytes: 1 << 10, Engine: sim.Engine{KVBlocks: 16}})
+	url, _ := serve(t, e)
+	cases := []struct {
+		path, body string
+		code       int
+	}{
+		{"/v1/completions", `{"prompt":`, http.StatusBadRequest},
+		{"/v1/completions", `{"max_tokens":3}`, http.StatusBadRequest},
+		{"/v1/completions", `{"prompt":"x","max_tokens":0}`, http.StatusBadRequest},
+		{"/v1/completions", `{"prompt":"x","max_tokens":2.5}`, http.StatusBadRequest},
+		{"/v1/completions", `{"prompt":"x","max_tokens":1e100}`, http.StatusBadRequest},
+		{"/v1/completions", `{"prompt":"x","max_tokens":300}`, http.StatusBadRequest}, // exceeds 16 blocks of 16
+		{"/v1/completions", `{"prompt":"` + strings.Repeat("x", 2000) + `"}`, http.StatusRequestEntityTooLarge},
+		{"/v2/whatever", `{}`, http.StatusNotFound},
+	}
+	for _, c := range cases {
+		resp := post(t, url+c.path, c.body)
+		assert.Equal(t, c.code, resp.StatusCode, "%s %s", c.path, c.body)
+	}
+	resp, err := client.Get(url + "/v1/completions")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	resp, err = client.Get(url + "/v1/models")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), `"id":"emulated"`)
+}
+
+// Metrics are vLLM's names, parsed by package signals, and the prefix cache
+// hits a repeated prompt head.
+func TestMetricsAndPrefixCache(t *testing.T) {
+	e := newEngine(t, Config{Model: "m", Engine: sim.Engine{KVBlocks: 1000}})
+	url, _ := serve(t, e)
+	shared := strings.Repeat("the same long system prompt. ", 40) // 1160 bytes: 18 blocks of 64
+	for i := range 2 {
+		resp := post(t, url+"/v1/completions", fmt.Sprintf(`{"prompt":"%s question %d","max_tokens":2}`, shared, i))
+		_, _ = io.Copy(io.Discard, resp.Body)
+	}
+	resp, err := client.Get(url + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	obs, err := signals.Parse(resp.Body, resp.Header.Get("Content-Type"), signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, signals.EngineVLLM, obs.Engine)
+	assert.Equal(t, 1000, obs.KVBlocks)
+	assert.Equal(t, 16, obs.BlockSize)
+	assert.Zero(t, obs.Running)
+	assert.Zero(t, obs.Waiting)
+	assert.Zero(t, obs.KVUsage)
+	promptTokens := (len(shared) + len(" question 0") + 3) / 4
+	assert.EqualValues(t, 2*promptTokens, obs.PrefixQueries)
+	assert.EqualValues(t, 18*16, obs.PrefixHits, "the second prompt reuses the shared head's full blocks")
+	assert.Zero(t, obs.Preemptions)
+}
+
+func TestQueueFullAndCancel(t *testing.T) {
+	e := newEngine(t, Config{MaxWaiting: 1})
+	// No Run: requests wait.
+	srvURL := startHandlerOnly(t, e)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srvURL+"/v1/completions", strings.NewReader(`{"prompt":"x","stream":true}`))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	require.Eventually(t, func() bool { return e.Stats().Waiting == 1 }, 5*time.Second, time.Millisecond)
+	resp := post(t, srvURL+"/v1/completions", `{"prompt":"y"}`)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	cancel()
+	assert.Error(t, <-errc)
+	require.Eventually(t, func() bool { return e.Stats().Waiting == 0 }, 5*time.Second, time.Millisecond)
+	assert.EqualValues(t, 1, e.Stats().Cancelled)
+	assert.Zero(t, e.kv.used)
+}
+
+func startHandlerOnly(t *testing.T, e *Engine) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: e}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close(); e.handlers.Wait() })
+	return "http://" + l.Addr().String()
+}
+
+// Stopping the engine breaks the streams in progress with an error.
+func TestStopBreaksStreams(t *testing.T) {
+	e := newEngine(t, Config{Speedup: 1})
+	url, stop := serve(t, e)
+	resp := post(t, url+"/v1/completions", `{"prompt":"x","max_tokens":1000,"stream":true}`)
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(line, "data: "))
+	stop()
+	_, err = io.ReadAll(br)
+	assert.Error(t, err, "a killed engine's stream must end with an error")
+	_, err = client.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
+	assert.Error(t, err, "connection refused after stop")
+}
+
+// With a tiny KV cache, concurrent requests preempt each other and still all
+// finish, and every block is released.
+func TestPreemption(t *testing.T) {
+	e := newEngine(t, Config{Speedup: 200, Engine: sim.Engine{KVBlocks: 24}})
+	url, _ := serve(t, e)
+	var wg sync.WaitGroup
+	bodies := make([]int, 12)
+	for i := range bodies {
+		wg.Go(func() {
+			resp, err := client.Post(url+"/v1/completions", "application/json",
+				strings.NewReader(fmt.Sprintf(`{"prompt":"%s","max_tokens":40,"stream":true}`, strings.Repeat(string(rune('a'+i)), 200))))
+			if err != nil {
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if strings.HasPrefix(sc.Text(), "data: {") {
+					bodies[i]++
+				}
+			}
+		})
+	}
+	wg.Wait()
+	client.CloseIdleConnections()
+	for i, n := range bodies {
+		assert.Equal(t, 40, n, "request %d", i)
+	}
+	st := e.Stats()
+	assert.Positive(t, st.Preemptions)
+	assert.EqualValues(t, 12, st.Finished)
+	assert.Zero(t, st.KVUsage)
+}
+
+// The batching model step by step, without HTTP or time.
+func TestModelSteps(t *testing.T) {
+	e, err := New(Config{Engine: sim.Engine{TokenBudget: 100, KVBlocks: 100, BlockSize: 16}})
+	require.NoError(t, err)
+	text := strings.Repeat("x", 600) // 150 tokens, 9 full blocks of 64 bytes
+	mk := func() *seq {
+		s, _, code, msg := e.parse([]byte(`{"prompt":"` + text + `","max_tokens":3}`))
+		require.Zero(t, code, msg)
+		require.NoError(t, e.submit(s))
+		return s
+	}
+	a := mk()
+	step := func() sim.Batch {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		b, ok := e.plan()
+		require.True(t, ok)
+		e.finish()
+		return b
+	}
+	b := step()
+	assert.Equal(t, 100, b.PrefillTokens, "chunked prefill")
+	assert.InDelta(t, 0.07, b.KVUsage, 1e-9, "7 blocks held")
+	assert.Zero(t, a.generated)
+	b = step()
+	assert.Equal(t, 50, b.PrefillTokens)
+	assert.Equal(t, 1, a.generated, "the first token ends the prefill")
+	assert.Equal(t, 1, step().DecodeSeqs)
+	assert.Equal(t, 1, step().DecodeSeqs)
+	assert.True(t, a.done)
+	assert.Equal(t, 9, e.kv.used, "the prompt's full blocks stay cached")
+	assert.Zero(t, e.kv.usage())
+
+	c := mk()
+	b = step()
+	assert.Equal(t, 150-9*16, b.PrefillTokens, "the cached head is not prefilled again")
+	assert.Equal(t, 1, c.generated)
+	st := e.Stats()
+	assert.EqualValues(t, 300, st.PrefixQueries)
+	assert.EqualValues(t, 144, st.PrefixHits)
+}
+
+func TestConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{Speedup: -1},
+		{DefaultMaxTokens: -1},
+		{Engine: sim.Engine{BlockSize: -1}},
+		{MaxWaiting: -1},
+	} {
+		_, err := New(cfg)
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt":"hello","max_tokens":4,"stream":true}`,
+		`{"prompt":["a","b"]}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
+		`{"prompt":"x","max_tokens":-1}`,
+		`{`,
+	} {
+		f.Add([]byte(s))
+	}
+	e, err := New(Config{Engine: sim.Engine{KVBlocks: 64}})
+	require.NoError(f, err)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		s, _, code, _ := e.parse(body)
+		if code != 0 {
+			if s != nil {
+				t.Fatal("refused request returned a sequence")
+			}
+			return
+		}
+		if s.prompt < 1 || s.maxOut < 1 || s.maxOut > e.maxCap || e.blocksFor(s.prompt+s.maxOut) > e.kv.total {
+			t.Fatalf("accepted out-of-range request %+v", s)
+		}
+	})
+}

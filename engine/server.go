@@ -1,0 +1,312 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// ServeHTTP implements [http.Handler]: the completions API, /metrics,
+// /health and /v1/models. Requests are queued for the batching loop of
+// [Engine.Run]; without it they wait.
+func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	e.handlers.Add(1)
+	defer e.handlers.Done()
+	switch r.URL.Path {
+	case "/v1/completions":
+		e.complete(w, r, false)
+	case "/v1/chat/completions":
+		e.complete(w, r, true)
+	case "/metrics":
+		e.metrics(w)
+	case "/health":
+		w.WriteHeader(http.StatusOK)
+	case "/v1/models":
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","owned_by":"llmlb"}]}`+"\n", e.model)
+	default:
+		writeError(w, http.StatusNotFound, "not found")
+	}
+}
+
+// Serve runs the batching loop and an HTTP server on l until ctx is done, then
+// closes the listener and every connection at once (streams in progress
+// break, as when a server is killed), waits for its handlers and returns
+// ctx's error, or the error that stopped the server.
+func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		_ = e.Run(runCtx)
+	}()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	var err error
+	select {
+	case <-ctx.Done():
+		err = ctx.Err()
+		cancel()
+		_ = srv.Close()
+		<-served
+	case err = <-served:
+		cancel()
+		_ = srv.Close()
+	}
+	<-ran
+	e.handlers.Wait()
+	return err
+}
+
+// request is the part of an OpenAI-compatible body the engine reads.
+type request struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []message       `json:"messages"`
+	MaxTokens           *float64        `json:"max_tokens"`
+	MaxCompletionTokens *float64        `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+}
+
+type message struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type part struct {
+	Text string `json:"text"`
+}
+
+// promptText returns the prompt text: the prompt string (the first of a
+// batch), or each message's role and content, newline-terminated, in order.
+func (q *request) promptText() (string, bool) {
+	if len(q.Messages) > 0 {
+		var b strings.Builder
+		for _, m := range q.Messages {
+			b.WriteString(m.Role)
+			b.WriteByte('\n')
+			var s string
+			var parts []part
+			if json.Unmarshal(m.Content, &s) == nil {
+				b.WriteString(s)
+			} else if json.Unmarshal(m.Content, &parts) == nil {
+				for _, p := range parts {
+					b.WriteString(p.Text)
+				}
+			}
+			b.WriteByte('\n')
+		}
+		return b.String(), true
+	}
+	var s string
+	if json.Unmarshal(q.Prompt, &s) == nil {
+		return s, true
+	}
+	var ss []string
+	if json.Unmarshal(q.Prompt, &ss) == nil && len(ss) > 0 {
+		return ss[0], true
+	}
+	return "", false
+}
+
+func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, "POST only")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, e.maxBody+1))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
+		return
+	}
+	if int64(len(body)) > e.maxBody {
+		writeError(w, http.StatusRequestEntityTooLarge, "body too large")
+		return
+	}
+	s, q, code, msg := e.parse(body)
+	if code != 0 {
+		writeError(w, code, msg)
+		return
+	}
+	switch err := e.submit(s); {
+	case errors.Is(err, errQueueFull):
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusTooManyRequests, "too many requests waiting")
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	model := q.Model
+	if model == "" {
+		model = e.model
+	}
+	if q.Stream {
+		e.stream(w, r, s, chat, model)
+	} else {
+		e.answer(w, r, s, chat, model)
+	}
+}
+
+// parse reads a completions body into a request ready to submit, or returns
+// the status and message refusing it.
+func (e *Engine) parse(body []byte) (s *seq, q request, code int, msg string) {
+	if err := json.Unmarshal(body, &q); err != nil {
+		return nil, q, http.StatusBadRequest, "malformed JSON: " + err.Error()
+	}
+	text, ok := q.promptText()
+	if !ok || text == "" {
+		return nil, q, http.StatusBadRequest, "missing prompt or messages"
+	}
+	maxOut := e.defMax
+	for _, v := range []*float64{q.MaxTokens, q.MaxCompletionTokens} {
+		if v != nil {
+			if *v < 1 || *v > math.MaxInt32 || *v != math.Trunc(*v) {
+				return nil, q, http.StatusBadRequest, "max_tokens must be a positive integer"
+			}
+			maxOut = int(min(*v, float64(e.maxCap)))
+			break
+		}
+	}
+	s = &seq{
+		prompt: (len(text) + BytesPerToken - 1) / BytesPerToken,
+		blocks: e.hasher.AppendString(nil, e.root, text),
+		maxOut: maxOut,
+	}
+	if e.blocksFor(s.prompt+s.maxOut) > e.kv.total {
+		return nil, q, http.StatusBadRequest, fmt.Sprintf("prompt of %d tokens plus %d output tokens exceeds the KV cache", s.prompt, s.maxOut)
+	}
+	return s, q, 0, ""
+}
+
+// wait blocks until s changes or r's client goes away (then s is
+// cancelled); it returns the tokens emitted and whether s is done or failed.
+func (e *Engine) wait(r *http.Request, s *seq) (generated int, done, failed, gone bool) {
+	select {
+	case <-s.notify:
+	case <-r.Context().Done():
+		e.cancel(s)
+		return 0, false, false, true
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return s.generated, s.done, s.failed, false
+}
+
+func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat bool, model string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	if fl != nil {
+		fl.Flush()
+	}
+	bw := bufio.NewWriter(w)
+	created := time.Now().Unix()
+	sent := 0
+	for {
+		gen, done, failed, gone := e.wait(r, s)
+		if gone {
+			return
+		}
+		if failed {
+			// Break the connection: the client must see an error, not a
+			// stream that merely ends.
+			panic(http.ErrAbortHandler)
+		}
+		for ; sent < gen; sent++ {
+			last := done && sent == gen-1
+			writeChunk(bw, chat, s.id, created, model, sent == 0, last)
+		}
+		if done {
+			fmt.Fprint(bw, "data: [DONE]\n\n")
+		}
+		if bw.Flush() != nil {
+			e.cancel(s)
+			return
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		if done {
+			return
+		}
+	}
+}
+
+func writeChunk(w *bufio.Writer, chat bool, id uint64, created int64, model string, first, last bool) {
+	finish := "null"
+	if last {
+		finish = `"length"`
+	}
+	if chat {
+		role := ""
+		if first {
+			role = `"role":"assistant",`
+		}
+		fmt.Fprintf(w, `data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,"model":%q,"choices":[{"index":0,"delta":{%s"content":" tok"},"finish_reason":%s}]}`+"\n\n",
+			id, created, model, role, finish)
+		return
+	}
+	fmt.Fprintf(w, `data: {"id":"cmpl-%d","object":"text_completion","created":%d,"model":%q,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s}]}`+"\n\n",
+		id, created, model, finish)
+}
+
+func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat bool, model string) {
+	created := time.Now().Unix()
+	for {
+		gen, done, failed, gone := e.wait(r, s)
+		switch {
+		case gone:
+			return
+		case failed:
+			writeError(w, http.StatusServiceUnavailable, ErrStopped.Error())
+			return
+		case !done:
+			continue
+		}
+		text := strings.Repeat(" tok", gen)
+		usage := fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.prompt, gen, s.prompt+gen)
+		w.Header().Set("Content-Type", "application/json")
+		if chat {
+			fmt.Fprintf(w, `{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
+				s.id, created, model, text, usage)
+		} else {
+			fmt.Fprintf(w, `{"id":"cmpl-%d","object":"text_completion","created":%d,"model":%q,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
+				s.id, created, model, text, usage)
+		}
+		return
+	}
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	b, _ := json.Marshal(msg)
+	fmt.Fprintf(w, `{"error":{"message":%s,"type":"invalid_request_error","code":%d}}`+"\n", b, code)
+}
+
+// metrics writes the vLLM-named metrics in the Prometheus text format.
+func (e *Engine) metrics(w http.ResponseWriter) {
+	st := e.Stats()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	m := fmt.Sprintf(`model_name=%q`, e.model)
+	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{%s} %d\n", m, st.Running)
+	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{%s} %d\n", m, st.Waiting)
+	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{%s} %g\n", m, st.KVUsage)
+	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", e.blockSize, e.kv.total)
+	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{%s} %d\n", m, st.PrefixQueries)
+	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{%s} %d\n", m, st.PrefixHits)
+	fmt.Fprintf(w, "# HELP vllm:num_preemptions_total Cumulative number of preemptions.\n# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{%s} %d\n", m, st.Preemptions)
+	fmt.Fprintf(w, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{%s} %d\n", m, st.Finished)
+}
