@@ -1,0 +1,99 @@
+package grpclb_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/orca"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+
+	"github.com/llmlb/llmlb/grpclb"
+)
+
+// kvServer reports a fixed KV-cache usage with every response.
+type kvServer struct {
+	testgrpc.UnimplementedTestServiceServer
+	kv    float64
+	calls atomic.Int64
+}
+
+func (s *kvServer) UnaryCall(ctx context.Context, _ *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	s.calls.Add(1)
+	orca.CallMetricsRecorderFromContext(ctx).SetNamedMetric("kv_cache_utilization", s.kv)
+	return &testgrpc.SimpleResponse{}, nil
+}
+
+// Example routes RPCs over three servers, one of which reports a nearly
+// full KV cache in its ORCA load reports, with P2C over KV usage.
+func Example() {
+	// Once, early in main: register the balancer under a name.
+	if _, err := grpclb.Register(grpclb.Options{Name: "llmlb-example"}); err != nil {
+		log.Fatal(err)
+	}
+
+	var servers []*kvServer
+	var eps []resolver.Endpoint
+	for _, kv := range []float64{0.2, 0.95, 0.2} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			log.Fatal(err)
+		}
+		s := &kvServer{kv: kv}
+		srv := grpc.NewServer(orca.CallMetricsServerOption(nil)) // per-call ORCA reports
+		testgrpc.RegisterTestServiceServer(srv, s)
+		go srv.Serve(lis)
+		defer srv.Stop()
+		servers = append(servers, s)
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: lis.Addr().String()}}})
+	}
+
+	r := manual.NewBuilderWithScheme("example")
+	r.InitialState(resolver.State{Endpoints: eps})
+	cc, err := grpc.NewClient("example:///replicas", grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"llmlb-example": {"policy": "p2c", "score": "kv"}}]}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+
+	for range 200 {
+		// Request facts travel as call metadata (or in a grpclb.Call).
+		ctx := metadata.AppendToOutgoingContext(context.Background(), grpclb.MetadataPromptTokens, "512")
+		if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+			log.Fatal(err)
+		}
+	}
+	full := servers[1].calls.Load()
+	fmt.Println("calls:", servers[0].calls.Load()+full+servers[2].calls.Load())
+	fmt.Println("server with a full KV cache got under 10%:", full < 20)
+	// Output:
+	// calls: 200
+	// server with a full KV cache got under 10%: true
+}
+
+// ExampleBuilder_ParseConfig shows the error for a parameter the selected
+// policy does not take.
+func ExampleBuilder_ParseConfig() {
+	b, err := grpclb.NewBuilder(grpclb.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = b.ParseConfig(json.RawMessage(`{"policy": "round-robin", "score": "kv"}`))
+	fmt.Println(err)
+	fmt.Println(errors.Is(err, grpclb.ErrInvalidConfig))
+	// Output:
+	// grpclb: invalid config: parameter "score" does not apply to policy "round-robin" (it takes no parameters of its own)
+	// true
+}
