@@ -16,7 +16,10 @@ import (
 // stall); ties are broken at random. It knows everything but still decides
 // greedily, one request at a time, so it bounds what better information buys,
 // not what any policy can reach.
-type oracle struct{ run *runner }
+type oracle struct {
+	run     *runner
+	waiting float64 // mean waiting requests per replica, smoothed as Default does
+}
 
 func newOracle(env *PolicyEnv) (llmlb.Policy, error) { return &oracle{run: env.run}, nil }
 
@@ -34,7 +37,8 @@ func (o *oracle) Choose(c *llmlb.Candidates) int {
 			}
 		}
 	}
-	k := 4 + 8*max(float64(waiting)/float64(c.Len())-2, 0)
+	o.waiting += (float64(waiting)/float64(c.Len()) - o.waiting) / 100
+	k := 4 + 8*max(o.waiting-2, 0)
 	best, bestCost, ties := 0, math.Inf(1), 0
 	for i, n := 0, c.Len(); i < n; i++ {
 		cost := o.cost(o.run.reps[c.Member(i)], s.req, k)
