@@ -181,25 +181,17 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	}
 	// k is the cost of an uncached prompt token, in prefill tokens.
 	k := p.cacheWeight + p.overWeight*max(p.smoothWaiting(waiting/float64(len(pick)))-p.overQueue, 0)
-	best, bestCost, ties := -1, math.Inf(1), 0
-	for _, ii := range pick {
-		i := int(ii)
-		l := &c.loads[i]
-		cost := p.cost(c, i, l, avg, k) / l.Weight
-		switch {
-		case cost < bestCost:
-			best, bestCost, ties = i, cost, 1
-		case cost == bestCost:
-			ties++
-			if c.Uint64N(uint64(ties)) == 0 {
-				best = i
-			}
+	c.costs = growFloat64(c.costs, n)
+	if len(pick) < n {
+		for i := range c.costs {
+			c.costs[i] = math.Inf(1) // not scored
 		}
 	}
-	c.ties = pick[:0]
-	if best < 0 { // every cost NaN: cannot happen with validated inputs
-		best = int(pick[c.Uint64N(uint64(len(pick)))])
+	for _, i := range pick {
+		l := &c.loads[i]
+		c.costs[i] = p.cost(c, int(i), l, avg, k) / l.Weight
 	}
+	best := pickBy(c, func(i int) (float64, float64) { return c.costs[i], 0 })
 	p.t.record(c, best, &c.loads[best])
 	return best
 }
