@@ -42,8 +42,11 @@ type Options struct {
 	// its MaxKeys).
 	Store *signals.Store
 	// OrcaMapping names the ORCA metrics that make up an observation. The
-	// zero value reads the named metrics kv_cache_usage_perc (or
-	// kv_cache_utilization), num_requests_running and num_requests_waiting.
+	// zero value reads the named metrics (or named utilizations)
+	// kv_cache_usage_perc or kv_cache_utilization, and the named metrics
+	// num_requests_running and num_requests_waiting. A report with none of
+	// the mapped metrics (say, only CPU utilization) or with a value out of
+	// range is ignored, and the endpoint keeps its previous observation.
 	OrcaMapping signals.OrcaMapping
 	// Clock timestamps ORCA reports and drives the balancers' signal age
 	// and slow start. Nil means the system clock.

@@ -311,3 +311,40 @@ func TestBadServiceConfigRejected(t *testing.T) {
 		t.Fatal("NewClient accepted a config with an unknown policy")
 	}
 }
+
+// TestConfigChange: a resolver-supplied service config that changes the
+// policy replaces the channel's balancer (and membership follows); one that
+// changes only out-of-band reporting keeps it and its accounting.
+func TestConfigChange(t *testing.T) {
+	servers := []*testServer{startServer(t, 0.1, false), startServer(t, 0.1, false)}
+	client, r, lb := dial(t, testName, `{"policy": "least-outstanding"}`, servers...)
+	waitMembers(t, lb, 2)
+	first := lb()
+	update := func(cfg string) {
+		t.Helper()
+		sc := r.CC().ParseServiceConfig(fmt.Sprintf(`{"loadBalancingConfig": [{%q: %s}]}`, testName, cfg))
+		if sc.Err != nil {
+			t.Fatal(sc.Err)
+		}
+		r.UpdateState(resolver.State{Endpoints: endpoints(servers...), ServiceConfig: sc})
+	}
+	update(`{"policy": "round-robin"}`)
+	eventually(t, "a new balancer", func() bool { return lb() != first })
+	waitMembers(t, lb, 2)
+	second := lb()
+	update(`{"policy": "round-robin", "oobReportInterval": "1s"}`)
+	time.Sleep(50 * time.Millisecond)
+	if lb() != second {
+		t.Error("changing only oobReportInterval replaced the balancer")
+	}
+	for range 20 {
+		if _, err := client.UnaryCall(context.Background(), &testgrpc.SimpleRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, b := servers[0].calls.Load(), servers[1].calls.Load(); a != 10 || b != 10 {
+		t.Errorf("round robin split 20 calls %d/%d, want 10/10", a, b)
+	}
+	assertIdle(t, first)
+	assertIdle(t, second)
+}

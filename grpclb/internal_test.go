@@ -1,0 +1,67 @@
+package grpclb
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/signals"
+)
+
+func TestRequestFromMetadata(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		md   metadata.MD
+		want *llmlb.Request
+	}{
+		{"none", metadata.Pairs("other", "1"), nil},
+		{"all", metadata.Pairs(MetadataPromptTokens, "1200", MetadataMaxTokens, "512", MetadataOutputTokens, "100",
+			MetadataAffinityKey, "s1", MetadataTenant, "acme"),
+			&llmlb.Request{PromptTokens: 1200, MaxTokens: 512, OutputTokens: 100, AffinityKey: "s1", Tenant: "acme"}},
+		{"malformed numbers are ignored", metadata.Pairs(MetadataPromptTokens, "lots", MetadataMaxTokens, "-5",
+			MetadataOutputTokens, "99999999999", MetadataAffinityKey, "s2"), &llmlb.Request{AffinityKey: "s2"}},
+		{"only malformed", metadata.Pairs(MetadataPromptTokens, "1e3"), nil},
+		{"first value wins", metadata.Pairs(MetadataPromptTokens, "7", MetadataPromptTokens, "9"), &llmlb.Request{PromptTokens: 7}},
+		{"empty strings", metadata.Pairs(MetadataAffinityKey, "", MetadataTenant, ""), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := requestFromMetadata(tc.md)
+			if (got == nil) != (tc.want == nil) || (got != nil && (got.PromptTokens != tc.want.PromptTokens ||
+				got.MaxTokens != tc.want.MaxTokens || got.OutputTokens != tc.want.OutputTokens ||
+				got.AffinityKey != tc.want.AffinityKey || got.Tenant != tc.want.Tenant)) {
+				t.Errorf("requestFromMetadata(%v) = %+v, want %+v", tc.md, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestRecorder(t *testing.T) {
+	store := new(signals.Store)
+	rec := &recorder{store: store}
+	rec.record("a", &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{
+		"kv_cache_utilization": 0.7, "num_requests_running": 3, "num_requests_waiting": 2}})
+	l, ok := store.Load("a")
+	if !ok || l.KVUsage != 0.7 || l.Running != 3 || l.Waiting != 2 || time.Since(l.At) > time.Minute {
+		t.Fatalf("after a full report: %+v, %v", l, ok)
+	}
+	// Reports without the mapped metrics, or with bad values, are ignored.
+	rec.record("a", &v3orcapb.OrcaLoadReport{CpuUtilization: 0.9})
+	rec.record("a", &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_utilization": math.NaN()}})
+	rec.record("a", &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"num_requests_running": -1}})
+	rec.record("b", nil)
+	if l2, _ := store.Load("a"); l2 != l {
+		t.Errorf("ignored reports changed the observation: %+v -> %+v", l, l2)
+	}
+	if _, ok := store.Load("b"); ok {
+		t.Error("a nil report was recorded")
+	}
+	// The utilization map is read too.
+	rec.record("c", &v3orcapb.OrcaLoadReport{Utilization: map[string]float64{"kv_cache_usage_perc": 0.25}})
+	if l, ok := store.Load("c"); !ok || l.KVUsage != 0.25 {
+		t.Errorf("utilization report: %+v, %v", l, ok)
+	}
+}
