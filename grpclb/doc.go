@@ -30,6 +30,11 @@
 // READY connection (orca.Register on the server). Reports are mapped with
 // signals.OrcaMapping: named metrics kv_cache_usage_perc or
 // kv_cache_utilization, num_requests_running and num_requests_waiting.
+// Per-call reports only refresh an endpoint that is picked: an endpoint the
+// policy avoids keeps its last report until it is older than
+// Config.MaxSignalAge, is then scored on this channel's own counts again,
+// and the next call it takes brings a fresh report. Out-of-band streams keep
+// every endpoint's observation fresh whether it is picked or not.
 //
 // # Selecting the policy
 //

@@ -37,7 +37,9 @@ const (
 // the caller. Attach it to the call's context with [WithCall]; the balancer
 // picks with Request and stores the pick in the Call, so that a streaming
 // caller can report the first token with [Call.FirstToken]. Use one Call per
-// RPC and do not change Request once the RPC has started.
+// RPC and do not change Request once the RPC has started. When grpc retries
+// an RPC (transparently, or by a retry policy), each attempt is picked anew
+// and the Call holds the latest attempt's pick.
 //
 // grpc's picker cannot add values to the RPC's context, so a holder the
 // caller creates is the only way back from the pick to the caller. A caller
