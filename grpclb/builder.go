@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/serviceconfig"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/signals"
 )
 
@@ -51,6 +52,13 @@ type Options struct {
 	// Clock timestamps ORCA reports and drives the balancers' signal age
 	// and slow start. Nil means the system clock.
 	Clock llmlb.Clock
+	// Index, if set, is the prefix index of the prefix-aware policies
+	// ("prefix-aware", "sglang-cache-aware", "dynamo-kv", "gie-default",
+	// "default") of every channel, so that engine KV events fed into it
+	// (Index.Stored, Index.Removed) inform routing. A config's blockTokens,
+	// if set, must equal its block size. Nil means each balancer has its
+	// own index, fed by its own picks.
+	Index *prefix.Index
 	// NewRand returns the random source of a new balancer (one per channel
 	// and config). Nil means math/rand/v2's global generator.
 	NewRand func() rand.Source
@@ -115,7 +123,7 @@ func (b *Builder) Name() string { return b.opts.Name }
 // parameter, a parameter the policy does not take, or a value the policy
 // rejects; grpc then keeps the channel's previous config.
 func (b *Builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
-	return parseConfig(js)
+	return parseConfig(js, b.opts.Index)
 }
 
 // Build returns a new balancer for the channel cc. It is called by grpc.

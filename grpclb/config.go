@@ -107,6 +107,9 @@ type Config struct {
 	PrefillScale  *float64 `json:"prefillScale,omitempty"`
 	ActiveWeight  *float64 `json:"activeWeight,omitempty"`
 	Temperature   *float64 `json:"temperature,omitempty"`
+
+	// index is Options.Index of the builder that parsed the config.
+	index *prefix.Index
 }
 
 // Duration is a time.Duration written in JSON as a string such as "10s".
@@ -255,21 +258,28 @@ func score(name string) (llmlb.Score, error) {
 	return nil, fmt.Errorf("unknown score %q (want requests, tokens or kv)", truncate(name))
 }
 
-// index returns a new prefix index for the block size of c.
+// index returns the builder's prefix index, or a new one for the block
+// size of c.
 func index(c *Config) (*prefix.Index, error) {
 	if c.BlockTokens < 0 {
 		return nil, fmt.Errorf("blockTokens %d is negative", c.BlockTokens)
+	}
+	if c.index != nil {
+		if c.BlockTokens != 0 && c.BlockTokens != c.index.BlockSize() {
+			return nil, fmt.Errorf("blockTokens %d differs from the block size %d of Options.Index", c.BlockTokens, c.index.BlockSize())
+		}
+		return c.index, nil
 	}
 	return prefix.NewIndex(prefix.IndexConfig{BlockSize: c.BlockTokens})
 }
 
 // parseConfig parses and validates a balancer config. It builds the policy
 // and the balancer options once to validate them; Build builds its own.
-func parseConfig(js []byte) (*Config, error) {
+func parseConfig(js []byte, ix *prefix.Index) (*Config, error) {
 	if len(js) > maxConfigBytes {
 		return nil, fmt.Errorf("%w: config is %d bytes, above %d", ErrInvalidConfig, len(js), maxConfigBytes)
 	}
-	cfg := new(Config)
+	cfg := &Config{index: ix}
 	trimmed := bytes.TrimSpace(js)
 	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
 		cfg.Policy = DefaultPolicy

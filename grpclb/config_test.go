@@ -1,13 +1,18 @@
 package grpclb_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/balancer"
+
+	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/grpclb"
+	"github.com/llmlb/llmlb/prefix"
 )
 
 func newTestBuilder(t testing.TB) *grpclb.Builder {
@@ -161,4 +166,38 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("round trip changed the config: %s -> %s", again, again2)
 		}
 	})
+}
+
+// TestSharedIndex checks that Options.Index is the prefix-aware policies'
+// index: its block size is enforced and picks are recorded in it.
+func TestSharedIndex(t *testing.T) {
+	ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := grpclb.NewBuilder(grpclb.Options{Index: ix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ParseConfig(json.RawMessage(`{"policy": "prefix-aware", "blockTokens": 16}`)); !errors.Is(err, grpclb.ErrInvalidConfig) {
+		t.Fatalf("blockTokens 16 with a 32-token index: %v, want ErrInvalidConfig", err)
+	}
+	for _, js := range []string{`{"policy": "prefix-aware", "blockTokens": 32}`, `{"policy": "default"}`} {
+		if _, err := b.ParseConfig(json.RawMessage(js)); err != nil {
+			t.Fatalf("%s: %v", js, err)
+		}
+	}
+	p, closeFn := readyPicker(t, b, `{"policy": "prefix-aware"}`, 3)
+	defer closeFn()
+	blocks := []uint64{11, 22, 33, 44}
+	ctx := grpclb.WithRequest(context.Background(), &llmlb.Request{PromptTokens: 128, Prefix: blocks})
+	r, err := p.Pick(balancer.PickInfo{Ctx: ctx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Done(balancer.DoneInfo{})
+	key := r.SubConn.(*fakeSC).addr
+	if got := ix.MatchLen(key, blocks, time.Now()); got != len(blocks) {
+		t.Errorf("shared index matches %d blocks on the picked endpoint %s, want %d", got, key, len(blocks))
+	}
 }
