@@ -1,0 +1,9 @@
+// Package e2e is the end-to-end harness of llmlb's net/http integration:
+// a [Cluster] of emulated inference engines (package engine) on loopback and
+// an open-loop load generator ([Generate]) that measures what clients see.
+//
+// The package's tests put a gateway (package httplb over an llmlb.Balancer,
+// with a signals.Scraper reading the engines' /metrics) in front of a
+// Cluster and compare policies on the same workload; examples/gateway uses it
+// for its -demo mode. Nothing listens beyond 127.0.0.1.
+package e2e

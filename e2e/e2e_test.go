@@ -1,0 +1,217 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/sim"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// engineConfig is the emulated replica of the policy comparison: a small
+// batch and KV cache, so that requests queue and prefixes compete for cache.
+func engineConfig() engine.Config {
+	return engine.Config{
+		Engine:  sim.Engine{MaxRunning: 4, KVBlocks: 512},
+		Speedup: 4,
+	}
+}
+
+func comparisonWorkload() Workload {
+	return Workload{Requests: 400, Rate: 70, Groups: 48, Seed: 7}
+}
+
+type policyRun struct {
+	res Result
+	hit HitRate
+}
+
+func runPolicy(t *testing.T, policy string, w Workload) policyRun {
+	t.Helper()
+	c, err := StartCluster(4, engineConfig())
+	require.NoError(t, err)
+	defer c.Close()
+	g := startGateway(t, policy, c.URLs, nil)
+	client := newClient()
+	defer client.CloseIdleConnections()
+	res := Generate(context.Background(), client, g.srv.URL, w)
+	g.requireIdle(t)
+	hit, err := c.ScrapeHitRate(context.Background(), client)
+	require.NoError(t, err)
+	t.Logf("%-18s %s hit=%.3f", policy, summary(&res), hit.Rate())
+	return policyRun{res: res, hit: hit}
+}
+
+func TestPolicies(t *testing.T) {
+	w := comparisonWorkload()
+	runs := map[string]policyRun{}
+	for _, p := range []string{"round-robin", "least-outstanding", "default"} {
+		r := runPolicy(t, p, w)
+		assert.Equal(t, w.Requests, r.res.Count((*Outcome).Complete), p)
+		runs[p] = r
+	}
+	rr, lo, def := runs["round-robin"], runs["least-outstanding"], runs["default"]
+	assert.Less(t, lo.res.TTFT(0.99), rr.res.TTFT(0.99), "least outstanding must beat round robin on TTFT p99")
+	assert.Greater(t, def.hit.Rate(), rr.hit.Rate(), "the default policy must beat round robin on prefix hit rate")
+}
+
+// Killing an engine mid-run: requests that had not started streaming are
+// retried invisibly, and those that had started end with an error, never
+// with a silent truncation or a duplicate.
+func TestKillEngine(t *testing.T) {
+	cfg := engineConfig()
+	c, err := StartCluster(4, cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	g := startGateway(t, "least-outstanding", c.URLs, func(b *llmlb.Balancer, cfg *httplb.Config) {
+		ej, err := retry.NewEjector(b, retry.EjectorConfig{})
+		require.NoError(t, err)
+		cfg.Reporter = ej
+		cfg.MaxAttempts = 4
+	})
+	client := newClient()
+	defer client.CloseIdleConnections()
+	w := Workload{Requests: 300, Rate: 45, Groups: 8, LongShare: 0.5, Seed: 3}
+	done := make(chan Result)
+	go func() { done <- Generate(context.Background(), client, g.srv.URL, w) }()
+	time.Sleep(2 * time.Second)
+	c.Kill(0)
+	res := <-done
+	g.requireIdle(t)
+
+	complete := res.Count((*Outcome).Complete)
+	broken := res.Count(func(o *Outcome) bool { return o.Started && o.Err != nil })
+	t.Logf("complete=%d broken mid-stream=%d %s", complete, broken, summary(&res))
+	assert.Equal(t, w.Requests, complete+broken, "every request either completes or breaks mid-stream")
+	assert.Zero(t, res.Count(func(o *Outcome) bool { return !o.Started && !o.Complete() }), "no request fails before streaming")
+	assert.Zero(t, res.Count(func(o *Outcome) bool { return o.Truncated }), "no stream ends silently")
+	assert.Zero(t, res.Count(func(o *Outcome) bool { return o.Got > o.Want }), "no duplicated tokens")
+	assert.Positive(t, broken, "the killed engine was streaming")
+	assert.Positive(t, c.Engines[0].Stats().Finished+int64(broken), "the killed engine had served traffic")
+}
+
+// Clients that disconnect mid-stream release their load in the balancer and
+// in the engines.
+func TestClientDisconnect(t *testing.T) {
+	c, err := StartCluster(2, engine.Config{Speedup: 1})
+	require.NoError(t, err)
+	defer c.Close()
+	g := startGateway(t, "default", c.URLs, nil)
+	client := newClient()
+	defer client.CloseIdleConnections()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	started := make(chan struct{}, 20)
+	for i := range 20 {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"prompt":"request %d","max_tokens":2000,"stream":true}`, i)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, g.srv.URL+"/v1/completions", strings.NewReader(body))
+			resp, err := client.Do(req)
+			if err != nil {
+				started <- struct{}{}
+				return
+			}
+			defer resp.Body.Close()
+			_, _ = bufio.NewReader(resp.Body).ReadString('\n')
+			started <- struct{}{}
+			_, _ = io.Copy(io.Discard, resp.Body)
+		})
+	}
+	for range 20 {
+		<-started
+	}
+	out := 0
+	for _, s := range g.b.Stats() {
+		out += int(s.Outstanding)
+	}
+	assert.Equal(t, 20, out)
+	cancel()
+	wg.Wait()
+	g.requireIdle(t)
+	require.Eventually(t, func() bool {
+		for _, e := range c.Engines {
+			if st := e.Stats(); st.Running+st.Waiting != 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond, "engines still busy")
+	var cancelled int64
+	for _, e := range c.Engines {
+		cancelled += e.Stats().Cancelled
+	}
+	assert.EqualValues(t, 20, cancelled)
+}
+
+// Memory and goroutines stay bounded across many streamed requests: the heap
+// after them is close to the heap before, and (TestMain) no goroutine leaks.
+func TestManyStreams(t *testing.T) {
+	total := 10000
+	if testing.Short() {
+		total = 2000
+	}
+	c, err := StartCluster(4, engine.Config{Speedup: 50})
+	require.NoError(t, err)
+	defer c.Close()
+	g := startGateway(t, "default", c.URLs, nil)
+	client := newClient()
+	defer client.CloseIdleConnections()
+	url := g.srv.URL + "/v1/chat/completions"
+	run := func(n int) int {
+		var ok atomic.Int64
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range 32 {
+			wg.Go(func() {
+				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+					body := fmt.Sprintf(`{"model":"emulated","stream":true,"max_tokens":2,"messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"question %d"}]}`, i)
+					o := send(context.Background(), client, url, body, fmt.Sprintf("s%d", i%100), 2)
+					if o.Complete() {
+						ok.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return int(ok.Load())
+	}
+	require.Equal(t, 500, run(500)) // warm up connections and caches
+	heapBefore := heap()
+	goroutinesBefore := runtime.NumGoroutine()
+	start := time.Now()
+	assert.Equal(t, total, run(total))
+	elapsed := time.Since(start)
+	g.requireIdle(t)
+	heapAfter := heap()
+	t.Logf("%d streams in %v; heap %d KiB -> %d KiB; goroutines %d -> %d",
+		total, elapsed.Round(time.Millisecond), heapBefore>>10, heapAfter>>10, goroutinesBefore, runtime.NumGoroutine())
+	assert.Less(t, int64(heapAfter)-int64(heapBefore), int64(16<<20), "heap grew by more than 16 MiB")
+	assert.Less(t, runtime.NumGoroutine(), goroutinesBefore+64, "goroutines grew")
+}
+
+func heap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
