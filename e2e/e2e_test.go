@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
-	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/sim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
