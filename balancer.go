@@ -70,12 +70,14 @@ type epState struct {
 	started     atomic.Int64 // unix nanos slow start began; 0 = never in slow start
 
 	// Own dispatches since the current observation was first seen; used
-	// only when a signal is configured.
-	mu       sync.Mutex // protects the fields below
-	obsAt    int64      // At (unix nanos) of the observation the epoch belongs to
+	// only when a signal is configured. Readers load the atomics without
+	// the lock; every change happens under it, so that a dispatch and its
+	// completion always count in the same epoch.
+	mu       sync.Mutex   // serializes changes of the fields below
+	obsAt    atomic.Int64 // At (unix nanos) of the observation the epoch belongs to
 	epoch    uint64
-	epReqs   int64
-	epTokens int64
+	epReqs   atomic.Int64
+	epTokens atomic.Int64
 }
 
 // epDesc is the part of an endpoint that Update may change while its
@@ -316,8 +318,8 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 		if fresh {
 			st.roll(obs.At.UnixNano())
 		}
-		st.epReqs++
-		st.epTokens += tokens
+		st.epReqs.Add(1)
+		st.epTokens.Add(tokens)
 		epoch := st.epoch
 		st.mu.Unlock()
 		rec.epoch.Store(epoch + 1) // 0 means "not tracked"
@@ -382,8 +384,8 @@ func (p Pick) Done(err error) {
 	if epoch != 0 {
 		st.mu.Lock()
 		if st.epoch == epoch-1 {
-			st.epReqs--
-			st.epTokens -= prefill + decode
+			st.epReqs.Add(-1)
+			st.epTokens.Add(-(prefill + decode))
 		}
 		st.mu.Unlock()
 	}

@@ -427,8 +427,8 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 					t.Errorf("%s: outstanding %d prefill %d decode %d queued %d, want all 0", st.key, o, p, d, q)
 				}
 				st.mu.Lock()
-				if st.epReqs != 0 || st.epTokens != 0 {
-					t.Errorf("%s: epoch counts %d/%d, want 0", st.key, st.epReqs, st.epTokens)
+				if st.epReqs.Load() != 0 || st.epTokens.Load() != 0 {
+					t.Errorf("%s: epoch counts %d/%d, want 0", st.key, st.epReqs.Load(), st.epTokens.Load())
 				}
 				st.mu.Unlock()
 			}

@@ -263,20 +263,22 @@ func (c *Candidates) observe(st *epState) (Load, bool) {
 // tokens, made since the observation taken at at was first seen and still
 // outstanding.
 func (st *epState) correction(at int64) (reqs, tokens int64) {
-	st.mu.Lock()
-	st.roll(at)
-	reqs, tokens = st.epReqs, st.epTokens
-	st.mu.Unlock()
-	return reqs, tokens
+	if at > st.obsAt.Load() {
+		st.mu.Lock()
+		st.roll(at)
+		st.mu.Unlock()
+	}
+	return st.epReqs.Load(), st.epTokens.Load()
 }
 
 // roll starts a new dispatch epoch if the observation at is newer than the
 // current epoch's. The caller holds st.mu.
 func (st *epState) roll(at int64) {
-	if at > st.obsAt {
-		st.obsAt = at
+	if at > st.obsAt.Load() {
+		st.obsAt.Store(at)
 		st.epoch++
-		st.epReqs, st.epTokens = 0, 0
+		st.epReqs.Store(0)
+		st.epTokens.Store(0)
 	}
 }
 
