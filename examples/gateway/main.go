@@ -1,0 +1,255 @@
+// Command gateway is an OpenAI-compatible gateway in front of inference
+// replicas (vLLM, SGLang, or the emulated engines of package engine): it
+// scrapes each replica's /metrics, routes every request with llmlb's default
+// policy, streams responses as they are generated, retries failures before
+// the first token on another replica, and ejects replicas that keep failing.
+//
+//	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002
+//	go run ./examples/gateway -demo
+//
+// With -demo it starts 4 emulated engines in-process for each policy
+// (default, least-outstanding, round-robin), sends them the same open-loop
+// load through the gateway, and prints the time to first token and the prefix
+// cache hit rate each policy achieved.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/e2e"
+	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/signals"
+	"github.com/llmlb/llmlb/sim"
+)
+
+type options struct {
+	policy        string
+	scrape        time.Duration
+	attempts      int
+	maxInFlight   int
+	maxPerSession int
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	var o options
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on")
+	backends := fs.String("backends", "", "comma-separated base URLs of the replicas")
+	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding or round-robin")
+	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica")
+	fs.IntVar(&o.attempts, "attempts", retry.DefaultMaxAttempts, "attempts per request before the first token, the first included")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
+	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per X-Session-ID (0: no cap)")
+	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
+	requests := fs.Int("requests", 400, "demo: requests per policy")
+	rate := fs.Float64("rate", 70, "demo: arrivals per second")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *demo {
+		return runDemo(o, *requests, *rate)
+	}
+	if *backends == "" {
+		return errors.New("-backends is required (or use -demo)")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	g, err := newGateway(strings.Split(*backends, ","), o)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	log.Printf("gateway on http://%s, policy %s, %d backends", l.Addr(), o.policy, len(g.backends))
+	return g.serve(ctx, l)
+}
+
+// gateway is an httplb proxy over a Balancer fed by a scraper of the
+// replicas' /metrics, with outlier ejection and admission caps.
+type gateway struct {
+	backends []string
+	scraper  *signals.Scraper
+	ejector  *retry.Ejector
+	tr       *httplb.Transport
+	proxy    http.Handler
+}
+
+func policyByName(name string) (llmlb.Policy, error) {
+	switch name {
+	case "default":
+		return llmlb.Default(llmlb.DefaultConfig{})
+	case "least-outstanding":
+		return llmlb.LeastOutstanding(), nil
+	case "round-robin":
+		return llmlb.RoundRobin(), nil
+	}
+	return nil, fmt.Errorf("unknown policy %q", name)
+}
+
+func newGateway(backends []string, o options) (*gateway, error) {
+	policy, err := policyByName(o.policy)
+	if err != nil {
+		return nil, err
+	}
+	eps, err := httplb.NewEndpoints(backends...)
+	if err != nil {
+		return nil, err
+	}
+	scraper, err := signals.NewScraper(signals.Config{Interval: o.scrape})
+	if err != nil {
+		return nil, err
+	}
+	targets := make(map[string]string, len(eps))
+	keys := make([]string, len(eps))
+	for i, ep := range eps {
+		keys[i] = ep.Key()
+		targets[ep.Key()] = ep.Key() + "/metrics"
+	}
+	if err := scraper.SetTargets(targets); err != nil {
+		return nil, err
+	}
+	// An observation is trusted for three scrape intervals; after that the
+	// balancer falls back to its own counts.
+	b, err := llmlb.New(policy, llmlb.WithSignal(scraper, 3*o.scrape))
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Update(eps); err != nil {
+		return nil, err
+	}
+	ejector, err := retry.NewEjector(b, retry.EjectorConfig{})
+	if err != nil {
+		return nil, err
+	}
+	var adm *retry.Admission
+	if o.maxInFlight > 0 || o.maxPerSession > 0 {
+		adm, err = retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession})
+		if err != nil {
+			return nil, err
+		}
+	}
+	tr, err := httplb.NewTransport(httplb.Config{
+		Balancer:    b,
+		Base:        &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute},
+		MaxAttempts: o.attempts,
+		Admission:   adm,
+		Reporter:    ejector,
+		Store:       scraper.Store(), // ORCA headers, when the replicas send them
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &gateway{backends: keys, scraper: scraper, ejector: ejector, tr: tr, proxy: httplb.NewProxy(tr)}, nil
+}
+
+// serve serves the gateway on l, scraping and sweeping ejections meanwhile,
+// until ctx is done; then it shuts down gracefully.
+func (g *gateway) serve(ctx context.Context, l net.Listener) error {
+	srv := &http.Server{Handler: g.proxy, ReadHeaderTimeout: 10 * time.Second}
+	var wg sync.WaitGroup
+	bg, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		wg.Wait()
+		g.tr.CloseIdleConnections()
+	}()
+	wg.Go(func() { _ = g.scraper.Run(bg) })
+	wg.Go(func() { _ = g.ejector.Run(bg, time.Second) })
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
+	defer done()
+	err := srv.Shutdown(shutdown)
+	<-served
+	return err
+}
+
+// runDemo compares the policies, each on a fresh cluster of 4 emulated
+// engines with the same workload.
+func runDemo(o options, requests int, rate float64) error {
+	engines := engine.Config{
+		// A small batch and KV cache, four times faster than the model's
+		// real time: requests queue, and 48 shared prompt heads compete
+		// for the cache.
+		Engine:  sim.Engine{MaxRunning: 4, KVBlocks: 512},
+		Speedup: 4,
+	}
+	w := e2e.Workload{Requests: requests, Rate: rate, Groups: 48, Seed: 7}
+	fmt.Printf("demo: %d requests at %.0f/s (Poisson), 48 shared prompt heads, 4 emulated engines per policy\n\n", requests, rate)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tcomplete\tTTFT p50\tp90\tp99\tmax\tprefix hit rate\t")
+	for _, p := range []string{"default", "least-outstanding", "round-robin"} {
+		o.policy = p
+		o.scrape = 100 * time.Millisecond
+		res, hit, err := demoRun(o, engines, w)
+		if err != nil {
+			return err
+		}
+		ms := func(q float64) string { return res.TTFT(q).Round(time.Millisecond).String() }
+		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%.1f%%\t\n", p,
+			res.Count((*e2e.Outcome).Complete), len(res.Outcomes), ms(0.5), ms(0.9), ms(0.99), ms(1), 100*hit.Rate())
+	}
+	return tw.Flush()
+}
+
+func demoRun(o options, engines engine.Config, w e2e.Workload) (e2e.Result, e2e.HitRate, error) {
+	c, err := e2e.StartCluster(4, engines)
+	if err != nil {
+		return e2e.Result{}, e2e.HitRate{}, err
+	}
+	defer c.Close()
+	g, err := newGateway(c.URLs, o)
+	if err != nil {
+		return e2e.Result{}, e2e.HitRate{}, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return e2e.Result{}, e2e.HitRate{}, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- g.serve(ctx, l) }()
+	defer func() {
+		cancel()
+		<-served
+	}()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	defer client.CloseIdleConnections()
+	// Bound the run: the load's own length plus a generous drain.
+	limit := time.Duration(float64(w.Requests)/w.Rate*float64(time.Second)) + 30*time.Second
+	runCtx, stop := context.WithTimeout(context.Background(), limit)
+	defer stop()
+	res := e2e.Generate(runCtx, client, "http://"+l.Addr().String(), w)
+	hit, err := c.ScrapeHitRate(context.Background(), client)
+	return res, hit, err
+}
+
