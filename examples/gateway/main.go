@@ -252,4 +252,3 @@ func demoRun(o options, engines engine.Config, w e2e.Workload) (e2e.Result, e2e.
 	hit, err := c.ScrapeHitRate(context.Background(), client)
 	return res, hit, err
 }
-
