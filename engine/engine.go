@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmlb/llmlb/prefix"
@@ -78,8 +79,12 @@ type Engine struct {
 	hasher    *prefix.Hasher
 	root      uint64
 
-	handlers sync.WaitGroup // ServeHTTP calls in progress
-	wake     chan struct{}  // a request arrived; capacity 1
+	wake chan struct{} // a request arrived; capacity 1
+	ran  atomic.Bool   // Run was called
+
+	hmu      sync.Mutex // protects handlers
+	handlers int        // ServeHTTP calls in progress
+	hidle    sync.Cond  // signalled when handlers drops to 0
 
 	mu      sync.Mutex // protects everything below
 	kv      kvPool
@@ -175,6 +180,7 @@ func New(cfg Config) (*Engine, error) {
 		e.maxBody = DefaultMaxBodyBytes
 	}
 	e.root = h.Root(prefix.Salt{Model: e.model})
+	e.hidle.L = &e.hmu
 	e.kv.init(eng.KVBlocks)
 	return e, nil
 }
@@ -268,8 +274,12 @@ func (e *Engine) cancel(s *seq) {
 }
 
 // Run drives the batching loop until ctx is done, then fails the requests in
-// progress, refuses new ones, and returns ctx's error. Call it once.
+// progress, refuses new ones, and returns ctx's error. An engine runs once:
+// a second call returns an error at once.
 func (e *Engine) Run(ctx context.Context) error {
+	if !e.ran.CompareAndSwap(false, true) {
+		return errors.New("engine: Run called twice")
+	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer e.stop()

@@ -227,7 +227,7 @@ func startHandlerOnly(t *testing.T, e *Engine) string {
 	require.NoError(t, err)
 	srv := &http.Server{Handler: e}
 	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close(); e.handlers.Wait() })
+	t.Cleanup(func() { _ = srv.Close(); e.waitHandlers() })
 	return "http://" + l.Addr().String()
 }
 
@@ -321,6 +321,17 @@ func TestModelSteps(t *testing.T) {
 	st := e.Stats()
 	assert.EqualValues(t, 300, st.PrefixQueries)
 	assert.EqualValues(t, 144, st.PrefixHits)
+}
+
+func TestRunOnce(t *testing.T) {
+	e := newEngine(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.ErrorIs(t, e.Run(ctx), context.Canceled)
+	assert.ErrorContains(t, e.Run(context.Background()), "twice")
+	s, _, code, _ := e.parse([]byte(`{"prompt":"x"}`))
+	require.Zero(t, code)
+	assert.ErrorIs(t, e.submit(s), ErrStopped)
 }
 
 func TestConfig(t *testing.T) {

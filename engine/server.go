@@ -18,8 +18,17 @@ import (
 // /health and /v1/models. Requests are queued for the batching loop of
 // [Engine.Run]; without it they wait.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	e.handlers.Add(1)
-	defer e.handlers.Done()
+	e.hmu.Lock()
+	e.handlers++
+	e.hmu.Unlock()
+	defer func() {
+		e.hmu.Lock()
+		e.handlers--
+		if e.handlers == 0 {
+			e.hidle.Broadcast()
+		}
+		e.hmu.Unlock()
+	}()
 	switch r.URL.Path {
 	case "/v1/completions":
 		e.complete(w, r, false)
@@ -40,7 +49,8 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Serve runs the batching loop and an HTTP server on l until ctx is done, then
 // closes the listener and every connection at once (streams in progress
 // break, as when a server is killed), waits for its handlers and returns
-// ctx's error, or the error that stopped the server.
+// ctx's error, or the error that stopped the server. Serve calls Run: use one
+// or the other.
 func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -64,8 +74,17 @@ func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 		_ = srv.Close()
 	}
 	<-ran
-	e.handlers.Wait()
+	e.waitHandlers()
 	return err
+}
+
+// waitHandlers waits for the ServeHTTP calls in progress to return.
+func (e *Engine) waitHandlers() {
+	e.hmu.Lock()
+	for e.handlers > 0 {
+		e.hidle.Wait()
+	}
+	e.hmu.Unlock()
 }
 
 // request is the part of an OpenAI-compatible body the engine reads.

@@ -133,6 +133,7 @@ func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 		return req, nil
 	}
 	if r.ContentLength > p.maxBody {
+		_ = r.Body.Close()
 		return req, errBodyTooLarge(p.maxBody)
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, p.maxBody+1))

@@ -38,6 +38,12 @@ type Config struct {
 	// Parser reads request bodies into an llmlb.Request. nil means a Parser
 	// with the defaults of [ParserConfig].
 	Parser *Parser
+	// Adjust, if set, is called with each request and what the parser
+	// made of it, before admission and the first pick, to add what the
+	// caller knows: an output-length estimate (OutputTokens), endpoints to
+	// exclude, an affinity key or tenant from authentication. It must not
+	// read the request body.
+	Adjust func(r *http.Request, lr *llmlb.Request)
 	// MaxAttempts bounds the attempts per request, the first included.
 	// 0 means [retry.DefaultMaxAttempts]; 1 disables retries.
 	MaxAttempts int
@@ -110,6 +116,7 @@ type Transport struct {
 	base      http.RoundTripper
 	url       func(llmlb.Endpoint) *url.URL
 	parser    *Parser
+	adjust    func(*http.Request, *llmlb.Request)
 	attempts  int
 	budget    retry.Budget
 	backoff   retry.Backoff
@@ -137,6 +144,7 @@ func NewTransport(cfg Config) (*Transport, error) {
 		base:      cfg.Base,
 		url:       cfg.URL,
 		parser:    cfg.Parser,
+		adjust:    cfg.Adjust,
 		attempts:  cfg.MaxAttempts,
 		budget:    cfg.Budget,
 		backoff:   cfg.Backoff,
@@ -230,6 +238,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	lreq, err := t.parser.Parse(out)
 	if err != nil {
 		return nil, err
+	}
+	if t.adjust != nil {
+		t.adjust(out, &lreq)
 	}
 	a := &attempt{t: t, req: out, lreq: lreq, release: func() {}}
 	if t.adm != nil {
@@ -404,6 +415,9 @@ func (a *attempt) send(ctx context.Context, pick llmlb.Pick) (*http.Response, er
 	resp, err := t.base.RoundTrip(out)
 	if err != nil {
 		return nil, err
+	}
+	if resp.Body == nil {
+		resp.Body = http.NoBody
 	}
 	if t.store != nil {
 		_, _ = t.store.RecordResponse(pick.Endpoint().Key(), resp, t.clock.Now(), signals.OrcaMapping{})

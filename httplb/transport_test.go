@@ -306,6 +306,26 @@ func TestRetryBeforeFirstToken(t *testing.T) {
 	}
 }
 
+func TestAdjust(t *testing.T) {
+	a := newUpstream(t, sse(1))
+	b := newUpstream(t, sse(1))
+	var seen llmlb.Request
+	h := newHarness(t, fixed{}, Config{Adjust: func(r *http.Request, lr *llmlb.Request) {
+		seen = *lr
+		lr.Exclude = []string{a.URL}
+		lr.OutputTokens = 7
+	}}, a, b)
+	resp, err := do(t, h, chatBody)
+	require.NoError(t, err)
+	assert.EqualValues(t, 7, h.b.Stats()[1].DecodeTokens)
+	_, err = readAll(t, resp)
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, a.hits.Load())
+	assert.EqualValues(t, 1, b.hits.Load())
+	assert.Equal(t, 8, seen.MaxTokens)
+	assert.Positive(t, seen.PromptTokens)
+}
+
 func TestNotRetried(t *testing.T) {
 	a := newUpstream(t, status(http.StatusBadRequest))
 	b := newUpstream(t, sse(1))
