@@ -319,8 +319,11 @@ func (a *attempt) run(ctx context.Context) (*http.Response, error) {
 				return a.commitStatus(resp, pick, isRetry, err, outcome(err, retryable)), nil
 			}
 			a.finish(pick, key, isRetry, err, outcome(err, retryable))
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				return nil, ctx.Err()
+			case !retryable:
+				return nil, err
 			}
 			return nil, &retry.GiveUpError{Attempts: a.n, Reason: reason, Err: err}
 		}

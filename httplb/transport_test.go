@@ -554,6 +554,32 @@ func (unlimited) Start()                     {}
 func (unlimited) Withdraw() bool             { return true }
 func (unlimited) Finish(bool, retry.Outcome) {}
 
+// FuzzEventScanner checks the incremental scanner against a direct reading
+// of the whole stream, however it is split into reads.
+func FuzzEventScanner(f *testing.F) {
+	f.Add([]byte("data: x\n"), uint8(3))
+	f.Add([]byte(": ping\r\nevent: e\ndata:"), uint8(1))
+	f.Add([]byte("xdata:\ndat"), uint8(7))
+	f.Fuzz(func(t *testing.T, stream []byte, split uint8) {
+		want := false
+		for _, line := range strings.FieldsFunc(string(stream), func(r rune) bool { return r == '\n' || r == '\r' }) {
+			if strings.HasPrefix(line, "data:") {
+				want = true
+				break
+			}
+		}
+		var s eventScanner
+		got := false
+		step := int(split%16) + 1
+		for i := 0; i < len(stream) && !got; i += step {
+			got = s.scan(stream[i:min(i+step, len(stream))])
+		}
+		if got != want {
+			t.Fatalf("scan(%q) = %v, want %v", stream, got, want)
+		}
+	})
+}
+
 func TestEventScanner(t *testing.T) {
 	cases := []struct {
 		in   []string
