@@ -17,6 +17,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/signals"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -617,3 +618,94 @@ func TestErrorHandlerClientGone(t *testing.T) {
 	ErrorHandler(w, httptest.NewRequest(http.MethodPost, "/", nil), errors.New("x"))
 	assert.Equal(t, http.StatusBadGateway, w.Code)
 }
+
+type denyAll struct{ finished atomic.Int64 }
+
+func (*denyAll) Start()                       {}
+func (*denyAll) Withdraw() bool               { return false }
+func (d *denyAll) Finish(bool, retry.Outcome) { d.finished.Add(1) }
+
+type recorder struct {
+	mu   sync.Mutex
+	keys []string
+	errs []error
+}
+
+func (r *recorder) Report(key string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.keys = append(r.keys, key)
+	r.errs = append(r.errs, err)
+}
+
+func TestNoRetryWhen(t *testing.T) {
+	cases := []struct {
+		name   string
+		h      http.HandlerFunc
+		cfg    func(*Config)
+		status int
+		err    error
+	}{
+		{"budget spent", status(http.StatusServiceUnavailable), func(c *Config) { c.Budget = &denyAll{} }, http.StatusServiceUnavailable, nil},
+		{"pushback forbids", status(http.StatusServiceUnavailable, "Retry-After", "soon"), nil, http.StatusServiceUnavailable, nil},
+		{"one attempt", hangUp(""), func(c *Config) { c.MaxAttempts = 1 }, 0, retry.ErrExhausted},
+		{"custom classifier", status(http.StatusInternalServerError), func(c *Config) {
+			c.Classify = retry.OnCodes([]int{http.StatusServiceUnavailable}, nil)
+		}, http.StatusInternalServerError, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := newUpstream(t, c.h)
+			b := newUpstream(t, sse(1))
+			var cfg Config
+			if c.cfg != nil {
+				c.cfg(&cfg)
+			}
+			h := newHarness(t, fixed{}, cfg, a, b)
+			resp, err := do(t, h, chatBody)
+			if c.err != nil {
+				assert.ErrorIs(t, err, c.err)
+			} else {
+				require.NoError(t, err)
+				assert.Equal(t, c.status, resp.StatusCode)
+				_, _ = readAll(t, resp)
+			}
+			assert.EqualValues(t, 0, b.hits.Load(), "not retried")
+		})
+	}
+}
+
+func TestReporterAndStore(t *testing.T) {
+	a := newUpstream(t, status(http.StatusServiceUnavailable))
+	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Endpoint-Load-Metrics", "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_running=3")
+		sse(1)(w, r)
+	})
+	rec := &recorder{}
+	store, err := signals.NewStore(signals.StoreConfig{})
+	require.NoError(t, err)
+	budget := &denyAll{}
+	h := newHarness(t, fixed{}, Config{Reporter: rec, Store: store, Budget: unlimitedFinish{budget}}, a, b)
+	resp, err := do(t, h, chatBody)
+	require.NoError(t, err)
+	_, err = readAll(t, resp)
+	require.NoError(t, err)
+	rec.mu.Lock()
+	assert.Equal(t, []string{a.URL, b.URL}, rec.keys)
+	var se *retry.StatusError
+	assert.ErrorAs(t, rec.errs[0], &se)
+	assert.NoError(t, rec.errs[1])
+	rec.mu.Unlock()
+	assert.EqualValues(t, 2, budget.finished.Load(), "Finish once per attempt")
+	l, ok := store.Load(b.URL)
+	require.True(t, ok)
+	assert.Equal(t, 3, l.Running)
+	assert.InDelta(t, 0.5, l.KVUsage, 1e-9)
+}
+
+// unlimitedFinish grants every retry and counts Finish calls.
+type unlimitedFinish struct{ d *denyAll }
+
+func (u unlimitedFinish) Start()                         {}
+func (u unlimitedFinish) Withdraw() bool                 { return true }
+func (u unlimitedFinish) Finish(r bool, o retry.Outcome) { u.d.Finish(r, o) }
