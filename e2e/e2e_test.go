@@ -109,6 +109,28 @@ func TestKillEngine(t *testing.T) {
 	assert.Positive(t, c.Engines[0].Stats().Finished+int64(broken), "the killed engine had served traffic")
 }
 
+// Engines that refuse work with 429 and Retry-After: the gateway retries on
+// another engine after the pushback, and when every attempt is refused the
+// client gets the 429 with its Retry-After, never a 502.
+func TestOverloadedEngines(t *testing.T) {
+	c, err := StartCluster(2, engine.Config{Engine: sim.Engine{MaxRunning: 1}, MaxWaiting: 1, Speedup: 2})
+	require.NoError(t, err)
+	defer c.Close()
+	g := startGateway(t, "least-outstanding", c.URLs, func(b *llmlb.Balancer, cfg *httplb.Config) { cfg.MaxAttempts = 3 })
+	client := newClient()
+	defer client.CloseIdleConnections()
+	w := Workload{Requests: 16, Rate: 1000, Groups: 1, Short: [2]int{30, 30}, LongShare: -1, Seed: 5}
+	res := Generate(context.Background(), client, g.srv.URL, w)
+	g.requireIdle(t)
+	refused := c.Engines[0].Stats().Refused + c.Engines[1].Stats().Refused
+	complete := res.Count((*Outcome).Complete)
+	limited := res.Count(func(o *Outcome) bool { return o.Status == http.StatusTooManyRequests && o.RetryAfter == "1" })
+	t.Logf("complete=%d 429=%d engine refusals=%d", complete, limited, refused)
+	assert.Equal(t, w.Requests, complete+limited)
+	assert.Greater(t, complete, 4, "retries after the pushback found room")
+	assert.Positive(t, refused)
+}
+
 // Clients that disconnect mid-stream release their load in the balancer and
 // in the engines.
 func TestClientDisconnect(t *testing.T) {

@@ -75,8 +75,10 @@ type Outcome struct {
 	// Want is the number of tokens requested, Got the number of token
 	// events received.
 	Want, Got int
-	// Status is the HTTP status, 0 if none arrived.
-	Status int
+	// Status is the HTTP status, 0 if none arrived, and RetryAfter the
+	// response's Retry-After header.
+	Status     int
+	RetryAfter string
 	// TTFT is the time from sending to the first token event.
 	TTFT time.Duration
 	// Started reports whether a token event arrived; Done whether the
@@ -208,6 +210,7 @@ func send(ctx context.Context, client *http.Client, url, body, session string, w
 	}
 	defer resp.Body.Close()
 	o.Status = resp.StatusCode
+	o.RetryAfter = resp.Header.Get("Retry-After")
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return o

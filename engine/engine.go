@@ -109,6 +109,9 @@ type Stats struct {
 	// Finished counts requests that generated all their tokens; Cancelled
 	// those abandoned by their client before that.
 	Finished, Cancelled int64
+	// Refused counts requests answered 429 because MaxWaiting requests
+	// were waiting.
+	Refused int64
 }
 
 // New returns an engine configured by cfg, or an error wrapping
@@ -236,6 +239,7 @@ func (e *Engine) submit(s *seq) error {
 		e.mu.Unlock()
 		return ErrStopped
 	case e.maxWait > 0 && len(e.waiting) >= e.maxWait:
+		e.stats.Refused++
 		e.mu.Unlock()
 		return errQueueFull
 	}

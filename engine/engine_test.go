@@ -214,6 +214,7 @@ func TestQueueFullAndCancel(t *testing.T) {
 	resp := post(t, srvURL+"/v1/completions", `{"prompt":"y"}`)
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.EqualValues(t, 1, e.Stats().Refused)
 	cancel()
 	assert.Error(t, <-errc)
 	require.Eventually(t, func() bool { return e.Stats().Waiting == 0 }, 5*time.Second, time.Millisecond)
