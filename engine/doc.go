@@ -12,7 +12,9 @@
 // GET /v1/models.
 //
 // The model is the simulator's replica (package sim) run against the wall
-// clock: each iteration gives every running sequence its next prefill chunk
+// clock, with the same parameters ([sim.Engine]) and iteration-time model; the
+// simulator's event-driven replica is internal to it, so this package runs
+// its own copy of the algorithm in real time: each iteration gives every running sequence its next prefill chunk
 // or one decode token within a token budget, admits waiting requests in order
 // while the budget, the batch limit and KV blocks last, and preempts the
 // newest sequence when KV blocks run out; it then sleeps for the iteration
