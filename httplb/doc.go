@@ -16,7 +16,8 @@
 // it (endpoints are [*Endpoint]s, base URLs, unless [Config.URL] maps them),
 // and retries connection errors and retryable statuses on other endpoints
 // until the response's first event arrives, honouring Retry-After with the
-// back-off, budget and pushback rules of package retry. The first event (the
+// back-off, budget and pushback rules of package retry, and optionally hedges
+// an attempt that is slow to start on another endpoint. The first event (the
 // first "data:" line of a server-sent event stream, or the first byte of any
 // other body) is the commitment point: the pick's FirstToken is called and the
 // response is returned; from then on every body Read passes straight through,
@@ -28,6 +29,7 @@
 // over the cap, 429 with Retry-After when no endpoint can take the request
 // (admission caps, every endpoint excluded or unhealthy), 502 otherwise.
 //
-// Parsers, Transports and Endpoints are safe for concurrent use, and nothing in
-// this package starts a goroutine.
+// Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
+// this package starts a goroutine, except a hedging Transport, whose attempt
+// goroutines end before RoundTrip returns.
 package httplb

@@ -2,12 +2,9 @@ package httplb
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
@@ -77,6 +74,15 @@ type Config struct {
 	// MaxPeekBytes bounds the bytes held back before the first event of a
 	// stream. 0 means [DefaultMaxPeekBytes].
 	MaxPeekBytes int
+	// HedgeDelay, if positive, enables hedging: when an attempt has not
+	// committed (no first event) after HedgeDelay, another attempt is sent
+	// to an endpoint with none in flight, within MaxAttempts and the
+	// budget; the first to commit wins and the others are cancelled at
+	// once. Hedged attempts run on goroutines of their own, which end
+	// before RoundTrip returns. 0 disables hedging.
+	HedgeDelay time.Duration
+	// MaxHedges bounds the hedges per request. 0 means 1.
+	MaxHedges int
 	// Clock tells the time. nil means the system clock.
 	Clock llmlb.Clock
 	// After returns a channel that receives after d, like time.After, which
@@ -110,7 +116,14 @@ type Config struct {
 // transport failure that cannot be retried is returned as a
 // [*retry.GiveUpError] wrapping [retry.ErrExhausted].
 //
-// A Transport is safe for concurrent use and starts no goroutines.
+// With [Config.HedgeDelay] set, an attempt still waiting for its first event
+// after the delay is hedged: another attempt goes to an endpoint with none in
+// flight, the first to commit wins, and the others are cancelled and finished
+// before RoundTrip returns.
+//
+// A Transport is safe for concurrent use. It starts no goroutines, except,
+// when hedging, one per attempt, each of which has ended when RoundTrip
+// returns.
 type Transport struct {
 	b         *llmlb.Balancer
 	base      http.RoundTripper
@@ -126,6 +139,8 @@ type Transport struct {
 	reporter  retry.Reporter
 	store     *signals.Store
 	peek      int
+	hedge     time.Duration
+	maxHedges int
 	clock     llmlb.Clock
 	after     func(time.Duration) <-chan time.Time
 }
@@ -136,8 +151,8 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if cfg.Balancer == nil {
 		return nil, configErrorf("nil Balancer")
 	}
-	if cfg.MaxAttempts < 0 || cfg.MaxPushback < 0 || cfg.MaxPeekBytes < 0 {
-		return nil, configErrorf("negative MaxAttempts, MaxPushback or MaxPeekBytes")
+	if cfg.MaxAttempts < 0 || cfg.MaxPushback < 0 || cfg.MaxPeekBytes < 0 || cfg.HedgeDelay < 0 || cfg.MaxHedges < 0 {
+		return nil, configErrorf("negative MaxAttempts, MaxPushback, MaxPeekBytes, HedgeDelay or MaxHedges")
 	}
 	t := &Transport{
 		b:         cfg.Balancer,
@@ -154,6 +169,8 @@ func NewTransport(cfg Config) (*Transport, error) {
 		reporter:  cfg.Reporter,
 		store:     cfg.Store,
 		peek:      cfg.MaxPeekBytes,
+		hedge:     cfg.HedgeDelay,
+		maxHedges: cfg.MaxHedges,
 		clock:     cfg.Clock,
 		after:     cfg.After,
 	}
@@ -196,6 +213,9 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if t.peek == 0 {
 		t.peek = DefaultMaxPeekBytes
 	}
+	if t.maxHedges == 0 {
+		t.maxHedges = 1
+	}
 	if t.clock == nil {
 		t.clock = systemClock{}
 	}
@@ -219,244 +239,6 @@ func (t *Transport) CloseIdleConnections() {
 	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
-}
-
-// attempt is the state of one request across its attempts.
-type attempt struct {
-	t       *Transport
-	req     *http.Request // the parsed request, with a re-readable body
-	lreq    llmlb.Request
-	tried   []string
-	release func() // admission
-	n       int    // attempts sent
-}
-
-// RoundTrip implements [http.RoundTripper]; see [Transport].
-func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
-	out := req.Clone(ctx)
-	lreq, err := t.parser.Parse(out)
-	if err != nil {
-		return nil, err
-	}
-	if t.adjust != nil {
-		t.adjust(out, &lreq)
-	}
-	a := &attempt{t: t, req: out, lreq: lreq, release: func() {}}
-	if t.adm != nil {
-		rel, err := t.adm.Acquire(lreq.AffinityKey)
-		if err != nil {
-			return nil, err
-		}
-		a.release = rel
-	}
-	t.budget.Start()
-	resp, err := a.run(ctx)
-	if err != nil {
-		a.release()
-	}
-	return resp, err
-}
-
-// run sends attempts until one commits or retries run out. On error, every
-// attempt's accounting is finished; on success the returned body finishes it.
-func (a *attempt) run(ctx context.Context) (*http.Response, error) {
-	t := a.t
-	var prevWait time.Duration
-	for {
-		pick, err := a.pick(ctx)
-		if err != nil {
-			t.budget.Finish(a.n > 0, retry.Abandoned)
-			if a.n == 0 {
-				return nil, err
-			}
-			return nil, fmt.Errorf("httplb: pick for retry %d: %w", a.n, err)
-		}
-		a.n++
-		isRetry := a.n > 1
-		key := pick.Endpoint().Key()
-		resp, err := a.send(ctx, pick)
-		if err == nil {
-			return resp, nil
-		}
-		// The attempt failed before its first token.
-		var status *retry.StatusError
-		retryable := t.classify(err)
-		if errors.As(err, &status) && !retryable {
-			// An answer that is not retried (a 400, a 404): the caller
-			// gets it as it is.
-			return a.commitStatus(resp, pick, isRetry, err, retry.Abandoned), nil
-		}
-		reason := a.giveUp(ctx, err, retryable)
-		var wait time.Duration
-		if reason == "" {
-			wait = t.backoff.Backoff(a.n, prevWait)
-			prevWait = wait
-			var h http.Header
-			if resp != nil {
-				h = resp.Header
-			}
-			pb := retry.FromHeader(h, t.clock.Now(), t.pushLimit)
-			switch {
-			case pb.Kind == retry.DoNotRetry:
-				reason = "pushback"
-			case pb.Kind == retry.RetryLater && pb.Delay > wait:
-				wait = pb.Delay
-			}
-			if reason == "" {
-				if d, ok := ctx.Deadline(); ok && t.clock.Now().Add(wait).After(d) {
-					reason = "deadline"
-				}
-			}
-			if reason == "" && !t.budget.Withdraw() {
-				reason = "budget"
-			}
-		}
-		if reason != "" {
-			if resp != nil && status != nil {
-				// Give the caller the upstream's own answer (a 429 or 503
-				// with its Retry-After).
-				return a.commitStatus(resp, pick, isRetry, err, outcome(err, retryable)), nil
-			}
-			a.finish(pick, key, isRetry, err, outcome(err, retryable))
-			switch {
-			case ctx.Err() != nil:
-				return nil, ctx.Err()
-			case !retryable:
-				return nil, err
-			}
-			return nil, &retry.GiveUpError{Attempts: a.n, Reason: reason, Err: err}
-		}
-		if resp != nil {
-			drain(resp.Body)
-		}
-		a.finish(pick, key, isRetry, err, outcome(err, retryable))
-		a.tried = append(a.tried, key)
-		if wait > 0 {
-			if err := t.sleep(ctx, wait); err != nil {
-				t.budget.Finish(true, retry.Abandoned) // the withdrawn retry
-				return nil, err
-			}
-		}
-	}
-}
-
-// giveUp returns why no retry may follow err, or "" if one may (subject to
-// the pushback, the deadline and the budget).
-func (a *attempt) giveUp(ctx context.Context, err error, retryable bool) string {
-	switch {
-	case ctx.Err() != nil:
-		return "canceled"
-	case !retryable:
-		return "error"
-	case a.n >= a.t.attempts:
-		return "attempts"
-	}
-	return ""
-}
-
-// finish ends one attempt: its pick, the reporter and the budget learn how.
-func (a *attempt) finish(pick llmlb.Pick, key string, isRetry bool, err error, o retry.Outcome) {
-	pick.Done(err)
-	if a.t.reporter != nil {
-		a.t.reporter.Report(key, err)
-	}
-	a.t.budget.Finish(isRetry, o)
-}
-
-// outcome classifies a failed attempt for the budget: cancelled attempts and
-// answers that are not retried say nothing about the upstream's health.
-func outcome(err error, retryable bool) retry.Outcome {
-	switch {
-	case err == nil:
-		return retry.Succeeded
-	case !retryable || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		return retry.Abandoned
-	}
-	return retry.Failed
-}
-
-// pick picks an endpoint not tried yet, or, if none is left, any endpoint the
-// request allows.
-func (a *attempt) pick(ctx context.Context) (llmlb.Pick, error) {
-	r := a.lreq
-	if len(a.tried) > 0 {
-		r.Exclude = append(slices.Clip(a.lreq.Exclude), a.tried...)
-	}
-	p, err := a.t.b.Pick(ctx, &r)
-	if err != nil && len(a.tried) > 0 && errors.Is(err, llmlb.ErrNoCandidates) {
-		r.Exclude = a.lreq.Exclude
-		p, err = a.t.b.Pick(ctx, &r)
-	}
-	return p, err
-}
-
-// send sends one attempt to pick's endpoint. It returns the committed
-// response, or an error and, for a status answer, the response whose body
-// the caller must close or hand on.
-func (a *attempt) send(ctx context.Context, pick llmlb.Pick) (*http.Response, error) {
-	t := a.t
-	base := t.url(pick.Endpoint())
-	if base == nil {
-		return nil, fmt.Errorf("%w: %s", ErrNoURL, pick.Endpoint().Key())
-	}
-	out := a.req.Clone(ctx)
-	if a.req.GetBody != nil {
-		body, err := a.req.GetBody()
-		if err != nil {
-			return nil, err
-		}
-		out.Body = body
-	}
-	u := *a.req.URL
-	u.Scheme, u.Host = base.Scheme, base.Host
-	u.Path = joinPath(base.Path, u.Path)
-	u.RawPath = ""
-	out.URL = &u
-	out.Host = ""
-	out.RequestURI = ""
-	resp, err := t.base.RoundTrip(out)
-	if err != nil {
-		return nil, err
-	}
-	if resp.Body == nil {
-		resp.Body = http.NoBody
-	}
-	if t.store != nil {
-		_, _ = t.store.RecordResponse(pick.Endpoint().Key(), resp, t.clock.Now(), signals.OrcaMapping{})
-	}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return resp, &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}
-	}
-	b := &body{rc: resp.Body}
-	if err := b.peek(resp, t.peek); err != nil {
-		_ = resp.Body.Close()
-		return nil, err
-	}
-	pick.FirstToken()
-	key := pick.Endpoint().Key()
-	isRetry := a.n > 1
-	b.finish = func(err error) {
-		// The attempt produced a response: a success for the budget even if
-		// the stream broke later; the reporter sees the error.
-		a.finish(pick, key, isRetry, err, retry.Succeeded)
-		a.release()
-	}
-	resp.Body = b
-	return resp, nil
-}
-
-// commitStatus hands a status answer to the caller; its pick is done when
-// the body is.
-func (a *attempt) commitStatus(resp *http.Response, pick llmlb.Pick, isRetry bool, err error, o retry.Outcome) *http.Response {
-	key := pick.Endpoint().Key()
-	b := &body{rc: resp.Body}
-	b.finish = func(error) {
-		a.finish(pick, key, isRetry, err, o)
-		a.release()
-	}
-	resp.Body = b
-	return resp
 }
 
 func (t *Transport) sleep(ctx context.Context, d time.Duration) error {

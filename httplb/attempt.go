@@ -1,0 +1,415 @@
+package httplb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/signals"
+)
+
+// RoundTrip implements [http.RoundTripper]; see [Transport].
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	out := req.Clone(ctx)
+	lreq, err := t.parser.Parse(out)
+	if err != nil {
+		return nil, err
+	}
+	if t.adjust != nil {
+		t.adjust(out, &lreq)
+	}
+	a := &attempt{t: t, req: out, lreq: lreq, release: func() {}}
+	if t.adm != nil {
+		rel, err := t.adm.Acquire(lreq.AffinityKey)
+		if err != nil {
+			return nil, err
+		}
+		a.release = rel
+	}
+	t.budget.Start()
+	var resp *http.Response
+	if t.hedge > 0 {
+		resp, err = a.runHedged(ctx)
+	} else {
+		resp, err = a.run(ctx)
+	}
+	if err != nil {
+		a.release()
+		return nil, err
+	}
+	// The caller's response: its end also releases the admission slot.
+	b := resp.Body.(*body)
+	inner := b.finish
+	b.finish = func(err error) {
+		inner(err)
+		a.release()
+	}
+	return resp, nil
+}
+
+// attempt is the state of one request across its attempts.
+type attempt struct {
+	t        *Transport
+	req      *http.Request // the parsed request, with a re-readable body
+	lreq     llmlb.Request
+	tried    []string // endpoints picked so far
+	release  func()   // admission
+	n        int      // attempts sent
+	prevWait time.Duration
+}
+
+// try is one attempt: the pick, and once sent, its response or error. A
+// committed response's body (a *body) finishes the attempt when it ends.
+type try struct {
+	pick      llmlb.Pick
+	key       string
+	isRetry   bool               // sent with a budget withdrawal (a retry or a hedge)
+	abandoned bool               // a hedge that lost after committing
+	cancel    context.CancelFunc // cancels a hedged attempt; nil otherwise
+	resp      *http.Response
+	err       error
+}
+
+// next picks the endpoint of the next attempt: one not tried yet, or, if none
+// is left and fallback is set, any endpoint the request allows.
+func (a *attempt) next(ctx context.Context, fallback bool) (*try, error) {
+	r := a.lreq
+	if len(a.tried) > 0 {
+		r.Exclude = append(slices.Clip(a.lreq.Exclude), a.tried...)
+	}
+	p, err := a.t.b.Pick(ctx, &r)
+	if err != nil && fallback && len(a.tried) > 0 && errors.Is(err, llmlb.ErrNoCandidates) {
+		r.Exclude = a.lreq.Exclude
+		p, err = a.t.b.Pick(ctx, &r)
+	}
+	if err != nil {
+		return nil, err
+	}
+	a.n++
+	tr := &try{pick: p, key: p.Endpoint().Key(), isRetry: a.n > 1}
+	a.tried = append(a.tried, tr.key)
+	return tr, nil
+}
+
+// pickError is what Do returns when a pick fails.
+func (a *attempt) pickError(err error) error {
+	a.t.budget.Finish(a.n > 0, retry.Abandoned)
+	if a.n == 0 {
+		return err
+	}
+	return fmt.Errorf("httplb: pick for retry %d: %w", a.n, err)
+}
+
+// run sends attempts one after the other until one commits or retries run
+// out. On error every attempt is finished; on success the returned body
+// finishes the winner.
+func (a *attempt) run(ctx context.Context) (*http.Response, error) {
+	for {
+		tr, err := a.next(ctx, true)
+		if err != nil {
+			return nil, a.pickError(err)
+		}
+		a.send(ctx, tr)
+		if tr.err == nil {
+			return tr.resp, nil
+		}
+		wait, done, resp, err := a.failed(ctx, tr)
+		if done {
+			return resp, err
+		}
+		if wait > 0 {
+			if err := a.t.sleep(ctx, wait); err != nil {
+				a.t.budget.Finish(true, retry.Abandoned) // the withdrawn retry
+				return nil, err
+			}
+		}
+	}
+}
+
+// runHedged is run with hedging: when an attempt has not committed after
+// the hedge delay, another is sent to another endpoint (within the attempts
+// and the budget); the first to commit wins and the others are cancelled and
+// finished before it is returned. Each attempt runs on its own goroutine, and
+// all have returned when runHedged does.
+func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
+	t := a.t
+	results := make(chan *try, t.attempts)
+	inflight := 0
+	var sent []*try // every attempt launched; at most t.attempts
+	launch := func(tr *try) {
+		actx, cancel := context.WithCancel(ctx)
+		tr.cancel = cancel
+		inflight++
+		sent = append(sent, tr)
+		go func() {
+			a.send(actx, tr)
+			results <- tr
+		}()
+	}
+	// abandon cancels and finishes the attempts in flight other than the
+	// winner.
+	abandon := func(winner *try) {
+		for _, tr := range sent {
+			if tr != winner {
+				tr.cancel() // cancelling a finished attempt is harmless
+			}
+		}
+		for ; inflight > 0; inflight-- {
+			tr := <-results
+			tr.cancel()
+			if tr.err == nil {
+				tr.abandoned = true
+				_ = tr.resp.Body.Close() // finishes it
+				continue
+			}
+			if tr.resp != nil {
+				drain(tr.resp.Body)
+			}
+			a.finish(tr, context.Canceled, retry.Abandoned)
+		}
+	}
+	tr, err := a.next(ctx, true)
+	if err != nil {
+		return nil, a.pickError(err)
+	}
+	launch(tr)
+	hedges := 0
+	hedgeAt := t.wait(t.hedge)
+	for {
+		select {
+		case tr := <-results:
+			inflight--
+			if tr.err == nil {
+				abandon(tr)
+				return tr.resp, nil
+			}
+			if inflight > 0 {
+				// Another attempt is still on its way: this failure is
+				// only recorded, unless it is an answer to give the caller.
+				var status *retry.StatusError
+				if errors.As(tr.err, &status) && !t.classify(tr.err) {
+					abandon(tr)
+					return a.commitStatus(tr, retry.Abandoned), nil
+				}
+				if tr.resp != nil {
+					drain(tr.resp.Body)
+				}
+				a.finish(tr, tr.err, outcome(tr.err, t.classify(tr.err)))
+				continue
+			}
+			wait, done, resp, err := a.failed(ctx, tr)
+			if done {
+				return resp, err
+			}
+			if wait > 0 {
+				if err := t.sleep(ctx, wait); err != nil {
+					t.budget.Finish(true, retry.Abandoned)
+					return nil, err
+				}
+			}
+			next, err := a.next(ctx, true)
+			if err != nil {
+				return nil, a.pickError(err)
+			}
+			launch(next)
+			hedgeAt = t.wait(t.hedge)
+		case <-hedgeAt:
+			hedgeAt = nil
+			if hedges >= t.maxHedges || a.n >= t.attempts || !t.budget.Withdraw() {
+				continue
+			}
+			next, err := a.next(ctx, false)
+			if err != nil {
+				t.budget.Finish(true, retry.Abandoned)
+				continue // no other endpoint: keep waiting
+			}
+			hedges++
+			launch(next)
+			hedgeAt = t.wait(t.hedge)
+		}
+	}
+}
+
+// failed handles an attempt that failed before its first token, with no
+// other attempt in flight. It either ends the request (done, with the
+// caller's response or error) or allows a retry after wait, with the budget
+// withdrawn and the failed attempt finished.
+func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done bool, resp *http.Response, err error) {
+	t := a.t
+	var status *retry.StatusError
+	isStatus := errors.As(tr.err, &status)
+	retryable := t.classify(tr.err)
+	if isStatus && !retryable {
+		// An answer that is not retried (a 400, a 404): the caller gets
+		// it as it is.
+		return 0, true, a.commitStatus(tr, retry.Abandoned), nil
+	}
+	reason := ""
+	switch {
+	case ctx.Err() != nil:
+		reason = "canceled"
+	case !retryable:
+		reason = "error"
+	case a.n >= t.attempts:
+		reason = "attempts"
+	}
+	if reason == "" {
+		wait = t.backoff.Backoff(a.n, a.prevWait)
+		a.prevWait = wait
+		var h http.Header
+		if tr.resp != nil {
+			h = tr.resp.Header
+		}
+		pb := retry.FromHeader(h, t.clock.Now(), t.pushLimit)
+		switch {
+		case pb.Kind == retry.DoNotRetry:
+			reason = "pushback"
+		case pb.Kind == retry.RetryLater && pb.Delay > wait:
+			wait = pb.Delay
+		}
+		if reason == "" {
+			if d, ok := ctx.Deadline(); ok && t.clock.Now().Add(wait).After(d) {
+				reason = "deadline"
+			}
+		}
+		if reason == "" && !t.budget.Withdraw() {
+			reason = "budget"
+		}
+	}
+	o := outcome(tr.err, retryable)
+	if reason == "" {
+		if tr.resp != nil {
+			drain(tr.resp.Body)
+		}
+		a.finish(tr, tr.err, o)
+		return wait, false, nil, nil
+	}
+	if isStatus {
+		// Give the caller the upstream's own answer (a 429 or 503 with its
+		// Retry-After).
+		return 0, true, a.commitStatus(tr, o), nil
+	}
+	a.finish(tr, tr.err, o)
+	switch {
+	case ctx.Err() != nil:
+		return 0, true, nil, ctx.Err()
+	case !retryable:
+		return 0, true, nil, tr.err
+	}
+	return 0, true, nil, &retry.GiveUpError{Attempts: a.n, Reason: reason, Err: tr.err}
+}
+
+// finish ends one attempt: its pick, the reporter and the budget learn how,
+// and a hedged attempt's context is released.
+func (a *attempt) finish(tr *try, err error, o retry.Outcome) {
+	tr.pick.Done(err)
+	if a.t.reporter != nil {
+		a.t.reporter.Report(tr.key, err)
+	}
+	a.t.budget.Finish(tr.isRetry, o)
+	if tr.cancel != nil {
+		tr.cancel()
+	}
+}
+
+// outcome classifies a failed attempt for the budget: cancelled attempts and
+// answers that are not retried say nothing about the upstream's health.
+func outcome(err error, retryable bool) retry.Outcome {
+	switch {
+	case err == nil:
+		return retry.Succeeded
+	case !retryable || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return retry.Abandoned
+	}
+	return retry.Failed
+}
+
+// send sends the attempt to its endpoint. On success tr.resp is committed:
+// its first event has arrived, FirstToken was called, and its body finishes
+// the attempt when it ends. Otherwise tr.err says why, and for a status
+// answer tr.resp holds the response, whose body the caller must close or hand
+// on.
+func (a *attempt) send(ctx context.Context, tr *try) {
+	t := a.t
+	base := t.url(tr.pick.Endpoint())
+	if base == nil {
+		tr.err = fmt.Errorf("%w: %s", ErrNoURL, tr.key)
+		return
+	}
+	out := a.req.Clone(ctx)
+	if a.req.GetBody != nil {
+		body, err := a.req.GetBody()
+		if err != nil {
+			tr.err = err
+			return
+		}
+		out.Body = body
+	}
+	u := *a.req.URL
+	u.Scheme, u.Host = base.Scheme, base.Host
+	u.Path = joinPath(base.Path, u.Path)
+	u.RawPath = ""
+	out.URL = &u
+	out.Host = ""
+	out.RequestURI = ""
+	resp, err := t.base.RoundTrip(out)
+	if err != nil {
+		tr.err = err
+		return
+	}
+	if resp.Body == nil {
+		resp.Body = http.NoBody
+	}
+	if t.store != nil {
+		_, _ = t.store.RecordResponse(tr.key, resp, t.clock.Now(), signals.OrcaMapping{})
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		tr.resp = resp
+		tr.err = &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}
+		return
+	}
+	b := &body{rc: resp.Body}
+	if err := b.peek(resp, t.peek); err != nil {
+		_ = resp.Body.Close()
+		tr.err = err
+		return
+	}
+	tr.pick.FirstToken()
+	b.finish = func(err error) {
+		// The attempt produced a response: a success for the budget even if
+		// the stream broke later (the reporter sees the error), unless it
+		// lost to a hedge.
+		o := retry.Succeeded
+		if tr.abandoned {
+			o = retry.Abandoned
+		}
+		a.finish(tr, err, o)
+	}
+	resp.Body = b
+	tr.resp = resp
+}
+
+// commitStatus hands a status answer to the caller; its attempt is finished
+// when the body is.
+func (a *attempt) commitStatus(tr *try, o retry.Outcome) *http.Response {
+	resp := tr.resp
+	err := tr.err
+	b := &body{rc: resp.Body}
+	b.finish = func(error) { a.finish(tr, err, o) }
+	resp.Body = b
+	return resp
+}
+
+// wait returns a channel that receives after d.
+func (t *Transport) wait(d time.Duration) <-chan time.Time {
+	if t.after != nil {
+		return t.after(d)
+	}
+	return time.After(d)
+}
