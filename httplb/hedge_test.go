@@ -38,9 +38,12 @@ func TestHedgeWins(t *testing.T) {
 	body, err := readAll(t, resp)
 	require.NoError(t, err)
 	assert.Equal(t, "data: {\"i\":0}\n\ndata: {\"i\":1}\n\ndata: [DONE]\n\n", body)
-	assert.EqualValues(t, 1, a.hits.Load())
+	// The first attempt may be cancelled before its request reaches a (the
+	// hedge fires after 1 ms and can win first on a loaded machine); if it
+	// did reach a, a must see it cancelled.
+	assert.LessOrEqual(t, a.hits.Load(), int64(1))
 	assert.EqualValues(t, 1, b.hits.Load())
-	require.Eventually(t, func() bool { return cancelled.Load() == 1 }, 5*time.Second, time.Millisecond, "the losing attempt is cancelled")
+	require.Eventually(t, func() bool { return cancelled.Load() == a.hits.Load() }, 5*time.Second, time.Millisecond, "the losing attempt is cancelled")
 	assert.EqualValues(t, 2, budget.finished.Load())
 }
 
