@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,13 +62,12 @@ type epState struct {
 	key  string
 	desc atomic.Pointer[epDesc] // replaced by Update, read by Pick
 
-	outstanding atomic.Int64 // requests picked and not done
-	queued      atomic.Int64 // requests picked and before their first token
-	prefill     atomic.Int64 // prompt tokens picked and not yet prefilled
-	prompt      atomic.Int64 // prompt tokens of outstanding requests
-	decode      atomic.Int64 // expected decode tokens of outstanding requests
-	unhealthy   atomic.Bool
-	started     atomic.Int64 // unix nanos slow start began; 0 = never in slow start
+	requests  atomic.Int64 // outstanding<<32 | queued: requests picked and not done, and of those before their first token
+	prefill   atomic.Int64 // prompt tokens picked and not yet prefilled
+	prompt    atomic.Int64 // prompt tokens of outstanding requests
+	decode    atomic.Int64 // expected decode tokens of outstanding requests
+	unhealthy atomic.Bool
+	started   atomic.Int64 // unix nanos slow start began; 0 = never in slow start
 
 	// Own dispatches since the current observation was first seen; used
 	// only when a signal is configured. Readers load the atomics without
@@ -249,8 +249,8 @@ func (b *Balancer) Stats() []EndpointStats {
 	for i, st := range s.eps {
 		out[i] = EndpointStats{
 			Key:           st.key,
-			Outstanding:   st.outstanding.Load(),
-			Queued:        st.queued.Load(),
+			Outstanding:   st.outstanding(),
+			Queued:        st.queued(),
 			PrefillTokens: st.prefill.Load(),
 			DecodeTokens:  st.decode.Load(),
 			Healthy:       !st.unhealthy.Load(),
@@ -295,37 +295,43 @@ func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
 	return b.commit(c, c.state(i)), nil
 }
 
+// Both request counts of an endpoint live in one word, so that a pick and a
+// completion each update them with one atomic add.
+const (
+	oneOutstanding = 1 << 32
+	oneQueued      = 1
+)
+
+func (st *epState) outstanding() int64 { return st.requests.Load() >> 32 }
+func (st *epState) queued() int64      { return int64(int32(st.requests.Load())) }
+
 // commit charges c's request to st and returns its handle.
 func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	r := &c.req
 	prefill := int64(r.PromptTokens - min(c.cached, r.PromptTokens))
 	decode := b.decodeEstimate(r)
-	st.outstanding.Add(1)
-	st.queued.Add(1)
+	st.requests.Add(oneOutstanding + oneQueued)
 	st.prefill.Add(prefill)
 	st.prompt.Add(int64(r.PromptTokens))
 	st.decode.Add(decode)
 
 	rec := recordPool.Get().(*record)
-	rec.st.Store(st)
-	rec.tokens.Store(uint64(prefill)<<32 | uint64(decode))
-	rec.epoch.Store(0)
-	rec.prompt.Store(int64(r.PromptTokens))
+	rec.st, rec.prefill, rec.decode, rec.prompt, rec.epoch = st, prefill, decode, int64(r.PromptTokens), 0
 	if b.signal != nil {
-		tokens := prefill + decode
 		obs, fresh := c.observe(st)
 		st.mu.Lock()
 		if fresh {
 			st.roll(obs.At.UnixNano())
 		}
 		st.epReqs.Add(1)
-		st.epTokens.Add(tokens)
-		epoch := st.epoch
+		st.epTokens.Add(prefill + decode)
+		rec.epoch = st.epoch + 1 // 0 means "not tracked"
 		st.mu.Unlock()
-		rec.epoch.Store(epoch + 1) // 0 means "not tracked"
 	}
-	gen := rec.state.Add(1) // even (free) -> odd (picked)
-	return Pick{rec: rec, gen: gen, ep: st.desc.Load().ep}
+	// Publishing the picked phase releases the fields written above to
+	// whichever call wins the record next.
+	base := rec.state.Add(phasePicked) - phasePicked
+	return Pick{rec: rec, base: base, ep: st.desc.Load().ep}
 }
 
 // Pick is the handle of one picked request. Its zero value (returned with an
@@ -337,9 +343,9 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 // safe to call concurrently; after Done both are no-ops, even if the
 // balancer's storage for the handle was reused by a later request.
 type Pick struct {
-	rec *record
-	gen uint64
-	ep  Endpoint
+	rec  *record
+	base uint64 // the record's generation for this request, phase bits clear
+	ep   Endpoint
 }
 
 // Endpoint returns the picked endpoint, or nil for the zero Pick.
@@ -350,15 +356,12 @@ func (p Pick) Endpoint() Endpoint { return p.ep }
 // after which retries and hedges are no longer invisible to the user.
 func (p Pick) FirstToken() {
 	rec := p.rec
-	if rec == nil {
-		return
+	if rec == nil || !rec.state.CompareAndSwap(p.base|phasePicked, p.base|phaseBusy) {
+		return // done, streaming already, or another call holds it
 	}
-	st, prefill, _ := rec.load()
-	if !rec.state.CompareAndSwap(p.gen, p.gen|streamingBit) {
-		return
-	}
-	st.prefill.Add(-prefill)
-	st.queued.Add(-1)
+	rec.st.prefill.Add(-rec.prefill)
+	rec.st.requests.Add(-oneQueued)
+	rec.state.Store(p.base | phaseStreaming)
 }
 
 // Done records that the request finished, successfully or not (err is
@@ -369,47 +372,64 @@ func (p Pick) Done(err error) {
 	if rec == nil {
 		return
 	}
-	st, prefill, decode := rec.load()
-	epoch, prompt := rec.epoch.Load(), rec.prompt.Load()
-	next := (p.gen &^ streamingBit) + 1 // odd -> even: free
-	if rec.state.CompareAndSwap(p.gen, next) {
-		st.prefill.Add(-prefill)
-		st.queued.Add(-1)
-	} else if !rec.state.CompareAndSwap(p.gen|streamingBit, next) {
-		return
+	var streaming bool
+	for {
+		s := rec.state.Load()
+		if s == p.base|phaseBusy { // a concurrent FirstToken is finishing
+			runtime.Gosched()
+			continue
+		}
+		if s != p.base|phasePicked && s != p.base|phaseStreaming {
+			return // done already, or the record serves a later request
+		}
+		if rec.state.CompareAndSwap(s, p.base|phaseBusy) {
+			streaming = s == p.base|phaseStreaming
+			break
+		}
 	}
-	st.decode.Add(-decode)
-	st.prompt.Add(-prompt)
-	st.outstanding.Add(-1)
-	if epoch != 0 {
+	st := rec.st
+	if streaming {
+		st.requests.Add(-oneOutstanding)
+	} else {
+		st.prefill.Add(-rec.prefill)
+		st.requests.Add(-oneOutstanding - oneQueued)
+	}
+	st.decode.Add(-rec.decode)
+	st.prompt.Add(-rec.prompt)
+	if rec.epoch != 0 {
 		st.mu.Lock()
-		if st.epoch == epoch-1 {
+		if st.epoch == rec.epoch-1 {
 			st.epReqs.Add(-1)
-			st.epTokens.Add(-(prefill + decode))
+			st.epTokens.Add(-(rec.prefill + rec.decode))
 		}
 		st.mu.Unlock()
 	}
+	rec.st = nil
+	rec.state.Store(p.base + generationStep) // free, next generation
 	recordPool.Put(rec)
 }
 
-// streamingBit marks a picked request whose first token was seen. Generations
-// advance by 2 per request (free -> picked -> free), so bit 62 never carries.
-const streamingBit = 1 << 62
+// The phases of a record, in the low bits of its state; the generation, in
+// the bits above, advances by one step per request.
+const (
+	phaseFree      = 0
+	phasePicked    = 1
+	phaseStreaming = 2
+	phaseBusy      = 3 // FirstToken or Done holds the record
+	generationStep = 4
+)
 
-// record is the pooled storage behind a Pick. Its fields are atomic because a
-// stale handle may read them while a later request reuses the record; the
-// state's compare-and-swap then fails and the values read are discarded.
+// record is the pooled storage behind a Pick. Its plain fields are written
+// by commit before the state is published and read only by the FirstToken or
+// Done call that moved the state to phaseBusy for the handle's generation; a
+// stale handle's generation never matches, so it reads nothing.
 type record struct {
-	state  atomic.Uint64 // generation: even = free, odd = picked; | streamingBit
-	st     atomic.Pointer[epState]
-	tokens atomic.Uint64 // prefill tokens << 32 | decode tokens
-	epoch  atomic.Uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
-	prompt atomic.Int64
-}
-
-func (r *record) load() (st *epState, prefill, decode int64) {
-	t := r.tokens.Load()
-	return r.st.Load(), int64(t >> 32), int64(t & (1<<32 - 1))
+	state   atomic.Uint64
+	st      *epState
+	prefill int64
+	decode  int64
+	prompt  int64
+	epoch   uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
 }
 
 var recordPool = sync.Pool{New: func() any { return new(record) }}

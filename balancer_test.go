@@ -136,7 +136,7 @@ func TestDoneAfterRemoval(t *testing.T) {
 	mustUpdate(t, b, eps(2)) // ep2 leaves
 	pk.FirstToken()
 	pk.Done(nil)
-	if st.outstanding.Load() != 0 || st.prefill.Load() != 0 || st.decode.Load() != 0 {
+	if st.outstanding() != 0 || st.prefill.Load() != 0 || st.decode.Load() != 0 {
 		t.Fatal("removed endpoint's counters not released")
 	}
 	mustUpdate(t, b, eps(3)) // ep2 returns with fresh accounting
@@ -406,7 +406,7 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 						default:
 							clock.Advance(time.Millisecond * time.Duration(rng.IntN(50)))
 							for _, st := range b.snap.Load().eps {
-								if st.outstanding.Load() < 0 || st.prefill.Load() < 0 || st.decode.Load() < 0 || st.queued.Load() < 0 {
+								if st.outstanding() < 0 || st.prefill.Load() < 0 || st.decode.Load() < 0 || st.queued() < 0 {
 									t.Errorf("negative counter on %s", st.key)
 									return
 								}
@@ -423,7 +423,7 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 			}
 			wg.Wait()
 			for st := range states {
-				if o, p, d, q := st.outstanding.Load(), st.prefill.Load(), st.decode.Load(), st.queued.Load(); o != 0 || p != 0 || d != 0 || q != 0 || st.prompt.Load() != 0 {
+				if o, p, d, q := st.outstanding(), st.prefill.Load(), st.decode.Load(), st.queued(); o != 0 || p != 0 || d != 0 || q != 0 || st.prompt.Load() != 0 {
 					t.Errorf("%s: outstanding %d prefill %d decode %d queued %d, want all 0", st.key, o, p, d, q)
 				}
 				st.mu.Lock()
@@ -448,4 +448,31 @@ func policyName(p Policy) string {
 		return "random"
 	}
 	return "policy"
+}
+
+// TestConcurrentFirstTokenAndDone races FirstToken and two Dones of the same
+// handle, and a stale Done of an earlier handle, on every request.
+func TestConcurrentFirstTokenAndDone(t *testing.T) {
+	b := mustNew(t, RoundRobin())
+	mustUpdate(t, b, eps(2))
+	var stale Pick
+	for range 5000 {
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100, OutputTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Add(4)
+		go func() { defer wg.Done(); pk.FirstToken() }()
+		go func() { defer wg.Done(); pk.Done(nil) }()
+		go func() { defer wg.Done(); pk.Done(nil) }()
+		go func(old Pick) { defer wg.Done(); old.Done(nil); old.FirstToken() }(stale)
+		wg.Wait()
+		stale = pk
+		for _, s := range b.Stats() {
+			if s.Outstanding != 0 || s.Queued != 0 || s.PrefillTokens != 0 || s.DecodeTokens != 0 {
+				t.Fatalf("after racing FirstToken and Done: %+v", s)
+			}
+		}
+	}
 }

@@ -205,8 +205,9 @@ func (c *Candidates) Load(i int) EndpointLoad {
 
 func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	st := c.state(i)
-	l.Outstanding = st.outstanding.Load()
-	l.Queued = st.queued.Load()
+	reqs := st.requests.Load()
+	l.Outstanding = reqs >> 32
+	l.Queued = int64(int32(reqs))
 	l.PrefillTokens = st.prefill.Load()
 	l.DecodeTokens = st.decode.Load()
 	l.ActiveTokens = st.prompt.Load() + l.DecodeTokens
