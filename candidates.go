@@ -21,6 +21,7 @@ type Candidates struct {
 	req     Request
 	reqTok  int64 // RequestTokens, computed once per pick
 	ties    []int32
+	pick    []int32 // candidates a policy scores, when not all
 	cand    []int32 // member index -> candidate index or -1
 	seen    []bool  // per member, for ring walks
 	scratch EndpointLoad

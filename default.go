@@ -199,7 +199,8 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 // scored returns the candidates to score: all of them, or the holders of the
 // longest prefixes plus random draws, each once.
 func (p *defaultPolicy) scored(c *Candidates, n int) []int32 {
-	pick := c.ties[:0]
+	pick := c.pick[:0]
+	defer func() { c.pick = pick }()
 	if p.sampled == 0 || p.holders+p.sampled >= n {
 		for i := 0; i < n; i++ {
 			pick = append(pick, int32(i))
