@@ -27,6 +27,9 @@ const (
 	// DefaultOverloadQueue is the mean number of waiting requests per
 	// endpoint from which locality is reinforced.
 	DefaultOverloadQueue = 2.0
+	// DefaultQueueWeight is the cost of a waiting request, in mean prompt
+	// lengths.
+	DefaultQueueWeight = 1.0
 	// DefaultHolders is the number of longest-prefix holders scored when
 	// [DefaultConfig.Sampled] is positive.
 	DefaultHolders = 2
@@ -73,6 +76,12 @@ type DefaultConfig struct {
 	// OverloadQueue to +Inf to turn the reinforcement off.
 	OverloadWeight float64
 	OverloadQueue  float64
+	// QueueWeight is the cost of each request waiting at the endpoint
+	// ([EndpointLoad.Waiting]), in mean prompt lengths. A waiting request
+	// is not only prefill work: it may also be waiting for a batch slot or
+	// for KV memory, which prefill tokens do not show. Zero means
+	// [DefaultQueueWeight].
+	QueueWeight float64
 }
 
 type defaultPolicy struct {
@@ -84,6 +93,7 @@ type defaultPolicy struct {
 	kvPenalty   float64
 	overWeight  float64
 	overQueue   float64
+	queueWeight float64
 	waiting     atomic.Uint64 // float64 bits: smoothed mean waiting requests
 	avgPrompt   atomic.Uint64 // float64 bits: moving average of prompt tokens
 }
@@ -93,7 +103,8 @@ type defaultPolicy struct {
 // credits the prompt tokens the candidate holds in its prefix cache, and adds
 // the candidate's KV footprint and any KV overcommitment:
 //
-//	cost = queued prefill tokens + k * (prompt tokens - cached prompt tokens)
+//	cost = queued prefill tokens + QueueWeight * waiting requests * mean prompt tokens
+//	       + k * (prompt tokens - cached prompt tokens)
 //	       + FootprintWeight * KV footprint
 //	       + KVPenalty * max(0, KV demand - KV capacity)
 //	k    = CacheWeight + OverloadWeight * max(0, mean waiting requests - OverloadQueue)
@@ -134,6 +145,9 @@ func Default(cfg DefaultConfig) (Policy, error) {
 	if cfg.OverloadWeight == 0 {
 		cfg.OverloadWeight = DefaultOverloadWeight
 	}
+	if cfg.QueueWeight == 0 {
+		cfg.QueueWeight = DefaultQueueWeight
+	}
 	if cfg.OverloadQueue == 0 {
 		cfg.OverloadQueue = DefaultOverloadQueue
 	}
@@ -143,7 +157,7 @@ func Default(cfg DefaultConfig) (Policy, error) {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}, {"OverloadWeight", cfg.OverloadWeight}} {
+	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}, {"OverloadWeight", cfg.OverloadWeight}, {"QueueWeight", cfg.QueueWeight}} {
 		if !(f.v >= 0) || math.IsInf(f.v, 0) {
 			return nil, fmt.Errorf("llmlb: default policy %s %v must be finite and non-negative", f.name, f.v)
 		}
@@ -164,6 +178,7 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		kvPenalty:   cfg.KVPenalty,
 		overWeight:  cfg.OverloadWeight,
 		overQueue:   cfg.OverloadQueue,
+		queueWeight: cfg.QueueWeight,
 	}, nil
 }
 
@@ -248,7 +263,7 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, k
 		footprint = max(footprint, l.KVUsage*capacity)
 	}
 	demand := kvUsage(l)*capacity + queued + prompt - cached + float64(c.reqTok-int64(c.req.PromptTokens))
-	return queued + k*(prompt-cached) +
+	return queued + p.queueWeight*float64(l.Waiting)*avgPrompt + k*(prompt-cached) +
 		p.footprint*footprint +
 		p.kvPenalty*max(demand-capacity, 0)
 }

@@ -24,10 +24,12 @@ func TestDefaultPrefersCachedHolderUntilItsQueueCostsMore(t *testing.T) {
 		t.Fatalf("picked %s, want the holder ep3", k)
 	}
 	pk.Done(nil)
-	// With the default weights the holder, behind Q queued prompt tokens
-	// (each held request also adds a 256-token decode allowance to its
-	// footprint), costs Q + 1600 - 4*1600 + 0.5*(Q + 256) against 1600 for
-	// an idle endpoint: it wins while Q < 4181.
+	// With the default weights an idle endpoint costs k*1600 = 6400 (the
+	// whole prompt uncached) and the holder, behind w waiting requests of
+	// Q queued prompt tokens (each with a 256-token decode allowance),
+	// costs Q + w*1600 (the mean prompt) + 0.5*(Q + 256w): one request of
+	// 3000 tokens costs 6228 and the holder wins; two of 5000 cost 10828
+	// and it loses.
 	held := holdOn(t, b, "ep3", 1, Request{PromptTokens: 3000, MaxTokens: 256})
 	pk, _ = b.Pick(context.Background(), &req)
 	if k := pk.Endpoint().Key(); k != "ep3" {
