@@ -434,6 +434,17 @@ type record struct {
 
 var recordPool = sync.Pool{New: func() any { return new(record) }}
 
+// uint64 returns a uniformly distributed 64-bit number.
+func (b *Balancer) uint64() uint64 {
+	if b.src == nil {
+		return rand.Uint64()
+	}
+	b.randMu.Lock()
+	x := b.src.Uint64()
+	b.randMu.Unlock()
+	return x
+}
+
 // uint64n returns a uniformly distributed number in [0, n).
 func (b *Balancer) uint64n(n uint64) uint64 {
 	var x uint64

@@ -71,8 +71,12 @@ func (p p2c) Choose(c *Candidates) int {
 	if n == 1 {
 		return 0
 	}
-	a := int(c.Uint64N(n))
-	b := int(c.Uint64N(n - 1))
+	// One 64-bit draw gives both samples: the high half picks a, the low
+	// half picks b among the others (multiply-shift; the bias is below
+	// n/2^32).
+	x := c.b.uint64()
+	a := int((x >> 32 * n) >> 32)
+	b := int((x & (1<<32 - 1) * (n - 1)) >> 32)
 	if b >= a {
 		b++
 	}
