@@ -23,7 +23,9 @@
 // Prefix) and are reused by later prompts with the same prefix; cached blocks
 // no sequence uses are evicted least recently used first. An iteration's
 // duration comes from an [IterTimeFunc], by default [MockerIterTime], the
-// polynomial of NVIDIA Dynamo's mocker engine.
+// polynomial of NVIDIA Dynamo's mocker engine. The replica's scheduling
+// state machine is exported as [Replica], without a clock, so that other
+// drivers (such as an emulated engine running in real time) share it.
 //
 // # Workloads and measurements
 //

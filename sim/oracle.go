@@ -67,11 +67,11 @@ func (o *oracle) cost(rep *replica, req *Request, k float64) float64 {
 	demand := rep.kv.used
 	for _, s := range rep.running {
 		queued += s.target - s.computed
-		demand += rep.blocksFor(s.target+s.req.OutputTokens-s.generated) - rep.blocksFor(s.computed+s.decoded)
+		demand += rep.blocksFor(s.target+s.OutputTokens-s.generated) - rep.blocksFor(s.computed+s.decoded)
 	}
 	for _, s := range rep.waiting[rep.whead:] {
 		queued += s.target - s.computed
-		demand += rep.blocksFor(s.target + s.req.OutputTokens - s.generated)
+		demand += rep.blocksFor(s.target + s.OutputTokens - s.generated)
 	}
 	footprint := float64(demand * bs)
 	hit := rep.matchTokens(req)
@@ -99,11 +99,11 @@ func (o *oracle) damage(rep *replica, req *Request, queued, hit int) int {
 	stall := float64(uncached) / float64(eng.TokenBudget) * chunkMs
 	sloMs := float64(slo.TPOT) / float64(time.Millisecond)
 	for _, s := range rep.running {
-		out := s.req.OutputTokens
+		out := s.OutputTokens
 		if s.generated == 0 || out <= 1 {
 			continue
 		}
-		elapsed := float64(now-s.firstToken) / float64(time.Millisecond)
+		elapsed := float64(now-o.run.st[s.ID].firstToken) / float64(time.Millisecond)
 		rest := float64(out-s.generated) * decodeMs
 		before := (elapsed + rest) / float64(out-1)
 		if before <= sloMs && before+stall/float64(out-1) > sloMs {

@@ -1,27 +1,41 @@
 package sim
 
 import (
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/llmlb/llmlb"
 )
 
-// Request states.
+// Sequence states.
 const (
-	statePending  uint8 = iota // not yet arrived or in flight to its replica
-	stateWaiting               // in a replica's waiting queue
-	stateRunning               // in a replica's running batch
-	stateDone                  // finished
-	stateRejected              // can never fit in the replica's KV cache
+	statePending   uint8 = iota // not yet submitted to a replica
+	stateWaiting                // in a replica's waiting queue
+	stateRunning                // in a replica's running batch
+	stateDone                   // finished
+	stateRejected               // can never fit in the replica's KV cache
+	stateCancelled              // removed by Replica.Cancel
 )
 
-// reqState is the progress of one request through a replica.
-type reqState struct {
-	req     *Request
-	pick    llmlb.Pick
-	replica int
-	state   uint8
+// Sequence is one request inside a [Replica]: its size and prompt prefix,
+// set by the caller before [Replica.Submit], and its progress, kept by the
+// replica. A Sequence is submitted once and must not be copied afterwards.
+type Sequence struct {
+	// ID is the caller's name for the sequence; the replica does not read
+	// it.
+	ID int
+	// PromptTokens and OutputTokens are the prompt length and the number of
+	// tokens to generate; both must be positive.
+	PromptTokens, OutputTokens int
+	// Prefix holds the chained hashes of the prompt's leading blocks of
+	// BlockTokens tokens each, a positive multiple of the replica's block
+	// size. Only these blocks are cached and matched; nil disables prefix
+	// caching for the sequence.
+	Prefix      []uint64
+	BlockTokens int
 
+	state     uint8
 	target    int // tokens to prefill: the prompt, plus output on recompute
 	computed  int // tokens prefilled so far (including those from cache)
 	decoded   int // tokens appended by decode steps since the last prefill
@@ -35,61 +49,150 @@ type reqState struct {
 	admitted    bool // admitted at least once (cache hit counted)
 	cached      int  // prompt tokens served from cache at first admission
 	preemptions int
-
-	firstToken time.Duration // simulated time of the first output token
-	finished   time.Duration
 }
 
-// replica is one continuous-batching engine.
-type replica struct {
-	idx    int
-	eng    *Engine
-	kv     *kvPool
-	run    *runner
-	wmark  int // watermark blocks kept free when admitting
-	busy   bool
-	iterAt time.Duration
+// Generated returns the number of output tokens emitted so far.
+func (s *Sequence) Generated() int { return s.generated }
 
-	waiting []*reqState // FIFO from whead
+// Done reports whether the sequence emitted all its output tokens.
+func (s *Sequence) Done() bool { return s.state == stateDone }
+
+// Replica is the scheduling state machine of one continuous-batching engine,
+// without a clock: [Replica.Plan] decides the next iteration and returns the
+// batch whose duration the caller models (with [Engine].IterTime) and waits
+// for, simulated or real, and [Replica.Finish] applies it. The simulator and
+// an emulated engine both drive it. A Replica is not safe for concurrent use.
+type Replica struct {
+	eng   Engine
+	kv    *kvPool
+	wmark int // watermark blocks kept free when admitting
+
+	waiting []*Sequence // FIFO from whead
 	whead   int
-	running []*reqState
+	running []*Sequence
+	emitted []*Sequence
 
-	outstanding int // requests dispatched here and not finished
-	assigned    int
-	preemptions int
+	preemptions   int
+	prefixQueries int64
+	prefixHits    int64
 }
 
-func newReplica(idx int, eng *Engine, run *runner) *replica {
-	return &replica{
-		idx:   idx,
-		eng:   eng,
-		kv:    newKVPool(eng.KVBlocks),
-		run:   run,
-		wmark: eng.KVBlocks / 100,
+// ReplicaStats is a snapshot of a [Replica]'s state and counters.
+type ReplicaStats struct {
+	// Running and Waiting are the sequences in the batch and in the queue.
+	Running, Waiting int
+	// KVUsed is the KV blocks held by sequences, KVCached those of cached
+	// prefix blocks no sequence holds (evicted when needed), KVTotal the
+	// capacity.
+	KVUsed, KVCached, KVTotal int
+	// PrefixQueries and PrefixHits count prompt tokens looked up in the
+	// prefix cache and found there, at each sequence's first admission.
+	PrefixQueries, PrefixHits int64
+	// Preemptions counts sequences preempted to free KV blocks.
+	Preemptions int64
+}
+
+// NewReplica returns an idle replica configured by eng (zero fields are the
+// documented defaults), or an error wrapping [ErrInvalidConfig].
+func NewReplica(eng Engine) (*Replica, error) {
+	if err := eng.normalize(); err != nil {
+		return nil, err
+	}
+	return &Replica{eng: eng, kv: newKVPool(eng.KVBlocks), wmark: eng.KVBlocks / 100}, nil
+}
+
+// Engine returns the replica's configuration with defaults filled in.
+func (r *Replica) Engine() Engine { return r.eng }
+
+// Stats returns a snapshot of the replica's state and counters.
+func (r *Replica) Stats() ReplicaStats {
+	return ReplicaStats{
+		Running:       len(r.running),
+		Waiting:       r.nwaiting(),
+		KVUsed:        r.kv.used,
+		KVCached:      r.kv.evictable,
+		KVTotal:       r.kv.total,
+		PrefixQueries: r.prefixQueries,
+		PrefixHits:    r.prefixHits,
+		Preemptions:   int64(r.preemptions),
 	}
 }
 
-func (r *replica) blocksFor(tokens int) int {
+func (r *Replica) blocksFor(tokens int) int {
 	return (tokens + r.eng.BlockSize - 1) / r.eng.BlockSize
 }
 
-// fits reports whether a request can ever run on this replica: its prompt
-// and output together fit in the KV cache.
-func (r *replica) fits(req *Request) bool {
-	return r.blocksFor(req.PromptTokens+req.OutputTokens) <= r.kv.total
+// Fits reports whether s can ever run on this replica: its prompt and
+// output together fit in the KV cache.
+func (r *Replica) Fits(s *Sequence) bool {
+	return r.blocksFor(s.PromptTokens+s.OutputTokens) <= r.kv.total
 }
 
-func (r *replica) nwaiting() int { return len(r.waiting) - r.whead }
+func (r *Replica) nwaiting() int { return len(r.waiting) - r.whead }
 
-// enqueue appends a newly arrived request to the waiting queue.
-func (r *replica) enqueue(s *reqState, now time.Duration) {
+// Submit appends s to the waiting queue. It returns an error wrapping
+// [ErrInvalidWorkload] if s was submitted before, has a non-positive or
+// too large length, uses prefix blocks that are not a multiple of the
+// block size, or does not [Replica.Fits].
+func (r *Replica) Submit(s *Sequence) error {
+	switch {
+	case s.state != statePending:
+		return fmt.Errorf("%w: sequence %d submitted twice", ErrInvalidWorkload, s.ID)
+	case s.PromptTokens < 1 || s.PromptTokens > maxTokens || s.OutputTokens < 1 || s.OutputTokens > maxTokens:
+		return fmt.Errorf("%w: sequence %d has %d prompt and %d output tokens", ErrInvalidWorkload, s.ID, s.PromptTokens, s.OutputTokens)
+	case len(s.Prefix) > 0 && (s.BlockTokens < r.eng.BlockSize || s.BlockTokens%r.eng.BlockSize != 0):
+		return fmt.Errorf("%w: sequence %d has %d tokens per prefix hash; want a multiple of the block size %d", ErrInvalidWorkload, s.ID, s.BlockTokens, r.eng.BlockSize)
+	case !r.Fits(s):
+		return fmt.Errorf("%w: sequence %d does not fit in the KV cache", ErrInvalidWorkload, s.ID)
+	}
 	s.state = stateWaiting
-	s.target = s.req.PromptTokens
+	s.target = s.PromptTokens
 	r.waiting = append(r.waiting, s)
-	r.kick(now)
+	return nil
 }
 
-func (r *replica) pushFront(s *reqState) {
+// Cancel removes a waiting or running s from the replica at once and frees
+// its KV blocks; s cannot be submitted again. It returns false if s is not
+// waiting or running in the replica. Cancelling a sequence of the planned
+// iteration between [Replica.Plan] and [Replica.Finish] drops its share of
+// that iteration.
+func (r *Replica) Cancel(s *Sequence) bool {
+	switch s.state {
+	case stateWaiting:
+		// Search from the tail: callers cancelling many sequences do so
+		// newest first.
+		i := len(r.waiting) - 1
+		for i >= r.whead && r.waiting[i] != s {
+			i--
+		}
+		if i < r.whead {
+			return false
+		}
+		copy(r.waiting[i:], r.waiting[i+1:])
+		r.waiting[len(r.waiting)-1] = nil
+		r.waiting = r.waiting[:len(r.waiting)-1]
+		if r.whead == len(r.waiting) {
+			r.waiting, r.whead = r.waiting[:0], 0
+		}
+	case stateRunning:
+		i := len(r.running) - 1
+		for i >= 0 && r.running[i] != s {
+			i--
+		}
+		if i < 0 {
+			return false
+		}
+		r.running = slices.Delete(r.running, i, i+1)
+	default:
+		return false
+	}
+	r.releaseBlocks(s)
+	s.held = nil
+	s.state = stateCancelled
+	return true
+}
+
+func (r *Replica) pushFront(s *Sequence) {
 	s.state = stateWaiting
 	if r.whead > 0 {
 		r.whead--
@@ -101,7 +204,7 @@ func (r *replica) pushFront(s *reqState) {
 	r.waiting[0] = s
 }
 
-func (r *replica) popFront() {
+func (r *Replica) popFront() {
 	r.waiting[r.whead] = nil
 	r.whead++
 	if r.whead == len(r.waiting) {
@@ -113,30 +216,16 @@ func (r *replica) popFront() {
 	}
 }
 
-// kick starts an iteration if the engine is idle and has work.
-func (r *replica) kick(now time.Duration) {
-	if r.busy {
-		return
-	}
-	b, ok := r.plan()
-	if !ok {
-		return
-	}
-	d := r.eng.IterTime(b)
-	if d <= 0 {
-		d = time.Nanosecond
-	}
-	r.busy = true
-	r.iterAt = now + d
-	r.run.schedule(r.iterAt, evIteration, r.idx)
-}
-
-// plan schedules the next iteration: every running sequence gets its next
-// prefill chunk or one decode token within the token budget, KV blocks are
-// allocated for them (preempting the newest running sequences when the cache
-// is full), and waiting requests are admitted in order while budget, batch
-// slots and KV blocks last.
-func (r *replica) plan() (Batch, bool) {
+// Plan schedules the next iteration and returns its batch, or false if
+// there is nothing to do. Every running sequence gets its next prefill chunk
+// or one decode token within the token budget, KV blocks are allocated for
+// them (preempting the newest running sequences when the cache is full; a
+// preempted sequence returns to the head of the queue and later recomputes
+// its prompt and output so far), and waiting sequences are admitted in order
+// while budget, batch slots and KV blocks last, keeping 1% of the blocks
+// free while others run. After a Plan that returned true, call
+// [Replica.Finish] when the iteration ends and before the next Plan.
+func (r *Replica) Plan() (Batch, bool) {
 	budget := r.eng.TokenBudget
 	var b Batch
 	preempted := false
@@ -192,6 +281,8 @@ func (r *replica) plan() (Batch, bool) {
 		if !s.admitted {
 			s.admitted = true
 			s.cached = s.computed
+			r.prefixQueries += int64(s.PromptTokens)
+			r.prefixHits += int64(s.computed)
 		}
 		s.private = need
 		s.chunk = n
@@ -206,16 +297,15 @@ func (r *replica) plan() (Batch, bool) {
 
 // match references the cached prefix of s and counts it as computed. At
 // least one prompt token is always left to compute.
-func (r *replica) match(s *reqState) {
-	req := s.req
-	bt := req.BlockTokens
-	if bt == 0 || len(req.Prefix) == 0 {
+func (r *Replica) match(s *Sequence) {
+	bt := s.BlockTokens
+	if bt == 0 || len(s.Prefix) == 0 {
 		return
 	}
-	maxBlocks := min(len(req.Prefix), (s.target-1)/bt)
+	maxBlocks := min(len(s.Prefix), (s.target-1)/bt)
 	per := bt / r.eng.BlockSize
 	for i := 0; i < maxBlocks; i++ {
-		e := r.kv.lookup(req.Prefix[i])
+		e := r.kv.lookup(s.Prefix[i])
 		if e == nil {
 			break
 		}
@@ -228,7 +318,7 @@ func (r *replica) match(s *reqState) {
 
 // matchTokens returns how many prompt tokens of req this replica's cache
 // holds now, without touching the cache.
-func (r *replica) matchTokens(req *Request) int {
+func (r *Replica) matchTokens(req *Request) int {
 	bt := req.BlockTokens
 	if bt == 0 || len(req.Prefix) == 0 {
 		return 0
@@ -244,7 +334,7 @@ func (r *replica) matchTokens(req *Request) int {
 // releaseBlocks frees every KV block of s and resets its progress. Cache
 // entries are released last block first, so the head of a prefix, shared
 // most widely, is evicted last.
-func (r *replica) releaseBlocks(s *reqState) {
+func (r *Replica) releaseBlocks(s *Sequence) {
 	for i := len(s.held) - 1; i >= 0; i-- {
 		r.kv.unref(s.held[i])
 		s.held[i] = nil
@@ -256,19 +346,23 @@ func (r *replica) releaseBlocks(s *reqState) {
 
 // preempt frees s's blocks and puts it back at the head of the waiting
 // queue; it will recompute its prompt and the output generated so far.
-func (r *replica) preempt(s *reqState) {
+func (r *Replica) preempt(s *Sequence) {
 	r.releaseBlocks(s)
-	s.target = s.req.PromptTokens + s.generated
+	s.target = s.PromptTokens + s.generated
 	s.preemptions++
 	r.preemptions++
 	r.pushFront(s)
 }
 
-// finish completes the iteration that ends at now: prefill chunks advance,
-// finished prefills publish their prompt blocks to the prefix cache and emit
-// a token, decoding sequences emit a token, and finished requests leave.
-func (r *replica) finish(now time.Duration) {
-	r.busy = false
+// Finish completes the planned iteration: prefill chunks advance, finished
+// prefills publish their prompt blocks to the prefix cache and emit a token,
+// decoding sequences emit a token, and finished sequences leave, freeing
+// their KV blocks. It returns the sequences that emitted a token, in batch
+// order; [Sequence.Generated] and [Sequence.Done] tell which token and
+// whether it was the last. The slice is reused by the next Finish.
+func (r *Replica) Finish() []*Sequence {
+	clear(r.emitted)
+	r.emitted = r.emitted[:0]
 	keep := r.running[:0]
 	for _, s := range r.running {
 		if s.chunk > 0 {
@@ -276,11 +370,11 @@ func (r *replica) finish(now time.Duration) {
 				s.computed += s.chunk
 				if s.computed == s.target {
 					r.publish(s)
-					r.emit(s, now)
+					r.emit(s)
 				}
 			} else {
 				s.decoded++
-				r.emit(s, now)
+				r.emit(s)
 			}
 			s.chunk = 0
 		}
@@ -291,21 +385,20 @@ func (r *replica) finish(now time.Duration) {
 	}
 	clear(r.running[len(keep):])
 	r.running = keep
-	r.kick(now)
+	return r.emitted
 }
 
 // publish moves the full prompt blocks of s beyond its cached prefix into the
 // prefix cache, sharing an entry another sequence published meanwhile.
-func (r *replica) publish(s *reqState) {
-	req := s.req
-	bt := req.BlockTokens
+func (r *Replica) publish(s *Sequence) {
+	bt := s.BlockTokens
 	if bt == 0 {
 		return
 	}
-	full := min(len(req.Prefix), req.PromptTokens/bt)
+	full := min(len(s.Prefix), s.PromptTokens/bt)
 	per := bt / r.eng.BlockSize
 	for i := len(s.held); i < full; i++ {
-		h := req.Prefix[i]
+		h := s.Prefix[i]
 		e := r.kv.lookup(h)
 		if e != nil {
 			r.kv.acquire(e)
@@ -319,19 +412,81 @@ func (r *replica) publish(s *reqState) {
 	}
 }
 
-func (r *replica) emit(s *reqState, now time.Duration) {
+func (r *Replica) emit(s *Sequence) {
 	s.generated++
-	if s.generated == 1 {
-		s.firstToken = now
-		s.pick.FirstToken()
-	}
-	if s.generated >= s.req.OutputTokens {
+	if s.generated >= s.OutputTokens {
 		r.releaseBlocks(s)
 		s.held = nil
 		s.state = stateDone
-		s.finished = now
-		r.outstanding--
-		s.pick.Done(nil)
-		r.run.finished(s)
 	}
+	r.emitted = append(r.emitted, s)
+}
+
+// reqState is the progress of one simulated request.
+type reqState struct {
+	Sequence
+	req     *Request
+	pick    llmlb.Pick
+	replica int
+
+	firstToken time.Duration // simulated time of the first output token
+	finished   time.Duration
+}
+
+// replica is one simulated engine: a Replica driven by simulated time.
+type replica struct {
+	*Replica
+	idx    int
+	run    *runner
+	busy   bool
+	iterAt time.Duration
+
+	outstanding int // requests dispatched here and not finished
+	assigned    int
+}
+
+// enqueue submits a newly arrived request.
+func (r *replica) enqueue(s *reqState, now time.Duration) error {
+	if err := r.Submit(&s.Sequence); err != nil {
+		return err
+	}
+	r.kick(now)
+	return nil
+}
+
+// kick starts an iteration if the engine is idle and has work.
+func (r *replica) kick(now time.Duration) {
+	if r.busy {
+		return
+	}
+	b, ok := r.Plan()
+	if !ok {
+		return
+	}
+	d := r.eng.IterTime(b)
+	if d <= 0 {
+		d = time.Nanosecond
+	}
+	r.busy = true
+	r.iterAt = now + d
+	r.run.schedule(r.iterAt, evIteration, r.idx)
+}
+
+// finish completes the iteration that ends at now and starts the next.
+func (r *replica) finish(now time.Duration) {
+	r.busy = false
+	for _, q := range r.Finish() {
+		s := &r.run.st[q.ID]
+		if s.generated == 1 {
+			s.firstToken = now
+			s.pick.FirstToken()
+		}
+		if s.state == stateDone {
+			s.finished = now
+			r.outstanding--
+			s.pick.Done(nil)
+			r.run.finished(s)
+		}
+	}
+	r.kick(now)
 }

@@ -180,7 +180,11 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 	keys := make(map[string]int, cfg.Replicas)
 	r.reps = make([]*replica, cfg.Replicas)
 	for i := range r.reps {
-		r.reps[i] = newReplica(i, &r.cfg.Engine, r)
+		rep, err := NewReplica(r.cfg.Engine)
+		if err != nil {
+			return nil, err
+		}
+		r.reps[i] = &replica{Replica: rep, idx: i, run: r}
 		key := replicaKey(i)
 		eps[i] = &endpoint{key: key, idx: i}
 		keys[key] = i
@@ -258,7 +262,9 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			}
 		case evDeliver:
 			s := &r.st[e.idx]
-			r.reps[s.replica].enqueue(s, r.now)
+			if err := r.reps[s.replica].enqueue(s, r.now); err != nil {
+				return nil, err
+			}
 		case evIteration:
 			r.reps[e.idx].finish(r.now)
 		case evScrape:
@@ -289,6 +295,13 @@ func (r *runner) arrive(i int) error {
 	req := &r.reqs[i]
 	s := &r.st[i]
 	s.req = req
+	s.Sequence = Sequence{
+		ID:           i,
+		PromptTokens: req.PromptTokens,
+		OutputTokens: req.OutputTokens,
+		Prefix:       req.Prefix,
+		BlockTokens:  req.BlockTokens,
+	}
 	k := i % len(r.routers)
 	if r.cfg.RandomSplit {
 		k = r.rng.IntN(len(r.routers))
@@ -306,7 +319,7 @@ func (r *runner) arrive(i int) error {
 	rep.assigned++
 	rep.outstanding++
 	r.observeDispatch(rep.idx)
-	if !rep.fits(req) {
+	if !rep.Fits(&s.Sequence) {
 		s.state = stateRejected
 		pick.Done(fmt.Errorf("sim: request %d does not fit in the KV cache", i))
 		rep.outstanding--
@@ -317,8 +330,7 @@ func (r *runner) arrive(i int) error {
 		r.schedule(r.now+r.cfg.Delay, evDeliver, i)
 		return nil
 	}
-	rep.enqueue(s, r.now)
-	return nil
+	return rep.enqueue(s, r.now)
 }
 
 // finished is called by a replica when a request completes.

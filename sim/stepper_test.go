@@ -1,0 +1,197 @@
+package sim
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+func mustReplica(t testing.TB, eng Engine) *Replica {
+	t.Helper()
+	r, err := NewReplica(eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// step plans and finishes one iteration.
+func step(t *testing.T, r *Replica) (Batch, []*Sequence) {
+	t.Helper()
+	b, ok := r.Plan()
+	if !ok {
+		t.Fatal("Plan: nothing to do")
+	}
+	return b, r.Finish()
+}
+
+// checkBlocks asserts the replica's block accounting against its sequences.
+func checkBlocks(t *testing.T, r *Replica) {
+	t.Helper()
+	held := 0
+	seen := map[*entry]bool{}
+	for _, s := range r.running {
+		held += s.private
+		for _, e := range s.held {
+			if !seen[e] {
+				seen[e] = true
+				held += int(e.blocks)
+			}
+		}
+	}
+	if r.kv.used != held || r.kv.used+r.kv.evictable > r.kv.total {
+		t.Fatalf("KV used %d, evictable %d, total %d; running sequences hold %d", r.kv.used, r.kv.evictable, r.kv.total, held)
+	}
+}
+
+// Step by step: chunked prefill, the first token at its end, decode, and a
+// later prompt with the same head served from the prefix cache.
+func TestReplicaSteps(t *testing.T) {
+	r := mustReplica(t, Engine{TokenBudget: 100, KVBlocks: 100, BlockSize: 16})
+	prefix := make([]uint64, 9)
+	for i := range prefix {
+		prefix[i] = ChainHash(7, uint64(i))
+	}
+	mk := func(id int) *Sequence {
+		s := &Sequence{ID: id, PromptTokens: 150, OutputTokens: 3, Prefix: prefix, BlockTokens: 16}
+		if err := r.Submit(s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a := mk(1)
+	b, out := step(t, r)
+	if b.PrefillTokens != 100 || b.DecodeSeqs != 0 || b.KVUsage != 0.07 || len(out) != 0 {
+		t.Fatalf("iteration 1: %+v, %d emitted; want a 100-token chunk over 7 blocks", b, len(out))
+	}
+	b, out = step(t, r)
+	if b.PrefillTokens != 50 || len(out) != 1 || out[0] != a || a.Generated() != 1 {
+		t.Fatalf("iteration 2: %+v, emitted %v; want the rest of the prompt and the first token", b, out)
+	}
+	for range 2 {
+		if b, _ = step(t, r); b.DecodeSeqs != 1 || b.PrefillTokens != 0 {
+			t.Fatalf("decode iteration: %+v", b)
+		}
+	}
+	if !a.Done() || a.Generated() != 3 {
+		t.Fatalf("a: done %v, generated %d; want done after 3", a.Done(), a.Generated())
+	}
+	if st := r.Stats(); st.KVUsed != 0 || st.KVCached != 9 || st.Running != 0 {
+		t.Fatalf("stats %+v; want the 9 full prompt blocks cached and nothing running", st)
+	}
+	if _, ok := r.Plan(); ok {
+		t.Fatal("Plan with nothing to do")
+	}
+	c := mk(2)
+	if b, _ = step(t, r); b.PrefillTokens != 150-9*16 || c.Generated() != 1 {
+		t.Fatalf("cached head prefilled again: %+v", b)
+	}
+	st := r.Stats()
+	if st.PrefixQueries != 300 || st.PrefixHits != 144 {
+		t.Fatalf("prefix queries %d, hits %d; want 300, 144", st.PrefixQueries, st.PrefixHits)
+	}
+	checkBlocks(t, r)
+}
+
+func TestReplicaSubmitErrors(t *testing.T) {
+	r := mustReplica(t, Engine{KVBlocks: 4, BlockSize: 16})
+	ok := &Sequence{PromptTokens: 10, OutputTokens: 10}
+	if err := r.Submit(ok); err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]*Sequence{
+		"twice":         ok,
+		"empty prompt":  {OutputTokens: 1},
+		"no output":     {PromptTokens: 1},
+		"too large":     {PromptTokens: 60, OutputTokens: 5},
+		"bad prefix":    {PromptTokens: 40, OutputTokens: 1, Prefix: []uint64{1}, BlockTokens: 24},
+		"prefix, no bt": {PromptTokens: 40, OutputTokens: 1, Prefix: []uint64{1}},
+	} {
+		if err := r.Submit(s); !errors.Is(err, ErrInvalidWorkload) {
+			t.Errorf("%s: error %v, want ErrInvalidWorkload", name, err)
+		}
+	}
+	if _, err := NewReplica(Engine{BlockSize: -1}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("NewReplica: error %v, want ErrInvalidConfig", err)
+	}
+}
+
+// Random submissions, cancellations and iterations on a small cache: block
+// accounting stays exact, every sequence not cancelled finishes, and all
+// blocks come back.
+func TestReplicaRandom(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		r := mustReplica(t, Engine{TokenBudget: 64, MaxRunning: 6, KVBlocks: 40, BlockSize: 4})
+		var live []*Sequence
+		for i := range 300 {
+			switch x := rng.IntN(10); {
+			case x < 3:
+				n := 1 + rng.IntN(4)
+				prefix := make([]uint64, n)
+				for j := range prefix {
+					prefix[j] = ChainHash(uint64(rng.IntN(3)), uint64(j))
+				}
+				s := &Sequence{ID: i, PromptTokens: 8*n + rng.IntN(8), OutputTokens: 1 + rng.IntN(40), Prefix: prefix, BlockTokens: 8}
+				if err := r.Submit(s); err != nil {
+					t.Fatal(err)
+				}
+				live = append(live, s)
+			case x == 3 && len(live) > 0:
+				k := rng.IntN(len(live))
+				s := live[k]
+				if want := !s.Done() && s.state != stateCancelled; r.Cancel(s) != want {
+					t.Fatalf("seed %d: Cancel(%d) = %v, want %v", seed, s.ID, !want, want)
+				}
+			default:
+				if _, ok := r.Plan(); ok {
+					r.Finish()
+				}
+			}
+			checkBlocks(t, r)
+		}
+		for n := 0; ; n++ {
+			if _, ok := r.Plan(); !ok {
+				break
+			}
+			r.Finish()
+			checkBlocks(t, r)
+			if n > 100000 {
+				t.Fatalf("seed %d: no progress", seed)
+			}
+		}
+		for _, s := range live {
+			if !s.Done() && s.state != stateCancelled {
+				t.Fatalf("seed %d: sequence %d neither done nor cancelled", seed, s.ID)
+			}
+		}
+		if st := r.Stats(); st.KVUsed != 0 || st.Running+st.Waiting != 0 {
+			t.Fatalf("seed %d: ended with %+v", seed, st)
+		}
+	}
+}
+
+func BenchmarkReplicaStep(b *testing.B) {
+	r := mustReplica(b, Engine{})
+	seqs := make([]Sequence, 64)
+	for i := range seqs {
+		seqs[i] = Sequence{ID: i, PromptTokens: 512, OutputTokens: 64}
+		if err := r.Submit(&seqs[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := r.Plan(); !ok {
+			b.Fatal("idle")
+		}
+		for _, s := range r.Finish() {
+			if s.Done() {
+				*s = Sequence{ID: s.ID, PromptTokens: 512, OutputTokens: 64}
+				if err := r.Submit(s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+}
