@@ -34,11 +34,11 @@ func BenchmarkIteration(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				e.mu.Lock()
-				e.plan()
+				e.rep.Plan()
 				e.finish()
 				e.mu.Unlock()
 				for i, s := range seqs {
-					if s.done {
+					if s.Done() {
 						seqs[i] = add()
 					}
 				}

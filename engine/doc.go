@@ -11,13 +11,12 @@
 // vllm:num_preemptions_total, in the Prometheus text format), GET /health and
 // GET /v1/models.
 //
-// The model is the simulator's replica (package sim) run against the wall
-// clock, with the same parameters ([sim.Engine]) and iteration-time model; the
-// simulator's event-driven replica is internal to it, so this package runs
-// its own copy of the algorithm in real time: each iteration gives every running sequence its next prefill chunk
-// or one decode token within a token budget, admits waiting requests in order
-// while the budget, the batch limit and KV blocks last, and preempts the
-// newest sequence when KV blocks run out; it then sleeps for the iteration
+// The model is the simulator's replica, [sim.Replica], run against the wall
+// clock with the same parameters ([sim.Engine]) and iteration-time model:
+// each iteration gives every running sequence its next prefill chunk or one
+// decode token within a token budget, admits waiting requests in order while
+// the budget, the batch limit and KV blocks last, and preempts the newest
+// sequence when KV blocks run out; the engine then sleeps for the iteration
 // time of [sim.Engine.IterTime] (NVIDIA Dynamo's mocker polynomial by
 // default) divided by [Config.Speedup]. A request's prompt is counted at
 // [BytesPerToken] bytes a token; its text (the prompt, or each chat message's

@@ -219,7 +219,7 @@ func TestQueueFullAndCancel(t *testing.T) {
 	assert.Error(t, <-errc)
 	require.Eventually(t, func() bool { return e.Stats().Waiting == 0 }, 5*time.Second, time.Millisecond)
 	assert.EqualValues(t, 1, e.Stats().Cancelled)
-	assert.Zero(t, e.kv.used)
+	assert.Zero(t, e.rep.Stats().KVUsed)
 }
 
 func startHandlerOnly(t *testing.T, e *Engine) string {
@@ -297,7 +297,7 @@ func TestModelSteps(t *testing.T) {
 	step := func() sim.Batch {
 		e.mu.Lock()
 		defer e.mu.Unlock()
-		b, ok := e.plan()
+		b, ok := e.rep.Plan()
 		require.True(t, ok)
 		e.finish()
 		return b
@@ -305,20 +305,20 @@ func TestModelSteps(t *testing.T) {
 	b := step()
 	assert.Equal(t, 100, b.PrefillTokens, "chunked prefill")
 	assert.InDelta(t, 0.07, b.KVUsage, 1e-9, "7 blocks held")
-	assert.Zero(t, a.generated)
+	assert.Zero(t, a.Generated())
 	b = step()
 	assert.Equal(t, 50, b.PrefillTokens)
-	assert.Equal(t, 1, a.generated, "the first token ends the prefill")
+	assert.Equal(t, 1, a.Generated(), "the first token ends the prefill")
 	assert.Equal(t, 1, step().DecodeSeqs)
 	assert.Equal(t, 1, step().DecodeSeqs)
-	assert.True(t, a.done)
-	assert.Equal(t, 9, e.kv.used, "the prompt's full blocks stay cached")
-	assert.Zero(t, e.kv.usage())
+	assert.True(t, a.Done())
+	assert.Equal(t, 9, e.rep.Stats().KVCached, "the prompt's full blocks stay cached")
+	assert.Zero(t, e.Stats().KVUsage)
 
 	c := mk()
 	b = step()
 	assert.Equal(t, 150-9*16, b.PrefillTokens, "the cached head is not prefilled again")
-	assert.Equal(t, 1, c.generated)
+	assert.Equal(t, 1, c.Generated())
 	st := e.Stats()
 	assert.EqualValues(t, 300, st.PrefixQueries)
 	assert.EqualValues(t, 144, st.PrefixHits)
@@ -367,7 +367,7 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		if s.prompt < 1 || s.maxOut < 1 || s.maxOut > e.maxCap || e.blocksFor(s.prompt+s.maxOut) > e.kv.total {
+		if s.PromptTokens < 1 || s.OutputTokens < 1 || s.OutputTokens > e.maxCap || !e.rep.Fits(&s.Sequence) {
 			t.Fatalf("accepted out-of-range request %+v", s)
 		}
 	})

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/llmlb/llmlb/sim"
 )
 
 // ServeHTTP implements [http.Handler]: the completions API, /metrics,
@@ -197,13 +199,14 @@ func (e *Engine) parse(body []byte) (s *seq, q request, code int, msg string) {
 			break
 		}
 	}
-	s = &seq{
-		prompt: (len(text) + BytesPerToken - 1) / BytesPerToken,
-		blocks: e.hasher.AppendString(nil, e.root, text),
-		maxOut: maxOut,
-	}
-	if e.blocksFor(s.prompt+s.maxOut) > e.kv.total {
-		return nil, q, http.StatusBadRequest, fmt.Sprintf("prompt of %d tokens plus %d output tokens exceeds the KV cache", s.prompt, s.maxOut)
+	s = &seq{Sequence: sim.Sequence{
+		PromptTokens: (len(text) + BytesPerToken - 1) / BytesPerToken,
+		OutputTokens: maxOut,
+		Prefix:       e.hasher.AppendString(nil, e.root, text),
+		BlockTokens:  e.blockSize,
+	}}
+	if (s.PromptTokens+s.OutputTokens+e.blockSize-1)/e.blockSize > e.kvBlocks {
+		return nil, q, http.StatusBadRequest, fmt.Sprintf("prompt of %d tokens plus %d output tokens exceeds the KV cache", s.PromptTokens, s.OutputTokens)
 	}
 	return s, q, 0, ""
 }
@@ -219,7 +222,7 @@ func (e *Engine) wait(r *http.Request, s *seq) (generated int, done, failed, gon
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return s.generated, s.done, s.failed, false
+	return s.Generated(), s.Done(), s.failed, false
 }
 
 func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat bool, model string) {
@@ -245,7 +248,7 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 		}
 		for ; sent < gen; sent++ {
 			last := done && sent == gen-1
-			writeChunk(bw, chat, s.id, created, model, sent == 0, last)
+			writeChunk(bw, chat, s.ID, created, model, sent == 0, last)
 		}
 		if done {
 			fmt.Fprint(bw, "data: [DONE]\n\n")
@@ -263,7 +266,7 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 	}
 }
 
-func writeChunk(w *bufio.Writer, chat bool, id uint64, created int64, model string, first, last bool) {
+func writeChunk(w *bufio.Writer, chat bool, id int, created int64, model string, first, last bool) {
 	finish := "null"
 	if last {
 		finish = `"length"`
@@ -295,14 +298,14 @@ func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 			continue
 		}
 		text := strings.Repeat(" tok", gen)
-		usage := fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.prompt, gen, s.prompt+gen)
+		usage := fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.PromptTokens, gen, s.PromptTokens+gen)
 		w.Header().Set("Content-Type", "application/json")
 		if chat {
 			fmt.Fprintf(w, `{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
-				s.id, created, model, text, usage)
+				s.ID, created, model, text, usage)
 		} else {
 			fmt.Fprintf(w, `{"id":"cmpl-%d","object":"text_completion","created":%d,"model":%q,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
-				s.id, created, model, text, usage)
+				s.ID, created, model, text, usage)
 		}
 		return
 	}
@@ -323,7 +326,7 @@ func (e *Engine) metrics(w http.ResponseWriter) {
 	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{%s} %d\n", m, st.Running)
 	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{%s} %d\n", m, st.Waiting)
 	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{%s} %g\n", m, st.KVUsage)
-	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", e.blockSize, e.kv.total)
+	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", e.blockSize, e.kvBlocks)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{%s} %d\n", m, st.PrefixQueries)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{%s} %d\n", m, st.PrefixHits)
 	fmt.Fprintf(w, "# HELP vllm:num_preemptions_total Cumulative number of preemptions.\n# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{%s} %d\n", m, st.Preemptions)
