@@ -23,7 +23,7 @@ type Candidates struct {
 	ties    []int32
 	pick    []int32 // candidates a policy scores, when not all
 	cand    []int32 // member index -> candidate index or -1
-	seen    []bool  // per member, for ring walks
+	seen    []bool  // scratch flags: per member in ring walks, per candidate in Default
 	scratch EndpointLoad
 	loads   []EndpointLoad // per candidate, for policies that need them all
 	matched []int32        // per candidate: leading prompt blocks cached
