@@ -263,18 +263,8 @@ func appendTokensEncoded(dst []uint64, prev uint64, tokens []uint32, bt int) []u
 // [Hasher.Root] of the request's salt, or the last hash of a byte-mode prefix
 // to continue its chain.
 func (h *Hasher) AppendBytes(dst []uint64, root uint64, text []byte) []uint64 {
-	bb := h.blockBytes
-	n := min(len(text)/bb, h.maxBlocks)
-	if n == 0 {
-		return dst
-	}
-	dst = grow(dst, n)
-	prev := root
-	for i := 0; i < n; i++ {
-		prev = chain(prev^byteModeSeed, xxhash.Sum64(text[i*bb:(i+1)*bb]))
-		dst = append(dst, prev)
-	}
-	return dst
+	// The string view only lives for the call, which does not modify text.
+	return h.AppendString(dst, root, unsafe.String(unsafe.SliceData(text), len(text)))
 }
 
 // AppendString is [Hasher.AppendBytes] for a string, without copying it.
