@@ -68,7 +68,7 @@ func startGateway(t testing.TB, policy string, urls []string, setup func(b *llml
 	cfg.Balancer = b
 	cfg.Base = base
 	if cfg.Budget == nil {
-		budget, err := retry.NewPercentBudget(retry.PercentConfig{MinRetriesPerSec: 100})
+		budget, err := retry.NewPercentBudget(retry.PercentConfig{TTL: retry.DefaultBudgetTTL, MinRetriesPerSec: 100, PercentCanRetry: retry.DefaultPercentCanRetry})
 		require.NoError(t, err)
 		cfg.Budget = budget
 	}

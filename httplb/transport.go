@@ -191,7 +191,7 @@ func NewTransport(cfg Config) (*Transport, error) {
 		t.attempts = retry.DefaultMaxAttempts
 	}
 	if t.budget == nil {
-		b, err := retry.NewPercentBudget(retry.PercentConfig{Clock: cfg.Clock})
+		b, err := retry.NewPercentBudget(retry.PercentConfig{TTL: retry.DefaultBudgetTTL, MinRetriesPerSec: retry.DefaultMinRetriesPerSec, PercentCanRetry: retry.DefaultPercentCanRetry, Clock: cfg.Clock})
 		if err != nil {
 			return nil, configErrorf("budget: %v", err)
 		}

@@ -38,30 +38,42 @@ const (
 	Abandoned
 )
 
-// Defaults of [PercentConfig], from Finagle's RetryBudget.
+// Finagle's RetryBudget defaults, the values of [DefaultPercentConfig].
 const (
 	DefaultBudgetTTL        = 10 * time.Second
 	DefaultMinRetriesPerSec = 10
 	DefaultPercentCanRetry  = 0.2
 )
 
-// PercentConfig configures a [PercentBudget]. The zero value is Finagle's
-// default budget: 20% of the requests of the last 10 s plus 10 retries a
-// second.
+// PercentConfig configures a [PercentBudget]. A budget is a policy
+// decision, so there are no hidden defaults: TTL must be set, and zero
+// MinRetriesPerSec or PercentCanRetry mean zero. Start from
+// [DefaultPercentConfig] for Finagle's budget.
 type PercentConfig struct {
-	// TTL is how long a deposit (and a withdrawal) counts. 0 means
-	// [DefaultBudgetTTL]; otherwise at least 100 ms.
+	// TTL is how long a deposit (and a withdrawal) counts. It is required
+	// and must be at least 100 ms.
 	TTL time.Duration
 	// MinRetriesPerSec is the retry rate always allowed, even with no
 	// traffic: the budget holds a reserve of MinRetriesPerSec*TTL retries per
-	// TTL. 0 means [DefaultMinRetriesPerSec]; a tiny positive value, such as
-	// 1e-9, means practically none. It must be finite and non-negative.
+	// TTL, rounded down to a whole retry when PercentCanRetry is 0. 0 means
+	// no reserve. It must be finite and non-negative.
 	MinRetriesPerSec float64
 	// PercentCanRetry is the fraction of requests that may be retried, in
-	// (0, 1], with a precision of 1e-4. 0 means [DefaultPercentCanRetry].
+	// [0, 1], with a precision of 1e-4. 0 means only the reserve may be
+	// spent.
 	PercentCanRetry float64
 	// Clock tells the time; nil means the system clock.
 	Clock Clock
+}
+
+// DefaultPercentConfig returns Finagle's default budget: 20% of the requests
+// of the last 10 s plus 10 retries a second, on the system clock.
+func DefaultPercentConfig() PercentConfig {
+	return PercentConfig{
+		TTL:              DefaultBudgetTTL,
+		MinRetriesPerSec: DefaultMinRetriesPerSec,
+		PercentCanRetry:  DefaultPercentCanRetry,
+	}
 }
 
 // budgetSlots is the number of time slots a TTL is divided into.
@@ -108,30 +120,24 @@ type PercentBudget struct {
 	slots [budgetSlots]atomic.Uint64
 }
 
-// NewPercentBudget returns a budget configured by cfg. It rejects a negative
-// or tiny TTL, a negative or non-finite MinRetriesPerSec, and a
+// NewPercentBudget returns a budget configured by cfg. It rejects a missing,
+// negative or tiny TTL, a negative or non-finite MinRetriesPerSec, and a
 // PercentCanRetry outside [0, 1] with an error wrapping [ErrInvalidConfig].
 func NewPercentBudget(cfg PercentConfig) (*PercentBudget, error) {
 	if cfg.TTL == 0 {
-		cfg.TTL = DefaultBudgetTTL
+		return nil, invalidf("budget TTL is required (DefaultPercentConfig sets %v)", DefaultBudgetTTL)
 	}
 	if cfg.TTL < 100*time.Millisecond {
 		return nil, invalidf("budget TTL %v must be at least 100ms", cfg.TTL)
 	}
-	if cfg.MinRetriesPerSec == 0 {
-		cfg.MinRetriesPerSec = DefaultMinRetriesPerSec
-	}
 	if !(cfg.MinRetriesPerSec >= 0) || math.IsInf(cfg.MinRetriesPerSec, 0) {
 		return nil, invalidf("budget MinRetriesPerSec %v must be finite and non-negative", cfg.MinRetriesPerSec)
 	}
-	if cfg.PercentCanRetry == 0 {
-		cfg.PercentCanRetry = DefaultPercentCanRetry
-	}
-	if !(cfg.PercentCanRetry > 0 && cfg.PercentCanRetry <= 1) {
-		return nil, invalidf("budget PercentCanRetry %v must be in (0, 1]", cfg.PercentCanRetry)
+	if !(cfg.PercentCanRetry >= 0 && cfg.PercentCanRetry <= 1) {
+		return nil, invalidf("budget PercentCanRetry %v must be in [0, 1]", cfg.PercentCanRetry)
 	}
 	d := int64(math.Round(cfg.PercentCanRetry * percentScale))
-	if d == 0 {
+	if d == 0 && cfg.PercentCanRetry != 0 {
 		return nil, invalidf("budget PercentCanRetry %v is below the precision of 1e-4", cfg.PercentCanRetry)
 	}
 	w := int64(percentScale)

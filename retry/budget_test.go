@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func TestPercentBudgetReserveAndPercent(t *testing.T) {
 
 func TestPercentBudgetExpiry(t *testing.T) {
 	clk := newFakeClock()
-	b, _ := NewPercentBudget(PercentConfig{TTL: time.Second, MinRetriesPerSec: 1e-9, PercentCanRetry: 1, Clock: clk})
+	b, _ := NewPercentBudget(PercentConfig{TTL: time.Second, MinRetriesPerSec: 0, PercentCanRetry: 1, Clock: clk})
 	b.Deposit() // slot 0
 	clk.Advance(850 * time.Millisecond)
 	if got := b.Available(); got != 1 {
@@ -68,7 +69,7 @@ func TestPercentBudgetExpiry(t *testing.T) {
 func TestPercentBudgetBound(t *testing.T) {
 	for _, tc := range []struct {
 		percent, minPerSec float64
-	}{{0.2, 0.5}, {0.1, 3}, {0.5, 1e-9}, {1, 2}} {
+	}{{0.2, 0.5}, {0.1, 3}, {0.5, 0}, {1, 2}, {0, 2.5}} {
 		clk := newFakeClock()
 		ttl := time.Second
 		b, err := NewPercentBudget(PercentConfig{TTL: ttl, MinRetriesPerSec: tc.minPerSec, PercentCanRetry: tc.percent, Clock: clk})
@@ -139,7 +140,7 @@ func stormLoop(t *testing.T, clk *fakeClock, budget Budget, seconds int, fail bo
 
 func TestStormPercentBudget(t *testing.T) {
 	clk := newFakeClock()
-	budget, err := NewPercentBudget(PercentConfig{Clock: clk}) // 10 s, 10/s, 20%
+	budget, err := NewPercentBudget(defaultPercent(clk)) // 10 s, 10/s, 20%
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +191,7 @@ func (r *recordingBudget) Withdraw() bool {
 
 func TestStormThrottle(t *testing.T) {
 	clk := newFakeClock()
-	th, err := NewThrottle(ThrottleConfig{MaxTokens: 10, TokenRatio: 0.1})
+	th, err := NewThrottle(DefaultThrottleConfig()) // 10 tokens, 0.1
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestStormThrottle(t *testing.T) {
 }
 
 func TestConcurrentBudget(t *testing.T) {
-	b, err := NewConcurrentBudget(ConcurrentConfig{})
+	b, err := NewConcurrentBudget(DefaultConcurrentConfig()) // 20%, 3
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,42 +268,162 @@ func TestConcurrentBudget(t *testing.T) {
 }
 
 func TestBudgetBadConfig(t *testing.T) {
+	percent := func(f func(*PercentConfig)) error {
+		cfg := DefaultPercentConfig()
+		f(&cfg)
+		_, err := NewPercentBudget(cfg)
+		return err
+	}
+	throttle := func(f func(*ThrottleConfig)) error {
+		cfg := DefaultThrottleConfig()
+		f(&cfg)
+		_, err := NewThrottle(cfg)
+		return err
+	}
+	concurrent := func(f func(*ConcurrentConfig)) error {
+		cfg := DefaultConcurrentConfig()
+		f(&cfg)
+		_, err := NewConcurrentBudget(cfg)
+		return err
+	}
 	cases := []struct {
 		name string
 		err  error
+		want string // a substring of the message
 	}{
-		{"percent/negative", second(NewPercentBudget(PercentConfig{PercentCanRetry: -0.1}))},
-		{"percent/above-1", second(NewPercentBudget(PercentConfig{PercentCanRetry: 1.5}))},
-		{"percent/nan", second(NewPercentBudget(PercentConfig{PercentCanRetry: nan()}))},
-		{"percent/tiny", second(NewPercentBudget(PercentConfig{PercentCanRetry: 1e-6}))},
-		{"ttl/negative", second(NewPercentBudget(PercentConfig{TTL: -time.Second}))},
-		{"ttl/tiny", second(NewPercentBudget(PercentConfig{TTL: time.Millisecond}))},
-		{"min/negative", second(NewPercentBudget(PercentConfig{MinRetriesPerSec: -1}))},
-		{"min/inf", second(NewPercentBudget(PercentConfig{MinRetriesPerSec: inf()}))},
-		{"throttle/max", second(NewThrottle(ThrottleConfig{MaxTokens: -1}))},
-		{"throttle/max-big", second(NewThrottle(ThrottleConfig{MaxTokens: 1001}))},
-		{"throttle/ratio", second(NewThrottle(ThrottleConfig{TokenRatio: -0.1}))},
-		{"throttle/ratio-big", second(NewThrottle(ThrottleConfig{MaxTokens: 2, TokenRatio: 3}))},
-		{"concurrent/percent", second(NewConcurrentBudget(ConcurrentConfig{BudgetPercent: -5}))},
-		{"concurrent/percent-big", second(NewConcurrentBudget(ConcurrentConfig{BudgetPercent: 101}))},
-		{"concurrent/min", second(NewConcurrentBudget(ConcurrentConfig{MinRetryConcurrency: -1}))},
+		{"percent/zero-config", second(NewPercentBudget(PercentConfig{})), "TTL is required (DefaultPercentConfig"},
+		{"percent/negative", percent(func(c *PercentConfig) { c.PercentCanRetry = -0.1 }), "PercentCanRetry -0.1"},
+		{"percent/above-1", percent(func(c *PercentConfig) { c.PercentCanRetry = 1.5 }), "must be in [0, 1]"},
+		{"percent/nan", percent(func(c *PercentConfig) { c.PercentCanRetry = nan() }), "PercentCanRetry NaN"},
+		{"percent/inf", percent(func(c *PercentConfig) { c.PercentCanRetry = inf() }), "PercentCanRetry +Inf"},
+		{"percent/tiny", percent(func(c *PercentConfig) { c.PercentCanRetry = 1e-6 }), "precision"},
+		{"ttl/zero", percent(func(c *PercentConfig) { c.TTL = 0 }), "TTL is required"},
+		{"ttl/negative", percent(func(c *PercentConfig) { c.TTL = -time.Second }), "at least 100ms"},
+		{"ttl/tiny", percent(func(c *PercentConfig) { c.TTL = time.Millisecond }), "at least 100ms"},
+		{"min/negative", percent(func(c *PercentConfig) { c.MinRetriesPerSec = -1 }), "non-negative"},
+		{"min/nan", percent(func(c *PercentConfig) { c.MinRetriesPerSec = nan() }), "non-negative"},
+		{"min/inf", percent(func(c *PercentConfig) { c.MinRetriesPerSec = inf() }), "finite"},
+		{"min/huge", percent(func(c *PercentConfig) { c.MinRetriesPerSec = 1e12 }), "too large"},
+		{"throttle/zero-config", second(NewThrottle(ThrottleConfig{})), "required (DefaultThrottleConfig"},
+		{"throttle/max-zero", throttle(func(c *ThrottleConfig) { c.MaxTokens = 0 }), "required"},
+		{"throttle/ratio-zero", throttle(func(c *ThrottleConfig) { c.TokenRatio = 0 }), "required"},
+		{"throttle/max", throttle(func(c *ThrottleConfig) { c.MaxTokens = -1 }), "(0, 1000]"},
+		{"throttle/max-nan", throttle(func(c *ThrottleConfig) { c.MaxTokens = nan() }), "(0, 1000]"},
+		{"throttle/max-big", throttle(func(c *ThrottleConfig) { c.MaxTokens = 1001 }), "(0, 1000]"},
+		{"throttle/ratio", throttle(func(c *ThrottleConfig) { c.TokenRatio = -0.1 }), "(0, MaxTokens]"},
+		{"throttle/ratio-nan", throttle(func(c *ThrottleConfig) { c.TokenRatio = nan() }), "(0, MaxTokens]"},
+		{"throttle/ratio-big", throttle(func(c *ThrottleConfig) { c.MaxTokens, c.TokenRatio = 2, 3 }), "(0, MaxTokens]"},
+		{"throttle/ratio-tiny", throttle(func(c *ThrottleConfig) { c.TokenRatio = 1e-4 }), "precision"},
+		{"concurrent/percent", concurrent(func(c *ConcurrentConfig) { c.BudgetPercent = -5 }), "[0, 100]"},
+		{"concurrent/percent-nan", concurrent(func(c *ConcurrentConfig) { c.BudgetPercent = nan() }), "[0, 100]"},
+		{"concurrent/percent-big", concurrent(func(c *ConcurrentConfig) { c.BudgetPercent = 101 }), "[0, 100]"},
+		{"concurrent/percent-tiny", concurrent(func(c *ConcurrentConfig) { c.BudgetPercent = 0.01 }), "precision"},
+		{"concurrent/min", concurrent(func(c *ConcurrentConfig) { c.MinRetryConcurrency = -1 }), "negative"},
+		{"backoff/cap-below-base", second(NewFullJitter(BackoffConfig{Base: time.Second, Cap: time.Millisecond})), "below the base"},
+		{"backoff/decorrelated-cap-below-base", second(NewDecorrelatedJitter(BackoffConfig{Base: time.Second, Cap: time.Millisecond})), "below the base"},
+		{"backoff/negative-base", second(NewFullJitter(BackoffConfig{Base: -time.Second})), "negative"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			if !errors.Is(tc.err, ErrInvalidConfig) {
 				t.Fatalf("err = %v, want ErrInvalidConfig", tc.err)
 			}
+			if !strings.Contains(tc.err.Error(), tc.want) || !strings.HasPrefix(tc.err.Error(), "retry: ") {
+				t.Fatalf("err = %q, want a message with %q", tc.err, tc.want)
+			}
 		})
 	}
+}
+
+// TestBudgetExplicitConfig checks that zero fields mean zero, not a default.
+func TestBudgetExplicitConfig(t *testing.T) {
+	clk := newFakeClock()
+	// No percentage: only the reserve of 2/s * 1 s, whatever the traffic.
+	b, err := NewPercentBudget(PercentConfig{TTL: time.Second, MinRetriesPerSec: 2.5, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		b.Deposit()
+	}
+	if got := b.Available(); got != 2 {
+		t.Fatalf("percent 0, reserve 2.5: Available = %d, want 2", got)
+	}
+	// No reserve: nothing until deposits pay for a retry.
+	b, err = NewPercentBudget(PercentConfig{TTL: time.Second, PercentCanRetry: 0.5, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.TryWithdraw() {
+		t.Fatal("retry granted with no reserve and no deposits")
+	}
+	b.Deposit()
+	b.Deposit()
+	if !b.TryWithdraw() || b.TryWithdraw() {
+		t.Fatal("two deposits at 50% did not buy exactly one retry")
+	}
+	// Neither: a budget that never allows a retry.
+	b, err = NewPercentBudget(PercentConfig{TTL: time.Second, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Deposit()
+	if b.TryWithdraw() {
+		t.Fatal("retry granted by an empty budget")
+	}
+	// The zero ConcurrentConfig allows no retry; a minimum alone allows
+	// exactly that many.
+	cb, err := NewConcurrentBudget(ConcurrentConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cb.Start()
+	if cb.Withdraw() {
+		t.Fatal("zero ConcurrentConfig granted a retry")
+	}
+	cb, _ = NewConcurrentBudget(ConcurrentConfig{MinRetryConcurrency: 2})
+	for i := 0; i < 100; i++ {
+		cb.Start()
+	}
+	if !cb.Withdraw() || !cb.Withdraw() || cb.Withdraw() {
+		t.Fatal("MinRetryConcurrency 2 with percent 0 did not grant exactly 2")
+	}
+}
+
+func TestDefaultConfigs(t *testing.T) {
+	if got, want := DefaultPercentConfig(), (PercentConfig{TTL: 10 * time.Second, MinRetriesPerSec: 10, PercentCanRetry: 0.2}); got != want {
+		t.Errorf("DefaultPercentConfig() = %+v, want %+v", got, want)
+	}
+	if got, want := DefaultThrottleConfig(), (ThrottleConfig{MaxTokens: 10, TokenRatio: 0.1}); got != want {
+		t.Errorf("DefaultThrottleConfig() = %+v, want %+v", got, want)
+	}
+	if got, want := DefaultConcurrentConfig(), (ConcurrentConfig{BudgetPercent: 20, MinRetryConcurrency: 3}); got != want {
+		t.Errorf("DefaultConcurrentConfig() = %+v, want %+v", got, want)
+	}
+	// The default Finagle budget: a reserve of 10/s * 10 s.
+	pb, err := NewPercentBudget(defaultPercent(newFakeClock()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pb.Available(); got != 100 {
+		t.Errorf("default budget Available = %d, want 100", got)
+	}
+}
+
+// defaultPercent returns DefaultPercentConfig on clk.
+func defaultPercent(clk Clock) PercentConfig {
+	cfg := DefaultPercentConfig()
+	cfg.Clock = clk
+	return cfg
 }
 
 func second[T any](_ T, err error) error { return err }
 
 func TestBudgetAllocs(t *testing.T) {
 	clk := newFakeClock()
-	pb, _ := NewPercentBudget(PercentConfig{Clock: clk})
-	th, _ := NewThrottle(ThrottleConfig{})
-	cb, _ := NewConcurrentBudget(ConcurrentConfig{})
+	pb, _ := NewPercentBudget(defaultPercent(clk))
+	th, _ := NewThrottle(DefaultThrottleConfig())
+	cb, _ := NewConcurrentBudget(DefaultConcurrentConfig())
 	for name, b := range map[string]Budget{"percent": pb, "throttle": th, "concurrent": cb} {
 		allocs := testing.AllocsPerRun(1000, func() {
 			b.Start()
@@ -350,9 +471,9 @@ func TestPercentBudgetConcurrent(t *testing.T) {
 }
 
 func BenchmarkBudget(b *testing.B) {
-	pb, _ := NewPercentBudget(PercentConfig{})
-	th, _ := NewThrottle(ThrottleConfig{})
-	cb, _ := NewConcurrentBudget(ConcurrentConfig{})
+	pb, _ := NewPercentBudget(DefaultPercentConfig())
+	th, _ := NewThrottle(DefaultThrottleConfig())
+	cb, _ := NewConcurrentBudget(DefaultConcurrentConfig())
 	for _, bc := range []struct {
 		kind string
 		b    Budget

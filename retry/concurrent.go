@@ -5,22 +5,30 @@ import (
 	"sync/atomic"
 )
 
-// Defaults of [ConcurrentConfig], from Envoy's retry budget.
+// Envoy's retry budget defaults, the values of [DefaultConcurrentConfig].
 const (
 	DefaultBudgetPercent       = 20
 	DefaultMinRetryConcurrency = 3
 )
 
-// ConcurrentConfig configures a [ConcurrentBudget]. The zero value is
-// Envoy's default: retries may be 20% of the active attempts, and at least 3
-// retries may always be active.
+// ConcurrentConfig configures a [ConcurrentBudget]. As with the other
+// budgets there are no hidden defaults: zero fields mean zero, so the zero
+// value allows no retries at all. Start from [DefaultConcurrentConfig] for
+// Envoy's budget.
 type ConcurrentConfig struct {
 	// BudgetPercent is the share of active attempts that may be retries, in
-	// percent, in (0, 100]; 0 means [DefaultBudgetPercent].
+	// percent, in [0, 100], with a precision of 0.1. 0 means only
+	// MinRetryConcurrency retries may be active.
 	BudgetPercent float64
 	// MinRetryConcurrency is the number of retries always allowed to be
-	// active; 0 means [DefaultMinRetryConcurrency]. It must not be negative.
+	// active, even with no other traffic. It must not be negative.
 	MinRetryConcurrency int
+}
+
+// DefaultConcurrentConfig returns Envoy's default budget: retries may be 20%
+// of the active attempts, and at least 3 retries may always be active.
+func DefaultConcurrentConfig() ConcurrentConfig {
+	return ConcurrentConfig{BudgetPercent: DefaultBudgetPercent, MinRetryConcurrency: DefaultMinRetryConcurrency}
 }
 
 // ConcurrentBudget is Envoy's concurrent retry budget: a retry may start
@@ -47,22 +55,17 @@ const (
 // NewConcurrentBudget returns a budget configured by cfg. It rejects values
 // out of range with an error wrapping [ErrInvalidConfig].
 func NewConcurrentBudget(cfg ConcurrentConfig) (*ConcurrentBudget, error) {
-	if cfg.BudgetPercent == 0 {
-		cfg.BudgetPercent = DefaultBudgetPercent
+	if !(cfg.BudgetPercent >= 0 && cfg.BudgetPercent <= 100) {
+		return nil, invalidf("concurrent budget BudgetPercent %v must be in [0, 100]", cfg.BudgetPercent)
 	}
-	if cfg.MinRetryConcurrency == 0 {
-		cfg.MinRetryConcurrency = DefaultMinRetryConcurrency
-	}
-	if !(cfg.BudgetPercent > 0 && cfg.BudgetPercent <= 100) {
-		return nil, invalidf("concurrent budget BudgetPercent %v must be in (0, 100]", cfg.BudgetPercent)
+	permille := int64(math.Round(cfg.BudgetPercent * 10))
+	if permille == 0 && cfg.BudgetPercent != 0 {
+		return nil, invalidf("concurrent budget BudgetPercent %v is below the precision of 0.1", cfg.BudgetPercent)
 	}
 	if cfg.MinRetryConcurrency < 0 {
 		return nil, invalidf("concurrent budget MinRetryConcurrency %d is negative", cfg.MinRetryConcurrency)
 	}
-	return &ConcurrentBudget{
-		permille: int64(math.Round(cfg.BudgetPercent * 10)),
-		min:      int64(cfg.MinRetryConcurrency),
-	}, nil
+	return &ConcurrentBudget{permille: permille, min: int64(cfg.MinRetryConcurrency)}, nil
 }
 
 // Active returns the attempts and the retries in flight.

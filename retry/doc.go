@@ -39,7 +39,10 @@
 //
 // Every type takes an injectable clock (and back-off an injectable random
 // source), starts no goroutines in its constructor, and is safe for
-// concurrent use. Configuration structs document the default of each zero
-// field; constructors reject values out of range with errors wrapping
-// [ErrInvalidConfig].
+// concurrent use. Budgets are explicit (zero means zero, and a
+// [PercentConfig] or [ThrottleConfig] without its required fields is
+// rejected; start from [DefaultPercentConfig], [DefaultThrottleConfig] or
+// [DefaultConcurrentConfig]), while back-off, the loop, ejection and
+// admission document a default for each zero field. Constructors reject
+// values out of range with errors wrapping [ErrInvalidConfig].
 package retry

@@ -38,7 +38,7 @@ func Example() {
 
 	b, _ := llmlb.New(llmlb.RoundRobin(), llmlb.WithRand(rand.NewPCG(1, 2)))
 	_ = b.Update([]llmlb.Endpoint{backend{"replica-a", overloaded.URL}, backend{"replica-b", healthy.URL}})
-	budget, _ := retry.NewPercentBudget(retry.PercentConfig{}) // 20% of requests + 10/s
+	budget, _ := retry.NewPercentBudget(retry.DefaultPercentConfig()) // 20% of requests + 10/s
 	backoff, _ := retry.NewFullJitter(retry.BackoffConfig{Base: time.Millisecond, Rand: rand.NewPCG(3, 4)})
 	ejector, _ := retry.NewEjector(b, retry.EjectorConfig{})
 	loop, _ := retry.NewLoop(b, retry.LoopConfig{Budget: budget, Backoff: backoff, Reporter: ejector})

@@ -39,8 +39,9 @@ const DefaultMaxAttempts = 3
 // full-jitter back-off and a Finagle budget of its own, without hedging.
 type LoopConfig struct {
 	// Budget decides whether retries and hedges may be sent; nil means a
-	// [PercentBudget] with default settings, private to this loop. Share one
-	// budget among the loops that call the same upstream.
+	// [PercentBudget] with [DefaultPercentConfig] on the loop's Clock,
+	// private to this loop. Share one budget among the loops that call the
+	// same upstream.
 	Budget Budget
 	// Backoff computes the wait before a retry; nil means [FullJitter] with
 	// default settings.
@@ -147,7 +148,9 @@ func NewLoop(p Picker, cfg LoopConfig) (*Loop, error) {
 		after:       cfg.After,
 	}
 	if l.budget == nil {
-		b, err := NewPercentBudget(PercentConfig{Clock: cfg.Clock})
+		bc := DefaultPercentConfig()
+		bc.Clock = cfg.Clock
+		b, err := NewPercentBudget(bc)
 		if err != nil {
 			return nil, err
 		}

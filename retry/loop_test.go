@@ -284,8 +284,8 @@ func TestLoopDeadlineAndCancel(t *testing.T) {
 func TestTwoLayers(t *testing.T) {
 	for _, naive := range []bool{false, true} {
 		clk := newFakeClock()
-		outerBudget, _ := NewPercentBudget(PercentConfig{Clock: clk})
-		innerBudget, _ := NewPercentBudget(PercentConfig{Clock: clk})
+		outerBudget, _ := NewPercentBudget(defaultPercent(clk))
+		innerBudget, _ := NewPercentBudget(defaultPercent(clk))
 		gateways := newBalancer(t, "g1", "g2")
 		replicas := newBalancer(t, "r1", "r2", "r3")
 		cfg := LoopConfig{Budget: outerBudget, Backoff: noBackoff{}, Clock: clk}
@@ -339,7 +339,7 @@ func TestHedging(t *testing.T) {
 			healthy    = 20 * time.Millisecond
 		)
 		b := newBalancer(t, "stall", "fast")
-		budget, _ := NewConcurrentBudget(ConcurrentConfig{})
+		budget, _ := NewConcurrentBudget(DefaultConcurrentConfig())
 		l, err := NewLoop(b, LoopConfig{Budget: budget, Backoff: noBackoff{}, Hedge: HedgeConfig{Delay: hedgeDelay}})
 		if err != nil {
 			t.Fatal(err)
@@ -534,7 +534,7 @@ func TestLoopBadConfig(t *testing.T) {
 
 func TestLoopConcurrent(t *testing.T) {
 	b := newBalancer(t, "a", "b", "c")
-	budget, _ := NewConcurrentBudget(ConcurrentConfig{})
+	budget, _ := NewConcurrentBudget(DefaultConcurrentConfig())
 	l, _ := NewLoop(b, LoopConfig{Budget: budget, Backoff: noBackoff{}, Hedge: HedgeConfig{Delay: time.Microsecond}})
 	var wg sync.WaitGroup
 	for g := 0; g < 8; g++ {

@@ -5,21 +5,27 @@ import (
 	"sync/atomic"
 )
 
-// Defaults of [ThrottleConfig]. gRPC has none; these are the values of its
-// service-config examples.
+// The values of [DefaultThrottleConfig]. gRPC has no defaults; these are
+// the values of its service-config examples.
 const (
 	DefaultMaxTokens  = 10
 	DefaultTokenRatio = 0.1
 )
 
-// ThrottleConfig configures a [Throttle]. The zero value means 10 tokens and
-// a ratio of 0.1.
+// ThrottleConfig configures a [Throttle]. Both fields are required, as in
+// gRPC's retryThrottling policy; start from [DefaultThrottleConfig].
 type ThrottleConfig struct {
-	// MaxTokens is the bucket size, in (0, 1000]; 0 means [DefaultMaxTokens].
+	// MaxTokens is the bucket size, in (0, 1000].
 	MaxTokens float64
 	// TokenRatio is the tokens a success earns back, in (0, MaxTokens],
-	// with a precision of 0.001; 0 means [DefaultTokenRatio].
+	// with a precision of 0.001.
 	TokenRatio float64
+}
+
+// DefaultThrottleConfig returns a bucket of 10 tokens that a success refills
+// by 0.1 of a token.
+func DefaultThrottleConfig() ThrottleConfig {
+	return ThrottleConfig{MaxTokens: DefaultMaxTokens, TokenRatio: DefaultTokenRatio}
 }
 
 // Throttle is gRPC's client-side retry throttle: the bucket starts full at
@@ -35,13 +41,12 @@ type Throttle struct {
 }
 
 // NewThrottle returns a throttle configured by cfg, with a full bucket. It
-// rejects values out of range with an error wrapping [ErrInvalidConfig].
+// rejects missing values and values out of range with an error wrapping
+// [ErrInvalidConfig].
 func NewThrottle(cfg ThrottleConfig) (*Throttle, error) {
-	if cfg.MaxTokens == 0 {
-		cfg.MaxTokens = DefaultMaxTokens
-	}
-	if cfg.TokenRatio == 0 {
-		cfg.TokenRatio = DefaultTokenRatio
+	if cfg.MaxTokens == 0 || cfg.TokenRatio == 0 {
+		return nil, invalidf("throttle MaxTokens and TokenRatio are required (DefaultThrottleConfig sets %v and %v)",
+			DefaultMaxTokens, DefaultTokenRatio)
 	}
 	if !(cfg.MaxTokens > 0 && cfg.MaxTokens <= 1000) {
 		return nil, invalidf("throttle MaxTokens %v must be in (0, 1000]", cfg.MaxTokens)
