@@ -276,8 +276,8 @@ func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
 		if err := r.validate(); err != nil {
 			return Pick{}, err
 		}
-		c.req = *r
 	}
+	c.req = r
 	snap := b.snap.Load()
 	if len(snap.eps) == 0 {
 		return Pick{}, ErrNoEndpoints
@@ -307,7 +307,7 @@ func (st *epState) queued() int64      { return int64(int32(st.requests.Load()))
 
 // commit charges c's request to st and returns its handle.
 func (b *Balancer) commit(c *Candidates, st *epState) Pick {
-	r := &c.req
+	r := c.req
 	prefill := int64(r.PromptTokens - min(c.cached, r.PromptTokens))
 	decode := b.decodeEstimate(r)
 	st.requests.Add(oneOutstanding + oneQueued)

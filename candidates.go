@@ -18,7 +18,8 @@ type Candidates struct {
 	snap    *snapshot
 	idx     []int32 // member indexes of the candidates; used when filtered
 	all     bool    // every member is a candidate
-	req     Request
+	req     *Request // the caller's, or &zero for a nil one; nil when pooled
+	zero    Request
 	reqTok  int64 // RequestTokens, computed once per pick
 	ties    []int32
 	pick    []int32 // candidates a policy scores, when not all
@@ -36,7 +37,7 @@ type Candidates struct {
 var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 
 func (c *Candidates) release() {
-	c.b, c.snap, c.req, c.cached, c.now = nil, nil, Request{}, 0, 0
+	c.b, c.snap, c.req, c.cached, c.now = nil, nil, nil, 0, 0
 	c.idx, c.ties, c.cand, c.matched, c.matches = c.idx[:0], c.ties[:0], c.cand[:0], c.matched[:0], c.matches[:0]
 	candidatesPool.Put(c)
 }
@@ -45,7 +46,11 @@ func (c *Candidates) release() {
 // those the healthy ones if any is healthy.
 func (c *Candidates) init(b *Balancer, snap *snapshot) error {
 	c.b, c.snap = b, snap
-	c.reqTok = int64(c.req.PromptTokens) + b.decodeEstimate(&c.req)
+	if c.req == nil {
+		c.zero = Request{}
+		c.req = &c.zero
+	}
+	c.reqTok = int64(c.req.PromptTokens) + b.decodeEstimate(c.req)
 	c.all = len(c.req.Exclude) == 0 && b.unhealthy.Load() == 0
 	if c.all {
 		return nil
@@ -130,7 +135,7 @@ func (c *Candidates) Generation() uint64 { return c.snap.gen }
 
 // Request returns the request being picked for. The policy must not modify
 // it or retain it.
-func (c *Candidates) Request() *Request { return &c.req }
+func (c *Candidates) Request() *Request { return c.req }
 
 // SetCachedTokens tells the balancer how many of the request's prompt tokens
 // the policy expects the chosen endpoint to serve from its prefix cache; they

@@ -173,7 +173,7 @@ func boundedWalk(c *Candidates, r *ring, h uint64, balance float64) int {
 	capacity := math.Ceil(balance * float64(total) / float64(n))
 	i := r.walk(c, h, func(i int) bool { return float64(c.requests(i)+1) <= capacity })
 	if i < 0 { // unreachable for balance >= 1: some candidate is at most average
-		return argmin(c, RequestsScore)
+		return argmin(c, byRequests)
 	}
 	return i
 }
@@ -242,13 +242,13 @@ func PrefixHash(cfg PrefixHashConfig) (Policy, error) {
 
 func (p *prefixHash) Choose(c *Candidates) int {
 	var h uint64
-	switch r := &c.req; {
+	switch r := c.req; {
 	case len(r.Prefix) > 0:
 		h = r.Prefix[min(p.block, len(r.Prefix)-1)]
 	case r.AffinityKey != "":
 		h = xxhash.Sum64String(r.AffinityKey)
 	default:
-		return argmin(c, RequestsScore)
+		return argmin(c, byRequests)
 	}
 	n := c.Len()
 	var total int64
@@ -260,5 +260,5 @@ func (p *prefixHash) Choose(c *Candidates) int {
 	if float64(c.requests(owner)) <= limit {
 		return owner
 	}
-	return argmin(c, RequestsScore)
+	return argmin(c, byRequests)
 }

@@ -58,7 +58,7 @@ func (p *weightedLeastRequest) Choose(c *Candidates) int {
 		equal = c.Weight(i) == w0
 	}
 	if equal {
-		return p2c{RequestsScore}.Choose(c)
+		return p2c{byRequests}.Choose(c)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

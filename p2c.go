@@ -1,6 +1,9 @@
 package llmlb
 
-import "math"
+import (
+	"math"
+	"reflect"
+)
 
 // A Score rates candidate i of c, whose load estimate is l, for the request
 // being picked; lower is better. A score should be the candidate's load after
@@ -39,6 +42,60 @@ func KVScore(c *Candidates, i int, l *EndpointLoad) float64 {
 	return kvUsage(l) + float64(l.PrefillTokens+c.RequestTokens()+1)/kvCapacity(l)
 }
 
+// isRequestsScore reports whether s is [RequestsScore], which the selectors
+// evaluate without building the whole load estimate when the balancer has no
+// signal.
+func isRequestsScore(s Score) bool {
+	return reflect.ValueOf(s).Pointer() == reflect.ValueOf(RequestsScore).Pointer()
+}
+
+// scorer is a Score plus whether it is [RequestsScore].
+type scorer struct {
+	score    Score
+	requests bool
+}
+
+func newScorer(s Score) scorer {
+	if s == nil {
+		s = RequestsScore
+	}
+	return scorer{s, isRequestsScore(s)}
+}
+
+// How scorer.weighted evaluates a score for a pick.
+const (
+	general      = iota // the score on the whole load estimate
+	requests            // RequestsScore without a signal: one counter
+	requestsSlow        // the same while some member is in slow start
+)
+
+// mode returns how s is evaluated for c: RequestsScore on a balancer without
+// a signal is this balancer's outstanding requests plus one, read from one
+// counter instead of the whole load estimate.
+func (s scorer) mode(c *Candidates) int {
+	switch {
+	case !s.requests || c.b.signal != nil:
+		return general
+	case c.b.slowUntil.Load() != 0:
+		return requestsSlow
+	}
+	return requests
+}
+
+// weighted returns candidate i's score divided by its effective weight, with
+// NaN mapped to +Inf so that it always loses; mode is s.mode(c).
+func (s scorer) weighted(c *Candidates, i int, mode int) float64 {
+	switch mode {
+	case requests:
+		st := c.state(i)
+		return float64(st.requests.Load()>>32+1) / st.desc.Load().weight
+	case requestsSlow:
+		st := c.state(i)
+		return float64(st.requests.Load()>>32+1) / c.weight(st)
+	}
+	return weighted(c, s.score, i)
+}
+
 // weighted returns candidate i's score divided by its effective weight, with
 // NaN mapped to +Inf so that it always loses.
 func weighted(c *Candidates, score Score, i int) float64 {
@@ -51,7 +108,7 @@ func weighted(c *Candidates, score Score, i int) float64 {
 	return s
 }
 
-type p2c struct{ score Score }
+type p2c struct{ s scorer }
 
 // P2C returns the power-of-two-choices policy over score: it samples two
 // distinct candidates uniformly at random and picks the one with the lower
@@ -59,63 +116,57 @@ type p2c struct{ score Score }
 // cost of a pick constant and keeps several balancers that see the same stale
 // signal from stampeding onto the same endpoint. A nil score means
 // [RequestsScore].
-func P2C(score Score) Policy {
-	if score == nil {
-		score = RequestsScore
-	}
-	return p2c{score}
-}
+func P2C(score Score) Policy { return p2c{newScorer(score)} }
 
 func (p p2c) Choose(c *Candidates) int {
 	n := uint64(c.Len())
 	if n == 1 {
 		return 0
 	}
-	// One 64-bit draw gives both samples: the high half picks a, the low
-	// half picks b among the others (multiply-shift; the bias is below
-	// n/2^32).
+	// One 64-bit draw gives both samples and the tie-break: the high half
+	// picks a, the low half picks b among the others (multiply-shift; the
+	// bias is below n/2^32), and the lowest bit, which moves b only across
+	// a boundary of its range, breaks a tie.
 	x := c.b.uint64()
 	a := int((x >> 32 * n) >> 32)
 	b := int((x & (1<<32 - 1) * (n - 1)) >> 32)
 	if b >= a {
 		b++
 	}
-	sa, sb := weighted(c, p.score, a), weighted(c, p.score, b)
+	mode := p.s.mode(c)
+	sa, sb := p.s.weighted(c, a, mode), p.s.weighted(c, b, mode)
 	switch {
 	case sa < sb:
 		return a
 	case sb < sa:
 		return b
-	case c.Uint64N(2) == 0:
+	case x&1 == 0:
 		return a
 	default:
 		return b
 	}
 }
 
-type leastScore struct{ score Score }
+type leastScore struct{ s scorer }
 
 // LeastScore returns the full-scan policy over score: it picks the candidate
 // with the lowest weighted score, uniformly at random among exact ties. It
 // is the most accurate choice for a single balancer with fresh counts; with
 // several balancers sharing a stale signal prefer [P2C].
-func LeastScore(score Score) Policy {
-	if score == nil {
-		score = RequestsScore
-	}
-	return leastScore{score}
-}
+func LeastScore(score Score) Policy { return leastScore{newScorer(score)} }
 
-func (p leastScore) Choose(c *Candidates) int {
-	return argmin(c, p.score)
-}
+func (p leastScore) Choose(c *Candidates) int { return argmin(c, p.s) }
+
+// byRequests is the scorer of [RequestsScore].
+var byRequests = newScorer(RequestsScore)
 
 // argmin returns the candidate with the lowest weighted score, uniformly at
 // random among exact ties (never by position).
-func argmin(c *Candidates, score Score) int {
+func argmin(c *Candidates, sc scorer) int {
+	mode := sc.mode(c)
 	ties, bestScore := c.ties[:0], math.Inf(1)
 	for i, n := 0, c.Len(); i < n; i++ {
-		s := weighted(c, score, i)
+		s := sc.weighted(c, i, mode)
 		switch {
 		case s < bestScore:
 			bestScore = s

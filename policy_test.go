@@ -15,7 +15,7 @@ func holdOn(t *testing.T, b *Balancer, key string, n int, r Request) []Pick {
 	var out []Pick
 	for range n {
 		c := candidatesPool.Get().(*Candidates)
-		c.req = r
+		c.req = &r
 		if err := c.init(b, b.snap.Load()); err != nil {
 			t.Fatal(err)
 		}

@@ -77,7 +77,7 @@ func (s *segregated) in(p *pool, key string) bool {
 }
 
 func (s *segregated) Choose(c *Candidates) int {
-	r := &c.req
+	r := c.req
 	chosen := s.general
 	for i := range s.pools {
 		p := &s.pools[i]
