@@ -16,8 +16,8 @@ import (
 type Candidates struct {
 	b       *Balancer
 	snap    *snapshot
-	idx     []int32 // member indexes of the candidates; used when filtered
-	all     bool    // every member is a candidate
+	idx     []int32  // member indexes of the candidates; used when filtered
+	all     bool     // every member is a candidate
 	req     *Request // the caller's, or &zero for a nil one; nil when pooled
 	zero    Request
 	reqTok  int64 // RequestTokens, computed once per pick
