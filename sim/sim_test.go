@@ -261,3 +261,45 @@ func TestPolicyNamesUnique(t *testing.T) {
 		seen[p.Name] = true
 	}
 }
+
+// On the chat scenario, where most reuse is a conversation's own history,
+// round robin serves about as few prompt tokens from cache as the routing
+// chapter's table says (12%), and every policy that routes on prefixes
+// serves at least 3x more; llmlb.Default's goodput is the best of them
+// within 0.2%.
+func TestChatAffinity(t *testing.T) {
+	sc, err := LookupScenario("chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Config.Seed = 1
+	reqs, err := sc.Workload.Generate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	affinity := []string{"consistent-hash", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "gie-default", "default"}
+	res, err := Compare(context.Background(), sc.Config, reqs, append([]string{"round-robin", "dynamo-kv"}, affinity...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := make(map[string]*Result, len(res))
+	best := 0.0
+	for _, r := range res {
+		m[r.Policy] = r
+		if r.Policy != "default" {
+			best = max(best, r.GoodputRPS)
+		}
+	}
+	rr := m["round-robin"]
+	if rr.PrefixHitRate > 0.15 {
+		t.Errorf("round robin hit rate %.3f, want at most 0.15 on the chat workload", rr.PrefixHitRate)
+	}
+	for _, name := range affinity {
+		if r := m[name]; r.PrefixHitRate < 3*rr.PrefixHitRate {
+			t.Errorf("%s hit rate %.3f, want at least 3x round robin's %.3f", name, r.PrefixHitRate, rr.PrefixHitRate)
+		}
+	}
+	if d := m["default"]; d.GoodputRPS < best*0.998 {
+		t.Errorf("default goodput %.3f/s, want within 0.2%% of the best other policy's %.3f/s", d.GoodputRPS, best)
+	}
+}
