@@ -71,6 +71,17 @@ type IndexConfig struct {
 	// MaxEndpoints bounds the number of endpoints tracked. Zero means
 	// [DefaultMaxEndpoints], which is also the largest value accepted.
 	MaxEndpoints int
+	// EventsOnly makes [Index.Record] a no-op, so that the index holds
+	// exactly what engine KV events report, as NVIDIA Dynamo's router does
+	// when its workers publish events. Otherwise an index fed by events also
+	// records the router's decisions, so a request that arrives while an
+	// earlier one with the same prefix is still in prefill already sees
+	// where that prefix is going; the events report it only once the
+	// prefill is done. In llmlb's simulator, events alone give the shorter
+	// TTFT tail at nominal load (p99 294 ms against 329 with decisions
+	// too), and decisions too the higher goodput under overload (42.4
+	// against 42.0 requests per second within the SLO at 1.15x that load).
+	EventsOnly bool
 }
 
 // Match is the longest cached prefix of a prompt on one endpoint.
@@ -114,6 +125,7 @@ type Index struct {
 	defCapacity  int
 	ttl          int64
 	maxEndpoints int
+	eventsOnly   bool
 
 	mu        sync.RWMutex // protects the fields below
 	endpoints map[string]*endpoint
@@ -184,6 +196,7 @@ func NewIndex(c IndexConfig) (*Index, error) {
 		defCapacity:  c.Capacity,
 		ttl:          int64(c.TTL),
 		maxEndpoints: c.MaxEndpoints,
+		eventsOnly:   c.EventsOnly,
 		endpoints:    make(map[string]*endpoint),
 		occupied:     make([]uint64, (c.MaxEndpoints+63)/64),
 		holders:      holderTable{seed: rand.Uint64()},
@@ -290,7 +303,8 @@ func (x *Index) Len(endpoint string) int {
 // match until now plus the TTL, or longer if they were already held for
 // longer. Blocks are touched tail first, so the head of the prompt is the
 // most recently used and the last evicted. If there are more blocks than
-// the endpoint's capacity, only the leading ones that fit are recorded.
+// the endpoint's capacity, only the leading ones that fit are recorded. With
+// [IndexConfig.EventsOnly] set, Record only adds the endpoint.
 //
 // Record returns an error wrapping [ErrInvalidArgument] for an empty
 // endpoint key, or [ErrTooManyEndpoints].
@@ -303,7 +317,7 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	e, err := x.endpointLocked(endpoint, true)
-	if err != nil {
+	if err != nil || x.eventsOnly {
 		return err
 	}
 	x.touchLocked(e, blocks, exp, x.ttl/recordSlack, t)

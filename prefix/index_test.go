@@ -433,3 +433,24 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+func TestEventsOnly(t *testing.T) {
+	x := mustIndex(t, IndexConfig{BlockSize: 16, EventsOnly: true})
+	p := chainOf(7, 6)
+	must(t, x.Record("a", p, t0))
+	if n := x.MatchLen("a", p, t0); n != 0 {
+		t.Fatalf("events-only index matched %d recorded blocks, want 0", n)
+	}
+	if err := x.Record("", p, t0); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("Record with an empty key: %v, want ErrInvalidArgument", err)
+	}
+	must(t, x.Stored("a", 16, p[:4]...))
+	must(t, x.Record("a", p, t0)) // must not extend what the events said
+	if n := x.MatchLen("a", p, t0.Add(time.Hour)); n != 4 {
+		t.Fatalf("matched %d blocks after Stored of 4, want 4", n)
+	}
+	must(t, x.Removed("a", 16, p[1]))
+	if n := x.MatchLen("a", p, t0); n != 1 {
+		t.Fatalf("matched %d blocks after Removed of the second, want 1", n)
+	}
+}
