@@ -13,6 +13,9 @@ type kvPool struct {
 	entries map[uint64]*entry
 	lru     entry  // sentinel of the LRU list of unreferenced entries; lru.next is the oldest
 	free    *entry // recycled entries, linked through next
+
+	// onEvent, if set, hears every entry stored and evicted.
+	onEvent func(hash uint64, stored bool)
 }
 
 // entry is one cached prefix block: the KV blocks of BlockTokens prompt
@@ -59,6 +62,9 @@ func (p *kvPool) evict() {
 	p.unlink(e)
 	p.evictable -= int(e.blocks)
 	delete(p.entries, e.hash)
+	if p.onEvent != nil {
+		p.onEvent(e.hash, false)
+	}
 	*e = entry{next: p.free}
 	p.free = e
 }
@@ -112,5 +118,8 @@ func (p *kvPool) insert(h uint64, blocks int) *entry {
 	}
 	e.hash, e.blocks, e.ref = h, int32(blocks), 1
 	p.entries[h] = e
+	if p.onEvent != nil {
+		p.onEvent(h, true)
+	}
 	return e
 }

@@ -21,7 +21,10 @@
 // and output so far. KV memory is counted in 16-token blocks. Prompt blocks
 // of a finished prefill stay cached under their chained hash ([Request]
 // Prefix) and are reused by later prompts with the same prefix; cached blocks
-// no sequence uses are evicted least recently used first. An iteration's
+// no sequence uses are evicted least recently used first. Replicas publish
+// KV events (a block stored or evicted) to the prefix indexes of the policies
+// that subscribe ([PolicyEnv.SubscribeKVEvents]), as vLLM's event stream
+// does; the others guess the caches from their own decisions. An iteration's
 // duration comes from an [IterTimeFunc], by default [MockerIterTime], the
 // polynomial of NVIDIA Dynamo's mocker engine. The replica's scheduling
 // state machine is exported as [Replica], without a clock, so that other

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/llmlb/llmlb"
@@ -26,6 +27,35 @@ type PolicyEnv struct {
 	Stale func(m int) llmlb.Load
 
 	run *runner // true state, for the oracle only
+}
+
+// SubscribeKVEvents feeds ix every replica's KV events from now on: a
+// [prefix.Index.Stored] when a prompt block enters a replica's prefix cache
+// and a [prefix.Index.Removed] when it is evicted, applied at once, as an
+// engine's event stream would with negligible delay. ix's block size must be
+// BlockTokens. A policy that subscribes knows what the engines hold instead
+// of guessing it from its own decisions.
+func (e *PolicyEnv) SubscribeKVEvents(ix *prefix.Index) error {
+	if ix.BlockSize() != e.BlockTokens {
+		return fmt.Errorf("%w: index block size %d, workload %d tokens per hash", ErrInvalidConfig, ix.BlockSize(), e.BlockTokens)
+	}
+	r := e.run
+	if len(r.kvSubs) == 0 {
+		for _, rep := range r.reps {
+			key, bt := replicaKey(rep.idx), e.BlockTokens
+			rep.SetKVEventHandler(func(h uint64, stored bool) {
+				for _, ix := range r.kvSubs {
+					if stored {
+						_ = ix.Stored(key, bt, h)
+					} else {
+						_ = ix.Removed(key, bt, h)
+					}
+				}
+			})
+		}
+	}
+	r.kvSubs = append(r.kvSubs, ix)
+	return nil
 }
 
 // PolicySpec names a policy constructor.
@@ -75,8 +105,8 @@ func Policies() []PolicySpec {
 			}
 			return llmlb.PrefixAware(llmlb.PrefixAwareConfig{Index: ix})
 		}},
-		{Name: "dynamo-kv", Doc: "NVIDIA Dynamo KV-block cost function, published defaults", New: func(env *PolicyEnv) (llmlb.Policy, error) {
-			ix, err := newIndex(env)
+		{Name: "dynamo-kv", Doc: "NVIDIA Dynamo KV-block cost function, published defaults, cache state from KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			ix, err := newEventIndex(env)
 			if err != nil {
 				return nil, err
 			}
@@ -92,7 +122,14 @@ func Policies() []PolicySpec {
 			return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
 		}},
 		{Name: "segregated", Doc: "prompts >= 8k tokens to a pool sized by their token share; least tokens in each pool", New: newSegregated},
-		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; cache state from KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			ix, err := newEventIndex(env)
+			if err != nil {
+				return nil, err
+			}
+			return llmlb.Default(llmlb.DefaultConfig{Index: ix})
+		}},
+		{Name: "default-approx", Doc: "llmlb.Default with cache state guessed from its own decisions, for engines that publish no KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			ix, err := newIndex(env)
 			if err != nil {
 				return nil, err
@@ -110,9 +147,20 @@ func Policies() []PolicySpec {
 	}
 }
 
-// newIndex returns a prefix index for the workload's block size.
+// newIndex returns a prefix index for the workload's block size, fed by the
+// policy's own decisions.
 func newIndex(env *PolicyEnv) (*prefix.Index, error) {
 	return prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens})
+}
+
+// newEventIndex returns a prefix index for the workload's block size that
+// holds exactly what the replicas' KV events report.
+func newEventIndex(env *PolicyEnv) (*prefix.Index, error) {
+	ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, EventsOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	return ix, env.SubscribeKVEvents(ix)
 }
 
 // SegregatedLongPrompt is the prompt length from which the segregated

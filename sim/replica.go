@@ -101,6 +101,14 @@ func NewReplica(eng Engine) (*Replica, error) {
 	return &Replica{eng: eng, kv: newKVPool(eng.KVBlocks), wmark: eng.KVBlocks / 100}, nil
 }
 
+// SetKVEventHandler makes the replica report its prefix cache the way an
+// engine's KV event stream does (vLLM's BlockStored and BlockRemoved): fn is
+// called, synchronously, with stored true when a prompt block enters the
+// cache and false when it is evicted. hash is the block's chained hash from
+// [Request.Prefix], so one event covers [Request.BlockTokens] tokens. Nil
+// stops the reports.
+func (r *Replica) SetKVEventHandler(fn func(hash uint64, stored bool)) { r.kv.onEvent = fn }
+
 // Engine returns the replica's configuration with defaults filled in.
 func (r *Replica) Engine() Engine { return r.eng }
 

@@ -2,9 +2,13 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // oneReplica is a cluster of one default replica.
@@ -205,5 +209,62 @@ func TestReplicaAccountingProperty(t *testing.T) {
 				t.Fatalf("trial %d %s: hit rate %.3f above the infinite-cache bound %.3f", trial, p, res.PrefixHitRate, InfiniteCacheHitRate(reqs))
 			}
 		}
+	}
+}
+
+// A policy that subscribes to KV events sees exactly the replicas' caches:
+// after a run with many evictions, its index holds every cached block of
+// every replica and nothing else.
+func TestKVEventsMirrorCaches(t *testing.T) {
+	w := DefaultSynthetic(800, 30)
+	reqs, err := w.Generate(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const replicas, kvBlocks = 3, 2048
+	distinct := map[uint64]bool{}
+	for _, r := range reqs {
+		for _, h := range r.Prefix {
+			distinct[h] = true
+		}
+	}
+	if blocks := len(distinct) * w.BlockTokens / DefaultBlockSize; blocks < 4*replicas*kvBlocks {
+		t.Fatalf("workload has %d distinct blocks, too few to force evictions", blocks)
+	}
+	var ix *prefix.Index
+	var run *runner
+	spec := PolicySpec{Name: "probe", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+		var err error
+		ix, err = prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, EventsOnly: true, Capacity: 1 << 16})
+		if err != nil {
+			return nil, err
+		}
+		if err := env.SubscribeKVEvents(ix); err != nil {
+			return nil, err
+		}
+		run = env.run
+		return llmlb.Default(llmlb.DefaultConfig{Index: ix})
+	}}
+	cfg := Config{Replicas: replicas, Seed: 3, Engine: Engine{KVBlocks: kvBlocks}}
+	if _, err := simulate(context.Background(), cfg, reqs, spec); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(0, 0)
+	for i, rep := range run.reps {
+		key := replicaKey(i)
+		if got, want := ix.Len(key), len(rep.kv.entries); got != want {
+			t.Errorf("%s: index holds %d blocks, cache %d", key, got, want)
+		}
+		for h := range rep.kv.entries {
+			if ix.MatchLen(key, []uint64{h}, now) != 1 {
+				t.Errorf("%s: cached block %x missing from the index", key, h)
+				break
+			}
+		}
+	}
+	bad := &PolicyEnv{BlockTokens: 64, run: run}
+	other, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
+	if err := bad.SubscribeKVEvents(other); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("subscribing an index of another block size: %v, want ErrInvalidConfig", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // Event kinds, in no particular order: ties in time are broken by the order
@@ -118,7 +119,8 @@ type runner struct {
 	seq     uint64
 	now     time.Duration
 	rng     *rand.Rand
-	current *reqState // the request being picked, for the oracle
+	current *reqState       // the request being picked, for the oracle
+	kvSubs  []*prefix.Index // indexes fed the replicas' KV events
 
 	nextArrival int
 	ended       int // requests done or rejected

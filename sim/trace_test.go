@@ -198,12 +198,13 @@ func TestMooncakeReplay(t *testing.T) {
 }
 
 // TestMooncakeCacheAware checks the cache-aware policies on the Mooncake
-// trace: with KV for 32768 blocks per replica (cache-starved: the working set
-// does not fit) llmlb.Default has the best goodput of the non-oracle policies,
-// a TTFT p99 within 2% of the best anchor preset, and, like the other
-// cache-aware policies, at least 3x round robin's hit rate; with KV for
-// 131072 blocks (2M tokens per replica) its hit rate reaches 85% of the
-// infinite-cache bound.
+// trace, with KV for 32768 blocks per replica (cache-starved: the working set
+// does not fit) and for 131072 (2M tokens per replica, as when KV spills to
+// host memory): on both, llmlb.Default has the best goodput of the
+// non-oracle policies, a TTFT p99 no worse than the best anchor preset's,
+// and, like the other cache-aware policies, at least 3x round robin's hit
+// rate; with the larger cache its hit rate reaches 85% of the infinite-cache
+// bound.
 func TestMooncakeCacheAware(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays the whole trace twice")
@@ -214,7 +215,7 @@ func TestMooncakeCacheAware(t *testing.T) {
 		t.Fatal(err)
 	}
 	policies := []string{"round-robin", "least-tokens", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"}
-	anchors := []string{"sglang-prefix-hash", "sglang-cache-aware", "dynamo-kv", "gie-default"}
+	anchors := anchorPresets
 	run := func(kv int) map[string]*Result {
 		res, err := Compare(context.Background(), Config{Seed: 1, Engine: Engine{KVBlocks: kv}}, reqs, policies, nil)
 		if err != nil {
@@ -227,29 +228,28 @@ func TestMooncakeCacheAware(t *testing.T) {
 		return m
 	}
 
-	m := run(32768)
-	d, rr := m["default"], m["round-robin"]
-	for _, name := range []string{"sglang-cache-aware", "prefix-aware", "gie-default", "default"} {
-		if m[name].PrefixHitRate < 3*rr.PrefixHitRate {
-			t.Errorf("%s hit rate %.3f < 3x round robin's %.3f", name, m[name].PrefixHitRate, rr.PrefixHitRate)
+	for _, kv := range []int{32768, 131072} {
+		m := run(kv)
+		d, rr := m["default"], m["round-robin"]
+		for _, name := range []string{"sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"} {
+			if m[name].PrefixHitRate < 3*rr.PrefixHitRate {
+				t.Errorf("KV %d: %s hit rate %.3f < 3x round robin's %.3f", kv, name, m[name].PrefixHitRate, rr.PrefixHitRate)
+			}
 		}
-	}
-	for name, r := range m {
-		if name != "default" && r.GoodputRPS > d.GoodputRPS {
-			t.Errorf("%s goodput %.3f/s > default %.3f/s", name, r.GoodputRPS, d.GoodputRPS)
+		for name, r := range m {
+			if name != "default" && r.GoodputRPS > d.GoodputRPS {
+				t.Errorf("KV %d: %s goodput %.3f/s > default %.3f/s", kv, name, r.GoodputRPS, d.GoodputRPS)
+			}
 		}
-	}
-	best := math.Inf(1)
-	for _, a := range anchors {
-		best = min(best, m[a].TTFT.P99)
-	}
-	if d.TTFT.P99 > 1.02*best {
-		t.Errorf("default TTFT p99 %.0fms, best anchor preset %.0fms", d.TTFT.P99, best)
-	}
-
-	m = run(131072)
-	bound := InfiniteCacheHitRate(reqs)
-	if hit := m["default"].PrefixHitRate; hit < 0.85*bound {
-		t.Errorf("default hit rate %.3f < 85%% of the infinite-cache bound %.3f", hit, bound)
+		best := math.Inf(1)
+		for _, a := range anchors {
+			best = min(best, m[a].TTFT.P99)
+		}
+		if d.TTFT.P99 > best {
+			t.Errorf("KV %d: default TTFT p99 %.0fms, best anchor preset %.0fms", kv, d.TTFT.P99, best)
+		}
+		if bound := InfiniteCacheHitRate(reqs); kv == 131072 && d.PrefixHitRate < 0.85*bound {
+			t.Errorf("KV %d: default hit rate %.3f < 85%% of the infinite-cache bound %.3f", kv, d.PrefixHitRate, bound)
+		}
 	}
 }
