@@ -111,6 +111,65 @@ func TestPercentBudgetBound(t *testing.T) {
 	}
 }
 
+// TestPercentBudgetModel replays random traffic, with the clock jumping
+// forward now and then, against a reference model of the documented
+// semantics: each deposit and withdrawal counts in the slot of its time while
+// that slot is one of the 10 latest, and a withdrawal is granted exactly when
+// the reserve plus the live net balance covers it. Used from one goroutine,
+// the budget must agree with the model on every decision.
+func TestPercentBudgetModel(t *testing.T) {
+	for _, tc := range []struct {
+		percent, minPerSec float64
+	}{{0.2, 10}, {0.1, 0}, {0, 3}, {1, 0.5}, {0.37, 2}} {
+		clk := newFakeClock()
+		ttl := time.Second
+		b, err := NewPercentBudget(PercentConfig{TTL: ttl, MinRetriesPerSec: tc.minPerSec, PercentCanRetry: tc.percent, Clock: clk})
+		if err != nil {
+			t.Fatal(err)
+		}
+		width := ttl / budgetSlots
+		net := map[int64]int64{} // units per slot
+		balance := func(e int64) int64 {
+			sum := b.reserve
+			for k := e - budgetSlots + 1; k <= e; k++ {
+				sum += net[k]
+			}
+			return sum
+		}
+		rng := rand.New(rand.NewPCG(11, uint64(tc.percent*1000+tc.minPerSec)))
+		granted := 0
+		for step := 0; step < 20000; step++ {
+			e := int64(clk.Now().Sub(b.start) / width)
+			switch r := rng.IntN(100); {
+			case r < 45:
+				b.Deposit()
+				net[e] += b.deposit
+			case r < 90:
+				want := balance(e) >= b.cost
+				if got := b.TryWithdraw(); got != want {
+					t.Fatalf("percent %v, min %v: step %d, slot %d: TryWithdraw = %v, model says %v",
+						tc.percent, tc.minPerSec, step, e, got, want)
+				}
+				if want {
+					net[e] -= b.cost
+					granted++
+				}
+			case r < 99:
+				clk.Advance(time.Duration(rng.IntN(40)) * time.Millisecond)
+			default:
+				clk.Advance(time.Duration(rng.IntN(3000)) * time.Millisecond)
+			}
+			e = int64(clk.Now().Sub(b.start) / width)
+			if got, want := b.Available(), max(balance(e), 0)/b.cost; got != want {
+				t.Fatalf("percent %v, min %v: step %d: Available = %d, model says %d", tc.percent, tc.minPerSec, step, got, want)
+			}
+		}
+		if granted == 0 {
+			t.Fatalf("percent %v, min %v: no withdrawal granted; the test exercises nothing", tc.percent, tc.minPerSec)
+		}
+	}
+}
+
 // stormLoop runs 1,000 requests a second for the given time against an
 // endpoint set that always fails, and returns the attempts sent.
 func stormLoop(t *testing.T, clk *fakeClock, budget Budget, seconds int, fail bool) (requests, attempts int) {
@@ -470,6 +529,12 @@ func TestPercentBudgetConcurrent(t *testing.T) {
 	}
 }
 
+// BenchmarkBudget runs requests against each budget from every P: Start, a
+// withdrawal and, if granted, its Finish, then the first attempt's Finish.
+// What bounds the cost: a PercentBudget reads the monotonic clock twice per
+// request (in Start and in Withdraw), and every budget keeps one exact state
+// that all Ps update, so with several Ps its cache lines move between cores
+// on most operations.
 func BenchmarkBudget(b *testing.B) {
 	pb, _ := NewPercentBudget(DefaultPercentConfig())
 	th, _ := NewThrottle(DefaultThrottleConfig())
