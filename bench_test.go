@@ -110,21 +110,25 @@ func benchCacheAware(b *testing.B) {
 	ctx := context.Background()
 	builders := []struct {
 		name string
-		new  func(ix *prefix.Index) (Policy, error)
+		new  func(ix, events *prefix.Index) (Policy, error)
 	}{
-		{"kv-cost", func(ix *prefix.Index) (Policy, error) {
+		{"kv-cost", func(ix, _ *prefix.Index) (Policy, error) {
 			cfg := DynamoKVCostConfig()
 			cfg.Index = ix
 			return KVCost(cfg)
 		}},
-		{"default", func(ix *prefix.Index) (Policy, error) { return Default(DefaultConfig{Index: ix}) }},
-		{"prefix-aware", func(ix *prefix.Index) (Policy, error) { return PrefixAware(PrefixAwareConfig{Index: ix}) }},
-		{"gie-default", func(ix *prefix.Index) (Policy, error) { return GIEDefault(GIEConfig{Index: ix}) }},
+		{"default", func(ix, _ *prefix.Index) (Policy, error) { return Default(DefaultConfig{Index: ix}) }},
+		{"default-events", func(ix, events *prefix.Index) (Policy, error) {
+			return Default(DefaultConfig{Index: ix, Events: events})
+		}},
+		{"prefix-aware", func(ix, _ *prefix.Index) (Policy, error) { return PrefixAware(PrefixAwareConfig{Index: ix}) }},
+		{"gie-default", func(ix, _ *prefix.Index) (Policy, error) { return GIEDefault(GIEConfig{Index: ix}) }},
 	}
 	for _, bb := range builders {
 		b.Run("policy="+bb.name+"/endpoints=64", func(b *testing.B) {
 			ix, _ := prefix.NewIndex(prefix.IndexConfig{})
-			pol, err := bb.new(ix)
+			events, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+			pol, err := bb.new(ix, events)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -134,6 +138,7 @@ func benchCacheAware(b *testing.B) {
 			prompt := blocks(1, 256)
 			for i := 0; i < 8; i++ {
 				_ = ix.Stored(members[i].Key(), 16, prompt[:128]...)
+				_ = events.Stored(members[i].Key(), 16, prompt[:128]...)
 			}
 			req := &Request{PromptTokens: 4096, MaxTokens: 256, Prefix: prompt}
 			b.ReportAllocs()

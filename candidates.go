@@ -28,10 +28,13 @@ type Candidates struct {
 	scratch EndpointLoad
 	loads   []EndpointLoad // per candidate, for policies that need them all
 	matched []int32        // per candidate: leading prompt blocks cached
-	matches []prefix.Match
-	costs   []float64
-	cached  int
-	now     int64 // unix nanos, read from the clock on first use; 0 = not yet
+	// confirmed is, per candidate, the leading prompt blocks engine KV
+	// events reported, for policies with a separate events index.
+	confirmed []int32
+	matches   []prefix.Match
+	costs     []float64
+	cached    int
+	now       int64 // unix nanos, read from the clock on first use; 0 = not yet
 }
 
 var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
@@ -39,6 +42,7 @@ var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 func (c *Candidates) release() {
 	c.b, c.snap, c.req, c.cached, c.now = nil, nil, nil, 0, 0
 	c.idx, c.ties, c.cand, c.matched, c.matches = c.idx[:0], c.ties[:0], c.cand[:0], c.matched[:0], c.matches[:0]
+	c.confirmed = c.confirmed[:0]
 	candidatesPool.Put(c)
 }
 

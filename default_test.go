@@ -3,7 +3,9 @@ package llmlb
 import (
 	"context"
 	"math"
+	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/llmlb/llmlb/prefix"
 )
@@ -74,5 +76,84 @@ func TestDefaultSamplesHoldersAndRandom(t *testing.T) {
 	}
 	for _, h := range held {
 		h.Done(nil)
+	}
+}
+
+// With an index that holds only what engine KV events report, a cached
+// token is certainly there and is worth DefaultEventsCacheWeight prefill
+// tokens: the holder that lost at k = 4 behind 5000 queued tokens (idle
+// endpoints cost 4*1600 = 6400 against its 10828) now wins (16000 against
+// 10828), unless CacheWeight is set explicitly.
+func TestDefaultCreditsEventFedCacheMore(t *testing.T) {
+	for _, tc := range []struct {
+		weight float64
+		want   bool // the holder wins
+	}{{0, true}, {DefaultCacheWeight, false}} {
+		ix, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+		pol, err := Default(DefaultConfig{Index: ix, CacheWeight: tc.weight})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustNew(t, pol)
+		mustUpdate(t, b, eps(4))
+		prompt := blocks(2, 100)
+		_ = ix.Stored("ep3", 16, prompt...)
+		req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
+		pk, _ := b.Pick(context.Background(), &req)
+		pk.Done(nil)
+		held := holdOn(t, b, "ep3", 1, Request{PromptTokens: 3000, MaxTokens: 256})
+		held = append(held, holdOn(t, b, "ep3", 1, Request{PromptTokens: 2000, MaxTokens: 1})...)
+		pk, _ = b.Pick(context.Background(), &req)
+		if got := pk.Endpoint().Key() == "ep3"; got != tc.want {
+			t.Errorf("CacheWeight %v: holder chosen = %v, want %v", tc.weight, got, tc.want)
+		}
+		pk.Done(nil)
+		for _, h := range held {
+			h.Done(nil)
+		}
+	}
+}
+
+// With an Events index, a block counts as cached at CacheWeight only if the
+// engines reported it: a prefix the policy merely sent requests for earns
+// no credit at nominal load, so idle endpoints stay equal.
+func TestDefaultEventsIndex(t *testing.T) {
+	decisions, _ := prefix.NewIndex(prefix.IndexConfig{})
+	events, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+	pol, err := Default(DefaultConfig{Index: decisions, Events: events})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol, WithRand(rand.NewPCG(1, 2)))
+	mustUpdate(t, b, eps(4))
+	prompt := blocks(5, 100)
+	_ = decisions.Record("ep3", prompt, time.Now())
+	req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
+	counts := map[string]int{}
+	for range 400 {
+		pk, err := b.Pick(context.Background(), &req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts[pk.Endpoint().Key()]++
+		pk.Done(nil)
+	}
+	if len(counts) != 4 {
+		t.Errorf("picks %v: a prefix only sent for must not attract requests at nominal load", counts)
+	}
+	_ = events.Stored("ep1", 16, prompt...)
+	for range 20 {
+		pk, _ := b.Pick(context.Background(), &req)
+		if k := pk.Endpoint().Key(); k != "ep1" {
+			t.Fatalf("picked %s, want ep1, which the engine reported holding the prompt", k)
+		}
+		pk.Done(nil)
+	}
+	notEvents, _ := prefix.NewIndex(prefix.IndexConfig{})
+	otherSize, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 32, EventsOnly: true})
+	for _, bad := range []*prefix.Index{notEvents, otherSize} {
+		if _, err := Default(DefaultConfig{Index: decisions, Events: bad}); err == nil {
+			t.Errorf("Events index %p accepted", bad)
+		}
 	}
 }

@@ -20,8 +20,9 @@ const (
 // decisions (and by engine KV events, if the caller feeds the same index),
 // kept in step with the membership.
 type prefixTracker struct {
-	index *prefix.Index
-	block int // tokens per block
+	index  *prefix.Index
+	events *prefix.Index // optional: engine KV events only, never recorded into
+	block  int           // tokens per block
 
 	mu      sync.Mutex // protects gen, members and capacity
 	gen     uint64
@@ -54,6 +55,9 @@ func (t *prefixTracker) sync(c *Candidates) {
 	for k := range t.members {
 		if _, ok := next[k]; !ok {
 			t.index.RemoveEndpoint(k)
+			if t.events != nil {
+				t.events.RemoveEndpoint(k)
+			}
 			delete(t.capKV, k)
 		}
 	}
@@ -61,30 +65,49 @@ func (t *prefixTracker) sync(c *Candidates) {
 }
 
 // match fills c.matched with the number of leading prompt blocks each
-// candidate holds and returns the largest.
+// candidate holds and returns the largest. With an events index it also
+// fills c.confirmed with the blocks the engines reported, and c.matched
+// becomes the larger of the two.
 func (t *prefixTracker) match(c *Candidates) int {
 	t.sync(c)
-	n := c.Len()
-	c.matched = growInt32(c.matched, n)
-	clear(c.matched)
-	if len(c.req.Prefix) == 0 {
-		return 0
+	c.matched = t.matchInto(c, t.index, c.matched)
+	if t.events == nil {
+		return maxInt32(c.matched)
 	}
-	c.matches = t.index.Match(c.req.Prefix, c.Now(), c.matches[:0])
+	c.confirmed = t.matchInto(c, t.events, c.confirmed)
+	for i, b := range c.confirmed {
+		c.matched[i] = max(c.matched[i], b)
+	}
+	return maxInt32(c.matched)
+}
+
+// matchInto sets dst, resized to the candidates, to the leading prompt
+// blocks each candidate holds in ix.
+func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) []int32 {
+	dst = growInt32(dst, c.Len())
+	clear(dst)
+	if len(c.req.Prefix) == 0 {
+		return dst
+	}
+	c.matches = ix.Match(c.req.Prefix, c.Now(), c.matches[:0])
 	if len(c.matches) == 0 {
-		return 0
+		return dst
 	}
 	cand := c.memberToCandidate()
-	best := 0
 	for _, m := range c.matches {
-		mi, ok := c.snap.member(m.Endpoint)
-		if !ok || cand[mi] < 0 {
-			continue
+		if mi, ok := c.snap.member(m.Endpoint); ok && cand[mi] >= 0 {
+			dst[cand[mi]] = int32(m.Blocks)
 		}
-		c.matched[cand[mi]] = int32(m.Blocks)
-		best = max(best, m.Blocks)
 	}
-	return best
+	return dst
+}
+
+func maxInt32(s []int32) int {
+	best := int32(0)
+	for _, v := range s {
+		best = max(best, v)
+	}
+	return int(best)
 }
 
 // cachedTokens converts matched blocks into prompt tokens.

@@ -77,10 +77,12 @@ type IndexConfig struct {
 	// records the router's decisions, so a request that arrives while an
 	// earlier one with the same prefix is still in prefill already sees
 	// where that prefix is going; the events report it only once the
-	// prefill is done. In llmlb's simulator, events alone give the shorter
-	// TTFT tail at nominal load (p99 294 ms against 329 with decisions
-	// too), and decisions too the higher goodput under overload (42.4
-	// against 42.0 requests per second within the SLO at 1.15x that load).
+	// prefill is done. Each has its price: in llmlb's simulator, events
+	// alone gave the shorter TTFT tail at nominal load and collapsed under
+	// overload, where requests for a prefix in prefill went elsewhere and
+	// prefilled it again. llmlb.Default can read both, an events-only index
+	// next to the one it records its decisions in (DefaultConfig.Events),
+	// and weigh each where it pays.
 	EventsOnly bool
 }
 
@@ -202,6 +204,10 @@ func NewIndex(c IndexConfig) (*Index, error) {
 		holders:      holderTable{seed: rand.Uint64()},
 	}, nil
 }
+
+// EventsOnly reports whether the index ignores [Index.Record] and holds only
+// what engine KV events report ([IndexConfig.EventsOnly]).
+func (x *Index) EventsOnly() bool { return x.eventsOnly }
 
 // BlockSize returns the number of tokens per block the index expects.
 func (x *Index) BlockSize() int { return x.blockSize }

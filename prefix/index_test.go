@@ -435,7 +435,13 @@ func must(t testing.TB, err error) {
 }
 
 func TestEventsOnly(t *testing.T) {
+	if mustIndex(t, IndexConfig{}).EventsOnly() {
+		t.Fatal("the zero IndexConfig is events-only")
+	}
 	x := mustIndex(t, IndexConfig{BlockSize: 16, EventsOnly: true})
+	if !x.EventsOnly() {
+		t.Fatal("EventsOnly() = false for an events-only index")
+	}
 	p := chainOf(7, 6)
 	must(t, x.Record("a", p, t0))
 	if n := x.MatchLen("a", p, t0); n != 0 {

@@ -122,12 +122,16 @@ func Policies() []PolicySpec {
 			return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
 		}},
 		{Name: "segregated", Doc: "prompts >= 8k tokens to a pool sized by their token share; least tokens in each pool", New: newSegregated},
-		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; cache state from KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
-			ix, err := newEventIndex(env)
+		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			ix, err := newIndex(env)
 			if err != nil {
 				return nil, err
 			}
-			return llmlb.Default(llmlb.DefaultConfig{Index: ix})
+			events, err := newEventIndex(env)
+			if err != nil {
+				return nil, err
+			}
+			return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: events})
 		}},
 		{Name: "default-approx", Doc: "llmlb.Default with cache state guessed from its own decisions, for engines that publish no KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			ix, err := newIndex(env)

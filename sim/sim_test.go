@@ -281,8 +281,9 @@ func TestPolicyNamesUnique(t *testing.T) {
 // On the chat scenario, where most reuse is a conversation's own history,
 // round robin serves about as few prompt tokens from cache as the routing
 // chapter's table says (12%), and every policy that routes on prefixes
-// serves at least 3x more; llmlb.Default has the best goodput and a TTFT
-// tail no worse than any anchor preset's.
+// serves at least 3x more; llmlb.Default has the best goodput, a TTFT tail
+// no worse than any anchor preset's, and 85% of the infinite-cache hit
+// rate.
 func TestChatAffinity(t *testing.T) {
 	sc, err := LookupScenario("chat")
 	if err != nil {
@@ -315,8 +316,12 @@ func TestChatAffinity(t *testing.T) {
 			t.Errorf("%s hit rate %.3f, want at least 3x round robin's %.3f", name, r.PrefixHitRate, rr.PrefixHitRate)
 		}
 	}
-	if d := m["default"]; d.GoodputRPS < best {
+	d := m["default"]
+	if d.GoodputRPS < best {
 		t.Errorf("default goodput %.3f/s < %.3f/s of another policy", d.GoodputRPS, best)
+	}
+	if bound := InfiniteCacheHitRate(reqs); d.PrefixHitRate < 0.85*bound {
+		t.Errorf("default hit rate %.3f < 85%% of the infinite-cache bound %.3f", d.PrefixHitRate, bound)
 	}
 	checkTailVsAnchors(t, m)
 }
