@@ -29,56 +29,45 @@ const (
 	DefaultRequests = 12000
 	// DefaultRate is the arrival rate of the default scenario, in requests
 	// per second for 8 replicas.
-	DefaultRate = 37.0
-	// ChatRate is the arrival rate of the chat scenario, in requests per
-	// second for 8 replicas.
-	ChatRate = 36.0
+	DefaultRate = 36.0
+	// PrefixRate is the arrival rate of the prefixes scenario, in requests
+	// per second for 8 replicas.
+	PrefixRate = 37.0
 )
-
-// ChatSynthetic returns the workload of the chat scenario: the default
-// workload with half of the arrivals continuing one of 128 recent
-// conversations and 20% of fresh requests on a shared prefix, so that 60% of
-// requests share a prefix, most of it a conversation's own history, which
-// only the replica that served the previous turn holds.
-func ChatSynthetic(n int, rate float64) Synthetic {
-	w := DefaultSynthetic(n, rate)
-	w.SessionShare, w.Sessions, w.PrefixShare = 0.5, 128, 0.2
-	return w
-}
 
 // Scenarios returns the presets, in display order:
 //
 //   - default: 8 replicas behind one router scraping every second;
-//     heavy-tailed prompts and outputs, 60% of fresh requests starting with
-//     one of 32 Zipf-popular shared prefixes, multi-turn sessions and agent
-//     bursts ([DefaultSynthetic]); load high enough that round robin misses
-//     the SLO (TTFT <= 2 s, TPOT <= 50 ms) for a noticeable share.
-//   - chat: the default cluster under a chat-heavy workload
-//     ([ChatSynthetic]): prefix reuse comes mostly from conversation
-//     histories, which round robin scatters, as in the routing chapter's
-//     simulated table (round robin 12% of prompt tokens from cache).
+//     heavy-tailed prompts and outputs, 60% of requests sharing a prefix,
+//     mostly their own conversation's history ([DefaultSynthetic]), as in
+//     the routing chapter's simulated table; load high enough that round
+//     robin misses the SLO (TTFT <= 2 s, TPOT <= 50 ms) for half of the
+//     requests.
+//   - prefixes: the same cluster when most reuse is a few popular shared
+//     prefixes, such as system prompts, which every replica ends up caching
+//     ([PrefixSynthetic]).
 //   - herding: 5 replicas behind 4 routers that scrape in phase every 10 mean
 //     inter-arrival times; compares trusting the stale scrape with
 //     correcting it by the router's own dispatches, for a full scan and for
 //     P2C.
 func Scenarios() []Scenario {
 	herdRate := 20.0
-	herd := DefaultSynthetic(4000, herdRate)
+	herd := PrefixSynthetic(4000, herdRate)
 	herd.PrefixShare, herd.SessionShare, herd.FanoutShare = 0, 0, 0
 	herd.Prompt.Sigma, herd.Output.Sigma = 0.3, 0.3
 	return []Scenario{
 		{
 			Name:     "default",
-			Doc:      "8 replicas, 1 router, heavy-tailed lengths, 60% shared prefixes",
+			Doc:      "8 replicas, 1 router, heavy-tailed lengths, 60% of requests share a prefix, mostly a conversation's",
 			Config:   Config{Replicas: 8, Routers: 1, Scrape: time.Second},
 			Workload: DefaultSynthetic(DefaultRequests, DefaultRate),
 			Policies: DefaultPolicies(),
 		},
 		{
-			Name:     "chat",
-			Doc:      "8 replicas, 1 router, half of the arrivals continue one of 128 conversations",
+			Name:     "prefixes",
+			Doc:      "8 replicas, 1 router, 60% of fresh requests on 32 Zipf-popular shared prefixes",
 			Config:   Config{Replicas: 8, Routers: 1, Scrape: time.Second},
-			Workload: ChatSynthetic(DefaultRequests, ChatRate),
+			Workload: PrefixSynthetic(DefaultRequests, PrefixRate),
 			Policies: DefaultPolicies(),
 		},
 		{

@@ -70,7 +70,7 @@ func validateRequests(reqs []Request, blockSize int) error {
 const maxTokens = 1 << 24
 
 // Synthetic describes a generated workload. Its zero value is not useful:
-// start from [DefaultSynthetic] and change fields. Every arrival is one of:
+// start from [DefaultSynthetic] or [PrefixSynthetic] and change fields. Every arrival is one of:
 // a follow-up turn of a recent multi-turn session (SessionShare), the start
 // of an agent fan-out burst (FanoutShare), or a fresh request, which starts
 // with one of PrefixGroups shared prefixes with probability PrefixShare.
@@ -127,13 +127,24 @@ func (d LogNormal) validate(name string) error {
 	return nil
 }
 
-// DefaultSynthetic returns the workload of the default scenario: n requests
+// DefaultSynthetic returns the workload of the default scenario: that of
+// [PrefixSynthetic] with half of the arrivals continuing one of 128 recent
+// conversations and 20% of fresh requests on a shared prefix, so that 60% of
+// requests share a prefix, most of it their own conversation's history,
+// which only the replica that served the previous turn holds.
+func DefaultSynthetic(n int, rate float64) Synthetic {
+	w := PrefixSynthetic(n, rate)
+	w.SessionShare, w.Sessions, w.PrefixShare = 0.5, 128, 0.2
+	return w
+}
+
+// PrefixSynthetic returns the workload of the prefixes scenario: n requests
 // at rate requests per second, Poisson arrivals, log-normal prompts (median
 // 1000 tokens, capped at 16k) and outputs (median 150, capped at 2k), 60% of
 // fresh requests starting with one of 32 shared prefixes (Zipf 1.1, median
 // 1500 tokens), 15% of arrivals continuing one of 64 recent sessions and 1%
 // starting an agent burst of 8.
-func DefaultSynthetic(n int, rate float64) Synthetic {
+func PrefixSynthetic(n int, rate float64) Synthetic {
 	return Synthetic{
 		Requests:     n,
 		Rate:         rate,

@@ -6,7 +6,8 @@
 //	llmlb-sim [flags]
 //
 // With no flags it runs the default scenario (8 replicas, heavy-tailed
-// lengths, 60% shared prefixes) under every policy and prints a table. See
+// lengths, 60% of requests sharing a prefix, mostly a conversation's
+// history) under every policy and prints a table. See
 // package github.com/llmlb/llmlb/sim for the model and the meaning of each
 // column. -svg writes one SVG file holding two plots: the TTFT CDF of every
 // policy and the outstanding requests of each replica over time under the
@@ -61,7 +62,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("llmlb-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		scenario  = fs.String("scenario", "default", "preset: default, chat or herding")
+		scenario  = fs.String("scenario", "default", "preset: default, prefixes or herding")
 		policies  = fs.String("policies", "", "comma-separated policies (default: the scenario's list; \"all\" for every policy)")
 		trace     = fs.String("trace", "", "replay a trace file instead of the synthetic workload")
 		format    = fs.String("format", "", "trace format: mooncake or azure (detected when empty)")
