@@ -98,7 +98,7 @@ func (b *lbBalancer) newLLMLB(cfg *Config) (*llmlb.Balancer, error) {
 func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 	cfg, _ := ccs.BalancerConfig.(*Config)
 	if cfg == nil {
-		cfg = &Config{Policy: DefaultPolicy, index: b.builder.opts.Index}
+		cfg = &Config{Policy: DefaultPolicy, index: b.builder.opts.Index, events: b.builder.opts.Events}
 	}
 	b.mu.Lock()
 	if b.lb == nil || !cfg.sameBalancer(b.cfg) {

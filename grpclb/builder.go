@@ -59,6 +59,11 @@ type Options struct {
 	// if set, must equal its block size. Nil means each balancer has its
 	// own index, fed by its own picks.
 	Index *prefix.Index
+	// Events, if set, is an index fed by engine KV events alone
+	// (prefix.IndexConfig.EventsOnly), which the "default" policy of every
+	// channel reads next to its own decisions (llmlb.DefaultConfig.Events).
+	// Its block size must be that of the policy's index.
+	Events *prefix.Index
 	// NewRand returns the random source of a new balancer (one per channel
 	// and config). Nil means math/rand/v2's global generator.
 	NewRand func() rand.Source
@@ -90,6 +95,9 @@ func NewBuilder(opts Options) (*Builder, error) {
 	}
 	if strings.ToLower(opts.Name) != opts.Name || strings.ContainsAny(opts.Name, " \t\r\n") {
 		return nil, fmt.Errorf("%w: name %q must be lower case without spaces", ErrInvalidOptions, truncate(opts.Name))
+	}
+	if opts.Events != nil && !opts.Events.EventsOnly() {
+		return nil, fmt.Errorf("%w: Events must be an events-only index (prefix.IndexConfig.EventsOnly)", ErrInvalidOptions)
 	}
 	return &Builder{opts: opts}, nil
 }
@@ -123,7 +131,7 @@ func (b *Builder) Name() string { return b.opts.Name }
 // parameter, a parameter the policy does not take, or a value the policy
 // rejects; grpc then keeps the channel's previous config.
 func (b *Builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
-	return parseConfig(js, b.opts.Index)
+	return parseConfig(js, b.opts.Index, b.opts.Events)
 }
 
 // Build returns a new balancer for the channel cc. It is called by grpc.

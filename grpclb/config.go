@@ -108,8 +108,9 @@ type Config struct {
 	ActiveWeight  *float64 `json:"activeWeight,omitempty"`
 	Temperature   *float64 `json:"temperature,omitempty"`
 
-	// index is Options.Index of the builder that parsed the config.
-	index *prefix.Index
+	// index and events are Options.Index and Options.Events of the builder
+	// that parsed the config.
+	index, events *prefix.Index
 }
 
 // Duration is a time.Duration written in JSON as a string such as "10s".
@@ -222,7 +223,7 @@ var policies = []policySpec{
 		if err != nil {
 			return nil, err
 		}
-		return llmlb.Default(llmlb.DefaultConfig{Index: ix, CacheWeight: c.CacheWeight, FootprintWeight: c.FootprintWeight,
+		return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: c.events, CacheWeight: c.CacheWeight, FootprintWeight: c.FootprintWeight,
 			KVPenalty: c.KVPenalty, Sampled: c.Sampled, Holders: c.Holders})
 	}},
 }
@@ -275,11 +276,11 @@ func index(c *Config) (*prefix.Index, error) {
 
 // parseConfig parses and validates a balancer config. It builds the policy
 // and the balancer options once to validate them; Build builds its own.
-func parseConfig(js []byte, ix *prefix.Index) (*Config, error) {
+func parseConfig(js []byte, ix, events *prefix.Index) (*Config, error) {
 	if len(js) > maxConfigBytes {
 		return nil, fmt.Errorf("%w: config is %d bytes, above %d", ErrInvalidConfig, len(js), maxConfigBytes)
 	}
-	cfg := &Config{index: ix}
+	cfg := &Config{index: ix, events: events}
 	trimmed := bytes.TrimSpace(js)
 	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
 		cfg.Policy = DefaultPolicy

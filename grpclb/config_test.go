@@ -201,3 +201,53 @@ func TestSharedIndex(t *testing.T) {
 		t.Errorf("shared index matches %d blocks on the picked endpoint %s, want %d", got, key, len(blocks))
 	}
 }
+
+// TestEventsIndex checks Options.Events: it must be events-only, its block
+// size must match the policy's index, and "default" routes to the endpoint
+// the events report holding the prompt.
+func TestEventsIndex(t *testing.T) {
+	plain, _ := prefix.NewIndex(prefix.IndexConfig{})
+	if _, err := grpclb.NewBuilder(grpclb.Options{Events: plain}); !errors.Is(err, grpclb.ErrInvalidOptions) {
+		t.Fatalf("Events that is not events-only: %v, want ErrInvalidOptions", err)
+	}
+	events, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16, EventsOnly: true})
+	b, err := grpclb.NewBuilder(grpclb.Options{Events: events})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ParseConfig(json.RawMessage(`{"policy": "default", "blockTokens": 32}`)); !errors.Is(err, grpclb.ErrInvalidConfig) {
+		t.Fatalf("blockTokens 32 with 16-token events: %v, want ErrInvalidConfig", err)
+	}
+	p, closeFn := readyPicker(t, b, `{"policy": "default", "blockTokens": 16}`, 3)
+	defer closeFn()
+	// Learn the endpoints' addresses, then report the prompt on one of them.
+	seen := map[string]bool{}
+	for range 60 {
+		r, err := p.Pick(balancer.PickInfo{Ctx: context.Background()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[r.SubConn.(*fakeSC).addr] = true
+		r.Done(balancer.DoneInfo{})
+	}
+	var holder string
+	for addr := range seen {
+		holder = addr
+		break
+	}
+	blocks := []uint64{5, 6, 7, 8, 9, 10, 11, 12}
+	if err := events.Stored(holder, 16, blocks...); err != nil {
+		t.Fatal(err)
+	}
+	ctx := grpclb.WithRequest(context.Background(), &llmlb.Request{PromptTokens: 128, Prefix: blocks})
+	for range 10 {
+		r, err := p.Pick(balancer.PickInfo{Ctx: ctx})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.SubConn.(*fakeSC).addr; got != holder {
+			t.Fatalf("picked %s, want %s, which the events report holding the prompt", got, holder)
+		}
+		r.Done(balancer.DoneInfo{})
+	}
+}
