@@ -51,7 +51,9 @@
 //   - [Default]: the recommended policy. It prices queueing and cache
 //     misses in the same unit (prefill tokens), so locality yields to load
 //     exactly when the queue in front of a prefix holder costs more than its
-//     cache saves, and holds on to locality when every queue is long.
+//     cache saves, and holds on to locality when every queue is long. Given
+//     an index of engine KV events ([DefaultConfig].Events) it credits only
+//     what the engines hold, and more, at nominal load.
 //
 // Ties are always broken at random, never by position. A custom Policy
 // implements Choose over [Candidates], which exposes each candidate's
