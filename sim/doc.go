@@ -39,7 +39,9 @@
 // for the cluster) and returns a [Result] per policy: TTFT, TPOT and E2E
 // percentiles, SLO attainment and goodput, prefix hit rate, throughput,
 // assignment gap, preemptions, and the herding metrics (skew of outstanding
-// requests across replicas, pile-up share). [Report] prints them as a table,
+// requests across replicas, pile-up share). Two references bound the hit
+// rates: [InfiniteCacheHitRate] and [PooledCacheHitRate], what one LRU cache
+// as large as the whole cluster's would reach. [Report] prints them as a table,
 // JSON or SVG. Policies are looked up by name in [Policies], which includes
 // an oracle with perfect knowledge of the replicas as the upper bound;
 // [Scenarios] holds the presets of the llmlb-sim command.

@@ -46,6 +46,9 @@ type ScenarioInfo struct {
 	// InfiniteCacheHitRate bounds every policy's prefix hit rate (see
 	// [InfiniteCacheHitRate]).
 	InfiniteCacheHitRate float64 `json:"infinite_cache_hit_rate"`
+	// PooledCacheHitRate is what one LRU cache as large as all replicas'
+	// KV caches together would reach (see [PooledCacheHitRate]).
+	PooledCacheHitRate float64 `json:"pooled_cache_hit_rate"`
 	// Herding asks the table for the skew columns.
 	Herding bool `json:"herding,omitempty"`
 }
@@ -67,6 +70,7 @@ func (info *ScenarioInfo) Describe(cfg Config, reqs []Request) error {
 	info.KVBlocks, info.BlockSize = cfg.Engine.KVBlocks, cfg.Engine.BlockSize
 	info.TokenBudget, info.MaxRunning = cfg.Engine.TokenBudget, cfg.Engine.MaxRunning
 	info.InfiniteCacheHitRate = InfiniteCacheHitRate(reqs)
+	info.PooledCacheHitRate = PooledCacheHitRate(reqs, cfg.Replicas*cfg.Engine.KVBlocks*cfg.Engine.BlockSize)
 	return nil
 }
 
@@ -88,8 +92,8 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	fmt.Fprintf(w, "scenario %s: %d requests at %.1f req/s, %d replicas, %d router(s), scrape %v%s, seed %d\n",
 		src, s.Requests, s.ArrivalRate, s.Replicas, s.Routers, time.Duration(s.ScrapeMs*float64(time.Millisecond)),
 		map[bool]string{true: " staggered", false: ""}[s.Stagger], s.Seed)
-	fmt.Fprintf(w, "SLO: TTFT <= %gms and TPOT <= %gms; KV %d blocks x %d tokens; infinite-cache hit bound %.1f%%\n\n",
-		s.SLOTTFTMs, s.SLOTPOTMs, s.KVBlocks, s.BlockSize, 100*s.InfiniteCacheHitRate)
+	fmt.Fprintf(w, "SLO: TTFT <= %gms and TPOT <= %gms; KV %d blocks x %d tokens; prefix hits: infinite-cache bound %.1f%%, one cluster-sized LRU cache %.1f%%\n\n",
+		s.SLOTTFTMs, s.SLOTPOTMs, s.KVBlocks, s.BlockSize, 100*s.InfiniteCacheHitRate, 100*s.PooledCacheHitRate)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "policy\tdone\tTTFT p50\tp95\tp99\tmax\tTPOT p50\tp99\tE2E p50\tp99\tSLO\tgoodput\thit\ttok/s\tgap\tpreempt\t"
 	if s.Herding {

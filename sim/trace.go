@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // Trace formats accepted by [ReadTrace].
@@ -273,6 +275,48 @@ func toRequests(lines []traceLine, blockTokens int, opt TraceOptions) ([]Request
 		out[i] = req
 	}
 	return out, nil
+}
+
+// PooledCacheHitRate returns the prefix hit rate that one LRU cache of
+// tokens tokens, shared by all replicas, would reach on reqs: each request's
+// blocks, in order, hit while they are cached and are then cached as the
+// most recently used, evicting the least recently used. With tokens the
+// cluster's total KV capacity, it shows how much of [InfiniteCacheHitRate]
+// finite caches can reach at all; it is a reference rather than a strict
+// bound, since LRU is not the best eviction order. It returns 0 when tokens
+// holds no block.
+func PooledCacheHitRate(reqs []Request, tokens int) float64 {
+	var cache *simplelru.LRU[uint64, struct{}]
+	var hit, total int64
+	for i := range reqs {
+		r := &reqs[i]
+		total += int64(r.PromptTokens)
+		if len(r.Prefix) == 0 {
+			continue
+		}
+		if cache == nil {
+			n := tokens / r.BlockTokens
+			if n < 1 {
+				return 0
+			}
+			cache, _ = simplelru.NewLRU[uint64, struct{}](n, nil)
+		}
+		for j, h := range r.Prefix {
+			n := min(r.BlockTokens, r.PromptTokens-j*r.BlockTokens)
+			if n <= 0 {
+				break
+			}
+			if _, ok := cache.Get(h); ok {
+				hit += int64(n)
+			} else {
+				cache.Add(h, struct{}{})
+			}
+		}
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(hit) / float64(total)
 }
 
 // InfiniteCacheHitRate returns the prefix hit rate an infinite cache shared

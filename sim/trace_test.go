@@ -204,7 +204,8 @@ func TestMooncakeReplay(t *testing.T) {
 // non-oracle policies, a TTFT p99 no worse than the best anchor preset's,
 // and, like the other cache-aware policies, at least 3x round robin's hit
 // rate; with the larger cache its hit rate reaches 85% of the infinite-cache
-// bound.
+// bound, and with either, 85% of what one LRU cache as large as the whole
+// cluster's would.
 func TestMooncakeCacheAware(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays the whole trace twice")
@@ -251,5 +252,34 @@ func TestMooncakeCacheAware(t *testing.T) {
 		if bound := InfiniteCacheHitRate(reqs); kv == 131072 && d.PrefixHitRate < 0.85*bound {
 			t.Errorf("KV %d: default hit rate %.3f < 85%% of the infinite-cache bound %.3f", kv, d.PrefixHitRate, bound)
 		}
+		// With the smaller cache even one LRU cache as large as all eight
+		// replicas' together gets only about 39%; default reaches 85% of
+		// that.
+		if pooled := PooledCacheHitRate(reqs, 8*kv*DefaultBlockSize); d.PrefixHitRate < 0.85*pooled {
+			t.Errorf("KV %d: default hit rate %.3f < 85%% of one cluster-sized LRU cache's %.3f", kv, d.PrefixHitRate, pooled)
+		}
+	}
+}
+
+func TestPooledCacheHitRate(t *testing.T) {
+	// Three prompts of two 64-token blocks: a, then b (distinct), then a
+	// again. A cache of 4 blocks keeps a; one of 2 blocks evicted it.
+	a := []uint64{ChainHash(0, 1), ChainHash(ChainHash(0, 1), 2)}
+	b := []uint64{ChainHash(0, 3), ChainHash(ChainHash(0, 3), 4)}
+	reqs := []Request{
+		{PromptTokens: 128, OutputTokens: 1, BlockTokens: 64, Prefix: a},
+		{PromptTokens: 128, OutputTokens: 1, BlockTokens: 64, Prefix: b},
+		{PromptTokens: 128, OutputTokens: 1, BlockTokens: 64, Prefix: a},
+	}
+	for _, tc := range []struct {
+		tokens int
+		want   float64
+	}{{4 * 64, 128.0 / 384}, {2 * 64, 0}, {10, 0}, {1 << 20, InfiniteCacheHitRate(reqs)}} {
+		if got := PooledCacheHitRate(reqs, tc.tokens); got != tc.want {
+			t.Errorf("PooledCacheHitRate(%d tokens) = %v, want %v", tc.tokens, got, tc.want)
+		}
+	}
+	if got := PooledCacheHitRate(nil, 1<<20); got != 0 {
+		t.Errorf("no requests: %v, want 0", got)
 	}
 }
