@@ -228,10 +228,9 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		c.loadInto(int(i), &c.loads[i])
 		waiting += float64(c.loads[i].Waiting)
 	}
-	// k is the cost of an uncached prompt token, in prefill tokens, and kp
-	// the credit of a token only sent for (with an Events index).
+	// over is the overload term; k = CacheWeight + over is the cost of an
+	// uncached prompt token, in prefill tokens.
 	over := p.overWeight * max(p.smoothWaiting(waiting/float64(len(pick)))-p.overQueue, 0)
-	k, kp := p.cacheWeight+over, over
 	c.costs = growFloat64(c.costs, n)
 	if len(pick) < n {
 		for i := range c.costs {
@@ -240,7 +239,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	}
 	for _, i := range pick {
 		l := &c.loads[i]
-		c.costs[i] = p.cost(c, int(i), l, avg, k, kp) / l.Weight
+		c.costs[i] = p.cost(c, int(i), l, avg, over) / l.Weight
 	}
 	best := pickBy(c, func(i int) (float64, float64) { return c.costs[i], 0 })
 	p.t.record(c, best, &c.loads[best])
@@ -285,9 +284,10 @@ func (p *defaultPolicy) scored(c *Candidates, n int) []int32 {
 }
 
 // cost is the estimated cost, in prefill tokens, of sending the request to
-// candidate i, where k is the cost of one uncached prompt token and kp the
-// credit of a prompt token only sent for, not reported by engine events.
-func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, k, kp float64) float64 {
+// candidate i, given the overload term over: an uncached prompt token costs
+// CacheWeight + over, and a token only sent for, not reported by engine
+// events, is credited over.
+func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, over float64) float64 {
 	prompt := float64(c.req.PromptTokens)
 	cached := float64(p.t.cachedTokens(c, int(c.matched[i])))
 	sure := cached
@@ -304,7 +304,7 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, k
 		footprint = max(footprint, l.KVUsage*capacity)
 	}
 	demand := kvUsage(l)*capacity + queued + prompt - cached + float64(c.reqTok-int64(c.req.PromptTokens))
-	return queued + p.queueWeight*float64(l.Waiting)*avgPrompt + k*(prompt-sure) - kp*(cached-sure) +
+	return queued + p.queueWeight*float64(l.Waiting)*avgPrompt + (p.cacheWeight+over)*(prompt-sure) - over*(cached-sure) +
 		p.footprint*footprint +
 		p.kvPenalty*max(demand-capacity, 0)
 }
