@@ -36,6 +36,12 @@ type PolicyEnv struct {
 // BlockTokens. A policy that subscribes knows what the engines hold instead
 // of guessing it from its own decisions.
 func (e *PolicyEnv) SubscribeKVEvents(ix *prefix.Index) error {
+	switch {
+	case e.run == nil:
+		return fmt.Errorf("%w: SubscribeKVEvents on a PolicyEnv the simulator did not create", ErrInvalidConfig)
+	case ix == nil:
+		return fmt.Errorf("%w: SubscribeKVEvents of a nil index", ErrInvalidConfig)
+	}
 	if ix.BlockSize() != e.BlockTokens {
 		return fmt.Errorf("%w: index block size %d, workload %d tokens per hash", ErrInvalidConfig, ix.BlockSize(), e.BlockTokens)
 	}

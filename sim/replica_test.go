@@ -267,4 +267,10 @@ func TestKVEventsMirrorCaches(t *testing.T) {
 	if err := bad.SubscribeKVEvents(other); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("subscribing an index of another block size: %v, want ErrInvalidConfig", err)
 	}
+	if err := bad.SubscribeKVEvents(nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("subscribing a nil index: %v, want ErrInvalidConfig", err)
+	}
+	if err := new(PolicyEnv).SubscribeKVEvents(ix); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("subscribing outside a simulation: %v, want ErrInvalidConfig", err)
+	}
 }
