@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // replica is an Endpoint: anything with a stable key.
@@ -127,4 +128,42 @@ func ExamplePolicy() {
 	}
 	fmt.Println(len(seen))
 	// Output: 1
+}
+
+// Engines that publish KV events (vLLM's BlockStored and BlockRemoved) tell
+// Default what they really hold: feed the events to an events-only index and
+// pass it as DefaultConfig.Events.
+func ExampleDefault_events() {
+	hasher, err := prefix.NewHasher(prefix.HasherConfig{})
+	if err != nil {
+		panic(err)
+	}
+	events, err := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+	if err != nil {
+		panic(err)
+	}
+	policy, err := llmlb.Default(llmlb.DefaultConfig{Events: events})
+	if err != nil {
+		panic(err)
+	}
+	b, err := llmlb.New(policy, llmlb.WithRand(rand.NewPCG(1, 2)))
+	if err != nil {
+		panic(err)
+	}
+	_ = b.Update([]llmlb.Endpoint{replica("a:8000"), replica("b:8000"), replica("c:8000")})
+
+	prompt := make([]uint32, 2048) // the prompt's token IDs
+	for i := range prompt {
+		prompt[i] = uint32(i % 1000)
+	}
+	blocks := hasher.HashTokens(prefix.Salt{Model: "llama-3-8b"}, prompt)
+	// b:8000 reports that it stored the prompt's blocks.
+	if err := events.Stored("b:8000", hasher.BlockTokens(), blocks...); err != nil {
+		panic(err)
+	}
+	p, _ := b.Pick(context.Background(), &llmlb.Request{PromptTokens: len(prompt), MaxTokens: 256, Prefix: blocks})
+	fmt.Println(p.Endpoint().Key())
+	p.Done(nil)
+	// Output:
+	// b:8000
 }
