@@ -61,8 +61,10 @@ type Options struct {
 	Index *prefix.Index
 	// Events, if set, is an index fed by engine KV events alone
 	// (prefix.IndexConfig.EventsOnly), which the "default" policy of every
-	// channel reads next to its own decisions (llmlb.DefaultConfig.Events).
-	// Its block size must be that of the policy's index.
+	// channel reads next to its own decisions (llmlb.DefaultConfig.Events)
+	// and "dynamo-kv" reads instead of Index, as Dynamo's router does when
+	// its workers publish events. Its block size must be that of the
+	// policy's index.
 	Events *prefix.Index
 	// NewRand returns the random source of a new balancer (one per channel
 	// and config). Nil means math/rand/v2's global generator.

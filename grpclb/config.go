@@ -198,6 +198,12 @@ var policies = []policySpec{
 		if err != nil {
 			return nil, err
 		}
+		if c.events != nil { // Dynamo's router with workers that publish events
+			if c.BlockTokens != 0 && c.BlockTokens != c.events.BlockSize() {
+				return nil, fmt.Errorf("blockTokens %d differs from the block size %d of Options.Events", c.BlockTokens, c.events.BlockSize())
+			}
+			ix = c.events
+		}
 		kc := llmlb.DynamoKVCostConfig()
 		kc.Index = ix
 		for _, f := range []struct {

@@ -218,7 +218,15 @@ func TestEventsIndex(t *testing.T) {
 	if _, err := b.ParseConfig(json.RawMessage(`{"policy": "default", "blockTokens": 32}`)); !errors.Is(err, grpclb.ErrInvalidConfig) {
 		t.Fatalf("blockTokens 32 with 16-token events: %v, want ErrInvalidConfig", err)
 	}
-	p, closeFn := readyPicker(t, b, `{"policy": "default", "blockTokens": 16}`, 3)
+	for i, policy := range []string{"default", "dynamo-kv"} {
+		t.Run(policy, func(t *testing.T) { checkEventsRouting(t, b, events, policy, uint64(100*i)) })
+	}
+}
+
+// checkEventsRouting checks that policy on b routes a prompt (its block
+// hashes start at base) to the endpoint that events reports holding it.
+func checkEventsRouting(t *testing.T, b *grpclb.Builder, events *prefix.Index, policy string, base uint64) {
+	p, closeFn := readyPicker(t, b, `{"policy": "`+policy+`", "blockTokens": 16}`, 3)
 	defer closeFn()
 	// Learn the endpoints' addresses, then report the prompt on one of them.
 	seen := map[string]bool{}
@@ -235,7 +243,7 @@ func TestEventsIndex(t *testing.T) {
 		holder = addr
 		break
 	}
-	blocks := []uint64{5, 6, 7, 8, 9, 10, 11, 12}
+	blocks := []uint64{base + 5, base + 6, base + 7, base + 8, base + 9, base + 10, base + 11, base + 12}
 	if err := events.Stored(holder, 16, blocks...); err != nil {
 		t.Fatal(err)
 	}
