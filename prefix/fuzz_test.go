@@ -41,14 +41,24 @@ func FuzzIndex(f *testing.F) {
 	}
 	f.Add(seed)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		runOps(t, data)
+		runOps(t, data, false)
 	})
 }
 
-func runOps(t *testing.T, data []byte) {
+// FuzzIndexEventsOnly is FuzzIndex on an events-only index: records add
+// endpoints but never blocks.
+func FuzzIndexEventsOnly(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 5, 2, 1, 0, 9, 6, 0, 0, 9})
+	f.Add([]byte{2, 1, 2, 8, 0, 1, 2, 8, 3, 1, 2, 9, 6, 1, 2, 9})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		runOps(t, data, true)
+	})
+}
+
+func runOps(t *testing.T, data []byte, eventsOnly bool) {
 	// TTL/64 is 10ms, one time step: records one step apart exercise the
 	// update slack, and matches land exactly on expiry instants.
-	cfg := IndexConfig{BlockSize: 16, Capacity: 6, TTL: 640 * time.Millisecond, MaxEndpoints: 70}
+	cfg := IndexConfig{BlockSize: 16, Capacity: 6, TTL: 640 * time.Millisecond, MaxEndpoints: 70, EventsOnly: eventsOnly}
 	x, err := NewIndex(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +150,7 @@ func TestIndexRandomOps(t *testing.T) {
 		for j := range data {
 			data[j] = byte(r.Uint32())
 		}
-		runOps(t, data)
+		runOps(t, data, i%4 == 3)
 	}
 }
 

@@ -11,11 +11,12 @@ import (
 // model is a plain reference implementation of Index: per endpoint, a slice
 // ordered from least to most recently used.
 type model struct {
-	blockSize int
-	defCap    int
-	ttl       int64
-	maxEPs    int
-	eps       map[string]*modelEndpoint
+	blockSize  int
+	defCap     int
+	ttl        int64
+	maxEPs     int
+	eventsOnly bool
+	eps        map[string]*modelEndpoint
 }
 
 type modelEndpoint struct {
@@ -29,7 +30,7 @@ type modelEntry struct {
 }
 
 func newModel(c IndexConfig) *model {
-	return &model{blockSize: c.BlockSize, defCap: c.Capacity, ttl: int64(c.TTL), maxEPs: c.MaxEndpoints, eps: map[string]*modelEndpoint{}}
+	return &model{blockSize: c.BlockSize, defCap: c.Capacity, ttl: int64(c.TTL), maxEPs: c.MaxEndpoints, eventsOnly: c.EventsOnly, eps: map[string]*modelEndpoint{}}
 }
 
 func (m *model) endpoint(key string) *modelEndpoint {
@@ -73,7 +74,9 @@ func (m *model) record(key string, blocks []uint64, t int64) bool {
 	if e == nil {
 		return false
 	}
-	e.touch(blocks, t+m.ttl, m.ttl/64)
+	if !m.eventsOnly {
+		e.touch(blocks, t+m.ttl, m.ttl/64)
+	}
 	return true
 }
 
