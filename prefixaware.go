@@ -18,7 +18,8 @@ const (
 // prefixTracker is the part of a cache-aware policy that knows which
 // endpoint holds which prompt blocks: a prefix.Index fed by the policy's own
 // decisions (and by engine KV events, if the caller feeds the same index),
-// kept in step with the membership.
+// optionally a second index fed by engine KV events alone, both kept in step
+// with the membership.
 type prefixTracker struct {
 	index  *prefix.Index
 	events *prefix.Index // optional: engine KV events only, never recorded into
