@@ -25,12 +25,17 @@ var defaultResults = sync.OnceValues(func() (map[string]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	return byPolicy(res), nil
+})
+
+// byPolicy indexes results by policy name.
+func byPolicy(res []*Result) map[string]*Result {
 	m := make(map[string]*Result, len(res))
 	for _, r := range res {
 		m[r.Policy] = r
 	}
-	return m, nil
-})
+	return m
+}
 
 func defaults(t *testing.T) map[string]*Result {
 	t.Helper()
@@ -163,10 +168,7 @@ func TestHerding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := map[string]*Result{}
-	for _, r := range res {
-		m[r.Policy] = r
-	}
+	m := byPolicy(res)
 	stale, both := m["stale-least-outstanding"], m["p2c"]
 	if both.MeanSkew > stale.MeanSkew/2 {
 		t.Errorf("P2C + own dispatches mean skew %.2f > half of stale least outstanding %.2f", both.MeanSkew, stale.MeanSkew)
@@ -309,10 +311,7 @@ func TestPrefixesScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := make(map[string]*Result, len(res))
-	for _, r := range res {
-		m[r.Policy] = r
-	}
+	m := byPolicy(res)
 	rr := m["round-robin"]
 	for _, name := range affinity {
 		if r := m[name]; r.PrefixHitRate < 1.5*rr.PrefixHitRate {

@@ -3,9 +3,9 @@ package sim
 import (
 	"context"
 	"errors"
-	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -216,48 +216,33 @@ func TestMooncakeCacheAware(t *testing.T) {
 		t.Fatal(err)
 	}
 	policies := []string{"round-robin", "least-tokens", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"}
-	anchors := anchorPresets
-	run := func(kv int) map[string]*Result {
-		res, err := Compare(context.Background(), Config{Seed: 1, Engine: Engine{KVBlocks: kv}}, reqs, policies, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]*Result{}
-		for _, r := range res {
-			m[r.Policy] = r
-		}
-		return m
-	}
-
 	for _, kv := range []int{32768, 131072} {
-		m := run(kv)
-		d, rr := m["default"], m["round-robin"]
-		for _, name := range []string{"sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"} {
-			if m[name].PrefixHitRate < 3*rr.PrefixHitRate {
-				t.Errorf("KV %d: %s hit rate %.3f < 3x round robin's %.3f", kv, name, m[name].PrefixHitRate, rr.PrefixHitRate)
+		t.Run("kv="+strconv.Itoa(kv), func(t *testing.T) {
+			res, err := Compare(context.Background(), Config{Seed: 1, Engine: Engine{KVBlocks: kv}}, reqs, policies, nil)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		for name, r := range m {
-			if name != "default" && r.GoodputRPS > d.GoodputRPS {
-				t.Errorf("KV %d: %s goodput %.3f/s > default %.3f/s", kv, name, r.GoodputRPS, d.GoodputRPS)
+			m := byPolicy(res)
+			rr := m["round-robin"]
+			for _, name := range []string{"sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"} {
+				if m[name].PrefixHitRate < 3*rr.PrefixHitRate {
+					t.Errorf("%s hit rate %.3f < 3x round robin's %.3f", name, m[name].PrefixHitRate, rr.PrefixHitRate)
+				}
 			}
-		}
-		best := math.Inf(1)
-		for _, a := range anchors {
-			best = min(best, m[a].TTFT.P99)
-		}
-		if d.TTFT.P99 > best {
-			t.Errorf("KV %d: default TTFT p99 %.0fms, best anchor preset %.0fms", kv, d.TTFT.P99, best)
-		}
-		if bound := InfiniteCacheHitRate(reqs); kv == 131072 && d.PrefixHitRate < 0.85*bound {
-			t.Errorf("KV %d: default hit rate %.3f < 85%% of the infinite-cache bound %.3f", kv, d.PrefixHitRate, bound)
-		}
-		// With the smaller cache even one LRU cache as large as all eight
-		// replicas' together gets only about 39%; default reaches 85% of
-		// that.
-		if pooled := PooledCacheHitRate(reqs, 8*kv*DefaultBlockSize); d.PrefixHitRate < 0.85*pooled {
-			t.Errorf("KV %d: default hit rate %.3f < 85%% of one cluster-sized LRU cache's %.3f", kv, d.PrefixHitRate, pooled)
-		}
+			// With the smaller cache even one LRU cache as large as all
+			// eight replicas' together gets only about 39% against an
+			// infinite-cache bound of 65%, so the hit rate is held to 85%
+			// of that bound only with the larger cache, and to 85% of the
+			// pooled cache's with both.
+			bound := 0.0
+			if kv == 131072 {
+				bound = InfiniteCacheHitRate(reqs)
+			}
+			checkDefaultBest(t, m, bound)
+			if d, pooled := m["default"], PooledCacheHitRate(reqs, 8*kv*DefaultBlockSize); d.PrefixHitRate < 0.85*pooled {
+				t.Errorf("default hit rate %.3f < 85%% of one cluster-sized LRU cache's %.3f", d.PrefixHitRate, pooled)
+			}
+		})
 	}
 }
 
