@@ -291,8 +291,8 @@ func PooledCacheHitRate(reqs []Request, tokens int) float64 {
 	for i := range reqs {
 		r := &reqs[i]
 		total += int64(r.PromptTokens)
-		if len(r.Prefix) == 0 {
-			continue
+		if len(r.Prefix) == 0 || r.BlockTokens < 1 {
+			continue // shares nothing, or invalid: counts as a miss
 		}
 		if cache == nil {
 			n := tokens / r.BlockTokens

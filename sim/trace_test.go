@@ -267,4 +267,8 @@ func TestPooledCacheHitRate(t *testing.T) {
 	if got := PooledCacheHitRate(nil, 1<<20); got != 0 {
 		t.Errorf("no requests: %v, want 0", got)
 	}
+	bad := []Request{{PromptTokens: 128, OutputTokens: 1, Prefix: a}, reqs[0], reqs[0]}
+	if got := PooledCacheHitRate(bad, 1<<20); got != 128.0/384 {
+		t.Errorf("with a request of zero BlockTokens: %v, want %v (it counts as a miss)", got, 128.0/384)
+	}
 }
