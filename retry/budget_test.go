@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -556,4 +557,17 @@ func BenchmarkBudget(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkSharedCounter is the floor BenchmarkBudget is measured against:
+// one atomic add per request on a word that every P updates, the least any
+// exact shared budget pays. Compare the two in one run.
+func BenchmarkSharedCounter(b *testing.B) {
+	var n atomic.Int64
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			n.Add(1)
+		}
+	})
 }
