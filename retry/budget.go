@@ -120,8 +120,9 @@ const percentScale = 10000
 // each call: a timer moves it to the next slot at each boundary, so calls
 // read one shared word, and a slot begins late by the timer's delay, usually
 // well under a millisecond. The bound above holds for slots so delimited.
-// The timer stops once the budget is unreachable. With an injected Clock,
-// each call reads it.
+// The timer fires once per slot (every second with the default TTL) and
+// stops once the budget is unreachable. With an injected Clock, each call
+// reads it.
 type PercentBudget struct {
 	clock   Clock
 	ticker  *slotClock // with the system clock: the slot, kept by a timer
