@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // Defaults of [AdmissionConfig].
@@ -21,8 +23,9 @@ type AdmissionConfig struct {
 	// MaxPerSession caps the requests in flight of one session (an agent's
 	// fan-out); 0 means no cap.
 	MaxPerSession int
-	// MaxSessions caps the sessions with requests in flight; a request of a
-	// new session beyond it is refused. 0 means [DefaultMaxSessions].
+	// MaxSessions caps the sessions tracked for MaxPerSession; beyond it,
+	// the session whose last request was admitted longest ago is forgotten.
+	// 0 means [DefaultMaxSessions].
 	MaxSessions int
 	// RetryAfter is the wait suggested to refused callers; 0 means
 	// [DefaultAdmissionRetryAfter].
@@ -34,25 +37,31 @@ type AdmissionConfig struct {
 // A refused Acquire returns an [*OverloadError] (errors.Is [ErrOverloaded])
 // carrying the suggested Retry-After.
 //
-// Only sessions with requests in flight are tracked, in a map whose size is
-// capped by MaxSessions. This is the bounded table a per-session cap needs,
-// and it is never wrong: an idle session's count is zero, so forgetting it
-// loses nothing, while a least-recently-used cache could evict a session
-// whose requests are still in flight and so reset its count and break its
-// cap. When MaxSessions sessions are active, a new session is refused rather
-// than an active one forgotten.
+// Sessions with requests in flight are tracked in a least-recently-used
+// cache of MaxSessions entries (golang-lru's simplelru), and a session leaves
+// it when its last request is released, so memory stays bounded however many
+// session keys callers invent, and a new session is never refused for want
+// of room. If more than MaxSessions sessions are active at once, the one
+// whose last request was admitted longest ago is forgotten: its requests in
+// flight still release correctly, but its next requests are counted afresh,
+// so its cap may be exceeded by those still in flight. Size MaxSessions above
+// the sessions you expect to be active together.
 //
 // Admission is safe for concurrent use; it starts no goroutines.
 type Admission struct {
 	maxInFlight int64
 	perSession  int
-	maxSessions int
 	retryAfter  time.Duration
 
 	inflight atomic.Int64
-	mu       sync.Mutex     // protects sessions
-	sessions map[string]int // requests in flight per active session
+	mu       sync.Mutex                            // protects sessions and the counts in it
+	sessions *simplelru.LRU[string, *sessionCount] // active sessions
 }
+
+// sessionCount is the number of a session's requests in flight. A released
+// request decrements the count it incremented even after its session was
+// forgotten.
+type sessionCount struct{ n int }
 
 // NewAdmission returns an admission controller configured by cfg. It rejects
 // negative values with an error wrapping [ErrInvalidConfig].
@@ -73,12 +82,15 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 	case cfg.RetryAfter < 0:
 		return nil, invalidf("admission RetryAfter %v is negative", cfg.RetryAfter)
 	}
+	sessions, err := simplelru.NewLRU[string, *sessionCount](cfg.MaxSessions, nil)
+	if err != nil {
+		return nil, invalidf("admission MaxSessions %d: %v", cfg.MaxSessions, err)
+	}
 	return &Admission{
 		maxInFlight: int64(cfg.MaxInFlight),
 		perSession:  cfg.MaxPerSession,
-		maxSessions: cfg.MaxSessions,
 		retryAfter:  cfg.RetryAfter,
-		sessions:    make(map[string]int),
+		sessions:    sessions,
 	}, nil
 }
 
@@ -94,54 +106,62 @@ func (a *Admission) Acquire(session string) (release func(), err error) {
 	} else {
 		a.inflight.Add(1)
 	}
+	var count *sessionCount
 	if session != "" {
-		if err := a.enter(session); err != nil {
+		c, err := a.enter(session)
+		if err != nil {
 			a.inflight.Add(-1)
 			return nil, err
 		}
+		count = c
 	}
 	var once atomic.Bool
 	return func() {
 		if !once.CompareAndSwap(false, true) {
 			return
 		}
-		if session != "" {
-			a.leave(session)
+		if count != nil {
+			a.leave(session, count)
 		}
 		a.inflight.Add(-1)
 	}, nil
 }
 
-func (a *Admission) enter(session string) error {
+func (a *Admission) enter(session string) (*sessionCount, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	n, ok := a.sessions[session]
-	switch {
-	case !ok && len(a.sessions) >= a.maxSessions:
-		return &OverloadError{Scope: "sessions", RetryAfter: a.retryAfter}
-	case a.perSession > 0 && n >= a.perSession:
-		return &OverloadError{Scope: "session", RetryAfter: a.retryAfter}
+	c, ok := a.sessions.Get(session)
+	if !ok {
+		c = &sessionCount{}
+		a.sessions.Add(session, c) // may forget the least recently admitted
 	}
-	a.sessions[session] = n + 1
-	return nil
+	if a.perSession > 0 && c.n >= a.perSession {
+		return nil, &OverloadError{Scope: "session", RetryAfter: a.retryAfter}
+	}
+	c.n++
+	return c, nil
 }
 
-func (a *Admission) leave(session string) {
+func (a *Admission) leave(session string, c *sessionCount) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if n := a.sessions[session]; n > 1 {
-		a.sessions[session] = n - 1
-	} else {
-		delete(a.sessions, session)
+	c.n--
+	if c.n == 0 {
+		// Remove the session only if it is still tracked by this count,
+		// not by a fresh one started after it was forgotten.
+		if cur, ok := a.sessions.Peek(session); ok && cur == c {
+			a.sessions.Remove(session)
+		}
 	}
 }
 
 // InFlight returns the requests admitted and not released.
 func (a *Admission) InFlight() int { return int(a.inflight.Load()) }
 
-// Sessions returns the number of sessions with requests in flight.
+// Sessions returns the number of sessions tracked: those with requests in
+// flight, at most MaxSessions.
 func (a *Admission) Sessions() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.sessions)
+	return a.sessions.Len()
 }

@@ -55,8 +55,6 @@ func TestAdmissionSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.Acquire("s3")
-	overload(t, err, "sessions")
 	if a.InFlight() != 3 || a.Sessions() != 2 {
 		t.Fatalf("InFlight %d, Sessions %d", a.InFlight(), a.Sessions())
 	}
@@ -66,19 +64,60 @@ func TestAdmissionSessions(t *testing.T) {
 	if a.Sessions() != 1 {
 		t.Fatalf("Sessions = %d after s1 ended", a.Sessions())
 	}
-	s3, err := a.Acquire("s3")
+	// s1 was forgotten when it ended, so it starts afresh.
+	s1c, _ := a.Acquire("s1")
+	s1d, err := a.Acquire("s1")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("s1 refused after its earlier requests ended: %v", err)
 	}
+	s1c()
+	s1d()
 	s2()
-	s3()
+	if a.InFlight() != 0 || a.Sessions() != 0 {
+		t.Fatalf("InFlight %d, Sessions %d at the end", a.InFlight(), a.Sessions())
+	}
+}
+
+// TestAdmissionForgetsLeastRecent checks the LRU: a session beyond
+// MaxSessions is admitted and forgets the least recently admitted one, whose
+// requests still release their own count.
+func TestAdmissionForgetsLeastRecent(t *testing.T) {
+	a, _ := NewAdmission(AdmissionConfig{MaxPerSession: 1, MaxSessions: 2})
+	r1, _ := a.Acquire("s1")
+	r2, _ := a.Acquire("s2")
+	r3, err := a.Acquire("s3") // forgets s1, the least recently admitted
+	if err != nil {
+		t.Fatalf("a new session was refused: %v", err)
+	}
+	if a.Sessions() != 2 {
+		t.Fatalf("Sessions = %d, want the cap 2", a.Sessions())
+	}
+	_, err = a.Acquire("s2") // still tracked: at its cap
+	overload(t, err, "session")
+	_, err = a.Acquire("s3")
+	overload(t, err, "session")
+	// s1 is counted afresh (forgetting s2, now the least recent).
+	r1b, err := a.Acquire("s1")
+	if err != nil {
+		t.Fatalf("forgotten s1 refused: %v", err)
+	}
+	_, err = a.Acquire("s1")
+	overload(t, err, "session")
+	// The first s1 request releases its own, forgotten count: the fresh
+	// one still holds s1 at its cap.
+	r1()
+	_, err = a.Acquire("s1")
+	overload(t, err, "session")
+	for _, r := range []func(){r2, r3, r1b} {
+		r()
+	}
 	if a.InFlight() != 0 || a.Sessions() != 0 {
 		t.Fatalf("InFlight %d, Sessions %d at the end", a.InFlight(), a.Sessions())
 	}
 }
 
 func TestAdmissionConcurrent(t *testing.T) {
-	a, _ := NewAdmission(AdmissionConfig{MaxInFlight: 8, MaxPerSession: 3, MaxSessions: 4})
+	a, _ := NewAdmission(AdmissionConfig{MaxInFlight: 8, MaxPerSession: 3, MaxSessions: 6})
 	var inflight, peak atomic.Int64
 	perSession := make([]atomic.Int64, 6)
 	var wg sync.WaitGroup
@@ -124,5 +163,41 @@ func TestAdmissionBadConfig(t *testing.T) {
 		if _, err := NewAdmission(cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("NewAdmission(%+v) = %v", cfg, err)
 		}
+	}
+}
+
+// TestAdmissionConcurrentForgetting churns more sessions than MaxSessions
+// from many goroutines: the global cap holds throughout and every count
+// returns to zero.
+func TestAdmissionConcurrentForgetting(t *testing.T) {
+	a, _ := NewAdmission(AdmissionConfig{MaxInFlight: 8, MaxPerSession: 2, MaxSessions: 3})
+	var inflight atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 500; i++ {
+				release, err := a.Acquire(fmt.Sprint("s", (g*7+i)%10))
+				if err != nil {
+					if !errors.Is(err, ErrOverloaded) {
+						t.Error(err)
+					}
+					continue
+				}
+				if inflight.Add(1) > 8 {
+					t.Error("global cap exceeded")
+				}
+				if n := a.Sessions(); n > 3 {
+					t.Errorf("%d sessions tracked, cap 3", n)
+				}
+				inflight.Add(-1)
+				release()
+			}
+		}()
+	}
+	wg.Wait()
+	if a.InFlight() != 0 || a.Sessions() != 0 {
+		t.Fatalf("InFlight %d, Sessions %d at the end", a.InFlight(), a.Sessions())
 	}
 }

@@ -53,9 +53,8 @@ func (e *GiveUpError) Unwrap() []error { return []error{ErrExhausted, e.Err} }
 // OverloadError is returned by [Admission.Acquire] when a cap is reached. It
 // matches [ErrOverloaded] with errors.Is.
 type OverloadError struct {
-	// Scope is "global" when the in-flight cap is reached, "session" when
-	// the session's cap is reached, and "sessions" when too many sessions
-	// are active.
+	// Scope is "global" when the in-flight cap is reached and "session"
+	// when the session's cap is reached.
 	Scope string
 	// RetryAfter is the suggested wait before trying again, for a
 	// Retry-After header (rounded up to whole seconds there).
