@@ -36,6 +36,8 @@ const (
 	// DefaultQueueWeight is the cost of a waiting request, in mean prompt
 	// lengths.
 	DefaultQueueWeight = 1.0
+	// DefaultSlotWeight is the default [DefaultConfig.SlotWeight].
+	DefaultSlotWeight = 10.0
 	// DefaultHolders is the number of longest-prefix holders scored when
 	// [DefaultConfig.Sampled] is positive.
 	DefaultHolders = 2
@@ -100,6 +102,21 @@ type DefaultConfig struct {
 	// for KV memory, which prefill tokens do not show. Zero means
 	// [DefaultQueueWeight].
 	QueueWeight float64
+	// Slots, if positive, is the engines' batch slots: the requests an
+	// engine runs at once (vLLM's max_num_seqs, SGLang's
+	// max_running_requests, llama.cpp's --parallel). A request sent to an
+	// endpoint whose requests ([EndpointLoad.Requests]) fill its slots waits
+	// for one to free, which takes a running request's whole remaining
+	// generation: far longer than the prefill a cache hit saves. Each
+	// request at or beyond the slots, the new one included, then costs
+	// SlotWeight mean prompts. Zero means the slots are unknown and not
+	// priced: right for engines whose batches are bound by KV memory and
+	// prefill, and wrong for small batches, where Default's tail is then
+	// worse than least-outstanding's.
+	Slots int
+	// SlotWeight is the cost of each request waiting for a batch slot, in
+	// mean prompt lengths. Zero means [DefaultSlotWeight].
+	SlotWeight float64
 }
 
 type defaultPolicy struct {
@@ -112,6 +129,8 @@ type defaultPolicy struct {
 	overWeight  float64
 	overQueue   float64
 	queueWeight float64
+	slots       int64
+	slotWeight  float64
 	waiting     atomic.Uint64 // float64 bits: smoothed mean waiting requests
 	avgPrompt   atomic.Uint64 // float64 bits: moving average of prompt tokens
 }
@@ -122,6 +141,7 @@ type defaultPolicy struct {
 // the candidate's KV footprint and any KV overcommitment:
 //
 //	cost = queued prefill tokens + QueueWeight * waiting requests * mean prompt tokens
+//	       + SlotWeight * requests beyond the slots * mean prompt tokens
 //	       + k * (prompt tokens - cached prompt tokens)
 //	       - over * (sent-for prompt tokens)
 //	       + FootprintWeight * KV footprint
@@ -129,8 +149,9 @@ type defaultPolicy struct {
 //	over = OverloadWeight * max(0, mean waiting requests - OverloadQueue)
 //	k    = CacheWeight + over
 //
-// (the mean waiting requests per candidate is smoothed over about the last
-// 100 picks; sent-for tokens, with an Events index only, are the leading
+// (the requests beyond the slots count the new one and are zero unless
+// Slots is set; the mean waiting requests per candidate is smoothed over
+// about the last 100 picks; sent-for tokens, with an Events index only, are the leading
 // prompt tokens the policy sent a request for to the candidate beyond those
 // the engine reported: still in prefill, or evicted since)
 //
@@ -176,13 +197,19 @@ func Default(cfg DefaultConfig) (Policy, error) {
 	if cfg.OverloadQueue == 0 {
 		cfg.OverloadQueue = DefaultOverloadQueue
 	}
+	if cfg.SlotWeight == 0 {
+		cfg.SlotWeight = DefaultSlotWeight
+	}
+	if cfg.Slots < 0 {
+		return nil, fmt.Errorf("llmlb: default policy Slots %d must not be negative", cfg.Slots)
+	}
 	if !(cfg.OverloadQueue >= 0) {
 		return nil, fmt.Errorf("llmlb: default policy OverloadQueue %v must not be negative", cfg.OverloadQueue)
 	}
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}, {"OverloadWeight", cfg.OverloadWeight}, {"QueueWeight", cfg.QueueWeight}} {
+	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}, {"OverloadWeight", cfg.OverloadWeight}, {"QueueWeight", cfg.QueueWeight}, {"SlotWeight", cfg.SlotWeight}} {
 		if !(f.v >= 0) || math.IsInf(f.v, 0) {
 			return nil, fmt.Errorf("llmlb: default policy %s %v must be finite and non-negative", f.name, f.v)
 		}
@@ -213,6 +240,8 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		overWeight:  cfg.OverloadWeight,
 		overQueue:   cfg.OverloadQueue,
 		queueWeight: cfg.QueueWeight,
+		slots:       int64(cfg.Slots),
+		slotWeight:  cfg.SlotWeight,
 	}, nil
 }
 
@@ -304,7 +333,11 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 		footprint = max(footprint, l.KVUsage*capacity)
 	}
 	demand := kvUsage(l)*capacity + queued + prompt - cached + float64(c.reqTok-int64(c.req.PromptTokens))
-	return queued + p.queueWeight*float64(l.Waiting)*avgPrompt + (p.cacheWeight+over)*(prompt-sure) - over*(cached-sure) +
+	waits := p.queueWeight * float64(l.Waiting)
+	if p.slots > 0 && l.Requests >= p.slots {
+		waits += p.slotWeight * float64(l.Requests-p.slots+1)
+	}
+	return queued + waits*avgPrompt + (p.cacheWeight+over)*(prompt-sure) - over*(cached-sure) +
 		p.footprint*footprint +
 		p.kvPenalty*max(demand-capacity, 0)
 }

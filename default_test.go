@@ -47,7 +47,7 @@ func TestDefaultPrefersCachedHolderUntilItsQueueCostsMore(t *testing.T) {
 	for _, h := range held {
 		h.Done(nil)
 	}
-	for _, bad := range []DefaultConfig{{KVPenalty: -1}, {CacheWeight: math.NaN()}, {FootprintWeight: math.Inf(1)}, {Sampled: -1}, {Holders: -2}} {
+	for _, bad := range []DefaultConfig{{KVPenalty: -1}, {CacheWeight: math.NaN()}, {FootprintWeight: math.Inf(1)}, {Sampled: -1}, {Holders: -2}, {Slots: -1}, {SlotWeight: math.NaN()}, {SlotWeight: -2}} {
 		if _, err := Default(bad); err == nil {
 			t.Errorf("config %+v accepted", bad)
 		}
@@ -76,6 +76,44 @@ func TestDefaultSamplesHoldersAndRandom(t *testing.T) {
 	}
 	for _, h := range held {
 		h.Done(nil)
+	}
+}
+
+// With Slots set, a holder whose batch slots are all taken loses to an idle
+// endpoint: the request would wait for a running one to finish, which its
+// cache does not shorten. The holder runs two decoding requests; with two
+// slots the new request costs SlotWeight*1600 = 16000 on top, more than an
+// idle endpoint's k*1600 = 16000 for the whole prompt uncached, while with
+// three slots, or none set, the holder wins by its cache.
+func TestDefaultSlots(t *testing.T) {
+	for _, tc := range []struct {
+		slots int
+		want  bool // the holder wins
+	}{{0, true}, {2, false}, {3, true}} {
+		ix, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+		pol, err := Default(DefaultConfig{Index: ix, Slots: tc.slots})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustNew(t, pol)
+		mustUpdate(t, b, eps(4))
+		prompt := blocks(2, 100)
+		_ = ix.Stored("ep3", 16, prompt...)
+		req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
+		pk, _ := b.Pick(context.Background(), &req)
+		pk.Done(nil)
+		held := holdOn(t, b, "ep3", 2, Request{PromptTokens: 100, MaxTokens: 16})
+		for _, h := range held {
+			h.FirstToken()
+		}
+		pk, _ = b.Pick(context.Background(), &req)
+		if got := pk.Endpoint().Key() == "ep3"; got != tc.want {
+			t.Errorf("Slots %d: holder chosen = %v, want %v", tc.slots, got, tc.want)
+		}
+		pk.Done(nil)
+		for _, h := range held {
+			h.Done(nil)
+		}
 	}
 }
 
