@@ -22,6 +22,9 @@ type PolicyEnv struct {
 	LongShare float64
 	// Router is the index of the router the policy serves.
 	Router int
+	// Slots is the replicas' batch slots ([Engine.MaxRunning]), which an
+	// operator knows from the engines' configuration.
+	Slots int
 	// Stale returns the router's last scraped observation of replica m,
 	// without the Balancer's correction for its own dispatches.
 	Stale func(m int) llmlb.Load
@@ -137,14 +140,14 @@ func Policies() []PolicySpec {
 			if err != nil {
 				return nil, err
 			}
-			return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: events})
+			return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: events, Slots: env.Slots})
 		}},
 		{Name: "default-approx", Doc: "llmlb.Default with cache state guessed from its own decisions, for engines that publish no KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			ix, err := newIndex(env)
 			if err != nil {
 				return nil, err
 			}
-			return llmlb.Default(llmlb.DefaultConfig{Index: ix})
+			return llmlb.Default(llmlb.DefaultConfig{Index: ix, Slots: env.Slots})
 		}},
 
 		{Name: "oracle", Doc: "perfect knowledge of replica state, cache and output lengths (upper bound)", New: newOracle},

@@ -33,6 +33,9 @@ const (
 	// PrefixRate is the arrival rate of the prefixes scenario, in requests
 	// per second for 8 replicas.
 	PrefixRate = 37.0
+	// SlotsRate is the arrival rate of the slots scenario, in requests per
+	// second for 4 replicas.
+	SlotsRate = 17.5
 )
 
 // Scenarios returns the presets, in display order:
@@ -50,11 +53,28 @@ const (
 //     inter-arrival times; compares trusting the stale scrape with
 //     correcting it by the router's own dispatches, for a full scan and for
 //     P2C.
+//   - slots: 4 small replicas with 4 batch slots and 8k tokens of KV each,
+//     as llama.cpp serves with --parallel 4, scraped every 100 ms; every
+//     prompt is one of 48 shared 512-token heads plus a short question, and
+//     a quarter of the outputs are long, so requests wait for batch slots
+//     rather than for KV memory or prefill.
 func Scenarios() []Scenario {
 	herdRate := 20.0
 	herd := PrefixSynthetic(4000, herdRate)
 	herd.PrefixShare, herd.SessionShare, herd.FanoutShare = 0, 0, 0
 	herd.Prompt.Sigma, herd.Output.Sigma = 0.3, 0.3
+	slots := Synthetic{
+		Requests:     4000,
+		Rate:         SlotsRate,
+		ArrivalCV:    1,
+		Prompt:       LogNormal{Median: 64, Sigma: 0.1, Min: 16, Max: 128},
+		Output:       LogNormal{Median: 12, Sigma: 1.3, Min: 4, Max: 128},
+		BlockTokens:  16,
+		PrefixShare:  1,
+		PrefixGroups: 48,
+		PrefixZipf:   1.01,
+		PrefixTokens: LogNormal{Median: 512, Min: 512, Max: 512},
+	}
 	return []Scenario{
 		{
 			Name:     "default",
@@ -77,6 +97,13 @@ func Scenarios() []Scenario {
 			Workload: herd,
 			Policies: []string{"stale-least-outstanding", "least-outstanding", "stale-p2c", "p2c"},
 			Herding:  true,
+		},
+		{
+			Name:     "slots",
+			Doc:      "4 replicas with 4 batch slots each, 48 shared prompt heads: requests wait for slots",
+			Config:   Config{Replicas: 4, Routers: 1, Scrape: 100 * time.Millisecond, Engine: Engine{MaxRunning: 4, KVBlocks: 512}},
+			Workload: slots,
+			Policies: DefaultPolicies(),
 		},
 	}
 }

@@ -215,6 +215,7 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			BlockTokens: blockTokens,
 			LongShare:   longTokens / max(promptTokens, 1),
 			Router:      k,
+			Slots:       r.reps[0].eng.MaxRunning,
 			Stale:       func(m int) llmlb.Load { return rt.snap[m] },
 			run:         r,
 		}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmlb/llmlb"
 )
 
 // defaultResults runs the default scenario once for every test that needs
@@ -319,4 +321,53 @@ func TestPrefixesScenario(t *testing.T) {
 		}
 	}
 	checkDefaultBest(t, m, InfiniteCacheHitRate(reqs))
+}
+
+// TestSlotsScenario: on engines with few batch slots a request waits for a
+// running one to finish, which a cache hit does not shorten. Told the
+// slots, Default keeps least-outstanding's TTFT tail and still serves far
+// more from cache; not told them, it queues behind full batches for its
+// cache and its tail is several times worse.
+func TestSlotsScenario(t *testing.T) {
+	sc, err := LookupScenario("slots")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Config.Seed = 1
+	reqs, err := sc.Workload.Generate(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Compare(context.Background(), sc.Config, reqs, []string{"least-outstanding", "default", "default-approx"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unaware, err := simulate(context.Background(), sc.Config, reqs, PolicySpec{Name: "default-no-slots", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+		ix, err := newIndex(env)
+		if err != nil {
+			return nil, err
+		}
+		events, err := newEventIndex(env)
+		if err != nil {
+			return nil, err
+		}
+		return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: events})
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := byPolicy(res)
+	lo := m["least-outstanding"]
+	for _, name := range []string{"default", "default-approx"} {
+		r := m[name]
+		if r.TTFT.P99 > lo.TTFT.P99 {
+			t.Errorf("%s TTFT p99 %.0f ms, want at most least-outstanding's %.0f", name, r.TTFT.P99, lo.TTFT.P99)
+		}
+		if r.PrefixHitRate < 1.3*lo.PrefixHitRate {
+			t.Errorf("%s hit rate %.3f, want at least 1.3x least-outstanding's %.3f", name, r.PrefixHitRate, lo.PrefixHitRate)
+		}
+	}
+	if unaware.TTFT.P99 < 3*lo.TTFT.P99 {
+		t.Errorf("Default without Slots: TTFT p99 %.0f ms, expected several times least-outstanding's %.0f", unaware.TTFT.P99, lo.TTFT.P99)
+	}
 }

@@ -62,7 +62,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("llmlb-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		scenario  = fs.String("scenario", "default", "preset: default, prefixes or herding")
+		scenario  = fs.String("scenario", "default", "preset: default, prefixes, herding or slots")
 		policies  = fs.String("policies", "", "comma-separated policies (default: the scenario's list; \"all\" for every policy)")
 		trace     = fs.String("trace", "", "replay a trace file instead of the synthetic workload")
 		format    = fs.String("format", "", "trace format: mooncake or azure (detected when empty)")
