@@ -43,6 +43,7 @@ type options struct {
 	attempts      int
 	maxInFlight   int
 	maxPerSession int
+	slots         int
 }
 
 func main() {
@@ -62,6 +63,7 @@ func run(args []string) error {
 	fs.IntVar(&o.attempts, "attempts", retry.DefaultMaxAttempts, "attempts per request before the first token, the first included")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per X-Session-ID (0: no cap)")
+	fs.IntVar(&o.slots, "slots", 0, "the replicas' batch slots (max_num_seqs, llama.cpp --parallel) for the default policy (0: unknown)")
 	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
 	requests := fs.Int("requests", 400, "demo: requests per policy")
 	rate := fs.Float64("rate", 70, "demo: arrivals per second")
@@ -98,10 +100,10 @@ type gateway struct {
 	proxy    http.Handler
 }
 
-func policyByName(name string) (llmlb.Policy, error) {
+func policyByName(name string, slots int) (llmlb.Policy, error) {
 	switch name {
 	case "default":
-		return llmlb.Default(llmlb.DefaultConfig{})
+		return llmlb.Default(llmlb.DefaultConfig{Slots: slots})
 	case "least-outstanding":
 		return llmlb.LeastOutstanding(), nil
 	case "round-robin":
@@ -111,7 +113,7 @@ func policyByName(name string) (llmlb.Policy, error) {
 }
 
 func newGateway(backends []string, o options) (*gateway, error) {
-	policy, err := policyByName(o.policy)
+	policy, err := policyByName(o.policy, o.slots)
 	if err != nil {
 		return nil, err
 	}
@@ -210,6 +212,7 @@ func runDemo(o options, requests int, rate float64) error {
 	for _, p := range []string{"default", "least-outstanding", "round-robin"} {
 		o.policy = p
 		o.scrape = 100 * time.Millisecond
+		o.slots = engines.Engine.MaxRunning
 		res, hit, err := demoRun(o, engines, w)
 		if err != nil {
 			return err
