@@ -90,23 +90,12 @@ func TestDefaultSlots(t *testing.T) {
 		slots int
 		want  bool // the holder wins
 	}{{0, true}, {2, false}, {3, true}} {
-		ix, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
-		pol, err := Default(DefaultConfig{Index: ix, Slots: tc.slots})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := mustNew(t, pol)
-		mustUpdate(t, b, eps(4))
-		prompt := blocks(2, 100)
-		_ = ix.Stored("ep3", 16, prompt...)
-		req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
-		pk, _ := b.Pick(context.Background(), &req)
-		pk.Done(nil)
+		b, req := eventsHolder(t, DefaultConfig{Slots: tc.slots})
 		held := holdOn(t, b, "ep3", 2, Request{PromptTokens: 100, MaxTokens: 16})
 		for _, h := range held {
 			h.FirstToken()
 		}
-		pk, _ = b.Pick(context.Background(), &req)
+		pk, _ := b.Pick(context.Background(), &req)
 		if got := pk.Endpoint().Key() == "ep3"; got != tc.want {
 			t.Errorf("Slots %d: holder chosen = %v, want %v", tc.slots, got, tc.want)
 		}
@@ -115,6 +104,27 @@ func TestDefaultSlots(t *testing.T) {
 			h.Done(nil)
 		}
 	}
+}
+
+// eventsHolder returns a balancer over four endpoints running Default(cfg)
+// on an events-only index that reports req's 1600-token prompt cached on
+// ep3, after one pick of req (which sets the mean prompt to 1600).
+func eventsHolder(t *testing.T, cfg DefaultConfig) (*Balancer, Request) {
+	t.Helper()
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+	cfg.Index = ix
+	pol, err := Default(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(4))
+	prompt := blocks(2, 100)
+	_ = ix.Stored("ep3", 16, prompt...)
+	req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
+	pk, _ := b.Pick(context.Background(), &req)
+	pk.Done(nil)
+	return b, req
 }
 
 // With an index that holds only what engine KV events report, a cached
@@ -127,21 +137,10 @@ func TestDefaultCreditsEventFedCacheMore(t *testing.T) {
 		weight float64
 		want   bool // the holder wins
 	}{{0, true}, {DefaultCacheWeight, false}} {
-		ix, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
-		pol, err := Default(DefaultConfig{Index: ix, CacheWeight: tc.weight})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b := mustNew(t, pol)
-		mustUpdate(t, b, eps(4))
-		prompt := blocks(2, 100)
-		_ = ix.Stored("ep3", 16, prompt...)
-		req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
-		pk, _ := b.Pick(context.Background(), &req)
-		pk.Done(nil)
+		b, req := eventsHolder(t, DefaultConfig{CacheWeight: tc.weight})
 		held := holdOn(t, b, "ep3", 1, Request{PromptTokens: 3000, MaxTokens: 256})
 		held = append(held, holdOn(t, b, "ep3", 1, Request{PromptTokens: 2000, MaxTokens: 1})...)
-		pk, _ = b.Pick(context.Background(), &req)
+		pk, _ := b.Pick(context.Background(), &req)
 		if got := pk.Endpoint().Key() == "ep3"; got != tc.want {
 			t.Errorf("CacheWeight %v: holder chosen = %v, want %v", tc.weight, got, tc.want)
 		}

@@ -132,15 +132,7 @@ func Policies() []PolicySpec {
 		}},
 		{Name: "segregated", Doc: "prompts >= 8k tokens to a pool sized by their token share; least tokens in each pool", New: newSegregated},
 		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions", New: func(env *PolicyEnv) (llmlb.Policy, error) {
-			ix, err := newIndex(env)
-			if err != nil {
-				return nil, err
-			}
-			events, err := newEventIndex(env)
-			if err != nil {
-				return nil, err
-			}
-			return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: events, Slots: env.Slots})
+			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
 		}},
 		{Name: "default-approx", Doc: "llmlb.Default with cache state guessed from its own decisions, for engines that publish no KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			ix, err := newIndex(env)
@@ -233,4 +225,20 @@ func DefaultPolicies() []string {
 		}
 	}
 	return out
+}
+
+// newEventsDefault returns llmlb.Default configured by cfg with a decisions
+// index and an index fed by the replicas' KV events, as the default preset
+// runs it.
+func newEventsDefault(env *PolicyEnv, cfg llmlb.DefaultConfig) (llmlb.Policy, error) {
+	ix, err := newIndex(env)
+	if err != nil {
+		return nil, err
+	}
+	events, err := newEventIndex(env)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Index, cfg.Events = ix, events
+	return llmlb.Default(cfg)
 }

@@ -298,8 +298,10 @@ func TestPolicyNamesUnique(t *testing.T) {
 // prefixes (round robin already serves a quarter of the prompt tokens from
 // cache), the prefix-routing policies still serve 1.5x more, and
 // llmlb.Default is again the best.
-func TestPrefixesScenario(t *testing.T) {
-	sc, err := LookupScenario("prefixes")
+// scenario returns the preset named name and its workload, for seed 1.
+func scenario(t *testing.T, name string) (Scenario, []Request) {
+	t.Helper()
+	sc, err := LookupScenario(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,6 +310,11 @@ func TestPrefixesScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return sc, reqs
+}
+
+func TestPrefixesScenario(t *testing.T) {
+	sc, reqs := scenario(t, "prefixes")
 	affinity := []string{"sglang-cache-aware", "prefix-aware", "gie-default", "default"}
 	res, err := Compare(context.Background(), sc.Config, reqs, append([]string{"round-robin", "least-tokens", "sglang-prefix-hash", "dynamo-kv", "default-approx"}, affinity...), nil)
 	if err != nil {
@@ -329,29 +336,13 @@ func TestPrefixesScenario(t *testing.T) {
 // more from cache; not told them, it queues behind full batches for its
 // cache and its tail is several times worse.
 func TestSlotsScenario(t *testing.T) {
-	sc, err := LookupScenario("slots")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc.Config.Seed = 1
-	reqs, err := sc.Workload.Generate(1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, reqs := scenario(t, "slots")
 	res, err := Compare(context.Background(), sc.Config, reqs, []string{"least-outstanding", "default", "default-approx"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	unaware, err := simulate(context.Background(), sc.Config, reqs, PolicySpec{Name: "default-no-slots", New: func(env *PolicyEnv) (llmlb.Policy, error) {
-		ix, err := newIndex(env)
-		if err != nil {
-			return nil, err
-		}
-		events, err := newEventIndex(env)
-		if err != nil {
-			return nil, err
-		}
-		return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: events})
+		return newEventsDefault(env, llmlb.DefaultConfig{})
 	}})
 	if err != nil {
 		t.Fatal(err)
