@@ -64,12 +64,12 @@ func runPolicy(t *testing.T, policy string, w Workload) policyRun {
 func TestPolicies(t *testing.T) {
 	w := comparisonWorkload()
 	runs := map[string]policyRun{}
-	for _, p := range []string{"round-robin", "least-outstanding", "default"} {
+	for _, p := range []string{"round-robin", "least-outstanding", "default+slots"} {
 		r := runPolicy(t, p, w)
 		assert.Equal(t, w.Requests, r.res.Count((*Outcome).Complete), p)
 		runs[p] = r
 	}
-	rr, lo, def := runs["round-robin"], runs["least-outstanding"], runs["default"]
+	rr, lo, def := runs["round-robin"], runs["least-outstanding"], runs["default+slots"]
 	assert.Less(t, lo.res.TTFT(0.99), rr.res.TTFT(0.99), "least outstanding must beat round robin on TTFT p99")
 	assert.Greater(t, def.hit.Rate(), rr.hit.Rate(), "the default policy must beat round robin on prefix hit rate")
 }

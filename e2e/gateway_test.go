@@ -35,6 +35,10 @@ func newPolicy(t testing.TB, name string) llmlb.Policy {
 		p, err := llmlb.Default(llmlb.DefaultConfig{})
 		require.NoError(t, err)
 		return p
+	case "default+slots": // told the batch slots of the comparison's engines
+		p, err := llmlb.Default(llmlb.DefaultConfig{Slots: engineConfig().Engine.MaxRunning})
+		require.NoError(t, err)
+		return p
 	case "least-outstanding":
 		return llmlb.LeastOutstanding()
 	case "round-robin":
