@@ -151,9 +151,9 @@ type defaultPolicy struct {
 //
 // (the requests beyond the slots count the new one and are zero unless
 // Slots is set; the mean waiting requests per candidate is smoothed over
-// about the last 100 picks; sent-for tokens, with an Events index only, are the leading
-// prompt tokens the policy sent a request for to the candidate beyond those
-// the engine reported: still in prefill, or evicted since)
+// about the last 100 picks; sent-for tokens, with an Events index only, are
+// the leading prompt tokens the policy sent a request for to the candidate
+// beyond those the engine reported: still in prefill, or evicted since)
 //
 // and takes the cheapest, at random among ties, after dividing by the
 // endpoint's effective weight (static weight, slow start). Up to a constant

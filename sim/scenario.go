@@ -56,8 +56,9 @@ const (
 //   - slots: 4 small replicas with 4 batch slots and 8k tokens of KV each,
 //     as llama.cpp serves with --parallel 4, scraped every 100 ms; every
 //     prompt is one of 48 shared 512-token heads plus a short question, and
-//     a quarter of the outputs are long, so requests wait for batch slots
-//     rather than for KV memory or prefill.
+//     outputs are short (median 12 tokens) with a long tail (one in ten
+//     over 64), so requests wait for batch slots rather than for KV memory
+//     or prefill.
 func Scenarios() []Scenario {
 	herdRate := 20.0
 	herd := PrefixSynthetic(4000, herdRate)
