@@ -8,7 +8,7 @@ import (
 	"github.com/llmlb/llmlb/prefix"
 )
 
-// Defaults of [DefaultConfig]. The simulator's default scenario and the
+// Defaults of [DefaultConfig]. The simulator's synthetic scenarios and the
 // Mooncake trace replay chose them (see the README's policy comparison).
 const (
 	// DefaultCacheWeight is the credit per cached prompt token, in prefill
@@ -58,7 +58,7 @@ type DefaultConfig struct {
 	// overload, by holding on to where a prefix went instead of
 	// prefilling it again elsewhere. Several policies may share one Events
 	// index. On the simulator's synthetic workloads this cut the TTFT p99
-	// by 6% against Index alone, and under overload it kept 38.3 requests
+	// by 4-6% against Index alone, and under overload it kept 38.3 requests
 	// per second within the SLO where an events-only Index kept 13.6.
 	Events *prefix.Index
 	// Sampled, when positive, limits scoring to the Holders candidates with

@@ -25,9 +25,9 @@ const (
 	DefaultMaxRunning  = 256
 	DefaultBlockSize   = 16
 	// DefaultKVBlocks is the KV capacity of a replica: 8192 blocks of 16
-	// tokens, 131,072 tokens. It is deliberately small for the default
-	// scenario's traffic, so that KV pressure, eviction of cached prefixes
-	// and preemption all occur; raise it for long-context traces.
+	// tokens, 131,072 tokens. It is deliberately small, so that KV
+	// pressure, eviction of cached prefixes and preemption all occur (the
+	// prefixes scenario uses it); raise it for long-context traces.
 	DefaultKVBlocks = 8192
 )
 

@@ -20,7 +20,8 @@
 // sequence is preempted back to the queue and later recomputes its prompt
 // and output so far. KV memory is counted in 16-token blocks. Prompt blocks
 // of a finished prefill stay cached under their chained hash ([Request]
-// Prefix) and are reused by later prompts with the same prefix; cached blocks
+// Prefix), and so do the blocks of a finished reply ([Request] Reply), and
+// are reused by later prompts with the same prefix; cached blocks
 // no sequence uses are evicted least recently used first. Replicas publish
 // KV events (a block stored or evicted) to the prefix indexes of the policies
 // that subscribe ([PolicyEnv.SubscribeKVEvents]), as vLLM's event stream
@@ -33,8 +34,8 @@
 // # Workloads and measurements
 //
 // Workloads are generated ([Synthetic]: Poisson or Gamma arrivals,
-// log-normal lengths, Zipf-popular shared prefixes, multi-turn sessions,
-// agent fan-out bursts) or replayed ([ReadMooncake], [ReadAzure]). [Compare]
+// log-normal lengths, Zipf-popular shared prefixes, conversations paced by
+// their replies or unpaced multi-turn sessions, agent fan-out bursts) or replayed ([ReadMooncake], [ReadAzure]). [Compare]
 // runs the same requests under each policy (open loop: arrivals never wait
 // for the cluster) and returns a [Result] per policy: TTFT, TPOT and E2E
 // percentiles, SLO attainment and goodput, prefix hit rate, throughput,

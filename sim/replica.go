@@ -34,6 +34,11 @@ type Sequence struct {
 	// caching for the sequence.
 	Prefix      []uint64
 	BlockTokens int
+	// Reply holds the chained hashes of the blocks cached when the
+	// sequence completes, beyond the prompt's full blocks (see
+	// [Request.Reply]); each covers BlockTokens tokens. nil caches no
+	// output.
+	Reply []uint64
 
 	state     uint8
 	target    int // tokens to prefill: the prompt, plus output on recompute
@@ -397,7 +402,7 @@ func (r *Replica) Finish() []*Sequence {
 }
 
 // publish moves the full prompt blocks of s beyond its cached prefix into the
-// prefix cache, sharing an entry another sequence published meanwhile.
+// prefix cache.
 func (r *Replica) publish(s *Sequence) {
 	bt := s.BlockTokens
 	if bt == 0 {
@@ -406,23 +411,46 @@ func (r *Replica) publish(s *Sequence) {
 	full := min(len(s.Prefix), s.PromptTokens/bt)
 	per := bt / r.eng.BlockSize
 	for i := len(s.held); i < full; i++ {
-		h := s.Prefix[i]
-		e := r.kv.lookup(h)
-		if e != nil {
-			r.kv.acquire(e)
-			r.kv.release(per)
-		} else {
-			e = r.kv.insert(h, per)
+		r.cache(s, s.Prefix[i], per)
+	}
+}
+
+// cache turns per private blocks of s into the cache entry h, sharing the
+// entry if another sequence cached it meanwhile, and holds it for s.
+func (r *Replica) cache(s *Sequence, h uint64, per int) {
+	e := r.kv.lookup(h)
+	if e != nil {
+		r.kv.acquire(e)
+		r.kv.release(per)
+	} else {
+		e = r.kv.insert(h, per)
+	}
+	s.private -= per
+	s.shared += per
+	s.held = append(s.held, e)
+}
+
+// publishReply moves the blocks of s's Reply into the prefix cache as s
+// completes, as far as its private blocks hold them: the KV of the output
+// stays cached for a conversation's next turn.
+func (r *Replica) publishReply(s *Sequence) {
+	bt := s.BlockTokens
+	if bt == 0 || len(s.Reply) == 0 || len(s.held) < min(len(s.Prefix), s.PromptTokens/bt) {
+		return // the prompt's blocks are not all cached: the chain is broken
+	}
+	per := bt / r.eng.BlockSize
+	for _, h := range s.Reply {
+		if s.private < per {
+			return
 		}
-		s.private -= per
-		s.shared += per
-		s.held = append(s.held, e)
+		r.cache(s, h, per)
 	}
 }
 
 func (r *Replica) emit(s *Sequence) {
 	s.generated++
 	if s.generated >= s.OutputTokens {
+		r.publishReply(s)
 		r.releaseBlocks(s)
 		s.held = nil
 		s.state = stateDone

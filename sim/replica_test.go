@@ -109,6 +109,32 @@ func TestRepeatedPrefixServedFromCache(t *testing.T) {
 	}
 }
 
+// A completed request's Reply blocks stay cached, so the next turn, whose
+// prompt is the first turn's prompt and reply plus a new message, reuses
+// both; without Reply only the prompt's blocks are reused.
+func TestReplyServedFromCache(t *testing.T) {
+	chain := make([]uint64, 40)
+	var h uint64
+	for i := range chain {
+		h = ChainHash(h, uint64(i))
+		chain[i] = h
+	}
+	for _, tc := range []struct {
+		reply bool
+		want  int // blocks of the second prompt served from cache
+	}{{true, 30}, {false, 20}} {
+		first := Request{PromptTokens: 320, OutputTokens: 161, BlockTokens: 16, Prefix: chain[:20]}
+		if tc.reply {
+			first.Reply = chain[20:30] // 481 tokens: 30 full blocks
+		}
+		second := Request{Arrival: 10 * time.Second, PromptTokens: 640, OutputTokens: 5, BlockTokens: 16, Prefix: chain}
+		res := run1(t, oneReplica(0), []Request{first, second})
+		if want := float64(tc.want*16) / (320 + 640); res.PrefixHitRate != want {
+			t.Errorf("reply cached %v: hit rate %v, want %v (%d blocks)", tc.reply, res.PrefixHitRate, want, tc.want)
+		}
+	}
+}
+
 func abs(x float64) float64 {
 	if x < 0 {
 		return -x

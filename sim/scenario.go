@@ -27,9 +27,13 @@ type Scenario struct {
 const (
 	// DefaultRequests is the request count of the default scenario.
 	DefaultRequests = 12000
-	// DefaultRate is the arrival rate of the default scenario, in requests
-	// per second for 8 replicas.
-	DefaultRate = 36.0
+	// DefaultRate is the long-run arrival rate of the default scenario, in
+	// requests per second for 8 replicas.
+	DefaultRate = 61.0
+	// DefaultScenarioKVBlocks is the KV capacity per replica of the default
+	// scenario, in 16-token blocks: 512k tokens, about what an 80 GB GPU
+	// holds for an 8B model.
+	DefaultScenarioKVBlocks = 32768
 	// PrefixRate is the arrival rate of the prefixes scenario, in requests
 	// per second for 8 replicas.
 	PrefixRate = 37.0
@@ -40,14 +44,15 @@ const (
 
 // Scenarios returns the presets, in display order:
 //
-//   - default: 8 replicas behind one router scraping every second;
-//     heavy-tailed prompts and outputs, 60% of requests sharing a prefix,
-//     mostly their own conversation's history ([DefaultSynthetic]), as in
-//     the routing chapter's simulated table; load high enough that round
-//     robin misses the SLO (TTFT <= 2 s, TPOT <= 50 ms) for half of the
-//     requests.
-//   - prefixes: the same cluster when most reuse is a few popular shared
-//     prefixes, such as system prompts, which every replica ends up caching
+//   - default: 8 replicas with 512k tokens of KV each behind one router
+//     scraping every second; heavy-tailed prompts and outputs, three
+//     requests in four the next turn of a conversation paced by its replies
+//     ([DefaultSynthetic]), as in the routing chapter's simulated table;
+//     load high enough that round robin misses the SLO (TTFT <= 2 s, TPOT
+//     <= 50 ms) for half of the requests.
+//   - prefixes: 8 replicas with 128k tokens of KV each, when most reuse is
+//     a few popular shared prefixes, such as system prompts, which every
+//     replica ends up caching
 //     ([PrefixSynthetic]).
 //   - herding: 5 replicas behind 4 routers that scrape in phase every 10 mean
 //     inter-arrival times; compares trusting the stale scrape with
@@ -79,8 +84,8 @@ func Scenarios() []Scenario {
 	return []Scenario{
 		{
 			Name:     "default",
-			Doc:      "8 replicas, 1 router, heavy-tailed lengths, 60% of requests share a prefix, mostly a conversation's",
-			Config:   Config{Replicas: 8, Routers: 1, Scrape: time.Second},
+			Doc:      "8 replicas, 1 router, heavy-tailed lengths, conversations of 4 turns paced by their replies",
+			Config:   Config{Replicas: 8, Routers: 1, Scrape: time.Second, Engine: Engine{KVBlocks: DefaultScenarioKVBlocks}},
 			Workload: DefaultSynthetic(DefaultRequests, DefaultRate),
 			Policies: DefaultPolicies(),
 		},

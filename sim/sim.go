@@ -304,6 +304,7 @@ func (r *runner) arrive(i int) error {
 		OutputTokens: req.OutputTokens,
 		Prefix:       req.Prefix,
 		BlockTokens:  req.BlockTokens,
+		Reply:        req.Reply,
 	}
 	k := i % len(r.routers)
 	if r.cfg.RandomSplit {

@@ -280,7 +280,8 @@ func toRequests(lines []traceLine, blockTokens int, opt TraceOptions) ([]Request
 // PooledCacheHitRate returns the prefix hit rate that one LRU cache of
 // tokens tokens, shared by all replicas, would reach on reqs: each request's
 // blocks, in order, hit while they are cached and are then cached as the
-// most recently used, evicting the least recently used. With tokens the
+// most recently used, evicting the least recently used, and its Reply
+// blocks are cached after them. With tokens the
 // cluster's total KV capacity, it shows how much of [InfiniteCacheHitRate]
 // finite caches can reach at all; it is a reference rather than a strict
 // bound, since LRU is not the best eviction order. It returns 0 when tokens
@@ -312,6 +313,9 @@ func PooledCacheHitRate(reqs []Request, tokens int) float64 {
 				cache.Add(h, struct{}{})
 			}
 		}
+		for _, h := range r.Reply {
+			cache.Add(h, struct{}{})
+		}
 	}
 	if total == 0 {
 		return 0
@@ -321,8 +325,8 @@ func PooledCacheHitRate(reqs []Request, tokens int) float64 {
 
 // InfiniteCacheHitRate returns the prefix hit rate an infinite cache shared
 // by all replicas would reach on reqs: the token-weighted share of prompt
-// blocks whose chained hash appeared in an earlier request. No policy can
-// exceed it.
+// blocks whose chained hash appeared in an earlier request's prompt or
+// Reply. No policy can exceed it.
 func InfiniteCacheHitRate(reqs []Request) float64 {
 	seen := make(map[uint64]struct{})
 	var hit, total int64
@@ -339,6 +343,9 @@ func InfiniteCacheHitRate(reqs []Request) float64 {
 			} else {
 				seen[h] = struct{}{}
 			}
+		}
+		for _, h := range r.Reply {
+			seen[h] = struct{}{}
 		}
 	}
 	if total == 0 {

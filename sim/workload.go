@@ -1,9 +1,12 @@
 package sim
 
 import (
+	"cmp"
+	"container/heap"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 )
 
@@ -24,6 +27,13 @@ type Request struct {
 	// cover a partial block; only full blocks are cached. nil means the
 	// prompt shares nothing.
 	Prefix []uint64
+	// Reply holds the chained hashes of the blocks the engine caches when
+	// the request completes, beyond the prompt's full blocks: those of the
+	// prompt's partial tail followed by the output, continuing Prefix's
+	// chain, as vLLM and SGLang cache generated tokens too. The next turn of
+	// a conversation starts with Prefix's full blocks and Reply. nil means
+	// the output is not cached for reuse.
+	Reply []uint64
 	// Session is the conversation key of a multi-turn request, passed to
 	// routers as the affinity key; empty for single requests.
 	Session string
@@ -58,7 +68,7 @@ func validateRequests(reqs []Request, blockSize int) error {
 			return fmt.Errorf("%w: request %d has %d prompt tokens", ErrInvalidWorkload, i, r.PromptTokens)
 		case r.OutputTokens < 1 || r.OutputTokens > maxTokens:
 			return fmt.Errorf("%w: request %d has %d output tokens", ErrInvalidWorkload, i, r.OutputTokens)
-		case len(r.Prefix) > 0 && (r.BlockTokens < blockSize || r.BlockTokens%blockSize != 0):
+		case (len(r.Prefix) > 0 || len(r.Reply) > 0) && (r.BlockTokens < blockSize || r.BlockTokens%blockSize != 0):
 			return fmt.Errorf("%w: request %d has %d tokens per prefix hash; want a multiple of the block size %d", ErrInvalidWorkload, i, r.BlockTokens, blockSize)
 		}
 		last = r.Arrival
@@ -98,9 +108,21 @@ type Synthetic struct {
 	PrefixTokens LogNormal
 	// SessionShare is the probability that an arrival is the next turn of one
 	// of the last Sessions conversations; its prompt is the previous prompt
-	// plus the previous reply plus a new message.
+	// plus the previous reply plus a new message. The turn may arrive before
+	// the previous reply ends, as in an agent's tight loop, so the reply is
+	// not reused from cache; see Turns for conversations paced by replies.
 	SessionShare float64
 	Sessions     int
+	// Turns, if positive, switches to paced conversations in place of
+	// SessionShare: every fresh request starts a conversation of a
+	// geometric number of turns with mean Turns (at least 1), and each next
+	// turn arrives after the previous reply (40 ms per output token) plus
+	// an exponential pause of mean ThinkTime. Fresh requests then arrive at
+	// Rate/Turns, so that all requests arrive at about Rate. Every request
+	// carries its Reply, which the engines cache, so a turn on the replica
+	// that served the previous one reuses the whole history.
+	Turns     float64
+	ThinkTime time.Duration
 	// FanoutShare is the probability that an arrival starts an agent burst of
 	// FanoutSize requests arriving within a few milliseconds that share a new
 	// parent prefix of PrefixTokens.
@@ -127,14 +149,19 @@ func (d LogNormal) validate(name string) error {
 	return nil
 }
 
-// DefaultSynthetic returns the workload of the default scenario: that of
-// [PrefixSynthetic] with half of the arrivals continuing one of 128 recent
-// conversations and 20% of fresh requests on a shared prefix, so that 60% of
-// requests share a prefix, most of it their own conversation's history,
-// which only the replica that served the previous turn holds.
+// DefaultSynthetic returns the workload of the default scenario: the
+// lengths of [PrefixSynthetic], but conversations paced by their replies
+// (Turns): every fresh request starts a conversation of 4 turns on average,
+// each next turn arriving after the reply plus a pause of 5 s on average, so
+// three requests in four continue a conversation whose whole history, reply
+// included, only the replica that served the previous turn holds; 20% of
+// fresh requests start with one of 32 shared prefixes, and 1% start an agent
+// burst. rate is the long-run request rate; a run starts with fewer
+// conversations under way, so its mean rate is somewhat lower.
 func DefaultSynthetic(n int, rate float64) Synthetic {
 	w := PrefixSynthetic(n, rate)
-	w.SessionShare, w.Sessions, w.PrefixShare = 0.5, 128, 0.2
+	w.SessionShare, w.Sessions, w.PrefixShare = 0, 0, 0.2
+	w.Turns, w.ThinkTime = 4, 5*time.Second
 	return w
 }
 
@@ -177,6 +204,12 @@ func (s *Synthetic) validate() error {
 		return fmt.Errorf("%w: shares must be in [0, 1] (session + fanout <= 1)", ErrInvalidWorkload)
 	case s.PrefixShare > 0 && (s.PrefixGroups < 1 || !(s.PrefixZipf > 1)):
 		return fmt.Errorf("%w: prefix groups %d, zipf %v: want >= 1 and > 1", ErrInvalidWorkload, s.PrefixGroups, s.PrefixZipf)
+	case s.Turns != 0 && !(s.Turns >= 1 && s.Turns <= 1e6):
+		return fmt.Errorf("%w: %v turns per conversation: want 0 or in [1, 1e6]", ErrInvalidWorkload, s.Turns)
+	case s.ThinkTime < 0:
+		return fmt.Errorf("%w: think time %v", ErrInvalidWorkload, s.ThinkTime)
+	case s.Turns > 0 && s.SessionShare > 0:
+		return fmt.Errorf("%w: Turns paces conversations in place of SessionShare; set one", ErrInvalidWorkload)
 	case s.SessionShare > 0 && s.Sessions < 1:
 		return fmt.Errorf("%w: %d sessions", ErrInvalidWorkload, s.Sessions)
 	case s.FanoutShare > 0 && s.FanoutSize < 1:
@@ -199,8 +232,9 @@ func inUnit(x float64) bool { return x >= 0 && x <= 1 }
 // session is the state of a multi-turn conversation.
 type session struct {
 	key    string
-	prompt int      // tokens of the last prompt plus its reply
-	hashes []uint64 // chained hashes of the full blocks of those tokens
+	prompt int           // tokens of the last prompt plus its reply
+	hashes []uint64      // chained hashes of the full blocks of those tokens
+	ready  time.Duration // paced conversations: when the next turn arrives
 }
 
 // Generate returns the requests of s, deterministic for seed.
@@ -223,20 +257,22 @@ func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 		}
 	}
 	out := make([]Request, 0, s.Requests)
+	if s.Turns > 0 {
+		return g.conversations(out), nil
+	}
 	var t time.Duration
 	for len(out) < s.Requests {
 		t += g.gap()
 		u := g.rng.Float64()
 		switch {
 		case u < s.SessionShare && len(g.sessions) > 0:
-			out = append(out, g.followUp(t))
+			sess := g.sessions[g.rng.IntN(len(g.sessions))]
+			req := g.followUp(t, sess)
+			g.extend(sess, &req)
+			out = append(out, req)
 		case u < s.SessionShare+s.FanoutShare:
-			parent := g.blocks(nil, s.PrefixTokens.sample(g.rng))
-			at := t
-			for k := 0; k < s.FanoutSize && len(out) < s.Requests; k++ {
-				out = append(out, g.fresh(at, parent))
-				at += time.Duration(1+g.rng.IntN(5)) * time.Millisecond
-			}
+			var at time.Duration
+			out, at = g.fanout(out, t)
 			// Skip the arrival gaps of the children so that Rate stays the
 			// mean request rate.
 			for k := 1; k < s.FanoutSize; k++ {
@@ -258,6 +294,109 @@ func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 	return out, nil
 }
 
+// fanout appends an agent burst arriving from t: up to FanoutSize requests
+// a few milliseconds apart sharing a new parent prefix. It returns when the
+// next child would have arrived.
+func (g *generator) fanout(out []Request, t time.Duration) ([]Request, time.Duration) {
+	parent := g.blocks(nil, g.s.PrefixTokens.sample(g.rng))
+	at := t
+	for k := 0; k < g.s.FanoutSize && len(out) < g.s.Requests; k++ {
+		out = append(out, g.fresh(at, parent))
+		at += time.Duration(1+g.rng.IntN(5)) * time.Millisecond
+	}
+	return out, at
+}
+
+// conversations generates the requests of paced conversations (Synthetic.Turns):
+// fresh arrivals at Rate/Turns, each starting a conversation unless it is an
+// agent burst, and every next turn after its reply and a pause.
+func (g *generator) conversations(out []Request) []Request {
+	s := g.s
+	more := 1 - 1/s.Turns // the probability of a further turn
+	mean := s.Turns / s.Rate
+	var next turnQueue
+	t := g.gapOf(mean)
+	for len(out) < s.Requests {
+		if len(next) > 0 && next[0].ready <= t {
+			sess := heap.Pop(&next).(*session)
+			req := g.followUp(sess.ready, sess)
+			g.reply(&req)
+			g.pace(sess, &req)
+			out = append(out, req)
+			if g.rng.Float64() < more {
+				heap.Push(&next, sess)
+			}
+			continue
+		}
+		if g.rng.Float64() < s.FanoutShare {
+			out, _ = g.fanout(out, t)
+		} else {
+			var head []uint64
+			if s.PrefixShare > 0 && g.rng.Float64() < s.PrefixShare {
+				head = g.groups[g.zipf.Uint64()]
+			}
+			req := g.fresh(t, head)
+			g.reply(&req)
+			g.nextSess++
+			sess := &session{key: fmt.Sprintf("s%d", g.nextSess)}
+			req.Session = sess.key
+			g.pace(sess, &req)
+			out = append(out, req)
+			if g.rng.Float64() < more {
+				heap.Push(&next, sess)
+			}
+		}
+		t += g.gapOf(mean)
+	}
+	// Agent bursts run a few milliseconds past the next arrivals.
+	slices.SortStableFunc(out, func(a, b Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
+	return out
+}
+
+// reply sets req.Reply: new blocks continuing the prompt's full blocks over
+// its partial tail and its output, full blocks only.
+func (g *generator) reply(req *Request) {
+	bt := g.s.BlockTokens
+	full := min(req.PromptTokens/bt, len(req.Prefix))
+	total := req.PromptTokens + req.OutputTokens
+	if total/bt <= full {
+		return
+	}
+	h := g.blocks(req.Prefix[:full], total-full*bt)
+	req.Reply = h[full : total/bt : total/bt]
+}
+
+// replyTokenTime is how long a reply takes to stream per output token, as
+// paced conversations assume.
+const replyTokenTime = 40 * time.Millisecond
+
+// pace records req, with its Reply, as the history of sess and schedules
+// the next turn after the reply and a pause.
+func (g *generator) pace(sess *session, req *Request) {
+	full := min(req.PromptTokens/g.s.BlockTokens, len(req.Prefix))
+	sess.prompt = req.PromptTokens + req.OutputTokens
+	sess.hashes = append(req.Prefix[:full:full], req.Reply...)
+	sess.ready = req.Arrival + time.Duration(req.OutputTokens)*replyTokenTime
+	if g.s.ThinkTime > 0 {
+		sess.ready += time.Duration(g.rng.ExpFloat64() * float64(g.s.ThinkTime))
+	}
+}
+
+// turnQueue orders paced conversations by the arrival of their next turn.
+type turnQueue []*session
+
+func (q turnQueue) Len() int           { return len(q) }
+func (q turnQueue) Less(i, j int) bool { return q[i].ready < q[j].ready }
+func (q turnQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *turnQueue) Push(x any)        { *q = append(*q, x.(*session)) }
+func (q *turnQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	return x
+}
+
 type generator struct {
 	s        *Synthetic
 	rng      *rand.Rand
@@ -270,8 +409,10 @@ type generator struct {
 
 // gap draws an inter-arrival time: exponential for CV 1, else Gamma with
 // shape 1/CV^2.
-func (g *generator) gap() time.Duration {
-	mean := 1 / g.s.Rate
+func (g *generator) gap() time.Duration { return g.gapOf(1 / g.s.Rate) }
+
+// gapOf draws an inter-arrival time of mean seconds, as gap does.
+func (g *generator) gapOf(mean float64) time.Duration {
 	var x float64
 	if g.s.ArrivalCV == 1 {
 		x = g.rng.ExpFloat64() * mean
@@ -359,10 +500,10 @@ func (g *generator) extend(sess *session, req *Request) {
 	sess.hashes = h[:sess.prompt/bt] // only full blocks are a reusable head
 }
 
-// followUp builds the next turn of a random remembered session. A session
-// whose history outgrew the prompt cap starts over.
-func (g *generator) followUp(t time.Duration) Request {
-	sess := g.sessions[g.rng.IntN(len(g.sessions))]
+// followUp builds the next turn of sess arriving at t; the caller records
+// it as the session's history. A session whose history outgrew the prompt
+// cap starts over.
+func (g *generator) followUp(t time.Duration, sess *session) Request {
 	msg := g.s.Prompt.sample(g.rng) / 4
 	msg = max(msg, 1)
 	head, base := sess.hashes, sess.prompt
@@ -377,6 +518,5 @@ func (g *generator) followUp(t time.Duration) Request {
 		Prefix:       g.blocks(head, base-len(head)*g.s.BlockTokens+msg),
 		Session:      sess.key,
 	}
-	g.extend(sess, &req)
 	return req
 }

@@ -6,8 +6,8 @@
 //	llmlb-sim [flags]
 //
 // With no flags it runs the default scenario (8 replicas, heavy-tailed
-// lengths, 60% of requests sharing a prefix, mostly a conversation's
-// history) under every policy and prints a table. See
+// lengths, three requests in four the next turn of a conversation paced by
+// its replies) under every policy and prints a table. See
 // package github.com/llmlb/llmlb/sim for the model and the meaning of each
 // column. -svg writes one SVG file holding two plots: the TTFT CDF of every
 // policy and the outstanding requests of each replica over time under the
