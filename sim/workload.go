@@ -80,10 +80,12 @@ func validateRequests(reqs []Request, blockSize int) error {
 const maxTokens = 1 << 24
 
 // Synthetic describes a generated workload. Its zero value is not useful:
-// start from [DefaultSynthetic] or [PrefixSynthetic] and change fields. Every arrival is one of:
-// a follow-up turn of a recent multi-turn session (SessionShare), the start
-// of an agent fan-out burst (FanoutShare), or a fresh request, which starts
-// with one of PrefixGroups shared prefixes with probability PrefixShare.
+// start from [DefaultSynthetic] or [PrefixSynthetic] and change fields.
+// Every arrival is one of: a follow-up turn, either of a recent multi-turn
+// session (SessionShare) or of a conversation paced by its replies (Turns),
+// the start of an agent fan-out burst (FanoutShare), or a fresh request,
+// which starts with one of PrefixGroups shared prefixes with probability
+// PrefixShare.
 type Synthetic struct {
 	// Requests is the number of requests generated.
 	Requests int
@@ -118,9 +120,10 @@ type Synthetic struct {
 	// geometric number of turns with mean Turns (at least 1), and each next
 	// turn arrives after the previous reply (40 ms per output token) plus
 	// an exponential pause of mean ThinkTime. Fresh requests then arrive at
-	// Rate/Turns, so that all requests arrive at about Rate. Every request
+	// Rate/Turns, so that all requests arrive at about Rate. Every turn
 	// carries its Reply, which the engines cache, so a turn on the replica
-	// that served the previous one reuses the whole history.
+	// that served the previous one reuses the whole history; the children
+	// of agent bursts, which no turn follows, carry none.
 	Turns     float64
 	ThinkTime time.Duration
 	// FanoutShare is the probability that an arrival starts an agent burst of
