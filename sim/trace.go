@@ -281,10 +281,10 @@ func toRequests(lines []traceLine, blockTokens int, opt TraceOptions) ([]Request
 // tokens tokens, shared by all replicas, would reach on reqs: each request's
 // blocks, in order, hit while they are cached and are then cached as the
 // most recently used, evicting the least recently used, and its Reply
-// blocks are cached after them. With tokens the
-// cluster's total KV capacity, it shows how much of [InfiniteCacheHitRate]
-// finite caches can reach at all; it is a reference rather than a strict
-// bound, since LRU is not the best eviction order. It returns 0 when tokens
+// blocks are cached after them. With tokens the cluster's total KV
+// capacity, it shows how much of [InfiniteCacheHitRate] finite caches can
+// reach at all; it is a reference rather than a strict bound, since LRU is
+// not the best eviction order. It returns 0 when tokens
 // holds no block.
 func PooledCacheHitRate(reqs []Request, tokens int) float64 {
 	var cache *simplelru.LRU[uint64, struct{}]
