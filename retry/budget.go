@@ -3,8 +3,10 @@ package retry
 import (
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 )
 
 // Budget decides whether a request may send one more attempt (a retry or a
@@ -76,13 +78,6 @@ func DefaultPercentConfig() PercentConfig {
 	}
 }
 
-// paddedSlot keeps each slot on its own cache line, so that writes to the
-// current slot do not evict the others from the caches of cores summing them.
-type paddedSlot struct {
-	v atomic.Uint64
-	_ [56]byte
-}
-
 // budgetSlots is the number of time slots a TTL is divided into.
 const budgetSlots = 10
 
@@ -93,7 +88,8 @@ const percentScale = 10000
 // deposits PercentCanRetry of a retry, each retry withdraws one, and both
 // expire after the TTL; a reserve of MinRetriesPerSec*TTL retries is always
 // available on top. Create one with [NewPercentBudget]; the zero value is not
-// usable. It is safe for concurrent use, takes no locks, and does not allocate.
+// usable. It is safe for concurrent use, takes no locks on its calls, and
+// does not allocate.
 //
 // # The bound
 //
@@ -113,29 +109,42 @@ const percentScale = 10000
 // retries are at most PercentCanRetry*requests plus MinRetriesPerSec*TTL per
 // started TTL. The percentage is rounded to 1e-4, written d/w in lowest
 // terms, and the reserve is rounded down to a multiple of 1/w of a retry.
+// The counts are kept modulo 2^32: a TTL may hold up to 2^32-1 requests.
 //
 // # The system clock
 //
 // With the system clock (a nil Clock), the budget does not read the clock on
-// each call: a timer moves it to the next slot at each boundary, so calls
-// read one shared word, and a slot begins late by the timer's delay, usually
+// each call: a timer moves it to the next slot at each boundary, so a call
+// is one atomic operation on one shared word (plus a read of a word that
+// changes once a slot), and a slot begins late by the timer's delay, usually
 // well under a millisecond. The bound above holds for slots so delimited.
 // The timer fires once per slot (every second with the default TTL) and
 // stops once the budget is unreachable. With an injected Clock, each call
-// reads it.
+// reads it, and the first call of a new slot moves the budget to it.
 type PercentBudget struct {
 	clock   Clock
-	ticker  *slotClock // with the system clock: the slot, kept by a timer
+	manual  bool // an injected clock: calls read it and move the slot
 	start   time.Time
-	width   int64    // slot width in nanoseconds
-	deposit int64    // units added per deposit
-	cost    int64    // units taken per withdrawal
-	reserve int64    // units always available
-	_       [64]byte // keeps the fields above off the slots' cache lines
-	// slots holds, per slot, the low 32 bits of the slot's epoch and its net
-	// balance in units (see packSlot). The zero word is not a valid slot:
-	// NewPercentBudget initializes each to balance 0 of a far epoch.
-	slots [budgetSlots]paddedSlot
+	width   int64 // slot width in nanoseconds
+	deposit int64 // units added per deposit
+	cost    int64 // units taken per withdrawal
+	reserve int64 // units always available
+	// base is counts as it was when the oldest live slot began: the live
+	// requests and retries are counts minus base. It changes once a slot.
+	base atomic.Uint64
+	// mu serializes moving to a new slot; cur and marks change under it.
+	mu  sync.Mutex
+	cur atomic.Uint64 // the slot number base belongs to
+	// marks holds counts as it was when each of the last 10 slots began,
+	// slot k at marks[k%budgetSlots].
+	marks [budgetSlots]uint64
+	_     [64]byte // keeps the fields above off counts' cache line
+	// counts packs the requests (low 32 bits) and the retries (high 32
+	// bits) ever counted, each modulo 2^32. A request is one atomic add;
+	// when the low half wraps, its carry reads as one more retry, which
+	// only errs on the safe side, once per 2^32 requests.
+	counts atomic.Uint64
+	_      [56]byte
 }
 
 // NewPercentBudget returns a budget configured by cfg. It rejects a missing,
@@ -166,20 +175,18 @@ func NewPercentBudget(cfg PercentConfig) (*PercentBudget, error) {
 		return nil, invalidf("budget reserve of %v retries per TTL is too large", reserveRetries)
 	}
 	clock := clockOr(cfg.Clock)
+	_, sys := clock.(systemClock)
 	b := &PercentBudget{
 		clock:   clock,
+		manual:  !sys,
 		start:   clock.Now(),
 		width:   int64(cfg.TTL / budgetSlots),
 		deposit: d,
 		cost:    w,
 		reserve: int64(reserveRetries * float64(w)),
 	}
-	for i := range b.slots {
-		// An epoch half the cycle away reads as stale from epoch 0 on.
-		b.slots[i].v.Store(packSlot(1<<31, 0))
-	}
-	if _, sys := clock.(systemClock); sys {
-		b.ticker = newSlotClock(b.start, time.Duration(b.width))
+	if sys {
+		armSlotTimer(weak.Make(b), time.Duration(b.width))
 	}
 	return b, nil
 }
@@ -191,11 +198,23 @@ func gcd(a, b int64) int64 {
 	return a
 }
 
-// epoch returns the slot number of the current time.
+// armSlotTimer moves the budget to the slot of the time after the given
+// delay, and then again at each following slot boundary, for as long as the
+// budget is reachable: the timer holds it only weakly.
+func armSlotTimer(wp weak.Pointer[PercentBudget], after time.Duration) {
+	time.AfterFunc(after, func() {
+		b := wp.Value()
+		if b == nil {
+			return
+		}
+		e := b.epoch()
+		b.moveTo(e)
+		armSlotTimer(wp, time.Until(b.start.Add(time.Duration(e+1)*time.Duration(b.width))))
+	})
+}
+
+// epoch returns the slot number of the clock's time.
 func (b *PercentBudget) epoch() uint64 {
-	if b.ticker != nil {
-		return b.ticker.load()
-	}
 	d := int64(b.clock.Now().Sub(b.start))
 	if d < 0 {
 		return 0
@@ -203,30 +222,76 @@ func (b *PercentBudget) epoch() uint64 {
 	return uint64(d / b.width)
 }
 
+// sync moves an injected-clock budget to the slot of the clock's time.
+func (b *PercentBudget) sync() {
+	if !b.manual {
+		return
+	}
+	if e := b.epoch(); e > b.cur.Load() {
+		b.moveTo(e)
+	}
+}
+
+// moveTo makes slot e the current one, if it is later than the current one:
+// the slots since the current one begin now, and base becomes the mark of
+// slot e-9.
+func (b *PercentBudget) moveTo(e uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := b.cur.Load()
+	if e <= cur {
+		return
+	}
+	now := b.counts.Load()
+	first := cur + 1
+	if e >= budgetSlots && e-budgetSlots+1 > first {
+		first = e - budgetSlots + 1
+	}
+	for k := first; k <= e; k++ {
+		b.marks[k%budgetSlots] = now
+	}
+	// Slot e-9, the oldest live one, sits where slot e+1 will. Before slot
+	// 9 it is slot 0's mark, still zero.
+	if e >= budgetSlots-1 {
+		b.base.Store(b.marks[(e+1)%budgetSlots])
+	}
+	b.cur.Store(e)
+}
+
 // Deposit records one request.
-func (b *PercentBudget) Deposit() { b.add(b.epoch(), b.deposit, false) }
+func (b *PercentBudget) Deposit() {
+	b.sync()
+	b.counts.Add(1)
+}
+
+// balance returns the units left by counts c over base: the reserve plus
+// the live deposits minus the live withdrawals.
+func (b *PercentBudget) balance(c, base uint64) int64 {
+	deposits := int64(uint32(c) - uint32(base))
+	withdrawals := int64(uint32(c>>32) - uint32(base>>32))
+	return b.reserve + deposits*b.deposit - withdrawals*b.cost
+}
 
 // TryWithdraw reports whether one retry may be sent, and if so records it.
 func (b *PercentBudget) TryWithdraw() bool {
-	e := b.epoch()
-	if b.balance(e) < b.cost {
-		return false // fast path: no write when the budget is spent
+	b.sync()
+	base := b.base.Load()
+	for {
+		c := b.counts.Load()
+		if b.balance(c, base) < b.cost {
+			return false
+		}
+		if b.counts.CompareAndSwap(c, c+1<<32) {
+			return true
+		}
 	}
-	rec, ok := b.add(e, -b.cost, false)
-	if !ok {
-		return false
-	}
-	if b.balance(e) >= 0 {
-		return true
-	}
-	b.add(rec, b.cost, true)
-	return false
 }
 
 // Available returns the number of retries that could be withdrawn now,
 // rounded down. It is meant for tests and metrics.
 func (b *PercentBudget) Available() int64 {
-	bal := b.balance(b.epoch())
+	b.sync()
+	bal := b.balance(b.counts.Load(), b.base.Load())
 	if bal < 0 {
 		return 0
 	}
@@ -241,81 +306,6 @@ func (b *PercentBudget) Withdraw() bool { return b.TryWithdraw() }
 
 // Finish implements [Budget]; it does nothing.
 func (b *PercentBudget) Finish(bool, Outcome) {}
-
-// newerSlots bounds how far ahead of a goroutine's clock reading a slot's
-// epoch may be and still be taken as newer rather than stale. Only a slot
-// left untouched for about 2^32 slots (more than a year with the minimum TTL)
-// could be mistaken for a newer one.
-const newerSlots = 1 << 20
-
-// A slot packs the low 32 bits of its epoch and its balance biased by 2^31:
-// epoch<<32 | uint32(balance + 2^31). While the balance stays well inside
-// the int32 range, adding a delta to the packed word adds it to the balance
-// without touching the epoch, so the common case is one atomic add.
-const (
-	slotBias = 1 << 31
-	slotSafe = 1 << 30 // |balance| below this takes the atomic-add path
-)
-
-func packSlot(e uint32, v int64) uint64 { return uint64(e)<<32 | uint64(v+slotBias) }
-
-func unpackSlot(x uint64) (uint32, int64) { return uint32(x >> 32), int64(uint32(x)) - slotBias }
-
-// add adds delta units to the slot of epoch e and returns the epoch it was
-// recorded under. A slot holding an older epoch is restarted; one holding a
-// newer epoch (another goroutine read a later time) takes the delta, which
-// errs on the safe side for a withdrawal and extends a deposit's life by at
-// most a slot. With exact set, the delta is dropped unless the slot still
-// holds epoch e: a refund of a withdrawal that expired is not paid. A balance
-// is capped at the int32 range; a withdrawal that would pass the floor fails.
-func (b *PercentBudget) add(e uint64, delta int64, exact bool) (uint64, bool) {
-	s := &b.slots[e%budgetSlots].v
-	if !exact {
-		// Fast path: the slot is current and far from the bounds. If
-		// another goroutine restarts it for a newer epoch meanwhile, the
-		// delta lands in the newer epoch, as on the slow path.
-		if se, sv := unpackSlot(s.Load()); se == uint32(e) && sv > -slotSafe && sv < slotSafe {
-			ne, _ := unpackSlot(s.Add(uint64(delta)))
-			return e + uint64(int32(ne-uint32(e))), true
-		}
-	}
-	for {
-		old := s.Load()
-		se, sv := unpackSlot(old)
-		diff := int32(uint32(e) - se)
-		re := e
-		switch {
-		case diff == 0:
-		case exact:
-			return 0, false
-		case diff < 0 && diff > -newerSlots:
-			re = e + uint64(-diff)
-		default:
-			se, sv = uint32(e), 0
-		}
-		nv := sv + delta
-		if nv < math.MinInt32 {
-			return 0, false
-		}
-		nv = min(nv, math.MaxInt32)
-		if s.CompareAndSwap(old, packSlot(se, nv)) {
-			return re, true
-		}
-	}
-}
-
-// balance returns the reserve plus the net balance of the live slots at
-// epoch e.
-func (b *PercentBudget) balance(e uint64) int64 {
-	sum := b.reserve
-	for i := range b.slots {
-		se, sv := unpackSlot(b.slots[i].v.Load())
-		if diff := int32(uint32(e) - se); diff > -budgetSlots && diff < budgetSlots {
-			sum += sv
-		}
-	}
-	return sum
-}
 
 // String returns the outcome's name.
 func (o Outcome) String() string {

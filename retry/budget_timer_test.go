@@ -7,33 +7,49 @@ import (
 	"weak"
 )
 
-// TestSlotClockFollowsTime checks that the timer-kept slot advances with the
-// monotonic clock and never runs ahead of it.
-func TestSlotClockFollowsTime(t *testing.T) {
-	const width = 5 * time.Millisecond
-	start := time.Now()
-	c := newSlotClock(start, width)
+// TestSlotTimerFollowsTime checks that on the system clock the timer moves
+// the budget to each new slot and never ahead of the time.
+func TestSlotTimerFollowsTime(t *testing.T) {
+	b, err := NewPercentBudget(PercentConfig{TTL: 100 * time.Millisecond, PercentCanRetry: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	width := time.Duration(b.width)
 	deadline := time.Now().Add(10 * time.Second)
-	for c.load() < 4 {
+	for b.cur.Load() < 4 {
 		if time.Now().After(deadline) {
-			t.Fatalf("slot %d after 10s of %v slots", c.load(), width)
+			t.Fatalf("slot %d after 10s of %v slots", b.cur.Load(), width)
 		}
-		before := c.load()
-		if now := uint64(time.Since(start) / width); before > now {
+		before := b.cur.Load()
+		if now := uint64(time.Since(b.start) / width); before > now {
 			t.Fatalf("slot %d ahead of the time's slot %d", before, now)
 		}
 		time.Sleep(time.Millisecond)
 	}
 }
 
-// TestSlotClockStopsWhenUnreachable checks that the timer does not keep a
-// dropped clock (and so its budget) alive.
-func TestSlotClockStopsWhenUnreachable(t *testing.T) {
-	wp := weak.Make(newSlotClock(time.Now(), 10*time.Millisecond))
+// TestSlotTimerStopsWhenUnreachable checks that the timer does not keep a
+// dropped budget alive.
+func TestSlotTimerStopsWhenUnreachable(t *testing.T) {
+	b, err := NewPercentBudget(PercentConfig{TTL: 100 * time.Millisecond, PercentCanRetry: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Let the timer fire first, so that a callback keeping the budget
+	// would have done so.
 	deadline := time.Now().Add(10 * time.Second)
+	for b.cur.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the slot timer did not fire in 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	wp := weak.Make(b)
+	b = nil
+	deadline = time.Now().Add(10 * time.Second)
 	for wp.Value() != nil {
 		if time.Now().After(deadline) {
-			t.Fatal("slot clock still reachable 10s after it was dropped")
+			t.Fatal("budget still reachable 10s after it was dropped")
 		}
 		runtime.GC()
 		time.Sleep(time.Millisecond)
@@ -48,8 +64,8 @@ func TestPercentBudgetSystemClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.ticker == nil {
-		t.Fatal("a budget on the system clock has no slot timer")
+	if b.manual {
+		t.Fatal("a budget on the system clock reads the clock on each call")
 	}
 	for range 5 {
 		b.Start()
