@@ -571,3 +571,43 @@ func BenchmarkSharedCounter(b *testing.B) {
 		}
 	})
 }
+
+// TestPercentBudgetConcurrentSlots runs goroutines against a budget while
+// the clock moves through many slots, so that slot changes race with
+// deposits and withdrawals. The bound for traffic from an idle start must
+// hold in total, and the budget must still grant nearly all of it.
+func TestPercentBudgetConcurrentSlots(t *testing.T) {
+	clk := newFakeClock()
+	const ttl = time.Second
+	b, _ := NewPercentBudget(PercentConfig{TTL: ttl, MinRetriesPerSec: 10, PercentCanRetry: 0.5, Clock: clk})
+	var wg sync.WaitGroup
+	var requests, granted atomic.Int64
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20000; i++ {
+				b.Deposit()
+				requests.Add(1)
+				if b.TryWithdraw() {
+					granted.Add(1)
+				}
+				if g == 0 && i%10 == 0 {
+					clk.Advance(time.Millisecond) // 2,000 ms: 20 slots
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	slots := int64(clk.Now().Sub(b.start)/(ttl/budgetSlots)) + 1
+	bound := requests.Load()/2 + 10*((slots+budgetSlots-1)/budgetSlots)
+	t.Logf("requests %d, retries %d, bound %d over %d slots", requests.Load(), granted.Load(), bound, slots)
+	if granted.Load() > bound {
+		t.Fatalf("granted %d retries, bound %d", granted.Load(), bound)
+	}
+	// Deposits expire after a TTL, so a share of them is never spent; but
+	// most of the 50% must be granted.
+	if granted.Load() < requests.Load()*4/10 {
+		t.Fatalf("granted only %d retries for %d requests at 50%%", granted.Load(), requests.Load())
+	}
+}
