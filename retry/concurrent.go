@@ -40,10 +40,12 @@ func DefaultConcurrentConfig() ConcurrentConfig {
 type ConcurrentBudget struct {
 	permille int64 // budget in thousandths of the active attempts
 	min      int64
+	_        [48]byte // state on a cache line of its own: every call writes it
 	// state packs the retries in flight (high 32 bits) and the attempts in
 	// flight, retries included (low 32 bits), so that each call is one
 	// atomic add.
 	state atomic.Int64
+	_     [56]byte
 }
 
 const (

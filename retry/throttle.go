@@ -35,9 +35,12 @@ func DefaultThrottleConfig() ThrottleConfig {
 // value is not usable. It is safe for concurrent use, takes no locks, and does
 // not allocate. Tokens are kept in thousandths.
 type Throttle struct {
-	max    int64 // milli-tokens
-	ratio  int64 // milli-tokens per success
+	max   int64    // milli-tokens
+	ratio int64    // milli-tokens per success
+	_     [48]byte // tokens on a cache line of its own: every call writes it
+	// tokens is the bucket's level in milli-tokens.
 	tokens atomic.Int64
+	_      [56]byte
 }
 
 // NewThrottle returns a throttle configured by cfg, with a full bucket. It
