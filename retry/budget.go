@@ -88,8 +88,8 @@ const percentScale = 10000
 // deposits PercentCanRetry of a retry, each retry withdraws one, and both
 // expire after the TTL; a reserve of MinRetriesPerSec*TTL retries is always
 // available on top. Create one with [NewPercentBudget]; the zero value is not
-// usable. It is safe for concurrent use, takes no locks on its calls, and
-// does not allocate.
+// usable. It is safe for concurrent use and does not allocate; its calls take
+// no locks, except, with an injected Clock, the first call of each slot.
 //
 // # The bound
 //
