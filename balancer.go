@@ -77,6 +77,7 @@ type epState struct {
 	obsAt    atomic.Int64 // At (unix nanos) of the observation the epoch belongs to
 	epoch    uint64
 	epReqs   atomic.Int64
+	epQueued atomic.Int64 // of epReqs, those before their first token
 	epTokens atomic.Int64
 }
 
@@ -324,6 +325,7 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 			st.roll(obs.At.UnixNano())
 		}
 		st.epReqs.Add(1)
+		st.epQueued.Add(1)
 		st.epTokens.Add(prefill + decode)
 		rec.epoch = st.epoch + 1 // 0 means "not tracked"
 		st.mu.Unlock()
@@ -359,8 +361,16 @@ func (p Pick) FirstToken() {
 	if rec == nil || !rec.state.CompareAndSwap(p.base|phasePicked, p.base|phaseBusy) {
 		return // done, streaming already, or another call holds it
 	}
-	rec.st.prefill.Add(-rec.prefill)
-	rec.st.requests.Add(-oneQueued)
+	st := rec.st
+	st.prefill.Add(-rec.prefill)
+	st.requests.Add(-oneQueued)
+	if rec.epoch != 0 {
+		st.mu.Lock()
+		if st.epoch == rec.epoch-1 {
+			st.epQueued.Add(-1)
+		}
+		st.mu.Unlock()
+	}
 	rec.state.Store(p.base | phaseStreaming)
 }
 
@@ -400,6 +410,9 @@ func (p Pick) Done(err error) {
 		st.mu.Lock()
 		if st.epoch == rec.epoch-1 {
 			st.epReqs.Add(-1)
+			if !streaming {
+				st.epQueued.Add(-1)
+			}
 			st.epTokens.Add(-(rec.prefill + rec.decode))
 		}
 		st.mu.Unlock()

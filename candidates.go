@@ -200,6 +200,13 @@ type EndpointLoad struct {
 	// Fresh reports whether a signal observation younger than the maximum
 	// age was used.
 	Fresh bool
+	// backlog estimates the requests at the endpoint waiting for their
+	// first token: with a fresh signal, the observation's waiting requests
+	// plus this balancer's dispatches since it that have not streamed yet
+	// (never less than Queued); otherwise Queued. Unlike Waiting, which
+	// counts every dispatch since the observation that is still
+	// outstanding, it does not grow with the time since the observation.
+	backlog int64
 	// Weight is the endpoint's effective weight: its static weight times its
 	// slow-start factor.
 	Weight float64
@@ -221,7 +228,7 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	l.PrefillTokens = st.prefill.Load()
 	l.DecodeTokens = st.decode.Load()
 	l.ActiveTokens = st.prompt.Load() + l.DecodeTokens
-	l.Requests, l.Waiting = l.Outstanding, l.Queued
+	l.Requests, l.Waiting, l.backlog = l.Outstanding, l.Queued, l.Queued
 	l.KVUsage, l.KVBlocks, l.BlockSize, l.Fresh = math.NaN(), 0, 0, false
 	l.Weight = c.weight(st)
 	if c.b.signal == nil {
@@ -231,10 +238,11 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	if !ok {
 		return
 	}
-	reqs, tokens := st.correction(obs.At.UnixNano())
+	reqs, queued, tokens := st.correction(obs.At.UnixNano())
 	l.Fresh = true
 	l.Requests = max(int64(obs.Running+obs.Waiting)+reqs, l.Outstanding)
 	l.Waiting = max(int64(obs.Waiting)+reqs, l.Queued)
+	l.backlog = max(int64(obs.Waiting)+queued, l.Queued)
 	l.KVBlocks, l.BlockSize = obs.KVBlocks, obs.BlockSize
 	if !math.IsNaN(obs.KVUsage) {
 		l.KVUsage = obs.KVUsage
@@ -270,16 +278,16 @@ func (c *Candidates) observe(st *epState) (Load, bool) {
 	return obs, true
 }
 
-// correction returns this balancer's dispatches to st, in requests and
-// tokens, made since the observation taken at at was first seen and still
-// outstanding.
-func (st *epState) correction(at int64) (reqs, tokens int64) {
+// correction returns this balancer's dispatches to st made since the
+// observation taken at at was first seen and still outstanding: requests,
+// those of them before their first token, and tokens.
+func (st *epState) correction(at int64) (reqs, queued, tokens int64) {
 	if at > st.obsAt.Load() {
 		st.mu.Lock()
 		st.roll(at)
 		st.mu.Unlock()
 	}
-	return st.epReqs.Load(), st.epTokens.Load()
+	return st.epReqs.Load(), st.epQueued.Load(), st.epTokens.Load()
 }
 
 // roll starts a new dispatch epoch if the observation at is newer than the
@@ -289,6 +297,7 @@ func (st *epState) roll(at int64) {
 		st.obsAt.Store(at)
 		st.epoch++
 		st.epReqs.Store(0)
+		st.epQueued.Store(0)
 		st.epTokens.Store(0)
 	}
 }

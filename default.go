@@ -26,13 +26,13 @@ const (
 	// DefaultKVPenalty is the cost, in prefill tokens, of each token of KV
 	// demand beyond an endpoint's capacity.
 	DefaultKVPenalty = 2.0
-	// DefaultOverloadWeight is how much each waiting request per endpoint
-	// beyond DefaultOverloadQueue adds to the weight of an uncached prompt
-	// token.
-	DefaultOverloadWeight = 8.0
-	// DefaultOverloadQueue is the mean number of waiting requests per
-	// endpoint from which locality is reinforced.
-	DefaultOverloadQueue = 2.0
+	// DefaultOverloadWeight is how much each request per endpoint waiting
+	// for its first token beyond DefaultOverloadQueue adds to the weight of
+	// an uncached prompt token.
+	DefaultOverloadWeight = 24.0
+	// DefaultOverloadQueue is the mean number of requests per endpoint
+	// waiting for their first token from which locality is reinforced.
+	DefaultOverloadQueue = 0.5
 	// DefaultQueueWeight is the cost of a waiting request, in mean prompt
 	// lengths.
 	DefaultQueueWeight = 1.0
@@ -86,14 +86,19 @@ type DefaultConfig struct {
 	// Zero means [DefaultKVPenalty].
 	KVPenalty float64
 	// OverloadWeight and OverloadQueue reinforce locality under overload:
-	// when the candidates hold on average more than OverloadQueue waiting
-	// requests ([EndpointLoad.Waiting], averaged over about the last 100
+	// when the candidates hold on average more than OverloadQueue requests
+	// waiting for their first token (averaged over about the last 100
 	// picks), each uncached prompt token costs OverloadWeight more per
-	// excess waiting request. A cache miss then
-	// costs the whole pool capacity, and abandoning locality because every
-	// queue is long is how cache-aware routers enter a death spiral. Zero
-	// means [DefaultOverloadWeight] and [DefaultOverloadQueue]; set
-	// OverloadQueue to +Inf to turn the reinforcement off.
+	// excess request. A cache miss then costs the whole pool capacity, and
+	// abandoning locality because every queue is long is how cache-aware
+	// routers enter a death spiral. The requests counted are this
+	// balancer's before their first token or, with a fresh signal, the
+	// engine's waiting requests at the observation plus this balancer's
+	// dispatches since then that have not streamed yet, whichever is
+	// larger: a backlog, which unlike [EndpointLoad.Waiting] does not grow
+	// with the time since the observation. Zero means
+	// [DefaultOverloadWeight] and [DefaultOverloadQueue]; set OverloadQueue
+	// to +Inf to turn the reinforcement off.
 	OverloadWeight float64
 	OverloadQueue  float64
 	// QueueWeight is the cost of each request waiting at the endpoint
@@ -131,7 +136,7 @@ type defaultPolicy struct {
 	queueWeight float64
 	slots       int64
 	slotWeight  float64
-	waiting     atomic.Uint64 // float64 bits: smoothed mean waiting requests
+	backlog     atomic.Uint64 // float64 bits: smoothed mean backlog per candidate
 	avgPrompt   atomic.Uint64 // float64 bits: moving average of prompt tokens
 }
 
@@ -146,12 +151,13 @@ type defaultPolicy struct {
 //	       - over * (sent-for prompt tokens)
 //	       + FootprintWeight * KV footprint
 //	       + KVPenalty * max(0, KV demand - KV capacity)
-//	over = OverloadWeight * max(0, mean waiting requests - OverloadQueue)
+//	over = OverloadWeight * max(0, mean backlog - OverloadQueue)
 //	k    = CacheWeight + over
 //
 // (the requests beyond the slots count the new one and are zero unless
-// Slots is set; the mean waiting requests per candidate is smoothed over
-// about the last 100 picks; sent-for tokens, with an Events index only, are
+// Slots is set; the backlog is the requests waiting for their first token
+// (see OverloadQueue), its mean per candidate smoothed over about the last
+// 100 picks; sent-for tokens, with an Events index only, are
 // the leading prompt tokens the policy sent a request for to the candidate
 // beyond those the engine reported: still in prefill, or evicted since)
 //
@@ -252,14 +258,14 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	pick := p.scored(c, n)
 
 	c.loads = growLoads(c.loads, n)
-	waiting := 0.0
+	backlog := 0.0
 	for _, i := range pick {
 		c.loadInto(int(i), &c.loads[i])
-		waiting += float64(c.loads[i].Waiting)
+		backlog += float64(c.loads[i].backlog)
 	}
 	// over is the overload term; k = CacheWeight + over is the cost of an
 	// uncached prompt token, in prefill tokens.
-	over := p.overWeight * max(p.smoothWaiting(waiting/float64(len(pick)))-p.overQueue, 0)
+	over := p.overWeight * max(p.smoothBacklog(backlog/float64(len(pick)))-p.overQueue, 0)
 	c.costs = growFloat64(c.costs, n)
 	if len(pick) < n {
 		for i := range c.costs {
@@ -342,16 +348,16 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 		p.kvPenalty*max(demand-capacity, 0)
 }
 
-// smoothWaiting folds the mean number of waiting requests per candidate of
-// this pick into a moving average over about the last 100 picks and returns
-// it, so that a short burst does not trade the tail of TTFT for locality but
-// a sustained backlog does.
-func (p *defaultPolicy) smoothWaiting(x float64) float64 {
+// smoothBacklog folds the mean backlog per candidate of this pick into a
+// moving average over about the last 100 picks and returns it, so that a
+// short burst does not trade the tail of TTFT for locality but a sustained
+// backlog does.
+func (p *defaultPolicy) smoothBacklog(x float64) float64 {
 	for {
-		old := p.waiting.Load()
+		old := p.backlog.Load()
 		next := math.Float64frombits(old)
 		next += (x - next) / 100
-		if p.waiting.CompareAndSwap(old, math.Float64bits(next)) {
+		if p.backlog.CompareAndSwap(old, math.Float64bits(next)) {
 			return next
 		}
 	}

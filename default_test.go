@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -192,5 +193,53 @@ func TestDefaultEventsIndex(t *testing.T) {
 		if _, err := Default(DefaultConfig{Index: decisions, Events: bad}); err == nil {
 			t.Errorf("Events index %p accepted", bad)
 		}
+	}
+}
+
+// TestDefaultOverloadReadsBacklog checks that the overload term measures the
+// requests waiting for their first token, not the dispatches since the last
+// observation: requests that stream at once leave it at zero however many
+// are outstanding, and requests that wait raise it.
+func TestDefaultOverloadReadsBacklog(t *testing.T) {
+	clock := newFakeClock()
+	sig := &fakeSignal{}
+	pol, err := Default(DefaultConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol, WithClock(clock), WithSignal(sig, time.Minute))
+	mustUpdate(t, b, eps(4))
+	for i := range 4 {
+		sig.Set(fmt.Sprintf("ep%d", i), Load{At: clock.Now(), Running: 0, Waiting: 0})
+	}
+	clock.Advance(time.Millisecond)
+	smoothed := func() float64 { return math.Float64frombits(pol.(*defaultPolicy).backlog.Load()) }
+	var held []Pick
+	for range 400 {
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100, OutputTokens: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pk.FirstToken()
+		held = append(held, pk)
+	}
+	if l := b.Stats(); l[0].Outstanding < 50 {
+		t.Fatalf("ep0 holds %d requests, want about 100", l[0].Outstanding)
+	}
+	if got := smoothed(); got != 0 {
+		t.Fatalf("smoothed backlog %v with every request streaming, want 0", got)
+	}
+	for range 400 {
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100, OutputTokens: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, pk)
+	}
+	if got := smoothed(); got <= DefaultOverloadQueue {
+		t.Fatalf("smoothed backlog %v with 100 requests queued per endpoint, want above %v", got, DefaultOverloadQueue)
+	}
+	for _, pk := range held {
+		pk.Done(nil)
 	}
 }

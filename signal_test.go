@@ -150,3 +150,67 @@ func TestStaleViewHerding(t *testing.T) {
 		p.Done(nil)
 	}
 }
+
+// TestSignalBacklog checks the backlog the overload term of Default reads:
+// the observation's waiting requests plus the dispatches since it that have
+// not streamed yet, where Waiting counts every dispatch since it that is
+// still outstanding.
+func TestSignalBacklog(t *testing.T) {
+	clock := newFakeClock()
+	sig := &fakeSignal{}
+	p := &probe{pick: "ep0"}
+	b := mustNew(t, p, WithClock(clock), WithSignal(sig, 5*time.Second))
+	mustUpdate(t, b, eps(2))
+	ctx := context.Background()
+	pick := func() Pick {
+		pk, err := b.Pick(ctx, &Request{PromptTokens: 100, OutputTokens: 28})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pk
+	}
+	check := func(when string, waiting, backlog int64) {
+		t.Helper()
+		pick().Done(nil) // refreshes p.loads; finished at once, it adds nothing
+		if l := p.loads["ep0"]; l.Waiting != waiting || l.backlog != backlog {
+			t.Fatalf("%s: waiting %d, backlog %d; want %d and %d", when, l.Waiting, l.backlog, waiting, backlog)
+		}
+	}
+
+	// Without an observation both are this balancer's queued requests.
+	early := pick()
+	check("no observation", 1, 1)
+	early.FirstToken()
+	check("no observation, streaming", 0, 0)
+
+	sig.Set("ep0", Load{At: clock.Now(), Running: 5, Waiting: 2})
+	clock.Advance(10 * time.Millisecond)
+	var since []Pick
+	for range 3 {
+		since = append(since, pick())
+	}
+	check("3 dispatches since the observation", 5, 5)
+	since[0].FirstToken()
+	check("one of them streaming", 5, 4)
+	since[0].Done(nil)
+	check("it finished", 4, 4)
+	since[1].Done(nil) // before its first token
+	check("one finished before streaming", 3, 3)
+	since[2].FirstToken()
+	since[2].FirstToken() // idempotent
+	check("the last one streaming", 3, 2)
+
+	// A newer observation starts over; the old dispatch's first token and
+	// completion do not disturb it.
+	sig.Set("ep0", Load{At: clock.Now(), Running: 1, Waiting: 0})
+	clock.Advance(time.Millisecond)
+	held := pick()
+	check("after a newer observation", 1, 1)
+	since[2].Done(nil)
+	early.Done(nil)
+	check("old dispatches done", 1, 1)
+	held.FirstToken()
+	check("the new dispatch streaming", 1, 0)
+	held.Done(nil)
+	check("all done", 0, 0)
+}

@@ -112,13 +112,17 @@ func TestAffinityAndDefault(t *testing.T) {
 
 // checkDefaultBest fails t unless llmlb.Default in m has the best goodput of
 // the non-oracle policies, a TTFT p99 no worse than every anchor preset's,
-// and a hit rate of at least 85% of bound.
+// and a hit rate of at least 85% of bound. Goodputs within one request of
+// each other are ties: at nominal load the affinity policies miss the SLO
+// on a handful of the 12,000 requests, and whether a 10-token reply's TPOT
+// misses 50 ms by 2 ms is chance.
 func checkDefaultBest(t *testing.T, m map[string]*Result, bound float64) {
 	t.Helper()
 	d := m["default"]
+	oneRequest := d.GoodputRPS / (d.SLOAttainment * float64(d.Requests))
 	for name, r := range m {
-		if name != "default" && name != "oracle" && r.GoodputRPS > d.GoodputRPS {
-			t.Errorf("%s goodput %.3f/s > default %.3f/s", name, r.GoodputRPS, d.GoodputRPS)
+		if name != "default" && name != "oracle" && r.GoodputRPS > d.GoodputRPS+1.01*oneRequest {
+			t.Errorf("%s goodput %.3f/s > default %.3f/s by more than one request (%.4f/s)", name, r.GoodputRPS, d.GoodputRPS, oneRequest)
 		}
 	}
 	if d.PrefixHitRate < 0.85*bound {
