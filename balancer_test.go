@@ -410,6 +410,13 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 									t.Errorf("negative counter on %s", st.key)
 									return
 								}
+								st.mu.Lock()
+								q, r := st.epQueued.Load(), st.epReqs.Load()
+								st.mu.Unlock()
+								if q < 0 || q > r {
+									t.Errorf("%s: %d of %d dispatches since the observation before their first token", st.key, q, r)
+									return
+								}
 							}
 						}
 					}
@@ -427,8 +434,8 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 					t.Errorf("%s: outstanding %d prefill %d decode %d queued %d, want all 0", st.key, o, p, d, q)
 				}
 				st.mu.Lock()
-				if st.epReqs.Load() != 0 || st.epTokens.Load() != 0 {
-					t.Errorf("%s: epoch counts %d/%d, want 0", st.key, st.epReqs.Load(), st.epTokens.Load())
+				if st.epReqs.Load() != 0 || st.epQueued.Load() != 0 || st.epTokens.Load() != 0 {
+					t.Errorf("%s: epoch counts %d/%d/%d, want 0", st.key, st.epReqs.Load(), st.epQueued.Load(), st.epTokens.Load())
 				}
 				st.mu.Unlock()
 			}
