@@ -7,20 +7,28 @@ import (
 	"time"
 )
 
-func TestSignalCorrection(t *testing.T) {
+// signalProbe returns a balancer over two endpoints with a fake signal
+// (maximum age 5 s) and a probe policy that always picks ep0, and a function
+// that picks a request of 100 prompt and 28 output tokens.
+func signalProbe(t *testing.T) (*Balancer, *fakeClock, *fakeSignal, *probe, func() Pick) {
+	t.Helper()
 	clock := newFakeClock()
 	sig := &fakeSignal{}
 	p := &probe{pick: "ep0"}
 	b := mustNew(t, p, WithClock(clock), WithSignal(sig, 5*time.Second))
 	mustUpdate(t, b, eps(2))
-	ctx := context.Background()
 	pick := func() Pick {
-		pk, err := b.Pick(ctx, &Request{PromptTokens: 100, OutputTokens: 28})
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100, OutputTokens: 28})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return pk
 	}
+	return b, clock, sig, p, pick
+}
+
+func TestSignalCorrection(t *testing.T) {
+	b, clock, sig, p, pick := signalProbe(t)
 
 	// Dispatches made before any observation.
 	early := pick()
@@ -156,19 +164,7 @@ func TestStaleViewHerding(t *testing.T) {
 // not streamed yet, where Waiting counts every dispatch since it that is
 // still outstanding.
 func TestSignalBacklog(t *testing.T) {
-	clock := newFakeClock()
-	sig := &fakeSignal{}
-	p := &probe{pick: "ep0"}
-	b := mustNew(t, p, WithClock(clock), WithSignal(sig, 5*time.Second))
-	mustUpdate(t, b, eps(2))
-	ctx := context.Background()
-	pick := func() Pick {
-		pk, err := b.Pick(ctx, &Request{PromptTokens: 100, OutputTokens: 28})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pk
-	}
+	_, clock, sig, p, pick := signalProbe(t)
 	check := func(when string, waiting, backlog int64) {
 		t.Helper()
 		pick().Done(nil) // refreshes p.loads; finished at once, it adds nothing
