@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/llmlb/llmlb/prefix"
 )
@@ -73,6 +74,38 @@ func BenchmarkPickParallel(b *testing.B) {
 					p.Done(nil)
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkPickSignal measures Pick, FirstToken and Done with a fresh
+// signal observation for every endpoint, so that each call also keeps the
+// counts of this balancer's dispatches since the observation.
+func BenchmarkPickSignal(b *testing.B) {
+	ctx := context.Background()
+	for _, pol := range benchPolicies[2:4] {
+		b.Run("policy="+pol.name+"/endpoints=64", func(b *testing.B) {
+			sig := &fakeSignal{}
+			for i := range 64 {
+				sig.Set("ep"+strconv.Itoa(i), Load{At: time.Now(), Running: 3, Waiting: 1, KVUsage: 0.5})
+			}
+			bal, err := New(pol.new(), WithSignal(sig, time.Hour))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := bal.Update(eps(64)); err != nil {
+				b.Fatal(err)
+			}
+			req := &Request{PromptTokens: 1000, MaxTokens: 256}
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := bal.Pick(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.FirstToken()
+				p.Done(nil)
+			}
 		})
 	}
 }
