@@ -91,8 +91,8 @@ func TestDefaultOracleBestGoodput(t *testing.T) {
 // conversation's own history, round robin serves few prompt tokens from
 // cache (the routing chapter's table says 12%; 16% here), and every policy
 // that routes on prefixes serves at least 3x more; llmlb.Default has the
-// best goodput of the non-oracle policies, a TTFT tail no worse than any
-// anchor preset's, and 85% of the infinite-cache hit rate. See also
+// best goodput of the non-oracle policies (within one request), a TTFT tail
+// no worse than any anchor preset's, and 85% of the infinite-cache hit rate. See also
 // TestPrefixesScenario and TestMooncakeCacheAware.
 func TestAffinityAndDefault(t *testing.T) {
 	m := defaults(t)
