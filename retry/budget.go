@@ -84,6 +84,10 @@ const budgetSlots = 10
 // percentScale is the denominator of the percentage's fixed-point form.
 const percentScale = 10000
 
+// maxReserve bounds the reserve, in retries per TTL, well below the 2^32
+// retries a TTL's count can hold.
+const maxReserve = 1 << 30
+
 // PercentBudget is a retry budget after Finagle's RetryBudget: each request
 // deposits PercentCanRetry of a retry, each retry withdraws one, and both
 // expire after the TTL; a reserve of MinRetriesPerSec*TTL retries is always
@@ -109,7 +113,8 @@ const percentScale = 10000
 // retries are at most PercentCanRetry*requests plus MinRetriesPerSec*TTL per
 // started TTL. The percentage is rounded to 1e-4, written d/w in lowest
 // terms, and the reserve is rounded down to a multiple of 1/w of a retry.
-// The counts are kept modulo 2^32: a TTL may hold up to 2^32-1 requests.
+// The counts are kept modulo 2^32: a TTL may hold up to 2^32-1 requests,
+// and the reserve is at most 2^30 retries.
 //
 // # The system clock
 //
@@ -171,8 +176,8 @@ func NewPercentBudget(cfg PercentConfig) (*PercentBudget, error) {
 	g := gcd(d, w)
 	d, w = d/g, w/g
 	reserveRetries := cfg.MinRetriesPerSec * cfg.TTL.Seconds()
-	if reserveRetries > 1e12 {
-		return nil, invalidf("budget reserve of %v retries per TTL is too large", reserveRetries)
+	if reserveRetries > maxReserve {
+		return nil, invalidf("budget reserve of %v retries per TTL is too large (at most %v)", reserveRetries, float64(maxReserve))
 	}
 	clock := clockOr(cfg.Clock)
 	_, sys := clock.(systemClock)

@@ -365,6 +365,7 @@ func TestBudgetBadConfig(t *testing.T) {
 		{"min/nan", percent(func(c *PercentConfig) { c.MinRetriesPerSec = nan() }), "non-negative"},
 		{"min/inf", percent(func(c *PercentConfig) { c.MinRetriesPerSec = inf() }), "finite"},
 		{"min/huge", percent(func(c *PercentConfig) { c.MinRetriesPerSec = 1e12 }), "too large"},
+		{"min/over 2^30 per TTL", percent(func(c *PercentConfig) { c.MinRetriesPerSec = 1.1e8 }), "too large"},
 		{"throttle/zero-config", second(NewThrottle(ThrottleConfig{})), "required (DefaultThrottleConfig"},
 		{"throttle/max-zero", throttle(func(c *ThrottleConfig) { c.MaxTokens = 0 }), "required"},
 		{"throttle/ratio-zero", throttle(func(c *ThrottleConfig) { c.TokenRatio = 0 }), "required"},
