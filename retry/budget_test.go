@@ -621,3 +621,33 @@ func TestPercentBudgetConcurrentSlots(t *testing.T) {
 		t.Fatalf("granted only %d retries for %d requests at 50%%", granted.Load(), requests.Load())
 	}
 }
+
+// TestPercentBudgetClockBackwards checks that an injected clock stepping
+// back neither loses nor revives counts: calls keep the latest slot.
+func TestPercentBudgetClockBackwards(t *testing.T) {
+	clk := newFakeClock()
+	b, err := NewPercentBudget(PercentConfig{TTL: time.Second, PercentCanRetry: 1, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(500 * time.Millisecond) // slot 5
+	for range 4 {
+		b.Deposit()
+	}
+	clk.Advance(-time.Hour) // before the budget was created
+	if got := b.Available(); got != 4 {
+		t.Fatalf("after the clock stepped back: Available = %d, want 4", got)
+	}
+	if !b.TryWithdraw() {
+		t.Fatal("withdrawal refused after the clock stepped back")
+	}
+	b.Deposit()
+	clk.Advance(time.Hour + 1400*time.Millisecond) // slot 19: slots 5 and older expired
+	if got := b.Available(); got != 0 {
+		t.Fatalf("one TTL after the latest slot: Available = %d, want 0", got)
+	}
+	b.Deposit()
+	if got := b.Available(); got != 1 {
+		t.Fatalf("after a fresh deposit: Available = %d, want 1", got)
+	}
+}
