@@ -198,15 +198,14 @@ func TestMooncakeReplay(t *testing.T) {
 }
 
 // TestMooncakeCacheAware checks the cache-aware policies on the Mooncake
-// trace, with KV for 32768 blocks per replica (cache-starved: the working set
-// does not fit) and for 131072 (2M tokens per replica, as when KV spills to
-// host memory): on both, llmlb.Default has the best goodput of the policies
-// below (not its approximate mode, which at 512k keeps 0.4% more), a TTFT
-// p99 no worse than the best anchor preset's,
-// and, like the other cache-aware policies, at least 3x round robin's hit
-// rate; with the larger cache its hit rate reaches 85% of the infinite-cache
-// bound, and with either, 85% of what one LRU cache as large as the whole
-// cluster's would.
+// trace, with KV for 32768 blocks per replica (cache-starved: the working
+// set does not fit) and for 131072 (2M tokens per replica, as when KV spills
+// to host memory): on both, llmlb.Default has the best goodput of the
+// policies below (not its approximate mode, which at 512k keeps 0.4% more),
+// a TTFT p99 no worse than the best anchor preset's, and, like the other
+// cache-aware policies, at least 3x round robin's hit rate; with the larger
+// cache its hit rate reaches 85% of the infinite-cache bound, and with
+// either, 85% of what one LRU cache as large as the whole cluster's would.
 func TestMooncakeCacheAware(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays the whole trace twice")
