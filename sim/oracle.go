@@ -18,15 +18,16 @@ import (
 // not what any policy can reach.
 type oracle struct {
 	run     *runner
-	waiting float64 // mean waiting requests per replica, smoothed as Default does
+	waiting float64 // mean backlog per replica, smoothed as Default does
 }
 
 func newOracle(env *PolicyEnv) (llmlb.Policy, error) { return &oracle{run: env.run}, nil }
 
 func (o *oracle) Choose(c *llmlb.Candidates) int {
 	s := o.run.current
-	// k weighs uncached prompt tokens as llmlb.Default does, from the true
-	// mean queue.
+	// k weighs uncached prompt tokens as llmlb.Default does when it reads
+	// engine KV events (the oracle knows the caches exactly), from the true
+	// mean backlog.
 	waiting := 0 // requests before their first token, as Default counts them
 	for i, n := 0, c.Len(); i < n; i++ {
 		rep := o.run.reps[c.Member(i)]
@@ -38,7 +39,7 @@ func (o *oracle) Choose(c *llmlb.Candidates) int {
 		}
 	}
 	o.waiting += (float64(waiting)/float64(c.Len()) - o.waiting) / 100
-	k := 4 + 8*max(o.waiting-2, 0)
+	k := llmlb.DefaultEventsCacheWeight + llmlb.DefaultOverloadWeight*max(o.waiting-llmlb.DefaultOverloadQueue, 0)
 	best, bestCost, ties := 0, math.Inf(1), 0
 	for i, n := 0, c.Len(); i < n; i++ {
 		cost := o.cost(o.run.reps[c.Member(i)], s.req, k)
