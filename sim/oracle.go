@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/llmlb/llmlb"
@@ -19,6 +20,7 @@ import (
 type oracle struct {
 	run     *runner
 	waiting float64 // mean backlog per replica, smoothed as Default does
+	rem     []int   // scratch: remaining outputs of a replica's running sequences
 }
 
 func newOracle(env *PolicyEnv) (llmlb.Policy, error) { return &oracle{run: env.run}, nil }
@@ -58,10 +60,11 @@ func (o *oracle) Choose(c *llmlb.Candidates) int {
 
 // cost scores req on rep with the cost of llmlb.Default, in prompt tokens,
 // computed from the true state instead of estimates: the prefill tokens
-// truly queued ahead, k times the prompt tokens truly not cached,
-// half the KV footprint the replica will reach (its used blocks plus what
-// its sequences still need, with true output lengths), and twice the KV
-// demand beyond capacity, which causes preemptions.
+// truly queued ahead, the wait for a batch slot (in the prefill tokens the
+// engine would process meanwhile), k times the prompt tokens truly not
+// cached, half the KV footprint the replica will reach (its used blocks plus
+// what its sequences still need, with true output lengths), and twice the
+// KV demand beyond capacity, which causes preemptions.
 func (o *oracle) cost(rep *replica, req *Request, k float64) float64 {
 	bs := rep.eng.BlockSize
 	queued := 0 // prefill tokens ahead of req
@@ -78,14 +81,37 @@ func (o *oracle) cost(rep *replica, req *Request, k float64) float64 {
 	hit := rep.matchTokens(req)
 	demand += rep.blocksFor(req.PromptTokens - hit + req.OutputTokens)
 	over := float64((demand - rep.kv.total) * bs)
-	cost := float64(queued) + k*float64(req.PromptTokens-hit) + 0.5*footprint + 2*max(over, 0)
-	return cost + 1e6*float64(o.damage(rep, req, queued, hit))
+	slotMs := o.slotWait(rep)
+	slotTokens := slotMs / MockerPrefillMillis(rep.eng.TokenBudget) * float64(rep.eng.TokenBudget)
+	cost := float64(queued) + slotTokens + k*float64(req.PromptTokens-hit) + 0.5*footprint + 2*max(over, 0)
+	return cost + 1e6*float64(o.damage(rep, req, queued, hit, slotMs))
+}
+
+// slotWait returns how long, in milliseconds, a request sent to rep now
+// would wait for a batch slot: until as many running sequences finish as
+// there are requests ahead of it beyond the free slots, from their true
+// remaining outputs at the current decode speed.
+func (o *oracle) slotWait(rep *replica) float64 {
+	ahead := rep.nwaiting() + 1 - (rep.eng.MaxRunning - len(rep.running))
+	if ahead <= 0 || len(rep.running) == 0 {
+		return 0
+	}
+	o.rem = o.rem[:0]
+	for _, s := range rep.running {
+		o.rem = append(o.rem, s.OutputTokens-s.generated)
+	}
+	slices.Sort(o.rem)
+	// Beyond one round of completions, count whole rounds of the longest.
+	rounds := (ahead - 1) / len(o.rem)
+	tokens := o.rem[(ahead-1)%len(o.rem)] + rounds*o.rem[len(o.rem)-1]
+	return float64(tokens) * MockerDecodeMillis(float64(rep.kv.used)/float64(rep.kv.total))
 }
 
 // damage counts the requests that sending req to rep would push past the
-// SLO: req itself if its predicted TTFT misses it, and every decoding
+// SLO: req itself if its predicted TTFT (after slotMs waiting for a batch
+// slot) misses it, and every decoding
 // sequence whose predicted TPOT its prefill chunks would push over the SLO.
-func (o *oracle) damage(rep *replica, req *Request, queued, hit int) int {
+func (o *oracle) damage(rep *replica, req *Request, queued, hit int, slotMs float64) int {
 	eng, slo, now := rep.eng, o.run.cfg.SLO, o.run.now
 	uncached := req.PromptTokens - hit
 	chunkMs := MockerPrefillMillis(eng.TokenBudget)
@@ -93,7 +119,7 @@ func (o *oracle) damage(rep *replica, req *Request, queued, hit int) int {
 	decodeMs := MockerDecodeMillis(u)
 	iters := float64(queued+uncached)/float64(eng.TokenBudget) + 1
 	n := 0
-	if time.Duration(iters*(chunkMs+decodeMs)*float64(time.Millisecond)) > slo.TTFT {
+	if time.Duration((slotMs+iters*(chunkMs+decodeMs))*float64(time.Millisecond)) > slo.TTFT {
 		n++
 	}
 	// The request's prefill adds about this much to each co-running decode.

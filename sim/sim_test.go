@@ -357,7 +357,7 @@ func TestPrefixesScenario(t *testing.T) {
 // cache and its tail is several times worse.
 func TestSlotsScenario(t *testing.T) {
 	sc, reqs := scenario(t, "slots")
-	res, err := Compare(context.Background(), sc.Config, reqs, []string{"least-outstanding", "default", "default-approx"}, nil)
+	res, err := Compare(context.Background(), sc.Config, reqs, []string{"least-outstanding", "default", "default-approx", "oracle"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,6 +380,12 @@ func TestSlotsScenario(t *testing.T) {
 	}
 	if unaware.TTFT.P99 < 3*lo.TTFT.P99 {
 		t.Errorf("Default without Slots: TTFT p99 %.0f ms, expected several times least-outstanding's %.0f", unaware.TTFT.P99, lo.TTFT.P99)
+	}
+	// The oracle prices the wait for a slot from the true remaining
+	// outputs; without it its p99 is several times least-outstanding's.
+	if o := m["oracle"]; o.TTFT.P99 > 1.5*lo.TTFT.P99 || o.PrefixHitRate < 1.3*lo.PrefixHitRate {
+		t.Errorf("oracle TTFT p99 %.0f ms and hit rate %.3f, want at most 1.5x least-outstanding's %.0f and at least 1.3x its %.3f",
+			o.TTFT.P99, o.PrefixHitRate, lo.TTFT.P99, lo.PrefixHitRate)
 	}
 }
 
