@@ -29,26 +29,10 @@ var benchPolicies = []struct {
 // 64 endpoints with a 4k-token prompt.
 func BenchmarkPick(b *testing.B) {
 	benchCacheAware(b)
-	ctx := context.Background()
 	for _, pol := range benchPolicies {
 		for _, n := range []int{8, 64, 512} {
 			b.Run("policy="+pol.name+"/endpoints="+strconv.Itoa(n), func(b *testing.B) {
-				bal, err := New(pol.new())
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := bal.Update(eps(n)); err != nil {
-					b.Fatal(err)
-				}
-				req := &Request{PromptTokens: 1000, MaxTokens: 256}
-				b.ReportAllocs()
-				for b.Loop() {
-					p, err := bal.Pick(ctx, req)
-					if err != nil {
-						b.Fatal(err)
-					}
-					p.Done(nil)
-				}
+				benchPickLoop(b, benchBalancer(b, pol.new(), n), false)
 			})
 		}
 	}
@@ -78,34 +62,47 @@ func BenchmarkPickParallel(b *testing.B) {
 	}
 }
 
+// benchBalancer returns a balancer over n endpoints choosing with p.
+func benchBalancer(b *testing.B, p Policy, n int, opts ...Option) *Balancer {
+	bal, err := New(p, opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := bal.Update(eps(n)); err != nil {
+		b.Fatal(err)
+	}
+	return bal
+}
+
+// benchPickLoop picks a request of 1000 prompt tokens per iteration and
+// completes it, after its first token if firstToken is set.
+func benchPickLoop(b *testing.B, bal *Balancer, firstToken bool) {
+	ctx := context.Background()
+	req := &Request{PromptTokens: 1000, MaxTokens: 256}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := bal.Pick(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if firstToken {
+			p.FirstToken()
+		}
+		p.Done(nil)
+	}
+}
+
 // BenchmarkPickSignal measures Pick, FirstToken and Done with a fresh
 // signal observation for every endpoint, so that each call also keeps the
 // counts of this balancer's dispatches since the observation.
 func BenchmarkPickSignal(b *testing.B) {
-	ctx := context.Background()
 	for _, pol := range benchPolicies[2:4] {
 		b.Run("policy="+pol.name+"/endpoints=64", func(b *testing.B) {
 			sig := &fakeSignal{}
 			for i := range 64 {
 				sig.Set("ep"+strconv.Itoa(i), Load{At: time.Now(), Running: 3, Waiting: 1, KVUsage: 0.5})
 			}
-			bal, err := New(pol.new(), WithSignal(sig, time.Hour))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := bal.Update(eps(64)); err != nil {
-				b.Fatal(err)
-			}
-			req := &Request{PromptTokens: 1000, MaxTokens: 256}
-			b.ReportAllocs()
-			for b.Loop() {
-				p, err := bal.Pick(ctx, req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				p.FirstToken()
-				p.Done(nil)
-			}
+			benchPickLoop(b, benchBalancer(b, pol.new(), 64, WithSignal(sig, time.Hour)), true)
 		})
 	}
 }
