@@ -49,5 +49,8 @@
 //
 // Runs are deterministic for a seed: all randomness comes from seeded PCG
 // sources, simulated time never reads the wall clock, and events at equal
-// times are processed in the order they were scheduled.
+// times are processed in the order they were scheduled. A single run's
+// figures still carry the luck of its seed: near full SLO attainment two
+// good policies differ by a request or two. [Merge] pools runs under
+// several seeds into one result, as if they were one longer run.
 package sim

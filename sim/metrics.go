@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -51,6 +52,21 @@ type Result struct {
 	TTFTs []float64 `json:"-"`
 	// Series is the outstanding requests of each replica over time.
 	Series []Sample `json:"-"`
+
+	// raw holds what [Merge] pools; it is nil in a Result decoded from
+	// JSON.
+	raw *rawResult
+}
+
+// rawResult is a run's per-request data and the sums behind its rates.
+type rawResult struct {
+	tpots, e2es            []float64 // sorted, like TTFTs
+	good                   int
+	window                 float64 // arrival window in seconds
+	prompt, cached, output int64
+	skewSum                float64
+	skewN                  int
+	windows, pileups       int
 }
 
 // Latency summarizes a latency distribution in milliseconds. Fields that a
@@ -156,5 +172,92 @@ func (r *runner) result(policy string) *Result {
 	}
 	res.TTFTs = ttft
 	res.Series = r.samples
+	res.raw = &rawResult{
+		tpots: tpot, e2es: e2e, good: good, window: window,
+		prompt: prompt, cached: cached, output: output,
+		skewSum: r.skewSum, skewN: r.skewN, windows: r.windows, pileups: r.pileups,
+	}
 	return res
+}
+
+// Merge pools the results of one policy on several runs, such as one
+// workload under several seeds, as if they were a single run: latency
+// quantiles and SLO attainment over every request of every run, the hit rate
+// over every prompt token, goodput and throughput over the runs' summed
+// arrival windows and spans, preemptions summed, and the assignment gap and
+// peak skew the largest of any run. Series is the first run's. The results
+// must name the same policy and come from this process's simulations: one
+// decoded from JSON holds no per-request data. Merge does not modify them.
+func Merge(rs ...*Result) (*Result, error) {
+	if len(rs) == 0 {
+		return nil, fmt.Errorf("%w: no results to merge", ErrInvalidConfig)
+	}
+	var raws []*rawResult
+	for _, r := range rs {
+		switch {
+		case r == nil:
+			return nil, fmt.Errorf("%w: nil result", ErrInvalidConfig)
+		case r.raw == nil:
+			return nil, fmt.Errorf("%w: result for %q holds no per-request data (decoded, not simulated)", ErrInvalidConfig, r.Policy)
+		case r.Policy != rs[0].Policy:
+			return nil, fmt.Errorf("%w: cannot merge results of %q and %q", ErrInvalidConfig, rs[0].Policy, r.Policy)
+		}
+		raws = append(raws, r.raw)
+	}
+	out := &Result{Policy: rs[0].Policy, Series: rs[0].Series, raw: &rawResult{}}
+	m := out.raw
+	var ttft [][]float64
+	var tpot, e2e [][]float64
+	for i, r := range rs {
+		x := raws[i]
+		out.Requests += r.Requests
+		out.Completed += r.Completed
+		out.Rejected += r.Rejected
+		out.Preemptions += r.Preemptions
+		out.AssignmentGap = max(out.AssignmentGap, r.AssignmentGap)
+		out.PeakSkew = max(out.PeakSkew, r.PeakSkew)
+		out.SpanSeconds += r.SpanSeconds
+		ttft, tpot, e2e = append(ttft, r.TTFTs), append(tpot, x.tpots), append(e2e, x.e2es)
+		m.good += x.good
+		m.window += x.window
+		m.prompt += x.prompt
+		m.cached += x.cached
+		m.output += x.output
+		m.skewSum += x.skewSum
+		m.skewN += x.skewN
+		m.windows += x.windows
+		m.pileups += x.pileups
+	}
+	out.TTFTs, m.tpots, m.e2es = sortedConcat(ttft), sortedConcat(tpot), sortedConcat(e2e)
+	out.TTFT = Latency{P50: quantile(out.TTFTs, .5), P95: quantile(out.TTFTs, .95), P99: quantile(out.TTFTs, .99), Max: quantile(out.TTFTs, 1)}
+	out.TPOT = Latency{P50: quantile(m.tpots, .5), P99: quantile(m.tpots, .99)}
+	out.E2E = Latency{P50: quantile(m.e2es, .5), P99: quantile(m.e2es, .99)}
+	if out.Requests > 0 {
+		out.SLOAttainment = float64(m.good) / float64(out.Requests)
+	}
+	if m.window > 0 {
+		out.GoodputRPS = float64(m.good) / m.window
+	}
+	if out.SpanSeconds > 0 {
+		out.OutputTokensPerS = float64(m.output) / out.SpanSeconds
+	}
+	if m.prompt > 0 {
+		out.PrefixHitRate = float64(m.cached) / float64(m.prompt)
+	}
+	if m.skewN > 0 {
+		out.MeanSkew = m.skewSum / float64(m.skewN)
+	}
+	if m.windows > 0 {
+		out.PileupShare = float64(m.pileups) / float64(m.windows)
+	}
+	return out, nil
+}
+
+func sortedConcat(xs [][]float64) []float64 {
+	var out []float64
+	for _, x := range xs {
+		out = append(out, x...)
+	}
+	slices.Sort(out)
+	return out
 }

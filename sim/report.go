@@ -37,6 +37,10 @@ type ScenarioInfo struct {
 	ScrapeMs    float64 `json:"scrape_ms"`
 	Stagger     bool    `json:"stagger"`
 	Seed        uint64  `json:"seed"`
+	// Seeds, when above 1, is the number of seeds pooled, from Seed on:
+	// each result then merges one run per seed (see [Merge]), and Requests,
+	// ArrivalRate and the hit-rate references describe one run on average.
+	Seeds       int     `json:"seeds,omitempty"`
 	SLOTTFTMs   float64 `json:"slo_ttft_ms"`
 	SLOTPOTMs   float64 `json:"slo_tpot_ms"`
 	KVBlocks    int     `json:"kv_blocks"`
@@ -89,23 +93,27 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	if s.Trace != "" {
 		src = fmt.Sprintf("%s (%s, rate x%g)", s.Trace, s.Format, s.RateScale)
 	}
-	fmt.Fprintf(w, "scenario %s: %d requests at %.1f req/s, %d replicas, %d router(s), scrape %v%s, seed %d\n",
-		src, s.Requests, s.ArrivalRate, s.Replicas, s.Routers, time.Duration(s.ScrapeMs*float64(time.Millisecond)),
-		map[bool]string{true: " staggered", false: ""}[s.Stagger], s.Seed)
+	seeds, per := fmt.Sprintf("seed %d", s.Seed), ""
+	if s.Seeds > 1 {
+		seeds, per = fmt.Sprintf("seeds %d-%d pooled", s.Seed, s.Seed+uint64(s.Seeds)-1), " per seed"
+	}
+	fmt.Fprintf(w, "scenario %s: %d requests%s at %.1f req/s, %d replicas, %d router(s), scrape %v%s, %s\n",
+		src, s.Requests, per, s.ArrivalRate, s.Replicas, s.Routers, time.Duration(s.ScrapeMs*float64(time.Millisecond)),
+		map[bool]string{true: " staggered", false: ""}[s.Stagger], seeds)
 	fmt.Fprintf(w, "SLO: TTFT <= %gms and TPOT <= %gms; KV %d blocks x %d tokens; prefix hits: infinite-cache bound %.1f%%, one cluster-sized LRU cache %.1f%%\n\n",
 		s.SLOTTFTMs, s.SLOTPOTMs, s.KVBlocks, s.BlockSize, 100*s.InfiniteCacheHitRate, 100*s.PooledCacheHitRate)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "policy\tdone\tTTFT p50\tp95\tp99\tmax\tTPOT p50\tp99\tE2E p50\tp99\tSLO\tgoodput\thit\ttok/s\tgap\tpreempt\t"
+	head := "policy\tdone\tTTFT p50\tp95\tp99\tmax\tTPOT p50\tp99\tE2E p50\tp99\tSLO\tmissed\tgoodput\thit\ttok/s\tgap\tpreempt\t"
 	if s.Herding {
 		head += "peak skew\tmean skew\tpile-up\t"
 	}
 	fmt.Fprintln(tw, head)
 	for _, r := range rep.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.2f/s\t%.1f%%\t%.0f\t%d\t%d\t",
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%.2f/s\t%.1f%%\t%.0f\t%d\t%d\t",
 			r.Policy, r.Completed,
 			fmtMs(r.TTFT.P50), fmtMs(r.TTFT.P95), fmtMs(r.TTFT.P99), fmtMs(r.TTFT.Max),
 			fmtMs(r.TPOT.P50), fmtMs(r.TPOT.P99), fmtMs(r.E2E.P50), fmtMs(r.E2E.P99),
-			100*r.SLOAttainment, r.GoodputRPS, 100*r.PrefixHitRate, r.OutputTokensPerS, r.AssignmentGap, r.Preemptions)
+			100*r.SLOAttainment, r.Requests-int(math.Round(r.SLOAttainment*float64(r.Requests))), r.GoodputRPS, 100*r.PrefixHitRate, r.OutputTokensPerS, r.AssignmentGap, r.Preemptions)
 		if s.Herding {
 			fmt.Fprintf(tw, "%d\t%.2f\t%.1f%%\t", r.PeakSkew, r.MeanSkew, 100*r.PileupShare)
 		}
@@ -114,7 +122,7 @@ func (rep *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, "\nlatencies in ms (s when >= 10 s); SLO = share of requests within both SLOs; goodput = such requests per second;\nhit = prompt tokens served from prefix cache; gap = max - min requests per replica; preempt = KV preemptions")
+	_, err := fmt.Fprintln(w, "\nlatencies in ms (s when >= 10 s); SLO = share of requests within both SLOs; missed = requests outside them;\ngoodput = requests within both SLOs per second; hit = prompt tokens served from prefix cache;\ngap = max - min requests per replica; preempt = KV preemptions")
 	fmt.Fprintln(w)
 	return err
 }

@@ -9,7 +9,10 @@
 // lengths, three requests in four the next turn of a conversation paced by
 // its replies) under every policy and prints a table. See
 // package github.com/llmlb/llmlb/sim for the model and the meaning of each
-// column. -svg writes one SVG file holding two plots: the TTFT CDF of every
+// column. -seeds N runs N seeds (each its own synthetic workload, or the same
+// trace with different randomness in the policies and the simulation) and
+// pools them into one table, so that small differences between policies
+// can be told from noise. -svg writes one SVG file holding two plots: the TTFT CDF of every
 // policy and the outstanding requests of each replica over time under the
 // first policy listed.
 package main
@@ -73,6 +76,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		stagger   = fs.Bool("stagger", false, "stagger the routers' scrapes")
 		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace)")
 		seed      = fs.Uint64("seed", 1, "random seed")
+		seeds     = fs.Int("seeds", 1, "run this many seeds, from -seed on, and pool their results")
 		kvBlocks  = fs.Int("kv-blocks", 0, "KV capacity per replica in 16-token blocks (default: 8192, or for a trace twice its largest request)")
 		sloTTFT   = fs.Duration("slo-ttft", 2*time.Second, "TTFT objective")
 		sloTPOT   = fs.Duration("slo-tpot", 50*time.Millisecond, "TPOT objective")
@@ -87,6 +91,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	if *seeds < 1 {
+		return usageError{fmt.Errorf("-seeds %d must be at least 1", *seeds)}
 	}
 	if *replicas < 0 || *routers < 0 || *requests < 0 || *scrape < 0 || *kvBlocks < 0 {
 		return usageError{errors.New("-replicas, -routers, -requests, -scrape and -kv-blocks must not be negative")}
@@ -141,15 +148,19 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if *kvBlocks == 0 {
 			cfg.Engine.KVBlocks = traceKVBlocks(reqs)
 		}
-	} else {
-		w := sc.Workload
-		w.Rate *= *rateScale
-		if *requests > 0 {
-			w.Requests = *requests
+	}
+	w := sc.Workload
+	w.Rate *= *rateScale
+	if *requests > 0 {
+		w.Requests = *requests
+	}
+	// workload returns the requests of the run with seed s: a trace's, or
+	// the scenario's synthetic workload generated from s.
+	workload := func(s uint64) ([]sim.Request, error) {
+		if *trace != "" {
+			return reqs, nil
 		}
-		if reqs, err = w.Generate(*seed); err != nil {
-			return err
-		}
+		return w.Generate(s)
 	}
 	if *kvBlocks > 0 {
 		cfg.Engine.KVBlocks = *kvBlocks
@@ -175,9 +186,6 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			}
 		}
 	}
-	if err := info.Describe(cfg, reqs); err != nil {
-		return err
-	}
 
 	start := time.Now()
 	var mu sync.Mutex // serializes progress output
@@ -190,12 +198,54 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			printed = true
 		}
 	}
-	results, err := sim.Compare(ctx, cfg, reqs, names, progress)
+	runs := make([][]*sim.Result, len(names))
+	var sum sim.ScenarioInfo // the per-run figures of the header, summed
+	for k := range *seeds {
+		cfg.Seed = *seed + uint64(k)
+		reqs, err := workload(cfg.Seed)
+		if err != nil {
+			return err
+		}
+		one := info
+		if err := one.Describe(cfg, reqs); err != nil {
+			return err
+		}
+		if k == 0 {
+			info = one
+		}
+		sum.Requests += one.Requests
+		sum.ArrivalRate += one.ArrivalRate
+		sum.InfiniteCacheHitRate += one.InfiniteCacheHitRate
+		sum.PooledCacheHitRate += one.PooledCacheHitRate
+		results, err := sim.Compare(ctx, cfg, reqs, names, func(done, total int, policy string) {
+			progress(k*total+done, *seeds*total, policy)
+		})
+		if err != nil {
+			if printed {
+				fmt.Fprintln(stderr)
+			}
+			return err
+		}
+		for i, r := range results {
+			runs[i] = append(runs[i], r)
+		}
+	}
 	if printed {
 		fmt.Fprintln(stderr)
 	}
-	if err != nil {
-		return err
+	results := make([]*sim.Result, len(names))
+	for i := range runs {
+		var err error
+		if results[i], err = sim.Merge(runs[i]...); err != nil {
+			return err
+		}
+	}
+	if n := *seeds; n > 1 {
+		info.Seeds = n
+		info.Requests = sum.Requests / n
+		info.ArrivalRate = sum.ArrivalRate / float64(n)
+		info.InfiniteCacheHitRate = sum.InfiniteCacheHitRate / float64(n)
+		info.PooledCacheHitRate = sum.PooledCacheHitRate / float64(n)
 	}
 	rep := &sim.Report{Scenario: info, Results: results}
 	if *jsonPath != "-" {

@@ -98,3 +98,47 @@ func TestRunErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestRunSeeds(t *testing.T) {
+	runTable := func(args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		args = append([]string{"-requests", "200", "-replicas", "3", "-policies", "p2c,least-tokens"}, args...)
+		if code := run(context.Background(), args, &out, &errb); code != 0 {
+			t.Fatalf("exit %d: %s", code, errb.String())
+		}
+		return out.String()
+	}
+	pooled := runTable("-seed", "3", "-seeds", "2", "-json", "-")
+	var rep struct {
+		Scenario struct {
+			Seed, Seeds, Requests int
+		} `json:"scenario"`
+		Results []struct {
+			Policy   string `json:"policy"`
+			Requests int    `json:"requests"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(pooled), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, pooled)
+	}
+	if rep.Scenario.Seed != 3 || rep.Scenario.Seeds != 2 || rep.Scenario.Requests != 200 {
+		t.Errorf("scenario %+v, want seed 3, seeds 2, 200 requests per seed", rep.Scenario)
+	}
+	for _, r := range rep.Results {
+		if r.Requests != 400 {
+			t.Errorf("%s: %d requests, want 400 over two seeds", r.Policy, r.Requests)
+		}
+	}
+	if table := runTable("-seeds", "2"); !strings.Contains(table, "seeds 1-2 pooled") || !strings.Contains(table, "per seed") {
+		t.Errorf("table header does not name the pooled seeds:\n%s", table)
+	}
+	// One seed is the plain run: the same table with or without -seeds 1.
+	if a, b := runTable("-seed", "5"), runTable("-seed", "5", "-seeds", "1"); a != b {
+		t.Errorf("-seeds 1 changed the table:\n%s\n%s", a, b)
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-seeds", "0"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "-seeds") {
+		t.Errorf("-seeds 0: exit %d, stderr %q", code, errb.String())
+	}
+}
