@@ -118,11 +118,11 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 
 // Update replaces the membership with eps. Endpoints whose key stays keep
 // their accounting and health; requests picked before the update finish
-// correctly after it even if their endpoint is gone. Endpoints added after the
-// first non-empty membership start in slow start. Update rejects a nil
-// endpoint, an empty or duplicate key, or a weight that is not finite and
-// positive with an error wrapping [ErrInvalidEndpoints], and then leaves the
-// membership unchanged.
+// correctly after it even if their endpoint is gone. With [WithSlowStart],
+// endpoints added after the first non-empty membership start in slow start.
+// Update rejects a nil endpoint, an empty or duplicate key, or a weight that
+// is not finite and positive with an error wrapping [ErrInvalidEndpoints],
+// and then leaves the membership unchanged.
 func (b *Balancer) Update(eps []Endpoint) error {
 	type entry struct {
 		ep     Endpoint
@@ -206,9 +206,10 @@ func (b *Balancer) extendSlowStart(startNanos int64) {
 // endpoints are not picked while a healthy one is a candidate; when every
 // candidate of a request is unhealthy the balancer picks among them anyway
 // (Envoy's panic mode), since failing every request is worse than trying.
-// In-flight requests of an unhealthy endpoint finish normally. An endpoint
-// marked healthy again starts slow start. Busy is not unhealthy: a saturated
-// endpoint should stay healthy and is only scored lower by the policy.
+// In-flight requests of an unhealthy endpoint finish normally. With
+// [WithSlowStart], an endpoint marked healthy again starts slow start. Busy
+// is not unhealthy: a saturated endpoint should stay healthy and is only
+// scored lower by the policy.
 func (b *Balancer) SetHealthy(key string, healthy bool) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -235,12 +236,12 @@ func (b *Balancer) SetHealthy(key string, healthy bool) error {
 
 // EndpointStats is this balancer's accounting of one endpoint.
 type EndpointStats struct {
-	Key           string
-	Outstanding   int64 // requests picked and not done
-	Queued        int64 // requests picked and before their first token
-	PrefillTokens int64 // prompt tokens picked and not yet prefilled
-	DecodeTokens  int64 // expected decode tokens of outstanding requests
-	Healthy       bool
+	Key           string // the endpoint's Key
+	Outstanding   int64  // requests picked and not done
+	Queued        int64  // requests picked and before their first token
+	PrefillTokens int64  // prompt tokens picked and not yet prefilled
+	DecodeTokens  int64  // expected decode tokens of outstanding requests
+	Healthy       bool   // as last set by SetHealthy; true for new endpoints
 }
 
 // Stats returns the accounting of every member, in membership order.
@@ -290,7 +291,7 @@ func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
 	if c.Len() > 1 {
 		i = b.policy.Choose(c)
 		if i < 0 || i >= c.Len() {
-			return Pick{}, fmt.Errorf("llmlb: policy %T chose %d of %d candidates", b.policy, i, c.Len())
+			return Pick{}, policyErrorf("policy %T chose %d of %d candidates", b.policy, i, c.Len())
 		}
 	}
 	return b.commit(c, c.state(i)), nil

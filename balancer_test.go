@@ -276,7 +276,7 @@ func TestBadOptions(t *testing.T) {
 			}
 		})
 	}
-	if _, err := WeightedLeastRequest(-1); err == nil {
+	if _, err := WeightedLeastRequest(-1); !errors.Is(err, ErrInvalidPolicy) {
 		t.Fatal("negative bias accepted")
 	}
 }

@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -113,10 +114,10 @@ func TestKVCostDecayAndTemperature(t *testing.T) {
 			t.Errorf("T=0: %v, want always candidate 1", seen)
 		}
 	}
-	if _, err := KVCost(KVCostConfig{OverlapCredit: -1}); err == nil {
+	if _, err := KVCost(KVCostConfig{OverlapCredit: -1}); !errors.Is(err, ErrInvalidPolicy) {
 		t.Error("negative credit accepted")
 	}
-	if _, err := KVCost(KVCostConfig{Temperature: math.NaN()}); err == nil {
+	if _, err := KVCost(KVCostConfig{Temperature: math.NaN()}); !errors.Is(err, ErrInvalidPolicy) {
 		t.Error("NaN temperature accepted")
 	}
 }
@@ -335,7 +336,7 @@ func TestSegregatedPools(t *testing.T) {
 		{{Name: "x", MinPromptTokens: 10}},
 		{{Name: "y", MinPromptTokens: -1, Endpoints: []string{"a"}}},
 	} {
-		if _, err := Segregated(bad...); err == nil {
+		if _, err := Segregated(bad...); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("pools %+v accepted", bad)
 		}
 	}

@@ -107,13 +107,17 @@ type Policy interface {
 }
 
 // Sentinel errors. Errors returned by this package wrap one of them, so
-// callers branch with [errors.Is].
+// callers branch with [errors.Is]; the exceptions are the context's error,
+// which [Balancer.Pick] returns as it is, and package prefix's errors from
+// creating a policy's default index.
 var (
 	// ErrNoEndpoints: the balancer has no endpoints. Update it with at least one.
 	ErrNoEndpoints = errors.New("llmlb: no endpoints")
-	// ErrNoCandidates: every endpoint is excluded by the request or marked
-	// unhealthy. A retry loop should give up rather than pick again.
-	ErrNoCandidates = errors.New("llmlb: every endpoint is excluded or unhealthy")
+	// ErrNoCandidates: the request excludes every endpoint
+	// ([Request.Exclude]). Unhealthy endpoints do not cause it: when only
+	// unhealthy ones remain, the balancer picks among them. A retry loop
+	// should give up rather than pick again.
+	ErrNoCandidates = errors.New("llmlb: every endpoint is excluded")
 	// ErrInvalidRequest: a Request field is out of range.
 	ErrInvalidRequest = errors.New("llmlb: invalid request")
 	// ErrInvalidEndpoints: Update was given a nil endpoint, an empty or
@@ -123,12 +127,16 @@ var (
 	ErrUnknownEndpoint = errors.New("llmlb: unknown endpoint")
 	// ErrInvalidOption: an option passed to New is out of range.
 	ErrInvalidOption = errors.New("llmlb: invalid option")
+	// ErrInvalidPolicy: a policy constructor was given a configuration out
+	// of range, or a policy chose a candidate that does not exist.
+	ErrInvalidPolicy = errors.New("llmlb: invalid policy")
 )
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, args...)...)
 }
 
-func errorf(format string, args ...any) error {
-	return fmt.Errorf("llmlb: "+format, args...)
+// policyErrorf returns an error wrapping [ErrInvalidPolicy].
+func policyErrorf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidPolicy}, args...)...)
 }

@@ -1,7 +1,6 @@
 package llmlb
 
 import (
-	"fmt"
 	"math"
 
 	"github.com/llmlb/llmlb/prefix"
@@ -90,7 +89,7 @@ func (cfg *KVCostConfig) validate() error {
 		{"Temperature", cfg.Temperature},
 	} {
 		if !(f.v >= 0) || math.IsInf(f.v, 0) {
-			return fmt.Errorf("llmlb: KV cost %s %v must be finite and non-negative", f.name, f.v)
+			return policyErrorf("KV cost %s %v must be finite and non-negative", f.name, f.v)
 		}
 	}
 	return nil

@@ -1,7 +1,6 @@
 package llmlb
 
 import (
-	"fmt"
 	"math"
 	"sync/atomic"
 
@@ -207,21 +206,21 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		cfg.SlotWeight = DefaultSlotWeight
 	}
 	if cfg.Slots < 0 {
-		return nil, fmt.Errorf("llmlb: default policy Slots %d must not be negative", cfg.Slots)
+		return nil, policyErrorf("default policy Slots %d must not be negative", cfg.Slots)
 	}
 	if !(cfg.OverloadQueue >= 0) {
-		return nil, fmt.Errorf("llmlb: default policy OverloadQueue %v must not be negative", cfg.OverloadQueue)
+		return nil, policyErrorf("default policy OverloadQueue %v must not be negative", cfg.OverloadQueue)
 	}
 	for _, f := range []struct {
 		name string
 		v    float64
 	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}, {"OverloadWeight", cfg.OverloadWeight}, {"QueueWeight", cfg.QueueWeight}, {"SlotWeight", cfg.SlotWeight}} {
 		if !(f.v >= 0) || math.IsInf(f.v, 0) {
-			return nil, fmt.Errorf("llmlb: default policy %s %v must be finite and non-negative", f.name, f.v)
+			return nil, policyErrorf("default policy %s %v must be finite and non-negative", f.name, f.v)
 		}
 	}
 	if cfg.Sampled < 0 || cfg.Holders < 0 {
-		return nil, fmt.Errorf("llmlb: default policy Sampled %d and Holders %d must not be negative", cfg.Sampled, cfg.Holders)
+		return nil, policyErrorf("default policy Sampled %d and Holders %d must not be negative", cfg.Sampled, cfg.Holders)
 	}
 	t, err := newPrefixTracker(cfg.Index)
 	if err != nil {
@@ -230,9 +229,9 @@ func Default(cfg DefaultConfig) (Policy, error) {
 	if e := cfg.Events; e != nil {
 		switch {
 		case !e.EventsOnly():
-			return nil, fmt.Errorf("llmlb: default policy Events index must be events-only (prefix.IndexConfig.EventsOnly)")
+			return nil, policyErrorf("default policy Events index must be events-only (prefix.IndexConfig.EventsOnly)")
 		case e.BlockSize() != t.block:
-			return nil, fmt.Errorf("llmlb: default policy Events block size %d differs from the Index's %d", e.BlockSize(), t.block)
+			return nil, policyErrorf("default policy Events block size %d differs from the Index's %d", e.BlockSize(), t.block)
 		}
 		t.events = e
 	}

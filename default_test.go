@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -49,7 +50,7 @@ func TestDefaultPrefersCachedHolderUntilItsQueueCostsMore(t *testing.T) {
 		h.Done(nil)
 	}
 	for _, bad := range []DefaultConfig{{KVPenalty: -1}, {CacheWeight: math.NaN()}, {FootprintWeight: math.Inf(1)}, {Sampled: -1}, {Holders: -2}, {Slots: -1}, {SlotWeight: math.NaN()}, {SlotWeight: -2}} {
-		if _, err := Default(bad); err == nil {
+		if _, err := Default(bad); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("config %+v accepted", bad)
 		}
 	}
@@ -190,7 +191,7 @@ func TestDefaultEventsIndex(t *testing.T) {
 	notEvents, _ := prefix.NewIndex(prefix.IndexConfig{})
 	otherSize, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 32, EventsOnly: true})
 	for _, bad := range []*prefix.Index{notEvents, otherSize} {
-		if _, err := Default(DefaultConfig{Index: decisions, Events: bad}); err == nil {
+		if _, err := Default(DefaultConfig{Index: decisions, Events: bad}); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("Events index %p accepted", bad)
 		}
 	}

@@ -40,7 +40,7 @@ func GIEDefault(cfg GIEConfig) (Policy, error) {
 	}
 	for _, w := range []float64{cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight} {
 		if !(w >= 0) || math.IsInf(w, 0) {
-			return nil, errorf("GIE scorer weight %v must be finite and non-negative", w)
+			return nil, policyErrorf("GIE scorer weight %v must be finite and non-negative", w)
 		}
 	}
 	t, err := newPrefixTracker(cfg.Index)

@@ -1,7 +1,6 @@
 package llmlb
 
 import (
-	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -143,10 +142,10 @@ func ConsistentHash(cfg HashConfig) (Policy, error) {
 		cfg.Replicas = DefaultRingReplicas
 	}
 	if !(cfg.Balance >= 1) {
-		return nil, fmt.Errorf("llmlb: hash balance %v must be at least 1", cfg.Balance)
+		return nil, policyErrorf("hash balance %v must be at least 1", cfg.Balance)
 	}
 	if cfg.Replicas < 1 || cfg.Replicas > 1<<16 {
-		return nil, fmt.Errorf("llmlb: ring replicas %d out of range [1, 65536]", cfg.Replicas)
+		return nil, policyErrorf("ring replicas %d out of range [1, 65536]", cfg.Replicas)
 	}
 	if cfg.Fallback == nil {
 		cfg.Fallback = P2C(RequestsScore)
@@ -225,13 +224,13 @@ func PrefixHash(cfg PrefixHashConfig) (Policy, error) {
 	}
 	switch {
 	case cfg.PrefixTokens < 1:
-		return nil, fmt.Errorf("llmlb: prefix hash tokens %d must be positive", cfg.PrefixTokens)
+		return nil, policyErrorf("prefix hash tokens %d must be positive", cfg.PrefixTokens)
 	case cfg.BlockTokens < 1:
-		return nil, fmt.Errorf("llmlb: prefix hash block tokens %d must be positive", cfg.BlockTokens)
+		return nil, policyErrorf("prefix hash block tokens %d must be positive", cfg.BlockTokens)
 	case !(cfg.LoadFactor >= 1) || math.IsInf(cfg.LoadFactor, 0):
-		return nil, fmt.Errorf("llmlb: prefix hash load factor %v must be finite and at least 1", cfg.LoadFactor)
+		return nil, policyErrorf("prefix hash load factor %v must be finite and at least 1", cfg.LoadFactor)
 	case cfg.Replicas < 1 || cfg.Replicas > 1<<16:
-		return nil, fmt.Errorf("llmlb: ring replicas %d out of range [1, 65536]", cfg.Replicas)
+		return nil, policyErrorf("ring replicas %d out of range [1, 65536]", cfg.Replicas)
 	}
 	return &prefixHash{
 		block:      max(cfg.PrefixTokens/cfg.BlockTokens, 1) - 1,

@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"errors"
 	"math"
 	"strconv"
 	"testing"
@@ -152,12 +153,12 @@ func TestPrefixHash(t *testing.T) {
 		h.Done(nil)
 	}
 	for _, bad := range []PrefixHashConfig{{PrefixTokens: -1}, {LoadFactor: 0.5}, {BlockTokens: -16}, {LoadFactor: math.NaN()}} {
-		if _, err := PrefixHash(bad); err == nil {
+		if _, err := PrefixHash(bad); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("config %+v accepted", bad)
 		}
 	}
 	for _, bad := range []HashConfig{{Balance: 0.9}, {Balance: math.NaN()}, {Replicas: -1}} {
-		if _, err := ConsistentHash(bad); err == nil {
+		if _, err := ConsistentHash(bad); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("config %+v accepted", bad)
 		}
 	}

@@ -1,7 +1,6 @@
 package llmlb
 
 import (
-	"fmt"
 	"math"
 	"sync"
 )
@@ -45,7 +44,7 @@ type weightedLeastRequest struct {
 // NaN or infinite bias is an error. Give each Balancer its own policy.
 func WeightedLeastRequest(bias float64) (Policy, error) {
 	if !(bias >= 0) || math.IsInf(bias, 0) {
-		return nil, fmt.Errorf("llmlb: weighted least request bias %v must be finite and non-negative", bias)
+		return nil, policyErrorf("weighted least request bias %v must be finite and non-negative", bias)
 	}
 	return &weightedLeastRequest{bias: bias}, nil
 }

@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -336,4 +337,45 @@ func maxOutstandingWork(t *testing.T, pol Policy) (int64, float64) {
 		sum += float64(m)
 	}
 	return peak, sum / ticks
+}
+
+// choiceFunc is a Policy that returns what its function does.
+type choiceFunc func(c *Candidates) int
+
+func (f choiceFunc) Choose(c *Candidates) int { return f(c) }
+
+// TestInvalidPolicyErrors checks that every policy constructor rejects a
+// configuration out of range with an error wrapping ErrInvalidPolicy, and
+// that Pick reports a policy choosing a candidate that does not exist.
+func TestInvalidPolicyErrors(t *testing.T) {
+	ctors := map[string]func() (Policy, error){
+		"PrefixAware/abs":   func() (Policy, error) { return PrefixAware(PrefixAwareConfig{AbsThreshold: -1}) },
+		"PrefixAware/rel":   func() (Policy, error) { return PrefixAware(PrefixAwareConfig{RelThreshold: 0.5}) },
+		"PrefixAware/match": func() (Policy, error) { return PrefixAware(PrefixAwareConfig{MatchThreshold: 2}) },
+		"GIEDefault/weight": func() (Policy, error) { return GIEDefault(GIEConfig{QueueWeight: -1}) },
+		"GIEDefault/nan":    func() (Policy, error) { return GIEDefault(GIEConfig{KVWeight: math.NaN()}) },
+		"WeightedLeastRequest": func() (Policy, error) {
+			return WeightedLeastRequest(math.Inf(1))
+		},
+		"Default/slots":   func() (Policy, error) { return Default(DefaultConfig{Slots: -1}) },
+		"KVCost/credit":   func() (Policy, error) { return KVCost(KVCostConfig{OverlapCredit: -1}) },
+		"ConsistentHash":  func() (Policy, error) { return ConsistentHash(HashConfig{Balance: 0.5}) },
+		"PrefixHash":      func() (Policy, error) { return PrefixHash(PrefixHashConfig{LoadFactor: 0.5}) },
+		"Segregated/none": func() (Policy, error) { return Segregated() },
+	}
+	for name, ctor := range ctors {
+		if _, err := ctor(); !errors.Is(err, ErrInvalidPolicy) {
+			t.Errorf("%s: err %v, want one wrapping ErrInvalidPolicy", name, err)
+		}
+	}
+	for _, choice := range []int{-1, 2} {
+		b, err := New(choiceFunc(func(*Candidates) int { return choice }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustUpdate(t, b, eps(2))
+		if _, err := b.Pick(context.Background(), &Request{}); !errors.Is(err, ErrInvalidPolicy) {
+			t.Errorf("policy choosing %d of 2: err %v, want one wrapping ErrInvalidPolicy", choice, err)
+		}
+	}
 }

@@ -1,7 +1,5 @@
 package llmlb
 
-import "fmt"
-
 // Pool is a named group of endpoints that serves one class of requests in
 // [Segregated].
 type Pool struct {
@@ -43,15 +41,15 @@ func Segregated(pools ...Pool) (Policy, error) {
 	s := &segregated{general: -1, claimed: map[string]bool{}}
 	for i, p := range pools {
 		if p.MinPromptTokens < 0 || p.MinMaxTokens < 0 {
-			return nil, fmt.Errorf("llmlb: pool %q has a negative threshold", p.Name)
+			return nil, policyErrorf("pool %q has a negative threshold", p.Name)
 		}
 		if p.MinPromptTokens == 0 && p.MinMaxTokens == 0 {
 			if s.general >= 0 {
-				return nil, fmt.Errorf("llmlb: pools %q and %q are both general (no threshold)", pools[s.general].Name, p.Name)
+				return nil, policyErrorf("pools %q and %q are both general (no threshold)", pools[s.general].Name, p.Name)
 			}
 			s.general = i
 		} else if len(p.Endpoints) == 0 {
-			return nil, fmt.Errorf("llmlb: pool %q has thresholds but no endpoints", p.Name)
+			return nil, policyErrorf("pool %q has thresholds but no endpoints", p.Name)
 		}
 		if p.Policy == nil {
 			p.Policy = P2C(TokensScore)
@@ -64,7 +62,7 @@ func Segregated(pools ...Pool) (Policy, error) {
 		s.pools = append(s.pools, pool{p, keys})
 	}
 	if len(s.pools) == 0 {
-		return nil, fmt.Errorf("llmlb: Segregated needs at least one pool")
+		return nil, policyErrorf("Segregated needs at least one pool")
 	}
 	return s, nil
 }

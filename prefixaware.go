@@ -1,7 +1,6 @@
 package llmlb
 
 import (
-	"fmt"
 	"math"
 	"sync"
 
@@ -186,11 +185,11 @@ func newPrefixAware(cfg PrefixAwareConfig, faithful bool) (*prefixAware, error) 
 	}
 	switch {
 	case cfg.AbsThreshold < 0:
-		return nil, fmt.Errorf("llmlb: prefix-aware abs threshold %d is negative", cfg.AbsThreshold)
+		return nil, policyErrorf("prefix-aware abs threshold %d is negative", cfg.AbsThreshold)
 	case !(cfg.RelThreshold >= 1) || math.IsInf(cfg.RelThreshold, 0):
-		return nil, fmt.Errorf("llmlb: prefix-aware rel threshold %v must be finite and at least 1", cfg.RelThreshold)
+		return nil, policyErrorf("prefix-aware rel threshold %v must be finite and at least 1", cfg.RelThreshold)
 	case !(cfg.MatchThreshold >= 0 && cfg.MatchThreshold <= 1):
-		return nil, fmt.Errorf("llmlb: prefix-aware match threshold %v out of [0, 1]", cfg.MatchThreshold)
+		return nil, policyErrorf("prefix-aware match threshold %v out of [0, 1]", cfg.MatchThreshold)
 	}
 	t, err := newPrefixTracker(cfg.Index)
 	if err != nil {

@@ -72,6 +72,8 @@ func (c *Cluster) Close() {
 // served from cache over prompt tokens looked up, summed over the engines
 // that answered.
 type HitRate struct {
+	// Hits and Queries are the prompt tokens served from cache and looked
+	// up.
 	Hits, Queries float64
 }
 

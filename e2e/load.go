@@ -99,8 +99,10 @@ func (o *Outcome) Complete() bool {
 
 // Result holds the outcomes of a load run, in arrival order.
 type Result struct {
+	// Outcomes has one entry per request, in arrival order.
 	Outcomes []Outcome
-	Elapsed  time.Duration
+	// Elapsed is the wall-clock time of the run, until the last answer.
+	Elapsed time.Duration
 }
 
 // Count returns the number of outcomes for which f is true.

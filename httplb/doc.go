@@ -27,7 +27,7 @@
 // [NewProxy] wraps a Transport in a ReverseProxy that flushes every event as
 // it arrives, and [ErrorHandler] maps failures to statuses: 413 for a body
 // over the cap, 429 with Retry-After when no endpoint can take the request
-// (admission caps, every endpoint excluded or unhealthy), 502 otherwise.
+// (admission caps, every endpoint excluded), 502 otherwise.
 //
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt

@@ -41,8 +41,8 @@ func NewProxy(t *Transport) *httputil.ReverseProxy {
 //   - 413 Request Entity Too Large for a body over the cap ([ErrBodyTooLarge]);
 //   - 429 Too Many Requests with a Retry-After header when no endpoint may
 //     take the request: an admission cap is reached ([retry.ErrOverloaded],
-//     with the cap's suggested wait), every endpoint is excluded or
-//     unhealthy ([llmlb.ErrNoCandidates]) or there are none
+//     with the cap's suggested wait), the request excludes every endpoint
+//     ([llmlb.ErrNoCandidates]: all were tried) or there are none
 //     ([llmlb.ErrNoEndpoints]), with [DefaultRetryAfter];
 //   - nothing when the client has gone away (its context is cancelled);
 //   - 502 Bad Gateway for every other failure (connection errors, retries

@@ -42,6 +42,7 @@ func (k PushbackKind) String() string {
 
 // Pushback is a server's answer to "when may I retry?".
 type Pushback struct {
+	// Kind says whether the server asked for nothing, a wait, or no retry.
 	Kind PushbackKind
 	// Delay is the requested wait when Kind is RetryLater, in [0, cap].
 	Delay time.Duration

@@ -113,6 +113,7 @@ func (e *ScrapeError) Unwrap() error { return e.Err }
 
 // Status describes the scraping of one endpoint, for a gateway to export.
 type Status struct {
+	// Key is the endpoint's key and URL the metrics address scraped.
 	Key string
 	URL string
 	// Engine is the dialect of the last successful scrape.

@@ -134,6 +134,9 @@ func Policies() []PolicySpec {
 		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
 		}},
+		{Name: "default-no-slots", Doc: "llmlb.Default as default, but not told the engines' batch slots", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return newEventsDefault(env, llmlb.DefaultConfig{})
+		}},
 		{Name: "default-approx", Doc: "llmlb.Default with cache state guessed from its own decisions, for engines that publish no KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			ix, err := newIndex(env)
 			if err != nil {

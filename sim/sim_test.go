@@ -8,8 +8,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/llmlb/llmlb"
 )
 
 // defaultResults runs the default scenario once for every test that needs
@@ -357,17 +355,12 @@ func TestPrefixesScenario(t *testing.T) {
 // cache and its tail is several times worse.
 func TestSlotsScenario(t *testing.T) {
 	sc, reqs := scenario(t, "slots")
-	res, err := Compare(context.Background(), sc.Config, reqs, []string{"least-outstanding", "default", "default-approx", "oracle"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unaware, err := simulate(context.Background(), sc.Config, reqs, PolicySpec{Name: "default-no-slots", New: func(env *PolicyEnv) (llmlb.Policy, error) {
-		return newEventsDefault(env, llmlb.DefaultConfig{})
-	}})
+	res, err := Compare(context.Background(), sc.Config, reqs, []string{"least-outstanding", "default", "default-approx", "default-no-slots", "oracle"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := byPolicy(res)
+	unaware := m["default-no-slots"]
 	lo := m["least-outstanding"]
 	for _, name := range []string{"default", "default-approx"} {
 		r := m[name]

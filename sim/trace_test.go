@@ -155,7 +155,9 @@ func sharedTrace(t *testing.T, name string) *os.File {
 	path := filepath.Join("..", "..", "shared", "traces", name)
 	f, err := os.Open(path)
 	if err != nil {
-		t.Skipf("trace %s not available (%v); it lives in ../shared/traces beside the repository", name, err)
+		t.Skipf("trace %s not available (%v): save it in ../shared/traces beside the repository "+
+			"(Mooncake's FAST25-release/traces/synthetic_trace.jsonl as mooncake_synthetic_trace.jsonl, "+
+			"Azure's data/AzureLLMInferenceTrace_conv.csv from Azure/AzurePublicDataset)", name, err)
 	}
 	t.Cleanup(func() { f.Close() })
 	return f
