@@ -21,9 +21,15 @@ var (
 
 // Engine defaults.
 const (
+	// DefaultTokenBudget is the tokens an iteration processes when
+	// [Engine.TokenBudget] is 0.
 	DefaultTokenBudget = 8192
-	DefaultMaxRunning  = 256
-	DefaultBlockSize   = 16
+	// DefaultMaxRunning is the running batch's size limit when
+	// [Engine.MaxRunning] is 0.
+	DefaultMaxRunning = 256
+	// DefaultBlockSize is the tokens per KV block when [Engine.BlockSize]
+	// is 0.
+	DefaultBlockSize = 16
 	// DefaultKVBlocks is the KV capacity of a replica: 8192 blocks of 16
 	// tokens, 131,072 tokens. It is deliberately small, so that KV
 	// pressure, eviction of cached prefixes and preemption all occur (the

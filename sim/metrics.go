@@ -12,15 +12,26 @@ import (
 // arrival); output tokens per second is over the run's span, from the first
 // arrival to the last completion.
 type Result struct {
-	Policy    string `json:"policy"`
-	Requests  int    `json:"requests"`
-	Completed int    `json:"completed"`
+	// Policy is the name of the policy measured.
+	Policy string `json:"policy"`
+	// Requests is the number of requests of the workload, rejected ones
+	// included.
+	Requests int `json:"requests"`
+	// Completed is the number of requests that finished.
+	Completed int `json:"completed"`
 	// Rejected counts requests larger than a replica's whole KV cache.
 	Rejected int `json:"rejected"`
 
+	// TTFT is the time to first token of the completed requests, from
+	// arrival to the first output token.
 	TTFT Latency `json:"ttft_ms"`
+	// TPOT is the time per output token after the first of the completed
+	// requests, (E2E - TTFT) / (output tokens - 1), and 0 for a one-token
+	// output; it reports P50 and P99 only.
 	TPOT Latency `json:"tpot_ms"`
-	E2E  Latency `json:"e2e_ms"`
+	// E2E is the end-to-end latency of the completed requests, from arrival
+	// to the last output token; it reports P50 and P99 only.
+	E2E Latency `json:"e2e_ms"`
 
 	// SLOAttainment is the share of requests whose TTFT and TPOT are both
 	// within the SLO; unfinished requests miss it.
@@ -30,12 +41,16 @@ type Result struct {
 	GoodputRPS float64 `json:"goodput_rps"`
 	// PrefixHitRate is the share of prompt tokens served from a replica's
 	// prefix cache at the request's first admission.
-	PrefixHitRate    float64 `json:"prefix_hit_rate"`
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+	// OutputTokensPerS is the number of tokens generated for the completed
+	// requests per second of SpanSeconds.
 	OutputTokensPerS float64 `json:"output_tokens_per_s"`
 	// AssignmentGap is the largest minus the smallest number of requests
 	// assigned to a replica.
 	AssignmentGap int `json:"assignment_gap"`
-	Preemptions   int `json:"preemptions"`
+	// Preemptions is the number of times a replica preempted a running
+	// sequence to free KV blocks, summed over the replicas.
+	Preemptions int `json:"preemptions"`
 
 	// PeakSkew and MeanSkew are the largest and the mean difference between
 	// the most and the least loaded replica in outstanding requests, sampled
@@ -72,16 +87,24 @@ type rawResult struct {
 // Latency summarizes a latency distribution in milliseconds. Fields that a
 // measurement does not report are zero.
 type Latency struct {
+	// P50 is the median, by the nearest-rank method like the other
+	// percentiles.
 	P50 float64 `json:"p50"`
+	// P95 is the 95th percentile.
 	P95 float64 `json:"p95,omitempty"`
+	// P99 is the 99th percentile.
 	P99 float64 `json:"p99"`
+	// Max is the largest latency.
 	Max float64 `json:"max,omitempty"`
 }
 
 // Sample is the number of outstanding requests of every replica at one
 // instant.
 type Sample struct {
-	At          time.Duration
+	// At is the simulated time of the sample, from the start of the run.
+	At time.Duration
+	// Outstanding holds, for each replica in index order, the requests
+	// dispatched to it that have not finished.
 	Outstanding []int
 }
 

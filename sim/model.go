@@ -9,9 +9,16 @@ import (
 // tokens prefilled in it, the sequences that each decode one token in it, and
 // the fraction of KV blocks held by running sequences when it starts.
 type Batch struct {
+	// PrefillTokens is the number of prompt tokens the iteration prefills,
+	// summed over the sequences whose prefill (or a chunk of it) it runs.
 	PrefillTokens int
-	DecodeSeqs    int
-	KVUsage       float64
+	// DecodeSeqs is the number of sequences that each decode one token in
+	// the iteration.
+	DecodeSeqs int
+	// KVUsage is the fraction of the replica's KV blocks, in [0, 1], held by
+	// running sequences once the iteration's blocks are allocated; cached
+	// prefix blocks that no sequence holds do not count.
+	KVUsage float64
 }
 
 // IterTimeFunc returns how long an engine iteration takes. It must return a

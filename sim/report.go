@@ -20,33 +20,57 @@ import (
 // Report is the outcome of comparing policies on one workload, in the JSON
 // shape written by [Report.WriteJSON].
 type Report struct {
+	// Scenario describes the run.
 	Scenario ScenarioInfo `json:"scenario"`
-	Results  []*Result    `json:"results"`
+	// Results holds one result per policy, in the order the policies were
+	// compared.
+	Results []*Result `json:"results"`
 }
 
 // ScenarioInfo describes the run a report measured.
 type ScenarioInfo struct {
-	Name        string  `json:"name"`
-	Trace       string  `json:"trace,omitempty"`
-	Format      string  `json:"format,omitempty"`
-	RateScale   float64 `json:"rate_scale,omitempty"`
-	Requests    int     `json:"requests"`
+	// Name is the name of the scenario or, for a replayed trace, what the
+	// caller calls it. Like Trace, Format and RateScale, it is the
+	// caller's to set; [ScenarioInfo.Describe] leaves them alone.
+	Name string `json:"name"`
+	// Trace is the file name of a replayed trace; empty for a synthetic
+	// workload.
+	Trace string `json:"trace,omitempty"`
+	// Format is the trace's format, such as [FormatMooncake].
+	Format string `json:"format,omitempty"`
+	// RateScale is the factor the trace's arrival rate was multiplied by
+	// ([TraceOptions.RateScale]).
+	RateScale float64 `json:"rate_scale,omitempty"`
+	// Requests is the number of requests of the workload.
+	Requests int `json:"requests"`
+	// ArrivalRate is the mean arrival rate in requests per second: the
+	// requests after the first over the time from the first arrival to the
+	// last; 0 for fewer than two requests or arrivals all at one instant.
 	ArrivalRate float64 `json:"arrival_rate_rps"`
-	Replicas    int     `json:"replicas"`
-	Routers     int     `json:"routers"`
-	ScrapeMs    float64 `json:"scrape_ms"`
-	Stagger     bool    `json:"stagger"`
-	Seed        uint64  `json:"seed"`
+	// Replicas and Routers are [Config.Replicas] and [Config.Routers],
+	// defaults filled in.
+	Replicas int `json:"replicas"`
+	Routers  int `json:"routers"`
+	// ScrapeMs is [Config.Scrape] in milliseconds, default filled in.
+	ScrapeMs float64 `json:"scrape_ms"`
+	// Stagger is [Config.Stagger].
+	Stagger bool `json:"stagger"`
+	// Seed is [Config.Seed], the first seed when Seeds is above 1.
+	Seed uint64 `json:"seed"`
 	// Seeds, when above 1, is the number of seeds pooled, from Seed on:
 	// each result then merges one run per seed (see [Merge]), and Requests,
 	// ArrivalRate and the hit-rate references describe one run on average.
-	Seeds       int     `json:"seeds,omitempty"`
-	SLOTTFTMs   float64 `json:"slo_ttft_ms"`
-	SLOTPOTMs   float64 `json:"slo_tpot_ms"`
-	KVBlocks    int     `json:"kv_blocks"`
-	BlockSize   int     `json:"block_size"`
-	TokenBudget int     `json:"token_budget"`
-	MaxRunning  int     `json:"max_running"`
+	Seeds int `json:"seeds,omitempty"`
+	// SLOTTFTMs and SLOTPOTMs are the bounds of [Config.SLO] in
+	// milliseconds, defaults filled in.
+	SLOTTFTMs float64 `json:"slo_ttft_ms"`
+	SLOTPOTMs float64 `json:"slo_tpot_ms"`
+	// KVBlocks, BlockSize, TokenBudget and MaxRunning are the fields of
+	// the same names of every replica's [Engine], defaults filled in.
+	KVBlocks    int `json:"kv_blocks"`
+	BlockSize   int `json:"block_size"`
+	TokenBudget int `json:"token_budget"`
+	MaxRunning  int `json:"max_running"`
 	// InfiniteCacheHitRate bounds every policy's prefix hit rate (see
 	// [InfiniteCacheHitRate]).
 	InfiniteCacheHitRate float64 `json:"infinite_cache_hit_rate"`

@@ -13,10 +13,16 @@ import (
 // Scenario is a named preset: a cluster, a synthetic workload and the
 // policies to compare on it.
 type Scenario struct {
-	Name     string
-	Doc      string
-	Config   Config
+	// Name is the name [LookupScenario] finds the scenario by.
+	Name string
+	// Doc is a one-line description.
+	Doc string
+	// Config is the simulated cluster.
+	Config Config
+	// Workload is the synthetic workload.
 	Workload Synthetic
+	// Policies are the names of the policies compared by default, in
+	// display order.
 	Policies []string
 	// Herding marks a scenario whose interesting columns are the skew
 	// metrics.

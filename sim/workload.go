@@ -106,7 +106,17 @@ type Synthetic struct {
 	// Zipf popularity of exponent PrefixZipf (> 1), each PrefixTokens long.
 	PrefixShare  float64
 	PrefixGroups int
-	PrefixZipf   float64
+	// PrefixZipf is the exponent of the Zipf popularity of the shared
+	// prefixes: a fresh request that starts with one picks prefix k with
+	// probability proportional to (1+k)^-PrefixZipf. It must exceed 1 when
+	// PrefixShare is positive; larger values concentrate the requests on
+	// fewer prefixes.
+	PrefixZipf float64
+	// PrefixTokens is the length distribution of each shared prefix, drawn
+	// once per prefix, and of the parent prefix of each agent burst; either
+	// is rounded up to whole blocks of BlockTokens. A follow-up turn whose
+	// prompt would exceed Prompt.Max + PrefixTokens.Max tokens drops the
+	// conversation's history and carries its new message only.
 	PrefixTokens LogNormal
 	// SessionShare is the probability that an arrival is the next turn of one
 	// of the last Sessions conversations; its prompt is the previous prompt
@@ -136,8 +146,12 @@ type Synthetic struct {
 // LogNormal is a log-normal length distribution with the given median and
 // shape sigma, clamped to [Min, Max].
 type LogNormal struct {
+	// Median is the median length in tokens, positive; Sigma, at least 0,
+	// is the standard deviation of the length's natural logarithm: 0 draws
+	// Median every time, larger values give heavier tails.
 	Median, Sigma float64
-	Min, Max      int
+	// Min and Max bound every length drawn: 1 <= Min <= Max <= 2^24.
+	Min, Max int
 }
 
 func (d LogNormal) sample(r *rand.Rand) int {

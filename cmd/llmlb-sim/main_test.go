@@ -4,10 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/llmlb/llmlb/sim"
 )
 
 func TestRunJSON(t *testing.T) {
@@ -74,28 +78,170 @@ func TestRunErrors(t *testing.T) {
 	if err := os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 5, "output_length": 1}`+"\nnot json\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	good := filepath.Join(dir, "good.jsonl")
+	if err := os.WriteFile(good, []byte(`{"timestamp": 0, "input_length": 5, "output_length": 1}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	same := filepath.Join(dir, "out.json")
+	missing := filepath.Join(dir, "missing", "out.json")
 	cases := []struct {
-		name string
-		args []string
-		want string
+		name    string
+		args    []string
+		want    string
+		notWant string // if set, stderr must not hold it
 	}{
-		{"unknown flag", []string{"-nope"}, "flag provided but not defined"},
-		{"unknown policy", []string{"-policies", "p2c,fastest"}, `unknown policy "fastest"`},
-		{"unknown scenario", []string{"-scenario", "peak"}, "unknown scenario"},
-		{"bad rate scale", []string{"-rate-scale", "0"}, "-rate-scale"},
-		{"malformed trace", []string{"-trace", bad}, "line 2"},
-		{"missing trace", []string{"-trace", filepath.Join(dir, "none.csv")}, "no such file"},
+		{"unknown flag", []string{"-nope"}, "flag provided but not defined", ""},
+		{"unknown policy", []string{"-policies", "p2c,fastest"}, `-policies: unknown policy "fastest"`, ""},
+		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots)`, ""},
+		{"bad rate scale", []string{"-rate-scale", "0"}, "-rate-scale", ""},
+		{"infinite rate scale", []string{"-rate-scale", "Inf"}, "-rate-scale +Inf must be a positive finite number", ""},
+		{"NaN rate scale", []string{"-rate-scale", "NaN"}, "-rate-scale NaN must be a positive finite number", ""},
+		{"negative replicas", []string{"-replicas", "-1"}, "-replicas -1 must not be negative", "-routers"},
+		{"negative routers", []string{"-routers", "-2"}, "-routers -2 must not be negative", "-replicas"},
+		{"negative requests", []string{"-requests", "-3"}, "-requests -3 must not be negative", "-replicas"},
+		{"negative scrape", []string{"-scrape", "-1s"}, "-scrape -1s must not be negative", "-replicas"},
+		{"negative kv blocks", []string{"-kv-blocks", "-4"}, "-kv-blocks -4 must not be negative", "-replicas"},
+		{"zero TTFT SLO", []string{"-slo-ttft", "0"}, "-slo-ttft 0s must be positive", ""},
+		{"negative TTFT SLO", []string{"-slo-ttft", "-1s"}, "-slo-ttft -1s must be positive", ""},
+		{"zero TPOT SLO", []string{"-slo-tpot", "0"}, "-slo-tpot 0s must be positive", ""},
+		{"negative TPOT SLO", []string{"-slo-tpot", "-5ms"}, "-slo-tpot -5ms must be positive", ""},
+		{"seed overflow", []string{"-seed", "18446744073709551615", "-seeds", "2"}, "-seed 18446744073709551615 with -seeds 2 overflows", ""},
+		{"format without trace", []string{"-format", "azure"}, "-format needs -trace", ""},
+		{"unknown format", []string{"-format", "csv", "-trace", good}, `-format "csv": want mooncake or azure`, ""},
+		{"malformed trace", []string{"-trace", bad}, "line 2", ""},
+		{"missing trace", []string{"-trace", filepath.Join(dir, "none.csv")}, "no such file", ""},
+		{"directory trace", []string{"-trace", dir}, "-trace " + dir + " is a directory", "malformed"},
+		{"json in missing directory", []string{"-json", missing}, "-json: open " + missing, ""},
+		{"svg in missing directory", []string{"-svg", missing}, "-svg: open " + missing, ""},
+		{"json and svg alike", []string{"-json", same, "-svg", same}, "-json and -svg both name " + same, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			// A small run, should a case be accepted; the case's flags
+			// come later and win.
+			args := append([]string{"-requests", "100", "-replicas", "2", "-policies", "p2c"}, c.args...)
 			var out, errb bytes.Buffer
-			if code := run(context.Background(), c.args, &out, &errb); code != 2 {
+			if code := run(context.Background(), args, &out, &errb); code != 2 {
 				t.Errorf("exit %d, want 2", code)
 			}
 			if !strings.Contains(errb.String(), c.want) {
 				t.Errorf("stderr %q lacks %q", errb.String(), c.want)
 			}
+			if c.notWant != "" && strings.Contains(errb.String(), c.notWant) {
+				t.Errorf("stderr %q holds %q", errb.String(), c.notWant)
+			}
+			if out.Len() > 0 {
+				t.Errorf("stdout not empty:\n%s", out.String())
+			}
 		})
+	}
+	if _, err := os.Stat(same); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left behind (%v)", same, err)
+	}
+}
+
+func TestRunOutputFailsFast(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing", "out.svg")
+	jsonPath := filepath.Join(dir, "out.json")
+	var out, errb bytes.Buffer
+	// The -json file is created before -svg fails, and must be removed again.
+	args := []string{"-requests", "300", "-replicas", "3", "-json", jsonPath, "-svg", missing}
+	if code := run(context.Background(), args, &out, &errb); code != 2 {
+		t.Errorf("exit %d, want 2", code)
+	}
+	if !strings.Contains(errb.String(), missing) {
+		t.Errorf("stderr %q does not name %s", errb.String(), missing)
+	}
+	if strings.Contains(errb.String(), "simulated") || out.Len() > 0 {
+		t.Errorf("simulated before failing: stdout %q, stderr %q", out.String(), errb.String())
+	}
+	if _, err := os.Stat(jsonPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left behind (%v)", jsonPath, err)
+	}
+}
+
+func TestRunFailureRemovesOutputs(t *testing.T) {
+	dir := t.TempDir()
+	created := filepath.Join(dir, "new.json")
+	existing := filepath.Join(dir, "old.svg")
+	if err := os.WriteFile(existing, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the simulation fails after the outputs are opened
+	var out, errb bytes.Buffer
+	args := []string{"-requests", "200", "-replicas", "3", "-policies", "p2c", "-json", created, "-svg", existing}
+	if code := run(ctx, args, &out, &errb); code != 1 || !strings.Contains(errb.String(), "context canceled") {
+		t.Fatalf("exit %d, stderr %q; want 1 and the cancellation", code, errb.String())
+	}
+	if _, err := os.Stat(created); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left behind (%v)", created, err)
+	}
+	if b, err := os.ReadFile(existing); err != nil || string(b) != "old" {
+		t.Errorf("%s = %q (%v), want its old contents", existing, b, err)
+	}
+
+	// A successful run replaces the existing file's contents.
+	out.Reset()
+	errb.Reset()
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if b, err := os.ReadFile(existing); err != nil || bytes.HasPrefix(b, []byte("old")) || !bytes.Contains(b, []byte("<svg")) {
+		t.Errorf("%s = %.40q (%v), want an SVG document", existing, b, err)
+	}
+	if b, err := os.ReadFile(created); err != nil || !json.Valid(b) {
+		t.Errorf("%s is not JSON (%v)", created, err)
+	}
+}
+
+func TestRunRejectedWarning(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "warning: 300 of 300 requests do not fit one replica's KV cache (1 block of 16 tokens) and were rejected; raise -kv-blocks\n"},
+		{[]string{"-seeds", "2"}, "warning: 600 of 600 requests"},
+	} {
+		var out, errb bytes.Buffer
+		args := append([]string{"-kv-blocks", "1", "-requests", "300", "-replicas", "2", "-policies", "round-robin,p2c"}, c.args...)
+		if code := run(context.Background(), args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		if !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: stderr %q lacks %q", args, errb.String(), c.want)
+		}
+		if !strings.Contains(out.String(), "round-robin") {
+			t.Errorf("%v: no table before the warning:\n%s", args, out.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-requests", "300", "-replicas", "2", "-policies", "p2c"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if strings.Contains(errb.String(), "warning") {
+		t.Errorf("warning without rejected requests: %q", errb.String())
+	}
+}
+
+func TestUsageKVBlocksDefaults(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-h"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	help := errb.String()
+	for _, s := range sim.Scenarios() {
+		kv := s.Config.Engine.KVBlocks
+		if kv == 0 {
+			kv = sim.DefaultKVBlocks
+		}
+		if want := fmt.Sprintf("%s %d", s.Name, kv); !strings.Contains(help, want) {
+			t.Errorf("-kv-blocks help lacks the %s scenario's %d blocks:\n%s", s.Name, kv, help)
+		}
+		if !strings.Contains(help, s.Name) {
+			t.Errorf("help lacks scenario %q", s.Name)
+		}
 	}
 }
 
@@ -140,5 +286,9 @@ func TestRunSeeds(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run(context.Background(), []string{"-seeds", "0"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "-seeds") {
 		t.Errorf("-seeds 0: exit %d, stderr %q", code, errb.String())
+	}
+	// The last seed may be the largest uint64, but not wrap around.
+	if table := runTable("-requests", "50", "-seed", "18446744073709551614", "-seeds", "2"); !strings.Contains(table, "seeds 18446744073709551614-18446744073709551615 pooled") {
+		t.Errorf("table header does not name the two largest seeds:\n%s", table)
 	}
 }
