@@ -532,14 +532,53 @@ func TestPercentBudgetConcurrent(t *testing.T) {
 	}
 }
 
-// BenchmarkBudget runs requests against each budget from every P: Start, a
+// BenchmarkBudget measures one deposit and one withdrawal per operation,
+// from every P, in each budget's own terms: a PercentBudget's request
+// deposit and retry withdrawal; a Throttle's retry check with the failure
+// that charges it and a success's deposit; a ConcurrentBudget's retry taking
+// a place among the retries in flight and giving it back. BenchmarkBudgetRequest
+// measures a whole request with one retry through the Budget interface.
+func BenchmarkBudget(b *testing.B) {
+	pb, _ := NewPercentBudget(DefaultPercentConfig())
+	th, _ := NewThrottle(DefaultThrottleConfig())
+	cb, _ := NewConcurrentBudget(DefaultConcurrentConfig())
+	for _, bc := range []struct {
+		kind string
+		op   func()
+	}{
+		{"finagle", func() { pb.Deposit(); pb.TryWithdraw() }},
+		{"grpc", func() {
+			if th.Withdraw() {
+				th.Failure()
+			}
+			th.Success()
+		}},
+		{"concurrent", func() {
+			if cb.Withdraw() {
+				cb.Finish(true, Failed)
+			}
+		}},
+	} {
+		b.Run("kind="+bc.kind, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					bc.op()
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkBudgetRequest runs whole requests against each budget from every
+// P, through the Budget interface as a retry loop calls it: Start, a
 // withdrawal and, if granted, its Finish, then the first attempt's Finish.
 // What bounds the cost: every budget keeps one exact state that all Ps
 // update, so with several Ps its cache line moves between cores on most
 // operations. A PercentBudget makes one atomic write per request and one per
 // granted retry, a Throttle one or two, and a ConcurrentBudget four, one at
 // each attempt's start and end: BenchmarkSharedCounter measures those floors.
-func BenchmarkBudget(b *testing.B) {
+func BenchmarkBudgetRequest(b *testing.B) {
 	pb, _ := NewPercentBudget(DefaultPercentConfig())
 	th, _ := NewThrottle(DefaultThrottleConfig())
 	cb, _ := NewConcurrentBudget(DefaultConcurrentConfig())
@@ -562,7 +601,7 @@ func BenchmarkBudget(b *testing.B) {
 	}
 }
 
-// BenchmarkSharedCounter is the floor BenchmarkBudget is measured against:
+// BenchmarkSharedCounter is the floor the budget benchmarks are measured against:
 // atomic adds on a word that every P updates, one per request (the least any
 // exact shared budget pays) and four (the state changes a ConcurrentBudget
 // makes per request: each attempt's start and end). Compare them in one run.
