@@ -601,10 +601,11 @@ func BenchmarkBudgetRequest(b *testing.B) {
 	}
 }
 
-// BenchmarkSharedCounter is the floor the budget benchmarks are measured against:
-// atomic adds on a word that every P updates, one per request (the least any
-// exact shared budget pays) and four (the state changes a ConcurrentBudget
-// makes per request: each attempt's start and end). Compare them in one run.
+// BenchmarkSharedCounter is the floor the budget benchmarks are measured
+// against: atomic adds on a word that every P updates, one per request (the
+// least any exact shared budget pays) and four (the state changes a
+// ConcurrentBudget makes per request: each attempt's start and end). Compare
+// them in one run.
 func BenchmarkSharedCounter(b *testing.B) {
 	for _, adds := range []int{1, 4} {
 		b.Run("adds="+strconv.Itoa(adds), func(b *testing.B) {
