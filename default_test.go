@@ -132,8 +132,8 @@ func eventsHolder(t *testing.T, cfg DefaultConfig) (*Balancer, Request) {
 // With an index that holds only what engine KV events report, a cached
 // token is certainly there and is worth DefaultEventsCacheWeight prefill
 // tokens: the holder that lost at k = 4 behind 5000 queued tokens (idle
-// endpoints cost 4*1600 = 6400 against its 10828) now wins (16000 against
-// 10828), unless CacheWeight is set explicitly.
+// endpoints cost 4*1600 = 6400 against its 10828) now wins (8*1600 = 12800
+// against 10828), unless CacheWeight is set explicitly.
 func TestDefaultCreditsEventFedCacheMore(t *testing.T) {
 	for _, tc := range []struct {
 		weight float64
