@@ -78,6 +78,10 @@ type PolicySpec struct {
 	// Herding marks the policies that exist to show herding; they run in the
 	// herding scenario and are left out of the default list.
 	Herding bool
+	// Variant marks a variant of another policy that isolates one design
+	// choice, such as default-no-slots; it runs only when named and is left
+	// out of the default list.
+	Variant bool
 }
 
 // Policies returns every policy the simulator knows, in display order. It
@@ -134,7 +138,7 @@ func Policies() []PolicySpec {
 		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
 		}},
-		{Name: "default-no-slots", Doc: "llmlb.Default as default, but not told the engines' batch slots", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+		{Name: "default-no-slots", Doc: "llmlb.Default as default, but not told the engines' batch slots", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{})
 		}},
 		{Name: "default-approx", Doc: "llmlb.Default with cache state guessed from its own decisions, for engines that publish no KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
@@ -219,11 +223,11 @@ func LookupPolicy(name string) (PolicySpec, bool) {
 }
 
 // DefaultPolicies returns the names of the policies compared by default: all
-// of them except those that exist to show herding.
+// of them except those that exist to show herding and the variants.
 func DefaultPolicies() []string {
 	var out []string
 	for _, p := range Policies() {
-		if !p.Herding {
+		if !p.Herding && !p.Variant {
 			out = append(out, p.Name)
 		}
 	}

@@ -310,6 +310,20 @@ func TestPolicyNamesUnique(t *testing.T) {
 		}
 		seen[p.Name] = true
 	}
+	// The default list leaves out the herding policies and the variants,
+	// and keeps every other one.
+	listed := map[string]bool{}
+	for _, name := range DefaultPolicies() {
+		listed[name] = true
+	}
+	for _, p := range Policies() {
+		if want := !p.Herding && !p.Variant; listed[p.Name] != want {
+			t.Errorf("%s in the default list: %v, want %v", p.Name, listed[p.Name], want)
+		}
+	}
+	if listed["default-no-slots"] || !listed["default"] {
+		t.Error("the default list must hold default and not its variant default-no-slots")
+	}
 }
 
 // scenario returns the preset named name and its workload, for seed 1.
