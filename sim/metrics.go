@@ -215,7 +215,6 @@ func Merge(rs ...*Result) (*Result, error) {
 	if len(rs) == 0 {
 		return nil, fmt.Errorf("%w: no results to merge", ErrInvalidConfig)
 	}
-	var raws []*rawResult
 	for _, r := range rs {
 		switch {
 		case r == nil:
@@ -225,14 +224,12 @@ func Merge(rs ...*Result) (*Result, error) {
 		case r.Policy != rs[0].Policy:
 			return nil, fmt.Errorf("%w: cannot merge results of %q and %q", ErrInvalidConfig, rs[0].Policy, r.Policy)
 		}
-		raws = append(raws, r.raw)
 	}
 	out := &Result{Policy: rs[0].Policy, Series: rs[0].Series, raw: &rawResult{}}
 	m := out.raw
-	var ttft [][]float64
-	var tpot, e2e [][]float64
-	for i, r := range rs {
-		x := raws[i]
+	var ttft, tpot, e2e [][]float64
+	for _, r := range rs {
+		x := r.raw
 		out.Requests += r.Requests
 		out.Completed += r.Completed
 		out.Rejected += r.Rejected
