@@ -87,16 +87,20 @@ type Config struct {
 	AbsThreshold   int     `json:"absThreshold,omitempty"`
 	RelThreshold   float64 `json:"relThreshold,omitempty"`
 	MatchThreshold float64 `json:"matchThreshold,omitempty"`
-	// CacheWeight, FootprintWeight, KVPenalty, Sampled, Holders, Slots and
-	// SlotWeight configure "default" (llmlb.DefaultConfig); set Slots to
-	// the engines' batch slots when they are few.
-	CacheWeight     float64 `json:"cacheWeight,omitempty"`
-	FootprintWeight float64 `json:"footprintWeight,omitempty"`
-	KVPenalty       float64 `json:"kvPenalty,omitempty"`
-	Sampled         int     `json:"sampled,omitempty"`
-	Holders         int     `json:"holders,omitempty"`
-	Slots           int     `json:"slots,omitempty"`
-	SlotWeight      float64 `json:"slotWeight,omitempty"`
+	// CacheWeight, FootprintWeight, KVPenalty, Sampled, Holders, Slots,
+	// SlotWeight, OverloadWeight, OverloadQueue and DefaultQueueWeight
+	// configure "default" (llmlb.DefaultConfig; 0 means its default); set
+	// Slots to the engines' batch slots when they are few.
+	CacheWeight        float64 `json:"cacheWeight,omitempty"`
+	FootprintWeight    float64 `json:"footprintWeight,omitempty"`
+	KVPenalty          float64 `json:"kvPenalty,omitempty"`
+	Sampled            int     `json:"sampled,omitempty"`
+	Holders            int     `json:"holders,omitempty"`
+	Slots              int     `json:"slots,omitempty"`
+	SlotWeight         float64 `json:"slotWeight,omitempty"`
+	OverloadWeight     float64 `json:"overloadWeight,omitempty"`
+	OverloadQueue      float64 `json:"overloadQueue,omitempty"`
+	DefaultQueueWeight float64 `json:"defaultQueueWeight,omitempty"`
 	// QueueWeight, KVWeight and PrefixWeight configure "gie-default"
 	// (llmlb.GIEConfig).
 	QueueWeight  float64 `json:"queueWeight,omitempty"`
@@ -227,13 +231,14 @@ var policies = []policySpec{
 		}
 		return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix, QueueWeight: c.QueueWeight, KVWeight: c.KVWeight, PrefixWeight: c.PrefixWeight})
 	}},
-	{DefaultPolicy, []string{"blockTokens", "cacheWeight", "footprintWeight", "kvPenalty", "sampled", "holders", "slots", "slotWeight"}, func(c *Config) (llmlb.Policy, error) {
+	{DefaultPolicy, []string{"blockTokens", "cacheWeight", "footprintWeight", "kvPenalty", "sampled", "holders", "slots", "slotWeight", "overloadWeight", "overloadQueue", "defaultQueueWeight"}, func(c *Config) (llmlb.Policy, error) {
 		ix, err := index(c)
 		if err != nil {
 			return nil, err
 		}
 		return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: c.events, CacheWeight: c.CacheWeight, FootprintWeight: c.FootprintWeight,
-			KVPenalty: c.KVPenalty, Sampled: c.Sampled, Holders: c.Holders, Slots: c.Slots, SlotWeight: c.SlotWeight})
+			KVPenalty: c.KVPenalty, Sampled: c.Sampled, Holders: c.Holders, Slots: c.Slots, SlotWeight: c.SlotWeight,
+			OverloadWeight: c.OverloadWeight, OverloadQueue: c.OverloadQueue, QueueWeight: c.DefaultQueueWeight})
 	}},
 }
 

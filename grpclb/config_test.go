@@ -37,11 +37,12 @@ func TestParseConfig(t *testing.T) {
 		{name: "null", js: `null`, check: func(c *grpclb.Config) bool { return c.Policy == "default" }},
 		{name: "empty", js: ``, check: func(c *grpclb.Config) bool { return c.Policy == "default" }},
 		{name: "default with parameters", js: `{"policy": "default", "decodeAllowance": 128, "slowStartWindow": "10s",
-			"blockTokens": 32, "cacheWeight": 2, "sampled": 4, "slots": 4, "slotWeight": 5, "maxSignalAge": "1.5s", "oobReportInterval": "250ms"}`,
+			"blockTokens": 32, "cacheWeight": 2, "sampled": 4, "slots": 4, "slotWeight": 5, "maxSignalAge": "1.5s", "oobReportInterval": "250ms",
+			"overloadWeight": 16, "overloadQueue": 1, "defaultQueueWeight": 2}`,
 			check: func(c *grpclb.Config) bool {
 				return *c.DecodeAllowance == 128 && c.SlowStartWindow == ms(10*time.Second) && c.BlockTokens == 32 &&
 					c.CacheWeight == 2 && c.Sampled == 4 && c.Slots == 4 && c.SlotWeight == 5 && c.MaxSignalAge == ms(1500*time.Millisecond) &&
-					c.OOBReportInterval == ms(250*time.Millisecond)
+					c.OOBReportInterval == ms(250*time.Millisecond) && c.OverloadWeight == 16 && c.OverloadQueue == 1 && c.DefaultQueueWeight == 2
 			}},
 		{name: "p2c kv", js: `{"policy": "p2c", "score": "kv"}`, check: func(c *grpclb.Config) bool { return c.Score == "kv" }},
 		{name: "least-score tokens", js: `{"policy": "least-score", "score": "tokens"}`},
@@ -74,6 +75,9 @@ func TestParseConfig(t *testing.T) {
 		{name: "match threshold above 1", js: `{"policy": "prefix-aware", "matchThreshold": 2}`, wantErr: "match threshold"},
 		{name: "negative cache weight", js: `{"cacheWeight": -1}`, wantErr: "CacheWeight"},
 		{name: "negative slots", js: `{"slots": -4}`, wantErr: "Slots"},
+		{name: "negative overload weight", js: `{"overloadWeight": -1}`, wantErr: "OverloadWeight"},
+		{name: "negative overload queue", js: `{"overloadQueue": -0.5}`, wantErr: "OverloadQueue"},
+		{name: "negative default queue weight", js: `{"defaultQueueWeight": -2}`, wantErr: "QueueWeight"},
 		{name: "bad slow start", js: `{"slowStartWindow": "1s", "slowStartMinWeightPercent": 200}`, wantErr: "min weight percent"},
 		{name: "trailing data", js: `{} {}`, wantErr: "invalid config"},
 		{name: "too large", js: `{"policy": "` + strings.Repeat("x", 70<<10) + `"}`, wantErr: "bytes, above"},
