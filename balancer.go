@@ -25,13 +25,14 @@ type Balancer struct {
 	maxAge    time.Duration
 	allowance int
 	slow      SlowStart
+	obs       *Observer // nil: no observer
 
 	randMu sync.Mutex // protects src
 	src    rand.Source
 
 	snap      atomic.Pointer[snapshot]
 	unhealthy atomic.Int64 // members currently marked unhealthy
-	slowUntil atomic.Int64 // unix nanos after which no member is in slow start
+	slowUntil atomic.Int64 // unix nanos after which no member is in slow start; never if none has been
 
 	mu          sync.Mutex // serializes Update and SetHealthy
 	initialized bool       // a non-empty membership was seen
@@ -56,6 +57,23 @@ func (s *snapshot) member(key string) (int, bool) {
 // a structure derived from the membership under its generation.
 var generations atomic.Uint64
 
+// never stands for "no time" in the unix-nanos fields: the start of slow
+// start of an endpoint not in it, the end of slow start of a balancer none of
+// whose endpoints has been in it, and the time of the observation before the
+// first. It is the earliest time UnixNano can represent (in 1677), so no
+// clock reading that matters collides with it; time.Unix(0, 0), a natural
+// start for a fake clock, is a reading like any other.
+const never = math.MinInt64
+
+// newEpState returns the accounting of an endpoint that just joined: not in
+// slow start, and with no observation seen.
+func newEpState(key string) *epState {
+	st := &epState{key: key}
+	st.started.Store(never)
+	st.obsAt.Store(never)
+	return st
+}
+
 // epState is the accounting of one endpoint. It lives as long as the endpoint
 // is a member and past that while handles still point to it.
 type epState struct {
@@ -67,14 +85,14 @@ type epState struct {
 	prompt    atomic.Int64 // prompt tokens of outstanding requests
 	decode    atomic.Int64 // expected decode tokens of outstanding requests
 	unhealthy atomic.Bool
-	started   atomic.Int64 // unix nanos slow start began; 0 = never in slow start
+	started   atomic.Int64 // unix nanos slow start began; never = not in slow start
 
 	// Own dispatches since the current observation was first seen; used
 	// only when a signal is configured. Readers load the atomics without
 	// the lock; every change happens under it, so that a dispatch and its
 	// completion always count in the same epoch.
 	mu       sync.Mutex   // serializes changes of the fields below
-	obsAt    atomic.Int64 // At (unix nanos) of the observation the epoch belongs to
+	obsAt    atomic.Int64 // At (unix nanos) of the observation the epoch belongs to; never before the first
 	epoch    uint64
 	epReqs   atomic.Int64
 	epQueued atomic.Int64 // of epReqs, those before their first token
@@ -111,7 +129,9 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 		allowance: cfg.allowance,
 		slow:      cfg.slow,
 		src:       cfg.src,
+		obs:       cfg.observer,
 	}
+	b.slowUntil.Store(never)
 	b.snap.Store(&snapshot{byKey: map[string]*epState{}, gen: generations.Add(1)})
 	return b, nil
 }
@@ -161,7 +181,7 @@ func (b *Balancer) Update(eps []Endpoint) error {
 		pos:   make(map[string]int, len(entries)),
 		gen:   generations.Add(1),
 	}
-	var now int64
+	now := int64(never) // the start of slow start of added endpoints
 	if b.initialized && b.slow.Window > 0 {
 		now = b.clock.Now().UnixNano()
 	}
@@ -170,8 +190,8 @@ func (b *Balancer) Update(eps []Endpoint) error {
 		key := e.ep.Key()
 		st := old.byKey[key]
 		if st == nil {
-			st = &epState{key: key}
-			if now != 0 {
+			st = newEpState(key)
+			if now != never {
 				st.started.Store(now)
 				b.extendSlowStart(now)
 			}
@@ -193,7 +213,7 @@ func (b *Balancer) Update(eps []Endpoint) error {
 }
 
 func (b *Balancer) extendSlowStart(startNanos int64) {
-	until := startNanos + int64(b.slow.Window)
+	until := addSat(startNanos, int64(b.slow.Window))
 	for {
 		cur := b.slowUntil.Load()
 		if cur >= until || b.slowUntil.CompareAndSwap(cur, until) {
@@ -282,19 +302,31 @@ func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
 	c.req = r
 	snap := b.snap.Load()
 	if len(snap.eps) == 0 {
-		return Pick{}, ErrNoEndpoints
+		return Pick{}, b.failed(r, ErrNoEndpoints)
 	}
 	if err := c.init(b, snap); err != nil {
-		return Pick{}, err
+		return Pick{}, b.failed(r, err)
 	}
-	i := 0
-	if c.Len() > 1 {
-		i = b.policy.Choose(c)
-		if i < 0 || i >= c.Len() {
-			return Pick{}, policyErrorf("policy %T chose %d of %d candidates", b.policy, i, c.Len())
-		}
+	// The policy sees every pick, even of a single candidate: a policy that
+	// keeps state (a prefix index) must record where each request went, and
+	// only it knows how many prompt tokens the endpoint holds.
+	i := b.policy.Choose(c)
+	if i < 0 || i >= c.Len() {
+		return Pick{}, b.failed(r, policyErrorf("policy %T chose %d of %d candidates", b.policy, i, c.Len()))
 	}
-	return b.commit(c, c.state(i)), nil
+	p := b.commit(c, c.state(i))
+	if b.obs != nil && b.obs.Pick != nil {
+		b.obs.Pick(PickInfo{Endpoint: p.ep, Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
+	}
+	return p, nil
+}
+
+// failed tells the observer of a failed pick and returns err.
+func (b *Balancer) failed(r *Request, err error) error {
+	if b.obs != nil && b.obs.Pick != nil {
+		b.obs.Pick(PickInfo{Request: r, SignalAge: -1, Err: err})
+	}
+	return err
 }
 
 // Both request counts of an endpoint live in one word, so that a pick and a
@@ -319,8 +351,16 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 
 	rec := recordPool.Get().(*record)
 	rec.st, rec.prefill, rec.decode, rec.prompt, rec.epoch = st, prefill, decode, int64(r.PromptTokens), 0
+	rec.b = nil
+	c.signalAge = -1
+	if b.obs != nil {
+		rec.b, rec.picked = b, c.nowNanos()
+	}
 	if b.signal != nil {
 		obs, fresh := c.observe(st)
+		if fresh && b.obs != nil {
+			c.signalAge = time.Duration(c.nowNanos() - obs.At.UnixNano())
+		}
 		st.mu.Lock()
 		if fresh {
 			st.roll(obs.At.UnixNano())
@@ -372,7 +412,11 @@ func (p Pick) FirstToken() {
 		}
 		st.mu.Unlock()
 	}
+	b, picked := rec.b, rec.picked
 	rec.state.Store(p.base | phaseStreaming)
+	if b != nil && b.obs.FirstToken != nil {
+		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked)})
+	}
 }
 
 // Done records that the request finished, successfully or not (err is
@@ -418,9 +462,13 @@ func (p Pick) Done(err error) {
 		}
 		st.mu.Unlock()
 	}
-	rec.st = nil
+	b, picked := rec.b, rec.picked
+	rec.st, rec.b = nil, nil
 	rec.state.Store(p.base + generationStep) // free, next generation
 	recordPool.Put(rec)
+	if b != nil && b.obs.Done != nil {
+		b.obs.Done(DoneInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked), Streamed: streaming, Err: err})
+	}
 }
 
 // The phases of a record, in the low bits of its state; the generation, in
@@ -443,7 +491,9 @@ type record struct {
 	prefill int64
 	decode  int64
 	prompt  int64
-	epoch   uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
+	epoch   uint64    // 1 + the epoch of st the dispatch counted in; 0 = none
+	b       *Balancer // set only when the balancer has an Observer
+	picked  int64     // unix nanos of the pick, when b is set
 }
 
 var recordPool = sync.Pool{New: func() any { return new(record) }}

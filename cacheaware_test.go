@@ -3,6 +3,7 @@ package llmlb
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -19,63 +20,79 @@ func blocks(f, n int) []uint64 {
 	return out
 }
 
+// TestDynamoWorkedExample checks Dynamo's documented example of its KV
+// router's cost, logit = overlap_score_weight * prefill_blocks +
+// decode_blocks with prefill_blocks the blocks not cached: three workers
+// with raw prefill 10/10/10 blocks, device overlap 2/5/8 and decode blocks
+// 10/5/9, at three values of the weight.
 func TestDynamoWorkedExample(t *testing.T) {
-	// Dynamo's documented example: raw prefill 10/10/10 blocks, device
-	// overlap 2/5/8, decode 10/5/9 -> costs 18/10/11, worker 2 wins.
-	cfg := DynamoKVCostConfig()
-	want := []float64{18, 10, 11}
-	overlap := []float64{2, 5, 8}
+	overlap := []int{2, 5, 8}
 	decode := []float64{10, 5, 9}
-	for i := range want {
-		got := cfg.Cost(KVCostTerms{PrefillBlocks: 10, RequestBlocks: 10, DeviceOverlap: overlap[i], DecodeBlocks: decode[i]})
-		if got != want[i] {
-			t.Errorf("worker %d: cost %v, want %v", i+1, got, want[i])
-		}
+	cases := []struct {
+		weight float64
+		want   []float64
+		winner int // 0-based
+	}{
+		{1, []float64{18, 10, 11}, 1},
+		{2, []float64{26, 15, 13}, 2},
+		{0.5, []float64{14, 7.5, 10}, 1},
 	}
-	// The same numbers through the policy: 3 workers, 16-token blocks, a
-	// 160-token prompt (10 blocks) cached 2/5/8 blocks deep, and active
-	// decode footprints so that decode blocks come out 10/5/9.
-	ix, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
-	prompt := blocks(1, 10)
-	for i, n := range []int{2, 5, 8} {
-		if err := ix.Stored("ep"+string(rune('0'+i)), 16, prompt[:n]...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pol, err := KVCost(KVCostConfig{Index: ix, OverlapCredit: 1, PrefillScale: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := mustNew(t, pol)
-	mustUpdate(t, b, eps(3))
-	// Active footprint = decode - (request blocks - overlap) blocks:
-	// 10-8=2, 5-5=0, 9-2=7 blocks of 16 tokens, held as outstanding decode.
-	var held []Pick
-	for i, blk := range []int{2, 0, 7} {
-		if blk > 0 {
-			held = append(held, holdOn(t, b, "ep"+string(rune('0'+i)), 1, Request{OutputTokens: blk * 16})...)
-		}
-	}
-	for _, h := range held {
-		h.FirstToken() // prefill done: no queued prefill, only decode footprint
-	}
-	for range 20 {
-		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 160, OutputTokens: 1, Prefix: prompt})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := pk.Endpoint().Key(); got != "ep1" {
-			t.Fatalf("picked %s, want ep1 (worker 2, cost 10)", got)
-		}
-		// The first pick finds 5 cached blocks; it records the whole
-		// prompt on ep1, so later picks find all 10.
-		if s := statsByKey(b)["ep1"]; s.PrefillTokens != 160-5*16 && s.PrefillTokens != 0 {
-			t.Fatalf("prefill charged %d, want %d or 0 (matched blocks not charged)", s.PrefillTokens, 160-5*16)
-		}
-		pk.Done(nil)
-	}
-	for _, h := range held {
-		h.Done(nil)
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("weight=%v", tc.weight), func(t *testing.T) {
+			cfg := DynamoKVCostConfig()
+			cfg.OverlapScoreWeight = tc.weight
+			for i := range tc.want {
+				got := cfg.Cost(KVCostTerms{PrefillBlocks: 10, RequestBlocks: 10, DeviceOverlap: float64(overlap[i]), DecodeBlocks: decode[i]})
+				if got != tc.want[i] {
+					t.Errorf("worker %d: cost %v, want %v", i+1, got, tc.want[i])
+				}
+			}
+			// The same numbers through the policy: 3 workers, 16-token
+			// blocks, a 160-token prompt (10 blocks) cached 2/5/8 blocks
+			// deep, and active decode footprints so that decode blocks
+			// come out 10/5/9.
+			ix, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
+			prompt := blocks(1, 10)
+			for i, n := range overlap {
+				if err := ix.Stored("ep"+string(rune('0'+i)), 16, prompt[:n]...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg.Index = ix
+			pol, err := KVCost(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := mustNew(t, pol)
+			mustUpdate(t, b, eps(3))
+			// Active footprint = decode - (request blocks - overlap)
+			// blocks: 10-8=2, 5-5=0, 9-2=7 blocks of 16 tokens, held as
+			// outstanding decode past prefill.
+			var held []Pick
+			for i, blk := range []int{2, 0, 7} {
+				if blk > 0 {
+					held = append(held, holdOn(t, b, "ep"+string(rune('0'+i)), 1, Request{OutputTokens: blk * 16})...)
+				}
+			}
+			for _, h := range held {
+				h.FirstToken()
+			}
+			pk, err := b.Pick(context.Background(), &Request{PromptTokens: 160, OutputTokens: 1, Prefix: prompt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "ep" + string(rune('0'+tc.winner))
+			if got := pk.Endpoint().Key(); got != want {
+				t.Fatalf("picked %s, want %s (worker %d, cost %v)", got, want, tc.winner+1, tc.want[tc.winner])
+			}
+			if got, want := statsByKey(b)[want].PrefillTokens, int64(160-overlap[tc.winner]*16); got != want {
+				t.Fatalf("prefill charged %d, want %d (matched blocks not charged)", got, want)
+			}
+			pk.Done(nil)
+			for _, h := range held {
+				h.Done(nil)
+			}
+		})
 	}
 }
 
@@ -83,7 +100,7 @@ func TestKVCostDecayAndTemperature(t *testing.T) {
 	cfg := DynamoKVCostConfig()
 	cfg.DecayK = 1
 	terms := KVCostTerms{PrefillBlocks: 20, RequestBlocks: 10, ExcessQueuedBlocks: 10, DeviceOverlap: 8}
-	// decay = 1/(1+1*10/10) = 0.5: credit 4, cost 16.
+	// decay = 1/(1+1*10/10) = 0.5: overlap 4, prefill 16, cost 16.
 	if got := cfg.Cost(terms); got != 16 {
 		t.Fatalf("decayed cost %v, want 16", got)
 	}
@@ -114,8 +131,8 @@ func TestKVCostDecayAndTemperature(t *testing.T) {
 			t.Errorf("T=0: %v, want always candidate 1", seen)
 		}
 	}
-	if _, err := KVCost(KVCostConfig{OverlapCredit: -1}); !errors.Is(err, ErrInvalidPolicy) {
-		t.Error("negative credit accepted")
+	if _, err := KVCost(KVCostConfig{OverlapScoreWeight: -1}); !errors.Is(err, ErrInvalidPolicy) {
+		t.Error("negative overlap score weight accepted")
 	}
 	if _, err := KVCost(KVCostConfig{Temperature: math.NaN()}); !errors.Is(err, ErrInvalidPolicy) {
 		t.Error("NaN temperature accepted")
@@ -338,6 +355,80 @@ func TestSegregatedPools(t *testing.T) {
 	} {
 		if _, err := Segregated(bad...); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("pools %+v accepted", bad)
+		}
+	}
+}
+
+// TestSingleCandidateIsRecorded checks that a cache-aware policy sees a pick
+// with one candidate, whether the pool has one endpoint or the request's
+// exclusions leave one (a retry on a two-replica pool): the choice is
+// recorded, so a repeat of the prompt is charged only its uncached part.
+func TestSingleCandidateIsRecorded(t *testing.T) {
+	policies := []struct {
+		name string
+		new  func(ix *prefix.Index) (Policy, error)
+	}{
+		{"prefix-aware", func(ix *prefix.Index) (Policy, error) { return PrefixAware(PrefixAwareConfig{Index: ix}) }},
+		{"sglang-cache-aware", func(ix *prefix.Index) (Policy, error) { return SGLangCacheAware(PrefixAwareConfig{Index: ix}) }},
+		{"kv-cost", func(ix *prefix.Index) (Policy, error) {
+			cfg := DynamoKVCostConfig()
+			cfg.Index = ix
+			return KVCost(cfg)
+		}},
+		{"gie-default", func(ix *prefix.Index) (Policy, error) { return GIEDefault(GIEConfig{Index: ix}) }},
+		{"default", func(ix *prefix.Index) (Policy, error) { return Default(DefaultConfig{Index: ix}) }},
+	}
+	cases := []struct {
+		name      string
+		endpoints int
+		exclude   []string
+	}{
+		{"one endpoint", 1, nil},
+		{"exclude leaves one", 2, []string{"ep0"}},
+	}
+	const promptTokens, cachedBlocks = 160, 6 // 10 blocks of 16, the first 6 sent before
+	prompt := blocks(7, 10)
+	for _, pc := range policies {
+		for _, tc := range cases {
+			t.Run(pc.name+"/"+tc.name, func(t *testing.T) {
+				ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
+				if err != nil {
+					t.Fatal(err)
+				}
+				pol, err := pc.new(ix)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b := mustNew(t, pol)
+				mustUpdate(t, b, eps(tc.endpoints))
+				target := "ep" + string(rune('0'+tc.endpoints-1))
+				pick := func(r Request) Pick {
+					t.Helper()
+					r.Exclude = tc.exclude
+					pk, err := b.Pick(context.Background(), &r)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got := pk.Endpoint().Key(); got != target {
+						t.Fatalf("picked %s, want %s", got, target)
+					}
+					return pk
+				}
+				// A shorter prompt of the same family goes first.
+				first := pick(Request{PromptTokens: cachedBlocks * 16, Prefix: prompt[:cachedBlocks]})
+				if got := statsByKey(b)[target].PrefillTokens; got != cachedBlocks*16 {
+					t.Fatalf("first pick charged %d prefill tokens, want %d (nothing cached)", got, cachedBlocks*16)
+				}
+				first.Done(nil)
+				second := pick(Request{PromptTokens: promptTokens, Prefix: prompt})
+				defer second.Done(nil)
+				if got, want := statsByKey(b)[target].PrefillTokens, int64(promptTokens-cachedBlocks*16); got != want {
+					t.Fatalf("repeat charged %d prefill tokens, want %d (the prompt net of the %d cached blocks)", got, want, cachedBlocks)
+				}
+				if got := ix.Len(target); got == 0 {
+					t.Fatalf("index holds nothing for %s after two picks", target)
+				}
+			})
 		}
 	}
 }

@@ -34,13 +34,15 @@ type Candidates struct {
 	matches   []prefix.Match
 	costs     []float64
 	cached    int
-	now       int64 // unix nanos, read from the clock on first use; 0 = not yet
+	signalAge time.Duration // for the observer: age of the chosen endpoint's observation, -1 if none
+	now       int64         // unix nanos, read from the clock on first use
+	nowRead   bool          // now holds the clock's reading for this pick
 }
 
 var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 
 func (c *Candidates) release() {
-	c.b, c.snap, c.req, c.cached, c.now = nil, nil, nil, 0, 0
+	c.b, c.snap, c.req, c.cached, c.now, c.nowRead = nil, nil, nil, 0, 0, false
 	c.idx, c.ties, c.cand, c.matched, c.matches = c.idx[:0], c.ties[:0], c.cand[:0], c.matched[:0], c.matches[:0]
 	c.confirmed = c.confirmed[:0]
 	candidatesPool.Put(c)
@@ -159,8 +161,8 @@ func (c *Candidates) Float64() float64 { return c.b.float64() }
 func (c *Candidates) Now() time.Time { return time.Unix(0, c.nowNanos()) }
 
 func (c *Candidates) nowNanos() int64 {
-	if c.now == 0 {
-		c.now = c.b.clock.Now().UnixNano()
+	if !c.nowRead {
+		c.now, c.nowRead = c.b.clock.Now().UnixNano(), true
 	}
 	return c.now
 }
@@ -186,7 +188,10 @@ type EndpointLoad struct {
 	// Requests and Waiting estimate the requests at the endpoint from all
 	// routers, in total and queued in the engine: with a fresh signal, the
 	// observation plus this balancer's dispatches since it (never less than
-	// this balancer's own counts); otherwise Outstanding and Queued.
+	// this balancer's own counts); otherwise Outstanding and Queued. An
+	// observation may report counts as large as an int holds: the sums
+	// saturate at math.MaxInt64 rather than wrap, so a Score should do its
+	// arithmetic on them in float64.
 	Requests int64
 	Waiting  int64
 	// KVUsage estimates the fraction of KV blocks in use, corrected with the
@@ -240,13 +245,16 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	}
 	reqs, queued, tokens := st.correction(obs.At.UnixNano())
 	l.Fresh = true
-	l.Requests = max(int64(obs.Running+obs.Waiting)+reqs, l.Outstanding)
-	l.Waiting = max(int64(obs.Waiting)+reqs, l.Queued)
-	l.backlog = max(int64(obs.Waiting)+queued, l.Queued)
+	// The observed counts may be as large as an int holds: saturate, never
+	// wrap to a small or negative load.
+	running, waiting := int64(obs.Running), int64(obs.Waiting)
+	l.Requests = max(addSat(addSat(running, waiting), reqs), l.Outstanding)
+	l.Waiting = max(addSat(waiting, reqs), l.Queued)
+	l.backlog = max(addSat(waiting, queued), l.Queued)
 	l.KVBlocks, l.BlockSize = obs.KVBlocks, obs.BlockSize
 	if !math.IsNaN(obs.KVUsage) {
 		l.KVUsage = obs.KVUsage
-		if capacity := obs.KVBlocks * obs.BlockSize; capacity > 0 {
+		if capacity := mulSat(obs.KVBlocks, obs.BlockSize); capacity > 0 {
 			l.KVUsage += float64(tokens) / float64(capacity)
 		}
 	}
@@ -258,8 +266,8 @@ func (c *Candidates) Weight(i int) float64 { return c.weight(c.state(i)) }
 
 func (c *Candidates) weight(st *epState) float64 {
 	w := st.desc.Load().weight
-	if until := c.b.slowUntil.Load(); until != 0 {
-		if started := st.started.Load(); started != 0 {
+	if until := c.b.slowUntil.Load(); until != never {
+		if started := st.started.Load(); started != never {
 			if now := c.nowNanos(); now < until {
 				w *= c.b.slow.factor(time.Duration(now - started))
 			}

@@ -99,7 +99,9 @@ type Signal interface {
 }
 
 // Policy chooses one of the candidates of a pick. Choose returns an index in
-// [0, c.Len()); c.Len() is at least 1. Choose is called concurrently from every
+// [0, c.Len()); c.Len() is at least 1. Choose is called for every pick, even
+// one with a single candidate, so a policy that keeps state (a prefix index)
+// sees every request. Choose is called concurrently from every
 // goroutine that calls [Balancer.Pick], must not block, and must not retain c
 // after it returns.
 type Policy interface {

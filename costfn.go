@@ -15,16 +15,21 @@ type KVCostConfig struct {
 	// in its blocks. Nil means a new index with the defaults of package
 	// prefix.
 	Index *prefix.Index
-	// OverlapCredit scales the credit for prompt blocks already cached on
-	// the device (Dynamo's overlap_score_weight).
-	OverlapCredit float64
+	// OverlapScoreWeight is Dynamo's overlap_score_weight (its router's
+	// --kv-overlap-score-weight, described in Dynamo's KV router
+	// documentation): the weight of the prefill blocks, those of the
+	// queued prefill and the prompt that the endpoint does not hold,
+	// against the decode blocks. It multiplies the uncached prefill, not
+	// the cached overlap: at 2 every block still to prefill costs twice as
+	// much, so holders of the prompt win more often (time to first token);
+	// towards 0 the decode load decides (inter-token latency). Dynamo's
+	// default is 1.
+	OverlapScoreWeight float64
 	// DecayK brakes affinity as the endpoint's queued prefill grows beyond
-	// the least queued candidate's: the device credit is multiplied by
-	// 1 / (1 + DecayK * excess_queued_blocks / request_blocks). 0 is no
-	// brake.
+	// the least queued candidate's: the device overlap is multiplied by
+	// 1 / (1 + DecayK * excess_queued_blocks / request_blocks) before it
+	// is subtracted from the prefill. 0 is no brake, as in Dynamo.
 	DecayK float64
-	// PrefillScale weighs prefill blocks against decode blocks.
-	PrefillScale float64
 	// HostWeight and DiskWeight credit blocks cached in lower tiers; this
 	// package's index knows only the device tier, so they apply to
 	// [KVCostTerms] given by the caller.
@@ -38,11 +43,10 @@ type KVCostConfig struct {
 }
 
 // DynamoKVCostConfig returns the published defaults of Dynamo's KV router:
-// overlap credit 1, no decay, prefill scale 1, host 0.75, disk 0.25, no
-// active-request weight, temperature 0 (the cheapest endpoint, random among
-// exact ties).
+// overlap score weight 1, no decay, host 0.75, disk 0.25, no active-request
+// weight, temperature 0 (the cheapest endpoint, random among exact ties).
 func DynamoKVCostConfig() KVCostConfig {
-	return KVCostConfig{OverlapCredit: 1, PrefillScale: 1, HostWeight: 0.75, DiskWeight: 0.25}
+	return KVCostConfig{OverlapScoreWeight: 1, HostWeight: 0.75, DiskWeight: 0.25}
 }
 
 // KVCostTerms are the inputs of the cost of one endpoint, in KV blocks.
@@ -65,18 +69,27 @@ type KVCostTerms struct {
 	ActiveRequests float64
 }
 
-// Cost returns Dynamo's cost of sending a request to an endpoint:
+// Cost returns Dynamo's cost (its logit) of sending a request to an
+// endpoint, in KV blocks:
 //
-//	decay  = 1 / (1 + DecayK * ExcessQueuedBlocks / RequestBlocks)
-//	credit = OverlapCredit*decay*DeviceOverlap + HostWeight*HostOverlap + DiskWeight*DiskOverlap
-//	cost   = PrefillScale * max(PrefillBlocks - credit, 0) + DecodeBlocks + ActiveWeight*ActiveRequests
+//	decay   = 1 / (1 + DecayK * ExcessQueuedBlocks / RequestBlocks)
+//	overlap = decay*DeviceOverlap + HostWeight*HostOverlap + DiskWeight*DiskOverlap
+//	prefill = max(PrefillBlocks - overlap, 0)
+//	cost    = OverlapScoreWeight*prefill + DecodeBlocks + ActiveWeight*ActiveRequests
+//
+// With DecayK, ActiveWeight and the lower tiers at 0 this is Dynamo's
+// overlap_score_weight * prefill_blocks + decode_blocks. Dynamo's worked
+// example, raw prefill 10 blocks on each of three workers holding 2, 5 and 8
+// of them with decode blocks 10, 5 and 9, costs 18, 10 and 11 at weight 1
+// (the second worker wins) and 26, 15 and 13 at weight 2 (the third wins).
 func (cfg *KVCostConfig) Cost(t KVCostTerms) float64 {
 	decay := 1.0
 	if cfg.DecayK != 0 && t.RequestBlocks > 0 {
 		decay = 1 / (1 + cfg.DecayK*t.ExcessQueuedBlocks/t.RequestBlocks)
 	}
-	credit := cfg.OverlapCredit*decay*t.DeviceOverlap + cfg.HostWeight*t.HostOverlap + cfg.DiskWeight*t.DiskOverlap
-	return cfg.PrefillScale*max(t.PrefillBlocks-credit, 0) + t.DecodeBlocks + cfg.ActiveWeight*t.ActiveRequests
+	overlap := decay*t.DeviceOverlap + cfg.HostWeight*t.HostOverlap + cfg.DiskWeight*t.DiskOverlap
+	prefill := max(t.PrefillBlocks-overlap, 0)
+	return cfg.OverlapScoreWeight*prefill + t.DecodeBlocks + cfg.ActiveWeight*t.ActiveRequests
 }
 
 func (cfg *KVCostConfig) validate() error {
@@ -84,7 +97,7 @@ func (cfg *KVCostConfig) validate() error {
 		name string
 		v    float64
 	}{
-		{"OverlapCredit", cfg.OverlapCredit}, {"DecayK", cfg.DecayK}, {"PrefillScale", cfg.PrefillScale},
+		{"OverlapScoreWeight", cfg.OverlapScoreWeight}, {"DecayK", cfg.DecayK},
 		{"HostWeight", cfg.HostWeight}, {"DiskWeight", cfg.DiskWeight}, {"ActiveWeight", cfg.ActiveWeight},
 		{"Temperature", cfg.Temperature},
 	} {

@@ -84,7 +84,7 @@ func (p *gie) Choose(c *Candidates) int {
 // [DefaultKVCapacityTokens].
 func kvCapacity(l *EndpointLoad) float64 {
 	if l.KVBlocks > 0 && l.BlockSize > 0 {
-		return float64(l.KVBlocks * l.BlockSize)
+		return float64(l.KVBlocks) * float64(l.BlockSize)
 	}
 	return DefaultKVCapacityTokens
 }

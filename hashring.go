@@ -167,10 +167,10 @@ func boundedWalk(c *Candidates, r *ring, h uint64, balance float64) int {
 	n := c.Len()
 	var total int64 = 1
 	for i := 0; i < n; i++ {
-		total += c.requests(i)
+		total = addSat(total, c.requests(i))
 	}
 	capacity := math.Ceil(balance * float64(total) / float64(n))
-	i := r.walk(c, h, func(i int) bool { return float64(c.requests(i)+1) <= capacity })
+	i := r.walk(c, h, func(i int) bool { return float64(c.requests(i))+1 <= capacity })
 	if i < 0 { // unreachable for balance >= 1: some candidate is at most average
 		return argmin(c, byRequests)
 	}
@@ -252,9 +252,9 @@ func (p *prefixHash) Choose(c *Candidates) int {
 	n := c.Len()
 	var total int64
 	for i := 0; i < n; i++ {
-		total += c.requests(i)
+		total = addSat(total, c.requests(i))
 	}
-	limit := float64(total+1) / float64(n) * p.loadFactor
+	limit := (float64(total) + 1) / float64(n) * p.loadFactor
 	owner := p.rings.get(c).walk(c, h, func(int) bool { return true })
 	if float64(c.requests(owner)) <= limit {
 		return owner

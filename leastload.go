@@ -70,9 +70,9 @@ func (p *weightedLeastRequest) Choose(c *Candidates) int {
 		l := c.Load(i)
 		w := l.Weight
 		if p.bias == 1 {
-			w /= float64(l.Requests + 1)
+			w /= float64(l.Requests) + 1
 		} else if p.bias != 0 {
-			w /= math.Pow(float64(l.Requests+1), p.bias)
+			w /= math.Pow(float64(l.Requests)+1, p.bias)
 		}
 		m := c.Member(i)
 		p.current[m] += w

@@ -40,6 +40,7 @@ type config struct {
 	maxSignalAge time.Duration
 	allowance    int
 	slow         SlowStart
+	observer     *Observer
 }
 
 // WithClock sets the clock; the default is the system clock. The simulator

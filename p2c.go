@@ -16,7 +16,7 @@ type Score func(c *Candidates, i int, l *EndpointLoad) float64
 // RequestsScore is the estimated number of requests at the endpoint,
 // counting this one: [EndpointLoad.Requests] + 1.
 func RequestsScore(c *Candidates, i int, l *EndpointLoad) float64 {
-	return float64(l.Requests + 1)
+	return float64(l.Requests) + 1
 }
 
 // TokensScore is this balancer's outstanding token work at the endpoint
@@ -76,7 +76,7 @@ func (s scorer) mode(c *Candidates) int {
 	switch {
 	case !s.requests || c.b.signal != nil:
 		return general
-	case c.b.slowUntil.Load() != 0:
+	case c.b.slowUntil.Load() != never:
 		return requestsSlow
 	}
 	return requests

@@ -358,7 +358,7 @@ func TestInvalidPolicyErrors(t *testing.T) {
 			return WeightedLeastRequest(math.Inf(1))
 		},
 		"Default/slots":   func() (Policy, error) { return Default(DefaultConfig{Slots: -1}) },
-		"KVCost/credit":   func() (Policy, error) { return KVCost(KVCostConfig{OverlapCredit: -1}) },
+		"KVCost/weight":   func() (Policy, error) { return KVCost(KVCostConfig{OverlapScoreWeight: -1}) },
 		"ConsistentHash":  func() (Policy, error) { return ConsistentHash(HashConfig{Balance: 0.5}) },
 		"PrefixHash":      func() (Policy, error) { return PrefixHash(PrefixHashConfig{LoadFactor: 0.5}) },
 		"Segregated/none": func() (Policy, error) { return Segregated() },
@@ -377,5 +377,66 @@ func TestInvalidPolicyErrors(t *testing.T) {
 		if _, err := b.Pick(context.Background(), &Request{}); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("policy choosing %d of 2: err %v, want one wrapping ErrInvalidPolicy", choice, err)
 		}
+	}
+}
+
+// TestSlowStartAtUnixEpoch checks slow start with a clock that reads
+// time.Unix(0, 0), a legitimate start for a fake clock: an endpoint added,
+// or marked healthy again, at that instant ramps like at any other.
+func TestSlowStartAtUnixEpoch(t *testing.T) {
+	const window = 10 * time.Second
+	cases := []struct {
+		name   string
+		before func(t *testing.T, b *Balancer) // a window before the epoch
+		at     func(t *testing.T, b *Balancer) // at the epoch
+	}{
+		{
+			name:   "added",
+			before: func(*testing.T, *Balancer) {},
+			at:     func(t *testing.T, b *Balancer) { mustUpdate(t, b, eps(3)) },
+		},
+		{
+			name: "healthy again",
+			// ep2 joins a window before the epoch, so its first slow
+			// start ends at the epoch, when it recovers.
+			before: func(t *testing.T, b *Balancer) { mustUpdate(t, b, eps(3)) },
+			at: func(t *testing.T, b *Balancer) {
+				if err := b.SetHealthy("ep2", false); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.SetHealthy("ep2", true); err != nil {
+					t.Fatal(err)
+				}
+			},
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{t: time.Unix(0, 0).Add(-window)}
+			p := &probe{}
+			b := mustNew(t, p, WithClock(clock), WithSlowStart(SlowStart{Window: window}))
+			mustUpdate(t, b, eps(2)) // initial members: no slow start
+			tc.before(t, b)
+			clock.Advance(window)
+			tc.at(t, b)
+			clock.Advance(window / 2)
+			pk, err := b.Pick(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pk.Done(nil)
+			if got := p.weights["ep2"]; math.Abs(got-0.5) > 1e-9 {
+				t.Errorf("weight of ep2 half way through its slow start %v, want 0.5", got)
+			}
+			if got := p.weights["ep0"]; got != 1 {
+				t.Errorf("weight of initial member ep0 %v, want 1", got)
+			}
+			clock.Advance(window)
+			pk, _ = b.Pick(context.Background(), nil)
+			pk.Done(nil)
+			if got := p.weights["ep2"]; got != 1 {
+				t.Errorf("weight of ep2 after its slow start %v, want 1", got)
+			}
+		})
 	}
 }

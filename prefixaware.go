@@ -125,7 +125,7 @@ func (t *prefixTracker) record(c *Candidates, i int, l *EndpointLoad) {
 	}
 	key := c.Key(i)
 	if l != nil && l.KVBlocks > 0 && l.BlockSize > 0 {
-		blocks := min(max(l.KVBlocks*l.BlockSize/t.block, 1), prefix.MaxCapacity)
+		blocks := min(max(mulSat(l.KVBlocks, l.BlockSize)/t.block, 1), prefix.MaxCapacity)
 		t.mu.Lock()
 		changed := t.capKV[key] != blocks
 		t.capKV[key] = blocks

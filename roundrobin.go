@@ -13,6 +13,9 @@ func RoundRobin() Policy { return new(roundRobin) }
 
 func (p *roundRobin) Choose(c *Candidates) int {
 	n := uint64(c.Len())
+	if n == 1 {
+		return 0 // no turn to take, and no random draw for slow start
+	}
 	start := p.next.Add(1) - 1
 	for k := uint64(0); k < n; k++ {
 		i := int((start + k) % n)
@@ -35,6 +38,9 @@ func Random() Policy { return random{} }
 
 func (random) Choose(c *Candidates) int {
 	n := uint64(c.Len())
+	if n == 1 {
+		return 0 // draw nothing from the balancer's random source
+	}
 	i := int(c.Uint64N(n))
 	for tries := 0; tries < 8 && !c.acceptSlow(i); tries++ {
 		i = int(c.Uint64N(n))
@@ -45,7 +51,7 @@ func (random) Choose(c *Candidates) int {
 // acceptSlow reports whether candidate i passes a coin flip weighted by its
 // slow-start factor; it is true at once when no endpoint is in slow start.
 func (c *Candidates) acceptSlow(i int) bool {
-	if c.b.slowUntil.Load() == 0 {
+	if c.b.slowUntil.Load() == never {
 		return true
 	}
 	st := c.state(i)

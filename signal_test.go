@@ -2,7 +2,9 @@ package llmlb
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -209,4 +211,154 @@ func TestSignalBacklog(t *testing.T) {
 	check("the new dispatch streaming", 1, 0)
 	held.Done(nil)
 	check("all done", 0, 0)
+}
+
+// TestHugeObservedLoad checks that observed counts as large as an int holds
+// saturate instead of wrapping: the estimates stay at least the observed
+// values, and an endpoint reporting them never wins against an idle or
+// lightly loaded one under the load-based policies.
+func TestHugeObservedLoad(t *testing.T) {
+	loads := []struct {
+		name             string
+		running, waiting int
+	}{
+		{"running", math.MaxInt, 0},
+		{"waiting", 0, math.MaxInt},
+		{"both", math.MaxInt, math.MaxInt},
+	}
+	policies := []struct {
+		name string
+		new  func() (Policy, error)
+	}{
+		{"least-outstanding", func() (Policy, error) { return LeastOutstanding(), nil }},
+		{"p2c", func() (Policy, error) { return P2C(nil), nil }},
+		{"weighted-least-request", func() (Policy, error) { return WeightedLeastRequest(1) }},
+		{"prefix-aware", func() (Policy, error) { return PrefixAware(PrefixAwareConfig{}) }},
+		{"consistent-hash", func() (Policy, error) { return ConsistentHash(HashConfig{}) }},
+		{"prefix-hash", func() (Policy, error) { return PrefixHash(PrefixHashConfig{}) }},
+	}
+	// setup returns a balancer choosing with pol whose ep0 reports huge
+	// and ep1 reports other running requests, with one dispatch to ep0
+	// since its observation.
+	setup := func(t *testing.T, pol Policy, huge Load, other int) *Balancer {
+		t.Helper()
+		clock := newFakeClock()
+		sig := &fakeSignal{}
+		b := mustNew(t, pol, WithClock(clock), WithSignal(sig, time.Minute))
+		mustUpdate(t, b, eps(2))
+		huge.At = clock.Now()
+		sig.Set("ep0", huge)
+		sig.Set("ep1", Load{At: clock.Now(), Running: other, KVUsage: math.NaN()})
+		clock.Advance(time.Millisecond)
+		held := holdOn(t, b, "ep0", 1, Request{})[0]
+		t.Cleanup(func() { held.Done(nil) })
+		return b
+	}
+	t.Run("kv capacity", func(t *testing.T) {
+		// 16 * (2^60 + 1) wraps to 16 tokens: the held dispatch's 256
+		// tokens would read as 16 times the capacity.
+		p := &probe{}
+		b := setup(t, p, Load{KVUsage: 0.5, KVBlocks: 1<<60 + 1, BlockSize: 16}, 0)
+		pk, err := b.Pick(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pk.Done(nil)
+		if l := p.loads["ep0"]; !l.Fresh || !(l.KVUsage >= 0.5 && l.KVUsage < 0.51) {
+			t.Fatalf("estimate %+v, want fresh with KV usage about 0.5", l)
+		}
+	})
+	for _, ld := range loads {
+		huge := Load{Running: ld.running, Waiting: ld.waiting, KVUsage: math.NaN()}
+		t.Run(ld.name+"/estimate", func(t *testing.T) {
+			p := &probe{}
+			b := setup(t, p, huge, 0)
+			pk, err := b.Pick(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pk.Done(nil)
+			l := p.loads["ep0"]
+			if !l.Fresh || l.Requests < int64(ld.running) || l.Requests < int64(ld.waiting) || l.Requests < 1 ||
+				l.Waiting < int64(ld.waiting) || l.backlog < int64(ld.waiting) {
+				t.Fatalf("estimate %+v, want fresh with requests >= %d and >= %d, waiting and backlog >= %d",
+					l, ld.running, ld.waiting, ld.waiting)
+			}
+		})
+		for _, pc := range policies {
+			for _, other := range []int{0, 3} {
+				t.Run(fmt.Sprintf("%s/%s/other=%d", ld.name, pc.name, other), func(t *testing.T) {
+					pol, err := pc.new()
+					if err != nil {
+						t.Fatal(err)
+					}
+					b := setup(t, pol, huge, other)
+					for i := range 50 {
+						pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100, AffinityKey: strconv.Itoa(i)})
+						if err != nil {
+							t.Fatal(err)
+						}
+						if got := pk.Endpoint().Key(); got != "ep1" {
+							t.Fatalf("pick %d went to %s, which reports running %d and waiting %d", i, got, ld.running, ld.waiting)
+						}
+						pk.Done(nil)
+					}
+				})
+			}
+		}
+	}
+}
+
+func TestAddSat(t *testing.T) {
+	cases := []struct{ a, b, want int64 }{
+		{1, 2, 3},
+		{math.MaxInt64, 1, math.MaxInt64},
+		{math.MaxInt64, math.MaxInt64, math.MaxInt64},
+		{math.MaxInt64 - 1, 1, math.MaxInt64},
+		{math.MinInt64, -1, math.MinInt64},
+		{math.MaxInt64, -1, math.MaxInt64 - 1},
+		{-5, 3, -2},
+		{0, 0, 0},
+	}
+	for _, tc := range cases {
+		if got := addSat(tc.a, tc.b); got != tc.want {
+			t.Errorf("addSat(%d, %d) = %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ a, b, want int }{{3, 4, 12}, {0, math.MaxInt, 0}, {math.MaxInt, 2, math.MaxInt}, {1 << 40, 1 << 40, math.MaxInt}} {
+		if got := mulSat(tc.a, tc.b); got != tc.want {
+			t.Errorf("mulSat(%d, %d) = %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
+
+// TestSignalCorrectionAtUnixEpoch checks that an observation taken at
+// time.Unix(0, 0) is one like any other: the dispatches made before it are
+// assumed seen by it, not counted again.
+func TestSignalCorrectionAtUnixEpoch(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(0, 0)}
+	sig := &fakeSignal{}
+	p := &probe{pick: "ep0"}
+	b := mustNew(t, p, WithClock(clock), WithSignal(sig, 5*time.Second))
+	mustUpdate(t, b, eps(2))
+	pick := func() Pick {
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100, OutputTokens: 28})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pk
+	}
+	early := pick() // before any observation
+	defer early.Done(nil)
+	sig.Set("ep0", Load{At: clock.Now(), Running: 1, KVUsage: math.NaN()})
+	pick().Done(nil)
+	if l := p.loads["ep0"]; !l.Fresh || l.Requests != 1 {
+		t.Fatalf("estimate %+v, want fresh with the observation's 1 request", l)
+	}
+	late := pick()
+	defer late.Done(nil)
+	pick().Done(nil)
+	if l := p.loads["ep0"]; l.Requests != 2 {
+		t.Fatalf("after a dispatch since the observation: %d requests, want 2", l.Requests)
+	}
 }

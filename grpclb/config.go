@@ -106,14 +106,14 @@ type Config struct {
 	QueueWeight  float64 `json:"queueWeight,omitempty"`
 	KVWeight     float64 `json:"kvWeight,omitempty"`
 	PrefixWeight float64 `json:"prefixWeight,omitempty"`
-	// OverlapCredit, DecayK, PrefillScale, ActiveWeight and Temperature
-	// override the published defaults of "dynamo-kv"
-	// (llmlb.DynamoKVCostConfig) when set.
-	OverlapCredit *float64 `json:"overlapCredit,omitempty"`
-	DecayK        *float64 `json:"decayK,omitempty"`
-	PrefillScale  *float64 `json:"prefillScale,omitempty"`
-	ActiveWeight  *float64 `json:"activeWeight,omitempty"`
-	Temperature   *float64 `json:"temperature,omitempty"`
+	// OverlapScoreWeight (Dynamo's overlap_score_weight, the weight of the
+	// uncached prefill blocks against the decode blocks), DecayK,
+	// ActiveWeight and Temperature override the published defaults of
+	// "dynamo-kv" (llmlb.DynamoKVCostConfig) when set.
+	OverlapScoreWeight *float64 `json:"overlapScoreWeight,omitempty"`
+	DecayK             *float64 `json:"decayK,omitempty"`
+	ActiveWeight       *float64 `json:"activeWeight,omitempty"`
+	Temperature        *float64 `json:"temperature,omitempty"`
 
 	// index and events are Options.Index and Options.Events of the builder
 	// that parsed the config.
@@ -200,7 +200,7 @@ var policies = []policySpec{
 		return llmlb.SGLangCacheAware(llmlb.PrefixAwareConfig{Index: ix, AbsThreshold: c.AbsThreshold,
 			RelThreshold: c.RelThreshold, MatchThreshold: c.MatchThreshold})
 	}},
-	{"dynamo-kv", []string{"blockTokens", "overlapCredit", "decayK", "prefillScale", "activeWeight", "temperature"}, func(c *Config) (llmlb.Policy, error) {
+	{"dynamo-kv", []string{"blockTokens", "overlapScoreWeight", "decayK", "activeWeight", "temperature"}, func(c *Config) (llmlb.Policy, error) {
 		ix, err := index(c)
 		if err != nil {
 			return nil, err
@@ -216,7 +216,7 @@ var policies = []policySpec{
 		for _, f := range []struct {
 			src *float64
 			dst *float64
-		}{{c.OverlapCredit, &kc.OverlapCredit}, {c.DecayK, &kc.DecayK}, {c.PrefillScale, &kc.PrefillScale},
+		}{{c.OverlapScoreWeight, &kc.OverlapScoreWeight}, {c.DecayK, &kc.DecayK},
 			{c.ActiveWeight, &kc.ActiveWeight}, {c.Temperature, &kc.Temperature}} {
 			if f.src != nil {
 				*f.dst = *f.src

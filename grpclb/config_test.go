@@ -53,6 +53,8 @@ func TestParseConfig(t *testing.T) {
 		{name: "prefix aware", js: `{"policy": "prefix-aware", "absThreshold": 10, "relThreshold": 2, "matchThreshold": 0.5}`},
 		{name: "sglang cache aware", js: `{"policy": "sglang-cache-aware"}`},
 		{name: "dynamo kv", js: `{"policy": "dynamo-kv", "temperature": 0.5, "decayK": 1}`},
+		{name: "dynamo kv overlap score weight", js: `{"policy": "dynamo-kv", "overlapScoreWeight": 2}`,
+			check: func(c *grpclb.Config) bool { return c.OverlapScoreWeight != nil && *c.OverlapScoreWeight == 2 }},
 		{name: "gie", js: `{"policy": "gie-default", "queueWeight": 1, "kvWeight": 1, "prefixWeight": 1}`},
 		{name: "baselines", js: `{"policy": "round-robin", "slowStartWindow": "5s", "slowStartAggression": 2}`},
 
@@ -77,6 +79,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "negative slots", js: `{"slots": -4}`, wantErr: "Slots"},
 		{name: "negative overload weight", js: `{"overloadWeight": -1}`, wantErr: "OverloadWeight"},
 		{name: "negative overload queue", js: `{"overloadQueue": -0.5}`, wantErr: "OverloadQueue"},
+		{name: "negative overlap score weight", js: `{"policy": "dynamo-kv", "overlapScoreWeight": -1}`, wantErr: "OverlapScoreWeight"},
 		{name: "negative default queue weight", js: `{"defaultQueueWeight": -2}`, wantErr: "QueueWeight"},
 		{name: "bad slow start", js: `{"slowStartWindow": "1s", "slowStartMinWeightPercent": 200}`, wantErr: "min weight percent"},
 		{name: "trailing data", js: `{} {}`, wantErr: "invalid config"},

@@ -150,3 +150,40 @@ func TestStoreConcurrent(t *testing.T) {
 	newest := (writers*per - 1) / 3 * 3 // the largest n with n%3 == 0
 	assert.Equal(t, newest, l.Running)
 }
+
+// TestStoreHugeCountsNeverLookIdle records the largest counts a Store
+// accepts and checks that a balancer reading them never prefers that
+// endpoint to a lightly loaded one, even with its own dispatches to it
+// since the observation.
+func TestStoreHugeCountsNeverLookIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		running, waiting int
+	}{
+		{"running", math.MaxInt, 0},
+		{"waiting", 0, math.MaxInt},
+		{"both", math.MaxInt, math.MaxInt},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock()
+			s, err := signals.NewStore(signals.StoreConfig{Clock: clock})
+			require.NoError(t, err)
+			require.NoError(t, s.Record("busy", llmlb.Load{At: clock.Now(), Running: tc.running, Waiting: tc.waiting, KVUsage: math.NaN()}))
+			require.NoError(t, s.Record("light", llmlb.Load{At: clock.Now(), Running: 3, KVUsage: math.NaN()}))
+			b, err := llmlb.New(llmlb.LeastOutstanding(), llmlb.WithClock(clock), llmlb.WithSignal(s, time.Minute))
+			require.NoError(t, err)
+			require.NoError(t, b.Update([]llmlb.Endpoint{replica("busy"), replica("light")}))
+			// One dispatch to busy after the observation, as a retry
+			// excluding light would make.
+			held, err := b.Pick(t.Context(), &llmlb.Request{Exclude: []string{"light"}})
+			require.NoError(t, err)
+			defer held.Done(nil)
+			for range 20 {
+				pk, err := b.Pick(t.Context(), nil)
+				require.NoError(t, err)
+				assert.Equal(t, "light", pk.Endpoint().Key())
+				pk.Done(nil)
+			}
+		})
+	}
+}
