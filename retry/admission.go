@@ -30,6 +30,8 @@ type AdmissionConfig struct {
 	// RetryAfter is the wait suggested to refused callers; 0 means
 	// [DefaultAdmissionRetryAfter].
 	RetryAfter time.Duration
+	// Observer, if set, is told of every refusal.
+	Observer *Observer
 }
 
 // Admission caps concurrency so that a gateway fails fast with a 429
@@ -52,6 +54,7 @@ type Admission struct {
 	maxInFlight int64
 	perSession  int
 	retryAfter  time.Duration
+	obs         *Observer
 
 	inflight atomic.Int64
 	mu       sync.Mutex                            // protects sessions and the counts in it
@@ -90,6 +93,7 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 		maxInFlight: int64(cfg.MaxInFlight),
 		perSession:  cfg.MaxPerSession,
 		retryAfter:  cfg.RetryAfter,
+		obs:         cfg.Observer,
 		sessions:    sessions,
 	}, nil
 }
@@ -101,7 +105,9 @@ func (a *Admission) Acquire(session string) (release func(), err error) {
 	if a.maxInFlight > 0 {
 		if a.inflight.Add(1) > a.maxInFlight {
 			a.inflight.Add(-1)
-			return nil, &OverloadError{Scope: "global", RetryAfter: a.retryAfter}
+			oe := &OverloadError{Scope: "global", RetryAfter: a.retryAfter}
+			a.obs.reject(oe)
+			return nil, oe
 		}
 	} else {
 		a.inflight.Add(1)
@@ -111,6 +117,7 @@ func (a *Admission) Acquire(session string) (release func(), err error) {
 		c, err := a.enter(session)
 		if err != nil {
 			a.inflight.Add(-1)
+			a.obs.reject(err)
 			return nil, err
 		}
 		count = c
@@ -127,7 +134,7 @@ func (a *Admission) Acquire(session string) (release func(), err error) {
 	}, nil
 }
 
-func (a *Admission) enter(session string) (*sessionCount, error) {
+func (a *Admission) enter(session string) (*sessionCount, *OverloadError) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c, ok := a.sessions.Get(session)

@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"net/http"
@@ -19,8 +20,13 @@ const (
 	DefaultMaxEjectionPercent  = 10
 )
 
-// maxTracked bounds the endpoints an [Ejector] keeps state for.
+// maxTracked bounds the endpoints an [Ejector] keeps state for that are not
+// ejected.
 const maxTracked = 10000
+
+// membersTTL is how long an [Ejector] trusts its count of the members of its
+// [Health].
+const membersTTL = time.Second
 
 // Health is where an [Ejector] marks endpoints; [*llmlb.Balancer] implements
 // it.
@@ -53,6 +59,8 @@ type EjectorConfig struct {
 	Classify func(err error) Outcome
 	// Clock tells the time; nil means the system clock.
 	Clock Clock
+	// Observer, if set, is told of every ejection.
+	Observer *Observer
 }
 
 // Ejector is outlier detection per endpoint: an endpoint with
@@ -65,8 +73,21 @@ type EjectorConfig struct {
 // (a [Loop] does it when the Ejector is its Reporter). Ejections end lazily,
 // on the next Report or Sweep after their time; call [Ejector.Run] to end
 // them when no traffic arrives. It starts no goroutines and is safe for
-// concurrent use; state is kept only for endpoints that are failing,
-// ejected, or recently ejected, and for at most 10,000 of them.
+// concurrent use.
+//
+// Like Envoy's outlier detection, which follows the hosts of its cluster,
+// an Ejector follows the membership of its Health, and reads it only when it
+// must: when an ejection is due while others are in force, it counts the
+// members for the cap from [Health.Stats], at most once a second, and at the
+// same time forgets every endpoint that is no longer a member, freeing the
+// cap's share of an ejected endpoint that left. An endpoint is also
+// forgotten when marking it fails because it is not a member. State is kept
+// only for endpoints that are failing, ejected or recently ejected, and for
+// at most 10,000 that are not ejected: beyond that, a newly failing endpoint
+// displaces the one reported least recently, which loses its count, so
+// endpoints that come and go never stop the ejector from tracking current
+// ones. A report costs the same however many endpoints there are, apart from
+// that reading of the membership.
 type Ejector struct {
 	h         Health
 	threshold int
@@ -74,19 +95,53 @@ type Ejector struct {
 	percent   float64
 	classify  func(error) Outcome
 	clock     Clock
+	obs       *Observer
+	limit     int // most entries that are not ejected; maxTracked
 
-	mu      sync.Mutex // protects the fields below
-	eps     map[string]*epHealth
-	ejected int
-	next    time.Time // earliest end of an ejection; zero = none
+	mu       sync.Mutex           // protects the fields below and the entries
+	eps      map[string]*epHealth // every tracked endpoint
+	lru      epHealth             // sentinel of the ring of entries not ejected, least recently reported first
+	live     int                  // entries in lru
+	out      byUntil              // ejected entries
+	members  int                  // members of h at syncedAt
+	synced   bool                 // members and syncedAt are set
+	syncedAt time.Time
+	gen      uint64 // the last membership read; marks the entries it saw
 }
 
 type epHealth struct {
+	key         string
 	consecutive int
 	ejections   int       // times ejected, for the ejection time
 	until       time.Time // end of the current ejection; zero = not ejected
 	halfOpen    bool      // restored, no outcome seen since
 	restored    time.Time // when the last ejection ended
+
+	prev, next *epHealth // neighbours in Ejector.lru while not ejected
+	idx        int       // index in Ejector.out while ejected
+	seen       uint64    // the last membership read that listed it
+}
+
+// byUntil is a min-heap of ejected entries by the end of their ejection.
+type byUntil []*epHealth
+
+func (h byUntil) Len() int           { return len(h) }
+func (h byUntil) Less(i, j int) bool { return h[i].until.Before(h[j].until) }
+func (h byUntil) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
+}
+func (h *byUntil) Push(x any) {
+	st := x.(*epHealth)
+	st.idx = len(*h)
+	*h = append(*h, st)
+}
+func (h *byUntil) Pop() any {
+	old := *h
+	st := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return st
 }
 
 // NewEjector returns an ejector that marks endpoints in h (usually an
@@ -126,8 +181,11 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 		percent:   cfg.MaxEjectionPercent,
 		classify:  cfg.Classify,
 		clock:     clockOr(cfg.Clock),
+		obs:       cfg.Observer,
+		limit:     maxTracked,
 		eps:       make(map[string]*epHealth),
 	}
+	e.lru.prev, e.lru.next = &e.lru, &e.lru
 	if e.classify == nil {
 		e.classify = HealthOutcome
 	}
@@ -186,18 +244,29 @@ func (e *Ejector) Report(key string, err error) {
 	}
 	now := e.clock.Now()
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	d, ejected := e.report(key, o, now)
+	e.mu.Unlock()
+	if ejected {
+		e.obs.eject(key, d) // outside the lock
+	}
+}
+
+// report records an attempt's outcome o and reports whether it ejected the
+// endpoint, and for how long. e.mu is held.
+func (e *Ejector) report(key string, o Outcome, now time.Time) (time.Duration, bool) {
 	e.sweep(now)
 	st := e.eps[key]
-	if st == nil {
-		if o == Succeeded || len(e.eps) >= maxTracked {
-			return
+	switch {
+	case st == nil:
+		if o == Succeeded {
+			return 0, false
 		}
-		st = new(epHealth)
-		e.eps[key] = st
-	}
-	if !st.until.IsZero() {
-		return
+		st = e.add(key)
+	case !st.until.IsZero():
+		return 0, false
+	default:
+		e.unlink(st)
+		e.track(st)
 	}
 	if o == Succeeded {
 		st.consecutive, st.halfOpen = 0, false
@@ -205,25 +274,32 @@ func (e *Ejector) Report(key string, err error) {
 			st.ejections = 0
 		}
 		if st.ejections == 0 {
-			delete(e.eps, key)
+			e.forget(st)
 		}
-		return
+		return 0, false
 	}
 	st.consecutive++
 	if st.halfOpen || st.consecutive >= e.threshold {
-		e.eject(key, st, now)
+		return e.eject(st, now)
 	}
+	return 0, false
 }
 
-// eject ejects the endpoint if the ejection cap allows. e.mu is held.
-func (e *Ejector) eject(key string, st *epHealth, now time.Time) {
-	allowed := max(1, int(e.percent*float64(len(e.h.Stats()))/100))
-	if e.ejected >= allowed {
-		return
+// eject ejects the endpoint of st, which is not ejected, if the ejection cap
+// allows, and reports whether it did and for how long. e.mu is held.
+func (e *Ejector) eject(st *epHealth, now time.Time) (time.Duration, bool) {
+	if len(e.out) > 0 {
+		e.sync(now)
+		if e.eps[st.key] != st {
+			return 0, false // not a member
+		}
+		if len(e.out) >= max(1, int(e.percent*float64(e.members)/100)) {
+			return 0, false
+		}
 	}
-	if err := e.h.SetHealthy(key, false); err != nil {
-		delete(e.eps, key) // not a member
-		return
+	if err := e.h.SetHealthy(st.key, false); err != nil {
+		e.forget(st) // not a member
+		return 0, false
 	}
 	st.ejections++
 	d := e.max
@@ -232,9 +308,77 @@ func (e *Ejector) eject(key string, st *epHealth, now time.Time) {
 	}
 	st.until = now.Add(d)
 	st.consecutive, st.halfOpen = 0, false
-	e.ejected++
-	if e.next.IsZero() || st.until.Before(e.next) {
-		e.next = st.until
+	e.unlink(st)
+	heap.Push(&e.out, st)
+	return d, true
+}
+
+// sync reads the membership of e.h unless it did less than membersTTL ago:
+// it counts the members and forgets the endpoints that are not members.
+// e.mu is held.
+func (e *Ejector) sync(now time.Time) {
+	if e.synced && now.Before(e.syncedAt.Add(membersTTL)) {
+		return
+	}
+	stats := e.h.Stats()
+	e.synced, e.syncedAt, e.members = true, now, len(stats)
+	e.gen++
+	for i := range stats {
+		if st := e.eps[stats[i].Key]; st != nil {
+			st.seen = e.gen
+		}
+	}
+	for _, st := range e.eps {
+		if st.seen != e.gen {
+			e.forget(st)
+		}
+	}
+}
+
+// add tracks a new entry for key as not ejected, reusing the entry of the
+// least recently reported endpoint if there are e.limit already. e.mu is
+// held.
+func (e *Ejector) add(key string) *epHealth {
+	var st *epHealth
+	if e.live >= e.limit {
+		st = e.lru.next
+		e.forget(st)
+		*st = epHealth{key: key}
+	} else {
+		st = &epHealth{key: key}
+	}
+	e.eps[key] = st
+	e.track(st)
+	return st
+}
+
+// track appends st, which is not ejected, to the entries not ejected as the
+// most recently reported one, first forgetting the least recently reported
+// one if there are e.limit already. e.mu is held.
+func (e *Ejector) track(st *epHealth) {
+	if e.live >= e.limit {
+		e.forget(e.lru.next)
+	}
+	st.prev, st.next = e.lru.prev, &e.lru
+	st.prev.next, e.lru.prev = st, st
+	e.live++
+}
+
+// unlink removes st, which is not ejected, from the entries not ejected.
+// e.mu is held.
+func (e *Ejector) unlink(st *epHealth) {
+	st.prev.next, st.next.prev = st.next, st.prev
+	st.prev, st.next = nil, nil
+	e.live--
+}
+
+// forget drops the state of st. e.mu is held.
+func (e *Ejector) forget(st *epHealth) {
+	delete(e.eps, st.key)
+	if st.until.IsZero() {
+		e.unlink(st)
+	} else {
+		heap.Remove(&e.out, st.idx)
 	}
 }
 
@@ -249,25 +393,14 @@ func (e *Ejector) Sweep() {
 
 // sweep is Sweep with e.mu held.
 func (e *Ejector) sweep(now time.Time) {
-	if e.next.IsZero() || now.Before(e.next) {
-		return
-	}
-	e.next = time.Time{}
-	for key, st := range e.eps {
-		if st.until.IsZero() {
-			continue
-		}
-		if now.Before(st.until) {
-			if e.next.IsZero() || st.until.Before(e.next) {
-				e.next = st.until
-			}
-			continue
-		}
+	for len(e.out) > 0 && !now.Before(e.out[0].until) {
+		st := heap.Pop(&e.out).(*epHealth)
 		st.until, st.halfOpen, st.restored = time.Time{}, true, now
-		e.ejected--
-		if err := e.h.SetHealthy(key, true); err != nil {
-			delete(e.eps, key) // no longer a member
+		if err := e.h.SetHealthy(st.key, true); err != nil {
+			delete(e.eps, st.key) // no longer a member
+			continue
 		}
+		e.track(st)
 	}
 }
 
@@ -294,10 +427,8 @@ func (e *Ejector) Ejected() []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var keys []string
-	for key, st := range e.eps {
-		if !st.until.IsZero() {
-			keys = append(keys, key)
-		}
+	for _, st := range e.out {
+		keys = append(keys, st.key)
 	}
 	sort.Strings(keys)
 	return keys

@@ -61,6 +61,9 @@ type LoopConfig struct {
 	// Reporter, if set, is told the outcome of every attempt, e.g. an
 	// [*Ejector].
 	Reporter Reporter
+	// Observer, if set, is told of every retry and hedge sent and every
+	// one the budget refused.
+	Observer *Observer
 	// Clock tells the time; nil means the system clock.
 	Clock Clock
 	// After returns a channel that receives after d, like time.After, which
@@ -101,6 +104,7 @@ type Loop struct {
 	maxPushback time.Duration
 	hedge       HedgeConfig
 	reporter    Reporter
+	obs         *Observer
 	clock       Clock
 	after       func(time.Duration) <-chan time.Time
 	ttft        ttftWindow
@@ -144,6 +148,7 @@ func NewLoop(p Picker, cfg LoopConfig) (*Loop, error) {
 		maxPushback: limitOr(cfg.MaxPushback),
 		hedge:       h,
 		reporter:    cfg.Reporter,
+		obs:         cfg.Observer,
 		clock:       clockOr(cfg.Clock),
 		after:       cfg.After,
 	}
@@ -400,7 +405,11 @@ func (r *run) armHedge() <-chan time.Time {
 // returns nil if the budget or the endpoints do not allow one.
 func (r *run) newHedge() *Attempt {
 	l := r.l
-	if r.hedges >= l.hedge.MaxHedges || len(r.attempts) >= l.maxAttempts || !l.budget.Withdraw() {
+	if r.hedges >= l.hedge.MaxHedges || len(r.attempts) >= l.maxAttempts {
+		return nil
+	}
+	if !l.budget.Withdraw() {
+		l.obs.denied()
 		return nil
 	}
 	a, err := r.newAttempt(true, true)
@@ -409,6 +418,7 @@ func (r *run) newHedge() *Attempt {
 		return nil
 	}
 	r.hedges++
+	l.obs.hedge(int(a.n))
 	return a
 }
 
@@ -469,6 +479,7 @@ func (r *run) next() (*Attempt, error) {
 		return nil, giveUp("pushback")
 	}
 	if !l.budget.Withdraw() {
+		l.obs.denied()
 		return nil, giveUp("budget")
 	}
 	r.retries++
@@ -497,6 +508,7 @@ func (r *run) next() (*Attempt, error) {
 		}
 		return nil, fmt.Errorf("retry: picking for a retry: %w (last attempt: %w)", err, r.last.err)
 	}
+	l.obs.retry(int(a.n), r.last.err)
 	return a, nil
 }
 

@@ -1,0 +1,58 @@
+package retry
+
+import "time"
+
+// Observer holds functions that a [Loop], an [Admission] and an [Ejector]
+// call on the events an operator watches: retries, hedges, refusals by the
+// budget, ejections and admission refusals (package telemetry turns them
+// into OpenTelemetry instruments). A nil field is skipped, and a component
+// without an Observer does no work for it. One Observer may serve several
+// components.
+//
+// The functions are called synchronously, on the goroutine of the event,
+// outside the component's locks. They must be safe for concurrent use and
+// must not block.
+type Observer struct {
+	// Retry is called when a [Loop] sends a retry: attempt is its number
+	// within the request (2 for the first retry) and cause the error of the
+	// failed attempt it replaces.
+	Retry func(attempt int, cause error)
+	// Hedge is called when a [Loop] sends a hedge; attempt is its number.
+	Hedge func(attempt int)
+	// Denied is called when a [Loop]'s budget refuses a retry or a hedge.
+	Denied func()
+	// Eject is called when an [Ejector] ejects an endpoint, for d.
+	Eject func(key string, d time.Duration)
+	// Reject is called when an [Admission] refuses a request.
+	Reject func(err *OverloadError)
+}
+
+func (o *Observer) retry(attempt int, cause error) {
+	if o != nil && o.Retry != nil {
+		o.Retry(attempt, cause)
+	}
+}
+
+func (o *Observer) hedge(attempt int) {
+	if o != nil && o.Hedge != nil {
+		o.Hedge(attempt)
+	}
+}
+
+func (o *Observer) denied() {
+	if o != nil && o.Denied != nil {
+		o.Denied()
+	}
+}
+
+func (o *Observer) eject(key string, d time.Duration) {
+	if o != nil && o.Eject != nil {
+		o.Eject(key, d)
+	}
+}
+
+func (o *Observer) reject(err *OverloadError) {
+	if o != nil && o.Reject != nil {
+		o.Reject(err)
+	}
+}
