@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmlb/llmlb"
@@ -26,7 +27,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	a := &attempt{t: t, req: out, lreq: lreq, release: func() {}}
 	if t.adm != nil {
-		rel, err := t.adm.Acquire(lreq.AffinityKey)
+		rel, err := t.adm.Acquire(admissionKey(&lreq))
 		if err != nil {
 			return nil, err
 		}
@@ -62,18 +63,25 @@ type attempt struct {
 	release  func()   // admission
 	n        int      // attempts sent
 	prevWait time.Duration
+
+	// committed is set by the attempt that commits: the first to receive
+	// its first event, or the one whose status answer is handed to the
+	// caller. Once it is set no attempt is started and no other commits.
+	committed atomic.Bool
 }
 
 // try is one attempt: the pick, and once sent, its response or error. A
 // committed response's body (a *body) finishes the attempt when it ends.
 type try struct {
-	pick      llmlb.Pick
-	key       string
-	isRetry   bool               // sent with a budget withdrawal (a retry or a hedge)
-	abandoned bool               // a hedge that lost after committing
-	cancel    context.CancelFunc // cancels a hedged attempt; nil otherwise
-	resp      *http.Response
-	err       error
+	pick    llmlb.Pick
+	key     string
+	isRetry bool               // sent with a budget withdrawal (a retry or a hedge)
+	cancel  context.CancelFunc // cancels a hedged attempt; nil otherwise
+	// endCtx releases the context of an attempt with a first-event timer;
+	// nil otherwise. Set by send, called by finish.
+	endCtx context.CancelCauseFunc
+	resp   *http.Response
+	err    error
 }
 
 // next picks the endpoint of the next attempt: one not tried yet, or, if none
@@ -161,13 +169,9 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 			}
 		}
 		for ; inflight > 0; inflight-- {
+			// Only the winner commits: the others all failed.
 			tr := <-results
 			tr.cancel()
-			if tr.err == nil {
-				tr.abandoned = true
-				_ = tr.resp.Body.Close() // finishes it
-				continue
-			}
 			if tr.resp != nil {
 				drain(tr.resp.Body)
 			}
@@ -191,9 +195,11 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 			}
 			if inflight > 0 {
 				// Another attempt is still on its way: this failure is
-				// only recorded, unless it is an answer to give the caller.
+				// only recorded, unless it is an answer to give the caller
+				// and no attempt has committed meanwhile (the winner's
+				// result is then on its way).
 				var status *retry.StatusError
-				if errors.As(tr.err, &status) && !t.classify(tr.err) {
+				if errors.As(tr.err, &status) && !t.classify(tr.err) && a.committed.CompareAndSwap(false, true) {
 					abandon(tr)
 					return a.commitStatus(tr, retry.Abandoned), nil
 				}
@@ -221,7 +227,15 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 			hedgeAt = t.wait(t.hedge)
 		case <-hedgeAt:
 			hedgeAt = nil
-			if hedges >= t.maxHedges || a.n >= t.attempts || !t.budget.Withdraw() {
+			// An attempt that committed may not have reported yet: its
+			// result is on its way, and nothing is hedged after it.
+			if a.committed.Load() || hedges >= t.maxHedges || a.n >= t.attempts {
+				continue
+			}
+			if !t.budget.Withdraw() {
+				if t.obs.Denied != nil {
+					t.obs.Denied()
+				}
 				continue
 			}
 			next, err := a.next(ctx, false)
@@ -230,6 +244,9 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 				continue // no other endpoint: keep waiting
 			}
 			hedges++
+			if t.obs.Hedge != nil {
+				t.obs.Hedge(a.n)
+			}
 			launch(next)
 			hedgeAt = t.wait(t.hedge)
 		}
@@ -280,10 +297,16 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 		}
 		if reason == "" && !t.budget.Withdraw() {
 			reason = "budget"
+			if t.obs.Denied != nil {
+				t.obs.Denied()
+			}
 		}
 	}
 	o := outcome(tr.err, retryable)
 	if reason == "" {
+		if t.obs.Retry != nil {
+			t.obs.Retry(a.n+1, tr.err)
+		}
 		if tr.resp != nil {
 			drain(tr.resp.Body)
 		}
@@ -316,6 +339,9 @@ func (a *attempt) finish(tr *try, err error, o retry.Outcome) {
 	if tr.cancel != nil {
 		tr.cancel()
 	}
+	if tr.endCtx != nil {
+		tr.endCtx(nil)
+	}
 }
 
 // outcome classifies a failed attempt for the budget: cancelled attempts and
@@ -331,23 +357,71 @@ func outcome(err error, retryable bool) retry.Outcome {
 }
 
 // send sends the attempt to its endpoint. On success tr.resp is committed:
-// its first event has arrived, FirstToken was called, and its body finishes
-// the attempt when it ends. Otherwise tr.err says why, and for a status
-// answer tr.resp holds the response, whose body the caller must close or hand
-// on.
+// its first event has arrived, no other attempt had committed, FirstToken was
+// called, and its body finishes the attempt when it ends. Otherwise tr.err
+// says why, and for a status answer tr.resp holds the response, whose body the
+// caller must close or hand on.
 func (a *attempt) send(ctx context.Context, tr *try) {
+	t := a.t
+	if a.committed.Load() {
+		// A hedge launched as another attempt committed: not sent.
+		tr.err = errOutrun
+		return
+	}
+	var timer *eventTimer
+	if t.firstWait > 0 {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		tr.endCtx = cancel
+		timer = t.startEventTimer(cancel, fmt.Errorf("%w: none from %s within %v", ErrFirstEventTimeout, tr.key, t.firstWait))
+	}
+	resp, b, err := a.roundTrip(ctx, tr)
+	if timer != nil && !timer.stop() {
+		// Too late, whatever the attempt got (typically an error caused
+		// by the cancellation).
+		if resp != nil {
+			drain(resp.Body)
+		}
+		tr.err = timer.err
+		return
+	}
+	switch {
+	case err != nil:
+		tr.resp, tr.err = resp, err // resp is a status answer or nil
+		return
+	case !a.committed.CompareAndSwap(false, true):
+		_ = resp.Body.Close()
+		tr.err = errOutrun
+		return
+	}
+	tr.pick.FirstToken()
+	if t.afterCommit != nil {
+		t.afterCommit()
+	}
+	b.finish = func(err error) {
+		// The attempt produced a response: a success for the budget even if
+		// the stream broke later (the reporter sees the error).
+		a.finish(tr, err, retry.Succeeded)
+	}
+	resp.Body = b
+	tr.resp = resp
+}
+
+// roundTrip sends the attempt with the base transport and waits for the
+// first event of a 2xx response, which it returns with its held-back body b.
+// A status answer is returned with a [*retry.StatusError]; any other failure
+// with a nil response.
+func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, b *body, err error) {
 	t := a.t
 	base := t.url(tr.pick.Endpoint())
 	if base == nil {
-		tr.err = fmt.Errorf("%w: %s", ErrNoURL, tr.key)
-		return
+		return nil, nil, fmt.Errorf("%w: %s", ErrNoURL, tr.key)
 	}
 	out := a.req.Clone(ctx)
 	if a.req.GetBody != nil {
 		body, err := a.req.GetBody()
 		if err != nil {
-			tr.err = err
-			return
+			return nil, nil, err
 		}
 		out.Body = body
 	}
@@ -358,10 +432,9 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 	out.URL = &u
 	out.Host = ""
 	out.RequestURI = ""
-	resp, err := t.base.RoundTrip(out)
+	resp, err = t.base.RoundTrip(out)
 	if err != nil {
-		tr.err = err
-		return
+		return nil, nil, err
 	}
 	if resp.Body == nil {
 		resp.Body = http.NoBody
@@ -370,29 +443,14 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 		_, _ = t.store.RecordResponse(tr.key, resp, t.clock.Now(), signals.OrcaMapping{})
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		tr.resp = resp
-		tr.err = &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}
-		return
+		return resp, nil, &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}
 	}
-	b := &body{rc: resp.Body}
+	b = &body{rc: resp.Body}
 	if err := b.peek(resp, t.peek); err != nil {
 		_ = resp.Body.Close()
-		tr.err = err
-		return
+		return nil, nil, err
 	}
-	tr.pick.FirstToken()
-	b.finish = func(err error) {
-		// The attempt produced a response: a success for the budget even if
-		// the stream broke later (the reporter sees the error), unless it
-		// lost to a hedge.
-		o := retry.Succeeded
-		if tr.abandoned {
-			o = retry.Abandoned
-		}
-		a.finish(tr, err, o)
-	}
-	resp.Body = b
-	tr.resp = resp
+	return resp, b, nil
 }
 
 // commitStatus hands a status answer to the caller; its attempt is finished

@@ -7,10 +7,20 @@
 // /v1/chat/completions messages, max_tokens, model, user) into an
 // llmlb.Request: prompt tokens estimated at [BytesPerToken] bytes a token
 // unless a token counter is given, byte-mode prefix hashes of the prompt text
-// salted with the model and tenant (package prefix), the affinity key from a
-// session header or the body's user, and the tenant from a header. The body is
-// read up to a cap ([ErrBodyTooLarge] beyond it) and restored, re-readable for
-// retries; malformed JSON is routed without body information, never refused.
+// salted with the model and tenant (package prefix), and the affinity key from
+// a session header or the body's user. The body is read up to a cap
+// ([ErrBodyTooLarge] beyond it) and restored, re-readable for retries;
+// malformed JSON is routed without body information, never refused. Parsing
+// happens before admission, so it reads the body in place, in time linear in
+// its size and without memory per message or prompt.
+//
+// The tenant, the principal whose prefix affinity and sessions are kept apart
+// from every other's, is what [ParserConfig.Tenant] returns: the caller's
+// authentication, never the client's word. By default there is none, and
+// every request has the empty tenant; a header set by a trusted component in
+// front of the gateway may be named with [ParserConfig.TrustTenantHeader].
+// Session keys are scoped by the tenant, for affinity and for the admission
+// caps, so equal session keys of different tenants are different sessions.
 //
 // The Transport picks an endpoint per attempt, rewrites the request URL to
 // it (endpoints are [*Endpoint]s, base URLs, unless [Config.URL] maps them),

@@ -1,6 +1,7 @@
 package httplb
 
 import (
+	"context"
 	"errors"
 	"fmt"
 )
@@ -17,7 +18,21 @@ var (
 	// ErrNoURL: the picked endpoint has no URL: it is not an [*Endpoint]
 	// and [Config.URL] is nil or returned nil.
 	ErrNoURL = errors.New("httplb: endpoint has no URL")
+	// ErrFirstEventTimeout: an attempt's first event did not arrive within
+	// [Config.FirstEventTimeout]. The attempt was cancelled and is retried
+	// on another endpoint while attempts and the budget last; when they run
+	// out, RoundTrip returns a *retry.GiveUpError wrapping it.
+	ErrFirstEventTimeout = errors.New("httplb: first event timed out")
+	// ErrUnauthenticated wraps the error of [ParserConfig.Tenant]: the
+	// request's tenant could not be established. The proxy's error
+	// handler answers 401 without the cause, which it logs.
+	ErrUnauthenticated = errors.New("httplb: tenant not established")
 )
+
+// errOutrun is the error of an attempt that received its first event after
+// another attempt of the same request had committed, or that was about to be
+// sent then: it is dropped, not retried.
+var errOutrun = fmt.Errorf("httplb: another attempt committed first: %w", context.Canceled)
 
 func configErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)

@@ -47,8 +47,8 @@ func TestHedgeWins(t *testing.T) {
 	assert.EqualValues(t, 2, budget.finished.Load())
 }
 
-// Two attempts that both commit: one wins, the other is closed, and both
-// are finished.
+// Two attempts that both receive a first event: only the first commits, the
+// other is closed, and both are finished.
 func TestHedgeBothCommit(t *testing.T) {
 	a := newUpstream(t, sse(1))
 	b := newUpstream(t, sse(1))

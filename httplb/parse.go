@@ -2,13 +2,11 @@ package httplb
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/prefix"
@@ -22,8 +20,6 @@ const (
 	// DefaultSessionHeader names the header carrying the session (affinity)
 	// key.
 	DefaultSessionHeader = "X-Session-ID"
-	// DefaultTenantHeader names the header carrying the tenant.
-	DefaultTenantHeader = "X-Tenant-ID"
 	// BytesPerToken is the ratio used to estimate prompt tokens from prompt
 	// bytes when no token counter is configured: about 4 bytes a token for
 	// English text with the common BPE tokenizers. Byte-mode prefix blocks
@@ -35,21 +31,35 @@ const (
 const maxCount = 1<<31 - 1
 
 // ParserConfig configures a Parser. The zero value is valid and selects every
-// default.
+// default; it reads no tenant, so that every request has the empty tenant.
 type ParserConfig struct {
 	// MaxBodyBytes caps the request body read for parsing; a larger body is
 	// refused with [ErrBodyTooLarge]. 0 means [DefaultMaxBodyBytes]; it
 	// must not be negative.
 	MaxBodyBytes int64
-	// SessionHeader names the header whose value becomes
-	// Request.AffinityKey; when it is absent the body's "user" field is
-	// used. "" means [DefaultSessionHeader].
+	// SessionHeader names the header whose value is the session key; when
+	// it is absent the body's "user" field is used. The session key, scoped
+	// by the tenant, becomes Request.AffinityKey and keys the per-session
+	// admission cap. "" means [DefaultSessionHeader].
 	SessionHeader string
-	// TenantHeader names the header whose value becomes Request.Tenant and
-	// salts the prefix hashes, so that tenants never share cache affinity.
-	// It should be set by the gateway's authentication, not trusted from
-	// clients. "" means [DefaultTenantHeader]; "-" reads no tenant.
-	TenantHeader string
+	// Tenant, if set, returns the tenant of a request as established by the
+	// caller's authentication, for example from the request's context or
+	// from a credential it verifies. The tenant becomes Request.Tenant, salts
+	// the prefix hashes, so that tenants never share cache affinity, and
+	// scopes the session key, so that equal session keys of different
+	// tenants are different sessions. An error refuses the request: Parse
+	// closes the body and returns the error wrapped in [ErrUnauthenticated]
+	// (a 401 from the proxy's error handler). It is called once per
+	// request, before the body is read, and may be called concurrently.
+	Tenant func(r *http.Request) (string, error)
+	// TrustTenantHeader, if not "", names a request header whose value is
+	// taken as the tenant, as Tenant would return it. Anyone who can set
+	// this header chooses their tenant, and with it whose prefix affinity
+	// they share and whose cached prompts their time to first token reveals,
+	// so set it only when every request passes through a component that
+	// sets the header (or removes it) before the Parser sees it. "" reads
+	// no header. At most one of Tenant and TrustTenantHeader may be set.
+	TrustTenantHeader string
 	// Hasher hashes the prompt text into Request.Prefix (byte mode; token
 	// mode for prompts given as token IDs). Its block size in tokens must be
 	// that of the policy's prefix index. nil means a Hasher with the
@@ -66,9 +76,13 @@ type ParserConfig struct {
 type Parser struct {
 	maxBody     int64
 	session     string
-	tenant      string
+	tenant      func(*http.Request) (string, error) // nil: none
+	tenantHdr   string                              // "": none
+	scoped      bool                                // a tenant is read: scope session keys
 	hasher      *prefix.Hasher
 	countTokens func(string) int
+	headBytes   int // prompt text bytes the hasher reads
+	headTokens  int // prompt tokens the hasher reads
 }
 
 // NewParser returns a Parser configured by cfg, or an error wrapping
@@ -77,7 +91,9 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 	p := &Parser{
 		maxBody:     cfg.MaxBodyBytes,
 		session:     cfg.SessionHeader,
-		tenant:      cfg.TenantHeader,
+		tenant:      cfg.Tenant,
+		tenantHdr:   http.CanonicalHeaderKey(cfg.TrustTenantHeader),
+		scoped:      cfg.Tenant != nil || cfg.TrustTenantHeader != "",
 		hasher:      cfg.Hasher,
 		countTokens: cfg.CountTokens,
 	}
@@ -87,14 +103,11 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 	case p.maxBody == 0:
 		p.maxBody = DefaultMaxBodyBytes
 	}
+	if p.tenant != nil && p.tenantHdr != "" {
+		return nil, configErrorf("both Tenant and TrustTenantHeader are set")
+	}
 	if p.session == "" {
 		p.session = DefaultSessionHeader
-	}
-	switch p.tenant {
-	case "":
-		p.tenant = DefaultTenantHeader
-	case "-":
-		p.tenant = ""
 	}
 	if p.hasher == nil {
 		h, err := prefix.NewHasher(prefix.HasherConfig{})
@@ -103,14 +116,18 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 		}
 		p.hasher = h
 	}
+	blocks := int64(p.hasher.MaxBlocks())
+	p.headBytes = int(min(blocks*int64(p.hasher.BlockBytes()), math.MaxInt32))
+	p.headTokens = int(min(blocks*int64(p.hasher.BlockTokens()), math.MaxInt32))
 	return p, nil
 }
 
 // Parse reads the body of r and returns what it says about the request:
 // prompt tokens (estimated from bytes unless a token counter is configured),
 // max_tokens (or max_completion_tokens), prefix hashes of the prompt salted
-// with the model and tenant, the affinity key (the session header, else the
-// body's "user") and the tenant (the tenant header).
+// with the model and tenant, the tenant (see [ParserConfig.Tenant]; none by
+// default) and the affinity key: the session header, else the body's "user",
+// scoped by the tenant when a tenant is read.
 //
 // The body is read up to the configured cap and then restored: r.Body reads
 // the same bytes again, r.GetBody returns fresh copies of it (for retries),
@@ -119,16 +136,32 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 // refused. Any other body, including malformed JSON, an unknown shape or no
 // body at all, is not an error: the request is returned with only what the
 // headers say, to be routed without prefix or token information. An error
-// reading the body is returned as is.
+// reading the body or from [ParserConfig.Tenant] is returned as is.
 //
 // For chat requests the prompt text is the concatenation, in order, of each
 // message's role and content, so the turns of one conversation share a prefix.
+//
+// Parsing takes time linear in the body and memory proportional to the
+// prompt text the prefix hashes and the token counter read, never to the
+// number of messages or prompts. Field names are matched exactly, and the
+// last of repeated fields is used.
 func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 	var req llmlb.Request
-	if p.tenant != "" {
-		req.Tenant = r.Header.Get(p.tenant)
+	switch {
+	case p.tenant != nil:
+		t, err := p.tenant(r)
+		if err != nil {
+			if r.Body != nil {
+				_ = r.Body.Close()
+			}
+			return req, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
+		}
+		req.Tenant = t
+	case p.tenantHdr != "":
+		req.Tenant = r.Header.Get(p.tenantHdr)
 	}
-	req.AffinityKey = r.Header.Get(p.session)
+	session := r.Header.Get(p.session)
+	req.AffinityKey = p.affinityKey(req.Tenant, session)
 	if r.Body == nil || r.Body == http.NoBody {
 		return req, nil
 	}
@@ -136,7 +169,7 @@ func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 		_ = r.Body.Close()
 		return req, errBodyTooLarge(p.maxBody)
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, p.maxBody+1))
+	body, err := readBody(r, p.maxBody)
 	_ = r.Body.Close()
 	if err != nil {
 		return req, err
@@ -145,8 +178,62 @@ func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 		return req, errBodyTooLarge(p.maxBody)
 	}
 	setBody(r, body)
-	p.parseBody(body, &req)
+	user := p.parseBody(body, &req)
+	if session == "" {
+		req.AffinityKey = p.affinityKey(req.Tenant, user)
+	}
 	return req, nil
+}
+
+// affinityKey returns the affinity key of a request of tenant with session
+// key key: key itself when the Parser reads no tenant, else key scoped by
+// tenant.
+func (p *Parser) affinityKey(tenant, key string) string {
+	if !p.scoped {
+		return key
+	}
+	return scopeKey(tenant, key)
+}
+
+// scopeKey returns key prefixed with tenant, length first, so that distinct
+// (tenant, key) pairs never give the same string; "" for no key.
+func scopeKey(tenant, key string) string {
+	if key == "" {
+		return ""
+	}
+	return strconv.Itoa(len(tenant)) + ":" + tenant + key
+}
+
+// admissionKey returns the session of lr for admission caps: its affinity
+// key scoped by its tenant, so that one tenant's sessions never count
+// against another's. The Parser already scopes the affinity keys it reads
+// when it reads a tenant; scoping again here also covers a tenant or key set
+// by [Config.Adjust].
+func admissionKey(lr *llmlb.Request) string {
+	return scopeKey(lr.Tenant, lr.AffinityKey)
+}
+
+// readBody reads r.Body up to limit+1 bytes, into a buffer of the right size
+// when r.ContentLength is known.
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	lr := io.LimitReader(r.Body, limit+1)
+	if r.ContentLength <= 0 {
+		return io.ReadAll(lr)
+	}
+	buf := make([]byte, 0, r.ContentLength+1)
+	for len(buf) < cap(buf) {
+		n, err := lr.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	// Longer than announced.
+	rest, err := io.ReadAll(lr)
+	return append(buf, rest...), err
 }
 
 func errBodyTooLarge(limit int64) error {
@@ -172,178 +259,5 @@ func setBody(r *http.Request, body []byte) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.GetBody = func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(body)), nil
-	}
-}
-
-// wireBody is the part of an OpenAI-compatible request body the parser reads.
-// Fields whose JSON type varies are kept raw.
-type wireBody struct {
-	Model               string          `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            []wireMessage   `json:"messages"`
-	MaxTokens           json.RawMessage `json:"max_tokens"`
-	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
-	User                string          `json:"user"`
-}
-
-type wireMessage struct {
-	Role      string          `json:"role"`
-	Content   json.RawMessage `json:"content"`
-	ToolCalls json.RawMessage `json:"tool_calls"`
-}
-
-type wirePart struct {
-	Type     string          `json:"type"`
-	Text     string          `json:"text"`
-	ImageURL json.RawMessage `json:"image_url"`
-}
-
-// parseBody fills req from body as far as body allows.
-func (p *Parser) parseBody(body []byte, req *llmlb.Request) {
-	var w wireBody
-	if err := json.Unmarshal(body, &w); err != nil {
-		var te *json.UnmarshalTypeError
-		if !errors.As(err, &te) {
-			return // not JSON: route without body information
-		}
-		// A field of an unexpected type was skipped; the rest is usable.
-	}
-	if req.AffinityKey == "" {
-		req.AffinityKey = w.User
-	}
-	req.MaxTokens = count(w.MaxTokens)
-	if req.MaxTokens == 0 {
-		req.MaxTokens = count(w.MaxCompletionTokens)
-	}
-	salt := prefix.Salt{Model: w.Model, Tenant: req.Tenant}
-	switch {
-	case len(w.Messages) > 0:
-		p.fillText(req, salt, chatText(w.Messages))
-	case len(w.Prompt) > 0:
-		p.fillPrompt(req, salt, w.Prompt)
-	}
-}
-
-// count reads a token count: a JSON number that is a positive integer within
-// range, else 0.
-func count(raw json.RawMessage) int {
-	if len(raw) == 0 {
-		return 0
-	}
-	var f float64
-	if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || f <= 0 || f > maxCount {
-		return 0
-	}
-	return int(f)
-}
-
-func (p *Parser) fillText(req *llmlb.Request, salt prefix.Salt, text string) {
-	if text == "" {
-		return
-	}
-	req.Prefix = p.hasher.HashString(salt, text)
-	req.PromptTokens = p.tokens(text)
-}
-
-func (p *Parser) tokens(text string) int {
-	var n int
-	if p.countTokens != nil {
-		n = p.countTokens(text)
-	} else {
-		n = (len(text) + BytesPerToken - 1) / BytesPerToken
-	}
-	return min(max(n, 0), maxCount)
-}
-
-// fillPrompt handles the prompt of /v1/completions: a string, an array of
-// strings (a batch: tokens are summed, the prefix is the first prompt's), an
-// array of token IDs, or an array of arrays of token IDs.
-func (p *Parser) fillPrompt(req *llmlb.Request, salt prefix.Salt, raw json.RawMessage) {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		p.fillText(req, salt, s)
-		return
-	}
-	var ss []string
-	if json.Unmarshal(raw, &ss) == nil && len(ss) > 0 {
-		p.fillText(req, salt, ss[0])
-		total := req.PromptTokens
-		for _, s := range ss[1:] {
-			total = min(total+p.tokens(s), maxCount)
-		}
-		req.PromptTokens = total
-		return
-	}
-	var ids []int64
-	if json.Unmarshal(raw, &ids) == nil {
-		p.fillTokens(req, salt, ids)
-		return
-	}
-	var batch [][]int64
-	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
-		p.fillTokens(req, salt, batch[0])
-		total := req.PromptTokens
-		for _, b := range batch[1:] {
-			total = min(total+len(b), maxCount)
-		}
-		req.PromptTokens = total
-	}
-}
-
-func (p *Parser) fillTokens(req *llmlb.Request, salt prefix.Salt, ids []int64) {
-	req.PromptTokens = min(len(ids), maxCount)
-	toks := make([]uint32, 0, min(len(ids), p.hasher.MaxBlocks()*p.hasher.BlockTokens()))
-	for _, id := range ids {
-		if id < 0 || id > math.MaxUint32 {
-			return // not token IDs: no prefix
-		}
-		if len(toks) == cap(toks) {
-			break // beyond the hashed head
-		}
-		toks = append(toks, uint32(id))
-	}
-	req.Prefix = p.hasher.HashTokens(salt, toks)
-}
-
-// chatText renders messages as the prompt text whose prefixes identify the
-// conversation: each message's role, then its content, each followed by a
-// newline. Appending a turn extends the text, so the hashes of the earlier
-// turns are a prefix of the new ones.
-func chatText(msgs []wireMessage) string {
-	var b strings.Builder
-	for i := range msgs {
-		m := &msgs[i]
-		b.WriteString(m.Role)
-		b.WriteByte('\n')
-		writeContent(&b, m.Content)
-		if len(m.ToolCalls) > 0 && string(m.ToolCalls) != "null" {
-			b.Write(m.ToolCalls)
-		}
-		b.WriteByte('\n')
-	}
-	return b.String()
-}
-
-// writeContent writes a message content: a string, or an array of parts
-// whose text (or, for images, the raw image reference) is written in order.
-func writeContent(b *strings.Builder, raw json.RawMessage) {
-	if len(raw) == 0 {
-		return
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		b.WriteString(s)
-		return
-	}
-	var parts []wirePart
-	if json.Unmarshal(raw, &parts) != nil {
-		return
-	}
-	for i := range parts {
-		if parts[i].Text != "" {
-			b.WriteString(parts[i].Text)
-		} else if len(parts[i].ImageURL) > 0 {
-			b.Write(parts[i].ImageURL)
-		}
 	}
 }

@@ -2,15 +2,17 @@ package httplb
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"testing"
 
+	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/prefix"
+	"github.com/llmlb/llmlb/retry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -51,7 +53,21 @@ func TestParse(t *testing.T) {
 		{name: "huge max_tokens", body: `{"prompt":"x","max_tokens":1e300}`, tokens: 1},
 		{name: "user is affinity", body: `{"prompt":"x","user":"u1"}`, tokens: 1, affinity: "u1"},
 		{name: "session header wins", body: `{"prompt":"x","user":"u1"}`, header: map[string]string{"X-Session-ID": "s1"}, tokens: 1, affinity: "s1"},
-		{name: "tenant header", body: `{"prompt":"x"}`, header: map[string]string{"X-Tenant-ID": "t1"}, tokens: 1, tenant: "t1"},
+		{name: "client tenant header ignored", body: `{"prompt":"x","user":"u"}`, header: map[string]string{"X-Tenant-ID": "t1"}, tokens: 1, affinity: "u"},
+		{name: "chat tool calls", body: `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`, tokens: 6},
+		{name: "chat image part", body: `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, tokens: 5},
+		{name: "chat bad part", body: `{"messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, tokens: 2},
+		{name: "chat of non-objects", body: `{"messages":[1,null]}`, tokens: 1},
+		{name: "empty messages use prompt", body: `{"messages":[],"prompt":"abcd"}`, tokens: 1},
+		{name: "escaped text", body: `{"prompt":"\u00e9\ud83d\ude00\n"}`, tokens: 2},
+		{name: "escaped key", body: `{"pr\u006fmpt":"abcd","us\u0065r":"\u0075"}`, tokens: 1, affinity: "u"},
+		{name: "repeated key, last wins", body: `{"prompt":"abcdefgh","prompt":"abcd"}`, tokens: 1},
+		{name: "integral float max_tokens", body: `{"prompt":"x","max_tokens":1e2}`, tokens: 1, max: 100},
+		{name: "string max_tokens", body: `{"prompt":"x","max_tokens":"12"}`, tokens: 1},
+		{name: "null prompt batch", body: `{"prompt":[null,"abcd"]}`, tokens: 1},
+		{name: "mixed prompt array", body: `{"prompt":["a",1]}`},
+		{name: "token id out of int64", body: `{"prompt":[1,99999999999999999999]}`},
+		{name: "trailing garbage", body: `{"prompt":"x"} x`},
 		{name: "malformed", body: `{"prompt":"x"`, header: map[string]string{"X-Session-ID": "s"}, affinity: "s"},
 		{name: "not an object", body: `[1,2,3]`},
 		{name: "wrong field type", body: `{"model":5,"prompt":"` + long + `"}`, tokens: 80, blocks: 5},
@@ -109,9 +125,10 @@ func TestParseChatTurnsSharePrefix(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotEqual(t, r1.Prefix[0], r3.Prefix[0], "another model must not share blocks")
 
+	tp := newParser(t, ParserConfig{TrustTenantHeader: "X-Tenant-ID"})
 	req := post(turn1)
 	req.Header.Set("X-Tenant-ID", "acme")
-	r4, err := p.Parse(req)
+	r4, err := tp.Parse(req)
 	require.NoError(t, err)
 	assert.NotEqual(t, r1.Prefix[0], r4.Prefix[0], "another tenant must not share blocks")
 }
@@ -119,12 +136,16 @@ func TestParseChatTurnsSharePrefix(t *testing.T) {
 func TestParseConfig(t *testing.T) {
 	_, err := NewParser(ParserConfig{MaxBodyBytes: -1})
 	assert.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewParser(ParserConfig{
+		Tenant:            func(*http.Request) (string, error) { return "t", nil },
+		TrustTenantHeader: "X-Tenant-ID",
+	})
+	assert.ErrorIs(t, err, ErrInvalidConfig, "two tenant sources")
 
 	h, err := prefix.NewHasher(prefix.HasherConfig{BlockBytes: 8})
 	require.NoError(t, err)
 	p := newParser(t, ParserConfig{
 		SessionHeader: "X-Conv",
-		TenantHeader:  "-",
 		Hasher:        h,
 		CountTokens:   func(s string) int { return len(strings.Fields(s)) },
 	})
@@ -137,6 +158,180 @@ func TestParseConfig(t *testing.T) {
 	assert.Len(t, got.Prefix, 3) // 28 bytes in blocks of 8
 	assert.Equal(t, "c", got.AffinityKey)
 	assert.Empty(t, got.Tenant)
+}
+
+// tenantKey is the context key under which the tests' authentication stores
+// the tenant.
+type tenantKey struct{}
+
+func authTenant(r *http.Request) (string, error) {
+	t, ok := r.Context().Value(tenantKey{}).(string)
+	if !ok {
+		return "", errors.New("unauthenticated")
+	}
+	return t, nil
+}
+
+func withTenant(r *http.Request, tenant string) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant))
+}
+
+// The tenant comes from the caller's authentication; a client's header is
+// read only when the operator names it, and the session key is scoped by the
+// tenant.
+func TestParseTenant(t *testing.T) {
+	const body = `{"prompt":"` + "abcdefgh" + "abcdefgh" + "abcdefgh" + "abcdefgh" + "abcdefgh" + "abcdefgh" + "abcdefgh" + "abcdefgh" + `","user":"alice"}`
+	cases := []struct {
+		name     string
+		cfg      ParserConfig
+		auth     string // the authenticated tenant; "" for none
+		header   string // the client's X-Tenant-ID
+		session  string // the client's X-Session-ID
+		tenant   string
+		affinity string
+	}{
+		{name: "default ignores the client", header: "victim", tenant: "", affinity: "alice"},
+		{name: "default session", session: "s", header: "victim", affinity: "s"},
+		{name: "authenticated", cfg: ParserConfig{Tenant: authTenant}, auth: "acme", header: "victim", tenant: "acme", affinity: "4:acmealice"},
+		{name: "authenticated session", cfg: ParserConfig{Tenant: authTenant}, auth: "acme", session: "s", tenant: "acme", affinity: "4:acmes"},
+		{name: "authenticated empty tenant", cfg: ParserConfig{Tenant: authTenant}, auth: "", session: "s", affinity: "0:s"},
+		{name: "trusted header", cfg: ParserConfig{TrustTenantHeader: "x-tenant-id"}, header: "acme", tenant: "acme", affinity: "4:acmealice"},
+		{name: "trusted header absent", cfg: ParserConfig{TrustTenantHeader: "X-Tenant-ID"}, affinity: "0:alice"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newParser(t, c.cfg)
+			r := withTenant(post(body), c.auth)
+			if c.header != "" {
+				r.Header.Set("X-Tenant-ID", c.header)
+			}
+			if c.session != "" {
+				r.Header.Set("X-Session-ID", c.session)
+			}
+			got, err := p.Parse(r)
+			require.NoError(t, err)
+			assert.Equal(t, c.tenant, got.Tenant, "Tenant")
+			assert.Equal(t, c.affinity, got.AffinityKey, "AffinityKey")
+			h := p.hasher
+			assert.Equal(t, h.HashString(prefix.Salt{Tenant: c.tenant}, strings.Repeat("abcdefgh", 8)), got.Prefix,
+				"the prefix is salted with the tenant")
+		})
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		p := newParser(t, ParserConfig{Tenant: authTenant})
+		r := post(body)
+		closed := &closeRecorder{Reader: strings.NewReader(body)}
+		r.Body = closed
+		_, err := p.Parse(r)
+		assert.ErrorContains(t, err, "unauthenticated")
+		assert.True(t, closed.closed, "the body of a refused request is closed")
+	})
+}
+
+type closeRecorder struct {
+	io.Reader
+	closed bool
+}
+
+func (c *closeRecorder) Close() error {
+	c.closed = true
+	return nil
+}
+
+// Session keys of different tenants never collide, however the tenant and
+// key split a string, for affinity and for admission.
+func TestTenantScopesSessionKeys(t *testing.T) {
+	p := newParser(t, ParserConfig{Tenant: authTenant})
+	pairs := [][2]string{
+		{"a|b", "c"}, {"a", "b|c"},
+		{"ab", "c"}, {"a", "bc"},
+		{"", "1:ac"}, {"a", "c"},
+		{"1:a", "c"}, {"1", ":ac"},
+		{"", "c"}, {"c", ""},
+	}
+	affinity := map[string][2]string{}
+	admission := map[string][2]string{}
+	for _, pair := range pairs {
+		r := withTenant(post(`{"prompt":"x"}`), pair[0])
+		r.Header.Set("X-Session-ID", pair[1])
+		got, err := p.Parse(r)
+		require.NoError(t, err)
+		if pair[1] == "" {
+			assert.Empty(t, got.AffinityKey, "no session, no key")
+			assert.Empty(t, admissionKey(&got), "no session, no key")
+			continue
+		}
+		if prev, ok := affinity[got.AffinityKey]; ok {
+			t.Errorf("affinity key %q of %q is also that of %q", got.AffinityKey, pair, prev)
+		}
+		affinity[got.AffinityKey] = pair
+		key := admissionKey(&got)
+		if prev, ok := admission[key]; ok {
+			t.Errorf("admission key %q of %q is also that of %q", key, pair, prev)
+		}
+		admission[key] = pair
+		// A key set by Config.Adjust is scoped too.
+		adjusted := llmlb.Request{Tenant: pair[0], AffinityKey: pair[1]}
+		if prev, ok := admission[admissionKey(&adjusted)]; ok && prev != pair {
+			t.Errorf("adjusted admission key of %q is also that of %q", pair, prev)
+		}
+		admission[admissionKey(&adjusted)] = pair
+	}
+}
+
+// Through a Transport, one tenant's session cannot exhaust another's session
+// of the same name, whether the tenant comes from the Parser or from
+// Config.Adjust.
+func TestTransportAdmissionPerTenant(t *testing.T) {
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		return &http.Response{
+			StatusCode: http.StatusOK,
+			Header:     http.Header{"Content-Type": {"text/event-stream"}},
+			Body:       io.NopCloser(strings.NewReader("data: {}\n\ndata: [DONE]\n\n")),
+			Request:    r,
+		}, nil
+	})
+	adjust := func(r *http.Request, lr *llmlb.Request) {
+		lr.Tenant, _ = authTenant(r)
+	}
+	cases := []struct {
+		name string
+		cfg  Config
+	}{
+		{"parser", Config{Parser: newParser(t, ParserConfig{Tenant: authTenant})}},
+		{"adjust", Config{Adjust: adjust}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			bal, err := llmlb.New(llmlb.LeastOutstanding())
+			require.NoError(t, err)
+			eps, err := NewEndpoints("http://a:1")
+			require.NoError(t, err)
+			require.NoError(t, bal.Update(eps))
+			adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxPerSession: 1})
+			require.NoError(t, err)
+			cfg := c.cfg
+			cfg.Balancer, cfg.Base, cfg.Admission = bal, base, adm
+			tr, err := NewTransport(cfg)
+			require.NoError(t, err)
+			send := func(tenant string) (*http.Response, error) {
+				r, err := http.NewRequest(http.MethodPost, "http://gw/v1/chat/completions",
+					strings.NewReader(`{"messages":[{"role":"user","content":"hi"}],"user":"alice"}`))
+				require.NoError(t, err)
+				return tr.RoundTrip(withTenant(r, tenant))
+			}
+			a, err := send("a")
+			require.NoError(t, err)
+			defer a.Body.Close()
+			_, err = send("a")
+			require.ErrorIs(t, err, retry.ErrOverloaded, "tenant a's alice is at its cap")
+			b, err := send("b")
+			require.NoError(t, err, "tenant b's alice is another session")
+			b.Body.Close()
+		})
+	}
 }
 
 func TestParseBodyTooLarge(t *testing.T) {
@@ -166,42 +361,6 @@ func TestParseReadError(t *testing.T) {
 	r.ContentLength = -1
 	_, err := p.Parse(r)
 	assert.ErrorContains(t, err, "boom")
-}
-
-func FuzzParse(f *testing.F) {
-	for _, s := range []string{
-		`{"model":"m","prompt":"hello","max_tokens":16,"stream":true}`,
-		`{"prompt":["a","b"]}`,
-		`{"prompt":[1,2,3]}`,
-		`{"prompt":[[1,2],[3]]}`,
-		`{"messages":[{"role":"user","content":"hi"}],"user":"u"}`,
-		`{"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
-		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`,
-		`{"max_tokens":"12"}`,
-		`{`,
-		``,
-		`null`,
-	} {
-		f.Add([]byte(s))
-	}
-	p := newParser(f, ParserConfig{MaxBodyBytes: 1 << 16})
-	f.Fuzz(func(t *testing.T, body []byte) {
-		r := httptest.NewRequest(http.MethodPost, "/v1/completions", bytes.NewReader(body))
-		got, err := p.Parse(r)
-		if err != nil {
-			if !errors.Is(err, ErrBodyTooLarge) {
-				t.Fatalf("unexpected error %v", err)
-			}
-			return
-		}
-		if got.PromptTokens < 0 || got.MaxTokens < 0 || len(got.Prefix) > p.hasher.MaxBlocks() {
-			t.Fatalf("out of range: %+v", got)
-		}
-		rest, err := io.ReadAll(r.Body)
-		if err != nil || !slices.Equal(rest, body) {
-			t.Fatalf("body not restored: %q, %v", rest, err)
-		}
-	})
 }
 
 func BenchmarkParse(b *testing.B) {

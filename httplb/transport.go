@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmlb/llmlb"
@@ -37,9 +38,10 @@ type Config struct {
 	Parser *Parser
 	// Adjust, if set, is called with each request and what the parser
 	// made of it, before admission and the first pick, to add what the
-	// caller knows: an output-length estimate (OutputTokens), endpoints to
-	// exclude, an affinity key or tenant from authentication. It must not
-	// read the request body.
+	// caller knows: an output-length estimate (OutputTokens) or endpoints to
+	// exclude. Set the tenant with [ParserConfig.Tenant], not here: the
+	// prefix hashes, which the tenant salts, are computed before Adjust
+	// runs. It must not read the request body.
 	Adjust func(r *http.Request, lr *llmlb.Request)
 	// MaxAttempts bounds the attempts per request, the first included.
 	// 0 means [retry.DefaultMaxAttempts]; 1 disables retries.
@@ -67,6 +69,10 @@ type Config struct {
 	// Reporter, if set, is told how every attempt ended, for example a
 	// [*retry.Ejector].
 	Reporter retry.Reporter
+	// Observer, if set, is told of every retry and hedge the Transport
+	// sends and every one its budget refuses (its Retry, Hedge and Denied
+	// functions; package telemetry provides one).
+	Observer *retry.Observer
 	// Store, if set, records the ORCA load report (the
 	// endpoint-load-metrics header) of every response as a push observation
 	// of its endpoint.
@@ -83,10 +89,34 @@ type Config struct {
 	HedgeDelay time.Duration
 	// MaxHedges bounds the hedges per request. 0 means 1.
 	MaxHedges int
+	// FirstEventTimeout, if positive, bounds each attempt's wait for its
+	// first event, from the moment it is sent: an attempt that has not
+	// committed by then (no response, or a stream of nothing but SSE
+	// comments and keep-alives) is cancelled and fails with
+	// [ErrFirstEventTimeout], which [retry.DefaultClassify] retries on
+	// another endpoint like a connection error, within MaxAttempts and the
+	// budget. Its pick is finished with that error and the Reporter is told
+	// of it.
+	//
+	// 0, the default, means no timeout: an attempt waits for its first
+	// event until the request's context ends. There is no safe universal
+	// value: the first event arrives only after the engine has queued and
+	// prefilled the prompt, which takes tens of seconds for long prompts on
+	// a busy replica, and the first byte of a non-streaming response only
+	// after the whole completion has been generated, which can take
+	// minutes. A timeout shorter than that cancels healthy work and sends
+	// it again elsewhere, adding load when replicas are already slow. Set
+	// it above the longest expected time to first token of the traffic
+	// served (non-streaming requests included), and bound each request as
+	// a whole with its context's deadline.
+	FirstEventTimeout time.Duration
 	// Clock tells the time. nil means the system clock.
 	Clock llmlb.Clock
 	// After returns a channel that receives after d, like time.After, which
-	// is what nil means. Back-offs wait with it.
+	// is what nil means. Back-offs, hedge delays and first-event timeouts
+	// wait with it; with After set, an attempt with a FirstEventTimeout has
+	// a goroutine of its own that waits on the channel until the attempt
+	// commits or fails.
 	After func(d time.Duration) <-chan time.Time
 }
 
@@ -119,11 +149,17 @@ type Config struct {
 // With [Config.HedgeDelay] set, an attempt still waiting for its first event
 // after the delay is hedged: another attempt goes to an endpoint with none in
 // flight, the first to commit wins, and the others are cancelled and finished
-// before RoundTrip returns.
+// before RoundTrip returns. Once an attempt has committed no hedge or retry
+// is started, and no other attempt can commit.
+//
+// With [Config.FirstEventTimeout] set, an attempt whose first event has not
+// arrived within the timeout fails with [ErrFirstEventTimeout] and is
+// retried like a connection error.
 //
 // A Transport is safe for concurrent use. It starts no goroutines, except,
 // when hedging, one per attempt, each of which has ended when RoundTrip
-// returns.
+// returns, and, with a FirstEventTimeout and [Config.After] set, one per
+// attempt until it commits or fails.
 type Transport struct {
 	b         *llmlb.Balancer
 	base      http.RoundTripper
@@ -137,12 +173,19 @@ type Transport struct {
 	pushLimit time.Duration
 	adm       *retry.Admission
 	reporter  retry.Reporter
+	obs       retry.Observer
 	store     *signals.Store
 	peek      int
 	hedge     time.Duration
 	maxHedges int
+	firstWait time.Duration // Config.FirstEventTimeout
 	clock     llmlb.Clock
 	after     func(time.Duration) <-chan time.Time
+
+	// afterCommit, if set, is called by an attempt right after it
+	// committed, before RoundTrip learns of it. Tests use it to order
+	// events deterministically.
+	afterCommit func()
 }
 
 // NewTransport returns a Transport configured by cfg, or an error wrapping
@@ -151,8 +194,8 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if cfg.Balancer == nil {
 		return nil, configErrorf("nil Balancer")
 	}
-	if cfg.MaxAttempts < 0 || cfg.MaxPushback < 0 || cfg.MaxPeekBytes < 0 || cfg.HedgeDelay < 0 || cfg.MaxHedges < 0 {
-		return nil, configErrorf("negative MaxAttempts, MaxPushback, MaxPeekBytes, HedgeDelay or MaxHedges")
+	if cfg.MaxAttempts < 0 || cfg.MaxPushback < 0 || cfg.MaxPeekBytes < 0 || cfg.HedgeDelay < 0 || cfg.MaxHedges < 0 || cfg.FirstEventTimeout < 0 {
+		return nil, configErrorf("negative MaxAttempts, MaxPushback, MaxPeekBytes, HedgeDelay, MaxHedges or FirstEventTimeout")
 	}
 	t := &Transport{
 		b:         cfg.Balancer,
@@ -171,8 +214,12 @@ func NewTransport(cfg Config) (*Transport, error) {
 		peek:      cfg.MaxPeekBytes,
 		hedge:     cfg.HedgeDelay,
 		maxHedges: cfg.MaxHedges,
+		firstWait: cfg.FirstEventTimeout,
 		clock:     cfg.Clock,
 		after:     cfg.After,
+	}
+	if cfg.Observer != nil {
+		t.obs = *cfg.Observer
 	}
 	if t.base == nil {
 		t.base = http.DefaultTransport
@@ -256,6 +303,63 @@ func (t *Transport) sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// eventTimer bounds an attempt's wait for its first event: if it fires
+// before stop, it cancels the attempt's context with err.
+type eventTimer struct {
+	err    error
+	cancel context.CancelCauseFunc
+	state  atomic.Int32  // timerRunning, timerStopped or timerFired
+	timer  *time.Timer   // with the system clock
+	stopC  chan struct{} // with Config.After: closed by stop
+	exited chan struct{} // with Config.After: closed when the waiting goroutine ends
+}
+
+const (
+	timerRunning = iota
+	timerStopped
+	timerFired
+)
+
+// startEventTimer starts a first-event timer of t.firstWait that cancels
+// with err.
+func (t *Transport) startEventTimer(cancel context.CancelCauseFunc, err error) *eventTimer {
+	e := &eventTimer{err: err, cancel: cancel}
+	if t.after == nil {
+		e.timer = time.AfterFunc(t.firstWait, e.fire)
+		return e
+	}
+	c := t.after(t.firstWait)
+	e.stopC, e.exited = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(e.exited)
+		select {
+		case <-c:
+			e.fire()
+		case <-e.stopC:
+		}
+	}()
+	return e
+}
+
+func (e *eventTimer) fire() {
+	if e.state.CompareAndSwap(timerRunning, timerFired) {
+		e.cancel(e.err)
+	}
+}
+
+// stop stops the timer and reports whether it had not fired; after it
+// returns, the timer never fires. It must be called exactly once.
+func (e *eventTimer) stop() bool {
+	stopped := e.state.CompareAndSwap(timerRunning, timerStopped)
+	if e.timer != nil {
+		e.timer.Stop()
+	} else {
+		close(e.stopC)
+		<-e.exited
+	}
+	return stopped
 }
 
 func drain(rc io.ReadCloser) {

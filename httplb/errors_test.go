@@ -1,0 +1,189 @@
+package httplb
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type openAIError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    int    `json:"code"`
+	} `json:"error"`
+}
+
+// A connection failure reaches the client as a generic 502 with a request
+// id; its details (the upstream's address) reach only the operator's log,
+// under the same id.
+func TestProxyErrorHidesDetails(t *testing.T) {
+	const upstream = "10.9.8.7:8443"
+	b, err := llmlb.New(llmlb.RoundRobin())
+	require.NoError(t, err)
+	eps, err := NewEndpoints("http://" + upstream)
+	require.NoError(t, err)
+	require.NoError(t, b.Update(eps))
+	base := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: network, Addr: &net.TCPAddr{IP: net.IPv4(10, 9, 8, 7), Port: 8443}, Err: syscall.ECONNREFUSED}
+	}}
+	tr, err := NewTransport(Config{Balancer: b, Base: base, MaxAttempts: 2, After: func(time.Duration) <-chan time.Time { return closedTime }})
+	require.NoError(t, err)
+	var logs syncBuffer
+	proxy := NewProxy(tr)
+	proxy.ErrorHandler = NewErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+	gw := httptest.NewServer(proxy)
+	defer gw.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	cases := []struct {
+		name   string
+		id     string // the client's X-Request-Id
+		reused bool
+	}{
+		{"no id", "", false},
+		{"client id", "0f8fad5b-d9cb-469f-a165-70867728950e", true},
+		{"bad id", "x\"; injected=1", false},
+		{"long id", strings.Repeat("a", maxRequestIDLen+1), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+			require.NoError(t, err)
+			if c.id != "" {
+				req.Header.Set("X-Request-Id", c.id)
+			}
+			before := len(logs.String())
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			raw, err := readAll(t, resp)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			for _, leak := range []string{"10.9.8.7", "8443", "dial", "refused", "httplb", "retry"} {
+				assert.NotContains(t, raw, leak, "the client sees no detail")
+			}
+			var body openAIError
+			require.NoError(t, json.Unmarshal([]byte(raw), &body), raw)
+			assert.Equal(t, "upstream_error", body.Error.Type)
+			assert.Equal(t, http.StatusBadGateway, body.Error.Code)
+			id := resp.Header.Get("X-Request-Id")
+			require.NotEmpty(t, id)
+			assert.True(t, validRequestID(id), id)
+			if c.reused {
+				assert.Equal(t, c.id, id)
+			} else {
+				assert.NotEqual(t, c.id, id)
+			}
+			assert.Contains(t, body.Error.Message, id)
+
+			var rec struct {
+				Level     string `json:"level"`
+				RequestID string `json:"request_id"`
+				Status    int    `json:"status"`
+				Error     string `json:"error"`
+				Path      string `json:"path"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(logs.String()[before:]), &rec), logs.String()[before:])
+			assert.Equal(t, "ERROR", rec.Level)
+			assert.Equal(t, id, rec.RequestID)
+			assert.Equal(t, http.StatusBadGateway, rec.Status)
+			assert.Equal(t, "/v1/chat/completions", rec.Path)
+			assert.Contains(t, rec.Error, upstream, "the operator sees the detail")
+			assert.Contains(t, rec.Error, "connection refused")
+		})
+	}
+}
+
+// The statuses a client sees, each with a generic message and a request id,
+// and the log level of each.
+func TestErrorHandlerStatuses(t *testing.T) {
+	cases := []struct {
+		name       string
+		err        error
+		code       int
+		typ        string
+		retryAfter string
+		level      slog.Level
+	}{
+		{"unauthenticated", fmt.Errorf("%w: %w", ErrUnauthenticated, errors.New("token expired for key sk-123")), http.StatusUnauthorized, "authentication_error", "", slog.LevelInfo},
+		{"body too large", ErrBodyTooLarge, http.StatusRequestEntityTooLarge, "invalid_request_error", "", slog.LevelInfo},
+		{"admission", &retry.OverloadError{RetryAfter: 1500 * time.Millisecond}, http.StatusTooManyRequests, "rate_limit_error", "2", slog.LevelInfo},
+		{"no candidates", llmlb.ErrNoCandidates, http.StatusTooManyRequests, "rate_limit_error", "1", slog.LevelInfo},
+		{"no endpoints", llmlb.ErrNoEndpoints, http.StatusTooManyRequests, "rate_limit_error", "1", slog.LevelInfo},
+		{"given up", &retry.GiveUpError{Attempts: 3, Reason: "attempts", Err: errors.New("tls: handshake failure with 10.0.0.1")}, http.StatusBadGateway, "upstream_error", "", slog.LevelError},
+		{"first event timeout", &retry.GiveUpError{Attempts: 3, Reason: "attempts", Err: ErrFirstEventTimeout}, http.StatusBadGateway, "upstream_error", "", slog.LevelError},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var logs syncBuffer
+			w := httptest.NewRecorder()
+			NewErrorHandler(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))(w, httptest.NewRequest(http.MethodPost, "/v1/completions", nil), c.err)
+			assert.Equal(t, c.code, w.Code)
+			assert.Equal(t, c.retryAfter, w.Header().Get("Retry-After"))
+			var body openAIError
+			require.NoError(t, json.Unmarshal(w.Body.Bytes(), &body))
+			assert.Equal(t, c.typ, body.Error.Type)
+			assert.Equal(t, c.code, body.Error.Code)
+			assert.NotContains(t, body.Error.Message, c.err.Error())
+			assert.NotContains(t, w.Body.String(), "httplb")
+			assert.NotContains(t, w.Body.String(), "10.0.0.1")
+			id := w.Header().Get("X-Request-Id")
+			assert.Contains(t, body.Error.Message, "Request ID: "+id)
+			assert.Contains(t, logs.String(), "level="+c.level.String())
+			assert.Contains(t, logs.String(), "request_id="+id)
+		})
+	}
+}
+
+func TestErrorHandlerClientGone(t *testing.T) {
+	var logs syncBuffer
+	h := NewErrorHandler(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequest(http.MethodPost, "/", nil).WithContext(ctx)
+	w := httptest.NewRecorder()
+	h(w, r, context.Canceled)
+	assert.Zero(t, w.Body.Len())
+	assert.Contains(t, logs.String(), "level=DEBUG")
+
+	// The package-level handler logs with slog.Default.
+	w = httptest.NewRecorder()
+	ErrorHandler(w, httptest.NewRequest(http.MethodPost, "/", nil), errors.New("x"))
+	assert.Equal(t, http.StatusBadGateway, w.Code)
+}

@@ -1,0 +1,179 @@
+package httplb
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
+	"github.com/stretchr/testify/require"
+)
+
+// FuzzParse checks that Parse never panics, returns counts in range, restores
+// the body, and agrees with the encoding/json reference (ref_test.go) on
+// every body without repeated or case-variant keys: the body itself, and the
+// body embedded as a string in a chat and a completion request.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","prompt":"hello","max_tokens":16,"stream":true}`,
+		`{"prompt":["a","b"]}`,
+		`{"prompt":[1,2,3]}`,
+		`{"prompt":[[1,2],[3]]}`,
+		`{"prompt":[[1,2],null,[3]]}`,
+		`{"prompt":[null]}`,
+		`{"prompt":[]}`,
+		`{"prompt":null}`,
+		`{"prompt":[1,-2,4294967296]}`,
+		`{"prompt":[1.5]}`,
+		`{"prompt":[1e2]}`,
+		`{"prompt":[-0]}`,
+		`{"prompt":[9223372036854775807,-9223372036854775808]}`,
+		`{"prompt":[9223372036854775808]}`,
+		`{"messages":[{"role":"user","content":"hi"}],"user":"u"}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
+		`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":null},null,{"text":null}]}]}`,
+		`{"messages":[{"role":"user","content":[{"type":5,"text":"hi"}]}]}`,
+		`{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}]}`,
+		`{"messages":[{"role":"assistant","tool_calls":null},{"role":7,"content":{"a":1}}]}`,
+		`{"messages":[1,"x",[],null,{}]}`,
+		`{"messages":"x","prompt":"y"}`,
+		"{\"messages\" : [ { \"role\" : \"user\" , \"content\" : [ { \"text\" : \"a\" } , { \"image_url\" : { \"u\" : [ 1 , 2 ] } } ] } ] }\n",
+		`{"prompt":"\u00e9\ud83d\ude00\ud83d\u0041\ude00\"\\\/\b\f\n\r\t"}`,
+		"{\"prompt\":\"\xff\xfe\xed\xa0\x80\xef\xbf\xbd\"}",
+		`{"pr\u006fmpt":"x","m\u006fdel":"m\u00e9","\u0075ser":"\ud800"}`,
+		`{"max_tokens":"12"}`,
+		`{"max_tokens":null,"max_completion_tokens":3}`,
+		`{"max_tokens":1e400}`,
+		`{"max_tokens":-0.0}`,
+		`{"model":["m"],"user":{"u":1},"prompt":"abc"}`,
+		`{`,
+		``,
+		`null`,
+		`"x"`,
+		`[{"prompt":"x"}]`,
+		`{"prompt":"x"}{}`,
+		`hello \u00e9 \ud83d\ude00 world`,
+		`a "quoted" \\ string`,
+		"control \x01 char",
+		`\`,
+	} {
+		f.Add([]byte(s))
+	}
+	p := newParser(f, ParserConfig{MaxBodyBytes: 1 << 16})
+	h, err := prefix.NewHasher(prefix.HasherConfig{BlockBytes: 8, BlockTokens: 2, MaxTokens: 4})
+	require.NoError(f, err)
+	small := newParser(f, ParserConfig{Hasher: h})
+	counted := newParser(f, ParserConfig{Hasher: h, CountTokens: func(s string) int { return len(strings.Fields(s)) }})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r := httptest.NewRequest(http.MethodPost, "/v1/completions", bytes.NewReader(body))
+		got, err := p.Parse(r)
+		if err != nil {
+			if !errors.Is(err, ErrBodyTooLarge) {
+				t.Fatalf("unexpected error %v", err)
+			}
+			return
+		}
+		if got.PromptTokens < 0 || got.PromptTokens > maxCount || got.MaxTokens < 0 || got.MaxTokens > maxCount ||
+			len(got.Prefix) > p.hasher.MaxBlocks() {
+			t.Fatalf("out of range: %+v", got)
+		}
+		rest, err := io.ReadAll(r.Body)
+		if err != nil || !slices.Equal(rest, body) {
+			t.Fatalf("body not restored: %q, %v", rest, err)
+		}
+		s := string(body)
+		for _, b := range []string{
+			s,
+			`{"model":"` + s + `","user":"` + s + `","messages":[{"role":"user","content":"` + s + `"},` +
+				`{"role":"` + s + `","content":[{"type":"text","text":"` + s + `"}]}]}`,
+			`{"prompt":["` + s + `","` + s + `"]}`,
+		} {
+			for _, p := range []*Parser{p, small, counted} {
+				checkReference(t, p, []byte(b))
+			}
+		}
+	})
+}
+
+// checkReference fails t if p and the reference parse body differently, for
+// a body without repeated or case-variant keys.
+func checkReference(t *testing.T, p *Parser, body []byte) {
+	t.Helper()
+	if !plainJSON(body) {
+		return
+	}
+	var got, want llmlb.Request
+	gotUser := p.parseBody(body, &got)
+	wantUser := refParseBody(p, body, &want)
+	if gotUser != wantUser {
+		t.Fatalf("%q: user %q, want %q", body, gotUser, wantUser)
+	}
+	if got.PromptTokens != want.PromptTokens || got.MaxTokens != want.MaxTokens ||
+		!slices.Equal(got.Prefix, want.Prefix) || (got.Prefix == nil) != (want.Prefix == nil) {
+		t.Fatalf("%q:\n got %+v\nwant %+v", body, got, want)
+	}
+}
+
+// fieldNames are the keys the parser reads.
+var fieldNames = []string{
+	"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "user",
+	"role", "content", "tool_calls", "type", "text", "image_url",
+}
+
+// plainJSON reports whether body, if it is JSON, has no object with a
+// repeated key or with a key that equals a field name but for case: the
+// bodies on which encoding/json and the in-place parser agree.
+func plainJSON(body []byte) bool {
+	if !json.Valid(body) {
+		return true
+	}
+	type frame struct {
+		keys    map[string]bool // nil in an array
+		wantKey bool
+	}
+	var stack []*frame
+	d := json.NewDecoder(bytes.NewReader(body))
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return true
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.keys != nil && top.wantKey {
+			if k, ok := tok.(string); ok {
+				if top.keys[k] {
+					return false
+				}
+				top.keys[k] = true
+				for _, name := range fieldNames {
+					if k != name && strings.EqualFold(k, name) {
+						return false
+					}
+				}
+				top.wantKey = false
+				continue
+			}
+		}
+		if top != nil && top.keys != nil {
+			top.wantKey = true // the value read now ends the member
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{keys: map[string]bool{}, wantKey: true})
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+	}
+}

@@ -1,0 +1,381 @@
+package httplb
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"unsafe"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
+)
+
+// This file reads an OpenAI-compatible request body in place (see scan.go),
+// with the results encoding/json would give for the fields it reads, but in
+// time linear in the body and in memory proportional to the prompt text and
+// the hashed token head, never to the number of messages, parts or prompts.
+// Keys are matched exactly (encoding/json ignores case), and when a key
+// repeats, its last value is used.
+
+// fields holds the raw values of the top-level fields the parser reads; nil
+// when absent.
+type fields struct {
+	model, user                    []byte // the last string value given
+	prompt, messages               []byte
+	maxTokens, maxCompletionTokens []byte
+}
+
+// readFields returns the fields of body, or false if body is not JSON. A body
+// that is JSON but not an object has no fields.
+func readFields(body []byte) (f fields, ok bool) {
+	if !json.Valid(body) {
+		return f, false
+	}
+	l, _ := listOf(skipSpace(body), '{')
+	var buf [maxKeyLen]byte
+	for k, v, ok := l.member(); ok; k, v, ok = l.member() {
+		switch string(keyName(k, &buf)) {
+		case "model":
+			if isString(v) {
+				f.model = v
+			}
+		case "user":
+			if isString(v) {
+				f.user = v
+			}
+		case "prompt":
+			f.prompt = v
+		case "messages":
+			f.messages = v
+		case "max_tokens":
+			f.maxTokens = v
+		case "max_completion_tokens":
+			f.maxCompletionTokens = v
+		}
+	}
+	return f, true
+}
+
+// parseBody fills req from body as far as body allows, and returns the body's
+// "user".
+func (p *Parser) parseBody(body []byte, req *llmlb.Request) (user string) {
+	f, ok := readFields(body)
+	if !ok {
+		return "" // not JSON: route without body information
+	}
+	req.MaxTokens = count(f.maxTokens)
+	if req.MaxTokens == 0 {
+		req.MaxTokens = count(f.maxCompletionTokens)
+	}
+	salt := prefix.Salt{Model: decodeString(f.model), Tenant: req.Tenant}
+	switch {
+	case hasElems(f.messages):
+		p.fillText(req, salt, p.render(func(t *text) { writeChat(t, f.messages) }))
+	case len(f.prompt) > 0:
+		p.fillPrompt(req, salt, f.prompt)
+	}
+	return decodeString(f.user)
+}
+
+// decodeString returns the raw string v decoded, or "" if v is not a string.
+func decodeString(v []byte) string {
+	var t text
+	t.writeString(v)
+	if t.n == 0 {
+		return ""
+	}
+	t.buf = make([]byte, 0, t.n)
+	t.writeString(v)
+	return t.string()
+}
+
+// string returns the text kept in t.buf. It does not copy: t.buf must not be
+// written to afterwards.
+func (t *text) string() string {
+	return unsafe.String(unsafe.SliceData(t.buf), len(t.buf))
+}
+
+// hasElems reports whether the raw value v is a non-empty array.
+func hasElems(v []byte) bool {
+	l, ok := listOf(v, '[')
+	if !ok {
+		return false
+	}
+	_, ok = l.next()
+	return ok
+}
+
+// count reads a token count: a JSON number that is a positive integer within
+// range, else 0.
+func count(v []byte) int {
+	if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
+		return 0
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || f != math.Trunc(f) || f <= 0 || f > maxCount {
+		return 0
+	}
+	return int(f)
+}
+
+// render returns the text that write writes: all of it if the Parser counts
+// tokens, else as much of its head as the hasher reads, and its length.
+// write is called twice, to measure the text and then to write it into a
+// buffer of the right size.
+func (p *Parser) render(write func(*text)) text {
+	var t text
+	write(&t)
+	keep := t.n
+	if p.countTokens == nil {
+		keep = min(keep, p.headBytes)
+	}
+	if keep == 0 {
+		return t
+	}
+	t = text{buf: make([]byte, 0, keep)}
+	write(&t)
+	return t
+}
+
+func (p *Parser) fillText(req *llmlb.Request, salt prefix.Salt, t text) {
+	if t.n == 0 {
+		return
+	}
+	req.Prefix = p.hasher.AppendBytes(nil, p.hasher.Root(salt), t.buf)
+	req.PromptTokens = p.tokens(t)
+}
+
+// tokens returns the token count of a rendered text.
+func (p *Parser) tokens(t text) int {
+	var n int
+	if p.countTokens != nil {
+		n = p.countTokens(t.string())
+	} else {
+		n = (t.n + BytesPerToken - 1) / BytesPerToken
+	}
+	return min(max(n, 0), maxCount)
+}
+
+// Kinds of prompt array, in the order encoding/json would try them.
+const (
+	promptNone  = iota
+	promptTexts // strings (a batch), null being ""
+	promptIDs   // token IDs, null being 0
+	promptBatch // arrays of token IDs (a batch), null being []
+)
+
+// fillPrompt handles the prompt of /v1/completions: a string, an array of
+// strings (a batch: tokens are summed, the prefix is the first prompt's), an
+// array of token IDs, or an array of arrays of token IDs.
+func (p *Parser) fillPrompt(req *llmlb.Request, salt prefix.Salt, v []byte) {
+	if isString(v) {
+		p.fillText(req, salt, p.render(func(t *text) { t.writeString(v) }))
+		return
+	}
+	kind, n := classify(v)
+	if kind == promptNone {
+		return
+	}
+	l, _ := listOf(v, '[')
+	first, _ := l.next()
+	switch kind {
+	case promptTexts:
+		p.fillText(req, salt, p.render(func(t *text) { t.writeString(first) }))
+		total := req.PromptTokens
+		for e, ok := l.next(); ok; e, ok = l.next() {
+			total = min(total+p.stringTokens(e), maxCount)
+		}
+		req.PromptTokens = total
+	case promptIDs:
+		p.fillIDs(req, salt, v, n)
+	case promptBatch:
+		p.fillIDs(req, salt, first, elems(first))
+		total := req.PromptTokens
+		for e, ok := l.next(); ok; e, ok = l.next() {
+			total = min(total+elems(e), maxCount)
+		}
+		req.PromptTokens = total
+	}
+}
+
+// stringTokens returns the token count of the raw string v, which may be
+// null.
+func (p *Parser) stringTokens(v []byte) int {
+	if p.countTokens != nil {
+		return p.tokens(p.render(func(t *text) { t.writeString(v) }))
+	}
+	var t text
+	t.writeString(v)
+	return p.tokens(t)
+}
+
+// classify returns the kind of the raw prompt array v and its length.
+func classify(v []byte) (kind, n int) {
+	texts, ids, batch := true, true, true
+	l, _ := listOf(v, '[')
+	for e, ok := l.next(); ok; e, ok = l.next() {
+		n++
+		switch {
+		case isNull(e):
+		case isString(e):
+			ids, batch = false, false
+		case e[0] == '[':
+			texts, ids = false, false
+			batch = batch && isIDs(e)
+		default:
+			texts, batch = false, false
+			if ids {
+				_, ids = parseInt(e)
+			}
+		}
+		if !texts && !ids && !batch {
+			return promptNone, n
+		}
+	}
+	switch {
+	case texts && n > 0:
+		return promptTexts, n
+	case ids:
+		return promptIDs, n
+	case batch && n > 0:
+		return promptBatch, n
+	}
+	return promptNone, n
+}
+
+// isIDs reports whether the raw array v holds only integers and nulls.
+func isIDs(v []byte) bool {
+	l, _ := listOf(v, '[')
+	for e, ok := l.next(); ok; e, ok = l.next() {
+		if _, ok := parseInt(e); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// elems returns the number of elements of the raw array v; 0 if v is not an
+// array.
+func elems(v []byte) int {
+	n := 0
+	l, _ := listOf(v, '[')
+	for _, ok := l.next(); ok; _, ok = l.next() {
+		n++
+	}
+	return n
+}
+
+// fillIDs handles a prompt of n token IDs, the raw array v (or null), which
+// classify accepted. IDs that are not uint32 in the hashed head leave the
+// request without prefix.
+func (p *Parser) fillIDs(req *llmlb.Request, salt prefix.Salt, v []byte, n int) {
+	req.PromptTokens = min(n, maxCount)
+	toks := make([]uint32, 0, min(n, p.headTokens))
+	l, _ := listOf(v, '[')
+	for e, ok := l.next(); ok; e, ok = l.next() {
+		id, _ := parseInt(e)
+		if id < 0 || id > math.MaxUint32 {
+			return // not token IDs: no prefix
+		}
+		if len(toks) == cap(toks) {
+			break // beyond the hashed head
+		}
+		toks = append(toks, uint32(id))
+	}
+	req.Prefix = p.hasher.HashTokens(salt, toks)
+}
+
+// writeChat writes the prompt text of the raw messages array msgs, whose
+// prefixes identify the conversation: each message's role, then its content,
+// each followed by a newline. Appending a turn extends the text, so the
+// hashes of the earlier turns are a prefix of the new ones.
+func writeChat(t *text, msgs []byte) {
+	var buf [maxKeyLen]byte
+	l, _ := listOf(msgs, '[')
+	for m, ok := l.next(); ok; m, ok = l.next() {
+		var role, content, toolCalls []byte
+		ml, _ := listOf(m, '{')
+		for k, v, ok := ml.member(); ok; k, v, ok = ml.member() {
+			switch string(keyName(k, &buf)) {
+			case "role":
+				if isString(v) {
+					role = v
+				}
+			case "content":
+				content = v
+			case "tool_calls":
+				toolCalls = v
+			}
+		}
+		t.writeString(role)
+		t.writeByte('\n')
+		writeContent(t, content)
+		if len(toolCalls) > 0 && !isNull(toolCalls) {
+			t.write(toolCalls)
+		}
+		t.writeByte('\n')
+	}
+}
+
+// writeContent writes a message content: a string, or an array of parts
+// whose text (or, for images, the raw image reference) is written in order.
+// An array with a part that is not an object, or whose type or text is not a
+// string, writes nothing.
+func writeContent(t *text, v []byte) {
+	if isString(v) {
+		t.writeString(v)
+		return
+	}
+	if !validParts(v) {
+		return
+	}
+	var buf [maxKeyLen]byte
+	l, _ := listOf(v, '[')
+	for part, ok := l.next(); ok; part, ok = l.next() {
+		var txt, image []byte
+		pl, _ := listOf(part, '{')
+		for k, pv, ok := pl.member(); ok; k, pv, ok = pl.member() {
+			switch string(keyName(k, &buf)) {
+			case "text":
+				if isString(pv) {
+					txt = pv
+				}
+			case "image_url":
+				image = pv
+			}
+		}
+		if len(txt) > len(`""`) {
+			t.writeString(txt)
+		} else {
+			t.write(image)
+		}
+	}
+}
+
+// validParts reports whether the raw value v is an array of content parts:
+// objects (or nulls) whose type and text, if present, are strings (or null).
+func validParts(v []byte) bool {
+	l, ok := listOf(v, '[')
+	if !ok {
+		return false
+	}
+	var buf [maxKeyLen]byte
+	for part, ok := l.next(); ok; part, ok = l.next() {
+		if isNull(part) {
+			continue
+		}
+		pl, ok := listOf(part, '{')
+		if !ok {
+			return false
+		}
+		for k, pv, ok := pl.member(); ok; k, pv, ok = pl.member() {
+			switch string(keyName(k, &buf)) {
+			case "type", "text":
+				if !isString(pv) && !isNull(pv) {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
