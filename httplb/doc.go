@@ -34,12 +34,22 @@
 // a failure reaches the caller as a read error and is never retried, and the
 // pick's Done is called exactly once when the body ends, fails or is closed.
 //
+// The first event is also where retries stop: once an attempt has it, no
+// retry or hedge starts and no other attempt can commit. An attempt that
+// sends nothing at all (only SSE comments, say) is bounded by
+// [Config.FirstEventTimeout], off by default.
+//
 // [NewProxy] wraps a Transport in a ReverseProxy that flushes every event as
-// it arrives, and [ErrorHandler] maps failures to statuses: 413 for a body
-// over the cap, 429 with Retry-After when no endpoint can take the request
-// (admission caps, every endpoint excluded), 502 otherwise.
+// it arrives, and [ErrorHandler] maps failures to statuses: 401 when the
+// tenant cannot be established, 413 for a body over the cap, 429 with
+// Retry-After when no endpoint can take the request (admission caps, every
+// endpoint excluded), 502 otherwise. Clients get a generic OpenAI-style
+// error with a request id; the detail (addresses, TLS and DNS errors) goes
+// to the operator's log under that id ([NewErrorHandler]).
 //
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt
-// goroutines end before RoundTrip returns.
+// goroutines end before RoundTrip returns, and a Transport with both
+// [Config.FirstEventTimeout] and [Config.After], which waits for each
+// attempt's timer on a goroutine that ends with the attempt.
 package httplb
