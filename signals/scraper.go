@@ -92,6 +92,13 @@ type Config struct {
 	// Rand draws scrape phases and jitter; nil means a randomly seeded
 	// source. The scraper serializes access to it.
 	Rand rand.Source
+	// OnResult, if set, is called after every scrape of an endpoint, by Run
+	// and by Scrape, with the endpoint's status before and after it: a
+	// gateway logs failures (cur.LastError, cur.ConsecutiveFailures) and
+	// recoveries (prev.ConsecutiveFailures > 0, cur's zero) from it. It
+	// is called from the scraping goroutine, outside the scraper's locks,
+	// and must not block.
+	OnResult func(prev, cur Status)
 }
 
 // ScrapeError is the error of one failed scrape. It wraps the cause, which
@@ -451,6 +458,7 @@ func (s *Scraper) scrape(ctx context.Context, t *target) (Observation, error) {
 	}
 	d := time.Since(start)
 	t.mu.Lock()
+	prev := t.st
 	t.st.Scrapes++
 	t.st.LastDuration = d
 	if err != nil {
@@ -462,7 +470,11 @@ func (s *Scraper) scrape(ctx context.Context, t *target) (Observation, error) {
 		t.st.ConsecutiveFailures = 0
 		t.st.LastSuccess, t.st.Engine = sent, o.Engine
 	}
+	cur := t.st
 	t.mu.Unlock()
+	if s.cfg.OnResult != nil {
+		s.cfg.OnResult(prev, cur)
+	}
 	if err != nil {
 		return Observation{}, err
 	}

@@ -1,0 +1,57 @@
+package signals
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+)
+
+// OnResult sees each scrape's status before and after it: a failure, a
+// second one, then the recovery.
+func TestScraperOnResult(t *testing.T) {
+	var fail atomic.Bool
+	fail.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if fail.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n"))
+	}))
+	defer srv.Close()
+	type call struct{ prev, cur Status }
+	var calls []call
+	s, err := NewScraper(Config{OnResult: func(prev, cur Status) { calls = append(calls, call{prev, cur}) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Add("a", srv.URL+"/metrics"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for range 2 {
+		if _, err := s.Scrape(ctx, "a"); err == nil {
+			t.Fatal("scrape of a failing endpoint succeeded")
+		}
+	}
+	fail.Store(false)
+	if _, err := s.Scrape(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 3 {
+		t.Fatalf("OnResult called %d times, want 3", len(calls))
+	}
+	for i, want := range []struct{ prev, cur int }{{0, 1}, {1, 2}, {2, 0}} {
+		c := calls[i]
+		if c.prev.ConsecutiveFailures != want.prev || c.cur.ConsecutiveFailures != want.cur || c.cur.Key != "a" {
+			t.Errorf("call %d: consecutive failures %d -> %d (key %q), want %d -> %d", i,
+				c.prev.ConsecutiveFailures, c.cur.ConsecutiveFailures, c.cur.Key, want.prev, want.cur)
+		}
+	}
+	if calls[0].cur.LastError == nil || calls[2].cur.LastSuccess.IsZero() {
+		t.Error("the failure's error or the recovery's success time is missing")
+	}
+}
