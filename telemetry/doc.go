@@ -1,0 +1,54 @@
+// Package telemetry exports llmlb's routing decisions and their outcomes as
+// OpenTelemetry metrics.
+//
+// It uses only the OpenTelemetry metric API (go.opentelemetry.io/otel/metric):
+// bring your own MeterProvider, from the OpenTelemetry SDK with whichever
+// exporter you run (Prometheus, OTLP, ...); the package [Example] wires one
+// to the Prometheus exporter. The root package llmlb imports no telemetry
+// library: it calls the plain functions of an [llmlb.Observer], and package
+// retry those of a [retry.Observer]; a [Metrics] provides both.
+//
+//	m, err := telemetry.New(provider, telemetry.Config{Policy: "default"})
+//	b, err := llmlb.New(policy, llmlb.WithObserver(m.Observer()))
+//	reg, err := m.Watch(b) // per-endpoint load gauges
+//	loop, err := retry.NewLoop(b, retry.LoopConfig{Observer: m.RetryObserver()})
+//
+// # Instruments
+//
+// Per pick, from the balancer:
+//
+//   - llmlb.picks (counter, {pick}): picks, with llmlb.endpoint, or with
+//     error.type when the pick failed.
+//   - llmlb.pick.cached_tokens (histogram, {token}): the prompt tokens the
+//     policy expected the chosen endpoint to hold in its prefix cache.
+//   - llmlb.signal.age (histogram, s): the age of the engine load
+//     observation the pick used, when it used one.
+//   - gen_ai.server.time_to_first_token (histogram, s): from the pick to
+//     [llmlb.Pick.FirstToken], with llmlb.endpoint.
+//   - gen_ai.server.request.duration (histogram, s): from the pick to
+//     [llmlb.Pick.Done], with llmlb.endpoint and, for failures, error.type.
+//
+// Per endpoint, read from [llmlb.Balancer.Stats] at each collection once
+// [Metrics.Watch] is called: llmlb.endpoint.outstanding and
+// llmlb.endpoint.queued ({request}), llmlb.endpoint.prefill_tokens and
+// llmlb.endpoint.decode_tokens ({token}), llmlb.endpoint.healthy (0 or 1).
+//
+// From package retry, through [Metrics.RetryObserver]: llmlb.retries,
+// llmlb.hedges and llmlb.retry.budget_exhausted ({attempt}),
+// llmlb.ejections ({ejection}, with llmlb.endpoint) and
+// llmlb.admission.rejections ({request}, with llmlb.admission.scope "global"
+// or "session").
+//
+// Every measurement also carries [Config.Attributes] and, if set,
+// llmlb.policy. The two gen_ai instruments follow the OpenTelemetry semantic
+// conventions for generative AI model servers, names and bucket boundaries;
+// a gateway is the model server its clients see.
+//
+// # Cost
+//
+// Attribute sets are computed once per endpoint and kept (at most 4096
+// endpoints; past that the cache starts afresh), so recording a successful
+// request allocates nothing in this package; what the SDK does per
+// measurement is its own cost. A Balancer without an Observer does no work
+// for telemetry at all.
+package telemetry

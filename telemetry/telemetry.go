@@ -1,0 +1,345 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+)
+
+// ScopeName is the instrumentation scope of the meter this package creates.
+const ScopeName = "github.com/llmlb/llmlb/telemetry"
+
+// Instrument names. The two gen_ai names and their bucket boundaries follow
+// the OpenTelemetry semantic conventions for generative AI model servers; a
+// gateway is a model server to its clients. The others are llmlb's own.
+const (
+	MetricPicks             = "llmlb.picks"
+	MetricCachedTokens      = "llmlb.pick.cached_tokens"
+	MetricSignalAge         = "llmlb.signal.age"
+	MetricTimeToFirstToken  = "gen_ai.server.time_to_first_token"
+	MetricRequestDuration   = "gen_ai.server.request.duration"
+	MetricOutstanding       = "llmlb.endpoint.outstanding"
+	MetricQueued            = "llmlb.endpoint.queued"
+	MetricPrefillTokens     = "llmlb.endpoint.prefill_tokens"
+	MetricDecodeTokens      = "llmlb.endpoint.decode_tokens"
+	MetricHealthy           = "llmlb.endpoint.healthy"
+	MetricRetries           = "llmlb.retries"
+	MetricHedges            = "llmlb.hedges"
+	MetricBudgetExhausted   = "llmlb.retry.budget_exhausted"
+	MetricEjections         = "llmlb.ejections"
+	MetricAdmissionRejected = "llmlb.admission.rejections"
+)
+
+// Attribute keys.
+const (
+	// AttrEndpoint is the endpoint's key ([llmlb.Endpoint.Key]).
+	AttrEndpoint = attribute.Key("llmlb.endpoint")
+	// AttrPolicy is [Config.Policy].
+	AttrPolicy = attribute.Key("llmlb.policy")
+	// AttrScope is the cap that refused a request: "global" or "session".
+	AttrScope = attribute.Key("llmlb.admission.scope")
+	// AttrErrorType is the OpenTelemetry error.type attribute.
+	AttrErrorType = attribute.Key("error.type")
+)
+
+// Bucket boundaries of the histograms. The time-to-first-token and duration
+// boundaries are the semantic conventions' advice.
+var (
+	ttftBuckets     = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	durationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+	tokenBuckets    = []float64{0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576}
+	ageBuckets      = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}
+)
+
+// maxCachedEndpoints bounds the per-endpoint attribute sets kept; past it the
+// cache starts afresh, so endpoint churn never grows memory.
+const maxCachedEndpoints = 4096
+
+// maxErrorTypes bounds the error types whose attribute sets are kept.
+const maxErrorTypes = 64
+
+// Config configures [New]. The zero value is valid.
+type Config struct {
+	// Policy names the balancer's policy in the llmlb.policy attribute of
+	// the balancer's instruments; "" omits the attribute.
+	Policy string
+	// Attributes are added to every measurement, for example the model
+	// (gen_ai.request.model) or the gateway replica.
+	Attributes []attribute.KeyValue
+	// ErrorType maps a failed request's or pick's error to the error.type
+	// attribute, which must have few distinct values; nil means
+	// [ErrorType].
+	ErrorType func(error) string
+}
+
+// Metrics records a balancer's and the retry components' events as
+// OpenTelemetry instruments. Create one with [New], pass [Metrics.Observer]
+// to [llmlb.WithObserver] and [Metrics.RetryObserver] to the retry
+// components, and call [Metrics.Watch] to report the balancer's load. A
+// Metrics is safe for concurrent use.
+type Metrics struct {
+	errorType func(error) string
+	base      []attribute.KeyValue // Config.Attributes and the policy
+	baseOpt   metric.MeasurementOption
+
+	picks     metric.Int64Counter
+	cached    metric.Int64Histogram
+	sigAge    metric.Float64Histogram
+	ttft      metric.Float64Histogram
+	duration  metric.Float64Histogram
+	retries   metric.Int64Counter
+	hedges    metric.Int64Counter
+	exhausted metric.Int64Counter
+	ejections metric.Int64Counter
+	rejected  metric.Int64Counter
+
+	outstanding metric.Int64ObservableGauge
+	queued      metric.Int64ObservableGauge
+	prefill     metric.Int64ObservableGauge
+	decode      metric.Int64ObservableGauge
+	healthy     metric.Int64ObservableGauge
+	meter       metric.Meter
+
+	endpoints sync.Map     // endpoint key -> *endpointAttrs
+	cachedN   atomic.Int64 // entries in endpoints
+	errSets   sync.Map     // error type -> metric.MeasurementOption
+	errSetsN  atomic.Int64 // entries in errSets
+	scopes    [2]metric.MeasurementOption
+
+	observer      llmlb.Observer
+	retryObserver retry.Observer
+}
+
+// endpointAttrs holds the precomputed attribute options of one endpoint, so
+// recording allocates nothing.
+type endpointAttrs struct {
+	opt metric.MeasurementOption
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+// New returns Metrics that create their instruments with a meter from mp,
+// or an error if an instrument cannot be created.
+func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
+	if mp == nil {
+		return nil, errors.New("telemetry: nil MeterProvider")
+	}
+	m := &Metrics{errorType: cfg.ErrorType}
+	if m.errorType == nil {
+		m.errorType = ErrorType
+	}
+	m.base = append(m.base, cfg.Attributes...)
+	if cfg.Policy != "" {
+		m.base = append(m.base, AttrPolicy.String(cfg.Policy))
+	}
+	m.baseOpt = metric.WithAttributeSet(attribute.NewSet(m.base...))
+	for i, s := range [2]string{"global", "session"} {
+		m.scopes[i] = m.with(AttrScope.String(s))
+	}
+	m.meter = mp.Meter(ScopeName)
+	var err error
+	mk := func(f func() error) {
+		if err == nil {
+			err = f()
+		}
+	}
+	mt := m.meter
+	mk(func() (e error) {
+		m.picks, e = mt.Int64Counter(MetricPicks, metric.WithUnit("{pick}"),
+			metric.WithDescription("Picks made by the balancer, by chosen endpoint, or by error type for failed picks."))
+		return
+	})
+	mk(func() (e error) {
+		m.cached, e = mt.Int64Histogram(MetricCachedTokens, metric.WithUnit("{token}"),
+			metric.WithDescription("Prompt tokens the policy expected the chosen endpoint to hold in its prefix cache, per pick."),
+			metric.WithExplicitBucketBoundaries(tokenBuckets...))
+		return
+	})
+	mk(func() (e error) {
+		m.sigAge, e = mt.Float64Histogram(MetricSignalAge, metric.WithUnit("s"),
+			metric.WithDescription("Age of the engine load observation used for a pick, for picks that used one."),
+			metric.WithExplicitBucketBoundaries(ageBuckets...))
+		return
+	})
+	mk(func() (e error) {
+		m.ttft, e = mt.Float64Histogram(MetricTimeToFirstToken, metric.WithUnit("s"),
+			metric.WithDescription("Time from the pick to the first streamed token."),
+			metric.WithExplicitBucketBoundaries(ttftBuckets...))
+		return
+	})
+	mk(func() (e error) {
+		m.duration, e = mt.Float64Histogram(MetricRequestDuration, metric.WithUnit("s"),
+			metric.WithDescription("Time from the pick to the end of the request."),
+			metric.WithExplicitBucketBoundaries(durationBuckets...))
+		return
+	})
+	counter := func(dst *metric.Int64Counter, name, unit, desc string) {
+		mk(func() (e error) {
+			*dst, e = mt.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+			return
+		})
+	}
+	counter(&m.retries, MetricRetries, "{attempt}", "Retries sent after a failed attempt, before the first token.")
+	counter(&m.hedges, MetricHedges, "{attempt}", "Hedges sent while an earlier attempt had no first token yet.")
+	counter(&m.exhausted, MetricBudgetExhausted, "{attempt}", "Retries and hedges the retry budget refused.")
+	counter(&m.ejections, MetricEjections, "{ejection}", "Endpoints ejected as outliers, by endpoint.")
+	counter(&m.rejected, MetricAdmissionRejected, "{request}", "Requests refused by admission control, by the cap that refused them.")
+	gauge := func(dst *metric.Int64ObservableGauge, name, unit, desc string) {
+		mk(func() (e error) {
+			*dst, e = mt.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+			return
+		})
+	}
+	gauge(&m.outstanding, MetricOutstanding, "{request}", "Requests picked for the endpoint and not done.")
+	gauge(&m.queued, MetricQueued, "{request}", "Requests picked for the endpoint and before their first token.")
+	gauge(&m.prefill, MetricPrefillTokens, "{token}", "Prompt tokens picked for the endpoint and not yet prefilled, net of expected cache hits.")
+	gauge(&m.decode, MetricDecodeTokens, "{token}", "Expected output tokens of the endpoint's outstanding requests.")
+	gauge(&m.healthy, MetricHealthy, "1", "1 if the endpoint is marked healthy, 0 if not.")
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	m.observer = llmlb.Observer{Pick: m.pick, FirstToken: m.firstToken, Done: m.done}
+	m.retryObserver = retry.Observer{
+		Retry:  func(int, error) { m.retries.Add(context.Background(), 1, m.baseOpt) },
+		Hedge:  func(int) { m.hedges.Add(context.Background(), 1, m.baseOpt) },
+		Denied: func() { m.exhausted.Add(context.Background(), 1, m.baseOpt) },
+		Eject: func(key string, _ time.Duration) {
+			m.ejections.Add(context.Background(), 1, m.endpoint(key).add...)
+		},
+		Reject: func(err *retry.OverloadError) {
+			i := 0
+			if err.Scope == "session" {
+				i = 1
+			}
+			m.rejected.Add(context.Background(), 1, m.scopes[i])
+		},
+	}
+	return m, nil
+}
+
+// Observer returns the functions to pass to [llmlb.WithObserver].
+func (m *Metrics) Observer() *llmlb.Observer { return &m.observer }
+
+// RetryObserver returns the functions to set as the Observer of a
+// [retry.Loop], [retry.Admission], [retry.Ejector] or an httplb Transport.
+func (m *Metrics) RetryObserver() *retry.Observer { return &m.retryObserver }
+
+// Watch reports b's per-endpoint load (outstanding and queued requests,
+// pending prefill and decode tokens, health) as gauges, read from
+// [llmlb.Balancer.Stats] at each collection. Unregister the returned
+// registration to stop.
+func (m *Metrics) Watch(b *llmlb.Balancer) (metric.Registration, error) {
+	if b == nil {
+		return nil, errors.New("telemetry: Watch(nil)")
+	}
+	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, s := range b.Stats() {
+			opt := m.endpoint(s.Key).opt
+			o.ObserveInt64(m.outstanding, s.Outstanding, opt)
+			o.ObserveInt64(m.queued, s.Queued, opt)
+			o.ObserveInt64(m.prefill, s.PrefillTokens, opt)
+			o.ObserveInt64(m.decode, s.DecodeTokens, opt)
+			h := int64(0)
+			if s.Healthy {
+				h = 1
+			}
+			o.ObserveInt64(m.healthy, h, opt)
+		}
+		return nil
+	}, m.outstanding, m.queued, m.prefill, m.decode, m.healthy)
+}
+
+func (m *Metrics) pick(p llmlb.PickInfo) {
+	ctx := context.Background()
+	if p.Err != nil {
+		m.picks.Add(ctx, 1, m.errorSet(p.Err))
+		return
+	}
+	a := m.endpoint(p.Endpoint.Key())
+	m.picks.Add(ctx, 1, a.add...)
+	m.cached.Record(ctx, int64(p.CachedTokens), a.rec...)
+	if p.SignalAge >= 0 {
+		m.sigAge.Record(ctx, p.SignalAge.Seconds(), a.rec...)
+	}
+}
+
+func (m *Metrics) firstToken(f llmlb.FirstTokenInfo) {
+	m.ttft.Record(context.Background(), f.Latency.Seconds(), m.endpoint(f.Endpoint.Key()).rec...)
+}
+
+func (m *Metrics) done(d llmlb.DoneInfo) {
+	ctx := context.Background()
+	if d.Err != nil {
+		m.duration.Record(ctx, d.Latency.Seconds(), m.with(AttrEndpoint.String(d.Endpoint.Key()), AttrErrorType.String(m.errorType(d.Err))))
+		return
+	}
+	m.duration.Record(ctx, d.Latency.Seconds(), m.endpoint(d.Endpoint.Key()).rec...)
+}
+
+// with returns a measurement option of the base attributes and kvs.
+func (m *Metrics) with(kvs ...attribute.KeyValue) metric.MeasurementOption {
+	all := make([]attribute.KeyValue, 0, len(m.base)+len(kvs))
+	all = append(append(all, m.base...), kvs...)
+	return metric.WithAttributeSet(attribute.NewSet(all...))
+}
+
+// endpoint returns the attribute options of the endpoint key, computed once.
+func (m *Metrics) endpoint(key string) *endpointAttrs {
+	if a, ok := m.endpoints.Load(key); ok {
+		return a.(*endpointAttrs)
+	}
+	opt := m.with(AttrEndpoint.String(key))
+	a := &endpointAttrs{opt: opt, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	if m.cachedN.Add(1) > maxCachedEndpoints {
+		m.endpoints.Clear()
+		m.cachedN.Store(1)
+	}
+	if prev, loaded := m.endpoints.LoadOrStore(key, a); loaded {
+		m.cachedN.Add(-1)
+		return prev.(*endpointAttrs)
+	}
+	return a
+}
+
+// errorSet returns the attribute option of a failed pick's error type.
+func (m *Metrics) errorSet(err error) metric.MeasurementOption {
+	t := m.errorType(err)
+	if o, ok := m.errSets.Load(t); ok {
+		return o.(metric.MeasurementOption)
+	}
+	o := m.with(AttrErrorType.String(t))
+	if m.errSetsN.Add(1) <= maxErrorTypes {
+		m.errSets.Store(t, o)
+	}
+	return o
+}
+
+// ErrorType is the default error.type of an error: "no_endpoints",
+// "no_candidates", "canceled", "deadline_exceeded", "overloaded", "policy"
+// or "error".
+func ErrorType(err error) string {
+	switch {
+	case errors.Is(err, llmlb.ErrNoEndpoints):
+		return "no_endpoints"
+	case errors.Is(err, llmlb.ErrNoCandidates):
+		return "no_candidates"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	case errors.Is(err, retry.ErrOverloaded):
+		return "overloaded"
+	case errors.Is(err, llmlb.ErrInvalidPolicy):
+		return "policy"
+	}
+	return "error"
+}
