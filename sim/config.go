@@ -122,7 +122,10 @@ type Config struct {
 	// Seed seeds every random choice of the routers and policies.
 	Seed uint64
 	// Series is the sampling interval of the per-replica outstanding-work
-	// series. 0 means the last arrival time / 200 (at least 10 ms).
+	// series ([Result].Series). 0 means the last arrival time / 200 (at
+	// least 10 ms). The series holds at most 1024 samples: when a run
+	// outlasts that many intervals, every other sample is dropped and the
+	// interval doubles.
 	Series time.Duration
 }
 

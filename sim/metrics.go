@@ -65,7 +65,8 @@ type Result struct {
 
 	// TTFTs holds every completed request's TTFT in milliseconds, sorted.
 	TTFTs []float64 `json:"-"`
-	// Series is the outstanding requests of each replica over time.
+	// Series is the outstanding requests of each replica over time, at
+	// most 1024 samples (see Config.Series).
 	Series []Sample `json:"-"`
 
 	// raw holds what [Merge] pools; it is nil in a Result decoded from

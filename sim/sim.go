@@ -390,8 +390,26 @@ func (r *runner) closeWindow() {
 	r.winCount = 0
 }
 
-// sample records each replica's outstanding requests.
+// maxSamples bounds the outstanding-request series of a run, so that its
+// length follows the plot's resolution rather than the simulated span: a
+// long drain, such as one request of many output tokens, would otherwise
+// take a sample every interval until it ends.
+const maxSamples = 1024
+
+// sample records each replica's outstanding requests. Samples are taken at
+// multiples of r.series; a full series keeps every other sample (those at
+// multiples of twice the interval) and doubles the interval.
 func (r *runner) sample() {
+	if len(r.samples) == maxSamples {
+		n := 0
+		for i := 0; i < len(r.samples); i += 2 {
+			r.samples[n] = r.samples[i]
+			n++
+		}
+		clear(r.samples[n:])
+		r.samples = r.samples[:n]
+		r.series *= 2
+	}
 	s := Sample{At: r.now, Outstanding: make([]int, len(r.reps))}
 	for i, rep := range r.reps {
 		s.Outstanding[i] = rep.outstanding

@@ -265,6 +265,8 @@ func TestInvalidInput(t *testing.T) {
 		{"tiny scrape", Config{Scrape: time.Microsecond}, good, "p2c", ErrInvalidConfig},
 		{"negative budget", Config{Engine: Engine{TokenBudget: -1}}, good, "p2c", ErrInvalidConfig},
 		{"zero output", Config{}, []Request{{PromptTokens: 10}}, "p2c", ErrInvalidWorkload},
+		{"output over bound", Config{Engine: Engine{KVBlocks: 2 * MaxOutputTokens / DefaultBlockSize}}, []Request{{PromptTokens: 10, OutputTokens: MaxOutputTokens + 1}}, "p2c", ErrInvalidWorkload},
+		{"prompt over bound", Config{}, []Request{{PromptTokens: MaxPromptTokens + 1, OutputTokens: 1}}, "p2c", ErrInvalidWorkload},
 		{"unordered", Config{}, []Request{{Arrival: time.Second, PromptTokens: 1, OutputTokens: 1}, {PromptTokens: 1, OutputTokens: 1}}, "p2c", ErrInvalidWorkload},
 		{"odd block tokens", Config{}, []Request{{PromptTokens: 10, OutputTokens: 1, BlockTokens: 10, Prefix: []uint64{1}}}, "p2c", ErrInvalidWorkload},
 	}
@@ -285,6 +287,8 @@ func TestInvalidInput(t *testing.T) {
 		"turns NaN":               func(s *Synthetic) { s.Turns = math.NaN() },
 		"turns and session share": func(s *Synthetic) { s.SessionShare, s.Sessions = 0.5, 8 },
 		"negative think time":     func(s *Synthetic) { s.ThinkTime = -time.Second },
+		"output over bound":       func(s *Synthetic) { s.Output.Max = MaxOutputTokens + 1 },
+		"prompt over bound":       func(s *Synthetic) { s.Prompt.Max = MaxPromptTokens + 1 },
 	} {
 		w := DefaultSynthetic(10, 1)
 		f(&w)

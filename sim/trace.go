@@ -99,7 +99,9 @@ type mooncakeRecord struct {
 // i of a request gets the chained hash ChainHash(hash of block i-1,
 // hash_ids[i]), so a cache hit requires the whole prefix to match. An output
 // length of 0 is replayed as 1. Blank lines are skipped; any other malformed
-// line is an error wrapping [ErrMalformedTrace] that names it.
+// line is an error wrapping [ErrMalformedTrace] that names it, as is an
+// input_length beyond [MaxPromptTokens] or an output_length beyond
+// [MaxOutputTokens].
 func ReadMooncake(r io.Reader, opt TraceOptions) ([]Request, error) {
 	if err := opt.normalize(); err != nil {
 		return nil, err
@@ -119,10 +121,10 @@ func ReadMooncake(r io.Reader, opt TraceOptions) ([]Request, error) {
 			return fmt.Errorf("%w: line %d: want timestamp, input_length and output_length", ErrMalformedTrace, n)
 		case math.IsNaN(*rec.Timestamp) || math.IsInf(*rec.Timestamp, 0) || *rec.Timestamp < 0 || *rec.Timestamp > 1e15:
 			return fmt.Errorf("%w: line %d: timestamp %v out of range", ErrMalformedTrace, n, *rec.Timestamp)
-		case *rec.InputLength < 1 || *rec.InputLength > maxTokens:
-			return fmt.Errorf("%w: line %d: input_length %d out of range [1, %d]", ErrMalformedTrace, n, *rec.InputLength, maxTokens)
-		case *rec.OutputLength < 0 || *rec.OutputLength > maxTokens:
-			return fmt.Errorf("%w: line %d: output_length %d out of range [0, %d]", ErrMalformedTrace, n, *rec.OutputLength, maxTokens)
+		case *rec.InputLength < 1 || *rec.InputLength > MaxPromptTokens:
+			return fmt.Errorf("%w: line %d: input_length %d out of range [1, %d]", ErrMalformedTrace, n, *rec.InputLength, MaxPromptTokens)
+		case *rec.OutputLength < 0 || *rec.OutputLength > MaxOutputTokens:
+			return fmt.Errorf("%w: line %d: output_length %d out of range [0, %d]", ErrMalformedTrace, n, *rec.OutputLength, MaxOutputTokens)
 		}
 		prompt := int(*rec.InputLength)
 		nb := (prompt + MooncakeBlockTokens - 1) / MooncakeBlockTokens
@@ -152,7 +154,9 @@ const azureLayout = "2006-01-02 15:04:05.999999999"
 // TIMESTAMP, ContextTokens and GeneratedTokens (in any order), then one
 // request per line, timestamps in the form 2023-11-16 18:15:46.6805900. The
 // trace has no prefix information, so its requests share nothing. A
-// GeneratedTokens of 0 is replayed as 1.
+// GeneratedTokens of 0 is replayed as 1. A malformed line, a ContextTokens
+// beyond [MaxPromptTokens] or a GeneratedTokens beyond [MaxOutputTokens] is
+// an error wrapping [ErrMalformedTrace] that names the line.
 func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 	if err := opt.normalize(); err != nil {
 		return nil, err
@@ -186,12 +190,12 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 			return fmt.Errorf("%w: line %d: TIMESTAMP: %v", ErrMalformedTrace, n, err)
 		}
 		prompt, err := strconv.Atoi(strings.TrimSpace(fields[ctx]))
-		if err != nil || prompt < 1 || prompt > maxTokens {
-			return fmt.Errorf("%w: line %d: ContextTokens %q, want an integer in [1, %d]", ErrMalformedTrace, n, fields[ctx], maxTokens)
+		if err != nil || prompt < 1 || prompt > MaxPromptTokens {
+			return fmt.Errorf("%w: line %d: ContextTokens %q, want an integer in [1, %d]", ErrMalformedTrace, n, fields[ctx], MaxPromptTokens)
 		}
 		output, err := strconv.Atoi(strings.TrimSpace(fields[gen]))
-		if err != nil || output < 0 || output > maxTokens {
-			return fmt.Errorf("%w: line %d: GeneratedTokens %q, want an integer in [0, %d]", ErrMalformedTrace, n, fields[gen], maxTokens)
+		if err != nil || output < 0 || output > MaxOutputTokens {
+			return fmt.Errorf("%w: line %d: GeneratedTokens %q, want an integer in [0, %d]", ErrMalformedTrace, n, fields[gen], MaxOutputTokens)
 		}
 		if origin.IsZero() {
 			origin = t

@@ -110,6 +110,48 @@ func TestTraceErrorsNameTheLine(t *testing.T) {
 	}
 }
 
+// Lengths beyond MaxPromptTokens or MaxOutputTokens are rejected in every
+// trace format with an error naming the line and the field; lengths at the
+// bounds are accepted.
+func TestTraceLengthBounds(t *testing.T) {
+	mooncake := func(in, out int) string {
+		return `{"timestamp": 0, "input_length": 10, "output_length": 1}` + "\n" +
+			`{"timestamp": 1, "input_length": ` + strconv.Itoa(in) + `, "output_length": ` + strconv.Itoa(out) + "}\n"
+	}
+	azure := func(in, out int) string {
+		return "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,1\n" +
+			"2023-11-16 18:15:47.68," + strconv.Itoa(in) + "," + strconv.Itoa(out) + "\n"
+	}
+	cases := []struct {
+		name, format, in, want string // want "" for a trace that parses
+	}{
+		{"mooncake output 2^24", FormatMooncake, mooncake(10, 1<<24), "line 2: output_length 16777216 out of range [0, 1048576]"},
+		{"mooncake output over", FormatMooncake, mooncake(10, MaxOutputTokens+1), "line 2: output_length 1048577"},
+		{"mooncake output at bound", FormatMooncake, mooncake(10, MaxOutputTokens), ""},
+		{"mooncake input over", FormatMooncake, mooncake(MaxPromptTokens+1, 1), "line 2: input_length 16777217 out of range [1, 16777216]"},
+		{"mooncake input at bound", FormatMooncake, mooncake(MaxPromptTokens, 1), ""},
+		{"azure output 2^24", FormatAzure, azure(10, 1<<24), `line 3: GeneratedTokens "16777216", want an integer in [0, 1048576]`},
+		{"azure output at bound", FormatAzure, azure(10, MaxOutputTokens), ""},
+		{"azure input over", FormatAzure, azure(MaxPromptTokens+1, 1), `line 3: ContextTokens "16777217", want an integer in [1, 16777216]`},
+		{"azure input at bound", FormatAzure, azure(MaxPromptTokens, 1), ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			reqs, err := ReadTrace(strings.NewReader(c.in), c.format, TraceOptions{})
+			if c.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkTrace(t, reqs)
+				return
+			}
+			if !errors.Is(err, ErrMalformedTrace) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %v, want ErrMalformedTrace holding %q", err, c.want)
+			}
+		})
+	}
+}
+
 // checkTrace checks what every successfully parsed trace guarantees.
 func checkTrace(t *testing.T, reqs []Request) {
 	if err := validateRequests(reqs, DefaultBlockSize); err != nil {

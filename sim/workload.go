@@ -14,8 +14,9 @@ import (
 type Request struct {
 	// Arrival is when the request arrives, from the start of the run.
 	Arrival time.Duration
-	// PromptTokens and OutputTokens are the true prompt and output lengths;
-	// both are at least 1. Routers are told the prompt length only.
+	// PromptTokens and OutputTokens are the true prompt and output lengths,
+	// from 1 to [MaxPromptTokens] and [MaxOutputTokens]. Routers are told
+	// the prompt length only.
 	PromptTokens int
 	OutputTokens int
 	// BlockTokens is the number of prompt tokens each Prefix hash covers; it
@@ -64,10 +65,10 @@ func validateRequests(reqs []Request, blockSize int) error {
 		switch {
 		case r.Arrival < 0 || r.Arrival < last:
 			return fmt.Errorf("%w: request %d arrives at %v, before %v", ErrInvalidWorkload, i, r.Arrival, last)
-		case r.PromptTokens < 1 || r.PromptTokens > maxTokens:
-			return fmt.Errorf("%w: request %d has %d prompt tokens", ErrInvalidWorkload, i, r.PromptTokens)
-		case r.OutputTokens < 1 || r.OutputTokens > maxTokens:
-			return fmt.Errorf("%w: request %d has %d output tokens", ErrInvalidWorkload, i, r.OutputTokens)
+		case r.PromptTokens < 1 || r.PromptTokens > MaxPromptTokens:
+			return fmt.Errorf("%w: request %d has %d prompt tokens, want 1 to %d", ErrInvalidWorkload, i, r.PromptTokens, MaxPromptTokens)
+		case r.OutputTokens < 1 || r.OutputTokens > MaxOutputTokens:
+			return fmt.Errorf("%w: request %d has %d output tokens, want 1 to %d", ErrInvalidWorkload, i, r.OutputTokens, MaxOutputTokens)
 		case (len(r.Prefix) > 0 || len(r.Reply) > 0) && (r.BlockTokens < blockSize || r.BlockTokens%blockSize != 0):
 			return fmt.Errorf("%w: request %d has %d tokens per prefix hash; want a multiple of the block size %d", ErrInvalidWorkload, i, r.BlockTokens, blockSize)
 		}
@@ -78,6 +79,18 @@ func validateRequests(reqs []Request, blockSize int) error {
 
 // maxTokens bounds token counts so that sums cannot overflow.
 const maxTokens = 1 << 24
+
+// Bounds on a request's lengths, enforced on [Request]s, traces and
+// [Synthetic] workloads. A replica iterates once per output token, so a
+// run's simulated span and running time grow with the longest output; its
+// memory does not, since the simulator keeps no state per output token.
+const (
+	// MaxPromptTokens is the longest prompt, 2^24 tokens.
+	MaxPromptTokens = maxTokens
+	// MaxOutputTokens is the longest output, 2^20 tokens: about a million
+	// iterations of one replica, hours of simulated time.
+	MaxOutputTokens = 1 << 20
+)
 
 // Synthetic describes a generated workload. Its zero value is not useful:
 // start from [DefaultSynthetic] or [PrefixSynthetic] and change fields.
@@ -96,7 +109,8 @@ type Synthetic struct {
 	// gives Poisson arrivals, larger values burstier Gamma arrivals. 0 means 1.
 	ArrivalCV float64
 	// Prompt and Output are the length distributions of fresh text (the
-	// unique part of a prompt, a new message, an output).
+	// unique part of a prompt, a new message, an output). Output.Max is at
+	// most [MaxOutputTokens].
 	Prompt, Output LogNormal
 	// BlockTokens is the number of tokens per prefix hash, a multiple of the
 	// engine block size. 0 means 64.
@@ -150,7 +164,8 @@ type LogNormal struct {
 	// is the standard deviation of the length's natural logarithm: 0 draws
 	// Median every time, larger values give heavier tails.
 	Median, Sigma float64
-	// Min and Max bound every length drawn: 1 <= Min <= Max <= 2^24.
+	// Min and Max bound every length drawn: 1 <= Min <= Max <=
+	// [MaxPromptTokens] (Max <= [MaxOutputTokens] for output lengths).
 	Min, Max int
 }
 
@@ -159,9 +174,10 @@ func (d LogNormal) sample(r *rand.Rand) int {
 	return int(min(max(x, float64(d.Min)), float64(d.Max)))
 }
 
-func (d LogNormal) validate(name string) error {
-	if !(d.Median > 0) || math.IsInf(d.Median, 0) || !(d.Sigma >= 0) || math.IsInf(d.Sigma, 0) || d.Min < 1 || d.Max < d.Min || d.Max > maxTokens {
-		return fmt.Errorf("%w: %s distribution %+v: want median > 0, sigma >= 0, 1 <= min <= max <= %d", ErrInvalidWorkload, name, d, maxTokens)
+// validate checks d, whose lengths must not exceed limit.
+func (d LogNormal) validate(name string, limit int) error {
+	if !(d.Median > 0) || math.IsInf(d.Median, 0) || !(d.Sigma >= 0) || math.IsInf(d.Sigma, 0) || d.Min < 1 || d.Max < d.Min || d.Max > limit {
+		return fmt.Errorf("%w: %s distribution %+v: want median > 0, sigma >= 0, 1 <= min <= max <= %d", ErrInvalidWorkload, name, d, limit)
 	}
 	return nil
 }
@@ -232,14 +248,14 @@ func (s *Synthetic) validate() error {
 	case s.FanoutShare > 0 && s.FanoutSize < 1:
 		return fmt.Errorf("%w: fan-out size %d", ErrInvalidWorkload, s.FanoutSize)
 	}
-	if err := s.Prompt.validate("prompt"); err != nil {
+	if err := s.Prompt.validate("prompt", MaxPromptTokens); err != nil {
 		return err
 	}
-	if err := s.Output.validate("output"); err != nil {
+	if err := s.Output.validate("output", MaxOutputTokens); err != nil {
 		return err
 	}
 	if s.PrefixShare > 0 || s.FanoutShare > 0 {
-		return s.PrefixTokens.validate("prefix")
+		return s.PrefixTokens.validate("prefix", MaxPromptTokens)
 	}
 	return nil
 }
@@ -486,7 +502,7 @@ func (g *generator) fresh(t time.Duration, head []uint64) Request {
 	prompt := len(head)*g.s.BlockTokens + msg
 	return Request{
 		Arrival:      t,
-		PromptTokens: min(prompt, maxTokens),
+		PromptTokens: min(prompt, MaxPromptTokens),
 		OutputTokens: g.s.Output.sample(g.rng),
 		BlockTokens:  g.s.BlockTokens,
 		Prefix:       g.blocks(head, msg),
@@ -524,7 +540,7 @@ func (g *generator) followUp(t time.Duration, sess *session) Request {
 	msg := g.s.Prompt.sample(g.rng) / 4
 	msg = max(msg, 1)
 	head, base := sess.hashes, sess.prompt
-	if base+msg > g.s.Prompt.Max+g.s.PrefixTokens.Max {
+	if base+msg > min(g.s.Prompt.Max+g.s.PrefixTokens.Max, MaxPromptTokens) {
 		head, base = nil, 0
 	}
 	req := Request{

@@ -23,7 +23,10 @@
 // error counts them.
 //
 // A bad command line or trace, including a -trace or output path that
-// cannot be opened, exits with status 2; any other failure with 1.
+// cannot be opened, exits with status 2; any other failure with 1. A trace
+// request longer than sim.MaxPromptTokens prompt tokens (2^24) or
+// sim.MaxOutputTokens output tokens (2^20) makes a bad trace, and the
+// error names its line and field.
 package main
 
 import (

@@ -12,7 +12,12 @@ import (
 	"testing"
 
 	"github.com/llmlb/llmlb/sim"
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
 
 func TestRunJSON(t *testing.T) {
 	var out, errb bytes.Buffer
@@ -82,6 +87,11 @@ func TestRunErrors(t *testing.T) {
 	if err := os.WriteFile(good, []byte(`{"timestamp": 0, "input_length": 5, "output_length": 1}`+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	long := filepath.Join(dir, "long.jsonl")
+	if err := os.WriteFile(long, []byte(`{"timestamp": 0, "input_length": 5, "output_length": 1}`+"\n"+
+		`{"timestamp": 1, "input_length": 5, "output_length": 16777216}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	same := filepath.Join(dir, "out.json")
 	missing := filepath.Join(dir, "missing", "out.json")
 	cases := []struct {
@@ -109,6 +119,7 @@ func TestRunErrors(t *testing.T) {
 		{"format without trace", []string{"-format", "azure"}, "-format needs -trace", ""},
 		{"unknown format", []string{"-format", "csv", "-trace", good}, `-format "csv": want mooncake or azure`, ""},
 		{"malformed trace", []string{"-trace", bad}, "line 2", ""},
+		{"output too long", []string{"-trace", long}, "line 2: output_length 16777216 out of range [0, 1048576]", ""},
 		{"missing trace", []string{"-trace", filepath.Join(dir, "none.csv")}, "no such file", ""},
 		{"directory trace", []string{"-trace", dir}, "-trace " + dir + " is a directory", "malformed"},
 		{"json in missing directory", []string{"-json", missing}, "-json: open " + missing, ""},
