@@ -30,9 +30,9 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
-	"github.com/llmlb/llmlb/e2e"
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/internal/e2e"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/signals"
 )

@@ -5,5 +5,7 @@
 // The package's tests put a gateway (package httplb over an llmlb.Balancer,
 // with a signals.Scraper reading the engines' /metrics) in front of a
 // Cluster and compare policies on the same workload; examples/gateway uses it
-// for its -demo mode. Nothing listens beyond 127.0.0.1.
+// for its -demo mode and examples/agent for its engines. It is internal to
+// the module, so its API may change with its tests. Nothing listens beyond
+// 127.0.0.1.
 package e2e

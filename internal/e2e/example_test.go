@@ -6,8 +6,8 @@ import (
 	"log"
 	"net/http"
 
-	"github.com/llmlb/llmlb/e2e"
 	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/internal/e2e"
 )
 
 // Open-loop load straight at one emulated engine.

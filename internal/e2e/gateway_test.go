@@ -49,7 +49,8 @@ func newPolicy(t testing.TB, name string) llmlb.Policy {
 }
 
 // startGateway starts a gateway with policy in front of urls; setup, if not
-// nil, may adjust the transport's configuration once the balancer exists.
+// nil, may adjust the transport's configuration once the balancer exists
+// (cfg.Base, which it may wrap, is the transport to the engines).
 func startGateway(t testing.TB, policy string, urls []string, setup func(b *llmlb.Balancer, cfg *httplb.Config)) *gateway {
 	t.Helper()
 	scraper, err := signals.NewScraper(signals.Config{Interval: 100 * time.Millisecond})
@@ -65,12 +66,10 @@ func startGateway(t testing.TB, policy string, urls []string, setup func(b *llml
 	require.NoError(t, err)
 	require.NoError(t, b.Update(eps))
 	base := &http.Transport{MaxIdleConnsPerHost: 512}
-	var cfg httplb.Config
+	cfg := httplb.Config{Balancer: b, Base: base}
 	if setup != nil {
 		setup(b, &cfg)
 	}
-	cfg.Balancer = b
-	cfg.Base = base
 	if cfg.Budget == nil {
 		budget, err := retry.NewPercentBudget(retry.PercentConfig{TTL: retry.DefaultBudgetTTL, MinRetriesPerSec: 100, PercentCanRetry: retry.DefaultPercentCanRetry})
 		require.NoError(t, err)

@@ -17,7 +17,8 @@ import (
 // Workload describes open-loop traffic: Poisson arrivals of streamed
 // completions whose prompts start with one of Groups shared heads (a system
 // prompt, a document) and end with a unique tail, and whose output lengths
-// are short, or long with probability LongShare. Zero fields are defaults.
+// are short, or long with probability LongShare, optionally with a cap on
+// the requests in flight. Zero fields are defaults.
 type Workload struct {
 	// Requests is the number of requests; 0 means 200.
 	Requests int
@@ -36,6 +37,13 @@ type Workload struct {
 	LongShare float64
 	// Path is the endpoint posted to; "" means /v1/completions.
 	Path string
+	// MaxInFlight, if positive, caps the requests in flight: a request
+	// whose arrival comes while MaxInFlight are in flight starts when one of
+	// them ends. The emulated engines run in real time, so on a busy machine
+	// they serve fewer requests per second than on an idle one; the cap keeps
+	// a fixed arrival rate from then building unbounded queues, which would
+	// make every policy's latencies alike. 0 means no cap.
+	MaxInFlight int
 	// Seed makes the workload deterministic.
 	Seed uint64
 }
@@ -134,9 +142,10 @@ func (r *Result) TTFT(q float64) time.Duration {
 }
 
 // Generate sends w to baseURL open loop: each request starts at its Poisson
-// arrival time whatever happened to the earlier ones. It returns when every
-// request has ended or ctx is done (requests in flight are then cancelled).
-// Each request carries an X-Session-ID header naming its group.
+// arrival time whatever happened to the earlier ones, unless w.MaxInFlight
+// requests are in flight; it then starts when one of them ends. It returns
+// when every request has ended or ctx is done (requests in flight are then
+// cancelled). Each request carries an X-Session-ID header naming its group.
 func Generate(ctx context.Context, client *http.Client, baseURL string, w Workload) Result {
 	w.defaults()
 	rng := rand.New(rand.NewPCG(w.Seed, 0x11b))
@@ -168,6 +177,10 @@ func Generate(ctx context.Context, client *http.Client, baseURL string, w Worklo
 		}
 	}
 	res := Result{Outcomes: make([]Outcome, len(jobs))}
+	var slots chan struct{} // one element per request in flight, if capped
+	if w.MaxInFlight > 0 {
+		slots = make(chan struct{}, w.MaxInFlight)
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	timer := time.NewTimer(0)
@@ -181,12 +194,21 @@ func Generate(ctx context.Context, client *http.Client, baseURL string, w Worklo
 				timer.Stop()
 			}
 		}
+		if slots != nil && ctx.Err() == nil {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+			}
+		}
 		if ctx.Err() != nil {
 			res.Outcomes[i] = Outcome{Want: jobs[i].want, Err: ctx.Err()}
 			continue
 		}
 		wg.Go(func() {
 			res.Outcomes[i] = send(ctx, client, baseURL+w.Path, jobs[i].body, jobs[i].session, jobs[i].want)
+			if slots != nil {
+				<-slots
+			}
 		})
 	}
 	wg.Wait()
