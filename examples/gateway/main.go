@@ -1,10 +1,16 @@
 // Command gateway is an OpenAI-compatible gateway in front of inference
-// replicas (vLLM, SGLang, or the emulated engines of package engine): it
-// scrapes each replica's /metrics, routes every request with llmlb's default
-// policy, streams responses as they are generated, retries failures before
-// the first token on another replica, and ejects replicas that keep failing.
+// replicas (vLLM, SGLang, or the emulated engines of package engine), built
+// on package gateway: it scrapes each replica's /metrics, routes every
+// request with llmlb's default policy, streams responses as they are
+// generated, retries failures before the first token on another replica,
+// and ejects replicas that keep failing. It logs every upstream failure,
+// refusal, ejection and scrape failure (log/slog, as JSON with -log-json),
+// and serves on its admin address its own metrics (/metrics, OpenTelemetry
+// through the Prometheus exporter) and a JSON view of the balancer
+// (/debug/llmlb).
 //
-//	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002
+//	go run ./cmd/llmlb-engine -ports 8001,8002,8003,8004 -speedup 10 &
+//	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003,http://127.0.0.1:8004
 //	go run ./examples/gateway -demo
 //
 // With -demo it starts 4 emulated engines in-process for each policy
@@ -18,7 +24,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -28,13 +34,19 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
 	"github.com/llmlb/llmlb"
-	"github.com/llmlb/llmlb/e2e"
 	"github.com/llmlb/llmlb/engine"
-	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/gateway"
+	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
-	"github.com/llmlb/llmlb/signals"
 	"github.com/llmlb/llmlb/sim"
+	"github.com/llmlb/llmlb/telemetry"
 )
 
 type options struct {
@@ -44,6 +56,7 @@ type options struct {
 	maxInFlight   int
 	maxPerSession int
 	slots         int
+	log           *slog.Logger
 }
 
 func main() {
@@ -56,7 +69,8 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	var o options
-	listen := fs.String("listen", "127.0.0.1:8080", "address to serve on")
+	listen := fs.String("listen", "127.0.0.1:8080", "address to serve clients on")
+	admin := fs.String("admin", "127.0.0.1:9090", "address to serve /metrics and /debug/llmlb on (\"\": none)")
 	backends := fs.String("backends", "", "comma-separated base URLs of the replicas")
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding or round-robin")
 	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica")
@@ -64,13 +78,20 @@ func run(args []string) error {
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per X-Session-ID (0: no cap)")
 	fs.IntVar(&o.slots, "slots", 0, "the replicas' batch slots (max_num_seqs, llama.cpp --parallel) for the default policy (0: unknown)")
+	logJSON := fs.Bool("log-json", false, "log as JSON lines instead of text")
 	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
 	requests := fs.Int("requests", 400, "demo: requests per policy")
 	rate := fs.Float64("rate", 70, "demo: arrivals per second")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, nil)
+	if *logJSON {
+		h = slog.NewJSONHandler(os.Stderr, nil)
+	}
+	o.log = slog.New(h)
 	if *demo {
+		o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 		return runDemo(o, *requests, *rate)
 	}
 	if *backends == "" {
@@ -78,7 +99,21 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	g, err := newGateway(strings.Split(*backends, ","), o)
+
+	// OpenTelemetry metrics, exported in the Prometheus format.
+	reg := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return err
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer provider.Shutdown(context.Background())
+	metrics, err := telemetry.New(provider, telemetry.Config{Policy: o.policy})
+	if err != nil {
+		return err
+	}
+
+	g, err := newGateway(strings.Split(*backends, ","), o, metrics)
 	if err != nil {
 		return err
 	}
@@ -86,24 +121,29 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	log.Printf("gateway on http://%s, policy %s, %d backends", l.Addr(), o.policy, len(g.backends))
-	return g.serve(ctx, l)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if *admin != "" {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/debug/llmlb", g.Debug())
+		al, err := net.Listen("tcp", *admin)
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		wg.Go(func() { _ = srv.Serve(al) })
+		defer srv.Close()
+		o.log.Info("admin endpoints", "metrics", "http://"+al.Addr().String()+"/metrics", "debug", "http://"+al.Addr().String()+"/debug/llmlb")
+	}
+	o.log.Info("gateway serving", "addr", "http://"+l.Addr().String(), "policy", o.policy, "backends", *backends)
+	return serve(ctx, g, l)
 }
 
-// gateway is an httplb proxy over a Balancer fed by a scraper of the
-// replicas' /metrics, with outlier ejection and admission caps.
-type gateway struct {
-	backends []string
-	scraper  *signals.Scraper
-	ejector  *retry.Ejector
-	tr       *httplb.Transport
-	proxy    http.Handler
-}
-
-func policyByName(name string, slots int) (llmlb.Policy, error) {
+func policyByName(name string, slots int, ix *prefix.Index) (llmlb.Policy, error) {
 	switch name {
 	case "default":
-		return llmlb.Default(llmlb.DefaultConfig{Slots: slots})
+		return llmlb.Default(llmlb.DefaultConfig{Slots: slots, Index: ix})
 	case "least-outstanding":
 		return llmlb.LeastOutstanding(), nil
 	case "round-robin":
@@ -112,75 +152,50 @@ func policyByName(name string, slots int) (llmlb.Policy, error) {
 	return nil, fmt.Errorf("unknown policy %q", name)
 }
 
-func newGateway(backends []string, o options) (*gateway, error) {
-	policy, err := policyByName(o.policy, o.slots)
+// newGateway builds the gateway; metrics may be nil.
+func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gateway.Gateway, error) {
+	ix, err := prefix.NewIndex(prefix.IndexConfig{})
 	if err != nil {
 		return nil, err
 	}
-	eps, err := httplb.NewEndpoints(backends...)
+	policy, err := policyByName(o.policy, o.slots, ix)
 	if err != nil {
 		return nil, err
 	}
-	scraper, err := signals.NewScraper(signals.Config{Interval: o.scrape})
+	cfg := gateway.Config{
+		Policy:         policy,
+		Index:          ix,
+		ScrapeInterval: o.scrape,
+		MaxAttempts:    o.attempts,
+		Admission:      retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession},
+		Logger:         o.log,
+	}
+	if metrics != nil {
+		cfg.Observer, cfg.RetryObserver = metrics.Observer(), metrics.RetryObserver()
+	}
+	g, err := gateway.New(backends, cfg)
 	if err != nil {
 		return nil, err
 	}
-	targets := make(map[string]string, len(eps))
-	keys := make([]string, len(eps))
-	for i, ep := range eps {
-		keys[i] = ep.Key()
-		targets[ep.Key()] = ep.Key() + "/metrics"
-	}
-	if err := scraper.SetTargets(targets); err != nil {
-		return nil, err
-	}
-	// An observation is trusted for three scrape intervals; after that the
-	// balancer falls back to its own counts.
-	b, err := llmlb.New(policy, llmlb.WithSignal(scraper, 3*o.scrape))
-	if err != nil {
-		return nil, err
-	}
-	if err := b.Update(eps); err != nil {
-		return nil, err
-	}
-	ejector, err := retry.NewEjector(b, retry.EjectorConfig{})
-	if err != nil {
-		return nil, err
-	}
-	var adm *retry.Admission
-	if o.maxInFlight > 0 || o.maxPerSession > 0 {
-		adm, err = retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession})
-		if err != nil {
+	if metrics != nil {
+		if _, err := metrics.Watch(g.Balancer()); err != nil {
 			return nil, err
 		}
 	}
-	tr, err := httplb.NewTransport(httplb.Config{
-		Balancer:    b,
-		Base:        &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute},
-		MaxAttempts: o.attempts,
-		Admission:   adm,
-		Reporter:    ejector,
-		Store:       scraper.Store(), // ORCA headers, when the replicas send them
-	})
-	if err != nil {
-		return nil, err
-	}
-	return &gateway{backends: keys, scraper: scraper, ejector: ejector, tr: tr, proxy: httplb.NewProxy(tr)}, nil
+	return g, nil
 }
 
 // serve serves the gateway on l, scraping and sweeping ejections meanwhile,
 // until ctx is done; then it shuts down gracefully.
-func (g *gateway) serve(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: g.proxy, ReadHeaderTimeout: 10 * time.Second}
+func serve(ctx context.Context, g *gateway.Gateway, l net.Listener) error {
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	bg, cancel := context.WithCancel(ctx)
 	defer func() {
 		cancel()
 		wg.Wait()
-		g.tr.CloseIdleConnections()
 	}()
-	wg.Go(func() { _ = g.scraper.Run(bg) })
-	wg.Go(func() { _ = g.ejector.Run(bg, time.Second) })
+	wg.Go(func() { _ = g.Run(bg) })
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	select {
@@ -230,7 +245,7 @@ func demoRun(o options, engines engine.Config, w e2e.Workload) (e2e.Result, e2e.
 		return e2e.Result{}, e2e.HitRate{}, err
 	}
 	defer c.Close()
-	g, err := newGateway(c.URLs, o)
+	g, err := newGateway(c.URLs, o, nil)
 	if err != nil {
 		return e2e.Result{}, e2e.HitRate{}, err
 	}
@@ -240,7 +255,7 @@ func demoRun(o options, engines engine.Config, w e2e.Workload) (e2e.Result, e2e.
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- g.serve(ctx, l) }()
+	go func() { served <- serve(ctx, g, l) }()
 	defer func() {
 		cancel()
 		<-served

@@ -1,0 +1,124 @@
+package gateway
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// DebugState is the JSON document [Gateway.Debug] serves.
+type DebugState struct {
+	// Time is when the state was read.
+	Time time.Time `json:"time"`
+	// Endpoints are the replicas, in the order given to New or Update.
+	Endpoints []DebugEndpoint `json:"endpoints"`
+	// Ejected lists the endpoints ejected as outliers.
+	Ejected []string `json:"ejected"`
+	// InFlight and Sessions are the admission controller's requests in
+	// flight and sessions tracked; absent without admission caps.
+	InFlight *int `json:"admission_in_flight,omitempty"`
+	Sessions *int `json:"admission_sessions,omitempty"`
+}
+
+// DebugEndpoint is one replica in a [DebugState].
+type DebugEndpoint struct {
+	Key string `json:"key"`
+	// Healthy is false while the endpoint is ejected or marked unhealthy.
+	Healthy bool `json:"healthy"`
+	// Outstanding, Queued, PrefillTokens and DecodeTokens are the
+	// balancer's own accounting (llmlb.EndpointStats).
+	Outstanding   int64 `json:"outstanding"`
+	Queued        int64 `json:"queued"`
+	PrefillTokens int64 `json:"prefill_tokens"`
+	DecodeTokens  int64 `json:"decode_tokens"`
+	// Signal is the last engine observation; absent if none.
+	Signal *DebugSignal `json:"signal,omitempty"`
+	// Scrape is the endpoint's scrape status; absent without scraping.
+	Scrape *DebugScrape `json:"scrape,omitempty"`
+	// IndexBlocks is the number of prompt blocks the prefix index believes
+	// the endpoint caches; absent without a known index.
+	IndexBlocks *int `json:"index_blocks,omitempty"`
+}
+
+// DebugSignal is an engine observation in a [DebugEndpoint].
+type DebugSignal struct {
+	AgeSeconds float64  `json:"age_seconds"`
+	Running    int      `json:"running"`
+	Waiting    int      `json:"waiting"`
+	KVUsage    *float64 `json:"kv_usage,omitempty"` // absent when the engine does not report it
+	KVBlocks   int      `json:"kv_blocks,omitempty"`
+	Engine     string   `json:"engine,omitempty"`
+}
+
+// DebugScrape is a scrape status in a [DebugEndpoint].
+type DebugScrape struct {
+	Scrapes             uint64 `json:"scrapes"`
+	Failures            uint64 `json:"failures"`
+	ConsecutiveFailures int    `json:"consecutive_failures"`
+	LastError           string `json:"last_error,omitempty"`
+}
+
+// State returns the gateway's current state, as [Gateway.Debug] serves it.
+func (g *Gateway) State() DebugState {
+	now := time.Now()
+	g.mu.Lock()
+	keys := slices.Clone(g.backends)
+	g.mu.Unlock()
+	stats := g.balancer.Stats()
+	byKey := make(map[string]int, len(stats))
+	for i, s := range stats {
+		byKey[s.Key] = i
+	}
+	st := DebugState{Time: now, Endpoints: make([]DebugEndpoint, 0, len(keys)), Ejected: g.ejector.Ejected()}
+	if st.Ejected == nil {
+		st.Ejected = []string{}
+	}
+	for _, k := range keys {
+		e := DebugEndpoint{Key: k}
+		if i, ok := byKey[k]; ok {
+			s := stats[i]
+			e.Healthy, e.Outstanding, e.Queued, e.PrefillTokens, e.DecodeTokens = s.Healthy, s.Outstanding, s.Queued, s.PrefillTokens, s.DecodeTokens
+		}
+		if g.scraper != nil {
+			if o, ok := g.scraper.Observation(k); ok && !o.At.IsZero() {
+				sig := &DebugSignal{AgeSeconds: now.Sub(o.At).Seconds(), Running: o.Running, Waiting: o.Waiting,
+					KVBlocks: o.KVBlocks, Engine: o.Engine.String()}
+				if !math.IsNaN(o.KVUsage) {
+					u := o.KVUsage
+					sig.KVUsage = &u
+				}
+				e.Signal = sig
+			}
+			if s, ok := g.scraper.Status(k); ok {
+				e.Scrape = &DebugScrape{Scrapes: s.Scrapes, Failures: s.Failures, ConsecutiveFailures: s.ConsecutiveFailures}
+				if s.LastError != nil {
+					e.Scrape.LastError = s.LastError.Error()
+				}
+			}
+		}
+		if g.index != nil {
+			n := g.index.Len(k)
+			e.IndexBlocks = &n
+		}
+		st.Endpoints = append(st.Endpoints, e)
+	}
+	if g.admission != nil {
+		in, ss := g.admission.InFlight(), g.admission.Sessions()
+		st.InFlight, st.Sessions = &in, &ss
+	}
+	return st
+}
+
+// Debug returns a handler that serves [Gateway.State] as indented JSON. It
+// shows replica addresses and errors: serve it to operators only, never on
+// the client-facing listener.
+func (g *Gateway) Debug() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(g.State())
+	})
+}

@@ -1,0 +1,293 @@
+// Package gateway is a ready OpenAI-compatible routing gateway: an
+// [http.Handler] that sends each request to one of a list of replicas with
+// an llmlb policy, built from the library's parts in one call.
+//
+//	g, err := gateway.New([]string{"http://10.0.0.7:8000", "http://10.0.0.8:8000"}, gateway.Config{})
+//	go g.Run(ctx)
+//	http.ListenAndServe(":8080", g)
+//
+// A [Gateway] routes with llmlb's Default policy unless told otherwise,
+// scrapes each replica's /metrics ([signals.Scraper]) as the balancer's
+// signal, streams responses through an [httplb.Transport] that retries
+// failures before the first token on another replica, ejects replicas that
+// keep failing ([retry.Ejector]) and, if configured, caps admission. Every
+// upstream failure, refusal, ejection and scrape failure is logged with
+// log/slog (clients get a generic error with a request id; the detail goes
+// to the log). [Gateway.Debug] serves a JSON view of the endpoints, their
+// loads, signal ages, scrape status and prefix index sizes.
+//
+// For anything this does not cover, build the same from the parts:
+// [httplb.NewTransport], [httplb.NewProxy], [signals.NewScraper] and
+// [retry.NewEjector]. A Gateway is safe for concurrent use; New starts no
+// goroutine, [Gateway.Run] runs the background work until its context ends.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"sync"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/prefix"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/signals"
+)
+
+// ErrInvalidConfig wraps every configuration error of [New] and
+// [Gateway.Update].
+var ErrInvalidConfig = errors.New("gateway: invalid config")
+
+// Config configures a [Gateway]. The zero value is valid: every zero field
+// is a documented default.
+type Config struct {
+	// Policy routes the requests. nil means llmlb.Default over Index with
+	// its defaults.
+	Policy llmlb.Policy
+	// Index is the prefix index Policy records into, reported by Debug.
+	// With a nil Policy, nil means a new index with package prefix's
+	// defaults; with a Policy, nil leaves index sizes out of Debug.
+	Index *prefix.Index
+	// ScrapeInterval is the time between two scrapes of a replica's
+	// /metrics; an observation is trusted for three intervals. 0 means
+	// [signals.DefaultInterval]; a negative value turns scraping off, and
+	// the balancer then counts only its own dispatches.
+	ScrapeInterval time.Duration
+	// MaxAttempts bounds the attempts per request before its first token,
+	// the first included. 0 means [retry.DefaultMaxAttempts].
+	MaxAttempts int
+	// FirstEventTimeout, if positive, fails an attempt that has sent no
+	// event after it, so it is retried elsewhere; see
+	// [httplb.Config.FirstEventTimeout]. 0 turns it off.
+	FirstEventTimeout time.Duration
+	// Admission caps requests in flight, globally and per session; the zero
+	// value caps nothing. Refused requests get 429 with Retry-After.
+	Admission retry.AdmissionConfig
+	// Parser configures how request bodies are read: the tenant (from your
+	// authentication), the session header, the token counter.
+	Parser httplb.ParserConfig
+	// Logger receives the operator's log. nil means [slog.Default].
+	Logger *slog.Logger
+	// Observer and RetryObserver, if set, are told of every pick, first
+	// token and completion, and of every retry, hedge, ejection and
+	// refusal (package telemetry provides both).
+	Observer      *llmlb.Observer
+	RetryObserver *retry.Observer
+	// Base sends the upstream requests. nil means an [http.Transport] with
+	// up to 256 idle connections per replica.
+	Base http.RoundTripper
+}
+
+// Gateway routes OpenAI-compatible requests across replicas. Create one
+// with [New].
+type Gateway struct {
+	log       *slog.Logger
+	balancer  *llmlb.Balancer
+	index     *prefix.Index
+	scraper   *signals.Scraper // nil without scraping
+	ejector   *retry.Ejector
+	admission *retry.Admission // nil without caps
+	transport *httplb.Transport
+	proxy     *httputil.ReverseProxy
+
+	mu       sync.Mutex // protects backends
+	backends []string   // endpoint keys, in the order given
+}
+
+// New returns a gateway in front of the replicas at the base URLs backends
+// (for example "http://10.0.0.7:8000"), or an error wrapping
+// [ErrInvalidConfig].
+func New(backends []string, cfg Config) (*Gateway, error) {
+	g := &Gateway{log: cfg.Logger, index: cfg.Index}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	policy := cfg.Policy
+	if policy == nil {
+		if g.index == nil {
+			ix, err := prefix.NewIndex(prefix.IndexConfig{})
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			}
+			g.index = ix
+		}
+		p, err := llmlb.Default(llmlb.DefaultConfig{Index: g.index})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		policy = p
+	}
+	var opts []llmlb.Option
+	if cfg.Observer != nil {
+		opts = append(opts, llmlb.WithObserver(cfg.Observer))
+	}
+	var store *signals.Store
+	if cfg.ScrapeInterval >= 0 {
+		interval := cfg.ScrapeInterval
+		if interval == 0 {
+			interval = signals.DefaultInterval
+		}
+		s, err := signals.NewScraper(signals.Config{Interval: interval, OnResult: g.scraped})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		g.scraper, store = s, s.Store()
+		opts = append(opts, llmlb.WithSignal(s, 3*interval))
+	}
+	b, err := llmlb.New(policy, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	g.balancer = b
+	obs := g.retryObserver(cfg.RetryObserver)
+	if g.ejector, err = retry.NewEjector(b, retry.EjectorConfig{Observer: obs}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if cfg.Admission != (retry.AdmissionConfig{}) {
+		ac := cfg.Admission
+		ac.Observer = obs
+		if g.admission, err = retry.NewAdmission(ac); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	parser, err := httplb.NewParser(cfg.Parser)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	base := cfg.Base
+	if base == nil {
+		base = &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}
+	}
+	g.transport, err = httplb.NewTransport(httplb.Config{
+		Balancer:          b,
+		Base:              base,
+		Parser:            parser,
+		MaxAttempts:       cfg.MaxAttempts,
+		FirstEventTimeout: cfg.FirstEventTimeout,
+		Admission:         g.admission,
+		Reporter:          g.ejector,
+		Observer:          obs,
+		Store:             store, // ORCA headers, when the replicas send them
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	g.proxy = httplb.NewProxy(g.transport)
+	g.proxy.ErrorHandler = httplb.NewErrorHandler(g.log)
+	if err := g.Update(backends); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Update replaces the replicas with those at the base URLs backends.
+// Requests in flight to a replica that leaves finish normally.
+func (g *Gateway) Update(backends []string) error {
+	eps, err := httplb.NewEndpoints(backends...)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	keys := make([]string, len(eps))
+	targets := make(map[string]string, len(eps))
+	for i, ep := range eps {
+		keys[i] = ep.Key()
+		targets[ep.Key()] = ep.Key() + "/metrics"
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.scraper != nil {
+		if err := g.scraper.SetTargets(targets); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	if err := g.balancer.Update(eps); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	g.backends = keys
+	return nil
+}
+
+// ServeHTTP routes one request.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.proxy.ServeHTTP(w, r) }
+
+// Balancer returns the gateway's balancer, for its Stats or to mark
+// replicas unhealthy.
+func (g *Gateway) Balancer() *llmlb.Balancer { return g.balancer }
+
+// Run scrapes the replicas and ends ejections that are over until ctx ends,
+// then closes idle connections and returns ctx's error.
+func (g *Gateway) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	if g.scraper != nil {
+		wg.Go(func() { _ = g.scraper.Run(ctx) })
+	}
+	wg.Go(func() { _ = g.ejector.Run(ctx, time.Second) })
+	wg.Wait()
+	g.transport.CloseIdleConnections()
+	return ctx.Err()
+}
+
+// scraped logs a replica's scrape failures (the first, then each power of
+// ten in a row) and its recovery.
+func (g *Gateway) scraped(prev, cur signals.Status) {
+	switch n := cur.ConsecutiveFailures; {
+	case n > 0 && isPowerOfTen(n):
+		g.log.Warn("gateway: scrape failed", "endpoint", cur.Key, "url", cur.URL,
+			"consecutive_failures", n, "error", cur.LastError)
+	case n == 0 && prev.ConsecutiveFailures > 0:
+		g.log.Info("gateway: scrape recovered", "endpoint", cur.Key, "failures", prev.ConsecutiveFailures)
+	}
+}
+
+func isPowerOfTen(n int) bool {
+	for n%10 == 0 {
+		n /= 10
+	}
+	return n == 1
+}
+
+// retryObserver returns an observer that logs retries, ejections and
+// refusals and passes every event on to user.
+func (g *Gateway) retryObserver(user *retry.Observer) *retry.Observer {
+	var u retry.Observer
+	if user != nil {
+		u = *user
+	}
+	return &retry.Observer{
+		Retry: func(attempt int, cause error) {
+			g.log.Warn("gateway: attempt failed before its first token, retrying", "attempt", attempt, "error", cause)
+			if u.Retry != nil {
+				u.Retry(attempt, cause)
+			}
+		},
+		Hedge: func(attempt int) {
+			g.log.Debug("gateway: hedging", "attempt", attempt)
+			if u.Hedge != nil {
+				u.Hedge(attempt)
+			}
+		},
+		Denied: func() {
+			g.log.Warn("gateway: retry budget exhausted, not retrying")
+			if u.Denied != nil {
+				u.Denied()
+			}
+		},
+		Eject: func(key string, d time.Duration) {
+			g.log.Warn("gateway: endpoint ejected", "endpoint", key, "for", d)
+			if u.Eject != nil {
+				u.Eject(key, d)
+			}
+		},
+		Reject: func(err *retry.OverloadError) {
+			g.log.Info("gateway: request refused by admission", "scope", err.Scope, "retry_after", err.RetryAfter)
+			if u.Reject != nil {
+				u.Reject(err)
+			}
+		},
+	}
+}

@@ -1,0 +1,296 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/retry"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// logBuffer is a concurrency-safe buffer of JSON log lines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// records returns the log records whose message is msg.
+func (b *logBuffer) records(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec["msg"] == msg {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+func newLogger() (*slog.Logger, *logBuffer) {
+	var b logBuffer
+	return slog.New(slog.NewJSONHandler(&b, &slog.HandlerOptions{Level: slog.LevelDebug})), &b
+}
+
+// deadURL returns a base URL nothing listens on.
+func deadURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
+}
+
+// post sends a streamed completion through h and returns the status and
+// body.
+func post(t *testing.T, h http.Handler, prompt string, header ...string) (int, string, http.Header) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"model": engine.DefaultModel, "prompt": prompt, "max_tokens": 4, "stream": true})
+	req := httptest.NewRequest(http.MethodPost, "/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	res := w.Result()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b), res.Header
+}
+
+func TestGatewayRoutesAndReports(t *testing.T) {
+	c, err := e2e.StartCluster(2, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	log, logs := newLogger()
+	dead := deadURL(t)
+	g, err := New(append([]string{dead}, c.URLs...), Config{Logger: log, ScrapeInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- g.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-ran; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	prompt := strings.Repeat("a shared system prompt for the gateway test. ", 40)
+	for i := range 12 {
+		code, body, _ := post(t, g, prompt+string(rune('a'+i)))
+		if code != http.StatusOK || !strings.Contains(body, "data: [DONE]") {
+			t.Fatalf("request %d: %d %q", i, code, body)
+		}
+	}
+
+	// The dead replica's scrapes failed and were logged.
+	waitFor(t, func() bool { return len(logs.records(t, "gateway: scrape failed")) > 0 })
+	if rec := logs.records(t, "gateway: scrape failed")[0]; rec["endpoint"] != dead {
+		t.Errorf("scrape failure logged for %v, want %s", rec["endpoint"], dead)
+	}
+
+	// The debug view: every replica, the ejection, signals and the index.
+	waitFor(t, func() bool {
+		st := g.State()
+		return st.Endpoints[1].Signal != nil && st.Endpoints[2].Signal != nil
+	})
+	rec := httptest.NewRecorder()
+	g.Debug().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/llmlb", nil))
+	var st DebugState
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatalf("debug JSON: %v\n%s", err, rec.Body)
+	}
+	if len(st.Endpoints) != 3 || st.Endpoints[0].Key != dead || st.Ejected == nil {
+		t.Fatalf("debug endpoints = %+v, ejected %v", st.Endpoints, st.Ejected)
+	}
+	if s := st.Endpoints[0].Scrape; s == nil || s.Failures == 0 || s.LastError == "" {
+		t.Errorf("dead replica's scrape status = %+v", s)
+	}
+	blocks := 0
+	for _, e := range st.Endpoints[1:] {
+		if e.Signal == nil || e.Signal.Engine != "vllm" || e.Outstanding != 0 {
+			t.Errorf("live replica %s: %+v signal %+v", e.Key, e, e.Signal)
+		}
+		if e.IndexBlocks != nil {
+			blocks += *e.IndexBlocks
+		}
+	}
+	if blocks == 0 {
+		t.Error("the prefix index is empty after 12 requests with a shared prompt")
+	}
+	g.transport.CloseIdleConnections()
+}
+
+func TestGatewayRetriesAndEjects(t *testing.T) {
+	c, err := e2e.StartCluster(1, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	log, logs := newLogger()
+	dead := deadURL(t)
+	g, err := New([]string{dead, c.URLs[0]}, Config{Logger: log, ScrapeInterval: -1, Policy: llmlb.RoundRobin()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 12 {
+		if code, body, _ := post(t, g, "hello"); code != http.StatusOK {
+			t.Fatalf("request %d: %d %q", i, code, body)
+		}
+	}
+	// The dead replica's failures were retried, logged with their detail,
+	// and it was ejected.
+	retried := logs.records(t, "gateway: attempt failed before its first token, retrying")
+	if len(retried) == 0 {
+		t.Fatal("no retry was logged")
+	}
+	if msg, _ := retried[0]["error"].(string); !strings.Contains(msg, strings.TrimPrefix(dead, "http://")) {
+		t.Errorf("the retry log does not name the dead replica: %v", retried[0])
+	}
+	ejected := logs.records(t, "gateway: endpoint ejected")
+	if len(ejected) != 1 || ejected[0]["endpoint"] != dead {
+		t.Errorf("ejection logs = %v, want one for %s", ejected, dead)
+	}
+	if st := g.State(); st.Endpoints[0].Healthy || len(st.Ejected) != 1 || st.Ejected[0] != dead {
+		t.Errorf("debug state after the ejection: %+v, ejected %v", st.Endpoints[0], st.Ejected)
+	}
+	g.transport.CloseIdleConnections()
+}
+
+func TestGatewayHidesUpstreamErrors(t *testing.T) {
+	log, logs := newLogger()
+	dead := deadURL(t)
+	g, err := New([]string{dead}, Config{Logger: log, ScrapeInterval: -1, MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body, h := post(t, g, "hello", "X-Request-Id", "req-42")
+	if code != http.StatusBadGateway {
+		t.Fatalf("status %d, want 502", code)
+	}
+	addr := strings.TrimPrefix(dead, "http://")
+	if strings.Contains(body, addr) || strings.Contains(body, "refused") || !strings.Contains(body, "req-42") {
+		t.Errorf("client body %q leaks detail or lacks the request id", body)
+	}
+	if h.Get("X-Request-Id") != "req-42" {
+		t.Errorf("X-Request-Id = %q", h.Get("X-Request-Id"))
+	}
+	found := false
+	for _, rec := range logs.records(t, "httplb: proxy error") {
+		if msg, _ := rec["error"].(string); rec["request_id"] == "req-42" && strings.Contains(msg, addr) {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("the operator log lacks the upstream detail under the request id")
+	}
+}
+
+func TestGatewayAdmissionLogged(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer slow.Close()
+	log, logs := newLogger()
+	g, err := New([]string{slow.URL}, Config{Logger: log, ScrapeInterval: -1, Admission: retry.AdmissionConfig{MaxInFlight: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan int)
+	go func() {
+		code, _, _ := post(t, g, "first")
+		done <- code
+	}()
+	<-started
+	code, _, h := post(t, g, "second")
+	close(release)
+	if code != http.StatusTooManyRequests || h.Get("Retry-After") == "" {
+		t.Errorf("second request: %d, Retry-After %q; want 429 with Retry-After", code, h.Get("Retry-After"))
+	}
+	if first := <-done; first != http.StatusOK {
+		t.Errorf("first request: %d", first)
+	}
+	if recs := logs.records(t, "gateway: request refused by admission"); len(recs) != 1 || recs[0]["scope"] != "global" {
+		t.Errorf("admission logs = %v", recs)
+	}
+	if st := g.State(); st.InFlight == nil || *st.InFlight != 0 {
+		t.Errorf("admission in flight after both requests = %v", st.InFlight)
+	}
+	g.transport.CloseIdleConnections()
+}
+
+func TestNewErrors(t *testing.T) {
+	for _, backends := range [][]string{{"not a url"}, {"ftp://x"}, {""}} {
+		if _, err := New(backends, Config{}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%q): %v, want ErrInvalidConfig", backends, err)
+		}
+	}
+	if _, err := New(nil, Config{Admission: retry.AdmissionConfig{MaxInFlight: -1}}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("negative admission cap: %v", err)
+	}
+}
+
+func TestIsPowerOfTen(t *testing.T) {
+	for n, want := range map[int]bool{1: true, 10: true, 1000: true, 2: false, 20: false, 11: false, 110: false} {
+		if got := isPowerOfTen(n); got != want {
+			t.Errorf("isPowerOfTen(%d) = %v", n, got)
+		}
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 30 s: a bound
+// for a stuck test, not a timing assertion.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 30 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
