@@ -175,7 +175,7 @@ func TestBadInput(t *testing.T) {
 		pk.Done(nil)
 	})
 	t.Run("nil context", func(t *testing.T) {
-		pk, err := b.Pick(nil, nil) //nolint:staticcheck // nil ctx is tolerated
+		pk, err := b.Pick(nil, nil) //lint:ignore SA1012 a nil context is tolerated, and this checks it
 		if err != nil {
 			t.Fatal(err)
 		}

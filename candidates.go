@@ -381,10 +381,7 @@ func (c *Candidates) Narrow(keep func(i int) bool) bool {
 	// Rewrite idx in place: kept is increasing, so member(kept[j]) is read
 	// before position j is overwritten.
 	if c.all {
-		c.idx = slices.Grow(c.idx[:0], len(kept))
-		for _, i := range kept {
-			c.idx = append(c.idx, i)
-		}
+		c.idx = append(slices.Grow(c.idx[:0], len(kept)), kept...)
 		c.all = false
 	} else {
 		for j, i := range kept {

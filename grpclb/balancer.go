@@ -64,7 +64,7 @@ func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions
 	b := &lbBalancer{
 		ClientConn: cc,
 		builder:    bb,
-		target:     cc.Target(),
+		target:     opts.Target.String(),
 		rec:        &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock},
 		subConns:   make(map[*subConnState]struct{}),
 	}
@@ -202,6 +202,7 @@ func (b *lbBalancer) NewSubConn(addrs []resolver.Address, opts balancer.NewSubCo
 			listener(st)
 		}
 	}
+	//lint:ignore SA1019 the pick-first children create their SubConns through this wrapper, which must forward them
 	sc, err := b.ClientConn.NewSubConn(addrs, opts)
 	if err != nil {
 		return nil, err

@@ -447,7 +447,8 @@ func TestBudgetExplicitConfig(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		cb.Start()
 	}
-	if !cb.Withdraw() || !cb.Withdraw() || cb.Withdraw() {
+	first, second, third := cb.Withdraw(), cb.Withdraw(), cb.Withdraw()
+	if !first || !second || third {
 		t.Fatal("MinRetryConcurrency 2 with percent 0 did not grant exactly 2")
 	}
 }

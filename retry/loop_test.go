@@ -28,7 +28,8 @@ func TestLoopFirstAttemptSucceeds(t *testing.T) {
 		if a.Number() != 1 || a.Hedge() || a.Endpoint() == nil {
 			t.Errorf("attempt %d hedge %v endpoint %v", a.Number(), a.Hedge(), a.Endpoint())
 		}
-		if !a.FirstToken() || !a.FirstToken() {
+		first, again := a.FirstToken(), a.FirstToken()
+		if !first || !again {
 			t.Error("FirstToken of the only attempt returned false")
 		}
 		return nil

@@ -22,7 +22,7 @@ func orcaBin(cpu float64, name string, v float64) string {
 	var b []byte
 	b = append(b, 1<<3|1) // field 1, fixed64
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(cpu))
-	b = append(b, 3<<3|0, 7) // field 3, varint 7
+	b = append(b, 3<<3, 7) // field 3, varint (wire type 0) 7
 	var entry []byte
 	entry = append(entry, 1<<3|2, byte(len(name)))
 	entry = append(entry, name...)
@@ -92,7 +92,7 @@ func TestParseOrcaErrors(t *testing.T) {
 		{"json string", `JSON "x"`, "JSON"},
 		{"bin garbage base64", "BIN !!!", "BIN"},
 		{"bin truncated", "BIN " + base64.StdEncoding.EncodeToString([]byte{1<<3 | 1, 0, 0}), "BIN"},
-		{"bin wrong wire type", "BIN " + base64.StdEncoding.EncodeToString([]byte{1<<3 | 0, 1}), "wire type"},
+		{"bin wrong wire type", "BIN " + base64.StdEncoding.EncodeToString([]byte{1 << 3, 1}), "wire type"},
 		{"bin NaN", orcaBin(math.NaN(), "a", 1), "NaN"},
 		{"too long", "TEXT " + strings.Repeat("named_metrics.a=1,", 2000), "bytes"},
 		{"too many metrics", "TEXT " + manyMetrics(300), "map entries"},
