@@ -47,52 +47,113 @@ func TestDynamoWorkedExample(t *testing.T) {
 					t.Errorf("worker %d: cost %v, want %v", i+1, got, tc.want[i])
 				}
 			}
-			// The same numbers through the policy: 3 workers, 16-token
-			// blocks, a 160-token prompt (10 blocks) cached 2/5/8 blocks
-			// deep, and active decode footprints so that decode blocks
-			// come out 10/5/9.
-			ix, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
-			prompt := blocks(1, 10)
-			for i, n := range overlap {
-				if err := ix.Stored("ep"+string(rune('0'+i)), 16, prompt[:n]...); err != nil {
-					t.Fatal(err)
+			best := 0
+			for i, c := range tc.want {
+				if c < tc.want[best] {
+					best = i
 				}
 			}
-			cfg.Index = ix
-			pol, err := KVCost(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := mustNew(t, pol)
-			mustUpdate(t, b, eps(3))
-			// Active footprint = decode - (request blocks - overlap)
-			// blocks: 10-8=2, 5-5=0, 9-2=7 blocks of 16 tokens, held as
-			// outstanding decode past prefill.
-			var held []Pick
-			for i, blk := range []int{2, 0, 7} {
-				if blk > 0 {
-					held = append(held, holdOn(t, b, "ep"+string(rune('0'+i)), 1, Request{OutputTokens: blk * 16})...)
-				}
-			}
-			for _, h := range held {
-				h.FirstToken()
-			}
-			pk, err := b.Pick(context.Background(), &Request{PromptTokens: 160, OutputTokens: 1, Prefix: prompt})
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := "ep" + string(rune('0'+tc.winner))
-			if got := pk.Endpoint().Key(); got != want {
-				t.Fatalf("picked %s, want %s (worker %d, cost %v)", got, want, tc.winner+1, tc.want[tc.winner])
-			}
-			if got, want := statsByKey(b)[want].PrefillTokens, int64(160-overlap[tc.winner]*16); got != want {
-				t.Fatalf("prefill charged %d, want %d (matched blocks not charged)", got, want)
-			}
-			pk.Done(nil)
-			for _, h := range held {
-				h.Done(nil)
+			if best != tc.winner {
+				t.Errorf("cheapest worker %d, want %d", best+1, tc.winner+1)
 			}
 		})
+	}
+}
+
+// TestKVCostUniqueActiveBlocks checks Dynamo's decode term on a worked
+// example through the policy: a worker's active prompt blocks count once
+// however many requests share them, plus the request's blocks not active
+// there, and output is not counted. The request has 10 blocks (160 tokens)
+// cached 2, 5 and 8 deep on three workers; ep0 has nothing active, ep1 two
+// requests sharing the request's first 5 blocks (5 unique active blocks,
+// not 10), ep2 one request of 6 unrelated blocks and a long output:
+//
+//	ep0: prefill 10-2 = 8, decode 0+10 = 10, cost 18
+//	ep1: prefill 10-5 = 5, decode 5+5  = 10, cost 15
+//	ep2: prefill 10-8 = 2, decode 6+10 = 16, cost 18
+//
+// Counting ep1's shared blocks twice would make its cost 20 and lose it the
+// pick; counting ep2's output tokens would raise its cost further.
+func TestKVCostUniqueActiveBlocks(t *testing.T) {
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
+	prompt := blocks(1, 10)
+	for i, n := range []int{2, 5, 8} {
+		if err := ix.Stored("ep"+string(rune('0'+i)), 16, prompt[:n]...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	active, err := NewActiveBlocks(16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DynamoKVCostConfig()
+	cfg.Index, cfg.Active = ix, active
+	pol, err := KVCost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(3))
+	shared := Request{PromptTokens: 80, Prefix: prompt[:5]}
+	other := Request{PromptTokens: 96, OutputTokens: 4096, Prefix: blocks(2, 6)}
+	var held []Pick
+	for _, h := range []struct {
+		key string
+		r   Request
+	}{{"ep1", shared}, {"ep1", shared}, {"ep2", other}} {
+		held = append(held, holdOn(t, b, h.key, 1, h.r)...)
+		active.Add(h.key, &h.r)
+	}
+	for _, h := range held {
+		h.FirstToken()
+	}
+	req := Request{PromptTokens: 160, OutputTokens: 1, Prefix: prompt}
+	for key, want := range map[string][2]int{"ep0": {0, 10}, "ep1": {5, 5}, "ep2": {6, 10}} {
+		if a, n := active.Potential(key, &req); a != want[0] || n != want[1] {
+			t.Errorf("%s: active %d, added %d; want %d and %d", key, a, n, want[0], want[1])
+		}
+	}
+	for range 20 {
+		pk, err := b.Pick(context.Background(), &req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pk.Endpoint().Key(); got != "ep1" {
+			t.Fatalf("picked %s, want ep1 (cost 15 against 18 and 18)", got)
+		}
+		if got := active.Blocks("ep1"); got != 10 {
+			t.Fatalf("ep1 has %d active blocks after the pick, want 10", got)
+		}
+		pk.Done(nil)
+		active.Release("ep1", &req)
+	}
+	for _, h := range held {
+		h.Done(nil)
+	}
+	active.Release("ep1", &shared)
+	if got := active.Blocks("ep1"); got != 5 {
+		t.Fatalf("ep1 has %d active blocks with one sharer left, want 5", got)
+	}
+	active.Release("ep1", &shared)
+	active.Release("ep1", &shared) // released once too often: a no-op
+	active.Release("ep2", &other)
+	for _, key := range []string{"ep0", "ep1", "ep2"} {
+		if got := active.Blocks(key); got != 0 {
+			t.Fatalf("%s has %d active blocks after every release, want 0", key, got)
+		}
+	}
+}
+
+func TestKVCostActiveBlockSizeMismatch(t *testing.T) {
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
+	active, _ := NewActiveBlocks(32)
+	cfg := DynamoKVCostConfig()
+	cfg.Index, cfg.Active = ix, active
+	if _, err := KVCost(cfg); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("KVCost with 32-token active blocks on a 16-token index: %v, want ErrInvalidPolicy", err)
+	}
+	if _, err := NewActiveBlocks(0); !errors.Is(err, ErrInvalidPolicy) {
+		t.Fatalf("NewActiveBlocks(0): %v, want ErrInvalidPolicy", err)
 	}
 }
 

@@ -15,6 +15,17 @@ type KVCostConfig struct {
 	// in its blocks. Nil means a new index with the defaults of package
 	// prefix.
 	Index *prefix.Index
+	// Active holds the distinct prompt blocks of the requests in flight at
+	// each endpoint, for the decode term, as Dynamo's router tracks its
+	// active sequences (router_track_active_blocks and
+	// router_assume_kv_reuse, both on by default). The policy adds each
+	// request at the endpoint it chooses; the caller must call
+	// [ActiveBlocks.Release] with the endpoint's key and the request when
+	// it ends, next to [Pick.Done]. Its block size must be the index's.
+	// Nil means no such tracking: the decode term then counts the prompt
+	// blocks of this balancer's outstanding requests, each request's in
+	// full.
+	Active *ActiveBlocks
 	// OverlapScoreWeight is Dynamo's overlap_score_weight (its router's
 	// --kv-overlap-score-weight, described in Dynamo's KV router
 	// documentation): the weight of the prefill blocks, those of the
@@ -42,9 +53,15 @@ type KVCostConfig struct {
 	Temperature float64
 }
 
-// DynamoKVCostConfig returns the published defaults of Dynamo's KV router:
-// overlap score weight 1, no decay, host 0.75, disk 0.25, no active-request
-// weight, temperature 0 (the cheapest endpoint, random among exact ties).
+// DynamoKVCostConfig returns the published defaults of Dynamo's KV router
+// (ai-dynamo/dynamo, KvRouterConfig::default in
+// lib/kv-router/src/scheduling/config.rs): overlap score weight 1 (later
+// releases split it into overlap_score_credit and prefill_load_scale, both 1,
+// the same cost at their defaults), no decay, host 0.75, disk 0.25, no
+// active-request weight, temperature 0 (the cheapest endpoint, random among
+// exact ties since Dynamo PR 9516). Dynamo's router queue
+// (router_queue_threshold) is off by default since its PR 11599 and is not
+// modelled. Active is nil: set it to count active blocks as Dynamo does.
 func DynamoKVCostConfig() KVCostConfig {
 	return KVCostConfig{OverlapScoreWeight: 1, HostWeight: 0.75, DiskWeight: 0.25}
 }
@@ -62,8 +79,11 @@ type KVCostTerms struct {
 	// DeviceOverlap, HostOverlap and DiskOverlap are the prompt blocks
 	// cached on the endpoint per tier.
 	DeviceOverlap, HostOverlap, DiskOverlap float64
-	// DecodeBlocks is the potential decode load: the blocks of the active
-	// sequences plus this request's blocks not already there.
+	// DecodeBlocks is the potential decode load: the distinct prompt
+	// blocks of the requests active at the endpoint plus this request's
+	// blocks not already among them (Dynamo's potential_blocks; output
+	// tokens are not counted, router_track_output_blocks being off by
+	// default).
 	DecodeBlocks float64
 	// ActiveRequests is the number of requests at the endpoint.
 	ActiveRequests float64
@@ -116,11 +136,13 @@ type kvCost struct {
 // KVCost returns the policy that sends each request to the endpoint of least
 // [KVCostConfig.Cost], everything counted in KV blocks of the index's block
 // size: raw prefill is the endpoint's queued prefill tokens (this balancer's
-// requests before their first token) plus the prompt; the device overlap is
-// the endpoint's matched prefix; the decode load is the KV footprint of the
-// endpoint's outstanding requests plus the request's uncached blocks. With
+// requests before their first token, net of their expected cache hits) plus
+// the prompt; the device overlap is the endpoint's matched prefix; the
+// decode load is the distinct prompt blocks of the requests in flight there
+// plus the request's blocks not among them ([KVCostConfig].Active). With
 // Temperature > 0 it samples by softmax instead. The choice is recorded in
-// the index. Give each Balancer its own policy; several may share one Index.
+// the index. Give each Balancer its own policy; several may share one Index
+// and one ActiveBlocks.
 func KVCost(cfg KVCostConfig) (Policy, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -128,6 +150,9 @@ func KVCost(cfg KVCostConfig) (Policy, error) {
 	t, err := newPrefixTracker(cfg.Index)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Active != nil && cfg.Active.block != t.block {
+		return nil, policyErrorf("KV cost active blocks of %d tokens, index blocks of %d", cfg.Active.block, t.block)
 	}
 	return &kvCost{cfg: cfg, t: t}, nil
 }
@@ -144,21 +169,41 @@ func (p *kvCost) Choose(c *Candidates) int {
 	bs := float64(p.t.block)
 	prompt := float64(c.req.PromptTokens)
 	reqBlocks := prompt / bs
+	fullBlocks := float64(c.req.PromptTokens / p.t.block)
 	c.costs = growFloat64(c.costs, n)
+	if a := p.cfg.Active; a != nil {
+		a.mu.Lock()
+	}
 	for i := 0; i < n; i++ {
 		l := &c.loads[i]
 		overlap := float64(c.matched[i])
+		// Dynamo's potential decode blocks: the active blocks plus the
+		// request's blocks not active there. Without active-block tracking,
+		// each outstanding request's prompt counts in full.
+		var decode float64
+		if a := p.cfg.Active; a != nil {
+			active, added := a.potentialLocked(c.Key(i), c.req)
+			decode = float64(active + added)
+		} else {
+			decode = float64(l.ActiveTokens-l.DecodeTokens)/bs + fullBlocks
+		}
 		c.costs[i] = p.cfg.Cost(KVCostTerms{
 			PrefillBlocks:      (float64(l.PrefillTokens) + prompt) / bs,
 			RequestBlocks:      reqBlocks,
 			ExcessQueuedBlocks: (float64(l.PrefillTokens) - minQueued) / bs,
 			DeviceOverlap:      overlap,
-			DecodeBlocks:       float64(l.ActiveTokens)/bs + max(reqBlocks-overlap, 0),
-			ActiveRequests:     float64(l.Requests),
+			DecodeBlocks:       decode,
+			ActiveRequests:     float64(l.Outstanding),
 		}) / l.Weight
+	}
+	if a := p.cfg.Active; a != nil {
+		a.mu.Unlock()
 	}
 	i := softmin(c, c.costs, p.cfg.Temperature)
 	p.t.record(c, i, &c.loads[i])
+	if p.cfg.Active != nil {
+		p.cfg.Active.Add(c.Key(i), c.req)
+	}
 	return i
 }
 

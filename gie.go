@@ -6,15 +6,41 @@ import (
 	"github.com/llmlb/llmlb/prefix"
 )
 
+// Defaults of [GIEConfig], those of the Gateway API Inference Extension
+// endpoint picker v1.5.0 (kubernetes-sigs/gateway-api-inference-extension,
+// tag v1.5.0, commit df9f8909).
+const (
+	// DefaultGIEQueueWeight, DefaultGIEKVWeight and DefaultGIEPrefixWeight
+	// are the scorer weights of the picker's default scheduling profile
+	// (loadDefaultConfig in pkg/epp/config/loader/defaults.go: queue 2.0,
+	// KV-cache utilization 2.0, prefix cache 3.0).
+	DefaultGIEQueueWeight  = 2
+	DefaultGIEKVWeight     = 2
+	DefaultGIEPrefixWeight = 3
+	// DefaultGIEMaxPrefixBlocks is how many leading prompt blocks the
+	// picker's approximate prefix index hashes, matches and records
+	// (defaultMaxPrefixBlocks in
+	// pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/types.go).
+	// Its blocks are the engine's block size in tokens (16 for vLLM) times 4
+	// characters a token, 64 characters of the request body each.
+	DefaultGIEMaxPrefixBlocks = 256
+)
+
 // GIEConfig configures [GIEDefault]. The zero value is the published default
 // profile.
 type GIEConfig struct {
 	// Index holds which endpoint has which prompt blocks. Nil means a new
-	// index with the defaults of package prefix.
+	// index with the defaults of package prefix. The picker's own index is
+	// an LRU per endpoint sized from the engine's reported KV blocks, with
+	// no expiry: give an index with an unbounded TTL to model it.
 	Index *prefix.Index
 	// QueueWeight, KVWeight and PrefixWeight weigh the three scorers. All
-	// zero means the default profile: 2, 2 and 3.
+	// zero means the default profile: [DefaultGIEQueueWeight],
+	// [DefaultGIEKVWeight] and [DefaultGIEPrefixWeight].
 	QueueWeight, KVWeight, PrefixWeight float64
+	// MaxPrefixBlocks bounds the leading prompt blocks matched and recorded.
+	// Zero means [DefaultGIEMaxPrefixBlocks]; negative means no bound.
+	MaxPrefixBlocks int
 }
 
 type gie struct {
@@ -23,52 +49,73 @@ type gie struct {
 }
 
 // GIEDefault returns the default scheduling profile of the Kubernetes
-// Gateway API Inference Extension endpoint picker (as developed in llm-d), as
-// a baseline: each candidate gets the weighted sum of three scores in [0, 1],
+// Gateway API Inference Extension endpoint picker (v1.5.0), as a baseline:
+// each candidate gets the weighted sum of three scores in [0, 1],
 //
 //	queue:  (maxQ - q) / (maxQ - minQ), 1 when all queues are equal (weight 2)
 //	kv:     1 - KV usage                                          (weight 2)
-//	prefix: matched blocks / prompt blocks                        (weight 3)
+//	prefix: matched blocks / hashed blocks                        (weight 3)
 //
-// and the highest total wins, at random among ties. q is the estimated number
-// of waiting requests ([EndpointLoad.Waiting]); KV usage comes from the
-// signal, or from this balancer's outstanding tokens when none reports it.
-// The choice is recorded in the index, as the picker's prefix plugin does.
+// and the highest total wins, at random among ties (the max-score picker
+// shuffles before a stable sort). q and the KV usage are the engine's own
+// numbers from the signal's last observation, as the picker reads its last
+// metrics poll, without this balancer's dispatches since; an endpoint with
+// no fresh observation falls back to this balancer's queued requests and
+// outstanding tokens. The prefix score divides the leading blocks matched
+// by the blocks hashed, at most MaxPrefixBlocks. The choice is recorded in
+// the index, as the picker's prefix plugin does, and the index is sized from
+// the engines' reported KV capacity.
 func GIEDefault(cfg GIEConfig) (Policy, error) {
 	if cfg.QueueWeight == 0 && cfg.KVWeight == 0 && cfg.PrefixWeight == 0 {
-		cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight = 2, 2, 3
+		cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight = DefaultGIEQueueWeight, DefaultGIEKVWeight, DefaultGIEPrefixWeight
 	}
 	for _, w := range []float64{cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight} {
 		if !(w >= 0) || math.IsInf(w, 0) {
 			return nil, policyErrorf("GIE scorer weight %v must be finite and non-negative", w)
 		}
 	}
+	if cfg.MaxPrefixBlocks == 0 {
+		cfg.MaxPrefixBlocks = DefaultGIEMaxPrefixBlocks
+	}
 	t, err := newPrefixTracker(cfg.Index)
 	if err != nil {
 		return nil, err
 	}
+	t.maxBlocks = max(cfg.MaxPrefixBlocks, 0)
 	return &gie{t: t, wQueue: cfg.QueueWeight, wKV: cfg.KVWeight, wPref: cfg.PrefixWeight}, nil
 }
 
 func (p *gie) Choose(c *Candidates) int {
 	n := c.Len()
 	c.loads = growLoads(c.loads, n)
+	c.costs = growFloat64(c.costs, n)
 	minQ, maxQ := math.Inf(1), math.Inf(-1)
 	for i := 0; i < n; i++ {
-		c.loadInto(i, &c.loads[i])
-		q := float64(c.loads[i].Waiting)
+		l := &c.loads[i]
+		c.loadInto(i, l)
+		// The picker scores the raw metrics of its last poll; c.costs holds
+		// each candidate's KV usage until the scores replace it.
+		q, kv := float64(l.Queued), kvUsage(l)
+		if c.b.signal != nil {
+			if obs, ok := c.observe(c.state(i)); ok {
+				q = float64(obs.Waiting)
+				if !math.IsNaN(obs.KVUsage) {
+					kv = obs.KVUsage
+				}
+			}
+		}
+		l.Waiting, c.costs[i] = int64(q), kv
 		minQ, maxQ = min(minQ, q), max(maxQ, q)
 	}
 	p.t.match(c)
-	blocks := float64(len(c.req.Prefix))
-	c.costs = growFloat64(c.costs, n)
+	blocks := float64(len(p.t.blocks(c.req)))
 	for i := 0; i < n; i++ {
 		l := &c.loads[i]
 		queue := 1.0
 		if maxQ > minQ {
 			queue = (maxQ - float64(l.Waiting)) / (maxQ - minQ)
 		}
-		kv := 1 - min(max(kvUsage(l), 0), 1)
+		kv := 1 - min(max(c.costs[i], 0), 1)
 		pref := 0.0
 		if blocks > 0 {
 			pref = float64(c.matched[i]) / blocks

@@ -19,9 +19,12 @@ const (
 	// hash ring.
 	DefaultRingReplicas = 160
 	// DefaultPrefixHashTokens is how many leading prompt tokens
-	// [PrefixHash] hashes, as SGLang's prefix_hash policy.
+	// [PrefixHash] hashes, as SGLang's prefix_hash policy
+	// (PrefixHashConfig::default, prefix_token_count 256, in
+	// sgl-model-gateway/src/policies/prefix_hash.rs).
 	DefaultPrefixHashTokens = 256
-	// DefaultPrefixHashLoadFactor is the load factor of [PrefixHash].
+	// DefaultPrefixHashLoadFactor is the load factor of [PrefixHash]
+	// (SGLang's load_factor default, same file).
 	DefaultPrefixHashLoadFactor = 1.25
 	// DefaultBlockTokens is the number of prompt tokens per block of
 	// Request.Prefix assumed when a policy's configuration does not say
@@ -186,8 +189,9 @@ type PrefixHashConfig struct {
 	// Zero means [DefaultBlockTokens].
 	BlockTokens int
 	// LoadFactor: the owner of the prefix takes the request while its
-	// requests are at most (total+1)/n * LoadFactor; otherwise the least
-	// loaded candidate does. Zero means [DefaultPrefixHashLoadFactor].
+	// requests in flight from this balancer are at most (total+1)/n *
+	// LoadFactor; otherwise the least loaded candidate does. Zero means
+	// [DefaultPrefixHashLoadFactor].
 	LoadFactor float64
 	// Replicas is the number of ring points per endpoint. Zero means
 	// [DefaultRingReplicas].
@@ -205,10 +209,16 @@ type prefixHash struct {
 // covers them, or the last one of a shorter prompt) is placed on a
 // consistent-hash ring, and its owner takes the request unless it holds more
 // than LoadFactor times the mean load, in which case the least loaded
-// candidate does. A request without Prefix is hashed on its AffinityKey, and
-// one with neither goes to the least loaded candidate. It is lighter than
-// [PrefixAware] (no index) and keeps no memory per prompt. Give each Balancer
-// its own policy.
+// candidate does. As in SGLang, load is the router's own count of its
+// requests in flight ([EndpointLoad.Outstanding], SGLang's Worker::load()),
+// never an engine signal. SGLang's fallback takes the least loaded worker
+// within the bound, and the owner if every worker exceeded it; the least
+// loaded candidate is always within the bound (min <= mean < LoadFactor *
+// (total+1)/n), so that is the least loaded overall, chosen here at random
+// among ties where SGLang takes the first. A request without Prefix is
+// hashed on its AffinityKey, and one with neither goes to the least loaded
+// candidate. It is lighter than [PrefixAware] (no index) and keeps no memory
+// per prompt. Give each Balancer its own policy.
 func PrefixHash(cfg PrefixHashConfig) (Policy, error) {
 	if cfg.PrefixTokens == 0 {
 		cfg.PrefixTokens = DefaultPrefixHashTokens
@@ -250,14 +260,16 @@ func (p *prefixHash) Choose(c *Candidates) int {
 		return argmin(c, byRequests)
 	}
 	n := c.Len()
+	c.loads = growLoads(c.loads, n)
 	var total int64
 	for i := 0; i < n; i++ {
-		total = addSat(total, c.requests(i))
+		c.loadInto(i, &c.loads[i])
+		total = addSat(total, c.loads[i].Outstanding)
 	}
 	limit := (float64(total) + 1) / float64(n) * p.loadFactor
 	owner := p.rings.get(c).walk(c, h, func(int) bool { return true })
-	if float64(c.requests(owner)) <= limit {
+	if float64(c.loads[owner].Outstanding) <= limit {
 		return owner
 	}
-	return argmin(c, byRequests)
+	return pickBy(c, func(i int) (float64, float64) { return float64(c.loads[i].Outstanding), 0 })
 }

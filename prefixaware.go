@@ -7,7 +7,11 @@ import (
 	"github.com/llmlb/llmlb/prefix"
 )
 
-// Defaults of [PrefixAwareConfig], SGLang's cache-aware router defaults.
+// Defaults of [PrefixAwareConfig], SGLang's cache-aware router defaults: the
+// router's command-line defaults --balance-abs-threshold 64,
+// --balance-rel-threshold 1.5 and --cache-threshold 0.3 (sgl-model-gateway,
+// sgl-project/sglang; the library's CacheAwareConfig::default differs and is
+// not what a deployed router runs).
 const (
 	DefaultBalanceAbsThreshold = 64
 	DefaultBalanceRelThreshold = 1.5
@@ -23,6 +27,12 @@ type prefixTracker struct {
 	index  *prefix.Index
 	events *prefix.Index // optional: engine KV events only, never recorded into
 	block  int           // tokens per block
+	// maxBlocks, if positive, bounds the leading prompt blocks matched and
+	// recorded, as routers that hash only a prompt's head do.
+	maxBlocks int
+	// fixedCap keeps the index's capacity instead of sizing it from the
+	// engines' reported KV capacity.
+	fixedCap bool
 
 	mu      sync.Mutex // protects gen, members and capacity
 	gen     uint64
@@ -86,10 +96,11 @@ func (t *prefixTracker) match(c *Candidates) int {
 func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) []int32 {
 	dst = growInt32(dst, c.Len())
 	clear(dst)
-	if len(c.req.Prefix) == 0 {
+	blocks := t.blocks(c.req)
+	if len(blocks) == 0 {
 		return dst
 	}
-	c.matches = ix.Match(c.req.Prefix, c.Now(), c.matches[:0])
+	c.matches = ix.Match(blocks, c.Now(), c.matches[:0])
 	if len(c.matches) == 0 {
 		return dst
 	}
@@ -100,6 +111,14 @@ func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) 
 		}
 	}
 	return dst
+}
+
+// blocks returns the prompt blocks of r the tracker matches and records.
+func (t *prefixTracker) blocks(r *Request) []uint64 {
+	if t.maxBlocks > 0 && len(r.Prefix) > t.maxBlocks {
+		return r.Prefix[:t.maxBlocks]
+	}
+	return r.Prefix
 }
 
 func maxInt32(s []int32) int {
@@ -120,11 +139,12 @@ func (t *prefixTracker) cachedTokens(c *Candidates, blocks int) int {
 // many prompt tokens it expects to be cached there.
 func (t *prefixTracker) record(c *Candidates, i int, l *EndpointLoad) {
 	c.SetCachedTokens(t.cachedTokens(c, int(c.matched[i])))
-	if len(c.req.Prefix) == 0 {
+	blocks := t.blocks(c.req)
+	if len(blocks) == 0 {
 		return
 	}
 	key := c.Key(i)
-	if l != nil && l.KVBlocks > 0 && l.BlockSize > 0 {
+	if !t.fixedCap && l != nil && l.KVBlocks > 0 && l.BlockSize > 0 {
 		blocks := min(max(mulSat(l.KVBlocks, l.BlockSize)/t.block, 1), prefix.MaxCapacity)
 		t.mu.Lock()
 		changed := t.capKV[key] != blocks
@@ -136,7 +156,7 @@ func (t *prefixTracker) record(c *Candidates, i int, l *EndpointLoad) {
 	}
 	// An error here means the index is full of endpoints; the policy still
 	// routes, it only forgets this decision.
-	_ = t.index.Record(key, c.req.Prefix, c.Now())
+	_ = t.index.Record(key, blocks, c.Now())
 }
 
 func growInt32(s []int32, n int) []int32 {
@@ -163,14 +183,21 @@ type PrefixAwareConfig struct {
 	// MatchThreshold is the share of the prompt that must be cached on an
 	// endpoint for locality to decide. Zero means [DefaultMatchThreshold].
 	MatchThreshold float64
+	// MissToSmallestTree makes [SGLangCacheAware] send a request whose best
+	// match covers at most MatchThreshold of the prompt to the candidate
+	// with the fewest indexed blocks (the smallest radix tree), SGLang's
+	// rule before its PR 14650 (December 2025), instead of the least loaded.
+	// [PrefixAware] ignores it.
+	MissToSmallestTree bool
 }
 
 type prefixAware struct {
-	t        *prefixTracker
-	abs      float64
-	rel      float64
-	thresh   float64
-	faithful bool
+	t         *prefixTracker
+	abs       float64
+	rel       float64
+	thresh    float64
+	faithful  bool
+	smallTree bool // faithful only: a miss goes to the smallest tree
 }
 
 func newPrefixAware(cfg PrefixAwareConfig, faithful bool) (*prefixAware, error) {
@@ -195,7 +222,11 @@ func newPrefixAware(cfg PrefixAwareConfig, faithful bool) (*prefixAware, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &prefixAware{t: t, abs: float64(cfg.AbsThreshold), rel: cfg.RelThreshold, thresh: cfg.MatchThreshold, faithful: faithful}, nil
+	// SGLang's approximate tree is bounded by its own max_tree_size, not by
+	// the engines' KV capacity, which its router never reads.
+	t.fixedCap = faithful
+	return &prefixAware{t: t, abs: float64(cfg.AbsThreshold), rel: cfg.RelThreshold, thresh: cfg.MatchThreshold,
+		faithful: faithful, smallTree: faithful && cfg.MissToSmallestTree}, nil
 }
 
 // PrefixAware returns cache-aware routing with an escape hatch, improving
@@ -216,12 +247,18 @@ func newPrefixAware(cfg PrefixAwareConfig, faithful bool) (*prefixAware, error) 
 // policy; several may share one Index.
 func PrefixAware(cfg PrefixAwareConfig) (Policy, error) { return newPrefixAware(cfg, false) }
 
-// SGLangCacheAware returns SGLang's cache_aware policy as published, as a
-// baseline: when the candidates are imbalanced, the least loaded; otherwise,
-// if the longest match covers more than MatchThreshold of the prompt, the
-// candidate with the longest match; otherwise the candidate with the fewest
-// indexed blocks (the most free cache). Ties are broken at random rather than
-// by order.
+// SGLangCacheAware returns SGLang's cache_aware policy as its router runs it
+// today, as a baseline. Load is the router's own count of its requests in
+// flight at each candidate ([EndpointLoad.Outstanding]; SGLang's
+// Worker::load()), never an engine signal. When the candidates are
+// imbalanced, the least loaded; otherwise, if the longest match covers more
+// than MatchThreshold of the prompt, the candidate with the longest match;
+// otherwise the least loaded (sgl-model-gateway/src/policies/cache_aware.rs,
+// since PR 14650 of December 2025; MissToSmallestTree restores the earlier
+// rule, the candidate with the fewest indexed blocks). Ties are broken at
+// random (since PR 33138, which fixed issue 32983: ties on min load went to
+// the first worker). The choice is recorded in the index, whose capacity is
+// left as configured rather than sized from the engines' KV capacity.
 func SGLangCacheAware(cfg PrefixAwareConfig) (Policy, error) { return newPrefixAware(cfg, true) }
 
 func (p *prefixAware) Choose(c *Candidates) int {
@@ -230,6 +267,10 @@ func (p *prefixAware) Choose(c *Candidates) int {
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i := 0; i < n; i++ {
 		c.loadInto(i, &c.loads[i])
+		if p.faithful {
+			// SGLang's load is the router's in-flight count alone.
+			c.loads[i].Requests = c.loads[i].Outstanding
+		}
 		r := float64(c.loads[i].Requests)
 		lo, hi = min(lo, r), max(hi, r)
 	}
@@ -254,7 +295,7 @@ func (p *prefixAware) Choose(c *Candidates) int {
 		i = pickBy(c, func(i int) (float64, float64) { return -float64(c.matched[i]), 0 })
 	case rate > p.thresh:
 		i = pickBy(c, func(i int) (float64, float64) { return -float64(c.matched[i]), float64(c.loads[i].Requests) })
-	case p.faithful:
+	case p.smallTree:
 		i = pickBy(c, func(i int) (float64, float64) { return float64(p.t.index.Len(c.Key(i))), 0 })
 	default:
 		i = pickBy(c, func(i int) (float64, float64) { return float64(c.loads[i].Requests), 0 })

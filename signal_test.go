@@ -235,7 +235,8 @@ func TestHugeObservedLoad(t *testing.T) {
 		{"weighted-least-request", func() (Policy, error) { return WeightedLeastRequest(1) }},
 		{"prefix-aware", func() (Policy, error) { return PrefixAware(PrefixAwareConfig{}) }},
 		{"consistent-hash", func() (Policy, error) { return ConsistentHash(HashConfig{}) }},
-		{"prefix-hash", func() (Policy, error) { return PrefixHash(PrefixHashConfig{}) }},
+		// PrefixHash is not here: like SGLang's prefix_hash it reads only
+		// the balancer's own requests in flight, never the signal.
 	}
 	// setup returns a balancer choosing with pol whose ep0 reports huge
 	// and ep1 reports other running requests, with one dispatch to ep0
