@@ -108,8 +108,14 @@ type Config struct {
 	// Engine configures every replica.
 	Engine Engine
 	// Scrape is the interval at which each router refreshes its view of the
-	// replicas' engine metrics. 0 means 1 s.
+	// replicas' engine metrics, for policies whose preset does not set its
+	// own ([PolicySpec.Scrape]). 0 means 1 s.
 	Scrape time.Duration
+	// SignalInterval, if not 0, is the scrape interval of every policy,
+	// overriding the presets' own intervals, so that a comparison can run
+	// every policy on equally fresh signals; MaxSignalAge then defaults to
+	// 3*SignalInterval.
+	SignalInterval time.Duration
 	// Stagger offsets router r's scrapes by r*Scrape/Routers; otherwise all
 	// routers scrape at the same instants and share one stale view.
 	Stagger bool
@@ -155,7 +161,7 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: %d routers, want 1 to 1024", ErrInvalidConfig, c.Routers)
 	case c.Scrape < time.Millisecond:
 		return fmt.Errorf("%w: scrape interval %v, want at least 1ms", ErrInvalidConfig, c.Scrape)
-	case c.MaxSignalAge < 0 || c.Delay < 0 || c.Series < 0:
+	case c.MaxSignalAge < 0 || c.Delay < 0 || c.Series < 0 || c.SignalInterval < 0:
 		return fmt.Errorf("%w: negative duration", ErrInvalidConfig)
 	case c.SLO.TTFT < 0 || c.SLO.TPOT < 0:
 		return fmt.Errorf("%w: negative SLO", ErrInvalidConfig)

@@ -43,7 +43,8 @@
 // requests across replicas, pile-up share). Two references bound the hit
 // rates: [InfiniteCacheHitRate] and [PooledCacheHitRate], what one LRU cache
 // as large as the whole cluster's would reach. [Report] prints them as a table,
-// JSON or SVG. Policies are looked up by name in [Policies], which includes
+// JSON or SVG, and [Sweep] the results at several arrival rates, a load
+// sweep. Policies are looked up by name in [Policies], which includes
 // an oracle with perfect knowledge of the replicas as the upper bound;
 // [Scenarios] holds the presets of the llmlb-sim command.
 //

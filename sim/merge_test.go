@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"testing"
+	"time"
 )
 
 // mergeRuns simulates policy on a small synthetic workload under each seed.
@@ -121,5 +122,43 @@ func TestMergeErrors(t *testing.T) {
 		if _, err := Merge(in...); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s: err %v, want ErrInvalidConfig", name, err)
 		}
+	}
+}
+
+// Missed counts the requests outside the SLO, unfinished and rejected ones
+// included, and Merge sums it.
+func TestMissed(t *testing.T) {
+	var rs []*Result
+	for _, seed := range []uint64{1, 2} {
+		reqs, err := DefaultSynthetic(300, 300).Generate(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One replica with a tight TTFT objective: most requests miss.
+		cfg := Config{Replicas: 1, Seed: seed, SLO: SLO{TTFT: 100 * time.Millisecond, TPOT: time.Second}}
+		r, err := Simulate(context.Background(), cfg, reqs, "round-robin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		good := int(math.Round(r.SLOAttainment * float64(r.Requests)))
+		if r.Missed != r.Requests-good || r.Missed == 0 || r.Missed == r.Requests {
+			t.Errorf("seed %d: missed %d of %d with %d within the SLO; want some, not all", seed, r.Missed, r.Requests, good)
+		}
+		rs = append(rs, r)
+	}
+	m, err := Merge(rs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Missed != rs[0].Missed+rs[1].Missed {
+		t.Errorf("merged missed %d, want %d + %d", m.Missed, rs[0].Missed, rs[1].Missed)
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decoded map[string]any
+	if err := json.Unmarshal(b, &decoded); err != nil || decoded["missed"] != float64(m.Missed) {
+		t.Errorf("JSON %s: missed %v, want %d (%v)", b, decoded["missed"], m.Missed, err)
 	}
 }

@@ -36,6 +36,10 @@ type Result struct {
 	// SLOAttainment is the share of requests whose TTFT and TPOT are both
 	// within the SLO; unfinished requests miss it.
 	SLOAttainment float64 `json:"slo_attainment"`
+	// Missed is the number of requests that did not meet the SLO:
+	// Requests minus those within it, so unfinished and rejected requests
+	// count.
+	Missed int `json:"missed"`
 	// GoodputRPS is the number of requests meeting the SLO per second of
 	// the arrival window (first to last arrival).
 	GoodputRPS float64 `json:"goodput_rps"`
@@ -165,6 +169,7 @@ func (r *runner) result(policy string) *Result {
 	span := (last - first).Seconds()
 	res.SpanSeconds = span
 	res.SLOAttainment = float64(good) / float64(len(r.reqs))
+	res.Missed = len(r.reqs) - good
 	// Goodput is over the arrival window, the same for every policy on one
 	// trace, so that it ranks policies by the requests they serve within the
 	// SLO and not by when their last straggler finishes.
@@ -256,6 +261,7 @@ func Merge(rs ...*Result) (*Result, error) {
 	if out.Requests > 0 {
 		out.SLOAttainment = float64(m.good) / float64(out.Requests)
 	}
+	out.Missed = out.Requests - m.good
 	if m.window > 0 {
 		out.GoodputRPS = float64(m.good) / m.window
 	}

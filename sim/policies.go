@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/prefix"
@@ -67,6 +68,72 @@ func (e *PolicyEnv) SubscribeKVEvents(ix *prefix.Index) error {
 	return nil
 }
 
+// OnRequestEnd registers fn to be called, synchronously, when a request this
+// router picked ends (done or rejected), after its Pick.Done, with the
+// replica m it went to and the request as given to Pick. A policy that
+// tracks requests in flight by their prompt, as Dynamo's active sequences
+// do, releases them here.
+func (e *PolicyEnv) OnRequestEnd(fn func(m int, r *llmlb.Request)) error {
+	switch {
+	case e.run == nil:
+		return fmt.Errorf("%w: OnRequestEnd on a PolicyEnv the simulator did not create", ErrInvalidConfig)
+	case fn == nil:
+		return fmt.Errorf("%w: OnRequestEnd(nil)", ErrInvalidConfig)
+	}
+	r := e.run
+	for len(r.endSubs) <= e.Router {
+		r.endSubs = append(r.endSubs, nil)
+	}
+	r.endSubs[e.Router] = append(r.endSubs[e.Router], fn)
+	return nil
+}
+
+// release tells the router that picked s's replica that s ended.
+func (r *runner) release(s *reqState) {
+	if s.router >= len(r.endSubs) || len(r.endSubs[s.router]) == 0 {
+		return
+	}
+	lr := llmlb.Request{PromptTokens: s.req.PromptTokens, Prefix: s.req.Prefix}
+	for _, fn := range r.endSubs[s.router] {
+		fn(s.replica, &lr)
+	}
+}
+
+// applySignal sets the scrape interval of a run of spec: SignalInterval if
+// set, else the preset's own, else Scrape as given.
+func (c *Config) applySignal(spec PolicySpec) {
+	switch {
+	case c.SignalInterval > 0:
+		c.Scrape = c.SignalInterval
+	case spec.Scrape > 0:
+		c.Scrape = spec.Scrape
+		if c.MaxSignalAge == 0 {
+			c.MaxSignalAge = spec.MaxSignalAge
+		}
+	}
+}
+
+// Signal freshness of the gie-default preset: the endpoint picker polls each
+// engine's metrics every 50 ms and considers them stale after 2 s
+// (--refresh-metrics-interval and --metrics-staleness-threshold, defaults in
+// pkg/epp/server/options.go of gateway-api-inference-extension v1.5.0).
+const (
+	GIEScrape       = 50 * time.Millisecond
+	GIEMaxSignalAge = 2 * time.Second
+)
+
+// SGLangTreeBlocks is the capacity per replica of the sglang-* presets'
+// prefix index: SGLang's router bounds each worker's approximate radix tree
+// to --max-tree-size 67108864 characters (2^26, the router's command-line
+// default), about 2^20 blocks of 16 tokens at 4 characters a token, and
+// evicts by size, not age.
+const SGLangTreeBlocks = 1 << 20
+
+// noTTL is the TTL of an index whose recorded blocks never expire, as the
+// approximate indexes of SGLang's router and of the inference gateway's
+// picker (both LRUs bounded by size only).
+const noTTL = time.Duration(math.MaxInt64)
+
 // PolicySpec names a policy constructor.
 type PolicySpec struct {
 	// Name is the policy's name on the command line and in results.
@@ -82,6 +149,13 @@ type PolicySpec struct {
 	// choice, such as default-no-slots; it runs only when named and is left
 	// out of the default list.
 	Variant bool
+	// Scrape is the interval at which the system the preset models
+	// refreshes its engine signals by default; 0 means [Config.Scrape].
+	// [Config.SignalInterval] overrides it.
+	Scrape time.Duration
+	// MaxSignalAge is the age after which that system stops trusting an
+	// observation; 0 means 3*Scrape. It applies with Scrape.
+	MaxSignalAge time.Duration
 }
 
 // Policies returns every policy the simulator knows, in display order. It
@@ -101,15 +175,14 @@ func Policies() []PolicySpec {
 		{Name: "consistent-hash", Doc: "bounded-load consistent hashing on the session key (c = 1.25)", New: func(*PolicyEnv) (llmlb.Policy, error) {
 			return llmlb.ConsistentHash(llmlb.HashConfig{})
 		}},
-		{Name: "sglang-prefix-hash", Doc: "SGLang prefix_hash: first 256 tokens on a ring, load factor 1.25", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+		{Name: "sglang-prefix-hash", Doc: "SGLang prefix_hash: first 256 tokens on a ring, load factor 1.25 on the router's in-flight counts", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return llmlb.PrefixHash(llmlb.PrefixHashConfig{BlockTokens: env.BlockTokens})
 		}},
-		{Name: "sglang-cache-aware", Doc: "SGLang cache_aware as published (abs 64, rel 1.5, match 0.3)", New: func(env *PolicyEnv) (llmlb.Policy, error) {
-			ix, err := newIndex(env)
-			if err != nil {
-				return nil, err
-			}
-			return llmlb.SGLangCacheAware(llmlb.PrefixAwareConfig{Index: ix})
+		{Name: "sglang-cache-aware", Doc: "SGLang cache_aware today (abs 64, rel 1.5, match 0.3; a miss goes to the least loaded; router's in-flight counts)", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return newSGLangCacheAware(env, false)
+		}},
+		{Name: "sglang-cache-aware-v0", Doc: "SGLang cache_aware before PR 14650 (Dec 2025): a miss goes to the smallest tree", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return newSGLangCacheAware(env, true)
 		}},
 		{Name: "prefix-aware", Doc: "cache-aware with load among holders and locality under imbalance", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			ix, err := newIndex(env)
@@ -118,22 +191,18 @@ func Policies() []PolicySpec {
 			}
 			return llmlb.PrefixAware(llmlb.PrefixAwareConfig{Index: ix})
 		}},
-		{Name: "dynamo-kv", Doc: "NVIDIA Dynamo KV-block cost function, published defaults, cache state from KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
-			ix, err := newEventIndex(env)
-			if err != nil {
-				return nil, err
-			}
-			cfg := llmlb.DynamoKVCostConfig()
-			cfg.Index = ix
-			return llmlb.KVCost(cfg)
-		}},
-		{Name: "gie-default", Doc: "Gateway API Inference Extension default scorers (queue 2, KV 2, prefix 3)", New: func(env *PolicyEnv) (llmlb.Policy, error) {
-			ix, err := newIndex(env)
-			if err != nil {
-				return nil, err
-			}
-			return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
-		}},
+		{Name: "dynamo-kv", Doc: "NVIDIA Dynamo KV-block cost function, published defaults, cache state from KV events, unique active blocks", New: newDynamoKV},
+		{Name: "gie-default", Doc: "Gateway API Inference Extension v1.5.0 default scorers (queue 2, KV 2, prefix 3), metrics polled every 50 ms",
+			Scrape: GIEScrape, MaxSignalAge: GIEMaxSignalAge, New: func(env *PolicyEnv) (llmlb.Policy, error) {
+				// The picker's approximate index: an LRU per replica sized
+				// from the engines' KV blocks (the policy sizes it from
+				// the signal), no TTL, the first 256 blocks of a prompt.
+				ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, TTL: noTTL})
+				if err != nil {
+					return nil, err
+				}
+				return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
+			}},
 		{Name: "segregated", Doc: "prompts >= 8k tokens to a pool sized by their token share; least tokens in each pool", New: newSegregated},
 		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
@@ -157,6 +226,37 @@ func Policies() []PolicySpec {
 			return llmlb.P2C(staleScore(env)), nil
 		}},
 	}
+}
+
+// newSGLangCacheAware returns SGLang's cache_aware policy with an index
+// like its router's approximate tree: no TTL, SGLangTreeBlocks per replica.
+// smallestTree selects the rule before SGLang PR 14650.
+func newSGLangCacheAware(env *PolicyEnv, smallestTree bool) (llmlb.Policy, error) {
+	ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, Capacity: SGLangTreeBlocks, TTL: noTTL})
+	if err != nil {
+		return nil, err
+	}
+	return llmlb.SGLangCacheAware(llmlb.PrefixAwareConfig{Index: ix, MissToSmallestTree: smallestTree})
+}
+
+// newDynamoKV returns Dynamo's KV cost function with its defaults: cache
+// state from the replicas' KV events, and the decode term counting each
+// replica's distinct active prompt blocks, released as requests end.
+func newDynamoKV(env *PolicyEnv) (llmlb.Policy, error) {
+	ix, err := newEventIndex(env)
+	if err != nil {
+		return nil, err
+	}
+	active, err := llmlb.NewActiveBlocks(env.BlockTokens)
+	if err != nil {
+		return nil, err
+	}
+	if err := env.OnRequestEnd(func(m int, r *llmlb.Request) { active.Release(replicaKey(m), r) }); err != nil {
+		return nil, err
+	}
+	cfg := llmlb.DynamoKVCostConfig()
+	cfg.Index, cfg.Active = ix, active
+	return llmlb.KVCost(cfg)
 }
 
 // newIndex returns a prefix index for the workload's block size, fed by the

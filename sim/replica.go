@@ -109,7 +109,9 @@ func NewReplica(eng Engine) (*Replica, error) {
 // SetKVEventHandler makes the replica report its prefix cache the way an
 // engine's KV event stream does (vLLM's BlockStored and BlockRemoved): fn is
 // called, synchronously, with stored true when a prompt block enters the
-// cache and false when it is evicted. hash is the block's chained hash from
+// cache (in the iteration whose prefill chunk completed it, so a long prompt's
+// blocks are reported chunk by chunk during its prefill) and false when it is
+// evicted. hash is the block's chained hash from
 // [Request.Prefix], so one event covers [Request.BlockTokens] tokens. Nil
 // stops the reports.
 func (r *Replica) SetKVEventHandler(fn func(hash uint64, stored bool)) { r.kv.onEvent = fn }
@@ -367,8 +369,9 @@ func (r *Replica) preempt(s *Sequence) {
 	r.pushFront(s)
 }
 
-// Finish completes the planned iteration: prefill chunks advance, finished
-// prefills publish their prompt blocks to the prefix cache and emit a token,
+// Finish completes the planned iteration: prefill chunks advance and publish
+// the prompt blocks they completed to the prefix cache, finished prefills
+// emit a token,
 // decoding sequences emit a token, and finished sequences leave, freeing
 // their KV blocks. It returns the sequences that emitted a token, in batch
 // order; [Sequence.Generated] and [Sequence.Done] tell which token and
@@ -381,8 +384,8 @@ func (r *Replica) Finish() []*Sequence {
 		if s.chunk > 0 {
 			if s.computed < s.target {
 				s.computed += s.chunk
+				r.publish(s)
 				if s.computed == s.target {
-					r.publish(s)
 					r.emit(s)
 				}
 			} else {
@@ -401,14 +404,18 @@ func (r *Replica) Finish() []*Sequence {
 	return r.emitted
 }
 
-// publish moves the full prompt blocks of s beyond its cached prefix into the
-// prefix cache.
+// publish moves the prompt blocks of s computed so far, beyond those already
+// cached, into the prefix cache. It runs after every prefill chunk, as vLLM
+// hashes and caches each full block (and publishes its BlockStored event) in
+// the scheduler step that filled it: a block is matchable, and reported to
+// KV-event subscribers, as soon as it is computed, not when the whole
+// prompt's prefill ends.
 func (r *Replica) publish(s *Sequence) {
 	bt := s.BlockTokens
 	if bt == 0 {
 		return
 	}
-	full := min(len(s.Prefix), s.PromptTokens/bt)
+	full := min(len(s.Prefix), min(s.computed, s.PromptTokens)/bt)
 	per := bt / r.eng.BlockSize
 	for i := len(s.held); i < full; i++ {
 		r.cache(s, s.Prefix[i], per)
@@ -464,6 +471,7 @@ type reqState struct {
 	req     *Request
 	pick    llmlb.Pick
 	replica int
+	router  int // the router that picked the replica
 
 	firstToken time.Duration // simulated time of the first output token
 	finished   time.Duration

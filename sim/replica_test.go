@@ -300,3 +300,43 @@ func TestKVEventsMirrorCaches(t *testing.T) {
 		t.Errorf("subscribing outside a simulation: %v, want ErrInvalidConfig", err)
 	}
 }
+
+// TestKVEventsPerChunk checks that a replica reports a prompt's blocks as
+// its prefill chunks compute them, as vLLM publishes BlockStored in the
+// scheduler step that filled each block, not when the whole prefill ends:
+// a 20,000-token prompt takes three iterations of the default 8192-token
+// budget, and the first reports its 512 full blocks before any token is out.
+func TestKVEventsPerChunk(t *testing.T) {
+	r, err := NewReplica(Engine{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored int
+	r.SetKVEventHandler(func(_ uint64, ok bool) {
+		if ok {
+			stored++
+		}
+	})
+	blocks := make([]uint64, 20000/16)
+	var h uint64
+	for i := range blocks {
+		h = ChainHash(h, uint64(i))
+		blocks[i] = h
+	}
+	s := &Sequence{PromptTokens: 20000, OutputTokens: 2, BlockTokens: 16, Prefix: blocks}
+	if err := r.Submit(s); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{8192 / 16, 16384 / 16, 20000 / 16} {
+		if _, ok := r.Plan(); !ok {
+			t.Fatalf("iteration %d: nothing planned", i)
+		}
+		r.Finish()
+		if stored != want {
+			t.Fatalf("after iteration %d: %d blocks reported, want %d", i, stored, want)
+		}
+		if first := s.Generated() > 0; first != (i == 2) {
+			t.Fatalf("after iteration %d: first token %v", i, first)
+		}
+	}
+}

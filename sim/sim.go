@@ -119,8 +119,9 @@ type runner struct {
 	seq     uint64
 	now     time.Duration
 	rng     *rand.Rand
-	current *reqState       // the request being picked, for the oracle
-	kvSubs  []*prefix.Index // indexes fed the replicas' KV events
+	current *reqState                         // the request being picked, for the oracle
+	kvSubs  []*prefix.Index                   // indexes fed the replicas' KV events
+	endSubs [][]func(m int, r *llmlb.Request) // per router: told when a request it routed ends
 
 	nextArrival int
 	ended       int // requests done or rejected
@@ -158,6 +159,7 @@ func Simulate(ctx context.Context, cfg Config, reqs []Request, policy string) (*
 }
 
 func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) (*Result, error) {
+	cfg.applySignal(spec)
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
@@ -320,12 +322,14 @@ func (r *runner) arrive(i int) error {
 	rep := r.reps[pick.Endpoint().(*endpoint).idx]
 	s.pick = pick
 	s.replica = rep.idx
+	s.router = k
 	rep.assigned++
 	rep.outstanding++
 	r.observeDispatch(rep.idx)
 	if !rep.Fits(&s.Sequence) {
 		s.state = stateRejected
 		pick.Done(fmt.Errorf("sim: request %d does not fit in the KV cache", i))
+		r.release(s)
 		rep.outstanding--
 		r.ended++
 		return nil
@@ -338,7 +342,8 @@ func (r *runner) arrive(i int) error {
 }
 
 // finished is called by a replica when a request completes.
-func (r *runner) finished(*reqState) {
+func (r *runner) finished(s *reqState) {
+	r.release(s)
 	r.ended++
 	r.lastEvent = r.now
 }

