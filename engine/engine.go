@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/sim"
 )
@@ -61,6 +62,15 @@ type Config struct {
 	// MaxBodyBytes caps a request body (413 beyond it). 0 means
 	// [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
+	// KVEvents, if set, receives the engine's KV-cache events as vLLM
+	// reports them: after every iteration that changed the prefix cache,
+	// one batch of BlockStored events (the blocks' hashes, their parent's
+	// hash, their token IDs as [Tokens] counts them, the block size,
+	// medium "GPU") and BlockRemoved events. Pass a
+	// [kvevents.Publisher]'s Publish to publish them over ZMQ as vLLM does.
+	// It is called from the goroutine of [Engine.Run], outside the
+	// engine's lock, and must not block; it may keep the batch.
+	KVEvents func(*kvevents.Batch)
 }
 
 // Engine is one emulated inference server. Create one with New; it serves
@@ -77,6 +87,7 @@ type Engine struct {
 	iterTime  sim.IterTimeFunc
 	hasher    *prefix.Hasher
 	root      uint64
+	kvEvents  func(*kvevents.Batch)
 
 	wake chan struct{} // a request arrived; capacity 1
 	ran  atomic.Bool   // Run was called
@@ -91,6 +102,11 @@ type Engine struct {
 	nextID  int
 	stopped bool
 	stats   Stats
+	// blocks and pending serve Config.KVEvents: the prompt blocks of
+	// requests in progress and of the prefix cache, and the events of the
+	// current iteration.
+	blocks  map[uint64]*blockInfo
+	pending []kvevents.Event
 }
 
 // Stats is a snapshot of an engine's state and counters.
@@ -152,6 +168,11 @@ func New(cfg Config) (*Engine, error) {
 		wake:      make(chan struct{}, 1),
 		rep:       rep,
 		seqs:      make(map[int]*seq),
+		kvEvents:  cfg.KVEvents,
+	}
+	if e.kvEvents != nil {
+		e.blocks = make(map[uint64]*blockInfo)
+		rep.SetKVEventHandler(e.onKVEvent)
 	}
 	if e.model == "" {
 		e.model = DefaultModel
@@ -194,6 +215,8 @@ type seq struct {
 	cancelled bool
 	failed    bool
 	notify    chan struct{} // capacity 1: something changed
+	prompt    string        // the prompt text, until submitted
+	tracked   bool          // its blocks are tracked for KV events
 }
 
 func (s *seq) signal() {
@@ -224,6 +247,8 @@ func (e *Engine) submit(s *seq) error {
 		return fmt.Errorf("engine: %w", err)
 	}
 	e.seqs[s.ID] = s
+	e.track(s, s.prompt)
+	s.prompt = ""
 	e.mu.Unlock()
 	select {
 	case e.wake <- struct{}{}:
@@ -246,6 +271,7 @@ func (e *Engine) cancel(s *seq) {
 	e.stats.Cancelled++
 	e.rep.Cancel(&s.Sequence)
 	delete(e.seqs, s.ID)
+	e.untrack(s)
 }
 
 // Run drives the batching loop until ctx is done, then fails the requests in
@@ -283,6 +309,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.mu.Lock()
 		e.finish()
 		e.mu.Unlock()
+		e.flushKVEvents()
 	}
 }
 
@@ -293,6 +320,7 @@ func (e *Engine) finish() {
 		if q.Done() {
 			e.stats.Finished++
 			delete(e.seqs, q.ID)
+			e.untrack(s)
 		}
 		s.signal()
 	}
@@ -312,6 +340,7 @@ func (e *Engine) stop() {
 	for _, s := range live {
 		e.rep.Cancel(&s.Sequence)
 		s.failed = true
+		e.untrack(s)
 		s.signal()
 	}
 	clear(e.seqs)

@@ -205,6 +205,9 @@ func (e *Engine) parse(body []byte) (s *seq, q request, code int, msg string) {
 		Prefix:       e.hasher.AppendString(nil, e.root, text),
 		BlockTokens:  e.blockSize,
 	}}
+	if e.kvEvents != nil {
+		s.prompt = text
+	}
 	if (s.PromptTokens+s.OutputTokens+e.blockSize-1)/e.blockSize > e.kvBlocks {
 		return nil, q, http.StatusBadRequest, fmt.Sprintf("prompt of %d tokens plus %d output tokens exceeds the KV cache", s.PromptTokens, s.OutputTokens)
 	}

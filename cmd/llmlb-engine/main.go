@@ -7,6 +7,15 @@
 //	go run ./cmd/llmlb-engine -ports 8001,8002,8003,8004
 //
 // It prints one base URL per engine and runs until interrupted.
+//
+// With -kv-events-port N, engine i also publishes its KV-cache events as
+// vLLM does with --kv-events-config (publisher zmq, topic "kv-events"): on a
+// ZMQ PUB socket at port N+i of -host, with a replay socket at port
+// N+i+1000, in vLLM's wire format, so that any consumer of vLLM's stream
+// (package kvevents among them) can follow it. The token IDs of the events
+// are those of engine.Tokens: one per 4 bytes of prompt text.
+//
+//	go run ./cmd/llmlb-engine -n 2 -kv-events-port 5557
 package main
 
 import (
@@ -14,6 +23,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -22,17 +32,21 @@ import (
 	"sync"
 
 	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/sim"
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "llmlb-engine:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// run runs the engines until ctx ends, printing their addresses to out.
+func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("llmlb-engine", flag.ContinueOnError)
 	n := fs.Int("n", 1, "number of engines, on free ports (ignored with -ports)")
 	ports := fs.String("ports", "", "comma-separated ports to listen on, one engine each")
@@ -45,6 +59,7 @@ func run(args []string) error {
 	budget := fs.Int("token-budget", sim.DefaultTokenBudget, "tokens per iteration (chunked prefill)")
 	maxRunning := fs.Int("max-running", sim.DefaultMaxRunning, "maximum sequences in the running batch")
 	maxWaiting := fs.Int("max-waiting", 0, "answer 429 when this many requests wait (0: no cap)")
+	kvPort := fs.Int("kv-events-port", 0, "publish engine i's KV events over ZMQ on this port + i, replay on this port + i + 1000 (0: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -76,13 +91,37 @@ func run(args []string) error {
 		DefaultMaxTokens: *maxTokens,
 		MaxWaiting:       *maxWaiting,
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	if *kvPort < 0 || *kvPort > 0 && *kvPort+len(addrs)-1+1000 > 65535 {
+		return fmt.Errorf("-kv-events-port %d out of range for %d engines", *kvPort, len(addrs))
+	}
+	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
-	errs := make(chan error, len(addrs))
-	for _, addr := range addrs {
+	defer wg.Wait()
+	errs := make(chan error, 2*len(addrs))
+	for i, addr := range addrs {
+		cfg := cfg
+		if *kvPort > 0 {
+			pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{
+				Endpoint:       fmt.Sprintf("tcp://%s", net.JoinHostPort(*host, strconv.Itoa(*kvPort+i))),
+				ReplayEndpoint: fmt.Sprintf("tcp://%s", net.JoinHostPort(*host, strconv.Itoa(*kvPort+i+1000))),
+				Topic:          "kv-events",
+			})
+			if err != nil {
+				stop()
+				return err
+			}
+			cfg.KVEvents = pub.Publish
+			wg.Go(func() {
+				if err := pub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+					errs <- err
+					stop()
+				}
+			})
+		}
 		e, err := engine.New(cfg)
 		if err != nil {
+			stop()
 			return err
 		}
 		l, err := net.Listen("tcp", addr)
@@ -91,7 +130,12 @@ func run(args []string) error {
 			wg.Wait()
 			return err
 		}
-		fmt.Printf("http://%s\n", l.Addr())
+		if *kvPort > 0 {
+			fmt.Fprintf(out, "http://%s kv-events tcp://%s replay tcp://%s\n", l.Addr(),
+				net.JoinHostPort(*host, strconv.Itoa(*kvPort+i)), net.JoinHostPort(*host, strconv.Itoa(*kvPort+i+1000)))
+		} else {
+			fmt.Fprintf(out, "http://%s\n", l.Addr())
+		}
 		wg.Go(func() {
 			if err := e.Serve(ctx, l); err != nil && !errors.Is(err, context.Canceled) {
 				errs <- err

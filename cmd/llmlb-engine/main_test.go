@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/kvevents"
+	"github.com/llmlb/llmlb/prefix"
+)
+
+// zmq4 v0.17.0 never stops the sending goroutine of a PUB socket, one per
+// kvevents.Publisher run.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
+
+// kvPort returns a loopback port p such that p and p+1000 were free a
+// moment ago.
+func kvPort(t *testing.T) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		p := l.Addr().(*net.TCPAddr).Port
+		l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1000)))
+		l.Close()
+		if err == nil {
+			l2.Close()
+			return p
+		}
+	}
+	t.Fatal("no free pair of ports")
+	return 0
+}
+
+// startEngine runs one engine publishing KV events on port p and returns
+// its base URL.
+func startEngine(t *testing.T, p int) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r, w := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-n", "1", "-speedup", "1000", "-block-size", "4", "-kv-events-port", strconv.Itoa(p)}, w)
+		w.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	line, err := bufio.NewReader(r).ReadString('\n')
+	require.NoError(t, err)
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	want := fmt.Sprintf(" kv-events tcp://127.0.0.1:%d replay tcp://127.0.0.1:%d\n", p, p+1000)
+	require.True(t, strings.HasSuffix(line, want), "%q", line)
+	return strings.Fields(line)[0]
+}
+
+func complete(t *testing.T, url, text string) {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"prompt":%q,"max_tokens":1}`, text)))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestKVEventsPort follows -kv-events-port with a kvevents.Subscriber: a
+// prompt the engine cached matches in the index under the router's hashes.
+func TestKVEventsPort(t *testing.T) {
+	p := kvPort(t)
+	url := startEngine(t, p)
+	h, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: 4})
+	require.NoError(t, err)
+	idx, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: 4, EventsOnly: true})
+	require.NoError(t, err)
+	sub, err := kvevents.NewSubscriber(kvevents.Config{Index: idx, Hasher: h})
+	require.NoError(t, err)
+	salt := prefix.Salt{Model: engine.DefaultModel}
+	require.NoError(t, sub.SetEndpoints(map[string]kvevents.Endpoint{url: {
+		PubAddr: fmt.Sprintf("tcp://127.0.0.1:%d", p), ReplayAddr: fmt.Sprintf("tcp://127.0.0.1:%d", p+1000), Topic: "kv-events", Salt: salt,
+	}}))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = sub.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+
+	i := 0
+	require.Eventually(t, func() bool {
+		i++
+		text := strings.Repeat(fmt.Sprintf("request %d. ", i), 8)
+		complete(t, url, text)
+		blocks := h.HashTokens(salt, engine.Tokens(text))
+		return len(blocks) > 0 && idx.MatchLen(url, blocks, time.Now()) == len(blocks)
+	}, 10*time.Second, 20*time.Millisecond)
+}
+
+// TestKVEventsPython decodes -kv-events-port's stream with the pyzmq and
+// msgpack consumer of package kvevents' tests, which checks vLLM's
+// positional schema.
+func TestKVEventsPython(t *testing.T) {
+	py := ""
+	for _, c := range []string{"python3", "/usr/bin/python3"} {
+		if path, err := exec.LookPath(c); err == nil && exec.Command(path, "-c", "import zmq, msgpack").Run() == nil {
+			py = path
+			break
+		}
+	}
+	if py == "" {
+		t.Skip("no python3 with pyzmq and msgpack (apt-get install python3-zmq python3-msgpack)")
+	}
+	p := kvPort(t)
+	url := startEngine(t, p)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, "../../kvevents/testdata/vllm_subscriber.py",
+		fmt.Sprintf("tcp://127.0.0.1:%d", p), fmt.Sprintf("tcp://127.0.0.1:%d", p+1000), "kv-events")
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	lines := make(chan string, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	defer func() {
+		stdin.Close()
+		for range lines {
+		}
+		_ = cmd.Wait()
+	}()
+
+	sent := map[string]string{} // tokens of the first block, as JSON, to prompt
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for n := 0; ; {
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "subscriber exited: %s", stderr.String())
+			var ev struct {
+				Type      string   `json:"type"`
+				TokenIDs  []uint32 `json:"token_ids"`
+				BlockSize int      `json:"block_size"`
+				Hashes    []uint64 `json:"block_hashes"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(l), &ev), l)
+			if ev.Type != "BlockStored" {
+				continue
+			}
+			assert.Equal(t, 4, ev.BlockSize)
+			assert.Len(t, ev.TokenIDs, 4*len(ev.Hashes))
+			key, _ := json.Marshal(ev.TokenIDs[:4])
+			text, ok := sent[string(key)]
+			require.True(t, ok, "tokens %v of no prompt sent", ev.TokenIDs)
+			assert.Equal(t, engine.Tokens(text)[:len(ev.TokenIDs)], ev.TokenIDs)
+			_, _ = io.WriteString(stdin, "quit\n")
+			return
+		case <-tick.C:
+			n++
+			text := strings.Repeat(fmt.Sprintf("prompt %d; ", n), 8)
+			key, _ := json.Marshal(engine.Tokens(text)[:4])
+			sent[string(key)] = text
+			complete(t, url, text)
+		case <-ctx.Done():
+			t.Fatalf("no BlockStored; stderr: %s", stderr.String())
+		}
+	}
+}

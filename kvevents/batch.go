@@ -1,0 +1,587 @@
+package kvevents
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Limits on one decoded batch. A payload beyond any of them is rejected as
+// malformed, so a batch never costs more memory than a small multiple of
+// its payload, and never more than these bounds allow.
+const (
+	// MaxPayloadBytes is the largest payload decoded: 64 MiB.
+	MaxPayloadBytes = 64 << 20
+	// MaxEventsPerBatch is the most events one batch may hold. vLLM and
+	// SGLang publish one batch per scheduler step, with a few events per
+	// request in it.
+	MaxEventsPerBatch = 1 << 16
+	// MaxBlocksPerEvent is the most block hashes one event may hold: a
+	// million tokens at 16 tokens a block.
+	MaxBlocksPerEvent = 1 << 16
+	// MaxTokensPerEvent is the most token IDs one event may hold.
+	MaxTokensPerEvent = 1 << 22
+)
+
+// ErrMalformed: a payload is not a KV event batch in any known encoding, or
+// exceeds a limit. Every decoding error wraps it.
+var ErrMalformed = errors.New("kvevents: malformed batch")
+
+// Kind is the type of an [Event].
+type Kind uint8
+
+// Event kinds, named after vLLM's event classes.
+const (
+	// Stored is BlockStored: the engine cached new blocks.
+	Stored Kind = iota + 1
+	// Removed is BlockRemoved: the engine evicted blocks.
+	Removed
+	// Cleared is AllBlocksCleared: the engine dropped its whole cache.
+	Cleared
+)
+
+// String returns the event class name used on the wire.
+func (k Kind) String() string {
+	switch k {
+	case Stored:
+		return "BlockStored"
+	case Removed:
+		return "BlockRemoved"
+	case Cleared:
+		return "AllBlocksCleared"
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Event is one KV-cache event of an engine.
+type Event struct {
+	// Kind is the type of the event.
+	Kind Kind
+	// BlockHashes are the engine's hashes of the blocks stored or removed,
+	// in prompt order. Engines send them as integers (kept as their 64-bit
+	// two's-complement bits) or as bytes (folded to 64 bits with XXH64).
+	BlockHashes []uint64
+	// Parent is the engine's hash of the block preceding the first stored
+	// block, when HasParent is set; a Stored event without a parent starts
+	// at the head of a prompt.
+	Parent    uint64
+	HasParent bool
+	// TokenIDs are the tokens of the stored blocks, BlockSize per block.
+	TokenIDs []uint32
+	// BlockSize is the number of tokens per block of a Stored event.
+	BlockSize int
+	// LoRA names the LoRA adapter of the stored blocks: vLLM's lora_name,
+	// or its lora_id in decimal when only that is sent; "" for none.
+	LoRA string
+	// Medium is where the blocks live ("GPU", "CPU", ...); "" when the
+	// engine does not say, which means GPU memory.
+	Medium string
+	// Group is the KV-cache group of the blocks (vLLM's group_idx, for
+	// models mixing attention types); 0 when not sent.
+	Group int
+	// Salted reports that the engine mixed keys other than the LoRA name
+	// into the stored blocks' hashes (vLLM's extra_keys: multimodal inputs,
+	// cache_salt, prompt embeddings), so the token IDs alone do not
+	// identify the blocks.
+	Salted bool
+}
+
+// Batch is one message of an engine's KV event stream: the events of one
+// scheduler step.
+type Batch struct {
+	// TS is the time the batch was made, in seconds since the Unix epoch.
+	TS float64
+	// Events are the batch's events, in order.
+	Events []Event
+	// DPRank is the data-parallel rank of the publisher (vLLM's
+	// data_parallel_rank, SGLang's attn_dp_rank), or -1 when not sent.
+	DPRank int
+
+	// Storage reused by DecodeBatch.
+	hashes []uint64
+	tokens []uint32
+	spans  []eventSpans
+}
+
+// eventSpans locates an event's slices in Batch.hashes and Batch.tokens
+// while decoding, before those are final.
+type eventSpans struct {
+	h0, h1, t0, t1 int
+	extra          []byte // raw extra_keys value, checked once LoRA is known
+}
+
+// DecodeBatch decodes payload into b, reusing the storage of b's slices: the
+// slices of an earlier decode into b are overwritten. It accepts both
+// encodings vLLM has used, positional arrays (vLLM up to mid 2026, SGLang)
+// and maps keyed by field name with the class under "type" (vLLM since
+// PR 42892), for the batch and for each event. Trailing fields missing from
+// a positional event take their zero values, fields it does not know are
+// skipped, and events of an unknown class are dropped, so that engines older
+// or newer than this package decode alike. On error, which wraps
+// [ErrMalformed], b holds no events.
+func DecodeBatch(b *Batch, payload []byte) error {
+	b.TS, b.DPRank = 0, -1
+	b.Events, b.hashes, b.tokens, b.spans = b.Events[:0], b.hashes[:0], b.tokens[:0], b.spans[:0]
+	if err := b.decode(payload); err != nil {
+		clear(b.Events)
+		b.Events = b.Events[:0]
+		return fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	for i := range b.Events {
+		e, s := &b.Events[i], &b.spans[i]
+		e.BlockHashes = b.hashes[s.h0:s.h1:s.h1]
+		e.TokenIDs = b.tokens[s.t0:s.t1:s.t1]
+		if s.extra != nil {
+			e.Salted = salted(s.extra, e.LoRA)
+			s.extra = nil
+		}
+	}
+	return nil
+}
+
+func (b *Batch) decode(payload []byte) error {
+	if len(payload) > MaxPayloadBytes {
+		return fmt.Errorf("payload of %d bytes exceeds %d", len(payload), MaxPayloadBytes)
+	}
+	r := &reader{b: payload}
+	var err error
+	switch {
+	case r.isArray():
+		var n int
+		if n, err = r.arrayLen(); err != nil {
+			return err
+		}
+		if n < 2 {
+			return errors.New("batch array shorter than [ts, events]")
+		}
+		if b.TS, err = r.float(); err != nil {
+			return fmt.Errorf("ts: %w", err)
+		}
+		if err = b.decodeEvents(r); err != nil {
+			return err
+		}
+		if n > 2 {
+			if b.DPRank, err = optInt(r, -1); err != nil {
+				return fmt.Errorf("data_parallel_rank: %w", err)
+			}
+		}
+		for range n - min(n, 3) {
+			if err = r.skip(1); err != nil {
+				return err
+			}
+		}
+	case r.isMap():
+		var n int
+		if n, err = r.mapLen(); err != nil {
+			return err
+		}
+		for range n {
+			k, err := r.raw()
+			if err != nil {
+				return fmt.Errorf("batch key: %w", err)
+			}
+			switch string(k) {
+			case "ts":
+				b.TS, err = r.float()
+			case "events":
+				err = b.decodeEvents(r)
+			case "data_parallel_rank", "attn_dp_rank":
+				b.DPRank, err = optInt(r, -1)
+			default:
+				err = r.skip(1)
+			}
+			if err != nil {
+				return fmt.Errorf("batch field %q: %w", k, err)
+			}
+		}
+	default:
+		return errors.New("batch is neither an array nor a map")
+	}
+	if r.off != len(payload) {
+		return errors.New("trailing bytes after the batch")
+	}
+	return nil
+}
+
+func (b *Batch) decodeEvents(r *reader) error {
+	if r.isNil() {
+		return nil
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return fmt.Errorf("events: %w", err)
+	}
+	if n > MaxEventsPerBatch {
+		return fmt.Errorf("%d events exceed %d", n, MaxEventsPerBatch)
+	}
+	for i := range n {
+		var e Event
+		var s eventSpans
+		if err := b.decodeEvent(r, &e, &s); err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+		if e.Kind != 0 {
+			b.Events = append(b.Events, e)
+			b.spans = append(b.spans, s)
+		} else {
+			b.hashes, b.tokens = b.hashes[:s.h0], b.tokens[:s.t0]
+		}
+	}
+	return nil
+}
+
+// Positional field order of each event class, after the tag.
+var (
+	storedFields  = [...]string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
+	removedFields = [...]string{"block_hashes", "medium", "group_idx"}
+)
+
+// decodeEvent decodes one event; e.Kind stays 0 for an unknown class.
+func (b *Batch) decodeEvent(r *reader, e *Event, s *eventSpans) error {
+	s.h0, s.h1, s.t0, s.t1 = len(b.hashes), len(b.hashes), len(b.tokens), len(b.tokens)
+	if r.isMap() {
+		n, err := r.mapLen()
+		if err != nil {
+			return err
+		}
+		known := true
+		for range n {
+			k, err := r.raw()
+			if err != nil {
+				return fmt.Errorf("key: %w", err)
+			}
+			if string(k) == "type" {
+				tag, err := r.raw()
+				if err != nil {
+					return fmt.Errorf("type: %w", err)
+				}
+				e.Kind, known = kindOf(tag)
+				continue
+			}
+			if err := b.decodeField(r, string(k), e, s); err != nil {
+				return fmt.Errorf("field %q: %w", k, err)
+			}
+		}
+		if !known {
+			e.Kind = 0
+		}
+		return nil
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return errors.New("empty event")
+	}
+	tag, err := r.raw()
+	if err != nil {
+		return fmt.Errorf("tag: %w", err)
+	}
+	kind, known := kindOf(tag)
+	var fields []string
+	switch kind {
+	case Stored:
+		fields = storedFields[:]
+	case Removed:
+		fields = removedFields[:]
+	}
+	for i := range n - 1 {
+		name := ""
+		if known && i < len(fields) {
+			name = fields[i]
+		}
+		if err := b.decodeField(r, name, e, s); err != nil {
+			return fmt.Errorf("field %d (%s): %w", i+1, name, err)
+		}
+	}
+	if known {
+		e.Kind = kind
+	}
+	return nil
+}
+
+func kindOf(tag []byte) (Kind, bool) {
+	switch string(tag) {
+	case "BlockStored":
+		return Stored, true
+	case "BlockRemoved":
+		return Removed, true
+	case "AllBlocksCleared":
+		return Cleared, true
+	}
+	return 0, false
+}
+
+// decodeField decodes the field called name into e, or skips it.
+func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) error {
+	var err error
+	switch name {
+	case "block_hashes":
+		s.h0 = len(b.hashes)
+		err = b.decodeHashes(r)
+		s.h1 = len(b.hashes)
+	case "parent_block_hash":
+		if !r.isNil() {
+			e.Parent, err = blockHash(r)
+			e.HasParent = err == nil
+		}
+	case "token_ids":
+		s.t0 = len(b.tokens)
+		err = b.decodeTokens(r)
+		s.t1 = len(b.tokens)
+	case "block_size":
+		var v int
+		if v, err = optInt(r, 0); err == nil && (v < 0 || v > math.MaxInt32) {
+			err = fmt.Errorf("block size %d out of range", v)
+		}
+		e.BlockSize = v
+	case "lora_id":
+		var v int
+		if v, err = optInt(r, math.MinInt); err == nil && v != math.MinInt && e.LoRA == "" {
+			e.LoRA = strconv.Itoa(v)
+		}
+	case "lora_name":
+		if !r.isNil() {
+			var p []byte
+			if p, err = r.raw(); err == nil && len(p) > 0 {
+				e.LoRA = string(p)
+			}
+		}
+	case "medium":
+		if !r.isNil() {
+			var p []byte
+			if p, err = r.raw(); err == nil {
+				e.Medium = string(p)
+			}
+		}
+	case "extra_keys":
+		start := r.off
+		if err = r.skip(1); err == nil && r.b[start] != mpNil {
+			s.extra = r.b[start:r.off]
+		}
+	case "group_idx":
+		e.Group, err = optInt(r, 0)
+	default:
+		err = r.skip(1)
+	}
+	return err
+}
+
+func (b *Batch) decodeHashes(r *reader) error {
+	if r.isNil() {
+		return nil
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	if n > MaxBlocksPerEvent {
+		return fmt.Errorf("%d block hashes exceed %d", n, MaxBlocksPerEvent)
+	}
+	for range n {
+		h, err := blockHash(r)
+		if err != nil {
+			return err
+		}
+		b.hashes = append(b.hashes, h)
+	}
+	return nil
+}
+
+func (b *Batch) decodeTokens(r *reader) error {
+	if r.isNil() {
+		return nil
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	if n > MaxTokensPerEvent {
+		return fmt.Errorf("%d token IDs exceed %d", n, MaxTokensPerEvent)
+	}
+	b.tokens = growTokens(b.tokens, n)
+	for range n {
+		v, neg, err := r.integer()
+		if err != nil {
+			return err
+		}
+		if neg || v > math.MaxUint32 {
+			return fmt.Errorf("token ID %d out of range", int64(v))
+		}
+		b.tokens = append(b.tokens, uint32(v))
+	}
+	return nil
+}
+
+func growTokens(s []uint32, n int) []uint32 {
+	if cap(s)-len(s) >= n {
+		return s
+	}
+	out := make([]uint32, len(s), len(s)+max(n, len(s)))
+	copy(out, s)
+	return out
+}
+
+// blockHash reads an engine block hash: an integer or a byte string.
+func blockHash(r *reader) (uint64, error) {
+	if c, err := r.peek(); err == nil && (c >= 0xa0 && c <= 0xbf || c == mpBin8 || c == mpBin16 || c == mpBin32 || c == mpStr8 || c == mpStr16 || c == mpStr32) {
+		p, err := r.raw()
+		return xxhash.Sum64(p), err
+	}
+	v, _, err := r.integer()
+	return v, err
+}
+
+// optInt reads an integer that fits an int, or nil as def.
+func optInt(r *reader, def int) (int, error) {
+	if r.isNil() {
+		return def, nil
+	}
+	v, neg, err := r.integer()
+	if err != nil {
+		return 0, err
+	}
+	if !neg && v > math.MaxInt64 {
+		return 0, errors.New("integer out of range")
+	}
+	return int(int64(v)), nil
+}
+
+// salted reports whether the raw extra_keys value holds a key other than
+// the LoRA name: vLLM sends one entry per block, nil or a tuple of the
+// block's extra keys, of which the LoRA name is one when an adapter is set.
+func salted(extra []byte, lora string) bool {
+	r := &reader{b: extra}
+	if r.isMap() {
+		n, err := r.mapLen()
+		return err != nil || n > 0
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return true
+	}
+	for range n {
+		if r.isNil() {
+			continue
+		}
+		m, err := r.arrayLen()
+		if err != nil || m > 1 {
+			return true
+		}
+		if m == 1 {
+			p, err := r.raw()
+			if err != nil || lora == "" || string(p) != lora {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// AppendBatch appends the MessagePack encoding of b to dst and returns the
+// extended slice. The encoding is vLLM's positional one, which every
+// consumer of vLLM's and SGLang's streams decodes: the batch as [ts,
+// events, data_parallel_rank] (the rank only when DPRank >= 0), a Stored
+// event as ["BlockStored", block_hashes, parent_block_hash, token_ids,
+// block_size, lora_id, medium] followed by lora_name, extra_keys and
+// group_idx only when LoRA or Group is set, a Removed event as
+// ["BlockRemoved", block_hashes, medium], and a Cleared event as
+// ["AllBlocksCleared"]. Block hashes are written as unsigned integers; lora_id
+// is always nil, the adapter going by name. Events of an unknown Kind are
+// left out.
+func AppendBatch(dst []byte, b *Batch) []byte {
+	buf := bytes.NewBuffer(dst)
+	enc := msgpack.GetEncoder()
+	defer msgpack.PutEncoder(enc)
+	enc.Reset(buf)
+	// Writes to a bytes.Buffer do not fail.
+	n := 0
+	for i := range b.Events {
+		if k := b.Events[i].Kind; k >= Stored && k <= Cleared {
+			n++
+		}
+	}
+	fields := 2
+	if b.DPRank >= 0 {
+		fields = 3
+	}
+	_ = enc.EncodeArrayLen(fields)
+	_ = enc.EncodeFloat64(b.TS)
+	_ = enc.EncodeArrayLen(n)
+	for i := range b.Events {
+		encodeEvent(enc, &b.Events[i])
+	}
+	if b.DPRank >= 0 {
+		_ = enc.EncodeInt(int64(b.DPRank))
+	}
+	return buf.Bytes()
+}
+
+func encodeEvent(enc *msgpack.Encoder, e *Event) {
+	optString := func(s string) {
+		if s == "" {
+			_ = enc.EncodeNil()
+		} else {
+			_ = enc.EncodeString(s)
+		}
+	}
+	hashes := func() {
+		_ = enc.EncodeArrayLen(len(e.BlockHashes))
+		for _, h := range e.BlockHashes {
+			_ = enc.EncodeUint(h)
+		}
+	}
+	switch e.Kind {
+	case Stored:
+		n := 7
+		switch {
+		case e.Group != 0:
+			n = 10
+		case e.LoRA != "":
+			n = 8
+		}
+		_ = enc.EncodeArrayLen(n)
+		_ = enc.EncodeString("BlockStored")
+		hashes()
+		if e.HasParent {
+			_ = enc.EncodeUint(e.Parent)
+		} else {
+			_ = enc.EncodeNil()
+		}
+		_ = enc.EncodeArrayLen(len(e.TokenIDs))
+		for _, t := range e.TokenIDs {
+			_ = enc.EncodeUint(uint64(t))
+		}
+		_ = enc.EncodeInt(int64(e.BlockSize))
+		_ = enc.EncodeNil() // lora_id
+		optString(e.Medium)
+		if n > 7 {
+			optString(e.LoRA)
+		}
+		if n > 8 {
+			_ = enc.EncodeNil() // extra_keys
+			_ = enc.EncodeInt(int64(e.Group))
+		}
+	case Removed:
+		if e.Group != 0 {
+			_ = enc.EncodeArrayLen(4)
+		} else {
+			_ = enc.EncodeArrayLen(3)
+		}
+		_ = enc.EncodeString("BlockRemoved")
+		hashes()
+		optString(e.Medium)
+		if e.Group != 0 {
+			_ = enc.EncodeInt(int64(e.Group))
+		}
+	case Cleared:
+		_ = enc.EncodeArrayLen(1)
+		_ = enc.EncodeString("AllBlocksCleared")
+	}
+}

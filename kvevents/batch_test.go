@@ -1,0 +1,149 @@
+package kvevents
+
+import (
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func pack(t testing.TB, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	require.NoError(t, err)
+	return b
+}
+
+func TestDecodeBatch(t *testing.T) {
+	digest := []byte("0123456789abcdef0123456789abcdef")
+	cases := []struct {
+		name    string
+		payload any
+		want    Batch
+	}{{
+		name:    "vLLM 0.9 positional, no medium",
+		payload: []any{1.5, []any{[]any{"BlockStored", []any{uint64(1), uint64(2)}, nil, []any{1, 2, 3, 4}, 2, nil}}},
+		want:    Batch{TS: 1.5, DPRank: -1, Events: []Event{{Kind: Stored, BlockHashes: []uint64{1, 2}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2}}},
+	}, {
+		name:    "negative integer hashes and a parent",
+		payload: []any{1.0, []any{[]any{"BlockStored", []any{int64(-5)}, int64(-7), []any{9, 9}, 2, 3, "GPU"}}, 0},
+		want:    Batch{TS: 1, DPRank: 0, Events: []Event{{Kind: Stored, BlockHashes: []uint64{^uint64(4)}, Parent: ^uint64(6), HasParent: true, TokenIDs: []uint32{9, 9}, BlockSize: 2, LoRA: "3", Medium: "GPU"}}},
+	}, {
+		name: "later fields, unknown trailing ones and unknown events",
+		payload: []any{2, []any{
+			[]any{"BlockStored", []any{digest}, nil, []any{1, 2}, 2, 7, "GPU", "ad", []any{[]any{"ad"}}, 0, "full_attention", 1024, map[string]any{"future": []any{1}}},
+			[]any{"Renamed", 1, 2},
+			[]any{"BlockRemoved", []any{3}, "CPU", 1, "x"},
+			[]any{"AllBlocksCleared", nil},
+		}, 3, "extra"},
+		want: Batch{TS: 2, DPRank: 3, Events: []Event{
+			{Kind: Stored, BlockHashes: []uint64{xxhash.Sum64(digest)}, TokenIDs: []uint32{1, 2}, BlockSize: 2, LoRA: "ad", Medium: "GPU"},
+			{Kind: Removed, BlockHashes: []uint64{3}, Medium: "CPU", Group: 1},
+			{Kind: Cleared},
+		}},
+	}, {
+		name: "map-encoded events and batch",
+		payload: map[string]any{"ts": 3.0, "attn_dp_rank": 1, "events": []any{
+			map[string]any{"block_hashes": []any{5}, "type": "BlockStored", "parent_block_hash": 4, "token_ids": []any{1}, "block_size": 1, "lora_name": nil, "extra_keys": []any{[]any{"salt"}}},
+			map[string]any{"type": "BlockRemoved", "block_hashes": []any{5}, "medium": nil},
+			map[string]any{"type": "Unknown", "block_hashes": []any{6}},
+		}},
+		want: Batch{TS: 3, DPRank: 1, Events: []Event{
+			{Kind: Stored, BlockHashes: []uint64{5}, Parent: 4, HasParent: true, TokenIDs: []uint32{1}, BlockSize: 1, Salted: true},
+			{Kind: Removed, BlockHashes: []uint64{5}},
+		}},
+	}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var b Batch
+			require.NoError(t, DecodeBatch(&b, pack(t, c.payload)))
+			assertBatch(t, c.want, b)
+		})
+	}
+}
+
+func assertBatch(t *testing.T, want, got Batch) {
+	t.Helper()
+	assert.Equal(t, want.TS, got.TS)
+	assert.Equal(t, want.DPRank, got.DPRank)
+	require.Len(t, got.Events, len(want.Events))
+	for i := range want.Events {
+		w, g := want.Events[i], got.Events[i]
+		if len(w.BlockHashes) == 0 && len(g.BlockHashes) == 0 {
+			w.BlockHashes, g.BlockHashes = nil, nil
+		}
+		if len(w.TokenIDs) == 0 && len(g.TokenIDs) == 0 {
+			w.TokenIDs, g.TokenIDs = nil, nil
+		}
+		assert.Equal(t, w, g, "event %d", i)
+	}
+}
+
+func TestDecodeBatchRejects(t *testing.T) {
+	cases := map[string][]byte{
+		"empty":            nil,
+		"not a batch":      pack(t, "BlockStored"),
+		"short batch":      pack(t, []any{1.0}),
+		"truncated":        pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1, 2}}}})[:8],
+		"trailing bytes":   append(pack(t, []any{1.0, []any{}}), 0),
+		"negative token":   pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{-1}, 1}}}),
+		"huge token":       pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{uint64(1) << 40}, 1}}}),
+		"string hashes":    pack(t, []any{1.0, []any{[]any{"BlockRemoved", "abc"}}}),
+		"float hash":       pack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{1.5}}}}),
+		"empty event":      pack(t, []any{1.0, []any{[]any{}}}),
+		"array32 too long": {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff},
+		"deep nesting":     append(append([]byte{0x93, 0x01, 0x90}, bytesOf(0x91, 100)...), 0xc0),
+	}
+	for name, p := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := Batch{Events: []Event{{Kind: Stored}}}
+			err := DecodeBatch(&b, p)
+			assert.ErrorIs(t, err, ErrMalformed)
+			assert.Empty(t, b.Events)
+		})
+	}
+}
+
+func bytesOf(c byte, n int) []byte {
+	out := make([]byte, n)
+	for i := range out {
+		out[i] = c
+	}
+	return out
+}
+
+// TestAppendBatchRoundTrip checks that AppendBatch writes what DecodeBatch
+// reads, and vLLM's positional layout byte for byte.
+func TestAppendBatchRoundTrip(t *testing.T) {
+	in := Batch{TS: 12.25, DPRank: 0, Events: []Event{
+		{Kind: Stored, BlockHashes: []uint64{1 << 63, 2}, Parent: 9, HasParent: true, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "GPU"},
+		{Kind: Stored, BlockHashes: []uint64{3}, TokenIDs: []uint32{5, 6}, BlockSize: 2, LoRA: "ad", Medium: "GPU", Group: 2},
+		{Kind: Removed, BlockHashes: []uint64{2}, Medium: "GPU"},
+		{Kind: Cleared},
+	}}
+	p := AppendBatch(nil, &in)
+	var out Batch
+	require.NoError(t, DecodeBatch(&out, p))
+	assertBatch(t, in, out)
+
+	want := pack(t, []any{12.25, []any{
+		[]any{"BlockStored", []any{uint64(1) << 63, 2}, 9, []any{1, 2, 3, 4}, 2, nil, "GPU"},
+		[]any{"BlockStored", []any{3}, nil, []any{5, 6}, 2, nil, "GPU", "ad", nil, 2},
+		[]any{"BlockRemoved", []any{2}, "GPU"},
+		[]any{"AllBlocksCleared"},
+	}, 0})
+	assert.Equal(t, want, p)
+}
+
+func TestDecodeBatchAllocs(t *testing.T) {
+	p := AppendBatch(nil, &Batch{TS: 1, Events: []Event{
+		{Kind: Stored, BlockHashes: []uint64{1, 2}, TokenIDs: make([]uint32, 32), BlockSize: 16},
+		{Kind: Removed, BlockHashes: []uint64{1}},
+	}})
+	var b Batch
+	require.NoError(t, DecodeBatch(&b, p))
+	allocs := testing.AllocsPerRun(100, func() { _ = DecodeBatch(&b, p) })
+	assert.Zero(t, allocs, "decoding into a used Batch allocates")
+}

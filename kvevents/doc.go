@@ -1,0 +1,94 @@
+// Package kvevents follows the KV-cache event streams that vLLM and SGLang
+// publish over ZMQ and keeps a [prefix.Index] exactly in step with what each
+// engine holds in its prefix cache.
+//
+// # The stream
+//
+// An engine started with a ZMQ KV event publisher sends one message per
+// scheduler step on a PUB socket: the frames [topic, sequence number (8
+// bytes, big-endian, from 0 in each engine process), payload]. The payload
+// is a MessagePack batch [ts, events, data_parallel_rank] whose events are
+// BlockStored (the engine's hashes of the blocks cached, the hash of the
+// block before them, their token IDs, the block size, the LoRA adapter, the
+// medium), BlockRemoved (hashes evicted) and AllBlocksCleared. vLLM has
+// encoded events as positional arrays and, since mid 2026, as maps keyed by
+// field name; block hashes are integers or byte strings depending on the
+// version and the hash function; fields were added over time. [DecodeBatch]
+// reads every one of these forms, skips what it does not know, and rejects
+// what exceeds [MaxPayloadBytes], [MaxEventsPerBatch], [MaxBlocksPerEvent] or
+// [MaxTokensPerEvent]. The engine also binds a replay (ROUTER) socket that
+// answers a sequence number with the batches it still buffers from that
+// number on, then an end marker.
+//
+// # The subscriber
+//
+// A [Subscriber] runs one subscription per endpoint, set with
+// [Subscriber.SetEndpoints] whenever the balancer's membership changes and
+// run by [Subscriber.Run]. Each subscription connects to the endpoint's PUB
+// socket, reconnects after failures with jittered exponential back-off, and
+// applies every batch in sequence order:
+//
+//   - A BlockStored is translated into the router's own hashes: the hash of
+//     its parent block is looked up in a bounded per-endpoint map from engine
+//     hash to router hash ([Config.MaxBlocks]), and the chain continues from
+//     there with [prefix.Hasher.AppendTokens] over the event's token IDs (from
+//     the root of the endpoint's [Endpoint.Salt], with the event's LoRA
+//     adapter, when there is no parent). The blocks then match exactly the
+//     prompts the router hashes with the same hasher. Blocks whose parent is
+//     unknown, whose hashes mix in other keys (multimodal inputs, cache_salt:
+//     [Event.Salted]), that live outside GPU memory, or that belong to a
+//     KV-cache group other than the first are not indexed: a missing block
+//     costs a cache hit, a wrong one would send requests to the wrong
+//     replica.
+//   - A BlockRemoved removes the blocks; AllBlocksCleared clears the
+//     endpoint.
+//   - A gap in sequence numbers is filled from the replay socket. If the
+//     replay cannot fill it, the engine restarted (sequence numbers went
+//     back, or the last batch applied is not what the replay returns under
+//     its number), or a batch cannot be decoded, the endpoint's blocks are
+//     cleared ([prefix.Index.Cleared]): what it holds is then unknown, and is
+//     never guessed.
+//
+// [Stats] counts what each subscription did. An endpoint removed from the
+// set, or the whole subscriber when Run returns, has its blocks dropped from
+// the index, since nothing keeps them current any more.
+//
+// # Engines
+//
+// vLLM publishes with --kv-events-config; the fields are those of vLLM's
+// KVEventsConfig (enable_kv_cache_events, publisher, endpoint,
+// replay_endpoint, buffer_steps, hwm, max_queue_size, topic):
+//
+//	vllm serve MODEL --block-size 16 --enable-prefix-caching \
+//	  --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq",
+//	    "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}'
+//
+// SGLang takes the same JSON in --kv-events-config, without
+// enable_kv_cache_events (the flag's presence enables publishing); its block
+// size is its --page-size, whose default of 1 token must be raised to the
+// router's block size:
+//
+//	python -m sglang.launch_server --model-path MODEL --page-size 16 \
+//	  --kv-events-config '{"publisher": "zmq", "endpoint": "tcp://*:5557",
+//	    "replay_endpoint": "tcp://*:5558", "topic": "kv-events"}'
+//
+// Then subscribe to tcp://HOST:5557 with replay tcp://HOST:5558 and topic
+// "kv-events". With data parallelism, rank r publishes on the endpoint's
+// port + r: subscribe to each rank as an endpoint of its own. The router's
+// [prefix.Hasher] must hash token IDs (not bytes), with the engine's block
+// size, and a salt the subscriber knows: [Endpoint.Salt] holds the model
+// and, under tenant isolation, the tenant an engine serves; otherwise
+// create the router's hasher with [prefix.HasherConfig.ShareAcrossTenants].
+//
+// A [Publisher] speaks the same protocol from Go: cmd/llmlb-engine uses it
+// to publish its emulated engines' events (-kv-events-port).
+//
+// # Concurrency and resources
+//
+// Subscriber and Publisher methods are safe for concurrent use. Creating
+// either starts nothing: their Run methods start their goroutines (one per
+// endpoint for a Subscriber) and stop them all before returning. Memory is
+// bounded per endpoint by MaxBlocks map entries plus one decoded batch. The
+// ZMQ implementation is pure Go (github.com/go-zeromq/zmq4); it reads each
+// frame whole, so subscribe only to engines you trust.
+package kvevents

@@ -1,0 +1,93 @@
+package kvevents
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmlb/llmlb/prefix"
+)
+
+const (
+	waitFor = 10 * time.Second
+	tick    = 5 * time.Millisecond
+)
+
+// TestSubscriberFollowsPublisher runs this package's Publisher and
+// Subscriber on loopback: blocks stored arrive in the index under the
+// router's hashes, a batch missed on the live stream is recovered by replay,
+// and a publisher restart (sequence numbers back to 0) clears the endpoint.
+func TestSubscriberFollowsPublisher(t *testing.T) {
+	idx, h := newTestIndex(t)
+	pubAddr, replayAddr := freeAddr(t), freeAddr(t)
+	salt := prefix.Salt{Model: "m"}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	startPublisher := func() (*Publisher, context.CancelFunc) {
+		p, err := NewPublisher(PublisherConfig{Endpoint: pubAddr, ReplayEndpoint: replayAddr, Topic: "kv-events"})
+		require.NoError(t, err)
+		pctx, pcancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		wg.Go(func() { defer close(done); _ = p.Run(pctx) })
+		return p, func() { pcancel(); <-done }
+	}
+	p, stopPub := startPublisher()
+
+	sub, err := NewSubscriber(Config{Index: idx, Hasher: h, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetEndpoints(map[string]Endpoint{"e1": {PubAddr: pubAddr, ReplayAddr: replayAddr, Topic: "kv-events", Salt: salt}}))
+	wg.Go(func() { _ = sub.Run(ctx) })
+	stats := func() Stats { s, _ := sub.Stats("e1"); return s }
+	// Publish empty batches until one arrives: the subscription may take
+	// effect after the connection.
+	require.Eventually(t, func() bool {
+		p.Publish(&Batch{DPRank: 0})
+		return stats().Batches > 0
+	}, waitFor, 20*time.Millisecond)
+
+	a := prompt(1, 3)
+	ha := h.HashTokens(salt, a)
+	p.Publish(&Batch{TS: 1, DPRank: 0, Events: []Event{stored(ha, a, 0, 2)}})
+	p.Publish(&Batch{TS: 2, DPRank: 0, Events: []Event{stored(ha, a, 2, 3)}})
+	require.Eventually(t, func() bool { return idx.MatchLen("e1", ha, time.Now()) == 3 }, waitFor, tick)
+
+	// A batch lost on the live stream is replayed.
+	before := stats()
+	b := prompt(100, 2)
+	hb := h.HashTokens(salt, b)
+	p.publish(&Batch{TS: 3, DPRank: 0, Events: []Event{removed(ha[2])}}, false)
+	p.Publish(&Batch{TS: 4, DPRank: 0, Events: []Event{stored(hb, b, 0, 2)}})
+	require.Eventually(t, func() bool {
+		return idx.MatchLen("e1", ha, time.Now()) == 2 && idx.MatchLen("e1", hb, time.Now()) == 2
+	}, waitFor, tick)
+	st := stats()
+	assert.Equal(t, before.Gaps+1, st.Gaps)
+	assert.Equal(t, before.Replayed+1, st.Replayed)
+	assert.Equal(t, before.Resets, st.Resets)
+	resets := st.Resets
+
+	// The engine restarts: sequence numbers start again at 0.
+	stopPub()
+	p, stopPub = startPublisher()
+	defer stopPub()
+	c := prompt(200, 1)
+	hc := h.HashTokens(salt, c)
+	require.Eventually(t, func() bool {
+		p.Publish(&Batch{TS: 5, DPRank: 0, Events: []Event{stored(hc, c, 0, 1)}})
+		return idx.MatchLen("e1", hc, time.Now()) == 1
+	}, waitFor, 20*time.Millisecond)
+	assert.Equal(t, 0, idx.MatchLen("e1", ha, time.Now()), "%+v", stats())
+	assert.Equal(t, 0, idx.MatchLen("e1", hb, time.Now()))
+	assert.Greater(t, stats().Resets, resets)
+
+	// Removing the endpoint stops its subscription and drops its blocks.
+	require.NoError(t, sub.SetEndpoints(nil))
+	require.Eventually(t, func() bool { _, ok := sub.Stats("e1"); return !ok && idx.Len("e1") == 0 }, waitFor, tick)
+}

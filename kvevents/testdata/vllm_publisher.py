@@ -1,0 +1,185 @@
+"""A stand-in for a vLLM engine's KV event publisher, for interop tests.
+
+It binds a PUB socket and a replay ROUTER socket with pyzmq and publishes
+MessagePack batches packed with the msgpack module, in the layouts vLLM has
+used: positional arrays (vLLM until mid 2026, SGLang) and maps keyed by field
+name (vLLM since PR 42892), with integer and byte-string block hashes.
+
+Usage: vllm_publisher.py PUB_PORT REPLAY_PORT TOPIC BLOCK_SIZE
+
+It prints "ready" once bound, then runs the steps named on stdin, one per
+line, printing "done STEP" after each, and answers replay requests
+meanwhile. It exits on "quit" or at the end of its input.
+"""
+
+import hashlib
+import sys
+import time
+
+import msgpack
+import zmq
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+def tokens(base, blocks, block_size):
+    return list(range(base, base + blocks * block_size))
+
+
+class Engine:
+    def __init__(self, pub_port, replay_port, topic, block_size):
+        ctx = zmq.Context.instance()
+        self.pub = ctx.socket(zmq.PUB)
+        self.pub.bind(f"tcp://127.0.0.1:{pub_port}")
+        self.replay = ctx.socket(zmq.ROUTER)
+        self.replay.bind(f"tcp://127.0.0.1:{replay_port}")
+        self.topic = topic.encode()
+        self.bs = block_size
+        self.seq = 0
+        self.buffer = []  # (seq, payload), oldest first
+
+    # --- wire ---------------------------------------------------------
+
+    def publish(self, events, send=True, keep=True, as_map=False):
+        if as_map:
+            batch = {"ts": time.time(), "events": events, "data_parallel_rank": 0}
+        else:
+            batch = [time.time(), events, 0]
+        payload = msgpack.packb(batch, use_bin_type=True)
+        seq = self.seq
+        self.seq += 1
+        if keep:
+            self.buffer.append((seq, payload))
+        if send:
+            self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+
+    def serve_replay(self):
+        frames = self.replay.recv_multipart()
+        if len(frames) != 3:
+            return
+        client, _, start = frames
+        start = int.from_bytes(start, "big")
+        for seq, payload in self.buffer:
+            if seq >= start:
+                self.replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
+        self.replay.send_multipart([client, b"", END_SEQ, b""])
+
+    # --- block hashes -------------------------------------------------
+
+    def int_hashes(self, toks, negative=False):
+        """Chained 64-bit integer hashes, signed like Python's hash()."""
+        out, parent = [], b""
+        for i in range(0, len(toks), self.bs):
+            d = hashlib.sha256(parent + repr(toks[i : i + self.bs]).encode()).digest()
+            v = int.from_bytes(d[:8], "big")
+            if negative:
+                v = -(v >> 1) - 1
+            out.append(v)
+            parent = d
+        return out
+
+    def bytes_hashes(self, toks):
+        """Chained 32-byte SHA-256 digests, as vLLM's sha256 hashing sends."""
+        out, parent = [], b""
+        for i in range(0, len(toks), self.bs):
+            parent = hashlib.sha256(parent + repr(toks[i : i + self.bs]).encode()).digest()
+            out.append(parent)
+        return out
+
+    def stored(self, hashes, toks, start, end, **extra):
+        """A positional BlockStored of blocks [start, end)."""
+        parent = hashes[start - 1] if start > 0 else None
+        ev = ["BlockStored", hashes[start:end], parent, toks[start * self.bs : end * self.bs], self.bs]
+        ev.append(extra.get("lora_id"))
+        ev.append(extra.get("medium", "GPU"))
+        for k in ("lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "unknown"):
+            if k in extra:
+                ev.append(extra[k])
+        return ev
+
+    def stored_map(self, hashes, toks, start, end):
+        """A BlockStored encoded as a map, as vLLM does since PR 42892."""
+        n = end - start
+        return {
+            "type": "BlockStored",
+            "block_hashes": hashes[start:end],
+            "parent_block_hash": hashes[start - 1] if start > 0 else None,
+            "token_ids": toks[start * self.bs : end * self.bs],
+            "block_size": self.bs,
+            "lora_id": None,
+            "medium": "GPU",
+            "lora_name": None,
+            "extra_keys": [None] * n,
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
+        }
+
+    # --- steps --------------------------------------------------------
+
+    def step(self, name):
+        bs = self.bs
+        a, b, c = tokens(1000, 3, bs), tokens(2000, 3, bs), tokens(3000, 2, bs)
+        n, q, lo, s = tokens(4000, 2, bs), tokens(5000, 2, bs), tokens(6000, 2, bs), tokens(7000, 2, bs)
+        d, e = tokens(8000, 2, bs), tokens(9000, 1, bs)
+        ha, hb, hc = self.int_hashes(a), self.bytes_hashes(b), self.int_hashes(c)
+        hn = self.int_hashes(n, negative=True)
+        if name == "warm":
+            self.publish([])
+        elif name == "store":
+            # vLLM 0.9-0.10: integer hashes, medium from 0.10.
+            self.publish([self.stored(ha, a, 0, 2)])
+            # Later fields, and one this script's reader has never heard of.
+            self.publish([self.stored(ha, a, 2, 3, lora_name=None, extra_keys=[None], group_idx=0,
+                                      kv_cache_spec_kind="full_attention", unknown={"x": [1, 2]})])
+            # vLLM since PR 42892: events as maps, byte-string hashes.
+            self.publish([self.stored_map(hb, b, 0, 2), self.stored_map(hb, b, 2, 3)])
+            # vLLM 0.9: no medium field; Python hash() values are negative.
+            self.publish([self.stored(hn, n, 0, 2)[:6]])
+            # Not indexed: CPU tier, salted hashes. Indexed under an adapter.
+            self.publish([
+                self.stored(self.int_hashes(q), q, 0, 2, medium="CPU"),
+                self.stored(self.int_hashes(s), s, 0, 2, lora_name=None, extra_keys=[["tenant-salt"], None]),
+                self.stored(self.int_hashes(lo), lo, 0, 2, lora_id=7, lora_name="ad1", extra_keys=[["ad1"], ["ad1"]]),
+                ["SomeFutureEvent", 1, 2, 3],
+            ])
+        elif name == "gap":
+            # Lost on the way (but kept for replay): removals, one as a map.
+            self.publish([["BlockRemoved", [ha[2]], "GPU"],
+                          {"type": "BlockRemoved", "block_hashes": [hb[1]], "medium": "GPU", "group_idx": 0}],
+                         send=False)
+            self.publish([self.stored(hc, c, 0, 2)])
+        elif name == "restart":
+            # A new engine process: an empty cache, sequence numbers from 0.
+            self.seq, self.buffer = 0, []
+            self.publish([self.stored(self.int_hashes(d), d, 0, 2)])
+        elif name == "lost":
+            # A batch the replay buffer no longer holds.
+            self.publish([["AllBlocksCleared"]], send=False, keep=False)
+            self.publish([self.stored(self.int_hashes(e), e, 0, 1)])
+        elif name == "cleared":
+            self.publish([["AllBlocksCleared"]], as_map=True)
+
+
+def main():
+    pub_port, replay_port, topic, bs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    eng = Engine(pub_port, replay_port, topic, bs)
+    poller = zmq.Poller()
+    poller.register(eng.replay, zmq.POLLIN)
+    poller.register(sys.stdin, zmq.POLLIN)
+    print("ready", flush=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        for sock, _ in poller.poll(100):
+            if sock is eng.replay:
+                eng.serve_replay()
+                continue
+            line = sys.stdin.readline()
+            if not line or line.strip() == "quit":
+                return
+            step = line.strip()
+            eng.step(step)
+            print("done", step, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/go-zeromq/zmq4"
+)
+
+// dialTimeout bounds one TCP connection attempt.
+const dialTimeout = 5 * time.Second
+
+// endSeq is the sequence number of the end-of-replay marker.
+const endSeq = -1
+
+// quiet discards the log lines of zmq4 sockets.
+var quiet = log.New(io.Discard, "", 0)
+
+// worker runs the subscription to one endpoint.
+type worker struct {
+	s     *Subscriber
+	key   string
+	ep    Endpoint
+	stats counters
+	tr    *translator
+	batch Batch
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// Sequence state, owned by the worker's goroutine.
+	last    int64  // last batch applied, -1 if none
+	lastSum uint64 // XXH64 of its payload
+	live    int64  // last sequence number received on the current connection, -1 if none
+}
+
+func (s *Subscriber) newWorker(key string, ep Endpoint) *worker {
+	w := &worker{s: s, key: key, ep: ep, last: -1, done: make(chan struct{})}
+	w.stats.seq.Store(-1)
+	w.tr = newTranslator(key, s.cfg.Index, s.cfg.Hasher, ep.Salt, s.cfg.MaxBlocks, &w.stats)
+	return w
+}
+
+func (w *worker) start(ctx context.Context) {
+	ctx, w.cancel = context.WithCancel(ctx)
+	go func() {
+		defer close(w.done)
+		w.run(ctx)
+	}()
+}
+
+func (w *worker) stop() {
+	w.cancel()
+	<-w.done
+}
+
+func (w *worker) report(err error) {
+	if f := w.s.cfg.OnError; f != nil && err != nil {
+		f(w.key, err)
+	}
+}
+
+// run connects, receives until the connection fails, and reconnects after a
+// back-off, until ctx ends.
+func (w *worker) run(ctx context.Context) {
+	backoff := w.s.cfg.MinBackoff
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		got, err := w.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		w.report(fmt.Errorf("kvevents: %s: %w", w.ep.PubAddr, err))
+		if got {
+			backoff = w.s.cfg.MinBackoff
+		}
+		t.Reset(w.s.jitter(backoff))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, w.s.cfg.MaxBackoff)
+	}
+}
+
+// session runs one connection to the PUB socket. It reports whether any
+// message arrived, and the error that ended it.
+func (w *worker) session(ctx context.Context) (got bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(quiet))
+	defer sub.Close()
+	if err := sub.SetOption(zmq4.OptionSubscribe, w.ep.Topic); err != nil {
+		return false, err
+	}
+	if err := sub.Dial(w.ep.PubAddr); err != nil {
+		return false, err
+	}
+	w.stats.connects.Add(1)
+	w.stats.connected.Store(true)
+	defer w.stats.connected.Store(false)
+	w.live = -1
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			return got, err
+		}
+		got = true
+		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
+			w.malformed(fmt.Errorf("kvevents: message of %d frames, want [topic, seq, payload]", len(msg.Frames)))
+			continue
+		}
+		w.receive(ctx, int64(binary.BigEndian.Uint64(msg.Frames[1])), msg.Frames[2])
+	}
+}
+
+// receive handles the batch seq received on the PUB socket.
+//
+// A batch numbered below one already received on the same connection means
+// the engine restarted (vLLM numbers batches from 0 in each process), and so
+// does the first batch of a new connection numbered below the last one
+// applied. Missed batches are asked of the replay socket; on a new
+// connection the replay also starts with the last batch applied, which
+// must come back unchanged: otherwise the engine restarted and reached the
+// old numbers again while the subscriber was away.
+func (w *worker) receive(ctx context.Context, seq int64, payload []byte) {
+	fresh := w.live < 0
+	switch {
+	case !fresh && seq <= w.live, fresh && w.last >= 0 && seq <= w.last:
+		w.reset()
+	case seq <= w.last:
+		w.live = seq
+		return // already applied from a replay
+	}
+	w.live = seq
+	gap := w.last >= 0 && seq > w.last+1
+	if gap {
+		w.stats.gaps.Add(1)
+	}
+	switch {
+	case w.ep.ReplayAddr == "":
+		if gap {
+			w.reset()
+		}
+	case gap, fresh && w.last >= 0, w.last < 0 && seq > 0:
+		err := w.replay(ctx, seq)
+		if errors.Is(err, errRestarted) {
+			w.reset()
+			err = w.replay(ctx, seq)
+		}
+		if err != nil {
+			w.report(fmt.Errorf("kvevents: %s: replay before batch %d: %w", w.ep.ReplayAddr, seq, err))
+			w.reset()
+		}
+	}
+	w.apply(seq, payload)
+}
+
+// reset clears the endpoint's blocks and forgets the sequence.
+func (w *worker) reset() {
+	w.tr.clear()
+	w.last = -1
+}
+
+// apply decodes and applies batch seq.
+func (w *worker) apply(seq int64, payload []byte) {
+	w.last, w.lastSum = seq, xxhash.Sum64(payload)
+	w.stats.seq.Store(seq)
+	if err := DecodeBatch(&w.batch, payload); err != nil {
+		w.malformed(fmt.Errorf("kvevents: batch %d: %w", seq, err))
+		return
+	}
+	w.tr.apply(&w.batch)
+}
+
+// malformed handles a message that cannot be applied: what it held is
+// unknown, so the endpoint's blocks are cleared.
+func (w *worker) malformed(err error) {
+	w.stats.malformed.Add(1)
+	w.report(err)
+	w.tr.clear()
+}
+
+var errRestarted = errors.New("the engine restarted")
+
+// replay asks the replay socket for the batches before batch upto that
+// were not applied, and applies them. If a batch was applied before, the
+// replay starts with it and fails with errRestarted unless it is
+// unchanged. If none was (w.last < 0), the replay may start later than
+// batch 0, the engine having dropped its oldest batches: their blocks are
+// then not indexed, but whatever the replayed batches report removed is, so
+// nothing wrong is indexed. Otherwise every batch must arrive.
+func (w *worker) replay(ctx context.Context, upto int64) error {
+	ctx, cancel := context.WithTimeout(ctx, w.s.cfg.ReplayTimeout)
+	defer cancel()
+	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(quiet))
+	defer d.Close()
+	if err := d.Dial(w.ep.ReplayAddr); err != nil {
+		return err
+	}
+	verify := w.last >= 0
+	from := max(w.last, 0)
+	if err := d.SendMulti(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, uint64(from)))); err != nil {
+		return err
+	}
+	for verify || w.last < upto-1 {
+		msg, err := d.Recv()
+		if err != nil {
+			return err
+		}
+		f := msg.Frames
+		if len(f) > 0 && len(f[0]) == 0 {
+			f = f[1:] // the empty delimiter the ROUTER echoes
+		}
+		if len(f) != 2 || len(f[0]) != 8 {
+			return fmt.Errorf("replay message of %d frames, want [seq, payload]", len(f))
+		}
+		seq := int64(binary.BigEndian.Uint64(f[0]))
+		switch {
+		case verify:
+			if seq != w.last || xxhash.Sum64(f[1]) != w.lastSum {
+				return errRestarted
+			}
+			verify = false
+			continue
+		case seq == endSeq || len(f[1]) == 0:
+			return fmt.Errorf("replay ended after batch %d", w.last)
+		case seq <= w.last:
+			continue
+		case seq != w.last+1 && w.last >= 0:
+			return fmt.Errorf("replay skipped from batch %d to %d", w.last, seq)
+		case seq >= upto:
+			return nil // the oldest batch buffered arrived live
+		}
+		w.stats.replayed.Add(1)
+		w.apply(seq, f[1])
+	}
+	return nil
+}
