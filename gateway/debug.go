@@ -40,6 +40,9 @@ type DebugEndpoint struct {
 	// IndexBlocks is the number of prompt blocks the prefix index believes
 	// the endpoint caches; absent without a known index.
 	IndexBlocks *int `json:"index_blocks,omitempty"`
+	// EventBlocks is the number of blocks the engine's KV events report
+	// cached; absent without [Config.Events].
+	EventBlocks *int `json:"event_blocks,omitempty"`
 }
 
 // DebugSignal is an engine observation in a [DebugEndpoint].
@@ -101,6 +104,10 @@ func (g *Gateway) State() DebugState {
 		if g.index != nil {
 			n := g.index.Len(k)
 			e.IndexBlocks = &n
+		}
+		if g.events != nil {
+			n := g.events.Len(k)
+			e.EventBlocks = &n
 		}
 		st.Endpoints = append(st.Endpoints, e)
 	}

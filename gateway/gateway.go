@@ -53,6 +53,12 @@ type Config struct {
 	// With a nil Policy, nil means a new index with package prefix's
 	// defaults; with a Policy, nil leaves index sizes out of Debug.
 	Index *prefix.Index
+	// Events is an index fed by the engines' KV events (package kvevents),
+	// reported by Debug. With a nil Policy, Default reads it
+	// (llmlb.DefaultConfig.Events): prompts must then be hashed as the
+	// engines hash them, in token mode ([httplb.ParserConfig.Tokenize]).
+	// nil means the engines' events are not read.
+	Events *prefix.Index
 	// ScrapeInterval is the time between two scrapes of a replica's
 	// /metrics; an observation is trusted for three intervals. 0 means
 	// [signals.DefaultInterval]; a negative value turns scraping off, and
@@ -89,6 +95,7 @@ type Gateway struct {
 	log       *slog.Logger
 	balancer  *llmlb.Balancer
 	index     *prefix.Index
+	events    *prefix.Index    // nil without KV events
 	scraper   *signals.Scraper // nil without scraping
 	ejector   *retry.Ejector
 	admission *retry.Admission // nil without caps
@@ -103,7 +110,7 @@ type Gateway struct {
 // (for example "http://10.0.0.7:8000"), or an error wrapping
 // [ErrInvalidConfig].
 func New(backends []string, cfg Config) (*Gateway, error) {
-	g := &Gateway{log: cfg.Logger, index: cfg.Index}
+	g := &Gateway{log: cfg.Logger, index: cfg.Index, events: cfg.Events}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -116,7 +123,7 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 			}
 			g.index = ix
 		}
-		p, err := llmlb.Default(llmlb.DefaultConfig{Index: g.index})
+		p, err := llmlb.Default(llmlb.DefaultConfig{Index: g.index, Events: g.events})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}

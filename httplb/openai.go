@@ -126,7 +126,7 @@ func (p *Parser) render(write func(*text)) text {
 	var t text
 	write(&t)
 	keep := t.n
-	if p.countTokens == nil {
+	if p.countTokens == nil && p.tokenize == nil {
 		keep = min(keep, p.headBytes)
 	}
 	if keep == 0 {
@@ -141,6 +141,12 @@ func (p *Parser) fillText(req *llmlb.Request, salt prefix.Salt, t text) {
 	if t.n == 0 {
 		return
 	}
+	if p.tokenize != nil {
+		ids := p.tokenize(t.string())
+		req.PromptTokens = min(len(ids), maxCount)
+		req.Prefix = p.hasher.HashTokens(salt, ids[:min(len(ids), p.headTokens)])
+		return
+	}
 	req.Prefix = p.hasher.AppendBytes(nil, p.hasher.Root(salt), t.buf)
 	req.PromptTokens = p.tokens(t)
 }
@@ -148,9 +154,12 @@ func (p *Parser) fillText(req *llmlb.Request, salt prefix.Salt, t text) {
 // tokens returns the token count of a rendered text.
 func (p *Parser) tokens(t text) int {
 	var n int
-	if p.countTokens != nil {
+	switch {
+	case p.tokenize != nil:
+		n = len(p.tokenize(t.string()))
+	case p.countTokens != nil:
 		n = p.countTokens(t.string())
-	} else {
+	default:
 		n = (t.n + BytesPerToken - 1) / BytesPerToken
 	}
 	return min(max(n, 0), maxCount)
@@ -201,7 +210,7 @@ func (p *Parser) fillPrompt(req *llmlb.Request, salt prefix.Salt, v []byte) {
 // stringTokens returns the token count of the raw string v, which may be
 // null.
 func (p *Parser) stringTokens(v []byte) int {
-	if p.countTokens != nil {
+	if p.countTokens != nil || p.tokenize != nil {
 		return p.tokens(p.render(func(t *text) { t.writeString(v) }))
 	}
 	var t text

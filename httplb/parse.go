@@ -68,6 +68,15 @@ type ParserConfig struct {
 	// CountTokens returns the number of tokens of a prompt text, for callers
 	// with a tokenizer. nil estimates len(text)/[BytesPerToken], rounded up.
 	CountTokens func(text string) int
+	// Tokenize, if set, returns the token IDs of a prompt text as the
+	// engines see them. The prompt is then hashed in token mode, so that
+	// its blocks are those the engines report in their KV events (package
+	// kvevents), and its length is its token count. For chat requests it is
+	// given the router's rendering of the messages (each message's role and
+	// content, each followed by a newline), not the model's chat template:
+	// to match the engines' blocks on chat requests it must render the
+	// template itself. At most one of Tokenize and CountTokens may be set.
+	Tokenize func(text string) []uint32
 }
 
 // Parser reads OpenAI-compatible request bodies (/v1/completions and
@@ -81,6 +90,7 @@ type Parser struct {
 	scoped      bool                                // a tenant is read: scope session keys
 	hasher      *prefix.Hasher
 	countTokens func(string) int
+	tokenize    func(string) []uint32
 	headBytes   int // prompt text bytes the hasher reads
 	headTokens  int // prompt tokens the hasher reads
 }
@@ -96,6 +106,7 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 		scoped:      cfg.Tenant != nil || cfg.TrustTenantHeader != "",
 		hasher:      cfg.Hasher,
 		countTokens: cfg.CountTokens,
+		tokenize:    cfg.Tokenize,
 	}
 	switch {
 	case p.maxBody < 0:
@@ -105,6 +116,9 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 	}
 	if p.tenant != nil && p.tenantHdr != "" {
 		return nil, configErrorf("both Tenant and TrustTenantHeader are set")
+	}
+	if p.tokenize != nil && p.countTokens != nil {
+		return nil, configErrorf("both Tokenize and CountTokens are set")
 	}
 	if p.session == "" {
 		p.session = DefaultSessionHeader

@@ -42,7 +42,9 @@ import (
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/gateway"
+	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/sim"
@@ -57,6 +59,9 @@ type options struct {
 	maxPerSession int
 	slots         int
 	log           *slog.Logger
+	kvEvents      []string // publisher address of each backend's KV events
+	kvReplay      []string // replay address of each, or none
+	model         string   // the model the engines serve, which salts the events' blocks
 }
 
 func main() {
@@ -79,6 +84,9 @@ func run(args []string) error {
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per X-Session-ID (0: no cap)")
 	fs.IntVar(&o.slots, "slots", 0, "the replicas' batch slots (max_num_seqs, llama.cpp --parallel) for the default policy (0: unknown)")
 	logJSON := fs.Bool("log-json", false, "log as JSON lines instead of text")
+	kvEvents := fs.String("kv-events", "", "comma-separated ZMQ addresses of the backends' KV-event publishers, in -backends order (tcp://host:5557,...)")
+	kvReplay := fs.String("kv-replay", "", "comma-separated ZMQ addresses of their replay sockets, in the same order (optional)")
+	fs.StringVar(&o.model, "model", engine.DefaultModel, "with -kv-events: the model name the engines serve")
 	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
 	requests := fs.Int("requests", 400, "demo: requests per policy")
 	rate := fs.Float64("rate", 70, "demo: arrivals per second")
@@ -97,6 +105,18 @@ func run(args []string) error {
 	if *backends == "" {
 		return errors.New("-backends is required (or use -demo)")
 	}
+	if *kvEvents != "" {
+		o.kvEvents = strings.Split(*kvEvents, ",")
+		if n := len(strings.Split(*backends, ",")); len(o.kvEvents) != n {
+			return fmt.Errorf("-kv-events has %d addresses for %d backends", len(o.kvEvents), n)
+		}
+		if *kvReplay != "" {
+			o.kvReplay = strings.Split(*kvReplay, ",")
+			if len(o.kvReplay) != len(o.kvEvents) {
+				return fmt.Errorf("-kv-replay has %d addresses for %d publishers", len(o.kvReplay), len(o.kvEvents))
+			}
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
@@ -113,9 +133,13 @@ func run(args []string) error {
 		return err
 	}
 
-	g, err := newGateway(strings.Split(*backends, ","), o, metrics)
+	g, sub, err := newGateway(strings.Split(*backends, ","), o, metrics)
 	if err != nil {
 		return err
+	}
+	if sub != nil {
+		go sub.Run(ctx)
+		o.log.Info("following the engines' KV events", "publishers", strings.Join(o.kvEvents, ","))
 	}
 	l, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -140,10 +164,10 @@ func run(args []string) error {
 	return serve(ctx, g, l)
 }
 
-func policyByName(name string, slots int, ix *prefix.Index) (llmlb.Policy, error) {
+func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Policy, error) {
 	switch name {
 	case "default":
-		return llmlb.Default(llmlb.DefaultConfig{Slots: slots, Index: ix})
+		return llmlb.Default(llmlb.DefaultConfig{Slots: slots, Index: ix, Events: events})
 	case "least-outstanding":
 		return llmlb.LeastOutstanding(), nil
 	case "round-robin":
@@ -152,22 +176,64 @@ func policyByName(name string, slots int, ix *prefix.Index) (llmlb.Policy, error
 	return nil, fmt.Errorf("unknown policy %q", name)
 }
 
-// newGateway builds the gateway; metrics may be nil.
-func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gateway.Gateway, error) {
+// newGateway builds the gateway and, with o.kvEvents, the subscriber to the
+// engines' KV events, which the caller runs; metrics may be nil.
+func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gateway.Gateway, *kvevents.Subscriber, error) {
 	ix, err := prefix.NewIndex(prefix.IndexConfig{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	policy, err := policyByName(o.policy, o.slots, ix)
+	var (
+		events *prefix.Index
+		sub    *kvevents.Subscriber
+		parser httplb.ParserConfig
+	)
+	if len(o.kvEvents) > 0 {
+		// The engines' blocks are hashed from their token IDs, so the
+		// gateway hashes prompts from token IDs too: here with the emulated
+		// engines' tokenizer; in front of vLLM or SGLang, with the model's.
+		parser.Tokenize = engine.Tokens
+		hasher, err := prefix.NewHasher(prefix.HasherConfig{})
+		if err != nil {
+			return nil, nil, err
+		}
+		if events, err = prefix.NewIndex(prefix.IndexConfig{EventsOnly: true}); err != nil {
+			return nil, nil, err
+		}
+		sub, err = kvevents.NewSubscriber(kvevents.Config{Index: events, Hasher: hasher, OnError: func(key string, err error) {
+			o.log.Warn("gateway: KV events", "endpoint", key, "error", err)
+		}})
+		if err != nil {
+			return nil, nil, err
+		}
+		eps := make(map[string]kvevents.Endpoint, len(backends))
+		for i, b := range backends {
+			ep := kvevents.Endpoint{PubAddr: o.kvEvents[i], Topic: "kv-events", Salt: prefix.Salt{Model: o.model}}
+			if len(o.kvReplay) > 0 {
+				ep.ReplayAddr = o.kvReplay[i]
+			}
+			hep, err := httplb.NewEndpoint(b)
+			if err != nil {
+				return nil, nil, err
+			}
+			eps[hep.Key()] = ep
+		}
+		if err := sub.SetEndpoints(eps); err != nil {
+			return nil, nil, err
+		}
+	}
+	policy, err := policyByName(o.policy, o.slots, ix, events)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg := gateway.Config{
 		Policy:         policy,
 		Index:          ix,
 		ScrapeInterval: o.scrape,
 		MaxAttempts:    o.attempts,
+		Events:         events,
 		Admission:      retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession},
+		Parser:         parser,
 		Logger:         o.log,
 	}
 	if metrics != nil {
@@ -175,14 +241,14 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 	}
 	g, err := gateway.New(backends, cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if metrics != nil {
 		if _, err := metrics.Watch(g.Balancer()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return g, nil
+	return g, sub, nil
 }
 
 // serve serves the gateway on l, scraping and sweeping ejections meanwhile,
@@ -245,7 +311,7 @@ func demoRun(o options, engines engine.Config, w e2e.Workload) (e2e.Result, e2e.
 		return e2e.Result{}, e2e.HitRate{}, err
 	}
 	defer c.Close()
-	g, err := newGateway(c.URLs, o, nil)
+	g, _, err := newGateway(c.URLs, o, nil)
 	if err != nil {
 		return e2e.Result{}, e2e.HitRate{}, err
 	}
