@@ -1,0 +1,100 @@
+// Package share connects the llmlb balancers of several gateway replicas
+// through NATS, so that each one sees its peers' requests in flight and the
+// prefixes they routed.
+//
+// Every replica of a gateway has its own [llmlb.Balancer], which counts
+// exactly the work it sent itself and corrects a stale engine signal with
+// it. What the other replicas sent since the engines were last observed is
+// invisible to it, and so is where they sent which prompt prefix: two
+// replicas herd onto the same idle engine, and place one prefix on
+// different engines. A [Group] closes both gaps.
+//
+// # How it works
+//
+// Each replica publishes a batch every [Config].Interval (100 ms by
+// default) on one NATS subject. A batch is an absolute snapshot, so a lost
+// one costs nothing: per endpoint, the replica's requests in flight, split
+// by pick time into buckets of one interval (requests outstanding, of those
+// the ones before their first token, and their tokens of work); for each
+// bucket boundary of the last MaxSignalAge, how many requests in flight at
+// that moment have finished since; and the prefix blocks of each pick since
+// the last batch. The Group learns all this from the balancer's
+// [llmlb.Observer] ([Group.Observer]), whose functions only update memory:
+// the network is touched only by [Group.Run].
+//
+// The Group is also the balancer's [llmlb.Signal]. An engine's observation
+// (a scrape of its metrics) counts the whole replica at the moment it was
+// taken, including every router's requests then in flight. Group.Load
+// returns it corrected for what happened since: plus the requests the peers
+// picked at or after the observation's time (those streaming count as
+// running, those before their first token as waiting, their tokens as KV
+// usage), and minus the requests this replica and its peers picked before
+// it and finished since (they were counted and are gone). The observation
+// keeps its time, so the balancer then adds its own dispatches since, as it
+// does alone. Each request is thus counted once: by the observation if it
+// was in flight then and still is, by its router's correction otherwise.
+// Pick times travel as ages relative to the batch, anchored at its arrival,
+// so the replicas' clocks need not agree; a bucket that straddles the
+// observation counts in proportion to its part after it. Without an inner
+// signal, or without a usable observation, Load reports this replica's and
+// the peers' requests in flight as an observation taken now.
+//
+// The estimate is as fresh as the last batch: a peer's requests picked or
+// finished since it are unknown for up to an Interval, so keep the Interval
+// well below the engines' scrape interval (the defaults are 100 ms and 1 s).
+// Requests that never reached the engine (a refused connection) count as
+// finished ones; and the KV usage is not lowered for finished requests.
+//
+// The peers' prefix blocks are recorded in the index the policy records its
+// own decisions in ([Config].Index, with [prefix.Index.Record]), so a
+// prefix-aware policy sees where every replica sent each prefix.
+//
+// # Faults
+//
+// Nothing on the path of [llmlb.Balancer.Pick] waits for the network. If
+// NATS is down, Run stops publishing, the peers' batches expire after
+// [Config].TTL (three intervals by default), and each balancer routes on its
+// own state and the engines' signal, as it would without sharing; [Stats]
+// and the log say so. The nats.go connection reconnects by itself and
+// restores the subscription, and sharing resumes with the next batch. A
+// replica that stops publishing stops counting after the TTL.
+//
+// Memory is bounded whatever the peers send: at most [Config].MaxPeers
+// peers (64 by default; further ones are rejected until one expires), a
+// decoded batch at most a few times its size, this replica's work at most
+// [Config].MaxEndpoints endpoints (1024) of at most 256 time buckets of 56
+// bytes, and at most [Config].MaxBlocks prefix blocks per batch (8192; a
+// pick that does not fit is dropped and counted). The wire format is
+// versioned and binary; its decoder rejects anything malformed.
+//
+// # Running several replicas
+//
+// All replicas of a gateway name the endpoints alike (the same keys), use
+// the same prefix hashing, and connect to the same NATS with a distinct ID
+// or none. Each one runs:
+//
+//	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
+//	scraper, err := signals.NewScraper(signals.Config{Interval: time.Second})
+//	err = scraper.SetTargets(metricsURLs)
+//	index, err := prefix.NewIndex(prefix.IndexConfig{})
+//	group, err := share.New(share.Config{
+//		Conn:         nc,
+//		Signal:       scraper,         // peers' work is added to its observations
+//		MaxSignalAge: 3 * time.Second, // as given to llmlb.WithSignal
+//		Index:        index,           // peers' routed prefixes are recorded here
+//	})
+//	policy, err := llmlb.Default(llmlb.DefaultConfig{Index: index})
+//	b, err := llmlb.New(policy,
+//		llmlb.WithSignal(group, 3*time.Second),
+//		llmlb.WithObserver(group.Observer(nil)), // or chained with yours
+//	)
+//	err = b.Update(endpoints)
+//	go scraper.Run(ctx)
+//	go group.Run(ctx)
+//	transport, err := httplb.NewTransport(httplb.Config{Balancer: b})
+//	http.ListenAndServe(":8080", httplb.NewProxy(transport))
+//
+// A Group starts no goroutine until Run, which returns when its context
+// ends. Load, the Observer's functions and Stats are safe for concurrent
+// use.
+package share

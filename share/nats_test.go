@@ -1,0 +1,161 @@
+package share
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// replica is one router of a test: a Group over its own connection, a
+// balancer using it, and its Run goroutine.
+type replica struct {
+	g      *Group
+	b      *llmlb.Balancer
+	sig    *signalMap
+	cancel context.CancelFunc
+	done   chan error
+}
+
+var testEndpoints = []llmlb.Endpoint{key("e1"), key("e2")}
+
+func startReplica(t *testing.T, url, id string) *replica {
+	t.Helper()
+	sig := &signalMap{}
+	g, err := New(Config{Conn: connect(t, url), ID: id, Signal: sig, Interval: 20 * time.Millisecond, Logger: quiet})
+	require.NoError(t, err)
+	b, err := llmlb.New(llmlb.LeastOutstanding(), llmlb.WithSignal(g, 0), llmlb.WithObserver(g.Observer(nil)))
+	require.NoError(t, err)
+	require.NoError(t, b.Update(testEndpoints))
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &replica{g: g, b: b, sig: sig, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- g.Run(ctx) }()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *replica) stop() {
+	if r.cancel != nil {
+		r.cancel()
+		<-r.done
+		r.cancel = nil
+	}
+}
+
+// waiting returns the requests waiting at key in r's view (its own
+// balancer's dispatches excluded: r has sent none in these tests).
+func (r *replica) waiting(key string) int {
+	l, ok := r.g.Load(key)
+	if !ok {
+		return 0
+	}
+	return l.Waiting
+}
+
+func pickN(t *testing.T, b *llmlb.Balancer, n int) []llmlb.Pick {
+	t.Helper()
+	var ps []llmlb.Pick
+	for range n {
+		p, err := b.Pick(context.Background(), nil)
+		require.NoError(t, err)
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+func TestShareOverNATS(t *testing.T) {
+	srv := startServer(t, -1)
+	a := startReplica(t, srv.ClientURL(), "a")
+	b := startReplica(t, srv.ClientURL(), "b")
+
+	ps := pickN(t, a.b, 4) // two on each endpoint
+	require.Eventually(t, func() bool { return b.waiting("e1") == 2 && b.waiting("e2") == 2 }, 5*time.Second, 5*time.Millisecond)
+	st := b.g.Stats()
+	assert.True(t, st.Connected)
+	assert.Equal(t, 1, st.Peers)
+	assert.Positive(t, st.Received)
+	assert.Zero(t, st.Rejected)
+
+	for _, p := range ps {
+		p.FirstToken()
+	}
+	require.Eventually(t, func() bool {
+		l, _ := b.g.Load("e1")
+		return l.Running == 2 && l.Waiting == 0
+	}, 5*time.Second, 5*time.Millisecond)
+	for _, p := range ps {
+		p.Done(nil)
+	}
+	require.Eventually(t, func() bool { _, ok := b.g.Load("e1"); return !ok }, 5*time.Second, 5*time.Millisecond)
+
+	// a stops publishing: after the TTL, b forgets it.
+	pickN(t, a.b, 2)
+	require.Eventually(t, func() bool { return b.waiting("e1") == 1 }, 5*time.Second, 5*time.Millisecond)
+	a.stop()
+	require.Eventually(t, func() bool { return b.g.Stats().Peers == 0 && b.waiting("e1") == 0 }, 5*time.Second, 5*time.Millisecond)
+
+	// Run refuses to run twice at once, and may run again after it returns.
+	err := b.g.Run(context.Background())
+	assert.ErrorContains(t, err, "already running")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.g.Run(ctx) }()
+	require.Eventually(t, func() bool { return b.waiting("e1") == 1 }, 5*time.Second, 5*time.Millisecond, "a resumes")
+	cancel()
+	assert.True(t, errors.Is(<-done, context.Canceled))
+}
+
+// The NATS server dies and comes back: during the outage picks go on, on
+// local state, and sharing resumes after it.
+func TestServerRestart(t *testing.T) {
+	srv := startServer(t, -1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	a := startReplica(t, srv.ClientURL(), "a")
+	b := startReplica(t, srv.ClientURL(), "b")
+	held := pickN(t, a.b, 2)
+	require.Eventually(t, func() bool { return b.waiting("e1") == 1 }, 5*time.Second, 5*time.Millisecond)
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	require.Eventually(t, func() bool {
+		st := b.g.Stats()
+		return !st.Connected && st.Peers == 0
+	}, 5*time.Second, 5*time.Millisecond, "b notices the outage and a's batches expire")
+	// b routes on local state: its signal's observation alone.
+	b.sig.Set("e1", llmlb.Load{At: time.Now(), Waiting: 7, KVUsage: math.NaN()})
+	l, ok := b.g.Load("e1")
+	require.True(t, ok)
+	assert.Equal(t, 7, l.Waiting)
+	b.sig.Set("e1", llmlb.Load{})
+	// Picks go on during the outage, on both replicas, and nothing waits
+	// for the network.
+	for range 1000 {
+		for _, r := range []*replica{a, b} {
+			p, err := r.b.Pick(context.Background(), nil)
+			require.NoError(t, err)
+			p.FirstToken()
+			p.Done(nil)
+		}
+	}
+	require.Eventually(t, func() bool { return a.g.Stats().Unpublished > 0 }, 5*time.Second, 5*time.Millisecond)
+
+	// The server comes back on the same address; the connections
+	// reconnect, the subscriptions resume, and so does sharing.
+	startServer(t, port)
+	require.Eventually(t, func() bool {
+		st := b.g.Stats()
+		return st.Connected && st.Peers == 1 && b.waiting("e1") == 1 && b.waiting("e2") == 1
+	}, 10*time.Second, 5*time.Millisecond, "sharing resumes: %+v", b.g.Stats())
+	more := pickN(t, a.b, 2)
+	require.Eventually(t, func() bool { return b.waiting("e1") == 2 && b.waiting("e2") == 2 }, 5*time.Second, 5*time.Millisecond)
+	for _, p := range append(held, more...) {
+		p.Done(nil)
+	}
+	require.Eventually(t, func() bool { return b.waiting("e1") == 0 }, 5*time.Second, 5*time.Millisecond)
+}

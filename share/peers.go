@@ -1,0 +1,206 @@
+package share
+
+import (
+	"math"
+	"sync"
+)
+
+// peers holds the latest snapshot of every peer heard from.
+type peers struct {
+	ttl int64 // nanoseconds a snapshot counts after it arrived
+	max int
+
+	mu sync.RWMutex // protects m
+	m  map[string]*peer
+}
+
+// peer is the latest snapshot of one peer.
+type peer struct {
+	inc  uint64 // incarnation of the sender
+	seq  uint64
+	seen int64              // local unix nanoseconds the snapshot arrived
+	eps  map[string]*peerEP // per endpoint
+}
+
+// peerEP is a peer's work at one endpoint.
+type peerEP struct {
+	spans []span     // requests in flight, by pick time
+	fin   []finPoint // requests finished since each time, ascending
+}
+
+// finPoint says that n requests in flight at time at have finished since.
+type finPoint struct {
+	at int64
+	n  int64
+}
+
+// interpolate returns the requests in flight at t that have finished
+// since, interpolating linearly between pts (ascending). Before the first
+// point it is the first's count; after the last, the last's.
+func interpolate(pts []finPoint, t int64) float64 {
+	if len(pts) == 0 {
+		return 0
+	}
+	if t <= pts[0].at {
+		return float64(pts[0].n)
+	}
+	for i := 1; i < len(pts); i++ {
+		if a, b := pts[i-1], pts[i]; t <= b.at {
+			f := float64(t-a.at) / float64(b.at-a.at)
+			return float64(a.n) + f*float64(b.n-a.n)
+		}
+	}
+	return float64(pts[len(pts)-1].n)
+}
+
+// span is a peer's requests in flight that were picked in [start, end) on
+// this replica's clock (the snapshot's arrival anchors the peer's bucket
+// ages). start is math.MinInt64 for requests picked before the peer's ring.
+type span struct {
+	start, end int64
+	out        int64
+	queued     int64
+	tokens     int64
+}
+
+// work is a sum of peers' requests: in flight, and finished since a time.
+type work struct {
+	streaming, queued, tokens float64
+	finished                  float64
+}
+
+// spans converts the buckets of a snapshot received at now.
+func spans(m *message, buckets []bucket, now int64) []span {
+	newest := now - m.phase // start of the newest bucket
+	out := make([]span, len(buckets))
+	for i, b := range buckets {
+		s := &out[i]
+		s.out, s.queued, s.tokens = b.out, b.queued, b.tokens
+		if b.age >= m.horizon {
+			s.start, s.end = math.MinInt64, newest-int64(m.horizon-1)*m.width
+			continue
+		}
+		s.start = newest - int64(b.age)*m.width
+		s.end = min(s.start+m.width, now)
+	}
+	return out
+}
+
+// apply stores m, received at now, as its sender's snapshot. It reports
+// whether the sender is new, and false in ok if m was refused: older than
+// the sender's latest, or from a new peer beyond the limit.
+func (p *peers) apply(m *message, now int64) (joined, ok bool) {
+	eps := make(map[string]*peerEP, len(m.eps))
+	for i := range m.eps {
+		e := &m.eps[i]
+		if len(e.buckets) == 0 && len(e.fin) == 0 {
+			continue
+		}
+		pe := &peerEP{spans: spans(m, e.buckets, now)}
+		if len(e.fin) > 0 {
+			// Boundaries, oldest first, then the batch itself: nothing
+			// had finished after it.
+			newest := now - m.phase
+			pe.fin = make([]finPoint, 0, len(e.fin)+1)
+			for j := len(e.fin) - 1; j >= 0; j-- {
+				pe.fin = append(pe.fin, finPoint{at: newest - int64(e.fin[j].age)*m.width, n: e.fin[j].n})
+			}
+			if newest < now {
+				pe.fin = append(pe.fin, finPoint{at: now})
+			} else {
+				pe.fin[len(pe.fin)-1].n = 0
+			}
+		}
+		eps[e.key] = pe
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.m[m.id]
+	switch {
+	case old == nil:
+		if len(p.m) >= p.max {
+			return false, false
+		}
+		joined = true
+	case old.inc == m.inc && m.seq <= old.seq:
+		return false, false // a late or repeated message
+	}
+	p.m[m.id] = &peer{inc: m.inc, seq: m.seq, seen: now, eps: eps}
+	return joined, true
+}
+
+// work sums, over every peer heard from within the TTL before now, the
+// requests in flight at key that were picked at or after since, and the
+// requests in flight at since that have finished.
+func (p *peers) work(key string, since, now int64) (w work, found bool) {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	for _, pr := range p.m {
+		if now-pr.seen > p.ttl {
+			continue
+		}
+		pe := pr.eps[key]
+		if pe == nil {
+			continue
+		}
+		if since != math.MinInt64 {
+			if f := interpolate(pe.fin, since); f > 0 {
+				w.finished += f
+				found = true
+			}
+		}
+		for _, s := range pe.spans {
+			f := s.after(since)
+			if f == 0 {
+				continue
+			}
+			found = true
+			w.streaming += f * float64(s.out-s.queued)
+			w.queued += f * float64(s.queued)
+			w.tokens += f * float64(s.tokens)
+		}
+	}
+	return w, found
+}
+
+// after returns the fraction of s's requests picked at or after since,
+// assuming picks spread evenly over the span. Requests picked before the
+// peer's ring count in full if since is before the ring's start: an
+// observation that old is past the maximum signal age the ring covers.
+func (s *span) after(since int64) float64 {
+	switch {
+	case since >= s.end:
+		return 0
+	case since <= s.start || s.start == math.MinInt64:
+		return 1
+	}
+	return float64(s.end-since) / float64(s.end-s.start)
+}
+
+// live returns the number of peers heard from within the TTL before now.
+func (p *peers) live(now int64) int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	n := 0
+	for _, pr := range p.m {
+		if now-pr.seen <= p.ttl {
+			n++
+		}
+	}
+	return n
+}
+
+// expire forgets the peers not heard from within the TTL before now and
+// returns their ids.
+func (p *peers) expire(now int64) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var gone []string
+	for id, pr := range p.m {
+		if now-pr.seen > p.ttl {
+			delete(p.m, id)
+			gone = append(gone, id)
+		}
+	}
+	return gone
+}

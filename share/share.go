@@ -1,0 +1,496 @@
+package share
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
+	"github.com/nats-io/nats.go"
+)
+
+// Defaults of [Config].
+const (
+	// DefaultSubject is the NATS subject the replicas of one gateway
+	// publish on and listen to.
+	DefaultSubject = "llmlb.share"
+	// DefaultInterval is the time between two batches a replica publishes.
+	DefaultInterval = 100 * time.Millisecond
+	// DefaultMaxPeers is the number of peers tracked at once.
+	DefaultMaxPeers = 64
+	// DefaultMaxEndpoints is the number of endpoints tracked at once, for
+	// this replica's own work and for the prefix blocks it records.
+	DefaultMaxEndpoints = 1024
+	// DefaultMaxBlocks is the number of prefix blocks a batch carries.
+	DefaultMaxBlocks = 8192
+)
+
+// Upper bounds of [Config] fields.
+const (
+	maxPeersLimit   = 1024
+	maxEPsLimit     = 1 << 14
+	maxBlocksLimit  = 1 << 16
+	maxIntervalTime = time.Minute
+)
+
+// ErrInvalidConfig wraps every configuration error of [New].
+var ErrInvalidConfig = errors.New("share: invalid config")
+
+// Config configures a [Group]. Conn is required; every other zero field is a
+// documented default.
+type Config struct {
+	// Conn is the connection to NATS. The caller owns it: the Group neither
+	// closes it nor sets its handlers. Connect with nats.MaxReconnects(-1)
+	// so that it keeps reconnecting through an outage; the Group's
+	// subscription then resumes by itself.
+	Conn *nats.Conn
+	// Subject is where the replicas of one gateway publish; replicas of
+	// different gateways (different endpoint sets) need different
+	// subjects. "" means [DefaultSubject].
+	Subject string
+	// ID names this replica to its peers, at most 128 bytes. "" means a
+	// random name. Two live replicas must not share an ID.
+	ID string
+	// Signal is the engine signal whose observations the peers' work is
+	// added to, such as a signals.Scraper. Nil means none: [Group.Load] then
+	// reports this replica's and its peers' requests in flight as an
+	// observation taken now.
+	Signal llmlb.Signal
+	// MaxSignalAge is the age beyond which an observation of Signal is
+	// treated as missing; set it to the maximum age given to
+	// llmlb.WithSignal. It also sets how far back a replica's batches
+	// describe its requests' pick times. 0 means
+	// [llmlb.DefaultMaxSignalAge].
+	MaxSignalAge time.Duration
+	// Index, if not nil, receives the prefix blocks peers routed
+	// ([prefix.Index.Record]): the index the policy records its own
+	// decisions in. Blocks routed to an endpoint that this replica has not
+	// yet scored or picked are ignored, so a peer with other endpoints
+	// cannot fill the index.
+	Index *prefix.Index
+	// Interval is the time between two batches. 0 means [DefaultInterval];
+	// at most a minute.
+	Interval time.Duration
+	// TTL is how long a peer's batch counts after it arrived: a peer that
+	// stops publishing stops counting after TTL. 0 means three Intervals;
+	// it must not be below Interval.
+	TTL time.Duration
+	// DecodeAllowance is the balancer's decode allowance
+	// (llmlb.WithDecodeAllowance), used to estimate the tokens of this
+	// replica's requests as the balancer does. 0 means
+	// [llmlb.DefaultDecodeAllowance].
+	DecodeAllowance int
+	// MaxPeers bounds the peers tracked; batches of further peers are
+	// rejected until one expires. 0 means [DefaultMaxPeers].
+	MaxPeers int
+	// MaxEndpoints bounds the endpoints tracked. 0 means
+	// [DefaultMaxEndpoints].
+	MaxEndpoints int
+	// MaxBlocks bounds the prefix blocks of one batch; a pick's blocks
+	// beyond the room left are cut, and a pick that finds no room is
+	// dropped (and counted in [Stats].Dropped). 0 means
+	// [DefaultMaxBlocks]; a negative value publishes no blocks.
+	MaxBlocks int
+	// Clock tells the time; it must be the balancer's clock
+	// (llmlb.WithClock). Nil means the system clock.
+	Clock llmlb.Clock
+	// Logger receives changes of the connection and of the peers. Nil
+	// means [slog.Default].
+	Logger *slog.Logger
+}
+
+// Group is this replica's membership in the group of router replicas that
+// publish on one subject. It is an [llmlb.Signal] to give the balancer
+// ([llmlb.WithSignal]), and supplies an [llmlb.Observer] to give it too
+// ([Group.Observer]). Create one with [New]; [Group.Run] does the network
+// work. Load, Observer's functions and Stats are safe for concurrent use and
+// never wait for the network.
+type Group struct {
+	conn     *nats.Conn
+	subject  string
+	id       string
+	inc      uint64
+	signal   llmlb.Signal
+	maxAge   int64
+	index    *prefix.Index
+	interval time.Duration
+	clock    llmlb.Clock
+	log      *slog.Logger
+	maxEPs   int
+
+	local local
+	peers peers
+
+	known  sync.Map     // endpoint keys scored or picked here: string -> struct{}
+	nknown atomic.Int64 // entries of known
+
+	running atomic.Bool
+
+	connected     atomic.Bool
+	published     atomic.Uint64
+	publishFailed atomic.Uint64
+	received      atomic.Uint64
+	rejected      atomic.Uint64
+}
+
+// New returns a Group for cfg, or an error wrapping [ErrInvalidConfig]. It
+// starts no goroutine and sends nothing until [Group.Run].
+func New(cfg Config) (*Group, error) {
+	if cfg.Conn == nil {
+		return nil, fmt.Errorf("%w: nil Conn", ErrInvalidConfig)
+	}
+	if cfg.Subject == "" {
+		cfg.Subject = DefaultSubject
+	}
+	if cfg.ID == "" {
+		cfg.ID = "llmlb-" + strconv.FormatUint(rand.Uint64(), 36)
+	}
+	if cfg.MaxSignalAge == 0 {
+		cfg.MaxSignalAge = llmlb.DefaultMaxSignalAge
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = 3 * cfg.Interval
+	}
+	if cfg.DecodeAllowance == 0 {
+		cfg.DecodeAllowance = llmlb.DefaultDecodeAllowance
+	}
+	if cfg.MaxPeers == 0 {
+		cfg.MaxPeers = DefaultMaxPeers
+	}
+	if cfg.MaxEndpoints == 0 {
+		cfg.MaxEndpoints = DefaultMaxEndpoints
+	}
+	switch {
+	case cfg.MaxBlocks == 0:
+		cfg.MaxBlocks = DefaultMaxBlocks
+	case cfg.MaxBlocks < 0:
+		cfg.MaxBlocks = 0
+	}
+	switch {
+	case len(cfg.ID) > 128:
+		return nil, fmt.Errorf("%w: ID is %d bytes, at most 128", ErrInvalidConfig, len(cfg.ID))
+	case cfg.MaxSignalAge < 0:
+		return nil, fmt.Errorf("%w: MaxSignalAge %v is negative", ErrInvalidConfig, cfg.MaxSignalAge)
+	case cfg.Interval < time.Millisecond || cfg.Interval > maxIntervalTime:
+		return nil, fmt.Errorf("%w: Interval %v out of range [1ms, %v]", ErrInvalidConfig, cfg.Interval, maxIntervalTime)
+	case cfg.TTL < cfg.Interval:
+		return nil, fmt.Errorf("%w: TTL %v is below Interval %v", ErrInvalidConfig, cfg.TTL, cfg.Interval)
+	case cfg.DecodeAllowance < 0:
+		return nil, fmt.Errorf("%w: DecodeAllowance %d is negative", ErrInvalidConfig, cfg.DecodeAllowance)
+	case cfg.MaxPeers < 0 || cfg.MaxPeers > maxPeersLimit:
+		return nil, fmt.Errorf("%w: MaxPeers %d out of range [1, %d]", ErrInvalidConfig, cfg.MaxPeers, maxPeersLimit)
+	case cfg.MaxEndpoints < 0 || cfg.MaxEndpoints > maxEPsLimit:
+		return nil, fmt.Errorf("%w: MaxEndpoints %d out of range [1, %d]", ErrInvalidConfig, cfg.MaxEndpoints, maxEPsLimit)
+	case cfg.MaxBlocks > maxBlocksLimit:
+		return nil, fmt.Errorf("%w: MaxBlocks %d exceeds %d", ErrInvalidConfig, cfg.MaxBlocks, maxBlocksLimit)
+	}
+	g := &Group{
+		conn:     cfg.Conn,
+		subject:  cfg.Subject,
+		id:       cfg.ID,
+		inc:      rand.Uint64(),
+		signal:   cfg.Signal,
+		maxAge:   int64(cfg.MaxSignalAge),
+		index:    cfg.Index,
+		interval: cfg.Interval,
+		clock:    cfg.Clock,
+		log:      cfg.Logger,
+		maxEPs:   cfg.MaxEndpoints,
+	}
+	if g.clock == nil {
+		g.clock = systemClock{}
+	}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	// The ring of pick-time buckets covers the maximum signal age and an
+	// interval more, in at most 256 buckets of at least an interval.
+	span := cfg.MaxSignalAge + cfg.Interval
+	width := cfg.Interval
+	horizon := int((span + width - 1) / width)
+	if horizon > 256 {
+		horizon = 256
+		width = (span + 255) / 256
+	}
+	g.local.init(int64(width), horizon, cfg.MaxEndpoints, cfg.MaxBlocks, cfg.DecodeAllowance)
+	g.peers = peers{ttl: int64(cfg.TTL), max: cfg.MaxPeers, m: make(map[string]*peer)}
+	return g, nil
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// ID returns the name this replica publishes under.
+func (g *Group) ID() string { return g.id }
+
+// Load implements [llmlb.Signal]. It returns the inner signal's
+// observation of key (Config.Signal) corrected for what happened since it
+// was taken: plus the requests in flight that peers picked for key at or
+// after the observation's time (those streaming count as running, those
+// before their first token as waiting, and their tokens as KV usage when
+// the observation reports the capacity, capped at 1), and minus the
+// requests this replica and its peers picked before that time and finished
+// since (the engine counted them, and they are gone; they are taken from
+// the running, then the waiting). The observation's time is kept, so the
+// balancer adds this replica's own dispatches since then, as it does
+// without sharing.
+//
+// When no usable observation exists (no inner signal, none for key, or one
+// older than MaxSignalAge) but peers have work at key, Load returns this
+// replica's and the peers' requests in flight as an observation taken now;
+// the balancer then adds none of its own dispatches to it. Otherwise it
+// returns the inner signal's answer unchanged.
+func (g *Group) Load(key string) (llmlb.Load, bool) {
+	now := g.clock.Now().UnixNano()
+	g.markKnown(key)
+	var obs llmlb.Load
+	var ok bool
+	if g.signal != nil {
+		obs, ok = g.signal.Load(key)
+	}
+	if ok && !obs.At.IsZero() && now-obs.At.UnixNano() <= g.maxAge {
+		at := obs.At.UnixNano()
+		w, found := g.peers.work(key, at, now)
+		gone := w.finished + g.local.finished(key, at, now)
+		if !found && gone == 0 {
+			return obs, true
+		}
+		// The requests finished since were running or waiting: take them
+		// from the running first.
+		running := float64(obs.Running) - gone
+		waiting := float64(obs.Waiting) + min(running, 0)
+		obs.Running = addCount(0, max(running, 0)+w.streaming)
+		obs.Waiting = addCount(0, max(waiting, 0)+w.queued)
+		if capacity := float64(obs.KVBlocks) * float64(obs.BlockSize); capacity > 0 && obs.KVUsage >= 0 && obs.KVUsage <= 1 {
+			obs.KVUsage = min(1, obs.KVUsage+w.tokens/capacity)
+		}
+		return obs, true
+	}
+	w, found := g.peers.work(key, math.MinInt64, now)
+	if !found {
+		return obs, ok
+	}
+	streaming, queued, _ := g.local.totals(key)
+	return llmlb.Load{
+		At:      time.Unix(0, now),
+		Running: addCount(int(streaming), w.streaming),
+		Waiting: addCount(int(queued), w.queued),
+		KVUsage: math.NaN(),
+	}, true
+}
+
+// addCount returns n plus f rounded, saturating at the largest int32 so
+// that sums in the balancer cannot overflow; f is not negative.
+func addCount(n int, f float64) int {
+	s := float64(n) + math.Round(f)
+	if s > math.MaxInt32 {
+		return math.MaxInt32
+	}
+	return int(s)
+}
+
+// markKnown remembers that the balancer scores key, so peers' routes to it
+// are recorded. It allocates only the first time a key is seen.
+func (g *Group) markKnown(key string) {
+	if g.index == nil {
+		return
+	}
+	if _, ok := g.known.Load(key); ok || g.nknown.Load() >= int64(g.maxEPs) {
+		return
+	}
+	if _, loaded := g.known.LoadOrStore(key, struct{}{}); !loaded {
+		g.nknown.Add(1)
+	}
+}
+
+// Observer returns the functions that record this replica's picks for its
+// peers, followed by next's (nil for none). Give the result to
+// llmlb.WithObserver. The functions take one short lock and never touch the
+// network; a pick that does not fit the bounded buffers is dropped and
+// counted in [Stats].Dropped.
+func (g *Group) Observer(next *llmlb.Observer) *llmlb.Observer {
+	var n llmlb.Observer
+	if next != nil {
+		n = *next
+	}
+	return &llmlb.Observer{
+		Pick: func(info llmlb.PickInfo) {
+			if info.Err == nil && info.Endpoint != nil {
+				g.local.pick(&info, g.clock.Now().UnixNano())
+				g.markKnown(info.Endpoint.Key())
+			}
+			if n.Pick != nil {
+				n.Pick(info)
+			}
+		},
+		FirstToken: func(info llmlb.FirstTokenInfo) {
+			if info.Endpoint != nil {
+				g.local.firstToken(info.Endpoint.Key(), g.clock.Now().UnixNano()-int64(info.Latency))
+			}
+			if n.FirstToken != nil {
+				n.FirstToken(info)
+			}
+		},
+		Done: func(info llmlb.DoneInfo) {
+			if info.Endpoint != nil {
+				now := g.clock.Now().UnixNano()
+				g.local.done(info.Endpoint.Key(), now-int64(info.Latency), now, info.Streamed)
+			}
+			if n.Done != nil {
+				n.Done(info)
+			}
+		},
+	}
+}
+
+// Stats describes a Group's sharing.
+type Stats struct {
+	// Connected reports whether the NATS connection was up at the last
+	// batch. While it is down, batches are not published and, once the
+	// peers' batches expire, the balancer routes on local state alone.
+	Connected bool
+	// Peers is the number of peers whose batches count now.
+	Peers int
+	// Published counts batches published; Unpublished those not published
+	// because the connection was down or the publish failed.
+	Published, Unpublished uint64
+	// Received counts peers' batches applied; Rejected those refused:
+	// malformed, late, or from a peer beyond MaxPeers.
+	Received, Rejected uint64
+	// Dropped counts picks not recorded for the peers: the endpoint table
+	// or the batch's block buffer was full.
+	Dropped uint64
+}
+
+// Stats returns the Group's state and counters.
+func (g *Group) Stats() Stats {
+	return Stats{
+		Connected:   g.connected.Load(),
+		Peers:       g.peers.live(g.clock.Now().UnixNano()),
+		Published:   g.published.Load(),
+		Unpublished: g.publishFailed.Load(),
+		Received:    g.received.Load(),
+		Rejected:    g.rejected.Load(),
+		Dropped:     g.local.dropped.Load(),
+	}
+}
+
+// Run subscribes to the subject and, until ctx is done, publishes a batch
+// every Interval and applies the peers' batches as they arrive. It returns
+// ctx.Err(), or an error if the subscription cannot be made (a closed
+// connection). While the connection is down Run keeps going: it skips
+// publishing, lets the peers' batches expire, and resumes when the
+// connection does. Run may be called again after it returns, but not twice
+// at once.
+func (g *Group) Run(ctx context.Context) error {
+	if !g.running.CompareAndSwap(false, true) {
+		return errors.New("share: Group.Run is already running")
+	}
+	defer g.running.Store(false)
+	ch := make(chan *nats.Msg, 256)
+	sub, err := g.conn.ChanSubscribe(g.subject, ch)
+	if err != nil {
+		return fmt.Errorf("share: subscribe to %q: %w", g.subject, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	g.connected.Store(g.conn.IsConnected())
+	tick := time.NewTicker(g.interval)
+	defer tick.Stop()
+	var (
+		m   message
+		buf []byte
+		seq uint64
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case msg := <-ch:
+			g.receive(msg.Data)
+		case <-tick.C:
+			seq++
+			buf = g.publish(&m, buf[:0], seq)
+			now := g.clock.Now().UnixNano()
+			for _, id := range g.peers.expire(now) {
+				g.log.Info("share: peer expired; its work no longer counts", "peer", id, "self", g.id)
+			}
+		}
+	}
+}
+
+// publish sends one batch and returns the encoding buffer for reuse.
+func (g *Group) publish(m *message, buf []byte, seq uint64) []byte {
+	up := g.conn.IsConnected()
+	if was := g.connected.Swap(up); was != up {
+		if up {
+			g.log.Info("share: NATS connected; sharing with peers", "self", g.id)
+		} else {
+			g.log.Warn("share: NATS disconnected; routing on local state until it reconnects", "self", g.id)
+		}
+	}
+	g.local.snapshot(m, g.clock.Now().UnixNano())
+	if !up {
+		g.publishFailed.Add(1)
+		return buf
+	}
+	m.id, m.inc, m.seq = g.id, g.inc, seq
+	buf = appendMessage(buf, m)
+	if limit := g.conn.MaxPayload(); limit > 0 && int64(len(buf)) > limit && len(m.routes) > 0 {
+		g.local.dropped.Add(uint64(len(m.routes)))
+		m.routes = m.routes[:0]
+		buf = appendMessage(buf[:0], m)
+	}
+	if err := g.conn.Publish(g.subject, buf); err != nil {
+		g.publishFailed.Add(1)
+		return buf
+	}
+	g.published.Add(1)
+	return buf
+}
+
+// receive applies one peer batch.
+func (g *Group) receive(data []byte) {
+	m, err := decode(data)
+	if err != nil {
+		g.rejected.Add(1)
+		return
+	}
+	if m.id == g.id {
+		if m.inc != g.inc {
+			g.rejected.Add(1) // another replica with this ID
+		}
+		return
+	}
+	now := g.clock.Now().UnixNano()
+	joined, ok := g.peers.apply(m, now)
+	if !ok {
+		g.rejected.Add(1)
+		return
+	}
+	g.received.Add(1)
+	if joined {
+		g.log.Info("share: peer joined", "peer", m.id, "self", g.id)
+	}
+	if g.index == nil {
+		return
+	}
+	at := time.Unix(0, now)
+	for _, r := range m.routes {
+		key := m.eps[r.ep].key
+		if _, ok := g.known.Load(key); ok {
+			_ = g.index.Record(key, r.blocks, at)
+		}
+	}
+}

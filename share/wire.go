@@ -1,0 +1,334 @@
+package share
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// The wire format, version 1. Every integer is an unsigned varint unless
+// noted; strings are a varint length and that many bytes.
+//
+//	byte     version (1)
+//	string   sender id
+//	8 bytes  incarnation, little endian: random per Group, so a restarted
+//	         sender's sequence numbers start afresh
+//	         sequence number, increasing per message of one incarnation
+//	         width: nanoseconds per time bucket
+//	         phase: nanoseconds from the start of the newest bucket to the
+//	         moment the message was built, below width
+//	         horizon: buckets of the ring; a bucket of age horizon holds
+//	         every request picked before the ring
+//	         endpoints, then per endpoint:
+//	  string   key
+//	           buckets, then per bucket, by increasing age:
+//	             age (0 = newest), requests outstanding, of those queued
+//	             (before their first token), tokens of work
+//	           finished counts, then per count, by increasing age:
+//	             age (0 = the start of the newest bucket, 1 = the start of
+//	             the one before...), requests picked before that boundary
+//	             and finished after it
+//	         routes, then per route (a pick's prefix blocks):
+//	           endpoint (index into the endpoints above), blocks, then
+//	           blocks x 8 bytes little endian
+//
+// A message describes the sender's requests in flight as an absolute
+// snapshot, so a lost one costs nothing: the next replaces it.
+
+const wireVersion = 1
+
+// Limits the decoder enforces on any input. They bound what one message can
+// make a receiver allocate: at most a few times its length.
+const (
+	maxMessageBytes = 8 << 20
+	maxIDBytes      = 256
+	maxKeyBytes     = 1024
+	maxWireEPs      = 1 << 14
+	maxHorizon      = 1024
+	maxCount        = 1<<31 - 1
+	maxTokens       = 1<<53 - 1
+	maxWireBlocks   = 1 << 17 // blocks over all routes of a message
+	maxWidth        = 60e9    // nanoseconds per bucket: a minute
+)
+
+// errDecode wraps every decoding error.
+var errDecode = errors.New("share: malformed message")
+
+// message is one decoded batch of a sender.
+type message struct {
+	id      string
+	inc     uint64
+	seq     uint64
+	width   int64 // nanoseconds
+	phase   int64 // nanoseconds
+	horizon int
+	eps     []epSnap
+	routes  []route
+}
+
+// epSnap is a sender's in-flight work at one endpoint, by pick time.
+type epSnap struct {
+	key     string
+	buckets []bucket
+	fin     []finCount
+}
+
+// finCount is the number of a sender's requests in flight at a bucket
+// boundary that have finished since.
+type finCount struct {
+	age int // boundary: the start of the bucket of that age
+	n   int64
+}
+
+// bucket is the work of the requests picked in one time bucket.
+type bucket struct {
+	age    int
+	out    int64 // requests picked and not done
+	queued int64 // of out, those before their first token
+	tokens int64 // prompt tokens not yet prefilled plus expected decode tokens
+}
+
+// route is the prefix blocks of one pick.
+type route struct {
+	ep     int // index into message.eps
+	blocks []uint64
+}
+
+// appendMessage appends the encoding of m to dst.
+func appendMessage(dst []byte, m *message) []byte {
+	dst = append(dst, wireVersion)
+	dst = appendString(dst, m.id)
+	dst = binary.LittleEndian.AppendUint64(dst, m.inc)
+	dst = binary.AppendUvarint(dst, m.seq)
+	dst = binary.AppendUvarint(dst, uint64(m.width))
+	dst = binary.AppendUvarint(dst, uint64(m.phase))
+	dst = binary.AppendUvarint(dst, uint64(m.horizon))
+	dst = binary.AppendUvarint(dst, uint64(len(m.eps)))
+	for i := range m.eps {
+		e := &m.eps[i]
+		dst = appendString(dst, e.key)
+		dst = binary.AppendUvarint(dst, uint64(len(e.buckets)))
+		for _, b := range e.buckets {
+			dst = binary.AppendUvarint(dst, uint64(b.age))
+			dst = binary.AppendUvarint(dst, uint64(b.out))
+			dst = binary.AppendUvarint(dst, uint64(b.queued))
+			dst = binary.AppendUvarint(dst, uint64(b.tokens))
+		}
+		dst = binary.AppendUvarint(dst, uint64(len(e.fin)))
+		for _, f := range e.fin {
+			dst = binary.AppendUvarint(dst, uint64(f.age))
+			dst = binary.AppendUvarint(dst, uint64(f.n))
+		}
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(m.routes)))
+	for _, r := range m.routes {
+		dst = binary.AppendUvarint(dst, uint64(r.ep))
+		dst = binary.AppendUvarint(dst, uint64(len(r.blocks)))
+		for _, h := range r.blocks {
+			dst = binary.LittleEndian.AppendUint64(dst, h)
+		}
+	}
+	return dst
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// decoder reads a message, remembering the first error.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: "+format, append([]any{errDecode}, args...)...)
+	}
+}
+
+// uint reads a varint no larger than limit.
+func (d *decoder) uint(what string, limit uint64) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("truncated or overlong %s", what)
+		return 0
+	}
+	d.b = d.b[n:]
+	if v > limit {
+		d.fail("%s %d exceeds %d", what, v, limit)
+		return 0
+	}
+	return v
+}
+
+func (d *decoder) string(what string, limit int) string {
+	n := int(d.uint(what+" length", uint64(limit)))
+	if d.err != nil {
+		return ""
+	}
+	if n > len(d.b) {
+		d.fail("truncated %s", what)
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *decoder) fixed64(what string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 8 {
+		d.fail("truncated %s", what)
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+
+// decode parses one message. It never panics, and it allocates at most a
+// small multiple of len(b): every element it allocates for takes at least
+// one byte of input.
+func decode(b []byte) (*message, error) {
+	if len(b) > maxMessageBytes {
+		return nil, fmt.Errorf("%w: %d bytes exceeds %d", errDecode, len(b), maxMessageBytes)
+	}
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: empty", errDecode)
+	}
+	if b[0] != wireVersion {
+		return nil, fmt.Errorf("%w: version %d, want %d", errDecode, b[0], wireVersion)
+	}
+	d := &decoder{b: b[1:]}
+	m := &message{}
+	m.id = d.string("id", maxIDBytes)
+	m.inc = d.fixed64("incarnation")
+	m.seq = d.uint("sequence", math.MaxUint64)
+	m.width = int64(d.uint("width", maxWidth))
+	m.phase = int64(d.uint("phase", math.MaxInt64))
+	m.horizon = int(d.uint("horizon", maxHorizon))
+	if d.err == nil {
+		switch {
+		case m.id == "":
+			d.fail("empty id")
+		case m.width <= 0:
+			d.fail("width %d not positive", m.width)
+		case m.phase >= m.width:
+			d.fail("phase %d not below width %d", m.phase, m.width)
+		case m.horizon < 1:
+			d.fail("horizon %d below 1", m.horizon)
+		}
+	}
+	neps := int(d.uint("endpoints", maxWireEPs))
+	if d.err == nil && neps > len(d.b) {
+		d.fail("%d endpoints in %d bytes", neps, len(d.b))
+	}
+	if d.err == nil && neps > 0 {
+		m.eps = make([]epSnap, neps)
+	}
+	seen := make(map[string]struct{}, min(neps, 64))
+	for i := 0; i < neps && d.err == nil; i++ {
+		e := &m.eps[i]
+		e.key = d.string("key", maxKeyBytes)
+		if d.err == nil && e.key == "" {
+			d.fail("empty endpoint key")
+		}
+		if _, dup := seen[e.key]; dup && d.err == nil {
+			d.fail("duplicate endpoint %q", e.key)
+		}
+		seen[e.key] = struct{}{}
+		nb := int(d.uint("buckets", uint64(m.horizon)+1))
+		if d.err == nil && nb > len(d.b) {
+			d.fail("%d buckets in %d bytes", nb, len(d.b))
+		}
+		if d.err == nil && nb > 0 {
+			e.buckets = make([]bucket, nb)
+		}
+		prev := -1
+		for j := range e.buckets {
+			bk := &e.buckets[j]
+			bk.age = int(d.uint("age", uint64(m.horizon)))
+			bk.out = int64(d.uint("outstanding", maxCount))
+			bk.queued = int64(d.uint("queued", maxCount))
+			bk.tokens = int64(d.uint("tokens", maxTokens))
+			if d.err != nil {
+				break
+			}
+			if bk.age <= prev {
+				d.fail("bucket ages not increasing")
+			}
+			if bk.queued > bk.out {
+				d.fail("%d queued of %d outstanding", bk.queued, bk.out)
+			}
+			prev = bk.age
+		}
+		nf := int(d.uint("finished counts", uint64(m.horizon)))
+		if d.err == nil && nf > len(d.b) {
+			d.fail("%d finished counts in %d bytes", nf, len(d.b))
+		}
+		if d.err == nil && nf > 0 {
+			e.fin = make([]finCount, nf)
+		}
+		prev = -1
+		for j := 0; j < nf && d.err == nil; j++ {
+			f := &e.fin[j]
+			f.age = int(d.uint("finished age", uint64(m.horizon-1)))
+			f.n = int64(d.uint("finished", maxCount))
+			if d.err == nil && f.age <= prev {
+				d.fail("finished ages not increasing")
+			}
+			prev = f.age
+		}
+	}
+	nr := int(d.uint("routes", maxWireBlocks))
+	if d.err == nil && nr > len(d.b) {
+		d.fail("%d routes in %d bytes", nr, len(d.b))
+	}
+	if d.err == nil && nr > 0 {
+		m.routes = make([]route, nr)
+	}
+	total := 0
+	for i := 0; i < nr && d.err == nil; i++ {
+		r := &m.routes[i]
+		r.ep = int(d.uint("route endpoint", uint64(max(neps-1, 0))))
+		if d.err == nil && neps == 0 {
+			d.fail("route without endpoints")
+		}
+		n := int(d.uint("route blocks", maxWireBlocks))
+		if d.err != nil {
+			break
+		}
+		total += n
+		switch {
+		case n == 0:
+			d.fail("route without blocks")
+		case total > maxWireBlocks:
+			d.fail("more than %d blocks", maxWireBlocks)
+		case n > len(d.b)/8:
+			d.fail("truncated blocks")
+		}
+		if d.err != nil {
+			break
+		}
+		r.blocks = make([]uint64, n)
+		for j := range r.blocks {
+			r.blocks[j] = binary.LittleEndian.Uint64(d.b[8*j:])
+		}
+		d.b = d.b[8*n:]
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return m, nil
+}

@@ -1,0 +1,117 @@
+package share
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func sampleMessage() *message {
+	return &message{
+		id: "replica-a", inc: 0xfeedface, seq: 42,
+		width: 100e6, phase: 37e6, horizon: 101,
+		eps: []epSnap{
+			{key: "http://10.0.0.7:8000", buckets: []bucket{{age: 0, out: 3, queued: 2, tokens: 4100}, {age: 4, out: 1, queued: 0, tokens: 256}, {age: 101, out: 7, queued: 0, tokens: 1800}}},
+			{key: "http://10.0.0.8:8000"},
+		},
+		routes: []route{{ep: 1, blocks: []uint64{1, 2, 3}}, {ep: 0, blocks: []uint64{^uint64(0)}}},
+	}
+}
+
+func TestWireRoundTrip(t *testing.T) {
+	m := sampleMessage()
+	b := appendMessage(nil, m)
+	got, err := decode(b)
+	require.NoError(t, err)
+	assert.Equal(t, m, got)
+	assert.Less(t, len(b), 160, "compact: %d bytes", len(b))
+}
+
+func TestWireRejects(t *testing.T) {
+	valid := appendMessage(nil, sampleMessage())
+	mutate := func(f func(m *message)) []byte {
+		m := sampleMessage()
+		f(m)
+		return appendMessage(nil, m)
+	}
+	cases := []struct {
+		name string
+		in   []byte
+	}{
+		{"empty", nil},
+		{"version", append([]byte{2}, valid[1:]...)},
+		{"truncated", valid[:len(valid)-1]},
+		{"trailing", append(bytes.Clone(valid), 0)},
+		{"empty id", mutate(func(m *message) { m.id = "" })},
+		{"zero width", mutate(func(m *message) { m.width = 0 })},
+		{"width too large", mutate(func(m *message) { m.width = 2 * maxWidth })},
+		{"phase beyond width", mutate(func(m *message) { m.phase = m.width })},
+		{"zero horizon", mutate(func(m *message) { m.horizon = 0; m.eps[0].buckets = nil })},
+		{"horizon too large", mutate(func(m *message) { m.horizon = maxHorizon + 1 })},
+		{"empty key", mutate(func(m *message) { m.eps[1].key = "" })},
+		{"duplicate key", mutate(func(m *message) { m.eps[1].key = m.eps[0].key })},
+		{"ages not increasing", mutate(func(m *message) { m.eps[0].buckets[1].age = 0 })},
+		{"age beyond horizon", mutate(func(m *message) { m.eps[0].buckets[2].age = 102 })},
+		{"queued above outstanding", mutate(func(m *message) { m.eps[0].buckets[0].queued = 4 })},
+		{"count too large", mutate(func(m *message) { m.eps[0].buckets[0].out = maxCount + 1 })},
+		{"route endpoint", mutate(func(m *message) { m.routes[0].ep = 2 })},
+		{"route without blocks", mutate(func(m *message) { m.routes[0].blocks = nil })},
+		{"route without endpoints", mutate(func(m *message) { m.eps = nil; m.routes = m.routes[1:]; m.routes[0].ep = 0 })},
+		{"endpoints beyond the input", withCounts(1000)},
+		{"endpoints beyond the limit", withCounts(maxWireEPs + 1)},
+		{"oversized", make([]byte, maxMessageBytes+1)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := decode(c.in)
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, errDecode), "%v", err)
+		})
+	}
+}
+
+// withCounts returns a header announcing n endpoints and nothing after.
+func withCounts(n uint64) []byte {
+	b := appendMessage(nil, &message{id: "x", width: 1, horizon: 1})
+	return binary.AppendUvarint(b[:len(b)-2], n)
+}
+
+// FuzzDecode checks that decode never panics, allocates in proportion to
+// its input, and that whatever it accepts encodes back to the same bytes.
+func FuzzDecode(f *testing.F) {
+	f.Add(appendMessage(nil, sampleMessage()))
+	f.Add(appendMessage(nil, &message{id: "x", width: 1, horizon: 1}))
+	f.Add([]byte{1})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := decode(b)
+		if err != nil {
+			if m != nil {
+				t.Fatal("message with an error")
+			}
+			return
+		}
+		if again := appendMessage(nil, m); !bytes.Equal(again, b) {
+			// Varints have one canonical form each; a longer one that
+			// decodes to the same value is the only allowed difference.
+			m2, err := decode(again)
+			if err != nil {
+				t.Fatalf("re-encoding does not decode: %v", err)
+			}
+			if len(again) > len(b) || m2.seq != m.seq || len(m2.eps) != len(m.eps) || len(m2.routes) != len(m.routes) {
+				t.Fatalf("re-encoding differs: %x vs %x", again, b)
+			}
+		}
+		blocks := 0
+		for _, r := range m.routes {
+			blocks += len(r.blocks)
+		}
+		if blocks > maxWireBlocks || len(m.eps) > maxWireEPs {
+			t.Fatalf("limits exceeded: %d blocks, %d endpoints", blocks, len(m.eps))
+		}
+	})
+}
