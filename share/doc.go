@@ -95,6 +95,15 @@
 //	http.ListenAndServe(":8080", httplb.NewProxy(transport))
 //
 // A Group starts no goroutine until Run, which returns when its context
-// ends. Load, the Observer's functions and Stats are safe for concurrent
-// use.
+// ends. Load, the Observer's functions, Stats, AppendBatch and Receive are
+// safe for concurrent use.
+//
+// # Without NATS
+//
+// A Group whose Config has no Conn leaves the carrying to its caller, over
+// another transport or on simulated time: every Interval, send the batch of
+// [Group.AppendBatch] to each peer, in order, and hand each batch that
+// arrives to [Group.Receive]. The Group reads the time from Config.Clock,
+// so a simulator that sets the clock drives it deterministically, as
+// github.com/llmlb/llmlb/sim does with Config.Share.
 package share

@@ -334,7 +334,6 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		name string
 		cfg  Config
 	}{
-		{"nil conn", Config{}},
 		{"interval", Config{Conn: conn, Interval: time.Microsecond}},
 		{"ttl below interval", Config{Conn: conn, Interval: time.Second, TTL: time.Millisecond}},
 		{"negative signal age", Config{Conn: conn, MaxSignalAge: -1}},
@@ -371,4 +370,73 @@ func TestObserverAllocs(t *testing.T) {
 		g.Load("e1")
 	})
 	assert.Zero(t, allocs)
+}
+
+// Without NATS, the caller carries the batches: AppendBatch builds one on
+// the Group's clock and Receive applies it, as Run would over NATS.
+func TestAppendBatchAndReceiveWithoutNATS(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	a, err := New(Config{ID: "a", Clock: clock, Logger: quiet})
+	require.NoError(t, err)
+	b, err := New(Config{ID: "b", Clock: clock, Signal: &signalMap{}, Logger: quiet})
+	require.NoError(t, err)
+	assert.Error(t, a.Run(context.Background()), "Run needs a Conn")
+
+	a.Observer(nil).Pick(pickInfo("e1", 100, 10))
+	a.Observer(nil).Pick(pickInfo("e1", 100, 10))
+	first := a.AppendBatch(nil)
+	clock.Advance(DefaultInterval)
+	require.NoError(t, b.Receive(first))
+	l, ok := b.Load("e1")
+	require.True(t, ok, "no observation: the peer's work as one taken now")
+	assert.Equal(t, 2, l.Waiting)
+
+	require.NoError(t, a.Receive(first), "a Group's own batch is ignored")
+	assert.Error(t, b.Receive(first), "a repeat is refused")
+	assert.Error(t, b.Receive([]byte("garbage")))
+	second := a.AppendBatch(nil)
+	require.NoError(t, b.Receive(second))
+	assert.Equal(t, Stats{Peers: 1, Received: 2, Rejected: 2}, b.Stats())
+	assert.Equal(t, Stats{Published: 2}, a.Stats())
+
+	// The peer goes silent: its next batch finds it forgotten.
+	clock.Advance(3*DefaultInterval + time.Millisecond)
+	b.AppendBatch(nil)
+	assert.Equal(t, 0, b.Stats().Peers)
+	_, ok = b.Load("e1")
+	assert.False(t, ok)
+}
+
+// The peers' work sums to the same float whatever order their batches
+// arrived in, so that a simulation sharing over simulated time is
+// deterministic.
+func TestLoadIndependentOfArrivalOrder(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	var batches [][]byte
+	for i, id := range []string{"p1", "p2", "p3", "p4"} {
+		p := offline(t, Config{ID: id, Clock: clock})
+		for range i + 1 {
+			clock.Advance(7 * time.Millisecond)
+			p.Observer(nil).Pick(pickInfo("e1", 100+37*i, 10+i))
+		}
+		batches = append(batches, p.AppendBatch(nil))
+	}
+	clock.Advance(10 * time.Millisecond)
+	load := func(order ...int) llmlb.Load {
+		sig := &signalMap{}
+		sig.Set("e1", llmlb.Load{At: at(15), Waiting: 1, KVUsage: 0.3, KVBlocks: 100, BlockSize: 16})
+		g := offline(t, Config{ID: "g", Clock: clock, Signal: sig})
+		for _, i := range order {
+			require.NoError(t, g.Receive(batches[i]))
+		}
+		l, ok := g.Load("e1")
+		require.True(t, ok)
+		return l
+	}
+	want := load(0, 1, 2, 3)
+	for _, order := range [][]int{{3, 2, 1, 0}, {2, 0, 3, 1}, {1, 3, 0, 2}} {
+		got := load(order...)
+		assert.Equal(t, math.Float64bits(want.KVUsage), math.Float64bits(got.KVUsage), "order %v", order)
+		assert.Equal(t, want, got, "order %v", order)
+	}
 }

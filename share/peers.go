@@ -2,6 +2,8 @@ package share
 
 import (
 	"math"
+	"slices"
+	"strings"
 	"sync"
 )
 
@@ -10,12 +12,15 @@ type peers struct {
 	ttl int64 // nanoseconds a snapshot counts after it arrived
 	max int
 
-	mu sync.RWMutex // protects m
-	m  map[string]*peer
+	mu sync.RWMutex // protects list
+	// list holds the peers by increasing id, so that sums over them are
+	// the same whatever the order their batches arrived in.
+	list []*peer
 }
 
 // peer is the latest snapshot of one peer.
 type peer struct {
+	id   string
 	inc  uint64 // incarnation of the sender
 	seq  uint64
 	seen int64              // local unix nanoseconds the snapshot arrived
@@ -115,18 +120,20 @@ func (p *peers) apply(m *message, now int64) (joined, ok bool) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	old := p.m[m.id]
+	i, found := slices.BinarySearchFunc(p.list, m.id, func(pr *peer, id string) int { return strings.Compare(pr.id, id) })
+	pr := &peer{id: m.id, inc: m.inc, seq: m.seq, seen: now, eps: eps}
 	switch {
-	case old == nil:
-		if len(p.m) >= p.max {
+	case !found:
+		if len(p.list) >= p.max {
 			return false, false
 		}
-		joined = true
-	case old.inc == m.inc && m.seq <= old.seq:
+		p.list = slices.Insert(p.list, i, pr)
+		return true, true
+	case p.list[i].inc == m.inc && m.seq <= p.list[i].seq:
 		return false, false // a late or repeated message
 	}
-	p.m[m.id] = &peer{inc: m.inc, seq: m.seq, seen: now, eps: eps}
-	return joined, true
+	p.list[i] = pr
+	return false, true
 }
 
 // work sums, over every peer heard from within the TTL before now, the
@@ -135,7 +142,7 @@ func (p *peers) apply(m *message, now int64) (joined, ok bool) {
 func (p *peers) work(key string, since, now int64) (w work, found bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	for _, pr := range p.m {
+	for _, pr := range p.list {
 		if now-pr.seen > p.ttl {
 			continue
 		}
@@ -182,7 +189,7 @@ func (p *peers) live(now int64) int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	n := 0
-	for _, pr := range p.m {
+	for _, pr := range p.list {
 		if now-pr.seen <= p.ttl {
 			n++
 		}
@@ -196,11 +203,12 @@ func (p *peers) expire(now int64) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var gone []string
-	for id, pr := range p.m {
+	p.list = slices.DeleteFunc(p.list, func(pr *peer) bool {
 		if now-pr.seen > p.ttl {
-			delete(p.m, id)
-			gone = append(gone, id)
+			gone = append(gone, pr.id)
+			return true
 		}
-	}
+		return false
+	})
 	return gone
 }

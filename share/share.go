@@ -44,13 +44,14 @@ const (
 // ErrInvalidConfig wraps every configuration error of [New].
 var ErrInvalidConfig = errors.New("share: invalid config")
 
-// Config configures a [Group]. Conn is required; every other zero field is a
-// documented default.
+// Config configures a [Group]. Every zero field is a documented default.
 type Config struct {
 	// Conn is the connection to NATS. The caller owns it: the Group neither
 	// closes it nor sets its handlers. Connect with nats.MaxReconnects(-1)
 	// so that it keeps reconnecting through an outage; the Group's
-	// subscription then resumes by itself.
+	// subscription then resumes by itself. Nil means no NATS: [Group.Run]
+	// then fails, and the caller carries the batches between the replicas
+	// itself, with [Group.AppendBatch] and [Group.Receive].
 	Conn *nats.Conn
 	// Subject is where the replicas of one gateway publish; replicas of
 	// different gateways (different endpoint sets) need different
@@ -76,8 +77,9 @@ type Config struct {
 	// yet scored or picked are ignored, so a peer with other endpoints
 	// cannot fill the index.
 	Index *prefix.Index
-	// Interval is the time between two batches. 0 means [DefaultInterval];
-	// at most a minute.
+	// Interval is the time between two batches (the period of
+	// [Group.AppendBatch] when the caller carries them). 0 means
+	// [DefaultInterval]; at most a minute.
 	Interval time.Duration
 	// TTL is how long a peer's batch counts after it arrived: a peer that
 	// stops publishing stops counting after TTL. 0 means three Intervals;
@@ -111,7 +113,9 @@ type Config struct {
 // publish on one subject. It is an [llmlb.Signal] to give the balancer
 // ([llmlb.WithSignal]), and supplies an [llmlb.Observer] to give it too
 // ([Group.Observer]). Create one with [New]; [Group.Run] does the network
-// work. Load, Observer's functions and Stats are safe for concurrent use and
+// work, or, without NATS, the caller with [Group.AppendBatch] and
+// [Group.Receive]. Load, Observer's functions, Stats, AppendBatch and
+// Receive are safe for concurrent use; Load, Observer's functions and Stats
 // never wait for the network.
 type Group struct {
 	conn     *nats.Conn
@@ -133,6 +137,7 @@ type Group struct {
 	nknown atomic.Int64 // entries of known
 
 	running atomic.Bool
+	seq     atomic.Uint64 // sequence number of the last batch built
 
 	connected     atomic.Bool
 	published     atomic.Uint64
@@ -144,9 +149,6 @@ type Group struct {
 // New returns a Group for cfg, or an error wrapping [ErrInvalidConfig]. It
 // starts no goroutine and sends nothing until [Group.Run].
 func New(cfg Config) (*Group, error) {
-	if cfg.Conn == nil {
-		return nil, fmt.Errorf("%w: nil Conn", ErrInvalidConfig)
-	}
 	if cfg.Subject == "" {
 		cfg.Subject = DefaultSubject
 	}
@@ -224,7 +226,7 @@ func New(cfg Config) (*Group, error) {
 		width = (span + 255) / 256
 	}
 	g.local.init(int64(width), horizon, cfg.MaxEndpoints, cfg.MaxBlocks, cfg.DecodeAllowance)
-	g.peers = peers{ttl: int64(cfg.TTL), max: cfg.MaxPeers, m: make(map[string]*peer)}
+	g.peers = peers{ttl: int64(cfg.TTL), max: cfg.MaxPeers}
 	return g, nil
 }
 
@@ -358,13 +360,15 @@ func (g *Group) Observer(next *llmlb.Observer) *llmlb.Observer {
 // Stats describes a Group's sharing.
 type Stats struct {
 	// Connected reports whether the NATS connection was up at the last
-	// batch. While it is down, batches are not published and, once the
-	// peers' batches expire, the balancer routes on local state alone.
+	// batch of [Group.Run]; it is false for a Group without NATS. While it
+	// is down, batches are not published and, once the peers' batches
+	// expire, the balancer routes on local state alone.
 	Connected bool
 	// Peers is the number of peers whose batches count now.
 	Peers int
-	// Published counts batches published; Unpublished those not published
-	// because the connection was down or the publish failed.
+	// Published counts batches published, or built by
+	// [Group.AppendBatch]; Unpublished those not published because the
+	// connection was down or the publish failed.
 	Published, Unpublished uint64
 	// Received counts peers' batches applied; Rejected those refused:
 	// malformed, late, or from a peer beyond MaxPeers.
@@ -393,8 +397,11 @@ func (g *Group) Stats() Stats {
 // connection). While the connection is down Run keeps going: it skips
 // publishing, lets the peers' batches expire, and resumes when the
 // connection does. Run may be called again after it returns, but not twice
-// at once.
+// at once. Without a Config.Conn, Run returns an error at once.
 func (g *Group) Run(ctx context.Context) error {
+	if g.conn == nil {
+		return errors.New("share: Group.Run needs a Config.Conn")
+	}
 	if !g.running.CompareAndSwap(false, true) {
 		return errors.New("share: Group.Run is already running")
 	}
@@ -411,27 +418,57 @@ func (g *Group) Run(ctx context.Context) error {
 	var (
 		m   message
 		buf []byte
-		seq uint64
 	)
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case msg := <-ch:
-			g.receive(msg.Data)
+			_ = g.receive(msg.Data)
 		case <-tick.C:
-			seq++
-			buf = g.publish(&m, buf[:0], seq)
-			now := g.clock.Now().UnixNano()
-			for _, id := range g.peers.expire(now) {
-				g.log.Info("share: peer expired; its work no longer counts", "peer", id, "self", g.id)
-			}
+			buf = g.publish(&m, buf[:0])
+			g.expire()
 		}
 	}
 }
 
+// AppendBatch appends to buf this replica's batch as of the Group's clock,
+// for the caller to deliver to every peer's [Group.Receive], and returns
+// the extended buffer. It also forgets the peers not heard from within the
+// TTL, and the prefix blocks it carries are not carried again. It is for a
+// Group without a Config.Conn, whose caller carries the batches over
+// another transport, or on simulated time: call it every Interval, and
+// never while [Group.Run] runs. The batch must not be reordered with the
+// previous ones of this Group: a peer refuses a batch older than one it
+// has.
+func (g *Group) AppendBatch(buf []byte) []byte {
+	var m message
+	g.local.snapshot(&m, g.clock.Now().UnixNano())
+	m.id, m.inc, m.seq = g.id, g.inc, g.seq.Add(1)
+	g.published.Add(1)
+	g.expire()
+	return appendMessage(buf, &m)
+}
+
+// Receive applies a peer's batch, made by its [Group.AppendBatch], as
+// arrived at the Group's clock's time: it counts until TTL after that. It
+// returns an error if the batch is refused (malformed, older than one of
+// the same peer applied before, from a new peer beyond MaxPeers, or from
+// another replica with this Group's ID); refused batches are counted in
+// [Stats].Rejected. This Group's own batches are ignored.
+func (g *Group) Receive(data []byte) error {
+	return g.receive(data)
+}
+
+// expire forgets the peers not heard from within the TTL.
+func (g *Group) expire() {
+	for _, id := range g.peers.expire(g.clock.Now().UnixNano()) {
+		g.log.Info("share: peer expired; its work no longer counts", "peer", id, "self", g.id)
+	}
+}
+
 // publish sends one batch and returns the encoding buffer for reuse.
-func (g *Group) publish(m *message, buf []byte, seq uint64) []byte {
+func (g *Group) publish(m *message, buf []byte) []byte {
 	up := g.conn.IsConnected()
 	if was := g.connected.Swap(up); was != up {
 		if up {
@@ -445,7 +482,7 @@ func (g *Group) publish(m *message, buf []byte, seq uint64) []byte {
 		g.publishFailed.Add(1)
 		return buf
 	}
-	m.id, m.inc, m.seq = g.id, g.inc, seq
+	m.id, m.inc, m.seq = g.id, g.inc, g.seq.Add(1)
 	buf = appendMessage(buf, m)
 	if limit := g.conn.MaxPayload(); limit > 0 && int64(len(buf)) > limit && len(m.routes) > 0 {
 		g.local.dropped.Add(uint64(len(m.routes)))
@@ -461,30 +498,31 @@ func (g *Group) publish(m *message, buf []byte, seq uint64) []byte {
 }
 
 // receive applies one peer batch.
-func (g *Group) receive(data []byte) {
+func (g *Group) receive(data []byte) error {
 	m, err := decode(data)
 	if err != nil {
 		g.rejected.Add(1)
-		return
+		return err
 	}
 	if m.id == g.id {
 		if m.inc != g.inc {
-			g.rejected.Add(1) // another replica with this ID
+			g.rejected.Add(1)
+			return fmt.Errorf("share: another replica publishes as %q", g.id)
 		}
-		return
+		return nil
 	}
 	now := g.clock.Now().UnixNano()
 	joined, ok := g.peers.apply(m, now)
 	if !ok {
 		g.rejected.Add(1)
-		return
+		return fmt.Errorf("share: batch %d of peer %q refused: late, or beyond MaxPeers", m.seq, m.id)
 	}
 	g.received.Add(1)
 	if joined {
 		g.log.Info("share: peer joined", "peer", m.id, "self", g.id)
 	}
 	if g.index == nil {
-		return
+		return nil
 	}
 	at := time.Unix(0, now)
 	for _, r := range m.routes {
@@ -493,4 +531,5 @@ func (g *Group) receive(data []byte) {
 			_ = g.index.Record(key, r.blocks, at)
 		}
 	}
+	return nil
 }

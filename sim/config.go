@@ -123,6 +123,14 @@ type Config struct {
 	MaxSignalAge time.Duration
 	// Delay is the network delay from a router to a replica.
 	Delay time.Duration
+	// Share, if not 0, has the routers share their requests in flight and
+	// the prefixes they routed, through a [share.Group] each (the Group is
+	// the router's signal, over its scrapes, and observes its Balancer;
+	// peers' prefixes go to the policy's index of its own decisions, if it
+	// has one): every Share, each router builds a batch, which reaches the
+	// other routers Share later. Router r's batches are built at offsets of
+	// r*Share/Routers. It needs at least two routers.
+	Share time.Duration
 	// SLO is the per-request objective for SLO attainment and goodput.
 	SLO SLO
 	// Seed seeds every random choice of the routers and policies.
@@ -161,8 +169,12 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: %d routers, want 1 to 1024", ErrInvalidConfig, c.Routers)
 	case c.Scrape < time.Millisecond:
 		return fmt.Errorf("%w: scrape interval %v, want at least 1ms", ErrInvalidConfig, c.Scrape)
-	case c.MaxSignalAge < 0 || c.Delay < 0 || c.Series < 0 || c.SignalInterval < 0:
+	case c.MaxSignalAge < 0 || c.Delay < 0 || c.Series < 0 || c.SignalInterval < 0 || c.Share < 0:
 		return fmt.Errorf("%w: negative duration", ErrInvalidConfig)
+	case c.Share > 0 && c.Routers < 2:
+		return fmt.Errorf("%w: sharing every %v needs at least 2 routers, not %d", ErrInvalidConfig, c.Share, c.Routers)
+	case c.Share > 0 && (c.Share < time.Millisecond || c.Share > time.Minute):
+		return fmt.Errorf("%w: sharing interval %v, want 1ms to 1m", ErrInvalidConfig, c.Share)
 	case c.SLO.TTFT < 0 || c.SLO.TPOT < 0:
 		return fmt.Errorf("%w: negative SLO", ErrInvalidConfig)
 	}

@@ -9,6 +9,9 @@
 // its last scrape, refreshed every Config.Scrape (all routers at the same
 // instants unless Config.Stagger); the Balancer corrects that stale view
 // with its own dispatches. Arrivals are split among the routers in turn.
+// With Config.Share, the routers also share their requests in flight and
+// routed prefixes through real [share.Group]s, batches moving between them
+// on simulated time.
 // A request is charged by Pick, released from prefill by FirstToken at its
 // first output token, and finished by Done.
 //

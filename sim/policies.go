@@ -30,7 +30,8 @@ type PolicyEnv struct {
 	// without the Balancer's correction for its own dispatches.
 	Stale func(m int) llmlb.Load
 
-	run *runner // true state, for the oracle only
+	run       *runner       // true state, for the oracle only
+	decisions *prefix.Index // the policy's index of its own decisions, if any
 }
 
 // SubscribeKVEvents feeds ix every replica's KV events from now on: a
@@ -197,7 +198,7 @@ func Policies() []PolicySpec {
 				// The picker's approximate index: an LRU per replica sized
 				// from the engines' KV blocks (the policy sizes it from
 				// the signal), no TTL, the first 256 blocks of a prompt.
-				ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, TTL: noTTL})
+				ix, err := env.decisionIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, TTL: noTTL})
 				if err != nil {
 					return nil, err
 				}
@@ -232,7 +233,7 @@ func Policies() []PolicySpec {
 // like its router's approximate tree: no TTL, SGLangTreeBlocks per replica.
 // smallestTree selects the rule before SGLang PR 14650.
 func newSGLangCacheAware(env *PolicyEnv, smallestTree bool) (llmlb.Policy, error) {
-	ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, Capacity: SGLangTreeBlocks, TTL: noTTL})
+	ix, err := env.decisionIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, Capacity: SGLangTreeBlocks, TTL: noTTL})
 	if err != nil {
 		return nil, err
 	}
@@ -262,7 +263,18 @@ func newDynamoKV(env *PolicyEnv) (llmlb.Policy, error) {
 // newIndex returns a prefix index for the workload's block size, fed by the
 // policy's own decisions.
 func newIndex(env *PolicyEnv) (*prefix.Index, error) {
-	return prefix.NewIndex(prefix.IndexConfig{BlockSize: env.BlockTokens})
+	return env.decisionIndex(prefix.IndexConfig{BlockSize: env.BlockTokens})
+}
+
+// decisionIndex returns a prefix index for cfg that the policy records its
+// own decisions in; with [Config.Share], the router's Group records its
+// peers' decisions in it too.
+func (e *PolicyEnv) decisionIndex(cfg prefix.IndexConfig) (*prefix.Index, error) {
+	ix, err := prefix.NewIndex(cfg)
+	if err == nil {
+		e.decisions = ix
+	}
+	return ix, err
 }
 
 // newEventIndex returns a prefix index for the workload's block size that

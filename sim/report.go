@@ -43,6 +43,9 @@ type ScenarioInfo struct {
 	ScrapeMs float64 `json:"scrape_ms"`
 	// Stagger is [Config.Stagger].
 	Stagger bool `json:"stagger"`
+	// ShareMs is [Config.Share] in milliseconds: the routers' sharing
+	// interval and delay, 0 when they do not share.
+	ShareMs float64 `json:"share_ms,omitempty"`
 	// Seed is [Config.Seed], the first seed when Seeds is above 1.
 	Seed uint64 `json:"seed"`
 	// Seeds, when above 1, is the number of seeds pooled, from Seed on:
@@ -82,6 +85,7 @@ func (info *ScenarioInfo) Describe(cfg Config, reqs []Request) error {
 	}
 	info.Replicas, info.Routers = cfg.Replicas, cfg.Routers
 	info.ScrapeMs, info.Stagger, info.Seed = ms(cfg.Scrape), cfg.Stagger, cfg.Seed
+	info.ShareMs = ms(cfg.Share)
 	info.SLOTTFTMs, info.SLOTPOTMs = ms(cfg.SLO.TTFT), ms(cfg.SLO.TPOT)
 	info.KVBlocks, info.BlockSize = cfg.Engine.KVBlocks, cfg.Engine.BlockSize
 	info.TokenBudget, info.MaxRunning = cfg.Engine.TokenBudget, cfg.Engine.MaxRunning

@@ -3,12 +3,14 @@ package sim
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"time"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/prefix"
+	"github.com/llmlb/llmlb/share"
 )
 
 // Event kinds, in no particular order: ties in time are broken by the order
@@ -19,6 +21,8 @@ const (
 	evIteration
 	evScrape
 	evSample
+	evShareBatch  // router idx builds a batch for its peers
+	evShareArrive // batch idx reaches the peers of its router
 )
 
 type event struct {
@@ -94,9 +98,16 @@ func (e *endpoint) Key() string { return e.key }
 
 // router is one Balancer with its own view of the replicas.
 type router struct {
-	bal  *llmlb.Balancer
-	snap []llmlb.Load // last scrape, by replica
-	keys map[string]int
+	bal   *llmlb.Balancer
+	snap  []llmlb.Load // last scrape, by replica
+	keys  map[string]int
+	group *share.Group // with Config.Share: the router's signal, over its scrapes
+}
+
+// shareBatch is a batch of a router's Group on its way to the peers.
+type shareBatch struct {
+	from int
+	data []byte
 }
 
 // Load implements llmlb.Signal with the router's last scrape.
@@ -122,6 +133,8 @@ type runner struct {
 	current *reqState                         // the request being picked, for the oracle
 	kvSubs  []*prefix.Index                   // indexes fed the replicas' KV events
 	endSubs [][]func(m int, r *llmlb.Request) // per router: told when a request it routed ends
+	batches map[int]shareBatch                // with Config.Share: batches in transit, by id
+	batchID int                               // id of the last batch built
 
 	nextArrival int
 	ended       int // requests done or rejected
@@ -225,10 +238,29 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		if err != nil {
 			return nil, fmt.Errorf("sim: policy %s: %w", spec.Name, err)
 		}
-		bal, err := llmlb.New(pol,
+		opts := []llmlb.Option{
 			llmlb.WithClock(simClock{r}),
 			llmlb.WithRand(rand.NewPCG(cfg.Seed, uint64(k)+1)),
-			llmlb.WithSignal(rt, cfg.MaxSignalAge))
+		}
+		if cfg.Share == 0 {
+			opts = append(opts, llmlb.WithSignal(rt, cfg.MaxSignalAge))
+		} else {
+			rt.group, err = share.New(share.Config{
+				ID:           "router-" + strconv.Itoa(k),
+				Signal:       rt,
+				MaxSignalAge: cfg.MaxSignalAge,
+				Index:        env.decisions,
+				Interval:     cfg.Share,
+				Clock:        simClock{r},
+				Logger:       slog.New(slog.DiscardHandler),
+			})
+			if err != nil {
+				return nil, fmt.Errorf("sim: %w", err)
+			}
+			opts = append(opts, llmlb.WithSignal(rt.group, cfg.MaxSignalAge), llmlb.WithObserver(rt.group.Observer(nil)))
+			r.schedule(time.Duration(k)*cfg.Share/time.Duration(cfg.Routers), evShareBatch, k)
+		}
+		bal, err := llmlb.New(pol, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("sim: %w", err)
 		}
@@ -281,6 +313,15 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			r.sample()
 			if r.ended < len(reqs) {
 				r.schedule(r.now+r.series, evSample, 0)
+			}
+		case evShareBatch:
+			r.shareBatch(e.idx)
+			if r.ended < len(reqs) {
+				r.schedule(r.now+cfg.Share, evShareBatch, e.idx)
+			}
+		case evShareArrive:
+			if err := r.shareArrive(e.idx); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -362,6 +403,32 @@ func (r *runner) scrape(k int) {
 			BlockSize: rep.eng.BlockSize,
 		}
 	}
+}
+
+// shareBatch has router k's Group build a batch, which reaches the other
+// routers Config.Share later.
+func (r *runner) shareBatch(k int) {
+	if r.batches == nil {
+		r.batches = make(map[int]shareBatch)
+	}
+	r.batchID++
+	r.batches[r.batchID] = shareBatch{from: k, data: r.routers[k].group.AppendBatch(nil)}
+	r.schedule(r.now+r.cfg.Share, evShareArrive, r.batchID)
+}
+
+// shareArrive delivers batch id to every router but its sender.
+func (r *runner) shareArrive(id int) error {
+	b := r.batches[id]
+	delete(r.batches, id)
+	for k, rt := range r.routers {
+		if k == b.from {
+			continue
+		}
+		if err := rt.group.Receive(b.data); err != nil {
+			return fmt.Errorf("sim: internal error: router %d refused a batch of router %d: %w", k, b.from, err)
+		}
+	}
+	return nil
 }
 
 // observeDispatch updates the herding metrics after a dispatch to replica

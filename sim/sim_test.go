@@ -276,6 +276,9 @@ func TestInvalidInput(t *testing.T) {
 		{"prompt over bound", Config{}, []Request{{PromptTokens: MaxPromptTokens + 1, OutputTokens: 1}}, "p2c", ErrInvalidWorkload},
 		{"unordered", Config{}, []Request{{Arrival: time.Second, PromptTokens: 1, OutputTokens: 1}, {PromptTokens: 1, OutputTokens: 1}}, "p2c", ErrInvalidWorkload},
 		{"odd block tokens", Config{}, []Request{{PromptTokens: 10, OutputTokens: 1, BlockTokens: 10, Prefix: []uint64{1}}}, "p2c", ErrInvalidWorkload},
+		{"share with one router", Config{Share: 100 * time.Millisecond}, good, "p2c", ErrInvalidConfig},
+		{"negative share", Config{Routers: 2, Share: -time.Millisecond}, good, "p2c", ErrInvalidConfig},
+		{"tiny share", Config{Routers: 2, Share: time.Microsecond}, good, "p2c", ErrInvalidConfig},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -162,6 +162,9 @@ func (s *ScenarioInfo) cluster() string {
 	if s.Stagger {
 		stagger = " staggered"
 	}
+	if s.ShareMs > 0 {
+		stagger += fmt.Sprintf(", sharing every %v", time.Duration(s.ShareMs*float64(time.Millisecond)))
+	}
 	return fmt.Sprintf("%d replicas, %d router(s), scrape %v%s, %s",
 		s.Replicas, s.Routers, time.Duration(s.ScrapeMs*float64(time.Millisecond)), stagger, seeds)
 }

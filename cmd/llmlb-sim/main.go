@@ -29,6 +29,11 @@
 // each results list in the schema of the plain run's, and -svg plots
 // goodput and TTFT p99 against the offered load, a line per policy.
 //
+// -routers R -share D has the R routers share their requests in flight and
+// the prefixes they routed through package github.com/llmlb/llmlb/share:
+// every D, each router's share.Group builds a batch, which reaches the
+// other routers D later. It needs at least two routers.
+//
 // The -json and -svg files are opened before the simulation, so that a
 // bad path fails at once, and a file the command created is removed again
 // if the run fails. A duration flag without a unit, such as -slo-ttft 2,
@@ -122,6 +127,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		scrape    = durationVar("scrape", 0, "engine metrics scrape interval, a `duration` such as 500ms, of the policies whose preset has none of its own (default: the scenario's)")
 		signalIv  = durationVar("signal-interval", 0, "run every policy, presets with their own interval included, on engine signals refreshed at this `duration` (default: each preset's own)")
 		stagger   = fs.Bool("stagger", false, "stagger the routers' scrapes")
+		shareIv   = durationVar("share", 0, "routers share their requests in flight and routed prefixes every `duration`, each batch reaching the others that much later (needs -routers 2 or more)")
 		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace)")
 		seed      = fs.Uint64("seed", 1, "random seed")
 		seeds     = fs.Int("seeds", 1, "run this many seeds, from -seed on, and pool their results")
@@ -269,6 +275,17 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	if *scrape > 0 {
 		cfg.Scrape = *scrape
+	}
+	if set["share"] {
+		switch n := max(cfg.Routers, 1); {
+		case *shareIv < time.Millisecond || *shareIv > time.Minute:
+			return usageError{fmt.Errorf("-share %v must be from 1ms to 1m", *shareIv)}
+		case n < 2 && set["routers"]:
+			return usageError{fmt.Errorf("-share needs -routers 2 or more to share between, not %d", n)}
+		case n < 2:
+			return usageError{fmt.Errorf("-share needs -routers 2 or more to share between; the %s scenario has %d router", sc.Name, n)}
+		}
+		cfg.Share = *shareIv
 	}
 	base := sim.ScenarioInfo{Name: sc.Name, Herding: sc.Herding}
 	w := sc.Workload

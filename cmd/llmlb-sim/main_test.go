@@ -162,6 +162,12 @@ func TestRunErrors(t *testing.T) {
 		{"sweep too long", []string{"-sweep", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21"}, "21 rate scales, at most 20", ""},
 		{"sweep and rate scale", []string{"-sweep", "1,2", "-rate-scale", "2"}, "-sweep and -rate-scale both set the rate scale", ""},
 		{"sweep and wide", []string{"-sweep", "1,2", "-wide"}, "-wide widens the results table, which -sweep does not print", ""},
+		{"share with the scenario's one router", []string{"-share", "100ms"}, "-share needs -routers 2 or more to share between; the default scenario has 1 router", ""},
+		{"share with one router", []string{"-routers", "1", "-share", "100ms"}, "-share needs -routers 2 or more to share between, not 1", ""},
+		{"zero share", []string{"-routers", "2", "-share", "0s"}, "-share 0s must be from 1ms to 1m", ""},
+		{"negative share", []string{"-routers", "2", "-share", "-5ms"}, "-share -5ms must be from 1ms to 1m", ""},
+		{"share too long", []string{"-routers", "2", "-share", "2m"}, "-share 2m0s must be from 1ms to 1m", ""},
+		{"share without a unit", []string{"-routers", "2", "-share", "100"}, `invalid -share "100": a duration needs a unit`, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -486,5 +492,42 @@ func TestRunWide(t *testing.T) {
 	}
 	if !strings.Contains(narrow, "Compare first: SLO and missed") {
 		t.Errorf("no legend:\n%s", narrow)
+	}
+}
+
+// -share runs the routers over share.Groups and says so in the header and
+// the JSON; without it, the JSON has no share_ms.
+func TestRunShare(t *testing.T) {
+	args := []string{"-requests", "300", "-replicas", "3", "-routers", "2", "-policies", "p2c,default", "-json", "-"}
+	for _, c := range []struct {
+		share string
+		want  any
+	}{{"", nil}, {"50ms", 50.0}} {
+		a := args
+		if c.share != "" {
+			a = append(a, "-share", c.share)
+		}
+		var out, errb bytes.Buffer
+		if code := run(context.Background(), a, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", a, code, errb.String())
+		}
+		var rep struct {
+			Scenario map[string]any   `json:"scenario"`
+			Results  []map[string]any `json:"results"`
+		}
+		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+			t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+		}
+		if got := rep.Scenario["share_ms"]; got != c.want {
+			t.Errorf("-share %q: share_ms %v, want %v", c.share, got, c.want)
+		}
+		checkResults(t, rep.Results)
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), append(args[:len(args)-2], "-share", "50ms"), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "2 router(s), scrape 1s, sharing every 50ms") {
+		t.Errorf("header does not describe the sharing:\n%s", out.String())
 	}
 }

@@ -1,0 +1,81 @@
+package sim
+
+import (
+	"context"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+)
+
+// Sharing runs on simulated time: two runs with the same seed agree, and
+// the sharing changes the routing.
+func TestShareDeterministic(t *testing.T) {
+	reqs, err := DefaultSynthetic(1500, 37).Generate(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Seed: 3, Routers: 3, Stagger: true, Delay: time.Millisecond, Share: 100 * time.Millisecond}
+	unshared := cfg
+	unshared.Share = 0
+	for _, p := range []string{"default", "default-approx", "gie-default"} {
+		a, err := Simulate(context.Background(), cfg, reqs, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Simulate(context.Background(), cfg, reqs, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("%s: two runs with the same seed differ", p)
+		}
+		c, err := Simulate(context.Background(), unshared, reqs, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reflect.DeepEqual(a, c) {
+			t.Errorf("%s: sharing changed nothing", p)
+		}
+	}
+}
+
+// With two routers sharing every 100 ms, the second router's estimate of a
+// replica includes the first router's requests in flight once a batch that
+// holds them has arrived, 100 ms after it was built: the first router's
+// batches are built at 0, 100 ms..., so its picks at 0 and 60 ms reach the
+// second router at 200 ms. Without sharing it counts only its own.
+func TestShareShowsPeersWork(t *testing.T) {
+	// Arrivals alternate between the routers: even ones to router 0.
+	arrivals := []time.Duration{0, 50, 60, 150, 160, 250}
+	reqs := make([]Request, len(arrivals))
+	for i, ms := range arrivals {
+		reqs[i] = Request{Arrival: ms * time.Millisecond, PromptTokens: 16, OutputTokens: 2000}
+	}
+	// seen records, at each pick of router 1, the requests it estimates at
+	// replica 0, where every request goes; the scrape at 0 saw it empty.
+	seen := func(share time.Duration) map[time.Duration]int64 {
+		got := map[time.Duration]int64{}
+		spec := PolicySpec{Name: "probe", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return llmlb.LeastScore(func(c *llmlb.Candidates, i int, l *llmlb.EndpointLoad) float64 {
+				if env.Router == 1 && c.Member(i) == 0 {
+					got[env.run.now] = l.Requests
+				}
+				return float64(c.Member(i))
+			}), nil
+		}}
+		cfg := Config{Replicas: 2, Routers: 2, Scrape: 10 * time.Second, Share: share}
+		if _, err := simulate(context.Background(), cfg, reqs, spec); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	ms := time.Millisecond
+	if got, want := seen(100*ms), map[time.Duration]int64{50 * ms: 0, 150 * ms: 1, 250 * ms: 4}; !reflect.DeepEqual(got, want) {
+		t.Errorf("sharing: router 1 saw %v, want %v (its own, plus router 0's two from 200 ms)", got, want)
+	}
+	if got, want := seen(0), map[time.Duration]int64{50 * ms: 0, 150 * ms: 1, 250 * ms: 2}; !reflect.DeepEqual(got, want) {
+		t.Errorf("no sharing: router 1 saw %v, want %v (its own)", got, want)
+	}
+}
