@@ -121,12 +121,13 @@ func count(v []byte) int {
 // render returns the text that write writes: all of it if the Parser counts
 // tokens, else as much of its head as the hasher reads, and its length.
 // write is called twice, to measure the text and then to write it into a
-// buffer of the right size.
+// buffer of the right size. It must stay small enough to be inlined: its
+// callers then keep t on the stack (TestParseAllocBounded fails otherwise).
 func (p *Parser) render(write func(*text)) text {
 	var t text
 	write(&t)
 	keep := t.n
-	if p.countTokens == nil && p.tokenize == nil {
+	if !p.wholeText {
 		keep = min(keep, p.headBytes)
 	}
 	if keep == 0 {
@@ -154,12 +155,9 @@ func (p *Parser) fillText(req *llmlb.Request, salt prefix.Salt, t text) {
 // tokens returns the token count of a rendered text.
 func (p *Parser) tokens(t text) int {
 	var n int
-	switch {
-	case p.tokenize != nil:
-		n = len(p.tokenize(t.string()))
-	case p.countTokens != nil:
+	if p.countTokens != nil {
 		n = p.countTokens(t.string())
-	default:
+	} else {
 		n = (t.n + BytesPerToken - 1) / BytesPerToken
 	}
 	return min(max(n, 0), maxCount)
@@ -210,11 +208,15 @@ func (p *Parser) fillPrompt(req *llmlb.Request, salt prefix.Salt, v []byte) {
 // stringTokens returns the token count of the raw string v, which may be
 // null.
 func (p *Parser) stringTokens(v []byte) int {
-	if p.countTokens != nil || p.tokenize != nil {
-		return p.tokens(p.render(func(t *text) { t.writeString(v) }))
+	if p.countTokens == nil && p.tokenize == nil {
+		var t text
+		t.writeString(v)
+		return p.tokens(t)
 	}
-	var t text
-	t.writeString(v)
+	t := p.render(func(t *text) { t.writeString(v) })
+	if p.tokenize != nil {
+		return min(len(p.tokenize(t.string())), maxCount)
+	}
 	return p.tokens(t)
 }
 

@@ -91,8 +91,9 @@ type Parser struct {
 	hasher      *prefix.Hasher
 	countTokens func(string) int
 	tokenize    func(string) []uint32
-	headBytes   int // prompt text bytes the hasher reads
-	headTokens  int // prompt tokens the hasher reads
+	wholeText   bool // a prompt's whole text is needed: CountTokens or Tokenize is set
+	headBytes   int  // prompt text bytes the hasher reads
+	headTokens  int  // prompt tokens the hasher reads
 }
 
 // NewParser returns a Parser configured by cfg, or an error wrapping
@@ -107,6 +108,7 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 		hasher:      cfg.Hasher,
 		countTokens: cfg.CountTokens,
 		tokenize:    cfg.Tokenize,
+		wholeText:   cfg.CountTokens != nil || cfg.Tokenize != nil,
 	}
 	switch {
 	case p.maxBody < 0:
