@@ -87,16 +87,23 @@ type epState struct {
 	unhealthy atomic.Bool
 	started   atomic.Int64 // unix nanos slow start began; never = not in slow start
 
-	// Own dispatches since the current observation was first seen; used
-	// only when a signal is configured. Readers load the atomics without
-	// the lock; every change happens under it, so that a dispatch and its
-	// completion always count in the same epoch.
+	// The epoch: what changed of this balancer's own requests since the
+	// current observation was first seen; used only when a signal is
+	// configured. Readers load the atomics without the lock; every change
+	// happens under it, so that a dispatch and its completion always count
+	// in the same epoch.
 	mu       sync.Mutex   // serializes changes of the fields below
 	obsAt    atomic.Int64 // At (unix nanos) of the observation the epoch belongs to; never before the first
 	epoch    uint64
-	epReqs   atomic.Int64
+	epReqs   atomic.Int64 // dispatches since the observation, still outstanding
 	epQueued atomic.Int64 // of epReqs, those before their first token
-	epTokens atomic.Int64
+	epTokens atomic.Int64 // the tokens of epReqs
+	// This balancer's requests the observation counted (picked no later
+	// than it, in an earlier epoch) that finished since: those that had
+	// streamed, to take from its running requests, and those that had not,
+	// from its waiting ones.
+	epRunDone  atomic.Int64
+	epWaitDone atomic.Int64
 }
 
 // epDesc is the part of an endpoint that Update may change while its
@@ -351,10 +358,10 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 
 	rec := recordPool.Get().(*record)
 	rec.st, rec.prefill, rec.decode, rec.prompt, rec.epoch = st, prefill, decode, int64(r.PromptTokens), 0
-	rec.b = nil
+	rec.b, rec.picked = b, 0
 	c.signalAge = -1
-	if b.obs != nil {
-		rec.b, rec.picked = b, c.nowNanos()
+	if b.obs != nil || b.signal != nil {
+		rec.picked = c.nowNanos()
 	}
 	if b.signal != nil {
 		obs, fresh := c.observe(st)
@@ -414,7 +421,7 @@ func (p Pick) FirstToken() {
 	}
 	b, picked := rec.b, rec.picked
 	rec.state.Store(p.base | phaseStreaming)
-	if b != nil && b.obs.FirstToken != nil {
+	if b.obs != nil && b.obs.FirstToken != nil {
 		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked)})
 	}
 }
@@ -451,22 +458,32 @@ func (p Pick) Done(err error) {
 	}
 	st.decode.Add(-rec.decode)
 	st.prompt.Add(-rec.prompt)
+	b, picked := rec.b, rec.picked
 	if rec.epoch != 0 {
+		at := b.observedAt(st)
 		st.mu.Lock()
-		if st.epoch == rec.epoch-1 {
+		st.roll(at)
+		switch {
+		case st.epoch == rec.epoch-1:
 			st.epReqs.Add(-1)
 			if !streaming {
 				st.epQueued.Add(-1)
 			}
 			st.epTokens.Add(-(rec.prefill + rec.decode))
+		case rec.picked <= st.obsAt.Load():
+			// The observation counted it; it is gone now.
+			if streaming {
+				st.epRunDone.Add(1)
+			} else {
+				st.epWaitDone.Add(1)
+			}
 		}
 		st.mu.Unlock()
 	}
-	b, picked := rec.b, rec.picked
 	rec.st, rec.b = nil, nil
 	rec.state.Store(p.base + generationStep) // free, next generation
 	recordPool.Put(rec)
-	if b != nil && b.obs.Done != nil {
+	if b.obs != nil && b.obs.Done != nil {
 		b.obs.Done(DoneInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked), Streamed: streaming, Err: err})
 	}
 }
@@ -491,9 +508,9 @@ type record struct {
 	prefill int64
 	decode  int64
 	prompt  int64
-	epoch   uint64    // 1 + the epoch of st the dispatch counted in; 0 = none
-	b       *Balancer // set only when the balancer has an Observer
-	picked  int64     // unix nanos of the pick, when b is set
+	epoch   uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
+	b       *Balancer
+	picked  int64 // unix nanos of the pick, when the balancer has an Observer or a Signal
 }
 
 var recordPool = sync.Pool{New: func() any { return new(record) }}

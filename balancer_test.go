@@ -341,7 +341,7 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 	policies := []Policy{P2C(nil), LeastTokens(), RoundRobin(), Random(), LeastKV()}
 	for _, pol := range policies {
 		t.Run(policyName(pol), func(t *testing.T) {
-			b, err := New(pol, WithSignal(sig, time.Minute), WithClock(clock),
+			b, err := New(boundsCheck{t, pol}, WithSignal(sig, time.Minute), WithClock(clock),
 				WithSlowStart(SlowStart{Window: time.Second}))
 			if err != nil {
 				t.Fatal(err)
@@ -402,7 +402,8 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 							_ = b.SetHealthy(k, rng.IntN(2) == 0)
 						case op < 98:
 							k := "ep" + strconv.Itoa(rng.IntN(pool))
-							sig.Set(k, Load{At: clock.Now(), Running: rng.IntN(10), KVUsage: rng.Float64()})
+							sig.Set(k, Load{At: clock.Now().Add(-time.Duration(rng.IntN(20)) * time.Millisecond),
+								Running: rng.IntN(10), Waiting: rng.IntN(3), KVUsage: rng.Float64(), KVBlocks: 100, BlockSize: 16})
 						default:
 							clock.Advance(time.Millisecond * time.Duration(rng.IntN(50)))
 							for _, st := range b.snap.Load().eps {
@@ -412,9 +413,14 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 								}
 								st.mu.Lock()
 								q, r := st.epQueued.Load(), st.epReqs.Load()
+								runDone, waitDone := st.epRunDone.Load(), st.epWaitDone.Load()
 								st.mu.Unlock()
 								if q < 0 || q > r {
 									t.Errorf("%s: %d of %d dispatches since the observation before their first token", st.key, q, r)
+									return
+								}
+								if runDone < 0 || waitDone < 0 {
+									t.Errorf("%s: %d running and %d waiting requests of the observation finished", st.key, runDone, waitDone)
 									return
 								}
 							}
@@ -441,6 +447,25 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 			}
 		})
 	}
+}
+
+// boundsCheck is a policy that checks every candidate's load estimate
+// against its bounds before delegating: never negative, never below this
+// balancer's own counts.
+type boundsCheck struct {
+	t *testing.T
+	Policy
+}
+
+func (p boundsCheck) Choose(c *Candidates) int {
+	for i := 0; i < c.Len(); i++ {
+		l := c.Load(i)
+		if l.Outstanding < 0 || l.Queued < 0 || l.Queued > l.Outstanding ||
+			l.Requests < l.Outstanding || l.Waiting < l.Queued || l.backlog < l.Queued || l.KVUsage < 0 {
+			p.t.Errorf("%s: estimate %+v out of bounds", c.Key(i), l)
+		}
+	}
+	return p.Policy.Choose(c)
 }
 
 func policyName(p Policy) string {

@@ -187,8 +187,10 @@ type EndpointLoad struct {
 	ActiveTokens int64
 	// Requests and Waiting estimate the requests at the endpoint from all
 	// routers, in total and queued in the engine: with a fresh signal, the
-	// observation plus this balancer's dispatches since it (never less than
-	// this balancer's own counts); otherwise Outstanding and Queued. An
+	// observation, less this balancer's requests it counted that finished
+	// since, plus this balancer's dispatches since it (never less than this
+	// balancer's own counts);
+	// otherwise Outstanding and Queued. An
 	// observation may report counts as large as an int holds: the sums
 	// saturate at math.MaxInt64 rather than wrap, so a Score should do its
 	// arithmetic on them in float64.
@@ -207,8 +209,10 @@ type EndpointLoad struct {
 	Fresh bool
 	// backlog estimates the requests at the endpoint waiting for their
 	// first token: with a fresh signal, the observation's waiting requests
-	// plus this balancer's dispatches since it that have not streamed yet
-	// (never less than Queued); otherwise Queued. Unlike Waiting, which
+	// (less this balancer's it counted that finished since without
+	// streaming) plus this balancer's dispatches since it that have not
+	// streamed yet (never less than Queued); otherwise Queued. Unlike
+	// Waiting, which
 	// counts every dispatch since the observation that is still
 	// outstanding, it does not grow with the time since the observation.
 	backlog int64
@@ -243,19 +247,23 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	if !ok {
 		return
 	}
-	reqs, queued, tokens := st.correction(obs.At.UnixNano())
+	e := st.correction(obs.At.UnixNano())
 	l.Fresh = true
 	// The observed counts may be as large as an int holds: saturate, never
-	// wrap to a small or negative load.
+	// wrap to a small or negative load. The epoch's counters are read
+	// without a lock, so a concurrent change may show in some and not
+	// others: bound each estimate below as well.
 	running, waiting := int64(obs.Running), int64(obs.Waiting)
-	l.Requests = max(addSat(addSat(running, waiting), reqs), l.Outstanding)
-	l.Waiting = max(addSat(waiting, reqs), l.Queued)
-	l.backlog = max(addSat(waiting, queued), l.Queued)
+	counted := max(addSat(running, waiting)-max(e.runDone, 0)-max(e.waitDone, 0), 0)
+	waiting = max(waiting-max(e.waitDone, 0), 0)
+	l.Requests = max(addSat(counted, e.reqs), l.Outstanding)
+	l.Waiting = max(addSat(waiting, e.reqs), l.Queued)
+	l.backlog = max(addSat(waiting, e.queued), l.Queued)
 	l.KVBlocks, l.BlockSize = obs.KVBlocks, obs.BlockSize
 	if !math.IsNaN(obs.KVUsage) {
 		l.KVUsage = obs.KVUsage
 		if capacity := mulSat(obs.KVBlocks, obs.BlockSize); capacity > 0 {
-			l.KVUsage += float64(tokens) / float64(capacity)
+			l.KVUsage += float64(e.tokens) / float64(capacity)
 		}
 	}
 }
@@ -286,20 +294,32 @@ func (c *Candidates) observe(st *epState) (Load, bool) {
 	return obs, true
 }
 
-// correction returns this balancer's dispatches to st made since the
-// observation taken at at was first seen and still outstanding: requests,
-// those of them before their first token, and tokens.
-func (st *epState) correction(at int64) (reqs, queued, tokens int64) {
+// epochCounts is what changed of this balancer's requests to an endpoint
+// since its observation (see the epoch fields of epState).
+type epochCounts struct {
+	reqs, queued, tokens int64 // dispatches since the observation, still outstanding
+	runDone, waitDone    int64 // requests the observation counted that finished since
+}
+
+// correction returns what changed of this balancer's requests to st since
+// the observation taken at at was first seen: the dispatches made since and
+// still outstanding (requests, those of them before their first token, and
+// tokens), and the requests the observation counted that finished since,
+// after their first token and before it.
+func (st *epState) correction(at int64) epochCounts {
 	if at > st.obsAt.Load() {
 		st.mu.Lock()
 		st.roll(at)
 		st.mu.Unlock()
 	}
-	return st.epReqs.Load(), st.epQueued.Load(), st.epTokens.Load()
+	return epochCounts{
+		reqs: st.epReqs.Load(), queued: st.epQueued.Load(), tokens: st.epTokens.Load(),
+		runDone: st.epRunDone.Load(), waitDone: st.epWaitDone.Load(),
+	}
 }
 
-// roll starts a new dispatch epoch if the observation at is newer than the
-// current epoch's. The caller holds st.mu.
+// roll starts a new epoch if the observation at is newer than the current
+// epoch's. The caller holds st.mu.
 func (st *epState) roll(at int64) {
 	if at > st.obsAt.Load() {
 		st.obsAt.Store(at)
@@ -307,7 +327,21 @@ func (st *epState) roll(at int64) {
 		st.epReqs.Store(0)
 		st.epQueued.Store(0)
 		st.epTokens.Store(0)
+		st.epRunDone.Store(0)
+		st.epWaitDone.Store(0)
 	}
+}
+
+// observedAt returns the time of the signal's valid observation of st, or
+// never if there is none. A completion rolls the epoch to it before
+// counting, so that it counts against the observation the engine reports
+// even if no pick has loaded that observation yet.
+func (b *Balancer) observedAt(st *epState) int64 {
+	obs, ok := b.signal.Load(st.key)
+	if !ok || !obs.valid() {
+		return never
+	}
+	return obs.At.UnixNano()
 }
 
 // decodeEstimate is the decode work charged for r.

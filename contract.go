@@ -93,7 +93,8 @@ func (l *Load) valid() bool {
 
 // Signal supplies the last observation of each endpoint. It may be stale; the
 // balancer corrects it with its own dispatches (see [WithSignal]). Load must be
-// safe for concurrent use and fast: it is called during Pick.
+// safe for concurrent use and fast: it is called during Pick and by the pick
+// handle's Done.
 type Signal interface {
 	Load(key string) (Load, bool)
 }

@@ -77,9 +77,13 @@ type DefaultConfig struct {
 	// Events index or an Index that is [prefix.IndexConfig.EventsOnly].
 	CacheWeight float64
 	// FootprintWeight is the cost per token of the endpoint's KV footprint:
-	// the larger of this balancer's outstanding requests' tokens and the
-	// reported KV usage. It spreads decode load. Zero means
-	// [DefaultFootprintWeight].
+	// the larger of this balancer's outstanding requests' tokens and its
+	// part of the reported KV usage (the usage times its share of the
+	// endpoint's requests, [EndpointLoad.Outstanding] over
+	// [EndpointLoad.Requests]). It spreads this balancer's decode load;
+	// other routers' part of the usage is stale and the same for every
+	// router, and spreading it too would herd them all onto the endpoint
+	// that reported the least. Zero means [DefaultFootprintWeight].
 	FootprintWeight float64
 	// KVPenalty is the cost per token of estimated KV demand beyond the
 	// endpoint's capacity, where requests wait for memory or are preempted.
@@ -168,7 +172,8 @@ type defaultPolicy struct {
 // this balancer's requests before their first token plus, with a fresh
 // signal, the other routers' waiting requests at the mean prompt length;
 // cached tokens come from the prefix index; the footprint is the larger of
-// this balancer's outstanding tokens and the reported KV usage.
+// this balancer's outstanding tokens and its share of the reported KV usage
+// (see FootprintWeight).
 //
 // Locality is bought with queueing, in the same unit: a prefix holder wins
 // while the work queued in front of it is smaller than what its cache saves,
@@ -336,7 +341,15 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 	capacity := kvCapacity(l)
 	footprint := float64(l.ActiveTokens)
 	if !math.IsNaN(l.KVUsage) {
-		footprint = max(footprint, l.KVUsage*capacity)
+		// This balancer's part of the reported usage: all of it behind one
+		// router, where the estimated requests are exactly its own. Other
+		// routers' part is stale and the same for all of them, so
+		// spreading it would send every router to the same endpoint.
+		share := 1.0
+		if l.Requests > 0 {
+			share = float64(l.Outstanding) / float64(l.Requests)
+		}
+		footprint = max(footprint, share*l.KVUsage*capacity)
 	}
 	demand := kvUsage(l)*capacity + queued + prompt - cached + float64(c.reqTok-int64(c.req.PromptTokens))
 	waits := p.queueWeight * float64(l.Waiting)

@@ -73,7 +73,12 @@ func WithRand(src rand.Source) Option {
 // an endpoint's load is the signal's observation plus this balancer's own
 // dispatches to it made after the observation was first seen and still
 // outstanding, so a dispatch the observation may include is never counted
-// twice and a stale observation never makes an endpoint look idle. An
+// twice and a stale observation never makes an endpoint look idle. This
+// balancer's requests the observation counted (picked no later than it)
+// that finished since no longer count: with one router the estimated
+// requests are then exact, however old the observation, and with several an
+// endpoint observed just now does not look busier, against one observed
+// long ago, by the requests this balancer saw finish in between. An
 // observation older than maxAge (0 means [DefaultMaxSignalAge]), or one with
 // invalid values (negative counts, KV usage outside [0, 1]), is ignored and
 // the endpoint is scored on this balancer's own counts.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -60,14 +61,14 @@ func TestSignalCorrection(t *testing.T) {
 	if l := p.loads["ep0"]; l.Requests != 9 || l.KVUsage != 0.6 {
 		t.Fatalf("after a newer observation: %+v, want 9 requests and usage 0.6", l)
 	}
-	// Completing requests of an earlier epoch does not disturb the new one.
+	// Requests the newer observation counted leave it when they finish.
 	for _, pk := range after {
 		pk.Done(nil)
 	}
 	early.Done(nil)
 	pick().Done(nil)
-	if l := p.loads["ep0"]; l.Requests != 9 {
-		t.Fatalf("requests %d, want 9", l.Requests)
+	if l := p.loads["ep0"]; l.Requests != 5 {
+		t.Fatalf("requests %d, want 5: the observation's 9 less the 4 that finished", l.Requests)
 	}
 
 	// The observation never makes an endpoint look emptier than this
@@ -198,8 +199,8 @@ func TestSignalBacklog(t *testing.T) {
 	since[2].FirstToken() // idempotent
 	check("the last one streaming", 3, 2)
 
-	// A newer observation starts over; the old dispatch's first token and
-	// completion do not disturb it.
+	// A newer observation starts over; the old dispatches, streaming at
+	// it, leave its waiting requests alone when they finish.
 	sig.Set("ep0", Load{At: clock.Now(), Running: 1, Waiting: 0})
 	clock.Advance(time.Millisecond)
 	held := pick()
@@ -361,5 +362,143 @@ func TestSignalCorrectionAtUnixEpoch(t *testing.T) {
 	pick().Done(nil)
 	if l := p.loads["ep0"]; l.Requests != 2 {
 		t.Fatalf("after a dispatch since the observation: %d requests, want 2", l.Requests)
+	}
+}
+
+// TestSignalCountedRequests checks the correction for this balancer's
+// requests the observation counted: a completion since removes one from the
+// observation's requests, and from its waiting ones if it never streamed.
+func TestSignalCountedRequests(t *testing.T) {
+	_, clock, sig, p, pick := signalProbe(t)
+	check := func(when string, requests, waiting, backlog int64, kv float64) {
+		t.Helper()
+		pick().Done(nil) // refreshes p.loads; finished at once, it adds nothing
+		l := p.loads["ep0"]
+		if !l.Fresh || l.Requests != requests || l.Waiting != waiting || l.backlog != backlog || l.KVUsage != kv {
+			t.Fatalf("%s: requests %d, waiting %d, backlog %d, KV usage %v; want %d, %d, %d, %v",
+				when, l.Requests, l.Waiting, l.backlog, l.KVUsage, requests, waiting, backlog, kv)
+		}
+	}
+
+	// Four requests, two of them streaming, then an observation of
+	// exactly them.
+	a, b, c, w := pick(), pick(), pick(), pick()
+	a.FirstToken()
+	b.FirstToken()
+	sig.Set("ep0", Load{At: clock.Now(), Running: 2, Waiting: 2, KVUsage: 0.5})
+	clock.Advance(10 * time.Millisecond)
+	check("at the observation", 4, 2, 2, 0.5)
+	c.FirstToken()
+	check("a waiting one streams", 4, 2, 2, 0.5)
+	a.Done(nil)
+	check("a streaming one finished", 3, 2, 2, 0.5)
+	w.Done(nil)
+	check("one finished before streaming", 2, 1, 1, 0.5)
+	d := pick()
+	check("a dispatch since", 3, 2, 2, 0.5)
+
+	// A newer observation, loaded by no pick before a completion: the
+	// completion counts against it.
+	sig.Set("ep0", Load{At: clock.Now(), Running: 2, Waiting: 1, KVUsage: 0.25})
+	clock.Advance(time.Millisecond)
+	b.Done(nil)
+	check("completion after a newer observation", 2, 1, 1, 0.25)
+	c.Done(nil)
+	check("the other streaming one finished", 1, 1, 1, 0.25)
+	d.Done(nil)
+	check("all done", 0, 0, 0, 0.25)
+}
+
+// TestSignalCountedNotBeforeObservation checks that a request picked after
+// the observation was taken but before this balancer first saw it (a scrape
+// in transit) is not taken for one the observation counted.
+func TestSignalCountedNotBeforeObservation(t *testing.T) {
+	_, clock, sig, p, pick := signalProbe(t)
+	at := clock.Now()
+	clock.Advance(5 * time.Millisecond)
+	x := pick()
+	sig.Set("ep0", Load{At: at, Running: 3, KVUsage: math.NaN()})
+	clock.Advance(5 * time.Millisecond)
+	pick().Done(nil)
+	if l := p.loads["ep0"]; l.Requests != 3 {
+		t.Fatalf("requests %d, want the observation's 3", l.Requests)
+	}
+	x.Done(nil)
+	pick().Done(nil)
+	if l := p.loads["ep0"]; l.Requests != 3 {
+		t.Fatalf("after a request the observation did not count finished: requests %d, want 3", l.Requests)
+	}
+}
+
+// exactProbe picks a candidate at random and checks that, against a signal
+// reporting exactly this balancer's own requests, every candidate's
+// estimated requests are its own count, and its estimated waiting requests
+// and backlog no fewer than its own queued ones.
+type exactProbe struct {
+	t      *testing.T
+	checks int
+}
+
+func (p *exactProbe) Choose(c *Candidates) int {
+	for i := 0; i < c.Len(); i++ {
+		l := c.Load(i)
+		if l.Fresh {
+			p.checks++
+		}
+		if l.Requests != l.Outstanding || l.backlog < l.Queued || l.Waiting < l.Queued {
+			p.t.Errorf("%s: requests %d, backlog %d, waiting %d; own outstanding %d, queued %d",
+				c.Key(i), l.Requests, l.backlog, l.Waiting, l.Outstanding, l.Queued)
+		}
+	}
+	return int(c.Uint64N(uint64(c.Len())))
+}
+
+// TestSignalCorrectionExact checks that with one router the correction is
+// exact: whatever happened since the observation (dispatches, first tokens,
+// completions, a newer observation seen first by a completion), the
+// estimate of an endpoint is what it holds now.
+func TestSignalCorrectionExact(t *testing.T) {
+	clock := newFakeClock()
+	sig := &fakeSignal{}
+	p := &exactProbe{t: t}
+	b := mustNew(t, p, WithClock(clock), WithSignal(sig, time.Minute))
+	mustUpdate(t, b, eps(3))
+	rng := rand.New(rand.NewPCG(3, 4))
+	scrape := func() {
+		clock.Advance(time.Millisecond) // observations at one instant would be one
+		for _, s := range b.Stats() {
+			sig.Set(s.Key, Load{At: clock.Now(), Running: int(s.Outstanding - s.Queued), Waiting: int(s.Queued), KVUsage: math.NaN()})
+		}
+	}
+	var live []Pick
+	for range 20_000 {
+		switch op := rng.IntN(100); {
+		case op < 40:
+			pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1 + rng.IntN(1000), OutputTokens: 1 + rng.IntN(100)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, pk)
+		case op < 60 && len(live) > 0:
+			live[rng.IntN(len(live))].FirstToken()
+		case op < 85 && len(live) > 0:
+			i := rng.IntN(len(live))
+			live[i].Done(nil)
+			live[i] = live[len(live)-1]
+			live = live[:len(live)-1]
+		case op < 90:
+			scrape()
+		default:
+			clock.Advance(time.Duration(rng.IntN(20)) * time.Millisecond)
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	if p.checks < 10_000 {
+		t.Fatalf("only %d fresh estimates checked", p.checks)
+	}
+	for _, pk := range live {
+		pk.Done(nil)
 	}
 }
