@@ -63,9 +63,10 @@
 //
 // An engine reports the load of the whole replica, including other routers'
 // work, but the report is old by the time it is read. With [WithSignal] the
-// estimate of an endpoint is the last observation plus this balancer's own
-// dispatches sent after it and still outstanding, so the correction never
-// counts a dispatch twice. An observation older than the maximum age is
+// estimate of an endpoint is the last observation, plus this balancer's own
+// dispatches sent after it and still outstanding, minus its own requests the
+// observation counted that have finished since, so the correction never
+// counts a request twice. An observation older than the maximum age is
 // dropped and the endpoint falls back to this balancer's own counts: a stale
 // endpoint never looks idle.
 //
