@@ -47,8 +47,9 @@
 // # Cost
 //
 // Attribute sets are computed once per endpoint and kept (at most 4096
-// endpoints; past that the cache starts afresh), so recording a successful
-// request allocates nothing in this package; what the SDK does per
+// endpoints; past that the cache starts afresh; those of failed requests once
+// per endpoint and error type), so recording a request allocates nothing in
+// this package; what the SDK does per
 // measurement is its own cost. A Balancer without an Observer does no work
 // for telemetry at all.
 package telemetry

@@ -125,6 +125,9 @@ type endpointAttrs struct {
 	opt metric.MeasurementOption
 	add []metric.AddOption
 	rec []metric.RecordOption
+
+	failed  sync.Map     // error type -> []metric.RecordOption of failed requests
+	failedN atomic.Int64 // entries stored in failed
 }
 
 // New returns Metrics that create their instruments with a meter from mp,
@@ -279,7 +282,8 @@ func (m *Metrics) firstToken(f llmlb.FirstTokenInfo) {
 func (m *Metrics) done(d llmlb.DoneInfo) {
 	ctx := context.Background()
 	if d.Err != nil {
-		m.duration.Record(ctx, d.Latency.Seconds(), m.with(AttrEndpoint.String(d.Endpoint.Key()), AttrErrorType.String(m.errorType(d.Err))))
+		key := d.Endpoint.Key()
+		m.duration.Record(ctx, d.Latency.Seconds(), m.failed(m.endpoint(key), key, m.errorType(d.Err))...)
 		return
 	}
 	m.duration.Record(ctx, d.Latency.Seconds(), m.endpoint(d.Endpoint.Key()).rec...)
@@ -308,6 +312,20 @@ func (m *Metrics) endpoint(key string) *endpointAttrs {
 		return prev.(*endpointAttrs)
 	}
 	return a
+}
+
+// failed returns the record options of a failed request's duration at the
+// endpoint a with the error type typ, computed once per endpoint and type
+// (at most maxErrorTypes types an endpoint).
+func (m *Metrics) failed(a *endpointAttrs, key, typ string) []metric.RecordOption {
+	if o, ok := a.failed.Load(typ); ok {
+		return o.([]metric.RecordOption)
+	}
+	o := []metric.RecordOption{m.with(AttrEndpoint.String(key), AttrErrorType.String(typ))}
+	if a.failedN.Add(1) <= maxErrorTypes {
+		a.failed.Store(typ, o)
+	}
+	return o
 }
 
 // errorSet returns the attribute option of a failed pick's error type.

@@ -360,3 +360,32 @@ func TestErrorType(t *testing.T) {
 		}
 	}
 }
+
+// Recording a request, failed or not, allocates nothing once its endpoint
+// and error type have been seen.
+func TestRecordDoesNotAllocate(t *testing.T) {
+	m, _ := setup(t)
+	b, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithObserver(m.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Update([]llmlb.Endpoint{ep("a")}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := &llmlb.Request{PromptTokens: 10}
+	for _, doneErr := range []error{nil, context.Canceled} {
+		run := func() {
+			p, err := b.Pick(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.FirstToken()
+			p.Done(doneErr)
+		}
+		run() // the first sees the endpoint and the error type
+		if n := testing.AllocsPerRun(200, run); n != 0 {
+			t.Errorf("Pick, FirstToken and Done(%v) with metrics: %v allocs, want 0", doneErr, n)
+		}
+	}
+}
