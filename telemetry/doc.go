@@ -46,10 +46,10 @@
 //
 // # Cost
 //
-// Attribute sets are computed once per endpoint and kept (at most 4096
-// endpoints; past that the cache starts afresh; those of failed requests once
-// per endpoint and error type), so recording a request allocates nothing in
-// this package; what the SDK does per
-// measurement is its own cost. A Balancer without an Observer does no work
-// for telemetry at all.
+// Attribute sets are computed once per endpoint, and for failed requests
+// once per endpoint and error type, and kept (at most 4096 endpoints; past
+// that the cache starts afresh), so recording a request allocates nothing in
+// this package; what the SDK does per measurement is its own cost. With the
+// SDK, the metrics add about 1 us to a request (BenchmarkPick). A Balancer
+// without an Observer does no work for telemetry at all.
 package telemetry
