@@ -20,6 +20,21 @@ type DebugState struct {
 	// flight and sessions tracked; absent without admission caps.
 	InFlight *int `json:"admission_in_flight,omitempty"`
 	Sessions *int `json:"admission_sessions,omitempty"`
+	// Share is the state of the sharing with the other replicas; absent
+	// without [Config].Share.
+	Share *DebugShare `json:"share,omitempty"`
+}
+
+// DebugShare is the sharing state in a [DebugState] (share.Stats).
+type DebugShare struct {
+	ID          string `json:"id"`
+	Connected   bool   `json:"connected"`
+	Peers       int    `json:"peers"`
+	Published   uint64 `json:"published"`
+	Unpublished uint64 `json:"unpublished"`
+	Received    uint64 `json:"received"`
+	Rejected    uint64 `json:"rejected"`
+	Dropped     uint64 `json:"dropped"`
 }
 
 // DebugEndpoint is one replica in a [DebugState].
@@ -110,6 +125,11 @@ func (g *Gateway) State() DebugState {
 			e.EventBlocks = &n
 		}
 		st.Endpoints = append(st.Endpoints, e)
+	}
+	if g.group != nil {
+		s := g.group.Stats()
+		st.Share = &DebugShare{ID: g.group.ID(), Connected: s.Connected, Peers: s.Peers, Published: s.Published,
+			Unpublished: s.Unpublished, Received: s.Received, Rejected: s.Rejected, Dropped: s.Dropped}
 	}
 	if g.admission != nil {
 		in, ss := g.admission.InFlight(), g.admission.Sessions()

@@ -36,6 +36,7 @@ import (
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/share"
 	"github.com/llmlb/llmlb/signals"
 )
 
@@ -87,6 +88,14 @@ type Config struct {
 	// Base sends the upstream requests. nil means an [http.Transport] with
 	// up to 256 idle connections per replica.
 	Base http.RoundTripper
+	// Share, if not nil, makes this gateway one replica of a group that
+	// exchanges its requests in flight and routed prefixes with the other
+	// replicas over NATS (package share): set its Conn, and its Subject and
+	// ID if the defaults do not fit. The gateway sets its Signal (the
+	// scraper), MaxSignalAge, Index (the policy's decision index, when the
+	// gateway knows it) and, if nil, its Logger; [Gateway.Run] runs it. All
+	// replicas must be given the same backends. nil shares nothing.
+	Share *share.Config
 }
 
 // Gateway routes OpenAI-compatible requests across replicas. Create one
@@ -97,6 +106,7 @@ type Gateway struct {
 	index     *prefix.Index
 	events    *prefix.Index    // nil without KV events
 	scraper   *signals.Scraper // nil without scraping
+	group     *share.Group     // nil without sharing
 	ejector   *retry.Ejector
 	admission *retry.Admission // nil without caps
 	transport *httplb.Transport
@@ -129,11 +139,12 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		}
 		policy = p
 	}
-	var opts []llmlb.Option
-	if cfg.Observer != nil {
-		opts = append(opts, llmlb.WithObserver(cfg.Observer))
-	}
-	var store *signals.Store
+	var (
+		opts   []llmlb.Option
+		store  *signals.Store
+		signal llmlb.Signal
+		maxAge = llmlb.DefaultMaxSignalAge
+	)
 	if cfg.ScrapeInterval >= 0 {
 		interval := cfg.ScrapeInterval
 		if interval == 0 {
@@ -144,7 +155,30 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		g.scraper, store = s, s.Store()
-		opts = append(opts, llmlb.WithSignal(s, 3*interval))
+		signal, maxAge = s, 3*interval
+	}
+	observer := cfg.Observer
+	if cfg.Share != nil {
+		if cfg.Share.Conn == nil {
+			return nil, fmt.Errorf("%w: Share has no Conn", ErrInvalidConfig)
+		}
+		sc := *cfg.Share
+		sc.Signal, sc.MaxSignalAge, sc.Index = signal, maxAge, g.index
+		if sc.Logger == nil {
+			sc.Logger = g.log
+		}
+		group, err := share.New(sc)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		g.group, signal = group, group
+		observer = group.Observer(observer)
+	}
+	if signal != nil {
+		opts = append(opts, llmlb.WithSignal(signal, maxAge))
+	}
+	if observer != nil {
+		opts = append(opts, llmlb.WithObserver(observer))
 	}
 	b, err := llmlb.New(policy, opts...)
 	if err != nil {
@@ -226,12 +260,20 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.proxy.Se
 // replicas unhealthy.
 func (g *Gateway) Balancer() *llmlb.Balancer { return g.balancer }
 
-// Run scrapes the replicas and ends ejections that are over until ctx ends,
-// then closes idle connections and returns ctx's error.
+// Run scrapes the replicas, shares state with the other replicas (with
+// [Config].Share) and ends ejections that are over until ctx ends, then
+// closes idle connections and returns ctx's error.
 func (g *Gateway) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	if g.scraper != nil {
 		wg.Go(func() { _ = g.scraper.Run(ctx) })
+	}
+	if g.group != nil {
+		wg.Go(func() {
+			if err := g.group.Run(ctx); err != nil && ctx.Err() == nil {
+				g.log.Error("gateway: sharing stopped", "error", err)
+			}
+		})
 	}
 	wg.Go(func() { _ = g.ejector.Run(ctx, time.Second) })
 	wg.Wait()

@@ -15,12 +15,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/internal/e2e"
 	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/share"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -263,7 +266,99 @@ func TestGatewayAdmissionLogged(t *testing.T) {
 	g.transport.CloseIdleConnections()
 }
 
+// Two gateways sharing over a real NATS server: the second sees the
+// first's requests in flight and sends its own to the one replica the first
+// left idle (by chance, one time in eight).
+func TestGatewaySharesOverNATS(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	defer func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS server not ready")
+	}
+
+	release := make(chan struct{})
+	var mu sync.Mutex
+	hits := map[string]int{}
+	var backends []string
+	for range 8 {
+		var self string
+		ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			hits[self]++
+			mu.Unlock()
+			<-release
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+		}))
+		defer ts.Close()
+		self = ts.URL
+		backends = append(backends, ts.URL)
+	}
+	log, _ := newLogger()
+	ctx, cancel := context.WithCancel(context.Background())
+	var run sync.WaitGroup
+	defer run.Wait()
+	defer cancel()
+	var gws []*Gateway
+	for _, id := range []string{"a", "b"} {
+		nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		g, err := New(backends, Config{Logger: log, ScrapeInterval: -1, Policy: llmlb.LeastOutstanding(),
+			Share: &share.Config{Conn: nc, ID: id, Interval: 10 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run.Go(func() { _ = g.Run(ctx) })
+		gws = append(gws, g)
+	}
+	waitFor(t, func() bool {
+		a, b := gws[0].State().Share, gws[1].State().Share
+		return a.Peers == 1 && b.Peers == 1 && a.Connected && b.Connected
+	})
+
+	var reqs sync.WaitGroup
+	defer reqs.Wait()
+	defer close(release)
+	for range 7 {
+		reqs.Go(func() { post(t, gws[0], "first gateway") })
+	}
+	waitFor(t, func() bool {
+		busy := 0
+		for _, k := range backends {
+			if l, ok := gws[1].group.Load(k); ok && l.Running+l.Waiting > 0 {
+				busy++
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return busy == 7 && len(hits) == 7 // 7 distinct replicas, each reached
+	})
+	reqs.Go(func() { post(t, gws[1], "second gateway") })
+	waitFor(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(hits) == 8
+	})
+	st := gws[1].State().Share
+	if st.ID != "b" || st.Received == 0 || st.Published == 0 || st.Rejected != 0 {
+		t.Errorf("second gateway's share state = %+v", st)
+	}
+}
+
 func TestNewErrors(t *testing.T) {
+	if _, err := New(nil, Config{Share: &share.Config{}}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Share without a Conn: %v, want ErrInvalidConfig", err)
+	}
 	for _, backends := range [][]string{{"not a url"}, {"ftp://x"}, {""}} {
 		if _, err := New(backends, Config{}); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("New(%q): %v, want ErrInvalidConfig", backends, err)

@@ -34,11 +34,12 @@ import (
 const (
 	e2eScrape   = 250 * time.Millisecond // each replica's scrape interval
 	e2eInterval = 25 * time.Millisecond  // the sharing interval
-	e2eSlots    = 4                      // batch slots per engine
+	e2eSlots    = 16                     // batch slots per engine
+	e2eKVBlocks = 2048                   // KV blocks of 16 tokens per engine
 )
 
 func e2eEngine() engine.Config {
-	return engine.Config{Engine: sim.Engine{MaxRunning: e2eSlots, KVBlocks: 512}, Speedup: 4}
+	return engine.Config{Engine: sim.Engine{MaxRunning: e2eSlots, KVBlocks: e2eKVBlocks}, Speedup: 4}
 }
 
 // slotWatch counts the requests sent to an engine whose batch slots are all
@@ -194,10 +195,13 @@ type standRun struct {
 
 // Two gateway replicas that share their in-flight work and routed prefixes
 // over NATS route the same traffic better than two that do not: more prompt
-// tokens are served from the engines' caches. Both stands run at once, with
-// the same arrivals, so they meet the same machine; the assertion is on that
-// count, since latencies measured by the wall clock
-// vary with how busy the machine is. The TTFT percentiles are logged.
+// tokens are served from the engines' caches, and the TTFT tail is shorter.
+// Both stands run at once, with the same arrivals, so they meet the same
+// machine. The engines are busy enough (about three quarters of their
+// prefill capacity with the isolated stand's hit rate) for the prefill
+// that sharing saves to show in the queueing delay. Under the race detector
+// the emulated engines and the gateways starve for CPU and every latency
+// is the machine's, so only the hit rate is asserted there.
 func TestE2ESharingBeatsIsolatedReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end comparison")
@@ -207,7 +211,8 @@ func TestE2ESharingBeatsIsolatedReplicas(t *testing.T) {
 		"shared":   startStand(t, srv.ClientURL()),
 		"isolated": startStand(t, ""),
 	}
-	w := e2e.Workload{Requests: 400, Rate: 70, Groups: 48, Seed: 7, MaxInFlight: 12}
+	// 32 shared heads of 4,096 tokens: each engine caches 8 of them.
+	w := e2e.Workload{Requests: 400, Rate: 75, Groups: 32, PrefixBytes: 16384, Seed: 7, MaxInFlight: 64}
 	// Let the scrapers and the groups see each other before the load.
 	require.Eventually(t, func() bool {
 		for _, g := range stands["shared"].groups {
@@ -257,8 +262,7 @@ func TestE2ESharingBeatsIsolatedReplicas(t *testing.T) {
 	}
 	sh, iso := results["shared"], results["isolated"]
 	assert.Greater(t, sh.hit.Rate(), iso.hit.Rate(), "sharing must serve more prompt tokens from the engines' caches")
-	// The requests sent to an engine with no free batch slot, and the TTFT
-	// tail, are logged but not asserted: on a loaded machine the emulated
-	// engines' timers run late, and both swing by tens of percent from
-	// run to run while the hit rate keeps its margin.
+	if !share.RaceDetector {
+		assert.Less(t, sh.res.TTFT(0.99), iso.res.TTFT(0.99), "sharing must shorten the TTFT tail")
+	}
 }
