@@ -13,6 +13,13 @@
 //	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003,http://127.0.0.1:8004
 //	go run ./examples/gateway -demo
 //
+// Several replicas of the gateway in front of the same engines share their
+// requests in flight and routed prefixes over NATS with -nats (package
+// share); give each the same -backends and its own -listen and -admin:
+//
+//	go run ./examples/gateway -backends ... -nats nats://127.0.0.1:4222 -listen 127.0.0.1:8080 -admin 127.0.0.1:9090
+//	go run ./examples/gateway -backends ... -nats nats://127.0.0.1:4222 -listen 127.0.0.1:8081 -admin 127.0.0.1:9091
+//
 // With -demo it starts 4 emulated engines in-process for each policy
 // (default, least-outstanding, round-robin), sends them the same open-loop
 // load through the gateway, and prints the time to first token and the prefix
@@ -34,6 +41,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -47,6 +55,7 @@ import (
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/share"
 	"github.com/llmlb/llmlb/sim"
 	"github.com/llmlb/llmlb/telemetry"
 )
@@ -62,6 +71,7 @@ type options struct {
 	kvEvents      []string // publisher address of each backend's KV events
 	kvReplay      []string // replay address of each, or none
 	model         string   // the model the engines serve, which salts the events' blocks
+	share         *share.Config
 }
 
 func main() {
@@ -87,6 +97,10 @@ func run(args []string) error {
 	kvEvents := fs.String("kv-events", "", "comma-separated ZMQ addresses of the backends' KV-event publishers, in -backends order (tcp://host:5557,...)")
 	kvReplay := fs.String("kv-replay", "", "comma-separated ZMQ addresses of their replay sockets, in the same order (optional)")
 	fs.StringVar(&o.model, "model", engine.DefaultModel, "with -kv-events: the model name the engines serve")
+	natsURL := fs.String("nats", "", "share state with the other replicas of this gateway over the NATS server(s) at this URL (nats://host:4222)")
+	shareSubject := fs.String("share-subject", share.DefaultSubject, "with -nats: the subject this gateway's replicas share on")
+	shareID := fs.String("share-id", "", "with -nats: this replica's name among its peers (default: random)")
+	shareInterval := fs.Duration("share-interval", share.DefaultInterval, "with -nats: the time between two batches of shared state")
 	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
 	requests := fs.Int("requests", 400, "demo: requests per policy")
 	rate := fs.Float64("rate", 70, "demo: arrivals per second")
@@ -119,6 +133,17 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	if *natsURL != "" {
+		nc, err := nats.Connect(*natsURL, nats.Name("llmlb-gateway"), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.log.Warn("gateway: NATS disconnected", "error", err) }),
+			nats.ReconnectHandler(func(nc *nats.Conn) { o.log.Info("gateway: NATS reconnected", "server", nc.ConnectedUrlRedacted()) }))
+		if err != nil {
+			return fmt.Errorf("-nats: %w", err)
+		}
+		defer nc.Close()
+		o.share = &share.Config{Conn: nc, Subject: *shareSubject, ID: *shareID, Interval: *shareInterval}
+	}
 
 	// OpenTelemetry metrics, exported in the Prometheus format.
 	reg := prometheus.NewRegistry()
@@ -159,6 +184,9 @@ func run(args []string) error {
 		wg.Go(func() { _ = srv.Serve(al) })
 		defer srv.Close()
 		o.log.Info("admin endpoints", "metrics", "http://"+al.Addr().String()+"/metrics", "debug", "http://"+al.Addr().String()+"/debug/llmlb")
+	}
+	if o.share != nil {
+		o.log.Info("sharing state over NATS", "url", *natsURL, "subject", o.share.Subject, "id", g.State().Share.ID)
 	}
 	o.log.Info("gateway serving", "addr", "http://"+l.Addr().String(), "policy", o.policy, "backends", *backends)
 	return serve(ctx, g, l)
@@ -235,6 +263,7 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		Admission:      retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession},
 		Parser:         parser,
 		Logger:         o.log,
+		Share:          o.share,
 	}
 	if metrics != nil {
 		cfg.Observer, cfg.RetryObserver = metrics.Observer(), metrics.RetryObserver()
