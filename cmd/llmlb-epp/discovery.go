@@ -1,0 +1,277 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/kvevents"
+	"github.com/llmlb/llmlb/prefix"
+	"github.com/llmlb/llmlb/signals"
+)
+
+// maxEndpoints bounds the replicas a source may list.
+const maxEndpoints = 4096
+
+// replica is an endpoint named by the address the data plane dials,
+// "host:port", which is what the endpoint picker protocol returns.
+type replica string
+
+func (r replica) Key() string { return string(r) }
+
+// checkAddr reports whether a is a "host:port" address with a numeric port.
+func checkAddr(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return err
+	}
+	if host == "" {
+		return fmt.Errorf("%q has no host", a)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+		return fmt.Errorf("%q has no valid port", a)
+	}
+	return nil
+}
+
+// resolver looks up a host's addresses; *net.Resolver is one.
+type resolver interface {
+	LookupHost(ctx context.Context, host string) ([]string, error)
+}
+
+// source lists the replicas: from flags, a file or DNS.
+type source struct {
+	static []string
+	file   string
+	dns    string // name:port
+	res    resolver
+}
+
+// load returns the replicas' addresses, sorted and without duplicates.
+func (s source) load(ctx context.Context) ([]string, error) {
+	var addrs []string
+	switch {
+	case s.file != "":
+		data, err := os.ReadFile(s.file)
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		for line := 1; sc.Scan(); line++ {
+			l := strings.TrimSpace(sc.Text())
+			if i := strings.IndexByte(l, '#'); i >= 0 {
+				l = strings.TrimSpace(l[:i])
+			}
+			if l == "" {
+				continue
+			}
+			if err := checkAddr(l); err != nil {
+				return nil, fmt.Errorf("%s:%d: %w", s.file, line, err)
+			}
+			addrs = append(addrs, l)
+		}
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.file, err)
+		}
+	case s.dns != "":
+		host, port, err := net.SplitHostPort(s.dns)
+		if err != nil {
+			return nil, err
+		}
+		ips, err := s.res.LookupHost(ctx, host)
+		var dnsErr *net.DNSError
+		if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+			return []string{}, nil // a headless Service with no ready pods has no records
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, ip := range ips {
+			addrs = append(addrs, net.JoinHostPort(ip, port))
+		}
+	default:
+		for _, a := range s.static {
+			if err := checkAddr(a); err != nil {
+				return nil, err
+			}
+			addrs = append(addrs, a)
+		}
+	}
+	slices.Sort(addrs)
+	addrs = slices.Compact(addrs)
+	if len(addrs) > maxEndpoints {
+		return nil, fmt.Errorf("%d replicas listed, more than %d", len(addrs), maxEndpoints)
+	}
+	return addrs, nil
+}
+
+// membership applies the replicas a source lists to the balancer, the
+// scraper and the KV-event subscriber.
+type membership struct {
+	src      source
+	b        *llmlb.Balancer
+	scraper  *signals.Scraper     // nil: no scraping
+	sub      *kvevents.Subscriber // nil: no KV events
+	scheme   string               // of the metrics URLs
+	path     string
+	kvPort   int
+	kvReplay int
+	kvTopic  string
+	salt     prefix.Salt
+	log      *slog.Logger
+	ready    func() // called after the first successful load
+
+	mu      sync.Mutex // protects the fields below
+	current []string
+	pending []string // a changed file not yet read twice alike; nil: none
+	loaded  time.Time
+	lastErr error
+	synced  bool
+}
+
+// refresh loads the source and applies a changed membership. A failed load
+// keeps the current membership. A file that changed after the first load is
+// applied once two reads in a row agree, so that a file caught half written
+// (rewritten in place rather than replaced by a rename) is skipped.
+func (m *membership) refresh(ctx context.Context) error {
+	addrs, err := m.src.load(ctx)
+	if err == nil && m.src.file != "" {
+		addrs, err = m.settle(addrs)
+	}
+	if err == nil && addrs != nil {
+		err = m.apply(addrs)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lastErr = err
+	if err != nil {
+		return err
+	}
+	m.loaded = time.Now()
+	if !m.synced {
+		m.synced = true
+		if m.ready != nil {
+			m.ready()
+		}
+	}
+	return nil
+}
+
+// settle returns the file's addresses to apply: addrs if they are those of
+// the previous read (or of the first), else nil, keeping them to compare with
+// the next read.
+func (m *membership) settle(addrs []string) ([]string, error) {
+	if addrs == nil {
+		addrs = []string{}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case !m.synced, slices.Equal(addrs, m.current):
+		m.pending = nil
+		return addrs, nil
+	case m.pending != nil && slices.Equal(addrs, m.pending):
+		m.pending = nil
+		return addrs, nil
+	}
+	m.pending = addrs
+	return nil, nil
+}
+
+func (m *membership) apply(addrs []string) error {
+	m.mu.Lock()
+	same := m.synced && slices.Equal(addrs, m.current)
+	prev := len(m.current)
+	m.mu.Unlock()
+	if same {
+		return nil
+	}
+	eps := make([]llmlb.Endpoint, len(addrs))
+	targets := make(map[string]string, len(addrs))
+	kv := make(map[string]kvevents.Endpoint, len(addrs))
+	for i, a := range addrs {
+		eps[i] = replica(a)
+		targets[a] = m.scheme + "://" + a + m.path
+		if m.sub != nil {
+			host, _, _ := net.SplitHostPort(a)
+			ep := kvevents.Endpoint{PubAddr: "tcp://" + net.JoinHostPort(host, strconv.Itoa(m.kvPort)), Topic: m.kvTopic, Salt: m.salt}
+			if m.kvReplay != 0 {
+				ep.ReplayAddr = "tcp://" + net.JoinHostPort(host, strconv.Itoa(m.kvReplay))
+			}
+			kv[a] = ep
+		}
+	}
+	if m.scraper != nil {
+		if err := m.scraper.SetTargets(targets); err != nil {
+			return err
+		}
+	}
+	if m.sub != nil {
+		if err := m.sub.SetEndpoints(kv); err != nil {
+			return err
+		}
+	}
+	if err := m.b.Update(eps); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.current = addrs
+	m.mu.Unlock()
+	m.log.Info("llmlb-epp: replicas updated", "replicas", len(addrs), "before", prev)
+	return nil
+}
+
+// watch refreshes the membership every interval until ctx ends; a file or
+// DNS source changes, a static one does not.
+func (m *membership) watch(ctx context.Context, every time.Duration) {
+	if m.src.file == "" && m.src.dns == "" {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := m.refresh(ctx); err != nil {
+			failing++
+			if failing == 1 || failing%100 == 0 {
+				m.log.Warn("llmlb-epp: reading the replicas failed; keeping the last ones", "error", err, "consecutive_failures", failing)
+			}
+			continue
+		}
+		if failing > 0 {
+			m.log.Info("llmlb-epp: reading the replicas recovered", "failures", failing)
+		}
+		failing = 0
+	}
+}
+
+// sourceStatus is what the debug view shows of the replicas' source.
+type sourceStatus struct {
+	replicas []string
+	loaded   time.Time // the last successful read; zero before the first
+	err      error     // of the last read
+	synced   bool      // a read succeeded
+}
+
+// status returns the source's status.
+func (m *membership) status() sourceStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return sourceStatus{replicas: slices.Clone(m.current), loaded: m.loaded, err: m.lastErr, synced: m.synced}
+}

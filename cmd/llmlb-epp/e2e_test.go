@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/sim"
+)
+
+// epp is llmlb-epp running in the test, with a data plane in front of it.
+type epp struct {
+	s      *server
+	front  *httptest.Server
+	client *http.Client
+	health healthpb.HealthClient
+	conns  []*grpc.ClientConn
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// startEPP runs llmlb-epp with args (listeners on free loopback ports) and
+// a data plane in front of it that reaches it over TLS, as gateways do.
+func startEPP(t *testing.T, args ...string) *epp {
+	t.Helper()
+	args = append([]string{"-grpc-addr", "127.0.0.1:0", "-grpc-health-addr", "127.0.0.1:0", "-admin", "127.0.0.1:0",
+		"-drain-delay", "0", "-scrape", "100ms"}, args...)
+	o, err := parseFlags(args, io.Discard)
+	require.NoError(t, err)
+	o.logOut = testWriter{t}
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan *server, 1)
+	e := &epp{cancel: cancel, done: make(chan error, 1)}
+	go func() { e.done <- run(ctx, o, func(s *server) { started <- s }) }()
+	select {
+	case e.s = <-started:
+	case err := <-e.done:
+		t.Fatalf("llmlb-epp did not start: %v", err)
+	}
+	cc, err := grpc.NewClient(e.s.grpcL.Addr().String(),
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{InsecureSkipVerify: true})))
+	require.NoError(t, err)
+	hc, err := grpc.NewClient(e.s.healthL.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	e.conns = []*grpc.ClientConn{cc, hc}
+	e.health = healthpb.NewHealthClient(hc)
+	upstream := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	e.front = httptest.NewServer(&dataPlane{epp: extprocv3.NewExternalProcessorClient(cc), upstream: upstream, chunk: 1000})
+	e.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	t.Cleanup(func() {
+		e.stop(t)
+		e.front.Close()
+		upstream.CloseIdleConnections()
+		e.client.CloseIdleConnections()
+		for _, c := range e.conns {
+			_ = c.Close()
+		}
+	})
+	require.Eventually(t, func() bool { return e.serving("readiness") }, 5*time.Second, 10*time.Millisecond)
+	return e
+}
+
+// stop drains llmlb-epp and waits for run to return; later calls do nothing.
+func (e *epp) stop(t *testing.T) {
+	e.cancel()
+	if e.done == nil {
+		return
+	}
+	select {
+	case err := <-e.done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("llmlb-epp did not stop")
+	}
+	e.done = nil
+}
+
+func (e *epp) serving(service string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r, err := e.health.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	return err == nil && r.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}
+
+// complete sends a chat completion through the data plane and returns the
+// status and the number of data events (or the body, if not streamed).
+func (e *epp) complete(ctx context.Context, t *testing.T, session, prompt string, maxTokens int, stream bool) (int, int, string) {
+	body := fmt.Sprintf(`{"model":%q,"stream":%v,"max_tokens":%d,"messages":[{"role":"user","content":%q}]}`,
+		engine.DefaultModel, stream, maxTokens, prompt)
+	req, err := http.NewRequestWithContext(ctx, "POST", e.front.URL+"/v1/chat/completions", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-ID", session)
+	resp, err := e.client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	if !stream || resp.StatusCode != http.StatusOK {
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, 0, string(b)
+	}
+	events, done := 0, false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			events++
+			done = done || sc.Text() == "data: [DONE]"
+		}
+	}
+	require.NoError(t, sc.Err())
+	require.True(t, done, "the stream ended with [DONE]")
+	return resp.StatusCode, events, ""
+}
+
+func startEngines(t *testing.T, n int) (*e2e.Cluster, string) {
+	t.Helper()
+	c, err := e2e.StartCluster(n, engine.Config{Engine: sim.Engine{MaxRunning: 4, KVBlocks: 512}, Speedup: 20})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	var addrs []string
+	for _, u := range c.URLs {
+		addrs = append(addrs, strings.TrimPrefix(u, "http://"))
+	}
+	return c, strings.Join(addrs, ",")
+}
+
+// TestEndToEnd runs requests' whole lives over real sockets: client ->
+// data plane -> llmlb-epp (ext_proc over TLS) -> emulated engine, streamed
+// back through the picker; then a client that disconnects mid-stream.
+func TestEndToEnd(t *testing.T) {
+	c, addrs := startEngines(t, 3)
+	e := startEPP(t, "-endpoints", addrs, "-fallbacks", "1", "-max-in-flight", "100")
+	require.True(t, e.serving(extprocv3.ExternalProcessor_ServiceDesc.ServiceName))
+	require.True(t, e.serving("inference-extension"))
+	require.True(t, e.serving("liveness"))
+
+	// Six sessions, each a conversation with a long shared head.
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	for s := range 6 {
+		wg.Go(func() {
+			head := strings.Repeat(fmt.Sprintf("session %d shares this long system prompt. ", s), 60)
+			for turn := range 5 {
+				code, events, _ := e.complete(ctx, t, fmt.Sprint("s", s), head+fmt.Sprint(" turn ", turn), 8, true)
+				mu.Lock()
+				statuses[code]++
+				mu.Unlock()
+				require.Greater(t, events, 1)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, map[int]int{200: 30}, statuses)
+	code, _, body := e.complete(ctx, t, "x", "not streamed", 4, false)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "choices")
+
+	require.Eventually(t, func() bool { return idle(e.s) }, 5*time.Second, 10*time.Millisecond, "%+v", e.s.b.Stats())
+	var finished, hits int64
+	for _, eng := range c.Engines {
+		st := eng.Stats()
+		finished += st.Finished
+		hits += st.PrefixHits
+	}
+	require.EqualValues(t, 31, finished, "each request reached exactly one engine")
+	require.Positive(t, hits, "sessions reuse the engines' prefix caches")
+
+	// A client that goes away after the first event.
+	dctx, disconnect := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(dctx, "POST", e.front.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"emulated","stream":true,"max_tokens":3000,"messages":[{"role":"user","content":"long answer"}]}`))
+	require.NoError(t, err)
+	resp, err := e.client.Do(req)
+	require.NoError(t, err)
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(line, "data: "), line)
+	require.False(t, idle(e.s))
+	disconnect()
+	_ = resp.Body.Close()
+	require.Eventually(t, func() bool { return idle(e.s) }, 5*time.Second, 10*time.Millisecond, "%+v", e.s.b.Stats())
+	require.Equal(t, 0, *e.s.state().InFlight)
+
+	// The admin listener: metrics and the debug view.
+	admin := "http://" + e.s.adminL.Addr().String()
+	metrics := get(t, e.client, admin+"/metrics")
+	for _, name := range []string{"llmlb_picks_total", "gen_ai_server_time_to_first_token_seconds", "llmlb_endpoint_outstanding"} {
+		require.Contains(t, metrics, name)
+	}
+	var st debugState
+	require.NoError(t, json.Unmarshal([]byte(get(t, e.client, admin+"/debug/llmlb")), &st))
+	require.Len(t, st.Replicas, 3)
+	require.True(t, st.Ready)
+	for _, r := range st.Replicas {
+		require.NotNil(t, r.Scrape)
+		require.Positive(t, r.Scrape.Scrapes)
+	}
+}
+
+// TestDrain: on shutdown the picker reports NOT_SERVING, refuses new
+// streams, and lets a stream in flight finish.
+func TestDrain(t *testing.T) {
+	_, addrs := startEngines(t, 2)
+	e := startEPP(t, "-endpoints", addrs)
+	ctx := context.Background()
+	req, err := http.NewRequestWithContext(ctx, "POST", e.front.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"emulated","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"drain me"}]}`))
+	require.NoError(t, err)
+	resp, err := e.client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	line, err := r.ReadString('\n')
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(line, "data: "), line)
+
+	e.cancel()
+	require.Eventually(t, func() bool { return !e.serving("readiness") }, 5*time.Second, 5*time.Millisecond)
+	rest, err := io.ReadAll(r)
+	require.NoError(t, err, "the stream in flight finishes")
+	require.Contains(t, string(rest), "data: [DONE]")
+	e.stop(t)
+	require.True(t, idle(e.s))
+	code, _, _ := e.complete(ctx, t, "late", "after the drain", 4, false)
+	require.Equal(t, http.StatusInternalServerError, code, "no picker, FailClose")
+}
+
+func get(t *testing.T, c *http.Client, url string) string {
+	t.Helper()
+	resp, err := c.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+func idle(s *server) bool {
+	for _, e := range s.b.Stats() {
+		if e.Outstanding != 0 || e.Queued != 0 || e.PrefillTokens != 0 || e.DecodeTokens != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// testWriter sends the command's log to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/extproc"
+	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/prefix"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/signals"
+)
+
+// options is the command's configuration.
+type options struct {
+	grpcAddr, healthAddr, adminAddr string
+	secure                          bool
+	certPath                        string
+
+	endpoints     []string // static "host:port" list
+	endpointsFile string
+	dns           string // "name:port"
+	refresh       time.Duration
+
+	policy        string
+	slots         int
+	cacheWeight   float64
+	sampled       int
+	score         string
+	fallbacks     int
+	decode        int
+	slowStart     time.Duration
+	maxInFlight   int
+	maxPerSession int
+	retryAfter    time.Duration
+
+	maxBody       int64
+	sessionHeader string
+	tenantHeader  string
+
+	scrape       time.Duration
+	signalMaxAge time.Duration
+	metricsPath  string
+	metricsTLS   bool
+	engine       signals.Engine
+
+	kvPort, kvReplayPort int
+	kvTopic              string
+	model                string
+	tokenizer            string
+
+	drainDelay, drainTimeout time.Duration
+	logJSON                  bool
+	logLevel                 slog.Level
+	logOut                   io.Writer // nil: stderr (not a flag)
+}
+
+// policies lists the names -policy accepts.
+var policies = []string{"default", "least-outstanding", "least-tokens", "least-kv", "p2c", "round-robin", "random",
+	"consistent-hash", "prefix-hash", "prefix-aware", "sglang-cache-aware", "dynamo-kv", "gie-default"}
+
+// parseFlags reads the command line into options, or returns an error
+// (flag.ErrHelp for -h).
+func parseFlags(args []string, out io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("llmlb-epp", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.grpcAddr, "grpc-addr", ":9002", "address of the ext_proc gRPC server (the InferencePool's endpointPickerRef port)")
+	fs.StringVar(&o.healthAddr, "grpc-health-addr", ":9003", "address of the gRPC health server for probes (\"\": none; health is also served on -grpc-addr)")
+	fs.StringVar(&o.adminAddr, "admin", "127.0.0.1:9090", "address of /metrics and /debug/llmlb (\"\": none); the debug view names replicas: keep it private")
+	fs.BoolVar(&o.secure, "secure-serving", true, "serve ext_proc over TLS, as the reference EPP does (gateways connect with TLS and do not verify)")
+	fs.StringVar(&o.certPath, "cert-path", "", "directory with tls.crt and tls.key, reloaded when they change (\"\": a self-signed certificate)")
+
+	endpoints := fs.String("endpoints", "", "comma-separated replica addresses, host:port")
+	fs.StringVar(&o.endpointsFile, "endpoints-file", "", "file of replica addresses, one host:port per line ('#' comments), re-read when it changes")
+	fs.StringVar(&o.dns, "dns", "", "name:port whose A/AAAA records are the replicas (a headless Service), re-resolved every -refresh")
+	fs.DurationVar(&o.refresh, "refresh", 5*time.Second, "how often -endpoints-file and -dns are re-read")
+
+	fs.StringVar(&o.policy, "policy", "default", "routing policy: "+strings.Join(policies, ", "))
+	fs.IntVar(&o.slots, "slots", 0, "default: the replicas' batch slots (vLLM --max-num-seqs; 0: unknown)")
+	fs.Float64Var(&o.cacheWeight, "cache-weight", 0, "default: credit per cached prompt token, in prefill tokens (0: the policy's default)")
+	fs.IntVar(&o.sampled, "sampled", 0, "default: score only the prefix holders and this many random candidates (0: all)")
+	fs.StringVar(&o.score, "score", "requests", "p2c: the score, requests, tokens or kv")
+	fs.IntVar(&o.fallbacks, "fallbacks", 0, fmt.Sprintf("endpoints listed after the picked one for the data plane to retry on (0-%d)", extproc.MaxFallbacks))
+	fs.IntVar(&o.decode, "decode-allowance", 0, "expected output tokens of a request that does not say (0: llmlb's default)")
+	fs.DurationVar(&o.slowStart, "slow-start", 0, "ramp traffic into new replicas over this window (0: off)")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
+	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per session (0: no cap)")
+	fs.DurationVar(&o.retryAfter, "retry-after", retry.DefaultAdmissionRetryAfter, "Retry-After suggested with a 429")
+
+	fs.Int64Var(&o.maxBody, "max-body-bytes", httplb.DefaultMaxBodyBytes, "largest request body read; a longer one is answered 413")
+	fs.StringVar(&o.sessionHeader, "session-header", httplb.DefaultSessionHeader, "header carrying the session (affinity) key; the body's \"user\" otherwise")
+	fs.StringVar(&o.tenantHeader, "tenant-header", "", "header taken as the tenant, e.g. x-gateway-inference-fairness-id; only if the gateway sets or strips it (\"\": no tenant)")
+
+	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica (negative: off)")
+	fs.DurationVar(&o.signalMaxAge, "signal-max-age", 0, "ignore engine observations older than this (0: three scrape intervals)")
+	fs.StringVar(&o.metricsPath, "metrics-path", "/metrics", "path of the replicas' Prometheus metrics")
+	fs.BoolVar(&o.metricsTLS, "metrics-https", false, "scrape the replicas' metrics over https")
+	engineName := fs.String("engine", "auto", "the replicas' metrics dialect: auto, vllm, sglang, trtllm, triton, llamacpp")
+
+	fs.IntVar(&o.kvPort, "kv-events-port", 0, "port of each replica's ZMQ KV-event publisher (vLLM/SGLang --kv-events-config; 0: off)")
+	fs.IntVar(&o.kvReplayPort, "kv-replay-port", 0, "port of each replica's KV-event replay socket (0: none)")
+	fs.StringVar(&o.kvTopic, "kv-topic", "kv-events", "topic of the KV events")
+	fs.StringVar(&o.model, "model", engine.DefaultModel, "with -kv-events-port: the model the replicas serve, which salts the events' blocks")
+	fs.StringVar(&o.tokenizer, "tokenizer", "", "token IDs for prefix hashing, needed to match KV events: \"engine\" (llmlb-engine's emulated engines) or \"\" (byte mode)")
+
+	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long to report NOT_SERVING before refusing new streams")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 120*time.Second, "on SIGTERM, how long streams in flight may take to finish")
+	fs.BoolVar(&o.logJSON, "log-json", false, "log as JSON lines")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *endpoints != "" {
+		for _, e := range strings.Split(*endpoints, ",") {
+			o.endpoints = append(o.endpoints, strings.TrimSpace(e))
+		}
+	}
+	sources := 0
+	for _, set := range []bool{*endpoints != "", o.endpointsFile != "", o.dns != ""} {
+		if set {
+			sources++
+		}
+	}
+	if sources != 1 {
+		return o, errors.New("give exactly one of -endpoints, -endpoints-file and -dns")
+	}
+	if o.dns != "" {
+		if err := checkAddr(o.dns); err != nil {
+			return o, fmt.Errorf("-dns: %w", err)
+		}
+	}
+	if o.refresh <= 0 {
+		return o, errors.New("-refresh must be positive")
+	}
+	if !contains(policies, o.policy) {
+		return o, fmt.Errorf("unknown -policy %q (want one of %s)", o.policy, strings.Join(policies, ", "))
+	}
+	e, err := signals.ParseEngine(*engineName)
+	if err != nil {
+		return o, fmt.Errorf("-engine: %w", err)
+	}
+	o.engine = e
+	if err := o.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
+		return o, fmt.Errorf("-log-level: %w", err)
+	}
+	if o.tokenizer != "" && o.tokenizer != "engine" {
+		return o, fmt.Errorf("unknown -tokenizer %q (want \"engine\" or \"\")", o.tokenizer)
+	}
+	if o.kvPort != 0 && o.tokenizer == "" {
+		return o, errors.New("-kv-events-port needs -tokenizer: the engines' blocks are hashed from token IDs")
+	}
+	if o.kvPort < 0 || o.kvPort > 65535 || o.kvReplayPort < 0 || o.kvReplayPort > 65535 {
+		return o, errors.New("-kv-events-port and -kv-replay-port must be ports")
+	}
+	if o.drainDelay < 0 || o.drainTimeout < 0 {
+		return o, errors.New("-drain-delay and -drain-timeout must not be negative")
+	}
+	return o, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// newPolicy builds the policy o names over ix (the prefix index it records
+// into) and events (KV events; nil: none).
+func newPolicy(o options, ix, events *prefix.Index) (llmlb.Policy, error) {
+	switch o.policy {
+	case "default":
+		return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: events, Slots: o.slots, CacheWeight: o.cacheWeight, Sampled: o.sampled})
+	case "least-outstanding":
+		return llmlb.LeastOutstanding(), nil
+	case "least-tokens":
+		return llmlb.LeastTokens(), nil
+	case "least-kv":
+		return llmlb.LeastKV(), nil
+	case "p2c":
+		switch o.score {
+		case "requests":
+			return llmlb.P2C(llmlb.RequestsScore), nil
+		case "tokens":
+			return llmlb.P2C(llmlb.TokensScore), nil
+		case "kv":
+			return llmlb.P2C(llmlb.KVScore), nil
+		}
+		return nil, fmt.Errorf("unknown -score %q (want requests, tokens or kv)", o.score)
+	case "round-robin":
+		return llmlb.RoundRobin(), nil
+	case "random":
+		return llmlb.Random(), nil
+	case "consistent-hash":
+		return llmlb.ConsistentHash(llmlb.HashConfig{})
+	case "prefix-hash":
+		return llmlb.PrefixHash(llmlb.PrefixHashConfig{})
+	case "prefix-aware":
+		return llmlb.PrefixAware(llmlb.PrefixAwareConfig{Index: ix})
+	case "sglang-cache-aware":
+		return llmlb.SGLangCacheAware(llmlb.PrefixAwareConfig{Index: ix})
+	case "dynamo-kv":
+		kc := llmlb.DynamoKVCostConfig()
+		kc.Index = ix
+		if events != nil {
+			kc.Index = events
+		}
+		return llmlb.KVCost(kc)
+	case "gie-default":
+		return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
+	}
+	return nil, fmt.Errorf("unknown policy %q", o.policy)
+}

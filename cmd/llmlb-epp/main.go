@@ -1,0 +1,48 @@
+// Command llmlb-epp is an endpoint picker (EPP) for Gateway API Inference
+// Extension gateways: it serves Envoy's external processing protocol
+// (package extproc) and routes each inference request to a model server
+// replica with an llmlb policy, as the inference extension's reference
+// EPP does for an InferencePool.
+//
+//	llmlb-epp -endpoints 10.0.0.7:8000,10.0.0.8:8000
+//	llmlb-epp -endpoints-file /etc/llmlb/endpoints
+//	llmlb-epp -dns vllm-headless.default.svc.cluster.local:8000
+//
+// The replicas come from a list, from a file it re-reads when it changes (one
+// "host:port" per line), or from the addresses a DNS name resolves to (a
+// headless Service), re-resolved periodically. Their /metrics are scraped as
+// the policy's signal and, with -kv-events-port, their KV events followed.
+//
+// It listens, as the reference EPP does, for ext_proc on :9002 (TLS with a
+// self-signed certificate unless -secure-serving=false or -cert-path names a
+// tls.crt and tls.key, which are reloaded when they change) and for gRPC
+// health checks on :9003: the services "liveness", "readiness",
+// "inference-extension" and envoy.service.ext_proc.v3.ExternalProcessor,
+// which are also served on the ext_proc port. The admin listener (-admin)
+// serves /metrics (OpenTelemetry through the Prometheus exporter) and
+// /debug/llmlb (a JSON view of the endpoints). On SIGTERM it reports NOT_SERVING,
+// waits -drain-delay for the data plane to notice, stops accepting streams and
+// lets those in flight finish for up to -drain-timeout.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if err == nil {
+		err = run(ctx, o, nil)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "llmlb-epp:", err)
+		os.Exit(1)
+	}
+}

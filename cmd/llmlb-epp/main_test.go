@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/llmlb/llmlb"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestParseFlags(t *testing.T) {
+	cases := []struct {
+		args []string
+		err  string
+	}{
+		{nil, "exactly one of"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-dns", "svc:8000"}, "exactly one of"},
+		{[]string{"-dns", "svc"}, "-dns"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-policy", "fastest"}, "unknown -policy"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-engine", "tgi"}, "-engine"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-kv-events-port", "5557"}, "-tokenizer"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-log-level", "loud"}, "-log-level"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "extra"}, "unexpected"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-refresh", "0s"}, "-refresh"},
+		{[]string{"-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "-policy", "p2c", "-score", "kv"}, ""},
+		{[]string{"-dns", "vllm.default.svc:8000", "-kv-events-port", "5557", "-tokenizer", "engine"}, ""},
+	}
+	for _, c := range cases {
+		o, err := parseFlags(c.args, io.Discard)
+		if c.err == "" {
+			require.NoError(t, err, "%v", c.args)
+			continue
+		}
+		require.ErrorContains(t, err, c.err, "%v", c.args)
+		_ = o
+	}
+}
+
+// TestPolicies: every name -policy accepts builds.
+func TestPolicies(t *testing.T) {
+	for _, p := range policies {
+		o, err := parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-policy", p}, io.Discard)
+		require.NoError(t, err)
+		_, err = newServer(o)
+		require.NoError(t, err, p)
+	}
+	o, _ := parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-policy", "p2c", "-score", "speed"}, io.Discard)
+	_, err := newServer(o)
+	require.ErrorContains(t, err, "-score")
+}
+
+type fakeResolver struct {
+	ips []string
+	err error
+}
+
+func (f *fakeResolver) LookupHost(context.Context, string) ([]string, error) { return f.ips, f.err }
+
+func newMembership(t *testing.T, src source) *membership {
+	b, err := llmlb.New(llmlb.LeastOutstanding())
+	require.NoError(t, err)
+	return &membership{src: src, b: b, scheme: "http", path: "/metrics", log: slog.New(slog.DiscardHandler)}
+}
+
+func keys(m *membership) []string {
+	var out []string
+	for _, s := range m.b.Stats() {
+		out = append(out, s.Key)
+	}
+	return out
+}
+
+// TestFileSource: the endpoints file is re-read when it changes; a broken
+// file keeps the last replicas.
+func TestFileSource(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints")
+	require.NoError(t, os.WriteFile(path, []byte("# replicas\n10.0.0.2:8000\n10.0.0.1:8000 # first\n\n10.0.0.2:8000\n"), 0o644))
+	m := newMembership(t, source{file: path})
+	require.NoError(t, m.refresh(context.Background()))
+	require.ElementsMatch(t, []string{"10.0.0.1:8000", "10.0.0.2:8000"}, keys(m))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.watch(ctx, 5*time.Millisecond)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	replace := func(content string) { // as a ConfigMap volume does: write aside, rename
+		tmp := path + ".tmp"
+		require.NoError(t, os.WriteFile(tmp, []byte(content), 0o644))
+		require.NoError(t, os.Rename(tmp, path))
+	}
+	replace("10.0.0.3:8000\n[fd00::1]:8000\n")
+	require.Eventually(t, func() bool {
+		k := keys(m)
+		return len(k) == 2 && strings.Join(k, ",") != "10.0.0.1:8000,10.0.0.2:8000"
+	}, 5*time.Second, 5*time.Millisecond)
+	require.ElementsMatch(t, []string{"10.0.0.3:8000", "[fd00::1]:8000"}, keys(m))
+
+	replace("not an address\n")
+	require.Eventually(t, func() bool { return m.status().err != nil }, 5*time.Second, 5*time.Millisecond)
+	require.ErrorContains(t, m.status().err, ":1:")
+	require.ElementsMatch(t, []string{"10.0.0.3:8000", "[fd00::1]:8000"}, keys(m), "kept")
+}
+
+// TestDNSSource: the addresses a name resolves to, with the port; no
+// records is an empty pool, a failed lookup keeps the last replicas.
+func TestDNSSource(t *testing.T) {
+	res := &fakeResolver{ips: []string{"10.1.0.5", "10.1.0.4", "fd00::7"}}
+	m := newMembership(t, source{dns: "vllm.ns.svc:8000", res: res})
+	require.NoError(t, m.refresh(context.Background()))
+	require.ElementsMatch(t, []string{"10.1.0.4:8000", "10.1.0.5:8000", "[fd00::7]:8000"}, keys(m))
+
+	res.ips, res.err = nil, errors.New("server misbehaving")
+	require.Error(t, m.refresh(context.Background()))
+	require.Len(t, keys(m), 3)
+
+	res.err = &net.DNSError{Err: "no such host", Name: "vllm.ns.svc", IsNotFound: true}
+	require.NoError(t, m.refresh(context.Background()))
+	require.Empty(t, keys(m))
+}
+
+// TestCertReload: a key pair in -cert-path is served, and replaced when its
+// files change.
+func TestCertReload(t *testing.T) {
+	dir := t.TempDir()
+	write := func(cn string) {
+		cert, err := selfSigned(time.Now())
+		require.NoError(t, err)
+		key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600))
+		future := time.Now().Add(time.Duration(len(cn)) * time.Second)
+		require.NoError(t, os.Chtimes(filepath.Join(dir, "tls.crt"), future, future))
+	}
+	write("a")
+	cfg, err := tlsConfig(dir)
+	require.NoError(t, err)
+	first, err := cfg.GetCertificate(&tls.ClientHelloInfo{})
+	require.NoError(t, err)
+	again, _ := cfg.GetCertificate(&tls.ClientHelloInfo{})
+	require.Same(t, first, again)
+	write("bb")
+	second, err := cfg.GetCertificate(&tls.ClientHelloInfo{})
+	require.NoError(t, err)
+	require.NotEqual(t, first.Certificate[0], second.Certificate[0])
+
+	_, err = tlsConfig(t.TempDir())
+	require.Error(t, err, "no key pair")
+}

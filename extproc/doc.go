@@ -1,0 +1,42 @@
+// Package extproc is an endpoint picker (EPP) for Gateway API Inference
+// Extension gateways: an Envoy external processor
+// (envoy.service.ext_proc.v3.ExternalProcessor) that routes each request
+// with an llmlb.Balancer.
+//
+// A gateway built on Envoy (Envoy Gateway, kgateway, Istio, GKE) opens one
+// ext_proc stream per HTTP request to the InferencePool's endpoint picker and
+// sends it the request's headers and body. A [Server] reads the OpenAI body
+// with an [httplb.Parser] (prompt tokens, max_tokens, prefix hashes salted with
+// the model and the tenant, the session key), asks the admission caps, picks
+// an endpoint and answers with its address in the x-gateway-destination-endpoint
+// header and in the envoy.lb dynamic metadata, as the endpoint picker
+// protocol (version [ProtocolVersion], docs/proposals/004-endpoint-picker-protocol
+// in kubernetes-sigs/gateway-api-inference-extension) requires. It then
+// watches the response on the same stream: the pick's FirstToken is called on
+// the first event of a server-sent event stream (the first byte of any other
+// body) and its Done when the response ends, fails, or the stream is
+// cancelled, so the balancer's accounting is exact and returns to zero.
+//
+// The request body arrives in the mode the gateway's ext_proc filter is
+// configured with, which Envoy announces in the stream's first message:
+//
+//   - FULL_DUPLEX_STREAMED, the mode the protocol requires and the inference
+//     extension's charts configure: the body is gathered (up to the parser's
+//     cap) until its end, the request is routed, and the headers response and
+//     then the body, unchanged, are streamed back.
+//   - BUFFERED and BUFFERED_PARTIAL: the headers are let through at once and
+//     the route is set in the response to the buffered body.
+//   - STREAMED and NONE: the headers go upstream before any body reaches the
+//     picker, so the request is routed on its headers alone (session key,
+//     tenant), without prompt information.
+//
+// Refusals become immediate responses with an OpenAI-style JSON error that
+// names no internal detail: 429 with Retry-After when an admission cap is
+// reached, 503 when no endpoint may take the request (none, or none in the
+// data plane's subset hint), 413 for a body over the cap, 401 when the tenant
+// cannot be established, 400 for a request the balancer rejects.
+//
+// A Server is safe for concurrent use; every stream runs on the goroutine
+// gRPC calls [Server.Process] on, and the Server starts no goroutine of its
+// own.
+package extproc

@@ -1,0 +1,109 @@
+package extproc_test
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/extproc"
+	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/prefix"
+)
+
+// FuzzRequestBody sends arbitrary bodies, cut at an arbitrary point, in each
+// body mode, through a whole ext_proc exchange: the Server must route the
+// request or refuse it with an immediate response, stream a routed body
+// back unchanged, and leave no accounting behind.
+func FuzzRequestBody(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","prompt":"hello","max_tokens":16,"stream":true}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text","text":"x"}]}]}`,
+		`{"prompt":[1,2,3,4],"max_tokens":1e400}`,
+		`{"prompt":["a","b"],"user":"\u0000\ud800"}`,
+		`{"messages":[`,
+		`[]`, `""`, `null`, `{}`, ``,
+		string(bytes.Repeat([]byte(`{"a":`), 2000)),
+	} {
+		for _, mode := range []uint8{0, 1, 2} {
+			f.Add([]byte(seed), uint16(len(seed)/2), mode)
+		}
+	}
+	policy, err := llmlb.Default(llmlb.DefaultConfig{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	b, err := llmlb.New(policy)
+	if err != nil {
+		f.Fatal(err)
+	}
+	if err := b.Update(addrs(4)); err != nil {
+		f.Fatal(err)
+	}
+	hasher, err := prefix.NewHasher(prefix.HasherConfig{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	p, err := httplb.NewParser(httplb.ParserConfig{MaxBodyBytes: 8 << 10, Hasher: hasher})
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv, err := extproc.NewServer(extproc.Config{Balancer: b, Parser: p, Fallbacks: 2, Logger: quiet})
+	if err != nil {
+		f.Fatal(err)
+	}
+	modes := []filterv3.ProcessingMode_BodySendMode{fullDuplex, buffered, streamed}
+	f.Fuzz(func(t *testing.T, body []byte, split uint16, mode uint8) {
+		m := modes[int(mode)%len(modes)]
+		cut := 0
+		if len(body) > 0 {
+			cut = int(split) % (len(body) + 1)
+		}
+		first := requestHeaders("/v1/chat/completions", false)
+		first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: m, ResponseBodyMode: m}
+		msgs := []*extprocv3.ProcessingRequest{first}
+		if m == buffered {
+			msgs = append(msgs, requestBody(body, true))
+		} else {
+			msgs = append(msgs, requestBody(body[:cut], false), requestBody(body[cut:], true))
+		}
+		msgs = append(msgs, responseHeaders(200, "text/event-stream", false), responseBody("data: x\n\n", true))
+		d := &directStream{ctx: context.Background(), in: msgs}
+		if err := srv.Process(d); err != nil {
+			t.Fatalf("Process: %v", err)
+		}
+		if !idle(b) {
+			t.Fatalf("accounting left behind: %+v", b.Stats())
+		}
+		if len(d.out) == 0 {
+			t.Fatal("no answer")
+		}
+		if ir := d.out[len(d.out)-1].GetImmediateResponse(); ir != nil {
+			if len(body) <= 8<<10 {
+				t.Fatalf("refused a body within the cap: %v", ir.GetStatus())
+			}
+			return
+		}
+		var dest string
+		var back []byte
+		for _, a := range d.out {
+			for _, c := range []*extprocv3.CommonResponse{a.GetRequestHeaders().GetResponse(), a.GetRequestBody().GetResponse()} {
+				for _, h := range c.GetHeaderMutation().GetSetHeaders() {
+					if h.GetHeader().GetKey() == extproc.DestinationHeader {
+						dest = string(h.GetHeader().GetRawValue())
+					}
+				}
+				back = append(back, c.GetBodyMutation().GetStreamedResponse().GetBody()...)
+			}
+		}
+		if dest == "" {
+			t.Fatal("routed without a destination")
+		}
+		if m == fullDuplex && !bytes.Equal(back, body) {
+			t.Fatalf("the body streamed back differs: %d bytes for %d", len(back), len(body))
+		}
+	})
+}

@@ -1,0 +1,212 @@
+package extproc
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/retry"
+)
+
+// Names of the endpoint picker protocol, from
+// docs/proposals/004-endpoint-picker-protocol/README.md and
+// pkg/epp/metadata/consts.go of kubernetes-sigs/gateway-api-inference-extension
+// v1.5.0.
+const (
+	// ProtocolVersion is the version of the endpoint picker protocol this
+	// package implements (the proposal's version history: fallback lists
+	// since v0.4.0, the served-endpoint metadata since v1.0.0).
+	ProtocolVersion = "v1.0.0"
+	// DestinationHeader is the request header, and the key in the
+	// [MetadataNamespace] dynamic metadata, that carries the picked endpoint
+	// and its fallbacks: "10.0.0.7:8000" or "10.0.0.7:8000,10.0.0.8:8000".
+	DestinationHeader = "x-gateway-destination-endpoint"
+	// MetadataNamespace is the dynamic metadata namespace of
+	// [DestinationHeader] in responses and of [ServedKey] in requests.
+	MetadataNamespace = "envoy.lb"
+	// ServedKey is the key, in the [MetadataNamespace] filter metadata of the
+	// response messages, under which the data plane reports the endpoint
+	// that served the request.
+	ServedKey = "x-gateway-destination-endpoint-served"
+	// SubsetNamespace and SubsetKey locate, in the request's filter
+	// metadata, the list of endpoints ("ip:port") the data plane allows the
+	// picker to choose from.
+	SubsetNamespace = "envoy.lb.subset_hint"
+	SubsetKey       = "x-gateway-destination-endpoint-subset"
+)
+
+// MaxFallbacks bounds [Config.Fallbacks].
+const MaxFallbacks = 16
+
+// Sentinel errors. Errors returned by this package wrap one of them, so
+// callers branch with errors.Is.
+var (
+	// ErrInvalidConfig: a [Config] field is missing or out of range.
+	ErrInvalidConfig = errors.New("extproc: invalid config")
+	// ErrStreamEnded is passed to a pick's Done when its ext_proc stream
+	// ended before the response did: the client went away, the upstream
+	// connection failed, or the data plane reset the stream. It wraps
+	// context.Canceled when the stream was cancelled.
+	ErrStreamEnded = errors.New("extproc: stream ended before the response")
+	// ErrFailedOver is passed to a pick's Done when the data plane reports
+	// that another endpoint of the list served the request (it failed
+	// over); the request is then charged to that endpoint instead.
+	ErrFailedOver = errors.New("extproc: served by a fallback endpoint")
+)
+
+// Config configures a [Server]. Only Balancer is required; every other zero
+// field is a documented default.
+type Config struct {
+	// Balancer picks the endpoints. The key of each of its endpoints is the
+	// address the data plane connects to, "host:port" (an IPv6 host in
+	// brackets), which is what the protocol returns. Required.
+	Balancer *llmlb.Balancer
+	// Parser reads the request body into an llmlb.Request; its cap
+	// ([httplb.Parser.MaxBodyBytes]) bounds the body a stream holds, and a
+	// longer one is refused with 413. Take the tenant from a header only
+	// if the gateway sets or removes it ([httplb.ParserConfig.TrustTenantHeader]).
+	// nil means a Parser with the defaults of [httplb.ParserConfig].
+	Parser *httplb.Parser
+	// Admission, if set, caps the requests in flight, globally and per
+	// session; a refused request gets 429 with the suggested Retry-After.
+	Admission *retry.Admission
+	// Fallbacks is the number of endpoints listed after the picked one, for
+	// a data plane that retries down the list when an endpoint cannot be
+	// reached: the healthy endpoints with the fewest requests in flight,
+	// ties broken at random. 0, the default, lists only the picked endpoint,
+	// as the inference extension's default picker does; at most
+	// [MaxFallbacks].
+	Fallbacks int
+	// Logger receives refusals (Info), internal failures (Error) and
+	// protocol violations (Warn). nil means [slog.Default].
+	Logger *slog.Logger
+	// Rand breaks ties among fallbacks. It is serialized by the Server.
+	// nil means math/rand/v2's global generator.
+	Rand rand.Source
+}
+
+// Server is an Envoy external processor that picks an endpoint for each
+// request. Create one with [NewServer] and register it on a grpc.Server with
+// extprocv3.RegisterExternalProcessorServer. It is safe for concurrent use.
+type Server struct {
+	b         *llmlb.Balancer
+	parser    *httplb.Parser
+	admission *retry.Admission // nil: no caps
+	fallbacks int
+	log       *slog.Logger
+	maxBody   int
+
+	randMu sync.Mutex // protects rnd
+	rnd    *rand.Rand // nil: the global generator
+}
+
+// NewServer returns a Server configured by cfg, or an error wrapping
+// [ErrInvalidConfig].
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Balancer == nil {
+		return nil, fmt.Errorf("%w: Balancer is nil", ErrInvalidConfig)
+	}
+	if cfg.Fallbacks < 0 || cfg.Fallbacks > MaxFallbacks {
+		return nil, fmt.Errorf("%w: Fallbacks %d is outside [0, %d]", ErrInvalidConfig, cfg.Fallbacks, MaxFallbacks)
+	}
+	s := &Server{b: cfg.Balancer, parser: cfg.Parser, admission: cfg.Admission, fallbacks: cfg.Fallbacks, log: cfg.Logger}
+	if s.parser == nil {
+		p, err := httplb.NewParser(httplb.ParserConfig{})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		s.parser = p
+	}
+	s.maxBody = int(min(s.parser.MaxBodyBytes(), int64(maxBodyLimit)))
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if cfg.Rand != nil {
+		s.rnd = rand.New(cfg.Rand)
+	}
+	return s, nil
+}
+
+// maxBodyLimit bounds the body a stream gathers whatever the parser's cap.
+const maxBodyLimit = 1 << 30
+
+// Process serves one ext_proc stream, the life of one HTTP request: it
+// returns when the data plane closes the stream (nil), when the stream's
+// context ends (nil), after an immediate response (nil), or on a protocol
+// violation or a failed send (a gRPC status error). Whatever ends the
+// stream, the request's pick is finished and its admission released before
+// Process returns.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	st := stream{s: s, srv: srv, ctx: srv.Context(), reqMode: fullDuplex, respMode: fullDuplex}
+	var cause error
+	defer func() { st.end(cause) }()
+	for {
+		m, err := srv.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			cause = err
+			if ctxErr := st.ctx.Err(); ctxErr != nil || status.Code(err) == codes.Canceled {
+				cause = context.Canceled
+				return nil
+			}
+			return err
+		}
+		stop, err := st.handle(m)
+		if err != nil {
+			cause = err
+			return err
+		}
+		if stop {
+			return nil
+		}
+	}
+}
+
+// protocolError is the gRPC status for a message the protocol does not
+// allow at that point of the stream.
+func protocolError(format string, args ...any) error {
+	return status.Errorf(codes.FailedPrecondition, "extproc: "+format, args...)
+}
+
+// fallbacksFor returns up to s.fallbacks member keys other than primary and
+// those in exclude, healthy, fewest requests in flight first, ties at random.
+func (s *Server) fallbacksFor(primary string, exclude map[string]bool) []string {
+	stats := s.b.Stats()
+	cand := stats[:0]
+	for _, e := range stats {
+		if e.Key != primary && e.Healthy && !exclude[e.Key] {
+			cand = append(cand, e)
+		}
+	}
+	s.shuffle(len(cand), func(i, j int) { cand[i], cand[j] = cand[j], cand[i] })
+	slices.SortStableFunc(cand, func(a, b llmlb.EndpointStats) int { return cmp.Compare(a.Outstanding, b.Outstanding) })
+	out := make([]string, 0, min(len(cand), s.fallbacks))
+	for _, e := range cand[:min(len(cand), s.fallbacks)] {
+		out = append(out, e.Key)
+	}
+	return out
+}
+
+func (s *Server) shuffle(n int, swap func(i, j int)) {
+	if s.rnd == nil {
+		rand.Shuffle(n, swap)
+		return
+	}
+	s.randMu.Lock()
+	s.rnd.Shuffle(n, swap)
+	s.randMu.Unlock()
+}

@@ -1,0 +1,562 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+)
+
+const (
+	fullDuplex = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	buffered   = filterv3.ProcessingMode_BUFFERED
+	bufPartial = filterv3.ProcessingMode_BUFFERED_PARTIAL
+	modeNone   = filterv3.ProcessingMode_NONE
+)
+
+// stream is the state of one ext_proc stream: one HTTP request and its
+// response. It is used by the goroutine of Server.Process only.
+type stream struct {
+	s   *Server
+	srv extprocv3.ExternalProcessor_ProcessServer
+	ctx context.Context
+
+	// The body modes, from the first message's protocol_config; without
+	// one, FULL_DUPLEX_STREAMED, the mode the protocol requires.
+	reqMode, respMode filterv3.ProcessingMode_BodySendMode
+	started           bool // a message was received
+	observe           bool // observability mode: the data plane ignores answers
+
+	// The request.
+	headers     bool        // request headers received, or skipped by the data plane
+	skipped     bool        // the data plane sent a body without headers
+	hdr         http.Header // canonical keys; nil until a header is read
+	method      string
+	path        string
+	authority   string
+	requestID   string
+	body        []byte
+	bodyMsgs    int             // request body messages received
+	subset      *structpb.Value // the data plane's subset hint; nil: none
+	routed      bool            // the route was sent (or the request refused)
+	lr          llmlb.Request   // what the pick was made with
+	pick        llmlb.Pick
+	picked      bool
+	release     func() // admission's release; nil when not admitted
+	primary     string
+	served      bool // the served endpoint was read from the metadata
+	respStarted bool // response headers (or body, with headers skipped) seen
+	status      int  // the response's :status; 0 while unknown
+	sse         bool // the response is a server-sent event stream
+	events      eventScanner
+	first       bool // FirstToken was called
+	finished    bool // Done was called
+}
+
+// handle processes one message. It reports whether the stream is over (an
+// immediate response was sent).
+func (st *stream) handle(m *extprocv3.ProcessingRequest) (bool, error) {
+	if !st.started {
+		st.started = true
+		if pc := m.GetProtocolConfig(); pc != nil {
+			st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		}
+	}
+	st.observe = m.GetObservabilityMode()
+	switch v := m.GetRequest().(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return st.requestHeaders(m, v.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return st.requestBody(m, v.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return st.requestTrailers(m)
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return false, st.responseHeaders(m, v.ResponseHeaders)
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return false, st.responseBody(m, v.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return false, st.responseTrailers(m)
+	}
+	return false, nil // a message with no request part (flow control): nothing to answer
+}
+
+// requestHeaders routes at once a request without a body, or one whose body
+// the picker will not see before the headers go upstream (body modes NONE
+// and STREAMED); it lets the headers of a BUFFERED body through and holds
+// those of a FULL_DUPLEX_STREAMED one until the body is complete, as the
+// v1.5.0 EPP does (pkg/epp/handlers/server.go: the headers response is
+// sent with the body responses).
+func (st *stream) requestHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) (bool, error) {
+	if st.headers {
+		return false, protocolError("request headers after the request began")
+	}
+	st.headers = true
+	st.noteSubset(m)
+	st.readHeaders(h.GetHeaders())
+	if h.GetEndOfStream() {
+		return st.route(routeHeaders)
+	}
+	switch st.reqMode {
+	case fullDuplex:
+		return false, nil
+	case buffered, bufPartial:
+		return false, st.send(headersResponse(true, nil, nil))
+	}
+	return st.route(routeHeaders)
+}
+
+func (st *stream) requestBody(m *extprocv3.ProcessingRequest, b *extprocv3.HttpBody) (bool, error) {
+	if !st.headers { // request_header_mode SKIP
+		st.headers, st.skipped = true, true
+	}
+	if st.respStarted {
+		return false, protocolError("request body after the response began")
+	}
+	st.noteSubset(m)
+	st.bodyMsgs++
+	chunk := b.GetBody()
+	if st.routed { // the route is set: pass the rest through
+		if st.reqMode == fullDuplex {
+			return false, st.sendChunks(true, chunk, b.GetEndOfStream())
+		}
+		return false, st.send(bodyResponse(true, nil, nil))
+	}
+	if len(st.body)+len(chunk) > st.s.maxBody {
+		return true, st.refuse(errBodyOverCap(st.s.maxBody))
+	}
+	switch st.reqMode {
+	case fullDuplex:
+		if st.body == nil && b.GetEndOfStream() {
+			st.body = chunk // the whole body in one message: no copy
+		} else {
+			st.body = append(st.body, chunk...)
+		}
+		if b.GetEndOfStream() {
+			return st.route(routeDuplexEnd)
+		}
+		return false, nil
+	case buffered, bufPartial:
+		// The whole body (or, BUFFERED_PARTIAL, as much as the data plane
+		// buffers) in one message; route on it whatever end_of_stream says.
+		st.body = chunk
+		return st.route(routeBuffered)
+	}
+	return st.route(routeBuffered)
+}
+
+func (st *stream) requestTrailers(m *extprocv3.ProcessingRequest) (bool, error) {
+	if st.respStarted {
+		return false, protocolError("request trailers after the response began")
+	}
+	st.noteSubset(m)
+	if !st.routed {
+		if st.reqMode == fullDuplex {
+			// Trailers end a FULL_DUPLEX_STREAMED body whose last chunk
+			// had no end_of_stream (processing_mode.proto).
+			if !st.headers {
+				st.headers, st.skipped = true, true
+			}
+			return st.route(routeDuplexTrailers)
+		}
+		if stop, err := st.route(routeHeaders); stop || err != nil {
+			return stop, err
+		}
+	}
+	return false, st.send(trailersResponse(true))
+}
+
+func (st *stream) responseHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	if !st.routed {
+		return protocolError("response headers before the request was routed")
+	}
+	if st.respStarted {
+		return protocolError("response headers twice")
+	}
+	st.respStarted = true
+	st.noteServed(m)
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		switch hv.GetKey() {
+		case ":status":
+			st.status, _ = strconv.Atoi(headerValue(hv))
+		case "content-type":
+			st.sse = strings.Contains(strings.ToLower(headerValue(hv)), "text/event-stream")
+		}
+	}
+	if h.GetEndOfStream() {
+		st.complete()
+	}
+	return st.send(headersResponse(false, nil, nil))
+}
+
+func (st *stream) responseBody(m *extprocv3.ProcessingRequest, b *extprocv3.HttpBody) error {
+	if !st.routed {
+		return protocolError("response body before the request was routed")
+	}
+	st.respStarted = true
+	st.noteServed(m)
+	st.observeBody(b.GetBody())
+	if b.GetEndOfStream() {
+		st.complete()
+	}
+	if st.respMode == fullDuplex {
+		return st.sendChunks(false, b.GetBody(), b.GetEndOfStream())
+	}
+	return st.send(bodyResponse(false, nil, nil))
+}
+
+func (st *stream) responseTrailers(m *extprocv3.ProcessingRequest) error {
+	if !st.routed {
+		return protocolError("response trailers before the request was routed")
+	}
+	st.respStarted = true
+	st.noteServed(m)
+	st.complete()
+	return st.send(trailersResponse(false))
+}
+
+// readHeaders keeps the request's headers for the parser: pseudo-headers as
+// the method, path and authority, the others under canonical keys.
+func (st *stream) readHeaders(hm *corev3.HeaderMap) {
+	for _, hv := range hm.GetHeaders() {
+		k, v := hv.GetKey(), headerValue(hv)
+		if strings.HasPrefix(k, ":") {
+			switch k {
+			case ":method":
+				st.method = v
+			case ":path":
+				st.path = v
+			case ":authority":
+				st.authority = v
+			}
+			continue
+		}
+		if st.hdr == nil {
+			st.hdr = make(http.Header, len(hm.GetHeaders()))
+		}
+		st.hdr.Add(textproto.CanonicalMIMEHeaderKey(k), v)
+		if k == "x-request-id" || k == "X-Request-Id" {
+			st.requestID = v
+		}
+	}
+}
+
+// headerValue returns a header's value: raw_value, which Envoy sets, else
+// value (pkg/common/envoy/headers.go GetHeaderValue, v1.5.0).
+func headerValue(hv *corev3.HeaderValue) string {
+	if raw := hv.GetRawValue(); len(raw) > 0 {
+		return string(raw)
+	}
+	return hv.GetValue()
+}
+
+// httpRequest returns the request as the parser sees it.
+func (st *stream) httpRequest() *http.Request {
+	r := &http.Request{Method: st.method, Host: st.authority, Header: st.hdr, URL: &url.URL{Path: st.path},
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Body: http.NoBody}
+	if r.Header == nil {
+		r.Header = http.Header{}
+	}
+	if i := strings.IndexByte(st.path, '?'); i >= 0 {
+		r.URL.Path, r.URL.RawQuery = st.path[:i], st.path[i+1:]
+	}
+	return r.WithContext(st.ctx)
+}
+
+type routeKind int
+
+const (
+	routeHeaders        routeKind = iota // answer the request headers
+	routeBuffered                        // answer the buffered body
+	routeDuplexEnd                       // answer headers and stream the body back, end_of_stream set
+	routeDuplexTrailers                  // answer headers, stream the body back, answer the trailers
+)
+
+// route picks the endpoint and sends it to the data plane in the answer
+// kind calls for, or refuses the request with an immediate response (and
+// then reports that the stream is over).
+func (st *stream) route(kind routeKind) (bool, error) {
+	st.routed = true
+	dest, err := st.decide()
+	if err != nil {
+		if ctxErr := st.ctx.Err(); ctxErr != nil {
+			return true, nil // the data plane is gone; nothing to answer
+		}
+		return true, st.refuse(err)
+	}
+	md := destinationMetadata(dest)
+	switch kind {
+	case routeBuffered:
+		return false, st.send(bodyResponse(true, routeMutation(dest, -1), md))
+	case routeDuplexEnd, routeDuplexTrailers:
+		// Content-Length as the v1.5.0 EPP sets it (pkg/epp/handlers/request.go
+		// generateHeaders): Envoy drops it in FULL_DUPLEX_STREAMED mode, and
+		// the body is returned whole and unchanged.
+		contentLength := -1
+		if st.bodyMsgs > 0 {
+			contentLength = len(st.body)
+		}
+		if !st.skipped {
+			if err := st.send(headersResponse(true, routeMutation(dest, contentLength), md)); err != nil {
+				return false, err
+			}
+			md = nil
+		}
+		if st.bodyMsgs > 0 || md != nil {
+			if err := st.sendChunksMD(true, st.body, kind == routeDuplexEnd, md); err != nil {
+				return false, err
+			}
+		}
+		st.body = nil
+		if kind == routeDuplexTrailers {
+			return false, st.send(trailersResponse(true))
+		}
+		return false, nil
+	}
+	return false, st.send(headersResponse(true, routeMutation(dest, -1), md))
+}
+
+// decide parses the request, admits it, picks its endpoint and returns the
+// destination list.
+func (st *stream) decide() (string, error) {
+	r := st.httpRequest()
+	lr, err := st.s.parser.ParseBody(r, st.body)
+	if err != nil {
+		return "", err
+	}
+	if st.s.admission != nil {
+		release, err := st.s.admission.Acquire(admissionKey(&lr))
+		if err != nil {
+			return "", err
+		}
+		st.release = release
+	}
+	var exclude map[string]bool
+	if st.subset != nil {
+		if exclude, lr.Exclude, err = st.subsetExclusions(); err != nil {
+			return "", err
+		}
+	}
+	p, err := st.s.b.Pick(st.ctx, &lr)
+	if err != nil {
+		return "", err
+	}
+	lr.Exclude = nil
+	st.lr, st.pick, st.picked = lr, p, true
+	st.primary = p.Endpoint().Key()
+	if st.s.fallbacks == 0 {
+		return st.primary, nil
+	}
+	fb := st.s.fallbacksFor(st.primary, exclude)
+	return strings.Join(append([]string{st.primary}, fb...), ","), nil
+}
+
+// admissionKey scopes the session of lr by its tenant, as httplb's
+// Transport does, so that one tenant's sessions never count against
+// another's.
+func admissionKey(lr *llmlb.Request) string {
+	if lr.AffinityKey == "" {
+		return ""
+	}
+	return strconv.Itoa(len(lr.Tenant)) + ":" + lr.Tenant + lr.AffinityKey
+}
+
+// noteSubset keeps the data plane's subset hint from a request message.
+func (st *stream) noteSubset(m *extprocv3.ProcessingRequest) {
+	ns := m.GetMetadataContext().GetFilterMetadata()[SubsetNamespace]
+	if v, ok := ns.GetFields()[SubsetKey]; ok {
+		st.subset = v
+	}
+}
+
+// subsetExclusions returns the member keys the subset hint leaves out, as a
+// set and as a list, or errEmptySubset if it allows no member. Members match
+// an entry by host, as the v1.5.0 EPP matches pods by IP address
+// (pkg/epp/requestcontrol/candidates.go Locate); entries that are not
+// strings are ignored, and a hint that is not a list is no hint.
+func (st *stream) subsetExclusions() (map[string]bool, []string, error) {
+	list := st.subset.GetListValue()
+	if list == nil {
+		return nil, nil, nil
+	}
+	allowed := make(map[string]bool, len(list.GetValues()))
+	for _, v := range list.GetValues() {
+		if s, ok := v.GetKind().(*structpb.Value_StringValue); ok {
+			allowed[hostOf(s.StringValue)] = true
+		}
+	}
+	stats := st.s.b.Stats()
+	exclude := make(map[string]bool, len(stats))
+	var keys []string
+	for _, e := range stats {
+		if !allowed[hostOf(e.Key)] {
+			exclude[e.Key] = true
+			keys = append(keys, e.Key)
+		}
+	}
+	if len(keys) == len(stats) {
+		return nil, nil, errEmptySubset
+	}
+	return exclude, keys, nil
+}
+
+// hostOf strips the port from an "address:port" endpoint, as the v1.5.0
+// EPP does (pkg/epp/requestcontrol/candidates.go).
+func hostOf(ep string) string {
+	if i := strings.LastIndexByte(ep, ':'); i >= 0 {
+		return ep[:i]
+	}
+	return ep
+}
+
+// noteServed reads the endpoint the data plane reports as having served the
+// request (protocol v1.0.0) and, if it is not the picked one, moves the
+// request's accounting to it: the picked endpoint's pick is finished with
+// ErrFailedOver and the served one is charged instead.
+func (st *stream) noteServed(m *extprocv3.ProcessingRequest) {
+	if st.served || !st.picked || st.finished {
+		return
+	}
+	ns := m.GetMetadataContext().GetFilterMetadata()[MetadataNamespace]
+	v, ok := ns.GetFields()[ServedKey]
+	if !ok {
+		return
+	}
+	st.served = true
+	served := v.GetStringValue()
+	if served == "" || served == st.primary {
+		return
+	}
+	var exclude []string
+	member := false
+	for _, e := range st.s.b.Stats() {
+		if e.Key == served {
+			member = true
+			continue
+		}
+		exclude = append(exclude, e.Key)
+	}
+	st.pick.Done(ErrFailedOver)
+	st.picked = false
+	if !member {
+		st.s.log.Warn("extproc: the data plane reports an endpoint that is not a member", "request_id", st.requestID,
+			"picked", st.primary, "served", truncate(served))
+		return
+	}
+	lr := st.lr
+	lr.Exclude = exclude
+	p, err := st.s.b.Pick(st.ctx, &lr)
+	if err != nil {
+		return
+	}
+	st.pick, st.picked, st.primary = p, true, served
+}
+
+// observeBody calls FirstToken at the first event of a successful response.
+func (st *stream) observeBody(chunk []byte) {
+	if st.first || !st.picked || st.finished || len(chunk) == 0 || (st.status != 0 && (st.status < 200 || st.status > 299)) {
+		return
+	}
+	if st.sse && !st.events.feed(chunk) {
+		return
+	}
+	st.first = true
+	st.pick.FirstToken()
+}
+
+// complete finishes the pick of a response that ended: successfully for a
+// 2xx (or unknown) status, else with a *retry.StatusError.
+func (st *stream) complete() {
+	if st.status != 0 && (st.status < 200 || st.status > 299) {
+		st.finish(&retry.StatusError{Code: st.status})
+		return
+	}
+	st.finish(nil)
+}
+
+// finish calls the pick's Done and releases the admission, once.
+func (st *stream) finish(err error) {
+	if st.finished {
+		return
+	}
+	st.finished = true
+	if st.picked {
+		st.pick.Done(err)
+	}
+	if st.release != nil {
+		st.release()
+	}
+}
+
+// end finishes the stream's request when Process returns. With the response
+// body hidden from the picker (response_body_mode NONE) the response's end is
+// the stream's end; otherwise a stream that ends before the response did
+// finishes the pick with ErrStreamEnded.
+func (st *stream) end(cause error) {
+	if st.finished {
+		return
+	}
+	if cause == nil && st.respStarted && st.respMode == modeNone {
+		st.complete()
+		return
+	}
+	switch {
+	case cause == nil:
+		st.finish(ErrStreamEnded)
+	case errors.Is(cause, context.Canceled):
+		st.finish(fmt.Errorf("%w: %w", ErrStreamEnded, context.Canceled))
+	default:
+		st.finish(fmt.Errorf("%w: %w", ErrStreamEnded, cause))
+	}
+}
+
+// send sends m unless the data plane runs in observability mode, where
+// answers are ignored.
+func (st *stream) send(m *extprocv3.ProcessingResponse) error {
+	if st.observe {
+		return nil
+	}
+	return st.srv.Send(m)
+}
+
+// sendChunks streams body back in FULL_DUPLEX_STREAMED mode.
+func (st *stream) sendChunks(request bool, body []byte, eos bool) error {
+	return st.sendChunksMD(request, body, eos, nil)
+}
+
+// sendChunksMD streams body back in pieces of at most maxChunk bytes (the
+// v1.5.0 EPP's BodyByteLimit, pkg/common/envoy/chunking.go), end_of_stream
+// on the last if eos, md on the first; an empty body is one empty piece.
+func (st *stream) sendChunksMD(request bool, body []byte, eos bool, md *structpb.Struct) error {
+	for first := true; first || len(body) > 0; first = false {
+		n := min(len(body), maxChunk)
+		m := streamedBody(request, body[:n], eos && n == len(body))
+		if first {
+			m.DynamicMetadata = md
+		}
+		if err := st.send(m); err != nil {
+			return err
+		}
+		body = body[n:]
+	}
+	return nil
+}
+
+// truncate bounds a string from the network before it is logged.
+func truncate(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "..."
+	}
+	return s
+}
