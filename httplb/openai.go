@@ -1,7 +1,6 @@
 package httplb
 
 import (
-	"encoding/json"
 	"math"
 	"strconv"
 	"unsafe"
@@ -12,10 +11,13 @@ import (
 
 // This file reads an OpenAI-compatible request body in place (see scan.go),
 // with the results encoding/json would give for the fields it reads, but in
-// time linear in the body and in memory proportional to the prompt text and
-// the hashed token head, never to the number of messages, parts or prompts.
-// Keys are matched exactly (encoding/json ignores case), and when a key
-// repeats, its last value is used.
+// time linear in the body and in memory proportional to the prompt's hashes
+// (and to its text when a token counter or tokenizer reads it whole), never
+// to the number of messages, parts or prompts. The body is validated and its
+// top-level fields found in one pass (valid.go); the prompt text is then
+// decoded and hashed in another, without a copy (hashwriter.go). Keys are
+// matched exactly (encoding/json ignores case), and when a key repeats, its
+// last value is used.
 
 // fields holds the raw values of the top-level fields the parser reads; nil
 // when absent.
@@ -25,35 +27,63 @@ type fields struct {
 	maxTokens, maxCompletionTokens []byte
 }
 
-// readFields returns the fields of body, or false if body is not JSON. A body
-// that is JSON but not an object has no fields.
+// readFields returns the fields of body, or false if body is not JSON (as
+// [json.Valid] decides). A body that is JSON but not an object has no
+// fields. It reads body once, validating each member of the top-level
+// object as it finds it.
 func readFields(body []byte) (f fields, ok bool) {
-	if !json.Valid(body) {
-		return f, false
+	var v validator
+	i := skipSpaceAt(body, 0)
+	if i == len(body) || body[i] != '{' {
+		i, ok = v.value(body, i, 0)
+		return f, ok && skipSpaceAt(body, i) == len(body)
 	}
-	l, _ := listOf(skipSpace(body), '{')
+	i = skipSpaceAt(body, i+1)
+	if i < len(body) && body[i] == '}' {
+		return f, skipSpaceAt(body, i+1) == len(body)
+	}
 	var buf [maxKeyLen]byte
-	for k, v, ok := l.member(); ok; k, v, ok = l.member() {
-		switch string(keyName(k, &buf)) {
-		case "model":
-			if isString(v) {
-				f.model = v
-			}
-		case "user":
-			if isString(v) {
-				f.user = v
-			}
-		case "prompt":
-			f.prompt = v
-		case "messages":
-			f.messages = v
-		case "max_tokens":
-			f.maxTokens = v
-		case "max_completion_tokens":
-			f.maxCompletionTokens = v
+	for {
+		k, keyEnd, start, ok := member(body, i)
+		if !ok {
+			return fields{}, false
+		}
+		if i, ok = v.value(body, start, 1); !ok {
+			return fields{}, false
+		}
+		f.set(keyName(body[k:keyEnd], &buf), body[start:i])
+		i = skipSpaceAt(body, i)
+		switch {
+		case i < len(body) && body[i] == ',':
+			i = skipSpaceAt(body, i+1)
+		case i < len(body) && body[i] == '}':
+			return f, skipSpaceAt(body, i+1) == len(body)
+		default:
+			return fields{}, false
 		}
 	}
-	return f, true
+}
+
+// set records the raw value v of the top-level member named key.
+func (f *fields) set(key, v []byte) {
+	switch string(key) {
+	case "model":
+		if isString(v) {
+			f.model = v
+		}
+	case "user":
+		if isString(v) {
+			f.user = v
+		}
+	case "prompt":
+		f.prompt = v
+	case "messages":
+		f.messages = v
+	case "max_tokens":
+		f.maxTokens = v
+	case "max_completion_tokens":
+		f.maxCompletionTokens = v
+	}
 }
 
 // parseBody fills req from body as far as body allows, and returns the body's
@@ -70,7 +100,7 @@ func (p *Parser) parseBody(body []byte, req *llmlb.Request) (user string) {
 	salt := prefix.Salt{Model: decodeString(f.model), Tenant: req.Tenant}
 	switch {
 	case hasElems(f.messages):
-		p.fillText(req, salt, p.render(func(t *text) { writeChat(t, f.messages) }))
+		p.fillText(req, salt, promptText{raw: f.messages, chat: true})
 	case len(f.prompt) > 0:
 		p.fillPrompt(req, salt, f.prompt)
 	}
@@ -118,27 +148,37 @@ func count(v []byte) int {
 	return int(f)
 }
 
-// render returns the text that write writes: all of it if the Parser counts
-// tokens, else as much of its head as the hasher reads, and its length.
-// write is called twice, to measure the text and then to write it into a
-// buffer of the right size. It must stay small enough to be inlined: its
-// callers then keep t on the stack (TestParseAllocBounded fails otherwise).
-func (p *Parser) render(write func(*text)) text {
-	var t text
-	write(&t)
-	keep := t.n
-	if !p.wholeText {
-		keep = min(keep, p.headBytes)
-	}
-	if keep == 0 {
-		return t
-	}
-	t = text{buf: make([]byte, 0, keep)}
-	write(&t)
-	return t
+// A promptText locates a prompt text in the body: a raw string (or null),
+// or, for a chat, the raw messages array.
+type promptText struct {
+	raw  []byte
+	chat bool
 }
 
-func (p *Parser) fillText(req *llmlb.Request, salt prefix.Salt, t text) {
+// writeTo writes the text to t.
+func (s promptText) writeTo(t *text) {
+	if s.chat {
+		writeChat(t, s.raw)
+	} else {
+		t.writeString(s.raw)
+	}
+}
+
+// fillText sets the prefix hashes and the token count of req from the
+// prompt text s. Unless the Parser counts or tokenizes the whole text (or
+// hashes blocks larger than a hashWriter handles), the text is hashed as it
+// is written, in one pass and without a copy.
+func (p *Parser) fillText(req *llmlb.Request, salt prefix.Salt, s promptText) {
+	if !p.wholeText && p.hasher.BlockBytes() <= partBytes {
+		var hw hashWriter
+		hw.init(p.hasher, p.hasher.Root(salt), len(s.raw))
+		t := text{hw: &hw}
+		s.writeTo(&t)
+		req.Prefix = hw.hashes
+		req.PromptTokens = estimate(t.n)
+		return
+	}
+	t := render(s)
 	if t.n == 0 {
 		return
 	}
@@ -152,15 +192,30 @@ func (p *Parser) fillText(req *llmlb.Request, salt prefix.Salt, t text) {
 	req.PromptTokens = p.tokens(t)
 }
 
+// render returns the prompt text s, whole: it writes s twice, to measure
+// it and then into a buffer of the right size.
+func render(s promptText) text {
+	var t text
+	s.writeTo(&t)
+	if t.n == 0 {
+		return t
+	}
+	t = text{buf: make([]byte, 0, t.n)}
+	s.writeTo(&t)
+	return t
+}
+
 // tokens returns the token count of a rendered text.
 func (p *Parser) tokens(t text) int {
-	var n int
 	if p.countTokens != nil {
-		n = p.countTokens(t.string())
-	} else {
-		n = (t.n + BytesPerToken - 1) / BytesPerToken
+		return min(max(p.countTokens(t.string()), 0), maxCount)
 	}
-	return min(max(n, 0), maxCount)
+	return estimate(t.n)
+}
+
+// estimate returns the estimated token count of a text of n bytes.
+func estimate(n int) int {
+	return min((n+BytesPerToken-1)/BytesPerToken, maxCount)
 }
 
 // Kinds of prompt array, in the order encoding/json would try them.
@@ -176,7 +231,7 @@ const (
 // array of token IDs, or an array of arrays of token IDs.
 func (p *Parser) fillPrompt(req *llmlb.Request, salt prefix.Salt, v []byte) {
 	if isString(v) {
-		p.fillText(req, salt, p.render(func(t *text) { t.writeString(v) }))
+		p.fillText(req, salt, promptText{raw: v})
 		return
 	}
 	kind, n := classify(v)
@@ -187,7 +242,7 @@ func (p *Parser) fillPrompt(req *llmlb.Request, salt prefix.Salt, v []byte) {
 	first, _ := l.next()
 	switch kind {
 	case promptTexts:
-		p.fillText(req, salt, p.render(func(t *text) { t.writeString(first) }))
+		p.fillText(req, salt, promptText{raw: first})
 		total := req.PromptTokens
 		for e, ok := l.next(); ok; e, ok = l.next() {
 			total = min(total+p.stringTokens(e), maxCount)
@@ -213,7 +268,7 @@ func (p *Parser) stringTokens(v []byte) int {
 		t.writeString(v)
 		return p.tokens(t)
 	}
-	t := p.render(func(t *text) { t.writeString(v) })
+	t := render(promptText{raw: v})
 	if p.tokenize != nil {
 		return min(len(p.tokenize(t.string())), maxCount)
 	}

@@ -92,7 +92,6 @@ type Parser struct {
 	countTokens func(string) int
 	tokenize    func(string) []uint32
 	wholeText   bool // a prompt's whole text is needed: CountTokens or Tokenize is set
-	headBytes   int  // prompt text bytes the hasher reads
 	headTokens  int  // prompt tokens the hasher reads
 }
 
@@ -133,7 +132,6 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 		p.hasher = h
 	}
 	blocks := int64(p.hasher.MaxBlocks())
-	p.headBytes = int(min(blocks*int64(p.hasher.BlockBytes()), math.MaxInt32))
 	p.headTokens = int(min(blocks*int64(p.hasher.BlockTokens()), math.MaxInt32))
 	return p, nil
 }
@@ -152,32 +150,24 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 // refused. Any other body, including malformed JSON, an unknown shape or no
 // body at all, is not an error: the request is returned with only what the
 // headers say, to be routed without prefix or token information. An error
-// reading the body or from [ParserConfig.Tenant] is returned as is.
+// reading the body is returned as is; an error of [ParserConfig.Tenant] is
+// returned wrapped in [ErrUnauthenticated].
 //
 // For chat requests the prompt text is the concatenation, in order, of each
 // message's role and content, so the turns of one conversation share a prefix.
 //
 // Parsing takes time linear in the body and memory proportional to the
-// prompt text the prefix hashes and the token counter read, never to the
+// prefix hashes and to the prompt text a token counter reads, never to the
 // number of messages or prompts. Field names are matched exactly, and the
 // last of repeated fields is used.
 func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
-	var req llmlb.Request
-	switch {
-	case p.tenant != nil:
-		t, err := p.tenant(r)
-		if err != nil {
-			if r.Body != nil {
-				_ = r.Body.Close()
-			}
-			return req, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
+	req, session, err := p.headers(r)
+	if err != nil {
+		if r.Body != nil {
+			_ = r.Body.Close()
 		}
-		req.Tenant = t
-	case p.tenantHdr != "":
-		req.Tenant = r.Header.Get(p.tenantHdr)
+		return req, err
 	}
-	session := r.Header.Get(p.session)
-	req.AffinityKey = p.affinityKey(req.Tenant, session)
 	if r.Body == nil || r.Body == http.NoBody {
 		return req, nil
 	}
@@ -190,15 +180,47 @@ func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 	if err != nil {
 		return req, err
 	}
-	if int64(len(body)) > p.maxBody {
-		return req, errBodyTooLarge(p.maxBody)
+	if err := p.fill(&req, session, body); err != nil {
+		return req, err
 	}
 	setBody(r, body)
-	user := p.parseBody(body, &req)
+	return req, nil
+}
+
+// headers returns the request as r's headers and [ParserConfig.Tenant]
+// describe it, and the session key of the session header, for Parse and
+// ParseBody. An error of Tenant is returned wrapped in [ErrUnauthenticated].
+func (p *Parser) headers(r *http.Request) (req llmlb.Request, session string, err error) {
+	switch {
+	case p.tenant != nil:
+		t, err := p.tenant(r)
+		if err != nil {
+			return req, "", fmt.Errorf("%w: %w", ErrUnauthenticated, err)
+		}
+		req.Tenant = t
+	case p.tenantHdr != "":
+		req.Tenant = r.Header.Get(p.tenantHdr)
+	}
+	session = r.Header.Get(p.session)
+	req.AffinityKey = p.affinityKey(req.Tenant, session)
+	return req, session, nil
+}
+
+// fill completes req, as headers returned it, from body: it refuses a body
+// over the cap, and takes the affinity key from the body's "user" when no
+// session header gave one.
+func (p *Parser) fill(req *llmlb.Request, session string, body []byte) error {
+	if int64(len(body)) > p.maxBody {
+		return errBodyTooLarge(p.maxBody)
+	}
+	if len(body) == 0 {
+		return nil
+	}
+	user := p.parseBody(body, req)
 	if session == "" {
 		req.AffinityKey = p.affinityKey(req.Tenant, user)
 	}
-	return req, nil
+	return nil
 }
 
 // affinityKey returns the affinity key of a request of tenant with session

@@ -1,7 +1,6 @@
 package httplb
 
 import (
-	"fmt"
 	"net/http"
 
 	"github.com/llmlb/llmlb"
@@ -19,30 +18,11 @@ import (
 // error, as with Parse. The returned request does not refer to body, which
 // the caller may reuse at once.
 func (p *Parser) ParseBody(r *http.Request, body []byte) (llmlb.Request, error) {
-	var req llmlb.Request
-	switch {
-	case p.tenant != nil:
-		t, err := p.tenant(r)
-		if err != nil {
-			return req, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
-		}
-		req.Tenant = t
-	case p.tenantHdr != "":
-		req.Tenant = r.Header.Get(p.tenantHdr)
+	req, session, err := p.headers(r)
+	if err != nil {
+		return req, err
 	}
-	session := r.Header.Get(p.session)
-	req.AffinityKey = p.affinityKey(req.Tenant, session)
-	if int64(len(body)) > p.maxBody {
-		return req, errBodyTooLarge(p.maxBody)
-	}
-	if len(body) == 0 {
-		return req, nil
-	}
-	user := p.parseBody(body, &req)
-	if session == "" {
-		req.AffinityKey = p.affinityKey(req.Tenant, user)
-	}
-	return req, nil
+	return req, p.fill(&req, session, body)
 }
 
 // MaxBodyBytes returns the longest body the Parser accepts, so that a caller

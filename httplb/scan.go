@@ -9,9 +9,9 @@ import (
 // This file reads JSON in place, without decoding it into Go values: the
 // parser needs a few fields of a body that may be megabytes of messages, and
 // must not allocate per element. Every function here expects JSON that
-// [json.Valid] has accepted, and reads a value as the slice of the body that
-// holds it (a raw value). On other input they return wrong results, but never
-// panic or loop.
+// readFields has validated (valid.go), and reads a value as the slice of the
+// body that holds it (a raw value). On other input they return wrong
+// results, but never panic or loop.
 
 // skipSpace returns b without its leading JSON white space.
 func skipSpace(b []byte) []byte {
@@ -169,23 +169,34 @@ func keyName(k []byte, buf *[maxKeyLen]byte) []byte {
 	return t.buf
 }
 
-// text accumulates a prompt text: its length, and as much of its head as
-// fits in buf's capacity. It never reallocates buf.
+// text accumulates a prompt text: its length, and either as much of its
+// head as fits in buf's capacity (buf is never reallocated) or, if hw is
+// set, its prefix hashes.
 type text struct {
 	buf []byte
-	n   int // the length of the whole text
+	n   int         // the length of the whole text
+	hw  *hashWriter // if set, hashes the text; buf is unused
 }
 
+// The writes copy into t.buf rather than append to it, so that a buffer on
+// the caller's stack stays there.
+
 func (t *text) write(p []byte) {
-	if room := cap(t.buf) - len(t.buf); room > 0 {
-		t.buf = append(t.buf, p[:min(room, len(p))]...)
+	if t.hw != nil {
+		t.hw.write(p)
+	} else {
+		n := copy(t.buf[len(t.buf):cap(t.buf)], p)
+		t.buf = t.buf[:len(t.buf)+n]
 	}
 	t.n += len(p)
 }
 
 func (t *text) writeByte(c byte) {
-	if len(t.buf) < cap(t.buf) {
-		t.buf = append(t.buf, c)
+	if t.hw != nil {
+		t.hw.writeByte(c)
+	} else if n := len(t.buf); n < cap(t.buf) {
+		t.buf = t.buf[:n+1]
+		t.buf[n] = c
 	}
 	t.n++
 }
@@ -204,34 +215,30 @@ func (t *text) writeString(v []byte) {
 		return
 	}
 	s := v[1 : len(v)-1]
+	e := -1 // the index in s of the next backslash (len(s) if none), once found
 	for len(s) > 0 {
-		// Copy the longest run of bytes that need no decoding.
-		i := 0
-		for i < len(s) {
-			c := s[i]
-			if c == '\\' {
-				break
+		// Copy the longest run of bytes that need no decoding: valid UTF-8
+		// without backslashes.
+		if e < 0 {
+			if e = bytes.IndexByte(s, '\\'); e < 0 {
+				e = len(s)
 			}
-			if c < utf8.RuneSelf {
-				i++
-				continue
-			}
-			r, size := utf8.DecodeRune(s[i:])
-			if r == utf8.RuneError && size == 1 {
-				break
-			}
-			i += size
+		}
+		i := e
+		if !utf8.Valid(s[:i]) {
+			i = validPrefix(s[:i])
 		}
 		t.write(s[:i])
-		s = s[i:]
+		s, e = s[i:], e-i
 		if len(s) == 0 {
 			return
 		}
-		if s[0] != '\\' { // a byte of invalid UTF-8
+		if e > 0 { // a byte of invalid UTF-8
 			t.writeRune(utf8.RuneError)
-			s = s[1:]
+			s, e = s[1:], e-1
 			continue
 		}
+		e = -1 // past this escape
 		if len(s) < 2 {
 			return
 		}
@@ -267,6 +274,24 @@ func (t *text) writeString(v []byte) {
 		}
 		s = s[2:]
 	}
+}
+
+// validPrefix returns the length of the longest prefix of s that is valid
+// UTF-8.
+func validPrefix(s []byte) int {
+	i := 0
+	for i < len(s) {
+		if s[i] < utf8.RuneSelf {
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return i
 }
 
 // hex4 returns the code unit of the \uXXXX escape at the start of s, or -1.
