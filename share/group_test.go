@@ -107,6 +107,54 @@ func TestLoadCountsPeersWorkAfterTheObservation(t *testing.T) {
 	assert.Equal(t, 0, b.Stats().Peers)
 }
 
+// The peers' picks since their newest batch are unknown: they are taken to
+// be like this replica's own since then, scaled by the ratio of the peers'
+// requests in flight to its own. Behind one router nothing is added.
+func TestLoadExtrapolatesPeersPicksSinceTheirBatch(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	sig := &signalMap{}
+	a := offline(t, Config{ID: "a", Clock: clock})
+	b := offline(t, Config{ID: "b", Clock: clock, Signal: sig})
+	obsA, obsB := a.Observer(nil), b.Observer(nil)
+	sig.Set("e1", llmlb.Load{At: at(0), KVUsage: 0, KVBlocks: 100, BlockSize: 16})
+	sig.Set("e2", llmlb.Load{At: at(0), KVUsage: 0, KVBlocks: 100, BlockSize: 16})
+
+	// Alone, b's own picks are not extrapolated: the balancer counts them.
+	clock.Set(at(10))
+	obsB.Pick(pickInfo("e2", 100, 10))
+	l, _ := b.Load("e2")
+	assert.Equal(t, 0, l.Waiting, "no peer, nothing added")
+
+	// a has 4 requests in flight (at e1).
+	for range 4 {
+		obsA.Pick(pickInfo("e1", 100, 10))
+	}
+	clock.Set(at(50))
+	transfer(a, b)
+	l, _ = b.Load("e1")
+	assert.Equal(t, 4, l.Waiting, "the peer's published picks")
+	l, _ = b.Load("e2")
+	assert.Equal(t, 0, l.Waiting, "b's pick at e2 came before the batch")
+
+	// b picks e2 once more after the batch: a, with twice b's requests
+	// in flight (4 and 2), is taken to have sent it twice as many, with
+	// as many tokens each.
+	clock.Set(at(60))
+	obsB.Pick(pickInfo("e2", 100, 10))
+	l, _ = b.Load("e2")
+	assert.Equal(t, 2, l.Waiting, "2x b's one pick since the batch")
+	assert.InDelta(t, 2*110.0/1600, l.KVUsage, 1e-9)
+	l, _ = b.Load("e1")
+	assert.Equal(t, 4, l.Waiting, "b picked nothing at e1 since the batch")
+
+	// The next batch describes a's real picks: the extrapolation starts
+	// again from it.
+	clock.Set(at(70))
+	transfer(a, b)
+	l, _ = b.Load("e2")
+	assert.Equal(t, 0, l.Waiting)
+}
+
 // Requests the engine counted at the observation and that finished since,
 // this replica's and its peers', no longer count.
 func TestLoadDropsRequestsFinishedSinceTheObservation(t *testing.T) {

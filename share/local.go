@@ -22,6 +22,8 @@ type local struct {
 
 	mu     sync.Mutex // protects the fields below
 	eps    map[string]*localEP
+	out    int64 // requests in flight, over every endpoint
+	epoch  int64 // peer batches received
 	routes []localRoute
 	blocks []uint64         // the blocks of routes, back to back
 	sent   map[sentKey]bool // routes already in this batch, by endpoint and last block
@@ -37,6 +39,10 @@ type localEP struct {
 	out     int64         // totals over the buckets and older
 	queued  int64
 	tokens  int64
+	// picks and picked are the picks since the peer batch epoch arrived
+	// and their tokens.
+	epoch         int64
+	picks, picked int64
 	// fin[k mod len] counts the requests picked before the bucket
 	// boundary k*width that finished after it: the engine counted them
 	// in an observation taken at that time, and they are gone. It covers
@@ -213,6 +219,12 @@ func (l *local) pick(info *llmlb.PickInfo, now int64) {
 	b.queued++
 	b.prefill += prefill
 	b.decode += decode
+	l.out++
+	if e.epoch != l.epoch {
+		e.epoch, e.picks, e.picked = l.epoch, 0, 0
+	}
+	e.picks++
+	e.picked += prefill + decode
 	e.out++
 	e.queued++
 	e.tokens += prefill + decode
@@ -269,6 +281,7 @@ func (l *local) done(key string, picked, now int64, streamed bool) {
 	}
 	e.tokens -= b.done(!streamed)
 	e.out--
+	l.out--
 	if !streamed {
 		e.queued--
 	}
@@ -338,6 +351,26 @@ func (e *localEP) live(newest int64, horizon int) bool {
 		}
 	}
 	return false
+}
+
+// recent returns this replica's picks at key since the last peer batch
+// arrived (the last call of newBatch), with their tokens, and its requests
+// in flight at every endpoint.
+func (l *local) recent(key string) (picks, tokens, out int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if e := l.eps[key]; e != nil && e.epoch == l.epoch {
+		return e.picks, e.picked, l.out
+	}
+	return 0, 0, l.out
+}
+
+// newBatch records that a peer batch arrived: the picks since the previous
+// one are known to the peers now, or will be with their next batch.
+func (l *local) newBatch() {
+	l.mu.Lock()
+	l.epoch++
+	l.mu.Unlock()
 }
 
 // totals returns this replica's requests in flight at key: streaming, queued

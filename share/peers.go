@@ -25,6 +25,7 @@ type peer struct {
 	seq  uint64
 	seen int64              // local unix nanoseconds the snapshot arrived
 	eps  map[string]*peerEP // per endpoint
+	out  int64              // requests in flight, over every endpoint
 }
 
 // peerEP is a peer's work at one endpoint.
@@ -68,10 +69,12 @@ type span struct {
 	tokens     int64
 }
 
-// work is a sum of peers' requests: in flight, and finished since a time.
+// work is a sum of peers' requests: in flight, and finished since a time;
+// out is every live peer's requests in flight, whatever the endpoint.
 type work struct {
 	streaming, queued, tokens float64
 	finished                  float64
+	out                       int64
 }
 
 // spans converts the buckets of a snapshot received at now.
@@ -96,10 +99,14 @@ func spans(m *message, buckets []bucket, now int64) []span {
 // the sender's latest, or from a new peer beyond the limit.
 func (p *peers) apply(m *message, now int64) (joined, ok bool) {
 	eps := make(map[string]*peerEP, len(m.eps))
+	var out int64
 	for i := range m.eps {
 		e := &m.eps[i]
 		if len(e.buckets) == 0 && len(e.fin) == 0 {
 			continue
+		}
+		for _, b := range e.buckets {
+			out = satAdd(out, b.out)
 		}
 		pe := &peerEP{spans: spans(m, e.buckets, now)}
 		if len(e.fin) > 0 {
@@ -121,7 +128,7 @@ func (p *peers) apply(m *message, now int64) (joined, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i, found := slices.BinarySearchFunc(p.list, m.id, func(pr *peer, id string) int { return strings.Compare(pr.id, id) })
-	pr := &peer{id: m.id, inc: m.inc, seq: m.seq, seen: now, eps: eps}
+	pr := &peer{id: m.id, inc: m.inc, seq: m.seq, seen: now, eps: eps, out: out}
 	switch {
 	case !found:
 		if len(p.list) >= p.max {
@@ -146,6 +153,7 @@ func (p *peers) work(key string, since, now int64) (w work, found bool) {
 		if now-pr.seen > p.ttl {
 			continue
 		}
+		w.out = satAdd(w.out, pr.out)
 		pe := pr.eps[key]
 		if pe == nil {
 			continue
@@ -168,6 +176,15 @@ func (p *peers) work(key string, since, now int64) (w work, found bool) {
 		}
 	}
 	return w, found
+}
+
+// satAdd returns a+b for non-negative a and b, saturating at the largest
+// int64: a peer's counts are bounded by the decoder, not their sums.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // after returns the fraction of s's requests picked at or after since,

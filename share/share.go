@@ -265,6 +265,7 @@ func (g *Group) Load(key string) (llmlb.Load, bool) {
 	if ok && !obs.At.IsZero() && now-obs.At.UnixNano() <= g.maxAge {
 		at := obs.At.UnixNano()
 		w, found := g.peers.work(key, at, now)
+		found = g.extrapolate(key, &w) || found
 		gone := w.finished + g.local.finished(key, at, now)
 		if !found && gone == 0 {
 			return obs, true
@@ -281,6 +282,7 @@ func (g *Group) Load(key string) (llmlb.Load, bool) {
 		return obs, true
 	}
 	w, found := g.peers.work(key, math.MinInt64, now)
+	found = g.extrapolate(key, &w) || found
 	if !found {
 		return obs, ok
 	}
@@ -291,6 +293,30 @@ func (g *Group) Load(key string) (llmlb.Load, bool) {
 		Waiting: addCount(int(queued), w.queued),
 		KVUsage: math.NaN(),
 	}, true
+}
+
+// extrapolate adds to w the peers' picks at key since their last batch
+// arrived, which no batch describes yet, and reports whether it added any.
+// The peers route the same kind of traffic on the same view of the
+// endpoints as this replica, so they are taken to have picked like it: its
+// own picks at key since that batch, each with its tokens, times the ratio
+// of the peers' requests in flight to its own. Behind a load balancer that
+// spreads arrivals evenly, that is one pick per peer for each of its own,
+// so that the replicas do not each send the endpoint that looks best their
+// share of a burst before they hear of one another's. Without peers it
+// adds nothing.
+func (g *Group) extrapolate(key string, w *work) bool {
+	if w.out == 0 {
+		return false
+	}
+	picks, tokens, own := g.local.recent(key)
+	if picks == 0 || own == 0 {
+		return false
+	}
+	r := float64(w.out) / float64(own)
+	w.queued += r * float64(picks)
+	w.tokens += r * float64(tokens)
+	return true
 }
 
 // addCount returns n plus f rounded, saturating at the largest int32 so
@@ -518,6 +544,7 @@ func (g *Group) receive(data []byte) error {
 		return fmt.Errorf("share: batch %d of peer %q refused: late, or beyond MaxPeers", m.seq, m.id)
 	}
 	g.received.Add(1)
+	g.local.newBatch()
 	if joined {
 		g.log.Info("share: peer joined", "peer", m.id, "self", g.id)
 	}
