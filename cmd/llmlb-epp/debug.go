@@ -18,7 +18,21 @@ type debugState struct {
 	Ready    bool            `json:"ready"`
 	InFlight *int            `json:"admission_in_flight,omitempty"`
 	Sessions *int            `json:"admission_sessions,omitempty"`
+	Share    *debugShare     `json:"share,omitempty"` // absent without -nats
 	Replicas []debugEndpoint `json:"endpoints"`
+}
+
+// debugShare is the state of the sharing with the other replicas
+// (share.Stats).
+type debugShare struct {
+	ID          string `json:"id"`
+	Connected   bool   `json:"connected"`
+	Peers       int    `json:"peers"`
+	Published   uint64 `json:"published"`
+	Unpublished uint64 `json:"unpublished"`
+	Received    uint64 `json:"received"`
+	Rejected    uint64 `json:"rejected"`
+	Dropped     uint64 `json:"dropped"`
 }
 
 type debugSource struct {
@@ -67,6 +81,11 @@ func (s *server) state() debugState {
 		d.Source.Kind = "dns"
 	default:
 		d.Source.Kind = "endpoints"
+	}
+	if s.group != nil {
+		gs := s.group.Stats()
+		d.Share = &debugShare{ID: s.group.ID(), Connected: gs.Connected, Peers: gs.Peers, Published: gs.Published,
+			Unpublished: gs.Unpublished, Received: gs.Received, Rejected: gs.Rejected, Dropped: gs.Dropped}
 	}
 	d.Source.Loaded = st.loaded
 	if st.err != nil {

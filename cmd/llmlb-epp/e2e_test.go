@@ -15,6 +15,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -271,4 +272,50 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))
 	return len(p), nil
+}
+
+// Two pickers sharing over a real NATS server: each sees the other's
+// request in flight.
+func TestShareOverNATS(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	require.NoError(t, err)
+	ns.Start()
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	require.True(t, ns.ReadyForConnections(10*time.Second))
+	_, addrs := startEngines(t, 2)
+	a := startEPP(t, "-endpoints", addrs, "-nats", ns.ClientURL(), "-share-id", "a", "-share-interval", "20ms")
+	b := startEPP(t, "-endpoints", addrs, "-nats", ns.ClientURL(), "-share-id", "b", "-share-interval", "20ms")
+	require.Eventually(t, func() bool {
+		return a.s.group.Stats().Peers == 1 && b.s.group.Stats().Peers == 1
+	}, 10*time.Second, 10*time.Millisecond)
+
+	ctx := context.Background()
+	req, err := http.NewRequestWithContext(ctx, "POST", a.front.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"emulated","stream":true,"max_tokens":400,"messages":[{"role":"user","content":"a long answer"}]}`))
+	require.NoError(t, err)
+	resp, err := a.client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var key string
+	for _, st := range a.s.b.Stats() {
+		if st.Outstanding == 1 {
+			key = st.Key
+		}
+	}
+	require.NotEmpty(t, key, "the first picker has the request in flight")
+	require.Eventually(t, func() bool {
+		l, ok := b.s.group.Load(key)
+		return ok && l.Running+l.Waiting >= 1
+	}, 10*time.Second, 10*time.Millisecond, "the second picker counts the first's request at %s", key)
+	var st debugState
+	require.NoError(t, json.Unmarshal([]byte(get(t, http.DefaultClient, "http://"+b.s.adminL.Addr().String()+"/debug/llmlb")), &st))
+	require.NotNil(t, st.Share)
+	require.Equal(t, "b", st.Share.ID)
+	require.True(t, st.Share.Connected)
+	require.Equal(t, 1, st.Share.Peers)
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, err)
 }

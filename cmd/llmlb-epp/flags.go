@@ -15,6 +15,7 @@ import (
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/share"
 	"github.com/llmlb/llmlb/signals"
 )
 
@@ -55,6 +56,11 @@ type options struct {
 	kvTopic              string
 	model                string
 	tokenizer            string
+
+	natsURL       string // "": no sharing
+	shareSubject  string
+	shareID       string
+	shareInterval time.Duration
 
 	drainDelay, drainTimeout time.Duration
 	logJSON                  bool
@@ -108,6 +114,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.kvPort, "kv-events-port", 0, "port of each replica's ZMQ KV-event publisher (vLLM/SGLang --kv-events-config; 0: off)")
 	fs.IntVar(&o.kvReplayPort, "kv-replay-port", 0, "port of each replica's KV-event replay socket (0: none)")
 	fs.StringVar(&o.kvTopic, "kv-topic", "kv-events", "topic of the KV events")
+	fs.StringVar(&o.natsURL, "nats", "", "share requests in flight and routed prefixes with the other replicas of this picker over the NATS server(s) at this URL (nats://host:4222)")
+	fs.StringVar(&o.shareSubject, "share-subject", share.DefaultSubject, "with -nats: the subject the replicas of this picker share on")
+	fs.StringVar(&o.shareID, "share-id", "", "with -nats: this replica's name among its peers (default: random)")
+	fs.DurationVar(&o.shareInterval, "share-interval", share.DefaultInterval, "with -nats: the time between two batches of shared state")
 	fs.StringVar(&o.model, "model", engine.DefaultModel, "with -kv-events-port: the model the replicas serve, which salts the events' blocks")
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "token IDs for prefix hashing, needed to match KV events: \"engine\" (llmlb-engine's emulated engines) or \"\" (byte mode)")
 

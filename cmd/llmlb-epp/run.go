@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -29,6 +31,7 @@ import (
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/share"
 	"github.com/llmlb/llmlb/signals"
 	"github.com/llmlb/llmlb/telemetry"
 )
@@ -51,6 +54,8 @@ type server struct {
 	events    *prefix.Index // nil without KV events
 	scraper   *signals.Scraper
 	sub       *kvevents.Subscriber
+	nc        *nats.Conn   // nil without -nats
+	group     *share.Group // nil without -nats
 	admission *retry.Admission
 	members   *membership
 	health    *health.Server
@@ -80,8 +85,13 @@ func run(ctx context.Context, o options, started func(*server)) error {
 }
 
 // newServer assembles the picker. It starts nothing.
-func newServer(o options) (*server, error) {
+func newServer(o options) (_ *server, err error) {
 	s := &server{o: o}
+	defer func() {
+		if err != nil && s.nc != nil {
+			s.nc.Close()
+		}
+	}()
 	var out io.Writer = os.Stderr
 	if o.logOut != nil {
 		out = o.logOut
@@ -132,7 +142,12 @@ func newServer(o options) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []llmlb.Option{llmlb.WithObserver(metrics.Observer())}
+	var (
+		opts     []llmlb.Option
+		signal   llmlb.Signal
+		maxAge   = o.signalMaxAge
+		observer = metrics.Observer()
+	)
 	if o.scrape >= 0 {
 		interval := o.scrape
 		if interval == 0 {
@@ -142,11 +157,33 @@ func newServer(o options) (*server, error) {
 		if err != nil {
 			return nil, err
 		}
-		maxAge := o.signalMaxAge
 		if maxAge == 0 {
 			maxAge = 3 * interval
 		}
-		opts = append(opts, llmlb.WithSignal(s.scraper, maxAge))
+		signal = s.scraper
+	}
+	if maxAge == 0 {
+		maxAge = llmlb.DefaultMaxSignalAge
+	}
+	if o.natsURL != "" {
+		// The connection keeps retrying in the background: a picker
+		// starts, and routes on its own state, while NATS is away.
+		s.nc, err = nats.Connect(o.natsURL, nats.Name("llmlb-epp"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { s.log.Warn("llmlb-epp: NATS disconnected", "error", err) }),
+			nats.ReconnectHandler(func(nc *nats.Conn) { s.log.Info("llmlb-epp: NATS reconnected", "server", nc.ConnectedUrlRedacted()) }))
+		if err != nil {
+			return nil, fmt.Errorf("-nats: %w", err)
+		}
+		s.group, err = share.New(share.Config{Conn: s.nc, Subject: o.shareSubject, ID: o.shareID, Interval: o.shareInterval,
+			Signal: signal, MaxSignalAge: maxAge, Index: s.ix, DecodeAllowance: o.decode, Logger: s.log})
+		if err != nil {
+			return nil, err
+		}
+		signal, observer = s.group, s.group.Observer(observer)
+	}
+	opts = append(opts, llmlb.WithObserver(observer))
+	if signal != nil {
+		opts = append(opts, llmlb.WithSignal(signal, maxAge))
 	}
 	if o.decode != 0 {
 		opts = append(opts, llmlb.WithDecodeAllowance(o.decode))
@@ -270,6 +307,9 @@ func (s *server) serve(ctx context.Context) error {
 		if s.scraper != nil {
 			s.scraper.Close()
 		}
+		if s.nc != nil {
+			s.nc.Close()
+		}
 		_ = s.provider.Shutdown(context.Background())
 	}()
 	if err := s.members.refresh(ctx); err != nil {
@@ -285,6 +325,13 @@ func (s *server) serve(ctx context.Context) error {
 	}
 	if s.sub != nil {
 		wg.Go(func() { _ = s.sub.Run(bg) })
+	}
+	if s.group != nil {
+		wg.Go(func() {
+			if err := s.group.Run(bg); err != nil && bg.Err() == nil {
+				s.log.Error("llmlb-epp: sharing stopped", "error", err)
+			}
+		})
 	}
 
 	failed := make(chan error, 3)
