@@ -26,6 +26,9 @@ type Balancer struct {
 	allowance int
 	slow      SlowStart
 	obs       *Observer // nil: no observer
+	// simple is set for the policies that choose with a Candidates on
+	// Pick's stack (see pickSimple).
+	simple bool
 
 	randMu sync.Mutex // protects src
 	src    rand.Source
@@ -45,6 +48,7 @@ type snapshot struct {
 	byKey map[string]*epState
 	pos   map[string]int // member index by key
 	gen   uint64
+	unit  bool // every member's static weight is 1
 }
 
 // member returns the member index of key.
@@ -76,22 +80,41 @@ func newEpState(key string) *epState {
 
 // epState is the accounting of one endpoint. It lives as long as the endpoint
 // is a member and past that while handles still point to it.
+//
+// Its first cache line holds what every pick reads or writes: the counts of
+// this balancer's requests, packed into two words so that a pick and a
+// completion each change them with two atomic operations (see charge), and
+// the effective-weight inputs. The struct is padded to 192 bytes, a size
+// class whose objects start on a cache-line boundary, so that picks on
+// different endpoints never write the same line.
 type epState struct {
-	key  string
-	desc atomic.Pointer[epDesc] // replaced by Update, read by Pick
-
-	requests  atomic.Int64 // outstanding<<32 | queued: requests picked and not done, and of those before their first token
-	prefill   atomic.Int64 // prompt tokens picked and not yet prefilled
-	prompt    atomic.Int64 // prompt tokens of outstanding requests
-	decode    atomic.Int64 // expected decode tokens of outstanding requests
+	// reqs is queued<<48 | outstanding<<32 | prefill and toks is
+	// decode<<32 | prompt: of this balancer's requests to the endpoint, those
+	// picked and not done, those of them before their first token, their
+	// prompt tokens not yet prefilled, and their prompt and expected decode
+	// tokens. A request whose counts do not fit (see charge) is counted in
+	// the spill counters below instead.
+	reqs      atomic.Uint64
+	toks      atomic.Uint64
+	weight    atomic.Uint64 // float64 bits of the static weight, set by Update
+	started   atomic.Int64  // unix nanos slow start began; never = not in slow start
 	unhealthy atomic.Bool
-	started   atomic.Int64 // unix nanos slow start began; never = not in slow start
+	spilled   atomic.Bool // some request was counted in the spill counters
+	key       string
+	desc      atomic.Pointer[epDesc] // replaced by Update, read by Pick
+
+	// The spill counters, used only when a packed count would overflow.
+	spReqs    atomic.Int64 // outstanding<<32 | queued
+	spPrefill atomic.Int64
+	spPrompt  atomic.Int64
+	spDecode  atomic.Int64
 
 	// The epoch: what changed of this balancer's own requests since the
 	// current observation was first seen; used only when a signal is
 	// configured. Readers load the atomics without the lock; every change
 	// happens under it, so that a dispatch and its completion always count
-	// in the same epoch.
+	// in the same epoch. In epoch 0, before any observation, the counts are
+	// not kept: nothing reads them, and the first observation resets them.
 	mu       sync.Mutex   // serializes changes of the fields below
 	obsAt    atomic.Int64 // At (unix nanos) of the observation the epoch belongs to; never before the first
 	epoch    uint64
@@ -104,6 +127,130 @@ type epState struct {
 	// from its waiting ones.
 	epRunDone  atomic.Int64
 	epWaitDone atomic.Int64
+	_          [32]byte // to 192 bytes
+}
+
+// The fields of the packed counts (epState.reqs and epState.toks).
+const (
+	reqsOutstanding = 1 << 32 // one outstanding request in reqs
+	reqsQueued      = 1 << 48 // one request before its first token in reqs
+	low32           = 1<<32 - 1
+	low16           = 1<<16 - 1
+
+	// The request counts of epState.spReqs.
+	oneOutstanding = 1 << 32
+	oneQueued      = 1
+)
+
+// counts is a consistent-enough read of an endpoint's counts: each packed
+// word is read atomically, the two words and the spill counters separately.
+type counts struct {
+	outstanding, queued, prefill, prompt, decode int64
+}
+
+func (st *epState) counts() counts {
+	r, t := st.reqs.Load(), st.toks.Load()
+	c := counts{
+		outstanding: int64(r >> 32 & low16),
+		queued:      int64(r >> 48),
+		prefill:     int64(r & low32),
+		prompt:      int64(t & low32),
+		decode:      int64(t >> 32),
+	}
+	if st.spilled.Load() {
+		sr := st.spReqs.Load()
+		c.outstanding += sr >> 32
+		c.queued += int64(int32(sr))
+		c.prefill += st.spPrefill.Load()
+		c.prompt += st.spPrompt.Load()
+		c.decode += st.spDecode.Load()
+	}
+	return c
+}
+
+// outstanding returns the endpoint's outstanding requests.
+func (st *epState) outstanding() int64 {
+	n := int64(st.reqs.Load() >> 32 & low16)
+	if st.spilled.Load() {
+		n += st.spReqs.Load() >> 32
+	}
+	return n
+}
+
+func (st *epState) queued() int64        { return st.counts().queued }
+func (st *epState) prefillTokens() int64 { return st.counts().prefill }
+func (st *epState) promptTokens() int64  { return st.counts().prompt }
+func (st *epState) decodeTokens() int64  { return st.counts().decode }
+
+// staticWeight returns the weight the endpoint was last updated with.
+func (st *epState) staticWeight() float64 { return math.Float64frombits(st.weight.Load()) }
+
+// charge adds one request to the endpoint's counts: prefill and prompt
+// tokens (each at most maxTokens) and expected decode tokens. A packed word
+// takes it unless a field would overflow (65535 outstanding requests, or
+// 2^32-1 tokens), in which case the request is counted in the spill
+// counters; the returned flags say where, for the request's release.
+func (st *epState) charge(prefill, prompt, decode int64) (d1, d2 uint64, spill uint8) {
+	d1 = reqsQueued | reqsOutstanding | uint64(prefill)
+	d2 = uint64(decode)<<32 | uint64(prompt)
+	for {
+		old := st.reqs.Load()
+		if old>>32&low16 == low16 || old&low32+uint64(prefill) > low32 {
+			spill |= 1
+			st.spilled.Store(true)
+			st.spReqs.Add(oneOutstanding + oneQueued)
+			st.spPrefill.Add(prefill)
+			break
+		}
+		if st.reqs.CompareAndSwap(old, old+d1) {
+			break
+		}
+	}
+	for {
+		old := st.toks.Load()
+		if old&low32+uint64(prompt) > low32 || old>>32+uint64(decode) > low32 {
+			spill |= 2
+			st.spilled.Store(true)
+			st.spPrompt.Add(prompt)
+			st.spDecode.Add(decode)
+			break
+		}
+		if st.toks.CompareAndSwap(old, old+d2) {
+			break
+		}
+	}
+	return d1, d2, spill
+}
+
+// streamed moves a request charged with d1 (and spill) out of the queued
+// requests and its prompt out of the pending prefill.
+func (st *epState) streamed(d1 uint64, spill uint8) {
+	if spill&1 == 0 {
+		st.reqs.Add(-(d1 &^ reqsOutstanding))
+		return
+	}
+	st.spPrefill.Add(-int64(d1 & low32))
+	st.spReqs.Add(-oneQueued)
+}
+
+// release removes a request charged with d1, d2 and spill; streaming says
+// whether streamed was called for it.
+func (st *epState) release(d1, d2 uint64, spill uint8, streaming bool) {
+	if streaming {
+		d1 = reqsOutstanding
+	}
+	if spill&1 == 0 {
+		st.reqs.Add(-d1)
+	} else {
+		st.spPrefill.Add(-int64(d1 & low32))
+		st.spReqs.Add(-(int64(d1>>32&low16)<<32 | int64(d1>>48)))
+	}
+	if spill&2 == 0 {
+		st.toks.Add(-d2)
+	} else {
+		st.spPrompt.Add(-int64(d2 & low32))
+		st.spDecode.Add(-int64(d2 >> 32))
+	}
 }
 
 // epDesc is the part of an endpoint that Update may change while its
@@ -137,6 +284,12 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 		slow:      cfg.slow,
 		src:       cfg.src,
 		obs:       cfg.observer,
+	}
+	switch p := policy.(type) {
+	case *roundRobin, random:
+		b.simple = true
+	case p2c:
+		b.simple = p.s.requests && cfg.signal == nil
 	}
 	b.slowUntil.Store(never)
 	b.snap.Store(&snapshot{byKey: map[string]*epState{}, gen: generations.Add(1)})
@@ -193,7 +346,9 @@ func (b *Balancer) Update(eps []Endpoint) error {
 		now = b.clock.Now().UnixNano()
 	}
 	var unhealthy int64
+	next.unit = true
 	for i, e := range entries {
+		next.unit = next.unit && e.weight == 1
 		key := e.ep.Key()
 		st := old.byKey[key]
 		if st == nil {
@@ -204,6 +359,7 @@ func (b *Balancer) Update(eps []Endpoint) error {
 			}
 		}
 		st.desc.Store(&epDesc{ep: e.ep, weight: e.weight})
+		st.weight.Store(math.Float64bits(e.weight))
 		if st.unhealthy.Load() {
 			unhealthy++
 		}
@@ -276,12 +432,13 @@ func (b *Balancer) Stats() []EndpointStats {
 	s := b.snap.Load()
 	out := make([]EndpointStats, len(s.eps))
 	for i, st := range s.eps {
+		n := st.counts()
 		out[i] = EndpointStats{
 			Key:           st.key,
-			Outstanding:   st.outstanding(),
-			Queued:        st.queued(),
-			PrefillTokens: st.prefill.Load(),
-			DecodeTokens:  st.decode.Load(),
+			Outstanding:   n.outstanding,
+			Queued:        n.queued,
+			PrefillTokens: n.prefill,
+			DecodeTokens:  n.decode,
 			Healthy:       !st.unhealthy.Load(),
 		}
 	}
@@ -299,18 +456,57 @@ func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
 			return Pick{}, err
 		}
 	}
-	c := candidatesPool.Get().(*Candidates)
-	defer c.release()
 	if r != nil {
 		if err := r.validate(); err != nil {
 			return Pick{}, err
 		}
 	}
-	c.req = r
 	snap := b.snap.Load()
 	if len(snap.eps) == 0 {
 		return Pick{}, b.failed(r, ErrNoEndpoints)
 	}
+	if b.simple && (r == nil || len(r.Exclude) == 0) && b.unhealthy.Load() == 0 {
+		var c Candidates // every member is a candidate: no slice is needed
+		c.req = r
+		if r == nil {
+			c.req = &zeroRequest
+		}
+		return b.pickSimple(&c, snap, r)
+	}
+	c := candidatesPool.Get().(*Candidates)
+	c.req = r
+	p, err := b.pick(c, snap, r)
+	c.release()
+	return p, err
+}
+
+// zeroRequest is the request of a nil *Request on pickSimple's path, whose
+// policies only read it.
+var zeroRequest Request
+
+// pickSimple is pick for the policies that need no scratch space, called
+// with every member a candidate. It calls them directly, so that c does not
+// escape to the heap.
+func (b *Balancer) pickSimple(c *Candidates, snap *snapshot, r *Request) (Pick, error) {
+	c.initAll(b, snap)
+	var i int
+	switch p := b.policy.(type) {
+	case *roundRobin:
+		i = p.Choose(c)
+	case random:
+		i = p.Choose(c)
+	case p2c:
+		i = p.chooseCounts(c)
+	}
+	p := b.commit(c, c.state(i))
+	if b.obs != nil && b.obs.Pick != nil {
+		b.obs.Pick(PickInfo{Endpoint: p.ep, Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
+	}
+	return p, nil
+}
+
+// pick is Pick once the request is valid and there are members.
+func (b *Balancer) pick(c *Candidates, snap *snapshot, r *Request) (Pick, error) {
 	if err := c.init(b, snap); err != nil {
 		return Pick{}, b.failed(r, err)
 	}
@@ -318,7 +514,7 @@ func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
 	// keeps state (a prefix index) must record where each request went, and
 	// only it knows how many prompt tokens the endpoint holds.
 	i := b.policy.Choose(c)
-	if i < 0 || i >= c.Len() {
+	if uint(i) >= uint(c.Len()) {
 		return Pick{}, b.failed(r, policyErrorf("policy %T chose %d of %d candidates", b.policy, i, c.Len()))
 	}
 	p := b.commit(c, c.state(i))
@@ -336,29 +532,15 @@ func (b *Balancer) failed(r *Request, err error) error {
 	return err
 }
 
-// Both request counts of an endpoint live in one word, so that a pick and a
-// completion each update them with one atomic add.
-const (
-	oneOutstanding = 1 << 32
-	oneQueued      = 1
-)
-
-func (st *epState) outstanding() int64 { return st.requests.Load() >> 32 }
-func (st *epState) queued() int64      { return int64(int32(st.requests.Load())) }
-
 // commit charges c's request to st and returns its handle.
 func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	r := c.req
-	prefill := int64(r.PromptTokens - min(c.cached, r.PromptTokens))
+	prompt := int64(r.PromptTokens)
+	prefill := prompt - int64(min(c.cached, r.PromptTokens))
 	decode := b.decodeEstimate(r)
-	st.requests.Add(oneOutstanding + oneQueued)
-	st.prefill.Add(prefill)
-	st.prompt.Add(int64(r.PromptTokens))
-	st.decode.Add(decode)
-
 	rec := recordPool.Get().(*record)
-	rec.st, rec.prefill, rec.decode, rec.prompt, rec.epoch = st, prefill, decode, int64(r.PromptTokens), 0
-	rec.b, rec.picked = b, 0
+	rec.st, rec.b, rec.epoch, rec.picked = st, b, 0, 0
+	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	c.signalAge = -1
 	if b.obs != nil || b.signal != nil {
 		rec.picked = c.nowNanos()
@@ -368,20 +550,25 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 		if fresh && b.obs != nil {
 			c.signalAge = time.Duration(c.nowNanos() - obs.At.UnixNano())
 		}
-		st.mu.Lock()
-		if fresh {
-			st.roll(obs.At.UnixNano())
+		if !fresh && st.obsAt.Load() == never {
+			rec.epoch = 1 // epoch 0, which keeps no counts
+		} else {
+			st.mu.Lock()
+			if fresh {
+				st.roll(obs.At.UnixNano())
+			}
+			if st.epoch > 0 {
+				st.epReqs.Add(1)
+				st.epQueued.Add(1)
+				st.epTokens.Add(prefill + decode)
+			}
+			rec.epoch = st.epoch + 1 // 0 means "not tracked"
+			st.mu.Unlock()
 		}
-		st.epReqs.Add(1)
-		st.epQueued.Add(1)
-		st.epTokens.Add(prefill + decode)
-		rec.epoch = st.epoch + 1 // 0 means "not tracked"
-		st.mu.Unlock()
 	}
-	// Publishing the picked phase releases the fields written above to
-	// whichever call wins the record next.
-	base := rec.state.Add(phasePicked) - phasePicked
-	return Pick{rec: rec, base: base, ep: st.desc.Load().ep}
+	// A record waits in the pool already in the picked phase of its next
+	// generation (see Done), so the handle only reads it.
+	return Pick{rec: rec, base: rec.state.Load() &^ phaseMask, ep: st.desc.Load().ep}
 }
 
 // Pick is the handle of one picked request. Its zero value (returned with an
@@ -410,11 +597,11 @@ func (p Pick) FirstToken() {
 		return // done, streaming already, or another call holds it
 	}
 	st := rec.st
-	st.prefill.Add(-rec.prefill)
-	st.requests.Add(-oneQueued)
-	if rec.epoch != 0 {
+	st.streamed(rec.d1, rec.spill)
+	// Before the first observation (obsAt never) the epoch keeps no counts.
+	if rec.epoch != 0 && st.obsAt.Load() != never {
 		st.mu.Lock()
-		if st.epoch == rec.epoch-1 {
+		if st.epoch == rec.epoch-1 && st.epoch > 0 {
 			st.epQueued.Add(-1)
 		}
 		st.mu.Unlock()
@@ -444,76 +631,82 @@ func (p Pick) Done(err error) {
 		if s != p.base|phasePicked && s != p.base|phaseStreaming {
 			return // done already, or the record serves a later request
 		}
-		if rec.state.CompareAndSwap(s, p.base|phaseBusy) {
+		// Winning the record ends this generation and arms the next one:
+		// no handle of it exists until commit hands the record out again,
+		// after this call put it back in the pool.
+		if rec.state.CompareAndSwap(s, p.base+generationStep|phasePicked) {
 			streaming = s == p.base|phaseStreaming
 			break
 		}
 	}
-	st := rec.st
-	if streaming {
-		st.requests.Add(-oneOutstanding)
-	} else {
-		st.prefill.Add(-rec.prefill)
-		st.requests.Add(-oneOutstanding - oneQueued)
-	}
-	st.decode.Add(-rec.decode)
-	st.prompt.Add(-rec.prompt)
-	b, picked := rec.b, rec.picked
+	st, b, picked := rec.st, rec.b, rec.picked
+	st.release(rec.d1, rec.d2, rec.spill, streaming)
 	if rec.epoch != 0 {
-		at := b.observedAt(st)
-		st.mu.Lock()
-		st.roll(at)
-		switch {
-		case st.epoch == rec.epoch-1:
-			st.epReqs.Add(-1)
-			if !streaming {
-				st.epQueued.Add(-1)
-			}
-			st.epTokens.Add(-(rec.prefill + rec.decode))
-		case rec.picked <= st.obsAt.Load():
-			// The observation counted it; it is gone now.
-			if streaming {
-				st.epRunDone.Add(1)
-			} else {
-				st.epWaitDone.Add(1)
-			}
-		}
-		st.mu.Unlock()
+		b.doneEpoch(st, rec, streaming)
 	}
 	rec.st, rec.b = nil, nil
-	rec.state.Store(p.base + generationStep) // free, next generation
 	recordPool.Put(rec)
 	if b.obs != nil && b.obs.Done != nil {
 		b.obs.Done(DoneInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked), Streamed: streaming, Err: err})
 	}
 }
 
+// doneEpoch counts the completion of rec's request in st's epoch.
+func (b *Balancer) doneEpoch(st *epState, rec *record, streaming bool) {
+	at := b.observedAt(st)
+	if at == never && st.obsAt.Load() == never {
+		return // epoch 0 still, which keeps no counts
+	}
+	st.mu.Lock()
+	st.roll(at)
+	switch {
+	case st.epoch == rec.epoch-1 && st.epoch > 0:
+		st.epReqs.Add(-1)
+		if !streaming {
+			st.epQueued.Add(-1)
+		}
+		st.epTokens.Add(-int64(rec.d1&low32 + rec.d2>>32))
+	case rec.picked <= st.obsAt.Load():
+		// The observation counted it; it is gone now.
+		if streaming {
+			st.epRunDone.Add(1)
+		} else {
+			st.epWaitDone.Add(1)
+		}
+	}
+	st.mu.Unlock()
+}
+
 // The phases of a record, in the low bits of its state; the generation, in
 // the bits above, advances by one step per request.
 const (
-	phaseFree      = 0
 	phasePicked    = 1
 	phaseStreaming = 2
-	phaseBusy      = 3 // FirstToken or Done holds the record
+	phaseBusy      = 3 // FirstToken holds the record
+	phaseMask      = 3
 	generationStep = 4
 )
 
 // record is the pooled storage behind a Pick. Its plain fields are written
-// by commit before the state is published and read only by the FirstToken or
-// Done call that moved the state to phaseBusy for the handle's generation; a
-// stale handle's generation never matches, so it reads nothing.
+// by commit, before the handle exists, and read only by the FirstToken or
+// Done call that won the state for the handle's generation; a stale handle's
+// generation never matches, so it reads nothing. A record in the pool is in
+// the picked phase of the generation its next request will have.
 type record struct {
-	state   atomic.Uint64
-	st      *epState
-	prefill int64
-	decode  int64
-	prompt  int64
-	epoch   uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
-	b       *Balancer
-	picked  int64 // unix nanos of the pick, when the balancer has an Observer or a Signal
+	state  atomic.Uint64
+	st     *epState
+	d1, d2 uint64 // the request's charge to st's packed counts (see epState.charge)
+	spill  uint8  // where d1 (bit 0) and d2 (bit 1) were charged
+	epoch  uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
+	b      *Balancer
+	picked int64 // unix nanos of the pick, when the balancer has an Observer or a Signal
 }
 
-var recordPool = sync.Pool{New: func() any { return new(record) }}
+var recordPool = sync.Pool{New: func() any {
+	rec := new(record)
+	rec.state.Store(phasePicked)
+	return rec
+}}
 
 // uint64 returns a uniformly distributed 64-bit number.
 func (b *Balancer) uint64() uint64 {

@@ -136,7 +136,7 @@ func TestDoneAfterRemoval(t *testing.T) {
 	mustUpdate(t, b, eps(2)) // ep2 leaves
 	pk.FirstToken()
 	pk.Done(nil)
-	if st.outstanding() != 0 || st.prefill.Load() != 0 || st.decode.Load() != 0 {
+	if st.outstanding() != 0 || st.prefillTokens() != 0 || st.decodeTokens() != 0 {
 		t.Fatal("removed endpoint's counters not released")
 	}
 	mustUpdate(t, b, eps(3)) // ep2 returns with fresh accounting
@@ -407,7 +407,7 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 						default:
 							clock.Advance(time.Millisecond * time.Duration(rng.IntN(50)))
 							for _, st := range b.snap.Load().eps {
-								if st.outstanding() < 0 || st.prefill.Load() < 0 || st.decode.Load() < 0 || st.queued() < 0 {
+								if st.outstanding() < 0 || st.prefillTokens() < 0 || st.decodeTokens() < 0 || st.queued() < 0 {
 									t.Errorf("negative counter on %s", st.key)
 									return
 								}
@@ -436,7 +436,7 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 			}
 			wg.Wait()
 			for st := range states {
-				if o, p, d, q := st.outstanding(), st.prefill.Load(), st.decode.Load(), st.queued(); o != 0 || p != 0 || d != 0 || q != 0 || st.prompt.Load() != 0 {
+				if o, p, d, q := st.outstanding(), st.prefillTokens(), st.decodeTokens(), st.queued(); o != 0 || p != 0 || d != 0 || q != 0 || st.promptTokens() != 0 {
 					t.Errorf("%s: outstanding %d prefill %d decode %d queued %d, want all 0", st.key, o, p, d, q)
 				}
 				st.mu.Lock()

@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"math/rand/v2"
 	"strconv"
 	"testing"
 	"time"
@@ -42,7 +43,7 @@ func BenchmarkPick(b *testing.B) {
 // on one balancer; compare -cpu 1 and -cpu 2.
 func BenchmarkPickParallel(b *testing.B) {
 	ctx := context.Background()
-	for _, pol := range benchPolicies[:4] {
+	for _, pol := range benchPolicies {
 		b.Run("policy="+pol.name+"/endpoints=64", func(b *testing.B) {
 			bal, _ := New(pol.new())
 			_ = bal.Update(eps(64))
@@ -187,5 +188,142 @@ func benchCacheAware(b *testing.B) {
 				p.Done(nil)
 			}
 		})
+	}
+}
+
+// decisionPromptBytes is the prompt of BenchmarkDecision and
+// BenchmarkHashBytes: 16 KiB of text, 256 blocks of 64 bytes in byte mode,
+// about 4096 tokens.
+const decisionPromptBytes = 16 << 10
+
+// decisionPrompt returns a prompt of decisionPromptBytes random letters.
+func decisionPrompt() string {
+	r := rand.New(rand.NewPCG(1, 2))
+	text := make([]byte, decisionPromptBytes)
+	for i := range text {
+		text[i] = byte('a' + r.IntN(26))
+	}
+	return string(text)
+}
+
+// BenchmarkHashBytes hashes the prompt of BenchmarkDecision in byte mode:
+// the part of a decision that does not depend on the endpoints.
+func BenchmarkHashBytes(b *testing.B) {
+	b.Run("bytes="+strconv.Itoa(decisionPromptBytes), func(b *testing.B) {
+		h, err := prefix.NewHasher(prefix.HasherConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		prompt := decisionPrompt()
+		root := h.Root(prefix.Salt{Model: "m"})
+		dst := make([]uint64, 0, h.MaxBlocks())
+		b.SetBytes(decisionPromptBytes)
+		b.ReportAllocs()
+		for b.Loop() {
+			dst = h.AppendString(dst[:0], root, prompt)
+		}
+	})
+}
+
+// BenchmarkDecision measures one full decision of [Default] for a 16 KiB
+// prompt: hashing it in byte mode, Pick (matching the prefix index, scoring
+// every endpoint, recording the choice in the index) and Done. The first
+// half of the prompt is cached on 8 endpoints; the chosen endpoint, which
+// holds the whole prompt after the first decision, is the steady state of a
+// popular prompt. Compare with BenchmarkHashBytes in the same run.
+func BenchmarkDecision(b *testing.B) {
+	for _, n := range []int{8, 64, 512} {
+		b.Run("endpoints="+strconv.Itoa(n), func(b *testing.B) {
+			benchDecision(b, n, false)
+		})
+	}
+}
+
+// BenchmarkDecisionParallel is BenchmarkDecision on 64 endpoints from
+// GOMAXPROCS goroutines sharing one balancer and index; compare -cpu 1 and
+// -cpu 2.
+func BenchmarkDecisionParallel(b *testing.B) {
+	b.Run("endpoints=64", func(b *testing.B) { benchDecision(b, 64, true) })
+}
+
+func benchDecision(b *testing.B, n int, parallel bool) {
+	h, err := prefix.NewHasher(prefix.HasherConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: h.BlockTokens()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pol, err := Default(DefaultConfig{Index: ix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bal := benchBalancer(b, pol, n)
+	prompt := decisionPrompt()
+	root := h.Root(prefix.Salt{Model: "m"})
+	head := h.AppendString(nil, root, prompt[:decisionPromptBytes/2])
+	for i := 0; i < 8; i++ {
+		if err := ix.Stored("ep"+strconv.Itoa(i*n/8), h.BlockTokens(), head...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	decide := func(req *Request, dst []uint64) []uint64 {
+		dst = h.AppendString(dst[:0], root, prompt)
+		req.Prefix = dst
+		p, err := bal.Pick(context.Background(), req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Done(nil)
+		return dst
+	}
+	newReq := func() *Request {
+		return &Request{PromptTokens: decisionPromptBytes / 4, MaxTokens: 256}
+	}
+	b.ReportAllocs()
+	if !parallel {
+		req, dst := newReq(), make([]uint64, 0, h.MaxBlocks())
+		for b.Loop() {
+			dst = decide(req, dst)
+		}
+		return
+	}
+	b.RunParallel(func(pb *testing.PB) {
+		req, dst := newReq(), make([]uint64, 0, h.MaxBlocks())
+		for pb.Next() {
+			dst = decide(req, dst)
+		}
+	})
+}
+
+// TestDecisionDoesNotAllocate checks that a full decision of Default, in
+// the steady state of BenchmarkDecision, allocates nothing.
+func TestDecisionDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items; allocation counts are meaningless")
+	}
+	h, _ := prefix.NewHasher(prefix.HasherConfig{})
+	pol, err := Default(DefaultConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bal, _ := New(pol)
+	_ = bal.Update(eps(64))
+	prompt, root := decisionPrompt(), h.Root(prefix.Salt{Model: "m"})
+	req := &Request{PromptTokens: decisionPromptBytes / 4, MaxTokens: 256}
+	dst := make([]uint64, 0, h.MaxBlocks())
+	decide := func() {
+		dst = h.AppendString(dst[:0], root, prompt)
+		req.Prefix = dst
+		p, err := bal.Pick(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Done(nil)
+	}
+	decide() // sizes the scratch space and records the prompt
+	if allocs := testing.AllocsPerRun(200, decide); allocs != 0 {
+		t.Errorf("%v allocs per decision, want 0", allocs)
 	}
 }

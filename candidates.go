@@ -42,9 +42,8 @@ type Candidates struct {
 var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 
 func (c *Candidates) release() {
-	c.b, c.snap, c.req, c.cached, c.now, c.nowRead = nil, nil, nil, 0, 0, false
-	c.idx, c.ties, c.cand, c.matched, c.matches = c.idx[:0], c.ties[:0], c.cand[:0], c.matched[:0], c.matches[:0]
-	c.confirmed = c.confirmed[:0]
+	c.b, c.snap, c.req, c.cached, c.nowRead = nil, nil, nil, 0, false
+	c.cand = c.cand[:0]
 	candidatesPool.Put(c)
 }
 
@@ -86,6 +85,13 @@ func (c *Candidates) init(b *Balancer, snap *snapshot) error {
 		}
 	}
 	return nil
+}
+
+// initAll is init for a request (c.req, not nil) that excludes nothing,
+// on a balancer with every member healthy.
+func (c *Candidates) initAll(b *Balancer, snap *snapshot) {
+	c.b, c.snap, c.all = b, snap, true
+	c.reqTok = int64(c.req.PromptTokens) + b.decodeEstimate(c.req)
 }
 
 func excluded(keys []string, key string) bool {
@@ -231,12 +237,12 @@ func (c *Candidates) Load(i int) EndpointLoad {
 
 func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	st := c.state(i)
-	reqs := st.requests.Load()
-	l.Outstanding = reqs >> 32
-	l.Queued = int64(int32(reqs))
-	l.PrefillTokens = st.prefill.Load()
-	l.DecodeTokens = st.decode.Load()
-	l.ActiveTokens = st.prompt.Load() + l.DecodeTokens
+	n := st.counts()
+	l.Outstanding = n.outstanding
+	l.Queued = n.queued
+	l.PrefillTokens = n.prefill
+	l.DecodeTokens = n.decode
+	l.ActiveTokens = n.prompt + n.decode
 	l.Requests, l.Waiting, l.backlog = l.Outstanding, l.Queued, l.Queued
 	l.KVUsage, l.KVBlocks, l.BlockSize, l.Fresh = math.NaN(), 0, 0, false
 	l.Weight = c.weight(st)
@@ -273,7 +279,7 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 func (c *Candidates) Weight(i int) float64 { return c.weight(c.state(i)) }
 
 func (c *Candidates) weight(st *epState) float64 {
-	w := st.desc.Load().weight
+	w := st.staticWeight()
 	if until := c.b.slowUntil.Load(); until != never {
 		if started := st.started.Load(); started != never {
 			if now := c.nowNanos(); now < until {

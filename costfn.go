@@ -216,7 +216,7 @@ func softmin(c *Candidates, costs []float64, temperature float64) int {
 		lo, hi = min(lo, v), max(hi, v)
 	}
 	if temperature == 0 || hi == lo || math.IsInf(hi-lo, 0) || math.IsNaN(hi-lo) {
-		return pickBy(c, func(i int) (float64, float64) { return costs[i], 0 })
+		return argminCost(c, costs)
 	}
 	scale := (hi - lo) * temperature
 	total := 0.0

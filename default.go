@@ -260,30 +260,71 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	n := c.Len()
 	avg := p.observePrompt(float64(c.req.PromptTokens))
 	p.t.match(c)
-	pick := p.scored(c, n)
-
 	c.loads = growLoads(c.loads, n)
-	backlog := 0.0
-	for _, i := range pick {
-		c.loadInto(int(i), &c.loads[i])
-		backlog += float64(c.loads[i].backlog)
-	}
-	// over is the overload term; k = CacheWeight + over is the cost of an
-	// uncached prompt token, in prefill tokens.
-	over := p.overWeight * max(p.smoothBacklog(backlog/float64(len(pick)))-p.overQueue, 0)
 	c.costs = growFloat64(c.costs, n)
-	if len(pick) < n {
+	if p.sampled == 0 || p.holders+p.sampled >= n {
+		// Every candidate is scored, in order.
+		backlog := 0.0
+		for i := range c.loads {
+			c.loadInto(i, &c.loads[i])
+			backlog += float64(c.loads[i].backlog)
+		}
+		over := p.overload(backlog / float64(n))
+		for i := range c.loads {
+			l := &c.loads[i]
+			c.costs[i] = p.cost(c, i, l, avg, over) / l.Weight
+		}
+	} else {
+		pick := p.scored(c, n)
+		backlog := 0.0
+		for _, i := range pick {
+			c.loadInto(int(i), &c.loads[i])
+			backlog += float64(c.loads[i].backlog)
+		}
+		over := p.overload(backlog / float64(len(pick)))
 		for i := range c.costs {
 			c.costs[i] = math.Inf(1) // not scored
 		}
+		for _, i := range pick {
+			l := &c.loads[i]
+			c.costs[i] = p.cost(c, int(i), l, avg, over) / l.Weight
+		}
 	}
-	for _, i := range pick {
-		l := &c.loads[i]
-		c.costs[i] = p.cost(c, int(i), l, avg, over) / l.Weight
-	}
-	best := pickBy(c, func(i int) (float64, float64) { return c.costs[i], 0 })
+	best := argminCost(c, c.costs)
 	p.t.record(c, best, &c.loads[best])
 	return best
+}
+
+// overload returns the overload term for the mean backlog per scored
+// candidate of this pick; k = CacheWeight + over is the cost of an uncached
+// prompt token, in prefill tokens.
+func (p *defaultPolicy) overload(meanBacklog float64) float64 {
+	return p.overWeight * max(p.smoothBacklog(meanBacklog)-p.overQueue, 0)
+}
+
+// argminCost returns the candidate of least cost, uniformly at random among
+// exact ties; NaN costs never win unless every cost is NaN, and then the
+// choice is uniform. It chooses as pickBy with the key (cost, 0) does,
+// drawing the same random numbers, without a call per candidate.
+func argminCost(c *Candidates, costs []float64) int {
+	ties, best, found := c.ties[:0], math.Inf(1), false
+	for i, v := range costs {
+		switch {
+		case v < best || (v == best && !found):
+			best, found = v, true
+			ties = append(ties[:0], int32(i))
+		case v == best:
+			ties = append(ties, int32(i))
+		}
+	}
+	c.ties = ties
+	switch len(ties) {
+	case 0: // every cost NaN
+		return int(c.Uint64N(uint64(c.Len())))
+	case 1:
+		return int(ties[0])
+	}
+	return int(ties[c.Uint64N(uint64(len(ties)))])
 }
 
 // scored returns the candidates to score: all of them, or the holders of the

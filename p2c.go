@@ -85,15 +85,21 @@ func (s scorer) mode(c *Candidates) int {
 // weighted returns candidate i's score divided by its effective weight, with
 // NaN mapped to +Inf so that it always loses; mode is s.mode(c).
 func (s scorer) weighted(c *Candidates, i int, mode int) float64 {
-	switch mode {
-	case requests:
-		st := c.state(i)
-		return float64(st.requests.Load()>>32+1) / st.desc.Load().weight
-	case requestsSlow:
-		st := c.state(i)
-		return float64(st.requests.Load()>>32+1) / c.weight(st)
+	if mode != general {
+		return countScore(c, i, mode == requestsSlow)
 	}
 	return weighted(c, s.score, i)
+}
+
+// countScore is [RequestsScore] of candidate i divided by its effective
+// weight, on a balancer without a signal; slow says whether some member may
+// be in slow start.
+func countScore(c *Candidates, i int, slow bool) float64 {
+	st := c.state(i)
+	if slow {
+		return float64(st.outstanding()+1) / c.weight(st)
+	}
+	return float64(st.outstanding()+1) / st.staticWeight()
 }
 
 // weighted returns candidate i's score divided by its effective weight, with
@@ -123,18 +129,40 @@ func (p p2c) Choose(c *Candidates) int {
 	if n == 1 {
 		return 0
 	}
-	// One 64-bit draw gives both samples and the tie-break: the high half
-	// picks a, the low half picks b among the others (multiply-shift; the
-	// bias is below n/2^32), and the lowest bit, which moves b only across
-	// a boundary of its range, breaks a tie.
-	x := c.b.uint64()
-	a := int((x >> 32 * n) >> 32)
-	b := int((x & (1<<32 - 1) * (n - 1)) >> 32)
+	a, b, x := p2cDraw(c, n)
+	mode := p.s.mode(c)
+	return p2cPick(a, b, p.s.weighted(c, a, mode), p.s.weighted(c, b, mode), x)
+}
+
+// chooseCounts is Choose for [RequestsScore] on a balancer without a
+// signal. Unlike Choose, it never calls a Score, so its c does not escape.
+func (p p2c) chooseCounts(c *Candidates) int {
+	n := uint64(c.Len())
+	if n == 1 {
+		return 0
+	}
+	a, b, x := p2cDraw(c, n)
+	slow := c.b.slowUntil.Load() != never
+	return p2cPick(a, b, countScore(c, a, slow), countScore(c, b, slow), x)
+}
+
+// p2cDraw samples two distinct candidates of n > 1. One 64-bit draw gives
+// both samples and the tie-break: the high half picks a, the low half picks
+// b among the others (multiply-shift; the bias is below n/2^32), and the
+// lowest bit, which moves b only across a boundary of its range, breaks a
+// tie (see p2cPick).
+func p2cDraw(c *Candidates, n uint64) (a, b int, x uint64) {
+	x = c.b.uint64()
+	a = int((x >> 32 * n) >> 32)
+	b = int((x & (1<<32 - 1) * (n - 1)) >> 32)
 	if b >= a {
 		b++
 	}
-	mode := p.s.mode(c)
-	sa, sb := p.s.weighted(c, a, mode), p.s.weighted(c, b, mode)
+	return a, b, x
+}
+
+// p2cPick returns the lower scored of a and b, by x's lowest bit on a tie.
+func p2cPick(a, b int, sa, sb float64, x uint64) int {
 	switch {
 	case sa < sb:
 		return a
@@ -164,6 +192,9 @@ var byRequests = newScorer(RequestsScore)
 // random among exact ties (never by position).
 func argmin(c *Candidates, sc scorer) int {
 	mode := sc.mode(c)
+	if mode == requests && c.all && c.snap.unit {
+		return argminOutstanding(c)
+	}
 	ties, bestScore := c.ties[:0], math.Inf(1)
 	for i, n := 0, c.Len(); i < n; i++ {
 		s := sc.weighted(c, i, mode)
@@ -172,6 +203,29 @@ func argmin(c *Candidates, sc scorer) int {
 			bestScore = s
 			ties = append(ties[:0], int32(i))
 		case s == bestScore:
+			ties = append(ties, int32(i))
+		}
+	}
+	c.ties = ties
+	if len(ties) == 1 {
+		return int(ties[0])
+	}
+	return int(ties[c.Uint64N(uint64(len(ties)))])
+}
+
+// argminOutstanding is argmin of [RequestsScore] when every member is a
+// candidate of weight 1 and there is no signal: the score is then the exact
+// integer outstanding+1, so comparing the counts makes the same choice,
+// drawing the same random numbers.
+func argminOutstanding(c *Candidates) int {
+	ties, best := c.ties[:0], int64(math.MaxInt64)
+	for i, st := range c.snap.eps {
+		n := st.outstanding()
+		switch {
+		case n < best:
+			best = n
+			ties = append(ties[:0], int32(i))
+		case n == best:
 			ties = append(ties, int32(i))
 		}
 	}

@@ -55,6 +55,6 @@ func (c *Candidates) acceptSlow(i int) bool {
 		return true
 	}
 	st := c.state(i)
-	f := c.weight(st) / st.desc.Load().weight
+	f := c.weight(st) / st.staticWeight()
 	return f >= 1 || c.Float64() < f
 }

@@ -78,7 +78,7 @@ func (b *lbBalancer) newLLMLB(cfg *Config) (*llmlb.Balancer, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := append(cfg.options(), llmlb.WithSignal(b.rec.store, time.Duration(cfg.MaxSignalAge)))
+	opts := append(cfg.options(), llmlb.WithSignal(b.rec.signal(), time.Duration(cfg.MaxSignalAge)))
 	if b.builder.opts.Clock != nil {
 		opts = append(opts, llmlb.WithClock(b.builder.opts.Clock))
 	}

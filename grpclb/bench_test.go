@@ -9,9 +9,15 @@ import (
 
 	"google.golang.org/grpc/balancer"
 	_ "google.golang.org/grpc/balancer/leastrequest" // registers least_request_experimental
+	_ "google.golang.org/grpc/balancer/roundrobin"   // registers round_robin
 	"google.golang.org/grpc/connectivity"
 	estats "google.golang.org/grpc/experimental/stats"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/serviceconfig"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/grpclb"
 )
 
 // fakeCC is a balancer.ClientConn whose SubConns connect when told to; it
@@ -92,9 +98,12 @@ func readyPicker(t testing.TB, builder balancer.Builder, js string, n int) (bala
 	t.Helper()
 	cc := new(fakeCC)
 	b := builder.Build(cc, balancer.BuildOptions{})
-	cfg, err := builder.(balancer.ConfigParser).ParseConfig(json.RawMessage(js))
-	if err != nil {
-		t.Fatal(err)
+	var cfg serviceconfig.LoadBalancingConfig
+	if parser, ok := builder.(balancer.ConfigParser); ok {
+		var err error
+		if cfg, err = parser.ParseConfig(json.RawMessage(js)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	eps := make([]resolver.Endpoint, n)
 	for i := range eps {
@@ -176,36 +185,82 @@ func TestFakePickerSpreadsLoad(t *testing.T) {
 }
 
 // BenchmarkPickGRPC compares the cost of a pick plus its Done through
-// grpclb's picker (P2C over outstanding requests, the same algorithm) with
-// grpc-go's least_request_experimental picker, on the same fake SubConns.
+// grpclb's picker with grpc-go's own pickers on the same fake SubConns:
+// least_request_experimental (P2C over outstanding RPCs, the algorithm of
+// llmlb's p2c) and round_robin. The llmlb pickers build the request from
+// the call: "ctx" reads a Call attached with WithCall, "md" reads the
+// outgoing metadata keys, and a plain context has neither. Run with -cpu 1,2
+// to see the scaling.
 func BenchmarkPickGRPC(b *testing.B) {
+	callCtx := func() context.Context {
+		return grpclb.WithCall(context.Background(), &grpclb.Call{Request: llmlb.Request{PromptTokens: 1000, MaxTokens: 256}})
+	}
+	mdCtx := func() context.Context {
+		return metadata.AppendToOutgoingContext(context.Background(),
+			grpclb.MetadataPromptTokens, "1000", grpclb.MetadataMaxTokens, "256")
+	}
+	plainCtx := context.Background
 	for _, n := range []int{8, 64} {
 		for _, tc := range []struct {
 			name    string
 			builder balancer.Builder
 			js      string
+			ctx     func() context.Context
 		}{
-			{"llmlb-p2c", newTestBuilder(b), `{"policy": "p2c"}`},
-			{"llmlb-default", newTestBuilder(b), `{"policy": "default"}`},
-			{"least_request", balancer.Get("least_request_experimental"), `{}`},
+			{"llmlb-p2c", newTestBuilder(b), `{"policy": "p2c"}`, plainCtx},
+			{"llmlb-p2c-ctx", newTestBuilder(b), `{"policy": "p2c"}`, callCtx},
+			{"llmlb-p2c-md", newTestBuilder(b), `{"policy": "p2c"}`, mdCtx},
+			{"llmlb-round-robin", newTestBuilder(b), `{"policy": "round-robin"}`, plainCtx},
+			{"llmlb-default", newTestBuilder(b), `{"policy": "default"}`, plainCtx},
+			{"least_request", balancer.Get("least_request_experimental"), `{}`, plainCtx},
+			{"round_robin", balancer.Get("round_robin"), ``, plainCtx},
 		} {
 			b.Run(fmt.Sprintf("picker=%s/endpoints=%d", tc.name, n), func(b *testing.B) {
 				p, closeFn := readyPicker(b, tc.builder, tc.js, n)
 				defer closeFn()
-				info := balancer.PickInfo{FullMethodName: "/svc/Method", Ctx: context.Background()}
 				b.ReportAllocs()
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
+					info := balancer.PickInfo{FullMethodName: "/svc/Method", Ctx: tc.ctx()}
 					for pb.Next() {
 						r, err := p.Pick(info)
 						if err != nil {
 							b.Error(err)
 							return
 						}
-						r.Done(balancer.DoneInfo{})
+						if r.Done != nil { // round_robin does not ask
+							r.Done(balancer.DoneInfo{})
+						}
 					}
 				})
 			})
 		}
+	}
+}
+
+// TestPickDoesNotAllocate checks that a pick and its Done through the
+// picker allocate nothing, with the request read from a Call in the context
+// or with no request at all.
+func TestPickDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items; allocation counts are meaningless")
+	}
+	for _, policy := range []string{"p2c", "round-robin", "least-outstanding"} {
+		p, closeFn := readyPicker(t, newTestBuilder(t), `{"policy": "`+policy+`"}`, 8)
+		call := &grpclb.Call{Request: llmlb.Request{PromptTokens: 1000, MaxTokens: 256}}
+		for _, ctx := range []context.Context{context.Background(), grpclb.WithCall(context.Background(), call)} {
+			info := balancer.PickInfo{FullMethodName: "/svc/Method", Ctx: ctx}
+			allocs := testing.AllocsPerRun(1000, func() {
+				r, err := p.Pick(info)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.Done(balancer.DoneInfo{})
+			})
+			if allocs != 0 {
+				t.Errorf("%s: %v allocs per pick and Done, want 0", policy, allocs)
+			}
+		}
+		closeFn()
 	}
 }

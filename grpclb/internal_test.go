@@ -1,6 +1,7 @@
 package grpclb
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func TestRequestFromMetadata(t *testing.T) {
 		{"empty strings", metadata.Pairs(MetadataAffinityKey, "", MetadataTenant, ""), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := requestFromMetadata(tc.md)
+			got := requestFromMetadata(metadata.NewOutgoingContext(context.Background(), tc.md))
 			if (got == nil) != (tc.want == nil) || (got != nil && (got.PromptTokens != tc.want.PromptTokens ||
 				got.MaxTokens != tc.want.MaxTokens || got.OutputTokens != tc.want.OutputTokens ||
 				got.AffinityKey != tc.want.AffinityKey || got.Tenant != tc.want.Tenant)) {

@@ -1,6 +1,7 @@
 package grpclb
 
 import (
+	"sync/atomic"
 	"time"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
@@ -15,6 +16,28 @@ type recorder struct {
 	owned   bool // the store belongs to one channel and is pruned with it
 	mapping signals.OrcaMapping
 	clock   llmlb.Clock
+	seen    atomic.Bool // a report was recorded into an owned store
+}
+
+// signal returns the balancers' signal: the store, behind a check that
+// answers without a lookup until the first report, when the store is the
+// channel's own (no one else records into it). Without ORCA reports, every
+// pick then skips its store lookups.
+func (r *recorder) signal() llmlb.Signal {
+	if !r.owned {
+		return r.store
+	}
+	return (*ownedSignal)(r)
+}
+
+// ownedSignal is a recorder's owned store as a signal.
+type ownedSignal recorder
+
+func (s *ownedSignal) Load(key string) (llmlb.Load, bool) {
+	if !s.seen.Load() {
+		return llmlb.Load{}, false
+	}
+	return s.store.Load(key)
 }
 
 func (r *recorder) now() time.Time {
@@ -29,7 +52,9 @@ func (r *recorder) now() time.Time {
 // utilization), or with values out of range, is ignored: it says nothing
 // the balancer can use, and the endpoint keeps its previous observation.
 func (r *recorder) record(key string, rep *v3orcapb.OrcaLoadReport) {
-	_ = r.store.RecordOrca(key, reportOf(rep), r.now(), r.mapping)
+	if r.store.RecordOrca(key, reportOf(rep), r.now(), r.mapping) == nil && !r.seen.Load() {
+		r.seen.Store(true)
+	}
 }
 
 // reportOf converts grpc's ORCA report to the signals package's.

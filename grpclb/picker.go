@@ -118,14 +118,19 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	var req *llmlb.Request
-	call, _ := ctx.Value(callKey{}).(*Call)
-	if call != nil {
-		req = &call.Request
-	} else if md, ok := metadata.FromOutgoingContext(ctx); ok {
-		req = requestFromMetadata(md)
+	var (
+		pk   llmlb.Pick
+		err  error
+		call *Call
+	)
+	if call, _ = ctx.Value(callKey{}).(*Call); call != nil {
+		pk, err = p.lb.Pick(ctx, &call.Request)
+	} else if r := requestFromMetadata(ctx); r != nil {
+		pk, err = p.lb.Pick(ctx, r)
+		requestPool.Put(r)
+	} else {
+		pk, err = p.lb.Pick(ctx, nil)
 	}
-	pk, err := p.lb.Pick(ctx, req)
 	if err != nil {
 		return balancer.PickResult{}, pickError(err)
 	}
@@ -143,17 +148,42 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if call != nil {
 		call.set(pk, ep.key)
 	}
-	childDone, rec, key := res.Done, p.rec, ep.key
-	res.Done = func(di balancer.DoneInfo) {
-		if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && r != nil {
-			rec.record(key, r)
-		}
-		pk.Done(di.Err)
-		if childDone != nil {
-			childDone(di)
-		}
+	d, _ := donePool.Get().(*pickDone)
+	if d == nil {
+		d = new(pickDone)
+		d.done = d.finish
 	}
+	d.pk, d.rec, d.key, d.child = pk, p.rec, ep.key, res.Done
+	res.Done = d.done
 	return res, nil
+}
+
+// pickDone is the Done callback of one picked RPC. grpc calls a pick's Done
+// at most once (when the RPC's attempt finishes, or when it discards the
+// pick), so the callback and its state are pooled: finish puts them back,
+// and a pick allocates nothing.
+type pickDone struct {
+	pk    llmlb.Pick
+	rec   *recorder
+	key   string
+	child func(balancer.DoneInfo) // the pick-first child's Done, if any
+	done  func(balancer.DoneInfo) // d.finish, bound once
+}
+
+// donePool holds free pickDones; Pick makes a new one when it is empty.
+var donePool sync.Pool
+
+func (d *pickDone) finish(di balancer.DoneInfo) {
+	pk, rec, key, child := d.pk, d.rec, d.key, d.child
+	d.pk, d.rec, d.key, d.child = llmlb.Pick{}, nil, "", nil
+	donePool.Put(d)
+	if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && r != nil {
+		rec.record(key, r)
+	}
+	pk.Done(di.Err)
+	if child != nil {
+		child(di)
+	}
 }
 
 // pickError maps an llmlb.Pick error to what grpc expects of a picker.
@@ -172,29 +202,42 @@ func pickError(err error) error {
 	}
 }
 
-// requestFromMetadata reads the request facts from call metadata; nil if
-// none is present.
-func requestFromMetadata(md metadata.MD) *llmlb.Request {
-	var r llmlb.Request
-	found := false
-	for _, f := range []struct {
+// requestPool holds the requests read from metadata for the duration of a
+// pick.
+var requestPool = sync.Pool{New: func() any { return new(llmlb.Request) }}
+
+// requestFromMetadata reads the request facts from the call's outgoing
+// metadata into a request from requestPool; nil if none is present. It reads
+// each key on its own: grpc copies only the values asked for, where it copies
+// the whole metadata for metadata.FromOutgoingContext.
+func requestFromMetadata(ctx context.Context) *llmlb.Request {
+	var r *llmlb.Request
+	set := func() *llmlb.Request {
+		if r == nil {
+			r = requestPool.Get().(*llmlb.Request)
+			*r = llmlb.Request{}
+		}
+		return r
+	}
+	for _, f := range [...]struct {
 		key string
-		dst *int
-	}{{MetadataPromptTokens, &r.PromptTokens}, {MetadataMaxTokens, &r.MaxTokens}, {MetadataOutputTokens, &r.OutputTokens}} {
-		if v := md.Get(f.key); len(v) > 0 {
+		dst func(*llmlb.Request) *int
+	}{
+		{MetadataPromptTokens, func(r *llmlb.Request) *int { return &r.PromptTokens }},
+		{MetadataMaxTokens, func(r *llmlb.Request) *int { return &r.MaxTokens }},
+		{MetadataOutputTokens, func(r *llmlb.Request) *int { return &r.OutputTokens }},
+	} {
+		if v := metadata.ValueFromOutgoingContext(ctx, f.key); len(v) > 0 {
 			if n, err := strconv.ParseInt(v[0], 10, 32); err == nil && n >= 0 {
-				*f.dst, found = int(n), true
+				*f.dst(set()) = int(n)
 			}
 		}
 	}
-	if v := md.Get(MetadataAffinityKey); len(v) > 0 && v[0] != "" {
-		r.AffinityKey, found = v[0], true
+	if v := metadata.ValueFromOutgoingContext(ctx, MetadataAffinityKey); len(v) > 0 && v[0] != "" {
+		set().AffinityKey = v[0]
 	}
-	if v := md.Get(MetadataTenant); len(v) > 0 && v[0] != "" {
-		r.Tenant, found = v[0], true
+	if v := metadata.ValueFromOutgoingContext(ctx, MetadataTenant); len(v) > 0 && v[0] != "" {
+		set().Tenant = v[0]
 	}
-	if !found {
-		return nil
-	}
-	return &r
+	return r
 }
