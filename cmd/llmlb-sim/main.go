@@ -131,8 +131,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace)")
 		seed      = fs.Uint64("seed", 1, "random seed")
 		seeds     = fs.Int("seeds", 1, "run this many seeds, from -seed on, and pool their results")
-		kvBlocks  = fs.Int("kv-blocks", 0, fmt.Sprintf("KV capacity per replica in %d-token blocks (default: the scenario's: %s; for a trace the larger of %d and twice its largest request)",
-			sim.DefaultBlockSize, strings.Join(kvDefaults, ", "), sim.DefaultKVBlocks))
+		kvBlocks  = fs.Int("kv-blocks", 0, fmt.Sprintf("KV capacity per replica in %d-token blocks (default: the scenario's: %s; for a trace the larger of %d, the default scenario's 512k tokens, and twice its largest request)",
+			sim.DefaultBlockSize, strings.Join(kvDefaults, ", "), sim.DefaultScenarioKVBlocks))
 		sloTTFT  = durationVar("slo-ttft", 2*time.Second, "TTFT objective, a `duration`")
 		sloTPOT  = durationVar("slo-tpot", 50*time.Millisecond, "TPOT objective, a `duration`")
 		wide     = fs.Bool("wide", false, "print every column of the results table (TTFT p95 and max, E2E p50, tok/s, done)")
@@ -471,6 +471,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		fmt.Fprintf(stderr, "llmlb-sim: warning: %d of %d requests do not fit one replica's KV cache (%d %s of %d tokens) and were rejected; raise -kv-blocks\n",
 			worst.Rejected, worst.Requests, info.KVBlocks, blocks, info.BlockSize)
 	}
+	if w := preemptionWarning(results, info.KVBlocks, info.BlockSize); w != "" {
+		fmt.Fprint(stderr, w)
+	}
 	return nil
 }
 
@@ -588,14 +591,37 @@ func (e *errReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// traceKVBlocks is the default KV capacity for a trace: the default, or
-// twice the largest request's blocks, whichever is larger.
+// traceKVBlocks is the default KV capacity for a trace: the default
+// scenario's 512k tokens per replica (what an 80 GB GPU holds for an 8B
+// model), or twice the largest request's blocks, whichever is larger. A
+// capacity sized from the trace alone makes every policy thrash on the
+// public traces, which is not what they measure.
 func traceKVBlocks(reqs []sim.Request) int {
 	largest := 0
 	for i := range reqs {
 		largest = max(largest, reqs[i].PromptTokens+reqs[i].OutputTokens)
 	}
-	return max(sim.DefaultKVBlocks, 2*((largest+sim.DefaultBlockSize-1)/sim.DefaultBlockSize))
+	return max(sim.DefaultScenarioKVBlocks, 2*((largest+sim.DefaultBlockSize-1)/sim.DefaultBlockSize))
+}
+
+// preemptionWarning returns a warning naming the policies whose replicas
+// preempted more than one request in a hundred, or "" if none did: the KV
+// cache is then too small for the load, and the run measures recomputation
+// more than routing.
+func preemptionWarning(results []*sim.Result, kvBlocks, blockSize int) string {
+	var names []string
+	worst := 0.0
+	for _, r := range results {
+		if r.Requests > 0 && r.Preemptions*100 > r.Requests {
+			names = append(names, r.Policy)
+			worst = max(worst, float64(r.Preemptions)/float64(r.Requests))
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("llmlb-sim: warning: preemptions exceed 1%% of requests (up to %.0f%%) under %s: %d blocks of %d tokens per replica are too few for this load; raise -kv-blocks\n",
+		100*worst, strings.Join(names, ", "), kvBlocks, blockSize)
 }
 
 // output is the destination of -json or -svg: standard output for "-",

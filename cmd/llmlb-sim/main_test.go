@@ -531,3 +531,51 @@ func TestRunShare(t *testing.T) {
 		t.Errorf("header does not describe the sharing:\n%s", out.String())
 	}
 }
+
+// A trace replay without -kv-blocks gets the default scenario's 512k
+// tokens per replica, not a capacity sized from the trace.
+func TestRunTraceDefaultKV(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "t.jsonl")
+	var b strings.Builder
+	for i := range 20 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 600, "output_length": 20, "hash_ids": [%d, %d]}`+"\n", i*100, i%3, 100+i)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-trace", path, "-policies", "p2c"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if want := fmt.Sprintf("KV %d blocks", sim.DefaultScenarioKVBlocks); !strings.Contains(out.String(), want) {
+		t.Errorf("header lacks %q:\n%s", want, out.String())
+	}
+}
+
+// A run whose replicas preempt more than 1% of its requests is warned
+// about, naming the policies; one that preempts fewer is not.
+func TestPreemptionWarning(t *testing.T) {
+	rs := []*sim.Result{
+		{Policy: "a", Requests: 1000, Preemptions: 10},
+		{Policy: "b", Requests: 1000, Preemptions: 11},
+		{Policy: "c", Requests: 1000, Preemptions: 300},
+	}
+	got := preemptionWarning(rs, 512, 16)
+	want := "llmlb-sim: warning: preemptions exceed 1% of requests (up to 30%) under b, c: 512 blocks of 16 tokens per replica are too few for this load; raise -kv-blocks\n"
+	if got != want {
+		t.Errorf("warning = %q, want %q", got, want)
+	}
+	if got := preemptionWarning(rs[:1], 512, 16); got != "" {
+		t.Errorf("warning at 1%% = %q, want none", got)
+	}
+
+	// End to end: a tiny cache under the prefixes scenario preempts.
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-scenario", "prefixes", "-kv-blocks", "200", "-requests", "400", "-policies", "round-robin"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "warning: preemptions exceed 1% of requests") {
+		t.Errorf("no preemption warning:\n%s\n%s", errb.String(), out.String())
+	}
+}
