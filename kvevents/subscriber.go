@@ -167,16 +167,36 @@ type Subscriber struct {
 	mu      sync.Mutex // protects the fields below
 	want    map[string]Endpoint
 	workers map[string]*worker
+
+	// sink, for a Relay's subscriber (which has no Index), receives each
+	// endpoint's batches in order, and a nil payload where the endpoint's
+	// blocks are to be cleared; it is called from the endpoint's goroutine.
+	sink func(key string, seq int64, payload []byte)
 }
 
 // NewSubscriber returns a Subscriber for cfg, or an error wrapping
 // [ErrInvalidConfig].
 func NewSubscriber(cfg Config) (*Subscriber, error) {
+	if err := checkIndex(&cfg); err != nil {
+		return nil, err
+	}
+	return newSubscriber(cfg)
+}
+
+// checkIndex checks cfg's Index and Hasher.
+func checkIndex(cfg *Config) error {
 	switch {
 	case cfg.Index == nil || cfg.Hasher == nil:
-		return nil, fmt.Errorf("%w: Index and Hasher are required", ErrInvalidConfig)
+		return fmt.Errorf("%w: Index and Hasher are required", ErrInvalidConfig)
 	case cfg.Hasher.BlockTokens() != cfg.Index.BlockSize():
-		return nil, fmt.Errorf("%w: Hasher block of %d tokens, Index block size %d", ErrInvalidConfig, cfg.Hasher.BlockTokens(), cfg.Index.BlockSize())
+		return fmt.Errorf("%w: Hasher block of %d tokens, Index block size %d", ErrInvalidConfig, cfg.Hasher.BlockTokens(), cfg.Index.BlockSize())
+	}
+	return nil
+}
+
+// newSubscriber checks and completes the rest of cfg.
+func newSubscriber(cfg Config) (*Subscriber, error) {
+	switch {
 	case cfg.MaxBlocks < 0 || cfg.MaxBlocks > maxMaxBlocks:
 		return nil, fmt.Errorf("%w: MaxBlocks %d out of range [0, %d]", ErrInvalidConfig, cfg.MaxBlocks, maxMaxBlocks)
 	case cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 || cfg.ReplayTimeout < 0:
@@ -281,7 +301,7 @@ func (s *Subscriber) reconcile(ctx context.Context) {
 	s.mu.Unlock()
 	for _, w := range stop {
 		w.stop()
-		s.cfg.Index.RemoveEndpoint(w.key)
+		s.drop(w.key)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -307,8 +327,18 @@ func (s *Subscriber) stopAll() {
 	}
 	for _, w := range ws {
 		<-w.done
-		s.cfg.Index.RemoveEndpoint(w.key)
+		s.drop(w.key)
 	}
+}
+
+// drop removes the blocks of an endpoint no longer followed from the
+// index, or tells the relay's followers to.
+func (s *Subscriber) drop(key string) {
+	if s.cfg.Index != nil {
+		s.cfg.Index.RemoveEndpoint(key)
+		return
+	}
+	s.sink(key, -1, nil)
 }
 
 // jitter returns a wait drawn uniformly from [d/2, d).

@@ -43,7 +43,9 @@ type worker struct {
 func (s *Subscriber) newWorker(key string, ep Endpoint) *worker {
 	w := &worker{s: s, key: key, ep: ep, last: -1, done: make(chan struct{})}
 	w.stats.seq.Store(-1)
-	w.tr = newTranslator(key, s.cfg.Index, s.cfg.Hasher, ep.Salt, s.cfg.MaxBlocks, &w.stats)
+	if s.cfg.Index != nil { // a Relay's subscriber indexes nothing
+		w.tr = newTranslator(key, s.cfg.Index, s.cfg.Hasher, ep.Salt, s.cfg.MaxBlocks, &w.stats)
+	}
 	return w
 }
 
@@ -166,16 +168,32 @@ func (w *worker) receive(ctx context.Context, seq int64, payload []byte) {
 
 // reset clears the endpoint's blocks and forgets the sequence.
 func (w *worker) reset() {
-	w.tr.clear()
+	w.clear()
 	w.last = -1
 }
 
-// apply decodes and applies batch seq.
+// clear drops the endpoint's blocks, or tells the relay's followers to.
+func (w *worker) clear() {
+	if w.tr != nil {
+		w.tr.clear()
+		return
+	}
+	w.stats.cleared.Add(1)
+	w.s.sink(w.key, -1, nil)
+}
+
+// apply decodes and applies batch seq, or forwards it to the relay's
+// followers.
 func (w *worker) apply(seq int64, payload []byte) {
 	w.last, w.lastSum = seq, xxhash.Sum64(payload)
 	w.stats.seq.Store(seq)
 	if err := DecodeBatch(&w.batch, payload); err != nil {
 		w.malformed(fmt.Errorf("kvevents: batch %d: %w", seq, err))
+		return
+	}
+	if w.tr == nil {
+		w.stats.batches.Add(1)
+		w.s.sink(w.key, seq, payload)
 		return
 	}
 	w.tr.apply(&w.batch)
@@ -186,7 +204,7 @@ func (w *worker) apply(seq int64, payload []byte) {
 func (w *worker) malformed(err error) {
 	w.stats.malformed.Add(1)
 	w.report(err)
-	w.tr.clear()
+	w.clear()
 }
 
 var errRestarted = errors.New("the engine restarted")
