@@ -83,6 +83,19 @@
 // A [Publisher] speaks the same protocol from Go: cmd/llmlb-engine uses it
 // to publish its emulated engines' events (-kv-events-port).
 //
+// # Over NATS
+//
+// With many router replicas, a [Relay] lets one subscription per engine
+// serve them all: it follows the engines over ZMQ as a Subscriber does and
+// publishes each batch on a NATS subject, in order, with the endpoint key
+// and the engine's sequence number, and a clear wherever a Subscriber would
+// drop the endpoint's blocks. Each router runs a [Follower], which
+// translates the batches into its own index with its own hasher. NATS
+// delivers at most once and cannot replay, so a Follower drops an
+// endpoint's blocks on a gap in its sequence (the blocks stored after it
+// are indexed again) and knows nothing of the blocks stored before it
+// started until they are stored again.
+//
 // # Concurrency and resources
 //
 // Subscriber and Publisher methods are safe for concurrent use. Creating

@@ -72,6 +72,8 @@ type options struct {
 	kvReplay      []string // replay address of each, or none
 	model         string   // the model the engines serve, which salts the events' blocks
 	share         *share.Config
+	kvRelay       bool // relay the -kv-events engines' events onto NATS
+	kvFromNATS    bool // follow the engines' events relayed on NATS
 }
 
 func main() {
@@ -101,6 +103,8 @@ func run(args []string) error {
 	shareSubject := fs.String("share-subject", share.DefaultSubject, "with -nats: the subject this gateway's replicas share on")
 	shareID := fs.String("share-id", "", "with -nats: this replica's name among its peers (default: random)")
 	shareInterval := fs.Duration("share-interval", share.DefaultInterval, "with -nats: the time between two batches of shared state")
+	fs.BoolVar(&o.kvRelay, "kv-relay", false, "with -nats and -kv-events: publish the engines' KV events on NATS for the replicas started with -kv-events-nats (this one follows them from NATS too)")
+	fs.BoolVar(&o.kvFromNATS, "kv-events-nats", false, "with -nats: follow the engines' KV events that a replica started with -kv-relay publishes on NATS")
 	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
 	requests := fs.Int("requests", 400, "demo: requests per policy")
 	rate := fs.Float64("rate", 70, "demo: arrivals per second")
@@ -131,6 +135,14 @@ func run(args []string) error {
 			}
 		}
 	}
+	switch {
+	case (o.kvRelay || o.kvFromNATS) && *natsURL == "":
+		return errors.New("-kv-relay and -kv-events-nats need -nats")
+	case o.kvRelay && len(o.kvEvents) == 0:
+		return errors.New("-kv-relay needs -kv-events")
+	case o.kvFromNATS && len(o.kvEvents) > 0:
+		return errors.New("-kv-events-nats follows the events from NATS: give -kv-events to the replica with -kv-relay only")
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if *natsURL != "" {
@@ -158,12 +170,19 @@ func run(args []string) error {
 		return err
 	}
 
-	g, sub, err := newGateway(strings.Split(*backends, ","), o, metrics)
+	g, events, err := newGateway(strings.Split(*backends, ","), o, metrics)
 	if err != nil {
 		return err
 	}
-	if sub != nil {
-		go sub.Run(ctx)
+	for _, r := range events {
+		go r.Run(ctx)
+	}
+	switch {
+	case o.kvRelay:
+		o.log.Info("relaying the engines' KV events onto NATS and following them there", "publishers", strings.Join(o.kvEvents, ","))
+	case o.kvFromNATS:
+		o.log.Info("following the engines' KV events relayed on NATS")
+	case len(o.kvEvents) > 0:
 		o.log.Info("following the engines' KV events", "publishers", strings.Join(o.kvEvents, ","))
 	}
 	l, err := net.Listen("tcp", *listen)
@@ -204,19 +223,32 @@ func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Polic
 	return nil, fmt.Errorf("unknown policy %q", name)
 }
 
-// newGateway builds the gateway and, with o.kvEvents, the subscriber to the
-// engines' KV events, which the caller runs; metrics may be nil.
-func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gateway.Gateway, *kvevents.Subscriber, error) {
+// runner is a background task of the gateway.
+type runner interface{ Run(context.Context) error }
+
+// newGateway builds the gateway and, with KV events, what follows them (a
+// Subscriber; or a Relay and a Follower; or a Follower), which the caller
+// runs; metrics may be nil.
+func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gateway.Gateway, []runner, error) {
 	ix, err := prefix.NewIndex(prefix.IndexConfig{})
 	if err != nil {
 		return nil, nil, err
 	}
 	var (
-		events *prefix.Index
-		sub    *kvevents.Subscriber
-		parser httplb.ParserConfig
+		events  *prefix.Index
+		runners []runner
+		parser  httplb.ParserConfig
 	)
-	if len(o.kvEvents) > 0 {
+	keys := make([]string, len(backends))
+	for i, b := range backends {
+		hep, err := httplb.NewEndpoint(b)
+		if err != nil {
+			return nil, nil, err
+		}
+		keys[i] = hep.Key()
+	}
+	onError := func(key string, err error) { o.log.Warn("gateway: KV events", "endpoint", key, "error", err) }
+	if len(o.kvEvents) > 0 || o.kvFromNATS {
 		// The engines' blocks are hashed from their token IDs, so the
 		// gateway hashes prompts from token IDs too: here with the emulated
 		// engines' tokenizer; in front of vLLM or SGLang, with the model's.
@@ -228,26 +260,48 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		if events, err = prefix.NewIndex(prefix.IndexConfig{EventsOnly: true}); err != nil {
 			return nil, nil, err
 		}
-		sub, err = kvevents.NewSubscriber(kvevents.Config{Index: events, Hasher: hasher, OnError: func(key string, err error) {
-			o.log.Warn("gateway: KV events", "endpoint", key, "error", err)
-		}})
-		if err != nil {
-			return nil, nil, err
-		}
-		eps := make(map[string]kvevents.Endpoint, len(backends))
-		for i, b := range backends {
-			ep := kvevents.Endpoint{PubAddr: o.kvEvents[i], Topic: "kv-events", Salt: prefix.Salt{Model: o.model}}
+		cfg := kvevents.Config{Index: events, Hasher: hasher, OnError: onError}
+		eps := make(map[string]kvevents.Endpoint, len(o.kvEvents))
+		for i, ev := range o.kvEvents {
+			ep := kvevents.Endpoint{PubAddr: ev, Topic: "kv-events", Salt: prefix.Salt{Model: o.model}}
 			if len(o.kvReplay) > 0 {
 				ep.ReplayAddr = o.kvReplay[i]
 			}
-			hep, err := httplb.NewEndpoint(b)
+			eps[keys[i]] = ep
+		}
+		switch {
+		case o.kvRelay || o.kvFromNATS:
+			if o.kvRelay {
+				relay, err := kvevents.NewRelay(kvevents.RelayConfig{Config: kvevents.Config{OnError: onError}, Conn: o.share.Conn})
+				if err != nil {
+					return nil, nil, err
+				}
+				if err := relay.SetEndpoints(eps); err != nil {
+					return nil, nil, err
+				}
+				runners = append(runners, relay)
+			}
+			f, err := kvevents.NewFollower(kvevents.FollowerConfig{Config: cfg, Conn: o.share.Conn})
 			if err != nil {
 				return nil, nil, err
 			}
-			eps[hep.Key()] = ep
-		}
-		if err := sub.SetEndpoints(eps); err != nil {
-			return nil, nil, err
+			salts := make(map[string]prefix.Salt, len(keys))
+			for _, k := range keys {
+				salts[k] = prefix.Salt{Model: o.model}
+			}
+			if err := f.SetEndpoints(salts); err != nil {
+				return nil, nil, err
+			}
+			runners = append(runners, f)
+		default:
+			sub, err := kvevents.NewSubscriber(cfg)
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := sub.SetEndpoints(eps); err != nil {
+				return nil, nil, err
+			}
+			runners = append(runners, sub)
 		}
 	}
 	policy, err := policyByName(o.policy, o.slots, ix, events)
@@ -277,7 +331,7 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 			return nil, nil, err
 		}
 	}
-	return g, sub, nil
+	return g, runners, nil
 }
 
 // serve serves the gateway on l, scraping and sweeping ejections meanwhile,
