@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/signals"
 )
@@ -33,6 +34,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		a.release = rel
 	}
+	if t.queue != nil {
+		if err := a.admitFair(ctx); err != nil {
+			a.release()
+			return nil, err
+		}
+	}
 	t.budget.Start()
 	var resp *http.Response
 	if t.hedge > 0 {
@@ -46,6 +53,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// The caller's response: its end also releases the admission slot.
 	b := resp.Body.(*body)
+	a.meterOutput(resp, b)
 	inner := b.finish
 	b.finish = func(err error) {
 		inner(err)
@@ -59,9 +67,10 @@ type attempt struct {
 	t        *Transport
 	req      *http.Request // the parsed request, with a re-readable body
 	lreq     llmlb.Request
-	tried    []string // endpoints picked so far
-	release  func()   // admission
-	n        int      // attempts sent
+	tried    []string     // endpoints picked so far
+	release  func()       // admission caps and fair queue
+	ticket   *fair.Ticket // the fair queue's admission, if any
+	n        int          // attempts sent
 	prevWait time.Duration
 
 	// committed is set by the attempt that commits: the first to receive

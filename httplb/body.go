@@ -22,6 +22,9 @@ type body struct {
 	buf    []byte // held-back bytes not yet returned
 	finish func(err error)
 	done   atomic.Bool
+	// onRead, if set, sees every byte returned by Read, in order, on the
+	// reading goroutine.
+	onRead func(p []byte)
 }
 
 // Read implements io.Reader.
@@ -29,9 +32,15 @@ func (b *body) Read(p []byte) (int, error) {
 	if len(b.buf) > 0 {
 		n := copy(p, b.buf)
 		b.buf = b.buf[n:]
+		if b.onRead != nil {
+			b.onRead(p[:n])
+		}
 		return n, nil
 	}
 	n, err := b.rc.Read(p)
+	if n > 0 && b.onRead != nil {
+		b.onRead(p[:n])
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			b.end(nil)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/signals"
 )
@@ -66,6 +67,26 @@ type Config struct {
 	// session (the affinity key); a refused request fails at once with a
 	// [*retry.OverloadError].
 	Admission *retry.Admission
+	// Queue, if set, admits each request through a token-fair queue after
+	// the Admission caps (which therefore count the requests waiting in it
+	// too): the request waits while the queue's capacity is used, and fails
+	// with a [*retry.OverloadError] (a 429 from the proxy's error handler)
+	// when the queue is full or the request's deadline passes. Its principal
+	// is the request's tenant, or, with no tenant, its session key prefixed
+	// with "session:" (sessions are chosen by clients, so set a tenant where
+	// clients are not trusted), or else "". Its prompt tokens are charged at
+	// admission; output tokens are charged as the response body is read,
+	// one per event of a server-sent event stream, or one per
+	// [BytesPerToken] bytes of any other 2xx body; the ticket is released
+	// when the body ends. See package fair.
+	Queue *fair.Queue
+	// TrustClassHeader, if not "", names a request header whose value,
+	// "interactive", "standard" or "batch", is the request's priority class
+	// in Queue; a missing or other value means standard. Anyone who can set
+	// this header chooses their priority, so name one only when every
+	// request passes through a component that sets or removes it. "" reads
+	// no header: every request is standard. It requires Queue.
+	TrustClassHeader string
 	// Reporter, if set, is told how every attempt ended, for example a
 	// [*retry.Ejector].
 	Reporter retry.Reporter
@@ -125,7 +146,8 @@ type Config struct {
 // streamed, and accounts for it until its response body ends.
 //
 // For each request it parses the body (see [Parser.Parse]), asks the admission
-// caps, and then, per attempt: picks an endpoint excluding the ones already
+// caps, waits for the fair queue if there is one ([Config.Queue]), and then,
+// per attempt: picks an endpoint excluding the ones already
 // tried, rewrites the URL to it and sends the request with the base
 // transport. A connection error, a retryable status (by default 408, 429 and
 // 5xx but 501) or an error before the first event of a 2xx stream is retried
@@ -172,6 +194,8 @@ type Transport struct {
 	classify  func(error) bool
 	pushLimit time.Duration
 	adm       *retry.Admission
+	queue     *fair.Queue
+	classHdr  string // Config.TrustClassHeader
 	reporter  retry.Reporter
 	obs       retry.Observer
 	store     *signals.Store
@@ -197,6 +221,9 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if cfg.MaxAttempts < 0 || cfg.MaxPushback < 0 || cfg.MaxPeekBytes < 0 || cfg.HedgeDelay < 0 || cfg.MaxHedges < 0 || cfg.FirstEventTimeout < 0 {
 		return nil, configErrorf("negative MaxAttempts, MaxPushback, MaxPeekBytes, HedgeDelay, MaxHedges or FirstEventTimeout")
 	}
+	if cfg.TrustClassHeader != "" && cfg.Queue == nil {
+		return nil, configErrorf("TrustClassHeader without a Queue")
+	}
 	t := &Transport{
 		b:         cfg.Balancer,
 		base:      cfg.Base,
@@ -209,6 +236,8 @@ func NewTransport(cfg Config) (*Transport, error) {
 		classify:  cfg.Classify,
 		pushLimit: cfg.MaxPushback,
 		adm:       cfg.Admission,
+		queue:     cfg.Queue,
+		classHdr:  cfg.TrustClassHeader,
 		reporter:  cfg.Reporter,
 		store:     cfg.Store,
 		peek:      cfg.MaxPeekBytes,

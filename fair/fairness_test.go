@@ -1,0 +1,212 @@
+package fair
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// contention runs a closed-loop workload in steps: K requests in flight, a
+// heavy principal keeping heavyDepth requests waiting and each light one
+// keeping one; every request has a 100-token prompt and streams 50 output
+// tokens, 10 a step. principalOf maps a workload principal to the queue's
+// principal. It returns the weighted service (prompt + 2 x output tokens)
+// each workload principal received.
+func contention(t *testing.T, principalOf func(string) string, steps int) map[string]float64 {
+	t.Helper()
+	const (
+		k          = 4
+		heavyDepth = 20
+		prompt     = 100
+		output     = 50
+		perStep    = 10
+	)
+	q, _ := newTestQueue(t, Config{MaxInFlight: k, MaxWaiting: 100})
+	names := []string{"heavy", "light1", "light2", "light3"}
+	depth := map[string]int{"heavy": heavyDepth, "light1": 1, "light2": 1, "light3": 1}
+	type req struct {
+		who string
+		tk  *Ticket
+		out int
+	}
+	var all []*req
+	service := map[string]float64{}
+	waiting := map[string]int{}
+	refill := func() {
+		for _, who := range names {
+			for waiting[who] < depth[who] {
+				tk, err := q.push(Request{Principal: principalOf(who), PromptTokens: prompt})
+				if err != nil {
+					t.Fatal(err)
+				}
+				all = append(all, &req{who: who, tk: tk})
+				waiting[who]++
+			}
+		}
+	}
+	seen := map[*req]bool{}
+	account := func() {
+		for _, r := range all {
+			if !seen[r] && r.tk.stateNow() != stateQueued {
+				seen[r] = true
+				waiting[r.who]--
+				service[r.who] += prompt
+			}
+		}
+	}
+	refill()
+	account()
+	refill()
+	for range steps {
+		var live []*req
+		for _, r := range all {
+			switch r.tk.stateNow() {
+			case stateAdmitted:
+				r.tk.Charge(perStep)
+				r.out += perStep
+				service[r.who] += 2 * perStep
+				if r.out >= output {
+					r.tk.Done()
+					continue
+				}
+			case stateDone:
+				continue
+			}
+			live = append(live, r)
+		}
+		all = live
+		account()
+		refill()
+		mustCheck(t, q)
+	}
+	return service
+}
+
+// Under contention VTC gives each backlogged principal the same service
+// within a bound, however many requests the heavy one queues; FIFO (every
+// request under one principal) gives the heavy one a share proportional to
+// its queue.
+func TestFairnessHeavyVersusLight(t *testing.T) {
+	const steps = 4000
+	const perRequest = 100 + 2*50 // U: the most one request is charged
+	vtc := contention(t, func(p string) string { return p }, steps)
+	fifo := contention(t, func(string) string { return "" }, steps)
+	total := func(m map[string]float64) float64 {
+		s := 0.0
+		for _, v := range m {
+			s += v
+		}
+		return s
+	}
+	t.Logf("VTC  service: %v", fmtShares(vtc))
+	t.Logf("FIFO service: %v", fmtShares(fifo))
+
+	// VTC: every principal is within (K+1)*U of the fair share. A principal
+	// is admitted only while its counter is the least of those waiting, is
+	// charged at most U per admission, and has at most K requests in flight
+	// whose output is still to be charged.
+	fair := total(vtc) / 4
+	bound := float64(4+1) * perRequest
+	for who, s := range vtc {
+		if d := s - fair; d > bound || d < -bound {
+			t.Errorf("VTC: %s served %.0f, fair share %.0f, off by more than %.0f", who, s, fair, bound)
+		}
+	}
+	// FIFO: the light principals get about 1/23 of the service each, less
+	// than half their fair share.
+	fairFIFO := total(fifo) / 4
+	for _, who := range []string{"light1", "light2", "light3"} {
+		if fifo[who] > fairFIFO/2 {
+			t.Errorf("FIFO: %s served %.0f, expected under half the fair share %.0f", who, fifo[who], fairFIFO)
+		}
+	}
+	if fifo["heavy"] < 2*fairFIFO {
+		t.Errorf("FIFO: heavy served %.0f, expected over twice the fair share %.0f", fifo["heavy"], fairFIFO)
+	}
+}
+
+func fmtShares(m map[string]float64) string {
+	s := 0.0
+	for _, v := range m {
+		s += v
+	}
+	out := ""
+	for _, who := range []string{"heavy", "light1", "light2", "light3"} {
+		out += fmt.Sprintf("%s=%.1f%% ", who, 100*m[who]/s)
+	}
+	return out
+}
+
+// A lower class never starves: with Interactive requests saturating the
+// queue, a Batch waiter is admitted within 2 aging intervals (plus one
+// release), a Standard one within 1; without aging neither gets in.
+func TestAgingPreventsStarvation(t *testing.T) {
+	const (
+		aging = time.Second
+		step  = 100 * time.Millisecond
+	)
+	run := func(agingInterval time.Duration, class Class, horizon time.Duration) (time.Duration, bool) {
+		q, clk := newTestQueue(t, Config{MaxInFlight: 2, AgingInterval: agingInterval})
+		var live []*Ticket
+		refill := func() {
+			queued := map[string]int{}
+			for _, tk := range live {
+				if tk.stateNow() == stateQueued {
+					queued[tk.p.key]++
+				}
+			}
+			for _, p := range []string{"i1", "i2"} {
+				for range 3 - queued[p] {
+					tk, err := q.push(Request{Principal: p, Class: Interactive, PromptTokens: 10})
+					if err != nil {
+						t.Fatal(err)
+					}
+					live = append(live, tk)
+				}
+			}
+		}
+		refill()
+		start := clk.Now()
+		low, err := q.push(Request{Principal: "b", Class: class, PromptTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for clk.Now().Sub(start) < horizon {
+			clk.Advance(step)
+			var running, next []*Ticket
+			for _, tk := range live {
+				switch tk.stateNow() {
+				case stateAdmitted:
+					running = append(running, tk)
+				case stateQueued:
+					next = append(next, tk)
+				}
+			}
+			for _, tk := range running {
+				tk.Done() // every request lasts one step
+			}
+			live = next
+			switch low.stateNow() {
+			case stateAdmitted:
+				return clk.Now().Sub(start), true
+			case stateRefused:
+				t.Fatalf("%v waiter refused: %v", class, low.err)
+			}
+			refill() // Interactive demand never lets up
+		}
+		return horizon, false
+	}
+	for _, tc := range []struct {
+		class Class
+		bound time.Duration
+	}{{Batch, 2*aging + step}, {Standard, aging + step}} {
+		waited, ok := run(aging, tc.class, time.Minute)
+		if !ok || waited > tc.bound {
+			t.Errorf("%v waited %v (admitted %v), bound %v", tc.class, waited, ok, tc.bound)
+		}
+		t.Logf("%v admitted after %v with aging", tc.class, waited)
+		if _, ok := run(-1, tc.class, time.Minute); ok {
+			t.Errorf("%v admitted without aging: the workload does not saturate", tc.class)
+		}
+	}
+}

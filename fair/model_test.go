@@ -1,0 +1,208 @@
+package fair
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+)
+
+// model is a reference implementation of the admission order, written for
+// clarity: every waiter in one slice, every choice by a full scan.
+type model struct {
+	maxInFlight int
+	maxTokens   int64
+	aging       time.Duration
+	counters    map[string]float64
+	last        string
+	hasLast     bool
+	waiters     []*mreq // in arrival order
+	inflight    []*mreq
+	tokens      int64
+}
+
+type mreq struct {
+	id        int
+	principal string
+	rank      int
+	prompt    int64
+	enq       time.Time
+	cost      float64
+	tokens    int64
+}
+
+func (m *model) fits(prompt int64) bool {
+	if m.maxInFlight > 0 && len(m.inflight) >= m.maxInFlight {
+		return false
+	}
+	return m.maxTokens == 0 || m.tokens == 0 || m.tokens+prompt <= m.maxTokens
+}
+
+func (m *model) waitingPrincipal(p string) bool {
+	for _, w := range m.waiters {
+		if w.principal == p {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *model) floor() float64 {
+	if len(m.waiters) == 0 {
+		if m.hasLast {
+			return m.counters[m.last]
+		}
+		return 0
+	}
+	f := math.Inf(1)
+	for _, w := range m.waiters {
+		f = min(f, m.counters[w.principal])
+	}
+	return f
+}
+
+func (m *model) admit(r *mreq) {
+	r.cost = float64(max(r.prompt, 1)) * DefaultInputWeight
+	m.counters[r.principal] += r.cost
+	r.tokens = r.prompt
+	m.tokens += r.prompt
+	m.inflight = append(m.inflight, r)
+	m.last, m.hasLast = r.principal, true
+}
+
+func (m *model) push(r *mreq) {
+	if len(m.waiters) == 0 && m.fits(r.prompt) {
+		m.counters[r.principal] = max(m.counters[r.principal], m.floor())
+		m.admit(r)
+		return
+	}
+	if !m.waitingPrincipal(r.principal) {
+		m.counters[r.principal] = max(m.counters[r.principal], m.floor())
+	}
+	m.waiters = append(m.waiters, r)
+	m.dispatch(r.enq)
+}
+
+func (m *model) effRank(r *mreq, now time.Time) int {
+	if m.aging <= 0 {
+		return r.rank
+	}
+	return max(r.rank-int(now.Sub(r.enq)/m.aging), 0)
+}
+
+func (m *model) dispatch(now time.Time) {
+	for len(m.waiters) > 0 {
+		bi := 0
+		for i, w := range m.waiters[1:] {
+			b := m.waiters[bi]
+			rw, rb := m.effRank(w, now), m.effRank(b, now)
+			cw, cb := m.counters[w.principal], m.counters[b.principal]
+			// The slice is in arrival order: ties keep the earlier one.
+			if rw < rb || rw == rb && cw < cb {
+				bi = i + 1
+			}
+		}
+		b := m.waiters[bi]
+		if !m.fits(b.prompt) {
+			return
+		}
+		m.waiters = append(m.waiters[:bi], m.waiters[bi+1:]...)
+		m.admit(b)
+	}
+}
+
+func (m *model) done(i int, now time.Time) {
+	r := m.inflight[i]
+	m.inflight = append(m.inflight[:i], m.inflight[i+1:]...)
+	m.tokens -= r.tokens
+	m.dispatch(now)
+}
+
+func (m *model) charge(i, n int) {
+	r := m.inflight[i]
+	m.counters[r.principal] += float64(n) * DefaultOutputWeight
+	r.tokens += int64(n)
+	m.tokens += int64(n)
+}
+
+func (m *model) cancel(i int, now time.Time) {
+	m.waiters = append(m.waiters[:i], m.waiters[i+1:]...)
+	m.dispatch(now)
+}
+
+// FuzzQueueMatchesModel drives a Queue and the reference model with the
+// same operations and checks that they admit the same requests and keep the
+// same counters.
+func FuzzQueueMatchesModel(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20})
+	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 9, 2, 0, 2, 0, 4, 1, 3, 5, 2, 0})
+	f.Add([]byte{0, 7, 0, 33, 0, 65, 0, 98, 1, 40, 2, 1, 0, 3, 3, 2, 2, 2, 4, 0, 2, 0, 2, 0})
+	f.Add([]byte("a long sequence of operations: admissions, releases, charges and cancellations"))
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		if len(ops) > 600 {
+			ops = ops[:600]
+		}
+		const aging = time.Second
+		q, clk := newTestQueue(t, Config{MaxInFlight: 3, MaxTokensInFlight: 120, MaxWaiting: 1000, AgingInterval: aging})
+		m := &model{maxInFlight: 3, maxTokens: 120, aging: aging, counters: map[string]float64{}}
+		tickets := map[int]*Ticket{}
+		next := 0
+		for i := 0; i+1 < len(ops); i += 2 {
+			op, arg := ops[i]%5, int(ops[i+1])
+			now := clk.Now()
+			switch op {
+			case 0: // arrival
+				r := Request{Principal: string(rune('a' + arg%4)), Class: Class(arg/4%3 - 1), PromptTokens: arg % 70}
+				tk, err := q.push(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				tickets[next] = tk
+				m.push(&mreq{id: next, principal: r.Principal, rank: r.Class.rank(), prompt: int64(r.PromptTokens), enq: now})
+				next++
+			case 1: // time passes
+				clk.Advance(time.Duration(arg) * 50 * time.Millisecond)
+			case 2: // a request ends
+				if len(m.inflight) == 0 {
+					continue
+				}
+				j := arg % len(m.inflight)
+				tickets[m.inflight[j].id].Done()
+				m.done(j, now)
+			case 3: // output streams
+				if len(m.inflight) == 0 {
+					continue
+				}
+				j := arg % len(m.inflight)
+				tickets[m.inflight[j].id].Charge(arg % 7)
+				m.charge(j, arg%7)
+			case 4: // a waiter gives up
+				if len(m.waiters) == 0 {
+					continue
+				}
+				j := arg % len(m.waiters)
+				q.abandon(tickets[m.waiters[j].id], context.Canceled)
+				m.cancel(j, now)
+			}
+			mustCheck(t, q)
+			for _, r := range m.inflight {
+				if !tickets[r.id].admitted() {
+					t.Fatalf("op %d: request %d admitted by the model, not by the queue", i/2, r.id)
+				}
+			}
+			for _, r := range m.waiters {
+				if s := tickets[r.id].stateNow(); s != stateQueued {
+					t.Fatalf("op %d: request %d waiting in the model, state %d in the queue", i/2, r.id, s)
+				}
+			}
+			for p, c := range m.counters {
+				if got, _ := q.counter(p); math.Abs(got-c) > 1e-9 {
+					t.Fatalf("op %d: counter of %q %v, model %v", i/2, p, got, c)
+				}
+			}
+			if s := q.Stats(); s.TokensInFlight != m.tokens || s.InFlight != len(m.inflight) || s.Waiting != len(m.waiters) {
+				t.Fatalf("op %d: stats %+v, model %d in flight, %d tokens, %d waiting", i/2, s, len(m.inflight), m.tokens, len(m.waiters))
+			}
+		}
+	})
+}

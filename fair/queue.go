@@ -1,0 +1,430 @@
+package fair
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/llmlb/llmlb/retry"
+)
+
+// Request is what the queue needs to know of a request.
+type Request struct {
+	// Principal is the tenant or session whose share the request uses;
+	// "" is a principal like any other.
+	Principal string
+	// Class is the request's priority class; the zero value is [Standard].
+	Class Class
+	// PromptTokens is the request's prompt length in tokens, charged at
+	// admission; a negative value counts as 0. Every admission is charged
+	// at least one token, so that a stream of empty prompts still moves
+	// its principal's counter.
+	PromptTokens int
+}
+
+// Stats is a snapshot of a queue's state.
+type Stats struct {
+	// InFlight is the number of requests admitted and not done.
+	InFlight int
+	// TokensInFlight is their prompt tokens plus the output tokens charged
+	// to them so far.
+	TokensInFlight int64
+	// Waiting is the number of requests waiting for admission.
+	Waiting int
+	// Principals is the number of principals tracked.
+	Principals int
+}
+
+// Queue is a bounded admission queue, token-fair across principals and
+// ordered by priority class with aging; see the package documentation.
+// Create one with [New]; the zero value is not usable.
+//
+// Admit, Stats and the methods of the tickets it returns are safe for
+// concurrent use. Each takes the queue's lock for a time linear in the
+// number of principals with requests waiting (at most MaxWaiting), and
+// constant when none wait.
+type Queue struct {
+	maxInFlight     int
+	maxTokens       int64
+	maxWaiting      int
+	maxPerPrincipal int
+	maxPrincipals   int
+	weight          func(string) float64
+	inW, outW       float64
+	aging           time.Duration // <= 0: no aging
+	retryAfter      time.Duration
+	clock           Clock
+
+	mu         sync.Mutex            // protects the fields below and every principal and ticket state
+	principals map[string]*principal // every principal tracked
+	idle       idleList              // principals with nothing waiting or in flight, most recent first
+	backlog    []*principal          // principals with requests waiting
+	last       *principal            // the principal admitted last: VTC's lifting level when nothing waits
+	seq        uint64                // arrivals so far
+	inflight   int
+	tokens     int64
+	waiting    int
+}
+
+// New returns a queue configured by cfg, or an error wrapping
+// [ErrInvalidConfig] for a negative cap or bound, or a weight that is
+// negative, NaN or infinite.
+func New(cfg Config) (*Queue, error) {
+	switch {
+	case cfg.MaxInFlight < 0:
+		return nil, invalidf("MaxInFlight %d is negative", cfg.MaxInFlight)
+	case cfg.MaxTokensInFlight < 0:
+		return nil, invalidf("MaxTokensInFlight %d is negative", cfg.MaxTokensInFlight)
+	case cfg.MaxWaiting < 0:
+		return nil, invalidf("MaxWaiting %d is negative", cfg.MaxWaiting)
+	case cfg.MaxWaitingPerPrincipal < 0:
+		return nil, invalidf("MaxWaitingPerPrincipal %d is negative", cfg.MaxWaitingPerPrincipal)
+	case cfg.MaxPrincipals < 0:
+		return nil, invalidf("MaxPrincipals %d is negative", cfg.MaxPrincipals)
+	case cfg.InputWeight != 0 && !validWeight(cfg.InputWeight):
+		return nil, invalidf("InputWeight %v is not a positive finite number", cfg.InputWeight)
+	case cfg.OutputWeight != 0 && !validWeight(cfg.OutputWeight):
+		return nil, invalidf("OutputWeight %v is not a positive finite number", cfg.OutputWeight)
+	case cfg.RetryAfter < 0:
+		return nil, invalidf("RetryAfter %v is negative", cfg.RetryAfter)
+	}
+	q := &Queue{
+		maxInFlight:     cfg.MaxInFlight,
+		maxTokens:       cfg.MaxTokensInFlight,
+		maxWaiting:      cfg.MaxWaiting,
+		maxPerPrincipal: cfg.MaxWaitingPerPrincipal,
+		maxPrincipals:   cfg.MaxPrincipals,
+		weight:          cfg.Weight,
+		inW:             cfg.InputWeight,
+		outW:            cfg.OutputWeight,
+		aging:           cfg.AgingInterval,
+		retryAfter:      cfg.RetryAfter,
+		clock:           cfg.Clock,
+		principals:      make(map[string]*principal),
+	}
+	if q.maxWaiting == 0 {
+		q.maxWaiting = DefaultMaxWaiting
+	}
+	if q.maxPrincipals == 0 {
+		q.maxPrincipals = DefaultMaxPrincipals
+	}
+	if q.inW == 0 {
+		q.inW = DefaultInputWeight
+	}
+	if q.outW == 0 {
+		q.outW = DefaultOutputWeight
+	}
+	if q.aging == 0 {
+		q.aging = DefaultAgingInterval
+	}
+	if q.retryAfter == 0 {
+		q.retryAfter = DefaultRetryAfter
+	}
+	if q.clock == nil {
+		q.clock = systemClock{}
+	}
+	return q, nil
+}
+
+// Admit admits r, waiting if the queue's capacity is used, and returns its
+// ticket, whose Done the caller must call when the request ends.
+//
+// It returns at once with a [*retry.OverloadError] (errors.Is
+// [retry.ErrOverloaded]) when r would wait and MaxWaiting or
+// MaxWaitingPerPrincipal is reached, or when ctx's deadline has passed. A
+// waiting request fails with one when it is shed for a more urgent request
+// or when ctx's deadline passes (the error then also matches
+// [context.DeadlineExceeded]). The error's Scope is "principal" when
+// MaxWaitingPerPrincipal is reached and "queue" otherwise. If ctx is
+// cancelled, it returns an error
+// wrapping ctx.Err(). A request that fails leaves the queue with nothing
+// charged to its principal and nothing held.
+func (q *Queue) Admit(ctx context.Context, r Request) (*Ticket, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, q.leaveError(err)
+	}
+	w := 1.0
+	if q.weight != nil {
+		if v := q.weight(r.Principal); validWeight(v) {
+			w = v
+		}
+	}
+	deadline, _ := ctx.Deadline()
+	t, admitted, err := q.enter(r, w, deadline)
+	if err != nil || admitted {
+		return t, err
+	}
+	select {
+	case <-t.ready:
+		// t.err was set before ready was closed.
+		if t.err != nil {
+			return nil, t.err
+		}
+		return t, nil
+	case <-ctx.Done():
+		return nil, q.abandon(t, ctx.Err())
+	}
+}
+
+// enter admits r at once or queues it. It returns the ticket, whether it is
+// admitted, or an error if r is refused.
+func (q *Queue) enter(r Request, weight float64, deadline time.Time) (*Ticket, bool, error) {
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !deadline.IsZero() && !now.Before(deadline) {
+		return nil, false, q.overload("queue", "deadline passed before admission", context.DeadlineExceeded)
+	}
+	p := q.principalLocked(r.Principal, weight)
+	t := &Ticket{
+		q:      q,
+		p:      p,
+		rank:   r.Class.rank(),
+		prompt: int64(max(r.PromptTokens, 0)),
+	}
+	if q.waiting == 0 && q.fitsLocked(t.prompt) {
+		// Nothing waits: the request enters and leaves the backlog at once,
+		// lifted like any newcomer.
+		p.counter = max(p.counter, q.floorLocked())
+		q.admitLocked(t)
+		return t, true, nil
+	}
+	if q.maxPerPrincipal > 0 && p.waiting >= q.maxPerPrincipal {
+		q.settleLocked(p)
+		return nil, false, q.overload("principal", "too many requests of the principal waiting", nil)
+	}
+	if q.waiting >= q.maxWaiting && !q.shedLocked(t.rank) {
+		q.settleLocked(p)
+		return nil, false, q.overload("queue", "queue full", nil)
+	}
+	q.seq++
+	t.seq, t.enq, t.deadline = q.seq, now, deadline
+	t.ready = make(chan struct{})
+	q.pushLocked(t)
+	q.dispatchLocked(now)
+	return t, t.state == stateAdmitted, nil
+}
+
+// abandon takes t, whose caller's context ended with cause, out of the
+// queue, or gives back its admission if it was admitted meanwhile.
+func (q *Queue) abandon(t *Ticket, cause error) error {
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch t.state {
+	case stateRefused:
+		return t.err
+	case stateQueued:
+		q.unlinkLocked(t)
+		t.state = stateDone
+		q.settleLocked(t.p)
+	case stateAdmitted:
+		// Admitted as the context ended: nobody will use it. Refund the
+		// charge, so that the principal loses nothing.
+		t.p.counter = max(t.p.counter-t.cost, 0)
+		q.releaseLocked(t)
+	}
+	// Its leaving may let the waiters behind it in.
+	q.dispatchLocked(now)
+	return q.leaveError(cause)
+}
+
+func (q *Queue) leaveError(cause error) error {
+	if errors.Is(cause, context.DeadlineExceeded) {
+		return q.overload("queue", "deadline passed while waiting", cause)
+	}
+	return fmt.Errorf("fair: left the queue: %w", cause)
+}
+
+// overload returns a refusal: a *retry.OverloadError of scope, wrapped with
+// what happened and with cause if not nil.
+func (q *Queue) overload(scope, what string, cause error) error {
+	oe := &retry.OverloadError{Scope: scope, RetryAfter: q.retryAfter}
+	if cause != nil {
+		return fmt.Errorf("fair: %s: %w: %w", what, oe, cause)
+	}
+	return fmt.Errorf("fair: %s: %w", what, oe)
+}
+
+// Stats returns a snapshot of the queue's state.
+func (q *Queue) Stats() Stats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return Stats{InFlight: q.inflight, TokensInFlight: q.tokens, Waiting: q.waiting, Principals: len(q.principals)}
+}
+
+// fitsLocked reports whether a request of prompt tokens may be admitted now.
+func (q *Queue) fitsLocked(prompt int64) bool {
+	if q.maxInFlight > 0 && q.inflight >= q.maxInFlight {
+		return false
+	}
+	return q.maxTokens == 0 || q.tokens == 0 || q.tokens+prompt <= q.maxTokens
+}
+
+// floorLocked is the level a principal's counter is lifted to when it starts
+// waiting: the least counter of the principals waiting, or, when none waits,
+// the counter of the principal admitted last.
+func (q *Queue) floorLocked() float64 {
+	if len(q.backlog) == 0 {
+		if q.last != nil {
+			return q.last.counter
+		}
+		return 0
+	}
+	m := math.Inf(1)
+	for _, p := range q.backlog {
+		m = min(m, p.counter)
+	}
+	return m
+}
+
+// admitLocked admits t, which is not queued, and charges its prompt.
+func (q *Queue) admitLocked(t *Ticket) {
+	p := t.p
+	t.cost = float64(max(t.prompt, 1)) * q.inW / p.weight
+	p.counter += t.cost
+	p.inflight++
+	t.tokens = t.prompt
+	q.inflight++
+	q.tokens += t.prompt
+	q.last = p
+	t.state = stateAdmitted
+}
+
+// releaseLocked ends t, which is admitted.
+func (q *Queue) releaseLocked(t *Ticket) {
+	t.state = stateDone
+	q.inflight--
+	q.tokens -= t.tokens
+	t.p.inflight--
+	q.settleLocked(t.p)
+}
+
+// dispatchLocked admits waiters in order while they fit, and refuses those
+// whose deadline has passed.
+func (q *Queue) dispatchLocked(now time.Time) {
+	for q.waiting > 0 {
+		t := q.nextLocked(now)
+		if !t.deadline.IsZero() && !now.Before(t.deadline) {
+			q.unlinkLocked(t)
+			q.refuseLocked(t, q.overload("queue", "deadline passed while waiting", context.DeadlineExceeded))
+			continue
+		}
+		if !q.fitsLocked(t.prompt) {
+			return
+		}
+		q.unlinkLocked(t)
+		q.admitLocked(t)
+		close(t.ready)
+	}
+}
+
+// refuseLocked wakes t, unlinked, with err.
+func (q *Queue) refuseLocked(t *Ticket, err error) {
+	t.state, t.err = stateRefused, err
+	q.settleLocked(t.p)
+	close(t.ready)
+}
+
+// effRank returns t's rank after aging.
+func (q *Queue) effRank(t *Ticket, now time.Time) int {
+	r := t.rank
+	if q.aging > 0 && r > 0 {
+		r -= int(min(now.Sub(t.enq)/q.aging, time.Duration(r)))
+	}
+	return r
+}
+
+// nextLocked returns the waiter to admit next: the least effective rank,
+// then the least counter, then the earliest arrival. Only the head of each
+// principal's queue of each class can be it, since it has waited longest.
+func (q *Queue) nextLocked(now time.Time) *Ticket {
+	var (
+		best     *Ticket
+		bestRank int
+	)
+	for _, p := range q.backlog {
+		for c := range numClasses {
+			t := p.head[c]
+			if t == nil {
+				continue
+			}
+			r := q.effRank(t, now)
+			if best == nil || r < bestRank || r == bestRank &&
+				(p.counter < best.p.counter || p.counter == best.p.counter && t.seq < best.seq) {
+				best, bestRank = t, r
+			}
+		}
+	}
+	return best
+}
+
+// shedLocked refuses the newest waiter of the least urgent class that is
+// less urgent than rank, to make room, and reports whether there was one.
+func (q *Queue) shedLocked(rank int) bool {
+	for c := numClasses - 1; c > rank; c-- {
+		var victim *Ticket
+		for _, p := range q.backlog {
+			if t := p.tail[c]; t != nil && (victim == nil || t.seq > victim.seq) {
+				victim = t
+			}
+		}
+		if victim != nil {
+			q.unlinkLocked(victim)
+			q.refuseLocked(victim, q.overload("queue", "shed for a more urgent request", nil))
+			return true
+		}
+	}
+	return false
+}
+
+// pushLocked appends t to its principal's queue of its class, lifting the
+// principal's counter if it starts waiting.
+func (q *Queue) pushLocked(t *Ticket) {
+	p := t.p
+	if p.waiting == 0 {
+		p.counter = max(p.counter, q.floorLocked())
+		p.bidx = len(q.backlog)
+		q.backlog = append(q.backlog, p)
+	}
+	c := t.rank
+	t.prev, t.next = p.tail[c], nil
+	if p.tail[c] != nil {
+		p.tail[c].next = t
+	} else {
+		p.head[c] = t
+	}
+	p.tail[c] = t
+	p.waiting++
+	q.waiting++
+	t.state = stateQueued
+}
+
+// unlinkLocked takes t, queued, out of its principal's queue.
+func (q *Queue) unlinkLocked(t *Ticket) {
+	p, c := t.p, t.rank
+	if t.prev != nil {
+		t.prev.next = t.next
+	} else {
+		p.head[c] = t.next
+	}
+	if t.next != nil {
+		t.next.prev = t.prev
+	} else {
+		p.tail[c] = t.prev
+	}
+	t.prev, t.next = nil, nil
+	p.waiting--
+	q.waiting--
+	if p.waiting == 0 {
+		last := q.backlog[len(q.backlog)-1]
+		q.backlog[p.bidx] = last
+		last.bidx = p.bidx
+		q.backlog[len(q.backlog)-1] = nil
+		q.backlog = q.backlog[:len(q.backlog)-1]
+		p.bidx = -1
+	}
+}

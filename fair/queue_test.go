@@ -1,0 +1,516 @@
+package fair
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/retry"
+)
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  Config
+	}{
+		{"negative MaxInFlight", Config{MaxInFlight: -1}},
+		{"negative MaxTokensInFlight", Config{MaxTokensInFlight: -1}},
+		{"negative MaxWaiting", Config{MaxWaiting: -1}},
+		{"negative MaxWaitingPerPrincipal", Config{MaxWaitingPerPrincipal: -1}},
+		{"negative MaxPrincipals", Config{MaxPrincipals: -1}},
+		{"negative InputWeight", Config{InputWeight: -1}},
+		{"NaN OutputWeight", Config{OutputWeight: math.NaN()}},
+		{"infinite OutputWeight", Config{OutputWeight: math.Inf(1)}},
+		{"negative RetryAfter", Config{RetryAfter: -time.Second}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(tc.cfg); !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("New: %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
+
+func TestZeroConfigAdmitsEverything(t *testing.T) {
+	q, _ := newTestQueue(t, Config{})
+	var ts []*Ticket
+	for range 5000 {
+		tk, err := q.Admit(context.Background(), Request{Principal: "a", PromptTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, tk)
+	}
+	if s := q.Stats(); s.InFlight != 5000 || s.TokensInFlight != 500000 || s.Waiting != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	for _, tk := range ts {
+		tk.Done()
+	}
+	if s := q.Stats(); s != (Stats{Principals: 1}) {
+		t.Fatalf("stats after release %+v", s)
+	}
+	mustCheck(t, q)
+}
+
+func TestReleaseWakesNextWaiter(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1})
+	first, err := q.Admit(context.Background(), Request{Principal: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Ticket)
+	go func() {
+		tk, err := q.Admit(context.Background(), Request{Principal: "b"})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- tk
+	}()
+	waitFor(t, func() bool { return q.Stats().Waiting == 1 })
+	select {
+	case <-got:
+		t.Fatal("admitted past the cap")
+	default:
+	}
+	first.Done()
+	second := <-got
+	if s := q.Stats(); s.InFlight != 1 || s.Waiting != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	second.Done()
+	second.Done() // no-op
+	first.Done()  // no-op
+	if s := q.Stats(); s.InFlight != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	mustCheck(t, q)
+}
+
+// waitFor polls cond for a goroutine to reach a state; only tests poll.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestClassOrder(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1})
+	hold, _ := q.push(Request{Principal: "x"})
+	batch, _ := q.push(Request{Principal: "a", Class: Batch})
+	std, _ := q.push(Request{Principal: "b", Class: Standard})
+	inter, _ := q.push(Request{Principal: "c", Class: Interactive})
+	order := []*Ticket{inter, std, batch}
+	prev := hold
+	for i, want := range order {
+		prev.Done()
+		if !want.admitted() {
+			t.Fatalf("step %d: the %v request was not admitted next", i, []Class{Interactive, Standard, Batch}[i])
+		}
+		prev = want
+	}
+	prev.Done()
+	mustCheck(t, q)
+}
+
+// Within a class the principal with the least counter goes first, however
+// many requests the other has waiting and however early they came.
+func TestVTCOrderWithinClass(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1})
+	// Give "heavy" a lead: 1000 prompt tokens served.
+	h0, _ := q.push(Request{Principal: "heavy", PromptTokens: 1000})
+	var heavy []*Ticket
+	for range 3 {
+		tk, _ := q.push(Request{Principal: "heavy", PromptTokens: 10})
+		heavy = append(heavy, tk)
+	}
+	light, _ := q.push(Request{Principal: "light", PromptTokens: 10})
+	// light was lifted to heavy's counter when it started waiting.
+	if ch, _ := q.counter("heavy"); ch != 1000 {
+		t.Fatalf("heavy counter %v", ch)
+	}
+	if cl, _ := q.counter("light"); cl != 1000 {
+		t.Fatalf("light counter %v, want lifted to 1000", cl)
+	}
+	h0.Done()
+	// Counters tie at 1000: heavy's first waiter came first.
+	if !heavy[0].admitted() {
+		t.Fatal("tie not broken by arrival")
+	}
+	heavy[0].Done()
+	// heavy is now at 1010 > light's 1000.
+	if !light.admitted() {
+		t.Fatal("light not admitted before heavy's later requests")
+	}
+	light.Done()
+	heavy[1].Done()
+	heavy[2].Done()
+	mustCheck(t, q)
+}
+
+// An idle principal cannot bank credit: when it starts waiting its counter is
+// lifted to the least counter of those waiting.
+func TestLiftingPreventsBanking(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1})
+	// "busy" is served 10 times while "idle" does nothing.
+	for range 10 {
+		tk, _ := q.push(Request{Principal: "busy", PromptTokens: 100})
+		tk.Done()
+	}
+	hold, _ := q.push(Request{Principal: "busy", PromptTokens: 100})
+	b, _ := q.push(Request{Principal: "busy", PromptTokens: 100})
+	i1, _ := q.push(Request{Principal: "idle", PromptTokens: 100})
+	i2, _ := q.push(Request{Principal: "idle", PromptTokens: 100})
+	cb, _ := q.counter("busy")
+	ci, _ := q.counter("idle")
+	if ci != cb {
+		t.Fatalf("idle counter %v, want lifted to busy's %v", ci, cb)
+	}
+	// Service alternates instead of idle taking both slots first.
+	hold.Done()
+	if !b.admitted() {
+		t.Fatal("busy's earlier waiter should win the tie")
+	}
+	b.Done()
+	if !i1.admitted() {
+		t.Fatal("idle not admitted")
+	}
+	i1.Done()
+	i2.Done()
+	mustCheck(t, q)
+}
+
+// With nothing waiting, a newcomer is lifted to the counter of the principal
+// admitted last, as in the VTC paper.
+func TestLiftingWhenNothingWaits(t *testing.T) {
+	q, _ := newTestQueue(t, Config{})
+	for range 5 {
+		tk, _ := q.push(Request{Principal: "a", PromptTokens: 100})
+		tk.Charge(50)
+		tk.Done()
+	}
+	ca, _ := q.counter("a") // 5*(100 + 2*50) = 1000
+	tk, _ := q.push(Request{Principal: "b", PromptTokens: 10})
+	cb, _ := q.counter("b")
+	if ca != 1000 || cb != ca+10 {
+		t.Fatalf("a %v, b %v; want b = a + 10", ca, cb)
+	}
+	tk.Done()
+}
+
+func TestWeights(t *testing.T) {
+	q, _ := newTestQueue(t, Config{Weight: func(p string) float64 {
+		switch p {
+		case "gold":
+			return 4
+		case "bad":
+			return math.NaN()
+		}
+		return 0
+	}})
+	for _, p := range []string{"gold", "plain", "bad"} {
+		tk, _ := q.push(Request{Principal: p, PromptTokens: 100})
+		tk.Charge(10)
+		tk.Done()
+	}
+	want := map[string]float64{"gold": 30, "plain": 120, "bad": 120}
+	for p, w := range want {
+		if c, _ := q.counter(p); c < w {
+			t.Errorf("%s counter %v, want at least %v", p, c, w)
+		}
+	}
+	// gold paid a quarter of plain's price for the same service: its counter
+	// rose by 30, plain's by 120 (plus lifting, which only raises).
+	cg, _ := q.counter("gold")
+	if cg != 30 {
+		t.Errorf("gold counter %v, want 30", cg)
+	}
+}
+
+func TestTokenCap(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxTokensInFlight: 100})
+	a, _ := q.push(Request{Principal: "a", PromptTokens: 60})
+	b, _ := q.push(Request{Principal: "b", PromptTokens: 60})
+	c, _ := q.push(Request{Principal: "c", PromptTokens: 10})
+	if !a.admitted() || b.admitted() {
+		t.Fatal("token cap not applied")
+	}
+	// c fits but b is ahead of it: no overtaking.
+	if c.admitted() {
+		t.Fatal("a later, smaller request overtook the head")
+	}
+	a.Charge(30) // output counts in flight: 90
+	if s := q.Stats(); s.TokensInFlight != 90 {
+		t.Fatalf("tokens in flight %d", s.TokensInFlight)
+	}
+	a.Done()
+	if !b.admitted() || !c.admitted() {
+		t.Fatal("release did not admit both")
+	}
+	b.Done()
+	c.Done()
+	// A prompt larger than the cap is admitted alone.
+	big, _ := q.push(Request{Principal: "a", PromptTokens: 500})
+	small, _ := q.push(Request{Principal: "b", PromptTokens: 1})
+	if !big.admitted() || small.admitted() {
+		t.Fatal("oversized prompt not admitted alone")
+	}
+	big.Done()
+	if !small.admitted() {
+		t.Fatal("small not admitted")
+	}
+	small.Done()
+	if s := q.Stats(); s.TokensInFlight != 0 || s.InFlight != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	mustCheck(t, q)
+}
+
+func isOverload(t *testing.T, err error, scope string) {
+	t.Helper()
+	var oe *retry.OverloadError
+	if !errors.As(err, &oe) || !errors.Is(err, retry.ErrOverloaded) {
+		t.Fatalf("error %v, want a *retry.OverloadError", err)
+	}
+	if oe.Scope != scope || oe.RetryAfter != 3*time.Second {
+		t.Fatalf("overload %+v, want scope %q and RetryAfter 3s", oe, scope)
+	}
+}
+
+func TestBounds(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 3, MaxWaitingPerPrincipal: 2, RetryAfter: 3 * time.Second})
+	hold, _ := q.push(Request{Principal: "a"})
+	q.push(Request{Principal: "a"})
+	q.push(Request{Principal: "a"})
+	_, err := q.push(Request{Principal: "a"})
+	isOverload(t, err, "principal")
+	q.push(Request{Principal: "b"})
+	_, err = q.push(Request{Principal: "c"})
+	isOverload(t, err, "queue")
+	if s := q.Stats(); s.Waiting != 3 || s.InFlight != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	_ = hold
+	mustCheck(t, q)
+}
+
+// A full queue sheds its newest waiter of the least urgent class below the
+// arrival's, and refuses an arrival that outranks nobody.
+func TestShedding(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 3, RetryAfter: 3 * time.Second})
+	q.push(Request{Principal: "x"})
+	oldBatch, _ := q.push(Request{Principal: "a", Class: Batch})
+	newBatch, _ := q.push(Request{Principal: "b", Class: Batch})
+	std, _ := q.push(Request{Principal: "c", Class: Standard})
+	inter, err := q.push(Request{Principal: "d", Class: Interactive})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newBatch.stateNow() != stateRefused || oldBatch.stateNow() != stateQueued {
+		t.Fatal("the newest batch waiter should be shed")
+	}
+	<-newBatch.ready
+	isOverload(t, newBatch.err, "queue")
+	if _, err := q.push(Request{Principal: "e", Class: Batch}); err == nil {
+		t.Fatal("a batch arrival into a full queue should be refused")
+	}
+	if _, err := q.push(Request{Principal: "e", Class: Standard}); err != nil {
+		t.Fatal(err) // sheds oldBatch
+	}
+	if oldBatch.stateNow() != stateRefused || std.stateNow() != stateQueued || inter.stateNow() != stateQueued {
+		t.Fatal("wrong victim")
+	}
+	mustCheck(t, q)
+}
+
+func TestDeadline(t *testing.T) {
+	q, clk := newTestQueue(t, Config{MaxInFlight: 1, RetryAfter: 3 * time.Second})
+	hold, _ := q.push(Request{Principal: "a"})
+
+	// A deadline already past (by the queue's clock) is refused at once.
+	ctx, cancel := context.WithDeadline(context.Background(), clk.Now())
+	defer cancel()
+	_, err := q.Admit(ctx, Request{Principal: "b"})
+	isOverload(t, err, "queue")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%v does not match context.DeadlineExceeded", err)
+	}
+
+	// A waiter whose deadline passes by the clock is refused at the next
+	// dispatch instead of being admitted late.
+	late, _, err := q.enter(Request{Principal: "c"}, 1, clk.Now().Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, _ := q.push(Request{Principal: "d"})
+	clk.Advance(2 * time.Second)
+	hold.Done()
+	if late.stateNow() != stateRefused || !ok.admitted() {
+		t.Fatal("expired waiter admitted")
+	}
+	isOverload(t, late.err, "queue")
+	ok.Done()
+
+	// A real deadline ends the wait with a 429-mapped error.
+	hold, _ = q.push(Request{Principal: "a"})
+	realClockQ, _ := New(Config{MaxInFlight: 1, RetryAfter: 3 * time.Second})
+	h2, _ := realClockQ.Admit(context.Background(), Request{})
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	_, err = realClockQ.Admit(ctx2, Request{Principal: "e"})
+	isOverload(t, err, "queue")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%v does not match context.DeadlineExceeded", err)
+	}
+	if s := realClockQ.Stats(); s.Waiting != 0 || s.InFlight != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	h2.Done()
+	hold.Done()
+	mustCheck(t, q)
+	mustCheck(t, realClockQ)
+}
+
+// A cancelled waiter leaves the queue, is charged nothing, and the waiters
+// behind it move up.
+func TestCancelLeavesQueue(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxTokensInFlight: 100})
+	hold, _ := q.push(Request{Principal: "a", PromptTokens: 50})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error)
+	go func() {
+		_, err := q.Admit(ctx, Request{Principal: "big", PromptTokens: 90})
+		errc <- err
+	}()
+	waitFor(t, func() bool { return q.Stats().Waiting == 1 })
+	small, _ := q.push(Request{Principal: "small", PromptTokens: 10})
+	if small.admitted() {
+		t.Fatal("small overtook big")
+	}
+	before, _ := q.counter("big")
+	cancel()
+	err := <-errc
+	if !errors.Is(err, context.Canceled) || errors.Is(err, retry.ErrOverloaded) {
+		t.Fatalf("error %v, want context.Canceled only", err)
+	}
+	if !small.admitted() {
+		t.Fatal("the waiter behind the cancelled one was not admitted")
+	}
+	after, ok := q.counter("big")
+	if ok && after != before {
+		t.Fatalf("cancelled principal charged: %v -> %v", before, after)
+	}
+	small.Done()
+	hold.Done()
+	if s := q.Stats(); s.InFlight != 0 || s.Waiting != 0 || s.TokensInFlight != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	mustCheck(t, q)
+}
+
+// A waiter admitted in the same instant its context ends gives the admission
+// back, with its charge.
+func TestAbandonAfterAdmissionRefunds(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1})
+	hold, _ := q.push(Request{Principal: "a"})
+	w, _ := q.push(Request{Principal: "b", PromptTokens: 40})
+	before, _ := q.counter("b")
+	hold.Done()
+	if !w.admitted() {
+		t.Fatal("not admitted")
+	}
+	err := q.abandon(w, context.Canceled)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	after, _ := q.counter("b")
+	if after != before {
+		t.Fatalf("counter %v -> %v, want refunded", before, after)
+	}
+	if s := q.Stats(); s.InFlight != 0 || s.TokensInFlight != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	w.Done() // no-op
+	mustCheck(t, q)
+}
+
+func TestChargeAfterDoneIsNoop(t *testing.T) {
+	q, _ := newTestQueue(t, Config{})
+	tk, _ := q.push(Request{Principal: "a", PromptTokens: 10})
+	tk.Charge(-5)
+	tk.Charge(0)
+	tk.Done()
+	before, _ := q.counter("a")
+	tk.Charge(100)
+	after, _ := q.counter("a")
+	if before != after || q.Stats().TokensInFlight != 0 {
+		t.Fatal("charge after Done counted")
+	}
+}
+
+func TestPrincipalsBounded(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxPrincipals: 10})
+	var held []*Ticket
+	for i := range 1000 {
+		tk, _ := q.push(Request{Principal: string(rune('A' + i%50)), PromptTokens: 1})
+		if i < 20 {
+			held = append(held, tk) // active principals are never forgotten
+			continue
+		}
+		tk.Done()
+		mustCheck(t, q)
+	}
+	if n := q.Stats().Principals; n != 20 {
+		t.Fatalf("%d principals tracked, want the 20 active", n)
+	}
+	for _, tk := range held {
+		tk.Done()
+	}
+	if n := q.Stats().Principals; n != 10 {
+		t.Fatalf("%d principals tracked, want 10", n)
+	}
+	mustCheck(t, q)
+}
+
+func TestAdmitCancelledContext(t *testing.T) {
+	q, _ := newTestQueue(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := q.Admit(ctx, Request{}); !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if s := q.Stats(); s != (Stats{}) {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+func TestParseClass(t *testing.T) {
+	cases := []struct {
+		in   string
+		want Class
+		ok   bool
+	}{
+		{"interactive", Interactive, true},
+		{" Batch ", Batch, true},
+		{"STANDARD", Standard, true},
+		{"urgent", Standard, false},
+		{"", Standard, false},
+	}
+	for _, tc := range cases {
+		c, ok := ParseClass(tc.in)
+		if c != tc.want || ok != tc.ok {
+			t.Errorf("ParseClass(%q) = %v, %v", tc.in, c, ok)
+		}
+	}
+	if Class(-9).String() != "interactive" || Class(9).String() != "batch" || Class(0).String() != "standard" {
+		t.Error("out-of-range classes should count as the nearest named one")
+	}
+}

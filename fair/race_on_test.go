@@ -1,0 +1,5 @@
+//go:build race
+
+package fair
+
+const raceEnabled = true

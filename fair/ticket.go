@@ -1,0 +1,70 @@
+package fair
+
+import "time"
+
+// Ticket states.
+const (
+	stateNew      = iota
+	stateQueued   // waiting in its principal's queue
+	stateAdmitted // admitted, holding capacity
+	stateRefused  // shed or past its deadline; err says why
+	stateDone     // released, or abandoned while queued
+)
+
+// Ticket is an admitted request. Its holder charges it the output tokens
+// the request produces ([Ticket.Charge]) and calls [Ticket.Done] when the
+// request ends, which gives its capacity to the next waiter. Its methods
+// are safe for concurrent use.
+type Ticket struct {
+	q      *Queue
+	p      *principal
+	rank   int
+	prompt int64 // prompt tokens, counted in flight from admission
+
+	// Protected by q.mu.
+	state    int
+	cost     float64 // the counter charge at admission
+	tokens   int64   // tokens in flight: prompt plus output charged
+	seq      uint64  // arrival order, when queued
+	enq      time.Time
+	deadline time.Time
+	prev     *Ticket // neighbours in the principal's queue of the class
+	next     *Ticket
+	ready    chan struct{} // closed when a queued ticket is admitted or refused
+	err      error         // why it was refused
+}
+
+// Charge charges n output tokens (streamed since the last call) to the
+// request's principal and counts them in flight until Done. Call it as
+// output streams, per token or per chunk, so that a long generation is
+// accounted for while it lasts and not only at its end. It takes the
+// queue's lock briefly. n <= 0, and calls after Done, do nothing.
+func (t *Ticket) Charge(n int) {
+	if n <= 0 {
+		return
+	}
+	q := t.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t.state != stateAdmitted {
+		return
+	}
+	t.p.counter += float64(n) * q.outW / t.p.weight
+	t.tokens += int64(n)
+	q.tokens += int64(n)
+}
+
+// Done ends the request: its place and its tokens in flight are released,
+// and the next waiters are admitted if they now fit. The charges stay with
+// the principal. Calls after the first do nothing.
+func (t *Ticket) Done() {
+	q := t.q
+	now := q.clock.Now()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t.state != stateAdmitted {
+		return
+	}
+	q.releaseLocked(t)
+	q.dispatchLocked(now)
+}
