@@ -23,6 +23,16 @@ type DebugState struct {
 	// Share is the state of the sharing with the other replicas; absent
 	// without [Config].Share.
 	Share *DebugShare `json:"share,omitempty"`
+	// Queue is the fair queue's state; absent without [Config].Queue.
+	Queue *DebugQueue `json:"queue,omitempty"`
+}
+
+// DebugQueue is the fair queue's state in a [DebugState] (fair.Stats).
+type DebugQueue struct {
+	InFlight       int   `json:"in_flight"`
+	TokensInFlight int64 `json:"tokens_in_flight"`
+	Waiting        int   `json:"waiting"`
+	Principals     int   `json:"principals"`
 }
 
 // DebugShare is the sharing state in a [DebugState] (share.Stats).
@@ -130,6 +140,10 @@ func (g *Gateway) State() DebugState {
 		s := g.group.Stats()
 		st.Share = &DebugShare{ID: g.group.ID(), Connected: s.Connected, Peers: s.Peers, Published: s.Published,
 			Unpublished: s.Unpublished, Received: s.Received, Rejected: s.Rejected, Dropped: s.Dropped}
+	}
+	if g.queue != nil {
+		q := g.queue.Stats()
+		st.Queue = &DebugQueue{InFlight: q.InFlight, TokensInFlight: q.TokensInFlight, Waiting: q.Waiting, Principals: q.Principals}
 	}
 	if g.admission != nil {
 		in, ss := g.admission.InFlight(), g.admission.Sessions()

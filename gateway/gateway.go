@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
@@ -75,6 +76,12 @@ type Config struct {
 	// Admission caps requests in flight, globally and per session; the zero
 	// value caps nothing. Refused requests get 429 with Retry-After.
 	Admission retry.AdmissionConfig
+	// Queue, if set, admits requests through a token-fair queue (package
+	// fair): by priority class, then by the service each tenant (or, with
+	// no tenant, session) has received. TrustClassHeader names the header
+	// that carries the class; see [httplb.Config].TrustClassHeader.
+	Queue            *fair.Queue
+	TrustClassHeader string
 	// Parser configures how request bodies are read: the tenant (from your
 	// authentication), the session header, the token counter.
 	Parser httplb.ParserConfig
@@ -109,6 +116,7 @@ type Gateway struct {
 	group     *share.Group     // nil without sharing
 	ejector   *retry.Ejector
 	admission *retry.Admission // nil without caps
+	queue     *fair.Queue      // nil without a fair queue
 	transport *httplb.Transport
 	proxy     *httputil.ReverseProxy
 
@@ -120,7 +128,7 @@ type Gateway struct {
 // (for example "http://10.0.0.7:8000"), or an error wrapping
 // [ErrInvalidConfig].
 func New(backends []string, cfg Config) (*Gateway, error) {
-	g := &Gateway{log: cfg.Logger, index: cfg.Index, events: cfg.Events}
+	g := &Gateway{log: cfg.Logger, index: cfg.Index, events: cfg.Events, queue: cfg.Queue}
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -211,6 +219,8 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		MaxAttempts:       cfg.MaxAttempts,
 		FirstEventTimeout: cfg.FirstEventTimeout,
 		Admission:         g.admission,
+		Queue:             cfg.Queue,
+		TrustClassHeader:  cfg.TrustClassHeader,
 		Reporter:          g.ejector,
 		Observer:          obs,
 		Store:             store, // ORCA headers, when the replicas send them

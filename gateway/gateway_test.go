@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -21,7 +22,9 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
 )
@@ -353,6 +356,59 @@ func TestGatewaySharesOverNATS(t *testing.T) {
 	if st.ID != "b" || st.Received == 0 || st.Published == 0 || st.Rejected != 0 {
 		t.Errorf("second gateway's share state = %+v", st)
 	}
+}
+
+// Through a fair queue of one slot, a tenant that has been served waits for
+// one that has not, though it asked first.
+func TestGatewayFairQueue(t *testing.T) {
+	var mu sync.Mutex
+	var order []string
+	arrived := make(chan struct{}, 8)
+	release := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		order = append(order, r.Header.Get("X-Tenant")+":"+strings.Split(string(b), `"prompt":"`)[1][:1])
+		mu.Unlock()
+		arrived <- struct{}{}
+		<-release
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer slow.Close()
+	q, err := fair.New(fair.Config{MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _ := newLogger()
+	g, err := New([]string{slow.URL}, Config{Logger: log, ScrapeInterval: -1, Queue: q,
+		Parser: httplb.ParserConfig{TrustTenantHeader: "X-Tenant"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	send := func(tenant, prompt string) {
+		wg.Go(func() {
+			if code, body, _ := post(t, g, prompt, "X-Tenant", tenant); code != http.StatusOK {
+				t.Errorf("%s %s: %d %s", tenant, prompt, code, body)
+			}
+		})
+	}
+	send("a", "1")
+	<-arrived
+	send("a", "2")
+	waitFor(t, func() bool { return g.State().Queue.Waiting == 1 })
+	send("b", "3")
+	waitFor(t, func() bool { return g.State().Queue.Waiting == 2 })
+	close(release)
+	wg.Wait()
+	if want := []string{"a:1", "b:3", "a:2"}; !slices.Equal(order, want) {
+		t.Errorf("order at the replica = %v, want %v", order, want)
+	}
+	if st := g.State().Queue; st.InFlight != 0 || st.Waiting != 0 {
+		t.Errorf("queue after the requests: %+v", st)
+	}
+	g.transport.CloseIdleConnections()
 }
 
 func TestNewErrors(t *testing.T) {
