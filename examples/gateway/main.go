@@ -49,6 +49,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/gateway"
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/internal/e2e"
@@ -72,8 +73,11 @@ type options struct {
 	kvReplay      []string // replay address of each, or none
 	model         string   // the model the engines serve, which salts the events' blocks
 	share         *share.Config
-	kvRelay       bool // relay the -kv-events engines' events onto NATS
-	kvFromNATS    bool // follow the engines' events relayed on NATS
+	fairInFlight  int    // -fair: the fair queue's concurrency cap
+	tenantHeader  string // trusted tenant header
+	classHeader   string // trusted priority-class header
+	kvRelay       bool   // relay the -kv-events engines' events onto NATS
+	kvFromNATS    bool   // follow the engines' events relayed on NATS
 }
 
 func main() {
@@ -95,6 +99,9 @@ func run(args []string) error {
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per X-Session-ID (0: no cap)")
 	fs.IntVar(&o.slots, "slots", 0, "the replicas' batch slots (max_num_seqs, llama.cpp --parallel) for the default policy (0: unknown)")
+	fs.IntVar(&o.fairInFlight, "fair", 0, "admit at most this many requests at once through a token-fair queue: by priority class, then by the service each tenant (else session) has received (0: no queue)")
+	fs.StringVar(&o.tenantHeader, "tenant-header", "", "take the tenant from this header; only behind a proxy that sets or strips it")
+	fs.StringVar(&o.classHeader, "class-header", "", "with -fair: take the priority class (interactive, standard, batch) from this header; only behind a proxy that sets or strips it")
 	logJSON := fs.Bool("log-json", false, "log as JSON lines instead of text")
 	kvEvents := fs.String("kv-events", "", "comma-separated ZMQ addresses of the backends' KV-event publishers, in -backends order (tcp://host:5557,...)")
 	kvReplay := fs.String("kv-replay", "", "comma-separated ZMQ addresses of their replay sockets, in the same order (optional)")
@@ -136,6 +143,10 @@ func run(args []string) error {
 		}
 	}
 	switch {
+	case o.fairInFlight < 0:
+		return errors.New("-fair must not be negative")
+	case o.classHeader != "" && o.fairInFlight == 0:
+		return errors.New("-class-header needs -fair")
 	case (o.kvRelay || o.kvFromNATS) && *natsURL == "":
 		return errors.New("-kv-relay and -kv-events-nats need -nats")
 	case o.kvRelay && len(o.kvEvents) == 0:
@@ -308,16 +319,25 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 	if err != nil {
 		return nil, nil, err
 	}
+	parser.TrustTenantHeader = o.tenantHeader
+	var queue *fair.Queue
+	if o.fairInFlight > 0 {
+		if queue, err = fair.New(fair.Config{MaxInFlight: o.fairInFlight}); err != nil {
+			return nil, nil, err
+		}
+	}
 	cfg := gateway.Config{
-		Policy:         policy,
-		Index:          ix,
-		ScrapeInterval: o.scrape,
-		MaxAttempts:    o.attempts,
-		Events:         events,
-		Admission:      retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession},
-		Parser:         parser,
-		Logger:         o.log,
-		Share:          o.share,
+		Queue:            queue,
+		TrustClassHeader: o.classHeader,
+		Policy:           policy,
+		Index:            ix,
+		ScrapeInterval:   o.scrape,
+		MaxAttempts:      o.attempts,
+		Events:           events,
+		Admission:        retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession},
+		Parser:           parser,
+		Logger:           o.log,
+		Share:            o.share,
 	}
 	if metrics != nil {
 		cfg.Observer, cfg.RetryObserver = metrics.Observer(), metrics.RetryObserver()
