@@ -29,6 +29,10 @@ type Balancer struct {
 	// simple is set for the policies that choose with a Candidates on
 	// Pick's stack (see pickSimple).
 	simple bool
+	// learn is set when the policy keeps speed estimates
+	// ([DefaultConfig.Learn]): every endpoint then has one, fed at each
+	// request's first token and Done.
+	learn bool
 
 	randMu sync.Mutex // protects src
 	src    rand.Source
@@ -127,7 +131,10 @@ type epState struct {
 	// from its waiting ones.
 	epRunDone  atomic.Int64
 	epWaitDone atomic.Int64
-	_          [32]byte // to 192 bytes
+	// est is the endpoint's speed estimate if the policy learns, else nil;
+	// set before the endpoint joins a snapshot.
+	est *speedEstimate
+	_   [24]byte // to 192 bytes
 }
 
 // The fields of the packed counts (epState.reqs and epState.toks).
@@ -291,6 +298,9 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 	case p2c:
 		b.simple = p.s.requests && cfg.signal == nil
 	}
+	if l, ok := policy.(interface{ learns() bool }); ok {
+		b.learn = l.learns()
+	}
 	b.slowUntil.Store(never)
 	b.snap.Store(&snapshot{byKey: map[string]*epState{}, gen: generations.Add(1)})
 	return b, nil
@@ -353,6 +363,9 @@ func (b *Balancer) Update(eps []Endpoint) error {
 		st := old.byKey[key]
 		if st == nil {
 			st = newEpState(key)
+			if b.learn {
+				st.est = new(speedEstimate)
+			}
 			if now != never {
 				st.started.Store(now)
 				b.extendSlowStart(now)
@@ -539,11 +552,14 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	prefill := prompt - int64(min(c.cached, r.PromptTokens))
 	decode := b.decodeEstimate(r)
 	rec := recordPool.Get().(*record)
-	rec.st, rec.b, rec.epoch, rec.picked = st, b, 0, 0
+	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work = st, b, 0, 0, 0, 0
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	c.signalAge = -1
-	if b.obs != nil || b.signal != nil {
+	if b.obs != nil || b.signal != nil || b.learn {
 		rec.picked = c.nowNanos()
+	}
+	if b.learn {
+		rec.work = c.work
 	}
 	if b.signal != nil {
 		obs, fresh := c.observe(st)
@@ -607,6 +623,11 @@ func (p Pick) FirstToken() {
 		st.mu.Unlock()
 	}
 	b, picked := rec.b, rec.picked
+	if b.learn && st.est != nil {
+		now := b.clock.Now().UnixNano()
+		rec.first = now
+		st.est.firstToken(rec.work, time.Duration(now-picked), now)
+	}
 	rec.state.Store(p.base | phaseStreaming)
 	if b.obs != nil && b.obs.FirstToken != nil {
 		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked)})
@@ -640,6 +661,11 @@ func (p Pick) Done(err error) {
 		}
 	}
 	st, b, picked := rec.st, rec.b, rec.picked
+	if b.learn && streaming && err == nil && st.est != nil {
+		// Only a request that streamed to its end measures decode.
+		now := b.clock.Now().UnixNano()
+		st.est.done(time.Duration(now-rec.first), int64(rec.d2>>32), now)
+	}
 	st.release(rec.d1, rec.d2, rec.spill, streaming)
 	if rec.epoch != 0 {
 		b.doneEpoch(st, rec, streaming)
@@ -699,7 +725,9 @@ type record struct {
 	spill  uint8  // where d1 (bit 0) and d2 (bit 1) were charged
 	epoch  uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
 	b      *Balancer
-	picked int64 // unix nanos of the pick, when the balancer has an Observer or a Signal
+	picked int64   // unix nanos of the pick, when the balancer has an Observer or a Signal or learns
+	first  int64   // unix nanos of the first token, when the balancer learns
+	work   float64 // the prefill work the policy priced, when the balancer learns
 }
 
 var recordPool = sync.Pool{New: func() any {

@@ -34,6 +34,13 @@ type Candidates struct {
 	matches   []prefix.Match
 	costs     []float64
 	cached    int
+	// speeds and pool are the candidates' speed estimates and their
+	// average, for a policy that learns ([DefaultConfig.Learn]); work is
+	// the prefill work it priced for the chosen candidate, which the
+	// balancer hands to the estimate at the first token.
+	speeds    []speedView
+	pool      poolSpeed
+	work      float64
 	signalAge time.Duration // for the observer: age of the chosen endpoint's observation, -1 if none
 	now       int64         // unix nanos, read from the clock on first use
 	nowRead   bool          // now holds the clock's reading for this pick
@@ -42,7 +49,7 @@ type Candidates struct {
 var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 
 func (c *Candidates) release() {
-	c.b, c.snap, c.req, c.cached, c.nowRead = nil, nil, nil, 0, false
+	c.b, c.snap, c.req, c.cached, c.nowRead, c.work = nil, nil, nil, 0, false, 0
 	c.cand = c.cand[:0]
 	candidatesPool.Put(c)
 }

@@ -126,6 +126,55 @@ type DefaultConfig struct {
 	// SlotWeight is the cost of each request waiting for a batch slot, in
 	// mean prompt lengths. Zero means [DefaultSlotWeight].
 	SlotWeight float64
+	// Learn, if true, has the policy measure each endpoint's speed from
+	// this balancer's own requests and price its candidates in time, not
+	// only in tokens, for fleets whose replicas differ (GPU generations,
+	// quantization, adapters, context lengths) or change speed. Per
+	// endpoint it fits the time to first token as
+	//
+	//	TTFT = a + tau * work
+	//
+	// by weighted least squares over about the last 256 first tokens
+	// (decayed geometrically), where work is the cost's waiting terms for
+	// the request, in prefill tokens: the queued prefill, the waiting and
+	// slot-bound requests at the mean prompt length, and the request's
+	// uncached prompt. An observation of a warm endpoint is clamped to
+	// within three mean absolute deviations of its prediction (on a log
+	// scale), so the tail (a preemption, an evicted prefix) does not drag
+	// the fit. Decode time per expected output token is fitted likewise
+	// from the time between the first token and a successful Done. A
+	// request that ends without a first token (failed, retried elsewhere,
+	// hedged, cancelled) teaches nothing.
+	//
+	// At each pick the candidates' fits are averaged, per unit of declared
+	// weight and by confidence, into the pool's speed. A candidate's
+	// slowness is its predicted TTFT for this request's work over the
+	// pool's, moved from 1 only by its confidence n/(n+8), n its
+	// observations decayed with a half-life of 30 s without new ones, and
+	// bounded to [1/16, 16]. The waiting terms and the uncached prompt of
+	// its cost are multiplied by the prefill slowness, its KV footprint by
+	// the square of the decode slowness (a slower endpoint both decodes
+	// each step slower and holds each token longer); as the confidence
+	// grows, the measurement takes the place of the declared weight the
+	// cost is divided by, which remains the prior of an endpoint not yet
+	// measured. An endpoint without observations has slowness exactly 1
+	// and is priced as with Learn off, so a cold balancer decides exactly
+	// as without learning; an endpoint avoided for being slow regains the
+	// pool's average as its evidence ages, is tried again and measured
+	// anew.
+	//
+	// What stays a constant: the relative prices of the terms (CacheWeight,
+	// QueueWeight, SlotWeight, FootprintWeight, KVPenalty), since they
+	// value locality and memory rather than measure speed; and the overload
+	// reinforcement (OverloadWeight, OverloadQueue), which counts requests
+	// and reacts to the pool as a whole. The estimator's window, prior
+	// weight, half-life and clamps are fixed: they set how fast it learns,
+	// not what it learns.
+	//
+	// Learning needs the policy to be the one given to [New]: a policy
+	// that delegates to it (a pool of [Segregated]) prices as with Learn
+	// off. Off by default.
+	Learn bool
 }
 
 type defaultPolicy struct {
@@ -140,6 +189,7 @@ type defaultPolicy struct {
 	queueWeight float64
 	slots       int64
 	slotWeight  float64
+	learn       bool
 	backlog     atomic.Uint64 // float64 bits: smoothed mean backlog per candidate
 	avgPrompt   atomic.Uint64 // float64 bits: moving average of prompt tokens
 }
@@ -253,8 +303,13 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		queueWeight: cfg.QueueWeight,
 		slots:       int64(cfg.Slots),
 		slotWeight:  cfg.SlotWeight,
+		learn:       cfg.Learn,
 	}, nil
 }
+
+// learns reports whether the balancer should keep speed estimates for the
+// policy ([DefaultConfig.Learn]).
+func (p *defaultPolicy) learns() bool { return p.learn }
 
 func (p *defaultPolicy) Choose(c *Candidates) int {
 	n := c.Len()
@@ -262,17 +317,26 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	p.t.match(c)
 	c.loads = growLoads(c.loads, n)
 	c.costs = growFloat64(c.costs, n)
+	var pool *poolSpeed // nil: price in tokens only
+	if p.learn {
+		c.speeds = growSpeeds(c.speeds, n)
+		pool = &c.pool
+		*pool = poolSpeed{}
+	}
 	if p.sampled == 0 || p.holders+p.sampled >= n {
 		// Every candidate is scored, in order.
 		backlog := 0.0
 		for i := range c.loads {
 			c.loadInto(i, &c.loads[i])
 			backlog += float64(c.loads[i].backlog)
+			if pool != nil {
+				p.loadSpeed(c, i, pool)
+			}
 		}
 		over := p.overload(backlog / float64(n))
 		for i := range c.loads {
 			l := &c.loads[i]
-			c.costs[i] = p.cost(c, i, l, avg, over) / l.Weight
+			c.costs[i] = p.cost(c, i, l, avg, over, pool) / l.Weight
 		}
 	} else {
 		pick := p.scored(c, n)
@@ -280,6 +344,9 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		for _, i := range pick {
 			c.loadInto(int(i), &c.loads[i])
 			backlog += float64(c.loads[i].backlog)
+			if pool != nil {
+				p.loadSpeed(c, int(i), pool)
+			}
 		}
 		over := p.overload(backlog / float64(len(pick)))
 		for i := range c.costs {
@@ -287,12 +354,24 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		}
 		for _, i := range pick {
 			l := &c.loads[i]
-			c.costs[i] = p.cost(c, int(i), l, avg, over) / l.Weight
+			c.costs[i] = p.cost(c, int(i), l, avg, over, pool) / l.Weight
 		}
 	}
 	best := argminCost(c, c.costs)
 	p.t.record(c, best, &c.loads[best])
+	if pool != nil {
+		c.work = c.speeds[best].work
+	}
 	return best
+}
+
+// loadSpeed reads candidate i's speed estimate into c.speeds[i] and adds it
+// to pool.
+func (p *defaultPolicy) loadSpeed(c *Candidates, i int, pool *poolSpeed) {
+	st := c.state(i)
+	v := &c.speeds[i]
+	v.load(st.est, st.staticWeight(), c.nowNanos())
+	pool.add(v)
 }
 
 // overload returns the overload term for the mean backlog per scored
@@ -367,8 +446,11 @@ func (p *defaultPolicy) scored(c *Candidates, n int) []int32 {
 // cost is the estimated cost, in prefill tokens, of sending the request to
 // candidate i, given the overload term over: an uncached prompt token costs
 // CacheWeight + over, and a token only sent for, not reported by engine
-// events, is credited over.
-func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, over float64) float64 {
+// events, is credited over. With pool (Learn), the waiting terms and the
+// prefill are scaled by the candidate's prefill slowness and the footprint
+// by the square of its decode slowness, and the work the request waits for is noted in
+// c.speeds[i].
+func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, over float64, pool *poolSpeed) float64 {
 	prompt := float64(c.req.PromptTokens)
 	cached := float64(p.t.cachedTokens(c, int(c.matched[i])))
 	sure := cached
@@ -397,8 +479,29 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 	if p.slots > 0 && l.Requests >= p.slots {
 		waits += p.slotWeight * float64(l.Requests-p.slots+1)
 	}
-	return queued + waits*avgPrompt + (p.cacheWeight+over)*(prompt-sure) - over*(cached-sure) +
-		p.footprint*footprint +
+	wait := queued + waits*avgPrompt
+	miss := (p.cacheWeight + over) * (prompt - sure)
+	fp := p.footprint * footprint
+	if pool != nil {
+		v := &c.speeds[i]
+		v.work = wait + prompt - cached
+		if pool.learned() {
+			// Exactly 1 for an endpoint without observations, which is
+			// then priced as without learning.
+			s, sd := pool.slowness(v, v.work)
+			if s != 1 {
+				wait *= s
+				miss += (s - 1) * (prompt - cached)
+			}
+			if sd != 1 {
+				// The footprint is tokens held over time: a slower
+				// endpoint decodes each step slower and holds each
+				// token that much longer.
+				fp *= sd * sd
+			}
+		}
+	}
+	return wait + miss - over*(cached-sure) + fp +
 		p.kvPenalty*max(demand-capacity, 0)
 }
 

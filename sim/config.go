@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -107,6 +108,17 @@ type Config struct {
 	RandomSplit bool
 	// Engine configures every replica.
 	Engine Engine
+	// Speed, if not nil, is each replica's speed relative to Engine, by
+	// replica index: replica i's iterations take IterTime / Speed[i], so
+	// at 0.5 it runs at half speed. Replicas beyond its length run at 1.
+	// The replicas declare no weight to the routers: a policy must find
+	// the difference itself.
+	Speed []float64
+	// SpeedChanges change replicas' speeds during the run.
+	SpeedChanges []SpeedChange
+	// onPick, if not nil, is told of every dispatch: the simulated time
+	// and the replica. Tests use it.
+	onPick func(at time.Duration, replica int)
 	// Scrape is the interval at which each router refreshes its view of the
 	// replicas' engine metrics, for policies whose preset does not set its
 	// own ([PolicySpec.Scrape]). 0 means 1 s.
@@ -143,6 +155,33 @@ type Config struct {
 	Series time.Duration
 }
 
+// SpeedChange sets a replica's speed from a time on: iterations that start
+// at or after At take IterTime / Speed; one under way at At ends at the old
+// speed.
+type SpeedChange struct {
+	// Replica is the index of the replica.
+	Replica int
+	// At is the simulated time of the change, from the start of the run.
+	At time.Duration
+	// Speed is the new speed relative to Engine, finite and positive.
+	Speed float64
+}
+
+// speedAt returns replica i's speed at now.
+func (c *Config) speedAt(i int, now time.Duration) float64 {
+	speed := 1.0
+	if i < len(c.Speed) {
+		speed = c.Speed[i]
+	}
+	last := time.Duration(-1)
+	for _, ch := range c.SpeedChanges {
+		if ch.Replica == i && ch.At <= now && ch.At >= last {
+			speed, last = ch.Speed, ch.At
+		}
+	}
+	return speed
+}
+
 func (c *Config) normalize() error {
 	if c.Replicas == 0 {
 		c.Replicas = 8
@@ -177,6 +216,16 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: sharing interval %v, want 1ms to 1m", ErrInvalidConfig, c.Share)
 	case c.SLO.TTFT < 0 || c.SLO.TPOT < 0:
 		return fmt.Errorf("%w: negative SLO", ErrInvalidConfig)
+	}
+	for i, v := range c.Speed {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("%w: replica %d speed %v, want finite and positive", ErrInvalidConfig, i, v)
+		}
+	}
+	for _, ch := range c.SpeedChanges {
+		if ch.Replica < 0 || ch.Replica >= c.Replicas || ch.At < 0 || !(ch.Speed > 0) || math.IsInf(ch.Speed, 0) {
+			return fmt.Errorf("%w: speed change %+v of %d replicas", ErrInvalidConfig, ch, c.Replicas)
+		}
 	}
 	return c.Engine.normalize()
 }

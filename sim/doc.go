@@ -30,7 +30,9 @@
 // that subscribe ([PolicyEnv.SubscribeKVEvents]), as vLLM's event stream
 // does; the others guess the caches from their own decisions. An iteration's
 // duration comes from an [IterTimeFunc], by default [MockerIterTime], the
-// polynomial of NVIDIA Dynamo's mocker engine. The replica's scheduling
+// polynomial of NVIDIA Dynamo's mocker engine, divided by the replica's
+// speed (Config.Speed, 1 by default, changed mid-run by
+// Config.SpeedChanges) for fleets of unequal replicas. The replica's scheduling
 // state machine is exported as [Replica], without a clock, so that other
 // drivers (such as an emulated engine running in real time) share it.
 //

@@ -208,6 +208,9 @@ func Policies() []PolicySpec {
 		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
 		}},
+		{Name: "default-learn", Doc: "llmlb.Default as default, with Learn: prices candidates by TTFT from each replica's measured prefill and decode speed", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, Learn: true})
+		}},
 		{Name: "default-no-slots", Doc: "llmlb.Default as default, but not told the engines' batch slots", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{})
 		}},

@@ -508,6 +508,9 @@ func (r *replica) kick(now time.Duration) {
 		return
 	}
 	d := r.eng.IterTime(b)
+	if speed := r.run.cfg.speedAt(r.idx, now); speed != 1 {
+		d = time.Duration(float64(d) / speed)
+	}
 	if d <= 0 {
 		d = time.Nanosecond
 	}

@@ -46,7 +46,24 @@ const (
 	// SlotsRate is the arrival rate of the slots scenario, in requests per
 	// second for 4 replicas.
 	SlotsRate = 17.5
+	// MixedRate is the arrival rate of the mixed scenario: the default
+	// scenario's load per replica, for its capacity of 5 full-speed
+	// replicas.
+	MixedRate = DefaultRate * 5 / 8
+	// SlowdownRate is the arrival rate of the mixed-slowdown scenario: the
+	// default scenario's load per replica once one of its full-speed
+	// replicas has slowed, a capacity of 4.5 full-speed replicas.
+	SlowdownRate = DefaultRate * 4.5 / 8
 )
+
+// mixedSpeed is the speed of replicas 0 and 1 (1, H100-class) and 2 to 7
+// (0.5) in the mixed scenarios.
+var mixedSpeed = []float64{1, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}
+
+// mixedPolicies returns the policies the mixed scenarios compare by default.
+func mixedPolicies() []string {
+	return []string{"round-robin", "least-outstanding", "sglang-cache-aware", "dynamo-kv", "gie-default", "default", "default-learn"}
+}
 
 // Scenarios returns the presets, in display order:
 //
@@ -70,6 +87,12 @@ const (
 //     outputs are short (median 12 tokens) with a long tail (one in ten
 //     over 64), so requests wait for batch slots rather than for KV memory
 //     or prefill.
+//   - mixed: the default scenario's cluster and workload on two full-speed
+//     and six half-speed replicas ([Config.Speed]) that declare no weights,
+//     at the default scenario's load per unit of capacity ([MixedRate]).
+//   - mixed-slowdown: mixed, but replica 0 slows to half speed halfway
+//     through the arrivals ([Config.SpeedChanges]), at the default
+//     scenario's load per unit of the capacity left ([SlowdownRate]).
 func Scenarios() []Scenario {
 	herdRate := 20.0
 	herd := PrefixSynthetic(4000, herdRate)
@@ -87,6 +110,9 @@ func Scenarios() []Scenario {
 		PrefixZipf:   1.01,
 		PrefixTokens: LogNormal{Median: 512, Min: 512, Max: 512},
 	}
+	mixed := DefaultSynthetic(DefaultRequests, MixedRate)
+	slowdown := DefaultSynthetic(DefaultRequests, SlowdownRate)
+	slowAt := time.Duration(float64(slowdown.Requests) / slowdown.Rate / 2 * float64(time.Second))
 	return []Scenario{
 		{
 			Name:     "default",
@@ -116,6 +142,22 @@ func Scenarios() []Scenario {
 			Config:   Config{Replicas: 4, Routers: 1, Scrape: 100 * time.Millisecond, Engine: Engine{MaxRunning: 4, KVBlocks: 512}},
 			Workload: slots,
 			Policies: DefaultPolicies(),
+		},
+		{
+			Name: "mixed",
+			Doc:  "default, on 2 full-speed and 6 half-speed replicas without declared weights",
+			Config: Config{Replicas: 8, Routers: 1, Scrape: time.Second, Engine: Engine{KVBlocks: DefaultScenarioKVBlocks},
+				Speed: mixedSpeed},
+			Workload: mixed,
+			Policies: mixedPolicies(),
+		},
+		{
+			Name: "mixed-slowdown",
+			Doc:  "mixed, and full-speed replica 0 slows to half speed halfway through the arrivals",
+			Config: Config{Replicas: 8, Routers: 1, Scrape: time.Second, Engine: Engine{KVBlocks: DefaultScenarioKVBlocks},
+				Speed: mixedSpeed, SpeedChanges: []SpeedChange{{Replica: 0, At: slowAt, Speed: 0.5}}},
+			Workload: slowdown,
+			Policies: mixedPolicies(),
 		},
 	}
 }

@@ -366,6 +366,9 @@ func (r *runner) arrive(i int) error {
 	s.router = k
 	rep.assigned++
 	rep.outstanding++
+	if r.cfg.onPick != nil {
+		r.cfg.onPick(r.now, rep.idx)
+	}
 	r.observeDispatch(rep.idx)
 	if !rep.Fits(&s.Sequence) {
 		s.state = stateRejected

@@ -1,0 +1,289 @@
+package llmlb
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The constants of the speed estimates ([DefaultConfig.Learn]). They set how
+// fast an estimate forgets and how much evidence it needs, not what a token
+// costs: that is what is learned.
+const (
+	// learnWindow is the memory of a fit, in observations: each new one
+	// weighs 1/learnWindow of the sums, older ones decay geometrically.
+	learnWindow = 256
+	// learnPrior is the weight, in observations, of the prior (the pool's
+	// average speed) against an endpoint's own fit: with n observations an
+	// endpoint's slowness moves n/(n+learnPrior) of the way from 1 to its
+	// fit.
+	learnPrior = 8
+	// learnHalfLife is the half-life of the evidence of an endpoint that
+	// gets no new observations: an endpoint judged slow and therefore
+	// avoided drifts back to the pool's average, gets traffic again and is
+	// measured anew.
+	learnHalfLife = 30 * time.Second
+	// learnClamp bounds an observation of a warm endpoint to within this
+	// many mean absolute deviations of its prediction (on a log scale), so
+	// that a request stuck behind a preemption or a lost cache (the tail)
+	// moves the fit little more than an ordinary one; a deviation counts
+	// in the mean as at most a factor of learnMaxClamp.
+	learnClamp    = 3.0
+	learnMaxClamp = 4.0
+	// learnMinDev is the least deviation the clamp allows, and learnInitDev
+	// the deviation it assumes before measuring any, on a log scale.
+	learnMinDev  = 0.05
+	learnInitDev = 0.25
+	// learnWarm is the observations from which the clamp applies.
+	learnWarm = 4
+	// learnMaxSlowness bounds an endpoint's slowness relative to the pool,
+	// and its inverse, so that no estimate prices an endpoint out entirely.
+	learnMaxSlowness = 16.0
+	// learnMaxSeconds and learnMaxWork bound the inputs of an observation:
+	// larger values are clamped, so that the sums stay finite.
+	learnMaxSeconds = 1e6
+	learnMaxWork    = 1e12
+)
+
+// speedEstimate is the online estimate of one endpoint's speed, fed by this
+// balancer's own requests to it. Its prefill part fits
+//
+//	TTFT = a + tau * work
+//
+// by weighted least squares over geometrically decayed sums (each
+// observation weighted by the inverse square of its work plus the mean work,
+// since the noise of a TTFT grows with it), where work is what the
+// policy priced as the request's wait for its first token, in prefill tokens
+// (the queued prefill in front of it, the waiting requests at the mean prompt
+// length, and its own uncached prompt), and TTFT the time from the pick to
+// the first token. Its decode part is the ratio of decayed sums of the time
+// from the first token to Done and of the request's expected decode tokens.
+//
+// Updates take mu; the pick path reads only the published atomics, which may
+// be torn between fields without harm.
+type speedEstimate struct {
+	mu sync.Mutex // protects the sums below
+	// Prefill sums: weight, work, TTFT (s), work^2, work*TTFT; the
+	// decayed count of observations and the mean work.
+	n, sw, sy, sww, swy float64
+	c, mw               float64
+	// Decode sums: weight, seconds, tokens.
+	dn, dy, dt float64
+	// dev and ddev are the mean absolute log ratios of observation to
+	// prediction, prefill and decode, for the clamp.
+	dev, ddev float64
+
+	// Published for the pick path, float64 bits unless noted.
+	a, tau atomic.Uint64 // intercept (s) and slope (s per token); tau 0 = no fit
+	count  atomic.Uint64 // c
+	at     atomic.Int64  // unix nanos of the last prefill observation
+	dtau   atomic.Uint64 // decode seconds per expected token; 0 = no fit
+	dcount atomic.Uint64 // dn
+	dat    atomic.Int64  // unix nanos of the last decode observation
+}
+
+// firstToken folds in one request's time to first token: work prefill tokens
+// priced at the pick, ttft from the pick to the first token, observed at now
+// (unix nanos). Inputs that are negative or not numbers are ignored; huge
+// ones are clamped.
+func (e *speedEstimate) firstToken(work float64, ttft time.Duration, now int64) {
+	y := ttft.Seconds()
+	if !(work >= 0) || !(y >= 0) {
+		return
+	}
+	work, y = min(work, learnMaxWork), min(y, learnMaxSeconds)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	w := 1.0
+	if e.c >= learnWarm {
+		a, tau := math.Float64frombits(e.a.Load()), math.Float64frombits(e.tau.Load())
+		y = winsorize(y, a+tau*work, &e.dev)
+	}
+	keep := 1 - 1.0/learnWindow
+	// The noise of a TTFT grows with it: weigh each observation by the
+	// inverse square of its work plus the mean work, a proxy for its
+	// prediction that does not depend on the fit.
+	if e.c == 0 {
+		e.mw = work
+	}
+	e.mw += (work - e.mw) / learnWindow
+	if e.mw > 0 {
+		r := 2 * e.mw / (work + e.mw)
+		w *= r * r
+	}
+	e.c = e.c*keep + 1
+	e.n = e.n*keep + w
+	e.sw = e.sw*keep + w*work
+	e.sy = e.sy*keep + w*y
+	e.sww = e.sww*keep + w*work*work
+	e.swy = e.swy*keep + w*work*y
+	a, tau := fitLine(e.n, e.sw, e.sy, e.sww, e.swy)
+	e.a.Store(math.Float64bits(a))
+	e.tau.Store(math.Float64bits(tau))
+	e.count.Store(math.Float64bits(e.c))
+	e.at.Store(now)
+}
+
+// winsorize returns y bounded to within learnClamp mean absolute
+// deviations (at least learnMinDev) of the prediction pred, on a log scale,
+// and folds the distance of y, capped at a factor of learnMaxClamp, into
+// *dev. A zero y or pred passes unchanged.
+func winsorize(y, pred float64, dev *float64) float64 {
+	if !(y > 0) || !(pred > 0) || math.IsInf(pred, 0) {
+		return y
+	}
+	if *dev == 0 {
+		*dev = learnInitDev
+	}
+	l := math.Log(y / pred)
+	limit := max(learnClamp**dev, learnMinDev)
+	*dev += (min(math.Abs(l), math.Log(learnMaxClamp)) - *dev) / 32
+	return pred * math.Exp(min(max(l, -limit), limit))
+}
+
+// fitLine returns the least-squares line y = a + tau*w of the sums, with a
+// and tau non-negative: through the origin when the works hardly vary or the
+// free fit has a negative intercept or slope. It returns tau 0 when nothing
+// can be fitted (every work zero).
+func fitLine(n, sw, sy, sww, swy float64) (a, tau float64) {
+	mw, my := sw/n, sy/n
+	vw := sww/n - mw*mw
+	cw := swy/n - mw*my
+	if vw > 1e-4*mw*mw && cw > 0 {
+		tau = cw / vw
+		a = my - tau*mw
+	}
+	if !(tau > 0) || !(a >= 0) || math.IsInf(tau, 0) || math.IsInf(a, 0) {
+		a, tau = 0, 0
+		if sww > 0 {
+			tau = swy / sww
+		}
+	}
+	if !(tau > 0) || math.IsInf(tau, 0) {
+		// No slope: every work was zero. The mean TTFT is the intercept,
+		// but without a slope the endpoint stays unpriced.
+		return 0, 0
+	}
+	return min(a, learnMaxSeconds), min(max(tau, 1e-15), learnMaxSeconds)
+}
+
+// done folds in one request's decode: d from its first token to Done, over
+// tokens expected decode tokens, observed at now.
+func (e *speedEstimate) done(d time.Duration, tokens int64, now int64) {
+	y := d.Seconds()
+	if tokens <= 0 || !(y >= 0) {
+		return
+	}
+	y = min(y, learnMaxSeconds)
+	x := min(float64(tokens), learnMaxWork)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.dn >= learnWarm && e.dt > 0 {
+		y = winsorize(y, e.dy/e.dt*x, &e.ddev)
+	}
+	keep := 1 - 1.0/learnWindow
+	e.dn = e.dn*keep + 1
+	e.dy = e.dy*keep + y
+	e.dt = e.dt*keep + x
+	tau := 0.0
+	if e.dt > 0 && e.dy > 0 {
+		tau = min(max(e.dy/e.dt, 1e-15), learnMaxSeconds)
+	}
+	e.dtau.Store(math.Float64bits(tau))
+	e.dcount.Store(math.Float64bits(e.dn))
+	e.dat.Store(now)
+}
+
+// speedView is what one pick reads of a candidate's estimate: its fits, the
+// confidence g and dg in [0, 1) each earned from its decayed observation
+// count (learnPrior) and their age (learnHalfLife), 0 for a cold endpoint,
+// its declared weight, and the work priced for the pick.
+type speedView struct {
+	a, tau, g float64
+	dtau, dg  float64
+	weight    float64
+	work      float64
+}
+
+// confidence returns n/(n+learnPrior) with n the count decayed by the age of
+// its last observation.
+func confidence(count float64, at, now int64) float64 {
+	if !(count > 0) {
+		return 0
+	}
+	if age := now - at; age > 0 {
+		count *= math.Exp2(-float64(age) / float64(learnHalfLife))
+	}
+	return count / (count + learnPrior)
+}
+
+// load reads e into v at now.
+func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
+	*v = speedView{weight: weight}
+	if e == nil {
+		return
+	}
+	if tau := math.Float64frombits(e.tau.Load()); tau > 0 {
+		v.a, v.tau = math.Float64frombits(e.a.Load()), tau
+		v.g = confidence(math.Float64frombits(e.count.Load()), e.at.Load(), now)
+	}
+	if dtau := math.Float64frombits(e.dtau.Load()); dtau > 0 {
+		v.dtau = dtau
+		v.dg = confidence(math.Float64frombits(e.dcount.Load()), e.dat.Load(), now)
+	}
+}
+
+// poolSpeed is the confidence-weighted mean fit of the candidates of one
+// pick, per unit of declared weight: the speed a cold endpoint is assumed to
+// have.
+type poolSpeed struct {
+	g, a, tau float64 // sums of g, g*a*weight, g*tau*weight
+	dg, dtau  float64 // sums of dg, dg*dtau*weight
+}
+
+// learned reports whether any candidate has a fit.
+func (p *poolSpeed) learned() bool { return p.g > 0 || p.dg > 0 }
+
+func (p *poolSpeed) add(v *speedView) {
+	if v.g > 0 {
+		p.g += v.g
+		p.a += v.g * v.a * v.weight
+		p.tau += v.g * v.tau * v.weight
+	}
+	if v.dg > 0 {
+		p.dg += v.dg
+		p.dtau += v.dg * v.dtau * v.weight
+	}
+}
+
+// slowness returns how many times longer than the pool's average (per unit
+// of declared weight) candidate v takes to reach its first token with work
+// tokens to prefill, and to decode: 1 + g*(fit/pool - 1), bounded to
+// [1/learnMaxSlowness, learnMaxSlowness], and exactly 1 for an endpoint
+// without observations.
+func (p *poolSpeed) slowness(v *speedView, work float64) (prefill, decode float64) {
+	prefill, decode = 1, 1
+	if v.g > 0 && p.g > 0 {
+		pool := (p.a + p.tau*work) / p.g
+		own := (v.a + v.tau*work) * v.weight
+		if r := own / pool; r > 0 && !math.IsInf(r, 0) {
+			r = min(max(r, 1/learnMaxSlowness), learnMaxSlowness)
+			prefill = 1 + v.g*(r-1)
+		}
+	}
+	if v.dg > 0 && p.dg > 0 {
+		if r := v.dtau * v.weight * p.dg / p.dtau; r > 0 && !math.IsInf(r, 0) {
+			r = min(max(r, 1/learnMaxSlowness), learnMaxSlowness)
+			decode = 1 + v.dg*(r-1)
+		}
+	}
+	return prefill, decode
+}
+
+func growSpeeds(s []speedView, n int) []speedView {
+	if cap(s) < n {
+		return make([]speedView, n)
+	}
+	return s[:n]
+}

@@ -1,0 +1,421 @@
+package llmlb
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// syntheticTTFT is an endpoint whose time to first token is a + work/rate,
+// times lognormal noise of sigma 0.1, and 6 times longer for a share tail
+// of the requests (a preemption, a lost prefix).
+func syntheticTTFT(rng *rand.Rand, a, rate, work, tail float64) time.Duration {
+	y := (a + work/rate) * math.Exp(0.1*rng.NormFloat64())
+	if rng.Float64() < tail {
+		y *= 6
+	}
+	return time.Duration(y * float64(time.Second))
+}
+
+// TestSpeedEstimateConverges checks that a cold estimate finds a synthetic
+// endpoint's prefill rate in 200 requests, for several rates and overheads
+// and 20 seeds each: within 5% with 10% noise, and with a tail of one
+// request in fifty 6 times slower within 5% on average over the seeds and
+// 12% on every one.
+func TestSpeedEstimateConverges(t *testing.T) {
+	cases := []struct {
+		name    string
+		a, rate float64 // seconds, tokens per second
+	}{
+		{"h100", 0.02, 50000},
+		{"l4", 0.05, 8000},
+		{"no-overhead", 0, 20000},
+	}
+	for _, c := range cases {
+		for _, tail := range []float64{0, 0.02} {
+			t.Run(c.name+"/tail="+strconv.FormatFloat(tail, 'g', -1, 64), func(t *testing.T) {
+				limit := 0.05
+				if tail > 0 {
+					limit = 0.12
+				}
+				sum := 0.0
+				for seed := uint64(1); seed <= 20; seed++ {
+					rng := rand.New(rand.NewPCG(seed, 7))
+					var e speedEstimate
+					now := int64(0)
+					for range 200 {
+						work := 200 + rng.Float64()*12000
+						now += int64(50 * time.Millisecond)
+						e.firstToken(work, syntheticTTFT(rng, c.a, c.rate, work, tail), now)
+					}
+					got := 1 / math.Float64frombits(e.tau.Load())
+					sum += got / c.rate
+					if math.Abs(got/c.rate-1) > limit {
+						t.Errorf("seed %d: rate %.0f tokens/s, want %.0f within %.0f%%", seed, got, c.rate, 100*limit)
+					}
+				}
+				if mean := sum / 20; math.Abs(mean-1) > 0.05 {
+					t.Errorf("mean rate %.3f of the true one, want within 5%%", mean)
+				}
+			})
+		}
+	}
+}
+
+// TestSpeedEstimateDecodeConverges checks the decode fit the same way.
+func TestSpeedEstimateDecodeConverges(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var e speedEstimate
+	const perToken = 0.02 // seconds
+	for i := range 200 {
+		tokens := int64(16 + rng.IntN(1000))
+		d := float64(tokens) * perToken * math.Exp(0.1*rng.NormFloat64())
+		e.done(time.Duration(d*float64(time.Second)), tokens, int64(i))
+	}
+	if got := math.Float64frombits(e.dtau.Load()); math.Abs(got/perToken-1) > 0.05 {
+		t.Errorf("decode %.4f s/token, want %.4f within 5%%", got, perToken)
+	}
+}
+
+// TestSpeedEstimateTracksChange checks that an endpoint that halves its
+// speed is seen slower within 200 requests and close to its new speed
+// within 1000.
+func TestSpeedEstimateTracksChange(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	var e speedEstimate
+	observe := func(n int, rate float64) {
+		for range n {
+			work := 200 + rng.Float64()*12000
+			e.firstToken(work, syntheticTTFT(rng, 0.02, rate, work, 0.02), 0)
+		}
+	}
+	pred := func() float64 {
+		return math.Float64frombits(e.a.Load()) + math.Float64frombits(e.tau.Load())*6000
+	}
+	observe(1000, 50000)
+	fast := pred()
+	observe(200, 25000)
+	if r := pred() / fast; r < 1.4 {
+		t.Errorf("200 requests after halving its speed, the endpoint is predicted %.2fx slower, want at least 1.4x", r)
+	}
+	observe(800, 25000)
+	if r := pred() / fast; math.Abs(r/2-1) > 0.1 {
+		t.Errorf("1000 requests after halving its speed, the endpoint is predicted %.2fx slower, want 2x within 10%%", r)
+	}
+}
+
+// learnPair returns two balancers over n endpoints on one fake clock and
+// signal, seeded alike: one choosing with Default, one with Default and
+// Learn.
+func learnPair(t *testing.T, n int, cfg DefaultConfig) (off, on *Balancer, clock *fakeClock, sig *fakeSignal) {
+	t.Helper()
+	clock, sig = newFakeClock(), &fakeSignal{}
+	var bs [2]*Balancer
+	for i, learn := range []bool{false, true} {
+		cfg.Learn = learn
+		p, err := Default(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs[i] = mustNew(t, p, WithClock(clock), WithSignal(sig, 3*time.Second))
+		mustUpdate(t, bs[i], eps(n))
+	}
+	return bs[0], bs[1], clock, sig
+}
+
+// TestLearnColdDecidesAsWithout checks that with Learn on and no
+// observation yet, Default makes exactly the choices it makes with Learn
+// off, on the same random source, over picks that build queues, share
+// prefixes, and see signal observations; and that requests that end
+// without a first token (failed, retried, cancelled) leave every estimate
+// cold.
+func TestLearnColdDecidesAsWithout(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  DefaultConfig
+	}{
+		{"all", DefaultConfig{}},
+		{"sampled", DefaultConfig{Sampled: 2}},
+		{"slots", DefaultConfig{Slots: 4}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { testLearnCold(t, tc.cfg) })
+	}
+}
+
+func testLearnCold(t *testing.T, cfg DefaultConfig) {
+	off, on, clock, sig := learnPair(t, 8, cfg)
+	rng := rand.New(rand.NewPCG(9, 9))
+	prefixes := [][]uint64{{1, 2, 3, 4}, {1, 2, 5}, {7, 8, 9, 10, 11}, nil}
+	var live [][2]Pick
+	ctx := context.Background()
+	for i := range 3000 {
+		clock.Advance(time.Duration(rng.IntN(20)) * time.Millisecond)
+		if i%50 == 0 {
+			for e := range 8 {
+				sig.Set("ep"+strconv.Itoa(e), Load{At: clock.Now(), Running: rng.IntN(10), Waiting: rng.IntN(4), KVUsage: rng.Float64()})
+			}
+		}
+		req := Request{PromptTokens: 16 + rng.IntN(8000), Prefix: prefixes[rng.IntN(len(prefixes))]}
+		a, err := off.Pick(ctx, &req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := on.Pick(ctx, &req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Endpoint().Key() != b.Endpoint().Key() {
+			t.Fatalf("pick %d: Learn off chose %s, Learn on %s", i, a.Endpoint().Key(), b.Endpoint().Key())
+		}
+		live = append(live, [2]Pick{a, b})
+		for len(live) > 40 || (len(live) > 0 && rng.IntN(2) == 0) {
+			j := rng.IntN(len(live))
+			live[j][0].Done(errors.New("cancelled"))
+			live[j][1].Done(errors.New("cancelled"))
+			live = append(live[:j], live[j+1:]...)
+		}
+	}
+	for _, st := range on.snap.Load().eps {
+		if n := math.Float64frombits(st.est.count.Load()); n != 0 {
+			t.Errorf("%s learned from %v requests that never streamed", st.key, n)
+		}
+	}
+}
+
+// TestLearnUpdatesOnlyFromStreamedRequests checks what teaches the
+// estimate: the first token teaches prefill, a successful Done after it
+// teaches decode, and a request that fails after streaming teaches no
+// decode.
+func TestLearnUpdatesOnlyFromStreamedRequests(t *testing.T) {
+	p, _ := Default(DefaultConfig{Learn: true})
+	clock := newFakeClock()
+	b := mustNew(t, p, WithClock(clock))
+	mustUpdate(t, b, eps(1))
+	est := b.snap.Load().eps[0].est
+	ctx := context.Background()
+	req := &Request{PromptTokens: 1000}
+
+	pk, _ := b.Pick(ctx, req)
+	clock.Advance(time.Second)
+	pk.Done(errors.New("retry elsewhere"))
+	if n := math.Float64frombits(est.count.Load()); n != 0 {
+		t.Fatalf("a request done before its first token counted: %v", n)
+	}
+
+	pk, _ = b.Pick(ctx, req)
+	clock.Advance(100 * time.Millisecond)
+	pk.FirstToken()
+	clock.Advance(time.Second)
+	pk.Done(errors.New("client went away"))
+	if n, dn := math.Float64frombits(est.count.Load()), math.Float64frombits(est.dcount.Load()); n != 1 || dn != 0 {
+		t.Fatalf("after a streamed request that failed: %v prefill, %v decode observations, want 1, 0", n, dn)
+	}
+	if tau, want := math.Float64frombits(est.tau.Load()), 0.1/1000; math.Abs(tau/want-1) > 1e-9 {
+		t.Errorf("tau %v s/token, want %v", tau, want)
+	}
+
+	pk, _ = b.Pick(ctx, req)
+	clock.Advance(100 * time.Millisecond)
+	pk.FirstToken()
+	clock.Advance(2560 * time.Millisecond)
+	pk.Done(nil)
+	if dn := math.Float64frombits(est.dcount.Load()); dn != 1 {
+		t.Fatalf("decode observations %v, want 1", dn)
+	}
+	// The decode allowance is 256 tokens.
+	if got, want := math.Float64frombits(est.dtau.Load()), 2.56/DefaultDecodeAllowance; math.Abs(got/want-1) > 1e-9 {
+		t.Errorf("decode %v s/token, want %v", got, want)
+	}
+}
+
+// TestLearnAvoidsSlowEndpoint checks that of two endpoints, one three times
+// slower, Default with Learn sends most requests to the fast one once it
+// has measured both, while without Learn it splits them evenly.
+func TestLearnAvoidsSlowEndpoint(t *testing.T) {
+	for _, learn := range []bool{false, true} {
+		p, _ := Default(DefaultConfig{Learn: learn})
+		clock := newFakeClock()
+		b := mustNew(t, p, WithClock(clock))
+		mustUpdate(t, b, eps(2))
+		rng := rand.New(rand.NewPCG(1, 1))
+		slow := 0
+		for i := range 600 {
+			req := &Request{PromptTokens: 100 + rng.IntN(4000)}
+			pk, err := b.Pick(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rate := 40000.0
+			if pk.Endpoint().Key() == "ep1" {
+				rate /= 3
+				if i >= 400 {
+					slow++
+				}
+			}
+			clock.Advance(syntheticTTFT(rng, 0.02, rate, float64(req.PromptTokens), 0.02))
+			pk.FirstToken()
+			pk.Done(nil)
+		}
+		share := float64(slow) / 200
+		t.Logf("learn %v: slow endpoint's share of the last 200 requests %.2f", learn, share)
+		if learn && share > 0.2 {
+			t.Errorf("with Learn the slow endpoint got %.2f of the requests, want at most 0.2", share)
+		}
+		if !learn && (share < 0.35 || share > 0.65) {
+			t.Errorf("without Learn the slow endpoint got %.2f of the requests, want about half", share)
+		}
+	}
+}
+
+// TestSlownessColdIsOne checks that a cold candidate's slowness is exactly 1
+// whatever the pool learned, and a warm one's is bounded.
+func TestSlownessColdIsOne(t *testing.T) {
+	var warm speedEstimate
+	for i := range 100 {
+		warm.firstToken(float64(1000+i*10), time.Duration(1000+i*10)*time.Millisecond, 0)
+		warm.done(time.Second, 10, 0)
+	}
+	var pool poolSpeed
+	var w, c speedView
+	w.load(&warm, 1, 0)
+	c.load(nil, 1, 0)
+	pool.add(&w)
+	pool.add(&c)
+	for _, work := range []float64{0, 1, 1e6, 1e12} {
+		if s, d := pool.slowness(&c, work); s != 1 || d != 1 {
+			t.Errorf("cold slowness at work %v = %v, %v; want exactly 1, 1", work, s, d)
+		}
+		if s, d := pool.slowness(&w, work); !(s > 0 && s <= learnMaxSlowness) || !(d > 0 && d <= learnMaxSlowness) {
+			t.Errorf("warm slowness at work %v = %v, %v; want in (0, %v]", work, s, d, learnMaxSlowness)
+		}
+	}
+}
+
+// FuzzSpeedEstimate feeds an estimate arbitrary observations (zero,
+// negative, huge, NaN and infinite latencies and works, clocks that jump
+// either way) and checks that everything it publishes, and the slowness
+// the policy derives from it, stays finite and positive.
+func FuzzSpeedEstimate(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte("\xff\xff\xff\xff\xff\xff\xff\x7f\x00\x00\x00\x00\x00\x00\xf0\x7f"))
+	f.Add([]byte("\x01\x00\x00\x00\x00\x00\x00\x80\x02\x00\x00\x00\x00\x00\x00\x00"))
+	special := []float64{0, -1, 1, 1e-300, 5e-324, 1e300, math.MaxFloat64, math.Inf(1), math.Inf(-1), math.NaN(), 4096, 0.5}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var est, other speedEstimate
+		other.firstToken(1000, time.Second, 0)
+		rng := rand.New(rand.NewPCG(uint64(len(data)), 1))
+		next := func() float64 {
+			if len(data) == 0 {
+				return special[rng.IntN(len(special))]
+			}
+			b := data[0]
+			data = data[1:]
+			if b < 128 || len(data) < 8 {
+				return special[int(b)%len(special)]
+			}
+			var u uint64
+			for _, c := range data[:8] {
+				u = u<<8 | uint64(c)
+			}
+			data = data[8:]
+			return math.Float64frombits(u)
+		}
+		dur := func(x float64) time.Duration {
+			if math.IsNaN(x) {
+				return 0
+			}
+			return time.Duration(min(max(x*float64(time.Second), math.MinInt64), math.MaxInt64))
+		}
+		for range 300 {
+			work, y, now := next(), next(), int64(dur(next()))
+			est.firstToken(work, dur(y), now)
+			est.done(dur(next()), int64(dur(next())), now)
+			for _, v := range []float64{
+				math.Float64frombits(est.a.Load()), math.Float64frombits(est.tau.Load()),
+				math.Float64frombits(est.dtau.Load()), math.Float64frombits(est.count.Load()),
+				math.Float64frombits(est.dcount.Load()),
+			} {
+				if !(v >= 0) || math.IsInf(v, 0) {
+					t.Fatalf("estimate published %v", v)
+				}
+			}
+			var pool poolSpeed
+			var a, b speedView
+			a.load(&est, 1, now)
+			b.load(&other, 2, now)
+			pool.add(&a)
+			pool.add(&b)
+			for _, v := range []*speedView{&a, &b} {
+				s, d := pool.slowness(v, math.Abs(work))
+				if !(s > 0) || math.IsInf(s, 0) || !(d > 0) || math.IsInf(d, 0) {
+					t.Fatalf("slowness %v, %v at work %v", s, d, work)
+				}
+			}
+			if len(data) == 0 && rng.IntN(20) == 0 {
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkPickLearn measures Pick, FirstToken and Done of Default, with
+// Learn off and on; with it on, the estimates are warm (each first token
+// comes 1 ms after its pick on a fake clock) and every iteration updates
+// one.
+func BenchmarkPickLearn(b *testing.B) {
+	for _, n := range []int{8, 64} {
+		for _, learn := range []bool{false, true} {
+			b.Run("learn="+strconv.FormatBool(learn)+"/endpoints="+strconv.Itoa(n), func(b *testing.B) {
+				p, _ := Default(DefaultConfig{Learn: learn})
+				clock := newFakeClock()
+				bal := benchBalancer(b, p, n, WithClock(clock))
+				ctx := context.Background()
+				req := &Request{PromptTokens: 1000, MaxTokens: 256}
+				b.ReportAllocs()
+				for b.Loop() {
+					pk, err := bal.Pick(ctx, req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					clock.Advance(time.Millisecond)
+					pk.FirstToken()
+					pk.Done(nil)
+				}
+			})
+		}
+	}
+}
+
+// TestLearnPickDoesNotAllocate checks that Pick, FirstToken and Done of
+// Default with Learn allocate nothing once the estimates are warm.
+func TestLearnPickDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items; allocation counts are meaningless")
+	}
+	p, _ := Default(DefaultConfig{Learn: true})
+	clock := newFakeClock()
+	bal := mustNew(t, p, WithClock(clock))
+	mustUpdate(t, bal, eps(64))
+	req := &Request{PromptTokens: 1000, MaxTokens: 256}
+	step := func() {
+		pk, err := bal.Pick(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Millisecond)
+		pk.FirstToken()
+		clock.Advance(time.Millisecond)
+		pk.Done(nil)
+	}
+	for range 1000 {
+		step()
+	}
+	if allocs := testing.AllocsPerRun(1000, step); allocs != 0 {
+		t.Errorf("%v allocs per pick with Learn, want 0", allocs)
+	}
+}
