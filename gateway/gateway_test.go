@@ -23,8 +23,8 @@ import (
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/fair"
-	"github.com/llmlb/llmlb/internal/e2e"
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/internal/e2e"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
 )
