@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/llmlb/llmlb"
@@ -25,6 +23,7 @@ import (
 	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/internal/natstest"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
 )
@@ -273,18 +272,7 @@ func TestGatewayAdmissionLogged(t *testing.T) {
 // first's requests in flight and sends its own to the one replica the first
 // left idle (by chance, one time in eight).
 func TestGatewaySharesOverNATS(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	defer func() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-	}()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS server not ready")
-	}
+	srv := natstest.Start(t, -1)
 
 	release := make(chan struct{})
 	var mu sync.Mutex
@@ -311,11 +299,7 @@ func TestGatewaySharesOverNATS(t *testing.T) {
 	defer cancel()
 	var gws []*Gateway
 	for _, id := range []string{"a", "b"} {
-		nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
+		nc := natstest.Connect(t, srv.ClientURL())
 		g, err := New(backends, Config{Logger: log, ScrapeInterval: -1, Policy: llmlb.LeastOutstanding(),
 			Share: &share.Config{Conn: nc, ID: id, Interval: 10 * time.Millisecond}})
 		if err != nil {

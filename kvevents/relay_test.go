@@ -8,36 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/llmlb/llmlb/internal/natstest"
 	"github.com/llmlb/llmlb/prefix"
 )
-
-// natsServer runs a NATS server on a random loopback port until the test
-// ends.
-func natsServer(t *testing.T) *server.Server {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	require.NoError(t, err)
-	s.Start()
-	require.True(t, s.ReadyForConnections(10*time.Second), "NATS server not ready")
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
-}
-
-func natsConnect(t *testing.T, url string) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // TestRelayServesFollowers runs an engine's publisher over ZMQ, a Relay
 // onto a real NATS server, and two Followers, one per router: both indexes
@@ -45,7 +22,7 @@ func natsConnect(t *testing.T, url string) *nats.Conn {
 // engine's replay, an engine restart clears them, and so does the Relay
 // stopping.
 func TestRelayServesFollowers(t *testing.T) {
-	ns := natsServer(t)
+	ns := natstest.Start(t, -1)
 	pubAddr, replayAddr := freeAddr(t), freeAddr(t)
 	salt := prefix.Salt{Model: "m"}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,14 +49,14 @@ func TestRelayServesFollowers(t *testing.T) {
 	for range 2 {
 		idx, hasher := newTestIndex(t)
 		h = hasher
-		f, err := NewFollower(FollowerConfig{Config: Config{Index: idx, Hasher: hasher}, Conn: natsConnect(t, ns.ClientURL())})
+		f, err := NewFollower(FollowerConfig{Config: Config{Index: idx, Hasher: hasher}, Conn: natstest.Connect(t, ns.ClientURL())})
 		require.NoError(t, err)
 		require.NoError(t, f.SetEndpoints(map[string]prefix.Salt{"e1": salt}))
 		wg.Go(func() { _ = f.Run(ctx) })
 		routers = append(routers, router{idx, f})
 	}
 	relay, err := NewRelay(RelayConfig{Config: Config{MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond},
-		Conn: natsConnect(t, ns.ClientURL())})
+		Conn: natstest.Connect(t, ns.ClientURL())})
 	require.NoError(t, err)
 	require.NoError(t, relay.SetEndpoints(map[string]Endpoint{"e1": {PubAddr: pubAddr, ReplayAddr: replayAddr, Topic: "kv-events"}}))
 	relayCtx, stopRelay := context.WithCancel(ctx)

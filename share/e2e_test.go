@@ -18,12 +18,11 @@ import (
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/internal/natstest"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/share"
 	"github.com/llmlb/llmlb/signals"
 	"github.com/llmlb/llmlb/sim"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -129,7 +128,7 @@ func (s *stand) startReplica(t *testing.T, natsURL string) *httptest.Server {
 	var opts []llmlb.Option
 	var g *share.Group
 	if natsURL != "" {
-		g, err = share.New(share.Config{Conn: e2eConnect(t, natsURL), Signal: scraper, MaxSignalAge: 3 * e2eScrape, Index: ix, Interval: e2eInterval,
+		g, err = share.New(share.Config{Conn: natstest.Connect(t, natsURL), Signal: scraper, MaxSignalAge: 3 * e2eScrape, Index: ix, Interval: e2eInterval,
 			Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		signal = g
@@ -161,32 +160,6 @@ func (s *stand) startReplica(t *testing.T, natsURL string) *httptest.Server {
 	return srv
 }
 
-// e2eServer runs a NATS server on a random loopback port until the test
-// ends. The test is in package share_test, apart from the helpers of
-// package share's tests, because it imports the simulator, which imports
-// share.
-func e2eServer(t *testing.T) *server.Server {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	require.NoError(t, err)
-	s.Start()
-	require.True(t, s.ReadyForConnections(10*time.Second), "NATS server not ready")
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
-}
-
-// e2eConnect opens a connection that keeps reconnecting.
-func e2eConnect(t *testing.T, url string) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	return nc
-}
-
 type standRun struct {
 	res    e2e.Result
 	hit    e2e.HitRate
@@ -206,7 +179,7 @@ func TestE2ESharingBeatsIsolatedReplicas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end comparison")
 	}
-	srv := e2eServer(t)
+	srv := natstest.Start(t, -1)
 	stands := map[string]*stand{
 		"shared":   startStand(t, srv.ClientURL()),
 		"isolated": startStand(t, ""),

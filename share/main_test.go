@@ -6,9 +6,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/stretchr/testify/require"
+	"github.com/llmlb/llmlb/internal/natstest"
 	"go.uber.org/goleak"
 )
 
@@ -62,29 +60,12 @@ func (s *signalMap) Set(key string, l llmlb.Load) {
 	s.m[key] = l
 }
 
-// startServer runs a NATS server on loopback at port (-1 for a random one)
-// and returns it; it is shut down when the test ends, if not before.
-func startServer(t testing.TB, port int) *server.Server {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})
-	require.NoError(t, err)
-	s.Start()
-	require.True(t, s.ReadyForConnections(10*time.Second), "NATS server not ready")
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
-}
-
-// connect opens a connection that keeps reconnecting quickly.
-func connect(t testing.TB, url string) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	return nc
-}
+// startServer and connect start a NATS server and connect to it for the
+// test (package natstest).
+var (
+	startServer = natstest.Start
+	connect     = natstest.Connect
+)
 
 type key string
 

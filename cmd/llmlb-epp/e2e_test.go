@@ -15,7 +15,6 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/internal/natstest"
 	"github.com/llmlb/llmlb/sim"
 )
 
@@ -277,14 +277,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // Two pickers sharing over a real NATS server: each sees the other's
 // request in flight.
 func TestShareOverNATS(t *testing.T) {
-	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	require.NoError(t, err)
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	require.True(t, ns.ReadyForConnections(10*time.Second))
+	ns := natstest.Start(t, -1)
 	_, addrs := startEngines(t, 2)
 	a := startEPP(t, "-endpoints", addrs, "-nats", ns.ClientURL(), "-share-id", "a", "-share-interval", "20ms")
 	b := startEPP(t, "-endpoints", addrs, "-nats", ns.ClientURL(), "-share-id", "b", "-share-interval", "20ms")
