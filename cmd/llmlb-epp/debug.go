@@ -7,32 +7,21 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/extproc"
+	"github.com/llmlb/llmlb/gateway"
 )
 
-// debugState is the JSON document /debug/llmlb serves.
+// debugState is the JSON document /debug/llmlb serves; its per-replica
+// signal, scrape and sharing views are those of package gateway's.
 type debugState struct {
-	Time     time.Time       `json:"time"`
-	Protocol string          `json:"protocol"`
-	Policy   string          `json:"policy"`
-	Source   debugSource     `json:"source"`
-	Ready    bool            `json:"ready"`
-	InFlight *int            `json:"admission_in_flight,omitempty"`
-	Sessions *int            `json:"admission_sessions,omitempty"`
-	Share    *debugShare     `json:"share,omitempty"` // absent without -nats
-	Replicas []debugEndpoint `json:"endpoints"`
-}
-
-// debugShare is the state of the sharing with the other replicas
-// (share.Stats).
-type debugShare struct {
-	ID          string `json:"id"`
-	Connected   bool   `json:"connected"`
-	Peers       int    `json:"peers"`
-	Published   uint64 `json:"published"`
-	Unpublished uint64 `json:"unpublished"`
-	Received    uint64 `json:"received"`
-	Rejected    uint64 `json:"rejected"`
-	Dropped     uint64 `json:"dropped"`
+	Time     time.Time           `json:"time"`
+	Protocol string              `json:"protocol"`
+	Policy   string              `json:"policy"`
+	Source   debugSource         `json:"source"`
+	Ready    bool                `json:"ready"`
+	InFlight *int                `json:"admission_in_flight,omitempty"`
+	Sessions *int                `json:"admission_sessions,omitempty"`
+	Share    *gateway.DebugShare `json:"share,omitempty"` // absent without -nats
+	Replicas []debugEndpoint     `json:"endpoints"`
 }
 
 type debugSource struct {
@@ -42,31 +31,16 @@ type debugSource struct {
 }
 
 type debugEndpoint struct {
-	Key           string       `json:"key"`
-	Healthy       bool         `json:"healthy"`
-	Outstanding   int64        `json:"outstanding"`
-	Queued        int64        `json:"queued"`
-	PrefillTokens int64        `json:"prefill_tokens"`
-	DecodeTokens  int64        `json:"decode_tokens"`
-	Signal        *debugSignal `json:"signal,omitempty"`
-	Scrape        *debugScrape `json:"scrape,omitempty"`
-	IndexBlocks   int          `json:"index_blocks"`
-	EventBlocks   *int         `json:"event_blocks,omitempty"`
-}
-
-type debugSignal struct {
-	AgeSeconds float64  `json:"age_seconds"`
-	Running    int      `json:"running"`
-	Waiting    int      `json:"waiting"`
-	KVUsage    *float64 `json:"kv_usage,omitempty"`
-	Engine     string   `json:"engine,omitempty"`
-}
-
-type debugScrape struct {
-	Scrapes             uint64 `json:"scrapes"`
-	Failures            uint64 `json:"failures"`
-	ConsecutiveFailures int    `json:"consecutive_failures"`
-	LastError           string `json:"last_error,omitempty"`
+	Key           string               `json:"key"`
+	Healthy       bool                 `json:"healthy"`
+	Outstanding   int64                `json:"outstanding"`
+	Queued        int64                `json:"queued"`
+	PrefillTokens int64                `json:"prefill_tokens"`
+	DecodeTokens  int64                `json:"decode_tokens"`
+	Signal        *gateway.DebugSignal `json:"signal,omitempty"`
+	Scrape        *gateway.DebugScrape `json:"scrape,omitempty"`
+	IndexBlocks   int                  `json:"index_blocks"`
+	EventBlocks   *int                 `json:"event_blocks,omitempty"`
 }
 
 // state returns the picker's state for the debug view.
@@ -84,7 +58,7 @@ func (s *server) state() debugState {
 	}
 	if s.group != nil {
 		gs := s.group.Stats()
-		d.Share = &debugShare{ID: s.group.ID(), Connected: gs.Connected, Peers: gs.Peers, Published: gs.Published,
+		d.Share = &gateway.DebugShare{ID: s.group.ID(), Connected: gs.Connected, Peers: gs.Peers, Published: gs.Published,
 			Unpublished: gs.Unpublished, Received: gs.Received, Rejected: gs.Rejected, Dropped: gs.Dropped}
 	}
 	d.Source.Loaded = st.loaded
@@ -96,7 +70,7 @@ func (s *server) state() debugState {
 			PrefillTokens: e.PrefillTokens, DecodeTokens: e.DecodeTokens, IndexBlocks: s.ix.Len(e.Key)}
 		if s.scraper != nil {
 			if o, ok := s.scraper.Observation(e.Key); ok && !o.At.IsZero() {
-				sig := &debugSignal{AgeSeconds: now.Sub(o.At).Seconds(), Running: o.Running, Waiting: o.Waiting, Engine: o.Engine.String()}
+				sig := &gateway.DebugSignal{AgeSeconds: now.Sub(o.At).Seconds(), Running: o.Running, Waiting: o.Waiting, Engine: o.Engine.String()}
 				if !math.IsNaN(o.KVUsage) {
 					u := o.KVUsage
 					sig.KVUsage = &u
@@ -104,7 +78,7 @@ func (s *server) state() debugState {
 				de.Signal = sig
 			}
 			if ss, ok := s.scraper.Status(e.Key); ok {
-				de.Scrape = &debugScrape{Scrapes: ss.Scrapes, Failures: ss.Failures, ConsecutiveFailures: ss.ConsecutiveFailures}
+				de.Scrape = &gateway.DebugScrape{Scrapes: ss.Scrapes, Failures: ss.Failures, ConsecutiveFailures: ss.ConsecutiveFailures}
 				if ss.LastError != nil {
 					de.Scrape.LastError = ss.LastError.Error()
 				}
