@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Balancer picks an endpoint for each request and accounts for the work it
@@ -76,7 +78,7 @@ const never = math.MinInt64
 // newEpState returns the accounting of an endpoint that just joined: not in
 // slow start, and with no observation seen.
 func newEpState(key string) *epState {
-	st := &epState{key: key}
+	st := &epState{key: key, keyHash: xxhash.Sum64String(key)}
 	st.started.Store(never)
 	st.obsAt.Store(never)
 	return st
@@ -133,8 +135,9 @@ type epState struct {
 	epWaitDone atomic.Int64
 	// est is the endpoint's speed estimate if the policy learns, else nil;
 	// set before the endpoint joins a snapshot.
-	est *speedEstimate
-	_   [24]byte // to 192 bytes
+	est     *speedEstimate
+	keyHash uint64   // xxhash of key, for placement by rendezvous hashing
+	_       [16]byte // to 192 bytes
 }
 
 // The fields of the packed counts (epState.reqs and epState.toks).

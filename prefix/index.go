@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -128,6 +129,7 @@ type Index struct {
 	ttl          int64
 	maxEndpoints int
 	eventsOnly   bool
+	records      atomic.Uint64 // Record calls with blocks
 
 	mu        sync.RWMutex // protects the fields below
 	endpoints map[string]*endpoint
@@ -315,6 +317,9 @@ func (x *Index) Len(endpoint string) int {
 // Record returns an error wrapping [ErrInvalidArgument] for an empty
 // endpoint key, or [ErrTooManyEndpoints].
 func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
+	if len(blocks) > 0 && endpoint != "" {
+		x.records.Add(1)
+	}
 	t := now.UnixNano()
 	exp := t + x.ttl
 	if exp < t { // overflow
@@ -329,6 +334,13 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	x.touchLocked(e, blocks, exp, x.ttl/recordSlack, t)
 	return nil
 }
+
+// Records returns how many placements have been recorded in the index: the
+// calls of [Index.Record] with an endpoint and at least one block, by every
+// caller (the policies that record their decisions, and a share.Group that
+// records its peers'). A policy compares it with its own decisions to learn
+// which part of all placements it knows of.
+func (x *Index) Records() uint64 { return x.records.Load() }
 
 // Stored applies an engine KV event: endpoint now holds the blocks, which
 // do not expire until [Index.Removed] or [Index.Cleared] reports them gone
