@@ -12,6 +12,7 @@
 //	go run ./cmd/llmlb-engine -ports 8001,8002,8003,8004 -speedup 10 &
 //	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003,http://127.0.0.1:8004
 //	go run ./examples/gateway -demo
+//	go run ./examples/gateway -demo-fair
 //
 // Several replicas of the gateway in front of the same engines share their
 // requests in flight and routed prefixes over NATS with -nats (package
@@ -23,7 +24,12 @@
 // With -demo it starts 4 emulated engines in-process for each policy
 // (default, least-outstanding, round-robin), sends them the same open-loop
 // load through the gateway, and prints the time to first token and the prefix
-// cache hit rate each policy achieved.
+// cache hit rate each policy achieved. With -demo-fair it starts 2 emulated
+// engines of 4 slots, and twice, without a fair queue and then with -fair
+// (by default the engines' 8 slots) and a trusted tenant header, sends them
+// a heavy tenant keeping 16 requests outstanding and a light tenant sending
+// its requests one at a time; it prints each tenant's completed requests,
+// time to first token and share of the output tokens.
 package main
 
 import (
@@ -113,6 +119,7 @@ func run(args []string) error {
 	fs.BoolVar(&o.kvRelay, "kv-relay", false, "with -nats and -kv-events: publish the engines' KV events on NATS for the replicas started with -kv-events-nats (this one follows them from NATS too)")
 	fs.BoolVar(&o.kvFromNATS, "kv-events-nats", false, "with -nats: follow the engines' KV events that a replica started with -kv-relay publishes on NATS")
 	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
+	demoFair := fs.Bool("demo-fair", false, "compare a heavy and a light tenant's service on emulated engines, without and with -fair (default: the engines' slots), and exit")
 	requests := fs.Int("requests", 400, "demo: requests per policy")
 	rate := fs.Float64("rate", 70, "demo: arrivals per second")
 	if err := fs.Parse(args); err != nil {
@@ -127,8 +134,19 @@ func run(args []string) error {
 		o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 		return runDemo(o, *requests, *rate)
 	}
+	if *demoFair {
+		if o.fairInFlight < 0 {
+			return errors.New("-fair must not be negative")
+		}
+		load := fairDemoLoad
+		if o.tenantHeader != "" {
+			load.Header = o.tenantHeader
+		}
+		o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		return runFairDemo(os.Stdout, o, load, o.fairInFlight)
+	}
 	if *backends == "" {
-		return errors.New("-backends is required (or use -demo)")
+		return errors.New("-backends is required (or use -demo or -demo-fair)")
 	}
 	if *kvEvents != "" {
 		o.kvEvents = strings.Split(*kvEvents, ",")
@@ -408,34 +426,22 @@ func runDemo(o options, requests int, rate float64) error {
 	return tw.Flush()
 }
 
+// demoRun sends w through a gateway configured by o in front of a fresh
+// cluster of 4 engines configured by engines, and returns what the clients
+// saw and the engines' prefix hit rate.
 func demoRun(o options, engines engine.Config, w e2e.Workload) (e2e.Result, e2e.HitRate, error) {
-	c, err := e2e.StartCluster(4, engines)
+	c, base, stop, err := startDemo(o, 4, engines)
 	if err != nil {
 		return e2e.Result{}, e2e.HitRate{}, err
 	}
-	defer c.Close()
-	g, _, err := newGateway(c.URLs, o, nil)
-	if err != nil {
-		return e2e.Result{}, e2e.HitRate{}, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return e2e.Result{}, e2e.HitRate{}, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, g, l) }()
-	defer func() {
-		cancel()
-		<-served
-	}()
+	defer stop()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	defer client.CloseIdleConnections()
 	// Bound the run: the load's own length plus a generous drain.
 	limit := time.Duration(float64(w.Requests)/w.Rate*float64(time.Second)) + 30*time.Second
-	runCtx, stop := context.WithTimeout(context.Background(), limit)
-	defer stop()
-	res := e2e.Generate(runCtx, client, "http://"+l.Addr().String(), w)
+	runCtx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	res := e2e.Generate(runCtx, client, base, w)
 	hit, err := c.ScrapeHitRate(context.Background(), client)
 	return res, hit, err
 }
