@@ -14,6 +14,7 @@
 //
 //	go run ./internal/results          # rewrite the blocks
 //	go run ./internal/results -check   # exit 1 if a block differs (CI)
+//	go run ./internal/results -match 'routers 4' docs/routers.md   # only some blocks
 //
 // $TRACES in the arguments stands for ../shared/traces, where the public
 // traces are kept beside the repository; a block whose trace is missing is
@@ -38,8 +39,13 @@ var block = regexp.MustCompile("(?s)<!-- llmlb-sim ([^>]*?) -->\n```text\n(.*?)`
 
 const traces = "../shared/traces"
 
+// only, if not empty, limits the blocks run to those whose arguments
+// contain it (-match).
+var only string
+
 func main() {
 	check := flag.Bool("check", false, "report the blocks that differ instead of rewriting them; exit 1 if any does")
+	flag.StringVar(&only, "match", "", "only the blocks whose llmlb-sim arguments contain this string")
 	flag.Parse()
 	files := flag.Args()
 	if len(files) == 0 {
@@ -89,6 +95,9 @@ func regenerate(file, bin string, check bool) (int, error) {
 	out := block.ReplaceAllFunc(src, func(m []byte) []byte {
 		sub := block.FindSubmatch(m)
 		args, old := string(sub[1]), string(sub[2])
+		if !strings.Contains(args, only) {
+			return m
+		}
 		got, err := simulate(bin, args)
 		if errors.Is(err, os.ErrNotExist) {
 			fmt.Fprintf(os.Stderr, "results: %s: skipping llmlb-sim %s: %v\n", file, args, err)
