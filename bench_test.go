@@ -234,7 +234,15 @@ func BenchmarkHashBytes(b *testing.B) {
 func BenchmarkDecision(b *testing.B) {
 	for _, n := range []int{8, 64, 512} {
 		b.Run("endpoints="+strconv.Itoa(n), func(b *testing.B) {
-			benchDecision(b, n, false)
+			benchDecision(b, n, 0, false)
+		})
+	}
+	// Scoring the two longest-prefix holders and two random candidates
+	// (DefaultConfig.Sampled), the cost of a decision no longer grows with
+	// the pool.
+	for _, n := range []int{8, 64, 512} {
+		b.Run("sampled=2/endpoints="+strconv.Itoa(n), func(b *testing.B) {
+			benchDecision(b, n, 2, false)
 		})
 	}
 }
@@ -243,10 +251,10 @@ func BenchmarkDecision(b *testing.B) {
 // GOMAXPROCS goroutines sharing one balancer and index; compare -cpu 1 and
 // -cpu 2.
 func BenchmarkDecisionParallel(b *testing.B) {
-	b.Run("endpoints=64", func(b *testing.B) { benchDecision(b, 64, true) })
+	b.Run("endpoints=64", func(b *testing.B) { benchDecision(b, 64, 0, true) })
 }
 
-func benchDecision(b *testing.B, n int, parallel bool) {
+func benchDecision(b *testing.B, n, sampled int, parallel bool) {
 	h, err := prefix.NewHasher(prefix.HasherConfig{})
 	if err != nil {
 		b.Fatal(err)
@@ -255,7 +263,7 @@ func benchDecision(b *testing.B, n int, parallel bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pol, err := Default(DefaultConfig{Index: ix})
+	pol, err := Default(DefaultConfig{Index: ix, Sampled: sampled})
 	if err != nil {
 		b.Fatal(err)
 	}

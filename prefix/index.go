@@ -147,6 +147,32 @@ type endpoint struct {
 	// reported by events). Its eviction callback keeps Index.holders
 	// consistent.
 	lru *simplelru.LRU[uint64, int64]
+	// gen counts the changes of lru; last describes the blocks the latest
+	// touch left at its front (see touchLocked).
+	gen  uint64
+	last lastTouch
+}
+
+// lastTouch describes an endpoint's latest touch of n blocks: their
+// fingerprint, the least expiry it left them with, and the endpoint's gen
+// after it. While gen is unchanged those blocks are the n most recently
+// used, in order, and touching the same blocks again would change nothing
+// until an expiry needs refreshing.
+type lastTouch struct {
+	n      int
+	print  uint64
+	minExp int64
+	gen    uint64
+}
+
+// fingerprint returns a hash of blocks, in order.
+func fingerprint(blocks []uint64) uint64 {
+	h := uint64(len(blocks))
+	for _, b := range blocks {
+		h = (h ^ b) * 0x9e3779b97f4a7c15
+		h ^= h >> 29
+	}
+	return h
 }
 
 // holder is the set of endpoints, within one group of 64 slots, that hold a
@@ -280,6 +306,7 @@ func (x *Index) SetCapacity(endpoint string, blocks int) error {
 	}
 	e.lru.Resize(blocks)
 	e.capacity = blocks
+	e.gen++
 	return nil
 }
 
@@ -386,6 +413,7 @@ func (x *Index) Removed(endpoint string, blockSize int, hashes ...uint64) error 
 		for _, h := range hashes {
 			e.lru.Remove(h)
 		}
+		e.gen++
 	}
 	return nil
 }
@@ -398,6 +426,7 @@ func (x *Index) Cleared(endpoint string) {
 	defer x.mu.Unlock()
 	if e := x.endpoints[endpoint]; e != nil {
 		e.lru.Purge()
+		e.gen++
 	}
 }
 
@@ -430,7 +459,19 @@ func (x *Index) checkBlockSize(blockSize int) error {
 // entry. x.mu must be held for writing.
 func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64) {
 	n := min(len(blocks), e.capacity)
+	if n == 0 {
+		return
+	}
+	// The same blocks touched again, with nothing changed at the endpoint
+	// since and every expiry still recent enough, would be left exactly
+	// as they are: a popular prompt recorded on its holder costs a
+	// fingerprint instead of a map lookup and a list move per block.
+	fp := fingerprint(blocks[:n])
+	if l := &e.last; l.gen == e.gen && l.n == n && l.print == fp && l.minExp >= exp-slack && l.minExp > now {
+		return
+	}
 	w, bit := e.slot/64, uint64(1)<<(e.slot%64)
+	minExp := int64(math.MaxInt64)
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]
 		v := exp
@@ -440,6 +481,7 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 		} else {
 			e.lru.Add(h, v) // may evict another block, unlinking it
 		}
+		minExp = min(minExp, v)
 		k := holderKey(h, w)
 		hd := x.holders.get(k)
 		switch {
@@ -457,6 +499,8 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 		}
 		x.holders.put(k, hd)
 	}
+	e.gen++
+	e.last = lastTouch{n: n, print: fp, minExp: minExp, gen: e.gen}
 }
 
 // refresh recomputes the expiry summary of the holders of block h in group
