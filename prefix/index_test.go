@@ -460,3 +460,43 @@ func TestEventsOnly(t *testing.T) {
 		t.Fatalf("matched %d blocks after Removed of the second, want 1", n)
 	}
 }
+
+// TestRecordAgain checks that recording blocks an endpoint already holds
+// at the front of its LRU (which Record skips) behaves exactly as touching
+// them would: a prompt recorded again after another one becomes the most
+// recently used again, and an expiry past its slack is extended.
+func TestRecordAgain(t *testing.T) {
+	x := mustIndex(t, IndexConfig{Capacity: 4})
+	a, b, c := chainOf(1, 2), chainOf(2, 2), chainOf(3, 2)
+	must(t, x.Record("e", a, t0))
+	must(t, x.Record("e", a, t0)) // nothing changed since: skipped
+	must(t, x.Record("e", b, t0))
+	must(t, x.Record("e", a, t0)) // b came in between: a is the most recent again
+	must(t, x.Record("e", c, t0)) // evicts the two least recent blocks: b's
+	if got := x.MatchLen("e", a, t0); got != 2 {
+		t.Fatalf("a recorded again after b: MatchLen %d, want 2", got)
+	}
+	if got := x.MatchLen("e", b, t0); got != 0 {
+		t.Fatalf("b, the least recently recorded: MatchLen %d, want 0", got)
+	}
+	// An engine event in between changes the endpoint's blocks: recording
+	// a again restores them.
+	must(t, x.Record("e", a, t0))
+	must(t, x.Removed("e", 16, a[0]))
+	must(t, x.Record("e", a, t0))
+	if got := x.MatchLen("e", a, t0); got != 2 {
+		t.Fatalf("a recorded again after its head was removed: MatchLen %d, want 2", got)
+	}
+	checkInvariants(t, x)
+
+	y := mustIndex(t, IndexConfig{TTL: time.Minute})
+	must(t, y.Record("e", a, t0))
+	must(t, y.Record("e", a, t0.Add(30*time.Second))) // past the slack: extends the expiry
+	if got := y.MatchLen("e", a, t0.Add(80*time.Second)); got != 2 {
+		t.Fatalf("recorded again at 30 s with a 1 min TTL: MatchLen at 80 s = %d, want 2", got)
+	}
+	if got := y.MatchLen("e", a, t0.Add(91*time.Second)); got != 0 {
+		t.Fatalf("MatchLen at 91 s = %d, want 0 (expired)", got)
+	}
+	checkInvariants(t, y)
+}
