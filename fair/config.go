@@ -14,8 +14,8 @@ const (
 	// DefaultMaxPrincipals bounds the idle principals whose counters a
 	// queue remembers.
 	DefaultMaxPrincipals = 10000
-	// DefaultAgingInterval is the wait after which a waiter moves up one
-	// class: a Batch request competes as Interactive after 10 s.
+	// DefaultAgingInterval is the wait after which a class moves up one
+	// rank: a Batch request competes as Interactive after 10 s.
 	DefaultAgingInterval = 5 * time.Second
 	// DefaultRetryAfter is the wait suggested to refused callers.
 	DefaultRetryAfter = time.Second
@@ -77,8 +77,9 @@ type Config struct {
 	// OutputWeight is the charge for one output token; 0 means
 	// [DefaultOutputWeight].
 	OutputWeight float64
-	// AgingInterval is the wait after which a waiter counts as one class
-	// more urgent (see the package documentation). 0 means
+	// AgingInterval is the wait of a class's oldest waiter after which the
+	// class counts as one rank more urgent (see the package
+	// documentation). 0 means
 	// [DefaultAgingInterval]; a negative value disables aging, so that a
 	// lower class waits as long as a higher one has waiters.
 	AgingInterval time.Duration

@@ -25,19 +25,26 @@
 //
 // The order in which waiters are admitted, for a waiter w of principal p:
 //
-//  1. the lowest effective rank: the rank of w's class (Interactive 0,
+//  1. the lowest effective rank of w's class: its rank (Interactive 0,
 //     Standard 1, Batch 2), less one for every full [Config.AgingInterval]
-//     w has waited, and never below 0;
+//     the class's oldest waiter has waited, and never below 0;
 //  2. then the least counter of p (weighted service received);
 //  3. then the earliest arrival.
 //
-// So a waiter of rank k competes as an Interactive request after k aging
-// intervals, however much more urgent traffic keeps arriving, and from then
-// on is admitted before every later arrival of a principal with a larger
-// counter. Admission is strictly in that order: when the first waiter does
-// not fit the token cap, no later one is admitted past it.
+// So a class of rank k whose oldest waiter has waited k aging intervals
+// competes as Interactive, however much more urgent traffic keeps
+// arriving, and its waiters are then admitted before every later arrival
+// of a principal with a larger counter. A class ages as a whole: aging
+// lifts a less urgent class above a more urgent one, never one waiter above
+// another of its own class, so that a principal's backlog, however old,
+// does not pass a principal served less (VTC holds within every class).
+// Admission is strictly in that order: when the first waiter does not fit
+// the token cap, no later one is admitted past it.
 //
 // A Queue is safe for concurrent use. It starts no goroutines: a waiter
 // blocks in its own [Queue.Admit] call and is woken by the release that
 // makes room for it ([Ticket.Done]), by its context, or by being shed.
+// Callers that cannot block, such as an event loop or a simulator, use
+// [Queue.Enter] instead, which never waits and reports a queued ticket's
+// admission to a function.
 package fair

@@ -61,3 +61,25 @@ func Example_overload() {
 	// Output:
 	// true 1s true
 }
+
+// An event loop that cannot block enters requests with Enter and starts a
+// queued one when its ready function is called.
+func ExampleQueue_Enter() {
+	q, err := fair.New(fair.Config{MaxInFlight: 1})
+	if err != nil {
+		panic(err)
+	}
+	first, admitted, _ := q.Enter(fair.Request{Principal: "alice"}, func(error) {})
+	fmt.Println("alice admitted:", admitted)
+	second, admitted, _ := q.Enter(fair.Request{Principal: "bob"}, func(err error) {
+		fmt.Println("bob admitted later, refused:", err != nil)
+	})
+	fmt.Println("bob admitted:", admitted)
+	first.Charge(20)
+	first.Done() // calls bob's ready function
+	second.Done()
+	// Output:
+	// alice admitted: true
+	// bob admitted: false
+	// bob admitted later, refused: false
+}

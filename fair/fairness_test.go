@@ -210,3 +210,41 @@ func TestAgingPreventsStarvation(t *testing.T) {
 		}
 	}
 }
+
+// Aging never lifts a waiter above another of its own class: a tenant whose
+// backlog has waited for many aging intervals does not go before a light
+// tenant's fresh request of the same class once it has received more.
+func TestAgingKeepsTheCounterOrderWithinAClass(t *testing.T) {
+	const aging = time.Second
+	q, clk := newTestQueue(t, Config{MaxInFlight: 1, AgingInterval: aging})
+	running, err := q.push(Request{Principal: "heavy", Class: Standard, PromptTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backlog []*Ticket
+	for range 10 {
+		tk, err := q.push(Request{Principal: "heavy", Class: Standard, PromptTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		backlog = append(backlog, tk)
+	}
+	clk.Advance(5 * aging)
+	light, err := q.push(Request{Principal: "light", Class: Standard, PromptTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// light is lifted to heavy's counter; heavy's oldest waiter goes first
+	// on the tie, after which heavy has received more than light.
+	for i := 0; i < 2 && light.stateNow() != stateAdmitted; i++ {
+		running.Done()
+		for _, tk := range backlog {
+			if tk.stateNow() == stateAdmitted {
+				running = tk
+			}
+		}
+	}
+	if light.stateNow() != stateAdmitted {
+		t.Fatal("the light tenant's request waited behind the heavy tenant's older backlog of its class")
+	}
+}

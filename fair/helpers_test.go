@@ -49,7 +49,7 @@ func (q *Queue) push(r Request) (*Ticket, error) {
 			w = v
 		}
 	}
-	t, _, err := q.enter(r, w, time.Time{})
+	t, _, err := q.enter(r, w, time.Time{}, nil)
 	return t, err
 }
 

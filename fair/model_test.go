@@ -83,11 +83,19 @@ func (m *model) push(r *mreq) {
 	m.dispatch(r.enq)
 }
 
+// effRank is the rank of r's class less one for every full aging interval
+// the class's oldest waiter has waited, never below 0.
 func (m *model) effRank(r *mreq, now time.Time) int {
 	if m.aging <= 0 {
 		return r.rank
 	}
-	return max(r.rank-int(now.Sub(r.enq)/m.aging), 0)
+	oldest := r.enq
+	for _, w := range m.waiters {
+		if w.rank == r.rank && w.enq.Before(oldest) {
+			oldest = w.enq
+		}
+	}
+	return max(r.rank-int(now.Sub(oldest)/m.aging), 0)
 }
 
 func (m *model) dispatch(now time.Time) {

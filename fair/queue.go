@@ -42,8 +42,8 @@ type Stats struct {
 // ordered by priority class with aging; see the package documentation.
 // Create one with [New]; the zero value is not usable.
 //
-// Admit, Stats and the methods of the tickets it returns are safe for
-// concurrent use. Each takes the queue's lock for a time linear in the
+// Admit, Enter, Stats and the methods of the tickets they return are safe
+// for concurrent use. Each takes the queue's lock for a time linear in the
 // number of principals with requests waiting (at most MaxWaiting), and
 // constant when none wait.
 type Queue struct {
@@ -67,6 +67,7 @@ type Queue struct {
 	inflight   int
 	tokens     int64
 	waiting    int
+	woken      []*Ticket // tickets of Enter admitted or refused under the lock, to notify once it is released
 }
 
 // New returns a queue configured by cfg, or an error wrapping
@@ -153,7 +154,7 @@ func (q *Queue) Admit(ctx context.Context, r Request) (*Ticket, error) {
 		}
 	}
 	deadline, _ := ctx.Deadline()
-	t, admitted, err := q.enter(r, w, deadline)
+	t, admitted, err := q.enter(r, w, deadline, nil)
 	if err != nil || admitted {
 		return t, err
 	}
@@ -169,12 +170,45 @@ func (q *Queue) Admit(ctx context.Context, r Request) (*Ticket, error) {
 	}
 }
 
+// Enter is the form of [Queue.Admit] that never waits, for callers that
+// cannot block, such as an event loop or a discrete-event simulation. It
+// admits r at once, queues it, or refuses it, as Admit would with a context
+// that has no deadline, and returns the ticket and whether it is admitted.
+//
+// A refused request gets the error Admit returns and no ticket. A queued
+// one is admitted or refused later, in the order and on the bounds the
+// package documentation gives: ready is then called once, with nil when the
+// ticket is admitted (its holder uses it as one Admit returned) or with
+// the refusal, a [*retry.OverloadError], when it is shed. ready is called
+// by the goroutine whose call let the ticket in or shed it (a
+// [Ticket.Done], an Admit or an Enter), after the queue's lock is
+// released, so it may call the queue's methods; it should not block. ready
+// is never called for a request admitted or refused by Enter itself, and
+// must not be nil.
+//
+// To give up a queued ticket, call its Done: it leaves the queue with
+// nothing charged to its principal, and ready is not called.
+func (q *Queue) Enter(r Request, ready func(err error)) (*Ticket, bool, error) {
+	if ready == nil {
+		panic("fair: Enter with a nil ready function")
+	}
+	w := 1.0
+	if q.weight != nil {
+		if v := q.weight(r.Principal); validWeight(v) {
+			w = v
+		}
+	}
+	return q.enter(r, w, time.Time{}, ready)
+}
+
 // enter admits r at once or queues it. It returns the ticket, whether it is
-// admitted, or an error if r is refused.
-func (q *Queue) enter(r Request, weight float64, deadline time.Time) (*Ticket, bool, error) {
+// admitted, or an error if r is refused. A ticket queued with ready not nil
+// is reported to ready (see [Queue.Enter]); otherwise it has a channel,
+// closed when it is admitted or refused, which [Queue.Admit] waits on.
+func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(error)) (*Ticket, bool, error) {
 	now := q.clock.Now()
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	if !deadline.IsZero() && !now.Before(deadline) {
 		return nil, false, q.overload("queue", "deadline passed before admission", context.DeadlineExceeded)
 	}
@@ -202,10 +236,37 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time) (*Ticket, b
 	}
 	q.seq++
 	t.seq, t.enq, t.deadline = q.seq, now, deadline
-	t.ready = make(chan struct{})
+	if ready == nil {
+		t.ready = make(chan struct{})
+	}
 	q.pushLocked(t)
 	q.dispatchLocked(now)
+	// ready is set only now, so that it is not called for t's own
+	// admission.
+	t.notify = ready
 	return t, t.state == stateAdmitted, nil
+}
+
+// unlock releases the queue's lock and then notifies the tickets of Enter
+// that were admitted or refused while it was held.
+func (q *Queue) unlock() {
+	woken := q.woken
+	q.woken = nil
+	q.mu.Unlock()
+	for _, t := range woken {
+		t.notify(t.err)
+	}
+}
+
+// wakeLocked tells t, which was queued and is now admitted or refused (with
+// t.err), that it need wait no longer.
+func (q *Queue) wakeLocked(t *Ticket) {
+	switch {
+	case t.ready != nil:
+		close(t.ready)
+	case t.notify != nil:
+		q.woken = append(q.woken, t)
+	}
 }
 
 // abandon takes t, whose caller's context ended with cause, out of the
@@ -213,7 +274,7 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time) (*Ticket, b
 func (q *Queue) abandon(t *Ticket, cause error) error {
 	now := q.clock.Now()
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	switch t.state {
 	case stateRefused:
 		return t.err
@@ -318,7 +379,7 @@ func (q *Queue) dispatchLocked(now time.Time) {
 		}
 		q.unlinkLocked(t)
 		q.admitLocked(t)
-		close(t.ready)
+		q.wakeLocked(t)
 	}
 }
 
@@ -326,22 +387,41 @@ func (q *Queue) dispatchLocked(now time.Time) {
 func (q *Queue) refuseLocked(t *Ticket, err error) {
 	t.state, t.err = stateRefused, err
 	q.settleLocked(t.p)
-	close(t.ready)
+	q.wakeLocked(t)
 }
 
-// effRank returns t's rank after aging.
-func (q *Queue) effRank(t *Ticket, now time.Time) int {
-	r := t.rank
-	if q.aging > 0 && r > 0 {
-		r -= int(min(now.Sub(t.enq)/q.aging, time.Duration(r)))
+// classRanks returns the effective rank of each class at now: its rank,
+// less one for every full aging interval its oldest waiter has waited, and
+// never below 0. A class ages as a whole, by its oldest waiter, so that
+// within a class waiters are always ordered by their principals' counters:
+// aging lifts a less urgent class above a more urgent one, never one
+// waiter above another of its own class.
+func (q *Queue) classRanks(now time.Time) [numClasses]int {
+	var oldest [numClasses]time.Time
+	for _, p := range q.backlog {
+		for c := range numClasses {
+			if t := p.head[c]; t != nil && (oldest[c].IsZero() || t.enq.Before(oldest[c])) {
+				oldest[c] = t.enq
+			}
+		}
 	}
-	return r
+	var ranks [numClasses]int
+	for c := range numClasses {
+		r := c
+		if q.aging > 0 && r > 0 && !oldest[c].IsZero() {
+			r -= int(min(now.Sub(oldest[c])/q.aging, time.Duration(r)))
+		}
+		ranks[c] = r
+	}
+	return ranks
 }
 
-// nextLocked returns the waiter to admit next: the least effective rank,
-// then the least counter, then the earliest arrival. Only the head of each
-// principal's queue of each class can be it, since it has waited longest.
+// nextLocked returns the waiter to admit next: of the classes of least
+// effective rank, the waiter of the principal with the least counter, then
+// the earliest arrival. Only the head of each principal's queue of each
+// class can be it, since it has waited longest.
 func (q *Queue) nextLocked(now time.Time) *Ticket {
+	ranks := q.classRanks(now)
 	var (
 		best     *Ticket
 		bestRank int
@@ -352,7 +432,7 @@ func (q *Queue) nextLocked(now time.Time) *Ticket {
 			if t == nil {
 				continue
 			}
-			r := q.effRank(t, now)
+			r := ranks[c]
 			if best == nil || r < bestRank || r == bestRank &&
 				(p.counter < best.p.counter || p.counter == best.p.counter && t.seq < best.seq) {
 				best, bestRank = t, r

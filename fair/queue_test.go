@@ -346,7 +346,7 @@ func TestDeadline(t *testing.T) {
 
 	// A waiter whose deadline passes by the clock is refused at the next
 	// dispatch instead of being admitted late.
-	late, _, err := q.enter(Request{Principal: "c"}, 1, clk.Now().Add(time.Second))
+	late, _, err := q.enter(Request{Principal: "c"}, 1, clk.Now().Add(time.Second), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,8 @@ const (
 	stateDone     // released, or abandoned while queued
 )
 
-// Ticket is an admitted request. Its holder charges it the output tokens
+// Ticket is an admitted request, or with [Queue.Enter] one that may be
+// waiting for admission. Its holder charges it the output tokens
 // the request produces ([Ticket.Charge]) and calls [Ticket.Done] when the
 // request ends, which gives its capacity to the next waiter. Its methods
 // are safe for concurrent use.
@@ -30,7 +31,8 @@ type Ticket struct {
 	deadline time.Time
 	prev     *Ticket // neighbours in the principal's queue of the class
 	next     *Ticket
-	ready    chan struct{} // closed when a queued ticket is admitted or refused
+	ready    chan struct{} // of Admit: closed when a queued ticket is admitted or refused
+	notify   func(error)   // of Enter: called when a queued ticket is admitted or refused
 	err      error         // why it was refused
 }
 
@@ -56,15 +58,22 @@ func (t *Ticket) Charge(n int) {
 
 // Done ends the request: its place and its tokens in flight are released,
 // and the next waiters are admitted if they now fit. The charges stay with
-// the principal. Calls after the first do nothing.
+// the principal. A ticket still queued (see [Queue.Enter]) leaves the queue
+// instead, with nothing charged. Calls after the first do nothing.
 func (t *Ticket) Done() {
 	q := t.q
 	now := q.clock.Now()
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	if t.state != stateAdmitted {
+	defer q.unlock()
+	switch t.state {
+	case stateAdmitted:
+		q.releaseLocked(t)
+	case stateQueued:
+		q.unlinkLocked(t)
+		t.state = stateDone
+		q.settleLocked(t.p)
+	default:
 		return
 	}
-	q.releaseLocked(t)
 	q.dispatchLocked(now)
 }
