@@ -147,6 +147,9 @@ type Config struct {
 	SLO SLO
 	// Seed seeds every random choice of the routers and policies.
 	Seed uint64
+	// Admission is the admission control in front of the routers. The zero
+	// value admits every request at once.
+	Admission Admission
 	// Series is the sampling interval of the per-replica outstanding-work
 	// series ([Result].Series). 0 means the last arrival time / 200 (at
 	// least 10 ms). The series holds at most 1024 samples: when a run
@@ -216,6 +219,9 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: sharing interval %v, want 1ms to 1m", ErrInvalidConfig, c.Share)
 	case c.SLO.TTFT < 0 || c.SLO.TPOT < 0:
 		return fmt.Errorf("%w: negative SLO", ErrInvalidConfig)
+	}
+	if err := c.Admission.validate(); err != nil {
+		return err
 	}
 	for i, v := range c.Speed {
 		if !(v > 0) || math.IsInf(v, 0) {

@@ -14,6 +14,9 @@ import (
 type Result struct {
 	// Policy is the name of the policy measured.
 	Policy string `json:"policy"`
+	// Admission is the name of the admission control in front of the
+	// routers ([Admission].Name); empty without one.
+	Admission string `json:"admission,omitempty"`
 	// Requests is the number of requests of the workload, rejected ones
 	// included.
 	Requests int `json:"requests"`
@@ -21,6 +24,9 @@ type Result struct {
 	Completed int `json:"completed"`
 	// Rejected counts requests larger than a replica's whole KV cache.
 	Rejected int `json:"rejected"`
+	// Refused counts requests the admission control refused
+	// ([Config.Admission]).
+	Refused int `json:"refused,omitempty"`
 
 	// TTFT is the time to first token of the completed requests, from
 	// arrival to the first output token.
@@ -66,6 +72,10 @@ type Result struct {
 
 	// SpanSeconds is the simulated span the rates are computed over.
 	SpanSeconds float64 `json:"span_s"`
+
+	// Tenants measures each tenant's requests apart, in name order, when
+	// the workload's requests carry tenants ([Request].Tenant).
+	Tenants []TenantResult `json:"tenants,omitempty"`
 
 	// TTFTs holds every completed request's TTFT in milliseconds, sorted.
 	TTFTs []float64 `json:"-"`
@@ -125,7 +135,7 @@ func quantile(xs []float64, q float64) float64 {
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func (r *runner) result(policy string) *Result {
-	res := &Result{Policy: policy, Requests: len(r.reqs)}
+	res := &Result{Policy: policy, Admission: r.cfg.Admission.Name, Requests: len(r.reqs)}
 	ttft := make([]float64, 0, len(r.reqs))
 	tpot := make([]float64, 0, len(r.reqs))
 	e2e := make([]float64, 0, len(r.reqs))
@@ -140,6 +150,9 @@ func (r *runner) result(policy string) *Result {
 		switch s.state {
 		case stateRejected:
 			res.Rejected++
+			continue
+		case stateRefused:
+			res.Refused++
 			continue
 		case stateDone:
 		default:
@@ -199,6 +212,7 @@ func (r *runner) result(policy string) *Result {
 	if r.windows > 0 {
 		res.PileupShare = float64(r.pileups) / float64(r.windows)
 	}
+	res.Tenants = r.tenantResults(window)
 	res.TTFTs = ttft
 	res.Series = r.samples
 	res.raw = &rawResult{
@@ -214,8 +228,9 @@ func (r *runner) result(policy string) *Result {
 // quantiles and SLO attainment over every request of every run, the hit rate
 // over every prompt token, goodput and throughput over the runs' summed
 // arrival windows and spans, preemptions summed, and the assignment gap and
-// peak skew the largest of any run. Series is the first run's. The results
-// must name the same policy and come from this process's simulations: one
+// peak skew the largest of any run, and each tenant's figures pooled the
+// same way. Series is the first run's. The results must name the same
+// policy and admission control and come from this process's simulations: one
 // decoded from JSON holds no per-request data. Merge does not modify them.
 func Merge(rs ...*Result) (*Result, error) {
 	if len(rs) == 0 {
@@ -229,9 +244,11 @@ func Merge(rs ...*Result) (*Result, error) {
 			return nil, fmt.Errorf("%w: result for %q holds no per-request data (decoded, not simulated)", ErrInvalidConfig, r.Policy)
 		case r.Policy != rs[0].Policy:
 			return nil, fmt.Errorf("%w: cannot merge results of %q and %q", ErrInvalidConfig, rs[0].Policy, r.Policy)
+		case r.Admission != rs[0].Admission:
+			return nil, fmt.Errorf("%w: cannot merge results of %q under admission %q and %q", ErrInvalidConfig, r.Policy, rs[0].Admission, r.Admission)
 		}
 	}
-	out := &Result{Policy: rs[0].Policy, Series: rs[0].Series, raw: &rawResult{}}
+	out := &Result{Policy: rs[0].Policy, Admission: rs[0].Admission, Series: rs[0].Series, raw: &rawResult{}}
 	m := out.raw
 	var ttft, tpot, e2e [][]float64
 	for _, r := range rs {
@@ -239,6 +256,7 @@ func Merge(rs ...*Result) (*Result, error) {
 		out.Requests += r.Requests
 		out.Completed += r.Completed
 		out.Rejected += r.Rejected
+		out.Refused += r.Refused
 		out.Preemptions += r.Preemptions
 		out.AssignmentGap = max(out.AssignmentGap, r.AssignmentGap)
 		out.PeakSkew = max(out.PeakSkew, r.PeakSkew)
@@ -255,6 +273,7 @@ func Merge(rs ...*Result) (*Result, error) {
 		m.pileups += x.pileups
 	}
 	out.TTFTs, m.tpots, m.e2es = sortedConcat(ttft), sortedConcat(tpot), sortedConcat(e2e)
+	out.Tenants = mergeTenants(rs, m.window)
 	out.TTFT = Latency{P50: quantile(out.TTFTs, .5), P95: quantile(out.TTFTs, .95), P99: quantile(out.TTFTs, .99), Max: quantile(out.TTFTs, 1)}
 	out.TPOT = Latency{P50: quantile(m.tpots, .5), P99: quantile(m.tpots, .99)}
 	out.E2E = Latency{P50: quantile(m.e2es, .5), P99: quantile(m.e2es, .99)}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/fair"
 )
 
 // Sequence states.
@@ -16,6 +17,7 @@ const (
 	stateDone                   // finished
 	stateRejected               // can never fit in the replica's KV cache
 	stateCancelled              // removed by Replica.Cancel
+	stateRefused                // refused by the simulator's admission control
 )
 
 // Sequence is one request inside a [Replica]: its size and prompt prefix,
@@ -471,7 +473,8 @@ type reqState struct {
 	req     *Request
 	pick    llmlb.Pick
 	replica int
-	router  int // the router that picked the replica
+	router  int          // the router that picked the replica
+	ticket  *fair.Ticket // with a FairQueue admission
 
 	firstToken time.Duration // simulated time of the first output token
 	finished   time.Duration
@@ -524,6 +527,9 @@ func (r *replica) finish(now time.Duration) {
 	r.busy = false
 	for _, q := range r.Finish() {
 		s := &r.run.st[q.ID]
+		if s.ticket != nil {
+			s.ticket.Charge(1)
+		}
 		if s.generated == 1 {
 			s.firstToken = now
 			s.pick.FirstToken()

@@ -39,8 +39,13 @@ type ScenarioInfo struct {
 	// defaults filled in.
 	Replicas int `json:"replicas"`
 	Routers  int `json:"routers"`
-	// ScrapeMs is [Config.Scrape] in milliseconds, default filled in.
+	// ScrapeMs is [Config.Scrape] in milliseconds, default filled in: the
+	// signal interval of the policies whose preset has none of its own.
 	ScrapeMs float64 `json:"scrape_ms"`
+	// SignalIntervalMs is [Config.SignalInterval] in milliseconds: the
+	// signal interval of every policy, presets included; 0 when each has
+	// its own.
+	SignalIntervalMs float64 `json:"signal_interval_ms,omitempty"`
 	// Stagger is [Config.Stagger].
 	Stagger bool `json:"stagger"`
 	// ShareMs is [Config.Share] in milliseconds: the routers' sharing
@@ -85,7 +90,7 @@ func (info *ScenarioInfo) Describe(cfg Config, reqs []Request) error {
 	}
 	info.Replicas, info.Routers = cfg.Replicas, cfg.Routers
 	info.ScrapeMs, info.Stagger, info.Seed = ms(cfg.Scrape), cfg.Stagger, cfg.Seed
-	info.ShareMs = ms(cfg.Share)
+	info.ShareMs, info.SignalIntervalMs = ms(cfg.Share), ms(cfg.SignalInterval)
 	info.SLOTTFTMs, info.SLOTPOTMs = ms(cfg.SLO.TTFT), ms(cfg.SLO.TPOT)
 	info.KVBlocks, info.BlockSize = cfg.Engine.KVBlocks, cfg.Engine.BlockSize
 	info.TokenBudget, info.MaxRunning = cfg.Engine.TokenBudget, cfg.Engine.MaxRunning

@@ -27,6 +27,10 @@ type Scenario struct {
 	// Herding marks a scenario whose interesting columns are the skew
 	// metrics.
 	Herding bool
+	// Admissions are the admission controls compared by default, each
+	// under every policy, in display order; none means a single run
+	// without admission control (Config.Admission).
+	Admissions []Admission
 }
 
 // Scenario defaults.
@@ -93,6 +97,11 @@ func mixedPolicies() []string {
 //   - mixed-slowdown: mixed, but replica 0 slows to half speed halfway
 //     through the arrivals ([Config.SpeedChanges]), at the default
 //     scenario's load per unit of the capacity left ([SlowdownRate]).
+//   - tenants: the default scenario's cluster and lengths shared by a heavy
+//     tenant whose demand alone is 1.5 times what the cluster serves
+//     within the SLO and four light tenants well under their fair share;
+//     compares no admission control, per-tenant rate limits and a
+//     token-fair queue ([TenantsScenario]).
 func Scenarios() []Scenario {
 	herdRate := 20.0
 	herd := PrefixSynthetic(4000, herdRate)
@@ -159,6 +168,7 @@ func Scenarios() []Scenario {
 			Workload: slowdown,
 			Policies: mixedPolicies(),
 		},
+		TenantsScenario(),
 	}
 }
 

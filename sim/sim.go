@@ -23,6 +23,7 @@ const (
 	evSample
 	evShareBatch  // router idx builds a batch for its peers
 	evShareArrive // batch idx reaches the peers of its router
+	evAdmit       // request idx, which waited for admission, is admitted
 )
 
 type event struct {
@@ -135,6 +136,7 @@ type runner struct {
 	endSubs [][]func(m int, r *llmlb.Request) // per router: told when a request it routed ends
 	batches map[int]shareBatch                // with Config.Share: batches in transit, by id
 	batchID int                               // id of the last batch built
+	adm     *admission                        // nil without admission control
 
 	nextArrival int
 	ended       int // requests done or rejected
@@ -187,6 +189,10 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		reqs: reqs,
 		st:   make([]reqState, len(reqs)),
 		rng:  rand.New(rand.NewPCG(cfg.Seed, 0x5711)),
+	}
+	var err error
+	if r.adm, err = newAdmission(r); err != nil {
+		return nil, err
 	}
 	r.lastArrival = reqs[len(reqs)-1].Arrival
 	r.series = cfg.Series
@@ -323,6 +329,10 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			if err := r.shareArrive(e.idx); err != nil {
 				return nil, err
 			}
+		case evAdmit:
+			if err := r.route(e.idx); err != nil {
+				return nil, err
+			}
 		}
 	}
 	r.closeWindow()
@@ -333,10 +343,13 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 				rep.idx, rep.kv.used, rep.kv.evictable, len(rep.running), rep.nwaiting())
 		}
 	}
+	if err := r.checkAdmission(); err != nil {
+		return nil, err
+	}
 	return r.result(spec.Name), nil
 }
 
-// arrive routes request i.
+// arrive admits request i, or routes it at once without admission control.
 func (r *runner) arrive(i int) error {
 	req := &r.reqs[i]
 	s := &r.st[i]
@@ -349,11 +362,21 @@ func (r *runner) arrive(i int) error {
 		BlockTokens:  req.BlockTokens,
 		Reply:        req.Reply,
 	}
+	if r.adm != nil {
+		return r.admit(i)
+	}
+	return r.route(i)
+}
+
+// route has a router pick a replica for request i and sends it there.
+func (r *runner) route(i int) error {
+	req := &r.reqs[i]
+	s := &r.st[i]
 	k := i % len(r.routers)
 	if r.cfg.RandomSplit {
 		k = r.rng.IntN(len(r.routers))
 	}
-	lr := llmlb.Request{PromptTokens: req.PromptTokens, Prefix: req.Prefix, AffinityKey: req.Session}
+	lr := llmlb.Request{PromptTokens: req.PromptTokens, Prefix: req.Prefix, AffinityKey: req.Session, Tenant: req.Tenant}
 	r.current = s
 	pick, err := r.routers[k].bal.Pick(context.Background(), &lr)
 	r.current = nil
@@ -374,6 +397,7 @@ func (r *runner) arrive(i int) error {
 		s.state = stateRejected
 		pick.Done(fmt.Errorf("sim: request %d does not fit in the KV cache", i))
 		r.release(s)
+		r.admissionEnd(s)
 		rep.outstanding--
 		r.ended++
 		return nil
@@ -388,6 +412,7 @@ func (r *runner) arrive(i int) error {
 // finished is called by a replica when a request completes.
 func (r *runner) finished(s *reqState) {
 	r.release(s)
+	r.admissionEnd(s)
 	r.ended++
 	r.lastEvent = r.now
 }

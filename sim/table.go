@@ -20,6 +20,7 @@ type column struct {
 	wide    bool   // shown only by [Report.WriteWideTable]
 	herding bool   // shown only for a herding scenario ([ScenarioInfo.Herding])
 	roomy   bool   // left out of a herding scenario's narrow table, to make room for the skew columns
+	admit   bool   // shown only when a result ran under admission control ([Result].Admission)
 	cell    func(r *Result) string
 }
 
@@ -27,8 +28,10 @@ type column struct {
 // compare first, the latencies, then the rest.
 var columns = []column{
 	{head: "policy", cell: func(r *Result) string { return r.Policy }},
+	{head: "admission", admit: true, cell: func(r *Result) string { return r.Admission }},
 	{head: "SLO", cell: func(r *Result) string { return fmtPct(r.SLOAttainment) }},
 	{head: "missed", cell: func(r *Result) string { return strconv.Itoa(r.Missed) }},
+	{head: "refused", admit: true, cell: func(r *Result) string { return strconv.Itoa(r.Refused) }},
 	{head: "goodput", cell: func(r *Result) string { return strconv.FormatFloat(r.GoodputRPS, 'f', 2, 64) + "/s" }},
 	{group: "TTFT", head: "p50", cell: func(r *Result) string { return fmtMs(r.TTFT.P50) }},
 	{group: "TTFT", head: "p95", wide: true, cell: func(r *Result) string { return fmtMs(r.TTFT.P95) }},
@@ -77,10 +80,15 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	fmt.Fprintf(w, "%s\nprefix hits: infinite-cache bound %.1f%%, one cluster-sized LRU cache %.1f%%\n\n",
 		s.limits(), 100*s.InfiniteCacheHitRate, 100*s.PooledCacheHitRate)
 
+	admitted, tenants := false, false
+	for _, r := range rep.Results {
+		admitted = admitted || r.Admission != ""
+		tenants = tenants || len(r.Tenants) > 0
+	}
 	var shown []column
 	have := make(map[string]bool)
 	for _, c := range columns {
-		if (c.wide || (c.roomy && s.Herding)) && !wide || c.herding && !s.Herding {
+		if (c.wide || (c.roomy && s.Herding)) && !wide || c.herding && !s.Herding || c.admit && !admitted {
 			continue
 		}
 		shown = append(shown, c)
@@ -104,6 +112,12 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if tenants {
+		fmt.Fprintln(w)
+		if err := writeTenantTable(w, rep.Results, admitted); err != nil {
+			return err
+		}
+	}
 
 	// Each group starts a line; a definition is never split across lines.
 	lat := []string{"TTFT: time to first token, from arrival;"}
@@ -120,7 +134,13 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	}
 	lat = append(lat, "all in ms, in s from 10 s up.")
 	var rest []string
+	if tenants {
+		rest = append(rest, "Per tenant: req/s: its requests per second;", "SLO, missed, refused, TTFT: of its requests;",
+			"tokens: its share of the prompt and output tokens of all completed requests;")
+	}
 	for _, d := range []struct{ col, def string }{
+		{"admission", "admission: the admission control in front of the routers;"},
+		{"refused", "refused: requests it turned away (they count as missed);"},
 		{"hit", "hit: share of prompt tokens served from a prefix cache;"},
 		{"tok/s", "tok/s: output tokens per second, all replicas together;"},
 		{"done", "done: requests completed;"},
@@ -165,8 +185,12 @@ func (s *ScenarioInfo) cluster() string {
 	if s.ShareMs > 0 {
 		stagger += fmt.Sprintf(", sharing every %v", time.Duration(s.ShareMs*float64(time.Millisecond)))
 	}
-	return fmt.Sprintf("%d replicas, %d router(s), scrape %v%s, %s",
-		s.Replicas, s.Routers, time.Duration(s.ScrapeMs*float64(time.Millisecond)), stagger, seeds)
+	scrape := fmt.Sprintf("scrape %v", time.Duration(s.ScrapeMs*float64(time.Millisecond)))
+	if s.SignalIntervalMs > 0 {
+		scrape = fmt.Sprintf("every policy's signals every %v", time.Duration(s.SignalIntervalMs*float64(time.Millisecond)))
+	}
+	return fmt.Sprintf("%d replicas, %d router(s), %s%s, %s",
+		s.Replicas, s.Routers, scrape, stagger, seeds)
 }
 
 // limits describes the SLO and the KV cache for a header line.

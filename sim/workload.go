@@ -38,6 +38,10 @@ type Request struct {
 	// Session is the conversation key of a multi-turn request, passed to
 	// routers as the affinity key; empty for single requests.
 	Session string
+	// Tenant is the principal the request is served for, whose share
+	// [Config.Admission] controls and the results report ([Result].Tenants);
+	// "" is a tenant like any other.
+	Tenant string
 }
 
 // ChainHash returns the chained hash of a block whose identity is id and
@@ -155,6 +159,13 @@ type Synthetic struct {
 	// parent prefix of PrefixTokens.
 	FanoutShare float64
 	FanoutSize  int
+	// Tenants, if not empty, splits the workload among tenants: each
+	// generates its Share of Requests (rounded, at least one) at its Share
+	// of Rate, as a workload of its own with the other fields (its own
+	// shared prefixes and conversations) from a seed of its own, and its
+	// requests carry its Name as [Request].Tenant. The tenants' requests
+	// are merged in arrival order.
+	Tenants []TenantShare
 }
 
 // LogNormal is a log-normal length distribution with the given median and
@@ -255,9 +266,11 @@ func (s *Synthetic) validate() error {
 		return err
 	}
 	if s.PrefixShare > 0 || s.FanoutShare > 0 {
-		return s.PrefixTokens.validate("prefix", MaxPromptTokens)
+		if err := s.PrefixTokens.validate("prefix", MaxPromptTokens); err != nil {
+			return err
+		}
 	}
-	return nil
+	return validateTenants(s.Tenants)
 }
 
 func inUnit(x float64) bool { return x >= 0 && x <= 1 }
@@ -274,6 +287,9 @@ type session struct {
 func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 	if err := s.validate(); err != nil {
 		return nil, err
+	}
+	if len(s.Tenants) > 0 {
+		return s.generateTenants(seed)
 	}
 	if s.ArrivalCV == 0 {
 		s.ArrivalCV = 1

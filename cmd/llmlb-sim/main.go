@@ -138,6 +138,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		wide     = fs.Bool("wide", false, "print every column of the results table (TTFT p95 and max, E2E p50, tok/s, done)")
 		jsonPath = fs.String("json", "", "write results as JSON to this file (- for stdout)")
 		svgPath  = fs.String("svg", "", "write TTFT CDFs and per-replica outstanding requests to this SVG file; with -sweep, goodput and TTFT p99 against the offered load")
+		admitArg = fs.String("admission", "", "comma-separated admission controls in front of the routers to compare, each under every policy, from those the scenario defines "+
+			"(the tenants scenario: none, every request at once; rate, per-tenant limits on requests and tokens per minute that refuse the excess, as API gateways do; "+
+			"vtc, a token-fair queue, package fair's Virtual Token Counter, capping the requests in flight) (default: the scenario's list, none for the other scenarios)")
 	)
 	// The flag package's own messages are written only for -h: a parse
 	// error is returned, and run prints it once.
@@ -216,6 +219,16 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	sc, err := sim.LookupScenario(*scenario)
 	if err != nil {
 		return usageError{fmt.Errorf("-scenario: unknown scenario %q (known: %s)", *scenario, strings.Join(scenarioNames, ", "))}
+	}
+	var admissions []sim.Admission // none: one run without admission control
+	admissions = sc.Admissions
+	if set["admission"] {
+		if admissions, err = parseAdmission(*admitArg, sc); err != nil {
+			return usageError{err}
+		}
+	}
+	if sweeping && len(admissions) > 1 {
+		return usageError{fmt.Errorf("-sweep compares policies under one admission control, and the %s scenario compares %d: choose one with -admission", sc.Name, len(admissions))}
 	}
 	names := sc.Policies
 	switch *policies {
@@ -309,7 +322,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	start := time.Now()
 	var mu sync.Mutex // serializes progress output
 	printed := false
-	total := len(scales) * *seeds * len(names)
+	nadm := max(len(admissions), 1)
+	total := len(scales) * *seeds * len(names) * nadm
 	progress := func(done int, last string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -336,8 +350,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		w := w
 		w.Rate *= x
-		runs := make([][]*sim.Result, len(names))
-		var sum sim.ScenarioInfo // the per-run figures of the header, summed
+		runs := make([][]*sim.Result, len(names)*nadm) // policy-major
+		var sum sim.ScenarioInfo                       // the per-run figures of the header, summed
 		cfg := cfg
 		for k := range *seeds {
 			cfg.Seed = *seed + uint64(k)
@@ -366,14 +380,21 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			if sweeping {
 				last = func(policy string) string { return fmt.Sprintf("%s at x%g", policy, x) }
 			}
-			results, err := sim.Compare(ctx, cfg, reqs, names, func(done, total int, policy string) {
-				progress(first+k*total+done, last(policy))
-			})
-			if err != nil {
-				return info, nil, err
-			}
-			for i, r := range results {
-				runs[i] = append(runs[i], r)
+			for a := range nadm {
+				cfg := cfg
+				if len(admissions) > 0 {
+					cfg.Admission = admissions[a]
+				}
+				before := first + (k*nadm+a)*len(names)
+				results, err := sim.Compare(ctx, cfg, reqs, names, func(done, total int, policy string) {
+					progress(before+done, last(policy))
+				})
+				if err != nil {
+					return info, nil, err
+				}
+				for i, r := range results {
+					runs[i*nadm+a] = append(runs[i*nadm+a], r)
+				}
 			}
 		}
 		if n := *seeds; n > 1 {
@@ -386,7 +407,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		if describe {
 			return info, nil, nil
 		}
-		results := make([]*sim.Result, len(names))
+		results := make([]*sim.Result, len(runs))
 		for i := range runs {
 			var err error
 			if results[i], err = sim.Merge(runs[i]...); err != nil {
@@ -409,7 +430,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		sw = &sim.Sweep{}
 		for i, x := range scales {
 			var pi sim.ScenarioInfo
-			if pi, results, err = at(x, false, i**seeds*len(names)); err != nil {
+			if pi, results, err = at(x, false, i**seeds*len(names)*nadm); err != nil {
 				break
 			}
 			if x == 1 {
@@ -475,6 +496,33 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		fmt.Fprint(stderr, w)
 	}
 	return nil
+}
+
+// parseAdmission parses the value of -admission: comma-separated names of
+// the admission controls sc defines, without repeats.
+func parseAdmission(list string, sc sim.Scenario) ([]sim.Admission, error) {
+	var known []string
+	for _, a := range sc.Admissions {
+		known = append(known, a.Name)
+	}
+	if len(known) == 0 {
+		return nil, fmt.Errorf("-admission %q: the %s scenario defines no admission controls (the tenants scenario does)", list, sc.Name)
+	}
+	var out []sim.Admission
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.Index(known, name)
+		switch {
+		case name == "":
+			return nil, fmt.Errorf("-admission %q: want comma-separated names from %s", list, strings.Join(known, ", "))
+		case i < 0:
+			return nil, fmt.Errorf("-admission: unknown admission control %q (the %s scenario defines %s)", name, sc.Name, strings.Join(known, ", "))
+		case slices.ContainsFunc(out, func(a sim.Admission) bool { return a.Name == name }):
+			return nil, fmt.Errorf("-admission %q lists %s twice", list, name)
+		}
+		out = append(out, sc.Admissions[i])
+	}
+	return out, nil
 }
 
 // maxSweepPoints bounds the rate scales of -sweep.

@@ -123,7 +123,7 @@ func TestRunErrors(t *testing.T) {
 	}{
 		{"unknown flag", []string{"-nope"}, "flag provided but not defined", ""},
 		{"unknown policy", []string{"-policies", "p2c,fastest"}, `-policies: unknown policy "fastest"`, ""},
-		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown)`, ""},
+		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, tenants)`, ""},
 		{"bad rate scale", []string{"-rate-scale", "0"}, "-rate-scale", ""},
 		{"infinite rate scale", []string{"-rate-scale", "Inf"}, "-rate-scale +Inf must be a positive finite number", ""},
 		{"NaN rate scale", []string{"-rate-scale", "NaN"}, "-rate-scale NaN must be a positive finite number", ""},
@@ -168,6 +168,11 @@ func TestRunErrors(t *testing.T) {
 		{"negative share", []string{"-routers", "2", "-share", "-5ms"}, "-share -5ms must be from 1ms to 1m", ""},
 		{"share too long", []string{"-routers", "2", "-share", "2m"}, "-share 2m0s must be from 1ms to 1m", ""},
 		{"share without a unit", []string{"-routers", "2", "-share", "100"}, `invalid -share "100": a duration needs a unit`, ""},
+		{"admission without tenants", []string{"-admission", "vtc"}, `-admission "vtc": the default scenario defines no admission controls (the tenants scenario does)`, ""},
+		{"unknown admission", []string{"-scenario", "tenants", "-admission", "none,fifo"}, `-admission: unknown admission control "fifo" (the tenants scenario defines none, rate, vtc)`, ""},
+		{"admission repeated", []string{"-scenario", "tenants", "-admission", "vtc,vtc"}, `-admission "vtc,vtc" lists vtc twice`, ""},
+		{"admission empty item", []string{"-scenario", "tenants", "-admission", "none,"}, `-admission "none,": want comma-separated names from none, rate, vtc`, ""},
+		{"sweep over admissions", []string{"-scenario", "tenants", "-sweep", "1,2"}, "-sweep compares policies under one admission control, and the tenants scenario compares 3: choose one with -admission", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -577,5 +582,36 @@ func TestPreemptionWarning(t *testing.T) {
 	}
 	if !strings.Contains(errb.String(), "warning: preemptions exceed 1% of requests") {
 		t.Errorf("no preemption warning:\n%s\n%s", errb.String(), out.String())
+	}
+}
+
+// The tenants scenario prints a row per admission control and a table per
+// tenant, before the legend; -admission chooses the controls, in its order.
+func TestRunAdmission(t *testing.T) {
+	args := []string{"-scenario", "tenants", "-requests", "1500", "-admission", "vtc,none"}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	text := out.String()
+	legend := strings.Index(text, "\nCompare ")
+	if legend < 0 {
+		t.Fatalf("no legend:\n%s", text)
+	}
+	table := text[:legend]
+	for _, want := range []string{"admission", "refused", "default        vtc", "default       none", "tenant", "light-4"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table before the legend lacks %q:\n%s", want, table)
+		}
+	}
+	if strings.Index(table, " vtc ") > strings.Index(table, " none ") {
+		t.Errorf("vtc should come first, as listed:\n%s", table)
+	}
+	if strings.Contains(table, " rate ") {
+		t.Errorf("rate was not asked for:\n%s", table)
+	}
+	var again bytes.Buffer
+	if code := run(context.Background(), args, &again, &errb); code != 0 || again.String() != text {
+		t.Errorf("a second run printed something else (exit %d)", code)
 	}
 }
