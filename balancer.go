@@ -27,7 +27,8 @@ type Balancer struct {
 	maxAge    time.Duration
 	allowance int
 	slow      SlowStart
-	obs       *Observer // nil: no observer
+	obs       *Observer        // nil: no observer
+	outputs   *outputPredictor // nil: no output prediction
 	// simple is set for the policies that choose with a Candidates on
 	// Pick's stack (see pickSimple).
 	simple bool
@@ -294,6 +295,7 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 		slow:      cfg.slow,
 		src:       cfg.src,
 		obs:       cfg.observer,
+		outputs:   cfg.outputs,
 	}
 	switch p := policy.(type) {
 	case *roundRobin, random:
@@ -553,9 +555,11 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	r := c.req
 	prompt := int64(r.PromptTokens)
 	prefill := prompt - int64(min(c.cached, r.PromptTokens))
-	decode := b.decodeEstimate(r)
+	decode := c.reqTok - prompt
 	rec := recordPool.Get().(*record)
 	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work = st, b, 0, 0, 0, 0
+	rec.kind, rec.feature = c.outKind, c.outFeature
+	rec.out.Store(outTag(rec.state.Load()))
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	c.signalAge = -1
 	if b.obs != nil || b.signal != nil || b.learn {
@@ -664,10 +668,21 @@ func (p Pick) Done(err error) {
 		}
 	}
 	st, b, picked := rec.st, rec.b, rec.picked
-	if b.learn && streaming && err == nil && st.est != nil {
-		// Only a request that streamed to its end measures decode.
-		now := b.clock.Now().UnixNano()
-		st.est.done(time.Duration(now-rec.first), int64(rec.d2>>32), now)
+	out := int64(rec.out.Load() & outCountMask) // output tokens reported with Generated
+	if streaming && err == nil {
+		// Only a request that streamed to its end measures decode and
+		// teaches its output length.
+		if b.learn && st.est != nil {
+			tokens := int64(rec.d2 >> 32) // the decode charged
+			if out > 0 {
+				tokens = out
+			}
+			now := b.clock.Now().UnixNano()
+			st.est.done(time.Duration(now-rec.first), tokens, now)
+		}
+		if b.outputs != nil && out > 0 {
+			b.outputs.observe(rec.kind, rec.feature, out)
+		}
 	}
 	st.release(rec.d1, rec.d2, rec.spill, streaming)
 	if rec.epoch != 0 {
@@ -731,6 +746,43 @@ type record struct {
 	picked int64   // unix nanos of the pick, when the balancer has an Observer or a Signal or learns
 	first  int64   // unix nanos of the first token, when the balancer learns
 	work   float64 // the prefill work the policy priced, when the balancer learns
+	// out is the output tokens reported with Generated (outCountMask) and
+	// the generation they count for (outTag).
+	out           atomic.Uint64
+	kind, feature uint64 // the request's output-prediction keys
+}
+
+// The packing of record.out: a generation tag above a count.
+const (
+	outCountBits = 40
+	outCountMask = 1<<outCountBits - 1
+)
+
+// outTag returns the tag of record.out for a record whose state is s.
+func outTag(s uint64) uint64 { return (s / generationStep) << outCountBits }
+
+// Generated reports that n more output tokens of the request were streamed
+// (for example one per server-sent event, or the usage a response reports).
+// A balancer with [WithOutputPrediction] learns output lengths from the
+// totals of requests that complete, and one whose policy learns speeds
+// ([DefaultConfig.Learn]) measures decode time per token with them. It may
+// be called from any goroutine; calls after Done, and n <= 0, do nothing.
+func (p Pick) Generated(n int) {
+	rec := p.rec
+	if rec == nil || n <= 0 {
+		return
+	}
+	tag := outTag(p.base)
+	for {
+		v := rec.out.Load()
+		if v&^outCountMask != tag {
+			return // done: the record serves a later request
+		}
+		c := min(v&outCountMask+uint64(n), outCountMask)
+		if rec.out.CompareAndSwap(v, tag|c) {
+			return
+		}
+	}
 }
 
 var recordPool = sync.Pool{New: func() any {

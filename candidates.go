@@ -14,20 +14,23 @@ import (
 // go to, with the balancer's estimate of each one's load. It is valid only
 // during Policy.Choose; indexes run from 0 to Len()-1.
 type Candidates struct {
-	b       *Balancer
-	snap    *snapshot
-	idx     []int32  // member indexes of the candidates; used when filtered
-	all     bool     // every member is a candidate
-	req     *Request // the caller's, or &zero for a nil one; nil when pooled
-	zero    Request
-	reqTok  int64 // RequestTokens, computed once per pick
-	ties    []int32
-	pick    []int32 // candidates a policy scores, when not all
-	cand    []int32 // member index -> candidate index or -1
-	seen    []bool  // scratch flags: per member in ring walks, per candidate in Default
-	scratch EndpointLoad
-	loads   []EndpointLoad // per candidate, for policies that need them all
-	matched []int32        // per candidate: leading prompt blocks cached
+	b      *Balancer
+	snap   *snapshot
+	idx    []int32  // member indexes of the candidates; used when filtered
+	all    bool     // every member is a candidate
+	req    *Request // the caller's, or &zero for a nil one; nil when pooled
+	zero   Request
+	reqTok int64 // RequestTokens, computed once per pick
+	// outKind and outFeature are the request's output-prediction keys
+	// (outputKeys), or 0 without output prediction.
+	outKind, outFeature uint64
+	ties                []int32
+	pick                []int32 // candidates a policy scores, when not all
+	cand                []int32 // member index -> candidate index or -1
+	seen                []bool  // scratch flags: per member in ring walks, per candidate in Default
+	scratch             EndpointLoad
+	loads               []EndpointLoad // per candidate, for policies that need them all
+	matched             []int32        // per candidate: leading prompt blocks cached
 	// confirmed is, per candidate, the leading prompt blocks engine KV
 	// events reported, for policies with a separate events index.
 	confirmed []int32
@@ -62,7 +65,7 @@ func (c *Candidates) init(b *Balancer, snap *snapshot) error {
 		c.zero = Request{}
 		c.req = &c.zero
 	}
-	c.reqTok = int64(c.req.PromptTokens) + b.decodeEstimate(c.req)
+	c.reqTok = int64(c.req.PromptTokens) + c.decodeEstimate(b)
 	c.all = len(c.req.Exclude) == 0 && b.unhealthy.Load() == 0
 	if c.all {
 		return nil
@@ -98,7 +101,7 @@ func (c *Candidates) init(b *Balancer, snap *snapshot) error {
 // on a balancer with every member healthy.
 func (c *Candidates) initAll(b *Balancer, snap *snapshot) {
 	c.b, c.snap, c.all = b, snap, true
-	c.reqTok = int64(c.req.PromptTokens) + b.decodeEstimate(c.req)
+	c.reqTok = int64(c.req.PromptTokens) + c.decodeEstimate(b)
 }
 
 func excluded(keys []string, key string) bool {
@@ -357,12 +360,25 @@ func (b *Balancer) observedAt(st *epState) int64 {
 	return obs.At.UnixNano()
 }
 
-// decodeEstimate is the decode work charged for r.
-func (b *Balancer) decodeEstimate(r *Request) int64 {
+// decodeEstimate returns the decode work charged for the request: the
+// caller's estimate, else the learned length of its kind, else the
+// allowance, capped by MaxTokens. With output prediction it also notes the
+// request's keys in c.
+func (c *Candidates) decodeEstimate(b *Balancer) int64 {
+	r := c.req
+	c.outKind, c.outFeature = 0, 0
+	if b.outputs != nil {
+		c.outKind, c.outFeature = outputKeys(r)
+	}
 	if r.OutputTokens > 0 {
 		return int64(r.OutputTokens)
 	}
 	d := int64(b.allowance)
+	if b.outputs != nil {
+		if e := b.outputs.estimate(c.outKind, c.outFeature); e > 0 {
+			d = e
+		}
+	}
 	if r.MaxTokens > 0 {
 		d = min(d, int64(r.MaxTokens))
 	}

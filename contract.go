@@ -37,6 +37,11 @@ type Request struct {
 	AffinityKey string
 	// Tenant is the isolation and fairness principal.
 	Tenant string
+	// Feature is a caller's label for the kind of request, such as the API
+	// route, the prompt template or the agent step, for learning its
+	// output length ([WithOutputPrediction]); requests of one Feature
+	// should have outputs of alike lengths. No policy routes on it.
+	Feature string
 	// Exclude lists endpoint keys that must not be picked, for example those
 	// a retry already failed on.
 	Exclude []string

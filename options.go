@@ -41,6 +41,7 @@ type config struct {
 	allowance    int
 	slow         SlowStart
 	observer     *Observer
+	outputs      *outputPredictor
 }
 
 // WithClock sets the clock; the default is the system clock. The simulator
