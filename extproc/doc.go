@@ -7,7 +7,8 @@
 // ext_proc stream per HTTP request to the InferencePool's endpoint picker and
 // sends it the request's headers and body. A [Server] reads the OpenAI body
 // with an [httplb.Parser] (prompt tokens, max_tokens, prefix hashes salted with
-// the model and the tenant, the session key), asks the admission caps, picks
+// the model and the tenant, the session key, and the Feature: the model and
+// the reasoning effort or thinking budget), asks the admission caps, picks
 // an endpoint and answers with its address in the x-gateway-destination-endpoint
 // header and in the envoy.lb dynamic metadata, as the endpoint picker
 // protocol (version [ProtocolVersion], docs/proposals/004-endpoint-picker-protocol
@@ -16,6 +17,11 @@
 // the first event of a server-sent event stream (the first byte of any other
 // body) and its Done when the response ends, fails, or the stream is
 // cancelled, so the balancer's accounting is exact and returns to zero.
+// The output tokens of the response body chunks it is sent are reported with
+// the pick's Generated, counted by an [httplb.OutputCounter] (one per event,
+// or the usage count the response reports), so that a balancer with
+// llmlb.WithOutputPrediction learns output lengths per tenant and Feature;
+// with response_body_mode NONE the picker sees no output and reports none.
 //
 // The request body arrives in the mode the gateway's ext_proc filter is
 // configured with, which Envoy announces in the stream's first message:

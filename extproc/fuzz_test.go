@@ -15,7 +15,8 @@ import (
 )
 
 // FuzzRequestBody sends arbitrary bodies, cut at an arbitrary point, in each
-// body mode, through a whole ext_proc exchange: the Server must route the
+// body mode, through a whole ext_proc exchange, as the request's body and
+// then as its response's (an event stream or not): the Server must route the
 // request or refuse it with an immediate response, stream a routed body
 // back unchanged, and leave no accounting behind.
 func FuzzRequestBody(f *testing.F) {
@@ -27,6 +28,9 @@ func FuzzRequestBody(f *testing.F) {
 		`{"messages":[`,
 		`[]`, `""`, `null`, `{}`, ``,
 		string(bytes.Repeat([]byte(`{"a":`), 2000)),
+		`{"model":"m","reasoning_effort":"high","thinking":{"type":"enabled","budget_tokens":5000},"messages":[]}`,
+		"data: {\"usage\":{\"completion_tokens\":99999999999999999999}}\n\ndata: [DONE]\n",
+		`{"usage":{"output_tokens" : 12}}`,
 	} {
 		for _, mode := range []uint8{0, 1, 2} {
 			f.Add([]byte(seed), uint16(len(seed)/2), mode)
@@ -36,7 +40,7 @@ func FuzzRequestBody(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	b, err := llmlb.New(policy)
+	b, err := llmlb.New(policy, llmlb.WithOutputPrediction(llmlb.OutputConfig{MinObservations: 1}))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -70,7 +74,16 @@ func FuzzRequestBody(f *testing.F) {
 		} else {
 			msgs = append(msgs, requestBody(body[:cut], false), requestBody(body[cut:], true))
 		}
-		msgs = append(msgs, responseHeaders(200, "text/event-stream", false), responseBody("data: x\n\n", true))
+		ct := "text/event-stream"
+		if split&1 == 1 {
+			ct = "application/json"
+		}
+		msgs = append(msgs, responseHeaders(200, ct, false))
+		if m == buffered {
+			msgs = append(msgs, responseBody(string(body), true))
+		} else {
+			msgs = append(msgs, responseBody(string(body[:cut]), false), responseBody(string(body[cut:]), true))
+		}
 		d := &directStream{ctx: context.Background(), in: msgs}
 		if err := srv.Process(d); err != nil {
 			t.Fatalf("Process: %v", err)

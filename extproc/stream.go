@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/retry"
 )
 
@@ -61,8 +62,9 @@ type stream struct {
 	status      int  // the response's :status; 0 while unknown
 	sse         bool // the response is a server-sent event stream
 	events      eventScanner
-	first       bool // FirstToken was called
-	finished    bool // Done was called
+	output      httplb.OutputCounter // counts the response's output tokens for the pick
+	first       bool                 // FirstToken was called
+	finished    bool                 // Done was called
 }
 
 // handle processes one message. It reports whether the stream is over (an
@@ -186,13 +188,20 @@ func (st *stream) responseHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.H
 	}
 	st.respStarted = true
 	st.noteServed(m)
+	var content http.Header // what the output counter needs to know
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		switch hv.GetKey() {
 		case ":status":
 			st.status, _ = strconv.Atoi(headerValue(hv))
 		case "content-type":
 			st.sse = strings.Contains(strings.ToLower(headerValue(hv)), "text/event-stream")
+			content = addHeader(content, "Content-Type", headerValue(hv))
+		case "content-encoding":
+			content = addHeader(content, "Content-Encoding", headerValue(hv))
 		}
+	}
+	if content != nil {
+		st.output = httplb.NewOutputCounter(content)
 	}
 	if h.GetEndOfStream() {
 		st.complete()
@@ -463,24 +472,43 @@ func (st *stream) noteServed(m *extprocv3.ProcessingRequest) {
 	st.pick, st.picked, st.primary = p, true, served
 }
 
-// observeBody calls FirstToken at the first event of a successful response.
+// addHeader adds k: v to h, which it makes if nil, and returns h.
+func addHeader(h http.Header, k, v string) http.Header {
+	if h == nil {
+		h = make(http.Header, 2)
+	}
+	h[k] = append(h[k], v)
+	return h
+}
+
+// observeBody calls FirstToken at the first event of a successful response,
+// and reports the output tokens of every chunk with Generated.
 func (st *stream) observeBody(chunk []byte) {
-	if st.first || !st.picked || st.finished || len(chunk) == 0 || (st.status != 0 && (st.status < 200 || st.status > 299)) {
+	if !st.picked || st.finished || len(chunk) == 0 || !st.success() {
 		return
 	}
-	if st.sse && !st.events.feed(chunk) {
-		return
+	if !st.first && (!st.sse || st.events.feed(chunk)) {
+		st.first = true
+		st.pick.FirstToken()
 	}
-	st.first = true
-	st.pick.FirstToken()
+	st.pick.Generated(st.output.Count(chunk))
+}
+
+// success reports whether the response's status is 2xx, or not known.
+func (st *stream) success() bool {
+	return st.status == 0 || (st.status >= 200 && st.status <= 299)
 }
 
 // complete finishes the pick of a response that ended: successfully for a
-// 2xx (or unknown) status, else with a *retry.StatusError.
+// 2xx (or unknown) status, after reporting the output tokens its end
+// completes, else with a *retry.StatusError.
 func (st *stream) complete() {
-	if st.status != 0 && (st.status < 200 || st.status > 299) {
+	if !st.success() {
 		st.finish(&retry.StatusError{Code: st.status})
 		return
+	}
+	if st.picked && !st.finished {
+		st.pick.Generated(st.output.End())
 	}
 	st.finish(nil)
 }

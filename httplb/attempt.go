@@ -53,7 +53,6 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// The caller's response: its end also releases the admission slot.
 	b := resp.Body.(*body)
-	a.meterOutput(resp, b)
 	inner := b.finish
 	b.finish = func(err error) {
 		inner(err)
@@ -407,6 +406,7 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 	if t.afterCommit != nil {
 		t.afterCommit()
 	}
+	b.out.c, b.out.pick, b.out.tk, b.metered = NewOutputCounter(resp.Header), tr.pick, a.ticket, true
 	b.finish = func(err error) {
 		// The attempt produced a response: a success for the budget even if
 		// the stream broke later (the reporter sees the error).

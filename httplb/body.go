@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"sync/atomic"
 )
@@ -22,9 +21,10 @@ type body struct {
 	buf    []byte // held-back bytes not yet returned
 	finish func(err error)
 	done   atomic.Bool
-	// onRead, if set, sees every byte returned by Read, in order, on the
-	// reading goroutine.
-	onRead func(p []byte)
+	// out, if metered, counts the output in every byte returned by Read,
+	// in order, and its end before finish is called.
+	out     outputMeter
+	metered bool
 }
 
 // Read implements io.Reader.
@@ -32,14 +32,14 @@ func (b *body) Read(p []byte) (int, error) {
 	if len(b.buf) > 0 {
 		n := copy(p, b.buf)
 		b.buf = b.buf[n:]
-		if b.onRead != nil {
-			b.onRead(p[:n])
+		if b.metered {
+			b.out.observe(p[:n])
 		}
 		return n, nil
 	}
 	n, err := b.rc.Read(p)
-	if n > 0 && b.onRead != nil {
-		b.onRead(p[:n])
+	if n > 0 && b.metered {
+		b.out.observe(p[:n])
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
@@ -60,7 +60,13 @@ func (b *body) Close() error {
 }
 
 func (b *body) end(err error) {
-	if b.done.CompareAndSwap(false, true) && b.finish != nil {
+	if !b.done.CompareAndSwap(false, true) {
+		return
+	}
+	if b.metered {
+		b.out.end()
+	}
+	if b.finish != nil {
 		b.finish(err)
 	}
 }
@@ -71,11 +77,7 @@ func (b *body) end(err error) {
 // after limit bytes. An EOF ends the wait without error; another read error
 // is returned, and the attempt is then retryable.
 func (b *body) peek(resp *http.Response, limit int) error {
-	sse := false
-	if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err == nil && mt == "text/event-stream" {
-		ce := resp.Header.Get("Content-Encoding")
-		sse = ce == "" || ce == "identity"
-	}
+	sse := isEventStream(resp.Header)
 	var sc eventScanner
 	buf := make([]byte, 0, 512)
 	for len(buf) < limit {

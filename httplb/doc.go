@@ -4,11 +4,13 @@
 // [httputil.ReverseProxy] built on it.
 //
 // A [Parser] reads each request body (/v1/completions prompts,
-// /v1/chat/completions messages, max_tokens, model, user) into an
-// llmlb.Request: prompt tokens estimated at [BytesPerToken] bytes a token
-// unless a token counter is given, byte-mode prefix hashes of the prompt text
-// salted with the model and tenant (package prefix), and the affinity key from
-// a session header or the body's user. The body is read up to a cap
+// /v1/chat/completions messages, max_tokens, model, user, reasoning effort)
+// into an llmlb.Request: prompt tokens estimated at [BytesPerToken] bytes a
+// token unless a token counter is given, byte-mode prefix hashes of the
+// prompt text salted with the model and tenant (package prefix), the affinity
+// key from a session header or the body's user, and the Feature, the kind of
+// request whose output length a balancer learns: the model and the reasoning
+// effort or thinking budget, such as "gpt-oss-120b|effort=high". The body is read up to a cap
 // ([ErrBodyTooLarge] beyond it) and restored, re-readable for retries;
 // malformed JSON is routed without body information, never refused. Parsing
 // happens before admission, so it reads the body in place, in time linear in
@@ -33,6 +35,10 @@
 // response is returned; from then on every body Read passes straight through,
 // a failure reaches the caller as a read error and is never retried, and the
 // pick's Done is called exactly once when the body ends, fails or is closed.
+// As the body is read, the output tokens it carries are reported to the pick
+// with Generated (see [OutputCounter]): one per event of a server-sent event
+// stream, or the usage count the response reports, so that a balancer with
+// llmlb.WithOutputPrediction learns output lengths per tenant and Feature.
 //
 // The first event is also where retries stop: once an attempt has it, no
 // retry or hedge starts and no other attempt can commit. An attempt that

@@ -59,17 +59,6 @@ func TestFairRequest(t *testing.T) {
 	}
 }
 
-func TestEventCounterAcrossReads(t *testing.T) {
-	stream := "data: a\n\n: comment\n\ndata: b\r\n\r\nevent: x\ndata: c\n\ndata: [DONE]\n\n  data: not at line start\n"
-	for split := 1; split < len(stream); split++ {
-		var c eventCounter
-		n := c.count([]byte(stream[:split])) + c.count([]byte(stream[split:]))
-		if n != 4 {
-			t.Fatalf("split at %d: %d events, want 4", split, n)
-		}
-	}
-}
-
 // gatedSSE streams first events, then waits for gate before the rest.
 func gatedSSE(first, rest int, gate <-chan struct{}) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -125,8 +114,8 @@ func TestFairQueueChargesStreamedOutput(t *testing.T) {
 	assert.Equal(t, fair.Stats{Principals: 1}, q.Stats())
 }
 
-// A body that is not an event stream is charged one token per BytesPerToken
-// bytes.
+// A body that is not an event stream is charged when it ends: its usage
+// count, or one token per BytesPerToken bytes without one.
 func TestFairQueueChargesPlainBody(t *testing.T) {
 	payload := strings.Repeat("x", 4000)
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
@@ -142,10 +131,31 @@ func TestFairQueueChargesPlainBody(t *testing.T) {
 	buf := make([]byte, 2000)
 	_, err = io.ReadFull(resp.Body, buf)
 	require.NoError(t, err)
-	assert.Equal(t, prompt+2000/BytesPerToken, q.Stats().TokensInFlight)
+	assert.Equal(t, prompt, q.Stats().TokensInFlight, "charged before the end")
 	_, err = readAll(t, resp)
 	require.NoError(t, err)
 	assert.Equal(t, 0, q.Stats().InFlight)
+
+	cases := []struct {
+		name string
+		body string
+		want int64
+	}{
+		{"bytes", payload, 4000 / BytesPerToken},
+		{"usage", `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":12}}`, 12},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tk, err := q.Admit(context.Background(), fair.Request{Principal: "p", PromptTokens: 10})
+			require.NoError(t, err)
+			defer tk.Done()
+			m := outputMeter{c: NewOutputCounter(http.Header{"Content-Type": {"application/json"}}), tk: tk}
+			m.observe([]byte(tc.body))
+			assert.Equal(t, int64(10), q.Stats().TokensInFlight)
+			m.end()
+			assert.Equal(t, 10+tc.want, q.Stats().TokensInFlight)
+		})
+	}
 }
 
 // With the capacity used, requests wait, and the most urgent class goes

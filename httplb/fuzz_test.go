@@ -53,6 +53,15 @@ func FuzzParse(f *testing.F) {
 		`{"max_tokens":1e400}`,
 		`{"max_tokens":-0.0}`,
 		`{"model":["m"],"user":{"u":1},"prompt":"abc"}`,
+		`{"model":"o3","reasoning_effort":"high","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"gpt-5","reasoning":{"effort":"minimal","summary":"auto"},"input":"hi"}`,
+		`{"model":"c","thinking":{"type":"enabled","budget_tokens":3000},"output_config":{"effort":"max"},"messages":[]}`,
+		`{"thinking":{"type":"adaptive"},"reasoning_effort":"High","reasoning":{"effort":"low"}}`,
+		`{"thinking":{"type":"disabled","budget_tokens":1024}}`,
+		`{"thinking":{"budget_tokens":1e3},"reasoning":"high","output_config":{"effort":"\u006cow"}}`,
+		`{"thinking":{"budget_tokens":-5,"type":7},"reasoning_effort":null,"output_config":[]}`,
+		`{"thinking":{"budget_tokens":2147483647},"reasoning_effort":"xhigh"}`,
+		`{"thinking":"on","reasoning_effort":"mediummediummediummediummediummedium"}`,
 		`{`,
 		``,
 		`null`,
@@ -81,7 +90,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		if got.PromptTokens < 0 || got.PromptTokens > maxCount || got.MaxTokens < 0 || got.MaxTokens > maxCount ||
-			len(got.Prefix) > p.hasher.MaxBlocks() {
+			len(got.Prefix) > p.hasher.MaxBlocks() || len(got.Feature) > len(body)+len("|effort=minimal|thinking<=2147483648") {
 			t.Fatalf("out of range: %+v", got)
 		}
 		rest, err := io.ReadAll(r.Body)
@@ -110,13 +119,13 @@ func checkReference(t *testing.T, p *Parser, body []byte) {
 		return
 	}
 	var got, want llmlb.Request
-	gotUser := p.parseBody(body, &got)
+	gotUser := p.parseBody(body, &got, "")
 	wantUser := refParseBody(p, body, &want)
 	if gotUser != wantUser {
 		t.Fatalf("%q: user %q, want %q", body, gotUser, wantUser)
 	}
 	if got.PromptTokens != want.PromptTokens || got.MaxTokens != want.MaxTokens ||
-		!slices.Equal(got.Prefix, want.Prefix) || (got.Prefix == nil) != (want.Prefix == nil) {
+		!slices.Equal(got.Prefix, want.Prefix) || (got.Prefix == nil) != (want.Prefix == nil) || got.Feature != want.Feature {
 		t.Fatalf("%q:\n got %+v\nwant %+v", body, got, want)
 	}
 }
@@ -125,6 +134,7 @@ func checkReference(t *testing.T, p *Parser, body []byte) {
 var fieldNames = []string{
 	"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "user",
 	"role", "content", "tool_calls", "type", "text", "image_url",
+	"reasoning_effort", "reasoning", "effort", "output_config", "thinking", "budget_tokens",
 }
 
 // plainJSON reports whether body, if it is JSON, has no object with a
@@ -176,4 +186,54 @@ func plainJSON(body []byte) bool {
 			stack = stack[:len(stack)-1]
 		}
 	}
+}
+
+// FuzzOutputCounter checks that an OutputCounter counts the same tokens
+// however a body is cut, never a negative number, never more than maxCount,
+// and nothing before the end of a body that is not an event stream.
+func FuzzOutputCounter(f *testing.F) {
+	for _, s := range []string{
+		"data: {\"a\":1}\n\ndata: [DONE]\n\n",
+		"event: x\ndata: {\"usage\":{\"completion_tokens\":12}}\r\n\r\ndata:[DONE]",
+		"data: {\"usage\":{\"output_tokens\" :\t99999999999999999999}}\n",
+		"data: {\"x\":\"\\\"output_tokens\\\": 5\"}\n",
+		`{"usage":{"completion_tokens":7,"completion_tokens_details":{"reasoning_tokens":3}}}`,
+		"\"completion_tokens\"\n:\n12",
+		`""""completion_tokens""output_tokens":-1`,
+		"data",
+		"",
+	} {
+		f.Add([]byte(s), uint16(len(s)/2), true)
+		f.Add([]byte(s), uint16(len(s)/3), false)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, split uint16, sse bool) {
+		h := jsonHeader
+		if sse {
+			h = sseHeader
+		}
+		count := func(pieces ...[]byte) int {
+			c := NewOutputCounter(h)
+			total := 0
+			for _, p := range pieces {
+				n := c.Count(p)
+				if n < 0 || (!sse && n != 0) {
+					t.Fatalf("Count returned %d", n)
+				}
+				total += n
+			}
+			n := c.End()
+			if n < 0 || c.End() != 0 {
+				t.Fatalf("End returned %d", n)
+			}
+			if total += n; total > maxCount {
+				t.Fatalf("%d tokens", total)
+			}
+			return total
+		}
+		cut := int(split) % (len(body) + 1)
+		whole := count(body)
+		if got := count(body[:cut], body[cut:]); got != whole {
+			t.Fatalf("cut at %d: %d tokens, %d whole", cut, got, whole)
+		}
+	})
 }

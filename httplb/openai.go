@@ -25,6 +25,8 @@ type fields struct {
 	model, user                    []byte // the last string value given
 	prompt, messages               []byte
 	maxTokens, maxCompletionTokens []byte
+	// What a reasoning model is asked for (see feature.go).
+	reasoningEffort, reasoning, outputConfig, thinking []byte
 }
 
 // readFields returns the fields of body, or false if body is not JSON (as
@@ -83,12 +85,20 @@ func (f *fields) set(key, v []byte) {
 		f.maxTokens = v
 	case "max_completion_tokens":
 		f.maxCompletionTokens = v
+	case "reasoning_effort":
+		f.reasoningEffort = v
+	case "reasoning":
+		f.reasoning = v
+	case "output_config":
+		f.outputConfig = v
+	case "thinking":
+		f.thinking = v
 	}
 }
 
 // parseBody fills req from body as far as body allows, and returns the body's
-// "user".
-func (p *Parser) parseBody(body []byte, req *llmlb.Request) (user string) {
+// "user". label is the value of the feature header.
+func (p *Parser) parseBody(body []byte, req *llmlb.Request, label string) (user string) {
 	f, ok := readFields(body)
 	if !ok {
 		return "" // not JSON: route without body information
@@ -97,7 +107,9 @@ func (p *Parser) parseBody(body []byte, req *llmlb.Request) (user string) {
 	if req.MaxTokens == 0 {
 		req.MaxTokens = count(f.maxCompletionTokens)
 	}
-	salt := prefix.Salt{Model: decodeString(f.model), Tenant: req.Tenant}
+	model := decodeString(f.model)
+	req.Feature = feature(model, &f, label)
+	salt := prefix.Salt{Model: model, Tenant: req.Tenant}
 	switch {
 	case hasElems(f.messages):
 		p.fillText(req, salt, promptText{raw: f.messages, chat: true})

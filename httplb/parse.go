@@ -60,6 +60,15 @@ type ParserConfig struct {
 	// sets the header (or removes it) before the Parser sees it. "" reads
 	// no header. At most one of Tenant and TrustTenantHeader may be set.
 	TrustTenantHeader string
+	// FeatureHeader, if not "", names a request header whose value labels
+	// the kind of request, such as its route, prompt template or agent
+	// step, for output-length prediction: it is appended to the
+	// Request.Feature the body gives (see [Parser.Parse]), after a "|".
+	// Like the body's model and effort, it is the client's word unless a
+	// component in front of the Parser sets or removes it; it only changes
+	// the output length its requests are charged, learned per tenant and
+	// Feature. "" reads no header.
+	FeatureHeader string
 	// Hasher hashes the prompt text into Request.Prefix (byte mode; token
 	// mode for prompts given as token IDs). Its block size in tokens must be
 	// that of the policy's prefix index. nil means a Hasher with the
@@ -88,6 +97,7 @@ type Parser struct {
 	tenant      func(*http.Request) (string, error) // nil: none
 	tenantHdr   string                              // "": none
 	scoped      bool                                // a tenant is read: scope session keys
+	featureHdr  string                              // "": none
 	hasher      *prefix.Hasher
 	countTokens func(string) int
 	tokenize    func(string) []uint32
@@ -104,6 +114,7 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 		tenant:      cfg.Tenant,
 		tenantHdr:   http.CanonicalHeaderKey(cfg.TrustTenantHeader),
 		scoped:      cfg.Tenant != nil || cfg.TrustTenantHeader != "",
+		featureHdr:  http.CanonicalHeaderKey(cfg.FeatureHeader),
 		hasher:      cfg.Hasher,
 		countTokens: cfg.CountTokens,
 		tokenize:    cfg.Tokenize,
@@ -140,8 +151,18 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 // prompt tokens (estimated from bytes unless a token counter is configured),
 // max_tokens (or max_completion_tokens), prefix hashes of the prompt salted
 // with the model and tenant, the tenant (see [ParserConfig.Tenant]; none by
-// default) and the affinity key: the session header, else the body's "user",
-// scoped by the tenant when a tenant is read.
+// default), the affinity key (the session header, else the body's "user",
+// scoped by the tenant when a tenant is read) and the Feature.
+//
+// The Feature, the kind of request whose output length a balancer with
+// llmlb.WithOutputPrediction learns, is the model, then the reasoning
+// effort asked for, as "|effort=" and one of none, minimal, low, medium,
+// high, xhigh or max (from reasoning_effort, else reasoning.effort, else
+// Anthropic's output_config.effort; another value is left out), then
+// Anthropic's extended thinking, as "|thinking<=" and its budget_tokens
+// rounded up to a power of two, or "|thinking=adaptive", then "|" and the
+// value of [ParserConfig.FeatureHeader], if any: for example
+// "gpt-oss-120b|effort=high" or "claude-sonnet-4-5|thinking<=16384".
 //
 // The body is read up to the configured cap and then restored: r.Body reads
 // the same bytes again, r.GetBody returns fresh copies of it (for retries),
@@ -161,7 +182,7 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 // number of messages or prompts. Field names are matched exactly, and the
 // last of repeated fields is used.
 func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
-	req, session, err := p.headers(r)
+	req, h, err := p.headers(r)
 	if err != nil {
 		if r.Body != nil {
 			_ = r.Body.Close()
@@ -180,7 +201,7 @@ func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 	if err != nil {
 		return req, err
 	}
-	if err := p.fill(&req, session, body); err != nil {
+	if err := p.fill(&req, h, body); err != nil {
 		return req, err
 	}
 	setBody(r, body)
@@ -188,36 +209,47 @@ func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 }
 
 // headers returns the request as r's headers and [ParserConfig.Tenant]
-// describe it, and the session key of the session header, for Parse and
-// ParseBody. An error of Tenant is returned wrapped in [ErrUnauthenticated].
-func (p *Parser) headers(r *http.Request) (req llmlb.Request, session string, err error) {
+// describe it, and the values of the session and feature headers, for Parse
+// and ParseBody. An error of Tenant is returned wrapped in [ErrUnauthenticated].
+func (p *Parser) headers(r *http.Request) (req llmlb.Request, h headerInfo, err error) {
 	switch {
 	case p.tenant != nil:
 		t, err := p.tenant(r)
 		if err != nil {
-			return req, "", fmt.Errorf("%w: %w", ErrUnauthenticated, err)
+			return req, h, fmt.Errorf("%w: %w", ErrUnauthenticated, err)
 		}
 		req.Tenant = t
 	case p.tenantHdr != "":
 		req.Tenant = r.Header.Get(p.tenantHdr)
 	}
-	session = r.Header.Get(p.session)
-	req.AffinityKey = p.affinityKey(req.Tenant, session)
-	return req, session, nil
+	h.session = r.Header.Get(p.session)
+	req.AffinityKey = p.affinityKey(req.Tenant, h.session)
+	if p.featureHdr != "" {
+		h.label = r.Header.Get(p.featureHdr)
+		req.Feature = feature("", nil, h.label)
+	}
+	return req, h, nil
 }
 
-// fill completes req, as headers returned it, from body: it refuses a body
-// over the cap, and takes the affinity key from the body's "user" when no
-// session header gave one.
-func (p *Parser) fill(req *llmlb.Request, session string, body []byte) error {
+// headerInfo is what the headers of a request say besides what headers puts
+// in its llmlb.Request.
+type headerInfo struct {
+	session string // the session header's value
+	label   string // the feature header's value
+}
+
+// fill completes req, as headers returned it with h, from body: it refuses a
+// body over the cap, and takes the affinity key from the body's "user" when
+// no session header gave one.
+func (p *Parser) fill(req *llmlb.Request, h headerInfo, body []byte) error {
 	if int64(len(body)) > p.maxBody {
 		return errBodyTooLarge(p.maxBody)
 	}
 	if len(body) == 0 {
 		return nil
 	}
-	user := p.parseBody(body, req)
-	if session == "" {
+	user := p.parseBody(body, req, h.label)
+	if h.session == "" {
 		req.AffinityKey = p.affinityKey(req.Tenant, user)
 	}
 	return nil

@@ -9,8 +9,9 @@ import (
 // ParseBody is [Parser.Parse] for a body the caller has already read, such as
 // one an Envoy external processor receives in pieces: it parses body as the
 // body of r, and never reads, replaces or closes r.Body. r supplies the
-// headers (the session header, [ParserConfig.TrustTenantHeader]) and what
-// [ParserConfig.Tenant] reads; it needs no body.
+// headers (the session header, [ParserConfig.TrustTenantHeader],
+// [ParserConfig.FeatureHeader]) and what [ParserConfig.Tenant] reads; it
+// needs no body.
 //
 // A body longer than the cap returns an error wrapping [ErrBodyTooLarge]; an
 // error of [ParserConfig.Tenant] is returned wrapped in [ErrUnauthenticated].
@@ -18,11 +19,11 @@ import (
 // error, as with Parse. The returned request does not refer to body, which
 // the caller may reuse at once.
 func (p *Parser) ParseBody(r *http.Request, body []byte) (llmlb.Request, error) {
-	req, session, err := p.headers(r)
+	req, h, err := p.headers(r)
 	if err != nil {
 		return req, err
 	}
-	return req, p.fill(&req, session, body)
+	return req, p.fill(&req, h, body)
 }
 
 // MaxBodyBytes returns the longest body the Parser accepts, so that a caller

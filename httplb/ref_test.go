@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 
 	"github.com/llmlb/llmlb"
@@ -24,6 +25,19 @@ type refBody struct {
 	MaxTokens           json.RawMessage `json:"max_tokens"`
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
 	User                string          `json:"user"`
+	ReasoningEffort     string          `json:"reasoning_effort"`
+	Reasoning           refEffort       `json:"reasoning"`
+	OutputConfig        refEffort       `json:"output_config"`
+	Thinking            refThinking     `json:"thinking"`
+}
+
+type refEffort struct {
+	Effort string `json:"effort"`
+}
+
+type refThinking struct {
+	Type         string          `json:"type"`
+	BudgetTokens json.RawMessage `json:"budget_tokens"`
 }
 
 type refMessage struct {
@@ -52,6 +66,7 @@ func refParseBody(p *Parser, body []byte, req *llmlb.Request) (user string) {
 	if req.MaxTokens == 0 {
 		req.MaxTokens = refCount(w.MaxCompletionTokens)
 	}
+	req.Feature = refFeature(&w)
 	salt := prefix.Salt{Model: w.Model, Tenant: req.Tenant}
 	switch {
 	case len(w.Messages) > 0:
@@ -60,6 +75,36 @@ func refParseBody(p *Parser, body []byte, req *llmlb.Request) (user string) {
 		refFillPrompt(p, req, salt, w.Prompt)
 	}
 	return w.User
+}
+
+// refFeature returns the Feature of a body without a feature header.
+func refFeature(w *refBody) string {
+	known := func(e string) bool {
+		switch e {
+		case "none", "minimal", "low", "medium", "high", "xhigh", "max":
+			return true
+		}
+		return false
+	}
+	f := w.Model
+	for _, e := range []string{w.ReasoningEffort, w.Reasoning.Effort, w.OutputConfig.Effort} {
+		if known(e) {
+			f += "|effort=" + e
+			break
+		}
+	}
+	switch {
+	case w.Thinking.Type == "disabled":
+	case w.Thinking.Type == "adaptive":
+		f += "|thinking=adaptive"
+	case refCount(w.Thinking.BudgetTokens) > 0:
+		b := 1
+		for b < refCount(w.Thinking.BudgetTokens) {
+			b *= 2
+		}
+		f += "|thinking<=" + strconv.Itoa(b)
+	}
+	return f
 }
 
 // count reads a token count: a JSON number that is a positive integer within

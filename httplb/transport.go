@@ -39,8 +39,8 @@ type Config struct {
 	Parser *Parser
 	// Adjust, if set, is called with each request and what the parser
 	// made of it, before admission and the first pick, to add what the
-	// caller knows: an output-length estimate (OutputTokens) or endpoints to
-	// exclude. Set the tenant with [ParserConfig.Tenant], not here: the
+	// caller knows: an output-length estimate (OutputTokens), a Feature of
+	// its own, or endpoints to exclude. Set the tenant with [ParserConfig.Tenant], not here: the
 	// prefix hashes, which the tenant salts, are computed before Adjust
 	// runs. It must not read the request body.
 	Adjust func(r *http.Request, lr *llmlb.Request)
@@ -76,9 +76,10 @@ type Config struct {
 	// with "session:" (sessions are chosen by clients, so set a tenant where
 	// clients are not trusted), or else "". Its prompt tokens are charged at
 	// admission; output tokens are charged as the response body is read,
-	// one per event of a server-sent event stream, or one per
-	// [BytesPerToken] bytes of any other 2xx body; the ticket is released
-	// when the body ends. See package fair.
+	// as they are reported to the pick (see [OutputCounter]): one per event
+	// of a server-sent event stream, or the usage count of any other 2xx
+	// body (one token per [BytesPerToken] bytes without one) when it ends;
+	// the ticket is released when the body ends. See package fair.
 	Queue *fair.Queue
 	// TrustClassHeader, if not "", names a request header whose value,
 	// "interactive", "standard" or "batch", is the request's priority class
@@ -160,8 +161,10 @@ type Config struct {
 // text/event-stream, the first "data:" line; for anything else, the first
 // byte. RoundTrip holds back those first bytes, calls the pick's FirstToken
 // and returns the response; its body then passes every Read straight through
-// (no buffering) and calls the pick's Done exactly once, at the end of the
-// body, on a read error, or when it is closed early (a client disconnect).
+// (no buffering), reports the output tokens it carries to the pick with
+// Generated as they pass (see [OutputCounter]), and calls the pick's Done
+// exactly once, at the end of the body, on a read error, or when it is
+// closed early (a client disconnect).
 // After the commitment nothing is retried: a failure mid-stream reaches the
 // caller as a read error, never as a silent second attempt. A retryable
 // status that cannot be retried any more is returned as the response; a

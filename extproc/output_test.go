@@ -1,0 +1,97 @@
+package extproc_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/extproc"
+)
+
+// reasoningBody is a chat request asking for effort.
+func reasoningBody(effort string) []byte {
+	return fmt.Appendf(nil, `{"model":"m","stream":true,"reasoning_effort":%q,"messages":[{"role":"user","content":"hi"}]}`, effort)
+}
+
+// exchange routes body on a FULL_DUPLEX_STREAMED stream and returns the
+// picked endpoint, with the stream open for the response.
+func exchange(t *testing.T, h *harness, body []byte) (*envoy, string) {
+	t.Helper()
+	e := h.open(t, fullDuplex, fullDuplex)
+	e.send(requestHeaders("/v1/chat/completions", false))
+	e.send(requestBody(body, true))
+	m := e.recv()
+	r := routeOf(t, m, m.GetRequestHeaders().GetResponse())
+	require.NotEmpty(t, r.header)
+	streamedBack(t, e.recv(), true)
+	return e, r.header
+}
+
+// respond streams the response pieces and ends the stream.
+func respond(t *testing.T, e *envoy, contentType string, pieces ...string) {
+	t.Helper()
+	e.send(responseHeaders(200, contentType, false))
+	require.NotNil(t, e.recv().GetResponseHeaders())
+	for i, p := range pieces {
+		e.send(responseBody(p, i == len(pieces)-1))
+		streamedBack(t, e.recv(), false)
+	}
+	require.NoError(t, e.closeAndWait())
+}
+
+// cut splits s into pieces of n bytes.
+func cut(s string, n int) []string {
+	var ps []string
+	for len(s) > n {
+		ps = append(ps, s[:n])
+		s = s[n:]
+	}
+	return append(ps, s)
+}
+
+// The Server reports the output tokens of the response chunks to the pick,
+// so that a balancer learns output lengths per Feature (the model and the
+// reasoning effort): the usage count of the stream where it has one, else
+// its events.
+func TestOutputTokensTeachPrediction(t *testing.T) {
+	b := newBalancer(t, 1, nil, llmlb.WithOutputPrediction(llmlb.OutputConfig{MinObservations: 2}))
+	h := start(t, extproc.Config{Balancer: b})
+	var high, low strings.Builder
+	for i := range 10 {
+		fmt.Fprintf(&high, "data: {\"choices\":[{\"delta\":{\"content\":\"ab%d\"}}]}\n\n", i)
+	}
+	high.WriteString("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":30}}\n\ndata: [DONE]\n\n")
+	for i := range 4 {
+		fmt.Fprintf(&low, "event: delta\ndata: {\"choices\":[{\"delta\":{\"content\":\"a%d\"}}]}\n\n", i)
+	}
+	low.WriteString("data: [DONE]\n\n")
+	for i := range 2 {
+		e, _ := exchange(t, h, reasoningBody("high"))
+		respond(t, e, "text/event-stream", cut(high.String(), 7+i)...)
+		e, _ = exchange(t, h, reasoningBody("low"))
+		respond(t, e, "text/event-stream; charset=utf-8", cut(low.String(), 5+i)...)
+	}
+	waitIdle(t, b)
+	for effort, want := range map[string]int64{"high": 30, "low": 4} {
+		e, picked := exchange(t, h, reasoningBody(effort))
+		require.Equal(t, want, stats(b, picked).DecodeTokens, "effort %s", effort)
+		require.NoError(t, e.closeAndWait())
+		waitIdle(t, b)
+	}
+}
+
+// A response that is not an event stream reports its usage count at its end.
+func TestOutputTokensOfJSONResponse(t *testing.T) {
+	b := newBalancer(t, 1, nil, llmlb.WithOutputPrediction(llmlb.OutputConfig{MinObservations: 1}))
+	h := start(t, extproc.Config{Balancer: b})
+	body := []byte(`{"model":"claude","max_tokens":9000,"thinking":{"type":"enabled","budget_tokens":3000},"messages":[]}`)
+	e, _ := exchange(t, h, body)
+	respond(t, e, "application/json", `{"content":[{"type":"text","text":"x"}],`, `"usage":{"input_tokens":9,"output`, `_tokens":77}}`)
+	e, picked := exchange(t, h, body)
+	require.EqualValues(t, 77, stats(b, picked).DecodeTokens)
+	require.NoError(t, e.closeAndWait())
+	waitIdle(t, b)
+}

@@ -1,0 +1,221 @@
+package httplb
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var (
+	sseHeader  = http.Header{"Content-Type": {"text/event-stream; charset=utf-8"}}
+	jsonHeader = http.Header{"Content-Type": {"application/json"}}
+)
+
+// countPieces counts body with a counter for header h, fed in pieces cut at
+// cuts, and returns the total and what End returned.
+func countPieces(t *testing.T, h http.Header, body string, cuts ...int) (total, end int) {
+	t.Helper()
+	c := NewOutputCounter(h)
+	prev := 0
+	for _, cut := range append(cuts, len(body)) {
+		n := c.Count([]byte(body[prev:cut]))
+		if n < 0 {
+			t.Fatalf("Count returned %d", n)
+		}
+		total += n
+		prev = cut
+	}
+	end = c.End()
+	if again := c.End(); again != 0 {
+		t.Fatalf("second End returned %d", again)
+	}
+	return total + end, end
+}
+
+func TestOutputCounter(t *testing.T) {
+	openAI := func(events int, usage string) string {
+		var b strings.Builder
+		for i := range events {
+			b.WriteString(`data: {"choices":[{"delta":{"content":"w` + string(rune('a'+i%26)) + `"}}],"usage":null}` + "\n\n")
+		}
+		if usage != "" {
+			b.WriteString(`data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":` + usage +
+				`,"total_tokens":99,"completion_tokens_details":{"reasoning_tokens":3}}}` + "\n\n")
+		}
+		b.WriteString("data: [DONE]\n\n")
+		return b.String()
+	}
+	cases := []struct {
+		name   string
+		header http.Header
+		body   string
+		want   int
+		end    int // of want, what End counts
+	}{
+		{name: "events", header: sseHeader, want: 3,
+			body: "data: a\n\n: comment\n\ndata: b\r\n\r\nevent: x\ndata: c\n\ndata: [DONE]\n\n  data: not at line start\nid: data:\n"},
+		{name: "done without space", header: sseHeader, body: "data:[DONE]\ndata: [DONE]x\ndata: [DON\n", want: 2},
+		{name: "usage equals events", header: sseHeader, body: openAI(5, "5"), want: 5},
+		{name: "usage above events", header: sseHeader, body: openAI(5, "12"), want: 12},
+		{name: "usage below events", header: sseHeader, body: openAI(5, "2"), want: 5},
+		{name: "usage null", header: sseHeader, body: openAI(4, "null"), want: 5},
+		{name: "running usage", header: sseHeader, want: 9,
+			body: "data: {\"usage\":{\"completion_tokens\":0}}\n\ndata: {\"usage\":{\"completion_tokens\":4}}\n\ndata: {\"usage\":{\"completion_tokens\" : 9}}\n\ndata: [DONE]\n\n"},
+		// The message_stop after the usage counts one more.
+		{name: "anthropic", header: sseHeader, want: 16,
+			body: "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n" +
+				"event: content_block_start\ndata: {\"type\":\"content_block_start\"}\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\n" +
+				"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"Hello, \\\"output_tokens\\\": 99\"}}\n\n" +
+				"event: content_block_stop\ndata: {\"type\":\"content_block_stop\"}\n\n" +
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"},
+		{name: "responses", header: sseHeader, want: 40,
+			body: "event: response.created\ndata: {\"response\":{\"max_output_tokens\":null,\"usage\":null}}\n\n" +
+				"event: response.output_text.delta\ndata: {\"delta\":\"hi\"}\n\n" +
+				"event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":40,\"output_tokens_details\":{\"reasoning_tokens\":30}}}}\n\n"},
+		{name: "last line unterminated", header: sseHeader, body: "data: a\n\ndata: {\"usage\":{\"completion_tokens\":7}}", want: 7, end: 6},
+		{name: "huge usage", header: sseHeader, body: "data: {\"usage\":{\"completion_tokens\":99999999999999999999}}\n", want: maxCount},
+		{name: "json usage", header: jsonHeader, want: 12, end: 12,
+			body: `{"choices":[{"message":{"content":"\"completion_tokens\": 50"}}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`},
+		{name: "pretty json usage", header: jsonHeader, want: 503, end: 503,
+			body: "{\n  \"content\": [],\n  \"usage\": {\n    \"input_tokens\": 2095,\n    \"output_tokens\"\n    :\n    503\n  }\n}\n"},
+		{name: "json without usage", header: jsonHeader, body: strings.Repeat("x", 4*25+3), want: 25, end: 25},
+		{name: "json usage not a count", header: jsonHeader, body: `{"usage":{"completion_tokens":"12"},"x":"` + strings.Repeat("y", 21) + `"}`, want: 16, end: 16},
+		{name: "compressed stream", header: http.Header{"Content-Type": {"text/event-stream"}, "Content-Encoding": {"gzip"}},
+			body: strings.Repeat("data: x\n", 10), want: 20, end: 20},
+		{name: "no header", header: http.Header{}, body: "data: 12345678\n", want: 3, end: 3},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			whole, end := countPieces(t, tc.header, tc.body)
+			assert.Equal(t, tc.want, whole, "whole body")
+			assert.Equal(t, tc.end, end, "End")
+			for cut := 1; cut < len(tc.body); cut++ {
+				if got, _ := countPieces(t, tc.header, tc.body, cut); got != tc.want {
+					t.Fatalf("cut at %d: %d tokens, want %d", cut, got, tc.want)
+				}
+			}
+			cuts := make([]int, 0, len(tc.body))
+			for i := 1; i < len(tc.body); i++ {
+				cuts = append(cuts, i)
+			}
+			got, _ := countPieces(t, tc.header, tc.body, cuts...)
+			assert.Equal(t, tc.want, got, "byte by byte")
+		})
+	}
+}
+
+// Each event is counted when its line ends, as the body is read.
+func TestOutputCounterCountsAsItReads(t *testing.T) {
+	c := NewOutputCounter(sseHeader)
+	assert.Equal(t, 0, c.Count([]byte("data: {\"a\":1}")))
+	assert.Equal(t, 3, c.Count([]byte("\n\ndata: {\"a\":2}\n\ndata: {\"a\":3}\n")))
+	assert.Equal(t, 0, c.Count([]byte("\ndata: {\"a\":4}")))
+	assert.Equal(t, 1, c.Count([]byte("\r")))
+}
+
+func TestOutputCounterDoesNotAllocate(t *testing.T) {
+	chunk := []byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":{\"completion_tokens\":3}}\n\n")
+	for _, h := range []http.Header{sseHeader, jsonHeader} {
+		allocs := testing.AllocsPerRun(100, func() {
+			c := NewOutputCounter(h)
+			c.Count(chunk)
+			c.End()
+		})
+		assert.Zero(t, allocs)
+	}
+}
+
+func BenchmarkOutputCounter(b *testing.B) {
+	chunk := []byte("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\"," +
+		"\"choices\":[{\"index\":0,\"delta\":{\"content\":\" word\"},\"finish_reason\":null}],\"usage\":null}\n\n")
+	c := NewOutputCounter(sseHeader)
+	b.SetBytes(int64(len(chunk)))
+	b.ReportAllocs()
+	for b.Loop() {
+		c.Count(chunk)
+	}
+}
+
+// reasoningUpstream streams, for a request with reasoning_effort "high", 20
+// chunks of two tokens each and a usage event with the 40 tokens, and for
+// any other, 5 chunks of a token and no usage.
+func reasoningUpstream(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		ReasoningEffort string `json:"reasoning_effort"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	chunks, usage := 5, 0
+	if req.ReasoningEffort == "high" {
+		chunks, usage = 20, 40
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	for i := range chunks {
+		fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"t%d\"}}],\"usage\":null}\n\n", i)
+		w.(http.Flusher).Flush()
+	}
+	if usage > 0 {
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":%d}}\n\n", usage)
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// A balancer that predicts output lengths learns them from what the
+// Transport reports, per Feature: a request's charged decode work is what
+// requests of its kind streamed, the usage count where there is one, else
+// the events.
+func TestTransportTeachesOutputLengths(t *testing.T) {
+	up := newUpstream(t, reasoningUpstream)
+	b, err := llmlb.New(llmlb.LeastOutstanding(), llmlb.WithOutputPrediction(llmlb.OutputConfig{MinObservations: 3}))
+	require.NoError(t, err)
+	eps, err := NewEndpoints(up.URL)
+	require.NoError(t, err)
+	require.NoError(t, b.Update(eps))
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	tr, err := NewTransport(Config{Balancer: b, Base: base})
+	require.NoError(t, err)
+	body := func(effort string) string {
+		return `{"model":"m","stream":true,"reasoning_effort":"` + effort + `","messages":[{"role":"user","content":"hi"}]}`
+	}
+	send := func(effort string) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, up.URL+"/v1/chat/completions", strings.NewReader(body(effort)))
+		require.NoError(t, err)
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return resp
+	}
+	// charged returns the decode work charged to a request of effort while
+	// it is in flight; it is then cancelled, which teaches nothing.
+	charged := func(effort string) int64 {
+		t.Helper()
+		resp := send(effort)
+		defer resp.Body.Close()
+		return b.Stats()[0].DecodeTokens
+	}
+	require.Equal(t, int64(llmlb.DefaultDecodeAllowance), charged("high"), "before any completion")
+	for range 3 {
+		for _, effort := range []string{"high", "low"} {
+			resp := send(effort)
+			_, err := io.Copy(io.Discard, resp.Body)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+		}
+	}
+	assert.Equal(t, int64(40), charged("high"))
+	assert.Equal(t, int64(5), charged("low"))
+	assert.Equal(t, int64(40), charged("high"), "a cancelled request taught")
+	require.Eventually(t, func() bool { return b.Stats()[0].Outstanding == 0 }, 5*time.Second, time.Millisecond)
+}
