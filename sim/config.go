@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/llmlb/llmlb"
 )
 
 // Sentinel errors; errors returned by this package wrap one of them.
@@ -150,6 +152,12 @@ type Config struct {
 	// Admission is the admission control in front of the routers. The zero
 	// value admits every request at once.
 	Admission Admission
+	// Outputs is what the routers know of output lengths. The zero value,
+	// [OutputsUntold], charges every request the decode allowance.
+	Outputs OutputKnowledge
+	// Prediction configures the routers' output-length prediction under
+	// [OutputsPredicted]; the zero value selects llmlb's defaults.
+	Prediction llmlb.OutputConfig
 	// Series is the sampling interval of the per-replica outstanding-work
 	// series ([Result].Series). 0 means the last arrival time / 200 (at
 	// least 10 ms). The series holds at most 1024 samples: when a run
@@ -221,6 +229,9 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: negative SLO", ErrInvalidConfig)
 	}
 	if err := c.Admission.validate(); err != nil {
+		return err
+	}
+	if err := c.validateOutputs(); err != nil {
 		return err
 	}
 	for i, v := range c.Speed {

@@ -17,6 +17,11 @@ type Result struct {
 	// Admission is the name of the admission control in front of the
 	// routers ([Admission].Name); empty without one.
 	Admission string `json:"admission,omitempty"`
+	// Outputs is what the routers knew of output lengths
+	// ([OutputKnowledge.String], followed by the quantile charged, such as
+	// "predict q0.9", when [Config].Prediction charges one); empty for
+	// [OutputsUntold].
+	Outputs string `json:"outputs,omitempty"`
 	// Requests is the number of requests of the workload, rejected ones
 	// included.
 	Requests int `json:"requests"`
@@ -135,7 +140,7 @@ func quantile(xs []float64, q float64) float64 {
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func (r *runner) result(policy string) *Result {
-	res := &Result{Policy: policy, Admission: r.cfg.Admission.Name, Requests: len(r.reqs)}
+	res := &Result{Policy: policy, Admission: r.cfg.Admission.Name, Outputs: r.cfg.outputsLabel(), Requests: len(r.reqs)}
 	ttft := make([]float64, 0, len(r.reqs))
 	tpot := make([]float64, 0, len(r.reqs))
 	e2e := make([]float64, 0, len(r.reqs))
@@ -230,8 +235,9 @@ func (r *runner) result(policy string) *Result {
 // arrival windows and spans, preemptions summed, and the assignment gap and
 // peak skew the largest of any run, and each tenant's figures pooled the
 // same way. Series is the first run's. The results must name the same
-// policy and admission control and come from this process's simulations: one
-// decoded from JSON holds no per-request data. Merge does not modify them.
+// policy, admission control and output knowledge and come from this
+// process's simulations: one decoded from JSON holds no per-request data.
+// Merge does not modify them.
 func Merge(rs ...*Result) (*Result, error) {
 	if len(rs) == 0 {
 		return nil, fmt.Errorf("%w: no results to merge", ErrInvalidConfig)
@@ -246,9 +252,11 @@ func Merge(rs ...*Result) (*Result, error) {
 			return nil, fmt.Errorf("%w: cannot merge results of %q and %q", ErrInvalidConfig, rs[0].Policy, r.Policy)
 		case r.Admission != rs[0].Admission:
 			return nil, fmt.Errorf("%w: cannot merge results of %q under admission %q and %q", ErrInvalidConfig, r.Policy, rs[0].Admission, r.Admission)
+		case r.Outputs != rs[0].Outputs:
+			return nil, fmt.Errorf("%w: cannot merge results of %q with outputs %q and %q", ErrInvalidConfig, r.Policy, rs[0].Outputs, r.Outputs)
 		}
 	}
-	out := &Result{Policy: rs[0].Policy, Admission: rs[0].Admission, Series: rs[0].Series, raw: &rawResult{}}
+	out := &Result{Policy: rs[0].Policy, Admission: rs[0].Admission, Outputs: rs[0].Outputs, Series: rs[0].Series, raw: &rawResult{}}
 	m := out.raw
 	var ttft, tpot, e2e [][]float64
 	for _, r := range rs {

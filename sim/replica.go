@@ -537,6 +537,9 @@ func (r *replica) finish(now time.Duration) {
 		if s.state == stateDone {
 			s.finished = now
 			r.outstanding--
+			if r.run.cfg.Outputs != OutputsUntold {
+				s.pick.Generated(s.generated)
+			}
 			s.pick.Done(nil)
 			r.run.finished(s)
 		}

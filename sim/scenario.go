@@ -31,6 +31,10 @@ type Scenario struct {
 	// under every policy, in display order; none means a single run
 	// without admission control (Config.Admission).
 	Admissions []Admission
+	// Outputs are the kinds of knowledge of output lengths compared by
+	// default, each under every policy and admission control, in display
+	// order; none means a single run with Config.Outputs.
+	Outputs []OutputKnowledge
 }
 
 // Scenario defaults.
@@ -102,6 +106,11 @@ func mixedPolicies() []string {
 //     within the SLO and four light tenants well under their fair share;
 //     compares no admission control, per-tenant rate limits and a
 //     token-fair queue ([TenantsScenario]).
+//   - routes: the default scenario's cluster and workload at [RoutesRate],
+//     its requests split among four routes whose outputs differ 100-fold
+//     ([RoutesSynthetic]); compares charging the decode allowance, the
+//     output lengths learned per route and the true lengths
+//     ([Config.Outputs]).
 func Scenarios() []Scenario {
 	herdRate := 20.0
 	herd := PrefixSynthetic(4000, herdRate)
@@ -169,6 +178,7 @@ func Scenarios() []Scenario {
 			Policies: mixedPolicies(),
 		},
 		TenantsScenario(),
+		routesScenario(),
 	}
 }
 

@@ -248,6 +248,9 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			llmlb.WithClock(simClock{r}),
 			llmlb.WithRand(rand.NewPCG(cfg.Seed, uint64(k)+1)),
 		}
+		if cfg.Outputs == OutputsPredicted {
+			opts = append(opts, llmlb.WithOutputPrediction(cfg.Prediction))
+		}
 		if cfg.Share == 0 {
 			opts = append(opts, llmlb.WithSignal(rt, cfg.MaxSignalAge))
 		} else {
@@ -376,7 +379,10 @@ func (r *runner) route(i int) error {
 	if r.cfg.RandomSplit {
 		k = r.rng.IntN(len(r.routers))
 	}
-	lr := llmlb.Request{PromptTokens: req.PromptTokens, Prefix: req.Prefix, AffinityKey: req.Session, Tenant: req.Tenant}
+	lr := llmlb.Request{PromptTokens: req.PromptTokens, Prefix: req.Prefix, AffinityKey: req.Session, Tenant: req.Tenant, Feature: req.Route}
+	if r.cfg.Outputs == OutputsTrue {
+		lr.OutputTokens = req.OutputTokens
+	}
 	r.current = s
 	pick, err := r.routers[k].bal.Pick(context.Background(), &lr)
 	r.current = nil

@@ -1,12 +1,15 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/llmlb/llmlb"
 )
 
 // legendWidth is the width, in characters, the legends under the tables
@@ -21,6 +24,7 @@ type column struct {
 	herding bool   // shown only for a herding scenario ([ScenarioInfo.Herding])
 	roomy   bool   // left out of a herding scenario's narrow table, to make room for the skew columns
 	admit   bool   // shown only when a result ran under admission control ([Result].Admission)
+	outputs bool   // shown only when a result's routers were told output lengths ([Result].Outputs)
 	cell    func(r *Result) string
 }
 
@@ -29,6 +33,7 @@ type column struct {
 var columns = []column{
 	{head: "policy", cell: func(r *Result) string { return r.Policy }},
 	{head: "admission", admit: true, cell: func(r *Result) string { return r.Admission }},
+	{head: "outputs", outputs: true, cell: func(r *Result) string { return cmp.Or(r.Outputs, "untold") }},
 	{head: "SLO", cell: func(r *Result) string { return fmtPct(r.SLOAttainment) }},
 	{head: "missed", cell: func(r *Result) string { return strconv.Itoa(r.Missed) }},
 	{head: "refused", admit: true, cell: func(r *Result) string { return strconv.Itoa(r.Refused) }},
@@ -80,15 +85,16 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	fmt.Fprintf(w, "%s\nprefix hits: infinite-cache bound %.1f%%, one cluster-sized LRU cache %.1f%%\n\n",
 		s.limits(), 100*s.InfiniteCacheHitRate, 100*s.PooledCacheHitRate)
 
-	admitted, tenants := false, false
+	admitted, told, tenants := false, false, false
 	for _, r := range rep.Results {
 		admitted = admitted || r.Admission != ""
+		told = told || r.Outputs != ""
 		tenants = tenants || len(r.Tenants) > 0
 	}
 	var shown []column
 	have := make(map[string]bool)
 	for _, c := range columns {
-		if (c.wide || (c.roomy && s.Herding)) && !wide || c.herding && !s.Herding || c.admit && !admitted {
+		if (c.wide || (c.roomy && s.Herding)) && !wide || c.herding && !s.Herding || c.admit && !admitted || c.outputs && !told {
 			continue
 		}
 		shown = append(shown, c)
@@ -114,7 +120,7 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	}
 	if tenants {
 		fmt.Fprintln(w)
-		if err := writeTenantTable(w, rep.Results, admitted); err != nil {
+		if err := writeTenantTable(w, rep.Results, admitted, told); err != nil {
 			return err
 		}
 	}
@@ -140,6 +146,8 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	}
 	for _, d := range []struct{ col, def string }{
 		{"admission", "admission: the admission control in front of the routers;"},
+		{"outputs", fmt.Sprintf("outputs: the decode work charged per request: allowance, a fixed %d tokens;", llmlb.DefaultDecodeAllowance)},
+		{"outputs", "predict, the output length learned per route; true, the true output length;"},
 		{"refused", "refused: requests it turned away (they count as missed);"},
 		{"hit", "hit: share of prompt tokens served from a prefix cache;"},
 		{"tok/s", "tok/s: output tokens per second, all replicas together;"},

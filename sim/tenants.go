@@ -199,12 +199,16 @@ func mergeTenants(rs []*Result, window float64) []TenantResult {
 }
 
 // writeTenantTable writes a row per tenant of each result that measured
-// tenants, with an admission column if admission is set.
-func writeTenantTable(w io.Writer, results []*Result, admission bool) error {
+// tenants, with an admission column if admission is set and an outputs
+// column if outputs is.
+func writeTenantTable(w io.Writer, results []*Result, admission, outputs bool) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "policy\t")
 	if admission {
 		fmt.Fprint(tw, "admission\t")
+	}
+	if outputs {
+		fmt.Fprint(tw, "outputs\t")
 	}
 	fmt.Fprint(tw, "tenant\treq/s\tSLO\tmissed\trefused\tTTFT p50\tp99\ttokens\t\n")
 	for _, r := range results {
@@ -212,6 +216,9 @@ func writeTenantTable(w io.Writer, results []*Result, admission bool) error {
 			fmt.Fprint(tw, r.Policy, "\t")
 			if admission {
 				fmt.Fprint(tw, r.Admission, "\t")
+			}
+			if outputs {
+				fmt.Fprint(tw, cmp.Or(r.Outputs, "untold"), "\t")
 			}
 			fmt.Fprint(tw, t.Tenant, "\t", strconv.FormatFloat(t.RequestRate, 'f', 1, 64), "\t", fmtPct(t.SLOAttainment), "\t",
 				t.Missed, "\t", t.Refused, "\t", fmtMs(t.TTFT.P50), "\t", fmtMs(t.TTFT.P99), "\t", fmtPct(t.TokenShare), "\t\n")

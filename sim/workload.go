@@ -42,6 +42,11 @@ type Request struct {
 	// [Config.Admission] controls and the results report ([Result].Tenants);
 	// "" is a tenant like any other.
 	Tenant string
+	// Route is the kind of request, such as the API route or the prompt
+	// template, whose outputs have alike lengths ([Synthetic].Routes);
+	// routers are told it as [llmlb.Request].Feature. Empty for a workload
+	// without routes.
+	Route string
 }
 
 // ChainHash returns the chained hash of a block whose identity is id and
@@ -114,7 +119,8 @@ type Synthetic struct {
 	ArrivalCV float64
 	// Prompt and Output are the length distributions of fresh text (the
 	// unique part of a prompt, a new message, an output). Output.Max is at
-	// most [MaxOutputTokens].
+	// most [MaxOutputTokens]. With Routes, each route's Output takes the
+	// place of Output.
 	Prompt, Output LogNormal
 	// BlockTokens is the number of tokens per prefix hash, a multiple of the
 	// engine block size. 0 means 64.
@@ -166,6 +172,12 @@ type Synthetic struct {
 	// requests carry its Name as [Request].Tenant. The tenants' requests
 	// are merged in arrival order.
 	Tenants []TenantShare
+	// Routes, if not empty, splits the requests among kinds whose outputs
+	// differ (see [Route]): each fresh request, agent bursts' children
+	// included, is of a route drawn by share, and every later turn of its
+	// conversation is of the same route. Empty means every output is drawn
+	// from Output and no request has a route.
+	Routes []Route
 }
 
 // LogNormal is a log-normal length distribution with the given median and
@@ -270,6 +282,9 @@ func (s *Synthetic) validate() error {
 			return err
 		}
 	}
+	if err := validateRoutes(s.Routes); err != nil {
+		return err
+	}
 	return validateTenants(s.Tenants)
 }
 
@@ -281,6 +296,7 @@ type session struct {
 	prompt int           // tokens of the last prompt plus its reply
 	hashes []uint64      // chained hashes of the full blocks of those tokens
 	ready  time.Duration // paced conversations: when the next turn arrives
+	route  string        // the route of its turns (Synthetic.Routes)
 }
 
 // Generate returns the requests of s, deterministic for seed.
@@ -387,7 +403,7 @@ func (g *generator) conversations(out []Request) []Request {
 			req := g.fresh(t, head)
 			g.reply(&req)
 			g.nextSess++
-			sess := &session{key: fmt.Sprintf("s%d", g.nextSess)}
+			sess := &session{key: fmt.Sprintf("s%d", g.nextSess), route: req.Route}
 			req.Session = sess.key
 			g.pace(sess, &req)
 			out = append(out, req)
@@ -516,12 +532,14 @@ func (g *generator) blocks(head []uint64, tokens int) []uint64 {
 func (g *generator) fresh(t time.Duration, head []uint64) Request {
 	msg := g.s.Prompt.sample(g.rng)
 	prompt := len(head)*g.s.BlockTokens + msg
+	route := g.drawRoute()
 	return Request{
 		Arrival:      t,
 		PromptTokens: min(prompt, MaxPromptTokens),
-		OutputTokens: g.s.Output.sample(g.rng),
+		OutputTokens: g.output(route),
 		BlockTokens:  g.s.BlockTokens,
 		Prefix:       g.blocks(head, msg),
+		Route:        route,
 	}
 }
 
@@ -531,6 +549,7 @@ func (g *generator) remember(req *Request) {
 	g.nextSess++
 	sess := &session{key: fmt.Sprintf("s%d", g.nextSess)}
 	req.Session = sess.key
+	sess.route = req.Route
 	g.extend(sess, req)
 	if len(g.sessions) < g.s.Sessions {
 		g.sessions = append(g.sessions, sess)
@@ -562,10 +581,11 @@ func (g *generator) followUp(t time.Duration, sess *session) Request {
 	req := Request{
 		Arrival:      t,
 		PromptTokens: base + msg,
-		OutputTokens: g.s.Output.sample(g.rng),
+		OutputTokens: g.output(sess.route),
 		BlockTokens:  g.s.BlockTokens,
 		Prefix:       g.blocks(head, base-len(head)*g.s.BlockTokens+msg),
 		Session:      sess.key,
+		Route:        sess.route,
 	}
 	return req
 }

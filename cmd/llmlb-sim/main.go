@@ -29,6 +29,15 @@
 // each results list in the schema of the plain run's, and -svg plots
 // goodput and TTFT p99 against the offered load, a line per policy.
 //
+// -outputs allowance,predict,true compares what the routers know of output
+// lengths, each under every policy, in an outputs column: the fixed decode
+// allowance, the lengths each router learns per route from the requests
+// that completed (llmlb.WithOutputPrediction; -output-quantile charges a
+// quantile instead of the mean), or the true lengths, as a caller that
+// knew them would pass. The routes scenario, whose requests are of four
+// routes with outputs of very different lengths, compares all three by
+// default.
+//
 // -routers R -share D has the R routers share their requests in flight and
 // the prefixes they routed through package github.com/llmlb/llmlb/share:
 // every D, each router's share.Group builds a batch, which reaches the
@@ -141,6 +150,11 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		admitArg = fs.String("admission", "", "comma-separated admission controls in front of the routers to compare, each under every policy, from those the scenario defines "+
 			"(the tenants scenario: none, every request at once; rate, per-tenant limits on requests and tokens per minute that refuse the excess, as API gateways do; "+
 			"vtc, a token-fair queue, package fair's Virtual Token Counter, capping the requests in flight) (default: the scenario's list, none for the other scenarios)")
+		outputsArg = fs.String("outputs", "", "comma-separated knowledge of output lengths to compare, each under every policy: "+
+			"allowance, every request charged a fixed decode allowance; predict, the output length each router learns per route from completed requests; "+
+			"true, the true output length, as a caller that knows it exactly (default: the scenario's list, allowance, predict, true for the routes scenario; "+
+			"for the others one run charging the allowance, without the outputs column)")
+		outQuant = fs.Float64("output-quantile", 0, "with -outputs predict, charge this quantile of the learned output lengths, in [0, 1), instead of their mean (0)")
 	)
 	// The flag package's own messages are written only for -h: a parse
 	// error is returned, and run prints it once.
@@ -230,6 +244,23 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if sweeping && len(admissions) > 1 {
 		return usageError{fmt.Errorf("-sweep compares policies under one admission control, and the %s scenario compares %d: choose one with -admission", sc.Name, len(admissions))}
 	}
+	outputs := sc.Outputs // none: one run with the scenario's Config.Outputs
+	if set["outputs"] {
+		if outputs, err = parseOutputs(*outputsArg); err != nil {
+			return usageError{err}
+		}
+	}
+	if set["output-quantile"] {
+		switch {
+		case !(*outQuant >= 0 && *outQuant < 1):
+			return usageError{fmt.Errorf("-output-quantile %v must be in [0, 1)", *outQuant)}
+		case !slices.Contains(outputs, sim.OutputsPredicted):
+			return usageError{errors.New("-output-quantile needs -outputs predict (or a scenario that compares it)")}
+		}
+	}
+	if sweeping && len(outputs) > 1 {
+		return usageError{fmt.Errorf("-sweep compares policies under one knowledge of output lengths, and %d are compared: choose one with -outputs", len(outputs))}
+	}
 	names := sc.Policies
 	switch *policies {
 	case "":
@@ -277,6 +308,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	cfg.Seed = *seed
 	cfg.SLO = sim.SLO{TTFT: *sloTTFT, TPOT: *sloTPOT}
 	cfg.Stagger = cfg.Stagger || *stagger
+	cfg.Prediction.Quantile = *outQuant
 	if *replicas > 0 {
 		cfg.Replicas = *replicas
 	}
@@ -322,8 +354,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	start := time.Now()
 	var mu sync.Mutex // serializes progress output
 	printed := false
-	nadm := max(len(admissions), 1)
-	total := len(scales) * *seeds * len(names) * nadm
+	nadm, nout := max(len(admissions), 1), max(len(outputs), 1)
+	nvar := nadm * nout // the runs of each policy under one seed, admission-major
+	total := len(scales) * *seeds * len(names) * nvar
 	progress := func(done int, last string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -350,7 +383,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		w := w
 		w.Rate *= x
-		runs := make([][]*sim.Result, len(names)*nadm) // policy-major
+		runs := make([][]*sim.Result, len(names)*nvar) // policy-major
 		var sum sim.ScenarioInfo                       // the per-run figures of the header, summed
 		cfg := cfg
 		for k := range *seeds {
@@ -380,12 +413,15 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			if sweeping {
 				last = func(policy string) string { return fmt.Sprintf("%s at x%g", policy, x) }
 			}
-			for a := range nadm {
+			for v := range nvar {
 				cfg := cfg
 				if len(admissions) > 0 {
-					cfg.Admission = admissions[a]
+					cfg.Admission = admissions[v/nout]
 				}
-				before := first + (k*nadm+a)*len(names)
+				if len(outputs) > 0 {
+					cfg.Outputs = outputs[v%nout]
+				}
+				before := first + (k*nvar+v)*len(names)
 				results, err := sim.Compare(ctx, cfg, reqs, names, func(done, total int, policy string) {
 					progress(before+done, last(policy))
 				})
@@ -393,7 +429,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 					return info, nil, err
 				}
 				for i, r := range results {
-					runs[i*nadm+a] = append(runs[i*nadm+a], r)
+					runs[i*nvar+v] = append(runs[i*nvar+v], r)
 				}
 			}
 		}
@@ -430,7 +466,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		sw = &sim.Sweep{}
 		for i, x := range scales {
 			var pi sim.ScenarioInfo
-			if pi, results, err = at(x, false, i**seeds*len(names)*nadm); err != nil {
+			if pi, results, err = at(x, false, i**seeds*len(names)*nvar); err != nil {
 				break
 			}
 			if x == 1 {
@@ -521,6 +557,31 @@ func parseAdmission(list string, sc sim.Scenario) ([]sim.Admission, error) {
 			return nil, fmt.Errorf("-admission %q lists %s twice", list, name)
 		}
 		out = append(out, sc.Admissions[i])
+	}
+	return out, nil
+}
+
+// parseOutputs parses the value of -outputs: comma-separated names of
+// kinds of knowledge of output lengths, without repeats.
+func parseOutputs(list string) ([]sim.OutputKnowledge, error) {
+	known := []sim.OutputKnowledge{sim.OutputsAllowance, sim.OutputsPredicted, sim.OutputsTrue}
+	var names []string
+	for _, k := range known {
+		names = append(names, k.String())
+	}
+	var out []sim.OutputKnowledge
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.Index(names, name)
+		switch {
+		case name == "":
+			return nil, fmt.Errorf("-outputs %q: want comma-separated names from %s", list, strings.Join(names, ", "))
+		case i < 0:
+			return nil, fmt.Errorf("-outputs: unknown knowledge of output lengths %q (known: %s)", name, strings.Join(names, ", "))
+		case slices.Contains(out, known[i]):
+			return nil, fmt.Errorf("-outputs %q lists %s twice", list, name)
+		}
+		out = append(out, known[i])
 	}
 	return out, nil
 }

@@ -123,7 +123,7 @@ func TestRunErrors(t *testing.T) {
 	}{
 		{"unknown flag", []string{"-nope"}, "flag provided but not defined", ""},
 		{"unknown policy", []string{"-policies", "p2c,fastest"}, `-policies: unknown policy "fastest"`, ""},
-		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, tenants)`, ""},
+		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, tenants, routes)`, ""},
 		{"bad rate scale", []string{"-rate-scale", "0"}, "-rate-scale", ""},
 		{"infinite rate scale", []string{"-rate-scale", "Inf"}, "-rate-scale +Inf must be a positive finite number", ""},
 		{"NaN rate scale", []string{"-rate-scale", "NaN"}, "-rate-scale NaN must be a positive finite number", ""},
@@ -173,6 +173,14 @@ func TestRunErrors(t *testing.T) {
 		{"admission repeated", []string{"-scenario", "tenants", "-admission", "vtc,vtc"}, `-admission "vtc,vtc" lists vtc twice`, ""},
 		{"admission empty item", []string{"-scenario", "tenants", "-admission", "none,"}, `-admission "none,": want comma-separated names from none, rate, vtc`, ""},
 		{"sweep over admissions", []string{"-scenario", "tenants", "-sweep", "1,2"}, "-sweep compares policies under one admission control, and the tenants scenario compares 3: choose one with -admission", ""},
+		{"unknown outputs", []string{"-outputs", "allowance,oracle"}, `-outputs: unknown knowledge of output lengths "oracle" (known: allowance, predict, true)`, ""},
+		{"outputs repeated", []string{"-outputs", "true,true"}, `-outputs "true,true" lists true twice`, ""},
+		{"outputs empty item", []string{"-outputs", "predict,"}, `-outputs "predict,": want comma-separated names from allowance, predict, true`, ""},
+		{"outputs empty", []string{"-outputs", ""}, `-outputs "": want comma-separated names`, ""},
+		{"sweep over outputs", []string{"-scenario", "routes", "-sweep", "1,2"}, "-sweep compares policies under one knowledge of output lengths, and 3 are compared: choose one with -outputs", ""},
+		{"output quantile without predict", []string{"-output-quantile", "0.9"}, "-output-quantile needs -outputs predict", ""},
+		{"output quantile of one", []string{"-outputs", "predict", "-output-quantile", "1"}, "-output-quantile 1 must be in [0, 1)", ""},
+		{"output quantile NaN", []string{"-outputs", "predict", "-output-quantile", "NaN"}, "-output-quantile NaN must be in [0, 1)", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -613,5 +621,40 @@ func TestRunAdmission(t *testing.T) {
 	var again bytes.Buffer
 	if code := run(context.Background(), args, &again, &errb); code != 0 || again.String() != text {
 		t.Errorf("a second run printed something else (exit %d)", code)
+	}
+}
+
+// The routes scenario prints a row per knowledge of output lengths under
+// each policy; -outputs chooses them, in its order, for any scenario, and
+// the plain run has no outputs column.
+func TestRunOutputs(t *testing.T) {
+	args := []string{"-scenario", "routes", "-requests", "1500", "-policies", "least-tokens"}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	table := out.String()
+	i, j, k := strings.Index(table, " allowance "), strings.Index(table, " predict "), strings.Index(table, " true ")
+	if !strings.Contains(table, "outputs") || i < 0 || !(i < j && j < k) {
+		t.Errorf("want an outputs column and rows allowance, predict, true in that order:\n%s", table)
+	}
+
+	out.Reset()
+	args = []string{"-requests", "1000", "-policies", "least-tokens", "-outputs", "true,predict", "-output-quantile", "0.9", "-seeds", "2"}
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	table = out.String()
+	if j, k := strings.Index(table, " predict q0.9 "), strings.Index(table, " true "); k < 0 || j < k || strings.Contains(table, "allowance ") {
+		t.Errorf("want rows true, then predict q0.9, only:\n%s", table)
+	}
+
+	out.Reset()
+	args = []string{"-requests", "1000", "-policies", "least-tokens"}
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if strings.Contains(out.String(), "outputs") {
+		t.Errorf("a run without -outputs shows the outputs column:\n%s", out.String())
 	}
 }
