@@ -103,6 +103,12 @@ type Config struct {
 	// gateway knows it) and, if nil, its Logger; [Gateway.Run] runs it. All
 	// replicas must be given the same backends. nil shares nothing.
 	Share *share.Config
+	// Outputs, if not nil, has the balancer learn the output lengths of
+	// each kind of request (tenant and Parser's Feature: the model and
+	// reasoning effort) from the tokens the responses stream, and charge
+	// them as decode work instead of a fixed allowance
+	// ([llmlb.WithOutputPrediction]). nil charges the allowance.
+	Outputs *llmlb.OutputConfig
 }
 
 // Gateway routes OpenAI-compatible requests across replicas. Create one
@@ -187,6 +193,9 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	}
 	if observer != nil {
 		opts = append(opts, llmlb.WithObserver(observer))
+	}
+	if cfg.Outputs != nil {
+		opts = append(opts, llmlb.WithOutputPrediction(*cfg.Outputs))
 	}
 	b, err := llmlb.New(policy, opts...)
 	if err != nil {

@@ -429,3 +429,59 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// With Outputs, the gateway charges a request the output its kind streamed
+// before; without, the allowance.
+func TestGatewayPredictsOutputs(t *testing.T) {
+	for _, tc := range []struct {
+		outputs *llmlb.OutputConfig
+		want    int64
+	}{{nil, llmlb.DefaultDecodeAllowance}, {&llmlb.OutputConfig{MinObservations: 4}, 12}} {
+		hold := make(chan struct{})
+		arrived := make(chan struct{}, 1)
+		backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.ReadAll(r.Body)
+			if r.Header.Get("X-Hold") != "" {
+				arrived <- struct{}{}
+				<-hold
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			for range 12 {
+				io.WriteString(w, "data: {\"choices\":[{\"text\":\"x\"}]}\n\n")
+			}
+			io.WriteString(w, "data: [DONE]\n\n")
+		}))
+		log, _ := newLogger()
+		g, err := New([]string{backend.URL}, Config{Logger: log, ScrapeInterval: -1, Outputs: tc.outputs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		send := func(header ...string) {
+			body := `{"model":"m","prompt":"hello","stream":true}`
+			req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			for i := 0; i+1 < len(header); i += 2 {
+				req.Header.Set(header[i], header[i+1])
+			}
+			w := httptest.NewRecorder()
+			g.ServeHTTP(w, req)
+			if w.Code != http.StatusOK {
+				t.Errorf("status %d: %s", w.Code, w.Body)
+			}
+		}
+		for range 6 {
+			send()
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); send("X-Hold", "1") }()
+		<-arrived
+		got := g.Balancer().Stats()[0].DecodeTokens
+		close(hold)
+		<-done
+		if got != tc.want {
+			t.Errorf("outputs %+v: a request in flight is charged %d decode tokens, want %d", tc.outputs, got, tc.want)
+		}
+		g.transport.CloseIdleConnections()
+		backend.Close()
+	}
+}

@@ -37,6 +37,8 @@ type options struct {
 	score         string
 	fallbacks     int
 	decode        int
+	predict       bool
+	featureHeader string
 	slowStart     time.Duration
 	maxInFlight   int
 	maxPerSession int
@@ -96,6 +98,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.score, "score", "requests", "p2c: the score, requests, tokens or kv")
 	fs.IntVar(&o.fallbacks, "fallbacks", 0, fmt.Sprintf("endpoints listed after the picked one for the data plane to retry on (0-%d)", extproc.MaxFallbacks))
 	fs.IntVar(&o.decode, "decode-allowance", 0, "expected output tokens of a request that does not say (0: llmlb's default)")
+	fs.BoolVar(&o.predict, "predict-outputs", false, "learn the output lengths of each kind of request (tenant, model, reasoning effort) from the streamed responses and charge them instead of the decode allowance")
+	fs.StringVar(&o.featureHeader, "feature-header", "", "append this header's value (a route or prompt template) to the kind of request whose output lengths -predict-outputs learns; only behind a proxy that sets or strips it")
 	fs.DurationVar(&o.slowStart, "slow-start", 0, "ramp traffic into new replicas over this window (0: off)")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per session (0: no cap)")

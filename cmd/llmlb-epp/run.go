@@ -116,7 +116,7 @@ func newServer(o options) (_ *server, err error) {
 	}
 
 	var hasher *prefix.Hasher
-	parser := httplb.ParserConfig{MaxBodyBytes: o.maxBody, SessionHeader: o.sessionHeader, TrustTenantHeader: o.tenantHeader}
+	parser := httplb.ParserConfig{MaxBodyBytes: o.maxBody, SessionHeader: o.sessionHeader, TrustTenantHeader: o.tenantHeader, FeatureHeader: o.featureHeader}
 	if o.tokenizer == "engine" {
 		parser.Tokenize = engine.Tokens
 	}
@@ -187,6 +187,9 @@ func newServer(o options) (_ *server, err error) {
 	}
 	if o.decode != 0 {
 		opts = append(opts, llmlb.WithDecodeAllowance(o.decode))
+	}
+	if o.predict {
+		opts = append(opts, llmlb.WithOutputPrediction(llmlb.OutputConfig{}))
 	}
 	if o.slowStart != 0 {
 		opts = append(opts, llmlb.WithSlowStart(llmlb.SlowStart{Window: o.slowStart}))

@@ -81,6 +81,8 @@ type options struct {
 	share         *share.Config
 	fairInFlight  int    // -fair: the fair queue's concurrency cap
 	tenantHeader  string // trusted tenant header
+	featureHeader string // trusted header naming the kind of request
+	predict       bool   // learn output lengths
 	classHeader   string // trusted priority-class header
 	kvRelay       bool   // relay the -kv-events engines' events onto NATS
 	kvFromNATS    bool   // follow the engines' events relayed on NATS
@@ -107,6 +109,8 @@ func run(args []string) error {
 	fs.IntVar(&o.slots, "slots", 0, "the replicas' batch slots (max_num_seqs, llama.cpp --parallel) for the default policy (0: unknown)")
 	fs.IntVar(&o.fairInFlight, "fair", 0, "admit at most this many requests at once through a token-fair queue: by priority class, then by the service each tenant (else session) has received (0: no queue)")
 	fs.StringVar(&o.tenantHeader, "tenant-header", "", "take the tenant from this header; only behind a proxy that sets or strips it")
+	fs.StringVar(&o.featureHeader, "feature-header", "", "append this header's value (a route or prompt template) to the kind of request whose output lengths -predict-outputs learns; only behind a proxy that sets or strips it")
+	fs.BoolVar(&o.predict, "predict-outputs", false, "learn the output lengths of each kind of request (tenant, model, reasoning effort) from the streamed responses and charge them as decode work instead of a fixed allowance")
 	fs.StringVar(&o.classHeader, "class-header", "", "with -fair: take the priority class (interactive, standard, batch) from this header; only behind a proxy that sets or strips it")
 	logJSON := fs.Bool("log-json", false, "log as JSON lines instead of text")
 	kvEvents := fs.String("kv-events", "", "comma-separated ZMQ addresses of the backends' KV-event publishers, in -backends order (tcp://host:5557,...)")
@@ -337,7 +341,7 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 	if err != nil {
 		return nil, nil, err
 	}
-	parser.TrustTenantHeader = o.tenantHeader
+	parser.TrustTenantHeader, parser.FeatureHeader = o.tenantHeader, o.featureHeader
 	var queue *fair.Queue
 	if o.fairInFlight > 0 {
 		if queue, err = fair.New(fair.Config{MaxInFlight: o.fairInFlight}); err != nil {
@@ -356,6 +360,9 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		Parser:           parser,
 		Logger:           o.log,
 		Share:            o.share,
+	}
+	if o.predict {
+		cfg.Outputs = &llmlb.OutputConfig{}
 	}
 	if metrics != nil {
 		cfg.Observer, cfg.RetryObserver = metrics.Observer(), metrics.RetryObserver()
