@@ -95,3 +95,24 @@ func TestOutputTokensOfJSONResponse(t *testing.T) {
 	require.NoError(t, e.closeAndWait())
 	waitIdle(t, b)
 }
+
+// A compressed event stream's events cannot be seen in its bytes: its first
+// byte is its first token, as for any other body.
+func TestCompressedStreamFirstToken(t *testing.T) {
+	b := newBalancer(t, 1, nil)
+	h := start(t, extproc.Config{Balancer: b})
+	e, picked := exchange(t, h, reasoningBody("low"))
+	hdr := responseHeaders(200, "text/event-stream", false)
+	hs := hdr.GetResponseHeaders().GetHeaders()
+	hs.Headers = append(hs.Headers, header("content-encoding", "gzip"))
+	e.send(hdr)
+	require.NotNil(t, e.recv().GetResponseHeaders())
+	require.Equal(t, int64(1), stats(b, picked).Queued)
+	e.send(responseBody("\x1f\x8b\x08\x00compressed bytes without a line break", false))
+	streamedBack(t, e.recv(), false)
+	require.Equal(t, int64(0), stats(b, picked).Queued, "the first compressed chunk did not count as the first token")
+	e.send(responseBody("\x03\x00", true))
+	streamedBack(t, e.recv(), false)
+	require.NoError(t, e.closeAndWait())
+	waitIdle(t, b)
+}

@@ -189,6 +189,7 @@ func (st *stream) responseHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.H
 	st.respStarted = true
 	st.noteServed(m)
 	var content http.Header // what the output counter needs to know
+	encoded := false
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		switch hv.GetKey() {
 		case ":status":
@@ -197,9 +198,14 @@ func (st *stream) responseHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.H
 			st.sse = strings.Contains(strings.ToLower(headerValue(hv)), "text/event-stream")
 			content = addHeader(content, "Content-Type", headerValue(hv))
 		case "content-encoding":
-			content = addHeader(content, "Content-Encoding", headerValue(hv))
+			v := headerValue(hv)
+			encoded = encoded || !strings.EqualFold(strings.TrimSpace(v), "identity")
+			content = addHeader(content, "Content-Encoding", v)
 		}
 	}
+	// A compressed event stream's events cannot be seen in its bytes: its
+	// first byte is its first token, as for any other body.
+	st.sse = st.sse && !encoded
 	if content != nil {
 		st.output = httplb.NewOutputCounter(content)
 	}
