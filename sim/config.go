@@ -113,11 +113,20 @@ type Config struct {
 	// Speed, if not nil, is each replica's speed relative to Engine, by
 	// replica index: replica i's iterations take IterTime / Speed[i], so
 	// at 0.5 it runs at half speed. Replicas beyond its length run at 1.
-	// The replicas declare no weight to the routers: a policy must find
-	// the difference itself.
+	// Unless DeclareWeights, the replicas declare no weight to the routers:
+	// a policy must find the difference itself.
 	Speed []float64
 	// SpeedChanges change replicas' speeds during the run.
 	SpeedChanges []SpeedChange
+	// DeclareWeights, if true, has every replica declare its speed at the
+	// start of the run (Speed, 1 beyond its length) to the routers as its
+	// weight ([llmlb.Endpoint]), as an operator who knows the replicas'
+	// hardware would configure; policies that read weights (llmlb.Default
+	// divides its cost by them) then know the speeds from the first pick,
+	// and those that do not ignore them. The weights stay as declared:
+	// SpeedChanges do not change them. Equal speeds declare weights of 1,
+	// which changes nothing.
+	DeclareWeights bool
 	// onPick, if not nil, is told of every dispatch: the simulated time
 	// and the replica. Tests use it.
 	onPick func(at time.Duration, replica int)

@@ -32,7 +32,9 @@
 // duration comes from an [IterTimeFunc], by default [MockerIterTime], the
 // polynomial of NVIDIA Dynamo's mocker engine, divided by the replica's
 // speed (Config.Speed, 1 by default, changed mid-run by
-// Config.SpeedChanges) for fleets of unequal replicas. The replica's scheduling
+// Config.SpeedChanges) for fleets of unequal replicas, which declare their
+// starting speeds to the routers as endpoint weights only with
+// Config.DeclareWeights. The replica's scheduling
 // state machine is exported as [Replica], without a clock, so that other
 // drivers (such as an emulated engine running in real time) share it.
 //
@@ -50,7 +52,9 @@
 // as large as the whole cluster's would reach. [Report] prints them as a table,
 // JSON or SVG, and [Sweep] the results at several arrival rates, a load
 // sweep. Policies are looked up by name in [Policies], which includes
-// an oracle with perfect knowledge of the replicas as the upper bound;
+// full-info, a greedy policy with perfect knowledge of the replicas and the
+// requests' output lengths: a reference for what information buys, not an
+// upper bound (under overload the best heuristics beat it);
 // [Scenarios] holds the presets of the llmlb-sim command.
 //
 // Runs are deterministic for a seed: all randomness comes from seeded PCG

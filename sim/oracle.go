@@ -8,15 +8,16 @@ import (
 	"github.com/llmlb/llmlb"
 )
 
-// oracle is the policy with perfect knowledge. It reads the true state of
+// oracle is the full-info policy: perfect knowledge. It reads the true state of
 // every replica (running and waiting sequences, their true remaining prefill
 // and output, the prefix cache) and the true output length of the request,
 // scores each replica with llmlb.Default's cost computed from that state, and
 // adds a large penalty for every request the choice is predicted to push past
 // the SLO (the request itself, and decoding sequences its prefill would
 // stall); ties are broken at random. It knows everything but still decides
-// greedily, one request at a time, so it bounds what better information buys,
-// not what any policy can reach.
+// greedily, one request at a time: it shows what better information buys a
+// greedy cost, and is no upper bound on what a policy can reach (under
+// overload Default's estimates beat it).
 type oracle struct {
 	run     *runner
 	waiting float64 // mean backlog per replica, smoothed as Default does

@@ -30,7 +30,7 @@ type PolicyEnv struct {
 	// without the Balancer's correction for its own dispatches.
 	Stale func(m int) llmlb.Load
 
-	run       *runner       // true state, for the oracle only
+	run       *runner       // true state, for full-info only
 	decisions *prefix.Index // the policy's index of its own decisions, if any
 }
 
@@ -222,7 +222,7 @@ func Policies() []PolicySpec {
 			return llmlb.Default(llmlb.DefaultConfig{Index: ix, Slots: env.Slots})
 		}},
 
-		{Name: "oracle", Doc: "perfect knowledge of replica state, cache and output lengths (upper bound)", New: newOracle},
+		{Name: "full-info", Doc: "perfect knowledge of replica state, cache and output lengths, deciding greedily (a reference, not a bound)", New: newOracle},
 		{Name: "stale-least-outstanding", Doc: "fewest running+waiting in the last scrape only (no own-dispatch correction)", Herding: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return llmlb.LeastScore(staleScore(env)), nil
 		}},

@@ -223,7 +223,7 @@ func TestReplicaAccountingProperty(t *testing.T) {
 			})
 		}
 		cfg := Config{Replicas: 1 + rng.IntN(3), Routers: 1 + rng.IntN(2), Engine: eng, Seed: uint64(trial)}
-		for _, p := range []string{"round-robin", "oracle"} {
+		for _, p := range []string{"round-robin", "full-info"} {
 			res, err := Simulate(context.Background(), cfg, reqs, p)
 			if err != nil {
 				t.Fatalf("trial %d %s (%+v): %v", trial, p, eng, err)

@@ -75,6 +75,11 @@ type ScenarioInfo struct {
 	PooledCacheHitRate float64 `json:"pooled_cache_hit_rate"`
 	// Herding asks the table for the skew columns.
 	Herding bool `json:"herding,omitempty"`
+	// Speeds is every replica's speed at the start of the run
+	// ([Config.Speed]); nil when all are 1 and DeclaredWeights is false.
+	Speeds []float64 `json:"speeds,omitempty"`
+	// DeclaredWeights is [Config.DeclareWeights].
+	DeclaredWeights bool `json:"declared_weights,omitempty"`
 }
 
 // Describe fills the fields of info that follow from cfg and reqs.
@@ -93,6 +98,7 @@ func (info *ScenarioInfo) Describe(cfg Config, reqs []Request) error {
 	info.ShareMs, info.SignalIntervalMs = ms(cfg.Share), ms(cfg.SignalInterval)
 	info.SLOTTFTMs, info.SLOTPOTMs = ms(cfg.SLO.TTFT), ms(cfg.SLO.TPOT)
 	info.KVBlocks, info.BlockSize = cfg.Engine.KVBlocks, cfg.Engine.BlockSize
+	info.Speeds, info.DeclaredWeights = cfg.startSpeeds(), cfg.DeclareWeights
 	info.TokenBudget, info.MaxRunning = cfg.Engine.TokenBudget, cfg.Engine.MaxRunning
 	info.InfiniteCacheHitRate = InfiniteCacheHitRate(reqs)
 	info.PooledCacheHitRate = PooledCacheHitRate(reqs, cfg.Replicas*cfg.Engine.KVBlocks*cfg.Engine.BlockSize)

@@ -131,7 +131,7 @@ type runner struct {
 	seq     uint64
 	now     time.Duration
 	rng     *rand.Rand
-	current *reqState                         // the request being picked, for the oracle
+	current *reqState                         // the request being picked, for full-info
 	kvSubs  []*prefix.Index                   // indexes fed the replicas' KV events
 	endSubs [][]func(m int, r *llmlb.Request) // per router: told when a request it routed ends
 	batches map[int]shareBatch                // with Config.Share: batches in transit, by id
@@ -209,7 +209,7 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		}
 		r.reps[i] = &replica{Replica: rep, idx: i, run: r}
 		key := replicaKey(i)
-		eps[i] = &endpoint{key: key, idx: i}
+		eps[i] = cfg.newEndpoint(key, i)
 		keys[key] = i
 	}
 	blockTokens := 0
@@ -389,7 +389,7 @@ func (r *runner) route(i int) error {
 	if err != nil {
 		return fmt.Errorf("sim: pick for request %d: %w", i, err)
 	}
-	rep := r.reps[pick.Endpoint().(*endpoint).idx]
+	rep := r.reps[replicaOf(pick.Endpoint())]
 	s.pick = pick
 	s.replica = rep.idx
 	s.router = k

@@ -66,21 +66,21 @@ func TestDefaultRoundRobinBalancedCountsWorseTail(t *testing.T) {
 	}
 }
 
-// (c) The oracle bounds what information buys: it beats every policy that
+// (c) Full information at nominal load: full-info beats every policy that
 // routes on load alone, and no policy beats it by more than a rounding of
 // the SLO count (the cache-aware ones reach it at this load).
 func TestDefaultOracleBestGoodput(t *testing.T) {
 	m := defaults(t)
-	o := m["oracle"]
+	o := m["full-info"]
 	loadOnly := []string{"round-robin", "random", "least-outstanding", "p2c", "least-tokens", "least-kv", "weighted-least-request"}
 	for _, name := range loadOnly {
 		if r := m[name]; r.GoodputRPS >= o.GoodputRPS {
-			t.Errorf("%s goodput %.2f/s >= oracle %.2f/s", name, r.GoodputRPS, o.GoodputRPS)
+			t.Errorf("%s goodput %.2f/s >= full-info %.2f/s", name, r.GoodputRPS, o.GoodputRPS)
 		}
 	}
 	for name, r := range m {
 		if r.GoodputRPS > o.GoodputRPS*1.002 {
-			t.Errorf("%s goodput %.2f/s beats the oracle's %.2f/s by more than 0.2%%", name, r.GoodputRPS, o.GoodputRPS)
+			t.Errorf("%s goodput %.2f/s beats full-info's %.2f/s by more than 0.2%%", name, r.GoodputRPS, o.GoodputRPS)
 		}
 	}
 }
@@ -89,7 +89,7 @@ func TestDefaultOracleBestGoodput(t *testing.T) {
 // conversation's own history, round robin serves few prompt tokens from
 // cache (the routing chapter's table says 12%; 16% here), and every policy
 // that routes on prefixes serves at least 3x more; llmlb.Default has the
-// best goodput of the non-oracle policies (within one request), a TTFT tail
+// best goodput of the policies other than full-info (within one request), a TTFT tail
 // no worse than any anchor preset's, and 85% of the infinite-cache hit rate. See also
 // TestPrefixesScenario and TestMooncakeCacheAware.
 func TestAffinityAndDefault(t *testing.T) {
@@ -116,7 +116,7 @@ func TestAffinityAndDefault(t *testing.T) {
 }
 
 // checkDefaultBest fails t unless llmlb.Default in m has the best goodput of
-// the non-oracle policies, a TTFT p99 no worse than every anchor preset's,
+// the policies other than full-info, a TTFT p99 no worse than every anchor preset's,
 // and a hit rate of at least 85% of bound. Goodputs within one request of
 // each other are ties: at nominal load the affinity policies miss the SLO
 // on a handful of the 12,000 requests, and whether a 10-token reply's TPOT
@@ -126,7 +126,7 @@ func checkDefaultBest(t *testing.T, m map[string]*Result, bound float64) {
 	d := m["default"]
 	oneRequest := d.GoodputRPS / (d.SLOAttainment * float64(d.Requests))
 	for name, r := range m {
-		if name != "default" && name != "oracle" && r.GoodputRPS > d.GoodputRPS+1.01*oneRequest {
+		if name != "default" && name != "full-info" && r.GoodputRPS > d.GoodputRPS+1.01*oneRequest {
 			t.Errorf("%s goodput %.3f/s > default %.3f/s by more than one request (%.4f/s)", name, r.GoodputRPS, d.GoodputRPS, oneRequest)
 		}
 	}
@@ -204,7 +204,7 @@ func TestDeterministic(t *testing.T) {
 		t.Fatal("Generate is not deterministic")
 	}
 	cfg := Config{Seed: 3, Routers: 2, Stagger: true, Delay: time.Millisecond}
-	for _, p := range []string{"p2c", "random", "oracle"} {
+	for _, p := range []string{"p2c", "random", "full-info"} {
 		a, err := Simulate(context.Background(), cfg, reqs, p)
 		if err != nil {
 			t.Fatal(err)
@@ -389,7 +389,7 @@ func TestSlotsScenario(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	policies := []string{"least-outstanding", "default", "default-approx", "default-no-slots", "oracle"}
+	policies := []string{"least-outstanding", "default", "default-approx", "default-no-slots", "full-info"}
 	runs := map[string][]*Result{}
 	for seed := uint64(1); seed <= 8; seed++ {
 		reqs, err := sc.Workload.Generate(seed)
@@ -426,10 +426,10 @@ func TestSlotsScenario(t *testing.T) {
 	if unaware.TTFT.P99 < 3*lo.TTFT.P99 {
 		t.Errorf("Default without Slots: TTFT p99 %.0f ms, expected several times least-outstanding's %.0f", unaware.TTFT.P99, lo.TTFT.P99)
 	}
-	// The oracle prices the wait for a slot from the true remaining
+	// full-info prices the wait for a slot from the true remaining
 	// outputs; without it its p99 is several times least-outstanding's.
-	if o := m["oracle"]; o.TTFT.P99 > 1.5*lo.TTFT.P99 || o.PrefixHitRate < 1.3*lo.PrefixHitRate {
-		t.Errorf("oracle TTFT p99 %.0f ms and hit rate %.3f, want at most 1.5x least-outstanding's %.0f and at least 1.3x its %.3f",
+	if o := m["full-info"]; o.TTFT.P99 > 1.5*lo.TTFT.P99 || o.PrefixHitRate < 1.3*lo.PrefixHitRate {
+		t.Errorf("full-info TTFT p99 %.0f ms and hit rate %.3f, want at most 1.5x least-outstanding's %.0f and at least 1.3x its %.3f",
 			o.TTFT.P99, o.PrefixHitRate, lo.TTFT.P99, lo.PrefixHitRate)
 	}
 }

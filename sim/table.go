@@ -201,10 +201,15 @@ func (s *ScenarioInfo) cluster() string {
 		s.Replicas, s.Routers, scrape, stagger, seeds)
 }
 
-// limits describes the SLO and the KV cache for a header line.
+// limits describes the SLO, the KV cache and any unequal or declared speeds
+// of the replicas, for the header lines.
 func (s *ScenarioInfo) limits() string {
-	return fmt.Sprintf("SLO: TTFT <= %gms and TPOT <= %gms; KV %d blocks x %d tokens per replica",
+	out := fmt.Sprintf("SLO: TTFT <= %gms and TPOT <= %gms; KV %d blocks x %d tokens per replica",
 		s.SLOTTFTMs, s.SLOTPOTMs, s.KVBlocks, s.BlockSize)
+	if sp := s.speeds(); sp != "" {
+		out += "\n" + sp
+	}
+	return out
 }
 
 // pack joins units with spaces into lines of at most width characters,

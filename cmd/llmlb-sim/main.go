@@ -38,6 +38,13 @@
 // routes with outputs of very different lengths, compares all three by
 // default.
 //
+// -speeds 2x1,6x0.5 sets each replica's speed relative to the engine, one
+// per replica (a run of equal ones as count x speed), for any scenario or
+// -trace: replica i's iterations take 1/speed as long. -declare-weights has
+// each replica declare its starting speed to the routers as its weight, as
+// an operator who knows the hardware would; without it a policy must find
+// the speeds itself (llmlb.DefaultConfig.Learn, the default-learn policy).
+//
 // -routers R -share D has the R routers share their requests in flight and
 // the prefixes they routed through package github.com/llmlb/llmlb/share:
 // every D, each router's share.Group builds a batch, which reaches the
@@ -155,6 +162,10 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			"true, the true output length, as a caller that knows it exactly (default: the scenario's list, allowance, predict, true for the routes scenario; "+
 			"for the others one run charging the allowance, without the outputs column)")
 		outQuant = fs.Float64("output-quantile", 0, "with -outputs predict, charge this quantile of the learned output lengths, in [0, 1), instead of their mean (0)")
+		speedArg = fs.String("speeds", "", "each replica's `speeds` relative to the engine, one per replica in order, a run of equal speeds as count x speed: 1,1,0.5,0.5 or 2x1,2x0.5; "+
+			"replaces the scenario's starting speeds, for a scenario or a -trace (default: the scenario's, 2x1,6x0.5 for mixed and mixed-slowdown, 1 for every replica of the others)")
+		declare = fs.Bool("declare-weights", false, "every replica declares its starting speed to the routers as its weight, as an operator who knows the hardware would configure; "+
+			"policies that read weights (default) use it, the others ignore it (default: no weights, so a policy must find the speeds itself)")
 	)
 	// The flag package's own messages are written only for -h: a parse
 	// error is returned, and run prints it once.
@@ -261,6 +272,16 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if sweeping && len(outputs) > 1 {
 		return usageError{fmt.Errorf("-sweep compares policies under one knowledge of output lengths, and %d are compared: choose one with -outputs", len(outputs))}
 	}
+	var speeds []float64 // nil: the scenario's
+	if set["speeds"] {
+		n := sc.Config.Replicas
+		if *replicas > 0 {
+			n = *replicas
+		}
+		if speeds, err = parseSpeeds(*speedArg, n); err != nil {
+			return usageError{err}
+		}
+	}
 	names := sc.Policies
 	switch *policies {
 	case "":
@@ -312,6 +333,10 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if *replicas > 0 {
 		cfg.Replicas = *replicas
 	}
+	if speeds != nil {
+		cfg.Speed = speeds
+	}
+	cfg.DeclareWeights = cfg.DeclareWeights || *declare
 	if *routers > 0 {
 		cfg.Routers = *routers
 	}
@@ -613,6 +638,47 @@ func parseSweep(list string) ([]float64, error) {
 		scales[i] = x
 	}
 	return scales, nil
+}
+
+// maxSpeedReplicas bounds the replicas -speeds describes: the simulator's
+// limit.
+const maxSpeedReplicas = 4096
+
+// parseSpeeds parses the value of -speeds for replicas replicas:
+// comma-separated speeds, each a positive finite number, or count x speed
+// for a run of count equal ones, one speed per replica in all.
+func parseSpeeds(list string, replicas int) ([]float64, error) {
+	var out []float64
+	for _, p := range strings.Split(list, ",") {
+		p = strings.TrimSpace(p)
+		count, speed := 1, p
+		if c, s, ok := strings.Cut(p, "x"); ok {
+			c = strings.TrimSpace(c)
+			n, err := strconv.Atoi(c)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("-speeds %q: in %q, the count %q is not a positive whole number", list, p, c)
+			}
+			count, speed = n, strings.TrimSpace(s)
+		}
+		v, err := strconv.ParseFloat(speed, 64)
+		switch {
+		case p == "":
+			return nil, fmt.Errorf("-speeds %q: want comma-separated speeds, one per replica, such as 1,1,0.5,0.5 or 2x1,2x0.5", list)
+		case err != nil:
+			return nil, fmt.Errorf("-speeds %q: speed %q is not a number", list, speed)
+		case !(v > 0) || math.IsInf(v, 0):
+			return nil, fmt.Errorf("-speeds %q: speed %s must be a positive finite number", list, speed)
+		case count > maxSpeedReplicas-len(out):
+			return nil, fmt.Errorf("-speeds %q lists more than %d speeds", list, maxSpeedReplicas)
+		}
+		for range count {
+			out = append(out, v)
+		}
+	}
+	if len(out) != replicas {
+		return nil, fmt.Errorf("-speeds %q lists %d speeds for %d replicas: give one per replica (-replicas sets their number)", list, len(out), replicas)
+	}
+	return out, nil
 }
 
 // durationFlag is a flag.Value holding a duration, whose parse error says

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -22,7 +23,7 @@ func TestMain(m *testing.M) {
 
 func TestRunJSON(t *testing.T) {
 	var out, errb bytes.Buffer
-	args := []string{"-requests", "300", "-replicas", "3", "-policies", "round-robin,p2c,oracle", "-json", "-"}
+	args := []string{"-requests", "300", "-replicas", "3", "-policies", "round-robin,p2c,full-info", "-json", "-"}
 	if code := run(context.Background(), args, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
@@ -181,6 +182,9 @@ func TestRunErrors(t *testing.T) {
 		{"output quantile without predict", []string{"-output-quantile", "0.9"}, "-output-quantile needs -outputs predict", ""},
 		{"output quantile of one", []string{"-outputs", "predict", "-output-quantile", "1"}, "-output-quantile 1 must be in [0, 1)", ""},
 		{"output quantile NaN", []string{"-outputs", "predict", "-output-quantile", "NaN"}, "-output-quantile NaN must be in [0, 1)", ""},
+		{"speeds for other replicas", []string{"-speeds", "1,1,0.5"}, `-speeds "1,1,0.5" lists 3 speeds for 2 replicas: give one per replica (-replicas sets their number)`, ""},
+		{"speeds zero", []string{"-speeds", "1,0"}, `-speeds "1,0": speed 0 must be a positive finite number`, ""},
+		{"speeds with a trace", []string{"-trace", good, "-speeds", "3x1"}, `-speeds "3x1" lists 3 speeds for 2 replicas`, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -656,5 +660,108 @@ func TestRunOutputs(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "outputs") {
 		t.Errorf("a run without -outputs shows the outputs column:\n%s", out.String())
+	}
+}
+
+func TestParseSpeeds(t *testing.T) {
+	cases := []struct {
+		list     string
+		replicas int
+		want     []float64
+		err      string
+	}{
+		{"1,1,0.5,0.5", 4, []float64{1, 1, 0.5, 0.5}, ""},
+		{"2x1,6x0.5", 8, []float64{1, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}, ""},
+		{" 2 x 1 , 0.25 ", 3, []float64{1, 1, 0.25}, ""},
+		{"1x2", 1, []float64{2}, ""},
+		{"2x1,6x0.5", 4, nil, `-speeds "2x1,6x0.5" lists 8 speeds for 4 replicas`},
+		{"1,1", 3, nil, `-speeds "1,1" lists 2 speeds for 3 replicas`},
+		{"1,-0.5", 2, nil, `speed -0.5 must be a positive finite number`},
+		{"1,0", 2, nil, `speed 0 must be a positive finite number`},
+		{"NaN,1", 2, nil, `speed NaN must be a positive finite number`},
+		{"1,Inf", 2, nil, `speed Inf must be a positive finite number`},
+		{"1,fast", 2, nil, `speed "fast" is not a number`},
+		{"0x1,1", 1, nil, `in "0x1", the count "0" is not a positive whole number`},
+		{"-1x1", 1, nil, `the count "-1" is not a positive whole number`},
+		{"1.5x1", 1, nil, `the count "1.5" is not a positive whole number`},
+		{"2x", 2, nil, `speed "" is not a number`},
+		{"1,,1", 2, nil, `want comma-separated speeds, one per replica`},
+		{"", 1, nil, `want comma-separated speeds, one per replica`},
+		{"5000x1", 5000, nil, `lists more than 4096 speeds`},
+	}
+	for _, c := range cases {
+		t.Run(c.list, func(t *testing.T) {
+			got, err := parseSpeeds(c.list, c.replicas)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Errorf("parseSpeeds(%q, %d) = %v, %v; want an error holding %q", c.list, c.replicas, got, err, c.err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, c.want) {
+				t.Errorf("parseSpeeds(%q, %d) = %v, %v; want %v", c.list, c.replicas, got, err, c.want)
+			}
+		})
+	}
+}
+
+// TestRunSpeeds checks that -speeds and -declare-weights reach the
+// simulation of a trace, and that the header says so.
+func TestRunSpeeds(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "t.jsonl")
+	var b strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 2000, "output_length": 50}`+"\n", i*20)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ttftP50 := func(args ...string) (string, float64) {
+		t.Helper()
+		jsonPath := filepath.Join(dir, "out.json")
+		var out, errb bytes.Buffer
+		args = append([]string{"-trace", path, "-replicas", "2", "-policies", "round-robin", "-json", jsonPath}, args...)
+		if code := run(context.Background(), args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		var rep struct {
+			Scenario struct {
+				Speeds          []float64 `json:"speeds"`
+				DeclaredWeights bool      `json:"declared_weights"`
+			} `json:"scenario"`
+			Results []struct {
+				TTFT struct {
+					P50 float64 `json:"p50"`
+				} `json:"ttft_ms"`
+			} `json:"results"`
+		}
+		data, err := os.ReadFile(jsonPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, &rep); err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Results) != 1 {
+			t.Fatalf("%v: %d results", args, len(rep.Results))
+		}
+		t.Logf("%v: speeds %v, declared %v, TTFT p50 %.1fms", args, rep.Scenario.Speeds, rep.Scenario.DeclaredWeights, rep.Results[0].TTFT.P50)
+		return out.String(), rep.Results[0].TTFT.P50
+	}
+	plainOut, plain := ttftP50()
+	if strings.Contains(plainOut, "replica speeds") {
+		t.Errorf("header without -speeds names speeds:\n%s", plainOut)
+	}
+	slowOut, slow := ttftP50("-speeds", "2x0.5")
+	if !strings.Contains(slowOut, "replica speeds 2x0.5, not declared to the routers") {
+		t.Errorf("header lacks the speeds:\n%s", slowOut)
+	}
+	if !(slow > 1.5*plain) {
+		t.Errorf("TTFT p50 %.1fms at half speed, %.1fms at full speed; want about twice", slow, plain)
+	}
+	declaredOut, _ := ttftP50("-speeds", "1,0.5", "-declare-weights")
+	if !strings.Contains(declaredOut, "replica speeds 1,0.5, declared to the routers as weights") {
+		t.Errorf("header lacks the declared speeds:\n%s", declaredOut)
 	}
 }
