@@ -569,19 +569,36 @@ func parseAdmission(list string, sc sim.Scenario) ([]sim.Admission, error) {
 	if len(known) == 0 {
 		return nil, fmt.Errorf("-admission %q: the %s scenario defines no admission controls (the tenants scenario does)", list, sc.Name)
 	}
-	var out []sim.Admission
+	idx, err := parseNameList("-admission", list, known, func(name string) error {
+		return fmt.Errorf("-admission: unknown admission control %q (the %s scenario defines %s)", name, sc.Name, strings.Join(known, ", "))
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sim.Admission, len(idx))
+	for j, i := range idx {
+		out[j] = sc.Admissions[i]
+	}
+	return out, nil
+}
+
+// parseNameList parses list, the value of flag: comma-separated names from
+// known, without repeats. It returns their indexes in known, in order;
+// unknown describes the error of a name not in known.
+func parseNameList(flag, list string, known []string, unknown func(name string) error) ([]int, error) {
+	var out []int
 	for _, name := range strings.Split(list, ",") {
 		name = strings.TrimSpace(name)
 		i := slices.Index(known, name)
 		switch {
 		case name == "":
-			return nil, fmt.Errorf("-admission %q: want comma-separated names from %s", list, strings.Join(known, ", "))
+			return nil, fmt.Errorf("%s %q: want comma-separated names from %s", flag, list, strings.Join(known, ", "))
 		case i < 0:
-			return nil, fmt.Errorf("-admission: unknown admission control %q (the %s scenario defines %s)", name, sc.Name, strings.Join(known, ", "))
-		case slices.ContainsFunc(out, func(a sim.Admission) bool { return a.Name == name }):
-			return nil, fmt.Errorf("-admission %q lists %s twice", list, name)
+			return nil, unknown(name)
+		case slices.Contains(out, i):
+			return nil, fmt.Errorf("%s %q lists %s twice", flag, list, name)
 		}
-		out = append(out, sc.Admissions[i])
+		out = append(out, i)
 	}
 	return out, nil
 }
@@ -594,19 +611,15 @@ func parseOutputs(list string) ([]sim.OutputKnowledge, error) {
 	for _, k := range known {
 		names = append(names, k.String())
 	}
-	var out []sim.OutputKnowledge
-	for _, name := range strings.Split(list, ",") {
-		name = strings.TrimSpace(name)
-		i := slices.Index(names, name)
-		switch {
-		case name == "":
-			return nil, fmt.Errorf("-outputs %q: want comma-separated names from %s", list, strings.Join(names, ", "))
-		case i < 0:
-			return nil, fmt.Errorf("-outputs: unknown knowledge of output lengths %q (known: %s)", name, strings.Join(names, ", "))
-		case slices.Contains(out, known[i]):
-			return nil, fmt.Errorf("-outputs %q lists %s twice", list, name)
-		}
-		out = append(out, known[i])
+	idx, err := parseNameList("-outputs", list, names, func(name string) error {
+		return fmt.Errorf("-outputs: unknown knowledge of output lengths %q (known: %s)", name, strings.Join(names, ", "))
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sim.OutputKnowledge, len(idx))
+	for j, i := range idx {
+		out[j] = known[i]
 	}
 	return out, nil
 }
