@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"time"
@@ -66,6 +67,13 @@ type Admission struct {
 	// by the simulated clock. With neither Queue.MaxInFlight nor
 	// Queue.MaxTokensInFlight set nothing waits, but the counters are kept.
 	Queue fair.Config
+	// Principal, if not empty, is a FairQueue's principal for every
+	// request, instead of the request's tenant: the traffic of one
+	// customer, which only the requests' classes order.
+	Principal string
+	// IgnoreClass makes a FairQueue admit every request as [fair.Standard],
+	// whatever its [Request].Class.
+	IgnoreClass bool
 }
 
 func (a *Admission) validate() error {
@@ -148,7 +156,11 @@ func (r *runner) admit(i int) error {
 		b.reqs--
 		b.tokens -= float64(req.PromptTokens)
 	case FairQueue:
-		t, admitted, err := a.queue.Enter(fair.Request{Principal: req.Tenant, PromptTokens: req.PromptTokens}, func(err error) {
+		fr := fair.Request{Principal: cmp.Or(a.cfg.Principal, req.Tenant), Class: req.Class, PromptTokens: req.PromptTokens}
+		if a.cfg.IgnoreClass {
+			fr.Class = fair.Standard
+		}
+		t, admitted, err := a.queue.Enter(fr, func(err error) {
 			// Called from within another request's Ticket.Done: route
 			// the request by an event at this instant, not from inside
 			// that request's completion.

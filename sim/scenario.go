@@ -178,6 +178,7 @@ func Scenarios() []Scenario {
 			Policies: mixedPolicies(),
 		},
 		TenantsScenario(),
+		ClassesScenario(),
 		routesScenario(),
 	}
 }

@@ -20,6 +20,9 @@ type TenantShare struct {
 	// Share is the tenant's part of the workload's requests and rate,
 	// relative to the other tenants' shares; positive and finite.
 	Share float64
+	// Class is the priority class of the tenant's requests
+	// ([Request].Class); the zero value is [fair.Standard].
+	Class fair.Class
 }
 
 // validateTenants checks the tenants of a workload.
@@ -57,6 +60,7 @@ func (s Synthetic) generateTenants(seed uint64) ([]Request, error) {
 		}
 		for i := range reqs {
 			reqs[i].Tenant = t.Name
+			reqs[i].Class = t.Class
 			if reqs[i].Session != "" {
 				reqs[i].Session = t.Name + "/" + reqs[i].Session
 			}

@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/llmlb/llmlb/fair"
 )
 
 // Request is one request of a workload.
@@ -47,6 +49,10 @@ type Request struct {
 	// routers are told it as [llmlb.Request].Feature. Empty for a workload
 	// without routes.
 	Route string
+	// Class is the request's priority class, by which a [FairQueue]
+	// admission orders the waiting requests; the zero value is
+	// [fair.Standard].
+	Class fair.Class
 }
 
 // ChainHash returns the chained hash of a block whose identity is id and

@@ -156,7 +156,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		svgPath  = fs.String("svg", "", "write TTFT CDFs and per-replica outstanding requests to this SVG file; with -sweep, goodput and TTFT p99 against the offered load")
 		admitArg = fs.String("admission", "", "comma-separated admission controls in front of the routers to compare, each under every policy, from those the scenario defines "+
 			"(the tenants scenario: none, every request at once; rate, per-tenant limits on requests and tokens per minute that refuse the excess, as API gateways do; "+
-			"vtc, a token-fair queue, package fair's Virtual Token Counter, capping the requests in flight) (default: the scenario's list, none for the other scenarios)")
+			"vtc, a token-fair queue, package fair's Virtual Token Counter, capping the requests in flight; "+
+			"the classes scenario: none; fifo, the queue ignoring priority classes; priority, the queue ordering by class with aging; priority-no-aging, without aging) "+
+			"(default: the scenario's list, none for the other scenarios)")
 		outputsArg = fs.String("outputs", "", "comma-separated knowledge of output lengths to compare, each under every policy: "+
 			"allowance, every request charged a fixed decode allowance; predict, the output length each router learns per route from completed requests; "+
 			"true, the true output length, as a caller that knows it exactly (default: the scenario's list, allowance, predict, true for the routes scenario; "+
@@ -567,7 +569,7 @@ func parseAdmission(list string, sc sim.Scenario) ([]sim.Admission, error) {
 		known = append(known, a.Name)
 	}
 	if len(known) == 0 {
-		return nil, fmt.Errorf("-admission %q: the %s scenario defines no admission controls (the tenants scenario does)", list, sc.Name)
+		return nil, fmt.Errorf("-admission %q: the %s scenario defines no admission controls (the tenants and classes scenarios do)", list, sc.Name)
 	}
 	idx, err := parseNameList("-admission", list, known, func(name string) error {
 		return fmt.Errorf("-admission: unknown admission control %q (the %s scenario defines %s)", name, sc.Name, strings.Join(known, ", "))
