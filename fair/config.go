@@ -15,7 +15,8 @@ const (
 	// queue remembers.
 	DefaultMaxPrincipals = 10000
 	// DefaultAgingInterval is the wait after which a class moves up one
-	// rank: a Batch request competes as Interactive after 10 s.
+	// rank: a Batch class none of whose requests was admitted for 10 s
+	// competes as Interactive.
 	DefaultAgingInterval = 5 * time.Second
 	// DefaultRetryAfter is the wait suggested to refused callers.
 	DefaultRetryAfter = time.Second
@@ -77,11 +78,11 @@ type Config struct {
 	// OutputWeight is the charge for one output token; 0 means
 	// [DefaultOutputWeight].
 	OutputWeight float64
-	// AgingInterval is the wait of a class's oldest waiter after which the
-	// class counts as one rank more urgent (see the package
-	// documentation). 0 means
-	// [DefaultAgingInterval]; a negative value disables aging, so that a
-	// lower class waits as long as a higher one has waiters.
+	// AgingInterval is the wait after which a class counts as one rank
+	// more urgent; a class waits from its oldest waiter's arrival or its
+	// last admission, whichever is later (see the package documentation).
+	// 0 means [DefaultAgingInterval]; a negative value disables aging, so
+	// that a lower class waits as long as a higher one has waiters.
 	AgingInterval time.Duration
 	// RetryAfter is the wait suggested to refused callers; 0 means
 	// [DefaultRetryAfter].

@@ -211,6 +211,65 @@ func TestAgingPreventsStarvation(t *testing.T) {
 	}
 }
 
+// Aging lends a less urgent class one admission per interval, not the more
+// urgent class's place: with a Standard backlog that never lets up and a
+// Batch backlog older than the interval, Batch is admitted about once per
+// interval, and Standard keeps the rest.
+func TestAgingLendsOneAdmissionPerInterval(t *testing.T) {
+	const (
+		aging   = time.Second
+		step    = 100 * time.Millisecond
+		horizon = 10 * time.Second
+	)
+	q, clk := newTestQueue(t, Config{MaxInFlight: 1, AgingInterval: aging})
+	push := func(p string, c Class) *Ticket {
+		tk, err := q.push(Request{Principal: p, Class: c, PromptTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	live := []*Ticket{push("s", Standard)} // admitted at once
+	for range 30 {
+		live = append(live, push("b", Batch))
+	}
+	admitted := map[Class]int{}
+	for start := clk.Now(); clk.Now().Sub(start) < horizon; {
+		queued := 0
+		for _, tk := range live {
+			if tk.stateNow() == stateQueued && tk.rank == Standard.rank() {
+				queued++
+			}
+		}
+		for range 3 - queued {
+			live = append(live, push("s", Standard))
+		}
+		clk.Advance(step)
+		var running, next []*Ticket
+		for _, tk := range live {
+			switch tk.stateNow() {
+			case stateAdmitted:
+				running = append(running, tk)
+			case stateQueued:
+				next = append(next, tk)
+			}
+		}
+		for _, tk := range running {
+			tk.Done() // every request lasts one step
+		}
+		for _, tk := range next {
+			if tk.stateNow() == stateAdmitted {
+				admitted[Class(tk.rank-1)]++
+			}
+		}
+		live = next
+	}
+	per := int(horizon / aging)
+	if b := admitted[Batch]; b < per-1 || b > per+1 {
+		t.Errorf("Batch admitted %d times in %v, want about one per %v (%d); Standard %d", b, horizon, aging, per, admitted[Standard])
+	}
+}
+
 // Aging never lifts a waiter above another of its own class: a tenant whose
 // backlog has waited for many aging intervals does not go before a light
 // tenant's fresh request of the same class once it has received more.

@@ -16,7 +16,8 @@ type model struct {
 	counters    map[string]float64
 	last        string
 	hasLast     bool
-	waiters     []*mreq // in arrival order
+	served      map[int]time.Time // the last admission of each rank
+	waiters     []*mreq           // in arrival order
 	inflight    []*mreq
 	tokens      int64
 }
@@ -61,7 +62,11 @@ func (m *model) floor() float64 {
 	return f
 }
 
-func (m *model) admit(r *mreq) {
+func (m *model) admit(r *mreq, now time.Time) {
+	if m.served == nil {
+		m.served = map[int]time.Time{}
+	}
+	m.served[r.rank] = now
 	r.cost = float64(max(r.prompt, 1)) * DefaultInputWeight
 	m.counters[r.principal] += r.cost
 	r.tokens = r.prompt
@@ -73,7 +78,7 @@ func (m *model) admit(r *mreq) {
 func (m *model) push(r *mreq) {
 	if len(m.waiters) == 0 && m.fits(r.prompt) {
 		m.counters[r.principal] = max(m.counters[r.principal], m.floor())
-		m.admit(r)
+		m.admit(r, r.enq)
 		return
 	}
 	if !m.waitingPrincipal(r.principal) {
@@ -84,7 +89,8 @@ func (m *model) push(r *mreq) {
 }
 
 // effRank is the rank of r's class less one for every full aging interval
-// the class's oldest waiter has waited, never below 0.
+// the class has waited, since its oldest waiter's arrival or its last
+// admission, whichever is later; never below 0.
 func (m *model) effRank(r *mreq, now time.Time) int {
 	if m.aging <= 0 {
 		return r.rank
@@ -94,6 +100,9 @@ func (m *model) effRank(r *mreq, now time.Time) int {
 		if w.rank == r.rank && w.enq.Before(oldest) {
 			oldest = w.enq
 		}
+	}
+	if s := m.served[r.rank]; s.After(oldest) {
+		oldest = s
 	}
 	return max(r.rank-int(now.Sub(oldest)/m.aging), 0)
 }
@@ -115,7 +124,7 @@ func (m *model) dispatch(now time.Time) {
 			return
 		}
 		m.waiters = append(m.waiters[:bi], m.waiters[bi+1:]...)
-		m.admit(b)
+		m.admit(b, now)
 	}
 }
 

@@ -63,6 +63,7 @@ type Queue struct {
 	idle       idleList              // principals with nothing waiting or in flight, most recent first
 	backlog    []*principal          // principals with requests waiting
 	last       *principal            // the principal admitted last: VTC's lifting level when nothing waits
+	served     [numClasses]time.Time // the last admission of a request of each class, by its own class
 	seq        uint64                // arrivals so far
 	inflight   int
 	tokens     int64
@@ -223,7 +224,7 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(
 		// Nothing waits: the request enters and leaves the backlog at once,
 		// lifted like any newcomer.
 		p.counter = max(p.counter, q.floorLocked())
-		q.admitLocked(t)
+		q.admitLocked(t, now)
 		return t, true, nil
 	}
 	if q.maxPerPrincipal > 0 && p.waiting >= q.maxPerPrincipal {
@@ -342,8 +343,9 @@ func (q *Queue) floorLocked() float64 {
 	return m
 }
 
-// admitLocked admits t, which is not queued, and charges its prompt.
-func (q *Queue) admitLocked(t *Ticket) {
+// admitLocked admits t, which is not queued, at now, and charges its
+// prompt.
+func (q *Queue) admitLocked(t *Ticket, now time.Time) {
 	p := t.p
 	t.cost = float64(max(t.prompt, 1)) * q.inW / p.weight
 	p.counter += t.cost
@@ -352,6 +354,7 @@ func (q *Queue) admitLocked(t *Ticket) {
 	q.inflight++
 	q.tokens += t.prompt
 	q.last = p
+	q.served[t.rank] = now
 	t.state = stateAdmitted
 }
 
@@ -378,7 +381,7 @@ func (q *Queue) dispatchLocked(now time.Time) {
 			return
 		}
 		q.unlinkLocked(t)
-		q.admitLocked(t)
+		q.admitLocked(t, now)
 		q.wakeLocked(t)
 	}
 }
@@ -391,11 +394,14 @@ func (q *Queue) refuseLocked(t *Ticket, err error) {
 }
 
 // classRanks returns the effective rank of each class at now: its rank,
-// less one for every full aging interval its oldest waiter has waited, and
-// never below 0. A class ages as a whole, by its oldest waiter, so that
-// within a class waiters are always ordered by their principals' counters:
-// aging lifts a less urgent class above a more urgent one, never one
-// waiter above another of its own class.
+// less one for every full aging interval the class has waited, and never
+// below 0. A class waits from the arrival of its oldest waiter or from the
+// last admission of one of its requests, whichever is later. It ages as a
+// whole, so that within a class waiters are always ordered by their
+// principals' counters: aging lifts a less urgent class above a more
+// urgent one, never one waiter above another of its own class. And since
+// an admission restarts its wait, an aged class is lent one admission per
+// interval, not the more urgent class's place.
 func (q *Queue) classRanks(now time.Time) [numClasses]int {
 	var oldest [numClasses]time.Time
 	for _, p := range q.backlog {
@@ -409,7 +415,11 @@ func (q *Queue) classRanks(now time.Time) [numClasses]int {
 	for c := range numClasses {
 		r := c
 		if q.aging > 0 && r > 0 && !oldest[c].IsZero() {
-			r -= int(min(now.Sub(oldest[c])/q.aging, time.Duration(r)))
+			since := oldest[c]
+			if q.served[c].After(since) {
+				since = q.served[c]
+			}
+			r -= int(min(now.Sub(since)/q.aging, time.Duration(r)))
 		}
 		ranks[c] = r
 	}

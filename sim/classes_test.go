@@ -3,15 +3,13 @@ package sim
 import (
 	"context"
 	"testing"
-
-	"github.com/llmlb/llmlb/fair"
 )
 
 // TestClassesPriority: behind the queue ordering by class, the interactive
 // class meets the SLO however much batch traffic overloads the cluster,
-// where the queue ignoring classes makes it wait as long as the rest;
-// aging bounds the wait of the batch requests admitted, which without it
-// wait for as long as more urgent ones keep arriving.
+// where the queue ignoring classes makes it wait as long as the rest; and
+// aging, which lends the batch class one admission per interval, does not
+// give it the standard class's place under sustained overload.
 func TestClassesPriority(t *testing.T) {
 	sc := ClassesScenario()
 	reqs, err := sc.Workload.Generate(1)
@@ -46,16 +44,12 @@ func TestClassesPriority(t *testing.T) {
 		t.Error("fifo: no interactive request refused; the classes are not overloaded")
 	}
 
-	pb, nb := tenant(t, prio, "batch"), tenant(t, noAging, "batch")
-	if pb.Completed == 0 || pb.TTFT.P99 > 3*fair.DefaultAgingInterval.Seconds()*1000 {
-		t.Errorf("batch with aging: %d completed, TTFT p99 %.0f ms; want some, within 3 aging intervals", pb.Completed, pb.TTFT.P99)
+	if pb := tenant(t, prio, "batch"); pb.Completed == 0 {
+		t.Error("batch with aging: none completed")
 	}
-	if nb.TTFT.P99 < 3*pb.TTFT.P99 {
-		t.Errorf("batch: TTFT p99 %.0f ms without aging, %.0f ms with it; want three times as long", nb.TTFT.P99, pb.TTFT.P99)
-	}
-	// Aging lifts the whole batch class by its oldest waiter: the standard
-	// class, ranked between, pays for it.
-	if ps, ns := tenant(t, prio, "standard"), tenant(t, noAging, "standard"); ps.SLOAttainment >= ns.SLOAttainment {
-		t.Errorf("standard: SLO %.1f%% with aging, %.1f%% without; want less with aging", 100*ps.SLOAttainment, 100*ns.SLOAttainment)
+	ps, ns := tenant(t, prio, "standard"), tenant(t, noAging, "standard")
+	if ps.SLOAttainment < ns.SLOAttainment-0.03 || ps.Refused > ns.Refused+ns.Refused/10+10 {
+		t.Errorf("standard: SLO %.1f%% and %d refused with aging, %.1f%% and %d without; want about the same",
+			100*ps.SLOAttainment, ps.Refused, 100*ns.SLOAttainment, ns.Refused)
 	}
 }
