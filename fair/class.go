@@ -33,6 +33,9 @@ func (c Class) rank() int {
 	return int(c - Interactive)
 }
 
+// classOf returns the class of rank.
+func classOf(rank int) Class { return Interactive + Class(rank) }
+
 // String returns "interactive", "standard" or "batch".
 func (c Class) String() string {
 	switch c.rank() {

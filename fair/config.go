@@ -18,8 +18,10 @@ const (
 	// rank: a Batch class none of whose requests was admitted for 10 s
 	// competes as Interactive.
 	DefaultAgingInterval = 5 * time.Second
-	// DefaultRetryAfter is the wait suggested to refused callers.
+	// DefaultRetryAfter is the least wait suggested to refused callers.
 	DefaultRetryAfter = time.Second
+	// DefaultMaxRetryAfter is the most wait suggested to refused callers.
+	DefaultMaxRetryAfter = time.Minute
 	// DefaultInputWeight and DefaultOutputWeight price a prompt token and
 	// an output token in the counters: an output token costs two prompt
 	// tokens, the weights of the VTC paper's experiments, since output is
@@ -84,12 +86,54 @@ type Config struct {
 	// 0 means [DefaultAgingInterval]; a negative value disables aging, so
 	// that a lower class waits as long as a higher one has waiters.
 	AgingInterval time.Duration
-	// RetryAfter is the wait suggested to refused callers; 0 means
-	// [DefaultRetryAfter].
+	// RetryAfter is the least wait suggested to refused callers; 0 means
+	// [DefaultRetryAfter]. The wait suggested is the time the queue is
+	// expected to take to admit the requests waiting, at the rate it has
+	// admitted requests lately (an exponentially weighted rate over about
+	// 10 s): all of them for a refusal of scope "queue", and for scope
+	// "principal" the principal's own, at its share of that rate (the rate
+	// divided by the principals waiting). It is never below RetryAfter, nor
+	// above MaxRetryAfter, and is RetryAfter until the queue has admitted
+	// requests for a second.
 	RetryAfter time.Duration
+	// MaxRetryAfter is the most wait suggested to refused callers; 0 means
+	// [DefaultMaxRetryAfter], or RetryAfter if that is more.
+	MaxRetryAfter time.Duration
+	// Observer, if not nil, is told of every admission and refusal, for
+	// metrics (package telemetry provides one).
+	Observer *Observer
 	// Clock tells the time; nil means the system clock.
 	Clock Clock
 }
+
+// Observer is told of a queue's decisions. Its functions may be called with
+// the queue's lock held: they must return quickly and must not call the
+// queue's or its tickets' methods. A nil function is skipped.
+type Observer struct {
+	// Admitted is called once for every request admitted, with its class
+	// and the time it waited (0 if it was admitted on arrival).
+	Admitted func(c Class, waited time.Duration)
+	// Refused is called once for every request refused, with its class and
+	// the reason: [ReasonFull], [ReasonPrincipal], [ReasonShed] or
+	// [ReasonDeadline]. A request whose caller gives up (a cancelled
+	// context, a queued ticket's Done) is not refused.
+	Refused func(c Class, reason string)
+}
+
+// The reasons of a refusal, as [Observer.Refused] reports them.
+const (
+	// ReasonFull: MaxWaiting requests were waiting, none of them less
+	// urgent to shed.
+	ReasonFull = "full"
+	// ReasonPrincipal: MaxWaitingPerPrincipal requests of the principal
+	// were waiting.
+	ReasonPrincipal = "principal"
+	// ReasonShed: the request was waiting and made room for a more urgent
+	// one.
+	ReasonShed = "shed"
+	// ReasonDeadline: the caller's deadline passed before admission.
+	ReasonDeadline = "deadline"
+)
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)

@@ -56,7 +56,9 @@ type Queue struct {
 	inW, outW       float64
 	aging           time.Duration // <= 0: no aging
 	retryAfter      time.Duration
+	maxRetryAfter   time.Duration
 	clock           Clock
+	observer        Observer
 
 	mu         sync.Mutex            // protects the fields below and every principal and ticket state
 	principals map[string]*principal // every principal tracked
@@ -64,6 +66,9 @@ type Queue struct {
 	backlog    []*principal          // principals with requests waiting
 	last       *principal            // the principal admitted last: VTC's lifting level when nothing waits
 	served     [numClasses]time.Time // the last admission of a request of each class, by its own class
+	rate       float64               // admissions per second, exponentially weighted, as of rateAt
+	rateAt     time.Time             // the last admission
+	rateFrom   time.Time             // the first admission
 	seq        uint64                // arrivals so far
 	inflight   int
 	tokens     int64
@@ -92,6 +97,8 @@ func New(cfg Config) (*Queue, error) {
 		return nil, invalidf("OutputWeight %v is not a positive finite number", cfg.OutputWeight)
 	case cfg.RetryAfter < 0:
 		return nil, invalidf("RetryAfter %v is negative", cfg.RetryAfter)
+	case cfg.MaxRetryAfter < 0:
+		return nil, invalidf("MaxRetryAfter %v is negative", cfg.MaxRetryAfter)
 	}
 	q := &Queue{
 		maxInFlight:     cfg.MaxInFlight,
@@ -104,6 +111,7 @@ func New(cfg Config) (*Queue, error) {
 		outW:            cfg.OutputWeight,
 		aging:           cfg.AgingInterval,
 		retryAfter:      cfg.RetryAfter,
+		maxRetryAfter:   cfg.MaxRetryAfter,
 		clock:           cfg.Clock,
 		principals:      make(map[string]*principal),
 	}
@@ -124,6 +132,12 @@ func New(cfg Config) (*Queue, error) {
 	}
 	if q.retryAfter == 0 {
 		q.retryAfter = DefaultRetryAfter
+	}
+	if q.maxRetryAfter == 0 {
+		q.maxRetryAfter = max(DefaultMaxRetryAfter, q.retryAfter)
+	}
+	if cfg.Observer != nil {
+		q.observer = *cfg.Observer
 	}
 	if q.clock == nil {
 		q.clock = systemClock{}
@@ -146,7 +160,9 @@ func New(cfg Config) (*Queue, error) {
 // charged to its principal and nothing held.
 func (q *Queue) Admit(ctx context.Context, r Request) (*Ticket, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, q.leaveError(err)
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return nil, q.leaveErrorLocked(r.Class.rank(), err)
 	}
 	w := 1.0
 	if q.weight != nil {
@@ -211,7 +227,7 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(
 	q.mu.Lock()
 	defer q.unlock()
 	if !deadline.IsZero() && !now.Before(deadline) {
-		return nil, false, q.overload("queue", "deadline passed before admission", context.DeadlineExceeded)
+		return nil, false, q.refusal(r.Class.rank(), nil, ReasonDeadline, now, context.DeadlineExceeded)
 	}
 	p := q.principalLocked(r.Principal, weight)
 	t := &Ticket{
@@ -228,12 +244,13 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(
 		return t, true, nil
 	}
 	if q.maxPerPrincipal > 0 && p.waiting >= q.maxPerPrincipal {
+		err := q.refusal(t.rank, p, ReasonPrincipal, now, nil)
 		q.settleLocked(p)
-		return nil, false, q.overload("principal", "too many requests of the principal waiting", nil)
+		return nil, false, err
 	}
-	if q.waiting >= q.maxWaiting && !q.shedLocked(t.rank) {
+	if q.waiting >= q.maxWaiting && !q.shedLocked(t.rank, now) {
 		q.settleLocked(p)
-		return nil, false, q.overload("queue", "queue full", nil)
+		return nil, false, q.refusal(t.rank, nil, ReasonFull, now, nil)
 	}
 	q.seq++
 	t.seq, t.enq, t.deadline = q.seq, now, deadline
@@ -289,26 +306,78 @@ func (q *Queue) abandon(t *Ticket, cause error) error {
 		t.p.counter = max(t.p.counter-t.cost, 0)
 		q.releaseLocked(t)
 	}
+	err := q.leaveErrorLocked(t.rank, cause)
 	// Its leaving may let the waiters behind it in.
 	q.dispatchLocked(now)
-	return q.leaveError(cause)
+	return err
 }
 
-func (q *Queue) leaveError(cause error) error {
+// leaveErrorLocked returns the error of a request of rank whose caller's
+// context ended with cause before it was admitted: a refusal if its
+// deadline passed.
+func (q *Queue) leaveErrorLocked(rank int, cause error) error {
 	if errors.Is(cause, context.DeadlineExceeded) {
-		return q.overload("queue", "deadline passed while waiting", cause)
+		return q.refusal(rank, nil, ReasonDeadline, q.clock.Now(), cause)
 	}
 	return fmt.Errorf("fair: left the queue: %w", cause)
 }
 
-// overload returns a refusal: a *retry.OverloadError of scope, wrapped with
-// what happened and with cause if not nil.
-func (q *Queue) overload(scope, what string, cause error) error {
-	oe := &retry.OverloadError{Scope: scope, RetryAfter: q.retryAfter}
-	if cause != nil {
-		return fmt.Errorf("fair: %s: %w: %w", what, oe, cause)
+// refusalWhat says what happened, for each reason.
+var refusalWhat = map[string]string{
+	ReasonFull:      "queue full",
+	ReasonPrincipal: "too many requests of the principal waiting",
+	ReasonShed:      "shed for a more urgent request",
+	ReasonDeadline:  "deadline passed before admission",
+}
+
+// refusal reports the refusal of a request of rank for reason to the
+// observer and returns its error: a *retry.OverloadError suggesting the
+// wait [Queue.retryAfterLocked] estimates, wrapped with what happened and
+// with cause if not nil. p is the principal for ReasonPrincipal. The lock
+// is held.
+func (q *Queue) refusal(rank int, p *principal, reason string, now time.Time, cause error) error {
+	if f := q.observer.Refused; f != nil {
+		f(classOf(rank), reason)
 	}
-	return fmt.Errorf("fair: %s: %w", what, oe)
+	scope := "queue"
+	if reason == ReasonPrincipal {
+		scope = "principal"
+	}
+	oe := &retry.OverloadError{Scope: scope, RetryAfter: q.retryAfterLocked(p, now)}
+	if cause != nil {
+		return fmt.Errorf("fair: %s: %w: %w", refusalWhat[reason], oe, cause)
+	}
+	return fmt.Errorf("fair: %s: %w", refusalWhat[reason], oe)
+}
+
+// rateWindow is the time constant of the admission rate's weighting.
+const rateWindow = 10 * time.Second
+
+// retryAfterLocked returns the wait to suggest to a refused caller: the
+// time to admit the requests waiting (p's, at its share of the rate, if p
+// is not nil) at the recent admission rate, within [RetryAfter,
+// MaxRetryAfter].
+func (q *Queue) retryAfterLocked(p *principal, now time.Time) time.Duration {
+	if q.rateFrom.IsZero() || now.Sub(q.rateFrom) < rateWindow/10 {
+		// Too soon to tell a rate.
+		return q.retryAfter
+	}
+	tau := rateWindow.Seconds()
+	rate := q.rate * math.Exp(-max(now.Sub(q.rateAt).Seconds(), 0)/tau)
+	// The weighted rate starts from 0: correct the bias of its first
+	// window, as for any exponentially weighted average started at 0.
+	rate /= -math.Expm1(-now.Sub(q.rateFrom).Seconds() / tau)
+	ahead := float64(q.waiting)
+	if p != nil {
+		ahead = float64(p.waiting) * float64(max(len(q.backlog), 1))
+	}
+	wait := q.maxRetryAfter
+	if rate > 0 {
+		if s := ahead / rate; s < wait.Seconds() {
+			wait = time.Duration(s * float64(time.Second))
+		}
+	}
+	return max(wait, q.retryAfter)
 }
 
 // Stats returns a snapshot of the queue's state.
@@ -356,6 +425,21 @@ func (q *Queue) admitLocked(t *Ticket, now time.Time) {
 	q.last = p
 	q.served[t.rank] = now
 	t.state = stateAdmitted
+	tau := rateWindow.Seconds()
+	if q.rateFrom.IsZero() {
+		q.rateFrom = now
+	} else {
+		q.rate *= math.Exp(-max(now.Sub(q.rateAt).Seconds(), 0) / tau)
+	}
+	q.rate += 1 / tau
+	q.rateAt = now
+	if f := q.observer.Admitted; f != nil {
+		waited := time.Duration(0)
+		if t.seq != 0 { // it was queued
+			waited = now.Sub(t.enq)
+		}
+		f(classOf(t.rank), waited)
+	}
 }
 
 // releaseLocked ends t, which is admitted.
@@ -374,7 +458,7 @@ func (q *Queue) dispatchLocked(now time.Time) {
 		t := q.nextLocked(now)
 		if !t.deadline.IsZero() && !now.Before(t.deadline) {
 			q.unlinkLocked(t)
-			q.refuseLocked(t, q.overload("queue", "deadline passed while waiting", context.DeadlineExceeded))
+			q.refuseLocked(t, q.refusal(t.rank, nil, ReasonDeadline, now, context.DeadlineExceeded))
 			continue
 		}
 		if !q.fitsLocked(t.prompt) {
@@ -454,7 +538,7 @@ func (q *Queue) nextLocked(now time.Time) *Ticket {
 
 // shedLocked refuses the newest waiter of the least urgent class that is
 // less urgent than rank, to make room, and reports whether there was one.
-func (q *Queue) shedLocked(rank int) bool {
+func (q *Queue) shedLocked(rank int, now time.Time) bool {
 	for c := numClasses - 1; c > rank; c-- {
 		var victim *Ticket
 		for _, p := range q.backlog {
@@ -464,7 +548,7 @@ func (q *Queue) shedLocked(rank int) bool {
 		}
 		if victim != nil {
 			q.unlinkLocked(victim)
-			q.refuseLocked(victim, q.overload("queue", "shed for a more urgent request", nil))
+			q.refuseLocked(victim, q.refusal(victim.rank, nil, ReasonShed, now, nil))
 			return true
 		}
 	}

@@ -39,6 +39,14 @@
 // llmlb.admission.rejections ({request}, with llmlb.admission.scope "global"
 // or "session").
 //
+// From a fair queue (package fair), through [Metrics.QueueObserver] and
+// [Metrics.WatchQueue]: llmlb.queue.wait (histogram, s, with
+// llmlb.queue.class), llmlb.queue.refusals ({request}, with
+// llmlb.queue.class and llmlb.queue.reason), and the gauges
+// llmlb.queue.waiting and llmlb.queue.in_flight ({request}) and
+// llmlb.queue.tokens_in_flight ({token}). Tenants are not an attribute:
+// their number is unbounded.
+//
 // Every measurement also carries [Config.Attributes] and, if set,
 // llmlb.policy. The two gen_ai instruments follow the OpenTelemetry semantic
 // conventions for generative AI model servers, names and bucket boundaries;

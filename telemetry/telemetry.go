@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/retry"
 )
 
@@ -37,6 +38,11 @@ const (
 	MetricBudgetExhausted   = "llmlb.retry.budget_exhausted"
 	MetricEjections         = "llmlb.ejections"
 	MetricAdmissionRejected = "llmlb.admission.rejections"
+	MetricQueueWait         = "llmlb.queue.wait"
+	MetricQueueRefusals     = "llmlb.queue.refusals"
+	MetricQueueWaiting      = "llmlb.queue.waiting"
+	MetricQueueInFlight     = "llmlb.queue.in_flight"
+	MetricQueueTokens       = "llmlb.queue.tokens_in_flight"
 )
 
 // Attribute keys.
@@ -49,6 +55,19 @@ const (
 	AttrScope = attribute.Key("llmlb.admission.scope")
 	// AttrErrorType is the OpenTelemetry error.type attribute.
 	AttrErrorType = attribute.Key("error.type")
+	// AttrClass is a fair queue's priority class: "interactive",
+	// "standard" or "batch" ([fair.Class.String]).
+	AttrClass = attribute.Key("llmlb.queue.class")
+	// AttrReason is why a fair queue refused a request: "full",
+	// "principal", "shed" or "deadline" (fair.Reason*).
+	AttrReason = attribute.Key("llmlb.queue.reason")
+)
+
+// The classes and refusal reasons of a fair queue, in the order of their
+// precomputed attribute sets.
+var (
+	queueClasses = [...]fair.Class{fair.Interactive, fair.Standard, fair.Batch}
+	queueReasons = [...]string{fair.ReasonFull, fair.ReasonPrincipal, fair.ReasonShed, fair.ReasonDeadline}
 )
 
 // Bucket boundaries of the histograms. The time-to-first-token and duration
@@ -58,6 +77,7 @@ var (
 	durationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
 	tokenBuckets    = []float64{0, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576}
 	ageBuckets      = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}
+	waitBuckets     = []float64{0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
 )
 
 // maxCachedEndpoints bounds the per-endpoint attribute sets kept; past it the
@@ -101,12 +121,17 @@ type Metrics struct {
 	exhausted metric.Int64Counter
 	ejections metric.Int64Counter
 	rejected  metric.Int64Counter
+	qwait     metric.Float64Histogram
+	qrefused  metric.Int64Counter
 
 	outstanding metric.Int64ObservableGauge
 	queued      metric.Int64ObservableGauge
 	prefill     metric.Int64ObservableGauge
 	decode      metric.Int64ObservableGauge
 	healthy     metric.Int64ObservableGauge
+	qwaiting    metric.Int64ObservableGauge
+	qinflight   metric.Int64ObservableGauge
+	qtokens     metric.Int64ObservableGauge
 	meter       metric.Meter
 
 	endpoints sync.Map     // endpoint key -> *endpointAttrs
@@ -114,9 +139,12 @@ type Metrics struct {
 	errSets   sync.Map     // error type -> metric.MeasurementOption
 	errSetsN  atomic.Int64 // entries in errSets
 	scopes    [2]metric.MeasurementOption
+	classes   [len(queueClasses)][]metric.RecordOption                 // by class
+	refusals  [len(queueClasses)][len(queueReasons)][]metric.AddOption // by class and reason
 
 	observer      llmlb.Observer
 	retryObserver retry.Observer
+	queueObserver fair.Observer
 }
 
 // endpointAttrs holds the precomputed attribute options of one endpoint, so
@@ -147,6 +175,12 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	m.baseOpt = metric.WithAttributeSet(attribute.NewSet(m.base...))
 	for i, s := range [2]string{"global", "session"} {
 		m.scopes[i] = m.with(AttrScope.String(s))
+	}
+	for i, c := range queueClasses {
+		m.classes[i] = []metric.RecordOption{m.with(AttrClass.String(c.String()))}
+		for j, r := range queueReasons {
+			m.refusals[i][j] = []metric.AddOption{m.with(AttrClass.String(c.String()), AttrReason.String(r))}
+		}
 	}
 	m.meter = mp.Meter(ScopeName)
 	var err error
@@ -196,6 +230,13 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	counter(&m.exhausted, MetricBudgetExhausted, "{attempt}", "Retries and hedges the retry budget refused.")
 	counter(&m.ejections, MetricEjections, "{ejection}", "Endpoints ejected as outliers, by endpoint.")
 	counter(&m.rejected, MetricAdmissionRejected, "{request}", "Requests refused by admission control, by the cap that refused them.")
+	counter(&m.qrefused, MetricQueueRefusals, "{request}", "Requests a fair queue refused, by priority class and reason.")
+	mk(func() (e error) {
+		m.qwait, e = mt.Float64Histogram(MetricQueueWait, metric.WithUnit("s"),
+			metric.WithDescription("Time a request waited in a fair queue before admission, by priority class."),
+			metric.WithExplicitBucketBoundaries(waitBuckets...))
+		return
+	})
 	gauge := func(dst *metric.Int64ObservableGauge, name, unit, desc string) {
 		mk(func() (e error) {
 			*dst, e = mt.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
@@ -207,6 +248,9 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	gauge(&m.prefill, MetricPrefillTokens, "{token}", "Prompt tokens picked for the endpoint and not yet prefilled, net of expected cache hits.")
 	gauge(&m.decode, MetricDecodeTokens, "{token}", "Expected output tokens of the endpoint's outstanding requests.")
 	gauge(&m.healthy, MetricHealthy, "1", "1 if the endpoint is marked healthy, 0 if not.")
+	gauge(&m.qwaiting, MetricQueueWaiting, "{request}", "Requests waiting in a fair queue.")
+	gauge(&m.qinflight, MetricQueueInFlight, "{request}", "Requests a fair queue admitted and not done.")
+	gauge(&m.qtokens, MetricQueueTokens, "{token}", "Prompt and output tokens of the requests a fair queue admitted and not done.")
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
@@ -226,7 +270,53 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 			m.rejected.Add(context.Background(), 1, m.scopes[i])
 		},
 	}
+	m.queueObserver = fair.Observer{
+		Admitted: func(c fair.Class, waited time.Duration) {
+			m.qwait.Record(context.Background(), waited.Seconds(), m.classes[classIndex(c)]...)
+		},
+		Refused: func(c fair.Class, reason string) {
+			j := 0
+			for k, r := range queueReasons {
+				if r == reason {
+					j = k
+				}
+			}
+			m.qrefused.Add(context.Background(), 1, m.refusals[classIndex(c)][j]...)
+		},
+	}
 	return m, nil
+}
+
+// classIndex returns c's index in queueClasses.
+func classIndex(c fair.Class) int {
+	switch {
+	case c <= fair.Interactive:
+		return 0
+	case c >= fair.Batch:
+		return 2
+	}
+	return 1
+}
+
+// QueueObserver returns the functions to set as a fair queue's
+// [fair.Config.Observer]: each admission's wait (llmlb.queue.wait) and each
+// refusal (llmlb.queue.refusals), by priority class.
+func (m *Metrics) QueueObserver() *fair.Observer { return &m.queueObserver }
+
+// WatchQueue reports q's requests waiting and in flight and its tokens in
+// flight as gauges, read from [fair.Queue.Stats] at each collection.
+// Unregister the returned registration to stop.
+func (m *Metrics) WatchQueue(q *fair.Queue) (metric.Registration, error) {
+	if q == nil {
+		return nil, errors.New("telemetry: WatchQueue(nil)")
+	}
+	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := q.Stats()
+		o.ObserveInt64(m.qwaiting, int64(s.Waiting), m.baseOpt)
+		o.ObserveInt64(m.qinflight, int64(s.InFlight), m.baseOpt)
+		o.ObserveInt64(m.qtokens, s.TokensInFlight, m.baseOpt)
+		return nil
+	}, m.qwaiting, m.qinflight, m.qtokens)
 }
 
 // Observer returns the functions to pass to [llmlb.WithObserver].

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/telemetry"
 )
@@ -329,6 +330,75 @@ func TestRetryInstruments(t *testing.T) {
 	}
 	if got := sums(t, data, telemetry.MetricAdmissionRejected, telemetry.AttrScope); got["global"] != 1 || got["session"] != 1 {
 		t.Errorf("admission rejections = %v, want global:1 session:1", got)
+	}
+}
+
+// A fair queue's admissions, refusals and state reach their instruments,
+// by class and reason.
+func TestQueueInstruments(t *testing.T) {
+	m, reader := setup(t)
+	clk := &fakeClock{}
+	q, err := fair.New(fair.Config{MaxInFlight: 1, MaxWaiting: 1, Observer: m.QueueObserver(), Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := m.WatchQueue(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Unregister()
+	ctx := context.Background()
+	running, err := q.Admit(ctx, fair.Request{Principal: "a", PromptTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan *fair.Ticket)
+	go func() {
+		tk, err := q.Admit(ctx, fair.Request{Principal: "b", Class: fair.Batch, PromptTokens: 10})
+		if err != nil {
+			t.Error(err)
+		}
+		waiting <- tk
+	}()
+	for q.Stats().Waiting == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// The queue is full of a batch waiter: a batch arrival is refused.
+	if _, err := q.Admit(ctx, fair.Request{Principal: "c", Class: fair.Batch}); !errors.Is(err, retry.ErrOverloaded) {
+		t.Fatalf("a batch arrival into a full queue: %v", err)
+	}
+	data := collect(t, reader)
+	gauge := func(name string, want int64) {
+		t.Helper()
+		if got := sums(t, data, name, telemetry.AttrPolicy); got["round-robin"] != want {
+			t.Errorf("%s = %v, want %d", name, got, want)
+		}
+	}
+	gauge(telemetry.MetricQueueWaiting, 1)
+	gauge(telemetry.MetricQueueInFlight, 1)
+	gauge(telemetry.MetricQueueTokens, 100)
+
+	clk.Add(2 * time.Second)
+	running.Done()
+	(<-waiting).Done()
+	data = collect(t, reader)
+	gauge(telemetry.MetricQueueWaiting, 0)
+	gauge(telemetry.MetricQueueInFlight, 0)
+	if got := sums(t, data, telemetry.MetricQueueRefusals, telemetry.AttrReason); len(got) != 1 || got[fair.ReasonFull] != 1 {
+		t.Errorf("refusals by reason = %v, want full:1", got)
+	}
+	if got := sums(t, data, telemetry.MetricQueueRefusals, telemetry.AttrClass); len(got) != 1 || got["batch"] != 1 {
+		t.Errorf("refusals by class = %v, want batch:1", got)
+	}
+	waits := histogram[float64](t, data, telemetry.MetricQueueWait, telemetry.AttrClass)
+	if p := waits["standard"]; p.Count != 1 || p.Sum != 0 {
+		t.Errorf("standard waits: %d, sum %v s; want one of 0 s", p.Count, p.Sum)
+	}
+	if p := waits["batch"]; p.Count != 1 || p.Sum != 2 {
+		t.Errorf("batch waits: %d, sum %v s; want one of 2 s", p.Count, p.Sum)
+	}
+	if _, err := m.WatchQueue(nil); err == nil {
+		t.Error("WatchQueue(nil): no error")
 	}
 }
 

@@ -344,8 +344,17 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 	parser.TrustTenantHeader, parser.FeatureHeader = o.tenantHeader, o.featureHeader
 	var queue *fair.Queue
 	if o.fairInFlight > 0 {
-		if queue, err = fair.New(fair.Config{MaxInFlight: o.fairInFlight}); err != nil {
+		qc := fair.Config{MaxInFlight: o.fairInFlight}
+		if metrics != nil {
+			qc.Observer = metrics.QueueObserver()
+		}
+		if queue, err = fair.New(qc); err != nil {
 			return nil, nil, err
+		}
+		if metrics != nil {
+			if _, err := metrics.WatchQueue(queue); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	cfg := gateway.Config{
