@@ -18,6 +18,9 @@ const (
 	DefaultBaseEjectionTime    = 30 * time.Second
 	DefaultMaxEjectionTime     = 300 * time.Second
 	DefaultMaxEjectionPercent  = 10
+	// DefaultMaxCooldown caps the time an overload answer's requested wait
+	// takes an endpoint out ([EjectorConfig.MaxCooldown]).
+	DefaultMaxCooldown = 5 * time.Minute
 )
 
 // maxTracked bounds the endpoints an [Ejector] keeps state for that are not
@@ -57,13 +60,23 @@ type EjectorConfig struct {
 	// Classify maps an attempt's error to Succeeded (resets the count),
 	// Failed (counts) or Abandoned (ignored); nil means [HealthOutcome].
 	Classify func(err error) Outcome
+	// MaxCooldown caps a cooldown: an endpoint that answers an overload
+	// status (HTTP 429, HTTP 503 or gRPC UNAVAILABLE or RESOURCE_EXHAUSTED)
+	// asking for a wait ([FromHeader]: Retry-After, grpc-retry-pushback-ms,
+	// rate-limit resets) is marked unhealthy for that wait, at most
+	// MaxCooldown, however large the wait asked; a cooldown is not a
+	// failure, counts in no ejection and in no cap, and is followed by no
+	// half-open probe. 0 means [DefaultMaxCooldown]; a negative value
+	// disables cooldowns.
+	MaxCooldown time.Duration
 	// Clock tells the time; nil means the system clock.
 	Clock Clock
 	// Observer, if set, is told of every ejection.
 	Observer *Observer
 }
 
-// Ejector is outlier detection per endpoint: an endpoint with
+// Ejector is outlier detection per endpoint, and cooldown after overload
+// answers that ask for a wait ([EjectorConfig.MaxCooldown]): an endpoint with
 // ConsecutiveFailures failures in a row is marked unhealthy in the balancer
 // for BaseEjectionTime times the number of times it was ejected (capped at
 // MaxEjectionTime), then marked healthy again, which starts the balancer's
@@ -94,6 +107,7 @@ type Ejector struct {
 	base, max time.Duration
 	percent   float64
 	classify  func(error) Outcome
+	cooldown  time.Duration // MaxCooldown; <= 0: no cooldowns
 	clock     Clock
 	obs       *Observer
 	limit     int // most entries that are not ejected; maxTracked
@@ -102,7 +116,8 @@ type Ejector struct {
 	eps      map[string]*epHealth // every tracked endpoint
 	lru      epHealth             // sentinel of the ring of entries not ejected, least recently reported first
 	live     int                  // entries in lru
-	out      byUntil              // ejected entries
+	out      byUntil              // ejected and cooling entries
+	cooling  int                  // entries of out cooling down, not ejected
 	members  int                  // members of h at syncedAt
 	synced   bool                 // members and syncedAt are set
 	syncedAt time.Time
@@ -113,7 +128,8 @@ type epHealth struct {
 	key         string
 	consecutive int
 	ejections   int       // times ejected, for the ejection time
-	until       time.Time // end of the current ejection; zero = not ejected
+	until       time.Time // end of the current ejection or cooldown; zero = neither
+	cooling     bool      // until is a cooldown's, not an ejection's
 	halfOpen    bool      // restored, no outcome seen since
 	restored    time.Time // when the last ejection ended
 
@@ -163,6 +179,9 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 	if cfg.MaxEjectionPercent == 0 {
 		cfg.MaxEjectionPercent = DefaultMaxEjectionPercent
 	}
+	if cfg.MaxCooldown == 0 {
+		cfg.MaxCooldown = DefaultMaxCooldown
+	}
 	switch {
 	case cfg.ConsecutiveFailures < 0:
 		return nil, invalidf("ejector ConsecutiveFailures %d is negative", cfg.ConsecutiveFailures)
@@ -180,6 +199,7 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 		max:       cfg.MaxEjectionTime,
 		percent:   cfg.MaxEjectionPercent,
 		classify:  cfg.Classify,
+		cooldown:  cfg.MaxCooldown,
 		clock:     clockOr(cfg.Clock),
 		obs:       cfg.Observer,
 		limit:     maxTracked,
@@ -237,18 +257,82 @@ func HealthOutcome(err error) Outcome {
 // Report records how an attempt on the endpoint with key ended. Reports for
 // an ejected endpoint (requests sent before its ejection) are ignored.
 func (e *Ejector) Report(key string, err error) {
+	now := e.clock.Now()
+	if d := e.coolFor(err, now); d > 0 {
+		e.mu.Lock()
+		cooled := e.cool(key, d, now)
+		e.mu.Unlock()
+		if cooled {
+			e.obs.cooldown(key, d) // outside the lock
+		}
+		return
+	}
 	o := e.classify(err)
 	if o == Abandoned {
 		e.Sweep()
 		return
 	}
-	now := e.clock.Now()
 	e.mu.Lock()
 	d, ejected := e.report(key, o, now)
 	e.mu.Unlock()
 	if ejected {
 		e.obs.eject(key, d) // outside the lock
 	}
+}
+
+// noPushbackLimit is the pushback limit of a cooldown: every requested
+// wait is read, and the longer ones are capped rather than ignored.
+const noPushbackLimit = time.Duration(1<<63 - 1)
+
+// coolFor returns the cooldown that err asks for: the wait requested by an
+// overload status, at most MaxCooldown; 0 if none.
+func (e *Ejector) coolFor(err error, now time.Time) time.Duration {
+	if e.cooldown <= 0 || err == nil {
+		return 0
+	}
+	var se *StatusError
+	if !errors.As(err, &se) {
+		return 0
+	}
+	switch {
+	case se.GRPC && (se.Code == GRPCUnavailable || se.Code == GRPCResourceExhausted):
+	case !se.GRPC && (se.Code == 429 || se.Code == 503):
+	default:
+		return 0
+	}
+	p := FromHeader(se.Header, now, noPushbackLimit)
+	if p.Kind != RetryLater || p.Delay <= 0 {
+		return 0
+	}
+	return min(p.Delay, e.cooldown)
+}
+
+// cool takes the endpoint of key out for d and reports whether it did: an
+// endpoint ejected or cooling already stays out until the later of its end
+// and d from now. e.mu is held.
+func (e *Ejector) cool(key string, d time.Duration, now time.Time) bool {
+	e.sweep(now)
+	until := now.Add(d)
+	st := e.eps[key]
+	switch {
+	case st == nil:
+		st = e.add(key)
+	case !st.until.IsZero():
+		if until.After(st.until) {
+			st.until = until
+			heap.Fix(&e.out, st.idx)
+		}
+		return false
+	}
+	if err := e.h.SetHealthy(key, false); err != nil {
+		e.forget(st) // not a member
+		return false
+	}
+	st.until, st.cooling = until, true
+	e.cooling++
+	e.unlink(st)
+	heap.Push(&e.out, st)
+	return true
 }
 
 // report records an attempt's outcome o and reports whether it ejected the
@@ -293,7 +377,7 @@ func (e *Ejector) eject(st *epHealth, now time.Time) (time.Duration, bool) {
 		if e.eps[st.key] != st {
 			return 0, false // not a member
 		}
-		if len(e.out) >= max(1, int(e.percent*float64(e.members)/100)) {
+		if len(e.out)-e.cooling >= max(1, int(e.percent*float64(e.members)/100)) {
 			return 0, false
 		}
 	}
@@ -379,6 +463,10 @@ func (e *Ejector) forget(st *epHealth) {
 		e.unlink(st)
 	} else {
 		heap.Remove(&e.out, st.idx)
+		if st.cooling {
+			st.cooling = false
+			e.cooling--
+		}
 	}
 }
 
@@ -395,7 +483,15 @@ func (e *Ejector) Sweep() {
 func (e *Ejector) sweep(now time.Time) {
 	for len(e.out) > 0 && !now.Before(e.out[0].until) {
 		st := heap.Pop(&e.out).(*epHealth)
-		st.until, st.halfOpen, st.restored = time.Time{}, true, now
+		if st.cooling {
+			// The end of a cooldown: back as it was, on probation only if
+			// an ejection had put it there.
+			st.cooling = false
+			e.cooling--
+			st.until = time.Time{}
+		} else {
+			st.until, st.halfOpen, st.restored = time.Time{}, true, now
+		}
 		if err := e.h.SetHealthy(st.key, true); err != nil {
 			delete(e.eps, st.key) // no longer a member
 			continue
@@ -422,13 +518,26 @@ func (e *Ejector) Run(ctx context.Context, interval time.Duration) error {
 	}
 }
 
-// Ejected returns the keys of the endpoints ejected now, sorted.
+// Ejected returns the keys of the endpoints ejected now, sorted; endpoints
+// cooling down are not listed (see [Ejector.Cooling]).
 func (e *Ejector) Ejected() []string {
+	return e.outKeys(false)
+}
+
+// Cooling returns the keys of the endpoints cooling down now, sorted.
+func (e *Ejector) Cooling() []string {
+	return e.outKeys(true)
+}
+
+// outKeys returns the keys of the endpoints out now that are cooling or not.
+func (e *Ejector) outKeys(cooling bool) []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var keys []string
 	for _, st := range e.out {
-		keys = append(keys, st.key)
+		if st.cooling == cooling {
+			keys = append(keys, st.key)
+		}
 	}
 	sort.Strings(keys)
 	return keys

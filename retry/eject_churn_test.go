@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -201,6 +202,7 @@ func TestEjectorInvariants(t *testing.T) {
 				errors.New("connection reset"), &StatusError{Code: 502},
 				nil, &StatusError{Code: 404},
 				&StatusError{Code: 429},
+				&StatusError{Code: 429, Header: http.Header{"Retry-After": {"3"}}},
 			}
 			for step := range 2000 {
 				before := len(e.Ejected())
@@ -227,10 +229,10 @@ func TestEjectorInvariants(t *testing.T) {
 					e.Sweep()
 				}
 				checkEjector(t, e)
-				got := e.Ejected()
+				got, cooling := e.Ejected(), e.Cooling()
 				for _, s := range b.Stats() {
-					if !s.Healthy && !slices.Contains(got, s.Key) {
-						t.Fatalf("step %d: %s unhealthy in the balancer but not ejected (%v)", step, s.Key, got)
+					if !s.Healthy && !slices.Contains(got, s.Key) && !slices.Contains(cooling, s.Key) {
+						t.Fatalf("step %d: %s unhealthy in the balancer but neither ejected nor cooling (%v, %v)", step, s.Key, got, cooling)
 					}
 				}
 				if len(got) > before {

@@ -37,6 +37,15 @@ func checkEjector(t testing.TB, e *Ejector) {
 			t.Fatalf("heap out of order at %d", i)
 		}
 	}
+	cooling := 0
+	for _, st := range e.out {
+		if st.cooling {
+			cooling++
+		}
+	}
+	if cooling != e.cooling {
+		t.Fatalf("%d entries cooling, count %d", cooling, e.cooling)
+	}
 	if len(e.eps) != ring+len(e.out) {
 		t.Fatalf("%d tracked, %d in the ring, %d ejected", len(e.eps), ring, len(e.out))
 	}

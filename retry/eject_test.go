@@ -142,7 +142,9 @@ func TestEjectorMaxTime(t *testing.T) {
 func TestEjectorOverloadIsNotFailure(t *testing.T) {
 	clk := newFakeClock()
 	b := newBalancer(t, "a", "b")
-	e, _ := NewEjector(b, EjectorConfig{Clock: clk})
+	// Cooldowns off: overload answers asking for a wait would take the
+	// endpoint out for it (TestEjectorCooldown).
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk, MaxCooldown: -1})
 	overloads := []error{
 		&StatusError{Code: 429},
 		&StatusError{Code: 503, Header: http.Header{"Retry-After": {"1"}}},
@@ -339,5 +341,60 @@ func TestEjectorSlowStart(t *testing.T) {
 	clk.Advance(time.Minute)
 	if s := share(); s < 0.45 {
 		t.Fatalf("after the slow-start window the endpoint takes %.0f%% of picks", 100*s)
+	}
+}
+
+// An overload answer asking for a wait takes the endpoint out for that wait,
+// capped, without counting as a failure or in the ejection cap, and without
+// a half-open probe after it.
+func TestEjectorCooldown(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, "a", "b", "c")
+	var cooled []time.Duration
+	e, err := NewEjector(b, EjectorConfig{Clock: clk, MaxCooldown: time.Minute,
+		Observer: &Observer{Cooldown: func(_ string, d time.Duration) { cooled = append(cooled, d) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Report("a", &StatusError{Code: 429, Header: http.Header{"Retry-After": {"2"}}})
+	if healthy(b, "a") || len(e.Cooling()) != 1 || len(e.Ejected()) != 0 {
+		t.Fatalf("after a 429 asking for 2s: healthy %v, cooling %v, ejected %v", healthy(b, "a"), e.Cooling(), e.Ejected())
+	}
+	// A huge wait is capped, not ignored; OpenAI's rate-limit reset counts.
+	e.Report("b", &StatusError{Code: 429, Header: http.Header{"Retry-After": {"86400"}}})
+	e.Report("c", &StatusError{Code: 429, Header: http.Header{
+		"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"6m0s"}}})
+	if got := e.Cooling(); len(got) != 3 {
+		t.Fatalf("cooling %v, want all three (cooldowns are not capped by MaxEjectionPercent)", got)
+	}
+	if want := []time.Duration{2 * time.Second, time.Minute, time.Minute}; !slices.Equal(cooled, want) {
+		t.Fatalf("cooldowns %v, want %v", cooled, want)
+	}
+	clk.Advance(2 * time.Second)
+	e.Sweep()
+	if !healthy(b, "a") || healthy(b, "b") {
+		t.Fatal("a should be back after 2s, b not")
+	}
+	// Back as it was: one failure does not eject it again (no half-open).
+	e.Report("a", &StatusError{Code: 500})
+	if !healthy(b, "a") {
+		t.Fatal("a failure right after a cooldown ejected the endpoint")
+	}
+	// An answer without a wait, or a success, cools nothing.
+	e.Report("a", &StatusError{Code: 429})
+	e.Report("a", &StatusError{Code: 400, Header: http.Header{"Retry-After": {"5"}}})
+	if !healthy(b, "a") {
+		t.Fatal("an overload without a requested wait, or a 400, took the endpoint out")
+	}
+	clk.Advance(time.Minute)
+	e.Sweep()
+	if len(e.Cooling()) != 0 || !healthy(b, "b") || !healthy(b, "c") {
+		t.Fatalf("after the cap: cooling %v", e.Cooling())
+	}
+	// Disabled.
+	off, _ := NewEjector(b, EjectorConfig{Clock: clk, MaxCooldown: -1})
+	off.Report("a", &StatusError{Code: 429, Header: http.Header{"Retry-After": {"2"}}})
+	if !healthy(b, "a") {
+		t.Fatal("MaxCooldown < 0 still cooled an endpoint")
 	}
 }

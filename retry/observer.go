@@ -23,6 +23,9 @@ type Observer struct {
 	Denied func()
 	// Eject is called when an [Ejector] ejects an endpoint, for d.
 	Eject func(key string, d time.Duration)
+	// Cooldown is called when an [Ejector] takes an endpoint out for d
+	// because it answered an overload status asking for that wait.
+	Cooldown func(key string, d time.Duration)
 	// Reject is called when an [Admission] refuses a request.
 	Reject func(err *OverloadError)
 }
@@ -48,6 +51,12 @@ func (o *Observer) denied() {
 func (o *Observer) eject(key string, d time.Duration) {
 	if o != nil && o.Eject != nil {
 		o.Eject(key, d)
+	}
+}
+
+func (o *Observer) cooldown(key string, d time.Duration) {
+	if o != nil && o.Cooldown != nil {
+		o.Cooldown(key, d)
 	}
 }
 

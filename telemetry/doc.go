@@ -35,7 +35,8 @@
 //
 // From package retry, through [Metrics.RetryObserver]: llmlb.retries,
 // llmlb.hedges and llmlb.retry.budget_exhausted ({attempt}),
-// llmlb.ejections ({ejection}, with llmlb.endpoint) and
+// llmlb.ejections ({ejection}, with llmlb.endpoint), llmlb.cooldowns
+// ({cooldown}, with llmlb.endpoint) and
 // llmlb.admission.rejections ({request}, with llmlb.admission.scope "global"
 // or "session").
 //

@@ -37,6 +37,7 @@ const (
 	MetricHedges            = "llmlb.hedges"
 	MetricBudgetExhausted   = "llmlb.retry.budget_exhausted"
 	MetricEjections         = "llmlb.ejections"
+	MetricCooldowns         = "llmlb.cooldowns"
 	MetricAdmissionRejected = "llmlb.admission.rejections"
 	MetricQueueWait         = "llmlb.queue.wait"
 	MetricQueueRefusals     = "llmlb.queue.refusals"
@@ -120,6 +121,7 @@ type Metrics struct {
 	hedges    metric.Int64Counter
 	exhausted metric.Int64Counter
 	ejections metric.Int64Counter
+	cooldowns metric.Int64Counter
 	rejected  metric.Int64Counter
 	qwait     metric.Float64Histogram
 	qrefused  metric.Int64Counter
@@ -229,6 +231,7 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	counter(&m.hedges, MetricHedges, "{attempt}", "Hedges sent while an earlier attempt had no first token yet.")
 	counter(&m.exhausted, MetricBudgetExhausted, "{attempt}", "Retries and hedges the retry budget refused.")
 	counter(&m.ejections, MetricEjections, "{ejection}", "Endpoints ejected as outliers, by endpoint.")
+	counter(&m.cooldowns, MetricCooldowns, "{cooldown}", "Endpoints taken out for the wait an overload answer asked, by endpoint.")
 	counter(&m.rejected, MetricAdmissionRejected, "{request}", "Requests refused by admission control, by the cap that refused them.")
 	counter(&m.qrefused, MetricQueueRefusals, "{request}", "Requests a fair queue refused, by priority class and reason.")
 	mk(func() (e error) {
@@ -261,6 +264,9 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 		Denied: func() { m.exhausted.Add(context.Background(), 1, m.baseOpt) },
 		Eject: func(key string, _ time.Duration) {
 			m.ejections.Add(context.Background(), 1, m.endpoint(key).add...)
+		},
+		Cooldown: func(key string, _ time.Duration) {
+			m.cooldowns.Add(context.Background(), 1, m.endpoint(key).add...)
 		},
 		Reject: func(err *retry.OverloadError) {
 			i := 0

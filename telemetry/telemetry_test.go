@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -314,6 +315,8 @@ func TestRetryInstruments(t *testing.T) {
 	if got := ej.Ejected(); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("ejected %v, want [a]", got)
 	}
+	// A cooldown: a 429 asking for a wait.
+	ej.Report("b", &retry.StatusError{Code: 429, Header: http.Header{"Retry-After": {"3"}}})
 
 	data := collect(t, reader)
 	one := func(name string) {
@@ -325,6 +328,9 @@ func TestRetryInstruments(t *testing.T) {
 	one(telemetry.MetricRetries)
 	one(telemetry.MetricBudgetExhausted)
 	one(telemetry.MetricHedges)
+	if got := sums(t, data, telemetry.MetricCooldowns, telemetry.AttrEndpoint); got["b"] != 1 {
+		t.Errorf("cooldowns = %v, want b:1", got)
+	}
 	if got := sums(t, data, telemetry.MetricEjections, telemetry.AttrEndpoint); got["a"] != 1 {
 		t.Errorf("ejections = %v, want a:1", got)
 	}
