@@ -59,6 +59,19 @@ type Config struct {
 	// MaxWaiting, if positive, refuses a request with 429 and Retry-After:
 	// 1 when that many requests are already waiting.
 	MaxWaiting int
+	// RequestsPerMinute, if positive, emulates a managed API's request rate
+	// limit: a bucket of RequestsPerMinute requests, refilled continuously
+	// at that rate. Every completion answer carries OpenAI's
+	// x-ratelimit-limit-requests, x-ratelimit-remaining-requests and
+	// x-ratelimit-reset-requests (the time until the bucket is full, as
+	// "1.5s"); a request that finds the bucket empty gets 429 with
+	// Retry-After, the whole seconds until one request is available.
+	RequestsPerMinute int
+	// MaxModelLen, if positive, is the model's context length: a request
+	// whose prompt and output tokens exceed it (or exceed the KV cache) gets
+	// 400 with vLLM's "maximum context length" message. 0 means the KV
+	// cache's size.
+	MaxModelLen int
 	// MaxBodyBytes caps a request body (413 beyond it). 0 means
 	// [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
@@ -80,6 +93,8 @@ type Engine struct {
 	defMax    int
 	maxCap    int
 	maxWait   int
+	rpm       int // RequestsPerMinute
+	maxLen    int // MaxModelLen, or the KV cache's size in tokens
 	maxBody   int64
 	speedup   float64
 	blockSize int
@@ -102,6 +117,8 @@ type Engine struct {
 	nextID  int
 	stopped bool
 	stats   Stats
+	bucket  float64   // requests available under RequestsPerMinute
+	filled  time.Time // when bucket was last refilled
 	// blocks and pending serve Config.KVEvents: the prompt blocks of
 	// requests in progress and of the prefix cache, and the events of the
 	// current iteration.
@@ -124,8 +141,8 @@ type Stats struct {
 	// those abandoned by their client before that.
 	Finished, Cancelled int64
 	// Refused counts requests answered 429 because MaxWaiting requests
-	// were waiting.
-	Refused int64
+	// were waiting; RateLimited those answered 429 by RequestsPerMinute.
+	Refused, RateLimited int64
 }
 
 // New returns an engine configured by cfg, or an error wrapping
@@ -143,8 +160,9 @@ func New(cfg Config) (*Engine, error) {
 	switch {
 	case math.IsNaN(speed) || math.IsInf(speed, 0) || speed <= 0:
 		return nil, fmt.Errorf("%w: Speedup %v must be positive and finite", ErrInvalidConfig, cfg.Speedup)
-	case cfg.DefaultMaxTokens < 0 || cfg.MaxTokensCap < 0 || cfg.MaxWaiting < 0 || cfg.MaxBodyBytes < 0:
-		return nil, fmt.Errorf("%w: negative DefaultMaxTokens, MaxTokensCap, MaxWaiting or MaxBodyBytes", ErrInvalidConfig)
+	case cfg.DefaultMaxTokens < 0 || cfg.MaxTokensCap < 0 || cfg.MaxWaiting < 0 || cfg.MaxBodyBytes < 0 ||
+		cfg.RequestsPerMinute < 0 || cfg.MaxModelLen < 0:
+		return nil, fmt.Errorf("%w: negative DefaultMaxTokens, MaxTokensCap, MaxWaiting, MaxBodyBytes, RequestsPerMinute or MaxModelLen", ErrInvalidConfig)
 	}
 	h, err := prefix.NewHasher(prefix.HasherConfig{
 		BlockTokens: eng.BlockSize,
@@ -159,6 +177,9 @@ func New(cfg Config) (*Engine, error) {
 		defMax:    cfg.DefaultMaxTokens,
 		maxCap:    cfg.MaxTokensCap,
 		maxWait:   cfg.MaxWaiting,
+		rpm:       cfg.RequestsPerMinute,
+		bucket:    float64(cfg.RequestsPerMinute),
+		maxLen:    cfg.MaxModelLen,
 		maxBody:   cfg.MaxBodyBytes,
 		speedup:   speed,
 		blockSize: eng.BlockSize,
@@ -186,6 +207,9 @@ func New(cfg Config) (*Engine, error) {
 	e.defMax = min(e.defMax, e.maxCap)
 	if e.maxBody == 0 {
 		e.maxBody = DefaultMaxBodyBytes
+	}
+	if kv := eng.KVBlocks * eng.BlockSize; e.maxLen == 0 || e.maxLen > kv {
+		e.maxLen = kv
 	}
 	e.root = h.Root(prefix.Salt{Model: e.model})
 	e.hidle.L = &e.hmu
@@ -258,6 +282,28 @@ func (e *Engine) submit(s *seq) error {
 }
 
 var errQueueFull = errors.New("engine: queue full")
+
+// rateLimit takes one request from the RequestsPerMinute bucket at now. It
+// reports whether there was one, what remains, the time until the bucket is
+// full, and, if there was none, the time until there is one.
+func (e *Engine) rateLimit(now time.Time) (ok bool, remaining int, reset, retryAfter time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	perSec := float64(e.rpm) / 60
+	if !e.filled.IsZero() {
+		e.bucket = min(float64(e.rpm), e.bucket+now.Sub(e.filled).Seconds()*perSec)
+	}
+	e.filled = now
+	if e.bucket >= 1 {
+		e.bucket--
+		ok = true
+	} else {
+		e.stats.RateLimited++
+		retryAfter = time.Duration((1 - e.bucket) / perSec * float64(time.Second))
+	}
+	reset = time.Duration((float64(e.rpm) - e.bucket) / perSec * float64(time.Second))
+	return ok, int(e.bucket), reset, retryAfter
+}
 
 // cancel abandons s: it leaves the queue or the batch at once and frees its
 // KV blocks.

@@ -224,6 +224,34 @@ func TestQueueFullAndCancel(t *testing.T) {
 	assert.Zero(t, e.rep.Stats().KVUsed)
 }
 
+// RequestsPerMinute emulates a managed API's rate limit with OpenAI's
+// headers, and a prompt beyond the context gets vLLM's message.
+func TestRateLimitAndContextLength(t *testing.T) {
+	e := newEngine(t, Config{RequestsPerMinute: 2, MaxModelLen: 100})
+	url, _ := serve(t, e)
+	for i, want := range []string{"1", "0"} {
+		resp := post(t, url+"/v1/completions", `{"prompt":"x","max_tokens":2}`)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "request %d", i)
+		assert.Equal(t, "2", resp.Header.Get("X-Ratelimit-Limit-Requests"))
+		assert.Equal(t, want, resp.Header.Get("X-Ratelimit-Remaining-Requests"), "request %d", i)
+		d, err := time.ParseDuration(resp.Header.Get("X-Ratelimit-Reset-Requests"))
+		require.NoError(t, err)
+		assert.InDelta(t, float64(30*(i+1)), d.Seconds(), 1, "request %d: reset", i)
+	}
+	resp := post(t, url+"/v1/completions", `{"prompt":"x","max_tokens":2}`)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "30", resp.Header.Get("Retry-After"))
+	assert.EqualValues(t, 1, e.Stats().RateLimited)
+
+	e2 := newEngine(t, Config{MaxModelLen: 100})
+	url2, _ := serve(t, e2)
+	resp = post(t, url2+"/v1/completions", `{"prompt":"x","max_tokens":200}`)
+	b, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, string(b), "maximum context length is 100 tokens")
+}
+
 func startHandlerOnly(t *testing.T, e *Engine) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -343,6 +371,8 @@ func TestConfig(t *testing.T) {
 		{DefaultMaxTokens: -1},
 		{Engine: sim.Engine{BlockSize: -1}},
 		{MaxWaiting: -1},
+		{RequestsPerMinute: -1},
+		{MaxModelLen: -1},
 	} {
 		_, err := New(cfg)
 		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)

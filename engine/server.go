@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -159,6 +160,18 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, code, msg)
 		return
 	}
+	if e.rpm > 0 {
+		ok, remaining, reset, retryAfter := e.rateLimit(time.Now())
+		h := w.Header()
+		h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(e.rpm))
+		h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(remaining))
+		h.Set("X-Ratelimit-Reset-Requests", reset.Round(time.Millisecond).String())
+		if !ok {
+			h.Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
+			writeError(w, http.StatusTooManyRequests, "rate limit reached for requests")
+			return
+		}
+	}
 	switch err := e.submit(s); {
 	case errors.Is(err, errQueueFull):
 		w.Header().Set("Retry-After", "1")
@@ -208,8 +221,9 @@ func (e *Engine) parse(body []byte) (s *seq, q request, code int, msg string) {
 	if e.kvEvents != nil {
 		s.prompt = text
 	}
-	if (s.PromptTokens+s.OutputTokens+e.blockSize-1)/e.blockSize > e.kvBlocks {
-		return nil, q, http.StatusBadRequest, fmt.Sprintf("prompt of %d tokens plus %d output tokens exceeds the KV cache", s.PromptTokens, s.OutputTokens)
+	if n := s.PromptTokens + s.OutputTokens; n > e.maxLen {
+		return nil, q, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			e.maxLen, n, s.PromptTokens, s.OutputTokens)
 	}
 	return s, q, 0, ""
 }

@@ -14,8 +14,10 @@ type DebugState struct {
 	Time time.Time `json:"time"`
 	// Endpoints are the replicas, in the order given to New or Update.
 	Endpoints []DebugEndpoint `json:"endpoints"`
-	// Ejected lists the endpoints ejected as outliers.
+	// Ejected lists the endpoints ejected as outliers; Cooling those out
+	// for the wait their overload answers asked.
 	Ejected []string `json:"ejected"`
+	Cooling []string `json:"cooling,omitempty"`
 	// InFlight and Sessions are the admission controller's requests in
 	// flight and sessions tracked; absent without admission caps.
 	InFlight *int `json:"admission_in_flight,omitempty"`
@@ -99,7 +101,7 @@ func (g *Gateway) State() DebugState {
 	for i, s := range stats {
 		byKey[s.Key] = i
 	}
-	st := DebugState{Time: now, Endpoints: make([]DebugEndpoint, 0, len(keys)), Ejected: g.ejector.Ejected()}
+	st := DebugState{Time: now, Endpoints: make([]DebugEndpoint, 0, len(keys)), Ejected: g.ejector.Ejected(), Cooling: g.ejector.Cooling()}
 	if st.Ejected == nil {
 		st.Ejected = []string{}
 	}

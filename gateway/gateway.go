@@ -39,6 +39,7 @@ import (
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
 	"github.com/llmlb/llmlb/signals"
+	"github.com/llmlb/llmlb/spill"
 )
 
 // ErrInvalidConfig wraps every configuration error of [New] and
@@ -109,6 +110,24 @@ type Config struct {
 	// them as decode work instead of a fixed allowance
 	// ([llmlb.WithOutputPrediction]). nil charges the allowance.
 	Outputs *llmlb.OutputConfig
+	// SpillTo, if not empty, lists the tiers a request spills to, in
+	// order, when this gateway's replicas cannot take it: a 429 or a full
+	// admission or queue, a 5xx, a context-length 400 (see package spill
+	// and [spill.DefaultSpill]). Build a tier from another Gateway, such as
+	// one in front of a managed provider's deployments, with
+	// [Gateway.Tier]. A spilled response carries [spill.DefaultHeader]
+	// naming Name, the tier it left. With SpillTo, a replica's Retry-After
+	// does not delay the retry on another replica, and when every
+	// replica's retries are spent the request spills at once. nil spills
+	// nothing.
+	SpillTo []spill.Tier
+	// Name names this gateway's replicas as a tier in spilled responses'
+	// header and in SpillObserver's events. "" means "primary".
+	Name string
+	// SpillObserver, if set, is told of every spill, for example by
+	// telemetry's SpillObserver; the gateway also logs each one at debug
+	// level.
+	SpillObserver func(spill.Event)
 }
 
 // Gateway routes OpenAI-compatible requests across replicas. Create one
@@ -124,6 +143,7 @@ type Gateway struct {
 	admission *retry.Admission // nil without caps
 	queue     *fair.Queue      // nil without a fair queue
 	transport *httplb.Transport
+	spill     *spill.Transport // nil without SpillTo
 	proxy     *httputil.ReverseProxy
 
 	mu       sync.Mutex // protects backends
@@ -221,7 +241,14 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	if base == nil {
 		base = &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}
 	}
+	pushback := time.Duration(0)
+	if len(cfg.SpillTo) > 0 {
+		// A replica's Retry-After does not hold back the retries on the
+		// others: spilling is the better answer than waiting.
+		pushback = -1
+	}
 	g.transport, err = httplb.NewTransport(httplb.Config{
+		MaxPushback:       pushback,
 		Balancer:          b,
 		Base:              base,
 		Parser:            parser,
@@ -239,6 +266,26 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	}
 	g.proxy = httplb.NewProxy(g.transport)
 	g.proxy.ErrorHandler = httplb.NewErrorHandler(g.log)
+	if len(cfg.SpillTo) > 0 {
+		name := cfg.Name
+		if name == "" {
+			name = "primary"
+		}
+		user := cfg.SpillObserver
+		g.spill, err = spill.New(spill.Config{
+			Tiers: append([]spill.Tier{g.Tier(name)}, cfg.SpillTo...),
+			Observer: func(e spill.Event) {
+				g.log.Debug("gateway: request spilled", "from", e.From, "to", e.To, "reason", string(e.Reason))
+				if user != nil {
+					user(e)
+				}
+			},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		g.proxy.Transport = g.spill
+	}
 	if err := g.Update(backends); err != nil {
 		return nil, err
 	}
@@ -274,6 +321,24 @@ func (g *Gateway) Update(backends []string) error {
 
 // ServeHTTP routes one request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.proxy.ServeHTTP(w, r) }
+
+// Tier returns the gateway's replicas as a tier named name, for another
+// gateway's [Config].SpillTo or a [spill.Transport]. Requests sent to the
+// tier are routed, retried and accounted for as the gateway's own; run the
+// gateway ([Gateway.Run]) for its scraping and ejections to go on.
+func (g *Gateway) Tier(name string) spill.Tier {
+	return spill.Tier{Name: name, Transport: g.transport, Ready: g.ready}
+}
+
+// ready reports whether some replica is neither ejected nor cooling down,
+// and if none is, the time until the first is back.
+func (g *Gateway) ready() (bool, time.Duration) {
+	out, next := g.ejector.Out()
+	g.mu.Lock()
+	n := len(g.backends)
+	g.mu.Unlock()
+	return out < n, next
+}
 
 // Balancer returns the gateway's balancer, for its Stats or to mark
 // replicas unhealthy.
@@ -349,6 +414,12 @@ func (g *Gateway) retryObserver(user *retry.Observer) *retry.Observer {
 			g.log.Warn("gateway: endpoint ejected", "endpoint", key, "for", d)
 			if u.Eject != nil {
 				u.Eject(key, d)
+			}
+		},
+		Cooldown: func(key string, d time.Duration) {
+			g.log.Info("gateway: endpoint cooling down for the wait it asked", "endpoint", key, "for", d)
+			if u.Cooldown != nil {
+				u.Cooldown(key, d)
 			}
 		},
 		Reject: func(err *retry.OverloadError) {

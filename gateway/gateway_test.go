@@ -26,6 +26,7 @@ import (
 	"github.com/llmlb/llmlb/internal/natstest"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
+	"github.com/llmlb/llmlb/spill"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -199,6 +200,75 @@ func TestGatewayRetriesAndEjects(t *testing.T) {
 		t.Errorf("debug state after the ejection: %+v, ejected %v", st.Endpoints[0], st.Ejected)
 	}
 	g.transport.CloseIdleConnections()
+}
+
+// With SpillTo, a request the replicas refuse (429) goes to the next tier,
+// marked, and while every replica cools down for the wait it asked,
+// requests go there directly.
+func TestGatewaySpills(t *testing.T) {
+	var refused sync.Mutex
+	full := true
+	self := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refused.Lock()
+		defer refused.Unlock()
+		if full {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "busy", http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"text\":\"self\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer self.Close()
+	c, err := e2e.StartCluster(1, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	provider, err := New(c.URLs, Config{ScrapeInterval: -1, Policy: llmlb.LeastOutstanding()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events []spill.Event
+	var mu sync.Mutex
+	log, logs := newLogger()
+	g, err := New([]string{self.URL}, Config{ScrapeInterval: -1, Logger: log, Name: "ptu",
+		SpillTo: []spill.Tier{provider.Tier("paygo")},
+		SpillObserver: func(e spill.Event) {
+			mu.Lock()
+			events = append(events, e)
+			mu.Unlock()
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []spill.Reason{spill.Throttled, spill.Cooling} {
+		code, body, h := post(t, g, "hello")
+		if code != http.StatusOK || h.Get(spill.DefaultHeader) != "ptu" || strings.Contains(body, "self") {
+			t.Fatalf("request %d: %d, spilled from %q, %q", i, code, h.Get(spill.DefaultHeader), body)
+		}
+		mu.Lock()
+		if len(events) != i+1 || events[i] != (spill.Event{From: "ptu", To: "paygo", Reason: want}) {
+			t.Fatalf("events %v, want %v last", events, want)
+		}
+		mu.Unlock()
+	}
+	if st := g.State(); !slices.Equal(st.Cooling, []string{self.URL}) {
+		t.Errorf("debug state: cooling %v, want the replica", st.Cooling)
+	}
+	if len(logs.records(t, "gateway: endpoint cooling down for the wait it asked")) != 1 {
+		t.Error("the cooldown was not logged")
+	}
+	// Back once the wait has passed.
+	refused.Lock()
+	full = false
+	refused.Unlock()
+	time.Sleep(1100 * time.Millisecond)
+	if code, body, h := post(t, g, "hello"); code != http.StatusOK || h.Get(spill.DefaultHeader) != "" || !strings.Contains(body, "self") {
+		t.Fatalf("after the cooldown: %d, spilled from %q, %q", code, h.Get(spill.DefaultHeader), body)
+	}
+	g.transport.CloseIdleConnections()
+	provider.transport.CloseIdleConnections()
 }
 
 func TestGatewayHidesUpstreamErrors(t *testing.T) {

@@ -295,7 +295,7 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 		switch {
 		case pb.Kind == retry.DoNotRetry:
 			reason = "pushback"
-		case pb.Kind == retry.RetryLater && pb.Delay > wait:
+		case pb.Kind == retry.RetryLater && pb.Delay > wait && t.pushLimit > 0:
 			wait = pb.Delay
 		}
 		if reason == "" {

@@ -61,7 +61,11 @@ type Config struct {
 	Classify func(err error) bool
 	// MaxPushback is the longest server-requested delay (Retry-After and
 	// rate-limit reset headers) honoured; a longer one is ignored. 0 means
-	// [retry.DefaultMaxPushback].
+	// [retry.DefaultMaxPushback]. A negative value honours none: a retry,
+	// which goes to another endpoint, waits only for its back-off, as a
+	// tier that spills (package spill) wants, since the endpoint that asked
+	// for the wait is not the one retried (a server's "do not retry" still
+	// stops the retries).
 	MaxPushback time.Duration
 	// Admission, if set, caps the requests in flight globally and per
 	// session (the affinity key); a refused request fails at once with a
@@ -221,8 +225,8 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if cfg.Balancer == nil {
 		return nil, configErrorf("nil Balancer")
 	}
-	if cfg.MaxAttempts < 0 || cfg.MaxPushback < 0 || cfg.MaxPeekBytes < 0 || cfg.HedgeDelay < 0 || cfg.MaxHedges < 0 || cfg.FirstEventTimeout < 0 {
-		return nil, configErrorf("negative MaxAttempts, MaxPushback, MaxPeekBytes, HedgeDelay, MaxHedges or FirstEventTimeout")
+	if cfg.MaxAttempts < 0 || cfg.MaxPeekBytes < 0 || cfg.HedgeDelay < 0 || cfg.MaxHedges < 0 || cfg.FirstEventTimeout < 0 {
+		return nil, configErrorf("negative MaxAttempts, MaxPeekBytes, HedgeDelay, MaxHedges or FirstEventTimeout")
 	}
 	if cfg.TrustClassHeader != "" && cfg.Queue == nil {
 		return nil, configErrorf("TrustClassHeader without a Queue")

@@ -357,6 +357,28 @@ func TestRetryAfterHonoured(t *testing.T) {
 	assert.EqualValues(t, 1, b.hits.Load())
 }
 
+// With a negative MaxPushback a retry elsewhere waits only for its back-off,
+// not for the wait the first endpoint asked for.
+func TestRetryAfterNotHonoured(t *testing.T) {
+	a := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "2"))
+	b := newUpstream(t, sse(1))
+	var mu sync.Mutex
+	var waits []time.Duration
+	h := newHarness(t, fixed{}, Config{MaxPushback: -1, After: func(d time.Duration) <-chan time.Time {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		return closedTime
+	}}, a, b)
+	resp, err := do(t, h, chatBody)
+	require.NoError(t, err)
+	_, err = readAll(t, resp)
+	require.NoError(t, err)
+	require.Len(t, waits, 1)
+	assert.Less(t, waits[0], time.Second, "the retry waited for the pushback")
+	assert.EqualValues(t, 1, b.hits.Load())
+}
+
 // A Retry-After that would end after the request's deadline gives up at
 // once and returns the upstream's answer.
 func TestRetryAfterPastDeadline(t *testing.T) {

@@ -524,6 +524,20 @@ func (e *Ejector) Ejected() []string {
 	return e.outKeys(false)
 }
 
+// Out returns the number of endpoints out now, ejected or cooling down, and
+// the time until the first of them is due back (0 if none is out). It costs
+// the same however many endpoints are out.
+func (e *Ejector) Out() (n int, next time.Duration) {
+	now := e.clock.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.sweep(now)
+	if len(e.out) == 0 {
+		return 0, 0
+	}
+	return len(e.out), e.out[0].until.Sub(now)
+}
+
 // Cooling returns the keys of the endpoints cooling down now, sorted.
 func (e *Ejector) Cooling() []string {
 	return e.outKeys(true)

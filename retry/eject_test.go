@@ -370,8 +370,14 @@ func TestEjectorCooldown(t *testing.T) {
 	if want := []time.Duration{2 * time.Second, time.Minute, time.Minute}; !slices.Equal(cooled, want) {
 		t.Fatalf("cooldowns %v, want %v", cooled, want)
 	}
+	if n, next := e.Out(); n != 3 || next != 2*time.Second {
+		t.Fatalf("Out() = %d, %v; want 3, 2s", n, next)
+	}
 	clk.Advance(2 * time.Second)
 	e.Sweep()
+	if n, next := e.Out(); n != 2 || next != time.Minute-2*time.Second {
+		t.Fatalf("Out() = %d, %v; want 2, 58s", n, next)
+	}
 	if !healthy(b, "a") || healthy(b, "b") {
 		t.Fatal("a should be back after 2s, b not")
 	}

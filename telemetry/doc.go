@@ -48,6 +48,10 @@
 // llmlb.queue.tokens_in_flight ({token}). Tenants are not an attribute:
 // their number is unbounded.
 //
+// From a spill.Transport or a gateway with tiers to spill to, through
+// [Metrics.SpillObserver]: llmlb.spillovers ({request}, with
+// llmlb.spill.from, llmlb.spill.to and llmlb.spill.reason).
+//
 // Every measurement also carries [Config.Attributes] and, if set,
 // llmlb.policy. The two gen_ai instruments follow the OpenTelemetry semantic
 // conventions for generative AI model servers, names and bucket boundaries;

@@ -14,6 +14,7 @@ import (
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/spill"
 )
 
 // ScopeName is the instrumentation scope of the meter this package creates.
@@ -44,6 +45,7 @@ const (
 	MetricQueueWaiting      = "llmlb.queue.waiting"
 	MetricQueueInFlight     = "llmlb.queue.in_flight"
 	MetricQueueTokens       = "llmlb.queue.tokens_in_flight"
+	MetricSpillovers        = "llmlb.spillovers"
 )
 
 // Attribute keys.
@@ -62,6 +64,11 @@ const (
 	// AttrReason is why a fair queue refused a request: "full",
 	// "principal", "shed" or "deadline" (fair.Reason*).
 	AttrReason = attribute.Key("llmlb.queue.reason")
+	// AttrSpillFrom, AttrSpillTo and AttrSpillReason are a spill's tiers
+	// and reason ([spill.Event]).
+	AttrSpillFrom   = attribute.Key("llmlb.spill.from")
+	AttrSpillTo     = attribute.Key("llmlb.spill.to")
+	AttrSpillReason = attribute.Key("llmlb.spill.reason")
 )
 
 // The classes and refusal reasons of a fair queue, in the order of their
@@ -125,6 +132,7 @@ type Metrics struct {
 	rejected  metric.Int64Counter
 	qwait     metric.Float64Histogram
 	qrefused  metric.Int64Counter
+	spills    metric.Int64Counter
 
 	outstanding metric.Int64ObservableGauge
 	queued      metric.Int64ObservableGauge
@@ -140,6 +148,8 @@ type Metrics struct {
 	cachedN   atomic.Int64 // entries in endpoints
 	errSets   sync.Map     // error type -> metric.MeasurementOption
 	errSetsN  atomic.Int64 // entries in errSets
+	spillSets sync.Map     // spill.Event -> []metric.AddOption
+	spillN    atomic.Int64 // entries in spillSets
 	scopes    [2]metric.MeasurementOption
 	classes   [len(queueClasses)][]metric.RecordOption                 // by class
 	refusals  [len(queueClasses)][len(queueReasons)][]metric.AddOption // by class and reason
@@ -234,6 +244,7 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	counter(&m.cooldowns, MetricCooldowns, "{cooldown}", "Endpoints taken out for the wait an overload answer asked, by endpoint.")
 	counter(&m.rejected, MetricAdmissionRejected, "{request}", "Requests refused by admission control, by the cap that refused them.")
 	counter(&m.qrefused, MetricQueueRefusals, "{request}", "Requests a fair queue refused, by priority class and reason.")
+	counter(&m.spills, MetricSpillovers, "{request}", "Requests moved from one tier to the next, by tiers and reason.")
 	mk(func() (e error) {
 		m.qwait, e = mt.Float64Histogram(MetricQueueWait, metric.WithUnit("s"),
 			metric.WithDescription("Time a request waited in a fair queue before admission, by priority class."),
@@ -302,6 +313,24 @@ func classIndex(c fair.Class) int {
 		return 2
 	}
 	return 1
+}
+
+// SpillObserver returns the function to set as a spill.Config's Observer
+// (or a gateway.Config's SpillObserver): every spill counts in
+// llmlb.spillovers, by tiers and reason.
+func (m *Metrics) SpillObserver() func(spill.Event) { return m.spill }
+
+func (m *Metrics) spill(e spill.Event) {
+	var opts []metric.AddOption
+	if o, ok := m.spillSets.Load(e); ok {
+		opts = o.([]metric.AddOption)
+	} else {
+		opts = []metric.AddOption{m.with(AttrSpillFrom.String(e.From), AttrSpillTo.String(e.To), AttrSpillReason.String(string(e.Reason)))}
+		if m.spillN.Add(1) <= maxErrorTypes*16 {
+			m.spillSets.Store(e, opts)
+		}
+	}
+	m.spills.Add(context.Background(), 1, opts...)
 }
 
 // QueueObserver returns the functions to set as a fair queue's

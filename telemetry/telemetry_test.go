@@ -16,6 +16,7 @@ import (
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/spill"
 	"github.com/llmlb/llmlb/telemetry"
 )
 
@@ -405,6 +406,21 @@ func TestQueueInstruments(t *testing.T) {
 	}
 	if _, err := m.WatchQueue(nil); err == nil {
 		t.Error("WatchQueue(nil): no error")
+	}
+}
+
+func TestSpillInstrument(t *testing.T) {
+	m, reader := setup(t)
+	obs := m.SpillObserver()
+	obs(spill.Event{From: "ptu", To: "paygo", Reason: spill.Throttled})
+	obs(spill.Event{From: "ptu", To: "paygo", Reason: spill.Throttled})
+	obs(spill.Event{From: "ptu", To: "paygo", Reason: spill.Cooling})
+	data := collect(t, reader)
+	if got := sums(t, data, telemetry.MetricSpillovers, telemetry.AttrSpillReason); got["throttled"] != 2 || got["cooling"] != 1 {
+		t.Errorf("spillovers by reason = %v, want throttled:2 cooling:1", got)
+	}
+	if got := sums(t, data, telemetry.MetricSpillovers, telemetry.AttrSpillFrom); got["ptu"] != 3 {
+		t.Errorf("spillovers by tier = %v, want ptu:3", got)
 	}
 }
 

@@ -59,6 +59,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	budget := fs.Int("token-budget", sim.DefaultTokenBudget, "tokens per iteration (chunked prefill)")
 	maxRunning := fs.Int("max-running", sim.DefaultMaxRunning, "maximum sequences in the running batch")
 	maxWaiting := fs.Int("max-waiting", 0, "answer 429 when this many requests wait (0: no cap)")
+	rpm := fs.Int("rpm", 0, "emulate a managed API's rate limit: requests per minute, with OpenAI's x-ratelimit headers and 429 + Retry-After past it (0: none)")
+	maxModelLen := fs.Int("max-model-len", 0, "context length: a longer prompt plus output gets 400 in vLLM's words (0: the KV cache's size)")
 	kvPort := fs.Int("kv-events-port", 0, "publish engine i's KV events over ZMQ on this port + i, replay on this port + i + 1000 (0: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -86,10 +88,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			KVBlocks:    *kvBlocks,
 			BlockSize:   *blockSize,
 		},
-		Speedup:          *speedup,
-		Model:            *model,
-		DefaultMaxTokens: *maxTokens,
-		MaxWaiting:       *maxWaiting,
+		Speedup:           *speedup,
+		Model:             *model,
+		DefaultMaxTokens:  *maxTokens,
+		MaxWaiting:        *maxWaiting,
+		RequestsPerMinute: *rpm,
+		MaxModelLen:       *maxModelLen,
 	}
 	if *kvPort < 0 || *kvPort > 0 && *kvPort+len(addrs)-1+1000 > 65535 {
 		return fmt.Errorf("-kv-events-port %d out of range for %d engines", *kvPort, len(addrs))

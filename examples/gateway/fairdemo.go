@@ -187,7 +187,7 @@ func startDemo(o options, n int, engines engine.Config) (c *e2e.Cluster, base st
 	if c, err = e2e.StartCluster(n, engines); err != nil {
 		return nil, "", nil, err
 	}
-	g, _, err := newGateway(c.URLs, o, nil)
+	g, runners, err := newGateway(c.URLs, o, nil)
 	if err != nil {
 		c.Close()
 		return nil, "", nil, err
@@ -198,11 +198,16 @@ func startDemo(o options, n int, engines engine.Config) (c *e2e.Cluster, base st
 		return nil, "", nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, r := range runners {
+		wg.Go(func() { _ = r.Run(ctx) })
+	}
 	served := make(chan error, 1)
 	go func() { served <- serve(ctx, g, l) }()
 	return c, "http://" + l.Addr().String(), func() {
 		cancel()
 		<-served
+		wg.Wait()
 		c.Close()
 	}, nil
 }

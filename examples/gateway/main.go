@@ -13,6 +13,16 @@
 //	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003,http://127.0.0.1:8004
 //	go run ./examples/gateway -demo
 //	go run ./examples/gateway -demo-fair
+//	go run ./examples/gateway -demo-spill
+//
+// With -spill-to, requests the replicas cannot take (429, a full queue,
+// 5xx, a context-length 400) spill to a second tier, such as a managed
+// provider's deployments (package spill); the llmlb-engine's -rpm emulates
+// one:
+//
+//	go run ./cmd/llmlb-engine -ports 8001,8002 -max-waiting 2 -speedup 4 &
+//	go run ./cmd/llmlb-engine -ports 8101 -rpm 600 -max-running 64 -speedup 4 &
+//	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002 -spill-to http://127.0.0.1:8101
 //
 // Several replicas of the gateway in front of the same engines share their
 // requests in flight and routed prefixes over NATS with -nats (package
@@ -64,6 +74,7 @@ import (
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
 	"github.com/llmlb/llmlb/sim"
+	"github.com/llmlb/llmlb/spill"
 	"github.com/llmlb/llmlb/telemetry"
 )
 
@@ -79,13 +90,14 @@ type options struct {
 	kvReplay      []string // replay address of each, or none
 	model         string   // the model the engines serve, which salts the events' blocks
 	share         *share.Config
-	fairInFlight  int    // -fair: the fair queue's concurrency cap
-	tenantHeader  string // trusted tenant header
-	featureHeader string // trusted header naming the kind of request
-	predict       bool   // learn output lengths
-	classHeader   string // trusted priority-class header
-	kvRelay       bool   // relay the -kv-events engines' events onto NATS
-	kvFromNATS    bool   // follow the engines' events relayed on NATS
+	fairInFlight  int      // -fair: the fair queue's concurrency cap
+	tenantHeader  string   // trusted tenant header
+	featureHeader string   // trusted header naming the kind of request
+	predict       bool     // learn output lengths
+	classHeader   string   // trusted priority-class header
+	kvRelay       bool     // relay the -kv-events engines' events onto NATS
+	kvFromNATS    bool     // follow the engines' events relayed on NATS
+	spillTo       []string // base URLs of a managed provider's deployments to spill to
 }
 
 func main() {
@@ -123,6 +135,8 @@ func run(args []string) error {
 	fs.BoolVar(&o.kvRelay, "kv-relay", false, "with -nats and -kv-events: publish the engines' KV events on NATS for the replicas started with -kv-events-nats (this one follows them from NATS too)")
 	fs.BoolVar(&o.kvFromNATS, "kv-events-nats", false, "with -nats: follow the engines' KV events that a replica started with -kv-relay publishes on NATS")
 	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
+	spillTo := fs.String("spill-to", "", "comma-separated base URLs of a second tier (a managed provider's deployments) that requests spill to when the replicas answer 429, a full queue, 5xx or a context-length 400; spilled responses carry X-Llmlb-Spillover-From")
+	demoSpill := fs.Bool("demo-spill", false, "send a burst to 2 small emulated engines, without and then with an emulated rate-limited provider to spill to, and exit")
 	demoFair := fs.Bool("demo-fair", false, "compare a heavy and a light tenant's service on emulated engines, without and with -fair (default: the engines' slots), and exit")
 	requests := fs.Int("requests", 400, "demo: requests per policy")
 	rate := fs.Float64("rate", 70, "demo: arrivals per second")
@@ -137,6 +151,13 @@ func run(args []string) error {
 	if *demo {
 		o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 		return runDemo(o, *requests, *rate)
+	}
+	if *spillTo != "" {
+		o.spillTo = strings.Split(*spillTo, ",")
+	}
+	if *demoSpill {
+		o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		return runSpillDemo(os.Stdout, o, spillDemoLoad)
 	}
 	if *demoFair {
 		if o.fairInFlight < 0 {
@@ -241,6 +262,9 @@ func run(args []string) error {
 		o.log.Info("sharing state over NATS", "url", *natsURL, "subject", o.share.Subject, "id", g.State().Share.ID)
 	}
 	o.log.Info("gateway serving", "addr", "http://"+l.Addr().String(), "policy", o.policy, "backends", *backends)
+	if len(o.spillTo) > 0 {
+		o.log.Info("spilling to a second tier", "backends", *spillTo)
+	}
 	return serve(ctx, g, l)
 }
 
@@ -375,6 +399,25 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 	}
 	if metrics != nil {
 		cfg.Observer, cfg.RetryObserver = metrics.Observer(), metrics.RetryObserver()
+	}
+	if len(o.spillTo) > 0 {
+		// A managed provider: no /metrics to scrape and no prefix cache to
+		// aim at, so the least outstanding requests; its deployments' 429s
+		// cool them down for the Retry-After they ask.
+		provider, err := gateway.New(o.spillTo, gateway.Config{
+			Policy:         llmlb.LeastOutstanding(),
+			ScrapeInterval: -1,
+			Parser:         parser,
+			Logger:         o.log,
+		})
+		if err != nil {
+			return nil, nil, fmt.Errorf("-spill-to: %w", err)
+		}
+		runners = append(runners, provider)
+		cfg.Name, cfg.SpillTo = "self-hosted", []spill.Tier{provider.Tier("provider")}
+		if metrics != nil {
+			cfg.SpillObserver = metrics.SpillObserver()
+		}
 	}
 	g, err := gateway.New(backends, cfg)
 	if err != nil {

@@ -58,3 +58,42 @@ func TestDemoFair(t *testing.T) {
 		t.Errorf("light tenant's TTFT p50: %v with the fair queue, %v without: want at least 3 times lower", after, before)
 	}
 }
+
+// TestDemoSpill runs a short -demo-spill over loopback: without a second
+// tier the burst gets 429s; with the emulated provider to spill to, none,
+// the spilled responses are marked, and once the burst is over requests
+// stay on the self-hosted engines again.
+func TestDemoSpill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the emulated engines in real time for several seconds")
+	}
+	load := spillDemoLoad
+	load.Burst.Requests, load.Burst.Rate = 200, 80
+	o := options{policy: "default", log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		scrape: 100 * time.Millisecond, slots: spillDemoEngine.Engine.MaxRunning}
+	alone, err := spillRun(o, load, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spilled, err := spillRun(o, load, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("alone: %d/%d complete, %d 429; with the provider: %d/%d complete, %d 429, %d spilled; after: %d spilled",
+		alone.Burst.Count((*e2e.Outcome).Complete), len(alone.Burst.Outcomes), alone.Burst.Count(throttled),
+		spilled.Burst.Count((*e2e.Outcome).Complete), len(spilled.Burst.Outcomes), spilled.Burst.Count(throttled),
+		spilled.BurstSpilled, spilled.TrickleSpilled)
+	if alone.Burst.Count(throttled) == 0 {
+		t.Fatal("the burst did not overload the self-hosted engines: nothing to spill")
+	}
+	if n := spilled.Burst.Count((*e2e.Outcome).Complete); n != len(spilled.Burst.Outcomes) || spilled.Burst.Count(throttled) != 0 {
+		t.Errorf("with the provider: %d of %d complete, %d 429; want all complete", n, len(spilled.Burst.Outcomes), spilled.Burst.Count(throttled))
+	}
+	if spilled.BurstSpilled == 0 || spilled.BurstSpilled == int64(len(spilled.Burst.Outcomes)) {
+		t.Errorf("%d of %d burst responses marked as spilled; want some, not all", spilled.BurstSpilled, len(spilled.Burst.Outcomes))
+	}
+	if spilled.TrickleSpilled != 0 || spilled.Trickle.Count((*e2e.Outcome).Complete) != len(spilled.Trickle.Outcomes) {
+		t.Errorf("after the burst: %d spilled, %d of %d complete; want none spilled, all complete",
+			spilled.TrickleSpilled, spilled.Trickle.Count((*e2e.Outcome).Complete), len(spilled.Trickle.Outcomes))
+	}
+}

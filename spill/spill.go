@@ -1,0 +1,492 @@
+// Package spill sends each request to the first of an ordered list of tiers
+// that can take it, and spills it to the next tier on an explicit trigger:
+// a provisioned deployment first, pay-as-you-go next, another provider
+// last; or a self-hosted pool first and a managed API behind it.
+//
+// A [Tier] is an [http.RoundTripper], usually an httplb.Transport over the
+// tier's own balancer (which retries within the tier first, and whose
+// retry.Ejector cools down each endpoint that asks for a wait). A
+// [Transport] tries the tiers in order and moves a request on when its
+// tier answers it with one of the triggers [DefaultSpill] names:
+//
+//   - [Throttled]: HTTP 429, once the tier's own retries are spent;
+//   - [Overloaded]: the tier's admission caps or fair queue refused the
+//     request (an error wrapping retry.ErrOverloaded), or HTTP 503 asking
+//     for a wait;
+//   - [ContextLength]: HTTP 400 saying the prompt exceeds the model's
+//     context, which a tier with a longer context may serve;
+//   - [ServerError]: HTTP 5xx;
+//   - [Unreachable]: the tier could not be reached (a transport error).
+//
+// A tier is skipped while it is not ready ([Cooling]): when its
+// [Tier.Ready] says so (a gateway's tier is not ready while every one of its
+// endpoints cools down after the waits they asked for), or, for a tier
+// without Ready, such as a single managed endpoint, for the wait its last
+// answer asked (Retry-After or a rate-limit reset on a 429 or 503, or the
+// reset of a rate-limit window with nothing remaining,
+// x-ratelimit-remaining-requests or -tokens at 0, on any answer), at most
+// [Config.MaxCooldown]. Requests come back to it as soon as it is ready.
+// When every tier is cooling, the request is refused at once with a
+// *retry.OverloadError suggesting the shortest remaining wait (a 429 with
+// Retry-After from httplb's error handler), rather than sent to a tier that
+// asked to be left alone. The last tier's answer is returned whatever it
+// is.
+//
+// A spilled response carries the header [DefaultHeader] naming the first
+// tier the request left (as Azure OpenAI's spillover marks its responses),
+// and [Config.Observer] is told of every spill, for metrics (package
+// telemetry provides one).
+//
+// The request body is read once and replayed to each tier, up to
+// [Config.MaxBodyBytes]. Responses are never spilled once returned: a
+// streamed response belongs to the tier that started it.
+package spill
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/retry"
+)
+
+// Defaults of [Config].
+const (
+	// DefaultHeader names the response header that marks a spilled
+	// response with the first tier the request left.
+	DefaultHeader = "X-Llmlb-Spillover-From"
+	// DefaultMaxCooldown caps the wait a tier may ask for.
+	DefaultMaxCooldown = 5 * time.Minute
+	// DefaultMaxBodyBytes bounds the request body kept for replay.
+	DefaultMaxBodyBytes = 32 << 20
+)
+
+// maxPeekBytes bounds what is read of a 400 answer's body to tell a
+// context-length error, and of a spilled answer's body to reuse its
+// connection.
+const maxPeekBytes = 64 << 10
+
+// ErrInvalidConfig wraps the configuration errors of [New].
+var ErrInvalidConfig = errors.New("spill: invalid config")
+
+// Reason says why a request left a tier.
+type Reason string
+
+// The reasons of a spill.
+const (
+	Throttled     Reason = "throttled"
+	Overloaded    Reason = "overloaded"
+	ContextLength Reason = "context_length"
+	ServerError   Reason = "server_error"
+	Unreachable   Reason = "unreachable"
+	// Cooling: the tier was skipped, since it asked for a wait that has not
+	// passed.
+	Cooling Reason = "cooling"
+)
+
+// Tier is one group of backends.
+type Tier struct {
+	// Name identifies the tier in the spill header, to the observer and in
+	// errors. Required and unique; it should be a short token.
+	Name string
+	// Transport sends a request to the tier. Required.
+	Transport http.RoundTripper
+	// Ready, if set, reports whether the tier may take a request now and,
+	// if not, the time until it may: for example, not while every endpoint
+	// of the tier is cooling down after the waits they asked for
+	// (gateway.Gateway.Tier reads its retry.Ejector). A tier that is not
+	// ready is skipped without a request. With Ready, the tier's answers
+	// do not cool it down: it knows its endpoints better. nil means the
+	// waits its answers ask for decide, as for a single backend.
+	Ready func() (bool, time.Duration)
+}
+
+// Event is one spill, as [Config.Observer] is told of it.
+type Event struct {
+	// From is the tier the request left; To the tier it goes to next.
+	From, To string
+	// Reason says why.
+	Reason Reason
+}
+
+// Clock tells the time.
+type Clock interface {
+	Now() time.Time
+}
+
+// Config configures a [Transport].
+type Config struct {
+	// Tiers, in order of preference. At least one is required.
+	Tiers []Tier
+	// Spill decides whether a tier's answer moves the request to the next
+	// tier, and why: resp and err are what the tier's Transport returned.
+	// It must not consume resp.Body beyond what it restores. nil means
+	// [DefaultSpill].
+	Spill func(resp *http.Response, err error) (Reason, bool)
+	// MaxCooldown caps the time a tier asking for a wait is skipped; a
+	// longer wait asked is capped, not ignored. 0 means
+	// [DefaultMaxCooldown]; a negative value never skips a tier.
+	MaxCooldown time.Duration
+	// MaxBodyBytes bounds the request body kept for replay; a larger body
+	// fails with an error wrapping httplb.ErrBodyTooLarge (413 from httplb's
+	// error handler). 0 means [DefaultMaxBodyBytes].
+	MaxBodyBytes int64
+	// Header names the response header that marks a spilled response. ""
+	// means [DefaultHeader].
+	Header string
+	// Observer, if set, is called for every spill, synchronously; it must
+	// be safe for concurrent use and must not block.
+	Observer func(Event)
+	// Clock tells the time; nil means the system clock.
+	Clock Clock
+}
+
+// Transport is an [http.RoundTripper] over ordered tiers; see the package
+// documentation. Create one with [New]. It is safe for concurrent use.
+type Transport struct {
+	tiers    []Tier
+	spill    func(*http.Response, error) (Reason, bool)
+	cooldown time.Duration
+	maxBody  int64
+	header   string
+	observer func(Event)
+	clock    Clock
+
+	mu    sync.Mutex
+	until []time.Time // per tier: the end of its cooldown
+}
+
+// New returns a Transport configured by cfg, or an error wrapping
+// [ErrInvalidConfig].
+func New(cfg Config) (*Transport, error) {
+	if len(cfg.Tiers) == 0 {
+		return nil, fmt.Errorf("%w: no tiers", ErrInvalidConfig)
+	}
+	seen := make(map[string]bool, len(cfg.Tiers))
+	for i, t := range cfg.Tiers {
+		switch {
+		case t.Name == "":
+			return nil, fmt.Errorf("%w: tier %d has no name", ErrInvalidConfig, i)
+		case seen[t.Name]:
+			return nil, fmt.Errorf("%w: tier name %q used twice", ErrInvalidConfig, t.Name)
+		case t.Transport == nil:
+			return nil, fmt.Errorf("%w: tier %q has no Transport", ErrInvalidConfig, t.Name)
+		}
+		seen[t.Name] = true
+	}
+	if cfg.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, cfg.MaxBodyBytes)
+	}
+	t := &Transport{
+		tiers:    append([]Tier(nil), cfg.Tiers...),
+		spill:    cfg.Spill,
+		cooldown: cfg.MaxCooldown,
+		maxBody:  cfg.MaxBodyBytes,
+		header:   cfg.Header,
+		observer: cfg.Observer,
+		clock:    cfg.Clock,
+		until:    make([]time.Time, len(cfg.Tiers)),
+	}
+	if t.spill == nil {
+		t.spill = DefaultSpill
+	}
+	if t.cooldown == 0 {
+		t.cooldown = DefaultMaxCooldown
+	}
+	if t.maxBody == 0 {
+		t.maxBody = DefaultMaxBodyBytes
+	}
+	if t.header == "" {
+		t.header = DefaultHeader
+	}
+	if t.clock == nil {
+		t.clock = systemClock{}
+	}
+	return t, nil
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// RoundTrip sends r to the first tier that is not cooling, and on to the
+// next while the answer is a trigger of [Config.Spill]. It returns the
+// answer of the tier that kept the request, marked with the spill header if
+// it is not the first tier tried, or the last tier's answer. When every
+// tier is cooling it returns a *retry.OverloadError. A body larger than
+// MaxBodyBytes fails with an error wrapping httplb.ErrBodyTooLarge.
+func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
+	body, err := t.readBody(r)
+	if err != nil {
+		return nil, err
+	}
+	now := t.clock.Now()
+	start, wait := t.firstReady(now)
+	if start < 0 {
+		return nil, fmt.Errorf("spill: every tier asked to wait: %w",
+			&retry.OverloadError{Scope: "spill", RetryAfter: wait})
+	}
+	from := ""
+	if start > 0 {
+		from = t.tiers[0].Name
+		for i := range start {
+			t.notify(Event{From: t.tiers[i].Name, To: t.tiers[start].Name, Reason: Cooling})
+		}
+	}
+	for i := start; ; {
+		resp, err := t.tiers[i].Transport.RoundTrip(withBody(r, body))
+		next := t.nextReady(i+1, t.clock.Now())
+		if t.tiers[i].Ready == nil {
+			if d := t.pushback(resp, t.clock.Now()); d > 0 {
+				t.cool(i, d)
+			}
+		}
+		reason, spill := Reason(""), false
+		if next >= 0 {
+			reason, spill = t.spill(resp, err)
+		}
+		if !spill {
+			if resp != nil && from != "" {
+				resp.Header.Set(t.header, from)
+			}
+			return resp, err
+		}
+		discard(resp)
+		if from == "" {
+			from = t.tiers[i].Name
+		}
+		t.notify(Event{From: t.tiers[i].Name, To: t.tiers[next].Name, Reason: reason})
+		for j := i + 1; j < next; j++ {
+			t.notify(Event{From: t.tiers[j].Name, To: t.tiers[next].Name, Reason: Cooling})
+		}
+		if r.Context().Err() != nil {
+			return nil, r.Context().Err()
+		}
+		i = next
+	}
+}
+
+// Cooling returns the names of the tiers skipped now: those not ready, or
+// waiting out a wait they asked for.
+func (t *Transport) Cooling() []string {
+	now := t.clock.Now()
+	var names []string
+	for i := range t.tiers {
+		if ok, _ := t.ready(i, now); !ok {
+			names = append(names, t.tiers[i].Name)
+		}
+	}
+	return names
+}
+
+// readBody reads r's body for replay, or returns nil if it has none.
+func (t *Transport) readBody(r *http.Request) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	defer r.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(r.Body, t.maxBody+1))
+	if err != nil {
+		return nil, fmt.Errorf("spill: reading the request body: %w", err)
+	}
+	if int64(len(b)) > t.maxBody {
+		return nil, fmt.Errorf("spill: %w (more than %d bytes)", httplb.ErrBodyTooLarge, t.maxBody)
+	}
+	return b, nil
+}
+
+// withBody returns a shallow copy of r whose body is a fresh reader of
+// body.
+func withBody(r *http.Request, body []byte) *http.Request {
+	c := r.Clone(r.Context())
+	if body == nil {
+		return c
+	}
+	c.Body = io.NopCloser(bytes.NewReader(body))
+	c.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	c.ContentLength = int64(len(body))
+	return c
+}
+
+// ready reports whether tier i may take a request at now and, if not, the
+// time until it may.
+func (t *Transport) ready(i int, now time.Time) (bool, time.Duration) {
+	if f := t.tiers[i].Ready; f != nil {
+		return f()
+	}
+	t.mu.Lock()
+	u := t.until[i]
+	t.mu.Unlock()
+	if !now.Before(u) {
+		return true, 0
+	}
+	return false, u.Sub(now)
+}
+
+// firstReady returns the first tier ready at now, or -1 and the shortest
+// remaining wait if none is.
+func (t *Transport) firstReady(now time.Time) (int, time.Duration) {
+	wait := time.Duration(-1)
+	for i := range t.tiers {
+		ok, d := t.ready(i, now)
+		if ok {
+			return i, 0
+		}
+		if wait < 0 || d < wait {
+			wait = d
+		}
+	}
+	return -1, max(wait, 0)
+}
+
+// nextReady returns the first tier from i on that is ready at now, or -1.
+func (t *Transport) nextReady(i int, now time.Time) int {
+	for ; i < len(t.tiers); i++ {
+		if ok, _ := t.ready(i, now); ok {
+			return i
+		}
+	}
+	return -1
+}
+
+// cool skips tier i for d from now, or until the end of a longer cooldown
+// already set.
+func (t *Transport) cool(i int, d time.Duration) {
+	until := t.clock.Now().Add(d)
+	t.mu.Lock()
+	if until.After(t.until[i]) {
+		t.until[i] = until
+	}
+	t.mu.Unlock()
+}
+
+// noPushbackLimit reads every wait asked, so that a long one is capped
+// rather than ignored.
+const noPushbackLimit = time.Duration(1<<63 - 1)
+
+// The rate-limit headers of OpenAI and Azure OpenAI (and of the providers
+// that copy them): what remains of the current window, and when it resets.
+const (
+	headerRemainingRequests = "X-Ratelimit-Remaining-Requests"
+	headerRemainingTokens   = "X-Ratelimit-Remaining-Tokens"
+)
+
+// pushback returns the wait a tier's answer asks for, capped at
+// MaxCooldown, or 0 if none or if cooldowns are off: that of an overload
+// answer (429, or 503) read by retry.FromHeader, or, for any other answer,
+// the reset of a rate-limit window with nothing remaining, so that the
+// tier is skipped before it refuses.
+func (t *Transport) pushback(resp *http.Response, now time.Time) time.Duration {
+	if t.cooldown < 0 || resp == nil {
+		return 0
+	}
+	var p retry.Pushback
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
+		p = retry.FromHeader(resp.Header, now, noPushbackLimit)
+	default:
+		h := resp.Header
+		if strings.TrimSpace(h.Get(headerRemainingRequests)) == "0" {
+			p = retry.ParseRateLimitReset(h.Get(retry.HeaderResetRequests), now, noPushbackLimit)
+		}
+		if strings.TrimSpace(h.Get(headerRemainingTokens)) == "0" {
+			if q := retry.ParseRateLimitReset(h.Get(retry.HeaderResetTokens), now, noPushbackLimit); q.Kind == retry.RetryLater && (p.Kind != retry.RetryLater || q.Delay > p.Delay) {
+				p = q
+			}
+		}
+	}
+	if p.Kind != retry.RetryLater || p.Delay <= 0 {
+		return 0
+	}
+	return min(p.Delay, t.cooldown)
+}
+
+func (t *Transport) notify(e Event) {
+	if t.observer != nil {
+		t.observer(e)
+	}
+}
+
+// discard drains a little of a spilled answer's body, so that its
+// connection may be reused, and closes it.
+func discard(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxPeekBytes))
+	_ = resp.Body.Close()
+}
+
+// DefaultSpill spills on HTTP 429; on an error wrapping retry.ErrOverloaded
+// (the tier's admission or queue is full) or HTTP 503 with a wait asked
+// (Retry-After or a rate-limit reset); on HTTP 400 whose error says the
+// prompt exceeds the model's context (OpenAI's context_length_exceeded,
+// vLLM's "maximum context length", Anthropic's "prompt is too long"); on
+// any other HTTP 5xx; and on a transport error, unless the request's own
+// context ended. Other answers, 2xx and other 4xx, stay: the next tier
+// would answer them alike.
+func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
+	if err != nil {
+		switch {
+		case errors.Is(err, retry.ErrOverloaded):
+			return Overloaded, true
+		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			return "", false
+		case errors.Is(err, httplb.ErrBodyTooLarge):
+			return "", false
+		}
+		return Unreachable, true
+	}
+	switch code := resp.StatusCode; {
+	case code == http.StatusTooManyRequests:
+		return Throttled, true
+	case code == http.StatusServiceUnavailable && retry.FromHeader(resp.Header, time.Now(), noPushbackLimit).Kind == retry.RetryLater:
+		return Overloaded, true
+	case code >= 500:
+		return ServerError, true
+	case code == http.StatusBadRequest && isContextLength(resp):
+		return ContextLength, true
+	}
+	return "", false
+}
+
+// contextLengthMarks are what the engines and providers say when a prompt
+// is beyond the model's context, lower-cased.
+var contextLengthMarks = []string{
+	"context_length_exceeded",    // OpenAI's error code
+	"maximum context length",     // OpenAI's and vLLM's message
+	"prompt is too long",         // Anthropic
+	"exceeds the context window", // and similar wordings
+	"context length",
+}
+
+// isContextLength reports whether resp, a 400, says the prompt exceeds the
+// model's context. It reads at most maxPeekBytes of the body and puts them
+// back in front of the rest.
+func isContextLength(resp *http.Response) bool {
+	if resp.Body == nil {
+		return false
+	}
+	head, err := io.ReadAll(io.LimitReader(resp.Body, maxPeekBytes))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	if err != nil {
+		return false
+	}
+	s := strings.ToLower(string(head))
+	for _, m := range contextLengthMarks {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,362 @@
+package spill
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/retry"
+)
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// tier is a fake tier: it records the bodies it was sent and answers with
+// its next answer function.
+type tier struct {
+	mu     sync.Mutex
+	bodies []string
+	answer func(r *http.Request) (*http.Response, error)
+}
+
+func (f *tier) RoundTrip(r *http.Request) (*http.Response, error) {
+	var b []byte
+	if r.Body != nil {
+		b, _ = io.ReadAll(r.Body)
+	}
+	f.mu.Lock()
+	f.bodies = append(f.bodies, string(b))
+	answer := f.answer
+	f.mu.Unlock()
+	return answer(r)
+}
+
+func (f *tier) sent() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.bodies)
+}
+
+func (f *tier) set(answer func(r *http.Request) (*http.Response, error)) {
+	f.mu.Lock()
+	f.answer = answer
+	f.mu.Unlock()
+}
+
+func status(code int, body string, kv ...string) func(*http.Request) (*http.Response, error) {
+	return func(r *http.Request) (*http.Response, error) {
+		h := http.Header{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			h.Set(kv[i], kv[i+1])
+		}
+		return &http.Response{StatusCode: code, Header: h, Body: io.NopCloser(strings.NewReader(body)), Request: r}, nil
+	}
+}
+
+func fail(err error) func(*http.Request) (*http.Response, error) {
+	return func(*http.Request) (*http.Response, error) { return nil, err }
+}
+
+type fixture struct {
+	t      *testing.T
+	clk    *fakeClock
+	tiers  []*tier
+	tr     *Transport
+	events []Event
+	mu     sync.Mutex
+}
+
+func newFixture(t *testing.T, n int, cfg Config) *fixture {
+	f := &fixture{t: t, clk: &fakeClock{now: time.Unix(1e9, 0)}}
+	for i := range n {
+		ft := &tier{answer: status(200, "ok")}
+		f.tiers = append(f.tiers, ft)
+		cfg.Tiers = append(cfg.Tiers, Tier{Name: fmt.Sprintf("t%d", i), Transport: ft})
+	}
+	cfg.Clock = f.clk
+	cfg.Observer = func(e Event) {
+		f.mu.Lock()
+		f.events = append(f.events, e)
+		f.mu.Unlock()
+	}
+	tr, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.tr = tr
+	return f
+}
+
+// send sends a request with body and returns the answer's status, spill
+// header and body.
+func (f *fixture) send(body string) (int, string, string, error) {
+	f.t.Helper()
+	r, _ := http.NewRequest("POST", "http://gateway/v1/chat/completions", strings.NewReader(body))
+	resp, err := f.tr.RoundTrip(r)
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get(DefaultHeader), string(b), nil
+}
+
+func (f *fixture) takeEvents() []Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.events
+	f.events = nil
+	return e
+}
+
+// A request stays on the first tier while it answers; a 429 asking for a
+// wait moves it, and the following requests, to the next tier, marked, until
+// the wait passes.
+func TestSpillOnThrottleAndComeBack(t *testing.T) {
+	f := newFixture(t, 2, Config{})
+	if code, from, _, err := f.send(`{"a":1}`); err != nil || code != 200 || from != "" {
+		t.Fatalf("first tier: %d %q %v", code, from, err)
+	}
+	f.tiers[0].set(status(429, "slow down", "Retry-After", "10"))
+	code, from, body, err := f.send(`{"b":2}`)
+	if err != nil || code != 200 || from != "t0" || body != "ok" {
+		t.Fatalf("spilled: %d from %q body %q %v", code, from, body, err)
+	}
+	if got := f.tiers[1].bodies; !slices.Equal(got, []string{`{"b":2}`}) {
+		t.Fatalf("second tier got %q, want the same body", got)
+	}
+	if ev := f.takeEvents(); !slices.Equal(ev, []Event{{From: "t0", To: "t1", Reason: Throttled}}) {
+		t.Fatalf("events %v", ev)
+	}
+	if got := f.tr.Cooling(); !slices.Equal(got, []string{"t0"}) {
+		t.Fatalf("cooling %v, want [t0]", got)
+	}
+	// While t0 cools, requests go straight to t1, still marked.
+	sent := f.tiers[0].sent()
+	if code, from, _, _ := f.send(`{}`); code != 200 || from != "t0" || f.tiers[0].sent() != sent {
+		t.Fatalf("during the cooldown: %d from %q, t0 sent %d (was %d)", code, from, f.tiers[0].sent(), sent)
+	}
+	if ev := f.takeEvents(); !slices.Equal(ev, []Event{{From: "t0", To: "t1", Reason: Cooling}}) {
+		t.Fatalf("events %v", ev)
+	}
+	// Capacity is back when the wait has passed.
+	f.tiers[0].set(status(200, "ok"))
+	f.clk.Advance(10 * time.Second)
+	if code, from, _, _ := f.send(`{}`); code != 200 || from != "" || f.tiers[0].sent() != sent+1 {
+		t.Fatalf("after the cooldown: %d from %q", code, from)
+	}
+}
+
+// Each trigger of DefaultSpill spills, and nothing else does.
+func TestDefaultTriggers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer func(*http.Request) (*http.Response, error)
+		reason Reason // "" = stays
+	}{
+		{"429 without a wait", status(429, ""), Throttled},
+		{"admission full", fail(fmt.Errorf("httplb: %w", &retry.OverloadError{Scope: "global"})), Overloaded},
+		{"503 asking for a wait", status(503, "", "Retry-After", "1"), Overloaded},
+		{"503", status(503, ""), ServerError},
+		{"500", status(500, ""), ServerError},
+		{"OpenAI context length", status(400, `{"error":{"code":"context_length_exceeded","message":"..."}}`), ContextLength},
+		{"vLLM context length", status(400, `{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens"}`), ContextLength},
+		{"Anthropic context length", status(400, `{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}`), ContextLength},
+		{"connection refused", fail(errors.New("dial tcp: connection refused")), Unreachable},
+		{"another 400", status(400, `{"error":{"message":"bad temperature"}}`), ""},
+		{"401", status(401, ""), ""},
+		{"200", status(200, "ok"), ""},
+		{"caller gone", fail(context.Canceled), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, 2, Config{})
+			f.tiers[0].set(tc.answer)
+			code, from, body, err := f.send(`{}`)
+			ev := f.takeEvents()
+			if tc.reason == "" {
+				if from != "" || len(ev) != 0 || f.tiers[1].sent() != 0 {
+					t.Fatalf("spilled (%v) on an answer that should stay", ev)
+				}
+				if code == 400 && !strings.Contains(body, "bad temperature") {
+					t.Fatalf("the 400's body was not kept whole: %q", body)
+				}
+				return
+			}
+			if err != nil || code != 200 || from != "t0" || !slices.Equal(ev, []Event{{From: "t0", To: "t1", Reason: tc.reason}}) {
+				t.Fatalf("got %d from %q, %v, events %v; want a spill for %s", code, from, err, ev, tc.reason)
+			}
+		})
+	}
+}
+
+// The last tier's answer is returned whatever it is, marked if the request
+// spilled; when every tier asks for a wait, requests are refused at once
+// with the shortest wait.
+func TestEveryTierCooling(t *testing.T) {
+	f := newFixture(t, 2, Config{MaxCooldown: time.Minute})
+	f.tiers[0].set(status(429, "", "Retry-After", "86400")) // capped at a minute
+	f.tiers[1].set(status(429, "t1 full", "Retry-After", "20"))
+	code, from, body, err := f.send(`{}`)
+	if err != nil || code != 429 || from != "t0" || body != "t1 full" {
+		t.Fatalf("last tier's answer: %d from %q %q %v", code, from, body, err)
+	}
+	sent0, sent1 := f.tiers[0].sent(), f.tiers[1].sent()
+	_, _, _, err = f.send(`{}`)
+	var oe *retry.OverloadError
+	if !errors.As(err, &oe) || oe.RetryAfter != 20*time.Second {
+		t.Fatalf("every tier cooling: %v, want an OverloadError with RetryAfter 20s", err)
+	}
+	if f.tiers[0].sent() != sent0 || f.tiers[1].sent() != sent1 {
+		t.Fatal("a request was sent to a tier that asked to wait")
+	}
+	f.clk.Advance(20 * time.Second)
+	f.tiers[1].set(status(200, "ok"))
+	if code, from, _, err := f.send(`{}`); err != nil || code != 200 || from != "t0" {
+		t.Fatalf("t1 back: %d from %q %v", code, from, err)
+	}
+	f.clk.Advance(40 * time.Second) // the minute cap on t0's day-long wait
+	f.tiers[0].set(status(200, "ok"))
+	if code, from, _, err := f.send(`{}`); err != nil || code != 200 || from != "" {
+		t.Fatalf("t0 back after the cap: %d from %q %v", code, from, err)
+	}
+}
+
+// A tier whose rate-limit window has nothing left is skipped until it
+// resets, before it refuses anything; the answer that says so is kept.
+func TestQuotaExhausted(t *testing.T) {
+	f := newFixture(t, 2, Config{})
+	f.tiers[0].set(status(200, "last one", "X-Ratelimit-Remaining-Requests", "0", "X-Ratelimit-Reset-Requests", "2s",
+		"X-Ratelimit-Remaining-Tokens", "1000", "X-Ratelimit-Reset-Tokens", "1m0s"))
+	if code, from, body, _ := f.send(`{}`); code != 200 || from != "" || body != "last one" {
+		t.Fatalf("the answer with no quota left: %d from %q %q", code, from, body)
+	}
+	if got := f.tr.Cooling(); !slices.Equal(got, []string{"t0"}) {
+		t.Fatalf("cooling %v, want [t0] until the window resets", got)
+	}
+	if _, from, _, _ := f.send(`{}`); from != "t0" {
+		t.Fatal("not spilled while the window is spent")
+	}
+	f.clk.Advance(2 * time.Second)
+	f.tiers[0].set(status(200, "ok"))
+	if _, from, _, _ := f.send(`{}`); from != "" {
+		t.Fatal("still spilled after the window reset")
+	}
+}
+
+func TestBodies(t *testing.T) {
+	f := newFixture(t, 2, Config{MaxBodyBytes: 8})
+	if _, _, _, err := f.send(`{"0123456789"}`); !errors.Is(err, httplb.ErrBodyTooLarge) {
+		t.Fatalf("a body over the cap: %v, want httplb.ErrBodyTooLarge", err)
+	}
+	f.tiers[0].set(status(500, ""))
+	r, _ := http.NewRequest("GET", "http://gateway/v1/models", nil)
+	resp, err := f.tr.RoundTrip(r)
+	if err != nil || resp.StatusCode != 200 || !slices.Equal(f.tiers[1].bodies, []string{""}) {
+		t.Fatalf("a request without a body: %v %v", resp, err)
+	}
+	body := bytes.Repeat([]byte("x"), 8)
+	r, _ = http.NewRequest("POST", "http://gateway/", bytes.NewReader(body))
+	if _, err := f.tr.RoundTrip(r); err != nil || f.tiers[0].bodies[len(f.tiers[0].bodies)-1] != string(body) || f.tiers[1].bodies[len(f.tiers[1].bodies)-1] != string(body) {
+		t.Fatalf("a body at the cap, replayed: %v", err)
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	ok := &tier{answer: status(200, "")}
+	for _, cfg := range []Config{
+		{},
+		{Tiers: []Tier{{Name: "", Transport: ok}}},
+		{Tiers: []Tier{{Name: "a", Transport: ok}, {Name: "a", Transport: ok}}},
+		{Tiers: []Tier{{Name: "a"}}},
+		{Tiers: []Tier{{Name: "a", Transport: ok}}, MaxBodyBytes: -1},
+	} {
+		if _, err := New(cfg); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New(%+v): %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
+
+// FuzzDefaultSpill: any answer is classified without a panic, and an answer
+// that stays keeps its whole body.
+func FuzzDefaultSpill(f *testing.F) {
+	f.Add(400, []byte(`{"error":{"code":"context_length_exceeded"}}`), "")
+	f.Add(503, []byte(""), "1")
+	f.Add(429, []byte("x"), "Wed, 21 Oct 2015 07:28:00 GMT")
+	f.Add(400, bytes.Repeat([]byte("a"), maxPeekBytes+10), "")
+	f.Fuzz(func(t *testing.T, code int, body []byte, retryAfter string) {
+		h := http.Header{}
+		h.Set("Retry-After", retryAfter)
+		resp := &http.Response{StatusCode: code, Header: h, Body: io.NopCloser(bytes.NewReader(body))}
+		reason, spill := DefaultSpill(resp, nil)
+		if spill != (reason != "") {
+			t.Fatalf("spill %v with reason %q", spill, reason)
+		}
+		if !spill {
+			got, err := io.ReadAll(resp.Body)
+			if err != nil || !bytes.Equal(got, body) {
+				t.Fatalf("body changed: %d bytes, want %d", len(got), len(body))
+			}
+		}
+	})
+}
+
+// A tier with Ready is skipped while it is not ready, and its answers'
+// waits do not cool it down: it knows its endpoints better.
+func TestReady(t *testing.T) {
+	ready, wait := true, time.Duration(0)
+	var mu sync.Mutex
+	f := &fixture{t: t, clk: &fakeClock{now: time.Unix(1e9, 0)}}
+	t0, t1 := &tier{answer: status(429, "", "Retry-After", "30")}, &tier{answer: status(200, "ok")}
+	f.tiers = []*tier{t0, t1}
+	tr, err := New(Config{Clock: f.clk, Tiers: []Tier{
+		{Name: "t0", Transport: t0, Ready: func() (bool, time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			return ready, wait
+		}},
+		{Name: "t1", Transport: t1, Ready: func() (bool, time.Duration) { return false, 7 * time.Second }},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.tr = tr
+	// t1 is not ready either: t0's 429 is the answer, and t0 is not
+	// cooled by it.
+	if code, from, _, err := f.send(`{}`); err != nil || code != 429 || from != "" || t1.sent() != 0 {
+		t.Fatalf("%d from %q %v, t1 sent %d", code, from, err, t1.sent())
+	}
+	if got := tr.Cooling(); !slices.Equal(got, []string{"t1"}) {
+		t.Fatalf("cooling %v, want [t1]", got)
+	}
+	mu.Lock()
+	ready, wait = false, 3*time.Second
+	mu.Unlock()
+	_, _, _, err = f.send(`{}`)
+	var oe *retry.OverloadError
+	if !errors.As(err, &oe) || oe.RetryAfter != 3*time.Second || t0.sent() != 1 {
+		t.Fatalf("no tier ready: %v, want an OverloadError with the shortest wait, 3s", err)
+	}
+}
