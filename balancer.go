@@ -36,6 +36,9 @@ type Balancer struct {
 	// ([DefaultConfig.Learn]): every endpoint then has one, fed at each
 	// request's first token and Done.
 	learn bool
+	// peak is the policy if it is PeakEWMA: every endpoint then has a
+	// latency average, fed at each request's Done.
+	peak *peakEWMA
 
 	randMu sync.Mutex // protects src
 	src    rand.Source
@@ -137,8 +140,9 @@ type epState struct {
 	// est is the endpoint's speed estimate if the policy learns, else nil;
 	// set before the endpoint joins a snapshot.
 	est     *speedEstimate
-	keyHash uint64   // xxhash of key, for placement by rendezvous hashing
-	_       [16]byte // to 192 bytes
+	lat     *peakLatency // the latency average if the policy is PeakEWMA, else nil; set likewise
+	keyHash uint64       // xxhash of key, for placement by rendezvous hashing
+	_       [8]byte      // to 192 bytes
 }
 
 // The fields of the packed counts (epState.reqs and epState.toks).
@@ -306,6 +310,7 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 	if l, ok := policy.(interface{ learns() bool }); ok {
 		b.learn = l.learns()
 	}
+	b.peak, _ = policy.(*peakEWMA)
 	b.slowUntil.Store(never)
 	b.snap.Store(&snapshot{byKey: map[string]*epState{}, gen: generations.Add(1)})
 	return b, nil
@@ -370,6 +375,9 @@ func (b *Balancer) Update(eps []Endpoint) error {
 			st = newEpState(key)
 			if b.learn {
 				st.est = new(speedEstimate)
+			}
+			if b.peak != nil {
+				st.lat = new(peakLatency)
 			}
 			if now != never {
 				st.started.Store(now)
@@ -562,7 +570,7 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	rec.out.Store(outTag(rec.state.Load()))
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	c.signalAge = -1
-	if b.obs != nil || b.signal != nil || b.learn {
+	if b.obs != nil || b.signal != nil || b.learn || b.peak != nil {
 		rec.picked = c.nowNanos()
 	}
 	if b.learn {
@@ -682,6 +690,14 @@ func (p Pick) Done(err error) {
 		}
 		if b.outputs != nil && out > 0 {
 			b.outputs.observe(rec.kind, rec.feature, out)
+		}
+		if b.peak != nil && st.lat != nil {
+			tokens := int64(rec.d2 >> 32) // the decode charged
+			if out > 0 {
+				tokens = out
+			}
+			now := b.clock.Now().UnixNano()
+			st.lat.observe(float64(now-picked)/1e9/float64(max(tokens, 1)), now, b.peak.decay)
 		}
 	}
 	st.release(rec.d1, rec.d2, rec.spill, streaming)

@@ -23,6 +23,7 @@ var benchPolicies = []struct {
 	{"least-tokens", LeastTokens},
 	{"least-kv", LeastKV},
 	{"weighted-least-request", func() Policy { p, _ := WeightedLeastRequest(1); return p }},
+	{"peak-ewma", func() Policy { p, _ := PeakEWMA(PeakEWMAConfig{}); return p }},
 }
 
 // BenchmarkPick measures one Pick plus Done per iteration: every

@@ -167,3 +167,48 @@ func ExampleDefault_events() {
 	// Output:
 	// b:8000
 }
+
+// stepClock is a clock that the example moves by hand.
+type stepClock struct{ t time.Time }
+
+func (c *stepClock) Now() time.Time { return c.t }
+
+// Managed API deployments report no load: PeakEWMA routes on the latency per
+// output token they answer with, and a slow answer steers traffic away at
+// once.
+func ExamplePeakEWMA() {
+	clock := &stepClock{t: time.Unix(1_700_000_000, 0)}
+	policy, err := llmlb.PeakEWMA(llmlb.PeakEWMAConfig{})
+	if err != nil {
+		panic(err)
+	}
+	b, err := llmlb.New(policy, llmlb.WithClock(clock), llmlb.WithRand(rand.NewPCG(1, 2)))
+	if err != nil {
+		panic(err)
+	}
+	if err := b.Update([]llmlb.Endpoint{replica("eastus"), replica("swedencentral")}); err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	// One answer from each: 200 tokens in 2 s from eastus, in 8 s from
+	// swedencentral, which is having a bad minute.
+	for _, d := range []struct {
+		other string
+		took  time.Duration
+	}{{"swedencentral", 2 * time.Second}, {"eastus", 8 * time.Second}} {
+		p, _ := b.Pick(ctx, &llmlb.Request{Exclude: []string{d.other}})
+		p.FirstToken()
+		clock.t = clock.t.Add(d.took)
+		p.Generated(200)
+		p.Done(nil)
+	}
+	picks := map[string]int{}
+	for range 10 {
+		p, _ := b.Pick(ctx, &llmlb.Request{})
+		picks[p.Endpoint().Key()]++
+		defer p.Done(nil) // all ten in flight at once
+	}
+	fmt.Println(picks["eastus"], picks["swedencentral"])
+	// Output:
+	// 9 1
+}

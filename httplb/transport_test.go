@@ -379,6 +379,29 @@ func TestRetryAfterNotHonoured(t *testing.T) {
 	assert.EqualValues(t, 1, b.hits.Load())
 }
 
+// A successful answer saying the endpoint's request quota is spent cools it
+// down in the Reporter, an Ejector: the next request goes elsewhere.
+func TestQuotaSpentCoolsDown(t *testing.T) {
+	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
+		w.Header().Set("X-Ratelimit-Reset-Requests", "30s")
+		sse(1)(w, r)
+	})
+	b := newUpstream(t, sse(1))
+	h := newHarness(t, llmlb.RoundRobin(), Config{}, a, b)
+	ej, err := retry.NewEjector(h.b, retry.EjectorConfig{})
+	require.NoError(t, err)
+	h.tr.reporter = ej
+	for range 4 {
+		resp, err := do(t, h, chatBody)
+		require.NoError(t, err)
+		_, err = readAll(t, resp)
+		require.NoError(t, err)
+	}
+	assert.EqualValues(t, 1, a.hits.Load(), "the spent endpoint was picked again")
+	assert.Equal(t, []string{a.URL}, ej.Cooling())
+}
+
 // A Retry-After that would end after the request's deadline gives up at
 // once and returns the upstream's answer.
 func TestRetryAfterPastDeadline(t *testing.T) {

@@ -280,6 +280,30 @@ func (e *Ejector) Report(key string, err error) {
 	}
 }
 
+// ReportQuota reads the rate-limit headers h of an answer of the endpoint
+// with key, successful or not: when a window has nothing remaining
+// ([QuotaReset]), the endpoint cools down until it resets, at most
+// MaxCooldown, so that the next requests go elsewhere before it refuses
+// them. httplb.Transport calls it for every answer when its Reporter has
+// this method.
+func (e *Ejector) ReportQuota(key string, h http.Header) {
+	if e.cooldown <= 0 {
+		return
+	}
+	now := e.clock.Now()
+	p := QuotaReset(h, now, noPushbackLimit)
+	if p.Kind != RetryLater || p.Delay <= 0 {
+		return
+	}
+	d := min(p.Delay, e.cooldown)
+	e.mu.Lock()
+	cooled := e.cool(key, d, now)
+	e.mu.Unlock()
+	if cooled {
+		e.obs.cooldown(key, d)
+	}
+}
+
 // noPushbackLimit is the pushback limit of a cooldown: every requested
 // wait is read, and the longer ones are capped rather than ignored.
 const noPushbackLimit = time.Duration(1<<63 - 1)

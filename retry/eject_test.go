@@ -404,3 +404,44 @@ func TestEjectorCooldown(t *testing.T) {
 		t.Fatal("MaxCooldown < 0 still cooled an endpoint")
 	}
 }
+
+// An answer whose rate-limit window has nothing left cools its endpoint
+// down until the window resets, before the endpoint refuses anything.
+func TestEjectorReportQuota(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, "a", "b")
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk, MaxCooldown: time.Minute})
+	e.ReportQuota("a", http.Header{"X-Ratelimit-Remaining-Requests": {"3"}, "X-Ratelimit-Reset-Requests": {"2s"}})
+	if !healthy(b, "a") {
+		t.Fatal("cooled with quota left")
+	}
+	e.ReportQuota("a", http.Header{
+		"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"2s"},
+		"X-Ratelimit-Remaining-Tokens": {"0"}, "X-Ratelimit-Reset-Tokens": {"6m0s"}})
+	if healthy(b, "a") {
+		t.Fatal("not cooled with the windows spent")
+	}
+	if n, next := e.Out(); n != 1 || next != time.Minute {
+		t.Fatalf("Out() = %d, %v; want 1, the 1m cap on the longer reset", n, next)
+	}
+}
+
+func TestQuotaReset(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	for _, c := range []struct {
+		h    http.Header
+		want Pushback
+	}{
+		{nil, Pushback{}},
+		{http.Header{"X-Ratelimit-Reset-Requests": {"2s"}}, Pushback{}},
+		{http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"2s"}}, Pushback{RetryLater, 2 * time.Second}},
+		{http.Header{"X-Ratelimit-Remaining-Tokens": {" 0 "}, "X-Ratelimit-Reset-Tokens": {"1m30s"}}, Pushback{RetryLater, 90 * time.Second}},
+		{http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"soon"}}, Pushback{}},
+		{http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"20s"},
+			"X-Ratelimit-Remaining-Tokens": {"0"}, "X-Ratelimit-Reset-Tokens": {"5s"}}, Pushback{RetryLater, 20 * time.Second}},
+	} {
+		if got := QuotaReset(c.h, now, 0); got != c.want {
+			t.Errorf("QuotaReset(%v) = %+v, want %+v", c.h, got, c.want)
+		}
+	}
+}

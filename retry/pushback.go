@@ -198,6 +198,33 @@ func FromHeader(h http.Header, now time.Time, limit time.Duration) Pushback {
 	return tk
 }
 
+// QuotaReset reads OpenAI's rate-limit headers (which Azure OpenAI and
+// other providers copy) from any answer, successful or not: when a window
+// has nothing remaining (x-ratelimit-remaining-requests or
+// x-ratelimit-remaining-tokens is 0) it returns the wait until that window
+// resets (x-ratelimit-reset-requests or -tokens), the longer of the two if
+// both are spent, else NoPushback. A reset above limit (0 means
+// [DefaultMaxPushback]) is ignored, as by [FromHeader].
+func QuotaReset(h http.Header, now time.Time, limit time.Duration) Pushback {
+	var p Pushback
+	if h == nil {
+		return p
+	}
+	if strings.TrimSpace(h.Get(headerRemainingRequests)) == "0" {
+		p = ParseRateLimitReset(h.Get(HeaderResetRequests), now, limit)
+	}
+	if strings.TrimSpace(h.Get(headerRemainingTokensKey)) == "0" {
+		q := ParseRateLimitReset(h.Get(HeaderResetTokens), now, limit)
+		if q.Kind == RetryLater && (p.Kind != RetryLater || q.Delay > p.Delay) {
+			p = q
+		}
+	}
+	if p.Kind != RetryLater {
+		return Pushback{}
+	}
+	return p
+}
+
 // isDecimal reports whether s is digits with at most one '.', and at least
 // one digit.
 func isDecimal(s string) bool {

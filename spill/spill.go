@@ -371,13 +371,6 @@ func (t *Transport) cool(i int, d time.Duration) {
 // rather than ignored.
 const noPushbackLimit = time.Duration(1<<63 - 1)
 
-// The rate-limit headers of OpenAI and Azure OpenAI (and of the providers
-// that copy them): what remains of the current window, and when it resets.
-const (
-	headerRemainingRequests = "X-Ratelimit-Remaining-Requests"
-	headerRemainingTokens   = "X-Ratelimit-Remaining-Tokens"
-)
-
 // pushback returns the wait a tier's answer asks for, capped at
 // MaxCooldown, or 0 if none or if cooldowns are off: that of an overload
 // answer (429, or 503) read by retry.FromHeader, or, for any other answer,
@@ -392,15 +385,7 @@ func (t *Transport) pushback(resp *http.Response, now time.Time) time.Duration {
 	case http.StatusTooManyRequests, http.StatusServiceUnavailable:
 		p = retry.FromHeader(resp.Header, now, noPushbackLimit)
 	default:
-		h := resp.Header
-		if strings.TrimSpace(h.Get(headerRemainingRequests)) == "0" {
-			p = retry.ParseRateLimitReset(h.Get(retry.HeaderResetRequests), now, noPushbackLimit)
-		}
-		if strings.TrimSpace(h.Get(headerRemainingTokens)) == "0" {
-			if q := retry.ParseRateLimitReset(h.Get(retry.HeaderResetTokens), now, noPushbackLimit); q.Kind == retry.RetryLater && (p.Kind != retry.RetryLater || q.Delay > p.Delay) {
-				p = q
-			}
-		}
+		p = retry.QuotaReset(resp.Header, now, noPushbackLimit)
 	}
 	if p.Kind != retry.RetryLater || p.Delay <= 0 {
 		return 0

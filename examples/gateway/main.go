@@ -113,7 +113,7 @@ func run(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve clients on")
 	admin := fs.String("admin", "127.0.0.1:9090", "address to serve /metrics and /debug/llmlb on (\"\": none)")
 	backends := fs.String("backends", "", "comma-separated base URLs of the replicas")
-	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding or round-robin")
+	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding, round-robin or peak-ewma (for replicas without metrics, such as a managed API's deployments)")
 	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica")
 	fs.IntVar(&o.attempts, "attempts", retry.DefaultMaxAttempts, "attempts per request before the first token, the first included")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
@@ -276,6 +276,8 @@ func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Polic
 		return llmlb.LeastOutstanding(), nil
 	case "round-robin":
 		return llmlb.RoundRobin(), nil
+	case "peak-ewma":
+		return llmlb.PeakEWMA(llmlb.PeakEWMAConfig{})
 	}
 	return nil, fmt.Errorf("unknown policy %q", name)
 }
@@ -402,10 +404,15 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 	}
 	if len(o.spillTo) > 0 {
 		// A managed provider: no /metrics to scrape and no prefix cache to
-		// aim at, so the least outstanding requests; its deployments' 429s
-		// cool them down for the Retry-After they ask.
+		// aim at, only the latency it answers with (PeakEWMA); its
+		// deployments' 429s and spent rate-limit windows cool them down
+		// for the wait they ask.
+		peak, err := llmlb.PeakEWMA(llmlb.PeakEWMAConfig{})
+		if err != nil {
+			return nil, nil, err
+		}
 		provider, err := gateway.New(o.spillTo, gateway.Config{
-			Policy:         llmlb.LeastOutstanding(),
+			Policy:         peak,
 			ScrapeInterval: -1,
 			Parser:         parser,
 			Logger:         o.log,

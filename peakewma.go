@@ -1,0 +1,134 @@
+package llmlb
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultPeakDecay is [PeakEWMAConfig.Decay]'s default: Finagle's
+// PeakEwma decay time.
+const DefaultPeakDecay = 10 * time.Second
+
+// PeakEWMAConfig configures [PeakEWMA]. The zero value is valid.
+type PeakEWMAConfig struct {
+	// Decay is the time constant of each endpoint's average: an
+	// observation's weight falls by a factor e every Decay, and an endpoint
+	// that completes nothing sees its average fall towards zero at that
+	// pace, so that it is tried again. 0 means [DefaultPeakDecay].
+	Decay time.Duration
+}
+
+// PeakEWMA returns the power-of-two-choices policy over latency, for
+// endpoints that report no load: managed APIs (OpenAI, Anthropic, Bedrock,
+// Azure OpenAI deployments) or servers without metrics. It samples two
+// candidates and picks the one with the lower cost, its average latency per
+// output token times its outstanding requests plus one, divided by its
+// weight: Finagle's Peak EWMA, which go-zero's P2C load balancer also
+// uses.
+//
+// The average is per endpoint and peak-sensitive: a completion slower than
+// the average replaces it at once, a faster one moves it by the weight its
+// time since the last one earns (1 - e^(-Δt/Decay)), so that a latency
+// spike steers traffic away at its first slow answer and a recovery brings
+// it back gradually. A completion's latency, from the pick to Done, is
+// divided by its output tokens (those reported with [Pick.Generated], else
+// the decode charged), so that long and short generations compare. Only
+// requests that streamed to their end without an error teach it: pair it
+// with a retry.Ejector, which takes endpoints out on failures and cools
+// them down for the wait a 429 asks. An endpoint without a completion
+// yet costs what the other sampled candidate costs per request, so that
+// new endpoints are tried at once and by their outstanding requests.
+func PeakEWMA(cfg PeakEWMAConfig) (Policy, error) {
+	if cfg.Decay < 0 {
+		return nil, policyErrorf("PeakEWMA Decay %v is negative", cfg.Decay)
+	}
+	d := cfg.Decay
+	if d == 0 {
+		d = DefaultPeakDecay
+	}
+	return &peakEWMA{decay: float64(d)}, nil
+}
+
+type peakEWMA struct {
+	decay float64 // nanoseconds
+}
+
+// String names the policy in errors and logs.
+func (p *peakEWMA) String() string {
+	return fmt.Sprintf("PeakEWMA(decay %v)", time.Duration(p.decay))
+}
+
+func (p *peakEWMA) Choose(c *Candidates) int {
+	n := uint64(c.Len())
+	if n == 1 {
+		return 0
+	}
+	a, b, x := p2cDraw(c, n)
+	now := c.nowNanos()
+	sa, sb := c.state(a), c.state(b)
+	la, oka := sa.lat.read(now, p.decay)
+	lb, okb := sb.lat.read(now, p.decay)
+	switch {
+	case !oka && !okb, la == 0 && lb == 0:
+		// Nothing to compare but the outstanding requests.
+		la, lb = 1, 1
+	case !oka:
+		la = lb
+	case !okb:
+		lb = la
+	}
+	ca := la * float64(sa.outstanding()+1) / c.weight(sa)
+	cb := lb * float64(sb.outstanding()+1) / c.weight(sb)
+	return p2cPick(a, b, ca, cb, x)
+}
+
+// peakLatency is one endpoint's peak-sensitive moving average of seconds
+// per output token. Updates take mu; picks read the published atomics,
+// which may be torn between the two without harm.
+type peakLatency struct {
+	mu   sync.Mutex
+	avg  atomic.Uint64 // float64 bits: seconds per output token
+	at   atomic.Int64  // unix nanos of the last update; 0 before the first
+	_    [40]byte      // on a cache line of its own: every completion writes it
+	last float64       // avg, under mu
+}
+
+// read returns the average decayed to now, and whether there is one.
+func (l *peakLatency) read(now int64, decay float64) (float64, bool) {
+	if l == nil {
+		return 0, false
+	}
+	at := l.at.Load()
+	if at == 0 {
+		return 0, false
+	}
+	avg := math.Float64frombits(l.avg.Load())
+	if dt := now - at; dt > 0 {
+		avg *= math.Exp(-float64(dt) / decay)
+	}
+	return avg, true
+}
+
+// observe adds a completion of sample seconds per output token at now.
+func (l *peakLatency) observe(sample float64, now int64, decay float64) {
+	if !(sample >= 0) || math.IsInf(sample, 1) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at := l.at.Load()
+	keep := 1.0 // the weight of the average so far: e^(-Δt/Decay)
+	if dt := now - at; at != 0 && dt > 0 {
+		keep = math.Exp(-float64(dt) / decay)
+	}
+	if decayed := l.last * keep; at == 0 || sample > decayed {
+		l.last = sample // the peak: at once
+	} else {
+		l.last = decayed + sample*(1-keep)
+	}
+	l.avg.Store(math.Float64bits(l.last))
+	l.at.Store(max(now, 1))
+}
