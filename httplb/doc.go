@@ -4,7 +4,9 @@
 // [httputil.ReverseProxy] built on it.
 //
 // A [Parser] reads each request body (/v1/completions prompts,
-// /v1/chat/completions messages, max_tokens, model, user, reasoning effort)
+// /v1/chat/completions messages, Anthropic's /v1/messages with its system
+// prompt, the Responses API's instructions and input, max_tokens, model,
+// user, reasoning effort)
 // into an llmlb.Request: prompt tokens estimated at [BytesPerToken] bytes a
 // token unless a token counter is given, byte-mode prefix hashes of the
 // prompt text salted with the model and tenant (package prefix), the affinity

@@ -62,6 +62,10 @@ func FuzzParse(f *testing.F) {
 		`{"thinking":{"budget_tokens":-5,"type":7},"reasoning_effort":null,"output_config":[]}`,
 		`{"thinking":{"budget_tokens":2147483647},"reasoning_effort":"xhigh"}`,
 		`{"thinking":"on","reasoning_effort":"mediummediummediummediummediummedium"}`,
+		`{"system":7,"messages":[{"role":"user","content":"x"}]}`,
+		`{"system":[{"text":1}],"messages":[{}]}`,
+		`{"input":[],"prompt":"x","instructions":[]}`,
+		`{"input":["a",{"role":"user"}],"instructions":"be brief"}`,
 		`{`,
 		``,
 		`null`,
@@ -103,6 +107,10 @@ func FuzzParse(f *testing.F) {
 			`{"model":"` + s + `","user":"` + s + `","messages":[{"role":"user","content":"` + s + `"},` +
 				`{"role":"` + s + `","content":[{"type":"text","text":"` + s + `"}]}]}`,
 			`{"prompt":["` + s + `","` + s + `"]}`,
+			`{"system":"` + s + `","messages":[{"role":"user","content":"` + s + `"}]}`,
+			`{"system":[{"type":"text","text":"` + s + `"}],"messages":[{"role":"user","content":"x"}]}`,
+			`{"instructions":"` + s + `","input":"` + s + `"}`,
+			`{"instructions":"` + s + `","input":[{"role":"user","content":[{"type":"input_text","text":"` + s + `"}]}]}`,
 		} {
 			for _, p := range []*Parser{p, small, counted} {
 				checkReference(t, p, []byte(b))

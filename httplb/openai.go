@@ -25,6 +25,10 @@ type fields struct {
 	model, user                    []byte // the last string value given
 	prompt, messages               []byte
 	maxTokens, maxCompletionTokens []byte
+	// Anthropic's system prompt (a string or text blocks), and the
+	// Responses API's instructions (a string) and input (a string or
+	// items).
+	system, instructions, input []byte
 	// What a reasoning model is asked for (see feature.go).
 	reasoningEffort, reasoning, outputConfig, thinking []byte
 }
@@ -81,6 +85,14 @@ func (f *fields) set(key, v []byte) {
 		f.prompt = v
 	case "messages":
 		f.messages = v
+	case "system":
+		f.system = v
+	case "instructions":
+		if isString(v) {
+			f.instructions = v
+		}
+	case "input":
+		f.input = v
 	case "max_tokens":
 		f.maxTokens = v
 	case "max_completion_tokens":
@@ -112,7 +124,14 @@ func (p *Parser) parseBody(body []byte, req *llmlb.Request, label string) (user 
 	salt := prefix.Salt{Model: model, Tenant: req.Tenant}
 	switch {
 	case hasElems(f.messages):
-		p.fillText(req, salt, promptText{raw: f.messages, chat: true})
+		// Chat Completions, or Anthropic's Messages with its system prompt.
+		p.fillText(req, salt, promptText{raw: f.messages, chat: true, system: f.system})
+	case hasElems(f.input):
+		// The Responses API's items, after its instructions.
+		p.fillText(req, salt, promptText{raw: f.input, chat: true, system: f.instructions})
+	case isString(f.input):
+		// The Responses API's input text: one user message.
+		p.fillText(req, salt, promptText{user: f.input, chat: true, system: f.instructions})
 	case len(f.prompt) > 0:
 		p.fillPrompt(req, salt, f.prompt)
 	}
@@ -161,19 +180,30 @@ func count(v []byte) int {
 }
 
 // A promptText locates a prompt text in the body: a raw string (or null),
-// or, for a chat, the raw messages array.
+// or, for a chat, the raw messages array, after a system prompt (a string
+// or content parts) if there is one and then a user message (a string) if
+// there is one. A chat is written as its messages would be with the system
+// prompt and the user message among them, so that one conversation hashes
+// alike through the Chat Completions, Messages and Responses APIs.
 type promptText struct {
-	raw  []byte
-	chat bool
+	raw          []byte
+	chat         bool
+	system, user []byte
 }
 
 // writeTo writes the text to t.
 func (s promptText) writeTo(t *text) {
-	if s.chat {
-		writeChat(t, s.raw)
-	} else {
+	if !s.chat {
 		t.writeString(s.raw)
+		return
 	}
+	if len(s.system) > 0 && !isNull(s.system) && string(s.system) != `""` {
+		writeMessage(t, []byte(`"system"`), s.system, nil)
+	}
+	if len(s.user) > 0 {
+		writeMessage(t, []byte(`"user"`), s.user, nil)
+	}
+	writeChat(t, s.raw)
 }
 
 // fillText sets the prefix hashes and the token count of req from the
@@ -385,14 +415,20 @@ func writeChat(t *text, msgs []byte) {
 				toolCalls = v
 			}
 		}
-		t.writeString(role)
-		t.writeByte('\n')
-		writeContent(t, content)
-		if len(toolCalls) > 0 && !isNull(toolCalls) {
-			t.write(toolCalls)
-		}
-		t.writeByte('\n')
+		writeMessage(t, role, content, toolCalls)
 	}
+}
+
+// writeMessage writes one message of a chat: its role (a raw string), then
+// its content and tool calls, each part followed by a newline.
+func writeMessage(t *text, role, content, toolCalls []byte) {
+	t.writeString(role)
+	t.writeByte('\n')
+	writeContent(t, content)
+	if len(toolCalls) > 0 && !isNull(toolCalls) {
+		t.write(toolCalls)
+	}
+	t.writeByte('\n')
 }
 
 // writeContent writes a message content: a string, or an array of parts

@@ -175,7 +175,12 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 // returned wrapped in [ErrUnauthenticated].
 //
 // For chat requests the prompt text is the concatenation, in order, of each
-// message's role and content, so the turns of one conversation share a prefix.
+// message's role and content, so the turns of one conversation share a
+// prefix. A system prompt given apart from the messages (Anthropic's
+// "system", the Responses API's "instructions") counts as a first system
+// message, and the Responses API's "input" as the messages (or, a string, as
+// one user message), so that one conversation hashes alike through the three
+// APIs.
 //
 // Parsing takes time linear in the body and memory proportional to the
 // prefix hashes and to the prompt text a token counter reads, never to the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -373,6 +374,50 @@ func BenchmarkParse(b *testing.B) {
 		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body))
 		if _, err := p.Parse(r); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// One conversation hashes alike through the Chat Completions, Messages
+// (Anthropic) and Responses APIs, so that it keeps its replica whichever a
+// client uses, and the system prompt counts in the prompt.
+func TestAPIsHashAlike(t *testing.T) {
+	p := newParser(t, ParserConfig{})
+	sys := strings.Repeat("You are a careful assistant. ", 20)
+	parse := func(body string) llmlb.Request {
+		t.Helper()
+		r := httptest.NewRequest(http.MethodPost, "/v1/x", strings.NewReader(body))
+		req, err := p.Parse(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return req
+	}
+	chat := parse(`{"model":"m","messages":[{"role":"system","content":"` + sys + `"},{"role":"user","content":"hello"}]}`)
+	for name, body := range map[string]string{
+		"messages, system string": `{"model":"m","system":"` + sys + `","messages":[{"role":"user","content":"hello"}]}`,
+		"messages, system blocks": `{"model":"m","system":[{"type":"text","text":"` + sys + `"}],"messages":[{"role":"user","content":[{"type":"text","text":"hello"}]}]}`,
+		"responses, input text":   `{"model":"m","instructions":"` + sys + `","input":"hello"}`,
+		"responses, input items":  `{"model":"m","instructions":"` + sys + `","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hello"}]}]}`,
+	} {
+		got := parse(body)
+		if !slices.Equal(got.Prefix, chat.Prefix) || got.PromptTokens != chat.PromptTokens {
+			t.Errorf("%s: %d blocks, %d tokens; the chat has %d blocks, %d tokens", name, len(got.Prefix), got.PromptTokens, len(chat.Prefix), chat.PromptTokens)
+		}
+	}
+	if len(chat.Prefix) < 8 {
+		t.Fatalf("the system prompt is not hashed: %d blocks", len(chat.Prefix))
+	}
+	// An empty system prompt or instructions add nothing.
+	bare := parse(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`)
+	for _, body := range []string{
+		`{"model":"m","system":"","messages":[{"role":"user","content":"hello"}]}`,
+		`{"model":"m","system":null,"messages":[{"role":"user","content":"hello"}]}`,
+		`{"model":"m","input":"hello"}`,
+		`{"model":"m","instructions":"","input":"hello"}`,
+	} {
+		if got := parse(body); got.PromptTokens != bare.PromptTokens || !slices.Equal(got.Prefix, bare.Prefix) {
+			t.Errorf("%s: %d tokens, want %d", body, got.PromptTokens, bare.PromptTokens)
 		}
 	}
 }

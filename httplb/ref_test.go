@@ -29,6 +29,9 @@ type refBody struct {
 	Reasoning           refEffort       `json:"reasoning"`
 	OutputConfig        refEffort       `json:"output_config"`
 	Thinking            refThinking     `json:"thinking"`
+	System              json.RawMessage `json:"system"`
+	Instructions        string          `json:"instructions"`
+	Input               json.RawMessage `json:"input"`
 }
 
 type refEffort struct {
@@ -68,9 +71,20 @@ func refParseBody(p *Parser, body []byte, req *llmlb.Request) (user string) {
 	}
 	req.Feature = refFeature(&w)
 	salt := prefix.Salt{Model: w.Model, Tenant: req.Tenant}
+	var (
+		items     []refMessage
+		inputText string
+	)
+	_ = json.Unmarshal(w.Input, &items)
+	inputIsText := json.Unmarshal(w.Input, &inputText) == nil
+	instructions, _ := json.Marshal(w.Instructions)
 	switch {
 	case len(w.Messages) > 0:
-		refFillText(p, req, salt, refChatText(w.Messages))
+		refFillText(p, req, salt, refSystem(w.System)+refChatText(w.Messages))
+	case len(items) > 0:
+		refFillText(p, req, salt, refSystem(instructions)+refChatText(items))
+	case inputIsText:
+		refFillText(p, req, salt, refSystem(instructions)+"user\n"+inputText+"\n")
 	case len(w.Prompt) > 0:
 		refFillPrompt(p, req, salt, w.Prompt)
 	}
@@ -192,6 +206,19 @@ func refFillTokens(p *Parser, req *llmlb.Request, salt prefix.Salt, ids []int64)
 // conversation: each message's role, then its content, each followed by a
 // newline. Appending a turn extends the text, so the hashes of the earlier
 // turns are a prefix of the new ones.
+// refSystem returns the text of a system prompt, as a system message, or
+// "" if there is none.
+func refSystem(raw json.RawMessage) string {
+	if len(raw) == 0 || string(raw) == "null" || string(raw) == `""` {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("system\n")
+	refWriteContent(&b, raw)
+	b.WriteByte('\n')
+	return b.String()
+}
+
 func refChatText(msgs []refMessage) string {
 	var b strings.Builder
 	for i := range msgs {
