@@ -250,11 +250,16 @@ type defaultPolicy struct {
 // beyond the longest match times the share of placements this router does
 // not know of: one minus its requests in flight over the engines' reported
 // requests (from a fresh signal), each of its own placements counting with
-// those its peers share into its index (package share). Behind one router, or with every placement
-// shared, that share is zero and nothing changes; behind R routers sharing
-// nothing it is about 1-1/R. Pooled over eight seeds behind four routers,
-// it cut the requests outside the SLO by 22% (the simulator's prefixes
-// workload) to 96% (its default workload), see docs/routers.md.
+// those its peers share into its index (package share). The home is not
+// credited when its KV memory has no room for the request beside the
+// decode tokens the other routers' requests there are expected to add:
+// every router sends its share of such prompts to the same home, so the
+// overcommitment each would tolerate adds up there. Behind one router, or
+// with every placement shared, that share is zero and nothing changes;
+// behind R routers sharing nothing it is about 1-1/R. Pooled over eight
+// seeds behind four routers, it cut the requests outside the SLO by about
+// 20% (the simulator's prefixes workload) to 96% (its default workload),
+// see docs/routers.md.
 func Default(cfg DefaultConfig) (Policy, error) {
 	if cfg.Holders == 0 {
 		cfg.Holders = DefaultHolders
@@ -371,7 +376,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 			c.costs[i] = p.cost(c, i, l, avg, over, pool) / l.Weight
 		}
 		if p.placing {
-			p.credit(c, -1, longest, over, nil)
+			p.credit(c, -1, longest, avg, over, nil)
 		}
 	} else {
 		pick := p.scored(c, n, home)
@@ -392,7 +397,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 			c.costs[i] = p.cost(c, int(i), l, avg, over, pool) / l.Weight
 		}
 		if p.placing {
-			p.credit(c, home, longest, over, pick)
+			p.credit(c, home, longest, avg, over, pick)
 		}
 	}
 	best := argminCost(c, c.costs)
@@ -500,10 +505,7 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 	if p.t.events != nil {
 		sure = float64(p.t.cachedTokens(c, int(c.confirmed[i])))
 	}
-	queued := float64(l.PrefillTokens)
-	if l.Fresh {
-		queued += float64(max(l.Waiting-l.Queued, 0)) * avgPrompt
-	}
+	queued := queuedTokens(l, avgPrompt)
 	capacity := kvCapacity(l)
 	footprint := float64(l.ActiveTokens)
 	if !math.IsNaN(l.KVUsage) {
@@ -517,7 +519,7 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 		}
 		footprint = max(footprint, share*l.KVUsage*capacity)
 	}
-	demand := kvUsage(l)*capacity + queued + prompt - cached + float64(c.reqTok-int64(c.req.PromptTokens))
+	demand := kvDemand(c, l, queued, cached)
 	waits := p.queueWeight * float64(l.Waiting)
 	if p.slots > 0 && l.Requests >= p.slots {
 		waits += p.slotWeight * float64(l.Requests-p.slots+1)
@@ -546,6 +548,24 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 	}
 	return wait + miss - over*(cached-sure) + fp +
 		p.kvPenalty*max(demand-capacity, 0)
+}
+
+// queuedTokens returns the prefill tokens queued at the endpoint of load l:
+// this balancer's requests before their first token and, with a fresh
+// signal, the other waiting requests at the mean prompt length avgPrompt.
+func queuedTokens(l *EndpointLoad, avgPrompt float64) float64 {
+	queued := float64(l.PrefillTokens)
+	if l.Fresh {
+		queued += float64(max(l.Waiting-l.Queued, 0)) * avgPrompt
+	}
+	return queued
+}
+
+// kvDemand returns the KV tokens the endpoint of load l would be asked to
+// hold with the request: its estimated usage, the queued prefill, and the
+// request's prompt beyond its cached tokens and its expected decode tokens.
+func kvDemand(c *Candidates, l *EndpointLoad, queued, cached float64) float64 {
+	return kvUsage(l)*kvCapacity(l) + queued + float64(c.req.PromptTokens) - cached + float64(c.reqTok-int64(c.req.PromptTokens))
 }
 
 // smoothBacklog folds the mean backlog per candidate of this pick into a

@@ -15,7 +15,7 @@ import (
 // guessing the caches from its own decisions (cfg, with a new index), over
 // n endpoints and one signal. Each router holds one request on every
 // endpoint, and the signal reports all of them.
-func placementRouters(t *testing.T, routers, n int, cfg DefaultConfig) ([]*Balancer, []*prefix.Index, *fakeClock) {
+func placementRouters(t *testing.T, routers, n int, cfg DefaultConfig) ([]*Balancer, []*prefix.Index, *fakeClock, *fakeSignal) {
 	t.Helper()
 	clock := newFakeClock()
 	sig := &fakeSignal{}
@@ -43,7 +43,7 @@ func placementRouters(t *testing.T, routers, n int, cfg DefaultConfig) ([]*Balan
 		sig.Set("ep"+strconv.Itoa(e), Load{At: clock.Now(), Running: routers})
 	}
 	clock.Advance(time.Millisecond)
-	return bs, ixs, clock
+	return bs, ixs, clock, sig
 }
 
 func mustPick(t *testing.T, b *Balancer, r Request) Pick {
@@ -76,7 +76,7 @@ func TestDefaultPlacesUnknownPromptsWhereOtherRoutersWould(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const routers = 4
-			bs, ixs, clock := placementRouters(t, routers, tc.n, tc.cfg)
+			bs, ixs, clock, _ := placementRouters(t, routers, tc.n, tc.cfg)
 			// A system prompt every conversation starts with, which every
 			// router has seen placed on several endpoints.
 			head := blocks(1, 8)
@@ -133,7 +133,7 @@ func TestDefaultPlacementOnlyForUnknownPlacements(t *testing.T) {
 		{"four routers sharing nothing", 4, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			bs, ixs, clock := placementRouters(t, tc.routers, 8, DefaultConfig{})
+			bs, ixs, clock, _ := placementRouters(t, tc.routers, 8, DefaultConfig{})
 			b, ix := bs[0], ixs[0]
 			holdOn(t, b, "ep0", 1, Request{PromptTokens: 200, MaxTokens: 1})
 			busy := 0
@@ -163,5 +163,43 @@ func TestIndexRecords(t *testing.T) {
 	_ = ix.Record("b", blocks(1, 1), now)
 	if got := ix.Records(); got != 2 {
 		t.Fatalf("Records() = %d, want 2", got)
+	}
+}
+
+// Behind four routers that share nothing, a new prompt whose home has no
+// KV memory left for it is not credited there: the other routers would
+// send their share of such prompts there too. A home with room keeps its
+// credit.
+func TestDefaultPlacementNotOnFullHome(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		usage   float64 // reported KV usage of ep0; the others report 0.5
+		wantEp0 bool
+	}{
+		{"home with room", 0.5, true},
+		{"full home", 0.99, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const routers, n = 4, 8
+			bs, _, clock, sig := placementRouters(t, routers, n, DefaultConfig{})
+			for e := range n {
+				l := Load{At: clock.Now(), Running: routers, KVUsage: 0.5, KVBlocks: 1000, BlockSize: 16}
+				if e == 0 {
+					l.KVUsage = tc.usage
+				}
+				sig.Set("ep"+strconv.Itoa(e), l)
+			}
+			b := bs[0]
+			ep0 := 0
+			for k := range 400 {
+				// 3,200 tokens, a fifth of an endpoint's 16,000.
+				if pickDone(t, b, Request{PromptTokens: 3200, Prefix: blocks(k+10, 200)}) == "ep0" {
+					ep0++
+				}
+			}
+			if got := ep0 > 0; got != tc.wantEp0 {
+				t.Fatalf("%d of 400 new prompts went to ep0; want some: %v", ep0, tc.wantEp0)
+			}
+		})
 	}
 }
