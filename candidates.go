@@ -36,6 +36,7 @@ type Candidates struct {
 	confirmed []int32
 	matches   []prefix.Match
 	costs     []float64
+	adapter   []uint8 // per candidate: its class for the request's adapter (AdapterAffinity)
 	cached    int
 	// speeds and pool are the candidates' speed estimates and their
 	// average, for a policy that learns ([DefaultConfig.Learn]); work is

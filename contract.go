@@ -42,6 +42,10 @@ type Request struct {
 	// output length ([WithOutputPrediction]); requests of one Feature
 	// should have outputs of alike lengths. No policy routes on it.
 	Feature string
+	// Adapter names the LoRA adapter the request is served with (the
+	// model name an OpenAI-style request gives, when it names an adapter);
+	// "" means the base model. Only [AdapterAffinity] routes on it.
+	Adapter string
 	// Exclude lists endpoint keys that must not be picked, for example those
 	// a retry already failed on.
 	Exclude []string
@@ -81,13 +85,21 @@ type Load struct {
 	KVBlocks int
 	// BlockSize is the number of tokens per KV block; 0 means unknown.
 	BlockSize int
+	// Adapters lists the LoRA adapters the engine has in use: those of its
+	// running and waiting requests (vLLM's vllm:lora_requests_info labels
+	// running_lora_adapters and waiting_lora_adapters). Nil means the
+	// engine does not report them. The slice is shared: do not modify it.
+	Adapters []string
+	// MaxAdapters is how many adapters the engine serves in one batch
+	// (vLLM's max_lora label, its --max-loras setting); 0 means unknown.
+	MaxAdapters int
 }
 
 // valid reports whether l can be trusted at all: a zero At, a negative count,
 // or a KV usage that is infinite or outside [0, 1] make it unusable (NaN
 // KVUsage is allowed and means "not reported").
 func (l *Load) valid() bool {
-	if l.At.IsZero() || l.Running < 0 || l.Waiting < 0 || l.KVBlocks < 0 || l.BlockSize < 0 {
+	if l.At.IsZero() || l.Running < 0 || l.Waiting < 0 || l.KVBlocks < 0 || l.BlockSize < 0 || l.MaxAdapters < 0 {
 		return false
 	}
 	if math.IsNaN(l.KVUsage) {

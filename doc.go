@@ -48,6 +48,8 @@
 //     scorers): cache-aware policies over a prefix index (package prefix),
 //     fed by their own decisions or by engine KV events.
 //   - [Segregated]: pools of endpoints per request size class.
+//   - [AdapterAffinity]: wraps a policy to send requests naming a LoRA
+//     adapter to the endpoints holding it, spreading a hot adapter.
 //   - [Default]: the recommended policy. It prices queueing and cache
 //     misses in the same unit (prefill tokens), so locality yields to load
 //     exactly when the queue in front of a prefix holder costs more than its

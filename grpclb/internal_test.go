@@ -3,6 +3,7 @@ package grpclb
 import (
 	"context"
 	"math"
+	"reflect"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func TestRecorder(t *testing.T) {
 	rec.record("a", &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_utilization": math.NaN()}})
 	rec.record("a", &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"num_requests_running": -1}})
 	rec.record("b", nil)
-	if l2, _ := store.Load("a"); l2 != l {
+	if l2, _ := store.Load("a"); !reflect.DeepEqual(l2, l) {
 		t.Errorf("ignored reports changed the observation: %+v -> %+v", l, l2)
 	}
 	if _, ok := store.Load("b"); ok {

@@ -69,6 +69,7 @@ type profile struct {
 	blocks, blockSize  series
 	preempt            series
 	prefixQ, prefixHit series
+	lora               string // the info gauge of LoRA adapters in use, if the engine has one
 }
 
 var profiles = [numEngines]*profile{
@@ -85,6 +86,7 @@ var profiles = [numEngines]*profile{
 		preempt:   series{name: "vllm:num_preemptions_total"},
 		prefixQ:   series{name: "vllm:prefix_cache_queries_total"},
 		prefixHit: series{name: "vllm:prefix_cache_hits_total"},
+		lora:      loraInfo,
 	},
 	EngineSGLang: {
 		engine:  EngineSGLang,
@@ -261,6 +263,11 @@ func (p *profile) observe(fams families) (Observation, error) {
 	}
 	if o.PrefixHits, err = counter(fams, p.prefixHit); err != nil {
 		return Observation{}, err
+	}
+	if p.lora != "" {
+		if o.Adapters, o.MaxAdapters, err = adapters(fams[p.lora]); err != nil {
+			return Observation{}, err
+		}
 	}
 	return o, nil
 }

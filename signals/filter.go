@@ -26,7 +26,7 @@ var wanted = func() [numEngines]map[string]bool {
 		if p == nil {
 			continue
 		}
-		for _, s := range append([]series{p.running, p.waiting, p.blocks, p.blockSize, p.preempt, p.prefixQ, p.prefixHit}, p.kv...) {
+		for _, s := range append([]series{p.running, p.waiting, p.blocks, p.blockSize, p.preempt, p.prefixQ, p.prefixHit, {name: p.lora}}, p.kv...) {
 			if s.name == "" {
 				continue
 			}

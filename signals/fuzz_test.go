@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,6 +31,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 2\nvllm:kv_cache_usage_perc 0.5\n"), uint8(1), uint8(1))
 	f.Add([]byte("nv_trt_llm_request_metrics{request_type=\"waiting\"} 1\nnv_trt_llm_request_metrics{request_type=\"scheduled\"} NaN\n"), uint8(1), uint8(4))
 	f.Add([]byte("vllm:cache_config_info{num_gpu_blocks=\"-1\",block_size=\"16\"} 1\n"), uint8(2), uint8(0))
+	f.Add([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:lora_requests_info{max_lora=\"4\",running_lora_adapters=\"a, b,a\",waiting_lora_adapters=\"\"} 1.7e9\n"), uint8(0), uint8(1))
 	f.Add([]byte("<html>oops</html>"), uint8(4), uint8(0))
 	f.Add([]byte{0x0a, 0xff, 0x01}, uint8(3), uint8(0))
 	f.Fuzz(func(t *testing.T, data []byte, ct, engine uint8) {
@@ -58,6 +60,14 @@ func FuzzParse(f *testing.F) {
 		for _, c := range []float64{o.Preemptions, o.PrefixQueries, o.PrefixHits} {
 			if !math.IsNaN(c) && !(c >= 0 && c <= 1e18) {
 				t.Fatalf("counter %v", c)
+			}
+		}
+		if o.MaxAdapters < 0 || o.MaxAdapters > 1<<16 || len(o.Adapters) > 1024 {
+			t.Fatalf("adapters %d of max %d", len(o.Adapters), o.MaxAdapters)
+		}
+		for i, a := range o.Adapters {
+			if a == "" || strings.TrimSpace(a) != a || strings.Contains(a, ",") || slices.Contains(o.Adapters[:i], a) {
+				t.Fatalf("adapter names %q", o.Adapters)
 			}
 		}
 		// A parsed observation is always accepted by a Store and valid for

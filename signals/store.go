@@ -191,7 +191,7 @@ func validate(key string, l *llmlb.Load) error {
 		return fmt.Errorf("%w: empty endpoint key", ErrInvalidLoad)
 	case l.At.IsZero():
 		return fmt.Errorf("%w: %q: zero observation time", ErrInvalidLoad, key)
-	case l.Running < 0 || l.Waiting < 0 || l.KVBlocks < 0 || l.BlockSize < 0:
+	case l.Running < 0 || l.Waiting < 0 || l.KVBlocks < 0 || l.BlockSize < 0 || l.MaxAdapters < 0:
 		return fmt.Errorf("%w: %q: negative count (running %d, waiting %d, KV blocks %d, block size %d)",
 			ErrInvalidLoad, key, l.Running, l.Waiting, l.KVBlocks, l.BlockSize)
 	case !math.IsNaN(l.KVUsage) && !(l.KVUsage >= 0 && l.KVUsage <= 1):

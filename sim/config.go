@@ -38,6 +38,12 @@ const (
 	// pressure, eviction of cached prefixes and preemption all occur (the
 	// prefixes scenario uses it); raise it for long-context traces.
 	DefaultKVBlocks = 8192
+	// DefaultAdapterLoad is the stall of loading a LoRA adapter into a
+	// slot when [Engine.AdapterLoad] is 0: copying a rank-16 adapter of an
+	// 8B model (tens of MB) from host memory takes milliseconds, reading it
+	// from disk first (an adapter beyond vLLM's --max-cpu-loras) tens to
+	// hundreds; 50 ms is in between.
+	DefaultAdapterLoad = 50 * time.Millisecond
 )
 
 // Engine models one continuous-batching replica. The zero value is the
@@ -57,6 +63,18 @@ type Engine struct {
 	BlockSize int
 	// IterTime is the iteration-time model. nil means [MockerIterTime].
 	IterTime IterTimeFunc
+	// AdapterSlots is the number of LoRA adapters the replica serves at
+	// once (vLLM's --max-loras): a waiting request whose adapter is not in
+	// a slot is admitted only when a slot is free or holds an adapter no
+	// running request uses, which it then reclaims, least recently used
+	// first; requests that cannot get a slot are skipped in favour of later
+	// ones, as vLLM's scheduler does. 0 means adapters are not modelled:
+	// [Request].Adapter is ignored.
+	AdapterSlots int
+	// AdapterLoad is the stall of loading an adapter into a slot, added to
+	// the iteration that admits its first request. 0 means
+	// [DefaultAdapterLoad] when AdapterSlots is set.
+	AdapterLoad time.Duration
 }
 
 func (e *Engine) normalize() error {
@@ -75,6 +93,9 @@ func (e *Engine) normalize() error {
 	if e.IterTime == nil {
 		e.IterTime = MockerIterTime
 	}
+	if e.AdapterSlots > 0 && e.AdapterLoad == 0 {
+		e.AdapterLoad = DefaultAdapterLoad
+	}
 	switch {
 	case e.TokenBudget < 1 || e.TokenBudget > maxTokens:
 		return fmt.Errorf("%w: token budget %d", ErrInvalidConfig, e.TokenBudget)
@@ -84,6 +105,10 @@ func (e *Engine) normalize() error {
 		return fmt.Errorf("%w: KV blocks %d", ErrInvalidConfig, e.KVBlocks)
 	case e.BlockSize < 1 || e.BlockSize > 1<<16:
 		return fmt.Errorf("%w: block size %d", ErrInvalidConfig, e.BlockSize)
+	case e.AdapterSlots < 0 || e.AdapterSlots > 1<<16:
+		return fmt.Errorf("%w: %d adapter slots", ErrInvalidConfig, e.AdapterSlots)
+	case e.AdapterLoad < 0 || e.AdapterLoad > time.Minute:
+		return fmt.Errorf("%w: adapter load time %v, want 0 to 1m", ErrInvalidConfig, e.AdapterLoad)
 	}
 	return nil
 }

@@ -57,6 +57,12 @@
 // upper bound (under overload the best heuristics beat it);
 // [Scenarios] holds the presets of the llmlb-sim command.
 //
+// [PoolScenarios] model deployments behind APIs instead of engines
+// ([Deployment]: a concurrency limit, a rate limit answering 429 with
+// Retry-After and OpenAI's rate-limit headers, latency spikes) and compare
+// ways of routing to them with real balancers, retry.Ejector cooldowns and
+// tiers that spill as package spill does ([RunPool]).
+//
 // Runs are deterministic for a seed: all randomness comes from seeded PCG
 // sources, simulated time never reads the wall clock, and events at equal
 // times are processed in the order they were scheduled. A single run's

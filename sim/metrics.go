@@ -66,6 +66,9 @@ type Result struct {
 	// Preemptions is the number of times a replica preempted a running
 	// sequence to free KV blocks, summed over the replicas.
 	Preemptions int `json:"preemptions"`
+	// AdapterLoads is the number of LoRA adapters the replicas loaded into
+	// their slots ([Engine].AdapterSlots), each stalling its replica.
+	AdapterLoads int `json:"adapter_loads,omitempty"`
 
 	// PeakSkew and MeanSkew are the largest and the mean difference between
 	// the most and the least loaded replica in outstanding requests, sampled
@@ -208,6 +211,7 @@ func (r *runner) result(policy string) *Result {
 	for _, rep := range r.reps {
 		lo, hi = min(lo, rep.assigned), max(hi, rep.assigned)
 		res.Preemptions += rep.preemptions
+		res.AdapterLoads += int(rep.adapterLoads)
 	}
 	res.AssignmentGap = hi - lo
 	res.PeakSkew = r.skewPeak
@@ -266,6 +270,7 @@ func Merge(rs ...*Result) (*Result, error) {
 		out.Rejected += r.Rejected
 		out.Refused += r.Refused
 		out.Preemptions += r.Preemptions
+		out.AdapterLoads += r.AdapterLoads
 		out.AssignmentGap = max(out.AssignmentGap, r.AssignmentGap)
 		out.PeakSkew = max(out.PeakSkew, r.PeakSkew)
 		out.SpanSeconds += r.SpanSeconds

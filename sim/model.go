@@ -19,6 +19,11 @@ type Batch struct {
 	// running sequences once the iteration's blocks are allocated; cached
 	// prefix blocks that no sequence holds do not count.
 	KVUsage float64
+	// AdapterLoads is the number of LoRA adapters the iteration loads into
+	// free or reclaimed adapter slots ([Engine].AdapterSlots) before it
+	// runs; the simulator adds [Engine].AdapterLoad per load to the
+	// iteration's time.
+	AdapterLoads int
 }
 
 // IterTimeFunc returns how long an engine iteration takes. It must return a

@@ -214,6 +214,16 @@ func Policies() []PolicySpec {
 		{Name: "default-no-slots", Doc: "llmlb.Default as default, but not told the engines' batch slots", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{})
 		}},
+		{Name: "default-lora", Doc: "llmlb.AdapterAffinity over default: a request's LoRA adapter to replicas holding it, spreading a hot one as its holders load up", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			p, err := newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
+			if err != nil {
+				return nil, err
+			}
+			return llmlb.AdapterAffinity(p, llmlb.AdapterConfig{})
+		}},
+		{Name: "least-outstanding-lora", Doc: "llmlb.AdapterAffinity over least-outstanding", Variant: true, New: func(*PolicyEnv) (llmlb.Policy, error) {
+			return llmlb.AdapterAffinity(llmlb.LeastOutstanding(), llmlb.AdapterConfig{})
+		}},
 		{Name: "default-approx", Doc: "llmlb.Default with cache state guessed from its own decisions, for engines that publish no KV events", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			ix, err := newIndex(env)
 			if err != nil {

@@ -41,6 +41,9 @@ type Sequence struct {
 	// [Request.Reply]); each covers BlockTokens tokens. nil caches no
 	// output.
 	Reply []uint64
+	// Adapter names the sequence's LoRA adapter, "" for the base model;
+	// read only by a replica with [Engine].AdapterSlots.
+	Adapter string
 
 	state     uint8
 	target    int // tokens to prefill: the prompt, plus output on recompute
@@ -54,6 +57,7 @@ type Sequence struct {
 	held    []*entry // referenced cache entries, in prefix order
 
 	admitted    bool // admitted at least once (cache hit counted)
+	onAdapter   bool // counted as a running user of its adapter's slot
 	cached      int  // prompt tokens served from cache at first admission
 	preemptions int
 }
@@ -82,6 +86,10 @@ type Replica struct {
 	preemptions   int
 	prefixQueries int64
 	prefixHits    int64
+
+	slots        []adapterSlot // with Engine.AdapterSlots: the adapters loaded
+	tick         uint64        // admissions so far, the clock of the slots' LRU
+	adapterLoads int64
 }
 
 // ReplicaStats is a snapshot of a [Replica]'s state and counters.
@@ -97,6 +105,8 @@ type ReplicaStats struct {
 	PrefixQueries, PrefixHits int64
 	// Preemptions counts sequences preempted to free KV blocks.
 	Preemptions int64
+	// AdapterLoads counts LoRA adapters loaded into slots.
+	AdapterLoads int64
 }
 
 // NewReplica returns an idle replica configured by eng (zero fields are the
@@ -132,6 +142,7 @@ func (r *Replica) Stats() ReplicaStats {
 		PrefixQueries: r.prefixQueries,
 		PrefixHits:    r.prefixHits,
 		Preemptions:   int64(r.preemptions),
+		AdapterLoads:  r.adapterLoads,
 	}
 }
 
@@ -240,8 +251,10 @@ func (r *Replica) popFront() {
 // preempted sequence returns to the head of the queue and later recomputes
 // its prompt and output so far), and waiting sequences are admitted in order
 // while budget, batch slots and KV blocks last, keeping 1% of the blocks
-// free while others run. After a Plan that returned true, call
-// [Replica.Finish] when the iteration ends and before the next Plan.
+// free while others run; with [Engine].AdapterSlots, a waiting sequence
+// whose adapter cannot get a slot is skipped for later ones. After a Plan
+// that returned true, call [Replica.Finish] when the iteration ends and
+// before the next Plan.
 func (r *Replica) Plan() (Batch, bool) {
 	budget := r.eng.TokenBudget
 	var b Batch
@@ -282,7 +295,11 @@ func (r *Replica) Plan() (Batch, bool) {
 		}
 	}
 	for !preempted && budget > 0 && r.nwaiting() > 0 && len(r.running) < r.eng.MaxRunning {
-		s := r.waiting[r.whead]
+		w, slot := r.nextAdmissible()
+		if w < 0 {
+			break
+		}
+		s := r.waiting[w]
 		r.match(s)
 		n := min(s.target-s.computed, budget)
 		need := r.blocksFor(s.computed+n) - s.shared
@@ -294,7 +311,8 @@ func (r *Replica) Plan() (Batch, bool) {
 			r.releaseBlocks(s)
 			break
 		}
-		r.popFront()
+		r.removeWaiting(w)
+		r.takeAdapter(s, slot, &b)
 		if !s.admitted {
 			s.admitted = true
 			s.cached = s.computed
@@ -359,6 +377,7 @@ func (r *Replica) releaseBlocks(s *Sequence) {
 	s.held = s.held[:0]
 	r.kv.release(s.private)
 	s.private, s.shared, s.computed, s.decoded, s.chunk = 0, 0, 0, 0, 0
+	r.releaseAdapter(s)
 }
 
 // preempt frees s's blocks and puts it back at the head of the waiting
@@ -514,6 +533,7 @@ func (r *replica) kick(now time.Duration) {
 	if speed := r.run.cfg.speedAt(r.idx, now); speed != 1 {
 		d = time.Duration(float64(d) / speed)
 	}
+	d += time.Duration(b.AdapterLoads) * r.eng.AdapterLoad
 	if d <= 0 {
 		d = time.Nanosecond
 	}

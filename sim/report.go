@@ -80,6 +80,11 @@ type ScenarioInfo struct {
 	Speeds []float64 `json:"speeds,omitempty"`
 	// DeclaredWeights is [Config.DeclareWeights].
 	DeclaredWeights bool `json:"declared_weights,omitempty"`
+	// AdapterSlots and AdapterLoadMs are [Engine].AdapterSlots and
+	// [Engine].AdapterLoad in milliseconds, default filled in; 0 when
+	// adapters are not modelled.
+	AdapterSlots  int     `json:"adapter_slots,omitempty"`
+	AdapterLoadMs float64 `json:"adapter_load_ms,omitempty"`
 }
 
 // Describe fills the fields of info that follow from cfg and reqs.
@@ -100,6 +105,7 @@ func (info *ScenarioInfo) Describe(cfg Config, reqs []Request) error {
 	info.KVBlocks, info.BlockSize = cfg.Engine.KVBlocks, cfg.Engine.BlockSize
 	info.Speeds, info.DeclaredWeights = cfg.startSpeeds(), cfg.DeclareWeights
 	info.TokenBudget, info.MaxRunning = cfg.Engine.TokenBudget, cfg.Engine.MaxRunning
+	info.AdapterSlots, info.AdapterLoadMs = cfg.Engine.AdapterSlots, ms(cfg.Engine.AdapterLoad)
 	info.InfiniteCacheHitRate = InfiniteCacheHitRate(reqs)
 	info.PooledCacheHitRate = PooledCacheHitRate(reqs, cfg.Replicas*cfg.Engine.KVBlocks*cfg.Engine.BlockSize)
 	return nil

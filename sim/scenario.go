@@ -111,6 +111,12 @@ func mixedPolicies() []string {
 //     ([RoutesSynthetic]); compares charging the decode allowance, the
 //     output lengths learned per route and the true lengths
 //     ([Config.Outputs]).
+//   - lora: the default scenario's cluster and workload at [LoRARate],
+//     every conversation served with one of [LoRAAdapters] Zipf-popular
+//     LoRA adapters ([LoRASynthetic]) on replicas with [LoRASlots] adapter
+//     slots that stall [DefaultAdapterLoad] per adapter loaded
+//     ([Engine].AdapterSlots); compares adapter-blind and adapter-aware
+//     routing.
 func Scenarios() []Scenario {
 	herdRate := 20.0
 	herd := PrefixSynthetic(4000, herdRate)
@@ -180,6 +186,7 @@ func Scenarios() []Scenario {
 		TenantsScenario(),
 		ClassesScenario(),
 		routesScenario(),
+		loraScenario(),
 	}
 }
 

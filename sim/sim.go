@@ -364,6 +364,7 @@ func (r *runner) arrive(i int) error {
 		Prefix:       req.Prefix,
 		BlockTokens:  req.BlockTokens,
 		Reply:        req.Reply,
+		Adapter:      req.Adapter,
 	}
 	if r.adm != nil {
 		return r.admit(i)
@@ -379,7 +380,7 @@ func (r *runner) route(i int) error {
 	if r.cfg.RandomSplit {
 		k = r.rng.IntN(len(r.routers))
 	}
-	lr := llmlb.Request{PromptTokens: req.PromptTokens, Prefix: req.Prefix, AffinityKey: req.Session, Tenant: req.Tenant, Feature: req.Route}
+	lr := llmlb.Request{PromptTokens: req.PromptTokens, Prefix: req.Prefix, AffinityKey: req.Session, Tenant: req.Tenant, Feature: req.Route, Adapter: req.Adapter}
 	if r.cfg.Outputs == OutputsTrue {
 		lr.OutputTokens = req.OutputTokens
 	}
@@ -436,6 +437,7 @@ func (r *runner) scrape(k int) {
 			KVBlocks:  rep.kv.total,
 			BlockSize: rep.eng.BlockSize,
 		}
+		r.scrapeAdapters(&rt.snap[i], rep)
 	}
 }
 

@@ -25,6 +25,7 @@ type column struct {
 	roomy   bool   // left out of a herding scenario's narrow table, to make room for the skew columns
 	admit   bool   // shown only when a result ran under admission control ([Result].Admission)
 	outputs bool   // shown only when a result's routers were told output lengths ([Result].Outputs)
+	lora    bool   // shown only when the replicas model LoRA adapters ([ScenarioInfo].AdapterSlots)
 	cell    func(r *Result) string
 }
 
@@ -51,6 +52,7 @@ var columns = []column{
 	{head: "done", wide: true, cell: func(r *Result) string { return strconv.Itoa(r.Completed) }},
 	{head: "gap", cell: func(r *Result) string { return strconv.Itoa(r.AssignmentGap) }},
 	{head: "preempt", roomy: true, cell: func(r *Result) string { return strconv.Itoa(r.Preemptions) }},
+	{head: "loads", lora: true, cell: func(r *Result) string { return strconv.Itoa(r.AdapterLoads) }},
 	{head: "peak skew", herding: true, cell: func(r *Result) string { return strconv.Itoa(r.PeakSkew) }},
 	{head: "mean skew", herding: true, cell: func(r *Result) string { return strconv.FormatFloat(r.MeanSkew, 'f', 2, 64) }},
 	{head: "pile-up", herding: true, cell: func(r *Result) string { return fmtPct(r.PileupShare) }},
@@ -94,7 +96,7 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	var shown []column
 	have := make(map[string]bool)
 	for _, c := range columns {
-		if (c.wide || (c.roomy && s.Herding)) && !wide || c.herding && !s.Herding || c.admit && !admitted || c.outputs && !told {
+		if (c.wide || (c.roomy && s.Herding)) && !wide || c.herding && !s.Herding || c.admit && !admitted || c.outputs && !told || c.lora && s.AdapterSlots == 0 {
 			continue
 		}
 		shown = append(shown, c)
@@ -154,6 +156,7 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 		{"done", "done: requests completed;"},
 		{"gap", "gap: most minus fewest requests per replica;"},
 		{"preempt", "preempt: running requests evicted to free KV memory, to be recomputed;"},
+		{"loads", "loads: LoRA adapters loaded into a replica's slots, each stalling the replica;"},
 		{"peak skew", "peak skew: largest difference in outstanding requests between the most and the least loaded replica;"},
 		{"mean skew", "mean skew: its mean, sampled at every arrival;"},
 		{"pile-up", "pile-up: share of scrape windows with two or more arrivals that all went to one replica;"},
@@ -206,6 +209,9 @@ func (s *ScenarioInfo) cluster() string {
 func (s *ScenarioInfo) limits() string {
 	out := fmt.Sprintf("SLO: TTFT <= %gms and TPOT <= %gms; KV %d blocks x %d tokens per replica",
 		s.SLOTTFTMs, s.SLOTPOTMs, s.KVBlocks, s.BlockSize)
+	if s.AdapterSlots > 0 {
+		out += fmt.Sprintf("; %d LoRA adapter slots per replica, %gms per load", s.AdapterSlots, s.AdapterLoadMs)
+	}
 	if sp := s.speeds(); sp != "" {
 		out += "\n" + sp
 	}

@@ -53,6 +53,9 @@ type Request struct {
 	// admission orders the waiting requests; the zero value is
 	// [fair.Standard].
 	Class fair.Class
+	// Adapter names the request's LoRA adapter ([Synthetic].Adapters),
+	// passed to routers as [llmlb.Request].Adapter; "" is the base model.
+	Adapter string
 }
 
 // ChainHash returns the chained hash of a block whose identity is id and
@@ -184,6 +187,15 @@ type Synthetic struct {
 	// conversation is of the same route. Empty means every output is drawn
 	// from Output and no request has a route.
 	Routes []Route
+	// Adapters, if positive, serves every conversation (all its turns)
+	// and every agent burst with one of Adapters LoRA adapters, "lora-0"
+	// to "lora-<Adapters-1>", drawn with Zipf popularity of exponent
+	// AdapterZipf (> 1): adapter k with probability proportional to
+	// (1+k)^-AdapterZipf. A shared prefix served with an adapter is cached
+	// apart from the same prefix under another one. 0 means the base model
+	// only.
+	Adapters    int
+	AdapterZipf float64
 }
 
 // LogNormal is a log-normal length distribution with the given median and
@@ -291,6 +303,9 @@ func (s *Synthetic) validate() error {
 	if err := validateRoutes(s.Routes); err != nil {
 		return err
 	}
+	if err := s.validateAdapters(); err != nil {
+		return err
+	}
 	return validateTenants(s.Tenants)
 }
 
@@ -298,11 +313,12 @@ func inUnit(x float64) bool { return x >= 0 && x <= 1 }
 
 // session is the state of a multi-turn conversation.
 type session struct {
-	key    string
-	prompt int           // tokens of the last prompt plus its reply
-	hashes []uint64      // chained hashes of the full blocks of those tokens
-	ready  time.Duration // paced conversations: when the next turn arrives
-	route  string        // the route of its turns (Synthetic.Routes)
+	key     string
+	prompt  int           // tokens of the last prompt plus its reply
+	hashes  []uint64      // chained hashes of the full blocks of those tokens
+	ready   time.Duration // paced conversations: when the next turn arrives
+	route   string        // the route of its turns (Synthetic.Routes)
+	adapter string        // the adapter of its turns (Synthetic.Adapters)
 }
 
 // Generate returns the requests of s, deterministic for seed.
@@ -319,7 +335,7 @@ func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 	if s.BlockTokens == 0 {
 		s.BlockTokens = 64
 	}
-	g := &generator{s: &s, rng: rand.New(rand.NewPCG(seed, 0x5eed))}
+	g := &generator{s: &s, rng: rand.New(rand.NewPCG(seed, 0x5eed)), seed: seed}
 	if s.PrefixShare > 0 {
 		g.zipf = rand.NewZipf(g.rng, s.PrefixZipf, 1, uint64(s.PrefixGroups-1))
 		g.groups = make([][]uint64, s.PrefixGroups)
@@ -355,7 +371,7 @@ func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 			if s.PrefixShare > 0 && g.rng.Float64() < s.PrefixShare {
 				head = g.groups[g.zipf.Uint64()]
 			}
-			req := g.fresh(t, head)
+			req := g.fresh(t, head, g.drawAdapter())
 			if s.SessionShare > 0 {
 				g.remember(&req)
 			}
@@ -370,9 +386,10 @@ func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 // next child would have arrived.
 func (g *generator) fanout(out []Request, t time.Duration) ([]Request, time.Duration) {
 	parent := g.blocks(nil, g.s.PrefixTokens.sample(g.rng))
+	adapter := g.drawAdapter()
 	at := t
 	for k := 0; k < g.s.FanoutSize && len(out) < g.s.Requests; k++ {
-		out = append(out, g.fresh(at, parent))
+		out = append(out, g.fresh(at, parent, adapter))
 		at += time.Duration(1+g.rng.IntN(5)) * time.Millisecond
 	}
 	return out, at
@@ -406,10 +423,10 @@ func (g *generator) conversations(out []Request) []Request {
 			if s.PrefixShare > 0 && g.rng.Float64() < s.PrefixShare {
 				head = g.groups[g.zipf.Uint64()]
 			}
-			req := g.fresh(t, head)
+			req := g.fresh(t, head, g.drawAdapter())
 			g.reply(&req)
 			g.nextSess++
-			sess := &session{key: fmt.Sprintf("s%d", g.nextSess), route: req.Route}
+			sess := &session{key: fmt.Sprintf("s%d", g.nextSess), route: req.Route, adapter: req.Adapter}
 			req.Session = sess.key
 			g.pace(sess, &req)
 			out = append(out, req)
@@ -471,6 +488,8 @@ func (q *turnQueue) Pop() any {
 type generator struct {
 	s        *Synthetic
 	rng      *rand.Rand
+	seed     uint64
+	adapters *rand.Zipf // with Synthetic.Adapters, lazily
 	zipf     *rand.Zipf
 	groups   [][]uint64
 	sessions []*session
@@ -534,8 +553,10 @@ func (g *generator) blocks(head []uint64, tokens int) []uint64 {
 	return out
 }
 
-// fresh builds a request made of head (full blocks) and a new message.
-func (g *generator) fresh(t time.Duration, head []uint64) Request {
+// fresh builds a request made of head (full blocks) and a new message,
+// served with adapter.
+func (g *generator) fresh(t time.Duration, head []uint64, adapter string) Request {
+	head = salted(head, adapter)
 	msg := g.s.Prompt.sample(g.rng)
 	prompt := len(head)*g.s.BlockTokens + msg
 	route := g.drawRoute()
@@ -546,6 +567,7 @@ func (g *generator) fresh(t time.Duration, head []uint64) Request {
 		BlockTokens:  g.s.BlockTokens,
 		Prefix:       g.blocks(head, msg),
 		Route:        route,
+		Adapter:      adapter,
 	}
 }
 
@@ -555,7 +577,7 @@ func (g *generator) remember(req *Request) {
 	g.nextSess++
 	sess := &session{key: fmt.Sprintf("s%d", g.nextSess)}
 	req.Session = sess.key
-	sess.route = req.Route
+	sess.route, sess.adapter = req.Route, req.Adapter
 	g.extend(sess, req)
 	if len(g.sessions) < g.s.Sessions {
 		g.sessions = append(g.sessions, sess)
@@ -592,6 +614,7 @@ func (g *generator) followUp(t time.Duration, sess *session) Request {
 		Prefix:       g.blocks(head, base-len(head)*g.s.BlockTokens+msg),
 		Session:      sess.key,
 		Route:        sess.route,
+		Adapter:      sess.adapter,
 	}
 	return req
 }

@@ -50,6 +50,11 @@
 // every D, each router's share.Group builds a batch, which reaches the
 // other routers D later. It needs at least two routers.
 //
+// -scenario providers, spill and spill-queue8 model deployments behind
+// APIs (rate limits, latency spikes, 429s with Retry-After) instead of
+// engines, and compare ways of routing to them, tiers and cooldowns
+// included (sim.PoolScenarios); they take only -seed and -seeds.
+//
 // The -json and -svg files are opened before the simulation, so that a
 // bad path fails at once, and a file the command created is removed again
 // if the run fails. A duration flag without a unit, such as -slo-ttft 2,
@@ -124,6 +129,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		kvDefaults = append(kvDefaults, fmt.Sprintf("%s %d", s.Name, kv))
 	}
+	scenarioNames = append(scenarioNames, poolScenarioNames()...)
 	fs := flag.NewFlagSet("llmlb-sim", flag.ContinueOnError)
 	var badDuration error // the error of the duration flag that failed to parse
 	durationVar := func(name string, value time.Duration, usage string) *time.Duration {
@@ -149,6 +155,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		seeds     = fs.Int("seeds", 1, "run this many seeds, from -seed on, and pool their results")
 		kvBlocks  = fs.Int("kv-blocks", 0, fmt.Sprintf("KV capacity per replica in %d-token blocks (default: the scenario's: %s; for a trace the larger of %d, the default scenario's 512k tokens, and twice its largest request)",
 			sim.DefaultBlockSize, strings.Join(kvDefaults, ", "), sim.DefaultScenarioKVBlocks))
+		adSlots  = fs.Int("adapter-slots", 0, fmt.Sprintf("LoRA adapters each replica serves at once, as vLLM's --max-loras (default: the scenario's: %d for lora, none for the others, whose requests name no adapter)", sim.LoRASlots))
+		adLoad   = durationVar("adapter-load", 0, fmt.Sprintf("stall of loading a LoRA adapter into a slot, a `duration` (default: %v)", sim.DefaultAdapterLoad))
 		sloTTFT  = durationVar("slo-ttft", 2*time.Second, "TTFT objective, a `duration`")
 		sloTPOT  = durationVar("slo-tpot", 50*time.Millisecond, "TPOT objective, a `duration`")
 		wide     = fs.Bool("wide", false, "print every column of the results table (TTFT p95 and max, E2E p50, tok/s, done)")
@@ -202,6 +210,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		{"scrape", *scrape < 0},
 		{"signal-interval", *signalIv < 0},
 		{"kv-blocks", *kvBlocks < 0},
+		{"adapter-slots", *adSlots < 0},
+		{"adapter-load", *adLoad < 0},
 	} {
 		if f.negative {
 			return usageError{fmt.Errorf("-%s %s must not be negative", f.name, fs.Lookup(f.name).Value)}
@@ -243,6 +253,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 	}
 
+	if ps, ok := sim.LookupPoolScenario(*scenario); ok {
+		return runPool(ctx, fs, ps, *seed, *seeds, stdout)
+	}
 	sc, err := sim.LookupScenario(*scenario)
 	if err != nil {
 		return usageError{fmt.Errorf("-scenario: unknown scenario %q (known: %s)", *scenario, strings.Join(scenarioNames, ", "))}
@@ -376,6 +389,12 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	if *kvBlocks > 0 {
 		cfg.Engine.KVBlocks = *kvBlocks
+	}
+	if *adSlots > 0 {
+		cfg.Engine.AdapterSlots = *adSlots
+	}
+	if *adLoad > 0 {
+		cfg.Engine.AdapterLoad = *adLoad
 	}
 
 	start := time.Now()

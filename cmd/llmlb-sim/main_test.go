@@ -124,7 +124,7 @@ func TestRunErrors(t *testing.T) {
 	}{
 		{"unknown flag", []string{"-nope"}, "flag provided but not defined", ""},
 		{"unknown policy", []string{"-policies", "p2c,fastest"}, `-policies: unknown policy "fastest"`, ""},
-		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, tenants, classes, routes)`, ""},
+		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, tenants, classes, routes, lora, providers, spill, spill-queue8)`, ""},
 		{"bad rate scale", []string{"-rate-scale", "0"}, "-rate-scale", ""},
 		{"infinite rate scale", []string{"-rate-scale", "Inf"}, "-rate-scale +Inf must be a positive finite number", ""},
 		{"NaN rate scale", []string{"-rate-scale", "NaN"}, "-rate-scale NaN must be a positive finite number", ""},
@@ -764,5 +764,24 @@ func TestRunSpeeds(t *testing.T) {
 	declaredOut, _ := ttftP50("-speeds", "1,0.5", "-declare-weights")
 	if !strings.Contains(declaredOut, "replica speeds 1,0.5, declared to the routers as weights") {
 		t.Errorf("header lacks the declared speeds:\n%s", declaredOut)
+	}
+}
+
+// The lora scenario reports its adapter slots and loads; -adapter-slots and
+// -adapter-load change them.
+func TestRunLoRAFlags(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"-scenario", "lora", "-requests", "300", "-policies", "default,default-lora", "-adapter-slots", "2", "-adapter-load", "80ms"}
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"2 LoRA adapter slots per replica, 80ms per load", " loads", "default-lora"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if code := run(context.Background(), []string{"-scenario", "lora", "-adapter-slots", "-1"}, &out, &errb); code == 0 {
+		t.Error("-adapter-slots -1 accepted")
 	}
 }

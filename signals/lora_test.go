@@ -1,0 +1,83 @@
+package signals_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/llmlb/llmlb/signals"
+)
+
+// vllmLoRA is a vLLM exposition with LoRA enabled: prometheus_client keeps
+// a series for every combination of labels it was set with, and the newest
+// (the largest timestamp) is current.
+const vllmLoRA = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="base"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="base"} 1.0
+# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="",waiting_lora_adapters=""} 1.7898284e+09
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="sql,chat",waiting_lora_adapters="chat,legal"} 1.7898285e+09
+vllm:lora_requests_info{max_lora="4",running_lora_adapters="old",waiting_lora_adapters=""} 1.7898283e+09
+`
+
+func TestParseLoRAInfo(t *testing.T) {
+	o, err := signals.Parse(strings.NewReader(vllmLoRA), textType, signals.EngineAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"sql", "chat", "legal"}; !slices.Equal(o.Adapters, want) || o.MaxAdapters != 4 {
+		t.Fatalf("adapters %q, max %d; want %q, 4", o.Adapters, o.MaxAdapters, want)
+	}
+	if o.Running != 3 || o.Waiting != 1 {
+		t.Fatalf("running %d, waiting %d", o.Running, o.Waiting)
+	}
+}
+
+func TestParseLoRAInfoAbsentOrIdle(t *testing.T) {
+	o, err := signals.Parse(strings.NewReader("vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"), textType, signals.EngineVLLM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Adapters != nil || o.MaxAdapters != 0 {
+		t.Fatalf("no LoRA metric: adapters %q, max %d; want nil, 0", o.Adapters, o.MaxAdapters)
+	}
+	idle := "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n" +
+		`vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7e9` + "\n"
+	o, err = signals.Parse(strings.NewReader(idle), textType, signals.EngineVLLM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Adapters == nil || len(o.Adapters) != 0 || o.MaxAdapters != 2 {
+		t.Fatalf("idle: adapters %q, max %d; want empty and reported, 2", o.Adapters, o.MaxAdapters)
+	}
+}
+
+func TestParseLoRAInfoInvalid(t *testing.T) {
+	head := "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+	cases := map[string]string{
+		"max_lora not a number": `vllm:lora_requests_info{max_lora="four",running_lora_adapters="a"} 1`,
+		"max_lora negative":     `vllm:lora_requests_info{max_lora="-1",running_lora_adapters="a"} 1`,
+		"max_lora huge":         `vllm:lora_requests_info{max_lora="99999999",running_lora_adapters="a"} 1`,
+		"too many adapters":     `vllm:lora_requests_info{max_lora="4",running_lora_adapters="` + manyNames(2000) + `"} 1`,
+		"name too long":         `vllm:lora_requests_info{max_lora="4",running_lora_adapters="` + strings.Repeat("n", 5000) + `"} 1`,
+	}
+	for name, line := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := signals.Parse(strings.NewReader(head+line+"\n"), textType, signals.EngineVLLM)
+			if !errors.Is(err, signals.ErrInvalidValue) {
+				t.Fatalf("err = %v, want ErrInvalidValue", err)
+			}
+		})
+	}
+}
+
+func manyNames(n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = "a" + strings.Repeat("b", i%7) + string(rune('A'+i%26)) + strings.Repeat("c", i/26)
+	}
+	return strings.Join(names, ",")
+}
