@@ -176,8 +176,9 @@ type Config struct {
 	// the router's signal, over its scrapes, and observes its Balancer;
 	// peers' prefixes go to the policy's index of its own decisions, if it
 	// has one): every Share, each router builds a batch, which reaches the
-	// other routers Share later. Router r's batches are built at offsets of
-	// r*Share/Routers. It needs at least two routers.
+	// other routers twice Delay later (to the NATS server and on; NATS
+	// itself adds well under a millisecond). Router r's batches are built
+	// at offsets of r*Share/Routers. It needs at least two routers.
 	Share time.Duration
 	// SLO is the per-request objective for SLO attainment and goodput.
 	SLO SLO

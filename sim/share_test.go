@@ -43,9 +43,11 @@ func TestShareDeterministic(t *testing.T) {
 
 // With two routers sharing every 100 ms, the second router's estimate of a
 // replica includes the first router's requests in flight once a batch that
-// holds them has arrived, 100 ms after it was built: the first router's
-// batches are built at 0, 100 ms..., so its picks at 0 and 60 ms reach the
-// second router at 200 ms. Without sharing it counts only its own.
+// holds them has arrived, twice the network delay after it was built: the
+// first router's batches are built at 0, 100 ms..., so its picks at 0 and
+// 60 ms reach the second router at 100 ms without delay, and at 160 ms with
+// a delay of 30 ms, after its pick at 150 ms. Without sharing it counts
+// only its own.
 func TestShareShowsPeersWork(t *testing.T) {
 	// Arrivals alternate between the routers: even ones to router 0.
 	arrivals := []time.Duration{0, 50, 60, 150, 160, 250}
@@ -55,7 +57,7 @@ func TestShareShowsPeersWork(t *testing.T) {
 	}
 	// seen records, at each pick of router 1, the requests it estimates at
 	// replica 0, where every request goes; the scrape at 0 saw it empty.
-	seen := func(share time.Duration) map[time.Duration]int64 {
+	seen := func(share, delay time.Duration) map[time.Duration]int64 {
 		got := map[time.Duration]int64{}
 		spec := PolicySpec{Name: "probe", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return llmlb.LeastScore(func(c *llmlb.Candidates, i int, l *llmlb.EndpointLoad) float64 {
@@ -65,17 +67,20 @@ func TestShareShowsPeersWork(t *testing.T) {
 				return float64(c.Member(i))
 			}), nil
 		}}
-		cfg := Config{Replicas: 2, Routers: 2, Scrape: 10 * time.Second, Share: share}
+		cfg := Config{Replicas: 2, Routers: 2, Scrape: 10 * time.Second, Share: share, Delay: delay}
 		if _, err := simulate(context.Background(), cfg, reqs, spec); err != nil {
 			t.Fatal(err)
 		}
 		return got
 	}
 	ms := time.Millisecond
-	if got, want := seen(100*ms), map[time.Duration]int64{50 * ms: 0, 150 * ms: 1, 250 * ms: 4}; !reflect.DeepEqual(got, want) {
-		t.Errorf("sharing: router 1 saw %v, want %v (its own, plus router 0's two from 200 ms)", got, want)
+	if got, want := seen(100*ms, 0), map[time.Duration]int64{50 * ms: 0, 150 * ms: 3, 250 * ms: 5}; !reflect.DeepEqual(got, want) {
+		t.Errorf("sharing: router 1 saw %v, want %v (its own, plus router 0's two from 100 ms and three from 200 ms)", got, want)
 	}
-	if got, want := seen(0), map[time.Duration]int64{50 * ms: 0, 150 * ms: 1, 250 * ms: 2}; !reflect.DeepEqual(got, want) {
+	if got, want := seen(100*ms, 30*ms), map[time.Duration]int64{50 * ms: 0, 150 * ms: 1, 250 * ms: 4}; !reflect.DeepEqual(got, want) {
+		t.Errorf("sharing with a 30 ms delay: router 1 saw %v, want %v (its own, plus router 0's two from 160 ms)", got, want)
+	}
+	if got, want := seen(0, 0), map[time.Duration]int64{50 * ms: 0, 150 * ms: 1, 250 * ms: 2}; !reflect.DeepEqual(got, want) {
 		t.Errorf("no sharing: router 1 saw %v, want %v (its own)", got, want)
 	}
 }

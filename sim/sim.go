@@ -442,14 +442,14 @@ func (r *runner) scrape(k int) {
 }
 
 // shareBatch has router k's Group build a batch, which reaches the other
-// routers Config.Share later.
+// routers twice Config.Delay later: to the NATS server and on.
 func (r *runner) shareBatch(k int) {
 	if r.batches == nil {
 		r.batches = make(map[int]shareBatch)
 	}
 	r.batchID++
 	r.batches[r.batchID] = shareBatch{from: k, data: r.routers[k].group.AppendBatch(nil)}
-	r.schedule(r.now+r.cfg.Share, evShareArrive, r.batchID)
+	r.schedule(r.now+2*r.cfg.Delay, evShareArrive, r.batchID)
 }
 
 // shareArrive delivers batch id to every router but its sender.
