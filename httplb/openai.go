@@ -121,6 +121,9 @@ func (p *Parser) parseBody(body []byte, req *llmlb.Request, label string) (user 
 	}
 	model := decodeString(f.model)
 	req.Feature = feature(model, &f, label)
+	if p.adapter != nil {
+		req.Adapter = p.adapter(model)
+	}
 	salt := prefix.Salt{Model: model, Tenant: req.Tenant}
 	switch {
 	case hasElems(f.messages):

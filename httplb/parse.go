@@ -69,6 +69,14 @@ type ParserConfig struct {
 	// the output length its requests are charged, learned per tenant and
 	// Feature. "" reads no header.
 	FeatureHeader string
+	// Adapter, if set, returns the LoRA adapter that the body's model name
+	// names, or "" for a base model; it becomes Request.Adapter, which
+	// llmlb.AdapterAffinity routes on. vLLM serves each adapter under its
+	// own model name (--lora-modules name=path), so the usual function
+	// returns the model unless it is the base model's name. It is called
+	// once per request with a body, and may be called concurrently. nil
+	// leaves Request.Adapter empty.
+	Adapter func(model string) string
 	// Hasher hashes the prompt text into Request.Prefix (byte mode; token
 	// mode for prompts given as token IDs). Its block size in tokens must be
 	// that of the policy's prefix index. nil means a Hasher with the
@@ -98,6 +106,7 @@ type Parser struct {
 	tenantHdr   string                              // "": none
 	scoped      bool                                // a tenant is read: scope session keys
 	featureHdr  string                              // "": none
+	adapter     func(string) string                 // nil: none
 	hasher      *prefix.Hasher
 	countTokens func(string) int
 	tokenize    func(string) []uint32
@@ -115,6 +124,7 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 		tenantHdr:   http.CanonicalHeaderKey(cfg.TrustTenantHeader),
 		scoped:      cfg.Tenant != nil || cfg.TrustTenantHeader != "",
 		featureHdr:  http.CanonicalHeaderKey(cfg.FeatureHeader),
+		adapter:     cfg.Adapter,
 		hasher:      cfg.Hasher,
 		countTokens: cfg.CountTokens,
 		tokenize:    cfg.Tokenize,

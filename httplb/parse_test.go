@@ -421,3 +421,31 @@ func TestAPIsHashAlike(t *testing.T) {
 		}
 	}
 }
+
+// ParserConfig.Adapter names the request's LoRA adapter from its model.
+func TestParserAdapter(t *testing.T) {
+	p := newParser(t, ParserConfig{Adapter: func(model string) string {
+		if model == "llama-3-8b" {
+			return ""
+		}
+		return model
+	}})
+	for body, want := range map[string]string{
+		`{"model":"sql-lora","prompt":"x"}`:                                 "sql-lora",
+		`{"model":"llama-3-8b","messages":[{"role":"user","content":"x"}]}`: "",
+		`{"prompt":"x"}`: "",
+		`not json`:       "",
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(body))
+		req, err := p.Parse(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if req.Adapter != want {
+			t.Errorf("%s: adapter %q, want %q", body, req.Adapter, want)
+		}
+	}
+	if req, _ := newParser(t, ParserConfig{}).Parse(httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"model":"sql-lora"}`))); req.Adapter != "" {
+		t.Errorf("without ParserConfig.Adapter: adapter %q", req.Adapter)
+	}
+}

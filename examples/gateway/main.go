@@ -98,6 +98,7 @@ type options struct {
 	kvRelay       bool     // relay the -kv-events engines' events onto NATS
 	kvFromNATS    bool     // follow the engines' events relayed on NATS
 	spillTo       []string // base URLs of a managed provider's deployments to spill to
+	loraBase      string   // the base model's name: other model names are LoRA adapters
 }
 
 func main() {
@@ -135,6 +136,7 @@ func run(args []string) error {
 	fs.BoolVar(&o.kvRelay, "kv-relay", false, "with -nats and -kv-events: publish the engines' KV events on NATS for the replicas started with -kv-events-nats (this one follows them from NATS too)")
 	fs.BoolVar(&o.kvFromNATS, "kv-events-nats", false, "with -nats: follow the engines' KV events that a replica started with -kv-relay publishes on NATS")
 	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
+	fs.StringVar(&o.loraBase, "lora-base", "", "the replicas' base model name: a request naming another model names a LoRA adapter, and goes to the replicas holding it (llmlb.AdapterAffinity, residency from vLLM's vllm:lora_requests_info) (\"\": no adapter routing)")
 	spillTo := fs.String("spill-to", "", "comma-separated base URLs of a second tier (a managed provider's deployments) that requests spill to when the replicas answer 429, a full queue, 5xx or a context-length 400; spilled responses carry X-Llmlb-Spillover-From")
 	demoSpill := fs.Bool("demo-spill", false, "send a burst to 2 small emulated engines, without and then with an emulated rate-limited provider to spill to, and exit")
 	demoFair := fs.Bool("demo-fair", false, "compare a heavy and a light tenant's service on emulated engines, without and with -fair (default: the engines' slots), and exit")
@@ -366,6 +368,18 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 	policy, err := policyByName(o.policy, o.slots, ix, events)
 	if err != nil {
 		return nil, nil, err
+	}
+	if o.loraBase != "" {
+		if policy, err = llmlb.AdapterAffinity(policy, llmlb.AdapterConfig{}); err != nil {
+			return nil, nil, err
+		}
+		base := o.loraBase
+		parser.Adapter = func(model string) string {
+			if model == base || model == "" {
+				return ""
+			}
+			return model
+		}
 	}
 	parser.TrustTenantHeader, parser.FeatureHeader = o.tenantHeader, o.featureHeader
 	var queue *fair.Queue
