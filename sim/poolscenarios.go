@@ -75,6 +75,9 @@ func providersScenario() PoolScenario {
 			rs = append(rs, PoolRouting{Name: p, Policies: []string{p}, Cooldown: cool})
 		}
 	}
+	for _, p := range []string{"least-outstanding", "peak-ewma"} {
+		rs = append(rs, PoolRouting{Name: p + ", RPM weights", Policies: []string{p}, Cooldown: true, Weights: true})
+	}
 	return PoolScenario{
 		Name:  "providers",
 		Tiers: [][]Deployment{d},

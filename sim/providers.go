@@ -65,7 +65,21 @@ type PoolRouting struct {
 	// after a 429's Retry-After or a spent rate limit; with several tiers,
 	// a tier whose deployments are all out is skipped.
 	Cooldown bool
+	// Weights declares each deployment's rate limit (RPM) as its endpoint
+	// weight, so that a policy gives a deployment a share of the traffic in
+	// proportion to its quota. Deployments without a rate limit weigh 1.
+	Weights bool
 }
+
+// rpmEndpoint is a deployment's endpoint that declares its rate limit as
+// its weight (PoolRouting.Weights).
+type rpmEndpoint struct {
+	endpoint
+	rpm float64
+}
+
+// Weight returns the deployment's requests per minute.
+func (e *rpmEndpoint) Weight() float64 { return e.rpm }
 
 // PoolScenario is a preset of tiers of deployments, a workload and the
 // routings compared on it.
@@ -305,6 +319,9 @@ func newPoolRun(sc *PoolScenario, rt PoolRouting, seed uint64, reqs []poolReq) (
 		eps := make([]llmlb.Endpoint, len(g))
 		for i := range g {
 			eps[i] = &endpoint{key: g[i].Name, idx: i}
+			if rt.Weights && g[i].RPM > 0 {
+				eps[i] = &rpmEndpoint{endpoint{key: g[i].Name, idx: i}, g[i].RPM}
+			}
 		}
 		if err := bal.Update(eps); err != nil {
 			return nil, err
