@@ -97,7 +97,8 @@ type Config struct {
 	// requests for a second.
 	RetryAfter time.Duration
 	// MaxRetryAfter is the most wait suggested to refused callers; 0 means
-	// [DefaultMaxRetryAfter], or RetryAfter if that is more.
+	// [DefaultMaxRetryAfter], or RetryAfter if that is more. A value set
+	// below RetryAfter is an error.
 	MaxRetryAfter time.Duration
 	// Observer, if not nil, is told of every admission and refusal, for
 	// metrics (package telemetry provides one).

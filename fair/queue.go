@@ -77,8 +77,8 @@ type Queue struct {
 }
 
 // New returns a queue configured by cfg, or an error wrapping
-// [ErrInvalidConfig] for a negative cap or bound, or a weight that is
-// negative, NaN or infinite.
+// [ErrInvalidConfig] for a negative cap, bound or wait, a MaxRetryAfter
+// below RetryAfter, or a weight that is negative, NaN or infinite.
 func New(cfg Config) (*Queue, error) {
 	switch {
 	case cfg.MaxInFlight < 0:
@@ -99,6 +99,8 @@ func New(cfg Config) (*Queue, error) {
 		return nil, invalidf("RetryAfter %v is negative", cfg.RetryAfter)
 	case cfg.MaxRetryAfter < 0:
 		return nil, invalidf("MaxRetryAfter %v is negative", cfg.MaxRetryAfter)
+	case cfg.MaxRetryAfter != 0 && cfg.MaxRetryAfter < max(cfg.RetryAfter, 0):
+		return nil, invalidf("MaxRetryAfter %v is below RetryAfter %v", cfg.MaxRetryAfter, cfg.RetryAfter)
 	}
 	q := &Queue{
 		maxInFlight:     cfg.MaxInFlight,

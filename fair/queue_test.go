@@ -24,6 +24,8 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 		{"NaN OutputWeight", Config{OutputWeight: math.NaN()}},
 		{"infinite OutputWeight", Config{OutputWeight: math.Inf(1)}},
 		{"negative RetryAfter", Config{RetryAfter: -time.Second}},
+		{"negative MaxRetryAfter", Config{MaxRetryAfter: -time.Second}},
+		{"MaxRetryAfter below RetryAfter", Config{RetryAfter: 10 * time.Second, MaxRetryAfter: time.Second}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
