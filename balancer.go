@@ -599,7 +599,7 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	}
 	// A record waits in the pool already in the picked phase of its next
 	// generation (see Done), so the handle only reads it.
-	return Pick{rec: rec, base: rec.state.Load() &^ phaseMask, ep: st.desc.Load().ep}
+	return Pick{rec: rec, base: rec.state.Load() &^ phaseMask, ep: st.desc.Load().ep, cached: int32(prompt - prefill)}
 }
 
 // Pick is the handle of one picked request. Its zero value (returned with an
@@ -611,9 +611,10 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 // safe to call concurrently; after Done both are no-ops, even if the
 // balancer's storage for the handle was reused by a later request.
 type Pick struct {
-	rec  *record
-	base uint64 // the record's generation for this request, phase bits clear
-	ep   Endpoint
+	rec    *record
+	base   uint64 // the record's generation for this request, phase bits clear
+	ep     Endpoint
+	cached int32 // the prompt tokens the policy expected the endpoint to hold
 }
 
 // Endpoint returns the picked endpoint, or nil for the zero Pick.
@@ -622,7 +623,12 @@ func (p Pick) Endpoint() Endpoint { return p.ep }
 // FirstToken records that prefill is done and streaming began: the request's
 // prompt tokens stop counting as pending prefill. It is the commitment point
 // after which retries and hedges are no longer invisible to the user.
-func (p Pick) FirstToken() {
+func (p Pick) FirstToken() { p.firstToken(true) }
+
+// firstToken moves the request to streaming. When measure is false the
+// transition teaches the speed estimator nothing and is not observed: the
+// prompt did not prefill on this endpoint (see [DisaggPick]).
+func (p Pick) firstToken(measure bool) {
 	rec := p.rec
 	if rec == nil || !rec.state.CompareAndSwap(p.base|phasePicked, p.base|phaseBusy) {
 		return // done, streaming already, or another call holds it
@@ -638,13 +644,13 @@ func (p Pick) FirstToken() {
 		st.mu.Unlock()
 	}
 	b, picked := rec.b, rec.picked
-	if b.learn && st.est != nil {
+	if measure && b.learn && st.est != nil {
 		now := b.clock.Now().UnixNano()
 		rec.first = now
 		st.est.firstToken(rec.work, time.Duration(now-picked), now)
 	}
 	rec.state.Store(p.base | phaseStreaming)
-	if b.obs != nil && b.obs.FirstToken != nil {
+	if measure && b.obs != nil && b.obs.FirstToken != nil {
 		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked)})
 	}
 }
@@ -680,7 +686,7 @@ func (p Pick) Done(err error) {
 	if streaming && err == nil {
 		// Only a request that streamed to its end measures decode and
 		// teaches its output length.
-		if b.learn && st.est != nil {
+		if b.learn && st.est != nil && rec.first != 0 {
 			tokens := int64(rec.d2 >> 32) // the decode charged
 			if out > 0 {
 				tokens = out

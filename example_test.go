@@ -212,3 +212,55 @@ func ExamplePeakEWMA() {
 	// Output:
 	// 9 1
 }
+
+func ExampleDisaggregated() {
+	ctx := context.Background()
+	// The prefill pool weighs prefix affinity against queued prefill; the
+	// decode pool, with its own index, weighs KV footprint and batch.
+	newPool := func(keys ...string) *llmlb.Balancer {
+		ix, err := prefix.NewIndex(prefix.IndexConfig{})
+		if err != nil {
+			panic(err)
+		}
+		policy, err := llmlb.Default(llmlb.DefaultConfig{Index: ix})
+		if err != nil {
+			panic(err)
+		}
+		b, err := llmlb.New(policy, llmlb.WithRand(rand.NewPCG(1, 2)))
+		if err != nil {
+			panic(err)
+		}
+		eps := make([]llmlb.Endpoint, len(keys))
+		for i, k := range keys {
+			eps[i] = replica(k)
+		}
+		if err := b.Update(eps); err != nil {
+			panic(err)
+		}
+		return b
+	}
+	pd, err := llmlb.NewDisaggregated(newPool("prefill-0", "prefill-1"), newPool("decode-0", "decode-1", "decode-2"),
+		llmlb.DisaggConfig{LocalPrefillTokens: 512, LocalPrefillRatio: 1})
+	if err != nil {
+		panic(err)
+	}
+	for _, tokens := range []int{6000, 200} {
+		p, err := pd.Pick(ctx, &llmlb.Request{PromptTokens: tokens, MaxTokens: 256})
+		if err != nil {
+			panic(err)
+		}
+		if p.Local() {
+			fmt.Printf("%d tokens: prefill and decode on %s\n", tokens, p.Decode.Endpoint().Key()[:6])
+		} else {
+			fmt.Printf("%d tokens: prefill on %s, decode on %s\n", tokens, p.Prefill.Endpoint().Key()[:7], p.Decode.Endpoint().Key()[:6])
+		}
+		// Send the prompt to the prefill endpoint and the request to the
+		// decode endpoint; when the first token streams:
+		p.FirstToken()
+		// ... and when the response ends:
+		p.Done(nil)
+	}
+	// Output:
+	// 6000 tokens: prefill on prefill, decode on decode
+	// 200 tokens: prefill and decode on decode
+}

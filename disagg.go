@@ -1,0 +1,179 @@
+package llmlb
+
+import (
+	"context"
+	"errors"
+	"math"
+)
+
+// DefaultLocalPrefillRatio is [DisaggConfig.LocalPrefillRatio] when it is 0:
+// NVIDIA Dynamo's default effective-input-length ratio for conditional
+// disaggregation (DEFAULT_CONDITIONAL_DISAGG_EFF_ISL_RATIO_THRESHOLD in
+// lib/kv-router/src/conditional_disagg.rs, 2026).
+const DefaultLocalPrefillRatio = 0.7
+
+// DisaggConfig configures [NewDisaggregated]. The zero value sends every
+// request's prefill to the prefill pool.
+type DisaggConfig struct {
+	// LocalPrefillTokens enables conditional disaggregation. A request
+	// whose prompt, net of the tokens its decode endpoint is expected to
+	// hold, is shorter than LocalPrefillTokens and less than
+	// LocalPrefillRatio of the whole prompt prefills on its decode
+	// endpoint: for a short or mostly cached prompt, moving the KV costs
+	// more than computing it where it decodes. This is Dynamo's "isl
+	// bounding" rule, whose default threshold is 2048 tokens when it is
+	// enabled. 0 disables it.
+	LocalPrefillTokens int
+	// LocalPrefillRatio is the second bound of the rule above, a fraction
+	// in (0, 1]. 0 means [DefaultLocalPrefillRatio]. 1 removes the bound,
+	// so that every short uncached prompt prefills locally, as Dynamo's
+	// earlier rule did (max_local_prefill_length).
+	LocalPrefillRatio float64
+}
+
+// Disaggregated picks, for each request, a decode endpoint and a prefill
+// endpoint from two pools, for engines that run the two phases on
+// different workers (vLLM and SGLang prefill/decode disaggregation, NVIDIA
+// Dynamo). Each pool is an ordinary [Balancer] with its own policy: the
+// prefill pool's should weigh prefix affinity against queued prefill (as
+// [Default] does), the decode pool's KV capacity and batch. The decode
+// pool's policy also prices the KV transfer:
+// a decode endpoint that already holds the head of the prompt pulls only
+// the rest, so its expected cached tokens make it cheaper, as they make a
+// co-located endpoint cheaper to prefill on.
+//
+// The decode endpoint is picked first, then the prefill endpoint (unless
+// the request prefills locally, see [DisaggConfig.LocalPrefillTokens]).
+// When the prefill pool cannot give an endpoint (it has none, or the
+// request excludes all of them), the request prefills on its decode
+// endpoint rather than fail.
+//
+// A Disaggregated is safe for concurrent use. It holds no state of its own:
+// the two Balancers account for everything, and their other users (such as
+// membership updates) keep working on them directly. Each Balancer's
+// [Observer] sees its own part: the prefill pool's first token is the end of
+// the prefill, and the decode pool's observer sees no first token for a
+// request prefilled remotely, whose prompt the decode endpoint received
+// rather than computed.
+type Disaggregated struct {
+	prefill, decode *Balancer
+	localTokens     int
+	localRatio      float64
+}
+
+// NewDisaggregated returns the two-stage picker over a prefill and a decode
+// Balancer, which must be distinct. Errors wrap [ErrInvalidPolicy].
+func NewDisaggregated(prefill, decode *Balancer, cfg DisaggConfig) (*Disaggregated, error) {
+	switch {
+	case prefill == nil || decode == nil:
+		return nil, policyErrorf("disaggregation needs a prefill and a decode balancer")
+	case prefill == decode:
+		return nil, policyErrorf("disaggregation needs two balancers, got one for both pools")
+	case cfg.LocalPrefillTokens < 0:
+		return nil, policyErrorf("local prefill tokens %d is negative", cfg.LocalPrefillTokens)
+	case math.IsNaN(cfg.LocalPrefillRatio) || cfg.LocalPrefillRatio < 0 || cfg.LocalPrefillRatio > 1:
+		return nil, policyErrorf("local prefill ratio %v is not in [0, 1]", cfg.LocalPrefillRatio)
+	}
+	ratio := cfg.LocalPrefillRatio
+	if ratio == 0 {
+		ratio = DefaultLocalPrefillRatio
+	}
+	return &Disaggregated{prefill: prefill, decode: decode, localTokens: cfg.LocalPrefillTokens, localRatio: ratio}, nil
+}
+
+// Pick picks the endpoints of one request. The decode pool sees the request
+// as it is; the prefill pool sees it with its output capped at one token,
+// the token a prefill worker computes. On error, nothing stays charged to
+// either pool.
+func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error) {
+	dec, err := d.decode.Pick(ctx, r)
+	if err != nil {
+		return DisaggPick{}, err
+	}
+	if r == nil || d.local(r.PromptTokens, int(dec.cached)) {
+		return DisaggPick{Decode: dec}, nil
+	}
+	pr := *r
+	pr.MaxTokens, pr.OutputTokens = 1, 1
+	pre, err := d.prefill.Pick(ctx, &pr)
+	switch {
+	case errors.Is(err, ErrNoEndpoints) || errors.Is(err, ErrNoCandidates):
+		return DisaggPick{Decode: dec}, nil // prefill where it decodes
+	case err != nil:
+		dec.Done(err)
+		return DisaggPick{}, err
+	}
+	// The decode endpoint computes none of the prompt: it receives its KV.
+	// From now on it is charged the KV footprint and the decode work only.
+	dec.firstToken(false)
+	return DisaggPick{Prefill: pre, Decode: dec}, nil
+}
+
+// local reports whether a prompt of the given tokens, of which cached are
+// expected on the decode endpoint, prefills there.
+func (d *Disaggregated) local(prompt, cached int) bool {
+	if prompt == 0 {
+		return true // nothing to prefill
+	}
+	if d.localTokens == 0 {
+		return false
+	}
+	uncached := prompt - min(cached, prompt)
+	return uncached < d.localTokens && (d.localRatio == 1 || float64(uncached) < d.localRatio*float64(prompt))
+}
+
+// DisaggPick is the handle of one request picked by [Disaggregated]. Its
+// zero value (returned with an error) is inert, and it may be copied.
+type DisaggPick struct {
+	// Prefill is the prefill endpoint's handle: the zero Pick, whose
+	// Endpoint is nil, when the request prefills on its decode endpoint.
+	Prefill Pick
+	// Decode is the decode endpoint's handle.
+	Decode Pick
+}
+
+// Local reports whether the request prefills on its decode endpoint, with
+// no prefill endpoint.
+func (p DisaggPick) Local() bool { return p.Prefill.Endpoint() == nil }
+
+// Prefilled records that the prefill endpoint finished the prompt and its KV
+// reached the decode endpoint: the prefill endpoint is released. For a local
+// prefill it does nothing.
+func (p DisaggPick) Prefilled() {
+	p.Prefill.FirstToken()
+	p.Prefill.Done(nil)
+}
+
+// FirstToken records that the decode endpoint streamed the first token,
+// which implies Prefilled.
+func (p DisaggPick) FirstToken() {
+	p.Prefilled()
+	if p.Local() {
+		p.Decode.FirstToken()
+	} else {
+		p.Decode.decodeBegins()
+	}
+}
+
+// decodeBegins starts the decode clock of a request that moved to streaming
+// without a first token (see firstToken), so that a balancer that learns
+// speeds measures its decode from here, not from the pick. Calls after the
+// first, and after Done, do nothing.
+func (p Pick) decodeBegins() {
+	rec := p.rec
+	if rec == nil || !rec.state.CompareAndSwap(p.base|phaseStreaming, p.base|phaseBusy) {
+		return
+	}
+	if b := rec.b; b.learn && rec.first == 0 {
+		rec.first = b.clock.Now().UnixNano()
+	}
+	rec.state.Store(p.base | phaseStreaming)
+}
+
+// Done records that the request finished (err is informational) and
+// releases both endpoints. A request that failed before its prefill ended
+// passes the error to the prefill endpoint too.
+func (p DisaggPick) Done(err error) {
+	p.Prefill.Done(err)
+	p.Decode.Done(err)
+}

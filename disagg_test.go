@@ -1,0 +1,329 @@
+package llmlb
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb/prefix"
+)
+
+// pdPool returns n endpoints keyed name0, name1, ...
+func pdPool(name string, n int) []Endpoint {
+	out := make([]Endpoint, n)
+	for i := range out {
+		out[i] = testEP{key: name + strconv.Itoa(i)}
+	}
+	return out
+}
+
+// newPD returns a Disaggregated over a prefill pool of np endpoints and a
+// decode pool of nd, both balanced by Default over their own index.
+func newPD(t *testing.T, np, nd int, cfg DisaggConfig) (*Disaggregated, *Balancer, *Balancer, *prefix.Index) {
+	t.Helper()
+	pre := mustNew(t, P2C(RequestsScore))
+	mustUpdate(t, pre, pdPool("p", np))
+	ix, _ := prefix.NewIndex(prefix.IndexConfig{})
+	pol, err := Default(DefaultConfig{Index: ix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := mustNew(t, pol)
+	mustUpdate(t, dec, pdPool("d", nd))
+	d, err := NewDisaggregated(pre, dec, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, pre, dec, ix
+}
+
+func sum(b *Balancer) EndpointStats {
+	var s EndpointStats
+	for _, e := range b.Stats() {
+		s.Outstanding += e.Outstanding
+		s.Queued += e.Queued
+		s.PrefillTokens += e.PrefillTokens
+		s.DecodeTokens += e.DecodeTokens
+	}
+	return s
+}
+
+func TestDisaggregatedChargesEachPoolItsPhase(t *testing.T) {
+	d, pre, dec, _ := newPD(t, 2, 3, DisaggConfig{})
+	pk, err := d.Pick(context.Background(), &Request{PromptTokens: 3000, OutputTokens: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pk.Local() || pk.Prefill.Endpoint() == nil || pk.Decode.Endpoint() == nil {
+		t.Fatalf("got a local pick (prefill %v, decode %v), want one from each pool", pk.Prefill.Endpoint(), pk.Decode.Endpoint())
+	}
+	// The prefill endpoint computes the prompt and one token; the decode
+	// endpoint holds the prompt's KV and decodes, with no prefill queued.
+	if s := sum(pre); s.Outstanding != 1 || s.Queued != 1 || s.PrefillTokens != 3000 || s.DecodeTokens != 1 {
+		t.Fatalf("prefill pool %+v, want 1 queued request of 3000 prefill tokens and 1 decode token", s)
+	}
+	if s := sum(dec); s.Outstanding != 1 || s.Queued != 0 || s.PrefillTokens != 0 || s.DecodeTokens != 200 {
+		t.Fatalf("decode pool %+v, want 1 streaming request of 200 decode tokens and no prefill", s)
+	}
+	pk.Prefilled()
+	if s := sum(pre); s != (EndpointStats{}) {
+		t.Fatalf("prefill pool after Prefilled %+v, want nothing charged", s)
+	}
+	pk.FirstToken()
+	if s := sum(dec); s.Outstanding != 1 || s.DecodeTokens != 200 {
+		t.Fatalf("decode pool after FirstToken %+v, want the request still charged", s)
+	}
+	pk.Done(nil)
+	pk.Done(nil) // idempotent
+	if s := sum(dec); s != (EndpointStats{}) {
+		t.Fatalf("decode pool after Done %+v, want nothing charged", s)
+	}
+}
+
+func TestDisaggregatedLocalPrefillRule(t *testing.T) {
+	// Dynamo's rule: local when uncached < 2048 tokens and uncached <
+	// 0.7 of the prompt, both strictly.
+	d, _, _, ix := newPD(t, 2, 1, DisaggConfig{LocalPrefillTokens: 2048})
+	prompt := blocks(7, 200) // 3200 tokens
+	for _, tc := range []struct {
+		name          string
+		cached, total int // blocks of 16 tokens
+		local         bool
+	}{
+		{"nothing cached", 0, 100, false},              // 1600 uncached, ratio 1
+		{"mostly cached", 80, 100, true},               // 320 uncached, ratio 0.2
+		{"ratio at the bound", 30, 100, false},         // 1120 uncached, ratio 0.7
+		{"ratio under the bound", 31, 100, true},       // 1104 uncached, ratio 0.69
+		{"long prompt, mostly cached", 150, 200, true}, // 800 uncached, ratio 0.25
+		{"tokens at the bound", 72, 200, false},        // 2048 uncached
+		{"tokens under the bound", 73, 200, true},      // 2032 uncached, ratio 0.635
+		{"short prompt, nothing cached", 0, 4, false},  // 64 uncached, ratio 1
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix.Cleared("d0")
+			if tc.cached > 0 {
+				_ = ix.Stored("d0", 16, prompt[:tc.cached]...)
+			}
+			pk, err := d.Pick(context.Background(), &Request{PromptTokens: 16 * tc.total, OutputTokens: 10, Prefix: prompt[:tc.total]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pk.Done(nil)
+			if pk.Local() != tc.local {
+				t.Fatalf("local = %v with %d of %d blocks cached, want %v", pk.Local(), tc.cached, tc.total, tc.local)
+			}
+		})
+	}
+}
+
+func TestDisaggregatedLocalPrefillIsChargedWhereItDecodes(t *testing.T) {
+	// A ratio of 1 lets a short prompt prefill locally with nothing cached.
+	d, pre, dec, _ := newPD(t, 2, 1, DisaggConfig{LocalPrefillTokens: 2048, LocalPrefillRatio: 1})
+	pk, err := d.Pick(context.Background(), &Request{PromptTokens: 100, OutputTokens: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pk.Local() {
+		t.Fatal("a 100-token prompt prefills remotely, want locally")
+	}
+	if s := sum(pre); s != (EndpointStats{}) {
+		t.Fatalf("prefill pool %+v, want nothing charged", s)
+	}
+	if s := sum(dec); s.Queued != 1 || s.PrefillTokens != 100 || s.DecodeTokens != 50 {
+		t.Fatalf("decode pool %+v, want the whole request, prefill included", s)
+	}
+	pk.Prefilled() // no prefill endpoint: does nothing
+	if s := sum(dec); s.Queued != 1 {
+		t.Fatalf("decode pool after Prefilled %+v, want the prompt still queued", s)
+	}
+	pk.FirstToken()
+	if s := sum(dec); s.Queued != 0 || s.PrefillTokens != 0 {
+		t.Fatalf("decode pool after FirstToken %+v, want the prompt prefilled", s)
+	}
+	pk.Done(nil)
+	if s := sum(dec); s != (EndpointStats{}) {
+		t.Fatalf("decode pool after Done %+v, want nothing charged", s)
+	}
+}
+
+func TestDisaggregatedPrefillsLocallyWhenThePrefillPoolCannot(t *testing.T) {
+	d, pre, _, _ := newPD(t, 2, 2, DisaggConfig{})
+	pk, err := d.Pick(context.Background(), &Request{PromptTokens: 5000, Exclude: []string{"p0", "p1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pk.Local() {
+		t.Fatal("every prefill endpoint excluded, and the request did not prefill locally")
+	}
+	pk.Done(nil)
+
+	if err := pre.Update(nil); err != nil {
+		t.Fatal(err)
+	}
+	pk, err = d.Pick(context.Background(), &Request{PromptTokens: 5000})
+	if err != nil || !pk.Local() {
+		t.Fatalf("empty prefill pool: local %v, err %v; want a local prefill", pk.Local(), err)
+	}
+	pk.Done(nil)
+}
+
+func TestDisaggregatedErrorsChargeNothing(t *testing.T) {
+	d, pre, dec, _ := newPD(t, 2, 2, DisaggConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := d.Pick(ctx, &Request{PromptTokens: 10}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if _, err := d.Pick(context.Background(), &Request{PromptTokens: -1}); !errors.Is(err, ErrInvalidRequest) {
+		t.Fatalf("err = %v, want ErrInvalidRequest", err)
+	}
+	if _, err := d.Pick(context.Background(), &Request{PromptTokens: 10, Exclude: []string{"d0", "d1"}}); !errors.Is(err, ErrNoCandidates) {
+		t.Fatalf("every decode endpoint excluded: err = %v, want ErrNoCandidates", err)
+	}
+	if s, t2 := sum(pre), sum(dec); s != (EndpointStats{}) || t2 != (EndpointStats{}) {
+		t.Fatalf("after errors: prefill %+v, decode %+v; want nothing charged", s, t2)
+	}
+	var zero DisaggPick // inert
+	zero.Prefilled()
+	zero.FirstToken()
+	zero.Done(nil)
+}
+
+func TestNewDisaggregatedRejectsBadConfigs(t *testing.T) {
+	a := mustNew(t, RoundRobin())
+	b := mustNew(t, RoundRobin())
+	for _, tc := range []struct {
+		name     string
+		pre, dec *Balancer
+		cfg      DisaggConfig
+	}{
+		{"nil prefill", nil, b, DisaggConfig{}},
+		{"nil decode", a, nil, DisaggConfig{}},
+		{"one balancer for both", a, a, DisaggConfig{}},
+		{"negative tokens", a, b, DisaggConfig{LocalPrefillTokens: -1}},
+		{"negative ratio", a, b, DisaggConfig{LocalPrefillTokens: 10, LocalPrefillRatio: -0.1}},
+		{"ratio above one", a, b, DisaggConfig{LocalPrefillTokens: 10, LocalPrefillRatio: 1.5}},
+		{"NaN ratio", a, b, DisaggConfig{LocalPrefillTokens: 10, LocalPrefillRatio: math.NaN()}},
+	} {
+		if _, err := NewDisaggregated(tc.pre, tc.dec, tc.cfg); !errors.Is(err, ErrInvalidPolicy) {
+			t.Errorf("%s: err = %v, want ErrInvalidPolicy", tc.name, err)
+		}
+	}
+}
+
+// TestDisaggregatedDoesNotTeachTheDecodePoolATransfer checks that a remote
+// prefill, whose prompt the decode endpoint receives, is not measured as a
+// first token there: Learn would take the pick-to-pick gap for a prefill
+// speed.
+func TestDisaggregatedDoesNotTeachTheDecodePoolATransfer(t *testing.T) {
+	pre := mustNew(t, RoundRobin())
+	mustUpdate(t, pre, pdPool("p", 1))
+	var firsts, dones int
+	var mu sync.Mutex
+	obs := &Observer{
+		FirstToken: func(FirstTokenInfo) { mu.Lock(); firsts++; mu.Unlock() },
+		Done:       func(DoneInfo) { mu.Lock(); dones++; mu.Unlock() },
+	}
+	dec := mustNew(t, RoundRobin(), WithObserver(obs))
+	mustUpdate(t, dec, pdPool("d", 1))
+	d, err := NewDisaggregated(pre, dec, DisaggConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk, err := d.Pick(context.Background(), &Request{PromptTokens: 4000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk.FirstToken()
+	pk.Done(nil)
+	if firsts != 0 || dones != 1 {
+		t.Fatalf("decode observer saw %d first tokens and %d completions, want 0 and 1", firsts, dones)
+	}
+}
+
+// TestDisaggregatedAccountingBalances drives many requests through every
+// order of the handle's calls, from several goroutines, and checks that
+// both pools end with nothing charged.
+func TestDisaggregatedAccountingBalances(t *testing.T) {
+	d, pre, dec, _ := newPD(t, 3, 5, DisaggConfig{LocalPrefillTokens: 512})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 500 {
+				n := rng.IntN(60) + 1
+				r := Request{PromptTokens: 16 * n, OutputTokens: rng.IntN(300), Prefix: blocks(rng.IntN(4), n)}
+				if rng.IntN(10) == 0 {
+					r.Exclude = []string{"p0", "p1", "p2"}
+				}
+				pk, err := d.Pick(context.Background(), &r)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch rng.IntN(4) {
+				case 0: // fails before its prefill ends
+				case 1:
+					pk.Prefilled()
+				case 2:
+					pk.FirstToken()
+				case 3:
+					pk.Prefilled()
+					pk.FirstToken()
+					pk.FirstToken()
+				}
+				if rng.IntN(2) == 0 {
+					pk.Done(errors.New("reset"))
+				} else {
+					pk.Done(nil)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if s, t2 := sum(pre), sum(dec); s != (EndpointStats{}) || t2 != (EndpointStats{}) {
+		t.Fatalf("prefill %+v, decode %+v; want nothing charged", s, t2)
+	}
+}
+
+// TestDisaggregatedDecodePoolLearnsDecodeFromTheFirstToken checks that a
+// decode pool that learns speeds times a remote request's decode from its
+// first token, not from the pick: the wait for the prefill and the transfer
+// is not decode time.
+func TestDisaggregatedDecodePoolLearnsDecodeFromTheFirstToken(t *testing.T) {
+	clk := newFakeClock()
+	pre := mustNew(t, RoundRobin(), WithClock(clk))
+	mustUpdate(t, pre, pdPool("p", 1))
+	pol, err := Default(DefaultConfig{Learn: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := mustNew(t, pol, WithClock(clk))
+	mustUpdate(t, dec, pdPool("d", 1))
+	d, err := NewDisaggregated(pre, dec, DisaggConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		pk, err := d.Pick(context.Background(), &Request{PromptTokens: 4000, OutputTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(5 * time.Second) // prefill and transfer
+		pk.FirstToken()
+		clk.Advance(time.Second) // 100 tokens at 10 ms
+		pk.Decode.Generated(100)
+		pk.Done(nil)
+	}
+	est := dec.snap.Load().eps[0].est
+	if got := math.Float64frombits(est.dtau.Load()); math.Abs(got-0.01) > 1e-9 {
+		t.Fatalf("learned %v s per decode token, want 0.01", got)
+	}
+}
