@@ -19,7 +19,22 @@ type PeakEWMAConfig struct {
 	// that completes nothing sees its average fall towards zero at that
 	// pace, so that it is tried again. 0 means [DefaultPeakDecay].
 	Decay time.Duration
+	// Headroom, if set, returns the fraction in [0, 1] of an endpoint's
+	// rate-limit quota that remains, and false when it is unknown
+	// (retry.Ejector's Headroom method, fed by the answers' rate-limit
+	// headers). An endpoint's cost is divided by its headroom, at least
+	// [MinHeadroom], so that requests spread towards the deployments with
+	// quota to spare before any of them runs out; an unknown headroom
+	// counts as 1. It is called for the two sampled candidates of each
+	// pick, and must be safe for concurrent use.
+	Headroom func(key string) (float64, bool)
 }
+
+// MinHeadroom is the least headroom [PeakEWMAConfig.Headroom] divides a
+// cost by: an endpoint with its quota all but spent costs at most 20 times
+// its latency cost, so that it is still tried if the others are slower yet
+// (one that has nothing left is cooled down by retry.Ejector instead).
+const MinHeadroom = 0.05
 
 // PeakEWMA returns the power-of-two-choices policy over latency, for
 // endpoints that report no load: managed APIs (OpenAI, Anthropic, Bedrock,
@@ -49,11 +64,21 @@ func PeakEWMA(cfg PeakEWMAConfig) (Policy, error) {
 	if d == 0 {
 		d = DefaultPeakDecay
 	}
-	return &peakEWMA{decay: float64(d)}, nil
+	return &peakEWMA{decay: float64(d), headroom: cfg.Headroom}, nil
 }
 
 type peakEWMA struct {
-	decay float64 // nanoseconds
+	decay    float64 // nanoseconds
+	headroom func(string) (float64, bool)
+}
+
+// quota divides cost by the headroom of st's endpoint.
+func (p *peakEWMA) quota(cost float64, st *epState) float64 {
+	h, ok := p.headroom(st.key)
+	if !ok || !(h < 1) {
+		return cost
+	}
+	return cost / max(h, MinHeadroom)
 }
 
 // String names the policy in errors and logs.
@@ -82,6 +107,9 @@ func (p *peakEWMA) Choose(c *Candidates) int {
 	}
 	ca := la * float64(sa.outstanding()+1) / c.weight(sa)
 	cb := lb * float64(sb.outstanding()+1) / c.weight(sb)
+	if p.headroom != nil {
+		ca, cb = p.quota(ca, sa), p.quota(cb, sb)
+	}
 	return p2cPick(a, b, ca, cb, x)
 }
 

@@ -148,3 +148,40 @@ func TestPeakEWMAPickDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%v allocations per pick", allocs)
 	}
 }
+
+// An endpoint with little of its quota left costs its latency cost divided
+// by its headroom: with equal latencies, one at 10% takes a request only
+// once the other has ten times its requests in flight (ties are at random,
+// so the test stops before the next one).
+func TestPeakEWMAHeadroom(t *testing.T) {
+	room := map[string]float64{"ep0": 0.1}
+	pol, err := PeakEWMA(PeakEWMAConfig{Headroom: func(key string) (float64, bool) {
+		h, ok := room[key]
+		return h, ok
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(2))
+	got := map[string]int{}
+	for range 20 {
+		p, err := b.Pick(t.Context(), &Request{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[p.Endpoint().Key()]++
+		defer p.Done(nil)
+	}
+	if got["ep0"] != 1 || got["ep1"] != 19 {
+		t.Fatalf("picks %v, want 1 on ep0 (10%% headroom) and 19 on ep1", got)
+	}
+	// Below MinHeadroom, and not a number: the floor, and unknown.
+	room["ep0"], room["ep1"] = 0, math.NaN()
+	p, _ := b.Pick(t.Context(), &Request{})
+	defer p.Done(nil)
+	// ep0 costs 2/0.05 = 40, ep1 20.
+	if k := p.Endpoint().Key(); k != "ep1" {
+		t.Fatalf("picked %s, want ep1", k)
+	}
+}

@@ -322,6 +322,12 @@ func (g *Gateway) Update(backends []string) error {
 // ServeHTTP routes one request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.proxy.ServeHTTP(w, r) }
 
+// Headroom returns the fraction of a backend's rate-limit quota that its
+// last answers reported remaining, refilled since ([retry.Ejector.Headroom]);
+// false when it reported none. Give it to [llmlb.PeakEWMAConfig].Headroom
+// for backends that are managed deployments.
+func (g *Gateway) Headroom(backend string) (float64, bool) { return g.ejector.Headroom(backend) }
+
 // Tier returns the gateway's replicas as a tier named name, for another
 // gateway's [Config].SpillTo or a [spill.Transport]. Requests sent to the
 // tier are routed, retried and accounted for as the gateway's own; run the

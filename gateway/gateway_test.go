@@ -555,3 +555,29 @@ func TestGatewayPredictsOutputs(t *testing.T) {
 		backend.Close()
 	}
 }
+
+// A deployment's rate-limit headers reach Headroom, which PeakEWMA reads.
+func TestGatewayHeadroom(t *testing.T) {
+	c, err := e2e.StartCluster(1, engine.Config{Speedup: 20, RequestsPerMinute: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	g, err := New(c.URLs, Config{ScrapeInterval: -1, Policy: llmlb.LeastOutstanding()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	if _, ok := g.Headroom(c.URLs[0]); ok {
+		t.Fatal("headroom known before any answer")
+	}
+	for range 3 {
+		if code, _, _ := post(t, g, "hello"); code != http.StatusOK {
+			t.Fatalf("status %d", code)
+		}
+	}
+	// 7 of 10 left, and a little refilled since.
+	if h, ok := g.Headroom(c.URLs[0]); !ok || h < 0.7 || h > 0.8 {
+		t.Fatalf("headroom %v, %v after 3 of 10 requests; want about 0.7", h, ok)
+	}
+}

@@ -133,6 +133,11 @@ type epHealth struct {
 	halfOpen    bool      // restored, no outcome seen since
 	restored    time.Time // when the last ejection ended
 
+	// The rate-limit headroom last reported (ReportQuota): the fraction
+	// left at quotaAt, refilling to 1 by quotaFull.
+	quota              float64
+	quotaAt, quotaFull time.Time
+
 	prev, next *epHealth // neighbours in Ejector.lru while not ejected
 	idx        int       // index in Ejector.out while ejected
 	seen       uint64    // the last membership read that listed it
@@ -286,11 +291,26 @@ func (e *Ejector) Report(key string, err error) {
 // MaxCooldown, so that the next requests go elsewhere before it refuses
 // them. httplb.Transport calls it for every answer when its Reporter has
 // this method.
+//
+// It also keeps the fraction of the endpoint's quota that remains, for
+// [Ejector.Headroom].
 func (e *Ejector) ReportQuota(key string, h http.Header) {
+	now := e.clock.Now()
+	if f, reset, ok := QuotaHeadroom(h, now); ok {
+		if reset <= 0 {
+			reset = quotaWindow
+		}
+		e.mu.Lock()
+		st := e.eps[key]
+		if st == nil {
+			st = e.add(key)
+		}
+		st.quota, st.quotaAt, st.quotaFull = f, now, now.Add(reset)
+		e.mu.Unlock()
+	}
 	if e.cooldown <= 0 {
 		return
 	}
-	now := e.clock.Now()
 	p := QuotaReset(h, now, noPushbackLimit)
 	if p.Kind != RetryLater || p.Delay <= 0 {
 		return
@@ -302,6 +322,38 @@ func (e *Ejector) ReportQuota(key string, h http.Header) {
 	if cooled {
 		e.obs.cooldown(key, d)
 	}
+}
+
+// quotaWindow is the time a reported headroom takes to refill when the
+// answer gave no reset time: the minute of a per-minute limit, the
+// commonest window.
+const quotaWindow = time.Minute
+
+// Headroom returns the fraction, in [0, 1], of the endpoint's tightest
+// rate-limit window that remains, as its last answer reported it
+// ([Ejector.ReportQuota], [QuotaHeadroom]) and refilled since at the pace
+// of a token bucket: linearly, to 1 when the window's reset time is
+// reached. ok is false for an endpoint that reported no quota, or whose
+// report the Ejector no longer tracks. It is meant for
+// llmlb.PeakEWMAConfig.Headroom, so that a policy spreads requests
+// towards the deployments with quota to spare before any runs out.
+func (e *Ejector) Headroom(key string) (float64, bool) {
+	now := e.clock.Now()
+	e.mu.Lock()
+	st := e.eps[key]
+	if st == nil || st.quotaAt.IsZero() {
+		e.mu.Unlock()
+		return 0, false
+	}
+	f, at, full := st.quota, st.quotaAt, st.quotaFull
+	e.mu.Unlock()
+	if !now.Before(full) {
+		return 1, true
+	}
+	if span := full.Sub(at); span > 0 && now.After(at) {
+		f += (1 - f) * float64(now.Sub(at)) / float64(span)
+	}
+	return min(f, 1), true
 }
 
 // noPushbackLimit is the pushback limit of a cooldown: every requested
@@ -381,8 +433,8 @@ func (e *Ejector) report(key string, o Outcome, now time.Time) (time.Duration, b
 		if st.ejections > 0 && now.Sub(st.restored) >= e.max {
 			st.ejections = 0
 		}
-		if st.ejections == 0 {
-			e.forget(st)
+		if st.ejections == 0 && !now.Before(st.quotaFull) {
+			e.forget(st) // nothing to remember: no ejection, no quota spent
 		}
 		return 0, false
 	}

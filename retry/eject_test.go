@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -443,5 +444,65 @@ func TestQuotaReset(t *testing.T) {
 		if got := QuotaReset(c.h, now, 0); got != c.want {
 			t.Errorf("QuotaReset(%v) = %+v, want %+v", c.h, got, c.want)
 		}
+	}
+}
+
+func TestQuotaHeadroom(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	for _, c := range []struct {
+		name  string
+		h     http.Header
+		f     float64
+		reset time.Duration
+		ok    bool
+	}{
+		{"nil", nil, 0, 0, false},
+		{"no limit", http.Header{"X-Ratelimit-Remaining-Requests": {"3"}}, 0, 0, false},
+		{"requests", http.Header{"X-Ratelimit-Limit-Requests": {"60"}, "X-Ratelimit-Remaining-Requests": {"15"}, "X-Ratelimit-Reset-Requests": {"45s"}}, 0.25, 45 * time.Second, true},
+		{"tokens tighter", http.Header{
+			"X-Ratelimit-Limit-Requests": {"60"}, "X-Ratelimit-Remaining-Requests": {"30"}, "X-Ratelimit-Reset-Requests": {"30s"},
+			"X-Ratelimit-Limit-Tokens": {"10000"}, "X-Ratelimit-Remaining-Tokens": {"1000"}, "X-Ratelimit-Reset-Tokens": {"54s"}}, 0.1, 54 * time.Second, true},
+		{"no reset", http.Header{"X-Ratelimit-Limit-Tokens": {"100"}, "X-Ratelimit-Remaining-Tokens": {"50"}}, 0.5, 0, true},
+		{"above the limit", http.Header{"X-Ratelimit-Limit-Requests": {"10"}, "X-Ratelimit-Remaining-Requests": {"12"}}, 1, 0, true},
+		{"zero limit", http.Header{"X-Ratelimit-Limit-Requests": {"0"}, "X-Ratelimit-Remaining-Requests": {"0"}}, 0, 0, false},
+		{"garbage", http.Header{"X-Ratelimit-Limit-Requests": {"many"}, "X-Ratelimit-Remaining-Requests": {"NaN"}}, 0, 0, false},
+		{"negative", http.Header{"X-Ratelimit-Limit-Requests": {"10"}, "X-Ratelimit-Remaining-Requests": {"-1"}}, 0, 0, false},
+	} {
+		f, reset, ok := QuotaHeadroom(c.h, now)
+		if ok != c.ok || math.Abs(f-c.f) > 1e-12 || reset != c.reset {
+			t.Errorf("%s: QuotaHeadroom = %v, %v, %v; want %v, %v, %v", c.name, f, reset, ok, c.f, c.reset, c.ok)
+		}
+	}
+}
+
+// The headroom an answer reports refills as a token bucket does, to the
+// whole quota when the window resets.
+func TestEjectorHeadroom(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, "a", "b")
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk})
+	start := clk.Now()
+	if _, ok := e.Headroom("a"); ok {
+		t.Fatal("headroom known before any report")
+	}
+	e.ReportQuota("a", http.Header{"X-Ratelimit-Limit-Requests": {"100"}, "X-Ratelimit-Remaining-Requests": {"20"}, "X-Ratelimit-Reset-Requests": {"10s"}})
+	e.ReportQuota("b", http.Header{"X-Ratelimit-Limit-Tokens": {"100"}, "X-Ratelimit-Remaining-Tokens": {"50"}})
+	e.Report("a", nil) // a success keeps the quota spent
+	for _, c := range []struct {
+		after time.Duration
+		a, b  float64
+	}{{0, 0.2, 0.5}, {5 * time.Second, 0.6, 0.5 + 0.5*5/60.0}, {10 * time.Second, 1, 0.5 + 0.5*10/60.0}, {time.Minute, 1, 1}} {
+		clk.Advance(start.Add(c.after).Sub(clk.Now()))
+		ha, _ := e.Headroom("a")
+		hb, _ := e.Headroom("b")
+		if math.Abs(ha-c.a) > 1e-9 || math.Abs(hb-c.b) > 1e-9 {
+			t.Errorf("after %v: headroom %v and %v, want %v and %v", c.after, ha, hb, c.a, c.b)
+		}
+	}
+	// Cooldowns off: the headroom is still kept.
+	off, _ := NewEjector(b, EjectorConfig{Clock: clk, MaxCooldown: -1})
+	off.ReportQuota("a", http.Header{"X-Ratelimit-Limit-Requests": {"4"}, "X-Ratelimit-Remaining-Requests": {"1"}, "X-Ratelimit-Reset-Requests": {"1s"}})
+	if h, ok := off.Headroom("a"); !ok || h != 0.25 {
+		t.Fatalf("headroom %v, %v with cooldowns off; want 0.25", h, ok)
 	}
 }

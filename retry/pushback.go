@@ -225,6 +225,46 @@ func QuotaReset(h http.Header, now time.Time, limit time.Duration) Pushback {
 	return p
 }
 
+// Header names read by [QuotaHeadroom] besides the reset and remaining ones.
+const (
+	headerLimitRequests = "X-Ratelimit-Limit-Requests"
+	headerLimitTokens   = "X-Ratelimit-Limit-Tokens"
+)
+
+// QuotaHeadroom reads OpenAI's rate-limit headers (which Azure OpenAI and
+// many OpenAI-compatible servers also send) and returns the fraction of the
+// tightest window that remains, x-ratelimit-remaining-requests over
+// x-ratelimit-limit-requests or the same for tokens, whichever is lower, and
+// the time until that window is full again (its x-ratelimit-reset-*; 0 if
+// absent or unreadable). ok is false when h has no complete remaining and
+// limit pair; a remaining count above its limit counts as the whole limit.
+func QuotaHeadroom(h http.Header, now time.Time) (fraction float64, reset time.Duration, ok bool) {
+	if h == nil {
+		return 0, 0, false
+	}
+	fraction = 2
+	for _, w := range [...]struct{ rem, lim, reset string }{
+		{headerRemainingRequests, headerLimitRequests, HeaderResetRequests},
+		{headerRemainingTokensKey, headerLimitTokens, HeaderResetTokens},
+	} {
+		rem, err1 := strconv.ParseFloat(strings.TrimSpace(h.Get(w.rem)), 64)
+		lim, err2 := strconv.ParseFloat(strings.TrimSpace(h.Get(w.lim)), 64)
+		if err1 != nil || err2 != nil || !(rem >= 0) || !(lim > 0) || math.IsInf(lim, 1) {
+			continue
+		}
+		if f := min(rem/lim, 1); f < fraction {
+			fraction, reset = f, 0
+			if p := ParseRateLimitReset(h.Get(w.reset), now, noPushbackLimit); p.Kind == RetryLater {
+				reset = p.Delay
+			}
+		}
+	}
+	if fraction > 1 {
+		return 0, 0, false
+	}
+	return fraction, reset, true
+}
+
 // isDecimal reports whether s is digits with at most one '.', and at least
 // one digit.
 func isDecimal(s string) bool {

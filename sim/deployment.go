@@ -128,6 +128,7 @@ func (d *depState) admit(now time.Duration) (bool, http.Header) {
 	if ok {
 		d.tokens--
 	}
+	h.Set("X-Ratelimit-Limit-Requests", strconv.Itoa(int(d.burst())))
 	h.Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(int(d.tokens)))
 	reset := time.Duration((d.burst() - d.tokens) / d.perSec() * float64(time.Second)).Round(time.Millisecond)
 	h.Set(retry.HeaderResetRequests, reset.String())

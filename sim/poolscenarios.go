@@ -78,6 +78,7 @@ func providersScenario() PoolScenario {
 	for _, p := range []string{"least-outstanding", "peak-ewma"} {
 		rs = append(rs, PoolRouting{Name: p + ", RPM weights", Policies: []string{p}, Cooldown: true, Weights: true})
 	}
+	rs = append(rs, PoolRouting{Name: "peak-ewma, quota headroom", Policies: []string{"peak-ewma-quota"}, Cooldown: true})
 	return PoolScenario{
 		Name:  "providers",
 		Tiers: [][]Deployment{d},

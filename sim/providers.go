@@ -262,8 +262,9 @@ func (r *poolRun) push(at time.Duration, kind uint8, idx int) {
 	r.q.push(event{at: at, seq: r.seq, kind: kind, idx: idx})
 }
 
-// poolPolicy returns the policy of a name.
-func poolPolicy(name string) (llmlb.Policy, error) {
+// poolPolicy returns the policy of a name; headroom is the quota the
+// tier's answers reported, for peak-ewma-quota.
+func poolPolicy(name string, headroom func(string) (float64, bool)) (llmlb.Policy, error) {
 	switch name {
 	case "round-robin":
 		return llmlb.RoundRobin(), nil
@@ -273,6 +274,8 @@ func poolPolicy(name string) (llmlb.Policy, error) {
 		return llmlb.LeastOutstanding(), nil
 	case "peak-ewma":
 		return llmlb.PeakEWMA(llmlb.PeakEWMAConfig{})
+	case "peak-ewma-quota":
+		return llmlb.PeakEWMA(llmlb.PeakEWMAConfig{Headroom: headroom})
 	}
 	return nil, fmt.Errorf("%w: pool policy %q", ErrUnknownPolicy, name)
 }
@@ -308,7 +311,13 @@ func newPoolRun(sc *PoolScenario, rt PoolRouting, seed uint64, reqs []poolReq) (
 	}
 	clock := poolClock{&r.now}
 	for t, g := range groups {
-		pol, err := poolPolicy(rt.Policies[t])
+		pt := &poolTier{size: len(g), last: t == len(groups)-1}
+		pol, err := poolPolicy(rt.Policies[t], func(key string) (float64, bool) {
+			if pt.ej == nil {
+				return 0, false
+			}
+			return pt.ej.Headroom(key)
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -326,7 +335,7 @@ func newPoolRun(sc *PoolScenario, rt PoolRouting, seed uint64, reqs []poolReq) (
 		if err := bal.Update(eps); err != nil {
 			return nil, err
 		}
-		pt := &poolTier{bal: bal, size: len(g), last: t == len(groups)-1}
+		pt.bal = bal
 		if rt.Cooldown {
 			if pt.ej, err = retry.NewEjector(bal, retry.EjectorConfig{MaxCooldown: sc.MaxCooldown, Clock: clock}); err != nil {
 				return nil, err

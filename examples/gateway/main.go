@@ -420,12 +420,16 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		// A managed provider: no /metrics to scrape and no prefix cache to
 		// aim at, only the latency it answers with (PeakEWMA); its
 		// deployments' 429s and spent rate-limit windows cool them down
-		// for the wait they ask.
-		peak, err := llmlb.PeakEWMA(llmlb.PeakEWMAConfig{})
+		// for the wait they ask, and the quota their answers say is left
+		// spreads the requests before any window runs out.
+		var provider *gateway.Gateway
+		peak, err := llmlb.PeakEWMA(llmlb.PeakEWMAConfig{Headroom: func(key string) (float64, bool) {
+			return provider.Headroom(key) // set below, before any request
+		}})
 		if err != nil {
 			return nil, nil, err
 		}
-		provider, err := gateway.New(o.spillTo, gateway.Config{
+		provider, err = gateway.New(o.spillTo, gateway.Config{
 			Policy:         peak,
 			ScrapeInterval: -1,
 			Parser:         parser,
