@@ -19,10 +19,19 @@ type DisaggConfig struct {
 	// whose prompt, net of the tokens its decode endpoint is expected to
 	// hold, is shorter than LocalPrefillTokens and less than
 	// LocalPrefillRatio of the whole prompt prefills on its decode
-	// endpoint: for a short or mostly cached prompt, moving the KV costs
-	// more than computing it where it decodes. This is Dynamo's "isl
-	// bounding" rule, whose default threshold is 2048 tokens when it is
-	// enabled. 0 disables it.
+	// endpoint: for a mostly cached prompt, such as a conversation's next
+	// turn, moving the KV costs more than computing the rest where it
+	// decodes. This is Dynamo's "isl bounding" rule, whose default
+	// threshold is 2048 tokens when it is enabled. And so that local
+	// prefills do not crowd a decode batch, a decode endpoint takes one
+	// only while the prompt tokens it has to prefill, this one's included,
+	// stay under LocalPrefillTokens too (Dynamo gates its rule on the
+	// decode worker's load as well, optionally). 0 disables the rule.
+	//
+	// The expected cached tokens are those the decode pool's policy
+	// priced: with a policy that reads no prefix index (round robin,
+	// LeastKV) nothing is expected cached, and only LocalPrefillRatio 1
+	// lets the rule fire.
 	LocalPrefillTokens int
 	// LocalPrefillRatio is the second bound of the rule above, a fraction
 	// in (0, 1]. 0 means [DefaultLocalPrefillRatio]. 1 removes the bound,
@@ -90,7 +99,7 @@ func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error
 	if err != nil {
 		return DisaggPick{}, err
 	}
-	if r == nil || d.local(r.PromptTokens, int(dec.cached)) {
+	if r == nil || d.local(r.PromptTokens, int(dec.cached), dec) {
 		return DisaggPick{Decode: dec}, nil
 	}
 	pr := *r
@@ -111,7 +120,7 @@ func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error
 
 // local reports whether a prompt of the given tokens, of which cached are
 // expected on the decode endpoint, prefills there.
-func (d *Disaggregated) local(prompt, cached int) bool {
+func (d *Disaggregated) local(prompt, cached int, dec Pick) bool {
 	if prompt == 0 {
 		return true // nothing to prefill
 	}
@@ -119,7 +128,12 @@ func (d *Disaggregated) local(prompt, cached int) bool {
 		return false
 	}
 	uncached := prompt - min(cached, prompt)
-	return uncached < d.localTokens && (d.localRatio == 1 || float64(uncached) < d.localRatio*float64(prompt))
+	if !(uncached < d.localTokens && (d.localRatio == 1 || float64(uncached) < d.localRatio*float64(prompt))) {
+		return false
+	}
+	// The decode endpoint's prefill queue, this request's included: only
+	// local prefills charge it.
+	return dec.rec.st.counts().prefill < int64(d.localTokens)
 }
 
 // DisaggPick is the handle of one request picked by [Disaggregated]. Its
@@ -138,7 +152,10 @@ func (p DisaggPick) Local() bool { return p.Prefill.Endpoint() == nil }
 
 // Prefilled records that the prefill endpoint finished the prompt and its KV
 // reached the decode endpoint: the prefill endpoint is released. For a local
-// prefill it does nothing.
+// prefill it does nothing. When the prefill endpoint answers before the
+// transfer ends, call Prefill.FirstToken then, so that its prompt stops
+// counting as queued prefill while the KV moves.
+
 func (p DisaggPick) Prefilled() {
 	p.Prefill.FirstToken()
 	p.Prefill.Done(nil)

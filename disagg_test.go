@@ -327,3 +327,33 @@ func TestDisaggregatedDecodePoolLearnsDecodeFromTheFirstToken(t *testing.T) {
 		t.Fatalf("learned %v s per decode token, want 0.01", got)
 	}
 }
+
+// A decode endpoint takes a local prefill only while what it has to prefill,
+// the new prompt included, stays under LocalPrefillTokens.
+func TestDisaggregatedLocalPrefillsDoNotPileUp(t *testing.T) {
+	d, _, _, _ := newPD(t, 1, 1, DisaggConfig{LocalPrefillTokens: 2048, LocalPrefillRatio: 1})
+	pick := func(tokens int) DisaggPick {
+		t.Helper()
+		pk, err := d.Pick(context.Background(), &Request{PromptTokens: tokens})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pk
+	}
+	first := pick(1500)
+	if !first.Local() {
+		t.Fatal("1500 tokens on an idle decode endpoint prefill remotely, want locally")
+	}
+	second := pick(1000)
+	if second.Local() {
+		t.Fatal("1000 more tokens behind 1500 queued prefill locally, want remotely")
+	}
+	second.Done(nil)
+	first.FirstToken()
+	third := pick(1000)
+	if !third.Local() {
+		t.Fatal("1000 tokens once the queue is prefilled prefill remotely, want locally")
+	}
+	third.Done(nil)
+	first.Done(nil)
+}

@@ -193,6 +193,23 @@ type Config struct {
 	// Prediction configures the routers' output-length prediction under
 	// [OutputsPredicted]; the zero value selects llmlb's defaults.
 	Prediction llmlb.OutputConfig
+	// Prefill is the number of prefill workers of a disaggregated run: under
+	// a policy that routes prefill and decode apart ([PolicySpec].Decode),
+	// replicas 0 to Prefill-1 only prefill prompts and the others decode
+	// them (see [KVTransfer]); other policies ignore it and use every
+	// replica for both. 0 means a quarter of the replicas, at least one;
+	// it must leave at least one decode worker.
+	Prefill int
+	// Transfer models the KV cache transfer from a prefill worker to a
+	// decode worker in a disaggregated run; the zero value is the default.
+	Transfer KVTransfer
+	// onTransfer, if not nil, is told of every KV transfer of a
+	// disaggregated run as it starts: the request, the prompt tokens
+	// pulled and the transfer time. Tests use it.
+	onTransfer func(req, tokens int, d time.Duration)
+	// onEnd, if not nil, is given the runner at the end of a successful
+	// run. Tests use it.
+	onEnd func(r *runner)
 	// Series is the sampling interval of the per-replica outstanding-work
 	// series ([Result].Series). 0 means the last arrival time / 200 (at
 	// least 10 ms). The series holds at most 1024 samples: when a run
@@ -262,6 +279,11 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: sharing interval %v, want 1ms to 1m", ErrInvalidConfig, c.Share)
 	case c.SLO.TTFT < 0 || c.SLO.TPOT < 0:
 		return fmt.Errorf("%w: negative SLO", ErrInvalidConfig)
+	case c.Prefill < 0 || c.Prefill > 0 && c.Prefill >= c.Replicas:
+		return fmt.Errorf("%w: %d prefill workers of %d replicas, want at least one decode worker", ErrInvalidConfig, c.Prefill, c.Replicas)
+	}
+	if err := c.Transfer.validate(); err != nil {
+		return err
 	}
 	if err := c.Admission.validate(); err != nil {
 		return err

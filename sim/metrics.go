@@ -22,6 +22,11 @@ type Result struct {
 	// "predict q0.9", when [Config].Prediction charges one); empty for
 	// [OutputsUntold].
 	Outputs string `json:"outputs,omitempty"`
+	// Prefill and Decode are the prefill and decode workers of a
+	// disaggregated run ([Config].Prefill); both are 0 for a co-located
+	// one.
+	Prefill int `json:"prefill_workers,omitempty"`
+	Decode  int `json:"decode_workers,omitempty"`
 	// Requests is the number of requests of the workload, rejected ones
 	// included.
 	Requests int `json:"requests"`
@@ -69,6 +74,9 @@ type Result struct {
 	// AdapterLoads is the number of LoRA adapters the replicas loaded into
 	// their slots ([Engine].AdapterSlots), each stalling its replica.
 	AdapterLoads int `json:"adapter_loads,omitempty"`
+	// Local counts the requests of a disaggregated run that prefilled on
+	// their decode worker ([llmlb.DisaggConfig].LocalPrefillTokens).
+	Local int `json:"local_prefills,omitempty"`
 
 	// PeakSkew and MeanSkew are the largest and the mean difference between
 	// the most and the least loaded replica in outstanding requests, sampled
@@ -154,7 +162,14 @@ func (r *runner) result(policy string) *Result {
 	for i := range r.st {
 		s := &r.st[i]
 		prompt += int64(s.req.PromptTokens)
-		cached += int64(s.cached)
+		if s.pd != nil && s.pd.prefill >= 0 {
+			cached += int64(s.pd.pre.cached) // the prompt was computed there
+		} else {
+			cached += int64(s.cached)
+		}
+		if s.pd != nil && s.pd.prefill < 0 {
+			res.Local++
+		}
 		switch s.state {
 		case stateRejected:
 			res.Rejected++
@@ -207,13 +222,19 @@ func (r *runner) result(policy string) *Result {
 	if prompt > 0 {
 		res.PrefixHitRate = float64(cached) / float64(prompt)
 	}
-	lo, hi := r.reps[0].assigned, r.reps[0].assigned
 	for _, rep := range r.reps {
-		lo, hi = min(lo, rep.assigned), max(hi, rep.assigned)
 		res.Preemptions += rep.preemptions
 		res.AdapterLoads += int(rep.adapterLoads)
 	}
-	res.AssignmentGap = hi - lo
+	if r.routers[0].dis != nil {
+		// The gap within each pool: a prefill worker serves more requests
+		// than a decode worker by design.
+		p := r.cfg.Prefill
+		res.Prefill, res.Decode = p, r.cfg.Replicas-p
+		res.AssignmentGap = max(assignmentGap(r.reps[:p]), assignmentGap(r.reps[p:]))
+	} else {
+		res.AssignmentGap = assignmentGap(r.reps)
+	}
 	res.PeakSkew = r.skewPeak
 	if r.skewN > 0 {
 		res.MeanSkew = r.skewSum / float64(r.skewN)
@@ -232,6 +253,16 @@ func (r *runner) result(policy string) *Result {
 	return res
 }
 
+// assignmentGap returns the most minus the fewest requests assigned to one
+// of reps.
+func assignmentGap(reps []*replica) int {
+	lo, hi := reps[0].assigned, reps[0].assigned
+	for _, rep := range reps {
+		lo, hi = min(lo, rep.assigned), max(hi, rep.assigned)
+	}
+	return hi - lo
+}
+
 // Merge pools the results of one policy on several runs, such as one
 // workload under several seeds, as if they were a single run: latency
 // quantiles and SLO attainment over every request of every run, the hit rate
@@ -239,8 +270,9 @@ func (r *runner) result(policy string) *Result {
 // arrival windows and spans, preemptions summed, and the assignment gap and
 // peak skew the largest of any run, and each tenant's figures pooled the
 // same way. Series is the first run's. The results must name the same
-// policy, admission control and output knowledge and come from this
-// process's simulations: one decoded from JSON holds no per-request data.
+// policy, admission control, output knowledge and split into prefill and
+// decode workers and come from this process's simulations: one decoded
+// from JSON holds no per-request data.
 // Merge does not modify them.
 func Merge(rs ...*Result) (*Result, error) {
 	if len(rs) == 0 {
@@ -258,9 +290,11 @@ func Merge(rs ...*Result) (*Result, error) {
 			return nil, fmt.Errorf("%w: cannot merge results of %q under admission %q and %q", ErrInvalidConfig, r.Policy, rs[0].Admission, r.Admission)
 		case r.Outputs != rs[0].Outputs:
 			return nil, fmt.Errorf("%w: cannot merge results of %q with outputs %q and %q", ErrInvalidConfig, r.Policy, rs[0].Outputs, r.Outputs)
+		case r.Prefill != rs[0].Prefill || r.Decode != rs[0].Decode:
+			return nil, fmt.Errorf("%w: cannot merge results of %q with %d+%d and %d+%d prefill and decode workers", ErrInvalidConfig, r.Policy, rs[0].Prefill, rs[0].Decode, r.Prefill, r.Decode)
 		}
 	}
-	out := &Result{Policy: rs[0].Policy, Admission: rs[0].Admission, Outputs: rs[0].Outputs, Series: rs[0].Series, raw: &rawResult{}}
+	out := &Result{Policy: rs[0].Policy, Admission: rs[0].Admission, Outputs: rs[0].Outputs, Prefill: rs[0].Prefill, Decode: rs[0].Decode, Series: rs[0].Series, raw: &rawResult{}}
 	m := out.raw
 	var ttft, tpot, e2e [][]float64
 	for _, r := range rs {
@@ -271,6 +305,7 @@ func Merge(rs ...*Result) (*Result, error) {
 		out.Refused += r.Refused
 		out.Preemptions += r.Preemptions
 		out.AdapterLoads += r.AdapterLoads
+		out.Local += r.Local
 		out.AssignmentGap = max(out.AssignmentGap, r.AssignmentGap)
 		out.PeakSkew = max(out.PeakSkew, r.PeakSkew)
 		out.SpanSeconds += r.SpanSeconds

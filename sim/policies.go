@@ -13,7 +13,8 @@ import (
 // once per router per run, so a policy may keep per-run state.
 type PolicyEnv struct {
 	// Replicas is the number of replicas; candidate member m of a pick is
-	// replica m.
+	// replica m. For a pool of a disaggregated run, they are the pool's:
+	// member m of the decode pool is replica [Config].Prefill+m.
 	Replicas int
 	// BlockTokens is the number of prompt tokens per Request.Prefix hash
 	// of the workload; a prefix index for the policy must use it.
@@ -32,9 +33,12 @@ type PolicyEnv struct {
 
 	run       *runner       // true state, for full-info only
 	decisions *prefix.Index // the policy's index of its own decisions, if any
+	lo        int           // the replica of member 0: a disaggregated run's decode pool starts at Config.Prefill
+	prefill   bool          // the policy routes a disaggregated run's prefill pool
 }
 
-// SubscribeKVEvents feeds ix every replica's KV events from now on: a
+// SubscribeKVEvents feeds ix every replica's KV events from now on (in a
+// disaggregated run, those of the replicas of the policy's pool): a
 // [prefix.Index.Stored] when a prompt block enters a replica's prefix cache
 // and a [prefix.Index.Removed] when it is evicted, applied at once, as an
 // engine's event stream would with negligible delay. ix's block size must be
@@ -53,27 +57,45 @@ func (e *PolicyEnv) SubscribeKVEvents(ix *prefix.Index) error {
 	r := e.run
 	if len(r.kvSubs) == 0 {
 		for _, rep := range r.reps {
-			key, bt := replicaKey(rep.idx), e.BlockTokens
+			key, bt, m := replicaKey(rep.idx), e.BlockTokens, rep.idx
 			rep.SetKVEventHandler(func(h uint64, stored bool) {
-				for _, ix := range r.kvSubs {
+				for _, sub := range r.kvSubs {
+					if m < sub.lo || m >= sub.hi {
+						continue
+					}
 					if stored {
-						_ = ix.Stored(key, bt, h)
+						_ = sub.ix.Stored(key, bt, h)
 					} else {
-						_ = ix.Removed(key, bt, h)
+						_ = sub.ix.Removed(key, bt, h)
 					}
 				}
 			})
 		}
 	}
-	r.kvSubs = append(r.kvSubs, ix)
+	r.kvSubs = append(r.kvSubs, kvSub{ix: ix, lo: e.lo, hi: e.lo + e.Replicas})
 	return nil
+}
+
+// kvSub is an index fed the KV events of replicas lo to hi-1.
+type kvSub struct {
+	ix     *prefix.Index
+	lo, hi int
+}
+
+// endSub is a function told when a request ends; in a disaggregated run,
+// prefill ones are told when its prefill ends, with the prefill replica.
+type endSub struct {
+	fn      func(m int, r *llmlb.Request)
+	prefill bool
 }
 
 // OnRequestEnd registers fn to be called, synchronously, when a request this
 // router picked ends (done or rejected), after its Pick.Done, with the
 // replica m it went to and the request as given to Pick. A policy that
 // tracks requests in flight by their prompt, as Dynamo's active sequences
-// do, releases them here.
+// do, releases them here. For the prefill pool of a disaggregated run, a
+// request ends when its KV reached its decode worker, m being its prefill
+// worker.
 func (e *PolicyEnv) OnRequestEnd(fn func(m int, r *llmlb.Request)) error {
 	switch {
 	case e.run == nil:
@@ -85,18 +107,24 @@ func (e *PolicyEnv) OnRequestEnd(fn func(m int, r *llmlb.Request)) error {
 	for len(r.endSubs) <= e.Router {
 		r.endSubs = append(r.endSubs, nil)
 	}
-	r.endSubs[e.Router] = append(r.endSubs[e.Router], fn)
+	r.endSubs[e.Router] = append(r.endSubs[e.Router], endSub{fn: fn, prefill: e.prefill})
 	return nil
 }
 
 // release tells the router that picked s's replica that s ended.
-func (r *runner) release(s *reqState) {
+func (r *runner) release(s *reqState) { r.releasePool(s, false, s.replica) }
+
+// releasePool tells the router that picked s's replica m, in the prefill
+// pool or not, that s ended there.
+func (r *runner) releasePool(s *reqState, prefill bool, m int) {
 	if s.router >= len(r.endSubs) || len(r.endSubs[s.router]) == 0 {
 		return
 	}
 	lr := llmlb.Request{PromptTokens: s.req.PromptTokens, Prefix: s.req.Prefix}
-	for _, fn := range r.endSubs[s.router] {
-		fn(s.replica, &lr)
+	for _, sub := range r.endSubs[s.router] {
+		if sub.prefill == prefill {
+			sub.fn(m, &lr)
+		}
 	}
 }
 
@@ -157,6 +185,14 @@ type PolicySpec struct {
 	// MaxSignalAge is the age after which that system stops trusting an
 	// observation; 0 means 3*Scrape. It applies with Scrape.
 	MaxSignalAge time.Duration
+	// Decode, if not nil, makes the policy disaggregated: New builds the
+	// policy of the prefill pool (the first [Config].Prefill replicas) and
+	// Decode that of the decode pool (the others), each in its own
+	// Balancer, which [llmlb.NewDisaggregated] composes with Disagg.
+	// Disaggregated policies run only when named.
+	Decode func(env *PolicyEnv) (llmlb.Policy, error)
+	// Disagg configures the composition of a disaggregated policy.
+	Disagg llmlb.DisaggConfig
 }
 
 // Policies returns every policy the simulator knows, in display order. It
@@ -232,6 +268,18 @@ func Policies() []PolicySpec {
 			return llmlb.Default(llmlb.DefaultConfig{Index: ix, Slots: env.Slots})
 		}},
 
+		{Name: "pd-default", Doc: "disaggregated: llmlb.Default on the prefill pool and on the decode pool, every prompt prefilled remotely",
+			New: newPDDefault, Decode: newPDDefault},
+		{Name: "pd-default-local", Doc: "pd-default with Dynamo's conditional disaggregation: a prompt whose uncached part is under 2048 tokens and 70% prefills on its decode worker",
+			New: newPDDefault, Decode: newPDDefault, Disagg: llmlb.DisaggConfig{LocalPrefillTokens: PDLocalPrefillTokens}},
+		{Name: "pd-round-robin", Doc: "disaggregated: round robin on both pools",
+			New: plain(llmlb.RoundRobin), Decode: plain(llmlb.RoundRobin)},
+		{Name: "pd-dynamo", Doc: "disaggregated as Dynamo routes it: dynamo-kv on the prefill pool, its cost without the overlap credit (load only) on the decode pool",
+			New: newDynamoKV, Decode: newDynamoDecode},
+		{Name: "pd-default-least-kv", Doc: "pd-default with llmlb.LeastKV on the decode pool", Variant: true,
+			New: newPDDefault, Decode: plain(llmlb.LeastKV)},
+		{Name: "pd-default-least-tokens", Doc: "pd-default with llmlb.LeastTokens on the decode pool", Variant: true,
+			New: newPDDefault, Decode: plain(llmlb.LeastTokens)},
 		{Name: "full-info", Doc: "perfect knowledge of replica state, cache and output lengths, deciding greedily (a reference, not a bound)", New: newOracle},
 		{Name: "stale-least-outstanding", Doc: "fewest running+waiting in the last scrape only (no own-dispatch correction)", Herding: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return llmlb.LeastScore(staleScore(env)), nil
@@ -348,11 +396,12 @@ func LookupPolicy(name string) (PolicySpec, bool) {
 }
 
 // DefaultPolicies returns the names of the policies compared by default: all
-// of them except those that exist to show herding and the variants.
+// of them except those that exist to show herding, the variants and the
+// disaggregated ones.
 func DefaultPolicies() []string {
 	var out []string
 	for _, p := range Policies() {
-		if !p.Herding && !p.Variant {
+		if !p.Herding && !p.Variant && p.Decode == nil {
 			out = append(out, p.Name)
 		}
 	}

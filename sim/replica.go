@@ -18,6 +18,7 @@ const (
 	stateRejected               // can never fit in the replica's KV cache
 	stateCancelled              // removed by Replica.Cancel
 	stateRefused                // refused by the simulator's admission control
+	stateReceiving              // admitted, its prompt's KV on its way from a prefill worker
 )
 
 // Sequence is one request inside a [Replica]: its size and prompt prefix,
@@ -60,6 +61,11 @@ type Sequence struct {
 	onAdapter   bool // counted as a running user of its adapter's slot
 	cached      int  // prompt tokens served from cache at first admission
 	preemptions int
+
+	// remote marks a sequence whose prompt was prefilled on another
+	// replica: admitted, it takes KV blocks for the whole prompt and waits
+	// in Replica.receiving for the KV, computing nothing (see disagg.go).
+	remote bool
 }
 
 // Generated returns the number of output tokens emitted so far.
@@ -83,6 +89,9 @@ type Replica struct {
 	running []*Sequence
 	emitted []*Sequence
 
+	receiving []*Sequence // remote sequences admitted, their KV on its way
+	started   []*Sequence // remote sequences admitted since the caller last took them
+
 	preemptions   int
 	prefixQueries int64
 	prefixHits    int64
@@ -90,6 +99,9 @@ type Replica struct {
 	slots        []adapterSlot // with Engine.AdapterSlots: the adapters loaded
 	tick         uint64        // admissions so far, the clock of the slots' LRU
 	adapterLoads int64
+
+	prefilled int64 // prompt tokens computed by prefill chunks
+	decodes   int64 // tokens emitted by decode steps
 }
 
 // ReplicaStats is a snapshot of a [Replica]'s state and counters.
@@ -294,7 +306,7 @@ func (r *Replica) Plan() (Batch, bool) {
 			b.DecodeSeqs++
 		}
 	}
-	for !preempted && budget > 0 && r.nwaiting() > 0 && len(r.running) < r.eng.MaxRunning {
+	for !preempted && budget > 0 && r.nwaiting() > 0 && len(r.running)+len(r.receiving) < r.eng.MaxRunning {
 		w, slot := r.nextAdmissible()
 		if w < 0 {
 			break
@@ -302,6 +314,9 @@ func (r *Replica) Plan() (Batch, bool) {
 		s := r.waiting[w]
 		r.match(s)
 		n := min(s.target-s.computed, budget)
+		if s.remote {
+			n = s.target - s.computed // all of it arrives by transfer
+		}
 		need := r.blocksFor(s.computed+n) - s.shared
 		reserve := 0
 		if len(r.running) > 0 {
@@ -320,6 +335,12 @@ func (r *Replica) Plan() (Batch, bool) {
 			r.prefixHits += int64(s.computed)
 		}
 		s.private = need
+		if s.remote {
+			s.state = stateReceiving
+			r.receiving = append(r.receiving, s)
+			r.started = append(r.started, s)
+			continue
+		}
 		s.chunk = n
 		s.state = stateRunning
 		r.running = append(r.running, s)
@@ -405,12 +426,14 @@ func (r *Replica) Finish() []*Sequence {
 		if s.chunk > 0 {
 			if s.computed < s.target {
 				s.computed += s.chunk
+				r.prefilled += int64(s.chunk)
 				r.publish(s)
 				if s.computed == s.target {
 					r.emit(s)
 				}
 			} else {
 				s.decoded++
+				r.decodes++
 				r.emit(s)
 			}
 			s.chunk = 0
@@ -497,6 +520,8 @@ type reqState struct {
 
 	firstToken time.Duration // simulated time of the first output token
 	finished   time.Duration
+
+	pd *pdState // with a disaggregated policy
 }
 
 // replica is one simulated engine: a Replica driven by simulated time.
@@ -513,7 +538,12 @@ type replica struct {
 
 // enqueue submits a newly arrived request.
 func (r *replica) enqueue(s *reqState, now time.Duration) error {
-	if err := r.Submit(&s.Sequence); err != nil {
+	return r.enqueueSeq(&s.Sequence, now)
+}
+
+// enqueueSeq submits a sequence.
+func (r *replica) enqueueSeq(s *Sequence, now time.Duration) error {
+	if err := r.Submit(s); err != nil {
 		return err
 	}
 	r.kick(now)
@@ -526,6 +556,9 @@ func (r *replica) kick(now time.Duration) {
 		return
 	}
 	b, ok := r.Plan()
+	if len(r.started) > 0 {
+		r.run.transfer(r)
+	}
 	if !ok {
 		return
 	}
@@ -546,9 +579,19 @@ func (r *replica) kick(now time.Duration) {
 func (r *replica) finish(now time.Duration) {
 	r.busy = false
 	for _, q := range r.Finish() {
+		if q.ID < 0 {
+			// The prefill of a disaggregated request, its only token.
+			r.outstanding--
+			r.run.prefilled(-1 - q.ID)
+			continue
+		}
 		s := &r.run.st[q.ID]
 		if s.ticket != nil {
 			s.ticket.Charge(1)
+		}
+		if s.pd != nil {
+			r.finishDisagg(s, now)
+			continue
 		}
 		if s.generated == 1 {
 			s.firstToken = now

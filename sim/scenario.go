@@ -35,6 +35,10 @@ type Scenario struct {
 	// default, each under every policy and admission control, in display
 	// order; none means a single run with Config.Outputs.
 	Outputs []OutputKnowledge
+	// Prefill are the numbers of prefill workers ([Config].Prefill)
+	// compared by default, each under every disaggregated policy, in
+	// display order; none means a single run with Config.Prefill.
+	Prefill []int
 }
 
 // Scenario defaults.
@@ -117,6 +121,12 @@ func mixedPolicies() []string {
 //     slots that stall [DefaultAdapterLoad] per adapter loaded
 //     ([Engine].AdapterSlots); compares adapter-blind and adapter-aware
 //     routing.
+//   - pd: the default scenario's cluster and workload, co-located and
+//     disaggregated into prefill and decode workers at equal replica count
+//     (2P+6D and 3P+5D, [Scenario].Prefill); compares co-located policies
+//     with the disaggregated ones ([PolicySpec].Decode).
+//   - pd-long: pd with long fresh prompts and no conversations
+//     ([PDLongSynthetic]) at [PDLongRate], split 3P+5D and 4P+4D.
 func Scenarios() []Scenario {
 	herdRate := 20.0
 	herd := PrefixSynthetic(4000, herdRate)
@@ -187,6 +197,8 @@ func Scenarios() []Scenario {
 		ClassesScenario(),
 		routesScenario(),
 		loraScenario(),
+		pdScenario(),
+		pdLongScenario(),
 	}
 }
 

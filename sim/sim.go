@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
-	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/share"
 )
 
@@ -24,6 +23,7 @@ const (
 	evShareBatch  // router idx builds a batch for its peers
 	evShareArrive // batch idx reaches the peers of its router
 	evAdmit       // request idx, which waited for admission, is admitted
+	evReceive     // the KV of request idx reached its decode replica
 )
 
 type event struct {
@@ -103,6 +103,11 @@ type router struct {
 	snap  []llmlb.Load // last scrape, by replica
 	keys  map[string]int
 	group *share.Group // with Config.Share: the router's signal, over its scrapes
+
+	// With a disaggregated policy, bal is the decode pool's Balancer and
+	// pre the prefill pool's, which dis composes.
+	pre *llmlb.Balancer
+	dis *llmlb.Disaggregated
 }
 
 // shareBatch is a batch of a router's Group on its way to the peers.
@@ -131,12 +136,12 @@ type runner struct {
 	seq     uint64
 	now     time.Duration
 	rng     *rand.Rand
-	current *reqState                         // the request being picked, for full-info
-	kvSubs  []*prefix.Index                   // indexes fed the replicas' KV events
-	endSubs [][]func(m int, r *llmlb.Request) // per router: told when a request it routed ends
-	batches map[int]shareBatch                // with Config.Share: batches in transit, by id
-	batchID int                               // id of the last batch built
-	adm     *admission                        // nil without admission control
+	current *reqState          // the request being picked, for full-info
+	kvSubs  []kvSub            // indexes fed the replicas' KV events
+	endSubs [][]endSub         // per router: told when a request it routed ends
+	batches map[int]shareBatch // with Config.Share: batches in transit, by id
+	batchID int                // id of the last batch built
+	adm     *admission         // nil without admission control
 
 	nextArrival int
 	ended       int // requests done or rejected
@@ -229,8 +234,21 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			longTokens += float64(reqs[i].PromptTokens)
 		}
 	}
+	if spec.Decode != nil {
+		if err := r.checkDisagg(); err != nil {
+			return nil, err
+		}
+	}
 	for k := 0; k < cfg.Routers; k++ {
 		rt := &router{snap: make([]llmlb.Load, cfg.Replicas), keys: keys}
+		if spec.Decode != nil {
+			if err := r.disaggRouter(rt, k, spec, eps, blockTokens, longTokens/max(promptTokens, 1)); err != nil {
+				return nil, err
+			}
+			r.routers = append(r.routers, rt)
+			r.schedule(r.scrapeOffset(k), evScrape, k)
+			continue
+		}
 		env := &PolicyEnv{
 			Replicas:    cfg.Replicas,
 			BlockTokens: blockTokens,
@@ -308,6 +326,12 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			}
 		case evDeliver:
 			s := &r.st[e.idx]
+			if s.pd != nil && s.pd.prefill >= 0 {
+				if err := r.reps[s.pd.prefill].enqueueSeq(&s.pd.pre, r.now); err != nil {
+					return nil, err
+				}
+				break
+			}
 			if err := r.reps[s.replica].enqueue(s, r.now); err != nil {
 				return nil, err
 			}
@@ -336,18 +360,26 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			if err := r.route(e.idx); err != nil {
 				return nil, err
 			}
+		case evReceive:
+			r.receive(e.idx)
 		}
 	}
 	r.closeWindow()
 	for _, rep := range r.reps {
 		// Every request ended, so every block must be back.
-		if rep.kv.used != 0 || rep.kv.evictable < 0 || rep.kv.evictable > rep.kv.total || len(rep.running) != 0 || rep.nwaiting() != 0 || rep.outstanding != 0 {
+		if rep.kv.used != 0 || rep.kv.evictable < 0 || rep.kv.evictable > rep.kv.total || len(rep.running) != 0 || rep.nwaiting() != 0 || rep.outstanding != 0 || len(rep.receiving) != 0 {
 			return nil, fmt.Errorf("sim: internal error: replica %d ended with %d blocks used, %d evictable, %d running, %d waiting",
 				rep.idx, rep.kv.used, rep.kv.evictable, len(rep.running), rep.nwaiting())
 		}
 	}
 	if err := r.checkAdmission(); err != nil {
 		return nil, err
+	}
+	if err := r.checkDisaggDone(); err != nil {
+		return nil, err
+	}
+	if cfg.onEnd != nil {
+		cfg.onEnd(r)
 	}
 	return r.result(spec.Name), nil
 }
@@ -383,6 +415,9 @@ func (r *runner) route(i int) error {
 	lr := llmlb.Request{PromptTokens: req.PromptTokens, Prefix: req.Prefix, AffinityKey: req.Session, Tenant: req.Tenant, Feature: req.Route, Adapter: req.Adapter}
 	if r.cfg.Outputs == OutputsTrue {
 		lr.OutputTokens = req.OutputTokens
+	}
+	if r.routers[k].dis != nil {
+		return r.routeDisagg(i, k, &lr)
 	}
 	r.current = s
 	pick, err := r.routers[k].bal.Pick(context.Background(), &lr)
@@ -432,7 +467,7 @@ func (r *runner) scrape(k int) {
 		rt.snap[i] = llmlb.Load{
 			At:        at,
 			Running:   len(rep.running),
-			Waiting:   rep.nwaiting(),
+			Waiting:   rep.nwaiting() + len(rep.receiving),
 			KVUsage:   float64(rep.kv.used) / float64(rep.kv.total),
 			KVBlocks:  rep.kv.total,
 			BlockSize: rep.eng.BlockSize,

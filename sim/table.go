@@ -26,6 +26,7 @@ type column struct {
 	admit   bool   // shown only when a result ran under admission control ([Result].Admission)
 	outputs bool   // shown only when a result's routers were told output lengths ([Result].Outputs)
 	lora    bool   // shown only when the replicas model LoRA adapters ([ScenarioInfo].AdapterSlots)
+	pd      bool   // shown only when a result ran disaggregated ([Result].Prefill)
 	cell    func(r *Result) string
 }
 
@@ -33,6 +34,12 @@ type column struct {
 // compare first, the latencies, then the rest.
 var columns = []column{
 	{head: "policy", cell: func(r *Result) string { return r.Policy }},
+	{head: "split", pd: true, cell: func(r *Result) string {
+		if r.Prefill == 0 {
+			return "co-located"
+		}
+		return strconv.Itoa(r.Prefill) + "P+" + strconv.Itoa(r.Decode) + "D"
+	}},
 	{head: "admission", admit: true, cell: func(r *Result) string { return r.Admission }},
 	{head: "outputs", outputs: true, cell: func(r *Result) string { return cmp.Or(r.Outputs, "untold") }},
 	{head: "SLO", cell: func(r *Result) string { return fmtPct(r.SLOAttainment) }},
@@ -53,6 +60,12 @@ var columns = []column{
 	{head: "gap", cell: func(r *Result) string { return strconv.Itoa(r.AssignmentGap) }},
 	{head: "preempt", roomy: true, cell: func(r *Result) string { return strconv.Itoa(r.Preemptions) }},
 	{head: "loads", lora: true, cell: func(r *Result) string { return strconv.Itoa(r.AdapterLoads) }},
+	{head: "local", pd: true, cell: func(r *Result) string {
+		if r.Prefill == 0 || r.Requests == 0 {
+			return "-"
+		}
+		return fmtPct(float64(r.Local) / float64(r.Requests))
+	}},
 	{head: "peak skew", herding: true, cell: func(r *Result) string { return strconv.Itoa(r.PeakSkew) }},
 	{head: "mean skew", herding: true, cell: func(r *Result) string { return strconv.FormatFloat(r.MeanSkew, 'f', 2, 64) }},
 	{head: "pile-up", herding: true, cell: func(r *Result) string { return fmtPct(r.PileupShare) }},
@@ -87,16 +100,17 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	fmt.Fprintf(w, "%s\nprefix hits: infinite-cache bound %.1f%%, one cluster-sized LRU cache %.1f%%\n\n",
 		s.limits(), 100*s.InfiniteCacheHitRate, 100*s.PooledCacheHitRate)
 
-	admitted, told, tenants := false, false, false
+	admitted, told, tenants, pd := false, false, false, false
 	for _, r := range rep.Results {
 		admitted = admitted || r.Admission != ""
 		told = told || r.Outputs != ""
 		tenants = tenants || len(r.Tenants) > 0
+		pd = pd || r.Prefill > 0
 	}
 	var shown []column
 	have := make(map[string]bool)
 	for _, c := range columns {
-		if (c.wide || (c.roomy && s.Herding)) && !wide || c.herding && !s.Herding || c.admit && !admitted || c.outputs && !told || c.lora && s.AdapterSlots == 0 {
+		if (c.wide || (c.roomy && s.Herding)) && !wide || c.herding && !s.Herding || c.admit && !admitted || c.outputs && !told || c.lora && s.AdapterSlots == 0 || c.pd && !pd {
 			continue
 		}
 		shown = append(shown, c)
@@ -147,6 +161,7 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 			"tokens: its share of the prompt and output tokens of all completed requests;")
 	}
 	for _, d := range []struct{ col, def string }{
+		{"split", "split: co-located, every replica serving whole requests, or the prefill (P) and decode (D) workers of a disaggregated run, whose gap is the larger of its two pools';"},
 		{"admission", "admission: the admission control in front of the routers;"},
 		{"outputs", fmt.Sprintf("outputs: the decode work charged per request: allowance, a fixed %d tokens;", llmlb.DefaultDecodeAllowance)},
 		{"outputs", "predict, the output length learned per route; true, the true output length;"},
@@ -157,6 +172,7 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 		{"gap", "gap: most minus fewest requests per replica;"},
 		{"preempt", "preempt: running requests evicted to free KV memory, to be recomputed;"},
 		{"loads", "loads: LoRA adapters loaded into a replica's slots, each stalling the replica;"},
+		{"local", "local: share of a disaggregated run's requests prefilled on their decode worker;"},
 		{"peak skew", "peak skew: largest difference in outstanding requests between the most and the least loaded replica;"},
 		{"mean skew", "mean skew: its mean, sampled at every arrival;"},
 		{"pile-up", "pile-up: share of scrape windows with two or more arrivals that all went to one replica;"},

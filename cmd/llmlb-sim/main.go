@@ -50,6 +50,14 @@
 // every D, each router's share.Group builds a batch, which reaches the
 // other routers D later. It needs at least two routers.
 //
+// -scenario pd and pd-long compare co-located serving with prefill/decode
+// disaggregation at equal GPU count: the disaggregated policies (pd-*) run
+// with the first replicas as prefill workers and the rest as decode
+// workers, once per count of prefill workers in -prefill (default: the
+// scenario's, 2,3 for pd, 3,4 for pd-long), and the table gains a split
+// column (co-located, or 2P+6D) and a local column (the requests prefilled
+// on their decode worker).
+//
 // -scenario providers, spill and spill-queue8 model deployments behind
 // APIs (rate limits, latency spikes, 429s with Retry-After) instead of
 // engines, and compare ways of routing to them, tiers and cooldowns
@@ -174,6 +182,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		outQuant = fs.Float64("output-quantile", 0, "with -outputs predict, charge this quantile of the learned output lengths, in [0, 1), instead of their mean (0)")
 		speedArg = fs.String("speeds", "", "each replica's `speeds` relative to the engine, one per replica in order, a run of equal speeds as count x speed: 1,1,0.5,0.5 or 2x1,2x0.5; "+
 			"replaces the scenario's starting speeds, for a scenario or a -trace (default: the scenario's, 2x1,6x0.5 for mixed and mixed-slowdown, 1 for every replica of the others)")
+		prefillArg = fs.String("prefill", "", "comma-separated `counts` of prefill workers, each compared under every disaggregated policy (pd-*), the other replicas decoding; "+
+			"co-located policies run once on all the replicas (default: the scenario's list, 2,3 for pd, 3,4 for pd-long; a quarter of the replicas for the others)")
 		declare = fs.Bool("declare-weights", false, "every replica declares its starting speed to the routers as its weight, as an operator who knows the hardware would configure; "+
 			"policies that read weights (default) use it, the others ignore it (default: no weights, so a policy must find the speeds itself)")
 	)
@@ -319,6 +329,49 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 	}
 
+	splits := sc.Prefill // none: one run of the disaggregated policies with Config.Prefill
+	if set["prefill"] {
+		n := sc.Config.Replicas
+		if *replicas > 0 {
+			n = *replicas
+		}
+		if splits, err = parsePrefill(*prefillArg, n); err != nil {
+			return usageError{err}
+		}
+	}
+	// The rows of the table, in groups compared together: the co-located
+	// policies, then the disaggregated ones under each split.
+	type group struct {
+		names []string
+		split int // prefill workers; 0 for the scenario's
+		first int // the group's first row
+	}
+	var groups []group
+	var colo, pd []string
+	for _, name := range names {
+		if spec, _ := sim.LookupPolicy(name); spec.Decode != nil {
+			pd = append(pd, name)
+		} else {
+			colo = append(colo, name)
+		}
+	}
+	if len(colo) > 0 {
+		groups = append(groups, group{names: colo})
+	}
+	if len(pd) > 0 {
+		if len(splits) == 0 {
+			splits = []int{0}
+		}
+		for _, split := range splits {
+			groups = append(groups, group{names: pd, split: split})
+		}
+	}
+	rows := 0
+	for i := range groups {
+		groups[i].first = rows
+		rows += len(groups[i].names)
+	}
+
 	// Open the outputs before the run, so that a bad path does not waste
 	// it; a file created here is removed again if the run fails.
 	var jsonOut, svgOut *output
@@ -402,7 +455,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	printed := false
 	nadm, nout := max(len(admissions), 1), max(len(outputs), 1)
 	nvar := nadm * nout // the runs of each policy under one seed, admission-major
-	total := len(scales) * *seeds * len(names) * nvar
+	total := len(scales) * *seeds * rows * nvar
 	progress := func(done int, last string) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -429,8 +482,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		w := w
 		w.Rate *= x
-		runs := make([][]*sim.Result, len(names)*nvar) // policy-major
-		var sum sim.ScenarioInfo                       // the per-run figures of the header, summed
+		runs := make([][]*sim.Result, rows*nvar) // row-major
+		var sum sim.ScenarioInfo                 // the per-run figures of the header, summed
 		cfg := cfg
 		for k := range *seeds {
 			cfg.Seed = *seed + uint64(k)
@@ -467,15 +520,22 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 				if len(outputs) > 0 {
 					cfg.Outputs = outputs[v%nout]
 				}
-				before := first + (k*nvar+v)*len(names)
-				results, err := sim.Compare(ctx, cfg, reqs, names, func(done, total int, policy string) {
-					progress(before+done, last(policy))
-				})
-				if err != nil {
-					return info, nil, err
-				}
-				for i, r := range results {
-					runs[i*nvar+v] = append(runs[i*nvar+v], r)
+				before := first + (k*nvar+v)*rows
+				for _, g := range groups {
+					cfg := cfg
+					if g.split > 0 {
+						cfg.Prefill = g.split
+					}
+					results, err := sim.Compare(ctx, cfg, reqs, g.names, func(done, total int, policy string) {
+						progress(before+g.first+done, last(policy))
+					})
+					if err != nil {
+						return info, nil, err
+					}
+					for i, r := range results {
+						j := (g.first+i)*nvar + v
+						runs[j] = append(runs[j], r)
+					}
 				}
 			}
 		}
@@ -512,7 +572,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		sw = &sim.Sweep{}
 		for i, x := range scales {
 			var pi sim.ScenarioInfo
-			if pi, results, err = at(x, false, i**seeds*len(names)*nvar); err != nil {
+			if pi, results, err = at(x, false, i**seeds*rows*nvar); err != nil {
 				break
 			}
 			if x == 1 {
@@ -641,6 +701,29 @@ func parseOutputs(list string) ([]sim.OutputKnowledge, error) {
 	out := make([]sim.OutputKnowledge, len(idx))
 	for j, i := range idx {
 		out[j] = known[i]
+	}
+	return out, nil
+}
+
+// parsePrefill parses the value of -prefill for replicas replicas:
+// comma-separated counts of prefill workers, each from 1 to replicas-1,
+// without repeats.
+func parsePrefill(list string, replicas int) ([]int, error) {
+	var out []int
+	for _, p := range strings.Split(list, ",") {
+		p = strings.TrimSpace(p)
+		n, err := strconv.Atoi(p)
+		switch {
+		case p == "":
+			return nil, fmt.Errorf("-prefill %q: want comma-separated counts of prefill workers, such as 2,3", list)
+		case err != nil:
+			return nil, fmt.Errorf("-prefill %q: %q is not a whole number", list, p)
+		case n < 1 || n >= replicas:
+			return nil, fmt.Errorf("-prefill %q: %d prefill workers of %d replicas: want 1 to %d, leaving at least one decode worker", list, n, replicas, replicas-1)
+		case slices.Contains(out, n):
+			return nil, fmt.Errorf("-prefill %q lists %d twice", list, n)
+		}
+		out = append(out, n)
 	}
 	return out, nil
 }

@@ -124,7 +124,7 @@ func TestRunErrors(t *testing.T) {
 	}{
 		{"unknown flag", []string{"-nope"}, "flag provided but not defined", ""},
 		{"unknown policy", []string{"-policies", "p2c,fastest"}, `-policies: unknown policy "fastest"`, ""},
-		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, tenants, classes, routes, lora, providers, spill, spill-queue8)`, ""},
+		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, tenants, classes, routes, lora, pd, pd-long, providers, spill, spill-queue8)`, ""},
 		{"bad rate scale", []string{"-rate-scale", "0"}, "-rate-scale", ""},
 		{"infinite rate scale", []string{"-rate-scale", "Inf"}, "-rate-scale +Inf must be a positive finite number", ""},
 		{"NaN rate scale", []string{"-rate-scale", "NaN"}, "-rate-scale NaN must be a positive finite number", ""},
@@ -185,6 +185,11 @@ func TestRunErrors(t *testing.T) {
 		{"output quantile NaN", []string{"-outputs", "predict", "-output-quantile", "NaN"}, "-output-quantile NaN must be in [0, 1)", ""},
 		{"speeds for other replicas", []string{"-speeds", "1,1,0.5"}, `-speeds "1,1,0.5" lists 3 speeds for 2 replicas: give one per replica (-replicas sets their number)`, ""},
 		{"speeds zero", []string{"-speeds", "1,0"}, `-speeds "1,0": speed 0 must be a positive finite number`, ""},
+		{"prefill all replicas", []string{"-prefill", "1,2"}, `-prefill "1,2": 2 prefill workers of 2 replicas: want 1 to 1, leaving at least one decode worker`, ""},
+		{"prefill zero", []string{"-prefill", "0"}, `-prefill "0": 0 prefill workers of 2 replicas`, ""},
+		{"prefill not a number", []string{"-prefill", "two"}, `-prefill "two": "two" is not a whole number`, ""},
+		{"prefill repeated", []string{"-replicas", "8", "-prefill", "2,2"}, `-prefill "2,2" lists 2 twice`, ""},
+		{"prefill empty", []string{"-prefill", ""}, `-prefill "": want comma-separated counts of prefill workers`, ""},
 		{"speeds with a trace", []string{"-trace", good, "-speeds", "3x1"}, `-speeds "3x1" lists 3 speeds for 2 replicas`, ""},
 	}
 	for _, c := range cases {
@@ -783,5 +788,29 @@ func TestRunLoRAFlags(t *testing.T) {
 	out.Reset()
 	if code := run(context.Background(), []string{"-scenario", "lora", "-adapter-slots", "-1"}, &out, &errb); code == 0 {
 		t.Error("-adapter-slots -1 accepted")
+	}
+}
+
+// The pd scenario runs its co-located policies once and its disaggregated
+// ones under each split of -prefill, with the split and local columns.
+func TestRunPrefillSplits(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"-scenario", "pd", "-requests", "300", "-policies", "pd-default-local,default", "-prefill", "1,3"}
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	var rows []string
+	for _, line := range strings.Split(out.String(), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && (f[0] == "default" || f[0] == "pd-default-local") {
+			rows = append(rows, f[0]+" "+f[1])
+		}
+	}
+	want := []string{"default co-located", "pd-default-local 1P+7D", "pd-default-local 3P+5D"}
+	if !slices.Equal(rows, want) {
+		t.Errorf("rows %q, want %q:\n%s", rows, want, out.String())
+	}
+	if !strings.Contains(out.String(), " local") || !strings.Contains(out.String(), "split: co-located") {
+		t.Errorf("output lacks the local column or the split legend:\n%s", out.String())
 	}
 }

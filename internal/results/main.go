@@ -1,6 +1,7 @@
 // Command results regenerates the simulator tables quoted in the README and
 // in docs/results.md, routers.md, fairness.md, outputs.md, learn.md,
-// lora.md and pools.md, so that no number there can drift from the code.
+// lora.md, pools.md and disagg.md, so that no number there can drift from
+// the code.
 //
 // Each table in those files sits in a fenced block right after a comment
 // naming the llmlb-sim arguments that print it:
@@ -49,7 +50,7 @@ func main() {
 	flag.Parse()
 	files := flag.Args()
 	if len(files) == 0 {
-		files = []string{"README.md", "docs/results.md", "docs/routers.md", "docs/fairness.md", "docs/outputs.md", "docs/learn.md", "docs/lora.md", "docs/pools.md"}
+		files = []string{"README.md", "docs/results.md", "docs/routers.md", "docs/fairness.md", "docs/outputs.md", "docs/learn.md", "docs/lora.md", "docs/pools.md", "docs/disagg.md"}
 	}
 	if err := run(files, *check); err != nil {
 		fmt.Fprintln(os.Stderr, "results:", err)
