@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/llmlb/llmlb/internal/stamped"
 )
 
 // Balancer picks an endpoint for each request and accounts for the work it
@@ -32,6 +34,16 @@ type Balancer struct {
 	// simple is set for the policies that choose with a Candidates on
 	// Pick's stack (see pickSimple).
 	simple bool
+	// fast is the policy's kind on pickFast's path, or fastNone.
+	fast uint8
+	// plain is set when a pick has nobody to tell and needs the clock at
+	// most for the signal: no observer, speed estimates, latency averages
+	// or output prediction.
+	plain bool
+	rr    *roundRobin // the policy, if it is RoundRobin
+	// stamped is the signal if it stamps its observations when it records
+	// them (see commitEpoch), else nil.
+	stamped stamped.Signal
 	// learn is set when the policy keeps speed estimates
 	// ([DefaultConfig.Learn]): every endpoint then has one, fed at each
 	// request's first token and Done.
@@ -164,23 +176,37 @@ type counts struct {
 }
 
 func (st *epState) counts() counts {
-	r, t := st.reqs.Load(), st.toks.Load()
-	c := counts{
-		outstanding: int64(r >> 32 & low16),
-		queued:      int64(r >> 48),
-		prefill:     int64(r & low32),
-		prompt:      int64(t & low32),
-		decode:      int64(t >> 32),
-	}
-	if st.spilled.Load() {
-		sr := st.spReqs.Load()
-		c.outstanding += sr >> 32
-		c.queued += int64(int32(sr))
-		c.prefill += st.spPrefill.Load()
-		c.prompt += st.spPrompt.Load()
-		c.decode += st.spDecode.Load()
-	}
+	var c counts
+	st.countsInto(&c)
 	return c
+}
+
+// countsInto is counts writing into c, which spares hot loops the copy of
+// a returned struct.
+func (st *epState) countsInto(c *counts) {
+	c.unpack(st.reqs.Load(), st.toks.Load())
+	if st.spilled.Load() {
+		st.addSpilled(c)
+	}
+}
+
+// unpack sets c to the packed counts r (epState.reqs) and t (toks).
+func (c *counts) unpack(r, t uint64) {
+	c.outstanding = int64(r >> 32 & low16)
+	c.queued = int64(r >> 48)
+	c.prefill = int64(r & low32)
+	c.prompt = int64(t & low32)
+	c.decode = int64(t >> 32)
+}
+
+// addSpilled adds the spill counters to c.
+func (st *epState) addSpilled(c *counts) {
+	sr := st.spReqs.Load()
+	c.outstanding += sr >> 32
+	c.queued += int64(int32(sr))
+	c.prefill += st.spPrefill.Load()
+	c.prompt += st.spPrompt.Load()
+	c.decode += st.spDecode.Load()
 }
 
 // outstanding returns the endpoint's outstanding requests.
@@ -302,15 +328,22 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 		outputs:   cfg.outputs,
 	}
 	switch p := policy.(type) {
-	case *roundRobin, random:
-		b.simple = true
+	case *roundRobin:
+		b.simple, b.fast, b.rr = true, fastRoundRobin, p
+	case random:
+		b.simple, b.fast = true, fastRandom
 	case p2c:
-		b.simple = p.s.requests && cfg.signal == nil
+		b.simple = p.s.requests
+		if b.simple {
+			b.fast = fastP2C
+		}
 	}
+	b.stamped, _ = cfg.signal.(stamped.Signal)
 	if l, ok := policy.(interface{ learns() bool }); ok {
 		b.learn = l.learns()
 	}
 	b.peak, _ = policy.(*peakEWMA)
+	b.plain = b.obs == nil && !b.learn && b.peak == nil && b.outputs == nil
 	b.slowUntil.Store(never)
 	b.snap.Store(&snapshot{byKey: map[string]*epState{}, gen: generations.Add(1)})
 	return b, nil
@@ -492,6 +525,9 @@ func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
 		return Pick{}, b.failed(r, ErrNoEndpoints)
 	}
 	if b.simple && (r == nil || len(r.Exclude) == 0) && b.unhealthy.Load() == 0 {
+		if b.plain && b.slowUntil.Load() == never {
+			return b.pickFast(snap, r)
+		}
 		var c Candidates // every member is a candidate: no slice is needed
 		c.req = r
 		if r == nil {
@@ -510,6 +546,105 @@ func (b *Balancer) Pick(ctx context.Context, r *Request) (Pick, error) {
 // policies only read it.
 var zeroRequest Request
 
+// The policies of pickFast.
+const (
+	fastNone = iota
+	fastRoundRobin
+	fastRandom
+	fastP2C // P2C over RequestsScore
+)
+
+// pickFast is pickSimple for a plain balancer none of whose members is in
+// slow start: it chooses on the snapshot, without a Candidates, drawing the
+// same random numbers as the policy's Choose.
+func (b *Balancer) pickFast(snap *snapshot, r *Request) (Pick, error) {
+	if r == nil {
+		r = &zeroRequest
+	}
+	eps := snap.eps
+	var (
+		i int
+		t clockReading
+	)
+	if n := uint64(len(eps)); n > 1 {
+		switch b.fast {
+		case fastRoundRobin:
+			i = int((b.rr.next.Add(1) - 1) % n)
+		case fastRandom:
+			i = int(b.uint64n(n))
+		case fastP2C:
+			i = b.p2cFast(eps, n, snap.unit, &t)
+		}
+	}
+	st := eps[i]
+	prompt := int64(r.PromptTokens)
+	decode := int64(r.OutputTokens)
+	if decode == 0 {
+		decode = int64(b.allowance)
+		if r.MaxTokens > 0 {
+			decode = min(decode, int64(r.MaxTokens))
+		}
+	}
+	rec := b.newRecord(st, prompt, prompt, decode)
+	if b.signal != nil {
+		b.commitEpoch(rec, st, prompt, decode, &t, false)
+	}
+	return Pick{rec: rec, base: rec.state.Load() &^ phaseMask, desc: st.desc.Load()}, nil
+}
+
+// p2cFast is [P2C] over [RequestsScore] on n > 1 members none of which is
+// in slow start: p2c.chooseCounts without a Candidates. t is the pick's
+// time.
+func (b *Balancer) p2cFast(eps []*epState, n uint64, unit bool, t *clockReading) int {
+	x := b.uint64()
+	i := int((x >> 32 * n) >> 32)
+	j := int((x & (1<<32 - 1) * (n - 1)) >> 32)
+	if j >= i {
+		j++
+	}
+	if b.signal != nil && !b.unobserved() {
+		return p2cPick(i, j, b.requestsScore(eps[i], t), b.requestsScore(eps[j], t), x)
+	}
+	if unit {
+		// The scores are outstanding+1, so comparing the counts chooses
+		// alike.
+		switch oi, oj := eps[i].outstanding(), eps[j].outstanding(); {
+		case oi < oj:
+			return i
+		case oj < oi:
+			return j
+		}
+		if x&1 == 0 {
+			return i
+		}
+		return j
+	}
+	si := float64(eps[i].outstanding()+1) / eps[i].staticWeight()
+	sj := float64(eps[j].outstanding()+1) / eps[j].staticWeight()
+	return p2cPick(i, j, si, sj, x)
+}
+
+// requestsScore is requestsScore (of Candidates) for st, not in slow start,
+// at the time t.
+func (b *Balancer) requestsScore(st *epState, t *clockReading) float64 {
+	obs, ok := b.signal.Load(st.key)
+	if !ok || !b.fresh(&obs, t) {
+		s := float64(st.outstanding()) + 1
+		if w := st.staticWeight(); w != 1 {
+			s /= w
+		}
+		return s
+	}
+	var l EndpointLoad
+	st.ownLoad(&l)
+	observedLoad(st, &l, &obs)
+	s := (float64(l.Requests) + 1) / st.staticWeight()
+	if s != s { // NaN
+		return math.Inf(1)
+	}
+	return s
+}
+
 // pickSimple is pick for the policies that need no scratch space, called
 // with every member a candidate. It calls them directly, so that c does not
 // escape to the heap.
@@ -526,7 +661,7 @@ func (b *Balancer) pickSimple(c *Candidates, snap *snapshot, r *Request) (Pick, 
 	}
 	p := b.commit(c, c.state(i))
 	if b.obs != nil && b.obs.Pick != nil {
-		b.obs.Pick(PickInfo{Endpoint: p.ep, Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
+		b.obs.Pick(PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
 	}
 	return p, nil
 }
@@ -545,7 +680,7 @@ func (b *Balancer) pick(c *Candidates, snap *snapshot, r *Request) (Pick, error)
 	}
 	p := b.commit(c, c.state(i))
 	if b.obs != nil && b.obs.Pick != nil {
-		b.obs.Pick(PickInfo{Endpoint: p.ep, Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
+		b.obs.Pick(PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
 	}
 	return p, nil
 }
@@ -564,42 +699,85 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	prompt := int64(r.PromptTokens)
 	prefill := prompt - int64(min(c.cached, r.PromptTokens))
 	decode := c.reqTok - prompt
-	rec := recordPool.Get().(*record)
-	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work = st, b, 0, 0, 0, 0
+	rec := b.newRecord(st, prefill, prompt, decode)
 	rec.kind, rec.feature = c.outKind, c.outFeature
-	rec.out.Store(outTag(rec.state.Load()))
-	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	c.signalAge = -1
-	if b.obs != nil || b.signal != nil || b.learn || b.peak != nil {
+	timed := b.obs != nil || b.learn || b.peak != nil // they need the time of the pick
+	if timed {
 		rec.picked = c.nowNanos()
 	}
 	if b.learn {
 		rec.work = c.work
 	}
 	if b.signal != nil {
-		obs, fresh := c.observe(st)
-		if fresh && b.obs != nil {
-			c.signalAge = time.Duration(c.nowNanos() - obs.At.UnixNano())
-		}
-		if !fresh && st.obsAt.Load() == never {
-			rec.epoch = 1 // epoch 0, which keeps no counts
-		} else {
-			st.mu.Lock()
-			if fresh {
-				st.roll(obs.At.UnixNano())
-			}
-			if st.epoch > 0 {
-				st.epReqs.Add(1)
-				st.epQueued.Add(1)
-				st.epTokens.Add(prefill + decode)
-			}
-			rec.epoch = st.epoch + 1 // 0 means "not tracked"
-			st.mu.Unlock()
+		if at, fresh := b.commitEpoch(rec, st, prefill, decode, &c.t, timed); fresh && b.obs != nil {
+			c.signalAge = time.Duration(c.nowNanos() - at)
 		}
 	}
 	// A record waits in the pool already in the picked phase of its next
 	// generation (see Done), so the handle only reads it.
-	return Pick{rec: rec, base: rec.state.Load() &^ phaseMask, ep: st.desc.Load().ep, cached: int32(prompt - prefill)}
+	return Pick{rec: rec, base: rec.state.Load() &^ phaseMask, desc: st.desc.Load(), cached: int32(prompt - prefill)}
+}
+
+// commitEpoch counts a dispatch to st, charged in rec with prefill and
+// decode tokens, in st's epoch, and sets rec.picked unless timed says it
+// is set: on a balancer with a signal, Done compares it with the time of
+// the observation it finds. It returns the time of st's observation and
+// whether it is fresh at t.
+func (b *Balancer) commitEpoch(rec *record, st *epState, prefill, decode int64, t *clockReading, timed bool) (at int64, fresh bool) {
+	var (
+		obs  Load
+		seen bool
+	)
+	if !b.unobserved() {
+		obs, seen = b.signal.Load(st.key)
+	}
+	fresh = seen && b.fresh(&obs, t)
+	if !fresh && st.obsAt.Load() == never {
+		rec.epoch = 1 // epoch 0, which keeps no counts
+		// Without an observation now, a signal that stamps observations
+		// when it records them makes any later one newer than the pick,
+		// as the earliest time is.
+		if !timed {
+			if !seen && b.stamped != nil && !t.read {
+				rec.picked = never + 1
+			} else {
+				rec.picked = t.nanos(b.clock)
+			}
+		}
+		return 0, false
+	}
+	if !timed {
+		rec.picked = t.nanos(b.clock)
+	}
+	st.mu.Lock()
+	if fresh {
+		st.roll(obs.At.UnixNano())
+	}
+	if st.epoch > 0 {
+		st.epReqs.Add(1)
+		st.epQueued.Add(1)
+		st.epTokens.Add(prefill + decode)
+	}
+	rec.epoch = st.epoch + 1 // 0 means "not tracked"
+	st.mu.Unlock()
+	return obs.At.UnixNano(), fresh
+}
+
+// unobserved reports whether the signal is known to have recorded no
+// observation yet, so that none need be loaded.
+func (b *Balancer) unobserved() bool {
+	return b.stamped != nil && !b.stamped.Recorded(stamped.Token{})
+}
+
+// newRecord charges a request to st and returns its record, with the
+// fields that only some balancers use cleared.
+func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record {
+	rec := recordPool.Get().(*record)
+	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work = st, b, 0, 0, 0, 0
+	rec.kind, rec.feature = 0, 0
+	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
+	return rec
 }
 
 // Pick is the handle of one picked request. Its zero value (returned with an
@@ -611,14 +789,22 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 // safe to call concurrently; after Done both are no-ops, even if the
 // balancer's storage for the handle was reused by a later request.
 type Pick struct {
-	rec    *record
-	base   uint64 // the record's generation for this request, phase bits clear
-	ep     Endpoint
+	rec  *record
+	base uint64 // the record's generation for this request, phase bits clear
+	// desc holds the picked endpoint: one word, not the two of an
+	// interface, so that the handle stays small enough to pass in
+	// registers.
+	desc   *epDesc
 	cached int32 // the prompt tokens the policy expected the endpoint to hold
 }
 
 // Endpoint returns the picked endpoint, or nil for the zero Pick.
-func (p Pick) Endpoint() Endpoint { return p.ep }
+func (p Pick) Endpoint() Endpoint {
+	if p.desc == nil {
+		return nil
+	}
+	return p.desc.ep
+}
 
 // FirstToken records that prefill is done and streaming began: the request's
 // prompt tokens stop counting as pending prefill. It is the commitment point
@@ -651,7 +837,7 @@ func (p Pick) firstToken(measure bool) {
 	}
 	rec.state.Store(p.base | phaseStreaming)
 	if measure && b.obs != nil && b.obs.FirstToken != nil {
-		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked)})
+		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.Endpoint(), Latency: time.Duration(b.clock.Now().UnixNano() - picked)})
 	}
 }
 
@@ -682,7 +868,13 @@ func (p Pick) Done(err error) {
 		}
 	}
 	st, b, picked := rec.st, rec.b, rec.picked
-	out := int64(rec.out.Load() & outCountMask) // output tokens reported with Generated
+	// The output tokens reported with Generated, if it was called for this
+	// request; the count then goes back to zero, tagged for the next one.
+	var out int64
+	if v := rec.out.Load(); v&^outCountMask == outTag(p.base) && v&outCountMask != 0 {
+		out = int64(v & outCountMask)
+		rec.out.Store(outTag(p.base + generationStep))
+	}
 	if streaming && err == nil {
 		// Only a request that streamed to its end measures decode and
 		// teaches its output length.
@@ -713,7 +905,7 @@ func (p Pick) Done(err error) {
 	rec.st, rec.b = nil, nil
 	recordPool.Put(rec)
 	if b.obs != nil && b.obs.Done != nil {
-		b.obs.Done(DoneInfo{Endpoint: p.ep, Latency: time.Duration(b.clock.Now().UnixNano() - picked), Streamed: streaming, Err: err})
+		b.obs.Done(DoneInfo{Endpoint: p.Endpoint(), Latency: time.Duration(b.clock.Now().UnixNano() - picked), Streamed: streaming, Err: err})
 	}
 }
 
@@ -769,9 +961,15 @@ type record struct {
 	first  int64   // unix nanos of the first token, when the balancer learns
 	work   float64 // the prefill work the policy priced, when the balancer learns
 	// out is the output tokens reported with Generated (outCountMask) and
-	// the generation they count for (outTag).
+	// the generation they count for (outTag). A count under another
+	// generation's tag belongs to no live request and reads as zero; the
+	// first Generated of a request replaces it. Done resets a count it
+	// read, and a Generated that finds its request done after adding to
+	// the count clears it, so that no count outlives its request to be
+	// read by a later generation with the same tag.
 	out           atomic.Uint64
-	kind, feature uint64 // the request's output-prediction keys
+	kind, feature uint64   // the request's output-prediction keys
+	_             [24]byte // to 128 bytes (see the record pool)
 }
 
 // The packing of record.out: a generation tag above a count.
@@ -796,17 +994,39 @@ func (p Pick) Generated(n int) {
 	}
 	tag := outTag(p.base)
 	for {
-		v := rec.out.Load()
-		if v&^outCountMask != tag {
+		v, c := rec.out.Load(), uint64(n)
+		if v&^outCountMask == tag {
+			c = min(v&outCountMask+c, outCountMask)
+		} else if rec.state.Load()&^phaseMask != p.base {
 			return // done: the record serves a later request
 		}
-		c := min(v&outCountMask+uint64(n), outCountMask)
-		if rec.out.CompareAndSwap(v, tag|c) {
+		// Otherwise the count is an earlier request's: start this one's.
+		if !rec.out.CompareAndSwap(v, tag|min(c, outCountMask)) {
+			continue
+		}
+		if rec.state.Load()&^phaseMask != p.base {
+			// Done won meanwhile and may not have seen the count: clear
+			// it, so that it never counts for a later request.
+			p.clearOut()
+		}
+		return
+	}
+}
+
+// clearOut clears a count of p's request left in its record after Done.
+func (p Pick) clearOut() {
+	rec, tag := p.rec, outTag(p.base)
+	for {
+		v := rec.out.Load()
+		if v&^outCountMask != tag || rec.out.CompareAndSwap(v, outTag(p.base+generationStep)) {
 			return
 		}
 	}
 }
 
+// recordPool holds the free records. A record is 128 bytes, a size class
+// whose objects start on a cache line and fill two, so that the records of
+// picks on different processors never share a line.
 var recordPool = sync.Pool{New: func() any {
 	rec := new(record)
 	rec.state.Store(phasePicked)

@@ -36,6 +36,7 @@ type Candidates struct {
 	confirmed []int32
 	matches   []prefix.Match
 	costs     []float64
+	src       []int32 // per candidate: the candidate whose estimate in loads is its own (see loadsInto)
 	adapter   []uint8 // per candidate: its class for the request's adapter (AdapterAffinity)
 	cached    int
 	// speeds and pool are the candidates' speed estimates and their
@@ -46,14 +47,28 @@ type Candidates struct {
 	pool      poolSpeed
 	work      float64
 	signalAge time.Duration // for the observer: age of the chosen endpoint's observation, -1 if none
-	now       int64         // unix nanos, read from the clock on first use
-	nowRead   bool          // now holds the clock's reading for this pick
+	t         clockReading  // the pick's time
+}
+
+// clockReading is the time of one pick, read from the balancer's clock on
+// first use.
+type clockReading struct {
+	now  int64 // unix nanos
+	read bool  // now holds the clock's reading
+}
+
+// nanos returns the reading, reading clock the first time.
+func (t *clockReading) nanos(clock Clock) int64 {
+	if !t.read {
+		t.now, t.read = clock.Now().UnixNano(), true
+	}
+	return t.now
 }
 
 var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 
 func (c *Candidates) release() {
-	c.b, c.snap, c.req, c.cached, c.nowRead, c.work = nil, nil, nil, 0, false, 0
+	c.b, c.snap, c.req, c.cached, c.t, c.work = nil, nil, nil, 0, clockReading{}, 0
 	c.cand = c.cand[:0]
 	candidatesPool.Put(c)
 }
@@ -177,12 +192,7 @@ func (c *Candidates) Float64() float64 { return c.b.float64() }
 // Now returns the balancer clock's time, read once per pick.
 func (c *Candidates) Now() time.Time { return time.Unix(0, c.nowNanos()) }
 
-func (c *Candidates) nowNanos() int64 {
-	if !c.nowRead {
-		c.now, c.nowRead = c.b.clock.Now().UnixNano(), true
-	}
-	return c.now
-}
+func (c *Candidates) nowNanos() int64 { return c.t.nanos(c.b.clock) }
 
 // RequestTokens returns the work, in tokens, that the request being picked
 // adds to an endpoint: its prompt tokens plus its expected decode tokens
@@ -248,7 +258,33 @@ func (c *Candidates) Load(i int) EndpointLoad {
 
 func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	st := c.state(i)
-	n := st.counts()
+	c.ownLoad(st, l)
+	if c.b.signal == nil {
+		return
+	}
+	if obs, ok := c.observe(st); ok {
+		observedLoad(st, l, &obs)
+	}
+}
+
+// ownLoad sets l to the load estimate of st without a signal: this
+// balancer's own counts.
+func (c *Candidates) ownLoad(st *epState, l *EndpointLoad) {
+	st.ownLoad(l)
+	l.Weight = c.weight(st)
+}
+
+// ownLoad sets l, but for its Weight, to the load estimate of st without a
+// signal.
+func (st *epState) ownLoad(l *EndpointLoad) {
+	var n counts
+	st.countsInto(&n)
+	n.setLoad(l)
+}
+
+// setLoad sets l, but for its Weight, to the load estimate of counts n
+// without a signal.
+func (n *counts) setLoad(l *EndpointLoad) {
 	l.Outstanding = n.outstanding
 	l.Queued = n.queued
 	l.PrefillTokens = n.prefill
@@ -256,14 +292,11 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	l.ActiveTokens = n.prompt + n.decode
 	l.Requests, l.Waiting, l.backlog = l.Outstanding, l.Queued, l.Queued
 	l.KVUsage, l.KVBlocks, l.BlockSize, l.Fresh = math.NaN(), 0, 0, false
-	l.Weight = c.weight(st)
-	if c.b.signal == nil {
-		return
-	}
-	obs, ok := c.observe(st)
-	if !ok {
-		return
-	}
+}
+
+// observedLoad corrects l, set by ownLoad, with obs, st's fresh
+// observation.
+func observedLoad(st *epState, l *EndpointLoad, obs *Load) {
 	e := st.correction(obs.At.UnixNano())
 	l.Fresh = true
 	// The observed counts may be as large as an int holds: saturate, never
@@ -283,6 +316,57 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 			l.KVUsage += float64(e.tokens) / float64(capacity)
 		}
 	}
+}
+
+// loadsInto sets the load estimate of each candidate i, as loadInto does,
+// and returns the sum of their backlogs. The estimate of candidate i is
+// loads[src[i]]. Without a signal, and with no member in slow start, an
+// estimate is a function of the endpoint's packed counts and static weight
+// alone: a candidate whose counts and weight are the previous candidate's
+// shares its estimate, src[i] being the first candidate of their run, and
+// loads[i] is left unset (see load). An idle pool is scored at the cost of
+// reading its counts. Otherwise src[i] is i.
+func (c *Candidates) loadsInto(loads []EndpointLoad, src []int32) (backlog float64) {
+	if c.b.signal != nil || c.b.slowUntil.Load() != never {
+		for i := range loads {
+			c.loadInto(i, &loads[i])
+			src[i] = int32(i)
+			backlog += float64(loads[i].backlog)
+		}
+		return backlog
+	}
+	var prevR, prevT, prevW uint64
+	prevPacked := false // the previous candidate's counts are all packed
+	run := 0            // the first candidate of the run of equal estimates
+	for i := range loads {
+		st := c.state(i)
+		r, t, w := st.reqs.Load(), st.toks.Load(), st.weight.Load()
+		packed := !st.spilled.Load()
+		if !packed || !prevPacked || r != prevR || t != prevT || w != prevW {
+			run = i
+			var n counts
+			n.unpack(r, t)
+			if !packed {
+				st.addSpilled(&n)
+			}
+			n.setLoad(&loads[i])
+			loads[i].Weight = math.Float64frombits(w)
+		}
+		src[i] = int32(run)
+		backlog += float64(loads[run].backlog)
+		prevR, prevT, prevW, prevPacked = r, t, w, packed
+	}
+	return backlog
+}
+
+// load returns candidate i's estimate in c.loads, copied there first if
+// loadsInto left it with another candidate.
+func (c *Candidates) load(i int) *EndpointLoad {
+	if i < len(c.src) && int(c.src[i]) != i {
+		c.loads[i] = c.loads[c.src[i]]
+		c.src[i] = int32(i)
+	}
+	return &c.loads[i]
 }
 
 // Weight returns the effective weight of candidate i: its static weight
@@ -305,10 +389,20 @@ func (c *Candidates) weight(st *epState) float64 {
 // maximum signal age.
 func (c *Candidates) observe(st *epState) (Load, bool) {
 	obs, ok := c.b.signal.Load(st.key)
-	if !ok || !obs.valid() || c.nowNanos()-obs.At.UnixNano() > int64(c.b.maxAge) {
+	if !ok || !c.fresh(&obs) {
 		return Load{}, false
 	}
 	return obs, true
+}
+
+// fresh reports whether obs is valid and younger than the maximum signal
+// age.
+func (c *Candidates) fresh(obs *Load) bool { return c.b.fresh(obs, &c.t) }
+
+// fresh reports whether obs is valid and younger than the maximum signal
+// age at the time t.
+func (b *Balancer) fresh(obs *Load, t *clockReading) bool {
+	return obs.valid() && t.nanos(b.clock)-obs.At.UnixNano() <= int64(b.maxAge)
 }
 
 // epochCounts is what changed of this balancer's requests to an endpoint
@@ -354,6 +448,9 @@ func (st *epState) roll(at int64) {
 // counting, so that it counts against the observation the engine reports
 // even if no pick has loaded that observation yet.
 func (b *Balancer) observedAt(st *epState) int64 {
+	if b.unobserved() {
+		return never
+	}
 	obs, ok := b.signal.Load(st.key)
 	if !ok || !obs.valid() {
 		return never

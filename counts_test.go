@@ -18,6 +18,14 @@ func TestEpStateLayout(t *testing.T) {
 	if off := unsafe.Offsetof(epState{}.desc) + unsafe.Sizeof(epState{}.desc); off > 64 {
 		t.Errorf("the fields every pick reads end at byte %d, want within the first cache line", off)
 	}
+	// A pick's record and round robin's counter are written by every pick
+	// on their processor, and so must share no line with another's.
+	if got := unsafe.Sizeof(record{}); got != 128 {
+		t.Errorf("record is %d bytes, want 128", got)
+	}
+	if got := unsafe.Sizeof(roundRobin{}); got != 64 {
+		t.Errorf("roundRobin is %d bytes, want 64", got)
+	}
 }
 
 // TestCountsSpill checks that counts too large for the packed words (more

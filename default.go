@@ -361,24 +361,35 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		*pool = poolSpeed{}
 	}
 	if p.sampled == 0 || p.holders+p.sampled >= n {
-		// Every candidate is scored, in order.
-		backlog := 0.0
-		for i := range c.loads {
-			c.loadInto(i, &c.loads[i])
-			backlog += float64(c.loads[i].backlog)
-			if pool != nil {
+		// Every candidate is scored, in order. Without speeds, the cost
+		// is a function of the load and the matched blocks: a candidate
+		// that shares the previous candidate's load (see loadsInto) and
+		// matched as many blocks costs as much.
+		c.src = growInt32(c.src, n)
+		backlog := c.loadsInto(c.loads, c.src)
+		if pool != nil {
+			for i := range c.loads {
 				p.loadSpeed(c, i, pool)
 			}
 		}
 		over := p.overload(backlog / float64(n))
+		prev := 0.0 // the previous candidate's cost
 		for i := range c.loads {
-			l := &c.loads[i]
-			c.costs[i] = p.cost(c, i, l, avg, over, pool) / l.Weight
+			src := int(c.src[i])
+			if pool == nil && src != i && c.matched[i] == c.matched[i-1] &&
+				(p.t.events == nil || c.confirmed[i] == c.confirmed[i-1]) {
+				c.costs[i] = prev
+				continue
+			}
+			l := &c.loads[src]
+			prev = p.cost(c, i, l, avg, over, pool) / l.Weight
+			c.costs[i] = prev
 		}
 		if p.placing {
 			p.credit(c, -1, longest, avg, over, nil)
 		}
 	} else {
+		c.src = c.src[:0] // every scored load is its own
 		pick := p.scored(c, n, home)
 		backlog := 0.0
 		for _, i := range pick {
@@ -401,7 +412,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		}
 	}
 	best := argminCost(c, c.costs)
-	p.t.record(c, best, &c.loads[best])
+	p.t.record(c, best, c.load(best))
 	if pool != nil {
 		c.work = c.speeds[best].work
 	}

@@ -134,16 +134,43 @@ func (p p2c) Choose(c *Candidates) int {
 	return p2cPick(a, b, p.s.weighted(c, a, mode), p.s.weighted(c, b, mode), x)
 }
 
-// chooseCounts is Choose for [RequestsScore] on a balancer without a
-// signal. Unlike Choose, it never calls a Score, so its c does not escape.
+// chooseCounts is Choose for [RequestsScore]. Unlike Choose, it never
+// calls a Score, so its c does not escape.
 func (p p2c) chooseCounts(c *Candidates) int {
 	n := uint64(c.Len())
 	if n == 1 {
 		return 0
 	}
 	a, b, x := p2cDraw(c, n)
+	if c.b.signal != nil {
+		return p2cPick(a, b, requestsScore(c, a), requestsScore(c, b), x)
+	}
 	slow := c.b.slowUntil.Load() != never
 	return p2cPick(a, b, countScore(c, a, slow), countScore(c, b, slow), x)
+}
+
+// requestsScore is weighted(c, RequestsScore, i) on a balancer with a
+// signal, evaluated without the call through a Score, and without the
+// whole load estimate when the candidate has no fresh observation.
+func requestsScore(c *Candidates, i int) float64 {
+	st := c.state(i)
+	obs, ok := c.b.signal.Load(st.key)
+	if !ok || !c.fresh(&obs) {
+		// The estimated requests are this balancer's own.
+		s := float64(st.outstanding()) + 1
+		if w := c.weight(st); w != 1 {
+			s /= w
+		}
+		return s
+	}
+	l := &c.scratch
+	c.ownLoad(st, l)
+	observedLoad(st, l, &obs)
+	s := (float64(l.Requests) + 1) / l.Weight
+	if s != s { // NaN
+		return math.Inf(1)
+	}
+	return s
 }
 
 // p2cDraw samples two distinct candidates of n > 1. One 64-bit draw gives

@@ -102,11 +102,15 @@ func (p *defaultPolicy) credit(c *Candidates, home, longest int, avgPrompt, over
 			own, all = own+l.Outstanding, all+l.Requests
 		}
 	}
-	if pick == nil {
+	switch {
+	case c.b.signal == nil:
+		// No load is fresh (and not every candidate has its own in
+		// c.loads, see Candidates.loadsInto).
+	case pick == nil:
 		for i := range c.loads {
 			add(&c.loads[i])
 		}
-	} else {
+	default:
 		for _, i := range pick {
 			add(&c.loads[i])
 		}
@@ -128,7 +132,7 @@ func (p *defaultPolicy) credit(c *Candidates, home, longest int, avgPrompt, over
 		return
 	}
 	tokens := float64(c.req.PromptTokens - p.t.cachedTokens(c, longest))
-	c.costs[home] -= unknown * (p.cacheWeight + over) * tokens / c.loads[home].Weight
+	c.costs[home] -= unknown * (p.cacheWeight + over) * tokens / c.load(home).Weight
 }
 
 // roomFor reports whether candidate i's KV memory can take the request
@@ -148,7 +152,7 @@ func (p *defaultPolicy) credit(c *Candidates, home, longest int, avgPrompt, over
 // preemptions to 32 and the TTFT p99 from 547 ms to 488. Where memory is
 // not short, as on the default workload, it changes nothing.
 func (p *defaultPolicy) roomFor(c *Candidates, i int, avgPrompt float64) bool {
-	l := &c.loads[i]
+	l := c.load(i)
 	cached := float64(p.t.cachedTokens(c, int(c.matched[i])))
 	demand := kvDemand(c, l, queuedTokens(l, avgPrompt), cached)
 	if others := l.Requests - l.Outstanding; others > 0 {

@@ -80,37 +80,51 @@ func (t *prefixTracker) sync(c *Candidates) {
 // becomes the larger of the two.
 func (t *prefixTracker) match(c *Candidates) int {
 	t.sync(c)
-	c.matched = t.matchInto(c, t.index, c.matched)
+	var longest int32
+	c.matched, longest = t.matchInto(c, t.index, c.matched)
 	if t.events == nil {
-		return maxInt32(c.matched)
+		return int(longest)
 	}
-	c.confirmed = t.matchInto(c, t.events, c.confirmed)
+	var confirmed int32
+	c.confirmed, confirmed = t.matchInto(c, t.events, c.confirmed)
 	for i, b := range c.confirmed {
 		c.matched[i] = max(c.matched[i], b)
 	}
-	return maxInt32(c.matched)
+	return int(max(longest, confirmed))
 }
 
 // matchInto sets dst, resized to the candidates, to the leading prompt
-// blocks each candidate holds in ix.
-func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) []int32 {
+// blocks each candidate holds in ix, and returns it with the largest.
+func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) ([]int32, int32) {
 	dst = growInt32(dst, c.Len())
 	clear(dst)
 	blocks := t.blocks(c.req)
 	if len(blocks) == 0 {
-		return dst
+		return dst, 0
 	}
 	c.matches = ix.Match(blocks, c.Now(), c.matches[:0])
 	if len(c.matches) == 0 {
-		return dst
+		return dst, 0
+	}
+	var longest int32
+	if c.all {
+		// Members are the candidates, in order.
+		for _, m := range c.matches {
+			if mi, ok := c.snap.member(m.Endpoint); ok {
+				dst[mi] = int32(m.Blocks)
+				longest = max(longest, dst[mi])
+			}
+		}
+		return dst, longest
 	}
 	cand := c.memberToCandidate()
 	for _, m := range c.matches {
 		if mi, ok := c.snap.member(m.Endpoint); ok && cand[mi] >= 0 {
 			dst[cand[mi]] = int32(m.Blocks)
+			longest = max(longest, dst[cand[mi]])
 		}
 	}
-	return dst
+	return dst, longest
 }
 
 // blocks returns the prompt blocks of r the tracker matches and records.
@@ -119,14 +133,6 @@ func (t *prefixTracker) blocks(r *Request) []uint64 {
 		return r.Prefix[:t.maxBlocks]
 	}
 	return r.Prefix
-}
-
-func maxInt32(s []int32) int {
-	best := int32(0)
-	for _, v := range s {
-		best = max(best, v)
-	}
-	return int(best)
 }
 
 // cachedTokens converts matched blocks into prompt tokens.

@@ -2,7 +2,12 @@ package llmlb
 
 import "sync/atomic"
 
-type roundRobin struct{ next atomic.Uint64 }
+// roundRobin is padded to a cache line: every pick writes next, and no
+// other object should share its line.
+type roundRobin struct {
+	next atomic.Uint64
+	_    [56]byte
+}
 
 // RoundRobin returns the policy that deals requests to the candidates in
 // turn. It equalizes counts, not work: with LLM traffic, whose request costs

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
 	"google.golang.org/grpc/metadata"
@@ -65,5 +66,16 @@ func TestRecorder(t *testing.T) {
 	rec.record("c", &v3orcapb.OrcaLoadReport{Utilization: map[string]float64{"kv_cache_usage_perc": 0.25}})
 	if l, ok := store.Load("c"); !ok || l.KVUsage != 0.25 {
 		t.Errorf("utilization report: %+v, %v", l, ok)
+	}
+}
+
+// TestPickDoneLayout checks that a pickDone fills a size class whose
+// objects start on a cache line (see pickDone).
+func TestPickDoneLayout(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("the layout is planned for 64-bit platforms")
+	}
+	if got := unsafe.Sizeof(pickDone{}); got != 128 {
+		t.Errorf("pickDone is %d bytes, want 128", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/stamped"
 	"github.com/llmlb/llmlb/signals"
 )
 
@@ -79,3 +80,11 @@ func nonEmpty(m map[string]float64) map[string]float64 {
 	}
 	return m
 }
+
+// Recorded reports whether any report was recorded. It marks the signal
+// as one that stamps each observation with the time it is recorded (see
+// record), which spares the balancer a clock reading per pick while an
+// endpoint has no observation, and every Load while there is none at all.
+func (s *ownedSignal) Recorded(stamped.Token) bool { return s.seen.Load() }
+
+var _ stamped.Signal = (*ownedSignal)(nil)

@@ -57,11 +57,15 @@ type Call struct {
 	key  string
 }
 
-type callKey struct{}
+// callKey is the context key of a Call. It is a pointer, which a context
+// compares more cheaply than a struct on every pick.
+var callKey = new(contextKey)
+
+type contextKey struct{ _ byte }
 
 // WithCall returns a copy of ctx that carries c. Start the RPC with it.
 func WithCall(ctx context.Context, c *Call) context.Context {
-	return context.WithValue(ctx, callKey{}, c)
+	return context.WithValue(ctx, callKey, c)
 }
 
 // WithRequest returns a copy of ctx that carries r, for callers that do not
@@ -123,7 +127,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		err  error
 		call *Call
 	)
-	if call, _ = ctx.Value(callKey{}).(*Call); call != nil {
+	if call, _ = ctx.Value(callKey).(*Call); call != nil {
 		pk, err = p.lb.Pick(ctx, &call.Request)
 	} else if r := requestFromMetadata(ctx); r != nil {
 		pk, err = p.lb.Pick(ctx, r)
@@ -162,12 +166,17 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 // at most once (when the RPC's attempt finishes, or when it discards the
 // pick), so the callback and its state are pooled: finish puts them back,
 // and a pick allocates nothing.
+//
+// A pickDone is padded to 128 bytes, a size class whose objects start on a
+// cache line, so that the pickDones of RPCs on different processors never
+// share a line.
 type pickDone struct {
 	pk    llmlb.Pick
 	rec   *recorder
 	key   string
 	child func(balancer.DoneInfo) // the pick-first child's Done, if any
 	done  func(balancer.DoneInfo) // d.finish, bound once
+	_     [128 - 72]byte
 }
 
 // donePool holds free pickDones; Pick makes a new one when it is empty.
