@@ -46,10 +46,10 @@ type DisaggConfig struct {
 // Dynamo). Each pool is an ordinary [Balancer] with its own policy: the
 // prefill pool's should weigh prefix affinity against queued prefill (as
 // [Default] does), the decode pool's KV capacity and batch. The decode
-// pool's policy also prices the KV transfer:
-// a decode endpoint that already holds the head of the prompt pulls only
-// the rest, so its expected cached tokens make it cheaper, as they make a
-// co-located endpoint cheaper to prefill on.
+// pool's policy also prices the KV transfer: a decode endpoint that
+// already holds the head of the prompt pulls only the rest, so its
+// expected cached tokens make it cheaper, as they make a co-located
+// endpoint cheaper to prefill on.
 //
 // The decode endpoint is picked first, then the prefill endpoint (unless
 // the request prefills locally, see [DisaggConfig.LocalPrefillTokens]).
@@ -155,7 +155,6 @@ func (p DisaggPick) Local() bool { return p.Prefill.Endpoint() == nil }
 // prefill it does nothing. When the prefill endpoint answers before the
 // transfer ends, call Prefill.FirstToken then, so that its prompt stops
 // counting as queued prefill while the KV moves.
-
 func (p DisaggPick) Prefilled() {
 	p.Prefill.FirstToken()
 	p.Prefill.Done(nil)
