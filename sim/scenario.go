@@ -105,6 +105,14 @@ func mixedPolicies() []string {
 //   - mixed-slowdown: mixed, but replica 0 slows to half speed halfway
 //     through the arrivals ([Config.SpeedChanges]), at the default
 //     scenario's load per unit of the capacity left ([SlowdownRate]).
+//   - agentic: the default scenario's cluster, agents whose every step fans
+//     out into 8 parallel branches of one long history
+//     ([AgenticSynthetic]) at [AgenticRate].
+//   - rag: the default scenario's cluster, questions after documents
+//     retrieved from a shared corpus, prompts of about 10k tokens
+//     ([RAGSynthetic]) at [RAGRate].
+//   - diurnal: the default scenario, its rate of fresh conversations
+//     swinging over a compressed day and bursting ([DiurnalSynthetic]).
 //   - tenants: the default scenario's cluster and lengths shared by a heavy
 //     tenant whose demand alone is 1.5 times what the cluster serves
 //     within the SLO and four light tenants well under their fair share;
@@ -147,7 +155,7 @@ func Scenarios() []Scenario {
 	mixed := DefaultSynthetic(DefaultRequests, MixedRate)
 	slowdown := DefaultSynthetic(DefaultRequests, SlowdownRate)
 	slowAt := time.Duration(float64(slowdown.Requests) / slowdown.Rate / 2 * float64(time.Second))
-	return []Scenario{
+	all := []Scenario{
 		{
 			Name:     "default",
 			Doc:      "8 replicas, 1 router, heavy-tailed lengths, conversations of 4 turns paced by their replies",
@@ -193,13 +201,16 @@ func Scenarios() []Scenario {
 			Workload: slowdown,
 			Policies: mixedPolicies(),
 		},
+	}
+	all = append(all, familyScenarios()...)
+	return append(all,
 		TenantsScenario(),
 		ClassesScenario(),
 		routesScenario(),
 		loraScenario(),
 		pdScenario(),
 		pdLongScenario(),
-	}
+	)
 }
 
 // LookupScenario returns the preset named name.

@@ -196,6 +196,31 @@ type Synthetic struct {
 	// only.
 	Adapters    int
 	AdapterZipf float64
+	// Branches, if above 1 with Turns, makes every conversation an agent
+	// whose every step fans out into Branches parallel requests a few
+	// milliseconds apart, each the whole history plus a short branch
+	// message of its own (a quarter of a Prompt draw, as a follow-up
+	// turn's). The next step arrives after the longest branch's reply and a
+	// pause, and its history is the previous history plus every branch's
+	// reply, merged into new blocks. Turns is then the mean number of
+	// steps, and Rate counts every branch. 0 or 1 means one request per
+	// turn.
+	Branches int
+	// Documents, if positive, makes every fresh request
+	// retrieval-augmented: after its shared prefix, if it has one, its
+	// prompt carries Retrieved distinct documents of a corpus of
+	// Documents, drawn with Zipf popularity of exponent DocumentZipf (> 1)
+	// and placed in the order drawn, before its new message. Each document
+	// is DocumentTokens long, drawn once per document and rounded up to
+	// whole blocks, so two prompts share a cached head up to the first
+	// document in which they differ.
+	Documents      int
+	DocumentZipf   float64
+	DocumentTokens LogNormal
+	Retrieved      int
+	// Cycle varies the arrival rate of fresh requests over time, with Rate
+	// as its mean; its zero value keeps the rate steady.
+	Cycle LoadCycle
 }
 
 // LogNormal is a log-normal length distribution with the given median and
@@ -306,6 +331,9 @@ func (s *Synthetic) validate() error {
 	if err := s.validateAdapters(); err != nil {
 		return err
 	}
+	if err := s.validateFamilies(); err != nil {
+		return err
+	}
 	return validateTenants(s.Tenants)
 }
 
@@ -343,13 +371,19 @@ func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 			g.groups[i] = g.blocks(nil, s.PrefixTokens.sample(g.rng))
 		}
 	}
+	if s.Documents > 0 {
+		g.corpus()
+	}
 	out := make([]Request, 0, s.Requests)
-	if s.Turns > 0 {
+	switch {
+	case s.Turns > 0 && s.Branches > 1:
+		return g.agents(out), nil
+	case s.Turns > 0:
 		return g.conversations(out), nil
 	}
 	var t time.Duration
 	for len(out) < s.Requests {
-		t += g.gap()
+		t += g.gap(t)
 		u := g.rng.Float64()
 		switch {
 		case u < s.SessionShare && len(g.sessions) > 0:
@@ -363,15 +397,11 @@ func (s Synthetic) Generate(seed uint64) ([]Request, error) {
 			// Skip the arrival gaps of the children so that Rate stays the
 			// mean request rate.
 			for k := 1; k < s.FanoutSize; k++ {
-				t += g.gap()
+				t += g.gap(t)
 			}
 			t = max(t, at)
 		default:
-			var head []uint64
-			if s.PrefixShare > 0 && g.rng.Float64() < s.PrefixShare {
-				head = g.groups[g.zipf.Uint64()]
-			}
-			req := g.fresh(t, head, g.drawAdapter())
+			req := g.fresh(t, g.head(), g.drawAdapter())
 			if s.SessionShare > 0 {
 				g.remember(&req)
 			}
@@ -403,7 +433,7 @@ func (g *generator) conversations(out []Request) []Request {
 	more := 1 - 1/s.Turns // the probability of a further turn
 	mean := s.Turns / s.Rate
 	var next turnQueue
-	t := g.gapOf(mean)
+	t := g.gapAt(0, mean)
 	for len(out) < s.Requests {
 		if len(next) > 0 && next[0].ready <= t {
 			sess := heap.Pop(&next).(*session)
@@ -419,11 +449,7 @@ func (g *generator) conversations(out []Request) []Request {
 		if g.rng.Float64() < s.FanoutShare {
 			out, _ = g.fanout(out, t)
 		} else {
-			var head []uint64
-			if s.PrefixShare > 0 && g.rng.Float64() < s.PrefixShare {
-				head = g.groups[g.zipf.Uint64()]
-			}
-			req := g.fresh(t, head, g.drawAdapter())
+			req := g.fresh(t, g.head(), g.drawAdapter())
 			g.reply(&req)
 			g.nextSess++
 			sess := &session{key: fmt.Sprintf("s%d", g.nextSess), route: req.Route, adapter: req.Adapter}
@@ -434,7 +460,7 @@ func (g *generator) conversations(out []Request) []Request {
 				heap.Push(&next, sess)
 			}
 		}
-		t += g.gapOf(mean)
+		t += g.gapAt(t, mean)
 	}
 	// Agent bursts run a few milliseconds past the next arrivals.
 	slices.SortStableFunc(out, func(a, b Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
@@ -492,14 +518,27 @@ type generator struct {
 	adapters *rand.Zipf // with Synthetic.Adapters, lazily
 	zipf     *rand.Zipf
 	groups   [][]uint64
+	docs     [][]uint64 // with Synthetic.Documents: each document's block ids
+	docZipf  *rand.Zipf
+	picked   []int // scratch: the documents drawn for one prompt
 	sessions []*session
 	nextSess int
 	nextID   uint64
 }
 
-// gap draws an inter-arrival time: exponential for CV 1, else Gamma with
-// shape 1/CV^2.
-func (g *generator) gap() time.Duration { return g.gapOf(1 / g.s.Rate) }
+// gap draws the inter-arrival time after an arrival at t: exponential for
+// CV 1, else Gamma with shape 1/CV^2.
+func (g *generator) gap(t time.Duration) time.Duration { return g.gapAt(t, 1/g.s.Rate) }
+
+// gapAt draws an inter-arrival time of mean seconds at a steady rate, as
+// gap does, after an arrival at t: shorter or longer by the load cycle's
+// factor there.
+func (g *generator) gapAt(t time.Duration, mean float64) time.Duration {
+	if c := g.s.Cycle; c.Period > 0 || c.Every > 0 {
+		mean /= c.factor(t)
+	}
+	return g.gapOf(mean)
+}
 
 // gapOf draws an inter-arrival time of mean seconds, as gap does.
 func (g *generator) gapOf(mean float64) time.Duration {
@@ -603,7 +642,7 @@ func (g *generator) followUp(t time.Duration, sess *session) Request {
 	msg := g.s.Prompt.sample(g.rng) / 4
 	msg = max(msg, 1)
 	head, base := sess.hashes, sess.prompt
-	if base+msg > min(g.s.Prompt.Max+g.s.PrefixTokens.Max, MaxPromptTokens) {
+	if base+msg > g.historyCap() {
 		head, base = nil, 0
 	}
 	req := Request{

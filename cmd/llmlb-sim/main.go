@@ -50,6 +50,13 @@
 // every D, each router's share.Group builds a batch, which reaches the
 // other routers D later. It needs at least two routers.
 //
+// -scenario agentic, rag and diurnal are workload families on the default
+// scenario's cluster that no constant of llmlb.Default was chosen on: agents
+// whose every step fans out into parallel branches of one history, prompts
+// made of documents retrieved from a shared corpus, and a daily rate cycle
+// with bursts. With -seed 9 -seeds 8 they are part of the test set that
+// docs/results.md reports.
+//
 // -scenario pd and pd-long compare co-located serving with prefill/decode
 // disaggregation at equal GPU count: the disaggregated policies (pd-*) run
 // with the first replicas as prefill workers and the rest as decode

@@ -124,7 +124,7 @@ func TestRunErrors(t *testing.T) {
 	}{
 		{"unknown flag", []string{"-nope"}, "flag provided but not defined", ""},
 		{"unknown policy", []string{"-policies", "p2c,fastest"}, `-policies: unknown policy "fastest"`, ""},
-		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, tenants, classes, routes, lora, pd, pd-long, providers, spill, spill-queue8)`, ""},
+		{"unknown scenario", []string{"-scenario", "peak"}, `-scenario: unknown scenario "peak" (known: default, prefixes, herding, slots, mixed, mixed-slowdown, agentic, rag, diurnal, tenants, classes, routes, lora, pd, pd-long, providers, spill, spill-queue8)`, ""},
 		{"bad rate scale", []string{"-rate-scale", "0"}, "-rate-scale", ""},
 		{"infinite rate scale", []string{"-rate-scale", "Inf"}, "-rate-scale +Inf must be a positive finite number", ""},
 		{"NaN rate scale", []string{"-rate-scale", "NaN"}, "-rate-scale NaN must be a positive finite number", ""},
