@@ -12,7 +12,9 @@ import (
 
 // Candidates is the view a [Policy] chooses from: the endpoints a request may
 // go to, with the balancer's estimate of each one's load. It is valid only
-// during Policy.Choose; indexes run from 0 to Len()-1.
+// during Policy.Choose; indexes run from 0 to Len()-1. It belongs to the
+// goroutine that called Choose: a policy must not keep it or hand it to
+// another goroutine, and it is not safe for concurrent use.
 type Candidates struct {
 	b      *Balancer
 	snap   *snapshot

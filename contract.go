@@ -13,7 +13,9 @@ import (
 // An Endpoint may also implement interface{ Weight() float64 } to declare a
 // relative capacity for heterogeneous replicas. The weight is read when the
 // endpoint is passed to [Balancer.Update]; it must be finite and positive, and
-// defaults to 1.
+// defaults to 1. The balancer calls Key and Weight only in Update (two
+// concurrent Updates with one endpoint call them at once) and keeps what
+// they return: the key must not change while the endpoint is a member.
 type Endpoint interface {
 	Key() string
 }

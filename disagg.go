@@ -137,7 +137,9 @@ func (d *Disaggregated) local(prompt, cached int, dec Pick) bool {
 }
 
 // DisaggPick is the handle of one request picked by [Disaggregated]. Its
-// zero value (returned with an error) is inert, and it may be copied.
+// zero value (returned with an error) is inert, and it may be copied. Like
+// [Pick]'s, its methods are idempotent and safe to call concurrently; after
+// Done they are no-ops.
 type DisaggPick struct {
 	// Prefill is the prefill endpoint's handle: the zero Pick, whose
 	// Endpoint is nil, when the request prefills on its decode endpoint.

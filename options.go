@@ -19,12 +19,14 @@ const (
 )
 
 // Clock tells the time. The balancer reads it only when a signal or slow
-// start needs it.
+// start needs it, from concurrent picks: Now must be safe for concurrent
+// use.
 type Clock interface {
 	Now() time.Time
 }
 
-// An Option configures a [Balancer] in [New].
+// An Option configures a [Balancer] in [New]. Options are values: one may be
+// passed to several calls of New, concurrently.
 type Option interface {
 	apply(*config) error
 }

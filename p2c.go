@@ -10,7 +10,8 @@ import (
 // it takes the request (so it is positive even for an idle endpoint): the
 // selectors divide it by the candidate's effective weight l.Weight, which
 // makes heavier endpoints and endpoints out of slow start take proportionally
-// more. NaN scores lose to any number.
+// more. NaN scores lose to any number. Concurrent picks call a Score at the
+// same time: it must be safe for concurrent use, and it should not block.
 type Score func(c *Candidates, i int, l *EndpointLoad) float64
 
 // RequestsScore is the estimated number of requests at the endpoint,
