@@ -87,7 +87,8 @@ type Config struct {
 }
 
 // Engine is one emulated inference server. Create one with New; it serves
-// HTTP as an [http.Handler] while [Engine.Run] drives its batching loop.
+// HTTP as an [http.Handler] while [Engine.Run] drives its batching loop. It
+// is safe for concurrent use.
 type Engine struct {
 	model     string
 	defMax    int

@@ -131,7 +131,8 @@ type Config struct {
 }
 
 // Gateway routes OpenAI-compatible requests across replicas. Create one
-// with [New].
+// with [New]. It is safe for concurrent use: ServeHTTP serves requests
+// while Run sweeps and Update replaces the backends.
 type Gateway struct {
 	log       *slog.Logger
 	balancer  *llmlb.Balancer

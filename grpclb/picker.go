@@ -39,7 +39,10 @@ const (
 // caller can report the first token with [Call.FirstToken]. Use one Call per
 // RPC and do not change Request once the RPC has started. When grpc retries
 // an RPC (transparently, or by a retry policy), each attempt is picked anew
-// and the Call holds the latest attempt's pick.
+// and the Call holds the latest attempt's pick. FirstToken and Endpoint are
+// safe to call from any goroutine while grpc picks; Request is not guarded,
+// which is why it must not change once the RPC has started. A Call holds a
+// lock: do not copy one after first use.
 //
 // grpc's picker cannot add values to the RPC's context, so a holder the
 // caller creates is the only way back from the pick to the caller. A caller

@@ -116,7 +116,8 @@ type Event struct {
 	Reason Reason
 }
 
-// Clock tells the time.
+// Clock tells the time. A Transport reads it from concurrent requests: Now
+// must be safe for concurrent use.
 type Clock interface {
 	Now() time.Time
 }
