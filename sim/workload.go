@@ -218,8 +218,9 @@ type Synthetic struct {
 	DocumentZipf   float64
 	DocumentTokens LogNormal
 	Retrieved      int
-	// Cycle varies the arrival rate of fresh requests over time, with Rate
-	// as its mean; its zero value keeps the rate steady.
+	// Cycle varies the arrival rate over time, with Rate as its mean: of
+	// every arrival, or with Turns of fresh conversations, whose next turns
+	// follow their replies. Its zero value keeps the rate steady.
 	Cycle LoadCycle
 }
 
