@@ -128,11 +128,16 @@ func TestGatewayRoutesAndReports(t *testing.T) {
 		}
 	}
 
-	// The dead replica's scrapes failed and were logged.
-	waitFor(t, func() bool { return len(logs.records(t, "gateway: scrape failed")) > 0 })
-	if rec := logs.records(t, "gateway: scrape failed")[0]; rec["endpoint"] != dead {
-		t.Errorf("scrape failure logged for %v, want %s", rec["endpoint"], dead)
-	}
+	// The dead replica's scrapes failed and were logged. On a starved
+	// machine a live replica's scrape may time out and be logged too.
+	waitFor(t, func() bool {
+		for _, rec := range logs.records(t, "gateway: scrape failed") {
+			if rec["endpoint"] == dead {
+				return true
+			}
+		}
+		return false
+	})
 
 	// The debug view: every replica, the ejection, signals and the index.
 	waitFor(t, func() bool {
