@@ -248,6 +248,12 @@ type EndpointLoad struct {
 	// Weight is the endpoint's effective weight: its static weight times its
 	// slow-start factor.
 	Weight float64
+	// PeerWaiting and PeerPrefillTokens are the fresh observation's
+	// [Load.PeerWaiting] and [Load.PeerPrefillTokens]: of the waiting
+	// requests, those other routers sent, and the prompt tokens they have
+	// still to prefill. Zero when unknown or not fresh.
+	PeerWaiting       int64
+	PeerPrefillTokens int64
 }
 
 // Load returns the load estimate of candidate i. It consults the signal, so a
@@ -294,6 +300,7 @@ func (n *counts) setLoad(l *EndpointLoad) {
 	l.ActiveTokens = n.prompt + n.decode
 	l.Requests, l.Waiting, l.backlog = l.Outstanding, l.Queued, l.Queued
 	l.KVUsage, l.KVBlocks, l.BlockSize, l.Fresh = math.NaN(), 0, 0, false
+	l.PeerWaiting, l.PeerPrefillTokens = 0, 0
 }
 
 // observedLoad corrects l, set by ownLoad, with obs, st's fresh
@@ -312,6 +319,7 @@ func observedLoad(st *epState, l *EndpointLoad, obs *Load) {
 	l.Waiting = max(addSat(waiting, e.reqs), l.Queued)
 	l.backlog = max(addSat(waiting, e.queued), l.Queued)
 	l.KVBlocks, l.BlockSize = obs.KVBlocks, obs.BlockSize
+	l.PeerWaiting, l.PeerPrefillTokens = int64(obs.PeerWaiting), obs.PeerPrefillTokens
 	if !math.IsNaN(obs.KVUsage) {
 		l.KVUsage = obs.KVUsage
 		if capacity := mulSat(obs.KVBlocks, obs.BlockSize); capacity > 0 {

@@ -95,13 +95,23 @@ type Load struct {
 	// MaxAdapters is how many adapters the engine serves in one batch
 	// (vLLM's max_lora label, its --max-loras setting); 0 means unknown.
 	MaxAdapters int
+	// PeerWaiting and PeerPrefillTokens describe the part of Waiting that
+	// other routers sent, for a Signal that relays them (package share):
+	// how many requests, and the prompt tokens, net of cache hits, that
+	// they have still to prefill. Zero when unknown, as from an engine:
+	// [Default] then prices every waiting request that is not this
+	// balancer's at the mean prompt length.
+	PeerWaiting       int
+	PeerPrefillTokens int64
 }
 
-// valid reports whether l can be trusted at all: a zero At, a negative count,
+// valid reports whether l can be trusted at all: a zero At, a negative count
+// or token count,
 // or a KV usage that is infinite or outside [0, 1] make it unusable (NaN
 // KVUsage is allowed and means "not reported").
 func (l *Load) valid() bool {
-	if l.At.IsZero() || l.Running < 0 || l.Waiting < 0 || l.KVBlocks < 0 || l.BlockSize < 0 || l.MaxAdapters < 0 {
+	if l.At.IsZero() || l.Running < 0 || l.Waiting < 0 || l.KVBlocks < 0 || l.BlockSize < 0 || l.MaxAdapters < 0 ||
+		l.PeerWaiting < 0 || l.PeerPrefillTokens < 0 {
 		return false
 	}
 	if math.IsNaN(l.KVUsage) {

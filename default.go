@@ -226,7 +226,8 @@ type defaultPolicy struct {
 // the same for every candidate, k*(prompt - cached) is prompt - k*cached: a
 // cached token is worth k prefill tokens. Queued prefill is
 // this balancer's requests before their first token plus, with a fresh
-// signal, the other routers' waiting requests at the mean prompt length;
+// signal, the other routers' waiting requests: at the prefill the signal
+// reports for them ([Load.PeerPrefillTokens]), else at the mean prompt length;
 // cached tokens come from the prefix index; the footprint is the larger of
 // this balancer's outstanding tokens and its share of the reported KV usage
 // (see FootprintWeight).
@@ -563,11 +564,12 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 
 // queuedTokens returns the prefill tokens queued at the endpoint of load l:
 // this balancer's requests before their first token and, with a fresh
-// signal, the other waiting requests at the mean prompt length avgPrompt.
+// signal, the other waiting requests: those of other routers whose prefill
+// the signal reports at that, the rest at the mean prompt length avgPrompt.
 func queuedTokens(l *EndpointLoad, avgPrompt float64) float64 {
 	queued := float64(l.PrefillTokens)
 	if l.Fresh {
-		queued += float64(max(l.Waiting-l.Queued, 0)) * avgPrompt
+		queued += float64(max(l.Waiting-l.Queued-l.PeerWaiting, 0))*avgPrompt + float64(l.PeerPrefillTokens)
 	}
 	return queued
 }

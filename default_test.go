@@ -244,3 +244,44 @@ func TestDefaultOverloadReadsBacklog(t *testing.T) {
 		pk.Done(nil)
 	}
 }
+
+// Other routers' waiting requests cost the prefill the signal reports for
+// them (Load.PeerWaiting, Load.PeerPrefillTokens), the rest the mean
+// prompt. ep3 holds the 1600-token prompt (worth 8*1600 = 12800 on an idle
+// endpoint) behind 5 waiting requests of other routers; each costs
+// QueueWeight*1600 = 1600 for waiting, 8000 in all, plus its prefill: at
+// the mean prompt 5*1600 = 8000 and ep3 loses (16000); reported at 500
+// tokens in all it wins (8500), at 5000 it loses (13000); with 4 of the 5
+// reported at 400 tokens it wins (1600 + 400 + 8000 = 10000).
+func TestDefaultPricesPeersPrefill(t *testing.T) {
+	for _, tc := range []struct {
+		peers   int
+		prefill int64
+		want    bool // the holder wins
+	}{{0, 0, false}, {5, 500, true}, {5, 5000, false}, {4, 400, true}, {2, 200, false}} {
+		clock := newFakeClock()
+		sig := &fakeSignal{}
+		ix, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+		pol, err := Default(DefaultConfig{Index: ix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustNew(t, pol, WithClock(clock), WithSignal(sig, time.Minute))
+		mustUpdate(t, b, eps(4))
+		prompt := blocks(2, 100)
+		_ = ix.Stored("ep3", 16, prompt...)
+		req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
+		pk, _ := b.Pick(context.Background(), &req) // the mean prompt is 1600
+		pk.Done(nil)
+		clock.Advance(time.Millisecond)
+		for i := range 3 {
+			sig.Set(fmt.Sprintf("ep%d", i), Load{At: clock.Now(), KVUsage: math.NaN()})
+		}
+		sig.Set("ep3", Load{At: clock.Now(), Waiting: 5, PeerWaiting: tc.peers, PeerPrefillTokens: tc.prefill, KVUsage: math.NaN()})
+		pk, _ = b.Pick(context.Background(), &req)
+		if got := pk.Endpoint().Key() == "ep3"; got != tc.want {
+			t.Errorf("%d peers' requests of %d prefill tokens: holder chosen = %v, want %v", tc.peers, tc.prefill, got, tc.want)
+		}
+		pk.Done(nil)
+	}
+}

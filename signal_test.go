@@ -106,6 +106,8 @@ func TestInvalidObservationsIgnored(t *testing.T) {
 		{"negative usage", Load{KVUsage: -0.1}},
 		{"usage over 1", Load{KVUsage: 1.5}},
 		{"negative blocks", Load{KVBlocks: -1}},
+		{"negative peer waiting", Load{Waiting: 3, PeerWaiting: -1}},
+		{"negative peer prefill", Load{Waiting: 3, PeerWaiting: 1, PeerPrefillTokens: -5}},
 		{"zero time", Load{Running: 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

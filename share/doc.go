@@ -15,7 +15,8 @@
 // default) on one NATS subject. A batch is an absolute snapshot, so a lost
 // one costs nothing: per endpoint, the replica's requests in flight, split
 // by pick time into buckets of one interval (requests outstanding, of those
-// the ones before their first token, and their tokens of work); for each
+// the ones before their first token, their tokens of work, and of those the
+// prompt tokens the queued ones have still to prefill); for each
 // bucket boundary of the last MaxSignalAge, how many requests in flight at
 // that moment have finished since; and the prefix blocks of each pick since
 // the last batch. The Group learns all this from the balancer's
@@ -33,6 +34,10 @@
 // keeps its time, so the balancer then adds its own dispatches since, as it
 // does alone. Each request is thus counted once: by the observation if it
 // was in flight then and still is, by its router's correction otherwise.
+// Load also reports which of the waiting requests are the peers' and the
+// prefill they queue ([llmlb.Load].PeerWaiting, PeerPrefillTokens), so that
+// [llmlb.Default] prices the peers' queue at its true prefill, as it prices
+// its own, rather than at a mean prompt.
 // Pick times travel as ages relative to the batch, anchored at its arrival,
 // so the replicas' clocks need not agree; a bucket that straddles the
 // observation counts in proportion to its part after it. Without an inner

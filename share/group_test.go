@@ -78,12 +78,16 @@ func TestLoadCountsPeersWorkAfterTheObservation(t *testing.T) {
 	assert.Equal(t, 0, l.Running, "the request that streamed was picked before the observation")
 	assert.Equal(t, 5, l.Waiting, "3 observed + 2 picked by the peer since")
 	assert.InDelta(t, 0.1+220.0/1600, l.KVUsage, 1e-9, "the peer's new tokens over the capacity")
+	assert.Equal(t, 4, l.PeerWaiting, "every request of the peer before its first token, whenever picked")
+	assert.Equal(t, int64(400), l.PeerPrefillTokens, "and their prompts")
 
 	// A newer observation includes everything the peer published.
 	sig.Set("e1", llmlb.Load{At: at(1080), Running: 1, Waiting: 4, KVUsage: math.NaN()})
 	l, _ = b.Load("e1")
 	assert.Equal(t, 1, l.Running)
 	assert.Equal(t, 4, l.Waiting)
+	assert.Equal(t, 4, l.PeerWaiting)
+	assert.Equal(t, int64(400), l.PeerPrefillTokens)
 
 	// Without an observation: the peer's whole work, as an observation now.
 	sig.Set("e1", llmlb.Load{})
@@ -93,6 +97,8 @@ func TestLoadCountsPeersWorkAfterTheObservation(t *testing.T) {
 	assert.Equal(t, 1, l.Running)
 	assert.Equal(t, 4, l.Waiting)
 	assert.True(t, math.IsNaN(l.KVUsage))
+	assert.Equal(t, 4, l.PeerWaiting)
+	assert.Equal(t, int64(400), l.PeerPrefillTokens)
 
 	// A stale observation is as good as none.
 	sig.Set("e1", llmlb.Load{At: at(1100 - int(llmlb.DefaultMaxSignalAge/time.Millisecond) - 1), Waiting: 50})
@@ -144,6 +150,8 @@ func TestLoadExtrapolatesPeersPicksSinceTheirBatch(t *testing.T) {
 	l, _ = b.Load("e2")
 	assert.Equal(t, 2, l.Waiting, "2x b's one pick since the batch")
 	assert.InDelta(t, 2*110.0/1600, l.KVUsage, 1e-9)
+	assert.Equal(t, 2, l.PeerWaiting)
+	assert.Equal(t, int64(200), l.PeerPrefillTokens, "with b's prompt each")
 	l, _ = b.Load("e1")
 	assert.Equal(t, 4, l.Waiting, "b picked nothing at e1 since the batch")
 
@@ -487,4 +495,22 @@ func TestLoadIndependentOfArrivalOrder(t *testing.T) {
 		assert.Equal(t, math.Float64bits(want.KVUsage), math.Float64bits(got.KVUsage), "order %v", order)
 		assert.Equal(t, want, got, "order %v", order)
 	}
+}
+
+// A peer that runs the previous version publishes no prefill: its requests
+// count as waiting, but not as the peers' whose prefill is known, so the
+// balancer prices them at the mean prompt as before.
+func TestLoadFromVersion1Peer(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	sig := &signalMap{}
+	b := offline(t, Config{ID: "b", Clock: clock, Signal: sig})
+	sig.Set("e1", llmlb.Load{At: at(0), KVUsage: math.NaN()})
+	clock.Set(at(200))
+	require.NoError(t, b.receive(version1Message()))
+	l, ok := b.Load("e1")
+	require.True(t, ok)
+	assert.Equal(t, 1, l.Waiting)
+	assert.Equal(t, 1, l.Running)
+	assert.Equal(t, 0, l.PeerWaiting)
+	assert.Equal(t, int64(0), l.PeerPrefillTokens)
 }

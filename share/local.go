@@ -39,10 +39,10 @@ type localEP struct {
 	out     int64         // totals over the buckets and older
 	queued  int64
 	tokens  int64
-	// picks and picked are the picks since the peer batch epoch arrived
-	// and their tokens.
-	epoch         int64
-	picks, picked int64
+	// picks, picked and prefill are the picks since the peer batch epoch
+	// arrived, their tokens and, of those, their prompt tokens to prefill.
+	epoch                  int64
+	picks, picked, prefill int64
 	// fin[k mod len] counts the requests picked before the bucket
 	// boundary k*width that finished after it: the engine counted them
 	// in an observation taken at that time, and they are gone. It covers
@@ -221,10 +221,11 @@ func (l *local) pick(info *llmlb.PickInfo, now int64) {
 	b.decode += decode
 	l.out++
 	if e.epoch != l.epoch {
-		e.epoch, e.picks, e.picked = l.epoch, 0, 0
+		e.epoch, e.picks, e.picked, e.prefill = l.epoch, 0, 0, 0
 	}
 	e.picks++
 	e.picked += prefill + decode
+	e.prefill += prefill
 	e.out++
 	e.queued++
 	e.tokens += prefill + decode
@@ -354,15 +355,16 @@ func (e *localEP) live(newest int64, horizon int) bool {
 }
 
 // recent returns this replica's picks at key since the last peer batch
-// arrived (the last call of newBatch), with their tokens, and its requests
-// in flight at every endpoint.
-func (l *local) recent(key string) (picks, tokens, out int64) {
+// arrived (the last call of newBatch), with their tokens and, of those,
+// their prompt tokens to prefill, and its requests in flight at every
+// endpoint.
+func (l *local) recent(key string) (picks, tokens, prefill, out int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if e := l.eps[key]; e != nil && e.epoch == l.epoch {
-		return e.picks, e.picked, l.out
+		return e.picks, e.picked, e.prefill, l.out
 	}
-	return 0, 0, l.out
+	return 0, 0, 0, l.out
 }
 
 // newBatch records that a peer batch arrived: the picks since the previous
@@ -424,13 +426,13 @@ func (l *local) snapshot(m *message, now int64) {
 			}
 			if n := len(s.buckets); n > 0 && s.buckets[n-1].age >= int(age) {
 				last := &s.buckets[n-1] // a bucket ahead of now: fold it in
-				last.out, last.queued, last.tokens = last.out+b.out, last.queued+b.queued, last.tokens+b.prefill+b.decode
+				last.out, last.queued, last.tokens, last.prefill = last.out+b.out, last.queued+b.queued, last.tokens+b.prefill+b.decode, last.prefill+b.prefill
 				continue
 			}
-			s.buckets = append(s.buckets, bucket{age: int(age), out: b.out, queued: b.queued, tokens: b.prefill + b.decode})
+			s.buckets = append(s.buckets, bucket{age: int(age), out: b.out, queued: b.queued, tokens: b.prefill + b.decode, prefill: b.prefill})
 		}
 		if o := &e.older; o.out > 0 {
-			s.buckets = append(s.buckets, bucket{age: l.horizon, out: o.out, queued: o.queued, tokens: o.prefill + o.decode})
+			s.buckets = append(s.buckets, bucket{age: l.horizon, out: o.out, queued: o.queued, tokens: o.prefill + o.decode, prefill: o.prefill})
 		}
 		epIdx[key] = len(m.eps) - 1
 	}

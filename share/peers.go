@@ -67,14 +67,19 @@ type span struct {
 	out        int64
 	queued     int64
 	tokens     int64
+	prefill    int64 // -1: unknown
 }
 
 // work is a sum of peers' requests: in flight, and finished since a time;
 // out is every live peer's requests in flight, whatever the endpoint.
+// waiting and prefill are every request in flight before its first token,
+// whenever it was picked, whose prefill its sender reported, and that
+// prefill.
 type work struct {
 	streaming, queued, tokens float64
 	finished                  float64
 	out                       int64
+	waiting, prefill          float64
 }
 
 // spans converts the buckets of a snapshot received at now.
@@ -83,7 +88,7 @@ func spans(m *message, buckets []bucket, now int64) []span {
 	out := make([]span, len(buckets))
 	for i, b := range buckets {
 		s := &out[i]
-		s.out, s.queued, s.tokens = b.out, b.queued, b.tokens
+		s.out, s.queued, s.tokens, s.prefill = b.out, b.queued, b.tokens, b.prefill
 		if b.age >= m.horizon {
 			s.start, s.end = math.MinInt64, newest-int64(m.horizon-1)*m.width
 			continue
@@ -165,6 +170,11 @@ func (p *peers) work(key string, since, now int64) (w work, found bool) {
 			}
 		}
 		for _, s := range pe.spans {
+			if s.prefill >= 0 && s.queued > 0 {
+				found = true
+				w.waiting += float64(s.queued)
+				w.prefill += float64(s.prefill)
+			}
 			f := s.after(since)
 			if f == 0 {
 				continue

@@ -247,7 +247,10 @@ func (g *Group) ID() string { return g.id }
 // since (the engine counted them, and they are gone; they are taken from
 // the running, then the waiting). The observation's time is kept, so the
 // balancer adds this replica's own dispatches since then, as it does
-// without sharing.
+// without sharing. Load.PeerWaiting and PeerPrefillTokens report every
+// request of the peers at key before its first token, whenever picked, and
+// the prompt tokens it has still to prefill, so that the balancer prices
+// the peers' queue at its true prefill rather than at a mean prompt.
 //
 // When no usable observation exists (no inner signal, none for key, or one
 // older than MaxSignalAge) but peers have work at key, Load returns this
@@ -279,6 +282,8 @@ func (g *Group) Load(key string) (llmlb.Load, bool) {
 		if capacity := float64(obs.KVBlocks) * float64(obs.BlockSize); capacity > 0 && obs.KVUsage >= 0 && obs.KVUsage <= 1 {
 			obs.KVUsage = min(1, obs.KVUsage+w.tokens/capacity)
 		}
+		obs.PeerWaiting = addCount(0, w.waiting)
+		obs.PeerPrefillTokens = addTokens(w.prefill)
 		return obs, true
 	}
 	w, found := g.peers.work(key, math.MinInt64, now)
@@ -288,10 +293,12 @@ func (g *Group) Load(key string) (llmlb.Load, bool) {
 	}
 	streaming, queued, _ := g.local.totals(key)
 	return llmlb.Load{
-		At:      time.Unix(0, now),
-		Running: addCount(int(streaming), w.streaming),
-		Waiting: addCount(int(queued), w.queued),
-		KVUsage: math.NaN(),
+		At:                time.Unix(0, now),
+		Running:           addCount(int(streaming), w.streaming),
+		Waiting:           addCount(int(queued), w.queued),
+		KVUsage:           math.NaN(),
+		PeerWaiting:       addCount(0, w.waiting),
+		PeerPrefillTokens: addTokens(w.prefill),
 	}, true
 }
 
@@ -309,13 +316,15 @@ func (g *Group) extrapolate(key string, w *work) bool {
 	if w.out == 0 {
 		return false
 	}
-	picks, tokens, own := g.local.recent(key)
+	picks, tokens, prefill, own := g.local.recent(key)
 	if picks == 0 || own == 0 {
 		return false
 	}
 	r := float64(w.out) / float64(own)
 	w.queued += r * float64(picks)
 	w.tokens += r * float64(tokens)
+	w.waiting += r * float64(picks)
+	w.prefill += r * float64(prefill)
 	return true
 }
 
@@ -327,6 +336,12 @@ func addCount(n int, f float64) int {
 		return math.MaxInt32
 	}
 	return int(s)
+}
+
+// addTokens returns f rounded, saturating at the largest int64 token count
+// the wire carries; f is not negative.
+func addTokens(f float64) int64 {
+	return int64(min(math.Round(f), maxTokens))
 }
 
 // markKnown remembers that the balancer scores key, so peers' routes to it

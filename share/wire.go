@@ -7,10 +7,10 @@ import (
 	"math"
 )
 
-// The wire format, version 1. Every integer is an unsigned varint unless
+// The wire format, version 2. Every integer is an unsigned varint unless
 // noted; strings are a varint length and that many bytes.
 //
-//	byte     version (1)
+//	byte     version (2; 1 is read too)
 //	string   sender id
 //	8 bytes  incarnation, little endian: random per Group, so a restarted
 //	         sender's sequence numbers start afresh
@@ -24,7 +24,9 @@ import (
 //	  string   key
 //	           buckets, then per bucket, by increasing age:
 //	             age (0 = newest), requests outstanding, of those queued
-//	             (before their first token), tokens of work
+//	             (before their first token), tokens of work, and (not
+//	             in version 1) of those the queued requests' prompt
+//	             tokens still to prefill
 //	           finished counts, then per count, by increasing age:
 //	             age (0 = the start of the newest bucket, 1 = the start of
 //	             the one before...), requests picked before that boundary
@@ -36,7 +38,7 @@ import (
 // A message describes the sender's requests in flight as an absolute
 // snapshot, so a lost one costs nothing: the next replaces it.
 
-const wireVersion = 1
+const wireVersion = 2
 
 // Limits the decoder enforces on any input. They bound what one message can
 // make a receiver allocate: at most a few times its length.
@@ -87,6 +89,9 @@ type bucket struct {
 	out    int64 // requests picked and not done
 	queued int64 // of out, those before their first token
 	tokens int64 // prompt tokens not yet prefilled plus expected decode tokens
+	// prefill is the part of tokens that the queued requests have still to
+	// prefill; -1 when unknown (a version 1 sender).
+	prefill int64
 }
 
 // route is the prefix blocks of one pick.
@@ -114,6 +119,7 @@ func appendMessage(dst []byte, m *message) []byte {
 			dst = binary.AppendUvarint(dst, uint64(b.out))
 			dst = binary.AppendUvarint(dst, uint64(b.queued))
 			dst = binary.AppendUvarint(dst, uint64(b.tokens))
+			dst = binary.AppendUvarint(dst, uint64(max(b.prefill, 0)))
 		}
 		dst = binary.AppendUvarint(dst, uint64(len(e.fin)))
 		for _, f := range e.fin {
@@ -204,8 +210,9 @@ func decode(b []byte) (*message, error) {
 	if len(b) == 0 {
 		return nil, fmt.Errorf("%w: empty", errDecode)
 	}
-	if b[0] != wireVersion {
-		return nil, fmt.Errorf("%w: version %d, want %d", errDecode, b[0], wireVersion)
+	version := b[0]
+	if version != wireVersion && version != 1 {
+		return nil, fmt.Errorf("%w: version %d, want 1 or %d", errDecode, b[0], wireVersion)
 	}
 	d := &decoder{b: b[1:]}
 	m := &message{}
@@ -259,8 +266,15 @@ func decode(b []byte) (*message, error) {
 			bk.out = int64(d.uint("outstanding", maxCount))
 			bk.queued = int64(d.uint("queued", maxCount))
 			bk.tokens = int64(d.uint("tokens", maxTokens))
+			bk.prefill = -1
+			if version > 1 {
+				bk.prefill = int64(d.uint("prefill", maxTokens))
+			}
 			if d.err != nil {
 				break
+			}
+			if bk.prefill > bk.tokens {
+				d.fail("%d prefill tokens of %d", bk.prefill, bk.tokens)
 			}
 			if bk.age <= prev {
 				d.fail("bucket ages not increasing")

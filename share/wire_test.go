@@ -15,7 +15,7 @@ func sampleMessage() *message {
 		id: "replica-a", inc: 0xfeedface, seq: 42,
 		width: 100e6, phase: 37e6, horizon: 101,
 		eps: []epSnap{
-			{key: "http://10.0.0.7:8000", buckets: []bucket{{age: 0, out: 3, queued: 2, tokens: 4100}, {age: 4, out: 1, queued: 0, tokens: 256}, {age: 101, out: 7, queued: 0, tokens: 1800}}},
+			{key: "http://10.0.0.7:8000", buckets: []bucket{{age: 0, out: 3, queued: 2, tokens: 4100, prefill: 3800}, {age: 4, out: 1, queued: 0, tokens: 256}, {age: 101, out: 7, queued: 0, tokens: 1800}}},
 			{key: "http://10.0.0.8:8000"},
 		},
 		routes: []route{{ep: 1, blocks: []uint64{1, 2, 3}}, {ep: 0, blocks: []uint64{^uint64(0)}}},
@@ -31,6 +31,32 @@ func TestWireRoundTrip(t *testing.T) {
 	assert.Less(t, len(b), 160, "compact: %d bytes", len(b))
 }
 
+// A version 1 sender's message, from before buckets carried their queued
+// prefill, is read with that prefill unknown.
+func TestWireReadsVersion1(t *testing.T) {
+	got, err := decode(version1Message())
+	require.NoError(t, err)
+	want := &message{id: "a", inc: 7, seq: 3, width: 100e6, phase: 5, horizon: 10,
+		eps: []epSnap{{key: "e1", buckets: []bucket{{age: 0, out: 2, queued: 1, tokens: 300, prefill: -1}}}}}
+	assert.Equal(t, want, got)
+}
+
+// version1Message returns a message of sender "a" in version 1: two
+// requests in flight at e1, one queued, 300 tokens of work.
+func version1Message() []byte {
+	b := []byte{1, 1, 'a'}
+	b = binary.LittleEndian.AppendUint64(b, 7)
+	for _, v := range []uint64{
+		3, 100e6, 5, 10, // sequence, width, phase, horizon
+		1, 2, 'e', '1', // one endpoint, "e1"
+		1, 0, 2, 1, 300, // one bucket: age 0, 2 out, 1 queued, 300 tokens
+		0, 0, // no finished counts, no routes
+	} {
+		b = binary.AppendUvarint(b, v)
+	}
+	return b
+}
+
 func TestWireRejects(t *testing.T) {
 	valid := appendMessage(nil, sampleMessage())
 	mutate := func(f func(m *message)) []byte {
@@ -43,7 +69,8 @@ func TestWireRejects(t *testing.T) {
 		in   []byte
 	}{
 		{"empty", nil},
-		{"version", append([]byte{2}, valid[1:]...)},
+		{"version 0", append([]byte{0}, valid[1:]...)},
+		{"version 3", append([]byte{3}, valid[1:]...)},
 		{"truncated", valid[:len(valid)-1]},
 		{"trailing", append(bytes.Clone(valid), 0)},
 		{"empty id", mutate(func(m *message) { m.id = "" })},
@@ -58,6 +85,7 @@ func TestWireRejects(t *testing.T) {
 		{"age beyond horizon", mutate(func(m *message) { m.eps[0].buckets[2].age = 102 })},
 		{"queued above outstanding", mutate(func(m *message) { m.eps[0].buckets[0].queued = 4 })},
 		{"count too large", mutate(func(m *message) { m.eps[0].buckets[0].out = maxCount + 1 })},
+		{"prefill above tokens", mutate(func(m *message) { m.eps[0].buckets[0].prefill = 4101 })},
 		{"route endpoint", mutate(func(m *message) { m.routes[0].ep = 2 })},
 		{"route without blocks", mutate(func(m *message) { m.routes[0].blocks = nil })},
 		{"route without endpoints", mutate(func(m *message) { m.eps = nil; m.routes = m.routes[1:]; m.routes[0].ep = 0 })},
@@ -85,6 +113,7 @@ func withCounts(n uint64) []byte {
 func FuzzDecode(f *testing.F) {
 	f.Add(appendMessage(nil, sampleMessage()))
 	f.Add(appendMessage(nil, &message{id: "x", width: 1, horizon: 1}))
+	f.Add(version1Message())
 	f.Add([]byte{1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -92,6 +121,17 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			if m != nil {
 				t.Fatal("message with an error")
+			}
+			return
+		}
+		if b[0] == 1 {
+			// Read as version 1 and written as the current version.
+			for _, e := range m.eps {
+				for _, bk := range e.buckets {
+					if bk.prefill != -1 {
+						t.Fatalf("version 1 bucket with prefill %d", bk.prefill)
+					}
+				}
 			}
 			return
 		}
