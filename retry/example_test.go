@@ -109,3 +109,77 @@ func ExampleFromHeader() {
 	// do-not-retry 0s
 	// retry-later 6s
 }
+
+// frozen is a clock that does not move, so the examples' budgets never
+// expire what they count.
+type frozen struct{}
+
+func (frozen) Now() time.Time { return time.Unix(1_700_000_000, 0) }
+
+// A PercentBudget (Finagle's) lets retries be at most a share of the
+// requests of the last TTL, plus a small reserve: 100 requests that all
+// fail earn 20 retries, and the reserve of MinRetriesPerSec*TTL is off
+// here. Give it to LoopConfig.Budget.
+func ExamplePercentBudget() {
+	budget, err := retry.NewPercentBudget(retry.PercentConfig{TTL: 10 * time.Second, PercentCanRetry: 0.2, Clock: frozen{}})
+	if err != nil {
+		panic(err)
+	}
+	retries := 0
+	for range 100 {
+		budget.Start() // a request's first attempt
+		if budget.Withdraw() {
+			retries++
+			budget.Finish(true, retry.Failed)
+		}
+		budget.Finish(false, retry.Failed)
+	}
+	fmt.Println("retries granted:", retries)
+	// Output: retries granted: 20
+}
+
+// A Throttle is gRPC's retryThrottling: failures drain a token bucket and
+// successes refill it slowly; below half full, no retries.
+func ExampleThrottle() {
+	throttle, err := retry.NewThrottle(retry.DefaultThrottleConfig()) // 10 tokens, 0.1 per success
+	if err != nil {
+		panic(err)
+	}
+	for i := 1; i <= 6; i++ {
+		throttle.Failure()
+		fmt.Printf("after %d failures: %.0f tokens, retries allowed: %v\n", i, throttle.Tokens(), throttle.Allow())
+	}
+	for range 10 {
+		throttle.Success()
+	}
+	fmt.Printf("after 10 successes: %.0f tokens, retries allowed: %v\n", throttle.Tokens(), throttle.Allow())
+	// Output:
+	// after 1 failures: 9 tokens, retries allowed: true
+	// after 2 failures: 8 tokens, retries allowed: true
+	// after 3 failures: 7 tokens, retries allowed: true
+	// after 4 failures: 6 tokens, retries allowed: true
+	// after 5 failures: 5 tokens, retries allowed: false
+	// after 6 failures: 4 tokens, retries allowed: false
+	// after 10 successes: 5 tokens, retries allowed: false
+}
+
+// A ConcurrentBudget (Envoy's) bounds the retries in flight at once rather
+// than over time: here at most max(3, 20% of the attempts in flight).
+func ExampleConcurrentBudget() {
+	budget, err := retry.NewConcurrentBudget(retry.ConcurrentConfig{BudgetPercent: 20, MinRetryConcurrency: 3})
+	if err != nil {
+		panic(err)
+	}
+	for range 10 {
+		budget.Start() // ten requests in flight
+	}
+	granted := 0
+	for range 10 {
+		if budget.Withdraw() {
+			granted++
+		}
+	}
+	attempts, retries := budget.Active()
+	fmt.Printf("%d retries granted; in flight: %d attempts, %d retries\n", granted, attempts, retries)
+	// Output: 3 retries granted; in flight: 13 attempts, 3 retries
+}
