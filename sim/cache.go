@@ -5,17 +5,30 @@ package sim
 // cache entries keyed by their chained hash. An entry referenced by a running
 // sequence is in use; one no sequence references is evictable and sits on an
 // LRU list. Every operation is O(1) per entry.
+//
+// Entries live in one slice and refer to each other by index, found by hash
+// in a map of indexes: the pool holds no pointers, so however many blocks
+// the replicas cache, the garbage collector does not scan them.
 type kvPool struct {
 	total     int // capacity in blocks
 	used      int // blocks held by running sequences (private + referenced entries)
 	evictable int // blocks of unreferenced cache entries
 
-	entries map[uint64]*entry
-	lru     entry  // sentinel of the LRU list of unreferenced entries; lru.next is the oldest
-	free    *entry // recycled entries, linked through next
+	// ents[0] is the sentinel of the LRU list of unreferenced entries:
+	// ents[0].next is the oldest. Index 0 is no entry elsewhere.
+	ents  []entry
+	index map[uint64]int32 // entries by hash
+	free  int32            // recycled entries, linked through next
 
-	// onEvent, if set, hears every entry stored and evicted.
+	// onEvent, if set, hears every entry stored and evicted, at once.
 	onEvent func(hash uint64, stored bool)
+	// onEvents, if set, hears the same events in batches: each run of
+	// events of one kind, in order, when the run ends or the replica
+	// flushes them, at the end of each Plan and each publication of a
+	// sequence's blocks.
+	onEvents      func(hashes []uint64, stored bool)
+	pending       []uint64 // the hashes of the current run
+	pendingStored bool     // the kind of the current run
 }
 
 // entry is one cached prefix block: the KV blocks of BlockTokens prompt
@@ -24,13 +37,11 @@ type entry struct {
 	hash       uint64
 	blocks     int32
 	ref        int32
-	prev, next *entry // LRU links while ref == 0
+	prev, next int32 // LRU links while ref == 0
 }
 
 func newKVPool(total int) *kvPool {
-	p := &kvPool{total: total, entries: make(map[uint64]*entry)}
-	p.lru.prev, p.lru.next = &p.lru, &p.lru
-	return p
+	return &kvPool{total: total, ents: make([]entry, 1, 16), index: make(map[uint64]int32)}
 }
 
 // available is the number of blocks that can be allocated, evicting cached
@@ -58,68 +69,98 @@ func (p *kvPool) alloc(n int) bool {
 func (p *kvPool) release(n int) { p.used -= n }
 
 func (p *kvPool) evict() {
-	e := p.lru.next
-	p.unlink(e)
+	i := p.ents[0].next
+	e := &p.ents[i]
+	p.unlink(i)
 	p.evictable -= int(e.blocks)
-	delete(p.entries, e.hash)
-	if p.onEvent != nil {
-		p.onEvent(e.hash, false)
-	}
+	h := e.hash
+	p.remove(h)
 	*e = entry{next: p.free}
-	p.free = e
+	p.free = i
+	p.event(h, false)
 }
 
-func (p *kvPool) unlink(e *entry) {
-	e.prev.next, e.next.prev = e.next, e.prev
-	e.prev, e.next = nil, nil
+// event reports that the entry of h was stored or evicted.
+func (p *kvPool) event(h uint64, stored bool) {
+	if p.onEvent != nil {
+		p.onEvent(h, stored)
+	}
+	if p.onEvents != nil {
+		if len(p.pending) > 0 && p.pendingStored != stored {
+			p.flush()
+		}
+		p.pending = append(p.pending, h)
+		p.pendingStored = stored
+	}
 }
 
-// pushNewest puts an unreferenced entry at the most recently used end.
-func (p *kvPool) pushNewest(e *entry) {
-	e.prev, e.next = p.lru.prev, &p.lru
-	p.lru.prev.next = e
-	p.lru.prev = e
+// flush hands the pending events to onEvents.
+func (p *kvPool) flush() {
+	if len(p.pending) > 0 {
+		p.onEvents(p.pending, p.pendingStored)
+		p.pending = p.pending[:0]
+	}
 }
 
-// lookup returns the entry cached under h, or nil.
-func (p *kvPool) lookup(h uint64) *entry { return p.entries[h] }
+func (p *kvPool) unlink(i int32) {
+	e := &p.ents[i]
+	p.ents[e.prev].next, p.ents[e.next].prev = e.next, e.prev
+	e.prev, e.next = 0, 0
+}
 
-// acquire adds a reference to e, taking it off the LRU list if it was
-// evictable.
-func (p *kvPool) acquire(e *entry) {
+// pushNewest puts unreferenced entry i at the most recently used end.
+func (p *kvPool) pushNewest(i int32) {
+	last := p.ents[0].prev
+	p.ents[i].prev, p.ents[i].next = last, 0
+	p.ents[last].next = i
+	p.ents[0].prev = i
+}
+
+// lookup returns the entry cached under h, or 0.
+func (p *kvPool) lookup(h uint64) int32 { return p.index[h] }
+
+// acquire adds a reference to entry i, taking it off the LRU list if it
+// was evictable.
+func (p *kvPool) acquire(i int32) {
+	e := &p.ents[i]
 	if e.ref == 0 {
-		p.unlink(e)
+		p.unlink(i)
 		p.evictable -= int(e.blocks)
 		p.used += int(e.blocks)
 	}
 	e.ref++
 }
 
-// unref drops a reference; an entry left unreferenced becomes evictable as
-// the most recently used.
-func (p *kvPool) unref(e *entry) {
+// unref drops a reference to entry i; an entry left unreferenced becomes
+// evictable as the most recently used.
+func (p *kvPool) unref(i int32) {
+	e := &p.ents[i]
 	e.ref--
 	if e.ref == 0 {
 		p.used -= int(e.blocks)
 		p.evictable += int(e.blocks)
-		p.pushNewest(e)
+		p.pushNewest(i)
 	}
 }
 
 // insert turns blocks private blocks of a sequence into the cache entry h,
-// referenced once by that sequence. The caller checked that h is not cached.
-func (p *kvPool) insert(h uint64, blocks int) *entry {
-	e := p.free
-	if e != nil {
-		p.free = e.next
-		e.next = nil
+// referenced once by that sequence, and returns it. The caller checked that
+// h is not cached.
+func (p *kvPool) insert(h uint64, blocks int) int32 {
+	i := p.free
+	if i != 0 {
+		p.free = p.ents[i].next
 	} else {
-		e = new(entry)
+		i = int32(len(p.ents))
+		p.ents = append(p.ents, entry{})
 	}
-	e.hash, e.blocks, e.ref = h, int32(blocks), 1
-	p.entries[h] = e
-	if p.onEvent != nil {
-		p.onEvent(h, true)
-	}
-	return e
+	p.ents[i] = entry{hash: h, blocks: int32(blocks), ref: 1}
+	p.index[h] = i
+	p.event(h, true)
+	return i
 }
+
+// remove deletes hash h, which must be in the table, shifting later slots
+// of its probe run back so that no tombstones are left.
+func (p *kvPool) remove(h uint64) { delete(p.index, h) }
+

@@ -25,6 +25,27 @@ const (
 // set by the caller before [Replica.Submit], and its progress, kept by the
 // replica. A Sequence is submitted once and must not be copied afterwards.
 type Sequence struct {
+	// The progress that every iteration reads and writes comes first, so
+	// that it shares a cache line with ID: a simulation steps through
+	// hundreds of thousands of sequences, and the fewer lines each costs
+	// the fewer cache misses. The counts of KV blocks and of the tokens of
+	// one iteration fit in 32 bits.
+	state     uint8
+	admitted  bool // admitted at least once (cache hit counted)
+	onAdapter bool // counted as a running user of its adapter's slot
+	// remote marks a sequence whose prompt was prefilled on another
+	// replica: admitted, it takes KV blocks for the whole prompt and waits
+	// in Replica.receiving for the KV, computing nothing (see disagg.go).
+	remote    bool
+	chunk     int32 // tokens scheduled in the current iteration
+	private   int32 // KV blocks owned by this sequence alone
+	shared    int32 // KV blocks of held cache entries
+	target    int   // tokens to prefill: the prompt, plus output on recompute
+	computed  int   // tokens prefilled so far (including those from cache)
+	decoded   int   // tokens appended by decode steps since the last prefill
+	generated int   // output tokens emitted
+	output    int   // OutputTokens, as submitted
+
 	// ID is the caller's name for the sequence; the replica does not read
 	// it.
 	ID int
@@ -46,26 +67,9 @@ type Sequence struct {
 	// read only by a replica with [Engine].AdapterSlots.
 	Adapter string
 
-	state     uint8
-	target    int // tokens to prefill: the prompt, plus output on recompute
-	computed  int // tokens prefilled so far (including those from cache)
-	decoded   int // tokens appended by decode steps since the last prefill
-	generated int // output tokens emitted
-	chunk     int // tokens scheduled in the current iteration
-
-	private int      // KV blocks owned by this sequence alone
-	shared  int      // KV blocks of held cache entries
-	held    []*entry // referenced cache entries, in prefix order
-
-	admitted    bool // admitted at least once (cache hit counted)
-	onAdapter   bool // counted as a running user of its adapter's slot
-	cached      int  // prompt tokens served from cache at first admission
+	held        []int32 // referenced cache entries (kvPool.ents), in prefix order
+	cached      int     // prompt tokens served from cache at first admission
 	preemptions int
-
-	// remote marks a sequence whose prompt was prefilled on another
-	// replica: admitted, it takes KV blocks for the whole prompt and waits
-	// in Replica.receiving for the KV, computing nothing (see disagg.go).
-	remote bool
 }
 
 // Generated returns the number of output tokens emitted so far.
@@ -140,6 +144,12 @@ func NewReplica(eng Engine) (*Replica, error) {
 // stops the reports.
 func (r *Replica) SetKVEventHandler(fn func(hash uint64, stored bool)) { r.kv.onEvent = fn }
 
+// setKVEventsHandler is SetKVEventHandler for a handler of batches: fn
+// hears the same events, in the same order, each run of events of one kind
+// at once, before the Plan, or the publication of a sequence's blocks, that
+// made it returns.
+func (r *Replica) setKVEventsHandler(fn func(hashes []uint64, stored bool)) { r.kv.onEvents = fn }
+
 // Engine returns the replica's configuration with defaults filled in.
 func (r *Replica) Engine() Engine { return r.eng }
 
@@ -187,6 +197,7 @@ func (r *Replica) Submit(s *Sequence) error {
 	}
 	s.state = stateWaiting
 	s.target = s.PromptTokens
+	s.output = s.OutputTokens
 	r.waiting = append(r.waiting, s)
 	return nil
 }
@@ -281,7 +292,7 @@ func (r *Replica) Plan() (Batch, bool) {
 		if s.computed < s.target {
 			n = min(s.target-s.computed, budget)
 		}
-		need := r.blocksFor(s.computed+s.decoded+n) - s.private - s.shared
+		need := r.blocksFor(s.computed+s.decoded+n) - int(s.private) - int(s.shared)
 		victim := false
 		for !r.kv.alloc(need) {
 			last := len(r.running) - 1
@@ -297,8 +308,8 @@ func (r *Replica) Plan() (Batch, bool) {
 		if victim {
 			break
 		}
-		s.private += max(need, 0)
-		s.chunk = n
+		s.private += int32(max(need, 0))
+		s.chunk = int32(n)
 		budget -= n
 		if s.computed < s.target {
 			b.PrefillTokens += n
@@ -317,7 +328,7 @@ func (r *Replica) Plan() (Batch, bool) {
 		if s.remote {
 			n = s.target - s.computed // all of it arrives by transfer
 		}
-		need := r.blocksFor(s.computed+n) - s.shared
+		need := r.blocksFor(s.computed+n) - int(s.shared)
 		reserve := 0
 		if len(r.running) > 0 {
 			reserve = r.wmark
@@ -334,20 +345,21 @@ func (r *Replica) Plan() (Batch, bool) {
 			r.prefixQueries += int64(s.PromptTokens)
 			r.prefixHits += int64(s.computed)
 		}
-		s.private = need
+		s.private = int32(need)
 		if s.remote {
 			s.state = stateReceiving
 			r.receiving = append(r.receiving, s)
 			r.started = append(r.started, s)
 			continue
 		}
-		s.chunk = n
+		s.chunk = int32(n)
 		s.state = stateRunning
 		r.running = append(r.running, s)
 		budget -= n
 		b.PrefillTokens += n
 	}
 	b.KVUsage = float64(r.kv.used) / float64(r.kv.total)
+	r.kv.flush()
 	return b, b.PrefillTokens+b.DecodeSeqs > 0
 }
 
@@ -362,12 +374,12 @@ func (r *Replica) match(s *Sequence) {
 	per := bt / r.eng.BlockSize
 	for i := 0; i < maxBlocks; i++ {
 		e := r.kv.lookup(s.Prefix[i])
-		if e == nil {
+		if e == 0 {
 			break
 		}
 		r.kv.acquire(e)
 		s.held = append(s.held, e)
-		s.shared += per
+		s.shared += int32(per)
 	}
 	s.computed = len(s.held) * bt
 }
@@ -381,7 +393,7 @@ func (r *Replica) matchTokens(req *Request) int {
 	}
 	maxBlocks := min(len(req.Prefix), (req.PromptTokens-1)/bt)
 	n := 0
-	for n < maxBlocks && r.kv.lookup(req.Prefix[n]) != nil {
+	for n < maxBlocks && r.kv.lookup(req.Prefix[n]) != 0 {
 		n++
 	}
 	return n * bt
@@ -393,10 +405,9 @@ func (r *Replica) matchTokens(req *Request) int {
 func (r *Replica) releaseBlocks(s *Sequence) {
 	for i := len(s.held) - 1; i >= 0; i-- {
 		r.kv.unref(s.held[i])
-		s.held[i] = nil
 	}
 	s.held = s.held[:0]
-	r.kv.release(s.private)
+	r.kv.release(int(s.private))
 	s.private, s.shared, s.computed, s.decoded, s.chunk = 0, 0, 0, 0, 0
 	r.releaseAdapter(s)
 }
@@ -419,13 +430,15 @@ func (r *Replica) preempt(s *Sequence) {
 // order; [Sequence.Generated] and [Sequence.Done] tell which token and
 // whether it was the last. The slice is reused by the next Finish.
 func (r *Replica) Finish() []*Sequence {
-	clear(r.emitted)
+	// The sequences emitted by the previous Finish are not cleared from
+	// the slice's spare capacity: at most a batch of them, overwritten as
+	// it fills again.
 	r.emitted = r.emitted[:0]
 	keep := r.running[:0]
 	for _, s := range r.running {
 		if s.chunk > 0 {
 			if s.computed < s.target {
-				s.computed += s.chunk
+				s.computed += int(s.chunk)
 				r.prefilled += int64(s.chunk)
 				r.publish(s)
 				if s.computed == s.target {
@@ -464,20 +477,21 @@ func (r *Replica) publish(s *Sequence) {
 	for i := len(s.held); i < full; i++ {
 		r.cache(s, s.Prefix[i], per)
 	}
+	r.kv.flush()
 }
 
 // cache turns per private blocks of s into the cache entry h, sharing the
 // entry if another sequence cached it meanwhile, and holds it for s.
 func (r *Replica) cache(s *Sequence, h uint64, per int) {
 	e := r.kv.lookup(h)
-	if e != nil {
+	if e != 0 {
 		r.kv.acquire(e)
 		r.kv.release(per)
 	} else {
 		e = r.kv.insert(h, per)
 	}
-	s.private -= per
-	s.shared += per
+	s.private -= int32(per)
+	s.shared += int32(per)
 	s.held = append(s.held, e)
 }
 
@@ -491,16 +505,17 @@ func (r *Replica) publishReply(s *Sequence) {
 	}
 	per := bt / r.eng.BlockSize
 	for _, h := range s.Reply {
-		if s.private < per {
-			return
+		if int(s.private) < per {
+			break
 		}
 		r.cache(s, h, per)
 	}
+	r.kv.flush()
 }
 
 func (r *Replica) emit(s *Sequence) {
 	s.generated++
-	if s.generated >= s.OutputTokens {
+	if s.generated >= s.output {
 		r.publishReply(s)
 		r.releaseBlocks(s)
 		s.held = nil
@@ -522,6 +537,7 @@ type reqState struct {
 	finished   time.Duration
 
 	pd *pdState // with a disaggregated policy
+
 }
 
 // replica is one simulated engine: a Replica driven by simulated time.
@@ -586,10 +602,12 @@ func (r *replica) finish(now time.Duration) {
 			continue
 		}
 		s := &r.run.st[q.ID]
-		if s.ticket != nil {
+		// Only a run with admission control gives tickets, and only a
+		// disaggregated one pdState: the others need not read them.
+		if r.run.adm != nil && s.ticket != nil {
 			s.ticket.Charge(1)
 		}
-		if s.pd != nil {
+		if r.run.disagg && s.pd != nil {
 			r.finishDisagg(s, now)
 			continue
 		}

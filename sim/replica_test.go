@@ -165,7 +165,7 @@ func TestKVPoolLRU(t *testing.T) {
 	if !p.alloc(6) {
 		t.Fatal("alloc 6 with 2 free and 8 evictable failed")
 	}
-	if p.lookup(1) != nil || p.lookup(2) == nil {
+	if p.lookup(1) != 0 || p.lookup(2) == 0 {
 		t.Errorf("entries after eviction: 1=%v 2=%v, want 1 evicted, 2 kept", p.lookup(1), p.lookup(2))
 	}
 	p.acquire(p.lookup(2))
@@ -278,10 +278,10 @@ func TestKVEventsMirrorCaches(t *testing.T) {
 	now := time.Unix(0, 0)
 	for i, rep := range run.reps {
 		key := replicaKey(i)
-		if got, want := ix.Len(key), len(rep.kv.entries); got != want {
+		if got, want := ix.Len(key), len(rep.kv.index); got != want {
 			t.Errorf("%s: index holds %d blocks, cache %d", key, got, want)
 		}
-		for h := range rep.kv.entries {
+		for h := range rep.kv.index {
 			if ix.MatchLen(key, []uint64{h}, now) != 1 {
 				t.Errorf("%s: cached block %x missing from the index", key, h)
 				break

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/share"
 )
 
@@ -101,7 +102,6 @@ func (e *endpoint) Key() string { return e.key }
 type router struct {
 	bal   *llmlb.Balancer
 	snap  []llmlb.Load // last scrape, by replica
-	keys  map[string]int
 	group *share.Group // with Config.Share: the router's signal, over its scrapes
 
 	// With a disaggregated policy, bal is the decode pool's Balancer and
@@ -118,7 +118,7 @@ type shareBatch struct {
 
 // Load implements llmlb.Signal with the router's last scrape.
 func (rt *router) Load(key string) (llmlb.Load, bool) {
-	i, ok := rt.keys[key]
+	i, ok := replicaIndex(key, len(rt.snap))
 	if !ok {
 		return llmlb.Load{}, false
 	}
@@ -136,12 +136,14 @@ type runner struct {
 	seq     uint64
 	now     time.Duration
 	rng     *rand.Rand
-	current *reqState          // the request being picked, for full-info
-	kvSubs  []kvSub            // indexes fed the replicas' KV events
-	endSubs [][]endSub         // per router: told when a request it routed ends
-	batches map[int]shareBatch // with Config.Share: batches in transit, by id
-	batchID int                // id of the last batch built
-	adm     *admission         // nil without admission control
+	current *reqState                // the request being picked, for full-info
+	kvSubs  []kvSub                  // indexes fed the replicas' KV events
+	events  map[[2]int]*prefix.Index // read-only events indexes shared by the routers, by pool
+	endSubs [][]endSub               // per router: told when a request it routed ends
+	batches map[int]shareBatch       // with Config.Share: batches in transit, by id
+	batchID int                      // id of the last batch built
+	adm     *admission               // nil without admission control
+	disagg  bool                     // the policy is disaggregated: requests have a pdState
 
 	nextArrival int
 	ended       int // requests done or rejected
@@ -205,7 +207,6 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		r.series = max(r.lastArrival/200, 10*time.Millisecond)
 	}
 	eps := make([]llmlb.Endpoint, cfg.Replicas)
-	keys := make(map[string]int, cfg.Replicas)
 	r.reps = make([]*replica, cfg.Replicas)
 	for i := range r.reps {
 		rep, err := NewReplica(r.cfg.Engine)
@@ -215,7 +216,6 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		r.reps[i] = &replica{Replica: rep, idx: i, run: r}
 		key := replicaKey(i)
 		eps[i] = cfg.newEndpoint(key, i)
-		keys[key] = i
 	}
 	blockTokens := 0
 	for i := range reqs {
@@ -238,9 +238,10 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		if err := r.checkDisagg(); err != nil {
 			return nil, err
 		}
+		r.disagg = true
 	}
 	for k := 0; k < cfg.Routers; k++ {
-		rt := &router{snap: make([]llmlb.Load, cfg.Replicas), keys: keys}
+		rt := &router{snap: make([]llmlb.Load, cfg.Replicas)}
 		if spec.Decode != nil {
 			if err := r.disaggRouter(rt, k, spec, eps, blockTokens, longTokens/max(promptTokens, 1)); err != nil {
 				return nil, err
@@ -382,6 +383,33 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		cfg.onEnd(r)
 	}
 	return r.result(spec.Name), nil
+}
+
+// sharedEventIndex returns an index for the workload's block size that holds
+// exactly what the KV events of the replicas of the policy's pool report,
+// the same index for every router of the run. It is for a policy that only
+// reads its events index, as llmlb.Default reads DefaultConfig.Events: such
+// an index changes only with the events, which every router would apply
+// alike to an index of its own, so one index fed once gives each router
+// what its own would hold.
+func (e *PolicyEnv) sharedEventIndex() (*prefix.Index, error) {
+	r := e.run
+	if r == nil {
+		return newEventIndex(e)
+	}
+	pool := [2]int{e.lo, e.lo + e.Replicas}
+	if ix := r.events[pool]; ix != nil {
+		return ix, nil
+	}
+	ix, err := newEventIndex(e)
+	if err != nil {
+		return nil, err
+	}
+	if r.events == nil {
+		r.events = make(map[[2]int]*prefix.Index)
+	}
+	r.events[pool] = ix
+	return ix, nil
 }
 
 // arrive admits request i, or routes it at once without admission control.
@@ -561,4 +589,27 @@ func (r *runner) sample() {
 }
 
 // replicaKey is the endpoint key of replica i.
-func replicaKey(i int) string { return "replica-" + strconv.Itoa(i) }
+func replicaKey(i int) string { return replicaPrefix + strconv.Itoa(i) }
+
+const replicaPrefix = "replica-"
+
+// replicaIndex returns the replica of key among n replicas, the inverse of
+// replicaKey, or false if key is not the key of one of them.
+func replicaIndex(key string, n int) (int, bool) {
+	if len(key) <= len(replicaPrefix) || key[:len(replicaPrefix)] != replicaPrefix {
+		return 0, false
+	}
+	d := key[len(replicaPrefix):]
+	if len(d) > 1 && d[0] == '0' {
+		return 0, false
+	}
+	i := 0
+	for k := 0; k < len(d); k++ {
+		c := d[k]
+		if c < '0' || c > '9' || i >= n {
+			return 0, false
+		}
+		i = i*10 + int(c-'0')
+	}
+	return i, i < n
+}

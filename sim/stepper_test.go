@@ -29,13 +29,13 @@ func step(t *testing.T, r *Replica) (Batch, []*Sequence) {
 func checkBlocks(t *testing.T, r *Replica) {
 	t.Helper()
 	held := 0
-	seen := map[*entry]bool{}
+	seen := map[int32]bool{}
 	for _, s := range r.running {
-		held += s.private
+		held += int(s.private)
 		for _, e := range s.held {
 			if !seen[e] {
 				seen[e] = true
-				held += int(e.blocks)
+				held += int(r.kv.ents[e].blocks)
 			}
 		}
 	}
