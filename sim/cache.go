@@ -74,7 +74,7 @@ func (p *kvPool) evict() {
 	p.unlink(i)
 	p.evictable -= int(e.blocks)
 	h := e.hash
-	p.remove(h)
+	delete(p.index, h)
 	*e = entry{next: p.free}
 	p.free = i
 	p.event(h, false)
@@ -159,8 +159,3 @@ func (p *kvPool) insert(h uint64, blocks int) int32 {
 	p.event(h, true)
 	return i
 }
-
-// remove deletes hash h, which must be in the table, shifting later slots
-// of its probe run back so that no tombstones are left.
-func (p *kvPool) remove(h uint64) { delete(p.index, h) }
-
