@@ -99,12 +99,20 @@ func TestKVEventsToIndex(t *testing.T) {
 	promptOf := func(i int) string { return strings.Repeat(fmt.Sprintf("prompt %04d ", i), 16) } // 48 tokens, 12 blocks
 	first := h.HashTokens(salt, Tokens(promptOf(0)))
 	require.Len(t, first, 12)
-	// The subscription may take effect after the connection: ask until
-	// the first prompt shows up (later batches replay the missed ones).
+	// The subscription may take effect after the connection, and a cached
+	// prompt publishes nothing when asked again: ask a new short prompt
+	// until one shows up, so the subscriber is known to be live.
+	warm := 0
 	require.Eventually(t, func() bool {
-		ask(promptOf(0))
-		return idx.MatchLen("e", first, time.Now()) == len(first)
+		warm++
+		text := fmt.Sprintf("warm up %08d", warm) // 16 bytes: 4 tokens, 1 block
+		ask(text)
+		return idx.MatchLen("e", h.HashTokens(salt, Tokens(text)), time.Now()) == 1
 	}, 10*time.Second, 20*time.Millisecond)
+	ask(promptOf(0))
+	require.Eventually(t, func() bool {
+		return idx.MatchLen("e", first, time.Now()) == len(first)
+	}, 10*time.Second, 5*time.Millisecond)
 
 	// Distinct prompts fill the 64-block cache and evict the first.
 	for i := 1; i <= 8; i++ {
