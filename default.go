@@ -146,17 +146,18 @@ type DefaultConfig struct {
 	// request that ends without a first token (failed, retried elsewhere,
 	// hedged, cancelled) teaches nothing.
 	//
-	// At each pick the candidates' fits are averaged, per unit of declared
-	// weight and by confidence, into the pool's speed. A candidate's
-	// slowness is its predicted TTFT for this request's work over the
-	// pool's, moved from 1 only by its confidence n/(n+8), n its
-	// observations decayed with a half-life of 30 s without new ones, and
-	// bounded to [1/16, 16]. The waiting terms and the uncached prompt of
-	// its cost are multiplied by the prefill slowness, its KV footprint by
-	// the square of the decode slowness (a slower endpoint both decodes
-	// each step slower and holds each token longer); as the confidence
-	// grows, the measurement takes the place of the declared weight the
-	// cost is divided by, which remains the prior of an endpoint not yet
+	// At each pick the candidates' fits are averaged, by confidence, into
+	// the pool's speed. A candidate's slowness is its predicted TTFT for
+	// this request's work over the pool's, moved from 1 only by its
+	// confidence g = n/(n+8), n its observations decayed with a half-life
+	// of 30 s without new ones, and bounded to [1/16, 16]. The waiting
+	// terms and the uncached prompt of its cost are multiplied by the
+	// prefill slowness, its KV footprint by the square of the decode
+	// slowness (a slower endpoint both decodes each step slower and holds
+	// each token longer). The measurement takes the place of a declared
+	// weight ([Endpoint] with a Weight method) rather than adding to it:
+	// the cost is divided by the weight to the power 1-g, so a weight is
+	// the prior of an endpoint not yet measured and fades as its speed is
 	// measured. An endpoint without observations has slowness exactly 1
 	// and is priced as with Learn off, so a cold balancer decides exactly
 	// as without learning; an endpoint avoided for being slow regains the
@@ -508,8 +509,13 @@ func (p *defaultPolicy) scored(c *Candidates, n, home int) []int32 {
 // CacheWeight + over, and a token only sent for, not reported by engine
 // events, is credited over. With pool (Learn), the waiting terms and the
 // prefill are scaled by the candidate's prefill slowness and the footprint
-// by the square of its decode slowness, and the work the request waits for is noted in
-// c.speeds[i].
+// by the square of its decode slowness, and the work the request waits for
+// is noted in c.speeds[i]. The caller divides the cost by the candidate's
+// weight; with a measured speed of confidence g, the cost is first
+// multiplied by its declared weight to the power g, so that the
+// measurement takes the weight's place as it grows certain: a declared
+// weight is the prior of an endpoint not yet measured, and counting both
+// would price its speed twice.
 func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, over float64, pool *poolSpeed) float64 {
 	prompt := float64(c.req.PromptTokens)
 	cached := float64(p.t.cachedTokens(c, int(c.matched[i])))
@@ -539,9 +545,13 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 	wait := queued + waits*avgPrompt
 	miss := (p.cacheWeight + over) * (prompt - sure)
 	fp := p.footprint * footprint
+	scale := 1.0
 	if pool != nil {
 		v := &c.speeds[i]
 		v.work = wait + prompt - cached
+		if v.g > 0 && v.weight != 1 {
+			scale = math.Pow(v.weight, v.g)
+		}
 		if pool.learned() {
 			// Exactly 1 for an endpoint without observations, which is
 			// then priced as without learning.
@@ -558,8 +568,8 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 			}
 		}
 	}
-	return wait + miss - over*(cached-sure) + fp +
-		p.kvPenalty*max(demand-capacity, 0)
+	return scale * (wait + miss - over*(cached-sure) + fp +
+		p.kvPenalty*max(demand-capacity, 0))
 }
 
 // queuedTokens returns the prefill tokens queued at the endpoint of load l:

@@ -235,11 +235,12 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 }
 
 // poolSpeed is the confidence-weighted mean fit of the candidates of one
-// pick, per unit of declared weight: the speed a cold endpoint is assumed to
-// have.
+// pick: the speed a cold endpoint is assumed to have, per unit of its
+// declared weight. The fits are measured speeds, not speeds per unit of
+// weight: a measurement replaces the weight (see [defaultPolicy.cost]).
 type poolSpeed struct {
-	g, a, tau float64 // sums of g, g*a*weight, g*tau*weight
-	dg, dtau  float64 // sums of dg, dg*dtau*weight
+	g, a, tau float64 // sums of g, g*a, g*tau
+	dg, dtau  float64 // sums of dg, dg*dtau
 }
 
 // learned reports whether any candidate has a fit.
@@ -248,32 +249,31 @@ func (p *poolSpeed) learned() bool { return p.g > 0 || p.dg > 0 }
 func (p *poolSpeed) add(v *speedView) {
 	if v.g > 0 {
 		p.g += v.g
-		p.a += v.g * v.a * v.weight
-		p.tau += v.g * v.tau * v.weight
+		p.a += v.g * v.a
+		p.tau += v.g * v.tau
 	}
 	if v.dg > 0 {
 		p.dg += v.dg
-		p.dtau += v.dg * v.dtau * v.weight
+		p.dtau += v.dg * v.dtau
 	}
 }
 
-// slowness returns how many times longer than the pool's average (per unit
-// of declared weight) candidate v takes to reach its first token with work
-// tokens to prefill, and to decode: 1 + g*(fit/pool - 1), bounded to
-// [1/learnMaxSlowness, learnMaxSlowness], and exactly 1 for an endpoint
-// without observations.
+// slowness returns how many times longer than the pool's average candidate
+// v takes to reach its first token with work tokens to prefill, and to
+// decode: 1 + g*(fit/pool - 1), bounded to [1/learnMaxSlowness,
+// learnMaxSlowness], and exactly 1 for an endpoint without observations.
 func (p *poolSpeed) slowness(v *speedView, work float64) (prefill, decode float64) {
 	prefill, decode = 1, 1
 	if v.g > 0 && p.g > 0 {
 		pool := (p.a + p.tau*work) / p.g
-		own := (v.a + v.tau*work) * v.weight
+		own := v.a + v.tau*work
 		if r := own / pool; r > 0 && !math.IsInf(r, 0) {
 			r = min(max(r, 1/learnMaxSlowness), learnMaxSlowness)
 			prefill = 1 + v.g*(r-1)
 		}
 	}
 	if v.dg > 0 && p.dg > 0 {
-		if r := v.dtau * v.weight * p.dg / p.dtau; r > 0 && !math.IsInf(r, 0) {
+		if r := v.dtau * p.dg / p.dtau; r > 0 && !math.IsInf(r, 0) {
 			r = min(max(r, 1/learnMaxSlowness), learnMaxSlowness)
 			decode = 1 + v.dg*(r-1)
 		}

@@ -272,6 +272,62 @@ func TestLearnAvoidsSlowEndpoint(t *testing.T) {
 	}
 }
 
+// TestLearnReplacesDeclaredWeight checks that a measured speed takes the
+// place of a declared weight rather than adding to it: of two endpoints
+// measured equally fast, the one that declares weight 4 gets about half the
+// requests once both are measured, where without Learn it gets most.
+func TestLearnReplacesDeclaredWeight(t *testing.T) {
+	for _, learn := range []bool{false, true} {
+		p, _ := Default(DefaultConfig{Learn: learn})
+		clock := newFakeClock()
+		b := mustNew(t, p, WithClock(clock))
+		mustUpdate(t, b, []Endpoint{weightedEP{testEP{key: "heavy", weight: 4}}, testEP{key: "light"}})
+		if learn {
+			// Both measured alike: the same TTFT for the same work and
+			// the same decode time per token.
+			rng := rand.New(rand.NewPCG(2, 2))
+			now := clock.Now().UnixNano()
+			for range 400 {
+				work := float64(100 + rng.IntN(20000))
+				ttft := syntheticTTFT(rng, 0.02, 40000, work, 0)
+				for _, st := range b.snap.Load().eps {
+					st.est.firstToken(work, ttft, now)
+					st.est.done(time.Second, 100, now)
+				}
+			}
+		}
+		rng := rand.New(rand.NewPCG(3, 3))
+		var live []Pick
+		heavy := 0
+		const picks = 2000
+		for range picks {
+			pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100 + rng.IntN(4000), OutputTokens: 200})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pk.Endpoint().Key() == "heavy" {
+				heavy++
+			}
+			live = append(live, pk)
+			for len(live) > 24 {
+				// Requests that end without a first token teach nothing:
+				// the estimates stay as measured above.
+				j := rng.IntN(len(live))
+				live[j].Done(errors.New("cancelled"))
+				live = append(live[:j], live[j+1:]...)
+			}
+		}
+		share := float64(heavy) / picks
+		t.Logf("learn %v: the endpoint declaring weight 4 got %.2f of the requests", learn, share)
+		if learn && (share < 0.4 || share > 0.6) {
+			t.Errorf("with Learn the endpoint declaring weight 4 got %.2f of the requests, want about half", share)
+		}
+		if !learn && share < 0.7 {
+			t.Errorf("without Learn the endpoint declaring weight 4 got %.2f of the requests, want most", share)
+		}
+	}
+}
+
 // TestSlownessColdIsOne checks that a cold candidate's slowness is exactly 1
 // whatever the pool learned, and a warm one's is bounded.
 func TestSlownessColdIsOne(t *testing.T) {
