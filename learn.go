@@ -235,9 +235,9 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 }
 
 // poolSpeed is the confidence-weighted mean fit of the candidates of one
-// pick: the speed a cold endpoint is assumed to have, per unit of its
-// declared weight. The fits are measured speeds, not speeds per unit of
-// weight: a measurement replaces the weight (see [defaultPolicy.cost]).
+// pick. A cold endpoint is assumed to run at this speed times its declared
+// weight. The fits are measured speeds, not speeds per unit of weight: a
+// measurement replaces the weight (see [defaultPolicy.cost]).
 type poolSpeed struct {
 	g, a, tau float64 // sums of g, g*a, g*tau
 	dg, dtau  float64 // sums of dg, dg*dtau
