@@ -9,7 +9,9 @@ import (
 // KVCostConfig holds the weights of NVIDIA Dynamo's KV-block cost function.
 // Unlike most configuration in this package its zero value is not the
 // default, because a zero weight is meaningful: start from
-// [DynamoKVCostConfig] and change what you need.
+// [DynamoKVCostConfig] and change what you need. Its Cost method only reads
+// it and may be called from concurrent goroutines; [KVCost] keeps a copy,
+// so changing a KVCostConfig afterwards does not change the policy.
 type KVCostConfig struct {
 	// Index holds which endpoint has which prompt blocks; costs are counted
 	// in its blocks. Nil means a new index with the defaults of package

@@ -4,7 +4,8 @@ import "strings"
 
 // Class is a priority class. A smaller Class is more urgent; the zero value
 // is [Standard]. Values beyond the named ones count as the nearest named
-// one (below Interactive as Interactive, above Batch as Batch).
+// one (below Interactive as Interactive, above Batch as Batch). It is a
+// plain value, safe to use from any goroutine.
 type Class int8
 
 // The priority classes, most urgent first.

@@ -35,7 +35,8 @@ const (
 var ErrInvalidConfig = errors.New("fair: invalid config")
 
 // Clock tells the time. The queue reads it to age waiters and to compare
-// their deadlines; tests pass a fake one.
+// their deadlines; tests pass a fake one. Now is called from concurrent
+// goroutines and must be safe for that.
 type Clock interface {
 	Now() time.Time
 }
@@ -107,9 +108,11 @@ type Config struct {
 	Clock Clock
 }
 
-// Observer is told of a queue's decisions. Its functions may be called with
+// Observer is told of a queue's decisions. Its functions are called with
 // the queue's lock held: they must return quickly and must not call the
-// queue's or its tickets' methods. A nil function is skipped.
+// queue's or its tickets' methods. The calls of one queue therefore never
+// overlap; an Observer shared by several queues must be safe for
+// concurrent use. A nil function is skipped.
 type Observer struct {
 	// Admitted is called once for every request admitted, with its class
 	// and the time it waited (0 if it was admitted on arrival).

@@ -121,6 +121,7 @@ type Config struct {
 }
 
 // Duration is a time.Duration written in JSON as a string such as "10s".
+// It is a plain value, safe to use from any goroutine.
 type Duration time.Duration
 
 // UnmarshalJSON reads a duration string; negative durations are rejected.

@@ -32,7 +32,8 @@ const (
 // exceeds a limit. Every decoding error wraps it.
 var ErrMalformed = errors.New("kvevents: malformed batch")
 
-// Kind is the type of an [Event].
+// Kind is the type of an [Event]. It is a plain value, safe to use from any
+// goroutine.
 type Kind uint8
 
 // Event kinds, named after vLLM's event classes.

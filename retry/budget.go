@@ -25,7 +25,8 @@ type Budget interface {
 	Finish(retry bool, o Outcome)
 }
 
-// Outcome is how an attempt ended, as far as a budget cares.
+// Outcome is how an attempt ended, as far as a budget cares. It is a plain
+// value, safe to use from any goroutine.
 type Outcome uint8
 
 const (

@@ -32,7 +32,10 @@ const maxTracked = 10000
 const membersTTL = time.Second
 
 // Health is where an [Ejector] marks endpoints; [*llmlb.Balancer] implements
-// it.
+// it. The Ejector calls it under its own lock, from the goroutines that
+// report outcomes and from Run, while the rest of the program (a
+// Balancer's picks) uses it too: an implementation must be safe for
+// concurrent use.
 type Health interface {
 	SetHealthy(key string, healthy bool) error
 	Stats() []llmlb.EndpointStats

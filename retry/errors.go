@@ -31,7 +31,8 @@ func invalidf(format string, args ...any) error {
 // GiveUpError is returned by [Loop.Do] when the last attempt failed with a
 // retryable error and no further attempt is allowed. It wraps both
 // [ErrExhausted] and the last attempt's error, so errors.As still finds a
-// [*StatusError] inside.
+// [*StatusError] inside. It is not changed after it is returned, so its
+// methods may be called from any goroutine.
 type GiveUpError struct {
 	// Attempts is the number of attempts sent, hedges included.
 	Attempts int
@@ -51,7 +52,8 @@ func (e *GiveUpError) Error() string {
 func (e *GiveUpError) Unwrap() []error { return []error{ErrExhausted, e.Err} }
 
 // OverloadError is returned by [Admission.Acquire] when a cap is reached. It
-// matches [ErrOverloaded] with errors.Is.
+// matches [ErrOverloaded] with errors.Is. It is not changed after it is
+// returned, so its methods may be called from any goroutine.
 type OverloadError struct {
 	// Scope is "global" when the in-flight cap is reached and "session"
 	// when the session's cap is reached.

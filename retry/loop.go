@@ -11,6 +11,8 @@ import (
 )
 
 // Picker chooses an endpoint for a request; [*llmlb.Balancer] implements it.
+// A [Loop] calls it from each goroutine that runs [Loop.Do], so an
+// implementation must be safe for concurrent use.
 type Picker interface {
 	Pick(ctx context.Context, r *llmlb.Request) (llmlb.Pick, error)
 }

@@ -12,7 +12,8 @@ import (
 // default; a longer one is ignored, as Envoy does.
 const DefaultMaxPushback = 300 * time.Second
 
-// PushbackKind says what a server asked for.
+// PushbackKind says what a server asked for. It is a plain value, safe to
+// use from any goroutine.
 type PushbackKind uint8
 
 const (

@@ -21,7 +21,8 @@ const (
 // an HTTP status, or a gRPC code when GRPC is set. Header carries the
 // response headers (for gRPC, the trailers) that [FromHeader] reads for
 // pushback. An attempt function returns one to let [Loop] classify the
-// failure and honour the server's Retry-After.
+// failure and honour the server's Retry-After. [Loop] and the helpers of
+// this package only read it; do not change one after returning it.
 type StatusError struct {
 	// Code is the HTTP status, or the gRPC code if GRPC is true.
 	Code int

@@ -11,6 +11,8 @@ import (
 
 // Engine names an inference engine's metrics dialect. The zero value,
 // [EngineAuto], detects the engine from the metric names in each exposition.
+// Like every enumerated value of this package, it is safe to use from any
+// goroutine.
 type Engine int
 
 // Engines whose Prometheus expositions this package maps to a load.

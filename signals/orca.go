@@ -390,7 +390,7 @@ const (
 
 // OrcaMapping names the entries of an ORCA report's named_metrics (or, for
 // KV usage, utilization) that make up a [llmlb.Load]. The zero value uses
-// the defaults.
+// the defaults. Its methods only read it and may be called concurrently.
 type OrcaMapping struct {
 	// KVUsage names the KV-cache usage fraction. "" means
 	// [DefaultOrcaKVUsage], falling back to "kv_cache_utilization".

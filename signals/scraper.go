@@ -103,7 +103,8 @@ type Config struct {
 
 // ScrapeError is the error of one failed scrape. It wraps the cause, which
 // is one of this package's sentinels or an error of the HTTP client
-// (a timeout, a redirect loop, a refused connection).
+// (a timeout, a redirect loop, a refused connection). It is not changed
+// after it is returned, so its methods may be called from any goroutine.
 type ScrapeError struct {
 	Key string // the endpoint key
 	URL string // the metrics URL

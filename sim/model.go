@@ -27,7 +27,10 @@ type Batch struct {
 }
 
 // IterTimeFunc returns how long an engine iteration takes. It must return a
-// positive duration for a batch with any work in it.
+// positive duration for a batch with any work in it. The simulator calls it
+// from one goroutine per run, but runs of several policies go in parallel
+// ([Compare]), so a function shared between them must be safe for
+// concurrent use.
 type IterTimeFunc func(b Batch) time.Duration
 
 // MockerIterTime is the default iteration-time model, the polynomial fitted

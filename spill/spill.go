@@ -76,7 +76,8 @@ const maxPeekBytes = 64 << 10
 // ErrInvalidConfig wraps the configuration errors of [New].
 var ErrInvalidConfig = errors.New("spill: invalid config")
 
-// Reason says why a request left a tier.
+// Reason says why a request left a tier. It is a plain value, safe to use
+// from any goroutine.
 type Reason string
 
 // The reasons of a spill.
