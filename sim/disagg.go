@@ -67,7 +67,7 @@ const (
 
 // KVTransfer is the model of moving a prompt's KV from a prefill worker to
 // a decode worker: Latency plus PerToken per token pulled. The zero value is
-// the default.
+// the default. Time only reads it and may be called concurrently.
 type KVTransfer struct {
 	// PerToken is the transfer time of one token's KV. 0 means
 	// [DefaultTransferPerToken].

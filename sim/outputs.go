@@ -9,7 +9,8 @@ import (
 // requests they route ([Config].Outputs): llmlb charges each request its
 // expected decode work, from the caller's estimate
 // ([llmlb.Request].OutputTokens), else the lengths its balancer learned
-// ([llmlb.WithOutputPrediction]), else a fixed decode allowance.
+// ([llmlb.WithOutputPrediction]), else a fixed decode allowance. It is a
+// plain value, safe to use from any goroutine.
 type OutputKnowledge uint8
 
 // The kinds of knowledge of output lengths.

@@ -11,7 +11,9 @@ import (
 )
 
 // PolicyEnv is what a policy constructor may use. A constructor is called
-// once per router per run, so a policy may keep per-run state.
+// once per router per run, so a policy may keep per-run state. A run is
+// simulated on one goroutine: call the methods from the constructor, and
+// expect the functions registered with them on that goroutine too.
 type PolicyEnv struct {
 	// Replicas is the number of replicas; candidate member m of a pick is
 	// replica m. For a pool of a disaggregated run, they are the pool's:

@@ -100,7 +100,8 @@ type PoolScenario struct {
 }
 
 // PoolResult is what one routing of a [PoolScenario] achieved, over one
-// seed or pooled over several ([MergePoolResults]).
+// seed or pooled over several ([MergePoolResults]). GoodputRPS only reads
+// it and may be called concurrently.
 type PoolResult struct {
 	// Routing is the routing's name; Cooldown its Cooldown.
 	Routing  string

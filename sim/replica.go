@@ -24,6 +24,7 @@ const (
 // Sequence is one request inside a [Replica]: its size and prompt prefix,
 // set by the caller before [Replica.Submit], and its progress, kept by the
 // replica. A Sequence is submitted once and must not be copied afterwards.
+// Like its Replica, it is not safe for concurrent use.
 type Sequence struct {
 	// The progress that every iteration reads and writes comes first, so
 	// that it shares a cache line with ID: a simulation steps through

@@ -6,7 +6,8 @@ import (
 )
 
 // Report is the outcome of comparing policies on one workload, in the JSON
-// shape written by [Report.WriteJSON].
+// shape written by [Report.WriteJSON]. Its Write methods only read it, and
+// may run concurrently while nothing modifies it.
 type Report struct {
 	// Scenario describes the run.
 	Scenario ScenarioInfo `json:"scenario"`
@@ -15,7 +16,8 @@ type Report struct {
 	Results []*Result `json:"results"`
 }
 
-// ScenarioInfo describes the run a report measured.
+// ScenarioInfo describes the run a report measured. [ScenarioInfo.Describe]
+// writes to it; do not share one while it runs.
 type ScenarioInfo struct {
 	// Name is the name of the scenario or, for a replayed trace, what the
 	// caller calls it. Like Trace, Format and RateScale, it is the

@@ -17,7 +17,8 @@ import (
 // Sweep is the outcome of comparing policies on one workload at several
 // arrival rates, a load sweep, in the JSON shape written by
 // [Sweep.WriteJSON]. Every point should hold the same policies in the same
-// order.
+// order. Its Write methods only read it, and may run concurrently while
+// nothing modifies it.
 type Sweep struct {
 	// Scenario describes the workload at its own rate (rate scale 1),
 	// whether or not the sweep has that point.

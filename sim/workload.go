@@ -116,7 +116,7 @@ const (
 // session (SessionShare) or of a conversation paced by its replies (Turns),
 // the start of an agent fan-out burst (FanoutShare), or a fresh request,
 // which starts with one of PrefixGroups shared prefixes with probability
-// PrefixShare.
+// PrefixShare. Generate only reads it and may be called concurrently.
 type Synthetic struct {
 	// Requests is the number of requests generated.
 	Requests int
