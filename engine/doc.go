@@ -11,14 +11,17 @@
 // vllm:num_preemptions_total, in the Prometheus text format), GET /health and
 // GET /v1/models.
 //
-// The model is the simulator's replica, [sim.Replica], run against the wall
-// clock with the same parameters ([sim.Engine]) and iteration-time model:
+// The model is the simulator's replica, run against the wall clock with the
+// same parameters ([Config.TokenBudget], [Config.MaxRunning],
+// [Config.KVBlocks], [Config.BlockSize]) and iteration-time model:
 // each iteration gives every running sequence its next prefill chunk or one
 // decode token within a token budget, admits waiting requests in order while
 // the budget, the batch limit and KV blocks last, and preempts the newest
 // sequence when KV blocks run out; the engine then sleeps for the iteration
-// time of [sim.Engine.IterTime] (NVIDIA Dynamo's mocker polynomial by
-// default) divided by [Config.Speedup]. A request's prompt is counted at
+// time of NVIDIA Dynamo's mocker polynomial (prefill ms = 4.209989e-7*T^2 +
+// 1.518344e-2*T + 16.50142 for T batched prefill tokens, decode ms =
+// max(1, -25.74*u^2 + 54.01*u + 5.74) at active KV fraction u) divided by
+// [Config.Speedup]. A request's prompt is counted at
 // [BytesPerToken] bytes a token; its text (the prompt, or each chat message's
 // role and content in order) is cut into blocks of BlockSize tokens' worth of
 // bytes, hashed with package prefix, and the prompt blocks of a finished

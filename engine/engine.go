@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/model"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
-	"github.com/llmlb/llmlb/sim"
 )
 
 // Defaults of Config.
@@ -28,6 +28,19 @@ const (
 	DefaultMaxBodyBytes = 8 << 20
 	// BytesPerToken is the prompt bytes counted as one token.
 	BytesPerToken = 4
+	// DefaultTokenBudget is the tokens one iteration processes, prefill
+	// chunks and decode tokens together, when Config.TokenBudget is 0.
+	DefaultTokenBudget = model.DefaultTokenBudget
+	// DefaultMaxRunning is the running batch's size limit when
+	// Config.MaxRunning is 0.
+	DefaultMaxRunning = model.DefaultMaxRunning
+	// DefaultKVBlocks is the KV-cache capacity in blocks when
+	// Config.KVBlocks is 0: 8192 blocks of 16 tokens, small enough that
+	// eviction of cached prefixes and preemption occur under load.
+	DefaultKVBlocks = model.DefaultKVBlocks
+	// DefaultBlockSize is the tokens per KV block when Config.BlockSize is
+	// 0.
+	DefaultBlockSize = model.DefaultBlockSize
 )
 
 // ErrInvalidConfig: a Config field is out of range.
@@ -40,10 +53,19 @@ var ErrStopped = errors.New("engine: stopped")
 // Config configures an Engine. The zero value is valid: every zero field is a
 // documented default.
 type Config struct {
-	// Engine holds the batching parameters (token budget, batch limit, KV
-	// blocks, block size) and the iteration-time model; its zero value is
-	// the simulator's default replica.
-	Engine sim.Engine
+	// TokenBudget is the tokens one iteration processes, prefill chunks
+	// and decode tokens together (chunked prefill). 0 means
+	// [DefaultTokenBudget].
+	TokenBudget int
+	// MaxRunning is the maximum number of sequences in the running batch.
+	// 0 means [DefaultMaxRunning].
+	MaxRunning int
+	// KVBlocks is the KV-cache capacity in blocks. 0 means
+	// [DefaultKVBlocks].
+	KVBlocks int
+	// BlockSize is the tokens per KV block, which is also the block size
+	// of the KV events. 0 means [DefaultBlockSize].
+	BlockSize int
 	// Speedup divides every iteration time: 10 runs the model ten times
 	// faster than a real GPU would. 0 means 1; it must be positive and
 	// finite.
@@ -100,7 +122,7 @@ type Engine struct {
 	speedup   float64
 	blockSize int
 	kvBlocks  int
-	iterTime  sim.IterTimeFunc
+	iterTime  model.IterTimeFunc
 	hasher    *prefix.Hasher
 	root      uint64
 	kvEvents  func(*kvevents.Batch)
@@ -113,7 +135,7 @@ type Engine struct {
 	hidle    sync.Cond  // signalled when handlers drops to 0
 
 	mu      sync.Mutex // protects everything below
-	rep     *sim.Replica
+	rep     *model.Replica
 	seqs    map[int]*seq // submitted and not yet finished, cancelled or failed
 	nextID  int
 	stopped bool
@@ -149,7 +171,12 @@ type Stats struct {
 // New returns an engine configured by cfg, or an error wrapping
 // [ErrInvalidConfig].
 func New(cfg Config) (*Engine, error) {
-	rep, err := sim.NewReplica(cfg.Engine)
+	rep, err := model.NewReplica(model.Engine{
+		TokenBudget: cfg.TokenBudget,
+		MaxRunning:  cfg.MaxRunning,
+		KVBlocks:    cfg.KVBlocks,
+		BlockSize:   cfg.BlockSize,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -236,7 +263,7 @@ func (e *Engine) Stats() Stats {
 // seq is one request inside the engine: the replica's sequence plus its
 // client's state. Its fields are protected by the engine's mu, except notify.
 type seq struct {
-	sim.Sequence
+	model.Sequence
 	cancelled bool
 	failed    bool
 	notify    chan struct{} // capacity 1: something changed

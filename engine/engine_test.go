@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/model"
 	"github.com/llmlb/llmlb/signals"
-	"github.com/llmlb/llmlb/sim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -140,7 +140,7 @@ func TestNonStreaming(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	e := newEngine(t, Config{MaxBodyBytes: 1 << 10, Engine: sim.Engine{KVBlocks: 16}})
+	e := newEngine(t, Config{MaxBodyBytes: 1 << 10, KVBlocks: 16})
 	url, _ := serve(t, e)
 	cases := []struct {
 		path, body string
@@ -173,7 +173,7 @@ func TestBadRequests(t *testing.T) {
 // Metrics are vLLM's names, parsed by package signals, and the prefix cache
 // hits a repeated prompt head.
 func TestMetricsAndPrefixCache(t *testing.T) {
-	e := newEngine(t, Config{Model: "m", Engine: sim.Engine{KVBlocks: 1000}})
+	e := newEngine(t, Config{Model: "m", KVBlocks: 1000})
 	url, _ := serve(t, e)
 	shared := strings.Repeat("the same long system prompt. ", 40) // 1160 bytes: 18 blocks of 64
 	for i := range 2 {
@@ -281,7 +281,7 @@ func TestStopBreaksStreams(t *testing.T) {
 // With a tiny KV cache, concurrent requests preempt each other and still all
 // finish, and every block is released.
 func TestPreemption(t *testing.T) {
-	e := newEngine(t, Config{Speedup: 200, Engine: sim.Engine{KVBlocks: 24}})
+	e := newEngine(t, Config{Speedup: 200, KVBlocks: 24})
 	url, _ := serve(t, e)
 	var wg sync.WaitGroup
 	bodies := make([]int, 12)
@@ -314,7 +314,7 @@ func TestPreemption(t *testing.T) {
 
 // The batching model step by step, without HTTP or time.
 func TestModelSteps(t *testing.T) {
-	e, err := New(Config{Engine: sim.Engine{TokenBudget: 100, KVBlocks: 100, BlockSize: 16}})
+	e, err := New(Config{TokenBudget: 100, KVBlocks: 100, BlockSize: 16})
 	require.NoError(t, err)
 	text := strings.Repeat("x", 600) // 150 tokens, 9 full blocks of 64 bytes
 	mk := func() *seq {
@@ -324,7 +324,7 @@ func TestModelSteps(t *testing.T) {
 		return s
 	}
 	a := mk()
-	step := func() sim.Batch {
+	step := func() model.Batch {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		b, ok := e.rep.Plan()
@@ -369,7 +369,7 @@ func TestConfig(t *testing.T) {
 	for _, cfg := range []Config{
 		{Speedup: -1},
 		{DefaultMaxTokens: -1},
-		{Engine: sim.Engine{BlockSize: -1}},
+		{BlockSize: -1},
 		{MaxWaiting: -1},
 		{RequestsPerMinute: -1},
 		{MaxModelLen: -1},
@@ -389,7 +389,7 @@ func FuzzParse(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	e, err := New(Config{Engine: sim.Engine{KVBlocks: 64}})
+	e, err := New(Config{KVBlocks: 64})
 	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, body []byte) {
 		s, _, code, _ := e.parse(body)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
-	"github.com/llmlb/llmlb/sim"
 )
 
 func TestTokens(t *testing.T) {
@@ -29,7 +28,7 @@ func TestTokens(t *testing.T) {
 func TestKVEventsHook(t *testing.T) {
 	var mu sync.Mutex
 	var got []kvevents.Event
-	e := newEngine(t, Config{Engine: sim.Engine{BlockSize: 4}, KVEvents: func(b *kvevents.Batch) {
+	e := newEngine(t, Config{BlockSize: 4, KVEvents: func(b *kvevents.Batch) {
 		mu.Lock()
 		got = append(got, b.Events...)
 		mu.Unlock()
@@ -70,7 +69,7 @@ func TestKVEventsToIndex(t *testing.T) {
 	pubAddr, replayAddr := freeTCP(t), freeTCP(t)
 	pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{Endpoint: pubAddr, ReplayEndpoint: replayAddr, Topic: "kv-events"})
 	require.NoError(t, err)
-	e := newEngine(t, Config{Speedup: 1000, Engine: sim.Engine{BlockSize: block, KVBlocks: 64}, KVEvents: pub.Publish})
+	e := newEngine(t, Config{Speedup: 1000, BlockSize: block, KVBlocks: 64, KVEvents: pub.Publish})
 
 	h, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: block})
 	require.NoError(t, err)

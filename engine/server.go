@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmlb/llmlb/sim"
+	"github.com/llmlb/llmlb/internal/model"
 )
 
 // ServeHTTP implements [http.Handler]: the completions API, /metrics,
@@ -212,7 +212,7 @@ func (e *Engine) parse(body []byte) (s *seq, q request, code int, msg string) {
 			break
 		}
 	}
-	s = &seq{Sequence: sim.Sequence{
+	s = &seq{Sequence: model.Sequence{
 		PromptTokens: (len(text) + BytesPerToken - 1) / BytesPerToken,
 		OutputTokens: maxOut,
 		Prefix:       e.hasher.AppendString(nil, e.root, text),

@@ -109,6 +109,6 @@
 // another transport or on simulated time: every Interval, send the batch of
 // [Group.AppendBatch] to each peer, in order, and hand each batch that
 // arrives to [Group.Receive]. The Group reads the time from Config.Clock,
-// so a simulator that sets the clock drives it deterministically, as
-// github.com/llmlb/llmlb/sim does with Config.Share.
+// so a simulator that sets the clock drives it deterministically, as the
+// llmlb-sim command's routers do with -share.
 package share

@@ -22,7 +22,6 @@ import (
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/share"
 	"github.com/llmlb/llmlb/signals"
-	"github.com/llmlb/llmlb/sim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -38,7 +37,7 @@ const (
 )
 
 func e2eEngine() engine.Config {
-	return engine.Config{Engine: sim.Engine{MaxRunning: e2eSlots, KVBlocks: e2eKVBlocks}, Speedup: 4}
+	return engine.Config{MaxRunning: e2eSlots, KVBlocks: e2eKVBlocks, Speedup: 4}
 }
 
 // slotWatch counts the requests sent to an engine whose batch slots are all

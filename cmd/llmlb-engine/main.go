@@ -33,7 +33,6 @@ import (
 
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/kvevents"
-	"github.com/llmlb/llmlb/sim"
 )
 
 func main() {
@@ -54,10 +53,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	speedup := fs.Float64("speedup", 1, "run the iteration-time model this many times faster than real time")
 	model := fs.String("model", engine.DefaultModel, "model name served")
 	maxTokens := fs.Int("max-tokens", engine.DefaultMaxTokens, "output tokens of a request without max_tokens")
-	kvBlocks := fs.Int("kv-blocks", sim.DefaultKVBlocks, "KV-cache capacity in blocks")
-	blockSize := fs.Int("block-size", sim.DefaultBlockSize, "tokens per KV block")
-	budget := fs.Int("token-budget", sim.DefaultTokenBudget, "tokens per iteration (chunked prefill)")
-	maxRunning := fs.Int("max-running", sim.DefaultMaxRunning, "maximum sequences in the running batch")
+	kvBlocks := fs.Int("kv-blocks", engine.DefaultKVBlocks, "KV-cache capacity in blocks")
+	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "tokens per KV block")
+	budget := fs.Int("token-budget", engine.DefaultTokenBudget, "tokens per iteration (chunked prefill)")
+	maxRunning := fs.Int("max-running", engine.DefaultMaxRunning, "maximum sequences in the running batch")
 	maxWaiting := fs.Int("max-waiting", 0, "answer 429 when this many requests wait (0: no cap)")
 	rpm := fs.Int("rpm", 0, "emulate a managed API's rate limit: requests per minute, with OpenAI's x-ratelimit headers and 429 + Retry-After past it (0: none)")
 	maxModelLen := fs.Int("max-model-len", 0, "context length: a longer prompt plus output gets 400 in vLLM's words (0: the KV cache's size)")
@@ -82,12 +81,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 	}
 	cfg := engine.Config{
-		Engine: sim.Engine{
-			TokenBudget: *budget,
-			MaxRunning:  *maxRunning,
-			KVBlocks:    *kvBlocks,
-			BlockSize:   *blockSize,
-		},
+		TokenBudget:       *budget,
+		MaxRunning:        *maxRunning,
+		KVBlocks:          *kvBlocks,
+		BlockSize:         *blockSize,
 		Speedup:           *speedup,
 		Model:             *model,
 		DefaultMaxTokens:  *maxTokens,

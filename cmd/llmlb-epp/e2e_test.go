@@ -24,7 +24,6 @@ import (
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/internal/e2e"
 	"github.com/llmlb/llmlb/internal/natstest"
-	"github.com/llmlb/llmlb/sim"
 )
 
 // epp is llmlb-epp running in the test, with a data plane in front of it.
@@ -133,7 +132,7 @@ func (e *epp) complete(ctx context.Context, t *testing.T, session, prompt string
 
 func startEngines(t *testing.T, n int) (*e2e.Cluster, string) {
 	t.Helper()
-	c, err := e2e.StartCluster(n, engine.Config{Engine: sim.Engine{MaxRunning: 4, KVBlocks: 512}, Speedup: 20})
+	c, err := e2e.StartCluster(n, engine.Config{MaxRunning: 4, KVBlocks: 512, Speedup: 20})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	var addrs []string

@@ -11,8 +11,8 @@
 // wide, then a legend that says what to compare first (SLO attainment and
 // missed requests, goodput, the TTFT p99) and defines every column; -wide
 // adds the TTFT p95 and maximum, the median E2E latency, the output token
-// throughput and the completed requests. See package
-// github.com/llmlb/llmlb/sim for the model. -seeds N runs N seeds (each its
+// throughput and the completed requests. docs/results.md describes the
+// model. -seeds N runs N seeds (each its
 // own synthetic workload, or the same trace with different randomness in
 // the policies and the simulation) and pools them into one table, so that
 // small differences between policies can be told from noise. -svg writes
@@ -103,7 +103,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/llmlb/llmlb/sim"
+	"github.com/llmlb/llmlb/internal/sim"
 )
 
 func main() {

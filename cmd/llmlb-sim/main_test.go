@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/llmlb/llmlb/sim"
+	"github.com/llmlb/llmlb/internal/sim"
 	"go.uber.org/goleak"
 )
 

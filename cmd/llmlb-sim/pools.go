@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/llmlb/llmlb/sim"
+	"github.com/llmlb/llmlb/internal/sim"
 )
 
 // poolScenarioNames lists the scenarios of sim.PoolScenarios, for the

@@ -12,7 +12,6 @@ import (
 
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/internal/e2e"
-	"github.com/llmlb/llmlb/sim"
 )
 
 // The cluster of -demo-fair: fairDemoEngines emulated engines configured
@@ -21,7 +20,7 @@ import (
 // capacity.
 const fairDemoEngines = 2
 
-var fairDemoEngine = engine.Config{Engine: sim.Engine{MaxRunning: 4, KVBlocks: 512}, Speedup: 4}
+var fairDemoEngine = engine.Config{MaxRunning: 4, KVBlocks: 512, Speedup: 4}
 
 // fairLoad is the load of one -demo-fair run: a heavy tenant that keeps
 // Heavy requests outstanding (a closed loop of Heavy clients) and a light
@@ -226,12 +225,12 @@ var fairDemoLoad = fairLoad{
 // then with one admitting inFlight requests at once (0: the cluster's
 // slots), and prints what each tenant saw in each run to w.
 func runFairDemo(w io.Writer, o options, load fairLoad, inFlight int) error {
-	slots := fairDemoEngines * fairDemoEngine.Engine.MaxRunning
+	slots := fairDemoEngines * fairDemoEngine.MaxRunning
 	if inFlight == 0 {
 		inFlight = slots
 	}
 	o.scrape = 100 * time.Millisecond
-	o.slots = fairDemoEngine.Engine.MaxRunning
+	o.slots = fairDemoEngine.MaxRunning
 	fmt.Fprintf(w, "demo-fair: %d emulated engines of %d slots; tenant %q keeps %d requests outstanding, tenant %q sends %d one at a time\n\n",
 		fairDemoEngines, o.slots, heavyTenant, load.Heavy, lightTenant, load.Light)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -73,7 +73,6 @@ import (
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
-	"github.com/llmlb/llmlb/sim"
 	"github.com/llmlb/llmlb/spill"
 	"github.com/llmlb/llmlb/telemetry"
 )
@@ -488,8 +487,7 @@ func runDemo(o options, requests int, rate float64) error {
 		// A small batch and KV cache, four times faster than the model's
 		// real time: requests queue, and 48 shared prompt heads compete
 		// for the cache.
-		Engine:  sim.Engine{MaxRunning: 4, KVBlocks: 512},
-		Speedup: 4,
+		MaxRunning: 4, KVBlocks: 512, Speedup: 4,
 	}
 	w := e2e.Workload{Requests: requests, Rate: rate, Groups: 48, Seed: 7}
 	fmt.Printf("demo: %d requests at %.0f/s (Poisson), 48 shared prompt heads, 4 emulated engines per policy\n\n", requests, rate)
@@ -498,7 +496,7 @@ func runDemo(o options, requests int, rate float64) error {
 	for _, p := range []string{"default", "least-outstanding", "round-robin"} {
 		o.policy = p
 		o.scrape = 100 * time.Millisecond
-		o.slots = engines.Engine.MaxRunning
+		o.slots = engines.MaxRunning
 		res, hit, err := demoRun(o, engines, w)
 		if err != nil {
 			return err

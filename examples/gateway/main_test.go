@@ -26,10 +26,10 @@ func TestDemoFair(t *testing.T) {
 	o := options{
 		policy: "default",
 		scrape: 100 * time.Millisecond,
-		slots:  fairDemoEngine.Engine.MaxRunning,
+		slots:  fairDemoEngine.MaxRunning,
 		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
-	slots := fairDemoEngines * fairDemoEngine.Engine.MaxRunning
+	slots := fairDemoEngines * fairDemoEngine.MaxRunning
 	run := func(fair int) fairResult {
 		t.Helper()
 		o.fairInFlight = fair
@@ -70,7 +70,7 @@ func TestDemoSpill(t *testing.T) {
 	load := spillDemoLoad
 	load.Burst.Requests, load.Burst.Rate = 200, 80
 	o := options{policy: "default", log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		scrape: 100 * time.Millisecond, slots: spillDemoEngine.Engine.MaxRunning}
+		scrape: 100 * time.Millisecond, slots: spillDemoEngine.MaxRunning}
 	alone, err := spillRun(o, load, false)
 	if err != nil {
 		t.Fatal(err)

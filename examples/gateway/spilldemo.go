@@ -11,7 +11,6 @@ import (
 
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/internal/e2e"
-	"github.com/llmlb/llmlb/sim"
 	"github.com/llmlb/llmlb/spill"
 )
 
@@ -21,8 +20,8 @@ import (
 const spillDemoEngines = 2
 
 var (
-	spillDemoEngine   = engine.Config{Engine: sim.Engine{MaxRunning: 4, KVBlocks: 512}, Speedup: 4, MaxWaiting: 2}
-	spillDemoProvider = engine.Config{Engine: sim.Engine{MaxRunning: 64}, Speedup: 4, RequestsPerMinute: 1200}
+	spillDemoEngine   = engine.Config{MaxRunning: 4, KVBlocks: 512, Speedup: 4, MaxWaiting: 2}
+	spillDemoProvider = engine.Config{MaxRunning: 64, Speedup: 4, RequestsPerMinute: 1200}
 )
 
 // spillLoad is the load of one -demo-spill run: a burst beyond what the
@@ -101,7 +100,7 @@ func spillRun(o options, load spillLoad, provider bool) (spillResult, error) {
 // prints what the clients saw to w.
 func runSpillDemo(w io.Writer, o options, load spillLoad) error {
 	o.scrape = 100 * time.Millisecond
-	o.slots = spillDemoEngine.Engine.MaxRunning
+	o.slots = spillDemoEngine.MaxRunning
 	fmt.Fprintf(w, "demo-spill: %d self-hosted emulated engines of %d slots refusing when %d requests wait; "+
 		"a burst of %d requests at %.0f/s, then %d at %.0f/s\n\n",
 		spillDemoEngines, o.slots, spillDemoEngine.MaxWaiting, load.Burst.Requests, load.Burst.Rate, load.Trickle.Requests, load.Trickle.Rate)

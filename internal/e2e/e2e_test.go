@@ -17,7 +17,6 @@ import (
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/retry"
-	"github.com/llmlb/llmlb/sim"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -31,8 +30,7 @@ func TestMain(m *testing.M) {
 // batch and KV cache, so that requests queue and prefixes compete for cache.
 func engineConfig() engine.Config {
 	return engine.Config{
-		Engine:  sim.Engine{MaxRunning: 4, KVBlocks: 512},
-		Speedup: 4,
+		MaxRunning: 4, KVBlocks: 512, Speedup: 4,
 	}
 }
 
@@ -92,7 +90,7 @@ func runPolicies(t *testing.T, w Workload, policies ...string) map[string]policy
 		t.Cleanup(c.Close)
 		client := newClient()
 		t.Cleanup(client.CloseIdleConnections)
-		watch := &slotWatch{engines: map[string]*engine.Engine{}, slots: cfg.Engine.MaxRunning}
+		watch := &slotWatch{engines: map[string]*engine.Engine{}, slots: cfg.MaxRunning}
 		for j, u := range c.URLs {
 			watch.engines[strings.TrimPrefix(u, "http://")] = c.Engines[j]
 		}
@@ -180,7 +178,7 @@ func TestKillEngine(t *testing.T) {
 // another engine after the pushback, and when every attempt is refused the
 // client gets the 429 with its Retry-After, never a 502.
 func TestOverloadedEngines(t *testing.T) {
-	c, err := StartCluster(2, engine.Config{Engine: sim.Engine{MaxRunning: 1}, MaxWaiting: 1, Speedup: 2})
+	c, err := StartCluster(2, engine.Config{MaxRunning: 1, MaxWaiting: 1, Speedup: 2})
 	require.NoError(t, err)
 	defer c.Close()
 	g := startGateway(t, "least-outstanding", c.URLs, func(b *llmlb.Balancer, cfg *httplb.Config) { cfg.MaxAttempts = 3 })

@@ -36,7 +36,7 @@ func newPolicy(t testing.TB, name string) llmlb.Policy {
 		require.NoError(t, err)
 		return p
 	case "default+slots": // told the batch slots of the comparison's engines
-		p, err := llmlb.Default(llmlb.DefaultConfig{Slots: engineConfig().Engine.MaxRunning})
+		p, err := llmlb.Default(llmlb.DefaultConfig{Slots: engineConfig().MaxRunning})
 		require.NoError(t, err)
 		return p
 	case "least-outstanding":

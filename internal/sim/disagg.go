@@ -3,8 +3,8 @@ package sim
 import (
 	"context"
 	"fmt"
+	"github.com/llmlb/llmlb/internal/model"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/llmlb/llmlb"
@@ -157,7 +157,7 @@ func (r *runner) disaggRouter(rt *router, k int, spec PolicySpec, eps []llmlb.En
 			BlockTokens: blockTokens,
 			LongShare:   longShare,
 			Router:      k,
-			Slots:       r.reps[0].eng.MaxRunning,
+			Slots:       r.reps[0].Engine().MaxRunning,
 			Stale:       func(m int) llmlb.Load { return rt.snap[lo+m] },
 			run:         r,
 			lo:          lo,
@@ -238,7 +238,7 @@ func (r *runner) routeDisagg(i, k int, lr *llmlb.Request) error {
 		fits = fits && pre.Fits(&s.pd.pre)
 	}
 	if !fits {
-		s.state = stateRejected
+		s.Reject()
 		pick.Done(fmt.Errorf("sim: request %d does not fit in the KV cache", i))
 		if pre != nil {
 			r.releasePool(s, true, pre.idx)
@@ -269,7 +269,7 @@ func (r *runner) prefilled(i int) {
 	// counts as queued prefill there, though the request holds the worker
 	// until its KV has been read (Prefilled).
 	s.pd.pick.Prefill.FirstToken()
-	s.remote = true
+	s.SetRemote()
 	if err := r.reps[s.replica].enqueue(s, r.now); err != nil {
 		// routeDisagg checked that the request fits.
 		panic(fmt.Sprintf("sim: internal error: request %d refused by its decode replica: %v", i, err))
@@ -278,9 +278,9 @@ func (r *runner) prefilled(i int) {
 
 // transfer starts the KV transfers of the remote sequences rep admitted.
 func (r *runner) transfer(rep *replica) {
-	for _, q := range rep.started {
+	for _, q := range rep.Started() {
 		s := &r.st[q.ID]
-		n := q.target - q.computed
+		n := q.Target() - q.Computed()
 		d := r.cfg.Transfer.Time(n)
 		s.pd.pulled = n
 		if r.cfg.onTransfer != nil {
@@ -288,46 +288,30 @@ func (r *runner) transfer(rep *replica) {
 		}
 		r.schedule(r.now+d, evReceive, q.ID)
 	}
-	clear(rep.started)
-	rep.started = rep.started[:0]
+	rep.ClearStarted()
 }
 
 // receive is called when the KV of request i reaches its decode replica.
 func (r *runner) receive(i int) {
 	s := &r.st[i]
 	rep := r.reps[s.replica]
-	rep.receive(&s.Sequence)
+	rep.Receive(&s.Sequence)
 	s.pd.pick.Prefilled()
 	r.releasePool(s, true, s.pd.prefill)
 	rep.kick(r.now)
 }
 
-// receive moves s, whose KV arrived, from the receiving sequences to the
-// running batch, its prompt computed and its blocks in the prefix cache.
-func (r *Replica) receive(s *Sequence) {
-	i := slices.Index(r.receiving, s)
-	if i < 0 {
-		panic(fmt.Sprintf("sim: internal error: sequence %d is not receiving", s.ID))
-	}
-	r.receiving = slices.Delete(r.receiving, i, i+1)
-	s.computed = s.target
-	s.remote = false
-	r.publish(s)
-	s.state = stateRunning
-	r.running = append(r.running, s)
-}
-
 // finishDisagg is replica.finish for a token of a disaggregated request.
 func (r *replica) finishDisagg(s *reqState, now time.Duration) {
-	if s.generated == 1 {
+	if s.Generated() == 1 {
 		s.firstToken = now
 		s.pd.pick.FirstToken()
 	}
-	if s.state == stateDone {
+	if s.State() == model.StateDone {
 		s.finished = now
 		r.outstanding--
 		if r.run.cfg.Outputs != OutputsUntold {
-			s.pd.pick.Decode.Generated(s.generated)
+			s.pd.pick.Decode.Generated(s.Generated())
 		}
 		s.pd.pick.Done(nil)
 		r.run.finished(s)

@@ -255,7 +255,7 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			BlockTokens: blockTokens,
 			LongShare:   longTokens / max(promptTokens, 1),
 			Router:      k,
-			Slots:       r.reps[0].eng.MaxRunning,
+			Slots:       r.reps[0].Engine().MaxRunning,
 			Stale:       func(m int) llmlb.Load { return rt.snap[m] },
 			run:         r,
 		}
@@ -368,9 +368,11 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 	r.closeWindow()
 	for _, rep := range r.reps {
 		// Every request ended, so every block must be back.
-		if rep.kv.used != 0 || rep.kv.evictable < 0 || rep.kv.evictable > rep.kv.total || len(rep.running) != 0 || rep.nwaiting() != 0 || rep.outstanding != 0 || len(rep.receiving) != 0 {
-			return nil, fmt.Errorf("sim: internal error: replica %d ended with %d blocks used, %d evictable, %d running, %d waiting",
-				rep.idx, rep.kv.used, rep.kv.evictable, len(rep.running), rep.nwaiting())
+		if err := rep.CheckIdle(); err != nil {
+			return nil, fmt.Errorf("replica %d: %w", rep.idx, err)
+		}
+		if rep.outstanding != 0 {
+			return nil, fmt.Errorf("sim: internal error: replica %d ended with %d requests outstanding", rep.idx, rep.outstanding)
 		}
 	}
 	if err := r.checkAdmission(); err != nil {
@@ -464,7 +466,7 @@ func (r *runner) route(i int) error {
 	}
 	r.observeDispatch(rep.idx)
 	if !rep.Fits(&s.Sequence) {
-		s.state = stateRejected
+		s.Reject()
 		pick.Done(fmt.Errorf("sim: request %d does not fit in the KV cache", i))
 		r.release(s)
 		r.admissionEnd(s)
@@ -494,11 +496,11 @@ func (r *runner) scrape(k int) {
 	for i, rep := range r.reps {
 		rt.snap[i] = llmlb.Load{
 			At:        at,
-			Running:   len(rep.running),
-			Waiting:   rep.nwaiting() + len(rep.receiving),
-			KVUsage:   float64(rep.kv.used) / float64(rep.kv.total),
-			KVBlocks:  rep.kv.total,
-			BlockSize: rep.eng.BlockSize,
+			Running:   len(rep.Running()),
+			Waiting:   rep.NumWaiting() + rep.NumReceiving(),
+			KVUsage:   rep.KVUsage(),
+			KVBlocks:  rep.KVTotal(),
+			BlockSize: rep.Engine().BlockSize,
 		}
 		r.scrapeAdapters(&rt.snap[i], rep)
 	}

@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"fmt"
+	"github.com/llmlb/llmlb/internal/model"
 	"io"
 	"math"
 	"slices"
@@ -116,20 +117,20 @@ func (r *runner) tenantResults(window float64) []TenantResult {
 			byName[s.req.Tenant] = t
 		}
 		t.Requests++
-		switch s.state {
-		case stateRefused:
+		switch s.State() {
+		case model.StateRefused:
 			t.Refused++
 			continue
-		case stateDone:
+		case model.StateDone:
 		default:
 			continue
 		}
 		t.Completed++
-		t.Tokens += int64(s.req.PromptTokens + s.generated)
+		t.Tokens += int64(s.req.PromptTokens + s.Generated())
 		ttft := s.firstToken - s.req.Arrival
 		var per time.Duration
-		if s.generated > 1 {
-			per = (s.finished - s.firstToken) / time.Duration(s.generated-1)
+		if s.Generated() > 1 {
+			per = (s.finished - s.firstToken) / time.Duration(s.Generated()-1)
 		}
 		t.ttfts = append(t.ttfts, ms(ttft))
 		if ttft <= r.cfg.SLO.TTFT && per <= r.cfg.SLO.TPOT {

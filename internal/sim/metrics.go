@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"github.com/llmlb/llmlb/internal/model"
 	"math"
 	"slices"
 	"time"
@@ -163,31 +164,31 @@ func (r *runner) result(policy string) *Result {
 		s := &r.st[i]
 		prompt += int64(s.req.PromptTokens)
 		if s.pd != nil && s.pd.prefill >= 0 {
-			cached += int64(s.pd.pre.cached) // the prompt was computed there
+			cached += int64(s.pd.pre.Cached()) // the prompt was computed there
 		} else {
-			cached += int64(s.cached)
+			cached += int64(s.Cached())
 		}
 		if s.pd != nil && s.pd.prefill < 0 {
 			res.Local++
 		}
-		switch s.state {
-		case stateRejected:
+		switch s.State() {
+		case model.StateRejected:
 			res.Rejected++
 			continue
-		case stateRefused:
+		case model.StateRefused:
 			res.Refused++
 			continue
-		case stateDone:
+		case model.StateDone:
 		default:
 			continue
 		}
 		res.Completed++
-		output += int64(s.generated)
+		output += int64(s.Generated())
 		last = max(last, s.finished)
 		t := s.firstToken - s.req.Arrival
 		var per time.Duration
-		if s.generated > 1 {
-			per = (s.finished - s.firstToken) / time.Duration(s.generated-1)
+		if s.Generated() > 1 {
+			per = (s.finished - s.firstToken) / time.Duration(s.Generated()-1)
 		}
 		ttft = append(ttft, ms(t))
 		tpot = append(tpot, ms(per))
@@ -223,8 +224,8 @@ func (r *runner) result(policy string) *Result {
 		res.PrefixHitRate = float64(cached) / float64(prompt)
 	}
 	for _, rep := range r.reps {
-		res.Preemptions += rep.preemptions
-		res.AdapterLoads += int(rep.adapterLoads)
+		res.Preemptions += int(rep.Stats().Preemptions)
+		res.AdapterLoads += int(rep.Stats().AdapterLoads)
 	}
 	if r.routers[0].dis != nil {
 		// The gap within each pool: a prefill worker serves more requests

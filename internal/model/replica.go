@@ -1,24 +1,21 @@
-package sim
+package model
 
 import (
 	"fmt"
+	"iter"
 	"slices"
-	"time"
-
-	"github.com/llmlb/llmlb"
-	"github.com/llmlb/llmlb/fair"
 )
 
 // Sequence states.
 const (
-	statePending   uint8 = iota // not yet submitted to a replica
-	stateWaiting                // in a replica's waiting queue
-	stateRunning                // in a replica's running batch
-	stateDone                   // finished
-	stateRejected               // can never fit in the replica's KV cache
-	stateCancelled              // removed by Replica.Cancel
-	stateRefused                // refused by the simulator's admission control
-	stateReceiving              // admitted, its prompt's KV on its way from a prefill worker
+	StatePending   uint8 = iota // not yet submitted to a replica
+	StateWaiting                // in a replica's waiting queue
+	StateRunning                // in a replica's running batch
+	StateDone                   // finished
+	StateRejected               // can never fit in the replica's KV cache
+	StateCancelled              // removed by Replica.Cancel
+	StateRefused                // refused by the simulator's admission control
+	StateReceiving              // admitted, its prompt's KV on its way from a prefill worker
 )
 
 // Sequence is one request inside a [Replica]: its size and prompt prefix,
@@ -77,7 +74,7 @@ type Sequence struct {
 func (s *Sequence) Generated() int { return s.generated }
 
 // Done reports whether the sequence emitted all its output tokens.
-func (s *Sequence) Done() bool { return s.state == stateDone }
+func (s *Sequence) Done() bool { return s.state == StateDone }
 
 // Replica is the scheduling state machine of one continuous-batching engine,
 // without a clock: [Replica.Plan] decides the next iteration and returns the
@@ -124,12 +121,15 @@ type ReplicaStats struct {
 	Preemptions int64
 	// AdapterLoads counts LoRA adapters loaded into slots.
 	AdapterLoads int64
+	// Prefilled counts the prompt tokens computed by prefill chunks, and
+	// Decoded the tokens emitted by decode steps.
+	Prefilled, Decoded int64
 }
 
 // NewReplica returns an idle replica configured by eng (zero fields are the
 // documented defaults), or an error wrapping [ErrInvalidConfig].
 func NewReplica(eng Engine) (*Replica, error) {
-	if err := eng.normalize(); err != nil {
+	if err := eng.Normalize(); err != nil {
 		return nil, err
 	}
 	return &Replica{eng: eng, kv: newKVPool(eng.KVBlocks), wmark: eng.KVBlocks / 100}, nil
@@ -149,7 +149,7 @@ func (r *Replica) SetKVEventHandler(fn func(hash uint64, stored bool)) { r.kv.on
 // hears the same events, in the same order, each run of events of one kind
 // at once, before the Plan, or the publication of a sequence's blocks, that
 // made it returns.
-func (r *Replica) setKVEventsHandler(fn func(hashes []uint64, stored bool)) { r.kv.onEvents = fn }
+func (r *Replica) SetKVEventsHandler(fn func(hashes []uint64, stored bool)) { r.kv.onEvents = fn }
 
 // Engine returns the replica's configuration with defaults filled in.
 func (r *Replica) Engine() Engine { return r.eng }
@@ -158,7 +158,7 @@ func (r *Replica) Engine() Engine { return r.eng }
 func (r *Replica) Stats() ReplicaStats {
 	return ReplicaStats{
 		Running:       len(r.running),
-		Waiting:       r.nwaiting(),
+		Waiting:       r.NumWaiting(),
 		KVUsed:        r.kv.used,
 		KVCached:      r.kv.evictable,
 		KVTotal:       r.kv.total,
@@ -166,20 +166,22 @@ func (r *Replica) Stats() ReplicaStats {
 		PrefixHits:    r.prefixHits,
 		Preemptions:   int64(r.preemptions),
 		AdapterLoads:  r.adapterLoads,
+		Prefilled:     r.prefilled,
+		Decoded:       r.decodes,
 	}
 }
 
-func (r *Replica) blocksFor(tokens int) int {
+func (r *Replica) BlocksFor(tokens int) int {
 	return (tokens + r.eng.BlockSize - 1) / r.eng.BlockSize
 }
 
 // Fits reports whether s can ever run on this replica: its prompt and
 // output together fit in the KV cache.
 func (r *Replica) Fits(s *Sequence) bool {
-	return r.blocksFor(s.PromptTokens+s.OutputTokens) <= r.kv.total
+	return r.BlocksFor(s.PromptTokens+s.OutputTokens) <= r.kv.total
 }
 
-func (r *Replica) nwaiting() int { return len(r.waiting) - r.whead }
+func (r *Replica) NumWaiting() int { return len(r.waiting) - r.whead }
 
 // Submit appends s to the waiting queue. It returns an error wrapping
 // [ErrInvalidWorkload] if s was submitted before, has a non-positive or
@@ -187,7 +189,7 @@ func (r *Replica) nwaiting() int { return len(r.waiting) - r.whead }
 // block size, or does not [Replica.Fits].
 func (r *Replica) Submit(s *Sequence) error {
 	switch {
-	case s.state != statePending:
+	case s.state != StatePending:
 		return fmt.Errorf("%w: sequence %d submitted twice", ErrInvalidWorkload, s.ID)
 	case s.PromptTokens < 1 || s.PromptTokens > maxTokens || s.OutputTokens < 1 || s.OutputTokens > maxTokens:
 		return fmt.Errorf("%w: sequence %d has %d prompt and %d output tokens", ErrInvalidWorkload, s.ID, s.PromptTokens, s.OutputTokens)
@@ -196,7 +198,7 @@ func (r *Replica) Submit(s *Sequence) error {
 	case !r.Fits(s):
 		return fmt.Errorf("%w: sequence %d does not fit in the KV cache", ErrInvalidWorkload, s.ID)
 	}
-	s.state = stateWaiting
+	s.state = StateWaiting
 	s.target = s.PromptTokens
 	s.output = s.OutputTokens
 	r.waiting = append(r.waiting, s)
@@ -210,7 +212,7 @@ func (r *Replica) Submit(s *Sequence) error {
 // that iteration.
 func (r *Replica) Cancel(s *Sequence) bool {
 	switch s.state {
-	case stateWaiting:
+	case StateWaiting:
 		// Search from the tail: callers cancelling many sequences do so
 		// newest first.
 		i := len(r.waiting) - 1
@@ -226,7 +228,7 @@ func (r *Replica) Cancel(s *Sequence) bool {
 		if r.whead == len(r.waiting) {
 			r.waiting, r.whead = r.waiting[:0], 0
 		}
-	case stateRunning:
+	case StateRunning:
 		i := len(r.running) - 1
 		for i >= 0 && r.running[i] != s {
 			i--
@@ -240,12 +242,12 @@ func (r *Replica) Cancel(s *Sequence) bool {
 	}
 	r.releaseBlocks(s)
 	s.held = nil
-	s.state = stateCancelled
+	s.state = StateCancelled
 	return true
 }
 
 func (r *Replica) pushFront(s *Sequence) {
-	s.state = stateWaiting
+	s.state = StateWaiting
 	if r.whead > 0 {
 		r.whead--
 		r.waiting[r.whead] = s
@@ -293,7 +295,7 @@ func (r *Replica) Plan() (Batch, bool) {
 		if s.computed < s.target {
 			n = min(s.target-s.computed, budget)
 		}
-		need := r.blocksFor(s.computed+s.decoded+n) - int(s.private) - int(s.shared)
+		need := r.BlocksFor(s.computed+s.decoded+n) - int(s.private) - int(s.shared)
 		victim := false
 		for !r.kv.alloc(need) {
 			last := len(r.running) - 1
@@ -318,7 +320,7 @@ func (r *Replica) Plan() (Batch, bool) {
 			b.DecodeSeqs++
 		}
 	}
-	for !preempted && budget > 0 && r.nwaiting() > 0 && len(r.running)+len(r.receiving) < r.eng.MaxRunning {
+	for !preempted && budget > 0 && r.NumWaiting() > 0 && len(r.running)+len(r.receiving) < r.eng.MaxRunning {
 		w, slot := r.nextAdmissible()
 		if w < 0 {
 			break
@@ -329,7 +331,7 @@ func (r *Replica) Plan() (Batch, bool) {
 		if s.remote {
 			n = s.target - s.computed // all of it arrives by transfer
 		}
-		need := r.blocksFor(s.computed+n) - int(s.shared)
+		need := r.BlocksFor(s.computed+n) - int(s.shared)
 		reserve := 0
 		if len(r.running) > 0 {
 			reserve = r.wmark
@@ -348,13 +350,13 @@ func (r *Replica) Plan() (Batch, bool) {
 		}
 		s.private = int32(need)
 		if s.remote {
-			s.state = stateReceiving
+			s.state = StateReceiving
 			r.receiving = append(r.receiving, s)
 			r.started = append(r.started, s)
 			continue
 		}
 		s.chunk = int32(n)
-		s.state = stateRunning
+		s.state = StateRunning
 		r.running = append(r.running, s)
 		budget -= n
 		b.PrefillTokens += n
@@ -385,16 +387,17 @@ func (r *Replica) match(s *Sequence) {
 	s.computed = len(s.held) * bt
 }
 
-// matchTokens returns how many prompt tokens of req this replica's cache
-// holds now, without touching the cache.
-func (r *Replica) matchTokens(req *Request) int {
-	bt := req.BlockTokens
-	if bt == 0 || len(req.Prefix) == 0 {
+// MatchTokens returns how many tokens of a prompt of promptTokens tokens,
+// whose leading blocks of blockTokens tokens have the chained hashes prefix,
+// this replica's cache holds now, without touching the cache.
+func (r *Replica) MatchTokens(prefix []uint64, blockTokens, promptTokens int) int {
+	bt := blockTokens
+	if bt == 0 || len(prefix) == 0 {
 		return 0
 	}
-	maxBlocks := min(len(req.Prefix), (req.PromptTokens-1)/bt)
+	maxBlocks := min(len(prefix), (promptTokens-1)/bt)
 	n := 0
-	for n < maxBlocks && r.kv.lookup(req.Prefix[n]) != 0 {
+	for n < maxBlocks && r.kv.lookup(prefix[n]) != 0 {
 		n++
 	}
 	return n * bt
@@ -452,7 +455,7 @@ func (r *Replica) Finish() []*Sequence {
 			}
 			s.chunk = 0
 		}
-		if s.state == stateDone {
+		if s.state == StateDone {
 			continue
 		}
 		keep = append(keep, s)
@@ -520,111 +523,92 @@ func (r *Replica) emit(s *Sequence) {
 		r.publishReply(s)
 		r.releaseBlocks(s)
 		s.held = nil
-		s.state = stateDone
+		s.state = StateDone
 	}
 	r.emitted = append(r.emitted, s)
 }
 
-// reqState is the progress of one simulated request.
-type reqState struct {
-	Sequence
-	req     *Request
-	pick    llmlb.Pick
-	replica int
-	router  int          // the router that picked the replica
-	ticket  *fair.Ticket // with a FairQueue admission
+// State returns the sequence's state, one of the State constants.
+func (s *Sequence) State() uint8 { return s.state }
 
-	firstToken time.Duration // simulated time of the first output token
-	finished   time.Duration
+// Refuse marks a sequence that was never submitted as refused by admission
+// control.
+func (s *Sequence) Refuse() { s.state = StateRefused }
 
-	pd *pdState // with a disaggregated policy
+// Reject marks a sequence that was never submitted as rejected: it can never
+// fit in a replica's KV cache.
+func (s *Sequence) Reject() { s.state = StateRejected }
 
+// SetRemote marks a sequence, before Submit, whose prompt is prefilled on
+// another replica: admitted, it takes KV blocks for its whole prompt and
+// waits in the receiving sequences until [Replica.Receive].
+func (s *Sequence) SetRemote() { s.remote = true }
+
+// Target returns the tokens to prefill: the prompt, plus the output decoded
+// so far after a preemption.
+func (s *Sequence) Target() int { return s.target }
+
+// Computed returns the tokens prefilled so far, those from the cache
+// included.
+func (s *Sequence) Computed() int { return s.computed }
+
+// Decoded returns the tokens appended by decode steps since the last
+// prefill.
+func (s *Sequence) Decoded() int { return s.decoded }
+
+// Cached returns the prompt tokens served from the prefix cache at the
+// sequence's first admission.
+func (s *Sequence) Cached() int { return s.cached }
+
+// Waiting returns the waiting queue, oldest first. The caller must not
+// change it.
+func (r *Replica) Waiting() []*Sequence { return r.waiting[r.whead:] }
+
+// Running returns the running batch. The caller must not change it.
+func (r *Replica) Running() []*Sequence { return r.running }
+
+// NumReceiving returns the remote sequences admitted whose KV has not
+// arrived.
+func (r *Replica) NumReceiving() int { return len(r.receiving) }
+
+// Started returns the remote sequences admitted since the last call of
+// ClearStarted, whose KV transfers the caller starts.
+func (r *Replica) Started() []*Sequence { return r.started }
+
+// ClearStarted forgets the sequences Started returned.
+func (r *Replica) ClearStarted() {
+	clear(r.started)
+	r.started = r.started[:0]
 }
 
-// replica is one simulated engine: a Replica driven by simulated time.
-type replica struct {
-	*Replica
-	idx    int
-	run    *runner
-	busy   bool
-	iterAt time.Duration
+// KVUsed and KVTotal return the KV blocks held by sequences and the
+// capacity; KVUsage is their ratio.
+func (r *Replica) KVUsed() int { return r.kv.used }
 
-	outstanding int // requests dispatched here and not finished
-	assigned    int
-}
+// KVTotal returns the KV capacity in blocks.
+func (r *Replica) KVTotal() int { return r.kv.total }
 
-// enqueue submits a newly arrived request.
-func (r *replica) enqueue(s *reqState, now time.Duration) error {
-	return r.enqueueSeq(&s.Sequence, now)
-}
+// KVUsage returns the share of the KV blocks held by sequences.
+func (r *Replica) KVUsage() float64 { return float64(r.kv.used) / float64(r.kv.total) }
 
-// enqueueSeq submits a sequence.
-func (r *replica) enqueueSeq(s *Sequence, now time.Duration) error {
-	if err := r.Submit(s); err != nil {
-		return err
+// CheckIdle returns an error if the replica, all of whose sequences ended,
+// still holds a sequence or a KV block, or its cache accounting is broken.
+func (r *Replica) CheckIdle() error {
+	if r.kv.used != 0 || r.kv.evictable < 0 || r.kv.evictable > r.kv.total || len(r.running) != 0 || r.NumWaiting() != 0 || len(r.receiving) != 0 {
+		return fmt.Errorf("sim: internal error: replica ended with %d blocks used, %d evictable, %d running, %d waiting, %d receiving",
+			r.kv.used, r.kv.evictable, len(r.running), r.NumWaiting(), len(r.receiving))
 	}
-	r.kick(now)
 	return nil
 }
 
-// kick starts an iteration if the engine is idle and has work.
-func (r *replica) kick(now time.Duration) {
-	if r.busy {
-		return
-	}
-	b, ok := r.Plan()
-	if len(r.started) > 0 {
-		r.run.transfer(r)
-	}
-	if !ok {
-		return
-	}
-	d := r.eng.IterTime(b)
-	if speed := r.run.cfg.speedAt(r.idx, now); speed != 1 {
-		d = time.Duration(float64(d) / speed)
-	}
-	d += time.Duration(b.AdapterLoads) * r.eng.AdapterLoad
-	if d <= 0 {
-		d = time.Nanosecond
-	}
-	r.busy = true
-	r.iterAt = now + d
-	r.run.schedule(r.iterAt, evIteration, r.idx)
-}
-
-// finish completes the iteration that ends at now and starts the next.
-func (r *replica) finish(now time.Duration) {
-	r.busy = false
-	for _, q := range r.Finish() {
-		if q.ID < 0 {
-			// The prefill of a disaggregated request, its only token.
-			r.outstanding--
-			r.run.prefilled(-1 - q.ID)
-			continue
-		}
-		s := &r.run.st[q.ID]
-		// Only a run with admission control gives tickets, and only a
-		// disaggregated one pdState: the others need not read them.
-		if r.run.adm != nil && s.ticket != nil {
-			s.ticket.Charge(1)
-		}
-		if r.run.disagg && s.pd != nil {
-			r.finishDisagg(s, now)
-			continue
-		}
-		if s.generated == 1 {
-			s.firstToken = now
-			s.pick.FirstToken()
-		}
-		if s.state == stateDone {
-			s.finished = now
-			r.outstanding--
-			if r.run.cfg.Outputs != OutputsUntold {
-				s.pick.Generated(s.generated)
+// CachedHashes returns the chained hashes of the blocks in the prefix cache,
+// in no particular order.
+func (r *Replica) CachedHashes() iter.Seq[uint64] {
+	return func(yield func(uint64) bool) {
+		for h := range r.kv.index {
+			if !yield(h) {
+				return
 			}
-			s.pick.Done(nil)
-			r.run.finished(s)
 		}
 	}
-	r.kick(now)
 }

@@ -184,7 +184,7 @@ func (r *runner) admit(i int) error {
 
 // refuse ends s, refused by the admission control.
 func (r *runner) refuse(s *reqState) {
-	s.state = stateRefused
+	s.Refuse()
 	r.ended++
 }
 
@@ -197,7 +197,7 @@ func (r *runner) admissionEnd(s *reqState) {
 	}
 	switch a.cfg.Kind {
 	case RateLimit:
-		a.refill(s.req.Tenant, r.now).tokens -= float64(s.generated)
+		a.refill(s.req.Tenant, r.now).tokens -= float64(s.Generated())
 	case FairQueue:
 		s.ticket.Done()
 	}

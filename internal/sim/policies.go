@@ -62,7 +62,7 @@ func (e *PolicyEnv) SubscribeKVEvents(ix *prefix.Index) error {
 		var rev []uint64 // scratch: a run of stored blocks, newest first
 		for _, rep := range r.reps {
 			key, bt, m := replicaKey(rep.idx), e.BlockTokens, rep.idx
-			rep.setKVEventsHandler(func(hs []uint64, stored bool) {
+			rep.SetKVEventsHandler(func(hs []uint64, stored bool) {
 				for _, sub := range r.kvSubs {
 					if m < sub.lo || m >= sub.hi {
 						continue

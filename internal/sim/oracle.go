@@ -34,9 +34,9 @@ func (o *oracle) Choose(c *llmlb.Candidates) int {
 	waiting := 0 // requests before their first token, as Default counts them
 	for i, n := 0, c.Len(); i < n; i++ {
 		rep := o.run.reps[c.Member(i)]
-		waiting += len(rep.waiting) - rep.whead
-		for _, s := range rep.running {
-			if s.generated == 0 {
+		waiting += rep.NumWaiting()
+		for _, s := range rep.Running() {
+			if s.Generated() == 0 {
 				waiting++
 			}
 		}
@@ -67,23 +67,23 @@ func (o *oracle) Choose(c *llmlb.Candidates) int {
 // what its sequences still need, with true output lengths), and twice the
 // KV demand beyond capacity, which causes preemptions.
 func (o *oracle) cost(rep *replica, req *Request, k float64) float64 {
-	bs := rep.eng.BlockSize
+	bs := rep.Engine().BlockSize
 	queued := 0 // prefill tokens ahead of req
-	demand := rep.kv.used
-	for _, s := range rep.running {
-		queued += s.target - s.computed
-		demand += rep.blocksFor(s.target+s.OutputTokens-s.generated) - rep.blocksFor(s.computed+s.decoded)
+	demand := rep.KVUsed()
+	for _, s := range rep.Running() {
+		queued += s.Target() - s.Computed()
+		demand += rep.BlocksFor(s.Target()+s.OutputTokens-s.Generated()) - rep.BlocksFor(s.Computed()+s.Decoded())
 	}
-	for _, s := range rep.waiting[rep.whead:] {
-		queued += s.target - s.computed
-		demand += rep.blocksFor(s.target + s.OutputTokens - s.generated)
+	for _, s := range rep.Waiting() {
+		queued += s.Target() - s.Computed()
+		demand += rep.BlocksFor(s.Target() + s.OutputTokens - s.Generated())
 	}
 	footprint := float64(demand * bs)
-	hit := rep.matchTokens(req)
-	demand += rep.blocksFor(req.PromptTokens - hit + req.OutputTokens)
-	over := float64((demand - rep.kv.total) * bs)
+	hit := rep.MatchTokens(req.Prefix, req.BlockTokens, req.PromptTokens)
+	demand += rep.BlocksFor(req.PromptTokens - hit + req.OutputTokens)
+	over := float64((demand - rep.KVTotal()) * bs)
 	slotMs := o.slotWait(rep)
-	slotTokens := slotMs / MockerPrefillMillis(rep.eng.TokenBudget) * float64(rep.eng.TokenBudget)
+	slotTokens := slotMs / MockerPrefillMillis(rep.Engine().TokenBudget) * float64(rep.Engine().TokenBudget)
 	cost := float64(queued) + slotTokens + k*float64(req.PromptTokens-hit) + 0.5*footprint + 2*max(over, 0)
 	return cost + 1e6*float64(o.damage(rep, req, queued, hit, slotMs))
 }
@@ -93,19 +93,19 @@ func (o *oracle) cost(rep *replica, req *Request, k float64) float64 {
 // there are requests ahead of it beyond the free slots, from their true
 // remaining outputs at the current decode speed.
 func (o *oracle) slotWait(rep *replica) float64 {
-	ahead := rep.nwaiting() + 1 - (rep.eng.MaxRunning - len(rep.running))
-	if ahead <= 0 || len(rep.running) == 0 {
+	ahead := rep.NumWaiting() + 1 - (rep.Engine().MaxRunning - len(rep.Running()))
+	if ahead <= 0 || len(rep.Running()) == 0 {
 		return 0
 	}
 	o.rem = o.rem[:0]
-	for _, s := range rep.running {
-		o.rem = append(o.rem, s.OutputTokens-s.generated)
+	for _, s := range rep.Running() {
+		o.rem = append(o.rem, s.OutputTokens-s.Generated())
 	}
 	slices.Sort(o.rem)
 	// Beyond one round of completions, count whole rounds of the longest.
 	rounds := (ahead - 1) / len(o.rem)
 	tokens := o.rem[(ahead-1)%len(o.rem)] + rounds*o.rem[len(o.rem)-1]
-	return float64(tokens) * MockerDecodeMillis(float64(rep.kv.used)/float64(rep.kv.total))
+	return float64(tokens) * MockerDecodeMillis(float64(rep.KVUsed())/float64(rep.KVTotal()))
 }
 
 // damage counts the requests that sending req to rep would push past the
@@ -113,10 +113,10 @@ func (o *oracle) slotWait(rep *replica) float64 {
 // slot) misses it, and every decoding
 // sequence whose predicted TPOT its prefill chunks would push over the SLO.
 func (o *oracle) damage(rep *replica, req *Request, queued, hit int, slotMs float64) int {
-	eng, slo, now := rep.eng, o.run.cfg.SLO, o.run.now
+	eng, slo, now := rep.Engine(), o.run.cfg.SLO, o.run.now
 	uncached := req.PromptTokens - hit
 	chunkMs := MockerPrefillMillis(eng.TokenBudget)
-	u := float64(rep.kv.used) / float64(rep.kv.total)
+	u := rep.KVUsage()
 	decodeMs := MockerDecodeMillis(u)
 	iters := float64(queued+uncached)/float64(eng.TokenBudget) + 1
 	n := 0
@@ -126,13 +126,13 @@ func (o *oracle) damage(rep *replica, req *Request, queued, hit int, slotMs floa
 	// The request's prefill adds about this much to each co-running decode.
 	stall := float64(uncached) / float64(eng.TokenBudget) * chunkMs
 	sloMs := float64(slo.TPOT) / float64(time.Millisecond)
-	for _, s := range rep.running {
+	for _, s := range rep.Running() {
 		out := s.OutputTokens
-		if s.generated == 0 || out <= 1 {
+		if s.Generated() == 0 || out <= 1 {
 			continue
 		}
 		elapsed := float64(now-o.run.st[s.ID].firstToken) / float64(time.Millisecond)
-		rest := float64(out-s.generated) * decodeMs
+		rest := float64(out-s.Generated()) * decodeMs
 		before := (elapsed + rest) / float64(out-1)
 		if before <= sloMs && before+stall/float64(out-1) > sloMs {
 			n++

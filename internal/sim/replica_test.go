@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"iter"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -142,41 +143,6 @@ func abs(x float64) float64 {
 	return x
 }
 
-func TestKVPoolLRU(t *testing.T) {
-	p := newKVPool(10)
-	// A sequence allocates private blocks, then publishes them as entries.
-	if !p.alloc(4) {
-		t.Fatal("alloc 4 of 10 failed")
-	}
-	a := p.insert(1, 4)
-	if !p.alloc(4) {
-		t.Fatal("alloc 4 of 6 failed")
-	}
-	b := p.insert(2, 4)
-	if p.used != 8 {
-		t.Fatalf("used %d, want 8", p.used)
-	}
-	p.unref(a)
-	p.unref(b)
-	if p.evictable != 8 || p.used != 0 {
-		t.Fatalf("evictable %d used %d, want 8 0", p.evictable, p.used)
-	}
-	// Allocating 6 must evict the oldest entry (a) only.
-	if !p.alloc(6) {
-		t.Fatal("alloc 6 with 2 free and 8 evictable failed")
-	}
-	if p.lookup(1) != 0 || p.lookup(2) == 0 {
-		t.Errorf("entries after eviction: 1=%v 2=%v, want 1 evicted, 2 kept", p.lookup(1), p.lookup(2))
-	}
-	p.acquire(p.lookup(2))
-	if p.alloc(1) {
-		t.Error("alloc beyond capacity succeeded")
-	}
-	if p.used != 10 || p.evictable != 0 {
-		t.Errorf("used %d evictable %d, want 10 0", p.used, p.evictable)
-	}
-}
-
 // TestReplicaAccountingProperty runs random small workloads on cramped
 // engines (tiny KV caches, budgets and batches, heavy prefix sharing) and
 // checks that every request finishes or is rejected and that every KV block
@@ -278,10 +244,10 @@ func TestKVEventsMirrorCaches(t *testing.T) {
 	now := time.Unix(0, 0)
 	for i, rep := range run.reps {
 		key := replicaKey(i)
-		if got, want := ix.Len(key), len(rep.kv.index); got != want {
+		if got, want := ix.Len(key), countSeq(rep.CachedHashes()); got != want {
 			t.Errorf("%s: index holds %d blocks, cache %d", key, got, want)
 		}
-		for h := range rep.kv.index {
+		for h := range rep.CachedHashes() {
 			if ix.MatchLen(key, []uint64{h}, now) != 1 {
 				t.Errorf("%s: cached block %x missing from the index", key, h)
 				break
@@ -339,4 +305,13 @@ func TestKVEventsPerChunk(t *testing.T) {
 			t.Fatalf("after iteration %d: first token %v", i, first)
 		}
 	}
+}
+
+// countSeq returns the number of values seq yields.
+func countSeq[T any](seq iter.Seq[T]) int {
+	n := 0
+	for range seq {
+		n++
+	}
+	return n
 }

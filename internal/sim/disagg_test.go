@@ -124,8 +124,8 @@ func TestDisaggRunsComplete(t *testing.T) {
 				t.Errorf("%d+%d workers, want 3+5", res.Prefill, res.Decode)
 			}
 			for _, rep := range r.reps {
-				if rep.outstanding != 0 || len(rep.receiving) != 0 || len(rep.started) != 0 {
-					t.Errorf("replica %d ended with %d outstanding, %d receiving", rep.idx, rep.outstanding, len(rep.receiving))
+				if rep.outstanding != 0 || rep.NumReceiving() != 0 || len(rep.Started()) != 0 {
+					t.Errorf("replica %d ended with %d outstanding, %d receiving", rep.idx, rep.outstanding, rep.NumReceiving())
 				}
 			}
 		})
@@ -152,18 +152,18 @@ func TestDisaggRoles(t *testing.T) {
 		if s.pd == nil || s.pd.prefill < 0 || s.pd.prefill >= p || s.replica < p {
 			t.Fatalf("request %d: prefill replica %d, decode replica %d", i, s.pd.prefill, s.replica)
 		}
-		computed += int64(s.req.PromptTokens - s.pd.pre.cached)
+		computed += int64(s.req.PromptTokens - s.pd.pre.Cached())
 		output += int64(s.req.OutputTokens)
 	}
 	for _, rep := range r.reps {
-		if rep.idx < p && rep.decodes != 0 {
-			t.Errorf("prefill replica %d decoded %d tokens", rep.idx, rep.decodes)
+		if rep.idx < p && rep.Stats().Decoded != 0 {
+			t.Errorf("prefill replica %d decoded %d tokens", rep.idx, rep.Stats().Decoded)
 		}
-		if rep.idx >= p && rep.prefilled != 0 {
-			t.Errorf("decode replica %d prefilled %d tokens", rep.idx, rep.prefilled)
+		if rep.idx >= p && rep.Stats().Prefilled != 0 {
+			t.Errorf("decode replica %d prefilled %d tokens", rep.idx, rep.Stats().Prefilled)
 		}
-		prefilled += rep.prefilled
-		decoded += rep.decodes
+		prefilled += rep.Stats().Prefilled
+		decoded += rep.Stats().Decoded
 	}
 	if prefilled != computed {
 		t.Errorf("%d prompt tokens prefilled, want the %d uncached on the prefill workers", prefilled, computed)
@@ -192,7 +192,7 @@ func TestDisaggConditionalRule(t *testing.T) {
 		if s.pd.prefill >= 0 {
 			continue
 		}
-		uncached := s.req.PromptTokens - s.cached
+		uncached := s.req.PromptTokens - s.Cached()
 		if uncached < PDLocalPrefillTokens && float64(uncached) < 0.7*float64(s.req.PromptTokens) {
 			mostly++
 		}

@@ -1,4 +1,4 @@
-package sim
+package model
 
 import (
 	"errors"
@@ -50,7 +50,7 @@ func TestReplicaSteps(t *testing.T) {
 	r := mustReplica(t, Engine{TokenBudget: 100, KVBlocks: 100, BlockSize: 16})
 	prefix := make([]uint64, 9)
 	for i := range prefix {
-		prefix[i] = ChainHash(7, uint64(i))
+		prefix[i] = 7<<32 | uint64(i+1)
 	}
 	mk := func(id int) *Sequence {
 		s := &Sequence{ID: id, PromptTokens: 150, OutputTokens: 3, Prefix: prefix, BlockTokens: 16}
@@ -130,7 +130,7 @@ func TestReplicaRandom(t *testing.T) {
 				n := 1 + rng.IntN(4)
 				prefix := make([]uint64, n)
 				for j := range prefix {
-					prefix[j] = ChainHash(uint64(rng.IntN(3)), uint64(j))
+					prefix[j] = uint64(rng.IntN(3))<<32 | uint64(j+1)
 				}
 				s := &Sequence{ID: i, PromptTokens: 8*n + rng.IntN(8), OutputTokens: 1 + rng.IntN(40), Prefix: prefix, BlockTokens: 8}
 				if err := r.Submit(s); err != nil {
@@ -140,7 +140,7 @@ func TestReplicaRandom(t *testing.T) {
 			case x == 3 && len(live) > 0:
 				k := rng.IntN(len(live))
 				s := live[k]
-				if want := !s.Done() && s.state != stateCancelled; r.Cancel(s) != want {
+				if want := !s.Done() && s.State() != StateCancelled; r.Cancel(s) != want {
 					t.Fatalf("seed %d: Cancel(%d) = %v, want %v", seed, s.ID, !want, want)
 				}
 			default:
@@ -161,7 +161,7 @@ func TestReplicaRandom(t *testing.T) {
 			}
 		}
 		for _, s := range live {
-			if !s.Done() && s.state != stateCancelled {
+			if !s.Done() && s.State() != StateCancelled {
 				t.Fatalf("seed %d: sequence %d neither done nor cancelled", seed, s.ID)
 			}
 		}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/llmlb/llmlb/sim"
+	"github.com/llmlb/llmlb/internal/sim"
 )
 
 // Two requests share a 512-token prompt; the second, arriving after the

@@ -1,4 +1,4 @@
-package sim
+package model
 
 // kvPool is the KV-cache memory of one replica, counted in blocks, with a
 // prefix cache on top: prompt blocks of finished prefills stay in the pool as
