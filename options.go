@@ -18,9 +18,11 @@ const (
 	DefaultMaxSignalAge = 10 * time.Second
 )
 
-// Clock tells the time. The balancer reads it only when a signal or slow
-// start needs it, from concurrent picks: Now must be safe for concurrent
-// use.
+// Clock tells the time. The balancer reads it only when a signal, slow start
+// or a speed estimate needs it, from concurrent picks; the other packages of
+// the module that read time (signals, retry, fair, spill, share, httplb,
+// grpclb) take the same Clock, and tests and simulators pass a fake one. Now
+// must be safe for concurrent use.
 type Clock interface {
 	Now() time.Time
 }

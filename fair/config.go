@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/llmlb/llmlb"
 )
 
 // Defaults of [Config].
@@ -33,13 +35,6 @@ const (
 
 // ErrInvalidConfig: [New] was given a configuration value out of range.
 var ErrInvalidConfig = errors.New("fair: invalid config")
-
-// Clock tells the time. The queue reads it to age waiters and to compare
-// their deadlines; tests pass a fake one. Now is called from concurrent
-// goroutines and must be safe for that.
-type Clock interface {
-	Now() time.Time
-}
 
 // Config configures a [Queue]. Every zero field is a documented default.
 // With neither MaxInFlight nor MaxTokensInFlight set, every request is
@@ -105,7 +100,7 @@ type Config struct {
 	// metrics (package telemetry provides one).
 	Observer *Observer
 	// Clock tells the time; nil means the system clock.
-	Clock Clock
+	Clock llmlb.Clock
 }
 
 // Observer is told of a queue's decisions. Its functions are called with

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/retry"
 )
 
@@ -57,7 +58,7 @@ type Queue struct {
 	aging           time.Duration // <= 0: no aging
 	retryAfter      time.Duration
 	maxRetryAfter   time.Duration
-	clock           Clock
+	clock           llmlb.Clock
 	observer        Observer
 
 	mu         sync.Mutex            // protects the fields below and every principal and ticket state

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/llmlb/llmlb"
 )
 
 // Budget decides whether a request may send one more attempt (a retry or a
@@ -66,7 +68,7 @@ type PercentConfig struct {
 	// spent.
 	PercentCanRetry float64
 	// Clock tells the time; nil means the system clock.
-	Clock Clock
+	Clock llmlb.Clock
 }
 
 // DefaultPercentConfig returns Finagle's default budget: 20% of the requests
@@ -128,7 +130,7 @@ const maxReserve = 1 << 30
 // stops once the budget is unreachable. With an injected Clock, each call
 // reads it, and the first call of a new slot moves the budget to it.
 type PercentBudget struct {
-	clock   Clock
+	clock   llmlb.Clock
 	manual  bool // an injected clock: calls read it and move the slot
 	start   time.Time
 	width   int64 // slot width in nanoseconds

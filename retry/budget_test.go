@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llmlb/llmlb"
 )
 
 func TestPercentBudgetReserveAndPercent(t *testing.T) {
@@ -474,7 +476,7 @@ func TestDefaultConfigs(t *testing.T) {
 }
 
 // defaultPercent returns DefaultPercentConfig on clk.
-func defaultPercent(clk Clock) PercentConfig {
+func defaultPercent(clk llmlb.Clock) PercentConfig {
 	cfg := DefaultPercentConfig()
 	cfg.Clock = clk
 	return cfg

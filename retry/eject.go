@@ -73,7 +73,7 @@ type EjectorConfig struct {
 	// disables cooldowns.
 	MaxCooldown time.Duration
 	// Clock tells the time; nil means the system clock.
-	Clock Clock
+	Clock llmlb.Clock
 	// Observer, if set, is told of every ejection.
 	Observer *Observer
 }
@@ -111,7 +111,7 @@ type Ejector struct {
 	percent   float64
 	classify  func(error) Outcome
 	cooldown  time.Duration // MaxCooldown; <= 0: no cooldowns
-	clock     Clock
+	clock     llmlb.Clock
 	obs       *Observer
 	limit     int // most entries that are not ejected; maxTracked
 

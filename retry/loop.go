@@ -67,7 +67,7 @@ type LoopConfig struct {
 	// one the budget refused.
 	Observer *Observer
 	// Clock tells the time; nil means the system clock.
-	Clock Clock
+	Clock llmlb.Clock
 	// After returns a channel that receives after d, like time.After, which
 	// is what nil means. The loop waits with it for back-offs and hedge
 	// delays.
@@ -107,7 +107,7 @@ type Loop struct {
 	hedge       HedgeConfig
 	reporter    Reporter
 	obs         *Observer
-	clock       Clock
+	clock       llmlb.Clock
 	after       func(time.Duration) <-chan time.Time
 	ttft        ttftWindow
 }

@@ -53,6 +53,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/retry"
 )
@@ -117,12 +118,6 @@ type Event struct {
 	Reason Reason
 }
 
-// Clock tells the time. A Transport reads it from concurrent requests: Now
-// must be safe for concurrent use.
-type Clock interface {
-	Now() time.Time
-}
-
 // Config configures a [Transport].
 type Config struct {
 	// Tiers, in order of preference. At least one is required.
@@ -147,7 +142,7 @@ type Config struct {
 	// be safe for concurrent use and must not block.
 	Observer func(Event)
 	// Clock tells the time; nil means the system clock.
-	Clock Clock
+	Clock llmlb.Clock
 }
 
 // Transport is an [http.RoundTripper] over ordered tiers; see the package
@@ -159,7 +154,7 @@ type Transport struct {
 	maxBody  int64
 	header   string
 	observer func(Event)
-	clock    Clock
+	clock    llmlb.Clock
 
 	mu    sync.Mutex
 	until []time.Time // per tier: the end of its cooldown
