@@ -50,6 +50,9 @@ var ErrInvalidConfig = errors.New("engine: invalid config")
 // new ones are refused with 503.
 var ErrStopped = errors.New("engine: stopped")
 
+// ErrRunning: Run was called a second time; an Engine runs once.
+var ErrRunning = errors.New("engine: already run")
+
 // Config configures an Engine. The zero value is valid: every zero field is a
 // documented default.
 type Config struct {
@@ -353,7 +356,7 @@ func (e *Engine) cancel(s *seq) {
 // a second call returns an error at once.
 func (e *Engine) Run(ctx context.Context) error {
 	if !e.ran.CompareAndSwap(false, true) {
-		return errors.New("engine: Run called twice")
+		return fmt.Errorf("%w: Run called twice", ErrRunning)
 	}
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()

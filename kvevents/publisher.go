@@ -3,7 +3,6 @@ package kvevents
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -146,7 +145,7 @@ const sendTimeout = 5 * time.Second
 // socket. A Publisher runs once at a time.
 func (p *Publisher) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {
-		return errors.New("kvevents: Publisher.Run called concurrently")
+		return fmt.Errorf("%w: Publisher.Run", ErrRunning)
 	}
 	defer p.running.Store(false)
 	ctx, cancel := context.WithCancel(ctx)

@@ -2,7 +2,6 @@ package kvevents
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -258,7 +257,7 @@ func (f *Follower) Stats(key string) (Stats, bool) {
 // meanwhile are gaps.
 func (f *Follower) Run(ctx context.Context) error {
 	if !f.running.CompareAndSwap(false, true) {
-		return errors.New("kvevents: Follower.Run called concurrently")
+		return fmt.Errorf("%w: Follower.Run", ErrRunning)
 	}
 	defer f.running.Store(false)
 	ch := make(chan *nats.Msg, f.buffer)

@@ -34,6 +34,10 @@ const (
 // of range.
 var ErrInvalidConfig = errors.New("kvevents: invalid config")
 
+// ErrRunning: Run was called while another call of Run on the same
+// Subscriber, Publisher or Follower is running.
+var ErrRunning = errors.New("kvevents: already running")
+
 // Config configures a [Subscriber]. Index and Hasher are required; every
 // other zero field selects its documented default.
 type Config struct {
@@ -274,7 +278,7 @@ func (s *Subscriber) Stats(key string) (Stats, bool) {
 // returns an error at once.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
-		return errors.New("kvevents: Subscriber.Run called concurrently")
+		return fmt.Errorf("%w: Subscriber.Run", ErrRunning)
 	}
 	defer s.running.Store(false)
 	defer s.stopAll()

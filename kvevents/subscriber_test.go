@@ -6,10 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmlb/llmlb/prefix"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/llmlb/llmlb/prefix"
 )
 
 const (
@@ -51,6 +50,9 @@ func TestSubscriberFollowsPublisher(t *testing.T) {
 		p.Publish(&Batch{DPRank: 0})
 		return stats().Batches > 0
 	}, waitFor, 20*time.Millisecond)
+	// Both run now: a second call of either Run is refused at once.
+	require.ErrorIs(t, sub.Run(ctx), ErrRunning)
+	require.ErrorIs(t, p.Run(ctx), ErrRunning)
 
 	a := prompt(1, 3)
 	ha := h.HashTokens(salt, a)

@@ -436,7 +436,7 @@ func TestAppendBatchAndReceiveWithoutNATS(t *testing.T) {
 	require.NoError(t, err)
 	b, err := New(Config{ID: "b", Clock: clock, Signal: &signalMap{}, Logger: quiet})
 	require.NoError(t, err)
-	assert.Error(t, a.Run(context.Background()), "Run needs a Conn")
+	assert.ErrorIs(t, a.Run(context.Background()), ErrInvalidConfig, "Run needs a Conn")
 
 	a.Observer(nil).Pick(pickInfo("e1", 100, 10))
 	a.Observer(nil).Pick(pickInfo("e1", 100, 10))
@@ -448,8 +448,8 @@ func TestAppendBatchAndReceiveWithoutNATS(t *testing.T) {
 	assert.Equal(t, 2, l.Waiting)
 
 	require.NoError(t, a.Receive(first), "a Group's own batch is ignored")
-	assert.Error(t, b.Receive(first), "a repeat is refused")
-	assert.Error(t, b.Receive([]byte("garbage")))
+	assert.ErrorIs(t, b.Receive(first), ErrRefused, "a repeat is refused")
+	assert.ErrorIs(t, b.Receive([]byte("garbage")), ErrMalformed)
 	second := a.AppendBatch(nil)
 	require.NoError(t, b.Receive(second))
 	assert.Equal(t, Stats{Peers: 1, Received: 2, Rejected: 2}, b.Stats())

@@ -102,7 +102,7 @@ func TestShareOverNATS(t *testing.T) {
 
 	// Run refuses to run twice at once, and may run again after it returns.
 	err := b.g.Run(context.Background())
-	assert.ErrorContains(t, err, "already running")
+	assert.ErrorIs(t, err, ErrRunning)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.g.Run(ctx) }()

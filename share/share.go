@@ -41,8 +41,20 @@ const (
 	maxIntervalTime = time.Minute
 )
 
-// ErrInvalidConfig wraps every configuration error of [New].
-var ErrInvalidConfig = errors.New("share: invalid config")
+// Sentinel errors; errors returned by this package wrap one of them.
+var (
+	// ErrInvalidConfig: a [Config] field is out of range, or Run was
+	// called without a Conn.
+	ErrInvalidConfig = errors.New("share: invalid config")
+	// ErrMalformed: a batch given to [Group.Receive] could not be decoded.
+	ErrMalformed = errors.New("share: malformed message")
+	// ErrRefused: [Group.Receive] refused a well-formed batch: it came late
+	// or from a peer beyond MaxPeers, or another replica publishes under
+	// this Group's ID.
+	ErrRefused = errors.New("share: batch refused")
+	// ErrRunning: Run was called while another call of Run is running.
+	ErrRunning = errors.New("share: already running")
+)
 
 // Config configures a [Group]. Every zero field is a documented default.
 type Config struct {
@@ -441,10 +453,10 @@ func (g *Group) Stats() Stats {
 // at once. Without a Config.Conn, Run returns an error at once.
 func (g *Group) Run(ctx context.Context) error {
 	if g.conn == nil {
-		return errors.New("share: Group.Run needs a Config.Conn")
+		return fmt.Errorf("%w: Group.Run needs a Config.Conn", ErrInvalidConfig)
 	}
 	if !g.running.CompareAndSwap(false, true) {
-		return errors.New("share: Group.Run is already running")
+		return fmt.Errorf("%w: Group.Run", ErrRunning)
 	}
 	defer g.running.Store(false)
 	ch := make(chan *nats.Msg, 256)
@@ -548,7 +560,7 @@ func (g *Group) receive(data []byte) error {
 	if m.id == g.id {
 		if m.inc != g.inc {
 			g.rejected.Add(1)
-			return fmt.Errorf("share: another replica publishes as %q", g.id)
+			return fmt.Errorf("%w: another replica publishes as %q", ErrRefused, g.id)
 		}
 		return nil
 	}
@@ -556,7 +568,7 @@ func (g *Group) receive(data []byte) error {
 	joined, ok := g.peers.apply(m, now)
 	if !ok {
 		g.rejected.Add(1)
-		return fmt.Errorf("share: batch %d of peer %q refused: late, or beyond MaxPeers", m.seq, m.id)
+		return fmt.Errorf("%w: batch %d of peer %q came late, or the peer is beyond MaxPeers", ErrRefused, m.seq, m.id)
 	}
 	g.received.Add(1)
 	g.local.newBatch()

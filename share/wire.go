@@ -2,7 +2,6 @@ package share
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 )
@@ -53,9 +52,6 @@ const (
 	maxWireBlocks   = 1 << 17 // blocks over all routes of a message
 	maxWidth        = 60e9    // nanoseconds per bucket: a minute
 )
-
-// errDecode wraps every decoding error.
-var errDecode = errors.New("share: malformed message")
 
 // message is one decoded batch of a sender.
 type message struct {
@@ -151,7 +147,7 @@ type decoder struct {
 
 func (d *decoder) fail(format string, args ...any) {
 	if d.err == nil {
-		d.err = fmt.Errorf("%w: "+format, append([]any{errDecode}, args...)...)
+		d.err = fmt.Errorf("%w: "+format, append([]any{ErrMalformed}, args...)...)
 	}
 }
 
@@ -205,14 +201,14 @@ func (d *decoder) fixed64(what string) uint64 {
 // one byte of input.
 func decode(b []byte) (*message, error) {
 	if len(b) > maxMessageBytes {
-		return nil, fmt.Errorf("%w: %d bytes exceeds %d", errDecode, len(b), maxMessageBytes)
+		return nil, fmt.Errorf("%w: %d bytes exceeds %d", ErrMalformed, len(b), maxMessageBytes)
 	}
 	if len(b) == 0 {
-		return nil, fmt.Errorf("%w: empty", errDecode)
+		return nil, fmt.Errorf("%w: empty", ErrMalformed)
 	}
 	version := b[0]
 	if version != wireVersion && version != 1 {
-		return nil, fmt.Errorf("%w: version %d, want 1 or %d", errDecode, b[0], wireVersion)
+		return nil, fmt.Errorf("%w: version %d, want 1 or %d", ErrMalformed, b[0], wireVersion)
 	}
 	d := &decoder{b: b[1:]}
 	m := &message{}

@@ -97,7 +97,7 @@ func TestWireRejects(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := decode(c.in)
 			require.Error(t, err)
-			assert.True(t, errors.Is(err, errDecode), "%v", err)
+			assert.True(t, errors.Is(err, ErrMalformed), "%v", err)
 		})
 	}
 }

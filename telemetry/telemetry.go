@@ -71,6 +71,12 @@ const (
 	AttrSpillReason = attribute.Key("llmlb.spill.reason")
 )
 
+// ErrInvalidConfig: [New] was given a nil MeterProvider, or [Metrics.Watch]
+// or [Metrics.WatchQueue] a nil source. Errors of the OpenTelemetry API
+// creating an instrument are returned as they are, wrapped with the
+// package's name.
+var ErrInvalidConfig = errors.New("telemetry: invalid config")
+
 // The classes and refusal reasons of a fair queue, in the order of their
 // precomputed attribute sets.
 var (
@@ -174,7 +180,7 @@ type endpointAttrs struct {
 // or an error if an instrument cannot be created.
 func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	if mp == nil {
-		return nil, errors.New("telemetry: nil MeterProvider")
+		return nil, fmt.Errorf("%w: nil MeterProvider", ErrInvalidConfig)
 	}
 	m := &Metrics{errorType: cfg.ErrorType}
 	if m.errorType == nil {
@@ -343,7 +349,7 @@ func (m *Metrics) QueueObserver() *fair.Observer { return &m.queueObserver }
 // Unregister the returned registration to stop.
 func (m *Metrics) WatchQueue(q *fair.Queue) (metric.Registration, error) {
 	if q == nil {
-		return nil, errors.New("telemetry: WatchQueue(nil)")
+		return nil, fmt.Errorf("%w: WatchQueue(nil)", ErrInvalidConfig)
 	}
 	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := q.Stats()
@@ -367,7 +373,7 @@ func (m *Metrics) RetryObserver() *retry.Observer { return &m.retryObserver }
 // registration to stop.
 func (m *Metrics) Watch(b *llmlb.Balancer) (metric.Registration, error) {
 	if b == nil {
-		return nil, errors.New("telemetry: Watch(nil)")
+		return nil, fmt.Errorf("%w: Watch(nil)", ErrInvalidConfig)
 	}
 	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, s := range b.Stats() {

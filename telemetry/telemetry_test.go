@@ -404,8 +404,8 @@ func TestQueueInstruments(t *testing.T) {
 	if p := waits["batch"]; p.Count != 1 || p.Sum != 2 {
 		t.Errorf("batch waits: %d, sum %v s; want one of 2 s", p.Count, p.Sum)
 	}
-	if _, err := m.WatchQueue(nil); err == nil {
-		t.Error("WatchQueue(nil): no error")
+	if _, err := m.WatchQueue(nil); !errors.Is(err, telemetry.ErrInvalidConfig) {
+		t.Errorf("WatchQueue(nil): %v, want ErrInvalidConfig", err)
 	}
 }
 
@@ -425,12 +425,12 @@ func TestSpillInstrument(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	if _, err := telemetry.New(nil, telemetry.Config{}); err == nil {
-		t.Error("New(nil) succeeded")
+	if _, err := telemetry.New(nil, telemetry.Config{}); !errors.Is(err, telemetry.ErrInvalidConfig) {
+		t.Errorf("New(nil): %v, want ErrInvalidConfig", err)
 	}
 	m, _ := setup(t)
-	if _, err := m.Watch(nil); err == nil {
-		t.Error("Watch(nil) succeeded")
+	if _, err := m.Watch(nil); !errors.Is(err, telemetry.ErrInvalidConfig) {
+		t.Errorf("Watch(nil): %v, want ErrInvalidConfig", err)
 	}
 }
 
