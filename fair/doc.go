@@ -19,9 +19,9 @@
 // Past its bounds (waiting requests overall or per principal) the queue
 // fails fast, and a waiter whose deadline passes leaves it, with a
 // [*retry.OverloadError] (errors.Is [retry.ErrOverloaded]) carrying a
-// suggested Retry-After: an HTTP gateway answers 429 with it, as
-// httplb.ErrorHandler does. A full queue sheds its newest waiter of a less
-// urgent class to make room for a more urgent request.
+// suggested Retry-After: an HTTP gateway answers 429 with it, as the
+// handler of httplb.NewErrorHandler does. A full queue sheds its newest
+// waiter of a less urgent class to make room for a more urgent request.
 //
 // The order in which waiters are admitted, for a waiter w of principal p:
 //

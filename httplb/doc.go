@@ -48,12 +48,12 @@
 // [Config.FirstEventTimeout], off by default.
 //
 // [NewProxy] wraps a Transport in a ReverseProxy that flushes every event as
-// it arrives, and [ErrorHandler] maps failures to statuses: 401 when the
-// tenant cannot be established, 413 for a body over the cap, 429 with
-// Retry-After when no endpoint can take the request (admission caps, every
-// endpoint excluded), 502 otherwise. Clients get a generic OpenAI-style
-// error with a request id; the detail (addresses, TLS and DNS errors) goes
-// to the operator's log under that id ([NewErrorHandler]).
+// it arrives, and whose error handler, made by [NewErrorHandler], maps
+// failures to statuses: 401 when the tenant cannot be established, 413 for a
+// body over the cap, 429 with Retry-After when no endpoint can take the
+// request (admission caps, every endpoint excluded), 502 otherwise. Clients
+// get a generic OpenAI-style error with a request id; the detail (addresses,
+// TLS and DNS errors) goes to the operator's log under that id.
 //
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt

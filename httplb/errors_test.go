@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -182,8 +183,17 @@ func TestErrorHandlerClientGone(t *testing.T) {
 	assert.Zero(t, w.Body.Len())
 	assert.Contains(t, logs.String(), "level=DEBUG")
 
-	// The package-level handler logs with slog.Default.
+	// The handler NewProxy installs logs with slog.Default.
+	var def syncBuffer
+	oldDefault, oldWriter, oldFlags := slog.Default(), log.Writer(), log.Flags()
+	t.Cleanup(func() {
+		slog.SetDefault(oldDefault)
+		log.SetOutput(oldWriter)
+		log.SetFlags(oldFlags)
+	})
+	slog.SetDefault(slog.New(slog.NewTextHandler(&def, nil)))
 	w = httptest.NewRecorder()
-	ErrorHandler(w, httptest.NewRequest(http.MethodPost, "/", nil), errors.New("x"))
+	NewProxy(nil).ErrorHandler(w, httptest.NewRequest(http.MethodPost, "/", nil), errors.New("x"))
 	assert.Equal(t, http.StatusBadGateway, w.Code)
+	assert.Contains(t, def.String(), "status=502")
 }

@@ -30,9 +30,10 @@ const maxRequestIDLen = 128
 // its Rewrite sets the X-Forwarded headers and leaves the upstream URL to
 // the transport, it flushes every write at once so that streamed events reach
 // the client as they are produced (FlushInterval -1), and its ErrorHandler
-// is [ErrorHandler], which logs the details of each failure with
-// [slog.Default]; set it to [NewErrorHandler] to log them elsewhere. The
-// returned proxy may be modified before use.
+// is the handler of [NewErrorHandler] with a nil logger, which logs the
+// details of each failure with [slog.Default]; set it to NewErrorHandler
+// with another logger to log them elsewhere. The returned proxy may be
+// modified before use.
 func NewProxy(t *Transport) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -41,14 +42,13 @@ func NewProxy(t *Transport) *httputil.ReverseProxy {
 		},
 		Transport:     t,
 		FlushInterval: -1,
-		ErrorHandler:  ErrorHandler,
+		ErrorHandler:  errorHandler,
 	}
 }
 
-// ErrorHandler is the handler returned by [NewErrorHandler] with a nil
-// logger: it logs with [slog.Default]. Its signature is that of
-// [httputil.ReverseProxy.ErrorHandler].
-func ErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
+// errorHandler is the handler returned by [NewErrorHandler] with a nil
+// logger: it logs with [slog.Default]. [NewProxy] installs it.
+func errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	handleError(slog.Default(), w, r, err)
 }
 

@@ -68,9 +68,9 @@ type Config struct {
 	// ReplayTimeout bounds one replay request. Zero means
 	// [DefaultReplayTimeout].
 	ReplayTimeout time.Duration
-	// Rand draws the jitter of reconnections. Nil means a randomly seeded
-	// source. The subscriber serializes its calls.
-	Rand *rand.Rand
+	// Rand is the source of the jitter of reconnections. Nil means a
+	// randomly seeded source. The subscriber serializes its calls.
+	Rand rand.Source
 	// OnError, if set, is called with the endpoint's key for every
 	// connection failure, malformed batch and failed replay, from the
 	// endpoint's goroutine; it must not block. Nil ignores them (they are
@@ -221,10 +221,11 @@ func newSubscriber(cfg Config) (*Subscriber, error) {
 	if cfg.ReplayTimeout == 0 {
 		cfg.ReplayTimeout = DefaultReplayTimeout
 	}
-	rnd := cfg.Rand
-	if rnd == nil {
-		rnd = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	src := cfg.Rand
+	if src == nil {
+		src = rand.NewPCG(rand.Uint64(), rand.Uint64())
 	}
+	rnd := rand.New(src)
 	return &Subscriber{
 		cfg:     cfg,
 		rnd:     rnd,

@@ -266,33 +266,12 @@ func (b *PercentBudget) moveTo(e uint64) {
 	b.cur.Store(e)
 }
 
-// Deposit records one request.
-func (b *PercentBudget) Deposit() {
-	b.sync()
-	b.counts.Add(1)
-}
-
 // balance returns the units left by counts c over base: the reserve plus
 // the live deposits minus the live withdrawals.
 func (b *PercentBudget) balance(c, base uint64) int64 {
 	deposits := int64(uint32(c) - uint32(base))
 	withdrawals := int64(uint32(c>>32) - uint32(base>>32))
 	return b.reserve + deposits*b.deposit - withdrawals*b.cost
-}
-
-// TryWithdraw reports whether one retry may be sent, and if so records it.
-func (b *PercentBudget) TryWithdraw() bool {
-	b.sync()
-	base := b.base.Load()
-	for {
-		c := b.counts.Load()
-		if b.balance(c, base) < b.cost {
-			return false
-		}
-		if b.counts.CompareAndSwap(c, c+1<<32) {
-			return true
-		}
-	}
 }
 
 // Available returns the number of retries that could be withdrawn now,
@@ -306,13 +285,32 @@ func (b *PercentBudget) Available() int64 {
 	return bal / b.cost
 }
 
-// Start implements [Budget] by depositing.
-func (b *PercentBudget) Start() { b.Deposit() }
+// Start records one request: it deposits PercentCanRetry of a retry, which
+// counts until the deposit's slot expires. It implements [Budget].
+func (b *PercentBudget) Start() {
+	b.sync()
+	b.counts.Add(1)
+}
 
-// Withdraw implements [Budget]; see [PercentBudget.TryWithdraw].
-func (b *PercentBudget) Withdraw() bool { return b.TryWithdraw() }
+// Withdraw reports whether one retry may be sent and, if so, records it as a
+// withdrawal that counts against the budget until its slot expires. A
+// refused retry leaves the budget unchanged. It implements [Budget].
+func (b *PercentBudget) Withdraw() bool {
+	b.sync()
+	base := b.base.Load()
+	for {
+		c := b.counts.Load()
+		if b.balance(c, base) < b.cost {
+			return false
+		}
+		if b.counts.CompareAndSwap(c, c+1<<32) {
+			return true
+		}
+	}
+}
 
-// Finish implements [Budget]; it does nothing.
+// Finish does nothing: a PercentBudget counts requests and retries, not
+// their outcomes. It implements [Budget].
 func (b *PercentBudget) Finish(bool, Outcome) {}
 
 // String returns the outcome's name.

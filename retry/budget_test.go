@@ -25,25 +25,25 @@ func TestPercentBudgetReserveAndPercent(t *testing.T) {
 		t.Fatalf("Available = %d, want 10", got)
 	}
 	for i := 0; i < 10; i++ {
-		if !b.TryWithdraw() {
+		if !b.Withdraw() {
 			t.Fatalf("withdrawal %d of the reserve refused", i)
 		}
 	}
-	if b.TryWithdraw() {
+	if b.Withdraw() {
 		t.Fatal("withdrawal beyond the reserve granted")
 	}
 	// 5 deposits at 20% buy exactly one retry.
 	for i := 0; i < 4; i++ {
-		b.Deposit()
+		b.Start()
 	}
-	if b.TryWithdraw() {
+	if b.Withdraw() {
 		t.Fatal("4 deposits bought a retry")
 	}
-	b.Deposit()
-	if !b.TryWithdraw() {
+	b.Start()
+	if !b.Withdraw() {
 		t.Fatal("5 deposits did not buy a retry")
 	}
-	if b.TryWithdraw() {
+	if b.Withdraw() {
 		t.Fatal("second retry granted")
 	}
 	// After one TTL every deposit and withdrawal has expired: the reserve
@@ -57,7 +57,7 @@ func TestPercentBudgetReserveAndPercent(t *testing.T) {
 func TestPercentBudgetExpiry(t *testing.T) {
 	clk := newFakeClock()
 	b, _ := NewPercentBudget(PercentConfig{TTL: time.Second, MinRetriesPerSec: 0, PercentCanRetry: 1, Clock: clk})
-	b.Deposit() // slot 0
+	b.Start() // slot 0
 	clk.Advance(850 * time.Millisecond)
 	if got := b.Available(); got != 1 {
 		t.Fatalf("deposit gone before 0.9 TTL: Available = %d", got)
@@ -88,10 +88,10 @@ func TestPercentBudgetBound(t *testing.T) {
 			// Bursty traffic: deposits and withdrawal attempts with
 			// rates changing over time.
 			if rng.IntN(3) == 0 {
-				b.Deposit()
+				b.Start()
 				dep[s]++
 			}
-			if rng.IntN(1+s%7) == 0 && b.TryWithdraw() {
+			if rng.IntN(1+s%7) == 0 && b.Withdraw() {
 				wd[s]++
 			}
 			clk.Advance(time.Duration(rng.IntN(3)) * time.Millisecond)
@@ -146,12 +146,12 @@ func TestPercentBudgetModel(t *testing.T) {
 			e := int64(clk.Now().Sub(b.start) / width)
 			switch r := rng.IntN(100); {
 			case r < 45:
-				b.Deposit()
+				b.Start()
 				net[e] += b.deposit
 			case r < 90:
 				want := balance(e) >= b.cost
-				if got := b.TryWithdraw(); got != want {
-					t.Fatalf("percent %v, min %v: step %d, slot %d: TryWithdraw = %v, model says %v",
+				if got := b.Withdraw(); got != want {
+					t.Fatalf("percent %v, min %v: step %d, slot %d: Withdraw = %v, model says %v",
 						tc.percent, tc.minPerSec, step, e, got, want)
 				}
 				if want {
@@ -274,20 +274,68 @@ func TestStormThrottle(t *testing.T) {
 	}
 	// Failures stop: 50 successes bring 5 tokens (not enough), 51 more than 5.
 	for i := 0; i < 50; i++ {
-		th.Success()
+		th.Finish(false, Succeeded)
 	}
-	if th.Allow() {
+	if th.Withdraw() {
 		t.Fatal("retries allowed at exactly max/2 tokens")
 	}
-	th.Success()
-	if !th.Allow() {
+	th.Finish(false, Succeeded)
+	if !th.Withdraw() {
 		t.Fatal("retries still throttled above max/2 tokens")
 	}
+	if th.Tokens() != 5.1 {
+		t.Fatalf("tokens after a granted Withdraw = %v, want 5.1: Withdraw takes no token", th.Tokens())
+	}
 	for i := 0; i < 1000; i++ {
-		th.Success()
+		th.Finish(false, Succeeded)
 	}
 	if th.Tokens() != 10 {
 		t.Fatalf("tokens = %v, want capped at 10", th.Tokens())
+	}
+}
+
+// TestThrottleFinish checks each outcome's effect on the bucket, for first
+// attempts and retries alike, the bounds at empty and full, and that
+// Withdraw and Start change nothing.
+func TestThrottleFinish(t *testing.T) {
+	th, err := NewThrottle(ThrottleConfig{MaxTokens: 4, TokenRatio: 0.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name  string
+		op    func()
+		want  float64
+		allow bool
+	}{
+		{"start", th.Start, 4, true},
+		{"succeeded at full", func() { th.Finish(false, Succeeded) }, 4, true},
+		{"failed", func() { th.Finish(false, Failed) }, 3, true},
+		{"failed retry", func() { th.Finish(true, Failed) }, 2, false},
+		{"abandoned", func() { th.Finish(false, Abandoned) }, 2, false},
+		{"abandoned retry", func() { th.Finish(true, Abandoned) }, 2, false},
+		{"unknown outcome", func() { th.Finish(false, Outcome(9)) }, 2, false},
+		{"succeeded", func() { th.Finish(false, Succeeded) }, 2.5, true},
+		{"succeeded retry", func() { th.Finish(true, Succeeded) }, 3, true},
+		{"failed to 2", func() { th.Finish(false, Failed) }, 2, false},
+		{"failed to 1", func() { th.Finish(false, Failed) }, 1, false},
+		{"failed to 0", func() { th.Finish(false, Failed) }, 0, false},
+		{"failed at empty", func() { th.Finish(false, Failed) }, 0, false},
+		{"succeeded from empty", func() { th.Finish(false, Succeeded) }, 0.5, false},
+	}
+	for _, s := range steps {
+		s.op()
+		if got := th.Tokens(); got != s.want {
+			t.Fatalf("%s: tokens = %v, want %v", s.name, got, s.want)
+		}
+		for range 3 {
+			if got := th.Withdraw(); got != s.allow {
+				t.Fatalf("%s: Withdraw = %v, want %v", s.name, got, s.allow)
+			}
+		}
+		if got := th.Tokens(); got != s.want {
+			t.Fatalf("%s: tokens after Withdraw = %v, want %v unchanged", s.name, got, s.want)
+		}
 	}
 }
 
@@ -408,7 +456,7 @@ func TestBudgetExplicitConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 100; i++ {
-		b.Deposit()
+		b.Start()
 	}
 	if got := b.Available(); got != 2 {
 		t.Fatalf("percent 0, reserve 2.5: Available = %d, want 2", got)
@@ -418,12 +466,12 @@ func TestBudgetExplicitConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.TryWithdraw() {
+	if b.Withdraw() {
 		t.Fatal("retry granted with no reserve and no deposits")
 	}
-	b.Deposit()
-	b.Deposit()
-	if !b.TryWithdraw() || b.TryWithdraw() {
+	b.Start()
+	b.Start()
+	if !b.Withdraw() || b.Withdraw() {
 		t.Fatal("two deposits at 50% did not buy exactly one retry")
 	}
 	// Neither: a budget that never allows a retry.
@@ -431,8 +479,8 @@ func TestBudgetExplicitConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.Deposit()
-	if b.TryWithdraw() {
+	b.Start()
+	if b.Withdraw() {
 		t.Fatal("retry granted by an empty budget")
 	}
 	// The zero ConcurrentConfig allows no retry; a minimum alone allows
@@ -515,8 +563,8 @@ func TestPercentBudgetConcurrent(t *testing.T) {
 			defer wg.Done()
 			n := 0
 			for i := 0; i < 1000; i++ {
-				b.Deposit()
-				if b.TryWithdraw() {
+				b.Start()
+				if b.Withdraw() {
 					n++
 				}
 			}
@@ -549,12 +597,12 @@ func BenchmarkBudget(b *testing.B) {
 		kind string
 		op   func()
 	}{
-		{"finagle", func() { pb.Deposit(); pb.TryWithdraw() }},
+		{"finagle", func() { pb.Start(); pb.Withdraw() }},
 		{"grpc", func() {
 			if th.Withdraw() {
-				th.Failure()
+				th.Finish(true, Failed)
 			}
-			th.Success()
+			th.Finish(false, Succeeded)
 		}},
 		{"concurrent", func() {
 			if cb.Withdraw() {
@@ -640,9 +688,9 @@ func TestPercentBudgetConcurrentSlots(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 20000; i++ {
-				b.Deposit()
+				b.Start()
 				requests.Add(1)
-				if b.TryWithdraw() {
+				if b.Withdraw() {
 					granted.Add(1)
 				}
 				if g == 0 && i%10 == 0 {
@@ -675,21 +723,21 @@ func TestPercentBudgetClockBackwards(t *testing.T) {
 	}
 	clk.Advance(500 * time.Millisecond) // slot 5
 	for range 4 {
-		b.Deposit()
+		b.Start()
 	}
 	clk.Advance(-time.Hour) // before the budget was created
 	if got := b.Available(); got != 4 {
 		t.Fatalf("after the clock stepped back: Available = %d, want 4", got)
 	}
-	if !b.TryWithdraw() {
+	if !b.Withdraw() {
 		t.Fatal("withdrawal refused after the clock stepped back")
 	}
-	b.Deposit()
+	b.Start()
 	clk.Advance(time.Hour + 1400*time.Millisecond) // slot 19: slots 5 and older expired
 	if got := b.Available(); got != 0 {
 		t.Fatalf("one TTL after the latest slot: Available = %d, want 0", got)
 	}
-	b.Deposit()
+	b.Start()
 	if got := b.Available(); got != 1 {
 		t.Fatalf("after a fresh deposit: Available = %d, want 1", got)
 	}

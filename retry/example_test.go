@@ -146,13 +146,13 @@ func ExampleThrottle() {
 		panic(err)
 	}
 	for i := 1; i <= 6; i++ {
-		throttle.Failure()
-		fmt.Printf("after %d failures: %.0f tokens, retries allowed: %v\n", i, throttle.Tokens(), throttle.Allow())
+		throttle.Finish(false, retry.Failed) // an attempt failed
+		fmt.Printf("after %d failures: %.0f tokens, retries allowed: %v\n", i, throttle.Tokens(), throttle.Withdraw())
 	}
 	for range 10 {
-		throttle.Success()
+		throttle.Finish(false, retry.Succeeded)
 	}
-	fmt.Printf("after 10 successes: %.0f tokens, retries allowed: %v\n", throttle.Tokens(), throttle.Allow())
+	fmt.Printf("after 10 successes: %.0f tokens, retries allowed: %v\n", throttle.Tokens(), throttle.Withdraw())
 	// Output:
 	// after 1 failures: 9 tokens, retries allowed: true
 	// after 2 failures: 8 tokens, retries allowed: true

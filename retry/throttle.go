@@ -68,48 +68,37 @@ func NewThrottle(cfg ThrottleConfig) (*Throttle, error) {
 	return t, nil
 }
 
-// Allow reports whether a retry may be sent: more than MaxTokens/2 tokens
-// remain.
-func (t *Throttle) Allow() bool { return 2*t.tokens.Load() > t.max }
-
-// Success records a successful attempt.
-func (t *Throttle) Success() {
-	for {
-		old := t.tokens.Load()
-		n := min(old+t.ratio, t.max)
-		if n == old || t.tokens.CompareAndSwap(old, n) {
-			return
-		}
-	}
-}
-
-// Failure records a failed attempt.
-func (t *Throttle) Failure() {
-	for {
-		old := t.tokens.Load()
-		n := max(old-1000, 0)
-		if n == old || t.tokens.CompareAndSwap(old, n) {
-			return
-		}
-	}
-}
-
 // Tokens returns the tokens in the bucket.
 func (t *Throttle) Tokens() float64 { return float64(t.tokens.Load()) / 1000 }
 
-// Start implements [Budget]; it does nothing.
+// Start implements [Budget]; it does nothing, since a Throttle counts
+// attempts' outcomes, not requests.
 func (t *Throttle) Start() {}
 
-// Withdraw implements [Budget]; see [Throttle.Allow].
-func (t *Throttle) Withdraw() bool { return t.Allow() }
+// Withdraw reports whether a retry may be sent: more than MaxTokens/2 tokens
+// remain. It takes no token and changes nothing; the retry's outcome, passed
+// to Finish, does. It implements [Budget].
+func (t *Throttle) Withdraw() bool { return 2*t.tokens.Load() > t.max }
 
-// Finish implements [Budget]: Succeeded puts back TokenRatio, Failed takes a
-// token, Abandoned changes nothing.
+// Finish records the outcome of an attempt, a first attempt or a retry
+// alike: Succeeded puts back TokenRatio tokens (never above MaxTokens),
+// Failed takes one token (never below zero), and Abandoned changes nothing.
+// It implements [Budget].
 func (t *Throttle) Finish(_ bool, o Outcome) {
+	var delta int64
 	switch o {
 	case Succeeded:
-		t.Success()
+		delta = t.ratio
 	case Failed:
-		t.Failure()
+		delta = -1000
+	default:
+		return
+	}
+	for {
+		old := t.tokens.Load()
+		n := min(max(old+delta, 0), t.max)
+		if n == old || t.tokens.CompareAndSwap(old, n) {
+			return
+		}
 	}
 }

@@ -87,7 +87,7 @@ func BenchmarkScrapeOnce(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	if err := s.Add("a", srv.URL); err != nil {
+	if err := s.SetTargets(map[string]string{"a": srv.URL}); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()

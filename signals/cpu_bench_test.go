@@ -34,12 +34,14 @@ func BenchmarkScrapeCPU(b *testing.B) {
 	}
 	defer s.Close()
 	keys := make([]string, endpoints)
+	targets := make(map[string]string, endpoints)
 	for i := range keys {
 		srv := newSwitchServer(b, serve(textType, body))
 		keys[i] = fmt.Sprint(i)
-		if err := s.Add(keys[i], srv.URL+"/metrics"); err != nil {
-			b.Fatal(err)
-		}
+		targets[keys[i]] = srv.URL + "/metrics"
+	}
+	if err := s.SetTargets(targets); err != nil {
+		b.Fatal(err)
 	}
 	ctx := context.Background()
 	for _, k := range keys { // warm up connections

@@ -32,4 +32,6 @@ var (
 	// ErrORCA: an ORCA load report is malformed, in an unsupported format, or
 	// carries none of the mapped metrics.
 	ErrORCA = errors.New("signals: invalid ORCA load report")
+	// ErrRunning: Run was called while another call of Run is running.
+	ErrRunning = errors.New("signals: Scraper.Run is already running")
 )

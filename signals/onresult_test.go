@@ -28,7 +28,7 @@ func TestScraperOnResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if err := s.Add("a", srv.URL+"/metrics"); err != nil {
+	if err := s.SetTargets(map[string]string{"a": srv.URL + "/metrics"}); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()

@@ -319,8 +319,11 @@ func checkURL(key, raw string) error {
 
 // SetTargets replaces the targets: targets maps each endpoint key to its
 // metrics URL (such as "http://10.0.0.7:8000/metrics"). Endpoints no longer
-// listed are forgotten, with their observations; new ones are scraped by a
-// running Run within one Interval. On error nothing changes.
+// listed are forgotten, with their observations; an endpoint listed with a
+// new URL keeps its observation until a scrape of the new URL replaces it.
+// A scrape in flight of a forgotten endpoint, or of a replaced URL,
+// completes without recording. New targets are scraped by a running Run
+// within one Interval. On error nothing changes.
 func (s *Scraper) SetTargets(targets map[string]string) error {
 	if len(targets) > s.maxTgts {
 		return fmt.Errorf("%w: %d targets, above the maximum %d", ErrTooManyKeys, len(targets), s.maxTgts)
@@ -354,40 +357,6 @@ func newTarget(key, u string) *target {
 	t := &target{key: key, url: u}
 	t.st.Key, t.st.URL = key, u
 	return t
-}
-
-// Add adds the endpoint key with its metrics URL, or changes its URL.
-func (s *Scraper) Add(key, metricsURL string) error {
-	if err := checkURL(key, metricsURL); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	old := s.targets[key]
-	if old == nil && len(s.targets) >= s.maxTgts {
-		s.mu.Unlock()
-		return fmt.Errorf("%w: %d targets; cannot add %q", ErrTooManyKeys, s.maxTgts, key)
-	}
-	if old == nil || old.url != metricsURL {
-		if old != nil {
-			old.removed.Store(true)
-		}
-		s.targets[key] = newTarget(key, metricsURL)
-	}
-	s.mu.Unlock()
-	s.wake()
-	return nil
-}
-
-// Remove forgets the endpoint key and its observation. It is a no-op for an
-// unknown key. A scrape of it in flight completes without recording.
-func (s *Scraper) Remove(key string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if t := s.targets[key]; t != nil {
-		t.removed.Store(true)
-		delete(s.targets, key)
-		s.store.Delete(key)
-	}
 }
 
 func (s *Scraper) wake() {
@@ -592,12 +561,13 @@ func (s *Scraper) Close() {
 // Config.MaxConcurrent scrapes in flight. When ctx is done, Run waits for the
 // scrapes in flight to stop, closes the idle connections of the scraper's
 // own client, and returns ctx.Err(). Run may be called again after it
-// returns, but not twice at once.
+// returns, but not twice at once: a call while another is running returns
+// [ErrRunning] at once.
 func (s *Scraper) Run(ctx context.Context) error {
 	s.mu.Lock()
 	if s.running {
 		s.mu.Unlock()
-		return errors.New("signals: Scraper.Run is already running")
+		return ErrRunning
 	}
 	s.running = true
 	s.mu.Unlock()

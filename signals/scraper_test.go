@@ -45,10 +45,12 @@ func TestScrapeEveryEngine(t *testing.T) {
 	}
 	clock := newFakeClock()
 	s := newScraper(t, signals.Config{Clock: clock})
+	targets := map[string]string{}
 	for _, c := range cases {
 		t.Run(c.file, func(t *testing.T) {
 			srv := newSwitchServer(t, serve(c.contentType, fixture(t, c.file)))
-			require.NoError(t, s.Add(c.file, srv.URL+"/metrics"))
+			targets[c.file] = srv.URL + "/metrics"
+			require.NoError(t, s.SetTargets(targets))
 			clock.Advance(time.Second)
 			o, err := s.Scrape(context.Background(), c.file)
 			require.NoError(t, err)
@@ -76,7 +78,7 @@ func TestScrapeEveryEngine(t *testing.T) {
 func TestScrapeEngineUpgrade(t *testing.T) {
 	srv := newSwitchServer(t, serve(textType, fixture(t, "vllm_v0.prom")))
 	s := newScraper(t, signals.Config{Engine: signals.EngineVLLM})
-	require.NoError(t, s.Add("a", srv.URL))
+	require.NoError(t, s.SetTargets(map[string]string{"a": srv.URL}))
 	o, err := s.Scrape(context.Background(), "a")
 	require.NoError(t, err)
 	assert.InDelta(t, 0.9, o.KVUsage, 1e-12)
@@ -173,7 +175,7 @@ func TestScrapeBadEndpoints(t *testing.T) {
 				timeout = 100 * time.Millisecond
 			}
 			s := newScraper(t, signals.Config{Clock: clock, Timeout: timeout, MaxAge: 10 * time.Second})
-			require.NoError(t, s.Add("ep", srv.URL+"/metrics"))
+			require.NoError(t, s.SetTargets(map[string]string{"ep": srv.URL + "/metrics"}))
 			_, err := s.Scrape(context.Background(), "ep")
 			require.NoError(t, err)
 			goodAt := clock.Now()
@@ -231,13 +233,13 @@ func TestScrapeGzipCallerClient(t *testing.T) {
 	client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	defer client.CloseIdleConnections()
 	s := newScraper(t, signals.Config{Client: client})
-	require.NoError(t, s.Add("a", srv.URL))
+	require.NoError(t, s.SetTargets(map[string]string{"a": srv.URL}))
 	o, err := s.Scrape(context.Background(), "a")
 	require.NoError(t, err)
 	assert.Equal(t, 12, o.Running)
 
 	s2 := newScraper(t, signals.Config{Client: client, MaxBodyBytes: 1000})
-	require.NoError(t, s2.Add("a", srv.URL))
+	require.NoError(t, s2.SetTargets(map[string]string{"a": srv.URL}))
 	_, err = s2.Scrape(context.Background(), "a")
 	require.ErrorIs(t, err, signals.ErrBodyTooLarge)
 }
@@ -285,26 +287,38 @@ func TestTargets(t *testing.T) {
 		{"a", "http://%zz"},
 		{"a", "http:///metrics"},
 	} {
-		assert.ErrorIs(t, s.Add(bad.key, bad.url), signals.ErrInvalidConfig, "%q %q", bad.key, bad.url)
-		assert.ErrorIs(t, s.SetTargets(map[string]string{bad.key: bad.url}), signals.ErrInvalidConfig)
+		assert.ErrorIs(t, s.SetTargets(map[string]string{bad.key: bad.url}), signals.ErrInvalidConfig, "%q %q", bad.key, bad.url)
+		assert.ErrorIs(t, s.SetTargets(map[string]string{"ok": "http://ok/metrics", bad.key: bad.url}), signals.ErrInvalidConfig,
+			"%q %q next to a good target", bad.key, bad.url)
+		assert.Empty(t, s.Statuses(), "a failed SetTargets changes nothing")
 	}
 	require.NoError(t, s.SetTargets(map[string]string{"a": "http://a/metrics", "b": "http://b/metrics"}))
-	assert.ErrorIs(t, s.Add("c", "http://c/metrics"), signals.ErrTooManyKeys)
 	assert.ErrorIs(t, s.SetTargets(map[string]string{"a": "http://a", "b": "http://b", "c": "http://c"}), signals.ErrTooManyKeys)
-	require.NoError(t, s.Add("a", "http://a2/metrics"), "changing a URL is not a new target")
+	assert.Len(t, s.Statuses(), 2, "a failed SetTargets changes nothing")
+
+	// Changing a URL is not a new target, and keeps the observation.
+	now := time.Now()
+	require.NoError(t, s.Store().Record("a", llmlb.Load{At: now, Running: 1}))
+	require.NoError(t, s.Store().Record("b", llmlb.Load{At: now, Running: 1}))
+	require.NoError(t, s.SetTargets(map[string]string{"a": "http://a2/metrics", "b": "http://b/metrics"}))
+	_, ok := s.Load("a")
+	assert.True(t, ok, "a target whose URL changed keeps its observation")
 
 	// Removing a target forgets its observation.
-	now := time.Now()
-	require.NoError(t, s.Store().Record("b", llmlb.Load{At: now, Running: 1}))
 	require.NoError(t, s.SetTargets(map[string]string{"a": "http://a2/metrics"}))
-	_, ok := s.Load("b")
+	_, ok = s.Load("b")
+	assert.False(t, ok)
+	_, ok = s.Status("b")
 	assert.False(t, ok)
 	st := s.Statuses()
 	require.Len(t, st, 1)
 	assert.Equal(t, "http://a2/metrics", st[0].URL)
-	require.NoError(t, s.Store().Record("a", llmlb.Load{At: now, Running: 1}))
-	s.Remove("a")
-	s.Remove("a")
+	_, ok = s.Load("a")
+	assert.True(t, ok, "a kept target keeps its observation")
+
+	// Removing every target, twice, forgets the rest.
+	require.NoError(t, s.SetTargets(nil))
+	require.NoError(t, s.SetTargets(nil))
 	_, ok = s.Load("a")
 	assert.False(t, ok)
 	assert.Empty(t, s.Statuses())
@@ -317,7 +331,7 @@ func TestScrapeAndPushMerge(t *testing.T) {
 	require.NoError(t, err)
 	srv := newSwitchServer(t, serve(textType, fixture(t, "vllm.prom")))
 	s := newScraper(t, signals.Config{Store: store, Clock: clock})
-	require.NoError(t, s.Add("a", srv.URL))
+	require.NoError(t, s.SetTargets(map[string]string{"a": srv.URL}))
 	_, err = s.Scrape(context.Background(), "a")
 	require.NoError(t, err)
 
@@ -353,10 +367,15 @@ func TestRun(t *testing.T) {
 	go func() { done <- s.Run(ctx) }()
 
 	waitFor(t, func() bool { return minScrapes(s) >= 2 }, "every target scraped twice")
-	require.Error(t, s.Run(ctx), "Run twice at once")
+	err := s.Run(ctx)
+	require.ErrorIs(t, err, signals.ErrRunning, "Run twice at once")
+	assert.Equal(t, "signals: Scraper.Run is already running", err.Error())
 
-	require.NoError(t, s.Add("3", srvs[3].URL))
-	s.Remove("0")
+	delete(targets, "0")
+	targets["3"] = srvs[3].URL
+	require.NoError(t, s.SetTargets(targets))
+	_, ok := s.Load("0")
+	assert.False(t, ok, "a removed target's observation is forgotten")
 	waitFor(t, func() bool { st, _ := s.Status("3"); return st.Scrapes >= 2 }, "added target scraped")
 	hits := srvs[0].hits.Load()
 	time.Sleep(60 * time.Millisecond)

@@ -96,7 +96,7 @@ func (c *Cluster) ScrapeHitRate(ctx context.Context, client *http.Client) (HitRa
 		if err != nil {
 			return h, err
 		}
-		if err := s.Add(u, u+"/metrics"); err != nil {
+		if err := s.SetTargets(map[string]string{u: u + "/metrics"}); err != nil {
 			return h, err
 		}
 		obs, err := s.Scrape(ctx, u)
