@@ -116,22 +116,27 @@ type Observer struct {
 	// the reason: [ReasonFull], [ReasonPrincipal], [ReasonShed] or
 	// [ReasonDeadline]. A request whose caller gives up (a cancelled
 	// context, a queued ticket's Done) is not refused.
-	Refused func(c Class, reason string)
+	Refused func(c Class, reason Reason)
 }
 
-// The reasons of a refusal, as [Observer.Refused] reports them.
+// Reason is why a queue refused a request, as [Observer.Refused] reports
+// it. Its values are the Reason constants; as a string it is the label a
+// metric or a log line carries. It is a plain value, safe to share.
+type Reason string
+
+// The reasons of a refusal.
 const (
 	// ReasonFull: MaxWaiting requests were waiting, none of them less
 	// urgent to shed.
-	ReasonFull = "full"
+	ReasonFull Reason = "full"
 	// ReasonPrincipal: MaxWaitingPerPrincipal requests of the principal
 	// were waiting.
-	ReasonPrincipal = "principal"
+	ReasonPrincipal Reason = "principal"
 	// ReasonShed: the request was waiting and made room for a more urgent
 	// one.
-	ReasonShed = "shed"
+	ReasonShed Reason = "shed"
 	// ReasonDeadline: the caller's deadline passed before admission.
-	ReasonDeadline = "deadline"
+	ReasonDeadline Reason = "deadline"
 )
 
 func invalidf(format string, args ...any) error {

@@ -326,7 +326,7 @@ func (q *Queue) leaveErrorLocked(rank int, cause error) error {
 }
 
 // refusalWhat says what happened, for each reason.
-var refusalWhat = map[string]string{
+var refusalWhat = map[Reason]string{
 	ReasonFull:      "queue full",
 	ReasonPrincipal: "too many requests of the principal waiting",
 	ReasonShed:      "shed for a more urgent request",
@@ -338,7 +338,7 @@ var refusalWhat = map[string]string{
 // wait [Queue.retryAfterLocked] estimates, wrapped with what happened and
 // with cause if not nil. p is the principal for ReasonPrincipal. The lock
 // is held.
-func (q *Queue) refusal(rank int, p *principal, reason string, now time.Time, cause error) error {
+func (q *Queue) refusal(rank int, p *principal, reason Reason, now time.Time, cause error) error {
 	if f := q.observer.Refused; f != nil {
 		f(classOf(rank), reason)
 	}

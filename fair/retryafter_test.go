@@ -103,7 +103,7 @@ func TestRetryAfterFollowsTheDrainRate(t *testing.T) {
 func TestObserver(t *testing.T) {
 	type refusal struct {
 		c      Class
-		reason string
+		reason Reason
 	}
 	var (
 		waits    []time.Duration
@@ -111,7 +111,7 @@ func TestObserver(t *testing.T) {
 	)
 	obs := &Observer{
 		Admitted: func(_ Class, w time.Duration) { waits = append(waits, w) },
-		Refused:  func(c Class, r string) { refusals = append(refusals, refusal{c, r}) },
+		Refused:  func(c Class, r Reason) { refusals = append(refusals, refusal{c, r}) },
 	}
 	q, clk := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 2, MaxWaitingPerPrincipal: 1, Observer: obs})
 	first, _ := q.push(Request{Principal: "a"}) // admitted at once

@@ -62,7 +62,7 @@ const (
 	// "standard" or "batch" ([fair.Class.String]).
 	AttrClass = attribute.Key("llmlb.queue.class")
 	// AttrReason is why a fair queue refused a request: "full",
-	// "principal", "shed" or "deadline" (fair.Reason*).
+	// "principal", "shed" or "deadline" ([fair.Reason]).
 	AttrReason = attribute.Key("llmlb.queue.reason")
 	// AttrSpillFrom, AttrSpillTo and AttrSpillReason are a spill's tiers
 	// and reason ([spill.Event]).
@@ -81,7 +81,7 @@ var ErrInvalidConfig = errors.New("telemetry: invalid config")
 // precomputed attribute sets.
 var (
 	queueClasses = [...]fair.Class{fair.Interactive, fair.Standard, fair.Batch}
-	queueReasons = [...]string{fair.ReasonFull, fair.ReasonPrincipal, fair.ReasonShed, fair.ReasonDeadline}
+	queueReasons = [...]fair.Reason{fair.ReasonFull, fair.ReasonPrincipal, fair.ReasonShed, fair.ReasonDeadline}
 )
 
 // Bucket boundaries of the histograms. The time-to-first-token and duration
@@ -197,7 +197,7 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	for i, c := range queueClasses {
 		m.classes[i] = []metric.RecordOption{m.with(AttrClass.String(c.String()))}
 		for j, r := range queueReasons {
-			m.refusals[i][j] = []metric.AddOption{m.with(AttrClass.String(c.String()), AttrReason.String(r))}
+			m.refusals[i][j] = []metric.AddOption{m.with(AttrClass.String(c.String()), AttrReason.String(string(r)))}
 		}
 	}
 	m.meter = mp.Meter(ScopeName)
@@ -297,7 +297,7 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 		Admitted: func(c fair.Class, waited time.Duration) {
 			m.qwait.Record(context.Background(), waited.Seconds(), m.classes[classIndex(c)]...)
 		},
-		Refused: func(c fair.Class, reason string) {
+		Refused: func(c fair.Class, reason fair.Reason) {
 			j := 0
 			for k, r := range queueReasons {
 				if r == reason {

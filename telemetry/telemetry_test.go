@@ -391,7 +391,7 @@ func TestQueueInstruments(t *testing.T) {
 	data = collect(t, reader)
 	gauge(telemetry.MetricQueueWaiting, 0)
 	gauge(telemetry.MetricQueueInFlight, 0)
-	if got := sums(t, data, telemetry.MetricQueueRefusals, telemetry.AttrReason); len(got) != 1 || got[fair.ReasonFull] != 1 {
+	if got := sums(t, data, telemetry.MetricQueueRefusals, telemetry.AttrReason); len(got) != 1 || got[string(fair.ReasonFull)] != 1 {
 		t.Errorf("refusals by reason = %v, want full:1", got)
 	}
 	if got := sums(t, data, telemetry.MetricQueueRefusals, telemetry.AttrClass); len(got) != 1 || got["batch"] != 1 {
