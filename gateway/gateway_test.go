@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -584,5 +585,65 @@ func TestGatewayHeadroom(t *testing.T) {
 	// 7 of 10 left, and a little refilled since.
 	if h, ok := g.Headroom(c.URLs[0]); !ok || h < 0.7 || h > 0.8 {
 		t.Fatalf("headroom %v, %v after 3 of 10 requests; want about 0.7", h, ok)
+	}
+}
+
+// Update replaces the backends of a running gateway: requests go to the new
+// set only, the scraper follows it, and an invalid list changes nothing.
+func TestGatewayUpdate(t *testing.T) {
+	c, err := e2e.StartCluster(2, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	log, _ := newLogger()
+	g, err := New(c.URLs[:1], Config{Logger: log, ScrapeInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- g.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-ran
+		g.transport.CloseIdleConnections()
+	}()
+	send := func(n int) {
+		t.Helper()
+		for i := range n {
+			if code, body, _ := post(t, g, fmt.Sprintf("update test prompt %d", i)); code != http.StatusOK {
+				t.Fatalf("request %d: %d %q", i, code, body)
+			}
+		}
+	}
+	finished := func(i int) int64 { return c.Engines[i].Stats().Finished }
+
+	send(4)
+	if a, b := finished(0), finished(1); a != 4 || b != 0 {
+		t.Fatalf("before Update: %d and %d requests finished, want 4 and 0", a, b)
+	}
+	if err := g.Update(c.URLs[1:]); err != nil {
+		t.Fatal(err)
+	}
+	send(4)
+	if a, b := finished(0), finished(1); a != 4 || b != 4 {
+		t.Fatalf("after Update: %d and %d requests finished, want 4 and 4", a, b)
+	}
+	st := g.State()
+	if len(st.Endpoints) != 1 || st.Endpoints[0].Key != c.URLs[1] {
+		t.Fatalf("endpoints after Update: %+v", st.Endpoints)
+	}
+	waitFor(t, func() bool { s := g.State().Endpoints[0].Scrape; return s != nil && s.Scrapes > 0 })
+
+	if err := g.Update([]string{"not a url"}); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("Update with an invalid URL: %v, want ErrInvalidConfig", err)
+	}
+	if st := g.State(); len(st.Endpoints) != 1 || st.Endpoints[0].Key != c.URLs[1] {
+		t.Fatalf("endpoints after a failed Update: %+v", st.Endpoints)
+	}
+	send(2)
+	if b := finished(1); b != 6 {
+		t.Fatalf("after a failed Update: %d requests finished on the second engine, want 6", b)
 	}
 }

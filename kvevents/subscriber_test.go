@@ -6,9 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmlb/llmlb/prefix"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/llmlb/llmlb/prefix"
 )
 
 const (
