@@ -366,7 +366,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 			}
 		})
 	}
-	wg.Go(func() { _ = g.ejector.Run(ctx, time.Second) })
+	wg.Go(func() { _ = g.ejector.Run(ctx) })
 	wg.Wait()
 	g.transport.CloseIdleConnections()
 	return ctx.Err()

@@ -21,6 +21,9 @@ const (
 	// DefaultMaxCooldown caps the time an overload answer's requested wait
 	// takes an endpoint out ([EjectorConfig.MaxCooldown]).
 	DefaultMaxCooldown = 5 * time.Minute
+	// DefaultSweepInterval is how often [Ejector.Run] ends the ejections
+	// that are due ([EjectorConfig.SweepInterval]).
+	DefaultSweepInterval = time.Second
 )
 
 // maxTracked bounds the endpoints an [Ejector] keeps state for that are not
@@ -72,6 +75,10 @@ type EjectorConfig struct {
 	// half-open probe. 0 means [DefaultMaxCooldown]; a negative value
 	// disables cooldowns.
 	MaxCooldown time.Duration
+	// SweepInterval is how often [Ejector.Run] calls Sweep, as Envoy's
+	// outlier detection interval. 0 means [DefaultSweepInterval]; it must
+	// not be negative.
+	SweepInterval time.Duration
 	// Clock tells the time; nil means the system clock.
 	Clock llmlb.Clock
 	// Observer, if set, is told of every ejection.
@@ -111,6 +118,7 @@ type Ejector struct {
 	percent   float64
 	classify  func(error) Outcome
 	cooldown  time.Duration // MaxCooldown; <= 0: no cooldowns
+	interval  time.Duration // SweepInterval
 	clock     llmlb.Clock
 	obs       *Observer
 	limit     int // most entries that are not ejected; maxTracked
@@ -190,7 +198,12 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 	if cfg.MaxCooldown == 0 {
 		cfg.MaxCooldown = DefaultMaxCooldown
 	}
+	if cfg.SweepInterval == 0 {
+		cfg.SweepInterval = DefaultSweepInterval
+	}
 	switch {
+	case cfg.SweepInterval < 0:
+		return nil, invalidf("ejector SweepInterval %v is negative", cfg.SweepInterval)
 	case cfg.ConsecutiveFailures < 0:
 		return nil, invalidf("ejector ConsecutiveFailures %d is negative", cfg.ConsecutiveFailures)
 	case cfg.BaseEjectionTime < 0:
@@ -208,6 +221,7 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 		percent:   cfg.MaxEjectionPercent,
 		classify:  cfg.Classify,
 		cooldown:  cfg.MaxCooldown,
+		interval:  cfg.SweepInterval,
 		clock:     clockOr(cfg.Clock),
 		obs:       cfg.Observer,
 		limit:     maxTracked,
@@ -579,13 +593,10 @@ func (e *Ejector) sweep(now time.Time) {
 	}
 }
 
-// Run calls Sweep every interval (1 s if interval is not positive) until
-// ctx ends, and returns ctx's error.
-func (e *Ejector) Run(ctx context.Context, interval time.Duration) error {
-	if interval <= 0 {
-		interval = time.Second
-	}
-	t := time.NewTicker(interval)
+// Run calls Sweep every SweepInterval until ctx ends, and returns ctx's
+// error.
+func (e *Ejector) Run(ctx context.Context) error {
+	t := time.NewTicker(e.interval)
 	defer t.Stop()
 	for {
 		select {

@@ -267,11 +267,11 @@ func TestEjectorWithLoop(t *testing.T) {
 
 func TestEjectorRun(t *testing.T) {
 	b := newBalancer(t, "a", "b")
-	e, _ := NewEjector(b, EjectorConfig{ConsecutiveFailures: 1, BaseEjectionTime: time.Millisecond})
+	e, _ := NewEjector(b, EjectorConfig{ConsecutiveFailures: 1, BaseEjectionTime: time.Millisecond, SweepInterval: time.Millisecond})
 	e.Report("a", errors.New("reset"))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	go func() { done <- e.Run(ctx, time.Millisecond) }()
+	go func() { done <- e.Run(ctx) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for !healthy(b, "a") && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
@@ -293,6 +293,7 @@ func TestEjectorBadConfig(t *testing.T) {
 		{BaseEjectionTime: time.Minute, MaxEjectionTime: time.Second},
 		{MaxEjectionPercent: -1},
 		{MaxEjectionPercent: 101},
+		{SweepInterval: -time.Second},
 	} {
 		if _, err := NewEjector(b, cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("NewEjector(%+v) = %v", cfg, err)
