@@ -57,6 +57,9 @@ func TestParseConfig(t *testing.T) {
 			check: func(c *grpclb.Config) bool { return c.OverlapScoreWeight != nil && *c.OverlapScoreWeight == 2 }},
 		{name: "gie", js: `{"policy": "gie-default", "queueWeight": 1, "kvWeight": 1, "prefixWeight": 1}`},
 		{name: "baselines", js: `{"policy": "round-robin", "slowStartWindow": "5s", "slowStartAggression": 2}`},
+		{name: "default learning", js: `{"policy": "default", "learn": true}`, check: func(c *grpclb.Config) bool { return c.Learn }},
+		{name: "peak ewma", js: `{"policy": "peak-ewma", "peakDecay": "5s"}`,
+			check: func(c *grpclb.Config) bool { return c.PeakDecay == ms(5*time.Second) }},
 
 		{name: "not an object", js: `[1]`, wantErr: "must be a JSON object"},
 		{name: "malformed", js: `{"policy": `, wantErr: "must be a JSON object"},
@@ -65,6 +68,9 @@ func TestParseConfig(t *testing.T) {
 		{name: "unknown parameter", js: `{"policy": "p2c", "scor": "kv"}`, wantErr: `unknown parameter "scor"`},
 		{name: "parameter of another policy", js: `{"policy": "round-robin", "score": "kv"}`,
 			wantErr: `parameter "score" does not apply to policy "round-robin"`},
+		{name: "learn is default's", js: `{"policy": "p2c", "learn": true}`,
+			wantErr: `parameter "learn" does not apply to policy "p2c"`},
+		{name: "negative peak decay", js: `{"policy": "peak-ewma", "peakDecay": "-1s"}`, wantErr: "negative"},
 		{name: "unknown score", js: `{"policy": "p2c", "score": "latency"}`, wantErr: `unknown score "latency"`},
 		{name: "bad duration", js: `{"maxSignalAge": "ten seconds"}`, wantErr: "duration"},
 		{name: "numeric duration", js: `{"maxSignalAge": 10}`, wantErr: "duration must be a string"},
@@ -114,8 +120,8 @@ func TestParseConfig(t *testing.T) {
 func TestParseConfigEveryPolicy(t *testing.T) {
 	b := newTestBuilder(t)
 	names := grpclb.Policies()
-	if len(names) < 14 {
-		t.Fatalf("Policies() = %v, want at least 14", names)
+	if len(names) < 15 {
+		t.Fatalf("Policies() = %v, want at least 15", names)
 	}
 	for _, name := range names {
 		js, _ := json.Marshal(map[string]string{"policy": name})
