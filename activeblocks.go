@@ -13,10 +13,12 @@ import (
 // it occupies the engine's KV cache once.
 //
 // A request's blocks are its full prompt blocks: the hashes of
-// Request.Prefix, and one private block for each full block beyond it. Add
-// and Release must be given the same endpoint key and an equal Request
-// (PromptTokens and Prefix). A zero ActiveBlocks is not ready for use; call
-// [NewActiveBlocks]. ActiveBlocks is safe for concurrent use; memory is
+// Request.Prefix, and one private block for each full block beyond it. The
+// policy it is given to ([KVCostConfig].Active) adds each request at the
+// endpoint it chooses, and the Balancer releases it when the pick's Done is
+// called, so the counts follow the picks with nothing for the caller to do.
+// A zero ActiveBlocks is not ready for use; call [NewActiveBlocks]. Give an
+// ActiveBlocks to one policy. It is safe for concurrent use; memory is
 // proportional to the blocks of the requests in flight.
 type ActiveBlocks struct {
 	block int // tokens per block
@@ -48,12 +50,16 @@ func (a *ActiveBlocks) split(r *Request) (hashed []uint64, private int64) {
 	return hashed, int64(full - len(hashed))
 }
 
-// Add records that r is in flight at the endpoint key.
-func (a *ActiveBlocks) Add(key string, r *Request) {
+// add records that r is in flight at the endpoint key.
+func (a *ActiveBlocks) add(key string, r *Request) {
 	if r == nil {
 		return
 	}
 	hashed, private := a.split(r)
+	a.addBlocks(key, hashed, private)
+}
+
+func (a *ActiveBlocks) addBlocks(key string, hashed []uint64, private int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := a.eps[key]
@@ -67,14 +73,18 @@ func (a *ActiveBlocks) Add(key string, r *Request) {
 	s.private += private
 }
 
-// Release records that r, added at the endpoint key, has ended. Releasing a
+// release records that r, added at the endpoint key, has ended. Releasing a
 // request that was not added is a no-op for its blocks that are not
 // active.
-func (a *ActiveBlocks) Release(key string, r *Request) {
+func (a *ActiveBlocks) release(key string, r *Request) {
 	if r == nil {
 		return
 	}
 	hashed, private := a.split(r)
+	a.releaseBlocks(key, hashed, private)
+}
+
+func (a *ActiveBlocks) releaseBlocks(key string, hashed []uint64, private int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	s := a.eps[key]
@@ -93,6 +103,36 @@ func (a *ActiveBlocks) Release(key string, r *Request) {
 	if len(s.refs) == 0 && s.private == 0 {
 		delete(a.eps, key)
 	}
+}
+
+// activeHold is one picked request's blocks at the endpoint it was sent
+// to: a copy, since the caller may reuse its Request once Pick returns. The
+// pick's record keeps it until Done releases it.
+type activeHold struct {
+	a       *ActiveBlocks
+	key     string
+	hashed  []uint64
+	private int64
+}
+
+// activeHolds holds the free activeHolds, with their block slices.
+var activeHolds = sync.Pool{New: func() any { return new(activeHold) }}
+
+// hold records that r is in flight at the endpoint key and returns the hold
+// whose drop releases it.
+func (a *ActiveBlocks) hold(key string, r *Request) *activeHold {
+	hashed, private := a.split(r)
+	h := activeHolds.Get().(*activeHold)
+	h.a, h.key, h.hashed, h.private = a, key, append(h.hashed[:0], hashed...), private
+	a.addBlocks(key, h.hashed, private)
+	return h
+}
+
+// drop releases the request of h and frees h.
+func (h *activeHold) drop() {
+	h.a.releaseBlocks(h.key, h.hashed, h.private)
+	h.a, h.key = nil, ""
+	activeHolds.Put(h)
 }
 
 // Blocks returns the number of distinct active blocks at the endpoint key.

@@ -701,6 +701,7 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	decode := c.reqTok - prompt
 	rec := b.newRecord(st, prefill, prompt, decode)
 	rec.kind, rec.feature = c.outKind, c.outFeature
+	rec.active, c.active = c.active, nil
 	c.signalAge = -1
 	timed := b.obs != nil || b.learn || b.peak != nil // they need the time of the pick
 	if timed {
@@ -775,7 +776,7 @@ func (b *Balancer) unobserved() bool {
 func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record {
 	rec := recordPool.Get().(*record)
 	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work = st, b, 0, 0, 0, 0
-	rec.kind, rec.feature = 0, 0
+	rec.kind, rec.feature, rec.active = 0, 0, nil
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	return rec
 }
@@ -902,6 +903,10 @@ func (p Pick) Done(err error) {
 	if rec.epoch != 0 {
 		b.doneEpoch(st, rec, streaming)
 	}
+	if rec.active != nil {
+		rec.active.drop()
+		rec.active = nil
+	}
 	rec.st, rec.b = nil, nil
 	recordPool.Put(rec)
 	if b.obs != nil && b.obs.Done != nil {
@@ -968,8 +973,9 @@ type record struct {
 	// the count clears it, so that no count outlives its request to be
 	// read by a later generation with the same tag.
 	out           atomic.Uint64
-	kind, feature uint64   // the request's output-prediction keys
-	_             [24]byte // to 128 bytes (see the record pool)
+	kind, feature uint64      // the request's output-prediction keys
+	active        *activeHold // the request's active blocks, released at Done
+	_             [16]byte    // to 128 bytes (see the record pool)
 }
 
 // The packing of record.out: a generation tag above a count.

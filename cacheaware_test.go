@@ -102,7 +102,7 @@ func TestKVCostUniqueActiveBlocks(t *testing.T) {
 		r   Request
 	}{{"ep1", shared}, {"ep1", shared}, {"ep2", other}} {
 		held = append(held, holdOn(t, b, h.key, 1, h.r)...)
-		active.Add(h.key, &h.r)
+		active.add(h.key, &h.r)
 	}
 	for _, h := range held {
 		h.FirstToken()
@@ -125,18 +125,21 @@ func TestKVCostUniqueActiveBlocks(t *testing.T) {
 			t.Fatalf("ep1 has %d active blocks after the pick, want 10", got)
 		}
 		pk.Done(nil)
-		active.Release("ep1", &req)
+		pk.Done(nil) // a second Done releases nothing more
+		if got := active.Blocks("ep1"); got != 5 {
+			t.Fatalf("ep1 has %d active blocks after Done, want the 5 of the held requests", got)
+		}
 	}
 	for _, h := range held {
 		h.Done(nil)
 	}
-	active.Release("ep1", &shared)
+	active.release("ep1", &shared)
 	if got := active.Blocks("ep1"); got != 5 {
 		t.Fatalf("ep1 has %d active blocks with one sharer left, want 5", got)
 	}
-	active.Release("ep1", &shared)
-	active.Release("ep1", &shared) // released once too often: a no-op
-	active.Release("ep2", &other)
+	active.release("ep1", &shared)
+	active.release("ep1", &shared) // released once too often: a no-op
+	active.release("ep2", &other)
 	for _, key := range []string{"ep0", "ep1", "ep2"} {
 		if got := active.Blocks(key); got != 0 {
 			t.Fatalf("%s has %d active blocks after every release, want 0", key, got)

@@ -26,13 +26,16 @@ type Candidates struct {
 	// outKind and outFeature are the request's output-prediction keys
 	// (outputKeys), or 0 without output prediction.
 	outKind, outFeature uint64
-	ties                []int32
-	pick                []int32 // candidates a policy scores, when not all
-	cand                []int32 // member index -> candidate index or -1
-	seen                []bool  // scratch flags: per member in ring walks, per candidate in Default
-	scratch             EndpointLoad
-	loads               []EndpointLoad // per candidate, for policies that need them all
-	matched             []int32        // per candidate: leading prompt blocks cached
+	// active is the request's active blocks that the policy held at the
+	// endpoint it chose; commit hands it to the pick's record.
+	active  *activeHold
+	ties    []int32
+	pick    []int32 // candidates a policy scores, when not all
+	cand    []int32 // member index -> candidate index or -1
+	seen    []bool  // scratch flags: per member in ring walks, per candidate in Default
+	scratch EndpointLoad
+	loads   []EndpointLoad // per candidate, for policies that need them all
+	matched []int32        // per candidate: leading prompt blocks cached
 	// confirmed is, per candidate, the leading prompt blocks engine KV
 	// events reported, for policies with a separate events index.
 	confirmed []int32
@@ -70,6 +73,10 @@ func (t *clockReading) nanos(clock Clock) int64 {
 var candidatesPool = sync.Pool{New: func() any { return new(Candidates) }}
 
 func (c *Candidates) release() {
+	if c.active != nil { // held for a pick that was not made
+		c.active.drop()
+		c.active = nil
+	}
 	c.b, c.snap, c.req, c.cached, c.t, c.work = nil, nil, nil, 0, clockReading{}, 0
 	c.cand = c.cand[:0]
 	candidatesPool.Put(c)
@@ -562,4 +569,13 @@ func (c *Candidates) Narrow(keep func(i int) bool) bool {
 	}
 	c.cand = c.cand[:0]
 	return true
+}
+
+// hold keeps h, the active blocks the policy added for the endpoint it
+// chose, for the pick's record, which releases them at Done.
+func (c *Candidates) hold(h *activeHold) {
+	if c.active != nil {
+		c.active.drop()
+	}
+	c.active = h
 }

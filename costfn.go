@@ -21,9 +21,8 @@ type KVCostConfig struct {
 	// each endpoint, for the decode term, as Dynamo's router tracks its
 	// active sequences (router_track_active_blocks and
 	// router_assume_kv_reuse, both on by default). The policy adds each
-	// request at the endpoint it chooses; the caller must call
-	// [ActiveBlocks.Release] with the endpoint's key and the request when
-	// it ends, next to [Pick.Done]. Its block size must be the index's.
+	// request at the endpoint it chooses and the Balancer releases it at
+	// the pick's Done. Its block size must be the index's.
 	// Nil means no such tracking: the decode term then counts the prompt
 	// blocks of this balancer's outstanding requests, each request's in
 	// full.
@@ -204,7 +203,7 @@ func (p *kvCost) Choose(c *Candidates) int {
 	i := softmin(c, c.costs, p.cfg.Temperature)
 	p.t.record(c, i, &c.loads[i])
 	if p.cfg.Active != nil {
-		p.cfg.Active.Add(c.Key(i), c.req)
+		c.hold(p.cfg.Active.hold(c.Key(i), c.req))
 	}
 	return i
 }

@@ -226,6 +226,10 @@ var policies = []policySpec{
 		}
 		kc := llmlb.DynamoKVCostConfig()
 		kc.Index = ix
+		// Dynamo's router tracks its active sequences' blocks by default.
+		if kc.Active, err = llmlb.NewActiveBlocks(ix.BlockSize()); err != nil {
+			return nil, err
+		}
 		for _, f := range []struct {
 			src *float64
 			dst *float64

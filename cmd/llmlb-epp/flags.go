@@ -232,6 +232,12 @@ func newPolicy(o options, ix, events *prefix.Index) (llmlb.Policy, error) {
 		if events != nil {
 			kc.Index = events
 		}
+		// Dynamo's router tracks its active sequences' blocks by default.
+		active, err := llmlb.NewActiveBlocks(kc.Index.BlockSize())
+		if err != nil {
+			return nil, err
+		}
+		kc.Active = active
 		return llmlb.KVCost(kc)
 	case "gie-default":
 		return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})

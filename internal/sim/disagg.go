@@ -337,9 +337,6 @@ func newDynamoDecode(env *PolicyEnv) (llmlb.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := env.OnRequestEnd(func(m int, r *llmlb.Request) { active.Release(replicaKey(m), r) }); err != nil {
-		return nil, err
-	}
 	ix, err := newEventIndex(env)
 	if err != nil {
 		return nil, err

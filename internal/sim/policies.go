@@ -347,9 +347,6 @@ func newDynamoKV(env *PolicyEnv) (llmlb.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := env.OnRequestEnd(func(m int, r *llmlb.Request) { active.Release(replicaKey(m), r) }); err != nil {
-		return nil, err
-	}
 	cfg := llmlb.DynamoKVCostConfig()
 	cfg.Index, cfg.Active = ix, active
 	return llmlb.KVCost(cfg)
