@@ -100,10 +100,18 @@ func (a *ActiveBlocks) releaseBlocks(key string, hashed []uint64, private int64)
 		}
 	}
 	s.private = max(s.private-private, 0)
-	if len(s.refs) == 0 && s.private == 0 {
+	if len(s.refs) == 0 && s.private == 0 && len(a.eps) > maxIdleActiveSets {
+		// An endpoint with nothing in flight keeps its set, and the set's
+		// map its buckets, so that its next request allocates nothing;
+		// past maxIdleActiveSets endpoints, idle ones are dropped, so that
+		// endpoints that come and go cannot grow memory.
 		delete(a.eps, key)
 	}
 }
+
+// maxIdleActiveSets is the number of endpoints from which an ActiveBlocks
+// forgets an endpoint as soon as it has no blocks in flight.
+const maxIdleActiveSets = 1024
 
 // activeHold is one picked request's blocks at the endpoint it was sent
 // to: a copy, since the caller may reuse its Request once Pick returns. The

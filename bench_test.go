@@ -156,6 +156,15 @@ func benchCacheAware(b *testing.B) {
 			cfg.Index = ix
 			return KVCost(cfg)
 		}},
+		{"kv-cost-active", func(ix, _ *prefix.Index) (Policy, error) {
+			cfg := DynamoKVCostConfig()
+			cfg.Index = ix
+			var err error
+			if cfg.Active, err = NewActiveBlocks(ix.BlockSize()); err != nil {
+				return nil, err
+			}
+			return KVCost(cfg)
+		}},
 		{"default", func(ix, _ *prefix.Index) (Policy, error) { return Default(DefaultConfig{Index: ix}) }},
 		{"default-events", func(ix, events *prefix.Index) (Policy, error) {
 			return Default(DefaultConfig{Index: ix, Events: events})
