@@ -336,12 +336,6 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 	return 0, true, nil, &retry.GiveUpError{Attempts: a.n, Reason: reason, Err: tr.err}
 }
 
-// quotaReporter is a [retry.Reporter] that also reads the rate-limit
-// headers of successful answers, as [*retry.Ejector] does.
-type quotaReporter interface {
-	ReportQuota(key string, h http.Header)
-}
-
 // finish ends one attempt: its pick, the reporter and the budget learn how,
 // and a hedged attempt's context is released.
 func (a *attempt) finish(tr *try, err error, o retry.Outcome) {
@@ -409,7 +403,7 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 		return
 	}
 	tr.pick.FirstToken()
-	if q, ok := t.reporter.(quotaReporter); ok {
+	if q, ok := t.reporter.(retry.QuotaReporter); ok {
 		q.ReportQuota(tr.key, resp.Header)
 	}
 	if t.afterCommit != nil {

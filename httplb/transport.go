@@ -93,10 +93,9 @@ type Config struct {
 	// no header: every request is standard. It requires Queue.
 	TrustClassHeader string
 	// Reporter, if set, is told how every attempt ended, for example a
-	// [*retry.Ejector]. If it also has a ReportQuota(key string, h
-	// http.Header) method, as an Ejector does, it is given the headers of
-	// every successful answer, whose rate-limit headers may say that the
-	// endpoint's quota is spent.
+	// [*retry.Ejector]. If it is also a [retry.QuotaReporter], as an
+	// Ejector is, it is given the headers of every successful answer, whose
+	// rate-limit headers may say that the endpoint's quota is spent.
 	Reporter retry.Reporter
 	// Observer, if set, is told of every retry and hedge the Transport
 	// sends and every one its budget refuses (its Retry, Hedge and Denied

@@ -26,6 +26,9 @@ const (
 	DefaultSweepInterval = time.Second
 )
 
+// An Ejector reads the rate-limit headers that a transport gives it.
+var _ QuotaReporter = (*Ejector)(nil)
+
 // maxTracked bounds the endpoints an [Ejector] keeps state for that are not
 // ejected.
 const maxTracked = 10000

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +31,16 @@ type Backoff interface {
 // cancelled because another one won; it must be safe for concurrent use.
 type Reporter interface {
 	Report(key string, err error)
+}
+
+// QuotaReporter is a [Reporter] that also reads the rate-limit headers of
+// the answers an endpoint sends, which may say that its quota is spent
+// before any request fails; [*Ejector] is one. An httplb Transport whose
+// Reporter implements it gives it the headers of every answer it commits
+// to. ReportQuota must be safe for concurrent use.
+type QuotaReporter interface {
+	Reporter
+	ReportQuota(key string, h http.Header)
 }
 
 // DefaultMaxAttempts is the default number of attempts per request, the
