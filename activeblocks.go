@@ -17,9 +17,10 @@ import (
 // policy it is given to ([KVCostConfig].Active) adds each request at the
 // endpoint it chooses, and the Balancer releases it when the pick's Done is
 // called, so the counts follow the picks with nothing for the caller to do.
-// A zero ActiveBlocks is not ready for use; call [NewActiveBlocks]. Give an
-// ActiveBlocks to one policy. It is safe for concurrent use; memory is
-// proportional to the blocks of the requests in flight.
+// A zero ActiveBlocks is not ready for use; call [NewActiveBlocks]. Policies
+// given the same ActiveBlocks count their requests together. It is safe for
+// concurrent use; memory is proportional to the blocks of the requests in
+// flight.
 type ActiveBlocks struct {
 	block int // tokens per block
 
