@@ -29,8 +29,9 @@
 // KV events (a block stored or evicted) to the prefix indexes of the policies
 // that subscribe ([PolicyEnv.SubscribeKVEvents]), as vLLM's event stream
 // does; the others guess the caches from their own decisions. An iteration's
-// duration comes from an [IterTimeFunc], by default [MockerIterTime], the
-// polynomial of NVIDIA Dynamo's mocker engine, divided by the replica's
+// duration comes from the engine model's iteration-time function (package
+// internal/model), by default the polynomial of NVIDIA Dynamo's mocker
+// engine, divided by the replica's
 // speed (Config.Speed, 1 by default, changed mid-run by
 // Config.SpeedChanges) for fleets of unequal replicas, which declare their
 // starting speeds to the routers as endpoint weights only with

@@ -105,7 +105,7 @@ func (o *oracle) slotWait(rep *replica) float64 {
 	// Beyond one round of completions, count whole rounds of the longest.
 	rounds := (ahead - 1) / len(o.rem)
 	tokens := o.rem[(ahead-1)%len(o.rem)] + rounds*o.rem[len(o.rem)-1]
-	return float64(tokens) * MockerDecodeMillis(float64(rep.KVUsed())/float64(rep.KVTotal()))
+	return float64(tokens) * MockerDecodeMillis(rep.KVUsage())
 }
 
 // damage counts the requests that sending req to rep would push past the
