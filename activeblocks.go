@@ -32,6 +32,7 @@ type ActiveBlocks struct {
 type activeSet struct {
 	refs    map[uint64]int32 // block hash -> requests holding it
 	private int64            // full prompt blocks beyond the requests' Prefix
+	peak    int              // most entries refs has held: a map keeps its buckets
 }
 
 // NewActiveBlocks returns an empty ActiveBlocks for prompt blocks of
@@ -71,6 +72,7 @@ func (a *ActiveBlocks) addBlocks(key string, hashed []uint64, private int64) {
 	for _, h := range hashed {
 		s.refs[h]++
 	}
+	s.peak = max(s.peak, len(s.refs))
 	s.private += private
 }
 
@@ -101,18 +103,24 @@ func (a *ActiveBlocks) releaseBlocks(key string, hashed []uint64, private int64)
 		}
 	}
 	s.private = max(s.private-private, 0)
-	if len(s.refs) == 0 && s.private == 0 && len(a.eps) > maxIdleActiveSets {
+	if len(s.refs) == 0 && s.private == 0 && (len(a.eps) > maxIdleActiveSets || s.peak > maxIdleActiveBlocks) {
 		// An endpoint with nothing in flight keeps its set, and the set's
-		// map its buckets, so that its next request allocates nothing;
-		// past maxIdleActiveSets endpoints, idle ones are dropped, so that
-		// endpoints that come and go cannot grow memory.
+		// map its buckets, so that its next request allocates nothing. A
+		// map never shrinks, so a set that once held many blocks is
+		// dropped, and past maxIdleActiveSets endpoints every idle one
+		// is, so that idle memory stays bounded whatever came before and
+		// endpoints that come and go cannot grow it.
 		delete(a.eps, key)
 	}
 }
 
-// maxIdleActiveSets is the number of endpoints from which an ActiveBlocks
-// forgets an endpoint as soon as it has no blocks in flight.
-const maxIdleActiveSets = 1024
+// An ActiveBlocks forgets an endpoint as soon as it has no blocks in flight
+// when it tracks more than maxIdleActiveSets endpoints, or when the
+// endpoint's set once held more than maxIdleActiveBlocks blocks.
+const (
+	maxIdleActiveSets   = 1024
+	maxIdleActiveBlocks = 1024
+)
 
 // activeHold is one picked request's blocks at the endpoint it was sent
 // to: a copy, since the caller may reuse its Request once Pick returns. The

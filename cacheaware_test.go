@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 
 	"github.com/llmlb/llmlb/prefix"
@@ -494,5 +495,36 @@ func TestSingleCandidateIsRecorded(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// An endpoint whose last active request ends keeps its set, so that its next
+// request allocates nothing, unless the set once held more than
+// maxIdleActiveBlocks blocks or more than maxIdleActiveSets endpoints are
+// tracked: idle memory stays bounded.
+func TestActiveBlocksIdleSets(t *testing.T) {
+	a, _ := NewActiveBlocks(16)
+	small := Request{PromptTokens: 16 * 8, Prefix: blocks(1, 8)}
+	a.add("ep", &small)
+	a.release("ep", &small)
+	if got := len(a.eps); got != 1 {
+		t.Fatalf("%d sets after a small request ended, want the idle one kept", got)
+	}
+	big := Request{PromptTokens: 16 * (maxIdleActiveBlocks + 1), Prefix: blocks(2, maxIdleActiveBlocks+1)}
+	a.add("ep", &big)
+	a.release("ep", &big)
+	if got := len(a.eps); got != 0 {
+		t.Fatalf("%d sets after a request of %d blocks ended, want the grown set dropped", got, maxIdleActiveBlocks+1)
+	}
+	for i := range maxIdleActiveSets + 10 {
+		key := "ep" + strconv.Itoa(i)
+		a.add(key, &small)
+		a.release(key, &small)
+	}
+	if got := len(a.eps); got > maxIdleActiveSets+1 {
+		t.Fatalf("%d idle sets kept, want at most %d", got, maxIdleActiveSets+1)
+	}
+	if got := a.Blocks("ep3"); got != 0 {
+		t.Fatalf("an idle endpoint reports %d active blocks", got)
 	}
 }
