@@ -83,23 +83,24 @@
 // A [Publisher] speaks the same protocol from Go: cmd/llmlb-engine uses it
 // to publish its emulated engines' events (-kv-events-port).
 //
-// # Over NATS
+// # Forwarding, and many routers
 //
-// With many router replicas, a [Relay] lets one subscription per engine
-// serve them all: it follows the engines over ZMQ as a Subscriber does and
-// publishes each batch on a NATS subject, in order, with the endpoint key
-// and the engine's sequence number, and a clear wherever a Subscriber would
-// drop the endpoint's blocks. Each router runs a [Follower], which
-// translates the batches into its own index with its own hasher. NATS
-// delivers at most once and cannot replay, so a Follower drops an
+// With many router replicas, one subscription per engine can serve them
+// all. A Subscriber with [Config].Forward set indexes nothing: it passes
+// each batch it would apply, in order, with the endpoint key and the
+// engine's sequence number, and a clear wherever it would drop the
+// endpoint's blocks, to that function; package share's Relay publishes
+// them on NATS. Each router hands the batches it receives (share's
+// Follower does) to an [Applier], which translates them into its own index
+// with its own hasher. An Applier cannot ask for a replay, so it drops an
 // endpoint's blocks on a gap in its sequence (the blocks stored after it
-// are indexed again) and knows nothing of the blocks stored before it
-// started until they are stored again.
+// are indexed again) and knows nothing of the blocks stored before its
+// first batch until they are stored again.
 //
 // # Concurrency and resources
 //
-// Subscriber and Publisher methods are safe for concurrent use. Creating
-// either starts nothing: their Run methods start their goroutines (one per
+// Subscriber, Applier and Publisher methods are safe for concurrent use.
+// Creating any of them starts nothing: their Run methods start their goroutines (one per
 // endpoint for a Subscriber) and stop them all before returning. Memory is
 // bounded per endpoint by MaxBlocks map entries plus one decoded batch. The
 // ZMQ implementation is pure Go (github.com/go-zeromq/zmq4); it reads each

@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"time"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/kvevents"
@@ -66,4 +67,37 @@ func ExampleDecodeBatch() {
 	// Output:
 	// BlockStored [101 102] [1 2 3 4]
 	// BlockRemoved [99] []
+}
+
+// ExampleApplier indexes batches that arrive by other means than a
+// Subscriber's connection (here, encoded in place): a router's prompt then
+// matches the blocks the engine reported.
+func ExampleApplier() {
+	hasher, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: 2})
+	if err != nil {
+		log.Fatal(err)
+	}
+	events, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: 2, EventsOnly: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ap, err := kvevents.NewApplier(kvevents.Config{Index: events, Hasher: hasher})
+	if err != nil {
+		log.Fatal(err)
+	}
+	salt := prefix.Salt{Model: "m"}
+	if err := ap.SetEndpoints(map[string]prefix.Salt{"engine-0": salt}); err != nil {
+		log.Fatal(err)
+	}
+	// The engine cached two blocks of a prompt; its own hashes are opaque.
+	ap.Apply("engine-0", 0, kvevents.AppendBatch(nil, &kvevents.Batch{Events: []kvevents.Event{
+		{Kind: kvevents.Stored, BlockHashes: []uint64{7001, 7002}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2},
+	}}))
+	prompt := hasher.HashTokens(salt, []uint32{1, 2, 3, 4, 5, 6})
+	fmt.Println("blocks cached:", events.MatchLen("engine-0", prompt, time.Now()))
+	ap.Apply("engine-0", 5, nil) // a clear: what the engine holds is unknown
+	fmt.Println("after a clear:", events.MatchLen("engine-0", prompt, time.Now()))
+	// Output:
+	// blocks cached: 2
+	// after a clear: 0
 }

@@ -35,10 +35,11 @@ const (
 var ErrInvalidConfig = errors.New("kvevents: invalid config")
 
 // ErrRunning: Run was called while another call of Run on the same
-// Subscriber, Publisher or Follower is running.
+// Subscriber or Publisher is running.
 var ErrRunning = errors.New("kvevents: already running")
 
-// Config configures a [Subscriber]. Index and Hasher are required; every
+// Config configures a [Subscriber], and the indexing of an [Applier]. A
+// Subscriber requires Index and Hasher, or Forward instead of them; every
 // other zero field selects its documented default.
 type Config struct {
 	// Index receives the events, under each endpoint's key. An index made
@@ -76,6 +77,18 @@ type Config struct {
 	// endpoint's goroutine; it must not block. Nil ignores them (they are
 	// counted in [Stats]).
 	OnError func(key string, err error)
+	// Forward, if set, makes a Subscriber pass each endpoint's batches on
+	// instead of indexing them: Index, Hasher and MaxBlocks must then be
+	// zero. It is called from the endpoint's goroutine with every batch
+	// the Subscriber would apply, in sequence order (replayed batches
+	// included) and already checked to decode; and with seq -1 and a nil
+	// payload wherever the Subscriber would drop the endpoint's blocks: a
+	// gap replay cannot fill, an engine restart, a malformed batch, an
+	// endpoint no longer followed, Run returning. payload is valid only
+	// during the call. An [Applier]'s Apply, on this router or, through a
+	// relay such as package share's, on others, indexes what it forwards.
+	// An Applier does not use Forward.
+	Forward func(key string, seq int64, payload []byte)
 }
 
 // Endpoint is where one engine publishes its KV events.
@@ -171,43 +184,20 @@ type Subscriber struct {
 	mu      sync.Mutex // protects the fields below
 	want    map[string]Endpoint
 	workers map[string]*worker
-
-	// sink, for a Relay's subscriber (which has no Index), receives each
-	// endpoint's batches in order, and a nil payload where the endpoint's
-	// blocks are to be cleared; it is called from the endpoint's goroutine.
-	sink func(key string, seq int64, payload []byte)
 }
 
 // NewSubscriber returns a Subscriber for cfg, or an error wrapping
 // [ErrInvalidConfig].
 func NewSubscriber(cfg Config) (*Subscriber, error) {
-	if err := checkIndex(&cfg); err != nil {
+	if cfg.Forward != nil {
+		if cfg.Index != nil || cfg.Hasher != nil || cfg.MaxBlocks != 0 {
+			return nil, fmt.Errorf("%w: Forward with an Index, Hasher or MaxBlocks", ErrInvalidConfig)
+		}
+	} else if err := checkIndex(&cfg); err != nil {
 		return nil, err
 	}
-	return newSubscriber(cfg)
-}
-
-// checkIndex checks cfg's Index and Hasher.
-func checkIndex(cfg *Config) error {
-	switch {
-	case cfg.Index == nil || cfg.Hasher == nil:
-		return fmt.Errorf("%w: Index and Hasher are required", ErrInvalidConfig)
-	case cfg.Hasher.BlockTokens() != cfg.Index.BlockSize():
-		return fmt.Errorf("%w: Hasher block of %d tokens, Index block size %d", ErrInvalidConfig, cfg.Hasher.BlockTokens(), cfg.Index.BlockSize())
-	}
-	return nil
-}
-
-// newSubscriber checks and completes the rest of cfg.
-func newSubscriber(cfg Config) (*Subscriber, error) {
-	switch {
-	case cfg.MaxBlocks < 0 || cfg.MaxBlocks > maxMaxBlocks:
-		return nil, fmt.Errorf("%w: MaxBlocks %d out of range [0, %d]", ErrInvalidConfig, cfg.MaxBlocks, maxMaxBlocks)
-	case cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 || cfg.ReplayTimeout < 0:
+	if cfg.MinBackoff < 0 || cfg.MaxBackoff < 0 || cfg.ReplayTimeout < 0 {
 		return nil, fmt.Errorf("%w: negative duration", ErrInvalidConfig)
-	}
-	if cfg.MaxBlocks == 0 {
-		cfg.MaxBlocks = DefaultMaxBlocks
 	}
 	if cfg.MinBackoff == 0 {
 		cfg.MinBackoff = DefaultMinBackoff
@@ -260,7 +250,9 @@ func (s *Subscriber) SetEndpoints(eps map[string]Endpoint) error {
 }
 
 // Stats returns the counters of the subscription to endpoint key, and
-// false if there is none running.
+// false if there is none running. With Forward set, Batches counts the
+// batches forwarded and Resets the clears; Stored, Removed, Skipped and
+// Mismatched stay zero.
 func (s *Subscriber) Stats(key string) (Stats, bool) {
 	s.mu.Lock()
 	w := s.workers[key]
@@ -337,13 +329,30 @@ func (s *Subscriber) stopAll() {
 }
 
 // drop removes the blocks of an endpoint no longer followed from the
-// index, or tells the relay's followers to.
+// index, or forwards a clear.
 func (s *Subscriber) drop(key string) {
-	if s.cfg.Index != nil {
-		s.cfg.Index.RemoveEndpoint(key)
+	if s.cfg.Forward != nil {
+		s.cfg.Forward(key, -1, nil)
 		return
 	}
-	s.sink(key, -1, nil)
+	s.cfg.Index.RemoveEndpoint(key)
+}
+
+// checkIndex checks cfg's Index, Hasher and MaxBlocks, and sets MaxBlocks'
+// default.
+func checkIndex(cfg *Config) error {
+	switch {
+	case cfg.Index == nil || cfg.Hasher == nil:
+		return fmt.Errorf("%w: Index and Hasher are required", ErrInvalidConfig)
+	case cfg.Hasher.BlockTokens() != cfg.Index.BlockSize():
+		return fmt.Errorf("%w: Hasher block of %d tokens, Index block size %d", ErrInvalidConfig, cfg.Hasher.BlockTokens(), cfg.Index.BlockSize())
+	case cfg.MaxBlocks < 0 || cfg.MaxBlocks > maxMaxBlocks:
+		return fmt.Errorf("%w: MaxBlocks %d out of range [0, %d]", ErrInvalidConfig, cfg.MaxBlocks, maxMaxBlocks)
+	}
+	if cfg.MaxBlocks == 0 {
+		cfg.MaxBlocks = DefaultMaxBlocks
+	}
+	return nil
 }
 
 // jitter returns a wait drawn uniformly from [d/2, d).

@@ -43,7 +43,7 @@ type worker struct {
 func (s *Subscriber) newWorker(key string, ep Endpoint) *worker {
 	w := &worker{s: s, key: key, ep: ep, last: -1, done: make(chan struct{})}
 	w.stats.seq.Store(-1)
-	if s.cfg.Index != nil { // a Relay's subscriber indexes nothing
+	if s.cfg.Forward == nil {
 		w.tr = newTranslator(key, s.cfg.Index, s.cfg.Hasher, ep.Salt, s.cfg.MaxBlocks, &w.stats)
 	}
 	return w
@@ -172,18 +172,17 @@ func (w *worker) reset() {
 	w.last = -1
 }
 
-// clear drops the endpoint's blocks, or tells the relay's followers to.
+// clear drops the endpoint's blocks, or forwards a clear.
 func (w *worker) clear() {
 	if w.tr != nil {
 		w.tr.clear()
 		return
 	}
 	w.stats.cleared.Add(1)
-	w.s.sink(w.key, -1, nil)
+	w.s.cfg.Forward(w.key, -1, nil)
 }
 
-// apply decodes and applies batch seq, or forwards it to the relay's
-// followers.
+// apply decodes and applies batch seq, or forwards it.
 func (w *worker) apply(seq int64, payload []byte) {
 	w.last, w.lastSum = seq, xxhash.Sum64(payload)
 	w.stats.seq.Store(seq)
@@ -193,7 +192,7 @@ func (w *worker) apply(seq int64, payload []byte) {
 	}
 	if w.tr == nil {
 		w.stats.batches.Add(1)
-		w.s.sink(w.key, seq, payload)
+		w.s.cfg.Forward(w.key, seq, payload)
 		return
 	}
 	w.tr.apply(&w.batch)

@@ -1,6 +1,6 @@
 // Package share connects the llmlb balancers of several gateway replicas
 // through NATS, so that each one sees its peers' requests in flight and the
-// prefixes they routed.
+// prefixes they routed, and relays the engines' KV events to all of them.
 //
 // Every replica of a gateway has its own [llmlb.Balancer], which counts
 // exactly the work it sent itself and corrects a stale engine signal with
@@ -102,6 +102,19 @@
 // A Group starts no goroutine until Run, which returns when its context
 // ends. Load, the Observer's functions, Stats, AppendBatch and Receive are
 // safe for concurrent use.
+//
+// # Engine KV events for every replica
+//
+// Where the engines publish KV events (package kvevents), one replica can
+// follow them for all, as NVIDIA Dynamo's event plane does: a
+// kvevents.Subscriber in that replica forwards every batch to a [Relay],
+// which publishes it on NATS, and each replica runs a [Follower] that hands
+// the batches to its own kvevents.Applier. Each engine then has one ZMQ
+// subscriber however many replicas there are. The Subscriber fills gaps in
+// an engine's stream from its replay socket; NATS delivers at most once and
+// cannot replay, so a batch lost between the Relay and a Follower drops
+// that engine's blocks from the replica's index until they are stored
+// again, rather than leave them guessed.
 //
 // # Without NATS
 //

@@ -8,6 +8,8 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/kvevents"
+	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/share"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -83,4 +85,79 @@ func Example() {
 	// Output:
 	// gateway-b sees gateway-a's request waiting for its first token
 	// gateway-b picks the other endpoint: true
+}
+
+// ExampleRelay carries an engine's KV events to a router replica over NATS
+// (a server run in process here). In production the Relay's Forward is a
+// kvevents.Subscriber's Forward, in the one replica that follows the
+// engines over ZMQ; here a batch is forwarded by hand.
+func ExampleRelay() {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		panic(err)
+	}
+	srv.Start()
+	defer srv.WaitForShutdown()
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		panic("NATS not ready")
+	}
+	pubConn, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1))
+	if err != nil {
+		panic(err)
+	}
+	defer pubConn.Close()
+	subConn, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1))
+	if err != nil {
+		panic(err)
+	}
+	defer subConn.Close()
+
+	// The relaying replica:
+	//	sub, err := kvevents.NewSubscriber(kvevents.Config{Forward: relay.Forward})
+	relay, err := share.NewRelay(share.RelayConfig{Conn: pubConn})
+	if err != nil {
+		panic(err)
+	}
+
+	// Every replica: an Applier into its own index, fed by a Follower.
+	hasher, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: 2})
+	if err != nil {
+		panic(err)
+	}
+	events, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: 2, EventsOnly: true})
+	if err != nil {
+		panic(err)
+	}
+	ap, err := kvevents.NewApplier(kvevents.Config{Index: events, Hasher: hasher})
+	if err != nil {
+		panic(err)
+	}
+	salt := prefix.Salt{Model: "m"}
+	if err := ap.SetEndpoints(map[string]prefix.Salt{"engine-0": salt}); err != nil {
+		panic(err)
+	}
+	f, err := share.NewFollower(share.FollowerConfig{Conn: subConn, Sink: ap})
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = f.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+
+	prompt := hasher.HashTokens(salt, []uint32{1, 2, 3, 4})
+	batch := kvevents.AppendBatch(nil, &kvevents.Batch{Events: []kvevents.Event{
+		{Kind: kvevents.Stored, BlockHashes: []uint64{7001, 7002}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2},
+	}})
+	// Until the Follower's subscription is in place, what is published is
+	// lost; publish until it arrives.
+	for seq := int64(0); events.MatchLen("engine-0", prompt, time.Now()) == 0; seq++ {
+		relay.Forward("engine-0", seq, batch)
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println("blocks cached:", events.MatchLen("engine-0", prompt, time.Now()))
+	// Output:
+	// blocks cached: 2
 }

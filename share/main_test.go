@@ -11,7 +11,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(zmq4PubWriter))
 }
 
 // fakeClock is a settable clock.

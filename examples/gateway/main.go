@@ -229,8 +229,12 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	// The runners end with ctx, before the NATS connection closes: a relay's
+	// last messages tell the followers to drop what nothing keeps current.
+	var running sync.WaitGroup
+	defer running.Wait()
 	for _, r := range events {
-		go r.Run(ctx)
+		running.Go(func() { _ = r.Run(ctx) })
 	}
 	switch {
 	case o.kvRelay:
@@ -287,8 +291,8 @@ func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Polic
 type runner interface{ Run(context.Context) error }
 
 // newGateway builds the gateway and, with KV events, what follows them (a
-// Subscriber; or a Relay and a Follower; or a Follower), which the caller
-// runs; metrics may be nil.
+// Subscriber; or a Subscriber forwarding to a Relay, and a Follower; or a
+// Follower), which the caller runs; metrics may be nil.
 func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gateway.Gateway, []runner, error) {
 	ix, err := prefix.NewIndex(prefix.IndexConfig{})
 	if err != nil {
@@ -332,16 +336,20 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		switch {
 		case o.kvRelay || o.kvFromNATS:
 			if o.kvRelay {
-				relay, err := kvevents.NewRelay(kvevents.RelayConfig{Config: kvevents.Config{OnError: onError}, Conn: o.share.Conn})
+				relay, err := share.NewRelay(share.RelayConfig{Conn: o.share.Conn})
 				if err != nil {
 					return nil, nil, err
 				}
-				if err := relay.SetEndpoints(eps); err != nil {
+				sub, err := kvevents.NewSubscriber(kvevents.Config{Forward: relay.Forward, OnError: onError})
+				if err != nil {
 					return nil, nil, err
 				}
-				runners = append(runners, relay)
+				if err := sub.SetEndpoints(eps); err != nil {
+					return nil, nil, err
+				}
+				runners = append(runners, sub)
 			}
-			f, err := kvevents.NewFollower(kvevents.FollowerConfig{Config: cfg, Conn: o.share.Conn})
+			ap, err := kvevents.NewApplier(cfg)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -349,7 +357,11 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 			for _, k := range keys {
 				salts[k] = prefix.Salt{Model: o.model}
 			}
-			if err := f.SetEndpoints(salts); err != nil {
+			if err := ap.SetEndpoints(salts); err != nil {
+				return nil, nil, err
+			}
+			f, err := share.NewFollower(share.FollowerConfig{Conn: o.share.Conn, Sink: ap, OnError: onError})
+			if err != nil {
 				return nil, nil, err
 			}
 			runners = append(runners, f)

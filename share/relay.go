@@ -1,0 +1,219 @@
+package share
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+)
+
+// DefaultRelaySubject is the NATS subject of a [Relay] and its [Follower]s
+// when their configs name none.
+const DefaultRelaySubject = "llmlb.kvevents"
+
+// The headers of a relayed message. Its data is the engine's payload, as
+// the engine published it.
+const (
+	// headerEndpoint is the endpoint key.
+	headerEndpoint = "Llmlb-Endpoint"
+	// headerSeq is the engine's sequence number of the batch, or "clear":
+	// what the followers hold of the endpoint is unknown, and is dropped.
+	headerSeq = "Llmlb-Seq"
+	clearSeq  = "clear"
+)
+
+// RelayConfig configures a [Relay].
+type RelayConfig struct {
+	// Conn is the NATS connection the batches are published on; the
+	// caller owns it. Connect with nats.MaxReconnects(-1). Required.
+	Conn *nats.Conn
+	// Subject is where the batches of every endpoint are published. ""
+	// means [DefaultRelaySubject].
+	Subject string
+}
+
+// Relay publishes engines' KV event batches on NATS, so that one
+// subscription per engine serves every router replica, as in NVIDIA
+// Dynamo's event plane. Its [Relay.Forward] is the Forward function of a
+// kvevents.Subscriber that follows the engines over ZMQ (filling gaps from
+// their replay sockets and detecting restarts); each router replica runs a
+// [Follower] that hands the batches to its own kvevents.Applier, which
+// indexes them with the replica's hasher:
+//
+//	relay, err := share.NewRelay(share.RelayConfig{Conn: nc})
+//	sub, err := kvevents.NewSubscriber(kvevents.Config{Forward: relay.Forward})
+//	err = sub.SetEndpoints(engines)
+//	go sub.Run(ctx) // when it returns, every endpoint's clear has been published
+//
+// Each message carries one batch of one endpoint, with the endpoint key and
+// the engine's sequence number, or a clear wherever the Subscriber would
+// drop the endpoint's blocks. A batch larger than the connection's maximum
+// payload is published as a clear. Messages sit in the connection's buffer
+// until nats.go flushes it; Flush or Drain the connection before closing it
+// to send the last ones.
+//
+// A Relay is safe for concurrent use and starts no goroutine.
+type Relay struct {
+	conn    *nats.Conn
+	subject string
+
+	published, failed atomic.Int64
+}
+
+// NewRelay returns a Relay for cfg, or an error wrapping
+// [ErrInvalidConfig].
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	if cfg.Conn == nil {
+		return nil, fmt.Errorf("%w: Relay needs a Conn", ErrInvalidConfig)
+	}
+	if cfg.Subject == "" {
+		cfg.Subject = DefaultRelaySubject
+	}
+	return &Relay{conn: cfg.Conn, subject: cfg.Subject}, nil
+}
+
+// Forward publishes batch seq of endpoint key, or, for a nil payload, a
+// clear of the endpoint: the signature of kvevents.Config.Forward. It does
+// not keep payload, and does not wait for the network.
+func (r *Relay) Forward(key string, seq int64, payload []byte) {
+	if err := r.conn.PublishMsg(relayMessage(r.subject, key, seq, payload, r.conn.MaxPayload())); err != nil {
+		r.failed.Add(1)
+		return
+	}
+	r.published.Add(1)
+}
+
+// relayMessage returns the message of batch seq of endpoint key, or of a
+// clear for a nil payload, a negative seq or a message that would exceed
+// maxPayload bytes.
+func relayMessage(subject, key string, seq int64, payload []byte, maxPayload int64) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header.Set(headerEndpoint, key)
+	if payload == nil || seq < 0 || int64(len(payload)+len(key)+64) > maxPayload {
+		m.Header.Set(headerSeq, clearSeq)
+	} else {
+		m.Header.Set(headerSeq, strconv.FormatInt(seq, 10))
+		m.Data = payload
+	}
+	return m
+}
+
+// Published returns the messages published, and those the connection
+// refused (it was closed, or its reconnect buffer was full); the followers
+// see a refused batch as a gap.
+func (r *Relay) Published() (ok, failed int64) { return r.published.Load(), r.failed.Load() }
+
+// Sink receives the batches a [Follower] receives. A kvevents.Applier is
+// one.
+type Sink interface {
+	// Apply receives batch seq of endpoint key, as the engine encoded it,
+	// or, with a nil payload, a clear of the endpoint. It must not keep
+	// payload.
+	Apply(key string, seq int64, payload []byte)
+	// Clear drops what is known of every endpoint.
+	Clear()
+}
+
+// FollowerConfig configures a [Follower].
+type FollowerConfig struct {
+	// Conn is the NATS connection the Relay publishes to; the caller owns
+	// it. Connect with nats.MaxReconnects(-1). Required.
+	Conn *nats.Conn
+	// Subject is the Relay's subject. "" means [DefaultRelaySubject].
+	Subject string
+	// Sink receives the batches, usually a kvevents.Applier. Required.
+	Sink Sink
+	// Buffer bounds the messages received and not yet applied; beyond it
+	// NATS drops messages, which the Sink sees as gaps. 0 means 4096.
+	Buffer int
+	// OnError, if set, is told of every message that is not a relayed
+	// batch (the endpoint's blocks are then dropped); it must not block.
+	OnError func(key string, err error)
+}
+
+// Follower receives the batches a [Relay] publishes and hands them, per
+// endpoint in the order published, to its [Sink]. NATS delivers at most
+// once and cannot replay: the Sink sees a batch lost in transit as a gap in
+// the endpoint's sequence numbers, and a kvevents.Applier then drops the
+// endpoint's blocks rather than guess. Blocks stored before a Follower
+// starts are not known until the engine stores them again.
+//
+// Run is the only method; a Follower starts no goroutine until it is
+// called.
+type Follower struct {
+	conn    *nats.Conn
+	subject string
+	sink    Sink
+	buffer  int
+	onError func(string, error)
+	running atomic.Bool
+}
+
+// NewFollower returns a Follower for cfg, or an error wrapping
+// [ErrInvalidConfig].
+func NewFollower(cfg FollowerConfig) (*Follower, error) {
+	switch {
+	case cfg.Conn == nil || cfg.Sink == nil:
+		return nil, fmt.Errorf("%w: Follower needs a Conn and a Sink", ErrInvalidConfig)
+	case cfg.Buffer < 0:
+		return nil, fmt.Errorf("%w: Buffer %d is negative", ErrInvalidConfig, cfg.Buffer)
+	}
+	if cfg.Subject == "" {
+		cfg.Subject = DefaultRelaySubject
+	}
+	if cfg.Buffer == 0 {
+		cfg.Buffer = 4096
+	}
+	return &Follower{conn: cfg.Conn, subject: cfg.Subject, sink: cfg.Sink, buffer: cfg.Buffer, onError: cfg.OnError}, nil
+}
+
+// Run receives the Relay's batches and hands them to the Sink until ctx
+// ends; it then clears the Sink, since nothing keeps what it holds current
+// any more, and returns ctx's error. A Follower runs once at a time: a
+// concurrent second call returns an error wrapping [ErrRunning] at once.
+// The connection reconnects by itself and the subscription resumes; the
+// batches missed meanwhile are gaps.
+func (f *Follower) Run(ctx context.Context) error {
+	if !f.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: Follower.Run", ErrRunning)
+	}
+	defer f.running.Store(false)
+	ch := make(chan *nats.Msg, f.buffer)
+	sub, err := f.conn.ChanSubscribe(f.subject, ch)
+	if err != nil {
+		return fmt.Errorf("share: subscribe to %q: %w", f.subject, err)
+	}
+	defer func() {
+		_ = sub.Unsubscribe()
+		f.sink.Clear()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m := <-ch:
+			f.receive(m)
+		}
+	}
+}
+
+// receive hands one message of the Relay to the Sink.
+func (f *Follower) receive(m *nats.Msg) {
+	key := m.Header.Get(headerEndpoint)
+	s := m.Header.Get(headerSeq)
+	if s == clearSeq {
+		f.sink.Apply(key, -1, nil)
+		return
+	}
+	seq, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || seq < 0 || m.Data == nil {
+		f.sink.Apply(key, -1, nil)
+		if f.onError != nil {
+			f.onError(key, fmt.Errorf("%w: relayed message with sequence %q and %d bytes", ErrMalformed, s, len(m.Data)))
+		}
+		return
+	}
+	f.sink.Apply(key, seq, m.Data)
+}
