@@ -67,9 +67,24 @@ type Config struct {
 	// [signals.DefaultInterval]; a negative value turns scraping off, and
 	// the balancer then counts only its own dispatches.
 	ScrapeInterval time.Duration
-	// MaxAttempts bounds the attempts per request before its first token,
-	// the first included. 0 means [retry.DefaultMaxAttempts].
-	MaxAttempts int
+	// Retry configures the retries and hedges of each request before its
+	// first token, as [httplb.Config].Retry does, and its zero fields mean
+	// the same defaults (three attempts, no hedging), except for what the
+	// gateway fills in:
+	//
+	//   - Reporter: nil means the gateway's [retry.Ejector], which ejects
+	//     the replicas that keep failing, cools down those that ask for a
+	//     wait or whose quota is spent, and answers [Gateway.Headroom] and
+	//     the readiness of [Gateway.Tier]. A Reporter of yours replaces
+	//     it: the ejector is then told nothing, so no replica is ejected
+	//     or cooled down and Headroom reports nothing.
+	//   - Observer: the gateway logs every retry, hedge and refusal by the
+	//     budget, and every ejection and admission refusal, and then tells
+	//     Observer, if set, of each (package telemetry's
+	//     Metrics.RetryObserver provides one).
+	//   - MaxPushback: with SpillTo, 0 means -1: a replica's Retry-After
+	//     does not delay the retry on another replica.
+	Retry retry.LoopConfig
 	// FirstEventTimeout, if positive, fails an attempt that has sent no
 	// event after it, so it is retried elsewhere; see
 	// [httplb.Config.FirstEventTimeout]. 0 turns it off.
@@ -88,11 +103,10 @@ type Config struct {
 	Parser httplb.ParserConfig
 	// Logger receives the operator's log. nil means [slog.Default].
 	Logger *slog.Logger
-	// Observer and RetryObserver, if set, are told of every pick, first
-	// token and completion, and of every retry, hedge, ejection and
-	// refusal (package telemetry provides both).
-	Observer      *llmlb.Observer
-	RetryObserver *retry.Observer
+	// Observer, if set, is told of every pick, first token and completion
+	// (package telemetry provides one). Retry.Observer is told of the
+	// retries, hedges, ejections and refusals.
+	Observer *llmlb.Observer
 	// Base sends the upstream requests. nil means an [http.Transport] with
 	// up to 256 idle connections per replica.
 	Base http.RoundTripper
@@ -117,9 +131,9 @@ type Config struct {
 	// one in front of a managed provider's deployments, with
 	// [Gateway.Tier]. A spilled response carries [spill.DefaultHeader]
 	// naming Name, the tier it left. With SpillTo, a replica's Retry-After
-	// does not delay the retry on another replica, and when every
-	// replica's retries are spent the request spills at once. nil spills
-	// nothing.
+	// does not delay the retry on another replica (unless Retry.MaxPushback
+	// is set), and when every replica's retries are spent the request
+	// spills at once. nil spills nothing.
 	SpillTo []spill.Tier
 	// Name names this gateway's replicas as a tier in spilled responses'
 	// header and in SpillObserver's events. "" means "primary".
@@ -223,7 +237,7 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	g.balancer = b
-	obs := g.retryObserver(cfg.RetryObserver)
+	obs := g.retryObserver(cfg.Retry.Observer)
 	if g.ejector, err = retry.NewEjector(b, retry.EjectorConfig{Observer: obs}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -242,24 +256,25 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	if base == nil {
 		base = &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}
 	}
-	pushback := time.Duration(0)
-	if len(cfg.SpillTo) > 0 {
+	rc := cfg.Retry
+	if rc.Reporter == nil {
+		rc.Reporter = g.ejector
+	}
+	rc.Observer = obs
+	if len(cfg.SpillTo) > 0 && rc.MaxPushback == 0 {
 		// A replica's Retry-After does not hold back the retries on the
 		// others: spilling is the better answer than waiting.
-		pushback = -1
+		rc.MaxPushback = -1
 	}
 	g.transport, err = httplb.NewTransport(httplb.Config{
-		MaxPushback:       pushback,
 		Balancer:          b,
 		Base:              base,
 		Parser:            parser,
-		MaxAttempts:       cfg.MaxAttempts,
+		Retry:             rc,
 		FirstEventTimeout: cfg.FirstEventTimeout,
 		Admission:         g.admission,
 		Queue:             cfg.Queue,
 		TrustClassHeader:  cfg.TrustClassHeader,
-		Reporter:          g.ejector,
-		Observer:          obs,
 		Store:             store, // ORCA headers, when the replicas send them
 	})
 	if err != nil {

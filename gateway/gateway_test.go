@@ -208,6 +208,66 @@ func TestGatewayRetriesAndEjects(t *testing.T) {
 	g.transport.CloseIdleConnections()
 }
 
+// reports records what a Reporter is told.
+type reports struct {
+	mu   sync.Mutex
+	keys []string
+	errs []error
+}
+
+func (r *reports) Report(key string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.keys = append(r.keys, key)
+	r.errs = append(r.errs, err)
+}
+
+// Config.Retry reaches the transport: its Observer hears of each retry after
+// the gateway logged it, and a Reporter of one's own replaces the ejector.
+func TestGatewayRetryConfig(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	log, logs := newLogger()
+	dead := deadURL(t)
+	var mu sync.Mutex
+	var retried []int
+	rep := &reports{}
+	g, err := New([]string{dead, up.URL}, Config{Logger: log, ScrapeInterval: -1, Policy: llmlb.RoundRobin(),
+		Retry: retry.LoopConfig{MaxAttempts: 2, Reporter: rep, Observer: &retry.Observer{Retry: func(attempt int, _ error) {
+			mu.Lock()
+			retried = append(retried, attempt)
+			mu.Unlock()
+		}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 12 {
+		if code, body, _ := post(t, g, "hello"); code != http.StatusOK {
+			t.Fatalf("request %d: %d %q", i, code, body)
+		}
+	}
+	logged := len(logs.records(t, "gateway: attempt failed before its first token, retrying"))
+	mu.Lock()
+	if len(retried) != 6 || logged != 6 {
+		t.Errorf("retries observed %v, logged %d; want 6 of attempt 2", retried, logged)
+	}
+	mu.Unlock()
+	rep.mu.Lock()
+	if n := len(rep.keys); n != 18 || !slices.Contains(rep.keys, dead) {
+		t.Errorf("the Reporter was told of %d attempts (%v), want 18", n, rep.keys)
+	}
+	rep.mu.Unlock()
+	// Told nothing, the ejector ejects nothing: the dead replica is tried
+	// by every other request.
+	if ejected := logs.records(t, "gateway: endpoint ejected"); len(ejected) != 0 {
+		t.Errorf("ejections %v with a Reporter of the user's", ejected)
+	}
+	g.transport.CloseIdleConnections()
+}
+
 // With SpillTo, a request the replicas refuse (429) goes to the next tier,
 // marked, and while every replica cools down for the wait it asked,
 // requests go there directly.
@@ -280,7 +340,7 @@ func TestGatewaySpills(t *testing.T) {
 func TestGatewayHidesUpstreamErrors(t *testing.T) {
 	log, logs := newLogger()
 	dead := deadURL(t)
-	g, err := New([]string{dead}, Config{Logger: log, ScrapeInterval: -1, MaxAttempts: 1})
+	g, err := New([]string{dead}, Config{Logger: log, ScrapeInterval: -1, Retry: retry.LoopConfig{MaxAttempts: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,6 +542,11 @@ func TestNewErrors(t *testing.T) {
 	}
 	if _, err := New(nil, Config{Admission: retry.AdmissionConfig{MaxInFlight: -1}}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("negative admission cap: %v", err)
+	}
+	for _, rc := range []retry.LoopConfig{{MaxAttempts: -1}, {Hedge: retry.HedgeConfig{Percentile: 1}}} {
+		if _, err := New(nil, Config{Retry: rc}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Retry %+v: %v, want ErrInvalidConfig", rc, err)
+		}
 	}
 }
 

@@ -42,7 +42,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	t.budget.Start()
 	var resp *http.Response
-	if t.hedge > 0 {
+	if t.hedging {
 		resp, err = a.runHedged(ctx)
 	} else {
 		resp, err = a.run(ctx)
@@ -83,6 +83,7 @@ type attempt struct {
 type try struct {
 	pick    llmlb.Pick
 	key     string
+	start   time.Time          // when picked; set only with a hedge Percentile
 	isRetry bool               // sent with a budget withdrawal (a retry or a hedge)
 	cancel  context.CancelFunc // cancels a hedged attempt; nil otherwise
 	// endCtx releases the context of an attempt with a first-event timer;
@@ -109,6 +110,9 @@ func (a *attempt) next(ctx context.Context, fallback bool) (*try, error) {
 	}
 	a.n++
 	tr := &try{pick: p, key: p.Endpoint().Key(), isRetry: a.n > 1}
+	if a.t.hedge.Percentile > 0 {
+		tr.start = a.t.clock.Now()
+	}
 	a.tried = append(a.tried, tr.key)
 	return tr, nil
 }
@@ -192,7 +196,7 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 	}
 	launch(tr)
 	hedges := 0
-	hedgeAt := t.wait(t.hedge)
+	hedgeAt := t.hedgeTimer()
 	for {
 		select {
 		case tr := <-results:
@@ -232,12 +236,12 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 				return nil, a.pickError(err)
 			}
 			launch(next)
-			hedgeAt = t.wait(t.hedge)
+			hedgeAt = t.hedgeTimer()
 		case <-hedgeAt:
 			hedgeAt = nil
 			// An attempt that committed may not have reported yet: its
 			// result is on its way, and nothing is hedged after it.
-			if a.committed.Load() || hedges >= t.maxHedges || a.n >= t.attempts {
+			if a.committed.Load() || hedges >= t.hedge.MaxHedges || a.n >= t.attempts {
 				continue
 			}
 			if !t.budget.Withdraw() {
@@ -256,7 +260,7 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 				t.obs.Hedge(a.n)
 			}
 			launch(next)
-			hedgeAt = t.wait(t.hedge)
+			hedgeAt = t.hedgeTimer()
 		}
 	}
 }
@@ -403,6 +407,9 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 		return
 	}
 	tr.pick.FirstToken()
+	if t.hedge.Percentile > 0 {
+		t.ttft.Add(t.clock.Now().Sub(tr.start))
+	}
 	if q, ok := t.reporter.(retry.QuotaReporter); ok {
 		q.ReportQuota(tr.key, resp.Header)
 	}
@@ -474,6 +481,23 @@ func (a *attempt) commitStatus(tr *try, o retry.Outcome) *http.Response {
 	b.finish = func(error) { a.finish(tr, err, o) }
 	resp.Body = b
 	return resp
+}
+
+// hedgeTimer returns a channel that receives when a hedge is due: after the
+// hedge Delay or, with a Percentile, after that quantile of the winners'
+// times to first event if it is longer and enough were seen. It returns nil
+// while there is no delay to wait.
+func (t *Transport) hedgeTimer() <-chan time.Time {
+	d := t.hedge.Delay
+	if t.hedge.Percentile > 0 {
+		if q, ok := t.ttft.Quantile(t.hedge.Percentile); ok {
+			d = max(d, q)
+		}
+	}
+	if d <= 0 {
+		return nil
+	}
+	return t.wait(d)
 }
 
 // wait returns a channel that receives after d.

@@ -55,16 +55,16 @@ func TestNoHedgeAfterCommit(t *testing.T) {
 	var hedgeC chan time.Time    // the current request's hedge timer
 	var hedges atomic.Int64      // hedges sent
 	budget := &countingBudget{}
-	h := newMemHarness(t, Config{
-		HedgeDelay: hedgeDelay,
-		Budget:     budget,
+	h := newMemHarness(t, Config{Retry: retry.LoopConfig{
+		Hedge:  retry.HedgeConfig{Delay: hedgeDelay},
+		Budget: budget,
 		After: func(d time.Duration) <-chan time.Time {
 			if d == hedgeDelay {
 				return hedgeC
 			}
 			return closedTime
 		},
-	}, func(r *http.Request) (*http.Response, error) {
+	}}, func(r *http.Request) (*http.Response, error) {
 		if r.URL.Host != "a.test" {
 			hedges.Add(1)
 		}
@@ -105,9 +105,9 @@ func TestStatusAfterCommitLoses(t *testing.T) {
 		classified := make(chan struct{}) // the 400 is being classified
 		committed := make(chan struct{})  // the first attempt committed
 		var once sync.Once
-		h := newMemHarness(t, Config{
-			HedgeDelay: time.Hour,
-			Budget:     unlimited{},
+		h := newMemHarness(t, Config{Retry: retry.LoopConfig{
+			Hedge:  retry.HedgeConfig{Delay: time.Hour},
+			Budget: unlimited{},
 			Classify: func(err error) bool {
 				var se *retry.StatusError
 				if errors.As(err, &se) && se.Code == http.StatusBadRequest {
@@ -119,7 +119,7 @@ func TestStatusAfterCommitLoses(t *testing.T) {
 				return retry.DefaultClassify(err)
 			},
 			After: func(time.Duration) <-chan time.Time { return closedTime }, // hedge at once
-		}, func(r *http.Request) (*http.Response, error) {
+		}}, func(r *http.Request) (*http.Response, error) {
 			if r.URL.Host == "a.test" {
 				<-classified
 				return sseResponse(r, "data: x\n\n"), nil

@@ -58,6 +58,6 @@
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt
 // goroutines end before RoundTrip returns, and a Transport with both
-// [Config.FirstEventTimeout] and [Config.After], which waits for each
-// attempt's timer on a goroutine that ends with the attempt.
+// [Config.FirstEventTimeout] and an After in [Config.Retry], which waits for
+// each attempt's timer on a goroutine that ends with the attempt.
 package httplb

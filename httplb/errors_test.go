@@ -62,7 +62,7 @@ func TestProxyErrorHidesDetails(t *testing.T) {
 	base := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return nil, &net.OpError{Op: "dial", Net: network, Addr: &net.TCPAddr{IP: net.IPv4(10, 9, 8, 7), Port: 8443}, Err: syscall.ECONNREFUSED}
 	}}
-	tr, err := NewTransport(Config{Balancer: b, Base: base, MaxAttempts: 2, After: func(time.Duration) <-chan time.Time { return closedTime }})
+	tr, err := NewTransport(Config{Balancer: b, Base: base, Retry: retry.LoopConfig{MaxAttempts: 2, After: func(time.Duration) <-chan time.Time { return closedTime }}})
 	require.NoError(t, err)
 	var logs syncBuffer
 	proxy := NewProxy(tr)

@@ -75,11 +75,10 @@ func TestFirstEventTimeout(t *testing.T) {
 			b := newUpstream(t, sse(1))
 			rec := &recorder{}
 			budget := &outcomes{}
-			h := newHarness(t, fixed{}, Config{
-				FirstEventTimeout: timeout,
-				HedgeDelay:        c.hedge,
-				Reporter:          rec,
-				Budget:            budget,
+			h := newHarness(t, fixed{}, Config{FirstEventTimeout: timeout, Retry: retry.LoopConfig{
+				Hedge:    retry.HedgeConfig{Delay: c.hedge},
+				Reporter: rec,
+				Budget:   budget,
 				After: func(d time.Duration) <-chan time.Time {
 					switch d {
 					case timeout:
@@ -92,7 +91,7 @@ func TestFirstEventTimeout(t *testing.T) {
 					}
 					return closedTime
 				},
-			}, a, b)
+			}}, a, b)
 			// A safety net for a broken build only: a correct one never
 			// gets near it.
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

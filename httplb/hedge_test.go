@@ -3,12 +3,15 @@ package httplb
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -32,7 +35,7 @@ func TestHedgeWins(t *testing.T) {
 	a := newUpstream(t, slow(&cancelled))
 	b := newUpstream(t, sse(2))
 	budget := &denyAll{}
-	h := newHarness(t, fixed{}, Config{HedgeDelay: time.Millisecond, Budget: unlimitedFinish{budget}}, a, b)
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}, Budget: unlimitedFinish{budget}}}, a, b)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
 	body, err := readAll(t, resp)
@@ -52,7 +55,7 @@ func TestHedgeWins(t *testing.T) {
 func TestHedgeBothCommit(t *testing.T) {
 	a := newUpstream(t, sse(1))
 	b := newUpstream(t, sse(1))
-	h := newHarness(t, llmlb.RoundRobin(), Config{HedgeDelay: time.Millisecond}, a, b)
+	h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}}}, a, b)
 	for range 20 {
 		resp, err := do(t, h, chatBody)
 		require.NoError(t, err)
@@ -67,7 +70,7 @@ func TestHedgeFailuresThenRetry(t *testing.T) {
 	a := newUpstream(t, status(http.StatusServiceUnavailable))
 	b := newUpstream(t, status(http.StatusServiceUnavailable))
 	c := newUpstream(t, sse(1))
-	h := newHarness(t, fixed{}, Config{HedgeDelay: time.Millisecond, MaxAttempts: 3, Budget: unlimited{}}, a, b, c)
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}, MaxAttempts: 3, Budget: unlimited{}}}, a, b, c)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -79,7 +82,7 @@ func TestHedgeFailuresThenRetry(t *testing.T) {
 // With one endpoint there is nowhere to hedge to: the attempt just goes on.
 func TestHedgeNowhere(t *testing.T) {
 	a := newUpstream(t, sse(1))
-	h := newHarness(t, fixed{}, Config{HedgeDelay: time.Millisecond}, a)
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}}}, a)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
 	_, err = readAll(t, resp)
@@ -91,7 +94,7 @@ func TestHedgeCancelled(t *testing.T) {
 	var cancelled atomic.Int64
 	a := newUpstream(t, slow(&cancelled))
 	b := newUpstream(t, slow(&cancelled))
-	h := newHarness(t, fixed{}, Config{HedgeDelay: time.Millisecond, Budget: unlimited{}}, a, b)
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}, Budget: unlimited{}}}, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw.invalid/v1/completions", strings.NewReader(chatBody))
@@ -100,4 +103,113 @@ func TestHedgeCancelled(t *testing.T) {
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.EqualValues(t, 1, a.hits.Load())
 	assert.EqualValues(t, 1, b.hits.Load())
+}
+
+// stepClock is a clock that only moves when told to.
+type stepClock struct {
+	mu  sync.Mutex // protects now
+	now time.Time
+}
+
+func (c *stepClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *stepClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// With a hedge Percentile the hedge delay is learned, as in a retry.Loop:
+// once 20 winners took 40 ms from pick to first event, a slow attempt is
+// hedged after their p90, 40 ms, not after Delay, which is only the floor
+// (and until then the delay; with no Delay nothing is hedged until then).
+func TestHedgePercentile(t *testing.T) {
+	const ttft = 40 * time.Millisecond
+	cases := []struct {
+		name  string
+		delay time.Duration
+		early []time.Duration // hedge delays of the first 19 requests
+	}{
+		{"floor", time.Millisecond, slices.Repeat([]time.Duration{time.Millisecond}, 19)},
+		{"no floor", 0, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			clock := &stepClock{now: time.Unix(1, 0)}
+			var slow atomic.Bool // a.test never answers, and hedge timers fire at once
+			var mu sync.Mutex
+			var delays []time.Duration // the hedge delays asked for
+			var hits [2]atomic.Int64   // a.test, b.test
+			h := newMemHarness(t, Config{Retry: retry.LoopConfig{
+				Hedge:  retry.HedgeConfig{Delay: c.delay, Percentile: 0.9},
+				Budget: unlimited{},
+				Clock:  clock,
+				After: func(d time.Duration) <-chan time.Time {
+					mu.Lock()
+					delays = append(delays, d)
+					mu.Unlock()
+					if slow.Load() {
+						return closedTime
+					}
+					return nil
+				},
+			}}, func(r *http.Request) (*http.Response, error) {
+				hits[r.URL.Host[0]-'a'].Add(1)
+				if slow.Load() && r.URL.Host == "a.test" {
+					<-r.Context().Done()
+					return nil, r.Context().Err()
+				}
+				clock.Advance(ttft)
+				return sseResponse(r, "data: x\n\n"), nil
+			}, 2)
+			get := func() {
+				t.Helper()
+				resp, err := do(t, h, chatBody)
+				require.NoError(t, err)
+				_, err = readAll(t, resp)
+				require.NoError(t, err)
+			}
+			for range 19 {
+				get()
+			}
+			mu.Lock()
+			assert.Equal(t, c.early, delays, "before 20 winners: Delay")
+			mu.Unlock()
+			// The 20th request's winner may commit before its hedge timer
+			// is set, which may then see 20 winners or not.
+			get()
+			mu.Lock()
+			delays = nil
+			mu.Unlock()
+			for range 5 {
+				get()
+			}
+			mu.Lock()
+			assert.Equal(t, slices.Repeat([]time.Duration{ttft}, 5), delays, "after 20 winners: their p90")
+			delays = nil
+			mu.Unlock()
+			assert.EqualValues(t, 25, hits[0].Load())
+			assert.Zero(t, hits[1].Load(), "a fast attempt was hedged")
+
+			slow.Store(true)
+			// A safety net for a broken build only: the hedge wins at once.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw.invalid/v1/chat/completions", strings.NewReader(chatBody))
+			require.NoError(t, err)
+			resp, err := h.tr.RoundTrip(req)
+			require.NoError(t, err, "the slow attempt was not hedged")
+			_, err = readAll(t, resp)
+			require.NoError(t, err)
+			mu.Lock()
+			require.NotEmpty(t, delays)
+			assert.Equal(t, ttft, delays[0], "the slow attempt's hedge delay")
+			mu.Unlock()
+			assert.EqualValues(t, 1, hits[1].Load(), "the slow attempt was hedged")
+		})
+	}
 }

@@ -31,7 +31,7 @@ func TestObserverRetryAndDenied(t *testing.T) {
 	var ev events
 	a := newUpstream(t, status(http.StatusServiceUnavailable))
 	b := newUpstream(t, sse(1))
-	h := newHarness(t, fixed{}, Config{Observer: ev.observer()}, a, b)
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Observer: ev.observer()}}, a, b)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
 	_, err = readAll(t, resp)
@@ -40,7 +40,7 @@ func TestObserverRetryAndDenied(t *testing.T) {
 	assert.Zero(t, ev.denied)
 
 	var ev2 events
-	h2 := newHarness(t, fixed{}, Config{Observer: ev2.observer(), Budget: &denyAll{}}, a, b)
+	h2 := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Observer: ev2.observer(), Budget: &denyAll{}}}, a, b)
 	resp, err = do(t, h2, chatBody)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "the upstream's own answer when no retry is allowed")

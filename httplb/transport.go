@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/fair"
+	"github.com/llmlb/llmlb/internal/quantile"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/signals"
 )
@@ -44,29 +45,52 @@ type Config struct {
 	// prefix hashes, which the tenant salts, are computed before Adjust
 	// runs. It must not read the request body.
 	Adjust func(r *http.Request, lr *llmlb.Request)
-	// MaxAttempts bounds the attempts per request, the first included.
-	// 0 means [retry.DefaultMaxAttempts]; 1 disables retries.
-	MaxAttempts int
-	// Budget decides whether a retry may be sent. nil means a
-	// [retry.PercentBudget] with default settings, private to the
-	// transport.
-	Budget retry.Budget
-	// Backoff computes the wait before a retry. nil means
-	// [retry.FullJitter] with default settings.
-	Backoff retry.Backoff
-	// Classify reports whether an attempt's error may be retried; a status
-	// answer is passed as a [*retry.StatusError]. nil means
-	// [retry.DefaultClassify] (connection errors, 408, 429, 500, 502, 503,
-	// 504).
-	Classify func(err error) bool
-	// MaxPushback is the longest server-requested delay (Retry-After and
-	// rate-limit reset headers) honoured; a longer one is ignored. 0 means
-	// [retry.DefaultMaxPushback]. A negative value honours none: a retry,
-	// which goes to another endpoint, waits only for its back-off, as a
-	// tier that spills (package spill) wants, since the endpoint that asked
-	// for the wait is not the one retried (a server's "do not retry" still
-	// stops the retries).
-	MaxPushback time.Duration
+	// Retry configures the retries and hedges of each request as for a
+	// [retry.Loop], with the same defaults for its zero fields: up to
+	// [retry.DefaultMaxAttempts] attempts, [retry.FullJitter] back-offs, a
+	// [retry.PercentBudget] of [retry.DefaultPercentConfig] on Retry.Clock
+	// private to the transport, [retry.DefaultClassify] (connection
+	// errors, [ErrFirstEventTimeout], 408, 429, 500, 502, 503, 504),
+	// [retry.DefaultMaxPushback], no hedging. The Transport's commitment
+	// point is the first event where a Loop's is the first token (see
+	// [Transport]). For the Transport:
+	//
+	//   - MaxAttempts bounds the attempts per request, the first and the
+	//     hedges included, as in a Loop; 1 disables retries and hedges.
+	//     Unlike [retry.NewLoop], NewTransport sets no upper bound.
+	//   - Backoff is passed as n the number of attempts sent so far,
+	//     hedges included, where a Loop passes the retry's number: the two
+	//     agree when nothing was hedged (1 for the first retry).
+	//   - Classify is given a status answer as a [*retry.StatusError]
+	//     carrying the response's header.
+	//   - MaxPushback bounds the delay a server asks for with Retry-After or
+	//     rate-limit reset headers. A negative value honours none: a retry,
+	//     which goes to another endpoint, waits only for its back-off, as a
+	//     tier that spills (package spill) wants, since the endpoint that
+	//     asked for the wait is not the one retried (a server's "do not
+	//     retry" still stops the retries).
+	//   - Hedge: when an attempt has not committed after the hedge delay,
+	//     another attempt is sent to an endpoint not tried yet, within
+	//     MaxAttempts and the budget; the first to commit wins and the
+	//     others are cancelled at once. With Percentile, the delay is
+	//     learned from the winners' times from pick to first event. Hedged
+	//     attempts run on goroutines of their own, which end before
+	//     RoundTrip returns. NewTransport validates Hedge as NewLoop does.
+	//   - Reporter is told how every attempt ended, including, unlike a
+	//     Loop's, the attempts cancelled because another one won (with
+	//     [context.Canceled]); a committed attempt is reported when its
+	//     body ends. If it is also a [retry.QuotaReporter], as a
+	//     [*retry.Ejector] is, it is given the headers of every successful
+	//     answer, whose rate-limit headers may say that the endpoint's
+	//     quota is spent.
+	//   - Observer is told of every retry and hedge sent and every one the
+	//     budget refuses (its Retry, Hedge and Denied functions; package
+	//     telemetry provides one).
+	//   - Clock also stamps the load reports recorded into Store.
+	//   - After also times the first-event timeouts: with After set, an
+	//     attempt with a FirstEventTimeout has a goroutine of its own that
+	//     waits on the channel until the attempt commits or fails.
+	Retry retry.LoopConfig
 	// Admission, if set, caps the requests in flight globally and per
 	// session (the affinity key); a refused request fails at once with a
 	// [*retry.OverloadError].
@@ -92,15 +116,6 @@ type Config struct {
 	// request passes through a component that sets or removes it. "" reads
 	// no header: every request is standard. It requires Queue.
 	TrustClassHeader string
-	// Reporter, if set, is told how every attempt ended, for example a
-	// [*retry.Ejector]. If it is also a [retry.QuotaReporter], as an
-	// Ejector is, it is given the headers of every successful answer, whose
-	// rate-limit headers may say that the endpoint's quota is spent.
-	Reporter retry.Reporter
-	// Observer, if set, is told of every retry and hedge the Transport
-	// sends and every one its budget refuses (its Retry, Hedge and Denied
-	// functions; package telemetry provides one).
-	Observer *retry.Observer
 	// Store, if set, records the ORCA load report (the
 	// endpoint-load-metrics header) of every response as a push observation
 	// of its endpoint.
@@ -108,23 +123,14 @@ type Config struct {
 	// MaxPeekBytes bounds the bytes held back before the first event of a
 	// stream. 0 means [DefaultMaxPeekBytes].
 	MaxPeekBytes int
-	// HedgeDelay, if positive, enables hedging: when an attempt has not
-	// committed (no first event) after HedgeDelay, another attempt is sent
-	// to an endpoint with none in flight, within MaxAttempts and the
-	// budget; the first to commit wins and the others are cancelled at
-	// once. Hedged attempts run on goroutines of their own, which end
-	// before RoundTrip returns. 0 disables hedging.
-	HedgeDelay time.Duration
-	// MaxHedges bounds the hedges per request. 0 means 1.
-	MaxHedges int
 	// FirstEventTimeout, if positive, bounds each attempt's wait for its
 	// first event, from the moment it is sent: an attempt that has not
 	// committed by then (no response, or a stream of nothing but SSE
 	// comments and keep-alives) is cancelled and fails with
 	// [ErrFirstEventTimeout], which [retry.DefaultClassify] retries on
-	// another endpoint like a connection error, within MaxAttempts and the
-	// budget. Its pick is finished with that error and the Reporter is told
-	// of it.
+	// another endpoint like a connection error, within Retry.MaxAttempts
+	// and the budget. Its pick is finished with that error and the
+	// Retry.Reporter is told of it.
 	//
 	// 0, the default, means no timeout: an attempt waits for its first
 	// event until the request's context ends. There is no safe universal
@@ -138,14 +144,6 @@ type Config struct {
 	// served (non-streaming requests included), and bound each request as
 	// a whole with its context's deadline.
 	FirstEventTimeout time.Duration
-	// Clock tells the time. nil means the system clock.
-	Clock llmlb.Clock
-	// After returns a channel that receives after d, like time.After, which
-	// is what nil means. Back-offs, hedge delays and first-event timeouts
-	// wait with it; with After set, an attempt with a FirstEventTimeout has
-	// a goroutine of its own that waits on the channel until the attempt
-	// commits or fails.
-	After func(d time.Duration) <-chan time.Time
 }
 
 // Transport is an [http.RoundTripper] that sends each request to an endpoint
@@ -177,11 +175,11 @@ type Config struct {
 // transport failure that cannot be retried is returned as a
 // [*retry.GiveUpError] wrapping [retry.ErrExhausted].
 //
-// With [Config.HedgeDelay] set, an attempt still waiting for its first event
-// after the delay is hedged: another attempt goes to an endpoint with none in
-// flight, the first to commit wins, and the others are cancelled and finished
-// before RoundTrip returns. Once an attempt has committed no hedge or retry
-// is started, and no other attempt can commit.
+// With a hedge delay set ([Config.Retry]'s Hedge), an attempt still waiting
+// for its first event after the delay is hedged: another attempt goes to an
+// endpoint with none in flight, the first to commit wins, and the others are
+// cancelled and finished before RoundTrip returns. Once an attempt has
+// committed no hedge or retry is started, and no other attempt can commit.
 //
 // With [Config.FirstEventTimeout] set, an attempt whose first event has not
 // arrived within the timeout fails with [ErrFirstEventTimeout] and is
@@ -189,8 +187,8 @@ type Config struct {
 //
 // A Transport is safe for concurrent use. It starts no goroutines, except,
 // when hedging, one per attempt, each of which has ended when RoundTrip
-// returns, and, with a FirstEventTimeout and [Config.After] set, one per
-// attempt until it commits or fails.
+// returns, and, with a FirstEventTimeout and Config.Retry.After set, one
+// per attempt until it commits or fails.
 type Transport struct {
 	b         *llmlb.Balancer
 	base      http.RoundTripper
@@ -209,11 +207,12 @@ type Transport struct {
 	obs       retry.Observer
 	store     *signals.Store
 	peek      int
-	hedge     time.Duration
-	maxHedges int
-	firstWait time.Duration // Config.FirstEventTimeout
+	hedge     retry.HedgeConfig // MaxHedges set
+	hedging   bool              // hedge.Delay or hedge.Percentile set
+	firstWait time.Duration     // Config.FirstEventTimeout
 	clock     llmlb.Clock
 	after     func(time.Duration) <-chan time.Time
+	ttft      quantile.Window // with hedge.Percentile: the winners' times to first event
 
 	// afterCommit, if set, is called by an attempt right after it
 	// committed, before RoundTrip learns of it. Tests use it to order
@@ -227,8 +226,26 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if cfg.Balancer == nil {
 		return nil, configErrorf("nil Balancer")
 	}
-	if cfg.MaxAttempts < 0 || cfg.MaxPeekBytes < 0 || cfg.HedgeDelay < 0 || cfg.MaxHedges < 0 || cfg.FirstEventTimeout < 0 {
-		return nil, configErrorf("negative MaxAttempts, MaxPeekBytes, HedgeDelay, MaxHedges or FirstEventTimeout")
+	if cfg.MaxPeekBytes < 0 || cfg.FirstEventTimeout < 0 {
+		return nil, configErrorf("negative MaxPeekBytes or FirstEventTimeout")
+	}
+	rc := cfg.Retry
+	if rc.MaxAttempts < 0 {
+		return nil, configErrorf("Retry.MaxAttempts %d is negative", rc.MaxAttempts)
+	}
+	// As retry.NewLoop validates them.
+	h := rc.Hedge
+	if h.Delay < 0 {
+		return nil, configErrorf("hedge Delay %v is negative", h.Delay)
+	}
+	if !(h.Percentile >= 0 && h.Percentile < 1) {
+		return nil, configErrorf("hedge Percentile %v must be in [0, 1)", h.Percentile)
+	}
+	if h.MaxHedges < 0 {
+		return nil, configErrorf("hedge MaxHedges %d is negative", h.MaxHedges)
+	}
+	if h.MaxHedges == 0 {
+		h.MaxHedges = 1
 	}
 	if cfg.TrustClassHeader != "" && cfg.Queue == nil {
 		return nil, configErrorf("TrustClassHeader without a Queue")
@@ -239,25 +256,25 @@ func NewTransport(cfg Config) (*Transport, error) {
 		url:       cfg.URL,
 		parser:    cfg.Parser,
 		adjust:    cfg.Adjust,
-		attempts:  cfg.MaxAttempts,
-		budget:    cfg.Budget,
-		backoff:   cfg.Backoff,
-		classify:  cfg.Classify,
-		pushLimit: cfg.MaxPushback,
+		attempts:  rc.MaxAttempts,
+		budget:    rc.Budget,
+		backoff:   rc.Backoff,
+		classify:  rc.Classify,
+		pushLimit: rc.MaxPushback,
 		adm:       cfg.Admission,
 		queue:     cfg.Queue,
 		classHdr:  cfg.TrustClassHeader,
-		reporter:  cfg.Reporter,
+		reporter:  rc.Reporter,
 		store:     cfg.Store,
 		peek:      cfg.MaxPeekBytes,
-		hedge:     cfg.HedgeDelay,
-		maxHedges: cfg.MaxHedges,
+		hedge:     h,
+		hedging:   h.Delay > 0 || h.Percentile > 0,
 		firstWait: cfg.FirstEventTimeout,
-		clock:     cfg.Clock,
-		after:     cfg.After,
+		clock:     rc.Clock,
+		after:     rc.After,
 	}
-	if cfg.Observer != nil {
-		t.obs = *cfg.Observer
+	if rc.Observer != nil {
+		t.obs = *rc.Observer
 	}
 	if t.base == nil {
 		t.base = http.DefaultTransport
@@ -276,7 +293,9 @@ func NewTransport(cfg Config) (*Transport, error) {
 		t.attempts = retry.DefaultMaxAttempts
 	}
 	if t.budget == nil {
-		b, err := retry.NewPercentBudget(retry.PercentConfig{TTL: retry.DefaultBudgetTTL, MinRetriesPerSec: retry.DefaultMinRetriesPerSec, PercentCanRetry: retry.DefaultPercentCanRetry, Clock: cfg.Clock})
+		bc := retry.DefaultPercentConfig()
+		bc.Clock = rc.Clock
+		b, err := retry.NewPercentBudget(bc)
 		if err != nil {
 			return nil, configErrorf("budget: %v", err)
 		}
@@ -297,9 +316,6 @@ func NewTransport(cfg Config) (*Transport, error) {
 	}
 	if t.peek == 0 {
 		t.peek = DefaultMaxPeekBytes
-	}
-	if t.maxHedges == 0 {
-		t.maxHedges = 1
 	}
 	if t.clock == nil {
 		t.clock = systemClock{}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -110,8 +111,8 @@ func newHarness(t *testing.T, policy llmlb.Policy, cfg Config, ups ...*upstream)
 	base := &http.Transport{}
 	cfg.Balancer = b
 	cfg.Base = base
-	if cfg.After == nil {
-		cfg.After = func(time.Duration) <-chan time.Time { return closedTime }
+	if cfg.Retry.After == nil {
+		cfg.Retry.After = func(time.Duration) <-chan time.Time { return closedTime }
 	}
 	tr, err := NewTransport(cfg)
 	require.NoError(t, err)
@@ -343,12 +344,12 @@ func TestRetryAfterHonoured(t *testing.T) {
 	b := newUpstream(t, sse(1))
 	var mu sync.Mutex
 	var waits []time.Duration
-	h := newHarness(t, fixed{}, Config{After: func(d time.Duration) <-chan time.Time {
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{After: func(d time.Duration) <-chan time.Time {
 		mu.Lock()
 		waits = append(waits, d)
 		mu.Unlock()
 		return closedTime
-	}}, a, b)
+	}}}, a, b)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
 	_, err = readAll(t, resp)
@@ -364,12 +365,12 @@ func TestRetryAfterNotHonoured(t *testing.T) {
 	b := newUpstream(t, sse(1))
 	var mu sync.Mutex
 	var waits []time.Duration
-	h := newHarness(t, fixed{}, Config{MaxPushback: -1, After: func(d time.Duration) <-chan time.Time {
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{MaxPushback: -1, After: func(d time.Duration) <-chan time.Time {
 		mu.Lock()
 		waits = append(waits, d)
 		mu.Unlock()
 		return closedTime
-	}}, a, b)
+	}}}, a, b)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
 	_, err = readAll(t, resp)
@@ -423,7 +424,7 @@ func TestRetryAfterPastDeadline(t *testing.T) {
 func TestAllOverloadedPassesThrough429(t *testing.T) {
 	a := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "1"))
 	b := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "1"))
-	h := newHarness(t, llmlb.LeastOutstanding(), Config{MaxAttempts: 4}, a, b)
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{Retry: retry.LoopConfig{MaxAttempts: 4}}, a, b)
 	gw := h.proxy(t)
 	resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"x"}`))
 	require.NoError(t, err)
@@ -438,7 +439,7 @@ func TestAllOverloadedPassesThrough429(t *testing.T) {
 
 func TestGiveUpOnConnectionErrors(t *testing.T) {
 	a := newUpstream(t, hangUp(""))
-	h := newHarness(t, llmlb.LeastOutstanding(), Config{MaxAttempts: 2}, a)
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{Retry: retry.LoopConfig{MaxAttempts: 2}}, a)
 	_, err := do(t, h, chatBody)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, retry.ErrExhausted)
@@ -513,8 +514,25 @@ func TestConfigErrors(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidConfig)
 	b, err := llmlb.New(llmlb.RoundRobin())
 	require.NoError(t, err)
-	_, err = NewTransport(Config{Balancer: b, MaxAttempts: -1})
+	_, err = NewTransport(Config{Balancer: b, MaxPeekBytes: -1})
 	assert.ErrorIs(t, err, ErrInvalidConfig)
+	// The retry settings NewLoop rejects, NewTransport rejects too.
+	for _, rc := range []retry.LoopConfig{
+		{MaxAttempts: -1},
+		{Hedge: retry.HedgeConfig{Delay: -1}},
+		{Hedge: retry.HedgeConfig{Percentile: 1}},
+		{Hedge: retry.HedgeConfig{Percentile: -0.5}},
+		{Hedge: retry.HedgeConfig{Percentile: math.NaN()}},
+		{Hedge: retry.HedgeConfig{MaxHedges: -1}},
+	} {
+		_, err = NewTransport(Config{Balancer: b, Retry: rc})
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", rc)
+		_, err = retry.NewLoop(b, rc)
+		assert.ErrorIs(t, err, retry.ErrInvalidConfig, "%+v", rc)
+	}
+	// A negative MaxPushback honours no server-requested delay.
+	_, err = NewTransport(Config{Balancer: b, Retry: retry.LoopConfig{MaxPushback: -1}})
+	assert.NoError(t, err)
 	for _, bad := range []string{"", "10.0.0.1:80", "ftp://x", "http://", "http://h/?q=1", "http://u:p@h/"} {
 		_, err := NewEndpoint(bad)
 		assert.ErrorIs(t, err, ErrInvalidConfig, bad)
@@ -533,7 +551,7 @@ func TestEndpointWithoutURL(t *testing.T) {
 	b, err := llmlb.New(llmlb.RoundRobin())
 	require.NoError(t, err)
 	require.NoError(t, b.Update([]llmlb.Endpoint{keyOnly("a")}))
-	tr, err := NewTransport(Config{Balancer: b, MaxAttempts: 1})
+	tr, err := NewTransport(Config{Balancer: b, Retry: retry.LoopConfig{MaxAttempts: 1}})
 	require.NoError(t, err)
 	req, _ := http.NewRequest(http.MethodPost, "http://gw.invalid/", strings.NewReader(`{}`))
 	_, err = tr.RoundTrip(req)
@@ -569,7 +587,7 @@ func TestConcurrentWithFailingEndpoint(t *testing.T) {
 	a := newUpstream(t, sse(3))
 	b := newUpstream(t, hangUp(""))
 	c := newUpstream(t, sse(3))
-	h := newHarness(t, llmlb.RoundRobin(), Config{MaxAttempts: 3, Budget: unlimited{}}, a, b, c)
+	h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 3, Budget: unlimited{}}}, a, b, c)
 	gw := h.proxy(t)
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
@@ -679,11 +697,11 @@ func TestNoRetryWhen(t *testing.T) {
 		status int
 		err    error
 	}{
-		{"budget spent", status(http.StatusServiceUnavailable), func(c *Config) { c.Budget = &denyAll{} }, http.StatusServiceUnavailable, nil},
+		{"budget spent", status(http.StatusServiceUnavailable), func(c *Config) { c.Retry.Budget = &denyAll{} }, http.StatusServiceUnavailable, nil},
 		{"pushback forbids", status(http.StatusServiceUnavailable, "Retry-After", "soon"), nil, http.StatusServiceUnavailable, nil},
-		{"one attempt", hangUp(""), func(c *Config) { c.MaxAttempts = 1 }, 0, retry.ErrExhausted},
+		{"one attempt", hangUp(""), func(c *Config) { c.Retry.MaxAttempts = 1 }, 0, retry.ErrExhausted},
 		{"custom classifier", status(http.StatusInternalServerError), func(c *Config) {
-			c.Classify = retry.OnCodes([]int{http.StatusServiceUnavailable}, nil)
+			c.Retry.Classify = retry.OnCodes([]int{http.StatusServiceUnavailable}, nil)
 		}, http.StatusInternalServerError, nil},
 	}
 	for _, c := range cases {
@@ -718,7 +736,7 @@ func TestReporterAndStore(t *testing.T) {
 	store, err := signals.NewStore(signals.StoreConfig{})
 	require.NoError(t, err)
 	budget := &denyAll{}
-	h := newHarness(t, fixed{}, Config{Reporter: rec, Store: store, Budget: unlimitedFinish{budget}}, a, b)
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Reporter: rec, Budget: unlimitedFinish{budget}}, Store: store}, a, b)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
 	_, err = readAll(t, resp)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/quantile"
 )
 
 // Picker chooses an endpoint for a request; [*llmlb.Balancer] implements it.
@@ -66,7 +67,11 @@ type LoopConfig struct {
 	// may be retried; nil means [DefaultClassify].
 	Classify func(err error) bool
 	// MaxPushback is the longest server-requested delay honoured; a longer
-	// one is ignored. 0 means [DefaultMaxPushback].
+	// one is ignored. 0 means [DefaultMaxPushback]. A negative value
+	// honours none: a retry waits only for its back-off, as suits retries
+	// that go to another endpoint than the one that asked for the wait (a
+	// tier that spills, package spill). A server's "do not retry" still
+	// stops the retries.
 	MaxPushback time.Duration
 	// Hedge enables hedging before the first token; the zero value disables
 	// it.
@@ -114,13 +119,14 @@ type Loop struct {
 	backoff     Backoff
 	maxAttempts int
 	classify    func(error) bool
-	maxPushback time.Duration
+	maxPushback time.Duration // the cap of FromHeader; > 0
+	pushback    bool          // whether a server-requested delay is honoured
 	hedge       HedgeConfig
 	reporter    Reporter
 	obs         *Observer
 	clock       llmlb.Clock
 	after       func(time.Duration) <-chan time.Time
-	ttft        ttftWindow
+	ttft        quantile.Window // with Hedge.Percentile: the winners' TTFTs
 }
 
 // NewLoop returns a loop that picks endpoints with p (usually an
@@ -135,9 +141,6 @@ func NewLoop(p Picker, cfg LoopConfig) (*Loop, error) {
 	}
 	if cfg.MaxAttempts < 0 || cfg.MaxAttempts > 100 {
 		return nil, invalidf("loop MaxAttempts %d must be in [1, 100]", cfg.MaxAttempts)
-	}
-	if cfg.MaxPushback < 0 {
-		return nil, invalidf("loop MaxPushback %v is negative", cfg.MaxPushback)
 	}
 	h := cfg.Hedge
 	if h.Delay < 0 {
@@ -159,6 +162,7 @@ func NewLoop(p Picker, cfg LoopConfig) (*Loop, error) {
 		maxAttempts: cfg.MaxAttempts,
 		classify:    cfg.Classify,
 		maxPushback: limitOr(cfg.MaxPushback),
+		pushback:    cfg.MaxPushback >= 0,
 		hedge:       h,
 		reporter:    cfg.Reporter,
 		obs:         cfg.Observer,
@@ -229,7 +233,7 @@ func (a *Attempt) FirstToken() bool {
 	}
 	a.pick.FirstToken()
 	if r.l.hedge.Percentile > 0 {
-		r.l.ttft.add(r.l.clock.Now().Sub(a.start))
+		r.l.ttft.Add(r.l.clock.Now().Sub(a.start))
 	}
 	if r.commit != nil {
 		r.commit <- struct{}{} // buffered; only the winner sends
@@ -404,7 +408,7 @@ func (r *run) armHedge() <-chan time.Time {
 	}
 	d := l.hedge.Delay
 	if l.hedge.Percentile > 0 {
-		if q, ok := l.ttft.quantile(l.hedge.Percentile); ok {
+		if q, ok := l.ttft.Quantile(l.hedge.Percentile); ok {
 			d = max(d, q)
 		}
 	}
@@ -498,7 +502,7 @@ func (r *run) next() (*Attempt, error) {
 	r.retries++
 	d := max(l.backoff.Backoff(r.retries, r.prev), 0)
 	r.prev = d
-	if pb.Kind == RetryLater {
+	if pb.Kind == RetryLater && l.pushback {
 		d = max(d, pb.Delay)
 	}
 	if deadline, ok := r.ctx.Deadline(); ok && time.Until(deadline) <= d { // the context's own clock

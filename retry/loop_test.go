@@ -248,6 +248,47 @@ func TestLoopPushbackNeverShortens(t *testing.T) {
 	}
 }
 
+// With a negative MaxPushback a retry waits only for its back-off, whatever
+// delay the server asked for, and a "do not retry" still stops it.
+func TestLoopNegativePushback(t *testing.T) {
+	cases := []struct {
+		name     string
+		err      error
+		attempts int
+		waits    []time.Duration
+	}{
+		{"retry-after", &StatusError{Code: 429, Header: http.Header{"Retry-After": {"7"}}}, 2, []time.Duration{time.Second}},
+		{"rate-limit reset", &StatusError{Code: 429, Header: http.Header{"X-Ratelimit-Reset-Requests": {"20s"}}}, 2, []time.Duration{time.Second}},
+		{"overload", &OverloadError{Scope: "global", RetryAfter: 9 * time.Second}, 2, []time.Duration{time.Second}},
+		{"do not retry", &StatusError{Code: GRPCUnavailable, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"-1"}}}, 1, nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var waits []time.Duration
+			after := func(d time.Duration) <-chan time.Time {
+				waits = append(waits, d)
+				c := make(chan time.Time, 1)
+				c <- time.Time{}
+				return c
+			}
+			b := newBalancer(t, "a", "b")
+			l, err := NewLoop(b, LoopConfig{Backoff: fixedBackoff(time.Second), After: after, MaxAttempts: 2, MaxPushback: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			_ = l.Do(context.Background(), nil, func(context.Context, *Attempt) error {
+				n++
+				return tc.err
+			})
+			if n != tc.attempts || !slices.Equal(waits, tc.waits) {
+				t.Errorf("%d attempts, waits %v; want %d, %v", n, waits, tc.attempts, tc.waits)
+			}
+			assertIdle(t, b)
+		})
+	}
+}
+
 func TestLoopDeadlineAndCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBalancer(t, "a", "b")
@@ -486,30 +527,10 @@ func TestHedgePercentile(t *testing.T) {
 		if !slices.Equal(slowHedged, want) {
 			t.Fatalf("slow requests hedged: %v, want %v", slowHedged, want)
 		}
-		if q, ok := l.ttft.quantile(0.9); !ok || q > 11*time.Millisecond {
+		if q, ok := l.ttft.Quantile(0.9); !ok || q > 11*time.Millisecond {
 			t.Fatalf("p90 TTFT = %v, %v", q, ok)
 		}
 	})
-}
-
-func TestTTFTWindow(t *testing.T) {
-	var w ttftWindow
-	if _, ok := w.quantile(0.5); ok {
-		t.Fatal("quantile with no samples")
-	}
-	for i := 1; i <= 1000; i++ {
-		w.add(time.Duration(i) * time.Millisecond)
-	}
-	// The last 256 samples: 745..1000 ms.
-	if q, _ := w.quantile(0); q != 745*time.Millisecond {
-		t.Fatalf("min = %v", q)
-	}
-	if q, _ := w.quantile(0.5); q != 873*time.Millisecond {
-		t.Fatalf("median = %v", q)
-	}
-	if q, _ := w.quantile(0.999); q != 1000*time.Millisecond {
-		t.Fatalf("max = %v", q)
-	}
 }
 
 func TestLoopBadConfig(t *testing.T) {
@@ -522,7 +543,6 @@ func TestLoopBadConfig(t *testing.T) {
 		{"nil picker", nil, LoopConfig{}},
 		{"attempts", b, LoopConfig{MaxAttempts: -1}},
 		{"attempts big", b, LoopConfig{MaxAttempts: 1000}},
-		{"pushback", b, LoopConfig{MaxPushback: -1}},
 		{"hedge delay", b, LoopConfig{Hedge: HedgeConfig{Delay: -1}}},
 		{"hedge percentile", b, LoopConfig{Hedge: HedgeConfig{Percentile: 1}}},
 		{"hedge max", b, LoopConfig{Hedge: HedgeConfig{MaxHedges: -1}}},

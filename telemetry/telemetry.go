@@ -364,7 +364,8 @@ func (m *Metrics) WatchQueue(q *fair.Queue) (metric.Registration, error) {
 func (m *Metrics) Observer() *llmlb.Observer { return &m.observer }
 
 // RetryObserver returns the functions to set as the Observer of a
-// [retry.Loop], [retry.Admission], [retry.Ejector] or an httplb Transport.
+// [retry.Loop], [retry.Admission] or [retry.Ejector], or of the Retry
+// settings of an httplb Transport or a gateway.
 func (m *Metrics) RetryObserver() *retry.Observer { return &m.retryObserver }
 
 // Watch reports b's per-endpoint load (outstanding and queued requests,

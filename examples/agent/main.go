@@ -122,7 +122,7 @@ func run() error {
 		return err
 	}
 	log := &attempts{base: &http.Transport{MaxIdleConnsPerHost: 64}}
-	tr, err := httplb.NewTransport(httplb.Config{Balancer: b, Base: log, Admission: adm, MaxAttempts: 3})
+	tr, err := httplb.NewTransport(httplb.Config{Balancer: b, Base: log, Admission: adm, Retry: retry.LoopConfig{MaxAttempts: 3}})
 	if err != nil {
 		return err
 	}

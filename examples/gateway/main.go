@@ -414,7 +414,7 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		Policy:           policy,
 		Index:            ix,
 		ScrapeInterval:   o.scrape,
-		MaxAttempts:      o.attempts,
+		Retry:            retry.LoopConfig{MaxAttempts: o.attempts},
 		Events:           events,
 		Admission:        retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession},
 		Parser:           parser,
@@ -425,7 +425,7 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		cfg.Outputs = &llmlb.OutputConfig{}
 	}
 	if metrics != nil {
-		cfg.Observer, cfg.RetryObserver = metrics.Observer(), metrics.RetryObserver()
+		cfg.Observer, cfg.Retry.Observer = metrics.Observer(), metrics.RetryObserver()
 	}
 	if len(o.spillTo) > 0 {
 		// A managed provider: no /metrics to scrape and no prefix cache to

@@ -150,8 +150,8 @@ func TestKillEngine(t *testing.T) {
 	g := startGateway(t, "least-outstanding", c.URLs, func(b *llmlb.Balancer, cfg *httplb.Config) {
 		ej, err := retry.NewEjector(b, retry.EjectorConfig{})
 		require.NoError(t, err)
-		cfg.Reporter = ej
-		cfg.MaxAttempts = 4
+		cfg.Retry.Reporter = ej
+		cfg.Retry.MaxAttempts = 4
 	})
 	client := newClient()
 	defer client.CloseIdleConnections()
@@ -181,7 +181,7 @@ func TestOverloadedEngines(t *testing.T) {
 	c, err := StartCluster(2, engine.Config{MaxRunning: 1, MaxWaiting: 1, Speedup: 2})
 	require.NoError(t, err)
 	defer c.Close()
-	g := startGateway(t, "least-outstanding", c.URLs, func(b *llmlb.Balancer, cfg *httplb.Config) { cfg.MaxAttempts = 3 })
+	g := startGateway(t, "least-outstanding", c.URLs, func(b *llmlb.Balancer, cfg *httplb.Config) { cfg.Retry.MaxAttempts = 3 })
 	client := newClient()
 	defer client.CloseIdleConnections()
 	w := Workload{Requests: 16, Rate: 1000, Groups: 1, Short: [2]int{30, 30}, LongShare: -1, Seed: 5}

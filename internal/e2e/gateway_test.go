@@ -70,10 +70,10 @@ func startGateway(t testing.TB, policy string, urls []string, setup func(b *llml
 	if setup != nil {
 		setup(b, &cfg)
 	}
-	if cfg.Budget == nil {
+	if cfg.Retry.Budget == nil {
 		budget, err := retry.NewPercentBudget(retry.PercentConfig{TTL: retry.DefaultBudgetTTL, MinRetriesPerSec: 100, PercentCanRetry: retry.DefaultPercentCanRetry})
 		require.NoError(t, err)
-		cfg.Budget = budget
+		cfg.Retry.Budget = budget
 	}
 	tr, err := httplb.NewTransport(cfg)
 	require.NoError(t, err)
