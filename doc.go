@@ -88,4 +88,11 @@
 // its methods and those of [Pick] are safe for concurrent use; Pick,
 // FirstToken and Done never block on I/O and do not allocate for the
 // count-based policies.
+//
+// This package's plain data types (AdapterConfig, DefaultConfig,
+// DisaggConfig, DoneInfo, EndpointLoad, EndpointStats, FirstTokenInfo,
+// GIEConfig, HashConfig, KVCostTerms, Load, OutputConfig, PeakEWMAConfig,
+// PickInfo, Pool, PrefixAwareConfig, PrefixHashConfig, Request, SlowStart)
+// hold no lock: any number of goroutines may read a value of one at once,
+// but none may write it meanwhile.
 package llmlb

@@ -33,4 +33,8 @@
 // Creating an Engine starts nothing: [Engine.Run] runs the batching loop
 // until its context ends, and [Engine.Serve] runs it together with an HTTP
 // server on a listener. An Engine is safe for concurrent use.
+//
+// This package's plain data types (Config, Stats) hold no lock: any number
+// of goroutines may read a value of one at once, but none may write it
+// meanwhile.
 package engine

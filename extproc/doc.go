@@ -45,4 +45,8 @@
 // A Server is safe for concurrent use; every stream runs on the goroutine
 // gRPC calls [Server.Process] on, and the Server starts no goroutine of its
 // own.
+//
+// This package's plain data type, Config, holds no lock: any number of
+// goroutines may read a value of it at once, but none may write it
+// meanwhile.
 package extproc

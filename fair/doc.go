@@ -54,4 +54,8 @@
 // Callers that cannot block, such as an event loop or a simulator, use
 // [Queue.Enter] instead, which never waits and reports a queued ticket's
 // admission to a function.
+//
+// This package's plain data types (Config, Request, Stats) hold no lock: any
+// number of goroutines may read a value of one at once, but none may write
+// it meanwhile.
 package fair

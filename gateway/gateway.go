@@ -20,6 +20,11 @@
 // [httplb.NewTransport], [httplb.NewProxy], [signals.NewScraper] and
 // [retry.NewEjector]. A Gateway is safe for concurrent use; New starts no
 // goroutine, [Gateway.Run] runs the background work until its context ends.
+//
+// This package's plain data types (Config, DebugState, DebugQueue,
+// DebugShare, DebugEndpoint, DebugSignal, DebugScrape) hold no lock: any
+// number of goroutines may read a value of one at once, but none may write
+// it meanwhile.
 package gateway
 
 import (

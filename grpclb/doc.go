@@ -50,4 +50,8 @@
 // Builders and the balancers they build are safe for concurrent use; the
 // package starts no goroutines of its own (grpc runs the out-of-band
 // streams).
+//
+// This package's plain data types (Config, Options) hold no lock: any number
+// of goroutines may read a value of one at once, but none may write it
+// meanwhile.
 package grpclb

@@ -60,4 +60,8 @@
 // goroutines end before RoundTrip returns, and a Transport with both
 // [Config.FirstEventTimeout] and an After in [Config.Retry], which waits for
 // each attempt's timer on a goroutine that ends with the attempt.
+//
+// This package's plain data types (Config, ParserConfig) hold no lock: any
+// number of goroutines may read a value of one at once, but none may write
+// it meanwhile.
 package httplb

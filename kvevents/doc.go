@@ -105,4 +105,8 @@
 // bounded per endpoint by MaxBlocks map entries plus one decoded batch. The
 // ZMQ implementation is pure Go (github.com/go-zeromq/zmq4); it reads each
 // frame whole, so subscribe only to engines you trust.
+//
+// This package's plain data types (Batch, Config, Endpoint, Event,
+// PublisherConfig, Stats) hold no lock: any number of goroutines may read a
+// value of one at once, but none may write it meanwhile.
 package kvevents

@@ -37,4 +37,8 @@
 // Hashers are immutable and an Index takes locks while operating, so both are
 // safe for concurrent use. Nothing in this package starts a goroutine; time
 // is always passed in by the caller.
+//
+// This package's plain data types (HasherConfig, IndexConfig, Match, Salt)
+// hold no lock: any number of goroutines may read a value of one at once,
+// but none may write it meanwhile.
 package prefix

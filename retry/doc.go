@@ -45,4 +45,9 @@
 // [DefaultConcurrentConfig]), while back-off, the loop, ejection and
 // admission document a default for each zero field. Constructors reject
 // values out of range with errors wrapping [ErrInvalidConfig].
+//
+// This package's plain data types (AdmissionConfig, BackoffConfig,
+// ConcurrentConfig, EjectorConfig, HedgeConfig, LoopConfig, PercentConfig,
+// Pushback, ThrottleConfig) hold no lock: any number of goroutines may read
+// a value of one at once, but none may write it meanwhile.
 package retry

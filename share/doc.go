@@ -124,4 +124,8 @@
 // arrives to [Group.Receive]. The Group reads the time from Config.Clock,
 // so a simulator that sets the clock drives it deterministically, as the
 // llmlb-sim command's routers do with -share.
+//
+// This package's plain data types (Config, FollowerConfig, RelayConfig,
+// Stats) hold no lock: any number of goroutines may read a value of one at
+// once, but none may write it meanwhile.
 package share

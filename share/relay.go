@@ -106,7 +106,9 @@ func relayMessage(subject, key string, seq int64, payload []byte, maxPayload int
 func (r *Relay) Published() (ok, failed int64) { return r.published.Load(), r.failed.Load() }
 
 // Sink receives the batches a [Follower] receives. A kvevents.Applier is
-// one.
+// one. A Follower calls it from the goroutine running [Follower.Run] only;
+// a Sink shared with other goroutines must be safe for concurrent use, as
+// an Applier is.
 type Sink interface {
 	// Apply receives batch seq of endpoint key, as the engine encoded it,
 	// or, with a nil payload, a clear of the endpoint. It must not keep

@@ -32,4 +32,8 @@
 // Nothing in this package starts a goroutine except [Scraper.Run], which
 // returns when its context is done. Stores and Scrapers are safe for
 // concurrent use; reading an observation takes no lock.
+//
+// This package's plain data types (Config, Observation, OrcaReport, Status,
+// StoreConfig) hold no lock: any number of goroutines may read a value of
+// one at once, but none may write it meanwhile.
 package signals

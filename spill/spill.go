@@ -40,6 +40,10 @@
 // The request body is read once and replayed to each tier, up to
 // [Config.MaxBodyBytes]. Responses are never spilled once returned: a
 // streamed response belongs to the tier that started it.
+//
+// This package's plain data types (Config, Event, Tier) hold no lock: any
+// number of goroutines may read a value of one at once, but none may write
+// it meanwhile.
 package spill
 
 import (

@@ -65,4 +65,8 @@
 // this package; what the SDK does per measurement is its own cost. With the
 // SDK, the metrics add about 1 us to a request (BenchmarkPick). A Balancer
 // without an Observer does no work for telemetry at all.
+//
+// This package's plain data type, Config, holds no lock: any number of
+// goroutines may read a value of it at once, but none may write it
+// meanwhile.
 package telemetry
