@@ -116,14 +116,7 @@ func TestForwardToApplier(t *testing.T) {
 	defer wg.Wait()
 	defer cancel()
 
-	startPublisher := func() (*Publisher, context.CancelFunc) {
-		p, err := NewPublisher(PublisherConfig{Endpoint: pubAddr, ReplayEndpoint: replayAddr, Topic: "kv-events"})
-		require.NoError(t, err)
-		pctx, pcancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		wg.Go(func() { defer close(done); _ = p.Run(pctx) })
-		return p, func() { pcancel(); <-done }
-	}
+	startPublisher := publisherStarter(ctx, t, &wg, pubAddr, replayAddr)
 	p, stopPub := startPublisher()
 
 	idx, h := newTestIndex(t)

@@ -1,8 +1,10 @@
 package kvevents
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -65,4 +67,18 @@ func freeAddr(t testing.TB) string {
 	require.NoError(t, err)
 	defer l.Close()
 	return fmt.Sprintf("tcp://%s", l.Addr())
+}
+
+// publisherStarter returns a function that starts a Publisher of topic
+// "kv-events" on pubAddr and replayAddr, running under ctx and tracked by
+// wg, and returns it with a function that stops it and waits for it.
+func publisherStarter(ctx context.Context, t testing.TB, wg *sync.WaitGroup, pubAddr, replayAddr string) func() (*Publisher, context.CancelFunc) {
+	return func() (*Publisher, context.CancelFunc) {
+		p, err := NewPublisher(PublisherConfig{Endpoint: pubAddr, ReplayEndpoint: replayAddr, Topic: "kv-events"})
+		require.NoError(t, err)
+		pctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		wg.Go(func() { defer close(done); _ = p.Run(pctx) })
+		return p, func() { cancel(); <-done }
+	}
 }

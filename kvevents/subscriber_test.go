@@ -30,14 +30,7 @@ func TestSubscriberFollowsPublisher(t *testing.T) {
 	defer wg.Wait()
 	defer cancel()
 
-	startPublisher := func() (*Publisher, context.CancelFunc) {
-		p, err := NewPublisher(PublisherConfig{Endpoint: pubAddr, ReplayEndpoint: replayAddr, Topic: "kv-events"})
-		require.NoError(t, err)
-		pctx, pcancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		wg.Go(func() { defer close(done); _ = p.Run(pctx) })
-		return p, func() { pcancel(); <-done }
-	}
+	startPublisher := publisherStarter(ctx, t, &wg, pubAddr, replayAddr)
 	p, stopPub := startPublisher()
 
 	sub, err := NewSubscriber(Config{Index: idx, Hasher: h, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
