@@ -79,9 +79,10 @@ type Config struct {
 	OnError func(key string, err error)
 	// Forward, if set, makes a Subscriber pass each endpoint's batches on
 	// instead of indexing them: Index, Hasher and MaxBlocks must then be
-	// zero. It is called from the endpoint's goroutine with every batch
-	// the Subscriber would apply, in sequence order (replayed batches
-	// included) and already checked to decode; and with seq -1 and a nil
+	// zero. It is called from each endpoint's goroutine (so concurrently
+	// for different endpoints) with every batch the Subscriber would
+	// apply, in sequence order (replayed batches included) and already
+	// checked to decode; and with seq -1 and a nil
 	// payload wherever the Subscriber would drop the endpoint's blocks: a
 	// gap replay cannot fill, an engine restart, a malformed batch, an
 	// endpoint no longer followed, Run returning. payload is valid only
