@@ -103,7 +103,7 @@ func (a *Applier) Apply(key string, seq int64, payload []byte) {
 		ap.last = -1
 		return
 	case seq < 0:
-		a.malformed(key, ap, fmt.Errorf("kvevents: batch with sequence number %d", seq))
+		a.malformed(key, ap, fmt.Errorf("%w: sequence number %d", ErrMalformed, seq))
 		return
 	case ap.last >= 0 && seq > ap.last+1:
 		ap.stats.gaps.Add(1)

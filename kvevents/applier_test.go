@@ -58,7 +58,10 @@ func TestApplierSequence(t *testing.T) {
 	assert.Equal(t, 0, idx.Len("e1"), "a negative sequence number with a batch")
 	st, _ = ap.Stats("e1")
 	assert.Equal(t, int64(2), st.Malformed)
-	assert.Len(t, errs, 2)
+	require.Len(t, errs, 2)
+	for _, err := range errs {
+		assert.ErrorIs(t, err, ErrMalformed)
+	}
 
 	// Clear drops every endpoint's blocks, and applying resumes after it.
 	ap.Apply("e1", 3, batch(stored(ha, a, 0, 2)))
