@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // FuzzDecodeBatch checks that DecodeBatch never panics, returns events only
@@ -53,6 +55,54 @@ func FuzzDecodeBatch(f *testing.F) {
 			if x.Kind != y.Kind || len(x.BlockHashes) != len(y.BlockHashes) || len(x.TokenIDs) != len(y.TokenIDs) ||
 				x.HasParent != y.HasParent || x.Parent != y.Parent || x.LoRA != y.LoRA || x.Group != y.Group {
 				t.Fatalf("event %d: %+v re-encoded as %+v", i, x, y)
+			}
+		}
+	})
+}
+
+// FuzzApplier applies a fuzzed stream of batches to an Applier and checks
+// that nothing panics, the index holds no block the Applier did not count
+// as stored, a clear leaves the endpoint empty, and the counters stay
+// consistent.
+func FuzzApplier(f *testing.F) {
+	a := prompt(1, 3)
+	h0, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: testBlock})
+	if err != nil {
+		f.Fatal(err)
+	}
+	salt := prefix.Salt{Model: "m"}
+	ha := h0.HashTokens(salt, a)
+	ok := AppendBatch(nil, &Batch{Events: []Event{stored(ha, a, 0, 3)}})
+	f.Add(int64(0), ok, int64(1), []byte{0xc1}, int64(5), ok)
+	f.Add(int64(3), ok, int64(-1), ok, int64(2), []byte(nil))
+	f.Fuzz(func(t *testing.T, s1 int64, p1 []byte, s2 int64, p2 []byte, s3 int64, p3 []byte) {
+		idx, h := newTestIndex(t)
+		const maxBlocks = 2
+		ap, err := NewApplier(Config{Index: idx, Hasher: h, MaxBlocks: maxBlocks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ap.SetEndpoints(map[string]prefix.Salt{"e1": salt}); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range []struct {
+			seq int64
+			p   []byte
+		}{{s1, p1}, {s2, p2}, {s3, p3}} {
+			before, _ := ap.Stats("e1")
+			ap.Apply("e1", op.seq, op.p)
+			st, _ := ap.Stats("e1")
+			if n := idx.Len("e1"); int64(n) > st.Stored {
+				t.Fatalf("%d blocks indexed, %d counted stored", n, st.Stored)
+			}
+			if op.p == nil && idx.Len("e1") != 0 {
+				t.Fatalf("%d blocks after a clear", idx.Len("e1"))
+			}
+			if st.Batches < before.Batches || st.Malformed < before.Malformed || st.Resets < before.Resets || st.Stored < 0 || st.Removed < 0 {
+				t.Fatalf("counters went back or negative: %+v after %+v", st, before)
+			}
+			if op.p != nil && op.seq >= 0 && st.Seq != op.seq {
+				t.Fatalf("Seq %d after batch %d", st.Seq, op.seq)
 			}
 		}
 	})
