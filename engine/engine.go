@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,7 +182,9 @@ func New(cfg Config) (*Engine, error) {
 		BlockSize:   cfg.BlockSize,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		// The model's errors carry the simulator's prefix; keep the detail.
+		detail := strings.TrimPrefix(err.Error(), model.ErrInvalidConfig.Error()+": ")
+		return nil, fmt.Errorf("%w: %s", ErrInvalidConfig, detail)
 	}
 	eng := rep.Engine()
 	speed := cfg.Speedup

@@ -378,7 +378,9 @@ func TestConfig(t *testing.T) {
 		{MaxModelLen: -1},
 	} {
 		_, err := New(cfg)
-		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
+		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
+		// One package's prefix: the engine model is an internal package.
+		assert.Equal(t, 1, strings.Count(err.Error(), "invalid config"), "%v", err)
 	}
 }
 
