@@ -50,3 +50,61 @@ func BenchmarkObserver(b *testing.B) {
 		o.Done(llmlb.DoneInfo{Endpoint: info.Endpoint, Streamed: true})
 	}
 }
+
+// BenchmarkBatch measures one batch from end to end: a replica builds it
+// (Group.AppendBatch) and a peer applies it (Group.Receive), as every
+// Interval for as long as both run. Between two batches the sender picks
+// new requests and finishes its oldest, so that it keeps 32 requests in
+// flight at each endpoint, each for 10 seconds (a streaming reply's
+// lifetime). The bytes per batch are reported too.
+func BenchmarkBatch(b *testing.B) {
+	const (
+		perEndpoint = 32
+		lifetime    = 10 * time.Second
+	)
+	for _, eps := range []int{8, 64} {
+		b.Run(fmt.Sprintf("endpoints=%d", eps), func(b *testing.B) {
+			clock := &fakeClock{t: at(0)}
+			a := offline(b, Config{ID: "a", Clock: clock})
+			g := offline(b, Config{ID: "g", Clock: clock})
+			o := a.Observer(nil)
+			type flight struct {
+				ep     llmlb.Endpoint
+				picked time.Time
+			}
+			var inFlight []flight
+			next := 0
+			// Picks per Interval that keep perEndpoint requests in flight
+			// at each endpoint for lifetime each.
+			rate := eps * perEndpoint * int(DefaultInterval) / int(lifetime)
+			step := func() {
+				clock.Advance(DefaultInterval)
+				for range rate {
+					info := pickInfo("e"+strconv.Itoa(next%eps), 1000, 200)
+					next++
+					o.Pick(info)
+					inFlight = append(inFlight, flight{info.Endpoint, clock.Now()})
+				}
+				for len(inFlight) > eps*perEndpoint {
+					f := inFlight[0]
+					inFlight = inFlight[1:]
+					o.Done(llmlb.DoneInfo{Endpoint: f.ep, Latency: clock.Now().Sub(f.picked), Streamed: true})
+				}
+			}
+			var buf []byte
+			for range int(lifetime / DefaultInterval) { // fill the pipeline
+				step()
+				buf = a.AppendBatch(buf[:0])
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				step()
+				buf = a.AppendBatch(buf[:0])
+				if err := g.Receive(buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(buf)), "bytes/batch")
+		})
+	}
+}

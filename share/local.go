@@ -27,6 +27,7 @@ type local struct {
 	routes []localRoute
 	blocks []uint64         // the blocks of routes, back to back
 	sent   map[sentKey]bool // routes already in this batch, by endpoint and last block
+	epIdx  map[string]int   // snapshot's scratch: a routed endpoint's index in the message
 
 	dropped atomic.Uint64 // picks not buffered: table or block buffer full
 }
@@ -398,7 +399,16 @@ func (l *local) snapshot(m *message, now int64) {
 	}
 	newest := floorDiv(now, l.width)
 	m.eps = m.eps[:0]
-	epIdx := make(map[string]int, len(l.routes))
+	// Only routes need an endpoint's index in the message: without any,
+	// a batch builds no map.
+	epIdx := l.epIdx
+	if len(l.routes) > 0 {
+		if epIdx == nil {
+			epIdx = make(map[string]int, len(l.eps))
+			l.epIdx = epIdx
+		}
+		clear(epIdx)
+	}
 	for key, e := range l.eps {
 		e.compact(now, l.width, l.horizon)
 		if e.out == 0 {
@@ -434,9 +444,14 @@ func (l *local) snapshot(m *message, now int64) {
 		if o := &e.older; o.out > 0 {
 			s.buckets = append(s.buckets, bucket{age: l.horizon, out: o.out, queued: o.queued, tokens: o.prefill + o.decode, prefill: o.prefill})
 		}
-		epIdx[key] = len(m.eps) - 1
+		if len(l.routes) > 0 {
+			epIdx[key] = len(m.eps) - 1
+		}
 	}
 	m.routes = m.routes[:0]
+	// The routes' blocks are copied once, for the message to outlive the
+	// buffer that is reused for the next batch.
+	m.blocks = append(m.blocks[:0], l.blocks...)
 	for _, r := range l.routes {
 		i, ok := epIdx[r.key]
 		if !ok {
@@ -444,7 +459,7 @@ func (l *local) snapshot(m *message, now int64) {
 			i = len(m.eps) - 1
 			epIdx[r.key] = i
 		}
-		m.routes = append(m.routes, route{ep: i, blocks: append([]uint64(nil), l.blocks[r.off:r.off+r.n]...)})
+		m.routes = append(m.routes, route{ep: i, blocks: m.blocks[r.off : r.off+r.n : r.off+r.n]})
 	}
 	l.routes = l.routes[:0]
 	l.blocks = l.blocks[:0]

@@ -151,6 +151,13 @@ type Group struct {
 	running atomic.Bool
 	seq     atomic.Uint64 // sequence number of the last batch built
 
+	batchMu sync.Mutex
+	batch   message // AppendBatch's, reused so that a batch allocates nothing
+
+	recvMu sync.Mutex
+	recv   message             // the batch being received, reused
+	seen   map[string]struct{} // decodeInto's scratch
+
 	connected     atomic.Bool
 	published     atomic.Uint64
 	publishFailed atomic.Uint64
@@ -495,12 +502,14 @@ func (g *Group) Run(ctx context.Context) error {
 // previous ones of this Group: a peer refuses a batch older than one it
 // has.
 func (g *Group) AppendBatch(buf []byte) []byte {
-	var m message
-	g.local.snapshot(&m, g.clock.Now().UnixNano())
+	g.batchMu.Lock()
+	defer g.batchMu.Unlock()
+	m := &g.batch
+	g.local.snapshot(m, g.clock.Now().UnixNano())
 	m.id, m.inc, m.seq = g.id, g.inc, g.seq.Add(1)
 	g.published.Add(1)
 	g.expire()
-	return appendMessage(buf, &m)
+	return appendMessage(buf, m)
 }
 
 // Receive applies a peer's batch, made by its [Group.AppendBatch], as
@@ -552,7 +561,13 @@ func (g *Group) publish(m *message, buf []byte) []byte {
 
 // receive applies one peer batch.
 func (g *Group) receive(data []byte) error {
-	m, err := decode(data)
+	g.recvMu.Lock()
+	defer g.recvMu.Unlock()
+	if g.seen == nil {
+		g.seen = make(map[string]struct{})
+	}
+	m := &g.recv
+	err := decodeInto(m, g.seen, data)
 	if err != nil {
 		g.rejected.Add(1)
 		return err

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // The wire format, version 2. Every integer is an unsigned varint unless
@@ -63,6 +64,7 @@ type message struct {
 	horizon int
 	eps     []epSnap
 	routes  []route
+	blocks  []uint64 // a snapshot's: the routes' blocks, back to back
 }
 
 // epSnap is a sender's in-flight work at one endpoint, by pick time.
@@ -200,18 +202,31 @@ func (d *decoder) fixed64(what string) uint64 {
 // small multiple of len(b): every element it allocates for takes at least
 // one byte of input.
 func decode(b []byte) (*message, error) {
+	m := &message{}
+	if err := decodeInto(m, make(map[string]struct{}), b); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// decodeInto decodes b into m as decode does, reusing the memory of m's
+// slices and the map seen (emptied first) from an earlier call, so that
+// decoding a receiver's steady stream of batches allocates little. On error
+// m holds a partial message.
+func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 	if len(b) > maxMessageBytes {
-		return nil, fmt.Errorf("%w: %d bytes exceeds %d", ErrMalformed, len(b), maxMessageBytes)
+		return fmt.Errorf("%w: %d bytes exceeds %d", ErrMalformed, len(b), maxMessageBytes)
 	}
 	if len(b) == 0 {
-		return nil, fmt.Errorf("%w: empty", ErrMalformed)
+		return fmt.Errorf("%w: empty", ErrMalformed)
 	}
 	version := b[0]
 	if version != wireVersion && version != 1 {
-		return nil, fmt.Errorf("%w: version %d, want 1 or %d", ErrMalformed, b[0], wireVersion)
+		return fmt.Errorf("%w: version %d, want 1 or %d", ErrMalformed, b[0], wireVersion)
 	}
 	d := &decoder{b: b[1:]}
-	m := &message{}
+	clear(seen)
+	m.eps, m.routes = m.eps[:0], m.routes[:0]
 	m.id = d.string("id", maxIDBytes)
 	m.inc = d.fixed64("incarnation")
 	m.seq = d.uint("sequence", math.MaxUint64)
@@ -235,9 +250,8 @@ func decode(b []byte) (*message, error) {
 		d.fail("%d endpoints in %d bytes", neps, len(d.b))
 	}
 	if d.err == nil && neps > 0 {
-		m.eps = make([]epSnap, neps)
+		m.eps = grow(m.eps, neps)
 	}
-	seen := make(map[string]struct{}, min(neps, 64))
 	for i := 0; i < neps && d.err == nil; i++ {
 		e := &m.eps[i]
 		e.key = d.string("key", maxKeyBytes)
@@ -252,8 +266,9 @@ func decode(b []byte) (*message, error) {
 		if d.err == nil && nb > len(d.b) {
 			d.fail("%d buckets in %d bytes", nb, len(d.b))
 		}
+		e.buckets = e.buckets[:0]
 		if d.err == nil && nb > 0 {
-			e.buckets = make([]bucket, nb)
+			e.buckets = grow(e.buckets, nb)
 		}
 		prev := -1
 		for j := range e.buckets {
@@ -284,8 +299,9 @@ func decode(b []byte) (*message, error) {
 		if d.err == nil && nf > len(d.b) {
 			d.fail("%d finished counts in %d bytes", nf, len(d.b))
 		}
+		e.fin = e.fin[:0]
 		if d.err == nil && nf > 0 {
-			e.fin = make([]finCount, nf)
+			e.fin = grow(e.fin, nf)
 		}
 		prev = -1
 		for j := 0; j < nf && d.err == nil; j++ {
@@ -303,7 +319,7 @@ func decode(b []byte) (*message, error) {
 		d.fail("%d routes in %d bytes", nr, len(d.b))
 	}
 	if d.err == nil && nr > 0 {
-		m.routes = make([]route, nr)
+		m.routes = grow(m.routes, nr)
 	}
 	total := 0
 	for i := 0; i < nr && d.err == nil; i++ {
@@ -328,7 +344,7 @@ func decode(b []byte) (*message, error) {
 		if d.err != nil {
 			break
 		}
-		r.blocks = make([]uint64, n)
+		r.blocks = grow(r.blocks[:0], n)
 		for j := range r.blocks {
 			r.blocks[j] = binary.LittleEndian.Uint64(d.b[8*j:])
 		}
@@ -337,8 +353,12 @@ func decode(b []byte) (*message, error) {
 	if d.err == nil && len(d.b) != 0 {
 		d.fail("%d trailing bytes", len(d.b))
 	}
-	if d.err != nil {
-		return nil, d.err
-	}
-	return m, nil
+	return d.err
+}
+
+// grow returns s resized to n elements, reusing its memory if it has room:
+// the elements keep what an earlier use left there (the slices of a reused
+// epSnap or route, to be reused in turn), so the caller sets every field.
+func grow[T any](s []T, n int) []T {
+	return slices.Grow(s[:0], n)[:n]
 }

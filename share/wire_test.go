@@ -31,6 +31,31 @@ func TestWireRoundTrip(t *testing.T) {
 	assert.Less(t, len(b), 160, "compact: %d bytes", len(b))
 }
 
+// A receiver decodes every batch into the same message: what one batch
+// left there (buckets, finished counts, routes, endpoints) must not show in
+// the next.
+func TestDecodeIntoReuses(t *testing.T) {
+	full := sampleMessage()
+	full.eps[1].fin = []finCount{{age: 2, n: 5}}
+	full.eps = append(full.eps, epSnap{key: "http://10.0.0.9:8000", buckets: []bucket{{age: 1, out: 1, tokens: 10, prefill: 4}}})
+	smaller := &message{id: "replica-b", inc: 1, seq: 1, width: 100e6, horizon: 101,
+		eps:    []epSnap{{key: "http://10.0.0.8:8000"}, {key: "http://10.0.0.7:8000", buckets: []bucket{{age: 3, out: 2, queued: 1, tokens: 20, prefill: 5}}}},
+		routes: []route{{ep: 0, blocks: []uint64{9}}},
+	}
+	var m message
+	seen := make(map[string]struct{})
+	for _, want := range []*message{full, smaller, full, {id: "c", width: 1, horizon: 1}, smaller} {
+		b := appendMessage(nil, want)
+		require.NoError(t, decodeInto(&m, seen, b))
+		assert.Equal(t, b, appendMessage(nil, &m), "decoded into a reused message after another")
+	}
+	// A refused batch leaves nothing that the next one shows.
+	require.Error(t, decodeInto(&m, seen, []byte{wireVersion, 0xff}))
+	b := appendMessage(nil, smaller)
+	require.NoError(t, decodeInto(&m, seen, b))
+	assert.Equal(t, b, appendMessage(nil, &m))
+}
+
 // A version 1 sender's message, from before buckets carried their queued
 // prefill, is read with that prefill unknown.
 func TestWireReadsVersion1(t *testing.T) {
@@ -118,11 +143,26 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decode(b)
+		// Decoding into a message another batch was decoded into, as a
+		// receiver does, gives the same result.
+		var reused message
+		seen := make(map[string]struct{})
+		require.NoError(t, decodeInto(&reused, seen, appendMessage(nil, sampleMessage())))
+		errReused := decodeInto(&reused, seen, b)
 		if err != nil {
 			if m != nil {
 				t.Fatal("message with an error")
 			}
+			if errReused == nil {
+				t.Fatal("a reused message accepts what a new one refuses")
+			}
 			return
+		}
+		if errReused != nil {
+			t.Fatalf("a reused message refuses what a new one accepts: %v", errReused)
+		}
+		if !bytes.Equal(appendMessage(nil, &reused), appendMessage(nil, m)) {
+			t.Fatal("a reused message decodes differently")
 		}
 		if b[0] == 1 {
 			// Read as version 1 and written as the current version.
