@@ -559,6 +559,10 @@ func (g *Group) publish(m *message, buf []byte) []byte {
 	return buf
 }
 
+// keepDecoded is the size of the largest batch whose decoded memory a Group
+// keeps for the next one.
+const keepDecoded = 256 << 10
+
 // receive applies one peer batch.
 func (g *Group) receive(data []byte) error {
 	g.recvMu.Lock()
@@ -567,6 +571,11 @@ func (g *Group) receive(data []byte) error {
 		g.seen = make(map[string]struct{})
 	}
 	m := &g.recv
+	if len(data) > keepDecoded {
+		// A rare large batch is decoded afresh, so that its memory is not
+		// kept for the small ones that follow.
+		defer func() { g.recv, g.seen = message{}, nil }()
+	}
 	err := decodeInto(m, g.seen, data)
 	if err != nil {
 		g.rejected.Add(1)

@@ -195,3 +195,28 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// A Group keeps the decoded memory of a small batch for the next one, and
+// releases that of a large one.
+func TestReceiveReleasesLargeBatches(t *testing.T) {
+	g := offline(t, Config{ID: "self"})
+	batch := func(seq uint64, blocks int) []byte {
+		m := &message{id: "peer", inc: 1, seq: seq, width: 100e6, horizon: 10,
+			eps:    []epSnap{{key: "e1", buckets: []bucket{{age: 0, out: 1, tokens: 10}}}},
+			routes: []route{{ep: 0, blocks: make([]uint64, blocks)}}}
+		for i := range m.routes[0].blocks {
+			m.routes[0].blocks[i] = uint64(i + 1)
+		}
+		return appendMessage(nil, m)
+	}
+	small := batch(1, 4)
+	require.NoError(t, g.Receive(small))
+	assert.NotZero(t, cap(g.recv.routes), "a small batch's memory is kept")
+	large := batch(2, keepDecoded/8+1)
+	require.Greater(t, len(large), keepDecoded)
+	require.NoError(t, g.Receive(large))
+	assert.Zero(t, cap(g.recv.routes), "a large batch's memory is released")
+	assert.Nil(t, g.seen)
+	require.NoError(t, g.Receive(batch(3, 4)))
+	assert.Equal(t, uint64(3), g.Stats().Received)
+}
