@@ -152,7 +152,7 @@ type Group struct {
 	seq     atomic.Uint64 // sequence number of the last batch built
 
 	batchMu sync.Mutex
-	batch   message // AppendBatch's, reused so that a batch allocates nothing
+	batch   message // the batch being built (by Run or AppendBatch), reused
 
 	recvMu sync.Mutex
 	recv   message             // the batch being received, reused
@@ -475,10 +475,7 @@ func (g *Group) Run(ctx context.Context) error {
 	g.connected.Store(g.conn.IsConnected())
 	tick := time.NewTicker(g.interval)
 	defer tick.Stop()
-	var (
-		m   message
-		buf []byte
-	)
+	var buf []byte
 	for {
 		select {
 		case <-ctx.Done():
@@ -486,7 +483,7 @@ func (g *Group) Run(ctx context.Context) error {
 		case msg := <-ch:
 			_ = g.receive(msg.Data)
 		case <-tick.C:
-			buf = g.publish(&m, buf[:0])
+			buf = g.publish(buf[:0])
 			g.expire()
 		}
 	}
@@ -530,7 +527,7 @@ func (g *Group) expire() {
 }
 
 // publish sends one batch and returns the encoding buffer for reuse.
-func (g *Group) publish(m *message, buf []byte) []byte {
+func (g *Group) publish(buf []byte) []byte {
 	up := g.conn.IsConnected()
 	if was := g.connected.Swap(up); was != up {
 		if up {
@@ -539,6 +536,9 @@ func (g *Group) publish(m *message, buf []byte) []byte {
 			g.log.Warn("share: NATS disconnected; routing on local state until it reconnects", "self", g.id)
 		}
 	}
+	g.batchMu.Lock()
+	defer g.batchMu.Unlock()
+	m := &g.batch
 	g.local.snapshot(m, g.clock.Now().UnixNano())
 	if !up {
 		g.publishFailed.Add(1)
@@ -572,8 +572,8 @@ func (g *Group) receive(data []byte) error {
 	}
 	m := &g.recv
 	if len(data) > keepDecoded {
-		// A rare large batch is decoded afresh, so that its memory is not
-		// kept for the small ones that follow.
+		// The buffers a rare large batch grew are dropped after it, so
+		// that its memory is not kept for the small ones that follow.
 		defer func() { g.recv, g.seen = message{}, nil }()
 	}
 	err := decodeInto(m, g.seen, data)
