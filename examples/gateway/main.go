@@ -231,8 +231,13 @@ func run(args []string) error {
 	}
 	// The runners end with ctx, before the NATS connection closes: a relay's
 	// last messages tell the followers to drop what nothing keeps current.
+	// On a return before the gateway serves (an address in use), ctx is
+	// still live: end it first, or the wait would never return.
 	var running sync.WaitGroup
-	defer running.Wait()
+	defer func() {
+		stop()
+		running.Wait()
+	}()
 	for _, r := range events {
 		running.Go(func() { _ = r.Run(ctx) })
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"log/slog"
+	"net"
 	"testing"
 	"time"
 
@@ -95,5 +96,37 @@ func TestDemoSpill(t *testing.T) {
 	if spilled.TrickleSpilled != 0 || spilled.Trickle.Count((*e2e.Outcome).Complete) != len(spilled.Trickle.Outcomes) {
 		t.Errorf("after the burst: %d spilled, %d of %d complete; want none spilled, all complete",
 			spilled.TrickleSpilled, spilled.Trickle.Count((*e2e.Outcome).Complete), len(spilled.Trickle.Outcomes))
+	}
+}
+
+// TestRunListenError checks that a gateway following engine KV events
+// reports an address already in use and exits, rather than waiting forever
+// for its event runners.
+func TestRunListenError(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	// A ZMQ address nothing publishes on: the subscriber keeps retrying
+	// until the gateway ends it.
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := "tcp://" + free.Addr().String()
+	free.Close()
+	done := make(chan error, 1)
+	go func() {
+		done <- run([]string{"-backends", "http://127.0.0.1:1", "-kv-events", pub,
+			"-listen", busy.Addr().String(), "-admin", ""})
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("run returned no error on an address in use")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return within 10 s of failing to listen")
 	}
 }
