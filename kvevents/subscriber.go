@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -230,11 +233,20 @@ func NewSubscriber(cfg Config) (*Subscriber, error) {
 // endpoint keys the index and the balancer use. Subscriptions whose key
 // and Endpoint are unchanged continue undisturbed. It returns an error
 // wrapping [ErrInvalidConfig], changing nothing, if a key is empty or an
-// Endpoint has no PubAddr.
+// Endpoint has no PubAddr, or an address no connection could use: one
+// that is not tcp://host:port, ipc://path or inproc://name.
 func (s *Subscriber) SetEndpoints(eps map[string]Endpoint) error {
 	for k, ep := range eps {
 		if k == "" || ep.PubAddr == "" {
 			return fmt.Errorf("%w: endpoint %q: empty key or PubAddr", ErrInvalidConfig, k)
+		}
+		if err := checkAddr(ep.PubAddr); err != nil {
+			return fmt.Errorf("%w: endpoint %q: PubAddr %w", ErrInvalidConfig, k, err)
+		}
+		if ep.ReplayAddr != "" {
+			if err := checkAddr(ep.ReplayAddr); err != nil {
+				return fmt.Errorf("%w: endpoint %q: ReplayAddr %w", ErrInvalidConfig, k, err)
+			}
 		}
 	}
 	s.mu.Lock()
@@ -246,6 +258,29 @@ func (s *Subscriber) SetEndpoints(eps map[string]Endpoint) error {
 	select {
 	case s.changed <- struct{}{}:
 	default:
+	}
+	return nil
+}
+
+// checkAddr refuses a ZMQ address that no connection attempt could use, so
+// that a typo fails at once instead of in every retry: the transport must be
+// tcp (with a host and a numeric port), ipc or inproc.
+func checkAddr(addr string) error {
+	transport, rest, ok := strings.Cut(addr, "://")
+	switch {
+	case !ok || rest == "":
+		return fmt.Errorf("%q: want transport://address, such as tcp://10.0.0.7:5557", addr)
+	case transport == "ipc" || transport == "inproc":
+		return nil
+	case transport != "tcp":
+		return fmt.Errorf("%q: transport %q: want tcp, ipc or inproc", addr, transport)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return fmt.Errorf("%q: want tcp://host:port", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || host == "" || host == "*" {
+		return fmt.Errorf("%q: want tcp://host:port, a host to connect to and a port from 1 to 65535", addr)
 	}
 	return nil
 }

@@ -87,3 +87,41 @@ func TestSubscriberFollowsPublisher(t *testing.T) {
 	require.NoError(t, sub.SetEndpoints(nil))
 	require.Eventually(t, func() bool { _, ok := sub.Stats("e1"); return !ok && idx.Len("e1") == 0 }, waitFor, tick)
 }
+
+// TestSetEndpointsAddresses checks that SetEndpoints refuses an address no
+// connection attempt could use, and changes nothing then.
+func TestSetEndpointsAddresses(t *testing.T) {
+	ix, err := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+	require.NoError(t, err)
+	h, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: ix.BlockSize()})
+	require.NoError(t, err)
+	sub, err := NewSubscriber(Config{Index: ix, Hasher: h})
+	require.NoError(t, err)
+	for _, ok := range []Endpoint{
+		{PubAddr: "tcp://10.0.0.7:5557", ReplayAddr: "tcp://10.0.0.7:5558"},
+		{PubAddr: "tcp://[::1]:5557"},
+		{PubAddr: "tcp://engine-0.engines:5557"},
+		{PubAddr: "ipc:///tmp/kv.sock"},
+		{PubAddr: "inproc://kv"},
+	} {
+		assert.NoError(t, sub.SetEndpoints(map[string]Endpoint{"e": ok}), "%+v", ok)
+	}
+	for _, bad := range []Endpoint{
+		{PubAddr: "10.0.0.7:5557"},
+		{PubAddr: "bogus://x"},
+		{PubAddr: "tcp://"},
+		{PubAddr: "tcp://10.0.0.7"},
+		{PubAddr: "tcp://10.0.0.7:port"},
+		{PubAddr: "tcp://10.0.0.7:0"},
+		{PubAddr: "tcp://10.0.0.7:70000"},
+		{PubAddr: "tcp://*:5557"},
+		{PubAddr: "tcp://:5557"},
+		{PubAddr: "tcp://10.0.0.7:5557", ReplayAddr: "udp://10.0.0.7:5558"},
+	} {
+		err := sub.SetEndpoints(map[string]Endpoint{"e": bad})
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", bad)
+	}
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	assert.Equal(t, "inproc://kv", sub.want["e"].PubAddr, "a refused call changed the endpoints")
+}
