@@ -57,6 +57,7 @@ type Balancer struct {
 
 	snap      atomic.Pointer[snapshot]
 	unhealthy atomic.Int64 // members currently marked unhealthy
+	spilled   atomic.Bool  // some member's counts spilled (see epState.charge); never cleared
 	slowUntil atomic.Int64 // unix nanos after which no member is in slow start; never if none has been
 
 	mu          sync.Mutex // serializes Update and SetHealthy
@@ -778,6 +779,9 @@ func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record
 	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work = st, b, 0, 0, 0, 0
 	rec.kind, rec.feature, rec.active = 0, 0, nil
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
+	if rec.spill != 0 && !b.spilled.Load() {
+		b.spilled.Store(true)
+	}
 	return rec
 }
 

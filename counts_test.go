@@ -92,3 +92,41 @@ func TestCountsSpill(t *testing.T) {
 			st.spPrefill.Load(), st.spPrompt.Load(), st.spDecode.Load())
 	}
 }
+
+// TestLeastOutstandingSpilled checks that least outstanding counts the
+// requests of the spill counters: an endpoint whose packed word holds fewer
+// requests than another's but whose total is larger must lose.
+func TestLeastOutstandingSpilled(t *testing.T) {
+	b := mustNew(t, LeastOutstanding())
+	mustUpdate(t, b, eps(2))
+	ctx := context.Background()
+	pick := func(r Request, want string) Pick {
+		t.Helper()
+		p, err := b.Pick(ctx, &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Endpoint().Key(); got != want {
+			t.Fatalf("picked %s, want %s", got, want)
+		}
+		return p
+	}
+	var picks []Pick
+	// Two prompts of maxTokens fill ep0's packed prefill; two more spill.
+	for range 4 {
+		picks = append(picks, pick(Request{PromptTokens: maxTokens, Exclude: []string{"ep1"}}, "ep0"))
+	}
+	for range 3 {
+		picks = append(picks, pick(Request{PromptTokens: 1, Exclude: []string{"ep0"}}, "ep1"))
+	}
+	st := b.snap.Load().byKey["ep0"]
+	if packed := st.reqs.Load() >> 32 & low16; packed != 2 || st.outstanding() != 4 {
+		t.Fatalf("ep0 holds %d packed of %d outstanding, want 2 of 4", packed, st.outstanding())
+	}
+	for range 20 {
+		pick(Request{PromptTokens: 1}, "ep1").Done(nil)
+	}
+	for _, p := range picks {
+		p.Done(nil)
+	}
+}
