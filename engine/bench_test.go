@@ -18,7 +18,7 @@ func BenchmarkIteration(b *testing.B) {
 			}
 			body := []byte(`{"prompt":"` + strings.Repeat("p", 1024) + `"}`)
 			add := func() *seq {
-				s, _, code, msg := e.parse(body)
+				s, _, code, msg := e.parse(body, false)
 				if code != 0 {
 					b.Fatal(msg)
 				}

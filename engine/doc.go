@@ -9,7 +9,10 @@
 // vllm:kv_cache_usage_perc, vllm:cache_config_info with num_gpu_blocks and
 // block_size, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total,
 // vllm:num_preemptions_total, in the Prometheus text format), GET /health and
-// GET /v1/models.
+// GET /v1/models. As vLLM, /v1/completions reads the prompt and
+// /v1/chat/completions the messages, and a request without its own field is
+// refused (400); a completions request carries one prompt, a string or a
+// list of one: a batch of several, or token IDs, is refused too.
 //
 // The model is the simulator's replica, run against the wall clock with the
 // same parameters ([Config.TokenBudget], [Config.MaxRunning],

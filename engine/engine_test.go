@@ -145,19 +145,33 @@ func TestBadRequests(t *testing.T) {
 	cases := []struct {
 		path, body string
 		code       int
+		msg        string // a part of the error's message, if set
 	}{
-		{"/v1/completions", `{"prompt":`, http.StatusBadRequest},
-		{"/v1/completions", `{"max_tokens":3}`, http.StatusBadRequest},
-		{"/v1/completions", `{"prompt":"x","max_tokens":0}`, http.StatusBadRequest},
-		{"/v1/completions", `{"prompt":"x","max_tokens":2.5}`, http.StatusBadRequest},
-		{"/v1/completions", `{"prompt":"x","max_tokens":1e100}`, http.StatusBadRequest},
-		{"/v1/completions", `{"prompt":"x","max_tokens":300}`, http.StatusBadRequest}, // exceeds 16 blocks of 16
-		{"/v1/completions", `{"prompt":"` + strings.Repeat("x", 2000) + `"}`, http.StatusRequestEntityTooLarge},
-		{"/v2/whatever", `{}`, http.StatusNotFound},
+		{"/v1/completions", `{"prompt":`, http.StatusBadRequest, ""},
+		// Each endpoint reads only its own field, as vLLM's.
+		{"/v1/completions", `{"messages":[{"role":"user","content":"hi"}]}`, http.StatusBadRequest, "prompt: a string is required"},
+		{"/v1/chat/completions", `{"prompt":"hi"}`, http.StatusBadRequest, "messages: a non-empty list is required"},
+		{"/v1/chat/completions", `{"messages":[]}`, http.StatusBadRequest, "messages: a non-empty list is required"},
+		{"/v1/completions", `{"prompt":["a","b"]}`, http.StatusBadRequest, "one prompt a request"},
+		{"/v1/completions", `{"prompt":[]}`, http.StatusBadRequest, "one prompt a request"},
+		{"/v1/completions", `{"prompt":[1,2,3]}`, http.StatusBadRequest, "token IDs"},
+		{"/v1/completions", `{"prompt":null}`, http.StatusBadRequest, "prompt: a string is required"},
+		{"/v1/completions", `{"prompt":""}`, http.StatusBadRequest, "the prompt is empty"},
+		{"/v1/completions", `{"prompt":["a"],"max_tokens":1}`, http.StatusOK, ""},
+		{"/v1/completions", `{"max_tokens":3}`, http.StatusBadRequest, ""},
+		{"/v1/completions", `{"prompt":"x","max_tokens":0}`, http.StatusBadRequest, ""},
+		{"/v1/completions", `{"prompt":"x","max_tokens":2.5}`, http.StatusBadRequest, ""},
+		{"/v1/completions", `{"prompt":"x","max_tokens":1e100}`, http.StatusBadRequest, ""},
+		{"/v1/completions", `{"prompt":"x","max_tokens":300}`, http.StatusBadRequest, ""}, // exceeds 16 blocks of 16
+		{"/v1/completions", `{"prompt":"` + strings.Repeat("x", 2000) + `"}`, http.StatusRequestEntityTooLarge, ""},
+		{"/v2/whatever", `{}`, http.StatusNotFound, ""},
 	}
 	for _, c := range cases {
 		resp := post(t, url+c.path, c.body)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
 		assert.Equal(t, c.code, resp.StatusCode, "%s %s", c.path, c.body)
+		assert.Contains(t, string(b), c.msg, "%s %s", c.path, c.body)
 	}
 	resp, err := client.Get(url + "/v1/completions")
 	require.NoError(t, err)
@@ -318,7 +332,7 @@ func TestModelSteps(t *testing.T) {
 	require.NoError(t, err)
 	text := strings.Repeat("x", 600) // 150 tokens, 9 full blocks of 64 bytes
 	mk := func() *seq {
-		s, _, code, msg := e.parse([]byte(`{"prompt":"` + text + `","max_tokens":3}`))
+		s, _, code, msg := e.parse([]byte(`{"prompt":"`+text+`","max_tokens":3}`), false)
 		require.Zero(t, code, msg)
 		require.NoError(t, e.submit(s))
 		return s
@@ -360,7 +374,7 @@ func TestRunOnce(t *testing.T) {
 	cancel()
 	assert.ErrorIs(t, e.Run(ctx), context.Canceled)
 	assert.ErrorIs(t, e.Run(context.Background()), ErrRunning)
-	s, _, code, _ := e.parse([]byte(`{"prompt":"x"}`))
+	s, _, code, _ := e.parse([]byte(`{"prompt":"x"}`), false)
 	require.Zero(t, code)
 	assert.ErrorIs(t, e.submit(s), ErrStopped)
 }
@@ -392,12 +406,13 @@ func FuzzParse(f *testing.F) {
 		`{"prompt":"x","max_tokens":-1}`,
 		`{`,
 	} {
-		f.Add([]byte(s))
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
 	}
 	e, err := New(Config{KVBlocks: 64})
 	require.NoError(f, err)
-	f.Fuzz(func(t *testing.T, body []byte) {
-		s, _, code, _ := e.parse(body)
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		s, _, code, _ := e.parse(body, chat)
 		if code != 0 {
 			if s != nil {
 				t.Fatal("refused request returned a sequence")

@@ -109,10 +109,16 @@ type part struct {
 	Text string `json:"text"`
 }
 
-// promptText returns the prompt text: the prompt string (the first of a
-// batch), or each message's role and content, newline-terminated, in order.
-func (q *request) promptText() (string, bool) {
-	if len(q.Messages) > 0 {
+// promptText returns the prompt text of a chat request (each message's role
+// and content, newline-terminated, in order) or of a completions request
+// (the prompt string, or a batch of one), or the message refusing the
+// request. As vLLM, each endpoint reads only its own field: a completions
+// request's messages, or a chat request's prompt, count for nothing.
+func (q *request) promptText(chat bool) (string, string) {
+	if chat {
+		if len(q.Messages) == 0 {
+			return "", "messages: a non-empty list is required"
+		}
 		var b strings.Builder
 		for _, m := range q.Messages {
 			b.WriteString(m.Role)
@@ -128,17 +134,23 @@ func (q *request) promptText() (string, bool) {
 			}
 			b.WriteByte('\n')
 		}
-		return b.String(), true
+		return b.String(), ""
+	}
+	if len(q.Prompt) == 0 || string(q.Prompt) == "null" {
+		return "", "prompt: a string is required"
 	}
 	var s string
 	if json.Unmarshal(q.Prompt, &s) == nil {
-		return s, true
+		return s, ""
 	}
 	var ss []string
-	if json.Unmarshal(q.Prompt, &ss) == nil && len(ss) > 0 {
-		return ss[0], true
+	if json.Unmarshal(q.Prompt, &ss) == nil {
+		if len(ss) == 1 {
+			return ss[0], ""
+		}
+		return "", "prompt: this emulator answers one prompt a request; send each prompt of a batch as a request of its own"
 	}
-	return "", false
+	return "", "prompt: a string is required (this emulator does not take token IDs)"
 }
 
 func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -155,7 +167,7 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusRequestEntityTooLarge, "body too large")
 		return
 	}
-	s, q, code, msg := e.parse(body)
+	s, q, code, msg := e.parse(body, chat)
 	if code != 0 {
 		writeError(w, code, msg)
 		return
@@ -192,15 +204,18 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 }
 
-// parse reads a completions body into a request ready to submit, or returns
-// the status and message refusing it.
-func (e *Engine) parse(body []byte) (s *seq, q request, code int, msg string) {
+// parse reads a completions body (of the chat endpoint if chat is set) into
+// a request ready to submit, or returns the status and message refusing it.
+func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg string) {
 	if err := json.Unmarshal(body, &q); err != nil {
 		return nil, q, http.StatusBadRequest, "malformed JSON: " + err.Error()
 	}
-	text, ok := q.promptText()
-	if !ok || text == "" {
-		return nil, q, http.StatusBadRequest, "missing prompt or messages"
+	text, refusal := q.promptText(chat)
+	if refusal == "" && text == "" {
+		refusal = "the prompt is empty"
+	}
+	if refusal != "" {
+		return nil, q, http.StatusBadRequest, refusal
 	}
 	maxOut := e.defMax
 	for _, v := range []*float64{q.MaxTokens, q.MaxCompletionTokens} {
