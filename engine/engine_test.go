@@ -148,6 +148,9 @@ func TestBadRequests(t *testing.T) {
 		msg        string // a part of the error's message, if set
 	}{
 		{"/v1/completions", `{"prompt":`, http.StatusBadRequest, ""},
+		{"/v1/completions", `[1,2,3]`, http.StatusBadRequest, "the body must be a JSON object"},
+		{"/v1/completions", `{"prompt":"x","max_tokens":"3"}`, http.StatusBadRequest, "max_tokens must not be a JSON string"},
+		{"/v1/chat/completions", `{"messages":[{"role":1}]}`, http.StatusBadRequest, "messages.role must not be a JSON number"},
 		// Each endpoint reads only its own field, as vLLM's.
 		{"/v1/completions", `{"messages":[{"role":"user","content":"hi"}]}`, http.StatusBadRequest, "prompt: a string is required"},
 		{"/v1/chat/completions", `{"prompt":"hi"}`, http.StatusBadRequest, "messages: a non-empty list is required"},
@@ -172,6 +175,7 @@ func TestBadRequests(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, c.code, resp.StatusCode, "%s %s", c.path, c.body)
 		assert.Contains(t, string(b), c.msg, "%s %s", c.path, c.body)
+		assert.NotContains(t, string(b), "engine.", "%s %s: a Go name in the message", c.path, c.body)
 	}
 	resp, err := client.Get(url + "/v1/completions")
 	require.NoError(t, err)

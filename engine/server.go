@@ -208,7 +208,7 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 // a request ready to submit, or returns the status and message refusing it.
 func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg string) {
 	if err := json.Unmarshal(body, &q); err != nil {
-		return nil, q, http.StatusBadRequest, "malformed JSON: " + err.Error()
+		return nil, q, http.StatusBadRequest, jsonRefusal(err)
 	}
 	text, refusal := q.promptText(chat)
 	if refusal == "" && text == "" {
@@ -241,6 +241,20 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 			e.maxLen, n, s.PromptTokens, s.OutputTokens)
 	}
 	return s, q, 0, ""
+}
+
+// jsonRefusal returns the message refusing a body that err did not let
+// decode: the decoder's own words for a syntax error, and for a value of the
+// wrong type the field's name, not the Go type it was to fill.
+func jsonRefusal(err error) string {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) {
+		return "malformed JSON: " + err.Error()
+	}
+	if te.Field == "" {
+		return "malformed JSON: the body must be a JSON object"
+	}
+	return fmt.Sprintf("malformed JSON: %s must not be a JSON %s", te.Field, te.Value)
 }
 
 // wait blocks until s changes or r's client goes away (then s is
