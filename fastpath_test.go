@@ -342,3 +342,64 @@ func TestDefaultScoresEqualLoadsAlike(t *testing.T) {
 		}
 	}
 }
+
+// TestTokensScoreFastPath checks that TokensScore on a balancer without a
+// signal, which the selectors read from the packed counts alone, scores
+// every candidate exactly as the Score does on the whole load estimate:
+// with mixed weights, requests before and after their first token, counts
+// that spilled, and members in slow start.
+func TestTokensScoreFastPath(t *testing.T) {
+	clock := newFakeClock()
+	members := make([]Endpoint, 12)
+	for i := range members {
+		members[i] = weightedEP{testEP{key: "ep" + strconv.Itoa(i), weight: float64(1+i%3) / 2}}
+	}
+	b := mustNew(t, LeastTokens(), WithClock(clock), WithSlowStart(SlowStart{Window: time.Minute}))
+	mustUpdate(t, b, members)
+	rng := rand.New(rand.NewPCG(5, 6))
+	var held []Pick
+	for i := range 300 {
+		r := Request{PromptTokens: rng.IntN(20000), MaxTokens: 1 + rng.IntN(4000)}
+		held = append(held, holdOn(t, b, "ep"+strconv.Itoa(rng.IntN(len(members))), 1, r)...)
+		if i == 100 {
+			// Three prompts of maxTokens spill ep1's packed prefill.
+			held = append(held, holdOn(t, b, "ep1", 3, Request{PromptTokens: maxTokens})...)
+		}
+		if i%3 == 0 {
+			held[rng.IntN(len(held))].FirstToken()
+		}
+		if i%5 == 0 {
+			k := rng.IntN(len(held))
+			held[k].Done(nil)
+			held = append(held[:k], held[k+1:]...)
+		}
+		if i == 150 {
+			// Two members leave and come back: they start slow.
+			mustUpdate(t, b, members[2:])
+			clock.Advance(time.Second)
+			mustUpdate(t, b, members)
+			clock.Advance(10 * time.Second)
+		}
+		sc := newScorer(TokensScore)
+		c := candidatesPool.Get().(*Candidates)
+		c.req = &Request{PromptTokens: rng.IntN(5000), OutputTokens: rng.IntN(500)}
+		if err := c.init(b, b.snap.Load()); err != nil {
+			t.Fatal(err)
+		}
+		if mode := sc.mode(c); mode != tokens {
+			t.Fatalf("mode %d, want the tokens fast path", mode)
+		}
+		for j := range c.Len() {
+			if fast, whole := sc.weighted(c, j, tokens), weighted(c, TokensScore, j); fast != whole {
+				t.Fatalf("step %d, candidate %d: fast path %v, Score %v", i, j, fast, whole)
+			}
+		}
+		c.release()
+	}
+	if !b.spilled.Load() {
+		t.Fatal("no counts spilled: the test misses that case")
+	}
+	for _, p := range held {
+		p.Done(nil)
+	}
+}

@@ -46,21 +46,23 @@ func KVScore(c *Candidates, i int, l *EndpointLoad) float64 {
 // isRequestsScore reports whether s is [RequestsScore], which the selectors
 // evaluate without building the whole load estimate when the balancer has no
 // signal.
-func isRequestsScore(s Score) bool {
-	return reflect.ValueOf(s).Pointer() == reflect.ValueOf(RequestsScore).Pointer()
-}
+func isRequestsScore(s Score) bool { return sameFunc(s, RequestsScore) }
 
-// scorer is a Score plus whether it is [RequestsScore].
+// sameFunc reports whether a and b are the same function.
+func sameFunc(a, b Score) bool { return reflect.ValueOf(a).Pointer() == reflect.ValueOf(b).Pointer() }
+
+// scorer is a Score plus whether it is [RequestsScore] or [TokensScore].
 type scorer struct {
 	score    Score
 	requests bool
+	tokens   bool
 }
 
 func newScorer(s Score) scorer {
 	if s == nil {
 		s = RequestsScore
 	}
-	return scorer{s, isRequestsScore(s)}
+	return scorer{s, isRequestsScore(s), sameFunc(s, TokensScore)}
 }
 
 // How scorer.weighted evaluates a score for a pick.
@@ -68,28 +70,50 @@ const (
 	general      = iota // the score on the whole load estimate
 	requests            // RequestsScore without a signal: one counter
 	requestsSlow        // the same while some member is in slow start
+	tokens              // TokensScore without a signal: the two packed words
 )
 
 // mode returns how s is evaluated for c: RequestsScore on a balancer without
 // a signal is this balancer's outstanding requests plus one, read from one
-// counter instead of the whole load estimate.
+// counter instead of the whole load estimate, and TokensScore is read from
+// this balancer's token counts alike.
 func (s scorer) mode(c *Candidates) int {
 	switch {
-	case !s.requests || c.b.signal != nil:
+	case c.b.signal != nil:
 		return general
-	case c.b.slowUntil.Load() != never:
+	case s.requests && c.b.slowUntil.Load() != never:
 		return requestsSlow
+	case s.requests:
+		return requests
+	case s.tokens:
+		return tokens
 	}
-	return requests
+	return general
 }
 
 // weighted returns candidate i's score divided by its effective weight, with
 // NaN mapped to +Inf so that it always loses; mode is s.mode(c).
 func (s scorer) weighted(c *Candidates, i int, mode int) float64 {
-	if mode != general {
-		return countScore(c, i, mode == requestsSlow)
+	switch mode {
+	case general:
+		return weighted(c, s.score, i)
+	case tokens:
+		return tokensScore(c, i)
 	}
-	return weighted(c, s.score, i)
+	return countScore(c, i, mode == requestsSlow)
+}
+
+// tokensScore is weighted(c, TokensScore, i) on a balancer without a
+// signal, the same number computed from the counts alone.
+func tokensScore(c *Candidates, i int) float64 {
+	st := c.state(i)
+	var n counts
+	st.countsInto(&n)
+	s := (float64(n.prefill+n.decode+c.reqTok) + 1) / c.weight(st)
+	if s != s { // NaN
+		return math.Inf(1)
+	}
+	return s
 }
 
 // countScore is [RequestsScore] of candidate i divided by its effective
