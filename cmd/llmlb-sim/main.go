@@ -88,6 +88,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -97,6 +98,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -104,6 +106,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/internal/sim"
+	"golang.org/x/sync/errgroup"
 )
 
 func main() {
@@ -458,23 +461,26 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 
 	start := time.Now()
-	var mu sync.Mutex // serializes progress output
+	var mu sync.Mutex // serializes progress output and protects done
 	printed := false
+	done := 0
 	nadm, nout := max(len(admissions), 1), max(len(outputs), 1)
 	nvar := nadm * nout // the runs of each policy under one seed, admission-major
 	total := len(scales) * *seeds * rows * nvar
-	progress := func(done int, last string) {
+	progress := func(last string) {
 		mu.Lock()
 		defer mu.Unlock()
+		done++
 		if el := time.Since(start); el > 2*time.Second {
 			fmt.Fprintf(stderr, "\rllmlb-sim: %d/%d policies simulated (last: %s) in %.1fs ", done, total, last, el.Seconds())
 			printed = true
 		}
 	}
 	// at runs every policy at rate scale x under every seed, unless only
-	// describe, and pools the results; first is the number of runs before
-	// it, for the progress line.
-	at := func(x float64, describe bool, first int) (sim.ScenarioInfo, []*sim.Result, error) {
+	// describe, and pools the results. The runs of all seeds, and the
+	// description of each seed's workload, share one pool of GOMAXPROCS
+	// workers, so that no processor waits for the last run of a seed.
+	at := func(x float64, describe bool) (sim.ScenarioInfo, []*sim.Result, error) {
 		info := base
 		var reqs []sim.Request
 		if *trace != "" {
@@ -489,35 +495,35 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		w := w
 		w.Rate *= x
-		runs := make([][]*sim.Result, rows*nvar) // row-major
-		var sum sim.ScenarioInfo                 // the per-run figures of the header, summed
+		n := *seeds
+		runs := make([][]*sim.Result, rows*nvar) // row-major, then by seed
+		for j := range runs {
+			runs[j] = make([]*sim.Result, n)
+		}
+		infos := make([]sim.ScenarioInfo, n)
+		last := func(policy string) string { return policy }
+		if sweeping {
+			last = func(policy string) string { return fmt.Sprintf("%s at x%g", policy, x) }
+		}
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(runtime.GOMAXPROCS(0))
 		cfg := cfg
-		for k := range *seeds {
+		var genErr error
+		for k := range n {
 			cfg.Seed = *seed + uint64(k)
 			reqs := reqs
 			if *trace == "" {
-				var err error
-				if reqs, err = w.Generate(cfg.Seed); err != nil {
-					return info, nil, err
+				if reqs, genErr = w.Generate(cfg.Seed); genErr != nil {
+					break
 				}
 			}
-			one := info
-			if err := one.Describe(cfg, reqs); err != nil {
-				return info, nil, err
-			}
-			if k == 0 {
-				info = one
-			}
-			sum.Requests += one.Requests
-			sum.ArrivalRate += one.ArrivalRate
-			sum.InfiniteCacheHitRate += one.InfiniteCacheHitRate
-			sum.PooledCacheHitRate += one.PooledCacheHitRate
+			cfg := cfg
+			g.Go(func() error {
+				infos[k] = info
+				return infos[k].Describe(cfg, reqs)
+			})
 			if describe {
 				continue
-			}
-			last := func(policy string) string { return policy }
-			if sweeping {
-				last = func(policy string) string { return fmt.Sprintf("%s at x%g", policy, x) }
 			}
 			for v := range nvar {
 				cfg := cfg
@@ -527,26 +533,40 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 				if len(outputs) > 0 {
 					cfg.Outputs = outputs[v%nout]
 				}
-				before := first + (k*nvar+v)*rows
-				for _, g := range groups {
+				for _, gr := range groups {
 					cfg := cfg
-					if g.split > 0 {
-						cfg.Prefill = g.split
+					if gr.split > 0 {
+						cfg.Prefill = gr.split
 					}
-					results, err := sim.Compare(ctx, cfg, reqs, g.names, func(done, total int, policy string) {
-						progress(before+g.first+done, last(policy))
-					})
-					if err != nil {
-						return info, nil, err
-					}
-					for i, r := range results {
-						j := (g.first+i)*nvar + v
-						runs[j] = append(runs[j], r)
+					for i, name := range gr.names {
+						j := (gr.first+i)*nvar + v
+						g.Go(func() error {
+							r, err := sim.Simulate(gctx, cfg, reqs, name)
+							if err != nil {
+								return err
+							}
+							runs[j][k] = r
+							progress(last(name))
+							return nil
+						})
 					}
 				}
 			}
 		}
-		if n := *seeds; n > 1 {
+		if err := cmp.Or(g.Wait(), genErr); err != nil {
+			return info, nil, err
+		}
+		var sum sim.ScenarioInfo // the per-run figures of the header, summed
+		for k, one := range infos {
+			if k == 0 {
+				info = one
+			}
+			sum.Requests += one.Requests
+			sum.ArrivalRate += one.ArrivalRate
+			sum.InfiniteCacheHitRate += one.InfiniteCacheHitRate
+			sum.PooledCacheHitRate += one.PooledCacheHitRate
+		}
+		if n > 1 {
 			info.Seeds = n
 			info.Requests = sum.Requests / n
 			info.ArrivalRate = sum.ArrivalRate / float64(n)
@@ -573,13 +593,13 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		info    sim.ScenarioInfo
 	)
 	if !sweeping {
-		info, results, err = at(scales[0], false, 0)
+		info, results, err = at(scales[0], false)
 		rep = &sim.Report{Scenario: info, Results: results}
 	} else {
 		sw = &sim.Sweep{}
-		for i, x := range scales {
+		for _, x := range scales {
 			var pi sim.ScenarioInfo
-			if pi, results, err = at(x, false, i**seeds*rows*nvar); err != nil {
+			if pi, results, err = at(x, false); err != nil {
 				break
 			}
 			if x == 1 {
@@ -589,7 +609,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			info = pi
 		}
 		if err == nil && !slices.Contains(scales, 1) {
-			sw.Scenario, _, err = at(1, true, 0)
+			sw.Scenario, _, err = at(1, true)
 		}
 	}
 	if printed {
