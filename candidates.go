@@ -337,14 +337,17 @@ func observedLoad(st *epState, l *EndpointLoad, obs *Load) {
 
 // loadsInto sets the load estimate of each candidate i, as loadInto does,
 // and returns the sum of their backlogs. The estimate of candidate i is
-// loads[src[i]]. Without a signal, and with no member in slow start, an
-// estimate is a function of the endpoint's packed counts and static weight
+// loads[src[i]]. Without a signal (or with one known to have recorded no
+// observation yet), and with no member in slow start, an estimate is a function of the endpoint's packed counts and static weight
 // alone: a candidate whose counts and weight are the previous candidate's
 // shares its estimate, src[i] being the first candidate of their run, and
 // loads[i] is left unset (see load). An idle pool is scored at the cost of
 // reading its counts. Otherwise src[i] is i.
 func (c *Candidates) loadsInto(loads []EndpointLoad, src []int32) (backlog float64) {
-	if c.b.signal != nil || c.b.slowUntil.Load() != never {
+	// A signal known to hold no observation yet adds nothing to the
+	// balancer's own counts (see loadInto), so its loads are read as
+	// without one.
+	if c.b.signal != nil && !c.b.unobserved() || c.b.slowUntil.Load() != never {
 		for i := range loads {
 			c.loadInto(i, &loads[i])
 			src[i] = int32(i)
@@ -403,8 +406,12 @@ func (c *Candidates) weight(st *epState) float64 {
 }
 
 // observe returns st's observation if there is a valid one younger than the
-// maximum signal age.
+// maximum signal age. It does not load a signal known to have recorded no
+// observation yet.
 func (c *Candidates) observe(st *epState) (Load, bool) {
+	if c.b.unobserved() {
+		return Load{}, false
+	}
 	obs, ok := c.b.signal.Load(st.key)
 	if !ok || !c.fresh(&obs) {
 		return Load{}, false

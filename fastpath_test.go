@@ -188,6 +188,47 @@ func (s *recordedSignal) Set(key string, l Load) {
 	s.recorded.Store(true)
 }
 
+// TestUnobservedSignalIsNotLoaded checks that the scoring policies read a
+// stamped signal that has recorded nothing as no signal at all: they do not
+// load it, and choose as a balancer without a signal does.
+func TestUnobservedSignalIsNotLoaded(t *testing.T) {
+	policies := map[string]func() Policy{
+		"default":           func() Policy { p, _ := Default(DefaultConfig{}); return p },
+		"least-outstanding": LeastOutstanding,
+		"least-tokens":      LeastTokens,
+	}
+	for name, newPolicy := range policies {
+		sig := &recordedSignal{}
+		with := mustNew(t, newPolicy(), WithRand(rand.NewPCG(1, 2)), WithSignal(sig, 5*time.Second))
+		without := mustNew(t, newPolicy(), WithRand(rand.NewPCG(1, 2)))
+		mustUpdate(t, with, eps(16))
+		mustUpdate(t, without, eps(16))
+		var open [2][]Pick
+		for i := range 200 {
+			r := &Request{PromptTokens: 100 + 37*(i%11), MaxTokens: 64}
+			var keys [2]string
+			for k, b := range []*Balancer{with, without} {
+				p, err := b.Pick(context.Background(), r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				keys[k] = p.Endpoint().Key()
+				open[k] = append(open[k], p)
+				if i%3 == 0 {
+					open[k][0].Done(nil)
+					open[k] = open[k][1:]
+				}
+			}
+			if keys[0] != keys[1] {
+				t.Fatalf("%s: pick %d went to %s with the unobserved signal and to %s without a signal", name, i, keys[0], keys[1])
+			}
+		}
+		if n := sig.loads.Load(); n != 0 {
+			t.Errorf("%s: the unobserved signal was loaded %d times, want 0", name, n)
+		}
+	}
+}
+
 // countingClock is a fakeClock that counts its readings.
 type countingClock struct {
 	*fakeClock
