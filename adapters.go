@@ -177,7 +177,8 @@ func (p *adapterAffinity) Choose(c *Candidates) int {
 		load := float64(l.Requests) / l.Weight
 		sum += load
 		if c.adapter[i] != adapterHolder && c.b.signal != nil {
-			if obs, ok := c.observe(c.state(i)); ok {
+			var obs Load
+			if c.observe(c.state(i), &obs) {
 				c.adapter[i] = adapterClass(&obs, name)
 			}
 		}

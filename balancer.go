@@ -44,6 +44,9 @@ type Balancer struct {
 	// stamped is the signal if it stamps its observations when it records
 	// them (see commitEpoch), else nil.
 	stamped stamped.Signal
+	// loaders is the signal if it can find an endpoint once for all its
+	// reads (see load), else nil.
+	loaders stamped.Loader[Load]
 	// learn is set when the policy keeps speed estimates
 	// ([DefaultConfig.Learn]): every endpoint then has one, fed at each
 	// request's first token and Done.
@@ -155,7 +158,9 @@ type epState struct {
 	est     *speedEstimate
 	lat     *peakLatency // the latency average if the policy is PeakEWMA, else nil; set likewise
 	keyHash uint64       // xxhash of key, for placement by rendezvous hashing
-	_       [8]byte      // to 192 bytes
+	// loader reads the endpoint's observations when the signal has
+	// loaders; set at the first read.
+	loader atomic.Pointer[func() (Load, bool)]
 }
 
 // The fields of the packed counts (epState.reqs and epState.toks).
@@ -340,6 +345,7 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 		}
 	}
 	b.stamped, _ = cfg.signal.(stamped.Signal)
+	b.loaders, _ = cfg.signal.(stamped.Loader[Load])
 	if l, ok := policy.(interface{ learns() bool }); ok {
 		b.learn = l.learns()
 	}
@@ -628,8 +634,8 @@ func (b *Balancer) p2cFast(eps []*epState, n uint64, unit bool, t *clockReading)
 // requestsScore is requestsScore (of Candidates) for st, not in slow start,
 // at the time t.
 func (b *Balancer) requestsScore(st *epState, t *clockReading) float64 {
-	obs, ok := b.signal.Load(st.key)
-	if !ok || !b.fresh(&obs, t) {
+	var obs Load
+	if !b.load(st, &obs) || !b.fresh(&obs, t) {
 		s := float64(st.outstanding()) + 1
 		if w := st.staticWeight(); w != 1 {
 			s /= w
@@ -732,7 +738,7 @@ func (b *Balancer) commitEpoch(rec *record, st *epState, prefill, decode int64, 
 		seen bool
 	)
 	if !b.unobserved() {
-		obs, seen = b.signal.Load(st.key)
+		seen = b.load(st, &obs)
 	}
 	fresh = seen && b.fresh(&obs, t)
 	if !fresh && st.obsAt.Load() == never {
@@ -764,6 +770,28 @@ func (b *Balancer) commitEpoch(rec *record, st *epState, prefill, decode int64, 
 	rec.epoch = st.epoch + 1 // 0 means "not tracked"
 	st.mu.Unlock()
 	return obs.At.UnixNano(), fresh
+}
+
+// load sets *obs to the signal's observation of st and reports whether
+// there is one, as Signal.Load does.
+func (b *Balancer) load(st *epState, obs *Load) bool {
+	if b.loaders != nil {
+		f := st.loader.Load()
+		if f == nil {
+			if g := b.loaders.Loader(stamped.Token{}, st.key); g != nil {
+				f = &g
+				st.loader.Store(f)
+			}
+		}
+		if f != nil {
+			var ok bool
+			*obs, ok = (*f)()
+			return ok
+		}
+	}
+	var ok bool
+	*obs, ok = b.signal.Load(st.key)
+	return ok
 }
 
 // unobserved reports whether the signal is known to have recorded no

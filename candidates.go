@@ -277,7 +277,8 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	if c.b.signal == nil {
 		return
 	}
-	if obs, ok := c.observe(st); ok {
+	var obs Load
+	if c.observe(st, &obs) {
 		observedLoad(st, l, &obs)
 	}
 }
@@ -405,18 +406,14 @@ func (c *Candidates) weight(st *epState) float64 {
 	return w
 }
 
-// observe returns st's observation if there is a valid one younger than the
-// maximum signal age. It does not load a signal known to have recorded no
-// observation yet.
-func (c *Candidates) observe(st *epState) (Load, bool) {
+// observe sets *obs to st's observation and reports whether it is valid
+// and younger than the maximum signal age. It does not load a signal known
+// to have recorded no observation yet.
+func (c *Candidates) observe(st *epState, obs *Load) bool {
 	if c.b.unobserved() {
-		return Load{}, false
+		return false
 	}
-	obs, ok := c.b.signal.Load(st.key)
-	if !ok || !c.fresh(&obs) {
-		return Load{}, false
-	}
-	return obs, true
+	return c.b.load(st, obs) && c.fresh(obs)
 }
 
 // fresh reports whether obs is valid and younger than the maximum signal
@@ -475,8 +472,8 @@ func (b *Balancer) observedAt(st *epState) int64 {
 	if b.unobserved() {
 		return never
 	}
-	obs, ok := b.signal.Load(st.key)
-	if !ok || !obs.valid() {
+	var obs Load
+	if !b.load(st, &obs) || !obs.valid() {
 		return never
 	}
 	return obs.At.UnixNano()

@@ -97,7 +97,8 @@ func (p *gie) Choose(c *Candidates) int {
 		// each candidate's KV usage until the scores replace it.
 		q, kv := float64(l.Queued), kvUsage(l)
 		if c.b.signal != nil {
-			if obs, ok := c.observe(c.state(i)); ok {
+			var obs Load
+			if c.observe(c.state(i), &obs) {
 				q = float64(obs.Waiting)
 				if !math.IsNaN(obs.KVUsage) {
 					kv = obs.KVUsage

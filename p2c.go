@@ -179,8 +179,8 @@ func (p p2c) chooseCounts(c *Candidates) int {
 // whole load estimate when the candidate has no fresh observation.
 func requestsScore(c *Candidates, i int) float64 {
 	st := c.state(i)
-	obs, ok := c.b.signal.Load(st.key)
-	if !ok || !c.fresh(&obs) {
+	var obs Load
+	if !c.b.load(st, &obs) || !c.fresh(&obs) {
 		// The estimated requests are this balancer's own.
 		s := float64(st.outstanding()) + 1
 		if w := c.weight(st); w != 1 {

@@ -87,4 +87,13 @@ func nonEmpty(m map[string]float64) map[string]float64 {
 // endpoint has no observation, and every Load while there is none at all.
 func (s *ownedSignal) Recorded(stamped.Token) bool { return s.seen.Load() }
 
-var _ stamped.Signal = (*ownedSignal)(nil)
+// Loader reads the store's observations of key without a lookup each time;
+// the balancer calls it only once Recorded is true.
+func (s *ownedSignal) Loader(t stamped.Token, key string) func() (llmlb.Load, bool) {
+	return s.store.Loader(t, key)
+}
+
+var (
+	_ stamped.Signal             = (*ownedSignal)(nil)
+	_ stamped.Loader[llmlb.Load] = (*ownedSignal)(nil)
+)

@@ -64,6 +64,52 @@ func BenchmarkLoad(b *testing.B) {
 	}
 }
 
+// BenchmarkPickDefault measures one Pick plus Done of llmlb.Default that
+// reads a fresh observation of every endpoint from a Store, the set-up of a
+// router that scrapes its engines: the cost of a decision with a signal, to
+// compare with llmlb's BenchmarkPick and BenchmarkDecision.
+func BenchmarkPickDefault(b *testing.B) {
+	for _, n := range []int{8, 64, 512} {
+		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) {
+			var s signals.Store
+			eps := make([]llmlb.Endpoint, n)
+			now := time.Now()
+			for i := range eps {
+				key := fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)
+				eps[i] = benchEndpoint(key)
+				if err := s.Record(key, llmlb.Load{At: now, Running: 3 + i%5, Waiting: i % 3, KVUsage: 0.5, KVBlocks: 32768, BlockSize: 16}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			policy, err := llmlb.Default(llmlb.DefaultConfig{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			bal, err := llmlb.New(policy, llmlb.WithSignal(&s, time.Hour))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := bal.Update(eps); err != nil {
+				b.Fatal(err)
+			}
+			req := &llmlb.Request{PromptTokens: 1000, MaxTokens: 256}
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := bal.Pick(context.Background(), req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.Done(nil)
+			}
+		})
+	}
+}
+
+// benchEndpoint is an endpoint named by its key.
+type benchEndpoint string
+
+func (e benchEndpoint) Key() string { return string(e) }
+
 // BenchmarkRecord is the push path, one key per goroutine contended by all.
 func BenchmarkRecord(b *testing.B) {
 	var s signals.Store

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/stamped"
 )
 
 // Defaults for the zero fields of [Config].
@@ -292,6 +293,23 @@ func (s *Scraper) Store() *Store { return s.store }
 func (s *Scraper) Load(key string) (llmlb.Load, bool) {
 	o, ok := s.Observation(key)
 	return o.Load, ok
+}
+
+// Loader is for the balancers of this module, which alone can name its
+// first argument: it returns a function that reads key's observation as
+// Load does, without looking key up again once the store holds it.
+func (s *Scraper) Loader(t stamped.Token, key string) func() (llmlb.Load, bool) {
+	load := s.store.Loader(t, key)
+	if s.cfg.MaxAge <= 0 {
+		return load
+	}
+	return func() (llmlb.Load, bool) {
+		l, ok := load()
+		if !ok || s.now().Sub(l.At) > s.cfg.MaxAge {
+			return llmlb.Load{}, false
+		}
+		return l, true
+	}
 }
 
 // Observation is like Load but returns the full observation.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/stamped"
 )
 
 // DefaultMaxKeys is the number of endpoints a [Store] holds when
@@ -45,7 +46,8 @@ type Store struct {
 }
 
 type entry struct {
-	obs atomic.Pointer[Observation] // never nil once the entry is in m
+	obs  atomic.Pointer[Observation] // never nil once the entry is in m
+	gone atomic.Bool                 // set when Delete takes the entry out of m
 }
 
 // NewStore returns a Store configured by cfg.
@@ -77,21 +79,54 @@ func (s *Store) now() time.Time {
 // [llmlb.Signal]. It reports false if there is none, or if StoreConfig.MaxAge
 // is set and the observation is older than it.
 func (s *Store) Load(key string) (llmlb.Load, bool) {
-	o, ok := s.Observation(key)
-	return o.Load, ok
+	if o := s.observation(key); o != nil {
+		return o.Load, true
+	}
+	return llmlb.Load{}, false
+}
+
+// Loader is for the balancers of this module, which alone can name its
+// first argument: it returns a function that reads key's observation as
+// Load does, without looking key up again once the store holds it.
+func (s *Store) Loader(_ stamped.Token, key string) func() (llmlb.Load, bool) {
+	var cur atomic.Pointer[entry]
+	return func() (llmlb.Load, bool) {
+		e := cur.Load()
+		if e == nil || e.gone.Load() {
+			if e = s.entry(key); e == nil {
+				return llmlb.Load{}, false
+			}
+			cur.Store(e)
+		}
+		o := e.obs.Load()
+		if s.cfg.MaxAge > 0 && s.now().Sub(o.At) > s.cfg.MaxAge {
+			return llmlb.Load{}, false
+		}
+		return o.Load, true
+	}
 }
 
 // Observation is like Load but returns the full observation.
 func (s *Store) Observation(key string) (Observation, bool) {
+	if o := s.observation(key); o != nil {
+		return *o, true
+	}
+	return Observation{}, false
+}
+
+// observation returns the held observation of key, or nil if there is none
+// or StoreConfig.MaxAge is set and it is older. The observation is shared:
+// do not modify it.
+func (s *Store) observation(key string) *Observation {
 	e := s.entry(key)
 	if e == nil {
-		return Observation{}, false
+		return nil
 	}
 	o := e.obs.Load()
 	if s.cfg.MaxAge > 0 && s.now().Sub(o.At) > s.cfg.MaxAge {
-		return Observation{}, false
+		return nil
 	}
-	return *o, true
+	return o
 }
 
 // Record records l as an observation of the endpoint key unless the store
@@ -176,6 +211,7 @@ func (s *Store) Delete(key string) {
 		}
 	}
 	s.m.Store(&m)
+	(*old)[key].gone.Store(true)
 }
 
 // Len returns the number of endpoints held.

@@ -3,6 +3,7 @@ package signals_test
 import (
 	"fmt"
 	"math"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/stamped"
 	"github.com/llmlb/llmlb/signals"
 )
 
@@ -185,5 +187,63 @@ func TestStoreHugeCountsNeverLookIdle(t *testing.T) {
 				pk.Done(nil)
 			}
 		})
+	}
+}
+
+// TestLoaderReadsAsLoad checks that the loaders a balancer of this module
+// uses read what Load reads: for a key recorded after its loader was made,
+// after a newer observation, past MaxAge, after Delete and after the key is
+// recorded again, for a Store and a Scraper.
+func TestLoaderReadsAsLoad(t *testing.T) {
+	clock := newFakeClock()
+	store, err := signals.NewStore(signals.StoreConfig{MaxAge: 10 * time.Second, Clock: clock})
+	require.NoError(t, err)
+	scraper, err := signals.NewScraper(signals.Config{MaxAge: 5 * time.Second, Clock: clock})
+	require.NoError(t, err)
+	type signal interface {
+		llmlb.Signal
+		Loader(stamped.Token, string) func() (llmlb.Load, bool)
+	}
+	record := map[string]func(string, llmlb.Load) error{"store": store.Record, "scraper": scraper.Store().Record}
+	del := map[string]func(string){"store": store.Delete, "scraper": scraper.Store().Delete}
+	for name, sig := range map[string]signal{"store": store, "scraper": scraper} {
+		keys := []string{"a", "b"}
+		loaders := make([]func() (llmlb.Load, bool), len(keys))
+		for i, k := range keys {
+			loaders[i] = sig.Loader(stamped.Token{}, k)
+		}
+		check := func(step string) {
+			t.Helper()
+			for i, k := range keys {
+				want, wantOK := sig.Load(k)
+				got, ok := loaders[i]()
+				if ok != wantOK || ok && !reflect.DeepEqual(got, want) {
+					t.Fatalf("%s, %s: loader of %q read %+v, %v; Load %+v, %v", name, step, k, got, ok, want, wantOK)
+				}
+			}
+		}
+		check("empty")
+		load := func(running int) llmlb.Load {
+			return llmlb.Load{At: clock.Now(), Running: running, KVUsage: 0.5}
+		}
+		require.NoError(t, record[name]("a", load(1)))
+		check("a recorded")
+		clock.Advance(time.Second)
+		require.NoError(t, record[name]("a", load(2)))
+		require.NoError(t, record[name]("b", load(3)))
+		check("a newer, b recorded")
+		clock.Advance(6 * time.Second)
+		check("past the scraper's MaxAge")
+		clock.Advance(6 * time.Second)
+		check("past the store's MaxAge")
+		require.NoError(t, record[name]("a", load(4)))
+		check("a fresh again")
+		del[name]("a")
+		check("a deleted")
+		require.NoError(t, record[name]("a", load(5)))
+		check("a recorded again")
+		if got, ok := loaders[0](); !ok || got.Running != 5 {
+			t.Fatalf("%s: loader of a read %+v, %v after it was recorded again; want Running 5", name, got, ok)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/stamped"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/share"
 )
@@ -123,6 +124,16 @@ func (rt *router) Load(key string) (llmlb.Load, bool) {
 		return llmlb.Load{}, false
 	}
 	return rt.snap[i], true
+}
+
+// Loader returns a function that reads the router's last scrape of the
+// replica key, for the balancer to call instead of Load.
+func (rt *router) Loader(_ stamped.Token, key string) func() (llmlb.Load, bool) {
+	i, ok := replicaIndex(key, len(rt.snap))
+	if !ok {
+		return nil
+	}
+	return func() (llmlb.Load, bool) { return rt.snap[i], true }
 }
 
 // runner is one simulation of one policy.

@@ -16,6 +16,17 @@ type Signal interface {
 	Recorded(Token) bool
 }
 
-// Token is the argument of Signal's method. Only the packages of this
-// module can name it, so only their signals implement Signal.
+// Loader is implemented by a signal of this module that can find an
+// endpoint once and then read its observations without looking it up by
+// key again. L is llmlb.Load, which this package cannot name.
+type Loader[L any] interface {
+	// Loader returns a function that does what the signal's Load(key)
+	// does, or nil if the signal has none to give for key (the balancer
+	// then calls Load).
+	Loader(t Token, key string) func() (L, bool)
+}
+
+// Token is the argument of the methods of Signal and Loader. Only the
+// packages of this module can name it, so only their signals implement
+// them.
 type Token struct{}
