@@ -474,20 +474,26 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 	minExp := int64(math.MaxInt64)
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]
-		v := exp
-		old, had := e.lru.Get(h) // makes h the most recently used if held
-		if had && old >= exp-slack {
-			v = old // recent enough, or held longer: no update needed
-		} else {
-			e.lru.Add(h, v) // may evict another block, unlinking it
-		}
-		minExp = min(minExp, v)
 		k := holderKey(h, w)
 		hd := x.holders.get(k)
+		// A listed endpoint holds the block (see holder), so only then can
+		// its expiry be recent enough to keep; an unlisted one either
+		// lacks it or holds a copy that expired, and a single Add inserts
+		// or refreshes it.
+		listed := hd.bits&bit != 0
+		v := exp
+		if !listed {
+			e.lru.Add(h, v) // may evict another block, unlinking it
+		} else if old, _ := e.lru.Get(h); old >= exp-slack { // Get makes h the most recently used
+			v = old // recent enough, or held longer: no update needed
+		} else {
+			e.lru.Add(h, v)
+		}
+		minExp = min(minExp, v)
 		switch {
 		case hd.bits&^bit == 0:
 			hd = holder{bits: bit, minExp: v}
-		case had && hd.bits&bit != 0 && hd.minExp > now:
+		case listed && hd.minExp > now:
 			// Already listed, and minExp <= old <= v still holds.
 			continue
 		default:
