@@ -36,6 +36,9 @@ type Candidates struct {
 	scratch EndpointLoad
 	loads   []EndpointLoad // per candidate, for policies that need them all
 	matched []int32        // per candidate: leading prompt blocks cached
+	// holding lists the candidates with matched above zero, some perhaps
+	// twice, in no particular order.
+	holding []int32
 	// confirmed is, per candidate, the leading prompt blocks engine KV
 	// events reported, for policies with a separate events index.
 	confirmed []int32

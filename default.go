@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"math"
+	"slices"
 	"sync/atomic"
 
 	"github.com/llmlb/llmlb/prefix"
@@ -356,6 +357,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	}
 	c.loads = growLoads(c.loads, n)
 	c.costs = growFloat64(c.costs, n)
+	best := -1
 	var pool *poolSpeed // nil: price in tokens only
 	if p.learn {
 		c.speeds = growSpeeds(c.speeds, n)
@@ -402,9 +404,6 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 			}
 		}
 		over := p.overload(backlog / float64(len(pick)))
-		for i := range c.costs {
-			c.costs[i] = math.Inf(1) // not scored
-		}
 		for _, i := range pick {
 			l := &c.loads[i]
 			c.costs[i] = p.cost(c, int(i), l, avg, over, pool) / l.Weight
@@ -412,8 +411,20 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		if p.placing {
 			p.credit(c, home, longest, avg, over, pick)
 		}
+		best = argminScored(c, c.costs, pick)
+		if best < 0 {
+			// No scored cost is finite: the unscored candidates, at +Inf,
+			// are among the least.
+			for i := range c.costs {
+				if !slices.Contains(pick, int32(i)) {
+					c.costs[i] = math.Inf(1)
+				}
+			}
+		}
 	}
-	best := argminCost(c, c.costs)
+	if best < 0 {
+		best = argminCost(c, c.costs)
+	}
 	p.t.record(c, best, c.load(best))
 	if pool != nil {
 		c.work = c.speeds[best].work
@@ -462,6 +473,35 @@ func argminCost(c *Candidates, costs []float64) int {
 	return int(ties[c.Uint64N(uint64(len(ties)))])
 }
 
+// argminScored is argminCost for costs of which only the candidates in
+// pick (each once) were scored, the others costing +Inf, without reading
+// the others: it draws the same random numbers and chooses alike, or
+// returns -1 if no scored cost is finite (every cost then ties at +Inf or
+// is NaN, and argminCost must see them all).
+func argminScored(c *Candidates, costs []float64, pick []int32) int {
+	best := math.Inf(1)
+	for _, i := range pick {
+		if costs[i] < best { // never a NaN
+			best = costs[i]
+		}
+	}
+	if !(best < math.Inf(1)) {
+		return -1
+	}
+	ties := c.ties[:0]
+	for _, i := range pick {
+		if costs[i] == best {
+			ties = append(ties, i)
+		}
+	}
+	slices.Sort(ties) // argminCost lists ties in candidate order
+	c.ties = ties
+	if len(ties) == 1 {
+		return int(ties[0])
+	}
+	return int(ties[c.Uint64N(uint64(len(ties)))])
+}
+
 // scored returns the candidates to score: all of them, or the holders of the
 // longest prefixes, the request's home (if not negative) and random draws,
 // each once.
@@ -477,9 +517,12 @@ func (p *defaultPolicy) scored(c *Candidates, n, home int) []int32 {
 	c.seen = growBool(c.seen, n)
 	clear(c.seen)
 	for h := 0; h < p.holders; h++ {
+		// The candidate of most matched blocks not yet taken, the first
+		// of equals; only those in c.holding matched any.
 		best, bestBlocks := -1, int32(0)
-		for i := 0; i < n; i++ {
-			if !c.seen[i] && c.matched[i] > bestBlocks {
+		for _, j := range c.holding {
+			i := int(j)
+			if !c.seen[i] && (c.matched[i] > bestBlocks || c.matched[i] == bestBlocks && i < best) {
 				best, bestBlocks = i, c.matched[i]
 			}
 		}

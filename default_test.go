@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -283,5 +284,89 @@ func TestDefaultPricesPeersPrefill(t *testing.T) {
 			t.Errorf("%d peers' requests of %d prefill tokens: holder chosen = %v, want %v", tc.peers, tc.prefill, got, tc.want)
 		}
 		pk.Done(nil)
+	}
+}
+
+// TestArgminScored checks that choosing among the scored candidates alone
+// chooses as argminCost over every candidate with the unscored ones at
+// +Inf, drawing the same random numbers, or defers to it: with ties, NaN,
+// infinite and unscored costs, in random scored orders.
+func TestArgminScored(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	values := []float64{1, 2, 2, 3, math.NaN(), math.Inf(1), math.Inf(-1), -1}
+	for trial := range 20000 {
+		n := 1 + r.IntN(12)
+		costs := make([]float64, n)
+		var pick []int32
+		for i := range n {
+			costs[i] = math.Inf(1)
+			if r.IntN(2) == 0 {
+				pick = append(pick, int32(i))
+			}
+		}
+		if len(pick) == 0 {
+			pick = append(pick, int32(r.IntN(n)))
+		}
+		r.Shuffle(len(pick), func(a, b int) { pick[a], pick[b] = pick[b], pick[a] })
+		for _, i := range pick {
+			costs[i] = values[r.IntN(len(values))]
+		}
+		seed := r.Uint64()
+		scored := &Candidates{b: mustNew(t, RoundRobin(), WithRand(rand.NewPCG(seed, 0)))}
+		all := &Candidates{b: mustNew(t, RoundRobin(), WithRand(rand.NewPCG(seed, 0)))}
+		got := argminScored(scored, slices.Clone(costs), pick)
+		if got < 0 {
+			for _, i := range pick {
+				if v := costs[i]; v < math.Inf(1) {
+					t.Fatalf("trial %d: argminScored deferred with scored cost %v finite (costs %v, scored %v)", trial, v, costs, pick)
+				}
+			}
+			continue
+		}
+		want := argminCost(all, costs)
+		if got != want {
+			t.Fatalf("trial %d: argminScored chose %d, argminCost %d (costs %v, scored %v)", trial, got, want, costs, pick)
+		}
+		if a, b := scored.Uint64N(1<<62), all.Uint64N(1<<62); a != b {
+			t.Fatalf("trial %d: the random sources diverged", trial)
+		}
+	}
+}
+
+// TestSampledScoresLongestHolders checks which holders a sampled Default
+// scores: those of the longest matches, the first candidates among equals,
+// as a scan of every candidate in order would take them.
+func TestSampledScoresLongestHolders(t *testing.T) {
+	ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := Default(DefaultConfig{Index: ix, Sampled: 1, Holders: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol, WithRand(rand.NewPCG(1, 2)))
+	mustUpdate(t, b, eps(16))
+	blocks := []uint64{11, 12, 13, 14}
+	now := time.Now()
+	for _, held := range []struct {
+		ep     int
+		blocks int
+	}{{12, 2}, {5, 2}, {9, 2}, {7, 4}, {3, 2}, {14, 1}} {
+		if err := ix.Record("ep"+fmt.Sprint(held.ep), blocks[:held.blocks], now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := pol.(*defaultPolicy)
+	c := candidatesPool.Get().(*Candidates)
+	defer c.release()
+	c.req = &Request{PromptTokens: 64, Prefix: blocks}
+	if err := c.init(b, b.snap.Load()); err != nil {
+		t.Fatal(err)
+	}
+	p.t.match(c)
+	pick := p.scored(c, c.Len(), -1)
+	if len(pick) != 4 || pick[0] != 7 || pick[1] != 3 || pick[2] != 5 {
+		t.Fatalf("scored %v, want the holders 7, 3 and 5 first, then one drawn", pick)
 	}
 }

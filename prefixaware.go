@@ -81,6 +81,7 @@ func (t *prefixTracker) sync(c *Candidates) {
 func (t *prefixTracker) match(c *Candidates) int {
 	t.sync(c)
 	var longest int32
+	c.holding = c.holding[:0]
 	c.matched, longest = t.matchInto(c, t.index, c.matched)
 	if t.events == nil {
 		return int(longest)
@@ -94,7 +95,8 @@ func (t *prefixTracker) match(c *Candidates) int {
 }
 
 // matchInto sets dst, resized to the candidates, to the leading prompt
-// blocks each candidate holds in ix, and returns it with the largest.
+// blocks each candidate holds in ix, and returns it with the largest. It
+// appends the candidates that hold any to c.holding.
 func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) ([]int32, int32) {
 	dst = growInt32(dst, c.Len())
 	clear(dst)
@@ -110,18 +112,20 @@ func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) 
 	if c.all {
 		// Members are the candidates, in order.
 		for _, m := range c.matches {
-			if mi, ok := c.snap.member(m.Endpoint); ok {
+			if mi, ok := c.snap.member(m.Endpoint); ok && m.Blocks > 0 {
 				dst[mi] = int32(m.Blocks)
 				longest = max(longest, dst[mi])
+				c.holding = append(c.holding, int32(mi))
 			}
 		}
 		return dst, longest
 	}
 	cand := c.memberToCandidate()
 	for _, m := range c.matches {
-		if mi, ok := c.snap.member(m.Endpoint); ok && cand[mi] >= 0 {
+		if mi, ok := c.snap.member(m.Endpoint); ok && cand[mi] >= 0 && m.Blocks > 0 {
 			dst[cand[mi]] = int32(m.Blocks)
 			longest = max(longest, dst[cand[mi]])
+			c.holding = append(c.holding, cand[mi])
 		}
 	}
 	return dst, longest
