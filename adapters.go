@@ -177,9 +177,9 @@ func (p *adapterAffinity) Choose(c *Candidates) int {
 		load := float64(l.Requests) / l.Weight
 		sum += load
 		if c.adapter[i] != adapterHolder && c.b.signal != nil {
-			var obs Load
-			if c.observe(c.state(i), &obs) {
-				c.adapter[i] = adapterClass(&obs, name)
+			var buf Load
+			if obs := c.observe(c.state(i), &buf); obs != nil {
+				c.adapter[i] = adapterClass(obs, name)
 			}
 		}
 		switch c.adapter[i] {

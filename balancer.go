@@ -160,7 +160,7 @@ type epState struct {
 	keyHash uint64       // xxhash of key, for placement by rendezvous hashing
 	// loader reads the endpoint's observations when the signal has
 	// loaders; set at the first read.
-	loader atomic.Pointer[func() (Load, bool)]
+	loader atomic.Pointer[func() *Load]
 }
 
 // The fields of the packed counts (epState.reqs and epState.toks).
@@ -634,8 +634,9 @@ func (b *Balancer) p2cFast(eps []*epState, n uint64, unit bool, t *clockReading)
 // requestsScore is requestsScore (of Candidates) for st, not in slow start,
 // at the time t.
 func (b *Balancer) requestsScore(st *epState, t *clockReading) float64 {
-	var obs Load
-	if !b.load(st, &obs) || !b.fresh(&obs, t) {
+	var buf Load
+	obs := b.load(st, &buf)
+	if obs == nil || !b.fresh(obs, t) {
 		s := float64(st.outstanding()) + 1
 		if w := st.staticWeight(); w != 1 {
 			s /= w
@@ -644,7 +645,7 @@ func (b *Balancer) requestsScore(st *epState, t *clockReading) float64 {
 	}
 	var l EndpointLoad
 	st.ownLoad(&l)
-	observedLoad(st, &l, &obs)
+	observedLoad(st, &l, obs)
 	s := (float64(l.Requests) + 1) / st.staticWeight()
 	if s != s { // NaN
 		return math.Inf(1)
@@ -734,13 +735,16 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 // whether it is fresh at t.
 func (b *Balancer) commitEpoch(rec *record, st *epState, prefill, decode int64, t *clockReading, timed bool) (at int64, fresh bool) {
 	var (
-		obs  Load
+		buf  Load
+		obs  = &buf
 		seen bool
 	)
 	if !b.unobserved() {
-		seen = b.load(st, &obs)
+		if p := b.load(st, &buf); p != nil {
+			obs, seen = p, true
+		}
 	}
-	fresh = seen && b.fresh(&obs, t)
+	fresh = seen && b.fresh(obs, t)
 	if !fresh && st.obsAt.Load() == never {
 		rec.epoch = 1 // epoch 0, which keeps no counts
 		// Without an observation now, a signal that stamps observations
@@ -772,9 +776,10 @@ func (b *Balancer) commitEpoch(rec *record, st *epState, prefill, decode int64, 
 	return obs.At.UnixNano(), fresh
 }
 
-// load sets *obs to the signal's observation of st and reports whether
-// there is one, as Signal.Load does.
-func (b *Balancer) load(st *epState, obs *Load) bool {
+// load returns the signal's observation of st, or nil if there is none, as
+// Signal.Load reports it. The observation is the signal's own, not to be
+// modified, or buf, into which Load wrote it.
+func (b *Balancer) load(st *epState, buf *Load) *Load {
 	if b.loaders != nil {
 		f := st.loader.Load()
 		if f == nil {
@@ -784,14 +789,14 @@ func (b *Balancer) load(st *epState, obs *Load) bool {
 			}
 		}
 		if f != nil {
-			var ok bool
-			*obs, ok = (*f)()
-			return ok
+			return (*f)()
 		}
 	}
 	var ok bool
-	*obs, ok = b.signal.Load(st.key)
-	return ok
+	if *buf, ok = b.signal.Load(st.key); !ok {
+		return nil
+	}
+	return buf
 }
 
 // unobserved reports whether the signal is known to have recorded no

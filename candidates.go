@@ -280,9 +280,9 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	if c.b.signal == nil {
 		return
 	}
-	var obs Load
-	if c.observe(st, &obs) {
-		observedLoad(st, l, &obs)
+	var buf Load
+	if obs := c.observe(st, &buf); obs != nil {
+		observedLoad(st, l, obs)
 	}
 }
 
@@ -409,14 +409,17 @@ func (c *Candidates) weight(st *epState) float64 {
 	return w
 }
 
-// observe sets *obs to st's observation and reports whether it is valid
-// and younger than the maximum signal age. It does not load a signal known
-// to have recorded no observation yet.
-func (c *Candidates) observe(st *epState, obs *Load) bool {
+// observe returns st's observation if it is valid and younger than the
+// maximum signal age, else nil; buf is the storage load may use. It does
+// not load a signal known to have recorded no observation yet.
+func (c *Candidates) observe(st *epState, buf *Load) *Load {
 	if c.b.unobserved() {
-		return false
+		return nil
 	}
-	return c.b.load(st, obs) && c.fresh(obs)
+	if obs := c.b.load(st, buf); obs != nil && c.fresh(obs) {
+		return obs
+	}
+	return nil
 }
 
 // fresh reports whether obs is valid and younger than the maximum signal
@@ -475,8 +478,9 @@ func (b *Balancer) observedAt(st *epState) int64 {
 	if b.unobserved() {
 		return never
 	}
-	var obs Load
-	if !b.load(st, &obs) || !obs.valid() {
+	var buf Load
+	obs := b.load(st, &buf)
+	if obs == nil || !obs.valid() {
 		return never
 	}
 	return obs.At.UnixNano()

@@ -97,8 +97,8 @@ func (p *gie) Choose(c *Candidates) int {
 		// each candidate's KV usage until the scores replace it.
 		q, kv := float64(l.Queued), kvUsage(l)
 		if c.b.signal != nil {
-			var obs Load
-			if c.observe(c.state(i), &obs) {
+			var buf Load
+			if obs := c.observe(c.state(i), &buf); obs != nil {
 				q = float64(obs.Waiting)
 				if !math.IsNaN(obs.KVUsage) {
 					kv = obs.KVUsage

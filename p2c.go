@@ -179,8 +179,9 @@ func (p p2c) chooseCounts(c *Candidates) int {
 // whole load estimate when the candidate has no fresh observation.
 func requestsScore(c *Candidates, i int) float64 {
 	st := c.state(i)
-	var obs Load
-	if !c.b.load(st, &obs) || !c.fresh(&obs) {
+	var buf Load
+	obs := c.b.load(st, &buf)
+	if obs == nil || !c.fresh(obs) {
 		// The estimated requests are this balancer's own.
 		s := float64(st.outstanding()) + 1
 		if w := c.weight(st); w != 1 {
@@ -190,7 +191,7 @@ func requestsScore(c *Candidates, i int) float64 {
 	}
 	l := &c.scratch
 	c.ownLoad(st, l)
-	observedLoad(st, l, &obs)
+	observedLoad(st, l, obs)
 	s := (float64(l.Requests) + 1) / l.Weight
 	if s != s { // NaN
 		return math.Inf(1)

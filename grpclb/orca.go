@@ -89,7 +89,7 @@ func (s *ownedSignal) Recorded(stamped.Token) bool { return s.seen.Load() }
 
 // Loader reads the store's observations of key without a lookup each time;
 // the balancer calls it only once Recorded is true.
-func (s *ownedSignal) Loader(t stamped.Token, key string) func() (llmlb.Load, bool) {
+func (s *ownedSignal) Loader(t stamped.Token, key string) func() *llmlb.Load {
 	return s.store.Loader(t, key)
 }
 

@@ -296,19 +296,19 @@ func (s *Scraper) Load(key string) (llmlb.Load, bool) {
 }
 
 // Loader is for the balancers of this module, which alone can name its
-// first argument: it returns a function that reads key's observation as
-// Load does, without looking key up again once the store holds it.
-func (s *Scraper) Loader(t stamped.Token, key string) func() (llmlb.Load, bool) {
+// first argument: it returns a function that returns key's observation as
+// Load would, or nil, without looking key up again once the store holds
+// it, and without copying it. The observation must not be modified.
+func (s *Scraper) Loader(t stamped.Token, key string) func() *llmlb.Load {
 	load := s.store.Loader(t, key)
 	if s.cfg.MaxAge <= 0 {
 		return load
 	}
-	return func() (llmlb.Load, bool) {
-		l, ok := load()
-		if !ok || s.now().Sub(l.At) > s.cfg.MaxAge {
-			return llmlb.Load{}, false
+	return func() *llmlb.Load {
+		if l := load(); l != nil && s.now().Sub(l.At) <= s.cfg.MaxAge {
+			return l
 		}
-		return l, true
+		return nil
 	}
 }
 

@@ -86,23 +86,24 @@ func (s *Store) Load(key string) (llmlb.Load, bool) {
 }
 
 // Loader is for the balancers of this module, which alone can name its
-// first argument: it returns a function that reads key's observation as
-// Load does, without looking key up again once the store holds it.
-func (s *Store) Loader(_ stamped.Token, key string) func() (llmlb.Load, bool) {
+// first argument: it returns a function that returns key's observation as
+// Load would, or nil, without looking key up again once the store holds
+// it, and without copying it. The observation must not be modified.
+func (s *Store) Loader(_ stamped.Token, key string) func() *llmlb.Load {
 	var cur atomic.Pointer[entry]
-	return func() (llmlb.Load, bool) {
+	return func() *llmlb.Load {
 		e := cur.Load()
 		if e == nil || e.gone.Load() {
 			if e = s.entry(key); e == nil {
-				return llmlb.Load{}, false
+				return nil
 			}
 			cur.Store(e)
 		}
-		o := e.obs.Load()
+		o := e.obs.Load() // never modified once recorded
 		if s.cfg.MaxAge > 0 && s.now().Sub(o.At) > s.cfg.MaxAge {
-			return llmlb.Load{}, false
+			return nil
 		}
-		return o.Load, true
+		return &o.Load
 	}
 }
 

@@ -202,13 +202,13 @@ func TestLoaderReadsAsLoad(t *testing.T) {
 	require.NoError(t, err)
 	type signal interface {
 		llmlb.Signal
-		Loader(stamped.Token, string) func() (llmlb.Load, bool)
+		Loader(stamped.Token, string) func() *llmlb.Load
 	}
 	record := map[string]func(string, llmlb.Load) error{"store": store.Record, "scraper": scraper.Store().Record}
 	del := map[string]func(string){"store": store.Delete, "scraper": scraper.Store().Delete}
 	for name, sig := range map[string]signal{"store": store, "scraper": scraper} {
 		keys := []string{"a", "b"}
-		loaders := make([]func() (llmlb.Load, bool), len(keys))
+		loaders := make([]func() *llmlb.Load, len(keys))
 		for i, k := range keys {
 			loaders[i] = sig.Loader(stamped.Token{}, k)
 		}
@@ -216,9 +216,9 @@ func TestLoaderReadsAsLoad(t *testing.T) {
 			t.Helper()
 			for i, k := range keys {
 				want, wantOK := sig.Load(k)
-				got, ok := loaders[i]()
-				if ok != wantOK || ok && !reflect.DeepEqual(got, want) {
-					t.Fatalf("%s, %s: loader of %q read %+v, %v; Load %+v, %v", name, step, k, got, ok, want, wantOK)
+				got := loaders[i]()
+				if (got != nil) != wantOK || got != nil && !reflect.DeepEqual(*got, want) {
+					t.Fatalf("%s, %s: loader of %q read %+v; Load %+v, %v", name, step, k, got, want, wantOK)
 				}
 			}
 		}
@@ -242,8 +242,8 @@ func TestLoaderReadsAsLoad(t *testing.T) {
 		check("a deleted")
 		require.NoError(t, record[name]("a", load(5)))
 		check("a recorded again")
-		if got, ok := loaders[0](); !ok || got.Running != 5 {
-			t.Fatalf("%s: loader of a read %+v, %v after it was recorded again; want Running 5", name, got, ok)
+		if got := loaders[0](); got == nil || got.Running != 5 {
+			t.Fatalf("%s: loader of a read %+v after it was recorded again; want Running 5", name, got)
 		}
 	}
 }

@@ -126,14 +126,15 @@ func (rt *router) Load(key string) (llmlb.Load, bool) {
 	return rt.snap[i], true
 }
 
-// Loader returns a function that reads the router's last scrape of the
-// replica key, for the balancer to call instead of Load.
-func (rt *router) Loader(_ stamped.Token, key string) func() (llmlb.Load, bool) {
+// Loader returns a function that returns the router's last scrape of the
+// replica key, for the balancer to call instead of Load. A scrape writes
+// into the same storage, but only between picks: a run is one goroutine.
+func (rt *router) Loader(_ stamped.Token, key string) func() *llmlb.Load {
 	i, ok := replicaIndex(key, len(rt.snap))
 	if !ok {
 		return nil
 	}
-	return func() (llmlb.Load, bool) { return rt.snap[i], true }
+	return func() *llmlb.Load { return &rt.snap[i] }
 }
 
 // runner is one simulation of one policy.

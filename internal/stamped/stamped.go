@@ -20,10 +20,13 @@ type Signal interface {
 // endpoint once and then read its observations without looking it up by
 // key again. L is llmlb.Load, which this package cannot name.
 type Loader[L any] interface {
-	// Loader returns a function that does what the signal's Load(key)
-	// does, or nil if the signal has none to give for key (the balancer
-	// then calls Load).
-	Loader(t Token, key string) func() (L, bool)
+	// Loader returns a function that returns what the signal's Load(key)
+	// would, or nil where Load would report none, or nil if the signal
+	// has no function to give for key (the balancer then calls Load). The
+	// observation it points to is not modified while the balancer reads
+	// it: a signal shared between goroutines replaces observations
+	// instead of writing into them.
+	Loader(t Token, key string) func() *L
 }
 
 // Token is the argument of the methods of Signal and Loader. Only the
