@@ -342,11 +342,12 @@ func observedLoad(st *epState, l *EndpointLoad, obs *Load) {
 // loadsInto sets the load estimate of each candidate i, as loadInto does,
 // and returns the sum of their backlogs. The estimate of candidate i is
 // loads[src[i]]. Without a signal (or with one known to have recorded no
-// observation yet), and with no member in slow start, an estimate is a function of the endpoint's packed counts and static weight
-// alone: a candidate whose counts and weight are the previous candidate's
-// shares its estimate, src[i] being the first candidate of their run, and
-// loads[i] is left unset (see load). An idle pool is scored at the cost of
-// reading its counts. Otherwise src[i] is i.
+// observation yet), and with no member in slow start, an estimate is a
+// function of the endpoint's packed counts and static weight alone: a
+// candidate whose counts and weight are the previous candidate's shares its
+// estimate, src[i] being the first candidate of their run, and loads[i] is
+// left unset (see load). An idle pool is scored at the cost of reading its
+// counts. Otherwise src[i] is i.
 func (c *Candidates) loadsInto(loads []EndpointLoad, src []int32) (backlog float64) {
 	// A signal known to hold no observation yet adds nothing to the
 	// balancer's own counts (see loadInto), so its loads are read as
