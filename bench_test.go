@@ -40,6 +40,63 @@ func BenchmarkPick(b *testing.B) {
 	}
 }
 
+// BenchmarkPickFloor measures what any Pick plus Done on 64 endpoints must
+// execute, without the rest of either, beside BenchmarkPick's round robin:
+//
+//   - turn: the next turn and its endpoint, all that grpc-go's round_robin
+//     does per pick;
+//   - accounting: the turn plus the locked instructions of the accounting
+//     (two compare-and-swaps to charge the endpoint's packed counts, one to
+//     end the handle's generation, two adds to release the counts) on a
+//     record kept across iterations;
+//   - accounting+pool: the same with the record taken from and returned to
+//     the record pool, as every pick does.
+//
+// The ratio of accounting+pool to turn bounds how close round robin can
+// come to grpc-go's round_robin without giving up Stats, idempotent handles
+// or pooled records.
+func BenchmarkPickFloor(b *testing.B) {
+	bal := benchBalancer(b, RoundRobin(), 64)
+	eps := bal.snap.Load().eps
+	n := uint64(len(eps))
+	var turn roundRobin
+	b.Run("op=turn", func(b *testing.B) {
+		b.ReportAllocs()
+		var sink *epState
+		for b.Loop() {
+			sink = eps[(turn.next.Add(1)-1)%n]
+		}
+		_ = sink
+	})
+	account := func(rec *record, st *epState) {
+		d1, d2, spill := st.charge(1000, 1000, 256)
+		base := rec.state.Load() &^ phaseMask
+		rec.state.CompareAndSwap(base|phasePicked, base+generationStep|phasePicked)
+		st.release(d1, d2, spill, false)
+	}
+	b.Run("op=accounting", func(b *testing.B) {
+		b.ReportAllocs()
+		rec := recordPool.Get().(*record)
+		defer recordPool.Put(rec)
+		for b.Loop() {
+			account(rec, eps[(turn.next.Add(1)-1)%n])
+		}
+	})
+	b.Run("op=accounting+pool", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			rec := recordPool.Get().(*record)
+			account(rec, eps[(turn.next.Add(1)-1)%n])
+			recordPool.Put(rec)
+		}
+	})
+	for _, st := range eps {
+		if c := st.counts(); c != (counts{}) {
+			b.Fatalf("the floor left counts %+v", c)
+		}
+	}
+}
+
 // BenchmarkPickParallel measures Pick plus Done from GOMAXPROCS goroutines
 // on one balancer; compare -cpu 1 and -cpu 2.
 func BenchmarkPickParallel(b *testing.B) {
