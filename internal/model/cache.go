@@ -7,7 +7,7 @@ package model
 // LRU list. Every operation is O(1) per entry.
 //
 // Entries live in one slice and refer to each other by index, found by hash
-// in a map of indexes: the pool holds no pointers, so however many blocks
+// in a table of indexes (hashIndex): the pool holds no pointers, so however many blocks
 // the replicas cache, the garbage collector does not scan them.
 type kvPool struct {
 	total     int // capacity in blocks
@@ -17,8 +17,8 @@ type kvPool struct {
 	// ents[0] is the sentinel of the LRU list of unreferenced entries:
 	// ents[0].next is the oldest. Index 0 is no entry elsewhere.
 	ents  []entry
-	index map[uint64]int32 // entries by hash
-	free  int32            // recycled entries, linked through next
+	index hashIndex // entries by hash
+	free  int32     // recycled entries, linked through next
 
 	// onEvent, if set, hears every entry stored and evicted, at once.
 	onEvent func(hash uint64, stored bool)
@@ -41,7 +41,7 @@ type entry struct {
 }
 
 func newKVPool(total int) *kvPool {
-	return &kvPool{total: total, ents: make([]entry, 1, 16), index: make(map[uint64]int32)}
+	return &kvPool{total: total, ents: make([]entry, 1, 16)}
 }
 
 // available is the number of blocks that can be allocated, evicting cached
@@ -74,7 +74,7 @@ func (p *kvPool) evict() {
 	p.unlink(i)
 	p.evictable -= int(e.blocks)
 	h := e.hash
-	delete(p.index, h)
+	p.index.del(h)
 	*e = entry{next: p.free}
 	p.free = i
 	p.event(h, false)
@@ -117,7 +117,7 @@ func (p *kvPool) pushNewest(i int32) {
 }
 
 // lookup returns the entry cached under h, or 0.
-func (p *kvPool) lookup(h uint64) int32 { return p.index[h] }
+func (p *kvPool) lookup(h uint64) int32 { return p.index.get(h) }
 
 // acquire adds a reference to entry i, taking it off the LRU list if it
 // was evictable.
@@ -155,7 +155,7 @@ func (p *kvPool) insert(h uint64, blocks int) int32 {
 		p.ents = append(p.ents, entry{})
 	}
 	p.ents[i] = entry{hash: h, blocks: int32(blocks), ref: 1}
-	p.index[h] = i
+	p.index.put(h, i)
 	p.event(h, true)
 	return i
 }

@@ -604,11 +604,5 @@ func (r *Replica) CheckIdle() error {
 // CachedHashes returns the chained hashes of the blocks in the prefix cache,
 // in no particular order.
 func (r *Replica) CachedHashes() iter.Seq[uint64] {
-	return func(yield func(uint64) bool) {
-		for h := range r.kv.index {
-			if !yield(h) {
-				return
-			}
-		}
-	}
+	return r.kv.index.all
 }
