@@ -7,8 +7,8 @@ package model
 // LRU list. Every operation is O(1) per entry.
 //
 // Entries live in one slice and refer to each other by index, found by hash
-// in a table of indexes (hashIndex): the pool holds no pointers, so however many blocks
-// the replicas cache, the garbage collector does not scan them.
+// in a table of indexes (hashIndex): the pool holds no pointers, so however
+// many blocks the replicas cache, the garbage collector does not scan them.
 type kvPool struct {
 	total     int // capacity in blocks
 	used      int // blocks held by running sequences (private + referenced entries)
