@@ -151,9 +151,14 @@ type DefaultConfig struct {
 	// the pool's speed. A candidate's slowness is its predicted TTFT for
 	// this request's work over the pool's, moved from 1 only by its
 	// confidence g = n/(n+8), n its observations decayed with a half-life
-	// of 30 s without new ones, and bounded to [1/16, 16]. The waiting
-	// terms and the uncached prompt of its cost are multiplied by the
-	// prefill slowness, its KV footprint by the square of the decode
+	// of 30 s without new ones, and bounded to [1/16, 16]. Slowness is
+	// priced only when the candidates' fits differ by more than their
+	// noise: when their deviations from the pool, in standard errors of
+	// each fit, average a square above 8, or one's square exceeds 12 times
+	// the log of their number; otherwise every candidate's slowness is
+	// exactly 1, so that equal replicas are priced as with Learn off. The
+	// waiting terms and the uncached prompt of its cost are multiplied by
+	// the prefill slowness, its KV footprint by the square of the decode
 	// slowness (a slower endpoint both decodes each step slower and holds
 	// each token longer). The measurement takes the place of a declared
 	// weight ([Endpoint] with a Weight method) rather than adding to it:
@@ -375,6 +380,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 			for i := range c.loads {
 				p.loadSpeed(c, i, pool)
 			}
+			pool.test(c.speeds, nil, avg)
 		}
 		over := p.overload(backlog / float64(n))
 		prev := 0.0 // the previous candidate's cost
@@ -402,6 +408,9 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 			if pool != nil {
 				p.loadSpeed(c, int(i), pool)
 			}
+		}
+		if pool != nil {
+			pool.test(c.speeds, pick, avg)
 		}
 		over := p.overload(backlog / float64(len(pick)))
 		for _, i := range pick {

@@ -37,13 +37,28 @@ const (
 	learnInitDev = 0.25
 	// learnWarm is the observations from which the clamp applies.
 	learnWarm = 4
+	// learnUneven and learnOutlier set when a pool's speeds count as
+	// different (see poolSpeed.test): when the fits' squared deviations
+	// from the pool, in standard errors, average above learnUneven, or
+	// one exceeds learnOutlier times the log of their number. On the
+	// simulator's training runs (seeds 1 and 5 of the default, prefixes,
+	// mixed and mixed-slowdown scenarios, 16 fits a pick) equal replicas
+	// never averaged above 3.9 nor reached a square of 22 (the outlier
+	// bound is 33); unequal ones averaged 10-50 past their first few
+	// hundred picks, and a replica slowed among slow ones kept a square
+	// above 37 at 99 picks in 100.
+	learnUneven  = 8.0
+	learnOutlier = 12.0
 	// learnMaxSlowness bounds an endpoint's slowness relative to the pool,
 	// and its inverse, so that no estimate prices an endpoint out entirely.
 	learnMaxSlowness = 16.0
 	// learnMaxSeconds and learnMaxWork bound the inputs of an observation:
 	// larger values are clamped, so that the sums stay finite.
 	learnMaxSeconds = 1e6
-	learnMaxWork    = 1e12
+	// learnMinTau is the least slope of a fit, in seconds per token: a
+	// positive slope marks an estimate as fitted.
+	learnMinTau  = 1e-15
+	learnMaxWork = 1e12
 )
 
 // speedEstimate is the online estimate of one endpoint's speed, fed by this
@@ -76,9 +91,11 @@ type speedEstimate struct {
 
 	// Published for the pick path, float64 bits unless noted.
 	a, tau atomic.Uint64 // intercept (s) and slope (s per token); tau 0 = no fit
+	se     atomic.Uint64 // relative standard error of the fit's predictions
 	count  atomic.Uint64 // c
 	at     atomic.Int64  // unix nanos of the last prefill observation
 	dtau   atomic.Uint64 // decode seconds per expected token; 0 = no fit
+	dse    atomic.Uint64 // its relative standard error
 	dcount atomic.Uint64 // dn
 	dat    atomic.Int64  // unix nanos of the last decode observation
 }
@@ -121,8 +138,20 @@ func (e *speedEstimate) firstToken(work float64, ttft time.Duration, now int64) 
 	a, tau := fitLine(e.n, e.sw, e.sy, e.sww, e.swy)
 	e.a.Store(math.Float64bits(a))
 	e.tau.Store(math.Float64bits(tau))
+	e.se.Store(math.Float64bits(stdErr(e.dev, e.c)))
 	e.count.Store(math.Float64bits(e.c))
 	e.at.Store(now)
+}
+
+// stdErr returns the relative standard error of a fit of n observations
+// whose mean absolute deviation from their predictions, on a log scale, is
+// dev: dev*sqrt(pi/2) is the standard deviation of normal errors. Before a
+// deviation is measured it is learnInitDev.
+func stdErr(dev, n float64) float64 {
+	if dev == 0 {
+		dev = learnInitDev
+	}
+	return dev * math.Sqrt(math.Pi/2) / math.Sqrt(max(n, 1))
 }
 
 // winsorize returns y bounded to within learnClamp mean absolute
@@ -143,16 +172,24 @@ func winsorize(y, pred float64, dev *float64) float64 {
 }
 
 // fitLine returns the least-squares line y = a + tau*w of the sums, with a
-// and tau non-negative: through the origin when the works hardly vary or the
-// free fit has a negative intercept or slope. It returns tau 0 when nothing
-// can be fitted (every work zero).
+// and tau non-negative: flat (tau the least positive slope, a the mean) when
+// the free fit's slope is negative, since the works then explain nothing;
+// through the origin when the works hardly vary or the free fit has a
+// negative intercept. It returns tau 0 when nothing can be fitted (every
+// work zero).
 func fitLine(n, sw, sy, sww, swy float64) (a, tau float64) {
 	mw, my := sw/n, sy/n
 	vw := sww/n - mw*mw
 	cw := swy/n - mw*my
-	if vw > 1e-4*mw*mw && cw > 0 {
-		tau = cw / vw
-		a = my - tau*mw
+	if vw > 1e-4*mw*mw {
+		if !(cw > 0) {
+			if my > 0 && !math.IsInf(my, 0) {
+				return min(my, learnMaxSeconds), learnMinTau
+			}
+		} else {
+			tau = cw / vw
+			a = my - tau*mw
+		}
 	}
 	if !(tau > 0) || !(a >= 0) || math.IsInf(tau, 0) || math.IsInf(a, 0) {
 		a, tau = 0, 0
@@ -165,7 +202,7 @@ func fitLine(n, sw, sy, sww, swy float64) (a, tau float64) {
 		// but without a slope the endpoint stays unpriced.
 		return 0, 0
 	}
-	return min(a, learnMaxSeconds), min(max(tau, 1e-15), learnMaxSeconds)
+	return min(a, learnMaxSeconds), min(max(tau, learnMinTau), learnMaxSeconds)
 }
 
 // done folds in one request's decode: d from its first token to Done, over
@@ -188,9 +225,10 @@ func (e *speedEstimate) done(d time.Duration, tokens int64, now int64) {
 	e.dt = e.dt*keep + x
 	tau := 0.0
 	if e.dt > 0 && e.dy > 0 {
-		tau = min(max(e.dy/e.dt, 1e-15), learnMaxSeconds)
+		tau = min(max(e.dy/e.dt, learnMinTau), learnMaxSeconds)
 	}
 	e.dtau.Store(math.Float64bits(tau))
+	e.dse.Store(math.Float64bits(stdErr(e.ddev, e.dn)))
 	e.dcount.Store(math.Float64bits(e.dn))
 	e.dat.Store(now)
 }
@@ -200,10 +238,10 @@ func (e *speedEstimate) done(d time.Duration, tokens int64, now int64) {
 // count (learnPrior) and their age (learnHalfLife), 0 for a cold endpoint,
 // its declared weight, and the work priced for the pick.
 type speedView struct {
-	a, tau, g float64
-	dtau, dg  float64
-	weight    float64
-	work      float64
+	a, tau, g, se float64
+	dtau, dg, dse float64
+	weight        float64
+	work          float64
 }
 
 // confidence returns n/(n+learnPrior) with n the count decayed by the age of
@@ -227,10 +265,12 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 	if tau := math.Float64frombits(e.tau.Load()); tau > 0 {
 		v.a, v.tau = math.Float64frombits(e.a.Load()), tau
 		v.g = confidence(math.Float64frombits(e.count.Load()), e.at.Load(), now)
+		v.se = math.Float64frombits(e.se.Load())
 	}
 	if dtau := math.Float64frombits(e.dtau.Load()); dtau > 0 {
 		v.dtau = dtau
 		v.dg = confidence(math.Float64frombits(e.dcount.Load()), e.dat.Load(), now)
+		v.dse = math.Float64frombits(e.dse.Load())
 	}
 }
 
@@ -241,10 +281,67 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 type poolSpeed struct {
 	g, a, tau float64 // sums of g, g*a, g*tau
 	dg, dtau  float64 // sums of dg, dg*dtau
+	// uneven is set by test: the candidates' speeds differ by more than
+	// their estimates' noise.
+	uneven bool
 }
 
-// learned reports whether any candidate has a fit.
-func (p *poolSpeed) learned() bool { return p.g > 0 || p.dg > 0 }
+// learned reports whether the candidates' speeds differ measurably: some
+// candidate has a fit and test found the pool uneven.
+func (p *poolSpeed) learned() bool { return p.uneven && (p.g > 0 || p.dg > 0) }
+
+// test sets p.uneven: whether the candidates' measured speeds differ more
+// than their noise explains. For each fit it takes the relative difference
+// of the candidate's prediction (for work prefill tokens) from the pool's,
+// moved by its confidence as the price is, in standard errors of the fit;
+// the pool is uneven when the mean square of these exceeds learnUneven, or
+// the largest square exceeds learnOutlier times the log of their number
+// (one slow replica among many). On equal replicas the differences are
+// noise (and what transient load makes of the fits): pricing them would
+// move requests at random and cost a little, so an even pool is priced as
+// without learning. The candidates are vs[i] for i in pick, or every
+// element of vs when pick is nil.
+func (p *poolSpeed) test(vs []speedView, pick []int32, work float64) {
+	p.uneven = false
+	if p.g == 0 && p.dg == 0 {
+		return
+	}
+	var pre, dec float64
+	if p.g > 0 {
+		pre = (p.a + p.tau*work) / p.g
+	}
+	if p.dg > 0 {
+		dec = p.dtau / p.dg
+	}
+	sum, most, n := 0.0, 0.0, 0
+	add := func(v *speedView) {
+		if v.g > 0 && pre > 0 && v.se > 0 {
+			z := v.g * ((v.a+v.tau*work)/pre - 1) / v.se
+			sum += z * z
+			most = max(most, z*z)
+			n++
+		}
+		if v.dg > 0 && dec > 0 && v.dse > 0 {
+			z := v.dg * (v.dtau/dec - 1) / v.dse
+			sum += z * z
+			most = max(most, z*z)
+			n++
+		}
+	}
+	if pick == nil {
+		for i := range vs {
+			add(&vs[i])
+		}
+	} else {
+		for _, i := range pick {
+			add(&vs[i])
+		}
+	}
+	// Deviations from the pool's mean have one degree of freedom fewer
+	// than the candidates; an endpoint alone is compared with itself. The
+	// largest of n noisy squares grows as log n.
+	p.uneven = n > 1 && (sum > learnUneven*float64(n-1) || most > learnOutlier*math.Log(float64(n)))
+}
 
 func (p *poolSpeed) add(v *speedView) {
 	if v.g > 0 {

@@ -187,6 +187,47 @@ func testLearnCold(t *testing.T, cfg DefaultConfig) {
 	}
 }
 
+// TestLearnEvenPoolDecidesAsWithout checks that on endpoints of equal
+// speed, measured with noise and a tail, Default with Learn makes exactly
+// the choices it makes with Learn off: the differences between the fits are
+// noise, and pricing them would only move requests at random.
+func TestLearnEvenPoolDecidesAsWithout(t *testing.T) {
+	for _, cfg := range []DefaultConfig{{}, {Sampled: 2}} {
+		t.Run("sampled="+strconv.Itoa(cfg.Sampled), func(t *testing.T) {
+			off, on, clock, _ := learnPair(t, 8, cfg)
+			rng := rand.New(rand.NewPCG(4, 4))
+			prefixes := [][]uint64{{1, 2, 3, 4}, {1, 2, 5}, {7, 8, 9, 10, 11}, {12}, nil}
+			ctx := context.Background()
+			for i := range 2000 {
+				req := Request{PromptTokens: 16 + rng.IntN(8000), OutputTokens: 1 + rng.IntN(400), Prefix: prefixes[rng.IntN(len(prefixes))]}
+				a, err := off.Pick(ctx, &req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := on.Pick(ctx, &req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Endpoint().Key() != b.Endpoint().Key() {
+					t.Fatalf("pick %d: Learn off chose %s, Learn on %s", i, a.Endpoint().Key(), b.Endpoint().Key())
+				}
+				clock.Advance(syntheticTTFT(rng, 0.02, 40000, float64(req.PromptTokens), 0.02))
+				a.FirstToken()
+				b.FirstToken()
+				perToken := 0.02 * math.Exp(0.2*rng.NormFloat64())
+				clock.Advance(time.Duration(perToken * float64(req.OutputTokens) * float64(time.Second)))
+				a.Done(nil)
+				b.Done(nil)
+			}
+			for _, st := range on.snap.Load().eps {
+				if n := math.Float64frombits(st.est.count.Load()); n < 20 {
+					t.Errorf("%s measured %v first tokens, want the pool measured", st.key, n)
+				}
+			}
+		})
+	}
+}
+
 // TestLearnUpdatesOnlyFromStreamedRequests checks what teaches the
 // estimate: the first token teaches prefill, a successful Done after it
 // teaches decode, and a request that fails after streaming teaches no
@@ -324,6 +365,71 @@ func TestLearnReplacesDeclaredWeight(t *testing.T) {
 		}
 		if !learn && share < 0.7 {
 			t.Errorf("without Learn the endpoint declaring weight 4 got %.2f of the requests, want most", share)
+		}
+	}
+}
+
+// TestPoolSpeedTest checks when a pick prices measured speeds: not when
+// the candidates' fits differ by their noise, and when they differ as a
+// whole or one of them stands out; and that slowness is then exactly 1 for
+// every candidate of an even pool.
+func TestPoolSpeedTest(t *testing.T) {
+	// view is a warm candidate whose prefill prediction is f times the
+	// pool's (about) and decode df times, with relative standard error
+	// se.
+	view := func(f, df, se float64) speedView {
+		return speedView{a: 0.05 * f, tau: 1e-5 * f, g: 0.97, se: se, dtau: 0.02 * df, dg: 0.97, dse: se, weight: 1}
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	cases := []struct {
+		name    string
+		f       func(i int) float64
+		prefill bool // only the prefill differs
+		uneven  bool
+	}{
+		{"equal", func(int) float64 { return 1 }, false, false},
+		{"noise of one standard error", func(int) float64 { return 1 + 0.03*rng.NormFloat64() }, false, false},
+		// Every fit 4 standard errors off: none stands out, all differ.
+		{"two speeds", func(i int) float64 { return []float64{0.88, 1.12}[i%2] }, false, true},
+		{"two prefill speeds", func(i int) float64 { return []float64{0.7, 1.3}[i%2] }, true, true},
+		{"one slow among 32", func(i int) float64 { return []float64{1, 1.5}[min(i/31, 1)] }, false, true},
+	}
+	for _, tc := range cases {
+		for _, n := range []int{8, 32} {
+			if tc.name == "one slow among 32" && n != 32 {
+				continue
+			}
+			vs := make([]speedView, n)
+			var pool poolSpeed
+			for i := range vs {
+				f := tc.f(i)
+				df := f
+				if tc.prefill {
+					df = 1
+				}
+				vs[i] = view(f, df, 0.03)
+				pool.add(&vs[i])
+			}
+			pool.test(vs, nil, 2000)
+			if pool.uneven != tc.uneven {
+				t.Errorf("%s, %d candidates: uneven %v, want %v", tc.name, n, pool.uneven, tc.uneven)
+			}
+			if !pool.uneven {
+				for i := range vs {
+					if s, d := pool.slowness(&vs[i], 2000); pool.learned() && (s != 1 || d != 1) {
+						t.Errorf("%s: candidate %d priced %v, %v in an even pool", tc.name, i, s, d)
+					}
+				}
+			}
+			// The same candidates, half of them picked.
+			pick := []int32{}
+			for i := 0; i < n; i += 2 {
+				pick = append(pick, int32(i))
+			}
+			pool.test(vs, pick, 2000)
+			if tc.name == "equal" && pool.uneven {
+				t.Errorf("%s, picked: uneven", tc.name)
+			}
 		}
 	}
 }
