@@ -182,7 +182,7 @@ func TestAdapterAffinityBoundedMemory(t *testing.T) {
 }
 
 func TestAdapterAffinityForwardsLearning(t *testing.T) {
-	d, err := Default(DefaultConfig{Learn: true})
+	d, err := Default(DefaultConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func TestAdapterAffinityForwardsLearning(t *testing.T) {
 		t.Fatal(err)
 	}
 	if b := mustNew(t, p); !b.learn {
-		t.Fatal("a balancer over AdapterAffinity(Default with Learn) does not learn")
+		t.Fatal("a balancer over AdapterAffinity(Default) does not learn")
 	}
 }
 

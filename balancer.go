@@ -47,9 +47,9 @@ type Balancer struct {
 	// loaders is the signal if it can find an endpoint once for all its
 	// reads (see load), else nil.
 	loaders stamped.Loader[Load]
-	// learn is set when the policy keeps speed estimates
-	// ([DefaultConfig.Learn]): every endpoint then has one, fed at each
-	// request's first token and Done.
+	// learn is set when the policy keeps speed estimates (Default,
+	// unless [DefaultConfig].DisableLearning): every endpoint then has
+	// one, fed at each request's first token and Done.
 	learn bool
 	// peak is the policy if it is PeakEWMA: every endpoint then has a
 	// latency average, fed at each request's Done.
@@ -1028,8 +1028,9 @@ func outTag(s uint64) uint64 { return (s / generationStep) << outCountBits }
 // (for example one per server-sent event, or the usage a response reports).
 // A balancer with [WithOutputPrediction] learns output lengths from the
 // totals of requests that complete, and one whose policy learns speeds
-// ([DefaultConfig.Learn]) measures decode time per token with them. It may
-// be called from any goroutine; calls after Done, and n <= 0, do nothing.
+// ([Default], see [DefaultConfig].DisableLearning) measures decode time per
+// token with them. It may be called from any goroutine; calls after Done,
+// and n <= 0, do nothing.
 func (p Pick) Generated(n int) {
 	rec := p.rec
 	if rec == nil || n <= 0 {

@@ -48,9 +48,10 @@ type Candidates struct {
 	adapter   []uint8 // per candidate: its class for the request's adapter (AdapterAffinity)
 	cached    int
 	// speeds and pool are the candidates' speed estimates and their
-	// average, for a policy that learns ([DefaultConfig.Learn]); work is
-	// the prefill work it priced for the chosen candidate, which the
-	// balancer hands to the estimate at the first token.
+	// average, for a policy that learns (see
+	// [DefaultConfig].DisableLearning); work is the prefill work it priced
+	// for the chosen candidate, which the balancer hands to the estimate
+	// at the first token.
 	speeds    []speedView
 	pool      poolSpeed
 	work      float64

@@ -127,9 +127,13 @@ type DefaultConfig struct {
 	// SlotWeight is the cost of each request waiting for a batch slot, in
 	// mean prompt lengths. Zero means [DefaultSlotWeight].
 	SlotWeight float64
-	// Learn, if true, has the policy measure each endpoint's speed from
-	// this balancer's own requests and price its candidates in time, not
-	// only in tokens, for fleets whose replicas differ (GPU generations,
+	// DisableLearning turns off the speed estimates, so that the policy
+	// prices every endpoint in prefill tokens only, as at the pool's
+	// average speed (divided by its declared weight, if any).
+	//
+	// By default the policy measures each endpoint's speed from this
+	// balancer's own requests and prices its candidates in time, not only
+	// in tokens, for fleets whose replicas differ (GPU generations,
 	// quantization, adapters, context lengths) or change speed. Per
 	// endpoint it fits the time to first token as
 	//
@@ -145,7 +149,8 @@ type DefaultConfig struct {
 	// the fit. Decode time per expected output token is fitted likewise
 	// from the time between the first token and a successful Done. A
 	// request that ends without a first token (failed, retried elsewhere,
-	// hedged, cancelled) teaches nothing.
+	// hedged, cancelled) teaches nothing; a caller that never calls
+	// [Pick.FirstToken] teaches nothing at all.
 	//
 	// At each pick the candidates' fits are averaged, by confidence, into
 	// the pool's speed. A candidate's slowness is its predicted TTFT for
@@ -155,18 +160,19 @@ type DefaultConfig struct {
 	// priced only when the candidates' fits differ by more than their
 	// noise: when their deviations from the pool, in standard errors of
 	// each fit, average a square above 8, or one's square exceeds 12 times
-	// the log of their number; otherwise every candidate's slowness is
-	// exactly 1, so that equal replicas are priced as with Learn off. The
-	// waiting terms and the uncached prompt of its cost are multiplied by
-	// the prefill slowness, its KV footprint by the square of the decode
-	// slowness (a slower endpoint both decodes each step slower and holds
-	// each token longer). The measurement takes the place of a declared
-	// weight ([Endpoint] with a Weight method) rather than adding to it:
-	// the cost is divided by the weight to the power 1-g, so a weight is
-	// the prior of an endpoint not yet measured and fades as its speed is
-	// measured. An endpoint without observations has slowness exactly 1
-	// and is priced as with Learn off, so a cold balancer decides exactly
-	// as without learning; an endpoint avoided for being slow regains the
+	// the log of their number. Otherwise every candidate's slowness is
+	// exactly 1, so that equal replicas are priced as with learning off;
+	// that verdict stands for 10 ms, during which picks read no estimate.
+	// The waiting terms and the uncached prompt of a candidate's cost are
+	// multiplied by its prefill slowness, its KV footprint by the square
+	// of its decode slowness (a slower endpoint both decodes each step
+	// slower and holds each token longer). The measurement takes the
+	// place of a declared weight ([Endpoint] with a Weight method) rather
+	// than adding to it: the cost is divided by the weight to the power
+	// 1-g, so a weight is the prior of an endpoint not yet measured and
+	// fades as its speed is measured. An endpoint without observations
+	// has slowness exactly 1, so a cold balancer decides exactly as
+	// without learning; an endpoint avoided for being slow regains the
 	// pool's average as its evidence ages, is tried again and measured
 	// anew.
 	//
@@ -175,13 +181,14 @@ type DefaultConfig struct {
 	// value locality and memory rather than measure speed; and the overload
 	// reinforcement (OverloadWeight, OverloadQueue), which counts requests
 	// and reacts to the pool as a whole. The estimator's window, prior
-	// weight, half-life and clamps are fixed: they set how fast it learns,
-	// not what it learns.
+	// weight, half-life, clamps and the bounds of its test are fixed: they
+	// set how fast it learns and how much evidence it needs, not what it
+	// learns.
 	//
 	// Learning needs the policy to be the one given to [New]: a policy
-	// that delegates to it (a pool of [Segregated]) prices as with Learn
-	// off. Off by default.
-	Learn bool
+	// that delegates to it (a pool of [Segregated]) prices as with
+	// learning off.
+	DisableLearning bool
 }
 
 type defaultPolicy struct {
@@ -197,8 +204,12 @@ type defaultPolicy struct {
 	slots       int64
 	slotWeight  float64
 	learn       bool
-	backlog     atomic.Uint64 // float64 bits: smoothed mean backlog per candidate
-	avgPrompt   atomic.Uint64 // float64 bits: moving average of prompt tokens
+	// evenUntil is the clock reading (unix nanos) until which the last
+	// test of the pool's speeds (poolSpeed.test) stands: it found them
+	// even, and no candidate declared a weight.
+	evenUntil atomic.Int64
+	backlog   atomic.Uint64 // float64 bits: smoothed mean backlog per candidate
+	avgPrompt atomic.Uint64 // float64 bits: moving average of prompt tokens
 
 	// Placement by rendezvous (see place), without engine events only.
 	placing bool
@@ -338,7 +349,7 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		queueWeight: cfg.QueueWeight,
 		slots:       int64(cfg.Slots),
 		slotWeight:  cfg.SlotWeight,
-		learn:       cfg.Learn,
+		learn:       !cfg.DisableLearning,
 		placing:     t.events == nil && !t.index.EventsOnly(),
 	}
 	p.records.Store(t.index.Records())
@@ -347,7 +358,7 @@ func Default(cfg DefaultConfig) (Policy, error) {
 }
 
 // learns reports whether the balancer should keep speed estimates for the
-// policy ([DefaultConfig.Learn]).
+// policy (unless [DefaultConfig].DisableLearning).
 func (p *defaultPolicy) learns() bool { return p.learn }
 
 func (p *defaultPolicy) Choose(c *Candidates) int {
@@ -364,7 +375,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	c.costs = growFloat64(c.costs, n)
 	best := -1
 	var pool *poolSpeed // nil: price in tokens only
-	if p.learn {
+	if p.learn && c.nowNanos() >= p.evenUntil.Load() {
 		c.speeds = growSpeeds(c.speeds, n)
 		pool = &c.pool
 		*pool = poolSpeed{}
@@ -380,7 +391,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 			for i := range c.loads {
 				p.loadSpeed(c, i, pool)
 			}
-			pool.test(c.speeds, nil, avg)
+			pool = p.test(c, pool, nil, avg)
 		}
 		over := p.overload(backlog / float64(n))
 		prev := 0.0 // the previous candidate's cost
@@ -410,7 +421,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 			}
 		}
 		if pool != nil {
-			pool.test(c.speeds, pick, avg)
+			pool = p.test(c, pool, pick, avg)
 		}
 		over := p.overload(backlog / float64(len(pick)))
 		for _, i := range pick {
@@ -429,16 +440,57 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 					c.costs[i] = math.Inf(1)
 				}
 			}
+			best = argminCost(c, c.costs)
+			if !slices.Contains(pick, int32(best)) {
+				c.loadInto(best, &c.loads[best])
+			}
 		}
 	}
 	if best < 0 {
 		best = argminCost(c, c.costs)
 	}
-	p.t.record(c, best, c.load(best))
-	if pool != nil {
+	l := c.load(best)
+	p.t.record(c, best, l)
+	switch {
+	case pool != nil:
 		c.work = c.speeds[best].work
+	case p.learn:
+		c.work = p.work(c, best, l, avg)
 	}
 	return best
+}
+
+// test runs pool's test of the candidates' speeds (all of them, or those in
+// pick) and returns pool, or nil when the pool is even and no candidate
+// declares a weight: its costs are then exactly those without learning.
+// That verdict stands for learnRecheck, during which picks read no
+// estimates.
+func (p *defaultPolicy) test(c *Candidates, pool *poolSpeed, pick []int32, avg float64) *poolSpeed {
+	pool.test(c.speeds, pick, avg)
+	if pool.uneven || pool.weighted {
+		return pool
+	}
+	p.evenUntil.Store(c.nowNanos() + int64(learnRecheck))
+	return nil
+}
+
+// work returns the prefill tokens, waiting and its own, that cost prices
+// for the request on candidate i of load l: what its time to first token
+// is fitted against.
+func (p *defaultPolicy) work(c *Candidates, i int, l *EndpointLoad, avgPrompt float64) float64 {
+	cached := float64(p.t.cachedTokens(c, int(c.matched[i])))
+	return p.wait(l, queuedTokens(l, avgPrompt), avgPrompt) + float64(c.req.PromptTokens) - cached
+}
+
+// wait returns the prefill tokens the request would wait behind on the
+// endpoint of load l, queued the tokens queued there: the queued prefill
+// and the waiting and slot-bound requests at the mean prompt length.
+func (p *defaultPolicy) wait(l *EndpointLoad, queued, avgPrompt float64) float64 {
+	waits := p.queueWeight * float64(l.Waiting)
+	if p.slots > 0 && l.Requests >= p.slots {
+		waits += p.slotWeight * float64(l.Requests-p.slots+1)
+	}
+	return queued + waits*avgPrompt
 }
 
 // loadSpeed reads candidate i's speed estimate into c.speeds[i] and adds it
@@ -559,7 +611,7 @@ func (p *defaultPolicy) scored(c *Candidates, n, home int) []int32 {
 // cost is the estimated cost, in prefill tokens, of sending the request to
 // candidate i, given the overload term over: an uncached prompt token costs
 // CacheWeight + over, and a token only sent for, not reported by engine
-// events, is credited over. With pool (Learn), the waiting terms and the
+// events, is credited over. With pool (learning), the waiting terms and the
 // prefill are scaled by the candidate's prefill slowness and the footprint
 // by the square of its decode slowness, and the work the request waits for
 // is noted in c.speeds[i]. The caller divides the cost by the candidate's
@@ -590,11 +642,7 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 		footprint = max(footprint, share*l.KVUsage*capacity)
 	}
 	demand := kvDemand(c, l, queued, cached)
-	waits := p.queueWeight * float64(l.Waiting)
-	if p.slots > 0 && l.Requests >= p.slots {
-		waits += p.slotWeight * float64(l.Requests-p.slots+1)
-	}
-	wait := queued + waits*avgPrompt
+	wait := p.wait(l, queued, avgPrompt)
 	miss := (p.cacheWeight + over) * (prompt - sure)
 	fp := p.footprint * footprint
 	scale := 1.0

@@ -218,7 +218,7 @@ func TestNewDisaggregatedRejectsBadConfigs(t *testing.T) {
 
 // TestDisaggregatedDoesNotTeachTheDecodePoolATransfer checks that a remote
 // prefill, whose prompt the decode endpoint receives, is not measured as a
-// first token there: Learn would take the pick-to-pick gap for a prefill
+// first token there: learning would take the pick-to-pick gap for a prefill
 // speed.
 func TestDisaggregatedDoesNotTeachTheDecodePoolATransfer(t *testing.T) {
 	pre := mustNew(t, RoundRobin())
@@ -301,7 +301,7 @@ func TestDisaggregatedDecodePoolLearnsDecodeFromTheFirstToken(t *testing.T) {
 	clk := newFakeClock()
 	pre := mustNew(t, RoundRobin(), WithClock(clk))
 	mustUpdate(t, pre, pdPool("p", 1))
-	pol, err := Default(DefaultConfig{Learn: true})
+	pol, err := Default(DefaultConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,9 +7,10 @@ import (
 	"time"
 )
 
-// The constants of the speed estimates ([DefaultConfig.Learn]). They set how
-// fast an estimate forgets and how much evidence it needs, not what a token
-// costs: that is what is learned.
+// The constants of the speed estimates (see
+// [DefaultConfig].DisableLearning). They set how fast an estimate forgets
+// and how much evidence it needs, not what a token costs: that is what is
+// learned.
 const (
 	// learnWindow is the memory of a fit, in observations: each new one
 	// weighs 1/learnWindow of the sums, older ones decay geometrically.
@@ -49,6 +50,9 @@ const (
 	// above 37 at 99 picks in 100.
 	learnUneven  = 8.0
 	learnOutlier = 12.0
+	// learnRecheck is how long a test that found a pool's speeds even
+	// stands: picks in between price without reading any estimate.
+	learnRecheck = 10 * time.Millisecond
 	// learnMaxSlowness bounds an endpoint's slowness relative to the pool,
 	// and its inverse, so that no estimate prices an endpoint out entirely.
 	learnMaxSlowness = 16.0
@@ -115,7 +119,7 @@ func (e *speedEstimate) firstToken(work float64, ttft time.Duration, now int64) 
 	w := 1.0
 	if e.c >= learnWarm {
 		a, tau := math.Float64frombits(e.a.Load()), math.Float64frombits(e.tau.Load())
-		y = winsorize(y, a+tau*work, &e.dev)
+		y = winsorize(y, a+tau*work, &e.dev, e.c)
 	}
 	keep := 1 - 1.0/learnWindow
 	// The noise of a TTFT grows with it: weigh each observation by the
@@ -146,19 +150,25 @@ func (e *speedEstimate) firstToken(work float64, ttft time.Duration, now int64) 
 // stdErr returns the relative standard error of a fit of n observations
 // whose mean absolute deviation from their predictions, on a log scale, is
 // dev: dev*sqrt(pi/2) is the standard deviation of normal errors. Before a
-// deviation is measured it is learnInitDev.
+// deviation is measured it is learnInitDev, and it is at least
+// learnMinDev, so that fits of nearly constant times do not count
+// rounding as a difference.
 func stdErr(dev, n float64) float64 {
 	if dev == 0 {
 		dev = learnInitDev
 	}
-	return dev * math.Sqrt(math.Pi/2) / math.Sqrt(max(n, 1))
+	return max(dev, learnMinDev) * math.Sqrt(math.Pi/2) / math.Sqrt(max(n, 1))
 }
 
 // winsorize returns y bounded to within learnClamp mean absolute
 // deviations (at least learnMinDev) of the prediction pred, on a log scale,
 // and folds the distance of y, capped at a factor of learnMaxClamp, into
-// *dev. A zero y or pred passes unchanged.
-func winsorize(y, pred float64, dev *float64) float64 {
+// *dev, the estimate having n observations before this one. The first
+// deviations are averaged (with learnInitDev counting as one), the later
+// ones weigh 1/32 each, so that the deviation, and the standard error it
+// gives the test of the pool, are not a guess while the fit is young. A
+// zero y or pred passes unchanged.
+func winsorize(y, pred float64, dev *float64, n float64) float64 {
 	if !(y > 0) || !(pred > 0) || math.IsInf(pred, 0) {
 		return y
 	}
@@ -167,7 +177,7 @@ func winsorize(y, pred float64, dev *float64) float64 {
 	}
 	l := math.Log(y / pred)
 	limit := max(learnClamp**dev, learnMinDev)
-	*dev += (min(math.Abs(l), math.Log(learnMaxClamp)) - *dev) / 32
+	*dev += (min(math.Abs(l), math.Log(learnMaxClamp)) - *dev) / min(max(n-learnWarm+2, 2), 32)
 	return pred * math.Exp(min(max(l, -limit), limit))
 }
 
@@ -217,7 +227,7 @@ func (e *speedEstimate) done(d time.Duration, tokens int64, now int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.dn >= learnWarm && e.dt > 0 {
-		y = winsorize(y, e.dy/e.dt*x, &e.ddev)
+		y = winsorize(y, e.dy/e.dt*x, &e.ddev, e.dn)
 	}
 	keep := 1 - 1.0/learnWindow
 	e.dn = e.dn*keep + 1
@@ -284,6 +294,8 @@ type poolSpeed struct {
 	// uneven is set by test: the candidates' speeds differ by more than
 	// their estimates' noise.
 	uneven bool
+	// weighted is set by add: a candidate declares a weight other than 1.
+	weighted bool
 }
 
 // learned reports whether the candidates' speeds differ measurably: some
@@ -344,6 +356,9 @@ func (p *poolSpeed) test(vs []speedView, pick []int32, work float64) {
 }
 
 func (p *poolSpeed) add(v *speedView) {
+	if v.weight != 1 {
+		p.weighted = true
+	}
 	if v.g > 0 {
 		p.g += v.g
 		p.a += v.g * v.a

@@ -109,14 +109,14 @@ func TestSpeedEstimateTracksChange(t *testing.T) {
 }
 
 // learnPair returns two balancers over n endpoints on one fake clock and
-// signal, seeded alike: one choosing with Default, one with Default and
-// Learn.
+// signal, seeded alike: one choosing with Default without learning, one
+// with Default.
 func learnPair(t *testing.T, n int, cfg DefaultConfig) (off, on *Balancer, clock *fakeClock, sig *fakeSignal) {
 	t.Helper()
 	clock, sig = newFakeClock(), &fakeSignal{}
 	var bs [2]*Balancer
 	for i, learn := range []bool{false, true} {
-		cfg.Learn = learn
+		cfg.DisableLearning = !learn
 		p, err := Default(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -127,8 +127,25 @@ func learnPair(t *testing.T, n int, cfg DefaultConfig) (off, on *Balancer, clock
 	return bs[0], bs[1], clock, sig
 }
 
-// TestLearnColdDecidesAsWithout checks that with Learn on and no
-// observation yet, Default makes exactly the choices it makes with Learn
+// pickPair picks req, the i-th request, on off and on and fails unless both
+// chose the same endpoint.
+func pickPair(t *testing.T, off, on *Balancer, req *Request, i int) (a, b Pick) {
+	t.Helper()
+	a, err := off.Pick(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err = on.Pick(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if a.Endpoint().Key() != b.Endpoint().Key() {
+		t.Fatalf("pick %d: learning off chose %s, learning on %s", i, a.Endpoint().Key(), b.Endpoint().Key())
+	}
+	return a, b
+}
+
+// TestLearnColdDecidesAsWithout checks that with learning on and no
+// observation yet, Default makes exactly the choices it makes with learning
 // off, on the same random source, over picks that build queues, share
 // prefixes, and see signal observations; and that requests that end
 // without a first token (failed, retried, cancelled) leave every estimate
@@ -152,7 +169,6 @@ func testLearnCold(t *testing.T, cfg DefaultConfig) {
 	rng := rand.New(rand.NewPCG(9, 9))
 	prefixes := [][]uint64{{1, 2, 3, 4}, {1, 2, 5}, {7, 8, 9, 10, 11}, nil}
 	var live [][2]Pick
-	ctx := context.Background()
 	for i := range 3000 {
 		clock.Advance(time.Duration(rng.IntN(20)) * time.Millisecond)
 		if i%50 == 0 {
@@ -161,17 +177,7 @@ func testLearnCold(t *testing.T, cfg DefaultConfig) {
 			}
 		}
 		req := Request{PromptTokens: 16 + rng.IntN(8000), Prefix: prefixes[rng.IntN(len(prefixes))]}
-		a, err := off.Pick(ctx, &req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := on.Pick(ctx, &req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.Endpoint().Key() != b.Endpoint().Key() {
-			t.Fatalf("pick %d: Learn off chose %s, Learn on %s", i, a.Endpoint().Key(), b.Endpoint().Key())
-		}
+		a, b := pickPair(t, off, on, &req, i)
 		live = append(live, [2]Pick{a, b})
 		for len(live) > 40 || (len(live) > 0 && rng.IntN(2) == 0) {
 			j := rng.IntN(len(live))
@@ -188,8 +194,8 @@ func testLearnCold(t *testing.T, cfg DefaultConfig) {
 }
 
 // TestLearnEvenPoolDecidesAsWithout checks that on endpoints of equal
-// speed, measured with noise and a tail, Default with Learn makes exactly
-// the choices it makes with Learn off: the differences between the fits are
+// speed, measured with noise and a tail, Default with learning makes exactly
+// the choices it makes with learning off: the differences between the fits are
 // noise, and pricing them would only move requests at random.
 func TestLearnEvenPoolDecidesAsWithout(t *testing.T) {
 	for _, cfg := range []DefaultConfig{{}, {Sampled: 2}} {
@@ -197,20 +203,9 @@ func TestLearnEvenPoolDecidesAsWithout(t *testing.T) {
 			off, on, clock, _ := learnPair(t, 8, cfg)
 			rng := rand.New(rand.NewPCG(4, 4))
 			prefixes := [][]uint64{{1, 2, 3, 4}, {1, 2, 5}, {7, 8, 9, 10, 11}, {12}, nil}
-			ctx := context.Background()
 			for i := range 2000 {
 				req := Request{PromptTokens: 16 + rng.IntN(8000), OutputTokens: 1 + rng.IntN(400), Prefix: prefixes[rng.IntN(len(prefixes))]}
-				a, err := off.Pick(ctx, &req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, err := on.Pick(ctx, &req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if a.Endpoint().Key() != b.Endpoint().Key() {
-					t.Fatalf("pick %d: Learn off chose %s, Learn on %s", i, a.Endpoint().Key(), b.Endpoint().Key())
-				}
+				a, b := pickPair(t, off, on, &req, i)
 				clock.Advance(syntheticTTFT(rng, 0.02, 40000, float64(req.PromptTokens), 0.02))
 				a.FirstToken()
 				b.FirstToken()
@@ -233,7 +228,7 @@ func TestLearnEvenPoolDecidesAsWithout(t *testing.T) {
 // teaches decode, and a request that fails after streaming teaches no
 // decode.
 func TestLearnUpdatesOnlyFromStreamedRequests(t *testing.T) {
-	p, _ := Default(DefaultConfig{Learn: true})
+	p, _ := Default(DefaultConfig{})
 	clock := newFakeClock()
 	b := mustNew(t, p, WithClock(clock))
 	mustUpdate(t, b, eps(1))
@@ -275,11 +270,11 @@ func TestLearnUpdatesOnlyFromStreamedRequests(t *testing.T) {
 }
 
 // TestLearnAvoidsSlowEndpoint checks that of two endpoints, one three times
-// slower, Default with Learn sends most requests to the fast one once it
-// has measured both, while without Learn it splits them evenly.
+// slower, Default with learning sends most requests to the fast one once it
+// has measured both, while without learning it splits them evenly.
 func TestLearnAvoidsSlowEndpoint(t *testing.T) {
 	for _, learn := range []bool{false, true} {
-		p, _ := Default(DefaultConfig{Learn: learn})
+		p, _ := Default(DefaultConfig{DisableLearning: !learn})
 		clock := newFakeClock()
 		b := mustNew(t, p, WithClock(clock))
 		mustUpdate(t, b, eps(2))
@@ -305,10 +300,10 @@ func TestLearnAvoidsSlowEndpoint(t *testing.T) {
 		share := float64(slow) / 200
 		t.Logf("learn %v: slow endpoint's share of the last 200 requests %.2f", learn, share)
 		if learn && share > 0.2 {
-			t.Errorf("with Learn the slow endpoint got %.2f of the requests, want at most 0.2", share)
+			t.Errorf("with learning the slow endpoint got %.2f of the requests, want at most 0.2", share)
 		}
 		if !learn && (share < 0.35 || share > 0.65) {
-			t.Errorf("without Learn the slow endpoint got %.2f of the requests, want about half", share)
+			t.Errorf("without learning the slow endpoint got %.2f of the requests, want about half", share)
 		}
 	}
 }
@@ -316,10 +311,10 @@ func TestLearnAvoidsSlowEndpoint(t *testing.T) {
 // TestLearnReplacesDeclaredWeight checks that a measured speed takes the
 // place of a declared weight rather than adding to it: of two endpoints
 // measured equally fast, the one that declares weight 4 gets about half the
-// requests once both are measured, where without Learn it gets most.
+// requests once both are measured, where without learning it gets most.
 func TestLearnReplacesDeclaredWeight(t *testing.T) {
 	for _, learn := range []bool{false, true} {
-		p, _ := Default(DefaultConfig{Learn: learn})
+		p, _ := Default(DefaultConfig{DisableLearning: !learn})
 		clock := newFakeClock()
 		b := mustNew(t, p, WithClock(clock))
 		mustUpdate(t, b, []Endpoint{weightedEP{testEP{key: "heavy", weight: 4}}, testEP{key: "light"}})
@@ -361,10 +356,10 @@ func TestLearnReplacesDeclaredWeight(t *testing.T) {
 		share := float64(heavy) / picks
 		t.Logf("learn %v: the endpoint declaring weight 4 got %.2f of the requests", learn, share)
 		if learn && (share < 0.4 || share > 0.6) {
-			t.Errorf("with Learn the endpoint declaring weight 4 got %.2f of the requests, want about half", share)
+			t.Errorf("with learning the endpoint declaring weight 4 got %.2f of the requests, want about half", share)
 		}
 		if !learn && share < 0.7 {
-			t.Errorf("without Learn the endpoint declaring weight 4 got %.2f of the requests, want most", share)
+			t.Errorf("without learning the endpoint declaring weight 4 got %.2f of the requests, want most", share)
 		}
 	}
 }
@@ -526,14 +521,14 @@ func FuzzSpeedEstimate(f *testing.F) {
 }
 
 // BenchmarkPickLearn measures Pick, FirstToken and Done of Default, with
-// Learn off and on; with it on, the estimates are warm (each first token
+// learning off and on; with it on, the estimates are warm (each first token
 // comes 1 ms after its pick on a fake clock) and every iteration updates
 // one.
 func BenchmarkPickLearn(b *testing.B) {
 	for _, n := range []int{8, 64} {
 		for _, learn := range []bool{false, true} {
 			b.Run("learn="+strconv.FormatBool(learn)+"/endpoints="+strconv.Itoa(n), func(b *testing.B) {
-				p, _ := Default(DefaultConfig{Learn: learn})
+				p, _ := Default(DefaultConfig{DisableLearning: !learn})
 				clock := newFakeClock()
 				bal := benchBalancer(b, p, n, WithClock(clock))
 				ctx := context.Background()
@@ -554,12 +549,12 @@ func BenchmarkPickLearn(b *testing.B) {
 }
 
 // TestLearnPickDoesNotAllocate checks that Pick, FirstToken and Done of
-// Default with Learn allocate nothing once the estimates are warm.
+// Default with learning allocate nothing once the estimates are warm.
 func TestLearnPickDoesNotAllocate(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items; allocation counts are meaningless")
 	}
-	p, _ := Default(DefaultConfig{Learn: true})
+	p, _ := Default(DefaultConfig{})
 	clock := newFakeClock()
 	bal := mustNew(t, p, WithClock(clock))
 	mustUpdate(t, bal, eps(64))
@@ -578,6 +573,6 @@ func TestLearnPickDoesNotAllocate(t *testing.T) {
 		step()
 	}
 	if allocs := testing.AllocsPerRun(1000, step); allocs != 0 {
-		t.Errorf("%v allocs per pick with Learn, want 0", allocs)
+		t.Errorf("%v allocs per pick with learning, want 0", allocs)
 	}
 }

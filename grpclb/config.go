@@ -101,13 +101,13 @@ type Config struct {
 	OverloadWeight     float64 `json:"overloadWeight,omitempty"`
 	OverloadQueue      float64 `json:"overloadQueue,omitempty"`
 	DefaultQueueWeight float64 `json:"defaultQueueWeight,omitempty"`
-	// Learn turns on llmlb.DefaultConfig.Learn for "default": each
-	// endpoint's prefill and decode speeds are measured from its first
-	// tokens and completions, for replicas of unequal speed. It learns
-	// only from RPCs whose [Call] reports its first token
-	// ([Call.FirstToken]); without one, "default" prices as if Learn were
-	// off.
-	Learn bool `json:"learn,omitempty"`
+	// DisableLearning sets llmlb.DefaultConfig.DisableLearning for
+	// "default": without it, each endpoint's prefill and decode speeds are
+	// measured from its first tokens and completions and priced when the
+	// replicas' speeds differ. It learns only from RPCs whose [Call]
+	// reports its first token ([Call.FirstToken]); without one, "default"
+	// prices as with learning off.
+	DisableLearning bool `json:"disableLearning,omitempty"`
 	// PeakDecay is the time constant of "peak-ewma"'s latency averages
 	// (llmlb.PeakEWMAConfig.Decay); 0 means llmlb.DefaultPeakDecay. The
 	// policy measures latency per output token from RPCs whose [Call]
@@ -251,14 +251,14 @@ var policies = []policySpec{
 	{"peak-ewma", []string{"peakDecay"}, func(c *Config) (llmlb.Policy, error) {
 		return llmlb.PeakEWMA(llmlb.PeakEWMAConfig{Decay: time.Duration(c.PeakDecay)})
 	}},
-	{DefaultPolicy, []string{"blockTokens", "cacheWeight", "footprintWeight", "kvPenalty", "sampled", "holders", "slots", "slotWeight", "overloadWeight", "overloadQueue", "defaultQueueWeight", "learn"}, func(c *Config) (llmlb.Policy, error) {
+	{DefaultPolicy, []string{"blockTokens", "cacheWeight", "footprintWeight", "kvPenalty", "sampled", "holders", "slots", "slotWeight", "overloadWeight", "overloadQueue", "defaultQueueWeight", "disableLearning"}, func(c *Config) (llmlb.Policy, error) {
 		ix, err := index(c)
 		if err != nil {
 			return nil, err
 		}
 		return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: c.events, CacheWeight: c.CacheWeight, FootprintWeight: c.FootprintWeight,
 			KVPenalty: c.KVPenalty, Sampled: c.Sampled, Holders: c.Holders, Slots: c.Slots, SlotWeight: c.SlotWeight,
-			OverloadWeight: c.OverloadWeight, OverloadQueue: c.OverloadQueue, QueueWeight: c.DefaultQueueWeight, Learn: c.Learn})
+			OverloadWeight: c.OverloadWeight, OverloadQueue: c.OverloadQueue, QueueWeight: c.DefaultQueueWeight, DisableLearning: c.DisableLearning})
 	}},
 }
 

@@ -43,7 +43,8 @@
 // -trace: replica i's iterations take 1/speed as long. -declare-weights has
 // each replica declare its starting speed to the routers as its weight, as
 // an operator who knows the hardware would; without it a policy must find
-// the speeds itself (llmlb.DefaultConfig.Learn, the default-learn policy).
+// the speeds itself, as llmlb.Default does unless
+// DefaultConfig.DisableLearning is set (the default-nolearn policy).
 //
 // -routers R -share D has the R routers share their requests in flight and
 // the prefixes they routed through package github.com/llmlb/llmlb/share:

@@ -18,7 +18,7 @@ const (
 	// OutputsUntold charges every request the decode allowance and tells
 	// the routers nothing of output lengths, not even when a request
 	// completes: the simulator's behaviour without Config.Outputs. A
-	// policy that learns speeds ("default-learn") then measures decode time
+	// policy that learns speeds ("default") then measures decode time
 	// per token of the allowance.
 	OutputsUntold OutputKnowledge = iota
 	// OutputsAllowance charges every request the decode allowance, and

@@ -272,14 +272,14 @@ func Policies() []PolicySpec {
 				return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
 			}},
 		{Name: "segregated", Doc: "prompts >= 8k tokens to a pool sized by their token share; least tokens in each pool", New: newSegregated},
-		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions", New: func(env *PolicyEnv) (llmlb.Policy, error) {
+		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions; replicas' speeds measured and priced when they differ", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
 		}},
 		{Name: "default-sampled", Doc: "llmlb.Default as default, scoring only the 2 longest-prefix holders and 16 random candidates (DefaultConfig.Sampled), for large pools", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, Sampled: SampledCandidates})
 		}},
-		{Name: "default-learn", Doc: "llmlb.Default as default, with Learn: prices candidates by TTFT from each replica's measured prefill and decode speed", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
-			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, Learn: true})
+		{Name: "default-nolearn", Doc: "llmlb.Default as default, with DisableLearning: prices in prefill tokens only, every replica at the pool's average speed", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, DisableLearning: true})
 		}},
 		{Name: "default-no-slots", Doc: "llmlb.Default as default, but not told the engines' batch slots", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{})

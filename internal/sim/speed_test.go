@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestSlowdownShareCut checks that default-learn cuts the share of a replica
+// TestSlowdownShareCut checks that default cuts the share of a replica
 // that slows to half speed mid-run within 30 s of simulated time: over the
 // 30 s that start 30 s after the slowdown, the replica gets at most 3/4 of
 // its share of the 30 s before it.
@@ -51,13 +51,13 @@ func TestSlowdownShareCut(t *testing.T) {
 		}
 		return float64(n[0][0]) / float64(n[0][1]), float64(n[1][0]) / float64(n[1][1])
 	}
-	before, after := share("default-learn")
-	t.Logf("default-learn: replica 0 share %.3f before, %.3f 30-60 s after the slowdown", before, after)
+	before, after := share("default")
+	t.Logf("default: replica 0 share %.3f before, %.3f 30-60 s after the slowdown", before, after)
 	if after > 0.75*before {
-		t.Errorf("default-learn: share %.3f after the slowdown, want at most 3/4 of %.3f", after, before)
+		t.Errorf("default: share %.3f after the slowdown, want at most 3/4 of %.3f", after, before)
 	}
-	b0, a0 := share("default")
-	t.Logf("default: replica 0 share %.3f before, %.3f after", b0, a0)
+	b0, a0 := share("default-nolearn")
+	t.Logf("default-nolearn: replica 0 share %.3f before, %.3f after", b0, a0)
 }
 
 // TestSpeedScalesIterations checks that a replica's speed divides its
@@ -99,7 +99,7 @@ func TestSpeedConfigInvalid(t *testing.T) {
 }
 
 // TestMixedLearningHelps checks, on one seed of the mixed scenario, that
-// learning the replicas' speeds raises goodput over default.
+// learning the replicas' speeds raises goodput over default-nolearn.
 func TestMixedLearningHelps(t *testing.T) {
 	if testing.Short() {
 		t.Skip("simulates the mixed scenario twice")
@@ -113,11 +113,11 @@ func TestMixedLearningHelps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Compare(context.Background(), sc.Config, reqs, []string{"default", "default-learn"}, nil)
+	res, err := Compare(context.Background(), sc.Config, reqs, []string{"default-nolearn", "default"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if d, l := res[0], res[1]; l.GoodputRPS < 1.2*d.GoodputRPS {
-		t.Errorf("mixed: default-learn goodput %.2f/s, default %.2f/s; want at least 1.2x", l.GoodputRPS, d.GoodputRPS)
+		t.Errorf("mixed: default goodput %.2f/s, default-nolearn %.2f/s; want at least 1.2x", l.GoodputRPS, d.GoodputRPS)
 	}
 }

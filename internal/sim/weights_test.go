@@ -35,9 +35,9 @@ func TestDeclareWeightsEndpoints(t *testing.T) {
 // TestDeclareWeightsShare checks, on two full-speed and two half-speed
 // replicas at moderate load, that declared weights reach the policies:
 // Envoy's weighted least request then sends each full-speed replica about
-// twice the requests of a half-speed one, Default shifts requests to the
-// full-speed replicas, and round robin, which ignores weights, is
-// unchanged.
+// twice the requests of a half-speed one, Default without learning shifts
+// requests to the full-speed replicas, and round robin, which ignores
+// weights, is unchanged.
 func TestDeclareWeightsShare(t *testing.T) {
 	reqs, err := DefaultSynthetic(3000, 12).Generate(1)
 	if err != nil {
@@ -61,9 +61,9 @@ func TestDeclareWeightsShare(t *testing.T) {
 	if _, r := run("weighted-least-request", true); r < 1.8 || r > 2.2 {
 		t.Errorf("weighted-least-request with weights 1,1,0.5,0.5: full/half requests %.2f, want about 2", r)
 	}
-	_, plain := run("default", false)
-	if _, declared := run("default", true); declared <= plain {
-		t.Errorf("default: full/half requests %.2f with weights declared, %.2f without; want more with", declared, plain)
+	_, plain := run("default-nolearn", false)
+	if _, declared := run("default-nolearn", true); declared <= plain {
+		t.Errorf("default-nolearn: full/half requests %.2f with weights declared, %.2f without; want more with", declared, plain)
 	}
 	rr, _ := run("round-robin", false)
 	rrw, _ := run("round-robin", true)
@@ -79,7 +79,7 @@ func TestDeclareUnitWeightsUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, policy := range []string{"default", "default-learn", "weighted-least-request"} {
+	for _, policy := range []string{"default", "default-nolearn", "weighted-least-request"} {
 		cfg := Config{Replicas: 4, Seed: 2}
 		plain, err := Simulate(context.Background(), cfg, reqs, policy)
 		if err != nil {
