@@ -375,7 +375,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	c.costs = growFloat64(c.costs, n)
 	best := -1
 	var pool *poolSpeed // nil: price in tokens only
-	if p.learn && c.nowNanos() >= p.evenUntil.Load() {
+	if p.learn && p.retest(c.nowNanos()) {
 		c.speeds = growSpeeds(c.speeds, n)
 		pool = &c.pool
 		*pool = poolSpeed{}
@@ -458,6 +458,14 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		c.work = p.work(c, best, l, avg)
 	}
 	return best
+}
+
+// retest reports whether a pick at now must read the speed estimates: the
+// last test that found the pool even is older than learnRecheck, or, the
+// clock having gone back, claims a time further ahead than that.
+func (p *defaultPolicy) retest(now int64) bool {
+	until := p.evenUntil.Load()
+	return now >= until || until-now > int64(learnRecheck)
 }
 
 // test runs pool's test of the candidates' speeds (all of them, or those in

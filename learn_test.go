@@ -223,6 +223,33 @@ func TestLearnEvenPoolDecidesAsWithout(t *testing.T) {
 	}
 }
 
+// TestLearnRetestsAfterClockJump checks that a verdict that the pool is
+// even stands for learnRecheck and no longer, even if the clock goes back:
+// a slow endpoint measured meanwhile is priced at the next pick after that.
+func TestLearnRetestsAfterClockJump(t *testing.T) {
+	p, _ := Default(DefaultConfig{})
+	dp := p.(*defaultPolicy)
+	now := int64(1e18)
+	if !dp.retest(now) {
+		t.Fatal("a fresh policy does not test the pool")
+	}
+	dp.evenUntil.Store(now + int64(learnRecheck))
+	for _, tc := range []struct {
+		at   int64
+		want bool
+	}{
+		{now, false},
+		{now + int64(learnRecheck) - 1, false},
+		{now + int64(learnRecheck), true},
+		{now - 1, true}, // the clock went back: the verdict's end is too far ahead
+		{now - int64(time.Hour), true},
+	} {
+		if got := dp.retest(tc.at); got != tc.want {
+			t.Errorf("retest at %+d ns from the verdict = %v, want %v", tc.at-now, got, tc.want)
+		}
+	}
+}
+
 // TestLearnUpdatesOnlyFromStreamedRequests checks what teaches the
 // estimate: the first token teaches prefill, a successful Done after it
 // teaches decode, and a request that fails after streaming teaches no
