@@ -483,7 +483,8 @@ func TestSlownessColdIsOne(t *testing.T) {
 // FuzzSpeedEstimate feeds an estimate arbitrary observations (zero,
 // negative, huge, NaN and infinite latencies and works, clocks that jump
 // either way) and checks that everything it publishes, and the slowness
-// the policy derives from it, stays finite and positive.
+// the policy derives from it, stays finite and positive, and that the test
+// of the pool reaches the same verdict however the candidates are listed.
 func FuzzSpeedEstimate(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
 	f.Add([]byte("\xff\xff\xff\xff\xff\xff\xff\x7f\x00\x00\x00\x00\x00\x00\xf0\x7f"))
@@ -522,7 +523,8 @@ func FuzzSpeedEstimate(f *testing.F) {
 			for _, v := range []float64{
 				math.Float64frombits(est.a.Load()), math.Float64frombits(est.tau.Load()),
 				math.Float64frombits(est.dtau.Load()), math.Float64frombits(est.count.Load()),
-				math.Float64frombits(est.dcount.Load()),
+				math.Float64frombits(est.dcount.Load()), math.Float64frombits(est.se.Load()),
+				math.Float64frombits(est.dse.Load()),
 			} {
 				if !(v >= 0) || math.IsInf(v, 0) {
 					t.Fatalf("estimate published %v", v)
@@ -534,6 +536,15 @@ func FuzzSpeedEstimate(f *testing.F) {
 			b.load(&other, 2, now)
 			pool.add(&a)
 			pool.add(&b)
+			// The test of the pool reads the standard errors: any verdict
+			// will do, but it must not depend on a NaN.
+			vs := []speedView{a, b}
+			pool.test(vs, nil, math.Abs(work))
+			uneven := pool.uneven
+			pool.test(vs, []int32{1, 0}, math.Abs(work))
+			if pool.uneven != uneven {
+				t.Fatalf("the test found the pool uneven %v over all candidates, %v over the same picked", uneven, pool.uneven)
+			}
 			for _, v := range []*speedView{&a, &b} {
 				s, d := pool.slowness(v, math.Abs(work))
 				if !(s > 0) || math.IsInf(s, 0) || !(d > 0) || math.IsInf(d, 0) {
