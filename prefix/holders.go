@@ -1,5 +1,7 @@
 package prefix
 
+import "math/bits"
+
 // holderTable maps holder keys to holder entries: an open-addressing hash
 // table with linear probing and backward-shift deletion, split into
 // tableShards independently sized shards. It replaces a Go map on the
@@ -25,6 +27,7 @@ const (
 type shard struct {
 	slots []holderSlot // len is 0 or a power of two
 	n     int
+	shift uint8 // 64 - log2(len(slots)): see home
 }
 
 type holderSlot struct {
@@ -42,6 +45,14 @@ func (t *holderTable) spread(key uint64) uint64 {
 	return x
 }
 
+// home returns the home slot of a spread key in shard s: the bits below
+// the shard's, from the top. Taking them from the top keeps the order of
+// the homes when a shard doubles (home h becomes 2h or 2h+1), so resize
+// writes the new table front to back instead of at random.
+func (s *shard) home(x uint64) uint64 {
+	return (x << tableShardBits) >> s.shift
+}
+
 // get returns the entry for key, or the zero holder.
 func (t *holderTable) get(key uint64) holder {
 	x := t.spread(key)
@@ -50,7 +61,7 @@ func (t *holderTable) get(key uint64) holder {
 		return holder{}
 	}
 	mask := uint64(len(s.slots) - 1)
-	for i := x & mask; ; i = (i + 1) & mask {
+	for i := s.home(x); ; i = (i + 1) & mask {
 		sl := &s.slots[i]
 		if sl.bits == 0 {
 			return holder{}
@@ -73,7 +84,7 @@ func (t *holderTable) put(key uint64, hd holder) {
 		t.resize(s, max(2*len(s.slots), minShardSlots))
 	}
 	mask := uint64(len(s.slots) - 1)
-	for i := x & mask; ; i = (i + 1) & mask {
+	for i := s.home(x); ; i = (i + 1) & mask {
 		sl := &s.slots[i]
 		if sl.bits == 0 {
 			*sl = holderSlot{key, hd}
@@ -97,7 +108,7 @@ func (t *holderTable) del(key uint64) {
 		return
 	}
 	mask := uint64(len(s.slots) - 1)
-	i := x & mask
+	i := s.home(x)
 	for {
 		sl := &s.slots[i]
 		if sl.bits == 0 {
@@ -109,7 +120,7 @@ func (t *holderTable) del(key uint64) {
 		i = (i + 1) & mask
 	}
 	for j := (i + 1) & mask; s.slots[j].bits != 0; j = (j + 1) & mask {
-		home := t.spread(s.slots[j].key) & mask
+		home := s.home(t.spread(s.slots[j].key))
 		// The entry at j may move to the hole at i unless its home lies
 		// cyclically in (i, j].
 		if (j-home)&mask < (j-i)&mask {
@@ -130,12 +141,13 @@ func (t *holderTable) del(key uint64) {
 func (t *holderTable) resize(s *shard, size int) {
 	old := s.slots
 	s.slots = make([]holderSlot, size)
+	s.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	mask := uint64(size - 1)
 	for _, sl := range old {
 		if sl.bits == 0 {
 			continue
 		}
-		i := t.spread(sl.key) & mask
+		i := s.home(t.spread(sl.key))
 		for s.slots[i].bits != 0 {
 			i = (i + 1) & mask
 		}

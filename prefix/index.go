@@ -9,13 +9,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/llmlb/llmlb/internal/lru"
 )
 
 // Defaults and limits of [IndexConfig].
 const (
 	// DefaultCapacity is the default number of blocks indexed per endpoint:
-	// 16384 blocks, 256k tokens at 16 tokens a block, about 2.5 MB of index
+	// 16384 blocks, 256k tokens at 16 tokens a block, about 1.4 MB of index
 	// (see [BytesPerBlock]). Size it from the engine's KV-cache capacity
 	// with [Index.SetCapacity].
 	DefaultCapacity = 1 << 14
@@ -31,15 +31,18 @@ const (
 	DefaultMaxEndpoints = 4096
 	// BytesPerBlock bounds the heap used by one indexed block of one
 	// endpoint, in bytes, on 64-bit platforms. It is made of the endpoint's
-	// LRU entry (80 bytes), its slot in the LRU's map (16 bytes plus hash
-	// table slack) and the block's entry in the index-wide holder table (a
-	// 24-byte slot in a table kept between 3/8 and 3/4 full, shared by all
-	// endpoints of a 64-endpoint group that hold the block). Measured: 120
-	// bytes when 8 endpoints share every block, 155-165 bytes when no block
-	// is shared; a test checks the bound over a million blocks. The index as
+	// LRU node (24 bytes, up to twice that while the endpoint's storage
+	// grows toward its capacity), its slot in the endpoint's table (8
+	// bytes in a table kept between 1/4 and 1/2 full) and the block's entry
+	// in the index-wide holder table (a 24-byte slot in a table kept
+	// between 3/8 and 3/4 full, shared by all endpoints of a 64-endpoint
+	// group that hold the block): at most 144 bytes. Measured: 45 bytes
+	// when 8 endpoints share every block, 80-87 bytes when no block is
+	// shared, 120 bytes just after an endpoint's storage doubled; a test
+	// checks the bound over a million blocks. The index as
 	// a whole stays below the sum of the endpoints' capacities times
 	// BytesPerBlock, plus about a kilobyte per endpoint and 8 KB per index.
-	BytesPerBlock = 200
+	BytesPerBlock = 160
 )
 
 // never is the expiry of blocks reported by engine events.
@@ -142,11 +145,11 @@ type Index struct {
 type endpoint struct {
 	key      string
 	slot     int
-	capacity int // the LRU's size, which simplelru does not expose
+	capacity int // the LRU's size
 	// lru maps block hash to expiry (Unix nanoseconds; never for blocks
 	// reported by events). Its eviction callback keeps Index.holders
 	// consistent.
-	lru *simplelru.LRU[uint64, int64]
+	lru *lru.LRU
 	// gen counts the changes of lru; last describes the blocks the latest
 	// touch left at its front (see touchLocked).
 	gen  uint64
@@ -261,13 +264,7 @@ func (x *Index) endpointLocked(key string, create bool) (*endpoint, error) {
 	}
 	e := &endpoint{key: key, slot: slot, capacity: x.defCapacity}
 	w, bit := slot/64, uint64(1)<<(slot%64)
-	lru, err := simplelru.NewLRU(x.defCapacity, func(h uint64, _ int64) {
-		x.unlink(h, w, bit)
-	})
-	if err != nil { // unreachable: the capacity is validated
-		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
-	}
-	e.lru = lru
+	e.lru = lru.New(x.defCapacity, func(h uint64) { x.unlink(h, w, bit) })
 	x.endpoints[key] = e
 	for len(x.slots) <= slot {
 		x.slots = append(x.slots, nil)

@@ -72,6 +72,7 @@ func BenchmarkRecord(b *testing.B) {
 	head := chainOf(1, 128)
 	prompt := make([]uint64, 256)
 	copy(prompt, head)
+	names := epNames(64)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(prompt)) * 16 * 4) // token bytes covered
 	i := 0
@@ -80,7 +81,7 @@ func BenchmarkRecord(b *testing.B) {
 		for j := 128; j < 256; j++ {
 			prompt[j] = uint64(i)<<20 | uint64(j)
 		}
-		if err := x.Record(epName(i%64), prompt, t0.Add(time.Duration(i)*time.Millisecond)); err != nil {
+		if err := x.Record(names[i%64], prompt, t0.Add(time.Duration(i)*time.Millisecond)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -90,6 +91,7 @@ func BenchmarkRecord(b *testing.B) {
 func BenchmarkStored(b *testing.B) {
 	x := mustIndex(b, IndexConfig{Capacity: 4096})
 	blocks := make([]uint64, 32)
+	names := epNames(64)
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -97,7 +99,7 @@ func BenchmarkStored(b *testing.B) {
 		for j := range blocks {
 			blocks[j] = uint64(i)<<20 | uint64(j)
 		}
-		if err := x.Stored(epName(i%64), 16, blocks...); err != nil {
+		if err := x.Stored(names[i%64], 16, blocks...); err != nil {
 			b.Fatal(err)
 		}
 	}

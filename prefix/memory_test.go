@@ -17,17 +17,24 @@ func TestBytesPerBlock(t *testing.T) {
 		name      string
 		endpoints int
 		shared    bool
+		growing   bool // a capacity 8 times the blocks, stored just past a power of two
 	}{
-		{"distinct/endpoints=1", 1, false},
-		{"distinct/endpoints=8", 8, false},
-		{"shared/endpoints=8", 8, true},
+		{"distinct/endpoints=1", 1, false, false},
+		{"distinct/endpoints=8", 8, false, false},
+		{"shared/endpoints=8", 8, true, false},
+		// Below its capacity, just past a power of two: the endpoint's
+		// nodes and table have just doubled.
+		{"growing/endpoints=1", 1, false, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			per := total / tc.endpoints
+			per, capacity := total/tc.endpoints, total/tc.endpoints
+			if tc.growing {
+				per, capacity = total/2+1, 4*total
+			}
 			blocks := make([]uint64, per)
 			before := heapInUse()
-			x := mustIndex(t, IndexConfig{Capacity: per})
+			x := mustIndex(t, IndexConfig{Capacity: capacity})
 			for e := 0; e < tc.endpoints; e++ {
 				for i := range blocks {
 					base := uint64(e)
@@ -40,8 +47,8 @@ func TestBytesPerBlock(t *testing.T) {
 			}
 			after := heapInUse()
 			runtime.KeepAlive(x)
-			perBlock := float64(after-before) / total
-			t.Logf("%d blocks over %d endpoints: %.1f bytes per block per endpoint", total, tc.endpoints, perBlock)
+			perBlock := float64(after-before) / float64(per*tc.endpoints)
+			t.Logf("%d blocks over %d endpoints: %.1f bytes per block per endpoint", per*tc.endpoints, tc.endpoints, perBlock)
 			if perBlock > BytesPerBlock {
 				t.Fatalf("%.1f bytes per block > documented %d", perBlock, BytesPerBlock)
 			}

@@ -216,3 +216,12 @@ func asMap(t testing.TB, ms []Match) map[string]int {
 }
 
 func epName(i int) string { return fmt.Sprintf("ep%d", i) }
+
+// epNames returns epName(0) to epName(n-1).
+func epNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = epName(i)
+	}
+	return names
+}

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/llmlb/llmlb/internal/lru"
 )
 
 // Trace formats accepted by [ReadTrace].
@@ -291,7 +291,7 @@ func toRequests(lines []traceLine, blockTokens int, opt TraceOptions) ([]Request
 // not the best eviction order. It returns 0 when tokens
 // holds no block.
 func PooledCacheHitRate(reqs []Request, tokens int) float64 {
-	var cache *simplelru.LRU[uint64, struct{}]
+	var cache *lru.LRU
 	var hit, total int64
 	for i := range reqs {
 		r := &reqs[i]
@@ -304,7 +304,7 @@ func PooledCacheHitRate(reqs []Request, tokens int) float64 {
 			if n < 1 {
 				return 0
 			}
-			cache, _ = simplelru.NewLRU[uint64, struct{}](n, nil)
+			cache = lru.New(n, nil)
 		}
 		for j, h := range r.Prefix {
 			n := min(r.BlockTokens, r.PromptTokens-j*r.BlockTokens)
@@ -314,11 +314,11 @@ func PooledCacheHitRate(reqs []Request, tokens int) float64 {
 			if _, ok := cache.Get(h); ok {
 				hit += int64(n)
 			} else {
-				cache.Add(h, struct{}{})
+				cache.Add(h, 0)
 			}
 		}
 		for _, h := range r.Reply {
-			cache.Add(h, struct{}{})
+			cache.Add(h, 0)
 		}
 	}
 	if total == 0 {
