@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -298,10 +299,15 @@ func BenchmarkHashBytes(b *testing.B) {
 // half of the prompt is cached on 8 endpoints; the chosen endpoint, which
 // holds the whole prompt after the first decision, is the steady state of a
 // popular prompt. Compare with BenchmarkHashBytes in the same run.
+//
+// With fresh=1 the second half of every prompt is new (a counter written
+// into it): each decision records 128 new blocks on the chosen endpoint,
+// and once the endpoints' index is at its capacity each evicts an old one,
+// the steady state of a router whose prompts share only a system prompt.
 func BenchmarkDecision(b *testing.B) {
 	for _, n := range []int{8, 64, 512} {
 		b.Run("endpoints="+strconv.Itoa(n), func(b *testing.B) {
-			benchDecision(b, n, 0, false)
+			benchDecision(b, n, 0, false, false)
 		})
 	}
 	// Scoring the two longest-prefix holders and two random candidates
@@ -309,7 +315,12 @@ func BenchmarkDecision(b *testing.B) {
 	// the pool.
 	for _, n := range []int{8, 64, 512} {
 		b.Run("sampled=2/endpoints="+strconv.Itoa(n), func(b *testing.B) {
-			benchDecision(b, n, 2, false)
+			benchDecision(b, n, 2, false, false)
+		})
+	}
+	for _, n := range []int{8, 64, 512} {
+		b.Run("fresh=1/endpoints="+strconv.Itoa(n), func(b *testing.B) {
+			benchDecision(b, n, 0, true, false)
 		})
 	}
 }
@@ -318,10 +329,10 @@ func BenchmarkDecision(b *testing.B) {
 // GOMAXPROCS goroutines sharing one balancer and index; compare -cpu 1 and
 // -cpu 2.
 func BenchmarkDecisionParallel(b *testing.B) {
-	b.Run("endpoints=64", func(b *testing.B) { benchDecision(b, 64, 0, true) })
+	b.Run("endpoints=64", func(b *testing.B) { benchDecision(b, 64, 0, false, true) })
 }
 
-func benchDecision(b *testing.B, n, sampled int, parallel bool) {
+func benchDecision(b *testing.B, n, sampled int, fresh, parallel bool) {
 	h, err := prefix.NewHasher(prefix.HasherConfig{})
 	if err != nil {
 		b.Fatal(err)
@@ -343,8 +354,15 @@ func benchDecision(b *testing.B, n, sampled int, parallel bool) {
 			b.Fatal(err)
 		}
 	}
+	text, turn := []byte(prompt), uint64(0)
 	decide := func(req *Request, dst []uint64) []uint64 {
-		dst = h.AppendString(dst[:0], root, prompt)
+		if fresh {
+			turn++
+			binary.LittleEndian.PutUint64(text[decisionPromptBytes/2:], turn)
+			dst = h.AppendBytes(dst[:0], root, text)
+		} else {
+			dst = h.AppendString(dst[:0], root, prompt)
+		}
 		req.Prefix = dst
 		p, err := bal.Pick(context.Background(), req)
 		if err != nil {
@@ -373,7 +391,8 @@ func benchDecision(b *testing.B, n, sampled int, parallel bool) {
 }
 
 // TestDecisionDoesNotAllocate checks that a full decision of Default, in
-// the steady state of BenchmarkDecision, allocates nothing.
+// the steady states of BenchmarkDecision, allocates nothing: a popular
+// prompt, and fresh prompts recorded into a full index.
 func TestDecisionDoesNotAllocate(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector makes sync.Pool drop items; allocation counts are meaningless")
@@ -400,5 +419,47 @@ func TestDecisionDoesNotAllocate(t *testing.T) {
 	decide() // sizes the scratch space and records the prompt
 	if allocs := testing.AllocsPerRun(200, decide); allocs != 0 {
 		t.Errorf("%v allocs per decision, want 0", allocs)
+	}
+
+	// Fresh prompts, as BenchmarkDecision's fresh=1, on an index at its
+	// capacity: every decision records 128 new blocks and evicts as many.
+	// (The capacity keeps the index's holder table, about 32 entries a
+	// shard, within the bounds that resize its shards.)
+	const capacity = 8192
+	ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: h.BlockTokens(), Capacity: capacity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pol, err = Default(DefaultConfig{Index: ix}); err != nil {
+		t.Fatal(err)
+	}
+	bal, _ = New(pol)
+	_ = bal.Update(eps(64))
+	text, turn := []byte(prompt), uint64(0)
+	decide = func() {
+		turn++
+		binary.LittleEndian.PutUint64(text[decisionPromptBytes/2:], turn)
+		dst = h.AppendBytes(dst[:0], root, text)
+		req.Prefix = dst
+		p, err := bal.Pick(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Done(nil)
+	}
+	// The shared first half draws every prompt to one endpoint; fill its
+	// index twice over.
+	for range 2 * capacity / 128 {
+		decide()
+	}
+	if allocs := testing.AllocsPerRun(200, decide); allocs != 0 {
+		t.Errorf("%v allocs per decision with a fresh prompt, want 0", allocs)
+	}
+	most := 0
+	for i := range 64 {
+		most = max(most, ix.Len("ep"+strconv.Itoa(i)))
+	}
+	if most != capacity {
+		t.Errorf("the fullest endpoint indexes %d blocks, want its capacity %d", most, capacity)
 	}
 }
