@@ -32,8 +32,9 @@ const (
 	// in the mean as at most a factor of learnMaxClamp.
 	learnClamp    = 3.0
 	learnMaxClamp = 4.0
-	// learnMinDev is the least deviation the clamp allows, and learnInitDev
-	// the deviation it assumes before measuring any, on a log scale.
+	// learnMinDev is the least deviation the clamp and the standard
+	// errors allow, and learnInitDev the deviation the clamp assumes
+	// before measuring any, on a log scale.
 	learnMinDev  = 0.05
 	learnInitDev = 0.25
 	// learnWarm is the observations from which the clamp applies.
@@ -149,13 +150,19 @@ func (e *speedEstimate) firstToken(work float64, ttft time.Duration, now int64) 
 
 // stdErr returns the relative standard error of a fit of n observations
 // whose mean absolute deviation from their predictions, on a log scale, is
-// dev: dev*sqrt(pi/2) is the standard deviation of normal errors. Before a
-// deviation is measured it is learnInitDev, and it is at least
-// learnMinDev, so that fits of nearly constant times do not count
-// rounding as a difference.
+// dev: dev*sqrt(pi/2) is the standard deviation of normal errors. The
+// deviation counts as at least learnMinDev, so that fits of nearly
+// constant times do not count rounding as a difference. Before a deviation
+// is measured (dev 0: winsorize measures it from the first observation
+// that finds learnWarm before it, a fit's sixth) it returns 0: the fit has
+// no standard error yet, and the test of the pool leaves it out.
+// (A young fit's error would be a guess, and the guess is too small: a
+// line through one or two requests extrapolates to this pick's work far
+// beyond it. Behind 16 routers sharing 512 equal replicas, each router's
+// young fits made the test find the pool uneven at half its picks.)
 func stdErr(dev, n float64) float64 {
 	if dev == 0 {
-		dev = learnInitDev
+		return 0
 	}
 	return max(dev, learnMinDev) * math.Sqrt(math.Pi/2) / math.Sqrt(max(n, 1))
 }
@@ -291,6 +298,10 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 type poolSpeed struct {
 	g, a, tau float64 // sums of g, g*a, g*tau
 	dg, dtau  float64 // sums of dg, dg*dtau
+	// The same sums over the fits with a standard error, those test
+	// compares.
+	sg, sa, stau float64
+	sdg, sdtau   float64
 	// uneven is set by test: the candidates' speeds differ by more than
 	// their estimates' noise.
 	uneven bool
@@ -303,9 +314,10 @@ type poolSpeed struct {
 func (p *poolSpeed) learned() bool { return p.uneven && (p.g > 0 || p.dg > 0) }
 
 // test sets p.uneven: whether the candidates' measured speeds differ more
-// than their noise explains. For each fit it takes the relative difference
-// of the candidate's prediction (for work prefill tokens) from the pool's,
-// moved by its confidence as the price is, in standard errors of the fit;
+// than their noise explains. For each fit with a standard error it takes
+// the relative difference of the candidate's prediction (for work prefill
+// tokens) from the pool's, bounded and moved by its confidence as the price
+// is, in standard errors of the fit;
 // the pool is uneven when the mean square of these exceeds learnUneven, or
 // the largest square exceeds learnOutlier times the log of their number
 // (one slow replica among many). On equal replicas the differences are
@@ -318,23 +330,25 @@ func (p *poolSpeed) test(vs []speedView, pick []int32, work float64) {
 	if p.g == 0 && p.dg == 0 {
 		return
 	}
+	// The reference is the mean of the fits tested, so that a young fit
+	// does not move it either.
 	var pre, dec float64
-	if p.g > 0 {
-		pre = (p.a + p.tau*work) / p.g
+	if p.sg > 0 {
+		pre = (p.sa + p.stau*work) / p.sg
 	}
-	if p.dg > 0 {
-		dec = p.dtau / p.dg
+	if p.sdg > 0 {
+		dec = p.sdtau / p.sdg
 	}
 	sum, most, n := 0.0, 0.0, 0
 	add := func(v *speedView) {
 		if v.g > 0 && pre > 0 && v.se > 0 {
-			z := v.g * ((v.a+v.tau*work)/pre - 1) / v.se
+			z := v.g * (boundSlowness((v.a+v.tau*work)/pre) - 1) / v.se
 			sum += z * z
 			most = max(most, z*z)
 			n++
 		}
 		if v.dg > 0 && dec > 0 && v.dse > 0 {
-			z := v.dg * (v.dtau/dec - 1) / v.dse
+			z := v.dg * (boundSlowness(v.dtau/dec) - 1) / v.dse
 			sum += z * z
 			most = max(most, z*z)
 			n++
@@ -363,10 +377,19 @@ func (p *poolSpeed) add(v *speedView) {
 		p.g += v.g
 		p.a += v.g * v.a
 		p.tau += v.g * v.tau
+		if v.se > 0 {
+			p.sg += v.g
+			p.sa += v.g * v.a
+			p.stau += v.g * v.tau
+		}
 	}
 	if v.dg > 0 {
 		p.dg += v.dg
 		p.dtau += v.dg * v.dtau
+		if v.dse > 0 {
+			p.sdg += v.dg
+			p.sdtau += v.dg * v.dtau
+		}
 	}
 }
 
@@ -380,17 +403,21 @@ func (p *poolSpeed) slowness(v *speedView, work float64) (prefill, decode float6
 		pool := (p.a + p.tau*work) / p.g
 		own := v.a + v.tau*work
 		if r := own / pool; r > 0 && !math.IsInf(r, 0) {
-			r = min(max(r, 1/learnMaxSlowness), learnMaxSlowness)
-			prefill = 1 + v.g*(r-1)
+			prefill = 1 + v.g*(boundSlowness(r)-1)
 		}
 	}
 	if v.dg > 0 && p.dg > 0 {
 		if r := v.dtau * p.dg / p.dtau; r > 0 && !math.IsInf(r, 0) {
-			r = min(max(r, 1/learnMaxSlowness), learnMaxSlowness)
-			decode = 1 + v.dg*(r-1)
+			decode = 1 + v.dg*(boundSlowness(r)-1)
 		}
 	}
 	return prefill, decode
+}
+
+// boundSlowness bounds a ratio of an endpoint's fit to the pool's to
+// [1/learnMaxSlowness, learnMaxSlowness].
+func boundSlowness(r float64) float64 {
+	return min(max(r, 1/learnMaxSlowness), learnMaxSlowness)
 }
 
 func growSpeeds(s []speedView, n int) []speedView {

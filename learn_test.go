@@ -458,6 +458,60 @@ func TestPoolSpeedTest(t *testing.T) {
 
 // TestSlownessColdIsOne checks that a cold candidate's slowness is exactly 1
 // whatever the pool learned, and a warm one's is bounded.
+// TestPoolTestLeavesOutYoungFits checks that a fit of a few requests, whose
+// error is not measured yet, does not make a pool of equal
+// replicas uneven however far its extrapolation lands, and that the same
+// endpoint, once measured slower, does.
+func TestPoolTestLeavesOutYoungFits(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 9))
+	const n = 32
+	ests := make([]speedEstimate, n)
+	now := int64(0)
+	observe := func(e *speedEstimate, a, rate, work float64) {
+		now += int64(time.Millisecond)
+		e.firstToken(work, syntheticTTFT(rng, a, rate, work, 0), now)
+		e.done(time.Duration(float64(200*time.Millisecond)*a/0.05*(0.95+0.1*rng.Float64())), 10, now)
+	}
+	for range 20 {
+		for i := range n - 1 {
+			observe(&ests[i], 0.05, 20000, 1000+2000*rng.Float64())
+		}
+	}
+	// Two requests of a few tokens, each stuck behind a queue: a line
+	// through them predicts seconds for a long prompt.
+	young := &ests[n-1]
+	for range 2 {
+		now += int64(time.Millisecond)
+		young.firstToken(16, 400*time.Millisecond, now)
+	}
+	test := func() (uneven bool, r float64) {
+		vs := make([]speedView, n)
+		var pool poolSpeed
+		for i := range vs {
+			vs[i].load(&ests[i], 1, now)
+			pool.add(&vs[i])
+		}
+		pool.test(vs, nil, 2000)
+		pre := (pool.a + pool.tau*2000) / pool.g
+		return pool.uneven, (vs[n-1].a + vs[n-1].tau*2000) / pre
+	}
+	if se := math.Float64frombits(young.se.Load()); se != 0 {
+		t.Fatalf("a fit of 2 requests publishes a standard error of %v, want none", se)
+	}
+	if uneven, r := test(); uneven {
+		t.Errorf("a fit of 2 requests predicting %.0fx the pool's made equal replicas uneven", r)
+	} else if r < 16 {
+		t.Fatalf("the young fit predicts %.1fx the pool's: not the extrapolation this test needs", r)
+	}
+	// The same endpoint, measured at twice the others' times.
+	for range 20 {
+		observe(young, 0.1, 10000, 1000+2000*rng.Float64())
+	}
+	if uneven, r := test(); !uneven {
+		t.Errorf("an endpoint measured %.1fx slower left the pool even", r)
+	}
+}
+
 func TestSlownessColdIsOne(t *testing.T) {
 	var warm speedEstimate
 	for i := range 100 {
