@@ -399,6 +399,13 @@ func (c *Candidates) load(i int) *EndpointLoad {
 // times its slow-start factor.
 func (c *Candidates) Weight(i int) float64 { return c.weight(c.state(i)) }
 
+// unitWeights reports whether every member's effective weight is known to
+// be 1 without reading any: every static weight is 1 and no member has
+// been in slow start.
+func (c *Candidates) unitWeights() bool {
+	return c.snap.unit && c.b.slowUntil.Load() == never
+}
+
 func (c *Candidates) weight(st *epState) float64 {
 	w := st.staticWeight()
 	if until := c.b.slowUntil.Load(); until != never {

@@ -51,10 +51,15 @@ func WeightedLeastRequest(bias float64) (Policy, error) {
 
 func (p *weightedLeastRequest) Choose(c *Candidates) int {
 	n := c.Len()
-	w0 := c.Weight(0)
-	equal := true
-	for i := 1; i < n && equal; i++ {
-		equal = c.Weight(i) == w0
+	// Known equal weights spare reading every candidate's weight, a
+	// cache line that other cores' picks write.
+	equal := c.unitWeights()
+	if !equal {
+		w0 := c.Weight(0)
+		equal = true
+		for i := 1; i < n && equal; i++ {
+			equal = c.Weight(i) == w0
+		}
 	}
 	if equal {
 		return p2c{byRequests}.Choose(c)
