@@ -3,6 +3,8 @@
 // block lists of package prefix's index and the simulator's reference cache.
 package lru
 
+import "math/rand/v2"
+
 // LRU is a recency list of keys, each with a value. It is a doubly linked
 // list threaded through a slice of nodes and found through an
 // open-addressing table of node indices, so that adding a key, touching it
@@ -27,6 +29,7 @@ type LRU struct {
 	free    uint32 // first unused node, chained through next; 0 if none
 	n       int    // keys held
 	size    int    // the capacity
+	seed    uint64 // mixed into every tag, so that layouts are unpredictable
 	onEvict func(uint64)
 }
 
@@ -44,13 +47,19 @@ const minLRUSlots = 16
 // every key leaving it to onEvict, if not nil. onEvict must not use the
 // list.
 func New(size int, onEvict func(key uint64)) *LRU {
-	return &LRU{nodes: make([]lruNode, 1), size: max(size, 1), onEvict: onEvict}
+	return &LRU{nodes: make([]lruNode, 1), size: max(size, 1), seed: rand.Uint64(), onEvict: onEvict}
 }
 
-// lruTag returns the tag of key: its table position is the tag modulo the
-// table's length, and equal tags are checked against the node's key.
-func lruTag(key uint64) uint32 {
-	return uint32((key * 0x9e3779b97f4a7c15) >> 32)
+// tag returns the tag of key: its table position is the tag modulo the
+// table's length, and equal tags are checked against the node's key. The
+// list's random seed is mixed in, so that keys chosen to share a position
+// (prompts ground to collide, making every lookup probe a long run) cannot
+// be chosen without knowing it.
+func (l *LRU) tag(key uint64) uint32 {
+	x := (key ^ l.seed) * 0x9e3779b97f4a7c15
+	x ^= x >> 32
+	x *= 0xd6e8feb86659fd93
+	return uint32(x >> 32)
 }
 
 // find returns the table position of key and its node, or the empty
@@ -59,7 +68,7 @@ func (l *LRU) find(key uint64) (pos int, node uint32) {
 	if len(l.slots) == 0 {
 		return -1, 0
 	}
-	tag := lruTag(key)
+	tag := l.tag(key)
 	mask := len(l.slots) - 1
 	for i := int(tag) & mask; ; i = (i + 1) & mask {
 		s := l.slots[i]
@@ -114,7 +123,7 @@ func (l *LRU) Add(key uint64, val int64) {
 	}
 	nd = l.newNode()
 	l.nodes[nd] = lruNode{key: key, val: val}
-	l.slots[pos] = uint64(lruTag(key))<<32 | uint64(nd)
+	l.slots[pos] = uint64(l.tag(key))<<32 | uint64(nd)
 	l.linkFront(nd)
 	l.n++
 }
@@ -133,7 +142,7 @@ func (l *LRU) Purge() {
 			l.onEvict(l.nodes[nd].key)
 		}
 	}
-	*l = LRU{nodes: make([]lruNode, 1), size: l.size, onEvict: l.onEvict}
+	*l = LRU{nodes: make([]lruNode, 1), size: l.size, seed: l.seed, onEvict: l.onEvict}
 }
 
 // Resize sets the capacity (at least 1), evicting the least recently used
@@ -268,10 +277,11 @@ func (l *LRU) compact() {
 		l.nodes = append(l.nodes, lruNode{key: key, val: old[nd].val})
 		id := uint32(len(l.nodes) - 1)
 		l.linkFront(id)
-		i := int(lruTag(key)) & mask
+		tag := l.tag(key)
+		i := int(tag) & mask
 		for l.slots[i] != 0 {
 			i = (i + 1) & mask
 		}
-		l.slots[i] = uint64(lruTag(key))<<32 | uint64(id)
+		l.slots[i] = uint64(tag)<<32 | uint64(id)
 	}
 }

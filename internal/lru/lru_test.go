@@ -22,15 +22,20 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// key maps a byte to one of 128 keys: half of them multiples of 2^40,
-	// whose tags all share their low 8 bits, so they collide in every
-	// table this test builds; the other half small integers, spread.
-	key := func(b byte) uint64 {
-		if b%128 < 64 {
-			return uint64(b%64) << 40
+	// key maps a byte to one of 128 keys: half of them found to share the
+	// low 8 bits of their tag, so they share a home in every table this
+	// test builds and make long runs; the other half spread.
+	var keys [128]uint64
+	for k, n := uint64(1), 0; n < 64; k++ {
+		if l.tag(k)&0xff == 0 {
+			keys[n] = k
+			n++
 		}
-		return uint64(b % 128)
 	}
+	for i := 64; i < 128; i++ {
+		keys[i] = uint64(i) << 48
+	}
+	key := func(b byte) uint64 { return keys[b%128] }
 	for i := 0; i+1 < len(ops); i += 2 {
 		op, arg := ops[i]%7, ops[i+1]
 		k := key(arg)
@@ -125,7 +130,7 @@ func TestLRUDeleteShift(t *testing.T) {
 	// Keys whose home is the last slot, so their run wraps to slot 0.
 	var keys []uint64
 	for k := uint64(2); len(keys) < 5; k++ {
-		if int(lruTag(k))&mask == mask {
+		if int(l.tag(k))&mask == mask {
 			keys = append(keys, k)
 		}
 	}
