@@ -137,10 +137,27 @@ func (t *holderTable) del(key uint64) {
 	}
 }
 
-// resize rehashes shard s into size slots.
+// inPlaceSlots is the largest shard that resize rehashes within its own
+// memory. Small shards are the ones that cross the grow and shrink bounds
+// back and forth: with a few entries a shard, the random spread of keys
+// over shards moves some shard across them every few records, and
+// allocating on each crossing would put the allocator on the matching path
+// of small indexes.
+const inPlaceSlots = 64
+
+// resize rehashes shard s into size slots. A small shard keeps its memory
+// while that is at most twice the new size: it shrinks by reslicing, and
+// grows back into the same memory without allocating.
 func (t *holderTable) resize(s *shard, size int) {
 	old := s.slots
-	s.slots = make([]holderSlot, size)
+	if c := cap(old); len(old) <= inPlaceSlots && size <= inPlaceSlots && c >= size && c <= 2*size {
+		var tmp [inPlaceSlots]holderSlot
+		old = tmp[:copy(tmp[:], old)]
+		s.slots = s.slots[:size]
+		clear(s.slots)
+	} else {
+		s.slots = make([]holderSlot, size)
+	}
 	s.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	mask := uint64(size - 1)
 	for _, sl := range old {

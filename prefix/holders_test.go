@@ -10,7 +10,7 @@ import (
 // backward-shift deletion is exercised.
 func TestHolderTable(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, keys := range []int{10, 300, 5000} {
+	for _, keys := range []int{10, 300, 5000, 100_000} {
 		tab := holderTable{seed: r.Uint64()}
 		ref := map[uint64]holder{}
 		for i := 0; i < 200_000; i++ {
@@ -48,8 +48,12 @@ func TestHolderTable(t *testing.T) {
 		if n != len(ref) {
 			t.Fatalf("all visited %d, want %d", n, len(ref))
 		}
-		// Deleting everything shrinks every shard back.
-		for k := range ref {
+		// Deleting everything shrinks every shard back, through every
+		// size, without losing an entry on the way.
+		for k, want := range ref {
+			if got := tab.get(k); got != want {
+				t.Fatalf("keys=%d deleting: get(%x) = %v, want %v", keys, k, got, want)
+			}
 			tab.del(k)
 		}
 		for i := range tab.shards {

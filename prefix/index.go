@@ -34,14 +34,19 @@ const (
 	// LRU node (24 bytes, up to twice that while the endpoint's storage
 	// grows toward its capacity), its slot in the endpoint's table (8
 	// bytes in a table kept between 1/4 and 1/2 full) and the block's entry
-	// in the index-wide holder table (a 24-byte slot in a table kept
-	// between 3/8 and 3/4 full, shared by all endpoints of a 64-endpoint
-	// group that hold the block): at most 144 bytes. Measured: 45 bytes
-	// when 8 endpoints share every block, 80-87 bytes when no block is
-	// shared, 120 bytes just after an endpoint's storage doubled; a test
-	// checks the bound over a million blocks. The index as
-	// a whole stays below the sum of the endpoints' capacities times
-	// BytesPerBlock, plus about a kilobyte per endpoint and 8 KB per index.
+	// in the index-wide holder table (a 24-byte slot in a table that grows
+	// to 3/8 full when it reaches 3/4, shared by all endpoints of a
+	// 64-endpoint group that hold the block): at most 144 bytes. Measured:
+	// 45 bytes when 8 endpoints share every block, 80-87 bytes when no
+	// block is shared, 120 bytes just after an endpoint's storage doubled;
+	// a test checks the bound over a million blocks. While it fills, the
+	// index as a whole stays below the sum of the endpoints' capacities
+	// times BytesPerBlock, plus about a kilobyte per endpoint and 8 KB per
+	// index. Removing endpoints or lowering capacities frees their blocks;
+	// the holder table then shrinks as it empties, halving the parts of it
+	// that fall below 1/8 full (parts of up to 64 slots keep their memory
+	// while it is at most twice their size, so that small indexes do not
+	// allocate as their load moves).
 	BytesPerBlock = 160
 )
 

@@ -436,35 +436,38 @@ func TestRecordAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are meaningless under the race detector")
 	}
-	const capacity = 8192
-	x := mustIndex(t, IndexConfig{Capacity: capacity})
-	names := epNames(4)
-	prompt := make([]uint64, 64)
-	i := 0
-	step := func() {
-		i++
-		for j := range prompt {
-			prompt[j] = uint64(i)<<20 | uint64(j)
+	// The small capacities leave a few holder entries a shard, so that
+	// shards keep crossing the bounds that grow and shrink them.
+	for _, capacity := range []int{128, 512, 2048, 8192} {
+		x := mustIndex(t, IndexConfig{Capacity: capacity})
+		names := epNames(4)
+		prompt := make([]uint64, 64)
+		i := 0
+		step := func() {
+			i++
+			for j := range prompt {
+				prompt[j] = uint64(i)<<20 | uint64(j)
+			}
+			must(t, x.Record(names[i%4], prompt, t0.Add(time.Duration(i)*time.Millisecond)))
+			must(t, x.Stored(names[(i+1)%4], 16, prompt[:8]...))
+			must(t, x.Removed(names[(i+1)%4], 16, prompt[:4]...))
 		}
-		must(t, x.Record(names[i%4], prompt, t0.Add(time.Duration(i)*time.Millisecond)))
-		must(t, x.Stored(names[(i+1)%4], 16, prompt[:8]...))
-		must(t, x.Removed(names[(i+1)%4], 16, prompt[:4]...))
-	}
-	for range 4 * 2 * capacity / len(prompt) { // every endpoint full, twice over
-		step()
-	}
-	if n := testing.AllocsPerRun(200, step); n != 0 {
-		t.Fatalf("Record, Stored and Removed at capacity: %v allocs, want 0", n)
-	}
-	for _, name := range names {
-		if got := x.Len(name); got > capacity || got < capacity-len(prompt) {
-			t.Fatalf("%s holds %d blocks, want about its capacity %d", name, got, capacity)
+		for range 4 * 2 * capacity / len(prompt) { // every endpoint full, twice over
+			step()
 		}
+		if n := testing.AllocsPerRun(200, step); n != 0 {
+			t.Fatalf("capacity %d: Record, Stored and Removed at capacity: %v allocs, want 0", capacity, n)
+		}
+		for _, name := range names {
+			if got := x.Len(name); got > capacity || got < capacity-len(prompt) {
+				t.Fatalf("%s holds %d blocks, want about its capacity %d", name, got, capacity)
+			}
+		}
+		if got := x.MatchLen(names[i%4], prompt, t0.Add(time.Duration(i)*time.Millisecond)); got != len(prompt) {
+			t.Fatalf("the last prompt recorded matches %d blocks, want %d", got, len(prompt))
+		}
+		checkInvariants(t, x)
 	}
-	if got := x.MatchLen(names[i%4], prompt, t0.Add(time.Duration(i)*time.Millisecond)); got != len(prompt) {
-		t.Fatalf("the last prompt recorded matches %d blocks, want %d", got, len(prompt))
-	}
-	checkInvariants(t, x)
 }
 
 func must(t testing.TB, err error) {
