@@ -258,16 +258,19 @@ func newPrefixAware(cfg PrefixAwareConfig, faithful bool) (*prefixAware, error) 
 func PrefixAware(cfg PrefixAwareConfig) (Policy, error) { return newPrefixAware(cfg, false) }
 
 // SGLangCacheAware returns SGLang's cache_aware policy as its router runs it
-// today, as a baseline. Load is the router's own count of its requests in
-// flight at each candidate ([EndpointLoad.Outstanding]; SGLang's
-// Worker::load()), never an engine signal. When the candidates are
+// today (sgl-model-gateway, released as the sglang-router package 0.3.2 of
+// January 2026), as a baseline. Load is the router's own count of its
+// requests in flight at each candidate ([EndpointLoad.Outstanding];
+// SGLang's Worker::load()), never an engine signal. When the candidates are
 // imbalanced, the least loaded; otherwise, if the longest match covers more
 // than MatchThreshold of the prompt, the candidate with the longest match;
 // otherwise the least loaded (sgl-model-gateway/src/policies/cache_aware.rs,
 // since PR 14650 of December 2025; MissToSmallestTree restores the earlier
 // rule, the candidate with the fewest indexed blocks). Ties are broken at
 // random (since PR 33138, which fixed issue 32983: ties on min load went to
-// the first worker). The choice is recorded in the index, whose capacity is
+// the first worker, as they still do in the 0.3.2 release). Among several
+// holders of the longest match it picks one at random, where SGLang takes
+// the most recent. The choice is recorded in the index, whose capacity is
 // left as configured rather than sized from the engines' KV capacity.
 func SGLangCacheAware(cfg PrefixAwareConfig) (Policy, error) { return newPrefixAware(cfg, true) }
 
