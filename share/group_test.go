@@ -393,6 +393,9 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"interval", Config{Conn: conn, Interval: time.Microsecond}},
 		{"ttl below interval", Config{Conn: conn, Interval: time.Second, TTL: time.Millisecond}},
 		{"negative signal age", Config{Conn: conn, MaxSignalAge: -1}},
+		// Its batches would carry a bucket width that receivers refuse.
+		{"signal age", Config{Conn: conn, MaxSignalAge: maxSignalAgeTime + 1}},
+		{"signal age overflowing", Config{Conn: conn, MaxSignalAge: math.MaxInt64}},
 		{"peers", Config{Conn: conn, MaxPeers: -1}},
 		{"endpoints", Config{Conn: conn, MaxEndpoints: maxEPsLimit + 1}},
 		{"blocks", Config{Conn: conn, MaxBlocks: maxBlocksLimit + 1}},
@@ -513,4 +516,17 @@ func TestLoadFromVersion1Peer(t *testing.T) {
 	assert.Equal(t, 1, l.Running)
 	assert.Equal(t, 0, l.PeerWaiting)
 	assert.Equal(t, int64(0), l.PeerPrefillTokens)
+}
+
+// A group at the largest MaxSignalAge and Interval builds batches that
+// its peers accept.
+func TestLongestSignalAgeRoundTrip(t *testing.T) {
+	cfg := Config{ID: "a", MaxSignalAge: maxSignalAgeTime, Interval: maxIntervalTime, TTL: 2 * maxIntervalTime}
+	a, err := New(cfg)
+	require.NoError(t, err)
+	cfg.ID = "b"
+	b, err := New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, b.Receive(a.AppendBatch(nil)))
+	assert.Equal(t, uint64(1), b.Stats().Received)
 }

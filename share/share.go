@@ -39,6 +39,10 @@ const (
 	maxEPsLimit     = 1 << 14
 	maxBlocksLimit  = 1 << 16
 	maxIntervalTime = time.Minute
+	// maxSignalAgeTime keeps the pick-time buckets of a batch (MaxSignalAge
+	// plus Interval, over at most 256 buckets) within the width every
+	// receiver accepts, maxWidth.
+	maxSignalAgeTime = 4 * time.Hour
 )
 
 // Sentinel errors; errors returned by this package wrap one of them.
@@ -81,7 +85,7 @@ type Config struct {
 	// treated as missing; set it to the maximum age given to
 	// llmlb.WithSignal. It also sets how far back a replica's batches
 	// describe its requests' pick times. 0 means
-	// [llmlb.DefaultMaxSignalAge].
+	// [llmlb.DefaultMaxSignalAge]; at most 4 hours.
 	MaxSignalAge time.Duration
 	// Index, if not nil, receives the prefix blocks peers routed
 	// ([prefix.Index.Record]): the index the policy records its own
@@ -201,8 +205,8 @@ func New(cfg Config) (*Group, error) {
 	switch {
 	case len(cfg.ID) > 128:
 		return nil, fmt.Errorf("%w: ID is %d bytes, at most 128", ErrInvalidConfig, len(cfg.ID))
-	case cfg.MaxSignalAge < 0:
-		return nil, fmt.Errorf("%w: MaxSignalAge %v is negative", ErrInvalidConfig, cfg.MaxSignalAge)
+	case cfg.MaxSignalAge < 0 || cfg.MaxSignalAge > maxSignalAgeTime:
+		return nil, fmt.Errorf("%w: MaxSignalAge %v out of range [0, %v]", ErrInvalidConfig, cfg.MaxSignalAge, maxSignalAgeTime)
 	case cfg.Interval < time.Millisecond || cfg.Interval > maxIntervalTime:
 		return nil, fmt.Errorf("%w: Interval %v out of range [1ms, %v]", ErrInvalidConfig, cfg.Interval, maxIntervalTime)
 	case cfg.TTL < cfg.Interval:
