@@ -161,12 +161,16 @@ func (c *Config) applySignal(spec PolicySpec) {
 }
 
 // Signal freshness of the gie-default preset: the endpoint picker polls each
-// engine's metrics every 50 ms and considers them stale after 2 s
-// (--refresh-metrics-interval and --metrics-staleness-threshold, defaults in
-// pkg/epp/server/options.go of gateway-api-inference-extension v1.5.0).
+// engine's metrics every 50 ms (--refresh-metrics-interval, in
+// pkg/epp/server/options.go of gateway-api-inference-extension v1.5.0) and
+// scores the last metrics it holds however old they are: its
+// --metrics-staleness-threshold (2 s) only feeds its logs, and the
+// scheduler lists candidates with AllPodsPredicate
+// (pkg/epp/requestcontrol/candidates.go). GIEMaxSignalAge, an hour, stands
+// for that "however old": no observation of a run gets near it.
 const (
 	GIEScrape       = 50 * time.Millisecond
-	GIEMaxSignalAge = 2 * time.Second
+	GIEMaxSignalAge = time.Hour
 )
 
 // SGLangTreeBlocks is the capacity per replica of the sglang-* presets'
