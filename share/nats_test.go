@@ -1,14 +1,20 @@
 package share
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"math"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -158,4 +164,63 @@ func TestServerRestart(t *testing.T) {
 		p.Done(nil)
 	}
 	require.Eventually(t, func() bool { return b.waiting("e1") == 0 }, 5*time.Second, 5*time.Millisecond)
+}
+
+// lockedBuffer collects log output written from Run's goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+// A batch larger than the server's max_payload cannot be published: the
+// Group says so once, counts every failure, and says when it publishes
+// again.
+func TestPublishFailureIsLogged(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: 1024})
+	require.NoError(t, err)
+	srv.Start()
+	require.True(t, srv.ReadyForConnections(10*time.Second))
+	t.Cleanup(srv.Shutdown)
+
+	var logs lockedBuffer
+	// A short signal age: batches describe finished requests until it
+	// passes, and the test waits for them to shrink.
+	const age = 50 * time.Millisecond
+	g, err := New(Config{Conn: connect(t, srv.ClientURL()), ID: "a", Interval: 5 * time.Millisecond, MaxSignalAge: age,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	b, err := llmlb.New(llmlb.LeastOutstanding(), llmlb.WithSignal(g, age), llmlb.WithObserver(g.Observer(nil)))
+	require.NoError(t, err)
+	var eps []llmlb.Endpoint
+	for i := range 64 { // 64 keys of 100 bytes with work in flight: over 6 KB a batch
+		eps = append(eps, key(fmt.Sprintf("%0100d", i)))
+	}
+	require.NoError(t, b.Update(eps))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	ps := pickN(t, b, len(eps))
+	require.Eventually(t, func() bool { return g.Stats().Unpublished >= 3 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1, logs.count("cannot publish"), "one warning for consecutive failures")
+	assert.Equal(t, 1, logs.count("maximum payload"), "the warning gives the cause")
+
+	for _, p := range ps {
+		p.Done(nil)
+	}
+	require.Eventually(t, func() bool { return logs.count("publishing again") == 1 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1, logs.count("cannot publish"))
 }

@@ -163,6 +163,7 @@ type Group struct {
 	seen   map[string]struct{} // decodeInto's scratch
 
 	connected     atomic.Bool
+	failing       bool // the last publish while connected failed; guarded by batchMu
 	published     atomic.Uint64
 	publishFailed atomic.Uint64
 	received      atomic.Uint64
@@ -557,7 +558,18 @@ func (g *Group) publish(buf []byte) []byte {
 	}
 	if err := g.conn.Publish(g.subject, buf); err != nil {
 		g.publishFailed.Add(1)
+		if !g.failing {
+			// Say why once, not every Interval: until a publish succeeds
+			// again, peers route without this replica's work.
+			g.failing = true
+			g.log.Warn("share: cannot publish; peers do not see this replica's work until it can",
+				"self", g.id, "bytes", len(buf), "err", err)
+		}
 		return buf
+	}
+	if g.failing {
+		g.failing = false
+		g.log.Info("share: publishing again", "self", g.id)
 	}
 	g.published.Add(1)
 	return buf
