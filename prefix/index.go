@@ -44,9 +44,9 @@ const (
 	// times BytesPerBlock, plus about a kilobyte per endpoint and 8 KB per
 	// index. Removing endpoints or lowering capacities frees their blocks;
 	// the holder table then shrinks as it empties, halving the parts of it
-	// that fall below 1/8 full (parts of up to 64 slots keep their memory
-	// while it is at most twice their size, so that small indexes do not
-	// allocate as their load moves).
+	// that fall below 1/8 full (parts of up to 64 slots keep their memory,
+	// at most 384 KB an index, so that small indexes do not allocate as
+	// their load moves).
 	BytesPerBlock = 160
 )
 
