@@ -163,6 +163,30 @@ type epState struct {
 	loader atomic.Pointer[func() *Load]
 }
 
+// areaTime is the unit of time of epState.area: unix nanoseconds over 1024,
+// about microseconds.
+func areaTime(nanos int64) int64 { return nanos >> 10 }
+
+// loadArea returns the integral over time, in tokens times areaTime units,
+// of the tokens of this balancer's requests outstanding at the endpoint,
+// from an arbitrary origin, at now (unix nanos). The endpoint must have a
+// speed estimate. With N the tokens outstanding and area
+// (speedEstimate.area) the sum of tokens times charge time less tokens
+// times release time, the integral up to t is t*N - area: an outstanding
+// request adds k*(t-charged), a finished one k*(released-charged). The
+// arithmetic wraps: only differences between two readings mean anything,
+// and they are exact while the integral between them fits in 63 bits (a
+// million tokens outstanding for three centuries).
+func (st *epState) loadArea(now int64) int64 {
+	var c counts
+	st.countsInto(&c)
+	return areaTime(now)*(c.prompt+c.decode) - st.est.area.Load()
+}
+
+// chargedTokens returns the tokens charged to an endpoint's prompt and
+// decode counts by a record whose charge is d2 (see epState.charge).
+func chargedTokens(d2 uint64) int64 { return int64(d2&low32 + d2>>32) }
+
 // The fields of the packed counts (epState.reqs and epState.toks).
 const (
 	reqsOutstanding = 1 << 32 // one outstanding request in reqs
@@ -717,6 +741,9 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	}
 	if b.learn {
 		rec.work = c.work
+		if st.est != nil {
+			st.est.area.Add(chargedTokens(rec.d2) * areaTime(rec.picked))
+		}
 	}
 	if b.signal != nil {
 		if at, fresh := b.commitEpoch(rec, st, prefill, decode, &c.t, timed); fresh && b.obs != nil {
@@ -871,6 +898,7 @@ func (p Pick) firstToken(measure bool) {
 	if measure && b.learn && st.est != nil {
 		now := b.clock.Now().UnixNano()
 		rec.first = now
+		rec.area0 = st.loadArea(now)
 		st.est.firstToken(rec.work, time.Duration(now-picked), now)
 	}
 	rec.state.Store(p.base | phaseStreaming)
@@ -906,6 +934,10 @@ func (p Pick) Done(err error) {
 		}
 	}
 	st, b, picked := rec.st, rec.b, rec.picked
+	var now int64 // when the policy learns, the time of Done
+	if b.learn {
+		now = b.clock.Now().UnixNano()
+	}
 	// The output tokens reported with Generated, if it was called for this
 	// request; the count then goes back to zero, tagged for the next one.
 	var out int64
@@ -921,8 +953,13 @@ func (p Pick) Done(err error) {
 			if out > 0 {
 				tokens = out
 			}
-			now := b.clock.Now().UnixNano()
-			st.est.done(time.Duration(now-rec.first), tokens, now)
+			// The mean of this balancer's tokens outstanding at the
+			// endpoint while the request decoded.
+			load := -1.0
+			if dt := areaTime(now) - areaTime(rec.first); dt > 0 {
+				load = float64(st.loadArea(now)-rec.area0) / float64(dt)
+			}
+			st.est.done(time.Duration(now-rec.first), tokens, now, load)
 		}
 		if b.outputs != nil && out > 0 {
 			b.outputs.observe(rec.kind, rec.feature, out)
@@ -937,6 +974,9 @@ func (p Pick) Done(err error) {
 		}
 	}
 	st.release(rec.d1, rec.d2, rec.spill, streaming)
+	if b.learn && st.est != nil {
+		st.est.area.Add(-chargedTokens(rec.d2) * areaTime(now))
+	}
 	if rec.epoch != 0 {
 		b.doneEpoch(st, rec, streaming)
 	}
@@ -1002,6 +1042,7 @@ type record struct {
 	picked int64   // unix nanos of the pick, when the balancer has an Observer or a Signal or learns
 	first  int64   // unix nanos of the first token, when the balancer learns
 	work   float64 // the prefill work the policy priced, when the balancer learns
+	area0  int64   // the endpoint's loadArea at the first token, when the balancer learns
 	// out is the output tokens reported with Generated (outCountMask) and
 	// the generation they count for (outTag). A count under another
 	// generation's tag belongs to no live request and reads as zero; the
@@ -1012,7 +1053,7 @@ type record struct {
 	out           atomic.Uint64
 	kind, feature uint64      // the request's output-prediction keys
 	active        *activeHold // the request's active blocks, released at Done
-	_             [16]byte    // to 128 bytes (see the record pool)
+	_             [8]byte     // to 128 bytes (see the record pool)
 }
 
 // The packing of record.out: a generation tag above a count.

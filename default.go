@@ -146,35 +146,39 @@ type DefaultConfig struct {
 	// uncached prompt. An observation of a warm endpoint is clamped to
 	// within three mean absolute deviations of its prediction (on a log
 	// scale), so the tail (a preemption, an evicted prefix) does not drag
-	// the fit. Decode time per expected output token is fitted likewise
-	// from the time between the first token and a successful Done. A
-	// request that ends without a first token (failed, retried elsewhere,
-	// hedged, cancelled) teaches nothing; a caller that never calls
-	// [Pick.FirstToken] teaches nothing at all.
+	// the fit. Decode time per expected output token is measured likewise
+	// from the time between the first token and a successful Done, together
+	// with the mean of this balancer's tokens outstanding at the endpoint
+	// meanwhile (its load), so that endpoints are compared at equal load:
+	// a policy that sends the faster endpoints more work makes them decode
+	// each token slower, and comparing raw times per token would measure
+	// them slower than they are. A request that ends without a first token
+	// (failed, retried elsewhere, hedged, cancelled) teaches nothing; a
+	// caller that never calls [Pick.FirstToken] teaches nothing at all.
 	//
-	// At each pick the candidates' fits are averaged, by confidence, into
-	// the pool's speed. A candidate's slowness is its predicted TTFT for
-	// this request's work over the pool's, moved from 1 only by its
-	// confidence g = n/(n+8), n its observations decayed with a half-life
-	// of 30 s without new ones, and bounded to [1/16, 16]. Slowness is
-	// priced only when the candidates' fits differ by more than their
-	// noise: when their deviations from the pool, in standard errors of
-	// each fit, average a square above 8, or one's square exceeds 12 times
-	// the log of their number. Otherwise every candidate's slowness is
-	// exactly 1, so that equal replicas are priced as with learning off;
-	// that verdict stands for 10 ms, during which picks read no estimate.
-	// The waiting terms and the uncached prompt of a candidate's cost are
-	// multiplied by its prefill slowness, its KV footprint by the square
-	// of its decode slowness (a slower endpoint both decodes each step
-	// slower and holds each token longer). The measurement takes the
-	// place of a declared weight ([Endpoint] with a Weight method) rather
-	// than adding to it: the cost is divided by the weight to the power
-	// 1-g, so a weight is the prior of an endpoint not yet measured and
-	// fades as its speed is measured. An endpoint without observations
-	// has slowness exactly 1, so a cold balancer decides exactly as
-	// without learning; an endpoint avoided for being slow regains the
-	// pool's average as its evidence ages, is tried again and measured
-	// anew.
+	// At each pick the candidates' fits are averaged, by confidence, into the
+	// pool's speed. A candidate's prefill slowness is its predicted TTFT for this
+	// request's work over the pool's; its decode slowness is its time per token
+	// over the pool's at the same load (the log of the time per token taken to
+	// grow linearly with the load, at a rate the pool shares and that is fitted
+	// from each endpoint's variation). Both are moved from 1 only by the
+	// estimate's confidence g = n/(n+8), n its observations decayed with a
+	// half-life of 30 s without new ones, and bounded to [1/16, 16]. Slowness is
+	// priced only when the candidates' fits differ by more than their noise: when
+	// their deviations from the pool, in standard errors of each fit, average a
+	// square above 8, or one's square exceeds 12 times the log of their number.
+	// Otherwise every candidate's slowness is exactly 1, so that equal replicas
+	// are priced as with learning off; that verdict stands for 10 ms, during which
+	// picks read no estimate. The waiting terms and the uncached prompt of a
+	// candidate's cost are multiplied by its prefill slowness, its KV footprint by
+	// its decode slowness (a slower endpoint holds each token longer). The
+	// measurement takes the place of a declared weight ([Endpoint] with a Weight
+	// method) rather than adding to it: the cost is divided by the weight to the
+	// power 1-g, so a weight is the prior of an endpoint not yet measured and
+	// fades as its speed is measured. An endpoint without observations has
+	// slowness exactly 1, so a cold balancer decides exactly as without learning;
+	// an endpoint avoided for being slow regains the pool's average as its
+	// evidence ages, is tried again and measured anew.
 	//
 	// What stays a constant: the relative prices of the terms (CacheWeight,
 	// QueueWeight, SlotWeight, FootprintWeight, KVPenalty), since they
@@ -621,7 +625,7 @@ func (p *defaultPolicy) scored(c *Candidates, n, home int) []int32 {
 // CacheWeight + over, and a token only sent for, not reported by engine
 // events, is credited over. With pool (learning), the waiting terms and the
 // prefill are scaled by the candidate's prefill slowness and the footprint
-// by the square of its decode slowness, and the work the request waits for
+// by its decode slowness, and the work the request waits for
 // is noted in c.speeds[i]. The caller divides the cost by the candidate's
 // weight; with a measured speed of confidence g, the cost is first
 // multiplied by its declared weight to the power g, so that the
@@ -670,9 +674,8 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 			}
 			if sd != 1 {
 				// The footprint is tokens held over time: a slower
-				// endpoint decodes each step slower and holds each
-				// token that much longer.
-				fp *= sd * sd
+				// endpoint holds each token that much longer.
+				fp *= sd
 			}
 		}
 	}

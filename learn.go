@@ -90,6 +90,10 @@ type speedEstimate struct {
 	c, mw               float64
 	// Decode sums: weight, seconds, tokens.
 	dn, dy, dt float64
+	// Load sums of the decode (see done), each observation weighted by its
+	// tokens: weight, load, log seconds per token, load^2, load*log
+	// seconds per token.
+	ln, ll, ly, lll, lly float64
 	// dev and ddev are the mean absolute log ratios of observation to
 	// prediction, prefill and decode, for the clamp.
 	dev, ddev float64
@@ -103,6 +107,16 @@ type speedEstimate struct {
 	dse    atomic.Uint64 // its relative standard error
 	dcount atomic.Uint64 // dn
 	dat    atomic.Int64  // unix nanos of the last decode observation
+	// The load sums' means and moments per unit weight: load, log seconds
+	// per token, their covariance and the load's variance, published once
+	// loaded is set (a decode with a known load observed).
+	lload, llog, lcov, lvar atomic.Uint64
+	loaded                  atomic.Bool
+
+	// area is the sum over this balancer's requests to the endpoint of
+	// their tokens times the time (areaTime) they were charged, less the
+	// same at their release (see epState.loadArea).
+	area atomic.Int64
 }
 
 // firstToken folds in one request's time to first token: work prefill tokens
@@ -223,8 +237,17 @@ func fitLine(n, sw, sy, sww, swy float64) (a, tau float64) {
 }
 
 // done folds in one request's decode: d from its first token to Done, over
-// tokens expected decode tokens, observed at now.
-func (e *speedEstimate) done(d time.Duration, tokens int64, now int64) {
+// tokens expected decode tokens, observed at now, with load tokens of this
+// balancer's requests outstanding at the endpoint on average meanwhile
+// (negative if unknown).
+//
+// Besides the ratio of seconds to tokens, it keeps the moments of the log
+// of the seconds per token against the load, from which the pool compares
+// endpoints at the same load (see poolSpeed.slowness): an endpoint's time
+// per token grows with the tokens it holds, and a policy that sends more
+// work to the faster endpoints would otherwise measure them slower than
+// they are.
+func (e *speedEstimate) done(d time.Duration, tokens int64, now int64, load float64) {
 	y := d.Seconds()
 	if tokens <= 0 || !(y >= 0) {
 		return
@@ -245,6 +268,21 @@ func (e *speedEstimate) done(d time.Duration, tokens int64, now int64) {
 		tau = min(max(e.dy/e.dt, learnMinTau), learnMaxSeconds)
 	}
 	e.dtau.Store(math.Float64bits(tau))
+	if load >= 0 && y > 0 {
+		load = min(load, learnMaxWork)
+		ly := math.Log(y / x)
+		e.ln = e.ln*keep + x
+		e.ll = e.ll*keep + x*load
+		e.ly = e.ly*keep + x*ly
+		e.lll = e.lll*keep + x*load*load
+		e.lly = e.lly*keep + x*load*ly
+		ml, my := e.ll/e.ln, e.ly/e.ln
+		e.lload.Store(math.Float64bits(ml))
+		e.llog.Store(math.Float64bits(my))
+		e.lcov.Store(math.Float64bits(e.lly/e.ln - ml*my))
+		e.lvar.Store(math.Float64bits(max(e.lll/e.ln-ml*ml, 0)))
+		e.loaded.Store(true)
+	}
 	e.dse.Store(math.Float64bits(stdErr(e.ddev, e.dn)))
 	e.dcount.Store(math.Float64bits(e.dn))
 	e.dat.Store(now)
@@ -257,8 +295,12 @@ func (e *speedEstimate) done(d time.Duration, tokens int64, now int64) {
 type speedView struct {
 	a, tau, g, se float64
 	dtau, dg, dse float64
-	weight        float64
-	work          float64
+	// The decode's load moments (speedEstimate.lload and the others);
+	// loaded is set when they are known.
+	lload, llog, lcov, lvar float64
+	loaded                  bool
+	weight                  float64
+	work                    float64
 }
 
 // confidence returns n/(n+learnPrior) with n the count decayed by the age of
@@ -288,6 +330,13 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 		v.dtau = dtau
 		v.dg = confidence(math.Float64frombits(e.dcount.Load()), e.dat.Load(), now)
 		v.dse = math.Float64frombits(e.dse.Load())
+		if e.loaded.Load() {
+			v.loaded = true
+			v.lload = math.Float64frombits(e.lload.Load())
+			v.llog = math.Float64frombits(e.llog.Load())
+			v.lcov = math.Float64frombits(e.lcov.Load())
+			v.lvar = math.Float64frombits(e.lvar.Load())
+		}
 	}
 }
 
@@ -298,6 +347,9 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 type poolSpeed struct {
 	g, a, tau float64 // sums of g, g*a, g*tau
 	dg, dtau  float64 // sums of dg, dg*dtau
+	// Sums of dg and of dg times the decode's load moments, over the
+	// candidates whose moments are known.
+	lg, lload, llog, lcov, lvar float64
 	// The same sums over the fits with a standard error, those test
 	// compares.
 	sg, sa, stau float64
@@ -386,6 +438,13 @@ func (p *poolSpeed) add(v *speedView) {
 	if v.dg > 0 {
 		p.dg += v.dg
 		p.dtau += v.dg * v.dtau
+		if v.loaded {
+			p.lg += v.dg
+			p.lload += v.dg * v.lload
+			p.llog += v.dg * v.llog
+			p.lcov += v.dg * v.lcov
+			p.lvar += v.dg * v.lvar
+		}
 		if v.dse > 0 {
 			p.sdg += v.dg
 			p.sdtau += v.dg * v.dtau
@@ -395,8 +454,17 @@ func (p *poolSpeed) add(v *speedView) {
 
 // slowness returns how many times longer than the pool's average candidate
 // v takes to reach its first token with work tokens to prefill, and to
-// decode: 1 + g*(fit/pool - 1), bounded to [1/learnMaxSlowness,
-// learnMaxSlowness], and exactly 1 for an endpoint without observations.
+// decode a token at the same load: 1 + g*(fit/pool - 1), bounded to
+// [1/learnMaxSlowness, learnMaxSlowness], and exactly 1 for an endpoint
+// without observations.
+//
+// The decode comparison is at equal load. Each endpoint's log seconds per
+// token is taken to grow with the tokens it holds at one rate for the pool,
+// beta, estimated from how the times vary with the load within each
+// endpoint (the confidence-weighted within-endpoint covariance over the
+// variance); an endpoint's slowness is then exp of its mean log time, less
+// beta times its mean load, minus the pool's mean of the same. Without
+// load moments it falls back on the ratio of mean seconds per token.
 func (p *poolSpeed) slowness(v *speedView, work float64) (prefill, decode float64) {
 	prefill, decode = 1, 1
 	if v.g > 0 && p.g > 0 {
@@ -407,7 +475,17 @@ func (p *poolSpeed) slowness(v *speedView, work float64) (prefill, decode float6
 		}
 	}
 	if v.dg > 0 && p.dg > 0 {
-		if r := v.dtau * p.dg / p.dtau; r > 0 && !math.IsInf(r, 0) {
+		r := v.dtau * p.dg / p.dtau
+		if v.loaded && p.lg > 0 {
+			beta := 0.0
+			if p.lvar > 0 {
+				beta = max(p.lcov/p.lvar, 0) // a load never speeds decoding up
+			}
+			own := v.llog - beta*v.lload
+			pool := (p.llog - beta*p.lload) / p.lg
+			r = math.Exp(own - pool)
+		}
+		if r > 0 && !math.IsInf(r, 0) {
 			decode = 1 + v.dg*(boundSlowness(r)-1)
 		}
 	}

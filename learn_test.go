@@ -74,10 +74,131 @@ func TestSpeedEstimateDecodeConverges(t *testing.T) {
 	for i := range 200 {
 		tokens := int64(16 + rng.IntN(1000))
 		d := float64(tokens) * perToken * math.Exp(0.1*rng.NormFloat64())
-		e.done(time.Duration(d*float64(time.Second)), tokens, int64(i))
+		e.done(time.Duration(d*float64(time.Second)), tokens, int64(i), -1)
 	}
 	if got := math.Float64frombits(e.dtau.Load()); math.Abs(got/perToken-1) > 0.05 {
 		t.Errorf("decode %.4f s/token, want %.4f within 5%%", got, perToken)
+	}
+}
+
+// TestDecodeSlownessAtEqualLoad checks that decode slowness compares
+// endpoints at the same load. Two endpoints take c*h(load) seconds per
+// token, the second with twice the first's c; the faster one is measured
+// while holding three times the tokens the slower one holds, as when a
+// policy sends it more work. Their raw seconds per token then differ by far
+// less than 2x. Compared at equal load they differ by 2x within 5% when
+// the log of the time grows linearly with the load, as the estimate
+// assumes, and within 15% when it grows as log(1 + load/40000), concave
+// like an engine's decode step over its KV usage.
+func TestDecodeSlownessAtEqualLoad(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		h    func(load float64) float64
+		tol  float64
+	}{
+		{"exponential", func(l float64) float64 { return math.Exp(l / 60000) }, 0.05},
+		{"linear", func(l float64) float64 { return 1 + l/40000 }, 0.15},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, 8))
+			var fast, slow speedEstimate
+			observe := func(e *speedEstimate, c, meanLoad float64) {
+				tokens := int64(16 + rng.IntN(1000))
+				load := meanLoad * (0.5 + rng.Float64())
+				perToken := c * tc.h(load) * math.Exp(0.05*rng.NormFloat64())
+				e.done(time.Duration(perToken*float64(tokens)*float64(time.Second)), tokens, 0, load)
+			}
+			for range 200 {
+				observe(&fast, 0.01, 90000)
+				observe(&slow, 0.02, 30000)
+			}
+			var pool poolSpeed
+			var f, s speedView
+			f.load(&fast, 1, 0)
+			s.load(&slow, 1, 0)
+			pool.add(&f)
+			pool.add(&s)
+			raw := s.dtau / f.dtau
+			if raw > 1.5 {
+				t.Fatalf("raw ratio of seconds per token %.2f; the setup should hide the speeds", raw)
+			}
+			// Slowness moves from 1 by the confidence: undo it to compare
+			// the fits.
+			fit := func(p *poolSpeed, v *speedView) float64 {
+				_, d := p.slowness(v, 0)
+				return 1 + (d-1)/v.dg
+			}
+			if ratio := fit(&pool, &s) / fit(&pool, &f); math.Abs(ratio/2-1) > tc.tol {
+				t.Errorf("decode slowness ratio %.3f at equal load (raw %.2f), want 2 within %.0f%%", ratio, raw, 100*tc.tol)
+			}
+			// Without the loads, the ratio is the raw one.
+			f.loaded, s.loaded = false, false
+			var raws poolSpeed
+			raws.add(&f)
+			raws.add(&s)
+			if got := fit(&raws, &s) / fit(&raws, &f); math.Abs(got/raw-1) > 1e-9 {
+				t.Errorf("decode slowness ratio without loads %.3f, want the raw %.3f", got, raw)
+			}
+		})
+	}
+}
+
+// TestLoadArea checks the integral of an endpoint's outstanding tokens
+// over time that decode observations are measured against: the mean load
+// between two readings, overlapping requests, and no drift once every
+// request is done.
+func TestLoadArea(t *testing.T) {
+	clock := newFakeClock()
+	p, _ := Default(DefaultConfig{})
+	bal, err := New(p, WithClock(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bal.Update(eps(1)); err != nil {
+		t.Fatal(err)
+	}
+	st := bal.snap.Load().eps[0]
+	ctx := context.Background()
+	area := func() int64 { return st.loadArea(clock.Now().UnixNano()) }
+	// mean returns the mean tokens outstanding between two readings d
+	// apart; areaTime's unit is 1024 ns.
+	mean := func(a0, a1 int64, d time.Duration) float64 { return float64(a1-a0) / (float64(d) / 1024) }
+
+	a0 := area()
+	pa, err := bal.Pick(ctx, &Request{PromptTokens: 1000, OutputTokens: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Second)
+	a1 := area()
+	if got := mean(a0, a1, time.Second); math.Abs(got/1200-1) > 1e-3 {
+		t.Errorf("mean load over one request's first second %.1f, want 1200", got)
+	}
+	pb, err := bal.Pick(ctx, &Request{PromptTokens: 3000, OutputTokens: 800})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	a2 := area()
+	if got := mean(a1, a2, 2*time.Second); math.Abs(got/5000-1) > 1e-3 {
+		t.Errorf("mean load with both requests outstanding %.1f, want 5000", got)
+	}
+	pa.FirstToken()
+	pa.Done(nil)
+	clock.Advance(time.Second)
+	a3 := area()
+	if got := mean(a2, a3, time.Second); math.Abs(got/3800-1) > 1e-3 {
+		t.Errorf("mean load after the first request is done %.1f, want 3800", got)
+	}
+	pb.Done(errors.New("failed"))
+	a4 := area()
+	clock.Advance(time.Hour)
+	if a5 := area(); a5 != a4 {
+		t.Errorf("the area moved by %d over an hour with nothing outstanding", a5-a4)
+	}
+	// The first request outstanding for 3 s, the second for 3 s.
+	if got, want := mean(a0, a4, 4*time.Second), (1200.0*3+3800*3)/4; math.Abs(got/want-1) > 1e-3 {
+		t.Errorf("mean load over the whole run %.1f, want %.1f", got, want)
 	}
 }
 
@@ -355,7 +476,7 @@ func TestLearnReplacesDeclaredWeight(t *testing.T) {
 				ttft := syntheticTTFT(rng, 0.02, 40000, work, 0)
 				for _, st := range b.snap.Load().eps {
 					st.est.firstToken(work, ttft, now)
-					st.est.done(time.Second, 100, now)
+					st.est.done(time.Second, 100, now, -1)
 				}
 			}
 		}
@@ -470,7 +591,7 @@ func TestPoolTestLeavesOutYoungFits(t *testing.T) {
 	observe := func(e *speedEstimate, a, rate, work float64) {
 		now += int64(time.Millisecond)
 		e.firstToken(work, syntheticTTFT(rng, a, rate, work, 0), now)
-		e.done(time.Duration(float64(200*time.Millisecond)*a/0.05*(0.95+0.1*rng.Float64())), 10, now)
+		e.done(time.Duration(float64(200*time.Millisecond)*a/0.05*(0.95+0.1*rng.Float64())), 10, now, -1)
 	}
 	for range 20 {
 		for i := range n - 1 {
@@ -516,7 +637,7 @@ func TestSlownessColdIsOne(t *testing.T) {
 	var warm speedEstimate
 	for i := range 100 {
 		warm.firstToken(float64(1000+i*10), time.Duration(1000+i*10)*time.Millisecond, 0)
-		warm.done(time.Second, 10, 0)
+		warm.done(time.Second, 10, 0, float64(i*100))
 	}
 	var pool poolSpeed
 	var w, c speedView
@@ -547,6 +668,7 @@ func FuzzSpeedEstimate(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var est, other speedEstimate
 		other.firstToken(1000, time.Second, 0)
+		other.done(time.Second, 100, 0, 5000)
 		rng := rand.New(rand.NewPCG(uint64(len(data)), 1))
 		next := func() float64 {
 			if len(data) == 0 {
@@ -573,15 +695,21 @@ func FuzzSpeedEstimate(f *testing.F) {
 		for range 300 {
 			work, y, now := next(), next(), int64(dur(next()))
 			est.firstToken(work, dur(y), now)
-			est.done(dur(next()), int64(dur(next())), now)
+			est.done(dur(next()), int64(dur(next())), now, next())
 			for _, v := range []float64{
 				math.Float64frombits(est.a.Load()), math.Float64frombits(est.tau.Load()),
 				math.Float64frombits(est.dtau.Load()), math.Float64frombits(est.count.Load()),
 				math.Float64frombits(est.dcount.Load()), math.Float64frombits(est.se.Load()),
-				math.Float64frombits(est.dse.Load()),
+				math.Float64frombits(est.dse.Load()), math.Float64frombits(est.lload.Load()),
+				math.Float64frombits(est.lvar.Load()),
 			} {
 				if !(v >= 0) || math.IsInf(v, 0) {
 					t.Fatalf("estimate published %v", v)
+				}
+			}
+			for _, v := range []float64{math.Float64frombits(est.llog.Load()), math.Float64frombits(est.lcov.Load())} {
+				if math.IsNaN(v) || math.IsInf(v, 0) {
+					t.Fatalf("estimate published load moment %v", v)
 				}
 			}
 			var pool poolSpeed
