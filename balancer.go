@@ -836,7 +836,7 @@ func (b *Balancer) unobserved() bool {
 // fields that only some balancers use cleared.
 func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record {
 	rec := recordPool.Get().(*record)
-	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work = st, b, 0, 0, 0, 0
+	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work, rec.area0 = st, b, 0, 0, 0, 0, 0
 	rec.kind, rec.feature, rec.active = 0, 0, nil
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	if rec.spill != 0 && !b.spilled.Load() {

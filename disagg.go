@@ -183,7 +183,11 @@ func (p Pick) decodeBegins() {
 		return
 	}
 	if b := rec.b; b.learn && rec.first == 0 {
-		rec.first = b.clock.Now().UnixNano()
+		now := b.clock.Now().UnixNano()
+		rec.first = now
+		if st := rec.st; st.est != nil {
+			rec.area0 = st.loadArea(now)
+		}
 	}
 	rec.state.Store(p.base | phaseStreaming)
 }

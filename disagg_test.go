@@ -296,7 +296,7 @@ func TestDisaggregatedAccountingBalances(t *testing.T) {
 // TestDisaggregatedDecodePoolLearnsDecodeFromTheFirstToken checks that a
 // decode pool that learns speeds times a remote request's decode from its
 // first token, not from the pick: the wait for the prefill and the transfer
-// is not decode time.
+// is not decode time, and the load it decoded under is measured from there.
 func TestDisaggregatedDecodePoolLearnsDecodeFromTheFirstToken(t *testing.T) {
 	clk := newFakeClock()
 	pre := mustNew(t, RoundRobin(), WithClock(clk))
@@ -325,6 +325,11 @@ func TestDisaggregatedDecodePoolLearnsDecodeFromTheFirstToken(t *testing.T) {
 	est := dec.snap.Load().eps[0].est
 	if got := math.Float64frombits(est.dtau.Load()); math.Abs(got-0.01) > 1e-9 {
 		t.Fatalf("learned %v s per decode token, want 0.01", got)
+	}
+	// The load the decode is measured against is the one request's
+	// tokens, outstanding from its first token to Done.
+	if got := math.Float64frombits(est.lload.Load()); !est.loaded.Load() || math.Abs(got-4100) > 1 {
+		t.Fatalf("decode measured at a mean load of %v tokens (known %v), want 4100", got, est.loaded.Load())
 	}
 }
 
