@@ -352,8 +352,9 @@ type poolSpeed struct {
 	lg, lload, llog, lcov, lvar float64
 	// The same sums over the fits with a standard error, those test
 	// compares.
-	sg, sa, stau float64
-	sdg, sdtau   float64
+	sg, sa, stau       float64
+	sdg, sdtau         float64
+	slg, slload, sllog float64
 	// uneven is set by test: the candidates' speeds differ by more than
 	// their estimates' noise.
 	uneven bool
@@ -375,8 +376,12 @@ func (p *poolSpeed) learned() bool { return p.uneven && (p.g > 0 || p.dg > 0) }
 // (one slow replica among many). On equal replicas the differences are
 // noise (and what transient load makes of the fits): pricing them would
 // move requests at random and cost a little, so an even pool is priced as
-// without learning. The candidates are vs[i] for i in pick, or every
-// element of vs when pick is nil.
+// without learning. Decode times are compared at equal load, as slowness
+// prices them: a policy that sends the faster endpoints more work makes
+// their raw times per token alike, and a test of the raw times would then
+// find the pool even and stop the pricing that made them so. The
+// candidates are vs[i] for i in pick, or every element of vs when pick is
+// nil.
 func (p *poolSpeed) test(vs []speedView, pick []int32, work float64) {
 	p.uneven = false
 	if p.g == 0 && p.dg == 0 {
@@ -391,6 +396,10 @@ func (p *poolSpeed) test(vs []speedView, pick []int32, work float64) {
 	if p.sdg > 0 {
 		dec = p.sdtau / p.sdg
 	}
+	beta, loaded := p.beta(), 0.0
+	if p.slg > 0 {
+		loaded = (p.sllog - beta*p.slload) / p.slg
+	}
 	sum, most, n := 0.0, 0.0, 0
 	add := func(v *speedView) {
 		if v.g > 0 && pre > 0 && v.se > 0 {
@@ -400,7 +409,11 @@ func (p *poolSpeed) test(vs []speedView, pick []int32, work float64) {
 			n++
 		}
 		if v.dg > 0 && dec > 0 && v.dse > 0 {
-			z := v.dg * (boundSlowness(v.dtau/dec) - 1) / v.dse
+			r := v.dtau / dec
+			if v.loaded && p.slg > 0 {
+				r = math.Exp(v.llog - beta*v.lload - loaded)
+			}
+			z := v.dg * (boundSlowness(r) - 1) / v.dse
 			sum += z * z
 			most = max(most, z*z)
 			n++
@@ -448,6 +461,11 @@ func (p *poolSpeed) add(v *speedView) {
 		if v.dse > 0 {
 			p.sdg += v.dg
 			p.sdtau += v.dg * v.dtau
+			if v.loaded {
+				p.slg += v.dg
+				p.slload += v.dg * v.lload
+				p.sllog += v.dg * v.llog
+			}
 		}
 	}
 }
@@ -477,10 +495,7 @@ func (p *poolSpeed) slowness(v *speedView, work float64) (prefill, decode float6
 	if v.dg > 0 && p.dg > 0 {
 		r := v.dtau * p.dg / p.dtau
 		if v.loaded && p.lg > 0 {
-			beta := 0.0
-			if p.lvar > 0 {
-				beta = max(p.lcov/p.lvar, 0) // a load never speeds decoding up
-			}
+			beta := p.beta()
 			own := v.llog - beta*v.lload
 			pool := (p.llog - beta*p.lload) / p.lg
 			r = math.Exp(own - pool)
@@ -490,6 +505,17 @@ func (p *poolSpeed) slowness(v *speedView, work float64) (prefill, decode float6
 		}
 	}
 	return prefill, decode
+}
+
+// beta returns the pool's rate of growth of the log of the time per decode
+// token with the load: the confidence-weighted within-endpoint covariance
+// over the variance, 0 when the loads do not vary. A load never speeds
+// decoding up.
+func (p *poolSpeed) beta() float64 {
+	if p.lvar > 0 {
+		return max(p.lcov/p.lvar, 0)
+	}
+	return 0
 }
 
 // boundSlowness bounds a ratio of an endpoint's fit to the pool's to

@@ -577,6 +577,78 @@ func TestPoolSpeedTest(t *testing.T) {
 	}
 }
 
+// TestPoolTestComparesDecodeAtEqualLoad checks that the test of the pool
+// compares decode times at equal load, as the price does: two fast
+// endpoints carrying twice the load of six slow ones, at which their raw
+// times per token are the slow ones' within the noise, still make the pool
+// uneven; the same pool compared raw (loads unknown) is even, the verdict
+// that once switched the pricing off whenever it had balanced the loads;
+// and equal endpoints at unequal loads stay even.
+func TestPoolTestComparesDecodeAtEqualLoad(t *testing.T) {
+	const scale = 60000 // the load that multiplies a time per token by e
+	// At these loads exp(2L/scale)*c equals exp(L/scale)*2c: the fast
+	// endpoints' raw times per token are the slow ones'.
+	light := scale * math.Ln2
+	run := func(perToken func(i int) float64, meanLoad func(i int) float64) (uneven, raw bool) {
+		rng := rand.New(rand.NewPCG(11, 12))
+		const n = 8
+		ests := make([]speedEstimate, n)
+		now := int64(0)
+		for range 300 {
+			for i := range ests {
+				now += int64(time.Millisecond)
+				work := 1000 + 2000*rng.Float64()
+				ests[i].firstToken(work, syntheticTTFT(rng, 0.05, 20000, work, 0), now)
+				tokens := int64(16 + rng.IntN(1000))
+				load := meanLoad(i) * (0.5 + rng.Float64())
+				y := perToken(i) * math.Exp(load/scale) * math.Exp(0.05*rng.NormFloat64())
+				ests[i].done(time.Duration(y*float64(tokens)*float64(time.Second)), tokens, now, load)
+			}
+		}
+		test := func(loaded bool) bool {
+			vs := make([]speedView, n)
+			var pool poolSpeed
+			for i := range vs {
+				vs[i].load(&ests[i], 1, now)
+				if !loaded {
+					vs[i].loaded = false
+				}
+				pool.add(&vs[i])
+			}
+			pool.test(vs, nil, 2000)
+			return pool.uneven
+		}
+		return test(true), test(false)
+	}
+	fast := func(i int) bool { return i < 2 }
+	uneven, raw := run(func(i int) float64 {
+		if fast(i) {
+			return 0.01
+		}
+		return 0.02
+	}, func(i int) float64 {
+		if fast(i) {
+			return 2 * light
+		}
+		return light
+	})
+	if !uneven {
+		t.Error("endpoints twice as fast at twice the load: the pool tested even, want uneven")
+	}
+	if raw {
+		t.Error("the same endpoints compared raw tested uneven; the setup should hide the speeds from raw times")
+	}
+	uneven, _ = run(func(int) float64 { return 0.015 }, func(i int) float64 {
+		if fast(i) {
+			return 2 * light
+		}
+		return light
+	})
+	if uneven {
+		t.Error("equal endpoints at unequal loads tested uneven, want even")
+	}
+}
+
 // TestSlownessColdIsOne checks that a cold candidate's slowness is exactly 1
 // whatever the pool learned, and a warm one's is bounded.
 // TestPoolTestLeavesOutYoungFits checks that a fit of a few requests, whose
