@@ -649,6 +649,45 @@ func TestPoolTestComparesDecodeAtEqualLoad(t *testing.T) {
 	}
 }
 
+// TestPoolTestYoungSpreadFits checks a pool read early in a run of the
+// Mooncake trace on equal replicas, whose first completions spread decode
+// times per token widely: of eight decode fits three had a standard error, one
+// a quarter of their geometric mean, one nearly four times it. Counted as
+// log ratios in the fits' log-scale standard errors the differences are
+// noise; counted as relative differences (3.8 - 1 for the second fit)
+// they made the pool uneven.
+func TestPoolTestYoungSpreadFits(t *testing.T) {
+	view := func(perToken, dg, dse float64) speedView {
+		return speedView{
+			a: 0.05, tau: 1e-5, g: 0.5, se: 0.25, // prefill as the pool's
+			dtau: 0.02 * perToken, dg: dg, dse: dse, weight: 1,
+			loaded: true, lload: 30000, llog: math.Log(0.02 * perToken),
+			lcov: -1, lvar: 1e8, // no growth with the load measured
+		}
+	}
+	vs := []speedView{
+		view(0.27, 0.46, 0.355), view(3.88, 0.43, 0.16), view(1.05, 0.49, 0.356),
+		view(1.01, 0.27, 0), view(1.51, 0.27, 0), view(0.81, 0.38, 0), view(0.81, 0.33, 0), view(0.17, 0.27, 0),
+	}
+	var pool poolSpeed
+	for i := range vs {
+		pool.add(&vs[i])
+	}
+	pool.test(vs, nil, 2000)
+	if pool.uneven {
+		t.Error("three young fits of widely spread times made the pool uneven")
+	}
+	// The same fits, each as many observations further: the same spread
+	// is now a difference.
+	for i := range vs {
+		vs[i].dse /= 3
+	}
+	pool.test(vs, nil, 2000)
+	if !pool.uneven {
+		t.Error("the same spread at a third of the standard errors left the pool even")
+	}
+}
+
 // TestSlownessColdIsOne checks that a cold candidate's slowness is exactly 1
 // whatever the pool learned, and a warm one's is bounded.
 // TestPoolTestLeavesOutYoungFits checks that a fit of a few requests, whose
@@ -866,5 +905,15 @@ func TestLearnPickDoesNotAllocate(t *testing.T) {
 	}
 	if allocs := testing.AllocsPerRun(1000, step); allocs != 0 {
 		t.Errorf("%v allocs per pick with learning, want 0", allocs)
+	}
+}
+
+// TestFootprintSlowness checks the footprint's factor against the power it
+// computes without math.Pow.
+func TestFootprintSlowness(t *testing.T) {
+	for _, sd := range []float64{1.0 / learnMaxSlowness, 0.5, 0.9, 1, 1.1, 2, learnMaxSlowness} {
+		if got, want := footprintSlowness(sd), math.Pow(sd, 1.5); math.Abs(got/want-1) > 1e-12 {
+			t.Errorf("footprintSlowness(%v) = %v, want %v", sd, got, want)
+		}
 	}
 }
