@@ -452,8 +452,19 @@ func TestGatewaySharesOverNATS(t *testing.T) {
 	var reqs sync.WaitGroup
 	defer reqs.Wait()
 	defer close(release)
-	for range 7 {
+	// One at a time: concurrent picks may read the same loads and meet on
+	// one replica, which is not what this test is about.
+	for i := range 7 {
 		reqs.Go(func() { post(t, gws[0], "first gateway") })
+		waitFor(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			n := 0
+			for _, c := range hits {
+				n += c
+			}
+			return n == i+1
+		})
 	}
 	waitFor(t, func() bool {
 		busy := 0
