@@ -166,8 +166,9 @@ type DefaultConfig struct {
 	// half-life of 30 s without new ones, and bounded to [1/16, 16]. Slowness is
 	// priced only when the candidates' fits differ by more than their noise: when
 	// their deviations from the pool (decode times compared at equal load, as
-	// they are priced), in standard errors of each fit, average a square above
-	// 8, or one's square exceeds 12 times the log of their number.
+	// they are priced), each the log of a ratio in standard errors of its fit,
+	// average a square above 8, or one's square exceeds 12 times the log of
+	// their number.
 	// Otherwise every candidate's slowness is exactly 1, so that equal replicas
 	// are priced as with learning off; that verdict stands for 10 ms, during which
 	// picks read no estimate. The waiting terms and the uncached prompt of a

@@ -917,3 +917,50 @@ func TestFootprintSlowness(t *testing.T) {
 		}
 	}
 }
+
+// TestLogMaxSlowness checks the constant against the bound it is the log of.
+func TestLogMaxSlowness(t *testing.T) {
+	if got, want := logMaxSlowness, math.Log(learnMaxSlowness); math.Abs(got-want) > 1e-15 {
+		t.Fatalf("logMaxSlowness = %v, want log(%v) = %v", got, learnMaxSlowness, want)
+	}
+}
+
+// TestPoolTestPrefillLogUnits replays a pick behind 16 routers sharing equal
+// replicas, where every router's fits are young: one fit that had seen only
+// short prompts predicts, at this pick's work, about four times the pool's
+// time. In standard errors of its log-scale fit that is within what 14
+// noisy fits produce, and the pool tests even; counted as a relative
+// difference it read as an outlier. The same fit at a third of the
+// standard error (nine times the observations) is a difference.
+func TestPoolTestPrefillLogUnits(t *testing.T) {
+	const work = 2000
+	view := func(predict, g, se float64) speedView {
+		return speedView{a: predict / 2, tau: predict / 2 / work, g: g, se: se, weight: 1}
+	}
+	vs := make([]speedView, 14)
+	for i := range 13 {
+		vs[i] = view(0.1, 0.45, 0.12)
+	}
+	vs[13] = view(0.5, 0.426, 0.143)
+	var pool poolSpeed
+	for i := range vs {
+		pool.add(&vs[i])
+	}
+	pre, _ := pool.slowness(&vs[13], work)
+	if r := 1 + (pre-1)/0.426; r < 3.5 || r > 4.5 {
+		t.Fatalf("the young fit reads %.2f times the pool, want about 4", r)
+	}
+	pool.test(vs, nil, work)
+	if pool.uneven {
+		t.Error("one young fit extrapolated to four times the pool made 14 equal replicas uneven")
+	}
+	vs[13].se /= 3
+	pool = poolSpeed{}
+	for i := range vs {
+		pool.add(&vs[i])
+	}
+	pool.test(vs, nil, work)
+	if !pool.uneven {
+		t.Error("the same ratio at a third of the standard error left the pool even")
+	}
+}
