@@ -318,6 +318,11 @@ func BenchmarkDecision(b *testing.B) {
 			benchDecision(b, n, 2, false, false)
 		})
 	}
+	// Beyond 64 endpoints the default samples 16; scoring every one of 512
+	// (Sampled negative) costs what the pool's size costs.
+	b.Run("sampled=-1/endpoints=512", func(b *testing.B) {
+		benchDecision(b, 512, -1, false, false)
+	})
 	for _, n := range []int{8, 64, 512} {
 		b.Run("fresh=1/endpoints="+strconv.Itoa(n), func(b *testing.B) {
 			benchDecision(b, n, 0, true, false)

@@ -50,7 +50,7 @@ func TestDefaultPrefersCachedHolderUntilItsQueueCostsMore(t *testing.T) {
 	for _, h := range held {
 		h.Done(nil)
 	}
-	for _, bad := range []DefaultConfig{{KVPenalty: -1}, {CacheWeight: math.NaN()}, {FootprintWeight: math.Inf(1)}, {Sampled: -1}, {Holders: -2}, {Slots: -1}, {SlotWeight: math.NaN()}, {SlotWeight: -2}} {
+	for _, bad := range []DefaultConfig{{KVPenalty: -1}, {CacheWeight: math.NaN()}, {FootprintWeight: math.Inf(1)}, {Holders: -2}, {Slots: -1}, {SlotWeight: math.NaN()}, {SlotWeight: -2}} {
 		if _, err := Default(bad); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("config %+v accepted", bad)
 		}
@@ -365,8 +365,94 @@ func TestSampledScoresLongestHolders(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.t.match(c)
-	pick := p.scored(c, c.Len(), -1)
+	pick := p.scored(c, c.Len(), p.samples(c.Len()), -1)
 	if len(pick) != 4 || pick[0] != 7 || pick[1] != 3 || pick[2] != 5 {
 		t.Fatalf("scored %v, want the holders 7, 3 and 5 first, then one drawn", pick)
+	}
+}
+
+// TestDefaultSamples checks how many candidates a pick draws to score for
+// each Sampled: zero samples DefaultSampled beyond 64 candidates, a
+// negative value never samples, and no setting samples a pool it would
+// score entirely anyway.
+func TestDefaultSamples(t *testing.T) {
+	for _, tc := range []struct {
+		sampled, holders, n, want int
+	}{
+		{0, 0, 8, 0},
+		{0, 0, 64, 0},
+		{0, 0, 65, DefaultSampled},
+		{0, 0, 512, DefaultSampled},
+		{0, 3, 512, DefaultSampled},
+		{-1, 0, 512, 0},
+		{-7, 0, 100000, 0},
+		{5, 0, 7, 0},
+		{5, 0, 8, 5},
+		{5, 4, 9, 0},
+		{5, 4, 10, 5},
+		{1, 0, 4, 1},
+		{100, 0, 512, 100},
+		{math.MaxInt, 2, 512, 0},
+		{16, math.MaxInt, 512, 0},
+		{math.MinInt, 0, 512, 0},
+	} {
+		pol, err := Default(DefaultConfig{Sampled: tc.sampled, Holders: tc.holders})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pol.(*defaultPolicy).samples(tc.n); got != tc.want {
+			t.Errorf("Sampled %d, Holders %d: %d candidates draw %d, want %d", tc.sampled, tc.holders, tc.n, got, tc.want)
+		}
+	}
+}
+
+// TestDefaultSamplesLargePool picks without Done on 200 equal endpoints, one
+// pick per endpoint: scoring every candidate (Sampled negative) puts exactly
+// one request on each, as each pick sees the idle endpoints left; the
+// default samples 16 of them per pick and meets endpoints it already loaded,
+// so some get two or more.
+func TestDefaultSamplesLargePool(t *testing.T) {
+	const n = 200
+	for _, tc := range []struct {
+		sampled int
+		spread  bool
+	}{{-1, true}, {0, false}} {
+		pol, err := Default(DefaultConfig{Sampled: tc.sampled})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustNew(t, pol, WithRand(rand.NewPCG(3, 4)))
+		mustUpdate(t, b, eps(n))
+		for range n {
+			if _, err := b.Pick(context.Background(), &Request{PromptTokens: 100}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		most := int64(0)
+		for _, st := range b.Stats() {
+			most = max(most, st.Outstanding)
+		}
+		if spread := most == 1; spread != tc.spread {
+			t.Errorf("Sampled %d: at most %d requests on an endpoint after %d picks on %d endpoints; want one each: %v", tc.sampled, most, n, n, tc.spread)
+		}
+	}
+}
+
+// TestDefaultHugeSampled checks that a pick completes when Sampled or
+// Holders is as large as an int: their sum once overflowed, and a pick with
+// Sampled math.MaxInt drew candidates forever.
+func TestDefaultHugeSampled(t *testing.T) {
+	for _, cfg := range []DefaultConfig{{Sampled: math.MaxInt}, {Sampled: math.MaxInt, Holders: 2}, {Sampled: 1, Holders: math.MaxInt}} {
+		pol, err := Default(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustNew(t, pol)
+		mustUpdate(t, b, eps(100))
+		p, err := b.Pick(context.Background(), &Request{PromptTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Done(nil)
 	}
 }

@@ -94,7 +94,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: "+strings.Join(policies, ", "))
 	fs.IntVar(&o.slots, "slots", 0, "default: the replicas' batch slots (vLLM --max-num-seqs; 0: unknown)")
 	fs.Float64Var(&o.cacheWeight, "cache-weight", 0, "default: credit per cached prompt token, in prefill tokens (0: the policy's default)")
-	fs.IntVar(&o.sampled, "sampled", 0, "default: score only the prefix holders and this many random candidates (0: all)")
+	fs.IntVar(&o.sampled, "sampled", 0, "default: score only the prefix holders and this many random candidates (0: every candidate up to 64, 16 beyond; negative: every candidate)")
 	fs.StringVar(&o.score, "score", "requests", "p2c: the score, requests, tokens or kv")
 	fs.IntVar(&o.fallbacks, "fallbacks", 0, fmt.Sprintf("endpoints listed after the picked one for the data plane to retry on (0-%d)", extproc.MaxFallbacks))
 	fs.IntVar(&o.decode, "decode-allowance", 0, "expected output tokens of a request that does not say (0: llmlb's default)")

@@ -180,19 +180,6 @@ const (
 // evicts by size, not age.
 const SGLangTreeBlocks = 1 << 20
 
-// SampledCandidates is the default-sampled preset's
-// [llmlb.DefaultConfig].Sampled: the candidates it draws at random to score
-// besides the [llmlb.DefaultHolders] holders of the longest cached prefix,
-// 18 of 512 replicas where the full scan scores all of them. Sixteen
-// draws miss the least loaded quarter of the pool one time in a hundred,
-// and routers that draw do not all pile onto the replica their stale views
-// agree is the least loaded. On the default workload scaled to 512
-// replicas behind 16 routers (100,000 requests, seeds 1 and 2, at the
-// scenario's load per replica and 15% above it), 16 draws left 26 requests
-// outside the SLO in all and the lowest TTFT p99; 8 draws left 69, 4 left
-// 123, 2 left 228, and the full scan 88.
-const SampledCandidates = 16
-
 // noTTL is the TTL of an index whose recorded blocks never expire, as the
 // approximate indexes of SGLang's router and of the inference gateway's
 // picker (both LRUs bounded by size only).
@@ -279,8 +266,8 @@ func Policies() []PolicySpec {
 		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions; replicas' speeds measured and priced when they differ", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
 		}},
-		{Name: "default-sampled", Doc: "llmlb.Default as default, scoring only the 2 longest-prefix holders and 16 random candidates (DefaultConfig.Sampled), for large pools", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
-			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, Sampled: SampledCandidates})
+		{Name: "default-full", Doc: "llmlb.Default as default, scoring every replica however many (DefaultConfig.Sampled negative) where default samples 16 beyond 64", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, Sampled: -1})
 		}},
 		{Name: "default-nolearn", Doc: "llmlb.Default as default, with DisableLearning: prices in prefill tokens only, every replica at the pool's average speed", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, DisableLearning: true})

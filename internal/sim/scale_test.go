@@ -58,12 +58,13 @@ func TestScaleRun(t *testing.T) {
 }
 
 // BenchmarkSimulateScale measures the simulator on the default scenario's
-// workload and load per replica grown to 64 replicas behind 4 routers, the
-// shape of a large cluster at a size a benchmark can repeat.
+// workload and load per replica grown to 128 replicas behind 4 routers, the
+// shape of a large cluster at a size a benchmark can repeat, with Default
+// sampling its candidates (as it does beyond 64) and scoring them all.
 func BenchmarkSimulateScale(b *testing.B) {
 	const n = 20000
-	cfg, reqs := scaleConfig(b, 64, 4, n)
-	for _, policy := range []string{"default", "default-sampled"} {
+	cfg, reqs := scaleConfig(b, 128, 4, n)
+	for _, policy := range []string{"default", "default-full"} {
 		b.Run("policy="+policy+"/requests="+strconv.Itoa(n), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
