@@ -87,7 +87,13 @@ type DefaultConfig struct {
 	// in all, 8 draws 69, 4 draws 123, 2 draws 228 and scoring every
 	// replica 88. Up to 64 candidates, scoring every one costs a pick
 	// little (a decision for a 16 KiB prompt costs 10% more at 64
-	// endpoints than at 8) and sees every load.
+	// endpoints than at 8) and sees every load. A router alone in front of
+	// a large pool of unequal replicas sees its own work exactly and gains
+	// from scoring every endpoint: on 512 replicas of two speeds (the mixed
+	// workload at 1.25 times its rate per replica, seed 1, 200,000
+	// requests), 16 draws left 46 requests outside the SLO where scoring
+	// every replica left 16, and behind 16 routers 823 where it left
+	// 2,785. Set Sampled negative for such a router.
 	Sampled int
 	// Holders is the number of longest-prefix holders scored when a pick
 	// samples its candidates. Zero means [DefaultHolders].
