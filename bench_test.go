@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,6 +91,51 @@ func BenchmarkPickFloor(b *testing.B) {
 			account(rec, eps[(turn.next.Add(1)-1)%n])
 			recordPool.Put(rec)
 		}
+	})
+	for _, st := range eps {
+		if c := st.counts(); c != (counts{}) {
+			b.Fatalf("the floor left counts %+v", c)
+		}
+	}
+}
+
+// BenchmarkPickFloorParallel runs BenchmarkPickFloor's accounting+pool from
+// GOMAXPROCS goroutines (compare -cpu 1 and -cpu 2), on endpoints drawn at
+// random from 64 as a random pick does, and on one endpoint of each
+// goroutine's own, which no other goroutine touches. Drawn endpoints are
+// shared: with two goroutines a charge finds its endpoint's counts last
+// written by the other core about half the time. The gap between the two
+// is what sharing the counts costs, whatever the policy.
+func BenchmarkPickFloorParallel(b *testing.B) {
+	bal := benchBalancer(b, RoundRobin(), 64)
+	eps := bal.snap.Load().eps
+	var next atomic.Uint64 // hands each goroutine its own endpoint
+	account := func(st *epState) {
+		rec := recordPool.Get().(*record)
+		d1, d2, spill := st.charge(1000, 1000, 256)
+		base := rec.state.Load() &^ phaseMask
+		rec.state.CompareAndSwap(base|phasePicked, base+generationStep|phasePicked)
+		st.release(d1, d2, spill, false)
+		recordPool.Put(rec)
+	}
+	b.Run("endpoints=drawn", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				account(eps[rand.Uint64N(uint64(len(eps)))])
+			}
+		})
+	})
+	b.Run("endpoints=own", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			// A distinct endpoint for each of up to 64 goroutines: each
+			// endpoint's counts head an object larger than a cache line.
+			st := eps[(next.Add(1)-1)%uint64(len(eps))]
+			for pb.Next() {
+				account(st)
+			}
+		})
 	})
 	for _, st := range eps {
 		if c := st.counts(); c != (counts{}) {

@@ -46,6 +46,14 @@
 // the speeds itself, as llmlb.Default does unless
 // DefaultConfig.DisableLearning is set (the default-nolearn policy).
 //
+// -iter-time mocker-fused changes the engines' iteration time: an
+// iteration that prefills and decodes pays the prefill's fixed 16.5 ms only
+// where its decode part is shorter, instead of both phases in full as the
+// default mocker model charges (internal/model.MockerFusedIterTime). A real
+// engine runs such an iteration as one forward pass, which costs less than
+// the sum, by how much depending on the engine and the batch; the header
+// names the model when it is not the default.
+//
 // -routers R -share D has the R routers share their requests in flight and
 // the prefixes they routed through package github.com/llmlb/llmlb/share:
 // every D, each router's share.Group builds a batch, which reaches the
@@ -106,6 +114,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmlb/llmlb/internal/model"
 	"github.com/llmlb/llmlb/internal/sim"
 	"golang.org/x/sync/errgroup"
 )
@@ -195,6 +204,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			"replaces the scenario's starting speeds, for a scenario or a -trace (default: the scenario's, 2x1,6x0.5 for mixed and mixed-slowdown, 1 for every replica of the others)")
 		prefillArg = fs.String("prefill", "", "comma-separated `counts` of prefill workers, each compared under every disaggregated policy (pd-*), the other replicas decoding; "+
 			"co-located policies run once on all the replicas (default: the scenario's list, 2,3 for pd, 3,4 for pd-long; a quarter of the replicas for the others)")
+		iterTime = fs.String("iter-time", "mocker", "the engines' iteration-time model: mocker, NVIDIA Dynamo's mocker polynomials, an iteration that prefills and decodes costing both phases in full; "+
+			"or mocker-fused, the same polynomials with such an iteration paying the prefill's fixed 16.5 ms only where the decode part is below it; a real engine's mixed forward pass costs less than the sum, by how much depends on the engine and the batch")
 		declare = fs.Bool("declare-weights", false, "every replica declares its starting speed to the routers as its weight, as an operator who knows the hardware would configure; "+
 			"policies that read weights (default) use it, the others ignore it (default: no weights, so a policy must find the speeds itself)")
 	)
@@ -246,6 +257,10 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	if *sloTPOT <= 0 {
 		return usageError{fmt.Errorf("-slo-tpot %v must be positive", *sloTPOT)}
+	}
+	iterFunc, ok := model.IterTimes[*iterTime]
+	if !ok {
+		return usageError{fmt.Errorf("-iter-time %q: want mocker or mocker-fused", *iterTime)}
 	}
 	if *format != "" && *trace == "" {
 		return usageError{errors.New("-format needs -trace")}
@@ -459,6 +474,10 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	if *adLoad > 0 {
 		cfg.Engine.AdapterLoad = *adLoad
+	}
+	if *iterTime != "mocker" {
+		cfg.Engine.IterTime = iterFunc
+		base.IterTime = *iterTime
 	}
 
 	start := time.Now()

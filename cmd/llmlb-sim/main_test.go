@@ -814,3 +814,66 @@ func TestRunPrefillSplits(t *testing.T) {
 		t.Errorf("output lacks the local column or the split legend:\n%s", out.String())
 	}
 }
+
+// -iter-time mocker-fused runs the engines on MockerFusedIterTime: its
+// iterations that prefill and decode are shorter, so decoding beside
+// prefills is faster; the header and the JSON name the model, and an
+// unknown model is refused.
+func TestRunIterTime(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "t.jsonl")
+	var b strings.Builder
+	for i := range 60 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 1500, "output_length": 200}`+"\n", i*150)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tpotP50 := func(args ...string) (string, string, float64) {
+		t.Helper()
+		jsonPath := filepath.Join(dir, "out.json")
+		var out, errb bytes.Buffer
+		args = append([]string{"-trace", path, "-replicas", "1", "-kv-blocks", "4096", "-policies", "round-robin", "-json", jsonPath}, args...)
+		if code := run(context.Background(), args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		var rep struct {
+			Scenario struct {
+				IterTime string `json:"iter_time"`
+			} `json:"scenario"`
+			Results []struct {
+				TPOT struct {
+					P50 float64 `json:"p50"`
+				} `json:"tpot_ms"`
+			} `json:"results"`
+		}
+		data, err := os.ReadFile(jsonPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, &rep); err != nil {
+			t.Fatal(err)
+		}
+		if len(rep.Results) != 1 {
+			t.Fatalf("%v: %d results", args, len(rep.Results))
+		}
+		return out.String(), rep.Scenario.IterTime, rep.Results[0].TPOT.P50
+	}
+	sumOut, sumName, sum := tpotP50()
+	explicitOut, _, explicit := tpotP50("-iter-time", "mocker")
+	fusedOut, fusedName, fused := tpotP50("-iter-time", "mocker-fused")
+	t.Logf("TPOT p50: mocker %.2fms, mocker-fused %.2fms", sum, fused)
+	if strings.Contains(sumOut, "iteration time") || sumName != "" || explicit != sum || explicitOut != sumOut {
+		t.Errorf("the default model is named or differs from -iter-time mocker:\n%s\n%s", sumOut, explicitOut)
+	}
+	if !strings.Contains(fusedOut, "\niteration time: mocker-fused\n") || fusedName != "mocker-fused" {
+		t.Errorf("the fused model is not named (JSON %q):\n%s", fusedName, fusedOut)
+	}
+	if !(fused < sum) {
+		t.Errorf("TPOT p50 %.2fms with mocker-fused, %.2fms with mocker; want lower", fused, sum)
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-iter-time", "vllm"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), `-iter-time "vllm": want mocker or mocker-fused`) {
+		t.Errorf("-iter-time vllm: exit %d, stderr %q", code, errb.String())
+	}
+}

@@ -55,11 +55,54 @@ func MockerIterTime(b Batch) time.Duration {
 	return time.Duration(ms * float64(time.Millisecond))
 }
 
+// mockerPrefillFixed is the constant term of the mocker's prefill
+// polynomial, in milliseconds: what a prefill iteration costs beyond its
+// tokens.
+const mockerPrefillFixed = 16.50142
+
+// MockerFusedIterTime is [MockerIterTime] for an engine whose mixed
+// iteration is one forward pass that pays a fixed cost once: an iteration
+// that prefills and decodes costs the prefill part's tokens (its polynomial
+// without the constant 16.5 ms) plus the larger of that constant and the
+// decode part. It is never cheaper than either phase alone and never dearer
+// than [MockerIterTime]: a mixed iteration costs the constant less where the
+// decode part exceeds it (KV usage above about 0.22), and the decode part
+// less below that. Iterations of one phase cost what they cost under
+// MockerIterTime.
+//
+// The mocker's two polynomials were fitted on iterations of one phase each,
+// so what a real engine's mixed iteration costs lies between the two
+// models. The choice decides which policy keeps decoding steadiest at
+// saturation: under the sum, every sequence decoding in an iteration that
+// also prefills waits the whole constant, which rewards sending the prompts
+// that arrive close together to one replica, to share it.
+func MockerFusedIterTime(b Batch) time.Duration {
+	var ms float64
+	switch {
+	case b.PrefillTokens > 0 && b.DecodeSeqs > 0:
+		ms = MockerPrefillMillis(b.PrefillTokens) - mockerPrefillFixed +
+			max(mockerPrefillFixed, MockerDecodeMillis(b.KVUsage))
+	case b.PrefillTokens > 0:
+		ms = MockerPrefillMillis(b.PrefillTokens)
+	case b.DecodeSeqs > 0:
+		ms = MockerDecodeMillis(b.KVUsage)
+	}
+	return time.Duration(ms * float64(time.Millisecond))
+}
+
+// IterTimes names the iteration-time models a simulation can choose:
+// "mocker" ([MockerIterTime], the default) and "mocker-fused"
+// ([MockerFusedIterTime]).
+var IterTimes = map[string]IterTimeFunc{
+	"mocker":       MockerIterTime,
+	"mocker-fused": MockerFusedIterTime,
+}
+
 // MockerPrefillMillis is the prefill part of [MockerIterTime] for t tokens,
 // in milliseconds.
 func MockerPrefillMillis(t int) float64 {
 	x := float64(t)
-	return 4.209989e-7*x*x + 1.518344e-2*x + 16.50142
+	return 4.209989e-7*x*x + 1.518344e-2*x + mockerPrefillFixed
 }
 
 // MockerDecodeMillis is the decode part of [MockerIterTime] at active KV

@@ -35,3 +35,49 @@ func TestMockerIterTime(t *testing.T) {
 		t.Errorf("MockerDecodeMillis(-1) = %v, want 5.74", got)
 	}
 }
+
+func TestMockerFusedIterTime(t *testing.T) {
+	cases := []struct {
+		name string
+		b    Batch
+		want float64 // ms, computed by hand from the polynomials
+	}{
+		{"prefill only is the mocker's", Batch{PrefillTokens: 1000}, 0.4209989 + 15.18344 + 16.50142},
+		{"decode only is the mocker's", Batch{DecodeSeqs: 4, KVUsage: 0.5}, -25.74*0.25 + 54.01*0.5 + 5.74},
+		// Decode part 26.31 ms, above the constant: paid instead of it.
+		{"mixed, decode part above the constant", Batch{PrefillTokens: 1000, DecodeSeqs: 4, KVUsage: 0.5}, 0.4209989 + 15.18344 + (-25.74*0.25 + 54.01*0.5 + 5.74)},
+		// Decode part 5.74 ms, below the constant: the constant is paid.
+		{"mixed, decode part below the constant", Batch{PrefillTokens: 1000, DecodeSeqs: 1}, 0.4209989 + 15.18344 + 16.50142},
+		{"empty", Batch{}, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := MockerFusedIterTime(c.b)
+			want := time.Duration(c.want * float64(time.Millisecond))
+			if d := got - want; d < -time.Microsecond || d > time.Microsecond {
+				t.Errorf("MockerFusedIterTime(%+v) = %v, want %v", c.b, got, want)
+			}
+		})
+	}
+	// Between either phase alone and the sum, and within the constant of
+	// the sum.
+	for _, tokens := range []int{0, 1, 16, 512, 8192} {
+		for _, seqs := range []int{0, 1, 64} {
+			for _, u := range []float64{0, 0.1, 0.22, 0.5, 0.9, 1} {
+				b := Batch{PrefillTokens: tokens, DecodeSeqs: seqs, KVUsage: u}
+				fused, sum := MockerFusedIterTime(b), MockerIterTime(b)
+				prefill := MockerIterTime(Batch{PrefillTokens: tokens})
+				decode := MockerIterTime(Batch{DecodeSeqs: seqs, KVUsage: u})
+				if fused > sum || fused < max(prefill, decode)-time.Microsecond ||
+					sum-fused > time.Duration(16.50142*float64(time.Millisecond))+time.Microsecond {
+					t.Errorf("%+v: fused %v, sum %v, prefill alone %v, decode alone %v", b, fused, sum, prefill, decode)
+				}
+			}
+		}
+	}
+	for name, f := range IterTimes {
+		if f == nil || f(Batch{DecodeSeqs: 1}) <= 0 {
+			t.Errorf("IterTimes[%q] does not model a decode iteration", name)
+		}
+	}
+}

@@ -77,6 +77,10 @@ type ScenarioInfo struct {
 	PooledCacheHitRate float64 `json:"pooled_cache_hit_rate"`
 	// Herding asks the table for the skew columns.
 	Herding bool `json:"herding,omitempty"`
+	// IterTime names the engines' iteration-time model (a key of
+	// model.IterTimes) when it is not the default mocker; the caller's to
+	// set, as Name.
+	IterTime string `json:"iter_time,omitempty"`
 	// Speeds is every replica's speed at the start of the run
 	// ([Config.Speed]); nil when all are 1 and DeclaredWeights is false.
 	Speeds []float64 `json:"speeds,omitempty"`

@@ -157,6 +157,9 @@ func (sw *Sweep) WriteSVG(w io.Writer) error {
 		src = "trace " + s.Trace
 	}
 	src += fmt.Sprintf("; SLO: TTFT <= %gms, TPOT <= %gms", s.SLOTTFTMs, s.SLOTPOTMs)
+	if s.IterTime != "" {
+		src += "; iteration time " + s.IterTime
+	}
 	good := newPlot("Goodput of each policy against offered load\n"+src, xLabel, "goodput (requests/s within the SLO)")
 	good.Y.Min = 0
 	tail := newPlot("TTFT p99 of each policy against offered load\n"+src, xLabel, "TTFT p99 (ms)")

@@ -231,6 +231,9 @@ func (s *ScenarioInfo) limits() string {
 	if sp := s.speeds(); sp != "" {
 		out += "\n" + sp
 	}
+	if s.IterTime != "" {
+		out += "\niteration time: " + s.IterTime
+	}
 	return out
 }
 
