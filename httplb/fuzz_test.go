@@ -143,6 +143,7 @@ var fieldNames = []string{
 	"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "user",
 	"role", "content", "tool_calls", "type", "text", "image_url",
 	"reasoning_effort", "reasoning", "effort", "output_config", "thinking", "budget_tokens",
+	"system", "instructions", "input",
 }
 
 // plainJSON reports whether body, if it is JSON, has no object with a
