@@ -70,9 +70,9 @@ const mockerPrefillFixed = 16.50142
 // less below that. Iterations of one phase cost what they cost under
 // MockerIterTime.
 //
-// The mocker's two polynomials were fitted on iterations of one phase each,
-// so what a real engine's mixed iteration costs lies between the two
-// models. The choice decides which policy keeps decoding steadiest at
+// The mocker's two polynomials were fitted on iterations of one phase each;
+// a real engine's mixed iteration, one forward pass, costs less than their
+// sum, by how much depending on the engine and the batch. The choice decides which policy keeps decoding steadiest at
 // saturation: under the sum, every sequence decoding in an iteration that
 // also prefills waits the whole constant, which rewards sending the prompts
 // that arrive close together to one replica, to share it.
