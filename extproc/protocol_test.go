@@ -477,27 +477,40 @@ func TestProtocolViolations(t *testing.T) {
 	cases := []struct {
 		name string
 		msgs []*extprocv3.ProcessingRequest
+		mode filterv3.ProcessingMode_BodySendMode // of the request
 	}{
-		{"response-before-route", []*extprocv3.ProcessingRequest{requestHeaders("/", false), responseHeaders(200, "x", false)}},
-		{"body-before-route", []*extprocv3.ProcessingRequest{responseBody("x", true)}},
-		{"trailers-before-route", []*extprocv3.ProcessingRequest{responseTrailers()}},
-		{"headers-twice", []*extprocv3.ProcessingRequest{requestHeaders("/", false), requestHeaders("/", false)}},
-		{"request-after-response", []*extprocv3.ProcessingRequest{requestHeaders("/", true), responseHeaders(200, "x", false), requestBody(nil, true)}},
+		{"response-before-route", []*extprocv3.ProcessingRequest{requestHeaders("/", false), responseHeaders(200, "x", false)}, fullDuplex},
+		{"body-before-route", []*extprocv3.ProcessingRequest{responseBody("x", true)}, fullDuplex},
+		{"trailers-before-route", []*extprocv3.ProcessingRequest{responseTrailers()}, fullDuplex},
+		{"headers-twice", []*extprocv3.ProcessingRequest{requestHeaders("/", false), requestHeaders("/", false)}, fullDuplex},
+		{"request-after-response", []*extprocv3.ProcessingRequest{requestHeaders("/", true), responseHeaders(200, "x", false), requestBody(nil, true)}, fullDuplex},
+		// Trailers route a request whose headers are skipped; headers
+		// arriving after them must not route it again.
+		{"headers-after-trailers", []*extprocv3.ProcessingRequest{requestTrailers(), requestHeaders("/", true)}, buffered},
+		{"headers-after-trailers-streamed", []*extprocv3.ProcessingRequest{requestTrailers(), requestHeaders("/", true)}, streamed},
+		{"headers-after-trailers-duplex", []*extprocv3.ProcessingRequest{requestTrailers(), requestHeaders("/", true)}, fullDuplex},
+		{"headers-after-trailers-none", []*extprocv3.ProcessingRequest{requestTrailers(), requestHeaders("/", true)}, none},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b := newBalancer(t, 2, nil)
-			h := start(t, extproc.Config{Balancer: b})
-			e := h.open(t, fullDuplex, fullDuplex)
+			adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 2})
+			require.NoError(t, err)
+			h := start(t, extproc.Config{Balancer: b, Admission: adm})
+			e := h.open(t, c.mode, fullDuplex)
 			for _, m := range c.msgs {
 				e.send(m)
 			}
-			var err error
+			// Half-closed, a stream that breaks no rule ends with io.EOF
+			// instead of waiting for more.
+			require.NoError(t, e.s.CloseSend())
+			err = nil
 			for err == nil {
 				_, err = e.s.Recv()
 			}
 			require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
 			waitIdle(t, b)
+			require.Eventually(t, func() bool { return adm.InFlight() == 0 }, 5*time.Second, time.Millisecond, "admission not released")
 		})
 	}
 }

@@ -78,6 +78,10 @@ type Config struct {
 	// longer one is refused with 413. Take the tenant from a header only
 	// if the gateway sets or removes it ([httplb.ParserConfig.TrustTenantHeader]).
 	// nil means a Parser with the defaults of [httplb.ParserConfig].
+	// In BUFFERED mode a whole body comes in one gRPC message: give the
+	// grpc.Server a grpc.MaxRecvMsgSize above the cap (grpc-go's default
+	// is 4 MiB, the cap's 8 MiB), or a body over the server's limit fails
+	// the stream instead of getting 413.
 	Parser *httplb.Parser
 	// Admission, if set, caps the requests in flight, globally and per
 	// session; a refused request gets 429 with the suggested Retry-After.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -163,13 +164,13 @@ func (st *stream) requestTrailers(m *extprocv3.ProcessingRequest) (bool, error) 
 		return false, protocolError("request trailers after the response began")
 	}
 	st.noteSubset(m)
+	if !st.headers { // request_header_mode SKIP: no headers may follow
+		st.headers, st.skipped = true, true
+	}
 	if !st.routed {
 		if st.reqMode == fullDuplex {
 			// Trailers end a FULL_DUPLEX_STREAMED body whose last chunk
 			// had no end_of_stream (processing_mode.proto).
-			if !st.headers {
-				st.headers, st.skipped = true, true
-			}
 			return st.route(routeDuplexTrailers)
 		}
 		if stop, err := st.route(routeHeaders); stop || err != nil {
@@ -302,6 +303,9 @@ const (
 // kind calls for, or refuses the request with an immediate response (and
 // then reports that the stream is over).
 func (st *stream) route(kind routeKind) (bool, error) {
+	if st.routed {
+		return false, protocolError("the request was routed already")
+	}
 	st.routed = true
 	dest, err := st.decide()
 	if err != nil {
@@ -427,12 +431,14 @@ func (st *stream) subsetExclusions() (map[string]bool, []string, error) {
 }
 
 // hostOf strips the port from an "address:port" endpoint, as the v1.5.0
-// EPP does (pkg/epp/requestcontrol/candidates.go).
+// EPP does (pkg/epp/requestcontrol/candidates.go), and the brackets of an
+// IPv6 address, so that "[fd00::7]:8000", "[fd00::7]" and "fd00::7" are one
+// host.
 func hostOf(ep string) string {
-	if i := strings.LastIndexByte(ep, ':'); i >= 0 {
-		return ep[:i]
+	if host, _, err := net.SplitHostPort(ep); err == nil {
+		return host
 	}
-	return ep
+	return strings.TrimSuffix(strings.TrimPrefix(ep, "["), "]")
 }
 
 // noteServed reads the endpoint the data plane reports as having served the

@@ -298,15 +298,22 @@ func admissionKey(lr *llmlb.Request) string {
 	return scopeKey(lr.Tenant, lr.AffinityKey)
 }
 
-// readBody reads r.Body up to limit+1 bytes, into a buffer of the right size
-// when r.ContentLength is known.
+// readBody reads r.Body up to limit+1 bytes. Its memory follows the bytes
+// received, not the length announced: a buffer of r.ContentLength+1 bytes
+// when that is at most firstBodyBuffer, else one that grows as the body
+// arrives, so that a client announcing a large body and sending little
+// makes the server reserve little.
 func readBody(r *http.Request, limit int64) ([]byte, error) {
-	lr := io.LimitReader(r.Body, limit+1)
-	if r.ContentLength <= 0 {
-		return io.ReadAll(lr)
+	size := int64(firstBodyBuffer)
+	if r.ContentLength > 0 {
+		size = min(size, r.ContentLength+1) // +1 reads the EOF without growing
 	}
-	buf := make([]byte, 0, r.ContentLength+1)
-	for len(buf) < cap(buf) {
+	buf := make([]byte, 0, min(size, limit+1))
+	lr := io.LimitReader(r.Body, limit+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // grow
+		}
 		n, err := lr.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
@@ -316,10 +323,11 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 			return buf, err
 		}
 	}
-	// Longer than announced.
-	rest, err := io.ReadAll(lr)
-	return append(buf, rest...), err
 }
+
+// firstBodyBuffer is the largest buffer readBody allocates before the bytes
+// to fill it arrive.
+const firstBodyBuffer = 64 << 10
 
 func errBodyTooLarge(limit int64) error {
 	return &bodyTooLargeError{limit: limit}

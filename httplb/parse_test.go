@@ -351,6 +351,38 @@ func TestParseBodyTooLarge(t *testing.T) {
 	assert.NoError(t, err)
 }
 
+// TestReadBodyMemory: the buffer follows the bytes received, whatever the
+// length announced, and every body comes back whole.
+func TestReadBodyMemory(t *testing.T) {
+	big := strings.Repeat("0123456789abcdef", 1<<16) // 1 MiB
+	for _, c := range []struct {
+		name    string
+		body    string
+		length  int64 // announced
+		maxCap  int   // of the buffer returned
+		limit   int64
+		wantLen int
+	}{
+		{"announced 8 MiB, sent 2 bytes", "{}", 8 << 20, firstBodyBuffer, 16 << 20, 2},
+		{"announced exactly", "{}", 2, 3, 16 << 20, 2},
+		{"1 MiB announced", big, int64(len(big)), 2 * (len(big) + 1), 16 << 20, len(big)},
+		{"1 MiB chunked", big, -1, 2 * (len(big) + 1), 16 << 20, len(big)},
+		{"shorter than announced", big[:100], 1000, 1001, 16 << 20, 100},
+		{"longer than announced", big[:5000], 100, 2 * 5001, 16 << 20, 5000},
+		{"over the limit", big, -1, 2 * 1025, 1024, 1025},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := post("")
+			r.Body = io.NopCloser(strings.NewReader(c.body))
+			r.ContentLength = c.length
+			buf, err := readBody(r, c.limit)
+			require.NoError(t, err)
+			assert.Equal(t, c.body[:c.wantLen], string(buf))
+			assert.LessOrEqual(t, cap(buf), c.maxCap)
+		})
+	}
+}
+
 type failingReader struct{}
 
 func (failingReader) Read([]byte) (int, error) { return 0, errors.New("boom") }

@@ -25,6 +25,11 @@ const DefaultMaxPeekBytes = 64 << 10
 // connection can be reused.
 const maxDrainBytes = 4 << 10
 
+// maxDrainTime bounds how long a failed attempt's body is read for (see
+// drain). It is wall-clock time, as a network deadline is, not the
+// Transport's clock: an error body normally arrives with its headers.
+const maxDrainTime = 100 * time.Millisecond
+
 // Config configures a Transport. Only Balancer is required; every other zero
 // field is a documented default.
 type Config struct {
@@ -416,8 +421,15 @@ func (e *eventTimer) stop() bool {
 	return stopped
 }
 
+// drain reads what is left of a failed attempt's body, up to maxDrainBytes
+// and for at most maxDrainTime, so that its connection can carry another
+// request, and closes it. A body that stalls is closed unread after
+// maxDrainTime (its connection is then dropped): a retry never waits on an
+// upstream that answered an error and then stopped sending.
 func drain(rc io.ReadCloser) {
+	stop := time.AfterFunc(maxDrainTime, func() { _ = rc.Close() })
 	_, _ = io.CopyN(io.Discard, rc, maxDrainBytes)
+	stop.Stop()
 	_ = rc.Close()
 }
 

@@ -307,6 +307,40 @@ func TestRetryBeforeFirstToken(t *testing.T) {
 	}
 }
 
+// TestRetryAfterStalledErrorBody: an upstream that answers 503 and then
+// stops sending its error body is retried elsewhere at once, not when the
+// body or the caller's deadline ends.
+func TestRetryAfterStalledErrorBody(t *testing.T) {
+	release := make(chan struct{})
+	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprint(w, `{"error":`)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) }) // before a's Close, which waits for its handlers
+	b := newUpstream(t, sse(1))
+	h := newHarness(t, fixed{}, Config{}, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gateway.invalid/v1/chat/completions", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	start := time.Now()
+	resp, err := h.tr.RoundTrip(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	_, err = readAll(t, resp)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, a.hits.Load())
+	assert.EqualValues(t, 1, b.hits.Load())
+	// The retry waited maxDrainTime for the stalled body; a minute would
+	// be the caller's deadline. The bound leaves room for a loaded machine.
+	assert.Less(t, time.Since(start), 20*maxDrainTime, "the retry waited for the stalled error body")
+}
+
 func TestAdjust(t *testing.T) {
 	a := newUpstream(t, sse(1))
 	b := newUpstream(t, sse(1))

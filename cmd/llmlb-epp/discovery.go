@@ -32,9 +32,12 @@ func (r replica) Key() string { return string(r) }
 
 // checkAddr reports whether a is a "host:port" address with a numeric port.
 func checkAddr(a string) error {
+	if a == "" {
+		return errors.New("an empty address")
+	}
 	host, port, err := net.SplitHostPort(a)
 	if err != nil {
-		return err
+		return fmt.Errorf("%q: want host:port: %w", a, err)
 	}
 	if host == "" {
 		return fmt.Errorf("%q has no host", a)
@@ -101,9 +104,9 @@ func (s source) load(ctx context.Context) ([]string, error) {
 			addrs = append(addrs, net.JoinHostPort(ip, port))
 		}
 	default:
-		for _, a := range s.static {
+		for i, a := range s.static {
 			if err := checkAddr(a); err != nil {
-				return nil, err
+				return nil, fmt.Errorf("-endpoints entry %d: %w", i+1, err)
 			}
 			addrs = append(addrs, a)
 		}

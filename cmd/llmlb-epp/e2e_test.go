@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -317,4 +319,40 @@ func TestShareOverNATS(t *testing.T) {
 	require.Equal(t, 1, st.Share.Peers)
 	_, err = io.Copy(io.Discard, resp.Body)
 	require.NoError(t, err)
+}
+
+// TestBufferedLargeBody: in BUFFERED mode the data plane sends the whole
+// body in one message; one larger than grpc-go's default 4 MiB limit but
+// under -max-body-bytes is routed, and one just over the cap gets 413, not
+// a failed stream.
+func TestBufferedLargeBody(t *testing.T) {
+	e := startEPP(t, "-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "-max-body-bytes", "6000000")
+	for _, c := range []struct {
+		prompt int
+		want   int // the immediate response's status, or 0 for a route
+	}{{5 << 20, 0}, {6000000, http.StatusRequestEntityTooLarge}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		s, err := extprocv3.NewExternalProcessorClient(e.conns[0]).Process(ctx)
+		require.NoError(t, err)
+		body := fmt.Sprintf(`{"model":"m","max_tokens":4,"prompt":%q}`, strings.Repeat("x", c.prompt))
+		require.NoError(t, s.Send(&extprocv3.ProcessingRequest{
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED},
+			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{
+				Headers: []*corev3.HeaderValue{hv(":method", "POST"), hv(":path", "/v1/completions"), hv("content-type", "application/json")}}}},
+		}))
+		m, err := s.Recv()
+		require.NoError(t, err)
+		require.NotNil(t, m.GetRequestHeaders(), "headers answered first: %v", m)
+		require.NoError(t, s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}}))
+		m, err = s.Recv()
+		require.NoError(t, err, "a body of %d bytes", len(body))
+		if c.want == 0 {
+			require.NotNil(t, m.GetRequestBody(), "routed in the body answer: %v", m)
+		} else {
+			require.EqualValues(t, c.want, m.GetImmediateResponse().GetStatus().GetCode())
+		}
+		cancel()
+	}
+	require.Eventually(t, func() bool { return idle(e.s) }, 5*time.Second, 5*time.Millisecond)
 }

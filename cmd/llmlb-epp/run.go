@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -242,6 +243,10 @@ func newServer(o options) (_ *server, err error) {
 	gopts := []grpc.ServerOption{
 		// Envoy keeps its ext_proc connections alive with pings; allow them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		// A BUFFERED body comes in one message: room for a body up to
+		// the cap and then some, so that one over it gets 413 and not a
+		// failed stream (up to recvHeadroom over).
+		grpc.MaxRecvMsgSize(int(min(o.maxBody+recvHeadroom, math.MaxInt32))),
 	}
 	if o.secure {
 		tc, err := tlsConfig(o.certPath)
@@ -412,3 +417,8 @@ func isPowerOfTen(n int) bool {
 	}
 	return n == 1
 }
+
+// recvHeadroom is how far over -max-body-bytes a gRPC message may be: a
+// BUFFERED body that much over the cap still gets its 413, and headers and
+// metadata fit beside a body at the cap.
+const recvHeadroom = 1 << 20

@@ -66,7 +66,7 @@ func (r *certReloader) get() (*tls.Certificate, error) {
 		if r.cert != nil {
 			return r.cert, nil
 		}
-		return nil, err
+		return nil, fmt.Errorf("key pair %s, %s: %w", r.crt, r.key, err)
 	}
 	r.cert, r.stamp = &cert, stamp
 	return r.cert, nil
