@@ -139,6 +139,40 @@ func TestNonStreaming(t *testing.T) {
 	assert.Equal(t, 2, out.Usage.PromptTokens) // "user\nhi\n" is 8 bytes
 }
 
+// TestModelEchoed: the model a request names comes back in every answer as
+// valid JSON, whatever characters it holds.
+func TestModelEchoed(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	const model = "a\x01b\"c\\d\u2028é"
+	name, _ := json.Marshal(model)
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+		for _, stream := range []bool{true, false} {
+			body := fmt.Sprintf(`{"model":%s,"prompt":"hi","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":%v}`, name, stream)
+			resp := post(t, url+path, body)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			answers := []string{}
+			if stream {
+				for _, ev := range events(t, resp.Body) {
+					if ev != "[DONE]" {
+						answers = append(answers, ev)
+					}
+				}
+			} else {
+				b, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				answers = append(answers, string(b))
+			}
+			require.NotEmpty(t, answers)
+			for _, a := range answers {
+				var out struct{ Model string }
+				require.NoError(t, json.Unmarshal([]byte(a), &out), "%s stream=%v: %s", path, stream, a)
+				assert.Equal(t, model, out.Model)
+			}
+		}
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	e := newEngine(t, Config{MaxBodyBytes: 1 << 10, KVBlocks: 16})
 	url, _ := serve(t, e)

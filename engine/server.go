@@ -197,6 +197,7 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	if model == "" {
 		model = e.model
 	}
+	model = jsonString(model) // echoed in every answer, quoted once
 	if q.Stream {
 		e.stream(w, r, s, chat, model)
 	} else {
@@ -312,6 +313,13 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 	}
 }
 
+// jsonString returns s as a JSON string literal.
+func jsonString(s string) string {
+	b, _ := json.Marshal(s) // a string always marshals
+	return string(b)
+}
+
+// writeChunk writes one event of a stream; model is a JSON string literal.
 func writeChunk(w *bufio.Writer, chat bool, id int, created int64, model string, first, last bool) {
 	finish := "null"
 	if last {
@@ -322,11 +330,11 @@ func writeChunk(w *bufio.Writer, chat bool, id int, created int64, model string,
 		if first {
 			role = `"role":"assistant",`
 		}
-		fmt.Fprintf(w, `data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,"model":%q,"choices":[{"index":0,"delta":{%s"content":" tok"},"finish_reason":%s}]}`+"\n\n",
+		fmt.Fprintf(w, `data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,"delta":{%s"content":" tok"},"finish_reason":%s}]}`+"\n\n",
 			id, created, model, role, finish)
 		return
 	}
-	fmt.Fprintf(w, `data: {"id":"cmpl-%d","object":"text_completion","created":%d,"model":%q,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s}]}`+"\n\n",
+	fmt.Fprintf(w, `data: {"id":"cmpl-%d","object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s}]}`+"\n\n",
 		id, created, model, finish)
 }
 
@@ -347,10 +355,10 @@ func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 		usage := fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.PromptTokens, gen, s.PromptTokens+gen)
 		w.Header().Set("Content-Type", "application/json")
 		if chat {
-			fmt.Fprintf(w, `{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
+			fmt.Fprintf(w, `{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
 				s.ID, created, model, text, usage)
 		} else {
-			fmt.Fprintf(w, `{"id":"cmpl-%d","object":"text_completion","created":%d,"model":%q,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
+			fmt.Fprintf(w, `{"id":"cmpl-%d","object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
 				s.ID, created, model, text, usage)
 		}
 		return

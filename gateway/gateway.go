@@ -31,6 +31,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -94,6 +95,14 @@ type Config struct {
 	// event after it, so it is retried elsewhere; see
 	// [httplb.Config.FirstEventTimeout]. 0 turns it off.
 	FirstEventTimeout time.Duration
+	// BodyTimeout bounds the time a client takes to send its request body,
+	// from the start of ServeHTTP: a client that sends slower (holding a
+	// connection and the memory of its body) gets its request failed. It
+	// is a read deadline on the request's connection, set and cleared
+	// through [http.ResponseController], so it does not cut responses
+	// that stream longer, as [http.Server.ReadTimeout] would. 0 means
+	// DefaultBodyTimeout; a negative value sets no deadline.
+	BodyTimeout time.Duration
 	// Admission caps requests in flight, globally and per session; the zero
 	// value caps nothing. Refused requests get 429 with Retry-After.
 	Admission retry.AdmissionConfig
@@ -165,6 +174,8 @@ type Gateway struct {
 	transport *httplb.Transport
 	spill     *spill.Transport // nil without SpillTo
 	proxy     *httputil.ReverseProxy
+	// bodyTimeout bounds the reading of a request body; 0 for none.
+	bodyTimeout time.Duration
 
 	mu       sync.Mutex // protects backends
 	backends []string   // endpoint keys, in the order given
@@ -174,9 +185,15 @@ type Gateway struct {
 // (for example "http://10.0.0.7:8000"), or an error wrapping
 // [ErrInvalidConfig].
 func New(backends []string, cfg Config) (*Gateway, error) {
-	g := &Gateway{log: cfg.Logger, index: cfg.Index, events: cfg.Events, queue: cfg.Queue}
+	g := &Gateway{log: cfg.Logger, index: cfg.Index, events: cfg.Events, queue: cfg.Queue, bodyTimeout: cfg.BodyTimeout}
 	if g.log == nil {
 		g.log = slog.Default()
+	}
+	switch {
+	case g.bodyTimeout == 0:
+		g.bodyTimeout = DefaultBodyTimeout
+	case g.bodyTimeout < 0:
+		g.bodyTimeout = 0
 	}
 	policy := cfg.Policy
 	if policy == nil {
@@ -287,6 +304,10 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	}
 	g.proxy = httplb.NewProxy(g.transport)
 	g.proxy.ErrorHandler = httplb.NewErrorHandler(g.log)
+	g.proxy.ModifyResponse = httplb.NewUpstreamErrorHandler(g.log)
+	// What the proxy itself reports, such as a stream cut after its first
+	// token, goes to the same log.
+	g.proxy.ErrorLog = slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)
 	if len(cfg.SpillTo) > 0 {
 		name := cfg.Name
 		if name == "" {
@@ -340,8 +361,38 @@ func (g *Gateway) Update(backends []string) error {
 	return nil
 }
 
+// DefaultBodyTimeout is the default of [Config].BodyTimeout.
+const DefaultBodyTimeout = 30 * time.Second
+
 // ServeHTTP routes one request.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.proxy.ServeHTTP(w, r) }
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if g.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {
+			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+		}
+	}
+	g.proxy.ServeHTTP(w, r)
+}
+
+// deadlineBody clears its connection's read deadline once the body has
+// been read to its end. A body that fails or is closed before its end
+// keeps the deadline: the request has failed, and the server would
+// otherwise wait without bound to discard the rest of a stalled body.
+type deadlineBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	cleared bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.cleared {
+		b.cleared = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
 
 // Headroom returns the fraction of a backend's rate-limit quota that its
 // last answers reported remaining, refilled since ([retry.Ejector.Headroom]);
@@ -361,10 +412,30 @@ func (g *Gateway) Tier(name string) spill.Tier {
 // and if none is, the time until the first is back.
 func (g *Gateway) ready() (bool, time.Duration) {
 	out, next := g.ejector.Out()
+	if out == 0 {
+		return true, 0
+	}
+	// Out may still count a replica that Update removed in the last
+	// second: look at the replicas themselves.
 	g.mu.Lock()
-	n := len(g.backends)
+	backends := g.backends
 	g.mu.Unlock()
-	return out < n, next
+	if out < len(backends) {
+		return true, next
+	}
+	gone := make(map[string]bool, out)
+	for _, k := range g.ejector.Ejected() {
+		gone[k] = true
+	}
+	for _, k := range g.ejector.Cooling() {
+		gone[k] = true
+	}
+	for _, k := range backends {
+		if !gone[k] {
+			return true, next
+		}
+	}
+	return false, next
 }
 
 // Balancer returns the gateway's balancer, for its Stats or to mark

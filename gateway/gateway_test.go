@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,6 +207,15 @@ func TestGatewayRetriesAndEjects(t *testing.T) {
 	if st := g.State(); st.Endpoints[0].Healthy || len(st.Ejected) != 1 || st.Ejected[0] != dead {
 		t.Errorf("debug state after the ejection: %+v, ejected %v", st.Endpoints[0], st.Ejected)
 	}
+	// The ejected replica leaves: the one left is ready at once, and the
+	// ejection is forgotten.
+	if err := g.Update(c.URLs); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := g.ready(); !ok {
+		t.Error("not ready after the ejected replica left")
+	}
+	waitFor(t, func() bool { return len(g.State().Ejected) == 0 })
 	g.transport.CloseIdleConnections()
 }
 
@@ -363,6 +374,104 @@ func TestGatewayHidesUpstreamErrors(t *testing.T) {
 	}
 	if !found {
 		t.Error("the operator log lacks the upstream detail under the request id")
+	}
+}
+
+// A replica's 5xx reaches the client with its status but without its
+// body, and the log has the body under the request id; a stream cut after
+// its first token is logged through the gateway's logger.
+func TestGatewayHidesUpstreamAnswers(t *testing.T) {
+	const secret = "panic: /srv/worker.go:12 10.4.4.4"
+	var cut atomic.Bool
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !cut.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, secret)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		_ = conn.(*net.TCPConn).SetLinger(0)
+		_ = conn.Close() // a reset after the first event
+	}))
+	defer up.Close()
+	log, logs := newLogger()
+	g, err := New([]string{up.URL}, Config{Logger: log, ScrapeInterval: -1, Retry: retry.LoopConfig{MaxAttempts: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	code, body, h := post(t, g, "hello", "X-Request-Id", "req-43")
+	if code != http.StatusServiceUnavailable || strings.Contains(body, "panic") || !strings.Contains(body, "req-43") || h.Get("X-Request-Id") != "req-43" {
+		t.Errorf("client got %d %q (X-Request-Id %q), want 503 with a generic body naming req-43", code, body, h.Get("X-Request-Id"))
+	}
+	recs := logs.records(t, "httplb: upstream failed")
+	if len(recs) != 1 || recs[0]["request_id"] != "req-43" || recs[0]["body"] != secret {
+		t.Errorf("upstream failure logs = %v, want one with the body under req-43", recs)
+	}
+	cut.Store(true)
+	post(t, g, "hello")
+	logs.mu.Lock()
+	found := strings.Contains(logs.buf.String(), `"level":"WARN","msg":"httputil: ReverseProxy read error`)
+	logs.mu.Unlock()
+	if !found {
+		t.Error("the stream cut after its first token was not logged through Config.Logger")
+	}
+}
+
+// A client that sends its body too slowly gets 408 after BodyTimeout, while
+// a response that streams longer than BodyTimeout is not cut.
+func TestGatewayBodyTimeout(t *testing.T) {
+	c, err := e2e.StartCluster(1, engine.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	log, _ := newLogger()
+	const timeout = 300 * time.Millisecond
+	g, err := New(c.URLs, Config{Logger: log, ScrapeInterval: -1, BodyTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Errorf("a stalled body got %d, want 408", resp.StatusCode)
+	}
+	if d := time.Since(start); d < timeout {
+		t.Errorf("answered after %v, before the %v deadline", d, timeout)
+	}
+
+	body := fmt.Sprintf(`{"model":%q,"prompt":"stream past the deadline","max_tokens":100,"stream":true}`, engine.DefaultModel)
+	start = time.Now()
+	res, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	all, err := io.ReadAll(res.Body)
+	if err != nil || res.StatusCode != http.StatusOK || !strings.Contains(string(all), "data: [DONE]") {
+		t.Fatalf("stream: %d %v %q", res.StatusCode, err, all)
+	}
+	if d := time.Since(start); d < 2*timeout {
+		t.Fatalf("the stream took %v: too short to show that the deadline was cleared", d)
 	}
 }
 

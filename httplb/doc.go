@@ -53,7 +53,9 @@
 // body over the cap, 429 with Retry-After when no endpoint can take the
 // request (admission caps, every endpoint excluded), 502 otherwise. Clients
 // get a generic OpenAI-style error with a request id; the detail (addresses,
-// TLS and DNS errors) goes to the operator's log under that id.
+// TLS and DNS errors) goes to the operator's log under that id. An
+// upstream's own 5xx answer is treated alike by [NewUpstreamErrorHandler]:
+// its status and Retry-After reach the client, its body only the log.
 //
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt

@@ -27,6 +27,12 @@ var (
 	// request's tenant could not be established. The proxy's error
 	// handler answers 401 without the cause, which it logs.
 	ErrUnauthenticated = errors.New("httplb: tenant not established")
+	// ErrBodyRead wraps the error of reading a request's body: the client
+	// broke off, sent a malformed chunked body or, behind a read deadline
+	// (gateway.Config.BodyTimeout), sent too slowly. The proxy's error
+	// handler answers 408 Request Timeout for a timeout and 400 otherwise,
+	// without the cause, which it logs.
+	ErrBodyRead = errors.New("httplb: request body not read")
 )
 
 // errOutrun is the error of an attempt that received its first event after

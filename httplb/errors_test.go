@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -131,6 +132,82 @@ func TestProxyErrorHidesDetails(t *testing.T) {
 	}
 }
 
+// An upstream's own error answer: a 5xx reaches the client with its status
+// and Retry-After but a generic body and a request id, its body only the
+// log; a 4xx reaches the client as it is, with a request id, and is logged
+// at Info.
+func TestProxyUpstreamErrors(t *testing.T) {
+	const secret = "Traceback: /srv/model/worker.py line 7, 10.1.2.3"
+	cases := []struct {
+		status   int
+		hidden   bool
+		level    string
+		clientID string
+	}{
+		{http.StatusServiceUnavailable, true, "ERROR", ""},
+		{http.StatusInternalServerError, true, "ERROR", "client-7"},
+		{http.StatusBadRequest, false, "INFO", ""},
+		{http.StatusTooManyRequests, false, "INFO", "client-8"},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprint(c.status), func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Retry-After", "3")
+				w.Header().Set("Content-Type", "text/plain")
+				w.WriteHeader(c.status)
+				fmt.Fprint(w, secret)
+			})
+			h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
+			var logs syncBuffer
+			proxy := NewProxy(h.tr)
+			proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+			gw := httptest.NewServer(proxy)
+			defer gw.Close()
+			client := &http.Client{Transport: &http.Transport{}}
+			defer client.CloseIdleConnections()
+			req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+			require.NoError(t, err)
+			if c.clientID != "" {
+				req.Header.Set("X-Request-Id", c.clientID)
+			}
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			raw, err := readAll(t, resp)
+			require.NoError(t, err)
+			assert.Equal(t, c.status, resp.StatusCode)
+			assert.Equal(t, "3", resp.Header.Get("Retry-After"))
+			id := resp.Header.Get("X-Request-Id")
+			require.True(t, validRequestID(id), id)
+			if c.clientID != "" {
+				assert.Equal(t, c.clientID, id)
+			}
+			var rec struct {
+				Level     string `json:"level"`
+				RequestID string `json:"request_id"`
+				Status    int    `json:"status"`
+				Upstream  string `json:"upstream"`
+				Body      string `json:"body"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(logs.String()), &rec), logs.String())
+			assert.Equal(t, c.level, rec.Level)
+			assert.Equal(t, id, rec.RequestID)
+			assert.Equal(t, c.status, rec.Status)
+			assert.Equal(t, strings.TrimPrefix(up.URL, "http://"), rec.Upstream)
+			if !c.hidden {
+				assert.Equal(t, secret, raw, "a 4xx describes the client's request: passed on")
+				return
+			}
+			assert.NotContains(t, raw, "Traceback")
+			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			var body openAIError
+			require.NoError(t, json.Unmarshal([]byte(raw), &body), raw)
+			assert.Equal(t, c.status, body.Error.Code)
+			assert.Contains(t, body.Error.Message, id)
+			assert.Equal(t, secret, rec.Body, "the operator sees the upstream's body")
+		})
+	}
+}
+
 // The statuses a client sees, each with a generic message and a request id,
 // and the log level of each.
 func TestErrorHandlerStatuses(t *testing.T) {
@@ -149,6 +226,8 @@ func TestErrorHandlerStatuses(t *testing.T) {
 		{"no endpoints", llmlb.ErrNoEndpoints, http.StatusTooManyRequests, "rate_limit_error", "1", slog.LevelInfo},
 		{"given up", &retry.GiveUpError{Attempts: 3, Reason: "attempts", Err: errors.New("tls: handshake failure with 10.0.0.1")}, http.StatusBadGateway, "upstream_error", "", slog.LevelError},
 		{"first event timeout", &retry.GiveUpError{Attempts: 3, Reason: "attempts", Err: ErrFirstEventTimeout}, http.StatusBadGateway, "upstream_error", "", slog.LevelError},
+		{"body read deadline", fmt.Errorf("%w: %w", ErrBodyRead, &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), http.StatusRequestTimeout, "invalid_request_error", "", slog.LevelInfo},
+		{"body read", fmt.Errorf("%w: %w", ErrBodyRead, errors.New("malformed chunked encoding from 10.0.0.1")), http.StatusBadRequest, "invalid_request_error", "", slog.LevelInfo},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

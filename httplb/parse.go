@@ -214,7 +214,7 @@ func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 	body, err := readBody(r, p.maxBody)
 	_ = r.Body.Close()
 	if err != nil {
-		return req, err
+		return req, fmt.Errorf("%w: %w", ErrBodyRead, err)
 	}
 	if err := p.fill(&req, h, body); err != nil {
 		return req, err

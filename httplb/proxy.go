@@ -1,12 +1,15 @@
 package httplb
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
@@ -29,21 +32,88 @@ const maxRequestIDLen = 128
 // NewProxy returns a reverse proxy that sends every request through t:
 // its Rewrite sets the X-Forwarded headers and leaves the upstream URL to
 // the transport, it flushes every write at once so that streamed events reach
-// the client as they are produced (FlushInterval -1), and its ErrorHandler
-// is the handler of [NewErrorHandler] with a nil logger, which logs the
-// details of each failure with [slog.Default]; set it to NewErrorHandler
-// with another logger to log them elsewhere. The returned proxy may be
-// modified before use.
+// the client as they are produced (FlushInterval -1), its ErrorHandler is
+// the handler of [NewErrorHandler] and its ModifyResponse that of
+// [NewUpstreamErrorHandler], both with a nil logger, which log the details
+// of each failure with [slog.Default]; set them to the same with another
+// logger to log elsewhere. The returned proxy may be modified before use.
 func NewProxy(t *Transport) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetXForwarded()
 			pr.Out.Host = ""
 		},
-		Transport:     t,
-		FlushInterval: -1,
-		ErrorHandler:  errorHandler,
+		Transport:      t,
+		FlushInterval:  -1,
+		ErrorHandler:   errorHandler,
+		ModifyResponse: upstreamErrorHandler,
 	}
+}
+
+// upstreamErrorHandler is the function returned by
+// [NewUpstreamErrorHandler] with a nil logger. [NewProxy] installs it.
+func upstreamErrorHandler(resp *http.Response) error {
+	handleUpstreamError(slog.Default(), resp)
+	return nil
+}
+
+// NewUpstreamErrorHandler returns a function for
+// [httputil.ReverseProxy.ModifyResponse] that treats the error answers of
+// upstreams as [NewErrorHandler] treats the failures of a [Transport]. An
+// answer of 500 or more (one the Transport did not retry, or the last one
+// when it gave up) reaches the client with its status and headers, such as
+// Retry-After, but with a generic body in the OpenAI error format and a
+// request id instead of the upstream's own body, which may carry stack
+// traces, paths or addresses; the status and the first kilobyte of the
+// upstream's body go to log at level Error. An answer from 400 to 499 (a
+// context length exceeded, a 429) reaches the client unchanged, since it
+// describes the client's request, and is logged at Info. Either carries the
+// request id in its X-Request-Id header, chosen as by NewErrorHandler, and
+// each log record has the attributes request_id, method, path, status and
+// upstream (the endpoint that answered). nil log means [slog.Default] at the
+// time of the answer. Answers under 400 pass untouched.
+func NewUpstreamErrorHandler(log *slog.Logger) func(*http.Response) error {
+	return func(resp *http.Response) error {
+		l := log
+		if l == nil {
+			l = slog.Default()
+		}
+		handleUpstreamError(l, resp)
+		return nil
+	}
+}
+
+// maxLoggedBody is how much of an upstream's error body is logged.
+const maxLoggedBody = 1 << 10
+
+func handleUpstreamError(log *slog.Logger, resp *http.Response) {
+	if resp.StatusCode < 400 || resp.Request == nil {
+		return
+	}
+	r := resp.Request // the request sent upstream
+	id := requestID(r)
+	resp.Header.Set(requestIDHeader, id)
+	attrs := []slog.Attr{
+		slog.String("request_id", id),
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", resp.StatusCode),
+		slog.String("upstream", r.URL.Host),
+	}
+	if resp.StatusCode < 500 {
+		log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream refused the request", attrs...)
+		return
+	}
+	head := readHead(resp.Body, maxLoggedBody)
+	log.LogAttrs(r.Context(), slog.LevelError, "httplb: upstream failed", append(attrs, slog.String("body", string(head)))...)
+	var buf bytes.Buffer
+	encodeError(&buf, resp.StatusCode, "upstream_error", "The upstream failed to answer. Request ID: "+id)
+	resp.Body = io.NopCloser(&buf)
+	resp.ContentLength = int64(buf.Len())
+	resp.TransferEncoding = nil
+	resp.Header.Set("Content-Type", "application/json")
+	resp.Header.Set("Content-Length", strconv.Itoa(buf.Len()))
+	resp.Header.Del("Content-Encoding")
 }
 
 // errorHandler is the handler returned by [NewErrorHandler] with a nil
@@ -62,6 +132,9 @@ func errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 // or DNS details; the status is
 //
 //   - 413 Request Entity Too Large for a body over the cap ([ErrBodyTooLarge]);
+//   - 408 Request Timeout for a body not received before the connection's
+//     read deadline, and 400 Bad Request for another failure to read it
+//     ([ErrBodyRead]);
 //   - 429 Too Many Requests with a Retry-After header when no endpoint may
 //     take the request: an admission cap is reached ([retry.ErrOverloaded],
 //     with the cap's suggested wait), the request excludes every endpoint
@@ -103,6 +176,12 @@ func handleError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err e
 		code, typ, message = http.StatusUnauthorized, "authentication_error", "The request could not be authenticated."
 	case errors.Is(err, ErrBodyTooLarge):
 		code, typ, message = http.StatusRequestEntityTooLarge, "invalid_request_error", "The request body is too large."
+	case errors.Is(err, ErrBodyRead) && isTimeout(err):
+		// The server cancels the request's context when a read of its
+		// connection fails, but the client is there to be told.
+		code, typ, message = http.StatusRequestTimeout, "invalid_request_error", "The request body was not received in time."
+	case errors.Is(err, ErrBodyRead) && r.Context().Err() == nil:
+		code, typ, message = http.StatusBadRequest, "invalid_request_error", "The request body could not be read."
 	case errors.As(err, &oe):
 		writeRetryAfter(w, oe.RetryAfter)
 		code, typ, message = http.StatusTooManyRequests, "rate_limit_error", "Too many requests are in flight; retry later."
@@ -119,6 +198,13 @@ func handleError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err e
 	logError(log, level, r, id, code, err)
 	w.Header().Set(requestIDHeader, id)
 	writeError(w, code, typ, message+" Request ID: "+id)
+}
+
+// isTimeout reports whether err is a network timeout, such as a read
+// deadline's.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 func logError(log *slog.Logger, level slog.Level, r *http.Request, id string, code int, err error) {
@@ -163,6 +249,13 @@ func writeRetryAfter(w http.ResponseWriter, d time.Duration) {
 }
 
 func writeError(w http.ResponseWriter, code int, typ, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	encodeError(w, code, typ, message)
+}
+
+// encodeError writes the OpenAI error format's body to w.
+func encodeError(w io.Writer, code int, typ, message string) {
 	var body struct {
 		Error struct {
 			Message string `json:"message"`
@@ -173,7 +266,5 @@ func writeError(w http.ResponseWriter, code int, typ, message string) {
 	body.Error.Message = message
 	body.Error.Type = typ
 	body.Error.Code = code
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(&body)
 }

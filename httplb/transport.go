@@ -433,6 +433,16 @@ func drain(rc io.ReadCloser) {
 	_ = rc.Close()
 }
 
+// readHead reads up to n bytes of rc, for at most maxDrainTime (see drain),
+// and closes it.
+func readHead(rc io.ReadCloser, n int64) []byte {
+	stop := time.AfterFunc(maxDrainTime, func() { _ = rc.Close() })
+	head, _ := io.ReadAll(io.LimitReader(rc, n))
+	stop.Stop()
+	_ = rc.Close()
+	return head
+}
+
 func joinPath(a, b string) string {
 	switch {
 	case a == "":

@@ -612,19 +612,25 @@ func (e *Ejector) Run(ctx context.Context) error {
 }
 
 // Ejected returns the keys of the endpoints ejected now, sorted; endpoints
-// cooling down are not listed (see [Ejector.Cooling]).
+// cooling down are not listed (see [Ejector.Cooling]). Like Out and
+// Cooling, it lists only members of the Health: an endpoint that left it is
+// dropped within a second.
 func (e *Ejector) Ejected() []string {
 	return e.outKeys(false)
 }
 
 // Out returns the number of endpoints out now, ejected or cooling down, and
 // the time until the first of them is due back (0 if none is out). It costs
-// the same however many endpoints are out.
+// the same however many endpoints are out, apart from reading the Health's
+// membership at most once a second while some endpoint is out.
 func (e *Ejector) Out() (n int, next time.Duration) {
 	now := e.clock.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.sweep(now)
+	if len(e.out) > 0 {
+		e.sync(now) // forgets endpoints that left, ejected or not
+	}
 	if len(e.out) == 0 {
 		return 0, 0
 	}
@@ -638,8 +644,13 @@ func (e *Ejector) Cooling() []string {
 
 // outKeys returns the keys of the endpoints out now that are cooling or not.
 func (e *Ejector) outKeys(cooling bool) []string {
+	now := e.clock.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.sweep(now)
+	if len(e.out) > 0 {
+		e.sync(now)
+	}
 	var keys []string
 	for _, st := range e.out {
 		if st.cooling == cooling {

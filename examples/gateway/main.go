@@ -54,6 +54,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -113,6 +114,7 @@ func run(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve clients on")
 	admin := fs.String("admin", "127.0.0.1:9090", "address to serve /metrics and /debug/llmlb on (\"\": none)")
 	backends := fs.String("backends", "", "comma-separated base URLs of the replicas")
+	grace := fs.Duration("shutdown-grace", 25*time.Second, "on SIGINT or SIGTERM, how long streams in flight may finish before they are cut")
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding, round-robin or peak-ewma (for replicas without metrics, such as a managed API's deployments)")
 	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica")
 	fs.IntVar(&o.attempts, "attempts", retry.DefaultMaxAttempts, "attempts per request before the first token, the first included")
@@ -198,7 +200,7 @@ func run(args []string) error {
 	case o.kvFromNATS && len(o.kvEvents) > 0:
 		return errors.New("-kv-events-nats follows the events from NATS: give -kv-events to the replica with -kv-relay only")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // SIGTERM: Kubernetes
 	defer stop()
 	if *natsURL != "" {
 		nc, err := nats.Connect(*natsURL, nats.Name("llmlb-gateway"), nats.MaxReconnects(-1),
@@ -275,7 +277,7 @@ func run(args []string) error {
 	if len(o.spillTo) > 0 {
 		o.log.Info("spilling to a second tier", "backends", *spillTo)
 	}
-	return serve(ctx, g, l)
+	return serve(ctx, g, l, *grace, o.log)
 }
 
 func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Policy, error) {
@@ -473,8 +475,9 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 }
 
 // serve serves the gateway on l, scraping and sweeping ejections meanwhile,
-// until ctx is done; then it shuts down gracefully.
-func serve(ctx context.Context, g *gateway.Gateway, l net.Listener) error {
+// until ctx is done; then it stops accepting requests and lets those in
+// flight finish for up to grace, after which it cuts the rest.
+func serve(ctx context.Context, g *gateway.Gateway, l net.Listener, grace time.Duration, log *slog.Logger) error {
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	bg, cancel := context.WithCancel(ctx)
@@ -490,9 +493,13 @@ func serve(ctx context.Context, g *gateway.Gateway, l net.Listener) error {
 		return err
 	case <-ctx.Done():
 	}
-	shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
+	shutdown, done := context.WithTimeout(context.Background(), grace)
 	defer done()
 	err := srv.Shutdown(shutdown)
+	if errors.Is(err, context.DeadlineExceeded) {
+		log.Warn("gateway: shutdown grace period over, cutting the requests still in flight", "grace", grace)
+		err = srv.Close()
+	}
 	<-served
 	return err
 }
