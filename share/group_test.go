@@ -530,3 +530,34 @@ func TestLongestSignalAgeRoundTrip(t *testing.T) {
 	require.NoError(t, b.Receive(a.AppendBatch(nil)))
 	assert.Equal(t, uint64(1), b.Stats().Received)
 }
+
+// TestPeerTTLFollowsItsInterval: a peer that publishes every second keeps
+// counting between its batches at a receiver that publishes ten times as
+// often (whose own TTL is 300 ms), and stops counting three of its periods
+// after its last batch.
+func TestPeerTTLFollowsItsInterval(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	a := offline(t, Config{ID: "a", Clock: clock, Interval: time.Second})
+	b := offline(t, Config{ID: "b", Clock: clock, Interval: 100 * time.Millisecond})
+	obs := a.Observer(nil)
+	for range 5 {
+		obs.Pick(pickInfo("e1", 100, 10))
+	}
+	for ms := 0; ms < 3000; ms += 100 {
+		clock.Set(at(ms))
+		if ms%1000 == 0 {
+			require.NoError(t, b.Receive(a.AppendBatch(nil)))
+		}
+		l, ok := b.Load("e1")
+		require.True(t, ok, "t=%d ms", ms)
+		require.EqualValues(t, 5, l.Waiting, "t=%d ms: a's requests between its batches", ms)
+	}
+	// a's last batch came at 2 s, a second after the one before: it
+	// counts until 5 s.
+	clock.Set(at(4900))
+	l, _ := b.Load("e1")
+	require.EqualValues(t, 5, l.Waiting)
+	clock.Set(at(5100))
+	l, _ = b.Load("e1")
+	require.EqualValues(t, 0, l.Waiting, "a stopped publishing three of its periods ago")
+}

@@ -9,7 +9,7 @@ import (
 
 // peers holds the latest snapshot of every peer heard from.
 type peers struct {
-	ttl int64 // nanoseconds a snapshot counts after it arrived
+	ttl int64 // nanoseconds a snapshot counts after it arrived, at least
 	max int
 
 	mu sync.RWMutex // protects list
@@ -24,6 +24,7 @@ type peer struct {
 	inc  uint64 // incarnation of the sender
 	seq  uint64
 	seen int64              // local unix nanoseconds the snapshot arrived
+	ttl  int64              // nanoseconds it counts after it arrived (see peerTTL)
 	eps  map[string]*peerEP // per endpoint
 	out  int64              // requests in flight, over every endpoint
 }
@@ -134,6 +135,11 @@ func (p *peers) apply(m *message, now int64) (joined, ok bool) {
 	defer p.mu.Unlock()
 	i, found := slices.BinarySearchFunc(p.list, m.id, func(pr *peer, id string) int { return strings.Compare(pr.id, id) })
 	pr := &peer{id: m.id, inc: m.inc, seq: m.seq, seen: now, eps: eps, out: out}
+	if found && p.list[i].inc == m.inc {
+		pr.ttl = p.peerTTL(now-p.list[i].seen, m.width)
+	} else {
+		pr.ttl = p.peerTTL(0, m.width)
+	}
 	switch {
 	case !found:
 		if len(p.list) >= p.max {
@@ -148,6 +154,25 @@ func (p *peers) apply(m *message, now int64) (joined, ok bool) {
 	return false, true
 }
 
+// maxPeerTTL bounds how long a peer's snapshot counts: three of the longest
+// Intervals.
+const maxPeerTTL = 3 * int64(maxIntervalTime)
+
+// peerTTL returns how long a snapshot counts that arrived gap after the
+// sender's previous one (0 if it is the first of its incarnation), from a
+// sender whose time buckets are width wide: the receiver's TTL, or three
+// times the sender's own period if that is longer, so that replicas
+// configured with different Intervals each keep the others' work counted
+// between their batches. The period is the gap when there is one, else the
+// bucket width, which is at least the sender's Interval.
+func (p *peers) peerTTL(gap, width int64) int64 {
+	period := gap
+	if period <= 0 {
+		period = width
+	}
+	return max(p.ttl, min(3*period, maxPeerTTL))
+}
+
 // work sums, over every peer heard from within the TTL before now, the
 // requests in flight at key that were picked at or after since, and the
 // requests in flight at since that have finished.
@@ -155,7 +180,7 @@ func (p *peers) work(key string, since, now int64) (w work, found bool) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	for _, pr := range p.list {
-		if now-pr.seen > p.ttl {
+		if now-pr.seen > pr.ttl {
 			continue
 		}
 		w.out = satAdd(w.out, pr.out)
@@ -217,7 +242,7 @@ func (p *peers) live(now int64) int {
 	defer p.mu.RUnlock()
 	n := 0
 	for _, pr := range p.list {
-		if now-pr.seen <= p.ttl {
+		if now-pr.seen <= pr.ttl {
 			n++
 		}
 	}
@@ -231,7 +256,7 @@ func (p *peers) expire(now int64) []string {
 	defer p.mu.Unlock()
 	var gone []string
 	p.list = slices.DeleteFunc(p.list, func(pr *peer) bool {
-		if now-pr.seen > p.ttl {
+		if now-pr.seen > pr.ttl {
 			gone = append(gone, pr.id)
 			return true
 		}

@@ -97,9 +97,12 @@ type Config struct {
 	// [Group.AppendBatch] when the caller carries them). 0 means
 	// [DefaultInterval]; at most a minute.
 	Interval time.Duration
-	// TTL is how long a peer's batch counts after it arrived: a peer that
-	// stops publishing stops counting after TTL. 0 means three Intervals;
-	// it must not be below Interval.
+	// TTL is how long a peer's batch counts after it arrived, at least: a
+	// peer that stops publishing stops counting after TTL, or after three
+	// of its own periods between batches if that is longer (at most three
+	// minutes), so that replicas configured with different Intervals keep
+	// each other's work counted. 0 means three Intervals; it must not be
+	// below Interval.
 	TTL time.Duration
 	// DecodeAllowance is the balancer's decode allowance
 	// (llmlb.WithDecodeAllowance), used to estimate the tokens of this

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,24 @@ func BenchmarkParse(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {
 				if _, err := signals.Parse(bytes.NewReader(body), ct, signals.EngineAuto); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseLoRALabel parses a 4 MiB LoRA label (within
+// DefaultMaxBodyBytes) of one name repeated, and of 1024 distinct names and
+// then repeats: the two should cost about the same, linear in the label.
+func BenchmarkParseLoRALabel(b *testing.B) {
+	for _, distinct := range []int{1, 1024} {
+		body := loraLabel(distinct, 4<<20-256)
+		b.Run(fmt.Sprintf("distinct=%d", distinct), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := signals.Parse(strings.NewReader(body), textType, signals.EngineVLLM); err != nil {
 					b.Fatal(err)
 				}
 			}

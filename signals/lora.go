@@ -61,26 +61,19 @@ func adapters(fam *dto.MetricFamily) ([]string, int, error) {
 		maxLoRAs = n
 	}
 	names := []string{}
+	seen := map[string]bool{} // linear in the label's length, however often names repeat
 	for _, label := range []string{"running_lora_adapters", "waiting_lora_adapters"} {
 		for name := range strings.SplitSeq(labelValue(newest, label), ",") {
 			name = strings.TrimSpace(name)
-			if name == "" || contains(names, name) {
+			if name == "" || seen[name] {
 				continue
 			}
 			if len(name) > maxAdapterName || len(names) == maxAdapterNames {
 				return nil, 0, fmt.Errorf("%w: %s label %s names more or longer adapters than plausible", ErrInvalidValue, loraInfo, label)
 			}
+			seen[name] = true
 			names = append(names, name)
 		}
 	}
 	return names, maxLoRAs, nil
-}
-
-func contains(names []string, name string) bool {
-	for _, n := range names {
-		if n == name {
-			return true
-		}
-	}
-	return false
 }

@@ -2,6 +2,7 @@ package signals_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -80,4 +81,31 @@ func manyNames(n int) string {
 		names[i] = "a" + strings.Repeat("b", i%7) + string(rune('A'+i%26)) + strings.Repeat("c", i/26)
 	}
 	return strings.Join(names, ",")
+}
+
+// loraLabel returns a lora_requests_info body whose running adapters label
+// is about size bytes: distinct names first, then the last one repeated.
+func loraLabel(distinct, size int) string {
+	var lab strings.Builder
+	for i := range distinct {
+		fmt.Fprintf(&lab, "a%03x,", i)
+	}
+	last := fmt.Sprintf("a%03x,", distinct-1)
+	for lab.Len() < size {
+		lab.WriteString(last)
+	}
+	return "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n" +
+		`vllm:lora_requests_info{max_lora="4",running_lora_adapters="` + lab.String() + `",waiting_lora_adapters=""} 1.7e9` + "\n"
+}
+
+// TestParseLoRARepeatedNames: names repeated any number of times count once,
+// and the plausible limit counts distinct names.
+func TestParseLoRARepeatedNames(t *testing.T) {
+	o, err := signals.Parse(strings.NewReader(loraLabel(1024, 1<<20)), textType, signals.EngineVLLM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.Adapters) != 1024 || o.Adapters[0] != "a000" || o.Adapters[1023] != "a3ff" {
+		t.Fatalf("%d adapters (%q ... ), want 1024 distinct", len(o.Adapters), o.Adapters[:min(3, len(o.Adapters))])
+	}
 }
