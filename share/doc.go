@@ -114,7 +114,9 @@
 // an engine's stream from its replay socket; NATS delivers at most once and
 // cannot replay, so a batch lost between the Relay and a Follower drops
 // that engine's blocks from the replica's index until they are stored
-// again, rather than leave them guessed.
+// again, rather than leave them guessed. Run the Relay too ([Relay.Run]):
+// its heartbeats let the Followers drop the blocks of its engines if it
+// dies without a word.
 //
 // # Without NATS
 //

@@ -3,10 +3,14 @@ package share
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/llmlb/llmlb"
 )
 
 // DefaultRelaySubject is the NATS subject of a [Relay] and its [Follower]s
@@ -22,6 +26,24 @@ const (
 	// what the followers hold of the endpoint is unknown, and is dropped.
 	headerSeq = "Llmlb-Seq"
 	clearSeq  = "clear"
+	// aliveSeq marks a heartbeat of a running Relay (see Relay.Run), which
+	// names its period in headerInterval (nanoseconds).
+	aliveSeq       = "alive"
+	headerInterval = "Llmlb-Interval"
+	// headerRelay is the ID of the Relay that published the message.
+	headerRelay = "Llmlb-Relay"
+)
+
+// DefaultRelayInterval is the period of a running Relay's heartbeats when
+// its config names none.
+const DefaultRelayInterval = time.Second
+
+// Bounds on what a Follower tracks of the Relays it hears, whatever is
+// published on the subject.
+const (
+	maxRelays        = 1024 // Relays followed for liveness
+	maxRelayKeys     = 4096 // endpoints of one Relay
+	maxRelayInterval = time.Minute
 )
 
 // RelayConfig configures a [Relay].
@@ -32,6 +54,12 @@ type RelayConfig struct {
 	// Subject is where the batches of every endpoint are published. ""
 	// means [DefaultRelaySubject].
 	Subject string
+	// ID names the Relay in its messages, so that Followers know which
+	// endpoints it relays. "" means a random ID.
+	ID string
+	// Interval is the period of the heartbeats [Relay.Run] publishes. 0
+	// means [DefaultRelayInterval]; at most a minute.
+	Interval time.Duration
 }
 
 // Relay publishes engines' KV event batches on NATS, so that one
@@ -54,10 +82,19 @@ type RelayConfig struct {
 // until nats.go flushes it; Flush or Drain the connection before closing it
 // to send the last ones.
 //
-// A Relay is safe for concurrent use and starts no goroutine.
+// A Relay that dies without publishing its clears (its process killed, its
+// connection cut) would leave the Followers holding blocks the engines may
+// since have evicted. [Relay.Run] publishes a heartbeat every Interval; a
+// Follower that has heard one drops the blocks of that Relay's endpoints
+// when it hears nothing from it for three Intervals.
+//
+// A Relay is safe for concurrent use and starts no goroutine but Run's.
 type Relay struct {
-	conn    *nats.Conn
-	subject string
+	conn     *nats.Conn
+	subject  string
+	id       string
+	interval time.Duration
+	running  atomic.Bool
 
 	published, failed atomic.Int64
 }
@@ -65,24 +102,71 @@ type Relay struct {
 // NewRelay returns a Relay for cfg, or an error wrapping
 // [ErrInvalidConfig].
 func NewRelay(cfg RelayConfig) (*Relay, error) {
-	if cfg.Conn == nil {
+	switch {
+	case cfg.Conn == nil:
 		return nil, fmt.Errorf("%w: Relay needs a Conn", ErrInvalidConfig)
+	case cfg.Interval < 0 || cfg.Interval > maxRelayInterval:
+		return nil, fmt.Errorf("%w: Relay Interval %v out of range [0, %v]", ErrInvalidConfig, cfg.Interval, maxRelayInterval)
+	case len(cfg.ID) > 128:
+		return nil, fmt.Errorf("%w: Relay ID is %d bytes, at most 128", ErrInvalidConfig, len(cfg.ID))
 	}
 	if cfg.Subject == "" {
 		cfg.Subject = DefaultRelaySubject
 	}
-	return &Relay{conn: cfg.Conn, subject: cfg.Subject}, nil
+	if cfg.ID == "" {
+		cfg.ID = "relay-" + strconv.FormatUint(rand.Uint64(), 36)
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = DefaultRelayInterval
+	}
+	return &Relay{conn: cfg.Conn, subject: cfg.Subject, id: cfg.ID, interval: cfg.Interval}, nil
+}
+
+// Run publishes a heartbeat every Interval until ctx ends, and returns
+// ctx's error; a concurrent second call returns an error wrapping
+// [ErrRunning] at once. Run it beside the Subscriber whose Forward the
+// Relay is, for as long as it runs.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: Relay.Run", ErrRunning)
+	}
+	defer r.running.Store(false)
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		r.publish(r.heartbeat())
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// heartbeat returns the message of a heartbeat.
+func (r *Relay) heartbeat() *nats.Msg {
+	m := nats.NewMsg(r.subject)
+	m.Header.Set(headerRelay, r.id)
+	m.Header.Set(headerSeq, aliveSeq)
+	m.Header.Set(headerInterval, strconv.FormatInt(int64(r.interval), 10))
+	return m
+}
+
+func (r *Relay) publish(m *nats.Msg) {
+	if err := r.conn.PublishMsg(m); err != nil {
+		r.failed.Add(1)
+		return
+	}
+	r.published.Add(1)
 }
 
 // Forward publishes batch seq of endpoint key, or, for a nil payload, a
 // clear of the endpoint: the signature of kvevents.Config.Forward. It does
 // not keep payload, and does not wait for the network.
 func (r *Relay) Forward(key string, seq int64, payload []byte) {
-	if err := r.conn.PublishMsg(relayMessage(r.subject, key, seq, payload, r.conn.MaxPayload())); err != nil {
-		r.failed.Add(1)
-		return
-	}
-	r.published.Add(1)
+	m := relayMessage(r.subject, key, seq, payload, r.conn.MaxPayload())
+	m.Header.Set(headerRelay, r.id)
+	r.publish(m)
 }
 
 // relayMessage returns the message of batch seq of endpoint key, or of a
@@ -100,9 +184,9 @@ func relayMessage(subject, key string, seq int64, payload []byte, maxPayload int
 	return m
 }
 
-// Published returns the messages published, and those the connection
-// refused (it was closed, or its reconnect buffer was full); the followers
-// see a refused batch as a gap.
+// Published returns the messages published, heartbeats included, and those
+// the connection refused (it was closed, or its reconnect buffer was full);
+// the followers see a refused batch as a gap.
 func (r *Relay) Published() (ok, failed int64) { return r.published.Load(), r.failed.Load() }
 
 // Sink receives the batches a [Follower] receives. A kvevents.Applier is
@@ -131,8 +215,12 @@ type FollowerConfig struct {
 	// NATS drops messages, which the Sink sees as gaps. 0 means 4096.
 	Buffer int
 	// OnError, if set, is told of every message that is not a relayed
-	// batch (the endpoint's blocks are then dropped); it must not block.
+	// batch, and of every endpoint of a Relay fallen silent (the
+	// endpoint's blocks are then dropped); it must not block.
 	OnError func(key string, err error)
+	// Clock tells the time a Relay was last heard. Nil means the system
+	// clock.
+	Clock llmlb.Clock
 }
 
 // Follower receives the batches a [Relay] publishes and hands them, per
@@ -142,6 +230,11 @@ type FollowerConfig struct {
 // endpoint's blocks rather than guess. Blocks stored before a Follower
 // starts are not known until the engine stores them again.
 //
+// A Follower that has heard a heartbeat of a Relay ([Relay.Run]) and then
+// hears nothing from it for three of its Intervals drops the blocks of the
+// endpoints that Relay relayed: a Relay that died unseen leaves no guessed
+// blocks behind. It follows at most 1024 Relays of 4096 endpoints each.
+//
 // Run is the only method; a Follower starts no goroutine until it is
 // called.
 type Follower struct {
@@ -150,7 +243,17 @@ type Follower struct {
 	sink    Sink
 	buffer  int
 	onError func(string, error)
+	clock   llmlb.Clock
 	running atomic.Bool
+	// relays is what the goroutine running Run knows of each Relay heard.
+	relays map[string]*relayLife
+}
+
+// relayLife is a Follower's view of one Relay.
+type relayLife struct {
+	seen time.Time       // when a message of it last arrived
+	ttl  time.Duration   // three heartbeat periods; 0 before a heartbeat
+	keys map[string]bool // the endpoints it relayed
 }
 
 // NewFollower returns a Follower for cfg, or an error wrapping
@@ -168,8 +271,15 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if cfg.Buffer == 0 {
 		cfg.Buffer = 4096
 	}
-	return &Follower{conn: cfg.Conn, subject: cfg.Subject, sink: cfg.Sink, buffer: cfg.Buffer, onError: cfg.OnError}, nil
+	if cfg.Clock == nil {
+		cfg.Clock = systemClock{}
+	}
+	return &Follower{conn: cfg.Conn, subject: cfg.Subject, sink: cfg.Sink, buffer: cfg.Buffer, onError: cfg.OnError,
+		clock: cfg.Clock, relays: make(map[string]*relayLife)}, nil
 }
+
+// livenessTick is how often a running Follower looks for silent Relays.
+const livenessTick = 100 * time.Millisecond
 
 // Run receives the Relay's batches and hands them to the Sink until ctx
 // ends; it then clears the Sink, since nothing keeps what it holds current
@@ -190,13 +300,53 @@ func (f *Follower) Run(ctx context.Context) error {
 	defer func() {
 		_ = sub.Unsubscribe()
 		f.sink.Clear()
+		clear(f.relays)
 	}()
+	tick := time.NewTicker(livenessTick)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case m := <-ch:
 			f.receive(m)
+		case <-tick.C:
+			f.expire()
+		}
+	}
+}
+
+// heard notes a message of Relay id, relaying key ("" for a heartbeat), and
+// returns its state, or nil if the Follower follows too many Relays.
+func (f *Follower) heard(id, key string) *relayLife {
+	r := f.relays[id]
+	if r == nil {
+		if len(f.relays) >= maxRelays {
+			return nil
+		}
+		r = &relayLife{keys: make(map[string]bool)}
+		f.relays[id] = r
+	}
+	r.seen = f.clock.Now()
+	if key != "" && len(r.keys) < maxRelayKeys {
+		r.keys[key] = true
+	}
+	return r
+}
+
+// expire drops the endpoints of every Relay not heard from within its TTL.
+func (f *Follower) expire() {
+	now := f.clock.Now()
+	for id, r := range f.relays {
+		if r.ttl == 0 || now.Sub(r.seen) <= r.ttl {
+			continue
+		}
+		delete(f.relays, id)
+		for key := range r.keys {
+			f.sink.Apply(key, -1, nil)
+			if f.onError != nil {
+				f.onError(key, fmt.Errorf("share: relay %q silent for %v: the endpoint's blocks are dropped", id, now.Sub(r.seen).Round(time.Millisecond)))
+			}
 		}
 	}
 }
@@ -205,6 +355,17 @@ func (f *Follower) Run(ctx context.Context) error {
 func (f *Follower) receive(m *nats.Msg) {
 	key := m.Header.Get(headerEndpoint)
 	s := m.Header.Get(headerSeq)
+	if id := m.Header.Get(headerRelay); id != "" {
+		r := f.heard(id, key)
+		if s == aliveSeq {
+			if r != nil {
+				if d, err := strconv.ParseInt(m.Header.Get(headerInterval), 10, 64); err == nil && d > 0 {
+					r.ttl = 3 * min(time.Duration(d), maxRelayInterval)
+				}
+			}
+			return
+		}
+	}
 	if s == clearSeq {
 		f.sink.Apply(key, -1, nil)
 		return

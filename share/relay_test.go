@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,8 +258,15 @@ func TestFollowerMessages(t *testing.T) {
 }
 
 func TestRelayConfigErrors(t *testing.T) {
-	_, err := NewRelay(RelayConfig{})
-	assert.ErrorIs(t, err, ErrInvalidConfig)
+	for _, cfg := range []RelayConfig{
+		{},
+		{Conn: new(nats.Conn), Interval: -1},
+		{Conn: new(nats.Conn), Interval: 2 * time.Minute},
+		{Conn: new(nats.Conn), ID: strings.Repeat("x", 129)},
+	} {
+		_, err := NewRelay(cfg)
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
+	}
 	for _, cfg := range []FollowerConfig{
 		{Sink: &recordingSink{}},
 		{Conn: new(nats.Conn)},
@@ -267,4 +275,98 @@ func TestRelayConfigErrors(t *testing.T) {
 		_, err := NewFollower(cfg)
 		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
 	}
+}
+
+// A Follower that heard a Relay's heartbeat drops the endpoints it relayed
+// once it has heard nothing from it for three Intervals; a Relay that never
+// sent a heartbeat is not expired.
+func TestFollowerDropsSilentRelay(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	sink := &recordingSink{}
+	var errs []string
+	f, err := NewFollower(FollowerConfig{Conn: new(nats.Conn), Sink: sink, Clock: clock,
+		OnError: func(key string, err error) { errs = append(errs, key+": "+err.Error()) }})
+	require.NoError(t, err)
+	r1 := &Relay{subject: DefaultRelaySubject, id: "r1", interval: 100 * time.Millisecond}
+	from := func(id string, m *nats.Msg) *nats.Msg { m.Header.Set(headerRelay, id); return m }
+	f.receive(r1.heartbeat())
+	f.receive(from("r1", relayed("e1", 1, []byte("b1"))))
+	f.receive(from("r1", relayed("e2", 1, []byte("b2"))))
+	f.receive(from("old", relayed("e3", 1, []byte("b3")))) // no heartbeat: never expires
+	clock.Set(at(300))
+	f.expire()
+	require.Len(t, sink.calls, 3, "within three Intervals")
+	clock.Set(at(301))
+	f.expire()
+	require.ElementsMatch(t, []sinkCall{{key: "e1", seq: -1}, {key: "e2", seq: -1}}, sink.calls[3:])
+	require.Len(t, errs, 2)
+	assert.Contains(t, errs[0], `relay "r1" silent for 301ms`)
+	clock.Set(at(5000))
+	f.expire()
+	require.Len(t, sink.calls, 5, "dropped once; the other Relay never sent a heartbeat")
+
+	// Heard again, it is followed again.
+	f.receive(r1.heartbeat())
+	f.receive(from("r1", relayed("e1", 2, []byte("b4"))))
+	clock.Set(at(5200))
+	f.expire()
+	require.Len(t, sink.calls, 6)
+}
+
+// A Relay whose process dies (its connection closed without its clears)
+// leaves no blocks at the Followers once its heartbeats stop.
+func TestRelayDeathDropsBlocks(t *testing.T) {
+	ns := startServer(t, -1)
+	idx, h := relayIndex(t)
+	salt := prefix.Salt{Model: "m"}
+	ap, err := kvevents.NewApplier(kvevents.Config{Index: idx, Hasher: h})
+	require.NoError(t, err)
+	require.NoError(t, ap.SetEndpoints(map[string]prefix.Salt{"e1": salt}))
+	var dropped sync.Map
+	f, err := NewFollower(FollowerConfig{Conn: connect(t, ns.ClientURL()), Sink: ap,
+		OnError: func(key string, err error) { dropped.Store(key, err.Error()) }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = f.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	relayConn, err := nats.Connect(ns.ClientURL())
+	require.NoError(t, err)
+	relay, err := NewRelay(RelayConfig{Conn: relayConn, Interval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	rctx, rcancel := context.WithCancel(context.Background())
+	rdone := make(chan error, 1)
+	go func() { rdone <- relay.Run(rctx) }()
+	a := relayPrompt(1, 2)
+	ha := h.HashTokens(salt, a)
+	payload := kvevents.AppendBatch(nil, &kvevents.Batch{TS: 1, Events: []kvevents.Event{storedEvent(ha, a, 0, 2)}})
+	require.Eventually(t, func() bool {
+		relay.Forward("e1", 0, payload)
+		_ = relayConn.Flush()
+		return idx.MatchLen("e1", ha, time.Now()) == 2
+	}, 10*time.Second, 20*time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // heartbeats go on: the blocks stay
+	require.Equal(t, 2, idx.MatchLen("e1", ha, time.Now()))
+
+	rcancel() // the relay's process dies: no more heartbeats, no clears
+	require.ErrorIs(t, <-rdone, context.Canceled)
+	relayConn.Close()
+	require.Eventually(t, func() bool { return idx.MatchLen("e1", ha, time.Now()) == 0 }, 10*time.Second, 10*time.Millisecond)
+	msg, ok := dropped.Load("e1")
+	require.True(t, ok)
+	assert.Contains(t, msg, "silent")
+}
+
+func TestRelayRunOnce(t *testing.T) {
+	ns := startServer(t, -1)
+	relay, err := NewRelay(RelayConfig{Conn: connect(t, ns.ClientURL()), Interval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	require.Eventually(t, func() bool { ok, _ := relay.Published(); return ok > 0 }, 10*time.Second, time.Millisecond)
+	assert.ErrorIs(t, relay.Run(ctx), ErrRunning)
+	cancel()
+	assert.ErrorIs(t, <-done, context.Canceled)
 }

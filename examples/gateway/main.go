@@ -354,7 +354,7 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 				if err := sub.SetEndpoints(eps); err != nil {
 					return nil, nil, err
 				}
-				runners = append(runners, sub)
+				runners = append(runners, sub, relay) // relay: heartbeats, so followers notice its death
 			}
 			ap, err := kvevents.NewApplier(cfg)
 			if err != nil {
