@@ -6,14 +6,19 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
 // Limits on one decoded batch. A payload beyond any of them is rejected as
-// malformed, so a batch never costs more memory than a small multiple of
-// its payload, and never more than these bounds allow.
+// malformed. Within them, the memory of a decoded batch follows its
+// payload: its block hashes and token IDs take at most 12 bytes per byte
+// of payload, 8 in the worst case known (every block hash a 1-byte
+// integer, which becomes an 8-byte uint64), and its events 184 bytes each;
+// decoding allocates a small multiple of that as the storage grows (twice
+// in the worst case known, 16 bytes per byte of payload).
 const (
 	// MaxPayloadBytes is the largest payload decoded: 64 MiB.
 	MaxPayloadBytes = 64 << 20
@@ -125,12 +130,30 @@ type eventSpans struct {
 // skipped, and events of an unknown class are dropped, so that engines older
 // or newer than this package decode alike. On error, which wraps
 // [ErrMalformed], b holds no events.
+//
+// A Batch reused for every batch of a stream keeps the storage of the
+// largest batch decoded into it only as long as the batches that follow
+// use a good part of it: storage over 1 MiB that holds less than a quarter
+// of the last batch's events, hashes or tokens is given back.
 func DecodeBatch(b *Batch, payload []byte) error {
+	used := len(b.Events)
 	b.TS, b.DPRank = 0, -1
 	b.Events, b.hashes, b.tokens, b.spans = b.Events[:0], b.hashes[:0], b.tokens[:0], b.spans[:0]
-	if err := b.decode(payload); err != nil {
-		clear(b.Events)
-		b.Events = b.Events[:0]
+	err := b.decode(payload)
+	if err != nil {
+		clear(b.Events[:max(used, len(b.Events))])
+		clear(b.spans)
+		b.Events, b.hashes, b.tokens, b.spans = b.Events[:0], b.hashes[:0], b.tokens[:0], b.spans[:0]
+	} else {
+		// The events past the new ones still point into the storage of
+		// earlier batches.
+		clear(b.Events[len(b.Events):max(used, len(b.Events))])
+	}
+	b.Events = shrink(b.Events, eventBytes)
+	b.spans = shrink(b.spans, spanBytes)
+	b.hashes = shrink(b.hashes, 8)
+	b.tokens = shrink(b.tokens, 4)
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	for i := range b.Events {
@@ -385,6 +408,7 @@ func (b *Batch) decodeHashes(r *reader) error {
 	if n > MaxBlocksPerEvent {
 		return fmt.Errorf("%d block hashes exceed %d", n, MaxBlocksPerEvent)
 	}
+	b.hashes = grow(b.hashes, n, len(r.b)-r.off)
 	for range n {
 		h, err := blockHash(r)
 		if err != nil {
@@ -406,7 +430,7 @@ func (b *Batch) decodeTokens(r *reader) error {
 	if n > MaxTokensPerEvent {
 		return fmt.Errorf("%d token IDs exceed %d", n, MaxTokensPerEvent)
 	}
-	b.tokens = growTokens(b.tokens, n)
+	b.tokens = grow(b.tokens, n, len(r.b)-r.off)
 	for range n {
 		v, neg, err := r.integer()
 		if err != nil {
@@ -420,13 +444,41 @@ func (b *Batch) decodeTokens(r *reader) error {
 	return nil
 }
 
-func growTokens(s []uint32, n int) []uint32 {
+// grow returns s with room for n more elements. It at least doubles the
+// storage, so that the many arrays of a batch are not copied over and over,
+// but reserves no more than most elements past len(s): the bytes left in
+// the payload, of which each element takes one at least.
+func grow[T any](s []T, n, most int) []T {
 	if cap(s)-len(s) >= n {
 		return s
 	}
-	out := make([]uint32, len(s), len(s)+max(n, len(s)))
+	out := make([]T, len(s), len(s)+max(n, min(len(s), most)))
 	copy(out, s)
 	return out
+}
+
+// shrinkBytes is the storage a Batch keeps for each of its slices however
+// little the last batch used of it.
+const shrinkBytes = 1 << 20
+
+// Sizes in bytes of an Event and of an eventSpans, for shrink.
+const (
+	eventBytes = int(unsafe.Sizeof(Event{}))
+	spanBytes  = int(unsafe.Sizeof(eventSpans{}))
+)
+
+// shrink returns s, or a copy of it in storage of its own length when s's
+// storage (of elements of size bytes) exceeds shrinkBytes and four times
+// its length, so that a Batch reused for a whole stream does not keep the
+// storage of its largest batch for ever.
+func shrink[T any](s []T, size int) []T {
+	if cap(s)*size <= shrinkBytes || cap(s) <= 4*len(s) {
+		return s
+	}
+	if len(s) == 0 {
+		return nil
+	}
+	return append(make([]T, 0, len(s)), s...)
 }
 
 // blockHash reads an engine block hash: an integer or a byte string.

@@ -1,6 +1,8 @@
 package kvevents
 
 import (
+	"encoding/binary"
+	"runtime"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -146,4 +148,53 @@ func TestDecodeBatchAllocs(t *testing.T) {
 	require.NoError(t, DecodeBatch(&b, p))
 	allocs := testing.AllocsPerRun(100, func() { _ = DecodeBatch(&b, p) })
 	assert.Zero(t, allocs, "decoding into a used Batch allocates")
+}
+
+// oneByteHashes returns a payload of events BlockRemoved events of perEvent
+// hashes each, every hash a 1-byte integer: the payload that holds the most
+// hashes per byte.
+func oneByteHashes(events, perEvent int) []byte {
+	p := []byte{0x92, 0x00, 0xdd} // [ts 0, events as an array32]
+	p = binary.BigEndian.AppendUint32(p, uint32(events))
+	for range events {
+		p = append(p, 0x92, 0xac) // ["BlockRemoved", hashes]
+		p = append(p, "BlockRemoved"...)
+		p = append(p, 0xdd)
+		p = binary.BigEndian.AppendUint32(p, uint32(perEvent))
+		p = append(p, make([]byte, perEvent)...)
+	}
+	return p
+}
+
+// TestDecodeBatchMemory checks the bound the package documents on the
+// memory of a decoded batch against the payload that costs the most, and
+// that a Batch reused for an endpoint's stream gives back the storage of a
+// large batch once a small one follows.
+func TestDecodeBatchMemory(t *testing.T) {
+	p := oneByteHashes(64, MaxBlocksPerEvent) // 4 MiB, 4M hashes
+	var before, after, kept runtime.MemStats
+	var b Batch
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	require.NoError(t, DecodeBatch(&b, p))
+	runtime.ReadMemStats(&after)
+	runtime.GC()
+	runtime.ReadMemStats(&kept)
+	require.Len(t, b.Events, 64)
+	allocated := float64(after.TotalAlloc-before.TotalAlloc) / float64(len(p))
+	held := float64(int64(kept.HeapAlloc)-int64(before.HeapAlloc)) / float64(len(p))
+	t.Logf("payload %d bytes: allocated %.1fx, held %.1fx", len(p), allocated, held)
+	assert.Less(t, allocated, 24.0, "decoding allocated %.1f times the payload", allocated)
+	assert.Less(t, held, 10.0, "the decoded batch holds %.1f times the payload", held)
+	runtime.KeepAlive(&b)
+
+	small := AppendBatch(nil, &Batch{Events: []Event{removed(1, 2, 3)}})
+	require.NoError(t, DecodeBatch(&b, small))
+	assert.LessOrEqual(t, cap(b.hashes)*8, shrinkBytes, "a small batch keeps the hash storage of a large one")
+	assert.Len(t, b.Events, 1)
+	for i, e := range b.Events[len(b.Events):cap(b.Events)] {
+		if e.BlockHashes != nil {
+			t.Fatalf("event %d past the batch's keeps the hash storage of a large batch", len(b.Events)+i)
+		}
+	}
 }

@@ -47,7 +47,9 @@
 //     back, or the last batch applied is not what the replay returns under
 //     its number), or a batch cannot be decoded, the endpoint's blocks are
 //     cleared ([prefix.Index.Cleared]): what it holds is then unknown, and is
-//     never guessed.
+//     never guessed. Without a replay socket, nothing tells an engine that
+//     restarted while the subscriber was away from one that did not, so
+//     the blocks are cleared on every new connection too.
 //
 // [Stats] counts what each subscription did. An endpoint removed from the
 // set, or the whole subscriber when Run returns, has its blocks dropped from
@@ -102,9 +104,13 @@
 // Subscriber, Applier and Publisher methods are safe for concurrent use.
 // Creating any of them starts nothing: their Run methods start their goroutines (one per
 // endpoint for a Subscriber) and stop them all before returning. Memory is
-// bounded per endpoint by MaxBlocks map entries plus one decoded batch. The
-// ZMQ implementation is pure Go (github.com/go-zeromq/zmq4); it reads each
-// frame whole, so subscribe only to engines you trust.
+// bounded per endpoint by MaxBlocks map entries, one decoded batch, and the
+// messages the ZMQ socket queues (eleven at most). The ZMQ implementation is
+// pure Go (github.com/go-zeromq/zmq4); it reads each message whole, so the
+// Subscriber closes a connection, and reconnects after a back-off, as soon
+// as its peer announces a message larger than a batch of [MaxPayloadBytes]
+// with its topic and sequence number, and when the ZMTP handshake takes
+// more than 5 seconds (ReplayTimeout for a replay).
 //
 // This package's plain data types (Batch, Config, Endpoint, Event,
 // PublisherConfig, Stats) hold no lock: any number of goroutines may read a

@@ -69,8 +69,8 @@ type Config struct {
 	// so that routers restarting together do not reconnect in step. Zero
 	// means [DefaultMinBackoff] and [DefaultMaxBackoff].
 	MinBackoff, MaxBackoff time.Duration
-	// ReplayTimeout bounds one replay request. Zero means
-	// [DefaultReplayTimeout].
+	// ReplayTimeout bounds one replay request, the connection to the
+	// replay socket included. Zero means [DefaultReplayTimeout].
 	ReplayTimeout time.Duration
 	// Rand is the source of the jitter of reconnections. Nil means a
 	// randomly seeded source. The subscriber serializes its calls.
@@ -102,7 +102,8 @@ type Endpoint struct {
 	// ReplayAddr is the engine's replay (ROUTER) socket, such as
 	// "tcp://10.0.0.7:5558". Empty means the engine has none: batches
 	// missed are then never recovered, and the endpoint's blocks are
-	// cleared instead.
+	// cleared instead, on every gap and on every new connection (the
+	// engine may have restarted meanwhile).
 	ReplayAddr string
 	// Topic is the topic subscribed to; "" receives every topic.
 	Topic string
@@ -134,7 +135,8 @@ type Stats struct {
 	Gaps, Replayed int64
 	// Resets counts the times the endpoint's blocks were cleared: the
 	// engine's AllBlocksCleared, an engine restart (its sequence numbers
-	// went back), a gap replay could not fill, or a malformed batch.
+	// went back), a gap replay could not fill, a new connection to an
+	// engine without a replay socket, or a malformed batch.
 	Resets int64
 	// Malformed counts messages that could not be decoded.
 	Malformed int64

@@ -125,3 +125,62 @@ func TestSetEndpointsAddresses(t *testing.T) {
 	defer sub.mu.Unlock()
 	assert.Equal(t, "inproc://kv", sub.want["e"].PubAddr, "a refused call changed the endpoints")
 }
+
+// TestRestartWithoutReplay checks that a new connection to an engine
+// without a replay socket clears the endpoint's blocks, even when its first
+// batch follows the last one applied: the engine may have restarted while
+// the subscriber was away and published as many batches since as it had
+// before, and nothing could tell.
+func TestRestartWithoutReplay(t *testing.T) {
+	idx, h := newTestIndex(t)
+	pubAddr := freeAddr(t)
+	salt := prefix.Salt{Model: "m"}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	startPublisher := publisherStarter(ctx, t, &wg, pubAddr, "")
+	p, stopPub := startPublisher()
+
+	sub, err := NewSubscriber(Config{Index: idx, Hasher: h, MinBackoff: time.Second, MaxBackoff: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetEndpoints(map[string]Endpoint{"e1": {PubAddr: pubAddr, Topic: "kv-events", Salt: salt}}))
+	wg.Go(func() { _ = sub.Run(ctx) })
+	stats := func() Stats { s, _ := sub.Stats("e1"); return s }
+	require.Eventually(t, func() bool {
+		p.Publish(&Batch{})
+		return stats().Batches > 0
+	}, waitFor, 20*time.Millisecond)
+	a := prompt(1, 2)
+	ha := h.HashTokens(salt, a)
+	p.Publish(&Batch{Events: []Event{stored(ha, a, 0, 2)}})
+	require.Eventually(t, func() bool { return idx.MatchLen("e1", ha, time.Now()) == 2 }, waitFor, tick)
+	last := stats().Seq
+
+	// The engine restarts, its cache empty, and publishes batches 0 to
+	// last while the subscriber reconnects: its next batch is last+1.
+	stopPub()
+	p, stopPub = startPublisher()
+	defer stopPub()
+	require.Eventually(t, func() bool { return !stats().Connected }, waitFor, tick)
+	for range last + 1 {
+		p.Publish(&Batch{})
+	}
+	require.Eventually(t, func() bool { return stats().Connected }, waitFor, tick)
+	// The subscription reaches the engine soon after the connection: a
+	// batch published before is lost, and the next one, a gap, would
+	// clear the endpoint anyway.
+	time.Sleep(200 * time.Millisecond)
+	b := prompt(100, 1)
+	hb := h.HashTokens(salt, b)
+	require.Eventually(t, func() bool {
+		p.Publish(&Batch{Events: []Event{stored(hb, b, 0, 1)}})
+		for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(tick) {
+			if idx.MatchLen("e1", hb, time.Now()) == 1 {
+				return true
+			}
+		}
+		return false
+	}, waitFor, tick)
+	assert.Zero(t, idx.MatchLen("e1", ha, time.Now()), "the blocks of the engine's previous process are still indexed: %+v", stats())
+}

@@ -13,7 +13,8 @@ import (
 	"github.com/go-zeromq/zmq4"
 )
 
-// dialTimeout bounds one TCP connection attempt.
+// dialTimeout bounds one connection attempt: the TCP connection, then the
+// ZMTP handshake of a PUB socket.
 const dialTimeout = 5 * time.Second
 
 // endSeq is the sequence number of the end-of-replay marker.
@@ -94,16 +95,19 @@ func (w *worker) run(ctx context.Context) {
 }
 
 // session runs one connection to the PUB socket. It reports whether any
-// message arrived, and the error that ended it.
+// message arrived, and the error that ended it. The ZMTP handshake must
+// complete within dialTimeout; when ctx ends, the connection is closed and
+// the session returns.
 func (w *worker) session(ctx context.Context) (got bool, err error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(quiet))
+	sub, err := newZSocket(ctx, zmq4.NewSub, w.ep.PubAddr, dialTimeout)
+	if err != nil {
+		return false, err
+	}
 	defer sub.Close()
 	if err := sub.SetOption(zmq4.OptionSubscribe, w.ep.Topic); err != nil {
 		return false, err
 	}
-	if err := sub.Dial(w.ep.PubAddr); err != nil {
+	if err := sub.Dial(); err != nil {
 		return false, err
 	}
 	w.stats.connects.Add(1)
@@ -114,6 +118,9 @@ func (w *worker) session(ctx context.Context) (got bool, err error) {
 		msg, err := sub.Recv()
 		if err != nil {
 			return got, err
+		}
+		if ctx.Err() != nil {
+			return got, ctx.Err()
 		}
 		got = true
 		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
@@ -132,7 +139,9 @@ func (w *worker) session(ctx context.Context) (got bool, err error) {
 // applied. Missed batches are asked of the replay socket; on a new
 // connection the replay also starts with the last batch applied, which
 // must come back unchanged: otherwise the engine restarted and reached the
-// old numbers again while the subscriber was away.
+// old numbers again while the subscriber was away. Without a replay socket
+// nothing tells such a restart from a connection that merely broke, so a
+// new connection clears the endpoint's blocks.
 func (w *worker) receive(ctx context.Context, seq int64, payload []byte) {
 	fresh := w.live < 0
 	switch {
@@ -149,7 +158,7 @@ func (w *worker) receive(ctx context.Context, seq int64, payload []byte) {
 	}
 	switch {
 	case w.ep.ReplayAddr == "":
-		if gap {
+		if gap || fresh && w.last >= 0 {
 			w.reset()
 		}
 	case gap, fresh && w.last >= 0, w.last < 0 && seq > 0:
@@ -218,9 +227,12 @@ var errRestarted = errors.New("the engine restarted")
 func (w *worker) replay(ctx context.Context, upto int64) error {
 	ctx, cancel := context.WithTimeout(ctx, w.s.cfg.ReplayTimeout)
 	defer cancel()
-	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(dialTimeout), zmq4.WithLogger(quiet))
+	d, err := newZSocket(ctx, zmq4.NewDealer, w.ep.ReplayAddr, w.s.cfg.ReplayTimeout)
+	if err != nil {
+		return err
+	}
 	defer d.Close()
-	if err := d.Dial(w.ep.ReplayAddr); err != nil {
+	if err := d.Dial(); err != nil {
 		return err
 	}
 	verify := w.last >= 0
@@ -230,6 +242,9 @@ func (w *worker) replay(ctx context.Context, upto int64) error {
 	}
 	for verify || w.last < upto-1 {
 		msg, err := d.Recv()
+		if ctx.Err() != nil {
+			return ctx.Err() // the connection was closed for it
+		}
 		if err != nil {
 			return err
 		}
