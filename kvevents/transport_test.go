@@ -382,14 +382,7 @@ func TestSubscriptionEndsCleanly(t *testing.T) {
 	require.True(t, stop(), "Run did not return")
 	cancel()
 	wg.Wait()
-	leak := goleak.Find(current, zmq4PubWriter)
-	for deadline := time.Now().Add(waitFor); leak != nil && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond)
-		leak = goleak.Find(current, zmq4PubWriter)
-	}
-	if leak != nil {
-		t.Fatal(leak)
-	}
+	requireNoLeak(t, current)
 }
 
 // TestReplayEndsCleanly checks that a replay that has what it asked for
@@ -451,14 +444,7 @@ func TestReplayEndsCleanly(t *testing.T) {
 	stopPub()
 	cancel()
 	wg.Wait()
-	leak := goleak.Find(current, zmq4PubWriter)
-	for deadline := time.Now().Add(waitFor); leak != nil && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond)
-		leak = goleak.Find(current, zmq4PubWriter)
-	}
-	if leak != nil {
-		t.Fatal(leak)
-	}
+	requireNoLeak(t, current)
 }
 
 // TestSubscriberFollowsIPC checks that an ipc:// endpoint, dialed through
@@ -487,4 +473,18 @@ func TestSubscriberFollowsIPC(t *testing.T) {
 	}, waitFor, 20*time.Millisecond)
 	st, _ := sub.Stats("e1")
 	assert.Positive(t, st.Replayed)
+}
+
+// requireNoLeak fails t unless, within waitFor, no goroutine remains beyond
+// those ignored by current and the publishers' zmq4 writers.
+func requireNoLeak(t *testing.T, current goleak.Option) {
+	t.Helper()
+	leak := goleak.Find(current, zmq4PubWriter)
+	for deadline := time.Now().Add(waitFor); leak != nil && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		leak = goleak.Find(current, zmq4PubWriter)
+	}
+	if leak != nil {
+		t.Fatal(leak)
+	}
 }
