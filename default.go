@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/llmlb/llmlb/prefix"
 )
@@ -155,6 +156,33 @@ type DefaultConfig struct {
 	// SlotWeight is the cost of each request waiting for a batch slot, in
 	// mean prompt lengths. Zero means [DefaultSlotWeight].
 	SlotWeight float64
+	// TTFTObjective and TPOTObjective, when set, are the requests' latency
+	// objectives: the time to first token, and the time per output token
+	// after it, that a request should not exceed. The policy then also
+	// prices the decode stall a cache miss causes: while an endpoint
+	// prefills a prompt, every request decoding there waits. Each uncached
+	// prompt token costs, beyond its prefill,
+	//
+	//	streaming requests * TTFTObjective / (TPOTObjective * output tokens)
+	//
+	// prefill tokens (times the candidate's prefill slowness when speeds
+	// are learned), where streaming requests are this balancer's requests
+	// at the endpoint past their first token and output tokens is the
+	// decode expected of the new request (its OutputTokens, its MaxTokens
+	// or the decode allowance, or the learned prediction). A second of
+	// stall spent from a decoding request's budget (TPOTObjective times its
+	// output) weighs what a second of the new request's wait weighs against
+	// TTFTObjective; no constant is added. Set them when requests are held
+	// to a TPOT objective and decoding is what fills the endpoints: on
+	// unequal replicas (the simulator's mixed scenario, seeds 9-16) they
+	// cut the requests outside the objectives by a third at the scenario's
+	// load, for a higher TTFT tail that stays far inside its objective;
+	// where decoding has room (the default and prefixes workloads) they
+	// buy nothing and cost 10-12% of TTFT p99 (docs/learn.md). Both
+	// zero (the default) prices no stall; setting one without the other,
+	// or a negative one, is an error.
+	TTFTObjective time.Duration
+	TPOTObjective time.Duration
 	// DisableLearning turns off the speed estimates, so that the policy
 	// prices every endpoint in prefill tokens only, as at the pool's
 	// average speed (divided by its declared weight, if any).
@@ -238,6 +266,7 @@ type defaultPolicy struct {
 	queueWeight float64
 	slots       int64
 	slotWeight  float64
+	stall       float64 // TTFTObjective over TPOTObjective; 0 = no stall priced
 	learn       bool
 	// evenUntil is the clock reading (unix nanos) until which the last
 	// test of the pool's speeds (poolSpeed.test) stands: it found them
@@ -265,7 +294,7 @@ type defaultPolicy struct {
 //	       + FootprintWeight * KV footprint
 //	       + KVPenalty * max(0, KV demand - KV capacity)
 //	over = OverloadWeight * max(0, mean backlog - OverloadQueue)
-//	k    = CacheWeight + over
+//	k    = CacheWeight + over (+ the decode stall, given objectives)
 //
 // (the requests beyond the slots count the new one and are zero unless
 // Slots is set; the backlog is the requests waiting for their first token
@@ -359,6 +388,9 @@ func Default(cfg DefaultConfig) (Policy, error) {
 	if cfg.Holders < 0 {
 		return nil, policyErrorf("default policy Holders %d must not be negative", cfg.Holders)
 	}
+	if cfg.TTFTObjective < 0 || cfg.TPOTObjective < 0 || (cfg.TTFTObjective == 0) != (cfg.TPOTObjective == 0) {
+		return nil, policyErrorf("default policy TTFTObjective %v and TPOTObjective %v must be both positive or both zero", cfg.TTFTObjective, cfg.TPOTObjective)
+	}
 	t, err := newPrefixTracker(cfg.Index)
 	if err != nil {
 		return nil, err
@@ -384,6 +416,7 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		queueWeight: cfg.QueueWeight,
 		slots:       int64(cfg.Slots),
 		slotWeight:  cfg.SlotWeight,
+		stall:       stallRatio(cfg.TTFTObjective, cfg.TPOTObjective),
 		learn:       !cfg.DisableLearning,
 		placing:     t.events == nil && !t.index.EventsOnly(),
 	}
@@ -704,6 +737,7 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 	miss := (p.cacheWeight + over) * (prompt - sure)
 	fp := p.footprint * footprint
 	scale := 1.0
+	s := 1.0 // the candidate's prefill slowness
 	if pool != nil {
 		v := &c.speeds[i]
 		v.work = wait + prompt - cached
@@ -713,7 +747,8 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 		if pool.learned() {
 			// Exactly 1 for an endpoint without observations, which is
 			// then priced as without learning.
-			s, sd := pool.slowness(v, v.work)
+			var sd float64
+			s, sd = pool.slowness(v, v.work)
 			if s != 1 {
 				wait *= s
 				miss += (s - 1) * (prompt - cached)
@@ -723,8 +758,23 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 			}
 		}
 	}
+	if streaming := l.Outstanding - l.Queued; p.stall > 0 && streaming > 0 && prompt > cached {
+		out := max(float64(c.reqTok)-prompt, 1)
+		miss += p.stall / out * s * float64(streaming) * (prompt - cached)
+	}
 	return scale * (wait + miss - over*(cached-sure) + fp +
 		p.kvPenalty*max(demand-capacity, 0))
+}
+
+// stallRatio returns the price of a second of decode stall against a second
+// of waiting for the first token (see DefaultConfig.TTFTObjective), per
+// output token of the stalled request: ttft over tpot, or 0 without
+// objectives.
+func stallRatio(ttft, tpot time.Duration) float64 {
+	if ttft <= 0 || tpot <= 0 {
+		return 0
+	}
+	return ttft.Seconds() / tpot.Seconds()
 }
 
 // footprintSlowness returns the factor of a candidate's KV footprint for its

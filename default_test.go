@@ -456,3 +456,45 @@ func TestDefaultHugeSampled(t *testing.T) {
 		p.Done(nil)
 	}
 }
+
+// With latency objectives, a cache miss also costs the decode stall its
+// prefill causes. ep0 streams 20 short requests; ep1 has one 300-token
+// prompt queued. A new 1000-token prompt (100 output tokens) costs ep0
+// k*1000 + 0.5*40 = 4020 without objectives and ep1 300 + 1000 (a waiting
+// request at the mean prompt) + 4000 + 0.5*301, about 5450: ep0 wins. With
+// a 2 s TTFT and a 50 ms TPOT objective, its 20 streaming requests add
+// 2/0.05/100 * 20 * 1000 = 8000 to ep0, and ep1 wins.
+func TestDefaultPricesDecodeStall(t *testing.T) {
+	for _, tc := range []struct {
+		ttft, tpot time.Duration
+		want       string
+	}{{0, 0, "ep0"}, {2 * time.Second, 50 * time.Millisecond, "ep1"}, {2 * time.Second, time.Second, "ep0"}} {
+		pol, err := Default(DefaultConfig{TTFTObjective: tc.ttft, TPOTObjective: tc.tpot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustNew(t, pol)
+		mustUpdate(t, b, eps(2))
+		held := holdOn(t, b, "ep0", 20, Request{PromptTokens: 1, MaxTokens: 1})
+		for _, h := range held {
+			h.FirstToken()
+		}
+		held = append(held, holdOn(t, b, "ep1", 1, Request{PromptTokens: 300, MaxTokens: 1})...)
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1000, OutputTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k := pk.Endpoint().Key(); k != tc.want {
+			t.Errorf("objectives %v/%v: picked %s, want %s", tc.ttft, tc.tpot, k, tc.want)
+		}
+		pk.Done(nil)
+		for _, h := range held {
+			h.Done(nil)
+		}
+	}
+	for _, bad := range []DefaultConfig{{TTFTObjective: time.Second}, {TPOTObjective: time.Millisecond}, {TTFTObjective: -time.Second, TPOTObjective: time.Millisecond}} {
+		if _, err := Default(bad); !errors.Is(err, ErrInvalidPolicy) {
+			t.Errorf("objectives %v/%v accepted", bad.TTFTObjective, bad.TPOTObjective)
+		}
+	}
+}

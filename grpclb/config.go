@@ -108,6 +108,12 @@ type Config struct {
 	// reports its first token ([Call.FirstToken]); without one, "default"
 	// prices as with learning off.
 	DisableLearning bool `json:"disableLearning,omitempty"`
+	// TTFTObjective and TPOTObjective set llmlb.DefaultConfig's
+	// latency objectives for "default": given both, a cache miss also
+	// costs the decode stall its prefill causes. Zero, the default,
+	// prices none.
+	TTFTObjective Duration `json:"ttftObjective,omitempty"`
+	TPOTObjective Duration `json:"tpotObjective,omitempty"`
 	// PeakDecay is the time constant of "peak-ewma"'s latency averages
 	// (llmlb.PeakEWMAConfig.Decay); 0 means llmlb.DefaultPeakDecay. The
 	// policy measures latency per output token from RPCs whose [Call]
@@ -251,14 +257,15 @@ var policies = []policySpec{
 	{"peak-ewma", []string{"peakDecay"}, func(c *Config) (llmlb.Policy, error) {
 		return llmlb.PeakEWMA(llmlb.PeakEWMAConfig{Decay: time.Duration(c.PeakDecay)})
 	}},
-	{DefaultPolicy, []string{"blockTokens", "cacheWeight", "footprintWeight", "kvPenalty", "sampled", "holders", "slots", "slotWeight", "overloadWeight", "overloadQueue", "defaultQueueWeight", "disableLearning"}, func(c *Config) (llmlb.Policy, error) {
+	{DefaultPolicy, []string{"blockTokens", "cacheWeight", "footprintWeight", "kvPenalty", "sampled", "holders", "slots", "slotWeight", "overloadWeight", "overloadQueue", "defaultQueueWeight", "disableLearning", "ttftObjective", "tpotObjective"}, func(c *Config) (llmlb.Policy, error) {
 		ix, err := index(c)
 		if err != nil {
 			return nil, err
 		}
 		return llmlb.Default(llmlb.DefaultConfig{Index: ix, Events: c.events, CacheWeight: c.CacheWeight, FootprintWeight: c.FootprintWeight,
 			KVPenalty: c.KVPenalty, Sampled: c.Sampled, Holders: c.Holders, Slots: c.Slots, SlotWeight: c.SlotWeight,
-			OverloadWeight: c.OverloadWeight, OverloadQueue: c.OverloadQueue, QueueWeight: c.DefaultQueueWeight, DisableLearning: c.DisableLearning})
+			OverloadWeight: c.OverloadWeight, OverloadQueue: c.OverloadQueue, QueueWeight: c.DefaultQueueWeight, DisableLearning: c.DisableLearning,
+			TTFTObjective: time.Duration(c.TTFTObjective), TPOTObjective: time.Duration(c.TPOTObjective)})
 	}},
 }
 

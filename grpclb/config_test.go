@@ -58,6 +58,12 @@ func TestParseConfig(t *testing.T) {
 		{name: "gie", js: `{"policy": "gie-default", "queueWeight": 1, "kvWeight": 1, "prefixWeight": 1}`},
 		{name: "baselines", js: `{"policy": "round-robin", "slowStartWindow": "5s", "slowStartAggression": 2}`},
 		{name: "default without learning", js: `{"policy": "default", "disableLearning": true}`, check: func(c *grpclb.Config) bool { return c.DisableLearning }},
+		{name: "default with objectives", js: `{"policy": "default", "ttftObjective": "2s", "tpotObjective": "0.05s"}`, check: func(c *grpclb.Config) bool {
+			return time.Duration(c.TTFTObjective) == 2*time.Second && time.Duration(c.TPOTObjective) == 50*time.Millisecond
+		}},
+		{name: "one objective", js: `{"policy": "default", "tpotObjective": "50ms"}`, wantErr: "must be both positive or both zero"},
+		{name: "objectives are default's", js: `{"policy": "p2c", "ttftObjective": "1s"}`,
+			wantErr: `parameter "ttftObjective" does not apply to policy "p2c"`},
 		{name: "peak ewma", js: `{"policy": "peak-ewma", "peakDecay": "5s"}`,
 			check: func(c *grpclb.Config) bool { return c.PeakDecay == ms(5*time.Second) }},
 

@@ -158,6 +158,7 @@ func (r *runner) disaggRouter(rt *router, k int, spec PolicySpec, eps []llmlb.En
 			LongShare:   longShare,
 			Router:      k,
 			Slots:       r.reps[0].Engine().MaxRunning,
+			SLO:         r.cfg.SLO,
 			Stale:       func(m int) llmlb.Load { return rt.snap[lo+m] },
 			run:         r,
 			lo:          lo,

@@ -30,6 +30,9 @@ type PolicyEnv struct {
 	// Slots is the replicas' batch slots ([Engine.MaxRunning]), which an
 	// operator knows from the engines' configuration.
 	Slots int
+	// SLO is the run's objective ([Config].SLO), which an operator may
+	// declare to a policy.
+	SLO SLO
 	// Stale returns the router's last scraped observation of replica m,
 	// without the Balancer's correction for its own dispatches.
 	Stale func(m int) llmlb.Load
@@ -265,6 +268,9 @@ func Policies() []PolicySpec {
 		{Name: "segregated", Doc: "prompts >= 8k tokens to a pool sized by their token share; least tokens in each pool", New: newSegregated},
 		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions; replicas' speeds measured and priced when they differ", New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
+		}},
+		{Name: "default-slo", Doc: "llmlb.Default as default, told the run's TTFT and TPOT objectives (DefaultConfig.TTFTObjective, TPOTObjective): a cache miss also costs the decode stall its prefill causes", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
+			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, TTFTObjective: env.SLO.TTFT, TPOTObjective: env.SLO.TPOT})
 		}},
 		{Name: "default-full", Doc: "llmlb.Default as default, scoring every replica however many (DefaultConfig.Sampled negative) where default samples 16 beyond 64", Variant: true, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 			return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots, Sampled: -1})

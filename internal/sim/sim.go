@@ -268,6 +268,7 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 			LongShare:   longTokens / max(promptTokens, 1),
 			Router:      k,
 			Slots:       r.reps[0].Engine().MaxRunning,
+			SLO:         r.cfg.SLO,
 			Stale:       func(m int) llmlb.Load { return rt.snap[m] },
 			run:         r,
 		}
