@@ -178,7 +178,10 @@ type DefaultConfig struct {
 	// cut the requests outside the objectives by a third at the scenario's
 	// load, for a higher TTFT tail that stays far inside its objective;
 	// where decoding has room (the default and prefixes workloads) they
-	// buy nothing and cost 10-12% of TTFT p99 (docs/learn.md). Both
+	// buy nothing and cost 10-12% of TTFT p99, and where no prompt is
+	// cached (Azure's trace) they send the longer prompts to the endpoints
+	// with fewer requests decoding, whose decoding then slows: set them
+	// for workloads with shared prefixes (docs/learn.md). Both
 	// zero (the default) prices no stall; setting one without the other,
 	// or a negative one, is an error.
 	TTFTObjective time.Duration
