@@ -66,6 +66,51 @@ func ExampleDefault() {
 	// turn 3 on the first turn's replica: true
 }
 
+// Given the requests' latency objectives, Default also prices the decode
+// stall a cache miss causes: while a replica prefills a new prompt, every
+// request decoding there waits. Here replica a streams 20 answers and b has
+// one long prompt queued; a 2000-token prompt that neither has cached goes
+// to a unless the objectives say that stalling a's 20 answers costs more
+// than waiting behind b's prefill.
+func ExampleDefault_objectives() {
+	for _, objectives := range []bool{false, true} {
+		cfg := llmlb.DefaultConfig{}
+		if objectives {
+			cfg.TTFTObjective, cfg.TPOTObjective = 2*time.Second, 50*time.Millisecond
+		}
+		policy, err := llmlb.Default(cfg)
+		if err != nil {
+			panic(err)
+		}
+		b, err := llmlb.New(policy, llmlb.WithRand(rand.NewPCG(1, 2)))
+		if err != nil {
+			panic(err)
+		}
+		_ = b.Update([]llmlb.Endpoint{replica("a"), replica("b")})
+		ctx := context.Background()
+		var held []llmlb.Pick
+		for range 20 {
+			p, _ := b.Pick(ctx, &llmlb.Request{PromptTokens: 100, MaxTokens: 100, Exclude: []string{"b"}})
+			p.FirstToken() // a is decoding its answer
+			held = append(held, p)
+		}
+		p, _ := b.Pick(ctx, &llmlb.Request{PromptTokens: 3000, MaxTokens: 100, Exclude: []string{"a"}})
+		held = append(held, p) // b has a long prompt to prefill
+		p, err = b.Pick(ctx, &llmlb.Request{PromptTokens: 2000, MaxTokens: 256})
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("objectives %v: %s\n", objectives, p.Endpoint().Key())
+		p.Done(nil)
+		for _, h := range held {
+			h.Done(nil)
+		}
+	}
+	// Output:
+	// objectives false: a
+	// objectives true: b
+}
+
 // ConsistentHash keeps each affinity key (a session, a user) on one replica
 // while that replica's load stays within Balance times the mean.
 func ExampleConsistentHash() {
