@@ -98,7 +98,7 @@ const never = math.MinInt64
 // newEpState returns the accounting of an endpoint that just joined: not in
 // slow start, and with no observation seen.
 func newEpState(key string) *epState {
-	st := &epState{key: key, keyHash: xxhash.Sum64String(key)}
+	st := &epState{key: key, keyHash: xxhash.Sum64String(key), aux: new(epAux)}
 	st.started.Store(never)
 	st.obsAt.Store(never)
 	return st
@@ -156,11 +156,17 @@ type epState struct {
 	// est is the endpoint's speed estimate if the policy learns, else nil;
 	// set before the endpoint joins a snapshot.
 	est     *speedEstimate
-	lat     *peakLatency // the latency average if the policy is PeakEWMA, else nil; set likewise
-	keyHash uint64       // xxhash of key, for placement by rendezvous hashing
+	aux     *epAux // policies' state of the endpoint; never nil
+	keyHash uint64 // xxhash of key, for placement by rendezvous hashing
 	// loader reads the endpoint's observations when the signal has
 	// loaders; set at the first read.
 	loader atomic.Pointer[func() *Load]
+}
+
+// epAux is the state policies keep per endpoint beyond its counts.
+type epAux struct {
+	lat  peakLatency // PeakEWMA's latency average
+	flow prefillFlow // Default's rate of prompt tokens sent, with objectives
 }
 
 // areaTime is the unit of time of epState.area: unix nanoseconds over 1024,
@@ -439,9 +445,6 @@ func (b *Balancer) Update(eps []Endpoint) error {
 			st = newEpState(key)
 			if b.learn {
 				st.est = new(speedEstimate)
-			}
-			if b.peak != nil {
-				st.lat = new(peakLatency)
 			}
 			if now != never {
 				st.started.Store(now)
@@ -964,13 +967,13 @@ func (p Pick) Done(err error) {
 		if b.outputs != nil && out > 0 {
 			b.outputs.observe(rec.kind, rec.feature, out)
 		}
-		if b.peak != nil && st.lat != nil {
+		if b.peak != nil {
 			tokens := int64(rec.d2 >> 32) // the decode charged
 			if out > 0 {
 				tokens = out
 			}
 			now := b.clock.Now().UnixNano()
-			st.lat.observe(float64(now-picked)/1e9/float64(max(tokens, 1)), now, b.peak.decay)
+			st.aux.lat.observe(float64(now-picked)/1e9/float64(max(tokens, 1)), now, b.peak.decay)
 		}
 	}
 	st.release(rec.d1, rec.d2, rec.spill, streaming)

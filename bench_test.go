@@ -353,7 +353,7 @@ func BenchmarkHashBytes(b *testing.B) {
 func BenchmarkDecision(b *testing.B) {
 	for _, n := range []int{8, 64, 512} {
 		b.Run("endpoints="+strconv.Itoa(n), func(b *testing.B) {
-			benchDecision(b, n, 0, false, false)
+			benchDecision(b, n, DefaultConfig{}, false, false)
 		})
 	}
 	// Scoring the two longest-prefix holders and two random candidates
@@ -361,29 +361,34 @@ func BenchmarkDecision(b *testing.B) {
 	// the pool.
 	for _, n := range []int{8, 64, 512} {
 		b.Run("sampled=2/endpoints="+strconv.Itoa(n), func(b *testing.B) {
-			benchDecision(b, n, 2, false, false)
+			benchDecision(b, n, DefaultConfig{Sampled: 2}, false, false)
 		})
 	}
 	// Beyond 64 endpoints the default samples 16; scoring every one of 512
 	// (Sampled negative) costs what the pool's size costs.
 	b.Run("sampled=-1/endpoints=512", func(b *testing.B) {
-		benchDecision(b, 512, -1, false, false)
+		benchDecision(b, 512, DefaultConfig{Sampled: -1}, false, false)
 	})
 	for _, n := range []int{8, 64, 512} {
 		b.Run("fresh=1/endpoints="+strconv.Itoa(n), func(b *testing.B) {
-			benchDecision(b, n, 0, true, false)
+			benchDecision(b, n, DefaultConfig{}, true, false)
 		})
 	}
+	// With latency objectives every scored candidate also reads its rate of
+	// prompt tokens sent.
+	b.Run("objectives/endpoints=64", func(b *testing.B) {
+		benchDecision(b, 64, DefaultConfig{TTFTObjective: 2 * time.Second, TPOTObjective: 50 * time.Millisecond}, false, false)
+	})
 }
 
 // BenchmarkDecisionParallel is BenchmarkDecision on 64 endpoints from
 // GOMAXPROCS goroutines sharing one balancer and index; compare -cpu 1 and
 // -cpu 2.
 func BenchmarkDecisionParallel(b *testing.B) {
-	b.Run("endpoints=64", func(b *testing.B) { benchDecision(b, 64, 0, false, true) })
+	b.Run("endpoints=64", func(b *testing.B) { benchDecision(b, 64, DefaultConfig{}, false, true) })
 }
 
-func benchDecision(b *testing.B, n, sampled int, fresh, parallel bool) {
+func benchDecision(b *testing.B, n int, cfg DefaultConfig, fresh, parallel bool) {
 	h, err := prefix.NewHasher(prefix.HasherConfig{})
 	if err != nil {
 		b.Fatal(err)
@@ -392,7 +397,8 @@ func benchDecision(b *testing.B, n, sampled int, fresh, parallel bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pol, err := Default(DefaultConfig{Index: ix, Sampled: sampled})
+	cfg.Index = ix
+	pol, err := Default(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package llmlb
 import (
 	"math"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -159,31 +160,27 @@ type DefaultConfig struct {
 	// TTFTObjective and TPOTObjective, when set, are the requests' latency
 	// objectives: the time to first token, and the time per output token
 	// after it, that a request should not exceed. The policy then also
-	// prices the decode stall a cache miss causes: while an endpoint
-	// prefills a prompt, every request decoding there waits. Each uncached
-	// prompt token costs, beyond its prefill,
+	// prices the decode stall of a cache miss: while an endpoint prefills,
+	// every request decoding there waits. A candidate costs, on top, in
+	// prefill tokens (times its prefill slowness when speeds are learned),
 	//
-	//	streaming requests * TTFTObjective / (TPOTObjective * output tokens)
+	//	streaming requests * uncached prompt tokens * TTFTObjective / (TPOTObjective * output tokens)
+	//	+ prompt tokens per second recently sent to it * TTFTObjective
 	//
-	// prefill tokens (times the candidate's prefill slowness when speeds
-	// are learned), where streaming requests are this balancer's requests
-	// at the endpoint past their first token and output tokens is the
-	// decode expected of the new request (its OutputTokens, its MaxTokens
-	// or the decode allowance, or the learned prediction). A second of
-	// stall spent from a decoding request's budget (TPOTObjective times its
-	// output) weighs what a second of the new request's wait weighs against
-	// TTFTObjective; no constant is added. Set them when requests are held
-	// to a TPOT objective and decoding is what fills the endpoints: on
-	// unequal replicas (the simulator's mixed scenario, seeds 9-16) they
-	// cut the requests outside the objectives by a third at the scenario's
-	// load, for a higher TTFT tail that stays far inside its objective;
-	// where decoding has room (the default and prefixes workloads) they
-	// buy nothing and cost 10-12% of TTFT p99, and where no prompt is
-	// cached (Azure's trace) they send the longer prompts to the endpoints
-	// with fewer requests decoding, whose decoding then slows: set them
-	// for workloads with shared prefixes (docs/learn.md). Both
-	// zero (the default) prices no stall; setting one without the other,
-	// or a negative one, is an error.
+	// The first term is the stall the request's prefill causes this
+	// balancer's requests at the endpoint past their first token: a second
+	// of it, spent from a decoding request's budget (TPOTObjective times
+	// its output, taken to be the new request's expected output), weighs
+	// what a second of the new request's wait weighs against
+	// TTFTObjective. The second is the stall the request will itself
+	// decode behind, the uncached prompt tokens this balancer sends the
+	// endpoint (a rate decayed with a time constant of 2 s) over the
+	// request's own budget; without it the first term would send every
+	// long prompt to the endpoints with the fewest requests decoding, whose
+	// requests would then decode behind them all. Set them when requests
+	// are held to a TPOT objective: see docs/learn.md for what they gain
+	// and cost in the simulator. Both zero (the default) prices no stall;
+	// setting one without the other, or a negative one, is an error.
 	TTFTObjective time.Duration
 	TPOTObjective time.Duration
 	// DisableLearning turns off the speed estimates, so that the policy
@@ -270,6 +267,7 @@ type defaultPolicy struct {
 	slots       int64
 	slotWeight  float64
 	stall       float64 // TTFTObjective over TPOTObjective; 0 = no stall priced
+	ttft        float64 // TTFTObjective in seconds
 	learn       bool
 	// evenUntil is the clock reading (unix nanos) until which the last
 	// test of the pool's speeds (poolSpeed.test) stands: it found them
@@ -420,6 +418,7 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		slots:       int64(cfg.Slots),
 		slotWeight:  cfg.SlotWeight,
 		stall:       stallRatio(cfg.TTFTObjective, cfg.TPOTObjective),
+		ttft:        cfg.TTFTObjective.Seconds(),
 		learn:       !cfg.DisableLearning,
 		placing:     t.events == nil && !t.index.EventsOnly(),
 	}
@@ -469,7 +468,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 		prev := 0.0 // the previous candidate's cost
 		for i := range c.loads {
 			src := int(c.src[i])
-			if pool == nil && src != i && c.matched[i] == c.matched[i-1] &&
+			if pool == nil && p.stall == 0 && src != i && c.matched[i] == c.matched[i-1] &&
 				(p.t.events == nil || c.confirmed[i] == c.confirmed[i-1]) {
 				c.costs[i] = prev
 				continue
@@ -523,6 +522,10 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	}
 	l := c.load(best)
 	p.t.record(c, best, l)
+	if p.stall > 0 {
+		uncached := c.req.PromptTokens - p.t.cachedTokens(c, int(c.matched[best]))
+		c.state(best).aux.flow.add(float64(uncached), c.nowNanos())
+	}
 	switch {
 	case pool != nil:
 		c.work = c.speeds[best].work
@@ -761,12 +764,80 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 			}
 		}
 	}
-	if streaming := l.Outstanding - l.Queued; p.stall > 0 && streaming > 0 && prompt > cached {
-		out := max(float64(c.reqTok)-prompt, 1)
-		miss += p.stall / out * s * float64(streaming) * (prompt - cached)
+	if p.stall > 0 {
+		miss += p.stallCost(c, i, l, prompt-cached) * s
 	}
 	return scale * (wait + miss - over*(cached-sure) + fp +
 		p.kvPenalty*max(demand-capacity, 0))
+}
+
+// stallCost returns the decode stall of candidate i with load l for a
+// request of uncached prompt tokens, in prefill tokens at the candidate's
+// speed (see DefaultConfig.TTFTObjective): the stall its prefill causes the
+// requests decoding there, each second of it weighed against a decoding
+// request's budget, TPOTObjective times its output (taken to be this
+// request's); and the stall the request will itself decode behind, the
+// prompts sent to the candidate at its recent rate while it decodes for
+// its budget, which comes to that rate times TTFTObjective. The second
+// keeps the first from sending every long prompt to the candidates with
+// the fewest requests decoding, whose requests would then decode behind
+// them all.
+func (p *defaultPolicy) stallCost(c *Candidates, i int, l *EndpointLoad, uncached float64) float64 {
+	cost := p.ttft * c.state(i).aux.flow.rate(c.nowNanos())
+	if streaming := l.Outstanding - l.Queued; streaming > 0 && uncached > 0 {
+		out := max(float64(c.reqTok-int64(c.req.PromptTokens)), 1)
+		cost += p.stall / out * float64(streaming) * uncached
+	}
+	return cost
+}
+
+// flowTimeConstant is the time constant of prefillFlow's decay. It was
+// chosen on the training runs (the mixed, default and prefixes workloads
+// and the Mooncake trace at unequal speeds, seeds 1-8, with latency
+// objectives), where 0.5, 2 and 8 s left 4,629, 4,362 and 4,447 requests
+// outside them, and 4,561 without the rate.
+const flowTimeConstant = 2 * time.Second
+
+// prefillFlow is a rate of prompt tokens: the tokens sent, each weighted by
+// exp(-age/flowTimeConstant), over flowTimeConstant.
+type prefillFlow struct {
+	mu  sync.Mutex    // serializes add
+	sum atomic.Uint64 // float64 bits of the decayed sum at at
+	at  atomic.Int64  // unix nanos
+}
+
+// flowTau is flowTimeConstant in nanoseconds.
+const flowTau = float64(flowTimeConstant)
+
+// add counts tokens sent at now (unix nanos).
+func (f *prefillFlow) add(tokens float64, now int64) {
+	if !(tokens > 0) {
+		return
+	}
+	f.mu.Lock()
+	at := f.at.Load()
+	sum := math.Float64frombits(f.sum.Load())
+	if now > at {
+		sum *= math.Exp(-float64(now-at) / flowTau)
+		at = now
+	}
+	f.sum.Store(math.Float64bits(sum + tokens))
+	f.at.Store(at)
+	f.mu.Unlock()
+}
+
+// rate returns the tokens per second at now (unix nanos). A concurrent add
+// may pair a new sum with an old time: the rate read is then slightly
+// high, for one pick.
+func (f *prefillFlow) rate(now int64) float64 {
+	sum := math.Float64frombits(f.sum.Load())
+	if sum == 0 {
+		return 0
+	}
+	if dt := now - f.at.Load(); dt > 0 {
+		sum *= math.Exp(-float64(dt) / flowTau)
+	}
+	return sum / (flowTau / 1e9)
 }
 
 // stallRatio returns the price of a second of decode stall against a second

@@ -498,3 +498,115 @@ func TestDefaultPricesDecodeStall(t *testing.T) {
 		}
 	}
 }
+
+// The request itself decodes behind the prompts its endpoint prefills
+// meanwhile: with objectives, an endpoint sent 20,000 uncached tokens just
+// now (a rate of 10,000 tokens/s over the 2 s time constant) costs 2 s of
+// that rate, 20,000 prefill tokens, more than ep1's queued prompt, until the
+// rate decays. Without objectives the rate is not read.
+func TestDefaultPricesPrefillFlow(t *testing.T) {
+	for _, tc := range []struct {
+		objectives   bool
+		now, decayed string
+	}{{false, "ep0", "ep0"}, {true, "ep1", "ep0"}} {
+		cfg := DefaultConfig{}
+		if tc.objectives {
+			cfg.TTFTObjective, cfg.TPOTObjective = 2*time.Second, 50*time.Millisecond
+		}
+		pol, err := Default(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock := newFakeClock()
+		b := mustNew(t, pol, WithClock(clock))
+		mustUpdate(t, b, eps(2))
+		held := holdOn(t, b, "ep1", 1, Request{PromptTokens: 100, MaxTokens: 1})
+		b.snap.Load().byKey["ep0"].aux.flow.add(20000, clock.Now().UnixNano())
+		for _, want := range []string{tc.now, tc.decayed} {
+			now := clock.Now().UnixNano()
+			rate := func(k string) float64 { return b.snap.Load().byKey[k].aux.flow.rate(now) }
+			before := map[string]float64{"ep0": rate("ep0"), "ep1": rate("ep1")}
+			pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1000, OutputTokens: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := pk.Endpoint().Key()
+			if k != want {
+				t.Errorf("objectives %v: picked %s, want %s", tc.objectives, k, want)
+			}
+			// The pick's 1000 uncached tokens count in the rate (500/s),
+			// with objectives only.
+			wantRate := 0.0
+			if tc.objectives {
+				wantRate = 500
+			}
+			if got := rate(k) - before[k]; math.Abs(got-wantRate) > 1e-6 {
+				t.Errorf("objectives %v: the pick added %v to %s's rate, want %v", tc.objectives, got, k, wantRate)
+			}
+			pk.Done(nil)
+			clock.Advance(30 * time.Second)
+		}
+		for _, h := range held {
+			h.Done(nil)
+		}
+	}
+}
+
+func TestPrefillFlow(t *testing.T) {
+	var f prefillFlow
+	const t0 = int64(1_000_000_000_000)
+	if r := f.rate(t0); r != 0 {
+		t.Fatalf("empty rate %v", r)
+	}
+	f.add(1000, t0)
+	if r := f.rate(t0); math.Abs(r-500) > 1e-9 {
+		t.Errorf("rate %v just after 1000 tokens, want 500/s over the 2 s time constant", r)
+	}
+	if r := f.rate(t0 + int64(2*time.Second)); math.Abs(r-500/math.E) > 1e-9 {
+		t.Errorf("rate %v one time constant later, want %v", r, 500/math.E)
+	}
+	for _, bad := range []float64{0, -5, math.NaN()} {
+		f.add(bad, t0)
+	}
+	if r := f.rate(t0); math.Abs(r-500) > 1e-9 {
+		t.Errorf("rate %v after adding nothing, negative and NaN tokens", r)
+	}
+	// A clock that goes back neither decays nor rewinds the sum.
+	f.add(1000, t0-int64(time.Hour))
+	if r := f.rate(t0 - int64(time.Hour)); math.Abs(r-1000) > 1e-9 {
+		t.Errorf("rate %v read before the last add, want 1000", r)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	now := t0
+	for range 10000 {
+		now += rng.Int64N(int64(time.Second)) - int64(100*time.Millisecond)
+		f.add(rng.Float64()*1e6, now)
+		if r := f.rate(now); !(r >= 0) || math.IsInf(r, 0) {
+			t.Fatalf("rate %v", r)
+		}
+	}
+}
+
+// Idle endpoints share one load reading, but not their rates: ep1, idle
+// like ep0 but sent 20,000 tokens just now, never wins.
+func TestDefaultPrefillFlowOfIdleEndpoints(t *testing.T) {
+	clock := newFakeClock()
+	for seed := range uint64(20) {
+		pol, err := Default(DefaultConfig{TTFTObjective: 2 * time.Second, TPOTObjective: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustNew(t, pol, WithClock(clock), WithRand(rand.NewPCG(seed, 1)))
+		mustUpdate(t, b, eps(2))
+		b.snap.Load().byKey["ep1"].aux.flow.add(20000, clock.Now().UnixNano())
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1000, OutputTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k := pk.Endpoint().Key(); k != "ep0" {
+			t.Fatalf("seed %d: picked %s, want the idle endpoint without a rate", seed, k)
+		}
+		pk.Done(nil)
+		clock.Advance(time.Minute)
+	}
+}

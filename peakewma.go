@@ -94,8 +94,8 @@ func (p *peakEWMA) Choose(c *Candidates) int {
 	a, b, x := p2cDraw(c, n)
 	now := c.nowNanos()
 	sa, sb := c.state(a), c.state(b)
-	la, oka := sa.lat.read(now, p.decay)
-	lb, okb := sb.lat.read(now, p.decay)
+	la, oka := sa.aux.lat.read(now, p.decay)
+	lb, okb := sb.aux.lat.read(now, p.decay)
 	switch {
 	case !oka && !okb, la == 0 && lb == 0:
 		// Nothing to compare but the outstanding requests.
