@@ -126,9 +126,6 @@ type peakLatency struct {
 
 // read returns the average decayed to now, and whether there is one.
 func (l *peakLatency) read(now int64, decay float64) (float64, bool) {
-	if l == nil {
-		return 0, false
-	}
 	at := l.at.Load()
 	if at == 0 {
 		return 0, false
