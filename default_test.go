@@ -610,3 +610,40 @@ func TestDefaultPrefillFlowOfIdleEndpoints(t *testing.T) {
 		clock.Advance(time.Minute)
 	}
 }
+
+// Extreme objectives price finitely: picks succeed and leave no count.
+func TestDefaultExtremeObjectives(t *testing.T) {
+	for _, o := range [][2]time.Duration{{math.MaxInt64, 1}, {1, math.MaxInt64}, {1, 1}} {
+		pol, err := Default(DefaultConfig{TTFTObjective: o[0], TPOTObjective: o[1]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock := newFakeClock() // stands still: the rates never decay
+		b := mustNew(t, pol, WithClock(clock))
+		mustUpdate(t, b, eps(4))
+		var held []Pick
+		for i := range 2000 {
+			pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1 << 20, MaxTokens: 1 + i%3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i%2 == 0 {
+				pk.FirstToken()
+			}
+			held = append(held, pk)
+		}
+		for _, st := range b.snap.Load().eps {
+			if r := st.aux.flow.rate(clock.Now().UnixNano()); math.IsNaN(r) || math.IsInf(r, 0) {
+				t.Errorf("objectives %v: rate %v", o, r)
+			}
+		}
+		for _, h := range held {
+			h.Done(nil)
+		}
+		for _, s := range b.Stats() {
+			if s.Outstanding != 0 {
+				t.Errorf("objectives %v: %s keeps %d outstanding", o, s.Key, s.Outstanding)
+			}
+		}
+	}
+}
