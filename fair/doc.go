@@ -28,19 +28,22 @@
 //  1. the lowest effective rank of w's class: its rank (Interactive 0,
 //     Standard 1, Batch 2), less one for every full [Config.AgingInterval]
 //     the class has waited, and never below 0;
-//  2. then the least counter of p (weighted service received);
-//  3. then the earliest arrival.
+//  2. then, at equal effective rank, the class aged the most below its own
+//     rank;
+//  3. then the least counter of p (weighted service received);
+//  4. then the earliest arrival.
 //
 // A class waits from the arrival of its oldest waiter or from the last
 // admission of one of its requests, whichever is later. So a class of rank
 // k that has waited k aging intervals competes as Interactive, however
-// much more urgent traffic keeps arriving, and its waiters are then
-// admitted before every later arrival of a principal with a larger
-// counter; and since its next admission restarts its wait, aging lends a
-// class one admission per interval, not the place of a more urgent class:
-// under sustained overload the more urgent classes keep their order and a
-// less urgent backlog is not starved, it advances one request per
-// interval until capacity frees up (or it is shed, or its deadlines pass).
+// much more urgent traffic keeps arriving, and goes first, however much
+// its principals were served before; and since its next admission restarts
+// its wait, aging lends a class one admission each time it has aged to a
+// waiting more urgent class's rank (one per interval above the next rank,
+// one per k intervals above Interactive), not that class's place: under
+// sustained overload the more urgent classes keep their order and a less
+// urgent backlog is not starved, it advances at that pace until capacity
+// frees up (or it is shed, or its deadlines pass).
 // A class ages as a whole: aging lifts a less urgent class above a more
 // urgent one, never one waiter above another of its own class, so that a
 // principal's backlog, however old, does not pass a principal served less

@@ -307,3 +307,56 @@ func TestAgingKeepsTheCounterOrderWithinAClass(t *testing.T) {
 		t.Fatal("the light tenant's request waited behind the heavy tenant's older backlog of its class")
 	}
 }
+
+// Aging lends the less urgent class its admission whatever its principals'
+// counters: a Batch tenant that was served one long generation (a counter
+// far above the Interactive tenant's) still advances one request each time
+// its rank has aged to Interactive's, two intervals, instead of waiting
+// until the Interactive tenant has received as much.
+func TestAgingLendsAdmissionsToAServedTenant(t *testing.T) {
+	q, clk := newTestQueue(t, Config{MaxInFlight: 1, AgingInterval: time.Second, MaxWaiting: 1000})
+	var running []*Ticket // admitted, in order
+	waiting := map[string]int{}
+	enter := func(p string, c Class) {
+		var tk *Ticket
+		tk, ok, err := q.Enter(Request{Principal: p, Class: c, PromptTokens: 100}, func(err error) {
+			waiting[p]--
+			if err == nil {
+				running = append(running, tk)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			running = append(running, tk)
+		} else {
+			waiting[p]++
+		}
+	}
+	enter("b", Batch)       // admitted at once
+	enter("i", Interactive) // waits, its counter lifted to b's
+	running[0].Charge(100000)
+	admitted := map[string]int{}
+	const steps, step = 600, 200 * time.Millisecond
+	for range steps {
+		for waiting["i"] < 5 {
+			enter("i", Interactive)
+		}
+		for waiting["b"] < 5 {
+			enter("b", Batch)
+		}
+		clk.Advance(step)
+		tk := running[0]
+		running = running[1:]
+		tk.Charge(50)
+		tk.Done() // admits the next
+		if len(running) > 0 {
+			admitted[running[0].p.key]++
+		}
+	}
+	want := int(steps * step / (2 * time.Second))
+	if b := admitted["b"]; b < want-2 || b > want+2 {
+		t.Errorf("Batch admitted %d times of %d, want about %d (one per two aging intervals)", b, steps, want)
+	}
+}

@@ -514,14 +514,16 @@ func (q *Queue) classRanks(now time.Time) [numClasses]int {
 }
 
 // nextLocked returns the waiter to admit next: of the classes of least
-// effective rank, the waiter of the principal with the least counter, then
-// the earliest arrival. Only the head of each principal's queue of each
-// class can be it, since it has waited longest.
+// effective rank, the one aged furthest below its own rank (an aged class
+// is lent the next admission, whatever its principals' counters), then the
+// waiter of the principal with the least counter, then the earliest
+// arrival. Only the head of each principal's queue of each class can be
+// it, since it has waited longest.
 func (q *Queue) nextLocked(now time.Time) *Ticket {
 	ranks := q.classRanks(now)
 	var (
-		best     *Ticket
-		bestRank int
+		best               *Ticket
+		bestRank, bestAged int
 	)
 	for _, p := range q.backlog {
 		for c := range numClasses {
@@ -529,10 +531,10 @@ func (q *Queue) nextLocked(now time.Time) *Ticket {
 			if t == nil {
 				continue
 			}
-			r := ranks[c]
-			if best == nil || r < bestRank || r == bestRank &&
-				(p.counter < best.p.counter || p.counter == best.p.counter && t.seq < best.seq) {
-				best, bestRank = t, r
+			r, aged := ranks[c], c-ranks[c]
+			if best == nil || r < bestRank || r == bestRank && (aged > bestAged || aged == bestAged &&
+				(p.counter < best.p.counter || p.counter == best.p.counter && t.seq < best.seq)) {
+				best, bestRank, bestAged = t, r, aged
 			}
 		}
 	}
