@@ -68,7 +68,8 @@ type Config struct {
 	// relative to others, so that a principal of weight 2 is served twice
 	// the tokens of one of weight 1 when both wait. It is called on every
 	// Admit, outside the queue's lock, and must be safe for concurrent
-	// use. nil, or a result that is not a positive finite number, means 1.
+	// use. nil, or a result that is not a positive finite number, means 1;
+	// a weight is taken within [1e-6, 1e6].
 	Weight func(principal string) float64
 	// InputWeight is the charge for one prompt token; 0 means
 	// [DefaultInputWeight].
@@ -144,6 +145,25 @@ func invalidf(format string, args ...any) error {
 }
 
 func validWeight(w float64) bool { return w > 0 && !math.IsInf(w, 1) }
+
+// The bounds of a principal's weight ([Config.Weight]): a million to one
+// either way, so that a request's charge stays a finite number.
+const (
+	minWeight = 1e-6
+	maxWeight = 1e6
+)
+
+// principalWeight returns the weight of principal: Config.Weight's, within
+// [minWeight, maxWeight], or 1.
+func (q *Queue) principalWeight(principal string) float64 {
+	if q.weight == nil {
+		return 1
+	}
+	if v := q.weight(principal); validWeight(v) {
+		return min(max(v, minWeight), maxWeight)
+	}
+	return 1
+}
 
 type systemClock struct{}
 

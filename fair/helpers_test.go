@@ -43,12 +43,7 @@ func newTestQueue(t testing.TB, cfg Config) (*Queue, *fakeClock) {
 // push is a non-blocking Admit: it returns the ticket, admitted or queued,
 // or the refusal.
 func (q *Queue) push(r Request) (*Ticket, error) {
-	w := 1.0
-	if q.weight != nil {
-		if v := q.weight(r.Principal); validWeight(v) {
-			w = v
-		}
-	}
+	w := q.principalWeight(r.Principal)
 	t, _, err := q.enter(r, w, time.Time{}, nil)
 	return t, err
 }

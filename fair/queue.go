@@ -149,7 +149,8 @@ func New(cfg Config) (*Queue, error) {
 }
 
 // Admit admits r, waiting if the queue's capacity is used, and returns its
-// ticket, whose Done the caller must call when the request ends.
+// ticket, whose Done the caller must call when the request ends. A nil ctx
+// is taken as [context.Background].
 //
 // It returns at once with a [*retry.OverloadError] (errors.Is
 // [retry.ErrOverloaded]) when r would wait and MaxWaiting or
@@ -162,17 +163,15 @@ func New(cfg Config) (*Queue, error) {
 // wrapping ctx.Err(). A request that fails leaves the queue with nothing
 // charged to its principal and nothing held.
 func (q *Queue) Admit(ctx context.Context, r Request) (*Ticket, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	if err := ctx.Err(); err != nil {
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		return nil, q.leaveErrorLocked(r.Class.rank(), err)
 	}
-	w := 1.0
-	if q.weight != nil {
-		if v := q.weight(r.Principal); validWeight(v) {
-			w = v
-		}
-	}
+	w := q.principalWeight(r.Principal)
 	deadline, _ := ctx.Deadline()
 	t, admitted, err := q.enter(r, w, deadline, nil)
 	if err != nil || admitted {
@@ -212,12 +211,7 @@ func (q *Queue) Enter(r Request, ready func(err error)) (*Ticket, bool, error) {
 	if ready == nil {
 		panic("fair: Enter with a nil ready function")
 	}
-	w := 1.0
-	if q.weight != nil {
-		if v := q.weight(r.Principal); validWeight(v) {
-			w = v
-		}
-	}
+	w := q.principalWeight(r.Principal)
 	return q.enter(r, w, time.Time{}, ready)
 }
 
@@ -306,7 +300,11 @@ func (q *Queue) abandon(t *Ticket, cause error) error {
 	case stateAdmitted:
 		// Admitted as the context ended: nobody will use it. Refund the
 		// charge, so that the principal loses nothing.
-		t.p.counter = max(t.p.counter-t.cost, 0)
+		if c := t.p.counter - t.cost; c > 0 {
+			t.p.counter = c
+		} else {
+			t.p.counter = 0 // NaN-safe, unlike max
+		}
 		q.releaseLocked(t)
 	}
 	err := q.leaveErrorLocked(t.rank, cause)

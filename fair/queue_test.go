@@ -237,6 +237,32 @@ func TestWeights(t *testing.T) {
 	}
 }
 
+// Weights are taken within [1e-6, 1e6], so that a charge stays finite: a
+// weight of 5e-324 made a request's charge +Inf, and the refund of a
+// request admitted as its context ended, Inf - Inf, a NaN counter that
+// turned fairness off for every principal.
+func TestExtremeWeights(t *testing.T) {
+	q, _ := newTestQueue(t, Config{Weight: func(p string) float64 {
+		if p == "tiny" {
+			return 5e-324
+		}
+		return math.MaxFloat64
+	}})
+	for _, p := range []string{"huge", "tiny"} { // tiny, lifted to huge's counter, gains little
+		tk, err := q.Admit(nil, Request{Principal: p, PromptTokens: 100}) // nil: Background
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Charge(1 << 30)
+		tk.Done()
+	}
+	for p, want := range map[string]float64{"tiny": (100 + 2<<30) / 1e-6, "huge": (100 + 2<<30) / 1e6} {
+		if c, _ := q.counter(p); math.Abs(c-want) > 1e-6*want {
+			t.Errorf("%s counter %v, want %v", p, c, want)
+		}
+	}
+}
+
 func TestTokenCap(t *testing.T) {
 	q, _ := newTestQueue(t, Config{MaxTokensInFlight: 100})
 	a, _ := q.push(Request{Principal: "a", PromptTokens: 60})
