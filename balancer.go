@@ -750,7 +750,7 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	}
 	if b.signal != nil {
 		if at, fresh := b.commitEpoch(rec, st, prefill, decode, &c.t, timed); fresh && b.obs != nil {
-			c.signalAge = time.Duration(c.nowNanos() - at)
+			c.signalAge = time.Duration(max(c.nowNanos()-at, 0))
 		}
 	}
 	// A record waits in the pool already in the picked phase of its next
@@ -906,7 +906,7 @@ func (p Pick) firstToken(measure bool) {
 	}
 	rec.state.Store(p.base | phaseStreaming)
 	if measure && b.obs != nil && b.obs.FirstToken != nil {
-		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.Endpoint(), Latency: time.Duration(b.clock.Now().UnixNano() - picked)})
+		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.Endpoint(), Latency: sinceNanos(b.clock, picked)})
 	}
 }
 
@@ -990,8 +990,14 @@ func (p Pick) Done(err error) {
 	rec.st, rec.b = nil, nil
 	recordPool.Put(rec)
 	if b.obs != nil && b.obs.Done != nil {
-		b.obs.Done(DoneInfo{Endpoint: p.Endpoint(), Latency: time.Duration(b.clock.Now().UnixNano() - picked), Streamed: streaming, Err: err})
+		b.obs.Done(DoneInfo{Endpoint: p.Endpoint(), Latency: sinceNanos(b.clock, picked), Streamed: streaming, Err: err})
 	}
+}
+
+// sinceNanos returns the time from start (unix nanos) to the clock's
+// reading, or 0 if the clock went back past start.
+func sinceNanos(c Clock, start int64) time.Duration {
+	return time.Duration(max(c.Now().UnixNano()-start, 0))
 }
 
 // doneEpoch counts the completion of rec's request in st's epoch.

@@ -410,7 +410,17 @@ func (c *Candidates) weight(st *epState) float64 {
 	w := st.staticWeight()
 	if until := c.b.slowUntil.Load(); until != never {
 		if started := st.started.Load(); started != never {
-			if now := c.nowNanos(); now < until {
+			now := c.nowNanos()
+			if now < started {
+				// The clock went back: the ramp starts again from now,
+				// rather than holding the endpoint at its least weight
+				// for the length of the step.
+				if st.started.CompareAndSwap(started, now) {
+					c.b.extendSlowStart(now)
+				}
+				started, until = now, c.b.slowUntil.Load()
+			}
+			if now < until {
 				w *= c.b.slow.factor(time.Duration(now - started))
 			}
 		}
@@ -436,9 +446,16 @@ func (c *Candidates) observe(st *epState, buf *Load) *Load {
 func (c *Candidates) fresh(obs *Load) bool { return c.b.fresh(obs, &c.t) }
 
 // fresh reports whether obs is valid and younger than the maximum signal
-// age at the time t.
+// age at the time t. An observation stamped further ahead of t than that is
+// not fresh either: after the clock steps back, the observations taken
+// before would otherwise count as fresh for the step's length, whether or
+// not anything still refreshes them.
 func (b *Balancer) fresh(obs *Load, t *clockReading) bool {
-	return obs.valid() && t.nanos(b.clock)-obs.At.UnixNano() <= int64(b.maxAge)
+	if !obs.valid() {
+		return false
+	}
+	age := t.nanos(b.clock) - obs.At.UnixNano()
+	return age <= int64(b.maxAge) && age >= -int64(b.maxAge)
 }
 
 // epochCounts is what changed of this balancer's requests to an endpoint

@@ -84,8 +84,9 @@ func WithRand(src rand.Source) Option {
 // requests are then exact, however old the observation, and with several an
 // endpoint observed just now does not look busier, against one observed
 // long ago, by the requests this balancer saw finish in between. An
-// observation older than maxAge (0 means [DefaultMaxSignalAge]), or one with
-// invalid values (negative counts, KV usage outside [0, 1]), is ignored and
+// observation older than maxAge (0 means [DefaultMaxSignalAge]), or stamped
+// more than maxAge ahead of the clock (taken before the clock stepped
+// back), or one with invalid values (negative counts, KV usage outside [0, 1]), is ignored and
 // the endpoint is scored on this balancer's own counts.
 func WithSignal(s Signal, maxAge time.Duration) Option {
 	return optionFunc(func(cfg *config) error {

@@ -440,3 +440,65 @@ func TestSlowStartAtUnixEpoch(t *testing.T) {
 		})
 	}
 }
+
+// A clock that steps back restarts a joining endpoint's ramp from the new
+// reading instead of holding it at the least weight for the step's length.
+func TestSlowStartAfterTheClockStepsBack(t *testing.T) {
+	clock := newFakeClock()
+	const window = 10 * time.Second
+	p := &probe{}
+	b := mustNew(t, p, WithClock(clock), WithSlowStart(SlowStart{Window: window}))
+	mustUpdate(t, b, eps(2))
+	mustUpdate(t, b, eps(3)) // ep2 joins
+	clock.Advance(window / 2)
+	clock.Advance(-time.Hour)
+	for _, tc := range []struct {
+		after time.Duration
+		want  float64
+	}{{0, 0.1}, {window / 2, 0.5}, {window / 2, 1}} {
+		clock.Advance(tc.after)
+		pk, _ := b.Pick(context.Background(), nil)
+		pk.Done(nil)
+		if got := p.weights["ep2"]; math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%v after the step back and %v: factor %v, want %v", window/2, tc.after, got, tc.want)
+		}
+	}
+}
+
+// An observation stamped more than the maximum age ahead of the clock is
+// not fresh: after the clock steps back, the observations taken before it
+// must not count as fresh for the step's length.
+func TestObservationFromTheFuture(t *testing.T) {
+	clock := newFakeClock()
+	b := mustNew(t, LeastOutstanding(), WithClock(clock), WithSignal(&fakeSignal{}, 10*time.Second))
+	for _, tc := range []struct {
+		ahead time.Duration
+		fresh bool
+	}{{-11 * time.Second, false}, {-10 * time.Second, true}, {0, true}, {10 * time.Second, true}, {11 * time.Second, false}, {time.Hour, false}} {
+		obs := Load{At: clock.Now().Add(tc.ahead), Running: 1}
+		if got := b.fresh(&obs, &clockReading{}); got != tc.fresh {
+			t.Errorf("observation %v ahead: fresh %v, want %v", tc.ahead, got, tc.fresh)
+		}
+	}
+}
+
+// With a clock that goes back, the observer's latencies are 0, not negative.
+func TestObserverLatenciesWhenTheClockGoesBack(t *testing.T) {
+	clock := newFakeClock()
+	var lat []time.Duration
+	b := mustNew(t, RoundRobin(), WithClock(clock), WithObserver(&Observer{
+		FirstToken: func(i FirstTokenInfo) { lat = append(lat, i.Latency) },
+		Done:       func(i DoneInfo) { lat = append(lat, i.Latency) },
+	}))
+	mustUpdate(t, b, eps(2))
+	pk, err := b.Pick(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(-time.Second)
+	pk.FirstToken()
+	pk.Done(nil)
+	if len(lat) != 2 || lat[0] != 0 || lat[1] != 0 {
+		t.Errorf("latencies %v, want [0 0]", lat)
+	}
+}
