@@ -249,7 +249,8 @@ func TestExtremeWeights(t *testing.T) {
 		return math.MaxFloat64
 	}})
 	for _, p := range []string{"huge", "tiny"} { // tiny, lifted to huge's counter, gains little
-		tk, err := q.Admit(nil, Request{Principal: p, PromptTokens: 100}) // nil: Background
+		var ctx context.Context // nil, taken as Background
+		tk, err := q.Admit(ctx, Request{Principal: p, PromptTokens: 100})
 		if err != nil {
 			t.Fatal(err)
 		}
