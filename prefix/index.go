@@ -143,7 +143,10 @@ type Index struct {
 	endpoints map[string]*endpoint
 	slots     []*endpoint // by slot; nil when free
 	occupied  []uint64    // bitset of non-nil slots
-	holders   holderTable
+	// holders has one table per group of 64 slots, keyed by block hash;
+	// nil until the group's first endpoint arrives.
+	holders []*holderTable
+	seed    uint64 // of every holder table
 }
 
 // endpoint is the state of one endpoint.
@@ -184,7 +187,8 @@ func fingerprint(blocks []uint64) uint64 {
 }
 
 // holder is the set of endpoints, within one group of 64 slots, that hold a
-// block. It is stored in Index.holders under holderKey(hash, group).
+// block. It is stored in the group's table of Index.holders under the
+// block's hash.
 //
 // bits may omit endpoints whose copy of the block is known to have expired
 // (their LRU entry stays until evicted, so that expiry never changes which
@@ -195,13 +199,6 @@ type holder struct {
 	// minExp is at most the expiry of every holder in bits. When it is in
 	// the past, Match checks each holder's own expiry.
 	minExp int64
-}
-
-// holderKey is the key of group w's holder entry for block hash h. Group 0
-// uses the hash itself; other groups XOR in an odd multiple of w, which
-// keeps keys of one block distinct across groups.
-func holderKey(h uint64, w int) uint64 {
-	return h ^ uint64(w)*0x9e3779b97f4a7c15
 }
 
 // NewIndex returns an empty Index for c, or an error wrapping
@@ -237,7 +234,8 @@ func NewIndex(c IndexConfig) (*Index, error) {
 		eventsOnly:   c.EventsOnly,
 		endpoints:    make(map[string]*endpoint),
 		occupied:     make([]uint64, (c.MaxEndpoints+63)/64),
-		holders:      holderTable{seed: rand.Uint64()},
+		holders:      make([]*holderTable, (c.MaxEndpoints+63)/64),
+		seed:         rand.Uint64(),
 	}, nil
 }
 
@@ -276,18 +274,21 @@ func (x *Index) endpointLocked(key string, create bool) (*endpoint, error) {
 	}
 	x.slots[slot] = e
 	x.occupied[w] |= bit
+	if x.holders[w] == nil {
+		x.holders[w] = &holderTable{seed: x.seed}
+	}
 	return e, nil
 }
 
 // unlink removes the holder bit of group w from block h.
 func (x *Index) unlink(h uint64, w int, bit uint64) {
-	k := holderKey(h, w)
-	hd := x.holders.get(k)
+	t := x.holders[w]
+	hd := t.get(h)
 	if hd.bits&bit == 0 {
 		return
 	}
 	hd.bits &^= bit
-	x.holders.put(k, hd) // deletes the entry when no holder is left
+	t.put(h, hd) // deletes the entry when no holder is left
 }
 
 // SetCapacity sets the number of blocks indexed for endpoint, adding the
@@ -473,11 +474,11 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 		return
 	}
 	w, bit := e.slot/64, uint64(1)<<(e.slot%64)
+	t := x.holders[w]
 	minExp := int64(math.MaxInt64)
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]
-		k := holderKey(h, w)
-		hd := x.holders.get(k)
+		hd := t.get(h)
 		// A listed endpoint holds the block (see holder), so only then can
 		// its expiry be recent enough to keep; an unlisted one either
 		// lacks it or holds a copy that expired, and a single Add inserts
@@ -505,7 +506,7 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 				hd = x.refresh(h, w, hd, now)
 			}
 		}
-		x.holders.put(k, hd)
+		t.put(h, hd)
 	}
 	e.gen++
 	e.last = lastTouch{n: n, print: fp, minExp: minExp, gen: e.gen}
@@ -564,7 +565,7 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 		for _, w8 := range active[:na] {
 			w := int(w8)
 			cur := alive[w]
-			hd := x.holders.get(holderKey(h, w))
+			hd := x.holders[w].get(h)
 			next := cur & hd.bits
 			if next != 0 && hd.minExp <= t {
 				next = x.unexpired(h, w, next, t)

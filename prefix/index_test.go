@@ -287,8 +287,8 @@ func TestClearedAndRemoveEndpoint(t *testing.T) {
 	checkInvariants(t, x)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	if x.holders.len() != 4 {
-		t.Fatalf("holder map has %d entries, want 4 (only c's blocks)", x.holders.len())
+	if n := holderEntries(x); n != 4 {
+		t.Fatalf("holder map has %d entries, want 4 (only c's blocks)", n)
 	}
 }
 
@@ -310,6 +310,34 @@ func TestManyEndpoints(t *testing.T) {
 	}
 	if got := asMap(t, x.Match(p, t0, nil)); !maps.Equal(got, want) {
 		t.Fatalf("Match over %d endpoints: got %d matches, want %d", len(want), len(got), len(want))
+	}
+	checkInvariants(t, x)
+}
+
+// TestGroupsNeverShareAHolderEntry stores, on an endpoint of the second
+// group of 64, hashes chosen to collide with another group's block under a
+// keying that mixes the group into the hash: each group's holders must
+// stay its own, whatever hashes callers pass.
+func TestGroupsNeverShareAHolderEntry(t *testing.T) {
+	const ttl = time.Minute
+	x := mustIndex(t, IndexConfig{TTL: ttl})
+	for i := 0; i < 66; i++ {
+		must(t, x.SetCapacity(epName(i), 8))
+	}
+	const h1 = 0x1234_5678_9abc_def0
+	for w := uint64(1); w < 4; w++ {
+		must(t, x.Stored(epName(65), x.BlockSize(), h1^w*0x9e3779b97f4a7c15, h1+w*0x9e3779b97f4a7c15))
+	}
+	must(t, x.Record(epName(0), []uint64{h1}, t0))
+	if got, want := asMap(t, x.Match([]uint64{h1}, t0, nil)), map[string]int{epName(0): 1}; !maps.Equal(got, want) {
+		t.Fatalf("Match = %v, want %v", got, want)
+	}
+	checkInvariants(t, x)
+	x.RemoveEndpoint(epName(1))
+	// A record after the first expired refreshes the holder entry.
+	must(t, x.Record(epName(2), []uint64{h1}, t0.Add(2*ttl)))
+	if got, want := asMap(t, x.Match([]uint64{h1}, t0.Add(2*ttl), nil)), map[string]int{epName(2): 1}; !maps.Equal(got, want) {
+		t.Fatalf("Match after expiry = %v, want %v", got, want)
 	}
 	checkInvariants(t, x)
 }
@@ -367,7 +395,7 @@ func TestCapacityUnderDistinctBlocks(t *testing.T) {
 		}
 	}
 	x.mu.RLock()
-	held := x.holders.len()
+	held := holderEntries(x)
 	x.mu.RUnlock()
 	if held > len(eps)*capacity {
 		t.Fatalf("holder map has %d entries > %d", held, len(eps)*capacity)

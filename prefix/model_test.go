@@ -150,7 +150,7 @@ func checkInvariants(t testing.TB, x *Index) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	pairs := 0
-	held := map[[2]uint64]bool{} // (holder key, bit) of every LRU entry
+	held := map[[3]uint64]bool{} // (group, block, bit) of every LRU entry
 	for key, e := range x.endpoints {
 		if x.slots[e.slot] != e {
 			t.Fatalf("endpoint %q: slot %d holds another endpoint", key, e.slot)
@@ -162,27 +162,32 @@ func checkInvariants(t testing.TB, x *Index) {
 			t.Fatalf("endpoint %q: %d blocks exceed capacity %d", key, e.lru.Len(), e.capacity)
 		}
 		for _, h := range e.lru.Keys() {
-			k := holderKey(h, e.slot/64)
-			held[[2]uint64{k, uint64(e.slot % 64)}] = true
+			w := e.slot / 64
+			held[[3]uint64{uint64(w), h, uint64(e.slot % 64)}] = true
 			exp, _ := e.lru.Peek(h)
-			if x.holders.get(k).bits&(1<<(e.slot%64)) == 0 && exp == never {
+			if x.holders[w].get(h).bits&(1<<(e.slot%64)) == 0 && exp == never {
 				t.Fatalf("endpoint %q holds %x from an event but the holder map does not say so", key, h)
 			}
 		}
 		pairs += e.lru.Len()
 	}
 	bitsSet := 0
-	x.holders.all(func(k uint64, hd holder) {
-		if hd.bits == 0 {
-			t.Fatalf("empty holder entry kept")
+	for w, tab := range x.holders {
+		if tab == nil {
+			continue
 		}
-		for b := hd.bits; b != 0; b &= b - 1 {
-			if !held[[2]uint64{k, uint64(bits.TrailingZeros64(b))}] {
-				t.Fatalf("holder entry %x names an endpoint that does not hold the block", k)
+		tab.all(func(h uint64, hd holder) {
+			if hd.bits == 0 {
+				t.Fatalf("empty holder entry kept")
 			}
-		}
-		bitsSet += bits.OnesCount64(hd.bits)
-	})
+			for b := hd.bits; b != 0; b &= b - 1 {
+				if !held[[3]uint64{uint64(w), h, uint64(bits.TrailingZeros64(b))}] {
+					t.Fatalf("holder entry %x of group %d names an endpoint that does not hold the block", h, w)
+				}
+			}
+			bitsSet += bits.OnesCount64(hd.bits)
+		})
+	}
 	if bitsSet > pairs {
 		t.Fatalf("holder map has %d (block, endpoint) pairs, LRUs only %d", bitsSet, pairs)
 	}
@@ -193,6 +198,18 @@ func checkInvariants(t testing.TB, x *Index) {
 	if n != len(x.endpoints) {
 		t.Fatalf("%d slots occupied, %d endpoints", n, len(x.endpoints))
 	}
+}
+
+// holderEntries returns the number of holder entries of every group. x.mu
+// must be held.
+func holderEntries(x *Index) int {
+	n := 0
+	for _, tab := range x.holders {
+		if tab != nil {
+			n += tab.len()
+		}
+	}
+	return n
 }
 
 // asMap turns Match results into a map, failing on duplicates, zero counts
