@@ -191,12 +191,23 @@ func New(cfg Config) (*Engine, error) {
 	if speed == 0 {
 		speed = 1
 	}
-	switch {
-	case math.IsNaN(speed) || math.IsInf(speed, 0) || speed <= 0:
+	if math.IsNaN(speed) || math.IsInf(speed, 0) || speed <= 0 {
 		return nil, fmt.Errorf("%w: Speedup %v must be positive and finite", ErrInvalidConfig, cfg.Speedup)
-	case cfg.DefaultMaxTokens < 0 || cfg.MaxTokensCap < 0 || cfg.MaxWaiting < 0 || cfg.MaxBodyBytes < 0 ||
-		cfg.RequestsPerMinute < 0 || cfg.MaxModelLen < 0:
-		return nil, fmt.Errorf("%w: negative DefaultMaxTokens, MaxTokensCap, MaxWaiting, MaxBodyBytes, RequestsPerMinute or MaxModelLen", ErrInvalidConfig)
+	}
+	for _, f := range []struct {
+		name  string
+		value int64
+	}{
+		{"DefaultMaxTokens", int64(cfg.DefaultMaxTokens)},
+		{"MaxTokensCap", int64(cfg.MaxTokensCap)},
+		{"MaxWaiting", int64(cfg.MaxWaiting)},
+		{"MaxBodyBytes", cfg.MaxBodyBytes},
+		{"RequestsPerMinute", int64(cfg.RequestsPerMinute)},
+		{"MaxModelLen", int64(cfg.MaxModelLen)},
+	} {
+		if f.value < 0 {
+			return nil, fmt.Errorf("%w: %s %d is negative", ErrInvalidConfig, f.name, f.value)
+		}
 	}
 	h, err := prefix.NewHasher(prefix.HasherConfig{
 		BlockTokens: eng.BlockSize,

@@ -57,6 +57,18 @@
 // conventions for generative AI model servers, names and bucket boundaries;
 // a gateway is the model server its clients see.
 //
+// # Endpoint churn
+//
+// The load gauges report the balancer's current members only, but the
+// counters and histograms with llmlb.endpoint keep a series for every key
+// they ever recorded, for as long as the MeterProvider lives (cumulative
+// temporality, which the Prometheus exporter uses), and the SDK caps the
+// series of an instrument (its cardinality limit), folding the rest into
+// one overflow series. Where keys churn, as pod addresses do in
+// Kubernetes, drop llmlb.endpoint from those instruments with a view on the
+// provider ([ExampleMetrics_endpointChurn]) and read per-endpoint load from
+// the gauges.
+//
 // # Cost
 //
 // Attribute sets are computed once per endpoint, and for failed requests

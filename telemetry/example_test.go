@@ -7,8 +7,10 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/telemetry"
@@ -71,3 +73,51 @@ func Example() {
 type replica string
 
 func (r replica) Key() string { return string(r) }
+
+// Dropping the endpoint attribute from the per-request instruments, for a
+// fleet whose endpoint keys churn: a view on the provider keeps one series
+// of llmlb.picks however many endpoints come and go, while the load gauges
+// (Metrics.Watch) still report each current member.
+func ExampleMetrics_endpointChurn() {
+	reader := sdkmetric.NewManualReader()
+	dropEndpoint := sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter(telemetry.AttrEndpoint)}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader),
+		sdkmetric.WithView(
+			sdkmetric.NewView(sdkmetric.Instrument{Name: telemetry.MetricPicks}, dropEndpoint),
+			sdkmetric.NewView(sdkmetric.Instrument{Name: "gen_ai.*"}, dropEndpoint),
+		))
+	defer provider.Shutdown(context.Background())
+
+	metrics, err := telemetry.New(provider, telemetry.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithObserver(metrics.Observer()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i := range 100 { // a new pod address each time
+		if err := b.Update([]llmlb.Endpoint{replica(fmt.Sprintf("10.0.%d.%d:8000", i/250, i%250))}); err != nil {
+			log.Fatal(err)
+		}
+		p, err := b.Pick(context.Background(), &llmlb.Request{})
+		if err != nil {
+			log.Fatal(err)
+		}
+		p.Done(nil)
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		log.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == telemetry.MetricPicks {
+				fmt.Printf("%s: %d series, %d picks\n", m.Name, len(sum.DataPoints), sum.DataPoints[0].Value)
+			}
+		}
+	}
+	// Output:
+	// llmlb.picks: 1 series, 100 picks
+}

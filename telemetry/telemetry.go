@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -50,7 +53,11 @@ const (
 
 // Attribute keys.
 const (
-	// AttrEndpoint is the endpoint's key ([llmlb.Endpoint.Key]).
+	// AttrEndpoint is the endpoint's key ([llmlb.Endpoint.Key]). Invalid
+	// UTF-8 in a key is replaced with U+FFFD, and a key longer than 256
+	// bytes is cut to 256 bytes ending in "~" and 16 hex digits of its hash,
+	// so that any key exports (the same holds for error types and spill
+	// tiers).
 	AttrEndpoint = attribute.Key("llmlb.endpoint")
 	// AttrPolicy is [Config.Policy].
 	AttrPolicy = attribute.Key("llmlb.policy")
@@ -331,7 +338,7 @@ func (m *Metrics) spill(e spill.Event) {
 	if o, ok := m.spillSets.Load(e); ok {
 		opts = o.([]metric.AddOption)
 	} else {
-		opts = []metric.AddOption{m.with(AttrSpillFrom.String(e.From), AttrSpillTo.String(e.To), AttrSpillReason.String(string(e.Reason)))}
+		opts = []metric.AddOption{m.with(AttrSpillFrom.String(attrValue(e.From)), AttrSpillTo.String(attrValue(e.To)), AttrSpillReason.String(string(e.Reason)))}
 		if m.spillN.Add(1) <= maxErrorTypes*16 {
 			m.spillSets.Store(e, opts)
 		}
@@ -371,7 +378,9 @@ func (m *Metrics) RetryObserver() *retry.Observer { return &m.retryObserver }
 // Watch reports b's per-endpoint load (outstanding and queued requests,
 // pending prefill and decode tokens, health) as gauges, read from
 // [llmlb.Balancer.Stats] at each collection. Unregister the returned
-// registration to stop.
+// registration to stop. The gauges carry no attribute that tells balancers
+// apart: watch two balancers that may share endpoint keys with two
+// Metrics whose [Config.Attributes] differ, or their points collide.
 func (m *Metrics) Watch(b *llmlb.Balancer) (metric.Registration, error) {
 	if b == nil {
 		return nil, fmt.Errorf("%w: Watch(nil)", ErrInvalidConfig)
@@ -433,7 +442,7 @@ func (m *Metrics) endpoint(key string) *endpointAttrs {
 	if a, ok := m.endpoints.Load(key); ok {
 		return a.(*endpointAttrs)
 	}
-	opt := m.with(AttrEndpoint.String(key))
+	opt := m.with(AttrEndpoint.String(attrValue(key)))
 	a := &endpointAttrs{opt: opt, add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
 	if m.cachedN.Add(1) > maxCachedEndpoints {
 		m.endpoints.Clear()
@@ -446,6 +455,31 @@ func (m *Metrics) endpoint(key string) *endpointAttrs {
 	return a
 }
 
+// maxAttrBytes bounds an attribute value taken from an endpoint key, a tier
+// name or an error type.
+const maxAttrBytes = 256
+
+// attrValue returns s as an attribute value every exporter accepts: invalid
+// UTF-8 is replaced (the Prometheus exporter fails a whole scrape on one
+// invalid label value), and a value longer than maxAttrBytes is cut on a
+// character boundary and ends with "~" and a hash of all of s, so that
+// long keys sharing their first bytes stay distinct series and a scrape
+// stays small whatever the keys.
+func attrValue(s string) string {
+	v := strings.ToValidUTF8(s, "\uFFFD")
+	if len(v) <= maxAttrBytes {
+		return v
+	}
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	suffix := fmt.Sprintf("~%016x", h.Sum64())
+	cut := maxAttrBytes - len(suffix)
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return v[:cut] + suffix
+}
+
 // failed returns the record options of a failed request's duration at the
 // endpoint a with the error type typ, computed once per endpoint and type
 // (at most maxErrorTypes types an endpoint).
@@ -453,7 +487,7 @@ func (m *Metrics) failed(a *endpointAttrs, key, typ string) []metric.RecordOptio
 	if o, ok := a.failed.Load(typ); ok {
 		return o.([]metric.RecordOption)
 	}
-	o := []metric.RecordOption{m.with(AttrEndpoint.String(key), AttrErrorType.String(typ))}
+	o := []metric.RecordOption{m.with(AttrEndpoint.String(attrValue(key)), AttrErrorType.String(attrValue(typ)))}
 	if a.failedN.Add(1) <= maxErrorTypes {
 		a.failed.Store(typ, o)
 	}
@@ -466,7 +500,7 @@ func (m *Metrics) errorSet(err error) metric.MeasurementOption {
 	if o, ok := m.errSets.Load(t); ok {
 		return o.(metric.MeasurementOption)
 	}
-	o := m.with(AttrErrorType.String(t))
+	o := m.with(AttrErrorType.String(attrValue(t)))
 	if m.errSetsN.Add(1) <= maxErrorTypes {
 		m.errSets.Store(t, o)
 	}

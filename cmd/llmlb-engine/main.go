@@ -44,6 +44,10 @@ func main() {
 	}
 }
 
+// maxEngines bounds -n: each engine is a listener and a scheduling
+// goroutine on this machine.
+const maxEngines = 1024
+
 // run runs the engines until ctx ends, printing their addresses to out.
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("llmlb-engine", flag.ContinueOnError)
@@ -64,6 +68,21 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (llmlb-engine -h lists the flags)", fs.Arg(0))
+	}
+	for _, f := range []struct {
+		name  string
+		value int
+	}{
+		{"max-tokens", *maxTokens}, {"kv-blocks", *kvBlocks}, {"block-size", *blockSize},
+		{"token-budget", *budget}, {"max-running", *maxRunning}, {"max-waiting", *maxWaiting},
+		{"rpm", *rpm}, {"max-model-len", *maxModelLen}, {"kv-events-port", *kvPort},
+	} {
+		if f.value < 0 {
+			return fmt.Errorf("-%s %d must not be negative", f.name, f.value)
+		}
+	}
 	var addrs []string
 	if *ports != "" {
 		for _, p := range strings.Split(*ports, ",") {
@@ -72,9 +91,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 			}
 			addrs = append(addrs, net.JoinHostPort(*host, strings.TrimSpace(p)))
 		}
+		if len(addrs) > maxEngines {
+			return fmt.Errorf("-ports lists %d ports, at most %d", len(addrs), maxEngines)
+		}
 	} else {
-		if *n < 1 {
-			return errors.New("-n must be at least 1")
+		if *n < 1 || *n > maxEngines {
+			return fmt.Errorf("-n %d out of range [1, %d]", *n, maxEngines)
 		}
 		for range *n {
 			addrs = append(addrs, net.JoinHostPort(*host, "0"))

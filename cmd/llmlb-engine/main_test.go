@@ -190,3 +190,26 @@ func TestKVEventsPython(t *testing.T) {
 		}
 	}
 }
+
+// TestRunErrors checks that bad flags fail before any engine starts, with
+// an error naming the flag.
+func TestRunErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-rpm", "-1"}, "-rpm -1 must not be negative"},
+		{[]string{"-kv-blocks", "-1"}, "-kv-blocks -1 must not be negative"},
+		{[]string{"-max-waiting", "-2"}, "-max-waiting -2 must not be negative"},
+		{[]string{"-n", "0"}, "-n 0 out of range [1, 1024]"},
+		{[]string{"-n", "1025"}, "-n 1025 out of range [1, 1024]"},
+		{[]string{"-n", "2", "extra"}, `unexpected argument "extra"`},
+		{[]string{"-ports", "8001,x"}, `bad port "x"`},
+		{[]string{"-speedup", "-1"}, "Speedup -1 must be positive and finite"},
+	} {
+		var out strings.Builder
+		err := run(context.Background(), tc.args, &out)
+		require.ErrorContains(t, err, tc.want, "%v", tc.args)
+		require.Empty(t, out.String(), "%v printed an address", tc.args)
+	}
+}

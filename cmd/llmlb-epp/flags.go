@@ -180,6 +180,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if o.drainDelay < 0 || o.drainTimeout < 0 {
 		return o, errors.New("-drain-delay and -drain-timeout must not be negative")
 	}
+	if o.retryAfter < 0 {
+		return o, fmt.Errorf("-retry-after %v must not be negative", o.retryAfter)
+	}
 	return o, nil
 }
 

@@ -37,6 +37,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-endpoints", "10.0.0.1:8000", "-log-level", "loud"}, "-log-level"},
 		{[]string{"-endpoints", "10.0.0.1:8000", "extra"}, "unexpected"},
 		{[]string{"-endpoints", "10.0.0.1:8000", "-refresh", "0s"}, "-refresh"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-retry-after", "-1s"}, "-retry-after -1s must not be negative"},
 		{[]string{"-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "-policy", "p2c", "-score", "kv"}, ""},
 		{[]string{"-dns", "vllm.default.svc:8000", "-kv-events-port", "5557", "-tokenizer", "engine"}, ""},
 	}

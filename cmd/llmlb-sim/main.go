@@ -226,8 +226,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	if *seeds < 1 {
-		return usageError{fmt.Errorf("-seeds %d must be at least 1", *seeds)}
+	if *seeds < 1 || *seeds > maxSeeds {
+		return usageError{fmt.Errorf("-seeds %d out of range [1, %d]", *seeds, maxSeeds)}
 	}
 	if *seed > math.MaxUint64-uint64(*seeds-1) {
 		return usageError{fmt.Errorf("-seed %d with -seeds %d overflows: the last seed, -seed + -seeds - 1, must be at most %d", *seed, *seeds, uint64(math.MaxUint64))}
@@ -247,6 +247,18 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	} {
 		if f.negative {
 			return usageError{fmt.Errorf("-%s %s must not be negative", f.name, fs.Lookup(f.name).Value)}
+		}
+	}
+	for _, f := range []struct {
+		name       string
+		value, max int
+	}{
+		{"replicas", *replicas, maxSpeedReplicas},
+		{"routers", *routers, maxRouters},
+		{"requests", *requests, maxRequests},
+	} {
+		if f.value > f.max {
+			return usageError{fmt.Errorf("-%s %d exceeds the simulator's limit of %d", f.name, f.value, f.max)}
 		}
 	}
 	if !(*rateScale > 0) || math.IsInf(*rateScale, 0) {
@@ -804,9 +816,14 @@ func parseSweep(list string) ([]float64, error) {
 	return scales, nil
 }
 
-// maxSpeedReplicas bounds the replicas -speeds describes: the simulator's
-// limit.
-const maxSpeedReplicas = 4096
+// Limits of a run: the prefix index's endpoint limit for replicas, and
+// bounds that keep a mistyped flag from exhausting the machine's memory.
+const (
+	maxSpeedReplicas = 4096
+	maxRouters       = 1024
+	maxRequests      = 10_000_000
+	maxSeeds         = 1000
+)
 
 // parseSpeeds parses the value of -speeds for replicas replicas:
 // comma-separated speeds, each a positive finite number, or count x speed

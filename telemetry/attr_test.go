@@ -1,0 +1,82 @@
+package telemetry_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/telemetry"
+)
+
+// TestHostileKeysExport scrapes, through the Prometheus exporter, a
+// balancer whose endpoint keys are invalid UTF-8 or a mebibyte long: the
+// scrape must succeed, every label value must be valid and short, and two
+// long keys with the same head must stay distinct series.
+func TestHostileKeysExport(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer provider.Shutdown(context.Background())
+	m, err := telemetry.New(provider, telemetry.Config{Policy: "round-robin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithObserver(m.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Watch(b); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("é", 1<<19) // 1 MiB, two bytes a character
+	keys := []ep{"ok:8000", "bad\xff\xfe:8000", ep(long + "a"), ep(long + "b")}
+	eps := make([]llmlb.Endpoint, len(keys))
+	for i, k := range keys {
+		eps[i] = k
+	}
+	if err := b.Update(eps); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 * len(keys) {
+		p, err := b.Pick(context.Background(), &llmlb.Request{PromptTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.FirstToken()
+		p.Done(nil)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("scrape failed: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, f := range families {
+		if f.GetName() != "llmlb_picks_total" {
+			continue
+		}
+		for _, mm := range f.GetMetric() {
+			for _, l := range mm.GetLabel() {
+				if l.GetName() != "llmlb_endpoint" {
+					continue
+				}
+				v := l.GetValue()
+				if !utf8.ValidString(v) || len(v) > 256 {
+					t.Errorf("label value of %d bytes, valid UTF-8 %v", len(v), utf8.ValidString(v))
+				}
+				seen[v] = true
+			}
+		}
+	}
+	if len(seen) != len(keys) || !seen["ok:8000"] || !seen["bad\uFFFD:8000"] {
+		t.Errorf("%d endpoint series, want %d (ok:8000 and bad\\uFFFD:8000 among them)", len(seen), len(keys))
+	}
+}
