@@ -20,10 +20,11 @@ import (
 )
 
 // lbBalancer is the balancer of one channel. It shards the resolved
-// endpoints over pick-first children (endpointsharding), turns the READY
-// children into the membership of an llmlb.Balancer, and publishes a picker
-// that picks with it. It embeds the channel's ClientConn to intercept the
-// children's UpdateState and NewSubConn calls.
+// endpoints over pick-first children (endpointsharding), makes the children
+// that have been READY the members of an llmlb.Balancer, healthy while they
+// are READY, and publishes a picker that picks with it. It embeds the
+// channel's ClientConn to intercept the children's UpdateState and
+// NewSubConn calls.
 //
 // grpc calls the balancer.Balancer methods from one goroutine; the children
 // call UpdateState and the SubConn state listeners from that goroutine too,
@@ -45,7 +46,11 @@ type lbBalancer struct {
 	cfg      *Config
 	lb       *llmlb.Balancer
 	subConns map[*subConnState]struct{}
-	closed   bool
+	// down holds the members of lb that UpdateState marked unhealthy
+	// because their child is not READY; it marks them healthy again, and
+	// no others, when the child is READY again.
+	down   map[string]bool
+	closed bool
 }
 
 // subConnState tracks one SubConn for out-of-band ORCA reporting.
@@ -67,6 +72,7 @@ func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions
 		target:     opts.Target.String(),
 		rec:        &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock},
 		subConns:   make(map[*subConnState]struct{}),
+		down:       make(map[string]bool),
 	}
 	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	return b
@@ -108,6 +114,7 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 			return fmt.Errorf("%v: %w", err, balancer.ErrBadResolverState)
 		}
 		b.lb = lb
+		clear(b.down)
 		if hook := b.builder.opts.OnBalancer; hook != nil {
 			hook(b.target, lb)
 		}
@@ -151,14 +158,41 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 	})
 }
 
-// UpdateState receives the aggregated state of the children: their READY
-// endpoints become the membership, and a new picker is published.
+// UpdateState receives the aggregated state of the children, brings the
+// membership and health of the llmlb.Balancer up to date, and publishes a
+// new picker.
+//
+// An endpoint joins when its child becomes READY; before that nothing was
+// picked for it, so it has no accounting to keep. It then stays a member
+// while its child exists, and is marked unhealthy while the child is not
+// READY: after a GOAWAY (the server's connection age limit, a graceful
+// stop) the child reconnects while the RPCs picked for the old connection
+// still run, and their counts must stay with the endpoint until they are
+// done. The order of the changes keeps a pick from finding a member healthy
+// whose child is not READY: an endpoint leaving READY is marked unhealthy
+// before Update gives it its child's new picker, and one coming back is
+// marked healthy after. Only the marks UpdateState set are undone, so an
+// endpoint the program marked unhealthy through Options.OnBalancer stays so.
 func (b *lbBalancer) UpdateState(state balancer.State) {
 	children := endpointsharding.ChildStatesFromPicker(state.Picker)
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.lb == nil {
+		return
+	}
+	// healthy holds the members and whether they are marked healthy.
+	stats := b.lb.Stats()
+	healthy := make(map[string]bool, len(stats))
+	for _, s := range stats {
+		healthy[s.Key] = s.Healthy
+	}
 	eps := make([]llmlb.Endpoint, 0, len(children))
 	seen := make(map[string]bool, len(children))
+	var back []string // members marked down whose child is READY again
+	anyReady := false
 	for _, c := range children {
-		if c.State.ConnectivityState != connectivity.Ready || len(c.Endpoint.Addresses) == 0 {
+		if len(c.Endpoint.Addresses) == 0 {
 			continue
 		}
 		key := c.Endpoint.Addresses[0].Addr
@@ -166,26 +200,47 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 			continue
 		}
 		seen[key] = true
-		eps = append(eps, &endpoint{key: key, picker: c.State.Picker})
-	}
-
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed || b.lb == nil {
-		return
+		ready := c.State.ConnectivityState == connectivity.Ready
+		wasHealthy, member := healthy[key]
+		switch {
+		case ready:
+			anyReady = true
+			if b.down[key] {
+				back = append(back, key)
+			}
+		case !member:
+			continue // never READY since lb was built: nothing to keep
+		case wasHealthy:
+			_ = b.lb.SetHealthy(key, false) // a member: cannot fail
+			b.down[key] = true
+		}
+		p := c.State.Picker
+		if p == nil {
+			p = noSubConnPicker{}
+		}
+		eps = append(eps, &endpoint{key: key, picker: p, ready: ready})
 	}
 	// Keys are non-empty and distinct, so Update cannot fail.
 	_ = b.lb.Update(eps)
-	if len(eps) == 0 {
-		// No READY endpoint: the children's picker queues RPCs while they
-		// connect and fails them when all are in transient failure.
-		b.ClientConn.UpdateState(state)
+	for _, key := range back {
+		_ = b.lb.SetHealthy(key, true) // a member since Update: cannot fail
+		delete(b.down, key)
+	}
+	for key := range b.down {
+		if !seen[key] {
+			delete(b.down, key) // left the membership
+		}
+	}
+	if anyReady {
+		b.ClientConn.UpdateState(balancer.State{
+			ConnectivityState: connectivity.Ready,
+			Picker:            &picker{lb: b.lb, rec: b.rec},
+		})
 		return
 	}
-	b.ClientConn.UpdateState(balancer.State{
-		ConnectivityState: connectivity.Ready,
-		Picker:            &picker{lb: b.lb, rec: b.rec},
-	})
+	// No READY endpoint: the children's picker queues RPCs while they
+	// connect and fails them when all are in transient failure.
+	b.ClientConn.UpdateState(state)
 }
 
 // NewSubConn intercepts the children's SubConns to follow their state for
@@ -274,14 +329,23 @@ func (b *lbBalancer) Close() {
 	b.child.Close()
 }
 
-// endpoint is a READY endpoint: its key and the picker of its pick-first
-// child.
+// endpoint is a member as of one UpdateState: its key, and the picker and
+// readiness of its pick-first child then. Update replaces a member's
+// Endpoint with the new value, so a pick gets the child's latest picker.
 type endpoint struct {
 	key    string
 	picker balancer.Picker
+	ready  bool // the child was READY
 }
 
 func (e *endpoint) Key() string { return e.key }
+
+// noSubConnPicker stands for the picker of a child that has published none.
+type noSubConnPicker struct{}
+
+func (noSubConnPicker) Pick(balancer.PickInfo) (balancer.PickResult, error) {
+	return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+}
 
 // oobListener records the out-of-band reports of one SubConn.
 type oobListener struct {

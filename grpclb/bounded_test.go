@@ -26,7 +26,7 @@ func TestBoundedAcrossManyStreams(t *testing.T) {
 	}
 	servers := []*testServer{startServer(t, 0.2, false), startServer(t, 0.5, false), startServer(t, 0.3, false)}
 	client, _, lb := dial(t, testName, `{"policy": "default"}`, servers...)
-	waitMembers(t, lb, 3)
+	waitReady(t, lb, 3)
 
 	stream := func(i int) error {
 		call := &grpclb.Call{Request: llmlb.Request{PromptTokens: 100 + i%1000, MaxTokens: 32, Prefix: []uint64{uint64(i % 50), uint64(i)}}}

@@ -72,9 +72,10 @@ type Options struct {
 	// OnBalancer, if set, is called with the channel's target each time a
 	// channel builds its llmlb.Balancer: when the first config arrives and
 	// when a config change replaces the policy. Use it to read Stats or to
-	// mark endpoints unhealthy with SetHealthy; never call Update, the
-	// adapter owns membership. It is called from grpc's balancer goroutine
-	// and must not block.
+	// mark endpoints unhealthy with SetHealthy (the adapter marks an
+	// endpoint unhealthy while its connection is not READY, and undoes only
+	// its own marks); never call Update, the adapter owns membership. It
+	// is called from grpc's balancer goroutine and must not block.
 	OnBalancer func(target string, b *llmlb.Balancer)
 }
 

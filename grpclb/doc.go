@@ -6,13 +6,24 @@
 // A [Builder] builds one balancer per channel. Like grpc-go's own
 // least_request and weighted_round_robin policies it gives each resolved
 // endpoint a pick-first child (endpointsharding), so connection management,
-// backoff and IDLE reconnection are grpc's. The endpoints whose child is
-// READY are the members of the channel's llmlb.Balancer, keyed by their
-// first address; an endpoint that leaves READY (connection lost, server
-// stopped, TRANSIENT_FAILURE) leaves the membership, and every change
-// publishes a new picker. While no endpoint is READY the children's picker
-// is used: RPCs queue while connecting (balancer.ErrNoSubConnAvailable) and
-// fail fast in TRANSIENT_FAILURE unless they wait for ready.
+// backoff and IDLE reconnection are grpc's. An endpoint joins the
+// membership of the channel's llmlb.Balancer, keyed by its first address,
+// when its child first becomes READY, and leaves it only when the resolver
+// drops it. Readiness is health: an endpoint whose child leaves READY
+// (a GOAWAY such as the server's connection age limit, connection lost,
+// server stopped, TRANSIENT_FAILURE) is marked unhealthy with
+// llmlb.Balancer.SetHealthy and healthy again when its child is READY
+// again, so the RPCs still running on its old connection keep counting
+// against it until they end. Every change publishes a new picker, which
+// picks an unhealthy endpoint only when a request's every candidate is
+// unhealthy (an llmlb.Request.Exclude that leaves out all READY ones): the
+// RPC then waits while that endpoint connects and, unless it waits for
+// ready, fails while the endpoint is in TRANSIENT_FAILURE. While no
+// endpoint is READY the children's picker is used: RPCs queue while
+// connecting (balancer.ErrNoSubConnAvailable) and fail fast in
+// TRANSIENT_FAILURE unless they wait for ready. The adapter undoes only its
+// own marks: an endpoint the program marks unhealthy through the balancer
+// given to Options.OnBalancer stays so until the program marks it healthy.
 //
 // The picker builds an llmlb.Request for each RPC from a [Call] the caller
 // put in the RPC's context ([WithCall], [WithRequest]), or else from the

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
@@ -42,7 +43,7 @@ func TestORCASteersAwayFromFullKVCache(t *testing.T) {
 		t.Run(tc.cfg, func(t *testing.T) {
 			low1, full, low2 := startServer(t, 0.10, false), startServer(t, 0.95, false), startServer(t, 0.10, false)
 			client, _, lb := dial(t, testName, tc.cfg, low1, full, low2)
-			waitMembers(t, lb, 3)
+			waitReady(t, lb, 3)
 			for i := range calls {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
@@ -65,40 +66,172 @@ func TestORCASteersAwayFromFullKVCache(t *testing.T) {
 	}
 }
 
-// TestMembershipFollowsServerShutdown stops one of three servers and checks
-// that its endpoint leaves the membership and calls continue on the others.
-func TestMembershipFollowsServerShutdown(t *testing.T) {
-	servers := []*testServer{startServer(t, 0.1, false), startServer(t, 0.1, false), startServer(t, 0.1, false)}
-	client, _, lb := dial(t, testName, `{"policy": "least-outstanding"}`, servers...)
-	waitMembers(t, lb, 3)
+// TestNonReadyMemberNotPicked stops one of two servers and checks that its
+// endpoint stays a member, marked unhealthy, and is not picked although
+// least-outstanding prefers it; when a server listens on its address again
+// it is healthy and picked again.
+func TestNonReadyMemberNotPicked(t *testing.T) {
+	a, b := startServer(t, 0.1, false), startServer(t, 0.1, false)
+	b.release = make(chan struct{})
+	client, _, lb := dial(t, testName, `{"policy": "least-outstanding"}`, a, b)
+	waitReady(t, lb, 2)
 	call := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
 		return err
 	}
-	for range 30 {
-		if err := call(); err != nil {
-			t.Fatal(err)
-		}
+	// A stream held on b makes a, with nothing outstanding, the policy's
+	// choice whenever it is a healthy candidate.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := client.StreamingOutputCall(grpclb.WithRequest(ctx, &llmlb.Request{Exclude: []string{a.addr}}),
+		&testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	servers[0].stop()
-	waitMembers(t, lb, 2)
-	if got := members(lb()); slices.Contains(got, servers[0].addr) {
-		t.Fatalf("members %v still include the stopped server %s", got, servers[0].addr)
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
 	}
-	before := servers[0].calls.Load()
-	for i := range 60 {
+
+	a.stop()
+	eventually(t, "the stopped server marked unhealthy", func() bool {
+		s, ok := stats(lb(), a.addr)
+		return ok && !s.Healthy
+	})
+	for i := range 20 {
 		if err := call(); err != nil {
 			t.Fatalf("call %d after shutdown: %v", i, err)
 		}
 	}
-	if got := servers[0].calls.Load(); got != before {
-		t.Errorf("stopped server received %d calls", got-before)
+	if got := b.calls.Load(); got != 21 {
+		t.Errorf("the READY server got %d calls after the shutdown, want 21 (the stream and 20 unary)", got)
 	}
-	if a, b := servers[1].calls.Load(), servers[2].calls.Load(); a == 0 || b == 0 {
-		t.Errorf("remaining servers got %d and %d calls; want both used", a, b)
+	// A call that excludes b has only the unhealthy a to try (panic mode):
+	// it fails, and its pick is released.
+	pctx, pcancel := context.WithTimeout(grpclb.WithRequest(context.Background(), &llmlb.Request{Exclude: []string{b.addr}}),
+		300*time.Millisecond)
+	_, err = client.UnaryCall(pctx, &testgrpc.SimpleRequest{})
+	pcancel()
+	if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded {
+		t.Errorf("a call to the stopped server only: %v, want Unavailable or DeadlineExceeded", err)
 	}
+	if s, ok := stats(lb(), a.addr); !ok || s.Healthy || s.Outstanding != 0 {
+		t.Errorf("stopped server: %+v, member %v; want an unhealthy member with nothing outstanding", s, ok)
+	}
+	if s, _ := stats(lb(), b.addr); s.Outstanding != 1 {
+		t.Errorf("READY server has %d outstanding, want 1 (the stream)", s.Outstanding)
+	}
+
+	a2 := startServerAt(t, a.addr, 0.1, false)
+	waitReady(t, lb, 2)
+	if err := call(); err != nil {
+		t.Fatal(err)
+	}
+	if got := a2.calls.Load(); got != 1 {
+		t.Errorf("the restarted server got %d calls, want 1", got)
+	}
+	close(b.release)
+	for {
+		if _, err := stream.Recv(); err != nil {
+			break
+		}
+	}
+	eventually(t, "Done after the stream ends", func() bool { s, _ := stats(lb(), b.addr); return s.Outstanding == 0 })
+	assertIdle(t, lb())
+}
+
+// TestProgramHealthMarkKept: an endpoint the program marks unhealthy stays
+// so while the adapter marks another one down and up again.
+func TestProgramHealthMarkKept(t *testing.T) {
+	a, b, c := startServer(t, 0.1, false), startServer(t, 0.1, false), startServer(t, 0.1, false)
+	client, _, lb := dial(t, testName, `{"policy": "round-robin"}`, a, b, c)
+	waitReady(t, lb, 3)
+	if err := lb().SetHealthy(a.addr, false); err != nil {
+		t.Fatal(err)
+	}
+	b.stop()
+	waitReady(t, lb, 1)
+	b2 := startServerAt(t, b.addr, 0.1, false)
+	waitReady(t, lb, 2)
+	if s, _ := stats(lb(), a.addr); s.Healthy {
+		t.Fatal("the endpoint the program marked unhealthy is healthy again")
+	}
+	for i := range 10 {
+		if _, err := client.UnaryCall(context.Background(), &testgrpc.SimpleRequest{}); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if n := a.calls.Load(); n != 0 {
+		t.Errorf("the endpoint marked unhealthy got %d calls", n)
+	}
+	if n2, n3 := b2.calls.Load(), c.calls.Load(); n2 != 5 || n3 != 5 {
+		t.Errorf("round robin split 10 calls %d/%d over the healthy endpoints, want 5/5", n2, n3)
+	}
+}
+
+// TestGoAwayKeepsRunningStreams holds a stream on a server whose
+// connections reach their maximum age: the server's GOAWAY takes the
+// connection out of READY, the stream keeps running on it, and the channel
+// reconnects. The endpoint must still count the stream as outstanding when
+// it is READY again, so least-outstanding sends new calls to the other
+// server.
+func TestGoAwayKeepsRunningStreams(t *testing.T) {
+	a := startServer(t, -1, false, grpc.KeepaliveParams(keepalive.ServerParameters{
+		MaxConnectionAge:      300 * time.Millisecond,
+		MaxConnectionAgeGrace: time.Minute, // the stream outlives its connection's GOAWAY
+	}))
+	a.release = make(chan struct{})
+	b := startServer(t, -1, false)
+	client, _, lb := dial(t, testName, `{"policy": "least-outstanding"}`, a, b)
+	waitReady(t, lb, 2)
+
+	call := &grpclb.Call{Request: llmlb.Request{Exclude: []string{b.addr}}}
+	ctx, cancel := context.WithTimeout(grpclb.WithCall(context.Background(), call), 20*time.Second)
+	defer cancel()
+	stream, err := client.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if got := call.Endpoint(); got != a.addr {
+		t.Fatalf("the stream went to %q, want %q", got, a.addr)
+	}
+	// The stream runs on the latest connection or an older one; once a
+	// later one is accepted, the stream's has had its GOAWAY.
+	conns := a.conns.Load()
+	eventually(t, "a new connection to the aged server, READY", func() bool {
+		s, ok := stats(lb(), a.addr)
+		return a.conns.Load() > conns && ok && s.Healthy
+	})
+	if s, _ := stats(lb(), a.addr); s.Outstanding != 1 {
+		t.Errorf("after the reconnection the aged server has %d outstanding, want 1 (the running stream)", s.Outstanding)
+	}
+	before := a.calls.Load()
+	for i := range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{})
+		cancel()
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if got := a.calls.Load() - before; got != 0 {
+		t.Errorf("the server with a running stream got %d of 20 unary calls, want 0", got)
+	}
+
+	close(a.release)
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if err != io.EOF {
+				t.Errorf("the stream ended with %v, want EOF", err)
+			}
+			break
+		}
+	}
+	eventually(t, "Done after the stream ends", func() bool { s, _ := stats(lb(), a.addr); return s.Outstanding == 0 })
 	assertIdle(t, lb())
 }
 
@@ -107,14 +240,14 @@ func TestMembershipFollowsServerShutdown(t *testing.T) {
 func TestResolverUpdateChangesMembership(t *testing.T) {
 	a, b := startServer(t, 0.1, false), startServer(t, 0.1, false)
 	_, r, lb := dial(t, testName, `{}`, a, b)
-	waitMembers(t, lb, 2)
+	waitReady(t, lb, 2)
 	r.UpdateState(resolver.State{Endpoints: endpoints(b)})
-	waitMembers(t, lb, 1)
+	eventually(t, "1 member", func() bool { return len(members(lb())) == 1 })
 	if got := members(lb()); got[0] != b.addr {
 		t.Fatalf("members %v, want [%s]", got, b.addr)
 	}
 	r.UpdateState(resolver.State{Endpoints: endpoints(a, b)})
-	waitMembers(t, lb, 2)
+	waitReady(t, lb, 2)
 }
 
 // TestDoneAccounting issues concurrent calls that succeed, fail on the
@@ -123,7 +256,7 @@ func TestResolverUpdateChangesMembership(t *testing.T) {
 func TestDoneAccounting(t *testing.T) {
 	servers := []*testServer{startServer(t, 0.1, false), startServer(t, 0.2, false), startServer(t, 0.3, false)}
 	client, _, lb := dial(t, testName, `{"policy": "least-tokens"}`, servers...)
-	waitMembers(t, lb, 3)
+	waitReady(t, lb, 3)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)
@@ -159,7 +292,7 @@ func TestCallFirstToken(t *testing.T) {
 	s := startServer(t, 0.1, false)
 	s.release = make(chan struct{})
 	client, _, lb := dial(t, testName, `{"policy": "least-tokens"}`, s)
-	waitMembers(t, lb, 1)
+	waitReady(t, lb, 1)
 
 	call := &grpclb.Call{Request: llmlb.Request{PromptTokens: 1000, MaxTokens: 100}}
 	ctx, cancel := context.WithTimeout(grpclb.WithCall(context.Background(), call), 10*time.Second)
@@ -200,7 +333,7 @@ func TestCallFirstToken(t *testing.T) {
 func TestAffinityKeyFromMetadata(t *testing.T) {
 	servers := []*testServer{startServer(t, -1, false), startServer(t, -1, false), startServer(t, -1, false)}
 	client, _, lb := dial(t, testName, `{"policy": "consistent-hash", "hashBalance": 1e9}`, servers...)
-	waitMembers(t, lb, 3)
+	waitReady(t, lb, 3)
 	for _, session := range []string{"alice", "bob", "carol", "dave"} {
 		before := make([]int64, len(servers))
 		for i, s := range servers {
@@ -229,7 +362,7 @@ func TestAffinityKeyFromMetadata(t *testing.T) {
 func TestWithRequestExcludeAll(t *testing.T) {
 	s := startServer(t, 0.1, false)
 	client, _, lb := dial(t, testName, `{}`, s)
-	waitMembers(t, lb, 1)
+	waitReady(t, lb, 1)
 	ctx := grpclb.WithRequest(context.Background(), &llmlb.Request{Exclude: []string{s.addr}})
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -278,7 +411,7 @@ func TestNoReadyEndpoint(t *testing.T) {
 func TestOutOfBandReports(t *testing.T) {
 	a, b := startServer(t, 0.9, true), startServer(t, 0.2, true)
 	_, _, lb := dial(t, sharedName, `{"oobReportInterval": "100ms"}`, a, b)
-	waitMembers(t, lb, 2)
+	waitReady(t, lb, 2)
 	for _, s := range []*testServer{a, b} {
 		eventually(t, "an out-of-band report from "+s.addr, func() bool {
 			l, ok := sharedStore.Load(s.addr)
@@ -318,7 +451,7 @@ func TestBadServiceConfigRejected(t *testing.T) {
 func TestConfigChange(t *testing.T) {
 	servers := []*testServer{startServer(t, 0.1, false), startServer(t, 0.1, false)}
 	client, r, lb := dial(t, testName, `{"policy": "least-outstanding"}`, servers...)
-	waitMembers(t, lb, 2)
+	waitReady(t, lb, 2)
 	first := lb()
 	update := func(cfg string) {
 		t.Helper()
@@ -330,7 +463,7 @@ func TestConfigChange(t *testing.T) {
 	}
 	update(`{"policy": "round-robin"}`)
 	eventually(t, "a new balancer", func() bool { return lb() != first })
-	waitMembers(t, lb, 2)
+	waitReady(t, lb, 2)
 	second := lb()
 	update(`{"policy": "round-robin", "oobReportInterval": "1s"}`)
 	time.Sleep(50 * time.Millisecond)

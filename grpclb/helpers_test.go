@@ -68,17 +68,28 @@ type testServer struct {
 	// until it is closed.
 	release chan struct{}
 	stopped atomic.Bool
+	conns   atomic.Int64 // connections accepted
 }
 
-func startServer(t testing.TB, kv float64, oob bool) *testServer {
+// startServer starts a testServer on a new loopback port with the extra
+// server options opts.
+func startServer(t testing.TB, kv float64, oob bool, opts ...grpc.ServerOption) *testServer {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	return startServerAt(t, "127.0.0.1:0", kv, oob, opts...)
+}
+
+// startServerAt starts a testServer listening on addr, which may be the
+// address of a stopped one.
+func startServerAt(t testing.TB, addr string, kv float64, oob bool, opts ...grpc.ServerOption) *testServer {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &testServer{addr: lis.Addr().String(), kv: kv}
+	s := &testServer{addr: l.Addr().String(), kv: kv}
+	lis := &countingListener{Listener: l, n: &s.conns}
 	smr := orca.NewServerMetricsRecorder()
-	s.srv = grpc.NewServer(orca.CallMetricsServerOption(nil))
+	s.srv = grpc.NewServer(append([]grpc.ServerOption{orca.CallMetricsServerOption(nil)}, opts...)...)
 	if oob {
 		smr.SetNamedUtilization("kv_cache_utilization", max(kv, 0))
 		if err := orca.Register(s.srv, orca.ServiceOptions{ServerMetricsProvider: smr}); err != nil {
@@ -89,6 +100,20 @@ func startServer(t testing.TB, kv float64, oob bool) *testServer {
 	go s.srv.Serve(lis)
 	t.Cleanup(s.stop)
 	return s
+}
+
+// countingListener counts the connections it accepts in n.
+type countingListener struct {
+	net.Listener
+	n *atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.n.Add(1)
+	}
+	return c, err
 }
 
 func (s *testServer) stop() {
@@ -190,10 +215,36 @@ func members(b *llmlb.Balancer) []string {
 	return keys
 }
 
-// waitMembers waits until the channel's balancer has n members.
-func waitMembers(t testing.TB, lb func() *llmlb.Balancer, n int) {
+// stats returns b's accounting of the member key, and whether key is a
+// member.
+func stats(b *llmlb.Balancer, key string) (llmlb.EndpointStats, bool) {
+	if b != nil {
+		for _, s := range b.Stats() {
+			if s.Key == key {
+				return s, true
+			}
+		}
+	}
+	return llmlb.EndpointStats{}, false
+}
+
+// waitReady waits until n of the channel's balancer's members are healthy,
+// which they are while their connection is READY.
+func waitReady(t testing.TB, lb func() *llmlb.Balancer, n int) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%d READY members", n), func() bool { return len(members(lb())) == n })
+	eventually(t, fmt.Sprintf("%d READY members", n), func() bool {
+		b := lb()
+		if b == nil {
+			return false
+		}
+		healthy := 0
+		for _, s := range b.Stats() {
+			if s.Healthy {
+				healthy++
+			}
+		}
+		return healthy == n
+	})
 }
 
 // assertIdle checks that b's accounting is back to zero.

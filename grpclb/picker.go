@@ -113,8 +113,9 @@ func (c *Call) set(p llmlb.Pick, key string) {
 	c.mu.Unlock()
 }
 
-// picker picks with the channel's llmlb.Balancer, whose members are the
-// READY endpoints when the picker was published.
+// picker picks with the channel's llmlb.Balancer, whose healthy members are
+// the READY endpoints (see lbBalancer.UpdateState). It is published while
+// at least one endpoint is READY.
 type picker struct {
 	lb  *llmlb.Balancer
 	rec *recorder
@@ -144,10 +145,13 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	ep := pk.Endpoint().(*endpoint)
 	res, err := ep.picker.Pick(info)
 	if err != nil {
-		// The endpoint left READY after this picker was published; a new
-		// picker is on its way.
 		pk.Done(err)
-		if errors.Is(err, balancer.ErrNoSubConnAvailable) || status.Code(err) == codes.Unknown {
+		// A READY child whose picker fails has left READY since the last
+		// UpdateState: wait for the picker that is on its way. A child that
+		// was not READY is picked only when every candidate is unhealthy;
+		// its error stands (an RPC waits while it connects, and fails
+		// unless it waits for ready while it is in transient failure).
+		if errors.Is(err, balancer.ErrNoSubConnAvailable) || ep.ready && status.Code(err) == codes.Unknown {
 			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
 		}
 		return balancer.PickResult{}, err
