@@ -360,3 +360,30 @@ func TestAgingLendsAdmissionsToAServedTenant(t *testing.T) {
 		t.Errorf("Batch admitted %d times of %d, want about %d (one per two aging intervals)", b, steps, want)
 	}
 }
+
+// TestAgingWhenTheClockGoesBack steps the clock back after a Standard
+// request queued: the class must keep its own rank, not fall behind a Batch
+// request that arrived after the step.
+func TestAgingWhenTheClockGoesBack(t *testing.T) {
+	q, clk := newTestQueue(t, Config{MaxInFlight: 1, AgingInterval: time.Second})
+	push := func(p string, c Class) *Ticket {
+		tk, err := q.push(Request{Principal: p, Class: c, PromptTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	running := push("x", Standard)
+	standard := push("s", Standard)
+	clk.Advance(-10 * time.Second)
+	batch := push("b", Batch)
+	running.Done()
+	if !standard.admitted() || batch.admitted() {
+		t.Fatalf("after the clock went back: Standard admitted %v, Batch admitted %v; want the Standard request first", standard.admitted(), batch.admitted())
+	}
+	standard.Done()
+	if !batch.admitted() {
+		t.Fatal("Batch request not admitted once the queue was free")
+	}
+	batch.Done()
+}

@@ -31,7 +31,7 @@ type Stats struct {
 	// InFlight is the number of requests admitted and not done.
 	InFlight int
 	// TokensInFlight is their prompt tokens plus the output tokens charged
-	// to them so far.
+	// to them so far, saturating at math.MaxInt64.
 	TokensInFlight int64
 	// Waiting is the number of requests waiting for admission.
 	Waiting int
@@ -245,7 +245,7 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(
 		q.settleLocked(p)
 		return nil, false, err
 	}
-	if q.waiting >= q.maxWaiting && !q.shedLocked(t.rank, now) {
+	if q.waiting >= q.maxWaiting && !q.shedLocked(t.rank, p, now) {
 		q.settleLocked(p)
 		return nil, false, q.refusal(t.rank, nil, ReasonFull, now, nil)
 	}
@@ -393,7 +393,7 @@ func (q *Queue) fitsLocked(prompt int64) bool {
 	if q.maxInFlight > 0 && q.inflight >= q.maxInFlight {
 		return false
 	}
-	return q.maxTokens == 0 || q.tokens == 0 || q.tokens+prompt <= q.maxTokens
+	return q.maxTokens == 0 || q.tokens == 0 || prompt <= q.maxTokens-q.tokens
 }
 
 // floorLocked is the level a principal's counter is lifted to when it starts
@@ -420,9 +420,9 @@ func (q *Queue) admitLocked(t *Ticket, now time.Time) {
 	t.cost = float64(max(t.prompt, 1)) * q.inW / p.weight
 	p.counter += t.cost
 	p.inflight++
-	t.tokens = t.prompt
+	t.tokens = min(t.prompt, math.MaxInt64-q.tokens) // saturating, as in Charge
 	q.inflight++
-	q.tokens += t.prompt
+	q.tokens += t.tokens
 	q.last = p
 	q.served[t.rank] = now
 	t.state = stateAdmitted
@@ -504,7 +504,9 @@ func (q *Queue) classRanks(now time.Time) [numClasses]int {
 			if q.served[c].After(since) {
 				since = q.served[c]
 			}
-			r -= int(min(now.Sub(since)/q.aging, time.Duration(r)))
+			// A clock that went back leaves the class unaged, never less
+			// urgent than its own rank.
+			r -= int(min(max(now.Sub(since), 0)/q.aging, time.Duration(r)))
 		}
 		ranks[c] = r
 	}
@@ -541,7 +543,10 @@ func (q *Queue) nextLocked(now time.Time) *Ticket {
 
 // shedLocked refuses the newest waiter of the least urgent class that is
 // less urgent than rank, to make room, and reports whether there was one.
-func (q *Queue) shedLocked(rank int, now time.Time) bool {
+// entering is the principal of the request that makes room: when the
+// victim is its own, it is not settled idle (or forgotten), since it is
+// about to wait again.
+func (q *Queue) shedLocked(rank int, entering *principal, now time.Time) bool {
 	for c := numClasses - 1; c > rank; c-- {
 		var victim *Ticket
 		for _, p := range q.backlog {
@@ -551,7 +556,11 @@ func (q *Queue) shedLocked(rank int, now time.Time) bool {
 		}
 		if victim != nil {
 			q.unlinkLocked(victim)
-			q.refuseLocked(victim, q.refusal(victim.rank, nil, ReasonShed, now, nil))
+			victim.state, victim.err = stateRefused, q.refusal(victim.rank, nil, ReasonShed, now, nil)
+			if victim.p != entering {
+				q.settleLocked(victim.p)
+			}
+			q.wakeLocked(victim)
 			return true
 		}
 	}

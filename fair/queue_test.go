@@ -360,6 +360,37 @@ func TestShedding(t *testing.T) {
 	mustCheck(t, q)
 }
 
+// A principal whose arrival sheds its own less urgent waiter stays tracked
+// and waiting: it is not settled idle, and so not forgotten while its
+// request waits.
+func TestSheddingOwnWaiter(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 1, MaxPrincipals: 2})
+	hold, _ := q.push(Request{Principal: "b"})
+	batch, _ := q.push(Request{Principal: "a", Class: Batch})
+	inter, err := q.push(Request{Principal: "a", Class: Interactive})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if batch.stateNow() != stateRefused {
+		t.Fatal("the batch waiter was not shed")
+	}
+	mustCheck(t, q)
+	// A newcomer past MaxPrincipals evicts idle principals only.
+	if _, err := q.push(Request{Principal: "c"}); err == nil {
+		t.Fatal("c was not refused by the full queue")
+	}
+	if _, ok := q.counter("a"); !ok {
+		t.Fatal("a was forgotten while its request waits")
+	}
+	mustCheck(t, q)
+	hold.Done()
+	if !inter.admitted() {
+		t.Fatal("a's interactive request was not admitted")
+	}
+	inter.Done()
+	mustCheck(t, q)
+}
+
 func TestDeadline(t *testing.T) {
 	q, clk := newTestQueue(t, Config{MaxInFlight: 1, RetryAfter: 3 * time.Second})
 	hold, _ := q.push(Request{Principal: "a"})
@@ -468,6 +499,40 @@ func TestAbandonAfterAdmissionRefunds(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 	w.Done() // no-op
+	mustCheck(t, q)
+}
+
+// Huge charges and prompts (a backend's bogus usage report) saturate the
+// tokens in flight rather than wrap them negative, which would let every
+// later request past the token cap; releasing them empties the queue.
+func TestHugeTokensSaturate(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxTokensInFlight: 1000})
+	a, _ := q.push(Request{Principal: "a", PromptTokens: 10})
+	a.Charge(math.MaxInt)
+	a.Charge(math.MaxInt)
+	if s := q.Stats(); s.TokensInFlight != math.MaxInt64 {
+		t.Fatalf("tokens in flight %d after huge charges, want them saturated at %d", s.TokensInFlight, int64(math.MaxInt64))
+	}
+	b, _ := q.push(Request{Principal: "b", PromptTokens: 10})
+	if b.admitted() {
+		t.Fatal("a request was admitted past the token cap")
+	}
+	a.Done()
+	if !b.admitted() {
+		t.Fatal("the release did not admit the waiter")
+	}
+	big, _ := q.push(Request{Principal: "c", PromptTokens: math.MaxInt})
+	if big.admitted() {
+		t.Fatal("a huge prompt was admitted beside another request")
+	}
+	b.Done()
+	if !big.admitted() {
+		t.Fatal("a huge prompt was not admitted alone")
+	}
+	big.Done()
+	if s := q.Stats(); s.TokensInFlight != 0 || s.InFlight != 0 {
+		t.Fatalf("stats %+v after every release", s)
+	}
 	mustCheck(t, q)
 }
 

@@ -1,6 +1,9 @@
 package fair
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Ticket states.
 const (
@@ -52,8 +55,12 @@ func (t *Ticket) Charge(n int) {
 		return
 	}
 	t.p.counter += float64(n) * q.outW / t.p.weight
-	t.tokens += int64(n)
-	q.tokens += int64(n)
+	// The tokens in flight saturate rather than wrap: a huge n (a
+	// backend's bogus usage report) must not turn them negative, which
+	// would let everything past the token cap.
+	add := min(int64(n), math.MaxInt64-q.tokens)
+	t.tokens += add
+	q.tokens += add
 }
 
 // Done ends the request: its place and its tokens in flight are released,

@@ -132,8 +132,9 @@ type Config struct {
 	// [DefaultSpill].
 	Spill func(resp *http.Response, err error) (Reason, bool)
 	// MaxCooldown caps the time a tier asking for a wait is skipped; a
-	// longer wait asked is capped, not ignored. 0 means
-	// [DefaultMaxCooldown]; a negative value never skips a tier.
+	// longer wait asked is capped, not ignored. It caps as well the wait
+	// suggested when every tier is cooling, whatever a Tier.Ready says. 0
+	// means [DefaultMaxCooldown]; a negative value never skips a tier.
 	MaxCooldown time.Duration
 	// MaxBodyBytes bounds the request body kept for replay; a larger body
 	// fails with an error wrapping httplb.ErrBodyTooLarge (413 from httplb's
@@ -221,7 +222,8 @@ func (systemClock) Now() time.Time { return time.Now() }
 // next while the answer is a trigger of [Config.Spill]. It returns the
 // answer of the tier that kept the request, marked with the spill header if
 // it is not the first tier tried, or the last tier's answer. When every
-// tier is cooling it returns a *retry.OverloadError. A body larger than
+// tier is cooling it returns a *retry.OverloadError suggesting the shortest
+// remaining wait, at most MaxCooldown. A body larger than
 // MaxBodyBytes fails with an error wrapping httplb.ErrBodyTooLarge.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	body, err := t.readBody(r)
@@ -332,19 +334,24 @@ func (t *Transport) ready(i int, now time.Time) (bool, time.Duration) {
 }
 
 // firstReady returns the first tier ready at now, or -1 and the shortest
-// remaining wait if none is.
+// remaining wait if none is. A negative wait (a Ready racing its own
+// deadline) counts as none, and the wait suggested is at most MaxCooldown,
+// whatever a Ready says.
 func (t *Transport) firstReady(now time.Time) (int, time.Duration) {
-	wait := time.Duration(-1)
+	var wait time.Duration
 	for i := range t.tiers {
 		ok, d := t.ready(i, now)
 		if ok {
 			return i, 0
 		}
-		if wait < 0 || d < wait {
+		if d = max(d, 0); i == 0 || d < wait {
 			wait = d
 		}
 	}
-	return -1, max(wait, 0)
+	if t.cooldown > 0 {
+		wait = min(wait, t.cooldown)
+	}
+	return -1, wait
 }
 
 // nextReady returns the first tier from i on that is ready at now, or -1.

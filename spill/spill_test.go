@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -358,5 +359,42 @@ func TestReady(t *testing.T) {
 	var oe *retry.OverloadError
 	if !errors.As(err, &oe) || oe.RetryAfter != 3*time.Second || t0.sent() != 1 {
 		t.Fatalf("no tier ready: %v, want an OverloadError with the shortest wait, 3s", err)
+	}
+}
+
+// When no tier is ready, the wait suggested is the shortest a tier's Ready
+// reports, a negative one counting as none, and at most MaxCooldown however
+// long a Ready says.
+func TestReadyWaitsOutOfRange(t *testing.T) {
+	cases := []struct {
+		name  string
+		waits []time.Duration
+		want  time.Duration
+	}{
+		{"shortest", []time.Duration{10 * time.Second, 3 * time.Second, 20 * time.Second}, 3 * time.Second},
+		{"negative in the middle", []time.Duration{10 * time.Second, -time.Second, 20 * time.Second}, 0},
+		{"negative first", []time.Duration{math.MinInt64, 5 * time.Second}, 0},
+		{"zero", []time.Duration{0, 0}, 0},
+		{"huge", []time.Duration{math.MaxInt64}, time.Minute},
+		{"huge and negative", []time.Duration{5 * time.Second, math.MinInt64, math.MaxInt64}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var tiers []Tier
+			for i, w := range tc.waits {
+				tiers = append(tiers, Tier{Name: fmt.Sprintf("t%d", i), Transport: &tier{answer: status(200, "ok")},
+					Ready: func() (bool, time.Duration) { return false, w }})
+			}
+			tr, err := New(Config{Tiers: tiers, MaxCooldown: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, _ := http.NewRequest("POST", "http://gateway/", strings.NewReader("{}"))
+			_, err = tr.RoundTrip(r)
+			var oe *retry.OverloadError
+			if !errors.As(err, &oe) || oe.RetryAfter != tc.want {
+				t.Fatalf("waits %v: %v, want an OverloadError with RetryAfter %v", tc.waits, err, tc.want)
+			}
+		})
 	}
 }
