@@ -594,3 +594,42 @@ func TestNewServerConfig(t *testing.T) {
 		require.ErrorIs(t, err, extproc.ErrInvalidConfig)
 	}
 }
+
+// TestTrailersWithoutBody: request trailers that follow answered (BUFFERED)
+// or skipped headers with no body get exactly one answer, the trailers',
+// which carries the route in its metadata; a second headers answer, or a
+// body answer for a body never sent, is a spurious message that makes the
+// data plane fail the request.
+func TestTrailersWithoutBody(t *testing.T) {
+	cases := []struct {
+		name    string
+		mode    filterv3.ProcessingMode_BodySendMode
+		headers bool // the request headers are sent (else skipped)
+	}{
+		{"buffered", buffered, true},
+		{"buffered-headers-skipped", buffered, false},
+		{"streamed-headers-skipped", streamed, false},
+		{"duplex-headers-skipped", fullDuplex, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b := newBalancer(t, 2, nil)
+			h := start(t, extproc.Config{Balancer: b})
+			e := h.open(t, c.mode, fullDuplex)
+			if c.headers {
+				e.send(requestHeaders("/v1/models", false))
+				require.NotNil(t, e.recv().GetRequestHeaders(), "BUFFERED headers are let through")
+			}
+			e.send(requestTrailers())
+			m := e.recv()
+			require.NotNil(t, m.GetRequestTrailers(), "the only answer owed is the trailers', got %v", m)
+			r := routeOf(t, m, nil)
+			require.NotEmpty(t, r.metadata, "the route")
+			require.EqualValues(t, 1, stats(b, r.metadata).Outstanding)
+			e.send(responseHeaders(200, "application/json", true))
+			require.NotNil(t, e.recv().GetResponseHeaders())
+			require.True(t, idle(b))
+			require.NoError(t, e.closeAndWait())
+		})
+	}
+}

@@ -173,9 +173,10 @@ func (st *stream) requestTrailers(m *extprocv3.ProcessingRequest) (bool, error) 
 			// had no end_of_stream (processing_mode.proto).
 			return st.route(routeDuplexTrailers)
 		}
-		if stop, err := st.route(routeHeaders); stop || err != nil {
-			return stop, err
-		}
+		// The headers were answered (BUFFERED) or skipped, and no body
+		// came: the route goes in the trailers' answer's metadata, the
+		// only answer owed.
+		return st.route(routeTrailers)
 	}
 	return false, st.send(trailersResponse(true))
 }
@@ -297,6 +298,7 @@ const (
 	routeBuffered                        // answer the buffered body
 	routeDuplexEnd                       // answer headers and stream the body back, end_of_stream set
 	routeDuplexTrailers                  // answer headers, stream the body back, answer the trailers
+	routeTrailers                        // answer the trailers (the headers were answered or skipped)
 )
 
 // route picks the endpoint and sends it to the data plane in the answer
@@ -318,6 +320,10 @@ func (st *stream) route(kind routeKind) (bool, error) {
 	switch kind {
 	case routeBuffered:
 		return false, st.send(bodyResponse(true, routeMutation(dest, -1), md))
+	case routeTrailers:
+		m := trailersResponse(true)
+		m.DynamicMetadata = md
+		return false, st.send(m)
 	case routeDuplexEnd, routeDuplexTrailers:
 		// Content-Length as the v1.5.0 EPP sets it (pkg/epp/handlers/request.go
 		// generateHeaders): Envoy drops it in FULL_DUPLEX_STREAMED mode, and
@@ -332,14 +338,19 @@ func (st *stream) route(kind routeKind) (bool, error) {
 			}
 			md = nil
 		}
-		if st.bodyMsgs > 0 || md != nil {
+		if st.bodyMsgs > 0 {
 			if err := st.sendChunksMD(true, st.body, kind == routeDuplexEnd, md); err != nil {
 				return false, err
 			}
+			md = nil
 		}
 		st.body = nil
 		if kind == routeDuplexTrailers {
-			return false, st.send(trailersResponse(true))
+			// With the headers skipped and no body, the trailers' answer
+			// is the only one owed: it carries the route.
+			m := trailersResponse(true)
+			m.DynamicMetadata = md
+			return false, st.send(m)
 		}
 		return false, nil
 	}

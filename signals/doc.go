@@ -15,7 +15,7 @@
 // [Store.RecordResponse] records it as a push observation.
 //
 // Metrics read per engine (several series of one metric are summed, KV usage
-// fractions averaged):
+// fractions and block sizes averaged):
 //
 //	engine    running                          waiting                           KV usage                              KV capacity
 //	vllm      vllm:num_requests_running        vllm:num_requests_waiting         vllm:kv_cache_usage_perc              vllm:cache_config_info labels num_gpu_blocks, block_size

@@ -227,10 +227,10 @@ func sampleValue(m *dto.Metric) (float64, bool) {
 func (p *profile) observe(fams families) (Observation, error) {
 	o := Observation{Engine: p.engine}
 	var err error
-	if o.Running, err = p.count(fams, p.running, maxRequests, true); err != nil {
+	if o.Running, err = p.count(fams, p.running, maxRequests, true, false); err != nil {
 		return Observation{}, err
 	}
-	if o.Waiting, err = p.count(fams, p.waiting, maxRequests, true); err != nil {
+	if o.Waiting, err = p.count(fams, p.waiting, maxRequests, true, false); err != nil {
 		return Observation{}, err
 	}
 	o.KVUsage = math.NaN()
@@ -251,10 +251,12 @@ func (p *profile) observe(fams families) (Observation, error) {
 		o.KVUsage = min(kv, 1)
 		break
 	}
-	if o.KVBlocks, err = p.count(fams, p.blocks, maxBlocks, false); err != nil {
+	if o.KVBlocks, err = p.count(fams, p.blocks, maxBlocks, false, false); err != nil {
 		return Observation{}, err
 	}
-	if o.BlockSize, err = p.count(fams, p.blockSize, maxBlockSize, false); err != nil {
+	// Every series (one per data-parallel rank or model) reports its own
+	// engine's block size, a size and not a count: it is averaged.
+	if o.BlockSize, err = p.count(fams, p.blockSize, maxBlockSize, false, true); err != nil {
 		return Observation{}, err
 	}
 	if o.Preemptions, err = counter(fams, p.preempt); err != nil {
@@ -274,9 +276,10 @@ func (p *profile) observe(fams families) (Observation, error) {
 	return o, nil
 }
 
-// count returns the sum of s's samples as an integer no larger than limit.
-// A missing metric is an error if required and 0 otherwise.
-func (p *profile) count(fams families, s series, limit float64, required bool) (int, error) {
+// count returns the sum of s's samples, or with mean their average, as an
+// integer no larger than limit. A missing metric is an error if required and
+// 0 otherwise.
+func (p *profile) count(fams families, s series, limit float64, required, mean bool) (int, error) {
 	sum, n, err := s.sum(fams)
 	if err != nil {
 		return 0, err
@@ -286,6 +289,9 @@ func (p *profile) count(fams families, s series, limit float64, required bool) (
 			return 0, fmt.Errorf("%w: %s exposition has no %s", ErrMissingMetric, p.engine, s.describe())
 		}
 		return 0, nil
+	}
+	if mean {
+		sum /= float64(n)
 	}
 	if sum > limit {
 		return 0, fmt.Errorf("%w: %s is %v, above the plausible limit %v", ErrInvalidValue, s.describe(), sum, limit)

@@ -43,6 +43,7 @@ var wanted = func() [numEngines]map[string]bool {
 // the result, with the line number in b of each line kept appended to lines.
 func filter(b []byte, want map[string]bool, lines []int) ([]byte, []int, error) {
 	out := b[:0]
+	work := 0 // the sum of the squares of the label counts of the kept sample lines above freeLabels
 	for n, rest := 1, b; len(rest) > 0; n++ {
 		line := rest
 		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
@@ -56,6 +57,13 @@ func filter(b []byte, want map[string]bool, lines []int) ([]byte, []int, error) 
 		}
 		if !quoted && (name == nil || !want[string(name)]) {
 			continue
+		}
+		if !comment(line) {
+			if k := labels(line); k > freeLabels {
+				if work += k * k; work > maxLabelWork {
+					return nil, lines, fmt.Errorf("%w: line %d: too many labels (%d on the line)", ErrParse, n, k)
+				}
+			}
 		}
 		// out never overtakes line: both advance through b and out only by
 		// lines already passed.
@@ -106,4 +114,45 @@ func nameEnd(b []byte) int {
 		}
 	}
 	return len(b)
+}
+
+// maxLabelWork bounds the sum, over the sample lines that go to the parser,
+// of the square of each line's number of labels. The parser's cost grows
+// with that square (it checks each new label of a line against all the
+// previous ones: a single 64 KiB line of labels took it 3.5 s, a 4 MiB one
+// hours, a 4 MiB body of 128-label lines 7 s), so the sum bounds its cost at
+// about that of a body of short lines. An engine's exposition is far below it: its
+// widest series, vllm:cache_config_info, has about 30 labels (900), and
+// vllm:lora_requests_info's series 3 or 4.
+const maxLabelWork = 1 << 20
+
+// freeLabels is the number of labels up to which a line is not counted in
+// maxLabelWork: the parser's work on it is within a small factor of its
+// length.
+const freeLabels = 16
+
+// comment reports whether line is a comment (HELP, TYPE, or other).
+func comment(line []byte) bool {
+	line = bytes.TrimLeft(line, " \t")
+	return len(line) > 0 && line[0] == '#'
+}
+
+// labels returns the number of labels of a sample line: its '=' signs
+// outside quoted strings, one per label.
+func labels(line []byte) int {
+	n := 0
+	inQuote, escaped := false, false
+	for _, c := range line {
+		switch {
+		case escaped:
+			escaped = false
+		case inQuote && c == '\\':
+			escaped = true
+		case c == '"':
+			inQuote = !inQuote
+		case !inQuote && c == '=':
+			n++
+		}
+	}
+	return n
 }

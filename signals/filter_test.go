@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/common/expfmt"
@@ -48,6 +49,9 @@ func checkFilter(t *testing.T, b []byte, engine Engine) {
 		return
 	}
 	got, err := parse(bytes.Clone(b), expfmt.FmtText, engine)
+	if err != nil && strings.Contains(err.Error(), "too many labels") {
+		return // refused on purpose, above maxLabelWork
+	}
 	if err != nil {
 		t.Fatalf("filtered parse failed where the whole body parses: %v", err)
 	}

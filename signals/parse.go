@@ -1,7 +1,6 @@
 package signals
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -13,7 +12,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	"google.golang.org/protobuf/encoding/protodelim"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/llmlb/llmlb"
 )
@@ -52,7 +52,7 @@ func observationOf(l llmlb.Load) Observation {
 // is an error wrapping [ErrParse].
 //
 // Counts summed over several series (one per model or data-parallel rank) are
-// added up; KV usage fractions are averaged. The running and waiting counts
+// added up; KV usage fractions and block sizes are averaged. The running and waiting counts
 // are required ([ErrMissingMetric] if absent); KV usage is NaN and the KV
 // capacity 0 when not reported. A NaN, infinite, negative or implausibly
 // large value is an error wrapping [ErrInvalidValue] naming the metric.
@@ -67,7 +67,8 @@ func observationOf(l llmlb.Load) Observation {
 // OpenMetrics (_total and _created samples, UNIT comments, the EOF marker);
 // OpenMetrics-only syntax on a line that is read (exemplars, stateset types,
 // fractional timestamps) fails with [ErrParse]. Delimited protobuf is decoded
-// with no message allowed to be longer than the body.
+// with no message allowed to be longer than the body, and only the families
+// some profile reads are decoded (the others must still be well-formed).
 //
 // Parse reads all of r; bound it (the [Scraper] caps the body). The returned
 // observation's At is zero: the caller stamps it.
@@ -114,7 +115,7 @@ func parse(b []byte, format expfmt.Format, engine Engine) (Observation, error) {
 			return Observation{}, fmt.Errorf("%w: line %d: %s", ErrParse, lines[pe.Line-1], pe.Msg)
 		}
 	} else {
-		fams, err = decodeProto(b)
+		fams, err = decodeProto(b, wanted[engine])
 	}
 	if err != nil {
 		return Observation{}, parseErr(err)
@@ -149,26 +150,81 @@ func formatOf(contentType string) (expfmt.Format, error) {
 	return format, nil
 }
 
-// decodeProto reads length-delimited protobuf metric families from b. It
-// does not use expfmt's protobuf decoder, which accepts any length prefix
+// decodeProto reads the length-delimited protobuf metric families of b that
+// want names, as filter keeps the text lines that name them: the others are
+// only checked to be well-formed, without decoding them into messages (a body
+// of empty or unread messages cost the decoder a hundred times its size).
+// It does not use expfmt's protobuf decoder, which accepts any length prefix
 // and allocates a buffer of that size before reading: a few bytes of garbage
-// could make it allocate gigabytes. Here no message may be longer than b.
-func decodeProto(b []byte) (families, error) {
-	br := bufio.NewReader(bytes.NewReader(b))
-	opts := protodelim.UnmarshalOptions{MaxSize: int64(len(b))}
+// could make it allocate gigabytes. Here no message may be longer than the
+// rest of b, and the families read may hold at most maxProtoMetrics series.
+func decodeProto(b []byte, want map[string]bool) (families, error) {
 	fams := make(families)
-	for {
+	metrics := 0
+	for len(b) > 0 {
+		size, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return nil, fmt.Errorf("length prefix: %w", protowire.ParseError(n))
+		}
+		b = b[n:]
+		if size > uint64(len(b)) {
+			return nil, fmt.Errorf("a message of %d bytes runs past the body's end", size)
+		}
+		msg := b[:size]
+		b = b[size:]
+		name, count, err := familyHeader(msg)
+		if err != nil {
+			return nil, err
+		}
+		if !want[name] {
+			continue
+		}
+		if metrics += count; metrics > maxProtoMetrics {
+			return nil, fmt.Errorf("more than %d series in the metrics read", maxProtoMetrics)
+		}
 		mf := new(dto.MetricFamily)
-		if err := opts.UnmarshalFrom(br, mf); err != nil {
-			if err == io.EOF {
-				return fams, nil
-			}
+		if err := proto.Unmarshal(msg, mf); err != nil {
 			return nil, err
 		}
 		if len(mf.Metric) > 0 {
 			fams[mf.GetName()] = mf
 		}
 	}
+	return fams, nil
+}
+
+// maxProtoMetrics bounds the series of the protobuf families decoded: each
+// costs an allocation of a hundred bytes or more, for as little as two bytes
+// of body. An engine exposes a few per metric read (one per model or rank).
+const maxProtoMetrics = 1 << 16
+
+// familyHeader returns the name (field 1) of the serialized MetricFamily
+// msg and the number of its metrics (field 4), checking its wire format.
+func familyHeader(msg []byte) (name string, metrics int, err error) {
+	for len(msg) > 0 {
+		num, typ, n := protowire.ConsumeTag(msg)
+		if n < 0 {
+			return "", 0, protowire.ParseError(n)
+		}
+		msg = msg[n:]
+		if num == 1 && typ == protowire.BytesType {
+			v, n := protowire.ConsumeBytes(msg)
+			if n < 0 {
+				return "", 0, protowire.ParseError(n)
+			}
+			name, msg = string(v), msg[n:]
+			continue
+		}
+		if num == 4 {
+			metrics++
+		}
+		n = protowire.ConsumeFieldValue(num, typ, msg)
+		if n < 0 {
+			return "", 0, protowire.ParseError(n)
+		}
+		msg = msg[n:]
+	}
+	return name, metrics, nil
 }
 
 func parseErr(err error) error {

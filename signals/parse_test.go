@@ -1,18 +1,24 @@
 package signals_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/encoding/protodelim"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/llmlb/llmlb/signals"
 )
@@ -107,6 +113,19 @@ vllm:cache_config_info{engine="1",block_size="16",num_gpu_blocks="1000"} 1
 	assert.Equal(t, 3, o.Waiting)
 	assert.InDelta(t, 0.4, o.KVUsage, 1e-12, "fractions are averaged")
 	assert.Equal(t, 2000, o.KVBlocks, "capacity is summed over ranks")
+	assert.Equal(t, 16, o.BlockSize, "a block size is a size, the same on every rank: not summed")
+
+	trt := `trtllm_num_requests_running{rank="0"} 1
+trtllm_num_requests_waiting{rank="0"} 0
+trtllm_kv_cache_max_blocks{rank="0"} 500
+trtllm_kv_cache_max_blocks{rank="1"} 500
+trtllm_kv_cache_tokens_per_block{rank="0"} 32
+trtllm_kv_cache_tokens_per_block{rank="1"} 32
+`
+	o, err = signals.Parse(strings.NewReader(trt), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 1000, o.KVBlocks)
+	assert.Equal(t, 32, o.BlockSize)
 }
 
 func TestParseBadInput(t *testing.T) {
@@ -139,6 +158,9 @@ func TestParseBadInput(t *testing.T) {
 		{"counter NaN", head + "vllm:num_requests_waiting 0\nvllm:num_preemptions_total NaN\n", textType, signals.ErrInvalidValue, "vllm:num_preemptions_total"},
 		{"openmetrics exemplar", head + "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 1 # {trace_id=\"x\"} 1\n# EOF\n", omType, signals.ErrParse, ""},
 		{"openmetrics stateset type", "# TYPE vllm:num_requests_running stateset\nvllm:num_requests_running 1\n# EOF\n", omType, signals.ErrParse, ""},
+		// The parser's cost grows with the square of a line's labels: this
+		// line took it seconds, a 4 MiB body of them hours.
+		{"labels by the thousand", head + "vllm:num_requests_waiting{" + manyLabels(10000) + "} 1\n", textType, signals.ErrParse, "too many labels"},
 		{"binary garbage", "\x00\x01\x02", textType, signals.ErrParse, "line 1"},
 		{"json body", "{\"running\": 1}\n", "", signals.ErrParse, ""},
 		{"protobuf huge length", "\xff\xff\xff\xff\xff\xff\xff\x7f", "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited", signals.ErrParse, ""},
@@ -227,4 +249,70 @@ func TestParseProtobuf(t *testing.T) {
 	assert.InDelta(t, 0.42, o.KVUsage, 1e-12)
 	assert.Equal(t, 27153, o.KVBlocks)
 	assert.InDelta(t, 17, o.Preemptions, 0)
+}
+
+// TestParseProtobufBounded: a protobuf body costs a few times its size (its
+// reading included) whatever it holds: families no profile reads are not decoded (a body of
+// empty messages cost the decoder a hundred times its size, one of unread
+// families thirty times), and the series of those read are bounded.
+func TestParseProtobufBounded(t *testing.T) {
+	format := string(expfmt.NewFormat(expfmt.TypeProtoDelim))
+	const size = 4 << 20
+	fill := func(mf func(i int) *dto.MetricFamily) []byte {
+		var b bytes.Buffer
+		for i := 0; b.Len() < size-100; i++ {
+			_, err := protodelim.MarshalTo(&b, mf(i))
+			require.NoError(t, err)
+		}
+		return b.Bytes()
+	}
+	cases := []struct {
+		name string
+		body []byte
+		want error
+	}{
+		{"empty messages", bytes.Repeat([]byte{0}, size), signals.ErrMissingMetric},
+		{"unread families", fill(func(i int) *dto.MetricFamily {
+			return &dto.MetricFamily{Name: proto.String(strconv.Itoa(i)), Metric: []*dto.Metric{{}}}
+		}), signals.ErrMissingMetric},
+		{"series by the million", fill(func(int) *dto.MetricFamily {
+			return &dto.MetricFamily{Name: proto.String("vllm:num_requests_running"), Metric: make([]*dto.Metric, 64)}
+		}), signals.ErrParse},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err := signals.Parse(bytes.NewReader(c.body), format, signals.EngineAuto)
+			runtime.ReadMemStats(&after)
+			require.ErrorIs(t, err, c.want)
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 8*size {
+				t.Errorf("parsing %d bytes allocated %d", len(c.body), alloc)
+			}
+		})
+	}
+}
+
+// manyLabels returns n label pairs, l0="0",l1="1",...
+func manyLabels(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "l%d=\"%d\",", i, i)
+	}
+	return b.String()
+}
+
+// TestParseWideSeries: the bound on labels leaves room for the widest
+// series engines write (vllm:cache_config_info, about 30 labels, one series
+// per rank) and for labels that contain '=' and quotes.
+func TestParseWideSeries(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("vllm:num_requests_running 1\nvllm:num_requests_waiting{model_name=\"a=\\\"b\\\"=c\"} 2\n")
+	for rank := range 64 {
+		fmt.Fprintf(&b, "vllm:cache_config_info{engine=\"%d\",block_size=\"16\",num_gpu_blocks=\"100\",%s} 1\n", rank, manyLabels(40))
+	}
+	o, err := signals.Parse(strings.NewReader(b.String()), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 6400, o.KVBlocks)
+	assert.Equal(t, 2, o.Waiting)
 }
