@@ -550,6 +550,7 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	start := len(dst)
 	var alive [maxGroups]uint64
 	var active [maxGroups]uint8
+	var tabs [maxGroups]*holderTable
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	na := 0
@@ -557,6 +558,7 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 		if occ != 0 {
 			alive[w] = occ
 			active[na] = uint8(w)
+			tabs[w] = x.holders[w]
 			na++
 		}
 	}
@@ -565,7 +567,7 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 		for _, w8 := range active[:na] {
 			w := int(w8)
 			cur := alive[w]
-			hd := x.holders[w].get(h)
+			hd := tabs[w].get(h)
 			next := cur & hd.bits
 			if next != 0 && hd.minExp <= t {
 				next = x.unexpired(h, w, next, t)
