@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -298,6 +299,14 @@ func TestImmediateResponses(t *testing.T) {
 		{name: "subset-outside-pool", endpoints: 3, md: func(e *envoy) { e.md = subsetMetadata("192.168.0.1:8000") }, code: typev3.StatusCode_ServiceUnavailable},
 		{name: "overloaded", endpoints: 2, code: typev3.StatusCode_TooManyRequests, retryAfter: "3", cfg: func(t *testing.T, cfg *extproc.Config) {
 			adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 1, RetryAfter: 2500 * time.Millisecond})
+			require.NoError(t, err)
+			release, err := adm.Acquire("")
+			require.NoError(t, err)
+			t.Cleanup(release)
+			cfg.Admission = adm
+		}},
+		{name: "overloaded-for-ever", endpoints: 2, code: typev3.StatusCode_TooManyRequests, retryAfter: "9223372037", cfg: func(t *testing.T, cfg *extproc.Config) {
+			adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 1, RetryAfter: math.MaxInt64})
 			require.NoError(t, err)
 			release, err := adm.Acquire("")
 			require.NoError(t, err)

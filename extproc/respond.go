@@ -3,6 +3,7 @@ package extproc
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -176,7 +177,7 @@ func immediateResponse(rf refusal, requestID string) *extprocv3.ProcessingRespon
 	b.WriteString("}}\n")
 	set := []*corev3.HeaderValueOption{setHeader("content-type", "application/json")}
 	if rf.retryAfter > 0 {
-		secs := int64((rf.retryAfter + time.Second - 1) / time.Second)
+		secs := int64(math.Ceil(rf.retryAfter.Seconds())) // no overflow near the largest Duration
 		set = append(set, setHeader("retry-after", strconv.FormatInt(secs, 10)))
 	}
 	if requestID != "" {

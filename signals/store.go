@@ -33,8 +33,10 @@ type StoreConfig struct {
 // Store holds the newest observation of each endpoint. Anyone may record an
 // observation (from a metrics scrape, an ORCA header, a gRPC trailer, an
 // engine event); the newest by observation time wins, so an older
-// observation arriving late never replaces a newer one. Store implements
-// [llmlb.Signal].
+// observation arriving late never replaces a newer one, unless the newer
+// one is stamped ahead of the store's clock (the clock stepped back, or its
+// recorder's clock is ahead): any observation then replaces it. Store
+// implements [llmlb.Signal].
 //
 // A zero Store is ready to use with the defaults of [StoreConfig]. A Store is
 // safe for concurrent use by multiple goroutines; Load takes no lock and does
@@ -131,8 +133,8 @@ func (s *Store) observation(key string) *Observation {
 }
 
 // Record records l as an observation of the endpoint key unless the store
-// holds a newer one (by At); an observation at the same time replaces the
-// held one. It fails with [ErrInvalidLoad] for an empty key or an invalid
+// holds a newer one (by At) that is not ahead of the store's clock; an
+// observation at the same time replaces the held one. It fails with [ErrInvalidLoad] for an empty key or an invalid
 // load (zero At, negative counts, KV usage outside [0, 1] and not NaN), and
 // with [ErrTooManyKeys] for a new key when the store is full.
 func (s *Store) Record(key string, l llmlb.Load) error {
@@ -154,7 +156,11 @@ func (s *Store) RecordObservation(key string, o Observation) error {
 	}
 	for {
 		old := e.obs.Load()
-		if old.At.After(o.At) {
+		// The held observation wins if it is newer, unless it is stamped
+		// ahead of the clock: after the clock stepped back, or when a
+		// caller stamped it in the future, it would otherwise keep out
+		// every observation until the clock caught up with it.
+		if old.At.After(o.At) && !old.At.After(s.now()) {
 			return nil
 		}
 		if e.obs.CompareAndSwap(old, p) {

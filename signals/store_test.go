@@ -43,6 +43,30 @@ func TestStoreNewestWins(t *testing.T) {
 	assert.Zero(t, s.Len())
 }
 
+// TestStoreObservationFromTheFuture checks that an observation stamped
+// ahead of the store's clock, by a clock that then stepped back or by a
+// recorder whose clock runs ahead, does not keep out the observations that
+// follow it.
+func TestStoreObservationFromTheFuture(t *testing.T) {
+	clk := newFakeClock()
+	s, err := signals.NewStore(signals.StoreConfig{Clock: clk})
+	require.NoError(t, err)
+	now := clk.Now()
+	require.NoError(t, s.Record("a", llmlb.Load{At: now.Add(time.Hour), Running: 1}))
+	require.NoError(t, s.Record("a", llmlb.Load{At: now, Running: 2}))
+	l, _ := s.Load("a")
+	assert.Equal(t, 2, l.Running, "an observation stamped an hour ahead kept out the current one")
+	// Newest still wins among observations not ahead of the clock.
+	require.NoError(t, s.Record("a", llmlb.Load{At: now.Add(-time.Second), Running: 3}))
+	l, _ = s.Load("a")
+	assert.Equal(t, 2, l.Running, "an older observation replaced a newer one")
+	// The clock steps back: the next scrape is stamped before the held one.
+	clk.Advance(-time.Minute)
+	require.NoError(t, s.Record("a", llmlb.Load{At: clk.Now(), Running: 4}))
+	l, _ = s.Load("a")
+	assert.Equal(t, 4, l.Running, "after the clock stepped back, observations stayed out")
+}
+
 func TestStoreRejectsInvalid(t *testing.T) {
 	var s signals.Store
 	now := time.Unix(1000, 0)
