@@ -187,15 +187,7 @@ func TestGoAwayKeepsRunningStreams(t *testing.T) {
 	waitReady(t, lb, 2)
 
 	call := &grpclb.Call{Request: llmlb.Request{Exclude: []string{b.addr}}}
-	ctx, cancel := context.WithTimeout(grpclb.WithCall(context.Background(), call), 20*time.Second)
-	defer cancel()
-	stream, err := client.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Recv(); err != nil {
-		t.Fatal(err)
-	}
+	stream := startStream(t, client, call, 20*time.Second)
 	if got := call.Endpoint(); got != a.addr {
 		t.Fatalf("the stream went to %q, want %q", got, a.addr)
 	}
@@ -295,15 +287,7 @@ func TestCallFirstToken(t *testing.T) {
 	waitReady(t, lb, 1)
 
 	call := &grpclb.Call{Request: llmlb.Request{PromptTokens: 1000, MaxTokens: 100}}
-	ctx, cancel := context.WithTimeout(grpclb.WithCall(context.Background(), call), 10*time.Second)
-	defer cancel()
-	stream, err := client.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := stream.Recv(); err != nil {
-		t.Fatal(err)
-	}
+	stream := startStream(t, client, call, 10*time.Second)
 	if got := call.Endpoint(); got != s.addr {
 		t.Errorf("Call.Endpoint() = %q, want %q", got, s.addr)
 	}

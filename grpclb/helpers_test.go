@@ -256,3 +256,19 @@ func assertIdle(t testing.TB, b *llmlb.Balancer) {
 		}
 	}
 }
+
+// startStream starts a streaming call described by call, within timeout,
+// and returns it once its first message has arrived.
+func startStream(t *testing.T, client testgrpc.TestServiceClient, call *grpclb.Call, timeout time.Duration) testgrpc.TestService_StreamingOutputCallClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(grpclb.WithCall(context.Background(), call), timeout)
+	t.Cleanup(cancel)
+	stream, err := client.StreamingOutputCall(ctx, &testgrpc.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	return stream
+}
