@@ -55,6 +55,10 @@ type Balancer struct {
 	// latency average, fed at each request's Done.
 	peak *peakEWMA
 
+	// base is the first clock reading with a monotonic reading; nil
+	// until one is seen (see unixNano).
+	base atomic.Pointer[timeBase]
+
 	randMu sync.Mutex // protects src
 	src    rand.Source
 
@@ -433,7 +437,7 @@ func (b *Balancer) Update(eps []Endpoint) error {
 	}
 	now := int64(never) // the start of slow start of added endpoints
 	if b.initialized && b.slow.Window > 0 {
-		now = b.clock.Now().UnixNano()
+		now = b.now()
 	}
 	var unhealthy int64
 	next.unit = true
@@ -500,7 +504,7 @@ func (b *Balancer) SetHealthy(key string, healthy bool) error {
 	if healthy {
 		b.unhealthy.Add(-1)
 		if b.slow.Window > 0 {
-			now := b.clock.Now().UnixNano()
+			now := b.now()
 			st.started.Store(now)
 			b.extendSlowStart(now)
 		}
@@ -672,7 +676,7 @@ func (b *Balancer) requestsScore(st *epState, t *clockReading) float64 {
 	}
 	var l EndpointLoad
 	st.ownLoad(&l)
-	observedLoad(st, &l, obs)
+	observedLoad(st, &l, obs, b.unixNano(obs.At))
 	s := (float64(l.Requests) + 1) / st.staticWeight()
 	if s != s { // NaN
 		return math.Inf(1)
@@ -784,17 +788,17 @@ func (b *Balancer) commitEpoch(rec *record, st *epState, prefill, decode int64, 
 			if !seen && b.stamped != nil && !t.read {
 				rec.picked = never + 1
 			} else {
-				rec.picked = t.nanos(b.clock)
+				rec.picked = t.nanos(b)
 			}
 		}
 		return 0, false
 	}
 	if !timed {
-		rec.picked = t.nanos(b.clock)
+		rec.picked = t.nanos(b)
 	}
 	st.mu.Lock()
 	if fresh {
-		st.roll(obs.At.UnixNano())
+		st.roll(b.unixNano(obs.At))
 	}
 	if st.epoch > 0 {
 		st.epReqs.Add(1)
@@ -803,7 +807,7 @@ func (b *Balancer) commitEpoch(rec *record, st *epState, prefill, decode int64, 
 	}
 	rec.epoch = st.epoch + 1 // 0 means "not tracked"
 	st.mu.Unlock()
-	return obs.At.UnixNano(), fresh
+	return b.unixNano(obs.At), fresh
 }
 
 // load returns the signal's observation of st, or nil if there is none, as
@@ -899,14 +903,14 @@ func (p Pick) firstToken(measure bool) {
 	}
 	b, picked := rec.b, rec.picked
 	if measure && b.learn && st.est != nil {
-		now := b.clock.Now().UnixNano()
+		now := b.now()
 		rec.first = now
 		rec.area0 = st.loadArea(now)
 		st.est.firstToken(rec.work, time.Duration(now-picked), now)
 	}
 	rec.state.Store(p.base | phaseStreaming)
 	if measure && b.obs != nil && b.obs.FirstToken != nil {
-		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.Endpoint(), Latency: sinceNanos(b.clock, picked)})
+		b.obs.FirstToken(FirstTokenInfo{Endpoint: p.Endpoint(), Latency: b.since(picked)})
 	}
 }
 
@@ -939,7 +943,7 @@ func (p Pick) Done(err error) {
 	st, b, picked := rec.st, rec.b, rec.picked
 	var now int64 // when the policy learns, the time of Done
 	if b.learn {
-		now = b.clock.Now().UnixNano()
+		now = b.now()
 	}
 	// The output tokens reported with Generated, if it was called for this
 	// request; the count then goes back to zero, tagged for the next one.
@@ -972,7 +976,7 @@ func (p Pick) Done(err error) {
 			if out > 0 {
 				tokens = out
 			}
-			now := b.clock.Now().UnixNano()
+			now := b.now()
 			st.aux.lat.observe(float64(now-picked)/1e9/float64(max(tokens, 1)), now, b.peak.decay)
 		}
 	}
@@ -990,14 +994,49 @@ func (p Pick) Done(err error) {
 	rec.st, rec.b = nil, nil
 	recordPool.Put(rec)
 	if b.obs != nil && b.obs.Done != nil {
-		b.obs.Done(DoneInfo{Endpoint: p.Endpoint(), Latency: sinceNanos(b.clock, picked), Streamed: streaming, Err: err})
+		b.obs.Done(DoneInfo{Endpoint: p.Endpoint(), Latency: b.since(picked), Streamed: streaming, Err: err})
 	}
 }
 
-// sinceNanos returns the time from start (unix nanos) to the clock's
-// reading, or 0 if the clock went back past start.
-func sinceNanos(c Clock, start int64) time.Duration {
-	return time.Duration(max(c.Now().UnixNano()-start, 0))
+// since returns the time from start, on the balancer's time line, to the
+// clock's reading, or 0 if the clock went back past start.
+func (b *Balancer) since(start int64) time.Duration {
+	return time.Duration(max(b.now()-start, 0))
+}
+
+// timeBase anchors a balancer's time line (see Balancer.unixNano).
+type timeBase struct {
+	at   time.Time // a clock reading that carries a monotonic reading
+	unix int64     // at.UnixNano()
+}
+
+// now returns the clock's reading on the balancer's time line.
+func (b *Balancer) now() int64 { return b.unixNano(b.clock.Now()) }
+
+// unixNano returns t in Unix nanoseconds on the balancer's time line, on
+// which it measures every interval: a request's time to first token and
+// decode, an observation's age, slow start's progress. A reading that
+// carries the monotonic clock, as time.Now's do, is placed at its
+// monotonic distance from the first such reading the balancer saw, so that
+// a step of the wall clock (an NTP correction, a virtual machine resumed)
+// stretches or reverses none of them. Any other reading (a fake clock's,
+// a timestamp parsed from an engine) is its UnixNano.
+func (b *Balancer) unixNano(t time.Time) int64 {
+	base := b.base.Load()
+	if base == nil {
+		if t == t.Round(0) { // Round(0) strips the monotonic reading
+			return t.UnixNano()
+		}
+		b.base.CompareAndSwap(nil, &timeBase{at: t, unix: t.UnixNano()})
+		base = b.base.Load()
+	}
+	// Sub measures on the monotonic clock when t carries it, else on the
+	// wall clock, where the result is t.UnixNano() unless saturated.
+	d := t.Sub(base.at)
+	if d == math.MaxInt64 || d == math.MinInt64 {
+		return t.UnixNano()
+	}
+	return base.unix + int64(d)
 }
 
 // doneEpoch counts the completion of rec's request in st's epoch.

@@ -62,14 +62,17 @@ type Candidates struct {
 // clockReading is the time of one pick, read from the balancer's clock on
 // first use.
 type clockReading struct {
-	now  int64 // unix nanos
-	read bool  // now holds the clock's reading
+	at   time.Time // the clock's reading
+	now  int64     // at on the balancer's time line (see Balancer.unixNano)
+	read bool      // at and now hold the clock's reading
 }
 
-// nanos returns the reading, reading clock the first time.
-func (t *clockReading) nanos(clock Clock) int64 {
+// nanos returns the reading on b's time line, reading b's clock the first
+// time.
+func (t *clockReading) nanos(b *Balancer) int64 {
 	if !t.read {
-		t.now, t.read = clock.Now().UnixNano(), true
+		t.at = b.clock.Now()
+		t.now, t.read = b.unixNano(t.at), true
 	}
 	return t.now
 }
@@ -203,9 +206,12 @@ func (c *Candidates) Uint64N(n uint64) uint64 { return c.b.uint64n(n) }
 func (c *Candidates) Float64() float64 { return c.b.float64() }
 
 // Now returns the balancer clock's time, read once per pick.
-func (c *Candidates) Now() time.Time { return time.Unix(0, c.nowNanos()) }
+func (c *Candidates) Now() time.Time {
+	c.t.nanos(c.b)
+	return c.t.at
+}
 
-func (c *Candidates) nowNanos() int64 { return c.t.nanos(c.b.clock) }
+func (c *Candidates) nowNanos() int64 { return c.t.nanos(c.b) }
 
 // RequestTokens returns the work, in tokens, that the request being picked
 // adds to an endpoint: its prompt tokens plus its expected decode tokens
@@ -283,7 +289,7 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	}
 	var buf Load
 	if obs := c.observe(st, &buf); obs != nil {
-		observedLoad(st, l, obs)
+		observedLoad(st, l, obs, c.b.unixNano(obs.At))
 	}
 }
 
@@ -316,9 +322,9 @@ func (n *counts) setLoad(l *EndpointLoad) {
 }
 
 // observedLoad corrects l, set by ownLoad, with obs, st's fresh
-// observation.
-func observedLoad(st *epState, l *EndpointLoad, obs *Load) {
-	e := st.correction(obs.At.UnixNano())
+// observation, taken at at on the balancer's time line.
+func observedLoad(st *epState, l *EndpointLoad, obs *Load, at int64) {
+	e := st.correction(at)
 	l.Fresh = true
 	// The observed counts may be as large as an int holds: saturate, never
 	// wrap to a small or negative load. The epoch's counters are read
@@ -454,7 +460,7 @@ func (b *Balancer) fresh(obs *Load, t *clockReading) bool {
 	if !obs.valid() {
 		return false
 	}
-	age := t.nanos(b.clock) - obs.At.UnixNano()
+	age := t.nanos(b) - b.unixNano(obs.At)
 	return age <= int64(b.maxAge) && age >= -int64(b.maxAge)
 }
 
@@ -509,7 +515,7 @@ func (b *Balancer) observedAt(st *epState) int64 {
 	if obs == nil || !obs.valid() {
 		return never
 	}
-	return obs.At.UnixNano()
+	return b.unixNano(obs.At)
 }
 
 // decodeEstimate returns the decode work charged for the request: the

@@ -74,7 +74,9 @@ func (r *Request) validate() error {
 // replica, including work sent by other routers.
 type Load struct {
 	// At is when the engine was observed. An observation with a zero At is
-	// ignored.
+	// ignored. Take it from the balancer's clock (time.Now for the default
+	// one): when both carry the monotonic clock, the observation's age is
+	// measured on it, and a step of the wall clock does not age it.
 	At time.Time
 	// Running is the number of requests in the engine's running batch.
 	Running int

@@ -183,7 +183,7 @@ func (p Pick) decodeBegins() {
 		return
 	}
 	if b := rec.b; b.learn && rec.first == 0 {
-		now := b.clock.Now().UnixNano()
+		now := b.now()
 		rec.first = now
 		if st := rec.st; st.est != nil {
 			rec.area0 = st.loadArea(now)

@@ -22,7 +22,10 @@ const (
 // or a speed estimate needs it, from concurrent picks; the other packages of
 // the module that read time (signals, retry, fair, spill, share, httplb,
 // grpclb) take the same Clock, and tests and simulators pass a fake one. Now
-// must be safe for concurrent use.
+// must be safe for concurrent use. The balancer measures intervals between
+// readings that carry the monotonic clock (as time.Now's do) on it, so a
+// step of the wall clock changes none of them; other readings are taken as
+// they are.
 type Clock interface {
 	Now() time.Time
 }
