@@ -14,6 +14,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/llmlb/llmlb/internal/stamped"
+	"github.com/llmlb/llmlb/internal/timeline"
 )
 
 // Balancer picks an endpoint for each request and accounts for the work it
@@ -55,9 +56,7 @@ type Balancer struct {
 	// latency average, fed at each request's Done.
 	peak *peakEWMA
 
-	// base is the first clock reading with a monotonic reading; nil
-	// until one is seen (see unixNano).
-	base atomic.Pointer[timeBase]
+	line timeline.Line // see unixNano
 
 	randMu sync.Mutex // protects src
 	src    rand.Source
@@ -1004,40 +1003,15 @@ func (b *Balancer) since(start int64) time.Duration {
 	return time.Duration(max(b.now()-start, 0))
 }
 
-// timeBase anchors a balancer's time line (see Balancer.unixNano).
-type timeBase struct {
-	at   time.Time // a clock reading that carries a monotonic reading
-	unix int64     // at.UnixNano()
-}
-
 // now returns the clock's reading on the balancer's time line.
-func (b *Balancer) now() int64 { return b.unixNano(b.clock.Now()) }
+func (b *Balancer) now() int64 { return b.line.UnixNano(b.clock.Now()) }
 
-// unixNano returns t in Unix nanoseconds on the balancer's time line, on
-// which it measures every interval: a request's time to first token and
-// decode, an observation's age, slow start's progress. A reading that
-// carries the monotonic clock, as time.Now's do, is placed at its
-// monotonic distance from the first such reading the balancer saw, so that
-// a step of the wall clock (an NTP correction, a virtual machine resumed)
-// stretches or reverses none of them. Any other reading (a fake clock's,
-// a timestamp parsed from an engine) is its UnixNano.
-func (b *Balancer) unixNano(t time.Time) int64 {
-	base := b.base.Load()
-	if base == nil {
-		if t == t.Round(0) { // Round(0) strips the monotonic reading
-			return t.UnixNano()
-		}
-		b.base.CompareAndSwap(nil, &timeBase{at: t, unix: t.UnixNano()})
-		base = b.base.Load()
-	}
-	// Sub measures on the monotonic clock when t carries it, else on the
-	// wall clock, where the result is t.UnixNano() unless saturated.
-	d := t.Sub(base.at)
-	if d == math.MaxInt64 || d == math.MinInt64 {
-		return t.UnixNano()
-	}
-	return base.unix + int64(d)
-}
+// unixNano returns t on the balancer's time line, on which it measures
+// every interval: a request's time to first token and decode, an
+// observation's age, slow start's progress. Readings that carry the
+// monotonic clock, as time.Now's do, are placed on it, so that a step of
+// the wall clock stretches or reverses none of them (see timeline.Line).
+func (b *Balancer) unixNano(t time.Time) int64 { return b.line.UnixNano(t) }
 
 // doneEpoch counts the completion of rec's request in st's epoch.
 func (b *Balancer) doneEpoch(st *epState, rec *record, streaming bool) {

@@ -6,84 +6,18 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
+
+	"github.com/llmlb/llmlb/internal/timeline"
 )
 
-// stepWall returns t with its wall clock moved by d (whole seconds) and its
-// monotonic reading unchanged: what time.Now returns after the system clock
-// was stepped. It reports false when t carries no monotonic reading or this
-// Go's time.Time is not laid out as it expects (a flag bit, 33 bits of
-// seconds and 30 of nanoseconds in wall, the monotonic reading in ext).
-func stepWall(t time.Time, d time.Duration) (time.Time, bool) {
-	type layout struct {
-		wall uint64
-		ext  int64
-		loc  *time.Location
+// newMonoClock returns a clock whose readings carry the monotonic clock and
+// whose wall clock can be stepped, or skips t.
+func newMonoClock(t *testing.T) *timeline.TestClock {
+	c, ok := timeline.NewTestClock()
+	if !ok {
+		t.Skip("time.Time is not laid out as timeline.StepWall expects")
 	}
-	const hasMonotonic = 1 << 63
-	if unsafe.Sizeof(t) != unsafe.Sizeof(layout{}) || d%time.Second != 0 {
-		return t, false
-	}
-	u := t
-	p := (*layout)(unsafe.Pointer(&u))
-	if p.wall&hasMonotonic == 0 {
-		return t, false
-	}
-	secs := int64(d / time.Second)
-	p.wall += uint64(secs) << 30
-	if u.Sub(t) != 0 || u.Unix()-t.Unix() != secs || u.Nanosecond() != t.Nanosecond() {
-		return t, false
-	}
-	return u, true
-}
-
-// monoClock is a settable clock whose readings carry a monotonic reading,
-// as time.Now's do, and whose wall clock can be stepped apart from it.
-type monoClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newMonoClock(t *testing.T) *monoClock {
-	now := time.Now()
-	if _, ok := stepWall(now, time.Hour); !ok {
-		t.Skip("time.Time is not laid out as stepWall expects")
-	}
-	return &monoClock{t: now}
-}
-
-func (c *monoClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *monoClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-// StepWall moves the wall clock by d, as an NTP correction does, leaving
-// the monotonic clock where it is.
-func (c *monoClock) StepWall(d time.Duration) {
-	c.mu.Lock()
-	c.t, _ = stepWall(c.t, d)
-	c.mu.Unlock()
-}
-
-func TestStepWall(t *testing.T) {
-	clock := newMonoClock(t)
-	t0 := clock.Now()
-	clock.StepWall(-time.Hour)
-	clock.Advance(time.Second)
-	t1 := clock.Now()
-	if got := t1.Sub(t0); got != time.Second {
-		t.Errorf("monotonic interval %v, want 1s", got)
-	}
-	if got := t1.Round(0).Sub(t0.Round(0)); got != time.Second-time.Hour {
-		t.Errorf("wall interval %v, want -59m59s", got)
-	}
+	return c
 }
 
 // TestWallClockSteps checks that a step of the wall clock, with readings

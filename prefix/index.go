@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/internal/lru"
+	"github.com/llmlb/llmlb/internal/timeline"
 )
 
 // Defaults and limits of [IndexConfig].
@@ -124,7 +125,10 @@ type Match struct {
 //
 // Times are the caller's clock, passed to each call. They should not go
 // backwards: a Match at a time earlier than a preceding Record's may treat a
-// block that expired between the two times as expired already.
+// block that expired between the two times as expired already. Readings
+// that carry the monotonic clock, as time.Now's do, are measured on it, so
+// a step of the wall clock neither expires every recorded block nor keeps
+// them past their TTL.
 //
 // Index is safe for concurrent use. Match, MatchLen, Len and Capacity take a
 // read lock, so concurrent matches proceed in parallel; every other method
@@ -147,6 +151,9 @@ type Index struct {
 	// nil until the group's first endpoint arrives.
 	holders []*holderTable
 	seed    uint64 // of every holder table
+	// line places Record's and Match's times: readings that carry the
+	// monotonic clock expire on it, whatever the wall clock does.
+	line timeline.Line
 }
 
 // endpoint is the state of one endpoint.
@@ -350,7 +357,7 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	if len(blocks) > 0 && endpoint != "" {
 		x.records.Add(1)
 	}
-	t := now.UnixNano()
+	t := x.line.UnixNano(now)
 	exp := t + x.ttl
 	if exp < t { // overflow
 		exp = never - 1
@@ -546,7 +553,7 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	if len(blocks) == 0 {
 		return dst
 	}
-	t := now.UnixNano()
+	t := x.line.UnixNano(now)
 	start := len(dst)
 	var alive [maxGroups]uint64
 	var active [maxGroups]uint8
@@ -619,7 +626,7 @@ func (x *Index) appendMatches(dst []Match, w int, set uint64, n int) []Match {
 // MatchLen returns the number of leading blocks endpoint holds unexpired at
 // now: [Index.Match] for one endpoint. It is 0 for unknown endpoints.
 func (x *Index) MatchLen(endpoint string, blocks []uint64, now time.Time) int {
-	t := now.UnixNano()
+	t := x.line.UnixNano(now)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	e := x.endpoints[endpoint]

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmlb/llmlb/internal/timeline"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -584,4 +586,27 @@ func TestRecordAgain(t *testing.T) {
 		t.Fatalf("MatchLen at 91 s = %d, want 0 (expired)", got)
 	}
 	checkInvariants(t, y)
+}
+
+// TestTTLWallClockStep checks that recorded blocks expire on the monotonic
+// clock when the times carry it: a step of the wall clock neither expires
+// them at once nor keeps them past their TTL.
+func TestTTLWallClockStep(t *testing.T) {
+	clock, ok := timeline.NewTestClock()
+	if !ok {
+		t.Skip("time.Time is not laid out as timeline.StepWall expects")
+	}
+	x := mustIndex(t, IndexConfig{TTL: time.Minute})
+	p := chainOf(1, 4)
+	must(t, x.Record("a", p, clock.Now()))
+	clock.StepWall(time.Hour)
+	clock.Advance(30 * time.Second)
+	if got := x.MatchLen("a", p, clock.Now()); got != 4 {
+		t.Errorf("30 s after recording, the wall clock stepped an hour ahead: MatchLen = %d, want 4", got)
+	}
+	clock.StepWall(-2 * time.Hour)
+	clock.Advance(30 * time.Second)
+	if got := x.MatchLen("a", p, clock.Now()); got != 0 {
+		t.Errorf("60 s after recording, the wall clock stepped back: MatchLen = %d, want 0 (expired)", got)
+	}
 }
