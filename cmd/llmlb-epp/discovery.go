@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -23,6 +24,10 @@ import (
 
 // maxEndpoints bounds the replicas a source may list.
 const maxEndpoints = 4096
+
+// maxFileBytes bounds the endpoints file: 4096 lines of 2 KiB, ample for
+// addresses and their comments.
+const maxFileBytes = maxEndpoints << 11
 
 // replica is an endpoint named by the address the data plane dials,
 // "host:port", which is what the endpoint picker protocol returns.
@@ -48,6 +53,25 @@ func checkAddr(a string) error {
 	return nil
 }
 
+// readFile returns the contents of the file at path, or an error if it
+// holds more than limit bytes: a file that is not an endpoints list (a
+// device, a log) must not take the picker's memory.
+func readFile(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, limit)
+	}
+	return data, nil
+}
+
 // resolver looks up a host's addresses; *net.Resolver is one.
 type resolver interface {
 	LookupHost(ctx context.Context, host string) ([]string, error)
@@ -66,7 +90,7 @@ func (s source) load(ctx context.Context) ([]string, error) {
 	var addrs []string
 	switch {
 	case s.file != "":
-		data, err := os.ReadFile(s.file)
+		data, err := readFile(s.file, maxFileBytes)
 		if err != nil {
 			return nil, err
 		}

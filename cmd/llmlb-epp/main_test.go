@@ -123,6 +123,22 @@ func TestFileSource(t *testing.T) {
 	require.ElementsMatch(t, []string{"10.0.0.3:8000", "[fd00::1]:8000"}, keys(m), "kept")
 }
 
+// TestFileSourceTooLarge: a file past the bound is refused, not read
+// whole; the replicas listed before are kept.
+func TestFileSourceTooLarge(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints")
+	require.NoError(t, os.WriteFile(path, []byte("10.0.0.1:8000\n"), 0o644))
+	m := newMembership(t, source{file: path})
+	require.NoError(t, m.refresh(context.Background()))
+	big := strings.Repeat("# "+strings.Repeat("x", 1021)+"\n", maxFileBytes/1024) + "10.0.0.2:8000\n"
+	require.NoError(t, os.WriteFile(path, []byte(big), 0o644))
+	require.ErrorContains(t, m.refresh(context.Background()), "larger than")
+	require.Equal(t, []string{"10.0.0.1:8000"}, keys(m), "kept")
+	if _, err := readFile("/dev/zero", 1<<20); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("reading /dev/zero: %v, want the size error", err)
+	}
+}
+
 // TestDNSSource: the addresses a name resolves to, with the port; no
 // records is an empty pool, a failed lookup keeps the last replicas.
 func TestDNSSource(t *testing.T) {
