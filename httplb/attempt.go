@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"sync/atomic"
@@ -57,6 +58,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	b.finish = func(err error) {
 		inner(err)
 		a.release()
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		resp.Body = upgradeBody{b, b.rc.(io.Writer)} // see checkUpgrade
 	}
 	return resp, nil
 }
@@ -448,6 +452,10 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 	u.Scheme, u.Host = base.Scheme, base.Host
 	u.Path = joinPath(base.Path, u.Path)
 	u.RawPath = ""
+	if a.req.URL.RawPath != "" || base.RawPath != "" {
+		// Keep the path's escaping, such as an escaped slash.
+		u.RawPath = joinPath(base.EscapedPath(), a.req.URL.EscapedPath())
+	}
 	out.URL = &u
 	out.Host = ""
 	out.RequestURI = ""
@@ -455,11 +463,20 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 	if err != nil {
 		return nil, nil, err
 	}
+	if resp == nil {
+		return nil, nil, fmt.Errorf("httplb: base RoundTripper %T returned a nil response and a nil error", t.base)
+	}
 	if resp.Body == nil {
 		resp.Body = http.NoBody
 	}
 	if t.store != nil {
 		_, _ = t.store.RecordResponse(tr.key, resp, t.clock.Now(), signals.OrcaMapping{})
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if err := checkUpgrade(out.Header, resp); err != nil {
+			_ = resp.Body.Close()
+			return nil, nil, err
+		}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return resp, nil, &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}

@@ -15,12 +15,14 @@ var errClosedEarly = fmt.Errorf("httplb: response body closed before its end: %w
 
 // body is a response body that passes reads straight through, first
 // returning the bytes held back while waiting for the first event, and calls
-// finish exactly once: at EOF, on a read error, or on Close.
+// finish exactly once: at EOF, on a read error, or on Close. Read and Close
+// may be called at once; a Read after Close fails.
 type body struct {
 	rc     io.ReadCloser
 	buf    []byte // held-back bytes not yet returned
 	finish func(err error)
 	done   atomic.Bool
+	closed atomic.Bool // Close was called: Read fails
 	// out, if metered, counts the output in every byte returned by Read,
 	// in order, and its end before finish is called.
 	out     outputMeter
@@ -29,6 +31,9 @@ type body struct {
 
 // Read implements io.Reader.
 func (b *body) Read(p []byte) (int, error) {
+	if b.closed.Load() {
+		return 0, http.ErrBodyReadAfterClose
+	}
 	if len(b.buf) > 0 {
 		n := copy(p, b.buf)
 		b.buf = b.buf[n:]
@@ -54,6 +59,7 @@ func (b *body) Read(p []byte) (int, error) {
 // Close implements io.Closer. Closing before the end finishes the request as
 // cancelled.
 func (b *body) Close() error {
+	b.closed.Store(true)
 	err := b.rc.Close()
 	b.end(errClosedEarly)
 	return err

@@ -180,6 +180,13 @@ type Config struct {
 // transport failure that cannot be retried is returned as a
 // [*retry.GiveUpError] wrapping [retry.ErrExhausted].
 //
+// A 101 Switching Protocols answer (a WebSocket, say) is returned with the
+// switched connection as its body, writable as the base transport's is, and
+// its pick is done when the body is closed. One that switches to another
+// protocol than the one the request's Upgrade header names (with the
+// Connection option "upgrade"), or to none it asked for, fails like a
+// connection error.
+//
 // With a hedge delay set ([Config.Retry]'s Hedge), an attempt still waiting
 // for its first event after the delay is hedged: another attempt goes to an
 // endpoint with none in flight, the first to commit wins, and the others are

@@ -615,6 +615,34 @@ func TestEndpointBasePath(t *testing.T) {
 	assert.Equal(t, "/api/v1/models?x=1 "+strings.TrimPrefix(up.URL, "http://"), path.Load())
 }
 
+// The request's path reaches the upstream as the client escaped it: an
+// escaped slash (in a model name such as "org/model") stays escaped, with or
+// without a base path.
+func TestEscapedPathKept(t *testing.T) {
+	var uri atomic.Value
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		uri.Store(r.RequestURI)
+		fmt.Fprint(w, "{}")
+	})
+	for _, prefix := range []string{"", "/api"} {
+		b, err := llmlb.New(llmlb.RoundRobin())
+		require.NoError(t, err)
+		eps, err := NewEndpoints(up.URL + prefix)
+		require.NoError(t, err)
+		require.NoError(t, b.Update(eps))
+		base := &http.Transport{}
+		defer base.CloseIdleConnections()
+		tr, err := NewTransport(Config{Balancer: b, Base: base})
+		require.NoError(t, err)
+		req, err := http.NewRequest(http.MethodGet, "http://gw.invalid/v1/models/org%2Fmodel?x=a%2Fb", nil)
+		require.NoError(t, err)
+		resp, err := tr.RoundTrip(req)
+		require.NoError(t, err)
+		_, _ = readAll(t, resp)
+		assert.Equal(t, prefix+"/v1/models/org%2Fmodel?x=a%2Fb", uri.Load())
+	}
+}
+
 // Many concurrent requests through the proxy, some of them to a failing
 // endpoint: every one succeeds, and the accounting returns to zero.
 func TestConcurrentWithFailingEndpoint(t *testing.T) {

@@ -1,0 +1,72 @@
+package httplb
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+
+	"github.com/llmlb/llmlb/retry"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// switchTo answers with 101 Switching Protocols to protocol and then echoes
+// what it receives until the connection closes.
+func switchTo(protocol string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			panic(err)
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + protocol + "\r\n\r\n")
+		_ = buf.Flush()
+		_, _ = io.Copy(conn, buf)
+	}
+}
+
+// upgrade sends an upgrade request to protocol through the gateway at addr
+// and returns the connection and its answer.
+func upgrade(t *testing.T, addr, protocol string) (net.Conn, *bufio.Reader, *http.Response) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	_, err = io.WriteString(conn, "GET /v1/realtime HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: "+protocol+"\r\n\r\n")
+	require.NoError(t, err)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	return conn, br, resp
+}
+
+// A protocol switch (a WebSocket, say) passes through the proxy, and its
+// pick is finished when the connection closes.
+func TestProxyUpgrade(t *testing.T) {
+	up := newUpstream(t, switchTo("echo"))
+	h := newHarness(t, fixed{}, Config{}, up)
+	gw := h.proxy(t)
+	conn, br, resp := upgrade(t, gw.Listener.Addr().String(), "echo")
+	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+	_, err := io.WriteString(conn, "ping")
+	require.NoError(t, err)
+	got := make([]byte, 4)
+	_, err = io.ReadFull(br, got)
+	require.NoError(t, err)
+	assert.Equal(t, "ping", string(got))
+	require.NoError(t, conn.Close())
+	h.requireIdle(t)
+}
+
+// An upstream that switches to a protocol the request did not ask for is
+// refused, and its pick is finished.
+func TestProxyUpgradeMismatch(t *testing.T) {
+	up := newUpstream(t, switchTo("other"))
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
+	gw := h.proxy(t)
+	_, _, resp := upgrade(t, gw.Listener.Addr().String(), "echo")
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	h.requireIdle(t)
+}
