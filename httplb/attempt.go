@@ -60,7 +60,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		a.release()
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		resp.Body = upgradeBody{b, b.rc.(io.Writer)} // see checkUpgrade
+		u := upgradeBody{b, b.rc.(io.Writer)} // see checkUpgrade
+		if ctx.Value(proxiedKey{}) != nil {
+			// NewProxy's ReverseProxy leaves the switched connection open
+			// when it cannot take over the client's (a ResponseWriter
+			// that cannot be hijacked) and closes it when the request
+			// ends otherwise: close it then in every case.
+			context.AfterFunc(ctx, func() { _ = u.Close() })
+		}
+		resp.Body = u
 	}
 	return resp, nil
 }

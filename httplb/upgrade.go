@@ -58,6 +58,10 @@ func lowerASCII(c byte) byte {
 	return c
 }
 
+// proxiedKey marks the context of a request that NewProxy forwards: the
+// request ends when its handler returns.
+type proxiedKey struct{}
+
 // upgradeBody is the body of a 101 Switching Protocols answer: the switched
 // connection, which the caller also writes to.
 type upgradeBody struct {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/llmlb/llmlb/retry"
@@ -66,6 +67,26 @@ func TestProxyUpgradeMismatch(t *testing.T) {
 	up := newUpstream(t, switchTo("other"))
 	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
 	gw := h.proxy(t)
+	_, _, resp := upgrade(t, gw.Listener.Addr().String(), "echo")
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	h.requireIdle(t)
+}
+
+// noHijack hides the other interfaces of the server's ResponseWriter, as a
+// middleware that wraps it (to log the status, say) does.
+type noHijack struct{ http.ResponseWriter }
+
+// Behind a ResponseWriter that cannot be hijacked the proxy cannot switch
+// protocols: it answers 502, and the switched upstream connection is closed
+// and its pick finished when the request ends.
+func TestProxyUpgradeWithoutHijacker(t *testing.T) {
+	up := newUpstream(t, switchTo("echo"))
+	h := newHarness(t, fixed{}, Config{}, up)
+	p := NewProxy(h.tr)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.ServeHTTP(noHijack{w}, r)
+	}))
+	t.Cleanup(gw.Close)
 	_, _, resp := upgrade(t, gw.Listener.Addr().String(), "echo")
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 	h.requireIdle(t)
