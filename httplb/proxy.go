@@ -42,7 +42,9 @@ func NewProxy(t *Transport) *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetXForwarded()
 			pr.Out.Host = ""
-			pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), proxiedKey{}, true))
+			if upgradeType(pr.In.Header) != "" { // see proxiedKey
+				pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), proxiedKey{}, true))
+			}
 		},
 		Transport:      t,
 		FlushInterval:  -1,

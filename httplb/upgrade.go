@@ -58,8 +58,8 @@ func lowerASCII(c byte) byte {
 	return c
 }
 
-// proxiedKey marks the context of a request that NewProxy forwards: the
-// request ends when its handler returns.
+// proxiedKey marks the context of an upgrade request that NewProxy
+// forwards: the request ends when its handler returns.
 type proxiedKey struct{}
 
 // upgradeBody is the body of a 101 Switching Protocols answer: the switched
