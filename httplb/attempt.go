@@ -485,6 +485,9 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 			_ = resp.Body.Close()
 			return nil, nil, err
 		}
+		// The switch is the commitment: the session streams from here,
+		// whichever side speaks first.
+		return resp, &body{rc: resp.Body}, nil
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return resp, nil, &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}

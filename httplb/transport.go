@@ -181,8 +181,9 @@ type Config struct {
 // [*retry.GiveUpError] wrapping [retry.ErrExhausted].
 //
 // A 101 Switching Protocols answer (a WebSocket, say) is returned with the
-// switched connection as its body, writable as the base transport's is, and
-// its pick is done when the body is closed. One that switches to another
+// switched connection as its body, writable as the base transport's is; the
+// switch counts as the request's first token, and its pick is done when the
+// body is closed. One that switches to another
 // protocol than the one the request's Upgrade header names (with the
 // Connection option "upgrade"), or to none it asked for, fails like a
 // connection error.

@@ -57,6 +57,11 @@ func TestProxyUpgrade(t *testing.T) {
 	_, err = io.ReadFull(br, got)
 	require.NoError(t, err)
 	assert.Equal(t, "ping", string(got))
+	// The open session streams: it is outstanding, and no longer queued.
+	st := h.b.Stats()
+	require.Len(t, st, 1)
+	assert.EqualValues(t, 1, st[0].Outstanding)
+	assert.EqualValues(t, 0, st[0].Queued)
 	require.NoError(t, conn.Close())
 	h.requireIdle(t)
 }
