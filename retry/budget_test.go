@@ -742,3 +742,31 @@ func TestPercentBudgetClockBackwards(t *testing.T) {
 		t.Fatalf("after a fresh deposit: Available = %d, want 1", got)
 	}
 }
+
+// TestConcurrentBudgetUnmatchedFinish: a Finish that matches no Start or
+// granted Withdraw (a caller's bug) is ignored: it must neither wrap the
+// counts nor raise the cap on the retries in flight.
+func TestConcurrentBudgetUnmatchedFinish(t *testing.T) {
+	b, err := NewConcurrentBudget(DefaultConcurrentConfig()) // 20%, 3
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Finish(false, Succeeded) // no Start
+	if a, r := b.Active(); a != 0 || r != 0 {
+		t.Errorf("Active = %d, %d after a Finish without Start, want 0, 0", a, r)
+	}
+	b.Start()
+	for range 5 {
+		b.Finish(true, Failed) // no Withdraw
+	}
+	if a, r := b.Active(); a != 1 || r != 0 {
+		t.Errorf("Active = %d, %d after a Start and 5 Finish of retries never granted, want 1, 0", a, r)
+	}
+	granted := 0
+	for i := 0; i < 100 && b.Withdraw(); i++ {
+		granted++
+	}
+	if granted != 3 {
+		t.Errorf("granted %d retries in flight with one request active, want 3 (the minimum)", granted)
+	}
+}

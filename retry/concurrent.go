@@ -42,8 +42,8 @@ type ConcurrentBudget struct {
 	min      int64
 	_        [48]byte // state on a cache line of its own: every call writes it
 	// state packs the retries in flight (high 32 bits) and the attempts in
-	// flight, retries included (low 32 bits), so that each call is one
-	// atomic add.
+	// flight, retries included (low 32 bits), so that Start and Withdraw
+	// are one atomic add each, and Finish one compare-and-swap.
 	state atomic.Int64
 	_     [56]byte
 }
@@ -92,11 +92,22 @@ func (b *ConcurrentBudget) Withdraw() bool {
 }
 
 // Finish implements [Budget]: the attempt stops being active. Calls must
-// match Start and granted Withdraw calls one to one.
+// match Start and granted Withdraw calls one to one; one that matches no
+// active attempt of its kind is ignored, so that it cannot corrupt the
+// counts.
 func (b *ConcurrentBudget) Finish(retry bool, _ Outcome) {
+	d := int64(oneActive)
 	if retry {
-		b.state.Add(-oneRetry)
-	} else {
-		b.state.Add(-oneActive)
+		d = oneRetry
+	}
+	for {
+		s := b.state.Load()
+		r, a := s>>32, s&lowMask
+		if retry && r == 0 || !retry && a <= r {
+			return // no such attempt is active
+		}
+		if b.state.CompareAndSwap(s, s-d) {
+			return
+		}
 	}
 }

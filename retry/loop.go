@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -206,7 +207,9 @@ type Attempt struct {
 	start  time.Time
 	cancel context.CancelFunc
 	err    error
-	over   bool // its result was processed; used only by Do's goroutine
+	// over reports that its result was processed. Do's goroutine sets it
+	// under r.mu and reads it freely; FirstToken reads it under r.mu.
+	over bool
 }
 
 // Endpoint returns the endpoint to send the attempt to.
@@ -225,10 +228,18 @@ func (a *Attempt) Hedge() bool { return a.hedge }
 // the attempt's result, whatever it is, becomes the result of [Loop.Do]:
 // it is never retried. If it returns false another attempt already won; the
 // attempt must not stream anything and should return (its context is being
-// cancelled). Calls after the first return the same answer.
+// cancelled). Calls after the first return the same answer. Called after
+// the attempt function returned, it wins nothing: the attempt's result was
+// already taken as it was.
 func (a *Attempt) FirstToken() bool {
 	r := a.r
-	if !r.winner.CompareAndSwap(0, a.n) {
+	if w := r.winner.Load(); w != 0 {
+		return w == a.n
+	}
+	r.mu.Lock()
+	won := !a.over && r.winner.CompareAndSwap(0, a.n)
+	r.mu.Unlock()
+	if !won {
 		return r.winner.Load() == a.n
 	}
 	a.pick.FirstToken()
@@ -295,8 +306,8 @@ func (l *Loop) Do(ctx context.Context, req *llmlb.Request, attempt func(ctx cont
 	return r.serial(first)
 }
 
-// run is the state of one Do call. Fields other than winner and commit are
-// used only by Do's goroutine.
+// run is the state of one Do call. Fields other than mu, winner and commit
+// are used only by Do's goroutine.
 type run struct {
 	l             *Loop
 	ctx           context.Context
@@ -304,7 +315,8 @@ type run struct {
 	req           llmlb.Request
 	callerExclude []string
 
-	winner atomic.Int32  // number of the attempt whose result is final; 0 = none yet
+	mu     sync.Mutex    // orders the setting of winner with that of Attempt.over
+	winner atomic.Int32  // number of the attempt whose result is final; 0 = none yet; set under mu
 	commit chan struct{} // the winner signals FirstToken; nil without hedging
 	done   chan *Attempt // finished attempts; nil without hedging
 
@@ -443,15 +455,15 @@ func (r *run) newHedge() *Attempt {
 // reports whether its result is final (and Do returns err).
 func (r *run) finished(a *Attempt) (final bool, err error) {
 	l := r.l
-	w := r.winner.Load()
 	retryable := a.err != nil && l.classify(a.err)
+	r.mu.Lock()
+	a.over = true // from now on a late FirstToken of a wins nothing
+	w := r.winner.Load()
 	if w == 0 && !retryable {
-		if !r.winner.CompareAndSwap(0, a.n) {
-			w = r.winner.Load()
-		} else {
-			w = a.n
-		}
+		w = a.n
+		r.winner.Store(w)
 	}
+	r.mu.Unlock()
 	o := Abandoned
 	switch {
 	case a.err == nil:
@@ -463,7 +475,6 @@ func (r *run) finished(a *Attempt) (final bool, err error) {
 	if lost {
 		o = Abandoned
 	}
-	a.over = true
 	a.pick.Done(a.err)
 	l.budget.Finish(a.retry, o)
 	if !lost && l.reporter != nil {

@@ -603,3 +603,39 @@ func BenchmarkLoopDo(b *testing.B) {
 		})
 	}
 }
+
+// TestLoopLateFirstToken: FirstToken called by an attempt after its function
+// returned (a goroutine it left behind) does not win the request: it
+// returns false, and the retry that is running wins as usual.
+func TestLoopLateFirstToken(t *testing.T) {
+	for _, hedge := range []time.Duration{0, time.Hour} {
+		synctest.Test(t, func(t *testing.T) {
+			b := newBalancer(t, "a", "b", "c")
+			l, err := NewLoop(b, LoopConfig{Backoff: noBackoff{}, Hedge: HedgeConfig{Delay: hedge}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var first *Attempt
+			err = l.Do(context.Background(), nil, func(ctx context.Context, a *Attempt) error {
+				if a.Number() == 1 {
+					first = a
+					return &StatusError{Code: 503}
+				}
+				if first.FirstToken() {
+					t.Errorf("hedge %v: FirstToken of attempt 1, called after it failed, returned true", hedge)
+				}
+				if !a.FirstToken() {
+					return errors.New("attempt 2 lost to attempt 1")
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("hedge %v: Do = %v, want nil", hedge, err)
+			}
+			if first.FirstToken() {
+				t.Errorf("hedge %v: FirstToken of attempt 1 after Do returned true", hedge)
+			}
+			assertIdle(t, b)
+		})
+	}
+}

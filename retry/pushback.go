@@ -119,7 +119,8 @@ const unixThreshold = 1e9
 // "6m0s", "20ms", as OpenAI sends in x-ratelimit-reset-requests and
 // x-ratelimit-reset-tokens), or an RFC 3339 time. Times are taken relative to
 // now. A delay above limit (0 means [DefaultMaxPushback]) is ignored:
-// NoPushback. An empty value is NoPushback; a negative or unparseable one is
+// NoPushback; one too large for a Duration reads as the largest Duration.
+// An empty value is NoPushback; a negative or unparseable one is
 // DoNotRetry.
 func ParseRateLimitReset(v string, now time.Time, limit time.Duration) Pushback {
 	limit = limitOr(limit)
@@ -127,22 +128,27 @@ func ParseRateLimitReset(v string, now time.Time, limit time.Duration) Pushback 
 	if v == "" {
 		return Pushback{}
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil && isDecimal(v) {
+	if isDecimal(v) {
+		// Only a value out of range fails, as +Inf: a delay too large.
+		f, _ := strconv.ParseFloat(v, 64)
 		if f >= unixThreshold {
 			sec, frac := math.Modf(f)
 			if sec > math.MaxInt64/2/1e9 {
-				return Pushback{}
+				return later(math.MaxInt64, limit)
 			}
 			return later(time.Unix(int64(sec), int64(frac*1e9)).Sub(now), limit)
 		}
 		d, _ := parseSeconds(v)
 		return later(d, limit)
 	}
-	if d, err := time.ParseDuration(v); err == nil {
-		if d < 0 {
-			return Pushback{Kind: DoNotRetry}
-		}
+	d, err := time.ParseDuration(v)
+	switch {
+	case err == nil && d < 0:
+		return Pushback{Kind: DoNotRetry}
+	case err == nil:
 		return later(d, limit)
+	case durationTooLarge(v):
+		return later(math.MaxInt64, limit)
 	}
 	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 		return later(t.Sub(now), limit)
@@ -281,6 +287,43 @@ func isDecimal(s string) bool {
 		}
 	}
 	return digits > 0 && dots <= 1
+}
+
+// durationTooLarge reports whether s, which time.ParseDuration rejected, is
+// a well-formed positive Go duration ("9999999999h") and so was rejected
+// only for being too large for a Duration.
+func durationTooLarge(s string) bool {
+	s = strings.TrimPrefix(s, "+")
+	if s == "" {
+		return false
+	}
+	for s != "" {
+		i, digits, dot := 0, 0, false
+		for ; i < len(s); i++ {
+			if c := s[i]; c >= '0' && c <= '9' {
+				digits++
+			} else if c == '.' && !dot {
+				dot = true
+			} else {
+				break
+			}
+		}
+		if digits == 0 {
+			return false
+		}
+		s = s[i:]
+		j := 0
+		for j < len(s) && s[j] != '.' && (s[j] < '0' || s[j] > '9') {
+			j++
+		}
+		switch s[:j] {
+		case "ns", "us", "\u00b5s", "\u03bcs", "ms", "s", "m", "h":
+		default:
+			return false
+		}
+		s = s[j:]
+	}
+	return true
 }
 
 // parseSeconds parses non-negative decimal seconds. A value too large for a

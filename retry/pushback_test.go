@@ -2,6 +2,7 @@ package retry
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -212,5 +213,44 @@ func BenchmarkParseRetryAfter(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestParseRateLimitResetTooLarge: a reset too large for a Duration is a
+// delay above any limit, like one that fits: ignored under a limit, and the
+// largest delay without one (an Ejector then cools down for MaxCooldown).
+// It is not a "do not retry".
+func TestParseRateLimitResetTooLarge(t *testing.T) {
+	for _, in := range []string{
+		"1" + strings.Repeat("0", 400), // beyond float64
+		"9999999999h",                  // beyond a Duration
+		"99999999999999999999s",
+		"9999999999h1m",
+		"1.5h9999999999h",
+		"+9999999999h",
+		"4102444800" + strings.Repeat("0", 10), // a Unix time past 2116
+	} {
+		if got := ParseRateLimitReset(in, refNow, 0); got != (Pushback{}) {
+			t.Errorf("ParseRateLimitReset(%.24q, limit 0) = %+v, want NoPushback", in, got)
+		}
+		if got := ParseRateLimitReset(in, refNow, noPushbackLimit); got.Kind != RetryLater {
+			t.Errorf("ParseRateLimitReset(%.24q, no limit) = %+v, want RetryLater", in, got)
+		}
+	}
+	for _, in := range []string{"9999999999hh", "9999999999h-1s", "h", ".h", "1.2.3s", "+-1s", "9999999999x", "+"} {
+		if got := ParseRateLimitReset(in, refNow, 0); got.Kind != DoNotRetry {
+			t.Errorf("ParseRateLimitReset(%q) = %+v, want DoNotRetry", in, got)
+		}
+	}
+	// A spent window with such a reset cools its endpoint down for
+	// MaxCooldown, as any reset above it does.
+	clk := newFakeClock()
+	e, err := NewEjector(newBalancer(t, "a"), EjectorConfig{Clock: clk, MaxCooldown: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.ReportQuota("a", http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"9999999999h"}})
+	if n, next := e.Out(); n != 1 || next != time.Minute {
+		t.Errorf("Out() = %d, %v after a reset of 9999999999h; want 1, the 1m cap", n, next)
 	}
 }
