@@ -320,6 +320,7 @@ func (e *Ejector) ReportQuota(key string, h http.Header) {
 		if reset <= 0 {
 			reset = quotaWindow
 		}
+		reset = min(reset, maxQuotaWindow)
 		e.mu.Lock()
 		st := e.eps[key]
 		if st == nil {
@@ -349,11 +350,18 @@ func (e *Ejector) ReportQuota(key string, h http.Header) {
 // commonest window.
 const quotaWindow = time.Minute
 
+// maxQuotaWindow bounds the time a reported headroom takes to refill: a
+// day, the longest window providers limit (requests per day). A reset
+// reported years ahead would otherwise keep the endpoint's headroom near
+// what it was until it sent whole quota headers again, which an endpoint
+// left without traffic for its low headroom never does.
+const maxQuotaWindow = 24 * time.Hour
+
 // Headroom returns the fraction, in [0, 1], of the endpoint's tightest
 // rate-limit window that remains, as its last answer reported it
 // ([Ejector.ReportQuota], [QuotaHeadroom]) and refilled since at the pace
 // of a token bucket: linearly, to 1 when the window's reset time is
-// reached. ok is false for an endpoint that reported no quota, or whose
+// reached (at most a day after the answer). ok is false for an endpoint that reported no quota, or whose
 // report the Ejector no longer tracks. It is meant for
 // llmlb.PeakEWMAConfig.Headroom, so that a policy spreads requests
 // towards the deployments with quota to spare before any runs out.

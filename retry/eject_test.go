@@ -500,6 +500,16 @@ func TestEjectorHeadroom(t *testing.T) {
 			t.Errorf("after %v: headroom %v and %v, want %v and %v", c.after, ha, hb, c.a, c.b)
 		}
 	}
+	// A reset years ahead refills within a day.
+	e.ReportQuota("a", http.Header{"X-Ratelimit-Limit-Requests": {"100"}, "X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"100000000s"}})
+	clk.Advance(12 * time.Hour)
+	if h, _ := e.Headroom("a"); math.Abs(h-0.5) > 1e-9 {
+		t.Errorf("half a day after a reset reported years ahead: headroom %v, want 0.5", h)
+	}
+	clk.Advance(12 * time.Hour)
+	if h, _ := e.Headroom("a"); h != 1 {
+		t.Errorf("a day after a reset reported years ahead: headroom %v, want 1", h)
+	}
 	// Cooldowns off: the headroom is still kept.
 	off, _ := NewEjector(b, EjectorConfig{Clock: clk, MaxCooldown: -1})
 	off.ReportQuota("a", http.Header{"X-Ratelimit-Limit-Requests": {"4"}, "X-Ratelimit-Remaining-Requests": {"1"}, "X-Ratelimit-Reset-Requests": {"1s"}})
