@@ -11,6 +11,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/spill"
 	"github.com/llmlb/llmlb/telemetry"
 )
 
@@ -78,5 +79,40 @@ func TestHostileKeysExport(t *testing.T) {
 	}
 	if len(seen) != len(keys) || !seen["ok:8000"] || !seen["bad\uFFFD:8000"] {
 		t.Errorf("%d endpoint series, want %d (ok:8000 and bad\\uFFFD:8000 among them)", len(seen), len(keys))
+	}
+}
+
+// TestHostileSpillReasonExport: a spill reason from a custom Spill function
+// that is not valid UTF-8 is exported, replaced, instead of failing every
+// scrape.
+func TestHostileSpillReasonExport(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer provider.Shutdown(context.Background())
+	m, err := telemetry.New(provider, telemetry.Config{Policy: "round-robin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SpillObserver()(spill.Event{From: "a", To: "b", Reason: "upstream said \xff"})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatalf("scrape failed: %v", err)
+	}
+	found := false
+	for _, f := range families {
+		for _, mm := range f.GetMetric() {
+			for _, l := range mm.GetLabel() {
+				if l.GetName() == "llmlb_spill_reason" {
+					found = found || l.GetValue() == "upstream said \uFFFD"
+				}
+			}
+		}
+	}
+	if !found {
+		t.Error("no spill series with the replaced reason")
 	}
 }

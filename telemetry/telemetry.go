@@ -338,7 +338,7 @@ func (m *Metrics) spill(e spill.Event) {
 	if o, ok := m.spillSets.Load(e); ok {
 		opts = o.([]metric.AddOption)
 	} else {
-		opts = []metric.AddOption{m.with(AttrSpillFrom.String(attrValue(e.From)), AttrSpillTo.String(attrValue(e.To)), AttrSpillReason.String(string(e.Reason)))}
+		opts = []metric.AddOption{m.with(AttrSpillFrom.String(attrValue(e.From)), AttrSpillTo.String(attrValue(e.To)), AttrSpillReason.String(attrValue(string(e.Reason))))}
 		if m.spillN.Add(1) <= maxErrorTypes*16 {
 			m.spillSets.Store(e, opts)
 		}
