@@ -184,3 +184,51 @@ func TestRestartWithoutReplay(t *testing.T) {
 	}, waitFor, tick)
 	assert.Zero(t, idx.MatchLen("e1", ha, time.Now()), "the blocks of the engine's previous process are still indexed: %+v", stats())
 }
+
+// TestNegativeSequenceNumber checks that a batch whose sequence number is
+// beyond the largest int64 (negative as one) is malformed, not a restart:
+// it is counted, the endpoint is cleared, and it is neither applied nor
+// forwarded, as Forward takes a negative sequence number only for a clear.
+func TestNegativeSequenceNumber(t *testing.T) {
+	pubAddr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	p, _ := publisherStarter(ctx, t, &wg, pubAddr, "")()
+
+	var mu sync.Mutex
+	var calls []int64 // the sequence numbers forwarded with a payload
+	sub, err := NewSubscriber(Config{MinBackoff: time.Second, MaxBackoff: time.Second, Forward: func(_ string, seq int64, payload []byte) {
+		if payload != nil {
+			mu.Lock()
+			calls = append(calls, seq)
+			mu.Unlock()
+		}
+	}})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetEndpoints(map[string]Endpoint{"e1": {PubAddr: pubAddr, Topic: "kv-events"}}))
+	wg.Go(func() { _ = sub.Run(ctx) })
+	stats := func() Stats { s, _ := sub.Stats("e1"); return s }
+	require.Eventually(t, func() bool {
+		p.Publish(&Batch{})
+		return stats().Batches > 0
+	}, waitFor, 20*time.Millisecond)
+	p.mu.Lock()
+	next := p.seq
+	p.seq = -2
+	p.mu.Unlock()
+	p.Publish(&Batch{TS: 1})
+	p.mu.Lock()
+	p.seq = next
+	p.mu.Unlock()
+	p.Publish(&Batch{TS: 2})
+	require.Eventually(t, func() bool { return stats().Seq == next }, waitFor, tick)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, seq := range calls {
+		assert.GreaterOrEqual(t, seq, int64(0), "forwarded %v", calls)
+	}
+	st := stats()
+	assert.Equal(t, int64(1), st.Malformed, "%+v", st)
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -127,7 +128,12 @@ func (w *worker) session(ctx context.Context) (got bool, err error) {
 			w.malformed(fmt.Errorf("kvevents: message of %d frames, want [topic, seq, payload]", len(msg.Frames)))
 			continue
 		}
-		w.receive(ctx, int64(binary.BigEndian.Uint64(msg.Frames[1])), msg.Frames[2])
+		seq := binary.BigEndian.Uint64(msg.Frames[1])
+		if seq > math.MaxInt64 {
+			w.malformed(fmt.Errorf("kvevents: batch numbered %d, beyond %d", seq, int64(math.MaxInt64)))
+			continue
+		}
+		w.receive(ctx, int64(seq), msg.Frames[2])
 	}
 }
 

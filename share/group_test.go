@@ -2,6 +2,7 @@ package share
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -350,6 +351,32 @@ func TestPeersRoutesReachTheIndex(t *testing.T) {
 	assert.Zero(t, ix.Len("elsewhere"), "blocks for endpoints b does not use are ignored")
 }
 
+// The endpoints a replica scores change over its life (a rollout replaces
+// every engine): once it has scored more than MaxEndpoints in all, peers'
+// routes to the endpoints it scores now still reach the index, and so do
+// those to an endpoint it scored all along.
+func TestPeersRoutesReachTheIndexAfterEndpointChurn(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	ix, err := prefix.NewIndex(prefix.IndexConfig{})
+	require.NoError(t, err)
+	a := offline(t, Config{ID: "a", Clock: clock})
+	b := offline(t, Config{ID: "b", Clock: clock, Index: ix, MaxEndpoints: 4})
+	for i := range 20 { // endpoints replaced since
+		b.Load("kept")
+		b.Load(fmt.Sprintf("gone%d", i))
+	}
+	b.Load("new")
+	blocks := []uint64{21, 22, 23}
+	for _, ep := range []string{"new", "kept"} {
+		info := pickInfo(ep, 64, 1)
+		info.Request.Prefix = blocks
+		a.Observer(nil).Pick(info)
+	}
+	transfer(a, b)
+	assert.Equal(t, 3, ix.MatchLen("new", blocks, clock.Now()), "an endpoint scored after the churn")
+	assert.Equal(t, 3, ix.MatchLen("kept", blocks, clock.Now()), "an endpoint scored all along")
+}
+
 // Bounded buffers and tables: what does not fit is dropped and counted;
 // late, foreign and excess messages are rejected.
 func TestBounds(t *testing.T) {
@@ -401,6 +428,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"blocks", Config{Conn: conn, MaxBlocks: maxBlocksLimit + 1}},
 		{"id", Config{Conn: conn, ID: string(make([]byte, 129))}},
 		{"allowance", Config{Conn: conn, DecodeAllowance: -1}},
+		// The balancer refuses it, and its batches would carry token
+		// counts that receivers refuse.
+		{"allowance beyond the balancer's", Config{Conn: conn, DecodeAllowance: math.MaxInt32 + 1}},
+		{"allowance beyond the wire's", Config{Conn: conn, DecodeAllowance: 1 << 60}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -164,24 +164,39 @@ func (r *Relay) publish(m *nats.Msg) {
 // clear of the endpoint: the signature of kvevents.Config.Forward. It does
 // not keep payload, and does not wait for the network.
 func (r *Relay) Forward(key string, seq int64, payload []byte) {
-	m := relayMessage(r.subject, key, seq, payload, r.conn.MaxPayload())
-	m.Header.Set(headerRelay, r.id)
-	r.publish(m)
+	r.publish(relayMessage(r.subject, r.id, key, seq, payload, r.conn.MaxPayload()))
 }
 
-// relayMessage returns the message of batch seq of endpoint key, or of a
-// clear for a nil payload, a negative seq or a message that would exceed
-// maxPayload bytes.
-func relayMessage(subject, key string, seq int64, payload []byte, maxPayload int64) *nats.Msg {
+// relayMessage returns the message of Relay id ("" for none) carrying
+// batch seq of endpoint key, or a clear for a nil payload, a negative seq
+// or a batch whose message, headers included, would exceed maxPayload
+// bytes.
+func relayMessage(subject, id, key string, seq int64, payload []byte, maxPayload int64) *nats.Msg {
 	m := nats.NewMsg(subject)
 	m.Header.Set(headerEndpoint, key)
-	if payload == nil || seq < 0 || int64(len(payload)+len(key)+64) > maxPayload {
+	if id != "" {
+		m.Header.Set(headerRelay, id)
+	}
+	m.Header.Set(headerSeq, strconv.FormatInt(seq, 10))
+	if payload == nil || seq < 0 || int64(len(payload)+headerBytes(m.Header)) > maxPayload {
 		m.Header.Set(headerSeq, clearSeq)
 	} else {
-		m.Header.Set(headerSeq, strconv.FormatInt(seq, 10))
 		m.Data = payload
 	}
 	return m
+}
+
+// headerBytes returns the size of h on the wire, at most: nats.go writes a
+// status line ("NATS/1.0\r\n"), "key: value\r\n" per value, and an empty
+// line.
+func headerBytes(h nats.Header) int {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
 }
 
 // Published returns the messages published, heartbeats included, and those
@@ -233,7 +248,9 @@ type FollowerConfig struct {
 // A Follower that has heard a heartbeat of a Relay ([Relay.Run]) and then
 // hears nothing from it for three of its Intervals drops the blocks of the
 // endpoints that Relay relayed: a Relay that died unseen leaves no guessed
-// blocks behind. It follows at most 1024 Relays of 4096 endpoints each.
+// blocks behind. It follows at most 1024 Relays of 4096 endpoints each, and
+// forgets a Relay that never sent a heartbeat (keeping its endpoints' blocks)
+// once it has been silent for three minutes.
 //
 // Run is the only method; a Follower starts no goroutine until it is
 // called.
@@ -334,11 +351,20 @@ func (f *Follower) heard(id, key string) *relayLife {
 	return r
 }
 
-// expire drops the endpoints of every Relay not heard from within its TTL.
+// expire drops the endpoints of every Relay not heard from within its TTL,
+// and forgets the Relays that never sent a heartbeat once they are silent
+// for longer than any TTL, keeping their endpoints: they promised no
+// liveness, and Relays come and gone must not fill the table.
 func (f *Follower) expire() {
 	now := f.clock.Now()
 	for id, r := range f.relays {
-		if r.ttl == 0 || now.Sub(r.seen) <= r.ttl {
+		if r.ttl == 0 {
+			if now.Sub(r.seen) > 3*maxRelayInterval {
+				delete(f.relays, id)
+			}
+			continue
+		}
+		if now.Sub(r.seen) <= r.ttl {
 			continue
 		}
 		delete(f.relays, id)

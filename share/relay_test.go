@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -226,7 +227,7 @@ func (s *recordingSink) Clear() { s.calls = append(s.calls, sinkCall{clear: true
 // relayed returns the message a Relay publishes for key's batch seq (a
 // clear for a nil payload).
 func relayed(key string, seq int64, payload []byte) *nats.Msg {
-	return relayMessage(DefaultRelaySubject, key, seq, payload, 1<<20)
+	return relayMessage(DefaultRelaySubject, "", key, seq, payload, 1<<20)
 }
 
 // A Follower hands the Sink each relayed batch with its endpoint and
@@ -245,7 +246,7 @@ func TestFollowerMessages(t *testing.T) {
 	neg := relayed("e1", 8, []byte("batch"))
 	neg.Header.Set(headerSeq, strconv.Itoa(-2))
 	f.receive(neg)
-	f.receive(relayMessage(DefaultRelaySubject, "e3", 9, make([]byte, 100), 100))
+	f.receive(relayMessage(DefaultRelaySubject, "", "e3", 9, make([]byte, 100), 100))
 	assert.Equal(t, []sinkCall{
 		{key: "e1", seq: 7, payload: "batch"},
 		{key: "e2", seq: -1},
@@ -313,6 +314,30 @@ func TestFollowerDropsSilentRelay(t *testing.T) {
 	require.Len(t, sink.calls, 6)
 }
 
+// Relays that never send a heartbeat (not run, or restarted under new IDs)
+// do not stop a Follower from following the Relays that do: once silent for
+// three minutes they are forgotten, their endpoints kept.
+func TestFollowerForgetsRelaysWithoutHeartbeats(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	sink := &recordingSink{}
+	f, err := NewFollower(FollowerConfig{Conn: new(nats.Conn), Sink: sink, Clock: clock})
+	require.NoError(t, err)
+	from := func(id string, m *nats.Msg) *nats.Msg { m.Header.Set(headerRelay, id); return m }
+	for i := range maxRelays {
+		f.receive(from(fmt.Sprint("gone", i), relayed("e0", 1, []byte("b"))))
+	}
+	clock.Set(at(int(3*maxRelayInterval/time.Millisecond) + 1))
+	f.expire()
+	require.Len(t, sink.calls, maxRelays, "forgotten, their endpoints kept")
+	r1 := &Relay{subject: DefaultRelaySubject, id: "r1", interval: 100 * time.Millisecond}
+	f.receive(r1.heartbeat())
+	f.receive(from("r1", relayed("e1", 1, []byte("b1"))))
+	calls := len(sink.calls)
+	clock.Advance(time.Second)
+	f.expire()
+	assert.Equal(t, []sinkCall{{key: "e1", seq: -1}}, sink.calls[calls:], "r1 fell silent")
+}
+
 // A Relay whose process dies (its connection closed without its clears)
 // leaves no blocks at the Followers once its heartbeats stop.
 func TestRelayDeathDropsBlocks(t *testing.T) {
@@ -369,4 +394,43 @@ func TestRelayRunOnce(t *testing.T) {
 	assert.ErrorIs(t, relay.Run(ctx), ErrRunning)
 	cancel()
 	assert.ErrorIs(t, <-done, context.Canceled)
+}
+
+// A batch that does not fit the connection's maximum payload with the
+// Relay's headers, its ID's included, is published as a clear, never
+// refused: whatever its size, the Followers hear of it.
+func TestRelayForwardsBatchesNearMaxPayload(t *testing.T) {
+	const maxPayload = 4096
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: maxPayload})
+	require.NoError(t, err)
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	require.True(t, ns.ReadyForConnections(10*time.Second))
+	nc := connect(t, ns.ClientURL())
+	relay, err := NewRelay(RelayConfig{Conn: nc, ID: strings.Repeat("r", 128)})
+	require.NoError(t, err)
+	sub, err := nc.SubscribeSync(DefaultRelaySubject)
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	key := strings.Repeat("k", 100)
+	sent := 0
+	for n := maxPayload - 400; n <= maxPayload; n++ {
+		relay.Forward(key, int64(n), make([]byte, n))
+		sent++
+	}
+	ok, failed := relay.Published()
+	assert.Zero(t, failed, "batches refused by the connection")
+	assert.Equal(t, int64(sent), ok)
+	batches, clears := 0, 0
+	for range ok {
+		m, err := sub.NextMsg(10 * time.Second)
+		require.NoError(t, err)
+		if m.Header.Get(headerSeq) == clearSeq {
+			clears++
+		} else {
+			batches++
+		}
+	}
+	assert.NotZero(t, batches, "the batches that fit")
+	assert.NotZero(t, clears, "the batches that do not")
 }

@@ -90,8 +90,9 @@ type Config struct {
 	// Index, if not nil, receives the prefix blocks peers routed
 	// ([prefix.Index.Record]): the index the policy records its own
 	// decisions in. Blocks routed to an endpoint that this replica has not
-	// yet scored or picked are ignored, so a peer with other endpoints
-	// cannot fill the index.
+	// scored or picked lately (among the last MaxEndpoints endpoints it
+	// scored, at least) are ignored, so a peer with other endpoints cannot
+	// fill the index.
 	Index *prefix.Index
 	// Interval is the time between two batches (the period of
 	// [Group.AppendBatch] when the caller carries them). 0 means
@@ -107,7 +108,7 @@ type Config struct {
 	// DecodeAllowance is the balancer's decode allowance
 	// (llmlb.WithDecodeAllowance), used to estimate the tokens of this
 	// replica's requests as the balancer does. 0 means
-	// [llmlb.DefaultDecodeAllowance].
+	// [llmlb.DefaultDecodeAllowance]; at most 2^31-1, as for the balancer.
 	DecodeAllowance int
 	// MaxPeers bounds the peers tracked; batches of further peers are
 	// rejected until one expires. 0 means [DefaultMaxPeers].
@@ -152,8 +153,11 @@ type Group struct {
 	local local
 	peers peers
 
-	known  sync.Map     // endpoint keys scored or picked here: string -> struct{}
-	nknown atomic.Int64 // entries of known
+	// known and knownPrev are the endpoint keys scored or picked here
+	// lately: the current generation, and the one before (nil until the
+	// first turnover). knownMu serializes the turnovers.
+	known, knownPrev atomic.Pointer[keySet]
+	knownMu          sync.Mutex
 
 	running atomic.Bool
 	seq     atomic.Uint64 // sequence number of the last batch built
@@ -215,8 +219,8 @@ func New(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("%w: Interval %v out of range [1ms, %v]", ErrInvalidConfig, cfg.Interval, maxIntervalTime)
 	case cfg.TTL < cfg.Interval:
 		return nil, fmt.Errorf("%w: TTL %v is below Interval %v", ErrInvalidConfig, cfg.TTL, cfg.Interval)
-	case cfg.DecodeAllowance < 0:
-		return nil, fmt.Errorf("%w: DecodeAllowance %d is negative", ErrInvalidConfig, cfg.DecodeAllowance)
+	case cfg.DecodeAllowance < 0 || cfg.DecodeAllowance > math.MaxInt32:
+		return nil, fmt.Errorf("%w: DecodeAllowance %d out of range [0, %d]", ErrInvalidConfig, cfg.DecodeAllowance, math.MaxInt32)
 	case cfg.MaxPeers < 0 || cfg.MaxPeers > maxPeersLimit:
 		return nil, fmt.Errorf("%w: MaxPeers %d out of range [1, %d]", ErrInvalidConfig, cfg.MaxPeers, maxPeersLimit)
 	case cfg.MaxEndpoints < 0 || cfg.MaxEndpoints > maxEPsLimit:
@@ -243,6 +247,7 @@ func New(cfg Config) (*Group, error) {
 	if g.log == nil {
 		g.log = slog.Default()
 	}
+	g.known.Store(new(keySet))
 	// The ring of pick-time buckets covers the maximum signal age and an
 	// interval more, in at most 256 buckets of at least an interval.
 	span := cfg.MaxSignalAge + cfg.Interval
@@ -371,18 +376,50 @@ func addTokens(f float64) int64 {
 	return int64(min(math.Round(f), maxTokens))
 }
 
+// keySet is one generation of the endpoint keys a Group knows.
+type keySet struct {
+	m sync.Map     // string -> struct{}
+	n atomic.Int64 // entries of m
+}
+
 // markKnown remembers that the balancer scores key, so peers' routes to it
-// are recorded. It allocates only the first time a key is seen.
+// are recorded. It allocates only the first time a key is seen in a
+// generation. A generation holds MaxEndpoints keys; when it is full, a new
+// one starts and the full one is kept as the previous, so that the keys
+// scored since are remembered however many were scored before, and a key
+// not scored for a whole generation is forgotten.
 func (g *Group) markKnown(key string) {
 	if g.index == nil {
 		return
 	}
-	if _, ok := g.known.Load(key); ok || g.nknown.Load() >= int64(g.maxEPs) {
+	ks := g.known.Load()
+	if _, ok := ks.m.Load(key); ok {
 		return
 	}
-	if _, loaded := g.known.LoadOrStore(key, struct{}{}); !loaded {
-		g.nknown.Add(1)
+	if ks.n.Load() >= int64(g.maxEPs) {
+		g.knownMu.Lock()
+		if ks == g.known.Load() {
+			g.knownPrev.Store(ks)
+			g.known.Store(new(keySet))
+		}
+		ks = g.known.Load()
+		g.knownMu.Unlock()
 	}
+	if _, loaded := ks.m.LoadOrStore(key, struct{}{}); !loaded {
+		ks.n.Add(1)
+	}
+}
+
+// isKnown reports whether the balancer scored key lately (see markKnown).
+func (g *Group) isKnown(key string) bool {
+	if _, ok := g.known.Load().m.Load(key); ok {
+		return true
+	}
+	if ks := g.knownPrev.Load(); ks != nil {
+		_, ok := ks.m.Load(key)
+		return ok
+	}
+	return false
 }
 
 // Observer returns the functions that record this replica's picks for its
@@ -624,7 +661,7 @@ func (g *Group) receive(data []byte) error {
 	at := time.Unix(0, now)
 	for _, r := range m.routes {
 		key := m.eps[r.ep].key
-		if _, ok := g.known.Load(key); ok {
+		if g.isKnown(key) {
 			_ = g.index.Record(key, r.blocks, at)
 		}
 	}
