@@ -15,22 +15,29 @@ import (
 	"github.com/llmlb/llmlb/telemetry"
 )
 
-// TestHostileKeysExport scrapes, through the Prometheus exporter, a
-// balancer whose endpoint keys are invalid UTF-8 or a mebibyte long: the
-// scrape must succeed, every label value must be valid and short, and two
-// long keys with the same head must stay distinct series.
-func TestHostileKeysExport(t *testing.T) {
+// promMetrics returns Metrics exported to a Prometheus registry.
+func promMetrics(t *testing.T) (*prometheus.Registry, *telemetry.Metrics) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		t.Fatal(err)
 	}
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer provider.Shutdown(context.Background())
+	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
 	m, err := telemetry.New(provider, telemetry.Config{Policy: "round-robin"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return reg, m
+}
+
+// TestHostileKeysExport scrapes, through the Prometheus exporter, a
+// balancer whose endpoint keys are invalid UTF-8 or a mebibyte long: the
+// scrape must succeed, every label value must be valid and short, and two
+// long keys with the same head must stay distinct series.
+func TestHostileKeysExport(t *testing.T) {
+	reg, m := promMetrics(t)
 	b, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithObserver(m.Observer()))
 	if err != nil {
 		t.Fatal(err)
@@ -86,17 +93,7 @@ func TestHostileKeysExport(t *testing.T) {
 // that is not valid UTF-8 is exported, replaced, instead of failing every
 // scrape.
 func TestHostileSpillReasonExport(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
-	if err != nil {
-		t.Fatal(err)
-	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer provider.Shutdown(context.Background())
-	m, err := telemetry.New(provider, telemetry.Config{Policy: "round-robin"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, m := promMetrics(t)
 	m.SpillObserver()(spill.Event{From: "a", To: "b", Reason: "upstream said \xff"})
 	families, err := reg.Gather()
 	if err != nil {
