@@ -23,8 +23,10 @@ type BackoffConfig struct {
 	// Cap bounds every back-off; 0 means 10*Base. It must not be below Base.
 	Cap time.Duration
 	// Rand is the source of randomness; nil means math/rand/v2's global
-	// generator. Access is serialized, so it need not be safe for concurrent
-	// use. Pass a seeded source for deterministic delays.
+	// generator. The back-off serializes its own draws, so a source used by
+	// one back-off need not be safe for concurrent use; a source shared by
+	// several back-offs (or with other code) must be. Pass a seeded source
+	// for deterministic delays.
 	Rand rand.Source
 }
 

@@ -272,7 +272,10 @@ func (a *Attempt) FirstToken() bool {
 // function returns; without hedging the function runs on the caller's
 // goroutine, with hedging each attempt runs on its own goroutine, and every
 // one of them has returned before Do returns: the winner's stream is
-// consumed inside its attempt function.
+// consumed inside its attempt function. If the function panics on the
+// caller's goroutine, its pick is finished and its budget returned before
+// the panic goes on; a panic on an attempt's own goroutine (with hedging)
+// ends the program, as a panic on any goroutine does.
 //
 // Before a retry Do waits max(back-off, server pushback); if that wait
 // would end after the context's deadline it gives up at once. When retries
@@ -333,7 +336,7 @@ type run struct {
 
 func (r *run) serial(a *Attempt) error {
 	for {
-		a.err = r.fn(r.ctx, a)
+		a.err = r.call(a)
 		if final, err := r.finished(a); final {
 			return err
 		}
@@ -344,6 +347,34 @@ func (r *run) serial(a *Attempt) error {
 		a = next
 	}
 }
+
+// call runs the attempt function on Do's goroutine. If it panics, the
+// attempt is finished before the panic goes on: its pick is Done and its
+// budget returned, so that a caller that recovers (as net/http does for a
+// handler) leaks nothing.
+func (r *run) call(a *Attempt) error {
+	returned := false
+	defer func() {
+		if !returned {
+			r.abandon(a)
+		}
+	}()
+	err := r.fn(r.ctx, a)
+	returned = true
+	return err
+}
+
+// abandon finishes attempt a, whose function panicked, without a result.
+func (r *run) abandon(a *Attempt) {
+	r.mu.Lock()
+	a.over = true
+	r.mu.Unlock()
+	a.pick.Done(errPanicked)
+	r.l.budget.Finish(a.retry, Abandoned)
+}
+
+// errPanicked ends the pick of an attempt whose function panicked.
+var errPanicked = errors.New("retry: the attempt function panicked")
 
 func (r *run) parallel(a *Attempt) error {
 	l := r.l

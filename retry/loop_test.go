@@ -639,3 +639,39 @@ func TestLoopLateFirstToken(t *testing.T) {
 		})
 	}
 }
+
+// TestLoopAttemptPanics: an attempt function that panics on Do's goroutine
+// leaves its pick finished and its budget returned, for a caller that
+// recovers, as net/http does for a handler.
+func TestLoopAttemptPanics(t *testing.T) {
+	b := newBalancer(t, "a", "b")
+	budget, err := NewConcurrentBudget(DefaultConcurrentConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLoop(b, LoopConfig{Budget: budget, Backoff: noBackoff{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, failFirst := range []bool{false, true} {
+		func() {
+			defer func() {
+				if v := recover(); v != "boom" {
+					t.Errorf("failFirst %v: recovered %v, want the attempt's panic", failFirst, v)
+				}
+			}()
+			_ = l.Do(context.Background(), nil, func(ctx context.Context, a *Attempt) error {
+				if failFirst && a.Number() == 1 {
+					return &StatusError{Code: 503} // the panic comes in a retry
+				}
+				a.FirstToken()
+				panic("boom")
+			})
+			t.Errorf("failFirst %v: Do returned", failFirst)
+		}()
+		assertIdle(t, b)
+		if a, r := budget.Active(); a != 0 || r != 0 {
+			t.Errorf("failFirst %v: budget still counts %d attempts, %d retries", failFirst, a, r)
+		}
+	}
+}
