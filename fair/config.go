@@ -111,7 +111,8 @@ type Config struct {
 // concurrent use. A nil function is skipped.
 type Observer struct {
 	// Admitted is called once for every request admitted, with its class
-	// and the time it waited (0 if it was admitted on arrival).
+	// and the time it waited on the queue's clock (0 if it was admitted on
+	// arrival; never negative).
 	Admitted func(c Class, waited time.Duration)
 	// Refused is called once for every request refused, with its class and
 	// the reason: [ReasonFull], [ReasonPrincipal], [ReasonShed] or

@@ -437,7 +437,7 @@ func (q *Queue) admitLocked(t *Ticket, now time.Time) {
 	if f := q.observer.Admitted; f != nil {
 		waited := time.Duration(0)
 		if t.seq != 0 { // it was queued
-			waited = now.Sub(t.enq)
+			waited = max(now.Sub(t.enq), 0) // a clock stepped back waited nothing
 		}
 		f(classOf(t.rank), waited)
 	}

@@ -158,3 +158,20 @@ func TestObserver(t *testing.T) {
 	}
 	mustCheck(t, q)
 }
+
+// TestObserverClockStepsBack: a clock that steps back while a request
+// waits (a fake or wall clock without a monotonic reading) reports no
+// negative wait.
+func TestObserverClockStepsBack(t *testing.T) {
+	var waits []time.Duration
+	obs := &Observer{Admitted: func(_ Class, w time.Duration) { waits = append(waits, w) }}
+	q, clk := newTestQueue(t, Config{MaxInFlight: 1, Observer: obs})
+	first, _ := q.push(Request{Principal: "a"})
+	q.push(Request{Principal: "b"}) // queued
+	clk.Advance(-time.Minute)
+	first.Done() // admits b
+	if len(waits) != 2 || waits[0] != 0 || waits[1] != 0 {
+		t.Fatalf("waits %v, want [0 0]", waits)
+	}
+	mustCheck(t, q)
+}
