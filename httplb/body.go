@@ -118,13 +118,20 @@ func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
 // eventScanner finds the first "data:" field at the start of a line of an
 // event stream, across reads.
 type eventScanner struct {
-	m int // bytes of "data:" matched at the start of the current line; -1 if the line is something else
+	m    int       // bytes of "data:" matched at the start of the current line; -1 if the line is something else
+	mark markState // the stream's leading byte-order mark
 }
 
 const dataField = "data:"
 
 // scan consumes p and reports whether a "data:" line has started.
 func (s *eventScanner) scan(p []byte) bool {
+	if s.mark.skipping() {
+		var broken bool
+		if p, broken = s.mark.skip(p); broken {
+			s.m = -1
+		}
+	}
 	for _, c := range p {
 		switch {
 		case c == '\n' || c == '\r':
@@ -140,4 +147,37 @@ func (s *eventScanner) scan(p []byte) bool {
 		}
 	}
 	return false
+}
+
+// byteOrderMark is U+FEFF in UTF-8. An event stream may start with one,
+// which is not part of its first line.
+const byteOrderMark = "\xef\xbb\xbf"
+
+// markState follows the byte-order mark an event stream may start with,
+// across reads: the bytes of it matched so far, or markPast once the stream
+// is past its start. The zero value is a stream's start.
+type markState int8
+
+const markPast markState = -1
+
+// skipping reports whether the stream is still at its start.
+func (m markState) skipping() bool { return m >= 0 }
+
+// skip consumes the bytes of a byte-order mark at the start of p and
+// returns the rest. broken reports a stream that starts with part of a mark
+// and then something else: its first line is not a field.
+func (m *markState) skip(p []byte) (rest []byte, broken bool) {
+	i := 0
+	for ; i < len(p) && int(*m) < len(byteOrderMark); i++ {
+		if p[i] != byteOrderMark[*m] {
+			broken = *m > 0
+			*m = markPast
+			return p[i:], broken
+		}
+		*m++
+	}
+	if int(*m) == len(byteOrderMark) {
+		*m = markPast
+	}
+	return p[i:], false
 }

@@ -17,8 +17,9 @@ import (
 // such as package extproc.
 //
 // For a server-sent event stream it counts one token per event, a "data:"
-// line, when the line ends: one per chunk of the OpenAI-compatible servers,
-// which stream a token or a few per chunk. The "data: [DONE]" line is not
+// line (after the byte-order mark a stream may start with), when the line
+// ends: one per chunk of the OpenAI-compatible servers, which stream a
+// token or a few per chunk. The "data: [DONE]" line is not
 // counted, nor is a line with a usage count ("completion_tokens" in OpenAI
 // chat and completions, "output_tokens" in OpenAI responses and Anthropic
 // messages): it raises the total to its count instead, if that is higher.
@@ -40,8 +41,9 @@ import (
 // OutputCounter is not safe for concurrent use; it does not allocate.
 type OutputCounter struct {
 	sse   bool
-	total int64 // tokens counted so far
-	bytes int64 // body bytes, for a body that is not an event stream
+	mark  markState // an event stream's leading byte-order mark
+	total int64     // tokens counted so far
+	bytes int64     // body bytes, for a body that is not an event stream
 
 	// The current line of an event stream.
 	field int8 // bytes of "data:" matched at the start of the line; lineData after it; -1: not a data line
@@ -112,6 +114,12 @@ func (c *OutputCounter) Count(p []byte) int {
 		return 0
 	}
 	before := c.total
+	if c.mark.skipping() {
+		var broken bool
+		if p, broken = c.mark.skip(p); broken {
+			c.field = -1
+		}
+	}
 	for i := 0; i < len(p); i++ {
 		if c.field == lineData && c.done < 0 && c.idle() {
 			// Only a quote or a line break changes anything.
@@ -194,7 +202,7 @@ func (c *OutputCounter) endLine() {
 			c.total = min(c.total+1, maxCount)
 		}
 	}
-	*c = OutputCounter{sse: true, total: c.total}
+	*c = OutputCounter{sse: true, total: c.total, mark: markPast}
 }
 
 // matchDone matches b, the next byte of a data line's value, against

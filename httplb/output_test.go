@@ -62,6 +62,9 @@ func TestOutputCounter(t *testing.T) {
 	}{
 		{name: "events", header: sseHeader, want: 3,
 			body: "data: a\n\n: comment\n\ndata: b\r\n\r\nevent: x\ndata: c\n\ndata: [DONE]\n\n  data: not at line start\nid: data:\n"},
+		{name: "byte-order mark", header: sseHeader, body: "\xef\xbb\xbfdata: a\n\ndata: b\n\n", want: 2},
+		{name: "part of a mark", header: sseHeader, body: "\xef\xbbdata: a\n\ndata: b\n\n", want: 1},
+		{name: "mark after the start", header: sseHeader, body: "data: a\n\xef\xbb\xbfdata: b\n\n", want: 1},
 		{name: "done without space", header: sseHeader, body: "data:[DONE]\ndata: [DONE]x\ndata: [DON\n", want: 2},
 		{name: "usage equals events", header: sseHeader, body: openAI(5, "5"), want: 5},
 		{name: "usage above events", header: sseHeader, body: openAI(5, "12"), want: 12},

@@ -718,6 +718,13 @@ func TestEventScanner(t *testing.T) {
 		{[]string{"event: a\r\ndata:"}, true},
 		{[]string{"xdata:"}, false},
 		{[]string{"retry: 10\n"}, false},
+		// A leading byte-order mark is not part of the first line.
+		{[]string{"\xef\xbb\xbfdata: x"}, true},
+		{[]string{"\xef", "\xbb", "\xbf", "data:"}, true},
+		{[]string{"\xef\xbb\xbf\n", "data:"}, true},
+		{[]string{"\xef\xbbdata: x"}, false},
+		{[]string{"\xef\xbbdata: x\n", "data:"}, true},
+		{[]string{"x\xef\xbb\xbfdata:"}, false},
 	}
 	for _, c := range cases {
 		var s eventScanner
