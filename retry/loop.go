@@ -29,8 +29,9 @@ type Backoff interface {
 }
 
 // Reporter is told how each attempt ended; [*Ejector] implements it. Report
-// is called once per finished attempt, except for attempts the loop itself
-// cancelled because another one won; it must be safe for concurrent use.
+// is called once per finished attempt, except for attempts that lost to
+// another one, unless their upstream answered with a retryable status (a
+// [*StatusError]); it must be safe for concurrent use.
 type Reporter interface {
 	Report(key string, err error)
 }
@@ -502,13 +503,19 @@ func (r *run) finished(a *Attempt) (final bool, err error) {
 	case retryable:
 		o = Failed
 	}
+	// An attempt that lost to another is abandoned, unless its upstream
+	// answered with a retryable status: that failure is the endpoint's,
+	// whoever won. Any other error of a loser may come from the loop
+	// cancelling it.
 	lost := w != 0 && w != a.n
-	if lost {
+	var se *StatusError
+	answered := retryable && errors.As(a.err, &se)
+	if lost && !answered {
 		o = Abandoned
 	}
 	a.pick.Done(a.err)
 	l.budget.Finish(a.retry, o)
-	if !lost && l.reporter != nil {
+	if (!lost || answered) && l.reporter != nil {
 		l.reporter.Report(a.key, a.err)
 	}
 	switch {

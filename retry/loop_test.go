@@ -675,3 +675,87 @@ func TestLoopAttemptPanics(t *testing.T) {
 		}
 	}
 }
+
+// reports records what a Reporter is told.
+type reports struct {
+	mu  sync.Mutex
+	got map[string][]error
+}
+
+func (r *reports) Report(key string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.got == nil {
+		r.got = make(map[string][]error)
+	}
+	r.got[key] = append(r.got[key], err)
+}
+
+// outcomeBudget records the outcomes a budget is told.
+type outcomeBudget struct {
+	mu  sync.Mutex
+	got []Outcome
+}
+
+func (*outcomeBudget) Start()         {}
+func (*outcomeBudget) Withdraw() bool { return true }
+func (b *outcomeBudget) Finish(_ bool, o Outcome) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.got = append(b.got, o)
+}
+
+// TestHedgeLoserFailsOnItsOwn: a primary whose upstream answers 503 just
+// after a hedge won is the endpoint's failure, reported and counted as one;
+// a primary the loop cancelled, or that failed otherwise, is not.
+func TestHedgeLoserFailsOnItsOwn(t *testing.T) {
+	// A loser's transport error may be the loop's cancellation: it is
+	// not the endpoint's failure.
+	for _, loser := range []error{nil, &StatusError{Code: 503}, errors.New("connection reset")} {
+		fail := loser != nil && errors.As(loser, new(*StatusError))
+		synctest.Test(t, func(t *testing.T) {
+			b := newBalancer(t, "a", "b")
+			rep := new(reports)
+			budget := new(outcomeBudget)
+			l, err := NewLoop(b, LoopConfig{Backoff: noBackoff{}, Budget: budget, Reporter: rep, Hedge: HedgeConfig{Delay: 10 * time.Millisecond}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			won := make(chan struct{})
+			err = l.Do(context.Background(), nil, func(ctx context.Context, a *Attempt) error {
+				if !a.Hedge() {
+					<-won
+					if loser != nil {
+						return loser
+					}
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				if !a.FirstToken() {
+					t.Error("the hedge lost")
+				}
+				close(won)
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("Do = %v", err)
+			}
+			slices.Sort(budget.got) // Succeeded, Failed, Abandoned
+			want := []Outcome{Succeeded, Abandoned}
+			if fail {
+				want = []Outcome{Succeeded, Failed}
+			}
+			if !slices.Equal(budget.got, want) {
+				t.Errorf("loser %v: outcomes %v, want %v", loser, budget.got, want)
+			}
+			primary := rep.got["a"]
+			if fail && (len(primary) != 1 || primary[0] == nil) || !fail && len(primary) != 0 {
+				t.Errorf("loser %v: primary's reports %v", loser, primary)
+			}
+			if hedge := rep.got["b"]; len(hedge) != 1 || hedge[0] != nil {
+				t.Errorf("loser %v: hedge's reports %v, want [nil]", loser, hedge)
+			}
+			assertIdle(t, b)
+		})
+	}
+}
