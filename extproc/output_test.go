@@ -116,3 +116,20 @@ func TestCompressedStreamFirstToken(t *testing.T) {
 	require.NoError(t, e.closeAndWait())
 	waitIdle(t, b)
 }
+
+// An event stream may start with a byte-order mark: its first event is
+// still the first token.
+func TestByteOrderMarkFirstToken(t *testing.T) {
+	b := newBalancer(t, 1, nil)
+	h := start(t, extproc.Config{Balancer: b})
+	e, picked := exchange(t, h, reasoningBody("low"))
+	e.send(responseHeaders(200, "text/event-stream", false))
+	require.NotNil(t, e.recv().GetResponseHeaders())
+	e.send(responseBody("\xef\xbb\xbfdata: {\"choices\":[]}\n\n", false))
+	streamedBack(t, e.recv(), false)
+	require.Equal(t, int64(0), stats(b, picked).Queued, "the first event after a byte-order mark did not count as the first token")
+	e.send(responseBody("data: [DONE]\n\n", true))
+	streamedBack(t, e.recv(), false)
+	require.NoError(t, e.closeAndWait())
+	waitIdle(t, b)
+}

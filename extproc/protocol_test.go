@@ -642,3 +642,33 @@ func TestTrailersWithoutBody(t *testing.T) {
 		})
 	}
 }
+
+// TestServedAfterFirstToken: a data plane that reports the serving endpoint
+// only after the first token moves the request to it streaming, not queued.
+func TestServedAfterFirstToken(t *testing.T) {
+	b := newBalancer(t, 3, nil)
+	h := start(t, extproc.Config{Balancer: b, Fallbacks: 2})
+	e := h.open(t, fullDuplex, fullDuplex)
+	e.send(requestHeaders("/v1/chat/completions", false))
+	e.send(requestBody(chatBody(100, true), true))
+	m := e.recv()
+	list := strings.Split(routeOf(t, m, m.GetRequestHeaders().GetResponse()).header, ",")
+	e.recv()
+	require.Len(t, list, 3)
+
+	e.send(responseHeaders(200, "text/event-stream", false))
+	e.recv()
+	e.send(responseBody("data: 1\n\n", false))
+	e.recv()
+	require.EqualValues(t, 0, stats(b, list[0]).Queued)
+	e.respMD = servedMetadata(list[1])
+	e.send(responseBody("data: 2\n\n", false))
+	e.recv()
+	require.EqualValues(t, 0, stats(b, list[0]).Outstanding)
+	require.EqualValues(t, 1, stats(b, list[1]).Outstanding)
+	require.EqualValues(t, 0, stats(b, list[1]).Queued, "the request streams, yet its new endpoint counts it queued")
+	e.send(responseBody("data: 3\n\n", true))
+	e.recv()
+	require.NoError(t, e.closeAndWait())
+	require.True(t, idle(b))
+}

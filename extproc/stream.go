@@ -18,6 +18,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/internal/sse"
 	"github.com/llmlb/llmlb/retry"
 )
 
@@ -62,8 +63,9 @@ type stream struct {
 	respStarted bool // response headers (or body, with headers skipped) seen
 	status      int  // the response's :status; 0 while unknown
 	sse         bool // the response is a server-sent event stream
-	events      eventScanner
+	events      sse.FirstEvent
 	output      httplb.OutputCounter // counts the response's output tokens for the pick
+	generated   int                  // the output tokens counted so far
 	first       bool                 // FirstToken was called
 	finished    bool                 // Done was called
 }
@@ -492,6 +494,13 @@ func (st *stream) noteServed(m *extprocv3.ProcessingRequest) {
 	if err != nil {
 		return
 	}
+	if st.first {
+		// The response streamed before the data plane said where from.
+		p.FirstToken()
+		if st.generated > 0 {
+			p.Generated(st.generated)
+		}
+	}
 	st.pick, st.picked, st.primary = p, true, served
 }
 
@@ -510,11 +519,13 @@ func (st *stream) observeBody(chunk []byte) {
 	if !st.picked || st.finished || len(chunk) == 0 || !st.success() {
 		return
 	}
-	if !st.first && (!st.sse || st.events.feed(chunk)) {
+	if !st.first && (!st.sse || st.events.Feed(chunk)) {
 		st.first = true
 		st.pick.FirstToken()
 	}
-	st.pick.Generated(st.output.Count(chunk))
+	n := st.output.Count(chunk)
+	st.generated += n
+	st.pick.Generated(n)
 }
 
 // success reports whether the response's status is 2xx, or not known.

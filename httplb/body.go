@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"sync/atomic"
+
+	"github.com/llmlb/llmlb/internal/sse"
 )
 
 // errClosedEarly is what a pick's Done is told when the caller closed a
@@ -83,8 +85,8 @@ func (b *body) end(err error) {
 // after limit bytes. An EOF ends the wait without error; another read error
 // is returned, and the attempt is then retryable.
 func (b *body) peek(resp *http.Response, limit int) error {
-	sse := isEventStream(resp.Header)
-	var sc eventScanner
+	stream := isEventStream(resp.Header)
+	var first sse.FirstEvent
 	buf := make([]byte, 0, 512)
 	for len(buf) < limit {
 		if len(buf) == cap(buf) {
@@ -93,7 +95,7 @@ func (b *body) peek(resp *http.Response, limit int) error {
 		n, err := b.rc.Read(buf[len(buf):min(cap(buf), limit)])
 		chunk := buf[len(buf) : len(buf)+n]
 		buf = buf[:len(buf)+n]
-		if n > 0 && (!sse || sc.scan(chunk)) {
+		if n > 0 && (!stream || first.Feed(chunk)) {
 			break
 		}
 		if err != nil {
@@ -114,70 +116,3 @@ func (b *body) peek(resp *http.Response, limit int) error {
 type eofReader struct{ io.Closer }
 
 func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
-
-// eventScanner finds the first "data:" field at the start of a line of an
-// event stream, across reads.
-type eventScanner struct {
-	m    int       // bytes of "data:" matched at the start of the current line; -1 if the line is something else
-	mark markState // the stream's leading byte-order mark
-}
-
-const dataField = "data:"
-
-// scan consumes p and reports whether a "data:" line has started.
-func (s *eventScanner) scan(p []byte) bool {
-	if s.mark.skipping() {
-		var broken bool
-		if p, broken = s.mark.skip(p); broken {
-			s.m = -1
-		}
-	}
-	for _, c := range p {
-		switch {
-		case c == '\n' || c == '\r':
-			s.m = 0
-		case s.m < 0:
-		case c == dataField[s.m]:
-			s.m++
-			if s.m == len(dataField) {
-				return true
-			}
-		default:
-			s.m = -1
-		}
-	}
-	return false
-}
-
-// byteOrderMark is U+FEFF in UTF-8. An event stream may start with one,
-// which is not part of its first line.
-const byteOrderMark = "\xef\xbb\xbf"
-
-// markState follows the byte-order mark an event stream may start with,
-// across reads: the bytes of it matched so far, or markPast once the stream
-// is past its start. The zero value is a stream's start.
-type markState int8
-
-const markPast markState = -1
-
-// skipping reports whether the stream is still at its start.
-func (m markState) skipping() bool { return m >= 0 }
-
-// skip consumes the bytes of a byte-order mark at the start of p and
-// returns the rest. broken reports a stream that starts with part of a mark
-// and then something else: its first line is not a field.
-func (m *markState) skip(p []byte) (rest []byte, broken bool) {
-	i := 0
-	for ; i < len(p) && int(*m) < len(byteOrderMark); i++ {
-		if p[i] != byteOrderMark[*m] {
-			broken = *m > 0
-			*m = markPast
-			return p[i:], broken
-		}
-		*m++
-	}
-	if int(*m) == len(byteOrderMark) {
-		*m = markPast
-	}
-	return p[i:], false
-}

@@ -175,7 +175,7 @@ func TestFairQueueOrdersWaitersByClass(t *testing.T) {
 			gatedSSE(1, 1, gate)(w, r)
 			return
 		}
-		sse(1)(w, r)
+		streamTokens(1)(w, r)
 	})
 	q := newFairQueue(t, fair.Config{MaxInFlight: 1})
 	h := newHarness(t, llmlb.LeastOutstanding(), Config{Queue: q, TrustClassHeader: "X-Priority"}, up)

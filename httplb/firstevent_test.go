@@ -72,7 +72,7 @@ func TestFirstEventTimeout(t *testing.T) {
 			var timers atomic.Int64
 			var cancelled atomic.Int64
 			a := newUpstream(t, keepAliveOnly(func() { close(fire) }, &cancelled))
-			b := newUpstream(t, sse(1))
+			b := newUpstream(t, streamTokens(1))
 			rec := &recorder{}
 			budget := &outcomes{}
 			h := newHarness(t, fixed{}, Config{FirstEventTimeout: timeout, Retry: retry.LoopConfig{
@@ -127,7 +127,7 @@ func TestNoFirstEventTimeout(t *testing.T) {
 	defer cancel()
 	var cancelled atomic.Int64
 	a := newUpstream(t, keepAliveOnly(cancel, &cancelled)) // the client gives up once the comments have begun
-	b := newUpstream(t, sse(1))
+	b := newUpstream(t, streamTokens(1))
 	h := newHarness(t, fixed{}, Config{}, a, b)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw.invalid/v1/chat/completions", strings.NewReader(chatBody))
 	require.NoError(t, err)

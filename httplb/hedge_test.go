@@ -33,7 +33,7 @@ func slow(cancelled *atomic.Int64) http.HandlerFunc {
 func TestHedgeWins(t *testing.T) {
 	var cancelled atomic.Int64
 	a := newUpstream(t, slow(&cancelled))
-	b := newUpstream(t, sse(2))
+	b := newUpstream(t, streamTokens(2))
 	budget := &denyAll{}
 	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}, Budget: unlimitedFinish{budget}}}, a, b)
 	resp, err := do(t, h, chatBody)
@@ -53,8 +53,8 @@ func TestHedgeWins(t *testing.T) {
 // Two attempts that both receive a first event: only the first commits, the
 // other is closed, and both are finished.
 func TestHedgeBothCommit(t *testing.T) {
-	a := newUpstream(t, sse(1))
-	b := newUpstream(t, sse(1))
+	a := newUpstream(t, streamTokens(1))
+	b := newUpstream(t, streamTokens(1))
 	h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}}}, a, b)
 	for range 20 {
 		resp, err := do(t, h, chatBody)
@@ -69,7 +69,7 @@ func TestHedgeBothCommit(t *testing.T) {
 func TestHedgeFailuresThenRetry(t *testing.T) {
 	a := newUpstream(t, status(http.StatusServiceUnavailable))
 	b := newUpstream(t, status(http.StatusServiceUnavailable))
-	c := newUpstream(t, sse(1))
+	c := newUpstream(t, streamTokens(1))
 	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}, MaxAttempts: 3, Budget: unlimited{}}}, a, b, c)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
@@ -81,7 +81,7 @@ func TestHedgeFailuresThenRetry(t *testing.T) {
 
 // With one endpoint there is nowhere to hedge to: the attempt just goes on.
 func TestHedgeNowhere(t *testing.T) {
-	a := newUpstream(t, sse(1))
+	a := newUpstream(t, streamTokens(1))
 	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Hedge: retry.HedgeConfig{Delay: time.Millisecond}}}, a)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)

@@ -30,7 +30,7 @@ func (e *events) observer() *retry.Observer {
 func TestObserverRetryAndDenied(t *testing.T) {
 	var ev events
 	a := newUpstream(t, status(http.StatusServiceUnavailable))
-	b := newUpstream(t, sse(1))
+	b := newUpstream(t, streamTokens(1))
 	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Observer: ev.observer()}}, a, b)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/fair"
+	"github.com/llmlb/llmlb/internal/sse"
 )
 
 // OutputCounter counts the output tokens of a response body as it passes, in
@@ -41,9 +42,9 @@ import (
 // OutputCounter is not safe for concurrent use; it does not allocate.
 type OutputCounter struct {
 	sse   bool
-	mark  markState // an event stream's leading byte-order mark
-	total int64     // tokens counted so far
-	bytes int64     // body bytes, for a body that is not an event stream
+	mark  sse.Mark // an event stream's leading byte-order mark
+	total int64    // tokens counted so far
+	bytes int64    // body bytes, for a body that is not an event stream
 
 	// The current line of an event stream.
 	field int8 // bytes of "data:" matched at the start of the line; lineData after it; -1: not a data line
@@ -114,9 +115,9 @@ func (c *OutputCounter) Count(p []byte) int {
 		return 0
 	}
 	before := c.total
-	if c.mark.skipping() {
+	if c.mark.Skipping() {
 		var broken bool
-		if p, broken = c.mark.skip(p); broken {
+		if p, broken = c.mark.Skip(p); broken {
 			c.field = -1
 		}
 	}
@@ -137,7 +138,7 @@ func (c *OutputCounter) Count(p []byte) int {
 			c.matchDone(b)
 			c.scanUsage(b)
 		case c.field < 0:
-		case b == dataField[c.field]:
+		case b == sse.DataField[c.field]:
 			c.field++
 		default:
 			c.field = -1
@@ -202,7 +203,7 @@ func (c *OutputCounter) endLine() {
 			c.total = min(c.total+1, maxCount)
 		}
 	}
-	*c = OutputCounter{sse: true, total: c.total, mark: markPast}
+	*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast}
 }
 
 // matchDone matches b, the next byte of a data line's value, against

@@ -39,8 +39,8 @@ func newUpstream(t *testing.T, h http.HandlerFunc) *upstream {
 	return u
 }
 
-// sse streams n events, flushing each.
-func sse(n int) http.HandlerFunc {
+// streamTokens streams n events, flushing each.
+func streamTokens(n int) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -165,7 +165,7 @@ func readAll(t *testing.T, resp *http.Response) (string, error) {
 }
 
 func TestStreamPassesThrough(t *testing.T) {
-	up := newUpstream(t, sse(3))
+	up := newUpstream(t, streamTokens(3))
 	h := newHarness(t, llmlb.LeastOutstanding(), Config{}, up)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
@@ -261,7 +261,7 @@ func TestClientDisconnectReleases(t *testing.T) {
 // request is not sent again, and the accounting is released.
 func TestErrorMidStreamNotRetried(t *testing.T) {
 	a := newUpstream(t, hangUp("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n10\r\ndata: first\n\n   \r\n"))
-	b := newUpstream(t, sse(2))
+	b := newUpstream(t, streamTokens(2))
 	h := newHarness(t, fixed{}, Config{}, a, b)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
@@ -292,7 +292,7 @@ func TestRetryBeforeFirstToken(t *testing.T) {
 					http.Error(w, "body not replayed: "+string(got), http.StatusBadRequest)
 					return
 				}
-				sse(1)(w, r)
+				streamTokens(1)(w, r)
 			})
 			h := newHarness(t, fixed{}, Config{}, a, b)
 			resp, err := do(t, h, chatBody)
@@ -322,7 +322,7 @@ func TestRetryAfterStalledErrorBody(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { close(release) }) // before a's Close, which waits for its handlers
-	b := newUpstream(t, sse(1))
+	b := newUpstream(t, streamTokens(1))
 	h := newHarness(t, fixed{}, Config{}, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -342,8 +342,8 @@ func TestRetryAfterStalledErrorBody(t *testing.T) {
 }
 
 func TestAdjust(t *testing.T) {
-	a := newUpstream(t, sse(1))
-	b := newUpstream(t, sse(1))
+	a := newUpstream(t, streamTokens(1))
+	b := newUpstream(t, streamTokens(1))
 	var seen llmlb.Request
 	h := newHarness(t, fixed{}, Config{Adjust: func(r *http.Request, lr *llmlb.Request) {
 		seen = *lr
@@ -363,7 +363,7 @@ func TestAdjust(t *testing.T) {
 
 func TestNotRetried(t *testing.T) {
 	a := newUpstream(t, status(http.StatusBadRequest))
-	b := newUpstream(t, sse(1))
+	b := newUpstream(t, streamTokens(1))
 	h := newHarness(t, fixed{}, Config{}, a, b)
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)
@@ -375,7 +375,7 @@ func TestNotRetried(t *testing.T) {
 
 func TestRetryAfterHonoured(t *testing.T) {
 	a := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "2"))
-	b := newUpstream(t, sse(1))
+	b := newUpstream(t, streamTokens(1))
 	var mu sync.Mutex
 	var waits []time.Duration
 	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{After: func(d time.Duration) <-chan time.Time {
@@ -396,7 +396,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 // not for the wait the first endpoint asked for.
 func TestRetryAfterNotHonoured(t *testing.T) {
 	a := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "2"))
-	b := newUpstream(t, sse(1))
+	b := newUpstream(t, streamTokens(1))
 	var mu sync.Mutex
 	var waits []time.Duration
 	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{MaxPushback: -1, After: func(d time.Duration) <-chan time.Time {
@@ -420,9 +420,9 @@ func TestQuotaSpentCoolsDown(t *testing.T) {
 	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
 		w.Header().Set("X-Ratelimit-Reset-Requests", "30s")
-		sse(1)(w, r)
+		streamTokens(1)(w, r)
 	})
-	b := newUpstream(t, sse(1))
+	b := newUpstream(t, streamTokens(1))
 	h := newHarness(t, llmlb.RoundRobin(), Config{}, a, b)
 	ej, err := retry.NewEjector(h.b, retry.EjectorConfig{})
 	require.NoError(t, err)
@@ -441,7 +441,7 @@ func TestQuotaSpentCoolsDown(t *testing.T) {
 // once and returns the upstream's answer.
 func TestRetryAfterPastDeadline(t *testing.T) {
 	a := newUpstream(t, status(http.StatusTooManyRequests, "Retry-After", "60"))
-	b := newUpstream(t, sse(1))
+	b := newUpstream(t, streamTokens(1))
 	h := newHarness(t, fixed{}, Config{}, a, b)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -488,7 +488,7 @@ func TestGiveUpOnConnectionErrors(t *testing.T) {
 }
 
 func TestProxyStatuses(t *testing.T) {
-	up := newUpstream(t, sse(1))
+	up := newUpstream(t, streamTokens(1))
 	adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 1, RetryAfter: 1500 * time.Millisecond})
 	require.NoError(t, err)
 	p, err := NewParser(ParserConfig{MaxBodyBytes: 64})
@@ -646,9 +646,9 @@ func TestEscapedPathKept(t *testing.T) {
 // Many concurrent requests through the proxy, some of them to a failing
 // endpoint: every one succeeds, and the accounting returns to zero.
 func TestConcurrentWithFailingEndpoint(t *testing.T) {
-	a := newUpstream(t, sse(3))
+	a := newUpstream(t, streamTokens(3))
 	b := newUpstream(t, hangUp(""))
-	c := newUpstream(t, sse(3))
+	c := newUpstream(t, streamTokens(3))
 	h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 3, Budget: unlimited{}}}, a, b, c)
 	gw := h.proxy(t)
 	client := &http.Client{Transport: &http.Transport{}}
@@ -679,65 +679,6 @@ type unlimited struct{}
 func (unlimited) Start()                     {}
 func (unlimited) Withdraw() bool             { return true }
 func (unlimited) Finish(bool, retry.Outcome) {}
-
-// FuzzEventScanner checks the incremental scanner against a direct reading
-// of the whole stream, however it is split into reads.
-func FuzzEventScanner(f *testing.F) {
-	f.Add([]byte("data: x\n"), uint8(3))
-	f.Add([]byte(": ping\r\nevent: e\ndata:"), uint8(1))
-	f.Add([]byte("xdata:\ndat"), uint8(7))
-	f.Fuzz(func(t *testing.T, stream []byte, split uint8) {
-		want := false
-		for _, line := range strings.FieldsFunc(string(stream), func(r rune) bool { return r == '\n' || r == '\r' }) {
-			if strings.HasPrefix(line, "data:") {
-				want = true
-				break
-			}
-		}
-		var s eventScanner
-		got := false
-		step := int(split%16) + 1
-		for i := 0; i < len(stream) && !got; i += step {
-			got = s.scan(stream[i:min(i+step, len(stream))])
-		}
-		if got != want {
-			t.Fatalf("scan(%q) = %v, want %v", stream, got, want)
-		}
-	})
-}
-
-func TestEventScanner(t *testing.T) {
-	cases := []struct {
-		in   []string
-		want bool
-	}{
-		{[]string{"data: x"}, true},
-		{[]string{"da", "ta:"}, true},
-		{[]string{": comment\n", "data:"}, true},
-		{[]string{"event: a\r\ndata"}, false},
-		{[]string{"event: a\r\ndata:"}, true},
-		{[]string{"xdata:"}, false},
-		{[]string{"retry: 10\n"}, false},
-		// A leading byte-order mark is not part of the first line.
-		{[]string{"\xef\xbb\xbfdata: x"}, true},
-		{[]string{"\xef", "\xbb", "\xbf", "data:"}, true},
-		{[]string{"\xef\xbb\xbf\n", "data:"}, true},
-		{[]string{"\xef\xbbdata: x"}, false},
-		{[]string{"\xef\xbbdata: x\n", "data:"}, true},
-		{[]string{"x\xef\xbb\xbfdata:"}, false},
-	}
-	for _, c := range cases {
-		var s eventScanner
-		got := false
-		for _, p := range c.in {
-			if s.scan([]byte(p)) {
-				got = true
-				break
-			}
-		}
-		assert.Equal(t, c.want, got, "%q", c.in)
-	}
-}
 
 type denyAll struct{ finished atomic.Int64 }
 
@@ -776,7 +717,7 @@ func TestNoRetryWhen(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			a := newUpstream(t, c.h)
-			b := newUpstream(t, sse(1))
+			b := newUpstream(t, streamTokens(1))
 			var cfg Config
 			if c.cfg != nil {
 				c.cfg(&cfg)
@@ -799,7 +740,7 @@ func TestReporterAndStore(t *testing.T) {
 	a := newUpstream(t, status(http.StatusServiceUnavailable))
 	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Endpoint-Load-Metrics", "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_running=3")
-		sse(1)(w, r)
+		streamTokens(1)(w, r)
 	})
 	rec := &recorder{}
 	store, err := signals.NewStore(signals.StoreConfig{})
