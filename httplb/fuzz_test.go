@@ -209,6 +209,8 @@ func FuzzOutputCounter(f *testing.F) {
 		`{"usage":{"completion_tokens":7,"completion_tokens_details":{"reasoning_tokens":3}}}`,
 		"\"completion_tokens\"\n:\n12",
 		`""""completion_tokens""output_tokens":-1`,
+		`{"a":[{"usage":{"output_tokens":5}}],"b":{"usage":{"output_tokens":6,"x":{"output_tokens":7}}}}`,
+		`[{"usage":{"completion_tokens":12.5e1}},{"c":{"usage":{"output_tokens":1}}}]`,
 		"data",
 		"",
 	} {
@@ -244,5 +246,80 @@ func FuzzOutputCounter(f *testing.F) {
 		if got := count(body[:cut], body[cut:]); got != whole {
 			t.Fatalf("cut at %d: %d tokens, %d whole", cut, got, whole)
 		}
+		// A JSON body without escapes (an escaped key is never read)
+		// against a decoder's reading of the same rule.
+		if !sse && json.Valid(body) && !bytes.ContainsRune(body, '\\') {
+			want := len(body) / BytesPerToken
+			if n, ok := usageReference(body); ok {
+				want = n
+			}
+			if whole != want {
+				t.Fatalf("%q: %d tokens, want %d", body, whole, want)
+			}
+		}
 	})
+}
+
+// usageReference returns the last usage count of a valid JSON document as
+// OutputCounter reads it, with encoding/json: the leading digits of a
+// completion_tokens or output_tokens number directly inside the object of a
+// "usage" key at depth 1 or 2.
+func usageReference(doc []byte) (count int, found bool) {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	type level struct {
+		object bool
+		key    bool   // the next token of the object is a key
+		name   string // the key of the value being read
+		usage  bool   // the object is a usage object
+	}
+	var stack []level
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return count, found
+		}
+		var top *level
+		if len(stack) > 0 {
+			top = &stack[len(stack)-1]
+		}
+		if top != nil && top.object && top.key {
+			if d, ok := tok.(json.Delim); !ok || d != '}' {
+				top.name, _ = tok.(string)
+				top.key = false
+				continue
+			}
+		}
+		name := ""
+		if top != nil && top.object {
+			name = top.name
+			top.key = true
+		}
+		switch v := tok.(type) {
+		case json.Delim:
+			switch v {
+			case '{', '[':
+				usage := v == '{' && name == usageKey && len(stack) <= maxUsageDepth && !top.usage
+				stack = append(stack, level{object: v == '{', key: true, usage: usage})
+			default:
+				stack = stack[:len(stack)-1]
+			}
+		case json.Number:
+			if top == nil || !top.usage || name != completionKey && name != outputKey {
+				continue
+			}
+			digits := v.String()
+			if i := strings.IndexFunc(digits, func(r rune) bool { return r < '0' || r > '9' }); i >= 0 {
+				digits = digits[:i]
+			}
+			if digits == "" {
+				continue
+			}
+			n := 0
+			for _, d := range digits {
+				n = min(n*10+int(d-'0'), maxCount)
+			}
+			count, found = n, true
+		}
+	}
 }

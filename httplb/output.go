@@ -2,6 +2,7 @@ package httplb
 
 import (
 	"bytes"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -35,8 +36,14 @@ import (
 // stream) it counts nothing until [OutputCounter.End]: then the last usage
 // count the body has, if any, else one token per [BytesPerToken] bytes.
 //
-// Usage keys are matched in the bytes as they pass, without decoding the
-// JSON; a key cannot match inside a JSON string, whose quotes are escaped.
+// A usage count is read from a usage object: the value of a "usage" key of
+// the JSON's top-level object or of an object directly inside it (where
+// OpenAI chat, completions and responses, Anthropic messages and their
+// streaming events put it), not from one nested deeper, where a response
+// may echo what its client sent (a tool's JSON schema, say): a client
+// cannot raise the count reported for its own request. The JSON is read as
+// it passes, without decoding it; keys are only ever matched outside
+// strings.
 //
 // The zero value counts a body that is not an event stream. An
 // OutputCounter is not safe for concurrent use; it does not allocate.
@@ -55,10 +62,16 @@ type OutputCounter struct {
 	usage bool
 	count int64 // the last usage count found
 
-	// The usage count being read: a key, then a colon, then digits.
-	comp, out int8  // bytes of completionKey and outputKey matched
-	state     int8  // usageKey, usageColon, usageValue or usageDigits
-	val       int64 // the digits read so far
+	// The JSON being read: an event's data, or a body that is not an
+	// event stream.
+	inStr   bool                 // in a string
+	esc     bool                 // in a string, the next byte is escaped
+	keyLen  int8                 // bytes of the current string in key; -1: it is none of the keys read
+	key     [maxUsageKeyLen]byte // the start of the current string
+	expect  int8                 // what the last key calls for: one of the expect constants
+	depth   int32                // objects and arrays open
+	usageAt int32                // the depth of the usage object being read; 0: none
+	val     int64                // the digits of a count read so far
 }
 
 // NewOutputCounter returns an OutputCounter for a response body with header
@@ -80,18 +93,26 @@ func isEventStream(h http.Header) bool {
 }
 
 const (
-	lineData      = 5 // OutputCounter.field after "data:"
-	completionKey = `"completion_tokens"`
-	outputKey     = `"output_tokens"`
-	doneValue     = "[DONE]"
+	lineData  = 5 // OutputCounter.field after "data:"
+	doneValue = "[DONE]"
+
+	usageKey       = "usage"
+	completionKey  = "completion_tokens"
+	outputKey      = "output_tokens"
+	maxUsageKeyLen = len(completionKey)
+	// maxUsageDepth is the deepest a "usage" key is read at: in the
+	// top-level object (depth 1) or an object directly inside it.
+	maxUsageDepth = 2
 )
 
-// The states of reading a usage count.
+// What the last key read calls for next.
 const (
-	usageKey    = iota // looking for a key
-	usageColon         // after a key, before the colon
-	usageValue         // after the colon, before the number
-	usageDigits        // in the number
+	expectNothing     = iota
+	expectCountColon  // a count key: its colon
+	expectCount       // after the colon: a number
+	expectDigits      // in the number
+	expectUsageColon  // a "usage" key: its colon
+	expectUsageObject // after the colon: an object
 )
 
 // Count consumes the next piece of the body, p, and returns the tokens it
@@ -100,17 +121,15 @@ func (c *OutputCounter) Count(p []byte) int {
 	if !c.sse {
 		c.bytes += int64(len(p))
 		for i := 0; i < len(p); i++ {
-			if c.idle() {
-				// Only a quote can start a key.
-				j := bytes.IndexByte(p[i:], '"')
+			if c.inStr && !c.esc && c.keyLen < 0 {
+				// Only the string's closing quote matters.
+				j := c.skipString(p[i:])
 				if j < 0 {
 					break
 				}
-				if i += j; cannotStartKey(p, i) {
-					continue
-				}
+				i += j
 			}
-			c.scanUsage(p[i])
+			c.scan(p[i])
 		}
 		return 0
 	}
@@ -122,13 +141,10 @@ func (c *OutputCounter) Count(p []byte) int {
 		}
 	}
 	for i := 0; i < len(p); i++ {
-		if c.field == lineData && c.done < 0 && c.idle() {
-			// Only a quote or a line break changes anything.
-			if i += plainRun(p[i:]); i == len(p) {
+		if c.field == lineData && c.inStr && !c.esc && c.keyLen < 0 {
+			// Only a quote, a backslash or a line break changes anything.
+			if i += stringRun(p[i:]); i == len(p) {
 				break
-			}
-			if cannotStartKey(p, i) {
-				continue
 			}
 		}
 		switch b := p[i]; {
@@ -136,7 +152,7 @@ func (c *OutputCounter) Count(p []byte) int {
 			c.endLine()
 		case c.field == lineData:
 			c.matchDone(b)
-			c.scanUsage(b)
+			c.scan(b)
 		case c.field < 0:
 		case b == sse.DataField[c.field]:
 			c.field++
@@ -147,31 +163,126 @@ func (c *OutputCounter) Count(p []byte) int {
 	return int(c.total - before)
 }
 
-// idle reports whether c is not in the middle of a usage key or count.
-func (c *OutputCounter) idle() bool {
-	return c.state == usageKey && c.comp == 0 && c.out == 0
-}
-
-// cannotStartKey reports whether p[i] is a quote that cannot start a usage
-// key, as the byte after it is in p and starts neither key: reading it from
-// an idle state leaves the state idle.
-func cannotStartKey(p []byte, i int) bool {
-	if p[i] != '"' || i+1 == len(p) {
-		return false
+// skipString returns the index in p of the quote that closes the current
+// string, whose next byte, p[0], is not escaped; or -1 if p ends first,
+// leaving c.esc set if p ends with an escaping backslash.
+func (c *OutputCounter) skipString(p []byte) int {
+	from := 0
+	for {
+		j := bytes.IndexByte(p[from:], '"')
+		if j < 0 {
+			c.esc = backslashesBefore(p, len(p), from)%2 == 1
+			return -1
+		}
+		j += from
+		if backslashesBefore(p, j, from)%2 == 0 {
+			return j
+		}
+		from = j + 1
 	}
-	next := p[i+1]
-	return next != completionKey[1] && next != outputKey[1]
 }
 
-// plainRun returns the length of the run of bytes at the start of p that
-// are neither quotes nor line breaks.
-func plainRun(p []byte) int {
+// backslashesBefore returns the number of backslashes that precede p[j],
+// back to p[from].
+func backslashesBefore(p []byte, j, from int) int {
+	n := 0
+	for j > from && p[j-1] == '\\' {
+		j--
+		n++
+	}
+	return n
+}
+
+// stringRun returns the length of the run of bytes at the start of p that
+// are neither quotes, backslashes nor line breaks.
+func stringRun(p []byte) int {
 	for i, b := range p {
-		if b == '"' || b == '\n' || b == '\r' {
+		if b == '"' || b == '\\' || b == '\n' || b == '\r' {
 			return i
 		}
 	}
 	return len(p)
+}
+
+// scan reads b, the next byte of JSON text, following its strings, its
+// nesting and the usage counts in it.
+func (c *OutputCounter) scan(b byte) {
+	if c.inStr {
+		switch {
+		case c.esc:
+			c.esc = false
+		case b == '\\':
+			c.esc, c.keyLen = true, -1 // no key read has an escape
+		case b == '"':
+			c.inStr = false
+			c.endString()
+		case c.keyLen < 0:
+		case int(c.keyLen) == maxUsageKeyLen || c.keyLen == 0 && b != 'u' && b != 'c' && b != 'o':
+			c.keyLen = -1 // too long, or starts as no key read does
+		default:
+			c.key[c.keyLen] = b
+			c.keyLen++
+		}
+		return
+	}
+	if c.expect == expectDigits {
+		if isDigit(b) {
+			c.val = min(c.val*10+int64(b-'0'), maxCount)
+			return
+		}
+		c.endNumber()
+	}
+	if isSpace(b) {
+		return
+	}
+	switch b {
+	case '"':
+		c.inStr, c.keyLen = true, 0
+	case ':':
+		switch c.expect {
+		case expectCountColon:
+			c.expect = expectCount
+			return
+		case expectUsageColon:
+			c.expect = expectUsageObject
+			return
+		}
+	case '{', '[':
+		if c.depth < math.MaxInt32 {
+			c.depth++
+		}
+		if b == '{' && c.expect == expectUsageObject {
+			c.usageAt = c.depth
+		}
+	case '}', ']':
+		if c.depth == c.usageAt {
+			c.usageAt = 0
+		}
+		if c.depth > 0 {
+			c.depth--
+		}
+	default:
+		if c.expect == expectCount && isDigit(b) {
+			c.expect, c.val = expectDigits, int64(b-'0')
+			return
+		}
+	}
+	c.expect = expectNothing
+}
+
+// endString reads the string that ended: a "usage" key where a usage
+// object may be, a count key directly inside one.
+func (c *OutputCounter) endString() {
+	c.expect = expectNothing
+	if c.keyLen < 0 {
+		return
+	}
+	switch k := c.key[:c.keyLen]; {
+	case c.usageAt == 0 && c.depth <= maxUsageDepth && string(k) == usageKey:
+		c.expect = expectUsageColon
+	case c.usageAt != 0 && c.depth == c.usageAt && (string(k) == completionKey || string(k) == outputKey):
+		c.expect = expectCountColon
+	}
 }
 
 // End returns the tokens the end of the body completes: those of an event
@@ -220,59 +331,12 @@ func (c *OutputCounter) matchDone(b byte) {
 	}
 }
 
-// scanUsage reads b, the next byte of JSON text, looking for a
-// "completion_tokens" or "output_tokens" key and the count that follows it.
-func (c *OutputCounter) scanUsage(b byte) {
-	switch c.state {
-	case usageColon:
-		switch {
-		case b == ':':
-			c.state = usageValue
-		case !isSpace(b):
-			c.state = usageKey
-		}
-		return
-	case usageValue:
-		switch {
-		case isDigit(b):
-			c.state, c.val = usageDigits, int64(b-'0')
-		case !isSpace(b):
-			c.state = usageKey
-		}
-		return
-	case usageDigits:
-		if isDigit(b) {
-			c.val = min(c.val*10+int64(b-'0'), maxCount)
-			return
-		}
-		c.endNumber()
-	}
-	c.comp = matchKey(completionKey, c.comp, b)
-	c.out = matchKey(outputKey, c.out, b)
-	if int(c.comp) == len(completionKey) || int(c.out) == len(outputKey) {
-		c.comp, c.out, c.state = 0, 0, usageColon
-	}
-}
-
 // endNumber records the usage count being read, if any.
 func (c *OutputCounter) endNumber() {
-	if c.state == usageDigits {
+	if c.expect == expectDigits {
 		c.usage, c.count = true, c.val
+		c.expect = expectNothing
 	}
-	c.state = usageKey
-}
-
-// matchKey returns the bytes of key matched after b, given i matched before
-// it. A key has quotes only at its ends, so a mismatch restarts the match at
-// the start of the key, or just after its opening quote if b is a quote.
-func matchKey(key string, i int8, b byte) int8 {
-	switch {
-	case b == key[i]:
-		return i + 1
-	case b == '"':
-		return 1
-	}
-	return 0
 }
 
 func isSpace(b byte) bool { return b == ' ' || b == '\t' || b == '\n' || b == '\r' }

@@ -89,6 +89,21 @@ func TestOutputCounter(t *testing.T) {
 			body: `{"choices":[{"message":{"content":"\"completion_tokens\": 50"}}],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}`},
 		{name: "pretty json usage", header: jsonHeader, want: 503, end: 503,
 			body: "{\n  \"content\": [],\n  \"usage\": {\n    \"input_tokens\": 2095,\n    \"output_tokens\"\n    :\n    503\n  }\n}\n"},
+		// A client's JSON echoed deep in a response (a tool's schema, a
+		// connector's parameters) is not a usage count.
+		{name: "echoed usage in a stream", header: sseHeader, want: 2,
+			body: "event: response.created\ndata: {\"response\":{\"tools\":[{\"parameters\":{\"usage\":{\"output_tokens\":999}}}],\"usage\":null}}\n\n" +
+				"event: response.output_text.delta\ndata: {\"delta\":\"hi\"}\n\n"},
+		{name: "echoed usage in json", header: jsonHeader, want: 12, end: 12,
+			body: `{"choices":[],"usage":{"completion_tokens":12},"kv_transfer_params":{"x":{"usage":{"completion_tokens":999}}}}`},
+		{name: "count outside usage", header: jsonHeader, want: 48 / BytesPerToken, end: 48 / BytesPerToken,
+			body: `{"completion_tokens":50,"x":{"output_tokens":60}`},
+		{name: "count nested in usage", header: jsonHeader, want: 7, end: 7,
+			body: `{"usage":{"completion_tokens_details":{"completion_tokens":99},"details":[{"output_tokens":98}],"completion_tokens":7}}`},
+		{name: "escapes", header: jsonHeader, want: 7, end: 7,
+			body: `{"choices":[{"message":{"content":"a\\\"b\\","usage":{"completion_tokens":5}}}],"x":"\\","usage":{"completion_tokens":7}}`},
+		{name: "escaped key", header: jsonHeader, want: 7, end: 7,
+			body: `{"usage":{"completion_tokens":7,"completion\u005ftokens":900}}`},
 		{name: "json without usage", header: jsonHeader, body: strings.Repeat("x", 4*25+3), want: 25, end: 25},
 		{name: "json usage not a count", header: jsonHeader, body: `{"usage":{"completion_tokens":"12"},"x":"` + strings.Repeat("y", 21) + `"}`, want: 16, end: 16},
 		{name: "compressed stream", header: http.Header{"Content-Type": {"text/event-stream"}, "Content-Encoding": {"gzip"}},
