@@ -3,6 +3,7 @@ package prefix
 import (
 	"errors"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -258,4 +259,94 @@ func FuzzRoot(f *testing.F) {
 			t.Fatalf("shared roots must ignore only the tenant: %+v vs %+v", s1, s2)
 		}
 	})
+}
+
+// TestIndexHostileOps compares the index with the reference model under
+// inputs runOps does not produce: block lists with repeated hashes, hashes
+// 0 and all ones and hashes that cancel the holder table's seed, capacities
+// from 1 to MaxCapacity, TTLs from 1 ns to the largest, times up to the
+// largest, and up to five groups of endpoints removed and added again.
+func TestIndexHostileOps(t *testing.T) {
+	seeds := 300
+	if testing.Short() {
+		seeds = 50
+	}
+	ttls := []time.Duration{time.Nanosecond, 64 * time.Nanosecond, 640 * time.Millisecond, math.MaxInt64}
+	for seed := range uint64(seeds) {
+		r := rand.New(rand.NewPCG(seed, 99))
+		ttl := ttls[r.IntN(len(ttls))]
+		cfg := IndexConfig{BlockSize: 16, Capacity: 1 + r.IntN(12), TTL: ttl, MaxEndpoints: 1 + r.IntN(300)}
+		x, err := NewIndex(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := newModel(cfg)
+		pool := []uint64{0, math.MaxUint64, 1, 2, 3, 0x9e3779b97f4a7c15, x.seed, ^x.seed, 5, 6}
+		blocks := func() []uint64 {
+			b := make([]uint64, r.IntN(9))
+			for i := range b {
+				b[i] = pool[r.IntN(len(pool))]
+			}
+			return b
+		}
+		now := int64(1_000_000 * time.Second)
+		if r.IntN(4) == 0 {
+			now = math.MaxInt64 - int64(r.IntN(3))*int64(ttl/64+1)
+		}
+		for op := range 300 {
+			ep := epName(r.IntN(cfg.MaxEndpoints + 3))
+			bl := blocks()
+			at := time.Unix(0, now)
+			switch r.IntN(10) {
+			case 0, 1:
+				err := x.Record(ep, bl, at)
+				if ok := m.record(ep, bl, now); ok != (err == nil) {
+					t.Fatalf("seed %d op %d: Record(%s) = %v, model ok %v", seed, op, ep, err, ok)
+				}
+			case 2:
+				err := x.Stored(ep, 16, bl...)
+				if ok := m.stored(ep, 16, bl); ok != (err == nil) {
+					t.Fatalf("seed %d op %d: Stored(%s) = %v, model ok %v", seed, op, ep, err, ok)
+				}
+			case 3:
+				must(t, x.Removed(ep, 16, bl...))
+				m.removed(ep, 16, bl)
+			case 4:
+				x.Cleared(ep)
+				if e := m.eps[ep]; e != nil {
+					e.list = nil
+				}
+			case 5:
+				x.RemoveEndpoint(ep)
+				delete(m.eps, ep)
+			case 6:
+				got := asMap(t, x.Match(bl, at, nil))
+				if want := m.match(bl, now); !maps.Equal(got, want) {
+					t.Fatalf("seed %d op %d: Match(%x) at %d = %v, want %v", seed, op, bl, now, got, want)
+				}
+				if got, want := x.MatchLen(ep, bl, at), m.matchLen(ep, bl, now); got != want {
+					t.Fatalf("seed %d op %d: MatchLen(%s, %x) = %d, want %d", seed, op, ep, bl, got, want)
+				}
+			case 7:
+				c := 1 + r.IntN(6)
+				if r.IntN(10) == 0 {
+					c = MaxCapacity
+				}
+				err := x.SetCapacity(ep, c)
+				if ok := m.setCapacity(ep, c); ok != (err == nil) {
+					t.Fatalf("seed %d op %d: SetCapacity(%s, %d) = %v, model ok %v", seed, op, ep, c, err, ok)
+				}
+			case 8, 9:
+				if step := int64(r.IntN(3)) * int64(ttl/64+1); now <= math.MaxInt64-step {
+					now += step
+				}
+			}
+			for key, e := range m.eps {
+				if got := x.Len(key); got != len(e.list) {
+					t.Fatalf("seed %d op %d: Len(%s) = %d, want %d", seed, op, key, got, len(e.list))
+				}
+			}
+			checkInvariants(t, x)
+		}
+	}
 }

@@ -143,7 +143,8 @@ func (t *holderTable) del(key uint64) {
 // shard across them every few records, and allocating on each crossing
 // would put the allocator on the matching path of small indexes. Kept, a
 // small shard allocates only when it reaches a size it never had; the
-// memory kept is at most 1.5 KB a shard, 384 KB an index.
+// memory kept is at most 1.5 KB a shard, 384 KB a table (an index has one
+// per group of 64 endpoints).
 const inPlaceSlots = 64
 
 // resize rehashes shard s into size slots. A shard of up to inPlaceSlots

@@ -42,12 +42,12 @@ const (
 	// block is shared, 120 bytes just after an endpoint's storage doubled;
 	// a test checks the bound over a million blocks. While it fills, the
 	// index as a whole stays below the sum of the endpoints' capacities
-	// times BytesPerBlock, plus about a kilobyte per endpoint and 8 KB per
-	// index. Removing endpoints or lowering capacities frees their blocks;
-	// the holder table then shrinks as it empties, halving the parts of it
-	// that fall below 1/8 full (parts of up to 64 slots keep their memory,
-	// at most 384 KB an index, so that small indexes do not allocate as
-	// their load moves).
+	// times BytesPerBlock, plus about a kilobyte per endpoint and 10 KB per
+	// group of 64 endpoints. Removing endpoints or lowering capacities
+	// frees their blocks; the holder table then shrinks as it empties,
+	// halving the parts of it that fall below 1/8 full (parts of up to 64
+	// slots keep their memory, at most 384 KB per group of 64 endpoints, so
+	// that small indexes do not allocate as their load moves).
 	BytesPerBlock = 160
 )
 
@@ -357,7 +357,7 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	if len(blocks) > 0 && endpoint != "" {
 		x.records.Add(1)
 	}
-	t := x.line.UnixNano(now)
+	t := x.unixNano(now)
 	exp := t + x.ttl
 	if exp < t { // overflow
 		exp = never - 1
@@ -454,6 +454,13 @@ func (x *Index) RemoveEndpoint(endpoint string) {
 	delete(x.endpoints, endpoint)
 	x.slots[e.slot] = nil
 	x.occupied[e.slot/64] &^= 1 << (e.slot % 64)
+}
+
+// unixNano returns now on x's time line, at most never-1: blocks reported by
+// engine events, whose expiry is never, outlast every time, even a reading
+// such as time.Unix(0, math.MaxInt64).
+func (x *Index) unixNano(now time.Time) int64 {
+	return min(x.line.UnixNano(now), never-1)
 }
 
 func (x *Index) checkBlockSize(blockSize int) error {
@@ -553,7 +560,7 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	if len(blocks) == 0 {
 		return dst
 	}
-	t := x.line.UnixNano(now)
+	t := x.unixNano(now)
 	start := len(dst)
 	var alive [maxGroups]uint64
 	var active [maxGroups]uint8
@@ -626,7 +633,7 @@ func (x *Index) appendMatches(dst []Match, w int, set uint64, n int) []Match {
 // MatchLen returns the number of leading blocks endpoint holds unexpired at
 // now: [Index.Match] for one endpoint. It is 0 for unknown endpoints.
 func (x *Index) MatchLen(endpoint string, blocks []uint64, now time.Time) int {
-	t := x.line.UnixNano(now)
+	t := x.unixNano(now)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	e := x.endpoints[endpoint]

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"runtime"
 	"sync"
 	"testing"
@@ -609,4 +610,27 @@ func TestTTLWallClockStep(t *testing.T) {
 	if got := x.MatchLen("a", p, clock.Now()); got != 0 {
 		t.Errorf("60 s after recording, the wall clock stepped back: MatchLen = %d, want 0 (expired)", got)
 	}
+}
+
+// TestEventsOutlastEveryTime checks that blocks reported by engine events
+// match at every time, the largest one included, and that a Record or
+// Match at that time leaves them matching afterwards.
+func TestEventsOutlastEveryTime(t *testing.T) {
+	x := mustIndex(t, IndexConfig{})
+	p := chainOf(1, 4)
+	must(t, x.Stored("a", 16, p...))
+	end := time.Unix(0, math.MaxInt64)
+	if got := asMap(t, x.Match(p, end, nil)); !maps.Equal(got, map[string]int{"a": 4}) {
+		t.Errorf("Match at %v = %v, want a: 4", end, got)
+	}
+	must(t, x.Record("b", p, end)) // refreshes the holder entries at that time
+	for _, now := range []time.Time{t0, end} {
+		if got := asMap(t, x.Match(p, now, nil)); got["a"] != 4 {
+			t.Errorf("after a Record at %v: Match at %v = %v, want a: 4", end, now, got)
+		}
+		if got := x.MatchLen("a", p, now); got != 4 {
+			t.Errorf("after a Record at %v: MatchLen(a) at %v = %d, want 4", end, now, got)
+		}
+	}
+	checkInvariants(t, x)
 }

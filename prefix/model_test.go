@@ -75,7 +75,12 @@ func (m *model) record(key string, blocks []uint64, t int64) bool {
 		return false
 	}
 	if !m.eventsOnly {
-		e.touch(blocks, t+m.ttl, m.ttl/64)
+		t = min(t, math.MaxInt64-1) // blocks from events outlast every time
+		exp := t + m.ttl
+		if exp < t {
+			exp = math.MaxInt64 - 1
+		}
+		e.touch(blocks, exp, m.ttl/64)
 	}
 	return true
 }
@@ -123,6 +128,7 @@ func (m *model) matchLen(key string, blocks []uint64, t int64) int {
 	if e == nil {
 		return 0
 	}
+	t = min(t, math.MaxInt64-1)
 	for i, h := range blocks {
 		j := e.find(h)
 		if j < 0 || e.list[j].exp <= t {
