@@ -32,18 +32,36 @@ func (l *Line) UnixNano(t time.Time) int64 {
 	b := l.base.Load()
 	if b == nil {
 		if t == t.Round(0) { // Round(0) strips the monotonic reading
-			return t.UnixNano()
+			return unixNano(t)
 		}
-		l.base.CompareAndSwap(nil, &base{at: t, unix: t.UnixNano()})
+		l.base.CompareAndSwap(nil, &base{at: t, unix: unixNano(t)})
 		b = l.base.Load()
 	}
 	// Sub measures on the monotonic clock when t carries it, else on the
 	// wall clock, where the result is t.UnixNano() unless saturated.
 	d := t.Sub(b.at)
 	if d == math.MaxInt64 || d == math.MinInt64 {
+		return unixNano(t)
+	}
+	if sum := b.unix + int64(d); (sum > b.unix) == (d > 0) {
+		return sum
+	}
+	if d > 0 {
+		return math.MaxInt64
+	}
+	return math.MinInt64
+}
+
+// unixEpoch is the Unix epoch, without a monotonic reading.
+var unixEpoch = time.Unix(0, 0)
+
+// unixNano is t.UnixNano, saturated outside the years 1678 to 2262 that
+// int64 nanoseconds span, where UnixNano's result is undefined.
+func unixNano(t time.Time) int64 {
+	if s := t.Unix(); s > -9e9 && s < 9e9 { // within the range, with room
 		return t.UnixNano()
 	}
-	return b.unix + int64(d)
+	return int64(t.Sub(unixEpoch)) // saturates
 }
 
 // StepWall returns t with its wall clock moved by d (whole seconds) and its

@@ -1,6 +1,7 @@
 package timeline
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -29,10 +30,20 @@ func TestLine(t *testing.T) {
 	}
 	var l Line
 	// Readings without a monotonic reading are their UnixNano, before and
-	// after the line has a base, even far from it.
-	for _, r := range []time.Time{time.Unix(1_000_000, 5), time.Unix(0, 0), time.Unix(-1<<40, 0)} {
-		if got := l.UnixNano(r); got != r.UnixNano() {
-			t.Errorf("before a base: UnixNano(%v) = %d, want %d", r, got, r.UnixNano())
+	// after the line has a base, even far from it; saturated beyond the
+	// years int64 nanoseconds span, where UnixNano is undefined.
+	want := func(r time.Time) int64 {
+		switch {
+		case r.Year() > 2262:
+			return math.MaxInt64
+		case r.Year() < 1678:
+			return math.MinInt64
+		}
+		return r.UnixNano()
+	}
+	for _, r := range []time.Time{time.Unix(1_000_000, 5), time.Unix(0, 0), time.Unix(-1<<40, 0), time.Unix(1<<40, 0)} {
+		if got := l.UnixNano(r); got != want(r) {
+			t.Errorf("before a base: UnixNano(%v) = %d, want %d", r, got, want(r))
 		}
 	}
 	if got := l.UnixNano(t0); got != t0.UnixNano() {
@@ -44,9 +55,14 @@ func TestLine(t *testing.T) {
 			t.Errorf("3 s later after a step of %v: %d, want %d", step, got, want)
 		}
 	}
-	for _, r := range []time.Time{time.Unix(1_000_000, 5), t0.Round(0).Add(time.Hour), time.Unix(-1<<40, 0), time.Unix(1<<40, 0)} {
-		if got := l.UnixNano(r); got != r.UnixNano() {
-			t.Errorf("after a base: UnixNano(%v) = %d, want %d", r, got, r.UnixNano())
+	for _, r := range []time.Time{time.Unix(1_000_000, 5), t0.Round(0).Add(time.Hour), time.Unix(-1<<40, 0), time.Unix(1<<40, 0),
+		time.Unix(0, math.MaxInt64), time.Unix(0, math.MinInt64)} {
+		if got := l.UnixNano(r); got != want(r) {
+			t.Errorf("after a base: UnixNano(%v) = %d, want %d", r, got, want(r))
 		}
+	}
+	// A monotonic reading beyond the span saturates too.
+	if got := l.UnixNano(t0.Add(250 * 365 * 24 * time.Hour)); got != math.MaxInt64 {
+		t.Errorf("250 years after the base: %d, want it saturated", got)
 	}
 }
