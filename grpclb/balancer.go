@@ -39,7 +39,8 @@ type lbBalancer struct {
 
 	// addrKey maps each resolved address to its endpoint's key. It is read
 	// without locks by the out-of-band listeners, which grpc calls under a
-	// lock of its own that stopping a listener also takes.
+	// lock of its own that stopping a listener also takes, and by the
+	// recorder.
 	addrKey atomic.Pointer[map[string]string]
 
 	mu       sync.Mutex // protects the fields below
@@ -70,10 +71,10 @@ func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions
 		ClientConn: cc,
 		builder:    bb,
 		target:     opts.Target.String(),
-		rec:        &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock},
 		subConns:   make(map[*subConnState]struct{}),
 		down:       make(map[string]bool),
 	}
+	b.rec = &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock, keys: &b.addrKey}
 	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	return b
 }
@@ -122,28 +123,32 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 	oobChanged := b.cfg == nil || b.cfg.OOBReportInterval != cfg.OOBReportInterval
 	b.cfg = cfg
 
+	// An endpoint's key maps to itself, even where it is also a later
+	// address of another endpoint: the recorder reads it so.
 	keys := make(map[string]string)
-	present := make(map[string]bool)
 	for _, ep := range ccs.ResolverState.Endpoints {
-		if len(ep.Addresses) == 0 {
-			continue
+		if len(ep.Addresses) > 0 {
+			keys[ep.Addresses[0].Addr] = ep.Addresses[0].Addr
 		}
-		key := ep.Addresses[0].Addr
-		present[key] = true
+	}
+	for _, ep := range ccs.ResolverState.Endpoints {
 		for _, a := range ep.Addresses {
 			if _, dup := keys[a.Addr]; !dup {
-				keys[a.Addr] = key
+				keys[a.Addr] = ep.Addresses[0].Addr
 			}
 		}
 	}
-	if old := b.addrKey.Load(); old != nil && b.rec.owned {
+	// Publish the keys before pruning, so that a report recorded for a
+	// dropped endpoint meanwhile is either pruned here or undone by the
+	// recorder (see recorder.record).
+	old := b.addrKey.Swap(&keys)
+	if old != nil && b.rec.owned {
 		for _, key := range *old {
-			if !present[key] {
+			if keys[key] != key {
 				b.rec.store.Delete(key)
 			}
 		}
 	}
-	b.addrKey.Store(&keys)
 	if oobChanged {
 		for s := range b.subConns {
 			b.restartOOBLocked(s)

@@ -143,7 +143,11 @@ type Config struct {
 type Duration time.Duration
 
 // UnmarshalJSON reads a duration string; negative durations are rejected.
+// A JSON null leaves d unchanged, as it does other fields.
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("duration must be a string such as \"10s\": %v", err)

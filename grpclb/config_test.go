@@ -64,6 +64,10 @@ func TestParseConfig(t *testing.T) {
 		{name: "one objective", js: `{"policy": "default", "tpotObjective": "50ms"}`, wantErr: "must be both positive or both zero"},
 		{name: "objectives are default's", js: `{"policy": "p2c", "ttftObjective": "1s"}`,
 			wantErr: `parameter "ttftObjective" does not apply to policy "p2c"`},
+		{name: "null is unset", js: `{"policy": null, "maxSignalAge": null, "slowStartWindow": null, "decodeAllowance": null}`,
+			check: func(c *grpclb.Config) bool {
+				return c.Policy == "default" && c.MaxSignalAge == 0 && c.SlowStartWindow == 0 && c.DecodeAllowance == nil
+			}},
 		{name: "peak ewma", js: `{"policy": "peak-ewma", "peakDecay": "5s"}`,
 			check: func(c *grpclb.Config) bool { return c.PeakDecay == ms(5*time.Second) }},
 

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -52,6 +53,12 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	child, err := grpclb.NewBuilder(grpclb.Options{Name: twiceName + "-child", OnBalancer: hook})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	balancer.Register(twiceBuilder{child})
 	goleak.VerifyTestMain(m)
 }
 

@@ -18,6 +18,9 @@ type recorder struct {
 	mapping signals.OrcaMapping
 	clock   llmlb.Clock
 	seen    atomic.Bool // a report was recorded into an owned store
+	// keys is the channel's map of resolved addresses to endpoint keys
+	// (lbBalancer.addrKey); an owned store holds only endpoints in it.
+	keys *atomic.Pointer[map[string]string]
 }
 
 // signal returns the balancers' signal: the store, behind a check that
@@ -52,10 +55,34 @@ func (r *recorder) now() time.Time {
 // now. A report without the mapped metrics (for example one with only CPU
 // utilization), or with values out of range, is ignored: it says nothing
 // the balancer can use, and the endpoint keeps its previous observation.
+// So is, in an owned store, the report of an endpoint the resolver dropped,
+// brought by a call that outlived it: the store was pruned of it, and
+// nothing would prune it again.
 func (r *recorder) record(key string, rep *v3orcapb.OrcaLoadReport) {
-	if r.store.RecordOrca(key, reportOf(rep), r.now(), r.mapping) == nil && !r.seen.Load() {
+	if r.owned && !r.resolved(key) {
+		return
+	}
+	if r.store.RecordOrca(key, reportOf(rep), r.now(), r.mapping) != nil {
+		return
+	}
+	if r.owned && !r.resolved(key) {
+		// Dropped meanwhile: the pruning may have run before the record.
+		r.store.Delete(key)
+		return
+	}
+	if !r.seen.Load() {
 		r.seen.Store(true)
 	}
+}
+
+// resolved reports whether key is the key of an endpoint the resolver
+// currently lists.
+func (r *recorder) resolved(key string) bool {
+	if r.keys == nil {
+		return false
+	}
+	m := r.keys.Load()
+	return m != nil && (*m)[key] == key
 }
 
 // reportOf converts grpc's ORCA report to the signals package's.

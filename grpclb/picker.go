@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
@@ -165,6 +166,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		d.done = d.finish
 	}
 	d.pk, d.rec, d.key, d.child = pk, p.rec, ep.key, res.Done
+	d.armed.Store(true)
 	res.Done = d.done
 	return res, nil
 }
@@ -172,7 +174,11 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 // pickDone is the Done callback of one picked RPC. grpc calls a pick's Done
 // at most once (when the RPC's attempt finishes, or when it discards the
 // pick), so the callback and its state are pooled: finish puts them back,
-// and a pick allocates nothing.
+// and a pick allocates nothing. A parent policy may call Done again; finish
+// ignores the calls after the first, so that a pickDone goes back to the
+// pool once and never serves two picks at a time. (A call that comes after
+// the pickDone serves another pick ends that pick early; its counts still
+// return to zero.)
 //
 // A pickDone is padded to 128 bytes, a size class whose objects start on a
 // cache line, so that the pickDones of RPCs on different processors never
@@ -183,13 +189,17 @@ type pickDone struct {
 	key   string
 	child func(balancer.DoneInfo) // the pick-first child's Done, if any
 	done  func(balancer.DoneInfo) // d.finish, bound once
-	_     [128 - 72]byte
+	armed atomic.Bool             // set by Pick, cleared by the first finish
+	_     [128 - 76]byte
 }
 
 // donePool holds free pickDones; Pick makes a new one when it is empty.
 var donePool sync.Pool
 
 func (d *pickDone) finish(di balancer.DoneInfo) {
+	if !d.armed.CompareAndSwap(true, false) {
+		return // called again
+	}
 	pk, rec, key, child := d.pk, d.rec, d.key, d.child
 	d.pk, d.rec, d.key, d.child = llmlb.Pick{}, nil, "", nil
 	donePool.Put(d)
