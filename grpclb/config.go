@@ -408,6 +408,14 @@ func (c *Config) validate() error {
 	if _, err := llmlb.New(llmlb.RoundRobin(), c.options()...); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if c.SlowStartWindow == 0 && (c.SlowStartAggression != 0 || c.SlowStartMinWeightPercent != 0) {
+		// Unused without a window, the ramp is still checked: a value out
+		// of range is an error whether or not slow start is on.
+		ramp := llmlb.SlowStart{Window: time.Second, Aggression: c.SlowStartAggression, MinWeightPercent: c.SlowStartMinWeightPercent}
+		if _, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithSlowStart(ramp)); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
 	return nil
 }
 

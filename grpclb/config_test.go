@@ -99,6 +99,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "negative overlap score weight", js: `{"policy": "dynamo-kv", "overlapScoreWeight": -1}`, wantErr: "OverlapScoreWeight"},
 		{name: "negative default queue weight", js: `{"defaultQueueWeight": -2}`, wantErr: "QueueWeight"},
 		{name: "bad slow start", js: `{"slowStartWindow": "1s", "slowStartMinWeightPercent": 200}`, wantErr: "min weight percent"},
+		{name: "bad slow start without a window", js: `{"slowStartMinWeightPercent": 1e308}`, wantErr: "min weight percent"},
 		{name: "trailing data", js: `{} {}`, wantErr: "invalid config"},
 		{name: "too large", js: `{"policy": "` + strings.Repeat("x", 70<<10) + `"}`, wantErr: "bytes, above"},
 	} {
