@@ -842,7 +842,7 @@ func (b *Balancer) unobserved() bool {
 // fields that only some balancers use cleared.
 func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record {
 	rec := recordPool.Get().(*record)
-	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work, rec.area0 = st, b, 0, 0, 0, 0, 0
+	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work, rec.area0 = st, b, 0, 0, never, 0, 0
 	rec.kind, rec.feature, rec.active = 0, 0, nil
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	if rec.spill != 0 && !b.spilled.Load() {
@@ -954,7 +954,7 @@ func (p Pick) Done(err error) {
 	if streaming && err == nil {
 		// Only a request that streamed to its end measures decode and
 		// teaches its output length.
-		if b.learn && st.est != nil && rec.first != 0 {
+		if b.learn && st.est != nil && rec.first != never {
 			tokens := int64(rec.d2 >> 32) // the decode charged
 			if out > 0 {
 				tokens = out
@@ -1062,7 +1062,7 @@ type record struct {
 	epoch  uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
 	b      *Balancer
 	picked int64   // unix nanos of the pick, when the balancer has an Observer or a Signal or learns
-	first  int64   // unix nanos of the first token, when the balancer learns
+	first  int64   // unix nanos of the first token, when the balancer learns; never before it
 	work   float64 // the prefill work the policy priced, when the balancer learns
 	area0  int64   // the endpoint's loadArea at the first token, when the balancer learns
 	// out is the output tokens reported with Generated (outCountMask) and

@@ -528,3 +528,28 @@ func TestActiveBlocksIdleSets(t *testing.T) {
 		t.Fatalf("an idle endpoint reports %d active blocks", got)
 	}
 }
+
+// TestKVCostTinyTemperature checks that a temperature so small that the
+// softmax scale underflows chooses the cheapest endpoint, as the limit of
+// small temperatures does, rather than a fixed one.
+func TestKVCostTinyTemperature(t *testing.T) {
+	cfg := DynamoKVCostConfig()
+	cfg.Temperature = math.SmallestNonzeroFloat64
+	p, err := KVCost(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, p)
+	mustUpdate(t, b, eps(2))
+	for i := range 6 {
+		// Each request adds a token of queued prefill, a sixteenth of a
+		// block: the least loaded endpoint is the cheapest.
+		if _, err := b.Pick(context.Background(), &Request{PromptTokens: 1}); err != nil {
+			t.Fatal(err)
+		}
+		s := statsByKey(b)
+		if d := s["ep0"].Outstanding - s["ep1"].Outstanding; d < -1 || d > 1 {
+			t.Fatalf("pick %d: %d and %d outstanding, want the picks spread", i, s["ep0"].Outstanding, s["ep1"].Outstanding)
+		}
+	}
+}

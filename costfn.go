@@ -216,10 +216,13 @@ func softmin(c *Candidates, costs []float64, temperature float64) int {
 	for _, v := range costs {
 		lo, hi = min(lo, v), max(hi, v)
 	}
-	if temperature == 0 || hi == lo || math.IsInf(hi-lo, 0) || math.IsNaN(hi-lo) {
+	scale := (hi - lo) * temperature
+	if !(scale > 0) || math.IsInf(hi-lo, 0) {
+		// No temperature, equal or non-finite costs, or a temperature so
+		// small that the scale underflows (the cheapest would then weigh
+		// 0/0): the cheapest, as at the limit.
 		return argminCost(c, costs)
 	}
-	scale := (hi - lo) * temperature
 	total := 0.0
 	for _, v := range costs {
 		total += math.Exp(-(v - lo) / scale)

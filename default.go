@@ -514,6 +514,11 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 			best = argminCost(c, c.costs)
 			if !slices.Contains(pick, int32(best)) {
 				c.loadInto(best, &c.loads[best])
+				if pool != nil {
+					// Unscored: its work, which the first token is
+					// fitted against, is not in c.speeds yet.
+					c.speeds[best].work = p.work(c, best, &c.loads[best], avg)
+				}
 			}
 		}
 	}

@@ -647,3 +647,47 @@ func TestDefaultExtremeObjectives(t *testing.T) {
 		}
 	}
 }
+
+// tinyWeightEP declares the least positive weight, which prices every
+// cost at +Inf.
+type tinyWeightEP struct{ key string }
+
+func (e tinyWeightEP) Key() string     { return e.key }
+func (e tinyWeightEP) Weight() float64 { return math.SmallestNonzeroFloat64 }
+
+// TestDefaultUnscoredChoiceLearnsItsWork checks that when a sampled pick
+// finds no finite cost among the candidates it scored and chooses among
+// all of them, the speed estimate of the chosen endpoint is fed the work
+// priced for it, not what an earlier pick left in the scratch space.
+func TestDefaultUnscoredChoiceLearnsItsWork(t *testing.T) {
+	for seed := range uint64(8) {
+		p, err := Default(DefaultConfig{Sampled: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock := newFakeClock()
+		b, err := New(p, WithClock(clock), WithRand(rand.NewPCG(seed, 1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := make([]Endpoint, 8)
+		for i := range all {
+			all[i] = tinyWeightEP{key: fmt.Sprint("ep", i)}
+		}
+		mustUpdate(t, b, all)
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Second)
+		pk.FirstToken()
+		est := b.snap.Load().byKey[pk.Endpoint().Key()].est
+		est.mu.Lock()
+		work := est.mw // the work of the first observation
+		est.mu.Unlock()
+		if work != 1000 {
+			t.Errorf("seed %d: the first token was fitted against %v prefill tokens of work, want 1000", seed, work)
+		}
+		pk.Done(nil)
+	}
+}

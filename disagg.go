@@ -182,7 +182,7 @@ func (p Pick) decodeBegins() {
 	if rec == nil || !rec.state.CompareAndSwap(p.base|phaseStreaming, p.base|phaseBusy) {
 		return
 	}
-	if b := rec.b; b.learn && rec.first == 0 {
+	if b := rec.b; b.learn && rec.first == never {
 		now := b.now()
 		rec.first = now
 		if st := rec.st; st.est != nil {

@@ -964,3 +964,31 @@ func TestPoolTestPrefillLogUnits(t *testing.T) {
 		t.Error("the same ratio at a third of the standard error left the pool even")
 	}
 }
+
+// TestLearnDecodeOfFirstTokenAtUnixEpoch checks that a request whose first
+// token streams at the clock reading time.Unix(0, 0), a natural start for a
+// fake clock, still measures its decode: that reading is a time like any
+// other, not the absence of a first token.
+func TestLearnDecodeOfFirstTokenAtUnixEpoch(t *testing.T) {
+	p, err := Default(DefaultConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &fakeClock{t: time.Unix(0, 0)}
+	b := mustNew(t, p, WithClock(clock))
+	mustUpdate(t, b, eps(1))
+	est := b.snap.Load().eps[0].est
+	pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pk.FirstToken()
+	clock.Advance(2560 * time.Millisecond)
+	pk.Done(nil)
+	if n, dn := math.Float64frombits(est.count.Load()), math.Float64frombits(est.dcount.Load()); n != 1 || dn != 1 {
+		t.Fatalf("%v prefill and %v decode observations, want 1 and 1", n, dn)
+	}
+	if got, want := math.Float64frombits(est.dtau.Load()), 2.56/DefaultDecodeAllowance; math.Abs(got/want-1) > 1e-9 {
+		t.Errorf("decode %v s/token, want %v", got, want)
+	}
+}

@@ -149,13 +149,19 @@ func (d *outputDist) observe(n int64, p *outputPredictor) {
 	if p.quantile == 0 {
 		est = d.sum / d.weight
 	} else {
-		target, acc := p.quantile*d.weight, 0.0
+		// The buckets' sum may round below the weight: the quantile is
+		// then the last bucket that holds any.
+		target, acc, b := p.quantile*d.weight, 0.0, 0
 		for i, c := range d.counts {
+			if c == 0 {
+				continue
+			}
+			b = i
 			if acc += c; acc >= target {
-				est = outputBucketValue(i)
 				break
 			}
 		}
+		est = outputBucketValue(b)
 	}
 	d.est.Store(int64(math.Round(min(max(est, 1), math.MaxInt32))))
 	d.n.Add(1)

@@ -217,3 +217,20 @@ func BenchmarkOutputPrediction(b *testing.B) {
 		})
 	}
 }
+
+// TestOutputQuantileNearOne checks that a quantile just below 1 charges
+// about the longest learned output, even when the buckets' weights sum to
+// a little less than the total they were added to.
+func TestOutputQuantileNearOne(t *testing.T) {
+	p, err := newOutputPredictor(OutputConfig{Quantile: math.Nextafter(1, 0), Window: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 10_000 {
+		p.all.observe(int64(1000+rng.IntN(100_000)), p)
+		if e := p.all.est.Load(); float64(e) < 1000/1.26 {
+			t.Fatalf("completion %d: charges %d tokens, want at least the shortest output's bucket", i, e)
+		}
+	}
+}
