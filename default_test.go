@@ -691,3 +691,46 @@ func TestDefaultUnscoredChoiceLearnsItsWork(t *testing.T) {
 		pk.Done(nil)
 	}
 }
+
+// TestDefaultEventsIndexOutlivesMembership: an endpoint that leaves a
+// balancer's membership keeps the blocks its engine reported in the events
+// index, for another balancer sharing it and for its own return.
+func TestDefaultEventsIndexOutlivesMembership(t *testing.T) {
+	events, _ := prefix.NewIndex(prefix.IndexConfig{EventsOnly: true})
+	newBalancer := func() *Balancer {
+		decisions, _ := prefix.NewIndex(prefix.IndexConfig{})
+		pol, err := Default(DefaultConfig{Index: decisions, Events: events})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := mustNew(t, pol, WithRand(rand.NewPCG(1, 2)))
+		mustUpdate(t, b, eps(4))
+		return b
+	}
+	a, other := newBalancer(), newBalancer()
+	prompt := blocks(5, 100)
+	req := Request{PromptTokens: 1600, OutputTokens: 10, Prefix: prompt}
+	_ = events.Stored("ep1", 16, prompt...)
+	wantEP1 := func(b *Balancer, when string) {
+		t.Helper()
+		pk, err := b.Pick(context.Background(), &req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pk.Done(nil)
+		if k := pk.Endpoint().Key(); k != "ep1" {
+			t.Errorf("%s: picked %s, want ep1, whose engine reported the prompt", when, k)
+		}
+	}
+	wantEP1(a, "before")
+	all := eps(4)
+	mustUpdate(t, a, []Endpoint{all[0], all[2], all[3]}) // ep1 leaves a
+	if pk, err := a.Pick(context.Background(), &req); err != nil {
+		t.Fatal(err)
+	} else {
+		pk.Done(nil)
+	}
+	wantEP1(other, "after ep1 left another balancer")
+	mustUpdate(t, a, all) // and comes back
+	wantEP1(a, "after ep1 came back")
+}

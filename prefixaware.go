@@ -64,10 +64,10 @@ func (t *prefixTracker) sync(c *Candidates) {
 	}
 	for k := range t.members {
 		if _, ok := next[k]; !ok {
+			// The events index is not the policy's: whoever feeds it
+			// drops an engine that goes away (kvevents does), and
+			// another policy sharing it may still route to this one.
 			t.index.RemoveEndpoint(k)
-			if t.events != nil {
-				t.events.RemoveEndpoint(k)
-			}
 			delete(t.capKV, k)
 		}
 	}
