@@ -121,13 +121,20 @@ func (c *OutputCounter) Count(p []byte) int {
 	if !c.sse {
 		c.bytes += int64(len(p))
 		for i := 0; i < len(p); i++ {
-			if c.inStr && !c.esc && c.keyLen < 0 {
+			switch {
+			case c.inStr && !c.esc && c.keyLen < 0:
 				// Only the string's closing quote matters.
 				j := c.skipString(p[i:])
 				if j < 0 {
-					break
+					return 0
 				}
 				i += j
+			case !c.inStr && c.expect == expectNothing:
+				for !structural[p[i]] {
+					if i++; i == len(p) {
+						return 0
+					}
+				}
 			}
 			c.scan(p[i])
 		}
@@ -141,9 +148,9 @@ func (c *OutputCounter) Count(p []byte) int {
 		}
 	}
 	for i := 0; i < len(p); i++ {
-		if c.field == lineData && c.inStr && !c.esc && c.keyLen < 0 {
-			// Only a quote, a backslash or a line break changes anything.
-			if i += stringRun(p[i:]); i == len(p) {
+		if c.field == lineData && c.done < 0 {
+			// The rest of a data line is JSON, or something else.
+			if i += c.scanLine(p[i:]); i == len(p) {
 				break
 			}
 		}
@@ -193,13 +200,33 @@ func backslashesBefore(p []byte, j, from int) int {
 	return n
 }
 
-// stringRun returns the length of the run of bytes at the start of p that
-// are neither quotes, backslashes nor line breaks.
-func stringRun(p []byte) int {
-	for i, b := range p {
-		if b == '"' || b == '\\' || b == '\n' || b == '\r' {
+// scanLine reads the bytes of an event's data at the start of p, up to a
+// line break, and returns how many it read.
+func (c *OutputCounter) scanLine(p []byte) int {
+	for i := 0; i < len(p); i++ {
+		b := p[i]
+		switch {
+		case c.inStr && !c.esc && c.keyLen < 0:
+			// Only a quote, a backslash or a line break changes anything.
+			for b != '"' && b != '\\' && b != '\n' && b != '\r' {
+				if i++; i == len(p) {
+					return i
+				}
+				b = p[i]
+			}
+		case !c.inStr && c.expect == expectNothing:
+			// Only a string, an object, an array or a line break does.
+			for !structural[b] {
+				if i++; i == len(p) {
+					return i
+				}
+				b = p[i]
+			}
+		}
+		if b == '\n' || b == '\r' {
 			return i
 		}
+		c.scan(b)
 	}
 	return len(p)
 }
@@ -217,8 +244,8 @@ func (c *OutputCounter) scan(b byte) {
 			c.inStr = false
 			c.endString()
 		case c.keyLen < 0:
-		case int(c.keyLen) == maxUsageKeyLen || c.keyLen == 0 && b != 'u' && b != 'c' && b != 'o':
-			c.keyLen = -1 // too long, or starts as no key read does
+		case int(c.keyLen) == maxUsageKeyLen || c.keyLen == 0 && !c.startsKey(b):
+			c.keyLen = -1 // too long, or starts as no key read here does
 		default:
 			c.key[c.keyLen] = b
 			c.keyLen++
@@ -237,7 +264,12 @@ func (c *OutputCounter) scan(b byte) {
 	}
 	switch b {
 	case '"':
-		c.inStr, c.keyLen = true, 0
+		// Only a usage object's counts and the "usage" keys where one may
+		// be are read; any other string is skipped.
+		c.inStr, c.keyLen = true, -1
+		if c.usageAt != 0 && c.depth == c.usageAt || c.usageAt == 0 && c.depth <= maxUsageDepth {
+			c.keyLen = 0
+		}
 	case ':':
 		switch c.expect {
 		case expectCountColon:
@@ -268,6 +300,20 @@ func (c *OutputCounter) scan(b byte) {
 		}
 	}
 	c.expect = expectNothing
+}
+
+// structural marks the bytes that matter in JSON text outside a string
+// when no key calls for anything: those that start or end a string, an
+// object or an array, and line breaks.
+var structural = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true, '\n': true, '\r': true}
+
+// startsKey reports whether b starts a key read where the string is: a
+// count key in a usage object, else "usage".
+func (c *OutputCounter) startsKey(b byte) bool {
+	if c.usageAt != 0 {
+		return b == completionKey[0] || b == outputKey[0]
+	}
+	return b == usageKey[0]
 }
 
 // endString reads the string that ended: a "usage" key where a usage
