@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
@@ -166,7 +165,6 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		d.done = d.finish
 	}
 	d.pk, d.rec, d.key, d.child = pk, p.rec, ep.key, res.Done
-	d.armed.Store(true)
 	res.Done = d.done
 	return res, nil
 }
@@ -174,11 +172,12 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 // pickDone is the Done callback of one picked RPC. grpc calls a pick's Done
 // at most once (when the RPC's attempt finishes, or when it discards the
 // pick), so the callback and its state are pooled: finish puts them back,
-// and a pick allocates nothing. A parent policy may call Done again; finish
-// ignores the calls after the first, so that a pickDone goes back to the
-// pool once and never serves two picks at a time. (A call that comes after
-// the pickDone serves another pick ends that pick early; its counts still
-// return to zero.)
+// and a pick allocates nothing. A parent policy may call Done again (a defer
+// beside an explicit call): finish ignores a call after the first, so that
+// the pickDone goes back to the pool once, as long as the call comes before
+// the pickDone serves another pick. A later one is a data race, which the
+// race detector reports; it ends that other pick early (its counts still
+// return to zero).
 //
 // A pickDone is padded to 128 bytes, a size class whose objects start on a
 // cache line, so that the pickDones of RPCs on different processors never
@@ -189,16 +188,15 @@ type pickDone struct {
 	key   string
 	child func(balancer.DoneInfo) // the pick-first child's Done, if any
 	done  func(balancer.DoneInfo) // d.finish, bound once
-	armed atomic.Bool             // set by Pick, cleared by the first finish
-	_     [128 - 76]byte
+	_     [128 - 72]byte
 }
 
 // donePool holds free pickDones; Pick makes a new one when it is empty.
 var donePool sync.Pool
 
 func (d *pickDone) finish(di balancer.DoneInfo) {
-	if !d.armed.CompareAndSwap(true, false) {
-		return // called again
+	if d.rec == nil {
+		return // called again: Pick sets rec, the first finish clears it
 	}
 	pk, rec, key, child := d.pk, d.rec, d.key, d.child
 	d.pk, d.rec, d.key, d.child = llmlb.Pick{}, nil, "", nil
