@@ -12,7 +12,9 @@
 // GET /v1/models. As vLLM, /v1/completions reads the prompt and
 // /v1/chat/completions the messages, and a request without its own field is
 // refused (400); a completions request carries one prompt, a string or a
-// list of one: a batch of several, or token IDs, is refused too.
+// list of one: a batch of several, or token IDs, is refused too, as is an n
+// other than 1 (one choice a request) or a model name over 1024 bytes (it
+// is echoed in every answer).
 //
 // The model is the simulator's replica, run against the wall clock with the
 // same parameters ([Config.TokenBudget], [Config.MaxRunning],

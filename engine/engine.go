@@ -44,6 +44,11 @@ const (
 	DefaultBlockSize = model.DefaultBlockSize
 )
 
+// minSpeedup bounds Config.Speedup below: at it an iteration may already
+// last minutes, and far below it an iteration's time overflows
+// time.Duration, so that the engine would not wait at all.
+const minSpeedup = 1e-3
+
 // ErrInvalidConfig: a Config field is out of range.
 var ErrInvalidConfig = errors.New("engine: invalid config")
 
@@ -71,8 +76,8 @@ type Config struct {
 	// of the KV events. 0 means [DefaultBlockSize].
 	BlockSize int
 	// Speedup divides every iteration time: 10 runs the model ten times
-	// faster than a real GPU would. 0 means 1; it must be positive and
-	// finite.
+	// faster than a real GPU would. 0 means 1; it must be finite and at
+	// least 0.001 (a thousand times slower than a GPU).
 	Speedup float64
 	// Model is the model name served and reported. "" means [DefaultModel].
 	Model string
@@ -191,8 +196,8 @@ func New(cfg Config) (*Engine, error) {
 	if speed == 0 {
 		speed = 1
 	}
-	if math.IsNaN(speed) || math.IsInf(speed, 0) || speed <= 0 {
-		return nil, fmt.Errorf("%w: Speedup %v must be positive and finite", ErrInvalidConfig, cfg.Speedup)
+	if math.IsNaN(speed) || math.IsInf(speed, 0) || speed < minSpeedup {
+		return nil, fmt.Errorf("%w: Speedup %v must be finite and at least %g", ErrInvalidConfig, cfg.Speedup, minSpeedup)
 	}
 	for _, f := range []struct {
 		name  string

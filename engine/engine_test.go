@@ -202,6 +202,13 @@ func TestBadRequests(t *testing.T) {
 		{"/v1/completions", `{"prompt":"x","max_tokens":300}`, http.StatusBadRequest, ""}, // exceeds 16 blocks of 16
 		{"/v1/completions", `{"prompt":"` + strings.Repeat("x", 2000) + `"}`, http.StatusRequestEntityTooLarge, ""},
 		{"/v2/whatever", `{}`, http.StatusNotFound, ""},
+		// One choice a request, as one prompt.
+		{"/v1/completions", `{"prompt":"x","n":3}`, http.StatusBadRequest, "n: this emulator answers one choice a request"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"n":-1}`, http.StatusBadRequest, "n: this emulator answers one choice a request"},
+		{"/v1/completions", `{"prompt":"x","n":0}`, http.StatusBadRequest, "n: this emulator answers one choice a request"},
+		{"/v1/completions", `{"prompt":"x","n":"2"}`, http.StatusBadRequest, "n must not be a JSON string"},
+		{"/v1/completions", `{"prompt":"x","n":1,"max_tokens":1}`, http.StatusOK, ""},
+		{"/v1/completions", `{"prompt":"x","n":null,"max_tokens":1}`, http.StatusOK, ""},
 	}
 	for _, c := range cases {
 		resp := post(t, url+c.path, c.body)
@@ -215,11 +222,37 @@ func TestBadRequests(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	assert.Equal(t, http.MethodPost, resp.Header.Get("Allow"))
 	resp, err = client.Get(url + "/v1/models")
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.Contains(t, string(b), `"id":"emulated"`)
+}
+
+// A request's model name is echoed in every event of its stream, so it is
+// bounded: a long one would multiply the bytes sent by the tokens asked.
+func TestModelNameBounded(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	for _, c := range []struct {
+		model string
+		code  int
+	}{
+		{strings.Repeat("m", maxModelBytes), http.StatusOK},
+		{strings.Repeat("m", maxModelBytes+1), http.StatusBadRequest},
+		{strings.Repeat("m", 4<<20), http.StatusBadRequest},
+	} {
+		resp := post(t, url+"/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":8,"stream":true}`, c.model))
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, c.code, resp.StatusCode, "model of %d bytes", len(c.model))
+		if c.code != http.StatusOK {
+			assert.Contains(t, string(b), "model: a name of at most 1024 bytes")
+		}
+	}
+	_, err := New(Config{Speedup: minSpeedup})
+	assert.NoError(t, err, "the slowest speedup allowed")
 }
 
 // Metrics are vLLM's names, parsed by package signals, and the prefix cache
@@ -428,6 +461,10 @@ func TestConfig(t *testing.T) {
 		{MaxWaiting: -1},
 		{RequestsPerMinute: -1},
 		{MaxModelLen: -1},
+		// Iteration times of these overflow time.Duration: the engine
+		// would not wait at all.
+		{Speedup: 1e-300},
+		{Speedup: minSpeedup / 2},
 	} {
 		_, err := New(cfg)
 		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
@@ -442,6 +479,7 @@ func FuzzParse(f *testing.F) {
 		`{"prompt":["a","b"]}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
 		`{"prompt":"x","max_tokens":-1}`,
+		`{"prompt":"x","n":2,"model":"m"}`,
 		`{`,
 	} {
 		f.Add([]byte(s), false)
@@ -450,12 +488,18 @@ func FuzzParse(f *testing.F) {
 	e, err := New(Config{KVBlocks: 64})
 	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
-		s, _, code, _ := e.parse(body, chat)
+		s, q, code, _ := e.parse(body, chat)
 		if code != 0 {
 			if s != nil {
 				t.Fatal("refused request returned a sequence")
 			}
 			return
+		}
+		if len(q.Model) > maxModelBytes {
+			t.Fatalf("accepted a model of %d bytes", len(q.Model))
+		}
+		if q.N != nil && *q.N != 1 {
+			t.Fatalf("accepted n %v", *q.N)
 		}
 		if s.PromptTokens < 1 || s.OutputTokens < 1 || s.OutputTokens > e.maxCap || !e.rep.Fits(&s.Sequence) {
 			t.Fatalf("accepted out-of-range request %+v", s)

@@ -97,8 +97,13 @@ type request struct {
 	Messages            []message       `json:"messages"`
 	MaxTokens           *float64        `json:"max_tokens"`
 	MaxCompletionTokens *float64        `json:"max_completion_tokens"`
+	N                   *float64        `json:"n"`
 	Stream              bool            `json:"stream"`
 }
+
+// maxModelBytes bounds the model name a request names, which every answer
+// and every event of a stream echoes.
+const maxModelBytes = 1024
 
 type message struct {
 	Role    string          `json:"role"`
@@ -155,6 +160,7 @@ func (q *request) promptText(chat bool) (string, string) {
 
 func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
 		writeError(w, http.StatusMethodNotAllowed, "POST only")
 		return
 	}
@@ -214,6 +220,13 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 	text, refusal := q.promptText(chat)
 	if refusal == "" && text == "" {
 		refusal = "the prompt is empty"
+	}
+	switch {
+	case refusal != "":
+	case len(q.Model) > maxModelBytes:
+		refusal = fmt.Sprintf("model: a name of at most %d bytes is required", maxModelBytes)
+	case q.N != nil && *q.N != 1:
+		refusal = "n: this emulator answers one choice a request; send each choice as a request of its own"
 	}
 	if refusal != "" {
 		return nil, q, http.StatusBadRequest, refusal

@@ -24,9 +24,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,6 +49,32 @@ func main() {
 // maxEngines bounds -n: each engine is a listener and a scheduling
 // goroutine on this machine.
 const maxEngines = 1024
+
+// minSpeedup is the smallest -speedup, engine.Config's bound.
+const minSpeedup = 1e-3
+
+// parsePorts parses the value of -ports: comma-separated ports, at most
+// maxEngines, none twice but 0 (a free port). It returns their addresses on
+// host.
+func parsePorts(list, host string) ([]string, error) {
+	var addrs []string
+	var seen []uint64
+	for _, p := range strings.Split(list, ",") {
+		p = strings.TrimSpace(p)
+		n, err := strconv.ParseUint(p, 10, 16)
+		switch {
+		case err != nil:
+			return nil, fmt.Errorf("-ports %q: %q is not a port from 0 to 65535", list, p)
+		case n != 0 && slices.Contains(seen, n):
+			return nil, fmt.Errorf("-ports %q lists %d twice", list, n)
+		case len(addrs) == maxEngines:
+			return nil, fmt.Errorf("-ports %q lists more than %d ports", list, maxEngines)
+		}
+		seen = append(seen, n)
+		addrs = append(addrs, net.JoinHostPort(host, p))
+	}
+	return addrs, nil
+}
 
 // run runs the engines until ctx ends, printing their addresses to out.
 func run(ctx context.Context, args []string, out io.Writer) error {
@@ -71,28 +99,40 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (llmlb-engine -h lists the flags)", fs.Arg(0))
 	}
+	// Sizes are positive: 0, which engine.Config reads as its default,
+	// would silently run something other than what was asked.
 	for _, f := range []struct {
 		name  string
 		value int
 	}{
 		{"max-tokens", *maxTokens}, {"kv-blocks", *kvBlocks}, {"block-size", *blockSize},
-		{"token-budget", *budget}, {"max-running", *maxRunning}, {"max-waiting", *maxWaiting},
-		{"rpm", *rpm}, {"max-model-len", *maxModelLen}, {"kv-events-port", *kvPort},
+		{"token-budget", *budget}, {"max-running", *maxRunning},
+	} {
+		if f.value < 1 {
+			return fmt.Errorf("-%s %d must be positive", f.name, f.value)
+		}
+	}
+	for _, f := range []struct {
+		name  string
+		value int
+	}{
+		{"max-waiting", *maxWaiting}, {"rpm", *rpm}, {"max-model-len", *maxModelLen}, {"kv-events-port", *kvPort},
 	} {
 		if f.value < 0 {
 			return fmt.Errorf("-%s %d must not be negative", f.name, f.value)
 		}
 	}
+	if *maxTokens > engine.DefaultMaxTokensCap {
+		return fmt.Errorf("-max-tokens %d exceeds the output cap of %d tokens", *maxTokens, engine.DefaultMaxTokensCap)
+	}
+	if !(*speedup >= minSpeedup) || math.IsInf(*speedup, 0) {
+		return fmt.Errorf("-speedup %v must be finite and at least %g", *speedup, minSpeedup)
+	}
 	var addrs []string
 	if *ports != "" {
-		for _, p := range strings.Split(*ports, ",") {
-			if _, err := strconv.ParseUint(strings.TrimSpace(p), 10, 16); err != nil {
-				return fmt.Errorf("bad port %q", p)
-			}
-			addrs = append(addrs, net.JoinHostPort(*host, strings.TrimSpace(p)))
-		}
-		if len(addrs) > maxEngines {
-			return fmt.Errorf("-ports lists %d ports, at most %d", len(addrs), maxEngines)
+		var err error
+		if addrs, err = parsePorts(*ports, *host); err != nil {
+			return err
 		}
 	} else {
 		if *n < 1 || *n > maxEngines {

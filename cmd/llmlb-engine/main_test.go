@@ -193,19 +193,70 @@ func TestKVEventsPython(t *testing.T) {
 
 // TestRunErrors checks that bad flags fail before any engine starts, with
 // an error naming the flag.
+func TestParsePorts(t *testing.T) {
+	got, err := parsePorts(" 8001,0, 0,65535", "::1")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"[::1]:8001", "[::1]:0", "[::1]:0", "[::1]:65535"}, got)
+	_, err = parsePorts(strings.Repeat("0,", maxEngines)+"0", "h")
+	assert.ErrorContains(t, err, "lists more than 1024 ports")
+}
+
+// FuzzParsePorts: -ports never panics, and what it accepts is one address
+// per listed port, none twice but port 0.
+func FuzzParsePorts(f *testing.F) {
+	for _, s := range []string{"8001,8002", "8001,x", ",", "0,0", "8001, 8001", "65536", "-1", " 1 "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, list string) {
+		addrs, err := parsePorts(list, "127.0.0.1")
+		if err != nil {
+			return
+		}
+		if n := strings.Count(list, ",") + 1; len(addrs) != n || n > maxEngines {
+			t.Fatalf("parsePorts(%q) = %d addresses", list, len(addrs))
+		}
+		seen := map[string]bool{}
+		for _, a := range addrs {
+			_, port, err := net.SplitHostPort(a)
+			if err != nil {
+				t.Fatalf("parsePorts(%q): address %q: %v", list, a, err)
+			}
+			if port != "0" && seen[port] {
+				t.Fatalf("parsePorts(%q) lists port %s twice", list, port)
+			}
+			seen[port] = true
+		}
+	})
+}
+
 func TestRunErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"-rpm", "-1"}, "-rpm -1 must not be negative"},
-		{[]string{"-kv-blocks", "-1"}, "-kv-blocks -1 must not be negative"},
+		{[]string{"-kv-blocks", "-1"}, "-kv-blocks -1 must be positive"},
 		{[]string{"-max-waiting", "-2"}, "-max-waiting -2 must not be negative"},
 		{[]string{"-n", "0"}, "-n 0 out of range [1, 1024]"},
 		{[]string{"-n", "1025"}, "-n 1025 out of range [1, 1024]"},
 		{[]string{"-n", "2", "extra"}, `unexpected argument "extra"`},
-		{[]string{"-ports", "8001,x"}, `bad port "x"`},
-		{[]string{"-speedup", "-1"}, "Speedup -1 must be positive and finite"},
+		{[]string{"-ports", "8001,x"}, `-ports "8001,x": "x" is not a port from 0 to 65535`},
+		{[]string{"-speedup", "-1"}, "-speedup -1 must be finite and at least 0.001"},
+		// 0 is engine.Config's default, not what was asked.
+		{[]string{"-speedup", "0"}, "-speedup 0 must be finite and at least 0.001"},
+		{[]string{"-max-tokens", "0"}, "-max-tokens 0 must be positive"},
+		{[]string{"-kv-blocks", "0"}, "-kv-blocks 0 must be positive"},
+		{[]string{"-block-size", "0"}, "-block-size 0 must be positive"},
+		{[]string{"-token-budget", "0"}, "-token-budget 0 must be positive"},
+		{[]string{"-max-running", "0"}, "-max-running 0 must be positive"},
+		// Iteration times beyond time.Duration: no delay at all.
+		{[]string{"-speedup", "1e-300"}, "-speedup 1e-300 must be finite and at least 0.001"},
+		{[]string{"-speedup", "NaN"}, "-speedup NaN must be finite and at least 0.001"},
+		{[]string{"-speedup", "Inf"}, "-speedup +Inf must be finite and at least 0.001"},
+		{[]string{"-max-tokens", "99999999"}, "-max-tokens 99999999 exceeds the output cap of 4096 tokens"},
+		{[]string{"-ports", ","}, `-ports ",": "" is not a port from 0 to 65535`},
+		{[]string{"-ports", "8001, 8001"}, `-ports "8001, 8001" lists 8001 twice`},
+		{[]string{"-ports", "70000"}, `"70000" is not a port`},
 	} {
 		var out strings.Builder
 		err := run(context.Background(), tc.args, &out)
