@@ -200,7 +200,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			"true, the true output length, as a caller that knows it exactly (default: the scenario's list, allowance, predict, true for the routes scenario; "+
 			"for the others one run charging the allowance, without the outputs column)")
 		outQuant = fs.Float64("output-quantile", 0, "with -outputs predict, charge this quantile of the learned output lengths, in [0, 1), instead of their mean (0)")
-		speedArg = fs.String("speeds", "", "each replica's `speeds` relative to the engine, one per replica in order, a run of equal speeds as count x speed: 1,1,0.5,0.5 or 2x1,2x0.5; "+
+		speedArg = fs.String("speeds", "", "each replica's `speeds` relative to the engine, from 0.001 to 1000, one per replica in order, a run of equal speeds as count x speed: 1,1,0.5,0.5 or 2x1,2x0.5; "+
 			"replaces the scenario's starting speeds, for a scenario or a -trace (default: the scenario's, 2x1,6x0.5 for mixed and mixed-slowdown, 1 for every replica of the others)")
 		prefillArg = fs.String("prefill", "", "comma-separated `counts` of prefill workers, each compared under every disaggregated policy (pd-*), the other replicas decoding; "+
 			"co-located policies run once on all the replicas (default: the scenario's list, 2,3 for pd, 3,4 for pd-long; a quarter of the replicas for the others)")
@@ -259,6 +259,14 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	} {
 		if f.value > f.max {
 			return usageError{fmt.Errorf("-%s %d exceeds the simulator's limit of %d", f.name, f.value, f.max)}
+		}
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"scrape", *scrape}, {"signal-interval", *signalIv}} {
+		if f.d > 0 && f.d < time.Millisecond {
+			return usageError{fmt.Errorf("-%s %v must be at least 1ms", f.name, f.d)}
 		}
 	}
 	if !(*rateScale > 0) || math.IsInf(*rateScale, 0) {
@@ -348,6 +356,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	names := sc.Policies
 	switch *policies {
 	case "":
+		if set["policies"] {
+			return usageError{errors.New(`-policies "": want comma-separated policy names, or all`)}
+		}
 	case "all":
 		names = nil
 		for _, p := range sim.Policies() {
@@ -363,6 +374,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 					known = append(known, p.Name)
 				}
 				return usageError{fmt.Errorf("-policies: unknown policy %q (known: %s)", names[i], strings.Join(known, ", "))}
+			}
+			if slices.Contains(names[:i], names[i]) {
+				return usageError{fmt.Errorf("-policies %q lists %s twice", *policies, names[i])}
 			}
 		}
 	}
@@ -460,6 +474,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			return usageError{fmt.Errorf("-share needs -routers 2 or more to share between, not %d", n)}
 		case n < 2:
 			return usageError{fmt.Errorf("-share needs -routers 2 or more to share between; the %s scenario has %d router", sc.Name, n)}
+		case n > sim.MaxShareRouters:
+			return usageError{fmt.Errorf("-share works between at most %d routers, not -routers %d", sim.MaxShareRouters, n)}
 		}
 		cfg.Share = *shareIv
 	}
@@ -534,7 +550,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		infos := make([]sim.ScenarioInfo, n)
 		last := func(policy string) string { return policy }
+		rateFlag := "-rate-scale"
 		if sweeping {
+			rateFlag = "-sweep rate scale"
 			last = func(policy string) string { return fmt.Sprintf("%s at x%g", policy, x) }
 		}
 		g, gctx := errgroup.WithContext(ctx)
@@ -546,6 +564,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			reqs := reqs
 			if *trace == "" {
 				if reqs, genErr = w.Generate(cfg.Seed); genErr != nil {
+					genErr = fmt.Errorf("%s %g: %w", rateFlag, x, genErr)
 					break
 				}
 			}
@@ -826,7 +845,7 @@ const (
 )
 
 // parseSpeeds parses the value of -speeds for replicas replicas:
-// comma-separated speeds, each a positive finite number, or count x speed
+// comma-separated speeds, each from sim.MinSpeed to sim.MaxSpeed, or count x speed
 // for a run of count equal ones, one speed per replica in all.
 func parseSpeeds(list string, replicas int) ([]float64, error) {
 	var out []float64
@@ -849,6 +868,8 @@ func parseSpeeds(list string, replicas int) ([]float64, error) {
 			return nil, fmt.Errorf("-speeds %q: speed %q is not a number", list, speed)
 		case !(v > 0) || math.IsInf(v, 0):
 			return nil, fmt.Errorf("-speeds %q: speed %s must be a positive finite number", list, speed)
+		case v < sim.MinSpeed || v > sim.MaxSpeed:
+			return nil, fmt.Errorf("-speeds %q: speed %s out of range [%g, %g]", list, speed, sim.MinSpeed, sim.MaxSpeed)
 		case count > maxSpeedReplicas-len(out):
 			return nil, fmt.Errorf("-speeds %q lists more than %d speeds", list, maxSpeedReplicas)
 		}

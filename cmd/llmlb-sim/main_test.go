@@ -196,6 +196,15 @@ func TestRunErrors(t *testing.T) {
 		{"prefill repeated", []string{"-replicas", "8", "-prefill", "2,2"}, `-prefill "2,2" lists 2 twice`, ""},
 		{"prefill empty", []string{"-prefill", ""}, `-prefill "": want comma-separated counts of prefill workers`, ""},
 		{"speeds with a trace", []string{"-trace", good, "-speeds", "3x1"}, `-speeds "3x1" lists 3 speeds for 2 replicas`, ""},
+		{"speed too low", []string{"-speeds", "1e-300,1"}, `-speeds "1e-300,1": speed 1e-300 out of range [0.001, 1000]`, ""},
+		{"speed too high", []string{"-speeds", "2x1e9"}, `-speeds "2x1e9": speed 1e9 out of range [0.001, 1000]`, ""},
+		{"scrape too short", []string{"-scrape", "1ns"}, "-scrape 1ns must be at least 1ms", ""},
+		{"signal interval too short", []string{"-signal-interval", "999us"}, "-signal-interval 999µs must be at least 1ms", ""},
+		{"policies repeated", []string{"-policies", "p2c, p2c"}, `-policies "p2c, p2c" lists p2c twice`, ""},
+		{"policies empty", []string{"-policies", ""}, `-policies "": want comma-separated policy names, or all`, ""},
+		{"share between too many routers", []string{"-routers", "66", "-share", "1ms"}, "-share works between at most 65 routers, not -routers 66", ""},
+		{"rate scale too low", []string{"-rate-scale", "1e-300"}, "-rate-scale 1e-300: sim: invalid workload: rate 6.1e-299 requests/s spreads 100 requests over about 1.64e+300s, beyond 1e+09s", "arrives at"},
+		{"sweep rate scale too low", []string{"-sweep", "1e-300,1"}, "-sweep rate scale 1e-300: sim: invalid workload: rate", "arrives at"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -699,6 +708,10 @@ func TestParseSpeeds(t *testing.T) {
 		{"1,,1", 2, nil, `want comma-separated speeds, one per replica`},
 		{"", 1, nil, `want comma-separated speeds, one per replica`},
 		{"5000x1", 5000, nil, `lists more than 4096 speeds`},
+		{"1e-300,1", 2, nil, `speed 1e-300 out of range [0.001, 1000]`},
+		{"8x1e-12", 8, nil, `speed 1e-12 out of range [0.001, 1000]`},
+		{"1,1001", 2, nil, `speed 1001 out of range [0.001, 1000]`},
+		{"0.001,1000", 2, []float64{0.001, 1000}, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.list, func(t *testing.T) {

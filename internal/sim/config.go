@@ -3,11 +3,11 @@ package sim
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/internal/model"
+	"github.com/llmlb/llmlb/share"
 )
 
 // Sentinel errors; errors returned by this package wrap one of them.
@@ -47,7 +47,8 @@ type Config struct {
 	Engine Engine
 	// Speed, if not nil, is each replica's speed relative to Engine, by
 	// replica index: replica i's iterations take IterTime / Speed[i], so
-	// at 0.5 it runs at half speed. Replicas beyond its length run at 1.
+	// at 0.5 it runs at half speed; each from [MinSpeed] to [MaxSpeed].
+	// Replicas beyond its length run at 1.
 	// Unless DeclareWeights, the replicas declare no weight to the routers:
 	// a policy must find the difference itself.
 	Speed []float64
@@ -88,7 +89,8 @@ type Config struct {
 	// has one): every Share, each router builds a batch, which reaches the
 	// other routers twice Delay later (to the NATS server and on; NATS
 	// itself adds well under a millisecond). Router r's batches are built
-	// at offsets of r*Share/Routers. It needs at least two routers.
+	// at offsets of r*Share/Routers. It needs at least two routers and at
+	// most [MaxShareRouters].
 	Share time.Duration
 	// SLO is the per-request objective for SLO attainment and goodput.
 	SLO SLO
@@ -128,6 +130,10 @@ type Config struct {
 	Series time.Duration
 }
 
+// MaxShareRouters is the most routers that can share ([Config].Share): each
+// router's share.Group tracks share.DefaultMaxPeers peers.
+const MaxShareRouters = share.DefaultMaxPeers + 1
+
 // SpeedChange sets a replica's speed from a time on: iterations that start
 // at or after At take IterTime / Speed; one under way at At ends at the old
 // speed.
@@ -136,9 +142,22 @@ type SpeedChange struct {
 	Replica int
 	// At is the simulated time of the change, from the start of the run.
 	At time.Duration
-	// Speed is the new speed relative to Engine, finite and positive.
+	// Speed is the new speed relative to Engine, from [MinSpeed] to
+	// [MaxSpeed].
 	Speed float64
 }
+
+// Bounds on a replica's speed ([Config].Speed, [SpeedChange].Speed): a
+// thousandfold slower replica already turns a second of work into a quarter
+// of an hour, and far slower ones would make a run's iteration times
+// overflow time.Duration or its scrapes countless.
+const (
+	MinSpeed = 1e-3
+	MaxSpeed = 1e3
+)
+
+// validSpeed reports whether v is within [MinSpeed, MaxSpeed].
+func validSpeed(v float64) bool { return v >= MinSpeed && v <= MaxSpeed }
 
 // speedAt returns replica i's speed at now.
 func (c *Config) speedAt(i int, now time.Duration) float64 {
@@ -185,6 +204,8 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: negative duration", ErrInvalidConfig)
 	case c.Share > 0 && c.Routers < 2:
 		return fmt.Errorf("%w: sharing every %v needs at least 2 routers, not %d", ErrInvalidConfig, c.Share, c.Routers)
+	case c.Share > 0 && c.Routers > MaxShareRouters:
+		return fmt.Errorf("%w: sharing between %d routers, want at most %d", ErrInvalidConfig, c.Routers, MaxShareRouters)
 	case c.Share > 0 && (c.Share < time.Millisecond || c.Share > time.Minute):
 		return fmt.Errorf("%w: sharing interval %v, want 1ms to 1m", ErrInvalidConfig, c.Share)
 	case c.SLO.TTFT < 0 || c.SLO.TPOT < 0:
@@ -202,12 +223,12 @@ func (c *Config) normalize() error {
 		return err
 	}
 	for i, v := range c.Speed {
-		if !(v > 0) || math.IsInf(v, 0) {
-			return fmt.Errorf("%w: replica %d speed %v, want finite and positive", ErrInvalidConfig, i, v)
+		if !validSpeed(v) {
+			return fmt.Errorf("%w: replica %d speed %v, want %g to %g", ErrInvalidConfig, i, v, MinSpeed, MaxSpeed)
 		}
 	}
 	for _, ch := range c.SpeedChanges {
-		if ch.Replica < 0 || ch.Replica >= c.Replicas || ch.At < 0 || !(ch.Speed > 0) || math.IsInf(ch.Speed, 0) {
+		if ch.Replica < 0 || ch.Replica >= c.Replicas || ch.At < 0 || !validSpeed(ch.Speed) {
 			return fmt.Errorf("%w: speed change %+v of %d replicas", ErrInvalidConfig, ch, c.Replicas)
 		}
 	}

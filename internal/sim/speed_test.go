@@ -91,6 +91,13 @@ func TestSpeedConfigInvalid(t *testing.T) {
 		{SpeedChanges: []SpeedChange{{Replica: 8, Speed: 1}}},
 		{SpeedChanges: []SpeedChange{{Replica: 0, Speed: 0}}},
 		{SpeedChanges: []SpeedChange{{Replica: 0, At: -1, Speed: 1}}},
+		// Beyond the bounds, iteration times overflow or the run never ends.
+		{Speed: []float64{1e-300}},
+		{Speed: []float64{MinSpeed / 2}},
+		{Speed: []float64{1, MaxSpeed * 2}},
+		{SpeedChanges: []SpeedChange{{Replica: 0, Speed: 1e-12}}},
+		// More routers than a share.Group tracks peers.
+		{Routers: MaxShareRouters + 1, Share: time.Second},
 	} {
 		if err := cfg.normalize(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("normalize(%+v) = %v, want ErrInvalidConfig", cfg, err)

@@ -58,7 +58,9 @@ func (o *TraceOptions) normalize() error {
 
 // ReadTrace reads a trace in the given format; an empty format is detected
 // from the content: a line starting with '{' is Mooncake JSONL, anything
-// else Azure CSV.
+// else Azure CSV. In either format a UTF-8 byte-order mark is skipped, and
+// lines need not be in time order: the requests are sorted by arrival
+// (stably), the first arriving at 0.
 func ReadTrace(r io.Reader, format string, opt TraceOptions) ([]Request, error) {
 	br := bufio.NewReader(r)
 	if format == "" {
@@ -109,12 +111,8 @@ func ReadMooncake(r io.Reader, opt TraceOptions) ([]Request, error) {
 	var lines []traceLine
 	err := scanLines(r, func(n int, line []byte) error {
 		var rec mooncakeRecord
-		dec := json.NewDecoder(bytes.NewReader(line))
-		if err := dec.Decode(&rec); err != nil {
+		if err := json.Unmarshal(line, &rec); err != nil {
 			return fmt.Errorf("%w: line %d: %v", ErrMalformedTrace, n, err)
-		}
-		if dec.More() {
-			return fmt.Errorf("%w: line %d: trailing data after the object", ErrMalformedTrace, n)
 		}
 		switch {
 		case rec.Timestamp == nil || rec.InputLength == nil || rec.OutputLength == nil:
@@ -170,7 +168,11 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 		fields := strings.Split(strings.TrimSpace(string(line)), ",")
 		if width == 0 {
 			for i, f := range fields {
-				cols[strings.TrimSpace(strings.TrimPrefix(f, "\ufeff"))] = i
+				name := strings.TrimSpace(f)
+				if _, dup := cols[name]; dup && (name == "TIMESTAMP" || name == "ContextTokens" || name == "GeneratedTokens") {
+					return fmt.Errorf("%w: line %d: header names %s twice", ErrMalformedTrace, n, name)
+				}
+				cols[name] = i
 			}
 			var ok1, ok2, ok3 bool
 			ts, ok1 = cols["TIMESTAMP"]
@@ -216,14 +218,19 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 	return toRequests(lines, 0, opt)
 }
 
-// scanLines calls f with each non-blank line and its 1-based number.
+// scanLines calls f with each non-blank line and its 1-based number, the
+// first without the UTF-8 byte-order mark it may start with.
 func scanLines(r io.Reader, f func(n int, line []byte) error) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
 	n := 0
 	for sc.Scan() {
 		n++
-		line := bytes.TrimSpace(sc.Bytes())
+		line := sc.Bytes()
+		if n == 1 {
+			line = bytes.TrimPrefix(line, []byte("\ufeff"))
+		}
+		line = bytes.TrimSpace(line)
 		if len(line) == 0 {
 			continue
 		}

@@ -87,12 +87,15 @@ func TestTraceErrorsNameTheLine(t *testing.T) {
 		{"mooncake fractional id", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1.5]}`, "line 1"},
 		{"mooncake too many ids", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}`, "line 1"},
 		{"mooncake trailing data", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1} {}`, "line 1"},
+		{"mooncake trailing bracket", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1}]`, "line 1"},
+		{"mooncake trailing brace", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1}` + "\n" + `{"timestamp": 1, "input_length": 10, "output_length": 1}}`, "line 2"},
 		{"mooncake empty", FormatMooncake, "", "no requests"},
 		{"azure bad header", FormatAzure, "a,b,c\n", "line 1"},
 		{"azure bad time", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1,1\nyesterday,1,1\n", "line 3"},
 		{"azure bad count", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,x,1\n", "line 2"},
 		{"azure field count", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1\n", "line 2"},
 		{"azure empty", FormatAzure, "", "empty trace"},
+		{"azure repeated column", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens,TIMESTAMP\n2023-11-16 18:15:46.68,1,1,2023-11-16 18:15:40\n", "line 1: header names TIMESTAMP twice"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -107,6 +110,21 @@ func TestTraceErrorsNameTheLine(t *testing.T) {
 	}
 	if _, err := ReadMooncake(strings.NewReader(mooncakeSample), TraceOptions{RateScale: -1}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("negative rate scale: %v", err)
+	}
+}
+
+// A trace may start with a UTF-8 byte-order mark, in either format.
+func TestTraceByteOrderMark(t *testing.T) {
+	for _, c := range []struct{ format, in string }{
+		{FormatMooncake, "\ufeff" + `{"timestamp": 0, "input_length": 10, "output_length": 1}` + "\n"},
+		{"", "\ufeff" + `{"timestamp": 0, "input_length": 10, "output_length": 1}` + "\n"},
+		{FormatAzure, "\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,1\n"},
+		{"", "\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,1\n"},
+	} {
+		reqs, err := ReadTrace(strings.NewReader(c.in), c.format, TraceOptions{})
+		if err != nil || len(reqs) != 1 || reqs[0].PromptTokens != 10 {
+			t.Errorf("format %q, %q: %+v, %v; want one request of 10 tokens", c.format, c.in, reqs, err)
+		}
 	}
 }
 
@@ -185,6 +203,36 @@ func FuzzReadAzure(f *testing.F) {
 				t.Fatalf("error %v does not wrap ErrMalformedTrace", err)
 			}
 			return
+		}
+		checkTrace(t, reqs)
+	})
+}
+
+// FuzzReadTrace checks the detection of the format as well as both readers:
+// whatever the input, a parsed trace is valid and any error is a malformed
+// trace.
+func FuzzReadTrace(f *testing.F) {
+	f.Add([]byte(mooncakeSample), 1.0, 0)
+	f.Add([]byte("\ufeff"+mooncakeSample), 1e-9, 2)
+	f.Add([]byte("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:40,1,0\n"), 1e9, 1)
+	f.Add([]byte("\n\n  {\"timestamp\": 5e14, \"input_length\": 1, \"output_length\": 0}\n"), 0.5, 0)
+	f.Fuzz(func(t *testing.T, in []byte, scale float64, n int) {
+		opt := TraceOptions{RateScale: scale, Requests: n}
+		if opt.normalize() != nil {
+			return
+		}
+		reqs, err := ReadTrace(strings.NewReader(string(in)), "", opt)
+		if err != nil {
+			if !errors.Is(err, ErrMalformedTrace) {
+				t.Fatalf("error %v does not wrap ErrMalformedTrace", err)
+			}
+			return
+		}
+		if n > 0 && len(reqs) > n {
+			t.Fatalf("%d requests, want at most %d", len(reqs), n)
+		}
+		if reqs[0].Arrival != 0 {
+			t.Fatalf("first arrival at %v, want 0", reqs[0].Arrival)
 		}
 		checkTrace(t, reqs)
 	})

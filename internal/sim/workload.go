@@ -121,7 +121,7 @@ type Synthetic struct {
 	// Requests is the number of requests generated.
 	Requests int
 	// Rate is the mean arrival rate in requests per second (agent bursts
-	// included).
+	// included). Requests/Rate must not exceed 1e9 seconds.
 	Rate float64
 	// ArrivalCV is the coefficient of variation of inter-arrival times: 1
 	// gives Poisson arrivals, larger values burstier Gamma arrivals. 0 means 1.
@@ -296,6 +296,8 @@ func (s *Synthetic) validate() error {
 		return fmt.Errorf("%w: %d requests", ErrInvalidWorkload, s.Requests)
 	case !(s.Rate > 0) || math.IsInf(s.Rate, 0):
 		return fmt.Errorf("%w: rate %v", ErrInvalidWorkload, s.Rate)
+	case float64(s.Requests)/s.Rate > maxTraceSeconds:
+		return fmt.Errorf("%w: rate %.3g requests/s spreads %d requests over about %.3gs, beyond %gs", ErrInvalidWorkload, s.Rate, s.Requests, float64(s.Requests)/s.Rate, float64(maxTraceSeconds))
 	case s.ArrivalCV < 0 || math.IsNaN(s.ArrivalCV) || math.IsInf(s.ArrivalCV, 0):
 		return fmt.Errorf("%w: arrival CV %v", ErrInvalidWorkload, s.ArrivalCV)
 	case s.BlockTokens < 0:
