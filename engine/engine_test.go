@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -505,4 +506,13 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("accepted out-of-range request %+v", s)
 		}
 	})
+}
+
+// TestLargestMaxBodyBytes: the largest body limit reads bodies as any other.
+func TestLargestMaxBodyBytes(t *testing.T) {
+	e := newEngine(t, Config{MaxBodyBytes: math.MaxInt64, KVBlocks: 16})
+	url, _ := serve(t, e)
+	resp := post(t, url+"/v1/completions", `{"prompt":"hello","max_tokens":1}`)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

@@ -164,7 +164,7 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusMethodNotAllowed, "POST only")
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, e.maxBody+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, min(e.maxBody, math.MaxInt64-1)+1))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
 		return
