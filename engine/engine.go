@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/llmlb/llmlb/internal/model"
 	"github.com/llmlb/llmlb/kvevents"
@@ -80,6 +82,8 @@ type Config struct {
 	// least 0.001 (a thousand times slower than a GPU).
 	Speedup float64
 	// Model is the model name served and reported. "" means [DefaultModel].
+	// It must be UTF-8 of printable characters (spaces allowed), which its
+	// JSON and Prometheus renderings quote alike.
 	Model string
 	// DefaultMaxTokens is the output length of a request that sets no
 	// max_tokens. 0 means [DefaultMaxTokens].
@@ -198,6 +202,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if math.IsNaN(speed) || math.IsInf(speed, 0) || speed < minSpeedup {
 		return nil, fmt.Errorf("%w: Speedup %v must be finite and at least %g", ErrInvalidConfig, cfg.Speedup, minSpeedup)
+	}
+	if !utf8.ValidString(cfg.Model) || strings.IndexFunc(cfg.Model, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return nil, fmt.Errorf("%w: Model %q must be printable UTF-8", ErrInvalidConfig, cfg.Model)
 	}
 	for _, f := range []struct {
 		name  string

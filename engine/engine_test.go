@@ -466,6 +466,10 @@ func TestConfig(t *testing.T) {
 		// would not wait at all.
 		{Speedup: 1e-300},
 		{Speedup: minSpeedup / 2},
+		// A model name its JSON and metrics would quote differently.
+		{Model: "llama\t3"},
+		{Model: "llama\x003"},
+		{Model: "\xff"},
 	} {
 		_, err := New(cfg)
 		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
