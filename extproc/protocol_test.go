@@ -425,11 +425,11 @@ func TestFallbacks(t *testing.T) {
 	waitIdle(t, b)
 }
 
-// TestServedFailover: when the data plane reports that a fallback served the
-// request, the request is charged to it from then on.
-func TestServedFailover(t *testing.T) {
-	rec := &doneRecorder{}
-	b := newBalancer(t, 3, nil, llmlb.WithObserver(rec.observer()))
+// routeWithFallbacks routes a streamed chat request on b, a balancer of
+// three endpoints, with two fallbacks, and returns the exchange and the
+// route: the picked endpoint, then the fallbacks.
+func routeWithFallbacks(t *testing.T, b *llmlb.Balancer) (*envoy, []string) {
+	t.Helper()
 	h := start(t, extproc.Config{Balancer: b, Fallbacks: 2})
 	e := h.open(t, fullDuplex, fullDuplex)
 	e.send(requestHeaders("/v1/chat/completions", false))
@@ -438,7 +438,15 @@ func TestServedFailover(t *testing.T) {
 	list := strings.Split(routeOf(t, m, m.GetRequestHeaders().GetResponse()).header, ",")
 	e.recv()
 	require.Len(t, list, 3)
+	return e, list
+}
 
+// TestServedFailover: when the data plane reports that a fallback served the
+// request, the request is charged to it from then on.
+func TestServedFailover(t *testing.T) {
+	rec := &doneRecorder{}
+	b := newBalancer(t, 3, nil, llmlb.WithObserver(rec.observer()))
+	e, list := routeWithFallbacks(t, b)
 	e.respMD = servedMetadata(list[1])
 	e.send(responseHeaders(200, "text/event-stream", false))
 	e.recv()
@@ -647,15 +655,7 @@ func TestTrailersWithoutBody(t *testing.T) {
 // only after the first token moves the request to it streaming, not queued.
 func TestServedAfterFirstToken(t *testing.T) {
 	b := newBalancer(t, 3, nil)
-	h := start(t, extproc.Config{Balancer: b, Fallbacks: 2})
-	e := h.open(t, fullDuplex, fullDuplex)
-	e.send(requestHeaders("/v1/chat/completions", false))
-	e.send(requestBody(chatBody(100, true), true))
-	m := e.recv()
-	list := strings.Split(routeOf(t, m, m.GetRequestHeaders().GetResponse()).header, ",")
-	e.recv()
-	require.Len(t, list, 3)
-
+	e, list := routeWithFallbacks(t, b)
 	e.send(responseHeaders(200, "text/event-stream", false))
 	e.recv()
 	e.send(responseBody("data: 1\n\n", false))
