@@ -7,7 +7,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/llmlb/llmlb/prefix"
 )
@@ -550,6 +553,61 @@ func TestKVCostTinyTemperature(t *testing.T) {
 		s := statsByKey(b)
 		if d := s["ep0"].Outstanding - s["ep1"].Outstanding; d < -1 || d > 1 {
 			t.Fatalf("pick %d: %d and %d outstanding, want the picks spread", i, s["ep0"].Outstanding, s["ep1"].Outstanding)
+		}
+	}
+}
+
+// TestIndexCapacityFollowsLastReport has picks race while the engine's
+// reported KV capacity flips, then checks that once the reports settle the
+// index is sized from the last one: a pick applying an older capacity after
+// a newer one must not leave the index stale until the next change.
+func TestIndexCapacityFollowsLastReport(t *testing.T) {
+	ix, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := PrefixAware(PrefixAwareConfig{Index: ix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig := &fakeSignal{}
+	b := mustNew(t, pol, WithSignal(sig, time.Hour))
+	mustUpdate(t, b, eps(1))
+	key := "ep0"
+	set := func(kvBlocks int) {
+		sig.Set(key, Load{At: time.Now(), KVUsage: 0.1, KVBlocks: kvBlocks, BlockSize: 16})
+	}
+	req := &Request{PromptTokens: 64, Prefix: blocks(1, 4)}
+	for round := 0; round < 200; round++ {
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					pk, err := b.Pick(context.Background(), req)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					pk.Done(nil)
+				}
+			}()
+		}
+		for i := range 200 {
+			set(1000 + i%2)
+		}
+		stop.Store(true)
+		wg.Wait()
+		last := 1000 + 199%2
+		pk, err := b.Pick(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pk.Done(nil)
+		if got := ix.Capacity(key); got != last {
+			t.Fatalf("round %d: index capacity %d, want %d blocks from the last report", round, got, last)
 		}
 	}
 }

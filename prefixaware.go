@@ -156,13 +156,15 @@ func (t *prefixTracker) record(c *Candidates, i int, l *EndpointLoad) {
 	key := c.Key(i)
 	if !t.fixedCap && l != nil && l.KVBlocks > 0 && l.BlockSize > 0 {
 		blocks := min(max(mulSat(l.KVBlocks, l.BlockSize)/t.block, 1), prefix.MaxCapacity)
+		// The index is resized under the lock that records the size, so
+		// that concurrent picks seeing different reports apply them in
+		// the order they record them.
 		t.mu.Lock()
-		changed := t.capKV[key] != blocks
-		t.capKV[key] = blocks
-		t.mu.Unlock()
-		if changed {
+		if t.capKV[key] != blocks {
+			t.capKV[key] = blocks
 			_ = t.index.SetCapacity(key, blocks)
 		}
+		t.mu.Unlock()
 	}
 	// An error here means the index is full of endpoints; the policy still
 	// routes, it only forgets this decision.
