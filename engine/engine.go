@@ -29,6 +29,8 @@ const (
 	DefaultMaxTokensCap = 4096
 	// DefaultMaxBodyBytes caps a request body.
 	DefaultMaxBodyBytes = 8 << 20
+	// DefaultReadTimeout bounds the time to receive a request's body.
+	DefaultReadTimeout = 30 * time.Second
 	// BytesPerToken is the prompt bytes counted as one token.
 	BytesPerToken = 4
 	// DefaultTokenBudget is the tokens one iteration processes, prefill
@@ -110,6 +112,13 @@ type Config struct {
 	// MaxBodyBytes caps a request body (413 beyond it). 0 means
 	// [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
+	// ReadTimeout bounds the time to receive a request's body, from the
+	// moment its header has been read: a client that has not sent the whole
+	// body by then gets 408 and its connection is closed. It bounds the
+	// body only: the header is bounded by [Engine.Serve]'s server (10
+	// seconds), and the answer not at all, so that a stream lasts as long
+	// as its tokens take. 0 means [DefaultReadTimeout].
+	ReadTimeout time.Duration
 	// KVEvents, if set, receives the engine's KV-cache events as vLLM
 	// reports them: after every iteration that changed the prefix cache,
 	// one batch of BlockStored events (the blocks' hashes, their parent's
@@ -132,6 +141,7 @@ type Engine struct {
 	rpm       int // RequestsPerMinute
 	maxLen    int // MaxModelLen, or the KV cache's size in tokens
 	maxBody   int64
+	readTime  time.Duration // ReadTimeout
 	speedup   float64
 	blockSize int
 	kvBlocks  int
@@ -221,6 +231,9 @@ func New(cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("%w: %s %d is negative", ErrInvalidConfig, f.name, f.value)
 		}
 	}
+	if cfg.ReadTimeout < 0 {
+		return nil, fmt.Errorf("%w: ReadTimeout %v is negative", ErrInvalidConfig, cfg.ReadTimeout)
+	}
 	h, err := prefix.NewHasher(prefix.HasherConfig{
 		BlockTokens: eng.BlockSize,
 		BlockBytes:  eng.BlockSize * BytesPerToken,
@@ -238,6 +251,7 @@ func New(cfg Config) (*Engine, error) {
 		bucket:    float64(cfg.RequestsPerMinute),
 		maxLen:    cfg.MaxModelLen,
 		maxBody:   cfg.MaxBodyBytes,
+		readTime:  cfg.ReadTimeout,
 		speedup:   speed,
 		blockSize: eng.BlockSize,
 		kvBlocks:  eng.KVBlocks,
@@ -264,6 +278,9 @@ func New(cfg Config) (*Engine, error) {
 	e.defMax = min(e.defMax, e.maxCap)
 	if e.maxBody == 0 {
 		e.maxBody = DefaultMaxBodyBytes
+	}
+	if e.readTime == 0 {
+		e.readTime = DefaultReadTimeout
 	}
 	if kv := eng.KVBlocks * eng.BlockSize; e.maxLen == 0 || e.maxLen > kv {
 		e.maxLen = kv

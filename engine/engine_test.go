@@ -185,7 +185,7 @@ func TestBadRequests(t *testing.T) {
 		{"/v1/completions", `{"prompt":`, http.StatusBadRequest, ""},
 		{"/v1/completions", `[1,2,3]`, http.StatusBadRequest, "the body must be a JSON object"},
 		{"/v1/completions", `{"prompt":"x","max_tokens":"3"}`, http.StatusBadRequest, "max_tokens must not be a JSON string"},
-		{"/v1/chat/completions", `{"messages":[{"role":1}]}`, http.StatusBadRequest, "messages.role must not be a JSON number"},
+		{"/v1/chat/completions", `{"messages":[{"role":1}]}`, http.StatusBadRequest, "messages[0].role: a string is required"},
 		// Each endpoint reads only its own field, as vLLM's.
 		{"/v1/completions", `{"messages":[{"role":"user","content":"hi"}]}`, http.StatusBadRequest, "prompt: a string is required"},
 		{"/v1/chat/completions", `{"prompt":"hi"}`, http.StatusBadRequest, "messages: a non-empty list is required"},
@@ -462,6 +462,7 @@ func TestConfig(t *testing.T) {
 		{MaxWaiting: -1},
 		{RequestsPerMinute: -1},
 		{MaxModelLen: -1},
+		{ReadTimeout: -time.Second},
 		// Iteration times of these overflow time.Duration: the engine
 		// would not wait at all.
 		{Speedup: 1e-300},
@@ -485,6 +486,10 @@ func FuzzParse(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
 		`{"prompt":"x","max_tokens":-1}`,
 		`{"prompt":"x","n":2,"model":"m"}`,
+		`{"messages":[{"role":"assistant","content":null},{"role":"user","content":["a",{"type":"image_url","image_url":{"url":"u"}}]}]}`,
+		`{"messages":[{"content":"x"}]}`,
+		`{"prompt":"x","stream":true,"stream_options":{"include_usage":"yes","continuous_usage_stats":1}}`,
+		`{"prompt":"x","stream_options":{"include_usage":true}}`,
 		`{`,
 	} {
 		f.Add([]byte(s), false)
@@ -505,6 +510,12 @@ func FuzzParse(f *testing.F) {
 		}
 		if q.N != nil && *q.N != 1 {
 			t.Fatalf("accepted n %v", *q.N)
+		}
+		if !q.Stream && q.usage != (streamUsage{}) {
+			t.Fatalf("accepted stream_options %s without a stream", q.StreamOptions)
+		}
+		if q.usage.continuous && !q.usage.final {
+			t.Fatal("continuous usage without include_usage")
 		}
 		if s.PromptTokens < 1 || s.OutputTokens < 1 || s.OutputTokens > e.maxCap || !e.rep.Fits(&s.Sequence) {
 			t.Fatalf("accepted out-of-range request %+v", s)

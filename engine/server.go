@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -92,54 +92,30 @@ func (e *Engine) waitHandlers() {
 
 // request is the part of an OpenAI-compatible body the engine reads.
 type request struct {
-	Model               string          `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            []message       `json:"messages"`
-	MaxTokens           *float64        `json:"max_tokens"`
-	MaxCompletionTokens *float64        `json:"max_completion_tokens"`
-	N                   *float64        `json:"n"`
-	Stream              bool            `json:"stream"`
+	Model               string            `json:"model"`
+	Prompt              json.RawMessage   `json:"prompt"`
+	Messages            []json.RawMessage `json:"messages"`
+	MaxTokens           *float64          `json:"max_tokens"`
+	MaxCompletionTokens *float64          `json:"max_completion_tokens"`
+	N                   *float64          `json:"n"`
+	Stream              bool              `json:"stream"`
+	StreamOptions       json.RawMessage   `json:"stream_options"`
+
+	usage streamUsage // what StreamOptions asks, once parsed
 }
 
 // maxModelBytes bounds the model name a request names, which every answer
 // and every event of a stream echoes.
 const maxModelBytes = 1024
 
-type message struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-type part struct {
-	Text string `json:"text"`
-}
-
-// promptText returns the prompt text of a chat request (each message's role
-// and content, newline-terminated, in order) or of a completions request
-// (the prompt string, or a batch of one), or the message refusing the
-// request. As vLLM, each endpoint reads only its own field: a completions
-// request's messages, or a chat request's prompt, count for nothing.
+// promptText returns the prompt text of a chat request (see chatText) or of
+// a completions request (the prompt string, or a batch of one), or the
+// message refusing the request. As vLLM, each endpoint reads only its own
+// field: a completions request's messages, or a chat request's prompt,
+// count for nothing.
 func (q *request) promptText(chat bool) (string, string) {
 	if chat {
-		if len(q.Messages) == 0 {
-			return "", "messages: a non-empty list is required"
-		}
-		var b strings.Builder
-		for _, m := range q.Messages {
-			b.WriteString(m.Role)
-			b.WriteByte('\n')
-			var s string
-			var parts []part
-			if json.Unmarshal(m.Content, &s) == nil {
-				b.WriteString(s)
-			} else if json.Unmarshal(m.Content, &parts) == nil {
-				for _, p := range parts {
-					b.WriteString(p.Text)
-				}
-			}
-			b.WriteByte('\n')
-		}
-		return b.String(), ""
+		return chatText(q.Messages)
 	}
 	if len(q.Prompt) == 0 || string(q.Prompt) == "null" {
 		return "", "prompt: a string is required"
@@ -164,13 +140,9 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusMethodNotAllowed, "POST only")
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, min(e.maxBody, math.MaxInt64-1)+1))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
-		return
-	}
-	if int64(len(body)) > e.maxBody {
-		writeError(w, http.StatusRequestEntityTooLarge, "body too large")
+	body, code, msg := e.readBody(w, r)
+	if code != 0 {
+		writeError(w, code, msg)
 		return
 	}
 	s, q, code, msg := e.parse(body, chat)
@@ -205,10 +177,35 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	model = jsonString(model) // echoed in every answer, quoted once
 	if q.Stream {
-		e.stream(w, r, s, chat, model)
+		e.stream(w, r, s, chat, model, q.usage)
 	} else {
 		e.answer(w, r, s, chat, model)
 	}
+}
+
+// readBody reads r's body within the engine's read timeout, or returns the
+// status and message refusing it. The deadline is set on the connection and
+// lifted once the body is read, so that it never cuts the answer, however
+// long a stream lasts; a body refused keeps it, so that the server does not
+// wait for the rest of the body either. A ResponseWriter without read
+// deadlines (a recorder in tests) reads without one.
+func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, string) {
+	rc := http.NewResponseController(w)
+	bounded := rc.SetReadDeadline(time.Now().Add(e.readTime)) == nil
+	body, err := io.ReadAll(io.LimitReader(r.Body, min(e.maxBody, math.MaxInt64-1)+1))
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		w.Header().Set("Connection", "close")
+		return nil, http.StatusRequestTimeout, fmt.Sprintf("reading body: not received within %v", e.readTime)
+	case err != nil:
+		return nil, http.StatusBadRequest, "reading body: " + err.Error()
+	case int64(len(body)) > e.maxBody:
+		return nil, http.StatusRequestEntityTooLarge, "body too large"
+	}
+	if bounded {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return body, 0, ""
 }
 
 // parse reads a completions body (of the chat endpoint if chat is set) into
@@ -227,6 +224,8 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 		refusal = fmt.Sprintf("model: a name of at most %d bytes is required", maxModelBytes)
 	case q.N != nil && *q.N != 1:
 		refusal = "n: this emulator answers one choice a request; send each choice as a request of its own"
+	default:
+		q.usage, refusal = parseStreamOptions(q.StreamOptions, q.Stream)
 	}
 	if refusal != "" {
 		return nil, q, http.StatusBadRequest, refusal
@@ -285,70 +284,10 @@ func (e *Engine) wait(r *http.Request, s *seq) (generated int, done, failed, gon
 	return s.Generated(), s.Done(), s.failed, false
 }
 
-func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat bool, model string) {
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	fl, _ := w.(http.Flusher)
-	if fl != nil {
-		fl.Flush()
-	}
-	bw := bufio.NewWriter(w)
-	created := time.Now().Unix()
-	sent := 0
-	for {
-		gen, done, failed, gone := e.wait(r, s)
-		if gone {
-			return
-		}
-		if failed {
-			// Break the connection: the client must see an error, not a
-			// stream that merely ends.
-			panic(http.ErrAbortHandler)
-		}
-		for ; sent < gen; sent++ {
-			last := done && sent == gen-1
-			writeChunk(bw, chat, s.ID, created, model, sent == 0, last)
-		}
-		if done {
-			fmt.Fprint(bw, "data: [DONE]\n\n")
-		}
-		if bw.Flush() != nil {
-			e.cancel(s)
-			return
-		}
-		if fl != nil {
-			fl.Flush()
-		}
-		if done {
-			return
-		}
-	}
-}
-
 // jsonString returns s as a JSON string literal.
 func jsonString(s string) string {
 	b, _ := json.Marshal(s) // a string always marshals
 	return string(b)
-}
-
-// writeChunk writes one event of a stream; model is a JSON string literal.
-func writeChunk(w *bufio.Writer, chat bool, id int, created int64, model string, first, last bool) {
-	finish := "null"
-	if last {
-		finish = `"length"`
-	}
-	if chat {
-		role := ""
-		if first {
-			role = `"role":"assistant",`
-		}
-		fmt.Fprintf(w, `data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,"delta":{%s"content":" tok"},"finish_reason":%s}]}`+"\n\n",
-			id, created, model, role, finish)
-		return
-	}
-	fmt.Fprintf(w, `data: {"id":"cmpl-%d","object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s}]}`+"\n\n",
-		id, created, model, finish)
 }
 
 func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat bool, model string) {
@@ -365,7 +304,7 @@ func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 			continue
 		}
 		text := strings.Repeat(" tok", gen)
-		usage := fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, s.PromptTokens, gen, s.PromptTokens+gen)
+		usage := usageJSON(s.PromptTokens, gen)
 		w.Header().Set("Content-Type", "application/json")
 		if chat {
 			fmt.Fprintf(w, `{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",

@@ -92,6 +92,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	maxWaiting := fs.Int("max-waiting", 0, "answer 429 when this many requests wait (0: no cap)")
 	rpm := fs.Int("rpm", 0, "emulate a managed API's rate limit: requests per minute, with OpenAI's x-ratelimit headers and 429 + Retry-After past it (0: none)")
 	maxModelLen := fs.Int("max-model-len", 0, "context length: a longer prompt plus output gets 400 in vLLM's words (0: the KV cache's size)")
+	readTimeout := fs.Duration("read-timeout", engine.DefaultReadTimeout, "time a client has to send a request's body once its header is in (408 past it); answers, streams among them, are not bounded")
 	kvPort := fs.Int("kv-events-port", 0, "publish engine i's KV events over ZMQ on this port + i, replay on this port + i + 1000 (0: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -121,6 +122,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		if f.value < 0 {
 			return fmt.Errorf("-%s %d must not be negative", f.name, f.value)
 		}
+	}
+	// 0 would be engine.Config's default, not what was asked.
+	if *readTimeout <= 0 {
+		return fmt.Errorf("-read-timeout %v must be positive", *readTimeout)
 	}
 	if *maxTokens > engine.DefaultMaxTokensCap {
 		return fmt.Errorf("-max-tokens %d exceeds the output cap of %d tokens", *maxTokens, engine.DefaultMaxTokensCap)
@@ -153,6 +158,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		MaxWaiting:        *maxWaiting,
 		RequestsPerMinute: *rpm,
 		MaxModelLen:       *maxModelLen,
+		ReadTimeout:       *readTimeout,
 	}
 	if *kvPort < 0 || *kvPort > 0 && *kvPort+len(addrs)-1+1000 > 65535 {
 		return fmt.Errorf("-kv-events-port %d out of range for %d engines", *kvPort, len(addrs))

@@ -257,10 +257,41 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"-ports", ","}, `-ports ",": "" is not a port from 0 to 65535`},
 		{[]string{"-ports", "8001, 8001"}, `-ports "8001, 8001" lists 8001 twice`},
 		{[]string{"-ports", "70000"}, `"70000" is not a port`},
+		{[]string{"-read-timeout", "0"}, "-read-timeout 0s must be positive"},
+		{[]string{"-read-timeout", "-1s"}, "-read-timeout -1s must be positive"},
 	} {
 		var out strings.Builder
 		err := run(context.Background(), tc.args, &out)
 		require.ErrorContains(t, err, tc.want, "%v", tc.args)
 		require.Empty(t, out.String(), "%v printed an address", tc.args)
 	}
+}
+
+// -read-timeout bounds the time a client has to send its body.
+func TestReadTimeoutFlag(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	r, w := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-n", "1", "-read-timeout", "100ms"}, w)
+		w.Close()
+	}()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	line, err := bufio.NewReader(r).ReadString('\n')
+	require.NoError(t, err)
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSpace(line), "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	// A header announcing a body that never comes.
+	_, err = io.WriteString(conn, "POST /v1/completions HTTP/1.1\r\nHost: engine\r\nContent-Length: 100\r\n\r\n{")
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
 }

@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// chatText returns the prompt text of a chat request's messages (each
+// message's role and the text of its content, newline-terminated, in order),
+// or the message refusing them. It accepts the messages vLLM's request
+// validation and chat parsing accept, and refuses, as vLLM does with 400,
+//
+//   - a message that is not an object, or has no role or one that is not a
+//     string;
+//   - content that is not a string, a list of content parts or, in an
+//     assistant message or a function message with a name, null;
+//   - a content part that is neither a string nor an object; an object
+//     without a type (and without any of the media fields vLLM takes a
+//     part's type from) or with a type vLLM does not know; a text, refusal
+//     or thinking part whose text is not a string.
+//
+// A message without content counts as empty, as vLLM's. The text of string,
+// text, refusal and thinking parts counts; media parts count nothing.
+func chatText(msgs []json.RawMessage) (string, string) {
+	if len(msgs) == 0 {
+		return "", "messages: a non-empty list is required"
+	}
+	var b strings.Builder
+	for i, raw := range msgs {
+		var m map[string]json.RawMessage
+		if !isObject(raw) || json.Unmarshal(raw, &m) != nil {
+			return "", fmt.Sprintf("messages[%d]: a message must be an object with a role", i)
+		}
+		role, ok := jsonText(m["role"])
+		if !ok {
+			return "", fmt.Sprintf("messages[%d].role: a string is required", i)
+		}
+		b.WriteString(role)
+		b.WriteByte('\n')
+		if refusal := writeContent(&b, m, role, i); refusal != "" {
+			return "", refusal
+		}
+		b.WriteByte('\n')
+	}
+	return b.String(), ""
+}
+
+// writeContent writes the text of message i's content, of the given role, to
+// b, or returns the message refusing it.
+func writeContent(b *strings.Builder, m map[string]json.RawMessage, role string, i int) string {
+	content, ok := m["content"]
+	switch {
+	case !ok:
+		return ""
+	case string(content) == "null":
+		// OpenAI's assistant message may omit its text (a tool call), and
+		// its deprecated function message needs only a name.
+		if _, named := jsonText(m["name"]); role == "assistant" || role == "function" && named {
+			return ""
+		}
+		return fmt.Sprintf("messages[%d].content: null only in an assistant message; a string or a list of content parts is required", i)
+	}
+	if s, ok := jsonText(content); ok {
+		b.WriteString(s)
+		return ""
+	}
+	var parts []json.RawMessage
+	if content[0] != '[' || json.Unmarshal(content, &parts) != nil {
+		return fmt.Sprintf("messages[%d].content: a string or a list of content parts is required", i)
+	}
+	for j, raw := range parts {
+		if s, ok := jsonText(raw); ok {
+			b.WriteString(s)
+			continue
+		}
+		var p map[string]json.RawMessage
+		if !isObject(raw) || json.Unmarshal(raw, &p) != nil {
+			return fmt.Sprintf("messages[%d].content[%d]: a content part must be a string or an object", i, j)
+		}
+		text, refusal := partText(p)
+		if refusal != "" {
+			return fmt.Sprintf("messages[%d].content[%d]: %s", i, j, refusal)
+		}
+		b.WriteString(text)
+	}
+	return ""
+}
+
+// textFields maps the types of vLLM's text content parts to the field that
+// holds their text.
+var textFields = map[string]string{
+	"text":        "text",
+	"input_text":  "text",
+	"output_text": "text",
+	"refusal":     "refusal",
+	"thinking":    "thinking",
+}
+
+// mediaTypes are the types of vLLM's media content parts, which are also
+// the fields that make a part without a type one of them. A media part
+// counts no text.
+var mediaTypes = []string{
+	"image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds",
+	"audio_url", "video_url", "tool_reference", "input_audio", "input_image",
+}
+
+// partText returns the text of content part p, an object, or the reason it
+// is refused.
+func partText(p map[string]json.RawMessage) (string, string) {
+	rawType, typed := p["type"]
+	if !typed || string(rawType) == "null" {
+		for _, f := range mediaTypes {
+			if v, ok := p[f]; ok && (f != "input_audio" || string(v) != "null") {
+				return "", ""
+			}
+		}
+		return "", `a content part needs a "type"`
+	}
+	typ, ok := jsonText(rawType)
+	if !ok {
+		return "", `the "type" of a content part must be a string`
+	}
+	if field, ok := textFields[typ]; ok {
+		text, ok := jsonText(p[field])
+		if !ok {
+			return "", fmt.Sprintf("a %q part needs a string %q", typ, field)
+		}
+		return text, ""
+	}
+	for _, t := range mediaTypes {
+		if typ == t {
+			return "", ""
+		}
+	}
+	return "", fmt.Sprintf("unsupported content part type %q", typ)
+}
+
+// jsonText returns the string the raw JSON value v holds, and whether it is
+// a string (not null, not absent).
+func jsonText(v json.RawMessage) (string, bool) {
+	var s string
+	if len(v) == 0 || v[0] != '"' || json.Unmarshal(v, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// isObject reports whether the raw JSON value v is an object.
+func isObject(v json.RawMessage) bool { return len(v) > 0 && v[0] == '{' }

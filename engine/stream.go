@@ -1,0 +1,177 @@
+package engine
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// streamUsage is what a request's stream_options ask of its stream.
+type streamUsage struct {
+	// final: a last chunk, with no choices, carries the request's usage.
+	final bool
+	// continuous: every chunk carries the usage so far too.
+	continuous bool
+}
+
+// parseStreamOptions reads a request's raw stream_options as vLLM does, or
+// returns the message refusing them. Absent or null options ask nothing.
+// Options must be an object, and an object that is not empty only comes with
+// "stream": true. include_usage asks for a final usage chunk;
+// continuous_usage_stats, with include_usage, for the usage in every chunk.
+// Each is a boolean, or null for false, read as pydantic reads one: 0 and 1
+// and strings such as "true" and "no" count too. Other fields are ignored.
+func parseStreamOptions(raw json.RawMessage, stream bool) (streamUsage, string) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return streamUsage{}, ""
+	}
+	var opts map[string]json.RawMessage
+	if !isObject(raw) || json.Unmarshal(raw, &opts) != nil {
+		return streamUsage{}, "stream_options: an object is required"
+	}
+	if len(opts) > 0 && !stream {
+		return streamUsage{}, "Stream options can only be defined when `stream=True`."
+	}
+	var u streamUsage
+	for _, f := range []struct {
+		name string
+		to   *bool
+	}{
+		{"include_usage", &u.final},
+		{"continuous_usage_stats", &u.continuous},
+	} {
+		v, ok := laxBool(opts[f.name])
+		if !ok {
+			return streamUsage{}, fmt.Sprintf("stream_options.%s: a boolean is required", f.name)
+		}
+		*f.to = v
+	}
+	u.continuous = u.continuous && u.final
+	return u, ""
+}
+
+// laxBool reads the raw JSON value v as pydantic's lax mode reads a bool:
+// true, false, null or absent (false), 0 or 1, or one of the strings of
+// pydantic's list, in any case. It reports whether v is one of them.
+func laxBool(v json.RawMessage) (bool, bool) {
+	switch string(v) {
+	case "", "null", "false":
+		return false, true
+	case "true":
+		return true, true
+	}
+	if s, ok := jsonText(v); ok {
+		switch strings.ToLower(s) {
+		case "1", "on", "t", "true", "y", "yes":
+			return true, true
+		case "0", "off", "f", "false", "n", "no":
+			return false, true
+		}
+		return false, false
+	}
+	var f float64
+	if json.Unmarshal(v, &f) == nil && (f == 0 || f == 1) {
+		return f == 1, true
+	}
+	return false, false
+}
+
+// usageJSON returns the "usage" member of an answer or chunk.
+func usageJSON(prompt, completion int) string {
+	return fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, prompt, completion, prompt+completion)
+}
+
+// stream answers s as server-sent events, one chunk a token, then the usage
+// chunk if u asks for it, then "data: [DONE]".
+func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat bool, model string, u streamUsage) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	if fl != nil {
+		fl.Flush()
+	}
+	bw := bufio.NewWriter(w)
+	c := chunk{chat: chat, id: s.ID, created: time.Now().Unix(), model: model}
+	sent := 0
+	for {
+		gen, done, failed, gone := e.wait(r, s)
+		if gone {
+			return
+		}
+		if failed {
+			// Break the connection: the client must see an error, not a
+			// stream that merely ends.
+			panic(http.ErrAbortHandler)
+		}
+		for ; sent < gen; sent++ {
+			usage := ""
+			if u.continuous {
+				usage = usageJSON(s.PromptTokens, sent+1)
+			}
+			c.write(bw, sent == 0, done && sent == gen-1, usage)
+		}
+		if done && u.final {
+			c.writeUsage(bw, usageJSON(s.PromptTokens, gen))
+		}
+		if done {
+			fmt.Fprint(bw, "data: [DONE]\n\n")
+		}
+		if bw.Flush() != nil {
+			e.cancel(s)
+			return
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		if done {
+			return
+		}
+	}
+}
+
+// chunk is what every event of a stream repeats; model is a JSON string
+// literal.
+type chunk struct {
+	chat    bool
+	id      int
+	created int64
+	model   string
+}
+
+// write writes one token's event; usage, if set, is a "usage" member.
+func (c chunk) write(w *bufio.Writer, first, last bool, usage string) {
+	finish := "null"
+	if last {
+		finish = `"length"`
+	}
+	if usage != "" {
+		usage = "," + usage
+	}
+	if c.chat {
+		role := ""
+		if first {
+			role = `"role":"assistant",`
+		}
+		fmt.Fprintf(w, `data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,"delta":{%s"content":" tok"},"finish_reason":%s}]%s}`+"\n\n",
+			c.id, c.created, c.model, role, finish, usage)
+		return
+	}
+	fmt.Fprintf(w, `data: {"id":"cmpl-%d","object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s}]%s}`+"\n\n",
+		c.id, c.created, c.model, finish, usage)
+}
+
+// writeUsage writes the event that ends a stream asked to include usage: no
+// choices, and usage, a "usage" member.
+func (c chunk) writeUsage(w *bufio.Writer, usage string) {
+	if c.chat {
+		fmt.Fprintf(w, `data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[],%s}`+"\n\n",
+			c.id, c.created, c.model, usage)
+		return
+	}
+	fmt.Fprintf(w, `data: {"id":"cmpl-%d","object":"text_completion","created":%d,"model":%s,"choices":[],%s}`+"\n\n",
+		c.id, c.created, c.model, usage)
+}
