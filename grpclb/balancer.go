@@ -47,11 +47,13 @@ type lbBalancer struct {
 	cfg      *Config
 	lb       *llmlb.Balancer
 	subConns map[*subConnState]struct{}
-	// down holds the members of lb that UpdateState marked unhealthy
-	// because their child is not READY; it marks them healthy again, and
-	// no others, when the child is READY again.
-	down   map[string]bool
-	closed bool
+	// The adapter marks a member of lb healthy exactly when it is in
+	// neither set below, and sets its mark whenever either changes.
+	// unready holds the members whose child was not READY at the last
+	// UpdateState; sick those the program marked unhealthy, with
+	// Builder.SetHealthy or, as UpdateState finds, lb.SetHealthy.
+	unready, sick map[string]bool
+	closed        bool
 }
 
 // subConnState tracks one SubConn for out-of-band ORCA reporting.
@@ -72,9 +74,11 @@ func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions
 		builder:    bb,
 		target:     opts.Target.String(),
 		subConns:   make(map[*subConnState]struct{}),
-		down:       make(map[string]bool),
+		unready:    make(map[string]bool),
+		sick:       make(map[string]bool),
 	}
-	b.rec = &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock, keys: &b.addrKey}
+	b.rec = &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock,
+		keys: &b.addrKey, dropped: &bb.dropped}
 	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	return b
 }
@@ -108,36 +112,24 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 		cfg = &Config{Policy: DefaultPolicy, index: b.builder.opts.Index, events: b.builder.opts.Events}
 	}
 	b.mu.Lock()
+	var hook func(string, *llmlb.Balancer)
 	if b.lb == nil || !cfg.sameBalancer(b.cfg) {
 		lb, err := b.newLLMLB(cfg)
 		if err != nil {
 			b.mu.Unlock()
 			return fmt.Errorf("%v: %w", err, balancer.ErrBadResolverState)
 		}
+		b.builder.track(b.lb, lb, b)
 		b.lb = lb
-		clear(b.down)
-		if hook := b.builder.opts.OnBalancer; hook != nil {
-			hook(b.target, lb)
-		}
+		clear(b.unready)
+		clear(b.sick)
+		hook = b.builder.opts.OnBalancer
 	}
+	lb := b.lb
 	oobChanged := b.cfg == nil || b.cfg.OOBReportInterval != cfg.OOBReportInterval
 	b.cfg = cfg
 
-	// An endpoint's key maps to itself, even where it is also a later
-	// address of another endpoint: the recorder reads it so.
-	keys := make(map[string]string)
-	for _, ep := range ccs.ResolverState.Endpoints {
-		if len(ep.Addresses) > 0 {
-			keys[ep.Addresses[0].Addr] = ep.Addresses[0].Addr
-		}
-	}
-	for _, ep := range ccs.ResolverState.Endpoints {
-		for _, a := range ep.Addresses {
-			if _, dup := keys[a.Addr]; !dup {
-				keys[a.Addr] = ep.Addresses[0].Addr
-			}
-		}
-	}
+	eps, keys := keyEndpoints(ccs.ResolverState.Endpoints)
 	// Publish the keys before pruning, so that a report recorded for a
 	// dropped endpoint meanwhile is either pruned here or undone by the
 	// recorder (see recorder.record).
@@ -155,11 +147,17 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 		}
 	}
 	b.mu.Unlock()
+	if hook != nil {
+		// Outside the lock, so that the hook may call Builder.SetHealthy.
+		hook(b.target, lb)
+	}
 
 	// The child pushes its aggregated state inline, which publishes a
 	// picker for the new balancer.
+	rs := ccs.ResolverState
+	rs.Endpoints = eps
 	return b.child.UpdateClientConnState(balancer.ClientConnState{
-		ResolverState: pickfirst.EnableHealthListener(ccs.ResolverState),
+		ResolverState: pickfirst.EnableHealthListener(rs),
 	})
 }
 
@@ -176,8 +174,13 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 // done. The order of the changes keeps a pick from finding a member healthy
 // whose child is not READY: an endpoint leaving READY is marked unhealthy
 // before Update gives it its child's new picker, and one coming back is
-// marked healthy after. Only the marks UpdateState set are undone, so an
-// endpoint the program marked unhealthy through Options.OnBalancer stays so.
+// marked healthy after.
+//
+// A member is healthy only while its child is READY and the program has not
+// marked it unhealthy (see Builder.SetHealthy). A mark that differs from
+// the one the adapter last set was set by the program with lb.SetHealthy
+// since: UpdateState takes it for the program's, so that it outlasts the
+// connection's changes too.
 func (b *lbBalancer) UpdateState(state balancer.State) {
 	children := endpointsharding.ChildStatesFromPicker(state.Picker)
 
@@ -194,7 +197,7 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	}
 	eps := make([]llmlb.Endpoint, 0, len(children))
 	seen := make(map[string]bool, len(children))
-	var back []string // members marked down whose child is READY again
+	var back []string // members to mark healthy once Update is done
 	anyReady := false
 	for _, c := range children {
 		if len(c.Endpoint.Addresses) == 0 {
@@ -202,22 +205,24 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		}
 		key := c.Endpoint.Addresses[0].Addr
 		if key == "" || seen[key] {
-			continue
+			continue // keyEndpoints leaves no two children one key
 		}
 		seen[key] = true
 		ready := c.State.ConnectivityState == connectivity.Ready
 		wasHealthy, member := healthy[key]
-		switch {
-		case ready:
-			anyReady = true
-			if b.down[key] {
-				back = append(back, key)
-			}
-		case !member:
+		if !member && !ready {
 			continue // never READY since lb was built: nothing to keep
-		case wasHealthy:
+		}
+		if member && wasHealthy == (b.unready[key] || b.sick[key]) {
+			setMark(b.sick, key, !wasHealthy) // the program's lb.SetHealthy
+		}
+		setMark(b.unready, key, !ready)
+		anyReady = anyReady || ready
+		switch want := ready && !b.sick[key]; {
+		case member && wasHealthy && !want:
 			_ = b.lb.SetHealthy(key, false) // a member: cannot fail
-			b.down[key] = true
+		case member && !wasHealthy && want:
+			back = append(back, key)
 		}
 		p := c.State.Picker
 		if p == nil {
@@ -229,11 +234,12 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	_ = b.lb.Update(eps)
 	for _, key := range back {
 		_ = b.lb.SetHealthy(key, true) // a member since Update: cannot fail
-		delete(b.down, key)
 	}
-	for key := range b.down {
-		if !seen[key] {
-			delete(b.down, key) // left the membership
+	for _, marks := range []map[string]bool{b.unready, b.sick} {
+		for key := range marks {
+			if !seen[key] {
+				delete(marks, key) // left the membership
+			}
 		}
 	}
 	if anyReady {
@@ -246,6 +252,31 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	// No READY endpoint: the children's picker queues RPCs while they
 	// connect and fails them when all are in transient failure.
 	b.ClientConn.UpdateState(state)
+}
+
+// setMark adds key to marks if on, and removes it otherwise.
+func setMark(marks map[string]bool, key string, on bool) {
+	if on {
+		marks[key] = true
+	} else {
+		delete(marks, key)
+	}
+}
+
+// setHealthy records the program's mark of the member key of lb and sets
+// lb's mark to match. It reports false, and does nothing, if lb is not the
+// channel's balancer.
+func (b *lbBalancer) setHealthy(lb *llmlb.Balancer, key string, healthy bool) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.lb != lb {
+		return false, nil
+	}
+	if err := lb.SetHealthy(key, healthy && !b.unready[key]); err != nil {
+		return true, err // not a member
+	}
+	setMark(b.sick, key, !healthy)
+	return true, nil
 }
 
 // NewSubConn intercepts the children's SubConns to follow their state for
@@ -323,6 +354,7 @@ func (b *lbBalancer) ExitIdle() { b.child.ExitIdle() }
 func (b *lbBalancer) Close() {
 	b.mu.Lock()
 	b.closed = true
+	b.builder.track(b.lb, nil, b)
 	for s := range b.subConns {
 		if s.stop != nil {
 			s.stop()

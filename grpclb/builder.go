@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/serviceconfig"
@@ -39,8 +41,11 @@ type Options struct {
 	// Store receives the ORCA load reports of every channel the builder
 	// serves and is the balancers' signal. Nil means each channel gets its
 	// own store, and forgets an endpoint's observation when the resolver
-	// drops the endpoint; a shared store is never pruned (it is bounded by
-	// its MaxKeys).
+	// drops the endpoint. A shared store is never pruned: it keeps every
+	// endpoint any channel (or other writer) has recorded until it holds
+	// its MaxKeys, and then drops the reports of endpoints it does not hold,
+	// which are scored on each channel's own counts. [Builder.DroppedReports]
+	// counts the reports dropped so.
 	Store *signals.Store
 	// OrcaMapping names the ORCA metrics that make up an observation. The
 	// zero value reads the named metrics (or named utilizations)
@@ -71,11 +76,13 @@ type Options struct {
 	NewRand func() rand.Source
 	// OnBalancer, if set, is called with the channel's target each time a
 	// channel builds its llmlb.Balancer: when the first config arrives and
-	// when a config change replaces the policy. Use it to read Stats or to
-	// mark endpoints unhealthy with SetHealthy (the adapter marks an
-	// endpoint unhealthy while its connection is not READY, and undoes only
-	// its own marks); never call Update, the adapter owns membership. It
-	// is called from grpc's balancer goroutine and must not block.
+	// when a config change replaces the policy (the new balancer has no
+	// members yet). Use it to read Stats, and keep the balancer to mark
+	// endpoints unhealthy with [Builder.SetHealthy] (the adapter marks an
+	// endpoint unhealthy while its connection is not READY, and keeps the
+	// program's marks apart from its own); never call Update, the adapter
+	// owns membership. It is called from grpc's balancer goroutine and must
+	// not block.
 	OnBalancer func(target string, b *llmlb.Balancer)
 }
 
@@ -84,7 +91,13 @@ type Options struct {
 // or [Register]. A Builder is safe for concurrent use; grpc calls Build once
 // per channel.
 type Builder struct {
-	opts Options
+	opts    Options
+	dropped atomic.Uint64 // see DroppedReports
+
+	mu sync.Mutex // protects channels
+	// channels maps the llmlb.Balancer of each open channel to the
+	// channel, for SetHealthy; lazily initialized.
+	channels map[*llmlb.Balancer]*lbBalancer
 }
 
 // NewBuilder returns a Builder configured by opts, without registering it.
@@ -141,3 +154,61 @@ func (b *Builder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingCo
 func (b *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
 	return newBalancer(b, cc, opts)
 }
+
+// SetHealthy marks the endpoint key healthy or unhealthy in lb, the
+// llmlb.Balancer of one of b's channels (see Options.OnBalancer), for the
+// program. The channel keeps the program's mark apart from its own, which
+// it sets while the endpoint's connection is not READY: the endpoint is
+// picked (outside panic mode, see llmlb.Balancer.SetHealthy) only while the
+// program has not marked it unhealthy and its connection is READY. An
+// endpoint marked unhealthy thus stays so when its connection comes back,
+// and one marked healthy again is picked once its connection is READY.
+//
+// Like lb.SetHealthy, SetHealthy fails with an error wrapping
+// llmlb.ErrUnknownEndpoint if key is not a member of lb (an endpoint joins
+// when its connection is first READY), and the mark lasts while the
+// endpoint is a member of lb. For a balancer that no open channel of b uses
+// (its channel closed, or a config change replaced it) SetHealthy is
+// lb.SetHealthy(key, healthy). It may be called from any goroutine.
+//
+// Prefer it to lb.SetHealthy: the channel finds a mark the program set
+// there only when its endpoints' connections next change state, and cannot
+// see one that marks unhealthy an endpoint whose connection is already not
+// READY, which it then marks healthy when the connection is READY again.
+func (b *Builder) SetHealthy(lb *llmlb.Balancer, key string, healthy bool) error {
+	b.mu.Lock()
+	ch := b.channels[lb]
+	b.mu.Unlock()
+	if ch != nil {
+		if ok, err := ch.setHealthy(lb, key, healthy); ok {
+			return err
+		}
+	}
+	return lb.SetHealthy(key, healthy)
+}
+
+// track records that the channel ch uses lb in place of old; either may be
+// nil.
+func (b *Builder) track(old, lb *llmlb.Balancer, ch *lbBalancer) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old != nil && b.channels[old] == ch {
+		delete(b.channels, old)
+	}
+	if lb != nil {
+		if b.channels == nil {
+			b.channels = make(map[*llmlb.Balancer]*lbBalancer)
+		}
+		b.channels[lb] = ch
+	}
+}
+
+// DroppedReports returns the number of ORCA load reports, per-call and
+// out-of-band, that b's channels received and could not record because
+// their store was full: it held its maximum number of endpoints
+// (signals.StoreConfig.MaxKeys) and not the reporting one. Until the store
+// has room, such an endpoint is scored on each channel's own counts. A
+// growing count calls for a larger MaxKeys on a shared Options.Store, or
+// fewer channels and writers sharing it. Reports the store ignores for what
+// they say (see Options.OrcaMapping) are not counted.
+func (b *Builder) DroppedReports() uint64 { return b.dropped.Load() }

@@ -9,7 +9,13 @@
 // backoff and IDLE reconnection are grpc's. An endpoint joins the
 // membership of the channel's llmlb.Balancer, keyed by its first address,
 // when its child first becomes READY, and leaves it only when the resolver
-// drops it. Readiness is health: an endpoint whose child leaves READY
+// drops it. Resolved endpoints that share a first address are one endpoint
+// to the adapter, with the addresses of all in the order listed (grpc-go,
+// which tells endpoints apart by their sets of addresses, would give each
+// a child, all connecting to that address first); of endpoints that list
+// the same addresses in different orders, the first listed is kept. So a
+// resolver's list always gives the same members under the same keys.
+// Readiness is health: an endpoint whose child leaves READY
 // (a GOAWAY such as the server's connection age limit, connection lost,
 // server stopped, TRANSIENT_FAILURE) is marked unhealthy with
 // llmlb.Balancer.SetHealthy and healthy again when its child is READY
@@ -21,9 +27,11 @@
 // ready, fails while the endpoint is in TRANSIENT_FAILURE. While no
 // endpoint is READY the children's picker is used: RPCs queue while
 // connecting (balancer.ErrNoSubConnAvailable) and fail fast in
-// TRANSIENT_FAILURE unless they wait for ready. The adapter undoes only its
-// own marks: an endpoint the program marks unhealthy through the balancer
-// given to Options.OnBalancer stays so until the program marks it healthy.
+// TRANSIENT_FAILURE unless they wait for ready. The program's marks are
+// kept apart from the adapter's: an endpoint the program marks unhealthy
+// with [Builder.SetHealthy], given the balancer Options.OnBalancer
+// receives, stays so, its connection READY or not, until the program marks
+// it healthy, and is then healthy once its connection is READY.
 //
 // The picker builds an llmlb.Request for each RPC from a [Call] the caller
 // put in the RPC's context ([WithCall], [WithRequest]), or else from the
@@ -45,7 +53,9 @@
 // policy avoids keeps its last report until it is older than
 // Config.MaxSignalAge, is then scored on this channel's own counts again,
 // and the next call it takes brings a fresh report. Out-of-band streams keep
-// every endpoint's observation fresh whether it is picked or not.
+// every endpoint's observation fresh whether it is picked or not. A store
+// that holds its maximum number of endpoints records no report of another:
+// [Builder.DroppedReports] counts the reports dropped so.
 //
 // # Selecting the policy
 //

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log"
 	"net"
+	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 
+	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/grpclb"
 )
 
@@ -96,4 +98,37 @@ func ExampleBuilder_ParseConfig() {
 	// Output:
 	// grpclb: invalid config: parameter "score" does not apply to policy "round-robin" (it takes no parameters of its own)
 	// true
+}
+
+// ExampleBuilder_SetHealthy marks an endpoint unhealthy in every channel,
+// as a program would when its own health check of the server fails: the
+// channels do not pick it, even while its connection is READY, until the
+// program marks it healthy again.
+func ExampleBuilder_SetHealthy() {
+	var (
+		mu  sync.Mutex                         // protects lbs
+		lbs = make(map[string]*llmlb.Balancer) // by channel target
+	)
+	b, err := grpclb.Register(grpclb.Options{
+		Name: "llmlb-example-health",
+		OnBalancer: func(target string, lb *llmlb.Balancer) {
+			mu.Lock()
+			lbs[target] = lb
+			mu.Unlock()
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// Later, when the health check of 10.0.0.7:8000 fails:
+	mu.Lock()
+	defer mu.Unlock()
+	for target, lb := range lbs {
+		// A channel whose connection to it was never READY does not
+		// have it as a member.
+		if err := b.SetHealthy(lb, "10.0.0.7:8000", false); err != nil && !errors.Is(err, llmlb.ErrUnknownEndpoint) {
+			log.Printf("%s: %v", target, err)
+		}
+	}
 }

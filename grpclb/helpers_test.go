@@ -31,6 +31,8 @@ import (
 const (
 	testName   = "llmlb-test"
 	sharedName = "llmlb-test-shared"
+	// fullName's builder shares a store that holds one endpoint.
+	fullName = "llmlb-test-full"
 )
 
 var (
@@ -39,18 +41,35 @@ var (
 	// sharedStore is the signal store of the sharedName builder.
 	sharedStore = new(signals.Store)
 	schemes     atomic.Int64
+	// testBuilder and fullBuilder are the testName and fullName builders.
+	testBuilder, fullBuilder *grpclb.Builder
+	// fullStore is the store of the fullName builder, for one endpoint.
+	fullStore *signals.Store
 )
 
 func TestMain(m *testing.M) {
 	hook := func(target string, b *llmlb.Balancer) { balancers.Store(target, b) }
 	seed := func() rand.Source { return rand.NewPCG(1, 2) }
-	for _, o := range []grpclb.Options{
-		{Name: testName, OnBalancer: hook, NewRand: seed},
-		{Name: sharedName, OnBalancer: hook, Store: sharedStore},
+	var err error
+	if fullStore, err = signals.NewStore(signals.StoreConfig{MaxKeys: 1}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	for _, o := range []struct {
+		opts grpclb.Options
+		b    **grpclb.Builder
+	}{
+		{grpclb.Options{Name: testName, OnBalancer: hook, NewRand: seed}, &testBuilder},
+		{grpclb.Options{Name: sharedName, OnBalancer: hook, Store: sharedStore}, nil},
+		{grpclb.Options{Name: fullName, OnBalancer: hook, Store: fullStore}, &fullBuilder},
 	} {
-		if _, err := grpclb.Register(o); err != nil {
+		b, err := grpclb.Register(o.opts)
+		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
+		}
+		if o.b != nil {
+			*o.b = b
 		}
 	}
 	child, err := grpclb.NewBuilder(grpclb.Options{Name: twiceName + "-child", OnBalancer: hook})

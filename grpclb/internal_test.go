@@ -2,14 +2,17 @@ package grpclb
 
 import (
 	"context"
+	"maps"
 	"math"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/signals"
@@ -77,5 +80,64 @@ func TestPickDoneLayout(t *testing.T) {
 	}
 	if got := unsafe.Sizeof(pickDone{}); got != 128 {
 		t.Errorf("pickDone is %d bytes, want 128", got)
+	}
+}
+
+func TestKeyEndpoints(t *testing.T) {
+	ep := func(addrs ...string) resolver.Endpoint {
+		var e resolver.Endpoint
+		for _, a := range addrs {
+			e.Addresses = append(e.Addresses, resolver.Address{Addr: a})
+		}
+		return e
+	}
+	for _, test := range []struct {
+		name string
+		in   []resolver.Endpoint
+		want [][]string        // the addresses of the endpoints returned
+		keys map[string]string // address -> key
+	}{
+		{"distinct", []resolver.Endpoint{ep("a"), ep("b", "c")}, [][]string{{"a"}, {"b", "c"}},
+			map[string]string{"a": "a", "b": "b", "c": "b"}},
+		{"first address shared", []resolver.Endpoint{ep("a"), ep("b"), ep("a", "c"), ep("a", "d", "c")},
+			[][]string{{"a", "c", "d"}, {"b"}}, map[string]string{"a": "a", "b": "b", "c": "a", "d": "a"}},
+		{"same set, first listed kept", []resolver.Endpoint{ep("b", "a"), ep("a", "b")}, [][]string{{"b", "a"}},
+			map[string]string{"a": "b", "b": "b"}},
+		{"merged into the set of another", []resolver.Endpoint{ep("a"), ep("b", "a"), ep("a", "b")},
+			[][]string{{"a", "b"}}, map[string]string{"a": "a", "b": "a"}},
+		{"later address shared", []resolver.Endpoint{ep("b", "a"), ep("a")}, [][]string{{"b", "a"}, {"a"}},
+			map[string]string{"a": "a", "b": "b"}},
+		{"no addresses", []resolver.Endpoint{{}, ep("a"), {}}, [][]string{nil, {"a"}},
+			map[string]string{"a": "a"}},
+	} {
+		t.Run(test.name, func(t *testing.T) {
+			in := make([]resolver.Endpoint, len(test.in))
+			for i, e := range test.in {
+				in[i] = resolver.Endpoint{Addresses: slices.Clone(e.Addresses)}
+			}
+			got, keys := keyEndpoints(in)
+			var addrs [][]string
+			for _, e := range got {
+				var as []string
+				for _, a := range e.Addresses {
+					as = append(as, a.Addr)
+				}
+				addrs = append(addrs, as)
+			}
+			if !reflect.DeepEqual(addrs, test.want) {
+				t.Errorf("endpoints %q, want %q", addrs, test.want)
+			}
+			if !maps.Equal(keys, test.keys) {
+				t.Errorf("keys %v, want %v", keys, test.keys)
+			}
+			if !reflect.DeepEqual(in, test.in) {
+				t.Errorf("the resolver's endpoints were modified: %v, were %v", in, test.in)
+			}
+			// The same list gives the same result.
+			again, keys2 := keyEndpoints(in)
+			if !reflect.DeepEqual(again, got) || !maps.Equal(keys2, keys) {
+				t.Errorf("a second call gave %v, %v; the first %v, %v", again, keys2, got, keys)
+			}
+		})
 	}
 }
