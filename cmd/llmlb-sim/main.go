@@ -82,7 +82,9 @@
 // The -json and -svg files are opened before the simulation, so that a
 // bad path fails at once, and a file the command created is removed again
 // if the run fails. A duration flag without a unit, such as -slo-ttft 2,
-// is an error that asks for one (2s, 500ms).
+// is an error that asks for one (2s, 500ms), and one beyond what a
+// duration holds, such as -slo-ttft 9999999h, an error that gives the
+// flag's range. Every error of a flag names the flag.
 //
 // A request larger than a replica's whole KV cache is rejected under every
 // policy and never completes; when there are any, a warning on standard
@@ -159,10 +161,17 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	scenarioNames = append(scenarioNames, poolScenarioNames()...)
 	fs := flag.NewFlagSet("llmlb-sim", flag.ContinueOnError)
-	var badDuration error // the error of the duration flag that failed to parse
-	durationVar := func(name string, value time.Duration, usage string) *time.Duration {
+	var (
+		badDuration error          // the error of the duration flag that failed to parse
+		durations   []durationFlag // every duration flag, in order
+	)
+	// durationVar defines a duration flag accepting lo to hi, or 0 for
+	// what zero says if it is not "".
+	durationVar := func(name string, value, lo, hi time.Duration, zero, usage string) *time.Duration {
 		d := value
-		fs.Var(durationFlag{name: name, d: &d, bad: &badDuration}, name, usage)
+		f := durationFlag{name: name, d: &d, min: lo, max: hi, zero: zero, bad: &badDuration}
+		durations = append(durations, f)
+		fs.Var(f, name, usage)
 		return &d
 	}
 	var (
@@ -174,19 +183,19 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		sweepList = fs.String("sweep", "", fmt.Sprintf("load sweep: run at each of these comma-separated, increasing `rate-scales` (at most %d, such as 0.5,1,1.5) and print goodput, missed requests and TTFT p99 against the offered load", maxSweepPoints))
 		replicas  = fs.Int("replicas", 0, "number of replicas (default: the scenario's)")
 		routers   = fs.Int("routers", 0, "number of routers (default: the scenario's)")
-		scrape    = durationVar("scrape", 0, "engine metrics scrape interval, a `duration` such as 500ms, of the policies whose preset has none of its own (default: the scenario's)")
-		signalIv  = durationVar("signal-interval", 0, "run every policy, presets with their own interval included, on engine signals refreshed at this `duration` (default: each preset's own)")
+		scrape    = durationVar("scrape", 0, time.Millisecond, maxInterval, "the scenario's", "engine metrics scrape interval, a `duration` such as 500ms, of the policies whose preset has none of its own (default: the scenario's)")
+		signalIv  = durationVar("signal-interval", 0, time.Millisecond, maxInterval, "each preset's own", "run every policy, presets with their own interval included, on engine signals refreshed at this `duration` (default: each preset's own)")
 		stagger   = fs.Bool("stagger", false, "stagger the routers' scrapes")
-		shareIv   = durationVar("share", 0, "routers share their requests in flight and routed prefixes every `duration`, each batch reaching the others that much later (needs -routers 2 or more)")
+		shareIv   = durationVar("share", 0, time.Millisecond, maxShare, "", "routers share their requests in flight and routed prefixes every `duration`, each batch reaching the others that much later (needs -routers 2 or more)")
 		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace)")
 		seed      = fs.Uint64("seed", 1, "random seed")
 		seeds     = fs.Int("seeds", 1, "run this many seeds, from -seed on, and pool their results")
 		kvBlocks  = fs.Int("kv-blocks", 0, fmt.Sprintf("KV capacity per replica in %d-token blocks (default: the scenario's: %s; for a trace the larger of %d, the default scenario's 512k tokens, and twice its largest request)",
 			sim.DefaultBlockSize, strings.Join(kvDefaults, ", "), sim.DefaultScenarioKVBlocks))
 		adSlots  = fs.Int("adapter-slots", 0, fmt.Sprintf("LoRA adapters each replica serves at once, as vLLM's --max-loras (default: the scenario's: %d for lora, none for the others, whose requests name no adapter)", sim.LoRASlots))
-		adLoad   = durationVar("adapter-load", 0, fmt.Sprintf("stall of loading a LoRA adapter into a slot, a `duration` (default: %v)", sim.DefaultAdapterLoad))
-		sloTTFT  = durationVar("slo-ttft", 2*time.Second, "TTFT objective, a `duration`")
-		sloTPOT  = durationVar("slo-tpot", 50*time.Millisecond, "TPOT objective, a `duration`")
+		adLoad   = durationVar("adapter-load", 0, 0, maxAdapterLoad, "", fmt.Sprintf("stall of loading a LoRA adapter into a slot, a `duration` (default: %v)", sim.DefaultAdapterLoad))
+		sloTTFT  = durationVar("slo-ttft", 2*time.Second, time.Nanosecond, maxDuration, "", "TTFT objective, a `duration`")
+		sloTPOT  = durationVar("slo-tpot", 50*time.Millisecond, time.Nanosecond, maxDuration, "", "TPOT objective, a `duration`")
 		wide     = fs.Bool("wide", false, "print every column of the results table (TTFT p95 and max, E2E p50, tok/s, done)")
 		jsonPath = fs.String("json", "", "write results as JSON to this file (- for stdout)")
 		svgPath  = fs.String("svg", "", "write TTFT CDFs and per-replica outstanding requests to this SVG file; with -sweep, goodput and TTFT p99 against the offered load")
@@ -256,9 +265,21 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		{"replicas", *replicas, maxSpeedReplicas},
 		{"routers", *routers, maxRouters},
 		{"requests", *requests, maxRequests},
+		{"kv-blocks", *kvBlocks, maxKVBlocks},
+		{"adapter-slots", *adSlots, maxAdapterSlots},
 	} {
 		if f.value > f.max {
 			return usageError{fmt.Errorf("-%s %d exceeds the simulator's limit of %d", f.name, f.value, f.max)}
+		}
+	}
+	set := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["share"] && (*shareIv < time.Millisecond || *shareIv > maxShare) {
+		return usageError{fmt.Errorf("-share %v must be from 1ms to %s", *shareIv, shortDuration(maxShare))}
+	}
+	for _, f := range durations {
+		if *f.d > f.max {
+			return usageError{fmt.Errorf("-%s %v exceeds the simulator's limit of %s", f.name, *f.d, shortDuration(f.max))}
 		}
 	}
 	for _, f := range []struct {
@@ -293,8 +314,6 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if *jsonPath != "" && *jsonPath != "-" && *jsonPath == *svgPath {
 		return usageError{fmt.Errorf("-json and -svg both name %s", *jsonPath)}
 	}
-	set := make(map[string]bool)
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	scales := []float64{*rateScale}
 	sweeping := set["sweep"]
 	if sweeping {
@@ -411,11 +430,26 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		groups = append(groups, group{names: colo})
 	}
 	if len(pd) > 0 {
+		n := sc.Config.Replicas
+		if *replicas > 0 {
+			n = *replicas
+		}
+		switch {
+		case n < 2:
+			return usageError{fmt.Errorf("-replicas %d: the disaggregated policies (%s) need at least 2 replicas, a prefill and a decode worker", n, strings.Join(pd, ", "))}
+		case set["share"]:
+			return usageError{fmt.Errorf("-share: the disaggregated policies (%s) do not share routing state; list only co-located policies in -policies", strings.Join(pd, ", "))}
+		}
 		if len(splits) == 0 {
 			splits = []int{0}
 		}
+		most := 0 // prefill workers; 0 for a quarter of the replicas
 		for _, split := range splits {
+			most = max(most, cmp.Or(split, sc.Config.Prefill))
 			groups = append(groups, group{names: pd, split: split})
+		}
+		if most >= n { // only the scenario's counts: parsePrefill bounds -prefill's
+			return usageError{fmt.Errorf("-replicas %d leaves no decode worker beside the %s scenario's %d prefill workers: want -replicas %d or more, or fewer prefill workers with -prefill", n, sc.Name, most, most+1)}
 		}
 	}
 	rows := 0
@@ -468,14 +502,28 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	if set["share"] {
 		switch n := max(cfg.Routers, 1); {
-		case *shareIv < time.Millisecond || *shareIv > time.Minute:
-			return usageError{fmt.Errorf("-share %v must be from 1ms to 1m", *shareIv)}
 		case n < 2 && set["routers"]:
 			return usageError{fmt.Errorf("-share needs -routers 2 or more to share between, not %d", n)}
 		case n < 2:
 			return usageError{fmt.Errorf("-share needs -routers 2 or more to share between; the %s scenario has %d router", sc.Name, n)}
-		case n > sim.MaxShareRouters:
-			return usageError{fmt.Errorf("-share works between at most %d routers, not -routers %d", sim.MaxShareRouters, n)}
+		}
+		// A router trusts an observation for three scrape intervals, over
+		// which its share.Group describes its picks; package share bounds
+		// that span.
+		var interval *time.Duration // set by the flag named flagName, if any
+		flagName := "signal-interval"
+		switch {
+		case set["signal-interval"]:
+			interval = signalIv
+		case set["scrape"] && slices.ContainsFunc(names, func(name string) bool {
+			spec, _ := sim.LookupPolicy(name)
+			return spec.Scrape == 0 // the policy scrapes every -scrape
+		}):
+			interval, flagName = scrape, "scrape"
+		}
+		if interval != nil && *interval > maxShareSignalAge/3 {
+			return usageError{fmt.Errorf("-%s %v with -share: a router trusts the engine signals for three intervals, %s, and its share.Group describes its picks over at most %s: want -%s at most %s",
+				flagName, *interval, shortDuration(3**interval), shortDuration(maxShareSignalAge), flagName, shortDuration(maxShareSignalAge/3))}
 		}
 		cfg.Share = *shareIv
 	}
@@ -528,12 +576,23 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	// describe, and pools the results. The runs of all seeds, and the
 	// description of each seed's workload, share one pool of GOMAXPROCS
 	// workers, so that no processor waits for the last run of a seed.
+	rateFlag := "-rate-scale"
+	if sweeping {
+		rateFlag = "-sweep rate scale"
+	}
 	at := func(x float64, describe bool) (sim.ScenarioInfo, []*sim.Result, error) {
 		info := base
 		var reqs []sim.Request
 		if *trace != "" {
 			var err error
 			if reqs, err = readTrace(*trace, fmtName, sim.TraceOptions{RateScale: x, Requests: *requests}); err != nil {
+				// A trace that reads at its own rate is not malformed:
+				// the rate scale spreads its arrivals too far.
+				if x != 1 && errors.Is(err, sim.ErrMalformedTrace) {
+					if _, err1 := readTrace(*trace, fmtName, sim.TraceOptions{Requests: *requests}); err1 == nil {
+						err = fmt.Errorf("%s %g spreads the trace's arrivals beyond the simulator's limit: %w", rateFlag, x, err)
+					}
+				}
 				return info, nil, err
 			}
 			info.RateScale = x
@@ -550,9 +609,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		infos := make([]sim.ScenarioInfo, n)
 		last := func(policy string) string { return policy }
-		rateFlag := "-rate-scale"
 		if sweeping {
-			rateFlag = "-sweep rate scale"
 			last = func(policy string) string { return fmt.Sprintf("%s at x%g", policy, x) }
 		}
 		g, gctx := errgroup.WithContext(ctx)
@@ -796,6 +853,8 @@ func parsePrefill(list string, replicas int) ([]int, error) {
 			return nil, fmt.Errorf("-prefill %q: want comma-separated counts of prefill workers, such as 2,3", list)
 		case err != nil:
 			return nil, fmt.Errorf("-prefill %q: %q is not a whole number", list, p)
+		case replicas < 2:
+			return nil, fmt.Errorf("-prefill %q needs -replicas 2 or more, a prefill and a decode worker, not %d", list, replicas)
 		case n < 1 || n >= replicas:
 			return nil, fmt.Errorf("-prefill %q: %d prefill workers of %d replicas: want 1 to %d, leaving at least one decode worker", list, n, replicas, replicas-1)
 		case slices.Contains(out, n):
@@ -881,36 +940,6 @@ func parseSpeeds(list string, replicas int) ([]float64, error) {
 		return nil, fmt.Errorf("-speeds %q lists %d speeds for %d replicas: give one per replica (-replicas sets their number)", list, len(out), replicas)
 	}
 	return out, nil
-}
-
-// durationFlag is a flag.Value holding a duration, whose parse error says
-// what a duration looks like; it also records that error in *bad, so
-// that the command can report it in its own words.
-type durationFlag struct {
-	name string
-	d    *time.Duration
-	bad  *error
-}
-
-func (f durationFlag) String() string {
-	if f.d == nil {
-		return time.Duration(0).String()
-	}
-	return f.d.String()
-}
-
-func (f durationFlag) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		reason := "want a duration, such as 2s or 500ms"
-		if _, ferr := strconv.ParseFloat(strings.TrimSpace(s), 64); ferr == nil {
-			reason = "a duration needs a unit, such as 2s or 500ms"
-		}
-		*f.bad = fmt.Errorf("invalid -%s %q: %s", f.name, s, reason)
-		return errors.New(reason)
-	}
-	*f.d = d
-	return nil
 }
 
 // readTrace reads the trace file at path in format, detected from the

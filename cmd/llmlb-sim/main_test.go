@@ -114,6 +114,13 @@ func TestRunErrors(t *testing.T) {
 		`{"timestamp": 1, "input_length": 5, "output_length": 16777216}`+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Fine at its own rate, but a rate scale of 1e-300 spreads its second
+	// arrival over 1e300 s.
+	spread := filepath.Join(dir, "spread.jsonl")
+	if err := os.WriteFile(spread, []byte(`{"timestamp": 0, "input_length": 5, "output_length": 1}`+"\n"+
+		`{"timestamp": 1000, "input_length": 5, "output_length": 1}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	same := filepath.Join(dir, "out.json")
 	missing := filepath.Join(dir, "missing", "out.json")
 	cases := []struct {
@@ -202,7 +209,30 @@ func TestRunErrors(t *testing.T) {
 		{"signal interval too short", []string{"-signal-interval", "999us"}, "-signal-interval 999µs must be at least 1ms", ""},
 		{"policies repeated", []string{"-policies", "p2c, p2c"}, `-policies "p2c, p2c" lists p2c twice`, ""},
 		{"policies empty", []string{"-policies", ""}, `-policies "": want comma-separated policy names, or all`, ""},
-		{"share between too many routers", []string{"-routers", "66", "-share", "1ms"}, "-share works between at most 65 routers, not -routers 66", ""},
+		// Durations beyond time.Duration's range are out of the flag's
+		// range, not "no duration".
+		{"TTFT SLO overflows", []string{"-slo-ttft", "9999999h"}, `invalid -slo-ttft "9999999h": out of range: want a duration from 1ns to 2562047h47m16.854775807s` + "\n", "such as"},
+		{"TPOT SLO overflows", []string{"-slo-tpot", "-9223372036854775809ns"}, `invalid -slo-tpot "-9223372036854775809ns": out of range: want a duration from 1ns to 2562047h47m16.854775807s`, "such as"},
+		{"scrape overflows", []string{"-scrape", "9999999h"}, `invalid -scrape "9999999h": out of range: want a duration from 1ms to 854015h55m45.618258602s, or 0 for the scenario's`, "such as"},
+		{"signal interval overflows", []string{"-signal-interval", "9999999h"}, `invalid -signal-interval "9999999h": out of range: want a duration from 1ms to 854015h55m45.618258602s, or 0 for each preset's own`, "such as"},
+		{"share overflows", []string{"-routers", "2", "-share", "9999999h"}, `invalid -share "9999999h": out of range: want a duration from 1ms to 1m`, "such as"},
+		{"adapter load overflows", []string{"-adapter-load", "9999999h"}, `invalid -adapter-load "9999999h": out of range: want a duration from 0s to 1m`, "such as"},
+		// Bounds of the engine model and of the simulation, named by flag.
+		{"scrape too long", []string{"-scrape", "854016h"}, "-scrape 854016h0m0s exceeds the simulator's limit of 854015h55m45.618258602s", "invalid config"},
+		{"signal interval too long", []string{"-signal-interval", "900000h"}, "-signal-interval 900000h0m0s exceeds the simulator's limit of 854015h55m45.618258602s", "invalid config"},
+		{"adapter load too long", []string{"-adapter-load", "61s"}, "-adapter-load 1m1s exceeds the simulator's limit of 1m", "invalid config"},
+		{"too many KV blocks", []string{"-kv-blocks", "16777217"}, "-kv-blocks 16777217 exceeds the simulator's limit of 16777216", "invalid config"},
+		{"too many adapter slots", []string{"-scenario", "lora", "-adapter-slots", "65537"}, "-adapter-slots 65537 exceeds the simulator's limit of 65536", "invalid config"},
+		{"disaggregated with one replica", []string{"-scenario", "pd", "-policies", "default,pd-default", "-replicas", "1"}, "-replicas 1: the disaggregated policies (pd-default) need at least 2 replicas, a prefill and a decode worker", "invalid config"},
+		{"pd scenario's splits on too few replicas", []string{"-scenario", "pd", "-policies", "pd-default", "-replicas", "3"}, "-replicas 3 leaves no decode worker beside the pd scenario's 3 prefill workers: want -replicas 4 or more, or fewer prefill workers with -prefill", "invalid config"},
+		{"pd-long scenario's splits on too few replicas", []string{"-scenario", "pd-long", "-policies", "pd-default", "-replicas", "2"}, "-replicas 2 leaves no decode worker beside the pd-long scenario's 4 prefill workers: want -replicas 5 or more", "invalid config"},
+		{"prefill of one replica", []string{"-replicas", "1", "-prefill", "1"}, `-prefill "1" needs -replicas 2 or more, a prefill and a decode worker, not 1`, "want 1 to 0"},
+		{"disaggregated sharing", []string{"-routers", "2", "-share", "10ms", "-policies", "p2c,pd-default"}, "-share: the disaggregated policies (pd-default) do not share routing state; list only co-located policies in -policies", "invalid config"},
+		{"scrape too long to share", []string{"-routers", "2", "-share", "10ms", "-scrape", "81m"}, "-scrape 1h21m0s with -share: a router trusts the engine signals for three intervals, 4h3m, and its share.Group describes its picks over at most 4h: want -scrape at most 1h20m", "invalid config"},
+		{"signal interval too long to share", []string{"-routers", "2", "-share", "10ms", "-signal-interval", "2h", "-policies", "gie-default"}, "-signal-interval 2h0m0s with -share: a router trusts the engine signals for three intervals, 6h, and its share.Group describes its picks over at most 4h: want -signal-interval at most 1h20m", "invalid config"},
+		{"trace spread too far", []string{"-trace", spread, "-rate-scale", "1e-300"}, "-rate-scale 1e-300 spreads the trace's arrivals beyond the simulator's limit: " + spread + ": sim: malformed trace: line 2: arrival 1e+300s", ""},
+		{"trace spread too far in a sweep", []string{"-trace", spread, "-sweep", "1e-300,1"}, "-sweep rate scale 1e-300 spreads the trace's arrivals beyond the simulator's limit", ""},
+		{"malformed trace at a rate scale", []string{"-trace", bad, "-rate-scale", "2"}, bad + ": sim: malformed trace: line 2", "-rate-scale"},
 		{"rate scale too low", []string{"-rate-scale", "1e-300"}, "-rate-scale 1e-300: sim: invalid workload: rate 6.1e-299 requests/s spreads 100 requests over about 1.64e+300s, beyond 1e+09s", "arrives at"},
 		{"sweep rate scale too low", []string{"-sweep", "1e-300,1"}, "-sweep rate scale 1e-300: sim: invalid workload: rate", "arrives at"},
 	}
@@ -565,6 +595,19 @@ func TestRunShare(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	if !strings.Contains(out.String(), "2 router(s), scrape 1s, sharing every 50ms") {
+		t.Errorf("header does not describe the sharing:\n%s", out.String())
+	}
+}
+
+// -share works between more routers than package share's default
+// MaxPeers (64), as every router's Group tracks all the others.
+func TestRunShareManyRouters(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"-requests", "100", "-replicas", "2", "-routers", "66", "-share", "100ms", "-policies", "default"}
+	if code := run(context.Background(), args, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(out.String(), "66 router(s), scrape 1s, sharing every 100ms") {
 		t.Errorf("header does not describe the sharing:\n%s", out.String())
 	}
 }

@@ -2,7 +2,10 @@ package main
 
 import (
 	"math"
+	"math/big"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,21 +89,65 @@ func FuzzParseOutputs(f *testing.F) {
 	})
 }
 
+// A duration flag reports a duration beyond time.Duration's range as out
+// of range, and nothing else: checked against an exact evaluation of the
+// duration's text.
 func FuzzDurationFlag(f *testing.F) {
-	for _, s := range []string{"2s", "500ms", "2", "soon", "9999999h", "-1s", ""} {
+	for _, s := range []string{"2s", "500ms", "2", "soon", "9999999h", "-1s", "", "-9223372036854775809ns",
+		"2562047h47m16.854775807s", "2562047h47m16.854775808s", "1.5h30m", ".5µs", "99999999999999999999us", "1e10s", "9h9"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		var d time.Duration
 		var bad error
-		if err := (durationFlag{name: "x", d: &d, bad: &bad}).Set(s); err != nil {
-			if bad == nil {
-				t.Fatalf("Set(%q) failed without recording the error", s)
+		err := (durationFlag{name: "x", d: &d, min: time.Millisecond, max: time.Minute, bad: &bad}).Set(s)
+		if err == nil {
+			if want, err := time.ParseDuration(s); err != nil || d != want {
+				t.Fatalf("Set(%q) set %v", s, d)
 			}
 			return
 		}
-		if want, err := time.ParseDuration(s); err != nil || d != want {
-			t.Fatalf("Set(%q) set %v", s, d)
+		if bad == nil {
+			t.Fatalf("Set(%q) failed without recording the error", s)
+		}
+		ns, ok := durationNanos(s)
+		// Within a microsecond of the limit, the rounding of fractions
+		// decides; elsewhere the exact value does.
+		limit := new(big.Rat).SetInt64(math.MaxInt64)
+		over := ok && ns.Cmp(new(big.Rat).Add(limit, big.NewRat(1000, 1))) > 0
+		under := !ok || ns.Cmp(new(big.Rat).Sub(limit, big.NewRat(1000, 1))) < 0
+		switch outOfRange := strings.Contains(bad.Error(), "out of range: want a duration from 1ms to 1m"); {
+		case outOfRange && !ok:
+			t.Fatalf("Set(%q): %v, but it is no duration", s, bad)
+		case outOfRange && under:
+			t.Fatalf("Set(%q): %v, but it is in range (%v ns)", s, bad, ns.FloatString(0))
+		case !outOfRange && over:
+			t.Fatalf("Set(%q): %v, but it is out of range (%v ns)", s, bad, ns.FloatString(0))
 		}
 	})
+}
+
+// durationPart is one number and unit of a duration as
+// time.ParseDuration reads it; durationSyntax the whole of one.
+var (
+	durationPart   = regexp.MustCompile(`([0-9]*)(?:\.([0-9]*))?(ns|us|µs|μs|ms|s|m|h)`)
+	durationSyntax = regexp.MustCompile(`^[-+]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+$`)
+)
+
+// durationNanos returns the exact magnitude in nanoseconds of s, a
+// duration in time.ParseDuration's syntax, or false if s is not one.
+func durationNanos(s string) (*big.Rat, bool) {
+	if !durationSyntax.MatchString(s) {
+		return nil, false
+	}
+	unit := map[string]int64{"ns": 1, "us": 1e3, "µs": 1e3, "μs": 1e3, "ms": 1e6, "s": 1e9, "m": 60e9, "h": 3600e9}
+	sum := new(big.Rat)
+	for _, m := range durationPart.FindAllStringSubmatch(s, -1) {
+		v, ok := new(big.Rat).SetString("0" + m[1] + "." + m[2] + "0")
+		if !ok {
+			return nil, false
+		}
+		sum.Add(sum, v.Mul(v, new(big.Rat).SetInt64(unit[m[3]])))
+	}
+	return sum, true
 }

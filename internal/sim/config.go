@@ -7,7 +7,6 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/internal/model"
-	"github.com/llmlb/llmlb/share"
 )
 
 // Sentinel errors; errors returned by this package wrap one of them.
@@ -89,8 +88,11 @@ type Config struct {
 	// has one): every Share, each router builds a batch, which reaches the
 	// other routers twice Delay later (to the NATS server and on; NATS
 	// itself adds well under a millisecond). Router r's batches are built
-	// at offsets of r*Share/Routers. It needs at least two routers and at
-	// most [MaxShareRouters].
+	// at offsets of r*Share/Routers. It needs at least two routers. Each
+	// Group tracks every other router as a peer, however many there are
+	// ([share.Config].MaxPeers is Routers-1): the default bound of 64
+	// guards a deployment against peers it does not know of, and here the
+	// peers are known.
 	Share time.Duration
 	// SLO is the per-request objective for SLO attainment and goodput.
 	SLO SLO
@@ -129,10 +131,6 @@ type Config struct {
 	// interval doubles.
 	Series time.Duration
 }
-
-// MaxShareRouters is the most routers that can share ([Config].Share): each
-// router's share.Group tracks share.DefaultMaxPeers peers.
-const MaxShareRouters = share.DefaultMaxPeers + 1
 
 // SpeedChange sets a replica's speed from a time on: iterations that start
 // at or after At take IterTime / Speed; one under way at At ends at the old
@@ -204,8 +202,6 @@ func (c *Config) normalize() error {
 		return fmt.Errorf("%w: negative duration", ErrInvalidConfig)
 	case c.Share > 0 && c.Routers < 2:
 		return fmt.Errorf("%w: sharing every %v needs at least 2 routers, not %d", ErrInvalidConfig, c.Share, c.Routers)
-	case c.Share > 0 && c.Routers > MaxShareRouters:
-		return fmt.Errorf("%w: sharing between %d routers, want at most %d", ErrInvalidConfig, c.Routers, MaxShareRouters)
 	case c.Share > 0 && (c.Share < time.Millisecond || c.Share > time.Minute):
 		return fmt.Errorf("%w: sharing interval %v, want 1ms to 1m", ErrInvalidConfig, c.Share)
 	case c.SLO.TTFT < 0 || c.SLO.TPOT < 0:

@@ -84,3 +84,31 @@ func TestShareShowsPeersWork(t *testing.T) {
 		t.Errorf("no sharing: router 1 saw %v, want %v (its own)", got, want)
 	}
 }
+
+// Routers share between more peers than share's default MaxPeers (64):
+// every router's Group tracks all the others, none refused (a refused
+// batch fails the run).
+func TestShareManyRouters(t *testing.T) {
+	reqs, err := DefaultSynthetic(200, 37).Generate(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const routers = 70
+	peers := make([]int, 0, routers)
+	cfg := Config{Seed: 3, Routers: routers, Share: 100 * time.Millisecond, onEnd: func(r *runner) {
+		for _, rt := range r.routers {
+			peers = append(peers, rt.group.Stats().Peers)
+		}
+	}}
+	if _, err := Simulate(context.Background(), cfg, reqs, "default"); err != nil {
+		t.Fatal(err)
+	}
+	for k, n := range peers {
+		if n != routers-1 {
+			t.Errorf("router %d tracks %d peers at the end, want %d", k, n, routers-1)
+		}
+	}
+	if len(peers) != routers {
+		t.Errorf("%d routers, want %d", len(peers), routers)
+	}
+}

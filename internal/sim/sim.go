@@ -292,6 +292,7 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 				MaxSignalAge: cfg.MaxSignalAge,
 				Index:        env.decisions,
 				Interval:     cfg.Share,
+				MaxPeers:     cfg.Routers - 1, // every other router, however many
 				Clock:        simClock{r},
 				Logger:       slog.New(slog.DiscardHandler),
 			})

@@ -96,8 +96,6 @@ func TestSpeedConfigInvalid(t *testing.T) {
 		{Speed: []float64{MinSpeed / 2}},
 		{Speed: []float64{1, MaxSpeed * 2}},
 		{SpeedChanges: []SpeedChange{{Replica: 0, Speed: 1e-12}}},
-		// More routers than a share.Group tracks peers.
-		{Routers: MaxShareRouters + 1, Share: time.Second},
 	} {
 		if err := cfg.normalize(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("normalize(%+v) = %v, want ErrInvalidConfig", cfg, err)
