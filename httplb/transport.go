@@ -123,7 +123,9 @@ type Config struct {
 	TrustClassHeader string
 	// Store, if set, records the ORCA load report (the
 	// endpoint-load-metrics header) of every response as a push observation
-	// of its endpoint.
+	// of its endpoint. A Store that holds its MaxKeys endpoints records no
+	// report of another (see signals.ErrTooManyKeys): size it for every
+	// endpoint routed to, and Delete the endpoints that leave.
 	Store *signals.Store
 	// MaxPeekBytes bounds the bytes held back before the first event of a
 	// stream. 0 means [DefaultMaxPeekBytes].
