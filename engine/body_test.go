@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"strings"
 	"testing"
@@ -87,4 +88,130 @@ func TestReadTimeoutSparesStreams(t *testing.T) {
 	st := e.Stats()
 	assert.EqualValues(t, 3, st.Finished)
 	assert.Zero(t, st.Cancelled)
+}
+
+// TestReadTimeoutOverHTTP2: over HTTP/2 a body past ReadTimeout gets 408
+// and only its stream ends: the connection, which other requests share,
+// serves on. (Connection: close would make the server send GOAWAY.)
+func TestReadTimeoutOverHTTP2(t *testing.T) {
+	e := newEngine(t, Config{ReadTimeout: 100 * time.Millisecond, Speedup: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		_ = e.Run(ctx)
+	}()
+	ts := httptest.NewUnstartedServer(e)
+	ts.EnableHTTP2 = true
+	ts.StartTLS()
+	c := ts.Client()
+	t.Cleanup(func() {
+		c.CloseIdleConnections()
+		ts.Close()
+		cancel()
+		<-ran
+	})
+	// do posts body and reports the answer and whether it came over the
+	// connection of an earlier request.
+	do := func(body io.Reader) (int, string, bool) {
+		t.Helper()
+		reused := false
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
+		})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/completions", body)
+		require.NoError(t, err)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, 2, resp.ProtoMajor)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b), reused
+	}
+	code, _, _ := do(strings.NewReader(`{"prompt":"x","max_tokens":1}`))
+	require.Equal(t, http.StatusOK, code)
+
+	// A body that stops after its first bytes.
+	pr, pw := io.Pipe()
+	stop := make(chan struct{})
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		if _, err := pw.Write([]byte(`{"prompt"`)); err != nil {
+			return
+		}
+		<-stop
+		pw.Close()
+	}()
+	code, b, reused := do(pr)
+	close(stop)
+	<-wrote
+	assert.Equal(t, http.StatusRequestTimeout, code)
+	assert.Contains(t, b, "reading body: not received within 100ms")
+	assert.True(t, reused, "the 408 came over the first request's connection")
+
+	// The deadline is lifted from a stream's body as it is from a
+	// connection's: a stream outlasting ReadTimeout runs to its end.
+	start := time.Now()
+	code, b, reused = do(strings.NewReader(`{"prompt":"x","max_tokens":40,"stream":true}`))
+	assert.Equal(t, http.StatusOK, code)
+	assert.True(t, reused, "the connection serves on after a stream's 408")
+	ev := events(t, strings.NewReader(b))
+	require.Len(t, ev, 41, "every token, then [DONE]")
+	assert.Equal(t, "[DONE]", ev[40])
+	assert.Greater(t, time.Since(start), 100*time.Millisecond, "the stream outlasted the read timeout")
+}
+
+// TestReadTimeoutBoundsUnreadBodies: ReadTimeout bounds every body, not
+// only those the completions endpoints read. net/http discards a body the
+// handler left unread before it sends the answer; one that does not come
+// held the connection, unanswered, for ever. Past ReadTimeout the answer
+// goes out and the connection closes; a body that comes in time leaves the
+// connection open.
+func TestReadTimeoutBoundsUnreadBodies(t *testing.T) {
+	e := newEngine(t, Config{ReadTimeout: 100 * time.Millisecond})
+	url, _ := serve(t, e)
+	addr := strings.TrimPrefix(url, "http://")
+	cases := []struct {
+		name, request string
+		code          int
+	}{
+		{"health", "POST /health", http.StatusOK},
+		{"models", "POST /v1/models", http.StatusOK},
+		{"metrics", "POST /metrics", http.StatusOK},
+		{"wrong method", "PUT /v1/completions", http.StatusMethodNotAllowed},
+		{"unknown path", "POST /v2/completions", http.StatusNotFound},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			defer conn.Close()
+			br := bufio.NewReader(conn)
+			require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+
+			// A body that comes keeps the connection.
+			_, err = io.WriteString(conn, c.request+" HTTP/1.1\r\nHost: engine\r\nContent-Length: 2\r\n\r\n{}")
+			require.NoError(t, err)
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, c.code, resp.StatusCode)
+			assert.False(t, resp.Close, "a body that came keeps the connection")
+
+			// A body that does not come.
+			start := time.Now()
+			_, err = io.WriteString(conn, c.request+" HTTP/1.1\r\nHost: engine\r\nContent-Length: 100\r\n\r\n{")
+			require.NoError(t, err)
+			resp, err = http.ReadResponse(br, nil)
+			require.NoError(t, err, "no answer: the connection waits for the body")
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, c.code, resp.StatusCode)
+			assert.True(t, resp.Close, "the connection closes")
+			assert.Less(t, time.Since(start), 3*time.Second)
+		})
+	}
 }

@@ -17,22 +17,25 @@
 // is echoed in every answer). Chat messages are checked as vLLM checks
 // them: each is an object with a string role, and its content, if any, a
 // string or a list of content parts (strings, or objects of a type vLLM
-// knows, text parts with a string text), or null in an assistant message;
-// anything else is refused with 400 and the message's index, not read as
-// empty text.
+// knows, text parts with a string text), or null in an assistant message
+// or a function message with a name; anything else is refused with 400 and
+// the message's index, not read as empty text.
 //
 // A stream sends one chunk a token, then "data: [DONE]". As vLLM's, it
 // reports usage only when asked: with "stream_options":
 // {"include_usage": true} a last chunk, with no choices, carries the
 // request's usage (prompt_tokens, completion_tokens, total_tokens), and
 // with "continuous_usage_stats": true as well every chunk carries the usage
-// so far. stream_options that ask anything without "stream": true are
+// so far. stream_options other than null or {} without "stream": true are
 // refused (400). A non-streaming answer always carries its usage.
 //
-// A request's body must arrive within [Config.ReadTimeout] of its header
-// (408 past it, and the connection closes), so that a client trickling its
-// body cannot hold a handler for ever; answers are not bounded, so that a
-// stream lasts as long as its tokens take.
+// A request's body must arrive within [Config.ReadTimeout] of its header,
+// so that a client trickling its body cannot hold a handler or a
+// connection for ever: past it a completions request gets 408 and its
+// connection closes (over HTTP/2 only its stream ends), and any other
+// request, whose body the engine does not read, gets its answer and its
+// connection closes. Answers are not bounded, so that a stream lasts as
+// long as its tokens take.
 //
 // The model is the simulator's replica, run against the wall clock with the
 // same parameters ([Config.TokenBudget], [Config.MaxRunning],

@@ -113,11 +113,18 @@ type Config struct {
 	// [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
 	// ReadTimeout bounds the time to receive a request's body, from the
-	// moment its header has been read: a client that has not sent the whole
-	// body by then gets 408 and its connection is closed. It bounds the
-	// body only: the header is bounded by [Engine.Serve]'s server (10
-	// seconds), and the answer not at all, so that a stream lasts as long
-	// as its tokens take. 0 means [DefaultReadTimeout].
+	// moment its header has been read. A completions request whose body
+	// has not all come by then gets 408, and its connection is closed
+	// (over HTTP/2, only its stream ends); any other request's body, which
+	// the engine does not read, has as long to come before the answer goes
+	// out, and the connection is closed after the answer if it has not.
+	// It bounds the body only: the header is bounded by [Engine.Serve]'s
+	// server (10 seconds), and the answer not at all, so that a stream
+	// lasts as long as its tokens take. It takes the read deadlines that
+	// net/http's servers give a handler through
+	// [net/http.ResponseController]: an Engine served behind a
+	// ResponseWriter without them (one that wraps another without an
+	// Unwrap method) reads bodies unbounded. 0 means [DefaultReadTimeout].
 	ReadTimeout time.Duration
 	// KVEvents, if set, receives the engine's KV-cache events as vLLM
 	// reports them: after every iteration that changed the prefix cache,

@@ -32,11 +32,12 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		e.hmu.Unlock()
 	}()
+	deadline := e.boundBody(w, r)
 	switch r.URL.Path {
 	case "/v1/completions":
-		e.complete(w, r, false)
+		e.complete(w, r, false, deadline)
 	case "/v1/chat/completions":
-		e.complete(w, r, true)
+		e.complete(w, r, true, deadline)
 	case "/metrics":
 		e.metrics(w)
 	case "/health":
@@ -134,13 +135,15 @@ func (q *request) promptText(chat bool) (string, string) {
 	return "", "prompt: a string is required (this emulator does not take token IDs)"
 }
 
-func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
+// complete answers a completions request, whose body must arrive by
+// deadline (zero: none, see boundBody).
+func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool, deadline time.Time) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeError(w, http.StatusMethodNotAllowed, "POST only")
 		return
 	}
-	body, code, msg := e.readBody(w, r)
+	body, code, msg := e.readBody(w, r, deadline)
 	if code != 0 {
 		writeError(w, code, msg)
 		return
@@ -183,27 +186,51 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 }
 
-// readBody reads r's body within the engine's read timeout, or returns the
-// status and message refusing it. The deadline is set on the connection and
-// lifted once the body is read, so that it never cuts the answer, however
-// long a stream lasts; a body refused keeps it, so that the server does not
-// wait for the rest of the body either. A ResponseWriter without read
-// deadlines (a recorder in tests) reads without one.
-func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, string) {
-	rc := http.NewResponseController(w)
-	bounded := rc.SetReadDeadline(time.Now().Add(e.readTime)) == nil
+// boundBody sets the read deadline of r's connection (of its stream, over
+// HTTP/2) to the engine's read timeout from now, and returns it, so that
+// every body has that long to arrive: the completions endpoints read theirs
+// (see readBody), and net/http discards any other after the handler
+// returns, before it sends the answer, then closes the connection if the
+// body has not come by the deadline. It returns the zero time, and sets
+// nothing, for a request without a body (over HTTP/1 the server is then
+// already reading the connection, to see the client leave) or a
+// ResponseWriter without read deadlines (a recorder in tests).
+func (e *Engine) boundBody(w http.ResponseWriter, r *http.Request) time.Time {
+	if r.Body == nil || r.Body == http.NoBody {
+		return time.Time{}
+	}
+	deadline := time.Now().Add(e.readTime)
+	if http.NewResponseController(w).SetReadDeadline(deadline) != nil {
+		return time.Time{}
+	}
+	return deadline
+}
+
+// readBody reads r's body, which must arrive by deadline (see boundBody),
+// or returns the status and message refusing it. The deadline is lifted
+// once the body is read, so that it never cuts the answer, however long a
+// stream lasts; a body refused keeps it, so that the server does not wait
+// for the rest of the body either.
+func (e *Engine) readBody(w http.ResponseWriter, r *http.Request, deadline time.Time) ([]byte, int, string) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, min(e.maxBody, math.MaxInt64-1)+1))
 	switch {
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		w.Header().Set("Connection", "close")
+		// Over HTTP/1 the rest of the body may still come: the connection
+		// cannot carry another request. Over HTTP/2 the server resets this
+		// request's stream once it has answered; Connection: close would
+		// make it send GOAWAY and retire the connection every other
+		// request shares.
+		if r.ProtoMajor == 1 {
+			w.Header().Set("Connection", "close")
+		}
 		return nil, http.StatusRequestTimeout, fmt.Sprintf("reading body: not received within %v", e.readTime)
 	case err != nil:
 		return nil, http.StatusBadRequest, "reading body: " + err.Error()
 	case int64(len(body)) > e.maxBody:
 		return nil, http.StatusRequestEntityTooLarge, "body too large"
 	}
-	if bounded {
-		_ = rc.SetReadDeadline(time.Time{})
+	if !deadline.IsZero() {
+		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	}
 	return body, 0, ""
 }

@@ -55,7 +55,7 @@ const minSpeedup = 1e-3
 
 // parsePorts parses the value of -ports: comma-separated ports, at most
 // maxEngines, none twice but 0 (a free port). It returns their addresses on
-// host.
+// host, each port written as a number ("08001" as 8001, "00" as 0).
 func parsePorts(list, host string) ([]string, error) {
 	var addrs []string
 	var seen []uint64
@@ -71,7 +71,7 @@ func parsePorts(list, host string) ([]string, error) {
 			return nil, fmt.Errorf("-ports %q lists more than %d ports", list, maxEngines)
 		}
 		seen = append(seen, n)
-		addrs = append(addrs, net.JoinHostPort(host, p))
+		addrs = append(addrs, net.JoinHostPort(host, strconv.FormatUint(n, 10)))
 	}
 	return addrs, nil
 }

@@ -197,6 +197,10 @@ func TestParsePorts(t *testing.T) {
 	got, err := parsePorts(" 8001,0, 0,65535", "::1")
 	require.NoError(t, err)
 	assert.Equal(t, []string{"[::1]:8001", "[::1]:0", "[::1]:0", "[::1]:65535"}, got)
+	// A port is named as a number, whatever its leading zeros.
+	got, err = parsePorts("08001,00,000", "h")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"h:8001", "h:0", "h:0"}, got)
 	_, err = parsePorts(strings.Repeat("0,", maxEngines)+"0", "h")
 	assert.ErrorContains(t, err, "lists more than 1024 ports")
 }
@@ -204,7 +208,7 @@ func TestParsePorts(t *testing.T) {
 // FuzzParsePorts: -ports never panics, and what it accepts is one address
 // per listed port, none twice but port 0.
 func FuzzParsePorts(f *testing.F) {
-	for _, s := range []string{"8001,8002", "8001,x", ",", "0,0", "8001, 8001", "65536", "-1", " 1 "} {
+	for _, s := range []string{"8001,8002", "8001,x", ",", "0,0", "8001, 8001", "65536", "-1", " 1 ", "00,00", "08001"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, list string) {
