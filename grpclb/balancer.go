@@ -22,14 +22,15 @@ import (
 // lbBalancer is the balancer of one channel. It shards the resolved
 // endpoints over pick-first children (endpointsharding), makes the children
 // that have been READY the members of an llmlb.Balancer, healthy while they
-// are READY, and publishes a picker that picks with it. It embeds the
+// are READY and the program has not marked them unhealthy, and publishes a
+// picker that picks with it. It embeds the
 // channel's ClientConn to intercept the children's UpdateState and
 // NewSubConn calls.
 //
 // grpc calls the balancer.Balancer methods from one goroutine; the children
 // call UpdateState and the SubConn state listeners from that goroutine too,
-// but mu still guards the fields below against the pickers' Done callbacks
-// and the out-of-band listeners.
+// but mu still guards the fields below against the pickers' Done callbacks,
+// the out-of-band listeners and Builder.SetHealthy.
 type lbBalancer struct {
 	balancer.ClientConn
 	child   balancer.Balancer
@@ -50,8 +51,11 @@ type lbBalancer struct {
 	// The adapter marks a member of lb healthy exactly when it is in
 	// neither set below, and sets its mark whenever either changes.
 	// unready holds the members whose child was not READY at the last
-	// UpdateState; sick those the program marked unhealthy, with
-	// Builder.SetHealthy or, as UpdateState finds, lb.SetHealthy.
+	// UpdateState; sick the endpoints the program marked unhealthy, with
+	// Builder.SetHealthy or, as UpdateState finds, lb.SetHealthy: members,
+	// and resolved endpoints not yet members, which join lb unhealthy.
+	// Both hold only endpoints the resolver lists, and start empty with
+	// each new lb.
 	unready, sick map[string]bool
 	closed        bool
 }
@@ -180,7 +184,10 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 // marked it unhealthy (see Builder.SetHealthy). A mark that differs from
 // the one the adapter last set was set by the program with lb.SetHealthy
 // since: UpdateState takes it for the program's, so that it outlasts the
-// connection's changes too.
+// connection's changes too. An endpoint the program marked before it
+// joined joins unhealthy: it is first given a picker that has an RPC
+// picked for it wait for the next picker, then marked, then given its
+// child's picker, so that no RPC reaches it meanwhile.
 func (b *lbBalancer) UpdateState(state balancer.State) {
 	children := endpointsharding.ChildStatesFromPicker(state.Picker)
 
@@ -197,7 +204,11 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	}
 	eps := make([]llmlb.Endpoint, 0, len(children))
 	seen := make(map[string]bool, len(children))
-	var back []string // members to mark healthy once Update is done
+	var (
+		back    []string // members to mark healthy once Update is done
+		held    []int    // indexes in eps of those joining marked unhealthy
+		unready []string // members whose child is not READY, for the picker
+	)
 	anyReady := false
 	for _, c := range children {
 		if len(c.Endpoint.Addresses) == 0 {
@@ -223,6 +234,11 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 			_ = b.lb.SetHealthy(key, false) // a member: cannot fail
 		case member && !wasHealthy && want:
 			back = append(back, key)
+		case !member && !want: // READY, marked by the program before it joined
+			held = append(held, len(eps))
+		}
+		if !ready {
+			unready = append(unready, key)
 		}
 		p := c.State.Picker
 		if p == nil {
@@ -230,7 +246,20 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		}
 		eps = append(eps, &endpoint{key: key, picker: p, ready: ready})
 	}
-	// Keys are non-empty and distinct, so Update cannot fail.
+	// Keys are non-empty and distinct, so Update cannot fail, nor can
+	// SetHealthy of a member.
+	if len(held) > 0 {
+		joining := make([]llmlb.Endpoint, len(held))
+		for i, j := range held {
+			joining[i] = eps[j]
+			eps[j] = &endpoint{key: eps[j].Key(), picker: noSubConnPicker{}, ready: true}
+		}
+		_ = b.lb.Update(eps)
+		for i, j := range held {
+			_ = b.lb.SetHealthy(eps[j].Key(), false)
+			eps[j] = joining[i]
+		}
+	}
 	_ = b.lb.Update(eps)
 	for _, key := range back {
 		_ = b.lb.SetHealthy(key, true) // a member since Update: cannot fail
@@ -245,7 +274,7 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	if anyReady {
 		b.ClientConn.UpdateState(balancer.State{
 			ConnectivityState: connectivity.Ready,
-			Picker:            &picker{lb: b.lb, rec: b.rec},
+			Picker:            &picker{lb: b.lb, rec: b.rec, unready: unready},
 		})
 		return
 	}
@@ -263,19 +292,20 @@ func setMark(marks map[string]bool, key string, on bool) {
 	}
 }
 
-// setHealthy records the program's mark of the member key of lb and sets
-// lb's mark to match. It reports false, and does nothing, if lb is not the
-// channel's balancer.
+// setHealthy records the program's mark of the endpoint key of lb, a member
+// or an endpoint the resolver lists, and sets lb's mark of a member to
+// match. It reports false, and does nothing, if lb is not the channel's
+// balancer.
 func (b *lbBalancer) setHealthy(lb *llmlb.Balancer, key string, healthy bool) (bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed || b.lb != lb {
 		return false, nil
 	}
-	if err := lb.SetHealthy(key, healthy && !b.unready[key]); err != nil {
-		return true, err // not a member
+	if err := lb.SetHealthy(key, healthy && !b.unready[key]); err != nil && (key == "" || !b.rec.resolved(key)) {
+		return true, err // neither a member nor resolved
 	}
-	setMark(b.sick, key, !healthy)
+	setMark(b.sick, key, !healthy) // a resolved endpoint's, for when it joins
 	return true, nil
 }
 

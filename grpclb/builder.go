@@ -75,14 +75,18 @@ type Options struct {
 	// and config). Nil means math/rand/v2's global generator.
 	NewRand func() rand.Source
 	// OnBalancer, if set, is called with the channel's target each time a
-	// channel builds its llmlb.Balancer: when the first config arrives and
-	// when a config change replaces the policy (the new balancer has no
-	// members yet). Use it to read Stats, and keep the balancer to mark
-	// endpoints unhealthy with [Builder.SetHealthy] (the adapter marks an
-	// endpoint unhealthy while its connection is not READY, and keeps the
-	// program's marks apart from its own); never call Update, the adapter
-	// owns membership. It is called from grpc's balancer goroutine and must
-	// not block.
+	// channel builds its llmlb.Balancer: when the first config arrives,
+	// when a config change replaces the policy, and when the channel
+	// leaves idle mode (see grpc.WithIdleTimeout), for grpc then builds
+	// the channel's balancer anew. The new balancer has no members yet and
+	// none of the marks of the one it replaces. Use it to read Stats, and
+	// keep the balancer to mark endpoints unhealthy with
+	// [Builder.SetHealthy] (the adapter marks an endpoint unhealthy while
+	// its connection is not READY, and keeps the program's marks apart
+	// from its own); mark the endpoints the program holds unhealthy here,
+	// so that they join the balancer unhealthy. Never call Update, the
+	// adapter owns membership. It is called from grpc's balancer goroutine,
+	// outside the channel's locks, and must not block.
 	OnBalancer func(target string, b *llmlb.Balancer)
 }
 
@@ -164,12 +168,18 @@ func (b *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) bala
 // endpoint marked unhealthy thus stays so when its connection comes back,
 // and one marked healthy again is picked once its connection is READY.
 //
-// Like lb.SetHealthy, SetHealthy fails with an error wrapping
-// llmlb.ErrUnknownEndpoint if key is not a member of lb (an endpoint joins
-// when its connection is first READY), and the mark lasts while the
-// endpoint is a member of lb. For a balancer that no open channel of b uses
-// (its channel closed, or a config change replaced it) SetHealthy is
-// lb.SetHealthy(key, healthy). It may be called from any goroutine.
+// The key is the endpoint's first address (see the package doc). An
+// endpoint joins lb when its connection is first READY, but the channel
+// keeps the mark from the start: while lb serves the channel and the
+// channel's resolver lists the endpoint, so that one marked unhealthy
+// before it joins joins unhealthy. A channel that gets a new balancer (see
+// Options.OnBalancer) drops the marks; mark again there. SetHealthy fails
+// with an error wrapping llmlb.ErrUnknownEndpoint if key is neither a
+// member of lb nor the key of an endpoint the channel's resolver lists. For
+// a balancer that no open channel of b uses (its channel closed or went
+// idle, or a config change replaced it) SetHealthy is lb.SetHealthy(key,
+// healthy). It may be called from any goroutine, Options.OnBalancer
+// included.
 //
 // Prefer it to lb.SetHealthy: the channel finds a mark the program set
 // there only when its endpoints' connections next change state, and cannot

@@ -10,11 +10,12 @@
 // membership of the channel's llmlb.Balancer, keyed by its first address,
 // when its child first becomes READY, and leaves it only when the resolver
 // drops it. Resolved endpoints that share a first address are one endpoint
-// to the adapter, with the addresses of all in the order listed (grpc-go,
-// which tells endpoints apart by their sets of addresses, would give each
-// a child, all connecting to that address first); of endpoints that list
-// the same addresses in different orders, the first listed is kept. So a
-// resolver's list always gives the same members under the same keys.
+// to the adapter, with the addresses of all in the order listed, each once,
+// and the attributes of the first listed (grpc-go, which tells endpoints
+// apart by their addresses, would give each a child, all connecting to
+// that address first); of endpoints that list the same addresses in
+// different orders, the first listed is kept. So a resolver's list always
+// gives the same members under the same keys.
 // Readiness is health: an endpoint whose child leaves READY
 // (a GOAWAY such as the server's connection age limit, connection lost,
 // server stopped, TRANSIENT_FAILURE) is marked unhealthy with
@@ -22,16 +23,23 @@
 // again, so the RPCs still running on its old connection keep counting
 // against it until they end. Every change publishes a new picker, which
 // picks an unhealthy endpoint only when a request's every candidate is
-// unhealthy (an llmlb.Request.Exclude that leaves out all READY ones): the
-// RPC then waits while that endpoint connects and, unless it waits for
-// ready, fails while the endpoint is in TRANSIENT_FAILURE. While no
+// unhealthy (llmlb's panic mode: the program's marks, or an
+// llmlb.Request.Exclude, leave no healthy one), and then one whose
+// connection is READY if any is a candidate. An RPC picked for an endpoint
+// whose connection is not READY waits while it connects and, unless it
+// waits for ready, fails while it is in TRANSIENT_FAILURE. While no
 // endpoint is READY the children's picker is used: RPCs queue while
 // connecting (balancer.ErrNoSubConnAvailable) and fail fast in
 // TRANSIENT_FAILURE unless they wait for ready. The program's marks are
 // kept apart from the adapter's: an endpoint the program marks unhealthy
 // with [Builder.SetHealthy], given the balancer Options.OnBalancer
 // receives, stays so, its connection READY or not, until the program marks
-// it healthy, and is then healthy once its connection is READY.
+// it healthy, and is then healthy once its connection is READY. A mark
+// lasts while that balancer serves the channel and the resolver lists the
+// endpoint. A channel gets a new balancer when a config change replaces
+// the policy and when it leaves idle mode: OnBalancer receives it before
+// any endpoint joins it, and is where the program marks again the
+// endpoints it holds unhealthy.
 //
 // The picker builds an llmlb.Request for each RPC from a [Call] the caller
 // put in the RPC's context ([WithCall], [WithRequest]), or else from the

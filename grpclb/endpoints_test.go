@@ -53,6 +53,9 @@ func TestEndpointsSharingAnAddress(t *testing.T) {
 		{"same addresses in another order", func(a, b string) []resolver.Endpoint {
 			return []resolver.Endpoint{ep(b, a), ep(a, b)}
 		}, false, func(_, b string) []string { return []string{b} }},
+		{"same addresses, one listed twice", func(a, b string) []resolver.Endpoint {
+			return []resolver.Endpoint{ep(a, b), ep(b, a, a)}
+		}, false, func(a, _ string) []string { return []string{a} }},
 		{"a later address shared", func(a, b string) []resolver.Endpoint {
 			return []resolver.Endpoint{ep(a), ep(b, a)}
 		}, false, func(a, b string) []string { return []string{a, b} }},

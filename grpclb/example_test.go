@@ -103,32 +103,47 @@ func ExampleBuilder_ParseConfig() {
 // ExampleBuilder_SetHealthy marks an endpoint unhealthy in every channel,
 // as a program would when its own health check of the server fails: the
 // channels do not pick it, even while its connection is READY, until the
-// program marks it healthy again.
+// program marks it healthy again. The program keeps its marks and applies
+// them in OnBalancer to each new balancer (of a new channel, after a config
+// change that replaces the policy, when a channel leaves idle mode), so
+// that the endpoints join it unhealthy.
 func ExampleBuilder_SetHealthy() {
 	var (
-		mu  sync.Mutex                         // protects lbs
-		lbs = make(map[string]*llmlb.Balancer) // by channel target
+		mu   sync.Mutex                         // protects lbs and down
+		lbs  = make(map[string]*llmlb.Balancer) // by channel target
+		down = make(map[string]bool)            // the endpoints marked unhealthy
+		b    *grpclb.Builder                    // set before any channel is dialed
 	)
 	b, err := grpclb.Register(grpclb.Options{
 		Name: "llmlb-example-health",
 		OnBalancer: func(target string, lb *llmlb.Balancer) {
 			mu.Lock()
+			defer mu.Unlock()
 			lbs[target] = lb
-			mu.Unlock()
+			for key := range down {
+				// Fails only for an endpoint the channel does not resolve.
+				_ = b.SetHealthy(lb, key, false)
+			}
 		},
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-
-	// Later, when the health check of 10.0.0.7:8000 fails:
-	mu.Lock()
-	defer mu.Unlock()
-	for target, lb := range lbs {
-		// A channel whose connection to it was never READY does not
-		// have it as a member.
-		if err := b.SetHealthy(lb, "10.0.0.7:8000", false); err != nil && !errors.Is(err, llmlb.ErrUnknownEndpoint) {
-			log.Printf("%s: %v", target, err)
+	setHealthy := func(key string, healthy bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if healthy {
+			delete(down, key)
+		} else {
+			down[key] = true
+		}
+		for target, lb := range lbs {
+			if err := b.SetHealthy(lb, key, healthy); err != nil && !errors.Is(err, llmlb.ErrUnknownEndpoint) {
+				log.Printf("%s: %v", target, err)
+			}
 		}
 	}
+
+	// Later, when the health check of 10.0.0.7:8000 fails:
+	setHealthy("10.0.0.7:8000", false)
 }

@@ -33,6 +33,9 @@ const (
 	sharedName = "llmlb-test-shared"
 	// fullName's builder shares a store that holds one endpoint.
 	fullName = "llmlb-test-full"
+	// markName's builder marks unhealthy, with Builder.SetHealthy, the
+	// endpoints in programMarks in each balancer OnBalancer receives.
+	markName = "llmlb-test-marks"
 )
 
 var (
@@ -45,11 +48,27 @@ var (
 	testBuilder, fullBuilder *grpclb.Builder
 	// fullStore is the store of the fullName builder, for one endpoint.
 	fullStore *signals.Store
+	// markBuilder is the markName builder, programMarks the keys it marks
+	// unhealthy in every new balancer, and markErrs the errors of those
+	// marks, by key.
+	markBuilder            *grpclb.Builder
+	programMarks, markErrs sync.Map
 )
 
 func TestMain(m *testing.M) {
 	hook := func(target string, b *llmlb.Balancer) { balancers.Store(target, b) }
 	seed := func() rand.Source { return rand.NewPCG(1, 2) }
+	// markHook applies the program's marks to a new balancer, before any
+	// endpoint joins it.
+	markHook := func(target string, b *llmlb.Balancer) {
+		programMarks.Range(func(key, _ any) bool {
+			if err := markBuilder.SetHealthy(b, key.(string), false); err != nil {
+				markErrs.Store(key, err)
+			}
+			return true
+		})
+		balancers.Store(target, b)
+	}
 	var err error
 	if fullStore, err = signals.NewStore(signals.StoreConfig{MaxKeys: 1}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -62,6 +81,7 @@ func TestMain(m *testing.M) {
 		{grpclb.Options{Name: testName, OnBalancer: hook, NewRand: seed}, &testBuilder},
 		{grpclb.Options{Name: sharedName, OnBalancer: hook, Store: sharedStore}, nil},
 		{grpclb.Options{Name: fullName, OnBalancer: hook, Store: fullStore}, &fullBuilder},
+		{grpclb.Options{Name: markName, OnBalancer: markHook}, &markBuilder},
 	} {
 		b, err := grpclb.Register(o.opts)
 		if err != nil {

@@ -107,6 +107,10 @@ func TestKeyEndpoints(t *testing.T) {
 			[][]string{{"a", "b"}}, map[string]string{"a": "a", "b": "a"}},
 		{"later address shared", []resolver.Endpoint{ep("b", "a"), ep("a")}, [][]string{{"b", "a"}, {"a"}},
 			map[string]string{"a": "a", "b": "b"}},
+		{"repeats inside an endpoint", []resolver.Endpoint{ep("a", "a", "b"), ep("b", "a", "b")}, [][]string{{"a", "b"}},
+			map[string]string{"a": "a", "b": "a"}},
+		{"repeats across merged endpoints", []resolver.Endpoint{ep("a", "b"), ep("a", "c", "b", "c")}, [][]string{{"a", "b", "c"}},
+			map[string]string{"a": "a", "b": "a", "c": "a"}},
 		{"no addresses", []resolver.Endpoint{{}, ep("a"), {}}, [][]string{nil, {"a"}},
 			map[string]string{"a": "a"}},
 	} {

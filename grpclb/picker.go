@@ -3,6 +3,7 @@ package grpclb
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -114,11 +115,15 @@ func (c *Call) set(p llmlb.Pick, key string) {
 }
 
 // picker picks with the channel's llmlb.Balancer, whose healthy members are
-// the READY endpoints (see lbBalancer.UpdateState). It is published while
-// at least one endpoint is READY.
+// the READY endpoints the program has not marked unhealthy (see
+// lbBalancer.UpdateState). It is published while at least one endpoint is
+// READY.
 type picker struct {
 	lb  *llmlb.Balancer
 	rec *recorder
+	// unready holds the members whose child was not READY when the
+	// picker was built (see failed).
+	unready []string
 }
 
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
@@ -146,15 +151,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	res, err := ep.picker.Pick(info)
 	if err != nil {
 		pk.Done(err)
-		// A READY child whose picker fails has left READY since the last
-		// UpdateState: wait for the picker that is on its way. A child that
-		// was not READY is picked only when every candidate is unhealthy;
-		// its error stands (an RPC waits while it connects, and fails
-		// unless it waits for ready while it is in transient failure).
-		if errors.Is(err, balancer.ErrNoSubConnAvailable) || ep.ready && status.Code(err) == codes.Unknown {
-			return balancer.PickResult{}, balancer.ErrNoSubConnAvailable
+		if pk, ep, res, err = p.failed(ctx, info, call, ep, err); err != nil {
+			return balancer.PickResult{}, err
 		}
-		return balancer.PickResult{}, err
 	}
 	if call != nil {
 		call.set(pk, ep.key)
@@ -167,6 +166,44 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	d.pk, d.rec, d.key, d.child = pk, p.rec, ep.key, res.Done
 	res.Done = d.done
 	return res, nil
+}
+
+// failed handles the failure err of the child of ep, picked for the RPC of
+// info (whose Call, if any, is call): it returns a pick of another member,
+// or the error grpc is to see.
+//
+// A child that was not READY is picked only when every candidate is
+// unhealthy (llmlb's panic mode: the program's marks or the request's
+// Exclude leave no healthy one), or when a mark set directly on the balancer
+// made it healthy since the last UpdateState. The RPC is then picked again
+// without such members, so that it goes to a READY one if any is a
+// candidate. Otherwise the error stands: an RPC waits while the child
+// connects, and fails unless it waits for ready while the child is in
+// transient failure. A READY child whose picker fails has left READY since
+// the last UpdateState: the RPC waits for the picker that is on its way.
+func (p *picker) failed(ctx context.Context, info balancer.PickInfo, call *Call, ep *endpoint, err error) (llmlb.Pick, *endpoint, balancer.PickResult, error) {
+	if !ep.ready && len(p.unready) > 0 {
+		var r llmlb.Request
+		if call != nil {
+			r = call.Request
+		} else if m := requestFromMetadata(ctx); m != nil {
+			r = *m
+			requestPool.Put(m)
+		}
+		r.Exclude = append(slices.Clip(r.Exclude), p.unready...)
+		if pk, perr := p.lb.Pick(ctx, &r); perr == nil {
+			again := pk.Endpoint().(*endpoint)
+			res, cerr := again.picker.Pick(info)
+			if cerr == nil {
+				return pk, again, res, nil
+			}
+			pk.Done(cerr)
+		}
+	}
+	if errors.Is(err, balancer.ErrNoSubConnAvailable) || ep.ready && status.Code(err) == codes.Unknown {
+		err = balancer.ErrNoSubConnAvailable
+	}
+	return llmlb.Pick{}, nil, balancer.PickResult{}, err
 }
 
 // pickDone is the Done callback of one picked RPC. grpc calls a pick's Done
