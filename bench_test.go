@@ -101,11 +101,13 @@ func BenchmarkPickFloor(b *testing.B) {
 
 // BenchmarkPickFloorParallel runs BenchmarkPickFloor's accounting+pool from
 // GOMAXPROCS goroutines (compare -cpu 1 and -cpu 2), on endpoints drawn at
-// random from 64 as a random pick does, and on one endpoint of each
+// random from 64 as a random pick does, on endpoints taken in turn from one
+// shared counter as round robin does, and on one endpoint of each
 // goroutine's own, which no other goroutine touches. Drawn endpoints are
 // shared: with two goroutines a charge finds its endpoint's counts last
-// written by the other core about half the time. The gap between the two
-// is what sharing the counts costs, whatever the policy.
+// written by the other core about half the time. The gap between drawn and
+// own is what sharing the counts costs, whatever the policy; the gap
+// between drawn and in turn is what the shared turn costs.
 func BenchmarkPickFloorParallel(b *testing.B) {
 	bal := benchBalancer(b, RoundRobin(), 64)
 	eps := bal.snap.Load().eps
@@ -123,6 +125,15 @@ func BenchmarkPickFloorParallel(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				account(eps[rand.Uint64N(uint64(len(eps)))])
+			}
+		})
+	})
+	b.Run("endpoints=in-turn", func(b *testing.B) {
+		b.ReportAllocs()
+		var turn roundRobin
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				account(eps[(turn.next.Add(1)-1)%uint64(len(eps))])
 			}
 		})
 	})
