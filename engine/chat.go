@@ -21,7 +21,8 @@ import (
 //     or thinking part whose text is not a string.
 //
 // A message without content counts as empty, as vLLM's. The text of string,
-// text, refusal and thinking parts counts; media parts count nothing.
+// text, refusal and thinking parts counts, joined by newlines as vLLM joins
+// them; media parts count nothing.
 func chatText(msgs []json.RawMessage) (string, string) {
 	if len(msgs) == 0 {
 		return "", "messages: a non-empty list is required"
@@ -69,20 +70,26 @@ func writeContent(b *strings.Builder, m map[string]json.RawMessage, role string,
 	if content[0] != '[' || json.Unmarshal(content, &parts) != nil {
 		return fmt.Sprintf("messages[%d].content: a string or a list of content parts is required", i)
 	}
+	texts := 0 // parts with text so far, joined by newlines as vLLM joins them
 	for j, raw := range parts {
-		if s, ok := jsonText(raw); ok {
-			b.WriteString(s)
-			continue
+		text, isText := jsonText(raw)
+		if !isText {
+			var p map[string]json.RawMessage
+			if !isObject(raw) || json.Unmarshal(raw, &p) != nil {
+				return fmt.Sprintf("messages[%d].content[%d]: a content part must be a string or an object", i, j)
+			}
+			var refusal string
+			if text, isText, refusal = partText(p); refusal != "" {
+				return fmt.Sprintf("messages[%d].content[%d]: %s", i, j, refusal)
+			}
 		}
-		var p map[string]json.RawMessage
-		if !isObject(raw) || json.Unmarshal(raw, &p) != nil {
-			return fmt.Sprintf("messages[%d].content[%d]: a content part must be a string or an object", i, j)
+		if isText {
+			if texts > 0 {
+				b.WriteByte('\n')
+			}
+			b.WriteString(text)
+			texts++
 		}
-		text, refusal := partText(p)
-		if refusal != "" {
-			return fmt.Sprintf("messages[%d].content[%d]: %s", i, j, refusal)
-		}
-		b.WriteString(text)
 	}
 	return ""
 }
@@ -105,35 +112,35 @@ var mediaTypes = []string{
 	"audio_url", "video_url", "tool_reference", "input_audio", "input_image",
 }
 
-// partText returns the text of content part p, an object, or the reason it
-// is refused.
-func partText(p map[string]json.RawMessage) (string, string) {
+// partText returns the text of content part p, an object, and whether it is
+// a part with text (not a media part), or the reason it is refused.
+func partText(p map[string]json.RawMessage) (text string, isText bool, refusal string) {
 	rawType, typed := p["type"]
 	if !typed || string(rawType) == "null" {
 		for _, f := range mediaTypes {
 			if v, ok := p[f]; ok && (f != "input_audio" || string(v) != "null") {
-				return "", ""
+				return "", false, ""
 			}
 		}
-		return "", `a content part needs a "type"`
+		return "", false, `a content part needs a "type"`
 	}
 	typ, ok := jsonText(rawType)
 	if !ok {
-		return "", `the "type" of a content part must be a string`
+		return "", false, `the "type" of a content part must be a string`
 	}
 	if field, ok := textFields[typ]; ok {
 		text, ok := jsonText(p[field])
 		if !ok {
-			return "", fmt.Sprintf("a %q part needs a string %q", typ, field)
+			return "", false, fmt.Sprintf("a %q part needs a string %q", typ, field)
 		}
-		return text, ""
+		return text, true, ""
 	}
 	for _, t := range mediaTypes {
 		if typ == t {
-			return "", ""
+			return "", false, ""
 		}
 	}
-	return "", fmt.Sprintf("unsupported content part type %q", typ)
+	return "", false, fmt.Sprintf("unsupported content part type %q", typ)
 }
 
 // jsonText returns the string the raw JSON value v holds, and whether it is

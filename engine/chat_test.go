@@ -13,7 +13,8 @@ import (
 // TestChatMessages: the engine takes the chat messages vLLM takes and
 // refuses with 400 those vLLM refuses, instead of reading them as empty
 // text. The accepted prompts' text is each message's role and the text of
-// its content, newline-terminated.
+// its content, newline-terminated; the texts of a list of parts are joined
+// by newlines, as vLLM joins them.
 func TestChatMessages(t *testing.T) {
 	e := newEngine(t, Config{})
 	cases := []struct {
@@ -23,9 +24,10 @@ func TestChatMessages(t *testing.T) {
 		msg      string // a part of the refusal
 	}{
 		{"string", `[{"role":"user","content":"hi"}]`, "user\nhi\n", ""},
-		{"text parts", `[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]`, "user\nab\n", ""},
-		{"string parts", `[{"role":"wizard","content":["a","b"]}]`, "wizard\nab\n", ""},
-		{"refusal and thinking parts", `[{"role":"assistant","content":[{"type":"refusal","refusal":"no"},{"type":"thinking","thinking":"hm"}]}]`, "assistant\nnohm\n", ""},
+		{"text parts", `[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]`, "user\na\nb\n", ""},
+		{"string parts", `[{"role":"wizard","content":["a","b"]}]`, "wizard\na\nb\n", ""},
+		{"refusal and thinking parts", `[{"role":"assistant","content":[{"type":"refusal","refusal":"no"},{"type":"thinking","thinking":"hm"}]}]`, "assistant\nno\nhm\n", ""},
+		{"text parts around a media part", `[{"role":"user","content":["a",{"type":"image_url","image_url":{"url":"u"}},"",{"type":"text","text":"b"}]}]`, "user\na\n\nb\n", ""},
 		{"media part", `[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}},{"type":"text","text":"what is it"}]}]`, "user\nwhat is it\n", ""},
 		{"media part without a type", `[{"role":"user","content":[{"image_url":"http://x/y.png"},{"type":"text","text":"and this"}]}]`, "user\nand this\n", ""},
 		{"no content", `[{"role":"user"}]`, "user\n\n", ""},
