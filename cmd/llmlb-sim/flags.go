@@ -19,7 +19,9 @@ const (
 
 	maxDuration = time.Duration(math.MaxInt64)
 	// maxInterval bounds -scrape and -signal-interval: the routers trust
-	// an observation for three intervals, which must not overflow.
+	// an observation for three intervals, which must not overflow. With
+	// -stagger, router k first scrapes at k intervals over the routers,
+	// which bounds them further beyond four routers.
 	maxInterval    = maxDuration / 3
 	maxAdapterLoad = time.Minute // the stall of loading an adapter
 	maxShare       = time.Minute // share.Config.Interval

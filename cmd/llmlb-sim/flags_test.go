@@ -46,6 +46,15 @@ func TestRunFlagsAtLimits(t *testing.T) {
 		{"-routers", "2", "-share", "1m", "-scrape", "80m"},
 		{"-routers", "2", "-share", "1ms", "-signal-interval", "80m"},
 		{"-replicas", "2", "-policies", "pd-default"},
+		// -signal-interval overrides -scrape; a preset with its own
+		// interval ignores -scrape.
+		{"-routers", "2", "-share", "10ms", "-scrape", "81m", "-signal-interval", "1s"},
+		{"-routers", "2", "-share", "10ms", "-scrape", "81m", "-signal-interval", "0", "-policies", "gie-default"},
+		// Staggered: k*interval must not overflow for router k.
+		{"-routers", "8", "-stagger", "-scrape", (maxDuration / 7).String()},
+		{"-routers", "8", "-stagger", "-scrape", "400000h", "-policies", "gie-default"},
+		{"-routers", "4", "-stagger", "-signal-interval", maxInterval.String()},
+		{"-adapter-slots", "2", "-adapter-load", "1ns"},
 	} {
 		var out, errb bytes.Buffer
 		args = append([]string{"-requests", "50", "-replicas", "2", "-policies", "p2c"}, args...)

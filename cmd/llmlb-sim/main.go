@@ -57,7 +57,8 @@
 // -routers R -share D has the R routers share their requests in flight and
 // the prefixes they routed through package github.com/llmlb/llmlb/share:
 // every D, each router's share.Group builds a batch, which reaches the
-// other routers D later. It needs at least two routers.
+// other routers at once (the simulated network has no delay; NATS adds
+// well under a millisecond). It needs at least two routers.
 //
 // -scenario agentic, rag and diurnal are workload families on the default
 // scenario's cluster that no constant of llmlb.Default was chosen on: agents
@@ -186,14 +187,14 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		scrape    = durationVar("scrape", 0, time.Millisecond, maxInterval, "the scenario's", "engine metrics scrape interval, a `duration` such as 500ms, of the policies whose preset has none of its own (default: the scenario's)")
 		signalIv  = durationVar("signal-interval", 0, time.Millisecond, maxInterval, "each preset's own", "run every policy, presets with their own interval included, on engine signals refreshed at this `duration` (default: each preset's own)")
 		stagger   = fs.Bool("stagger", false, "stagger the routers' scrapes")
-		shareIv   = durationVar("share", 0, time.Millisecond, maxShare, "", "routers share their requests in flight and routed prefixes every `duration`, each batch reaching the others that much later (needs -routers 2 or more)")
+		shareIv   = durationVar("share", 0, time.Millisecond, maxShare, "", "routers share their requests in flight and routed prefixes every `duration`, each batch reaching the others at once, the simulated network having no delay (needs -routers 2 or more)")
 		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace)")
 		seed      = fs.Uint64("seed", 1, "random seed")
 		seeds     = fs.Int("seeds", 1, "run this many seeds, from -seed on, and pool their results")
 		kvBlocks  = fs.Int("kv-blocks", 0, fmt.Sprintf("KV capacity per replica in %d-token blocks (default: the scenario's: %s; for a trace the larger of %d, the default scenario's 512k tokens, and twice its largest request)",
 			sim.DefaultBlockSize, strings.Join(kvDefaults, ", "), sim.DefaultScenarioKVBlocks))
 		adSlots  = fs.Int("adapter-slots", 0, fmt.Sprintf("LoRA adapters each replica serves at once, as vLLM's --max-loras (default: the scenario's: %d for lora, none for the others, whose requests name no adapter)", sim.LoRASlots))
-		adLoad   = durationVar("adapter-load", 0, 0, maxAdapterLoad, "", fmt.Sprintf("stall of loading a LoRA adapter into a slot, a `duration` (default: %v)", sim.DefaultAdapterLoad))
+		adLoad   = durationVar("adapter-load", 0, time.Nanosecond, maxAdapterLoad, fmt.Sprintf("the default (%v)", sim.DefaultAdapterLoad), fmt.Sprintf("stall of loading a LoRA adapter into a slot, a `duration` (default: %v)", sim.DefaultAdapterLoad))
 		sloTTFT  = durationVar("slo-ttft", 2*time.Second, time.Nanosecond, maxDuration, "", "TTFT objective, a `duration`")
 		sloTPOT  = durationVar("slo-tpot", 50*time.Millisecond, time.Nanosecond, maxDuration, "", "TPOT objective, a `duration`")
 		wide     = fs.Bool("wide", false, "print every column of the results table (TTFT p95 and max, E2E p50, tok/s, done)")
@@ -500,6 +501,26 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if *scrape > 0 {
 		cfg.Scrape = *scrape
 	}
+	// The flag that sets the scrape interval of some policy's runs, if
+	// any: -signal-interval every policy's, else -scrape that of the
+	// policies whose preset has no interval of its own. At 0 neither
+	// does: the scenario's or the preset's interval stands.
+	var ivFlag string
+	var iv time.Duration
+	switch {
+	case *signalIv > 0:
+		ivFlag, iv = "signal-interval", *signalIv
+	case *scrape > 0 && slices.ContainsFunc(names, func(name string) bool {
+		spec, _ := sim.LookupPolicy(name)
+		return spec.Scrape == 0
+	}):
+		ivFlag, iv = "scrape", *scrape
+	}
+	// Staggered, router k first scrapes at k intervals over the routers,
+	// and those k intervals must not overflow.
+	if n := max(cfg.Routers, 1); cfg.Stagger && n > 1 && iv > maxDuration/time.Duration(n-1) {
+		return usageError{fmt.Errorf("-%s %v with -stagger and %d routers exceeds the simulator's limit of %s", ivFlag, iv, n, shortDuration(maxDuration/time.Duration(n-1)))}
+	}
 	if set["share"] {
 		switch n := max(cfg.Routers, 1); {
 		case n < 2 && set["routers"]:
@@ -510,20 +531,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		// A router trusts an observation for three scrape intervals, over
 		// which its share.Group describes its picks; package share bounds
 		// that span.
-		var interval *time.Duration // set by the flag named flagName, if any
-		flagName := "signal-interval"
-		switch {
-		case set["signal-interval"]:
-			interval = signalIv
-		case set["scrape"] && slices.ContainsFunc(names, func(name string) bool {
-			spec, _ := sim.LookupPolicy(name)
-			return spec.Scrape == 0 // the policy scrapes every -scrape
-		}):
-			interval, flagName = scrape, "scrape"
-		}
-		if interval != nil && *interval > maxShareSignalAge/3 {
+		if iv > maxShareSignalAge/3 {
 			return usageError{fmt.Errorf("-%s %v with -share: a router trusts the engine signals for three intervals, %s, and its share.Group describes its picks over at most %s: want -%s at most %s",
-				flagName, *interval, shortDuration(3**interval), shortDuration(maxShareSignalAge), flagName, shortDuration(maxShareSignalAge/3))}
+				ivFlag, iv, shortDuration(3*iv), shortDuration(maxShareSignalAge), ivFlag, shortDuration(maxShareSignalAge/3))}
 		}
 		cfg.Share = *shareIv
 	}
@@ -587,8 +597,12 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			var err error
 			if reqs, err = readTrace(*trace, fmtName, sim.TraceOptions{RateScale: x, Requests: *requests}); err != nil {
 				// A trace that reads at its own rate is not malformed:
-				// the rate scale spreads its arrivals too far.
-				if x != 1 && errors.Is(err, sim.ErrMalformedTrace) {
+				// the rate scale spreads its arrivals too far. Only a
+				// scale below 1 spreads them beyond the trace's own,
+				// and only a regular file is read again: a pipe's
+				// contents are gone, and opening a named pipe again
+				// waits for a writer.
+				if x < 1 && errors.Is(err, sim.ErrMalformedTrace) && isRegular(*trace) {
 					if _, err1 := readTrace(*trace, fmtName, sim.TraceOptions{Requests: *requests}); err1 == nil {
 						err = fmt.Errorf("%s %g spreads the trace's arrivals beyond the simulator's limit: %w", rateFlag, x, err)
 					}
@@ -968,6 +982,12 @@ func readTrace(path, format string, opt sim.TraceOptions) ([]sim.Request, error)
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return reqs, nil
+}
+
+// isRegular reports whether path names a regular file.
+func isRegular(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // formatOf is the trace format that path's extension names, or "" if it

@@ -216,7 +216,8 @@ func TestRunErrors(t *testing.T) {
 		{"scrape overflows", []string{"-scrape", "9999999h"}, `invalid -scrape "9999999h": out of range: want a duration from 1ms to 854015h55m45.618258602s, or 0 for the scenario's`, "such as"},
 		{"signal interval overflows", []string{"-signal-interval", "9999999h"}, `invalid -signal-interval "9999999h": out of range: want a duration from 1ms to 854015h55m45.618258602s, or 0 for each preset's own`, "such as"},
 		{"share overflows", []string{"-routers", "2", "-share", "9999999h"}, `invalid -share "9999999h": out of range: want a duration from 1ms to 1m`, "such as"},
-		{"adapter load overflows", []string{"-adapter-load", "9999999h"}, `invalid -adapter-load "9999999h": out of range: want a duration from 0s to 1m`, "such as"},
+		// 0 is not a stall of 0s but the default stall.
+		{"adapter load overflows", []string{"-adapter-load", "9999999h"}, `invalid -adapter-load "9999999h": out of range: want a duration from 1ns to 1m, or 0 for the default (50ms)`, "such as"},
 		// Bounds of the engine model and of the simulation, named by flag.
 		{"scrape too long", []string{"-scrape", "854016h"}, "-scrape 854016h0m0s exceeds the simulator's limit of 854015h55m45.618258602s", "invalid config"},
 		{"signal interval too long", []string{"-signal-interval", "900000h"}, "-signal-interval 900000h0m0s exceeds the simulator's limit of 854015h55m45.618258602s", "invalid config"},
@@ -230,6 +231,14 @@ func TestRunErrors(t *testing.T) {
 		{"disaggregated sharing", []string{"-routers", "2", "-share", "10ms", "-policies", "p2c,pd-default"}, "-share: the disaggregated policies (pd-default) do not share routing state; list only co-located policies in -policies", "invalid config"},
 		{"scrape too long to share", []string{"-routers", "2", "-share", "10ms", "-scrape", "81m"}, "-scrape 1h21m0s with -share: a router trusts the engine signals for three intervals, 4h3m, and its share.Group describes its picks over at most 4h: want -scrape at most 1h20m", "invalid config"},
 		{"signal interval too long to share", []string{"-routers", "2", "-share", "10ms", "-signal-interval", "2h", "-policies", "gie-default"}, "-signal-interval 2h0m0s with -share: a router trusts the engine signals for three intervals, 6h, and its share.Group describes its picks over at most 4h: want -signal-interval at most 1h20m", "invalid config"},
+		// -signal-interval 0 leaves each preset's own, which is -scrape's
+		// for p2c.
+		{"scrape too long to share, signal interval 0", []string{"-routers", "2", "-share", "10ms", "-scrape", "81m", "-signal-interval", "0"}, "-scrape 1h21m0s with -share: a router trusts the engine signals for three intervals, 4h3m, and its share.Group describes its picks over at most 4h: want -scrape at most 1h20m", "invalid config"},
+		{"signal interval 0 before a scrape too long to share", []string{"-routers", "2", "-signal-interval", "0", "-share", "10ms", "-scrape", "81m"}, "want -scrape at most 1h20m", "invalid config"},
+		// Staggered scrapes start k*interval/routers in: k intervals must
+		// not overflow.
+		{"staggered scrape overflows", []string{"-routers", "8", "-stagger", "-scrape", "366007h"}, "-scrape 366007h0m0s with -stagger and 8 routers exceeds the simulator's limit of 366006h49m36.693539401s", ""},
+		{"staggered signal interval overflows", []string{"-routers", "5", "-stagger", "-signal-interval", "640512h", "-policies", "gie-default"}, "-signal-interval 640512h0m0s with -stagger and 5 routers exceeds the simulator's limit of 640511h56m49.213693951s", ""},
 		{"trace spread too far", []string{"-trace", spread, "-rate-scale", "1e-300"}, "-rate-scale 1e-300 spreads the trace's arrivals beyond the simulator's limit: " + spread + ": sim: malformed trace: line 2: arrival 1e+300s", ""},
 		{"trace spread too far in a sweep", []string{"-trace", spread, "-sweep", "1e-300,1"}, "-sweep rate scale 1e-300 spreads the trace's arrivals beyond the simulator's limit", ""},
 		{"malformed trace at a rate scale", []string{"-trace", bad, "-rate-scale", "2"}, bad + ": sim: malformed trace: line 2", "-rate-scale"},
@@ -596,6 +605,26 @@ func TestRunShare(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "2 router(s), scrape 1s, sharing every 50ms") {
 		t.Errorf("header does not describe the sharing:\n%s", out.String())
+	}
+}
+
+// The -share help says when a batch reaches the other routers: at once,
+// as no scenario has a network delay (sim.Config.Delay), not a sharing
+// interval later.
+func TestUsageShare(t *testing.T) {
+	for _, s := range sim.Scenarios() {
+		if s.Config.Delay != 0 {
+			t.Errorf("the %s scenario has a network delay of %v", s.Name, s.Config.Delay)
+		}
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-h"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	_, help, _ := strings.Cut(errb.String(), "  -share ")
+	help, _, _ = strings.Cut(help, "\n  -")
+	if !strings.Contains(help, "at once") || strings.Contains(help, "later") {
+		t.Errorf("-share help %q does not say that a batch reaches the other routers at once", help)
 	}
 }
 

@@ -1,0 +1,78 @@
+//go:build linux || darwin || dragonfly || freebsd || netbsd || openbsd
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A trace read from a named pipe is read once, even when it fails at a
+// rate scale: the pipe's contents are gone, and opening it again waits
+// for a writer that may never come. The command hung there; the test
+// gives it 10s, then opens the pipe for writing to release it.
+func TestRunTracePipeReadOnce(t *testing.T) {
+	cases := []struct {
+		name, trace string
+		args        []string
+		want        string
+	}{
+		// Spread beyond the limit at 1e-300: only a regular file is read
+		// again to tell the rate scale from the trace.
+		{"spread", `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\n" + `{"timestamp": 1000, "input_length": 5, "output_length": 1}` + "\n",
+			[]string{"-rate-scale", "1e-300"}, "sim: malformed trace: line 2: arrival 1e+300s"},
+		// Malformed at a rate scale above 1, which brings arrivals
+		// closer: the trace fails at its own rate too. (Its last line
+		// has no newline, so that the command reads to the end, after
+		// the writer has gone.)
+		{"malformed", `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\nnot json",
+			[]string{"-rate-scale", "2"}, "sim: malformed trace: line 2"},
+		{"malformed in a sweep", `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\nnot json",
+			[]string{"-sweep", "2,3"}, "sim: malformed trace: line 2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "trace.jsonl")
+			if err := syscall.Mkfifo(path, 0o600); err != nil {
+				t.Skipf("no named pipes: %v", err)
+			}
+			args := append([]string{"-trace", path, "-policies", "p2c"}, c.args...)
+			var out, errb bytes.Buffer
+			code := make(chan int, 1)
+			go func() { code <- run(context.Background(), args, &out, &errb) }()
+			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = f.WriteString(c.trace)
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got int
+			select {
+			case got = <-code:
+			case <-time.After(10 * time.Second):
+				t.Errorf("%v: no exit after 10s: the command is opening the pipe again", args)
+				for got == 0 {
+					if f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+						f.Close()
+					}
+					select {
+					case got = <-code:
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+			}
+			if got != 2 || !strings.Contains(errb.String(), c.want) {
+				t.Errorf("%v: exit %d, stderr %q; want 2 and %q", args, got, errb.String(), c.want)
+			}
+		})
+	}
+}
