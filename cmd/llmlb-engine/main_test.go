@@ -49,15 +49,15 @@ func kvPort(t *testing.T) int {
 	return 0
 }
 
-// startEngine runs one engine publishing KV events on port p and returns
-// its base URL.
-func startEngine(t *testing.T, p int) string {
+// startRun runs the command with args until the test ends and returns the
+// first line it prints, the first engine's address.
+func startRun(t *testing.T, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r, w := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-n", "1", "-speedup", "1000", "-block-size", "4", "-kv-events-port", strconv.Itoa(p)}, w)
+		done <- run(ctx, args, w)
 		w.Close()
 	}()
 	t.Cleanup(func() {
@@ -67,6 +67,14 @@ func startEngine(t *testing.T, p int) string {
 	line, err := bufio.NewReader(r).ReadString('\n')
 	require.NoError(t, err)
 	go func() { _, _ = io.Copy(io.Discard, r) }()
+	return line
+}
+
+// startEngine runs one engine publishing KV events on port p and returns
+// its base URL.
+func startEngine(t *testing.T, p int) string {
+	t.Helper()
+	line := startRun(t, "-n", "1", "-speedup", "1000", "-block-size", "4", "-kv-events-port", strconv.Itoa(p))
 	want := fmt.Sprintf(" kv-events tcp://127.0.0.1:%d replay tcp://127.0.0.1:%d\n", p, p+1000)
 	require.True(t, strings.HasSuffix(line, want), "%q", line)
 	return strings.Fields(line)[0]
@@ -273,20 +281,7 @@ func TestRunErrors(t *testing.T) {
 
 // -read-timeout bounds the time a client has to send its body.
 func TestReadTimeoutFlag(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	r, w := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"-n", "1", "-read-timeout", "100ms"}, w)
-		w.Close()
-	}()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	line, err := bufio.NewReader(r).ReadString('\n')
-	require.NoError(t, err)
-	go func() { _, _ = io.Copy(io.Discard, r) }()
+	line := startRun(t, "-n", "1", "-read-timeout", "100ms")
 	conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSpace(line), "http://"))
 	require.NoError(t, err)
 	defer conn.Close()
