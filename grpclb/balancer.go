@@ -82,7 +82,7 @@ func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions
 		sick:       make(map[string]bool),
 	}
 	b.rec = &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock,
-		keys: &b.addrKey, dropped: &bb.dropped}
+		keys: &b.addrKey}
 	b.child = endpointsharding.NewBalancer(b, opts, balancer.Get(pickfirst.Name).Build, endpointsharding.Options{})
 	return b
 }

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/serviceconfig"
@@ -41,11 +40,10 @@ type Options struct {
 	// Store receives the ORCA load reports of every channel the builder
 	// serves and is the balancers' signal. Nil means each channel gets its
 	// own store, and forgets an endpoint's observation when the resolver
-	// drops the endpoint. A shared store is never pruned: it keeps every
-	// endpoint any channel (or other writer) has recorded until it holds
-	// its MaxKeys, and then drops the reports of endpoints it does not hold,
-	// which are scored on each channel's own counts. [Builder.DroppedReports]
-	// counts the reports dropped so.
+	// drops the endpoint. A shared store is not pruned when endpoints leave:
+	// it keeps every endpoint any channel (or other writer) has recorded
+	// until it holds its MaxKeys, and then evicts the endpoint reported
+	// least lately for each new one.
 	Store *signals.Store
 	// OrcaMapping names the ORCA metrics that make up an observation. The
 	// zero value reads the named metrics (or named utilizations)
@@ -95,8 +93,7 @@ type Options struct {
 // or [Register]. A Builder is safe for concurrent use; grpc calls Build once
 // per channel.
 type Builder struct {
-	opts    Options
-	dropped atomic.Uint64 // see DroppedReports
+	opts Options
 
 	mu sync.Mutex // protects channels
 	// channels maps the llmlb.Balancer of each open channel to the
@@ -212,13 +209,3 @@ func (b *Builder) track(old, lb *llmlb.Balancer, ch *lbBalancer) {
 		b.channels[lb] = ch
 	}
 }
-
-// DroppedReports returns the number of ORCA load reports, per-call and
-// out-of-band, that b's channels received and could not record because
-// their store was full: it held its maximum number of endpoints
-// (signals.StoreConfig.MaxKeys) and not the reporting one. Until the store
-// has room, such an endpoint is scored on each channel's own counts. A
-// growing count calls for a larger MaxKeys on a shared Options.Store, or
-// fewer channels and writers sharing it. Reports the store ignores for what
-// they say (see Options.OrcaMapping) are not counted.
-func (b *Builder) DroppedReports() uint64 { return b.dropped.Load() }

@@ -61,9 +61,7 @@
 // policy avoids keeps its last report until it is older than
 // Config.MaxSignalAge, is then scored on this channel's own counts again,
 // and the next call it takes brings a fresh report. Out-of-band streams keep
-// every endpoint's observation fresh whether it is picked or not. A store
-// that holds its maximum number of endpoints records no report of another:
-// [Builder.DroppedReports] counts the reports dropped so.
+// every endpoint's observation fresh whether it is picked or not.
 //
 // # Selecting the policy
 //

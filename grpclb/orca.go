@@ -1,7 +1,6 @@
 package grpclb
 
 import (
-	"errors"
 	"sync/atomic"
 	"time"
 
@@ -22,9 +21,6 @@ type recorder struct {
 	// keys is the channel's map of resolved addresses to endpoint keys
 	// (lbBalancer.addrKey); an owned store holds only endpoints in it.
 	keys *atomic.Pointer[map[string]string]
-	// dropped counts the reports the store was too full to record
-	// (Builder.DroppedReports).
-	dropped *atomic.Uint64
 }
 
 // signal returns the balancers' signal: the store, behind a check that
@@ -61,16 +57,12 @@ func (r *recorder) now() time.Time {
 // the balancer can use, and the endpoint keeps its previous observation.
 // So is, in an owned store, the report of an endpoint the resolver dropped,
 // brought by a call that outlived it: the store was pruned of it, and
-// nothing would prune it again. A report of an endpoint the store does not
-// hold, when it is full, is dropped and counted.
+// nothing would prune it again.
 func (r *recorder) record(key string, rep *v3orcapb.OrcaLoadReport) {
 	if r.owned && !r.resolved(key) {
 		return
 	}
 	if err := r.store.RecordOrca(key, reportOf(rep), r.now(), r.mapping); err != nil {
-		if r.dropped != nil && errors.Is(err, signals.ErrTooManyKeys) {
-			r.dropped.Add(1)
-		}
 		return
 	}
 	if r.owned && !r.resolved(key) {

@@ -123,9 +123,10 @@ type Config struct {
 	TrustClassHeader string
 	// Store, if set, records the ORCA load report (the
 	// endpoint-load-metrics header) of every response as a push observation
-	// of its endpoint. A Store that holds its MaxKeys endpoints records no
-	// report of another (see signals.ErrTooManyKeys): size it for every
-	// endpoint routed to, and Delete the endpoints that leave.
+	// of its endpoint. A Store that holds its MaxKeys endpoints evicts the
+	// one reported least lately for each new one: size it for every
+	// endpoint routed to (or Delete the endpoints that leave), so that
+	// endpoints in use do not evict each other.
 	Store *signals.Store
 	// MaxPeekBytes bounds the bytes held back before the first event of a
 	// stream. 0 means [DefaultMaxPeekBytes].

@@ -57,7 +57,9 @@ func BenchmarkParseLoRALabel(b *testing.B) {
 	}
 }
 
-// BenchmarkLoad is the read path the balancer takes on every pick.
+// BenchmarkLoad is Store.Load, the read path of a caller that asks a store
+// directly; the balancers of this module read through its loader instead
+// (BenchmarkPickDefault, BenchmarkPickAbsent).
 func BenchmarkLoad(b *testing.B) {
 	for _, n := range []int{16, 1024} {
 		var s signals.Store
@@ -79,6 +81,98 @@ func BenchmarkLoad(b *testing.B) {
 					}
 				}
 			})
+		})
+	}
+}
+
+// BenchmarkPickAbsent is BenchmarkPickDefault at 64 endpoints that have
+// not reported into the Store, which holds 1024 others: a shared store
+// that has no observation of this balancer's endpoints yet, as every pick
+// asks it for each.
+func BenchmarkPickAbsent(b *testing.B) {
+	var s signals.Store
+	now := time.Now()
+	for i := range 1024 {
+		if err := s.Record(fmt.Sprintf("10.1.%d.%d:8000", i/256, i%256), llmlb.Load{At: now, Running: 1}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	policy, err := llmlb.Default(llmlb.DefaultConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bal, err := llmlb.New(policy, llmlb.WithSignal(&s, time.Hour))
+	if err != nil {
+		b.Fatal(err)
+	}
+	eps := make([]llmlb.Endpoint, 64)
+	for i := range eps {
+		eps[i] = benchEndpoint(fmt.Sprintf("10.0.0.%d:8000", i))
+	}
+	if err := bal.Update(eps); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	req := &llmlb.Request{PromptTokens: 1000}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := bal.Pick(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Done(nil)
+	}
+}
+
+// BenchmarkStoreAdd measures recording a new endpoint into a Store that
+// holds n: with room (the endpoint is then deleted, so the store keeps n),
+// and full at MaxKeys n, where each new endpoint evicts the stalest. Both
+// should cost about the same at every n: a store filled one endpoint at a
+// time, or churning through endpoints, must not pay for the ones it holds.
+func BenchmarkStoreAdd(b *testing.B) {
+	for _, n := range []int{1024, 65536} {
+		keys := make([]string, 2*n) // the first n fill the store
+		for i := range keys {
+			keys[i] = fmt.Sprintf("10.%d.%d.%d:8000", i>>16, i>>8&255, i&255)
+		}
+		now := time.Unix(1000, 0)
+		fill := func(b *testing.B, maxKeys int) *signals.Store {
+			s, err := signals.NewStore(signals.StoreConfig{MaxKeys: maxKeys})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i, k := range keys[:n] {
+				if err := s.Record(k, llmlb.Load{At: now.Add(time.Duration(i)), Running: 1}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			return s
+		}
+		b.Run(fmt.Sprintf("op=add-delete/endpoints=%d", n), func(b *testing.B) {
+			s := fill(b, n+1)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := s.Record("new", llmlb.Load{At: now, Running: 1}); err != nil {
+					b.Fatal(err)
+				}
+				s.Delete("new")
+			}
+		})
+		b.Run(fmt.Sprintf("op=add-full/endpoints=%d", n), func(b *testing.B) {
+			s := fill(b, n)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				// A key not held: each comes back after n others, when
+				// it has been evicted.
+				if err := s.Record(keys[(n+i)%(2*n)], llmlb.Load{At: now.Add(time.Duration(n + i)), Running: 1}); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			if s.Len() != n {
+				b.Fatalf("store holds %d endpoints, want %d", s.Len(), n)
+			}
 		})
 	}
 }

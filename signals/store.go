@@ -1,8 +1,11 @@
 package signals
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,8 +21,10 @@ const DefaultMaxKeys = 65536
 // StoreConfig configures a [Store]. The zero value is valid: every field's
 // zero value is a documented default.
 type StoreConfig struct {
-	// MaxKeys bounds the number of endpoints held; recording a new key
-	// beyond it fails with [ErrTooManyKeys]. 0 means [DefaultMaxKeys].
+	// MaxKeys bounds the number of endpoints held. Recording a new key
+	// when the store holds MaxKeys evicts the endpoint whose newest
+	// observation is the oldest, so endpoints that stopped reporting (pods
+	// that left) make room for new ones. 0 means [DefaultMaxKeys].
 	MaxKeys int
 	// MaxAge, if positive, makes Load report no observation for an endpoint
 	// whose newest observation is older than MaxAge. 0 leaves expiry to the
@@ -40,16 +45,40 @@ type StoreConfig struct {
 //
 // A zero Store is ready to use with the defaults of [StoreConfig]. A Store is
 // safe for concurrent use by multiple goroutines; Load takes no lock and does
-// not allocate.
+// not allocate. Adding an endpoint takes a lock and time independent of the
+// endpoints held, apart from the eviction when full, whose scan of every
+// endpoint is paid once per MaxKeys/16 evictions.
 type Store struct {
 	cfg StoreConfig
-	mu  sync.Mutex                        // serializes writers of m
-	m   atomic.Pointer[map[string]*entry] // copy-on-write; nil means empty
+	m   sync.Map     // key -> *entry
+	n   atomic.Int64 // entries in m; written under mu
+	// adds counts the entries added, after each is in m: a loader that
+	// missed its key at a count looks again only once it moved.
+	adds atomic.Uint64
+	mu   sync.Mutex // serializes adding and removing entries
+	// victims are the entries to evict next when full, stalest first, as
+	// last found by a scan; one that was refreshed or removed since is
+	// skipped.
+	victims []victim
 }
 
 type entry struct {
-	obs  atomic.Pointer[Observation] // never nil once the entry is in m
-	gone atomic.Bool                 // set when Delete takes the entry out of m
+	obs atomic.Pointer[Observation] // never nil once the entry is in m
+	// gone is set when the entry leaves m: goneDeleted by Delete,
+	// goneEvicted to make room for another endpoint.
+	gone atomic.Uint32
+}
+
+const (
+	goneDeleted = 1 + iota
+	goneEvicted
+)
+
+// victim is an entry found among the stalest by evictLocked's scan.
+type victim struct {
+	key string
+	e   *entry
+	at  time.Time // the entry's observation time when found
 }
 
 // NewStore returns a Store configured by cfg.
@@ -92,11 +121,19 @@ func (s *Store) Load(key string) (llmlb.Load, bool) {
 // Load would, or nil, without looking key up again once the store holds
 // it, and without copying it. The observation must not be modified.
 func (s *Store) Loader(_ stamped.Token, key string) func() *llmlb.Load {
-	var cur atomic.Pointer[entry]
+	var (
+		cur    atomic.Pointer[entry]
+		missed atomic.Uint64 // 1 + adds when key was last looked up and absent
+	)
 	return func() *llmlb.Load {
 		e := cur.Load()
-		if e == nil || e.gone.Load() {
+		if e == nil || e.gone.Load() != 0 {
+			adds := s.adds.Load()
+			if missed.Load() == adds+1 {
+				return nil // nothing was added since key was found absent
+			}
 			if e = s.entry(key); e == nil {
+				missed.Store(adds + 1)
 				return nil
 			}
 			cur.Store(e)
@@ -134,9 +171,10 @@ func (s *Store) observation(key string) *Observation {
 
 // Record records l as an observation of the endpoint key unless the store
 // holds a newer one (by At) that is not ahead of the store's clock; an
-// observation at the same time replaces the held one. It fails with [ErrInvalidLoad] for an empty key or an invalid
-// load (zero At, negative counts, KV usage outside [0, 1] and not NaN), and
-// with [ErrTooManyKeys] for a new key when the store is full.
+// observation at the same time replaces the held one. It fails with
+// [ErrInvalidLoad] for an empty key or an invalid load (zero At, negative
+// counts, KV usage outside [0, 1] and not NaN), and never for a full store:
+// a new key then evicts the stalest endpoint (see StoreConfig.MaxKeys).
 func (s *Store) Record(key string, l llmlb.Load) error {
 	return s.RecordObservation(key, observationOf(l))
 }
@@ -147,59 +185,119 @@ func (s *Store) RecordObservation(key string, o Observation) error {
 		return err
 	}
 	p := &o
-	e := s.entry(key)
-	if e == nil {
-		var err error
-		if e, err = s.insert(key, p); e == nil || err != nil {
-			return err // inserted, or failed
+	// A record that finds its entry evicted, before or after updating it,
+	// is made again in a new entry; up to twice, as a new entry is the
+	// freshest, the last a scan would evict. (One that updates the stalest
+	// entry just as it is evicted is lost: its endpoint's next report adds
+	// it again.)
+	for range 3 {
+		e := s.entry(key)
+		if e == nil || e.gone.Load() == goneEvicted {
+			if e = s.insert(key, p); e == nil {
+				return nil // inserted
+			}
+		}
+		if !s.update(e, p) || e.gone.Load() != goneEvicted {
+			return nil
 		}
 	}
+	return nil
+}
+
+// update stores p in e unless e holds a newer observation; it reports
+// whether it stored p.
+func (s *Store) update(e *entry, p *Observation) bool {
 	for {
 		old := e.obs.Load()
 		// The held observation wins if it is newer, unless it is stamped
 		// ahead of the clock: after the clock stepped back, or when a
 		// caller stamped it in the future, it would otherwise keep out
 		// every observation until the clock caught up with it.
-		if old.At.After(o.At) && !old.At.After(s.now()) {
-			return nil
+		if old.At.After(p.At) && !old.At.After(s.now()) {
+			return false
 		}
 		if e.obs.CompareAndSwap(old, p) {
-			return nil
+			return true
 		}
 	}
 }
 
 func (s *Store) entry(key string) *entry {
-	if m := s.m.Load(); m != nil {
-		return (*m)[key]
+	if v, ok := s.m.Load(key); ok {
+		return v.(*entry)
 	}
 	return nil
 }
 
-// insert adds key with p. If another goroutine inserted key first, it
-// returns that entry for the caller to update.
-func (s *Store) insert(key string, p *Observation) (*entry, error) {
+// insert adds key with p, evicting the stalest endpoint if the store is
+// full. If another goroutine inserted key first, it returns that entry for
+// the caller to update.
+func (s *Store) insert(key string, p *Observation) *entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var old map[string]*entry
-	if m := s.m.Load(); m != nil {
-		old = *m
+	if e := s.entry(key); e != nil {
+		return e
 	}
-	if e := old[key]; e != nil {
-		return e, nil
-	}
-	if int64(len(old)) >= s.maxKeys() {
-		return nil, fmt.Errorf("%w: store holds %d endpoints; cannot add %q", ErrTooManyKeys, s.maxKeys(), key)
-	}
-	m := make(map[string]*entry, len(old)+1)
-	for k, v := range old {
-		m[k] = v
+	if s.n.Load() >= s.maxKeys() {
+		s.evictLocked()
 	}
 	e := new(entry)
 	e.obs.Store(p)
-	m[key] = e
-	s.m.Store(&m)
-	return nil, nil
+	s.m.Store(strings.Clone(key), e)
+	s.n.Add(1)
+	s.adds.Add(1)
+	return nil
+}
+
+// evictLocked removes the endpoint whose newest observation is the oldest:
+// the first of the victims of the last scan still as the scan found it, or,
+// when none is, the stalest of a new scan.
+func (s *Store) evictLocked() {
+	for len(s.victims) > 0 {
+		v := s.victims[0]
+		s.victims[0] = victim{}
+		s.victims = s.victims[1:]
+		if s.entry(v.key) == v.e && v.e.obs.Load().At.Equal(v.at) {
+			s.removeLocked(v.key, v.e)
+			return
+		}
+	}
+	if s.scanLocked() {
+		// The stalest goes even if a record (which takes no lock)
+		// refreshed it since the scan, so that no insert scans twice.
+		v := s.victims[0]
+		s.victims = s.victims[1:]
+		s.removeLocked(v.key, v.e)
+	}
+}
+
+// scanLocked fills victims with the stalest MaxKeys/16 entries (at least
+// one), stalest first, ties by key; it reports false if the store is empty.
+func (s *Store) scanLocked() bool {
+	all := make([]victim, 0, s.n.Load())
+	s.m.Range(func(k, v any) bool {
+		e := v.(*entry)
+		all = append(all, victim{k.(string), e, e.obs.Load().At})
+		return true
+	})
+	if len(all) == 0 {
+		return false
+	}
+	slices.SortFunc(all, func(a, b victim) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.key, b.key)
+	})
+	s.victims = slices.Clone(all[:max(len(all)/16, 1)])
+	return true
+}
+
+// removeLocked evicts e, the entry of key.
+func (s *Store) removeLocked(key string, e *entry) {
+	e.gone.Store(goneEvicted) // first: see RecordObservation
+	s.m.Delete(key)
+	s.n.Add(-1)
 }
 
 // Delete forgets the endpoint key. It is a no-op for an unknown key. A later
@@ -207,27 +305,16 @@ func (s *Store) insert(key string, p *Observation) (*entry, error) {
 func (s *Store) Delete(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old := s.m.Load()
-	if old == nil || (*old)[key] == nil {
-		return
+	if e := s.entry(key); e != nil {
+		s.m.Delete(key)
+		s.n.Add(-1)
+		e.gone.Store(goneDeleted)
 	}
-	m := make(map[string]*entry, len(*old))
-	for k, v := range *old {
-		if k != key {
-			m[k] = v
-		}
-	}
-	s.m.Store(&m)
-	(*old)[key].gone.Store(true)
 }
 
 // Len returns the number of endpoints held.
-func (s *Store) Len() int {
-	if m := s.m.Load(); m != nil {
-		return len(*m)
-	}
-	return 0
-}
+func (s *Store) Len() int { return int(s.n.Load()) }
+
 func validate(key string, l *llmlb.Load) error {
 	switch {
 	case key == "":

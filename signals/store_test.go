@@ -3,6 +3,7 @@ package signals_test
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"sync"
 	"testing"
@@ -100,8 +101,8 @@ func TestStoreConfig(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Record("a", llmlb.Load{At: clock.Now()}))
 	require.NoError(t, s.Record("b", llmlb.Load{At: clock.Now()}))
-	assert.ErrorIs(t, s.Record("c", llmlb.Load{At: clock.Now()}), signals.ErrTooManyKeys)
-	require.NoError(t, s.Record("a", llmlb.Load{At: clock.Now()}), "updating a held key is fine when full")
+	require.NoError(t, s.Record("a", llmlb.Load{At: clock.Now()}), "updating a held key when full")
+	assert.Equal(t, 2, s.Len())
 	clock.Advance(time.Second)
 	_, ok := s.Load("a")
 	assert.True(t, ok, "exactly MaxAge old is still served")
@@ -110,6 +111,117 @@ func TestStoreConfig(t *testing.T) {
 	assert.False(t, ok)
 	s.Delete("b")
 	require.NoError(t, s.Record("c", llmlb.Load{At: clock.Now()}))
+	assert.Equal(t, 2, s.Len())
+}
+
+// TestStoreEvictsStalest fills a store and keeps recording new and held
+// keys on a clock that only moves forward, as endpoints that come and go
+// report: the store must hold, after every record, exactly the MaxKeys
+// endpoints reported last (a model of the store), and never refuse one.
+func TestStoreEvictsStalest(t *testing.T) {
+	for _, maxKeys := range []int{1, 2, 16, 100} {
+		t.Run(fmt.Sprint("max=", maxKeys), func(t *testing.T) {
+			clock := newFakeClock()
+			s, err := signals.NewStore(signals.StoreConfig{MaxKeys: maxKeys, Clock: clock})
+			require.NoError(t, err)
+			model := map[string]time.Time{} // key -> newest observation
+			r := rand.New(rand.NewPCG(uint64(maxKeys), 1))
+			for step := range 20 * maxKeys * 16 {
+				clock.Advance(time.Duration(1+r.IntN(3)) * time.Millisecond)
+				key := fmt.Sprint("ep-", r.IntN(3*maxKeys))
+				if r.IntN(10) == 0 {
+					s.Delete(key)
+					delete(model, key)
+					continue
+				}
+				at := clock.Now()
+				require.NoError(t, s.Record(key, llmlb.Load{At: at, Running: step}), "step %d", step)
+				if _, held := model[key]; !held && len(model) == maxKeys {
+					stalest := ""
+					for k, at := range model {
+						if stalest == "" || at.Before(model[stalest]) {
+							stalest = k
+						}
+					}
+					delete(model, stalest)
+				}
+				model[key] = at
+				require.Equal(t, len(model), s.Len(), "step %d", step)
+				for k, at := range model {
+					o, ok := s.Observation(k)
+					require.True(t, ok, "step %d: %q not held", step, k)
+					require.True(t, o.At.Equal(at), "step %d: %q at %v, want %v", step, k, o.At, at)
+				}
+			}
+		})
+	}
+}
+
+// TestStoreEvictionInvalidatesLoader checks that a loader of an evicted
+// endpoint reads nothing, and reads the endpoint again once it is recorded
+// again.
+func TestStoreEvictionInvalidatesLoader(t *testing.T) {
+	clock := newFakeClock()
+	s, err := signals.NewStore(signals.StoreConfig{MaxKeys: 1, Clock: clock})
+	require.NoError(t, err)
+	load := s.Loader(stamped.Token{}, "a")
+	require.NoError(t, s.Record("a", llmlb.Load{At: clock.Now(), Running: 1}))
+	require.NotNil(t, load())
+	clock.Advance(time.Second)
+	require.NoError(t, s.Record("b", llmlb.Load{At: clock.Now(), Running: 2}))
+	assert.Nil(t, load(), "a was evicted for b")
+	clock.Advance(time.Second)
+	require.NoError(t, s.Record("a", llmlb.Load{At: clock.Now(), Running: 3}))
+	got := load()
+	require.NotNil(t, got)
+	assert.Equal(t, 3, got.Running)
+	_, ok := s.Load("b")
+	assert.False(t, ok, "b was evicted for a")
+}
+
+// TestStoreConcurrentEviction records distinct keys from several goroutines
+// into a small store, with readers and deletes running: the store never
+// holds more than MaxKeys, and Len counts what it holds.
+func TestStoreConcurrentEviction(t *testing.T) {
+	const maxKeys, writers, per = 32, 4, 2000
+	s, err := signals.NewStore(signals.StoreConfig{MaxKeys: maxKeys})
+	require.NoError(t, err)
+	base := time.Unix(1000, 0)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			load := s.Loader(stamped.Token{}, fmt.Sprint("w", w, "-0"))
+			for i := range per {
+				key := fmt.Sprint("w", w, "-", i%(maxKeys/2+1))
+				if err := s.Record(key, llmlb.Load{At: base.Add(time.Duration(i)), Running: i}); err != nil {
+					t.Error(err)
+					return
+				}
+				if l := load(); l != nil && l.Running%(maxKeys/2+1) != 0 {
+					t.Errorf("loader of w%d-0 read %+v", w, *l)
+					return
+				}
+				if i%50 == 0 {
+					s.Delete(fmt.Sprint("w", (w+1)%writers, "-", i%(maxKeys/2+1)))
+				}
+				if n := s.Len(); n > maxKeys {
+					t.Errorf("store holds %d endpoints, more than %d", n, maxKeys)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	held := 0
+	for w := range writers {
+		for i := range maxKeys/2 + 1 {
+			if _, ok := s.Load(fmt.Sprint("w", w, "-", i)); ok {
+				held++
+			}
+		}
+	}
+	assert.Equal(t, held, s.Len())
+	assert.LessOrEqual(t, held, maxKeys)
 }
 
 // Concurrent writers of one key leave the newest observation; readers never
