@@ -92,7 +92,9 @@ type Config struct {
 	// Group tracks every other router as a peer, however many there are
 	// ([share.Config].MaxPeers is Routers-1): the default bound of 64
 	// guards a deployment against peers it does not know of, and here the
-	// peers are known.
+	// peers are known. Likewise each tracks every replica
+	// ([share.Config].MaxEndpoints is Replicas, or share's default 1024
+	// if that is more).
 	Share time.Duration
 	// SLO is the per-request objective for SLO attainment and goodput.
 	SLO SLO

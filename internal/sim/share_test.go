@@ -112,3 +112,31 @@ func TestShareManyRouters(t *testing.T) {
 		t.Errorf("%d routers, want %d", len(peers), routers)
 	}
 }
+
+// Routers share the picks of more replicas than share's default
+// MaxEndpoints (1024): none is left out of the batches (a pick left out
+// counts in the group's Dropped).
+func TestShareManyReplicas(t *testing.T) {
+	const replicas = 1100
+	reqs, err := DefaultSynthetic(2*replicas, 2000).Generate(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dropped []uint64
+	cfg := Config{Seed: 3, Replicas: replicas, Routers: 2, Share: 100 * time.Millisecond, onEnd: func(r *runner) {
+		for _, rt := range r.routers {
+			dropped = append(dropped, rt.group.Stats().Dropped)
+		}
+	}}
+	if _, err := Simulate(context.Background(), cfg, reqs, "round-robin"); err != nil {
+		t.Fatal(err)
+	}
+	if len(dropped) != 2 {
+		t.Fatalf("%d routers, want 2", len(dropped))
+	}
+	for k, n := range dropped {
+		if n != 0 {
+			t.Errorf("router %d left %d picks out of its batches, want 0", k, n)
+		}
+	}
+}

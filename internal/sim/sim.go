@@ -293,6 +293,7 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 				Index:        env.decisions,
 				Interval:     cfg.Share,
 				MaxPeers:     cfg.Routers - 1, // every other router, however many
+				MaxEndpoints: max(cfg.Replicas, share.DefaultMaxEndpoints),
 				Clock:        simClock{r},
 				Logger:       slog.New(slog.DiscardHandler),
 			})
