@@ -590,20 +590,27 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if sweeping {
 		rateFlag = "-sweep rate scale"
 	}
+	// The trace is read once, and parsed at each rate scale: a pipe's
+	// contents are gone once read, and opening a named pipe again waits
+	// for a writer.
+	var traceData []byte
+	if *trace != "" {
+		var err error
+		if traceData, err = readFile(*trace); err != nil {
+			return err
+		}
+	}
 	at := func(x float64, describe bool) (sim.ScenarioInfo, []*sim.Result, error) {
 		info := base
 		var reqs []sim.Request
 		if *trace != "" {
 			var err error
-			if reqs, err = readTrace(*trace, fmtName, sim.TraceOptions{RateScale: x, Requests: *requests}); err != nil {
+			if reqs, err = parseTrace(*trace, traceData, fmtName, sim.TraceOptions{RateScale: x, Requests: *requests}); err != nil {
 				// A trace that reads at its own rate is not malformed:
 				// the rate scale spreads its arrivals too far. Only a
-				// scale below 1 spreads them beyond the trace's own,
-				// and only a regular file is read again: a pipe's
-				// contents are gone, and opening a named pipe again
-				// waits for a writer.
-				if x < 1 && errors.Is(err, sim.ErrMalformedTrace) && isRegular(*trace) {
-					if _, err1 := readTrace(*trace, fmtName, sim.TraceOptions{Requests: *requests}); err1 == nil {
+				// scale below 1 spreads them beyond the trace's own.
+				if x < 1 && errors.Is(err, sim.ErrMalformedTrace) {
+					if _, err1 := parseTrace(*trace, traceData, fmtName, sim.TraceOptions{Requests: *requests}); err1 == nil {
 						err = fmt.Errorf("%s %g spreads the trace's arrivals beyond the simulator's limit: %w", rateFlag, x, err)
 					}
 				}
@@ -956,11 +963,10 @@ func parseSpeeds(list string, replicas int) ([]float64, error) {
 	return out, nil
 }
 
-// readTrace reads the trace file at path in format, detected from the
-// content when format is empty. A path that cannot be opened or is a
-// directory is a usage error; a read error is reported as such, not as a
-// malformed trace.
-func readTrace(path, format string, opt sim.TraceOptions) ([]sim.Request, error) {
+// readFile reads the trace file at path. A path that cannot be opened or
+// is a directory is a usage error; a read error is reported as such, not as
+// a malformed trace.
+func readFile(path string) ([]byte, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("-trace: %w", err)}
@@ -973,21 +979,21 @@ func readTrace(path, format string, opt sim.TraceOptions) ([]sim.Request, error)
 		return nil, usageError{fmt.Errorf("-trace: %w", err)}
 	}
 	defer f.Close()
-	r := &errReader{r: f}
-	reqs, err := sim.ReadTrace(r, format, opt)
-	if r.err != nil {
-		return nil, fmt.Errorf("-trace: %w", r.err)
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, fmt.Errorf("-trace: %w", err)
 	}
+	return data, nil
+}
+
+// parseTrace parses data, the trace read from path, in format, detected
+// from the content when format is empty.
+func parseTrace(path string, data []byte, format string, opt sim.TraceOptions) ([]sim.Request, error) {
+	reqs, err := sim.ReadTrace(bytes.NewReader(data), format, opt)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return reqs, nil
-}
-
-// isRegular reports whether path names a regular file.
-func isRegular(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular()
 }
 
 // formatOf is the trace format that path's extension names, or "" if it
@@ -1000,21 +1006,6 @@ func formatOf(path string) string {
 		return sim.FormatAzure
 	}
 	return ""
-}
-
-// errReader is a reader that records the first error of r other than
-// [io.EOF].
-type errReader struct {
-	r   io.Reader
-	err error
-}
-
-func (e *errReader) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	if err != nil && err != io.EOF && e.err == nil {
-		e.err = err
-	}
-	return n, err
 }
 
 // traceKVBlocks is the default KV capacity for a trace: the default

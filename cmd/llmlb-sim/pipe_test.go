@@ -13,28 +13,33 @@ import (
 	"time"
 )
 
-// A trace read from a named pipe is read once, even when it fails at a
-// rate scale: the pipe's contents are gone, and opening it again waits
-// for a writer that may never come. The command hung there; the test
-// gives it 10s, then opens the pipe for writing to release it.
+// A trace read from a named pipe is read once, for every rate scale of a
+// sweep, and to tell a rate scale that spreads it too far from a malformed
+// trace: the pipe's contents are gone, and opening it again waits for a
+// writer that may never come. The command hung there; the test gives it
+// 10s, then opens the pipe for writing to release it.
 func TestRunTracePipeReadOnce(t *testing.T) {
 	cases := []struct {
 		name, trace string
 		args        []string
-		want        string
+		code        int
+		want        string // in stderr
 	}{
-		// Spread beyond the limit at 1e-300: only a regular file is read
-		// again to tell the rate scale from the trace.
+		// Spread beyond the limit at 1e-300, which the trace read at its
+		// own rate tells from a malformed trace.
 		{"spread", `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\n" + `{"timestamp": 1000, "input_length": 5, "output_length": 1}` + "\n",
-			[]string{"-rate-scale", "1e-300"}, "sim: malformed trace: line 2: arrival 1e+300s"},
+			[]string{"-rate-scale", "1e-300"}, 2, "-rate-scale 1e-300 spreads the trace's arrivals beyond the simulator's limit: "},
+		// Every point of a sweep runs the trace.
+		{"sweep", `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\n" + `{"timestamp": 1000, "input_length": 5, "output_length": 1}` + "\n",
+			[]string{"-sweep", "1,2"}, 0, ""},
 		// Malformed at a rate scale above 1, which brings arrivals
 		// closer: the trace fails at its own rate too. (Its last line
 		// has no newline, so that the command reads to the end, after
 		// the writer has gone.)
 		{"malformed", `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\nnot json",
-			[]string{"-rate-scale", "2"}, "sim: malformed trace: line 2"},
+			[]string{"-rate-scale", "2"}, 2, "sim: malformed trace: line 2"},
 		{"malformed in a sweep", `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\nnot json",
-			[]string{"-sweep", "2,3"}, "sim: malformed trace: line 2"},
+			[]string{"-sweep", "2,3"}, 2, "sim: malformed trace: line 2"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -70,8 +75,11 @@ func TestRunTracePipeReadOnce(t *testing.T) {
 					}
 				}
 			}
-			if got != 2 || !strings.Contains(errb.String(), c.want) {
-				t.Errorf("%v: exit %d, stderr %q; want 2 and %q", args, got, errb.String(), c.want)
+			if got != c.code || !strings.Contains(errb.String(), c.want) {
+				t.Errorf("%v: exit %d, stderr %q; want %d and %q", args, got, errb.String(), c.code, c.want)
+			}
+			if c.code == 0 && !strings.Contains(out.String(), "x2") {
+				t.Errorf("%v: no table at rate scale 2 in\n%s", args, out.String())
 			}
 		})
 	}
