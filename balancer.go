@@ -913,9 +913,15 @@ func (p Pick) firstToken(measure bool) {
 	}
 }
 
-// Done records that the request finished, successfully or not (err is
-// informational). It releases all the work charged to the endpoint. Calls
-// after the first are no-ops.
+// Done records that the request finished: err is nil if it ended normally
+// (its whole answer received, or, without FirstToken, an answer), and the
+// error that ended it otherwise. It releases all the work charged to the
+// endpoint. Only a request that called FirstToken and then Done(nil)
+// teaches what completions teach: the decode speed Default learns, the
+// output length of WithOutputPrediction and PeakEWMA's latency; pass nil
+// for a stream read to its end (not io.EOF). err is passed on to
+// Observer.Done and otherwise decides nothing: health and retries are the
+// caller's. Calls after the first are no-ops.
 func (p Pick) Done(err error) {
 	rec := p.rec
 	if rec == nil {
