@@ -42,8 +42,8 @@ type Options struct {
 	// own store, and forgets an endpoint's observation when the resolver
 	// drops the endpoint. A shared store is not pruned when endpoints leave:
 	// it keeps every endpoint any channel (or other writer) has recorded
-	// until it holds its MaxKeys, and then evicts the endpoint reported
-	// least lately for each new one.
+	// until it holds its MaxKeys, and then evicts one not reported lately
+	// for each new one (see signals.StoreConfig.MaxKeys).
 	Store *signals.Store
 	// OrcaMapping names the ORCA metrics that make up an observation. The
 	// zero value reads the named metrics (or named utilizations)

@@ -125,10 +125,12 @@ func BenchmarkPickAbsent(b *testing.B) {
 }
 
 // BenchmarkStoreAdd measures recording a new endpoint into a Store that
-// holds n: with room (the endpoint is then deleted, so the store keeps n),
-// and full at MaxKeys n, where each new endpoint evicts the stalest. Both
-// should cost about the same at every n: a store filled one endpoint at a
-// time, or churning through endpoints, must not pay for the ones it holds.
+// holds n: with room (the endpoint is then deleted, so the store keeps n);
+// full at MaxKeys n, where each new endpoint evicts one; and full with half
+// of the endpoints live, eight of them recorded again before each new one,
+// so that the eviction passes over recorded endpoints. Each should cost
+// about the same at every n: a store filled one endpoint at a time, or
+// churning through endpoints, must not pay for the ones it holds.
 func BenchmarkStoreAdd(b *testing.B) {
 	for _, n := range []int{1024, 65536} {
 		keys := make([]string, 2*n) // the first n fill the store
@@ -172,6 +174,24 @@ func BenchmarkStoreAdd(b *testing.B) {
 			}
 			if s.Len() != n {
 				b.Fatalf("store holds %d endpoints, want %d", s.Len(), n)
+			}
+		})
+		b.Run(fmt.Sprintf("op=add-rolling/endpoints=%d", n), func(b *testing.B) {
+			s := fill(b, n)
+			live := keys[:n/2]
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				at := now.Add(time.Duration(n + i))
+				for j := range 8 {
+					if err := s.Record(live[(8*i+j)%len(live)], llmlb.Load{At: at, Running: 1}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := s.Record(keys[n+i%n], llmlb.Load{At: at, Running: 1}); err != nil {
+					b.Fatal(err)
+				}
+				i++
 			}
 		})
 	}

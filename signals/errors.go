@@ -24,7 +24,7 @@ var (
 	// ErrUnknownEndpoint: no target with that key is configured.
 	ErrUnknownEndpoint = errors.New("signals: unknown endpoint")
 	// ErrTooManyKeys: a Scraper was given more targets than its maximum. (A
-	// full Store evicts its stalest endpoint instead.)
+	// full Store evicts an endpoint instead.)
 	ErrTooManyKeys = errors.New("signals: too many endpoints")
 	// ErrInvalidLoad: an observation has an empty key, a zero time, negative
 	// counts or a KV usage outside [0, 1].

@@ -1,10 +1,8 @@
 package signals
 
 import (
-	"cmp"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,9 +20,15 @@ const DefaultMaxKeys = 65536
 // zero value is a documented default.
 type StoreConfig struct {
 	// MaxKeys bounds the number of endpoints held. Recording a new key
-	// when the store holds MaxKeys evicts the endpoint whose newest
-	// observation is the oldest, so endpoints that stopped reporting (pods
-	// that left) make room for new ones. 0 means [DefaultMaxKeys].
+	// when the store holds MaxKeys evicts an endpoint that has not been
+	// recorded lately: going round the endpoints in turn, the first not
+	// recorded again since it was added or the eviction last passed it
+	// (the CLOCK approximation of the one recorded least recently).
+	// Endpoints that stopped reporting (pods that left) so make room for
+	// new ones: one that stops is evicted before 2*MaxKeys further
+	// endpoints are added to the full store, and one recorded between
+	// every two endpoints added is not evicted while fewer than MaxKeys
+	// are recorded so. 0 means [DefaultMaxKeys].
 	MaxKeys int
 	// MaxAge, if positive, makes Load report no observation for an endpoint
 	// whose newest observation is older than MaxAge. 0 leaves expiry to the
@@ -45,9 +49,9 @@ type StoreConfig struct {
 //
 // A zero Store is ready to use with the defaults of [StoreConfig]. A Store is
 // safe for concurrent use by multiple goroutines; Load takes no lock and does
-// not allocate. Adding an endpoint takes a lock and time independent of the
-// endpoints held, apart from the eviction when full, whose scan of every
-// endpoint is paid once per MaxKeys/16 evictions.
+// not allocate. Adding an endpoint takes a lock, and time independent of the
+// endpoints held (amortized when full: the eviction passes over an endpoint
+// once for each time it was recorded).
 type Store struct {
 	cfg StoreConfig
 	m   sync.Map     // key -> *entry
@@ -55,11 +59,12 @@ type Store struct {
 	// adds counts the entries added, after each is in m: a loader that
 	// missed its key at a count looks again only once it moved.
 	adds atomic.Uint64
-	mu   sync.Mutex // serializes adding and removing entries
-	// victims are the entries to evict next when full, stalest first, as
-	// last found by a scan; one that was refreshed or removed since is
-	// skipped.
-	victims []victim
+	mu   sync.Mutex // serializes adding and removing entries, and guards:
+	// ring holds every entry in m at its slot; nil slots are listed in
+	// free. The eviction's hand goes round it.
+	ring []*entry
+	free []int32
+	hand int
 }
 
 type entry struct {
@@ -67,6 +72,11 @@ type entry struct {
 	// gone is set when the entry leaves m: goneDeleted by Delete,
 	// goneEvicted to make room for another endpoint.
 	gone atomic.Uint32
+	// used is set by every record and cleared by the eviction's hand
+	// passing over the entry.
+	used atomic.Bool
+	key  string
+	slot int32 // in Store.ring
 }
 
 const (
@@ -74,12 +84,9 @@ const (
 	goneEvicted
 )
 
-// victim is an entry found among the stalest by evictLocked's scan.
-type victim struct {
-	key string
-	e   *entry
-	at  time.Time // the entry's observation time when found
-}
+// testHookUpdate, if set, runs in RecordObservation before it updates an
+// entry it found; tests use it to evict the entry meanwhile.
+var testHookUpdate func(*Store, string)
 
 // NewStore returns a Store configured by cfg.
 func NewStore(cfg StoreConfig) (*Store, error) {
@@ -174,7 +181,7 @@ func (s *Store) observation(key string) *Observation {
 // observation at the same time replaces the held one. It fails with
 // [ErrInvalidLoad] for an empty key or an invalid load (zero At, negative
 // counts, KV usage outside [0, 1] and not NaN), and never for a full store:
-// a new key then evicts the stalest endpoint (see StoreConfig.MaxKeys).
+// a new key then evicts one not recorded lately (see StoreConfig.MaxKeys).
 func (s *Store) Record(key string, l llmlb.Load) error {
 	return s.RecordObservation(key, observationOf(l))
 }
@@ -186,16 +193,22 @@ func (s *Store) RecordObservation(key string, o Observation) error {
 	}
 	p := &o
 	// A record that finds its entry evicted, before or after updating it,
-	// is made again in a new entry; up to twice, as a new entry is the
-	// freshest, the last a scan would evict. (One that updates the stalest
-	// entry just as it is evicted is lost: its endpoint's next report adds
-	// it again.)
+	// is made again in a new entry; up to three times, as evictions race
+	// with it only while other endpoints are added. (One that updates an
+	// entry just as it is evicted is lost: its endpoint's next report
+	// adds it again.)
 	for range 3 {
 		e := s.entry(key)
 		if e == nil || e.gone.Load() == goneEvicted {
 			if e = s.insert(key, p); e == nil {
 				return nil // inserted
 			}
+		}
+		if testHookUpdate != nil {
+			testHookUpdate(s, key)
+		}
+		if !e.used.Load() {
+			e.used.Store(true)
 		}
 		if !s.update(e, p) || e.gone.Load() != goneEvicted {
 			return nil
@@ -229,9 +242,9 @@ func (s *Store) entry(key string) *entry {
 	return nil
 }
 
-// insert adds key with p, evicting the stalest endpoint if the store is
-// full. If another goroutine inserted key first, it returns that entry for
-// the caller to update.
+// insert adds key with p, evicting an endpoint not recorded lately if the
+// store is full. If another goroutine inserted key first, it returns that
+// entry for the caller to update.
 func (s *Store) insert(key string, p *Observation) *entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -241,63 +254,58 @@ func (s *Store) insert(key string, p *Observation) *entry {
 	if s.n.Load() >= s.maxKeys() {
 		s.evictLocked()
 	}
-	e := new(entry)
+	// A new entry is not marked used: an endpoint recorded once, and not
+	// since, is evicted before those recorded again.
+	e := &entry{key: strings.Clone(key)}
 	e.obs.Store(p)
-	s.m.Store(strings.Clone(key), e)
+	if n := len(s.free); n > 0 {
+		e.slot = s.free[n-1]
+		s.free = s.free[:n-1]
+		s.ring[e.slot] = e
+	} else {
+		e.slot = int32(len(s.ring))
+		s.ring = append(s.ring, e)
+	}
+	s.m.Store(e.key, e)
 	s.n.Add(1)
 	s.adds.Add(1)
 	return nil
 }
 
-// evictLocked removes the endpoint whose newest observation is the oldest:
-// the first of the victims of the last scan still as the scan found it, or,
-// when none is, the stalest of a new scan.
+// evictLocked removes an endpoint not recorded since the hand last passed
+// it: going round the ring from the hand, it clears the used mark of each
+// entry it passes and evicts the first without one. Records running
+// meanwhile mark entries again; after two turns it evicts the entry at the
+// hand whatever its mark.
 func (s *Store) evictLocked() {
-	for len(s.victims) > 0 {
-		v := s.victims[0]
-		s.victims[0] = victim{}
-		s.victims = s.victims[1:]
-		if s.entry(v.key) == v.e && v.e.obs.Load().At.Equal(v.at) {
-			s.removeLocked(v.key, v.e)
-			return
-		}
+	if s.n.Load() == 0 {
+		return
 	}
-	if s.scanLocked() {
-		// The stalest goes even if a record (which takes no lock)
-		// refreshed it since the scan, so that no insert scans twice.
-		v := s.victims[0]
-		s.victims = s.victims[1:]
-		s.removeLocked(v.key, v.e)
+	for step := 0; ; step++ {
+		if s.hand >= len(s.ring) {
+			s.hand = 0
+		}
+		e := s.ring[s.hand]
+		s.hand++
+		if e == nil {
+			continue
+		}
+		if e.used.Load() && step < 2*len(s.ring) {
+			e.used.Store(false)
+			continue
+		}
+		e.gone.Store(goneEvicted) // first: see RecordObservation
+		s.removeLocked(e)
+		return
 	}
 }
 
-// scanLocked fills victims with the stalest MaxKeys/16 entries (at least
-// one), stalest first, ties by key; it reports false if the store is empty.
-func (s *Store) scanLocked() bool {
-	all := make([]victim, 0, s.n.Load())
-	s.m.Range(func(k, v any) bool {
-		e := v.(*entry)
-		all = append(all, victim{k.(string), e, e.obs.Load().At})
-		return true
-	})
-	if len(all) == 0 {
-		return false
-	}
-	slices.SortFunc(all, func(a, b victim) int {
-		if c := a.at.Compare(b.at); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.key, b.key)
-	})
-	s.victims = slices.Clone(all[:max(len(all)/16, 1)])
-	return true
-}
-
-// removeLocked evicts e, the entry of key.
-func (s *Store) removeLocked(key string, e *entry) {
-	e.gone.Store(goneEvicted) // first: see RecordObservation
-	s.m.Delete(key)
+// removeLocked takes e out of the store.
+func (s *Store) removeLocked(e *entry) {
+	s.m.Delete(e.key)
 	s.n.Add(-1)
+	s.ring[e.slot] = nil
+	s.free = append(s.free, e.slot)
 }
 
 // Delete forgets the endpoint key. It is a no-op for an unknown key. A later
@@ -306,8 +314,7 @@ func (s *Store) Delete(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.entry(key); e != nil {
-		s.m.Delete(key)
-		s.n.Add(-1)
+		s.removeLocked(e)
 		e.gone.Store(goneDeleted)
 	}
 }

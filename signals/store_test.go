@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -114,46 +115,88 @@ func TestStoreConfig(t *testing.T) {
 	assert.Equal(t, 2, s.Len())
 }
 
-// TestStoreEvictsStalest fills a store and keeps recording new and held
-// keys on a clock that only moves forward, as endpoints that come and go
-// report: the store must hold, after every record, exactly the MaxKeys
-// endpoints reported last (a model of the store), and never refuse one.
-func TestStoreEvictsStalest(t *testing.T) {
-	for _, maxKeys := range []int{1, 2, 16, 100} {
-		t.Run(fmt.Sprint("max=", maxKeys), func(t *testing.T) {
+// TestStoreEvictsUnused fills stores of several sizes and keeps recording,
+// between every two new endpoints, a set of live endpoints, as a shared
+// store sees pods that stay and pods that come and go; now and then one is
+// deleted. After every record: the store holds at most MaxKeys endpoints,
+// Len counts them, it holds the endpoint just recorded with its newest
+// observation and every live endpoint, and no endpoint that stopped
+// reporting outlives 2*MaxKeys endpoints added to the full store.
+func TestStoreEvictsUnused(t *testing.T) {
+	for _, c := range []struct{ maxKeys, live int }{{1, 0}, {2, 1}, {16, 8}, {16, 15}, {100, 50}} {
+		t.Run(fmt.Sprintf("max=%d/live=%d", c.maxKeys, c.live), func(t *testing.T) {
 			clock := newFakeClock()
-			s, err := signals.NewStore(signals.StoreConfig{MaxKeys: maxKeys, Clock: clock})
+			s, err := signals.NewStore(signals.StoreConfig{MaxKeys: c.maxKeys, Clock: clock})
 			require.NoError(t, err)
-			model := map[string]time.Time{} // key -> newest observation
-			r := rand.New(rand.NewPCG(uint64(maxKeys), 1))
-			for step := range 20 * maxKeys * 16 {
-				clock.Advance(time.Duration(1+r.IntN(3)) * time.Millisecond)
-				key := fmt.Sprint("ep-", r.IntN(3*maxKeys))
-				if r.IntN(10) == 0 {
-					s.Delete(key)
-					delete(model, key)
-					continue
-				}
-				at := clock.Now()
-				require.NoError(t, s.Record(key, llmlb.Load{At: at, Running: step}), "step %d", step)
-				if _, held := model[key]; !held && len(model) == maxKeys {
-					stalest := ""
-					for k, at := range model {
-						if stalest == "" || at.Before(model[stalest]) {
-							stalest = k
-						}
+			r := rand.New(rand.NewPCG(uint64(c.maxKeys), uint64(c.live)))
+			added := 0               // new endpoints recorded
+			evictions := 0           // new endpoints recorded into the full store
+			last := map[string]int{} // endpoint -> evictions when last recorded
+			record := func(key string) {
+				t.Helper()
+				clock.Advance(time.Millisecond)
+				// Stamps from the recorders' clocks, some far ahead of the
+				// store's: they must not keep an endpoint that left.
+				at := clock.Now().Add(time.Duration(r.IntN(2)) * 1000 * time.Hour)
+				require.NoError(t, s.Record(key, llmlb.Load{At: at, Running: added}))
+				o, ok := s.Observation(key)
+				require.True(t, ok, "%q not held just after its record", key)
+				require.Equal(t, added, o.Running, "%q", key)
+				last[key] = evictions
+			}
+			check := func(step int) {
+				t.Helper()
+				held := 0
+				for key, at := range last {
+					_, ok := s.Observation(key)
+					if ok {
+						held++
+						require.Less(t, evictions-at, 2*c.maxKeys, "step %d: %q held %d evictions after its last record", step, key, evictions-at)
 					}
-					delete(model, stalest)
+					if strings.HasPrefix(key, "live-") {
+						require.True(t, ok, "step %d: live %q evicted", step, key)
+					}
 				}
-				model[key] = at
-				require.Equal(t, len(model), s.Len(), "step %d", step)
-				for k, at := range model {
-					o, ok := s.Observation(k)
-					require.True(t, ok, "step %d: %q not held", step, k)
-					require.True(t, o.At.Equal(at), "step %d: %q at %v, want %v", step, k, o.At, at)
+				require.Equal(t, held, s.Len(), "step %d", step)
+				require.LessOrEqual(t, held, c.maxKeys, "step %d", step)
+			}
+			for step := range 30 * c.maxKeys {
+				for i := range c.live {
+					record(fmt.Sprint("live-", i))
 				}
+				added++
+				if s.Len() == c.maxKeys {
+					evictions++
+				}
+				record(fmt.Sprint("new-", step))
+				if r.IntN(8) == 0 && step > 0 {
+					key := fmt.Sprint("new-", r.IntN(step))
+					s.Delete(key)
+					delete(last, key)
+				}
+				check(step)
 			}
 		})
+	}
+}
+
+// TestStoreEvictsDeparted: an endpoint whose last observation was stamped
+// far in the future (a recorder's clock ahead) and that then left makes
+// room for the endpoints that keep reporting.
+func TestStoreEvictsDeparted(t *testing.T) {
+	clock := newFakeClock()
+	s, err := signals.NewStore(signals.StoreConfig{MaxKeys: 3, Clock: clock})
+	require.NoError(t, err)
+	require.NoError(t, s.Record("gone", llmlb.Load{At: clock.Now().Add(100 * 365 * 24 * time.Hour)}))
+	for i := range 100 {
+		clock.Advance(time.Second)
+		require.NoError(t, s.Record(fmt.Sprint("pod-", i%3), llmlb.Load{At: clock.Now()}))
+	}
+	_, ok := s.Load("gone")
+	assert.False(t, ok, "the departed endpoint is held")
+	for i := range 3 {
+		_, ok := s.Load(fmt.Sprint("pod-", i))
+		assert.True(t, ok, "pod-%d is not held", i)
 	}
 }
 
