@@ -59,10 +59,14 @@
 // Nothing on the path of [llmlb.Balancer.Pick] waits for the network. If
 // NATS is down, Run stops publishing, the peers' batches expire after
 // [Config].TTL (three intervals by default), and each balancer routes on its
-// own state and the engines' signal, as it would without sharing; [Stats]
-// and the log say so. The nats.go connection reconnects by itself and
-// restores the subscription, and sharing resumes with the next batch. A
-// replica that stops publishing stops counting after the TTL.
+// own state and the engines' signal, as it would without sharing. [Stats]
+// says so (Connected, Unpublished), and so does the log: Run warns at the
+// first batch it cannot publish, whether the connection went down or never
+// came up (a wrong or unreachable URL given with nats.RetryOnFailedConnect),
+// then once a minute while it stays down, and says when it connects. The
+// nats.go connection reconnects by itself and restores the subscription,
+// and sharing resumes with the next batch. A replica that stops publishing
+// stops counting after the TTL.
 //
 // Memory is bounded whatever the peers send: at most [Config].MaxPeers
 // peers (64 by default; further ones are rejected until one expires), a

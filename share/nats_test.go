@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -223,4 +224,62 @@ func TestPublishFailureIsLogged(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return logs.count("publishing again") == 1 }, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 1, logs.count("cannot publish"))
+}
+
+// A Group whose connection never came up (a wrong URL, given with
+// nats.RetryOnFailedConnect) warns at its first batch, then once a minute
+// while the connection stays down, and says when it connects; an outage
+// after that is reported the same way.
+func TestNotConnectedIsLogged(t *testing.T) {
+	srv := startServer(t, -1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true),
+		nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	require.False(t, nc.IsConnected())
+
+	var logs lockedBuffer
+	clock := &fakeClock{t: time.Unix(1_000_000, 0)}
+	g, err := New(Config{Conn: nc, ID: "a", Interval: 5 * time.Millisecond, Clock: clock,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	// unpublished waits until n more batches have gone unpublished.
+	unpublished := func(n uint64) {
+		t.Helper()
+		want := g.Stats().Unpublished + n
+		require.Eventually(t, func() bool { return g.Stats().Unpublished >= want }, 5*time.Second, time.Millisecond)
+	}
+	unpublished(5)
+	assert.Equal(t, 1, logs.count("level=WARN msg=\"share: NATS not connected; cannot publish"), "a warning at the first batch")
+	assert.False(t, g.Stats().Connected)
+	clock.Advance(time.Minute - time.Second)
+	unpublished(5)
+	assert.Equal(t, 1, logs.count("not connected"), "no repeat within a minute")
+	clock.Advance(time.Second)
+	unpublished(5)
+	assert.Equal(t, 1, logs.count("still not connected"), "a repeat after a minute")
+	assert.Equal(t, 1, logs.count("for=1m0s"), "the repeat says for how long")
+	unpublished(5)
+	assert.Equal(t, 2, logs.count("not connected"), "one repeat a minute")
+
+	srv = startServer(t, port)
+	require.Eventually(t, func() bool { return g.Stats().Connected && g.Stats().Published > 0 }, 10*time.Second, time.Millisecond)
+	assert.Equal(t, 1, logs.count("NATS connected; sharing with peers"))
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	require.Eventually(t, func() bool { return logs.count("NATS disconnected") == 1 }, 5*time.Second, time.Millisecond)
+	unpublished(5)
+	assert.Equal(t, 2, logs.count("not connected"), "the disconnection is the outage's first warning")
+	clock.Advance(time.Minute)
+	unpublished(5)
+	assert.Equal(t, 3, logs.count("not connected"), "a repeat after a minute")
 }

@@ -124,8 +124,11 @@ type Config struct {
 	// Clock tells the time; it must be the balancer's clock
 	// (llmlb.WithClock). Nil means the system clock.
 	Clock llmlb.Clock
-	// Logger receives changes of the connection and of the peers. Nil
-	// means [slog.Default].
+	// Logger receives changes of the connection and of the peers, and the
+	// failures to publish: while the NATS connection is down, [Group.Run]
+	// warns at the first batch it cannot publish, whether the connection
+	// went down or never came up, then once a minute until it connects.
+	// Nil means [slog.Default].
 	Logger *slog.Logger
 }
 
@@ -175,6 +178,13 @@ type Group struct {
 	publishFailed atomic.Uint64
 	received      atomic.Uint64
 	rejected      atomic.Uint64
+
+	// downSince is when publish first found the connection down in the
+	// current outage (zero while it is up), downLogged when it last said
+	// so, and downSkipped the batches it has not published since; only
+	// Run's goroutine touches them.
+	downSince, downLogged time.Time
+	downSkipped           uint64
 }
 
 // New returns a Group for cfg, or an error wrapping [ErrInvalidConfig]. It
@@ -518,6 +528,7 @@ func (g *Group) Run(ctx context.Context) error {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	g.connected.Store(g.conn.IsConnected())
+	g.downSince, g.downSkipped = time.Time{}, 0
 	tick := time.NewTicker(g.interval)
 	defer tick.Stop()
 	var buf []byte
@@ -571,20 +582,27 @@ func (g *Group) expire() {
 	}
 }
 
+// downReportInterval is how often a Group repeats, while its NATS
+// connection stays down, that it cannot publish.
+const downReportInterval = time.Minute
+
 // publish sends one batch and returns the encoding buffer for reuse.
 func (g *Group) publish(buf []byte) []byte {
+	now := g.clock.Now()
 	up := g.conn.IsConnected()
-	if was := g.connected.Swap(up); was != up {
-		if up {
+	was := g.connected.Swap(up)
+	if up {
+		if !was {
 			g.log.Info("share: NATS connected; sharing with peers", "self", g.id)
-		} else {
-			g.log.Warn("share: NATS disconnected; routing on local state until it reconnects", "self", g.id)
 		}
+		g.downSince, g.downSkipped = time.Time{}, 0
+	} else {
+		g.notConnected(now, was)
 	}
 	g.batchMu.Lock()
 	defer g.batchMu.Unlock()
 	m := &g.batch
-	g.local.snapshot(m, g.clock.Now().UnixNano())
+	g.local.snapshot(m, now.UnixNano())
 	if !up {
 		g.publishFailed.Add(1)
 		return buf
@@ -613,6 +631,28 @@ func (g *Group) publish(buf []byte) []byte {
 	}
 	g.published.Add(1)
 	return buf
+}
+
+// notConnected records a batch that publish skips because the connection
+// is down; wasUp reports whether it was up at the batch before. It warns at
+// the first such batch of an outage, whether the connection went down or
+// never came up, and then every downReportInterval while the outage lasts,
+// so that a wrong or unreachable NATS URL is reported without a line every
+// Interval.
+func (g *Group) notConnected(now time.Time, wasUp bool) {
+	g.downSkipped++
+	switch {
+	case wasUp:
+		g.downSince, g.downLogged = now, now
+		g.log.Warn("share: NATS disconnected; routing on local state until it reconnects", "self", g.id)
+	case g.downSince.IsZero():
+		g.downSince, g.downLogged = now, now
+		g.log.Warn("share: NATS not connected; cannot publish, routing on local state until it connects", "self", g.id)
+	case now.Sub(g.downLogged) >= downReportInterval:
+		g.downLogged = now
+		g.log.Warn("share: NATS still not connected; cannot publish, routing on local state until it connects",
+			"self", g.id, "for", now.Sub(g.downSince).Round(time.Second), "unpublished", g.downSkipped)
+	}
 }
 
 // keepDecoded is the size of the largest batch whose decoded memory a Group
