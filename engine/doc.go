@@ -13,9 +13,14 @@
 // /v1/chat/completions the messages, and a request without its own field is
 // refused (400); a completions request carries one prompt, a string or a
 // list of one: a batch of several, or token IDs, is refused too, as is an n
-// other than 1 (one choice a request) or a model name over 1024 bytes (it
-// is echoed in every answer). Chat messages are checked as vLLM checks
-// them: each is an object with a string role, and its content, if any, a
+// other than 1 (one choice a request). As vLLM, a request naming a model
+// other than the one the engine serves ([Config].Model, which GET
+// /v1/models lists) gets 404 with vLLM's error: type "NotFoundError", param
+// "model", message "The model `NAME` does not exist."; the engine serves no
+// LoRA adapters, so their names are refused too. A request whose model is
+// "", null or absent is for the served model, and every answer names the
+// served model. Chat messages are checked as vLLM checks them: each is an
+// object with a string role, and its content, if any, a
 // string or a list of content parts (strings, or objects of a type vLLM
 // knows, text parts with a string text), or null in an assistant message
 // or a function message with a name; anything else is refused with 400 and

@@ -83,7 +83,8 @@ type Config struct {
 	// faster than a real GPU would. 0 means 1; it must be finite and at
 	// least 0.001 (a thousand times slower than a GPU).
 	Speedup float64
-	// Model is the model name served and reported. "" means [DefaultModel].
+	// Model is the model name served and reported; a request naming another
+	// gets 404, as from vLLM. "" means [DefaultModel].
 	// It must be UTF-8 of printable characters (spaces allowed), which its
 	// JSON and Prometheus renderings quote alike.
 	Model string

@@ -84,7 +84,7 @@ func events(t *testing.T, r io.Reader) []string {
 }
 
 func TestStreamCompletions(t *testing.T) {
-	e := newEngine(t, Config{})
+	e := newEngine(t, Config{Model: "m"})
 	url, _ := serve(t, e)
 	resp := post(t, url+"/v1/completions", `{"model":"m","prompt":"hello world","max_tokens":5,"stream":true}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -140,12 +140,12 @@ func TestNonStreaming(t *testing.T) {
 	assert.Equal(t, 2, out.Usage.PromptTokens) // "user\nhi\n" is 8 bytes
 }
 
-// TestModelEchoed: the model a request names comes back in every answer as
-// valid JSON, whatever characters it holds.
+// TestModelEchoed: the engine's model comes back in every answer as valid
+// JSON, whatever characters it holds.
 func TestModelEchoed(t *testing.T) {
-	e := newEngine(t, Config{})
+	const model = "a<b\"c\\d/é 😀"
+	e := newEngine(t, Config{Model: model})
 	url, _ := serve(t, e)
-	const model = "a\x01b\"c\\d\u2028é"
 	name, _ := json.Marshal(model)
 	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
 		for _, stream := range []bool{true, false} {
@@ -229,31 +229,6 @@ func TestBadRequests(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.Contains(t, string(b), `"id":"emulated"`)
-}
-
-// A request's model name is echoed in every event of its stream, so it is
-// bounded: a long one would multiply the bytes sent by the tokens asked.
-func TestModelNameBounded(t *testing.T) {
-	e := newEngine(t, Config{})
-	url, _ := serve(t, e)
-	for _, c := range []struct {
-		model string
-		code  int
-	}{
-		{strings.Repeat("m", maxModelBytes), http.StatusOK},
-		{strings.Repeat("m", maxModelBytes+1), http.StatusBadRequest},
-		{strings.Repeat("m", 4<<20), http.StatusBadRequest},
-	} {
-		resp := post(t, url+"/v1/completions", fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":8,"stream":true}`, c.model))
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		assert.Equal(t, c.code, resp.StatusCode, "model of %d bytes", len(c.model))
-		if c.code != http.StatusOK {
-			assert.Contains(t, string(b), "model: a name of at most 1024 bytes")
-		}
-	}
-	_, err := New(Config{Speedup: minSpeedup})
-	assert.NoError(t, err, "the slowest speedup allowed")
 }
 
 // Metrics are vLLM's names, parsed by package signals, and the prefix cache
@@ -477,6 +452,8 @@ func TestConfig(t *testing.T) {
 		// One package's prefix: the engine model is an internal package.
 		assert.Equal(t, 1, strings.Count(err.Error(), "invalid config"), "%v", err)
 	}
+	_, err := New(Config{Speedup: minSpeedup})
+	assert.NoError(t, err, "the slowest speedup allowed")
 }
 
 func FuzzParse(f *testing.F) {
@@ -486,6 +463,8 @@ func FuzzParse(f *testing.F) {
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
 		`{"prompt":"x","max_tokens":-1}`,
 		`{"prompt":"x","n":2,"model":"m"}`,
+		`{"prompt":"x","model":"emulated"}`,
+		`{"prompt":"x","model":null}`,
 		`{"messages":[{"role":"assistant","content":null},{"role":"user","content":["a",{"type":"image_url","image_url":{"url":"u"}}]}]}`,
 		`{"messages":[{"content":"x"}]}`,
 		`{"prompt":"x","stream":true,"stream_options":{"include_usage":"yes","continuous_usage_stats":1}}`,
@@ -505,8 +484,8 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		if len(q.Model) > maxModelBytes {
-			t.Fatalf("accepted a model of %d bytes", len(q.Model))
+		if !e.serves(q.Model) {
+			t.Fatalf("accepted model %q", q.Model)
 		}
 		if q.N != nil && *q.N != 1 {
 			t.Fatalf("accepted n %v", *q.N)
@@ -530,4 +509,61 @@ func TestLargestMaxBodyBytes(t *testing.T) {
 	resp := post(t, url+"/v1/completions", `{"prompt":"hello","max_tokens":1}`)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// A request naming a model the engine does not serve gets vLLM's 404, and
+// no work; one naming the engine's model, or none, is served, and every
+// answer names the engine's model, as vLLM's.
+func TestUnknownModel(t *testing.T) {
+	for _, c := range []struct {
+		served  string   // Config.Model
+		unknown []string // names refused, as JSON strings
+	}{
+		{"", []string{`"nope"`, `" emulated"`, `"a\"b\\c\u0001\u2028é"`, `"` + strings.Repeat("m", 2000) + `"`}},
+		{"llama 3", []string{`"emulated"`, `"llama"`, `"llama 3 "`}},
+	} {
+		e := newEngine(t, Config{Model: c.served, DefaultMaxTokens: 2})
+		url, _ := serve(t, e)
+		name := e.Model()
+		served := 0
+		for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+			for _, stream := range []bool{false, true} {
+				body := func(model string) string {
+					return fmt.Sprintf(`{%s"prompt":"hi","messages":[{"role":"user","content":"hi"}],"stream":%v}`, model, stream)
+				}
+				for _, model := range c.unknown {
+					resp := post(t, url+path, body(`"model":`+model+`,`))
+					b, err := io.ReadAll(resp.Body)
+					require.NoError(t, err)
+					require.Equal(t, http.StatusNotFound, resp.StatusCode, "%s stream=%v model %.40s: %s", path, stream, model, b)
+					assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+					var got struct{ Error map[string]any }
+					require.NoError(t, json.Unmarshal(b, &got), "%s", b)
+					var want string
+					require.NoError(t, json.Unmarshal([]byte(model), &want))
+					assert.Equal(t, map[string]any{
+						"message": "The model `" + want + "` does not exist.",
+						"type":    "NotFoundError",
+						"param":   "model",
+						"code":    float64(http.StatusNotFound),
+					}, got.Error)
+				}
+				for _, model := range []string{`"model":"` + name + `",`, `"model":"",`, `"model":null,`, ``} {
+					resp := post(t, url+path, body(model))
+					b, err := io.ReadAll(resp.Body)
+					require.NoError(t, err)
+					require.Equal(t, http.StatusOK, resp.StatusCode, "%s stream=%v %s: %s", path, stream, model, b)
+					served++
+					answer := string(b)
+					if stream {
+						answer = events(t, strings.NewReader(answer))[0]
+					}
+					var out struct{ Model string }
+					require.NoError(t, json.Unmarshal([]byte(answer), &out), answer)
+					assert.Equal(t, name, out.Model, "%s stream=%v %s", path, stream, model)
+				}
+			}
+		}
+		assert.EqualValues(t, served, e.Stats().Finished, "only the requests for the engine's model are served")
+	}
 }

@@ -105,10 +105,6 @@ type request struct {
 	usage streamUsage // what StreamOptions asks, once parsed
 }
 
-// maxModelBytes bounds the model name a request names, which every answer
-// and every event of a stream echoes.
-const maxModelBytes = 1024
-
 // promptText returns the prompt text of a chat request (see chatText) or of
 // a completions request (the prompt string, or a batch of one), or the
 // message refusing the request. As vLLM, each endpoint reads only its own
@@ -149,7 +145,12 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool, dea
 		return
 	}
 	s, q, code, msg := e.parse(body, chat)
-	if code != 0 {
+	switch code {
+	case 0:
+	case http.StatusNotFound: // parse's only 404: a model the engine does not serve
+		writeErrorInfo(w, code, "NotFoundError", "model", msg)
+		return
+	default:
 		writeError(w, code, msg)
 		return
 	}
@@ -174,11 +175,7 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool, dea
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	model := q.Model
-	if model == "" {
-		model = e.model
-	}
-	model = jsonString(model) // echoed in every answer, quoted once
+	model := jsonString(e.model) // named in every answer, quoted once
 	if q.Stream {
 		e.stream(w, r, s, chat, model, q.usage)
 	} else {
@@ -236,7 +233,8 @@ func (e *Engine) readBody(w http.ResponseWriter, r *http.Request, deadline time.
 }
 
 // parse reads a completions body (of the chat endpoint if chat is set) into
-// a request ready to submit, or returns the status and message refusing it.
+// a request ready to submit, or returns the status and message refusing it:
+// 404 only for a model the engine does not serve (see serves).
 func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg string) {
 	if err := json.Unmarshal(body, &q); err != nil {
 		return nil, q, http.StatusBadRequest, jsonRefusal(err)
@@ -247,8 +245,6 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 	}
 	switch {
 	case refusal != "":
-	case len(q.Model) > maxModelBytes:
-		refusal = fmt.Sprintf("model: a name of at most %d bytes is required", maxModelBytes)
 	case q.N != nil && *q.N != 1:
 		refusal = "n: this emulator answers one choice a request; send each choice as a request of its own"
 	default:
@@ -256,6 +252,11 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 	}
 	if refusal != "" {
 		return nil, q, http.StatusBadRequest, refusal
+	}
+	// vLLM checks the model once the body has its fields, before the
+	// sampling parameters and the context length.
+	if !e.serves(q.Model) {
+		return nil, q, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", q.Model)
 	}
 	maxOut := e.defMax
 	for _, v := range []*float64{q.MaxTokens, q.MaxCompletionTokens} {
@@ -281,6 +282,15 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 			e.maxLen, n, s.PromptTokens, s.OutputTokens)
 	}
 	return s, q, 0, ""
+}
+
+// serves reports whether a request naming model is for this engine: as
+// vLLM's, one naming the served model or none ("", null or no field; the
+// answer then names the served model). The engine serves no LoRA adapters,
+// so any other name is refused, as vLLM refuses a name that is neither its
+// served model nor one of its adapters.
+func (e *Engine) serves(model string) bool {
+	return model == "" || model == e.model
 }
 
 // jsonRefusal returns the message refusing a body that err did not let
@@ -349,6 +359,15 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	w.WriteHeader(code)
 	b, _ := json.Marshal(msg)
 	fmt.Fprintf(w, `{"error":{"message":%s,"type":"invalid_request_error","code":%d}}`+"\n", b, code)
+}
+
+// writeErrorInfo answers code with an error as vLLM writes one: its
+// message, type (such as "NotFoundError"), the request's field at fault,
+// and the status again as the code.
+func writeErrorInfo(w http.ResponseWriter, code int, typ, param, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, `{"error":{"message":%s,"type":%s,"param":%s,"code":%d}}`+"\n", jsonString(msg), jsonString(typ), jsonString(param), code)
 }
 
 // metrics writes the vLLM-named metrics in the Prometheus text format.
