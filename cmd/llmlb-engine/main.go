@@ -6,7 +6,9 @@
 //	go run ./cmd/llmlb-engine -n 4 -speedup 10
 //	go run ./cmd/llmlb-engine -ports 8001,8002,8003,8004
 //
-// It prints one base URL per engine and runs until interrupted.
+// It binds every port first, HTTP and KV events, then prints one base URL
+// per engine and runs until interrupted; if a port cannot be bound, it
+// prints no URL, only the error, and exits 1. -h lists the flags.
 //
 // With -kv-events-port N, engine i also publishes its KV-cache events as
 // vLLM does with --kv-events-config (publisher zmq, topic "kv-events"): on a
@@ -39,11 +41,20 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout); err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "llmlb-engine:", err)
-		os.Exit(1)
+	code := status(run(ctx, os.Args[1:], os.Stdout, os.Stderr), os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// status returns the exit status for run's error, which it writes to
+// stderr: 0 for none, for the end of an interrupt, and for -h or -help
+// (whose usage run wrote); 1 otherwise.
+func status(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
+	fmt.Fprintln(stderr, "llmlb-engine:", err)
+	return 1
 }
 
 // maxEngines bounds -n: each engine is a listener and a scheduling
@@ -76,9 +87,12 @@ func parsePorts(list, host string) ([]string, error) {
 	return addrs, nil
 }
 
-// run runs the engines until ctx ends, printing their addresses to out.
-func run(ctx context.Context, args []string, out io.Writer) error {
+// run runs the engines until ctx ends, printing their addresses to out once
+// every engine's ports are bound; the flag package writes its usage and
+// parse errors to stderr.
+func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	fs := flag.NewFlagSet("llmlb-engine", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	n := fs.Int("n", 1, "number of engines, on free ports (ignored with -ports)")
 	ports := fs.String("ports", "", "comma-separated ports to listen on, one engine each")
 	host := fs.String("host", "127.0.0.1", "address to bind")
@@ -163,24 +177,47 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	if *kvPort < 0 || *kvPort > 0 && *kvPort+len(addrs)-1+1000 > 65535 {
 		return fmt.Errorf("-kv-events-port %d out of range for %d engines", *kvPort, len(addrs))
 	}
-	ctx, stop := context.WithCancel(ctx)
-	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	errs := make(chan error, 2*len(addrs))
-	for i, addr := range addrs {
+	// Every port is bound before any address is printed, so that a script
+	// waiting for them sees either all of them or an error.
+	ls, err := listen(addrs, *host, *kvPort)
+	if err != nil {
+		return err
+	}
+	defer ls.close()
+	engines := make([]*engine.Engine, len(addrs))
+	pubs := make([]*kvevents.Publisher, len(addrs))
+	for i := range addrs {
 		cfg := cfg
 		if *kvPort > 0 {
 			pub, err := kvevents.NewPublisher(kvevents.PublisherConfig{
-				Endpoint:       fmt.Sprintf("tcp://%s", net.JoinHostPort(*host, strconv.Itoa(*kvPort+i))),
-				ReplayEndpoint: fmt.Sprintf("tcp://%s", net.JoinHostPort(*host, strconv.Itoa(*kvPort+i+1000))),
+				Endpoint:       ls.pub[i],
+				ReplayEndpoint: ls.replay[i],
 				Topic:          "kv-events",
 			})
 			if err != nil {
-				stop()
 				return err
 			}
 			cfg.KVEvents = pub.Publish
+			pubs[i] = pub
+		}
+		if engines[i], err = engine.New(cfg); err != nil {
+			return err
+		}
+	}
+	for i, l := range ls.http {
+		if *kvPort > 0 {
+			fmt.Fprintf(out, "http://%s kv-events tcp://%s replay tcp://%s\n", l.Addr(),
+				net.JoinHostPort(*host, strconv.Itoa(*kvPort+i)), net.JoinHostPort(*host, strconv.Itoa(*kvPort+i+1000)))
+		} else {
+			fmt.Fprintf(out, "http://%s\n", l.Addr())
+		}
+	}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(addrs))
+	for i, e := range engines {
+		if pub := pubs[i]; pub != nil {
 			wg.Go(func() {
 				if err := pub.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 					errs <- err
@@ -188,23 +225,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 				}
 			})
 		}
-		e, err := engine.New(cfg)
-		if err != nil {
-			stop()
-			return err
-		}
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			stop()
-			wg.Wait()
-			return err
-		}
-		if *kvPort > 0 {
-			fmt.Fprintf(out, "http://%s kv-events tcp://%s replay tcp://%s\n", l.Addr(),
-				net.JoinHostPort(*host, strconv.Itoa(*kvPort+i)), net.JoinHostPort(*host, strconv.Itoa(*kvPort+i+1000)))
-		} else {
-			fmt.Fprintf(out, "http://%s\n", l.Addr())
-		}
+		l := ls.http[i]
+		ls.http[i] = nil // Serve closes it
 		wg.Go(func() {
 			if err := e.Serve(ctx, l); err != nil && !errors.Is(err, context.Canceled) {
 				errs <- err

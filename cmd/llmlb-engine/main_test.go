@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -27,6 +29,9 @@ import (
 // zmq4 v0.17.0 never stops the sending goroutine of a PUB socket, one per
 // kvevents.Publisher run.
 func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main() // for TestExitStatus: this test binary is llmlb-engine
+	}
 	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
 }
 
@@ -57,7 +62,7 @@ func startRun(t *testing.T, args ...string) string {
 	r, w := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, args, w)
+		done <- run(ctx, args, w, io.Discard)
 		w.Close()
 	}()
 	t.Cleanup(func() {
@@ -273,7 +278,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"-read-timeout", "-1s"}, "-read-timeout -1s must be positive"},
 	} {
 		var out strings.Builder
-		err := run(context.Background(), tc.args, &out)
+		err := run(context.Background(), tc.args, &out, io.Discard)
 		require.ErrorContains(t, err, tc.want, "%v", tc.args)
 		require.Empty(t, out.String(), "%v printed an address", tc.args)
 	}
@@ -293,4 +298,118 @@ func TestReadTimeoutFlag(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+}
+
+// runMainEnv set to 1 makes this test binary run main, as llmlb-engine.
+const runMainEnv = "LLMLB_ENGINE_RUN_MAIN"
+
+// runMain runs llmlb-engine with args in a process of its own and returns
+// its stdout, its stderr and its exit status.
+func runMain(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("llmlb-engine %v: %v", args, err)
+	}
+	return out.String(), errb.String(), cmd.ProcessState.ExitCode()
+}
+
+// -h and -help print the usage and exit 0; a bad flag exits 1.
+func TestExitStatus(t *testing.T) {
+	for _, arg := range []string{"-h", "-help", "--help"} {
+		stdout, stderr, code := runMain(t, arg)
+		assert.Equal(t, 0, code, "%s: %s", arg, stderr)
+		assert.Empty(t, stdout, arg)
+		assert.Contains(t, stderr, "Usage of llmlb-engine", arg)
+		assert.Contains(t, stderr, "-kv-events-port", arg)
+		assert.NotContains(t, stderr, "help requested", arg)
+	}
+	stdout, stderr, code := runMain(t, "-n", "0")
+	assert.Equal(t, 1, code)
+	assert.Empty(t, stdout)
+	assert.Equal(t, "llmlb-engine: -n 0 out of range [1, 1024]\n", stderr)
+}
+
+// holdPorts binds loopback ports p, p+1, p+1000 and p+1001 for a free p
+// and returns p and their listeners, in that order.
+func holdPorts(t *testing.T) (int, []net.Listener) {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		p := l.Addr().(*net.TCPAddr).Port
+		ls := []net.Listener{l}
+		for _, q := range []int{p + 1, p + 1000, p + 1001} {
+			if q > 65535 {
+				break
+			}
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(q)))
+			if err != nil {
+				break
+			}
+			ls = append(ls, l)
+		}
+		if len(ls) == 4 {
+			t.Cleanup(func() {
+				for _, l := range ls {
+					l.Close()
+				}
+			})
+			return p, ls
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+	}
+	t.Fatal("no free ports")
+	return 0, nil
+}
+
+// A port in use, HTTP or KV events, fails the command before it prints any
+// address, and the ports it bound are free again.
+func TestPortInUse(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		busy int // index in holdPorts' listeners of the port in use
+		args func(p int) []string
+		want string
+	}{
+		{"http", 1, func(p int) []string { return []string{"-ports", fmt.Sprintf("%d,%d", p, p+1)} }, ""},
+		{"kv-events", 1, func(p int) []string {
+			return []string{"-n", "2", "-kv-events-port", strconv.Itoa(p)}
+		}, "-kv-events-port: "},
+		{"kv-events replay", 3, func(p int) []string {
+			return []string{"-n", "2", "-kv-events-port", strconv.Itoa(p)}
+		}, "-kv-events-port: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, ls := holdPorts(t)
+			for i, l := range ls {
+				if i != tc.busy {
+					l.Close()
+				}
+			}
+			var out strings.Builder
+			err := run(context.Background(), tc.args(p), &out, io.Discard)
+			require.Error(t, err)
+			assert.Empty(t, out.String(), "an address printed")
+			busy := ls[tc.busy].Addr().String()
+			assert.ErrorContains(t, err, tc.want+"listen tcp "+busy+": bind: address already in use")
+			for i, l := range ls {
+				if i == tc.busy {
+					continue
+				}
+				l, err := net.Listen("tcp", l.Addr().String())
+				require.NoError(t, err, "a port bound by the failed run is still in use")
+				l.Close()
+			}
+		})
+	}
 }
