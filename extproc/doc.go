@@ -30,8 +30,9 @@
 //     extension's charts configure: the body is gathered (up to the parser's
 //     cap) until its end, the request is routed, and the headers response and
 //     then the body, unchanged, are streamed back.
-//   - BUFFERED and BUFFERED_PARTIAL: the headers are let through at once and
-//     the route is set in the response to the buffered body.
+//   - BUFFERED and BUFFERED_PARTIAL: the headers are let through at once,
+//     less any destination header the client sent, and the route is set in
+//     the response to the buffered body.
 //   - STREAMED and NONE: the headers go upstream before any body reaches the
 //     picker, so the request is routed on its headers alone (session key,
 //     tenant), without prompt information.

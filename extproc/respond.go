@@ -89,6 +89,13 @@ func routeMutation(dest string, contentLength int) *extprocv3.CommonResponse {
 	return &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}, ClearRouteCache: true}
 }
 
+// stripDestination removes the destination header a client may have sent,
+// for a headers answer that sets no route: the data plane must never route
+// on a value the client chose.
+func stripDestination() *extprocv3.CommonResponse {
+	return &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: []string{DestinationHeader}}}
+}
+
 func setHeader(k, v string) *corev3.HeaderValueOption {
 	return &corev3.HeaderValueOption{
 		Header:       &corev3.HeaderValue{Key: k, RawValue: []byte(v)},

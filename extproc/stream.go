@@ -45,6 +45,7 @@ type stream struct {
 	// The request.
 	headers     bool        // request headers received, or skipped by the data plane
 	skipped     bool        // the data plane sent a body without headers
+	reqEnded    bool        // the request's end of stream was seen (headers, body or trailers)
 	hdr         http.Header // canonical keys; nil until a header is read
 	method      string
 	path        string
@@ -111,13 +112,17 @@ func (st *stream) requestHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.Ht
 	st.noteSubset(m)
 	st.readHeaders(h.GetHeaders())
 	if h.GetEndOfStream() {
+		st.reqEnded = true
 		return st.route(routeHeaders)
 	}
 	switch st.reqMode {
 	case fullDuplex:
 		return false, nil
 	case buffered, bufPartial:
-		return false, st.send(headersResponse(true, nil, nil))
+		// The route is set in a later answer, or, for a request that
+		// ends with trailers and no body, only in the metadata: a
+		// destination the client sent must not reach the data plane.
+		return false, st.send(headersResponse(true, stripDestination(), nil))
 	}
 	return st.route(routeHeaders)
 }
@@ -126,9 +131,10 @@ func (st *stream) requestBody(m *extprocv3.ProcessingRequest, b *extprocv3.HttpB
 	if !st.headers { // request_header_mode SKIP
 		st.headers, st.skipped = true, true
 	}
-	if st.respStarted {
-		return false, protocolError("request body after the response began")
+	if st.reqEnded {
+		return false, protocolError("request body after the request ended")
 	}
+	st.reqEnded = b.GetEndOfStream()
 	st.noteSubset(m)
 	st.bodyMsgs++
 	chunk := b.GetBody()
@@ -162,9 +168,7 @@ func (st *stream) requestBody(m *extprocv3.ProcessingRequest, b *extprocv3.HttpB
 }
 
 func (st *stream) requestTrailers(m *extprocv3.ProcessingRequest) (bool, error) {
-	if st.respStarted {
-		return false, protocolError("request trailers after the response began")
-	}
+	st.reqEnded = true
 	st.noteSubset(m)
 	if !st.headers { // request_header_mode SKIP: no headers may follow
 		st.headers, st.skipped = true, true
@@ -563,13 +567,15 @@ func (st *stream) finish(err error) {
 
 // end finishes the stream's request when Process returns. With the response
 // body hidden from the picker (response_body_mode NONE) the response's end is
-// the stream's end; otherwise a stream that ends before the response did
-// finishes the pick with ErrStreamEnded.
+// the stream's end: Envoy closes a stream by half-closing it and then
+// resetting it, so a stream that ends either way after the response headers
+// completes the response. Otherwise a stream that ends before the response
+// did finishes the pick with ErrStreamEnded.
 func (st *stream) end(cause error) {
 	if st.finished {
 		return
 	}
-	if cause == nil && st.respStarted && st.respMode == modeNone {
+	if st.respStarted && st.respMode == modeNone && (cause == nil || errors.Is(cause, context.Canceled)) {
 		st.complete()
 		return
 	}
