@@ -9,11 +9,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/llmlb/llmlb"
@@ -29,13 +31,18 @@ const maxEndpoints = 4096
 // addresses and their comments.
 const maxFileBytes = maxEndpoints << 11
 
+// byteOrderMark is the UTF-8 byte-order mark.
+const byteOrderMark = "\xef\xbb\xbf"
+
 // replica is an endpoint named by the address the data plane dials,
 // "host:port", which is what the endpoint picker protocol returns.
 type replica string
 
 func (r replica) Key() string { return string(r) }
 
-// checkAddr reports whether a is a "host:port" address with a numeric port.
+// checkAddr reports whether a is a "host:port" address: an IP address (an
+// IPv6 one in brackets) or a DNS name, and a numeric port. The address is
+// what the data plane receives as the destination, so nothing else may pass.
 func checkAddr(a string) error {
 	if a == "" {
 		return errors.New("an empty address")
@@ -47,21 +54,58 @@ func checkAddr(a string) error {
 	if host == "" {
 		return fmt.Errorf("%q has no host", a)
 	}
+	if !validHost(host) {
+		return fmt.Errorf("%q: the host is neither an IP address nor a DNS name", a)
+	}
 	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
 		return fmt.Errorf("%q has no valid port", a)
 	}
 	return nil
 }
 
-// readFile returns the contents of the file at path, or an error if it
-// holds more than limit bytes: a file that is not an endpoints list (a
-// device, a log) must not take the picker's memory.
+// validHost reports whether h is an IP address or a DNS name: dot-separated
+// labels of at most 63 letters, digits, '-' or '_', 253 bytes in all.
+func validHost(h string) bool {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	name := strings.TrimSuffix(h, ".")
+	if name == "" || len(name) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(name, ".") {
+		if label == "" || len(label) > 63 {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// readFile returns the contents of the regular file at path, or an error if
+// it holds more than limit bytes: a file that is not an endpoints list (a
+// log) must not take the picker's memory. Anything but a regular file is
+// refused before it is read: a device may never end, and opening or reading
+// a named pipe (what a shell's process substitution passes) waits for a
+// writer that may never come, which no context cancels.
 func readFile(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%v)", path, fi.Mode().Type())
+	}
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, err
@@ -94,6 +138,9 @@ func (s source) load(ctx context.Context) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
+		// A byte-order mark, which some editors write, is not part of
+		// the first address.
+		data = bytes.TrimPrefix(data, []byte(byteOrderMark))
 		sc := bufio.NewScanner(bytes.NewReader(data))
 		for line := 1; sc.Scan(); line++ {
 			l := strings.TrimSpace(sc.Text())

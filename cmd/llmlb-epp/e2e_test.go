@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +26,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/llmlb/llmlb/engine"
+	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/internal/e2e"
 	"github.com/llmlb/llmlb/internal/natstest"
 )
@@ -323,36 +326,101 @@ func TestShareOverNATS(t *testing.T) {
 
 // TestBufferedLargeBody: in BUFFERED mode the data plane sends the whole
 // body in one message; one larger than grpc-go's default 4 MiB limit but
-// under -max-body-bytes is routed, and one just over the cap gets 413, not
-// a failed stream.
+// under -max-body-bytes (or its default, for 0) is routed, and one just over
+// the cap gets 413, not a failed stream.
 func TestBufferedLargeBody(t *testing.T) {
-	e := startEPP(t, "-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "-max-body-bytes", "6000000")
-	for _, c := range []struct {
+	type body struct {
 		prompt int
 		want   int // the immediate response's status, or 0 for a route
-	}{{5 << 20, 0}, {6000000, http.StatusRequestEntityTooLarge}} {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		s, err := extprocv3.NewExternalProcessorClient(e.conns[0]).Process(ctx)
-		require.NoError(t, err)
-		body := fmt.Sprintf(`{"model":"m","max_tokens":4,"prompt":%q}`, strings.Repeat("x", c.prompt))
-		require.NoError(t, s.Send(&extprocv3.ProcessingRequest{
-			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED},
-			Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{
-				Headers: []*corev3.HeaderValue{hv(":method", "POST"), hv(":path", "/v1/completions"), hv("content-type", "application/json")}}}},
-		}))
-		m, err := s.Recv()
-		require.NoError(t, err)
-		require.NotNil(t, m.GetRequestHeaders(), "headers answered first: %v", m)
-		require.NoError(t, s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-			RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}}))
-		m, err = s.Recv()
-		require.NoError(t, err, "a body of %d bytes", len(body))
-		if c.want == 0 {
-			require.NotNil(t, m.GetRequestBody(), "routed in the body answer: %v", m)
-		} else {
-			require.EqualValues(t, c.want, m.GetImmediateResponse().GetStatus().GetCode())
-		}
-		cancel()
 	}
-	require.Eventually(t, func() bool { return idle(e.s) }, 5*time.Second, 5*time.Millisecond)
+	for _, c := range []struct {
+		maxBody string
+		bodies  []body
+	}{
+		{"6000000", []body{{5 << 20, 0}, {6000000, http.StatusRequestEntityTooLarge}}},
+		{"0", []body{{5 << 20, 0}, {httplb.DefaultMaxBodyBytes, http.StatusRequestEntityTooLarge}}},
+	} {
+		t.Run("max-body-bytes="+c.maxBody, func(t *testing.T) {
+			e := startEPP(t, "-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "-max-body-bytes", c.maxBody)
+			for _, b := range c.bodies {
+				m, err := sendBuffered(t, e, b.prompt)
+				require.NoError(t, err, "a prompt of %d bytes", b.prompt)
+				if b.want == 0 {
+					require.NotNil(t, m.GetRequestBody(), "routed in the body answer: %v", m)
+				} else {
+					require.EqualValues(t, b.want, m.GetImmediateResponse().GetStatus().GetCode())
+				}
+			}
+			require.Eventually(t, func() bool { return idle(e.s) }, 5*time.Second, 5*time.Millisecond)
+		})
+	}
+}
+
+// sendBuffered sends a completion request with a prompt of n bytes to e in
+// BUFFERED mode and returns the answer to its body.
+func sendBuffered(t *testing.T, e *epp, n int) (*extprocv3.ProcessingResponse, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := extprocv3.NewExternalProcessorClient(e.conns[0]).Process(ctx)
+	require.NoError(t, err)
+	body := fmt.Sprintf(`{"model":"m","max_tokens":4,"prompt":%q}`, strings.Repeat("x", n))
+	require.NoError(t, s.Send(&extprocv3.ProcessingRequest{
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED},
+		Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{
+			Headers: []*corev3.HeaderValue{hv(":method", "POST"), hv(":path", "/v1/completions"), hv("content-type", "application/json")}}}},
+	}))
+	m, err := s.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, m.GetRequestHeaders(), "headers answered first: %v", m)
+	require.NoError(t, s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}}))
+	return s.Recv()
+}
+
+// TestNotReadyWhileDraining: a picker that first reads its replicas while
+// draining stays NOT_SERVING.
+func TestNotReadyWhileDraining(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints") // not there yet
+	o, err := parseFlags([]string{"-grpc-addr", "127.0.0.1:0", "-grpc-health-addr", "127.0.0.1:0", "-admin", "",
+		"-endpoints-file", path, "-refresh", "10ms", "-drain-delay", "2s", "-scrape", "-1s"}, io.Discard)
+	require.NoError(t, err)
+	draining := make(chan struct{})
+	o.logOut = lineWatcher{w: testWriter{t}, substr: "llmlb-epp draining", seen: draining, once: new(sync.Once)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan *server, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o, func(s *server) { started <- s }) }()
+	s := <-started
+	hc, err := grpc.NewClient(s.healthL.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer hc.Close()
+	e := &epp{health: healthpb.NewHealthClient(hc)}
+	require.False(t, e.serving("readiness"), "no replicas read yet")
+
+	cancel()
+	<-draining
+	require.NoError(t, os.WriteFile(path, []byte("10.0.0.1:8000\n"), 0o644))
+	require.Eventually(t, func() bool { return s.members.status().synced }, 5*time.Second, 5*time.Millisecond)
+	for _, svc := range readyServices {
+		require.False(t, e.serving(svc), "%q reports SERVING while draining", svc)
+	}
+	require.NoError(t, <-done)
+}
+
+// lineWatcher writes to w and closes seen, once, at the first write that
+// contains substr.
+type lineWatcher struct {
+	w      io.Writer
+	substr string
+	seen   chan struct{}
+	once   *sync.Once
+}
+
+func (l lineWatcher) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), l.substr) {
+		l.once.Do(func() { close(l.seen) })
+	}
+	return l.w.Write(p)
 }

@@ -105,7 +105,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per session (0: no cap)")
 	fs.DurationVar(&o.retryAfter, "retry-after", retry.DefaultAdmissionRetryAfter, "Retry-After suggested with a 429")
 
-	fs.Int64Var(&o.maxBody, "max-body-bytes", httplb.DefaultMaxBodyBytes, "largest request body read; a longer one is answered 413")
+	fs.Int64Var(&o.maxBody, "max-body-bytes", httplb.DefaultMaxBodyBytes, "largest request body read; a longer one is answered 413 (0: the default)")
 	fs.StringVar(&o.sessionHeader, "session-header", httplb.DefaultSessionHeader, "header carrying the session (affinity) key; the body's \"user\" otherwise")
 	fs.StringVar(&o.tenantHeader, "tenant-header", "", "header taken as the tenant, e.g. x-gateway-inference-fairness-id; only if the gateway sets or strips it (\"\": no tenant)")
 

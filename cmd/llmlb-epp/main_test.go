@@ -123,8 +123,8 @@ func TestFileSource(t *testing.T) {
 	require.ElementsMatch(t, []string{"10.0.0.3:8000", "[fd00::1]:8000"}, keys(m), "kept")
 }
 
-// TestFileSourceTooLarge: a file past the bound is refused, not read
-// whole; the replicas listed before are kept.
+// TestFileSourceTooLarge: a file past the bound, or a device, is refused,
+// not read whole; the replicas listed before are kept.
 func TestFileSourceTooLarge(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "endpoints")
 	require.NoError(t, os.WriteFile(path, []byte("10.0.0.1:8000\n"), 0o644))
@@ -134,8 +134,8 @@ func TestFileSourceTooLarge(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte(big), 0o644))
 	require.ErrorContains(t, m.refresh(context.Background()), "larger than")
 	require.Equal(t, []string{"10.0.0.1:8000"}, keys(m), "kept")
-	if _, err := readFile("/dev/zero", 1<<20); err == nil || !strings.Contains(err.Error(), "larger than") {
-		t.Errorf("reading /dev/zero: %v, want the size error", err)
+	if _, err := readFile("/dev/zero", 1<<20); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("reading /dev/zero: %v, want it refused unread", err)
 	}
 }
 
@@ -184,4 +184,47 @@ func TestCertReload(t *testing.T) {
 
 	_, err = tlsConfig(t.TempDir())
 	require.Error(t, err, "no key pair")
+}
+
+// TestFileSourceAddresses: the file's addresses are the destinations the
+// data plane receives, so a leading byte-order mark is no part of the first
+// one, and a host that is neither an IP address nor a DNS name is refused
+// (the replicas listed before are kept).
+func TestFileSourceAddresses(t *testing.T) {
+	cases := []struct {
+		name, content string
+		want          []string // nil: refused
+	}{
+		{"byte-order-mark", "\xef\xbb\xbf10.0.0.1:8000\r\n10.0.0.2:8000\r\n", []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{"names", "vllm-0.vllm.ns.svc.cluster.local.:8000\n[fd00::1]:8000\nlocalhost:8001\n",
+			[]string{"[fd00::1]:8000", "localhost:8001", "vllm-0.vllm.ns.svc.cluster.local.:8000"}},
+		{"mark-mid-file", "10.0.0.1:8000\n\xef\xbb\xbf10.0.0.2:8000\n", nil},
+		{"space", "10.0.0.1 :8000\n", nil},
+		{"tab", "10.0.0.1\t:8000\n", nil},
+		{"control", "10.0.0.\x011:8000\n", nil},
+		{"non-ascii", "10.0.0.1\u00a0:8000\n", nil},
+		{"empty-label", "vllm..svc:8000\n", nil},
+		{"long-label", strings.Repeat("x", 64) + ".svc:8000\n", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "endpoints")
+			require.NoError(t, os.WriteFile(path, []byte("10.0.0.9:8000\n"), 0o644))
+			m := newMembership(t, source{file: path})
+			require.NoError(t, m.refresh(context.Background()))
+			require.NoError(t, os.WriteFile(path, []byte(c.content), 0o644))
+			if c.want == nil {
+				require.ErrorContains(t, m.refresh(context.Background()), "the host is neither")
+				require.Equal(t, []string{"10.0.0.9:8000"}, keys(m), "kept")
+				return
+			}
+			for range 2 { // applied once two reads agree
+				require.NoError(t, m.refresh(context.Background()))
+			}
+			require.Equal(t, c.want, keys(m))
+		})
+	}
+	// -dns names its host with the same rule.
+	_, err := parseFlags([]string{"-dns", "vllm headless:8000"}, io.Discard)
+	require.ErrorContains(t, err, "-dns")
 }

@@ -66,6 +66,9 @@ type server struct {
 	provider  *sdkmetric.MeterProvider
 
 	grpcL, healthL, adminL net.Listener
+
+	readyMu  sync.Mutex // serializes the readiness changes; protects draining
+	draining bool       // the picker is shutting down: never ready again
 }
 
 // run serves until ctx ends, then drains. started, if not nil, is called
@@ -244,9 +247,10 @@ func newServer(o options) (_ *server, err error) {
 		// Envoy keeps its ext_proc connections alive with pings; allow them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		// A BUFFERED body comes in one message: room for a body up to
-		// the cap and then some, so that one over it gets 413 and not a
-		// failed stream (up to recvHeadroom over).
-		grpc.MaxRecvMsgSize(int(min(o.maxBody+recvHeadroom, math.MaxInt32))),
+		// the parser's cap (-max-body-bytes, or its default for 0) and
+		// then some, so that one over it gets 413 and not a failed stream
+		// (up to recvHeadroom over).
+		grpc.MaxRecvMsgSize(int(min(p.MaxBodyBytes()+recvHeadroom, math.MaxInt32))),
 	}
 	if o.secure {
 		tc, err := tlsConfig(o.certPath)
@@ -298,8 +302,14 @@ func (s *server) closeListeners() {
 	}
 }
 
-// setReady reports the picker ready: it knows its replicas.
+// setReady reports the picker ready: it knows its replicas. It does nothing
+// once the picker drains, which may begin before the replicas are first read.
 func (s *server) setReady() {
+	s.readyMu.Lock()
+	defer s.readyMu.Unlock()
+	if s.draining {
+		return
+	}
 	for _, svc := range readyServices {
 		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
@@ -372,9 +382,12 @@ func (s *server) serve(ctx context.Context) error {
 // and lets those in flight finish within the drain timeout; the rest are
 // cancelled, which finishes their picks.
 func (s *server) drain() {
+	s.readyMu.Lock()
+	s.draining = true
 	for _, svc := range readyServices {
 		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
+	s.readyMu.Unlock()
 	s.log.Info("llmlb-epp draining", "delay", s.o.drainDelay, "timeout", s.o.drainTimeout)
 	time.Sleep(s.o.drainDelay)
 	stopped := make(chan struct{})
