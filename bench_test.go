@@ -42,6 +42,32 @@ func BenchmarkPick(b *testing.B) {
 	}
 }
 
+// BenchmarkPickExclude measures Pick plus Done with P2C on n endpoints for
+// a request that excludes all but one, as a retry that has tried every
+// other endpoint, or an endpoint picker given a subset of one, asks: the
+// time should grow with n, not with its square.
+func BenchmarkPickExclude(b *testing.B) {
+	ctx := context.Background()
+	for _, n := range []int{64, 4096} {
+		b.Run("endpoints="+strconv.Itoa(n), func(b *testing.B) {
+			bal := benchBalancer(b, P2C(nil), n)
+			exclude := make([]string, n-1)
+			for i := range exclude {
+				exclude[i] = "ep" + strconv.Itoa(i+1)
+			}
+			req := &Request{PromptTokens: 1000, Exclude: exclude}
+			b.ReportAllocs()
+			for b.Loop() {
+				p, err := bal.Pick(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				p.Done(nil)
+			}
+		})
+	}
+}
+
 // BenchmarkPickFloor measures what any Pick plus Done on 64 endpoints must
 // execute, without the rest of either, beside BenchmarkPick's round robin:
 //

@@ -33,6 +33,7 @@ type Candidates struct {
 	pick    []int32 // candidates a policy scores, when not all
 	cand    []int32 // member index -> candidate index or -1
 	seen    []bool  // scratch flags: per member in ring walks, per candidate in Default
+	excl    []bool  // per member: excluded by the request; set by init for a long Exclude
 	scratch EndpointLoad
 	loads   []EndpointLoad // per candidate, for policies that need them all
 	matched []int32        // per candidate: leading prompt blocks cached
@@ -103,9 +104,10 @@ func (c *Candidates) init(b *Balancer, snap *snapshot) error {
 		return nil
 	}
 	c.idx = c.idx[:0]
+	long := c.markExcluded(snap)
 	sick := 0
 	for i, st := range snap.eps {
-		if excluded(c.req.Exclude, st.key) {
+		if c.isExcluded(long, i, st.key) {
 			continue
 		}
 		if st.unhealthy.Load() {
@@ -122,11 +124,45 @@ func (c *Candidates) init(b *Balancer, snap *snapshot) error {
 	}
 	// Panic mode: only unhealthy endpoints remain; pick among them.
 	for i, st := range snap.eps {
-		if !excluded(c.req.Exclude, st.key) {
+		if !c.isExcluded(long, i, st.key) {
 			c.idx = append(c.idx, int32(i))
 		}
 	}
 	return nil
+}
+
+// maxScannedExcludes is the longest Exclude that init scans for each
+// member; a longer one is looked up once per key instead, so that a pick
+// excluding most of a large pool costs time linear in the pool, not in its
+// square.
+const maxScannedExcludes = 8
+
+// markExcluded, for a request excluding more than maxScannedExcludes keys,
+// flags the members it excludes in c.excl and reports true.
+func (c *Candidates) markExcluded(snap *snapshot) bool {
+	if len(c.req.Exclude) <= maxScannedExcludes {
+		return false
+	}
+	if cap(c.excl) < len(snap.eps) {
+		c.excl = make([]bool, len(snap.eps))
+	}
+	c.excl = c.excl[:len(snap.eps)]
+	clear(c.excl)
+	for _, key := range c.req.Exclude {
+		if m, ok := snap.member(key); ok {
+			c.excl[m] = true
+		}
+	}
+	return true
+}
+
+// isExcluded reports whether member i, of the given key, is excluded by the
+// request; long is markExcluded's result.
+func (c *Candidates) isExcluded(long bool, i int, key string) bool {
+	if long {
+		return c.excl[i]
+	}
+	return excluded(c.req.Exclude, key)
 }
 
 // initAll is init for a request (c.req, not nil) that excludes nothing,
