@@ -35,7 +35,7 @@ const maxFileBytes = maxEndpoints << 11
 const byteOrderMark = "\xef\xbb\xbf"
 
 // replica is an endpoint named by the address the data plane dials,
-// "host:port", which is what the endpoint picker protocol returns.
+// "ip:port", which is what the endpoint picker protocol returns.
 type replica string
 
 func (r replica) Key() string { return string(r) }
@@ -59,6 +59,22 @@ func checkAddr(a string) error {
 	}
 	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
 		return fmt.Errorf("%q has no valid port", a)
+	}
+	return nil
+}
+
+// checkReplica reports whether a is a replica's address: checkAddr's
+// "host:port" whose host is an IP address without a zone. The endpoint
+// picker protocol returns ip:port, and the data plane dials it as given
+// (Envoy's original-destination routing takes no names): a name would
+// reach it unresolved.
+func checkReplica(a string) error {
+	if err := checkAddr(a); err != nil {
+		return err
+	}
+	host, _, _ := net.SplitHostPort(a)
+	if ip, err := netip.ParseAddr(host); err != nil || ip.Zone() != "" {
+		return fmt.Errorf("%q: the data plane dials the address as given, so the host must be an IP address; to follow a DNS name, use -dns NAME:PORT instead", a)
 	}
 	return nil
 }
@@ -150,7 +166,7 @@ func (s source) load(ctx context.Context) ([]string, error) {
 			if l == "" {
 				continue
 			}
-			if err := checkAddr(l); err != nil {
+			if err := checkReplica(l); err != nil {
 				return nil, fmt.Errorf("%s:%d: %w", s.file, line, err)
 			}
 			addrs = append(addrs, l)
@@ -176,7 +192,7 @@ func (s source) load(ctx context.Context) ([]string, error) {
 		}
 	default:
 		for i, a := range s.static {
-			if err := checkAddr(a); err != nil {
+			if err := checkReplica(a); err != nil {
 				return nil, fmt.Errorf("-endpoints entry %d: %w", i+1, err)
 			}
 			addrs = append(addrs, a)

@@ -86,7 +86,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.BoolVar(&o.secure, "secure-serving", true, "serve ext_proc over TLS, as the reference EPP does (gateways connect with TLS and do not verify)")
 	fs.StringVar(&o.certPath, "cert-path", "", "directory with tls.crt and tls.key, reloaded when they change (\"\": a self-signed certificate)")
 
-	endpoints := fs.String("endpoints", "", "comma-separated replica addresses, host:port")
+	endpoints := fs.String("endpoints", "", "comma-separated replica addresses, ip:port (for a DNS name, -dns)")
 	fs.StringVar(&o.endpointsFile, "endpoints-file", "", "file of replica addresses, one host:port per line ('#' comments), re-read when it changes")
 	fs.StringVar(&o.dns, "dns", "", "name:port whose A/AAAA records are the replicas (a headless Service), re-resolved every -refresh")
 	fs.DurationVar(&o.refresh, "refresh", 5*time.Second, "how often -endpoints-file and -dns are re-read")
@@ -117,7 +117,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 
 	fs.IntVar(&o.kvPort, "kv-events-port", 0, "port of each replica's ZMQ KV-event publisher (vLLM/SGLang --kv-events-config; 0: off)")
 	fs.IntVar(&o.kvReplayPort, "kv-replay-port", 0, "port of each replica's KV-event replay socket (0: none)")
-	fs.StringVar(&o.kvTopic, "kv-topic", "kv-events", "topic of the KV events")
+	fs.StringVar(&o.kvTopic, "kv-topic", "", "topic of the KV events (the engines' --kv-events-config topic; \"\", the default, receives every topic, which also follows engines left at their default topic)")
 	fs.StringVar(&o.natsURL, "nats", "", "share requests in flight and routed prefixes with the other replicas of this picker over the NATS server(s) at this URL (nats://host:4222)")
 	fs.StringVar(&o.shareSubject, "share-subject", share.DefaultSubject, "with -nats: the subject the replicas of this picker share on")
 	fs.StringVar(&o.shareID, "share-id", "", "with -nats: this replica's name among its peers (default: random)")

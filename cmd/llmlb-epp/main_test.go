@@ -188,16 +188,18 @@ func TestCertReload(t *testing.T) {
 
 // TestFileSourceAddresses: the file's addresses are the destinations the
 // data plane receives, so a leading byte-order mark is no part of the first
-// one, and a host that is neither an IP address nor a DNS name is refused
-// (the replicas listed before are kept).
+// one, and a host that is not an IP address is refused (the replicas listed
+// before are kept): the data plane dials it as given.
 func TestFileSourceAddresses(t *testing.T) {
 	cases := []struct {
 		name, content string
 		want          []string // nil: refused
 	}{
 		{"byte-order-mark", "\xef\xbb\xbf10.0.0.1:8000\r\n10.0.0.2:8000\r\n", []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
-		{"names", "vllm-0.vllm.ns.svc.cluster.local.:8000\n[fd00::1]:8000\nlocalhost:8001\n",
-			[]string{"[fd00::1]:8000", "localhost:8001", "vllm-0.vllm.ns.svc.cluster.local.:8000"}},
+		{"ipv6", "[fd00::1]:8000\n10.0.0.1:8000\n", []string{"10.0.0.1:8000", "[fd00::1]:8000"}},
+		{"name", "vllm-0.vllm.ns.svc.cluster.local.:8000\n", nil},
+		{"localhost", "localhost:8001\n", nil},
+		{"zone", "[fe80::1%eth0]:8000\n", nil},
 		{"mark-mid-file", "10.0.0.1:8000\n\xef\xbb\xbf10.0.0.2:8000\n", nil},
 		{"space", "10.0.0.1 :8000\n", nil},
 		{"tab", "10.0.0.1\t:8000\n", nil},
@@ -214,7 +216,7 @@ func TestFileSourceAddresses(t *testing.T) {
 			require.NoError(t, m.refresh(context.Background()))
 			require.NoError(t, os.WriteFile(path, []byte(c.content), 0o644))
 			if c.want == nil {
-				require.ErrorContains(t, m.refresh(context.Background()), "the host is neither")
+				require.Error(t, m.refresh(context.Background()))
 				require.Equal(t, []string{"10.0.0.9:8000"}, keys(m), "kept")
 				return
 			}
@@ -224,6 +226,9 @@ func TestFileSourceAddresses(t *testing.T) {
 			require.Equal(t, c.want, keys(m))
 		})
 	}
+	// -endpoints, likewise.
+	m := newMembership(t, source{static: []string{"10.0.0.1:8000", "vllm-0:8000"}})
+	require.ErrorContains(t, m.refresh(context.Background()), "use -dns NAME:PORT")
 	// -dns names its host with the same rule.
 	_, err := parseFlags([]string{"-dns", "vllm headless:8000"}, io.Discard)
 	require.ErrorContains(t, err, "-dns")
