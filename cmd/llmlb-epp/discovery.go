@@ -233,11 +233,20 @@ type membership struct {
 // refresh loads the source and applies a changed membership. A failed load
 // keeps the current membership. A file that changed after the first load is
 // applied once two reads in a row agree, so that a file caught half written
-// (rewritten in place rather than replaced by a rename) is skipped.
+// (rewritten in place rather than replaced by a rename) is skipped; so is a
+// name that stops resolving, so that one lookup answered "no such host" in
+// a DNS blip does not empty the pool.
 func (m *membership) refresh(ctx context.Context) error {
 	addrs, err := m.src.load(ctx)
-	if err == nil && m.src.file != "" {
-		addrs, err = m.settle(addrs)
+	if err == nil {
+		switch {
+		case m.src.file != "", m.src.dns != "" && len(addrs) == 0:
+			addrs, err = m.settle(addrs)
+		case m.src.dns != "":
+			m.mu.Lock()
+			m.pending = nil
+			m.mu.Unlock()
+		}
 	}
 	if err == nil && addrs != nil {
 		err = m.apply(addrs)

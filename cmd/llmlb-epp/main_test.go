@@ -140,7 +140,8 @@ func TestFileSourceTooLarge(t *testing.T) {
 }
 
 // TestDNSSource: the addresses a name resolves to, with the port; no
-// records is an empty pool, a failed lookup keeps the last replicas.
+// records twice in a row is an empty pool (once is a blip, which keeps the
+// last replicas), a failed lookup keeps the last replicas.
 func TestDNSSource(t *testing.T) {
 	res := &fakeResolver{ips: []string{"10.1.0.5", "10.1.0.4", "fd00::7"}}
 	m := newMembership(t, source{dns: "vllm.ns.svc:8000", res: res})
@@ -153,7 +154,15 @@ func TestDNSSource(t *testing.T) {
 
 	res.err = &net.DNSError{Err: "no such host", Name: "vllm.ns.svc", IsNotFound: true}
 	require.NoError(t, m.refresh(context.Background()))
-	require.Empty(t, keys(m))
+	require.Len(t, keys(m), 3, "one lookup without records")
+	res.ips, res.err = []string{"10.1.0.4"}, nil
+	require.NoError(t, m.refresh(context.Background()))
+	require.Equal(t, []string{"10.1.0.4:8000"}, keys(m), "a change with records applies at once")
+	res.ips, res.err = nil, &net.DNSError{Err: "no such host", Name: "vllm.ns.svc", IsNotFound: true}
+	require.NoError(t, m.refresh(context.Background()))
+	require.Len(t, keys(m), 1, "a second blip, after records, is one lookup without records again")
+	require.NoError(t, m.refresh(context.Background()))
+	require.Empty(t, keys(m), "two lookups in a row without records")
 }
 
 // TestCertReload: a key pair in -cert-path is served, and replaced when its
