@@ -183,7 +183,10 @@ type Gateway struct {
 
 // New returns a gateway in front of the replicas at the base URLs backends
 // (for example "http://10.0.0.7:8000"), or an error wrapping
-// [ErrInvalidConfig].
+// [ErrInvalidConfig]. A base URL is the server's, not its OpenAI API's: one
+// whose path ends in /v1 is refused, since the client's /v1/... path is
+// forwarded as it was sent (see [httplb.Endpoint]). With no backends, every
+// request is answered 503 until [Gateway.Update] gives some.
 func New(backends []string, cfg Config) (*Gateway, error) {
 	g := &Gateway{log: cfg.Logger, index: cfg.Index, events: cfg.Events, queue: cfg.Queue, bodyTimeout: cfg.BodyTimeout}
 	if g.log == nil {
@@ -334,8 +337,9 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// Update replaces the replicas with those at the base URLs backends.
-// Requests in flight to a replica that leaves finish normally.
+// Update replaces the replicas with those at the base URLs backends, which
+// New describes. Requests in flight to a replica that leaves finish
+// normally.
 func (g *Gateway) Update(backends []string) error {
 	eps, err := httplb.NewEndpoints(backends...)
 	if err != nil {
@@ -491,6 +495,8 @@ func (g *Gateway) retryObserver(user *retry.Observer) *retry.Observer {
 	}
 	return &retry.Observer{
 		Retry: func(attempt int, cause error) {
+			// cause names the endpoint and the request id (see
+			// httplb.Config.Retry).
 			g.log.Warn("gateway: attempt failed before its first token, retrying", "attempt", attempt, "error", cause)
 			if u.Retry != nil {
 				u.Retry(attempt, cause)

@@ -279,6 +279,122 @@ func TestGatewayRetryConfig(t *testing.T) {
 	g.transport.CloseIdleConnections()
 }
 
+// The retry log names the replica that failed and the request's id, the
+// client's or the one the gateway gave the request (which the replica
+// received), even for a status answer, whose error names neither.
+func TestGatewayRetryLogNamesEndpointAndRequest(t *testing.T) {
+	var (
+		mu            sync.Mutex
+		refused, sent []string // the request ids each replica received
+	)
+	record := func(to *[]string, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		*to = append(*to, r.Header.Get("X-Request-Id"))
+	}
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		record(&refused, r)
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	defer busy.Close()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		record(&sent, r)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	log, logs := newLogger()
+	g, err := New([]string{busy.URL, up.URL}, Config{Logger: log, ScrapeInterval: -1, Policy: llmlb.RoundRobin(),
+		Retry: retry.LoopConfig{MaxPushback: -1, Budget: unlimitedBudget{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	for _, clientID := range []string{"req-7", ""} {
+		var header []string
+		if clientID != "" {
+			header = []string{"X-Request-Id", clientID}
+		}
+		// Round robin: one of two requests goes to the busy replica first.
+		for range 2 {
+			if code, body, _ := post(t, g, "hello", header...); code != http.StatusOK {
+				t.Fatalf("%d %q", code, body)
+			}
+		}
+		mu.Lock()
+		id := refused[len(refused)-1]
+		retriedOnUp := slices.Contains(sent, id)
+		mu.Unlock()
+		if clientID != "" && id != clientID || clientID == "" && (id == "" || id == "req-7") || !retriedOnUp {
+			t.Fatalf("the busy replica got request id %q, the other %v; want the client's %q, or else a new one", id, sent, clientID)
+		}
+		retried := logs.records(t, "gateway: attempt failed before its first token, retrying")
+		if len(retried) == 0 {
+			t.Fatal("no retry was logged")
+		}
+		msg, _ := retried[len(retried)-1]["error"].(string)
+		if !strings.Contains(msg, "endpoint "+busy.URL) || !strings.Contains(msg, "request "+id) || !strings.Contains(msg, "429") {
+			t.Errorf("the retry log %q names not the endpoint %s, the request %q and the status", msg, busy.URL, id)
+		}
+	}
+}
+
+// unlimitedBudget allows every retry.
+type unlimitedBudget struct{}
+
+func (unlimitedBudget) Start()                     {}
+func (unlimitedBudget) Withdraw() bool             { return true }
+func (unlimitedBudget) Finish(bool, retry.Outcome) {}
+
+// A gateway without backends, none given or all removed by Update, answers
+// 503 service_unavailable, which OpenAI clients do not retry as a load, and
+// logs it at level Error.
+func TestGatewayNoBackends(t *testing.T) {
+	c, err := e2e.StartCluster(1, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, name := range []string{"none given", "all removed"} {
+		t.Run(name, func(t *testing.T) {
+			log, logs := newLogger()
+			var g *Gateway
+			if name == "none given" {
+				g, err = New(nil, Config{Logger: log, ScrapeInterval: -1})
+			} else {
+				g, err = New(c.URLs, Config{Logger: log, ScrapeInterval: -1})
+				if err == nil {
+					if code, body, _ := post(t, g, "hello"); code != http.StatusOK {
+						t.Fatalf("with a backend: %d %q", code, body)
+					}
+					err = g.Update(nil)
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.transport.CloseIdleConnections()
+			code, body, h := post(t, g, "hello")
+			if code != http.StatusServiceUnavailable || h.Get("Retry-After") != "" {
+				t.Errorf("status %d, Retry-After %q; want 503 without Retry-After", code, h.Get("Retry-After"))
+			}
+			var e struct {
+				Error struct {
+					Type string `json:"type"`
+					Code int    `json:"code"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error.Type != "service_unavailable" || e.Error.Code != 503 {
+				t.Errorf("body %q: want an OpenAI error of type service_unavailable (%v)", body, err)
+			}
+			recs := logs.records(t, "httplb: proxy error")
+			if len(recs) != 1 || recs[0]["level"] != "ERROR" || recs[0]["request_id"] != h.Get("X-Request-Id") {
+				t.Errorf("proxy error logs %v: want one at ERROR with the request id %q", recs, h.Get("X-Request-Id"))
+			}
+		})
+	}
+}
+
 // With SpillTo, a request the replicas refuse (429) goes to the next tier,
 // marked, and while every replica cools down for the wait it asked,
 // requests go there directly.
@@ -655,9 +771,24 @@ func TestNewErrors(t *testing.T) {
 	if _, err := New(nil, Config{Share: &share.Config{}}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("Share without a Conn: %v, want ErrInvalidConfig", err)
 	}
-	for _, backends := range [][]string{{"not a url"}, {"ftp://x"}, {""}} {
+	for _, backends := range [][]string{{"not a url"}, {"ftp://x"}, {""}, {"127.0.0.1:8000"}} {
 		if _, err := New(backends, Config{}); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("New(%q): %v, want ErrInvalidConfig", backends, err)
+		}
+	}
+	// The OpenAI SDKs' base URL, ending in /v1, would send every request to
+	// /v1/v1/... and every scrape to /v1/metrics.
+	for _, base := range []string{"http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1/"} {
+		_, err := New([]string{"http://127.0.0.1:8001", base}, Config{})
+		if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "give the server's base URL, http://127.0.0.1:8000, without /v1") {
+			t.Errorf("New(%q): %v, want ErrInvalidConfig asking for the server's base URL", base, err)
+		}
+		g, err := New(nil, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Update([]string{base}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Update(%q): %v, want ErrInvalidConfig", base, err)
 		}
 	}
 	if _, err := New(nil, Config{Admission: retry.AdmissionConfig{MaxInFlight: -1}}); !errors.Is(err, ErrInvalidConfig) {

@@ -329,7 +329,7 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 	o := outcome(tr.err, retryable)
 	if reason == "" {
 		if t.obs.Retry != nil {
-			t.obs.Retry(a.n+1, tr.err)
+			t.obs.Retry(a.n+1, a.retryCause(tr))
 		}
 		if tr.resp != nil {
 			drain(tr.resp.Body)
@@ -350,6 +350,16 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 		return 0, true, nil, tr.err
 	}
 	return 0, true, nil, &retry.GiveUpError{Attempts: a.n, Reason: reason, Err: tr.err}
+}
+
+// retryCause is the cause given to the Retry observer for the failed
+// attempt tr: its error, with the endpoint and the request's id, which the
+// error alone does not name (a status answer's says only the status).
+func (a *attempt) retryCause(tr *try) error {
+	if id := a.req.Header.Get(requestIDHeader); validRequestID(id) {
+		return fmt.Errorf("httplb: request %s, endpoint %s: %w", id, tr.key, tr.err)
+	}
+	return fmt.Errorf("httplb: endpoint %s: %w", tr.key, tr.err)
 }
 
 // finish ends one attempt: its pick, the reporter and the budget learn how,
@@ -444,9 +454,9 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 // with a nil response.
 func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, b *body, err error) {
 	t := a.t
-	base := t.url(tr.pick.Endpoint())
-	if base == nil {
-		return nil, nil, fmt.Errorf("%w: %s", ErrNoURL, tr.key)
+	base, err := t.baseURL(tr.pick.Endpoint())
+	if err != nil {
+		return nil, nil, err
 	}
 	out := a.req.Clone(ctx)
 	if a.req.GetBody != nil {

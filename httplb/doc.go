@@ -50,8 +50,9 @@
 // [NewProxy] wraps a Transport in a ReverseProxy that flushes every event as
 // it arrives, and whose error handler, made by [NewErrorHandler], maps
 // failures to statuses: 401 when the tenant cannot be established, 413 for a
-// body over the cap, 429 with Retry-After when no endpoint can take the
-// request (admission caps, every endpoint excluded), 502 otherwise. Clients
+// body over the cap, 429 with Retry-After when the request is refused under
+// load (admission caps, the fair queue), 503 when there is no endpoint to
+// send it to, 500 for an endpoint without a usable URL, 502 otherwise. Clients
 // get a generic OpenAI-style error with a request id; the detail (addresses,
 // TLS and DNS errors) goes to the operator's log under that id. An
 // upstream's own 5xx answer is treated alike by [NewUpstreamErrorHandler]:

@@ -1,6 +1,7 @@
 package httplb
 
 import (
+	"fmt"
 	"net/url"
 	"strings"
 
@@ -10,7 +11,10 @@ import (
 // Endpoint is a replica reached over HTTP at a base URL, such as
 // "http://10.0.0.7:8000". Its key is the base URL without a trailing slash.
 // A request for path /v1/completions goes to the base URL's scheme and host,
-// with the base URL's path, if any, prepended.
+// with the base URL's path, if any, prepended. A path prefix suits a replica
+// behind a path-routing proxy, but the base URL is the server's, not its
+// OpenAI API's: "http://10.0.0.7:8000", not "http://10.0.0.7:8000/v1", since
+// the client's /v1/... path is forwarded as it was sent.
 //
 // An Endpoint is immutable and safe for concurrent use.
 type Endpoint struct {
@@ -19,9 +23,15 @@ type Endpoint struct {
 }
 
 // NewEndpoint returns the endpoint at base, an absolute http or https URL
-// without query or fragment. It returns an error wrapping [ErrInvalidConfig]
-// for anything else.
+// without query, fragment or user info, whose path does not end in /v1 (see
+// [Endpoint]). It returns an error wrapping [ErrInvalidConfig] for anything
+// else.
 func NewEndpoint(base string) (*Endpoint, error) {
+	if base != "" && !strings.Contains(base, "://") {
+		// "10.0.0.7:8000" does not parse, and "localhost:8000" parses with
+		// the scheme "localhost": say what is missing in both cases.
+		return nil, configErrorf("endpoint %q: want an absolute http or https URL, such as %q", base, "http://"+base)
+	}
 	u, err := url.Parse(base)
 	if err != nil {
 		return nil, configErrorf("endpoint %q: %v", base, err)
@@ -34,7 +44,21 @@ func NewEndpoint(base string) (*Endpoint, error) {
 	}
 	u.Path = strings.TrimRight(u.Path, "/")
 	u.RawPath = ""
+	if err := checkBasePath(u); err != nil {
+		return nil, configErrorf("endpoint %q: %v", base, err)
+	}
 	return &Endpoint{key: u.String(), u: u}, nil
+}
+
+// checkBasePath refuses a base URL whose path ends in /v1, the OpenAI API's
+// root: the client's path, such as /v1/chat/completions, is appended to it.
+func checkBasePath(u *url.URL) error {
+	p := strings.TrimRight(u.Path, "/")
+	if !strings.HasSuffix(p, "/v1") {
+		return nil
+	}
+	server := url.URL{Scheme: u.Scheme, Host: u.Host, Path: strings.TrimSuffix(p, "/v1")}
+	return fmt.Errorf("give the server's base URL, %s, without /v1: the client's /v1/... path is forwarded as it was sent", server.String())
 }
 
 // Key returns the endpoint's base URL, its identity in an llmlb.Balancer.

@@ -10,13 +10,15 @@ import (
 // callers branch with [errors.Is].
 var (
 	// ErrInvalidConfig: a [Config] or [ParserConfig] field is out of range,
-	// or an endpoint URL is not an absolute http or https URL.
+	// or an endpoint URL is not an absolute http or https URL or ends in
+	// /v1 (see [Endpoint]).
 	ErrInvalidConfig = errors.New("httplb: invalid config")
 	// ErrBodyTooLarge: the request body exceeds the parser's cap. The
 	// handler returned by [NewProxy] answers 413 Request Entity Too Large.
 	ErrBodyTooLarge = errors.New("httplb: request body too large")
 	// ErrNoURL: the picked endpoint has no URL: it is not an [*Endpoint]
-	// and [Config.URL] is nil or returned nil.
+	// and [Config.URL] is nil or returned nil. A [Transport] does not retry
+	// it, and the proxy's error handler answers 500.
 	ErrNoURL = errors.New("httplb: endpoint has no URL")
 	// ErrFirstEventTimeout: an attempt's first event did not arrive within
 	// [Config.FirstEventTimeout]. The attempt was cancelled and is retried

@@ -222,8 +222,16 @@ func TestErrorHandlerStatuses(t *testing.T) {
 		{"unauthenticated", fmt.Errorf("%w: %w", ErrUnauthenticated, errors.New("token expired for key sk-123")), http.StatusUnauthorized, "authentication_error", "", slog.LevelInfo},
 		{"body too large", ErrBodyTooLarge, http.StatusRequestEntityTooLarge, "invalid_request_error", "", slog.LevelInfo},
 		{"admission", &retry.OverloadError{RetryAfter: 1500 * time.Millisecond}, http.StatusTooManyRequests, "rate_limit_error", "2", slog.LevelInfo},
-		{"no candidates", llmlb.ErrNoCandidates, http.StatusTooManyRequests, "rate_limit_error", "1", slog.LevelInfo},
-		{"no endpoints", llmlb.ErrNoEndpoints, http.StatusTooManyRequests, "rate_limit_error", "1", slog.LevelInfo},
+		{"overloaded", fmt.Errorf("spill: every tier cooling: %w", retry.ErrOverloaded), http.StatusTooManyRequests, "rate_limit_error", "1", slog.LevelInfo},
+		{"fair queue shed", &retry.OverloadError{Scope: "queue", RetryAfter: 3 * time.Second}, http.StatusTooManyRequests, "rate_limit_error", "3", slog.LevelInfo},
+		// No endpoint at all is an outage or a misconfiguration, not a load
+		// to back off from: OpenAI clients would retry a 429 forever.
+		{"no endpoints", llmlb.ErrNoEndpoints, http.StatusServiceUnavailable, "service_unavailable", "", slog.LevelError},
+		{"no endpoints on retry", fmt.Errorf("httplb: pick for retry 1: %w", llmlb.ErrNoEndpoints), http.StatusServiceUnavailable, "service_unavailable", "", slog.LevelError},
+		{"no candidates", llmlb.ErrNoCandidates, http.StatusServiceUnavailable, "service_unavailable", "", slog.LevelError},
+		{"no URL", fmt.Errorf("%w: endpoint %q", ErrNoURL, "http://10.0.0.1:8000"), http.StatusInternalServerError, "server_error", "", slog.LevelError},
+		{"URL ends in /v1", fmt.Errorf("%w: http://10.0.0.1:8000/v1", ErrInvalidConfig), http.StatusInternalServerError, "server_error", "", slog.LevelError},
+		{"invalid request", fmt.Errorf("%w: MaxTokens -1 out of range", llmlb.ErrInvalidRequest), http.StatusInternalServerError, "server_error", "", slog.LevelError},
 		{"given up", &retry.GiveUpError{Attempts: 3, Reason: "attempts", Err: errors.New("tls: handshake failure with 10.0.0.1")}, http.StatusBadGateway, "upstream_error", "", slog.LevelError},
 		{"first event timeout", &retry.GiveUpError{Attempts: 3, Reason: "attempts", Err: ErrFirstEventTimeout}, http.StatusBadGateway, "upstream_error", "", slog.LevelError},
 		{"body read deadline", fmt.Errorf("%w: %w", ErrBodyRead, &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}), http.StatusRequestTimeout, "invalid_request_error", "", slog.LevelInfo},

@@ -2,6 +2,7 @@ package httplb
 
 import (
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -47,4 +48,63 @@ func TestObserverRetryAndDenied(t *testing.T) {
 	_, _ = readAll(t, resp)
 	assert.Empty(t, ev2.retries)
 	assert.Equal(t, 1, ev2.denied)
+}
+
+// The cause a Retry observer is given names the endpoint that failed and
+// the request's id: the client's, or the one NewProxy gave the request,
+// which the upstream and the error handler see too.
+func TestObserverRetryCauseNamesEndpointAndRequest(t *testing.T) {
+	a := newUpstream(t, status(http.StatusTooManyRequests))
+	var seen sync.Map // request ids the upstreams received
+	b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get("X-Request-Id"), true)
+		streamTokens(1)(w, r)
+	})
+	var (
+		mu     sync.Mutex
+		causes []error
+	)
+	obs := &retry.Observer{Retry: func(_ int, err error) { mu.Lock(); causes = append(causes, err); mu.Unlock() }}
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Observer: obs, Budget: unlimited{}}}, a, b)
+	gw := h.proxy(t)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	for _, clientID := range []string{"client-42", ""} {
+		req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+		require.NoError(t, err)
+		if clientID != "" {
+			req.Header.Set("X-Request-Id", clientID)
+		}
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_, err = readAll(t, resp)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+
+		mu.Lock()
+		require.Len(t, causes, 1)
+		cause := causes[0]
+		causes = nil
+		mu.Unlock()
+		var se *retry.StatusError
+		require.ErrorAs(t, cause, &se, "the cause still wraps the attempt's error")
+		assert.Equal(t, http.StatusTooManyRequests, se.Code)
+		assert.ErrorContains(t, cause, "endpoint "+a.URL)
+		id := clientID
+		if id == "" {
+			var ids []string
+			seen.Range(func(k, _ any) bool { ids = append(ids, k.(string)); return true })
+			require.Len(t, ids, 2, "every request reaches the upstream with an id")
+			for _, k := range ids {
+				if k != "client-42" {
+					id = k
+				}
+			}
+			assert.True(t, validRequestID(id), id)
+		} else {
+			_, ok := seen.Load(clientID)
+			assert.True(t, ok, "the client's id reaches the upstream")
+		}
+		assert.ErrorContains(t, cause, "request "+id)
+	}
 }

@@ -19,8 +19,8 @@ import (
 	"github.com/llmlb/llmlb/retry"
 )
 
-// DefaultRetryAfter is the Retry-After suggested when no endpoint can take a
-// request and nothing more precise is known.
+// DefaultRetryAfter is the Retry-After suggested with a 429 when the
+// refusal suggests no wait of its own.
 const DefaultRetryAfter = time.Second
 
 // requestIDHeader carries a request's id, both ways.
@@ -30,18 +30,24 @@ const requestIDHeader = "X-Request-Id"
 const maxRequestIDLen = 128
 
 // NewProxy returns a reverse proxy that sends every request through t:
-// its Rewrite sets the X-Forwarded headers and leaves the upstream URL to
-// the transport, it flushes every write at once so that streamed events reach
-// the client as they are produced (FlushInterval -1), its ErrorHandler is
-// the handler of [NewErrorHandler] and its ModifyResponse that of
-// [NewUpstreamErrorHandler], both with a nil logger, which log the details
-// of each failure with [slog.Default]; set them to the same with another
-// logger to log elsewhere. The returned proxy may be modified before use.
+// its Rewrite sets the X-Forwarded headers, gives a request without a valid
+// X-Request-Id (as [NewErrorHandler] defines it) a new one, which is sent
+// upstream and names the request in every log record about it, and leaves
+// the upstream URL to the transport, it flushes every write at once so that
+// streamed events reach the client as they are produced (FlushInterval -1),
+// its ErrorHandler is the handler of [NewErrorHandler] and its
+// ModifyResponse that of [NewUpstreamErrorHandler], both with a nil logger,
+// which log the details of each failure with [slog.Default]; set them to
+// the same with another logger to log elsewhere. The returned proxy may be
+// modified before use.
 func NewProxy(t *Transport) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetXForwarded()
 			pr.Out.Host = ""
+			if !validRequestID(pr.Out.Header.Get(requestIDHeader)) {
+				pr.Out.Header.Set(requestIDHeader, newRequestID())
+			}
 			if upgradeType(pr.In.Header) != "" { // see proxiedKey
 				pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), proxiedKey{}, true))
 			}
@@ -138,11 +144,18 @@ func errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 //   - 408 Request Timeout for a body not received before the connection's
 //     read deadline, and 400 Bad Request for another failure to read it
 //     ([ErrBodyRead]);
-//   - 429 Too Many Requests with a Retry-After header when no endpoint may
-//     take the request: an admission cap is reached ([retry.ErrOverloaded],
-//     with the cap's suggested wait), the request excludes every endpoint
-//     ([llmlb.ErrNoCandidates]: all were tried) or there are none
-//     ([llmlb.ErrNoEndpoints]), with [DefaultRetryAfter];
+//   - 429 Too Many Requests with a Retry-After header when the request is
+//     refused under load: an admission cap is reached or the fair queue
+//     sheds it ([retry.ErrOverloaded]), with the suggested wait of its
+//     [*retry.OverloadError] or else [DefaultRetryAfter];
+//   - 503 Service Unavailable, of type "service_unavailable", when there
+//     is no endpoint to send the request to: the balancer has none
+//     ([llmlb.ErrNoEndpoints], a configuration or discovery outage) or the
+//     request excludes every one ([llmlb.ErrNoCandidates]);
+//   - 500 Internal Server Error, of type "server_error", when the request
+//     could not be routed for a configuration error: an endpoint without a
+//     usable URL ([ErrNoURL], [ErrInvalidConfig]) or a request out of range
+//     after [Config.Adjust] ([llmlb.ErrInvalidRequest]);
 //   - nothing when the client has gone away (its context is cancelled);
 //   - 502 Bad Gateway for every other failure (connection errors, retries
 //     given up).
@@ -152,9 +165,8 @@ func errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 // 128 letters, digits, '-', '_', '.' or ':', or else a new random one. The
 // error itself goes to log (nil means [slog.Default] at the time of the
 // failure) with the same id, so that an operator can find what a client
-// reports: a 502 at level Error, a 413 or 429 at Info, a client gone at
-// Debug, each with the attributes request_id, method, path, status and
-// error.
+// reports: a 5xx at level Error, a 4xx at Info, a client gone at Debug,
+// each with the attributes request_id, method, path, status and error.
 func NewErrorHandler(log *slog.Logger) func(w http.ResponseWriter, r *http.Request, err error) {
 	return func(w http.ResponseWriter, r *http.Request, err error) {
 		l := log
@@ -188,9 +200,13 @@ func handleError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err e
 	case errors.As(err, &oe):
 		writeRetryAfter(w, oe.RetryAfter)
 		code, typ, message = http.StatusTooManyRequests, "rate_limit_error", "Too many requests are in flight; retry later."
-	case errors.Is(err, retry.ErrOverloaded), errors.Is(err, llmlb.ErrNoCandidates), errors.Is(err, llmlb.ErrNoEndpoints):
+	case errors.Is(err, retry.ErrOverloaded):
 		writeRetryAfter(w, DefaultRetryAfter)
 		code, typ, message = http.StatusTooManyRequests, "rate_limit_error", "No upstream can take the request now; retry later."
+	case errors.Is(err, llmlb.ErrNoEndpoints), errors.Is(err, llmlb.ErrNoCandidates):
+		code, typ, message, level = http.StatusServiceUnavailable, "service_unavailable", "No model server is available.", slog.LevelError
+	case misconfigured(err), errors.Is(err, llmlb.ErrInvalidRequest):
+		code, typ, message, level = http.StatusInternalServerError, "server_error", "The request could not be routed.", slog.LevelError
 	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
 		// The client is gone; there is no one to answer.
 		logError(log, slog.LevelDebug, r, id, 0, err)
@@ -225,8 +241,11 @@ func requestID(r *http.Request) string {
 	if id := r.Header.Get(requestIDHeader); validRequestID(id) {
 		return id
 	}
-	return "req_" + rand.Text()
+	return newRequestID()
 }
+
+// newRequestID returns a new random request id.
+func newRequestID() string { return "req_" + rand.Text() }
 
 func validRequestID(id string) bool {
 	if id == "" || len(id) > maxRequestIDLen {

@@ -2,6 +2,8 @@ package httplb
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -38,7 +40,13 @@ type Config struct {
 	// Base sends each attempt. nil means [http.DefaultTransport].
 	Base http.RoundTripper
 	// URL returns the base URL of a picked endpoint; the request's path is
-	// appended to its path. nil means the endpoints are [*Endpoint]s.
+	// appended to its path, so a URL whose path ends in /v1 is refused (see
+	// [Endpoint]). nil means the endpoints are [*Endpoint]s, as
+	// [NewEndpoints] makes them. An attempt fails, and is not retried, with
+	// an error wrapping [ErrNoURL] when its endpoint has no URL (URL
+	// returned nil, or URL is nil and the endpoint is not an [*Endpoint]),
+	// and with one wrapping [ErrInvalidConfig] when URL returned one whose
+	// path ends in /v1.
 	URL func(llmlb.Endpoint) *url.URL
 	// Parser reads request bodies into an llmlb.Request. nil means a Parser
 	// with the defaults of [ParserConfig].
@@ -67,7 +75,9 @@ type Config struct {
 	//     hedges included, where a Loop passes the retry's number: the two
 	//     agree when nothing was hedged (1 for the first retry).
 	//   - Classify is given a status answer as a [*retry.StatusError]
-	//     carrying the response's header.
+	//     carrying the response's header. An endpoint without a usable URL
+	//     ([ErrNoURL], [ErrInvalidConfig]) is a configuration error, never
+	//     retried, whatever Classify says.
 	//   - MaxPushback bounds the delay a server asks for with Retry-After or
 	//     rate-limit reset headers. A negative value honours none: a retry,
 	//     which goes to another endpoint, waits only for its back-off, as a
@@ -90,7 +100,10 @@ type Config struct {
 	//     quota is spent.
 	//   - Observer is told of every retry and hedge sent and every one the
 	//     budget refuses (its Retry, Hedge and Denied functions; package
-	//     telemetry provides one).
+	//     telemetry provides one). The cause given to Retry wraps the
+	//     failed attempt's error with a message that names the endpoint and,
+	//     if the request has a valid X-Request-Id (as [NewProxy] gives each
+	//     request), its id.
 	//   - Clock also stamps the load reports recorded into Store.
 	//   - After also times the first-event timeouts: with After set, an
 	//     attempt with a FirstEventTimeout has a goroutine of its own that
@@ -123,10 +136,11 @@ type Config struct {
 	TrustClassHeader string
 	// Store, if set, records the ORCA load report (the
 	// endpoint-load-metrics header) of every response as a push observation
-	// of its endpoint. A Store that holds its MaxKeys endpoints evicts the
-	// one reported least lately for each new one: size it for every
-	// endpoint routed to (or Delete the endpoints that leave), so that
-	// endpoints in use do not evict each other.
+	// of its endpoint. A Store that holds its MaxKeys endpoints evicts one
+	// not reported lately for each new one (see
+	// signals.StoreConfig.MaxKeys): size it for every endpoint routed to
+	// (or Delete the endpoints that leave), so that endpoints in use do not
+	// evict each other.
 	Store *signals.Store
 	// MaxPeekBytes bounds the bytes held back before the first event of a
 	// stream. 0 means [DefaultMaxPeekBytes].
@@ -209,6 +223,7 @@ type Transport struct {
 	b         *llmlb.Balancer
 	base      http.RoundTripper
 	url       func(llmlb.Endpoint) *url.URL
+	customURL bool // Config.URL set
 	parser    *Parser
 	adjust    func(*http.Request, *llmlb.Request)
 	attempts  int
@@ -270,6 +285,7 @@ func NewTransport(cfg Config) (*Transport, error) {
 		b:         cfg.Balancer,
 		base:      cfg.Base,
 		url:       cfg.URL,
+		customURL: cfg.URL != nil,
 		parser:    cfg.Parser,
 		adjust:    cfg.Adjust,
 		attempts:  rc.MaxAttempts,
@@ -327,6 +343,8 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if t.classify == nil {
 		t.classify = retry.DefaultClassify
 	}
+	classify := t.classify
+	t.classify = func(err error) bool { return !misconfigured(err) && classify(err) }
 	if t.pushLimit == 0 {
 		t.pushLimit = retry.DefaultMaxPushback
 	}
@@ -348,6 +366,31 @@ func endpointURL(ep llmlb.Endpoint) *url.URL {
 		return e.u
 	}
 	return nil
+}
+
+// baseURL returns the base URL of ep, or an error that says how to give it
+// one: wrapping [ErrNoURL] when there is none, [ErrInvalidConfig] when
+// Config.URL returned one that ends in /v1.
+func (t *Transport) baseURL(ep llmlb.Endpoint) (*url.URL, error) {
+	base := t.url(ep)
+	switch {
+	case base == nil && t.customURL:
+		return nil, fmt.Errorf("%w: Config.URL returned nil for endpoint %q", ErrNoURL, ep.Key())
+	case base == nil:
+		return nil, fmt.Errorf("%w: endpoint %q, of type %T, is not an *httplb.Endpoint, and Config.URL is nil: "+
+			"make the endpoints with httplb.NewEndpoints, or set Config.URL to return their base URLs", ErrNoURL, ep.Key(), ep)
+	case t.customURL:
+		if err := checkBasePath(base); err != nil {
+			return nil, configErrorf("Config.URL for endpoint %q: %v", ep.Key(), err)
+		}
+	}
+	return base, nil
+}
+
+// misconfigured reports whether err is an attempt's configuration error,
+// which no retry can mend.
+func misconfigured(err error) bool {
+	return errors.Is(err, ErrNoURL) || errors.Is(err, ErrInvalidConfig)
 }
 
 // CloseIdleConnections closes the idle connections of the base transport, if

@@ -3,12 +3,16 @@ package httplb
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -526,21 +530,49 @@ func TestProxyStatuses(t *testing.T) {
 	require.NoError(t, h.b.SetHealthy(up.URL, true))
 }
 
+// A balancer with no endpoints (none configured, or discovery found none)
+// answers 503, which clients do not take for a load to back off from, and
+// logs the cause at level Error.
 func TestNoEndpoints(t *testing.T) {
-	b, err := llmlb.New(llmlb.LeastOutstanding())
-	require.NoError(t, err)
-	tr, err := NewTransport(Config{Balancer: b})
-	require.NoError(t, err)
-	gw := httptest.NewServer(NewProxy(tr))
-	defer gw.Close()
-	resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(`{}`))
-	require.NoError(t, err)
-	body, _ := readAll(t, resp)
-	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
-	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
-	assert.Contains(t, body, `"type":"rate_limit_error"`)
-	assert.NotEmpty(t, resp.Header.Get("X-Request-Id"))
-	http.DefaultClient.CloseIdleConnections()
+	for _, name := range []string{"none given", "all removed"} {
+		t.Run(name, func(t *testing.T) {
+			b, err := llmlb.New(llmlb.LeastOutstanding())
+			require.NoError(t, err)
+			if name == "all removed" {
+				eps, err := NewEndpoints("http://10.0.0.1:8000")
+				require.NoError(t, err)
+				require.NoError(t, b.Update(eps))
+				require.NoError(t, b.Update(nil))
+			}
+			tr, err := NewTransport(Config{Balancer: b})
+			require.NoError(t, err)
+			var logs syncBuffer
+			proxy := NewProxy(tr)
+			proxy.ErrorHandler = NewErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+			gw := httptest.NewServer(proxy)
+			defer gw.Close()
+			resp, err := http.Post(gw.URL+"/v1/completions", "application/json", strings.NewReader(`{}`))
+			require.NoError(t, err)
+			body, _ := readAll(t, resp)
+			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+			assert.Empty(t, resp.Header.Get("Retry-After"))
+			assert.Contains(t, body, `"type":"service_unavailable"`)
+			id := resp.Header.Get("X-Request-Id")
+			assert.NotEmpty(t, id)
+			var rec struct {
+				Level     string `json:"level"`
+				RequestID string `json:"request_id"`
+				Status    int    `json:"status"`
+				Error     string `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(logs.String()), &rec), logs.String())
+			assert.Equal(t, "ERROR", rec.Level)
+			assert.Equal(t, http.StatusServiceUnavailable, rec.Status)
+			assert.Equal(t, id, rec.RequestID)
+			assert.Contains(t, rec.Error, llmlb.ErrNoEndpoints.Error())
+			http.DefaultClient.CloseIdleConnections()
+		})
+	}
 }
 
 func TestConfigErrors(t *testing.T) {
@@ -577,20 +609,95 @@ func TestConfigErrors(t *testing.T) {
 	assert.Equal(t, "/base", e.URL().Path)
 }
 
+// Base URLs: a path prefix is kept, but one ending in /v1 is refused, since
+// the client's own /v1/... path is appended to it; an address without a
+// scheme is told to have one.
+func TestNewEndpointBase(t *testing.T) {
+	cases := []struct {
+		base string
+		key  string // "" when refused
+		says string // in the error of a refused one
+	}{
+		{"http://h:8000", "http://h:8000", ""},
+		{"http://h:8000/", "http://h:8000", ""},
+		{"https://gw/team-a/llm/", "https://gw/team-a/llm", ""},
+		{"http://h:8000/v10", "http://h:8000/v10", ""},
+		{"http://h:8000/v1beta", "http://h:8000/v1beta", ""},
+		{"http://h:8000/v1", "", `give the server's base URL, http://h:8000, without /v1`},
+		{"http://h:8000/v1/", "", `give the server's base URL, http://h:8000, without /v1`},
+		{"https://gw/team-a/v1", "", `give the server's base URL, https://gw/team-a, without /v1`},
+		{"127.0.0.1:8000", "", `want an absolute http or https URL, such as "http://127.0.0.1:8000"`},
+		{"localhost:8000", "", `want an absolute http or https URL, such as "http://localhost:8000"`},
+		{"10.0.0.7", "", `such as "http://10.0.0.7"`},
+	}
+	for _, c := range cases {
+		e, err := NewEndpoint(c.base)
+		if c.key != "" {
+			if assert.NoError(t, err, c.base) {
+				assert.Equal(t, c.key, e.Key())
+			}
+			continue
+		}
+		assert.ErrorIs(t, err, ErrInvalidConfig, c.base)
+		assert.ErrorContains(t, err, c.says, c.base)
+		if strings.Contains(c.base, "/v1") {
+			assert.ErrorContains(t, err, "the client's /v1/... path is forwarded as it was sent")
+		}
+		_, err = NewEndpoints("http://ok:1", c.base)
+		assert.ErrorIs(t, err, ErrInvalidConfig, c.base)
+	}
+}
+
 type keyOnly string
 
 func (k keyOnly) Key() string { return string(k) }
 
+// An endpoint without a URL is a configuration error: it fails on the first
+// attempt, whatever the classifier says, and its error says how to give
+// the endpoints URLs.
 func TestEndpointWithoutURL(t *testing.T) {
-	b, err := llmlb.New(llmlb.RoundRobin())
-	require.NoError(t, err)
-	require.NoError(t, b.Update([]llmlb.Endpoint{keyOnly("a")}))
-	tr, err := NewTransport(Config{Balancer: b, Retry: retry.LoopConfig{MaxAttempts: 1}})
-	require.NoError(t, err)
-	req, _ := http.NewRequest(http.MethodPost, "http://gw.invalid/", strings.NewReader(`{}`))
-	_, err = tr.RoundTrip(req)
-	assert.ErrorIs(t, err, ErrNoURL)
-	assert.Zero(t, b.Stats()[0].Outstanding)
+	up := newUpstream(t, streamTokens(1))
+	retryAll := func(error) bool { return true }
+	cases := []struct {
+		name  string
+		url   func(llmlb.Endpoint) *url.URL
+		is    error
+		says  []string
+		retry func(error) bool
+	}{
+		{"not an Endpoint", nil, ErrNoURL,
+			[]string{`endpoint "http://127.0.0.1:20051", of type httplb.keyOnly, is not an *httplb.Endpoint`, "httplb.NewEndpoints", "Config.URL"}, nil},
+		{"classifier retries all", nil, ErrNoURL, []string{"httplb.NewEndpoints"}, retryAll},
+		{"Config.URL returns nil", func(llmlb.Endpoint) *url.URL { return nil }, ErrNoURL,
+			[]string{`Config.URL returned nil for endpoint "http://127.0.0.1:20051"`}, nil},
+		{"Config.URL ends in /v1", func(llmlb.Endpoint) *url.URL { u, _ := url.Parse(up.URL + "/v1/"); return u }, ErrInvalidConfig,
+			[]string{"give the server's base URL, " + up.URL + ", without /v1"}, retryAll},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := llmlb.New(llmlb.RoundRobin())
+			require.NoError(t, err)
+			require.NoError(t, b.Update([]llmlb.Endpoint{keyOnly("http://127.0.0.1:20051"), keyOnly("http://127.0.0.1:20052")}))
+			var ev events
+			tr, err := NewTransport(Config{Balancer: b, URL: c.url, Retry: retry.LoopConfig{
+				Classify: c.retry, Observer: ev.observer(), Budget: unlimited{},
+				After: func(time.Duration) <-chan time.Time { return closedTime }}})
+			require.NoError(t, err)
+			req, _ := http.NewRequest(http.MethodPost, "http://gw.invalid/v1/completions", strings.NewReader(`{}`))
+			_, err = tr.RoundTrip(req)
+			require.ErrorIs(t, err, c.is)
+			var gaveUp *retry.GiveUpError
+			assert.False(t, errors.As(err, &gaveUp), "retried: %v", err)
+			assert.Empty(t, ev.retries, "retried: %v", err)
+			for _, s := range c.says {
+				assert.ErrorContains(t, err, s)
+			}
+			assert.Zero(t, up.hits.Load())
+			for _, st := range b.Stats() {
+				assert.Zero(t, st.Outstanding)
+			}
+		})
+	}
 }
 
 func TestEndpointBasePath(t *testing.T) {
