@@ -84,7 +84,7 @@
 //
 //	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1))
 //	scraper, err := signals.NewScraper(signals.Config{Interval: time.Second})
-//	err = scraper.SetTargets(metricsURLs)
+//	err = scraper.SetTargets(metrics) // endpoint key -> its metrics URL
 //	index, err := prefix.NewIndex(prefix.IndexConfig{})
 //	group, err := share.New(share.Config{
 //		Conn:         nc,

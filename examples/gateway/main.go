@@ -43,15 +43,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -101,14 +105,39 @@ type options struct {
 	loraBase      string   // the base model's name: other model names are LoRA adapters
 }
 
-func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "gateway:", err)
-		os.Exit(1)
+func main() { os.Exit(cli(os.Args[1:], os.Stderr)) }
+
+// usageError is a bad command line; it exits with status 2.
+type usageError struct{ error }
+
+// usagef returns a usageError of the message.
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// cli runs the command with args and returns its exit status: 0 when it
+// ran or printed its usage (-h), 2 for a bad command line and 1 for any
+// other failure, whose error it prints on stderr.
+func cli(args []string, stderr io.Writer) int {
+	err := run(args, stderr)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
+	fmt.Fprintln(stderr, errorLine(err))
+	if errors.As(err, new(usageError)) {
+		return 2
+	}
+	return 1
 }
 
-func run(args []string) error {
+// errorLine is the line that reports err: the command's name and err, whose
+// own prefix, if it comes from package gateway, is not repeated.
+func errorLine(err error) string {
+	return "gateway: " + strings.TrimPrefix(err.Error(), "gateway: ")
+}
+
+// policies are the names -policy takes.
+var policies = []string{"default", "least-outstanding", "round-robin", "peak-ewma"}
+
+func run(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	var o options
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve clients on")
@@ -127,7 +156,9 @@ func run(args []string) error {
 	fs.BoolVar(&o.predict, "predict-outputs", false, "learn the output lengths of each kind of request (tenant, model, reasoning effort) from the streamed responses and charge them as decode work instead of a fixed allowance")
 	fs.StringVar(&o.classHeader, "class-header", "", "with -fair: take the priority class (interactive, standard, batch) from this header; only behind a proxy that sets or strips it")
 	logJSON := fs.Bool("log-json", false, "log as JSON lines instead of text")
-	kvEvents := fs.String("kv-events", "", "comma-separated ZMQ addresses of the backends' KV-event publishers, in -backends order (tcp://host:5557,...)")
+	kvEvents := fs.String("kv-events", "", "comma-separated ZMQ addresses of the backends' KV-event publishers, in -backends order (tcp://host:5557,...); "+
+		"prompts are then tokenized as the emulated engines (llmlb-engine) tokenize them, so against vLLM or SGLang no block matches: "+
+		"there, build your gateway with httplb.ParserConfig.Tokenize set to the model's tokenizer")
 	kvReplay := fs.String("kv-replay", "", "comma-separated ZMQ addresses of their replay sockets, in the same order (optional)")
 	fs.StringVar(&o.model, "model", engine.DefaultModel, "with -kv-events: the model name the engines serve")
 	natsURL := fs.String("nats", "", "share state with the other replicas of this gateway over the NATS server(s) at this URL (nats://host:4222)")
@@ -143,68 +174,102 @@ func run(args []string) error {
 	demoFair := fs.Bool("demo-fair", false, "compare a heavy and a light tenant's service on emulated engines, without and with -fair (default: the engines' slots), and exit")
 	requests := fs.Int("requests", 400, "demo: requests per policy")
 	rate := fs.Float64("rate", 70, "demo: arrivals per second")
+	// The flag package's own messages are written only for -h: a parse
+	// error is returned, and cli prints it once.
+	var parseOut bytes.Buffer
+	fs.SetOutput(&parseOut)
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			_, _ = stderr.Write(parseOut.Bytes())
+			return err
+		}
+		return usagef("%w (gateway -h lists the flags)", err)
 	}
-	var h slog.Handler = slog.NewTextHandler(os.Stderr, nil)
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q (gateway -h lists the flags)", fs.Arg(0))
+	}
+	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if *logJSON {
-		h = slog.NewJSONHandler(os.Stderr, nil)
+		h = slog.NewJSONHandler(stderr, nil)
 	}
 	o.log = slog.New(h)
 	if *demo {
-		o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		switch {
+		case *requests <= 0:
+			return usagef("-requests must be positive, not %d", *requests)
+		case !(*rate > 0) || math.IsInf(*rate, 1):
+			return usagef("-rate must be a positive number of arrivals per second, not %v", *rate)
+		}
+		o.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 		return runDemo(o, *requests, *rate)
 	}
-	if *spillTo != "" {
-		o.spillTo = strings.Split(*spillTo, ",")
+	if !slices.Contains(policies, o.policy) {
+		return usagef("-policy: unknown policy %q (want one of %s)", o.policy, strings.Join(policies, ", "))
 	}
+	o.spillTo = list(*spillTo)
 	if *demoSpill {
-		o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		o.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 		return runSpillDemo(os.Stdout, o, spillDemoLoad)
 	}
 	if *demoFair {
 		if o.fairInFlight < 0 {
-			return errors.New("-fair must not be negative")
+			return usagef("-fair must not be negative")
 		}
 		load := fairDemoLoad
 		if o.tenantHeader != "" {
 			load.Header = o.tenantHeader
 		}
-		o.log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+		o.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 		return runFairDemo(os.Stdout, o, load, o.fairInFlight)
 	}
-	if *backends == "" {
-		return errors.New("-backends is required (or use -demo or -demo-fair)")
+	bases := list(*backends)
+	if len(bases) == 0 {
+		return usagef("-backends is required (or use -demo, -demo-fair or -demo-spill)")
+	}
+	if err := checkBases(bases); err != nil {
+		return usagef("-backends: %w", err)
+	}
+	if err := checkBases(o.spillTo); err != nil {
+		return usagef("-spill-to: %w", err)
 	}
 	if *kvEvents != "" {
-		o.kvEvents = strings.Split(*kvEvents, ",")
-		if n := len(strings.Split(*backends, ",")); len(o.kvEvents) != n {
-			return fmt.Errorf("-kv-events has %d addresses for %d backends", len(o.kvEvents), n)
+		o.kvEvents = list(*kvEvents)
+		if n := len(bases); len(o.kvEvents) != n {
+			return usagef("-kv-events has %d addresses for %d backends", len(o.kvEvents), n)
 		}
 		if *kvReplay != "" {
-			o.kvReplay = strings.Split(*kvReplay, ",")
+			o.kvReplay = list(*kvReplay)
 			if len(o.kvReplay) != len(o.kvEvents) {
-				return fmt.Errorf("-kv-replay has %d addresses for %d publishers", len(o.kvReplay), len(o.kvEvents))
+				return usagef("-kv-replay has %d addresses for %d publishers", len(o.kvReplay), len(o.kvEvents))
 			}
 		}
 	}
 	switch {
 	case o.fairInFlight < 0:
-		return errors.New("-fair must not be negative")
+		return usagef("-fair must not be negative")
 	case o.classHeader != "" && o.fairInFlight == 0:
-		return errors.New("-class-header needs -fair")
+		return usagef("-class-header needs -fair")
 	case (o.kvRelay || o.kvFromNATS) && *natsURL == "":
-		return errors.New("-kv-relay and -kv-events-nats need -nats")
+		return usagef("-kv-relay and -kv-events-nats need -nats")
 	case o.kvRelay && len(o.kvEvents) == 0:
-		return errors.New("-kv-relay needs -kv-events")
+		return usagef("-kv-relay needs -kv-events")
 	case o.kvFromNATS && len(o.kvEvents) > 0:
-		return errors.New("-kv-events-nats follows the events from NATS: give -kv-events to the replica with -kv-relay only")
+		return usagef("-kv-events-nats follows the events from NATS: give -kv-events to the replica with -kv-relay only")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // SIGTERM: Kubernetes
 	defer stop()
 	if *natsURL != "" {
+		// A server that cannot be reached is retried in the background: the
+		// first failure to connect is logged with its cause (a later outage
+		// as a disconnection), and the share Group warns while it cannot
+		// publish.
+		var connectFailed sync.Once
 		nc, err := nats.Connect(*natsURL, nats.Name("llmlb-gateway"), nats.MaxReconnects(-1),
 			nats.RetryOnFailedConnect(true),
+			nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+				connectFailed.Do(func() { o.log.Warn("gateway: cannot connect to NATS; retrying", "error", err) })
+			}),
+			nats.ConnectHandler(func(nc *nats.Conn) { o.log.Info("gateway: NATS connected", "server", nc.ConnectedUrlRedacted()) }),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.log.Warn("gateway: NATS disconnected", "error", err) }),
 			nats.ReconnectHandler(func(nc *nats.Conn) { o.log.Info("gateway: NATS reconnected", "server", nc.ConnectedUrlRedacted()) }))
 		if err != nil {
@@ -227,7 +292,7 @@ func run(args []string) error {
 		return err
 	}
 
-	g, events, err := newGateway(strings.Split(*backends, ","), o, metrics)
+	g, events, err := newGateway(bases, o, metrics)
 	if err != nil {
 		return err
 	}
@@ -273,9 +338,9 @@ func run(args []string) error {
 	if o.share != nil {
 		o.log.Info("sharing state over NATS", "url", *natsURL, "subject", o.share.Subject, "id", g.State().Share.ID)
 	}
-	o.log.Info("gateway serving", "addr", "http://"+l.Addr().String(), "policy", o.policy, "backends", *backends)
+	o.log.Info("gateway serving", "addr", "http://"+l.Addr().String(), "policy", o.policy, "backends", strings.Join(bases, ","))
 	if len(o.spillTo) > 0 {
-		o.log.Info("spilling to a second tier", "backends", *spillTo)
+		o.log.Info("spilling to a second tier", "backends", strings.Join(o.spillTo, ","))
 	}
 	return serve(ctx, g, l, *grace, o.log)
 }
@@ -291,7 +356,37 @@ func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Polic
 	case "peak-ewma":
 		return llmlb.PeakEWMA(llmlb.PeakEWMAConfig{})
 	}
-	return nil, fmt.Errorf("unknown policy %q", name)
+	return nil, fmt.Errorf("-policy: unknown policy %q (want one of %s)", name, strings.Join(policies, ", "))
+}
+
+// checkBases returns the error of the first base URL httplb refuses, or of
+// one listed twice.
+func checkBases(bases []string) error {
+	seen := make(map[string]bool, len(bases))
+	for _, b := range bases {
+		e, err := httplb.NewEndpoint(b)
+		if err != nil {
+			return err
+		}
+		if seen[e.Key()] {
+			return fmt.Errorf("%s is listed twice", e.Key())
+		}
+		seen[e.Key()] = true
+	}
+	return nil
+}
+
+// list splits a comma-separated flag value into its items, each trimmed of
+// spaces; "" has none.
+func list(s string) []string {
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	items := strings.Split(s, ",")
+	for i, it := range items {
+		items[i] = strings.TrimSpace(it)
+	}
+	return items
 }
 
 // runner is a background task of the gateway.

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,7 +122,7 @@ func TestRunListenError(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run([]string{"-backends", "http://127.0.0.1:1", "-kv-events", pub,
-			"-listen", busy.Addr().String(), "-admin", ""})
+			"-listen", busy.Addr().String(), "-admin", ""}, io.Discard)
 	}()
 	select {
 	case err := <-done:
@@ -128,5 +131,88 @@ func TestRunListenError(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not return within 10 s of failing to listen")
+	}
+}
+
+// Bad command lines: each error is printed once, names the flag, and exits
+// with status 2; -h prints the usage and exits with 0.
+func TestCommandLine(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		code int
+		says string // the error line, without the "gateway: " prefix
+	}{
+		{"help", []string{"-h"}, 0, ""},
+		{"help long", []string{"-help"}, 0, ""},
+		{"unknown flag", []string{"-nope"}, 2, "flag provided but not defined: -nope (gateway -h lists the flags)"},
+		{"no backends", nil, 2, "-backends is required"},
+		// Spaces around the items are trimmed: the backends pass, and the
+		// next check fails.
+		{"space after comma", []string{"-backends", "http://127.0.0.1:1, http://127.0.0.1:2", "-fair", "-1"}, 2, "-fair must not be negative"},
+		{"no scheme", []string{"-backends", "127.0.0.1:20001"}, 2,
+			`-backends: httplb: invalid config: endpoint "127.0.0.1:20001": want an absolute http or https URL, such as "http://127.0.0.1:20001"`},
+		{"no scheme, host name", []string{"-backends", "http://127.0.0.1:1,localhost:8000"}, 2,
+			`-backends: httplb: invalid config: endpoint "localhost:8000": want an absolute http or https URL, such as "http://localhost:8000"`},
+		{"OpenAI base URL", []string{"-backends", "http://127.0.0.1:20001/v1"}, 2, "give the server's base URL, http://127.0.0.1:20001, without /v1"},
+		{"duplicate", []string{"-backends", "http://127.0.0.1:1,http://127.0.0.1:1/"}, 2, "-backends: http://127.0.0.1:1 is listed twice"},
+		{"spill-to", []string{"-backends", "http://127.0.0.1:1", "-spill-to", "127.0.0.1:2"}, 2, `-spill-to: httplb: invalid config: endpoint "127.0.0.1:2"`},
+		{"unknown policy", []string{"-backends", "http://127.0.0.1:1", "-policy", "leastload"}, 2,
+			`-policy: unknown policy "leastload" (want one of default, least-outstanding, round-robin, peak-ewma)`},
+		{"kv-events count", []string{"-backends", "http://127.0.0.1:1, http://127.0.0.1:2", "-kv-events", "tcp://127.0.0.1:5557"}, 2,
+			"-kv-events has 1 addresses for 2 backends"},
+		{"demo rate 0", []string{"-demo", "-rate", "0"}, 2, "-rate must be a positive number of arrivals per second, not 0"},
+		{"demo rate negative", []string{"-demo", "-rate", "-5"}, 2, "-rate must be a positive number of arrivals per second, not -5"},
+		{"demo rate NaN", []string{"-demo", "-rate", "NaN"}, 2, "-rate must be a positive number"},
+		{"demo requests 0", []string{"-demo", "-requests", "0"}, 2, "-requests must be positive, not 0"},
+		{"argument", []string{"-backends", "http://127.0.0.1:1", "http://127.0.0.1:2"}, 2, `unexpected argument "http://127.0.0.1:2"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			code := cli(c.args, &stderr)
+			out := stderr.String()
+			if code != c.code {
+				t.Errorf("exit status %d, want %d; stderr:\n%s", code, c.code, out)
+			}
+			if c.code == 0 {
+				if !strings.Contains(out, "Usage of gateway") || strings.Contains(out, "help requested") {
+					t.Errorf("stderr %q: want the usage and no error", out)
+				}
+				return
+			}
+			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+			if len(lines) != 1 || !strings.HasPrefix(lines[0], "gateway: ") || !strings.Contains(lines[0], c.says) {
+				t.Errorf("stderr %q: want one line, gateway: ...%s...", out, c.says)
+			}
+		})
+	}
+}
+
+// Items of a list flag may have spaces around them.
+func TestList(t *testing.T) {
+	for in, want := range map[string][]string{
+		"":                                    nil,
+		"  ":                                  nil,
+		"http://a:1":                          {"http://a:1"},
+		"http://a:1, http://b:2 ,http://c:3 ": {"http://a:1", "http://b:2", "http://c:3"},
+	} {
+		if got := list(in); !slices.Equal(got, want) {
+			t.Errorf("list(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// An error of package gateway (here a duplicate backend, which run refuses
+// before, given to newGateway directly) is printed with one "gateway: "
+// prefix, not the command's name and then the package's.
+func TestGatewayErrorPrefix(t *testing.T) {
+	o := options{policy: "default", log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	_, _, err := newGateway([]string{"http://127.0.0.1:1", "http://127.0.0.1:1"}, o, nil)
+	if err == nil {
+		t.Fatal("newGateway accepted a duplicate backend")
+	}
+	if got := errorLine(err); strings.HasPrefix(got, "gateway: gateway:") || !strings.HasPrefix(got, "gateway: invalid config") {
+		t.Errorf("printed %q", got)
 	}
 }
