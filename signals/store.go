@@ -26,9 +26,11 @@ type StoreConfig struct {
 	// (the CLOCK approximation of the one recorded least recently).
 	// Endpoints that stopped reporting (pods that left) so make room for
 	// new ones: one that stops is evicted before 2*MaxKeys further
-	// endpoints are added to the full store, and one recorded between
-	// every two endpoints added is not evicted while fewer than MaxKeys
-	// are recorded so. 0 means [DefaultMaxKeys].
+	// endpoints are added to the full store. When every endpoint held was
+	// recorded again since the eviction last passed it, the eviction
+	// clears them all and takes the next, which may be one still
+	// reporting: size MaxKeys above the endpoints that report at once.
+	// 0 means [DefaultMaxKeys].
 	MaxKeys int
 	// MaxAge, if positive, makes Load report no observation for an endpoint
 	// whose newest observation is older than MaxAge. 0 leaves expiry to the

@@ -1,6 +1,7 @@
 package signals
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -41,5 +42,38 @@ func TestRecordIntoEvictedEntry(t *testing.T) {
 	}
 	if s.Len() != 1 {
 		t.Fatalf("Len = %d, want 1", s.Len())
+	}
+}
+
+// TestEvictionPassesMarks: an endpoint recorded again after it was added,
+// then gone, is evicted before 2*MaxKeys further endpoints are added (the
+// hand clears its mark on the way), and evictions reuse the slots they
+// free, so the ring never outgrows MaxKeys.
+func TestEvictionPassesMarks(t *testing.T) {
+	const maxKeys = 8
+	s, err := NewStore(StoreConfig{MaxKeys: maxKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	rec := func(key string, i int) {
+		t.Helper()
+		if err := s.Record(key, llmlb.Load{At: t0.Add(time.Duration(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range maxKeys {
+		rec(fmt.Sprint("old-", i), i)
+	}
+	rec("old-3", maxKeys)
+	rec("old-3", maxKeys+1)
+	for i := range 2 * maxKeys {
+		rec(fmt.Sprint("new-", i), 2*maxKeys+i)
+		if len(s.ring) > maxKeys {
+			t.Fatalf("after %d endpoints added to the full store, the ring has %d slots, more than MaxKeys %d", i+1, len(s.ring), maxKeys)
+		}
+	}
+	if _, ok := s.Load("old-3"); ok {
+		t.Fatalf("old-3, recorded twice and then gone, still held after %d endpoints added", 2*maxKeys)
 	}
 }
