@@ -19,12 +19,13 @@
 // "model", message "The model `NAME` does not exist."; the engine serves no
 // LoRA adapters, so their names are refused too. A request whose model is
 // "", null or absent is for the served model, and every answer names the
-// served model. Chat messages are checked as vLLM checks them: each is an
-// object with a string role, and its content, if any, a
-// string or a list of content parts (strings, or objects of a type vLLM
-// knows, text parts with a string text), or null in an assistant message
-// or a function message with a name; anything else is refused with 400 and
-// the message's index, not read as empty text.
+// served model; the model is checked before the prompt is read, as vLLM
+// checks it before rendering the prompt. Chat messages are checked as vLLM
+// checks them: each is an object with a string role, and its content, if
+// any, a string or a list of content parts (strings, or objects of a type
+// vLLM knows, text parts with a string text), or null in an assistant
+// message or a function message with a name; anything else is refused with
+// 400 and the message's index, not read as empty text.
 //
 // A stream sends one chunk a token, then "data: [DONE]". As vLLM's, it
 // reports usage only when asked: with "stream_options":

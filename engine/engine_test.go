@@ -567,3 +567,35 @@ func TestUnknownModel(t *testing.T) {
 		assert.EqualValues(t, served, e.Stats().Finished, "only the requests for the engine's model are served")
 	}
 }
+
+// TestModelKeyAndOrder: the model is the "model" key's, matched exactly as
+// vLLM's request models match it (encoding/json would take "Model" too),
+// and it is checked before the prompt is rendered, as vLLM's handler does:
+// an unknown model with a prompt the engine would refuse gets 404.
+func TestModelKeyAndOrder(t *testing.T) {
+	e := newEngine(t, Config{DefaultMaxTokens: 2})
+	url, _ := serve(t, e)
+	for _, c := range []struct {
+		path, body string
+		code       int
+	}{
+		{"/v1/completions", `{"prompt":"hi","Model":"nope"}`, http.StatusOK},
+		{"/v1/completions", `{"prompt":"hi","model":"emulated","MODEL":"nope"}`, http.StatusOK},
+		{"/v1/completions", `{"prompt":"hi","model":"nope","MODEL":"emulated"}`, http.StatusNotFound},
+		{"/v1/completions", `{"prompt":"hi","model":7}`, http.StatusBadRequest},
+		{"/v1/completions", `{"model":"nope","prompt":""}`, http.StatusNotFound},
+		{"/v1/completions", `{"model":"nope","prompt":["a","b"]}`, http.StatusNotFound},
+		{"/v1/completions", `{"model":"nope","prompt":"hi","n":2}`, http.StatusNotFound},
+		{"/v1/completions", `{"model":"nope"}`, http.StatusBadRequest},
+		{"/v1/completions", `{"model":"nope","prompt":"hi","stream_options":{"include_usage":true}}`, http.StatusBadRequest},
+		{"/v1/chat/completions", `{"model":"nope","messages":[]}`, http.StatusNotFound},
+		{"/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":[{"type":"foo"}]}]}`, http.StatusNotFound},
+		{"/v1/chat/completions", `{"model":"nope"}`, http.StatusBadRequest},
+		{"/v1/chat/completions", `{"model":"emulated","messages":[]}`, http.StatusBadRequest},
+	} {
+		resp := post(t, url+c.path, c.body)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, c.code, resp.StatusCode, "%s %s: %s", c.path, c.body, b)
+	}
+}

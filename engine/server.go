@@ -239,24 +239,37 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 	if err := json.Unmarshal(body, &q); err != nil {
 		return nil, q, http.StatusBadRequest, jsonRefusal(err)
 	}
-	text, refusal := q.promptText(chat)
-	if refusal == "" && text == "" {
-		refusal = "the prompt is empty"
-	}
+	// First what vLLM's request models refuse, before its handler runs: a
+	// missing prompt or messages field, stream options without a stream.
+	var refusal string
 	switch {
-	case refusal != "":
-	case q.N != nil && *q.N != 1:
-		refusal = "n: this emulator answers one choice a request; send each choice as a request of its own"
+	case chat && q.Messages == nil:
+		refusal = "messages: a non-empty list is required"
+	case !chat && (len(q.Prompt) == 0 || string(q.Prompt) == "null"):
+		refusal = "prompt: a string is required"
 	default:
 		q.usage, refusal = parseStreamOptions(q.StreamOptions, q.Stream)
 	}
 	if refusal != "" {
 		return nil, q, http.StatusBadRequest, refusal
 	}
-	// vLLM checks the model once the body has its fields, before the
-	// sampling parameters and the context length.
-	if !e.serves(q.Model) {
-		return nil, q, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", q.Model)
+	// Then, as vLLM's handler, the model, before the prompt is rendered
+	// and the sampling parameters are read.
+	if model, ok := exactModel(body); !ok {
+		return nil, q, http.StatusBadRequest, "model: a string is required"
+	} else if q.Model = model; !e.serves(model) {
+		return nil, q, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)
+	}
+	text, refusal := q.promptText(chat)
+	switch {
+	case refusal != "":
+	case text == "":
+		refusal = "the prompt is empty"
+	case q.N != nil && *q.N != 1:
+		refusal = "n: this emulator answers one choice a request; send each choice as a request of its own"
+	}
+	if refusal != "" {
+		return nil, q, http.StatusBadRequest, refusal
 	}
 	maxOut := e.defMax
 	for _, v := range []*float64{q.MaxTokens, q.MaxCompletionTokens} {
@@ -291,6 +304,27 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 // served model nor one of its adapters.
 func (e *Engine) serves(model string) bool {
 	return model == "" || model == e.model
+}
+
+// exactModel returns the body's "model" field as vLLM reads it, the key
+// matched exactly ("" if absent or null), or false if it is not a string.
+// encoding/json matches keys without regard to case, so the field decoded
+// into request.Model may be another key's, such as "Model", which vLLM
+// ignores.
+func exactModel(body []byte) (string, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return "", false // not reached: body decoded as an object already
+	}
+	raw, ok := fields["model"]
+	if !ok || string(raw) == "null" {
+		return "", true
+	}
+	var model string
+	if json.Unmarshal(raw, &model) != nil {
+		return "", false
+	}
+	return model, true
 }
 
 // jsonRefusal returns the message refusing a body that err did not let
