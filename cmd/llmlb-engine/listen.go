@@ -20,6 +20,15 @@ type listeners struct {
 	// -kv-events-port: the PUB and replay sockets, bound, for its
 	// kvevents.Publisher to take (see preBound).
 	pub, replay []string
+	// kv holds the listeners bound for pub and replay, to release.
+	kv []kvBound
+}
+
+// kvBound is a KV-event socket bound for a publisher: its endpoint and
+// its listener.
+type kvBound struct {
+	ep string
+	l  net.Listener
 }
 
 // listen binds the HTTP listener of each of addrs and, if kvPort is not 0,
@@ -46,12 +55,13 @@ func listen(addrs []string, host string, kvPort int) (*listeners, error) {
 			eps  *[]string
 			port int
 		}{{&ls.pub, kvPort + i}, {&ls.replay, kvPort + i + 1000}} {
-			ep, err := bound.listen(net.JoinHostPort(host, strconv.Itoa(kv.port)))
+			ep, l, err := bound.listen(net.JoinHostPort(host, strconv.Itoa(kv.port)))
 			if err != nil {
 				ls.close()
 				return nil, fmt.Errorf("-kv-events-port: %w", err)
 			}
 			*kv.eps = append(*kv.eps, ep)
+			ls.kv = append(ls.kv, kvBound{ep, l})
 		}
 	}
 	return ls, nil
@@ -64,11 +74,8 @@ func (ls *listeners) close() {
 			_ = l.Close()
 		}
 	}
-	for _, ep := range ls.pub {
-		bound.release(ep)
-	}
-	for _, ep := range ls.replay {
-		bound.release(ep)
+	for _, kv := range ls.kv {
+		bound.release(kv.ep, kv.l)
 	}
 }
 
@@ -95,27 +102,31 @@ var (
 )
 
 // listen binds addr and returns the endpoint under which the listener is
-// handed out.
-func (b *preBound) listen(addr string) (string, error) {
+// handed out, and the listener.
+func (b *preBound) listen(addr string) (string, net.Listener, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	key := l.Addr().String()
 	b.mu.Lock()
 	b.ls[key] = l
 	b.mu.Unlock()
-	return preBoundScheme + "://" + key, nil
+	return preBoundScheme + "://" + key, l, nil
 }
 
-// release closes the listener of ep unless it was handed out.
-func (b *preBound) release(ep string) {
+// release closes l, bound for ep, unless it was handed out: the socket
+// that took it closes it, and another run may since have bound the same
+// address, whose listener release leaves alone.
+func (b *preBound) release(ep string, l net.Listener) {
 	key := ep[len(preBoundScheme+"://"):]
 	b.mu.Lock()
-	l := b.ls[key]
-	delete(b.ls, key)
+	held := b.ls[key] == l
+	if held {
+		delete(b.ls, key)
+	}
 	b.mu.Unlock()
-	if l != nil {
+	if held {
 		_ = l.Close()
 	}
 }
