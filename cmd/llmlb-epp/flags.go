@@ -25,7 +25,7 @@ type options struct {
 	secure                          bool
 	certPath                        string
 
-	endpoints     []string // static "host:port" list
+	endpoints     []string // static "ip:port" list
 	endpointsFile string
 	dns           string // "name:port"
 	refresh       time.Duration
@@ -87,7 +87,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.certPath, "cert-path", "", "directory with tls.crt and tls.key, reloaded when they change (\"\": a self-signed certificate)")
 
 	endpoints := fs.String("endpoints", "", "comma-separated replica addresses, ip:port (for a DNS name, -dns)")
-	fs.StringVar(&o.endpointsFile, "endpoints-file", "", "file of replica addresses, one host:port per line ('#' comments), re-read when it changes")
+	fs.StringVar(&o.endpointsFile, "endpoints-file", "", "file of replica addresses, one ip:port per line ('#' comments), re-read when it changes")
 	fs.StringVar(&o.dns, "dns", "", "name:port whose A/AAAA records are the replicas (a headless Service), re-resolved every -refresh")
 	fs.DurationVar(&o.refresh, "refresh", 5*time.Second, "how often -endpoints-file and -dns are re-read")
 

@@ -9,7 +9,7 @@
 //	llmlb-epp -dns vllm-headless.default.svc.cluster.local:8000
 //
 // The replicas come from a list, from a file it re-reads when it changes (one
-// "host:port" per line), or from the addresses a DNS name resolves to (a
+// "ip:port" per line), or from the addresses a DNS name resolves to (a
 // headless Service), re-resolved periodically. Their /metrics are scraped as
 // the policy's signal and, with -kv-events-port, their KV events followed.
 //
