@@ -63,18 +63,35 @@ func checkAddr(a string) error {
 	return nil
 }
 
-// checkReplica reports whether a is a replica's address: checkAddr's
-// "host:port" whose host is an IP address without a zone. The endpoint
-// picker protocol returns ip:port, and the data plane dials it as given
-// (Envoy's original-destination routing takes no names): a name would
-// reach it unresolved.
+// checkReplica reports whether a is a replica's address: an IP address
+// without a zone and a port, written as netip.AddrPort writes it (an IPv6
+// address in brackets and its shortest lowercase form, no IPv4 in brackets
+// or mapped into IPv6, the port in decimal without sign or leading zeros).
+// The endpoint picker protocol returns ip:port, and the data plane parses
+// and dials it as given (Envoy's original-destination routing takes no
+// names and reads anything in brackets as IPv6); and the address is the
+// replica's key, so one replica written two ways would be two.
 func checkReplica(a string) error {
 	if err := checkAddr(a); err != nil {
 		return err
 	}
-	host, _, _ := net.SplitHostPort(a)
-	if ip, err := netip.ParseAddr(host); err != nil || ip.Zone() != "" {
-		return fmt.Errorf("%q: the data plane dials the address as given, so the host must be an IP address; to follow a DNS name, use -dns NAME:PORT instead", a)
+	ap, err := netip.ParseAddrPort(a)
+	if err != nil {
+		host, _, _ := net.SplitHostPort(a)
+		if _, err := netip.ParseAddr(host); err != nil {
+			return fmt.Errorf("%q: the data plane dials the address as given, so the host must be an IP address; to follow a DNS name, use -dns NAME:PORT instead", a)
+		}
+		return fmt.Errorf("%q: want ip:port, such as 10.0.0.7:8000 or [fd00::7]:8000", a)
+	}
+	switch ip := ap.Addr(); {
+	case ip.Zone() != "":
+		return fmt.Errorf("%q: an address with a zone cannot be returned to the data plane", a)
+	case ip.Is4In6():
+		return fmt.Errorf("%q: write the IPv4 address as such: %s", a, netip.AddrPortFrom(ip.Unmap(), ap.Port()))
+	case ap.Port() == 0:
+		return fmt.Errorf("%q has no valid port", a)
+	case ap.String() != a:
+		return fmt.Errorf("%q: write it %s, so that one replica has one key", a, ap)
 	}
 	return nil
 }
@@ -188,7 +205,11 @@ func (s source) load(ctx context.Context) ([]string, error) {
 			return nil, err
 		}
 		for _, ip := range ips {
-			addrs = append(addrs, net.JoinHostPort(ip, port))
+			a := net.JoinHostPort(ip, port)
+			if err := checkReplica(a); err != nil {
+				return nil, fmt.Errorf("-dns %s: %w", s.dns, err)
+			}
+			addrs = append(addrs, a)
 		}
 	default:
 		for i, a := range s.static {

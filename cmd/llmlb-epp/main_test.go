@@ -152,6 +152,10 @@ func TestDNSSource(t *testing.T) {
 	require.Error(t, m.refresh(context.Background()))
 	require.Len(t, keys(m), 3)
 
+	res.ips, res.err = []string{"10.1.0.4", "fe80::1%eth0"}, nil // from /etc/hosts, say
+	require.ErrorContains(t, m.refresh(context.Background()), "zone")
+	require.Len(t, keys(m), 3, "kept")
+
 	res.err = &net.DNSError{Err: "no such host", Name: "vllm.ns.svc", IsNotFound: true}
 	require.NoError(t, m.refresh(context.Background()))
 	require.Len(t, keys(m), 3, "one lookup without records")
@@ -209,6 +213,12 @@ func TestFileSourceAddresses(t *testing.T) {
 		{"name", "vllm-0.vllm.ns.svc.cluster.local.:8000\n", nil},
 		{"localhost", "localhost:8001\n", nil},
 		{"zone", "[fe80::1%eth0]:8000\n", nil},
+		{"bracketed-ipv4", "[10.0.0.1]:8000\n", nil},
+		{"plus-port", "10.0.0.1:+8000\n", nil},
+		{"zero-port", "10.0.0.1:0\n", nil},
+		{"leading-zero-port", "10.0.0.1:08000\n", nil},
+		{"mapped", "[::ffff:10.0.0.1]:8000\n", nil},
+		{"long-ipv6", "[FD00:0::7]:8000\n", nil},
 		{"mark-mid-file", "10.0.0.1:8000\n\xef\xbb\xbf10.0.0.2:8000\n", nil},
 		{"space", "10.0.0.1 :8000\n", nil},
 		{"tab", "10.0.0.1\t:8000\n", nil},
