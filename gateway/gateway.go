@@ -35,6 +35,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -344,6 +346,14 @@ func (g *Gateway) Update(backends []string) error {
 	eps, err := httplb.NewEndpoints(backends...)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	for _, ep := range eps {
+		// The gateway serves the client's /v1/... paths from its root and
+		// scrapes <base>/metrics: a base ending in /v1 would double it.
+		if u, err := url.Parse(ep.Key()); err == nil && strings.HasSuffix(u.Path, "/v1") {
+			u.Path = strings.TrimSuffix(u.Path, "/v1")
+			return fmt.Errorf("%w: backend %q: give the server's base URL, %s, without /v1: the client's /v1/... path is forwarded as it was sent", ErrInvalidConfig, ep.Key(), u)
+		}
 	}
 	keys := make([]string, len(eps))
 	targets := make(map[string]string, len(eps))

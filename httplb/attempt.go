@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -96,6 +97,7 @@ type try struct {
 	pick    llmlb.Pick
 	key     string
 	start   time.Time          // when picked; set only with a hedge Percentile
+	n       int                // the attempt's number, from 1
 	isRetry bool               // sent with a budget withdrawal (a retry or a hedge)
 	cancel  context.CancelFunc // cancels a hedged attempt; nil otherwise
 	// endCtx releases the context of an attempt with a first-event timer;
@@ -121,7 +123,7 @@ func (a *attempt) next(ctx context.Context, fallback bool) (*try, error) {
 		return nil, err
 	}
 	a.n++
-	tr := &try{pick: p, key: p.Endpoint().Key(), isRetry: a.n > 1}
+	tr := &try{pick: p, key: p.Endpoint().Key(), n: a.n, isRetry: a.n > 1}
 	if a.t.hedge.Percentile > 0 {
 		tr.start = a.t.clock.Now()
 	}
@@ -353,13 +355,31 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 }
 
 // retryCause is the cause given to the Retry observer for the failed
-// attempt tr: its error, with the endpoint and the request's id, which the
-// error alone does not name (a status answer's says only the status).
+// attempt tr: its error, with the endpoint and the id the attempt was sent
+// with, which the error alone does not name (a status answer's says only
+// the status).
 func (a *attempt) retryCause(tr *try) error {
-	if id := a.req.Header.Get(requestIDHeader); validRequestID(id) {
+	if id := attemptID(a.req, tr.n); id != "" {
 		return fmt.Errorf("httplb: request %s, endpoint %s: %w", id, tr.key, tr.err)
 	}
 	return fmt.Errorf("httplb: endpoint %s: %w", tr.key, tr.err)
+}
+
+// attemptID returns the X-Request-Id that attempt n of req is sent with, or
+// "" if req has none this package would send: the request's own for the
+// first attempt, with "-n" appended for each later one (a retry or a
+// hedge), which may go to the same engine while it still holds an earlier
+// attempt: vLLM takes the header for its own request id and refuses one it
+// is running.
+func attemptID(req *http.Request, n int) string {
+	id := req.Header.Get(requestIDHeader)
+	switch {
+	case !validRequestID(id):
+		return ""
+	case n <= 1:
+		return id
+	}
+	return id + "-" + strconv.Itoa(n)
 }
 
 // finish ends one attempt: its pick, the reporter and the budget learn how,
@@ -454,11 +474,14 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 // with a nil response.
 func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, b *body, err error) {
 	t := a.t
-	base, err := t.baseURL(tr.pick.Endpoint())
+	base, err := t.baseURL(tr.pick.Endpoint(), a.req.URL.Path)
 	if err != nil {
 		return nil, nil, err
 	}
 	out := a.req.Clone(ctx)
+	if id := attemptID(a.req, tr.n); id != "" {
+		out.Header.Set(requestIDHeader, id)
+	}
 	if a.req.GetBody != nil {
 		body, err := a.req.GetBody()
 		if err != nil {

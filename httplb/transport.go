@@ -40,13 +40,12 @@ type Config struct {
 	// Base sends each attempt. nil means [http.DefaultTransport].
 	Base http.RoundTripper
 	// URL returns the base URL of a picked endpoint; the request's path is
-	// appended to its path, so a URL whose path ends in /v1 is refused (see
-	// [Endpoint]). nil means the endpoints are [*Endpoint]s, as
-	// [NewEndpoints] makes them. An attempt fails, and is not retried, with
-	// an error wrapping [ErrNoURL] when its endpoint has no URL (URL
-	// returned nil, or URL is nil and the endpoint is not an [*Endpoint]),
-	// and with one wrapping [ErrInvalidConfig] when URL returned one whose
-	// path ends in /v1.
+	// appended to its path (see [Endpoint]). nil means the endpoints are
+	// [*Endpoint]s, as [NewEndpoints] makes them. An attempt fails, and is
+	// not retried, with an error wrapping [ErrNoURL] when its endpoint has
+	// no URL (URL returned nil, or URL is nil and the endpoint is not an
+	// [*Endpoint]), and with one wrapping [ErrInvalidConfig] when both the
+	// base URL's path ends in /v1 and the request's starts with /v1/.
 	URL func(llmlb.Endpoint) *url.URL
 	// Parser reads request bodies into an llmlb.Request. nil means a Parser
 	// with the defaults of [ParserConfig].
@@ -368,10 +367,10 @@ func endpointURL(ep llmlb.Endpoint) *url.URL {
 	return nil
 }
 
-// baseURL returns the base URL of ep, or an error that says how to give it
-// one: wrapping [ErrNoURL] when there is none, [ErrInvalidConfig] when
-// Config.URL returned one that ends in /v1.
-func (t *Transport) baseURL(ep llmlb.Endpoint) (*url.URL, error) {
+// baseURL returns the base URL of ep for a request for path, or an error
+// that says how to give it one: wrapping [ErrNoURL] when there is none,
+// [ErrInvalidConfig] when both it and path carry the API's /v1.
+func (t *Transport) baseURL(ep llmlb.Endpoint, path string) (*url.URL, error) {
 	base := t.url(ep)
 	switch {
 	case base == nil && t.customURL:
@@ -379,10 +378,9 @@ func (t *Transport) baseURL(ep llmlb.Endpoint) (*url.URL, error) {
 	case base == nil:
 		return nil, fmt.Errorf("%w: endpoint %q, of type %T, is not an *httplb.Endpoint, and Config.URL is nil: "+
 			"make the endpoints with httplb.NewEndpoints, or set Config.URL to return their base URLs", ErrNoURL, ep.Key(), ep)
-	case t.customURL:
-		if err := checkBasePath(base); err != nil {
-			return nil, configErrorf("Config.URL for endpoint %q: %v", ep.Key(), err)
-		}
+	}
+	if err := checkJoin(base, path); err != nil {
+		return nil, configErrorf("endpoint %q, request for %s: %v", ep.Key(), path, err)
 	}
 	return base, nil
 }

@@ -609,9 +609,8 @@ func TestConfigErrors(t *testing.T) {
 	assert.Equal(t, "/base", e.URL().Path)
 }
 
-// Base URLs: a path prefix is kept, but one ending in /v1 is refused, since
-// the client's own /v1/... path is appended to it; an address without a
-// scheme is told to have one.
+// NewEndpoint keeps a base URL's path, /v1 included (it suits requests
+// whose /v1 was stripped), and says what to give for one without a scheme.
 func TestNewEndpointBase(t *testing.T) {
 	cases := []struct {
 		base string
@@ -622,10 +621,8 @@ func TestNewEndpointBase(t *testing.T) {
 		{"http://h:8000/", "http://h:8000", ""},
 		{"https://gw/team-a/llm/", "https://gw/team-a/llm", ""},
 		{"http://h:8000/v10", "http://h:8000/v10", ""},
-		{"http://h:8000/v1beta", "http://h:8000/v1beta", ""},
-		{"http://h:8000/v1", "", `give the server's base URL, http://h:8000, without /v1`},
-		{"http://h:8000/v1/", "", `give the server's base URL, http://h:8000, without /v1`},
-		{"https://gw/team-a/v1", "", `give the server's base URL, https://gw/team-a, without /v1`},
+		{"http://h:8000/v1", "http://h:8000/v1", ""},
+		{"http://h:8000/v1/", "http://h:8000/v1", ""},
 		{"127.0.0.1:8000", "", `want an absolute http or https URL, such as "http://127.0.0.1:8000"`},
 		{"localhost:8000", "", `want an absolute http or https URL, such as "http://localhost:8000"`},
 		{"10.0.0.7", "", `such as "http://10.0.0.7"`},
@@ -640,11 +637,50 @@ func TestNewEndpointBase(t *testing.T) {
 		}
 		assert.ErrorIs(t, err, ErrInvalidConfig, c.base)
 		assert.ErrorContains(t, err, c.says, c.base)
-		if strings.Contains(c.base, "/v1") {
-			assert.ErrorContains(t, err, "the client's /v1/... path is forwarded as it was sent")
-		}
 		_, err = NewEndpoints("http://ok:1", c.base)
 		assert.ErrorIs(t, err, ErrInvalidConfig, c.base)
+	}
+}
+
+// A base URL ending in /v1 takes requests whose /v1 was stripped, as behind
+// http.StripPrefix("/v1", ...); a request that still carries /v1 would go
+// to /v1/v1/...: it fails at its first attempt, not retried, with an error
+// saying what base URL to give, and the upstream sees nothing.
+func TestBaseEndingInV1(t *testing.T) {
+	var path atomic.Value
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		path.Store(r.URL.Path)
+		fmt.Fprint(w, "{}")
+	})
+	for _, custom := range []bool{false, true} {
+		b, err := llmlb.New(llmlb.RoundRobin())
+		require.NoError(t, err)
+		eps, err := NewEndpoints(up.URL+"/v1", up.URL+"/team/v1/")
+		require.NoError(t, err)
+		require.NoError(t, b.Update(eps))
+		cfg := Config{Balancer: b, Retry: retry.LoopConfig{Classify: func(error) bool { return true }, Budget: unlimited{},
+			After: func(time.Duration) <-chan time.Time { return closedTime }}}
+		if custom {
+			cfg.URL = func(ep llmlb.Endpoint) *url.URL { u, _ := url.Parse(ep.Key()); return u }
+		}
+		var ev events
+		cfg.Retry.Observer = ev.observer()
+		tr, err := NewTransport(cfg)
+		require.NoError(t, err)
+		h := NewProxy(tr)
+		for range 2 {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/chat/completions", strings.NewReader(`{}`)))
+			require.Equal(t, http.StatusOK, rec.Code, "Config.URL %v: %s", custom, rec.Body)
+			assert.Contains(t, []string{"/v1/chat/completions", "/team/v1/chat/completions"}, path.Load())
+		}
+		hits := up.hits.Load()
+		req, _ := http.NewRequest(http.MethodPost, "http://gw.invalid/v1/chat/completions", strings.NewReader(`{}`))
+		_, err = tr.RoundTrip(req)
+		require.ErrorIs(t, err, ErrInvalidConfig, "Config.URL %v", custom)
+		assert.ErrorContains(t, err, "without /v1: the client's /v1/... path is forwarded as it was sent")
+		assert.Empty(t, ev.retries, "retried: %v", err)
+		assert.Equal(t, hits, up.hits.Load(), "the upstream saw the request")
 	}
 }
 

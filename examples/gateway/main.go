@@ -53,6 +53,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -359,14 +360,19 @@ func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Polic
 	return nil, fmt.Errorf("-policy: unknown policy %q (want one of %s)", name, strings.Join(policies, ", "))
 }
 
-// checkBases returns the error of the first base URL httplb refuses, or of
-// one listed twice.
+// checkBases returns the error of the first base URL httplb refuses, of
+// one ending in /v1 (the gateway forwards the client's /v1/... paths as
+// sent), or of one listed twice.
 func checkBases(bases []string) error {
 	seen := make(map[string]bool, len(bases))
 	for _, b := range bases {
 		e, err := httplb.NewEndpoint(b)
 		if err != nil {
 			return err
+		}
+		if u, err := url.Parse(e.Key()); err == nil && strings.HasSuffix(u.Path, "/v1") {
+			u.Path = strings.TrimSuffix(u.Path, "/v1")
+			return fmt.Errorf("%s: give the server's base URL, %s, without /v1: the client's /v1/... path is forwarded as it was sent", e.Key(), u)
 		}
 		if seen[e.Key()] {
 			return fmt.Errorf("%s is listed twice", e.Key())
