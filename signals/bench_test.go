@@ -97,31 +97,11 @@ func BenchmarkPickAbsent(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	policy, err := llmlb.Default(llmlb.DefaultConfig{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	bal, err := llmlb.New(policy, llmlb.WithSignal(&s, time.Hour))
-	if err != nil {
-		b.Fatal(err)
-	}
 	eps := make([]llmlb.Endpoint, 64)
 	for i := range eps {
 		eps[i] = benchEndpoint(fmt.Sprintf("10.0.0.%d:8000", i))
 	}
-	if err := bal.Update(eps); err != nil {
-		b.Fatal(err)
-	}
-	ctx := context.Background()
-	req := &llmlb.Request{PromptTokens: 1000}
-	b.ReportAllocs()
-	for b.Loop() {
-		p, err := bal.Pick(ctx, req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		p.Done(nil)
-	}
+	benchPickDefault(b, &s, eps)
 }
 
 // BenchmarkStoreAdd measures recording a new endpoint into a Store that
@@ -214,26 +194,7 @@ func BenchmarkPickDefault(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			policy, err := llmlb.Default(llmlb.DefaultConfig{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			bal, err := llmlb.New(policy, llmlb.WithSignal(&s, time.Hour))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := bal.Update(eps); err != nil {
-				b.Fatal(err)
-			}
-			req := &llmlb.Request{PromptTokens: 1000, MaxTokens: 256}
-			b.ReportAllocs()
-			for b.Loop() {
-				p, err := bal.Pick(context.Background(), req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				p.Done(nil)
-			}
+			benchPickDefault(b, &s, eps)
 		})
 	}
 }
@@ -274,5 +235,31 @@ func BenchmarkScrapeOnce(b *testing.B) {
 		if _, err := s.Scrape(context.Background(), "a"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// benchPickDefault measures one Pick plus Done of llmlb.Default over eps
+// with s as its signal.
+func benchPickDefault(b *testing.B, s *signals.Store, eps []llmlb.Endpoint) {
+	policy, err := llmlb.Default(llmlb.DefaultConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bal, err := llmlb.New(policy, llmlb.WithSignal(s, time.Hour))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := bal.Update(eps); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	req := &llmlb.Request{PromptTokens: 1000, MaxTokens: 256}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := bal.Pick(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Done(nil)
 	}
 }
