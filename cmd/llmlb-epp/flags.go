@@ -126,7 +126,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.tokenizer, "tokenizer", "", "token IDs for prefix hashing, needed to match KV events: \"engine\" (llmlb-engine's emulated engines) or \"\" (byte mode)")
 
 	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long to report NOT_SERVING before refusing new streams")
-	fs.DurationVar(&o.drainTimeout, "drain-timeout", 120*time.Second, "on SIGTERM, how long streams in flight may take to finish")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 120*time.Second, "on SIGTERM, how long streams in flight may take to finish (a second SIGTERM ends the process at once)")
 	fs.BoolVar(&o.logJSON, "log-json", false, "log as JSON lines")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

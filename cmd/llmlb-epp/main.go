@@ -22,7 +22,8 @@
 // serves /metrics (OpenTelemetry through the Prometheus exporter) and
 // /debug/llmlb (a JSON view of the endpoints). On SIGTERM it reports NOT_SERVING,
 // waits -drain-delay for the data plane to notice, stops accepting streams and
-// lets those in flight finish for up to -drain-timeout.
+// lets those in flight finish for up to -drain-timeout. A second SIGTERM or
+// interrupt during the drain ends the process at once.
 package main
 
 import (
@@ -35,8 +36,21 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// The first signal starts the drain. The handler goes before the drain
+	// begins, so that a second signal ends the process, as an operator who
+	// sends it expects.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs:
+		case <-ctx.Done():
+		}
+		signal.Stop(sigs)
+		cancel()
+	}()
 	o, err := parseFlags(os.Args[1:], os.Stderr)
 	if err == nil {
 		err = run(ctx, o, nil)

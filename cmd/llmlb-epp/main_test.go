@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -10,8 +11,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,7 +24,56 @@ import (
 	"github.com/llmlb/llmlb"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// runMainEnv set to 1 makes this test binary run main, as llmlb-epp.
+const runMainEnv = "LLMLB_EPP_RUN_MAIN"
+
+// TestSecondSignal: a second SIGTERM during the drain ends the process at
+// once instead of waiting out -drain-delay and -drain-timeout.
+func TestSecondSignal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-endpoints", "127.0.0.1:1", "-grpc-addr", "127.0.0.1:0",
+		"-grpc-health-addr", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-scrape", "-1s", "-drain-delay", "1m")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := bufio.NewScanner(stderr)
+	waitFor := func(substr string) {
+		t.Helper()
+		for lines.Scan() {
+			if strings.Contains(lines.Text(), substr) {
+				return
+			}
+		}
+		t.Fatalf("llmlb-epp ended before logging %q", substr)
+	}
+	waitFor("llmlb-epp serving")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	waitFor("llmlb-epp draining")
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatal("llmlb-epp still draining 20s after a second SIGTERM")
+	}
+	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGTERM, "exit %v after %v", cmd.ProcessState, time.Since(start))
+}
 
 func TestParseFlags(t *testing.T) {
 	cases := []struct {

@@ -388,7 +388,7 @@ func (s *server) drain() {
 		s.health.SetServingStatus(svc, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
 	s.readyMu.Unlock()
-	s.log.Info("llmlb-epp draining", "delay", s.o.drainDelay, "timeout", s.o.drainTimeout)
+	s.log.Info("llmlb-epp draining; a second signal ends it at once", "delay", s.o.drainDelay, "timeout", s.o.drainTimeout)
 	time.Sleep(s.o.drainDelay)
 	stopped := make(chan struct{})
 	go func() {

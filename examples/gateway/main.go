@@ -144,7 +144,7 @@ func run(args []string, stderr io.Writer) error {
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve clients on")
 	admin := fs.String("admin", "127.0.0.1:9090", "address to serve /metrics and /debug/llmlb on (\"\": none)")
 	backends := fs.String("backends", "", "comma-separated base URLs of the replicas")
-	grace := fs.Duration("shutdown-grace", 25*time.Second, "on SIGINT or SIGTERM, how long streams in flight may finish before they are cut")
+	grace := fs.Duration("shutdown-grace", 25*time.Second, "on SIGINT or SIGTERM, how long streams in flight may finish before they are cut (a second signal cuts them at once)")
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding, round-robin or peak-ewma (for replicas without metrics, such as a managed API's deployments)")
 	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica")
 	fs.IntVar(&o.attempts, "attempts", retry.DefaultMaxAttempts, "attempts per request before the first token, the first included")
@@ -257,7 +257,7 @@ func run(args []string, stderr io.Writer) error {
 	case o.kvFromNATS && len(o.kvEvents) > 0:
 		return usagef("-kv-events-nats follows the events from NATS: give -kv-events to the replica with -kv-relay only")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // SIGTERM: Kubernetes
+	ctx, stop := signalContext()
 	defer stop()
 	if *natsURL != "" {
 		// A server that cannot be reached is retried in the background: the
@@ -575,6 +575,25 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 	return g, runners, nil
 }
 
+// signalContext returns a context that ends at the first SIGINT or SIGTERM
+// (Kubernetes stops a pod with SIGTERM). Its handler goes before the
+// context ends, so that a second signal, during the shutdown grace, ends the
+// process at once.
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs:
+		case <-ctx.Done():
+		}
+		signal.Stop(sigs)
+		cancel()
+	}()
+	return ctx, cancel
+}
+
 // serve serves the gateway on l, scraping and sweeping ejections meanwhile,
 // until ctx is done; then it stops accepting requests and lets those in
 // flight finish for up to grace, after which it cuts the rest.
@@ -594,6 +613,7 @@ func serve(ctx context.Context, g *gateway.Gateway, l net.Listener, grace time.D
 		return err
 	case <-ctx.Done():
 	}
+	log.Info("gateway shutting down; a second signal ends it at once", "grace", grace)
 	shutdown, done := context.WithTimeout(context.Background(), grace)
 	defer done()
 	err := srv.Shutdown(shutdown)

@@ -1,12 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -214,5 +221,92 @@ func TestGatewayErrorPrefix(t *testing.T) {
 	}
 	if got := errorLine(err); strings.HasPrefix(got, "gateway: gateway:") || !strings.HasPrefix(got, "gateway: invalid config") {
 		t.Errorf("printed %q", got)
+	}
+}
+
+// runMainEnv set to 1 makes this test binary run main, as the gateway.
+const runMainEnv = "LLMLB_GATEWAY_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+	}
+	os.Exit(m.Run())
+}
+
+// TestSecondSignal: a second SIGTERM while a stream holds the shutdown ends
+// the gateway at once instead of waiting out -shutdown-grace.
+func TestSecondSignal(t *testing.T) {
+	held := make(chan struct{})
+	release := make(chan struct{})
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		close(held)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer engine.Close()
+	defer close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-backends", engine.URL, "-listen", "127.0.0.1:0", "-admin", "",
+		"-scrape", "-1s", "-shutdown-grace", "1m")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(stderr)
+	waitFor := func(substr string) string {
+		t.Helper()
+		for lines.Scan() {
+			if strings.Contains(lines.Text(), substr) {
+				return lines.Text()
+			}
+		}
+		t.Fatalf("the gateway ended before logging %q", substr)
+		return ""
+	}
+	line := waitFor("gateway serving")
+	addr := strings.Fields(line[strings.Index(line, "addr=")+len("addr="):])[0]
+	go func() {
+		body := strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hold"}]}`)
+		resp, err := http.Post(addr+"/v1/chat/completions", "application/json", body)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the request did not reach the engine")
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("gateway shutting down")
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+		t.Fatal("the gateway still shutting down 20s after a second SIGTERM")
+	}
+	if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Errorf("exit %v, want killed by SIGTERM", cmd.ProcessState)
 	}
 }
