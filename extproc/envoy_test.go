@@ -59,6 +59,33 @@ func TestResponseBodyNoneStreamEnd(t *testing.T) {
 	}
 }
 
+// TestResponseBodyNoneEndBeforeResponse: with response_body_mode NONE, a
+// stream that ends, by a half-close or a reset, before the response headers
+// came did not complete its response: its pick ends with ErrStreamEnded, not
+// as a success that would teach the policy a response that never was.
+func TestResponseBodyNoneEndBeforeResponse(t *testing.T) {
+	for _, reset := range []bool{false, true} {
+		t.Run(map[bool]string{false: "half-close", true: "reset"}[reset], func(t *testing.T) {
+			rec := &doneRecorder{}
+			b := newBalancer(t, 2, nil, llmlb.WithObserver(rec.observer()))
+			srv, err := extproc.NewServer(extproc.Config{Balancer: b, Logger: quiet})
+			require.NoError(t, err)
+			first := requestHeaders("/v1/completions", false)
+			first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: fullDuplex, ResponseBodyMode: none}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			d := &resetStream{reset: reset, cancel: cancel, directStream: directStream{ctx: ctx, in: []*extprocv3.ProcessingRequest{
+				first, requestBody([]byte(`{"prompt":"x","max_tokens":4}`), true),
+			}}}
+			_ = srv.Process(d)
+			require.True(t, idle(b))
+			errs, _ := rec.get()
+			require.Len(t, errs, 1)
+			require.ErrorIs(t, errs[0], extproc.ErrStreamEnded)
+		})
+	}
+}
+
 // TestEarlyResponse: an upstream may answer before the request body has all
 // reached it (an early error, a bidirectional stream); in the modes where
 // the request goes upstream as it arrives, the rest of its body and its
