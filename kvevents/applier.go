@@ -92,19 +92,27 @@ func (a *Applier) SetEndpoints(eps map[string]prefix.Salt) error {
 // a negative seq with a payload, drops the endpoint's blocks and is
 // reported to OnError. Apply does not keep payload.
 func (a *Applier) Apply(key string, seq int64, payload []byte) {
+	// OnError runs outside the lock.
+	if err := a.apply(key, seq, payload); err != nil && a.cfg.OnError != nil {
+		a.cfg.OnError(key, err)
+	}
+}
+
+// apply is Apply, without reporting the error of a batch that cannot be
+// applied.
+func (a *Applier) apply(key string, seq int64, payload []byte) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ap := a.eps[key]
 	switch {
 	case ap == nil:
-		return
+		return nil
 	case payload == nil:
 		ap.tr.clear()
 		ap.last = -1
-		return
+		return nil
 	case seq < 0:
-		a.malformed(key, ap, fmt.Errorf("%w: sequence number %d", ErrMalformed, seq))
-		return
+		return a.malformed(ap, fmt.Errorf("%w: sequence number %d", ErrMalformed, seq))
 	case ap.last >= 0 && seq > ap.last+1:
 		ap.stats.gaps.Add(1)
 		ap.tr.clear()
@@ -114,21 +122,19 @@ func (a *Applier) Apply(key string, seq int64, payload []byte) {
 	ap.last = seq
 	ap.stats.seq.Store(seq)
 	if err := DecodeBatch(&ap.batch, payload); err != nil {
-		a.malformed(key, ap, fmt.Errorf("kvevents: batch %d: %w", seq, err))
-		return
+		return a.malformed(ap, fmt.Errorf("kvevents: batch %d: %w", seq, err))
 	}
 	ap.tr.apply(&ap.batch)
+	return nil
 }
 
 // malformed drops an endpoint's blocks after a batch that cannot be
-// applied.
-func (a *Applier) malformed(key string, ap *applied, err error) {
+// applied, and returns err.
+func (a *Applier) malformed(ap *applied, err error) error {
 	ap.stats.malformed.Add(1)
 	ap.tr.clear()
 	ap.last = -1
-	if fn := a.cfg.OnError; fn != nil {
-		fn(key, err)
-	}
+	return err
 }
 
 // Clear drops the blocks of every endpoint, as a nil payload for each

@@ -184,3 +184,25 @@ func TestForwardToApplier(t *testing.T) {
 	<-subDone
 	assert.Equal(t, 0, idx.Len("e1"))
 }
+
+// OnError runs outside the Applier's lock, as it does for a Subscriber: it
+// may read the Applier's Stats.
+func TestApplierOnErrorMayCallStats(t *testing.T) {
+	idx, h := newTestIndex(t)
+	var ap *Applier
+	var got Stats
+	ap, err := NewApplier(Config{Index: idx, Hasher: h, OnError: func(key string, err error) { got, _ = ap.Stats(key) }})
+	require.NoError(t, err)
+	require.NoError(t, ap.SetEndpoints(map[string]prefix.Salt{"e1": {Model: "m"}}))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ap.Apply("e1", 0, []byte{0xc1})
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Apply did not return: OnError called with the Applier's lock held")
+	}
+	assert.Equal(t, int64(1), got.Malformed)
+}

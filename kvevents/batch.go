@@ -77,7 +77,9 @@ type Event struct {
 	// at the head of a prompt.
 	Parent    uint64
 	HasParent bool
-	// TokenIDs are the tokens of the stored blocks, BlockSize per block.
+	// TokenIDs are the tokens of the stored blocks, BlockSize per block;
+	// empty when the engine sends pairs of token IDs instead (SGLang's
+	// bigram pages, with EAGLE speculative decoding).
 	TokenIDs []uint32
 	// BlockSize is the number of tokens per block of a Stored event.
 	BlockSize int
@@ -92,8 +94,8 @@ type Event struct {
 	Group int
 	// Salted reports that the engine mixed keys other than the LoRA name
 	// into the stored blocks' hashes (vLLM's extra_keys: multimodal inputs,
-	// cache_salt, prompt embeddings), so the token IDs alone do not
-	// identify the blocks.
+	// cache_salt, prompt embeddings; SGLang's cache_salt), so the token IDs
+	// alone do not identify the blocks.
 	Salted bool
 }
 
@@ -161,7 +163,7 @@ func DecodeBatch(b *Batch, payload []byte) error {
 		e.BlockHashes = b.hashes[s.h0:s.h1:s.h1]
 		e.TokenIDs = b.tokens[s.t0:s.t1:s.t1]
 		if s.extra != nil {
-			e.Salted = salted(s.extra, e.LoRA)
+			e.Salted = e.Salted || salted(s.extra, e.LoRA)
 			s.extra = nil
 		}
 	}
@@ -371,6 +373,11 @@ func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) err
 			e.LoRA = strconv.Itoa(v)
 		}
 	case "lora_name":
+		if r.isMap() {
+			// SGLang's positional BlockStoredWithMetadata has its metadata
+			// here.
+			return b.decodeField(r, "metadata", e, s)
+		}
 		if !r.isNil() {
 			var p []byte
 			if p, err = r.raw(); err == nil && len(p) > 0 {
@@ -388,6 +395,19 @@ func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) err
 		start := r.off
 		if err = r.skip(1); err == nil && r.b[start] != mpNil {
 			s.extra = r.b[start:r.off]
+		}
+	case "cache_salt": // SGLang's: a string, nil or "" for none
+		start := r.off
+		if err = r.skip(1); err == nil && r.b[start] != mpNil && r.b[start] != 0xa0 {
+			e.Salted = true
+		}
+	case "metadata": // SGLang's: {"cache_salt": ...}
+		start := r.off
+		if err = r.skip(1); err == nil {
+			m := &reader{b: r.b[start:r.off]}
+			if n, merr := m.mapLen(); merr == nil && n > 0 {
+				e.Salted = true
+			}
 		}
 	case "group_idx":
 		e.Group, err = optInt(r, 0)
@@ -429,6 +449,17 @@ func (b *Batch) decodeTokens(r *reader) error {
 	}
 	if n > MaxTokensPerEvent {
 		return fmt.Errorf("%d token IDs exceed %d", n, MaxTokensPerEvent)
+	}
+	if n > 0 && r.isArray() {
+		// SGLang's bigram pages (EAGLE speculative decoding): pairs of
+		// token IDs, which the router does not hash. The event keeps no
+		// tokens, and is not indexed.
+		for range n {
+			if err := r.skip(1); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	b.tokens = grow(b.tokens, n, len(r.b)-r.off)
 	for range n {

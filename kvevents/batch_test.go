@@ -56,6 +56,42 @@ func TestDecodeBatch(t *testing.T) {
 			{Kind: Stored, BlockHashes: []uint64{5}, Parent: 4, HasParent: true, TokenIDs: []uint32{1}, BlockSize: 1, Salted: true},
 			{Kind: Removed, BlockHashes: []uint64{5}},
 		}},
+	}, {
+		// SGLang's radix cache with EAGLE speculative decoding keys pages by
+		// bigrams, and publishes them as pairs of token IDs: no router
+		// hashes them, so the event keeps no tokens and is not indexed,
+		// and the rest of the batch is applied.
+		name: "SGLang bigram pages",
+		payload: []any{4.0, []any{
+			map[string]any{"type": "BlockStored", "block_hashes": []any{7}, "parent_block_hash": nil, "token_ids": []any{[]any{1, 2}, []any{2, 3}}, "block_size": 2, "lora_id": nil, "medium": "GPU"},
+			map[string]any{"type": "BlockRemoved", "block_hashes": []any{6}, "medium": "GPU"},
+		}, 0},
+		want: Batch{TS: 4, DPRank: 0, Events: []Event{
+			{Kind: Stored, BlockHashes: []uint64{7}, BlockSize: 2, Medium: "GPU"},
+			{Kind: Removed, BlockHashes: []uint64{6}, Medium: "GPU"},
+		}},
+	}, {
+		// SGLang sends a request's cache_salt with each block it stores: the
+		// engine's hashes mix it in, so the blocks are Salted.
+		name: "SGLang cache_salt",
+		payload: []any{5.0, []any{
+			map[string]any{"type": "BlockStored", "block_hashes": []any{8}, "parent_block_hash": nil, "token_ids": []any{1, 2}, "block_size": 2, "lora_id": nil, "medium": "GPU", "cache_salt": "tenant-a", "session_id": "s1"},
+			map[string]any{"type": "BlockStored", "block_hashes": []any{9}, "parent_block_hash": nil, "token_ids": []any{1, 2}, "block_size": 2, "lora_id": nil, "medium": "GPU", "cache_salt": nil},
+		}, 0},
+		want: Batch{TS: 5, DPRank: 0, Events: []Event{
+			{Kind: Stored, BlockHashes: []uint64{8}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", Salted: true},
+			{Kind: Stored, BlockHashes: []uint64{9}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU"},
+		}},
+	}, {
+		// SGLang's positional BlockStoredWithMetadata puts {"cache_salt":
+		// ...} where vLLM has lora_name.
+		name: "SGLang positional metadata",
+		payload: []any{6.0, []any{
+			[]any{"BlockStored", []any{10}, nil, []any{1, 2}, 2, nil, "GPU", map[string]any{"cache_salt": "tenant-a"}},
+		}, 0},
+		want: Batch{TS: 6, DPRank: 0, Events: []Event{
+			{Kind: Stored, BlockHashes: []uint64{10}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", Salted: true},
+		}},
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -60,8 +60,10 @@ type Config struct {
 	// MaxBlocks bounds, per endpoint, the map from engine block hash to
 	// router block hash (about 100 bytes an entry), least recently used
 	// first. A stored block whose parent is no longer in it is not
-	// indexed. Size it at least to the engine's KV-cache block count. Zero
-	// means [DefaultMaxBlocks].
+	// indexed, and a block that falls out of it is removed from the index,
+	// since the engine's BlockRemoved for it could no longer be applied.
+	// Size it at least to the engine's KV-cache block count. Zero means
+	// [DefaultMaxBlocks].
 	MaxBlocks int
 	// MinBackoff and MaxBackoff bound the wait before reconnecting to an
 	// endpoint: it starts at MinBackoff, doubles after every failed

@@ -18,16 +18,19 @@ type translator struct {
 	salt   prefix.Salt
 	root   uint64 // hasher.Root(salt), the root of blocks without adapter
 	// hashes maps engine block hash to router block hash for the blocks
-	// the endpoint holds, bounded; a block whose parent fell out of it is
-	// not indexed.
-	hashes *simplelru.LRU[uint64, uint64]
-	buf    []uint64
-	stats  *counters
+	// the endpoint holds, bounded by max; a block whose parent fell out of
+	// it is not indexed, and a block that falls out of it leaves the
+	// index, whose BlockRemoved could no longer be applied.
+	hashes  *simplelru.LRU[uint64, uint64]
+	max     int
+	buf     []uint64
+	evicted []uint64 // router hashes of the blocks hashes let go
+	stats   *counters
 }
 
 func newTranslator(key string, idx *prefix.Index, h *prefix.Hasher, salt prefix.Salt, maxBlocks int, st *counters) *translator {
 	m, _ := simplelru.NewLRU[uint64, uint64](maxBlocks, nil) // maxBlocks > 0
-	return &translator{key: key, idx: idx, hasher: h, salt: salt, root: h.Root(salt), hashes: m, stats: st}
+	return &translator{key: key, idx: idx, hasher: h, salt: salt, root: h.Root(salt), hashes: m, max: maxBlocks, stats: st}
 }
 
 // indexed reports whether events about medium and group describe the
@@ -81,10 +84,21 @@ func (t *translator) stored(e *Event) {
 	// The hasher caps a chain continued from root at its MaxBlocks; blocks
 	// beyond that are never matched, so they need no index entry.
 	n = min(n, len(t.buf))
+	t.evicted = t.evicted[:0]
 	for i, h := range e.BlockHashes[:n] {
+		if t.hashes.Len() >= t.max && !t.hashes.Contains(h) {
+			_, r, _ := t.hashes.RemoveOldest()
+			t.evicted = append(t.evicted, r)
+		}
 		t.hashes.Add(h, t.buf[i])
 	}
-	if err := t.idx.Stored(t.key, e.BlockSize, t.buf[:n]...); err != nil {
+	err := t.idx.Stored(t.key, e.BlockSize, t.buf[:n]...)
+	if len(t.evicted) > 0 {
+		// After storing: the event's own first blocks may be among them.
+		_ = t.idx.Removed(t.key, t.idx.BlockSize(), t.evicted...)
+		t.stats.removed.Add(int64(len(t.evicted)))
+	}
+	if err != nil {
 		t.stats.skipped.Add(int64(n))
 		return
 	}

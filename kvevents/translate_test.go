@@ -33,12 +33,39 @@ func TestTranslator(t *testing.T) {
 	assert.Equal(t, 0, idx.Len("e"))
 	assert.Equal(t, int64(5), st.skipped.Load())
 
-	apply(stored(hs, toks, 0, 6))
-	assert.Equal(t, 6, idx.MatchLen("e", hs, time.Now()))
+	apply(stored(hs, toks, 0, 4))
+	assert.Equal(t, 4, idx.MatchLen("e", hs, time.Now()))
+	apply(removed(hs[3]))
+	assert.Equal(t, 3, idx.MatchLen("e", hs, time.Now()))
+	apply(stored(hs, toks, 3, 6)) // the map lets blocks 0 and 1 go: so does the index
 	assert.Equal(t, 4, tr.hashes.Len())
-	apply(removed(hs[5]))
-	assert.Equal(t, 5, idx.MatchLen("e", hs, time.Now()))
+	assert.Equal(t, 4, idx.Len("e"))
+	assert.Equal(t, 0, idx.MatchLen("e", hs, time.Now()))
 	apply(Event{Kind: Cleared})
 	assert.Equal(t, 0, idx.Len("e"))
 	assert.Equal(t, 0, tr.hashes.Len())
+}
+
+// TestTranslatorForgetsWhatItCannotRemove checks that a block whose engine
+// hash falls out of the MaxBlocks map leaves the index too: the engine's
+// BlockRemoved for it could no longer be applied, and the index would claim
+// a prefix the engine no longer holds.
+func TestTranslatorForgetsWhatItCannotRemove(t *testing.T) {
+	idx, h := newTestIndex(t)
+	salt := prefix.Salt{Model: "m"}
+	var st counters
+	tr := newTranslator("e", idx, h, salt, 2, &st)
+	toks := prompt(1, 3)
+	hs := h.HashTokens(salt, toks)
+	for i := range 3 {
+		tr.apply(&Batch{Events: []Event{stored(hs, toks, i, i+1)}})
+	}
+	tr.apply(&Batch{Events: []Event{removed(hs[0])}}) // the engine evicts the head
+	assert.Equal(t, 0, idx.MatchLen("e", hs, time.Now()), "the engine holds no prefix of the prompt")
+	assert.LessOrEqual(t, idx.Len("e"), 2)
+
+	// Within one event too.
+	tr.apply(&Batch{Events: []Event{{Kind: Cleared}, stored(hs, toks, 0, 3)}})
+	tr.apply(&Batch{Events: []Event{removed(hs[0])}})
+	assert.Equal(t, 0, idx.MatchLen("e", hs, time.Now()), "the engine holds no prefix of the prompt")
 }
