@@ -203,7 +203,7 @@ func startDemo(o options, n int, engines engine.Config) (c *e2e.Cluster, base st
 		wg.Go(func() { _ = r.Run(ctx) })
 	}
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, g, l, time.Second, slog.Default()) }()
+	go func() { served <- serve(ctx, g, l, &shutdown{grace: time.Second}, slog.Default()) }()
 	return c, "http://" + l.Addr().String(), func() {
 		cancel()
 		<-served

@@ -6,8 +6,12 @@
 // and ejects replicas that keep failing. It logs every upstream failure,
 // refusal, ejection and scrape failure (log/slog, as JSON with -log-json),
 // and serves on its admin address its own metrics (/metrics, OpenTelemetry
-// through the Prometheus exporter) and a JSON view of the balancer
-// (/debug/llmlb).
+// through the Prometheus exporter), a JSON view of the balancer
+// (/debug/llmlb) and probes: /healthz answers 200 while the process runs,
+// /readyz 503 from the first SIGTERM or SIGINT on. With -drain-delay the
+// gateway keeps taking requests that long after the signal, so that a
+// Kubernetes Service drops the pod before it stops; then it lets streams in
+// flight finish for up to -shutdown-grace.
 //
 //	go run ./cmd/llmlb-engine -ports 8001,8002,8003,8004 -speedup 10 &
 //	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003,http://127.0.0.1:8004
@@ -59,6 +63,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -145,6 +150,7 @@ func run(args []string, stderr io.Writer) error {
 	admin := fs.String("admin", "127.0.0.1:9090", "address to serve /metrics and /debug/llmlb on (\"\": none)")
 	backends := fs.String("backends", "", "comma-separated base URLs of the replicas")
 	grace := fs.Duration("shutdown-grace", 25*time.Second, "on SIGINT or SIGTERM, how long streams in flight may finish before they are cut (a second signal cuts them at once)")
+	drainDelay := fs.Duration("drain-delay", 0, "on SIGINT or SIGTERM, how long the admin address's /readyz answers 503 while the gateway still takes requests, before it stops taking them: behind a Kubernetes Service, a few seconds for the endpoints to drop the pod (0: stop at once)")
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding, round-robin or peak-ewma (for replicas without metrics, such as a managed API's deployments)")
 	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica")
 	fs.IntVar(&o.attempts, "attempts", retry.DefaultMaxAttempts, "attempts per request before the first token, the first included")
@@ -323,10 +329,13 @@ func run(args []string, stderr io.Writer) error {
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	sd := &shutdown{grace: *grace, delay: *drainDelay}
 	if *admin != "" {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.Handle("/debug/llmlb", g.Debug())
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", sd.serveReady)
 		al, err := net.Listen("tcp", *admin)
 		if err != nil {
 			return err
@@ -334,7 +343,8 @@ func run(args []string, stderr io.Writer) error {
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		wg.Go(func() { _ = srv.Serve(al) })
 		defer srv.Close()
-		o.log.Info("admin endpoints", "metrics", "http://"+al.Addr().String()+"/metrics", "debug", "http://"+al.Addr().String()+"/debug/llmlb")
+		base := "http://" + al.Addr().String()
+		o.log.Info("admin endpoints", "metrics", base+"/metrics", "debug", base+"/debug/llmlb", "liveness", base+"/healthz", "readiness", base+"/readyz")
 	}
 	if o.share != nil {
 		o.log.Info("sharing state over NATS", "url", *natsURL, "subject", o.share.Subject, "id", g.State().Share.ID)
@@ -343,7 +353,7 @@ func run(args []string, stderr io.Writer) error {
 	if len(o.spillTo) > 0 {
 		o.log.Info("spilling to a second tier", "backends", strings.Join(o.spillTo, ","))
 	}
-	return serve(ctx, g, l, *grace, o.log)
+	return serve(ctx, g, l, sd, o.log)
 }
 
 func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Policy, error) {
@@ -594,10 +604,28 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
+// shutdown is how the gateway stops: it reports not ready for delay, still
+// taking requests, then stops taking them and lets those in flight finish
+// for up to grace.
+type shutdown struct {
+	grace, delay time.Duration
+	draining     atomic.Bool // the readiness probe fails
+}
+
+// serveReady answers the readiness probe: 200 until the shutdown begins,
+// then 503.
+func (sd *shutdown) serveReady(w http.ResponseWriter, _ *http.Request) {
+	if sd.draining.Load() {
+		http.Error(w, "shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
 // serve serves the gateway on l, scraping and sweeping ejections meanwhile,
-// until ctx is done; then it stops accepting requests and lets those in
-// flight finish for up to grace, after which it cuts the rest.
-func serve(ctx context.Context, g *gateway.Gateway, l net.Listener, grace time.Duration, log *slog.Logger) error {
+// until ctx is done; then it shuts down as sd says, after which it cuts the
+// requests still in flight.
+func serve(ctx context.Context, g *gateway.Gateway, l net.Listener, sd *shutdown, log *slog.Logger) error {
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	bg, cancel := context.WithCancel(ctx)
@@ -613,12 +641,14 @@ func serve(ctx context.Context, g *gateway.Gateway, l net.Listener, grace time.D
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("gateway shutting down; a second signal ends it at once", "grace", grace)
-	shutdown, done := context.WithTimeout(context.Background(), grace)
+	sd.draining.Store(true)
+	log.Info("gateway shutting down; a second signal ends it at once", "drain_delay", sd.delay, "grace", sd.grace)
+	time.Sleep(sd.delay)
+	stopping, done := context.WithTimeout(context.Background(), sd.grace)
 	defer done()
-	err := srv.Shutdown(shutdown)
+	err := srv.Shutdown(stopping)
 	if errors.Is(err, context.DeadlineExceeded) {
-		log.Warn("gateway: shutdown grace period over, cutting the requests still in flight", "grace", grace)
+		log.Warn("gateway: shutdown grace period over, cutting the requests still in flight", "grace", sd.grace)
 		err = srv.Close()
 	}
 	<-served

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -234,27 +235,21 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestSecondSignal: a second SIGTERM while a stream holds the shutdown ends
-// the gateway at once instead of waiting out -shutdown-grace.
-func TestSecondSignal(t *testing.T) {
-	held := make(chan struct{})
-	release := make(chan struct{})
-	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(http.StatusOK)
-		w.(http.Flusher).Flush()
-		close(held)
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	defer engine.Close()
-	defer close(release)
+// process is the gateway run as a process of its own, its log read line by
+// line.
+type process struct {
+	t     *testing.T
+	cmd   *exec.Cmd
+	lines *bufio.Scanner
+}
+
+// startProcess runs the gateway with args in a process of its own; it is
+// killed when the test ends.
+func startProcess(t *testing.T, args ...string) *process {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-backends", engine.URL, "-listen", "127.0.0.1:0", "-admin", "",
-		"-scrape", "-1s", "-shutdown-grace", "1m")
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -263,50 +258,146 @@ func TestSecondSignal(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	lines := bufio.NewScanner(stderr)
-	waitFor := func(substr string) string {
-		t.Helper()
-		for lines.Scan() {
-			if strings.Contains(lines.Text(), substr) {
-				return lines.Text()
-			}
+	return &process{t: t, cmd: cmd, lines: bufio.NewScanner(stderr)}
+}
+
+// waitFor reads the log up to a line containing substr and returns the
+// value of its field key ("" for none).
+func (p *process) waitFor(substr, key string) string {
+	p.t.Helper()
+	for p.lines.Scan() {
+		line := p.lines.Text()
+		if !strings.Contains(line, substr) {
+			continue
 		}
-		t.Fatalf("the gateway ended before logging %q", substr)
+		if i := strings.Index(line, key+"="); key != "" && i >= 0 {
+			return strings.Fields(line[i+len(key)+1:])[0]
+		}
 		return ""
 	}
-	line := waitFor("gateway serving")
-	addr := strings.Fields(line[strings.Index(line, "addr=")+len("addr="):])[0]
+	p.t.Fatalf("the gateway ended before logging %q", substr)
+	return ""
+}
+
+// signal sends sig to the gateway.
+func (p *process) signal(sig os.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// wait waits up to 20 s for the gateway to exit, and returns how.
+func (p *process) wait() syscall.WaitStatus {
+	p.t.Helper()
 	go func() {
-		body := strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hold"}]}`)
-		resp, err := http.Post(addr+"/v1/chat/completions", "application/json", body)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+		for p.lines.Scan() {
 		}
 	}()
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-exited
+		p.t.Fatal("the gateway still running 20s after it was told to stop")
+	}
+	return p.cmd.ProcessState.Sys().(syscall.WaitStatus)
+}
+
+// holdingEngine is an engine whose streams last until the test ends; held
+// is closed when the first reaches it.
+func holdingEngine(t *testing.T) (url string, held <-chan struct{}) {
+	first := make(chan struct{})
+	var once sync.Once
+	release := make(chan struct{})
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		once.Do(func() { close(first) })
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(engine.Close)
+	t.Cleanup(func() { close(release) })
+	return engine.URL, first
+}
+
+// stream sends a streamed chat request to the gateway at addr and reads
+// its answer to the end.
+func stream(addr string) {
+	body := strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hold"}]}`)
+	resp, err := http.Post(addr+"/v1/chat/completions", "application/json", body)
+	if err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// get returns the status of a GET of url, or 0 if it failed.
+func get(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestSecondSignal: a second SIGTERM while a stream holds the shutdown ends
+// the gateway at once instead of waiting out -shutdown-grace.
+func TestSecondSignal(t *testing.T) {
+	engine, held := holdingEngine(t)
+	p := startProcess(t, "-backends", engine, "-listen", "127.0.0.1:0", "-admin", "", "-scrape", "-1s", "-shutdown-grace", "1m")
+	go stream(p.waitFor("gateway serving", "addr"))
 	select {
 	case <-held:
 	case <-time.After(20 * time.Second):
 		t.Fatal("the request did not reach the engine")
 	}
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	p.signal(syscall.SIGTERM)
+	p.waitFor("gateway shutting down", "")
+	p.signal(syscall.SIGTERM)
+	if ws := p.wait(); !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Errorf("exit %v, want killed by SIGTERM", p.cmd.ProcessState)
 	}
-	waitFor("gateway shutting down")
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+}
+
+// TestProbes: /healthz and /readyz answer 200; from the first SIGTERM on,
+// /readyz answers 503 while, for -drain-delay, the gateway still takes
+// requests; then it stops and exits 0.
+func TestProbes(t *testing.T) {
+	engine, held := holdingEngine(t)
+	p := startProcess(t, "-backends", engine, "-listen", "127.0.0.1:0", "-admin", "127.0.0.1:0", "-scrape", "-1s",
+		"-drain-delay", "2s", "-shutdown-grace", "100ms")
+	ready := p.waitFor("admin endpoints", "readiness")
+	live := strings.TrimSuffix(ready, "/readyz") + "/healthz"
+	addr := p.waitFor("gateway serving", "addr")
+	if code := get(live); code != http.StatusOK {
+		t.Errorf("/healthz: %d, want 200", code)
 	}
-	go func() { _, _ = io.Copy(io.Discard, stderr) }()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	if code := get(ready); code != http.StatusOK {
+		t.Errorf("/readyz: %d, want 200", code)
+	}
+	p.signal(syscall.SIGTERM)
+	p.waitFor("gateway shutting down", "")
+	if code := get(ready); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz while shutting down: %d, want 503", code)
+	}
+	if code := get(live); code != http.StatusOK {
+		t.Errorf("/healthz while shutting down: %d, want 200", code)
+	}
+	go stream(addr)
 	select {
-	case <-exited:
+	case <-held:
 	case <-time.After(20 * time.Second):
-		_ = cmd.Process.Kill()
-		<-exited
-		t.Fatal("the gateway still shutting down 20s after a second SIGTERM")
+		t.Fatal("a request during the drain delay did not reach the engine")
 	}
-	if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
-		t.Errorf("exit %v, want killed by SIGTERM", cmd.ProcessState)
+	if ws := p.wait(); ws.Signaled() || ws.ExitStatus() != 0 {
+		t.Errorf("exit %v, want 0", p.cmd.ProcessState)
 	}
 }
