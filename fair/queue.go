@@ -372,6 +372,11 @@ func (q *Queue) retryAfterLocked(p *principal, now time.Time) time.Duration {
 	if p != nil {
 		ahead = float64(p.waiting) * float64(max(len(q.backlog), 1))
 	}
+	if ahead == 0 {
+		// Nothing to wait for, whatever the rate, which after hours
+		// without an admission decays to exactly 0.
+		return q.retryAfter
+	}
 	wait := q.maxRetryAfter
 	if rate > 0 {
 		if s := ahead / rate; s < wait.Seconds() {

@@ -37,6 +37,17 @@
 // and [Config.Observer] is told of every spill, for metrics (package
 // telemetry provides one).
 //
+// Each tier after the first of [Config.Tiers] is sent the request with its
+// X-Request-Id suffixed with "." and the tier's name, such as
+// req_abc.paygo (or with the tier's index from 0, for a name not made of
+// letters, digits, '-', '_', '.' and ':'), so that tiers over the same
+// engines never receive two requests with one id (vLLM takes the header for
+// its own request id and refuses one it is running); an httplb.Transport
+// then appends "-2", "-3" to the id of each later attempt in the tier. The
+// first tier gets the id unchanged, and so does every tier when the id is
+// not one httplb would send (as httplb.NewErrorHandler defines it) or has no
+// room for the suffix within 128 characters.
+//
 // The request body is read once and replayed to each tier, up to
 // [Config.MaxBodyBytes]. Responses are never spilled once returned: a
 // streamed response belongs to the tier that started it.
@@ -52,7 +63,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -160,6 +173,7 @@ type Transport struct {
 	header   string
 	observer func(Event)
 	clock    llmlb.Clock
+	idSuffix []string // per tier: appended to the request's X-Request-Id
 
 	mu    sync.Mutex
 	until []time.Time // per tier: the end of its cooldown
@@ -195,6 +209,14 @@ func New(cfg Config) (*Transport, error) {
 		observer: cfg.Observer,
 		clock:    cfg.Clock,
 		until:    make([]time.Time, len(cfg.Tiers)),
+		idSuffix: make([]string, len(cfg.Tiers)),
+	}
+	for i, tier := range t.tiers[1:] {
+		if isIDToken(tier.Name) {
+			t.idSuffix[i+1] = "." + tier.Name
+		} else {
+			t.idSuffix[i+1] = "." + strconv.Itoa(i+1)
+		}
 	}
 	if t.spill == nil {
 		t.spill = DefaultSpill
@@ -224,7 +246,8 @@ func (systemClock) Now() time.Time { return time.Now() }
 // it is not the first tier tried, or the last tier's answer. When every
 // tier is cooling it returns a *retry.OverloadError suggesting the shortest
 // remaining wait, at most MaxCooldown. A body larger than
-// MaxBodyBytes fails with an error wrapping httplb.ErrBodyTooLarge.
+// MaxBodyBytes fails with an error wrapping httplb.ErrBodyTooLarge, and one
+// that cannot be read with an error wrapping httplb.ErrBodyRead.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	body, err := t.readBody(r)
 	if err != nil {
@@ -244,7 +267,7 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 	}
 	for i := start; ; {
-		resp, err := t.tiers[i].Transport.RoundTrip(withBody(r, body))
+		resp, err := t.tiers[i].Transport.RoundTrip(withBody(r, body, t.idSuffix[i]))
 		next := t.nextReady(i+1, t.clock.Now())
 		if t.tiers[i].Ready == nil {
 			if d := t.pushback(resp, t.clock.Now()); d > 0 {
@@ -289,15 +312,18 @@ func (t *Transport) Cooling() []string {
 	return names
 }
 
-// readBody reads r's body for replay, or returns nil if it has none.
+// readBody reads r's body for replay, or returns nil if it has none. A
+// body that cannot be read fails with an error wrapping httplb.ErrBodyRead.
 func (t *Transport) readBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	defer r.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(r.Body, t.maxBody+1))
+	// One byte past the cap tells a body over it, unless the cap is the
+	// largest int64, which that byte would overflow.
+	b, err := io.ReadAll(io.LimitReader(r.Body, t.maxBody+min(1, math.MaxInt64-t.maxBody)))
 	if err != nil {
-		return nil, fmt.Errorf("spill: reading the request body: %w", err)
+		return nil, fmt.Errorf("spill: %w: %w", httplb.ErrBodyRead, err)
 	}
 	if int64(len(b)) > t.maxBody {
 		return nil, fmt.Errorf("spill: %w (more than %d bytes)", httplb.ErrBodyTooLarge, t.maxBody)
@@ -305,10 +331,15 @@ func (t *Transport) readBody(r *http.Request) ([]byte, error) {
 	return b, nil
 }
 
-// withBody returns a shallow copy of r whose body is a fresh reader of
-// body.
-func withBody(r *http.Request, body []byte) *http.Request {
+// withBody returns a copy of r whose body is a fresh reader of body and
+// whose X-Request-Id, if it is one httplb would send, has idSuffix appended
+// where it fits within maxRequestIDLen.
+func withBody(r *http.Request, body []byte, idSuffix string) *http.Request {
 	c := r.Clone(r.Context())
+	if id := c.Header.Get(requestIDHeader); idSuffix != "" && id != "" &&
+		len(id)+len(idSuffix) <= maxRequestIDLen && isIDToken(id) {
+		c.Header.Set(requestIDHeader, id+idSuffix)
+	}
 	if body == nil {
 		return c
 	}
@@ -316,6 +347,27 @@ func withBody(r *http.Request, body []byte) *http.Request {
 	c.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	c.ContentLength = int64(len(body))
 	return c
+}
+
+// requestIDHeader carries a request's id upstream, as httplb sends it.
+const requestIDHeader = "X-Request-Id"
+
+// maxRequestIDLen is the length of the longest X-Request-Id httplb sends on
+// as the request's own.
+const maxRequestIDLen = 128
+
+// isIDToken reports whether s is made only of the characters httplb allows
+// in a request id: letters, digits, '-', '_', '.' and ':'.
+func isIDToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
+			c == '-', c == '_', c == '.', c == ':':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // ready reports whether tier i may take a request at now and, if not, the
