@@ -206,7 +206,11 @@ func (q *Queue) Admit(ctx context.Context, r Request) (*Ticket, error) {
 // must not be nil.
 //
 // To give up a queued ticket, call its Done: it leaves the queue with
-// nothing charged to its principal, and ready is not called.
+// nothing charged to its principal, and ready is not called. A Done that
+// races with another goroutine's call admitting the ticket may come too
+// late: the ticket was then admitted and is done as an admitted one, its
+// prompt charged, and ready(nil) still comes, after Done; a holder that
+// gives up from another goroutine than the queue's other calls ignores it.
 func (q *Queue) Enter(r Request, ready func(err error)) (*Ticket, bool, error) {
 	if ready == nil {
 		panic("fair: Enter with a nil ready function")
