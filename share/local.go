@@ -184,9 +184,15 @@ func (l *local) charges(info *llmlb.PickInfo) (prefill, decode int64) {
 	return prefill, decode
 }
 
-// pick records a successful pick made at now (unix nanoseconds).
+// pick records a successful pick made at now (unix nanoseconds). A pick at
+// a key longer than the wire carries is dropped: a batch with it would be
+// refused whole.
 func (l *local) pick(info *llmlb.PickInfo, now int64) {
 	key := info.Endpoint.Key()
+	if len(key) > maxKeyBytes {
+		l.dropped.Add(1)
+		return
+	}
 	prefill, decode := l.charges(info)
 	idx := now / l.width
 	l.mu.Lock()

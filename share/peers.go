@@ -100,6 +100,39 @@ func spans(m *message, buckets []bucket, now int64) []span {
 	return out
 }
 
+// finPoints converts the finished counts fin of a snapshot received at now
+// to points by increasing time. A boundary of the ring without a count had
+// none finished: a zero point goes beside each count whose neighbouring
+// boundary lacks one, so that interpolation does not bridge the gap. The
+// batch itself comes last: nothing had finished after it.
+func finPoints(m *message, fin []finCount, now int64) []finPoint {
+	newest := now - m.phase // start of the newest bucket
+	at := func(age int) int64 { return newest - int64(age)*m.width }
+	pts := make([]finPoint, 0, 3*len(fin)+1)
+	prev := m.horizon // age of the last count added; the ring has none older
+	for j := len(fin) - 1; j >= 0; j-- {
+		f := fin[j]
+		if prev-1 > f.age+1 && prev < m.horizon {
+			pts = append(pts, finPoint{at: at(prev - 1)})
+		}
+		if prev-1 > f.age {
+			pts = append(pts, finPoint{at: at(f.age + 1)})
+		}
+		pts = append(pts, finPoint{at: at(f.age), n: f.n})
+		prev = f.age
+	}
+	if prev > 0 {
+		pts = append(pts, finPoint{at: at(prev - 1)})
+	}
+	switch last := &pts[len(pts)-1]; {
+	case last.at >= now:
+		last.n = 0
+	case last.n != 0:
+		pts = append(pts, finPoint{at: now})
+	}
+	return pts
+}
+
 // apply stores m, received at now, as its sender's snapshot. It reports
 // whether the sender is new, and false in ok if m was refused: older than
 // the sender's latest, or from a new peer beyond the limit.
@@ -116,18 +149,7 @@ func (p *peers) apply(m *message, now int64) (joined, ok bool) {
 		}
 		pe := &peerEP{spans: spans(m, e.buckets, now)}
 		if len(e.fin) > 0 {
-			// Boundaries, oldest first, then the batch itself: nothing
-			// had finished after it.
-			newest := now - m.phase
-			pe.fin = make([]finPoint, 0, len(e.fin)+1)
-			for j := len(e.fin) - 1; j >= 0; j-- {
-				pe.fin = append(pe.fin, finPoint{at: newest - int64(e.fin[j].age)*m.width, n: e.fin[j].n})
-			}
-			if newest < now {
-				pe.fin = append(pe.fin, finPoint{at: now})
-			} else {
-				pe.fin[len(pe.fin)-1].n = 0
-			}
+			pe.fin = finPoints(m, e.fin, now)
 		}
 		eps[e.key] = pe
 	}

@@ -124,8 +124,8 @@ type Config struct {
 	// Clock tells the time; it must be the balancer's clock
 	// (llmlb.WithClock). Nil means the system clock.
 	Clock llmlb.Clock
-	// Logger receives changes of the connection and of the peers, and the
-	// failures to publish: while the NATS connection is down, [Group.Run]
+	// Logger receives changes of the connection and of the peers, another
+	// replica publishing under this ID, and the failures to publish: while the NATS connection is down, [Group.Run]
 	// warns at the first batch it cannot publish, whether the connection
 	// went down or never came up, then once a minute until it connects.
 	// Nil means [slog.Default].
@@ -168,9 +168,10 @@ type Group struct {
 	batchMu sync.Mutex
 	batch   message // the batch being built (by Run or AppendBatch), reused
 
-	recvMu sync.Mutex
-	recv   message             // the batch being received, reused
-	seen   map[string]struct{} // decodeInto's scratch
+	recvMu   sync.Mutex
+	recv     message             // the batch being received, reused
+	seen     map[string]struct{} // decodeInto's scratch
+	impostor uint64              // incarnation of the last other replica with this ID logged
 
 	connected     atomic.Bool
 	failing       bool // the last publish while connected failed; guarded by batchMu
@@ -489,7 +490,8 @@ type Stats struct {
 	// malformed, late, or from a peer beyond MaxPeers.
 	Received, Rejected uint64
 	// Dropped counts picks not recorded for the peers: the endpoint table
-	// or the batch's block buffer was full.
+	// or the batch's block buffer was full, or the endpoint key is longer
+	// than the 1024 bytes a batch carries.
 	Dropped uint64
 }
 
@@ -680,6 +682,12 @@ func (g *Group) receive(data []byte) error {
 	if m.id == g.id {
 		if m.inc != g.inc {
 			g.rejected.Add(1)
+			if m.inc != g.impostor {
+				// Peers see the two replicas' batches replace each
+				// other's: say so once per other replica.
+				g.impostor = m.inc
+				g.log.Warn("share: another replica publishes under this ID; peers miss the work of one of the two", "self", g.id)
+			}
 			return fmt.Errorf("%w: another replica publishes as %q", ErrRefused, g.id)
 		}
 		return nil
