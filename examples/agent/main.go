@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -32,7 +33,6 @@ import (
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/httplb"
-	"github.com/llmlb/llmlb/internal/e2e"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/signals"
 )
@@ -73,13 +73,13 @@ func (a *attempts) len() int {
 }
 
 func run() error {
-	cluster, err := e2e.StartCluster(4, engine.Config{Speedup: 10})
+	cluster, err := startCluster(4, engine.Config{Speedup: 10})
 	if err != nil {
 		return err
 	}
-	defer cluster.Close()
+	defer cluster.close()
 	names := map[string]string{}
-	for i, u := range cluster.URLs {
+	for i, u := range cluster.urls {
 		names[u] = fmt.Sprintf("engine-%d", i)
 	}
 
@@ -88,7 +88,7 @@ func run() error {
 		return err
 	}
 	targets := map[string]string{}
-	for _, u := range cluster.URLs {
+	for _, u := range cluster.urls {
 		targets[u] = u + "/metrics"
 	}
 	if err := scraper.SetTargets(targets); err != nil {
@@ -110,7 +110,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	eps, err := httplb.NewEndpoints(cluster.URLs...)
+	eps, err := httplb.NewEndpoints(cluster.urls...)
 	if err != nil {
 		return err
 	}
@@ -150,8 +150,7 @@ func run() error {
 
 	// Fan-out: 10 children share the conversation and differ in their last
 	// message. The session's replica is killed first.
-	victim := slices.Index(cluster.URLs, last)
-	cluster.Kill(victim)
+	cluster.kill(slices.Index(cluster.urls, last))
 	fmt.Printf("\nkilled %s (the session's replica); fan-out of 10 children, at most 4 in flight per session\n", names[last])
 	n := log.len()
 	var wg sync.WaitGroup
@@ -201,6 +200,50 @@ func run() error {
 	}
 	fmt.Printf("balancer idle after the run: %v, sessions in flight: %d\n", idle, adm.Sessions())
 	return nil
+}
+
+// cluster is a set of emulated engines on loopback, each of which can be
+// killed on its own.
+type cluster struct {
+	urls  []string
+	stops []func()
+}
+
+// startCluster starts n engines configured by cfg on free loopback ports.
+func startCluster(n int, cfg engine.Config) (*cluster, error) {
+	c := &cluster{}
+	for range n {
+		e, err := engine.New(cfg)
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = e.Serve(ctx, l)
+		}()
+		c.urls = append(c.urls, "http://"+l.Addr().String())
+		c.stops = append(c.stops, sync.OnceFunc(func() { cancel(); <-done }))
+	}
+	return c, nil
+}
+
+// kill stops engine i at once, as a crashed server stops: its listener and
+// connections close and streams in progress break.
+func (c *cluster) kill(i int) { c.stops[i]() }
+
+// close stops every engine still running.
+func (c *cluster) close() {
+	for _, stop := range c.stops {
+		stop()
+	}
 }
 
 type message struct {

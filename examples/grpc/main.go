@@ -18,12 +18,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +76,10 @@ func main() {
 	if *calls < 1 || *concurrency < 1 {
 		log.Fatal("-calls and -concurrency must be positive")
 	}
+	names, err := parsePolicies(*policies)
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	// Once, before dialing: make the balancer selectable by service config.
 	if _, err := grpclb.Register(grpclb.Options{Name: grpclb.DefaultName}); err != nil {
@@ -93,7 +99,7 @@ func main() {
 		fmt.Fprintf(tw, "%s (kv %.2f)\t", r.addr, r.kv)
 	}
 	fmt.Fprintln(tw)
-	for _, name := range strings.Split(*policies, ",") {
+	for _, name := range names {
 		cfg := fmt.Sprintf(`{"policy": %q}`, name)
 		if name == "p2c-kv" {
 			cfg = `{"policy": "p2c", "score": "kv"}`
@@ -102,6 +108,7 @@ func main() {
 			r.calls.Store(0)
 		}
 		if err := run(cfg, replicas, *calls, *concurrency); err != nil {
+			tw.Flush()
 			log.Fatalf("policy %s: %v", name, err)
 		}
 		fmt.Fprintf(tw, "%s\t", name)
@@ -110,6 +117,27 @@ func main() {
 		}
 		fmt.Fprintln(tw)
 	}
+}
+
+// parsePolicies splits the -policies list, trims the spaces around each name
+// and checks every name before any policy runs.
+func parsePolicies(list string) ([]string, error) {
+	known := append(grpclb.Policies(), "p2c-kv")
+	var names []string
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("-policies: unknown policy %q (known: %s)", name, strings.Join(known, ", "))
+		}
+		names = append(names, name)
+	}
+	if len(names) == 0 {
+		return nil, errors.New("-policies: no policy given")
+	}
+	return names, nil
 }
 
 // startReplicas starts one replica per KV usage on loopback.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -47,5 +48,32 @@ func TestRun(t *testing.T) {
 		if full := replicas[1].calls.Load(); full > tc.maxFull {
 			t.Errorf("%s: the full replica got %d calls, want at most %d", tc.cfg, full, tc.maxFull)
 		}
+	}
+}
+
+// TestParsePolicies checks that -policies tolerates spaces after commas and
+// rejects an unknown name before any policy runs.
+func TestParsePolicies(t *testing.T) {
+	cases := []struct {
+		list    string
+		want    []string
+		wantErr bool
+	}{
+		{list: "round-robin,p2c-kv,least-kv,default", want: []string{"round-robin", "p2c-kv", "least-kv", "default"}},
+		{list: "default, least-kv", want: []string{"default", "least-kv"}},
+		{list: "default,", want: []string{"default"}},
+		{list: "default,foo", wantErr: true},
+		{list: " ", wantErr: true},
+	}
+	for _, c := range cases {
+		t.Run(c.list, func(t *testing.T) {
+			got, err := parsePolicies(c.list)
+			if (err != nil) != c.wantErr {
+				t.Fatalf("parsePolicies(%q) error = %v, want error %v", c.list, err, c.wantErr)
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("parsePolicies(%q) = %q, want %q", c.list, got, c.want)
+			}
+		})
 	}
 }
