@@ -1,15 +1,17 @@
 // Command quickstart sends three streamed completions that share a long
 // system prompt through llmlb's recommended policy. Pass your replicas'
-// OpenAI-compatible base URLs as arguments, or none to start two emulated
-// engines on loopback.
+// OpenAI-compatible base URLs as arguments, and the model they serve in
+// $MODEL, or no arguments to start two emulated engines on loopback.
 package main
 
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -25,6 +27,9 @@ import (
 type replica string // an endpoint; its Key is its stable identity
 
 func (r replica) Key() string { return string(r) }
+
+// model is the model the replicas serve: $MODEL, or the emulated engines'.
+var model = cmp.Or(os.Getenv("MODEL"), engine.DefaultModel)
 
 func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -68,7 +73,7 @@ func main() {
 		p, err := b.Pick(ctx, &llmlb.Request{
 			PromptTokens: len(prompt) / 4, // or your tokenizer's count
 			MaxTokens:    32,
-			Prefix:       hasher.HashString(prefix.Salt{Model: engine.DefaultModel}, prompt),
+			Prefix:       hasher.HashString(prefix.Salt{Model: model}, prompt),
 		})
 		if err != nil {
 			log.Fatal(err) // llmlb.ErrNoEndpoints, llmlb.ErrNoCandidates, ...
@@ -88,7 +93,7 @@ func main() {
 // stream sends prompt to the picked replica, calls first on the first event
 // and reads the stream to its end.
 func stream(ctx context.Context, p llmlb.Pick, prompt string, first func()) error {
-	body, _ := json.Marshal(map[string]any{"model": engine.DefaultModel, "prompt": prompt, "max_tokens": 32, "stream": true})
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": prompt, "max_tokens": 32, "stream": true})
 	req, err := http.NewRequestWithContext(ctx, "POST", p.Endpoint().Key()+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -99,8 +104,9 @@ func stream(ctx context.Context, p llmlb.Pick, prompt string, first func()) erro
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", p.Endpoint().Key(), resp.Status)
+	if resp.StatusCode != http.StatusOK { // a 404 names a model the replica does not serve
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("%s: %s: %s", p.Endpoint().Key(), resp.Status, bytes.TrimSpace(msg))
 	}
 	sc := bufio.NewScanner(resp.Body)
 	for n := 0; sc.Scan(); {
