@@ -35,12 +35,16 @@
 //
 //   - [RoundRobin] and [Random]: baselines that ignore load.
 //   - [LeastOutstanding], [LeastTokens], [LeastKV]: full scans for the lowest
-//     [RequestsScore], [TokensScore] or [KVScore].
+//     [RequestsScore], [TokensScore] or [KVScore]; [LeastScore] for any other
+//     [Score].
 //   - [P2C]: power of two choices over any [Score]: sample two candidates,
 //     keep the lower. Constant cost, and it does not herd when several
 //     balancers share a stale view.
 //   - [WeightedLeastRequest]: Envoy's policy for replicas of unequal capacity
 //     (an Endpoint may implement Weight() float64).
+//   - [PeakEWMA]: Finagle's latency-aware policy, for endpoints without
+//     metrics to read, such as managed APIs: it learns from the latency they
+//     answer with.
 //   - [ConsistentHash] (bounded loads, on Request.AffinityKey) and
 //     [PrefixHash] (SGLang's prefix_hash): locality without an index.
 //   - [PrefixAware] and [SGLangCacheAware], [KVCost] (NVIDIA Dynamo's cost
@@ -50,6 +54,9 @@
 //   - [Segregated]: pools of endpoints per request size class.
 //   - [AdapterAffinity]: wraps a policy to send requests naming a LoRA
 //     adapter to the endpoints holding it, spreading a hot adapter.
+//   - [NewDisaggregated] is not a policy but a pair of balancers: it picks a
+//     prefill worker and a decode worker for each request, for engines that
+//     split the two phases.
 //   - [Default]: the recommended policy. It prices queueing and cache
 //     misses in the same unit (prefill tokens), so locality yields to load
 //     exactly when the queue in front of a prefix holder costs more than its
