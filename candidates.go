@@ -302,9 +302,9 @@ type EndpointLoad struct {
 	// slow-start factor.
 	Weight float64
 	// PeerWaiting and PeerPrefillTokens are the fresh observation's
-	// [Load.PeerWaiting] and [Load.PeerPrefillTokens]: of the waiting
-	// requests, those other routers sent, and the prompt tokens they have
-	// still to prefill. Zero when unknown or not fresh.
+	// [Load.PeerWaiting] and [Load.PeerPrefillTokens]: the requests other
+	// routers sent that have not streamed their first token, and the prompt
+	// tokens they have still to prefill. Zero when unknown or not fresh.
 	PeerWaiting       int64
 	PeerPrefillTokens int64
 }

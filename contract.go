@@ -97,12 +97,14 @@ type Load struct {
 	// MaxAdapters is how many adapters the engine serves in one batch
 	// (vLLM's max_lora label, its --max-loras setting); 0 means unknown.
 	MaxAdapters int
-	// PeerWaiting and PeerPrefillTokens describe the part of Waiting that
-	// other routers sent, for a Signal that relays them (package share):
-	// how many requests, and the prompt tokens, net of cache hits, that
-	// they have still to prefill. Zero when unknown, as from an engine:
-	// [Default] then prices every waiting request that is not this
-	// balancer's at the mean prompt length.
+	// PeerWaiting and PeerPrefillTokens describe the requests other routers
+	// sent that have not streamed their first token, for a Signal that
+	// relays them (package share): how many, and the prompt tokens, net of
+	// cache hits, that they have still to prefill. The engine counts most
+	// of them in Waiting, and those it is prefilling in Running, so
+	// PeerWaiting may exceed the peers' part of Waiting. Zero when unknown,
+	// as from an engine: [Default] then prices every waiting request that is
+	// not this balancer's at the mean prompt length.
 	PeerWaiting       int
 	PeerPrefillTokens int64
 }
