@@ -527,7 +527,9 @@ const (
 func readCapped(r io.Reader, bp *[]byte, limit, hint int64) error {
 	size := int64(minBuf)
 	if hint > 0 {
-		size = hint + 1 // +1 to see the end of the body without growing
+		// +1 to see the end of the body without growing; min first, as a
+		// hostile Content-Length may be the largest int64.
+		size = min(hint, limit) + 1
 	}
 	size = min(size, limit+1)
 	b := (*bp)[:0]
