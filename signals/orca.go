@@ -472,7 +472,9 @@ func (s *Store) RecordOrca(key string, r OrcaReport, at time.Time, m OrcaMapping
 // RecordResponse records the ORCA report in resp's [OrcaHeader] header, if
 // any, as an observation of the endpoint key taken at at (when the response
 // headers arrived), mapped with m. It reports whether the response carried a
-// report; a malformed one is an error and records nothing.
+// report; a malformed one is an error and records nothing. A TEXT report
+// without fields, which vLLM sends when it has no gauge to report, is no
+// report.
 func (s *Store) RecordResponse(key string, resp *http.Response, at time.Time, m OrcaMapping) (bool, error) {
 	if resp == nil {
 		return false, nil
@@ -493,6 +495,10 @@ func (s *Store) RecordResponse(key string, resp *http.Response, at time.Time, m 
 			b.WriteString(v)
 		}
 		h = b.String()
+	}
+	if strings.TrimSpace(h) == "TEXT" {
+		// vLLM's header when it has no gauge to report.
+		return false, nil
 	}
 	r, err := ParseOrca(h)
 	if err != nil {

@@ -187,6 +187,18 @@ func TestRecordResponse(t *testing.T) {
 	_, found = s.Load("b")
 	assert.False(t, found)
 
+	// vLLM sends "TEXT " with nothing after it when it has no gauge to
+	// report (its Prometheus metrics off): a report of nothing, not an
+	// error on every response.
+	for _, empty := range []string{"TEXT ", "TEXT"} {
+		resp.Header.Set(signals.OrcaHeader, empty)
+		ok, err = s.RecordResponse("d", resp, at, signals.OrcaMapping{})
+		assert.False(t, ok, "%q", empty)
+		assert.NoError(t, err, "%q", empty)
+		_, found = s.Load("d")
+		assert.False(t, found, "%q", empty)
+	}
+
 	// RecordOrca takes an already decoded report (the grpc adapter's path).
 	require.NoError(t, s.RecordOrca("c", signals.OrcaReport{NamedMetrics: map[string]float64{"num_requests_running": 2}}, at, signals.OrcaMapping{}))
 	l, _ = s.Load("c")
