@@ -173,9 +173,12 @@ func (a *attempt) run(ctx context.Context) (*http.Response, error) {
 // all have returned when runHedged does.
 func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 	t := a.t
-	results := make(chan *try, t.attempts)
+	// Every result is received before runHedged returns: the buffer only
+	// spares the attempts in flight at once (the first and its hedges) a
+	// wait, and MaxAttempts, which has no upper bound, must not size it.
+	results := make(chan *try, 1+min(t.hedge.MaxHedges, t.attempts-1, 16))
 	inflight := 0
-	var sent []*try // every attempt launched; at most t.attempts
+	var sent []*try // every attempt launched
 	launch := func(tr *try) {
 		actx, cancel := context.WithCancel(ctx)
 		tr.cancel = cancel
@@ -317,7 +320,8 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 			wait = pb.Delay
 		}
 		if reason == "" {
-			if d, ok := ctx.Deadline(); ok && t.clock.Now().Add(wait).After(d) {
+			// The context's deadline is on the wall clock, not t.clock.
+			if d, ok := ctx.Deadline(); ok && time.Until(d) < wait {
 				reason = "deadline"
 			}
 		}

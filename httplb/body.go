@@ -42,6 +42,13 @@ func (b *body) Read(p []byte) (int, error) {
 		if b.metered {
 			b.out.observe(p[:n])
 		}
+		if _, eof := b.rc.(eofReader); eof && len(b.buf) == 0 {
+			// The body ended with these bytes: say so now, as net/http
+			// does, for a caller that stops reading at the end of what
+			// it decodes and then closes the body.
+			b.end(nil)
+			return n, io.EOF
+		}
 		return n, nil
 	}
 	n, err := b.rc.Read(p)
@@ -95,16 +102,16 @@ func (b *body) peek(resp *http.Response, limit int) error {
 		n, err := b.rc.Read(buf[len(buf):min(cap(buf), limit)])
 		chunk := buf[len(buf) : len(buf)+n]
 		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			// A complete short body: nothing more will come. Keep it
+			// readable, with its EOF.
+			b.rc = eofReader{b.rc}
+			break
+		}
 		if n > 0 && (!stream || first.Feed(chunk)) {
 			break
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				// A complete short body: nothing more will come. Keep it
-				// readable, with its EOF.
-				b.rc = eofReader{b.rc}
-				break
-			}
 			return err
 		}
 	}

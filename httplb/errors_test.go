@@ -284,3 +284,30 @@ func TestErrorHandlerClientGone(t *testing.T) {
 	assert.Equal(t, http.StatusBadGateway, w.Code)
 	assert.Contains(t, def.String(), "status=502")
 }
+
+// TestProxyClientGoneMidBody: a client that goes away while sending its
+// body has no one to answer: the proxy logs it at level Debug, not as a
+// 502 at level Error.
+func TestProxyClientGoneMidBody(t *testing.T) {
+	a := newUpstream(t, streamTokens(1))
+	h := newHarness(t, fixed{}, Config{}, a)
+	var logs syncBuffer
+	p := NewProxy(h.tr)
+	p.ErrorHandler = NewErrorHandler(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	handled := make(chan struct{})
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(handled)
+		p.ServeHTTP(w, r)
+	}))
+	defer gw.Close()
+	conn, err := net.Dial("tcp", gw.Listener.Addr().String())
+	require.NoError(t, err)
+	_, err = fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000\r\n\r\n{\"prompt\":")
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	<-handled
+	assert.NotContains(t, logs.String(), "level=ERROR", "a client gone was logged as an error")
+	assert.NotContains(t, logs.String(), "status=502")
+	assert.Contains(t, logs.String(), "level=DEBUG")
+	assert.Zero(t, a.hits.Load())
+}

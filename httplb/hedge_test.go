@@ -2,6 +2,7 @@ package httplb
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -212,4 +213,22 @@ func TestHedgePercentile(t *testing.T) {
 			assert.EqualValues(t, 1, hits[1].Load(), "the slow attempt was hedged")
 		})
 	}
+}
+
+// TestHedgeManyAttempts: MaxAttempts has no upper bound in a Transport; a
+// large one, bounded in practice by the budget, costs a hedged request
+// nothing.
+func TestHedgeManyAttempts(t *testing.T) {
+	a := newUpstream(t, streamTokens(1))
+	b := newUpstream(t, streamTokens(1))
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{
+		MaxAttempts: math.MaxInt,
+		Hedge:       retry.HedgeConfig{Delay: time.Hour},
+	}}, a, b)
+	var resp *http.Response
+	var err error
+	require.NotPanics(t, func() { resp, err = do(t, h, chatBody) })
+	require.NoError(t, err)
+	_, err = readAll(t, resp)
+	require.NoError(t, err)
 }

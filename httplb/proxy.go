@@ -207,8 +207,10 @@ func handleError(log *slog.Logger, w http.ResponseWriter, r *http.Request, err e
 		code, typ, message, level = http.StatusServiceUnavailable, "service_unavailable", "No model server is available.", slog.LevelError
 	case misconfigured(err), errors.Is(err, llmlb.ErrInvalidRequest):
 		code, typ, message, level = http.StatusInternalServerError, "server_error", "The request could not be routed.", slog.LevelError
-	case r.Context().Err() != nil && errors.Is(err, context.Canceled):
-		// The client is gone; there is no one to answer.
+	case r.Context().Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, ErrBodyRead)):
+		// The client is gone (the server cancels the request's context
+		// when a read of its connection fails, as when the client goes
+		// away while sending its body); there is no one to answer.
 		logError(log, slog.LevelDebug, r, id, 0, err)
 		return
 	default:

@@ -913,3 +913,50 @@ type unlimitedFinish struct{ d *denyAll }
 func (u unlimitedFinish) Start()                         {}
 func (u unlimitedFinish) Withdraw() bool                 { return true }
 func (u unlimitedFinish) Finish(r bool, o retry.Outcome) { u.d.Finish(r, o) }
+
+// frozenClock is an injected clock that never moves.
+type frozenClock struct{ t time.Time }
+
+func (c frozenClock) Now() time.Time { return c.t }
+
+// TestRetryDeadlineOnWallClock: the request's deadline is the context's,
+// on the wall clock, whatever clock Config.Retry.Clock injects: a retry that
+// fits before it is sent, however far the injected clock is from the wall
+// clock's time.
+func TestRetryDeadlineOnWallClock(t *testing.T) {
+	a := newUpstream(t, status(http.StatusServiceUnavailable))
+	b := newUpstream(t, streamTokens(1))
+	clock := frozenClock{time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)}
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Clock: clock}}, a, b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw.invalid/v1/chat/completions", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	resp, err := h.tr.RoundTrip(req)
+	require.NoError(t, err)
+	_, _ = readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the retry was refused for a deadline a minute away")
+	assert.EqualValues(t, 1, b.hits.Load())
+}
+
+// TestShortBodyDecodedThenClosed: a short non-streaming answer that the
+// caller decodes and then closes, without another Read for the EOF that
+// came with its last bytes, ends normally: its pick and the reporter are
+// told nil, not that the body was closed early.
+func TestShortBodyDecodedThenClosed(t *testing.T) {
+	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"text":"hi"}],"usage":{"completion_tokens":1}}`)
+	})
+	rec := &recorder{}
+	h := newHarness(t, fixed{}, Config{Retry: retry.LoopConfig{Reporter: rec}}, a)
+	resp, err := do(t, h, `{"model":"m","prompt":"x"}`)
+	require.NoError(t, err)
+	var v map[string]any
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&v))
+	require.NoError(t, resp.Body.Close())
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Len(t, rec.errs, 1)
+	assert.NoError(t, rec.errs[0], "a body read whole was reported as closed early")
+}

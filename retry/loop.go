@@ -544,19 +544,19 @@ func (r *run) next() (*Attempt, error) {
 	if pb.Kind == DoNotRetry {
 		return nil, giveUp("pushback")
 	}
-	if !l.budget.Withdraw() {
-		l.obs.denied()
-		return nil, giveUp("budget")
-	}
 	r.retries++
 	d := max(l.backoff.Backoff(r.retries, r.prev), 0)
 	r.prev = d
 	if pb.Kind == RetryLater && l.pushback {
 		d = max(d, pb.Delay)
 	}
+	// Before the withdrawal: a retry that is not sent takes no budget.
 	if deadline, ok := r.ctx.Deadline(); ok && time.Until(deadline) <= d { // the context's own clock
-		l.budget.Finish(true, Abandoned)
 		return nil, giveUp("deadline")
+	}
+	if !l.budget.Withdraw() {
+		l.obs.denied()
+		return nil, giveUp("budget")
 	}
 	if d > 0 {
 		select {

@@ -759,3 +759,31 @@ func TestHedgeLoserFailsOnItsOwn(t *testing.T) {
 		})
 	}
 }
+
+// TestLoopDeadlineKeepsBudget: a retry given up because its wait would end
+// after the deadline is never sent, and takes nothing from a PercentBudget.
+func TestLoopDeadlineKeepsBudget(t *testing.T) {
+	b := newBalancer(t, "a", "b")
+	budget, err := NewPercentBudget(PercentConfig{TTL: 10 * time.Second, MinRetriesPerSec: 1, Clock: newFakeClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := NewLoop(b, LoopConfig{Budget: budget, Backoff: noBackoff{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := budget.Available()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = l.Do(ctx, nil, func(context.Context, *Attempt) error {
+		return &StatusError{Code: 429, Header: http.Header{"Retry-After": {"120"}}}
+	})
+	var ge *GiveUpError
+	if !errors.As(err, &ge) || ge.Reason != "deadline" {
+		t.Fatalf("Do = %v, want a give-up for the deadline", err)
+	}
+	if got := budget.Available(); got != before {
+		t.Errorf("budget has %d retries after a retry that was not sent, want %d", got, before)
+	}
+	assertIdle(t, b)
+}
