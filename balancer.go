@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -68,6 +69,12 @@ type Balancer struct {
 
 	mu          sync.Mutex // serializes Update and SetHealthy
 	initialized bool       // a non-empty membership was seen
+	// departed holds, under mu, the accounting of endpoints that left the
+	// membership with requests in flight, so that an endpoint that comes
+	// back while they are (a flap of service discovery) still counts
+	// them. The pointers are weak: handles dropped without Done do not
+	// keep an endpoint's accounting alive.
+	departed map[string]weak.Pointer[epState]
 }
 
 // snapshot is an immutable membership. Pick reads it without locks; Update
@@ -391,7 +398,8 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 
 // Update replaces the membership with eps. Endpoints whose key stays keep
 // their accounting and health; requests picked before the update finish
-// correctly after it even if their endpoint is gone. With [WithSlowStart],
+// correctly after it even if their endpoint is gone, and an endpoint that
+// comes back while they are in flight counts them again. With [WithSlowStart],
 // endpoints added after the first non-empty membership start in slow start.
 // Update rejects a nil endpoint, an empty or duplicate key, or a weight that
 // is not finite and positive with an error wrapping [ErrInvalidEndpoints],
@@ -445,14 +453,17 @@ func (b *Balancer) Update(eps []Endpoint) error {
 		key := e.ep.Key()
 		st := old.byKey[key]
 		if st == nil {
+			st = b.rejoin(key)
+		}
+		if st == nil {
 			st = newEpState(key)
 			if b.learn {
 				st.est = new(speedEstimate)
 			}
-			if now != never {
-				st.started.Store(now)
-				b.extendSlowStart(now)
-			}
+		}
+		if now != never && old.byKey[key] == nil { // joined, or came back
+			st.started.Store(now)
+			b.extendSlowStart(now)
 		}
 		st.desc.Store(&epDesc{ep: e.ep, weight: e.weight})
 		st.weight.Store(math.Float64bits(e.weight))
@@ -466,9 +477,48 @@ func (b *Balancer) Update(eps []Endpoint) error {
 	if len(entries) > 0 {
 		b.initialized = true
 	}
+	b.depart(old, next)
 	b.unhealthy.Store(unhealthy)
 	b.snap.Store(next)
 	return nil
+}
+
+// rejoin returns the accounting of the departed endpoint key if requests
+// picked before it left are still in flight, else nil. The endpoint joins
+// as a new one would, healthy; only its counts carry over. The caller holds
+// b.mu.
+func (b *Balancer) rejoin(key string) *epState {
+	wp, ok := b.departed[key]
+	if !ok {
+		return nil
+	}
+	delete(b.departed, key)
+	st := wp.Value()
+	if st == nil || st.outstanding() == 0 {
+		return nil
+	}
+	st.unhealthy.Store(false)
+	st.started.Store(never)
+	return st
+}
+
+// depart notes the endpoints of old that are not in next and still have
+// requests in flight, and forgets the departed endpoints whose requests
+// have all finished. The caller holds b.mu.
+func (b *Balancer) depart(old, next *snapshot) {
+	for key, wp := range b.departed {
+		if st := wp.Value(); st == nil || st.outstanding() == 0 {
+			delete(b.departed, key)
+		}
+	}
+	for _, st := range old.eps {
+		if next.byKey[st.key] == nil && st.outstanding() > 0 {
+			if b.departed == nil {
+				b.departed = map[string]weak.Pointer[epState]{}
+			}
+			b.departed[st.key] = weak.Make(st)
+		}
+	}
 }
 
 func (b *Balancer) extendSlowStart(startNanos int64) {
@@ -675,7 +725,7 @@ func (b *Balancer) requestsScore(st *epState, t *clockReading) float64 {
 	}
 	var l EndpointLoad
 	st.ownLoad(&l)
-	observedLoad(st, &l, obs, b.unixNano(obs.At))
+	observedLoad(st, &l, obs, b.unixNano(obs.At), b.maxAge)
 	s := (float64(l.Requests) + 1) / st.staticWeight()
 	if s != s { // NaN
 		return math.Inf(1)
@@ -699,7 +749,7 @@ func (b *Balancer) pickSimple(c *Candidates, snap *snapshot, r *Request) (Pick, 
 	}
 	p := b.commit(c, c.state(i))
 	if b.obs != nil && b.obs.Pick != nil {
-		b.obs.Pick(PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
+		b.notifyPick(p, PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
 	}
 	return p, nil
 }
@@ -718,9 +768,23 @@ func (b *Balancer) pick(c *Candidates, snap *snapshot, r *Request) (Pick, error)
 	}
 	p := b.commit(c, c.state(i))
 	if b.obs != nil && b.obs.Pick != nil {
-		b.obs.Pick(PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
+		b.notifyPick(p, PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
 	}
 	return p, nil
+}
+
+// notifyPick tells the observer of the pick p. If Observer.Pick panics (or
+// exits its goroutine), Pick never returns p to its caller, who could then
+// never release it: p is released, unobserved, before the panic goes on.
+func (b *Balancer) notifyPick(p Pick, info PickInfo) {
+	returned := false
+	defer func() {
+		if !returned {
+			p.done(nil, false)
+		}
+	}()
+	b.obs.Pick(info)
+	returned = true
 }
 
 // failed tells the observer of a failed pick and returns err.
@@ -797,7 +861,7 @@ func (b *Balancer) commitEpoch(rec *record, st *epState, prefill, decode int64, 
 	}
 	st.mu.Lock()
 	if fresh {
-		st.roll(b.unixNano(obs.At))
+		st.roll(b.unixNano(obs.At), b.maxAge)
 	}
 	if st.epoch > 0 {
 		st.epReqs.Add(1)
@@ -922,7 +986,10 @@ func (p Pick) firstToken(measure bool) {
 // for a stream read to its end (not io.EOF). err is passed on to
 // Observer.Done and otherwise decides nothing: health and retries are the
 // caller's. Calls after the first are no-ops.
-func (p Pick) Done(err error) {
+func (p Pick) Done(err error) { p.done(err, true) }
+
+// done is Done, telling the observer if notify is set.
+func (p Pick) done(err error, notify bool) {
 	rec := p.rec
 	if rec == nil {
 		return
@@ -998,7 +1065,7 @@ func (p Pick) Done(err error) {
 	}
 	rec.st, rec.b = nil, nil
 	recordPool.Put(rec)
-	if b.obs != nil && b.obs.Done != nil {
+	if notify && b.obs != nil && b.obs.Done != nil {
 		b.obs.Done(DoneInfo{Endpoint: p.Endpoint(), Latency: b.since(picked), Streamed: streaming, Err: err})
 	}
 }
@@ -1026,7 +1093,7 @@ func (b *Balancer) doneEpoch(st *epState, rec *record, streaming bool) {
 		return // epoch 0 still, which keeps no counts
 	}
 	st.mu.Lock()
-	st.roll(at)
+	st.roll(at, math.MaxInt64) // its observation may be stale: never back
 	switch {
 	case st.epoch == rec.epoch-1 && st.epoch > 0:
 		st.epReqs.Add(-1)

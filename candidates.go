@@ -325,7 +325,7 @@ func (c *Candidates) loadInto(i int, l *EndpointLoad) {
 	}
 	var buf Load
 	if obs := c.observe(st, &buf); obs != nil {
-		observedLoad(st, l, obs, c.b.unixNano(obs.At))
+		observedLoad(st, l, obs, c.b.unixNano(obs.At), c.b.maxAge)
 	}
 }
 
@@ -358,9 +358,10 @@ func (n *counts) setLoad(l *EndpointLoad) {
 }
 
 // observedLoad corrects l, set by ownLoad, with obs, st's fresh
-// observation, taken at at on the balancer's time line.
-func observedLoad(st *epState, l *EndpointLoad, obs *Load, at int64) {
-	e := st.correction(at)
+// observation, taken at at on the balancer's time line; maxAge is the
+// balancer's maximum signal age.
+func observedLoad(st *epState, l *EndpointLoad, obs *Load, at int64, maxAge time.Duration) {
+	e := st.correction(at, maxAge)
 	l.Fresh = true
 	// The observed counts may be as large as an int holds: saturate, never
 	// wrap to a small or negative load. The epoch's counters are read
@@ -511,11 +512,12 @@ type epochCounts struct {
 // the observation taken at at was first seen: the dispatches made since and
 // still outstanding (requests, those of them before their first token, and
 // tokens), and the requests the observation counted that finished since,
-// after their first token and before it.
-func (st *epState) correction(at int64) epochCounts {
-	if at > st.obsAt.Load() {
+// after their first token and before it. The observation is fresh, so
+// one more than maxAge older than the epoch's starts a new epoch (see roll).
+func (st *epState) correction(at int64, maxAge time.Duration) epochCounts {
+	if cur := st.obsAt.Load(); at > cur || back(cur, at, maxAge) {
 		st.mu.Lock()
-		st.roll(at)
+		st.roll(at, maxAge)
 		st.mu.Unlock()
 	}
 	return epochCounts{
@@ -525,9 +527,14 @@ func (st *epState) correction(at int64) epochCounts {
 }
 
 // roll starts a new epoch if the observation at is newer than the current
-// epoch's. The caller holds st.mu.
-func (st *epState) roll(at int64) {
-	if at > st.obsAt.Load() {
+// epoch's, or older by more than maxAge: a fresh observation that much
+// older was taken after a clock that stamps observations stepped back past
+// the epoch's, which no later observation would otherwise pass for as long
+// as the step, and meanwhile every observation would count again the
+// dispatches it includes. Pass math.MaxInt64 for an observation that may
+// be stale. The caller holds st.mu.
+func (st *epState) roll(at int64, maxAge time.Duration) {
+	if cur := st.obsAt.Load(); at > cur || back(cur, at, maxAge) {
 		st.obsAt.Store(at)
 		st.epoch++
 		st.epReqs.Store(0)
@@ -536,6 +543,11 @@ func (st *epState) roll(at int64) {
 		st.epRunDone.Store(0)
 		st.epWaitDone.Store(0)
 	}
+}
+
+// back reports whether at is more than maxAge before cur.
+func back(cur, at int64, maxAge time.Duration) bool {
+	return at < cur && cur != never && uint64(cur-at) > uint64(maxAge)
 }
 
 // observedAt returns the time of the signal's valid observation of st, or

@@ -70,7 +70,9 @@ func (p *weightedLeastRequest) Choose(c *Candidates) int {
 		p.gen = c.Generation()
 		p.current = make([]float64, c.Members())
 	}
-	best, ties, total := -1, 0, 0.0
+	ws := growFloat64(c.costs, n)
+	c.costs = ws
+	total := 0.0
 	for i := 0; i < n; i++ {
 		l := c.Load(i)
 		w := l.Weight
@@ -79,6 +81,21 @@ func (p *weightedLeastRequest) Choose(c *Candidates) int {
 		} else if p.bias != 0 {
 			w /= math.Pow(float64(l.Requests)+1, p.bias)
 		}
+		ws[i] = w
+		total += w
+	}
+	if math.IsInf(total, 1) {
+		// Weights near the largest float64 sum past it, and the credits
+		// would turn to NaN: scale them by a power of two, which keeps
+		// their ratios exact.
+		for i := range ws {
+			ws[i] *= 0x1p-64
+		}
+	}
+	best, ties := -1, 0
+	total = 0
+	for i := 0; i < n; i++ {
+		w := ws[i]
 		m := c.Member(i)
 		p.current[m] += w
 		total += w

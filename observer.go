@@ -14,7 +14,9 @@ import (
 // FirstToken or Done, outside every lock of the balancer. They must be safe
 // for concurrent use, must not block, and must not call back into the
 // Balancer or the [Pick] they describe. The info values they receive are
-// valid only during the call; copy what you keep.
+// valid only during the call; copy what you keep. If Pick panics, the
+// request it describes, which the caller of [Balancer.Pick] then never
+// receives, is released (without a call of Done) before the panic goes on.
 type Observer struct {
 	// Pick is called at the end of every [Balancer.Pick] call that got past
 	// its argument checks (a cancelled context, an invalid request), with

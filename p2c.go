@@ -191,7 +191,7 @@ func requestsScore(c *Candidates, i int) float64 {
 	}
 	l := &c.scratch
 	c.ownLoad(st, l)
-	observedLoad(st, l, obs, c.b.unixNano(obs.At))
+	observedLoad(st, l, obs, c.b.unixNano(obs.At), c.b.maxAge)
 	s := (float64(l.Requests) + 1) / l.Weight
 	if s != s { // NaN
 		return math.Inf(1)
