@@ -35,54 +35,40 @@ func (r *resetStream) Recv() (*extprocv3.ProcessingRequest, error) {
 
 // TestResponseBodyNoneStreamEnd: with response_body_mode NONE the end of the
 // stream is the end of the response, however Envoy's close reaches the
-// server: a half-close or a reset completes the pick alike.
+// server: after the response headers, a half-close or a reset completes the
+// pick alike; before them, the response never came, and the pick ends with
+// ErrStreamEnded, not as a success that would teach the policy a response
+// that never was.
 func TestResponseBodyNoneStreamEnd(t *testing.T) {
-	for _, reset := range []bool{false, true} {
-		t.Run(map[bool]string{false: "half-close", true: "reset"}[reset], func(t *testing.T) {
-			rec := &doneRecorder{}
-			b := newBalancer(t, 2, nil, llmlb.WithObserver(rec.observer()))
-			srv, err := extproc.NewServer(extproc.Config{Balancer: b, Logger: quiet})
-			require.NoError(t, err)
-			first := requestHeaders("/v1/completions", false)
-			first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: fullDuplex, ResponseBodyMode: none}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			d := &resetStream{reset: reset, cancel: cancel, directStream: directStream{ctx: ctx, in: []*extprocv3.ProcessingRequest{
-				first, requestBody([]byte(`{"prompt":"x","max_tokens":4}`), true), responseHeaders(200, "text/event-stream", false),
-			}}}
-			require.NoError(t, srv.Process(d))
-			require.True(t, idle(b))
-			errs, _ := rec.get()
-			require.Len(t, errs, 1)
-			require.NoError(t, errs[0], "the response completed")
-		})
-	}
-}
-
-// TestResponseBodyNoneEndBeforeResponse: with response_body_mode NONE, a
-// stream that ends, by a half-close or a reset, before the response headers
-// came did not complete its response: its pick ends with ErrStreamEnded, not
-// as a success that would teach the policy a response that never was.
-func TestResponseBodyNoneEndBeforeResponse(t *testing.T) {
-	for _, reset := range []bool{false, true} {
-		t.Run(map[bool]string{false: "half-close", true: "reset"}[reset], func(t *testing.T) {
-			rec := &doneRecorder{}
-			b := newBalancer(t, 2, nil, llmlb.WithObserver(rec.observer()))
-			srv, err := extproc.NewServer(extproc.Config{Balancer: b, Logger: quiet})
-			require.NoError(t, err)
-			first := requestHeaders("/v1/completions", false)
-			first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: fullDuplex, ResponseBodyMode: none}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			d := &resetStream{reset: reset, cancel: cancel, directStream: directStream{ctx: ctx, in: []*extprocv3.ProcessingRequest{
-				first, requestBody([]byte(`{"prompt":"x","max_tokens":4}`), true),
-			}}}
-			_ = srv.Process(d)
-			require.True(t, idle(b))
-			errs, _ := rec.get()
-			require.Len(t, errs, 1)
-			require.ErrorIs(t, errs[0], extproc.ErrStreamEnded)
-		})
+	for _, responded := range []bool{true, false} {
+		for _, reset := range []bool{false, true} {
+			name := map[bool]string{false: "half-close", true: "reset"}[reset] +
+				map[bool]string{true: "-after-response", false: "-before-response"}[responded]
+			t.Run(name, func(t *testing.T) {
+				rec := &doneRecorder{}
+				b := newBalancer(t, 2, nil, llmlb.WithObserver(rec.observer()))
+				srv, err := extproc.NewServer(extproc.Config{Balancer: b, Logger: quiet})
+				require.NoError(t, err)
+				first := requestHeaders("/v1/completions", false)
+				first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: fullDuplex, ResponseBodyMode: none}
+				in := []*extprocv3.ProcessingRequest{first, requestBody([]byte(`{"prompt":"x","max_tokens":4}`), true)}
+				if responded {
+					in = append(in, responseHeaders(200, "text/event-stream", false))
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				err = srv.Process(&resetStream{reset: reset, cancel: cancel, directStream: directStream{ctx: ctx, in: in}})
+				require.True(t, idle(b))
+				errs, _ := rec.get()
+				require.Len(t, errs, 1)
+				if responded {
+					require.NoError(t, err)
+					require.NoError(t, errs[0], "the response completed")
+				} else {
+					require.ErrorIs(t, errs[0], extproc.ErrStreamEnded)
+				}
+			})
+		}
 	}
 }
 
