@@ -121,8 +121,12 @@ type Match struct {
 // [Index.Stored], [Index.Removed] and [Index.Cleared] (the engine's KV
 // events; they do not expire). Both may feed the same endpoint: a block's
 // expiry is the latest of the two. A block recorded at time t matches while
-// now < t + TTL. Expired blocks stay in their LRU until evicted, so expiry
-// never changes which blocks an LRU evicts.
+// now < t + TTL. A Record first drops blocks that expired from the least
+// recently used end of the endpoint's LRU, so that the index holds about
+// the blocks recorded within the TTL, however long it runs. Those are the
+// blocks an eviction would take first, so expiry never changes which
+// unexpired blocks an LRU keeps; expired blocks elsewhere in it stay until
+// evicted or recorded again.
 //
 // Times are the caller's clock, passed to each call. They should not go
 // backwards: a Match at a time earlier than a preceding Record's may treat a
@@ -333,8 +337,8 @@ func (x *Index) Capacity(endpoint string) int {
 	return e.capacity
 }
 
-// Len returns the number of blocks indexed for endpoint, expired ones
-// included, or 0 if the index does not track it.
+// Len returns the number of blocks indexed for endpoint, expired ones not
+// yet dropped included, or 0 if the index does not track it.
 func (x *Index) Len(endpoint string) int {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -471,10 +475,15 @@ func (x *Index) checkBlockSize(blockSize int) error {
 	return nil
 }
 
+// expiredBatch is how many expired blocks a Record drops beyond the blocks
+// it records.
+const expiredBatch = 16
+
 // touchLocked makes e hold blocks[:capacity], touching them tail first, with
 // expiry exp, or the expiry they already have if it is at least exp-slack.
 // now is the time used to refresh the expiry summary of each block's holder
-// entry. x.mu must be held for writing.
+// entry and, unless it is math.MinInt64, to drop expired blocks from the
+// least recently used end first. x.mu must be held for writing.
 func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64) {
 	n := min(len(blocks), e.capacity)
 	if n == 0 {
@@ -484,6 +493,22 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 	// since and every expiry still recent enough, would be left exactly
 	// as they are: a popular prompt recorded on its holder costs a
 	// fingerprint instead of a map lookup and a list move per block.
+	if now > math.MinInt64 {
+		// Blocks recorded in turn expire in turn, from the least recently
+		// used end: drop those, so that an endpoint's storage follows the
+		// blocks recorded within the TTL instead of every block recorded
+		// since it was added. They are the blocks an eviction would take
+		// first, so which unexpired blocks the LRU keeps does not change.
+		// At most n+expiredBatch go per call, which keeps up with the n
+		// blocks a call may add and bounds the work of one call.
+		for k := n + expiredBatch; k > 0; k-- {
+			_, v, ok := e.lru.Oldest()
+			if !ok || v > now {
+				break
+			}
+			e.lru.RemoveOldest()
+		}
+	}
 	fp := fingerprint(blocks[:n])
 	if l := &e.last; l.gen == e.gen && l.n == n && l.print == fp && l.minExp >= exp-slack && l.minExp > now {
 		return

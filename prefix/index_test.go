@@ -634,3 +634,37 @@ func TestEventsOutlastEveryTime(t *testing.T) {
 	}
 	checkInvariants(t, x)
 }
+
+// TestRecordDropsExpiredBlocks checks that an endpoint's blocks follow what
+// was recorded within the TTL: records after the TTL drop the expired
+// blocks, a bounded number per call, while blocks reported by events and
+// blocks still within the TTL stay.
+func TestRecordDropsExpiredBlocks(t *testing.T) {
+	ttl := time.Minute
+	x := mustIndex(t, IndexConfig{TTL: ttl, Capacity: 10000})
+	old := chainOf(1, 1000)
+	must(t, x.Record("a", old, t0))
+	must(t, x.Stored("a", x.BlockSize(), chainOf(9, 3)...))
+	if got := x.Len("a"); got != 1003 {
+		t.Fatalf("Len = %d, want 1003", got)
+	}
+	fresh := chainOf(2, 4)
+	at := t0.Add(ttl)
+	must(t, x.Record("a", fresh, at))
+	// One record drops at most its own blocks plus expiredBatch.
+	if got, want := x.Len("a"), 1003-(4+expiredBatch)+4; got != want {
+		t.Fatalf("after one record past the TTL: Len = %d, want %d", got, want)
+	}
+	for i := range 100 {
+		must(t, x.Record("a", chainOf(uint64(1000+i), 4), at))
+	}
+	// Every expired block is gone; the 3 stored ones, now at the least
+	// recently used end, never expire.
+	if got, want := x.Len("a"), 3+101*4; got != want {
+		t.Fatalf("after 101 records past the TTL: Len = %d, want %d", got, want)
+	}
+	if x.MatchLen("a", chainOf(9, 3), at) != 3 || x.MatchLen("a", fresh, at) != 4 {
+		t.Fatal("a stored or unexpired block was dropped")
+	}
+	checkInvariants(t, x)
+}

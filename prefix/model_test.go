@@ -80,6 +80,13 @@ func (m *model) record(key string, blocks []uint64, t int64) bool {
 		if exp < t {
 			exp = math.MaxInt64 - 1
 		}
+		if n := min(len(blocks), e.capacity); n > 0 {
+			// Expired blocks go from the least recently used end first,
+			// at most n+expiredBatch of them.
+			for k := n + expiredBatch; k > 0 && len(e.list) > 0 && e.list[0].exp <= t; k-- {
+				e.list = e.list[1:]
+			}
+		}
 		e.touch(blocks, exp, m.ttl/64)
 	}
 	return true

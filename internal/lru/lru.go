@@ -128,6 +128,23 @@ func (l *LRU) Add(key uint64, val int64) {
 	l.n++
 }
 
+// Oldest returns the least recently used key and its value, or false if
+// the list is empty.
+func (l *LRU) Oldest() (key uint64, val int64, ok bool) {
+	nd := l.nodes[0].prev
+	if nd == 0 {
+		return 0, 0, false
+	}
+	return l.nodes[nd].key, l.nodes[nd].val, true
+}
+
+// RemoveOldest drops the least recently used key, if any.
+func (l *LRU) RemoveOldest() {
+	if nd := l.nodes[0].prev; nd != 0 {
+		l.removeNode(nd)
+	}
+}
+
 // Remove drops key, if held.
 func (l *LRU) Remove(key uint64) {
 	if _, nd := l.find(key); nd != 0 {
