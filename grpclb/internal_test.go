@@ -2,6 +2,7 @@ package grpclb
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"math"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	"unsafe"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 
@@ -80,6 +82,64 @@ func TestPickDoneLayout(t *testing.T) {
 	}
 	if got := unsafe.Sizeof(pickDone{}); got != 128 {
 		t.Errorf("pickDone is %d bytes, want 128", got)
+	}
+}
+
+// keyEndpoint is an llmlb.Endpoint with the key it holds.
+type keyEndpoint string
+
+func (e keyEndpoint) Key() string { return string(e) }
+
+// TestPickDoneOutcome: the error a pick ends with for each DoneInfo grpc
+// may report. grpc discards a pick whose SubConn turned out not to be READY
+// with a zero DoneInfo and picks again: that RPC never reached the
+// endpoint, and must count neither as a success nor as a failure there.
+func TestPickDoneOutcome(t *testing.T) {
+	reset := errors.New("stream reset")
+	cases := []struct {
+		name string
+		di   balancer.DoneInfo
+		want error // nil: a success; context.Canceled: not sent
+	}{
+		{"discarded before sending", balancer.DoneInfo{}, context.Canceled},
+		{"answered", balancer.DoneInfo{BytesSent: true, BytesReceived: true}, nil},
+		{"sent without an answer", balancer.DoneInfo{BytesSent: true}, nil},
+		{"failed", balancer.DoneInfo{Err: reset, BytesSent: true}, reset},
+		{"failed before a stream", balancer.DoneInfo{Err: reset}, reset},
+	}
+	for _, test := range cases {
+		t.Run(test.name, func(t *testing.T) {
+			var got []error
+			lb, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithObserver(&llmlb.Observer{
+				Done: func(d llmlb.DoneInfo) { got = append(got, d.Err) },
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lb.Update([]llmlb.Endpoint{keyEndpoint("a")}); err != nil {
+				t.Fatal(err)
+			}
+			pk, err := lb.Pick(context.Background(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var child []balancer.DoneInfo
+			d := &pickDone{pk: pk, rec: new(recorder), key: "a", child: func(di balancer.DoneInfo) { child = append(child, di) }}
+			d.done = d.finish // as Pick makes one: finish puts it in the pool
+			d.finish(test.di)
+			if len(got) != 1 {
+				t.Fatalf("Done(%+v) ended the pick %d times, want once", test.di, len(got))
+			}
+			if test.want == nil && got[0] != nil || test.want != nil && !errors.Is(got[0], test.want) {
+				t.Errorf("Done(%+v) ended the pick with %v, want %v", test.di, got[0], test.want)
+			}
+			if len(child) != 1 || !reflect.DeepEqual(child[0], test.di) {
+				t.Errorf("the child's Done got %+v, want [%+v]", child, test.di)
+			}
+			if s := lb.Stats()[0]; s.Outstanding != 0 {
+				t.Errorf("%d requests outstanding after Done", s.Outstanding)
+			}
+		})
 	}
 }
 

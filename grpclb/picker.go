@@ -3,6 +3,7 @@ package grpclb
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -241,11 +242,24 @@ func (d *pickDone) finish(di balancer.DoneInfo) {
 	if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && r != nil {
 		rec.record(key, r)
 	}
-	pk.Done(di.Err)
+	err := di.Err
+	if err == nil && !di.BytesSent && !di.BytesReceived {
+		// grpc discards a pick whose SubConn was no longer READY with a
+		// zero DoneInfo and picks again: the RPC never reached the
+		// endpoint, so it neither succeeded nor failed there.
+		err = errNotSent
+	}
+	pk.Done(err)
 	if child != nil {
 		child(di)
 	}
 }
+
+// errNotSent ends the pick of an RPC that grpc discarded before sending
+// it. It wraps [context.Canceled], which observers and outlier detection
+// (retry.HealthOutcome) count as neither a success nor a failure of the
+// endpoint.
+var errNotSent = fmt.Errorf("grpclb: pick discarded before the RPC was sent: %w", context.Canceled)
 
 // pickError maps an llmlb.Pick error to what grpc expects of a picker.
 func pickError(err error) error {
