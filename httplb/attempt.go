@@ -107,9 +107,21 @@ type try struct {
 	err    error
 }
 
-// next picks the endpoint of the next attempt: one not tried yet, or, if none
-// is left and fallback is set, any endpoint the request allows.
+// next picks the endpoint of the next attempt (see pick) and makes it the
+// request's next attempt.
 func (a *attempt) next(ctx context.Context, fallback bool) (*try, error) {
+	p, err := a.pick(ctx, fallback)
+	if err != nil {
+		return nil, err
+	}
+	return a.add(p), nil
+}
+
+// pick picks the endpoint of the next attempt: one not tried yet, or, if
+// none is left and fallback is set, any endpoint the request allows. The
+// pick is not an attempt until add makes it one; one that is not sent is
+// ended with errNotSent.
+func (a *attempt) pick(ctx context.Context, fallback bool) (llmlb.Pick, error) {
 	r := a.lreq
 	if len(a.tried) > 0 {
 		r.Exclude = append(slices.Clip(a.lreq.Exclude), a.tried...)
@@ -119,16 +131,18 @@ func (a *attempt) next(ctx context.Context, fallback bool) (*try, error) {
 		r.Exclude = a.lreq.Exclude
 		p, err = a.t.b.Pick(ctx, &r)
 	}
-	if err != nil {
-		return nil, err
-	}
+	return p, err
+}
+
+// add makes p the request's next attempt.
+func (a *attempt) add(p llmlb.Pick) *try {
 	a.n++
 	tr := &try{pick: p, key: p.Endpoint().Key(), n: a.n, isRetry: a.n > 1}
 	if a.t.hedge.Percentile > 0 {
 		tr.start = a.t.clock.Now()
 	}
 	a.tried = append(a.tried, tr.key)
-	return tr, nil
+	return tr
 }
 
 // pickError is what Do returns when a pick fails.
@@ -144,10 +158,14 @@ func (a *attempt) pickError(err error) error {
 // out. On error every attempt is finished; on success the returned body
 // finishes the winner.
 func (a *attempt) run(ctx context.Context) (*http.Response, error) {
+	var prev *try // the failed attempt the next one retries
 	for {
 		tr, err := a.next(ctx, true)
 		if err != nil {
 			return nil, a.pickError(err)
+		}
+		if prev != nil {
+			a.retried(tr, prev)
 		}
 		a.send(ctx, tr)
 		if tr.err == nil {
@@ -163,6 +181,15 @@ func (a *attempt) run(ctx context.Context) (*http.Response, error) {
 				return nil, err
 			}
 		}
+		prev = tr
+	}
+}
+
+// retried tells the Retry observer that tr, about to be sent, retries the
+// failed attempt prev.
+func (a *attempt) retried(tr, prev *try) {
+	if a.t.obs.Retry != nil {
+		a.t.obs.Retry(tr.n, a.retryCause(prev))
 	}
 }
 
@@ -204,7 +231,15 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 			if tr.resp != nil {
 				drain(tr.resp.Body)
 			}
-			a.finish(tr, context.Canceled, retry.Abandoned)
+			err, o := error(context.Canceled), retry.Abandoned
+			var status *retry.StatusError
+			if errors.As(tr.err, &status) {
+				// Its upstream answered before it was cancelled: the
+				// answer (a 429 and the wait it asks for, say) is the
+				// endpoint's, whichever attempt won.
+				err, o = tr.err, outcome(tr.err, t.classify(tr.err))
+			}
+			a.finish(tr, err, o)
 		}
 	}
 	tr, err := a.next(ctx, true)
@@ -252,6 +287,7 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 			if err != nil {
 				return nil, a.pickError(err)
 			}
+			a.retried(next, tr)
 			launch(next)
 			hedgeAt = t.hedgeTimer()
 		case <-hedgeAt:
@@ -261,17 +297,27 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 			if a.committed.Load() || hedges >= t.hedge.MaxHedges || a.n >= t.attempts {
 				continue
 			}
+			// The pick comes before the withdrawal, so that a hedge with
+			// no endpoint to go to takes no budget.
+			p, err := a.pick(ctx, false)
+			if err != nil {
+				continue // no other endpoint, or the client is gone: keep waiting
+			}
+			// The client may have gone during the pick (Pick checks its
+			// context first), or an attempt committed: no hedge starts
+			// after either.
+			if ctx.Err() != nil || a.committed.Load() {
+				p.Done(errNotSent)
+				continue
+			}
 			if !t.budget.Withdraw() {
+				p.Done(errNotSent)
 				if t.obs.Denied != nil {
 					t.obs.Denied()
 				}
 				continue
 			}
-			next, err := a.next(ctx, false)
-			if err != nil {
-				t.budget.Finish(true, retry.Abandoned)
-				continue // no other endpoint: keep waiting
-			}
+			next := a.add(p)
 			hedges++
 			if t.obs.Hedge != nil {
 				t.obs.Hedge(a.n)
@@ -334,9 +380,6 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 	}
 	o := outcome(tr.err, retryable)
 	if reason == "" {
-		if t.obs.Retry != nil {
-			t.obs.Retry(a.n+1, a.retryCause(tr))
-		}
 		if tr.resp != nil {
 			drain(tr.resp.Body)
 		}

@@ -27,10 +27,11 @@ func sseResponse(r *http.Request, events string) *http.Response {
 }
 
 // newMemHarness returns a harness over endpoints a.test, b.test, ... (in
-// that order of preference with the fixed policy) served by base.
-func newMemHarness(t *testing.T, cfg Config, base roundTripFunc, n int) *harness {
+// that order of preference with the fixed policy) served by base, whose
+// balancer has the options opts.
+func newMemHarness(t *testing.T, cfg Config, base roundTripFunc, n int, opts ...llmlb.Option) *harness {
 	t.Helper()
-	b, err := llmlb.New(fixed{}, llmlb.WithRand(rand.NewPCG(1, 2)))
+	b, err := llmlb.New(fixed{}, append([]llmlb.Option{llmlb.WithRand(rand.NewPCG(1, 2))}, opts...)...)
 	require.NoError(t, err)
 	urls := make([]string, n)
 	for i := range urls {

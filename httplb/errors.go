@@ -42,6 +42,12 @@ var (
 // sent then: it is dropped, not retried.
 var errOutrun = fmt.Errorf("httplb: another attempt committed first: %w", context.Canceled)
 
+// errNotSent ends a pick that was not sent: a hedge that the budget
+// refused or that the client left before it started. It wraps
+// [context.Canceled], which observers and outlier detection count as
+// neither a success nor a failure of the endpoint.
+var errNotSent = fmt.Errorf("httplb: attempt not sent: %w", context.Canceled)
+
 func configErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 }

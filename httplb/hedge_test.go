@@ -2,6 +2,7 @@ package httplb
 
 import (
 	"context"
+	"io"
 	"math"
 	"net/http"
 	"slices"
@@ -231,4 +232,166 @@ func TestHedgeManyAttempts(t *testing.T) {
 	require.NoError(t, err)
 	_, err = readAll(t, resp)
 	require.NoError(t, err)
+}
+
+// A hedge with no endpoint to go to sends nothing and takes nothing from
+// the budget: with a single endpoint, with the others excluded by the
+// request, and once every endpoint has an attempt.
+func TestHedgeNowhereTakesNoBudget(t *testing.T) {
+	cases := []struct {
+		name      string
+		endpoints int
+		exclude   []string // keys the request excludes
+		maxHedges int
+		picks     int64 // picks made, the hedge's that finds nothing included
+		hedges    int   // hedges sent
+	}{
+		{"one endpoint", 1, nil, 1, 2, 0},
+		{"others excluded", 3, []string{"http://b.test", "http://c.test"}, 1, 2, 0},
+		{"every endpoint tried", 2, nil, 2, 3, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var picks atomic.Int64
+			picked := make(chan struct{}) // the last pick was made
+			budget := &countingBudget{}
+			var ev events
+			h := newMemHarness(t, Config{
+				Adjust: func(_ *http.Request, lr *llmlb.Request) { lr.Exclude = c.exclude },
+				Retry: retry.LoopConfig{
+					MaxAttempts: 3,
+					Hedge:       retry.HedgeConfig{Delay: time.Hour, MaxHedges: c.maxHedges},
+					Budget:      budget,
+					Observer:    ev.observer(),
+					After:       func(time.Duration) <-chan time.Time { return closedTime }, // hedge at once
+				},
+			}, func(r *http.Request) (*http.Response, error) {
+				if r.URL.Host != "a.test" {
+					<-r.Context().Done() // a hedge waits until a wins
+					return nil, r.Context().Err()
+				}
+				<-picked
+				return sseResponse(r, "data: x\n\n"), nil
+			}, c.endpoints, llmlb.WithObserver(&llmlb.Observer{Pick: func(llmlb.PickInfo) {
+				if picks.Add(1) == c.picks {
+					close(picked)
+				}
+			}}))
+			resp, err := do(t, h, chatBody)
+			require.NoError(t, err)
+			_, err = readAll(t, resp)
+			require.NoError(t, err)
+			assert.EqualValues(t, c.hedges, budget.withdrawn.Load(), "budget withdrawals")
+			ev.mu.Lock()
+			defer ev.mu.Unlock()
+			assert.Len(t, ev.hedges, c.hedges, "hedges sent")
+			assert.Zero(t, ev.denied, "hedges the budget refused")
+		})
+	}
+}
+
+// The client leaves while a hedge is being picked: the hedge is not sent,
+// observed or paid for.
+func TestNoHedgeAfterClientLeft(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var picks, hedgesSent atomic.Int64
+	budget := &countingBudget{}
+	var ev events
+	h := newMemHarness(t, Config{Retry: retry.LoopConfig{
+		Hedge:    retry.HedgeConfig{Delay: time.Hour},
+		Budget:   budget,
+		Observer: ev.observer(),
+		After:    func(time.Duration) <-chan time.Time { return closedTime }, // hedge at once
+	}}, func(r *http.Request) (*http.Response, error) {
+		if r.URL.Host != "a.test" {
+			hedgesSent.Add(1)
+		}
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}, 2, llmlb.WithObserver(&llmlb.Observer{Pick: func(llmlb.PickInfo) {
+		if picks.Add(1) == 2 {
+			cancel() // after the hedge's pick checked the context
+		}
+	}}))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw.invalid/v1/chat/completions", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	_, err = h.tr.RoundTrip(req)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.EqualValues(t, 2, picks.Load(), "picks")
+	assert.Zero(t, hedgesSent.Load(), "hedges sent to the upstream")
+	assert.Zero(t, budget.withdrawn.Load(), "budget withdrawals")
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	assert.Empty(t, ev.hedges, "hedges observed")
+}
+
+// A hedge's overload answer arrives as the first attempt wins: it is
+// reported as it is (a 429 and the wait it asks for), not as a
+// cancellation, so that outlier detection cools its endpoint down.
+func TestHedgeLoserAnswerReported(t *testing.T) {
+	cases := []struct {
+		name    string
+		code    int
+		header  http.Header
+		outcome retry.Outcome // the budget's outcome of the loser
+	}{
+		{"429", http.StatusTooManyRequests, http.Header{"Retry-After": {"30"}}, retry.Failed},
+		{"503", http.StatusServiceUnavailable, http.Header{}, retry.Failed},
+		{"400", http.StatusBadRequest, http.Header{}, retry.Abandoned},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			hedged := make(chan struct{}) // the hedge reached b
+			rep := &recorder{}
+			budget := &outcomes{}
+			var mu sync.Mutex
+			done := map[string]error{} // the error each pick ended with
+			h := newMemHarness(t, Config{Retry: retry.LoopConfig{
+				Hedge:    retry.HedgeConfig{Delay: time.Hour},
+				Budget:   budget,
+				Reporter: rep,
+				After:    func(time.Duration) <-chan time.Time { return closedTime }, // hedge at once
+			}}, func(r *http.Request) (*http.Response, error) {
+				if r.URL.Host == "a.test" {
+					<-hedged
+					return sseResponse(r, "data: x\n\n"), nil
+				}
+				close(hedged)
+				// The answer is handed back only once a has won and this
+				// attempt was cancelled: its result then waits behind the
+				// winner's.
+				<-r.Context().Done()
+				return &http.Response{StatusCode: c.code, Header: c.header, Body: io.NopCloser(strings.NewReader("busy")), Request: r}, nil
+			}, 2, llmlb.WithObserver(&llmlb.Observer{Done: func(d llmlb.DoneInfo) {
+				mu.Lock()
+				done[d.Endpoint.Key()] = d.Err
+				mu.Unlock()
+			}}))
+			resp, err := do(t, h, chatBody)
+			require.NoError(t, err)
+			body, err := readAll(t, resp)
+			require.NoError(t, err)
+			require.Equal(t, "data: x\n\n", body)
+
+			rep.mu.Lock()
+			var lost error
+			for i, k := range rep.keys {
+				if k == "http://b.test" {
+					lost = rep.errs[i]
+				}
+			}
+			rep.mu.Unlock()
+			var se *retry.StatusError
+			require.ErrorAs(t, lost, &se, "the losing hedge was reported as %v", lost)
+			assert.Equal(t, c.code, se.Code)
+			assert.Equal(t, c.header.Get("Retry-After"), se.Header.Get("Retry-After"))
+			mu.Lock()
+			assert.ErrorAs(t, done["http://b.test"], &se, "the losing hedge's pick ended with %v", done["http://b.test"])
+			mu.Unlock()
+			budget.mu.Lock()
+			assert.ElementsMatch(t, []retry.Outcome{retry.Succeeded, c.outcome}, budget.got, "the budget's outcomes")
+			budget.mu.Unlock()
+		})
+	}
 }

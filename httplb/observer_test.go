@@ -1,10 +1,13 @@
 package httplb
 
 import (
+	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -111,5 +114,71 @@ func TestObserverRetryCauseNamesEndpointAndRequest(t *testing.T) {
 		}
 		assert.Equal(t, id+"-2", only(&served), "the retry's id")
 		assert.ErrorContains(t, cause, "request "+id+",")
+	}
+}
+
+// The Retry observer counts the retries sent, not those given up during
+// their back-off: the client leaving, or no endpoint left to pick.
+func TestObserverRetryCountsSentOnly(t *testing.T) {
+	const hedgeDelay = time.Hour // marks the hedge timer, which never fires
+	cases := []struct {
+		name  string
+		hedge bool
+		wait  string // what happens during the back-off: "", "cancel" or "empty"
+		want  []int  // the attempts the observer was told of
+	}{
+		{"sent", false, "", []int{2}},
+		{"cancelled during the back-off", false, "cancel", nil},
+		{"no endpoint after the back-off", false, "empty", nil},
+		{"hedging, sent", true, "", []int{2}},
+		{"hedging, cancelled during the back-off", true, "cancel", nil},
+		{"hedging, no endpoint after the back-off", true, "empty", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var ev events
+			var h *harness
+			cfg := Config{Retry: retry.LoopConfig{
+				Budget:   unlimited{},
+				Observer: ev.observer(),
+				After: func(d time.Duration) <-chan time.Time {
+					switch {
+					case d == hedgeDelay:
+						return nil
+					case c.wait == "cancel":
+						cancel()
+						return nil
+					case c.wait == "empty":
+						require.NoError(t, h.b.Update(nil))
+					}
+					return closedTime
+				},
+			}}
+			if c.hedge {
+				cfg.Retry.Hedge.Delay = hedgeDelay
+			}
+			h = newMemHarness(t, cfg, func(r *http.Request) (*http.Response, error) {
+				if r.URL.Host == "a.test" {
+					return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{},
+						Body: io.NopCloser(strings.NewReader("busy")), Request: r}, nil
+				}
+				return sseResponse(r, "data: x\n\n"), nil
+			}, 2)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gw.invalid/v1/chat/completions", strings.NewReader(chatBody))
+			require.NoError(t, err)
+			resp, err := h.tr.RoundTrip(req)
+			if c.wait == "" {
+				require.NoError(t, err)
+				_, err = readAll(t, resp)
+				require.NoError(t, err)
+			} else {
+				require.Error(t, err)
+			}
+			ev.mu.Lock()
+			defer ev.mu.Unlock()
+			assert.Equal(t, c.want, ev.retries, "retries observed")
+		})
 	}
 }

@@ -92,14 +92,18 @@ type Config struct {
 	//     RoundTrip returns. NewTransport validates Hedge as NewLoop does.
 	//   - Reporter is told how every attempt ended, including, unlike a
 	//     Loop's, the attempts cancelled because another one won (with
-	//     [context.Canceled]); a committed attempt is reported when its
-	//     body ends. If it is also a [retry.QuotaReporter], as a
-	//     [*retry.Ejector] is, it is given the headers of every successful
-	//     answer, whose rate-limit headers may say that the endpoint's
-	//     quota is spent.
+	//     [context.Canceled], or with the status answer the upstream had
+	//     already sent, such as a 429 and its Retry-After); a committed
+	//     attempt is reported when its body ends. If it is also a
+	//     [retry.QuotaReporter], as a [*retry.Ejector] is, it is given the
+	//     headers of every successful answer, whose rate-limit headers may
+	//     say that the endpoint's quota is spent.
 	//   - Observer is told of every retry and hedge sent and every one the
 	//     budget refuses (its Retry, Hedge and Denied functions; package
-	//     telemetry provides one). The cause given to Retry wraps the
+	//     telemetry provides one). Retry is called as the retry is sent,
+	//     after its back-off; a hedge is picked before the budget is asked,
+	//     so one with no endpoint to go to takes no budget and is not
+	//     counted as refused. The cause given to Retry wraps the
 	//     failed attempt's error with a message that names the endpoint and,
 	//     if the request has a valid X-Request-Id (as [NewProxy] gives each
 	//     request), its id.

@@ -13,9 +13,13 @@ import "time"
 // outside the component's locks. They must be safe for concurrent use and
 // must not block.
 type Observer struct {
-	// Retry is called when a [Loop] sends a retry: attempt is its number
-	// within the request (2 for the first retry) and cause the error of the
-	// failed attempt it replaces.
+	// Retry is called once for each retry a [Loop] sends, as it is about
+	// to send it: after its back-off wait, once its endpoint is picked.
+	// A retry that the budget refuses (see Denied), whose context ends
+	// during the wait, or that finds no endpoint to go to is never sent
+	// and not counted. attempt is the retry's number within the request
+	// (2 for the first retry) and cause the error of the failed attempt it
+	// replaces.
 	Retry func(attempt int, cause error)
 	// Hedge is called when a [Loop] sends a hedge; attempt is its number.
 	Hedge func(attempt int)
