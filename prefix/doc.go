@@ -16,7 +16,9 @@
 // to hold, in one LRU per endpoint bounded by a capacity that can be sized
 // from the engine's KV-cache block count, so its memory is bounded by the sum
 // of the capacities times [BytesPerBlock]. It is fed approximately, with
-// [Index.Record] after each routing decision (entries expire after a TTL), or
+// [Index.Record] after each routing decision (entries expire after a TTL,
+// and a Record drops expired ones, so a router's index holds about what it
+// recorded within the TTL however long it runs), or
 // precisely, from the engine's KV events with [Index.Stored],
 // [Index.Removed] and [Index.Cleared]; the transport of those events (ZMQ,
 // NATS) is the caller's. A prefix is recorded tail first so that its head is
