@@ -3,6 +3,7 @@ package signals
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -61,7 +62,21 @@ type series struct {
 	name         string
 	label, value string
 	info         string
+	// copies are labels that tell apart copies of one count: samples that
+	// differ only in them report the same requests, so they count once
+	// (their largest value).
+	copies []string
 }
+
+// sglangCopies are the labels of SGLang's scheduler metrics that tell
+// apart the schedulers of one data-parallel rank
+// (python/sglang/srt/managers/scheduler_metrics_mixin.py, init_metrics:
+// labels model_name, engine_type, tp_rank, pp_rank and, with data
+// parallelism, dp_rank). Only the first tensor-parallel rank of each
+// data-parallel rank reports by default; with
+// --enable-metrics-for-all-schedulers every rank does, each with the same
+// batch.
+var sglangCopies = []string{"tp_rank", "pp_rank"}
 
 // profile maps one engine's exposition to an Observation.
 type profile struct {
@@ -92,9 +107,9 @@ var profiles = [numEngines]*profile{
 	},
 	EngineSGLang: {
 		engine:  EngineSGLang,
-		running: series{name: "sglang:num_running_reqs"},
-		waiting: series{name: "sglang:num_queue_reqs"},
-		kv:      []series{{name: "sglang:token_usage"}},
+		running: series{name: "sglang:num_running_reqs", copies: sglangCopies},
+		waiting: series{name: "sglang:num_queue_reqs", copies: sglangCopies},
+		kv:      []series{{name: "sglang:token_usage", copies: sglangCopies}},
 	},
 	EngineTRTLLM: {
 		engine:    EngineTRTLLM,
@@ -162,6 +177,7 @@ func (s series) sum(fams families) (sum float64, n int, err error) {
 			return 0, 0, nil
 		}
 	}
+	var copies map[string]float64 // with s.copies: the largest value of each group of copies
 	for _, m := range fam.Metric {
 		if s.label != "" && labelValue(m, s.label) != s.value {
 			continue
@@ -185,10 +201,49 @@ func (s series) sum(fams families) (sum float64, n int, err error) {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			return 0, 0, fmt.Errorf("%w: %s is %v", ErrInvalidValue, s.describe(), v)
 		}
+		if len(s.copies) > 0 && len(fam.Metric) > 1 && hasLabel(m, s.copies) {
+			if copies == nil {
+				copies = make(map[string]float64)
+			}
+			k := otherLabels(m, s.copies)
+			if old, ok := copies[k]; ok {
+				copies[k] = max(old, v)
+				continue
+			}
+			copies[k] = v
+			n++
+			continue
+		}
 		sum += v
 		n++
 	}
+	for _, v := range copies {
+		sum += v
+	}
 	return sum, n, nil
+}
+
+// hasLabel reports whether m has one of the labels names.
+func hasLabel(m *dto.Metric, names []string) bool {
+	for _, lp := range m.Label {
+		if slices.Contains(names, lp.GetName()) {
+			return true
+		}
+	}
+	return false
+}
+
+// otherLabels returns m's labels other than names, as one string that is
+// equal for two samples exactly when those labels are.
+func otherLabels(m *dto.Metric, names []string) string {
+	pairs := make([]string, 0, len(m.Label))
+	for _, lp := range m.Label {
+		if !slices.Contains(names, lp.GetName()) {
+			pairs = append(pairs, strconv.Quote(lp.GetName())+"="+strconv.Quote(lp.GetValue()))
+		}
+	}
+	slices.Sort(pairs)
+	return strings.Join(pairs, ",")
 }
 
 func (s series) describe() string {

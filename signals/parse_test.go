@@ -316,3 +316,42 @@ func TestParseWideSeries(t *testing.T) {
 	assert.Equal(t, 6400, o.KVBlocks)
 	assert.Equal(t, 2, o.Waiting)
 }
+
+// TestParseSGLangSchedulerCopies checks that SGLang's schedulers of one
+// data-parallel rank, which all report the same batch when every scheduler
+// exports metrics, count once, and that data-parallel ranks add up.
+func TestParseSGLangSchedulerCopies(t *testing.T) {
+	in := `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 5
+sglang:num_running_reqs{dp_rank="0",engine_type="unified",model_name="m",pp_rank="0",tp_rank="1"} 5
+sglang:num_running_reqs{dp_rank="1",engine_type="unified",model_name="m",pp_rank="0",tp_rank="2"} 3
+sglang:num_running_reqs{dp_rank="1",engine_type="unified",model_name="m",pp_rank="0",tp_rank="3"} 4
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{dp_rank="0",engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 2
+sglang:num_queue_reqs{dp_rank="0",engine_type="unified",model_name="m",pp_rank="0",tp_rank="1"} 2
+sglang:num_queue_reqs{dp_rank="1",engine_type="unified",model_name="m",pp_rank="0",tp_rank="2"} 1
+sglang:num_queue_reqs{dp_rank="1",engine_type="unified",model_name="m",pp_rank="0",tp_rank="3"} 1
+# TYPE sglang:token_usage gauge
+sglang:token_usage{dp_rank="0",engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 0.5
+sglang:token_usage{dp_rank="0",engine_type="unified",model_name="m",pp_rank="0",tp_rank="1"} 0.5
+sglang:token_usage{dp_rank="1",engine_type="unified",model_name="m",pp_rank="0",tp_rank="2"} 0.1
+sglang:token_usage{dp_rank="1",engine_type="unified",model_name="m",pp_rank="0",tp_rank="3"} 0.1
+`
+	o, err := signals.Parse(strings.NewReader(in), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, signals.EngineSGLang, o.Engine)
+	assert.Equal(t, 9, o.Running, "one count per data-parallel rank, the largest of its copies")
+	assert.Equal(t, 3, o.Waiting)
+	assert.InDelta(t, 0.3, o.KVUsage, 1e-12, "the data-parallel ranks' fractions are averaged")
+
+	// Without the flag only each rank's first scheduler reports: the same.
+	one := `sglang:num_running_reqs{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 5
+sglang:num_running_reqs{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 4
+sglang:num_queue_reqs{dp_rank="0",model_name="m",pp_rank="0",tp_rank="0"} 2
+sglang:num_queue_reqs{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 1
+`
+	o, err = signals.Parse(strings.NewReader(one), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 9, o.Running)
+	assert.Equal(t, 3, o.Waiting)
+}
