@@ -379,7 +379,11 @@ func (r *OrcaReport) check() error {
 }
 
 // Default named metrics read by [OrcaMapping]; vLLM reports the first and
-// third in its ORCA headers.
+// third in its ORCA headers. It reports each from the first sample of its
+// Prometheus metric (vllm/entrypoints/openai/orca_metrics.py,
+// get_named_metrics_from_prometheus), so a data-parallel vLLM's header
+// carries its first engine's waiting requests only: scrape such a server
+// (see [Scraper]), whose metrics have one series per engine.
 const (
 	DefaultOrcaKVUsage = "kv_cache_usage_perc"
 	DefaultOrcaRunning = "num_requests_running"
