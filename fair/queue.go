@@ -294,6 +294,7 @@ func (q *Queue) abandon(t *Ticket, cause error) error {
 	now := q.clock.Now()
 	q.mu.Lock()
 	defer q.unlock()
+	observe := true // tell the observer of a refusal
 	switch t.state {
 	case stateRefused:
 		return t.err
@@ -303,15 +304,18 @@ func (q *Queue) abandon(t *Ticket, cause error) error {
 		q.settleLocked(t.p)
 	case stateAdmitted:
 		// Admitted as the context ended: nobody will use it. Refund the
-		// charge, so that the principal loses nothing.
+		// charge, so that the principal loses nothing. The observer was
+		// told of the admission, so it is not told of a refusal too: the
+		// caller still gets the error of a request that left the queue.
 		if c := t.p.counter - t.cost; c > 0 {
 			t.p.counter = c
 		} else {
 			t.p.counter = 0 // NaN-safe, unlike max
 		}
 		q.releaseLocked(t)
+		observe = false
 	}
-	err := q.leaveErrorLocked(t.rank, cause)
+	err := q.leaveError(t.rank, cause, now, observe)
 	// Its leaving may let the waiters behind it in.
 	q.dispatchLocked(now)
 	return err
@@ -321,8 +325,17 @@ func (q *Queue) abandon(t *Ticket, cause error) error {
 // context ended with cause before it was admitted: a refusal if its
 // deadline passed.
 func (q *Queue) leaveErrorLocked(rank int, cause error) error {
+	return q.leaveError(rank, cause, q.clock.Now(), true)
+}
+
+// leaveError is leaveErrorLocked at now, telling the observer of the
+// refusal only if observe is set. The lock is held.
+func (q *Queue) leaveError(rank int, cause error, now time.Time, observe bool) error {
 	if errors.Is(cause, context.DeadlineExceeded) {
-		return q.refusal(rank, nil, ReasonDeadline, q.clock.Now(), cause)
+		if !observe {
+			return q.refusalError(nil, ReasonDeadline, now, cause)
+		}
+		return q.refusal(rank, nil, ReasonDeadline, now, cause)
 	}
 	return fmt.Errorf("fair: left the queue: %w", cause)
 }
@@ -344,6 +357,11 @@ func (q *Queue) refusal(rank int, p *principal, reason Reason, now time.Time, ca
 	if f := q.observer.Refused; f != nil {
 		f(classOf(rank), reason)
 	}
+	return q.refusalError(p, reason, now, cause)
+}
+
+// refusalError is the error refusal returns, without telling the observer.
+func (q *Queue) refusalError(p *principal, reason Reason, now time.Time, cause error) error {
 	scope := "queue"
 	if reason == ReasonPrincipal {
 		scope = "principal"

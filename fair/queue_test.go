@@ -608,3 +608,30 @@ func TestParseClass(t *testing.T) {
 		t.Error("out-of-range classes should count as the nearest named one")
 	}
 }
+
+// A waiter admitted in the same instant its deadline passes is reported to
+// the observer once, as admitted: not also as refused.
+func TestAbandonAfterAdmissionObservedOnce(t *testing.T) {
+	var admitted, refused int
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1, Observer: &Observer{
+		Admitted: func(Class, time.Duration) { admitted++ },
+		Refused:  func(Class, Reason) { refused++ },
+	}})
+	hold, _ := q.push(Request{Principal: "a"})
+	w, _ := q.push(Request{Principal: "b", PromptTokens: 40})
+	hold.Done()
+	if !w.admitted() {
+		t.Fatal("not admitted")
+	}
+	err := q.abandon(w, context.DeadlineExceeded)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("abandon: %v, want the deadline", err)
+	}
+	if admitted != 2 || refused != 0 {
+		t.Fatalf("observed %d admitted, %d refused; want 2 and 0", admitted, refused)
+	}
+	if s := q.Stats(); s.InFlight != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	mustCheck(t, q)
+}
