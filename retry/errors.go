@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -23,6 +24,13 @@ var (
 	// Retry-After; a gateway answers 429 with it.
 	ErrOverloaded = errors.New("retry: overloaded")
 )
+
+// errNotSent ends the pick of a hedge that was not sent: the budget
+// refused it, or the caller left or another attempt committed before it
+// started. It wraps [context.Canceled], which observers and
+// outlier detection count as neither a success nor a failure of the
+// endpoint.
+var errNotSent = fmt.Errorf("retry: attempt not sent: %w", context.Canceled)
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)

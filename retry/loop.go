@@ -279,7 +279,11 @@ func (a *Attempt) FirstToken() bool {
 // ends the program, as a panic on any goroutine does.
 //
 // Before a retry Do waits max(back-off, server pushback); if that wait
-// would end after the context's deadline it gives up at once. When retries
+// would end after the context's deadline it gives up at once. A hedge is
+// withdrawn from the budget only once its endpoint is picked, just before
+// it is sent: one that is not sent (no endpoint was left, the context
+// ended or an attempt committed meanwhile) takes nothing, and its pick is
+// ended with an error wrapping [context.Canceled]. When retries
 // run out (attempts, budget, a "do not retry" pushback, the deadline, or no
 // endpoint), Do returns a [*GiveUpError] wrapping [ErrExhausted] and the
 // last error. It returns pick errors of the first attempt (such as
@@ -299,11 +303,12 @@ func (l *Loop) Do(ctx context.Context, req *llmlb.Request, attempt func(ctx cont
 		r.callerExclude = req.Exclude
 	}
 	l.budget.Start()
-	first, err := r.newAttempt(false, false)
+	p, err := r.pick(false)
 	if err != nil {
 		l.budget.Finish(false, Abandoned)
 		return err
 	}
+	first := r.add(p, false, false)
 	if l.maxAttempts > 1 && (l.hedge.Delay > 0 || l.hedge.Percentile > 0) {
 		return r.parallel(first)
 	}
@@ -463,21 +468,30 @@ func (r *run) armHedge() <-chan time.Time {
 }
 
 // newHedge picks an endpoint with no attempt in flight for a hedge, or
-// returns nil if the budget or the endpoints do not allow one.
+// returns nil if the endpoints, the caller or the budget do not allow one.
 func (r *run) newHedge() *Attempt {
 	l := r.l
 	if r.hedges >= l.hedge.MaxHedges || len(r.attempts) >= l.maxAttempts {
 		return nil
 	}
+	// The pick comes before the withdrawal, so that a hedge with no
+	// endpoint to go to takes no budget.
+	p, err := r.pick(true)
+	if err != nil {
+		return nil // no other endpoint, or the caller is gone
+	}
+	// The caller may have gone during the pick (Pick checks the context
+	// first), or an attempt committed: no hedge starts after either.
+	if r.ctx.Err() != nil || r.winner.Load() != 0 {
+		p.Done(errNotSent)
+		return nil
+	}
 	if !l.budget.Withdraw() {
+		p.Done(errNotSent)
 		l.obs.denied()
 		return nil
 	}
-	a, err := r.newAttempt(true, true)
-	if err != nil {
-		l.budget.Finish(true, Abandoned)
-		return nil
-	}
+	a := r.add(p, true, true)
 	r.hedges++
 	l.obs.hedge(int(a.n))
 	return a
@@ -566,7 +580,7 @@ func (r *run) next() (*Attempt, error) {
 			return nil, fmt.Errorf("retry: waiting to retry: %w (last attempt: %w)", r.ctx.Err(), r.last.err)
 		}
 	}
-	a, err := r.newAttempt(true, false)
+	p, err := r.pick(false)
 	if err != nil {
 		l.budget.Finish(true, Abandoned)
 		if errors.Is(err, llmlb.ErrNoCandidates) || errors.Is(err, llmlb.ErrNoEndpoints) {
@@ -574,6 +588,7 @@ func (r *run) next() (*Attempt, error) {
 		}
 		return nil, fmt.Errorf("retry: picking for a retry: %w (last attempt: %w)", err, r.last.err)
 	}
+	a := r.add(p, true, false)
 	l.obs.retry(int(a.n), r.last.err)
 	return a, nil
 }
@@ -591,19 +606,23 @@ func (r *run) pushback(err error) Pushback {
 	return Pushback{}
 }
 
-// newAttempt picks an endpoint excluding the caller's exclusions, the
-// endpoints that failed in this round and those with an attempt in flight.
-// A retry that finds no endpoint left starts a new round without the
-// failed ones; a hedge does not.
-func (r *run) newAttempt(retry, hedge bool) (*Attempt, error) {
-	p, err := r.pick()
+// pick picks the endpoint of the next attempt, excluding the caller's
+// exclusions, the endpoints that failed in this round and those with an
+// attempt in flight. A retry that finds no endpoint left starts a new round
+// without the failed ones; a hedge does not. The pick is not an attempt
+// until add makes it one; one that is not sent is ended with errNotSent.
+func (r *run) pick(hedge bool) (llmlb.Pick, error) {
+	p, err := r.pickExcluding()
 	if err != nil && errors.Is(err, llmlb.ErrNoCandidates) && !hedge && len(r.failed) > 0 {
 		r.failed = r.failed[:0]
-		p, err = r.pick()
+		p, err = r.pickExcluding()
 	}
-	if err != nil {
-		return nil, err
-	}
+	return p, err
+}
+
+// add makes p the request's next attempt; retry tells whether Withdraw
+// granted it.
+func (r *run) add(p llmlb.Pick, retry, hedge bool) *Attempt {
 	a := &r.first
 	if len(r.attempts) > 0 {
 		a = new(Attempt)
@@ -620,10 +639,10 @@ func (r *run) newAttempt(retry, hedge bool) (*Attempt, error) {
 		a.key = ep.Key()
 	}
 	r.attempts = append(r.attempts, a)
-	return a, nil
+	return a
 }
 
-func (r *run) pick() (llmlb.Pick, error) {
+func (r *run) pickExcluding() (llmlb.Pick, error) {
 	if len(r.attempts) == 0 {
 		return r.l.picker.Pick(r.ctx, &r.req)
 	}

@@ -23,7 +23,10 @@ type Observer struct {
 	Retry func(attempt int, cause error)
 	// Hedge is called when a [Loop] sends a hedge; attempt is its number.
 	Hedge func(attempt int)
-	// Denied is called when a [Loop]'s budget refuses a retry or a hedge.
+	// Denied is called once for each retry or hedge that a [Loop]'s
+	// budget refuses. A retry is asked for before its back-off wait; a
+	// hedge only once its endpoint is picked, so one with no endpoint to
+	// go to is not counted.
 	Denied func()
 	// Eject is called when an [Ejector] ejects an endpoint, for d.
 	Eject func(key string, d time.Duration)
