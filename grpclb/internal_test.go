@@ -143,6 +143,87 @@ func TestPickDoneOutcome(t *testing.T) {
 	}
 }
 
+// errPicker is a child picker that fails every pick with err.
+type errPicker struct{ err error }
+
+func (p errPicker) Pick(balancer.PickInfo) (balancer.PickResult, error) {
+	return balancer.PickResult{}, p.err
+}
+
+// firstKey is a policy that chooses the candidate with the smallest key.
+type firstKey struct{}
+
+func (firstKey) Choose(c *llmlb.Candidates) int {
+	best := 0
+	for i := 1; i < c.Len(); i++ {
+		if c.MemberKey(c.Member(i)) < c.MemberKey(c.Member(best)) {
+			best = i
+		}
+	}
+	return best
+}
+
+// TestPickChildFailureNotSent: when the child picker of the endpoint picked
+// fails (its SubConn is connecting, or in transient failure), grpc never
+// sends the RPC with that pick: it waits for another picker, or fails the
+// RPC with the child's error. The pick ends as not sent, neither a success
+// nor a failure of the endpoint, and grpc gets the child's error.
+func TestPickChildFailureNotSent(t *testing.T) {
+	refused := errors.New("connection refused")
+	cases := []struct {
+		name    string
+		members []*endpoint
+		unready []string
+		want    error // Pick's error
+		picks   int
+	}{
+		{"connecting", []*endpoint{{key: "a", picker: errPicker{balancer.ErrNoSubConnAvailable}, ready: true}},
+			nil, balancer.ErrNoSubConnAvailable, 1},
+		{"transient failure", []*endpoint{{key: "a", picker: errPicker{refused}}},
+			[]string{"a"}, refused, 1},
+		{"transient failure, then one that left READY", []*endpoint{
+			{key: "a", picker: errPicker{refused}},
+			{key: "b", picker: errPicker{balancer.ErrNoSubConnAvailable}, ready: true},
+		}, []string{"a"}, refused, 2},
+	}
+	for _, test := range cases {
+		t.Run(test.name, func(t *testing.T) {
+			var got []error
+			lb, err := llmlb.New(firstKey{}, llmlb.WithObserver(&llmlb.Observer{
+				Done: func(d llmlb.DoneInfo) { got = append(got, d.Err) },
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			eps := make([]llmlb.Endpoint, len(test.members))
+			for i, m := range test.members {
+				eps[i] = m
+			}
+			if err := lb.Update(eps); err != nil {
+				t.Fatal(err)
+			}
+			p := &picker{lb: lb, rec: new(recorder), unready: test.unready}
+			_, err = p.Pick(balancer.PickInfo{Ctx: context.Background()})
+			if !errors.Is(err, test.want) {
+				t.Errorf("Pick = %v, want %v", err, test.want)
+			}
+			if len(got) != test.picks {
+				t.Fatalf("%d picks ended, want %d", len(got), test.picks)
+			}
+			for i, err := range got {
+				if !errors.Is(err, context.Canceled) {
+					t.Errorf("pick %d ended with %v, want context canceled", i+1, err)
+				}
+			}
+			for _, s := range lb.Stats() {
+				if s.Outstanding != 0 {
+					t.Errorf("%d requests outstanding on %s", s.Outstanding, s.Key)
+				}
+			}
+		})
+	}
+}
+
 func TestKeyEndpoints(t *testing.T) {
 	ep := func(addrs ...string) resolver.Endpoint {
 		var e resolver.Endpoint

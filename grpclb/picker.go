@@ -151,7 +151,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	ep := pk.Endpoint().(*endpoint)
 	res, err := ep.picker.Pick(info)
 	if err != nil {
-		pk.Done(err)
+		// The RPC goes nowhere with this pick (grpc waits for another
+		// picker or fails it): it neither succeeded nor failed at the
+		// endpoint.
+		pk.Done(errNotSent)
 		if pk, ep, res, err = p.failed(ctx, info, call, ep, err); err != nil {
 			return balancer.PickResult{}, err
 		}
@@ -198,7 +201,7 @@ func (p *picker) failed(ctx context.Context, info balancer.PickInfo, call *Call,
 			if cerr == nil {
 				return pk, again, res, nil
 			}
-			pk.Done(cerr)
+			pk.Done(errNotSent)
 		}
 	}
 	if errors.Is(err, balancer.ErrNoSubConnAvailable) || ep.ready && status.Code(err) == codes.Unknown {
@@ -255,10 +258,15 @@ func (d *pickDone) finish(di balancer.DoneInfo) {
 	}
 }
 
-// errNotSent ends the pick of an RPC that grpc discarded before sending
-// it. It wraps [context.Canceled], which observers and outlier detection
+// errNotSent ends the pick of an RPC that was not sent to its endpoint:
+// grpc discarded the pick, or the endpoint's child picker failed (its
+// SubConn is connecting, idle or in transient failure), so that grpc makes
+// the RPC wait for another picker or fails it. It wraps
+// [context.Canceled], which observers and outlier detection
 // (retry.HealthOutcome) count as neither a success nor a failure of the
-// endpoint.
+// endpoint: a SubConn's failure to connect is the channel's connectivity
+// state, which already takes the endpoint out of the healthy ones, and is
+// not counted again for every RPC that meets it.
 var errNotSent = fmt.Errorf("grpclb: pick discarded before the RPC was sent: %w", context.Canceled)
 
 // pickError maps an llmlb.Pick error to what grpc expects of a picker.
