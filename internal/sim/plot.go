@@ -20,7 +20,8 @@ import (
 // every policy (log-scaled time axis), and the outstanding requests of each
 // replica over time under the policy named series (the first result if
 // series is empty or unknown). Each plot's legend is beside it, outside
-// the plot area.
+// the plot area. When no request completed, the CDF plot is empty and its
+// title says so.
 func (rep *Report) WriteSVG(w io.Writer, series string) error {
 	if len(rep.Results) == 0 {
 		return fmt.Errorf("%w: no results to plot", ErrInvalidConfig)
@@ -30,6 +31,7 @@ func (rep *Report) WriteSVG(w io.Writer, series string) error {
 	cdf.X.Scale = plot.LogScale{}
 	cdf.X.Tick.Marker = logTicks{}
 	cdfLegend := newLegend()
+	lines := 0
 	for i, r := range rep.Results {
 		pts := cdfPoints(r.TTFTs, r.Requests, 400)
 		if len(pts) == 0 {
@@ -42,6 +44,14 @@ func (rep *Report) WriteSVG(w io.Writer, series string) error {
 		l.LineStyle = policyStyle(i)
 		cdf.Add(l)
 		cdfLegend.Add(r.Policy, l)
+		lines++
+	}
+	if lines == 0 {
+		// No TTFT to plot: a log scale needs a positive range, which no
+		// data gives it.
+		cdf.Title.Text += "\nno request completed"
+		cdf.X.Min, cdf.X.Max = 1, max(rep.Scenario.SLOTTFTMs, 10)
+		cdf.Y.Min, cdf.Y.Max = 0, 1
 	}
 
 	pick := rep.Results[0]

@@ -283,6 +283,23 @@ func TestReportSVGTitles(t *testing.T) {
 	}
 }
 
+// A run in which no request completed, every one rejected for want of KV
+// memory, has no TTFT to plot: the CDF is drawn empty, on a time axis of
+// its own, and says why.
+func TestReportSVGNoCompletedRequest(t *testing.T) {
+	rep := tableReport(false)
+	for _, r := range rep.Results {
+		r.Completed, r.Rejected, r.TTFTs = 0, r.Requests, nil
+	}
+	var b bytes.Buffer
+	if err := rep.WriteSVG(&b, ""); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "no request completed") {
+		t.Errorf("SVG does not say that no request completed")
+	}
+}
+
 // The legends are drawn in a column right of every plot, so they cover no
 // data, and each is wide enough for its entries.
 func TestLayoutLegendsBesidePlots(t *testing.T) {
