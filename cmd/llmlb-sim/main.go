@@ -82,7 +82,8 @@
 //
 // The -json and -svg files are opened before the simulation, so that a
 // bad path fails at once, and a file the command created is removed again
-// if the run fails. A duration flag without a unit, such as -slo-ttft 2,
+// if the run fails. An output that is the -trace file or the other output,
+// under whatever name, is refused rather than overwritten. A duration flag without a unit, such as -slo-ttft 2,
 // is an error that asks for one (2s, 500ms), and one beyond what a
 // duration holds, such as -slo-ttft 9999999h, an error that gives the
 // flag's range. Every error of a flag names the flag.
@@ -478,6 +479,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		if svgOut, err = openOutput("svg", *svgPath); err != nil {
 			return err
 		}
+	}
+	if err = checkOutputs(*trace, jsonOut, svgOut); err != nil {
+		return err
 	}
 
 	cfg := sc.Config
@@ -1066,6 +1070,38 @@ func openOutput(name, path string) (*output, error) {
 	}
 	o.f = f
 	return o, nil
+}
+
+// checkOutputs refuses an output that is the same regular file as the
+// trace at path trace (if not "") or as an earlier output, whatever their
+// names: writing it would overwrite the other.
+func checkOutputs(trace string, outs ...*output) error {
+	type file struct {
+		flag string
+		fi   os.FileInfo
+	}
+	var files []file
+	if trace != "" {
+		if fi, err := os.Stat(trace); err == nil && fi.Mode().IsRegular() {
+			files = append(files, file{"trace", fi})
+		}
+	}
+	for _, o := range outs {
+		if o == nil || o.f == nil {
+			continue
+		}
+		fi, err := o.f.Stat()
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		for _, f := range files {
+			if os.SameFile(f.fi, fi) {
+				return usageError{fmt.Errorf("-%s %s is the -%s file", o.flag, o.path, f.flag)}
+			}
+		}
+		files = append(files, file{o.flag, fi})
+	}
+	return nil
 }
 
 // write replaces the destination's contents with what write writes and

@@ -291,6 +291,44 @@ func TestRunOutputFailsFast(t *testing.T) {
 	}
 }
 
+// An output that is the trace, or the other output, under another name
+// is refused before the run: writing it would overwrite the trace or the
+// other output.
+func TestRunOutputIsInput(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "trace.jsonl")
+	const lines = `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\n"
+	out := filepath.Join(dir, "out.json")
+	other := dir + "/./out.json"
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"json is the trace", []string{"-trace", trace, "-json", trace}, "-json " + trace + " is the -trace file"},
+		{"svg is the trace by another name", []string{"-trace", trace, "-svg", dir + "/./trace.jsonl"}, "-svg " + dir + "/./trace.jsonl is the -trace file"},
+		{"svg is the json by another name", []string{"-json", out, "-svg", other}, "-svg " + other + " is the -json file"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if err := os.WriteFile(trace, []byte(lines), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"-requests", "50", "-replicas", "2", "-policies", "p2c"}, c.args...)
+			if code := run(context.Background(), args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), c.want) {
+				t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), c.want)
+			}
+			if b, err := os.ReadFile(trace); err != nil || string(b) != lines {
+				t.Errorf("trace now %.60q (%v)", b, err)
+			}
+			if _, err := os.Stat(out); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s left behind (%v)", out, err)
+			}
+		})
+	}
+}
+
 func TestRunFailureRemovesOutputs(t *testing.T) {
 	dir := t.TempDir()
 	created := filepath.Join(dir, "new.json")
