@@ -80,13 +80,15 @@
 // engines, and compare ways of routing to them, tiers and cooldowns
 // included (sim.PoolScenarios); they take only -seed and -seeds.
 //
-// The -json and -svg files are opened before the simulation, so that a
-// bad path fails at once, and a file the command created is removed again
-// if the run fails. An output that is the -trace file or the other output,
-// under whatever name, is refused rather than overwritten. A duration flag without a unit, such as -slo-ttft 2,
-// is an error that asks for one (2s, 500ms), and one beyond what a
-// duration holds, such as -slo-ttft 9999999h, an error that gives the
-// flag's range. Every error of a flag names the flag.
+// -json - or -svg - writes the JSON or the SVG document to standard output
+// instead of the table; only one of them can. The -json and -svg files are
+// opened before the simulation, so that a bad path fails at once, and a
+// file the command created is removed again if the run fails. An output
+// that is the -trace file or the other output, under whatever name, is
+// refused rather than overwritten. A duration flag without a unit, such as
+// -slo-ttft 2, is an error that asks for one (2s, 500ms), and one beyond
+// what a duration holds, such as -slo-ttft 9999999h, an error that gives
+// the flag's range. Every error of a flag names the flag.
 //
 // A request larger than a replica's whole KV cache is rejected under every
 // policy and never completes; when there are any, a warning on standard
@@ -199,8 +201,8 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		sloTTFT  = durationVar("slo-ttft", 2*time.Second, time.Nanosecond, maxDuration, "", "TTFT objective, a `duration`")
 		sloTPOT  = durationVar("slo-tpot", 50*time.Millisecond, time.Nanosecond, maxDuration, "", "TPOT objective, a `duration`")
 		wide     = fs.Bool("wide", false, "print every column of the results table (TTFT p95 and max, E2E p50, tok/s, done)")
-		jsonPath = fs.String("json", "", "write results as JSON to this file (- for stdout)")
-		svgPath  = fs.String("svg", "", "write TTFT CDFs and per-replica outstanding requests to this SVG file; with -sweep, goodput and TTFT p99 against the offered load")
+		jsonPath = fs.String("json", "", "write results as JSON to this file (- for stdout, instead of the table)")
+		svgPath  = fs.String("svg", "", "write TTFT CDFs and per-replica outstanding requests to this SVG file (- for stdout, instead of the table); with -sweep, goodput and TTFT p99 against the offered load")
 		admitArg = fs.String("admission", "", "comma-separated admission controls in front of the routers to compare, each under every policy, from those the scenario defines "+
 			"(the tenants scenario: none, every request at once; rate, per-tenant limits on requests and tokens per minute that refuse the excess, as API gateways do; "+
 			"vtc, a token-fair queue, package fair's Virtual Token Counter, capping the requests in flight; "+
@@ -315,6 +317,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	if *jsonPath != "" && *jsonPath != "-" && *jsonPath == *svgPath {
 		return usageError{fmt.Errorf("-json and -svg both name %s", *jsonPath)}
+	}
+	if *jsonPath == "-" && *svgPath == "-" {
+		return usageError{errors.New("-json - and -svg - both write to standard output: send one to a file")}
 	}
 	scales := []float64{*rateScale}
 	sweeping := set["sweep"]
@@ -763,7 +768,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		}
 		writeSVG = func(w io.Writer) error { return rep.WriteSVG(w, "") }
 	}
-	if *jsonPath != "-" {
+	if *jsonPath != "-" && *svgPath != "-" { // the table would precede the document
 		if err := table(stdout); err != nil {
 			return err
 		}

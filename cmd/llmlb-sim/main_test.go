@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/xml"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -99,6 +101,30 @@ func TestRunTableAndSVG(t *testing.T) {
 	}
 }
 
+// -svg - writes the SVG document alone to standard output, without the
+// table before it, as -json - does its JSON.
+func TestRunSVGToStdout(t *testing.T) {
+	for _, args := range [][]string{{"-svg", "-"}, {"-svg", "-", "-sweep", "0.5,1"}} {
+		var out, errb bytes.Buffer
+		args = append([]string{"-requests", "100", "-replicas", "2", "-policies", "p2c"}, args...)
+		if code := run(context.Background(), args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errb.String())
+		}
+		if !bytes.HasPrefix(out.Bytes(), []byte("<?xml")) {
+			t.Errorf("%v: stdout does not start with the SVG document:\n%.200s", args, out.String())
+		}
+		dec := xml.NewDecoder(&out)
+		for {
+			if _, err := dec.Token(); err == io.EOF {
+				break
+			} else if err != nil {
+				t.Errorf("%v: stdout is not one XML document: %v", args, err)
+				break
+			}
+		}
+	}
+}
+
 func TestRunErrors(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.jsonl")
@@ -159,6 +185,7 @@ func TestRunErrors(t *testing.T) {
 		{"json in missing directory", []string{"-json", missing}, "-json: open " + missing, ""},
 		{"svg in missing directory", []string{"-svg", missing}, "-svg: open " + missing, ""},
 		{"json and svg alike", []string{"-json", same, "-svg", same}, "-json and -svg both name " + same, ""},
+		{"json and svg both to stdout", []string{"-json", "-", "-svg", "-"}, "-json - and -svg - both write to standard output: send one to a file", ""},
 		{"TTFT SLO without a unit", []string{"-slo-ttft", "2"}, `llmlb-sim: invalid -slo-ttft "2": a duration needs a unit, such as 2s or 500ms` + "\n", "invalid value"},
 		{"TPOT SLO without a unit", []string{"-slo-tpot", "0.05"}, `invalid -slo-tpot "0.05": a duration needs a unit, such as 2s or 500ms`, "parse error"},
 		{"scrape without a unit", []string{"-scrape", "1"}, `invalid -scrape "1": a duration needs a unit, such as 2s or 500ms`, "Usage"},
