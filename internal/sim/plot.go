@@ -20,8 +20,9 @@ import (
 // every policy (log-scaled time axis), and the outstanding requests of each
 // replica over time under the policy named series (the first result if
 // series is empty or unknown). Each plot's legend is beside it, outside
-// the plot area. When no request completed, the CDF plot is empty and its
-// title says so.
+// the plot area. The legend tells apart a policy's runs under several
+// splits, admission controls or knowledges of output lengths. When no
+// request completed, the CDF plot is empty and its title says so.
 func (rep *Report) WriteSVG(w io.Writer, series string) error {
 	if len(rep.Results) == 0 {
 		return fmt.Errorf("%w: no results to plot", ErrInvalidConfig)
@@ -43,7 +44,7 @@ func (rep *Report) WriteSVG(w io.Writer, series string) error {
 		}
 		l.LineStyle = policyStyle(i)
 		cdf.Add(l)
-		cdfLegend.Add(r.Policy, l)
+		cdfLegend.Add(r.label(), l)
 		lines++
 	}
 	if lines == 0 {
@@ -60,7 +61,7 @@ func (rep *Report) WriteSVG(w io.Writer, series string) error {
 			pick = r
 		}
 	}
-	out := newPlot(fmt.Sprintf("Outstanding requests of each replica under policy %s", pick.Policy),
+	out := newPlot(fmt.Sprintf("Outstanding requests of each replica under policy %s", pick.label()),
 		"time (s)", "outstanding requests")
 	outLegend := newLegend()
 	if len(pick.Series) > 0 {
@@ -80,6 +81,24 @@ func (rep *Report) WriteSVG(w io.Writer, series string) error {
 		}
 	}
 	return drawSVG(w, 10*vg.Inch, []*plot.Plot{cdf, out}, []*plot.Legend{cdfLegend, outLegend})
+}
+
+// label names r in a plot: its policy, then its split into prefill and
+// decode workers, admission control and knowledge of output lengths, those
+// it has, which tell apart the runs of one policy as the table's columns
+// do.
+func (r *Result) label() string {
+	s := r.Policy
+	if r.Prefill > 0 {
+		s += fmt.Sprintf(", %dP+%dD", r.Prefill, r.Decode)
+	}
+	if r.Admission != "" {
+		s += ", admission " + r.Admission
+	}
+	if r.Outputs != "" {
+		s += ", outputs " + r.Outputs
+	}
+	return s
 }
 
 // source names the workload of a run for a plot title: the scenario and

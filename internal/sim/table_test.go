@@ -283,6 +283,37 @@ func TestReportSVGTitles(t *testing.T) {
 	}
 }
 
+// A policy compared under several admission controls, knowledges of
+// output lengths or splits has a line for each, and the legend tells them
+// apart as the table's columns do.
+func TestReportSVGLegendNamesVariants(t *testing.T) {
+	rep := tableReport(false)
+	base := *rep.Results[0]
+	base.TTFTs = []float64{10, 20, 30}
+	variant := func(f func(r *Result)) *Result {
+		r := base
+		f(&r)
+		return &r
+	}
+	rep.Results = []*Result{
+		variant(func(r *Result) { r.Policy, r.Admission = "default", "none" }),
+		variant(func(r *Result) { r.Policy, r.Admission = "default", "vtc" }),
+		variant(func(r *Result) { r.Policy, r.Outputs = "default", "predict" }),
+		variant(func(r *Result) { r.Policy, r.Prefill, r.Decode = "pd-default", 2, 6 }),
+		variant(func(r *Result) { r.Policy, r.Prefill, r.Decode = "pd-default", 3, 5 }),
+	}
+	var b bytes.Buffer
+	if err := rep.WriteSVG(&b, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{">default, admission none<", ">default, admission vtc<", ">default, outputs predict<",
+		">pd-default, 2P+6D<", ">pd-default, 3P+5D<", "under policy default, admission none<"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("SVG lacks %q", want)
+		}
+	}
+}
+
 // A run in which no request completed, every one rejected for want of KV
 // memory, has no TTFT to plot: the CDF is drawn empty, on a time axis of
 // its own, and says why.
