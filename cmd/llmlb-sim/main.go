@@ -73,7 +73,8 @@
 // workers, once per count of prefill workers in -prefill (default: the
 // scenario's, 2,3 for pd, 3,4 for pd-long), and the table gains a split
 // column (co-located, or 2P+6D) and a local column (the requests prefilled
-// on their decode worker).
+// on their decode worker). A load sweep, whose tables have no split
+// column, takes one count.
 //
 // -scenario providers, spill and spill-queue8 model deployments behind
 // APIs (rate limits, latency spikes, 429s with Retry-After) instead of
@@ -446,6 +447,13 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			return usageError{fmt.Errorf("-replicas %d: the disaggregated policies (%s) need at least 2 replicas, a prefill and a decode worker", n, strings.Join(pd, ", "))}
 		case set["share"]:
 			return usageError{fmt.Errorf("-share: the disaggregated policies (%s) do not share routing state; list only co-located policies in -policies", strings.Join(pd, ", "))}
+		}
+		if sweeping && len(splits) > 1 {
+			counts := make([]string, len(splits))
+			for i, split := range splits {
+				counts[i] = strconv.Itoa(split)
+			}
+			return usageError{fmt.Errorf("-sweep compares the disaggregated policies under one count of prefill workers, and %d are compared (%s): choose one with -prefill", len(splits), strings.Join(counts, ", "))}
 		}
 		if len(splits) == 0 {
 			splits = []int{0}

@@ -218,6 +218,8 @@ func TestRunErrors(t *testing.T) {
 		{"outputs repeated", []string{"-outputs", "true,true"}, `-outputs "true,true" lists true twice`, ""},
 		{"outputs empty item", []string{"-outputs", "predict,"}, `-outputs "predict,": want comma-separated names from allowance, predict, true`, ""},
 		{"outputs empty", []string{"-outputs", ""}, `-outputs "": want comma-separated names`, ""},
+		{"sweep over the pd scenario's splits", []string{"-scenario", "pd", "-replicas", "8", "-policies", "default,pd-default", "-sweep", "1,2"}, "-sweep compares the disaggregated policies under one count of prefill workers, and 2 are compared (2, 3): choose one with -prefill", ""},
+		{"sweep over prefill splits", []string{"-replicas", "4", "-policies", "pd-default", "-prefill", "1,2", "-sweep", "1,2"}, "-sweep compares the disaggregated policies under one count of prefill workers, and 2 are compared (1, 2): choose one with -prefill", ""},
 		{"sweep over outputs", []string{"-scenario", "routes", "-sweep", "1,2"}, "-sweep compares policies under one knowledge of output lengths, and 3 are compared: choose one with -outputs", ""},
 		{"output quantile without predict", []string{"-output-quantile", "0.9"}, "-output-quantile needs -outputs predict", ""},
 		{"output quantile of one", []string{"-outputs", "predict", "-output-quantile", "1"}, "-output-quantile 1 must be in [0, 1)", ""},
