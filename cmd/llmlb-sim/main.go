@@ -437,6 +437,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if len(colo) > 0 {
 		groups = append(groups, group{names: colo})
 	}
+	if set["prefill"] && len(pd) == 0 {
+		return usageError{fmt.Errorf("-prefill %q splits the replicas for the disaggregated policies (pd-*), and none is compared: list one in -policies", *prefillArg)}
+	}
 	if len(pd) > 0 {
 		n := sc.Config.Replicas
 		if *replicas > 0 {
