@@ -198,7 +198,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		kvBlocks  = fs.Int("kv-blocks", 0, fmt.Sprintf("KV capacity per replica in %d-token blocks (default: the scenario's: %s; for a trace the larger of %d, the default scenario's 512k tokens, and twice its largest request)",
 			sim.DefaultBlockSize, strings.Join(kvDefaults, ", "), sim.DefaultScenarioKVBlocks))
 		adSlots  = fs.Int("adapter-slots", 0, fmt.Sprintf("LoRA adapters each replica serves at once, as vLLM's --max-loras (default: the scenario's: %d for lora, none for the others, whose requests name no adapter)", sim.LoRASlots))
-		adLoad   = durationVar("adapter-load", 0, time.Nanosecond, maxAdapterLoad, fmt.Sprintf("the default (%v)", sim.DefaultAdapterLoad), fmt.Sprintf("stall of loading a LoRA adapter into a slot, a `duration` (default: %v)", sim.DefaultAdapterLoad))
+		adLoad   = durationVar("adapter-load", 0, time.Nanosecond, maxAdapterLoad, fmt.Sprintf("the default (%v)", sim.DefaultAdapterLoad), fmt.Sprintf("stall of loading a LoRA adapter into a slot, a `duration`, for replicas with adapter slots (default: %v)", sim.DefaultAdapterLoad))
 		sloTTFT  = durationVar("slo-ttft", 2*time.Second, time.Nanosecond, maxDuration, "", "TTFT objective, a `duration`")
 		sloTPOT  = durationVar("slo-tpot", 50*time.Millisecond, time.Nanosecond, maxDuration, "", "TPOT objective, a `duration`")
 		wide     = fs.Bool("wide", false, "print every column of the results table (TTFT p95 and max, E2E p50, tok/s, done)")
@@ -369,6 +369,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	}
 	if sweeping && len(outputs) > 1 {
 		return usageError{fmt.Errorf("-sweep compares policies under one knowledge of output lengths, and %d are compared: choose one with -outputs", len(outputs))}
+	}
+	if *adLoad > 0 && *adSlots == 0 && sc.Config.Engine.AdapterSlots == 0 {
+		return usageError{fmt.Errorf("-adapter-load %v: the %s scenario's replicas serve no LoRA adapters: give them slots with -adapter-slots, or use the lora scenario", *adLoad, sc.Name)}
 	}
 	var speeds []float64 // nil: the scenario's
 	if set["speeds"] {

@@ -221,6 +221,7 @@ func TestRunErrors(t *testing.T) {
 		{"sweep over the pd scenario's splits", []string{"-scenario", "pd", "-replicas", "8", "-policies", "default,pd-default", "-sweep", "1,2"}, "-sweep compares the disaggregated policies under one count of prefill workers, and 2 are compared (2, 3): choose one with -prefill", ""},
 		{"sweep over prefill splits", []string{"-replicas", "4", "-policies", "pd-default", "-prefill", "1,2", "-sweep", "1,2"}, "-sweep compares the disaggregated policies under one count of prefill workers, and 2 are compared (1, 2): choose one with -prefill", ""},
 		{"prefill without disaggregated policies", []string{"-replicas", "8", "-prefill", "2,3"}, `-prefill "2,3" splits the replicas for the disaggregated policies (pd-*), and none is compared: list one in -policies`, ""},
+		{"adapter load without adapter slots", []string{"-adapter-load", "10ms"}, "-adapter-load 10ms: the default scenario's replicas serve no LoRA adapters: give them slots with -adapter-slots, or use the lora scenario", ""},
 		{"sweep over outputs", []string{"-scenario", "routes", "-sweep", "1,2"}, "-sweep compares policies under one knowledge of output lengths, and 3 are compared: choose one with -outputs", ""},
 		{"output quantile without predict", []string{"-output-quantile", "0.9"}, "-output-quantile needs -outputs predict", ""},
 		{"output quantile of one", []string{"-outputs", "predict", "-output-quantile", "1"}, "-output-quantile 1 must be in [0, 1)", ""},
