@@ -570,10 +570,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		if fmtName == "" {
 			fmtName = formatOf(*trace)
 		}
-		base.Name, base.Trace, base.Format = "trace", filepath.Base(*trace), fmtName
-		if base.Format == "" {
-			base.Format = "detected"
-		}
+		base.Name, base.Trace = "trace", filepath.Base(*trace)
 	}
 	if *kvBlocks > 0 {
 		cfg.Engine.KVBlocks = *kvBlocks
@@ -622,6 +619,10 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		if traceData, err = readFile(*trace); err != nil {
 			return err
 		}
+		if fmtName == "" {
+			fmtName = sim.DetectFormat(traceData[:min(len(traceData), 64)])
+		}
+		base.Format = fmtName
 	}
 	at := func(x float64, describe bool) (sim.ScenarioInfo, []*sim.Result, error) {
 		info := base

@@ -733,6 +733,41 @@ func TestRunTraceDefaultKV(t *testing.T) {
 
 // A run whose replicas preempt more than 1% of its requests is warned
 // about, naming the policies; one that preempts fewer is not.
+// A trace whose name has no known extension is read in the format its
+// content shows, and the header and the JSON name that format.
+func TestRunTraceDetectedFormat(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct{ format, content string }{
+		{"mooncake", `{"timestamp": 0, "input_length": 600, "output_length": 20}` + "\n" + `{"timestamp": 500, "input_length": 60, "output_length": 2}` + "\n"},
+		{"azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:47.6805900,37,4\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.format, func(t *testing.T) {
+			path := filepath.Join(dir, c.format+".txt")
+			if err := os.WriteFile(path, []byte(c.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var out, errb bytes.Buffer
+			if code := run(context.Background(), []string{"-trace", path, "-policies", "p2c"}, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			if want := fmt.Sprintf("%s.txt (%s, rate x1)", c.format, c.format); !strings.Contains(out.String(), want) {
+				t.Errorf("header lacks %q:\n%s", want, out.String())
+			}
+			out.Reset()
+			if code := run(context.Background(), []string{"-trace", path, "-policies", "p2c", "-json", "-"}, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			var rep struct {
+				Scenario struct{ Format string } `json:"scenario"`
+			}
+			if err := json.Unmarshal(out.Bytes(), &rep); err != nil || rep.Scenario.Format != c.format {
+				t.Errorf("JSON format %q (%v), want %q", rep.Scenario.Format, err, c.format)
+			}
+		})
+	}
+}
+
 func TestPreemptionWarning(t *testing.T) {
 	rs := []*sim.Result{
 		{Policy: "a", Requests: 1000, Preemptions: 10},

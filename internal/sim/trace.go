@@ -65,10 +65,7 @@ func ReadTrace(r io.Reader, format string, opt TraceOptions) ([]Request, error) 
 	br := bufio.NewReader(r)
 	if format == "" {
 		head, _ := br.Peek(64)
-		format = FormatAzure
-		if t := bytes.TrimLeft(head, " \t\r\n\ufeff"); len(t) > 0 && t[0] == '{' {
-			format = FormatMooncake
-		}
+		format = DetectFormat(head)
 	}
 	switch format {
 	case FormatMooncake:
@@ -77,6 +74,16 @@ func ReadTrace(r io.Reader, format string, opt TraceOptions) ([]Request, error) 
 		return ReadAzure(br, opt)
 	}
 	return nil, fmt.Errorf("%w: unknown trace format %q (want %s or %s)", ErrInvalidConfig, format, FormatMooncake, FormatAzure)
+}
+
+// DetectFormat returns the format of a trace that starts with head, as
+// [ReadTrace] detects it: [FormatMooncake] if its first character other
+// than white space or a byte-order mark is '{', else [FormatAzure].
+func DetectFormat(head []byte) string {
+	if t := bytes.TrimLeft(head, " \t\r\n\ufeff"); len(t) > 0 && t[0] == '{' {
+		return FormatMooncake
+	}
+	return FormatAzure
 }
 
 // traceLine is one arrival read from a trace, before scaling.
