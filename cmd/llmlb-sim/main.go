@@ -927,6 +927,8 @@ func parseSweep(list string) ([]float64, error) {
 		switch {
 		case p == "":
 			return nil, fmt.Errorf("-sweep %q: want comma-separated rate scales, such as 0.5,1,1.5", list)
+		case errors.Is(err, strconv.ErrRange):
+			return nil, fmt.Errorf("-sweep %q: rate scale %s out of range: want a positive finite number", list, p)
 		case err != nil:
 			return nil, fmt.Errorf("-sweep %q: rate scale %q is not a number", list, p)
 		case !(x > 0) || math.IsInf(x, 0):
@@ -968,6 +970,8 @@ func parseSpeeds(list string, replicas int) ([]float64, error) {
 		switch {
 		case p == "":
 			return nil, fmt.Errorf("-speeds %q: want comma-separated speeds, one per replica, such as 1,1,0.5,0.5 or 2x1,2x0.5", list)
+		case errors.Is(err, strconv.ErrRange):
+			return nil, fmt.Errorf("-speeds %q: speed %s out of range [%g, %g]", list, speed, sim.MinSpeed, sim.MaxSpeed)
 		case err != nil:
 			return nil, fmt.Errorf("-speeds %q: speed %q is not a number", list, speed)
 		case !(v > 0) || math.IsInf(v, 0):
