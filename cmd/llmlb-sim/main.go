@@ -322,6 +322,11 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if *jsonPath == "-" && *svgPath == "-" {
 		return usageError{errors.New("-json - and -svg - both write to standard output: send one to a file")}
 	}
+	for _, f := range []struct{ name, path string }{{"json", *jsonPath}, {"svg", *svgPath}} {
+		if *wide && f.path == "-" {
+			return usageError{fmt.Errorf("-wide widens the results table, which -%s - replaces", f.name)}
+		}
+	}
 	scales := []float64{*rateScale}
 	sweeping := set["sweep"]
 	if sweeping {

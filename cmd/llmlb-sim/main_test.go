@@ -202,6 +202,8 @@ func TestRunErrors(t *testing.T) {
 		{"sweep empty", []string{"-sweep", ""}, `-sweep "": want comma-separated rate scales`, ""},
 		{"sweep too long", []string{"-sweep", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21"}, "21 rate scales, at most 20", ""},
 		{"sweep and rate scale", []string{"-sweep", "1,2", "-rate-scale", "2"}, "-sweep and -rate-scale both set the rate scale", ""},
+		{"json to stdout and wide", []string{"-json", "-", "-wide"}, "-wide widens the results table, which -json - replaces", ""},
+		{"svg to stdout and wide", []string{"-svg", "-", "-wide"}, "-wide widens the results table, which -svg - replaces", ""},
 		{"sweep and wide", []string{"-sweep", "1,2", "-wide"}, "-wide widens the results table, which -sweep does not print", ""},
 		{"share with the scenario's one router", []string{"-share", "100ms"}, "-share needs -routers 2 or more to share between; the default scenario has 1 router", ""},
 		{"share with one router", []string{"-routers", "1", "-share", "100ms"}, "-share needs -routers 2 or more to share between, not 1", ""},
