@@ -403,6 +403,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		names = strings.Split(*policies, ",")
 		for i := range names {
 			names[i] = strings.TrimSpace(names[i])
+			if names[i] == "" {
+				return usageError{fmt.Errorf("-policies %q: want comma-separated policy names, or all", *policies)}
+			}
 			if _, ok := sim.LookupPolicy(names[i]); !ok {
 				var known []string
 				for _, p := range sim.Policies() {

@@ -242,6 +242,7 @@ func TestRunErrors(t *testing.T) {
 		{"scrape too short", []string{"-scrape", "1ns"}, "-scrape 1ns must be at least 1ms", ""},
 		{"signal interval too short", []string{"-signal-interval", "999us"}, "-signal-interval 999µs must be at least 1ms", ""},
 		{"policies repeated", []string{"-policies", "p2c, p2c"}, `-policies "p2c, p2c" lists p2c twice`, ""},
+		{"policies empty item", []string{"-policies", "p2c,"}, `-policies "p2c,": want comma-separated policy names, or all`, "unknown policy"},
 		{"policies empty", []string{"-policies", ""}, `-policies "": want comma-separated policy names, or all`, ""},
 		// Durations beyond time.Duration's range are out of the flag's
 		// range, not "no duration".
