@@ -907,7 +907,7 @@ func (b *Balancer) unobserved() bool {
 func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record {
 	rec := recordPool.Get().(*record)
 	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work, rec.area0 = st, b, 0, 0, never, 0, 0
-	rec.kind, rec.feature, rec.active = 0, 0, nil
+	rec.kind, rec.feature, rec.active, rec.prefillOnly = 0, 0, nil, false
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	if rec.spill != 0 && !b.spilled.Load() {
 		b.spilled.Store(true)
@@ -967,8 +967,10 @@ func (p Pick) firstToken(measure bool) {
 	b, picked := rec.b, rec.picked
 	if measure && b.learn && st.est != nil {
 		now := b.now()
-		rec.first = now
-		rec.area0 = st.loadArea(now)
+		if !rec.prefillOnly { // otherwise Done measures no decode
+			rec.first = now
+			rec.area0 = st.loadArea(now)
+		}
 		st.est.firstToken(rec.work, time.Duration(now-picked), now)
 	}
 	rec.state.Store(p.base | phaseStreaming)
@@ -1132,10 +1134,15 @@ type record struct {
 	st     *epState
 	d1, d2 uint64 // the request's charge to st's packed counts (see epState.charge)
 	spill  uint8  // where d1 (bit 0) and d2 (bit 1) were charged
-	epoch  uint64 // 1 + the epoch of st the dispatch counted in; 0 = none
+	// prefillOnly marks a request whose answer ends at its first token,
+	// the prefill of a disaggregated request: it teaches the time to first
+	// token, but no decode.
+	prefillOnly bool
+	// epoch is 1 + the epoch of st the dispatch counted in; 0 = none.
+	epoch  uint64
 	b      *Balancer
 	picked int64   // unix nanos of the pick, when the balancer has an Observer or a Signal or learns
-	first  int64   // unix nanos of the first token, when the balancer learns; never before it
+	first  int64   // unix nanos of the first token, when the balancer learns; never before it, and for prefillOnly
 	work   float64 // the prefill work the policy priced, when the balancer learns
 	area0  int64   // the endpoint's loadArea at the first token, when the balancer learns
 	// out is the output tokens reported with Generated (outCountMask) and
@@ -1151,10 +1158,21 @@ type record struct {
 	_             [8]byte     // to 128 bytes (see the record pool)
 }
 
-// The packing of record.out: a generation tag above a count.
+// The packing of record.out: a generation tag, the low 33 bits of the
+// generation, above a count of 31 bits, which saturates at maxTokens, the
+// bound of every token count of a Request. The tag tells a handle's
+// generation from the record's only modulo 2^33: a handle kept after its
+// Done while its record served a multiple of 2^33 later requests, whose
+// Generated finds the record's current request with a count, adds to that
+// count and then clears it: the current request loses the tokens reported
+// for it so far. A record serves one request at a time, so that even a
+// balancer sending every request through one record at ten million a
+// second reuses it 2^33 times in 14 minutes; at 100,000 requests a second,
+// in a day. The tag and count share the word that Done reads with one
+// load, so the split costs nothing.
 const (
-	outCountBits = 40
-	outCountMask = 1<<outCountBits - 1
+	outCountBits = 31
+	outCountMask = 1<<outCountBits - 1 // maxTokens
 )
 
 // outTag returns the tag of record.out for a record whose state is s.
@@ -1166,7 +1184,10 @@ func outTag(s uint64) uint64 { return (s / generationStep) << outCountBits }
 // totals of requests that complete, and one whose policy learns speeds
 // ([Default], see [DefaultConfig].DisableLearning) measures decode time per
 // token with them. It may be called from any goroutine; calls after Done,
-// and n <= 0, do nothing.
+// and n <= 0, do nothing. (The exception is a handle kept until the
+// storage behind it has served a multiple of 2^33 more requests, hours
+// even at ten million picks a second: its call may clear the count of the
+// request the storage then serves.)
 func (p Pick) Generated(n int) {
 	rec := p.rec
 	if rec == nil || n <= 0 {

@@ -134,7 +134,14 @@ type DefaultConfig struct {
 	// engine's waiting requests at the observation plus this balancer's
 	// dispatches since then that have not streamed yet, whichever is
 	// larger: a backlog, which unlike [EndpointLoad.Waiting] does not grow
-	// with the time since the observation. Zero means
+	// with the time since the observation. A pick's mean backlog counts
+	// as at most 16 times the larger of the average and OverloadQueue, and
+	// at most 65,536 requests, so that an absurd count from a faulty
+	// metrics endpoint raises the average by at most 16% of that larger
+	// value a pick: in an idle pool it takes seven picks reading it to
+	// switch the reinforcement on, and however many read it, the average
+	// falls back below OverloadQueue as from a real backlog of 65,536
+	// (within 1,200 picks at the default OverloadQueue). Zero means
 	// [DefaultOverloadWeight] and [DefaultOverloadQueue]; set OverloadQueue
 	// to +Inf to turn the reinforcement off.
 	OverloadWeight float64
@@ -890,15 +897,40 @@ func kvDemand(c *Candidates, l *EndpointLoad, queued, cached float64) float64 {
 	return kvUsage(l)*kvCapacity(l) + queued + float64(c.req.PromptTokens) - cached + float64(c.reqTok-int64(c.req.PromptTokens))
 }
 
+// The bounds of the mean backlog a pick folds into the overload average
+// (see smoothBacklog).
+const (
+	// backlogJump bounds a pick's mean backlog to this many times the
+	// larger of the average and OverloadQueue. A real backlog builds up a
+	// dispatch at a time: on the simulator's runs of seed 9 (the default,
+	// prefixes and agentic workloads, mixed at 1.5 times its rate, rag at
+	// 1.2, mixed behind 4 routers, pd-long, and pd with seed 10 too, whose
+	// prefill queues reached 1,700 requests per worker), one pick's
+	// backlog in about 300,000 exceeded 8 times it, and none 16 times; nor
+	// did any in the runs of the docs' tables (one seed each).
+	backlogJump = 16
+	// maxBacklog is the most requests per candidate a pick's mean backlog
+	// counts for.
+	maxBacklog = 1 << 16
+)
+
 // smoothBacklog folds the mean backlog per candidate of this pick into a
 // moving average over about the last 100 picks and returns it, so that a
 // short burst does not trade the tail of TTFT for locality but a sustained
-// backlog does.
+// backlog does. The backlog counts as at most backlogJump times the larger
+// of the average and OverloadQueue, and at most maxBacklog: an absurd
+// count (a faulty metrics endpoint reporting 2^62 waiting requests) raises
+// the average by at most 16% of that larger value a pick: read by a few
+// picks it does not switch an idle pool's reinforcement on, and read by
+// many it keeps it on no longer than a real backlog of maxBacklog would
+// (without the bounds, one pick reading 2^62 waiting requests on one of
+// four endpoints kept it on for 3,750 picks).
 func (p *defaultPolicy) smoothBacklog(x float64) float64 {
 	for {
 		old := p.backlog.Load()
-		next := math.Float64frombits(old)
-		next += (x - next) / 100
+		avg := math.Float64frombits(old)
+		capped := min(x, backlogJump*max(avg, p.overQueue), maxBacklog)
+		next := avg + (capped-avg)/100
 		if p.backlog.CompareAndSwap(old, math.Float64bits(next)) {
 			return next
 		}

@@ -246,6 +246,68 @@ func TestDefaultOverloadReadsBacklog(t *testing.T) {
 	}
 }
 
+// TestDefaultOverloadBoundsAbsurdBacklog checks that an observation of an
+// absurd number of waiting requests (a faulty metrics endpoint) read by a
+// pick does not switch the overload term on, and that one read by every
+// pick for a long time holds the average at most at maxBacklog, from which
+// it falls below OverloadQueue as fast as from a real backlog of that size.
+func TestDefaultOverloadBoundsAbsurdBacklog(t *testing.T) {
+	clock := newFakeClock()
+	sig := &fakeSignal{}
+	pol, err := Default(DefaultConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol, WithClock(clock), WithSignal(sig, time.Minute))
+	mustUpdate(t, b, eps(4))
+	observe := func(waiting int) {
+		for i := range 4 {
+			sig.Set(fmt.Sprintf("ep%d", i), Load{At: clock.Now(), Waiting: waiting, KVUsage: math.NaN()})
+		}
+		clock.Advance(time.Millisecond)
+	}
+	pick := func() {
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 100, OutputTokens: 50})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pk.FirstToken()
+		pk.Done(nil)
+	}
+	smoothed := func() float64 { return math.Float64frombits(pol.(*defaultPolicy).backlog.Load()) }
+	observe(0)
+	for range 10 {
+		pick()
+	}
+	observe(1 << 62)
+	pick()
+	observe(0)
+	for range 10 {
+		pick()
+	}
+	if got := smoothed(); got > DefaultOverloadQueue {
+		t.Fatalf("smoothed backlog %v 10 picks after one read 2^62 waiting requests per endpoint, want at most %v", got, DefaultOverloadQueue)
+	}
+
+	observe(1 << 62)
+	for range 1000 {
+		pick()
+	}
+	if got := smoothed(); got > maxBacklog {
+		t.Fatalf("smoothed backlog %v after 1000 picks read 2^62 waiting requests per endpoint, want at most %v", got, maxBacklog)
+	}
+	observe(0)
+	// From maxBacklog the average, decaying by 1/100 a pick, falls below
+	// OverloadQueue in 100*ln(maxBacklog/OverloadQueue) picks.
+	picks := int(math.Ceil(100 * math.Log(maxBacklog/DefaultOverloadQueue)))
+	for range picks {
+		pick()
+	}
+	if got := smoothed(); got > DefaultOverloadQueue {
+		t.Fatalf("smoothed backlog %v %d picks after the absurd observations ended, want at most %v", got, picks, DefaultOverloadQueue)
+	}
+}
+
 // Other routers' waiting requests cost the prefill the signal reports for
 // them (Load.PeerWaiting, Load.PeerPrefillTokens), the rest the mean
 // prompt. ep3 holds the 1600-token prompt (worth 8*1600 = 12800 on an idle

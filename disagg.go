@@ -63,7 +63,10 @@ type DisaggConfig struct {
 // [Observer] sees its own part: the prefill pool's first token is the end of
 // the prefill, and the decode pool's observer sees no first token for a
 // request prefilled remotely, whose prompt the decode endpoint received
-// rather than computed.
+// rather than computed. Likewise for the speeds [Default] learns: the
+// prefill pool's learns each endpoint's time to first token and no decode
+// speed (after its one token, a prefill request waits only for its KV to
+// move), and the decode pool's learns the decode from the first token on.
 type Disaggregated struct {
 	prefill, decode *Balancer
 	localTokens     int
@@ -112,6 +115,10 @@ func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error
 		dec.Done(err)
 		return DisaggPick{}, err
 	}
+	// The prefill endpoint's answer ends at its first token: the time from
+	// it to Done is the transfer's, not a decode, and teaches no decode
+	// speed. Nothing else holds the handle yet.
+	pre.rec.prefillOnly = true
 	// The decode endpoint computes none of the prompt: it receives its KV.
 	// From now on it is charged the KV footprint and the decode work only.
 	dec.firstToken(false)

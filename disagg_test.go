@@ -333,6 +333,60 @@ func TestDisaggregatedDecodePoolLearnsDecodeFromTheFirstToken(t *testing.T) {
 	}
 }
 
+// TestDisaggregatedPrefillPoolLearnsNoDecode checks that the prefill pool's
+// picks, whose answer is their first token, teach their endpoint its time
+// to first token but no decode: the time from that token to Prefilled is
+// the KV transfer's, and the decode estimate stays at its prior.
+func TestDisaggregatedPrefillPoolLearnsNoDecode(t *testing.T) {
+	clk := newFakeClock()
+	prePol, err := Default(DefaultConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre := mustNew(t, prePol, WithClock(clk))
+	mustUpdate(t, pre, pdPool("p", 2))
+	decPol, err := Default(DefaultConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := mustNew(t, decPol, WithClock(clk))
+	mustUpdate(t, dec, pdPool("d", 2))
+	d, err := NewDisaggregated(pre, dec, DisaggConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		pk, err := d.Pick(context.Background(), &Request{PromptTokens: 1000 + i, OutputTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(100 * time.Millisecond) // prefill
+		if i%2 == 0 {
+			// The prefill endpoint answers, then the KV moves.
+			pk.Prefill.FirstToken()
+			clk.Advance(300 * time.Millisecond)
+			pk.Prefilled()
+		}
+		pk.FirstToken()
+		clk.Advance(time.Second) // 100 tokens at 10 ms
+		pk.Done(nil)
+	}
+	for _, st := range pre.snap.Load().eps {
+		e := st.est
+		if c := math.Float64frombits(e.count.Load()); c == 0 {
+			t.Errorf("prefill endpoint %s learned no time to first token", st.key)
+		}
+		if tau, n := math.Float64frombits(e.dtau.Load()), math.Float64frombits(e.dcount.Load()); tau != 0 || n != 0 {
+			t.Errorf("prefill endpoint %s learned %v s per decode token from %v observations, want no decode estimate", st.key, tau, n)
+		}
+	}
+	for _, st := range dec.snap.Load().eps {
+		if got := math.Float64frombits(st.est.dtau.Load()); math.Abs(got-0.01) > 1e-9 {
+			t.Errorf("decode endpoint %s learned %v s per decode token, want 0.01", st.key, got)
+		}
+	}
+}
+
 // A decode endpoint takes a local prefill only while what it has to prefill,
 // the new prompt included, stays under LocalPrefillTokens.
 func TestDisaggregatedLocalPrefillsDoNotPileUp(t *testing.T) {

@@ -329,6 +329,34 @@ func TestGeneratedAfterDone(t *testing.T) {
 	}
 }
 
+// TestGeneratedIgnoresHandlesOfEarlierGenerations checks that a handle
+// whose request ended 2^24 or 2^32 requests of its record ago, a
+// generation equal to the current one in as many low bits, neither adds to
+// the count of the record's current request nor clears it.
+func TestGeneratedIgnoresHandlesOfEarlierGenerations(t *testing.T) {
+	b := mustNew(t, RoundRobin())
+	mustUpdate(t, b, eps(1))
+	for _, ago := range []uint64{1 << 24, 1 << 32} {
+		q, err := b.Pick(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stale := q
+		// The record serves its request ago requests after stale's.
+		q.base += ago * generationStep
+		q.rec.state.Store(q.base | phasePicked)
+		q.Generated(5)
+		stale.Generated(7)
+		if v, want := q.rec.out.Load(), outTag(q.base)|5; v != want {
+			t.Errorf("%d requests after a handle's, its Generated(7) left the record holding %#x, want %#x", ago, v, want)
+		}
+		q.Done(nil)
+	}
+	if s := b.Stats()[0]; s.Outstanding != 0 {
+		t.Fatalf("%d requests outstanding after every Done, want 0", s.Outstanding)
+	}
+}
+
 // TestDefaultScoresEqualLoadsAlike checks that Default, which prices a
 // candidate whose load and cached prefix are the previous candidate's
 // without pricing it again, decides exactly as when it prices each: a
