@@ -47,7 +47,13 @@ func newBalancer(t testing.TB, keys ...string) *llmlb.Balancer {
 
 func newBalancerWith(t testing.TB, p llmlb.Policy, keys ...string) *llmlb.Balancer {
 	t.Helper()
-	b, err := llmlb.New(p, llmlb.WithRand(rand.NewPCG(1, 2)))
+	return newBalancerOpts(t, p, nil, keys...)
+}
+
+// newBalancerOpts is newBalancerWith with more options.
+func newBalancerOpts(t testing.TB, p llmlb.Policy, opts []llmlb.Option, keys ...string) *llmlb.Balancer {
+	t.Helper()
+	b, err := llmlb.New(p, append([]llmlb.Option{llmlb.WithRand(rand.NewPCG(1, 2))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

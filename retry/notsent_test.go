@@ -3,7 +3,6 @@ package retry
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,18 +55,7 @@ func (e *endings) notSent() int {
 // newObservedBalancer is newBalancer whose picks' ends are recorded in e.
 func newObservedBalancer(t testing.TB, e *endings, keys ...string) *llmlb.Balancer {
 	t.Helper()
-	b, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithRand(rand.NewPCG(1, 2)), llmlb.WithObserver(&llmlb.Observer{Done: e.done}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	eps := make([]llmlb.Endpoint, len(keys))
-	for i, k := range keys {
-		eps[i] = ep(k)
-	}
-	if err := b.Update(eps); err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return newBalancerOpts(t, llmlb.RoundRobin(), []llmlb.Option{llmlb.WithObserver(&llmlb.Observer{Done: e.done})}, keys...)
 }
 
 // newReserveBudget returns a PercentBudget that holds reserve retries and
