@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -119,7 +121,7 @@ func ReadMooncake(r io.Reader, opt TraceOptions) ([]Request, error) {
 	err := scanLines(r, func(n int, line []byte) error {
 		var rec mooncakeRecord
 		if err := json.Unmarshal(line, &rec); err != nil {
-			return fmt.Errorf("%w: line %d: %v", ErrMalformedTrace, n, err)
+			return fmt.Errorf("%w: line %d: %s", ErrMalformedTrace, n, jsonProblem(err))
 		}
 		switch {
 		case rec.Timestamp == nil || rec.InputLength == nil || rec.OutputLength == nil:
@@ -370,4 +372,35 @@ func InfiniteCacheHitRate(reqs []Request) float64 {
 		return 0
 	}
 	return float64(hit) / float64(total)
+}
+
+// jsonProblem says what is wrong with a trace line that err, from
+// json.Unmarshal, refused, in the trace's terms: a field of the wrong kind
+// is named as the trace names it, not by the Go type that reads it.
+func jsonProblem(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		want := "a number"
+		switch te.Type.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+			want = "an integer"
+		case reflect.Slice, reflect.Array:
+			want = "an array of integers"
+		}
+		return fmt.Sprintf("%s: want %s, not %s %s", te.Field, want, article(te.Value), te.Value)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("not a JSON object (%v at byte %d)", se, se.Offset)
+	}
+	return "not a JSON object of the trace's fields"
+}
+
+// article returns the indefinite article of the JSON kind word w.
+func article(w string) string {
+	if w != "" && strings.ContainsRune("aeiou", rune(w[0])) {
+		return "an"
+	}
+	return "a"
 }

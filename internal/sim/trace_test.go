@@ -397,3 +397,25 @@ func TestPooledCacheHitRate(t *testing.T) {
 		t.Errorf("with a request of zero BlockTokens: %v, want %v (it counts as a miss)", got, 128.0/384)
 	}
 }
+
+// TestReadMooncakeFieldErrors checks that a field of the wrong kind is
+// named as the trace names it, with the kind it wants, and not by the Go
+// type that reads it.
+func TestReadMooncakeFieldErrors(t *testing.T) {
+	cases := []struct{ line, want string }{
+		{`{"timestamp": "x", "input_length": 5, "output_length": 3}`, "line 1: timestamp: want a number, not a string"},
+		{`{"timestamp": 1, "input_length": 5.5, "output_length": 3}`, "line 1: input_length: want an integer, not a number 5.5"},
+		{`{"timestamp": 1, "input_length": 5, "output_length": 3, "hash_ids": "a"}`, "line 1: hash_ids: want an array of integers, not a string"},
+		{`{"timestamp": 1, "input_length": 5, "output_length": {}}`, "line 1: output_length: want an integer, not an object"},
+		{`{"timestamp": 1, "input_length":`, "line 1: not a JSON object (unexpected end of JSON input at byte 32)"},
+	}
+	for _, c := range cases {
+		_, err := ReadMooncake(strings.NewReader(c.line+"\n"), TraceOptions{})
+		if !errors.Is(err, ErrMalformedTrace) || !strings.HasSuffix(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one ending %q", c.line, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "Go ") {
+			t.Errorf("%s: error %v names a Go type", c.line, err)
+		}
+	}
+}
