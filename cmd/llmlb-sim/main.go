@@ -182,7 +182,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	var (
 		scenario  = fs.String("scenario", "default", "preset: "+strings.Join(scenarioNames, ", "))
 		policies  = fs.String("policies", "", "comma-separated policies (default: the scenario's list; \"all\" for every policy)")
-		trace     = fs.String("trace", "", "replay a trace file instead of the synthetic workload")
+		trace     = fs.String("trace", "", "replay a trace file instead of the synthetic workload (- for standard input)")
 		format    = fs.String("format", "", "trace format: "+sim.FormatMooncake+" or "+sim.FormatAzure+" (default: from the -trace file's extension or content)")
 		rateScale = fs.Float64("rate-scale", 1, "multiply the arrival rate")
 		sweepList = fs.String("sweep", "", fmt.Sprintf("load sweep: run at each of these comma-separated, increasing `rate-scales` (at most %d, such as 0.5,1,1.5) and print goodput, missed requests and TTFT p99 against the offered load", maxSweepPoints))
@@ -579,6 +579,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 			fmtName = formatOf(*trace)
 		}
 		base.Name, base.Trace = "trace", filepath.Base(*trace)
+		if *trace == "-" {
+			base.Trace = "stdin"
+		}
 	}
 	if *kvBlocks > 0 {
 		cfg.Engine.KVBlocks = *kvBlocks
@@ -999,10 +1002,20 @@ func parseSpeeds(list string, replicas int) ([]float64, error) {
 	return out, nil
 }
 
-// readFile reads the trace file at path. A path that cannot be opened or
-// is a directory is a usage error; a read error is reported as such, not as
-// a malformed trace.
+// stdin is what -trace - reads: standard input, or a test's input.
+var stdin io.Reader = os.Stdin
+
+// readFile reads the trace file at path, or standard input if path is "-".
+// A path that cannot be opened or is a directory is a usage error; a read
+// error is reported as such, not as a malformed trace.
 func readFile(path string) ([]byte, error) {
+	if path == "-" {
+		data, err := io.ReadAll(stdin)
+		if err != nil {
+			return nil, fmt.Errorf("-trace: standard input: %w", err)
+		}
+		return data, nil
+	}
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("-trace: %w", err)}

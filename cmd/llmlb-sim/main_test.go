@@ -1076,3 +1076,18 @@ func TestRunIterTime(t *testing.T) {
 		t.Errorf("-iter-time vllm: exit %d, stderr %q", code, errb.String())
 	}
 }
+
+// TestRunTraceStdin checks that -trace - replays the trace on standard
+// input, named stdin in the header.
+func TestRunTraceStdin(t *testing.T) {
+	old := stdin
+	t.Cleanup(func() { stdin = old })
+	stdin = strings.NewReader(`{"timestamp": 0, "input_length": 600, "output_length": 20}` + "\n" + `{"timestamp": 500, "input_length": 60, "output_length": 2}` + "\n")
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-trace", "-", "-policies", "p2c"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if want := "scenario stdin (mooncake, rate x1): 2 requests"; !strings.HasPrefix(out.String(), want) {
+		t.Errorf("header is not %q:\n%s", want, out.String())
+	}
+}
