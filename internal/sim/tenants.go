@@ -49,11 +49,15 @@ func (s Synthetic) generateTenants(seed uint64) ([]Request, error) {
 	for _, t := range s.Tenants {
 		total += t.Share
 	}
+	if s.Requests < len(s.Tenants) {
+		return nil, fmt.Errorf("%w: %d requests for %d tenants, want at least one per tenant", ErrInvalidWorkload, s.Requests, len(s.Tenants))
+	}
+	counts := apportion(s.Requests, s.Tenants, total)
 	var out []Request
 	for k, t := range s.Tenants {
 		sub := s
 		sub.Tenants = nil
-		sub.Requests = max(int(math.Round(float64(s.Requests)*t.Share/total)), 1)
+		sub.Requests = counts[k]
 		sub.Rate = s.Rate * t.Share / total
 		reqs, err := sub.Generate(mix64(seed ^ mix64(uint64(k)+0x7e4a47)))
 		if err != nil {
@@ -70,6 +74,38 @@ func (s Synthetic) generateTenants(seed uint64) ([]Request, error) {
 	}
 	slices.SortStableFunc(out, func(a, b Request) int { return cmp.Compare(a.Arrival, b.Arrival) })
 	return out, nil
+}
+
+// apportion splits n requests, at least one per tenant, among the tenants
+// in proportion to their shares, which sum to total: by largest remainder,
+// so that the parts add up to n, then a request moved to each tenant left
+// without one from the tenant with the most.
+func apportion(n int, ts []TenantShare, total float64) []int {
+	counts := make([]int, len(ts))
+	rest := make([]float64, len(ts))
+	given := 0
+	for k, t := range ts {
+		exact := float64(n) * t.Share / total
+		counts[k] = int(exact)
+		rest[k] = exact - float64(counts[k])
+		given += counts[k]
+	}
+	order := make([]int, len(ts))
+	for k := range order {
+		order[k] = k
+	}
+	// The largest remainders first, ties to the tenant listed first.
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(rest[b], rest[a]) })
+	for _, k := range order[:min(n-given, len(ts))] {
+		counts[k]++
+	}
+	for k := range counts {
+		if counts[k] == 0 {
+			counts[k]++
+			counts[slices.Index(counts, slices.Max(counts))]--
+		}
+	}
+	return counts
 }
 
 // TenantResult is the measurement of one tenant's requests in a [Result].

@@ -250,3 +250,38 @@ func TestRateLimitBuckets(t *testing.T) {
 		t.Errorf("tenant a completed %d, refused %d; b completed %d, refused %d; want 15, 21, 1, 0", a.Completed, a.Refused, b.Completed, b.Refused)
 	}
 }
+
+// TestTenantsRequestCount checks that a workload split among tenants has
+// exactly the requests asked for, whatever the shares, and that each
+// tenant's part follows its share.
+func TestTenantsRequestCount(t *testing.T) {
+	for _, sc := range []Scenario{TenantsScenario(), ClassesScenario()} {
+		for _, n := range []int{5, 299, 300, 301, 1001} {
+			w := sc.Workload
+			w.Requests = n
+			reqs, err := w.Generate(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(reqs) != n {
+				t.Errorf("%s with %d requests: generated %d", sc.Name, n, len(reqs))
+			}
+		}
+	}
+	ts := []TenantShare{{Name: "a", Share: 1}, {Name: "b", Share: 1}, {Name: "c", Share: 1}}
+	if got := apportion(100, ts, 3); !slices.Equal(got, []int{34, 33, 33}) {
+		t.Errorf("100 requests in thirds: %v, want [34 33 33]", got)
+	}
+	w := TenantsScenario().Workload
+	w.Requests = len(w.Tenants) - 1
+	if _, err := w.Generate(1); !errors.Is(err, ErrInvalidWorkload) {
+		t.Errorf("fewer requests than tenants: %v, want %v", err, ErrInvalidWorkload)
+	}
+	ts = []TenantShare{{Name: "heavy", Share: 9.9}, {Name: "light", Share: 0.1}}
+	if got := apportion(1000, ts, 10); !slices.Equal(got, []int{990, 10}) {
+		t.Errorf("1000 requests 99:1: %v, want [990 10]", got)
+	}
+	if got := apportion(50, ts, 10); !slices.Equal(got, []int{49, 1}) {
+		t.Errorf("50 requests 99:1: %v, want [49 1]", got)
+	}
+}
