@@ -198,7 +198,7 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 		}
 		t, err := time.Parse(azureLayout, strings.TrimSpace(fields[ts]))
 		if err != nil {
-			return fmt.Errorf("%w: line %d: TIMESTAMP: %v", ErrMalformedTrace, n, err)
+			return fmt.Errorf("%w: line %d: TIMESTAMP %q, want a time such as 2023-11-16 18:15:46.6805900", ErrMalformedTrace, n, fields[ts])
 		}
 		prompt, err := strconv.Atoi(strings.TrimSpace(fields[ctx]))
 		if err != nil || prompt < 1 || prompt > MaxPromptTokens {

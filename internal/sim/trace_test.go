@@ -91,7 +91,7 @@ func TestTraceErrorsNameTheLine(t *testing.T) {
 		{"mooncake trailing brace", FormatMooncake, `{"timestamp": 0, "input_length": 10, "output_length": 1}` + "\n" + `{"timestamp": 1, "input_length": 10, "output_length": 1}}`, "line 2"},
 		{"mooncake empty", FormatMooncake, "", "no requests"},
 		{"azure bad header", FormatAzure, "a,b,c\n", "line 1"},
-		{"azure bad time", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1,1\nyesterday,1,1\n", "line 3"},
+		{"azure bad time", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1,1\nyesterday,1,1\n", `line 3: TIMESTAMP "yesterday", want a time such as 2023-11-16 18:15:46.6805900`},
 		{"azure bad count", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,x,1\n", "line 2"},
 		{"azure field count", FormatAzure, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,1\n", "line 2"},
 		{"azure empty", FormatAzure, "", "empty trace"},
