@@ -18,7 +18,7 @@
 // small differences between policies can be told from noise. -svg writes
 // one SVG file holding two plots: the TTFT CDF of every policy and the
 // outstanding requests of each replica over time under the first policy
-// listed.
+// listed (in the first seed's run when -seeds pools several).
 //
 // -sweep 0.5,0.75,1,1.25,1.5 is a load sweep: it runs every policy at each
 // rate scale (as -rate-scale would, pooling -seeds as above) and prints
@@ -190,7 +190,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		routers   = fs.Int("routers", 0, "number of routers (default: the scenario's)")
 		scrape    = durationVar("scrape", 0, time.Millisecond, maxInterval, "the scenario's", "engine metrics scrape interval, a `duration` such as 500ms, of the policies whose preset has none of its own (default: the scenario's)")
 		signalIv  = durationVar("signal-interval", 0, time.Millisecond, maxInterval, "each preset's own", "run every policy, presets with their own interval included, on engine signals refreshed at this `duration` (default: each preset's own)")
-		stagger   = fs.Bool("stagger", false, "stagger the routers' scrapes")
+		stagger   = fs.Bool("stagger", false, "stagger the routers' scrapes, router k scraping k/routers of an interval after the first (needs -routers 2 or more)")
 		shareIv   = durationVar("share", 0, time.Millisecond, maxShare, "", "routers share their requests in flight and routed prefixes every `duration`, each batch reaching the others at once, the simulated network having no delay (needs -routers 2 or more)")
 		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace)")
 		seed      = fs.Uint64("seed", 1, "random seed")
@@ -551,6 +551,14 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	// and those k intervals must not overflow.
 	if n := max(cfg.Routers, 1); cfg.Stagger && n > 1 && iv > maxDuration/time.Duration(n-1) {
 		return usageError{fmt.Errorf("-%s %v with -stagger and %d routers exceeds the simulator's limit of %s", ivFlag, iv, n, shortDuration(maxDuration/time.Duration(n-1)))}
+	}
+	if *stagger {
+		switch n := max(cfg.Routers, 1); {
+		case n < 2 && set["routers"]:
+			return usageError{fmt.Errorf("-stagger needs -routers 2 or more to stagger, not %d", n)}
+		case n < 2:
+			return usageError{fmt.Errorf("-stagger needs -routers 2 or more to stagger; the %s scenario has %d router", sc.Name, n)}
+		}
 	}
 	if set["share"] {
 		switch n := max(cfg.Routers, 1); {

@@ -207,6 +207,8 @@ func TestRunErrors(t *testing.T) {
 		{"sweep and wide", []string{"-sweep", "1,2", "-wide"}, "-wide widens the results table, which -sweep does not print", ""},
 		{"share with the scenario's one router", []string{"-share", "100ms"}, "-share needs -routers 2 or more to share between; the default scenario has 1 router", ""},
 		{"share with one router", []string{"-routers", "1", "-share", "100ms"}, "-share needs -routers 2 or more to share between, not 1", ""},
+		{"stagger with the scenario's one router", []string{"-stagger"}, "-stagger needs -routers 2 or more to stagger; the default scenario has 1 router", ""},
+		{"stagger with one router", []string{"-routers", "1", "-stagger"}, "-stagger needs -routers 2 or more to stagger, not 1", ""},
 		{"zero share", []string{"-routers", "2", "-share", "0s"}, "-share 0s must be from 1ms to 1m", ""},
 		{"negative share", []string{"-routers", "2", "-share", "-5ms"}, "-share -5ms must be from 1ms to 1m", ""},
 		{"share too long", []string{"-routers", "2", "-share", "2m"}, "-share 2m0s must be from 1ms to 1m", ""},

@@ -19,7 +19,8 @@ import (
 // WriteSVG draws two stacked plots into one SVG document: the TTFT CDF of
 // every policy (log-scaled time axis), and the outstanding requests of each
 // replica over time under the policy named series (the first result if
-// series is empty or unknown). Each plot's legend is beside it, outside
+// series is empty or unknown), in the first seed's run when seeds are
+// pooled, which the title then says. Each plot's legend is beside it, outside
 // the plot area. The legend tells apart a policy's runs under several
 // splits, admission controls or knowledges of output lengths. When no
 // request completed, the CDF plot is empty and its title says so.
@@ -61,8 +62,12 @@ func (rep *Report) WriteSVG(w io.Writer, series string) error {
 			pick = r
 		}
 	}
-	out := newPlot(fmt.Sprintf("Outstanding requests of each replica under policy %s", pick.label()),
-		"time (s)", "outstanding requests")
+	title := fmt.Sprintf("Outstanding requests of each replica under policy %s", pick.label())
+	if rep.Scenario.Seeds > 1 {
+		// Merge keeps the first run's series: a series is not pooled.
+		title += fmt.Sprintf(", seed %d (the first of %d pooled)", rep.Scenario.Seed, rep.Scenario.Seeds)
+	}
+	out := newPlot(title, "time (s)", "outstanding requests")
 	outLegend := newLegend()
 	if len(pick.Series) > 0 {
 		for j := range pick.Series[0].Outstanding {

@@ -281,6 +281,18 @@ func TestReportSVGTitles(t *testing.T) {
 			t.Errorf("SVG lacks %q", want)
 		}
 	}
+	if strings.Contains(b.String(), "pooled") {
+		t.Error("one seed's SVG speaks of pooled seeds")
+	}
+	// Pooled seeds: the series is the first seed's, and the title says so.
+	rep.Scenario.Seed, rep.Scenario.Seeds = 9, 8
+	b.Reset()
+	if err := rep.WriteSVG(&b, rep.Results[1].Policy); err != nil {
+		t.Fatal(err)
+	}
+	if want := "seed 9 (the first of 8 pooled)"; !strings.Contains(b.String(), want) {
+		t.Errorf("SVG of pooled seeds lacks %q", want)
+	}
 }
 
 // A policy compared under several admission controls, knowledges of
