@@ -61,8 +61,9 @@ type harness struct {
 	client extprocv3.ExternalProcessorClient
 }
 
-// start serves cfg's Server over bufconn until the test ends.
-func start(t testing.TB, cfg extproc.Config) *harness {
+// start serves cfg's Server over bufconn until the test ends; the client
+// connection is dialled with opts.
+func start(t testing.TB, cfg extproc.Config, opts ...grpc.DialOption) *harness {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
@@ -77,9 +78,9 @@ func start(t testing.TB, cfg extproc.Config) *harness {
 		defer close(served)
 		_ = gs.Serve(l)
 	}()
-	cc, err := grpc.NewClient("passthrough:///bufconn",
+	cc, err := grpc.NewClient("passthrough:///bufconn", append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = cc.Close()

@@ -17,6 +17,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -279,6 +280,34 @@ func TestDisconnect(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDisconnectWhileSending: a data plane that cancels the stream while
+// the picker is streaming a response body back to it (its flow-control
+// window full) is a cancellation like any other: the pick is done with an
+// error wrapping ErrStreamEnded and context.Canceled, which observers and
+// metrics count as cancelled, not failed.
+func TestDisconnectWhileSending(t *testing.T) {
+	rec := &doneRecorder{}
+	b := newBalancer(t, 2, nil, llmlb.WithObserver(rec.observer()))
+	// A fixed window: the picker can send no more than 64 KiB the data
+	// plane has not read.
+	h := start(t, extproc.Config{Balancer: b}, grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	e := h.open(t, fullDuplex, fullDuplex)
+	e.send(requestHeaders("/v1/chat/completions", false))
+	e.send(requestBody(chatBody(100, true), true))
+	e.recv()
+	e.recv()
+	e.send(responseHeaders(200, "text/event-stream", false))
+	e.recv()
+	e.send(responseBody(strings.Repeat("data: {}\n\n", 100_000), false)) // 1 MB, streamed back in pieces
+	streamedBack(t, e.recv(), false)                                     // the picker is sending
+	e.cancel()
+	waitIdle(t, b)
+	errs, _ := rec.get()
+	require.Len(t, errs, 1)
+	require.ErrorIs(t, errs[0], extproc.ErrStreamEnded)
+	require.ErrorIs(t, errs[0], context.Canceled)
 }
 
 // TestImmediateResponses: refusals are immediate responses with the

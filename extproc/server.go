@@ -73,10 +73,11 @@ type Config struct {
 	// address the data plane connects to, "host:port" (an IPv6 host in
 	// brackets), which is what the protocol returns. Required.
 	Balancer *llmlb.Balancer
-	// Parser reads the request body into an llmlb.Request; its cap
-	// ([httplb.Parser.MaxBodyBytes]) bounds the body a stream holds, and a
-	// longer one is refused with 413. Take the tenant from a header only
-	// if the gateway sets or removes it ([httplb.ParserConfig.TrustTenantHeader]).
+	// Parser reads the request body into an llmlb.Request; the lesser of
+	// its cap ([httplb.Parser.MaxBodyBytes]) and 1 GiB bounds the body a
+	// stream holds, and a longer one is refused with 413. Take the
+	// tenant from a header only if the gateway sets or removes it
+	// ([httplb.ParserConfig.TrustTenantHeader]).
 	// nil means a Parser with the defaults of [httplb.ParserConfig].
 	// In BUFFERED mode a whole body comes in one gRPC message: give the
 	// grpc.Server a grpc.MaxRecvMsgSize above the cap (grpc-go's default
@@ -162,22 +163,32 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			return nil
 		}
 		if err != nil {
-			cause = err
-			if ctxErr := st.ctx.Err(); ctxErr != nil || status.Code(err) == codes.Canceled {
-				cause = context.Canceled
+			cause = st.cause(err)
+			if cause == context.Canceled {
 				return nil
 			}
 			return err
 		}
 		stop, err := st.handle(m)
 		if err != nil {
-			cause = err
+			// A send fails too when the data plane cancels the stream.
+			cause = st.cause(err)
 			return err
 		}
 		if stop {
 			return nil
 		}
 	}
+}
+
+// cause returns what ended the stream when err did: context.Canceled if the
+// data plane cancelled the stream (its context ended, or err is gRPC's
+// CANCELLED), else err.
+func (st *stream) cause(err error) error {
+	if st.ctx.Err() != nil || status.Code(err) == codes.Canceled {
+		return context.Canceled
+	}
+	return err
 }
 
 // protocolError is the gRPC status for a message the protocol does not
