@@ -17,7 +17,7 @@ type debugState struct {
 	Protocol string              `json:"protocol"`
 	Policy   string              `json:"policy"`
 	Source   debugSource         `json:"source"`
-	Ready    bool                `json:"ready"`
+	Ready    bool                `json:"ready"` // what the readiness health check reports
 	InFlight *int                `json:"admission_in_flight,omitempty"`
 	Sessions *int                `json:"admission_sessions,omitempty"`
 	Share    *gateway.DebugShare `json:"share,omitempty"` // absent without -nats
@@ -47,7 +47,10 @@ type debugEndpoint struct {
 func (s *server) state() debugState {
 	now := time.Now()
 	st := s.members.status()
-	d := debugState{Time: now, Protocol: extproc.ProtocolVersion, Policy: s.o.policy, Ready: st.synced, Replicas: []debugEndpoint{}}
+	s.readyMu.Lock()
+	ready := st.synced && !s.draining
+	s.readyMu.Unlock()
+	d := debugState{Time: now, Protocol: extproc.ProtocolVersion, Policy: s.o.policy, Ready: ready, Replicas: []debugEndpoint{}}
 	switch {
 	case s.o.endpointsFile != "":
 		d.Source.Kind = "file"

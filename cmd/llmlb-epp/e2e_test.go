@@ -339,6 +339,8 @@ func TestBufferedLargeBody(t *testing.T) {
 	}{
 		{"6000000", []body{{5 << 20, 0}, {6000000, http.StatusRequestEntityTooLarge}}},
 		{"0", []body{{5 << 20, 0}, {httplb.DefaultMaxBodyBytes, http.StatusRequestEntityTooLarge}}},
+		// No cap the gRPC message limit can follow: the largest it has.
+		{"9223372036854775807", []body{{5 << 20, 0}}},
 	} {
 		t.Run("max-body-bytes="+c.maxBody, func(t *testing.T) {
 			e := startEPP(t, "-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "-max-body-bytes", c.maxBody)
@@ -378,8 +380,46 @@ func sendBuffered(t *testing.T, e *epp, n int) (*extprocv3.ProcessingResponse, e
 	return s.Recv()
 }
 
+// TestDrainWithHealthWatcher: the stream of a client watching the health
+// service on the ext_proc port (a grpc-go client with health checking does)
+// ends when the listener stops: it does not hold the drain until
+// -drain-timeout.
+func TestDrainWithHealthWatcher(t *testing.T) {
+	o, err := parseFlags([]string{"-grpc-addr", "127.0.0.1:0", "-grpc-health-addr", "", "-admin", "",
+		"-endpoints", "10.0.0.1:8000", "-drain-delay", "0", "-drain-timeout", "1m", "-scrape", "-1s"}, io.Discard)
+	require.NoError(t, err)
+	o.logOut = testWriter{t}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan *server, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o, func(s *server) { started <- s }) }()
+	s := <-started
+	cc, err := grpc.NewClient(s.grpcL.Addr().String(),
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{InsecureSkipVerify: true})))
+	require.NoError(t, err)
+	defer cc.Close()
+	w, err := healthpb.NewHealthClient(cc).Watch(context.Background(), &healthpb.HealthCheckRequest{Service: "readiness"})
+	require.NoError(t, err)
+	m, err := w.Recv()
+	require.NoError(t, err)
+	require.Equal(t, healthpb.HealthCheckResponse_SERVING, m.GetStatus())
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the drain waited for the health watcher")
+	}
+	for err == nil { // NOT_SERVING may come first
+		_, err = w.Recv()
+	}
+	require.NotEqual(t, io.EOF, err, "the watch ended when the listener stopped, not by itself")
+}
+
 // TestNotReadyWhileDraining: a picker that first reads its replicas while
-// draining stays NOT_SERVING.
+// draining stays NOT_SERVING, and its debug view says it is not ready.
 func TestNotReadyWhileDraining(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "endpoints") // not there yet
 	o, err := parseFlags([]string{"-grpc-addr", "127.0.0.1:0", "-grpc-health-addr", "127.0.0.1:0", "-admin", "",
@@ -406,6 +446,7 @@ func TestNotReadyWhileDraining(t *testing.T) {
 	for _, svc := range readyServices {
 		require.False(t, e.serving(svc), "%q reports SERVING while draining", svc)
 	}
+	require.False(t, s.state().Ready, "the debug view reports ready while draining")
 	require.NoError(t, <-done)
 }
 

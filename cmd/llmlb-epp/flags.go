@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -159,6 +160,15 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	if !contains(policies, o.policy) {
 		return o, fmt.Errorf("unknown -policy %q (want one of %s)", o.policy, strings.Join(policies, ", "))
+	}
+	// The path is appended to each replica's address when the replicas
+	// are read, which for -endpoints-file and -dns is after the picker
+	// started: a bad one must fail here, not leave it never ready.
+	if !strings.HasPrefix(o.metricsPath, "/") {
+		return o, fmt.Errorf("-metrics-path %q must begin with /", o.metricsPath)
+	}
+	if _, err := url.Parse("http://127.0.0.1:1" + o.metricsPath); err != nil {
+		return o, fmt.Errorf("-metrics-path %q is not a URL path", o.metricsPath)
 	}
 	e, err := signals.ParseEngine(*engineName)
 	if err != nil {

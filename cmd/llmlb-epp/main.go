@@ -29,6 +29,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -54,6 +55,9 @@ func main() {
 	o, err := parseFlags(os.Args[1:], os.Stderr)
 	if err == nil {
 		err = run(ctx, o, nil)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h: the usage is written, and asking for it is no failure
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "llmlb-epp:", err)

@@ -75,6 +75,27 @@ func TestSecondSignal(t *testing.T) {
 	require.True(t, ws.Signaled() && ws.Signal() == syscall.SIGTERM, "exit %v after %v", cmd.ProcessState, time.Since(start))
 }
 
+// TestHelp: -h writes the usage and exits with status 0, like any command
+// asked for help; a bad flag exits with status 1.
+func TestHelp(t *testing.T) {
+	cases := []struct {
+		arg  string
+		code int
+	}{{"-h", 0}, {"-help", 0}, {"-no-such-flag", 1}}
+	for _, c := range cases {
+		t.Run(c.arg, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], c.arg)
+			cmd.Env = append(os.Environ(), runMainEnv+"=1")
+			out, err := cmd.CombinedOutput()
+			require.Contains(t, string(out), "Usage of llmlb-epp")
+			require.Equal(t, c.code, cmd.ProcessState.ExitCode(), "%v\n%s", err, out)
+			if c.code == 0 {
+				require.NotContains(t, string(out), "help requested")
+			}
+		})
+	}
+}
+
 func TestParseFlags(t *testing.T) {
 	cases := []struct {
 		args []string
@@ -90,6 +111,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-endpoints", "10.0.0.1:8000", "extra"}, "unexpected"},
 		{[]string{"-endpoints", "10.0.0.1:8000", "-refresh", "0s"}, "-refresh"},
 		{[]string{"-endpoints", "10.0.0.1:8000", "-retry-after", "-1s"}, "-retry-after -1s must not be negative"},
+		{[]string{"-endpoints-file", "eps", "-metrics-path", "metrics"}, "-metrics-path \"metrics\" must begin with /"},
+		{[]string{"-dns", "vllm.default.svc:8000", "-metrics-path", "/%zz"}, "-metrics-path"},
+		{[]string{"-dns", "vllm.default.svc:8000", "-metrics-path", "/v1/metrics?format=text"}, ""},
 		{[]string{"-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "-policy", "p2c", "-score", "kv"}, ""},
 		{[]string{"-dns", "vllm.default.svc:8000", "-kv-events-port", "5557", "-tokenizer", "engine"}, ""},
 	}

@@ -66,6 +66,7 @@ type server struct {
 	provider  *sdkmetric.MeterProvider
 
 	grpcL, healthL, adminL net.Listener
+	stopWatches            chan struct{} // closed when the ext_proc listener stops: ends its health Watch streams
 
 	readyMu  sync.Mutex // serializes the readiness changes; protects draining
 	draining bool       // the picker is shutting down: never ready again
@@ -249,8 +250,10 @@ func newServer(o options) (_ *server, err error) {
 		// A BUFFERED body comes in one message: room for a body up to
 		// the parser's cap (-max-body-bytes, or its default for 0) and
 		// then some, so that one over it gets 413 and not a failed stream
-		// (up to recvHeadroom over).
-		grpc.MaxRecvMsgSize(int(min(p.MaxBodyBytes()+recvHeadroom, math.MaxInt32))),
+		// (up to recvHeadroom over). The sum saturates: a cap near
+		// MaxInt64 must not wrap to a negative limit that fails every
+		// message.
+		grpc.MaxRecvMsgSize(int(min(p.MaxBodyBytes(), math.MaxInt32-recvHeadroom) + recvHeadroom)),
 	}
 	if o.secure {
 		tc, err := tlsConfig(o.certPath)
@@ -261,7 +264,8 @@ func newServer(o options) (_ *server, err error) {
 	}
 	s.grpc = grpc.NewServer(gopts...)
 	extprocv3.RegisterExternalProcessorServer(s.grpc, picker)
-	healthpb.RegisterHealthServer(s.grpc, s.health)
+	s.stopWatches = make(chan struct{})
+	healthpb.RegisterHealthServer(s.grpc, drainingHealth{Server: s.health, stop: s.stopWatches})
 	if o.healthAddr != "" {
 		s.healthSrv = grpc.NewServer()
 		healthpb.RegisterHealthServer(s.healthSrv, s.health)
@@ -390,6 +394,7 @@ func (s *server) drain() {
 	s.readyMu.Unlock()
 	s.log.Info("llmlb-epp draining; a second signal ends it at once", "delay", s.o.drainDelay, "timeout", s.o.drainTimeout)
 	time.Sleep(s.o.drainDelay)
+	close(s.stopWatches) // a health watcher must not hold the graceful stop
 	stopped := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()
