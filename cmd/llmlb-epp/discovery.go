@@ -204,7 +204,7 @@ func (s source) load(ctx context.Context) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, ip := range ips {
+		for _, ip := range oneFamily(ips) {
 			a := net.JoinHostPort(ip, port)
 			if err := checkReplica(a); err != nil {
 				return nil, fmt.Errorf("-dns %s: %w", s.dns, err)
@@ -225,6 +225,23 @@ func (s source) load(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("%d replicas listed, more than %d", len(addrs), maxEndpoints)
 	}
 	return addrs, nil
+}
+
+// oneFamily returns the IPv4 addresses of ips if it has any, else ips. A
+// dual-stack headless Service answers with an A and an AAAA record for each
+// pod: both would make every pod two replicas, each with half its load and
+// half its cached prefixes.
+func oneFamily(ips []string) []string {
+	v4 := make([]string, 0, len(ips))
+	for _, ip := range ips {
+		if a, err := netip.ParseAddr(ip); err == nil && a.Unmap().Is4() {
+			v4 = append(v4, ip)
+		}
+	}
+	if len(v4) == 0 {
+		return ips
+	}
+	return v4
 }
 
 // membership applies the replicas a source lists to the balancer, the

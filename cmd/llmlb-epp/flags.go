@@ -77,6 +77,9 @@ var policies = []string{"default", "least-outstanding", "least-tokens", "least-k
 
 // parseFlags reads the command line into options, or returns an error
 // (flag.ErrHelp for -h).
+// minRefresh is the least -refresh.
+const minRefresh = 10 * time.Millisecond
+
 func parseFlags(args []string, out io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("llmlb-epp", flag.ContinueOnError)
@@ -89,8 +92,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 
 	endpoints := fs.String("endpoints", "", "comma-separated replica addresses, ip:port (for a DNS name, -dns)")
 	fs.StringVar(&o.endpointsFile, "endpoints-file", "", "file of replica addresses, one ip:port per line ('#' comments), re-read when it changes")
-	fs.StringVar(&o.dns, "dns", "", "name:port whose A/AAAA records are the replicas (a headless Service), re-resolved every -refresh")
-	fs.DurationVar(&o.refresh, "refresh", 5*time.Second, "how often -endpoints-file and -dns are re-read")
+	fs.StringVar(&o.dns, "dns", "", "name:port whose A records (AAAA records if it has none: one address per pod of a dual-stack Service) are the replicas (a headless Service), re-resolved every -refresh")
+	fs.DurationVar(&o.refresh, "refresh", 5*time.Second, "how often -endpoints-file and -dns are re-read (at least 10ms)")
 
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: "+strings.Join(policies, ", "))
 	fs.IntVar(&o.slots, "slots", 0, "default: the replicas' batch slots (vLLM --max-num-seqs; 0: unknown)")
@@ -155,8 +158,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			return o, fmt.Errorf("-dns: %w", err)
 		}
 	}
-	if o.refresh <= 0 {
-		return o, errors.New("-refresh must be positive")
+	if o.refresh < minRefresh {
+		// Below it, re-reading the file or the name is a busy loop.
+		return o, fmt.Errorf("-refresh %v is below %v", o.refresh, minRefresh)
 	}
 	if !contains(policies, o.policy) {
 		return o, fmt.Errorf("unknown -policy %q (want one of %s)", o.policy, strings.Join(policies, ", "))

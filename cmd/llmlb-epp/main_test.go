@@ -110,6 +110,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-endpoints", "10.0.0.1:8000", "-log-level", "loud"}, "-log-level"},
 		{[]string{"-endpoints", "10.0.0.1:8000", "extra"}, "unexpected"},
 		{[]string{"-endpoints", "10.0.0.1:8000", "-refresh", "0s"}, "-refresh"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-refresh", "1ns"}, "-refresh 1ns is below 10ms"},
 		{[]string{"-endpoints", "10.0.0.1:8000", "-retry-after", "-1s"}, "-retry-after -1s must not be negative"},
 		{[]string{"-endpoints-file", "eps", "-metrics-path", "metrics"}, "-metrics-path \"metrics\" must begin with /"},
 		{[]string{"-dns", "vllm.default.svc:8000", "-metrics-path", "/%zz"}, "-metrics-path"},
@@ -219,22 +220,31 @@ func TestFileSourceTooLarge(t *testing.T) {
 // records twice in a row is an empty pool (once is a blip, which keeps the
 // last replicas), a failed lookup keeps the last replicas.
 func TestDNSSource(t *testing.T) {
-	res := &fakeResolver{ips: []string{"10.1.0.5", "10.1.0.4", "fd00::7"}}
+	// A dual-stack Service: an A and an AAAA record per pod, each pod one
+	// replica.
+	res := &fakeResolver{ips: []string{"10.1.0.5", "fd00::5", "10.1.0.4", "fd00::4"}}
 	m := newMembership(t, source{dns: "vllm.ns.svc:8000", res: res})
 	require.NoError(t, m.refresh(context.Background()))
-	require.ElementsMatch(t, []string{"10.1.0.4:8000", "10.1.0.5:8000", "[fd00::7]:8000"}, keys(m))
+	require.ElementsMatch(t, []string{"10.1.0.4:8000", "10.1.0.5:8000"}, keys(m))
+	// An IPv6 single-stack Service.
+	res.ips = []string{"fd00::7", "fd00::8"}
+	require.NoError(t, m.refresh(context.Background()))
+	require.ElementsMatch(t, []string{"[fd00::7]:8000", "[fd00::8]:8000"}, keys(m))
+	res.ips = []string{"10.1.0.5", "10.1.0.4", "fd00::7"}
+	require.NoError(t, m.refresh(context.Background()))
+	require.ElementsMatch(t, []string{"10.1.0.4:8000", "10.1.0.5:8000"}, keys(m))
 
 	res.ips, res.err = nil, errors.New("server misbehaving")
 	require.Error(t, m.refresh(context.Background()))
-	require.Len(t, keys(m), 3)
+	require.Len(t, keys(m), 2)
 
-	res.ips, res.err = []string{"10.1.0.4", "fe80::1%eth0"}, nil // from /etc/hosts, say
+	res.ips, res.err = []string{"fd00::4", "fe80::1%eth0"}, nil // from /etc/hosts, say
 	require.ErrorContains(t, m.refresh(context.Background()), "zone")
-	require.Len(t, keys(m), 3, "kept")
+	require.Len(t, keys(m), 2, "kept")
 
 	res.err = &net.DNSError{Err: "no such host", Name: "vllm.ns.svc", IsNotFound: true}
 	require.NoError(t, m.refresh(context.Background()))
-	require.Len(t, keys(m), 3, "one lookup without records")
+	require.Len(t, keys(m), 2, "one lookup without records")
 	res.ips, res.err = []string{"10.1.0.4"}, nil
 	require.NoError(t, m.refresh(context.Background()))
 	require.Equal(t, []string{"10.1.0.4:8000"}, keys(m), "a change with records applies at once")
