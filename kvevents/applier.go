@@ -24,14 +24,15 @@ import (
 // batch it receives are not known to it until the engine stores them again.
 //
 // Only the endpoints given to SetEndpoints are applied, so memory is bounded
-// by them (MaxBlocks map entries each) whatever is received. Its methods are
-// safe for concurrent use. The zero Applier is not usable; create one with
-// [NewApplier].
+// by them (MaxBlocks map entries each) and one decoded batch, whatever is
+// received. Its methods are safe for concurrent use. The zero Applier is
+// not usable; create one with [NewApplier].
 type Applier struct {
 	cfg Config
 
-	mu  sync.Mutex // protects eps and the state of each endpoint
-	eps map[string]*applied
+	mu    sync.Mutex // protects eps, the state of each endpoint, and batch
+	eps   map[string]*applied
+	batch Batch // decoding storage, shared by every endpoint
 }
 
 // applied is the state of one endpoint.
@@ -40,7 +41,6 @@ type applied struct {
 	tr    *translator
 	stats counters
 	last  int64 // last batch applied, -1 if none
-	batch Batch
 }
 
 // NewApplier returns an Applier that indexes into cfg.Index with
@@ -121,10 +121,10 @@ func (a *Applier) apply(key string, seq int64, payload []byte) error {
 	}
 	ap.last = seq
 	ap.stats.seq.Store(seq)
-	if err := DecodeBatch(&ap.batch, payload); err != nil {
+	if err := DecodeBatch(&a.batch, payload); err != nil {
 		return a.malformed(ap, fmt.Errorf("kvevents: batch %d: %w", seq, err))
 	}
-	ap.tr.apply(&ap.batch)
+	ap.tr.apply(&a.batch)
 	return nil
 }
 

@@ -2,6 +2,8 @@ package kvevents
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -205,4 +207,33 @@ func TestApplierOnErrorMayCallStats(t *testing.T) {
 		t.Fatal("Apply did not return: OnError called with the Applier's lock held")
 	}
 	assert.Equal(t, int64(1), got.Malformed)
+}
+
+// TestApplierMemoryAcrossEndpoints checks that the storage of a large
+// batch is not kept once per endpoint: an Applier that received one large
+// batch for each of many endpoints holds the decoded storage of a few at
+// most.
+func TestApplierMemoryAcrossEndpoints(t *testing.T) {
+	idx, h := newTestIndex(t)
+	ap, err := NewApplier(Config{Index: idx, Hasher: h})
+	require.NoError(t, err)
+	const endpoints = 16
+	eps := make(map[string]prefix.Salt, endpoints)
+	for i := range endpoints {
+		eps[fmt.Sprint("e", i)] = prefix.Salt{Model: "m"}
+	}
+	require.NoError(t, ap.SetEndpoints(eps))
+	p := oneByteHashes(16, MaxBlocksPerEvent) // 1 MiB, decoded to 8 MiB of hashes
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for key := range eps {
+		ap.Apply(key, 0, p)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d endpoints after a batch of %d bytes each: %d MiB held", endpoints, len(p), held>>20)
+	assert.Less(t, held, int64(4*8*len(p)), "the decoded storage of a large batch is kept for every endpoint")
+	runtime.KeepAlive(ap)
 }

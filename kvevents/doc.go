@@ -104,8 +104,13 @@
 // Subscriber, Applier and Publisher methods are safe for concurrent use.
 // Creating any of them starts nothing: their Run methods start their goroutines (one per
 // endpoint for a Subscriber) and stop them all before returning. Memory is
-// bounded per endpoint by MaxBlocks map entries, one decoded batch, and the
-// messages the ZMQ socket queues (eleven at most). The ZMQ implementation is
+// bounded per endpoint by MaxBlocks map entries, one decoded batch (at most 16
+// bytes per byte of its payload, see [MaxPayloadBytes]), and the messages received
+// and not yet applied: about [MaxPayloadBytes] at most on the PUB socket,
+// and as much on the replay socket while a replay runs. A subscription
+// that falls that far behind stops reading its connection until it
+// catches up; the engine's socket meanwhile queues what follows, or drops
+// it, which the subscription sees as a gap. The ZMQ implementation is
 // pure Go (github.com/go-zeromq/zmq4); it reads each message whole, so the
 // Subscriber closes a connection, and reconnects after a back-off, as soon
 // as its peer announces a message larger than a batch of [MaxPayloadBytes]

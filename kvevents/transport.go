@@ -53,6 +53,15 @@ const (
 // zmq4's reading goroutine to report its connection closed.
 const drainTimeout = 2 * time.Second
 
+// queueBytes bounds the bytes of the messages a socket's connection has
+// read and its subscription has not yet done with: those zmq4 queued, the
+// one it is reading, and the one the subscription holds. zmq4 queues ten
+// messages whatever their size; with this bound a publisher of the largest
+// messages accepted gets one at a time, the connection then waiting (and
+// the publisher's socket queueing or dropping) until the subscription
+// asks for the next.
+const queueBytes = maxMessageBytes
+
 // registerOnce runs registerGuards' registration, whose error is
 // registerErr.
 var (
@@ -94,6 +103,7 @@ func (t guardTransport) Dial(ctx context.Context, dialer transport.Dialer, addr 
 		return nil, err
 	}
 	gc := newGuardConn(c, g.handshake)
+	gc.budget = g
 	if !g.add(gc) {
 		c.Close()
 		return nil, net.ErrClosed
@@ -113,14 +123,54 @@ func (t guardTransport) Addr(ep string) (string, error) { return ep, nil }
 type connGroupKey struct{}
 
 // connGroup holds the guarded connections of one socket, and closes them
-// when its context ends or close is called.
+// when its context ends or close is called. It also holds the socket's
+// budget of queueBytes: a connection acquires the size of each frame as its
+// header arrives, before zmq4 allocates the frame, and waits while the
+// budget is spent; the socket releases each message once its user is done
+// with it.
 type connGroup struct {
 	ctx       context.Context // the life of the connections
 	handshake time.Duration   // the time each has for its ZMTP handshake
 
 	mu     sync.Mutex // protects the fields below
+	freed  sync.Cond  // signalled, with mu, when bytes are released or the group closes
 	conns  []net.Conn
 	closed bool
+	held   uint64 // bytes acquired and not released
+	limit  uint64 // the budget: queueBytes
+}
+
+// newConnGroup returns an empty group living for ctx.
+func newConnGroup(ctx context.Context, handshake time.Duration) *connGroup {
+	g := &connGroup{ctx: ctx, handshake: handshake, limit: queueBytes}
+	g.freed.L = &g.mu
+	return g
+}
+
+// acquire takes n bytes of the budget, waiting while they would exceed it
+// and some are held; it fails once the group is closed.
+func (g *connGroup) acquire(n uint64) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for !g.closed && g.held > 0 && n > g.limit-min(g.held, g.limit) {
+		g.freed.Wait()
+	}
+	if g.closed {
+		return net.ErrClosed
+	}
+	g.held += n
+	return nil
+}
+
+// release gives back n bytes acquired.
+func (g *connGroup) release(n uint64) {
+	if n == 0 {
+		return
+	}
+	g.mu.Lock()
+	g.held -= min(n, g.held)
+	g.mu.Unlock()
+	g.freed.Broadcast()
 }
 
 // add adds c to the group, or reports false if the group is closed.
@@ -140,6 +190,7 @@ func (g *connGroup) close() {
 	conns := g.conns
 	g.conns, g.closed = nil, true
 	g.mu.Unlock()
+	g.freed.Broadcast()
 	for _, c := range conns {
 		c.Close()
 	}
@@ -151,12 +202,15 @@ func (g *connGroup) close() {
 // complete within the handshake time, and a Read that would complete the
 // header of a frame taking its message beyond limit bytes, or maxFrames
 // frames, fails instead, as does every Read after it, so that zmq4
-// never allocates the frame. zmq4 reads a connection from one goroutine at
+// never allocates the frame. After the handshake, a Read that completes a
+// frame's header first acquires the frame's size from the budget of its
+// socket's group, if any. zmq4 reads a connection from one goroutine at
 // a time (the dialing one during the handshake, then its reader), so the
 // parsing state needs no lock.
 type guardConn struct {
 	net.Conn
-	limit uint64 // the most bytes a message may hold: maxMessageBytes
+	limit  uint64     // the most bytes a message may hold: maxMessageBytes
+	budget *connGroup // the socket's budget of bytes read; nil for none
 
 	handshaking bool    // the deadline of the handshake is set
 	greeting    int     // bytes of the greeting still to come
@@ -225,6 +279,11 @@ func (c *guardConn) scan(b []byte) error {
 			if size > c.limit-c.size {
 				return fmt.Errorf("kvevents: peer announced a frame of %d bytes, taking its message beyond %d bytes", size, c.limit)
 			}
+			if c.budget != nil && !c.handshaking {
+				if err := c.budget.acquire(size); err != nil {
+					return err
+				}
+			}
 			c.size += size
 			c.body = size
 			if size == 0 {
@@ -260,6 +319,7 @@ type zsocket struct {
 	stop    func() bool        // stops closing the group when ctx ends
 	cancel  context.CancelFunc // ends the socket's context
 	reading bool               // zmq4's reader of the connection may still run
+	held    uint64             // bytes of the message Recv returned last, released at the next
 }
 
 // newZSocket returns a socket made by newSocket for dialing addr, whose
@@ -276,7 +336,7 @@ func newZSocket(ctx context.Context, newSocket func(context.Context, ...zmq4.Opt
 		if scheme == "ipc" {
 			s.addr = guardIPC + "://" + rest
 		}
-		s.group = &connGroup{ctx: ctx, handshake: handshake}
+		s.group = newConnGroup(ctx, handshake)
 		s.stop = context.AfterFunc(ctx, s.group.close)
 		sctx = context.WithValue(context.WithoutCancel(ctx), connGroupKey{}, s.group)
 	}
@@ -294,13 +354,25 @@ func (s *zsocket) Dial() error {
 	return nil
 }
 
-// Recv receives a message. After an error, zmq4's reader has stopped.
+// Recv receives a message, valid until the next call of Recv or Close,
+// which give its bytes back to the group's budget. After an error, zmq4's
+// reader has stopped.
 func (s *zsocket) Recv() (zmq4.Msg, error) {
+	if s.group != nil {
+		s.group.release(s.held)
+		s.held = 0
+	}
 	msg, err := s.Socket.Recv()
 	if err != nil {
 		s.reading = false
+		return msg, err
 	}
-	return msg, err
+	if s.group != nil {
+		for _, f := range msg.Frames {
+			s.held += uint64(len(f))
+		}
+	}
+	return msg, nil
 }
 
 // Close closes the connection, receives what zmq4 queued until its reader

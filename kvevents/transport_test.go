@@ -488,3 +488,116 @@ func requireNoLeak(t *testing.T, current goleak.Option) {
 		t.Fatal(leak)
 	}
 }
+
+// bigBatches returns a peer that completes the ZMTP handshake as a PUB
+// socket and sends count batches of size bytes (a padding field the
+// decoder skips), numbered from 0, then nothing; written counts the bytes
+// it wrote.
+func bigBatches(t *testing.T, size, count int, written *atomic.Int64) *peer {
+	payload := []byte{0x94, 0x00, 0x90, 0xc0, mpBin32} // [ts, events, data_parallel_rank, padding]
+	payload = binary.BigEndian.AppendUint32(payload, uint32(size))
+	payload = append(payload, make([]byte, size)...)
+	return newPeer(t, func(c net.Conn) {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetWriteBuffer(64 << 10)
+		}
+		if _, err := zmq4.Open(c, null.Security(), zmq4.Pub, zmq4.SocketIdentity(""), true, nil); err != nil {
+			return
+		}
+		for seq := range uint64(count) {
+			msg := append([]byte{flagMore, 0, flagMore, 8}, binary.BigEndian.AppendUint64(nil, seq)...)
+			msg = append(msg, longHeader(0, uint64(len(payload)))...)
+			for _, b := range [][]byte{msg, payload} {
+				for len(b) > 0 {
+					n, err := c.Write(b[:min(len(b), 64<<10)])
+					written.Add(int64(n))
+					if err != nil {
+						return
+					}
+					b = b[n:]
+				}
+			}
+		}
+		silent(c)
+	})
+}
+
+// awaitStall waits until the peer that counts its bytes in written has
+// written at least least bytes and then no more for half a second, failing
+// t if it writes limit bytes or more, and returns the bytes written.
+func awaitStall(t *testing.T, written *atomic.Int64, least, limit int64) int64 {
+	t.Helper()
+	last, since := int64(-1), time.Now()
+	for deadline := time.Now().Add(waitFor); last < least || time.Since(since) < 500*time.Millisecond; {
+		require.True(t, time.Now().Before(deadline), "the peer never stalled")
+		if n := written.Load(); n != last {
+			last, since = n, time.Now()
+		}
+		require.Less(t, last, limit, "the subscription took %d MiB of batches while busy with one", last>>20)
+		time.Sleep(10 * time.Millisecond)
+	}
+	return last
+}
+
+// TestSlowSubscriptionBoundsQueuedBytes checks that a subscription busy
+// with one batch holds at most about MaxPayloadBytes of the batches that
+// follow, however large they are, rather than the ten messages zmq4 queues
+// whatever their size: the connection waits, and once the subscription
+// catches up every batch is applied, none lost.
+func TestSlowSubscriptionBoundsQueuedBytes(t *testing.T) {
+	const (
+		size  = 8 << 20 // bytes of padding per batch
+		count = 20
+	)
+	var written atomic.Int64
+	p := bigBatches(t, size, count, &written)
+	gate := make(chan struct{})
+	var forwarded, gaps atomic.Int64
+	sub, err := NewSubscriber(Config{Forward: func(_ string, seq int64, payload []byte) {
+		if payload == nil {
+			gaps.Add(1)
+			return
+		}
+		if forwarded.Add(1) == 1 {
+			<-gate
+		}
+	}})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetEndpoints(map[string]Endpoint{"e1": {PubAddr: p.addr}}))
+	stop := runSubscriber(t, sub)
+	defer close(gate)
+
+	awaitStall(t, &written, 4*size, 11*size)
+	gate <- struct{}{}
+	require.Eventually(t, func() bool { return forwarded.Load() == count }, waitFor, tick, "batches lost")
+	assert.Zero(t, gaps.Load())
+	st, _ := sub.Stats("e1")
+	assert.Equal(t, int64(count-1), st.Seq)
+	assert.True(t, stop(), "Run did not return")
+}
+
+// TestSubscriptionEndsWhileItsConnectionWaits checks that a subscription
+// stopped while its connection waits for it to catch up ends cleanly,
+// zmq4's reader of the connection included.
+func TestSubscriptionEndsWhileItsConnectionWaits(t *testing.T) {
+	var written atomic.Int64
+	p := bigBatches(t, 8<<20, 20, &written)
+	current := goleak.IgnoreCurrent()
+	gate := make(chan struct{})
+	var forwarded atomic.Int64
+	sub, err := NewSubscriber(Config{Forward: func(_ string, seq int64, payload []byte) {
+		if payload != nil && forwarded.Add(1) == 1 {
+			<-gate
+		}
+	}})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetEndpoints(map[string]Endpoint{"e1": {PubAddr: p.addr}}))
+	stop := runSubscriber(t, sub)
+	awaitStall(t, &written, 32<<20, 1<<62)
+	require.NoError(t, sub.SetEndpoints(nil))
+	time.Sleep(20 * time.Millisecond)
+	close(gate)
+	require.Eventually(t, func() bool { _, ok := sub.Stats("e1"); return !ok }, waitFor, tick)
+	require.True(t, stop(), "Run did not return")
+	requireNoLeak(t, current)
+}
