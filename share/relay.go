@@ -226,8 +226,9 @@ type FollowerConfig struct {
 	Subject string
 	// Sink receives the batches, usually a kvevents.Applier. Required.
 	Sink Sink
-	// Buffer bounds the messages received and not yet applied; beyond it
-	// NATS drops messages, which the Sink sees as gaps. 0 means 4096.
+	// Buffer bounds the messages received and not yet applied, each at
+	// most the connection's maximum payload; beyond it NATS drops
+	// messages, which the Sink sees as gaps. 0 means 4096.
 	Buffer int
 	// OnError, if set, is told of every message that is not a relayed
 	// batch, and of every endpoint of a Relay fallen silent (the

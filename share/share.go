@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/timeline"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/nats-io/nats.go"
 )
@@ -122,7 +123,9 @@ type Config struct {
 	// [DefaultMaxBlocks]; a negative value publishes no blocks.
 	MaxBlocks int
 	// Clock tells the time; it must be the balancer's clock
-	// (llmlb.WithClock). Nil means the system clock.
+	// (llmlb.WithClock). Nil means the system clock. Intervals between
+	// readings that carry the monotonic clock, as time.Now's do, are
+	// measured on it, so that a step of the wall clock changes none.
 	Clock llmlb.Clock
 	// Logger receives changes of the connection and of the peers, another
 	// replica publishing under this ID, and the failures to publish: while the NATS connection is down, [Group.Run]
@@ -150,6 +153,7 @@ type Group struct {
 	index    *prefix.Index
 	interval time.Duration
 	clock    llmlb.Clock
+	line     timeline.Line // places the clock's readings; see now
 	log      *slog.Logger
 	maxEPs   int
 
@@ -277,6 +281,12 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
+// now returns the clock's reading in nanoseconds on the Group's time line,
+// which follows the monotonic clock when the readings carry it (as the
+// system clock's do): a step of the wall clock then neither keeps a
+// vanished peer counted nor moves this replica's picks to other buckets.
+func (g *Group) now() int64 { return g.line.UnixNano(g.clock.Now()) }
+
 // ID returns the name this replica publishes under.
 func (g *Group) ID() string { return g.id }
 
@@ -301,15 +311,16 @@ func (g *Group) ID() string { return g.id }
 // the balancer then adds none of its own dispatches to it. Otherwise it
 // returns the inner signal's answer unchanged.
 func (g *Group) Load(key string) (llmlb.Load, bool) {
-	now := g.clock.Now().UnixNano()
+	t := g.clock.Now()
+	now := g.line.UnixNano(t)
 	g.markKnown(key)
 	var obs llmlb.Load
 	var ok bool
 	if g.signal != nil {
 		obs, ok = g.signal.Load(key)
 	}
-	if ok && !obs.At.IsZero() && now-obs.At.UnixNano() <= g.maxAge {
-		at := obs.At.UnixNano()
+	if ok && !obs.At.IsZero() && now-g.line.UnixNano(obs.At) <= g.maxAge {
+		at := g.line.UnixNano(obs.At)
 		w, found := g.peers.work(key, at, now)
 		found = g.extrapolate(key, &w) || found
 		gone := w.finished + g.local.finished(key, at, now)
@@ -336,7 +347,7 @@ func (g *Group) Load(key string) (llmlb.Load, bool) {
 	}
 	streaming, queued, _ := g.local.totals(key)
 	return llmlb.Load{
-		At:                time.Unix(0, now),
+		At:                t,
 		Running:           addCount(int(streaming), w.streaming),
 		Waiting:           addCount(int(queued), w.queued),
 		KVUsage:           math.NaN(),
@@ -446,7 +457,7 @@ func (g *Group) Observer(next *llmlb.Observer) *llmlb.Observer {
 	return &llmlb.Observer{
 		Pick: func(info llmlb.PickInfo) {
 			if info.Err == nil && info.Endpoint != nil {
-				g.local.pick(&info, g.clock.Now().UnixNano())
+				g.local.pick(&info, g.now())
 				g.markKnown(info.Endpoint.Key())
 			}
 			if n.Pick != nil {
@@ -455,7 +466,7 @@ func (g *Group) Observer(next *llmlb.Observer) *llmlb.Observer {
 		},
 		FirstToken: func(info llmlb.FirstTokenInfo) {
 			if info.Endpoint != nil {
-				g.local.firstToken(info.Endpoint.Key(), g.clock.Now().UnixNano()-int64(info.Latency))
+				g.local.firstToken(info.Endpoint.Key(), g.now()-int64(info.Latency))
 			}
 			if n.FirstToken != nil {
 				n.FirstToken(info)
@@ -463,7 +474,7 @@ func (g *Group) Observer(next *llmlb.Observer) *llmlb.Observer {
 		},
 		Done: func(info llmlb.DoneInfo) {
 			if info.Endpoint != nil {
-				now := g.clock.Now().UnixNano()
+				now := g.now()
 				g.local.done(info.Endpoint.Key(), now-int64(info.Latency), now, info.Streamed)
 			}
 			if n.Done != nil {
@@ -499,7 +510,7 @@ type Stats struct {
 func (g *Group) Stats() Stats {
 	return Stats{
 		Connected:   g.connected.Load(),
-		Peers:       g.peers.live(g.clock.Now().UnixNano()),
+		Peers:       g.peers.live(g.now()),
 		Published:   g.published.Load(),
 		Unpublished: g.publishFailed.Load(),
 		Received:    g.received.Load(),
@@ -560,7 +571,7 @@ func (g *Group) AppendBatch(buf []byte) []byte {
 	g.batchMu.Lock()
 	defer g.batchMu.Unlock()
 	m := &g.batch
-	g.local.snapshot(m, g.clock.Now().UnixNano())
+	g.local.snapshot(m, g.now())
 	m.id, m.inc, m.seq = g.id, g.inc, g.seq.Add(1)
 	g.published.Add(1)
 	g.expire()
@@ -579,7 +590,7 @@ func (g *Group) Receive(data []byte) error {
 
 // expire forgets the peers not heard from within the TTL.
 func (g *Group) expire() {
-	for _, id := range g.peers.expire(g.clock.Now().UnixNano()) {
+	for _, id := range g.peers.expire(g.now()) {
 		g.log.Info("share: peer expired; its work no longer counts", "peer", id, "self", g.id)
 	}
 }
@@ -604,7 +615,7 @@ func (g *Group) publish(buf []byte) []byte {
 	g.batchMu.Lock()
 	defer g.batchMu.Unlock()
 	m := &g.batch
-	g.local.snapshot(m, now.UnixNano())
+	g.local.snapshot(m, g.line.UnixNano(now))
 	if !up {
 		g.publishFailed.Add(1)
 		return buf
@@ -692,7 +703,8 @@ func (g *Group) receive(data []byte) error {
 		}
 		return nil
 	}
-	now := g.clock.Now().UnixNano()
+	t := g.clock.Now()
+	now := g.line.UnixNano(t)
 	joined, ok := g.peers.apply(m, now)
 	if !ok {
 		g.rejected.Add(1)
@@ -706,11 +718,10 @@ func (g *Group) receive(data []byte) error {
 	if g.index == nil {
 		return nil
 	}
-	at := time.Unix(0, now)
 	for _, r := range m.routes {
 		key := m.eps[r.ep].key
 		if g.isKnown(key) {
-			_ = g.index.Record(key, r.blocks, at)
+			_ = g.index.Record(key, r.blocks, t)
 		}
 	}
 	return nil
