@@ -601,3 +601,39 @@ func TestSubscriptionEndsWhileItsConnectionWaits(t *testing.T) {
 	require.True(t, stop(), "Run did not return")
 	requireNoLeak(t, current)
 }
+
+// TestCommandsBetweenBatches checks that ZMTP commands after the handshake,
+// such as the PING of a publisher with heartbeats on (ZMQ_HEARTBEAT_IVL),
+// are not batches: they count as no malformed message and clear nothing.
+func TestCommandsBetweenBatches(t *testing.T) {
+	idx, h := newTestIndex(t)
+	tokens := prompt(1, 4)
+	var salt prefix.Salt
+	hashes := h.HashTokens(salt, tokens)
+	message := func(seq uint64, events ...Event) []byte {
+		payload := AppendBatch(nil, &Batch{TS: 1, Events: events, DPRank: -1})
+		msg := []byte{flagMore, 2, 'k', 'v', flagMore, 8}
+		msg = binary.BigEndian.AppendUint64(msg, seq)
+		msg = append(msg, longHeader(0, uint64(len(payload)))...)
+		return append(msg, payload...)
+	}
+	ping := []byte{0x04, 8, 4, 'P', 'I', 'N', 'G', 0, 100, 0} // name, TTL 10 s, no context
+	var frames []byte
+	frames = append(frames, message(0, stored(hashes, tokens, 0, 2))...)
+	frames = append(frames, ping...)
+	frames = append(frames, message(1, stored(hashes, tokens, 2, 4))...)
+	frames = append(frames, ping...)
+	p := hostile(t, frames)
+	sub, err := NewSubscriber(Config{Index: idx, Hasher: h, OnError: func(_ string, err error) { t.Errorf("reported: %v", err) }})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetEndpoints(map[string]Endpoint{"e1": {PubAddr: p.addr}}))
+	stop := runSubscriber(t, sub)
+	require.Eventually(t, func() bool {
+		st, _ := sub.Stats("e1")
+		return st.Batches == 2
+	}, waitFor, tick, "both batches applied")
+	st, _ := sub.Stats("e1")
+	assert.Zero(t, st.Malformed, "malformed messages")
+	assert.Equal(t, 4, idx.MatchLen("e1", hashes, time.Now()), "blocks indexed") // a malformed message would clear them
+	assert.True(t, stop(), "Run did not return")
+}

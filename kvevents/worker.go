@@ -123,6 +123,9 @@ func (w *worker) session(ctx context.Context) (got bool, err error) {
 		if ctx.Err() != nil {
 			return got, ctx.Err()
 		}
+		if msg.Type == zmq4.CmdMsg {
+			continue // a ZMTP command, such as a heartbeat's PING: not a batch
+		}
 		got = true
 		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
 			w.malformed(fmt.Errorf("kvevents: message of %d frames, want [topic, seq, payload]", len(msg.Frames)))
@@ -253,6 +256,9 @@ func (w *worker) replay(ctx context.Context, upto int64) error {
 		}
 		if err != nil {
 			return err
+		}
+		if msg.Type == zmq4.CmdMsg {
+			continue // a ZMTP command, such as a heartbeat's PING
 		}
 		f := msg.Frames
 		if len(f) > 0 && len(f[0]) == 0 {
