@@ -75,11 +75,11 @@ type options struct {
 var policies = []string{"default", "least-outstanding", "least-tokens", "least-kv", "p2c", "round-robin", "random",
 	"consistent-hash", "prefix-hash", "prefix-aware", "sglang-cache-aware", "dynamo-kv", "gie-default"}
 
-// parseFlags reads the command line into options, or returns an error
-// (flag.ErrHelp for -h).
 // minRefresh is the least -refresh.
 const minRefresh = 10 * time.Millisecond
 
+// parseFlags reads the command line into options, or returns an error
+// (flag.ErrHelp for -h).
 func parseFlags(args []string, out io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("llmlb-epp", flag.ContinueOnError)
@@ -138,6 +138,18 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	// A flag that only qualifies another one does nothing without it: a
+	// typo or a forgotten flag, not a setting to accept silently.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, dep := range []struct{ flag, needs string }{
+		{"kv-replay-port", "kv-events-port"}, {"kv-topic", "kv-events-port"}, {"model", "kv-events-port"},
+		{"share-subject", "nats"}, {"share-id", "nats"}, {"share-interval", "nats"},
+	} {
+		if set[dep.flag] && !set[dep.needs] {
+			return o, fmt.Errorf("-%s does nothing without -%s", dep.flag, dep.needs)
+		}
 	}
 	if *endpoints != "" {
 		for _, e := range strings.Split(*endpoints, ",") {
