@@ -147,7 +147,9 @@ type Config struct {
 	// MaxCooldown caps the time a tier asking for a wait is skipped; a
 	// longer wait asked is capped, not ignored. It caps as well the wait
 	// suggested when every tier is cooling, whatever a Tier.Ready says. 0
-	// means [DefaultMaxCooldown]; a negative value never skips a tier.
+	// means [DefaultMaxCooldown]; a negative value never skips a tier for
+	// the waits its answers ask (a tier's Ready still decides for its
+	// tier), and the wait suggested is then capped at DefaultMaxCooldown.
 	MaxCooldown time.Duration
 	// MaxBodyBytes bounds the request body kept for replay; a larger body
 	// fails with an error wrapping httplb.ErrBodyTooLarge (413 from httplb's
@@ -285,15 +287,16 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 		discard(resp)
+		if err := r.Context().Err(); err != nil {
+			// The client is gone: the request goes to no next tier.
+			return nil, err
+		}
 		if from == "" {
 			from = t.tiers[i].Name
 		}
 		t.notify(Event{From: t.tiers[i].Name, To: t.tiers[next].Name, Reason: reason})
 		for j := i + 1; j < next; j++ {
 			t.notify(Event{From: t.tiers[j].Name, To: t.tiers[next].Name, Reason: Cooling})
-		}
-		if r.Context().Err() != nil {
-			return nil, r.Context().Err()
 		}
 		i = next
 	}
@@ -387,8 +390,8 @@ func (t *Transport) ready(i int, now time.Time) (bool, time.Duration) {
 
 // firstReady returns the first tier ready at now, or -1 and the shortest
 // remaining wait if none is. A negative wait (a Ready racing its own
-// deadline) counts as none, and the wait suggested is at most MaxCooldown,
-// whatever a Ready says.
+// deadline) counts as none, and the wait suggested is at most MaxCooldown
+// (DefaultMaxCooldown when cooldowns are off), whatever a Ready says.
 func (t *Transport) firstReady(now time.Time) (int, time.Duration) {
 	var wait time.Duration
 	for i := range t.tiers {
@@ -400,10 +403,11 @@ func (t *Transport) firstReady(now time.Time) (int, time.Duration) {
 			wait = d
 		}
 	}
-	if t.cooldown > 0 {
-		wait = min(wait, t.cooldown)
+	limit := t.cooldown
+	if limit < 0 {
+		limit = DefaultMaxCooldown
 	}
-	return -1, wait
+	return -1, min(wait, limit)
 }
 
 // nextReady returns the first tier from i on that is ready at now, or -1.
@@ -459,13 +463,22 @@ func (t *Transport) notify(e Event) {
 	}
 }
 
+// maxDiscardTime bounds how long a spilled answer's body is read for (see
+// discard). It is wall-clock time, as a network deadline is, not the
+// Transport's clock: an error body normally arrives with its headers.
+const maxDiscardTime = 100 * time.Millisecond
+
 // discard drains a little of a spilled answer's body, so that its
-// connection may be reused, and closes it.
+// connection may be reused, and closes it. A body that stalls is closed
+// unread after maxDiscardTime: the request moves on to the next tier rather
+// than wait on a tier that answered and then stopped sending.
 func discard(resp *http.Response) {
 	if resp == nil || resp.Body == nil {
 		return
 	}
+	stop := time.AfterFunc(maxDiscardTime, func() { _ = resp.Body.Close() })
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxPeekBytes))
+	stop.Stop()
 	_ = resp.Body.Close()
 }
 

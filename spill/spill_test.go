@@ -395,6 +395,47 @@ func TestReadyWaitsOutOfRange(t *testing.T) {
 			if !errors.As(err, &oe) || oe.RetryAfter != tc.want {
 				t.Fatalf("waits %v: %v, want an OverloadError with RetryAfter %v", tc.waits, err, tc.want)
 			}
+			// With the Transport's own cooldowns off, the suggestion is
+			// still bounded, by DefaultMaxCooldown.
+			off, err := New(Config{Tiers: tiers, MaxCooldown: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tc.want
+			if want == time.Minute {
+				want = DefaultMaxCooldown
+			}
+			r, _ = http.NewRequest("POST", "http://gateway/", strings.NewReader("{}"))
+			_, err = off.RoundTrip(r)
+			if !errors.As(err, &oe) || oe.RetryAfter != want {
+				t.Fatalf("waits %v, MaxCooldown -1: %v, want an OverloadError with RetryAfter %v", tc.waits, err, want)
+			}
 		})
+	}
+}
+
+// A request whose client leaves while its tier refuses it goes to no other
+// tier, and the observer is told of no spill.
+func TestClientGoneNoSpill(t *testing.T) {
+	f := newFixture(t, 2, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f.tiers[0].set(func(r *http.Request) (*http.Response, error) {
+		cancel() // the client leaves as the tier answers
+		return status(http.StatusTooManyRequests, "busy")(r)
+	})
+	r, _ := http.NewRequestWithContext(ctx, "POST", "http://gateway/v1/chat/completions", strings.NewReader("{}"))
+	resp, err := f.tr.RoundTrip(r)
+	if resp != nil {
+		resp.Body.Close()
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("RoundTrip: %v, want context.Canceled", err)
+	}
+	if n := f.tiers[1].sent(); n != 0 {
+		t.Errorf("the next tier was sent %d requests, want 0", n)
+	}
+	if e := f.takeEvents(); len(e) != 0 {
+		t.Errorf("events %v, want none", e)
 	}
 }
