@@ -149,7 +149,9 @@ type Config struct {
 	// naming Name, the tier it left. With SpillTo, a replica's Retry-After
 	// does not delay the retry on another replica (unless Retry.MaxPushback
 	// is set), and when every replica's retries are spent the request
-	// spills at once. nil spills nothing.
+	// spills at once. The request body is kept for replay to the next
+	// tier, up to Parser's MaxBodyBytes, the cap it has without SpillTo.
+	// nil spills nothing.
 	SpillTo []spill.Tier
 	// Name names this gateway's replicas as a tier in spilled responses'
 	// header and in SpillObserver's events. "" means "primary".
@@ -321,6 +323,10 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		user := cfg.SpillObserver
 		g.spill, err = spill.New(spill.Config{
 			Tiers: append([]spill.Tier{g.Tier(name)}, cfg.SpillTo...),
+			// The body kept for replay is bounded as the replicas' parser
+			// bounds it: the first tier refuses a longer one anyway, and a
+			// spill cap of its own would refuse bodies the parser takes.
+			MaxBodyBytes: parser.MaxBodyBytes(),
 			Observer: func(e spill.Event) {
 				g.log.Debug("gateway: request spilled", "from", e.From, "to", e.To, "reason", string(e.Reason))
 				if user != nil {
@@ -358,6 +364,11 @@ func (g *Gateway) Update(backends []string) error {
 	keys := make([]string, len(eps))
 	targets := make(map[string]string, len(eps))
 	for i, ep := range eps {
+		// Refused here, before the scraper is given the new targets: a
+		// failed Update changes nothing.
+		if _, dup := targets[ep.Key()]; dup {
+			return fmt.Errorf("%w: backend %q is listed twice", ErrInvalidConfig, ep.Key())
+		}
 		keys[i] = ep.Key()
 		targets[ep.Key()] = ep.Key() + "/metrics"
 	}

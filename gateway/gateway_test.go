@@ -963,3 +963,99 @@ func TestGatewayUpdate(t *testing.T) {
 		t.Fatalf("after a failed Update: %d requests finished on the second engine, want 6", b)
 	}
 }
+
+// countingBody counts the bytes read of a request body.
+type countingBody struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func (b *countingBody) Close() error { return nil }
+
+// With SpillTo, a request body is bounded by the parser's MaxBodyBytes, as
+// without: one over it is refused with 413 having read no more than the
+// cap, and one under it that is longer than spill's own default cap is
+// served.
+func TestGatewaySpillBodyCap(t *testing.T) {
+	var got atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		got.Store(n)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	defer up.Close()
+	provider, err := New([]string{up.URL}, Config{ScrapeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer provider.transport.CloseIdleConnections()
+	newGateway := func(maxBody int64) *Gateway {
+		g, err := New([]string{up.URL}, Config{ScrapeInterval: -1, Parser: httplb.ParserConfig{MaxBodyBytes: maxBody},
+			SpillTo: []spill.Tier{provider.Tier("provider")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.transport.CloseIdleConnections)
+		return g
+	}
+	send := func(g *Gateway, body *countingBody) int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", body)
+		req.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		g.ServeHTTP(w, req)
+		return w.Code
+	}
+
+	const small = 1 << 10
+	body := &countingBody{r: strings.NewReader(`{"model":"m","prompt":"` + strings.Repeat("a", 1<<20) + `"}`)}
+	if code := send(newGateway(small), body); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("a body over the parser's cap got %d, want 413", code)
+	}
+	if n := body.n.Load(); n > small+1 {
+		t.Errorf("read %d bytes of a body over a cap of %d", n, small)
+	}
+
+	const large = spill.DefaultMaxBodyBytes + 1<<20
+	prompt := strings.Repeat("a", spill.DefaultMaxBodyBytes)
+	body = &countingBody{r: strings.NewReader(`{"model":"m","prompt":"` + prompt + `"}`)}
+	if code := send(newGateway(large), body); code != http.StatusOK {
+		t.Errorf("a body under the parser's cap of %d bytes got %d, want 200", large, code)
+	}
+	if n := got.Load(); n != body.n.Load() {
+		t.Errorf("the replica received %d bytes of %d", n, body.n.Load())
+	}
+}
+
+// An Update that lists a backend twice is refused and changes nothing:
+// the replicas are still routed to and scraped as before.
+func TestGatewayUpdateDuplicateChangesNothing(t *testing.T) {
+	g, err := New([]string{"http://127.0.0.1:1"}, Config{ScrapeInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, backends := range [][]string{
+		{"http://127.0.0.1:2", "http://127.0.0.1:2"},
+		{"http://127.0.0.1:2", "http://127.0.0.1:2/"},
+	} {
+		if err := g.Update(backends); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Update(%q): %v, want ErrInvalidConfig", backends, err)
+		}
+		st := g.State()
+		if len(st.Endpoints) != 1 || st.Endpoints[0].Key != "http://127.0.0.1:1" {
+			t.Fatalf("endpoints after a failed Update: %+v", st.Endpoints)
+		}
+		if st.Endpoints[0].Scrape == nil {
+			t.Errorf("after a failed Update(%q), the replica is no longer scraped", backends)
+		}
+		if _, ok := g.scraper.Status("http://127.0.0.1:2"); ok {
+			t.Errorf("after a failed Update(%q), the scraper has its backend", backends)
+		}
+	}
+}
