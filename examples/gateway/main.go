@@ -152,7 +152,7 @@ func run(args []string, stderr io.Writer) error {
 	grace := fs.Duration("shutdown-grace", 25*time.Second, "on SIGINT or SIGTERM, how long streams in flight may finish before they are cut (a second signal cuts them at once)")
 	drainDelay := fs.Duration("drain-delay", 0, "on SIGINT or SIGTERM, how long the admin address's /readyz answers 503 while the gateway still takes requests, before it stops taking them: behind a Kubernetes Service, a few seconds for the endpoints to drop the pod (0: stop at once)")
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding, round-robin or peak-ewma (for replicas without metrics, such as a managed API's deployments)")
-	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica")
+	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica (negative: no scraping)")
 	fs.IntVar(&o.attempts, "attempts", retry.DefaultMaxAttempts, "attempts per request before the first token, the first included")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per X-Session-ID (0: no cap)")
@@ -194,6 +194,23 @@ func run(args []string, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q (gateway -h lists the flags)", fs.Arg(0))
+	}
+	// Counts and durations out of range are named by their flag here,
+	// rather than by the configuration field they end up in.
+	for _, c := range []struct {
+		name string
+		v    int64
+	}{
+		{"-attempts", int64(o.attempts)}, {"-max-in-flight", int64(o.maxInFlight)},
+		{"-max-per-session", int64(o.maxPerSession)}, {"-slots", int64(o.slots)},
+		{"-shutdown-grace", int64(*grace)}, {"-drain-delay", int64(*drainDelay)},
+	} {
+		if c.v < 0 {
+			return usagef("%s must not be negative", c.name)
+		}
+	}
+	if o.scrape > 0 && o.scrape < time.Millisecond {
+		return usagef("-scrape %v is below 1ms (a negative value turns scraping off)", o.scrape)
 	}
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if *logJSON {

@@ -174,6 +174,14 @@ func TestCommandLine(t *testing.T) {
 		{"demo rate NaN", []string{"-demo", "-rate", "NaN"}, 2, "-rate must be a positive number"},
 		{"demo requests 0", []string{"-demo", "-requests", "0"}, 2, "-requests must be positive, not 0"},
 		{"argument", []string{"-backends", "http://127.0.0.1:1", "http://127.0.0.1:2"}, 2, `unexpected argument "http://127.0.0.1:2"`},
+		{"attempts negative", []string{"-backends", "http://127.0.0.1:1", "-attempts", "-1"}, 2, "-attempts must not be negative"},
+		{"max-in-flight negative", []string{"-backends", "http://127.0.0.1:1", "-max-in-flight", "-3"}, 2, "-max-in-flight must not be negative"},
+		{"max-per-session negative", []string{"-backends", "http://127.0.0.1:1", "-max-per-session", "-2"}, 2, "-max-per-session must not be negative"},
+		{"slots negative", []string{"-backends", "http://127.0.0.1:1", "-slots", "-4"}, 2, "-slots must not be negative"},
+		{"grace negative", []string{"-backends", "http://127.0.0.1:1", "-shutdown-grace", "-1s"}, 2, "-shutdown-grace must not be negative"},
+		{"drain delay negative", []string{"-backends", "http://127.0.0.1:1", "-drain-delay", "-5s"}, 2, "-drain-delay must not be negative"},
+		{"scrape too short", []string{"-backends", "http://127.0.0.1:1", "-scrape", "1ns"}, 2, "-scrape 1ns is below 1ms"},
+		{"demo attempts negative", []string{"-demo", "-attempts", "-1"}, 2, "-attempts must not be negative"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
