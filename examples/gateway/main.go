@@ -143,6 +143,11 @@ func errorLine(err error) string {
 // policies are the names -policy takes.
 var policies = []string{"default", "least-outstanding", "round-robin", "peak-ewma"}
 
+// idleTimeout is how long a client's keep-alive connection may stay idle
+// before the gateway closes it: without one, each idle connection is held
+// for ever.
+const idleTimeout = 2 * time.Minute
+
 func run(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	var o options
@@ -357,7 +362,7 @@ func run(args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout}
 		wg.Go(func() { _ = srv.Serve(al) })
 		defer srv.Close()
 		base := "http://" + al.Addr().String()
@@ -643,7 +648,7 @@ func (sd *shutdown) serveReady(w http.ResponseWriter, _ *http.Request) {
 // until ctx is done; then it shuts down as sd says, after which it cuts the
 // requests still in flight.
 func serve(ctx context.Context, g *gateway.Gateway, l net.Listener, sd *shutdown, log *slog.Logger) error {
-	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout}
 	var wg sync.WaitGroup
 	bg, cancel := context.WithCancel(ctx)
 	defer func() {
