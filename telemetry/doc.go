@@ -55,7 +55,11 @@
 // Every measurement also carries [Config.Attributes] and, if set,
 // llmlb.policy. The two gen_ai instruments follow the OpenTelemetry semantic
 // conventions for generative AI model servers, names and bucket boundaries;
-// a gateway is the model server its clients see.
+// a gateway is the model server its clients see. They measure attempts, not
+// client requests: a request retried, hedged or spilled records once per
+// pick. The conventions require gen_ai.operation.name (such as "chat") and
+// gen_ai.provider.name on them, which the balancer does not know: a program
+// serving one kind of operation sets them in Config.Attributes.
 //
 // # Endpoint churn
 //
