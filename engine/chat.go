@@ -3,6 +3,7 @@ package engine
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -29,10 +30,10 @@ func chatText(msgs []json.RawMessage) (string, string) {
 	}
 	var b strings.Builder
 	for i, raw := range msgs {
-		var m map[string]json.RawMessage
-		if !isObject(raw) || json.Unmarshal(raw, &m) != nil {
+		if !isObject(raw) {
 			return "", fmt.Sprintf("messages[%d]: a message must be an object with a role", i)
 		}
+		m, _ := members(raw, "role", "content", "name")
 		role, ok := jsonText(m["role"])
 		if !ok {
 			return "", fmt.Sprintf("messages[%d].role: a string is required", i)
@@ -74,10 +75,10 @@ func writeContent(b *strings.Builder, m map[string]json.RawMessage, role string,
 	for j, raw := range parts {
 		text, isText := jsonText(raw)
 		if !isText {
-			var p map[string]json.RawMessage
-			if !isObject(raw) || json.Unmarshal(raw, &p) != nil {
+			if !isObject(raw) {
 				return fmt.Sprintf("messages[%d].content[%d]: a content part must be a string or an object", i, j)
 			}
+			p, _ := members(raw, partFields...)
 			var refusal string
 			if text, isText, refusal = partText(p); refusal != "" {
 				return fmt.Sprintf("messages[%d].content[%d]: %s", i, j, refusal)
@@ -111,6 +112,17 @@ var mediaTypes = []string{
 	"image_url", "image_pil", "image_embeds", "audio_embeds", "prompt_embeds",
 	"audio_url", "video_url", "tool_reference", "input_audio", "input_image",
 }
+
+// partFields are the members of a content part that partText reads.
+var partFields = func() []string {
+	names := []string{"type"}
+	for _, f := range textFields {
+		if !slices.Contains(names, f) {
+			names = append(names, f)
+		}
+	}
+	return append(names, mediaTypes...)
+}()
 
 // partText returns the text of content part p, an object, and whether it is
 // a part with text (not a media part), or the reason it is refused.

@@ -8,12 +8,15 @@
 // /metrics (vllm:num_requests_running, vllm:num_requests_waiting,
 // vllm:kv_cache_usage_perc, vllm:cache_config_info with num_gpu_blocks and
 // block_size, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total,
-// vllm:num_preemptions_total, in the Prometheus text format), GET /health and
-// GET /v1/models. As vLLM, /v1/completions reads the prompt and
-// /v1/chat/completions the messages, and a request without its own field is
-// refused (400); a completions request carries one prompt, a string or a
-// list of one: a batch of several, or token IDs, is refused too, as is an n
-// other than 1 (one choice a request). As vLLM, a request naming a model
+// vllm:num_preemptions_total, vllm:request_success_total with
+// finished_reason "length", the only way a request here finishes, in the
+// Prometheus text format), GET /health (200, or as vLLM's 503 once the
+// engine is dead: its [Engine.Run] has returned) and GET /v1/models. As
+// vLLM, /v1/completions reads the prompt and /v1/chat/completions the
+// messages, and a request without its own field is refused (400); a
+// completions request carries one prompt, a string or a list of one: a
+// batch of several, or token IDs, is refused too, as is an n other than 1
+// (one choice a request). As vLLM, a request naming a model
 // other than the one the engine serves ([Config].Model, which GET
 // /v1/models lists) gets 404 with vLLM's error: type "NotFoundError", param
 // "model", message "The model `NAME` does not exist."; the engine serves no
@@ -60,7 +63,9 @@
 // prefill stay in the prefix cache on free KV blocks, evicted least recently
 // used first, so a later prompt with the same head skips that prefill. The
 // first token is emitted at the end of the prefill, then one per iteration,
-// up to the request's max_tokens (or [Config.DefaultMaxTokens]).
+// up to the request's max_tokens (a chat request's max_completion_tokens,
+// if set, wins over it, as in vLLM) or else [Config.DefaultMaxTokens], as
+// far as the context has room.
 //
 // Creating an Engine starts nothing: [Engine.Run] runs the batching loop
 // until its context ends, and [Engine.Serve] runs it together with an HTTP

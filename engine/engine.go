@@ -53,14 +53,19 @@ const (
 // time.Duration, so that the engine would not wait at all.
 const minSpeedup = 1e-3
 
+// maxModelLen bounds the context length, whatever MaxModelLen and the KV
+// cache allow: the model counts a sequence's prompt and output tokens up to
+// 2^24 each.
+const maxModelLen = 1 << 24
+
 // ErrInvalidConfig: a Config field is out of range.
 var ErrInvalidConfig = errors.New("engine: invalid config")
 
-// ErrStopped: the engine's Run has returned; requests in progress fail and
-// new ones are refused with 503.
+// ErrStopped: the engine's Run has returned; requests in progress fail, new
+// ones are refused with 503, and GET /health answers 503.
 var ErrStopped = errors.New("engine: stopped")
 
-// ErrRunning: Run was called a second time; an Engine runs once.
+// ErrRunning: Run or Serve was called a second time; an Engine runs once.
 var ErrRunning = errors.New("engine: already run")
 
 // Config configures an Engine. The zero value is valid: every zero field is a
@@ -89,7 +94,8 @@ type Config struct {
 	// JSON and Prometheus renderings quote alike.
 	Model string
 	// DefaultMaxTokens is the output length of a request that sets no
-	// max_tokens. 0 means [DefaultMaxTokens].
+	// max_tokens, or less if its prompt leaves less room in the context
+	// (see MaxModelLen). 0 means [DefaultMaxTokens].
 	DefaultMaxTokens int
 	// MaxTokensCap bounds every request's output length. 0 means
 	// [DefaultMaxTokensCap].
@@ -106,9 +112,13 @@ type Config struct {
 	// Retry-After, the whole seconds until one request is available.
 	RequestsPerMinute int
 	// MaxModelLen, if positive, is the model's context length: a request
-	// whose prompt and output tokens exceed it (or exceed the KV cache) gets
-	// 400 with vLLM's "maximum context length" message. 0 means the KV
-	// cache's size.
+	// whose prompt and max_tokens exceed it (or exceed the KV cache), or
+	// whose prompt alone fills it, gets 400 with vLLM's "maximum context
+	// length" message; a request without max_tokens generates
+	// DefaultMaxTokens, or fewer if that many would not fit, as vLLM
+	// generates no more than the context has room for. 0 means the KV
+	// cache's size. Either way the context is at most 16,777,216 (2^24)
+	// tokens.
 	MaxModelLen int
 	// MaxBodyBytes caps a request body (413 beyond it). 0 means
 	// [DefaultMaxBodyBytes].
@@ -293,6 +303,7 @@ func New(cfg Config) (*Engine, error) {
 	if kv := eng.KVBlocks * eng.BlockSize; e.maxLen == 0 || e.maxLen > kv {
 		e.maxLen = kv
 	}
+	e.maxLen = min(e.maxLen, maxModelLen)
 	e.root = h.Root(prefix.Salt{Model: e.model})
 	e.hidle.L = &e.hmu
 	return e, nil
@@ -409,6 +420,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	if !e.ran.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Run called twice", ErrRunning)
 	}
+	return e.run(ctx)
+}
+
+// run is Run once the engine has been claimed.
+func (e *Engine) run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer e.stop()

@@ -339,6 +339,30 @@ func TestStopBreaksStreams(t *testing.T) {
 	assert.Error(t, err, "connection refused after stop")
 }
 
+// An engine served by another server reports itself healthy while its Run
+// runs and, as vLLM's dead engine, unhealthy once Run has returned, when it
+// refuses every request.
+func TestHealthAfterStop(t *testing.T) {
+	e := newEngine(t, Config{})
+	url := startHandlerOnly(t, e)
+	health := func() int {
+		t.Helper()
+		resp, err := client.Get(url + "/health")
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- e.Run(ctx) }()
+	assert.Equal(t, http.StatusOK, health())
+	cancel()
+	require.ErrorIs(t, <-ran, context.Canceled)
+	assert.Equal(t, http.StatusServiceUnavailable, health())
+	resp := post(t, url+"/v1/completions", `{"prompt":"x","max_tokens":1}`)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+}
+
 // With a tiny KV cache, concurrent requests preempt each other and still all
 // finish, and every block is released.
 func TestPreemption(t *testing.T) {
@@ -424,6 +448,34 @@ func TestRunOnce(t *testing.T) {
 	s, _, code, _ := e.parse([]byte(`{"prompt":"x"}`), false)
 	require.Zero(t, code)
 	assert.ErrorIs(t, e.submit(s), ErrStopped)
+}
+
+// Serve runs the engine too, so it refuses an engine that has run, or is
+// being served, at once, and closes the listener it was given.
+func TestServeOnce(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	// An answer shows that the first Serve runs the engine.
+	resp := post(t, url+"/v1/completions", `{"prompt":"x","max_tokens":1}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.ErrorIs(t, e.Serve(ctx, l), ErrRunning)
+	assert.NoError(t, ctx.Err(), "Serve returned at once")
+	_, err = l.Accept()
+	assert.ErrorIs(t, err, net.ErrClosed)
+	resp = post(t, url+"/v1/completions", `{"prompt":"x","max_tokens":1}`)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "the first Serve still serves")
+
+	ran := newEngine(t, Config{})
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	require.ErrorIs(t, ran.Run(done), context.Canceled)
+	l, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	assert.ErrorIs(t, ran.Serve(context.Background(), l), ErrRunning)
 }
 
 func TestConfig(t *testing.T) {

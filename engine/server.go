@@ -41,6 +41,14 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/metrics":
 		e.metrics(w)
 	case "/health":
+		// As vLLM's, 503 once the engine is dead: its Run has returned.
+		e.mu.Lock()
+		stopped := e.stopped
+		e.mu.Unlock()
+		if stopped {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
 		w.WriteHeader(http.StatusOK)
 	case "/v1/models":
 		w.Header().Set("Content-Type", "application/json")
@@ -54,15 +62,20 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // closes the listener and every connection at once (streams in progress
 // break, as when a server is killed), waits for its handlers and returns
 // ctx's error, or the error that stopped the server. Serve calls Run: use one
-// or the other.
+// or the other, once; an engine that has run already is not served (l is
+// closed) and Serve returns an error wrapping [ErrRunning].
 func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
+	if !e.ran.CompareAndSwap(false, true) {
+		_ = l.Close()
+		return fmt.Errorf("%w: Serve called after Run or Serve", ErrRunning)
+	}
 	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ran := make(chan struct{})
 	go func() {
 		defer close(ran)
-		_ = e.Run(runCtx)
+		_ = e.run(runCtx)
 	}()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
@@ -271,28 +284,46 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 	if refusal != "" {
 		return nil, q, http.StatusBadRequest, refusal
 	}
-	maxOut := e.defMax
-	for _, v := range []*float64{q.MaxTokens, q.MaxCompletionTokens} {
-		if v != nil {
-			if *v < 1 || *v > math.MaxInt32 || *v != math.Trunc(*v) {
-				return nil, q, http.StatusBadRequest, "max_tokens must be a positive integer"
+	// As vLLM's chat endpoint, the newer max_completion_tokens wins over
+	// max_tokens; a completions request reads max_tokens first.
+	limits := []struct {
+		name string
+		v    *float64
+	}{{"max_tokens", q.MaxTokens}, {"max_completion_tokens", q.MaxCompletionTokens}}
+	if chat {
+		limits[0], limits[1] = limits[1], limits[0]
+	}
+	maxOut, asked := e.defMax, false
+	for _, l := range limits {
+		if l.v != nil {
+			if *l.v < 1 || *l.v > math.MaxInt32 || *l.v != math.Trunc(*l.v) {
+				return nil, q, http.StatusBadRequest, fmt.Sprintf("%s must be an integer from 1 to %d", l.name, math.MaxInt32)
 			}
-			maxOut = int(min(*v, float64(e.maxCap)))
+			maxOut, asked = int(min(*l.v, float64(e.maxCap))), true
 			break
 		}
 	}
+	prompt := (len(text) + BytesPerToken - 1) / BytesPerToken
+	switch {
+	case asked && prompt+maxOut > e.maxLen:
+		return nil, q, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			e.maxLen, prompt+maxOut, prompt, maxOut)
+	case prompt >= e.maxLen:
+		return nil, q, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.",
+			e.maxLen, prompt)
+	case !asked:
+		// As vLLM, a request that sets no output length gets the
+		// default as far as its context has room, not a refusal.
+		maxOut = min(maxOut, e.maxLen-prompt)
+	}
 	s = &seq{Sequence: model.Sequence{
-		PromptTokens: (len(text) + BytesPerToken - 1) / BytesPerToken,
+		PromptTokens: prompt,
 		OutputTokens: maxOut,
 		Prefix:       e.hasher.AppendString(nil, e.root, text),
 		BlockTokens:  e.blockSize,
 	}}
 	if e.kvEvents != nil {
 		s.prompt = text
-	}
-	if n := s.PromptTokens + s.OutputTokens; n > e.maxLen {
-		return nil, q, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			e.maxLen, n, s.PromptTokens, s.OutputTokens)
 	}
 	return s, q, 0, ""
 }
@@ -312,10 +343,7 @@ func (e *Engine) serves(model string) bool {
 // into request.Model may be another key's, such as "Model", which vLLM
 // ignores.
 func exactModel(body []byte) (string, bool) {
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil {
-		return "", false // not reached: body decoded as an object already
-	}
+	fields, _ := members(body, "model")
 	raw, ok := fields["model"]
 	if !ok || string(raw) == "null" {
 		return "", true
@@ -416,5 +444,5 @@ func (e *Engine) metrics(w http.ResponseWriter) {
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{%s} %d\n", m, st.PrefixQueries)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{%s} %d\n", m, st.PrefixHits)
 	fmt.Fprintf(w, "# HELP vllm:num_preemptions_total Cumulative number of preemptions.\n# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{%s} %d\n", m, st.Preemptions)
-	fmt.Fprintf(w, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{%s} %d\n", m, st.Finished)
+	fmt.Fprintf(w, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{%s,finished_reason=\"length\"} %d\n", m, st.Finished)
 }

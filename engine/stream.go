@@ -28,11 +28,11 @@ func parseStreamOptions(raw json.RawMessage, stream bool) (streamUsage, string) 
 	if len(raw) == 0 || string(raw) == "null" {
 		return streamUsage{}, ""
 	}
-	var opts map[string]json.RawMessage
-	if !isObject(raw) || json.Unmarshal(raw, &opts) != nil {
+	if !isObject(raw) {
 		return streamUsage{}, "stream_options: an object is required"
 	}
-	if len(opts) > 0 && !stream {
+	opts, n := members(raw, "include_usage", "continuous_usage_stats")
+	if n > 0 && !stream {
 		return streamUsage{}, "Stream options can only be defined when `stream=True`."
 	}
 	var u streamUsage

@@ -1,0 +1,113 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// completionTokens posts body to path and returns the answer's status, its
+// usage's completion_tokens if it is 200, else its error message.
+func completionTokens(t *testing.T, url, path, body string) (int, int, string) {
+	t.Helper()
+	resp := post(t, url+path, body)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var answer struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(b, &answer), "%s", b)
+	return resp.StatusCode, answer.Usage.CompletionTokens, answer.Error.Message
+}
+
+// A request without max_tokens generates the default output as far as its
+// context has room, as vLLM does; only a prompt that fills the context, or
+// an explicit max_tokens beyond it, is refused, each with vLLM's message.
+func TestOutputBoundedByContext(t *testing.T) {
+	e := newEngine(t, Config{KVBlocks: 16}) // 256 tokens of context
+	url, _ := serve(t, e)
+	prompt := func(tokens int) string { return strings.Repeat("abcd", tokens) }
+	cases := []struct {
+		name   string
+		body   string
+		code   int
+		tokens int    // completion tokens, if 200
+		msg    string // part of the error's message, if not 200
+	}{
+		{"default output fits", fmt.Sprintf(`{"prompt":%q}`, prompt(100)), http.StatusOK, DefaultMaxTokens, ""},
+		{"default output cut to the context", fmt.Sprintf(`{"prompt":%q}`, prompt(200)), http.StatusOK, 56, ""},
+		{"one token of room", fmt.Sprintf(`{"prompt":%q}`, prompt(255)), http.StatusOK, 1, ""},
+		{"prompt fills the context", fmt.Sprintf(`{"prompt":%q}`, prompt(256)), http.StatusBadRequest, 0,
+			"This model's maximum context length is 256 tokens. However, you requested 256 tokens in the messages, Please reduce the length of the messages."},
+		{"max_tokens beyond the context", fmt.Sprintf(`{"prompt":%q,"max_tokens":100}`, prompt(200)), http.StatusBadRequest, 0,
+			"This model's maximum context length is 256 tokens. However, you requested 300 tokens (200 in the messages, 100 in the completion)."},
+		{"max_tokens within the context", fmt.Sprintf(`{"prompt":%q,"max_tokens":56}`, prompt(200)), http.StatusOK, 56, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, tokens, msg := completionTokens(t, url, "/v1/completions", c.body)
+			require.Equal(t, c.code, code, msg)
+			if code == http.StatusOK {
+				assert.Equal(t, c.tokens, tokens)
+			} else {
+				assert.Contains(t, msg, c.msg)
+			}
+		})
+	}
+}
+
+// However large MaxModelLen, the KV cache and MaxTokensCap, a request
+// beyond the longest context the engine models gets 400 in vLLM's words,
+// not a 503 in the emulator's.
+func TestLongestContext(t *testing.T) {
+	e := newEngine(t, Config{KVBlocks: 1 << 20, BlockSize: 64, MaxTokensCap: 1 << 25, MaxModelLen: 1 << 26})
+	url, _ := serve(t, e)
+	code, _, msg := completionTokens(t, url, "/v1/completions", fmt.Sprintf(`{"prompt":"x","max_tokens":%d}`, 1<<25))
+	assert.Equal(t, http.StatusBadRequest, code, msg)
+	assert.Contains(t, msg, "This model's maximum context length is 16777216 tokens.")
+	code, tokens, msg := completionTokens(t, url, "/v1/completions", `{"prompt":"x","max_tokens":2}`)
+	assert.Equal(t, http.StatusOK, code, msg)
+	assert.Equal(t, 2, tokens)
+}
+
+// A chat request's max_completion_tokens wins over its max_tokens, as in
+// vLLM; a completions request reads max_tokens first. A bad value is named
+// by its field.
+func TestOutputLengthFields(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	cases := []struct {
+		name, path, body string
+		code, tokens     int
+		msg              string
+	}{
+		{"chat, both", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"max_completion_tokens":3}`, http.StatusOK, 3, ""},
+		{"chat, max_tokens only", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, http.StatusOK, 2, ""},
+		{"chat, null max_completion_tokens", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"max_completion_tokens":null}`, http.StatusOK, 2, ""},
+		{"completions, both", "/v1/completions", `{"prompt":"hi","max_tokens":2,"max_completion_tokens":3}`, http.StatusOK, 2, ""},
+		{"completions, huge", "/v1/completions", `{"prompt":"hi","max_tokens":3e9}`, http.StatusBadRequest, 0, "max_tokens must be an integer from 1 to 2147483647"},
+		{"chat, bad max_completion_tokens", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"max_completion_tokens":0.5}`, http.StatusBadRequest, 0, "max_completion_tokens must be an integer from 1 to 2147483647"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, tokens, msg := completionTokens(t, url, c.path, c.body)
+			require.Equal(t, c.code, code, msg)
+			if code == http.StatusOK {
+				assert.Equal(t, c.tokens, tokens)
+			} else {
+				assert.Equal(t, c.msg, msg)
+			}
+		})
+	}
+}
