@@ -13,9 +13,10 @@
 // With -kv-events-port N, engine i also publishes its KV-cache events as
 // vLLM does with --kv-events-config (publisher zmq, topic "kv-events"): on a
 // ZMQ PUB socket at port N+i of -host, with a replay socket at port
-// N+i+1000, in vLLM's wire format, so that any consumer of vLLM's stream
-// (package kvevents among them) can follow it. The token IDs of the events
-// are those of engine.Tokens: one per 4 bytes of prompt text.
+// N+i+1000 (so at most 1000 engines), in vLLM's wire format, so that any
+// consumer of vLLM's stream (package kvevents among them) can follow it.
+// The token IDs of the events are those of engine.Tokens: one per 4 bytes
+// of prompt text.
 //
 //	go run ./cmd/llmlb-engine -n 2 -kv-events-port 5557
 package main
@@ -61,6 +62,11 @@ func status(err error, stderr io.Writer) int {
 // goroutine on this machine.
 const maxEngines = 1024
 
+// maxKVEngines bounds the engines that publish KV events: engine i's
+// replay socket is on the port 1000 above its PUB socket's, engine
+// i+1000's.
+const maxKVEngines = 1000
+
 // minSpeedup is the smallest -speedup, engine.Config's bound.
 const minSpeedup = 1e-3
 
@@ -105,7 +111,7 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	maxRunning := fs.Int("max-running", engine.DefaultMaxRunning, "maximum sequences in the running batch")
 	maxWaiting := fs.Int("max-waiting", 0, "answer 429 when this many requests wait (0: no cap)")
 	rpm := fs.Int("rpm", 0, "emulate a managed API's rate limit: requests per minute, with OpenAI's x-ratelimit headers and 429 + Retry-After past it (0: none)")
-	maxModelLen := fs.Int("max-model-len", 0, "context length: a longer prompt plus output gets 400 in vLLM's words (0: the KV cache's size)")
+	maxModelLen := fs.Int("max-model-len", 0, "context length: a prompt plus max_tokens beyond it gets 400 in vLLM's words, a request without max_tokens generates no more than fits (0: the KV cache's size)")
 	readTimeout := fs.Duration("read-timeout", engine.DefaultReadTimeout, "time a client has to send a request's body once its header is in (408 past it); answers, streams among them, are not bounded")
 	kvPort := fs.Int("kv-events-port", 0, "publish engine i's KV events over ZMQ on this port + i, replay on this port + i + 1000 (0: off)")
 	if err := fs.Parse(args); err != nil {
@@ -140,6 +146,10 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	// 0 would be engine.Config's default, not what was asked.
 	if *readTimeout <= 0 {
 		return fmt.Errorf("-read-timeout %v must be positive", *readTimeout)
+	}
+	// "" would be engine.Config's default model, not what was asked.
+	if *model == "" {
+		return errors.New("-model must not be empty")
 	}
 	if *maxTokens > engine.DefaultMaxTokensCap {
 		return fmt.Errorf("-max-tokens %d exceeds the output cap of %d tokens", *maxTokens, engine.DefaultMaxTokensCap)
@@ -176,6 +186,10 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	}
 	if *kvPort < 0 || *kvPort > 0 && *kvPort+len(addrs)-1+1000 > 65535 {
 		return fmt.Errorf("-kv-events-port %d out of range for %d engines", *kvPort, len(addrs))
+	}
+	// Engine i's replay port, N+i+1000, would be engine i+1000's PUB port.
+	if *kvPort > 0 && len(addrs) > maxKVEngines {
+		return fmt.Errorf("-kv-events-port: %d engines publish KV events, at most %d can", len(addrs), maxKVEngines)
 	}
 	// Every port is bound before any address is printed, so that a script
 	// waiting for them sees either all of them or an error.

@@ -276,6 +276,9 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"-ports", "70000"}, `"70000" is not a port`},
 		{[]string{"-read-timeout", "0"}, "-read-timeout 0s must be positive"},
 		{[]string{"-read-timeout", "-1s"}, "-read-timeout -1s must be positive"},
+		{[]string{"-model", ""}, "-model must not be empty"},
+		// Engine 1000's PUB port would be engine 0's replay port.
+		{[]string{"-n", "1001", "-kv-events-port", "5000"}, "-kv-events-port: 1001 engines publish KV events, at most 1000 can"},
 	} {
 		var out strings.Builder
 		err := run(context.Background(), tc.args, &out, io.Discard)
