@@ -115,9 +115,17 @@ func (p *Parser) parseBody(body []byte, req *llmlb.Request, label string) (user 
 	if !ok {
 		return "" // not JSON: route without body information
 	}
-	req.MaxTokens = count(f.maxTokens)
+	// A chat request's max_completion_tokens, the newer name, wins over
+	// max_tokens, as in vLLM's and SGLang's ChatCompletionRequest; a
+	// completion request has max_tokens only, and either is read if the
+	// other is absent or invalid.
+	first, second := f.maxTokens, f.maxCompletionTokens
+	if f.messages != nil {
+		first, second = second, first
+	}
+	req.MaxTokens = count(first)
 	if req.MaxTokens == 0 {
-		req.MaxTokens = count(f.maxCompletionTokens)
+		req.MaxTokens = count(second)
 	}
 	model := decodeString(f.model)
 	req.Feature = feature(model, &f, label)

@@ -159,7 +159,8 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 
 // Parse reads the body of r and returns what it says about the request:
 // prompt tokens (estimated from bytes unless a token counter is configured),
-// max_tokens (or max_completion_tokens), prefix hashes of the prompt salted
+// the output limit (a chat request's max_completion_tokens, else its
+// max_tokens; a completion's max_tokens), prefix hashes of the prompt salted
 // with the model and tenant, the tenant (see [ParserConfig.Tenant]; none by
 // default), the affinity key (the session header, else the body's "user",
 // scoped by the tenant when a tenant is read) and the Feature.

@@ -65,9 +65,13 @@ func refParseBody(p *Parser, body []byte, req *llmlb.Request) (user string) {
 		}
 		// A field of an unexpected type was skipped; the rest is usable.
 	}
-	req.MaxTokens = refCount(w.MaxTokens)
+	first, second := w.MaxTokens, w.MaxCompletionTokens
+	if w.Messages != nil {
+		first, second = second, first
+	}
+	req.MaxTokens = refCount(first)
 	if req.MaxTokens == 0 {
-		req.MaxTokens = refCount(w.MaxCompletionTokens)
+		req.MaxTokens = refCount(second)
 	}
 	req.Feature = refFeature(&w)
 	salt := prefix.Salt{Model: w.Model, Tenant: req.Tenant}
