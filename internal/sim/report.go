@@ -33,9 +33,11 @@ type ScenarioInfo struct {
 	RateScale float64 `json:"rate_scale,omitempty"`
 	// Requests is the number of requests of the workload.
 	Requests int `json:"requests"`
-	// ArrivalRate is the mean arrival rate in requests per second: the
-	// requests after the first over the time from the first arrival to the
-	// last; 0 for fewer than two requests or arrivals all at one instant.
+	// ArrivalRate is the offered load in requests per second: the requests
+	// over the time from the first arrival to the last, the window
+	// [Result.GoodputRPS] is measured over, so that a policy meeting the SLO
+	// with every request has a goodput equal to it; 0 for fewer than two
+	// requests or arrivals all at one instant.
 	ArrivalRate float64 `json:"arrival_rate_rps"`
 	// Replicas and Routers are [Config.Replicas] and [Config.Routers],
 	// defaults filled in.
@@ -101,7 +103,7 @@ func (info *ScenarioInfo) Describe(cfg Config, reqs []Request) error {
 	info.Requests = len(reqs)
 	if n := len(reqs); n > 1 {
 		if span := (reqs[n-1].Arrival - reqs[0].Arrival).Seconds(); span > 0 {
-			info.ArrivalRate = float64(n-1) / span
+			info.ArrivalRate = float64(n) / span
 		}
 	}
 	info.Replicas, info.Routers = cfg.Replicas, cfg.Routers

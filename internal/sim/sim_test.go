@@ -485,3 +485,28 @@ func TestPacedConversations(t *testing.T) {
 		t.Errorf("conversations started in the first fifth average %.2f turns, want about 4", mean)
 	}
 }
+
+// TestGoodputAtMostOffered checks that goodput and the offered load are
+// measured over the same window: a run in which every request meets the SLO
+// has a goodput equal to the scenario's arrival rate, never above it.
+func TestGoodputAtMostOffered(t *testing.T) {
+	reqs, err := DefaultSynthetic(20, 2).Generate(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Seed: 1}
+	var info ScenarioInfo
+	if err := info.Describe(cfg, reqs); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Simulate(context.Background(), cfg, reqs, "round-robin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Missed != 0 {
+		t.Fatalf("%d of 20 requests missed the SLO at 2 req/s, want none", res.Missed)
+	}
+	if d := math.Abs(res.GoodputRPS - info.ArrivalRate); d > 1e-9*info.ArrivalRate {
+		t.Errorf("goodput %v req/s with every request within the SLO, want the offered load %v", res.GoodputRPS, info.ArrivalRate)
+	}
+}
