@@ -10,7 +10,7 @@ import (
 // scaleRequests, when set, makes TestScaleRun simulate a large cluster (see
 // scaleConfig) for that many requests, to profile the simulator at scale:
 //
-//	go test ./sim -run TestScaleRun -scale.requests 100000 -cpuprofile cpu.out
+//	go test ./internal/sim -run TestScaleRun -scale.requests 100000 -cpuprofile cpu.out
 var (
 	scaleRequests = flag.Int("scale.requests", 0, "with TestScaleRun: simulate this many requests on the large cluster (0 skips it)")
 	scalePolicy   = flag.String("scale.policy", "default", "with TestScaleRun: the policy")
