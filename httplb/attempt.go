@@ -19,7 +19,9 @@ import (
 
 // RoundTrip implements [http.RoundTripper]; see [Transport].
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
+	// The id answers and logs name the request by, whatever the attempts
+	// send upstream.
+	ctx := withRequestID(req.Context(), req.Header.Get(requestIDHeader))
 	out := req.Clone(ctx)
 	lreq, err := t.parser.Parse(out)
 	if err != nil {

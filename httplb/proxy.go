@@ -12,7 +12,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/llmlb/llmlb"
@@ -45,12 +47,18 @@ func NewProxy(t *Transport) *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetXForwarded()
 			pr.Out.Host = ""
-			if !validRequestID(pr.Out.Header.Get(requestIDHeader)) {
-				pr.Out.Header.Set(requestIDHeader, newRequestID())
+			id := pr.Out.Header.Get(requestIDHeader)
+			if !validRequestID(id) {
+				id = newRequestID()
+				pr.Out.Header.Set(requestIDHeader, id)
 			}
+			// The client's id, whatever tiers and attempts (package spill,
+			// the Transport) make of the header sent upstream.
+			ctx := context.WithValue(pr.Out.Context(), requestIDKey{}, id)
 			if upgradeType(pr.In.Header) != "" { // see proxiedKey
-				pr.Out = pr.Out.WithContext(context.WithValue(pr.Out.Context(), proxiedKey{}, true))
+				ctx = context.WithValue(ctx, proxiedKey{}, true)
 			}
+			pr.Out = pr.Out.WithContext(ctx)
 		},
 		Transport:      t,
 		FlushInterval:  -1,
@@ -74,13 +82,23 @@ func upstreamErrorHandler(resp *http.Response) error {
 // Retry-After, but with a generic body in the OpenAI error format and a
 // request id instead of the upstream's own body, which may carry stack
 // traces, paths or addresses; the status and the first kilobyte of the
-// upstream's body go to log at level Error. An answer from 400 to 499 (a
-// context length exceeded, a 429) reaches the client unchanged, since it
-// describes the client's request, and is logged at Info. Either carries the
-// request id in its X-Request-Id header, chosen as by NewErrorHandler, and
-// each log record has the attributes request_id, method, path, status and
-// upstream (the endpoint that answered). nil log means [slog.Default] at the
-// time of the answer. Answers under 400 pass untouched.
+// upstream's body go to log at level Error. A 407 Proxy Authentication
+// Required, which a forward proxy on the gateway's way to the upstream sends
+// about the gateway's own credentials, is treated alike but reaches the
+// client as a 502 Bad Gateway without any of its headers. Any other answer
+// from 400 to 499 (a context length exceeded, a 429) reaches the client
+// unchanged, since it describes the client's request, and is logged at
+// Info. Either carries the request id in its X-Request-Id header, chosen as
+// by NewErrorHandler: the id of the request the [Transport] (or NewProxy)
+// was given, not the one the answering attempt was sent with, which has a
+// suffix on a retry or a hedge ("-2") or in a later tier of package spill.
+// Each log record has the attributes request_id, method, path, status and
+// upstream (the endpoint that answered), and upstream_request_id, the id the
+// upstream was sent, when that differs. nil log means [slog.Default] at the
+// time of the answer. Answers under 400 pass untouched, except that the
+// Location of a redirect (3xx) to the upstream's own host loses its scheme
+// and host, becoming relative to the gateway: a server builds such a
+// redirect (for a trailing slash, say) from the address it was sent.
 func NewUpstreamErrorHandler(log *slog.Logger) func(*http.Response) error {
 	return func(resp *http.Response) error {
 		l := log
@@ -96,7 +114,13 @@ func NewUpstreamErrorHandler(log *slog.Logger) func(*http.Response) error {
 const maxLoggedBody = 1 << 10
 
 func handleUpstreamError(log *slog.Logger, resp *http.Response) {
-	if resp.StatusCode < 400 || resp.Request == nil {
+	if resp.Request == nil {
+		return
+	}
+	if resp.StatusCode < 400 {
+		if resp.StatusCode >= 300 {
+			relativeLocation(resp.Header, resp.Request.URL.Host)
+		}
 		return
 	}
 	r := resp.Request // the request sent upstream
@@ -109,12 +133,25 @@ func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 		slog.Int("status", resp.StatusCode),
 		slog.String("upstream", r.URL.Host),
 	}
-	if resp.StatusCode < 500 {
+	if sent := r.Header.Get(requestIDHeader); sent != "" && sent != id {
+		// A retry's or another tier's id, which the upstream logged.
+		attrs = append(attrs, slog.String("upstream_request_id", sent))
+	}
+	if resp.StatusCode < 500 && resp.StatusCode != http.StatusProxyAuthRequired {
 		log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream refused the request", attrs...)
 		return
 	}
 	head := readHead(resp.Body, maxLoggedBody)
 	log.LogAttrs(r.Context(), slog.LevelError, "httplb: upstream failed", append(attrs, slog.String("body", string(head)))...)
+	if resp.StatusCode == http.StatusProxyAuthRequired {
+		// A proxy between the gateway and the upstream wants the
+		// gateway's credentials: nothing the client can send, and its
+		// page and headers (Via, Server) name the proxy. The gateway got
+		// no answer.
+		resp.StatusCode, resp.Status = http.StatusBadGateway, "502 Bad Gateway"
+		clear(resp.Header)
+		resp.Header.Set(requestIDHeader, id)
+	}
 	var buf bytes.Buffer
 	encodeError(&buf, resp.StatusCode, "upstream_error", "The upstream failed to answer. Request ID: "+id)
 	resp.Body = io.NopCloser(&buf)
@@ -123,6 +160,27 @@ func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 	resp.Header.Set("Content-Type", "application/json")
 	resp.Header.Set("Content-Length", strconv.Itoa(buf.Len()))
 	resp.Header.Del("Content-Encoding")
+}
+
+// relativeLocation makes h's Location relative to the gateway, without
+// scheme and host, if it is an absolute URL of the upstream's host, on any
+// port (as servers build redirects from the Host they were sent, such as a
+// trailing slash's): the client must not learn the address of the
+// upstream, nor bypass the gateway by following it.
+func relativeLocation(h http.Header, host string) {
+	loc := h.Get("Location")
+	if loc == "" || host == "" {
+		return
+	}
+	u, err := url.Parse(loc)
+	if err != nil || u.Host == "" || !strings.EqualFold(u.Hostname(), (&url.URL{Host: host}).Hostname()) {
+		return
+	}
+	u.Scheme, u.Host, u.User, u.OmitHost = "", "", nil, false
+	if u.Path == "" {
+		u.Path = "/"
+	}
+	h.Set("Location", u.String())
 }
 
 // errorHandler is the handler returned by [NewErrorHandler] with a nil
@@ -237,9 +295,28 @@ func logError(log *slog.Logger, level slog.Level, r *http.Request, id string, co
 		slog.Any("error", err))
 }
 
-// requestID returns r's X-Request-Id if it is short and plain, or a new
-// random id.
+// requestIDKey is the context key of the id of the request as its client
+// knows it: the X-Request-Id that [NewProxy] sent on, or that a Transport
+// was given. The header of each attempt sent upstream may differ (see
+// attemptID); answers and log records name the request by this id.
+type requestIDKey struct{}
+
+// withRequestID returns ctx carrying id as the request's id, unless ctx
+// already carries one, which an outer Transport or NewProxy set.
+func withRequestID(ctx context.Context, id string) context.Context {
+	if !validRequestID(id) || ctx.Value(requestIDKey{}) != nil {
+		return ctx
+	}
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// requestID returns the id of r as its client knows it: the one r's
+// context carries (see requestIDKey), else r's X-Request-Id if it is short
+// and plain, or else a new random id.
 func requestID(r *http.Request) string {
+	if id, ok := r.Context().Value(requestIDKey{}).(string); ok {
+		return id
+	}
 	if id := r.Header.Get(requestIDHeader); validRequestID(id) {
 		return id
 	}
