@@ -3,6 +3,7 @@ package fair
 import (
 	"context"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -113,9 +114,12 @@ func (m *model) dispatch(now time.Time) {
 		for i, w := range m.waiters[1:] {
 			b := m.waiters[bi]
 			rw, rb := m.effRank(w, now), m.effRank(b, now)
+			aw, ab := w.rank-rw, b.rank-rb // how far each class has aged
 			cw, cb := m.counters[w.principal], m.counters[b.principal]
-			// The slice is in arrival order: ties keep the earlier one.
-			if rw < rb || rw == rb && cw < cb {
+			// The least effective rank, then the class aged the most, then
+			// the least counter. The slice is in arrival order: ties keep
+			// the earlier one.
+			if rw < rb || rw == rb && (aw > ab || aw == ab && cw < cb) {
 				bi = i + 1
 			}
 		}
@@ -155,71 +159,89 @@ func FuzzQueueMatchesModel(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 9, 2, 0, 2, 0, 4, 1, 3, 5, 2, 0})
 	f.Add([]byte{0, 7, 0, 33, 0, 65, 0, 98, 1, 40, 2, 1, 0, 3, 3, 2, 2, 2, 4, 0, 2, 0, 2, 0})
 	f.Add([]byte("a long sequence of operations: admissions, releases, charges and cancellations"))
-	f.Fuzz(func(t *testing.T, ops []byte) {
-		if len(ops) > 600 {
-			ops = ops[:600]
+	f.Fuzz(checkQueueMatchesModel)
+}
+
+// TestQueueMatchesModelRandomOps runs the comparison with the model on
+// seeded random operations, so that it covers aging, charges and
+// cancellations in every test run, not only under the fuzzer.
+func TestQueueMatchesModelRandomOps(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 5))
+	for range 200 {
+		ops := make([]byte, 2*(10+r.IntN(200)))
+		for j := range ops {
+			ops[j] = byte(r.Uint32())
 		}
-		const aging = time.Second
-		q, clk := newTestQueue(t, Config{MaxInFlight: 3, MaxTokensInFlight: 120, MaxWaiting: 1000, AgingInterval: aging})
-		m := &model{maxInFlight: 3, maxTokens: 120, aging: aging, counters: map[string]float64{}}
-		tickets := map[int]*Ticket{}
-		next := 0
-		for i := 0; i+1 < len(ops); i += 2 {
-			op, arg := ops[i]%5, int(ops[i+1])
-			now := clk.Now()
-			switch op {
-			case 0: // arrival
-				r := Request{Principal: string(rune('a' + arg%4)), Class: Class(arg/4%3 - 1), PromptTokens: arg % 70}
-				tk, err := q.push(r)
-				if err != nil {
-					t.Fatal(err)
-				}
-				tickets[next] = tk
-				m.push(&mreq{id: next, principal: r.Principal, rank: r.Class.rank(), prompt: int64(r.PromptTokens), enq: now})
-				next++
-			case 1: // time passes
-				clk.Advance(time.Duration(arg) * 50 * time.Millisecond)
-			case 2: // a request ends
-				if len(m.inflight) == 0 {
-					continue
-				}
-				j := arg % len(m.inflight)
-				tickets[m.inflight[j].id].Done()
-				m.done(j, now)
-			case 3: // output streams
-				if len(m.inflight) == 0 {
-					continue
-				}
-				j := arg % len(m.inflight)
-				tickets[m.inflight[j].id].Charge(arg % 7)
-				m.charge(j, arg%7)
-			case 4: // a waiter gives up
-				if len(m.waiters) == 0 {
-					continue
-				}
-				j := arg % len(m.waiters)
-				q.abandon(tickets[m.waiters[j].id], context.Canceled)
-				m.cancel(j, now)
+		checkQueueMatchesModel(t, ops)
+	}
+}
+
+// checkQueueMatchesModel applies ops, pairs of an operation and its
+// argument, to a Queue and to the model, and compares them after each.
+func checkQueueMatchesModel(t *testing.T, ops []byte) {
+	if len(ops) > 600 {
+		ops = ops[:600]
+	}
+	const aging = time.Second
+	q, clk := newTestQueue(t, Config{MaxInFlight: 3, MaxTokensInFlight: 120, MaxWaiting: 1000, AgingInterval: aging})
+	m := &model{maxInFlight: 3, maxTokens: 120, aging: aging, counters: map[string]float64{}}
+	tickets := map[int]*Ticket{}
+	next := 0
+	for i := 0; i+1 < len(ops); i += 2 {
+		op, arg := ops[i]%5, int(ops[i+1])
+		now := clk.Now()
+		switch op {
+		case 0: // arrival
+			r := Request{Principal: string(rune('a' + arg%4)), Class: Class(arg/4%3 - 1), PromptTokens: arg % 70}
+			tk, err := q.push(r)
+			if err != nil {
+				t.Fatal(err)
 			}
-			mustCheck(t, q)
-			for _, r := range m.inflight {
-				if !tickets[r.id].admitted() {
-					t.Fatalf("op %d: request %d admitted by the model, not by the queue", i/2, r.id)
-				}
+			tickets[next] = tk
+			m.push(&mreq{id: next, principal: r.Principal, rank: r.Class.rank(), prompt: int64(r.PromptTokens), enq: now})
+			next++
+		case 1: // time passes
+			clk.Advance(time.Duration(arg) * 50 * time.Millisecond)
+		case 2: // a request ends
+			if len(m.inflight) == 0 {
+				continue
 			}
-			for _, r := range m.waiters {
-				if s := tickets[r.id].stateNow(); s != stateQueued {
-					t.Fatalf("op %d: request %d waiting in the model, state %d in the queue", i/2, r.id, s)
-				}
+			j := arg % len(m.inflight)
+			tickets[m.inflight[j].id].Done()
+			m.done(j, now)
+		case 3: // output streams
+			if len(m.inflight) == 0 {
+				continue
 			}
-			for p, c := range m.counters {
-				if got, _ := q.counter(p); math.Abs(got-c) > 1e-9 {
-					t.Fatalf("op %d: counter of %q %v, model %v", i/2, p, got, c)
-				}
+			j := arg % len(m.inflight)
+			tickets[m.inflight[j].id].Charge(arg % 7)
+			m.charge(j, arg%7)
+		case 4: // a waiter gives up
+			if len(m.waiters) == 0 {
+				continue
 			}
-			if s := q.Stats(); s.TokensInFlight != m.tokens || s.InFlight != len(m.inflight) || s.Waiting != len(m.waiters) {
-				t.Fatalf("op %d: stats %+v, model %d in flight, %d tokens, %d waiting", i/2, s, len(m.inflight), m.tokens, len(m.waiters))
+			j := arg % len(m.waiters)
+			q.abandon(tickets[m.waiters[j].id], context.Canceled)
+			m.cancel(j, now)
+		}
+		mustCheck(t, q)
+		for _, r := range m.inflight {
+			if !tickets[r.id].admitted() {
+				t.Fatalf("op %d: request %d admitted by the model, not by the queue", i/2, r.id)
 			}
 		}
-	})
+		for _, r := range m.waiters {
+			if s := tickets[r.id].stateNow(); s != stateQueued {
+				t.Fatalf("op %d: request %d waiting in the model, state %d in the queue", i/2, r.id, s)
+			}
+		}
+		for p, c := range m.counters {
+			if got, _ := q.counter(p); math.Abs(got-c) > 1e-9 {
+				t.Fatalf("op %d: counter of %q %v, model %v", i/2, p, got, c)
+			}
+		}
+		if s := q.Stats(); s.TokensInFlight != m.tokens || s.InFlight != len(m.inflight) || s.Waiting != len(m.waiters) {
+			t.Fatalf("op %d: stats %+v, model %d in flight, %d tokens, %d waiting", i/2, s, len(m.inflight), m.tokens, len(m.waiters))
+		}
+	}
 }
