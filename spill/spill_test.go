@@ -300,8 +300,10 @@ func TestNewErrors(t *testing.T) {
 	}
 }
 
-// FuzzDefaultSpill: any answer is classified without a panic, and an answer
-// that stays keeps its whole body.
+// FuzzDefaultSpill: any answer is classified without a panic, as its status
+// says (429 spills as throttled, any other 5xx spills, and a status below
+// 500 other than 400 and 429 stays), and an answer that stays keeps its
+// whole body.
 func FuzzDefaultSpill(f *testing.F) {
 	f.Add(400, []byte(`{"error":{"code":"context_length_exceeded"}}`), "")
 	f.Add(503, []byte(""), "1")
@@ -314,6 +316,24 @@ func FuzzDefaultSpill(f *testing.F) {
 		reason, spill := DefaultSpill(resp, nil)
 		if spill != (reason != "") {
 			t.Fatalf("spill %v with reason %q", spill, reason)
+		}
+		switch {
+		case code == http.StatusTooManyRequests:
+			if reason != Throttled {
+				t.Fatalf("status %d: reason %q, want %q", code, reason, Throttled)
+			}
+		case code == http.StatusServiceUnavailable:
+			if reason != Overloaded && reason != ServerError {
+				t.Fatalf("status %d: reason %q", code, reason)
+			}
+		case code >= 500 && code <= 599:
+			if reason != ServerError {
+				t.Fatalf("status %d: reason %q, want %q", code, reason, ServerError)
+			}
+		case code < 500 && code != http.StatusBadRequest:
+			if spill {
+				t.Fatalf("status %d spilled: %q", code, reason)
+			}
 		}
 		if !spill {
 			got, err := io.ReadAll(resp.Body)

@@ -219,7 +219,7 @@ func TestParsePorts(t *testing.T) {
 }
 
 // FuzzParsePorts: -ports never panics, and what it accepts is one address
-// per listed port, none twice but port 0.
+// per listed port, in the list's order, on the host, none twice but port 0.
 func FuzzParsePorts(f *testing.F) {
 	for _, s := range []string{"8001,8002", "8001,x", ",", "0,0", "8001, 8001", "65536", "-1", " 1 ", "00,00", "08001"} {
 		f.Add(s)
@@ -233,10 +233,14 @@ func FuzzParsePorts(f *testing.F) {
 			t.Fatalf("parsePorts(%q) = %d addresses", list, len(addrs))
 		}
 		seen := map[string]bool{}
-		for _, a := range addrs {
-			_, port, err := net.SplitHostPort(a)
+		parts := strings.Split(list, ",")
+		for i, a := range addrs {
+			host, port, err := net.SplitHostPort(a)
 			if err != nil {
 				t.Fatalf("parsePorts(%q): address %q: %v", list, a, err)
+			}
+			if want, err := strconv.ParseUint(strings.TrimSpace(parts[i]), 10, 16); err != nil || host != "127.0.0.1" || port != strconv.FormatUint(want, 10) {
+				t.Fatalf("parsePorts(%q): address %d is %q for %q", list, i, a, parts[i])
 			}
 			if port != "0" && seen[port] {
 				t.Fatalf("parsePorts(%q) lists port %s twice", list, port)

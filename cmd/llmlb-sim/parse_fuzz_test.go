@@ -5,6 +5,7 @@ import (
 	"math/big"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 )
 
 // The parsers of the list flags never panic, and what they accept is in
-// range.
+// range and is what the list says, in its order.
 
 func FuzzParseSpeeds(f *testing.F) {
 	for _, s := range []string{"1,1,0.5,0.5", "2x1,6x0.5", " 2 x 1 , 0.25 ", "0x1", "1e-300", "4096x1", "x", "1,,1", "NaN"} {
@@ -47,9 +48,17 @@ func FuzzParseSweep(f *testing.F) {
 		if len(got) == 0 || len(got) > maxSweepPoints {
 			t.Fatalf("parseSweep(%q) = %d rate scales", list, len(got))
 		}
+		parts := strings.Split(list, ",")
+		if len(got) != len(parts) {
+			t.Fatalf("parseSweep(%q) = %d rate scales for %d listed", list, len(got), len(parts))
+		}
 		for i, x := range got {
 			if !(x > 0) || math.IsInf(x, 0) || i > 0 && x <= got[i-1] {
 				t.Fatalf("parseSweep(%q) = %v", list, got)
+			}
+			// Each scale is the number listed in its place.
+			if want, err := strconv.ParseFloat(strings.TrimSpace(parts[i]), 64); err != nil || x != want {
+				t.Fatalf("parseSweep(%q) = %v: scale %d is not %q", list, got, i, parts[i])
 			}
 		}
 	})
@@ -64,9 +73,17 @@ func FuzzParsePrefill(f *testing.F) {
 		if err != nil {
 			return
 		}
+		parts := strings.Split(list, ",")
+		if len(got) != len(parts) {
+			t.Fatalf("parsePrefill(%q, %d) = %d counts for %d listed", list, replicas, len(got), len(parts))
+		}
 		for i, n := range got {
 			if n < 1 || n >= replicas || slices.Contains(got[:i], n) {
 				t.Fatalf("parsePrefill(%q, %d) = %v", list, replicas, got)
+			}
+			// Each count is the number listed in its place.
+			if want, err := strconv.Atoi(strings.TrimSpace(parts[i])); err != nil || n != want {
+				t.Fatalf("parsePrefill(%q, %d) = %v: count %d is not %q", list, replicas, got, i, parts[i])
 			}
 		}
 	})
@@ -81,9 +98,17 @@ func FuzzParseOutputs(f *testing.F) {
 		if err != nil {
 			return
 		}
+		parts := strings.Split(list, ",")
+		if len(got) != len(parts) {
+			t.Fatalf("parseOutputs(%q) = %d kinds for %d listed", list, len(got), len(parts))
+		}
 		for i, k := range got {
 			if slices.Contains(got[:i], k) {
 				t.Fatalf("parseOutputs(%q) = %v", list, got)
+			}
+			// Each kind is the one named in its place.
+			if k.String() != strings.TrimSpace(parts[i]) {
+				t.Fatalf("parseOutputs(%q) = %v: kind %d is not %q", list, got, i, parts[i])
 			}
 		}
 	})
