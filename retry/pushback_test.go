@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -158,8 +159,32 @@ func FuzzParseRetryAfter(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		checkPushback(t, s, ParseRetryAfter(s, refNow, 0), DefaultMaxPushback)
+		p := ParseRetryAfter(s, refNow, 0)
+		checkPushback(t, s, p, DefaultMaxPushback)
+		// Whole seconds within the limit are that wait, exactly.
+		if n, ok := digits(strings.TrimSpace(s)); ok && n <= uint64(DefaultMaxPushback/time.Second) {
+			if want := (Pushback{Kind: RetryLater, Delay: time.Duration(n) * time.Second}); p != want {
+				t.Fatalf("%q: %+v, want %+v", s, p, want)
+			}
+		}
 	})
+}
+
+// digits returns the value of s if it is a non-empty run of ASCII digits
+// whose value fits in a uint64.
+func digits(s string) (uint64, bool) {
+	if s == "" {
+		return 0, false
+	}
+	var n uint64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' || n > (math.MaxUint64-9)/10 {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n, true
 }
 
 func FuzzParseGRPCPushback(f *testing.F) {
@@ -171,6 +196,12 @@ func FuzzParseGRPCPushback(f *testing.F) {
 		checkPushback(t, s, p, DefaultMaxPushback)
 		if len(s) > 0 && s[0] == '-' && p.Kind != DoNotRetry {
 			t.Fatalf("%q: negative value gave %v", s, p.Kind)
+		}
+		// Whole milliseconds within the limit are that wait, exactly.
+		if n, ok := digits(strings.TrimSpace(s)); ok && n <= uint64(DefaultMaxPushback/time.Millisecond) {
+			if want := (Pushback{Kind: RetryLater, Delay: time.Duration(n) * time.Millisecond}); p != want {
+				t.Fatalf("%q: %+v, want %+v", s, p, want)
+			}
 		}
 	})
 }
