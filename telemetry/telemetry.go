@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,10 +79,10 @@ const (
 	AttrSpillReason = attribute.Key("llmlb.spill.reason")
 )
 
-// ErrInvalidConfig: [New] was given a nil MeterProvider, or [Metrics.Watch]
-// or [Metrics.WatchQueue] a nil source. Errors of the OpenTelemetry API
-// creating an instrument are returned as they are, wrapped with the
-// package's name.
+// ErrInvalidConfig: [New] was given a nil MeterProvider (or a nil pointer
+// to one), or [Metrics.Watch] or [Metrics.WatchQueue] a nil source. Errors
+// of the OpenTelemetry API creating an instrument are returned as they are,
+// wrapped with the package's name.
 var ErrInvalidConfig = errors.New("telemetry: invalid config")
 
 // The classes and refusal reasons of a fair queue, in the order of their
@@ -186,7 +187,9 @@ type endpointAttrs struct {
 // New returns Metrics that create their instruments with a meter from mp,
 // or an error if an instrument cannot be created.
 func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
-	if mp == nil {
+	if v := reflect.ValueOf(mp); mp == nil || v.Kind() == reflect.Pointer && v.IsNil() {
+		// A nil pointer in the interface, such as a *sdkmetric.MeterProvider
+		// not yet made, would panic inside OpenTelemetry.
 		return nil, fmt.Errorf("%w: nil MeterProvider", ErrInvalidConfig)
 	}
 	m := &Metrics{errorType: cfg.ErrorType}

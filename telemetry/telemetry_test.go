@@ -428,6 +428,10 @@ func TestNewErrors(t *testing.T) {
 	if _, err := telemetry.New(nil, telemetry.Config{}); !errors.Is(err, telemetry.ErrInvalidConfig) {
 		t.Errorf("New(nil): %v, want ErrInvalidConfig", err)
 	}
+	var typedNil *sdkmetric.MeterProvider
+	if _, err := telemetry.New(typedNil, telemetry.Config{}); !errors.Is(err, telemetry.ErrInvalidConfig) {
+		t.Errorf("New of a nil *MeterProvider: %v, want ErrInvalidConfig", err)
+	}
 	m, _ := setup(t)
 	if _, err := m.Watch(nil); !errors.Is(err, telemetry.ErrInvalidConfig) {
 		t.Errorf("Watch(nil): %v, want ErrInvalidConfig", err)
