@@ -66,8 +66,8 @@ func (sw *Sweep) WriteTable(w io.Writer) error {
 	if s.Seeds > 1 {
 		per = " per seed"
 	}
-	fmt.Fprintf(w, "load sweep, %s: %d requests%s at %.1f req/s times each rate scale, %s\n",
-		src, s.Requests, per, s.ArrivalRate, s.cluster())
+	fmt.Fprintf(w, "load sweep, %s: %s%s at %.1f req/s times each rate scale, %s\n",
+		src, requestCount(s.Requests), per, s.ArrivalRate, s.cluster())
 	fmt.Fprintf(w, "%s\n", s.limits())
 	missedOf := s.Requests
 	if s.Seeds > 1 {

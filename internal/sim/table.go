@@ -96,7 +96,7 @@ func (rep *Report) writeTable(w io.Writer, wide bool) error {
 	if s.Seeds > 1 {
 		per = " per seed"
 	}
-	fmt.Fprintf(w, "scenario %s: %d requests%s at %.1f req/s, %s\n", src, s.Requests, per, s.ArrivalRate, s.cluster())
+	fmt.Fprintf(w, "scenario %s: %s%s at %.1f req/s, %s\n", src, requestCount(s.Requests), per, s.ArrivalRate, s.cluster())
 	fmt.Fprintf(w, "%s\nprefix hits: infinite-cache bound %.1f%%, one cluster-sized LRU cache %.1f%%\n\n",
 		s.limits(), 100*s.InfiniteCacheHitRate, 100*s.PooledCacheHitRate)
 
@@ -276,4 +276,12 @@ func fmtMs(v float64) string {
 // fmtPct formats a share as a percentage with one decimal.
 func fmtPct(v float64) string {
 	return strconv.FormatFloat(100*v, 'f', 1, 64) + "%"
+}
+
+// requestCount is n requests in words: "1 request", "12000 requests".
+func requestCount(n int) string {
+	if n == 1 {
+		return "1 request"
+	}
+	return strconv.Itoa(n) + " requests"
 }

@@ -377,3 +377,19 @@ func TestLayoutLegendsBesidePlots(t *testing.T) {
 type lineThumb struct{}
 
 func (lineThumb) Thumbnail(*draw.Canvas) {}
+
+// TestHeaderCountsRequests checks the header's grammar: one request is not
+// "1 requests".
+func TestHeaderCountsRequests(t *testing.T) {
+	for n, want := range map[int]string{1: "scenario default: 1 request at", 2: "scenario default: 2 requests at"} {
+		rep := tableReport(false)
+		rep.Scenario.Requests = n
+		var b bytes.Buffer
+		if err := rep.WriteTable(&b); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(b.String(), want) {
+			t.Errorf("%d requests: header %q, want it to begin %q", n, strings.SplitN(b.String(), "\n", 2)[0], want)
+		}
+	}
+}
