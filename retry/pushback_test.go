@@ -211,7 +211,41 @@ func FuzzParseRateLimitReset(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		checkPushback(t, s, ParseRateLimitReset(s, refNow, 0), DefaultMaxPushback)
+		p := ParseRateLimitReset(s, refNow, 0)
+		checkPushback(t, s, p, DefaultMaxPushback)
+		v := strings.TrimSpace(s)
+		var want Pushback
+		if n, ok := digits(v); ok {
+			switch {
+			case n <= uint64(DefaultMaxPushback/time.Second):
+				// Whole seconds within the limit are that wait, exactly.
+				want = Pushback{Kind: RetryLater, Delay: time.Duration(n) * time.Second}
+			case n < unixThreshold:
+				want = Pushback{} // seconds above the limit: ignored
+			case n <= uint64(refNow.Unix()):
+				// A Unix time already past: retry now.
+				want = Pushback{Kind: RetryLater}
+			case n <= uint64(refNow.Add(DefaultMaxPushback).Unix()):
+				want = Pushback{Kind: RetryLater, Delay: time.Unix(int64(n), 0).Sub(refNow)}
+			}
+			if p != want {
+				t.Fatalf("%q: %+v, want %+v", s, p, want)
+			}
+			return
+		}
+		if d, err := time.ParseDuration(v); err == nil && !isDecimal(v) {
+			// A Go duration: negative means do not retry, above the
+			// limit is ignored, else that wait, exactly.
+			switch {
+			case d < 0:
+				want = Pushback{Kind: DoNotRetry}
+			case d <= DefaultMaxPushback:
+				want = Pushback{Kind: RetryLater, Delay: d}
+			}
+			if p != want {
+				t.Fatalf("%q: %+v, want %+v", s, p, want)
+			}
+		}
 	})
 }
 
@@ -226,7 +260,33 @@ func FuzzFromHeader(f *testing.F) {
 		h.Set(HeaderXRateLimitReset, reset)
 		h.Set(HeaderResetTokens, resetTokens)
 		h.Set("X-Ratelimit-Remaining-Tokens", remaining)
-		checkPushback(t, "header", FromHeader(h, refNow, time.Minute), time.Minute)
+		p := FromHeader(h, refNow, time.Minute)
+		checkPushback(t, "header", p, time.Minute)
+		// The headers are read in order, and the first that says anything
+		// decides, whatever the later ones hold.
+		if g := ParseGRPCPushback(grpc, time.Minute); g.Kind != NoPushback {
+			if p != g {
+				t.Fatalf("grpc-retry-pushback-ms %q says %+v; FromHeader = %+v", grpc, g, p)
+			}
+			return
+		}
+		if r := ParseRetryAfter(retryAfter, refNow, time.Minute); r.Kind != NoPushback {
+			if p != r {
+				t.Fatalf("Retry-After %q says %+v; FromHeader = %+v", retryAfter, r, p)
+			}
+			return
+		}
+		if x := ParseRateLimitReset(reset, refNow, time.Minute); x.Kind != NoPushback {
+			if p != x {
+				t.Fatalf("X-RateLimit-Reset %q says %+v; FromHeader = %+v", reset, x, p)
+			}
+			return
+		}
+		// Only the token window is left: its reset decides when it says
+		// anything, and nothing is asked when it says nothing.
+		if tk := ParseRateLimitReset(resetTokens, refNow, time.Minute); p != tk {
+			t.Fatalf("x-ratelimit-reset-tokens %q says %+v; FromHeader = %+v", resetTokens, tk, p)
+		}
 	})
 }
 
