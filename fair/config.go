@@ -62,14 +62,15 @@ type Config struct {
 	// forgotten, and if it comes back it starts afresh at the least
 	// counter of those waiting (as any newcomer does), losing any lead it
 	// had. Principals with requests waiting or in flight are always
-	// tracked. 0 means [DefaultMaxPrincipals].
+	// tracked; a request refused on arrival does not make the queue track
+	// its principal. 0 means [DefaultMaxPrincipals].
 	MaxPrincipals int
 	// Weight returns a principal's weight: its share of the capacity
 	// relative to others, so that a principal of weight 2 is served twice
 	// the tokens of one of weight 1 when both wait. It is called on every
-	// Admit, outside the queue's lock, and must be safe for concurrent
-	// use. nil, or a result that is not a positive finite number, means 1;
-	// a weight is taken within [1e-6, 1e6].
+	// Admit and Enter, outside the queue's lock, and must be safe for
+	// concurrent use. nil, or a result that is not a positive finite
+	// number, means 1; a weight is taken within [1e-6, 1e6].
 	Weight func(principal string) float64
 	// InputWeight is the charge for one prompt token; 0 means
 	// [DefaultInputWeight].

@@ -387,3 +387,38 @@ func TestAgingWhenTheClockGoesBack(t *testing.T) {
 	}
 	batch.Done()
 }
+
+// After the clock steps back, a class waits from the step: under sustained
+// Interactive load a Batch waiter is admitted within two aging intervals of
+// it, as ever, not only once the clock is back where it was.
+func TestAgingResumesAfterTheClockGoesBack(t *testing.T) {
+	q, clk := newTestQueue(t, Config{MaxInFlight: 1, AgingInterval: time.Second})
+	push := func(p string, c Class) *Ticket {
+		tk, err := q.push(Request{Principal: p, Class: c, PromptTokens: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	running := push("b", Batch) // Batch admitted just before the step
+	clk.Advance(-time.Hour)
+	queued := push("i", Interactive)
+	batch := push("b", Batch)
+	for step := range 4 {
+		clk.Advance(time.Second)
+		running.Done()
+		running = queued
+		if batch.admitted() {
+			t.Logf("Batch admitted %d s after the clock went back", step+1)
+			running.Done()
+			batch.Done()
+			mustCheck(t, q)
+			return
+		}
+		if !running.admitted() {
+			t.Fatal("the Interactive waiter was not admitted")
+		}
+		queued = push("i", Interactive)
+	}
+	t.Fatal("Batch not admitted within 4 aging intervals after the clock went back")
+}

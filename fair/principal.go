@@ -1,9 +1,32 @@
 package fair
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
+// maxKeyBytes bounds the bytes of a principal's name that a queue keeps
+// while it tracks the principal. A longer name, such as a session key taken
+// from a request's body, which may be megabytes, would otherwise be kept as
+// long as the principal is remembered, up to MaxPrincipals of them.
+const maxKeyBytes = 64
+
+// principalKey returns the key under which a queue tracks the principal
+// named name: name itself, or, for a name longer than maxKeyBytes, the hex
+// SHA-256 digest of it followed by "#", maxKeyBytes+1 bytes, which no name
+// of maxKeyBytes or fewer is and no other longer name gives.
+func principalKey(name string) string {
+	if len(name) <= maxKeyBytes {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	return hex.EncodeToString(sum[:]) + "#"
+}
+
 // principal is the state of one principal: its counter, and its requests
 // waiting (a FIFO queue per class) and in flight.
 type principal struct {
-	key     string
+	key     string  // principalKey of its name
 	weight  float64 // the latest Config.Weight
 	counter float64 // weighted tokens served, lifted when it starts waiting (VTC)
 

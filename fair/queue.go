@@ -15,16 +15,27 @@ import (
 // Request is what the queue needs to know of a request.
 type Request struct {
 	// Principal is the tenant or session whose share the request uses;
-	// "" is a principal like any other.
+	// "" is a principal like any other. A name of any length may be given:
+	// the queue keeps at most 65 bytes of it while it tracks the principal
+	// (a longer name is kept as its SHA-256 digest).
 	Principal string
 	// Class is the request's priority class; the zero value is [Standard].
 	Class Class
 	// PromptTokens is the request's prompt length in tokens, charged at
-	// admission; a negative value counts as 0. Every admission is charged
-	// at least one token, so that a stream of empty prompts still moves
-	// its principal's counter.
+	// admission; a negative value counts as 0, and one above 1<<31-1 (far
+	// beyond any model's context: a bogus estimate) as 1<<31-1. Every
+	// admission is charged at least one token, so that a stream of empty
+	// prompts still moves its principal's counter.
 	PromptTokens int
 }
+
+// maxRequestTokens bounds the prompt tokens and the output tokens charged
+// for one request, as package llmlb bounds the token counts of its
+// Request. Principals are lifted to the counters of others (VTC), so a
+// single charge of, say, math.MaxInt tokens would lift every principal
+// served after it to where a float64 no longer tells one request's charge,
+// and the queue would order principals by arrival alone from then on.
+const maxRequestTokens = 1<<31 - 1
 
 // Stats is a snapshot of a queue's state.
 type Stats struct {
@@ -172,6 +183,7 @@ func (q *Queue) Admit(ctx context.Context, r Request) (*Ticket, error) {
 		return nil, q.leaveErrorLocked(r.Class.rank(), err)
 	}
 	w := q.principalWeight(r.Principal)
+	r.Principal = principalKey(r.Principal)
 	deadline, _ := ctx.Deadline()
 	t, admitted, err := q.enter(r, w, deadline, nil)
 	if err != nil || admitted {
@@ -216,11 +228,13 @@ func (q *Queue) Enter(r Request, ready func(err error)) (*Ticket, bool, error) {
 		panic("fair: Enter with a nil ready function")
 	}
 	w := q.principalWeight(r.Principal)
+	r.Principal = principalKey(r.Principal)
 	return q.enter(r, w, time.Time{}, ready)
 }
 
-// enter admits r at once or queues it. It returns the ticket, whether it is
-// admitted, or an error if r is refused. A ticket queued with ready not nil
+// enter admits r, whose Principal is its principal's key ([principalKey]),
+// at once or queues it. It returns the ticket, whether it is admitted, or
+// an error if r is refused. A ticket queued with ready not nil
 // is reported to ready (see [Queue.Enter]); otherwise it has a channel,
 // closed when it is admitted or refused, which [Queue.Admit] waits on.
 func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(error)) (*Ticket, bool, error) {
@@ -230,28 +244,29 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(
 	if !deadline.IsZero() && !now.Before(deadline) {
 		return nil, false, q.refusal(r.Class.rank(), nil, ReasonDeadline, now, context.DeadlineExceeded)
 	}
-	p := q.principalLocked(r.Principal, weight)
-	t := &Ticket{
-		q:      q,
-		p:      p,
-		rank:   r.Class.rank(),
-		prompt: int64(max(r.PromptTokens, 0)),
+	rank, prompt := r.Class.rank(), int64(min(max(r.PromptTokens, 0), maxRequestTokens))
+	// Nothing waits and r fits: it enters and leaves the backlog at once.
+	atOnce := q.waiting == 0 && q.fitsLocked(prompt)
+	if !atOnce {
+		// r would wait: refuse it if there is no room. A refusal leaves
+		// the principals tracked as they were: remembering a principal the
+		// queue does not know, with nothing charged to it, would make it
+		// forget one it served.
+		p := q.principals[r.Principal] // nil if not tracked
+		if p != nil && q.maxPerPrincipal > 0 && p.waiting >= q.maxPerPrincipal {
+			return nil, false, q.refusal(rank, p, ReasonPrincipal, now, nil)
+		}
+		if q.waiting >= q.maxWaiting && !q.shedLocked(rank, p, now) {
+			return nil, false, q.refusal(rank, nil, ReasonFull, now, nil)
+		}
 	}
-	if q.waiting == 0 && q.fitsLocked(t.prompt) {
-		// Nothing waits: the request enters and leaves the backlog at once,
-		// lifted like any newcomer.
+	p := q.principalLocked(r.Principal, weight)
+	t := &Ticket{q: q, p: p, rank: rank, prompt: prompt}
+	if atOnce {
+		// Lifted like any newcomer.
 		p.counter = max(p.counter, q.floorLocked())
 		q.admitLocked(t, now)
 		return t, true, nil
-	}
-	if q.maxPerPrincipal > 0 && p.waiting >= q.maxPerPrincipal {
-		err := q.refusal(t.rank, p, ReasonPrincipal, now, nil)
-		q.settleLocked(p)
-		return nil, false, err
-	}
-	if q.waiting >= q.maxWaiting && !q.shedLocked(t.rank, p, now) {
-		q.settleLocked(p)
-		return nil, false, q.refusal(t.rank, nil, ReasonFull, now, nil)
 	}
 	q.seq++
 	t.seq, t.enq, t.deadline = q.seq, now, deadline
@@ -381,6 +396,7 @@ const rateWindow = 10 * time.Second
 // is not nil) at the recent admission rate, within [RetryAfter,
 // MaxRetryAfter].
 func (q *Queue) retryAfterLocked(p *principal, now time.Time) time.Duration {
+	q.rewindRateLocked(now)
 	if q.rateFrom.IsZero() || now.Sub(q.rateFrom) < rateWindow/10 {
 		// Too soon to tell a rate.
 		return q.retryAfter
@@ -406,6 +422,16 @@ func (q *Queue) retryAfterLocked(p *principal, now time.Time) time.Duration {
 		}
 	}
 	return max(wait, q.retryAfter)
+}
+
+// rewindRateLocked moves the times of the admission rate back by as much as
+// the clock went back, if now is before the last admission: the step counts
+// as no time, so that the rate neither looks too young to tell nor decays
+// until the clock is back where it was.
+func (q *Queue) rewindRateLocked(now time.Time) {
+	if d := q.rateAt.Sub(now); d > 0 && !q.rateFrom.IsZero() {
+		q.rateAt, q.rateFrom = now, q.rateFrom.Add(-d)
+	}
 }
 
 // Stats returns a snapshot of the queue's state.
@@ -457,7 +483,8 @@ func (q *Queue) admitLocked(t *Ticket, now time.Time) {
 	if q.rateFrom.IsZero() {
 		q.rateFrom = now
 	} else {
-		q.rate *= math.Exp(-max(now.Sub(q.rateAt).Seconds(), 0) / tau)
+		q.rewindRateLocked(now)
+		q.rate *= math.Exp(-now.Sub(q.rateAt).Seconds() / tau)
 	}
 	q.rate += 1 / tau
 	q.rateAt = now
@@ -514,26 +541,38 @@ func (q *Queue) refuseLocked(t *Ticket, err error) {
 // urgent one, never one waiter above another of its own class. And since
 // an admission restarts its wait, an aged class is lent one admission per
 // interval, not the more urgent class's place.
+//
+// An arrival or an admission after now (the clock went back) is taken as
+// now, and kept so: the class waits from the step, neither less urgent
+// than its own rank nor unaged until the clock is back where it was.
 func (q *Queue) classRanks(now time.Time) [numClasses]int {
 	var oldest [numClasses]time.Time
 	for _, p := range q.backlog {
 		for c := range numClasses {
-			if t := p.head[c]; t != nil && (oldest[c].IsZero() || t.enq.Before(oldest[c])) {
+			t := p.head[c]
+			if t == nil {
+				continue
+			}
+			if t.enq.After(now) {
+				t.enq = now
+			}
+			if oldest[c].IsZero() || t.enq.Before(oldest[c]) {
 				oldest[c] = t.enq
 			}
 		}
 	}
 	var ranks [numClasses]int
 	for c := range numClasses {
+		if q.served[c].After(now) {
+			q.served[c] = now
+		}
 		r := c
 		if q.aging > 0 && r > 0 && !oldest[c].IsZero() {
 			since := oldest[c]
 			if q.served[c].After(since) {
 				since = q.served[c]
 			}
-			// A clock that went back leaves the class unaged, never less
-			// urgent than its own rank.
-			r -= int(min(max(now.Sub(since), 0)/q.aging, time.Duration(r)))
+			r -= int(min(now.Sub(since)/q.aging, time.Duration(r)))
 		}
 		ranks[c] = r
 	}

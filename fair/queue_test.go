@@ -3,7 +3,12 @@ package fair
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -502,16 +507,17 @@ func TestAbandonAfterAdmissionRefunds(t *testing.T) {
 	mustCheck(t, q)
 }
 
-// Huge charges and prompts (a backend's bogus usage report) saturate the
-// tokens in flight rather than wrap them negative, which would let every
-// later request past the token cap; releasing them empties the queue.
-func TestHugeTokensSaturate(t *testing.T) {
+// Huge charges and prompts (a backend's bogus usage report) count at most
+// 1<<31-1 tokens each and never wrap the tokens in flight negative, which
+// would let every later request past the token cap; releasing them empties
+// the queue.
+func TestHugeTokensDoNotWrap(t *testing.T) {
 	q, _ := newTestQueue(t, Config{MaxTokensInFlight: 1000})
 	a, _ := q.push(Request{Principal: "a", PromptTokens: 10})
 	a.Charge(math.MaxInt)
 	a.Charge(math.MaxInt)
-	if s := q.Stats(); s.TokensInFlight != math.MaxInt64 {
-		t.Fatalf("tokens in flight %d after huge charges, want them saturated at %d", s.TokensInFlight, int64(math.MaxInt64))
+	if s, want := q.Stats(), int64(10+1<<31-1); s.TokensInFlight != want {
+		t.Fatalf("tokens in flight %d after huge charges, want %d", s.TokensInFlight, want)
 	}
 	b, _ := q.push(Request{Principal: "b", PromptTokens: 10})
 	if b.admitted() {
@@ -534,6 +540,55 @@ func TestHugeTokensSaturate(t *testing.T) {
 		t.Fatalf("stats %+v after every release", s)
 	}
 	mustCheck(t, q)
+}
+
+// A token count beyond any model's context (a bogus prompt estimate or
+// usage report) is taken as 1<<31-1 tokens. Charged in full it would lift
+// the counters of the principals served after it so high that a request's
+// charge no longer changes them, and the queue would order every principal
+// by arrival alone.
+func TestHugeTokenCountsKeepTheCountersExact(t *testing.T) {
+	cases := []struct {
+		name           string
+		prompt, output int
+		inFlight       int64
+	}{
+		{"prompt", math.MaxInt, 0, 1<<31 - 1},
+		{"output", 1, math.MaxInt, 1 + 1<<31 - 1},
+		{"output in chunks", 1, math.MaxInt / 4, 1 + 1<<31 - 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			q, _ := newTestQueue(t, Config{MaxInFlight: 1})
+			bogus, _ := q.push(Request{Principal: "bogus", PromptTokens: tc.prompt})
+			for range 4 {
+				bogus.Charge(tc.output)
+			}
+			if got := q.Stats().TokensInFlight; got != tc.inFlight {
+				t.Errorf("tokens in flight %d, want %d", got, tc.inFlight)
+			}
+			// a and b wait, both lifted to the bogus principal's counter.
+			a1, _ := q.push(Request{Principal: "a", PromptTokens: 100})
+			a2, _ := q.push(Request{Principal: "a", PromptTokens: 100})
+			b1, _ := q.push(Request{Principal: "b", PromptTokens: 100})
+			bogus.Done()
+			if !a1.admitted() {
+				t.Fatal("the first waiter was not admitted")
+			}
+			a1.Done() // a was served 100 tokens more than b
+			if !b1.admitted() || a2.admitted() {
+				t.Fatalf("b admitted %v, a admitted %v; want b, served less", b1.admitted(), a2.admitted())
+			}
+			ca, _ := q.counter("a")
+			cb, _ := q.counter("b")
+			if ca != cb {
+				t.Errorf("counters a %v, b %v after each was served 100 tokens", ca, cb)
+			}
+			b1.Done()
+			a2.Done()
+			mustCheck(t, q)
+		})
+	}
 }
 
 func TestChargeAfterDoneIsNoop(t *testing.T) {
@@ -570,6 +625,79 @@ func TestPrincipalsBounded(t *testing.T) {
 	}
 	if n := q.Stats().Principals; n != 10 {
 		t.Fatalf("%d principals tracked, want 10", n)
+	}
+	mustCheck(t, q)
+}
+
+// A request refused on arrival under a name the queue does not know leaves
+// nothing behind: a flood of them, each under a new name, neither grows the
+// principals tracked nor makes the queue forget the counter of a principal
+// it served.
+func TestRefusedNewcomersAreNotRemembered(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 1, MaxPrincipals: 3})
+	h, _ := q.push(Request{Principal: "heavy", PromptTokens: 1000})
+	h.Done()
+	running, _ := q.push(Request{Principal: "x", PromptTokens: 1})
+	waiting, _ := q.push(Request{Principal: "y", PromptTokens: 1})
+	for i := range 100 {
+		_, err := q.push(Request{Principal: fmt.Sprint("new", i), PromptTokens: 1})
+		if !errors.Is(err, retry.ErrOverloaded) {
+			t.Fatalf("request %d: %v, want a refusal of a full queue", i, err)
+		}
+	}
+	if n := q.Stats().Principals; n != 3 {
+		t.Errorf("%d principals tracked, want 3 (heavy, x, y)", n)
+	}
+	if c, ok := q.counter("heavy"); !ok || c != 1000 {
+		t.Errorf("heavy's counter %v (tracked %v), want 1000", c, ok)
+	}
+	mustCheck(t, q)
+	running.Done()
+	waiting.Done()
+	mustCheck(t, q)
+}
+
+// A principal's name may be as long as a request's body (a session key
+// taken from it). Once its requests end, the queue keeps a bounded amount
+// of memory for it, whatever the name's length; names that differ only at
+// their end are still distinct principals, and the weight is asked of the
+// whole name.
+func TestLongPrincipalNamesTakeBoundedMemory(t *testing.T) {
+	const n, size = 32, 1 << 20
+	var weighed atomic.Int64 // bytes of the names Weight was asked about
+	q, _ := newTestQueue(t, Config{MaxPrincipals: n, Weight: func(p string) float64 {
+		weighed.Add(int64(len(p)))
+		return 1
+	}})
+	name := func(i int) string { return strings.Repeat("x", size) + strconv.Itoa(i%10) + strconv.Itoa(i/10) }
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range n {
+		tk, err := q.Admit(context.Background(), Request{Principal: name(i), PromptTokens: 10 * (i + 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk.Done()
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > n*size/4 {
+		t.Errorf("the heap grew by %d bytes for %d idle principals of %d-byte names", grown, n, size)
+	}
+	if got := q.Stats().Principals; got != n {
+		t.Errorf("%d principals tracked after %d distinct names, want %d", got, n, n)
+	}
+	tk, err := q.Admit(context.Background(), Request{Principal: name(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.Done()
+	if got := q.Stats().Principals; got != n {
+		t.Errorf("%d principals tracked after a name came back, want %d", got, n)
+	}
+	if got, want := weighed.Load(), int64((n+1)*(size+2)); got != want {
+		t.Errorf("Weight was asked about %d bytes of names, want %d", got, want)
 	}
 	mustCheck(t, q)
 }

@@ -175,3 +175,55 @@ func TestObserverClockStepsBack(t *testing.T) {
 	}
 	mustCheck(t, q)
 }
+
+// After the clock steps back, the wait suggested still follows the
+// admission rate: the step counts as no time, neither a rate too young to
+// tell nor one decayed.
+func TestRetryAfterWhenTheClockGoesBack(t *testing.T) {
+	q, clk := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 20, RetryAfter: 100 * time.Millisecond})
+	var live []*Ticket
+	step := func() {
+		clk.Advance(100 * time.Millisecond)
+		var admitted, keep []*Ticket
+		for _, tk := range live {
+			if tk.stateNow() == stateAdmitted {
+				admitted = append(admitted, tk)
+			} else {
+				keep = append(keep, tk)
+			}
+		}
+		for _, tk := range admitted {
+			tk.Done() // admits the next waiter
+		}
+		live = keep
+		for q.Stats().Waiting < 20 {
+			tk, err := q.push(Request{Principal: "a"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			live = append(live, tk)
+		}
+	}
+	for range 600 { // one admission every 100 ms for a minute: 10 per second
+		step()
+	}
+	want := 2 * time.Second // 20 waiting at 10/s
+	within := func(got time.Duration) bool { return math.Abs(got.Seconds()-want.Seconds()) <= 0.1*want.Seconds() }
+	_, err := q.push(Request{Principal: "b"})
+	if got := retryAfter(t, err, "queue"); !within(got) {
+		t.Fatalf("before the step: RetryAfter %v, want about %v", got, want)
+	}
+	clk.Advance(-time.Hour)
+	_, err = q.push(Request{Principal: "b"})
+	if got := retryAfter(t, err, "queue"); !within(got) {
+		t.Errorf("just after the clock went back: RetryAfter %v, want about %v", got, want)
+	}
+	for range 50 {
+		step()
+	}
+	_, err = q.push(Request{Principal: "b"})
+	if got := retryAfter(t, err, "queue"); !within(got) {
+		t.Errorf("5 s after the clock went back: RetryAfter %v, want about %v", got, want)
+	}
+	mustCheck(t, q)
+}

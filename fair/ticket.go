@@ -29,6 +29,7 @@ type Ticket struct {
 	state    int
 	cost     float64 // the counter charge at admission
 	tokens   int64   // tokens in flight: prompt plus output charged
+	output   int64   // output tokens charged, at most maxRequestTokens
 	seq      uint64  // arrival order, when queued
 	enq      time.Time
 	deadline time.Time
@@ -43,7 +44,10 @@ type Ticket struct {
 // request's principal and counts them in flight until Done. Call it as
 // output streams, per token or per chunk, so that a long generation is
 // accounted for while it lasts and not only at its end. It takes the
-// queue's lock briefly. n <= 0, and calls after Done, do nothing.
+// queue's lock briefly. n <= 0, and calls after Done, do nothing. A request
+// is charged at most 1<<31-1 output tokens in all, far beyond any model's
+// output: the charges past that (a backend's bogus usage report) count
+// nothing.
 func (t *Ticket) Charge(n int) {
 	if n <= 0 {
 		return
@@ -54,11 +58,18 @@ func (t *Ticket) Charge(n int) {
 	if t.state != stateAdmitted {
 		return
 	}
-	t.p.counter += float64(n) * q.outW / t.p.weight
-	// The tokens in flight saturate rather than wrap: a huge n (a
-	// backend's bogus usage report) must not turn them negative, which
-	// would let everything past the token cap.
-	add := min(int64(n), math.MaxInt64-q.tokens)
+	// A bogus count charged in full would lift the counters of the
+	// principals served after this one so high that a request's charge no
+	// longer changes them (see maxRequestTokens).
+	add := min(int64(n), maxRequestTokens-t.output)
+	if add <= 0 {
+		return
+	}
+	t.output += add
+	t.p.counter += float64(add) * q.outW / t.p.weight
+	// The tokens in flight saturate rather than wrap, which would let
+	// everything past the token cap.
+	add = min(add, math.MaxInt64-q.tokens)
 	t.tokens += add
 	q.tokens += add
 }
