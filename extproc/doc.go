@@ -39,9 +39,11 @@
 //
 // Refusals become immediate responses with an OpenAI-style JSON error that
 // names no internal detail: 429 with Retry-After when an admission cap is
-// reached, 503 when no endpoint may take the request (none, or none in the
-// data plane's subset hint), 413 for a body over the cap, 401 when the tenant
-// cannot be established, 400 for a request the balancer rejects.
+// reached or the request bodies the Server holds would exceed
+// [Config.MaxBufferedBytes], 503 when no endpoint may take the request
+// (none, or none in the data plane's subset hint), 413 for a body over the
+// cap, 401 when the tenant cannot be established, 400 for a request the
+// balancer rejects.
 //
 // A Server is safe for concurrent use; every stream runs on the goroutine
 // gRPC calls [Server.Process] on, and the Server starts no goroutine of its

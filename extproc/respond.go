@@ -26,6 +26,10 @@ const maxChunk = 62000
 // errEmptySubset: the data plane's subset hint allows no member.
 var errEmptySubset = errors.New("extproc: no endpoint in the subset hint")
 
+// errBodyBudget: the request bodies the Server holds leave no room for
+// this one ([Config.MaxBufferedBytes]).
+var errBodyBudget = errors.New("extproc: request bodies in flight are over the server's budget")
+
 func errBodyOverCap(limit int) error {
 	return fmt.Errorf("%w: over %d bytes", httplb.ErrBodyTooLarge, limit)
 }
@@ -135,6 +139,9 @@ func classify(err error) refusal {
 	case errors.Is(err, retry.ErrOverloaded):
 		return refusal{typev3.StatusCode_TooManyRequests, "rate_limit_error", "Too many requests in flight; retry later.",
 			"llmlb_overloaded", retry.DefaultAdmissionRetryAfter}
+	case errors.Is(err, errBodyBudget):
+		return refusal{typev3.StatusCode_TooManyRequests, "rate_limit_error", "Too many requests in flight; retry later.",
+			"llmlb_body_budget", time.Second}
 	case errors.Is(err, llmlb.ErrNoEndpoints), errors.Is(err, llmlb.ErrNoCandidates), errors.Is(err, errEmptySubset):
 		return refusal{typev3.StatusCode_ServiceUnavailable, "service_unavailable", "No model server is available.",
 			"llmlb_no_endpoint", 0}

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
@@ -49,6 +50,12 @@ const (
 
 // MaxFallbacks bounds [Config.Fallbacks].
 const MaxFallbacks = 16
+
+// DefaultMaxBufferedBytes is the default of [Config.MaxBufferedBytes]: 1 GiB,
+// 128 request bodies at httplb's default cap, and an eighth of the memory
+// the inference extension's chart requests for its picker (8 GiB), which
+// leaves room for the parser's transient copies.
+const DefaultMaxBufferedBytes = 1 << 30
 
 // Sentinel errors. Errors returned by this package wrap one of them, so
 // callers branch with errors.Is.
@@ -100,6 +107,15 @@ type Config struct {
 	// Rand breaks ties among fallbacks. It is serialized by the Server.
 	// nil means math/rand/v2's global generator.
 	Rand rand.Source
+	// MaxBufferedBytes bounds the memory taken at once by the request
+	// bodies the Server's streams hold, whatever the number of streams and
+	// connections. A stream holds its body from its first byte until the
+	// route is sent; a request whose body would take the total over the
+	// bound is refused with 429 and a Retry-After of one second, as the
+	// protocol answers a request shed under load. 0 means
+	// [DefaultMaxBufferedBytes]; otherwise it must be at least the body cap
+	// (see Parser), so that one body at the cap always fits.
+	MaxBufferedBytes int64
 }
 
 // Server is an Envoy external processor that picks an endpoint for each
@@ -112,6 +128,9 @@ type Server struct {
 	fallbacks int
 	log       *slog.Logger
 	maxBody   int
+
+	maxBuffered int64        // bounds buffered
+	buffered    atomic.Int64 // bytes of request bodies the streams hold
 
 	randMu sync.Mutex // protects rnd
 	rnd    *rand.Rand // nil: the global generator
@@ -135,6 +154,12 @@ func NewServer(cfg Config) (*Server, error) {
 		s.parser = p
 	}
 	s.maxBody = int(min(s.parser.MaxBodyBytes(), int64(maxBodyLimit)))
+	switch s.maxBuffered = cfg.MaxBufferedBytes; {
+	case s.maxBuffered == 0:
+		s.maxBuffered = DefaultMaxBufferedBytes // at least maxBodyLimit
+	case s.maxBuffered < int64(s.maxBody):
+		return nil, fmt.Errorf("%w: MaxBufferedBytes %d is below the body cap %d", ErrInvalidConfig, cfg.MaxBufferedBytes, s.maxBody)
+	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -156,7 +181,10 @@ const maxBodyLimit = 1 << 30
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	st := stream{s: s, srv: srv, ctx: srv.Context(), reqMode: fullDuplex, respMode: fullDuplex}
 	var cause error
-	defer func() { st.end(cause) }()
+	defer func() {
+		st.end(cause)
+		st.dropBody()
+	}()
 	for {
 		m, err := srv.Recv()
 		if err == io.EOF {
@@ -214,6 +242,20 @@ func (s *Server) fallbacksFor(primary string, exclude map[string]bool) []string 
 		out = append(out, e.Key)
 	}
 	return out
+}
+
+// reserve charges n bytes of body to the Server's budget and reports
+// whether they fit.
+func (s *Server) reserve(n int64) bool {
+	for {
+		cur := s.buffered.Load()
+		if cur+n > s.maxBuffered {
+			return false
+		}
+		if s.buffered.CompareAndSwap(cur, cur+n) {
+			return true
+		}
+	}
 }
 
 func (s *Server) shuffle(n int, swap func(i, j int)) {

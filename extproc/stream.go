@@ -51,7 +51,8 @@ type stream struct {
 	path        string
 	authority   string
 	requestID   string
-	body        []byte
+	body        []byte          // the request body gathered; nil once routed
+	held        int64           // bytes of body charged to the Server's budget
 	bodyMsgs    int             // request body messages received
 	subset      *structpb.Value // the data plane's subset hint; nil: none
 	routed      bool            // the route was sent (or the request refused)
@@ -150,9 +151,13 @@ func (st *stream) requestBody(m *extprocv3.ProcessingRequest, b *extprocv3.HttpB
 	switch st.reqMode {
 	case fullDuplex:
 		if st.body == nil && b.GetEndOfStream() {
-			st.body = chunk // the whole body in one message: no copy
-		} else {
-			st.body = append(st.body, chunk...)
+			// The whole body in one message: no copy.
+			if !st.charge(int64(len(chunk))) {
+				return true, st.refuse(errBodyBudget)
+			}
+			st.body = chunk
+		} else if !st.appendBody(chunk) {
+			return true, st.refuse(errBodyBudget)
 		}
 		if b.GetEndOfStream() {
 			return st.route(routeDuplexEnd)
@@ -161,6 +166,9 @@ func (st *stream) requestBody(m *extprocv3.ProcessingRequest, b *extprocv3.HttpB
 	case buffered, bufPartial:
 		// The whole body (or, BUFFERED_PARTIAL, as much as the data plane
 		// buffers) in one message; route on it whatever end_of_stream says.
+		if !st.charge(int64(len(chunk))) {
+			return true, st.refuse(errBodyBudget)
+		}
 		st.body = chunk
 		return st.route(routeBuffered)
 	}
@@ -315,6 +323,7 @@ func (st *stream) route(kind routeKind) (bool, error) {
 		return false, protocolError("the request was routed already")
 	}
 	st.routed = true
+	defer st.dropBody() // once the body is parsed and sent back
 	dest, err := st.decide()
 	if err != nil {
 		if ctxErr := st.ctx.Err(); ctxErr != nil {
@@ -350,7 +359,6 @@ func (st *stream) route(kind routeKind) (bool, error) {
 			}
 			md = nil
 		}
-		st.body = nil
 		if kind == routeDuplexTrailers {
 			// With the headers skipped and no body, the trailers' answer
 			// is the only one owed: it carries the route.
@@ -619,6 +627,47 @@ func (st *stream) sendChunksMD(request bool, body []byte, eos bool, md *structpb
 		body = body[n:]
 	}
 	return nil
+}
+
+// charge adds n bytes to what the stream holds of the Server's body budget,
+// and reports whether they fit.
+func (st *stream) charge(n int64) bool {
+	if !st.s.reserve(n) {
+		return false
+	}
+	st.held += n
+	return true
+}
+
+// appendBody appends chunk to the body, growing it in steps charged to the
+// Server's body budget, and reports whether the budget had room. The body
+// grows to twice its size, at least minBodyGrowth and at most the body cap,
+// so that what is charged is what is allocated.
+func (st *stream) appendBody(chunk []byte) bool {
+	need := len(st.body) + len(chunk)
+	if need > cap(st.body) {
+		size := min(max(need, 2*cap(st.body), minBodyGrowth), st.s.maxBody)
+		if !st.charge(int64(size) - st.held) {
+			return false
+		}
+		grown := make([]byte, len(st.body), size)
+		copy(grown, st.body)
+		st.body = grown
+	}
+	st.body = append(st.body, chunk...)
+	return true
+}
+
+// minBodyGrowth is the least allocation of a body gathered in pieces.
+const minBodyGrowth = 4 << 10
+
+// dropBody lets the body go and returns its bytes to the Server's budget.
+func (st *stream) dropBody() {
+	st.body = nil
+	if st.held != 0 {
+		st.s.buffered.Add(-st.held)
+		st.held = 0
+	}
 }
 
 // truncate bounds a string from the network before it is logged.

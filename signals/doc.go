@@ -27,7 +27,8 @@
 //	llamacpp  llamacpp:requests_processing     llamacpp:requests_deferred        llamacpp:kv_cache_usage_ratio
 //
 // For vLLM, vllm:num_preemptions_total and vllm:prefix_cache_queries_total /
-// vllm:prefix_cache_hits_total are also read into the Observation.
+// vllm:prefix_cache_hits_total (older: vllm:gpu_prefix_cache_queries_total /
+// vllm:gpu_prefix_cache_hits_total) are also read into the Observation.
 //
 // Nothing in this package starts a goroutine except [Scraper.Run], which
 // returns when its context is done. Stores and Scrapers are safe for

@@ -85,8 +85,8 @@ type profile struct {
 	kv                 []series // the first present wins (renames across versions)
 	blocks, blockSize  series
 	preempt            series
-	prefixQ, prefixHit series
-	lora               string // the info gauge of LoRA adapters in use, if the engine has one
+	prefixQ, prefixHit []series // the first present wins (renames across versions)
+	lora               string   // the info gauge of LoRA adapters in use, if the engine has one
 }
 
 var profiles = [numEngines]*profile{
@@ -101,8 +101,10 @@ var profiles = [numEngines]*profile{
 		blocks:    series{name: "vllm:cache_config_info", info: "num_gpu_blocks"},
 		blockSize: series{name: "vllm:cache_config_info", info: "block_size"},
 		preempt:   series{name: "vllm:num_preemptions_total"},
-		prefixQ:   series{name: "vllm:prefix_cache_queries_total"},
-		prefixHit: series{name: "vllm:prefix_cache_hits_total"},
+		// Named gpu_prefix_cache_* by the V1 engine of vLLM 0.8, and also
+		// exported, deprecated, beside the new names by 0.9 and 0.10.
+		prefixQ:   []series{{name: "vllm:prefix_cache_queries_total"}, {name: "vllm:gpu_prefix_cache_queries_total"}},
+		prefixHit: []series{{name: "vllm:prefix_cache_hits_total"}, {name: "vllm:gpu_prefix_cache_hits_total"}},
 		lora:      loraInfo,
 	},
 	EngineSGLang: {
@@ -317,10 +319,10 @@ func (p *profile) observe(fams families) (Observation, error) {
 	if o.Preemptions, err = counter(fams, p.preempt); err != nil {
 		return Observation{}, err
 	}
-	if o.PrefixQueries, err = counter(fams, p.prefixQ); err != nil {
+	if o.PrefixQueries, err = counter(fams, p.prefixQ...); err != nil {
 		return Observation{}, err
 	}
-	if o.PrefixHits, err = counter(fams, p.prefixHit); err != nil {
+	if o.PrefixHits, err = counter(fams, p.prefixHit...); err != nil {
 		return Observation{}, err
 	}
 	if p.lora != "" {
@@ -354,16 +356,20 @@ func (p *profile) count(fams families, s series, limit float64, required, mean b
 	return int(math.Round(sum)), nil
 }
 
-// counter returns the sum of a cumulative counter, NaN if it is absent.
-func counter(fams families, s series) (float64, error) {
-	sum, n, err := s.sum(fams)
-	switch {
-	case err != nil:
-		return 0, err
-	case n == 0:
-		return math.NaN(), nil
-	case sum > maxCounter:
-		return 0, fmt.Errorf("%w: %s is %v, above the plausible limit %v", ErrInvalidValue, s.describe(), sum, maxCounter)
+// counter returns the sum of a cumulative counter, read from the first of
+// names that is present, NaN if none is.
+func counter(fams families, names ...series) (float64, error) {
+	for _, s := range names {
+		sum, n, err := s.sum(fams)
+		switch {
+		case err != nil:
+			return 0, err
+		case n == 0:
+			continue
+		case sum > maxCounter:
+			return 0, fmt.Errorf("%w: %s is %v, above the plausible limit %v", ErrInvalidValue, s.describe(), sum, maxCounter)
+		}
+		return sum, nil
 	}
-	return sum, nil
+	return math.NaN(), nil
 }

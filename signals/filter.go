@@ -3,6 +3,7 @@ package signals
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -26,7 +27,8 @@ var wanted = func() [numEngines]map[string]bool {
 		if p == nil {
 			continue
 		}
-		for _, s := range append([]series{p.running, p.waiting, p.blocks, p.blockSize, p.preempt, p.prefixQ, p.prefixHit, {name: p.lora}}, p.kv...) {
+		all := []series{p.running, p.waiting, p.blocks, p.blockSize, p.preempt, {name: p.lora}}
+		for _, s := range slices.Concat(all, p.kv, p.prefixQ, p.prefixHit) {
 			if s.name == "" {
 				continue
 			}

@@ -31,8 +31,9 @@ type Observation struct {
 	Preemptions float64
 	// PrefixQueries and PrefixHits are the engine's cumulative prefix-cache
 	// lookups and hits, in tokens (vllm:prefix_cache_queries_total and
-	// vllm:prefix_cache_hits_total); their rates give the measured hit rate.
-	// NaN when not reported.
+	// vllm:prefix_cache_hits_total, or vllm:gpu_prefix_cache_queries_total
+	// and vllm:gpu_prefix_cache_hits_total before vLLM 0.9); their rates
+	// give the measured hit rate. NaN when not reported.
 	PrefixQueries float64
 	PrefixHits    float64
 }
@@ -139,16 +140,16 @@ func formatOf(contentType string) (expfmt.Format, error) {
 	}
 	mediaType, _, err := mime.ParseMediaType(contentType)
 	if err != nil {
-		return "", fmt.Errorf("%w: Content-Type %q: %v", ErrParse, contentType, err)
+		return "", fmt.Errorf("%w: Content-Type %q: %v", ErrParse, clip(contentType), err)
 	}
 	switch mediaType {
 	case "text/plain", expfmt.OpenMetricsType, expfmt.ProtoType:
 	default:
-		return "", fmt.Errorf("%w: Content-Type %q is not a metrics format", ErrParse, contentType)
+		return "", fmt.Errorf("%w: Content-Type %q is not a metrics format", ErrParse, clip(contentType))
 	}
 	format := expfmt.ResponseFormat(http.Header{"Content-Type": {contentType}})
 	if format == expfmt.FmtUnknown {
-		return "", fmt.Errorf("%w: unsupported Content-Type %q", ErrParse, contentType)
+		return "", fmt.Errorf("%w: unsupported Content-Type %q", ErrParse, clip(contentType))
 	}
 	return format, nil
 }

@@ -355,3 +355,50 @@ sglang:num_queue_reqs{dp_rank="1",model_name="m",pp_rank="0",tp_rank="2"} 1
 	assert.Equal(t, 9, o.Running)
 	assert.Equal(t, 3, o.Waiting)
 }
+
+// TestParseVLLMPrefixCacheRenames: the prefix-cache counters are read under
+// the names of every vLLM version: gpu_prefix_cache_* (the V1 engine of
+// 0.8), both (0.9 and 0.10 export the old names, deprecated, beside the
+// new), or the new ones only; the new names win when both are present.
+func TestParseVLLMPrefixCacheRenames(t *testing.T) {
+	const head = `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 1
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0
+`
+	const old = `# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 500
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 200
+`
+	const cur = `# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 8000
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 3000
+`
+	const oldOM = `# TYPE vllm:gpu_prefix_cache_queries counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 500
+# TYPE vllm:gpu_prefix_cache_hits counter
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 200
+# EOF
+`
+	cases := []struct {
+		name, body, contentType string
+		queries, hits           float64
+	}{
+		{"0.8", head + old, textType, 500, 200},
+		{"0.8 OpenMetrics", head + oldOM, omType, 500, 200},
+		{"0.9", head + old + cur, textType, 8000, 3000},
+		{"0.11", head + cur, textType, 8000, 3000},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, engine := range []signals.Engine{signals.EngineAuto, signals.EngineVLLM} {
+				o, err := signals.Parse(strings.NewReader(c.body), c.contentType, engine)
+				require.NoError(t, err)
+				assert.Equal(t, c.queries, o.PrefixQueries, "engine %v", engine)
+				assert.Equal(t, c.hits, o.PrefixHits, "engine %v", engine)
+			}
+		})
+	}
+}

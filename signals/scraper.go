@@ -80,8 +80,9 @@ type Config struct {
 	// zero value, detects it from each exposition.
 	Engine Engine
 	// MaxAge, if positive, makes Load report no observation for an endpoint
-	// whose newest observation is older than MaxAge. 0 leaves expiry to the
-	// balancer's maximum signal age.
+	// whose newest observation is older than MaxAge, or stamped more than
+	// MaxAge ahead of the Clock (see [StoreConfig].MaxAge). 0 leaves expiry
+	// to the balancer's maximum signal age.
 	MaxAge time.Duration
 	// Store receives the observations. nil means a new Store of the
 	// scraper's own; pass a shared Store to merge scrapes with pushed
@@ -170,12 +171,17 @@ type Scraper struct {
 	jitter   float64
 	sem      chan struct{}
 
-	mu      sync.Mutex // protects targets, rng, running
+	mu      sync.Mutex // protects targets, added, rng, running
 	targets map[string]*target
+	added   uint64 // counts the SetTargets calls that added targets
 	rng     *rand.Rand
 	running bool
 	kick    chan struct{} // wakes Run when targets are added; buffered 1
 }
+
+// testHookSchedule, if set, runs each time Run looks for targets to
+// schedule.
+var testHookSchedule func()
 
 type target struct {
 	key, url string
@@ -289,7 +295,8 @@ func (s *Scraper) Store() *Store { return s.store }
 
 // Load returns the newest observation of the endpoint key, scraped or
 // pushed into the scraper's Store, implementing [llmlb.Signal]. It reports
-// false if there is none or it is older than Config.MaxAge.
+// false if there is none or it is older than Config.MaxAge (or that far
+// ahead of the clock).
 func (s *Scraper) Load(key string) (llmlb.Load, bool) {
 	o, ok := s.Observation(key)
 	return o.Load, ok
@@ -305,7 +312,7 @@ func (s *Scraper) Loader(t stamped.Token, key string) func() *llmlb.Load {
 		return load
 	}
 	return func() *llmlb.Load {
-		if l := load(); l != nil && s.now().Sub(l.At) <= s.cfg.MaxAge {
+		if l := load(); l != nil && fresh(s.now(), l.At, s.cfg.MaxAge) {
 			return l
 		}
 		return nil
@@ -315,7 +322,7 @@ func (s *Scraper) Loader(t stamped.Token, key string) func() *llmlb.Load {
 // Observation is like Load but returns the full observation.
 func (s *Scraper) Observation(key string) (Observation, bool) {
 	o, ok := s.store.Observation(key)
-	if ok && s.cfg.MaxAge > 0 && s.now().Sub(o.At) > s.cfg.MaxAge {
+	if ok && s.cfg.MaxAge > 0 && !fresh(s.now(), o.At, s.cfg.MaxAge) {
 		return Observation{}, false
 	}
 	return o, ok
@@ -361,13 +368,20 @@ func (s *Scraper) SetTargets(targets map[string]string) error {
 			}
 		}
 	}
+	added := false
 	for k, u := range targets {
 		if s.targets[k] == nil {
 			s.targets[k] = newTarget(k, u)
+			added = true
 		}
 	}
+	if added {
+		s.added++
+	}
 	s.mu.Unlock()
-	s.wake()
+	if added {
+		s.wake()
+	}
 	return nil
 }
 
@@ -485,7 +499,7 @@ func (s *Scraper) fetch(ctx context.Context, u string) (Observation, error) {
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		_, _ = io.CopyN(io.Discard, resp.Body, 4<<10) // let a short error body keep the connection
-		return Observation{}, fmt.Errorf("%w: %s", ErrHTTPStatus, resp.Status)
+		return Observation{}, fmt.Errorf("%w: %s", ErrHTTPStatus, clip(resp.Status))
 	}
 	var body io.Reader = resp.Body
 	if !resp.Uncompressed && strings.EqualFold(resp.Header.Get("Content-Encoding"), "gzip") {
@@ -512,6 +526,17 @@ func (s *Scraper) fetch(ctx context.Context, u string) (Observation, error) {
 	}
 	return parseBody(*bp, resp.Header.Get("Content-Type"), s.cfg.Engine)
 }
+
+// clip bounds a string from the metrics endpoint, such as its status line,
+// before it goes into an error that is kept and logged.
+func clip(s string) string {
+	if len(s) > maxClip {
+		return strings.ToValidUTF8(s[:maxClip], "") + "..."
+	}
+	return s
+}
+
+const maxClip = 128
 
 // bufPool recycles body buffers of up to maxPooled bytes across scrapes.
 var bufPool = sync.Pool{New: func() any { return new([]byte) }}
@@ -604,16 +629,26 @@ func (s *Scraper) Run(ctx context.Context) error {
 	scheduled := make(map[*target]bool)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	first, seen := true, uint64(0)
 	for {
-		// Schedule targets added since the last pass.
+		// Schedule targets added since the last pass. Only a SetTargets
+		// that added some calls for a look at them all: each pass of a
+		// scraper with many targets would cost time in their number, and
+		// there is a pass for each scrape.
 		now := time.Now()
 		s.mu.Lock()
-		for _, t := range s.targets {
-			if !scheduled[t] {
-				scheduled[t] = true
-				// A random phase within one interval staggers the endpoints.
-				phase := time.Duration(s.rng.Int64N(int64(s.cfg.Interval)))
-				heap.Push(&q, item{at: now.Add(phase), t: t})
+		if first || s.added != seen {
+			first, seen = false, s.added
+			if testHookSchedule != nil {
+				testHookSchedule()
+			}
+			for _, t := range s.targets {
+				if !scheduled[t] {
+					scheduled[t] = true
+					// A random phase within one interval staggers the endpoints.
+					phase := time.Duration(s.rng.Int64N(int64(s.cfg.Interval)))
+					heap.Push(&q, item{at: now.Add(phase), t: t})
+				}
 			}
 		}
 		s.mu.Unlock()

@@ -1,11 +1,14 @@
 package signals_test
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"runtime"
 	"strings"
@@ -481,4 +484,45 @@ func TestScrapeErrorUnwrap(t *testing.T) {
 	e := &signals.ScrapeError{Key: "k", URL: "http://x", Err: signals.ErrHTTPStatus}
 	assert.True(t, errors.Is(e, signals.ErrHTTPStatus))
 	assert.Equal(t, "signals: scrape of k (http://x): unexpected HTTP status", e.Error())
+}
+
+// TestScrapeErrorBoundsEndpointStrings: the status line and Content-Type an
+// endpoint sends go into the scrape error (which is kept in the Status and
+// logged) cut to a bounded length, however long they are.
+func TestScrapeErrorBoundsEndpointStrings(t *testing.T) {
+	long := strings.Repeat("x", 64<<10)
+	cases := []struct {
+		name, head string
+		want       error
+	}{
+		{"status", "HTTP/1.1 500 " + long + "\r\nContent-Length: 0\r\n\r\n", signals.ErrHTTPStatus},
+		{"content type", "HTTP/1.1 200 OK\r\nContent-Type: text/" + long + "\r\nContent-Length: 0\r\n\r\n", signals.ErrParse},
+		{"malformed content type", "HTTP/1.1 200 OK\r\nContent-Type: text/plain; " + long + "\r\nContent-Length: 0\r\n\r\n", signals.ErrParse},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			defer l.Close()
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				_, _ = bufio.NewReader(conn).ReadString('\n') // the request line
+				_, _ = io.WriteString(conn, c.head)
+			}()
+			s := newScraper(t, signals.Config{Timeout: 10 * time.Second})
+			require.NoError(t, s.SetTargets(map[string]string{"ep": "http://" + l.Addr().String() + "/metrics"}))
+			_, err = s.Scrape(context.Background(), "ep")
+			<-served
+			require.ErrorIs(t, err, c.want)
+			assert.Less(t, len(err.Error()), 400, "the error: %.200s...", err)
+			st, _ := s.Status("ep")
+			assert.Less(t, len(st.LastError.Error()), 400)
+		})
+	}
 }

@@ -33,9 +33,11 @@ type StoreConfig struct {
 	// 0 means [DefaultMaxKeys].
 	MaxKeys int
 	// MaxAge, if positive, makes Load report no observation for an endpoint
-	// whose newest observation is older than MaxAge. 0 leaves expiry to the
-	// consumer (the balancer ignores observations older than its own
-	// maximum signal age).
+	// whose newest observation is older than MaxAge, or stamped more than
+	// MaxAge ahead of the Clock (taken before the clock stepped back, or by
+	// a recorder whose clock is ahead), as the balancer judges its signal.
+	// 0 leaves expiry to the consumer (the balancer ignores observations
+	// older than its own maximum signal age).
 	MaxAge time.Duration
 	// Clock tells the time for MaxAge; nil means the system clock.
 	Clock llmlb.Clock
@@ -117,7 +119,8 @@ func (s *Store) now() time.Time {
 
 // Load returns the newest observation of the endpoint key, implementing
 // [llmlb.Signal]. It reports false if there is none, or if StoreConfig.MaxAge
-// is set and the observation is older than it.
+// is set and the observation is older than it (or that far ahead of the
+// clock).
 func (s *Store) Load(key string) (llmlb.Load, bool) {
 	if o := s.observation(key); o != nil {
 		return o.Load, true
@@ -148,7 +151,7 @@ func (s *Store) Loader(_ stamped.Token, key string) func() *llmlb.Load {
 			cur.Store(e)
 		}
 		o := e.obs.Load() // never modified once recorded
-		if s.cfg.MaxAge > 0 && s.now().Sub(o.At) > s.cfg.MaxAge {
+		if s.cfg.MaxAge > 0 && !fresh(s.now(), o.At, s.cfg.MaxAge) {
 			return nil
 		}
 		return &o.Load
@@ -172,10 +175,20 @@ func (s *Store) observation(key string) *Observation {
 		return nil
 	}
 	o := e.obs.Load()
-	if s.cfg.MaxAge > 0 && s.now().Sub(o.At) > s.cfg.MaxAge {
+	if s.cfg.MaxAge > 0 && !fresh(s.now(), o.At, s.cfg.MaxAge) {
 		return nil
 	}
 	return o
+}
+
+// fresh reports whether an observation taken at at is within maxAge of now,
+// either way: one stamped further ahead is no fresher than one that old.
+// Were it trusted, an observation taken before the clock stepped back would
+// be served as fresh for the step's length, whether or not anything still
+// refreshes it.
+func fresh(now, at time.Time, maxAge time.Duration) bool {
+	age := now.Sub(at)
+	return age <= maxAge && age >= -maxAge
 }
 
 // Record records l as an observation of the endpoint key unless the store

@@ -426,3 +426,39 @@ func TestLoaderReadsAsLoad(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxAgeAfterClockStepsBack: with a maximum age, an observation stamped
+// more than that ahead of the clock (the clock stepped back after it was
+// taken) is not served as fresh, by the Store or by the Scraper, until a
+// new observation replaces it.
+func TestMaxAgeAfterClockStepsBack(t *testing.T) {
+	clock := newFakeClock()
+	store, err := signals.NewStore(signals.StoreConfig{MaxAge: time.Second, Clock: clock})
+	require.NoError(t, err)
+	scraper := newScraper(t, signals.Config{Store: store, MaxAge: time.Second, Clock: clock})
+	loads := map[string]func() bool{
+		"Store.Load":          func() bool { _, ok := store.Load("ep"); return ok },
+		"Store.Observation":   func() bool { _, ok := store.Observation("ep"); return ok },
+		"Scraper.Load":        func() bool { _, ok := scraper.Load("ep"); return ok },
+		"Scraper.Observation": func() bool { _, ok := scraper.Observation("ep"); return ok },
+	}
+	require.NoError(t, store.Record("ep", llmlb.Load{At: clock.Now(), Running: 3}))
+
+	clock.Advance(-time.Second)
+	for name, load := range loads {
+		assert.True(t, load(), "%s: exactly MaxAge ahead is still served", name)
+	}
+	clock.Advance(-time.Nanosecond)
+	for name, load := range loads {
+		assert.False(t, load(), "%s: more than MaxAge ahead of the clock is not fresh", name)
+	}
+	clock.Advance(-time.Hour)
+	for name, load := range loads {
+		assert.False(t, load(), "%s: an hour ahead of the clock is not fresh", name)
+	}
+
+	require.NoError(t, store.Record("ep", llmlb.Load{At: clock.Now(), Running: 4}), "a new observation replaces it")
+	for name, load := range loads {
+		assert.True(t, load(), "%s", name)
+	}
+}

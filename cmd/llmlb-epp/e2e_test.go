@@ -21,9 +21,11 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/httplb"
@@ -464,4 +466,44 @@ func (l lineWatcher) Write(p []byte) (int, error) {
 		l.once.Do(func() { close(l.seen) })
 	}
 	return l.w.Write(p)
+}
+
+// TestMaxConcurrentStreams: one data plane connection holds at most
+// -max-concurrent-streams ext_proc streams at once; a further one waits
+// until a stream ends.
+func TestMaxConcurrentStreams(t *testing.T) {
+	e := startEPP(t, "-endpoints", "10.0.0.1:8000", "-max-concurrent-streams", "2")
+	client := extprocv3.NewExternalProcessorClient(e.conns[0])
+	open := func(ctx context.Context) (extprocv3.ExternalProcessor_ProcessClient, error) {
+		s, err := client.Process(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// A request without a body is routed on its headers.
+		if err := s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{
+			RequestHeaders: &extprocv3.HttpHeaders{EndOfStream: true, Headers: &corev3.HeaderMap{
+				Headers: []*corev3.HeaderValue{hv(":method", "GET"), hv(":path", "/v1/models")}}}}}); err != nil {
+			return nil, err
+		}
+		_, err = s.Recv()
+		return s, err
+	}
+	var cancels []context.CancelFunc
+	for range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancels = append(cancels, cancel)
+		defer cancel()
+		_, err := open(ctx)
+		require.NoError(t, err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := open(short)
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "a third stream on the connection waits: %v", err)
+
+	cancels[0]()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = open(ctx)
+	require.NoError(t, err, "a stream ended: room for another")
 }

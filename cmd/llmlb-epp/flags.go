@@ -1,11 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/url"
 	"strings"
 	"time"
@@ -46,6 +48,8 @@ type options struct {
 	retryAfter    time.Duration
 
 	maxBody       int64
+	maxBuffered   int64
+	maxStreams    int64
 	sessionHeader string
 	tenantHeader  string
 
@@ -74,6 +78,12 @@ type options struct {
 // policies lists the names -policy accepts.
 var policies = []string{"default", "least-outstanding", "least-tokens", "least-kv", "p2c", "round-robin", "random",
 	"consistent-hash", "prefix-hash", "prefix-aware", "sglang-cache-aware", "dynamo-kv", "gie-default"}
+
+// defaultMaxStreams is the default -max-concurrent-streams: the default
+// limit of requests in flight that Envoy's circuit breakers put on a cluster
+// (max_requests), so that a data plane at its defaults never meets it, while
+// the goroutines and gRPC buffers of one connection's streams stay bounded.
+const defaultMaxStreams = 1024
 
 // minRefresh is the least -refresh.
 const minRefresh = 10 * time.Millisecond
@@ -110,6 +120,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.retryAfter, "retry-after", retry.DefaultAdmissionRetryAfter, "Retry-After suggested with a 429")
 
 	fs.Int64Var(&o.maxBody, "max-body-bytes", httplb.DefaultMaxBodyBytes, "largest request body read; a longer one is answered 413 (0: the default)")
+	fs.Int64Var(&o.maxBuffered, "max-buffered-bytes", extproc.DefaultMaxBufferedBytes, "most bytes of request bodies held at once, over all streams and connections; a request beyond it is answered 429 (0: the default; at least -max-body-bytes)")
+	fs.Int64Var(&o.maxStreams, "max-concurrent-streams", defaultMaxStreams, "most ext_proc streams (requests) open at once on one data plane connection, advertised in HTTP/2 SETTINGS; Envoy opens another connection beyond it (0: no limit)")
 	fs.StringVar(&o.sessionHeader, "session-header", httplb.DefaultSessionHeader, "header carrying the session (affinity) key; the body's \"user\" otherwise")
 	fs.StringVar(&o.tenantHeader, "tenant-header", "", "header taken as the tenant, e.g. x-gateway-inference-fairness-id; only if the gateway sets or strips it (\"\": no tenant)")
 
@@ -205,6 +217,14 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	if o.drainDelay < 0 || o.drainTimeout < 0 {
 		return o, errors.New("-drain-delay and -drain-timeout must not be negative")
+	}
+	// A stream holds at most the body cap, and never more than 1 GiB, the
+	// default budget: the budget must hold one such body.
+	if o.maxBuffered < 0 || o.maxBuffered != 0 && o.maxBuffered < min(cmp.Or(o.maxBody, httplb.DefaultMaxBodyBytes), extproc.DefaultMaxBufferedBytes) {
+		return o, fmt.Errorf("-max-buffered-bytes %d must be at least -max-body-bytes, or 0", o.maxBuffered)
+	}
+	if o.maxStreams < 0 || o.maxStreams > math.MaxUint32 {
+		return o, fmt.Errorf("-max-concurrent-streams %d is outside [0, %d]", o.maxStreams, uint32(math.MaxUint32))
 	}
 	if o.retryAfter < 0 {
 		return o, fmt.Errorf("-retry-after %v must not be negative", o.retryAfter)

@@ -20,7 +20,10 @@
 // "inference-extension" and envoy.service.ext_proc.v3.ExternalProcessor,
 // which are also served on the ext_proc port. The admin listener (-admin)
 // serves /metrics (OpenTelemetry through the Prometheus exporter) and
-// /debug/llmlb (a JSON view of the endpoints). On SIGTERM it reports NOT_SERVING,
+// /debug/llmlb (a JSON view of the endpoints). The request bodies held at
+// once, over all streams, are bounded by -max-buffered-bytes (beyond it a
+// request is answered 429), and the streams open at once on one connection
+// by -max-concurrent-streams. On SIGTERM it reports NOT_SERVING,
 // waits -drain-delay for the data plane to notice, stops accepting streams and
 // lets those in flight finish for up to -drain-timeout. A second SIGTERM or
 // interrupt during the drain ends the process at once.

@@ -217,7 +217,8 @@ func newServer(o options) (_ *server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	picker, err := extproc.NewServer(extproc.Config{Balancer: s.b, Parser: p, Admission: s.admission, Fallbacks: o.fallbacks, Logger: s.log})
+	picker, err := extproc.NewServer(extproc.Config{Balancer: s.b, Parser: p, Admission: s.admission, Fallbacks: o.fallbacks, Logger: s.log,
+		MaxBufferedBytes: o.maxBuffered})
 	if err != nil {
 		return nil, err
 	}
@@ -254,6 +255,10 @@ func newServer(o options) (_ *server, err error) {
 		// MaxInt64 must not wrap to a negative limit that fails every
 		// message.
 		grpc.MaxRecvMsgSize(int(min(p.MaxBodyBytes(), math.MaxInt32-recvHeadroom) + recvHeadroom)),
+		// Each stream holds a goroutine and gRPC's buffers: bound them per
+		// connection (0: grpc-go's default, no limit). The request bodies
+		// are bounded over all connections by -max-buffered-bytes.
+		grpc.MaxConcurrentStreams(uint32(o.maxStreams)),
 	}
 	if o.secure {
 		tc, err := tlsConfig(o.certPath)
