@@ -168,8 +168,11 @@ func (a *ActiveBlocks) blocksLocked(s *activeSet) int {
 
 // Potential returns the active blocks at the endpoint key and how many of
 // r's blocks are not among them: Dynamo's potential decode blocks are their
-// sum.
+// sum. A nil r is a request with no prompt.
 func (a *ActiveBlocks) Potential(key string, r *Request) (active, added int) {
+	if r == nil {
+		r = &Request{}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.potentialLocked(key, r)

@@ -64,7 +64,8 @@ type gie struct {
 // outstanding tokens. The prefix score divides the leading blocks matched
 // by the blocks hashed, at most MaxPrefixBlocks. The choice is recorded in
 // the index, as the picker's prefix plugin does, and the index is sized from
-// the engines' reported KV capacity.
+// the engines' reported KV capacity. Give each Balancer its own policy;
+// several may share one Index.
 func GIEDefault(cfg GIEConfig) (Policy, error) {
 	if cfg.QueueWeight == 0 && cfg.KVWeight == 0 && cfg.PrefixWeight == 0 {
 		cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight = DefaultGIEQueueWeight, DefaultGIEKVWeight, DefaultGIEPrefixWeight
@@ -95,18 +96,21 @@ func (p *gie) Choose(c *Candidates) int {
 		c.loadInto(i, l)
 		// The picker scores the raw metrics of its last poll; c.costs holds
 		// each candidate's KV usage until the scores replace it.
-		q, kv := float64(l.Queued), kvUsage(l)
+		// The queue stays an integer in l.Waiting: a count near the
+		// largest int rounds up in a float64, and converting it back
+		// would wrap it to a negative queue.
+		q, kv := l.Queued, kvUsage(l)
 		if c.b.signal != nil {
 			var buf Load
 			if obs := c.observe(c.state(i), &buf); obs != nil {
-				q = float64(obs.Waiting)
+				q = int64(obs.Waiting)
 				if !math.IsNaN(obs.KVUsage) {
 					kv = obs.KVUsage
 				}
 			}
 		}
-		l.Waiting, c.costs[i] = int64(q), kv
-		minQ, maxQ = min(minQ, q), max(maxQ, q)
+		l.Waiting, c.costs[i] = q, kv
+		minQ, maxQ = min(minQ, float64(q)), max(maxQ, float64(q))
 	}
 	p.t.match(c)
 	blocks := float64(len(p.t.blocks(c.req)))

@@ -119,7 +119,9 @@ type HashConfig struct {
 	// [DefaultRingReplicas].
 	Replicas int
 	// Fallback chooses for requests without an AffinityKey. Nil means
-	// P2C(RequestsScore).
+	// P2C(RequestsScore). A Fallback that learns endpoint speeds
+	// ([Default]) learns them as it would alone, but for the time to
+	// first token of keyed requests, whose prefill work it did not price.
 	Fallback Policy
 }
 
@@ -127,6 +129,7 @@ type consistentHash struct {
 	balance  float64
 	rings    ringCache
 	fallback Policy
+	learn    bool // fallback learns speeds (see learns)
 }
 
 // ConsistentHash returns consistent hashing with bounded loads (Mirrokni,
@@ -153,13 +156,24 @@ func ConsistentHash(cfg HashConfig) (Policy, error) {
 	if cfg.Fallback == nil {
 		cfg.Fallback = P2C(RequestsScore)
 	}
-	return &consistentHash{balance: cfg.Balance, rings: ringCache{replicas: cfg.Replicas}, fallback: cfg.Fallback}, nil
+	l, ok := cfg.Fallback.(interface{ learns() bool })
+	return &consistentHash{balance: cfg.Balance, rings: ringCache{replicas: cfg.Replicas}, fallback: cfg.Fallback,
+		learn: ok && l.learns()}, nil
 }
+
+// learns reports whether the balancer should keep speed estimates: the
+// fallback learns them (see [DefaultConfig].DisableLearning).
+func (p *consistentHash) learns() bool { return p.learn }
 
 func (p *consistentHash) Choose(c *Candidates) int {
 	key := c.req.AffinityKey
 	if key == "" {
 		return p.fallback.Choose(c)
+	}
+	if p.learn {
+		// The ring prices no prefill work: the time to first token of
+		// a keyed request teaches the fallback's estimates nothing.
+		c.work = math.NaN()
 	}
 	return boundedWalk(c, p.rings.get(c), xxhash.Sum64String(key), p.balance)
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"testing"
+	"time"
 )
 
 func TestConsistentHashBoundedLoad(t *testing.T) {
@@ -161,5 +162,47 @@ func TestPrefixHash(t *testing.T) {
 		if _, err := ConsistentHash(bad); !errors.Is(err, ErrInvalidPolicy) {
 			t.Errorf("config %+v accepted", bad)
 		}
+	}
+}
+
+// TestConsistentHashForwardsLearning checks that a balancer over
+// ConsistentHash with a Default fallback learns speeds from the requests
+// Default priced, and that a keyed request, which the ring placed without
+// pricing its prefill, teaches no prefill observation.
+func TestConsistentHashForwardsLearning(t *testing.T) {
+	d, err := Default(DefaultConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ConsistentHash(HashConfig{Fallback: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := newFakeClock()
+	b := mustNew(t, p, WithClock(clock))
+	if !b.learn {
+		t.Fatal("a balancer over ConsistentHash with a Default fallback does not learn")
+	}
+	mustUpdate(t, b, eps(1))
+	est := b.snap.Load().eps[0].est
+	if est == nil {
+		t.Fatal("the balancer keeps no speed estimate")
+	}
+	observed := func() float64 {
+		est.mu.Lock()
+		defer est.mu.Unlock()
+		return est.c
+	}
+	for _, r := range []Request{{PromptTokens: 1000, AffinityKey: "s1"}, {PromptTokens: 1000}} {
+		pk, err := b.Pick(context.Background(), &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Second)
+		pk.FirstToken()
+		pk.Done(nil)
+	}
+	if c := observed(); c != 1 {
+		t.Fatalf("%v prefill observations, want 1 (of the request without a key)", c)
 	}
 }

@@ -39,7 +39,7 @@ type OutputConfig struct {
 	// Window is about how many of a kind's latest completions its learned
 	// lengths reflect: each new one weighs 1/Window, and older ones decay
 	// geometrically, so a kind whose outputs change is followed. 0 means
-	// [DefaultOutputWindow].
+	// [DefaultOutputWindow]; 1 counts as 2.
 	Window int
 	// MaxKinds bounds the kinds remembered (tenant and feature pairs, and
 	// features), the least recently completed forgotten first. Each takes

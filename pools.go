@@ -1,5 +1,7 @@
 package llmlb
 
+import "math"
+
 // Pool is a named group of endpoints that serves one class of requests in
 // [Segregated].
 type Pool struct {
@@ -20,13 +22,15 @@ type Pool struct {
 
 type pool struct {
 	Pool
-	keys map[string]bool
+	keys   map[string]bool
+	learns bool // Policy learns speeds (see learns)
 }
 
 type segregated struct {
 	pools   []pool
 	general int // index of the general pool, -1 if none
 	claimed map[string]bool
+	learn   bool // some pool's policy learns speeds
 }
 
 // Segregated returns the policy that classifies each request by size into
@@ -36,7 +40,10 @@ type segregated struct {
 // order. When the request's pool has no candidate (all excluded or absent),
 // the request goes to the general pool, and failing that to any candidate.
 // Policies of pools are called with the candidates narrowed to the pool (see
-// [Candidates.Narrow]).
+// [Candidates.Narrow]). A pool's policy that learns endpoint speeds
+// ([Default]) learns them as it would alone; the requests of other pools
+// teach the endpoints' decode speed but not their time to first token,
+// whose prefill work they did not price.
 func Segregated(pools ...Pool) (Policy, error) {
 	s := &segregated{general: -1, claimed: map[string]bool{}}
 	for i, p := range pools {
@@ -59,13 +66,20 @@ func Segregated(pools ...Pool) (Policy, error) {
 			keys[k] = true
 			s.claimed[k] = true
 		}
-		s.pools = append(s.pools, pool{p, keys})
+		l, ok := p.Policy.(interface{ learns() bool })
+		learns := ok && l.learns()
+		s.learn = s.learn || learns
+		s.pools = append(s.pools, pool{p, keys, learns})
 	}
 	if len(s.pools) == 0 {
 		return nil, policyErrorf("Segregated needs at least one pool")
 	}
 	return s, nil
 }
+
+// learns reports whether the balancer should keep speed estimates: some
+// pool's policy learns them (see [DefaultConfig].DisableLearning).
+func (s *segregated) learns() bool { return s.learn }
 
 func (s *segregated) in(p *pool, key string) bool {
 	if len(p.keys) == 0 { // the general pool without a list
@@ -90,8 +104,20 @@ func (s *segregated) Choose(c *Candidates) int {
 		}
 		p := &s.pools[i]
 		if c.Narrow(func(j int) bool { return s.in(p, c.Key(j)) }) {
-			return p.Policy.Choose(c)
+			return s.priced(c, p.learns, p.Policy.Choose(c))
 		}
 	}
-	return P2C(TokensScore).Choose(c)
+	return s.priced(c, false, P2C(TokensScore).Choose(c))
+}
+
+// priced returns i, the choice of a pool's policy, which learns speeds if
+// learns is set. When another pool's policy learns them, a choice that
+// priced no prefill work marks its work unknown, so that its time to first
+// token does not teach the chosen endpoint's estimate a prefill of no
+// work.
+func (s *segregated) priced(c *Candidates, learns bool, i int) int {
+	if s.learn && !learns {
+		c.work = math.NaN()
+	}
+	return i
 }

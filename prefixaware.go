@@ -50,11 +50,14 @@ func newPrefixTracker(ix *prefix.Index) (*prefixTracker, error) {
 	return &prefixTracker{index: ix, block: ix.BlockSize(), members: map[string]struct{}{}, capKV: map[string]int{}}, nil
 }
 
-// sync drops the index entries of endpoints that left the membership.
+// sync drops the index entries of endpoints that left the membership. A
+// pick that read the membership before the last one applied here is
+// ignored: an endpoint that joined since is not gone, and its entries stay.
+// (A balancer numbers its memberships in increasing order.)
 func (t *prefixTracker) sync(c *Candidates) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.gen == c.Generation() {
+	if c.Generation() <= t.gen {
 		return
 	}
 	t.gen = c.Generation()
