@@ -138,6 +138,9 @@ func (p *adapterAffinity) learns() bool {
 	return ok && l.learns()
 }
 
+// peakPolicy returns the inner policy's PeakEWMA, if any (see peaked).
+func (p *adapterAffinity) peakPolicy() *peakEWMA { return peakOf(p.inner) }
+
 // pairKey identifies an adapter (by the hash of its name) on an endpoint
 // (by the hash of its key).
 func pairKey(adapter, endpoint uint64) uint64 {

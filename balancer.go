@@ -389,7 +389,7 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 	if l, ok := policy.(interface{ learns() bool }); ok {
 		b.learn = l.learns()
 	}
-	b.peak, _ = policy.(*peakEWMA)
+	b.peak = peakOf(policy)
 	b.plain = b.obs == nil && !b.learn && b.peak == nil && b.outputs == nil
 	b.slowUntil.Store(never)
 	b.snap.Store(&snapshot{byKey: map[string]*epState{}, gen: generations.Add(1)})

@@ -165,6 +165,9 @@ func ConsistentHash(cfg HashConfig) (Policy, error) {
 // fallback learns them (see [DefaultConfig].DisableLearning).
 func (p *consistentHash) learns() bool { return p.learn }
 
+// peakPolicy returns the fallback's PeakEWMA, if any (see peaked).
+func (p *consistentHash) peakPolicy() *peakEWMA { return peakOf(p.fallback) }
+
 func (p *consistentHash) Choose(c *Candidates) int {
 	key := c.req.AffinityKey
 	if key == "" {

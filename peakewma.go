@@ -56,6 +56,9 @@ const MinHeadroom = 0.05
 // them down for the wait a 429 asks. An endpoint without a completion
 // yet costs what the other sampled candidate costs per request, so that
 // new endpoints are tried at once and by their outstanding requests.
+// Wrapped in [AdapterAffinity], as a [Segregated] pool's policy or as
+// [ConsistentHash]'s fallback it learns as it does alone; a balancer keeps
+// one average per endpoint, with the Decay of the first pool's PeakEWMA.
 func PeakEWMA(cfg PeakEWMAConfig) (Policy, error) {
 	if cfg.Decay < 0 {
 		return nil, policyErrorf("PeakEWMA Decay %v is negative", cfg.Decay)
@@ -82,6 +85,21 @@ func (p *peakEWMA) quota(cost float64, st *epState) float64 {
 }
 
 // String names the policy in errors and logs.
+// peaked is implemented by a policy that is or wraps a PeakEWMA: the
+// balancer then measures each endpoint's latency per output token, which
+// PeakEWMA reads, with its decay.
+type peaked interface{ peakPolicy() *peakEWMA }
+
+// peakOf returns the PeakEWMA that p is or wraps, or nil.
+func peakOf(p Policy) *peakEWMA {
+	if q, ok := p.(peaked); ok {
+		return q.peakPolicy()
+	}
+	return nil
+}
+
+func (p *peakEWMA) peakPolicy() *peakEWMA { return p }
+
 func (p *peakEWMA) String() string {
 	return fmt.Sprintf("PeakEWMA(decay %v)", time.Duration(p.decay))
 }

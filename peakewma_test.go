@@ -185,3 +185,34 @@ func TestPeakEWMAHeadroom(t *testing.T) {
 		t.Fatalf("picked %s, want ep1", k)
 	}
 }
+
+// PeakEWMA learns latencies when another policy wraps it: inside
+// AdapterAffinity, as a Segregated pool's policy and as ConsistentHash's
+// fallback, a slow endpoint is avoided as by PeakEWMA alone.
+func TestPeakEWMAWrapped(t *testing.T) {
+	wraps := map[string]func(Policy) (Policy, error){
+		"adapter-affinity": func(p Policy) (Policy, error) { return AdapterAffinity(p, AdapterConfig{}) },
+		"segregated":       func(p Policy) (Policy, error) { return Segregated(Pool{Name: "all", Policy: p}) },
+		"hash-fallback":    func(p Policy) (Policy, error) { return ConsistentHash(HashConfig{Fallback: p}) },
+	}
+	for name, wrap := range wraps {
+		t.Run(name, func(t *testing.T) {
+			clk := newFakeClock()
+			peak, err := PeakEWMA(PeakEWMAConfig{Decay: 10 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pol, err := wrap(peak)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := mustNew(t, pol, WithClock(clk))
+			mustUpdate(t, b, eps(2))
+			lat := map[string]time.Duration{"ep0": 100 * time.Millisecond, "ep1": 2 * time.Second}
+			servePeak(t, b, clk, 20, lat)
+			if got := servePeak(t, b, clk, 200, lat); got["ep1"] > 10 {
+				t.Fatalf("%v, want the slow ep1 nearly avoided", got)
+			}
+		})
+	}
+}

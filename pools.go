@@ -81,6 +81,18 @@ func Segregated(pools ...Pool) (Policy, error) {
 // pool's policy learns them (see [DefaultConfig].DisableLearning).
 func (s *segregated) learns() bool { return s.learn }
 
+// peakPolicy returns the PeakEWMA of the first pool whose policy is or
+// wraps one, if any (see peaked): the balancer measures every endpoint's
+// latency with its decay.
+func (s *segregated) peakPolicy() *peakEWMA {
+	for i := range s.pools {
+		if p := peakOf(s.pools[i].Policy); p != nil {
+			return p
+		}
+	}
+	return nil
+}
+
 func (s *segregated) in(p *pool, key string) bool {
 	if len(p.keys) == 0 { // the general pool without a list
 		return !s.claimed[key]
