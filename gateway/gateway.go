@@ -123,8 +123,12 @@ type Config struct {
 	// (package telemetry provides one). Retry.Observer is told of the
 	// retries, hedges, ejections and refusals.
 	Observer *llmlb.Observer
-	// Base sends the upstream requests. nil means an [http.Transport] with
-	// up to 256 idle connections per replica.
+	// Base sends the upstream requests. nil means a clone of
+	// [http.DefaultTransport] (its proxy from the environment, dial and TLS
+	// handshake timeouts) that keeps up to 256 idle connections per replica
+	// for at most 4 seconds: the engines' servers close a connection idle
+	// for 5. A Base of your own should keep idle connections for less time
+	// than the replicas do.
 	Base http.RoundTripper
 	// Share, if not nil, makes this gateway one replica of a group that
 	// exchanges its requests in flight and routed prefixes with the other
@@ -183,6 +187,24 @@ type Gateway struct {
 
 	mu       sync.Mutex // protects backends
 	backends []string   // endpoint keys, in the order given
+}
+
+// idleConnTimeout is how long the default Base keeps a connection to a
+// replica with no request on it. The engines' servers close one idle for 5
+// seconds (uvicorn's default timeout_keep_alive, which vLLM, SGLang and
+// TensorRT-LLM's servers keep; cpp-httplib's keep-alive in llama.cpp's), and
+// a request sent on a connection just as its server closes it fails: a POST
+// is not retried by net/http, and the attempt counts as the replica's
+// failure. Closing it first, the gateway never sends on one.
+const idleConnTimeout = 4 * time.Second
+
+// defaultBase returns the Transport of a Config without Base.
+func defaultBase() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 0 // no bound over all replicas
+	t.MaxIdleConnsPerHost = 256
+	t.IdleConnTimeout = idleConnTimeout
+	return t
 }
 
 // New returns a gateway in front of the replicas at the base URLs backends
@@ -283,7 +305,7 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	}
 	base := cfg.Base
 	if base == nil {
-		base = &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 256, IdleConnTimeout: time.Minute}
+		base = defaultBase()
 	}
 	rc := cfg.Retry
 	if rc.Reporter == nil {

@@ -1059,3 +1059,24 @@ func TestGatewayUpdateDuplicateChangesNothing(t *testing.T) {
 		}
 	}
 }
+
+// The default upstream transport closes an idle connection before the
+// engines' servers do (5 s), so that no request is sent on a connection as
+// its replica closes it, and it bounds dialing and TLS handshakes, as
+// net/http's DefaultTransport does, so that a replica that does not answer
+// SYNs fails the attempt instead of holding it for the kernel's timeout.
+func TestDefaultBaseTransport(t *testing.T) {
+	tr := defaultBase()
+	if tr.IdleConnTimeout <= 0 || tr.IdleConnTimeout >= 5*time.Second {
+		t.Errorf("IdleConnTimeout %v, want in (0, 5s)", tr.IdleConnTimeout)
+	}
+	if tr.DialContext == nil || tr.TLSHandshakeTimeout <= 0 || tr.Proxy == nil {
+		t.Errorf("DialContext set %v, TLSHandshakeTimeout %v, Proxy set %v: want DefaultTransport's", tr.DialContext != nil, tr.TLSHandshakeTimeout, tr.Proxy != nil)
+	}
+	if tr.MaxIdleConnsPerHost < 256 || tr.MaxIdleConns != 0 {
+		t.Errorf("MaxIdleConnsPerHost %d, MaxIdleConns %d: want 256 per replica and no bound over all", tr.MaxIdleConnsPerHost, tr.MaxIdleConns)
+	}
+	if tr == http.DefaultTransport {
+		t.Error("the default transport is shared with the process")
+	}
+}

@@ -37,7 +37,12 @@ const maxDrainTime = 100 * time.Millisecond
 type Config struct {
 	// Balancer picks an endpoint for each attempt. Required.
 	Balancer *llmlb.Balancer
-	// Base sends each attempt. nil means [http.DefaultTransport].
+	// Base sends each attempt. nil means [http.DefaultTransport]. The
+	// engines' servers close a connection idle for 5 seconds (uvicorn's
+	// default, kept by vLLM and SGLang), and an attempt sent on one just as
+	// it closes fails (net/http retries no POST): a Transport that keeps
+	// idle connections for less (IdleConnTimeout), as package gateway's
+	// does, never meets that.
 	Base http.RoundTripper
 	// URL returns the base URL of a picked endpoint; the request's path is
 	// appended to its path (see [Endpoint]). nil means the endpoints are
