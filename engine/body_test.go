@@ -177,8 +177,8 @@ func TestReadTimeoutBoundsUnreadBodies(t *testing.T) {
 		name, request string
 		code          int
 	}{
-		{"health", "POST /health", http.StatusOK},
-		{"models", "POST /v1/models", http.StatusOK},
+		{"health", "POST /health", http.StatusMethodNotAllowed},
+		{"models", "POST /v1/models", http.StatusMethodNotAllowed},
 		{"metrics", "POST /metrics", http.StatusOK},
 		{"wrong method", "PUT /v1/completions", http.StatusMethodNotAllowed},
 		{"unknown path", "POST /v2/completions", http.StatusNotFound},

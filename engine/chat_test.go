@@ -76,7 +76,8 @@ func TestChatMessages(t *testing.T) {
 	}
 }
 
-// A refused message gets 400 with an OpenAI-style error.
+// A refused message gets 400 with vLLM's error for a body its request model
+// does not validate.
 func TestChatMessageRefusedOverHTTP(t *testing.T) {
 	e := newEngine(t, Config{})
 	url, _ := serve(t, e)
@@ -93,7 +94,7 @@ func TestChatMessageRefusedOverHTTP(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(b, &out), "%s", b)
 	assert.Equal(t, "messages[0].content: a string or a list of content parts is required", out.Error.Message)
-	assert.Equal(t, "invalid_request_error", out.Error.Type)
+	assert.Equal(t, "Bad Request", out.Error.Type)
 	assert.Equal(t, http.StatusBadRequest, out.Error.Code)
 	assert.Zero(t, e.Stats().Waiting+e.Stats().Running+int(e.Stats().Finished), "nothing was queued")
 }

@@ -10,7 +10,10 @@
 // block_size, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total,
 // vllm:num_preemptions_total, vllm:request_success_total with
 // finished_reason "length", the only way a request here finishes, in the
-// Prometheus text format), GET /health (200, or as vLLM's 503 once the
+// Prometheus text format as vLLM's prometheus_client writes it: every series
+// labelled model_name and engine "0", counters typed under their name
+// without _total, values written as Python floats such as "3.0" and
+// "1.234567e+06"), GET /health (200, or as vLLM's 503 once the
 // engine is dead: its [Engine.Run] has returned) and GET /v1/models. As
 // vLLM, /v1/completions reads the prompt and /v1/chat/completions the
 // messages, and a request without its own field is refused (400); a
@@ -20,7 +23,12 @@
 // other than the one the engine serves ([Config].Model, which GET
 // /v1/models lists) gets 404 with vLLM's error: type "NotFoundError", param
 // "model", message "The model `NAME` does not exist."; the engine serves no
-// LoRA adapters, so their names are refused too. A request whose model is
+// LoRA adapters, so their names are refused too. Every error answer has
+// the shape of vLLM's, {"error": {"message", "type", "param", "code"}}, with
+// vLLM's type: "Bad Request" for a body vLLM's request models would not
+// validate, "BadRequestError" for one its handler refuses (a context too
+// long has param "input_tokens" or "max_tokens" and vLLM's message),
+// otherwise the status's reason phrase. A request whose model is
 // "", null or absent is for the served model, and every answer names the
 // served model; the model is checked before the prompt is read, as vLLM
 // checks it before rendering the prompt. Chat messages are checked as vLLM
@@ -29,6 +37,12 @@
 // vLLM knows, text parts with a string text), or null in an assistant
 // message or a function message with a name; anything else is refused with
 // 400 and the message's index, not read as empty text.
+//
+// As vLLM's, an answer's id (in every chunk of a stream) is "cmpl-", or
+// "chatcmpl-" for a chat request, and the request's X-Request-Id header (of
+// at most 1 KiB: a stream repeats it in every chunk), or otherwise a random
+// UUID in hex; the header is not echoed, as vLLM echoes it only with
+// --enable-request-id-headers.
 //
 // A stream sends one chunk a token, then "data: [DONE]". As vLLM's, it
 // reports usage only when asked: with "stream_options":

@@ -31,6 +31,13 @@ const (
 	DefaultMaxBodyBytes = 8 << 20
 	// DefaultReadTimeout bounds the time to receive a request's body.
 	DefaultReadTimeout = 30 * time.Second
+	// DefaultIdleTimeout is how long [Engine.Serve] keeps a keep-alive
+	// connection with no request on it when Config.IdleTimeout is 0: two
+	// minutes, longer than net/http's DefaultTransport keeps an idle
+	// connection (90 seconds), so that a Go client with default settings
+	// closes it first and never sends a request on a connection that the
+	// engine is closing (see Config.IdleTimeout).
+	DefaultIdleTimeout = 2 * time.Minute
 	// BytesPerToken is the prompt bytes counted as one token.
 	BytesPerToken = 4
 	// DefaultTokenBudget is the tokens one iteration processes, prefill
@@ -137,6 +144,21 @@ type Config struct {
 	// ResponseWriter without them (one that wraps another without an
 	// Unwrap method) reads bodies unbounded. 0 means [DefaultReadTimeout].
 	ReadTimeout time.Duration
+	// IdleTimeout is how long [Engine.Serve]'s server keeps a keep-alive
+	// connection open with no request on it; then it closes the
+	// connection. vLLM's server closes one after 5 seconds: uvicorn's
+	// timeout_keep_alive, which vLLM sets to VLLM_HTTP_TIMEOUT_KEEP_ALIVE,
+	// "5" unless set (vllm/envs.py, and serve_http's call in
+	// vllm/entrypoints/openai/api_server.py, vLLM main as of 2026);
+	// cmd/llmlb-engine serves with that by default. A client that sends a
+	// request on a connection just as the server closes it gets an error
+	// (EOF or a connection reset) that net/http's Transport retries only
+	// for idempotent requests, which completion POSTs are not: a client
+	// must keep connections idle for less than this (its
+	// [net/http.Transport].IdleConnTimeout) or retry. Setting 5 seconds
+	// here shows a client what vLLM will do. 0 means
+	// [DefaultIdleTimeout]; it must not be negative.
+	IdleTimeout time.Duration
 	// KVEvents, if set, receives the engine's KV-cache events as vLLM
 	// reports them: after every iteration that changed the prefix cache,
 	// one batch of BlockStored events (the blocks' hashes, their parent's
@@ -160,6 +182,7 @@ type Engine struct {
 	maxLen    int // MaxModelLen, or the KV cache's size in tokens
 	maxBody   int64
 	readTime  time.Duration // ReadTimeout
+	idleTime  time.Duration // IdleTimeout
 	speedup   float64
 	blockSize int
 	kvBlocks  int
@@ -252,6 +275,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.ReadTimeout < 0 {
 		return nil, fmt.Errorf("%w: ReadTimeout %v is negative", ErrInvalidConfig, cfg.ReadTimeout)
 	}
+	if cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("%w: IdleTimeout %v is negative", ErrInvalidConfig, cfg.IdleTimeout)
+	}
 	h, err := prefix.NewHasher(prefix.HasherConfig{
 		BlockTokens: eng.BlockSize,
 		BlockBytes:  eng.BlockSize * BytesPerToken,
@@ -270,6 +296,7 @@ func New(cfg Config) (*Engine, error) {
 		maxLen:    cfg.MaxModelLen,
 		maxBody:   cfg.MaxBodyBytes,
 		readTime:  cfg.ReadTimeout,
+		idleTime:  cfg.IdleTimeout,
 		speedup:   speed,
 		blockSize: eng.BlockSize,
 		kvBlocks:  eng.KVBlocks,
@@ -299,6 +326,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if e.readTime == 0 {
 		e.readTime = DefaultReadTimeout
+	}
+	if e.idleTime == 0 {
+		e.idleTime = DefaultIdleTimeout
 	}
 	if kv := eng.KVBlocks * eng.BlockSize; e.maxLen == 0 || e.maxLen > kv {
 		e.maxLen = kv

@@ -490,6 +490,7 @@ func TestConfig(t *testing.T) {
 		{RequestsPerMinute: -1},
 		{MaxModelLen: -1},
 		{ReadTimeout: -time.Second},
+		{IdleTimeout: -time.Second},
 		// Iteration times of these overflow time.Duration: the engine
 		// would not wait at all.
 		{Speedup: 1e-300},

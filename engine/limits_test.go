@@ -49,9 +49,12 @@ func TestOutputBoundedByContext(t *testing.T) {
 		{"default output cut to the context", fmt.Sprintf(`{"prompt":%q}`, prompt(200)), http.StatusOK, 56, ""},
 		{"one token of room", fmt.Sprintf(`{"prompt":%q}`, prompt(255)), http.StatusOK, 1, ""},
 		{"prompt fills the context", fmt.Sprintf(`{"prompt":%q}`, prompt(256)), http.StatusBadRequest, 0,
-			"This model's maximum context length is 256 tokens. However, you requested 256 tokens in the messages, Please reduce the length of the messages."},
+			"This model's maximum context length is 256 tokens. However, your request has 256 input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=256)"},
+		// The prompt is checked first, whatever max_tokens asks.
+		{"prompt fills the context, with max_tokens", fmt.Sprintf(`{"prompt":%q,"max_tokens":1}`, prompt(300)), http.StatusBadRequest, 0,
+			"This model's maximum context length is 256 tokens. However, your request has 300 input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=300)"},
 		{"max_tokens beyond the context", fmt.Sprintf(`{"prompt":%q,"max_tokens":100}`, prompt(200)), http.StatusBadRequest, 0,
-			"This model's maximum context length is 256 tokens. However, you requested 300 tokens (200 in the messages, 100 in the completion)."},
+			"'max_tokens' or 'max_completion_tokens' is too large: 100. This model's maximum context length is 256 tokens and your request has 200 input tokens (100 > 256 - 200). (parameter=max_tokens, value=100)"},
 		{"max_tokens within the context", fmt.Sprintf(`{"prompt":%q,"max_tokens":56}`, prompt(200)), http.StatusOK, 56, ""},
 	}
 	for _, c := range cases {
@@ -75,7 +78,7 @@ func TestLongestContext(t *testing.T) {
 	url, _ := serve(t, e)
 	code, _, msg := completionTokens(t, url, "/v1/completions", fmt.Sprintf(`{"prompt":"x","max_tokens":%d}`, 1<<25))
 	assert.Equal(t, http.StatusBadRequest, code, msg)
-	assert.Contains(t, msg, "This model's maximum context length is 16777216 tokens.")
+	assert.Contains(t, msg, "This model's maximum context length is 16777216 tokens")
 	code, tokens, msg := completionTokens(t, url, "/v1/completions", `{"prompt":"x","max_tokens":2}`)
 	assert.Equal(t, http.StatusOK, code, msg)
 	assert.Equal(t, 2, tokens)

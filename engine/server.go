@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -17,9 +18,9 @@ import (
 	"github.com/llmlb/llmlb/internal/model"
 )
 
-// ServeHTTP implements [http.Handler]: the completions API, /metrics,
-// /health and /v1/models. Requests are queued for the batching loop of
-// [Engine.Run]; without it they wait.
+// ServeHTTP implements [http.Handler]: the completions API (POST), /metrics,
+// and GET /health and /v1/models. Requests are queued for the batching loop
+// of [Engine.Run]; without it they wait.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.hmu.Lock()
 	e.handlers++
@@ -41,6 +42,9 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/metrics":
 		e.metrics(w)
 	case "/health":
+		if !getOnly(w, r) {
+			return
+		}
 		// As vLLM's, 503 once the engine is dead: its Run has returned.
 		e.mu.Lock()
 		stopped := e.stopped
@@ -51,11 +55,32 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.WriteHeader(http.StatusOK)
 	case "/v1/models":
+		if !getOnly(w, r) {
+			return
+		}
+		// As vLLM's ModelCard (vllm/entrypoints/openai/engine/protocol.py,
+		// vLLM main as of 2026), with the context length a router may
+		// read to keep long prompts off the engine.
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","owned_by":"llmlb"}]}`+"\n", e.model)
+		model := jsonString(e.model)
+		fmt.Fprintf(w, `{"object":"list","data":[{"id":%s,"object":"model","created":%d,"owned_by":"vllm","root":%s,"parent":null,"max_model_len":%d}]}`+"\n",
+			model, time.Now().Unix(), model, e.maxLen)
 	default:
-		writeError(w, http.StatusNotFound, "not found")
+		writeHTTPError(w, http.StatusNotFound)
 	}
+}
+
+// getOnly reports whether r is a GET, and otherwise answers 405 with Allow:
+// GET, as vLLM does for /health and /v1/models: FastAPI routes them for GET
+// alone, not even HEAD (@router.get in vLLM's api_server.py and
+// vllm/entrypoints/openai/models/api_router.py, vLLM main as of 2026).
+func getOnly(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method == http.MethodGet {
+		return true
+	}
+	w.Header().Set("Allow", http.MethodGet)
+	writeHTTPError(w, http.StatusMethodNotAllowed)
+	return false
 }
 
 // Serve runs the batching loop and an HTTP server on l until ctx is done, then
@@ -63,13 +88,14 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // break, as when a server is killed), waits for its handlers and returns
 // ctx's error, or the error that stopped the server. Serve calls Run: use one
 // or the other, once; an engine that has run already is not served (l is
-// closed) and Serve returns an error wrapping [ErrRunning].
+// closed) and Serve returns an error wrapping [ErrRunning]. The server
+// closes a keep-alive connection idle for [Config].IdleTimeout.
 func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 	if !e.ran.CompareAndSwap(false, true) {
 		_ = l.Close()
 		return fmt.Errorf("%w: Serve called after Run or Serve", ErrRunning)
 	}
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: e.idleTime}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ran := make(chan struct{})
@@ -149,22 +175,17 @@ func (q *request) promptText(chat bool) (string, string) {
 func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool, deadline time.Time) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, "POST only")
+		writeHTTPError(w, http.StatusMethodNotAllowed)
 		return
 	}
 	body, code, msg := e.readBody(w, r, deadline)
 	if code != 0 {
-		writeError(w, code, msg)
+		writeError(w, statusError(code, msg))
 		return
 	}
-	s, q, code, msg := e.parse(body, chat)
-	switch code {
-	case 0:
-	case http.StatusNotFound: // parse's only 404: a model the engine does not serve
-		writeErrorInfo(w, code, "NotFoundError", "model", msg)
-		return
-	default:
-		writeError(w, code, msg)
+	s, q, ref := e.parseRequest(body, chat)
+	if ref.code != 0 {
+		writeError(w, ref)
 		return
 	}
 	if e.rpm > 0 {
@@ -175,25 +196,49 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool, dea
 		h.Set("X-Ratelimit-Reset-Requests", reset.Round(time.Millisecond).String())
 		if !ok {
 			h.Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
-			writeError(w, http.StatusTooManyRequests, "rate limit reached for requests")
+			writeError(w, statusError(http.StatusTooManyRequests, "rate limit reached for requests"))
 			return
 		}
 	}
 	switch err := e.submit(s); {
 	case errors.Is(err, errQueueFull):
 		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusTooManyRequests, "too many requests waiting")
+		writeError(w, statusError(http.StatusTooManyRequests, "too many requests waiting"))
 		return
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, err.Error())
+		writeError(w, statusError(http.StatusServiceUnavailable, err.Error()))
 		return
 	}
 	model := jsonString(e.model) // named in every answer, quoted once
+	id := answerID(r, chat)
 	if q.Stream {
-		e.stream(w, r, s, chat, model, q.usage)
+		e.stream(w, r, s, chat, id, model, q.usage)
 	} else {
-		e.answer(w, r, s, chat, model)
+		e.answer(w, r, s, chat, id, model)
 	}
+}
+
+// maxRequestIDBytes bounds the X-Request-Id an answer's id takes: every
+// chunk of a stream repeats the id, so that a header of the server's
+// largest (1 MB) would make a stream of the longest output 4 GB.
+const maxRequestIDBytes = 1 << 10
+
+// answerID returns the id of r's answer, as a JSON string literal: as
+// vLLM's, "cmpl-" (for a chat request "chatcmpl-") and the request's
+// X-Request-Id header, even empty, or else a random UUID in hex
+// (OpenAIServing._base_request_id in
+// vllm/entrypoints/openai/engine/serving.py, vLLM main as of 2026). Unlike
+// vLLM, the engine does not read a request_id field of the body, and an
+// X-Request-Id longer than maxRequestIDBytes is not used either.
+func answerID(r *http.Request, chat bool) string {
+	prefix := "cmpl-"
+	if chat {
+		prefix = "chatcmpl-"
+	}
+	if v, ok := r.Header["X-Request-Id"]; ok && len(v) > 0 && len(v[0]) <= maxRequestIDBytes {
+		return jsonString(prefix + v[0])
+	}
+	return jsonString(fmt.Sprintf("%s%016x%016x", prefix, rand.Uint64(), rand.Uint64()))
 }
 
 // boundBody sets the read deadline of r's connection (of its stream, over
@@ -245,12 +290,18 @@ func (e *Engine) readBody(w http.ResponseWriter, r *http.Request, deadline time.
 	return body, 0, ""
 }
 
-// parse reads a completions body (of the chat endpoint if chat is set) into
-// a request ready to submit, or returns the status and message refusing it:
-// 404 only for a model the engine does not serve (see serves).
+// parse is parseRequest with the refusal's status and message only.
 func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg string) {
+	s, q, r := e.parseRequest(body, chat)
+	return s, q, r.code, r.msg
+}
+
+// parseRequest reads a completions body (of the chat endpoint if chat is
+// set) into a request ready to submit, or returns the refusal: 400, or 404
+// only for a model the engine does not serve (see serves).
+func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r errorAnswer) {
 	if err := json.Unmarshal(body, &q); err != nil {
-		return nil, q, http.StatusBadRequest, jsonRefusal(err)
+		return nil, q, invalid(jsonRefusal(err))
 	}
 	// First what vLLM's request models refuse, before its handler runs: a
 	// missing prompt or messages field, stream options without a stream.
@@ -264,25 +315,23 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 		q.usage, refusal = parseStreamOptions(q.StreamOptions, q.Stream)
 	}
 	if refusal != "" {
-		return nil, q, http.StatusBadRequest, refusal
+		return nil, q, invalid(refusal)
 	}
 	// Then, as vLLM's handler, the model, before the prompt is rendered
 	// and the sampling parameters are read.
 	if model, ok := exactModel(body); !ok {
-		return nil, q, http.StatusBadRequest, "model: a string is required"
+		return nil, q, invalid("model: a string is required")
 	} else if q.Model = model; !e.serves(model) {
-		return nil, q, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", model)
+		return nil, q, errorAnswer{http.StatusNotFound, typeNotFound, "model", fmt.Sprintf("The model `%s` does not exist.", model)}
 	}
 	text, refusal := q.promptText(chat)
 	switch {
 	case refusal != "":
+		return nil, q, invalid(refusal)
 	case text == "":
-		refusal = "the prompt is empty"
+		return nil, q, badRequest("", "the prompt is empty")
 	case q.N != nil && *q.N != 1:
-		refusal = "n: this emulator answers one choice a request; send each choice as a request of its own"
-	}
-	if refusal != "" {
-		return nil, q, http.StatusBadRequest, refusal
+		return nil, q, badRequest("n", "n: this emulator answers one choice a request; send each choice as a request of its own")
 	}
 	// As vLLM's chat endpoint, the newer max_completion_tokens wins over
 	// max_tokens; a completions request reads max_tokens first.
@@ -297,20 +346,25 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 	for _, l := range limits {
 		if l.v != nil {
 			if *l.v < 1 || *l.v > math.MaxInt32 || *l.v != math.Trunc(*l.v) {
-				return nil, q, http.StatusBadRequest, fmt.Sprintf("%s must be an integer from 1 to %d", l.name, math.MaxInt32)
+				return nil, q, badRequest(l.name, fmt.Sprintf("%s must be an integer from 1 to %d", l.name, math.MaxInt32))
 			}
 			maxOut, asked = int(min(*l.v, float64(e.maxCap))), true
 			break
 		}
 	}
+	// As vLLM's OpenAIServing._validate_input
+	// (vllm/entrypoints/openai/engine/serving.py, vLLM main as of 2026):
+	// first a prompt that fills the context, then one that leaves no room
+	// for max_tokens, each a VLLMValidationError whose message ends with
+	// its parameter and value.
 	prompt := (len(text) + BytesPerToken - 1) / BytesPerToken
 	switch {
-	case asked && prompt+maxOut > e.maxLen:
-		return nil, q, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			e.maxLen, prompt+maxOut, prompt, maxOut)
 	case prompt >= e.maxLen:
-		return nil, q, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.",
-			e.maxLen, prompt)
+		return nil, q, badRequest("input_tokens", fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=%d)",
+			e.maxLen, prompt, prompt))
+	case asked && prompt+maxOut > e.maxLen:
+		return nil, q, badRequest("max_tokens", fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d). (parameter=max_tokens, value=%d)",
+			maxOut, e.maxLen, prompt, maxOut, e.maxLen, prompt, maxOut))
 	case !asked:
 		// As vLLM, a request that sets no output length gets the
 		// default as far as its context has room, not a refusal.
@@ -325,7 +379,7 @@ func (e *Engine) parse(body []byte, chat bool) (s *seq, q request, code int, msg
 	if e.kvEvents != nil {
 		s.prompt = text
 	}
-	return s, q, 0, ""
+	return s, q, errorAnswer{}
 }
 
 // serves reports whether a request naming model is for this engine: as
@@ -389,7 +443,9 @@ func jsonString(s string) string {
 	return string(b)
 }
 
-func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat bool, model string) {
+// answer answers s in one JSON body, once it is done; id and model are JSON
+// string literals.
+func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat bool, id, model string) {
 	created := time.Now().Unix()
 	for {
 		gen, done, failed, gone := e.wait(r, s)
@@ -397,7 +453,7 @@ func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 		case gone:
 			return
 		case failed:
-			writeError(w, http.StatusServiceUnavailable, ErrStopped.Error())
+			writeError(w, statusError(http.StatusServiceUnavailable, ErrStopped.Error()))
 			return
 		case !done:
 			continue
@@ -406,43 +462,142 @@ func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 		usage := usageJSON(s.PromptTokens, gen)
 		w.Header().Set("Content-Type", "application/json")
 		if chat {
-			fmt.Fprintf(w, `{"id":"chatcmpl-%d","object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
-				s.ID, created, model, text, usage)
+			fmt.Fprintf(w, `{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
+				id, created, model, text, usage)
 		} else {
-			fmt.Fprintf(w, `{"id":"cmpl-%d","object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
-				s.ID, created, model, text, usage)
+			fmt.Fprintf(w, `{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
+				id, created, model, text, usage)
 		}
 		return
 	}
 }
 
-func writeError(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	b, _ := json.Marshal(msg)
-	fmt.Fprintf(w, `{"error":{"message":%s,"type":"invalid_request_error","code":%d}}`+"\n", b, code)
+// Error types of vLLM's OpenAI-compatible server (vLLM main as of 2026).
+const (
+	// typeInvalid is the type of a body its request model does not
+	// validate (malformed JSON, a field missing or of the wrong type):
+	// HTTPStatus.BAD_REQUEST.phrase, from validation_exception_handler
+	// in vllm/entrypoints/openai/api_server.py.
+	typeInvalid = "Bad Request"
+	// typeBadRequest is the type of a request the handler refuses, such
+	// as one beyond the context length: create_error_response's default
+	// in vllm/entrypoints/openai/engine/serving.py.
+	typeBadRequest = "BadRequestError"
+	// typeNotFound is the type of a request for a model not served
+	// (OpenAIServing._check_model, with param "model").
+	typeNotFound = "NotFoundError"
+)
+
+// errorAnswer is an error answer: its status, and vLLM's error type, the
+// request's field at fault ("" for none) and message.
+type errorAnswer struct {
+	code       int
+	typ, param string
+	msg        string
 }
 
-// writeErrorInfo answers code with an error as vLLM writes one: its
-// message, type (such as "NotFoundError"), the request's field at fault,
-// and the status again as the code.
-func writeErrorInfo(w http.ResponseWriter, code int, typ, param, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	fmt.Fprintf(w, `{"error":{"message":%s,"type":%s,"param":%s,"code":%d}}`+"\n", jsonString(msg), jsonString(typ), jsonString(param), code)
+// invalid refuses a body that vLLM's request models would not validate.
+func invalid(msg string) errorAnswer {
+	return errorAnswer{http.StatusBadRequest, typeInvalid, "", msg}
 }
 
-// metrics writes the vLLM-named metrics in the Prometheus text format.
+// badRequest refuses a request as vLLM's handler does, param naming the
+// field at fault ("" for none).
+func badRequest(param, msg string) errorAnswer {
+	return errorAnswer{http.StatusBadRequest, typeBadRequest, param, msg}
+}
+
+// statusError answers code with msg, typed as vLLM's
+// http_exception_handler (vllm/entrypoints/openai/api_server.py) types
+// the statuses it raises as HTTPException: the status's reason phrase.
+func statusError(code int, msg string) errorAnswer {
+	return errorAnswer{code: code, typ: http.StatusText(code), msg: msg}
+}
+
+// writeHTTPError answers code as vLLM does for a path it does not serve
+// (404) or a method it does not take (405): Starlette's HTTPException,
+// whose message is the reason phrase too.
+func writeHTTPError(w http.ResponseWriter, code int) {
+	writeError(w, statusError(code, http.StatusText(code)))
+}
+
+// writeError answers r as vLLM's ErrorResponse: {"error": {"message",
+// "type", "param" (null for none), "code" (the status)}}.
+func writeError(w http.ResponseWriter, r errorAnswer) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(r.code)
+	param := "null"
+	if r.param != "" {
+		param = jsonString(r.param)
+	}
+	fmt.Fprintf(w, `{"error":{"message":%s,"type":%s,"param":%s,"code":%d}}`+"\n", jsonString(r.msg), jsonString(r.typ), param, r.code)
+}
+
+// metrics writes the vLLM-named metrics in the Prometheus text format, as
+// vLLM's PrometheusStatLogger (vllm/v1/metrics/loggers.py, vLLM main as of
+// 2026) has prometheus_client write them: every series labelled with
+// model_name and engine, the index of the engine core ("0" for the only
+// one), cache_config_info with engine among its labels; a counter's HELP and
+// TYPE named without its _total suffix, which only its sample carries; and
+// every value a float as prometheus_client writes one ("3.0", not "3"; see
+// promFloat).
 func (e *Engine) metrics(w http.ResponseWriter) {
 	st := e.Stats()
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	m := fmt.Sprintf(`model_name=%q`, e.model)
-	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{%s} %d\n", m, st.Running)
-	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{%s} %d\n", m, st.Waiting)
-	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{%s} %g\n", m, st.KVUsage)
-	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\"} 1\n", e.blockSize, e.kvBlocks)
-	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.\n# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{%s} %d\n", m, st.PrefixQueries)
-	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{%s} %d\n", m, st.PrefixHits)
-	fmt.Fprintf(w, "# HELP vllm:num_preemptions_total Cumulative number of preemptions.\n# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{%s} %d\n", m, st.Preemptions)
-	fmt.Fprintf(w, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{%s,finished_reason=\"length\"} %d\n", m, st.Finished)
+	labels := fmt.Sprintf(`model_name=%q,engine="0"`, e.model)
+	gauge := func(name, help string, v float64) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s{%s} %s\n", name, help, name, name, labels, promFloat(v))
+	}
+	counter := func(name, help, extra string, v int64) {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s_total{%s%s} %s\n", name, help, name, name, labels, extra, promFloat(float64(v)))
+	}
+	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", float64(st.Running))
+	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", float64(st.Waiting))
+	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", st.KVUsage)
+	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\",engine=\"0\"} 1.0\n", e.blockSize, e.kvBlocks)
+	counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", "", st.PrefixQueries)
+	counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "", st.PrefixHits)
+	counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "", st.Preemptions)
+	counter("vllm:request_success", "Count of successfully processed requests.", `,finished_reason="length"`, st.Finished)
+}
+
+// promFloat formats v as Python's prometheus_client writes a sample's value
+// (floatToGoString in prometheus_client/utils.py): Python's repr of the
+// float ("3.0", "0.25", "1e-05", "1e+16"), except that a positive number
+// with more than six digits before the point is written with an exponent
+// ("1.234567e+06"), as Go writes one; +Inf, -Inf and NaN as Prometheus
+// spells them.
+func promFloat(v float64) string {
+	switch {
+	case math.IsInf(v, 1):
+		return "+Inf"
+	case math.IsInf(v, -1):
+		return "-Inf"
+	case math.IsNaN(v):
+		return "NaN"
+	}
+	s := pyRepr(v)
+	dot := strings.IndexByte(s, '.')
+	if v > 0 && dot > 6 {
+		mantissa := strings.TrimRight(s[:1]+"."+s[1:dot]+s[dot+1:], "0.")
+		return fmt.Sprintf("%se+0%d", mantissa, dot-1)
+	}
+	return s
+}
+
+// pyRepr returns Python's repr of the finite float v: the shortest digits
+// that read back as v, in positional notation with at least one digit after
+// the point when the decimal exponent is from -4 to 15, else in scientific
+// notation with a signed exponent of at least two digits.
+func pyRepr(v float64) string {
+	sci := strconv.FormatFloat(v, 'e', -1, 64)
+	exp, _ := strconv.Atoi(sci[strings.IndexByte(sci, 'e')+1:])
+	if exp < -4 || exp >= 16 {
+		return sci
+	}
+	s := strconv.FormatFloat(v, 'f', -1, 64)
+	if !strings.Contains(s, ".") {
+		s += ".0"
+	}
+	return s
 }

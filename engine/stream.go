@@ -85,8 +85,9 @@ func usageJSON(prompt, completion int) string {
 }
 
 // stream answers s as server-sent events, one chunk a token, then the usage
-// chunk if u asks for it, then "data: [DONE]".
-func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat bool, model string, u streamUsage) {
+// chunk if u asks for it, then "data: [DONE]"; id and model are JSON string
+// literals.
+func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat bool, id, model string, u streamUsage) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
@@ -95,7 +96,7 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 		fl.Flush()
 	}
 	bw := bufio.NewWriter(w)
-	c := chunk{chat: chat, id: s.ID, created: time.Now().Unix(), model: model}
+	c := chunk{chat: chat, id: id, created: time.Now().Unix(), model: model}
 	sent := 0
 	for {
 		gen, done, failed, gone := e.wait(r, s)
@@ -133,11 +134,11 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 	}
 }
 
-// chunk is what every event of a stream repeats; model is a JSON string
-// literal.
+// chunk is what every event of a stream repeats; id and model are JSON
+// string literals.
 type chunk struct {
 	chat    bool
-	id      int
+	id      string
 	created int64
 	model   string
 }
@@ -156,11 +157,11 @@ func (c chunk) write(w *bufio.Writer, first, last bool, usage string) {
 		if first {
 			role = `"role":"assistant",`
 		}
-		fmt.Fprintf(w, `data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,"delta":{%s"content":" tok"},"finish_reason":%s}]%s}`+"\n\n",
+		fmt.Fprintf(w, `data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,"delta":{%s"content":" tok"},"finish_reason":%s}]%s}`+"\n\n",
 			c.id, c.created, c.model, role, finish, usage)
 		return
 	}
-	fmt.Fprintf(w, `data: {"id":"cmpl-%d","object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s}]%s}`+"\n\n",
+	fmt.Fprintf(w, `data: {"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s}]%s}`+"\n\n",
 		c.id, c.created, c.model, finish, usage)
 }
 
@@ -168,10 +169,10 @@ func (c chunk) write(w *bufio.Writer, first, last bool, usage string) {
 // choices, and usage, a "usage" member.
 func (c chunk) writeUsage(w *bufio.Writer, usage string) {
 	if c.chat {
-		fmt.Fprintf(w, `data: {"id":"chatcmpl-%d","object":"chat.completion.chunk","created":%d,"model":%s,"choices":[],%s}`+"\n\n",
+		fmt.Fprintf(w, `data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,"choices":[],%s}`+"\n\n",
 			c.id, c.created, c.model, usage)
 		return
 	}
-	fmt.Fprintf(w, `data: {"id":"cmpl-%d","object":"text_completion","created":%d,"model":%s,"choices":[],%s}`+"\n\n",
+	fmt.Fprintf(w, `data: {"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[],%s}`+"\n\n",
 		c.id, c.created, c.model, usage)
 }

@@ -107,7 +107,10 @@ type Batch struct {
 	// Events are the batch's events, in order.
 	Events []Event
 	// DPRank is the data-parallel rank of the publisher (vLLM's
-	// data_parallel_rank, SGLang's attn_dp_rank), or -1 when not sent.
+	// data_parallel_rank, SGLang's attn_dp_rank), from 0 up, or -1 when
+	// not sent. [DecodeBatch] refuses a batch with any other negative
+	// rank, or one above 2^31-1; [AppendBatch] writes such a rank as
+	// none.
 	DPRank int
 
 	// Storage reused by DecodeBatch.
@@ -192,7 +195,7 @@ func (b *Batch) decode(payload []byte) error {
 			return err
 		}
 		if n > 2 {
-			if b.DPRank, err = optInt(r, -1); err != nil {
+			if b.DPRank, err = dpRank(r); err != nil {
 				return fmt.Errorf("data_parallel_rank: %w", err)
 			}
 		}
@@ -217,7 +220,7 @@ func (b *Batch) decode(payload []byte) error {
 			case "events":
 				err = b.decodeEvents(r)
 			case "data_parallel_rank", "attn_dp_rank":
-				b.DPRank, err = optInt(r, -1)
+				b.DPRank, err = dpRank(r)
 			default:
 				err = r.skip(1)
 			}
@@ -537,6 +540,34 @@ func optInt(r *reader, def int) (int, error) {
 	return int(int64(v)), nil
 }
 
+// maxDPRank bounds a data-parallel rank: far beyond any deployment, and
+// an int on every platform.
+const maxDPRank = math.MaxInt32
+
+// dpRank reads a batch's data-parallel rank: nil, or -1 as some publishers
+// write it, for none (-1). vLLM's KVEventBatch.data_parallel_rank
+// (vllm/distributed/kv_events.py) is int | None, and the publisher sets it
+// to the engine's rank, from 0 up (parallel_config.data_parallel_rank), as
+// SGLang sets attn_dp_rank; any other negative number, or one beyond
+// maxDPRank, is refused rather than passed on as a rank.
+func dpRank(r *reader) (int, error) {
+	if r.isNil() {
+		return -1, nil
+	}
+	v, neg, err := r.integer()
+	switch {
+	case err != nil:
+		return 0, err
+	case neg && int64(v) == -1:
+		return -1, nil
+	case neg:
+		return 0, fmt.Errorf("rank %d is negative (a rank is from 0 up, -1 or nil for none)", int64(v))
+	case v > maxDPRank:
+		return 0, fmt.Errorf("rank %d exceeds %d", v, maxDPRank)
+	}
+	return int(v), nil
+}
+
 // salted reports whether the raw extra_keys value holds a key other than
 // the LoRA name: vLLM sends one entry per block, nil or a tuple of the
 // block's extra keys, of which the LoRA name is one when an adapter is set.
@@ -571,7 +602,8 @@ func salted(extra []byte, lora string) bool {
 // AppendBatch appends the MessagePack encoding of b to dst and returns the
 // extended slice. The encoding is vLLM's positional one, which every
 // consumer of vLLM's and SGLang's streams decodes: the batch as [ts,
-// events, data_parallel_rank] (the rank only when DPRank >= 0), a Stored
+// events, data_parallel_rank] (the rank only when it is one DecodeBatch
+// accepts, from 0 to 2^31-1), a Stored
 // event as ["BlockStored", block_hashes, parent_block_hash, token_ids,
 // block_size, lora_id, medium] followed by lora_name, extra_keys and
 // group_idx only when LoRA or Group is set, a Removed event as
@@ -591,8 +623,9 @@ func AppendBatch(dst []byte, b *Batch) []byte {
 			n++
 		}
 	}
+	rank := b.DPRank >= 0 && b.DPRank <= maxDPRank
 	fields := 2
-	if b.DPRank >= 0 {
+	if rank {
 		fields = 3
 	}
 	_ = enc.EncodeArrayLen(fields)
@@ -601,7 +634,7 @@ func AppendBatch(dst []byte, b *Batch) []byte {
 	for i := range b.Events {
 		encodeEvent(enc, &b.Events[i])
 	}
-	if b.DPRank >= 0 {
+	if rank {
 		_ = enc.EncodeInt(int64(b.DPRank))
 	}
 	return buf.Bytes()

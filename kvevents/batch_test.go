@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"encoding/binary"
+	"math"
 	"runtime"
 	"testing"
 
@@ -92,6 +93,18 @@ func TestDecodeBatch(t *testing.T) {
 		want: Batch{TS: 6, DPRank: 0, Events: []Event{
 			{Kind: Stored, BlockHashes: []uint64{10}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", Salted: true},
 		}},
+	}, {
+		name:    "rank -1 means none",
+		payload: []any{7.0, []any{}, -1},
+		want:    Batch{TS: 7, DPRank: -1},
+	}, {
+		name:    "rank nil means none",
+		payload: map[string]any{"ts": 8.0, "events": nil, "data_parallel_rank": nil},
+		want:    Batch{TS: 8, DPRank: -1},
+	}, {
+		name:    "largest rank",
+		payload: []any{9.0, []any{}, int64(math.MaxInt32)},
+		want:    Batch{TS: 9, DPRank: math.MaxInt32},
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -121,18 +134,22 @@ func assertBatch(t *testing.T, want, got Batch) {
 
 func TestDecodeBatchRejects(t *testing.T) {
 	cases := map[string][]byte{
-		"empty":            nil,
-		"not a batch":      pack(t, "BlockStored"),
-		"short batch":      pack(t, []any{1.0}),
-		"truncated":        pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1, 2}}}})[:8],
-		"trailing bytes":   append(pack(t, []any{1.0, []any{}}), 0),
-		"negative token":   pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{-1}, 1}}}),
-		"huge token":       pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{uint64(1) << 40}, 1}}}),
-		"string hashes":    pack(t, []any{1.0, []any{[]any{"BlockRemoved", "abc"}}}),
-		"float hash":       pack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{1.5}}}}),
-		"empty event":      pack(t, []any{1.0, []any{[]any{}}}),
-		"array32 too long": {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff},
-		"deep nesting":     append(append([]byte{0x93, 0x01, 0x90}, bytesOf(0x91, 100)...), 0xc0),
+		"empty":             nil,
+		"not a batch":       pack(t, "BlockStored"),
+		"short batch":       pack(t, []any{1.0}),
+		"truncated":         pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1, 2}}}})[:8],
+		"trailing bytes":    append(pack(t, []any{1.0, []any{}}), 0),
+		"negative token":    pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{-1}, 1}}}),
+		"huge token":        pack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{uint64(1) << 40}, 1}}}),
+		"string hashes":     pack(t, []any{1.0, []any{[]any{"BlockRemoved", "abc"}}}),
+		"float hash":        pack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{1.5}}}}),
+		"empty event":       pack(t, []any{1.0, []any{[]any{}}}),
+		"array32 too long":  {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff},
+		"deep nesting":      append(append([]byte{0x93, 0x01, 0x90}, bytesOf(0x91, 100)...), 0xc0),
+		"negative rank":     pack(t, []any{1.0, []any{[]any{"AllBlocksCleared"}}, -2}),
+		"negative rank map": pack(t, map[string]any{"ts": 1.0, "events": []any{}, "data_parallel_rank": int64(math.MinInt64)}),
+		"huge rank":         pack(t, []any{1.0, []any{}, uint64(1) << 40}),
+		"string rank":       pack(t, map[string]any{"ts": 1.0, "events": []any{}, "attn_dp_rank": "0"}),
 	}
 	for name, p := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -232,5 +249,16 @@ func TestDecodeBatchMemory(t *testing.T) {
 		if e.BlockHashes != nil {
 			t.Fatalf("event %d past the batch's keeps the hash storage of a large batch", len(b.Events)+i)
 		}
+	}
+}
+
+// AppendBatch writes a rank DecodeBatch would refuse as none, so that what
+// a Publisher sends always decodes.
+func TestAppendBatchRankOutOfRange(t *testing.T) {
+	huge := int64(math.MaxInt32) + 1
+	for _, rank := range []int{-2, math.MinInt, int(huge)} {
+		var b Batch
+		require.NoError(t, DecodeBatch(&b, AppendBatch(nil, &Batch{TS: 1, DPRank: rank})), "rank %d", rank)
+		assert.Equal(t, -1, b.DPRank, "rank %d", rank)
 	}
 }

@@ -19,6 +19,8 @@ func FuzzDecodeBatch(f *testing.F) {
 		[]any{1.0, []any{[]any{"BlockStored", []any{1, 2}, nil, []any{1, 2, 3, 4}, 2, nil, "GPU"}}, 0},
 		[]any{1.0, []any{[]any{"BlockRemoved", []any{[]byte("abc")}, "GPU"}, []any{"AllBlocksCleared"}}},
 		map[string]any{"ts": 1.0, "events": []any{map[string]any{"type": "BlockStored", "block_hashes": []any{-1}, "extra_keys": []any{[]any{"a"}}}}},
+		[]any{1.0, []any{[]any{"AllBlocksCleared"}}, -5},
+		map[string]any{"ts": 1.0, "events": []any{}, "data_parallel_rank": -1},
 	}
 	for _, s := range seeds {
 		b, err := msgpack.Marshal(s)
@@ -53,8 +55,10 @@ func FuzzDecodeBatch(f *testing.F) {
 		if len(again.Events) != len(b.Events) {
 			t.Fatalf("re-encoded batch has %d events, want %d", len(again.Events), len(b.Events))
 		}
-		// A negative rank is written as none.
-		if again.TS != b.TS && !(math.IsNaN(again.TS) && math.IsNaN(b.TS)) || again.DPRank != max(b.DPRank, -1) {
+		if b.DPRank < -1 || b.DPRank > math.MaxInt32 {
+			t.Fatalf("rank %d decoded", b.DPRank)
+		}
+		if again.TS != b.TS && !(math.IsNaN(again.TS) && math.IsNaN(b.TS)) || again.DPRank != b.DPRank {
 			t.Fatalf("batch time %v, rank %d re-encoded as %v, %d", b.TS, b.DPRank, again.TS, again.DPRank)
 		}
 		for i := range b.Events {

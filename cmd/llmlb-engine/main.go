@@ -6,6 +6,12 @@
 //	go run ./cmd/llmlb-engine -n 4 -speedup 10
 //	go run ./cmd/llmlb-engine -ports 8001,8002,8003,8004
 //
+// As vLLM's server, each closes a keep-alive connection that has carried no
+// request for 5 seconds (-idle-timeout): a client that keeps connections
+// idle longer, as net/http's DefaultTransport does (90 seconds), sees the
+// occasional request fail with EOF or a connection reset when it is sent
+// just as the connection closes, as it would against vLLM.
+//
 // It binds every port first, HTTP and KV events, then prints one base URL
 // per engine and runs until interrupted; if a port cannot be bound, it
 // prints no URL, only the error, and exits 1. -h lists the flags.
@@ -35,6 +41,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/kvevents"
@@ -66,6 +73,13 @@ const maxEngines = 1024
 // replay socket is on the port 1000 above its PUB socket's, engine
 // i+1000's.
 const maxKVEngines = 1000
+
+// vllmIdleTimeout is the default -idle-timeout: how long vLLM's API server
+// keeps an idle keep-alive connection, uvicorn's timeout_keep_alive, which
+// vLLM sets to VLLM_HTTP_TIMEOUT_KEEP_ALIVE, "5" seconds unless set
+// (vllm/envs.py; serve_http's call in vllm/entrypoints/openai/api_server.py,
+// vLLM main as of 2026).
+const vllmIdleTimeout = 5 * time.Second
 
 // minSpeedup is the smallest -speedup, engine.Config's bound.
 const minSpeedup = 1e-3
@@ -113,6 +127,7 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	rpm := fs.Int("rpm", 0, "emulate a managed API's rate limit: requests per minute, with OpenAI's x-ratelimit headers and 429 + Retry-After past it (0: none)")
 	maxModelLen := fs.Int("max-model-len", 0, "context length: a prompt plus max_tokens beyond it gets 400 in vLLM's words, a request without max_tokens generates no more than fits (0: the KV cache's size)")
 	readTimeout := fs.Duration("read-timeout", engine.DefaultReadTimeout, "time a client has to send a request's body once its header is in (408 past it); answers, streams among them, are not bounded")
+	idleTimeout := fs.Duration("idle-timeout", vllmIdleTimeout, "close a keep-alive connection idle this long, as vLLM's server does after 5s (a client must keep connections idle for less, or retry)")
 	kvPort := fs.Int("kv-events-port", 0, "publish engine i's KV events over ZMQ on this port + i, replay on this port + i + 1000 (0: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -146,6 +161,9 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	// 0 would be engine.Config's default, not what was asked.
 	if *readTimeout <= 0 {
 		return fmt.Errorf("-read-timeout %v must be positive", *readTimeout)
+	}
+	if *idleTimeout <= 0 {
+		return fmt.Errorf("-idle-timeout %v must be positive", *idleTimeout)
 	}
 	// "" would be engine.Config's default model, not what was asked.
 	if *model == "" {
@@ -183,6 +201,7 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 		RequestsPerMinute: *rpm,
 		MaxModelLen:       *maxModelLen,
 		ReadTimeout:       *readTimeout,
+		IdleTimeout:       *idleTimeout,
 	}
 	if *kvPort < 0 || *kvPort > 0 && *kvPort+len(addrs)-1+1000 > 65535 {
 		return fmt.Errorf("-kv-events-port %d out of range for %d engines", *kvPort, len(addrs))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -280,6 +281,8 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"-ports", "70000"}, `"70000" is not a port`},
 		{[]string{"-read-timeout", "0"}, "-read-timeout 0s must be positive"},
 		{[]string{"-read-timeout", "-1s"}, "-read-timeout -1s must be positive"},
+		{[]string{"-idle-timeout", "0"}, "-idle-timeout 0s must be positive"},
+		{[]string{"-idle-timeout", "-1s"}, "-idle-timeout -1s must be positive"},
 		{[]string{"-model", ""}, "-model must not be empty"},
 		// Engine 1000's PUB port would be engine 0's replay port.
 		{[]string{"-n", "1001", "-kv-events-port", "5000"}, "-kv-events-port: 1001 engines publish KV events, at most 1000 can"},
@@ -419,4 +422,27 @@ func TestPortInUse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// -idle-timeout closes a keep-alive connection with no request on it; by
+// default after vLLM's 5 seconds.
+func TestIdleTimeoutFlag(t *testing.T) {
+	var usage strings.Builder
+	require.ErrorIs(t, run(context.Background(), []string{"-h"}, io.Discard, &usage), flag.ErrHelp)
+	assert.Regexp(t, `-idle-timeout duration\n\s+close a keep-alive connection idle this long.*\(default 5s\)`, usage.String())
+
+	line := startRun(t, "-n", "1", "-idle-timeout", "50ms")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSpace(line), "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	_, err = io.WriteString(conn, "GET /health HTTP/1.1\r\nHost: engine\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(30*time.Second)))
+	_, err = br.ReadByte()
+	assert.ErrorIs(t, err, io.EOF, "the idle connection is closed")
 }
