@@ -37,6 +37,10 @@
 // response is returned; from then on every body Read passes straight through,
 // a failure reaches the caller as a read error and is never retried, and the
 // pick's Done is called exactly once when the body ends, fails or is closed.
+// A stream that carried an error event (data with an "error" object at its
+// top level: vLLM and SGLang send one when generation fails after the 200)
+// is passed on as sent, and ends its pick, and the Reporter's count, as a
+// failure.
 // As the body is read, the output tokens it carries are reported to the pick
 // with Generated (see [OutputCounter]): one per event of a server-sent event
 // stream, or the usage count the response reports, so that a balancer with

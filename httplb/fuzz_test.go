@@ -211,6 +211,8 @@ func FuzzOutputCounter(f *testing.F) {
 		`""""completion_tokens""output_tokens":-1`,
 		`{"a":[{"usage":{"output_tokens":5}}],"b":{"usage":{"output_tokens":6,"x":{"output_tokens":7}}}}`,
 		`[{"usage":{"completion_tokens":12.5e1}},{"c":{"usage":{"output_tokens":1}}}]`,
+		"data: {\"error\": {\"code\": 500}}\n\ndata: [DONE]\n\n",
+		"data: {\"a\":{\"error\":{}},\"error\":null}\n",
 		"data",
 		"",
 	} {
@@ -222,7 +224,7 @@ func FuzzOutputCounter(f *testing.F) {
 		if sse {
 			h = sseHeader
 		}
-		count := func(pieces ...[]byte) int {
+		count := func(pieces ...[]byte) (int, bool) {
 			c := NewOutputCounter(h)
 			total := 0
 			for _, p := range pieces {
@@ -239,12 +241,15 @@ func FuzzOutputCounter(f *testing.F) {
 			if total += n; total > maxCount {
 				t.Fatalf("%d tokens", total)
 			}
-			return total
+			if !sse && c.streamFailed() {
+				t.Fatal("a body that is not an event stream read as failed")
+			}
+			return total, c.streamFailed()
 		}
 		cut := int(split) % (len(body) + 1)
-		whole := count(body)
-		if got := count(body[:cut], body[cut:]); got != whole {
-			t.Fatalf("cut at %d: %d tokens, %d whole", cut, got, whole)
+		whole, failed := count(body)
+		if got, gotFailed := count(body[:cut], body[cut:]); got != whole || gotFailed != failed {
+			t.Fatalf("cut at %d: %d tokens, failed %v; whole: %d, %v", cut, got, gotFailed, whole, failed)
 		}
 		// A JSON body without escapes (an escaped key is never read)
 		// against a decoder's reading of the same rule.

@@ -30,7 +30,9 @@ import (
 // message_delta thus make the total exact when chunks carry several tokens.
 // The few events that carry no token (a role or a finish chunk, Anthropic's
 // content_block_start, ping and message_stop) are counted too, as no count
-// is ever taken back.
+// is ever taken back. An error event, whose data has an "error" object at
+// its top level (vLLM's and SGLang's when generation fails after the 200,
+// OpenAI's and Anthropic's), counts none.
 //
 // For any other body (a non-streaming JSON response, or a compressed
 // stream) it counts nothing until [OutputCounter.End]: then the last usage
@@ -61,6 +63,10 @@ type OutputCounter struct {
 	// event stream, anywhere in any other body.
 	usage bool
 	count int64 // the last usage count found
+	// failed is set once an event of the stream was an error: its data an
+	// object with an "error" object at its top level; errLine if the
+	// current line is that event's.
+	failed, errLine bool
 
 	// The JSON being read: an event's data, or a body that is not an
 	// event stream.
@@ -97,6 +103,7 @@ const (
 	doneValue = "[DONE]"
 
 	usageKey       = "usage"
+	errorKey       = "error"
 	completionKey  = "completion_tokens"
 	outputKey      = "output_tokens"
 	maxUsageKeyLen = len(completionKey)
@@ -113,6 +120,8 @@ const (
 	expectDigits      // in the number
 	expectUsageColon  // a "usage" key: its colon
 	expectUsageObject // after the colon: an object
+	expectErrorColon  // an "error" key of an event's top-level object: its colon
+	expectErrorObject // after the colon: an object
 )
 
 // Count consumes the next piece of the body, p, and returns the tokens it
@@ -278,6 +287,9 @@ func (c *OutputCounter) scan(b byte) {
 		case expectUsageColon:
 			c.expect = expectUsageObject
 			return
+		case expectErrorColon:
+			c.expect = expectErrorObject
+			return
 		}
 	case '{', '[':
 		if c.depth < math.MaxInt32 {
@@ -285,6 +297,9 @@ func (c *OutputCounter) scan(b byte) {
 		}
 		if b == '{' && c.expect == expectUsageObject {
 			c.usageAt = c.depth
+		}
+		if b == '{' && c.expect == expectErrorObject {
+			c.failed, c.errLine = true, true
 		}
 	case '}', ']':
 		if c.depth == c.usageAt {
@@ -313,7 +328,7 @@ func (c *OutputCounter) startsKey(b byte) bool {
 	if c.usageAt != 0 {
 		return b == completionKey[0] || b == outputKey[0]
 	}
-	return b == usageKey[0]
+	return b == usageKey[0] || c.sse && c.depth == 1 && b == errorKey[0]
 }
 
 // endString reads the string that ended: a "usage" key where a usage
@@ -328,6 +343,8 @@ func (c *OutputCounter) endString() {
 		c.expect = expectUsageColon
 	case c.usageAt != 0 && c.depth == c.usageAt && (string(k) == completionKey || string(k) == outputKey):
 		c.expect = expectCountColon
+	case c.sse && c.usageAt == 0 && c.depth == 1 && string(k) == errorKey:
+		c.expect = expectErrorColon
 	}
 }
 
@@ -354,13 +371,14 @@ func (c *OutputCounter) endLine() {
 	if c.field == lineData {
 		c.endNumber()
 		switch {
+		case c.errLine: // no token
 		case c.usage:
 			c.total = max(c.total, c.count)
 		case c.done != int8(len(doneValue)):
 			c.total = min(c.total+1, maxCount)
 		}
 	}
-	*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast}
+	*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast, failed: c.failed}
 }
 
 // matchDone matches b, the next byte of a data line's value, against
@@ -376,6 +394,9 @@ func (c *OutputCounter) matchDone(b byte) {
 		c.done = -1
 	}
 }
+
+// streamFailed reports whether an event of the stream was an error.
+func (c *OutputCounter) streamFailed() bool { return c.failed }
 
 // endNumber records the usage count being read, if any.
 func (c *OutputCounter) endNumber() {
@@ -406,12 +427,15 @@ func (m *outputMeter) observe(p []byte) {
 	m.report(n)
 }
 
-// end counts the end of the body.
-func (m *outputMeter) end() {
+// end counts the end of the body and reports whether an event of it was
+// an error.
+func (m *outputMeter) end() (failed bool) {
 	m.mu.Lock()
 	n := m.c.End()
+	failed = m.c.streamFailed()
 	m.mu.Unlock()
 	m.report(n)
+	return failed
 }
 
 func (m *outputMeter) report(n int) {

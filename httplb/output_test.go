@@ -6,10 +6,12 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -236,4 +238,84 @@ func TestTransportTeachesOutputLengths(t *testing.T) {
 	assert.Equal(t, int64(5), charged("low"))
 	assert.Equal(t, int64(40), charged("high"), "a cancelled request taught")
 	require.Eventually(t, func() bool { return b.Stats()[0].Outstanding == 0 }, 5*time.Second, time.Millisecond)
+}
+
+// An event whose data has an "error" object at its top level marks the
+// stream failed and counts no token, whatever pieces it comes in; an
+// "error" key elsewhere (deeper, null, or in a text) does not.
+func TestOutputCounterErrorEvent(t *testing.T) {
+	token := `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n"
+	cases := []struct {
+		name   string
+		body   string
+		tokens int
+		failed bool
+	}{
+		{"vllm", token + `data: {"error": {"message": "engine dead", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\ndata: [DONE]\n\n", 1, true},
+		{"first event", `data: {"error":{"message":"x","code":500}}` + "\n\ndata: [DONE]\n\n", 0, true},
+		{"anthropic", "event: message_start\ndata: {\"type\":\"message_start\"}\n\nevent: error\ndata: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\n\n", 1, true},
+		{"null", token + `data: {"choices":[],"error":null}` + "\n\n", 2, false},
+		{"deeper", token + `data: {"response":{"error":{"code":"x"}}}` + "\n\n", 2, false},
+		{"in text", token + `data: {"choices":[{"delta":{"content":"{\"error\": {}}"}}]}` + "\n\n", 2, false},
+		{"a value", token + `data: {"choices":[{"delta":{"content":"error"}}],"x":"error"}` + "\n\n", 2, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for cut := range len(tc.body) + 1 {
+				c := NewOutputCounter(sseHeader)
+				n := c.Count([]byte(tc.body[:cut]))
+				n += c.Count([]byte(tc.body[cut:]))
+				n += c.End()
+				if n != tc.tokens || c.streamFailed() != tc.failed {
+					t.Fatalf("cut at %d: %d tokens, failed %v; want %d, %v", cut, n, c.streamFailed(), tc.tokens, tc.failed)
+				}
+			}
+		})
+	}
+	// A body that is not an event stream is judged by its status, not read
+	// for errors.
+	c := NewOutputCounter(jsonHeader)
+	c.Count([]byte(`{"error":{"message":"x"}}`))
+	c.End()
+	assert.False(t, c.streamFailed())
+}
+
+// A stream that ends after an error event (an engine failing a request
+// after its 200, as vLLM and SGLang do) finishes its pick and the Reporter
+// with an error, not as a success: the replica's failures count toward its
+// ejection, and what it streamed teaches no speed.
+func TestErrorEventFailsTheAttempt(t *testing.T) {
+	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, `data: {"choices":[{"text":"a"}]}`+"\n\n"+`data: {"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "param": null, "code": 500}}`+"\n\ndata: [DONE]\n\n")
+	})
+	rec := &recorder{}
+	var done []error
+	var mu sync.Mutex
+	obs := &llmlb.Observer{Done: func(d llmlb.DoneInfo) { mu.Lock(); done = append(done, d.Err); mu.Unlock() }}
+	b, err := llmlb.New(llmlb.LeastOutstanding(), llmlb.WithObserver(obs))
+	require.NoError(t, err)
+	eps, err := NewEndpoints(a.URL)
+	require.NoError(t, err)
+	require.NoError(t, b.Update(eps))
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	tr, err := NewTransport(Config{Balancer: b, Base: base, Retry: retry.LoopConfig{Reporter: rec}})
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, a.URL+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"x","stream":true}`))
+	require.NoError(t, err)
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Contains(t, string(got), "EngineCore encountered an issue.", "the client gets the stream as sent")
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Len(t, rec.errs, 1)
+	assert.ErrorIs(t, rec.errs[0], errErrorEvent)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, done, 1)
+	assert.ErrorIs(t, done[0], errErrorEvent)
 }
