@@ -17,6 +17,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -40,7 +41,7 @@ import (
 const session = "agent-1"
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "agent:", err)
 		os.Exit(1)
 	}
@@ -72,7 +73,10 @@ func (a *attempts) len() int {
 	return len(a.log)
 }
 
-func run() error {
+// run runs the agent loop and the fan-out, printing what happened to out.
+// It fails if a call fails, a child's included, or if the balancer or the
+// admission still count a request once every call has ended.
+func run(out io.Writer) error {
 	cluster, err := startCluster(4, engine.Config{Speedup: 10})
 	if err != nil {
 		return err
@@ -133,7 +137,7 @@ func run() error {
 	// result to the conversation, so every prompt extends the previous one.
 	messages := []message{{"system", strings.Repeat("You are a careful planning agent with tools. ", 40)}}
 	messages = append(messages, message{"user", "Plan the migration of the billing service."})
-	fmt.Println("agent loop, session", session)
+	fmt.Fprintln(out, "agent loop, session", session)
 	var last string
 	for turn := 1; turn <= 6; turn++ {
 		n := log.len()
@@ -142,7 +146,7 @@ func run() error {
 			return fmt.Errorf("turn %d: %w", turn, err)
 		}
 		last = log.since(n)[0]
-		fmt.Printf("  turn %d: %-8s ttft %-6v %d tokens, prompt %d bytes\n", turn, names[last], r.ttft.Round(time.Millisecond), r.tokens, promptBytes(messages))
+		fmt.Fprintf(out, "  turn %d: %-8s ttft %-6v %d tokens, prompt %d bytes\n", turn, names[last], r.ttft.Round(time.Millisecond), r.tokens, promptBytes(messages))
 		messages = append(messages,
 			message{"assistant", r.text},
 			message{"user", fmt.Sprintf("Tool result %d: %s", turn, strings.Repeat("row ", 60))})
@@ -151,11 +155,11 @@ func run() error {
 	// Fan-out: 10 children share the conversation and differ in their last
 	// message. The session's replica is killed first.
 	cluster.kill(slices.Index(cluster.urls, last))
-	fmt.Printf("\nkilled %s (the session's replica); fan-out of 10 children, at most 4 in flight per session\n", names[last])
+	fmt.Fprintf(out, "\nkilled %s (the session's replica); fan-out of 10 children, at most 4 in flight per session\n", names[last])
 	n := log.len()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	refused := 0
+	refused, failures := 0, 0
 	results := make([]string, 10)
 	for child := range 10 {
 		wg.Go(func() {
@@ -172,6 +176,9 @@ func run() error {
 				}
 				if err != nil {
 					results[child] = "error: " + err.Error()
+					mu.Lock()
+					failures++
+					mu.Unlock()
 					return
 				}
 				results[child] = fmt.Sprintf("%d tokens, ttft %v", r.tokens, r.ttft.Round(time.Millisecond))
@@ -181,7 +188,7 @@ func run() error {
 	}
 	wg.Wait()
 	for i, r := range results {
-		fmt.Printf("  child %d: %s\n", i, r)
+		fmt.Fprintf(out, "  child %d: %s\n", i, r)
 	}
 	per := map[string]int{}
 	failed := 0
@@ -191,14 +198,20 @@ func run() error {
 			failed++
 		}
 	}
-	fmt.Printf("\nfan-out attempts per replica: %v\n", per)
-	fmt.Printf("refused by the per-session cap and sent again: %d\n", refused)
-	fmt.Printf("attempts on the killed replica, retried elsewhere before the first token: %d\n", failed)
+	fmt.Fprintf(out, "\nfan-out attempts per replica: %v\n", per)
+	fmt.Fprintf(out, "refused by the per-session cap and sent again: %d\n", refused)
+	fmt.Fprintf(out, "attempts on the killed replica, retried elsewhere before the first token: %d\n", failed)
 	idle := true
 	for _, s := range b.Stats() {
 		idle = idle && s.Outstanding == 0
 	}
-	fmt.Printf("balancer idle after the run: %v, sessions in flight: %d\n", idle, adm.Sessions())
+	fmt.Fprintf(out, "balancer idle after the run: %v, sessions in flight: %d\n", idle, adm.Sessions())
+	switch {
+	case failures > 0:
+		return fmt.Errorf("fan-out: %d of %d children failed", failures, len(results))
+	case !idle || adm.Sessions() != 0:
+		return errors.New("a request is still counted after every call ended")
+	}
 	return nil
 }
 
@@ -265,6 +278,10 @@ type reply struct {
 	ttft   time.Duration
 }
 
+// maxErrorBody is the most of an error response's body that call reads into
+// its error.
+const maxErrorBody = 1 << 10
+
 // call sends one streamed chat completion in the session and reads it.
 func call(ctx context.Context, client *http.Client, msgs []message, maxTokens int) (reply, error) {
 	body, err := json.Marshal(map[string]any{"model": "emulated", "messages": msgs, "max_tokens": maxTokens, "stream": true})
@@ -284,8 +301,9 @@ func call(ctx context.Context, client *http.Client, msgs []message, maxTokens in
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return reply{}, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+		// Only the head of the error: the body is the replica's to size.
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return reply{}, fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(b))
 	}
 	var r reply
 	var text strings.Builder

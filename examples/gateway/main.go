@@ -43,7 +43,16 @@
 // (by default the engines' 8 slots) and a trusted tenant header, sends them
 // a heavy tenant keeping 16 requests outstanding and a light tenant sending
 // its requests one at a time; it prints each tenant's completed requests,
-// time to first token and share of the output tokens.
+// time to first token and share of the output tokens. With -demo-spill it
+// sends a burst beyond what 2 small emulated engines take, without and then
+// with an emulated rate-limited provider to spill to, and prints the
+// requests completed, refused with 429 and spilled.
+//
+// The demos are in the files named demo*.go, and only there: they generate
+// their load with this module's internal packages, which a program in
+// another module cannot import. To start your own gateway from this one,
+// copy the other files (main.go and, if you like, its tests) and leave the
+// demo files out: the gateway builds without them, and has no demo flags.
 package main
 
 import (
@@ -54,7 +63,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -65,7 +73,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -79,7 +86,6 @@ import (
 	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/gateway"
 	"github.com/llmlb/llmlb/httplb"
-	"github.com/llmlb/llmlb/internal/e2e"
 	"github.com/llmlb/llmlb/kvevents"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
@@ -140,6 +146,12 @@ func errorLine(err error) string {
 	return "gateway: " + strings.TrimPrefix(err.Error(), "gateway: ")
 }
 
+// demoFlags, if not nil, adds the demos' flags to a flag set; after the
+// set has parsed the command line, the function it returns runs the demo
+// that the command line asks for, if any, and reports whether it did. The
+// demo files set it; a copy of the gateway without them leaves it nil.
+var demoFlags func(fs *flag.FlagSet) func(o options, stdout, stderr io.Writer) (bool, error)
+
 // policies are the names -policy takes.
 var policies = []string{"default", "least-outstanding", "round-robin", "peak-ewma"}
 
@@ -179,13 +191,12 @@ func run(args []string, stderr io.Writer) error {
 	shareInterval := fs.Duration("share-interval", share.DefaultInterval, "with -nats: the time between two batches of shared state")
 	fs.BoolVar(&o.kvRelay, "kv-relay", false, "with -nats and -kv-events: publish the engines' KV events on NATS for the replicas started with -kv-events-nats (this one follows them from NATS too)")
 	fs.BoolVar(&o.kvFromNATS, "kv-events-nats", false, "with -nats: follow the engines' KV events that a replica started with -kv-relay publishes on NATS")
-	demo := fs.Bool("demo", false, "compare the policies on emulated engines and exit")
 	fs.StringVar(&o.loraBase, "lora-base", "", "the replicas' base model name: a request naming another model names a LoRA adapter, and goes to the replicas holding it (llmlb.AdapterAffinity, residency from vLLM's vllm:lora_requests_info) (\"\": no adapter routing)")
 	spillTo := fs.String("spill-to", "", "comma-separated base URLs of a second tier (a managed provider's deployments) that requests spill to when the replicas answer 429, a full queue, 5xx or a context-length 400; spilled responses carry X-Llmlb-Spillover-From")
-	demoSpill := fs.Bool("demo-spill", false, "send a burst to 2 small emulated engines, without and then with an emulated rate-limited provider to spill to, and exit")
-	demoFair := fs.Bool("demo-fair", false, "compare a heavy and a light tenant's service on emulated engines, without and with -fair (default: the engines' slots), and exit")
-	requests := fs.Int("requests", 400, "demo: requests per policy")
-	rate := fs.Float64("rate", 70, "demo: arrivals per second")
+	var demo func(o options, stdout, stderr io.Writer) (bool, error)
+	if demoFlags != nil {
+		demo = demoFlags(fs)
+	}
 	// The flag package's own messages are written only for -h: a parse
 	// error is returned, and cli prints it once.
 	var parseOut bytes.Buffer
@@ -208,6 +219,7 @@ func run(args []string, stderr io.Writer) error {
 	}{
 		{"-attempts", int64(o.attempts)}, {"-max-in-flight", int64(o.maxInFlight)},
 		{"-max-per-session", int64(o.maxPerSession)}, {"-slots", int64(o.slots)},
+		{"-fair", int64(o.fairInFlight)},
 		{"-shutdown-grace", int64(*grace)}, {"-drain-delay", int64(*drainDelay)},
 	} {
 		if c.v < 0 {
@@ -222,38 +234,21 @@ func run(args []string, stderr io.Writer) error {
 		h = slog.NewJSONHandler(stderr, nil)
 	}
 	o.log = slog.New(h)
-	if *demo {
-		switch {
-		case *requests <= 0:
-			return usagef("-requests must be positive, not %d", *requests)
-		case !(*rate > 0) || math.IsInf(*rate, 1):
-			return usagef("-rate must be a positive number of arrivals per second, not %v", *rate)
-		}
-		o.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		return runDemo(o, *requests, *rate)
-	}
 	if !slices.Contains(policies, o.policy) {
 		return usagef("-policy: unknown policy %q (want one of %s)", o.policy, strings.Join(policies, ", "))
 	}
+	if demo != nil {
+		if ran, err := demo(o, os.Stdout, stderr); ran {
+			return err
+		}
+	}
 	o.spillTo = list(*spillTo)
-	if *demoSpill {
-		o.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		return runSpillDemo(os.Stdout, o, spillDemoLoad)
-	}
-	if *demoFair {
-		if o.fairInFlight < 0 {
-			return usagef("-fair must not be negative")
-		}
-		load := fairDemoLoad
-		if o.tenantHeader != "" {
-			load.Header = o.tenantHeader
-		}
-		o.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-		return runFairDemo(os.Stdout, o, load, o.fairInFlight)
-	}
 	bases := list(*backends)
 	if len(bases) == 0 {
-		return usagef("-backends is required (or use -demo, -demo-fair or -demo-spill)")
+		if demo != nil {
+			return usagef("-backends is required (or use -demo, -demo-fair or -demo-spill)")
+		}
+		return usagef("-backends is required")
 	}
 	if err := checkBases(bases); err != nil {
 		return usagef("-backends: %w", err)
@@ -274,14 +269,14 @@ func run(args []string, stderr io.Writer) error {
 		}
 	}
 	switch {
-	case o.fairInFlight < 0:
-		return usagef("-fair must not be negative")
 	case o.classHeader != "" && o.fairInFlight == 0:
 		return usagef("-class-header needs -fair")
 	case (o.kvRelay || o.kvFromNATS) && *natsURL == "":
 		return usagef("-kv-relay and -kv-events-nats need -nats")
 	case o.kvRelay && len(o.kvEvents) == 0:
 		return usagef("-kv-relay needs -kv-events")
+	case *kvReplay != "" && len(o.kvEvents) == 0:
+		return usagef("-kv-replay needs -kv-events")
 	case o.kvFromNATS && len(o.kvEvents) > 0:
 		return usagef("-kv-events-nats follows the events from NATS: give -kv-events to the replica with -kv-relay only")
 	}
@@ -298,11 +293,16 @@ func run(args []string, stderr io.Writer) error {
 			nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 				connectFailed.Do(func() { o.log.Warn("gateway: cannot connect to NATS; retrying", "error", err) })
 			}),
-			nats.ConnectHandler(func(nc *nats.Conn) { o.log.Info("gateway: NATS connected", "server", nc.ConnectedUrlRedacted()) }),
+			nats.ConnectHandler(func(nc *nats.Conn) { o.log.Info("gateway: NATS connected", "server", redactURL(nc.ConnectedUrl())) }),
 			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.log.Warn("gateway: NATS disconnected", "error", err) }),
-			nats.ReconnectHandler(func(nc *nats.Conn) { o.log.Info("gateway: NATS reconnected", "server", nc.ConnectedUrlRedacted()) }))
+			nats.ReconnectHandler(func(nc *nats.Conn) { o.log.Info("gateway: NATS reconnected", "server", redactURL(nc.ConnectedUrl())) }))
 		if err != nil {
-			return fmt.Errorf("-nats: %w", err)
+			// Only a URL it cannot parse fails here, and the error quotes it.
+			msg := err.Error()
+			for _, u := range list(*natsURL) {
+				msg = strings.ReplaceAll(msg, u, redactURL(u))
+			}
+			return errors.New("-nats: " + msg)
 		}
 		defer nc.Close()
 		o.share = &share.Config{Conn: nc, Subject: *shareSubject, ID: *shareID, Interval: *shareInterval}
@@ -321,21 +321,12 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 
-	g, events, err := newGateway(bases, o, metrics)
+	// serve runs the runners, and returns once they have ended: before the
+	// NATS connection closes, for a relay's last messages tell the
+	// followers to drop what nothing keeps current.
+	g, runners, err := newGateway(bases, o, metrics)
 	if err != nil {
 		return err
-	}
-	// The runners end with ctx, before the NATS connection closes: a relay's
-	// last messages tell the followers to drop what nothing keeps current.
-	// On a return before the gateway serves (an address in use), ctx is
-	// still live: end it first, or the wait would never return.
-	var running sync.WaitGroup
-	defer func() {
-		stop()
-		running.Wait()
-	}()
-	for _, r := range events {
-		running.Go(func() { _ = r.Run(ctx) })
 	}
 	switch {
 	case o.kvRelay:
@@ -369,13 +360,13 @@ func run(args []string, stderr io.Writer) error {
 		o.log.Info("admin endpoints", "metrics", base+"/metrics", "debug", base+"/debug/llmlb", "liveness", base+"/healthz", "readiness", base+"/readyz")
 	}
 	if o.share != nil {
-		o.log.Info("sharing state over NATS", "url", *natsURL, "subject", o.share.Subject, "id", g.State().Share.ID)
+		o.log.Info("sharing state over NATS", "url", redactURLs(*natsURL), "subject", o.share.Subject, "id", g.State().Share.ID)
 	}
 	o.log.Info("gateway serving", "addr", "http://"+l.Addr().String(), "policy", o.policy, "backends", strings.Join(bases, ","))
 	if len(o.spillTo) > 0 {
 		o.log.Info("spilling to a second tier", "backends", strings.Join(o.spillTo, ","))
 	}
-	return serve(ctx, g, l, sd, o.log)
+	return serve(ctx, g, runners, l, sd, o.log)
 }
 
 func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Policy, error) {
@@ -427,12 +418,38 @@ func list(s string) []string {
 	return items
 }
 
+// redactURLs returns the comma-separated URLs of s, each with its user
+// information redacted (redactURL).
+func redactURLs(s string) string {
+	urls := list(s)
+	for i, u := range urls {
+		urls[i] = redactURL(u)
+	}
+	return strings.Join(urls, ",")
+}
+
+// redactURL returns u with its user information, if any, replaced by
+// "redacted", for the logs: not only a password but also a user name, in
+// which NATS takes a token (nats://TOKEN@host:4222).
+func redactURL(u string) string {
+	at := strings.LastIndex(u, "@")
+	if at < 0 {
+		return u
+	}
+	scheme := ""
+	if i := strings.Index(u, "://"); i >= 0 && i < at {
+		scheme = u[:i+len("://")]
+	}
+	return scheme + "redacted@" + u[at+1:]
+}
+
 // runner is a background task of the gateway.
 type runner interface{ Run(context.Context) error }
 
-// newGateway builds the gateway and, with KV events, what follows them (a
-// Subscriber; or a Subscriber forwarding to a Relay, and a Follower; or a
-// Follower), which the caller runs; metrics may be nil.
+// newGateway builds the gateway and the runners the caller runs beside it:
+// with KV events, what follows them (a Subscriber; or a Subscriber
+// forwarding to a Relay, and a Follower; or a Follower), and with -spill-to
+// the provider tier's Gateway. metrics may be nil.
 func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gateway.Gateway, []runner, error) {
 	ix, err := prefix.NewIndex(prefix.IndexConfig{})
 	if err != nil {
@@ -644,18 +661,24 @@ func (sd *shutdown) serveReady(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintln(w, "ok")
 }
 
-// serve serves the gateway on l, scraping and sweeping ejections meanwhile,
-// until ctx is done; then it shuts down as sd says, after which it cuts the
-// requests still in flight.
-func serve(ctx context.Context, g *gateway.Gateway, l net.Listener, sd *shutdown, log *slog.Logger) error {
+// serve serves the gateway on l until ctx is done; then it shuts down as sd
+// says, after which it cuts the requests still in flight. The gateway's own
+// background work (scraping, sharing, ending ejections) and runners run
+// until it has stopped serving, not only until ctx is done: through the
+// drain delay and the grace period it still routes requests, on current
+// state. serve returns once they have ended.
+func serve(ctx context.Context, g *gateway.Gateway, runners []runner, l net.Listener, sd *shutdown, log *slog.Logger) error {
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout}
 	var wg sync.WaitGroup
-	bg, cancel := context.WithCancel(ctx)
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
 		cancel()
 		wg.Wait()
 	}()
 	wg.Go(func() { _ = g.Run(bg) })
+	for _, r := range runners {
+		wg.Go(func() { _ = r.Run(bg) })
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
 	select {
@@ -675,52 +698,4 @@ func serve(ctx context.Context, g *gateway.Gateway, l net.Listener, sd *shutdown
 	}
 	<-served
 	return err
-}
-
-// runDemo compares the policies, each on a fresh cluster of 4 emulated
-// engines with the same workload.
-func runDemo(o options, requests int, rate float64) error {
-	engines := engine.Config{
-		// A small batch and KV cache, four times faster than the model's
-		// real time: requests queue, and 48 shared prompt heads compete
-		// for the cache.
-		MaxRunning: 4, KVBlocks: 512, Speedup: 4,
-	}
-	w := e2e.Workload{Requests: requests, Rate: rate, Groups: 48, Seed: 7}
-	fmt.Printf("demo: %d requests at %.0f/s (Poisson), 48 shared prompt heads, 4 emulated engines per policy\n\n", requests, rate)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tcomplete\tTTFT p50\tp90\tp99\tmax\tprefix hit rate\t")
-	for _, p := range []string{"default", "least-outstanding", "round-robin"} {
-		o.policy = p
-		o.scrape = 100 * time.Millisecond
-		o.slots = engines.MaxRunning
-		res, hit, err := demoRun(o, engines, w)
-		if err != nil {
-			return err
-		}
-		ms := func(q float64) string { return res.TTFT(q).Round(time.Millisecond).String() }
-		fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%.1f%%\t\n", p,
-			res.Count((*e2e.Outcome).Complete), len(res.Outcomes), ms(0.5), ms(0.9), ms(0.99), ms(1), 100*hit.Rate())
-	}
-	return tw.Flush()
-}
-
-// demoRun sends w through a gateway configured by o in front of a fresh
-// cluster of 4 engines configured by engines, and returns what the clients
-// saw and the engines' prefix hit rate.
-func demoRun(o options, engines engine.Config, w e2e.Workload) (e2e.Result, e2e.HitRate, error) {
-	c, base, stop, err := startDemo(o, 4, engines)
-	if err != nil {
-		return e2e.Result{}, e2e.HitRate{}, err
-	}
-	defer stop()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	defer client.CloseIdleConnections()
-	// Bound the run: the load's own length plus a generous drain.
-	limit := time.Duration(float64(w.Requests)/w.Rate*float64(time.Second)) + 30*time.Second
-	runCtx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	res := e2e.Generate(runCtx, client, base, w)
-	hit, err := c.ScrapeHitRate(context.Background(), client)
-	return res, hit, err
 }

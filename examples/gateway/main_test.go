@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,97 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/nats-io/nats-server/v2/server"
 )
-
-// TestDemoFair runs a short -demo-fair over loopback: with the fair queue,
-// the light tenant's requests all complete and their median time to first
-// token is a clear factor below what it is without the queue, where they
-// wait behind the heavy tenant's backlog in the engines. The factor measured
-// is 6 to 8; the test asks for 3, so that a busy machine does not fail it.
-func TestDemoFair(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the emulated engines in real time for several seconds")
-	}
-	load := fairDemoLoad // the demo's, with fewer light requests
-	load.Light, load.Seed = 8, 1
-	if raceEnabled {
-		load.Light = 6 // the race detector slows the gateway and the clients
-	}
-	o := options{
-		policy: "default",
-		scrape: 100 * time.Millisecond,
-		slots:  fairDemoEngine.MaxRunning,
-		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-	slots := fairDemoEngines * fairDemoEngine.MaxRunning
-	run := func(fair int) fairResult {
-		t.Helper()
-		o.fairInFlight = fair
-		res, err := fairRun(o, load)
-		if err != nil {
-			t.Fatalf("fair=%d: %v", fair, err)
-		}
-		t.Logf("fair=%d (%v): heavy %d complete, TTFT p50 %v; light %d/%d complete, TTFT p50 %v p99 %v; light token share %.1f%%",
-			fair, res.Elapsed.Round(time.Millisecond), res.Heavy.Count((*e2e.Outcome).Complete), res.Heavy.TTFT(0.5),
-			res.Light.Count((*e2e.Outcome).Complete), load.Light, res.Light.TTFT(0.5), res.Light.TTFT(0.99), 100*res.lightShare())
-		for i, out := range res.Light.Outcomes {
-			if !out.Complete() {
-				t.Errorf("fair=%d: light request %d incomplete: status %d, %d/%d tokens, error %v", fair, i, out.Status, out.Got, out.Want, out.Err)
-			}
-		}
-		if res.Heavy.Count((*e2e.Outcome).Complete) == 0 {
-			t.Errorf("fair=%d: the heavy tenant completed no request", fair)
-		}
-		return res
-	}
-	fifo, fair := run(0), run(slots)
-	if t.Failed() {
-		return
-	}
-	if before, after := fifo.Light.TTFT(0.5), fair.Light.TTFT(0.5); 3*after > before {
-		t.Errorf("light tenant's TTFT p50: %v with the fair queue, %v without: want at least 3 times lower", after, before)
-	}
-}
-
-// TestDemoSpill runs a short -demo-spill over loopback: without a second
-// tier the burst gets 429s; with the emulated provider to spill to, none,
-// the spilled responses are marked, and once the burst is over requests
-// stay on the self-hosted engines again.
-func TestDemoSpill(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the emulated engines in real time for several seconds")
-	}
-	load := spillDemoLoad
-	load.Burst.Requests, load.Burst.Rate = 200, 80
-	o := options{policy: "default", log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		scrape: 100 * time.Millisecond, slots: spillDemoEngine.MaxRunning}
-	alone, err := spillRun(o, load, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	spilled, err := spillRun(o, load, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("alone: %d/%d complete, %d 429; with the provider: %d/%d complete, %d 429, %d spilled; after: %d spilled",
-		alone.Burst.Count((*e2e.Outcome).Complete), len(alone.Burst.Outcomes), alone.Burst.Count(throttled),
-		spilled.Burst.Count((*e2e.Outcome).Complete), len(spilled.Burst.Outcomes), spilled.Burst.Count(throttled),
-		spilled.BurstSpilled, spilled.TrickleSpilled)
-	if alone.Burst.Count(throttled) == 0 {
-		t.Fatal("the burst did not overload the self-hosted engines: nothing to spill")
-	}
-	if n := spilled.Burst.Count((*e2e.Outcome).Complete); n != len(spilled.Burst.Outcomes) || spilled.Burst.Count(throttled) != 0 {
-		t.Errorf("with the provider: %d of %d complete, %d 429; want all complete", n, len(spilled.Burst.Outcomes), spilled.Burst.Count(throttled))
-	}
-	if spilled.BurstSpilled == 0 || spilled.BurstSpilled == int64(len(spilled.Burst.Outcomes)) {
-		t.Errorf("%d of %d burst responses marked as spilled; want some, not all", spilled.BurstSpilled, len(spilled.Burst.Outcomes))
-	}
-	if spilled.TrickleSpilled != 0 || spilled.Trickle.Count((*e2e.Outcome).Complete) != len(spilled.Trickle.Outcomes) {
-		t.Errorf("after the burst: %d spilled, %d of %d complete; want none spilled, all complete",
-			spilled.TrickleSpilled, spilled.Trickle.Count((*e2e.Outcome).Complete), len(spilled.Trickle.Outcomes))
-	}
-}
 
 // TestRunListenError checks that a gateway following engine KV events
 // reports an address already in use and exits, rather than waiting forever
@@ -142,22 +54,25 @@ func TestRunListenError(t *testing.T) {
 	}
 }
 
+// commandLine is a command line and how the gateway must answer it.
+type commandLine struct {
+	name string
+	args []string
+	code int
+	says string // the error line, without the "gateway: " prefix
+}
+
 // Bad command lines: each error is printed once, names the flag, and exits
 // with status 2; -h prints the usage and exits with 0.
 func TestCommandLine(t *testing.T) {
-	cases := []struct {
-		name string
-		args []string
-		code int
-		says string // the error line, without the "gateway: " prefix
-	}{
+	testCommandLines(t, []commandLine{
 		{"help", []string{"-h"}, 0, ""},
 		{"help long", []string{"-help"}, 0, ""},
 		{"unknown flag", []string{"-nope"}, 2, "flag provided but not defined: -nope (gateway -h lists the flags)"},
 		{"no backends", nil, 2, "-backends is required"},
 		// Spaces around the items are trimmed: the backends pass, and the
 		// next check fails.
-		{"space after comma", []string{"-backends", "http://127.0.0.1:1, http://127.0.0.1:2", "-fair", "-1"}, 2, "-fair must not be negative"},
+		{"space after comma", []string{"-backends", "http://127.0.0.1:1, http://127.0.0.1:2", "-class-header", "X-Class"}, 2, "-class-header needs -fair"},
 		{"no scheme", []string{"-backends", "127.0.0.1:20001"}, 2,
 			`-backends: httplb: invalid config: endpoint "127.0.0.1:20001": want an absolute http or https URL, such as "http://127.0.0.1:20001"`},
 		{"no scheme, host name", []string{"-backends", "http://127.0.0.1:1,localhost:8000"}, 2,
@@ -169,10 +84,10 @@ func TestCommandLine(t *testing.T) {
 			`-policy: unknown policy "leastload" (want one of default, least-outstanding, round-robin, peak-ewma)`},
 		{"kv-events count", []string{"-backends", "http://127.0.0.1:1, http://127.0.0.1:2", "-kv-events", "tcp://127.0.0.1:5557"}, 2,
 			"-kv-events has 1 addresses for 2 backends"},
-		{"demo rate 0", []string{"-demo", "-rate", "0"}, 2, "-rate must be a positive number of arrivals per second, not 0"},
-		{"demo rate negative", []string{"-demo", "-rate", "-5"}, 2, "-rate must be a positive number of arrivals per second, not -5"},
-		{"demo rate NaN", []string{"-demo", "-rate", "NaN"}, 2, "-rate must be a positive number"},
-		{"demo requests 0", []string{"-demo", "-requests", "0"}, 2, "-requests must be positive, not 0"},
+		// Without the check, the gateway would run, without KV events; the
+		// address it cannot listen on ends it.
+		{"kv-replay alone", []string{"-backends", "http://127.0.0.1:1", "-kv-replay", "tcp://127.0.0.1:6557", "-listen", "127.0.0.1:-1"}, 2,
+			"-kv-replay needs -kv-events"},
 		{"argument", []string{"-backends", "http://127.0.0.1:1", "http://127.0.0.1:2"}, 2, `unexpected argument "http://127.0.0.1:2"`},
 		{"attempts negative", []string{"-backends", "http://127.0.0.1:1", "-attempts", "-1"}, 2, "-attempts must not be negative"},
 		{"max-in-flight negative", []string{"-backends", "http://127.0.0.1:1", "-max-in-flight", "-3"}, 2, "-max-in-flight must not be negative"},
@@ -181,8 +96,14 @@ func TestCommandLine(t *testing.T) {
 		{"grace negative", []string{"-backends", "http://127.0.0.1:1", "-shutdown-grace", "-1s"}, 2, "-shutdown-grace must not be negative"},
 		{"drain delay negative", []string{"-backends", "http://127.0.0.1:1", "-drain-delay", "-5s"}, 2, "-drain-delay must not be negative"},
 		{"scrape too short", []string{"-backends", "http://127.0.0.1:1", "-scrape", "1ns"}, 2, "-scrape 1ns is below 1ms"},
-		{"demo attempts negative", []string{"-demo", "-attempts", "-1"}, 2, "-attempts must not be negative"},
-	}
+		{"fair negative", []string{"-backends", "http://127.0.0.1:1", "-fair", "-2"}, 2, "-fair must not be negative"},
+	})
+}
+
+// testCommandLines runs the gateway with each command line of cases, and
+// checks its exit status and what it printed.
+func testCommandLines(t *testing.T, cases []commandLine) {
+	t.Helper()
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var stderr bytes.Buffer
@@ -246,9 +167,10 @@ func TestMain(m *testing.M) {
 // process is the gateway run as a process of its own, its log read line by
 // line.
 type process struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	lines *bufio.Scanner
+	t      *testing.T
+	cmd    *exec.Cmd
+	lines  *bufio.Scanner
+	stdout *bytes.Buffer // complete once the process has been waited for
 }
 
 // startProcess runs the gateway with args in a process of its own; it is
@@ -259,6 +181,8 @@ func startProcess(t *testing.T, args ...string) *process {
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], args...)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stdout := new(bytes.Buffer)
+	cmd.Stdout = stdout
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -266,7 +190,7 @@ func startProcess(t *testing.T, args ...string) *process {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	return &process{t: t, cmd: cmd, lines: bufio.NewScanner(stderr)}
+	return &process{t: t, cmd: cmd, lines: bufio.NewScanner(stderr), stdout: stdout}
 }
 
 // waitFor reads the log up to a line containing substr and returns the
@@ -407,5 +331,152 @@ func TestProbes(t *testing.T) {
 	}
 	if ws := p.wait(); ws.Signaled() || ws.ExitStatus() != 0 {
 		t.Errorf("exit %v, want 0", p.cmd.ProcessState)
+	}
+}
+
+// TestNATSCredentialsNotLogged: the gateway logs the NATS server it shares
+// over, but neither the token (which NATS takes from a URL's user name) nor
+// the password of its URL.
+func TestNATSCredentialsNotLogged(t *testing.T) {
+	const token, password = "tok3n-in-url", "passw0rd-in-url"
+	t.Run("invalid URL", func(t *testing.T) {
+		var stderr bytes.Buffer
+		code := cli([]string{"-backends", "http://127.0.0.1:1", "-listen", "127.0.0.1:0", "-admin", "",
+			"-nats", "nats://gw:" + password + "@127.0.0.1:port"}, &stderr)
+		if code != 1 || !strings.Contains(stderr.String(), "-nats: ") || strings.Contains(stderr.String(), password) {
+			t.Errorf("exit status %d, stderr %q; want 1 and the error without the password", code, stderr.String())
+		}
+	})
+	for _, c := range []struct {
+		name string
+		opts server.Options
+		url  func(port int) string
+	}{
+		{"token", server.Options{Authorization: token}, func(port int) string {
+			return fmt.Sprintf("nats://%s@127.0.0.1:%d", token, port)
+		}},
+		{"password", server.Options{Username: "gw", Password: password}, func(port int) string {
+			return fmt.Sprintf("nats://gw:%s@127.0.0.1:%d", password, port)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := c.opts
+			opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
+			ns, err := server.NewServer(&opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns.Start()
+			t.Cleanup(ns.Shutdown)
+			if !ns.ReadyForConnections(10 * time.Second) {
+				t.Fatal("NATS server not ready")
+			}
+			engine, _ := holdingEngine(t)
+			p := startProcess(t, "-backends", engine, "-listen", "127.0.0.1:0", "-admin", "", "-scrape", "-1s",
+				"-nats", c.url(ns.Addr().(*net.TCPAddr).Port))
+			var logged []string
+			connected, serving := false, false
+			for (!connected || !serving) && p.lines.Scan() {
+				line := p.lines.Text()
+				logged = append(logged, line)
+				connected = connected || strings.Contains(line, "NATS connected")
+				serving = serving || strings.Contains(line, "gateway serving")
+			}
+			p.signal(syscall.SIGTERM)
+			for p.lines.Scan() {
+				logged = append(logged, p.lines.Text())
+			}
+			p.wait()
+			if !connected || !serving {
+				t.Fatalf("the gateway did not log both its NATS connection and that it serves:\n%s", strings.Join(logged, "\n"))
+			}
+			for _, line := range logged {
+				if strings.Contains(line, token) || strings.Contains(line, password) {
+					t.Errorf("logged a credential of the NATS URL: %s", line)
+				}
+			}
+		})
+	}
+}
+
+// The user information of a URL, a password or a NATS token, is redacted
+// for the logs; each URL of a list is.
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://127.0.0.1:4222":           "nats://127.0.0.1:4222",
+		"nats://tok@127.0.0.1:4222":       "nats://redacted@127.0.0.1:4222",
+		"nats://user:p@ss@127.0.0.1:4222": "nats://redacted@127.0.0.1:4222",
+		"user:pass@127.0.0.1:4222":        "redacted@127.0.0.1:4222",
+		"":                                "",
+		"nats://a:1@h1:4222, tls://b@h2:4222,nats://h3:1": "nats://redacted@h1:4222,tls://redacted@h2:4222,nats://h3:1",
+	} {
+		if got := redactURLs(in); got != want {
+			t.Errorf("redactURLs(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// ctxRunner is a runner that hands its context over and runs until it ends.
+type ctxRunner chan context.Context
+
+func (r ctxRunner) Run(ctx context.Context) error {
+	r <- ctx
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestDrainKeepsBackgroundWork: through the drain delay after the signal,
+// while the gateway still takes requests, it keeps scraping the replicas and
+// its runners (KV events, a spill tier) keep going, so that it routes on
+// current state; they stop once it has stopped serving.
+func TestDrainKeepsBackgroundWork(t *testing.T) {
+	scrapes := make(chan struct{}, 1024)
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			select {
+			case scrapes <- struct{}{}:
+			default:
+			}
+		}
+	}))
+	defer engine.Close()
+	o := options{policy: "default", scrape: 10 * time.Millisecond, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	g, _, err := newGateway([]string{engine.URL}, o, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &shutdown{delay: time.Second}
+	events := make(ctxRunner, 1)
+	ctx, signal := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, g, []runner{events}, l, sd, o.log) }()
+	<-scrapes
+	runCtx := <-events
+	signal()
+	for !sd.draining.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	for len(scrapes) > 0 { // scrapes from before the drain
+		<-scrapes
+	}
+	for n := 0; n < 3; n++ {
+		select {
+		case <-scrapes:
+		case err := <-served:
+			t.Fatalf("the gateway scraped %d times in its drain delay and stopped (%v); want it scraping until it stops serving", n, err)
+		}
+	}
+	if runCtx.Err() != nil {
+		t.Error("a runner was stopped at the signal, before the gateway stopped serving")
+	}
+	if err := <-served; err != nil {
+		t.Errorf("serve: %v", err)
+	}
+	if runCtx.Err() == nil {
+		t.Error("a runner still runs after the gateway stopped serving")
 	}
 }

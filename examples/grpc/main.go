@@ -73,6 +73,9 @@ func main() {
 	policies := flag.String("policies", "round-robin,p2c-kv,least-kv,default",
 		"comma-separated policies; p2c-kv is p2c with the KV score. Known: "+strings.Join(grpclb.Policies(), ", "))
 	flag.Parse()
+	if flag.NArg() > 0 {
+		log.Fatalf("unexpected argument %q (grpc -h lists the flags)", flag.Arg(0))
+	}
 	if *calls < 1 || *concurrency < 1 {
 		log.Fatal("-calls and -concurrency must be positive")
 	}

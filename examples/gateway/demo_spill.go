@@ -1,3 +1,6 @@
+// The demo -demo-spill, and nothing of the gateway itself: like every demo*.go
+// file, it is left out of a copy of the gateway (demo.go says why).
+
 package main
 
 import (

@@ -1,11 +1,12 @@
+// The demo -demo-fair, and nothing of the gateway itself: like every demo*.go
+// file, it is left out of a copy of the gateway (demo.go says why).
+
 package main
 
 import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"text/tabwriter"
@@ -178,38 +179,6 @@ func closedLoop(ctx context.Context, client *http.Client, base string, clients, 
 	wg.Wait()
 	res.Elapsed = time.Since(start)
 	return res
-}
-
-// startDemo starts n emulated engines configured by engines and a gateway
-// configured by o in front of them, serving on a loopback port; it returns
-// the cluster, the gateway's base URL and a function that stops them.
-func startDemo(o options, n int, engines engine.Config) (c *e2e.Cluster, base string, stop func(), err error) {
-	if c, err = e2e.StartCluster(n, engines); err != nil {
-		return nil, "", nil, err
-	}
-	g, runners, err := newGateway(c.URLs, o, nil)
-	if err != nil {
-		c.Close()
-		return nil, "", nil, err
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		c.Close()
-		return nil, "", nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, r := range runners {
-		wg.Go(func() { _ = r.Run(ctx) })
-	}
-	served := make(chan error, 1)
-	go func() { served <- serve(ctx, g, l, &shutdown{grace: time.Second}, slog.Default()) }()
-	return c, "http://" + l.Addr().String(), func() {
-		cancel()
-		<-served
-		wg.Wait()
-		c.Close()
-	}, nil
 }
 
 // fairDemoLoad is the load of -demo-fair.
