@@ -70,9 +70,10 @@
 //
 // Memory is bounded whatever the peers send: at most [Config].MaxPeers
 // peers (64 by default; further ones are rejected until one expires), the
-// latest batch of each kept in at most about 25 times its size (a batch
-// over 8 MiB is refused), up to 256 batches received and not yet applied
-// (each at most the NATS connection's maximum payload), this replica's work at most
+// latest batch of each kept in at most about ten times its size (a batch
+// over 8 MiB is refused), up to 256 batches and 32 MiB received by
+// [Group.Run] and not yet applied (NATS drops the batches beyond, counted
+// in [Stats].Rejected), this replica's work at most
 // [Config].MaxEndpoints endpoints (1024) of at most 256 time buckets of 56
 // bytes, and at most [Config].MaxBlocks prefix blocks per batch (8192; a
 // pick that does not fit is dropped and counted). The wire format is

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
 // peers holds the latest snapshot of every peer heard from.
@@ -16,6 +17,11 @@ type peers struct {
 	// list holds the peers by increasing id, so that sums over them are
 	// the same whatever the order their batches arrived in.
 	list []*peer
+
+	// spare is the memory of a snapshot replaced by a newer one, for apply
+	// to fill with the next. Only apply uses it, and its caller
+	// serializes the calls.
+	spare *snap
 }
 
 // peer is the latest snapshot of one peer.
@@ -23,16 +29,46 @@ type peer struct {
 	id   string
 	inc  uint64 // incarnation of the sender
 	seq  uint64
-	seen int64              // local unix nanoseconds the snapshot arrived
-	ttl  int64              // nanoseconds it counts after it arrived (see peerTTL)
-	eps  map[string]*peerEP // per endpoint
-	out  int64              // requests in flight, over every endpoint
+	seen int64 // local unix nanoseconds the snapshot arrived
+	ttl  int64 // nanoseconds it counts after it arrived (see peerTTL)
+	*snap
 }
 
-// peerEP is a peer's work at one endpoint.
-type peerEP struct {
-	spans []span     // requests in flight, by pick time
-	fin   []finPoint // requests finished since each time, ascending
+// snap is a peer's snapshot as kept: its work per endpoint, as the batch
+// carried it, in at most about ten times the batch's bytes (about 4 times
+// for its finished counts, 6 for its buckets, and 10 for endpoints that
+// carry a single count). The spans of its buckets and the points of its
+// finished counts are computed when read.
+type snap struct {
+	newest  int64 // local unix nanoseconds of the start of the newest bucket
+	width   int64 // nanoseconds per bucket
+	horizon int
+	out     int64 // requests in flight, over every endpoint
+	eps     map[string]epWork
+	buckets []peerBucket // of every endpoint, back to back
+	fin     []peerFin    // of every endpoint, back to back
+	// epsMax is the most endpoints eps has held since it was made: its
+	// memory, which clearing it keeps.
+	epsMax int
+}
+
+// epWork locates an endpoint's buckets and finished counts in a snap.
+type epWork struct {
+	b, nb int32 // buckets[b : b+nb]
+	f, nf int32 // fin[f : f+nf]
+}
+
+// peerBucket is a bucket of a snap (see bucket), in the bounds the
+// decoder enforces.
+type peerBucket struct {
+	tokens, prefill int64
+	age             int32
+	out, queued     int32
+}
+
+// peerFin is a finished count of a snap (see finCount).
+type peerFin struct {
+	age, n int32
 }
 
 // finPoint says that n requests in flight at time at have finished since.
@@ -45,19 +81,47 @@ type finPoint struct {
 // since, interpolating linearly between pts (ascending). Before the first
 // point it is the first's count; after the last, the last's.
 func interpolate(pts []finPoint, t int64) float64 {
-	if len(pts) == 0 {
-		return 0
-	}
-	if t <= pts[0].at {
-		return float64(pts[0].n)
-	}
-	for i := 1; i < len(pts); i++ {
-		if a, b := pts[i-1], pts[i]; t <= b.at {
-			f := float64(t-a.at) / float64(b.at-a.at)
-			return float64(a.n) + f*float64(b.n-a.n)
+	var l lerp
+	l.t = t
+	for _, p := range pts {
+		if l.add(p) {
+			break
 		}
 	}
-	return float64(pts[len(pts)-1].n)
+	return l.value()
+}
+
+// lerp interpolates at t between points given by increasing time.
+type lerp struct {
+	t    int64
+	prev finPoint // the last point given
+	n    int      // points given
+	v    float64
+	done bool
+}
+
+// add gives the next point, and reports whether the value is known.
+func (l *lerp) add(p finPoint) bool {
+	switch {
+	case l.n == 0 && l.t <= p.at:
+		l.v, l.done = float64(p.n), true
+	case l.n > 0 && l.t <= p.at:
+		a := l.prev
+		f := float64(l.t-a.at) / float64(p.at-a.at)
+		l.v, l.done = float64(a.n)+f*float64(p.n-a.n), true
+	}
+	l.prev = p
+	l.n++
+	return l.done
+}
+
+// value returns the interpolation: after the last point, its count; 0
+// without points.
+func (l *lerp) value() float64 {
+	if l.done {
+		return l.v
+	}
+	return float64(l.prev.n)
 }
 
 // span is a peer's requests in flight that were picked in [start, end) on
@@ -65,10 +129,6 @@ func interpolate(pts []finPoint, t int64) float64 {
 // ages). start is math.MinInt64 for requests picked before the peer's ring.
 type span struct {
 	start, end int64
-	out        int64
-	queued     int64
-	tokens     int64
-	prefill    int64 // -1: unknown
 }
 
 // work is a sum of peers' requests: in flight, and finished since a time;
@@ -83,98 +143,157 @@ type work struct {
 	waiting, prefill          float64
 }
 
-// spans converts the buckets of a snapshot received at now.
-func spans(m *message, buckets []bucket, now int64) []span {
-	newest := now - m.phase // start of the newest bucket
-	out := make([]span, len(buckets))
-	for i, b := range buckets {
-		s := &out[i]
-		s.out, s.queued, s.tokens, s.prefill = b.out, b.queued, b.tokens, b.prefill
-		if b.age >= m.horizon {
-			s.start, s.end = math.MinInt64, newest-int64(m.horizon-1)*m.width
-			continue
-		}
-		s.start = newest - int64(b.age)*m.width
-		s.end = min(s.start+m.width, now)
+// span returns the pick times of b, of a snapshot received at now.
+func (s *snap) span(b *peerBucket, now int64) span {
+	if int(b.age) >= s.horizon {
+		return span{start: math.MinInt64, end: s.newest - int64(s.horizon-1)*s.width}
 	}
-	return out
+	start := s.newest - int64(b.age)*s.width
+	return span{start: start, end: min(start+s.width, now)}
 }
 
-// finPoints converts the finished counts fin of a snapshot received at now
-// to points by increasing time. A boundary of the ring without a count had
-// none finished: a zero point goes beside each count whose neighbouring
-// boundary lacks one, so that interpolation does not bridge the gap. The
-// batch itself comes last: nothing had finished after it.
-func finPoints(m *message, fin []finCount, now int64) []finPoint {
-	newest := now - m.phase // start of the newest bucket
-	at := func(age int) int64 { return newest - int64(age)*m.width }
-	pts := make([]finPoint, 0, 3*len(fin)+1)
-	prev := m.horizon // age of the last count added; the ring has none older
+// finPoints calls yield with the points, by increasing time, of fin, the
+// finished counts of one endpoint of s received at now, until yield
+// returns false. A boundary of the ring without a count had none finished:
+// a zero point goes beside each count whose neighbouring boundary lacks
+// one, so that interpolation does not bridge the gap. The batch itself
+// comes last: nothing had finished after it.
+func (s *snap) finPoints(fin []peerFin, now int64, yield func(finPoint) bool) {
+	at := func(age int) int64 { return s.newest - int64(age)*s.width }
+	prev := s.horizon // age of the last count given; the ring has none older
 	for j := len(fin) - 1; j >= 0; j-- {
-		f := fin[j]
-		if prev-1 > f.age+1 && prev < m.horizon {
-			pts = append(pts, finPoint{at: at(prev - 1)})
+		age := int(fin[j].age)
+		if prev-1 > age+1 && prev < s.horizon && !yield(finPoint{at: at(prev - 1)}) {
+			return
 		}
-		if prev-1 > f.age {
-			pts = append(pts, finPoint{at: at(f.age + 1)})
+		if prev-1 > age && !yield(finPoint{at: at(age + 1)}) {
+			return
 		}
-		pts = append(pts, finPoint{at: at(f.age), n: f.n})
-		prev = f.age
+		p := finPoint{at: at(age), n: int64(fin[j].n)}
+		if age == 0 {
+			// The last point, at the start of the newest bucket: zero if
+			// that is the batch's time, else followed by the batch.
+			if p.at >= now {
+				p.n = 0
+			}
+			if yield(p) && p.n != 0 {
+				yield(finPoint{at: now})
+			}
+			return
+		}
+		if !yield(p) {
+			return
+		}
+		prev = age
 	}
-	if prev > 0 {
-		pts = append(pts, finPoint{at: at(prev - 1)})
+	if prev > 0 && prev < s.horizon {
+		yield(finPoint{at: at(prev - 1)})
 	}
-	switch last := &pts[len(pts)-1]; {
-	case last.at >= now:
-		last.n = 0
-	case last.n != 0:
-		pts = append(pts, finPoint{at: now})
-	}
-	return pts
 }
 
-// apply stores m, received at now, as its sender's snapshot. It reports
-// whether the sender is new, and false in ok if m was refused: older than
-// the sender's latest, or from a new peer beyond the limit.
-func (p *peers) apply(m *message, now int64) (joined, ok bool) {
-	eps := make(map[string]*peerEP, len(m.eps))
-	var out int64
+// finished returns the requests of fin (see finPoints) in flight at t that
+// have finished since.
+func (s *snap) finished(fin []peerFin, now, t int64) float64 {
+	var l lerp
+	l.t = t
+	s.finPoints(fin, now, func(p finPoint) bool { return !l.add(p) })
+	return l.value()
+}
+
+// build fills p.spare, or a new snap, with m received at now, and returns
+// it. Its memory is kept unless it is more than twice what m needs.
+func (p *peers) build(m *message, now int64) *snap {
+	s := p.spare
+	p.spare = nil
+	if s == nil {
+		s = new(snap)
+	}
+	neps, nb, nf := 0, 0, 0
+	for i := range m.eps {
+		e := &m.eps[i]
+		if len(e.buckets) > 0 || len(e.fin) > 0 {
+			neps++
+			nb += len(e.buckets)
+			nf += len(e.fin)
+		}
+	}
+	s.newest, s.width, s.horizon, s.out = now-m.phase, m.width, m.horizon, 0
+	s.buckets, s.fin = fit(s.buckets, nb), fit(s.fin, nf)
+	if s.eps == nil || s.epsMax > 2*neps+256 {
+		s.eps, s.epsMax = make(map[string]epWork, neps), 0
+	} else {
+		clear(s.eps)
+	}
+	s.epsMax = max(s.epsMax, neps)
 	for i := range m.eps {
 		e := &m.eps[i]
 		if len(e.buckets) == 0 && len(e.fin) == 0 {
 			continue
 		}
+		w := epWork{b: int32(len(s.buckets)), nb: int32(len(e.buckets)), f: int32(len(s.fin)), nf: int32(len(e.fin))}
 		for _, b := range e.buckets {
-			out = satAdd(out, b.out)
+			s.out = satAdd(s.out, b.out)
+			s.buckets = append(s.buckets, peerBucket{tokens: b.tokens, prefill: b.prefill, age: int32(b.age), out: int32(b.out), queued: int32(b.queued)})
 		}
-		pe := &peerEP{spans: spans(m, e.buckets, now)}
-		if len(e.fin) > 0 {
-			pe.fin = finPoints(m, e.fin, now)
+		for _, f := range e.fin {
+			s.fin = append(s.fin, peerFin{age: int32(f.age), n: int32(f.n)})
 		}
-		eps[e.key] = pe
+		s.eps[e.key] = w
 	}
+	return s
+}
+
+// fit returns s emptied, with room for n elements: its own memory unless
+// that is too little, or more than twice n and fitSlack bytes. New memory
+// has room for a half more, so that a slowly growing n does not allocate
+// every time.
+func fit[T any](s []T, n int) []T {
+	if cap(s) < n || cap(s) > 2*n+fitSlack/int(unsafe.Sizeof(*new(T))) {
+		return make([]T, 0, n+n/2)
+	}
+	return s[:0]
+}
+
+// fitSlack is the memory a snapshot's slice may keep beyond twice what it
+// needs, so that batches of varying sizes reuse it.
+const fitSlack = 64 << 10
+
+// apply stores m, received at now, as its sender's snapshot. It reports
+// whether the sender is new, and false in ok if m was refused: older than
+// the sender's latest, or from a new peer beyond the limit. Its calls must
+// not overlap.
+func (p *peers) apply(m *message, now int64) (joined, ok bool) {
+	s := p.build(m, now)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i, found := slices.BinarySearchFunc(p.list, m.id, func(pr *peer, id string) int { return strings.Compare(pr.id, id) })
-	pr := &peer{id: m.id, inc: m.inc, seq: m.seq, seen: now, eps: eps, out: out}
-	if found && p.list[i].inc == m.inc {
-		pr.ttl = p.peerTTL(now-p.list[i].seen, m.width)
-	} else {
-		pr.ttl = p.peerTTL(0, m.width)
-	}
 	switch {
 	case !found:
 		if len(p.list) >= p.max {
+			p.spare = s
 			return false, false
 		}
+		pr := &peer{id: m.id, inc: m.inc, seq: m.seq, seen: now, ttl: p.peerTTL(0, m.width), snap: s}
 		p.list = slices.Insert(p.list, i, pr)
 		return true, true
 	case p.list[i].inc == m.inc && m.seq <= p.list[i].seq:
+		p.spare = s
 		return false, false // a late or repeated message
 	}
-	p.list[i] = pr
+	pr := p.list[i]
+	if pr.inc == m.inc {
+		pr.ttl = p.peerTTL(now-pr.seen, m.width)
+	} else {
+		pr.ttl = p.peerTTL(0, m.width)
+	}
+	pr.inc, pr.seq, pr.seen = m.inc, m.seq, now
+	pr.snap, p.spare = s, pr.snap
 	return false, true
 }
+
+// dropSpare releases the memory of the spare snapshot. Its calls must not
+// overlap apply's.
+func (p *peers) dropSpare() { p.spare = nil }
 
 // maxPeerTTL bounds how long a peer's snapshot counts: three of the longest
 // Intervals.
@@ -206,30 +325,32 @@ func (p *peers) work(key string, since, now int64) (w work, found bool) {
 			continue
 		}
 		w.out = satAdd(w.out, pr.out)
-		pe := pr.eps[key]
-		if pe == nil {
+		ew, ok := pr.eps[key]
+		if !ok {
 			continue
 		}
-		if since != math.MinInt64 {
-			if f := interpolate(pe.fin, since); f > 0 {
+		if since != math.MinInt64 && ew.nf > 0 {
+			if f := pr.finished(pr.fin[ew.f:ew.f+ew.nf], pr.seen, since); f > 0 {
 				w.finished += f
 				found = true
 			}
 		}
-		for _, s := range pe.spans {
-			if s.prefill >= 0 && s.queued > 0 {
+		for i := range pr.buckets[ew.b : ew.b+ew.nb] {
+			b := &pr.buckets[int(ew.b)+i]
+			if b.prefill >= 0 && b.queued > 0 {
 				found = true
-				w.waiting += float64(s.queued)
-				w.prefill += float64(s.prefill)
+				w.waiting += float64(b.queued)
+				w.prefill += float64(b.prefill)
 			}
-			f := s.after(since)
+			sp := pr.span(b, pr.seen)
+			f := sp.after(since)
 			if f == 0 {
 				continue
 			}
 			found = true
-			w.streaming += f * float64(s.out-s.queued)
-			w.queued += f * float64(s.queued)
-			w.tokens += f * float64(s.tokens)
+			w.streaming += f * float64(int64(b.out)-int64(b.queued))
+			w.queued += f * float64(b.queued)
+			w.tokens += f * float64(b.tokens)
 		}
 	}
 	return w, found

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,6 +44,7 @@ const DefaultRelayInterval = time.Second
 const (
 	maxRelays        = 1024 // Relays followed for liveness
 	maxRelayKeys     = 4096 // endpoints of one Relay
+	maxRelayIDBytes  = 128  // as RelayConfig.ID
 	maxRelayInterval = time.Minute
 )
 
@@ -107,8 +109,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		return nil, fmt.Errorf("%w: Relay needs a Conn", ErrInvalidConfig)
 	case cfg.Interval < 0 || cfg.Interval > maxRelayInterval:
 		return nil, fmt.Errorf("%w: Relay Interval %v out of range [0, %v]", ErrInvalidConfig, cfg.Interval, maxRelayInterval)
-	case len(cfg.ID) > 128:
-		return nil, fmt.Errorf("%w: Relay ID is %d bytes, at most 128", ErrInvalidConfig, len(cfg.ID))
+	case len(cfg.ID) > maxRelayIDBytes:
+		return nil, fmt.Errorf("%w: Relay ID is %d bytes, at most %d", ErrInvalidConfig, len(cfg.ID), maxRelayIDBytes)
 	}
 	if cfg.Subject == "" {
 		cfg.Subject = DefaultRelaySubject
@@ -205,9 +207,9 @@ func headerBytes(h nats.Header) int {
 func (r *Relay) Published() (ok, failed int64) { return r.published.Load(), r.failed.Load() }
 
 // Sink receives the batches a [Follower] receives. A kvevents.Applier is
-// one. A Follower calls it from the goroutine running [Follower.Run] only;
-// a Sink shared with other goroutines must be safe for concurrent use, as
-// an Applier is.
+// one. A Follower calls it only while [Follower.Run] runs, one call at a
+// time, and never after Run returns; a Sink shared with other goroutines
+// must be safe for concurrent use, as an Applier is.
 type Sink interface {
 	// Apply receives batch seq of endpoint key, as the engine encoded it,
 	// or, with a nil payload, a clear of the endpoint. It must not keep
@@ -226,13 +228,18 @@ type FollowerConfig struct {
 	Subject string
 	// Sink receives the batches, usually a kvevents.Applier. Required.
 	Sink Sink
-	// Buffer bounds the messages received and not yet applied, each at
-	// most the connection's maximum payload; beyond it NATS drops
-	// messages, which the Sink sees as gaps. 0 means 4096.
+	// Buffer bounds the messages received and not yet applied; beyond it
+	// NATS drops messages, which the Sink sees as gaps. 0 means 4096.
 	Buffer int
+	// BufferBytes bounds the bytes of the messages received and not yet
+	// applied (their payloads and headers); beyond it NATS drops messages,
+	// which the Sink sees as gaps. A message larger than BufferBytes is
+	// always dropped. 0 means [DefaultFollowerBufferBytes].
+	BufferBytes int
 	// OnError, if set, is told of every message that is not a relayed
-	// batch, and of every endpoint of a Relay fallen silent (the
-	// endpoint's blocks are then dropped); it must not block.
+	// batch, of every endpoint of a Relay fallen silent (the endpoint's
+	// blocks are then dropped), and, with an empty key, of the messages
+	// dropped beyond Buffer or BufferBytes; it must not block.
 	OnError func(key string, err error)
 	// Clock tells the time a Relay was last heard. Nil means the system
 	// clock.
@@ -251,21 +258,33 @@ type FollowerConfig struct {
 // endpoints that Relay relayed: a Relay that died unseen leaves no guessed
 // blocks behind. It follows at most 1024 Relays of 4096 endpoints each, and
 // forgets a Relay that never sent a heartbeat (keeping its endpoints' blocks)
-// once it has been silent for three minutes.
+// once it has been silent for three minutes. A message that names a Relay
+// ID longer than 128 bytes, or an endpoint key longer than 1024 bytes, is
+// not from a Relay: it is dropped and reported to OnError.
 //
 // Run is the only method; a Follower starts no goroutine until it is
 // called.
 type Follower struct {
-	conn    *nats.Conn
-	subject string
-	sink    Sink
-	buffer  int
-	onError func(string, error)
-	clock   llmlb.Clock
-	running atomic.Bool
-	// relays is what the goroutine running Run knows of each Relay heard.
+	conn        *nats.Conn
+	subject     string
+	sink        Sink
+	buffer      int
+	bufferBytes int
+	onError     func(string, error)
+	clock       llmlb.Clock
+	running     atomic.Bool
+
+	mu sync.Mutex // protects the fields below, and serializes the calls of sink
+	// stopped is set when Run returns, so that a message still being
+	// delivered is not applied.
+	stopped bool
+	// relays is what Run knows of each Relay heard.
 	relays map[string]*relayLife
 }
+
+// DefaultFollowerBufferBytes is the bytes of relayed messages a [Follower]
+// holds before applying them when its config names no bound.
+const DefaultFollowerBufferBytes = 64 << 20
 
 // relayLife is a Follower's view of one Relay.
 type relayLife struct {
@@ -282,6 +301,8 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 		return nil, fmt.Errorf("%w: Follower needs a Conn and a Sink", ErrInvalidConfig)
 	case cfg.Buffer < 0:
 		return nil, fmt.Errorf("%w: Buffer %d is negative", ErrInvalidConfig, cfg.Buffer)
+	case cfg.BufferBytes < 0:
+		return nil, fmt.Errorf("%w: BufferBytes %d is negative", ErrInvalidConfig, cfg.BufferBytes)
 	}
 	if cfg.Subject == "" {
 		cfg.Subject = DefaultRelaySubject
@@ -289,11 +310,14 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 	if cfg.Buffer == 0 {
 		cfg.Buffer = 4096
 	}
+	if cfg.BufferBytes == 0 {
+		cfg.BufferBytes = DefaultFollowerBufferBytes
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = systemClock{}
 	}
-	return &Follower{conn: cfg.Conn, subject: cfg.Subject, sink: cfg.Sink, buffer: cfg.Buffer, onError: cfg.OnError,
-		clock: cfg.Clock, relays: make(map[string]*relayLife)}, nil
+	return &Follower{conn: cfg.Conn, subject: cfg.Subject, sink: cfg.Sink, buffer: cfg.Buffer, bufferBytes: cfg.BufferBytes,
+		onError: cfg.OnError, clock: cfg.Clock, relays: make(map[string]*relayLife)}, nil
 }
 
 // livenessTick is how often a running Follower looks for silent Relays.
@@ -310,26 +334,49 @@ func (f *Follower) Run(ctx context.Context) error {
 		return fmt.Errorf("%w: Follower.Run", ErrRunning)
 	}
 	defer f.running.Store(false)
-	ch := make(chan *nats.Msg, f.buffer)
-	sub, err := f.conn.ChanSubscribe(f.subject, ch)
+	f.mu.Lock()
+	f.stopped = false
+	f.mu.Unlock()
+	// The subscription's own goroutine applies the messages; those waiting
+	// for it are bounded in count and bytes, and NATS drops the excess.
+	sub, err := f.conn.Subscribe(f.subject, func(m *nats.Msg) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if !f.stopped {
+			f.receive(m)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("share: subscribe to %q: %w", f.subject, err)
 	}
 	defer func() {
 		_ = sub.Unsubscribe()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.stopped = true
 		f.sink.Clear()
 		clear(f.relays)
 	}()
+	if err := sub.SetPendingLimits(f.buffer, f.bufferBytes); err != nil {
+		return fmt.Errorf("share: subscribe to %q: %w", f.subject, err)
+	}
 	tick := time.NewTicker(livenessTick)
 	defer tick.Stop()
+	dropped := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case m := <-ch:
-			f.receive(m)
 		case <-tick.C:
+			f.mu.Lock()
 			f.expire()
+			if n, err := sub.Dropped(); err == nil && n > dropped {
+				if f.onError != nil {
+					f.onError("", fmt.Errorf("share: %d relayed messages dropped: more than Buffer messages or BufferBytes bytes waited to be applied", n-dropped))
+				}
+				dropped = n
+			}
+			f.mu.Unlock()
 		}
 	}
 }
@@ -382,7 +429,16 @@ func (f *Follower) expire() {
 func (f *Follower) receive(m *nats.Msg) {
 	key := m.Header.Get(headerEndpoint)
 	s := m.Header.Get(headerSeq)
-	if id := m.Header.Get(headerRelay); id != "" {
+	id := m.Header.Get(headerRelay)
+	if len(id) > maxRelayIDBytes || len(key) > maxKeyBytes {
+		// Not from a Relay: those keeping them would hold their bytes.
+		if f.onError != nil {
+			f.onError("", fmt.Errorf("%w: relayed message with a relay ID of %d bytes (at most %d) and an endpoint key of %d bytes (at most %d)",
+				ErrMalformed, len(id), maxRelayIDBytes, len(key), maxKeyBytes))
+		}
+		return
+	}
+	if id != "" {
 		r := f.heard(id, key)
 		if s == aliveSeq {
 			if r != nil {
@@ -401,6 +457,9 @@ func (f *Follower) receive(m *nats.Msg) {
 	if err != nil || seq < 0 || m.Data == nil {
 		f.sink.Apply(key, -1, nil)
 		if f.onError != nil {
+			if len(s) > 32 {
+				s = s[:32] + "..."
+			}
 			f.onError(key, fmt.Errorf("%w: relayed message with sequence %q and %d bytes", ErrMalformed, s, len(m.Data)))
 		}
 		return

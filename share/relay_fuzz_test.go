@@ -3,6 +3,7 @@ package share
 import (
 	"bytes"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -22,7 +23,8 @@ func (s *fuzzSink) Clear() {}
 
 // FuzzFollowerReceive hands a Follower relayed messages with fuzzed headers
 // and data: it never panics, hands the Sink exactly one call per message,
-// with the endpoint the message names, and passes the data on only with the
+// with the endpoint the message names (none for a key longer than a Relay
+// sends), and passes the data on only with the
 // non-negative sequence number the message carries; anything else is a
 // clear.
 func FuzzFollowerReceive(f *testing.F) {
@@ -30,6 +32,7 @@ func FuzzFollowerReceive(f *testing.F) {
 	f.Add("e1", "clear", []byte(nil))
 	f.Add("", "-3", []byte("x"))
 	f.Add("e2", "99999999999999999999", []byte{})
+	f.Add(strings.Repeat("k", maxKeyBytes+1), "1", []byte("x"))
 	f.Fuzz(func(t *testing.T, key, seq string, data []byte) {
 		sink := &fuzzSink{}
 		fl, err := NewFollower(FollowerConfig{Conn: new(nats.Conn), Sink: sink})
@@ -41,6 +44,12 @@ func FuzzFollowerReceive(f *testing.F) {
 		m.Header.Set(headerSeq, seq)
 		m.Data = data
 		fl.receive(m)
+		if len(m.Header.Get(headerEndpoint)) > maxKeyBytes {
+			if len(sink.keys) != 0 {
+				t.Fatalf("%d calls for a message naming a key of %d bytes", len(sink.keys), len(m.Header.Get(headerEndpoint)))
+			}
+			return
+		}
 		if len(sink.keys) != 1 {
 			t.Fatalf("%d calls for one message", len(sink.keys))
 		}

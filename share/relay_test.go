@@ -2,6 +2,7 @@ package share
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -272,6 +273,7 @@ func TestRelayConfigErrors(t *testing.T) {
 		{Sink: &recordingSink{}},
 		{Conn: new(nats.Conn)},
 		{Conn: new(nats.Conn), Sink: &recordingSink{}, Buffer: -1},
+		{Conn: new(nats.Conn), Sink: &recordingSink{}, BufferBytes: -1},
 	} {
 		_, err := NewFollower(cfg)
 		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
@@ -433,4 +435,29 @@ func TestRelayForwardsBatchesNearMaxPayload(t *testing.T) {
 	}
 	assert.NotZero(t, batches, "the batches that fit")
 	assert.NotZero(t, clears, "the batches that do not")
+}
+
+// A message naming a Relay ID or an endpoint key longer than a Relay
+// sends is dropped and reported, and the Follower keeps nothing of it:
+// else one publisher could make it hold gigabytes of names.
+func TestFollowerDropsOversizedNames(t *testing.T) {
+	sink := &recordingSink{}
+	var errs []error
+	f, err := NewFollower(FollowerConfig{Conn: new(nats.Conn), Sink: sink, OnError: func(_ string, err error) { errs = append(errs, err) }})
+	require.NoError(t, err)
+	longID := relayed("e1", 1, []byte("b"))
+	longID.Header.Set(headerRelay, strings.Repeat("r", 129))
+	f.receive(longID)
+	longKey := relayMessage(DefaultRelaySubject, "r1", strings.Repeat("k", 1025), 1, []byte("b"), 1<<20)
+	f.receive(longKey)
+	longSeq := relayed("e1", 1, []byte("b"))
+	longSeq.Header.Set(headerSeq, strings.Repeat("9", 1<<16))
+	f.receive(longSeq)
+	assert.Zero(t, len(f.relays), "no relay followed")
+	assert.Equal(t, []sinkCall{{key: "e1", seq: -1}}, sink.calls, "only the message with a bad sequence reaches the Sink, as a clear")
+	require.Equal(t, 3, len(errs))
+	for _, err := range errs {
+		assert.True(t, errors.Is(err, ErrMalformed))
+		assert.Less(t, len(err.Error()), 200, "the error does not carry the message's names")
+	}
 }

@@ -156,6 +156,9 @@ type Group struct {
 	line     timeline.Line // places the clock's readings; see now
 	log      *slog.Logger
 	maxEPs   int
+	// recvBuffer bounds the bytes of the peers' batches that Run holds
+	// before applying them.
+	recvBuffer int
 
 	local local
 	peers peers
@@ -173,9 +176,9 @@ type Group struct {
 	batch   message // the batch being built (by Run or AppendBatch), reused
 
 	recvMu   sync.Mutex
-	recv     message             // the batch being received, reused
-	seen     map[string]struct{} // decodeInto's scratch
-	impostor uint64              // incarnation of the last other replica with this ID logged
+	recv     message  // the batch being received, reused
+	keys     keyTable // decodeInto's scratch
+	impostor uint64   // incarnation of the last other replica with this ID logged
 
 	connected     atomic.Bool
 	failing       bool // the last publish while connected failed; guarded by batchMu
@@ -255,6 +258,8 @@ func New(cfg Config) (*Group, error) {
 		clock:    cfg.Clock,
 		log:      cfg.Logger,
 		maxEPs:   cfg.MaxEndpoints,
+
+		recvBuffer: recvBufferBytes,
 	}
 	if g.clock == nil {
 		g.clock = systemClock{}
@@ -498,7 +503,9 @@ type Stats struct {
 	// connection was down or the publish failed.
 	Published, Unpublished uint64
 	// Received counts peers' batches applied; Rejected those refused:
-	// malformed, late, or from a peer beyond MaxPeers.
+	// malformed, late, or from a peer beyond MaxPeers, and those
+	// [Group.Run] dropped because 256 batches or 32 MiB of them were
+	// already waiting to be applied.
 	Received, Rejected uint64
 	// Dropped counts picks not recorded for the peers: the endpoint table
 	// or the batch's block buffer was full, or the endpoint key is longer
@@ -520,7 +527,10 @@ func (g *Group) Stats() Stats {
 }
 
 // Run subscribes to the subject and, until ctx is done, publishes a batch
-// every Interval and applies the peers' batches as they arrive. It returns
+// every Interval and applies the peers' batches as they arrive, on the
+// subscription's goroutine; while they arrive faster than they are
+// applied, it holds at most 256 of them and 32 MiB, drops the others and
+// counts them in [Stats].Rejected, and says so in the log. It returns
 // ctx.Err(), or an error if the subscription cannot be made (a closed
 // connection). While the connection is down Run keeps going: it skips
 // publishing, lets the peers' batches expire, and resumes when the
@@ -534,12 +544,18 @@ func (g *Group) Run(ctx context.Context) error {
 		return fmt.Errorf("%w: Group.Run", ErrRunning)
 	}
 	defer g.running.Store(false)
-	ch := make(chan *nats.Msg, 256)
-	sub, err := g.conn.ChanSubscribe(g.subject, ch)
+	// The subscription's own goroutine applies the batches; those waiting
+	// for it are bounded in count and bytes, and NATS drops the excess.
+	sub, err := g.conn.Subscribe(g.subject, func(msg *nats.Msg) { _ = g.receive(msg.Data) })
 	if err != nil {
 		return fmt.Errorf("share: subscribe to %q: %w", g.subject, err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	if err := sub.SetPendingLimits(recvBufferMsgs, g.recvBuffer); err != nil {
+		return fmt.Errorf("share: subscribe to %q: %w", g.subject, err)
+	}
+	var drops dropCounter
+	defer drops.count(g, sub)
 	g.connected.Store(g.conn.IsConnected())
 	g.downSince, g.downSkipped = time.Time{}, 0
 	tick := time.NewTicker(g.interval)
@@ -549,13 +565,40 @@ func (g *Group) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case msg := <-ch:
-			_ = g.receive(msg.Data)
 		case <-tick.C:
 			buf = g.publish(buf[:0])
 			g.expire()
+			drops.count(g, sub)
 		}
 	}
+}
+
+// Bounds on the peers' batches received by [Group.Run] and not yet
+// applied: beyond either, NATS drops the batches that arrive.
+const (
+	recvBufferMsgs  = 256
+	recvBufferBytes = 4 * maxMessageBytes
+)
+
+// dropCounter counts in [Stats].Rejected the batches the subscription of
+// Run dropped, and says so in the log, at most once a downReportInterval.
+type dropCounter struct {
+	seen   int // drops counted
+	logged time.Time
+}
+
+func (d *dropCounter) count(g *Group, sub *nats.Subscription) {
+	n, err := sub.Dropped()
+	if err != nil || n <= d.seen {
+		return
+	}
+	g.rejected.Add(uint64(n - d.seen))
+	if now := g.clock.Now(); d.logged.IsZero() || now.Sub(d.logged) >= downReportInterval {
+		d.logged = now
+		g.log.Warn("share: peers' batches arrive faster than they are applied; the excess is dropped",
+			"self", g.id, "dropped", n-d.seen, "buffer_bytes", g.recvBuffer)
+	}
+	d.seen = n
 }
 
 // AppendBatch appends to buf this replica's batch as of the Group's clock,
@@ -669,23 +712,25 @@ func (g *Group) notConnected(now time.Time, wasUp bool) {
 }
 
 // keepDecoded is the size of the largest batch whose decoded memory a Group
-// keeps for the next one.
+// keeps for the next one; a batch of more than MaxEndpoints endpoints is not
+// kept either.
 const keepDecoded = 256 << 10
 
 // receive applies one peer batch.
 func (g *Group) receive(data []byte) error {
 	g.recvMu.Lock()
 	defer g.recvMu.Unlock()
-	if g.seen == nil {
-		g.seen = make(map[string]struct{})
-	}
 	m := &g.recv
-	if len(data) > keepDecoded {
-		// The buffers a rare large batch grew are dropped after it, so
-		// that its memory is not kept for the small ones that follow.
-		defer func() { g.recv, g.seen = message{}, nil }()
-	}
-	err := decodeInto(m, g.seen, data)
+	defer func() {
+		if len(data) > keepDecoded || len(m.eps) > g.maxEPs {
+			// The buffers a rare large batch grew are dropped after it,
+			// so that its memory is not kept for the small ones that
+			// follow.
+			g.recv, g.keys = message{}, keyTable{}
+			g.peers.dropSpare()
+		}
+	}()
+	err := decodeInto(m, &g.keys, data)
 	if err != nil {
 		g.rejected.Add(1)
 		return err

@@ -144,13 +144,39 @@ func appendString(dst []byte, s string) []byte {
 // decoder reads a message, remembering the first error.
 type decoder struct {
 	b   []byte
+	off int // bytes of b read
 	err error
 }
 
+// left returns the bytes of b not yet read.
+func (d *decoder) left() int { return len(d.b) - d.off }
+
+// fail records an error, and leaves nothing to read.
 func (d *decoder) fail(format string, args ...any) {
 	if d.err == nil {
 		d.err = fmt.Errorf("%w: "+format, append([]any{ErrMalformed}, args...)...)
 	}
+	d.off = len(d.b)
+}
+
+// small reads a varint of one or two bytes no larger than limit, as most
+// are, and reports false, reading nothing, for any other: the caller then
+// calls uint. It is small enough to be inlined in the loops over buckets.
+func (d *decoder) small(limit uint64) (uint64, bool) {
+	b := d.b[d.off:]
+	switch {
+	case len(b) > 0 && b[0] < 0x80 && uint64(b[0]) <= limit:
+		d.off++
+		return uint64(b[0]), true
+	case len(b) > 1 && b[1] < 0x80:
+		// A first byte below 0x80 is a one-byte varint over limit: then
+		// v is too, and uint says so.
+		if v := uint64(b[0]&0x7f) | uint64(b[1])<<7; v <= limit {
+			d.off += 2
+			return v, true
+		}
+	}
+	return 0, false
 }
 
 // uint reads a varint no larger than limit.
@@ -158,12 +184,12 @@ func (d *decoder) uint(what string, limit uint64) uint64 {
 	if d.err != nil {
 		return 0
 	}
-	v, n := binary.Uvarint(d.b)
+	v, n := binary.Uvarint(d.b[d.off:])
 	if n <= 0 {
 		d.fail("truncated or overlong %s", what)
 		return 0
 	}
-	d.b = d.b[n:]
+	d.off += n
 	if v > limit {
 		d.fail("%s %d exceeds %d", what, v, limit)
 		return 0
@@ -171,17 +197,19 @@ func (d *decoder) uint(what string, limit uint64) uint64 {
 	return v
 }
 
-func (d *decoder) string(what string, limit int) string {
-	n := int(d.uint(what+" length", uint64(limit)))
+// bytes reads a string's bytes, at most limit of them; its length is
+// named lengthWhat in errors, itself what.
+func (d *decoder) bytes(lengthWhat, what string, limit int) []byte {
+	n := int(d.uint(lengthWhat, uint64(limit)))
 	if d.err != nil {
-		return ""
+		return nil
 	}
-	if n > len(d.b) {
+	if n > d.left() {
 		d.fail("truncated %s", what)
-		return ""
+		return nil
 	}
-	s := string(d.b[:n])
-	d.b = d.b[n:]
+	s := d.b[d.off : d.off+n]
+	d.off += n
 	return s
 }
 
@@ -189,12 +217,12 @@ func (d *decoder) fixed64(what string) uint64 {
 	if d.err != nil {
 		return 0
 	}
-	if len(d.b) < 8 {
+	if d.left() < 8 {
 		d.fail("truncated %s", what)
 		return 0
 	}
-	v := binary.LittleEndian.Uint64(d.b)
-	d.b = d.b[8:]
+	v := binary.LittleEndian.Uint64(d.b[d.off:])
+	d.off += 8
 	return v
 }
 
@@ -203,17 +231,17 @@ func (d *decoder) fixed64(what string) uint64 {
 // one byte of input.
 func decode(b []byte) (*message, error) {
 	m := &message{}
-	if err := decodeInto(m, make(map[string]struct{}), b); err != nil {
+	if err := decodeInto(m, &keyTable{}, b); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 // decodeInto decodes b into m as decode does, reusing the memory of m's
-// slices and the map seen (emptied first) from an earlier call, so that
-// decoding a receiver's steady stream of batches allocates little. On error
-// m holds a partial message.
-func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
+// slices and the keys of keys from an earlier call, so that decoding a
+// receiver's steady stream of batches allocates nothing. On error m holds
+// a partial message.
+func decodeInto(m *message, keys *keyTable, b []byte) error {
 	if len(b) > maxMessageBytes {
 		return fmt.Errorf("%w: %d bytes exceeds %d", ErrMalformed, len(b), maxMessageBytes)
 	}
@@ -225,9 +253,9 @@ func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 		return fmt.Errorf("%w: version %d, want 1 or %d", ErrMalformed, b[0], wireVersion)
 	}
 	d := &decoder{b: b[1:]}
-	clear(seen)
+	keys.reset()
 	m.eps, m.routes = m.eps[:0], m.routes[:0]
-	m.id = d.string("id", maxIDBytes)
+	m.id = keys.key(d.bytes("id length", "id", maxIDBytes))
 	m.inc = d.fixed64("incarnation")
 	m.seq = d.uint("sequence", math.MaxUint64)
 	m.width = int64(d.uint("width", maxWidth))
@@ -246,25 +274,24 @@ func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 		}
 	}
 	neps := int(d.uint("endpoints", maxWireEPs))
-	if d.err == nil && neps > len(d.b) {
-		d.fail("%d endpoints in %d bytes", neps, len(d.b))
+	if d.err == nil && neps > d.left() {
+		d.fail("%d endpoints in %d bytes", neps, d.left())
 	}
 	if d.err == nil && neps > 0 {
 		m.eps = grow(m.eps, neps)
 	}
 	for i := 0; i < neps && d.err == nil; i++ {
 		e := &m.eps[i]
-		e.key = d.string("key", maxKeyBytes)
+		e.key = keys.key(d.bytes("key length", "key", maxKeyBytes))
 		if d.err == nil && e.key == "" {
 			d.fail("empty endpoint key")
 		}
-		if _, dup := seen[e.key]; dup && d.err == nil {
+		if d.err == nil && !keys.add(e.key) {
 			d.fail("duplicate endpoint %q", e.key)
 		}
-		seen[e.key] = struct{}{}
 		nb := int(d.uint("buckets", uint64(m.horizon)+1))
-		if d.err == nil && nb > len(d.b) {
-			d.fail("%d buckets in %d bytes", nb, len(d.b))
+		if d.err == nil && nb > d.left() {
+			d.fail("%d buckets in %d bytes", nb, d.left())
 		}
 		e.buckets = e.buckets[:0]
 		if d.err == nil && nb > 0 {
@@ -273,13 +300,29 @@ func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 		prev := -1
 		for j := range e.buckets {
 			bk := &e.buckets[j]
-			bk.age = int(d.uint("age", uint64(m.horizon)))
-			bk.out = int64(d.uint("outstanding", maxCount))
-			bk.queued = int64(d.uint("queued", maxCount))
-			bk.tokens = int64(d.uint("tokens", maxTokens))
-			bk.prefill = -1
+			age, ok := d.small(uint64(m.horizon))
+			if !ok {
+				age = d.uint("age", uint64(m.horizon))
+			}
+			out, ok := d.small(maxCount)
+			if !ok {
+				out = d.uint("outstanding", maxCount)
+			}
+			queued, ok := d.small(maxCount)
+			if !ok {
+				queued = d.uint("queued", maxCount)
+			}
+			tokens, ok := d.small(maxTokens)
+			if !ok {
+				tokens = d.uint("tokens", maxTokens)
+			}
+			bk.age, bk.out, bk.queued, bk.tokens, bk.prefill = int(age), int64(out), int64(queued), int64(tokens), -1
 			if version > 1 {
-				bk.prefill = int64(d.uint("prefill", maxTokens))
+				prefill, ok := d.small(maxTokens)
+				if !ok {
+					prefill = d.uint("prefill", maxTokens)
+				}
+				bk.prefill = int64(prefill)
 			}
 			if d.err != nil {
 				break
@@ -296,8 +339,8 @@ func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 			prev = bk.age
 		}
 		nf := int(d.uint("finished counts", uint64(m.horizon)))
-		if d.err == nil && nf > len(d.b) {
-			d.fail("%d finished counts in %d bytes", nf, len(d.b))
+		if d.err == nil && nf > d.left() {
+			d.fail("%d finished counts in %d bytes", nf, d.left())
 		}
 		e.fin = e.fin[:0]
 		if d.err == nil && nf > 0 {
@@ -306,8 +349,15 @@ func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 		prev = -1
 		for j := 0; j < nf && d.err == nil; j++ {
 			f := &e.fin[j]
-			f.age = int(d.uint("finished age", uint64(m.horizon-1)))
-			f.n = int64(d.uint("finished", maxCount))
+			age, ok := d.small(uint64(m.horizon - 1))
+			if !ok {
+				age = d.uint("finished age", uint64(m.horizon-1))
+			}
+			n, ok := d.small(maxCount)
+			if !ok {
+				n = d.uint("finished", maxCount)
+			}
+			f.age, f.n = int(age), int64(n)
 			if d.err == nil && f.age <= prev {
 				d.fail("finished ages not increasing")
 			}
@@ -315,8 +365,8 @@ func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 		}
 	}
 	nr := int(d.uint("routes", maxWireBlocks))
-	if d.err == nil && nr > len(d.b) {
-		d.fail("%d routes in %d bytes", nr, len(d.b))
+	if d.err == nil && nr > d.left() {
+		d.fail("%d routes in %d bytes", nr, d.left())
 	}
 	if d.err == nil && nr > 0 {
 		m.routes = grow(m.routes, nr)
@@ -338,7 +388,7 @@ func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 			d.fail("route without blocks")
 		case total > maxWireBlocks:
 			d.fail("more than %d blocks", maxWireBlocks)
-		case n > len(d.b)/8:
+		case n > d.left()/8:
 			d.fail("truncated blocks")
 		}
 		if d.err != nil {
@@ -346,14 +396,59 @@ func decodeInto(m *message, seen map[string]struct{}, b []byte) error {
 		}
 		r.blocks = grow(r.blocks[:0], n)
 		for j := range r.blocks {
-			r.blocks[j] = binary.LittleEndian.Uint64(d.b[8*j:])
+			r.blocks[j] = binary.LittleEndian.Uint64(d.b[d.off+8*j:])
 		}
-		d.b = d.b[8*n:]
+		d.off += 8 * n
 	}
-	if d.err == nil && len(d.b) != 0 {
-		d.fail("%d trailing bytes", len(d.b))
+	if d.err == nil && d.left() != 0 {
+		d.fail("%d trailing bytes", d.left())
 	}
 	return d.err
+}
+
+// keyTable is the endpoint keys decodeInto has read: those of the message
+// being decoded, to refuse a duplicate, and those of earlier messages, so
+// that a key read again is not allocated again. It keeps at most about
+// maxKnownKeyBytes of keys between messages.
+type keyTable struct {
+	batch map[string]struct{} // the message's keys
+	known map[string]string   // keys read before
+	bytes int                 // of the keys in known
+}
+
+const maxKnownKeyBytes = 1 << 20
+
+// reset readies t for a new message.
+func (t *keyTable) reset() {
+	if t.batch == nil {
+		t.batch = make(map[string]struct{})
+		t.known = make(map[string]string)
+	}
+	clear(t.batch)
+	if t.bytes > maxKnownKeyBytes {
+		t.known = make(map[string]string)
+		t.bytes = 0
+	}
+}
+
+// key returns b as a string, the one read before if there is one.
+func (t *keyTable) key(b []byte) string {
+	if k, ok := t.known[string(b)]; ok {
+		return k
+	}
+	k := string(b)
+	t.known[k] = k
+	t.bytes += len(k)
+	return k
+}
+
+// add adds k to the message's keys, and reports false if it was there.
+func (t *keyTable) add(k string) bool {
+	if _, dup := t.batch[k]; dup {
+		return false
+	}
+	t.batch[k] = struct{}{}
+	return true
 }
 
 // grow returns s resized to n elements, reusing its memory if it has room:

@@ -43,7 +43,7 @@ func TestDecodeIntoReuses(t *testing.T) {
 		routes: []route{{ep: 0, blocks: []uint64{9}}},
 	}
 	var m message
-	seen := make(map[string]struct{})
+	seen := &keyTable{}
 	for _, want := range []*message{full, smaller, full, {id: "c", width: 1, horizon: 1}, smaller} {
 		b := appendMessage(nil, want)
 		require.NoError(t, decodeInto(&m, seen, b))
@@ -146,7 +146,7 @@ func FuzzDecode(f *testing.F) {
 		// Decoding into a message another batch was decoded into, as a
 		// receiver does, gives the same result.
 		var reused message
-		seen := make(map[string]struct{})
+		seen := &keyTable{}
 		require.NoError(t, decodeInto(&reused, seen, appendMessage(nil, sampleMessage())))
 		errReused := decodeInto(&reused, seen, b)
 		if err != nil {
@@ -216,7 +216,37 @@ func TestReceiveReleasesLargeBatches(t *testing.T) {
 	require.Greater(t, len(large), keepDecoded)
 	require.NoError(t, g.Receive(large))
 	assert.Zero(t, cap(g.recv.routes), "a large batch's memory is released")
-	assert.Nil(t, g.seen)
+	assert.Nil(t, g.keys.known)
 	require.NoError(t, g.Receive(batch(3, 4)))
 	assert.Equal(t, uint64(3), g.Stats().Received)
+}
+
+// The decoder's inlined reading of short varints agrees with its general
+// one on every varint of up to two bytes, whatever the limit.
+func TestSmallVarintsReadAsAnyVarint(t *testing.T) {
+	for _, in := range [][]byte{{5}, {0x85, 1}, {0xff, 0x7f}} {
+		d := decoder{b: in}
+		_, ok := d.small(maxCount)
+		require.True(t, ok, "% x read inline", in)
+	}
+	for _, limit := range []uint64{0, 1, 127, 128, 200, 1<<14 - 1, 1 << 14, maxCount} {
+		for b0 := range 256 {
+			for b1 := range 256 {
+				for _, in := range [][]byte{{byte(b0)}, {byte(b0), byte(b1)}, {byte(b0), byte(b1), 1}} {
+					fast := decoder{b: in}
+					v, ok := fast.small(limit)
+					if !ok {
+						if fast.off != 0 {
+							t.Fatalf("% x: read %d bytes and failed", in, fast.off)
+						}
+						continue
+					}
+					slow := decoder{b: in}
+					if w := slow.uint("v", limit); slow.err != nil || w != v || slow.off != fast.off {
+						t.Fatalf("% x, limit %d: small reads %d in %d bytes, uint %d in %d (%v)", in, limit, v, fast.off, w, slow.off, slow.err)
+					}
+				}
+			}
+		}
+	}
 }
