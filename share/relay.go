@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -164,8 +165,14 @@ func (r *Relay) publish(m *nats.Msg) {
 
 // Forward publishes batch seq of endpoint key, or, for a nil payload, a
 // clear of the endpoint: the signature of kvevents.Config.Forward. It does
-// not keep payload, and does not wait for the network.
+// not keep payload, and does not wait for the network. A key a Follower
+// would refuse (longer than 1024 bytes) or that no header can carry (a
+// line break in it) is not published and counts as failed.
 func (r *Relay) Forward(key string, seq int64, payload []byte) {
+	if len(key) > maxKeyBytes || strings.ContainsAny(key, "\r\n") {
+		r.failed.Add(1)
+		return
+	}
 	r.publish(relayMessage(r.subject, r.id, key, seq, payload, r.conn.MaxPayload()))
 }
 

@@ -461,3 +461,36 @@ func TestFollowerDropsOversizedNames(t *testing.T) {
 		assert.Less(t, len(err.Error()), 200, "the error does not carry the message's names")
 	}
 }
+
+// A Relay does not publish a key its Followers would refuse (over 1024
+// bytes) or that a header cannot carry (a line break would start another
+// header): it counts it as failed, and a Follower sees nothing.
+func TestRelayRefusesKeysFollowersCannotTake(t *testing.T) {
+	ns := startServer(t, -1)
+	sub := connect(t, ns.ClientURL())
+	msgs := make(chan *nats.Msg, 8)
+	s, err := sub.ChanSubscribe(DefaultRelaySubject, msgs)
+	require.NoError(t, err)
+	defer func() { _ = s.Unsubscribe() }()
+	require.NoError(t, sub.Flush())
+	r, err := NewRelay(RelayConfig{Conn: connect(t, ns.ClientURL()), ID: "r1"})
+	require.NoError(t, err)
+	r.Forward(strings.Repeat("k", maxKeyBytes+1), 1, []byte("batch"))
+	r.Forward("e1\r\nNats-Relay: forged", 1, []byte("batch"))
+	r.Forward("e1", 1, []byte("batch"))
+	select {
+	case m := <-msgs:
+		assert.Equal(t, "e1", m.Header.Get(headerEndpoint))
+		assert.Equal(t, "r1", m.Header.Get(headerRelay))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the valid batch was not relayed")
+	}
+	select {
+	case m := <-msgs:
+		t.Fatalf("a refused key was relayed: %q", m.Header.Get(headerEndpoint))
+	case <-time.After(50 * time.Millisecond):
+	}
+	ok, failed := r.Published()
+	assert.Equal(t, int64(1), ok)
+	assert.Equal(t, int64(2), failed)
+}
