@@ -101,7 +101,10 @@ type Config struct {
 	// Observer, if not nil, is told of every admission and refusal, for
 	// metrics (package telemetry provides one).
 	Observer *Observer
-	// Clock tells the time; nil means the system clock.
+	// Clock tells the time; nil means the system clock. A context's
+	// deadline (see [Queue.Admit]) is read on this clock: one that is not
+	// the system clock's time (a simulation's) must be given deadlines on
+	// its own time line.
 	Clock llmlb.Clock
 }
 
