@@ -242,3 +242,29 @@ func TestEnterWithAdmitConcurrently(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A ready function that panics does not keep the others woken with it from
+// being told: the panic reaches the caller whose release woke them, and
+// every admitted ticket's holder learns of its admission.
+func TestEnterReadyPanicStillNotifiesTheOthers(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxTokensInFlight: 1000})
+	var log readyLog
+	big := mustEnter(t, q, Request{Principal: "a", PromptTokens: 1000}, log.ready("a"), true)
+	mustEnter(t, q, Request{Principal: "c", PromptTokens: 10}, func(error) { panic("ready of c") }, false)
+	d := mustEnter(t, q, Request{Principal: "d", PromptTokens: 10}, log.ready("d"), false)
+	// The release makes room for both; c's ready function is called first.
+	func() {
+		defer func() {
+			if r := recover(); r != "ready of c" {
+				t.Fatalf("recovered %v, want the ready function's panic", r)
+			}
+		}()
+		big.Done()
+	}()
+	if got := log.got(); len(got) != 1 || got[0] != "d" || !d.admitted() {
+		t.Fatalf("ready calls %v, want d told of its admission", got)
+	}
+	if s := q.Stats(); s.InFlight != 2 || s.Waiting != 0 {
+		t.Fatalf("stats %+v, want c and d in flight", s)
+	}
+}

@@ -287,8 +287,24 @@ func (q *Queue) unlock() {
 	woken := q.woken
 	q.woken = nil
 	q.mu.Unlock()
-	for _, t := range woken {
-		t.notify(t.err)
+	notifyAll(woken)
+}
+
+// notifyAll calls the ready function of each ticket of ts. If one panics,
+// the others are still told, so that none is left admitted and unknown to
+// its holder, and then the panic goes on.
+func notifyAll(ts []*Ticket) {
+	for i, t := range ts {
+		panicked := true
+		func() {
+			defer func() {
+				if panicked {
+					notifyAll(ts[i+1:])
+				}
+			}()
+			t.notify(t.err)
+			panicked = false
+		}()
 	}
 }
 
