@@ -519,7 +519,9 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 
 // roundTrip sends the attempt with the base transport and waits for the
 // first event of a 2xx response, which it returns with its held-back body b.
-// A status answer is returned with a [*retry.StatusError]; any other failure
+// A status answer is returned with a [*retry.StatusError], and so is a 2xx
+// stream whose first event is an error event (see [body.peek]), with the
+// event's code and a *body holding the bytes held back; any other failure
 // with a nil response.
 func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, b *body, err error) {
 	t := a.t
@@ -575,9 +577,17 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 		return resp, nil, &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}
 	}
 	b = &body{rc: resp.Body}
-	if err := b.peek(resp, t.peek); err != nil {
+	code, err := b.peek(resp, t.peek)
+	if err != nil {
 		_ = resp.Body.Close()
 		return nil, nil, err
+	}
+	if code != 0 {
+		// The first event is an error: nothing was produced, as with a
+		// status answer, which the attempt then is. Handed to the caller,
+		// it is the stream as sent.
+		resp.Body = b
+		return resp, nil, fmt.Errorf("%w first: %w", errErrorEvent, &retry.StatusError{Code: code, Header: resp.Header})
 	}
 	return resp, b, nil
 }
@@ -587,6 +597,8 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 func (a *attempt) commitStatus(tr *try, o retry.Outcome) *http.Response {
 	resp := tr.resp
 	err := tr.err
+	// resp.Body may be the *body, finishing nothing, of a stream whose
+	// first event was an error, with the bytes held back.
 	b := &body{rc: resp.Body}
 	b.finish = func(error) { a.finish(tr, err, o) }
 	resp.Body = b

@@ -1,11 +1,14 @@
 package httplb
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/llmlb/llmlb/internal/sse"
@@ -92,37 +95,125 @@ func (b *body) end(err error) {
 	}
 }
 
-// peek reads the start of resp's body until its first event has begun: for a
-// text/event-stream, the first "data:" field at the start of a line; for
-// anything else (or a compressed stream), the first byte. It gives up waiting
-// after limit bytes. An EOF ends the wait without error; another read error
-// is returned, and the attempt is then retryable.
-func (b *body) peek(resp *http.Response, limit int) error {
+// peek reads the start of resp's body until its first event is known: for
+// a text/event-stream, to the end of the first line that starts with the
+// "data:" field, or only to the first byte of its value if that is not an
+// object (no error event then); for anything else (or a compressed stream),
+// the first byte. It gives up waiting after limit bytes. An EOF ends the
+// wait without error; another read error is returned, and the attempt is
+// then retryable. If the first event is an error event (see
+// [OutputCounter]), code is the status it stands for (see errorEventCode);
+// otherwise code is 0.
+func (b *body) peek(resp *http.Response, limit int) (code int, err error) {
 	stream := isEventStream(resp.Header)
 	var first sse.FirstEvent
+	data := -1      // the offset in buf past the first event's "data:"
+	object := false // the first event's value starts with an object
 	buf := make([]byte, 0, 512)
 	for len(buf) < limit {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
 		n, err := b.rc.Read(buf[len(buf):min(cap(buf), limit)])
-		chunk := buf[len(buf) : len(buf)+n]
-		buf = buf[:len(buf)+n]
-		if errors.Is(err, io.EOF) {
+		from := len(buf)
+		buf = buf[:from+n]
+		eof := errors.Is(err, io.EOF)
+		if eof {
 			// A complete short body: nothing more will come. Keep it
 			// readable, with its EOF.
 			b.rc = eofReader{b.rc}
-			break
 		}
-		if n > 0 && (!stream || first.Feed(chunk)) {
+		if n > 0 {
+			if !stream {
+				break
+			}
+			if data < 0 {
+				prev := first
+				if first.Feed(buf[from:]) {
+					data = from + dataEnd(prev, buf[from:])
+				}
+			}
+			if data >= 0 {
+				rest := buf[max(from, data):]
+				if bytes.ContainsAny(rest, "\r\n") {
+					break // the line is complete
+				}
+				if !object {
+					// The value has been whitespace so far.
+					if i := indexNonSpace(rest); i >= 0 {
+						if rest[i] != '{' {
+							break // not an object: no error event
+						}
+						object = true
+					}
+				}
+			}
+		}
+		if eof {
 			break
 		}
 		if err != nil {
-			return err
+			return 0, err
 		}
 	}
 	b.buf = buf
-	return nil
+	if data < 0 {
+		return 0, nil
+	}
+	value := buf[data:]
+	if i := bytes.IndexAny(value, "\r\n"); i >= 0 {
+		value = value[:i]
+	}
+	return errorEventCode(buf[:data], value), nil
+}
+
+// dataEnd returns the offset in p past the "data:" that e, fed p, found,
+// where e is in the state it had before.
+func dataEnd(e sse.FirstEvent, p []byte) int {
+	for i := range p {
+		if e.Feed(p[i : i+1]) {
+			return i + 1
+		}
+	}
+	return len(p)
+}
+
+// indexNonSpace returns the index of the first byte of p that is not JSON
+// whitespace, or -1.
+func indexNonSpace(p []byte) int {
+	for i, c := range p {
+		if !isSpace(c) {
+			return i
+		}
+	}
+	return -1
+}
+
+// errorEventCode returns the status that the first event of a stream stands
+// for, given the stream's bytes before the event's value (head) and the
+// value, the rest of its line: 0 if it is not an error event (whose value
+// is an object); else the error object's "code" if it is a number from 100
+// to 599, as vLLM and SGLang give one; else 500. It allocates only for an
+// error event.
+func errorEventCode(head, value []byte) int {
+	if i := indexNonSpace(value); i < 0 || value[i] != '{' || !bytes.Contains(value, []byte(`"`+errorKey+`"`)) {
+		return 0 // not an object with the key "error", unescaped
+	}
+	c := OutputCounter{sse: true}
+	c.Count(head)
+	c.Count(value)
+	if !c.streamFailed() {
+		return 0
+	}
+	var event, e map[string]json.RawMessage
+	if json.Unmarshal(value, &event) != nil || json.Unmarshal(event[errorKey], &e) != nil {
+		return http.StatusInternalServerError
+	}
+	code, err := strconv.Atoi(string(e["code"]))
+	if err != nil || code < 100 || code > 599 {
+		return http.StatusInternalServerError
+	}
+	return code
 }
 
 // eofReader reports EOF at once but still closes the underlying body.

@@ -20,7 +20,8 @@ import (
 
 // DefaultMaxPeekBytes bounds the response bytes a Transport holds back while
 // it waits for the first event of a stream: a stream whose first "data:"
-// line has not started within this many bytes is committed anyway.
+// line has not ended within this many bytes is committed anyway, unless
+// what it holds of that line is already an error event.
 const DefaultMaxPeekBytes = 64 << 10
 
 // maxDrainBytes bounds what is read from a failed attempt's body so that its
@@ -79,7 +80,9 @@ type Config struct {
 	//     hedges included, where a Loop passes the retry's number: the two
 	//     agree when nothing was hedged (1 for the first retry).
 	//   - Classify is given a status answer as a [*retry.StatusError]
-	//     carrying the response's header. An endpoint without a usable URL
+	//     carrying the response's header, and a 2xx stream whose first
+	//     event is an error event as an error wrapping one with the error's
+	//     code (see [Transport]). An endpoint without a usable URL
 	//     ([ErrNoURL], [ErrInvalidConfig]) is a configuration error, never
 	//     retried, whatever Classify says.
 	//   - MaxPushback bounds the delay a server asks for with Retry-After or
@@ -151,15 +154,16 @@ type Config struct {
 	// evict each other.
 	Store *signals.Store
 	// MaxPeekBytes bounds the bytes held back before the first event of a
-	// stream. 0 means [DefaultMaxPeekBytes].
+	// stream, to the end of its first "data:" line. 0 means
+	// [DefaultMaxPeekBytes].
 	MaxPeekBytes int
 	// FirstEventTimeout, if positive, bounds each attempt's wait for its
 	// first event, from the moment it is sent: an attempt that has not
-	// committed by then (no response, or a stream of nothing but SSE
-	// comments and keep-alives) is cancelled and fails with
-	// [ErrFirstEventTimeout], which [retry.DefaultClassify] retries on
-	// another endpoint like a connection error, within Retry.MaxAttempts
-	// and the budget. Its pick is finished with that error and the
+	// committed by then (no response, a stream of nothing but SSE
+	// comments and keep-alives, or one whose first "data:" line has not
+	// ended) is cancelled and fails with [ErrFirstEventTimeout], which
+	// [retry.DefaultClassify] retries on another endpoint like a
+	// connection error, within Retry.MaxAttempts and the budget. Its pick is finished with that error and the
 	// Retry.Reporter is told of it.
 	//
 	// 0, the default, means no timeout: an attempt waits for its first
@@ -192,9 +196,15 @@ type Config struct {
 // the failed ones become candidates again.
 //
 // A 2xx response is committed when its first event arrives: for a
-// text/event-stream, the first "data:" line; for anything else, the first
-// byte. RoundTrip holds back those first bytes, calls the pick's FirstToken
-// and returns the response; its body then passes every Read straight through
+// text/event-stream, the first "data:" line, once it has ended (or its
+// value has begun with anything but a JSON object); for anything else, the
+// first byte. A stream whose first event is an error event (data with an
+// "error" object at its top level, which vLLM and SGLang send when
+// generation fails after their 200) is not committed: its attempt fails as
+// a status answer would, with the error's "code" as the status (500 when it
+// has none from 100 to 599), and is retried or returned as such, with the
+// bytes as sent. RoundTrip holds back the first bytes, calls the pick's
+// FirstToken and returns the response; its body then passes every Read straight through
 // (no buffering), reports the output tokens it carries to the pick with
 // Generated as they pass (see [OutputCounter]), and calls the pick's Done
 // exactly once, at the end of the body, on a read error, or when it is

@@ -851,7 +851,7 @@ func TestNoRetryWhen(t *testing.T) {
 		err    error
 	}{
 		{"budget spent", status(http.StatusServiceUnavailable), func(c *Config) { c.Retry.Budget = &denyAll{} }, http.StatusServiceUnavailable, nil},
-		{"pushback forbids", status(http.StatusServiceUnavailable, "Retry-After", "soon"), nil, http.StatusServiceUnavailable, nil},
+		{"pushback forbids", status(http.StatusServiceUnavailable, retry.HeaderGRPCPushback, "-1"), nil, http.StatusServiceUnavailable, nil},
 		{"one attempt", hangUp(""), func(c *Config) { c.Retry.MaxAttempts = 1 }, 0, retry.ErrExhausted},
 		{"custom classifier", status(http.StatusInternalServerError), func(c *Config) {
 			c.Retry.Classify = retry.OnCodes([]int{http.StatusServiceUnavailable}, nil)

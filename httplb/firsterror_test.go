@@ -1,0 +1,482 @@
+package httplb
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// errorStream is what vLLM streams when it fails a request after its 200,
+// with the error's message and code (JSON text).
+func errorStream(msg, code string) string {
+	return `data: {"error": {"message": "` + msg + `", "type": "InternalServerError", "param": null, "code": ` + code + "}}\n\ndata: [DONE]\n\n"
+}
+
+// sendStream answers with an event stream of s in one write.
+func sendStream(s string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, s)
+	}
+}
+
+// doneLog records the error each pick ended with, by endpoint.
+type doneLog struct {
+	mu   sync.Mutex
+	errs map[string][]error
+}
+
+func (d *doneLog) observer() *llmlb.Observer {
+	return &llmlb.Observer{Done: func(i llmlb.DoneInfo) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.errs == nil {
+			d.errs = map[string][]error{}
+		}
+		d.errs[i.Endpoint.Key()] = append(d.errs[i.Endpoint.Key()], i.Err)
+	}}
+}
+
+func (d *doneLog) get(key string) []error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.errs[key]
+}
+
+// newObservedHarness is newHarness with the fixed policy, whose balancer
+// tells done how every pick ended, and whose base transport is wrap's
+// wrapping of a loopback one (wrap may be nil).
+func newObservedHarness(t *testing.T, cfg Config, done *doneLog, wrap func(http.RoundTripper) http.RoundTripper, ups ...*upstream) *harness {
+	t.Helper()
+	b, err := llmlb.New(fixed{}, llmlb.WithRand(rand.NewPCG(1, 2)), llmlb.WithObserver(done.observer()))
+	require.NoError(t, err)
+	urls := make([]string, len(ups))
+	for i, u := range ups {
+		urls[i] = u.URL
+	}
+	eps, err := NewEndpoints(urls...)
+	require.NoError(t, err)
+	require.NoError(t, b.Update(eps))
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	cfg.Balancer = b
+	cfg.Base = base
+	if wrap != nil {
+		cfg.Base = wrap(base)
+	}
+	if cfg.Retry.After == nil {
+		cfg.Retry.After = func(time.Duration) <-chan time.Time { return closedTime }
+	}
+	tr, err := NewTransport(cfg)
+	require.NoError(t, err)
+	h := &harness{b: b, tr: tr, base: base, cfg: cfg}
+	t.Cleanup(func() { h.requireIdle(t) })
+	return h
+}
+
+// postProxy sends chatBody through a proxy over h and returns the status
+// and the body the client receives.
+func postProxy(t *testing.T, h *harness) (int, string) {
+	t.Helper()
+	s := h.proxy(t)
+	resp, err := http.Post(s.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	body, err := readAll(t, resp)
+	require.NoError(t, err)
+	return resp.StatusCode, body
+}
+
+// reported returns the errors the reporter was told of for key.
+func (r *recorder) reported(key string) []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var errs []error
+	for i, k := range r.keys {
+		if k == key {
+			errs = append(errs, r.errs[i])
+		}
+	}
+	return errs
+}
+
+// requireStatusFailure asserts that errs is one error: a first error event
+// standing for the status code.
+func requireStatusFailure(t *testing.T, errs []error, code int) {
+	t.Helper()
+	require.Len(t, errs, 1)
+	var se *retry.StatusError
+	require.ErrorAs(t, errs[0], &se, "%v", errs[0])
+	assert.Equal(t, code, se.Code)
+	assert.ErrorIs(t, errs[0], errErrorEvent)
+}
+
+// A 2xx stream whose first event is an error event (vLLM's when its engine
+// fails before the first token) produced nothing for the client: it fails
+// its attempt like a 500 answer, which is retried on the other replica, and
+// the client sees only the other replica's stream.
+func TestFirstEventErrorRetried(t *testing.T) {
+	const hedgeDelay = time.Hour // marks the hedge timer
+	cases := []struct {
+		name  string
+		hedge bool
+		after func(time.Duration) <-chan time.Time
+	}{
+		{"serial", false, nil},
+		{"hedging, no hedge sent", true, func(d time.Duration) <-chan time.Time {
+			if d == hedgeDelay {
+				return nil
+			}
+			return closedTime
+		}},
+		{"hedged at once", true, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := newUpstream(t, sendStream(errorStream("EngineCore encountered an issue.", "500")))
+			rec := &recorder{}
+			aFailed := make(chan struct{})
+			b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				if c.hedge && c.after == nil {
+					// The hedge answers once the first attempt has failed,
+					// while it is still in flight.
+					select {
+					case <-aFailed:
+					case <-r.Context().Done():
+						return
+					}
+				}
+				streamTokens(2)(w, r)
+			})
+			budget := &outcomes{}
+			done := &doneLog{}
+			var once sync.Once
+			rep := reporterFunc(func(key string, err error) {
+				rec.Report(key, err)
+				if key == a.URL {
+					once.Do(func() { close(aFailed) })
+				}
+			})
+			cfg := Config{Retry: retry.LoopConfig{Reporter: rep, Budget: budget, After: c.after}}
+			if c.hedge {
+				cfg.Retry.Hedge.Delay = hedgeDelay
+			}
+			h := newObservedHarness(t, cfg, done, nil, a, b)
+			code, body := postProxy(t, h)
+			assert.Equal(t, http.StatusOK, code)
+			assert.Equal(t, "data: {\"i\":0}\n\ndata: {\"i\":1}\n\ndata: [DONE]\n\n", body)
+			assert.EqualValues(t, 1, a.hits.Load())
+			assert.EqualValues(t, 1, b.hits.Load())
+			requireStatusFailure(t, rec.reported(a.URL), http.StatusInternalServerError)
+			requireStatusFailure(t, done.get(a.URL), http.StatusInternalServerError)
+			assert.Equal(t, []error{nil}, rec.reported(b.URL))
+			assert.Equal(t, []error{nil}, done.get(b.URL))
+			budget.mu.Lock()
+			assert.ElementsMatch(t, []retry.Outcome{retry.Failed, retry.Succeeded}, budget.got)
+			budget.mu.Unlock()
+		})
+	}
+}
+
+// A first error event whose code is not retryable (a 400: the request
+// itself is at fault) is not retried: the client receives the stream as the
+// upstream sent it, its 200 and its error event, and the attempt ends as a
+// failure with that status.
+// With a hedge in flight, that answer wins and the hedge is cancelled.
+func TestFirstEventErrorNotRetryable(t *testing.T) {
+	for _, hedged := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hedged=%v", hedged), func(t *testing.T) {
+			stream := errorStream("This model's maximum context length is 8 tokens.", "400")
+			reached := make(chan struct{}) // the hedge reached b, if hedged
+			a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				if hedged {
+					<-reached
+				}
+				sendStream(stream)(w, r)
+			})
+			var cancelled atomic.Int64
+			b := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				close(reached)
+				slow(&cancelled)(w, r)
+			})
+			rec := &recorder{}
+			done := &doneLog{}
+			cfg := Config{Retry: retry.LoopConfig{Reporter: rec}}
+			if hedged {
+				cfg.Retry.Hedge.Delay = time.Hour // hedged at once: After is closedTime
+			}
+			h := newObservedHarness(t, cfg, done, nil, a, b)
+			code, body := postProxy(t, h)
+			assert.Equal(t, http.StatusOK, code)
+			assert.Equal(t, stream, body)
+			requireStatusFailure(t, rec.reported(a.URL), http.StatusBadRequest)
+			requireStatusFailure(t, done.get(a.URL), http.StatusBadRequest)
+			if !hedged {
+				assert.EqualValues(t, 0, b.hits.Load(), "not retried")
+				return
+			}
+			require.Eventually(t, func() bool { return cancelled.Load() == 1 }, 5*time.Second, time.Millisecond, "the hedge is cancelled")
+			errs := rec.reported(b.URL)
+			require.Len(t, errs, 1)
+			assert.ErrorIs(t, errs[0], context.Canceled)
+		})
+	}
+}
+
+// When every attempt's first event is an error, the client receives the
+// last attempt's stream as its upstream sent it, and every attempt ends as
+// a failure, once.
+func TestFirstEventErrorAllFail(t *testing.T) {
+	cases := []struct {
+		name, code string // the error's code as sent
+		status     int    // the status it stands for
+	}{
+		{"503", "503", http.StatusServiceUnavailable},
+		{"no code", "null", http.StatusInternalServerError},
+		{"code out of range", "700", http.StatusInternalServerError},
+		{"code a string", `"429"`, http.StatusInternalServerError},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := newUpstream(t, sendStream(errorStream("a is down", c.code)))
+			bStream := errorStream("b is down", c.code)
+			b := newUpstream(t, sendStream(bStream))
+			rec := &recorder{}
+			done := &doneLog{}
+			h := newObservedHarness(t, Config{Retry: retry.LoopConfig{Reporter: rec, MaxAttempts: 2}}, done, nil, a, b)
+			code, body := postProxy(t, h)
+			assert.Equal(t, http.StatusOK, code)
+			assert.Equal(t, bStream, body)
+			for _, u := range []*upstream{a, b} {
+				assert.EqualValues(t, 1, u.hits.Load())
+				requireStatusFailure(t, rec.reported(u.URL), c.status)
+				requireStatusFailure(t, done.get(u.URL), c.status)
+			}
+		})
+	}
+}
+
+// halfSignal closes read once the first read of a response body from host
+// has returned bytes.
+type halfSignal struct {
+	base http.RoundTripper
+	host string
+	read chan struct{}
+	once sync.Once
+}
+
+func (s *halfSignal) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := s.base.RoundTrip(r)
+	if err == nil && r.URL.Host == s.host {
+		resp.Body = &signalBody{ReadCloser: resp.Body, s: s}
+	}
+	return resp, err
+}
+
+type signalBody struct {
+	io.ReadCloser
+	s *halfSignal
+}
+
+func (b *signalBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.s.once.Do(func() { close(b.s.read) })
+	}
+	return n, err
+}
+
+// A first error event split across writes, the second sent only once the
+// gateway has read the first (which already has "data:"), is still seen as
+// an error and retried.
+func TestFirstEventErrorSplitAcrossWrites(t *testing.T) {
+	stream := errorStream("engine dead", "500")
+	cut := strings.Index(stream, `"message"`)
+	var a *upstream
+	sig := &halfSignal{read: make(chan struct{})}
+	a = newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, stream[:cut])
+		w.(http.Flusher).Flush()
+		select {
+		case <-sig.read:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, stream[cut:])
+	})
+	b := newUpstream(t, streamTokens(1))
+	sig.host = strings.TrimPrefix(a.URL, "http://")
+	rec := &recorder{}
+	h := newObservedHarness(t, Config{Retry: retry.LoopConfig{Reporter: rec}}, &doneLog{}, func(base http.RoundTripper) http.RoundTripper {
+		sig.base = base
+		return sig
+	}, a, b)
+	code, body := postProxy(t, h)
+	assert.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "data: {\"i\":0}\n\ndata: [DONE]\n\n", body)
+	assert.EqualValues(t, 1, b.hits.Load())
+	requireStatusFailure(t, rec.reported(a.URL), http.StatusInternalServerError)
+}
+
+// reporterFunc is a retry.Reporter.
+type reporterFunc func(key string, err error)
+
+func (f reporterFunc) Report(key string, err error) { f(key, err) }
+
+// pieces reads s in the pieces given, one per Read.
+type pieces struct{ p []string }
+
+func (r *pieces) Read(b []byte) (int, error) {
+	for len(r.p) > 0 && r.p[0] == "" {
+		r.p = r.p[1:]
+	}
+	if len(r.p) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(b, r.p[0])
+	r.p[0] = r.p[0][n:]
+	return n, nil
+}
+
+// Wherever the first event is cut, an error is retried and any other first
+// event committed, its stream passed on intact.
+func TestFirstEventCutAnywhere(t *testing.T) {
+	streams := []struct {
+		name, a string
+		failed  bool // a's first event is an error
+	}{
+		{"vllm error", ": ping\n\n" + errorStream("engine dead", "500"), true},
+		{"anthropic error", "event: error\r\ndata: {\"type\": \"error\", \"error\": {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}}\r\n\r\n", true},
+		{"byte-order mark", "\xef\xbb\xbfdata:{\"error\":{\"code\":502}}", true},
+		{"chunk", "data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\ndata: [DONE]\n\n", false},
+		{"error deeper", "data: {\"choices\":[{\"error\":{\"code\":500}}]}\n\n", false},
+		{"error after a chunk", "data: {\"i\":0}\n\n" + errorStream("x", "500"), false},
+		{"not an object", "data: [DONE]\n\ndata: {\"error\":{}}\n\n", false},
+	}
+	for _, s := range streams {
+		t.Run(s.name, func(t *testing.T) {
+			for cut := range len(s.a) + 1 {
+				h := newMemHarness(t, Config{}, func(r *http.Request) (*http.Response, error) {
+					resp := sseResponse(r, "data: b\n\n")
+					if r.URL.Host == "a.test" {
+						resp.Body = io.NopCloser(&pieces{[]string{s.a[:cut], s.a[cut:]}})
+					}
+					return resp, nil
+				}, 2)
+				resp, err := do(t, h, chatBody)
+				require.NoError(t, err)
+				body, err := readAll(t, resp)
+				require.NoError(t, err)
+				want := s.a
+				if s.failed {
+					want = "data: b\n\n"
+				}
+				require.Equal(t, want, body, "cut at %d", cut)
+			}
+		})
+	}
+}
+
+// FuzzPeek checks that holding back the start of a body for its first event
+// loses, adds and reorders no byte, however the body is cut into reads and
+// whatever the peek limit, and that whether its first event is an error
+// does not depend on the cuts.
+func FuzzPeek(f *testing.F) {
+	for _, s := range []string{
+		errorStream("x", "500"),
+		": ping\r\n\r\ndata: {\"a\":1}\n\n",
+		"\xef\xbb\xbfdata:  {\"error\":{\"code\":429}}",
+		"data:\n\ndata: x",
+		"data: {\"error\":{\"code\":4e2}, \"x\": \"\n",
+		"event: e\ndata: {\"type\":\"error\",\"error\":{}}\r",
+		"",
+	} {
+		f.Add([]byte(s), uint8(3), uint16(0), true)
+		f.Add([]byte(s), uint8(1), uint16(7), false)
+	}
+	f.Fuzz(func(t *testing.T, stream []byte, step uint8, limit uint16, sse bool) {
+		h := jsonHeader
+		if sse {
+			h = sseHeader
+		}
+		lim := int(limit)
+		if lim == 0 {
+			lim = len(stream) + 1
+		}
+		read := func(step int) (int, []byte) {
+			var p []string
+			for i := 0; i < len(stream); i += step {
+				p = append(p, string(stream[i:min(i+step, len(stream))]))
+			}
+			b := &body{rc: io.NopCloser(&pieces{p})}
+			code, err := b.peek(&http.Response{Header: h}, lim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code != 0 && (!sse || code < 100 || code > 599) {
+				t.Fatalf("code %d", code)
+			}
+			got, err := io.ReadAll(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return code, got
+		}
+		code, got := read(int(step%16) + 1)
+		if !bytes.Equal(got, stream) {
+			t.Fatalf("read %q, want %q", got, stream)
+		}
+		if lim > len(stream) {
+			if whole, _ := read(len(stream) + 1); whole != code {
+				t.Fatalf("code %d, %d when read whole", code, whole)
+			}
+		}
+	})
+}
+
+// Holding back an ordinary first event allocates only its buffer: telling
+// an error event from it costs nothing per request.
+func TestPeekOrdinaryAllocs(t *testing.T) {
+	const stream = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
+	r := strings.NewReader(stream)
+	resp := &http.Response{Header: sseHeader}
+	b := &body{}
+	rc := io.NopCloser(r)
+	allocs := testing.AllocsPerRun(100, func() {
+		r.Reset(stream)
+		*b = body{rc: rc}
+		if code, err := b.peek(resp, DefaultMaxPeekBytes); code != 0 || err != nil {
+			t.Fatal(code, err)
+		}
+	})
+	assert.LessOrEqual(t, allocs, 1.0)
+}
+
+// An error that is not an error event (a broken connection) before the
+// first event is still a connection error, not a status.
+func TestPeekReadError(t *testing.T) {
+	errBroken := errors.New("broken")
+	b := &body{rc: io.NopCloser(io.MultiReader(strings.NewReader("data: {\"err"), iotestErr{errBroken}))}
+	code, err := b.peek(&http.Response{Header: sseHeader}, DefaultMaxPeekBytes)
+	assert.Zero(t, code)
+	assert.ErrorIs(t, err, errBroken)
+}
+
+type iotestErr struct{ err error }
+
+func (e iotestErr) Read([]byte) (int, error) { return 0, e.err }
