@@ -98,6 +98,7 @@ type options struct {
 	policy        string
 	scrape        time.Duration
 	attempts      int
+	firstEvent    time.Duration // -first-event-timeout
 	maxInFlight   int
 	maxPerSession int
 	slots         int
@@ -171,6 +172,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding, round-robin or peak-ewma (for replicas without metrics, such as a managed API's deployments)")
 	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica (negative: no scraping)")
 	fs.IntVar(&o.attempts, "attempts", retry.DefaultMaxAttempts, "attempts per request before the first token, the first included")
+	fs.DurationVar(&o.firstEvent, "first-event-timeout", 0, "fail an attempt whose response has sent no event within this time and retry it on another replica, for replicas that take connections but never answer (0: wait as long as the client)")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per X-Session-ID (0: no cap)")
 	fs.IntVar(&o.slots, "slots", 0, "the replicas' batch slots (max_num_seqs, llama.cpp --parallel) for the default policy (0: unknown)")
@@ -221,6 +223,7 @@ func run(args []string, stderr io.Writer) error {
 		{"-max-per-session", int64(o.maxPerSession)}, {"-slots", int64(o.slots)},
 		{"-fair", int64(o.fairInFlight)},
 		{"-shutdown-grace", int64(*grace)}, {"-drain-delay", int64(*drainDelay)},
+		{"-first-event-timeout", int64(o.firstEvent)},
 	} {
 		if c.v < 0 {
 			return usagef("%s must not be negative", c.name)
@@ -566,17 +569,18 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		}
 	}
 	cfg := gateway.Config{
-		Queue:            queue,
-		TrustClassHeader: o.classHeader,
-		Policy:           policy,
-		Index:            ix,
-		ScrapeInterval:   o.scrape,
-		Retry:            retry.LoopConfig{MaxAttempts: o.attempts},
-		Events:           events,
-		Admission:        retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession},
-		Parser:           parser,
-		Logger:           o.log,
-		Share:            o.share,
+		Queue:             queue,
+		TrustClassHeader:  o.classHeader,
+		Policy:            policy,
+		Index:             ix,
+		ScrapeInterval:    o.scrape,
+		Retry:             retry.LoopConfig{MaxAttempts: o.attempts},
+		FirstEventTimeout: o.firstEvent,
+		Events:            events,
+		Admission:         retry.AdmissionConfig{MaxInFlight: o.maxInFlight, MaxPerSession: o.maxPerSession},
+		Parser:            parser,
+		Logger:            o.log,
+		Share:             o.share,
 	}
 	if o.predict {
 		cfg.Outputs = &llmlb.OutputConfig{}

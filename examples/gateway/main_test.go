@@ -97,6 +97,7 @@ func TestCommandLine(t *testing.T) {
 		{"drain delay negative", []string{"-backends", "http://127.0.0.1:1", "-drain-delay", "-5s"}, 2, "-drain-delay must not be negative"},
 		{"scrape too short", []string{"-backends", "http://127.0.0.1:1", "-scrape", "1ns"}, 2, "-scrape 1ns is below 1ms"},
 		{"fair negative", []string{"-backends", "http://127.0.0.1:1", "-fair", "-2"}, 2, "-fair must not be negative"},
+		{"first-event-timeout negative", []string{"-backends", "http://127.0.0.1:1", "-first-event-timeout", "-1s"}, 2, "-first-event-timeout must not be negative"},
 	})
 }
 
@@ -479,4 +480,43 @@ func TestDrainKeepsBackgroundWork(t *testing.T) {
 	if runCtx.Err() == nil {
 		t.Error("a runner still runs after the gateway stopped serving")
 	}
+}
+
+// With -first-event-timeout, a request sent to a replica that takes the
+// connection and never answers is retried on another replica in time; every
+// request completes.
+func TestFirstEventTimeout(t *testing.T) {
+	release := make(chan struct{})
+	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	}))
+	t.Cleanup(silent.Close)
+	t.Cleanup(func() { close(release) })
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(good.Close)
+	p := startProcess(t, "-backends", silent.URL+","+good.URL, "-policy", "round-robin", "-attempts", "2",
+		"-first-event-timeout", "200ms", "-listen", "127.0.0.1:0", "-admin", "", "-scrape", "-1s")
+	addr := p.waitFor("gateway serving", "addr")
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := range 4 {
+		body := strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+		resp, err := client.Post(addr+"/v1/chat/completions", "application/json", body)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(got), "[DONE]") {
+			t.Fatalf("request %d: %s, %q, %v; want 200 and the good replica's stream", i, resp.Status, got, err)
+		}
+	}
+	p.signal(syscall.SIGTERM)
+	p.wait()
 }
