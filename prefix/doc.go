@@ -15,7 +15,9 @@
 // An [Index] maps endpoints (by key) to the block hashes they are believed
 // to hold, in one LRU per endpoint bounded by a capacity that can be sized
 // from the engine's KV-cache block count, so its memory is bounded by the sum
-// of the capacities times [BytesPerBlock]. It is fed approximately, with
+// of the capacities times [BytesPerBlock] while it fills, and by about 1.6
+// times that once capacities were lowered or endpoints removed (see
+// BytesPerBlock). It is fed approximately, with
 // [Index.Record] after each routing decision (entries expire after a TTL,
 // and a Record drops expired ones, so a router's index holds about what it
 // recorded within the TTL however long it runs), or

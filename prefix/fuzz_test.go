@@ -187,6 +187,19 @@ func FuzzHasher(f *testing.F) {
 		if got, want := h.AppendString(nil, root, string(text)), h.AppendBytes(nil, root, text); !slices.Equal(got, want) {
 			t.Fatalf("AppendString != AppendBytes")
 		}
+		checkContinuation(t, h.BlockTokens(), h.AppendTokens(nil, root, tokens), func(dst []uint64, from uint64, k int) []uint64 {
+			return h.AppendTokens(dst, from, tokens[k:])
+		})
+		checkContinuation(t, h.BlockBytes(), h.AppendBytes(nil, root, text), func(dst []uint64, from uint64, k int) []uint64 {
+			return h.AppendBytes(dst, from, text[k:])
+		})
+		if littleEndian {
+			bt := h.BlockTokens()
+			n := min(len(tokens)/bt, h.MaxBlocks())
+			if got, want := appendTokensEncoded(nil, root, tokens[:n*bt], bt), h.AppendTokens(nil, root, tokens); !slices.Equal(got, want) {
+				t.Fatalf("portable token encoding: %x, in place %x", got, want)
+			}
+		}
 		// Changing one token changes its block's hash and every later one,
 		// and no earlier one.
 		if len(tokens) > 0 {
@@ -218,6 +231,28 @@ func checkChain(t *testing.T, block, maxBlocks, total int, hash func(n int) []ui
 		}
 		if !slices.Equal(part, full[:len(part)]) {
 			t.Fatalf("prefix of %d elements does not give the leading hashes", n)
+		}
+	}
+}
+
+// checkContinuation verifies that continuing full's chain from its hash k
+// (the root when k is 0) over the input after block k, appended to a
+// non-empty dst, keeps dst and gives the rest of full: hashing a prompt
+// in whole blocks, piece by piece, gives the hashes of hashing it whole.
+func checkContinuation(t *testing.T, block int, full []uint64, cont func(dst []uint64, from uint64, k int) []uint64) {
+	t.Helper()
+	for _, k := range []int{1, len(full) / 2, len(full) - 1} {
+		if k < 1 || k >= len(full) {
+			continue
+		}
+		dst := []uint64{7, 8}
+		got := cont(dst, full[k-1], k*block)
+		if len(got) < 2 || got[0] != 7 || got[1] != 8 {
+			t.Fatalf("continued after block %d: dst not kept: %x", k, got)
+		}
+		got = got[2:]
+		if len(got) < len(full)-k || !slices.Equal(got[:len(full)-k], full[k:]) {
+			t.Fatalf("continued after block %d of %d: %x, want %x first", k, len(full), got, full[k:])
 		}
 	}
 }

@@ -89,7 +89,9 @@ type Salt struct {
 // continued: passing h_k as the root of the Append methods hashes the blocks
 // that follow block k. That is how engine KV events, which report new blocks
 // with their parent, are translated into the router's hashes (see
-// [Index.Stored]).
+// [Index.Stored]). The cap of MaxBlocks hashes applies to each call, counted
+// from the root it is given, so a continued chain may reach past the blocks
+// a prompt hashed whole gives; the hashes beyond them match nothing.
 //
 // A Hasher is immutable and safe for concurrent use. The Append methods do
 // not allocate when dst has room. The zero Hasher is not usable; create one

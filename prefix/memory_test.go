@@ -56,6 +56,38 @@ func TestBytesPerBlock(t *testing.T) {
 	}
 }
 
+// TestBytesPerBlockLowered checks the documented bound on the heap of an
+// index whose capacities were lowered after it filled: about 1.6 times
+// BytesPerBlock per block of the new capacities, at the factor that
+// measured worst (the holder table just above 1/8 full, the endpoints'
+// storage not yet compacted).
+func TestBytesPerBlockLowered(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("allocates about 200 MB and takes seconds; skipped with -short and under the race detector")
+	}
+	const endpoints, per = 8, 1 << 17
+	before := heapInUse()
+	x := mustIndex(t, IndexConfig{Capacity: per})
+	blocks := make([]uint64, per)
+	for e := 0; e < endpoints; e++ {
+		for i := range blocks {
+			blocks[i] = (uint64(e)<<32 | uint64(i) + 1) * 0x9e3779b97f4a7c15
+		}
+		must(t, x.Stored(epName(e), 16, blocks...))
+	}
+	lowered := per * 2 / 15
+	for e := 0; e < endpoints; e++ {
+		must(t, x.SetCapacity(epName(e), lowered))
+	}
+	after := heapInUse()
+	runtime.KeepAlive(x)
+	perBlock := float64(after-before) / float64(endpoints*lowered)
+	t.Logf("capacities lowered from %d to %d: %.1f bytes per block of capacity", per, lowered, perBlock)
+	if limit := 1.6 * BytesPerBlock; perBlock > limit {
+		t.Fatalf("%.1f bytes per block of capacity > documented %.0f", perBlock, limit)
+	}
+}
+
 func heapInUse() uint64 {
 	runtime.GC()
 	runtime.GC()

@@ -37,7 +37,7 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 	}
 	key := func(b byte) uint64 { return keys[b%128] }
 	for i := 0; i+1 < len(ops); i += 2 {
-		op, arg := ops[i]%7, ops[i+1]
+		op, arg := ops[i]%9, ops[i+1]
 		k := key(arg)
 		got, want = got[:0], want[:0]
 		switch op {
@@ -68,6 +68,15 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 			n := int(arg%40) + 1
 			l.Resize(n)
 			ref.Resize(n)
+		case 7:
+			k1, v1, ok1 := l.Oldest()
+			k2, v2, ok2 := ref.GetOldest()
+			if k1 != k2 || v1 != v2 || ok1 != ok2 {
+				t.Fatalf("op %d: Oldest() = %x, %d, %v; simplelru %x, %d, %v", i/2, k1, v1, ok1, k2, v2, ok2)
+			}
+		case 8:
+			l.RemoveOldest()
+			ref.RemoveOldest()
 		}
 		slices.Sort(got) // Purge evicts in map order
 		slices.Sort(want)

@@ -12,6 +12,7 @@
 package quantile
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -50,9 +51,14 @@ func (w *Window) Add(d time.Duration) {
 }
 
 // Quantile returns the q-quantile (nearest rank, q in [0, 1)) of the kept
-// durations, or false if fewer than [MinSamples] were added. The answer is
-// recomputed every [Refresh] additions, or when q changes.
+// durations, or false if fewer than [MinSamples] were added. A q of 1 or
+// more answers the largest, and a negative q or NaN the smallest. The
+// answer is recomputed every [Refresh] additions, or when q changes.
 func (w *Window) Quantile(q float64) (time.Duration, bool) {
+	if !(q > 0) {
+		q = 0 // negative or NaN
+	}
+	q = min(q, 1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.n < MinSamples {
@@ -64,7 +70,12 @@ func (w *Window) Quantile(q float64) (time.Duration, bool) {
 	k := min(w.n, Samples)
 	w.scratch = append(w.scratch[:0], w.buf[:k]...)
 	slices.Sort(w.scratch)
-	i := min(int(q*float64(k)), k-1)
+	// Nearest rank: the smallest duration that at least q of the kept
+	// ones do not exceed, the ceil(q*k)-th smallest. The product is
+	// rounded down by far less than 1/k first, so that an exact rank that
+	// q's binary approximation puts just above (0.28 of 25 is
+	// 7.000000000000001) stays that rank.
+	i := min(max(int(math.Ceil(q*float64(k)-1e-9))-1, 0), k-1)
 	w.q, w.cached, w.cachedN = q, w.scratch[i], w.n
 	return w.cached, true
 }

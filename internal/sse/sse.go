@@ -44,17 +44,19 @@ func (m *Mark) Skip(p []byte) (rest []byte, broken bool) {
 }
 
 // FirstEvent finds the first event of a stream: the start of a line that
-// begins with "data:" (after a leading byte-order mark), which a comment or
-// keep-alive (": ping") or an event name line is not. It keeps no more than
-// its position in the current line. Its zero value is at the start of a
-// stream.
+// begins with "data:" (after a leading byte-order mark), or the end of a
+// line that is exactly "data", a data field without a value, which the
+// event-stream format reads as an empty line of data. A comment or
+// keep-alive (": ping"), an event name line or a field such as "datax" is
+// not one. It keeps no more than its position in the current line. Its
+// zero value is at the start of a stream.
 type FirstEvent struct {
 	n    int  // bytes of "data:" matched at the start of the current line; -1: the line cannot match
 	mark Mark // the stream's leading byte-order mark
 }
 
-// Feed scans the next piece of the stream and reports whether a "data:"
-// line has started in it or before.
+// Feed scans the next piece of the stream and reports whether a data line
+// has started in it or before.
 func (e *FirstEvent) Feed(p []byte) bool {
 	if e.n == len(DataField) {
 		return true
@@ -68,6 +70,12 @@ func (e *FirstEvent) Feed(p []byte) bool {
 	for _, c := range p {
 		switch {
 		case c == '\n' || c == '\r':
+			if e.n == len(DataField)-1 {
+				// "data" and the end of the line: the field's name
+				// without a colon, and so an empty value.
+				e.n = len(DataField)
+				return true
+			}
 			e.n = 0
 		case e.n < 0:
 		case c == DataField[e.n]:

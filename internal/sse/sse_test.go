@@ -26,6 +26,15 @@ func TestFirstEvent(t *testing.T) {
 		{[]string{"\xef\xbbdata: x\n", "data:"}, true},
 		{[]string{"x\xef\xbb\xbfdata:"}, false},
 		{[]string{"\n\xef\xbb\xbfdata:"}, false},
+		// A line that is exactly "data" is a data field without a value:
+		// an empty line of data, once the line has ended, however it ends.
+		{[]string{"data\n"}, true},
+		{[]string{"data\r"}, true},
+		{[]string{": ping\r\n", "data", "\r\n"}, true},
+		{[]string{"\xef\xbb\xbfdat", "a\n"}, true},
+		{[]string{"event: a\ndata"}, false},
+		{[]string{"datax\n", "dat\n"}, false},
+		{[]string{"\xef\xbbdata\n"}, false},
 	}
 	for _, c := range cases {
 		var e FirstEvent
@@ -54,13 +63,19 @@ func FuzzFirstEvent(f *testing.F) {
 	f.Add([]byte("xdata:\ndat"), uint8(7))
 	f.Add([]byte("\xef\xbb\xbfdata:"), uint8(1))
 	f.Add([]byte("\xef\xbb\ndata:"), uint8(2))
+	f.Add([]byte("data\r\n"), uint8(2))
 	f.Fuzz(func(t *testing.T, stream []byte, split uint8) {
+		// A line begins an event if it starts with "data:", or if it is
+		// exactly "data" and has ended.
 		want := false
-		for _, line := range strings.FieldsFunc(string(bytes.TrimPrefix(stream, []byte(ByteOrderMark))), func(r rune) bool { return r == '\n' || r == '\r' }) {
-			if strings.HasPrefix(line, DataField) {
-				want = true
-				break
+		rest := string(bytes.TrimPrefix(stream, []byte(ByteOrderMark)))
+		for rest != "" && !want {
+			line, after, ended := rest, "", false
+			if i := strings.IndexAny(rest, "\r\n"); i >= 0 {
+				line, after, ended = rest[:i], rest[i+1:], true
 			}
+			want = strings.HasPrefix(line, DataField) || ended && line == "data"
+			rest = after
 		}
 		var e FirstEvent
 		got := false
