@@ -21,9 +21,10 @@ import (
 
 // lbBalancer is the balancer of one channel. It shards the resolved
 // endpoints over pick-first children (endpointsharding), makes the children
-// that have been READY the members of an llmlb.Balancer, healthy while they
-// are READY and the program has not marked them unhealthy, and publishes a
-// picker that picks with it. It embeds the
+// that have been READY (and, with slow start, those listed when the
+// llmlb.Balancer was built: see fresh) the members of an llmlb.Balancer,
+// healthy while they are READY and the program has not marked them
+// unhealthy, and publishes a picker that picks with it. It embeds the
 // channel's ClientConn to intercept the children's UpdateState and
 // NewSubConn calls.
 //
@@ -57,7 +58,16 @@ type lbBalancer struct {
 	// Both hold only endpoints the resolver lists, and start empty with
 	// each new lb.
 	unready, sick map[string]bool
-	closed        bool
+	// fresh holds the endpoints the resolver listed when lb was built whose
+	// child has not yet been READY or in TRANSIENT_FAILURE. While one the
+	// program has not marked makes its first connection attempt, RPCs wait
+	// for it rather than go to READY members the program marked. When the
+	// config enables slow start, they are members from the first
+	// UpdateState, healthy while they make that attempt, so that they make
+	// up lb's first membership with those already READY and are not slowed
+	// down for connecting a moment after them (see UpdateState).
+	fresh  map[string]bool
+	closed bool
 }
 
 // subConnState tracks one SubConn for out-of-band ORCA reporting.
@@ -80,6 +90,7 @@ func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions
 		subConns:   make(map[*subConnState]struct{}),
 		unready:    make(map[string]bool),
 		sick:       make(map[string]bool),
+		fresh:      make(map[string]bool),
 	}
 	b.rec = &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock,
 		keys: &b.addrKey}
@@ -117,7 +128,8 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 	}
 	b.mu.Lock()
 	var hook func(string, *llmlb.Balancer)
-	if b.lb == nil || !cfg.sameBalancer(b.cfg) {
+	built := b.lb == nil || !cfg.sameBalancer(b.cfg)
+	if built {
 		lb, err := b.newLLMLB(cfg)
 		if err != nil {
 			b.mu.Unlock()
@@ -134,6 +146,14 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 	b.cfg = cfg
 
 	eps, keys := keyEndpoints(ccs.ResolverState.Endpoints)
+	if built {
+		clear(b.fresh)
+		for addr, key := range keys {
+			if addr == key && key != "" {
+				b.fresh[key] = true
+			}
+		}
+	}
 	// Publish the keys before pruning, so that a report recorded for a
 	// dropped endpoint meanwhile is either pruned here or undone by the
 	// recorder (see recorder.record).
@@ -180,14 +200,21 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 // before Update gives it its child's new picker, and one coming back is
 // marked healthy after.
 //
-// A member is healthy only while its child is READY and the program has not
-// marked it unhealthy (see Builder.SetHealthy). A mark that differs from
-// the one the adapter last set was set by the program with lb.SetHealthy
-// since: UpdateState takes it for the program's, so that it outlasts the
-// connection's changes too. An endpoint the program marked before it
-// joined joins unhealthy: it is first given a picker that has an RPC
-// picked for it wait for the next picker, then marked, then given its
-// child's picker, so that no RPC reaches it meanwhile.
+// With slow start, a fresh endpoint (see lbBalancer.fresh) joins at once
+// and is healthy while its child connects for the first time; the picker,
+// which is told it is not READY, sends an RPC picked for it to a healthy
+// READY member or has it wait (see picker.failed). Once its child has been
+// READY or in TRANSIENT_FAILURE it is a member like any other.
+//
+// Other than a fresh one, a member is healthy only while its child is READY
+// and the program has not marked it unhealthy (see Builder.SetHealthy). A
+// mark that differs from the one the adapter last set was set by the
+// program with lb.SetHealthy since: UpdateState takes it for the
+// program's, so that it outlasts the connection's changes too. An endpoint
+// the program marked before it joined joins unhealthy: it is first given a
+// picker that has an RPC picked for it wait for the next picker, then
+// marked, then given its child's picker, so that no RPC reaches it
+// meanwhile.
 func (b *lbBalancer) UpdateState(state balancer.State) {
 	children := endpointsharding.ChildStatesFromPicker(state.Picker)
 
@@ -208,8 +235,13 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		back    []string // members to mark healthy once Update is done
 		held    []int    // indexes in eps of those joining marked unhealthy
 		unready []string // members whose child is not READY, for the picker
+		marked  []string // members the program marked unhealthy, for the picker
 	)
-	anyReady := false
+	slow := b.cfg != nil && b.cfg.SlowStartWindow > 0
+	// anyReady: a member is READY; healthyReady: one the program has not
+	// marked; connecting: an endpoint it has not marked makes its first
+	// connection attempt.
+	anyReady, healthyReady, connecting := false, false, false
 	for _, c := range children {
 		if len(c.Endpoint.Addresses) == 0 {
 			continue
@@ -220,16 +252,25 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		}
 		seen[key] = true
 		ready := c.State.ConnectivityState == connectivity.Ready
+		if ready || c.State.ConnectivityState == connectivity.TransientFailure {
+			delete(b.fresh, key) // its first connection attempt is over
+		}
+		firstTry := !ready && b.fresh[key] && !b.sick[key]
+		connecting = connecting || firstTry
+		// With slow start, a fresh endpoint counts as READY for its
+		// health, not for picks.
+		fresh := slow && firstTry
 		wasHealthy, member := healthy[key]
-		if !member && !ready {
+		if !member && !ready && !fresh {
 			continue // never READY since lb was built: nothing to keep
 		}
 		if member && wasHealthy == (b.unready[key] || b.sick[key]) {
 			setMark(b.sick, key, !wasHealthy) // the program's lb.SetHealthy
 		}
-		setMark(b.unready, key, !ready)
+		setMark(b.unready, key, !ready && !fresh)
 		anyReady = anyReady || ready
-		switch want := ready && !b.sick[key]; {
+		healthyReady = healthyReady || ready && !b.sick[key]
+		switch want := (ready || fresh) && !b.sick[key]; {
 		case member && wasHealthy && !want:
 			_ = b.lb.SetHealthy(key, false) // a member: cannot fail
 		case member && !wasHealthy && want:
@@ -240,11 +281,14 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		if !ready {
 			unready = append(unready, key)
 		}
+		if b.sick[key] {
+			marked = append(marked, key)
+		}
 		p := c.State.Picker
 		if p == nil {
 			p = noSubConnPicker{}
 		}
-		eps = append(eps, &endpoint{key: key, picker: p, ready: ready})
+		eps = append(eps, &endpoint{key: key, picker: p, ready: ready, fresh: fresh})
 	}
 	// Keys are non-empty and distinct, so Update cannot fail, nor can
 	// SetHealthy of a member.
@@ -271,10 +315,22 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 			}
 		}
 	}
+	for key := range b.fresh {
+		if !b.rec.resolved(key) {
+			delete(b.fresh, key) // dropped: it joins anew if listed again
+		}
+	}
+	if anyReady && !healthyReady && connecting {
+		// Panic mode is for when no healthy endpoint is left, not for the
+		// moment a marked one connects first: RPCs wait for the others'
+		// first connection attempts.
+		b.ClientConn.UpdateState(balancer.State{ConnectivityState: connectivity.Connecting, Picker: noSubConnPicker{}})
+		return
+	}
 	if anyReady {
 		b.ClientConn.UpdateState(balancer.State{
 			ConnectivityState: connectivity.Ready,
-			Picker:            &picker{lb: b.lb, rec: b.rec, unready: unready},
+			Picker:            &picker{lb: b.lb, rec: b.rec, unready: unready, marked: marked},
 		})
 		return
 	}
@@ -403,6 +459,7 @@ type endpoint struct {
 	key    string
 	picker balancer.Picker
 	ready  bool // the child was READY
+	fresh  bool // healthy while its child first connects (lbBalancer.fresh)
 }
 
 func (e *endpoint) Key() string { return e.key }

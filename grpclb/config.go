@@ -47,8 +47,16 @@ type Config struct {
 	// endpoint is scored on this balancer's own counts; 0 means
 	// llmlb.DefaultMaxSignalAge.
 	MaxSignalAge Duration `json:"maxSignalAge,omitempty"`
-	// SlowStartWindow enables slow start for endpoints that become READY
-	// after the first membership (llmlb.SlowStart); 0 disables it.
+	// SlowStartWindow enables slow start (llmlb.SlowStart) for endpoints
+	// the resolver adds to a running balancer, and for an endpoint whose
+	// connection comes back after it was lost or marked unhealthy; 0
+	// disables it. The endpoints listed when the balancer is built (the
+	// channel's first config, a config change that replaces the policy,
+	// leaving idle mode) are not slowed down, whichever connects first:
+	// with slow start on they join at once, and count as healthy while
+	// they make their first connection attempt; an RPC the policy picks
+	// for one still connecting goes to a healthy READY endpoint instead,
+	// or waits for it if there is none.
 	SlowStartWindow Duration `json:"slowStartWindow,omitempty"`
 	// SlowStartAggression and SlowStartMinWeightPercent shape the ramp; 0
 	// means the defaults of llmlb.SlowStart.

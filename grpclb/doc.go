@@ -8,14 +8,16 @@
 // endpoint a pick-first child (endpointsharding), so connection management,
 // backoff and IDLE reconnection are grpc's. An endpoint joins the
 // membership of the channel's llmlb.Balancer, keyed by its first address,
-// when its child first becomes READY, and leaves it only when the resolver
-// drops it. Resolved endpoints that share a first address are one endpoint
-// to the adapter, with the addresses of all in the order listed, each once,
-// and the attributes of the first listed (grpc-go, which tells endpoints
-// apart by their addresses, would give each a child, all connecting to
-// that address first); of endpoints that list the same addresses in
-// different orders, the first listed is kept. So a resolver's list always
-// gives the same members under the same keys.
+// when its child first becomes READY (with slow start on, those listed when
+// the balancer is built join at once: see Config.SlowStartWindow), and
+// leaves it only when the resolver drops it. Resolved endpoints that share
+// a first address are one endpoint to the adapter, with the addresses of
+// all in the order listed, each once, and the attributes of the first
+// listed (grpc-go, which tells endpoints apart by their addresses, would
+// give each a child, all connecting to that address first); of endpoints
+// that list the same addresses in different orders, the first listed is
+// kept. So a resolver's list always gives the same members under the same
+// keys.
 // Readiness is health: an endpoint whose child leaves READY
 // (a GOAWAY such as the server's connection age limit, connection lost,
 // server stopped, TRANSIENT_FAILURE) is marked unhealthy with
@@ -30,8 +32,10 @@
 // waits for ready, fails while it is in TRANSIENT_FAILURE. While no
 // endpoint is READY the children's picker is used: RPCs queue while
 // connecting (balancer.ErrNoSubConnAvailable) and fail fast in
-// TRANSIENT_FAILURE unless they wait for ready. The program's marks are
-// kept apart from the adapter's: an endpoint the program marks unhealthy
+// TRANSIENT_FAILURE unless they wait for ready; so they do while the only
+// READY endpoints are ones the program marked unhealthy and another,
+// listed when the balancer was built, makes its first connection attempt.
+// The program's marks are kept apart from the adapter's: an endpoint the program marks unhealthy
 // with [Builder.SetHealthy], given the balancer Options.OnBalancer
 // receives, stays so, its connection READY or not, until the program marks
 // it healthy, and is then healthy once its connection is READY. A mark

@@ -125,6 +125,8 @@ type picker struct {
 	// unready holds the members whose child was not READY when the
 	// picker was built (see failed).
 	unready []string
+	// marked holds the members the program had marked unhealthy then.
+	marked []string
 }
 
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
@@ -179,11 +181,13 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 // A child that was not READY is picked only when every candidate is
 // unhealthy (llmlb's panic mode: the program's marks or the request's
 // Exclude leave no healthy one), or when a mark set directly on the balancer
-// made it healthy since the last UpdateState. The RPC is then picked again
-// without such members, so that it goes to a READY one if any is a
-// candidate. Otherwise the error stands: an RPC waits while the child
-// connects, and fails unless it waits for ready while the child is in
-// transient failure. A READY child whose picker fails has left READY since
+// made it healthy since the last UpdateState, or when it is healthy while
+// it first connects (with slow start, see lbBalancer.fresh). The RPC is
+// then picked again without such members, so that it goes to a READY one
+// if any is a candidate; for a fresh endpoint, only to a healthy one, since
+// llmlb was not in panic mode. Otherwise the error stands: an RPC waits
+// while the child connects, and fails unless it waits for ready while the
+// child is in transient failure. A READY child whose picker fails has left READY since
 // the last UpdateState: the RPC waits for the picker that is on its way.
 func (p *picker) failed(ctx context.Context, info balancer.PickInfo, call *Call, ep *endpoint, err error) (llmlb.Pick, *endpoint, balancer.PickResult, error) {
 	if !ep.ready && len(p.unready) > 0 {
@@ -195,6 +199,11 @@ func (p *picker) failed(ctx context.Context, info balancer.PickInfo, call *Call,
 			requestPool.Put(m)
 		}
 		r.Exclude = append(slices.Clip(r.Exclude), p.unready...)
+		if ep.fresh {
+			// ep is healthy: the RPC goes to a healthy READY member, or
+			// waits for ep, rather than to one the program marked.
+			r.Exclude = append(r.Exclude, p.marked...)
+		}
 		if pk, perr := p.lb.Pick(ctx, &r); perr == nil {
 			again := pk.Endpoint().(*endpoint)
 			res, cerr := again.picker.Pick(info)
