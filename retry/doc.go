@@ -15,7 +15,8 @@
 //   - Back-off ([FullJitter], [DecorrelatedJitter]) spreads retries in time;
 //     server pushback ([ParseRetryAfter], [ParseGRPCPushback],
 //     [ParseRateLimitReset], [FromHeader]) can lengthen a back-off, never
-//     shorten it, and can forbid the retry.
+//     shorten it; gRPC's pushback can also forbid the retry. An HTTP
+//     Retry-After or rate-limit reset that cannot be parsed is ignored.
 //   - [Loop] runs a request: attempt, classify ([DefaultClassify],
 //     [StatusError]), ask the budget, back off, pick again with the failed
 //     endpoints excluded, optionally hedge when no first token arrives in
@@ -23,8 +24,8 @@
 //     nothing is retried or hedged, because the user has seen output.
 //   - [Ejector] ejects endpoints that fail repeatedly by marking them
 //     unhealthy in the balancer, and brings them back half-open; overload
-//     answers (429, 503 with Retry-After) do not count, since busy is not
-//     unhealthy.
+//     answers (429, 503 with a readable Retry-After) do not count, since
+//     busy is not unhealthy.
 //   - [Admission] fails fast with [ErrOverloaded] and a suggested Retry-After
 //     when a global or per-session concurrency cap is reached.
 //

@@ -240,8 +240,9 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 // HealthOutcome is the default classification of an attempt's error for
 // outlier detection. nil and HTTP statuses below 500 (the endpoint answered)
 // are Succeeded. Overload answers are Abandoned: HTTP 429, HTTP 503 and gRPC
-// UNAVAILABLE with a pushback header read by [FromHeader] (Retry-After,
-// grpc-retry-pushback-ms, rate-limit resets), gRPC RESOURCE_EXHAUSTED, and
+// UNAVAILABLE with a pushback that [FromHeader] reads (Retry-After,
+// grpc-retry-pushback-ms, rate-limit resets; a malformed Retry-After or
+// reset, which it ignores, is none), gRPC RESOURCE_EXHAUSTED, and
 // [*OverloadError]; so are context errors and errors wrapping [ErrExhausted]
 // (a lower layer gave up, which says nothing of this endpoint). Other HTTP
 // 5xx, gRPC UNAVAILABLE, INTERNAL and UNKNOWN, and errors without a status
@@ -669,13 +670,11 @@ func (e *Ejector) outKeys(cooling bool) []string {
 	return keys
 }
 
-// hasPushback reports whether h carries any header [FromHeader] reads.
+// hasPushback reports whether h carries a pushback that [FromHeader] reads:
+// a wait, however long, or gRPC's "do not retry". A header it ignores (an
+// empty, negative or malformed Retry-After or rate-limit reset) is no
+// pushback. Whether there is one does not depend on the time, only how long
+// it asks to wait does.
 func hasPushback(h http.Header) bool {
-	for _, name := range [...]string{HeaderGRPCPushback, HeaderRetryAfter, HeaderRateLimitReset,
-		HeaderXRateLimitReset, HeaderResetRequests, HeaderResetTokens} {
-		if h.Get(name) != "" {
-			return true
-		}
-	}
-	return false
+	return FromHeader(h, time.Time{}, noPushbackLimit).Kind != NoPushback
 }

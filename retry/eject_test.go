@@ -186,6 +186,14 @@ func TestHealthOutcome(t *testing.T) {
 		{&StatusError{Code: 500}, Failed},
 		{&StatusError{Code: 503}, Failed},
 		{&StatusError{Code: 429}, Abandoned},
+		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {"120"}}}, Abandoned},
+		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {"Mon, 30 Nov 2026 12:00:30 GMT"}}}, Abandoned},
+		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {"3600"}}}, Abandoned}, // long, but a wait
+		// A Retry-After that cannot be read asks for nothing: a plain 503.
+		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {"soon"}}}, Failed},
+		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {" "}}}, Failed},
+		{&StatusError{Code: 503, Header: http.Header{"X-Ratelimit-Reset": {"-1"}}}, Failed},
+		{&StatusError{Code: GRPCUnavailable, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"x"}}}, Abandoned}, // gRPC's "do not retry"
 		{&StatusError{Code: 3, GRPC: true}, Succeeded},
 		{&StatusError{Code: 13, GRPC: true}, Failed},
 		{errors.New("dial tcp: connection refused"), Failed},
@@ -196,6 +204,28 @@ func TestHealthOutcome(t *testing.T) {
 		if got := HealthOutcome(tc.err); got != tc.want {
 			t.Errorf("HealthOutcome(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestEjectorEjectsOnMalformedRetryAfter: an endpoint that fails every
+// request with a 503 and a Retry-After that cannot be read is ejected like
+// any failing endpoint; the header neither hides its failures as overload
+// nor cools it down.
+func TestEjectorEjectsOnMalformedRetryAfter(t *testing.T) {
+	clk := newFakeClock()
+	b := newBalancer(t, "a", "b")
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk})
+	for i := 0; i < DefaultConsecutiveFailures; i++ {
+		e.Report("a", &StatusError{Code: 503, Header: http.Header{"Retry-After": {"soon"}}})
+	}
+	if healthy(b, "a") {
+		t.Fatal("5 answers of 503 with a malformed Retry-After did not eject")
+	}
+	if got := e.Ejected(); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("Ejected() = %v, want [a]", got)
+	}
+	if got := e.Cooling(); len(got) != 0 {
+		t.Fatalf("Cooling() = %v, want none", got)
 	}
 }
 

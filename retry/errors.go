@@ -63,17 +63,27 @@ func (e *GiveUpError) Unwrap() []error { return []error{ErrExhausted, e.Err} }
 // matches [ErrOverloaded] with errors.Is. It is not changed after it is
 // returned, so its methods may be called from any goroutine.
 type OverloadError struct {
-	// Scope is "global" when the in-flight cap is reached and "session"
-	// when the session's cap is reached.
+	// Scope says what refused the request. [Admission] sets "global" when
+	// the in-flight cap is reached and "session" when the session's cap
+	// is reached; other packages set their own (package fair "queue" or
+	// "principal", package spill "spill").
 	Scope string
 	// RetryAfter is the suggested wait before trying again, for a
 	// Retry-After header (rounded up to whole seconds there).
 	RetryAfter time.Duration
 }
 
-// Error implements error.
+// Error implements error. It names the cap reached for [Admission]'s
+// scopes and only the scope for others, whose refusals need not be a cap
+// (a fair queue also refuses a request whose deadline passed, or sheds it).
 func (e *OverloadError) Error() string {
-	return fmt.Sprintf("retry: overloaded (%s cap reached), retry after %v", e.Scope, e.RetryAfter)
+	switch e.Scope {
+	case "global", "session":
+		return fmt.Sprintf("retry: overloaded (%s cap reached), retry after %v", e.Scope, e.RetryAfter)
+	case "":
+		return fmt.Sprintf("retry: overloaded, retry after %v", e.RetryAfter)
+	}
+	return fmt.Sprintf("retry: overloaded (%s), retry after %v", e.Scope, e.RetryAfter)
 }
 
 // Is reports whether target is [ErrOverloaded].

@@ -144,9 +144,14 @@ func TestLoopGiveUp(t *testing.T) {
 		{"pushback grpc", nil, func(context.Context, *Attempt) error {
 			return &StatusError{Code: GRPCUnavailable, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"-1"}}}
 		}, 1, "pushback", nil},
-		{"pushback garbage", nil, func(context.Context, *Attempt) error {
-			return &StatusError{Code: 429, Header: http.Header{"Retry-After": {"whenever"}}}
+		{"pushback grpc garbage", nil, func(context.Context, *Attempt) error {
+			return &StatusError{Code: GRPCUnavailable, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"whenever"}}}
 		}, 1, "pushback", nil},
+		// A Retry-After that cannot be parsed is ignored: the request is
+		// retried on its own back-off until its attempts run out.
+		{"retry-after garbage ignored", nil, func(context.Context, *Attempt) error {
+			return &StatusError{Code: 429, Header: http.Header{"Retry-After": {"whenever"}}}
+		}, 3, "attempts", nil},
 		{"grpc retried", nil, func(context.Context, *Attempt) error {
 			return &StatusError{Code: GRPCResourceExhausted, GRPC: true}
 		}, 3, "attempts", nil},

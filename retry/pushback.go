@@ -17,14 +17,18 @@ const DefaultMaxPushback = 300 * time.Second
 type PushbackKind uint8
 
 const (
-	// NoPushback: the header is absent, or its delay is above the cap and is
-	// ignored. The caller's own back-off applies.
+	// NoPushback: the header is absent, its delay is above the cap, or it is
+	// an HTTP header (Retry-After, a rate-limit reset) whose value is
+	// negative or malformed; such a value is ignored, as Envoy ignores it.
+	// The caller's own back-off applies.
 	NoPushback PushbackKind = iota
 	// RetryLater: the server asked to wait Delay before retrying. A retry
 	// waits max(back-off, Delay): pushback never shortens a back-off.
 	RetryLater
-	// DoNotRetry: the server asked not to retry, or sent a negative or
-	// unparseable value, which is taken to mean the same.
+	// DoNotRetry: the server asked not to retry. Only gRPC has a way to
+	// say so: a grpc-retry-pushback-ms that is negative or unparseable
+	// means it, as gRPC's retry design (gRFC A6) specifies. HTTP's
+	// Retry-After and rate-limit resets only ever ask for a wait.
 	DoNotRetry
 )
 
@@ -69,8 +73,10 @@ func limitOr(limit time.Duration) time.Duration {
 // ParseRetryAfter parses an HTTP Retry-After value: delay-seconds (a
 // non-negative number; a fraction is accepted) or an HTTP-date, taken
 // relative to now (a date in the past means retry now). A delay above limit
-// (0 means [DefaultMaxPushback]) is ignored: NoPushback. An empty value is
-// NoPushback; a negative or unparseable one is DoNotRetry.
+// (0 means [DefaultMaxPushback]) is ignored: NoPushback. An empty, negative
+// or unparseable value is ignored too (NoPushback), as Envoy ignores a reset
+// header it cannot parse: the field can only ask for a wait, so a malformed
+// one does not forbid the retry.
 func ParseRetryAfter(v string, now time.Time, limit time.Duration) Pushback {
 	limit = limitOr(limit)
 	v = strings.TrimSpace(v)
@@ -83,7 +89,7 @@ func ParseRetryAfter(v string, now time.Time, limit time.Duration) Pushback {
 	if t, err := http.ParseTime(v); err == nil {
 		return later(t.Sub(now), limit)
 	}
-	return Pushback{Kind: DoNotRetry}
+	return Pushback{}
 }
 
 // ParseGRPCPushback parses gRPC's grpc-retry-pushback-ms trailer: a
@@ -120,8 +126,8 @@ const unixThreshold = 1e9
 // x-ratelimit-reset-tokens), or an RFC 3339 time. Times are taken relative to
 // now. A delay above limit (0 means [DefaultMaxPushback]) is ignored:
 // NoPushback; one too large for a Duration reads as the largest Duration.
-// An empty value is NoPushback; a negative or unparseable one is
-// DoNotRetry.
+// An empty, negative or unparseable value is ignored (NoPushback), as by
+// [ParseRetryAfter].
 func ParseRateLimitReset(v string, now time.Time, limit time.Duration) Pushback {
 	limit = limitOr(limit)
 	v = strings.TrimSpace(v)
@@ -144,7 +150,7 @@ func ParseRateLimitReset(v string, now time.Time, limit time.Duration) Pushback 
 	d, err := time.ParseDuration(v)
 	switch {
 	case err == nil && d < 0:
-		return Pushback{Kind: DoNotRetry}
+		return Pushback{}
 	case err == nil:
 		return later(d, limit)
 	case durationTooLarge(v):
@@ -153,7 +159,7 @@ func ParseRateLimitReset(v string, now time.Time, limit time.Duration) Pushback 
 	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 		return later(t.Sub(now), limit)
 	}
-	return Pushback{Kind: DoNotRetry}
+	return Pushback{}
 }
 
 // Header names read by [FromHeader].
@@ -172,9 +178,11 @@ const (
 // trailers copied into an http.Header), trying in order
 // grpc-retry-pushback-ms, Retry-After, RateLimit-Reset, X-RateLimit-Reset,
 // and x-ratelimit-reset-requests / -tokens. The first header that says
-// anything decides; one whose delay is above limit is skipped, as Envoy
-// does. For the OpenAI pair, the reset of the limit whose remaining count is
-// "0" is used, else the longer of the two. A nil header is NoPushback.
+// anything decides; one whose delay is above limit, or an HTTP one whose
+// value is negative or malformed, is skipped, as Envoy does. Only a
+// negative or malformed grpc-retry-pushback-ms means DoNotRetry. For the
+// OpenAI pair, the reset of the limit whose remaining count is "0" is used,
+// else the longer of the two. A nil header is NoPushback.
 func FromHeader(h http.Header, now time.Time, limit time.Duration) Pushback {
 	if h == nil {
 		return Pushback{}
@@ -197,8 +205,6 @@ func FromHeader(h http.Header, now time.Time, limit time.Duration) Pushback {
 		return rq
 	case tk.Kind != NoPushback && strings.TrimSpace(h.Get(headerRemainingTokensKey)) == "0":
 		return tk
-	case rq.Kind == DoNotRetry || tk.Kind == DoNotRetry:
-		return Pushback{Kind: DoNotRetry}
 	case rq.Kind == RetryLater && (tk.Kind != RetryLater || rq.Delay >= tk.Delay):
 		return rq
 	}

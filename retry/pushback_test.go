@@ -24,11 +24,14 @@ func TestParseRetryAfter(t *testing.T) {
 		{"300", Pushback{RetryLater, 300 * time.Second}},
 		{"301", Pushback{}}, // above the cap: ignored
 		{"99999999999999999999999", Pushback{}},
-		{"-1", Pushback{Kind: DoNotRetry}},
-		{"soon", Pushback{Kind: DoNotRetry}},
-		{"1e3", Pushback{Kind: DoNotRetry}},
-		{"+5", Pushback{Kind: DoNotRetry}},
-		{"NaN", Pushback{Kind: DoNotRetry}},
+		// Negative or malformed: ignored, as Envoy does; the field can
+		// only ask for a wait.
+		{"-1", Pushback{}},
+		{"soon", Pushback{}},
+		{"1e3", Pushback{}},
+		{"+5", Pushback{}},
+		{"NaN", Pushback{}},
+		{"2026-11-30T12:01:00Z", Pushback{}},
 		{"Mon, 30 Nov 2026 12:01:00 GMT", Pushback{RetryLater, time.Minute}},
 		{"Monday, 30-Nov-26 12:00:30 GMT", Pushback{RetryLater, 30 * time.Second}},
 		{"Mon Nov 30 12:00:10 2026", Pushback{RetryLater, 10 * time.Second}},
@@ -81,9 +84,9 @@ func TestParseRateLimitReset(t *testing.T) {
 		{"1m30.5s", Pushback{RetryLater, 90500 * time.Millisecond}},
 		{"6m0s", Pushback{}}, // 360 s: above the cap
 		{"301", Pushback{}},
-		{"-1s", Pushback{Kind: DoNotRetry}},
-		{"-5", Pushback{Kind: DoNotRetry}},
-		{"later", Pushback{Kind: DoNotRetry}},
+		{"-1s", Pushback{}}, // negative or malformed: ignored
+		{"-5", Pushback{}},
+		{"later", Pushback{}},
 		// Unix timestamps (GitHub): relative to now.
 		{"1796040060", Pushback{RetryLater, time.Minute}},
 		{"1796039000", Pushback{RetryLater, 0}},
@@ -126,7 +129,13 @@ func TestFromHeader(t *testing.T) {
 			"x-ratelimit-remaining-requests", "5", "x-ratelimit-remaining-tokens", "0"), Pushback{RetryLater, 20 * time.Second}},
 		{"openai longer", h("x-ratelimit-reset-requests", "1s", "x-ratelimit-reset-tokens", "2s"), Pushback{RetryLater, 2 * time.Second}},
 		{"openai one", h("x-ratelimit-reset-tokens", "250ms"), Pushback{RetryLater, 250 * time.Millisecond}},
-		{"openai garbage", h("x-ratelimit-reset-tokens", "??"), Pushback{Kind: DoNotRetry}},
+		{"openai garbage", h("x-ratelimit-reset-tokens", "??"), Pushback{}},
+		{"retry-after garbage skipped", h("Retry-After", "soon", "RateLimit-Reset", "9"), Pushback{RetryLater, 9 * time.Second}},
+		{"retry-after garbage alone", h("Retry-After", "soon"), Pushback{}},
+		{"retry-after negative skipped", h("Retry-After", "-1", "X-RateLimit-Reset", "4"), Pushback{RetryLater, 4 * time.Second}},
+		{"openai garbage beside a spent window", h("x-ratelimit-reset-requests", "??", "x-ratelimit-reset-tokens", "3s",
+			"x-ratelimit-remaining-tokens", "0"), Pushback{RetryLater, 3 * time.Second}},
+		{"openai garbage beside a reset", h("x-ratelimit-reset-requests", "2s", "x-ratelimit-reset-tokens", "-1s"), Pushback{RetryLater, 2 * time.Second}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -161,6 +170,9 @@ func FuzzParseRetryAfter(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		p := ParseRetryAfter(s, refNow, 0)
 		checkPushback(t, s, p, DefaultMaxPushback)
+		if p.Kind == DoNotRetry {
+			t.Fatalf("%q: DoNotRetry; a Retry-After can only ask for a wait", s)
+		}
 		// Whole seconds within the limit are that wait, exactly.
 		if n, ok := digits(strings.TrimSpace(s)); ok && n <= uint64(DefaultMaxPushback/time.Second) {
 			if want := (Pushback{Kind: RetryLater, Delay: time.Duration(n) * time.Second}); p != want {
@@ -213,6 +225,9 @@ func FuzzParseRateLimitReset(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		p := ParseRateLimitReset(s, refNow, 0)
 		checkPushback(t, s, p, DefaultMaxPushback)
+		if p.Kind == DoNotRetry {
+			t.Fatalf("%q: DoNotRetry; a rate-limit reset can only ask for a wait", s)
+		}
 		v := strings.TrimSpace(s)
 		var want Pushback
 		if n, ok := digits(v); ok {
@@ -234,12 +249,10 @@ func FuzzParseRateLimitReset(f *testing.F) {
 			return
 		}
 		if d, err := time.ParseDuration(v); err == nil && !isDecimal(v) {
-			// A Go duration: negative means do not retry, above the
-			// limit is ignored, else that wait, exactly.
+			// A Go duration: negative or above the limit is ignored,
+			// else that wait, exactly.
 			switch {
-			case d < 0:
-				want = Pushback{Kind: DoNotRetry}
-			case d <= DefaultMaxPushback:
+			case d >= 0 && d <= DefaultMaxPushback:
 				want = Pushback{Kind: RetryLater, Delay: d}
 			}
 			if p != want {
@@ -329,8 +342,8 @@ func TestParseRateLimitResetTooLarge(t *testing.T) {
 		}
 	}
 	for _, in := range []string{"9999999999hh", "9999999999h-1s", "h", ".h", "1.2.3s", "+-1s", "9999999999x", "+"} {
-		if got := ParseRateLimitReset(in, refNow, 0); got.Kind != DoNotRetry {
-			t.Errorf("ParseRateLimitReset(%q) = %+v, want DoNotRetry", in, got)
+		if got := ParseRateLimitReset(in, refNow, 0); got != (Pushback{}) {
+			t.Errorf("ParseRateLimitReset(%q) = %+v, want NoPushback (malformed: ignored)", in, got)
 		}
 	}
 	// A spent window with such a reset cools its endpoint down for

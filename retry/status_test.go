@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 )
 
 func TestDefaultClassify(t *testing.T) {
@@ -75,5 +76,29 @@ func TestErrors(t *testing.T) {
 	}
 	if PushbackKind(7).String() != "PushbackKind(7)" {
 		t.Error(PushbackKind(7).String())
+	}
+}
+
+// TestOverloadErrorMessage: the message names a cap only for Admission's
+// scopes; a fair queue's refusals (queue full, shed, deadline passed) and
+// spill's cooling tiers read as an overload of their scope, not as a cap
+// reached.
+func TestOverloadErrorMessage(t *testing.T) {
+	cases := []struct {
+		scope string
+		want  string
+	}{
+		{"global", "retry: overloaded (global cap reached), retry after 1s"},
+		{"session", "retry: overloaded (session cap reached), retry after 1s"},
+		{"queue", "retry: overloaded (queue), retry after 1s"},
+		{"principal", "retry: overloaded (principal), retry after 1s"},
+		{"spill", "retry: overloaded (spill), retry after 1s"},
+		{"", "retry: overloaded, retry after 1s"},
+	}
+	for _, tc := range cases {
+		err := error(&OverloadError{Scope: tc.scope, RetryAfter: time.Second})
+		if got := err.Error(); got != tc.want {
+			t.Errorf("scope %q: %q, want %q", tc.scope, got, tc.want)
+		}
 	}
 }

@@ -270,6 +270,11 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	for i := start; ; {
 		resp, err := t.tiers[i].Transport.RoundTrip(withBody(r, body, t.idSuffix[i]))
+		if resp == nil && err == nil {
+			// A broken tier: taken as a transport error, as http.Client
+			// takes it, rather than passed on for callers to dereference.
+			err = fmt.Errorf("spill: tier %q returned a nil *http.Response with a nil error", t.tiers[i].Name)
+		}
 		next := t.nextReady(i+1, t.clock.Now())
 		if t.tiers[i].Ready == nil {
 			if d := t.pushback(resp, t.clock.Now()); d > 0 {
@@ -282,6 +287,9 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		if !spill {
 			if resp != nil && from != "" {
+				if resp.Header == nil {
+					resp.Header = make(http.Header)
+				}
 				resp.Header.Set(t.header, from)
 			}
 			return resp, err
@@ -489,8 +497,12 @@ func discard(resp *http.Response) {
 // vLLM's "maximum context length", Anthropic's "prompt is too long"); on
 // any other HTTP 5xx; and on a transport error, unless the request's own
 // context ended. Other answers, 2xx and other 4xx, stay: the next tier
-// would answer them alike.
+// would answer them alike. A nil resp with a nil err, which no
+// RoundTripper may return, spills as unreachable.
 func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
+	if resp == nil && err == nil {
+		return Unreachable, true
+	}
 	if err != nil {
 		switch {
 		case errors.Is(err, retry.ErrOverloaded):

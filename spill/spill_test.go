@@ -459,3 +459,41 @@ func TestClientGoneNoSpill(t *testing.T) {
 		t.Errorf("events %v, want none", e)
 	}
 }
+
+// A tier that breaks the RoundTripper contract, answering neither a
+// response nor an error, or a response without a header map, does not
+// panic the Transport: the first spills as unreachable (and is an error
+// from the last tier), the second is returned with the spill header set.
+func TestBrokenTierAnswers(t *testing.T) {
+	nilNil := func(*http.Request) (*http.Response, error) { return nil, nil }
+	noHeader := func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("ok")), Request: r}, nil
+	}
+
+	f := newFixture(t, 2, Config{})
+	f.tiers[0].set(status(http.StatusInternalServerError, "down"))
+	f.tiers[1].set(noHeader)
+	code, from, body, err := f.send("x")
+	if err != nil || code != 200 || from != "t0" || body != "ok" {
+		t.Fatalf("header-less answer: got %d %q %q %v; want 200 from the second tier, marked t0", code, from, body, err)
+	}
+	f.takeEvents()
+
+	f.tiers[0].set(nilNil)
+	code, from, body, err = f.send("x")
+	if err != nil || code != 200 || from != "t0" || body != "ok" {
+		t.Fatalf("got %d %q %q %v; want 200 from the second tier, marked t0", code, from, body, err)
+	}
+	if ev := f.takeEvents(); len(ev) != 1 || ev[0].Reason != Unreachable {
+		t.Fatalf("events %v, want one spill as unreachable", ev)
+	}
+
+	f.tiers[1].set(nilNil)
+	if _, _, _, err := f.send("x"); err == nil || !strings.Contains(err.Error(), `tier "t1" returned a nil *http.Response`) {
+		t.Fatalf("err = %v, want the last tier's broken answer as an error", err)
+	}
+
+	if reason, spill := DefaultSpill(nil, nil); !spill || reason != Unreachable {
+		t.Fatalf("DefaultSpill(nil, nil) = %q, %v; want unreachable", reason, spill)
+	}
+}

@@ -80,9 +80,11 @@ const (
 )
 
 // ErrInvalidConfig: [New] was given a nil MeterProvider (or a nil pointer
-// to one), or [Metrics.Watch] or [Metrics.WatchQueue] a nil source. Errors
-// of the OpenTelemetry API creating an instrument are returned as they are,
-// wrapped with the package's name.
+// to one), or one whose meter is nil or creates a nil instrument or
+// callback registration with no error, or [Metrics.Watch] or
+// [Metrics.WatchQueue] a nil source. Errors of the OpenTelemetry API
+// creating an instrument are returned as they are, wrapped with the
+// package's name.
 var ErrInvalidConfig = errors.New("telemetry: invalid config")
 
 // The classes and refusal reasons of a fair queue, in the order of their
@@ -187,7 +189,7 @@ type endpointAttrs struct {
 // New returns Metrics that create their instruments with a meter from mp,
 // or an error if an instrument cannot be created.
 func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
-	if v := reflect.ValueOf(mp); mp == nil || v.Kind() == reflect.Pointer && v.IsNil() {
+	if isNil(mp) {
 		// A nil pointer in the interface, such as a *sdkmetric.MeterProvider
 		// not yet made, would panic inside OpenTelemetry.
 		return nil, fmt.Errorf("%w: nil MeterProvider", ErrInvalidConfig)
@@ -211,46 +213,56 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 		}
 	}
 	m.meter = mp.Meter(ScopeName)
+	if isNil(m.meter) {
+		return nil, fmt.Errorf("%w: the MeterProvider returned a nil Meter", ErrInvalidConfig)
+	}
 	var err error
-	mk := func(f func() error) {
-		if err == nil {
-			err = f()
+	// mk creates the instrument of name with f, which returns it, unless an
+	// earlier one failed. A nil instrument with no error (from a meter that
+	// breaks the API's contract) fails too: recording would panic.
+	mk := func(name string, f func() (any, error)) {
+		if err != nil {
+			return
+		}
+		var inst any
+		if inst, err = f(); err == nil && isNil(inst) {
+			err = fmt.Errorf("%w: the Meter returned a nil %s instrument", ErrInvalidConfig, name)
 		}
 	}
 	mt := m.meter
-	mk(func() (e error) {
+	mk(MetricPicks, func() (i any, e error) {
 		m.picks, e = mt.Int64Counter(MetricPicks, metric.WithUnit("{pick}"),
 			metric.WithDescription("Picks made by the balancer, by chosen endpoint, or by error type for failed picks."))
-		return
+		return m.picks, e
 	})
-	mk(func() (e error) {
+	mk(MetricCachedTokens, func() (i any, e error) {
 		m.cached, e = mt.Int64Histogram(MetricCachedTokens, metric.WithUnit("{token}"),
 			metric.WithDescription("Prompt tokens the policy expected the chosen endpoint to hold in its prefix cache, per pick."),
 			metric.WithExplicitBucketBoundaries(tokenBuckets...))
-		return
+		return m.cached, e
 	})
-	mk(func() (e error) {
+	mk(MetricSignalAge, func() (i any, e error) {
 		m.sigAge, e = mt.Float64Histogram(MetricSignalAge, metric.WithUnit("s"),
 			metric.WithDescription("Age of the engine load observation used for a pick, for picks that used one."),
 			metric.WithExplicitBucketBoundaries(ageBuckets...))
-		return
+		return m.sigAge, e
 	})
-	mk(func() (e error) {
+	mk(MetricTimeToFirstToken, func() (i any, e error) {
 		m.ttft, e = mt.Float64Histogram(MetricTimeToFirstToken, metric.WithUnit("s"),
 			metric.WithDescription("Time from the pick to the first streamed token."),
 			metric.WithExplicitBucketBoundaries(ttftBuckets...))
-		return
+		return m.ttft, e
 	})
-	mk(func() (e error) {
+	mk(MetricRequestDuration, func() (i any, e error) {
 		m.duration, e = mt.Float64Histogram(MetricRequestDuration, metric.WithUnit("s"),
 			metric.WithDescription("Time from the pick to the end of the request."),
 			metric.WithExplicitBucketBoundaries(durationBuckets...))
-		return
+		return m.duration, e
 	})
 	counter := func(dst *metric.Int64Counter, name, unit, desc string) {
-		mk(func() (e error) {
+		mk(name, func() (i any, e error) {
 			*dst, e = mt.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-			return
+			return *dst, e
 		})
 	}
 	counter(&m.retries, MetricRetries, "{attempt}", "Retries sent after a failed attempt, before the first token.")
@@ -261,16 +273,16 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	counter(&m.rejected, MetricAdmissionRejected, "{request}", "Requests refused by admission control, by the cap that refused them.")
 	counter(&m.qrefused, MetricQueueRefusals, "{request}", "Requests a fair queue refused, by priority class and reason.")
 	counter(&m.spills, MetricSpillovers, "{request}", "Requests moved from one tier to the next, by tiers and reason.")
-	mk(func() (e error) {
+	mk(MetricQueueWait, func() (i any, e error) {
 		m.qwait, e = mt.Float64Histogram(MetricQueueWait, metric.WithUnit("s"),
 			metric.WithDescription("Time a request waited in a fair queue before admission, by priority class."),
 			metric.WithExplicitBucketBoundaries(waitBuckets...))
-		return
+		return m.qwait, e
 	})
 	gauge := func(dst *metric.Int64ObservableGauge, name, unit, desc string) {
-		mk(func() (e error) {
+		mk(name, func() (i any, e error) {
 			*dst, e = mt.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
-			return
+			return *dst, e
 		})
 	}
 	gauge(&m.outstanding, MetricOutstanding, "{request}", "Requests picked for the endpoint and not done.")
@@ -282,6 +294,9 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	gauge(&m.qinflight, MetricQueueInFlight, "{request}", "Requests a fair queue admitted and not done.")
 	gauge(&m.qtokens, MetricQueueTokens, "{token}", "Prompt and output tokens of the requests a fair queue admitted and not done.")
 	if err != nil {
+		if errors.Is(err, ErrInvalidConfig) {
+			return nil, err // already prefixed
+		}
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	m.observer = llmlb.Observer{Pick: m.pick, FirstToken: m.firstToken, Done: m.done}
@@ -361,13 +376,32 @@ func (m *Metrics) WatchQueue(q *fair.Queue) (metric.Registration, error) {
 	if q == nil {
 		return nil, fmt.Errorf("%w: WatchQueue(nil)", ErrInvalidConfig)
 	}
-	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	return registered(m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		s := q.Stats()
 		o.ObserveInt64(m.qwaiting, int64(s.Waiting), m.baseOpt)
 		o.ObserveInt64(m.qinflight, int64(s.InFlight), m.baseOpt)
 		o.ObserveInt64(m.qtokens, s.TokensInFlight, m.baseOpt)
 		return nil
-	}, m.qwaiting, m.qinflight, m.qtokens)
+	}, m.qwaiting, m.qinflight, m.qtokens))
+}
+
+// registered returns RegisterCallback's results, or an error in place of
+// a nil registration returned with no error, which its caller could not
+// unregister.
+func registered(r metric.Registration, err error) (metric.Registration, error) {
+	if err == nil && isNil(r) {
+		return nil, fmt.Errorf("%w: the Meter returned a nil callback registration", ErrInvalidConfig)
+	}
+	return r, err
+}
+
+// isNil reports whether v is nil or holds a nil pointer.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }
 
 // Observer returns the functions to pass to [llmlb.WithObserver].
@@ -388,7 +422,7 @@ func (m *Metrics) Watch(b *llmlb.Balancer) (metric.Registration, error) {
 	if b == nil {
 		return nil, fmt.Errorf("%w: Watch(nil)", ErrInvalidConfig)
 	}
-	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+	return registered(m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, s := range b.Stats() {
 			opt := m.endpoint(s.Key).opt
 			o.ObserveInt64(m.outstanding, s.Outstanding, opt)
@@ -402,7 +436,7 @@ func (m *Metrics) Watch(b *llmlb.Balancer) (metric.Registration, error) {
 			o.ObserveInt64(m.healthy, h, opt)
 		}
 		return nil
-	}, m.outstanding, m.queued, m.prefill, m.decode, m.healthy)
+	}, m.outstanding, m.queued, m.prefill, m.decode, m.healthy))
 }
 
 func (m *Metrics) pick(p llmlb.PickInfo) {
