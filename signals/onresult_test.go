@@ -55,3 +55,40 @@ func TestScraperOnResult(t *testing.T) {
 		t.Error("the failure's error or the recovery's success time is missing")
 	}
 }
+
+// A target removed while it is being scraped is not reported: the caller
+// would log a failure of a replica that has left.
+func TestScraperOnResultNotForRemovedTarget(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	var calls atomic.Int32
+	s, err := NewScraper(Config{OnResult: func(prev, cur Status) { calls.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.SetTargets(map[string]string{"a": srv.URL + "/metrics"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Scrape(context.Background(), "a")
+		done <- err
+	}()
+	<-entered
+	if err := s.SetTargets(map[string]string{}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-done; err == nil {
+		t.Fatal("scrape of a failing endpoint succeeded")
+	}
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("OnResult called %d times for a removed target, want 0", n)
+	}
+}

@@ -474,7 +474,8 @@ func (s *Scraper) scrape(ctx context.Context, t *target) (Observation, error) {
 	}
 	cur := t.st
 	t.mu.Unlock()
-	if s.cfg.OnResult != nil {
+	// A target removed during its scrape is no longer the caller's to log.
+	if s.cfg.OnResult != nil && !t.removed.Load() {
 		s.cfg.OnResult(prev, cur)
 	}
 	if err != nil {
