@@ -78,8 +78,8 @@
 // used first, so a later prompt with the same head skips that prefill. The
 // first token is emitted at the end of the prefill, then one per iteration,
 // up to the request's max_tokens (a chat request's max_completion_tokens,
-// if set, wins over it, as in vLLM) or else [Config.DefaultMaxTokens], as
-// far as the context has room.
+// if set, wins over it, as in vLLM; at most [Config.MaxTokensCap]) or else
+// [Config.DefaultMaxTokens], as far as the context has room.
 //
 // Creating an Engine starts nothing: [Engine.Run] runs the batching loop
 // until its context ends, and [Engine.Serve] runs it together with an HTTP

@@ -198,6 +198,8 @@ func errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 // and never the error itself, whose text may name upstream addresses, TLS
 // or DNS details; the status is
 //
+//   - 401 Unauthorized when the tenant could not be established
+//     ([ErrUnauthenticated]);
 //   - 413 Request Entity Too Large for a body over the cap ([ErrBodyTooLarge]);
 //   - 408 Request Timeout for a body not received before the connection's
 //     read deadline, and 400 Bad Request for another failure to read it

@@ -188,9 +188,9 @@ type Config struct {
 // caps, waits for the fair queue if there is one ([Config.Queue]), and then,
 // per attempt: picks an endpoint excluding the ones already
 // tried, rewrites the URL to it and sends the request with the base
-// transport. A connection error, a retryable status (by default 408, 429 and
-// 5xx but 501) or an error before the first event of a 2xx stream is retried
-// while attempts and the budget last, after a back-off that a Retry-After
+// transport. A connection error, a retryable status (by default 408, 429,
+// 500, 502, 503 and 504) or an error before the first event of a 2xx stream
+// is retried while attempts and the budget last, after a back-off that a Retry-After
 // header may lengthen but never shorten and that must end before the
 // request's deadline. When no endpoint other than the failed ones is left,
 // the failed ones become candidates again.

@@ -24,7 +24,7 @@
 // provider's deployments (package spill); the llmlb-engine's -rpm emulates
 // one:
 //
-//	go run ./cmd/llmlb-engine -ports 8001,8002 -max-waiting 2 -speedup 4 &
+//	go run ./cmd/llmlb-engine -ports 8001,8002 -max-running 4 -max-waiting 2 -speedup 4 &
 //	go run ./cmd/llmlb-engine -ports 8101 -rpm 600 -max-running 64 -speedup 4 &
 //	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002 -spill-to http://127.0.0.1:8101
 //
