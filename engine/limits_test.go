@@ -70,6 +70,20 @@ func TestOutputBoundedByContext(t *testing.T) {
 	}
 }
 
+// The context is checked against the max_tokens asked for, as vLLM checks
+// it; the emulator's MaxTokensCap only bounds what it then generates.
+func TestContextCheckedBeforeTheCap(t *testing.T) {
+	e := newEngine(t, Config{KVBlocks: 16, MaxTokensCap: 8}) // 256 tokens of context
+	url, _ := serve(t, e)
+	prompt := strings.Repeat("abcd", 200)
+	code, _, msg := completionTokens(t, url, "/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":100}`, prompt))
+	require.Equal(t, http.StatusBadRequest, code, msg)
+	assert.Contains(t, msg, "'max_tokens' or 'max_completion_tokens' is too large: 100.")
+	code, tokens, msg := completionTokens(t, url, "/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":50}`, prompt))
+	require.Equal(t, http.StatusOK, code, msg)
+	assert.Equal(t, 8, tokens, "the cap bounds the output")
+}
+
 // However large MaxModelLen, the KV cache and MaxTokensCap, a request
 // beyond the longest context the engine models gets 400 in vLLM's words,
 // not a 503 in the emulator's.

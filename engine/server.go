@@ -342,13 +342,15 @@ func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r erro
 	if chat {
 		limits[0], limits[1] = limits[1], limits[0]
 	}
+	// maxOut is the output asked for, checked against the context as vLLM
+	// checks it; the emulator's own cap applies after.
 	maxOut, asked := e.defMax, false
 	for _, l := range limits {
 		if l.v != nil {
 			if *l.v < 1 || *l.v > math.MaxInt32 || *l.v != math.Trunc(*l.v) {
 				return nil, q, badRequest(l.name, fmt.Sprintf("%s must be an integer from 1 to %d", l.name, math.MaxInt32))
 			}
-			maxOut, asked = int(min(*l.v, float64(e.maxCap))), true
+			maxOut, asked = int(*l.v), true
 			break
 		}
 	}
@@ -370,6 +372,7 @@ func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r erro
 		// default as far as its context has room, not a refusal.
 		maxOut = min(maxOut, e.maxLen-prompt)
 	}
+	maxOut = min(maxOut, e.maxCap)
 	s = &seq{Sequence: model.Sequence{
 		PromptTokens: prompt,
 		OutputTokens: maxOut,
