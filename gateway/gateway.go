@@ -38,6 +38,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmlb/llmlb"
@@ -106,7 +107,9 @@ type Config struct {
 	// DefaultBodyTimeout; a negative value sets no deadline.
 	BodyTimeout time.Duration
 	// Admission caps requests in flight, globally and per session; the zero
-	// value caps nothing. Refused requests get 429 with Retry-After.
+	// value caps nothing. Refused requests get 429 with Retry-After. Each
+	// refusal is logged and told to Retry.Observer, then to
+	// Admission.Observer, if set and not the same.
 	Admission retry.AdmissionConfig
 	// Queue, if set, admits requests through a token-fair queue (package
 	// fair): by priority class, then by the service each tenant (or, with
@@ -184,6 +187,8 @@ type Gateway struct {
 	proxy     *httputil.ReverseProxy
 	// bodyTimeout bounds the reading of a request body; 0 for none.
 	bodyTimeout time.Duration
+	// running is set while Run runs.
+	running atomic.Bool
 
 	mu       sync.Mutex // protects backends
 	backends []string   // endpoint keys, in the order given
@@ -295,6 +300,14 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	if cfg.Admission != (retry.AdmissionConfig{}) {
 		ac := cfg.Admission
 		ac.Observer = obs
+		if u := cfg.Admission.Observer; u != nil && u != cfg.Retry.Observer && u.Reject != nil {
+			// The admission's own Observer is told too, after the log
+			// and Retry.Observer (once, if it is the same).
+			ac.Observer = &retry.Observer{Reject: func(err *retry.OverloadError) {
+				obs.Reject(err)
+				u.Reject(err)
+			}}
+		}
 		if g.admission, err = retry.NewAdmission(ac); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
@@ -408,11 +421,22 @@ func (g *Gateway) Update(backends []string) error {
 	return nil
 }
 
+// errRunning is the error of a Run called while another is running.
+var errRunning = errors.New("gateway: Run is already running")
+
 // DefaultBodyTimeout is the default of [Config].BodyTimeout.
 const DefaultBodyTimeout = 30 * time.Second
 
 // ServeHTTP routes one request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, ok := r.Header["Expect"]; ok {
+		// The server has answered the client's 100-continue as the body
+		// is read, and the body is sent upstream from memory: forwarded,
+		// the expectation would hold each attempt's body until the replica
+		// answers 100 Continue (up to a second with the default Base).
+		r = r.Clone(r.Context())
+		r.Header.Del("Expect")
+	}
 	if g.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {
@@ -491,8 +515,16 @@ func (g *Gateway) Balancer() *llmlb.Balancer { return g.balancer }
 
 // Run scrapes the replicas, shares state with the other replicas (with
 // [Config].Share) and ends ejections that are over until ctx ends, then
-// closes idle connections and returns ctx's error.
+// closes idle connections and returns ctx's error. Run may be called again
+// after it returns, but not twice at once: a call while another is running
+// returns an error at once and changes nothing.
 func (g *Gateway) Run(ctx context.Context) error {
+	if !g.running.CompareAndSwap(false, true) {
+		// A second Run would scrape nothing (the scraper runs once at a
+		// time) yet seem to run, and keep seeming to after the first ends.
+		return errRunning
+	}
+	defer g.running.Store(false)
 	var wg sync.WaitGroup
 	if g.scraper != nil {
 		wg.Go(func() { _ = g.scraper.Run(ctx) })

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1078,5 +1079,156 @@ func TestDefaultBaseTransport(t *testing.T) {
 	}
 	if tr == http.DefaultTransport {
 		t.Error("the default transport is shared with the process")
+	}
+}
+
+// Run runs the background work once at a time: a second call while the
+// first runs returns an error at once instead of seeming to run without
+// scraping, and Run may be called again once the first has returned.
+func TestGatewayRunOnceAtATime(t *testing.T) {
+	c, err := e2e.StartCluster(1, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	log, _ := newLogger()
+	g, err := New(c.URLs, Config{Logger: log, ScrapeInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- g.Run(ctx) }()
+	// The first Run is running once a scrape has been made.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if s := g.State().Endpoints[0].Scrape; s != nil && s.Scrapes > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no scrape made")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	ended, stop := context.WithCancel(context.Background())
+	stop()
+	if err := g.Run(ended); err == nil || errors.Is(err, context.Canceled) {
+		t.Errorf("second Run while the first runs: %v, want an error saying Run is running", err)
+	}
+	cancel()
+	if err := <-ran; !errors.Is(err, context.Canceled) {
+		t.Errorf("first Run: %v, want context.Canceled", err)
+	}
+	if err := g.Run(ended); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run after the first returned: %v, want context.Canceled", err)
+	}
+}
+
+// A refusal by admission is told to the Observer of Config.Admission as
+// well as to Retry.Observer, and once to an Observer given as both.
+func TestGatewayAdmissionObserver(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer slow.Close()
+	var mu sync.Mutex
+	told := map[string]int{}
+	observer := func(name string) *retry.Observer {
+		return &retry.Observer{Reject: func(err *retry.OverloadError) {
+			mu.Lock()
+			told[name]++
+			mu.Unlock()
+		}}
+	}
+	shared := observer("shared")
+	cases := []struct {
+		name              string
+		admission, retrys *retry.Observer
+		want              map[string]int
+	}{
+		{"admission only", observer("admission"), nil, map[string]int{"admission": 1}},
+		{"both", observer("admission"), observer("retry"), map[string]int{"admission": 1, "retry": 1}},
+		{"the same", shared, shared, map[string]int{"shared": 1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			clear(told)
+			mu.Unlock()
+			log, _ := newLogger()
+			g, err := New([]string{slow.URL}, Config{Logger: log, ScrapeInterval: -1,
+				Admission: retry.AdmissionConfig{MaxInFlight: 1, Observer: tc.admission},
+				Retry:     retry.LoopConfig{Observer: tc.retrys}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.transport.CloseIdleConnections()
+			done := make(chan struct{})
+			go func() {
+				post(t, g, "first")
+				close(done)
+			}()
+			<-started
+			code, _, _ := post(t, g, "second")
+			release <- struct{}{}
+			<-done
+			if code != http.StatusTooManyRequests {
+				t.Fatalf("second request: %d, want 429", code)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !maps.Equal(told, tc.want) {
+				t.Errorf("observers told %v, want %v", told, tc.want)
+			}
+		})
+	}
+}
+
+// A client's "Expect: 100-continue" is answered by the gateway's server and
+// not forwarded: the body is sent upstream from memory, and each attempt
+// would otherwise hold it back until the replica answered 100 Continue.
+func TestGatewayDoesNotForwardExpect(t *testing.T) {
+	got := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("Expect")
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	log, _ := newLogger()
+	g, err := New([]string{up.URL}, Config{Logger: log, ScrapeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	srv := httptest.NewServer(g)
+	defer srv.Close()
+	client := srv.Client()
+	defer client.CloseIdleConnections()
+	client.Transport.(*http.Transport).ExpectContinueTimeout = time.Minute
+
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions",
+		strings.NewReader(`{"model":"m","prompt":"a long prompt","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Expect", "100-continue")
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "[DONE]") {
+		t.Fatalf("response %d %q", resp.StatusCode, body)
+	}
+	if e := <-got; e != "" {
+		t.Errorf("the replica was sent Expect: %q, want none", e)
 	}
 }
