@@ -128,10 +128,10 @@ type Config struct {
 	Observer *llmlb.Observer
 	// Base sends the upstream requests. nil means a clone of
 	// [http.DefaultTransport] (its proxy from the environment, dial and TLS
-	// handshake timeouts) that keeps up to 256 idle connections per replica
-	// for at most 4 seconds: the engines' servers close a connection idle
-	// for 5. A Base of your own should keep idle connections for less time
-	// than the replicas do.
+	// handshake timeouts, and 1 MiB of response headers at most) that keeps
+	// up to 256 idle connections per replica for at most 4 seconds: the
+	// engines' servers close a connection idle for 5. A Base of your own
+	// should keep idle connections for less time than the replicas do.
 	Base http.RoundTripper
 	// Share, if not nil, makes this gateway one replica of a group that
 	// exchanges its requests in flight and routed prefixes with the other
@@ -209,6 +209,9 @@ func defaultBase() *http.Transport {
 	t.MaxIdleConns = 0 // no bound over all replicas
 	t.MaxIdleConnsPerHost = 256
 	t.IdleConnTimeout = idleConnTimeout
+	// A replica's response headers are bounded per attempt well below
+	// net/http's default of 10 MB.
+	t.MaxResponseHeaderBytes = 1 << 20
 	return t
 }
 
@@ -429,14 +432,6 @@ const DefaultBodyTimeout = 30 * time.Second
 
 // ServeHTTP routes one request.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if _, ok := r.Header["Expect"]; ok {
-		// The server has answered the client's 100-continue as the body
-		// is read, and the body is sent upstream from memory: forwarded,
-		// the expectation would hold each attempt's body until the replica
-		// answers 100 Continue (up to a second with the default Base).
-		r = r.Clone(r.Context())
-		r.Header.Del("Expect")
-	}
 	if g.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {

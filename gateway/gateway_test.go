@@ -1077,6 +1077,9 @@ func TestDefaultBaseTransport(t *testing.T) {
 	if tr.MaxIdleConnsPerHost < 256 || tr.MaxIdleConns != 0 {
 		t.Errorf("MaxIdleConnsPerHost %d, MaxIdleConns %d: want 256 per replica and no bound over all", tr.MaxIdleConnsPerHost, tr.MaxIdleConns)
 	}
+	if tr.MaxResponseHeaderBytes <= 0 || tr.MaxResponseHeaderBytes > 1<<20 {
+		t.Errorf("MaxResponseHeaderBytes %d, want at most 1 MiB", tr.MaxResponseHeaderBytes)
+	}
 	if tr == http.DefaultTransport {
 		t.Error("the default transport is shared with the process")
 	}

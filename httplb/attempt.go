@@ -539,6 +539,11 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 			return nil, nil, err
 		}
 		out.Body = body
+		// The body is read already and sent from memory: a client's
+		// 100-continue expectation was for the server that read it.
+		// Forwarded, it would hold each attempt's body until the endpoint
+		// answers 100 Continue (up to a second with DefaultTransport).
+		out.Header.Del("Expect")
 	}
 	u := *a.req.URL
 	u.Scheme, u.Host = base.Scheme, base.Host

@@ -960,3 +960,26 @@ func TestShortBodyDecodedThenClosed(t *testing.T) {
 	require.Len(t, rec.errs, 1)
 	assert.NoError(t, rec.errs[0], "a body read whole was reported as closed early")
 }
+
+// A request's Expect: 100-continue is not sent on: the Transport has read
+// the body already, and the endpoint would otherwise be waited for before
+// the body is sent, on every attempt.
+func TestExpectNotForwarded(t *testing.T) {
+	var got atomic.Value
+	a := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get("Expect"))
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"text":"hi"}]}`)
+	})
+	h := newHarness(t, fixed{}, Config{}, a)
+	req, err := http.NewRequest(http.MethodPost, "http://gateway.invalid/v1/completions", strings.NewReader(`{"model":"m","prompt":"x"}`))
+	require.NoError(t, err)
+	req.Header.Set("Expect", "100-continue")
+	resp, err := h.tr.RoundTrip(req)
+	require.NoError(t, err)
+	_, err = readAll(t, resp)
+	require.NoError(t, err)
+	assert.Equal(t, "", got.Load(), "Expect reached the endpoint")
+	assert.Equal(t, "100-continue", req.Header.Get("Expect"), "the caller's request was changed")
+}
