@@ -99,7 +99,11 @@
 // cannot be opened, exits with status 2; any other failure with 1. A trace
 // request longer than sim.MaxPromptTokens prompt tokens (2^24) or
 // sim.MaxOutputTokens output tokens (2^20) makes a bad trace, and the
-// error names its line and field.
+// error names its line and field. A trace longer than 1 GiB, which the
+// command would hold in memory, is refused as a bad trace. An interrupt
+// (Ctrl-C) or SIGTERM stops the run, even one waiting for a trace on
+// standard input, and exits with status 1, removing an output file the
+// command created; a second one ends a run that is slow to stop at once.
 package main
 
 import (
@@ -119,6 +123,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/llmlb/llmlb/internal/model"
@@ -127,10 +132,30 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := interruptContext()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// interruptContext returns a context that an interrupt or SIGTERM
+// cancels, with a cause that names the signal, as [signal.NotifyContext]
+// does; but the signal first restores its default effect, so that a run
+// slow to stop ends at a second Ctrl-C. stop releases the signals.
+func interruptContext() (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case sig := <-c:
+			signal.Stop(c)
+			cancel(fmt.Errorf("%v signal received", sig))
+		case <-ctx.Done():
+			signal.Stop(c)
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
 }
 
 // usageError is a bad command line; it exits with status 2.
@@ -138,6 +163,9 @@ type usageError struct{ error }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	err := runErr(ctx, args, stdout, stderr)
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		err = context.Cause(ctx) // what ended the run: an interrupt, in main
+	}
 	var ue usageError
 	switch {
 	case err == nil:
@@ -635,7 +663,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	var traceData []byte
 	if *trace != "" {
 		var err error
-		if traceData, err = readFile(*trace); err != nil {
+		if traceData, err = readTrace(ctx, *trace); err != nil {
 			return err
 		}
 		if fmtName == "" {
@@ -1013,41 +1041,78 @@ func parseSpeeds(list string, replicas int) ([]float64, error) {
 // stdin is what -trace - reads: standard input, or a test's input.
 var stdin io.Reader = os.Stdin
 
-// readFile reads the trace file at path, or standard input if path is "-".
-// A path that cannot be opened or is a directory is a usage error; a read
-// error is reported as such, not as a malformed trace.
-func readFile(path string) ([]byte, error) {
+// maxTraceBytes bounds the trace the command reads, which it holds in
+// memory while it runs.
+const maxTraceBytes = 1 << 30
+
+// readTrace reads the trace at path, or stdin if path is "-", as readFile
+// does with limit maxTraceBytes, and returns ctx's cause if ctx ends
+// first: opening a named pipe or reading a pipe or terminal can wait for a
+// writer indefinitely, and an interrupt must still stop the command. The
+// abandoned read ends with its input, or with the process.
+func readTrace(ctx context.Context, path string) ([]byte, error) {
+	type result struct {
+		data []byte
+		err  error
+	}
+	done := make(chan result, 1)
+	in := stdin
+	go func() {
+		data, err := readFile(path, in, maxTraceBytes)
+		done <- result{data, err}
+	}()
+	select {
+	case r := <-done:
+		return r.data, r.err
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// readFile reads the trace file at path, or in if path is "-", of at most
+// limit bytes. A path that cannot be opened or is a directory, or a trace
+// longer than limit, is a usage error; a read error is reported as such,
+// not as a malformed trace.
+func readFile(path string, in io.Reader, limit int64) ([]byte, error) {
+	name := path
+	r := in
 	if path == "-" {
-		data, err := io.ReadAll(stdin)
+		name = "standard input"
+	} else {
+		fi, err := os.Stat(path)
 		if err != nil {
-			return nil, fmt.Errorf("-trace: standard input: %w", err)
+			return nil, usageError{fmt.Errorf("-trace: %w", err)}
 		}
-		return data, nil
+		if fi.IsDir() {
+			return nil, usageError{fmt.Errorf("-trace %s is a directory", path)}
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("-trace: %w", err)}
+		}
+		defer f.Close()
+		r = f
 	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, usageError{fmt.Errorf("-trace: %w", err)}
-	}
-	if fi.IsDir() {
-		return nil, usageError{fmt.Errorf("-trace %s is a directory", path)}
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, usageError{fmt.Errorf("-trace: %w", err)}
-	}
-	defer f.Close()
-	data, err := io.ReadAll(f)
-	if err != nil {
+	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	switch {
+	case err != nil && path == "-":
+		return nil, fmt.Errorf("-trace: standard input: %w", err)
+	case err != nil:
 		return nil, fmt.Errorf("-trace: %w", err)
+	case int64(len(data)) > limit:
+		return nil, usageError{fmt.Errorf("-trace: %s is longer than the simulator's limit of %d bytes: replay a part of it", name, limit)}
 	}
 	return data, nil
 }
 
-// parseTrace parses data, the trace read from path, in format, detected
-// from the content when format is empty.
+// parseTrace parses data, the trace read from path ("-" for standard
+// input), in format, detected from the content when format is empty.
 func parseTrace(path string, data []byte, format string, opt sim.TraceOptions) ([]sim.Request, error) {
 	reqs, err := sim.ReadTrace(bytes.NewReader(data), format, opt)
 	if err != nil {
+		if path == "-" {
+			path = "-trace: standard input"
+		}
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return reqs, nil

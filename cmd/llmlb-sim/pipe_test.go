@@ -3,9 +3,13 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -80,6 +84,59 @@ func TestRunTracePipeReadOnce(t *testing.T) {
 			}
 			if c.code == 0 && !strings.Contains(out.String(), "x2") {
 				t.Errorf("%v: no table at rate scale 2 in\n%s", args, out.String())
+			}
+		})
+	}
+}
+
+// An interrupt or SIGTERM cancels the run's context, naming the signal, so
+// that the command stops and removes the outputs it created; a second one,
+// for a run slow to stop, ends the process as the signal does by default.
+// The test runs itself as that process.
+func TestSignalCancelsThenExits(t *testing.T) {
+	if os.Getenv("LLMLB_SIM_SIGNAL_CHILD") == "1" {
+		ctx, stop := interruptContext()
+		defer stop()
+		os.Stdout.WriteString("ready\n")
+		<-ctx.Done()
+		os.Stdout.WriteString(context.Cause(ctx).Error() + "\n")
+		select {} // a run that does not stop
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestSignalCancelsThenExits$")
+			cmd.Env = append(os.Environ(), "LLMLB_SIM_SIGNAL_CHILD=1")
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() {
+				lines := bufio.NewScanner(out)
+				for _, want := range []string{"ready", sig.String() + " signal received"} {
+					if !lines.Scan() || lines.Text() != want {
+						t.Errorf("child printed %q, want %q", lines.Text(), want)
+						cmd.Process.Kill()
+						break
+					}
+					cmd.Process.Signal(sig)
+				}
+				io.Copy(io.Discard, out)
+				exited <- cmd.Wait()
+			}()
+			select {
+			case err := <-exited:
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != sig {
+					t.Errorf("child ended with %v; want killed by the second %v", err, sig)
+				}
+			case <-time.After(10 * time.Second):
+				t.Errorf("child still running 10s after the second %v", sig)
+				cmd.Process.Kill()
+				<-exited
 			}
 		})
 	}
