@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/extproc"
+	"github.com/llmlb/llmlb/httplb"
 )
 
 // reasoningBody is a chat request asking for effort.
@@ -132,4 +133,24 @@ func TestByteOrderMarkFirstToken(t *testing.T) {
 	streamedBack(t, e.recv(), false)
 	require.NoError(t, e.closeAndWait())
 	waitIdle(t, b)
+}
+
+// A response stream that carried an error event (the engine failed the
+// request after its 200) ends its pick with httplb.ErrErrorEvent, not as a
+// success; an ordinary stream ends with nil.
+func TestErrorEventEndsThePickAsAFailure(t *testing.T) {
+	var rec doneRecorder
+	b := newBalancer(t, 1, nil, llmlb.WithObserver(rec.observer()))
+	h := start(t, extproc.Config{Balancer: b})
+	failed := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n" +
+		"data: {\"error\": {\"message\": \"EngineCore encountered an issue.\", \"type\": \"InternalServerError\", \"param\": null, \"code\": 500}}\n\ndata: [DONE]\n\n"
+	e, _ := exchange(t, h, reasoningBody("low"))
+	respond(t, e, "text/event-stream", cut(failed, 9)...)
+	e, _ = exchange(t, h, reasoningBody("low"))
+	respond(t, e, "text/event-stream", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n")
+	waitIdle(t, b)
+	errs, _ := rec.get()
+	require.Len(t, errs, 2)
+	require.ErrorIs(t, errs[0], httplb.ErrErrorEvent)
+	require.NoError(t, errs[1])
 }

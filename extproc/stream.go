@@ -547,7 +547,8 @@ func (st *stream) success() bool {
 
 // complete finishes the pick of a response that ended: successfully for a
 // 2xx (or unknown) status, after reporting the output tokens its end
-// completes, else with a *retry.StatusError.
+// completes, unless the stream carried an error event (then with
+// httplb.ErrErrorEvent), else with a *retry.StatusError.
 func (st *stream) complete() {
 	if !st.success() {
 		st.finish(&retry.StatusError{Code: st.status})
@@ -555,6 +556,11 @@ func (st *stream) complete() {
 	}
 	if st.picked && !st.finished {
 		st.pick.Generated(st.output.End())
+		if st.output.Failed() {
+			// The engine failed the request after its 200.
+			st.finish(httplb.ErrErrorEvent)
+			return
+		}
 	}
 	st.finish(nil)
 }

@@ -592,7 +592,7 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 		// status answer, which the attempt then is. Handed to the caller,
 		// it is the stream as sent.
 		resp.Body = b
-		return resp, nil, fmt.Errorf("%w first: %w", errErrorEvent, &retry.StatusError{Code: code, Header: resp.Header})
+		return resp, nil, fmt.Errorf("%w first: %w", ErrErrorEvent, &retry.StatusError{Code: code, Header: resp.Header})
 	}
 	return resp, b, nil
 }

@@ -18,12 +18,6 @@ import (
 // response body before its end, typically because the client went away.
 var errClosedEarly = fmt.Errorf("httplb: response body closed before its end: %w", context.Canceled)
 
-// errErrorEvent is what a pick's Done (and the Reporter) is told of a
-// stream that ended after an error event: the engine failed the request
-// after its 200 (vLLM and SGLang then send {"error": {...}} and end the
-// stream), which is no success whatever the status said.
-var errErrorEvent = errors.New("httplb: the response stream carried an error event")
-
 // body is a response body that passes reads straight through, first
 // returning the bytes held back while waiting for the first event, and calls
 // finish exactly once: at EOF, on a read error, or on Close. Read and Close
@@ -88,7 +82,7 @@ func (b *body) end(err error) {
 		return
 	}
 	if b.metered && b.out.end() && err == nil {
-		err = errErrorEvent
+		err = ErrErrorEvent
 	}
 	if b.finish != nil {
 		b.finish(err)
@@ -202,7 +196,7 @@ func errorEventCode(head, value []byte) int {
 	c := OutputCounter{sse: true}
 	c.Count(head)
 	c.Count(value)
-	if !c.streamFailed() {
+	if !c.Failed() {
 		return 0
 	}
 	var event, e map[string]json.RawMessage

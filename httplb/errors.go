@@ -35,6 +35,14 @@ var (
 	// handler answers 408 Request Timeout for a timeout and 400 otherwise,
 	// without the cause, which it logs.
 	ErrBodyRead = errors.New("httplb: request body not read")
+	// ErrErrorEvent is passed to a pick's Done, and to the Reporter, for
+	// a response stream that carried an error event (see
+	// [OutputCounter.Failed]): the engine failed the request after its
+	// 200 (vLLM and SGLang then send {"error": {...}} and end the
+	// stream), which is no success whatever the status said. An attempt
+	// whose first event is one fails with it too, wrapping a
+	// [*retry.StatusError] of the event's code.
+	ErrErrorEvent = errors.New("httplb: the response stream carried an error event")
 )
 
 // errOutrun is the error of an attempt that received its first event after

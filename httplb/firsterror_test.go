@@ -122,7 +122,7 @@ func requireStatusFailure(t *testing.T, errs []error, code int) {
 	var se *retry.StatusError
 	require.ErrorAs(t, errs[0], &se, "%v", errs[0])
 	assert.Equal(t, code, se.Code)
-	assert.ErrorIs(t, errs[0], errErrorEvent)
+	assert.ErrorIs(t, errs[0], ErrErrorEvent)
 }
 
 // A 2xx stream whose first event is an error event (vLLM's when its engine

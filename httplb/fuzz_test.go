@@ -241,10 +241,10 @@ func FuzzOutputCounter(f *testing.F) {
 			if total += n; total > maxCount {
 				t.Fatalf("%d tokens", total)
 			}
-			if !sse && c.streamFailed() {
+			if !sse && c.Failed() {
 				t.Fatal("a body that is not an event stream read as failed")
 			}
-			return total, c.streamFailed()
+			return total, c.Failed()
 		}
 		cut := int(split) % (len(body) + 1)
 		whole, failed := count(body)

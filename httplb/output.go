@@ -395,8 +395,13 @@ func (c *OutputCounter) matchDone(b byte) {
 	}
 }
 
-// streamFailed reports whether an event of the stream was an error.
-func (c *OutputCounter) streamFailed() bool { return c.failed }
+// Failed reports whether an event of an event stream counted so far was an
+// error event: its data an object with an "error" object at its top level,
+// as vLLM and SGLang send when generation fails after the 200 (and OpenAI
+// and Anthropic too). A caller relaying the body then ends the request's
+// pick with an error, such as [ErrErrorEvent]. It is false for a body that
+// is not an event stream, whose status tells.
+func (c *OutputCounter) Failed() bool { return c.failed }
 
 // endNumber records the usage count being read, if any.
 func (c *OutputCounter) endNumber() {
@@ -432,7 +437,7 @@ func (m *outputMeter) observe(p []byte) {
 func (m *outputMeter) end() (failed bool) {
 	m.mu.Lock()
 	n := m.c.End()
-	failed = m.c.streamFailed()
+	failed = m.c.Failed()
 	m.mu.Unlock()
 	m.report(n)
 	return failed

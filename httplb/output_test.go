@@ -266,8 +266,8 @@ func TestOutputCounterErrorEvent(t *testing.T) {
 				n := c.Count([]byte(tc.body[:cut]))
 				n += c.Count([]byte(tc.body[cut:]))
 				n += c.End()
-				if n != tc.tokens || c.streamFailed() != tc.failed {
-					t.Fatalf("cut at %d: %d tokens, failed %v; want %d, %v", cut, n, c.streamFailed(), tc.tokens, tc.failed)
+				if n != tc.tokens || c.Failed() != tc.failed {
+					t.Fatalf("cut at %d: %d tokens, failed %v; want %d, %v", cut, n, c.Failed(), tc.tokens, tc.failed)
 				}
 			}
 		})
@@ -277,7 +277,7 @@ func TestOutputCounterErrorEvent(t *testing.T) {
 	c := NewOutputCounter(jsonHeader)
 	c.Count([]byte(`{"error":{"message":"x"}}`))
 	c.End()
-	assert.False(t, c.streamFailed())
+	assert.False(t, c.Failed())
 }
 
 // A stream that ends after an error event (an engine failing a request
@@ -313,9 +313,9 @@ func TestErrorEventFailsTheAttempt(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	require.Len(t, rec.errs, 1)
-	assert.ErrorIs(t, rec.errs[0], errErrorEvent)
+	assert.ErrorIs(t, rec.errs[0], ErrErrorEvent)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, done, 1)
-	assert.ErrorIs(t, done[0], errErrorEvent)
+	assert.ErrorIs(t, done[0], ErrErrorEvent)
 }
