@@ -16,7 +16,9 @@ func (r *runner) scrapeAdapters(l *llmlb.Load, rep *replica) {
 	if rep.Engine().AdapterSlots == 0 {
 		return
 	}
-	l.Adapters = rep.Adapters(make([]string, 0, rep.Engine().AdapterSlots))
+	// Sized by the adapters found, not by the slots: a replica of many
+	// slots with few adapters loaded must not cost its slots at every scrape.
+	l.Adapters = rep.Adapters([]string{}) // empty, not nil: the engine reports adapters
 	l.MaxAdapters = rep.Engine().AdapterSlots
 }
 

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -95,5 +96,24 @@ func TestLoRAScenarioAdapterAwareWins(t *testing.T) {
 	blind, aware := res[0], res[1]
 	if !(aware.SLOAttainment > blind.SLOAttainment) {
 		t.Fatalf("SLO attainment %v adapter-aware, %v blind: want aware higher", aware.SLOAttainment, blind.SLOAttainment)
+	}
+}
+
+// A scrape of replicas with many adapter slots and few adapters loaded
+// costs the adapters, not the slots.
+func TestScrapeAdaptersCostsTheAdaptersLoaded(t *testing.T) {
+	var reqs []Request
+	for i := range 20 {
+		reqs = append(reqs, Request{Arrival: time.Duration(i) * time.Second, PromptTokens: 100, OutputTokens: 1, Adapter: "a"})
+	}
+	cfg := Config{Replicas: 4, Engine: Engine{AdapterSlots: 1 << 16}}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	run1(t, cfg, reqs)
+	runtime.ReadMemStats(&after)
+	// 4 replicas scraped every second for 20 s: a slice of all the slots
+	// at each scrape would take 80 MiB.
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+		t.Fatalf("the run allocated %d MiB, want under 16", got>>20)
 	}
 }
