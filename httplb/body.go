@@ -185,13 +185,17 @@ func indexNonSpace(p []byte) int {
 
 // errorEventCode returns the status that the first event of a stream stands
 // for, given the stream's bytes before the event's value (head) and the
-// value, the rest of its line: 0 if it is not an error event (whose value
-// is an object); else the error object's "code" if it is a number from 100
-// to 599, as vLLM and SGLang give one; else 500. It allocates only for an
-// error event.
+// value, the rest of its line: 0 if it is not an error event (see
+// [OutputCounter.Failed]); else the error's "code" if it is a number from
+// 100 to 599, as vLLM and SGLang give one (OpenAI's are strings); else 500.
+// The code is that of the event's "error" object, else, in an OpenAI
+// Responses "error" event, the event's own, else, in a "response.failed"
+// event, that of its response's error. It allocates only for an error
+// event.
 func errorEventCode(head, value []byte) int {
-	if i := indexNonSpace(value); i < 0 || value[i] != '{' || !bytes.Contains(value, []byte(`"`+errorKey+`"`)) {
-		return 0 // not an object with the key "error", unescaped
+	if i := indexNonSpace(value); i < 0 || value[i] != '{' ||
+		!bytes.Contains(value, []byte(`"`+errorKey+`"`)) && !bytes.Contains(value, []byte(`"`+failedType+`"`)) {
+		return 0 // not an object with the key or type "error" or the type "response.failed", unescaped
 	}
 	c := OutputCounter{sse: true}
 	c.Count(head)
@@ -199,15 +203,28 @@ func errorEventCode(head, value []byte) int {
 	if !c.Failed() {
 		return 0
 	}
-	var event, e map[string]json.RawMessage
-	if json.Unmarshal(value, &event) != nil || json.Unmarshal(event[errorKey], &e) != nil {
+	code := rawMember(rawMember(value, errorKey), "code")
+	if code == nil && string(rawMember(value, typeKey)) == `"`+errorType+`"` {
+		code = rawMember(value, "code")
+	}
+	if code == nil {
+		code = rawMember(rawMember(rawMember(value, "response"), errorKey), "code")
+	}
+	n, err := strconv.Atoi(string(code))
+	if err != nil || n < 100 || n > 599 {
 		return http.StatusInternalServerError
 	}
-	code, err := strconv.Atoi(string(e["code"]))
-	if err != nil || code < 100 || code > 599 {
-		return http.StatusInternalServerError
+	return n
+}
+
+// rawMember returns the raw value of key in the JSON object v, or nil if v is
+// not an object or has no such key.
+func rawMember(v []byte, key string) json.RawMessage {
+	var m map[string]json.RawMessage
+	if v == nil || json.Unmarshal(v, &m) != nil {
+		return nil
 	}
-	return code
+	return m[key]
 }
 
 // eofReader reports EOF at once but still closes the underlying body.

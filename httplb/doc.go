@@ -42,19 +42,22 @@
 // most [Config.MaxPeekBytes]), to tell whether the first event is an error
 // event: data with an "error" object at its top level, which vLLM and
 // SGLang send after their 200 when generation fails, as OpenAI and
-// Anthropic do. Such a first event is no commitment: nothing reached the
-// client, and the attempt fails like a status answer whose status is the
-// error's "code" (500 if it has none from 100 to 599), retried on another
-// endpoint if that status is (by default a 408, 429, 500, 502, 503 or 504,
-// not a 400). When it is not retried, the caller gets the stream as the upstream sent it, the
-// 200 and the error event, and its pick ends, as the Reporter is told, with
+// Anthropic do, or with the "type" "error" or "response.failed" of the
+// OpenAI Responses API (see [OutputCounter.Failed]). Such a first event is
+// no commitment: nothing reached the client, and the attempt fails like a
+// status answer whose status is the error's "code" (500 if it has none
+// from 100 to 599), retried on another endpoint if that status is (by
+// default a 408, 429, 500, 502, 503 or 504, not a 400). When it is not
+// retried, the caller gets the stream as the upstream sent it, the 200 and
+// the error event, and its pick ends, as the Reporter is told, with
 // that status as the error. A stream that carried an error event after its
 // first is passed on as sent, and ends its pick, and the Reporter's count,
 // as a failure.
 // As the body is read, the output tokens it carries are reported to the pick
 // with Generated (see [OutputCounter]): one per event of a server-sent event
-// stream, or the usage count the response reports, so that a balancer with
-// llmlb.WithOutputPrediction learns output lengths per tenant and Feature.
+// stream (per delta of an OpenAI Responses stream), or the usage count the
+// response reports, so that a balancer with llmlb.WithOutputPrediction
+// learns output lengths per tenant and Feature.
 //
 // The first event is also where retries stop: once an attempt has it, no
 // retry or hedge starts and no other attempt can commit. An attempt that

@@ -9,7 +9,8 @@ import (
 )
 
 // Endpoint is a replica reached over HTTP at a base URL, such as
-// "http://10.0.0.7:8000". Its key is the base URL without a trailing slash.
+// "http://10.0.0.7:8000". Its key is the base URL in a canonical form (see
+// [NewEndpoint]), so that two spellings of one replica are one key.
 // A request for path /v1/completions goes to the base URL's scheme and host,
 // with the base URL's path, if any, prepended. A path prefix suits a replica
 // behind a path-routing proxy, but the base URL is the server's, not its
@@ -27,8 +28,16 @@ type Endpoint struct {
 }
 
 // NewEndpoint returns the endpoint at base, an absolute http or https URL
-// without query, fragment or user info (see [Endpoint]). It returns an error
+// with a host (not only a port) and without query, fragment or user info
+// (see [Endpoint]). It returns an error
 // wrapping [ErrInvalidConfig] for anything else.
+//
+// The endpoint's key, and the URL requests go to, is base in a canonical
+// form: its scheme and host in lower case (host names are case-insensitive;
+// an IPv6 zone, an interface name, is kept as given), without the scheme's
+// default port (80 for http, 443 for https) or an empty one, and without a
+// trailing slash. "HTTP://Host:80/" and "http://host" are thus one replica,
+// "http://host". The path keeps its case.
 func NewEndpoint(base string) (*Endpoint, error) {
 	if base != "" && !strings.Contains(base, "://") {
 		// "10.0.0.7:8000" does not parse, and "localhost:8000" parses with
@@ -39,15 +48,38 @@ func NewEndpoint(base string) (*Endpoint, error) {
 	if err != nil {
 		return nil, configErrorf("endpoint %q: %v", base, err)
 	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" {
 		return nil, configErrorf("endpoint %q: want an absolute http or https URL", base)
 	}
 	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
 		return nil, configErrorf("endpoint %q: query, fragment and user info are not allowed", base)
 	}
+	u.Host = canonicalHost(u.Scheme, u.Host)
 	u.Path = strings.TrimRight(u.Path, "/")
 	u.RawPath = ""
 	return &Endpoint{key: u.String(), u: u}, nil
+}
+
+// canonicalHost returns host, the host[:port] of a URL with the given
+// (lower-case) scheme, with its name in lower case, except an IPv6 zone,
+// and without the scheme's default port or an empty port.
+func canonicalHost(scheme, host string) string {
+	name, port := host, ""
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		name, port = host[:i], host[i+1:]
+	}
+	if scheme == "http" && port == "80" || scheme == "https" && port == "443" {
+		port = ""
+	}
+	zone := ""
+	if i := strings.IndexByte(name, '%'); strings.HasPrefix(name, "[") && i >= 0 {
+		name, zone = name[:i], name[i:]
+	}
+	name = strings.ToLower(name) + zone
+	if port == "" {
+		return name
+	}
+	return name + ":" + port
 }
 
 // checkBase reports an error, saying what to give instead, if the path of
@@ -81,14 +113,21 @@ func (e *Endpoint) URL() *url.URL {
 }
 
 // NewEndpoints returns an [*Endpoint] for each base URL, ready for
-// [llmlb.Balancer.Update].
+// [llmlb.Balancer.Update]. It returns an error wrapping [ErrInvalidConfig]
+// for a base URL that [NewEndpoint] refuses, or for two that name the same
+// replica, however spelled ("http://Host:8000" and "http://host:8000/").
 func NewEndpoints(bases ...string) ([]llmlb.Endpoint, error) {
 	eps := make([]llmlb.Endpoint, 0, len(bases))
+	seen := make(map[string]string, len(bases)) // key -> the base URL first given for it
 	for _, b := range bases {
 		e, err := NewEndpoint(b)
 		if err != nil {
 			return nil, err
 		}
+		if first, dup := seen[e.key]; dup {
+			return nil, configErrorf("endpoint %q is the same replica as %q: both are %s", b, first, e.key)
+		}
+		seen[e.key] = b
 		eps = append(eps, e)
 	}
 	return eps, nil

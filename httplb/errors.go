@@ -38,10 +38,12 @@ var (
 	// ErrErrorEvent is passed to a pick's Done, and to the Reporter, for
 	// a response stream that carried an error event (see
 	// [OutputCounter.Failed]): the engine failed the request after its
-	// 200 (vLLM and SGLang then send {"error": {...}} and end the
-	// stream), which is no success whatever the status said. An attempt
+	// 200 (vLLM and SGLang then send {"error": {...}} and end the stream;
+	// the OpenAI Responses API sends an "error" or a "response.failed"
+	// event), which is no success whatever the status said. An attempt
 	// whose first event is one fails with it too, wrapping a
-	// [*retry.StatusError] of the event's code.
+	// [*retry.StatusError] of the event's code if that is an HTTP status,
+	// else of 500.
 	ErrErrorEvent = errors.New("httplb: the response stream carried an error event")
 )
 

@@ -404,6 +404,9 @@ func FuzzPeek(f *testing.F) {
 		"data:\n\ndata: x",
 		"data: {\"error\":{\"code\":4e2}, \"x\": \"\n",
 		"event: e\ndata: {\"type\":\"error\",\"error\":{}}\r",
+		"event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"sequence_number\":0}\n\n",
+		"data: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":503}}}\n",
+		"event: response.created\ndata: {\"response\":{\"error\":null},\"type\":\"response.created\"}\n\n",
 		"",
 	} {
 		f.Add([]byte(s), uint8(3), uint16(0), true)

@@ -213,6 +213,12 @@ func FuzzOutputCounter(f *testing.F) {
 		`[{"usage":{"completion_tokens":12.5e1}},{"c":{"usage":{"output_tokens":1}}}]`,
 		"data: {\"error\": {\"code\": 500}}\n\ndata: [DONE]\n\n",
 		"data: {\"a\":{\"error\":{}},\"error\":null}\n",
+		"event: response.created\ndata: {\"response\":{\"error\":null,\"usage\":null},\"type\":\"response.created\"}\n\n" +
+			"data: {\"delta\":\"error\",\"type\":\"response.output_text.delta\"}\n\n" +
+			"data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"output_tokens\":3}}}\n\n",
+		"data: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\"}\n",
+		"data: {\"type\" : \"response.failed\",\"response\":{\"error\":{\"code\":\"x\"}}}",
+		"data: {\"x\":{\"type\":\"error\"},\"type\":\"response.function_call_arguments.delta\"}\n",
 		"data",
 		"",
 	} {
@@ -251,6 +257,14 @@ func FuzzOutputCounter(f *testing.F) {
 		if got, gotFailed := count(body[:cut], body[cut:]); got != whole || gotFailed != failed {
 			t.Fatalf("cut at %d: %d tokens, failed %v; whole: %d, %v", cut, got, gotFailed, whole, failed)
 		}
+		// An event whose data is one line of JSON without escapes (an
+		// escaped key or type is never read) against a decoder's reading
+		// of what an error event is.
+		if sse && bytes.HasPrefix(body, []byte("data:")) && !bytes.ContainsAny(body, "\\\r\n") {
+			if doc := body[len("data:"):]; json.Valid(doc) && failed != errorEventReference(doc) {
+				t.Fatalf("%q: failed %v, want %v", body, failed, !failed)
+			}
+		}
 		// A JSON body without escapes (an escaped key is never read)
 		// against a decoder's reading of the same rule.
 		if !sse && json.Valid(body) && !bytes.ContainsRune(body, '\\') {
@@ -263,6 +277,35 @@ func FuzzOutputCounter(f *testing.F) {
 			}
 		}
 	})
+}
+
+// errorEventReference reports whether the valid JSON document doc is the
+// data of an error event, as OutputCounter reads it, with encoding/json: an
+// object with, at its top level, an "error" key whose value is an object
+// or a "type" key whose value is "error" or "response.failed".
+func errorEventReference(doc []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return false
+	}
+	failed := false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return failed
+		}
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return failed
+		}
+		switch tok {
+		case errorKey:
+			failed = failed || v[0] == '{'
+		case typeKey:
+			failed = failed || string(v) == `"`+errorType+`"` || string(v) == `"`+failedType+`"`
+		}
+	}
+	return failed
 }
 
 // usageReference returns the last usage count of a valid JSON document as

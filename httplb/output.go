@@ -30,9 +30,13 @@ import (
 // message_delta thus make the total exact when chunks carry several tokens.
 // The few events that carry no token (a role or a finish chunk, Anthropic's
 // content_block_start, ping and message_stop) are counted too, as no count
-// is ever taken back. An error event, whose data has an "error" object at
-// its top level (vLLM's and SGLang's when generation fails after the 200,
-// OpenAI's and Anthropic's), counts none.
+// is ever taken back. In an OpenAI Responses stream, whose events name
+// their type in a top-level "type", only the deltas (a "type" that starts
+// with "response." and ends in ".delta", such as
+// "response.output_text.delta") are counted: its other events
+// (response.created, response.output_item.added, ...) carry no token, and
+// its response.completed or response.incomplete has the usage. An error
+// event (see [OutputCounter.Failed]) counts none.
 //
 // For any other body (a non-streaming JSON response, or a compressed
 // stream) it counts nothing until [OutputCounter.End]: then the last usage
@@ -63,10 +67,19 @@ type OutputCounter struct {
 	// event stream, anywhere in any other body.
 	usage bool
 	count int64 // the last usage count found
-	// failed is set once an event of the stream was an error: its data an
-	// object with an "error" object at its top level; errLine if the
-	// current line is that event's.
+	// failed is set once an event of the stream was an error (see
+	// Failed); errLine if the current line is that event's.
 	failed, errLine bool
+	// noToken is set if the current line is an OpenAI Responses event
+	// that carries no token: its "type" starts with "response." and does
+	// not end in ".delta".
+	noToken bool
+
+	// The value of the "type" key of an event's top-level object, while
+	// it is read: its head is in key.
+	typeVal bool   // the current string is that value
+	typeLen int32  // its length so far
+	typeEnd uint64 // its last (up to) 8 bytes
 
 	// The JSON being read: an event's data, or a body that is not an
 	// event stream.
@@ -104,6 +117,7 @@ const (
 
 	usageKey       = "usage"
 	errorKey       = "error"
+	typeKey        = "type"
 	completionKey  = "completion_tokens"
 	outputKey      = "output_tokens"
 	maxUsageKeyLen = len(completionKey)
@@ -122,6 +136,20 @@ const (
 	expectUsageObject // after the colon: an object
 	expectErrorColon  // an "error" key of an event's top-level object: its colon
 	expectErrorObject // after the colon: an object
+	expectTypeColon   // a "type" key of an event's top-level object: its colon
+	expectTypeValue   // after the colon: a string
+)
+
+// The values of an event's top-level "type" that the counter reads: those
+// of the OpenAI Responses API's error events, and the prefix and suffix of
+// its events' types.
+const (
+	errorType      = "error"           // an error event (also Anthropic's, whose "error" object is read too)
+	failedType     = "response.failed" // the response failed; its "response" has the "error"
+	responsePrefix = "response."
+	deltaSuffix    = ".delta"
+	// deltaEnd is deltaSuffix in the low bytes of OutputCounter.typeEnd.
+	deltaEnd = uint64('.')<<40 | uint64('d')<<32 | uint64('e')<<24 | uint64('l')<<16 | uint64('t')<<8 | uint64('a')
 )
 
 // Count consumes the next piece of the body, p, and returns the tokens it
@@ -248,10 +276,18 @@ func (c *OutputCounter) scan(b byte) {
 		case c.esc:
 			c.esc = false
 		case b == '\\':
-			c.esc, c.keyLen = true, -1 // no key read has an escape
+			// No key or type read has an escape.
+			c.esc, c.keyLen, c.typeVal = true, -1, false
 		case b == '"':
 			c.inStr = false
 			c.endString()
+		case c.typeVal:
+			if int(c.keyLen) < len(c.key) {
+				c.key[c.keyLen] = b
+				c.keyLen++
+			}
+			c.typeLen = min(c.typeLen+1, math.MaxInt32)
+			c.typeEnd = c.typeEnd<<8 | uint64(b)
 		case c.keyLen < 0:
 		case int(c.keyLen) == maxUsageKeyLen || c.keyLen == 0 && !c.startsKey(b):
 			c.keyLen = -1 // too long, or starts as no key read here does
@@ -273,10 +309,13 @@ func (c *OutputCounter) scan(b byte) {
 	}
 	switch b {
 	case '"':
-		// Only a usage object's counts and the "usage" keys where one may
-		// be are read; any other string is skipped.
+		// Only a usage object's counts, the keys where a usage object may
+		// be or of an event's top level, and the value of its "type" are
+		// read; any other string is skipped.
 		c.inStr, c.keyLen = true, -1
-		if c.usageAt != 0 && c.depth == c.usageAt || c.usageAt == 0 && c.depth <= maxUsageDepth {
+		if c.expect == expectTypeValue {
+			c.keyLen, c.typeVal, c.typeLen, c.typeEnd = 0, true, 0, 0
+		} else if c.usageAt != 0 && c.depth == c.usageAt || c.usageAt == 0 && c.depth <= maxUsageDepth {
 			c.keyLen = 0
 		}
 	case ':':
@@ -289,6 +328,9 @@ func (c *OutputCounter) scan(b byte) {
 			return
 		case expectErrorColon:
 			c.expect = expectErrorObject
+			return
+		case expectTypeColon:
+			c.expect = expectTypeValue
 			return
 		}
 	case '{', '[':
@@ -328,13 +370,19 @@ func (c *OutputCounter) startsKey(b byte) bool {
 	if c.usageAt != 0 {
 		return b == completionKey[0] || b == outputKey[0]
 	}
-	return b == usageKey[0] || c.sse && c.depth == 1 && b == errorKey[0]
+	return b == usageKey[0] || c.sse && c.depth == 1 && (b == errorKey[0] || b == typeKey[0])
 }
 
 // endString reads the string that ended: a "usage" key where a usage
-// object may be, a count key directly inside one.
+// object may be, a count key directly inside one, an "error" or "type" key
+// of an event's top-level object, or the value of that "type".
 func (c *OutputCounter) endString() {
 	c.expect = expectNothing
+	if c.typeVal {
+		c.typeVal = false
+		c.endType()
+		return
+	}
 	if c.keyLen < 0 {
 		return
 	}
@@ -345,6 +393,24 @@ func (c *OutputCounter) endString() {
 		c.expect = expectCountColon
 	case c.sse && c.usageAt == 0 && c.depth == 1 && string(k) == errorKey:
 		c.expect = expectErrorColon
+	case c.sse && c.usageAt == 0 && c.depth == 1 && string(k) == typeKey:
+		c.expect = expectTypeColon
+	}
+}
+
+// endType reads the value of an event's top-level "type", whose head is in
+// c.key: an OpenAI Responses error event ("error" or "response.failed")
+// fails the stream; another Responses event carries no token unless it is
+// a delta.
+func (c *OutputCounter) endType() {
+	head := c.key[:c.keyLen]
+	switch {
+	case int(c.typeLen) == len(errorType) && string(head) == errorType,
+		int(c.typeLen) == len(failedType) && string(head) == failedType:
+		c.failed, c.errLine = true, true
+	case int(c.typeLen) > len(responsePrefix) && string(head[:len(responsePrefix)]) == responsePrefix &&
+		!(int(c.typeLen) >= len(deltaSuffix) && c.typeEnd&(1<<(8*len(deltaSuffix))-1) == deltaEnd):
+		c.noToken = true
 	}
 }
 
@@ -374,6 +440,7 @@ func (c *OutputCounter) endLine() {
 		case c.errLine: // no token
 		case c.usage:
 			c.total = max(c.total, c.count)
+		case c.noToken:
 		case c.done != int8(len(doneValue)):
 			c.total = min(c.total+1, maxCount)
 		}
@@ -396,11 +463,14 @@ func (c *OutputCounter) matchDone(b byte) {
 }
 
 // Failed reports whether an event of an event stream counted so far was an
-// error event: its data an object with an "error" object at its top level,
-// as vLLM and SGLang send when generation fails after the 200 (and OpenAI
-// and Anthropic too). A caller relaying the body then ends the request's
-// pick with an error, such as [ErrErrorEvent]. It is false for a body that
-// is not an event stream, whose status tells.
+// error event, its data an object with, at its top level, either an "error"
+// object, as vLLM and SGLang send when generation fails after the 200 (and
+// OpenAI and Anthropic too), or a "type" of "error" or "response.failed",
+// the OpenAI Responses API's error events. An "error" or a type deeper in
+// the object, or in a string, is none, nor is a "type" written with
+// escapes. A caller relaying the body then ends the request's pick with an
+// error, such as [ErrErrorEvent]. It is false for a body that is not an
+// event stream, whose status tells.
 func (c *OutputCounter) Failed() bool { return c.failed }
 
 // endNumber records the usage count being read, if any.

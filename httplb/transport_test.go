@@ -599,7 +599,7 @@ func TestConfigErrors(t *testing.T) {
 	// A negative MaxPushback honours no server-requested delay.
 	_, err = NewTransport(Config{Balancer: b, Retry: retry.LoopConfig{MaxPushback: -1}})
 	assert.NoError(t, err)
-	for _, bad := range []string{"", "10.0.0.1:80", "ftp://x", "http://", "http://h/?q=1", "http://u:p@h/"} {
+	for _, bad := range []string{"", "10.0.0.1:80", "ftp://x", "http://", "http://:8000", "https://:", "http://[]:80", "http://h/?q=1", "http://u:p@h/"} {
 		_, err := NewEndpoint(bad)
 		assert.ErrorIs(t, err, ErrInvalidConfig, bad)
 	}
