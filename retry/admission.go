@@ -59,6 +59,11 @@ type Admission struct {
 	inflight atomic.Int64
 	mu       sync.Mutex                            // protects sessions and the counts in it
 	sessions *simplelru.LRU[string, *sessionCount] // active sessions
+
+	// testHook, if not nil, is called by take between reading the
+	// in-flight count and acting on it. Tests use it to interleave
+	// admissions deterministically.
+	testHook func()
 }
 
 // sessionCount is the number of a session's requests in flight. A released
@@ -101,24 +106,21 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 // Acquire admits one request of session ("" for none) or refuses it with an
 // [*OverloadError]. On success the caller must call release when the request
 // ends; calls after the first are no-ops.
+//
+// A request is refused only if, at one instant, MaxInFlight requests are
+// admitted and not released, or MaxPerSession of its session are: a request
+// being refused never holds a slot, even briefly, so it cannot cause another
+// to be refused.
 func (a *Admission) Acquire(session string) (release func(), err error) {
-	if a.maxInFlight > 0 {
-		if a.inflight.Add(1) > a.maxInFlight {
-			a.inflight.Add(-1)
-			oe := &OverloadError{Scope: "global", RetryAfter: a.retryAfter}
-			a.obs.reject(oe)
-			return nil, oe
+	var count *sessionCount
+	if session == "" {
+		if !a.take() {
+			return nil, a.refuse("global")
 		}
 	} else {
-		a.inflight.Add(1)
-	}
-	var count *sessionCount
-	if session != "" {
-		c, err := a.enter(session)
-		if err != nil {
-			a.inflight.Add(-1)
-			a.obs.reject(err)
-			return nil, err
+		c, scope := a.enter(session)
+		if c == nil {
+			return nil, a.refuse(scope)
 		}
 		count = c
 	}
@@ -129,26 +131,71 @@ func (a *Admission) Acquire(session string) (release func(), err error) {
 		}
 		if count != nil {
 			a.leave(session, count)
+		} else {
+			a.inflight.Add(-1)
 		}
-		a.inflight.Add(-1)
 	}, nil
 }
 
-func (a *Admission) enter(session string) (*sessionCount, *OverloadError) {
+// refuse returns the refusal of the given scope and tells the observer.
+func (a *Admission) refuse(scope string) *OverloadError {
+	oe := &OverloadError{Scope: scope, RetryAfter: a.retryAfter}
+	a.obs.reject(oe)
+	return oe
+}
+
+// take counts one more request in flight and reports true, or reports false
+// if MaxInFlight are in flight. It increments the count only when it is
+// below the cap, so that a refusal never shows in the count.
+func (a *Admission) take() bool {
+	if a.maxInFlight <= 0 {
+		a.inflight.Add(1)
+		return true
+	}
+	for {
+		n := a.inflight.Load()
+		if a.testHook != nil {
+			a.testHook()
+		}
+		if n >= a.maxInFlight {
+			return false
+		}
+		if a.inflight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// enter admits one request of session, counting it in flight globally and
+// in its session, and returns its session's count; or it returns nil and
+// the scope of the refusal. A global refusal takes precedence. The session
+// is checked before the global count is taken, both under mu, so that a
+// request refused for its session never holds a global slot.
+func (a *Admission) enter(session string) (*sessionCount, string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	c, ok := a.sessions.Get(session)
-	if !ok {
+	c, ok := a.sessions.Peek(session)
+	if ok && a.perSession > 0 && c.n >= a.perSession {
+		if a.maxInFlight > 0 && a.inflight.Load() >= a.maxInFlight {
+			return nil, "global"
+		}
+		return nil, "session"
+	}
+	if !a.take() {
+		return nil, "global"
+	}
+	if ok {
+		a.sessions.Get(session) // the most recently admitted
+	} else {
 		c = &sessionCount{}
 		a.sessions.Add(session, c) // may forget the least recently admitted
 	}
-	if a.perSession > 0 && c.n >= a.perSession {
-		return nil, &OverloadError{Scope: "session", RetryAfter: a.retryAfter}
-	}
 	c.n++
-	return c, nil
+	return c, ""
 }
 
+// leave releases one request of session whose count is c, in its session
+// and globally. Both change under mu, so that enter sees them consistent.
 func (a *Admission) leave(session string, c *sessionCount) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -160,6 +207,7 @@ func (a *Admission) leave(session string, c *sessionCount) {
 			a.sessions.Remove(session)
 		}
 	}
+	a.inflight.Add(-1)
 }
 
 // InFlight returns the requests admitted and not released.

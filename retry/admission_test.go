@@ -201,3 +201,143 @@ func TestAdmissionConcurrentForgetting(t *testing.T) {
 		t.Fatalf("InFlight %d, Sessions %d at the end", a.InFlight(), a.Sessions())
 	}
 }
+
+// TestAdmissionGlobalNoSpuriousRefusal interleaves two admissions at the
+// global cap of 1: A reads the count while another request holds the only
+// slot; that request is then released and B asks, before A decides. B must
+// be admitted, since no request is in flight when it asks, and A refused.
+// Counting A's request before checking it against the cap, and uncounting
+// it on refusal, refused both.
+func TestAdmissionGlobalNoSpuriousRefusal(t *testing.T) {
+	a, _ := NewAdmission(AdmissionConfig{MaxInFlight: 1})
+	held, err := a.Acquire("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		fired bool
+		relB  func()
+		errB  error
+	)
+	a.testHook = func() {
+		if fired {
+			return
+		}
+		fired = true
+		held()
+		relB, errB = a.Acquire("")
+	}
+	_, errA := a.Acquire("")
+	if !fired {
+		t.Fatal("the hook was not called")
+	}
+	if errB != nil {
+		t.Fatalf("B refused with nothing in flight: %v", errB)
+	}
+	overload(t, errA, "global")
+	if a.InFlight() != 1 {
+		t.Fatalf("InFlight = %d with B admitted", a.InFlight())
+	}
+	relB()
+	if a.InFlight() != 0 {
+		t.Fatalf("InFlight = %d at the end", a.InFlight())
+	}
+}
+
+// TestAdmissionSessionNoSpuriousRefusal checks that a request refused for
+// its session holds no global slot while it is refused: with one request of
+// s1 in flight, a global cap of 2 and a session cap of 1, a request without
+// a session is admitted while a second request of s1 is being refused.
+func TestAdmissionSessionNoSpuriousRefusal(t *testing.T) {
+	a, _ := NewAdmission(AdmissionConfig{MaxInFlight: 2, MaxPerSession: 1})
+	held, err := a.Acquire("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		fired bool
+		relB  func()
+		errB  error
+	)
+	runB := func() {
+		if fired {
+			return
+		}
+		fired = true
+		relB, errB = a.Acquire("")
+	}
+	a.testHook = runB // B asks while A is being decided, if A reads the global count
+	_, errA := a.Acquire("s1")
+	runB() // otherwise, right after
+	overload(t, errA, "session")
+	if errB != nil {
+		t.Fatalf("B refused with one request in flight and a cap of 2: %v", errB)
+	}
+	if a.InFlight() != 2 {
+		t.Fatalf("InFlight = %d with s1 and B admitted", a.InFlight())
+	}
+	relB()
+	held()
+	if a.InFlight() != 0 || a.Sessions() != 0 {
+		t.Fatalf("InFlight %d, Sessions %d at the end", a.InFlight(), a.Sessions())
+	}
+}
+
+// TestAdmissionConcurrentNoSpuriousRefusal runs, against a global cap of 4,
+// one request of s1 held throughout, goroutines that keep asking for s1
+// (always refused at its cap of 1) and two goroutines that each keep one
+// request without a session in flight at most. At most 3 requests are ever
+// admitted, so those two must never be refused, and the count must never
+// exceed the cap and must return to zero.
+func TestAdmissionConcurrentNoSpuriousRefusal(t *testing.T) {
+	const maxInFlight, iters = 4, 3000
+	a, _ := NewAdmission(AdmissionConfig{MaxInFlight: maxInFlight, MaxPerSession: 1})
+	held, err := a.Acquire("s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stop atomic.Bool
+	var refused, spurious atomic.Int64
+	var hammers, wg sync.WaitGroup
+	for range 3 {
+		hammers.Add(1)
+		go func() {
+			defer hammers.Done()
+			for !stop.Load() {
+				if _, err := a.Acquire("s1"); err == nil {
+					t.Error("s1 admitted beyond its cap")
+					return
+				}
+				refused.Add(1)
+			}
+		}()
+	}
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range iters {
+				release, err := a.Acquire("")
+				if err != nil {
+					spurious.Add(1)
+					continue
+				}
+				if n := a.InFlight(); n > maxInFlight {
+					t.Errorf("InFlight = %d above the cap %d", n, maxInFlight)
+				}
+				release()
+			}
+		}()
+	}
+	wg.Wait()
+	stop.Store(true)
+	hammers.Wait()
+	if n := spurious.Load(); n > 0 {
+		t.Errorf("%d of %d requests refused with at most %d of %d in flight (%d s1 refusals)",
+			n, 2*iters, maxInFlight-1, maxInFlight, refused.Load())
+	}
+	held()
+	if a.InFlight() != 0 || a.Sessions() != 0 {
+		t.Fatalf("InFlight %d, Sessions %d at the end", a.InFlight(), a.Sessions())
+	}
+}

@@ -40,10 +40,14 @@ func DefaultConcurrentConfig() ConcurrentConfig {
 type ConcurrentBudget struct {
 	permille int64 // budget in thousandths of the active attempts
 	min      int64
-	_        [48]byte // state on a cache line of its own: every call writes it
+	// testHook, if not nil, is called by Withdraw between reading state
+	// and acting on it. Tests use it to interleave calls deterministically.
+	testHook func()
+	_        [40]byte // state on a cache line of its own: every call writes it
 	// state packs the retries in flight (high 32 bits) and the attempts in
-	// flight, retries included (low 32 bits), so that Start and Withdraw
-	// are one atomic add each, and Finish one compare-and-swap.
+	// flight, retries included (low 32 bits), so that Start is one atomic
+	// add, and Withdraw and Finish one compare-and-swap each (repeated if
+	// another call changed state meanwhile).
 	state atomic.Int64
 	_     [56]byte
 }
@@ -81,14 +85,23 @@ func (b *ConcurrentBudget) Start() { b.state.Add(oneActive) }
 
 // Withdraw implements [Budget]: it reports whether a retry may start and, if
 // so, counts it as active until Finish.
+//
+// A refused retry never shows in the counts, even briefly, so it cannot
+// cause another to be refused.
 func (b *ConcurrentBudget) Withdraw() bool {
-	s := b.state.Add(oneRetry)
-	r, a := s>>32, s&lowMask-1 // a: the active attempts before this retry
-	if r <= b.min || r*1000 <= a*b.permille {
-		return true
+	for {
+		s := b.state.Load()
+		if b.testHook != nil {
+			b.testHook()
+		}
+		r, a := s>>32+1, s&lowMask // r: the active retries with this one; a: the active attempts before it
+		if r > b.min && r*1000 > a*b.permille {
+			return false
+		}
+		if b.state.CompareAndSwap(s, s+oneRetry) {
+			return true
+		}
 	}
-	b.state.Add(-oneRetry)
-	return false
 }
 
 // Finish implements [Budget]: the attempt stops being active. Calls must
