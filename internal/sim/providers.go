@@ -373,8 +373,9 @@ func (r *poolRun) run(ctx context.Context) (*PoolResult, error) {
 	for i := range r.reqs {
 		r.push(r.reqs[i].at, pvArrive, i)
 	}
+	done := doneOf(ctx)
 	for n := 0; len(r.q) > 0; n++ {
-		if n&0xfff == 0 && ctx.Err() != nil {
+		if n%cancelEvery == 0 && isDone(done) {
 			return nil, ctx.Err()
 		}
 		ev := r.q.pop()

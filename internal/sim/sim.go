@@ -323,11 +323,10 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 	r.schedule(reqs[0].Arrival, evArrival, 0)
 	r.nextArrival = 1
 
+	done := doneOf(ctx)
 	for n := 0; len(r.q) > 0; n++ {
-		if n&0xffff == 0 && ctx != nil {
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
+		if n%cancelEvery == 0 && isDone(done) {
+			return nil, ctx.Err()
 		}
 		e := r.q.pop()
 		r.now = e.at
@@ -629,4 +628,30 @@ func replicaIndex(key string, n int) (int, bool) {
 		i = i*10 + int(c-'0')
 	}
 	return i, i < n
+}
+
+// cancelEvery is the number of events an event loop runs between two checks
+// of its context. Events of the heaviest runs, 1,024 routers sharing state
+// every millisecond, average about half a millisecond, so a run stops within
+// tens of milliseconds of being cancelled; and one check per cancelEvery
+// events, a non-blocking receive, costs nothing measurable.
+const cancelEvery = 64
+
+// doneOf returns ctx's Done channel, or nil, never ready, for a nil ctx.
+func doneOf(ctx context.Context) <-chan struct{} {
+	if ctx == nil {
+		return nil
+	}
+	return ctx.Done()
+}
+
+// isDone reports whether done is closed, without blocking. Unlike
+// [context.Context.Err], it takes no lock.
+func isDone(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
 }
