@@ -1,7 +1,9 @@
 package grpclb
 
 import (
+	"container/list"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,15 +60,29 @@ type lbBalancer struct {
 	// Both hold only endpoints the resolver lists, and start empty with
 	// each new lb.
 	unready, sick map[string]bool
-	// fresh holds the endpoints the resolver listed when lb was built whose
-	// child has not yet been READY or in TRANSIENT_FAILURE. While one the
+	// remembered holds the program's unhealthy marks of endpoints the
+	// resolver does not list: marked before it listed them, or listed when
+	// marked and dropped since. A mark moves to sick when the resolver
+	// lists its endpoint. It starts empty with each new lb.
+	remembered rememberedMarks
+	// failed holds the members whose child has been in TRANSIENT_FAILURE
+	// since it was last READY. With slow start, a member that left READY
+	// and is not in it is healthy while its child reconnects (see
+	// UpdateState).
+	failed map[string]bool
+	// fresh holds the endpoints the resolver listed when lb was built (or,
+	// if it listed none then, in its first update since that lists some)
+	// whose child has not yet been READY or in TRANSIENT_FAILURE. While one the
 	// program has not marked makes its first connection attempt, RPCs wait
 	// for it rather than go to READY members the program marked. When the
 	// config enables slow start, they are members from the first
 	// UpdateState, healthy while they make that attempt, so that they make
 	// up lb's first membership with those already READY and are not slowed
 	// down for connecting a moment after them (see UpdateState).
-	fresh  map[string]bool
+	fresh map[string]bool
+	// listed: the resolver has listed an endpoint since lb was built, and
+	// fresh was filled.
+	listed bool
 	closed bool
 }
 
@@ -90,6 +106,7 @@ func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions
 		subConns:   make(map[*subConnState]struct{}),
 		unready:    make(map[string]bool),
 		sick:       make(map[string]bool),
+		failed:     make(map[string]bool),
 		fresh:      make(map[string]bool),
 	}
 	b.rec = &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock,
@@ -139,6 +156,8 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 		b.lb = lb
 		clear(b.unready)
 		clear(b.sick)
+		clear(b.failed)
+		b.remembered.clear()
 		hook = b.builder.opts.OnBalancer
 	}
 	lb := b.lb
@@ -148,10 +167,21 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 	eps, keys := keyEndpoints(ccs.ResolverState.Endpoints)
 	if built {
 		clear(b.fresh)
+		b.listed = false
+	}
+	if !b.listed {
+		// The first endpoints listed since lb was built make up its first
+		// membership, even when a first update listed none.
 		for addr, key := range keys {
 			if addr == key && key != "" {
 				b.fresh[key] = true
+				b.listed = true
 			}
+		}
+	}
+	for addr, key := range keys {
+		if addr == key && b.remembered.take(key) {
+			b.sick[key] = true // marked before the resolver listed it
 		}
 	}
 	// Publish the keys before pruning, so that a report recorded for a
@@ -252,15 +282,26 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		}
 		seen[key] = true
 		ready := c.State.ConnectivityState == connectivity.Ready
-		if ready || c.State.ConnectivityState == connectivity.TransientFailure {
+		failing := c.State.ConnectivityState == connectivity.TransientFailure
+		if ready || failing {
 			delete(b.fresh, key) // its first connection attempt is over
 		}
 		firstTry := !ready && b.fresh[key] && !b.sick[key]
 		connecting = connecting || firstTry
-		// With slow start, a fresh endpoint counts as READY for its
-		// health, not for picks.
-		fresh := slow && firstTry
 		wasHealthy, member := healthy[key]
+		if ready {
+			delete(b.failed, key)
+		} else if failing && member {
+			b.failed[key] = true
+		}
+		// With slow start, a fresh endpoint, and a member whose child
+		// reconnects without having failed since it was last READY (its
+		// connection was closed or lost, and the server is not known to
+		// be down), count as READY for their health, not for picks: a
+		// mark and unmark would restart the member's slow start, and a
+		// warm replica would be ramped for a mere reconnection.
+		reconnecting := member && !ready && !failing && !b.failed[key] && !b.sick[key]
+		fresh := slow && (firstTry || reconnecting)
 		if !member && !ready && !fresh {
 			continue // never READY since lb was built: nothing to keep
 		}
@@ -308,11 +349,19 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	for _, key := range back {
 		_ = b.lb.SetHealthy(key, true) // a member since Update: cannot fail
 	}
-	for _, marks := range []map[string]bool{b.unready, b.sick} {
+	for _, marks := range []map[string]bool{b.unready, b.failed} {
 		for key := range marks {
 			if !seen[key] {
 				delete(marks, key) // left the membership
 			}
+		}
+	}
+	for key := range b.sick {
+		if !seen[key] && !b.rec.resolved(key) {
+			// Dropped by the resolver: remembered in case it lists the
+			// endpoint again.
+			delete(b.sick, key)
+			b.remembered.add(key)
 		}
 	}
 	for key := range b.fresh {
@@ -359,10 +408,68 @@ func (b *lbBalancer) setHealthy(lb *llmlb.Balancer, key string, healthy bool) (b
 		return false, nil
 	}
 	if err := lb.SetHealthy(key, healthy && !b.unready[key]); err != nil && (key == "" || !b.rec.resolved(key)) {
-		return true, err // neither a member nor resolved
+		// Neither a member nor resolved: remembered for when the
+		// resolver lists it.
+		if key == "" || len(key) > maxRememberedKeyBytes {
+			return true, err
+		}
+		if healthy {
+			b.remembered.take(key)
+		} else {
+			b.remembered.add(strings.Clone(key)) // not a part of a larger string
+		}
+		return true, nil
 	}
 	setMark(b.sick, key, !healthy) // a resolved endpoint's, for when it joins
 	return true, nil
+}
+
+// Bounds of the unhealthy marks a channel remembers for endpoints its
+// resolver does not list (see Builder.SetHealthy): a program that marks
+// many addresses no resolver lists holds at most maxRememberedMarks keys of
+// at most maxRememberedKeyBytes each, about 1 MiB, per channel.
+const (
+	maxRememberedMarks    = 1024
+	maxRememberedKeyBytes = 1024
+)
+
+// rememberedMarks is a set of endpoint keys that forgets the least recently
+// added one past maxRememberedMarks. The zero value is an empty set.
+type rememberedMarks struct {
+	at    map[string]*list.Element // lazily initialized
+	order list.List                // of the keys, least recently added first
+}
+
+// add adds key, or makes it the most recently added.
+func (m *rememberedMarks) add(key string) {
+	if e, ok := m.at[key]; ok {
+		m.order.MoveToBack(e)
+		return
+	}
+	if m.at == nil {
+		m.at = make(map[string]*list.Element)
+	}
+	m.at[key] = m.order.PushBack(key)
+	for m.order.Len() > maxRememberedMarks {
+		oldest := m.order.Front()
+		m.order.Remove(oldest)
+		delete(m.at, oldest.Value.(string))
+	}
+}
+
+// take removes key and reports whether it was in the set.
+func (m *rememberedMarks) take(key string) bool {
+	e, ok := m.at[key]
+	if ok {
+		m.order.Remove(e)
+		delete(m.at, key)
+	}
+	return ok
+}
+
+func (m *rememberedMarks) clear() {
+	m.at = nil
+	m.order.Init()
 }
 
 // NewSubConn intercepts the children's SubConns to follow their state for

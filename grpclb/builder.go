@@ -167,16 +167,22 @@ func (b *Builder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) bala
 //
 // The key is the endpoint's first address (see the package doc). An
 // endpoint joins lb when its connection is first READY, but the channel
-// keeps the mark from the start: while lb serves the channel and the
-// channel's resolver lists the endpoint, so that one marked unhealthy
-// before it joins joins unhealthy. A channel that gets a new balancer (see
-// Options.OnBalancer) drops the marks; mark again there. SetHealthy fails
-// with an error wrapping llmlb.ErrUnknownEndpoint if key is neither a
-// member of lb nor the key of an endpoint the channel's resolver lists. For
-// a balancer that no open channel of b uses (its channel closed or went
-// idle, or a config change replaced it) SetHealthy is lb.SetHealthy(key,
-// healthy). It may be called from any goroutine, Options.OnBalancer
-// included.
+// keeps the mark from the start, for as long as lb serves the channel: an
+// endpoint marked unhealthy before it joins joins unhealthy, whether the
+// resolver listed it when it was marked or lists it later, and one the
+// resolver drops and lists again is still unhealthy. Of the endpoints the
+// resolver does not list, the channel remembers the unhealthy marks of the
+// 1024 most recently marked or dropped, keyed by at most 1024 bytes: a
+// program that marks more forgets the oldest marks, and the memory they
+// take stays bounded (about 1 MiB per channel). A channel that gets a new
+// balancer (see Options.OnBalancer) drops the marks; mark again there.
+// SetHealthy fails with an error wrapping llmlb.ErrUnknownEndpoint only for
+// a key that is neither a member of lb nor the key of an endpoint the
+// channel's resolver lists, and that the channel cannot remember: the empty
+// key, or one longer than 1024 bytes. For a balancer that no open channel
+// of b uses (its channel closed or went idle, or a config change replaced
+// it) SetHealthy is lb.SetHealthy(key, healthy). It may be called from any
+// goroutine, Options.OnBalancer included.
 //
 // Prefer it to lb.SetHealthy: the channel finds a mark the program set
 // there only when its endpoints' connections next change state, and cannot

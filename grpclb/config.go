@@ -3,6 +3,7 @@ package grpclb
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -48,15 +49,25 @@ type Config struct {
 	// llmlb.DefaultMaxSignalAge.
 	MaxSignalAge Duration `json:"maxSignalAge,omitempty"`
 	// SlowStartWindow enables slow start (llmlb.SlowStart) for endpoints
-	// the resolver adds to a running balancer, and for an endpoint whose
-	// connection comes back after it was lost or marked unhealthy; 0
-	// disables it. The endpoints listed when the balancer is built (the
+	// the resolver adds to a running balancer, for an endpoint whose
+	// connection is READY again after its connection attempts failed
+	// (TRANSIENT_FAILURE: the server was down, or, with grpc health
+	// checking, not serving; like Envoy's slow start after failing an
+	// active health check), and for one the program marks healthy again;
+	// 0 disables it.
+	//
+	// An endpoint whose connection is closed or lost and READY again
+	// without a failed attempt (a GOAWAY such as the server's connection
+	// age limit, a dropped connection) is not slowed down: its server kept
+	// running, and its cache is warm. It stays healthy while it
+	// reconnects. The endpoints listed when the balancer is built (the
 	// channel's first config, a config change that replaces the policy,
-	// leaving idle mode) are not slowed down, whichever connects first:
-	// with slow start on they join at once, and count as healthy while
-	// they make their first connection attempt; an RPC the policy picks
-	// for one still connecting goes to a healthy READY endpoint instead,
-	// or waits for it if there is none.
+	// leaving idle mode), or, if none is listed then, those of the
+	// resolver's first update that lists some, are not slowed down either,
+	// whichever connects first: they join at once, and count as healthy
+	// while they make their first connection attempt. An RPC the policy
+	// picks for an endpoint that is healthy while it connects goes to a
+	// healthy READY endpoint instead, or waits for it if there is none.
 	SlowStartWindow Duration `json:"slowStartWindow,omitempty"`
 	// SlowStartAggression and SlowStartMinWeightPercent shape the ramp; 0
 	// means the defaults of llmlb.SlowStart.
@@ -162,7 +173,8 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("duration %q: %v", truncate(s), err)
+		// Not err, which quotes all of s.
+		return fmt.Errorf("duration %q is malformed or out of range (want a string such as \"10s\" or \"1.5s\")", truncate(s))
 	}
 	if v < 0 {
 		return fmt.Errorf("duration %q is negative", truncate(s))
@@ -374,6 +386,13 @@ func parseConfig(js []byte, ix, events *prefix.Index) (*Config, error) {
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(cfg); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Type != nil {
+			// Not err, which quotes the whole of a number that does not fit.
+			kind, _, _ := strings.Cut(te.Value, " ")
+			return nil, fmt.Errorf("%w: parameter %q: a JSON %s does not fit %s", ErrInvalidConfig, truncate(te.Field), kind,
+				strings.TrimPrefix(te.Type.String(), "*"))
+		}
 		return nil, fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	cfg.Policy = name

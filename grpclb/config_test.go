@@ -285,3 +285,32 @@ func checkEventsRouting(t *testing.T, b *grpclb.Builder, events *prefix.Index, p
 		r.Done(balancer.DoneInfo{})
 	}
 }
+
+// TestParseConfigErrorsBounded: a config with a huge malformed value gets
+// a short error that names the parameter, not one that quotes the value
+// whole.
+func TestParseConfigErrorsBounded(t *testing.T) {
+	b := newTestBuilder(t)
+	long := strings.Repeat("9", 60<<10)
+	for _, tc := range []struct {
+		name, js, want string
+	}{
+		{"huge int", `{"decodeAllowance": ` + long + `}`, `parameter "decodeAllowance": a JSON number does not fit int`},
+		{"fraction for an int", `{"policy": "consistent-hash", "ringReplicas": 1.` + long + `}`, `parameter "ringReplicas": a JSON number does not fit int`},
+		{"float out of range", `{"cacheWeight": 1` + long + `}`, `parameter "cacheWeight": a JSON number does not fit float64`},
+		{"pointer to float out of range", `{"policy": "dynamo-kv", "temperature": -1` + long + `}`, `parameter "temperature": a JSON number does not fit float64`},
+		{"string for a bool", `{"disableLearning": "` + long + `"}`, `parameter "disableLearning": a JSON string does not fit bool`},
+		{"duration out of range", `{"maxSignalAge": "` + long + `h"}`, "is malformed or out of range"},
+		{"malformed duration", `{"slowStartWindow": "` + strings.Repeat("x", 60<<10) + `"}`, "is malformed or out of range"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := b.ParseConfig(json.RawMessage(tc.js))
+			if err == nil || !errors.Is(err, grpclb.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error = %.300v, want one wrapping ErrInvalidConfig containing %q", err, tc.want)
+			}
+			if n := len(err.Error()); n > 256 {
+				t.Errorf("error is %d bytes: %.300s...", n, err)
+			}
+		})
+	}
+}

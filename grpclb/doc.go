@@ -8,8 +8,9 @@
 // endpoint a pick-first child (endpointsharding), so connection management,
 // backoff and IDLE reconnection are grpc's. An endpoint joins the
 // membership of the channel's llmlb.Balancer, keyed by its first address,
-// when its child first becomes READY (with slow start on, those listed when
-// the balancer is built join at once: see Config.SlowStartWindow), and
+// when its child first becomes READY (with slow start on, the first ones
+// listed after the balancer is built join at once: see
+// Config.SlowStartWindow), and
 // leaves it only when the resolver drops it. Resolved endpoints that share
 // a first address are one endpoint to the adapter, with the addresses of
 // all in the order listed, each once, and the attributes of the first
@@ -23,7 +24,9 @@
 // server stopped, TRANSIENT_FAILURE) is marked unhealthy with
 // llmlb.Balancer.SetHealthy and healthy again when its child is READY
 // again, so the RPCs still running on its old connection keep counting
-// against it until they end. Every change publishes a new picker, which
+// against it until they end (with slow start, one that reconnects without a
+// failed attempt stays healthy, its RPCs sent elsewhere meanwhile: see
+// Config.SlowStartWindow). Every change publishes a new picker, which
 // picks an unhealthy endpoint only when a request's every candidate is
 // unhealthy (llmlb's panic mode: the program's marks, or an
 // llmlb.Request.Exclude, leave no healthy one), and then one whose
@@ -33,14 +36,16 @@
 // endpoint is READY the children's picker is used: RPCs queue while
 // connecting (balancer.ErrNoSubConnAvailable) and fail fast in
 // TRANSIENT_FAILURE unless they wait for ready; so they do while the only
-// READY endpoints are ones the program marked unhealthy and another,
-// listed when the balancer was built, makes its first connection attempt.
+// READY endpoints are ones the program marked unhealthy and another, one
+// of the first listed since the balancer was built, makes its first
+// connection attempt.
 // The program's marks are kept apart from the adapter's: an endpoint the program marks unhealthy
 // with [Builder.SetHealthy], given the balancer Options.OnBalancer
 // receives, stays so, its connection READY or not, until the program marks
 // it healthy, and is then healthy once its connection is READY. A mark
-// lasts while that balancer serves the channel and the resolver lists the
-// endpoint. A channel gets a new balancer when a config change replaces
+// lasts while that balancer serves the channel, set before the resolver
+// lists the endpoint or while it does; of the endpoints it does not list,
+// the marks of the 1024 most recently marked are remembered. A channel gets a new balancer when a config change replaces
 // the policy and when it leaves idle mode: OnBalancer receives it before
 // any endpoint joins it, and is where the program marks again the
 // endpoints it holds unhealthy.

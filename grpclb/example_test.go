@@ -121,7 +121,9 @@ func ExampleBuilder_SetHealthy() {
 			defer mu.Unlock()
 			lbs[target] = lb
 			for key := range down {
-				// Fails only for an endpoint the channel does not resolve.
+				// Fails only for a key no channel can have (empty, or
+				// over 1 KiB): one the resolver lists later joins
+				// unhealthy.
 				_ = b.SetHealthy(lb, key, false)
 			}
 		},

@@ -3,7 +3,6 @@ package grpclb_test
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"testing"
@@ -89,10 +88,6 @@ func TestProgramMarkWaitsForReady(t *testing.T) {
 	}
 	startServerAt(t, a.addr, -1, false)
 	waitReady(t, lb, 2)
-
-	if err := testBuilder.SetHealthy(lb(), "127.0.0.1:1", false); !errors.Is(err, llmlb.ErrUnknownEndpoint) {
-		t.Errorf("SetHealthy of an unknown endpoint: %v, want llmlb.ErrUnknownEndpoint", err)
-	}
 }
 
 // TestDirectMarkOutlivesReconnect: an endpoint the program marks unhealthy

@@ -7,6 +7,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 	"unsafe"
@@ -284,5 +285,44 @@ func TestKeyEndpoints(t *testing.T) {
 				t.Errorf("a second call gave %v, %v; the first %v, %v", again, keys2, got, keys)
 			}
 		})
+	}
+}
+
+// TestRememberedMarksBounded: the marks remembered for endpoints the
+// resolver does not list are at most maxRememberedMarks, the least
+// recently added forgotten first.
+func TestRememberedMarksBounded(t *testing.T) {
+	var m rememberedMarks
+	key := func(i int) string { return "10.0.0.1:" + strconv.Itoa(i) }
+	for i := range 10 * maxRememberedMarks {
+		m.add(key(i))
+		if i == 5 {
+			m.add(key(0)) // key(0) is now added after key(1)
+		}
+		if i == maxRememberedMarks {
+			m.add(key(0))
+		}
+	}
+	if n := m.order.Len(); n != maxRememberedMarks || len(m.at) != maxRememberedMarks {
+		t.Fatalf("remembered %d keys (%d in the map), want %d", n, len(m.at), maxRememberedMarks)
+	}
+	if m.take(key(0)) || m.take(key(9*maxRememberedMarks-1)) {
+		t.Error("an old key is still remembered")
+	}
+	if !m.take(key(10*maxRememberedMarks-1)) || m.take(key(10*maxRememberedMarks-1)) {
+		t.Error("the newest key is not remembered once")
+	}
+	m.add("a")
+	m.add("a")
+	if !m.take("a") || m.take("a") {
+		t.Error("a key added twice is not remembered once")
+	}
+	m.clear()
+	if m.order.Len() != 0 || len(m.at) != 0 {
+		t.Error("clear left keys")
+	}
+	m.add("b")
+	if !m.take("b") {
+		t.Error("a key added after clear is not remembered")
 	}
 }

@@ -182,7 +182,7 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 // unhealthy (llmlb's panic mode: the program's marks or the request's
 // Exclude leave no healthy one), or when a mark set directly on the balancer
 // made it healthy since the last UpdateState, or when it is healthy while
-// it first connects (with slow start, see lbBalancer.fresh). The RPC is
+// its child connects (with slow start, see lbBalancer.UpdateState). The RPC is
 // then picked again without such members, so that it goes to a READY one
 // if any is a candidate; for a fresh endpoint, only to a healthy one, since
 // llmlb was not in panic mode. Otherwise the error stands: an RPC waits

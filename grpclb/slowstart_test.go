@@ -3,6 +3,7 @@ package grpclb_test
 import (
 	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,4 +104,119 @@ func TestSlowStartInitialEndpointDown(t *testing.T) {
 		return ok && !s.Healthy
 	})
 	assertIdle(t, lb())
+}
+
+// connsListener keeps the connections it accepts, so that a test can close
+// them.
+type connsListener struct {
+	net.Listener
+	mu    sync.Mutex // protects conns
+	conns []net.Conn
+}
+
+func (l *connsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+// closeConns closes the connections accepted so far and returns their
+// number.
+func (l *connsListener) closeConns() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		c.Close()
+	}
+	n := len(l.conns)
+	l.conns = nil
+	return n
+}
+
+// TestSlowStartNotRestartedByReconnect: with slow start on, an endpoint
+// whose connection is lost and comes back at the first attempt (the server
+// kept running, and its cache warm) gets its full share at once; one whose
+// server was down, so that its connection attempts failed, is ramped in
+// again when it comes back.
+func TestSlowStartNotRestartedByReconnect(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := &connsListener{Listener: l}
+	a := &testServer{addr: l.Addr().String(), kv: -1, srv: grpc.NewServer()}
+	testgrpc.RegisterTestServiceServer(a.srv, a)
+	go a.srv.Serve(&countingListener{Listener: lis, n: &a.conns})
+	t.Cleanup(a.stop)
+	b := startServer(t, -1, false)
+	client, _, lb := dial(t, testName, `{"policy": "round-robin", "slowStartWindow": "1h"}`, a, b)
+	waitReady(t, lb, 2)
+	// A call that excludes b waits until a is READY.
+	ctx, cancel := context.WithTimeout(grpclb.WithRequest(context.Background(), &llmlb.Request{Exclude: []string{b.addr}}), 10*time.Second)
+	defer cancel()
+	if _, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+
+	if n := lis.closeConns(); n != 1 {
+		t.Fatalf("closed %d connections, want 1", n)
+	}
+	eventually(t, "a new connection", func() bool { return a.conns.Load() == 2 })
+	waitReady(t, lb, 2)
+	before := a.calls.Load()
+	calls(t, client, 300)
+	if n := a.calls.Load() - before; n < 140 {
+		t.Errorf("after its connection came back, the endpoint got %d of 300 calls, want about 150 (no slow start)", n)
+	}
+
+	a.stop()
+	eventually(t, "the stopped server unhealthy", func() bool {
+		s, ok := stats(lb(), a.addr)
+		return ok && !s.Healthy
+	})
+	a2 := startServerAt(t, a.addr, -1, false)
+	waitReady(t, lb, 2)
+	calls(t, client, 300)
+	// At the ramp's floor (10% of its weight) it gets about 27 of 300.
+	if n := a2.calls.Load(); n == 0 || n > 60 {
+		t.Errorf("back after its server was down, the endpoint got %d of 300 calls, want a ramped share in [1, 60]", n)
+	}
+	assertIdle(t, lb())
+}
+
+// TestSlowStartSparesFirstListedEndpoints: with slow start on, when the
+// resolver's first update lists no endpoint, those of its first update
+// that lists some share the traffic evenly from the start, as those of a
+// first update would.
+func TestSlowStartSparesFirstListedEndpoints(t *testing.T) {
+	servers := []*testServer{startServer(t, -1, false), startServer(t, -1, false), startServer(t, -1, false)}
+	client, r, lb := dial(t, testName, `{"policy": "round-robin", "slowStartWindow": "1h"}`)
+	eventually(t, "the balancer", func() bool { return lb() != nil })
+	r.UpdateState(resolver.State{Endpoints: endpoints(servers...)})
+	waitReady(t, lb, 3)
+	// Calls that exclude the others wait until each is READY.
+	for i := range servers {
+		var others []string
+		for j, o := range servers {
+			if j != i {
+				others = append(others, o.addr)
+			}
+		}
+		ctx, cancel := context.WithTimeout(grpclb.WithRequest(context.Background(), &llmlb.Request{Exclude: others}), 10*time.Second)
+		_, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls(t, client, 300)
+	for _, s := range servers {
+		if n := s.calls.Load() - 1; n != 100 {
+			t.Errorf("server %s got %d of 300 calls, want 100 (no endpoint of the first non-empty update in slow start)", s.addr, n)
+		}
+	}
 }
