@@ -40,7 +40,7 @@ func chatText(msgs []json.RawMessage) (string, string) {
 		}
 		b.WriteString(role)
 		b.WriteByte('\n')
-		if refusal := writeContent(&b, m, role, i); refusal != "" {
+		if refusal := writeContent(&b, m, role, "messages", i); refusal != "" {
 			return "", refusal
 		}
 		b.WriteByte('\n')
@@ -48,9 +48,10 @@ func chatText(msgs []json.RawMessage) (string, string) {
 	return b.String(), ""
 }
 
-// writeContent writes the text of message i's content, of the given role, to
-// b, or returns the message refusing it.
-func writeContent(b *strings.Builder, m map[string]json.RawMessage, role string, i int) string {
+// writeContent writes the text of the content of message m, of the given
+// role, to b, or returns the message refusing it, which names the message
+// as item i of the request's list ("messages" or "input").
+func writeContent(b *strings.Builder, m map[string]json.RawMessage, role, list string, i int) string {
 	content, ok := m["content"]
 	switch {
 	case !ok:
@@ -61,7 +62,7 @@ func writeContent(b *strings.Builder, m map[string]json.RawMessage, role string,
 		if _, named := jsonText(m["name"]); role == "assistant" || role == "function" && named {
 			return ""
 		}
-		return fmt.Sprintf("messages[%d].content: null only in an assistant message; a string or a list of content parts is required", i)
+		return fmt.Sprintf("%s[%d].content: null only in an assistant message; a string or a list of content parts is required", list, i)
 	}
 	if s, ok := jsonText(content); ok {
 		b.WriteString(s)
@@ -69,19 +70,19 @@ func writeContent(b *strings.Builder, m map[string]json.RawMessage, role string,
 	}
 	var parts []json.RawMessage
 	if content[0] != '[' || json.Unmarshal(content, &parts) != nil {
-		return fmt.Sprintf("messages[%d].content: a string or a list of content parts is required", i)
+		return fmt.Sprintf("%s[%d].content: a string or a list of content parts is required", list, i)
 	}
 	texts := 0 // parts with text so far, joined by newlines as vLLM joins them
 	for j, raw := range parts {
 		text, isText := jsonText(raw)
 		if !isText {
 			if !isObject(raw) {
-				return fmt.Sprintf("messages[%d].content[%d]: a content part must be a string or an object", i, j)
+				return fmt.Sprintf("%s[%d].content[%d]: a content part must be a string or an object", list, i, j)
 			}
 			p, _ := members(raw, partFields...)
 			var refusal string
 			if text, isText, refusal = partText(p); refusal != "" {
-				return fmt.Sprintf("messages[%d].content[%d]: %s", i, j, refusal)
+				return fmt.Sprintf("%s[%d].content[%d]: %s", list, i, j, refusal)
 			}
 		}
 		if isText {

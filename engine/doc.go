@@ -1,10 +1,12 @@
 // Package engine is an emulated LLM inference server: a real HTTP server that
-// speaks the OpenAI-compatible completions API and exposes vLLM's metrics,
-// driven in real time by a continuous-batching model, so that gateways and
-// routers can be tried and tested on loopback without GPUs.
+// speaks the OpenAI-compatible completions and responses APIs and exposes
+// vLLM's metrics, driven in real time by a continuous-batching model, so
+// that gateways and routers can be tried and tested on loopback without
+// GPUs.
 //
-// An [Engine] serves POST /v1/completions and /v1/chat/completions (with
-// "stream": true as server-sent events, otherwise one JSON answer), GET
+// An [Engine] serves POST /v1/completions, /v1/chat/completions and
+// /v1/responses (with "stream": true as server-sent events, otherwise one
+// JSON answer), GET
 // /metrics (vllm:num_requests_running, vllm:num_requests_waiting,
 // vllm:kv_cache_usage_perc, vllm:cache_config_info with num_gpu_blocks and
 // block_size, vllm:prefix_cache_queries_total, vllm:prefix_cache_hits_total,
@@ -52,12 +54,39 @@
 // so far. stream_options other than null or {} without "stream": true are
 // refused (400). A non-streaming answer always carries its usage.
 //
+// POST /v1/responses is the Responses API as vLLM serves it without a
+// reasoning or tool parser. Its prompt is the chat request of the same
+// messages, and costs and caches as that request: the instructions as a
+// system message, then a string input as a user message, or a list of
+// input items (messages of role user, assistant, system or developer whose
+// content is a string or a list of content parts, function calls, function
+// call outputs as tool messages, reasoning items); an input of another
+// shape is refused with 400 and the item's index, before the model is
+// checked, as vLLM's request model refuses it. Its output length is
+// max_output_tokens, checked against the context and capped as a chat
+// request's max_tokens. As vLLM without a response store, the engine
+// refuses background mode (400) and a previous_response_id (404). The
+// answer is vLLM's response object: id "resp_" and a random UUID in hex
+// (or the body's request_id), object "response", one assistant message of
+// one output_text part, and usage with input_tokens, its cached_tokens
+// (the prompt tokens found in the prefix cache), output_tokens and
+// total_tokens; since every request here ends at its output limit, its
+// status is "incomplete", with incomplete_details {"reason":
+// "max_output_tokens"}, as vLLM reports a request that ends so. A stream
+// sends vLLM's events, each as an "event:" line and a "data:" line with
+// its type and sequence_number (from 0): response.created and
+// response.in_progress, then response.output_item.added,
+// response.content_part.added, one response.output_text.delta a token,
+// response.output_text.done, response.content_part.done,
+// response.output_item.done, and response.completed with the final
+// response; no "data: [DONE]".
+//
 // A request's body must arrive within [Config.ReadTimeout] of its header,
 // so that a client trickling its body cannot hold a handler or a
-// connection for ever: past it a completions request gets 408 and its
-// connection closes (over HTTP/2 only its stream ends), and any other
-// request, whose body the engine does not read, gets its answer and its
-// connection closes. Answers are not bounded, so that a stream lasts as
+// connection for ever: past it a completions or responses request gets 408
+// and its connection closes (over HTTP/2 only its stream ends), and any
+// other request, whose body the engine does not read, gets its answer and
+// its connection closes. Answers are not bounded, so that a stream lasts as
 // long as its tokens take.
 //
 // The model is the simulator's replica, run against the wall clock with the

@@ -131,9 +131,9 @@ type Config struct {
 	// [DefaultMaxBodyBytes].
 	MaxBodyBytes int64
 	// ReadTimeout bounds the time to receive a request's body, from the
-	// moment its header has been read. A completions request whose body
-	// has not all come by then gets 408, and its connection is closed
-	// (over HTTP/2, only its stream ends); any other request's body, which
+	// moment its header has been read. A completions or responses request
+	// whose body has not all come by then gets 408, and its connection is
+	// closed (over HTTP/2, only its stream ends); any other request's body, which
 	// the engine does not read, has as long to come before the answer goes
 	// out, and the connection is closed after the answer if it has not.
 	// It bounds the body only: the header is bounded by [Engine.Serve]'s

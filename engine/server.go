@@ -18,9 +18,9 @@ import (
 	"github.com/llmlb/llmlb/internal/model"
 )
 
-// ServeHTTP implements [http.Handler]: the completions API (POST), /metrics,
-// and GET /health and /v1/models. Requests are queued for the batching loop
-// of [Engine.Run]; without it they wait.
+// ServeHTTP implements [http.Handler]: the completions and responses APIs
+// (POST), /metrics, and GET /health and /v1/models. Requests are queued for
+// the batching loop of [Engine.Run]; without it they wait.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.hmu.Lock()
 	e.handlers++
@@ -39,6 +39,8 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.complete(w, r, false, deadline)
 	case "/v1/chat/completions":
 		e.complete(w, r, true, deadline)
+	case "/v1/responses":
+		e.respond(w, r, deadline)
 	case "/metrics":
 		e.metrics(w)
 	case "/health":
@@ -173,20 +175,43 @@ func (q *request) promptText(chat bool) (string, string) {
 // complete answers a completions request, whose body must arrive by
 // deadline (zero: none, see boundBody).
 func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool, deadline time.Time) {
+	var q request
+	s := e.accept(w, r, deadline, func(body []byte) (*seq, errorAnswer) {
+		s, parsed, ref := e.parseRequest(body, chat)
+		q = parsed
+		return s, ref
+	})
+	if s == nil {
+		return
+	}
+	model := jsonString(e.model) // named in every answer, quoted once
+	id := answerID(r, chat)
+	if q.Stream {
+		e.stream(w, r, s, chat, id, model, q.usage)
+	} else {
+		e.answer(w, r, s, chat, id, model)
+	}
+}
+
+// accept reads a POST request's body, which must arrive by deadline (zero:
+// none, see boundBody), has parse turn it into a sequence, and submits the
+// sequence within the engine's rate limit and queue bound. It returns the
+// sequence submitted, or nil once it has answered the request's refusal.
+func (e *Engine) accept(w http.ResponseWriter, r *http.Request, deadline time.Time, parse func([]byte) (*seq, errorAnswer)) *seq {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeHTTPError(w, http.StatusMethodNotAllowed)
-		return
+		return nil
 	}
 	body, code, msg := e.readBody(w, r, deadline)
 	if code != 0 {
 		writeError(w, statusError(code, msg))
-		return
+		return nil
 	}
-	s, q, ref := e.parseRequest(body, chat)
+	s, ref := parse(body)
 	if ref.code != 0 {
 		writeError(w, ref)
-		return
+		return nil
 	}
 	if e.rpm > 0 {
 		ok, remaining, reset, retryAfter := e.rateLimit(time.Now())
@@ -197,25 +222,19 @@ func (e *Engine) complete(w http.ResponseWriter, r *http.Request, chat bool, dea
 		if !ok {
 			h.Set("Retry-After", strconv.Itoa(int(math.Ceil(retryAfter.Seconds()))))
 			writeError(w, statusError(http.StatusTooManyRequests, "rate limit reached for requests"))
-			return
+			return nil
 		}
 	}
 	switch err := e.submit(s); {
 	case errors.Is(err, errQueueFull):
 		w.Header().Set("Retry-After", "1")
 		writeError(w, statusError(http.StatusTooManyRequests, "too many requests waiting"))
-		return
+		return nil
 	case err != nil:
 		writeError(w, statusError(http.StatusServiceUnavailable, err.Error()))
-		return
+		return nil
 	}
-	model := jsonString(e.model) // named in every answer, quoted once
-	id := answerID(r, chat)
-	if q.Stream {
-		e.stream(w, r, s, chat, id, model, q.usage)
-	} else {
-		e.answer(w, r, s, chat, id, model)
-	}
+	return s
 }
 
 // maxRequestIDBytes bounds the X-Request-Id an answer's id takes: every
@@ -342,38 +361,55 @@ func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r erro
 	if chat {
 		limits[0], limits[1] = limits[1], limits[0]
 	}
-	// maxOut is the output asked for, checked against the context as vLLM
+	// out is the output asked for, checked against the context as vLLM
 	// checks it; the emulator's own cap applies after.
-	maxOut, asked := e.defMax, false
+	out := outputLimit{n: e.defMax, message: "'max_tokens' or 'max_completion_tokens'", param: "max_tokens"}
 	for _, l := range limits {
 		if l.v != nil {
 			if *l.v < 1 || *l.v > math.MaxInt32 || *l.v != math.Trunc(*l.v) {
 				return nil, q, badRequest(l.name, fmt.Sprintf("%s must be an integer from 1 to %d", l.name, math.MaxInt32))
 			}
-			maxOut, asked = int(*l.v), true
+			out.n, out.asked = int(*l.v), true
 			break
 		}
 	}
+	s, r = e.newSeq(text, out)
+	return s, q, r
+}
+
+// outputLimit is the output length a request asks for.
+type outputLimit struct {
+	n     int  // the tokens asked for, or the default
+	asked bool // n is the request's, not the default
+	// message names the request's fields in the refusal of an n too
+	// large for the context, param the field at fault.
+	message, param string
+}
+
+// newSeq returns the sequence of a request of prompt text (not empty) and
+// output out, or the refusal of a request its context has no room for.
+func (e *Engine) newSeq(text string, out outputLimit) (*seq, errorAnswer) {
 	// As vLLM's OpenAIServing._validate_input
 	// (vllm/entrypoints/openai/engine/serving.py, vLLM main as of 2026):
 	// first a prompt that fills the context, then one that leaves no room
 	// for max_tokens, each a VLLMValidationError whose message ends with
 	// its parameter and value.
+	maxOut := out.n
 	prompt := (len(text) + BytesPerToken - 1) / BytesPerToken
 	switch {
 	case prompt >= e.maxLen:
-		return nil, q, badRequest("input_tokens", fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=%d)",
+		return nil, badRequest("input_tokens", fmt.Sprintf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=%d)",
 			e.maxLen, prompt, prompt))
-	case asked && prompt+maxOut > e.maxLen:
-		return nil, q, badRequest("max_tokens", fmt.Sprintf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d). (parameter=max_tokens, value=%d)",
-			maxOut, e.maxLen, prompt, maxOut, e.maxLen, prompt, maxOut))
-	case !asked:
+	case out.asked && prompt+maxOut > e.maxLen:
+		return nil, badRequest(out.param, fmt.Sprintf("%s is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d). (parameter=%s, value=%d)",
+			out.message, maxOut, e.maxLen, prompt, maxOut, e.maxLen, prompt, out.param, maxOut))
+	case !out.asked:
 		// As vLLM, a request that sets no output length gets the
 		// default as far as its context has room, not a refusal.
 		maxOut = min(maxOut, e.maxLen-prompt)
 	}
 	maxOut = min(maxOut, e.maxCap)
-	s = &seq{Sequence: model.Sequence{
+	s := &seq{Sequence: model.Sequence{
 		PromptTokens: prompt,
 		OutputTokens: maxOut,
 		Prefix:       e.hasher.AppendString(nil, e.root, text),
@@ -382,7 +418,7 @@ func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r erro
 	if e.kvEvents != nil {
 		s.prompt = text
 	}
-	return s, q, errorAnswer{}
+	return s, errorAnswer{}
 }
 
 // serves reports whether a request naming model is for this engine: as
