@@ -7,8 +7,10 @@
 //	http.ListenAndServe(":8080", g)
 //
 // A [Gateway] routes with llmlb's Default policy unless told otherwise,
-// scrapes each replica's /metrics ([signals.Scraper]) as the balancer's
-// signal, streams responses through an [httplb.Transport] that retries
+// scrapes each replica's /metrics ([signals.Scraper]), through the same
+// transport as the requests, as the balancer's signal (updated by the ORCA
+// load reports the replicas send with their responses, if they do),
+// streams responses through an [httplb.Transport] that retries
 // failures before the first token on another replica, ejects replicas that
 // keep failing ([retry.Ejector]) and, if configured, caps admission. Every
 // upstream failure, refusal, ejection and scrape failure is logged with
@@ -72,9 +74,9 @@ type Config struct {
 	// nil means the engines' events are not read.
 	Events *prefix.Index
 	// ScrapeInterval is the time between two scrapes of a replica's
-	// /metrics; an observation is trusted for three intervals. 0 means
-	// [signals.DefaultInterval]; a negative value turns scraping off, and
-	// the balancer then counts only its own dispatches.
+	// /metrics, sent through Base; an observation is trusted for three
+	// intervals. 0 means [signals.DefaultInterval]; a negative value turns
+	// scraping off, and the balancer then counts only its own dispatches.
 	ScrapeInterval time.Duration
 	// Retry configures the retries and hedges of each request before its
 	// first token, as [httplb.Config].Retry does, and its zero fields mean
@@ -126,12 +128,18 @@ type Config struct {
 	// (package telemetry provides one). Retry.Observer is told of the
 	// retries, hedges, ejections and refusals.
 	Observer *llmlb.Observer
-	// Base sends the upstream requests. nil means a clone of
-	// [http.DefaultTransport] (its proxy from the environment, dial and TLS
-	// handshake timeouts, and 1 MiB of response headers at most) that keeps
-	// up to 256 idle connections per replica for at most 4 seconds: the
-	// engines' servers close a connection idle for 5. A Base of your own
-	// should keep idle connections for less time than the replicas do.
+	// Base sends the upstream requests and the scrapes of the replicas'
+	// /metrics, so that both take the same proxy, TLS configuration (a
+	// custom CA, client certificates) and connections. A scrape follows at
+	// most [signals.DefaultMaxRedirects] redirects, within its replica's
+	// scheme and host, and is bounded in time and body size by the scraper
+	// ([signals.Config]), whatever Base. nil
+	// means a clone of [http.DefaultTransport] (its proxy from the
+	// environment, dial and TLS handshake timeouts, and 1 MiB of response
+	// headers at most) that keeps up to 256 idle connections per replica
+	// for at most 4 seconds: the engines' servers close a connection idle
+	// for 5. A Base of your own should keep idle connections for less time
+	// than the replicas do.
 	Base http.RoundTripper
 	// Share, if not nil, makes this gateway one replica of a group that
 	// exchanges its requests in flight and routed prefixes with the other
@@ -215,6 +223,28 @@ func defaultBase() *http.Transport {
 	return t
 }
 
+// scrapeClient returns the client that scrapes the replicas' /metrics: it
+// sends the scrapes through base, as the upstream requests are sent, so that
+// both take the same proxy, TLS configuration and connections, and follows at
+// most [signals.DefaultMaxRedirects] redirects, as the scraper's own client
+// does, on the replica's own scheme and host only: a Base that adds
+// credentials to each request sends them to the replicas alone. The scraper
+// bounds each scrape's time and body itself.
+func scrapeClient(base http.RoundTripper) *http.Client {
+	return &http.Client{
+		Transport: base,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if len(via) > signals.DefaultMaxRedirects {
+				return fmt.Errorf("gateway: scrape stopped after %d redirects", signals.DefaultMaxRedirects)
+			}
+			if u := via[0].URL; req.URL.Scheme != u.Scheme || req.URL.Host != u.Host {
+				return errors.New("gateway: scrape redirected to another host")
+			}
+			return nil
+		},
+	}
+}
+
 // New returns a gateway in front of the replicas at the base URLs backends
 // (for example "http://10.0.0.7:8000"), or an error wrapping
 // [ErrInvalidConfig]. A base URL is the server's, not its OpenAI API's: one
@@ -247,6 +277,10 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		}
 		policy = p
 	}
+	base := cfg.Base
+	if base == nil {
+		base = defaultBase()
+	}
 	var (
 		opts   []llmlb.Option
 		store  *signals.Store
@@ -258,7 +292,7 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		if interval == 0 {
 			interval = signals.DefaultInterval
 		}
-		s, err := signals.NewScraper(signals.Config{Interval: interval, OnResult: g.scraped})
+		s, err := signals.NewScraper(signals.Config{Interval: interval, OnResult: g.scraped, Client: scrapeClient(base)})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
@@ -318,10 +352,6 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	parser, err := httplb.NewParser(cfg.Parser)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	base := cfg.Base
-	if base == nil {
-		base = defaultBase()
 	}
 	rc := cfg.Retry
 	if rc.Reporter == nil {

@@ -13,6 +13,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -30,6 +33,7 @@ import (
 	"github.com/llmlb/llmlb/internal/natstest"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
+	"github.com/llmlb/llmlb/signals"
 	"github.com/llmlb/llmlb/spill"
 )
 
@@ -1233,5 +1237,239 @@ func TestGatewayDoesNotForwardExpect(t *testing.T) {
 	}
 	if e := <-got; e != "" {
 		t.Errorf("the replica was sent Expect: %q, want none", e)
+	}
+}
+
+// vllmMetrics answers a scrape with a vLLM exposition.
+var vllmMetrics = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/metrics" {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	_, _ = io.WriteString(w, "vllm:num_requests_running 3\nvllm:num_requests_waiting 1\nvllm:kv_cache_usage_perc 0.25\n")
+})
+
+// recordingBase is a Base that records the URLs it is asked for.
+type recordingBase struct {
+	next http.RoundTripper
+	mu   sync.Mutex
+	urls []string
+}
+
+func (b *recordingBase) RoundTrip(r *http.Request) (*http.Response, error) {
+	b.mu.Lock()
+	b.urls = append(b.urls, r.URL.String())
+	b.mu.Unlock()
+	return b.next.RoundTrip(r)
+}
+
+func (b *recordingBase) seen() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.urls)
+}
+
+// The scrapes go through Base, as the upstream requests do: a replica
+// reachable only with Base's TLS configuration (here, a CA of its own) is
+// scraped, and Base sees each scrape.
+func TestGatewayScrapesThroughBase(t *testing.T) {
+	srv := httptest.NewTLSServer(vllmMetrics)
+	defer srv.Close()
+	tr := srv.Client().Transport.(*http.Transport).Clone() // trusts srv's certificate
+	defer tr.CloseIdleConnections()
+	base := &recordingBase{next: tr}
+	g, err := New([]string{srv.URL}, Config{Base: base, ScrapeInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := g.scraper.Scrape(context.Background(), srv.URL)
+	if err != nil {
+		t.Fatalf("scrape of an https replica that Base trusts: %v", err)
+	}
+	if o.Running != 3 || o.Waiting != 1 {
+		t.Errorf("observation %+v, want 3 running and 1 waiting", o.Load)
+	}
+	if got := base.seen(); !slices.Equal(got, []string{srv.URL + "/metrics"}) {
+		t.Errorf("Base saw %q, want the scrape of %s/metrics", got, srv.URL)
+	}
+}
+
+// A Base that sends through an HTTP proxy sends the scrapes through it too.
+func TestGatewayScrapesThroughProxy(t *testing.T) {
+	replica := httptest.NewServer(vllmMetrics)
+	defer replica.Close()
+	var (
+		mu      sync.Mutex
+		proxied []string
+	)
+	fwd := &http.Transport{}
+	defer fwd.CloseIdleConnections()
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A forward proxy is sent the absolute URL.
+		mu.Lock()
+		proxied = append(proxied, r.URL.String())
+		mu.Unlock()
+		out := r.Clone(r.Context())
+		out.RequestURI = ""
+		resp, err := fwd.RoundTrip(out)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		maps.Copy(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+	}))
+	defer proxy.Close()
+	proxyURL, err := url.Parse(proxy.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := &http.Transport{Proxy: http.ProxyURL(proxyURL)}
+	defer base.CloseIdleConnections()
+	g, err := New([]string{replica.URL}, Config{Base: base, ScrapeInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.scraper.Scrape(context.Background(), replica.URL); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(proxied, []string{replica.URL + "/metrics"}) {
+		t.Errorf("the proxy was sent %q, want the scrape of %s/metrics", proxied, replica.URL)
+	}
+}
+
+// A scrape through Base follows a few redirects on its replica's host, as
+// the scraper's own client does, and not net/http's default of ten, nor
+// any to another host, where a Base that adds credentials would send them.
+func TestGatewayScrapeRedirects(t *testing.T) {
+	var hits, elsewhere atomic.Int64
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+		vllmMetrics(w, r)
+	}))
+	defer other.Close()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		switch r.URL.Path {
+		case "/away/metrics":
+			http.Redirect(w, r, other.URL+"/metrics", http.StatusFound)
+		case "/moved/metrics":
+			http.Redirect(w, r, "/metrics", http.StatusMovedPermanently)
+		case "/metrics":
+			vllmMetrics(w, r)
+		default:
+			http.Redirect(w, r, r.URL.Path, http.StatusFound)
+		}
+	}))
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	loop, moved, away := srv.URL+"/loop", srv.URL+"/moved", srv.URL+"/away"
+	g, err := New([]string{loop, moved, away}, Config{Base: base, ScrapeInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := g.scraper.Scrape(ctx, loop); err == nil {
+		t.Fatal("a redirect loop was scraped")
+	}
+	if n := hits.Load(); n != signals.DefaultMaxRedirects+1 {
+		t.Errorf("%d requests for a redirect loop, want %d", n, signals.DefaultMaxRedirects+1)
+	}
+	if _, err := g.scraper.Scrape(ctx, moved); err != nil {
+		t.Errorf("a scrape redirected on its host: %v", err)
+	}
+	if _, err := g.scraper.Scrape(ctx, away); err == nil || elsewhere.Load() != 0 {
+		t.Errorf("a scrape redirected to another host: error %v, %d requests there", err, elsewhere.Load())
+	}
+}
+
+// A replica that sends ORCA load reports with its responses, as vLLM does
+// (KV usage and waiting requests), keeps the running requests its scrape
+// reported: the report updates the fields it carries.
+func TestGatewayOrcaReportKeepsScrape(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			vllmMetrics(w, r)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set(signals.OrcaHeader, "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_waiting=4")
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	g, err := New([]string{up.URL}, Config{ScrapeInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	if _, err := g.scraper.Scrape(context.Background(), up.URL); err != nil {
+		t.Fatal(err)
+	}
+	if code, body, _ := post(t, g, "a prompt"); code != http.StatusOK {
+		t.Fatalf("response %d %q", code, body)
+	}
+	o, ok := g.scraper.Observation(up.URL)
+	if !ok || o.Running != 3 || o.Waiting != 4 || o.KVUsage != 0.5 || o.Engine != signals.EngineVLLM {
+		t.Errorf("observation %+v (found %v), want the scrape's 3 running with the report's 4 waiting and KV usage 0.5", o, ok)
+	}
+}
+
+// With no Base, the scrapes take the proxy of the environment, as the
+// upstream requests do. ProxyFromEnvironment reads the environment once per
+// process and never proxies loopback addresses: the test runs itself in a
+// process whose HTTP_PROXY is a proxy that answers for a replica named
+// replica.test.
+func TestGatewayScrapesThroughEnvironmentProxy(t *testing.T) {
+	const replica = "http://replica.test"
+	if os.Getenv("LLMLB_TEST_ENV_PROXY") == "1" {
+		g, err := New([]string{replica}, Config{ScrapeInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.transport.CloseIdleConnections()
+		if _, err := g.scraper.Scrape(context.Background(), replica); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	var (
+		mu      sync.Mutex
+		proxied []string
+	)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		proxied = append(proxied, r.URL.String())
+		mu.Unlock()
+		if r.URL.Host != "replica.test" {
+			http.Error(w, "unknown host", http.StatusBadGateway)
+			return
+		}
+		vllmMetrics(w, r)
+	}))
+	defer proxy.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGatewayScrapesThroughEnvironmentProxy$", "-test.count=1")
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch strings.ToUpper(name) {
+		case "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "REQUEST_METHOD":
+			continue
+		}
+		cmd.Env = append(cmd.Env, kv)
+	}
+	cmd.Env = append(cmd.Env, "LLMLB_TEST_ENV_PROXY=1", "HTTP_PROXY="+proxy.URL)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the scrape through the environment's proxy failed: %v\n%s", err, out)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(proxied, []string{replica + "/metrics"}) {
+		t.Errorf("the proxy was sent %q, want the scrape of %s/metrics", proxied, replica)
 	}
 }

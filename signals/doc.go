@@ -5,7 +5,9 @@
 //
 // A [Store] holds the newest observation ([Observation], an [llmlb.Load] plus
 // engine counters) of each endpoint and implements [llmlb.Signal]; anyone may
-// record into it, and the newest observation by time wins. A [Scraper] polls
+// record into it, and the newest observation by time wins, field by field:
+// an ORCA report updates the fields it carries and leaves the others, such
+// as a scrape's running requests, KV capacity and adapters, in place. A [Scraper] polls
 // each target's metrics URL on its own jittered phase, parses the exposition
 // with prometheus/common/expfmt ([Parse]), maps it with the engine's profile
 // (detected from the metric names unless configured), and records good

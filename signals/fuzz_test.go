@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -116,6 +118,8 @@ func FuzzORCA(f *testing.F) {
 		orcaBin(0.3, "kv_cache_usage_perc", 0.4),
 		"BIN CZqZmZmZmbk/MQAAAAAAAABAQg4KA2ZvbxGamZmZmZm5P0IOCgNiYXIRmpmZmZmZyT8=",
 		"TEXT cpu_utilization=NaN",
+		"TEXT utilization.gpu=-0.5",
+		`JSON {"utilization": {"gpu": -1}, "request_cost": {"": 1}}`,
 		"JSON {",
 		"XML <a/>",
 	} {
@@ -132,6 +136,21 @@ func FuzzORCA(f *testing.F) {
 		for _, v := range []float64{r.CPUUtilization, r.MemUtilization, r.ApplicationUtilization, r.RPSFractional, r.EPS} {
 			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 				t.Fatalf("bad value %v in %+v", v, r)
+			}
+		}
+		for _, m := range []map[string]float64{r.Utilization, r.RequestCost, r.NamedMetrics} {
+			if len(m) > 256 {
+				t.Fatalf("%d map entries", len(m))
+			}
+			for k, v := range m {
+				if k == "" || math.IsNaN(v) || math.IsInf(v, 0) {
+					t.Fatalf("bad entry %q=%v in %+v", k, v, r)
+				}
+			}
+		}
+		for k, v := range r.Utilization {
+			if v < 0 {
+				t.Fatalf("negative utilization %q=%v", k, v)
 			}
 		}
 		// The TEXT form of a parsed report parses back to the same report.
@@ -156,5 +175,68 @@ func FuzzORCA(f *testing.F) {
 			t.Fatalf("mapped load %+v rejected: %v", l, err)
 		}
 		_ = llmlb.Load(l)
+	})
+}
+
+// FuzzRecordResponse records one or two endpoint-load-metrics header values,
+// in any of the three forms, over a scraped observation: a hostile header is
+// an error wrapping ErrORCA or a valid observation, and never changes the
+// fields the default mapping does not read.
+func FuzzRecordResponse(f *testing.F) {
+	for _, s := range []string{
+		"TEXT named_metrics.kv_cache_usage_perc=0.25, named_metrics.num_requests_waiting=2.0",
+		"TEXT named_metrics.num_requests_running=1e9",
+		"TEXT utilization.kv_cache_utilization=1.0000001",
+		"TEXT named_metrics.num_requests_waiting=-0",
+		"TEXT ",
+		`JSON {"named_metrics": {"num_requests_running": 7, "kv_cache_usage_perc": 0.5}}`,
+		`JSON {"utilization": {"kv_cache_utilization": 0.4}, "namedMetrics": {"num_requests_waiting": 1e300}}`,
+		orcaBin(0.3, "kv_cache_usage_perc", 0.4),
+		orcaBin(0.3, "num_requests_waiting", math.Inf(1)),
+		orcaBin(-1, "num_requests_running", 3),
+	} {
+		f.Add(s, "", false)
+		f.Add(s, "TEXT named_metrics.num_requests_running=3", true)
+	}
+	at := time.Unix(1000, 0)
+	f.Fuzz(func(t *testing.T, h1, h2 string, two bool) {
+		var s signals.Store
+		base := signals.Observation{
+			Load:   llmlb.Load{At: at, Running: 5, Waiting: 2, KVUsage: 0.3, KVBlocks: 1000, BlockSize: 16, Adapters: []string{"x"}, MaxAdapters: 2},
+			Engine: signals.EngineVLLM, Preemptions: 1, PrefixQueries: 2, PrefixHits: 1,
+		}
+		if err := s.RecordObservation("k", base); err != nil {
+			t.Fatal(err)
+		}
+		resp := &http.Response{Header: http.Header{}}
+		resp.Header.Set(signals.OrcaHeader, h1)
+		if two {
+			resp.Header.Add(signals.OrcaHeader, h2)
+		}
+		_, err := s.RecordResponse("k", resp, at.Add(time.Second), signals.OrcaMapping{})
+		if err != nil && !errors.Is(err, signals.ErrORCA) {
+			t.Fatalf("error wraps no sentinel: %v", err)
+		}
+		o, ok := s.Observation("k")
+		if !ok {
+			t.Fatal("the scraped observation is gone")
+		}
+		if err != nil && !reflect.DeepEqual(o, base) {
+			t.Fatalf("a refused report changed the observation to %+v", o)
+		}
+		if o.Running < 0 || o.Waiting < 0 || !(math.IsNaN(o.KVUsage) || o.KVUsage >= 0 && o.KVUsage <= 1) {
+			t.Fatalf("invalid observation %+v", o)
+		}
+		if o.KVBlocks != base.KVBlocks || o.BlockSize != base.BlockSize || !slices.Equal(o.Adapters, base.Adapters) ||
+			o.MaxAdapters != base.MaxAdapters || o.Engine != base.Engine || o.Preemptions != base.Preemptions ||
+			o.PrefixQueries != base.PrefixQueries || o.PrefixHits != base.PrefixHits {
+			t.Fatalf("a report changed fields it does not carry: %+v", o)
+		}
+		var fresh signals.Store
+		if _, err := fresh.RecordResponse("k", resp, at, signals.OrcaMapping{}); err == nil {
+			if l, ok := fresh.Load("k"); ok && (l.At != at || l.Running < 0 || l.Waiting < 0) {
+				t.Fatalf("invalid load %+v", l)
+			}
+		}
 	})
 }

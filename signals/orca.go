@@ -345,8 +345,8 @@ func mapEntry(b []byte) (string, float64, error) {
 	return key, val, nil
 }
 
-// check rejects non-finite values, negative utilizations and rates, and
-// empty map keys.
+// check rejects non-finite values, negative utilizations (named ones too)
+// and rates, and empty map keys.
 func (r *OrcaReport) check() error {
 	for _, f := range []struct {
 		name string
@@ -370,7 +370,7 @@ func (r *OrcaReport) check() error {
 			if k == "" {
 				return fmt.Errorf("%w: %s has an empty key", ErrORCA, m.name)
 			}
-			if math.IsNaN(v) || math.IsInf(v, 0) {
+			if math.IsNaN(v) || math.IsInf(v, 0) || (v < 0 && m.name == "utilization") {
 				return fmt.Errorf("%w: %s.%s is %v", ErrORCA, m.name, truncate(k), v)
 			}
 		}
@@ -414,8 +414,15 @@ type OrcaMapping struct {
 // than it has outstanding itself. A report with none of the mapped metrics,
 // or with a mapped value out of range, is an error wrapping [ErrORCA].
 func (m OrcaMapping) Load(r OrcaReport, at time.Time) (llmlb.Load, error) {
+	l, _, err := m.load(r, at)
+	return l, err
+}
+
+// load is Load that also returns the fields of the load the report set, as
+// a mask of the f* bits.
+func (m OrcaMapping) load(r OrcaReport, at time.Time) (llmlb.Load, uint8, error) {
 	l := llmlb.Load{At: at, KVUsage: math.NaN()}
-	found := false
+	var set uint8
 	kvNames := []string{m.KVUsage}
 	if m.KVUsage == "" {
 		kvNames = []string{DefaultOrcaKVUsage, orcaKVUsageAlt}
@@ -427,9 +434,9 @@ func (m OrcaMapping) Load(r OrcaReport, at time.Time) (llmlb.Load, error) {
 		}
 		if ok {
 			if !(v >= 0 && v <= 1+kvSlack) {
-				return llmlb.Load{}, fmt.Errorf("%w: %s is %v, outside [0, 1]", ErrORCA, name, v)
+				return llmlb.Load{}, 0, fmt.Errorf("%w: %s is %v, outside [0, 1]", ErrORCA, name, v)
 			}
-			l.KVUsage, found = min(v, 1), true
+			l.KVUsage, set = min(v, 1), set|1<<fKVUsage
 			break
 		}
 	}
@@ -437,11 +444,12 @@ func (m OrcaMapping) Load(r OrcaReport, at time.Time) (llmlb.Load, error) {
 		name, def string
 		limit     float64
 		dst       *int
+		field     int
 	}{
-		{m.Running, DefaultOrcaRunning, maxRequests, &l.Running},
-		{m.Waiting, DefaultOrcaWaiting, maxRequests, &l.Waiting},
-		{m.KVBlocks, "", maxBlocks, &l.KVBlocks},
-		{m.BlockSize, "", maxBlockSize, &l.BlockSize},
+		{m.Running, DefaultOrcaRunning, maxRequests, &l.Running, fRunning},
+		{m.Waiting, DefaultOrcaWaiting, maxRequests, &l.Waiting, fWaiting},
+		{m.KVBlocks, "", maxBlocks, &l.KVBlocks, fKVBlocks},
+		{m.BlockSize, "", maxBlockSize, &l.BlockSize, fBlockSize},
 	} {
 		name := c.name
 		if name == "" {
@@ -452,33 +460,36 @@ func (m OrcaMapping) Load(r OrcaReport, at time.Time) (llmlb.Load, error) {
 			continue
 		}
 		if !(v >= 0 && v <= c.limit) {
-			return llmlb.Load{}, fmt.Errorf("%w: %s is %v, outside [0, %v]", ErrORCA, name, v, c.limit)
+			return llmlb.Load{}, 0, fmt.Errorf("%w: %s is %v, outside [0, %v]", ErrORCA, name, v, c.limit)
 		}
-		*c.dst, found = int(math.Round(v)), true
+		*c.dst, set = int(math.Round(v)), set|1<<c.field
 	}
-	if !found {
-		return llmlb.Load{}, fmt.Errorf("%w: report has none of the mapped metrics", ErrORCA)
+	if set == 0 {
+		return llmlb.Load{}, 0, fmt.Errorf("%w: report has none of the mapped metrics", ErrORCA)
 	}
-	return l, nil
+	return l, set, nil
 }
 
-// RecordOrca records the ORCA report r, received at at, as an observation of
-// the endpoint key, mapped with m. It is the entry point for reports that
-// arrive already decoded, such as grpc-go's per-call server load.
+// RecordOrca records the ORCA report r, received at at, into the
+// observation of the endpoint key, mapped with m: it sets the fields the
+// report has, unless newer ones are held, and the others keep their value
+// (see [Store]). It is the entry point for reports that arrive already
+// decoded, such as grpc-go's per-call server load.
 func (s *Store) RecordOrca(key string, r OrcaReport, at time.Time, m OrcaMapping) error {
-	l, err := m.Load(r, at)
+	l, set, err := m.load(r, at)
 	if err != nil {
 		return fmt.Errorf("%w (endpoint %q)", err, key)
 	}
-	return s.Record(key, l)
+	o := observationOf(l)
+	return s.record(key, &o, set, false)
 }
 
 // RecordResponse records the ORCA report in resp's [OrcaHeader] header, if
-// any, as an observation of the endpoint key taken at at (when the response
-// headers arrived), mapped with m. It reports whether the response carried a
-// report; a malformed one is an error and records nothing. A TEXT report
-// without fields, which vLLM sends when it has no gauge to report, is no
-// report.
+// any, into the observation of the endpoint key as [Store.RecordOrca] does,
+// taken at at (when the response headers arrived), mapped with m. It
+// reports whether the response carried a report; a malformed one is an
+// error and records nothing. A TEXT report without fields, which vLLM sends
+// when it has no gauge to report, is no report.
 func (s *Store) RecordResponse(key string, resp *http.Response, at time.Time, m OrcaMapping) (bool, error) {
 	if resp == nil {
 		return false, nil
@@ -492,6 +503,9 @@ func (s *Store) RecordResponse(key string, resp *http.Response, at time.Time, m 
 		// Repeated TEXT headers are one comma-separated list.
 		var b bytes.Buffer
 		for i, v := range vals {
+			if b.Len() > maxOrcaHeader {
+				break // too long already: ParseOrca refuses it
+			}
 			if i > 0 {
 				v = strings.TrimPrefix(strings.TrimSpace(v), "TEXT ")
 				b.WriteString(", ")

@@ -3,9 +3,11 @@ package signals_test
 import (
 	"encoding/base64"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,7 +96,12 @@ func TestParseOrcaErrors(t *testing.T) {
 		{"bin truncated", "BIN " + base64.StdEncoding.EncodeToString([]byte{1<<3 | 1, 0, 0}), "BIN"},
 		{"bin wrong wire type", "BIN " + base64.StdEncoding.EncodeToString([]byte{1 << 3, 1}), "wire type"},
 		{"bin NaN", orcaBin(math.NaN(), "a", 1), "NaN"},
+		{"negative named utilization", "TEXT utilization.gpu=-0.5", "utilization.gpu is -0.5"},
+		{"json negative named utilization", `JSON {"utilization": {"gpu": -1}}`, "utilization.gpu is -1"},
+		{"json out of range", `JSON {"cpu_utilization": 1e400}`, "JSON"},
 		{"too long", "TEXT " + strings.Repeat("named_metrics.a=1,", 2000), "bytes"},
+		{"json too long", `JSON {"named_metrics": {"` + strings.Repeat("a", 20<<10) + `": 1}}`, "bytes"},
+		{"bin too long", "BIN " + strings.Repeat("AAAA", 5<<10), "bytes"},
 		{"too many metrics", "TEXT " + manyMetrics(300), "map entries"},
 	}
 	for _, c := range cases {
@@ -204,4 +211,157 @@ func TestRecordResponse(t *testing.T) {
 	l, _ = s.Load("c")
 	assert.Equal(t, 2, l.Running)
 	assert.True(t, math.IsNaN(l.KVUsage))
+}
+
+// scraped is a full observation of a vLLM replica at at, as a scrape
+// records it.
+func scraped(at time.Time) signals.Observation {
+	return signals.Observation{
+		Load: llmlb.Load{At: at, Running: 5, Waiting: 2, KVUsage: 0.3, KVBlocks: 1000, BlockSize: 16,
+			Adapters: []string{"a"}, MaxAdapters: 4},
+		Engine: signals.EngineVLLM, Preemptions: 7, PrefixQueries: 100, PrefixHits: 40,
+	}
+}
+
+// vllmReport is the ORCA header of a vLLM response: KV usage and waiting
+// requests, not running ones.
+func vllmReport(kv float64, waiting int) *http.Response {
+	resp := &http.Response{Header: http.Header{}}
+	resp.Header.Set(signals.OrcaHeader, fmt.Sprintf("TEXT named_metrics.kv_cache_usage_perc=%v, named_metrics.num_requests_waiting=%d", kv, waiting))
+	return resp
+}
+
+// An ORCA report sets the fields it carries and leaves the scraped ones it
+// does not: a vLLM header, without running requests, KV capacity, adapters
+// or prefix-cache counters, does not wipe them until the next scrape.
+func TestOrcaReportKeepsScrapedFields(t *testing.T) {
+	clk := newFakeClock()
+	s, err := signals.NewStore(signals.StoreConfig{Clock: clk})
+	require.NoError(t, err)
+	t0 := clk.Now()
+	require.NoError(t, s.RecordObservation("a", scraped(t0)))
+	clk.Advance(100 * time.Millisecond)
+	ok, err := s.RecordResponse("a", vllmReport(0.6, 9), clk.Now(), signals.OrcaMapping{})
+	require.True(t, ok)
+	require.NoError(t, err)
+
+	want := scraped(t0)
+	want.At, want.Waiting, want.KVUsage = clk.Now(), 9, 0.6
+	got, found := s.Observation("a")
+	require.True(t, found)
+	assert.Equal(t, want, got)
+	l, _ := s.Load("a")
+	assert.Equal(t, want.Load, l)
+
+	// A report older than the held fields changes nothing.
+	ok, err = s.RecordResponse("a", vllmReport(0.1, 1), t0.Add(50*time.Millisecond), signals.OrcaMapping{})
+	require.True(t, ok)
+	require.NoError(t, err)
+	got, _ = s.Observation("a")
+	assert.Equal(t, want, got)
+
+	// The next scrape sets every field again.
+	clk.Advance(time.Second)
+	next := scraped(clk.Now())
+	next.Running, next.Waiting = 6, 1
+	require.NoError(t, s.RecordObservation("a", next))
+	got, _ = s.Observation("a")
+	assert.Equal(t, next, got)
+}
+
+// A scrape sent before a report and answered after it still records the
+// fields the report does not carry, and keeps the report's newer ones.
+func TestScrapeAnsweredAfterReport(t *testing.T) {
+	clk := newFakeClock()
+	s, err := signals.NewStore(signals.StoreConfig{Clock: clk})
+	require.NoError(t, err)
+	sent := clk.Now()
+	clk.Advance(20 * time.Millisecond)
+	_, err = s.RecordResponse("a", vllmReport(0.6, 9), clk.Now(), signals.OrcaMapping{})
+	require.NoError(t, err)
+	clk.Advance(20 * time.Millisecond)
+	require.NoError(t, s.RecordObservation("a", scraped(sent)))
+
+	want := scraped(sent)
+	want.At, want.Waiting, want.KVUsage = sent.Add(20*time.Millisecond), 9, 0.6
+	got, found := s.Observation("a")
+	require.True(t, found)
+	assert.Equal(t, want, got)
+
+	// A full observation older than the held full one is still refused.
+	require.NoError(t, s.RecordObservation("a", signals.Observation{Load: llmlb.Load{At: sent.Add(-time.Second), Running: 1}}))
+	got, _ = s.Observation("a")
+	assert.Equal(t, want, got)
+}
+
+// Reports alone do not keep a scraped value alive: once the last scrape is
+// older than the store's MaxAge (or llmlb.DefaultMaxSignalAge), a report
+// drops what it does not carry.
+func TestOrcaReportDropsStaleScrape(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		maxAge time.Duration
+		carry  time.Duration
+	}{
+		{"default", 0, llmlb.DefaultMaxSignalAge},
+		{"MaxAge", 3 * time.Second, 3 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clk := newFakeClock()
+			s, err := signals.NewStore(signals.StoreConfig{Clock: clk, MaxAge: c.maxAge})
+			require.NoError(t, err)
+			t0 := clk.Now()
+			require.NoError(t, s.RecordObservation("a", scraped(t0)))
+			clk.Advance(c.carry)
+			_, err = s.RecordResponse("a", vllmReport(0.6, 9), clk.Now(), signals.OrcaMapping{})
+			require.NoError(t, err)
+			got, _ := s.Observation("a")
+			assert.Equal(t, 5, got.Running, "a scrape as old as the bound is kept")
+			assert.Equal(t, []string{"a"}, got.Adapters)
+
+			clk.Advance(time.Millisecond)
+			_, err = s.RecordResponse("a", vllmReport(0.5, 8), clk.Now(), signals.OrcaMapping{})
+			require.NoError(t, err)
+			got, found := s.Observation("a")
+			require.True(t, found)
+			want := signals.Observation{
+				Load:        llmlb.Load{At: clk.Now(), Waiting: 8, KVUsage: 0.5},
+				Preemptions: math.NaN(), PrefixQueries: math.NaN(), PrefixHits: math.NaN(),
+			}
+			assert.Equal(t, fmt.Sprintf("%+v", want), fmt.Sprintf("%+v", got))
+		})
+	}
+}
+
+// Scrapes and reports recorded concurrently, in any order, leave each field
+// at its newest value.
+func TestOrcaReportsAndScrapesConcurrently(t *testing.T) {
+	var s signals.Store
+	t0 := time.Unix(1000, 0)
+	const n = 200
+	var wg sync.WaitGroup
+	for i := range n {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		if i%2 == 0 {
+			wg.Go(func() {
+				o := scraped(at)
+				o.Running, o.Waiting, o.KVBlocks = i, i, 1000+i
+				assert.NoError(t, s.RecordObservation("a", o))
+			})
+		} else {
+			wg.Go(func() {
+				_, err := s.RecordResponse("a", vllmReport(float64(i)/n, i), at, signals.OrcaMapping{})
+				assert.NoError(t, err)
+			})
+		}
+	}
+	wg.Wait()
+	o, ok := s.Observation("a")
+	require.True(t, ok)
+	last := n - 1 // a report
+	assert.Equal(t, t0.Add(time.Duration(last)*time.Millisecond), o.At)
+	assert.Equal(t, last, o.Waiting)
+	assert.Equal(t, float64(last)/n, o.KVUsage)
+	assert.Equal(t, n-2, o.Running, "running requests from the newest scrape")
+	assert.Equal(t, 1000+n-2, o.KVBlocks)
 }

@@ -23,7 +23,8 @@ import (
 type Observation struct {
 	llmlb.Load
 	// Engine is the dialect the observation was read in (the detected one
-	// when parsing with EngineAuto); EngineAuto for pushed loads.
+	// when parsing with EngineAuto); EngineAuto for pushed loads (an ORCA
+	// report recorded over a scrape keeps the scrape's).
 	Engine Engine
 	// Preemptions is the engine's cumulative count of preempted requests
 	// (vllm:num_preemptions_total); a rising rate means the engine is

@@ -50,7 +50,11 @@ const acceptHeader = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 type Config struct {
 	// Client performs the scrapes. nil means a client of this package's own,
 	// with keep-alive connections and at most [DefaultMaxRedirects]
-	// redirects; its idle connections are closed by Close. The Timeout of a
+	// redirects, that connects directly (no proxy from the environment)
+	// with Go's default TLS configuration; its idle connections are closed
+	// by Close. Give a Client to scrape through a proxy or with a CA or
+	// client certificate of your own. Timeout, MaxBodyBytes and
+	// MaxConcurrent bound the scrapes whatever the Client; the Timeout of a
 	// caller's client still applies, as does its redirect policy.
 	Client *http.Client
 	// Interval is the time between two scrapes of one endpoint, at least
@@ -86,7 +90,9 @@ type Config struct {
 	MaxAge time.Duration
 	// Store receives the observations. nil means a new Store of the
 	// scraper's own; pass a shared Store to merge scrapes with pushed
-	// observations (ORCA headers, engine events), newest first.
+	// observations (ORCA headers, engine events): the newest value of
+	// each field wins, and an ORCA report leaves the scraped fields it
+	// does not carry in place (see [Store]).
 	Store *Store
 	// Clock stamps observations and status; nil means the system clock.
 	// Run's schedule always follows real time.

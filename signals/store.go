@@ -37,7 +37,9 @@ type StoreConfig struct {
 	// MaxAge ahead of the Clock (taken before the clock stepped back, or by
 	// a recorder whose clock is ahead), as the balancer judges its signal.
 	// 0 leaves expiry to the consumer (the balancer ignores observations
-	// older than its own maximum signal age).
+	// older than its own maximum signal age). MaxAge also bounds the age
+	// of the values an ORCA report leaves in place (see [Store]); 0 means
+	// [llmlb.DefaultMaxSignalAge] there.
 	MaxAge time.Duration
 	// Clock tells the time for MaxAge; nil means the system clock.
 	Clock llmlb.Clock
@@ -50,6 +52,20 @@ type StoreConfig struct {
 // one is stamped ahead of the store's clock (the clock stepped back, or its
 // recorder's clock is ahead): any observation then replaces it. Store
 // implements [llmlb.Signal].
+//
+// The newest wins field by field, so that one Store can take both scrapes
+// and ORCA reports of an endpoint. A full observation ([Store.Record],
+// [Store.RecordObservation], a [Scraper]'s) sets every field, except those
+// that a newer report set. An ORCA report ([Store.RecordOrca],
+// [Store.RecordResponse]) sets only the fields its [OrcaMapping] finds in
+// it (vLLM's carries KV usage and waiting requests, not running ones), if
+// they are newer than the held ones. The others keep their value, from the
+// last full observation or an earlier report, if it was recorded at most
+// StoreConfig.MaxAge ([llmlb.DefaultMaxSignalAge] if 0) before the report;
+// an older value is dropped (counts to 0, KV usage and engine counters to
+// NaN, adapters to nil), so that reports alone never keep a stale scrape
+// alive. The observation's At is the time of the newest record merged into
+// it.
 //
 // A zero Store is ready to use with the defaults of [StoreConfig]. A Store is
 // safe for concurrent use by multiple goroutines; Load takes no lock and does
@@ -72,7 +88,7 @@ type Store struct {
 }
 
 type entry struct {
-	obs atomic.Pointer[Observation] // never nil once the entry is in m
+	obs atomic.Pointer[held] // never nil once the entry is in m; never modified
 	// gone is set when the entry leaves m: goneDeleted by Delete,
 	// goneEvicted to make room for another endpoint.
 	gone atomic.Uint32
@@ -87,6 +103,133 @@ const (
 	goneDeleted = 1 + iota
 	goneEvicted
 )
+
+// held is an endpoint's observation as a Store holds it: the merge of the
+// full observations and ORCA reports recorded, with the time of each part.
+type held struct {
+	Observation
+	// full is the time of the full observation the fields no report set
+	// come from; zero if there is none (or it was dropped as too old).
+	full time.Time
+	// at is, for each field a report may set, the time of the record its
+	// value comes from; zero if none.
+	at [numFields]time.Time
+}
+
+// The fields of a Load that an ORCA report may set, as bits of a mask.
+const (
+	fRunning = iota
+	fWaiting
+	fKVUsage
+	fKVBlocks
+	fBlockSize
+	numFields
+)
+
+const allFields = 1<<numFields - 1
+
+// copyField copies field f of src into dst.
+func copyField(dst, src *llmlb.Load, f int) {
+	switch f {
+	case fRunning:
+		dst.Running = src.Running
+	case fWaiting:
+		dst.Waiting = src.Waiting
+	case fKVUsage:
+		dst.KVUsage = src.KVUsage
+	case fKVBlocks:
+		dst.KVBlocks = src.KVBlocks
+	case fBlockSize:
+		dst.BlockSize = src.BlockSize
+	}
+}
+
+// unknown is the value of every field with no record.
+var unknown = Observation{
+	Load:        llmlb.Load{KVUsage: math.NaN()},
+	Preemptions: math.NaN(), PrefixQueries: math.NaN(), PrefixHits: math.NaN(),
+}
+
+// keeps reports whether a held value recorded at was wins over one
+// recorded at at: it is newer, and not ahead of the store's clock (after
+// the clock stepped back, or when a caller stamped it in the future, it
+// would otherwise keep out every record until the clock caught up with it).
+func (s *Store) keeps(was, at time.Time) bool {
+	return was.After(at) && !was.After(s.now())
+}
+
+// carry is how long a value a report does not set is kept.
+func (s *Store) carry() time.Duration {
+	if s.cfg.MaxAge > 0 {
+		return s.cfg.MaxAge
+	}
+	return llmlb.DefaultMaxSignalAge
+}
+
+// merge returns what the store holds after recording o over old (nil if
+// none): a full observation if set is allFields and full is true, else a
+// report of the fields in set. It returns nil if o changes nothing, being
+// older than what old holds.
+func (s *Store) merge(old *held, o *Observation, set uint8, full bool) *held {
+	if full && old != nil && s.keeps(old.full, o.At) {
+		return nil // a newer full observation is held
+	}
+	n := &held{}
+	if full {
+		n.Observation, n.full = *o, o.At
+		for f := range numFields {
+			n.at[f] = o.At
+			if old != nil && !old.at[f].IsZero() && s.keeps(old.at[f], o.At) {
+				// A report newer than this observation.
+				copyField(&n.Load, &old.Load, f)
+				n.at[f] = old.at[f]
+			}
+		}
+	} else {
+		if old == nil {
+			n.Observation = unknown
+		} else {
+			*n = *old
+		}
+		changed := false
+		for f := range numFields {
+			if set&(1<<f) == 0 || (old != nil && s.keeps(old.at[f], o.At)) {
+				continue
+			}
+			copyField(&n.Load, &o.Load, f)
+			n.at[f], changed = o.At, true
+		}
+		if !changed {
+			return nil
+		}
+		// Values carried from records too much older than the report
+		// are dropped: reports alone do not keep them.
+		oldest := o.At.Add(-s.carry())
+		for f := range numFields {
+			if !n.at[f].IsZero() && n.at[f].Before(oldest) {
+				copyField(&n.Load, &unknown.Load, f)
+				n.at[f] = time.Time{}
+			}
+		}
+		if !n.full.IsZero() && n.full.Before(oldest) {
+			// Every field but the reportable ones comes from the full
+			// observation.
+			keep := n.Load
+			n.Observation = unknown
+			for f := range numFields {
+				copyField(&n.Load, &keep, f)
+			}
+			n.full = time.Time{}
+		}
+	}
+	n.At = n.full
+	for _, t := range n.at {
+		if t.After(n.At) {
+			n.At = t
+		}
+	}
+	return n
+}
 
 // testHookUpdate, if set, runs in RecordObservation before it updates an
 // entry it found; tests use it to evict the entry meanwhile.
@@ -154,7 +297,7 @@ func (s *Store) Loader(_ stamped.Token, key string) func() *llmlb.Load {
 		if s.cfg.MaxAge > 0 && !fresh(s.now(), o.At, s.cfg.MaxAge) {
 			return nil
 		}
-		return &o.Load
+		return &o.Observation.Load
 	}
 }
 
@@ -178,7 +321,7 @@ func (s *Store) observation(key string) *Observation {
 	if s.cfg.MaxAge > 0 && !fresh(s.now(), o.At, s.cfg.MaxAge) {
 		return nil
 	}
-	return o
+	return &o.Observation
 }
 
 // fresh reports whether an observation taken at at is within maxAge of now,
@@ -191,9 +334,10 @@ func fresh(now, at time.Time, maxAge time.Duration) bool {
 	return age <= maxAge && age >= -maxAge
 }
 
-// Record records l as an observation of the endpoint key unless the store
-// holds a newer one (by At) that is not ahead of the store's clock; an
-// observation at the same time replaces the held one. It fails with
+// Record records l as a full observation of the endpoint key unless the
+// store holds a newer one (by At) that is not ahead of the store's clock;
+// an observation at the same time replaces the held one, except for the
+// fields a newer ORCA report set (see [Store]). It fails with
 // [ErrInvalidLoad] for an empty key or an invalid load (zero At, negative
 // counts, KV usage outside [0, 1] and not NaN), and never for a full store:
 // a new key then evicts one not recorded lately (see StoreConfig.MaxKeys).
@@ -203,10 +347,18 @@ func (s *Store) Record(key string, l llmlb.Load) error {
 
 // RecordObservation is like Record for a full observation.
 func (s *Store) RecordObservation(key string, o Observation) error {
-	if err := validate(key, &o.Load); err != nil {
+	return s.record(key, &o, allFields, true)
+}
+
+// record merges o into key's observation: a full observation if full, else
+// a report of the fields in set.
+func (s *Store) record(key string, p *Observation, set uint8, full bool) error {
+	if err := validate(key, &p.Load); err != nil {
 		return err
 	}
-	p := &o
+	if set == 0 {
+		return nil // a report of nothing
+	}
 	// A record that finds its entry evicted, before or after updating it,
 	// is made again in a new entry; up to three times, as evictions race
 	// with it only while other endpoints are added. (One that updates an
@@ -215,7 +367,7 @@ func (s *Store) RecordObservation(key string, o Observation) error {
 	for range 3 {
 		e := s.entry(key)
 		if e == nil || e.gone.Load() == goneEvicted {
-			if e = s.insert(key, p); e == nil {
+			if e = s.insert(key, s.merge(nil, p, set, full)); e == nil {
 				return nil // inserted
 			}
 		}
@@ -225,26 +377,22 @@ func (s *Store) RecordObservation(key string, o Observation) error {
 		if !e.used.Load() {
 			e.used.Store(true)
 		}
-		if !s.update(e, p) || e.gone.Load() != goneEvicted {
+		if !s.update(e, p, set, full) || e.gone.Load() != goneEvicted {
 			return nil
 		}
 	}
 	return nil
 }
 
-// update stores p in e unless e holds a newer observation; it reports
-// whether it stored p.
-func (s *Store) update(e *entry, p *Observation) bool {
+// update merges p into e (see merge); it reports whether that changed e.
+func (s *Store) update(e *entry, p *Observation, set uint8, full bool) bool {
 	for {
 		old := e.obs.Load()
-		// The held observation wins if it is newer, unless it is stamped
-		// ahead of the clock: after the clock stepped back, or when a
-		// caller stamped it in the future, it would otherwise keep out
-		// every observation until the clock caught up with it.
-		if old.At.After(p.At) && !old.At.After(s.now()) {
+		n := s.merge(old, p, set, full)
+		if n == nil {
 			return false
 		}
-		if e.obs.CompareAndSwap(old, p) {
+		if e.obs.CompareAndSwap(old, n) {
 			return true
 		}
 	}
@@ -260,7 +408,7 @@ func (s *Store) entry(key string) *entry {
 // insert adds key with p, evicting an endpoint not recorded lately if the
 // store is full. If another goroutine inserted key first, it returns that
 // entry for the caller to update.
-func (s *Store) insert(key string, p *Observation) *entry {
+func (s *Store) insert(key string, p *held) *entry {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.entry(key); e != nil {
