@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -97,6 +98,12 @@ type Event struct {
 	// cache_salt, prompt embeddings; SGLang's cache_salt), so the token IDs
 	// alone do not identify the blocks.
 	Salted bool
+
+	// remote is set when the engine reports the blocks REMOTE relative to
+	// itself (vLLM's locality, "LOCAL or REMOTE relative to the publisher";
+	// vllm/distributed/kv_events.py, 2026): they are not in its own memory,
+	// so they are neither indexed nor removed from the index.
+	remote bool
 }
 
 // Batch is one message of an engine's KV event stream: the events of one
@@ -132,9 +139,9 @@ type eventSpans struct {
 // and maps keyed by field name with the class under "type" (vLLM since
 // PR 42892), for the batch and for each event. Trailing fields missing from
 // a positional event take their zero values, fields it does not know are
-// skipped, and events of an unknown class are dropped, so that engines older
-// or newer than this package decode alike. On error, which wraps
-// [ErrMalformed], b holds no events.
+// skipped, and events of an unknown class are dropped whatever their fields
+// hold, so that engines older or newer than this package decode alike. On
+// error, which wraps [ErrMalformed], b holds no events.
 //
 // A Batch reused for every batch of a stream keeps the storage of the
 // largest batch decoded into it only as long as the batches that follow
@@ -278,28 +285,50 @@ func (b *Batch) decodeEvent(r *reader, e *Event, s *eventSpans) error {
 		if err != nil {
 			return err
 		}
-		known := true
+		// The class is under "type", which msgspec writes first. The fields
+		// of a class this package does not know are skipped, whatever they
+		// hold: a newer engine's event may reuse a field name with another
+		// type, and it must not cost the batch's other events. Fields that
+		// come before "type" are decoded on their own, and an error in one
+		// counts only once the class is known.
+		typed, known := false, true
+		var early error
 		for range n {
 			k, err := r.raw()
 			if err != nil {
 				return fmt.Errorf("key: %w", err)
 			}
-			if string(k) == "type" {
+			switch {
+			case string(k) == "type":
 				tag, err := r.raw()
 				if err != nil {
 					return fmt.Errorf("type: %w", err)
 				}
 				e.Kind, known = kindOf(tag)
-				continue
+				typed = true
+			case !known:
+				err = r.skip(1)
+			case !typed:
+				start := r.off
+				if err = r.skip(1); err == nil && early == nil {
+					if ferr := b.decodeField(&reader{b: r.b[:r.off], off: start}, string(k), e, s); ferr != nil {
+						early = fmt.Errorf("field %q: %w", k, ferr)
+					}
+				}
+			default:
+				if err = b.decodeField(r, string(k), e, s); err != nil {
+					err = fmt.Errorf("field %q: %w", k, err)
+				}
 			}
-			if err := b.decodeField(r, string(k), e, s); err != nil {
-				return fmt.Errorf("field %q: %w", k, err)
+			if err != nil {
+				return err
 			}
 		}
-		if !known {
+		if !known || !typed {
 			e.Kind = 0
+			return nil
 		}
-		return nil
+		return early
 	}
 	n, err := r.arrayLen()
 	if err != nil {
@@ -414,6 +443,13 @@ func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) err
 		}
 	case "group_idx":
 		e.Group, err = optInt(r, 0)
+	case "locality": // vLLM's: "LOCAL" or "REMOTE" relative to the engine, nil for unspecified
+		if !r.isNil() {
+			var p []byte
+			if p, err = r.raw(); err == nil && !strings.EqualFold(string(p), "LOCAL") {
+				e.remote = true
+			}
+		}
 	default:
 		err = r.skip(1)
 	}
@@ -571,6 +607,10 @@ func dpRank(r *reader) (int, error) {
 // salted reports whether the raw extra_keys value holds a key other than
 // the LoRA name: vLLM sends one entry per block, nil or a tuple of the
 // block's extra keys, of which the LoRA name is one when an adapter is set.
+// The keys are bare values, or, since vLLM's event_version 1, tagged maps:
+// {"type": "lora", "name": NAME} for the adapter, other tags ("cache_salt",
+// "mm", "prompt_embeds", "legacy") for the rest (ExtraKey and its
+// subclasses in vllm/distributed/kv_events.py, 2026).
 func salted(extra []byte, lora string) bool {
 	r := &reader{b: extra}
 	if r.isMap() {
@@ -590,13 +630,50 @@ func salted(extra []byte, lora string) bool {
 			return true
 		}
 		if m == 1 {
-			p, err := r.raw()
-			if err != nil || lora == "" || string(p) != lora {
+			var name []byte
+			if r.isMap() {
+				name, err = loraKey(r)
+			} else {
+				name, err = r.raw()
+			}
+			if err != nil || lora == "" || string(name) != lora {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// loraKey reads a typed extra key and returns the adapter name of a LoRA
+// key, {"type": "lora", "name": NAME}; any other key is an error.
+func loraKey(r *reader) ([]byte, error) {
+	n, err := r.mapLen()
+	if err != nil {
+		return nil, err
+	}
+	var tag, name []byte
+	for range n {
+		k, err := r.raw()
+		if err != nil {
+			return nil, err
+		}
+		var v []byte
+		if v, err = r.raw(); err != nil {
+			return nil, err
+		}
+		switch string(k) {
+		case "type":
+			tag = v
+		case "name":
+			name = v
+		default:
+			return nil, errType
+		}
+	}
+	if string(tag) != "lora" || name == nil {
+		return nil, errType
+	}
+	return name, nil
 }
 
 // AppendBatch appends the MessagePack encoding of b to dst and returns the

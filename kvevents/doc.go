@@ -16,9 +16,12 @@
 // version and the hash function; fields were added over time. [DecodeBatch]
 // reads every one of these forms, skips what it does not know, and rejects
 // what exceeds [MaxPayloadBytes], [MaxEventsPerBatch], [MaxBlocksPerEvent] or
-// [MaxTokensPerEvent]. The engine also binds a replay (ROUTER) socket that
-// answers a sequence number with the batches it still buffers from that
-// number on, then an end marker.
+// [MaxTokensPerEvent]; an event of a class it does not know is dropped,
+// whatever its fields hold, and the rest of its batch applied. The engine
+// also binds a replay (ROUTER) socket that answers a sequence number with
+// the batches it still buffers from that number on, then an end marker:
+// each as [seq, payload] (SGLang, vLLM before 2026) or as [topic, seq,
+// payload] (vLLM since 2026), both of which the subscriber reads.
 //
 // # The subscriber
 //
@@ -36,7 +39,8 @@
 //     adapter, when there is no parent). The blocks then match exactly the
 //     prompts the router hashes with the same hasher. Blocks whose parent is
 //     unknown, whose hashes mix in other keys (multimodal inputs, cache_salt:
-//     [Event.Salted]), that live outside GPU memory, or that belong to a
+//     [Event.Salted]), that live outside GPU memory or that the engine
+//     reports REMOTE (vLLM's locality), or that belong to a
 //     KV-cache group other than the first are not indexed: a missing block
 //     costs a cache hit, a wrong one would send requests to the wrong
 //     replica.

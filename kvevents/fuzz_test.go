@@ -21,6 +21,19 @@ func FuzzDecodeBatch(f *testing.F) {
 		map[string]any{"ts": 1.0, "events": []any{map[string]any{"type": "BlockStored", "block_hashes": []any{-1}, "extra_keys": []any{[]any{"a"}}}}},
 		[]any{1.0, []any{[]any{"AllBlocksCleared"}}, -5},
 		map[string]any{"ts": 1.0, "events": []any{}, "data_parallel_rank": -1},
+		// vLLM's 2026 events: tagged maps, tag first, with typed extra keys,
+		// locality and the other fields added that year, and a class this
+		// package does not know, with fields it could not read.
+		[]any{1.0, []any{
+			newestStored([]any{[]byte("abc")}, 7, []any{1, 2}, "ad", kv{"event_version", 1},
+				kv{"extra_keys", []any{[]any{lora("ad")}, []any{lora("ad"), salt("s"), mm("h")}, nil}},
+				kv{"group_idx", 0}, kv{"kv_cache_spec_kind", "full_attention"}, kv{"kv_cache_spec_sliding_window", nil},
+				kv{"locality", "REMOTE"}, kv{"ownership", "kvcr"}, kv{"session_id", "r"}),
+			ordered{{"type", "BlockRemoved"}, {"block_hashes", []any{1}}, {"medium", "GPU"}, {"group_idx", 1}, {"locality", "LOCAL"}},
+			ordered{{"type", "BlockMigrated"}, {"block_hashes", []any{[]any{1}}}, {"block_size", -1}},
+			ordered{{"block_size", -1}, {"type", "BlockMigrated"}},
+		}, 0},
+		map[string]any{"ts": 1.0, "events": []any{ordered{{"type", "AllBlocksCleared"}}}},
 	}
 	for _, s := range seeds {
 		b, err := msgpack.Marshal(s)

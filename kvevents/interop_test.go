@@ -199,6 +199,81 @@ func TestInteropPythonPublisher(t *testing.T) {
 	py.send("quit")
 }
 
+// TestInteropNewestVLLM subscribes to a pyzmq and msgpack publisher that
+// sends events as vLLM's 2026 kv_events.py encodes them (tagged maps with
+// event_version, typed extra keys, group_idx, kv_cache_spec_kind,
+// locality, ownership, session_id, and a class this package does not
+// know) and whose replay socket answers [topic, seq, payload] as vLLM's
+// does since 2026. The blocks in the engine's own GPU memory of the first
+// group are indexed, the others are not, no batch is malformed, and a
+// batch lost on the live stream is replayed.
+func TestInteropNewestVLLM(t *testing.T) {
+	python := python(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pubPort, replayPort := freePort(t), freePort(t)
+	py := startScript(t, ctx, python, "testdata/vllm_publisher.py", strconv.Itoa(pubPort), strconv.Itoa(replayPort), "kv-events", strconv.Itoa(testBlock), "topic")
+	py.expect("ready")
+	step := func(name string) { py.send(name); py.expect("done " + name) }
+
+	idx, h := newTestIndex(t)
+	salt := prefix.Salt{Model: "m"}
+	sub, err := NewSubscriber(Config{Index: idx, Hasher: h, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetEndpoints(map[string]Endpoint{"vllm": {
+		PubAddr:    fmt.Sprintf("tcp://127.0.0.1:%d", pubPort),
+		ReplayAddr: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
+		Topic:      "kv-events",
+		Salt:       salt,
+	}}))
+	var wg sync.WaitGroup
+	subCtx, stopSub := context.WithCancel(ctx)
+	wg.Go(func() { _ = sub.Run(subCtx) })
+	defer wg.Wait()
+	defer stopSub()
+	stats := func() Stats { s, _ := sub.Stats("vllm"); return s }
+	require.Eventually(t, func() bool { step("warm"); return stats().Batches > 0 }, waitFor, 20*time.Millisecond)
+
+	hashes := func(s prefix.Salt, base uint32, blocks int) []uint64 { return h.HashTokens(s, prompt(base, blocks)) }
+	sets := map[string][]uint64{
+		"f": hashes(salt, 10000, 2), "g": hashes(salt, 11000, 2),
+		"lora":   hashes(prefix.Salt{Model: "m", Adapter: "ad1"}, 12000, 2),
+		"remote": hashes(salt, 13000, 2), "window": hashes(salt, 14000, 2), "salted": hashes(salt, 15000, 1),
+	}
+	waitMatch := func(what string, want map[string]int) {
+		t.Helper()
+		match := func(k string) int { return idx.MatchLen("vllm", sets[k], time.Now()) }
+		if !assert.Eventually(t, func() bool {
+			for k, v := range want {
+				if match(k) != v {
+					return false
+				}
+			}
+			return true
+		}, waitFor, tick, what) {
+			for k, v := range want {
+				t.Logf("%s: %s matches %d blocks, want %d", what, k, match(k), v)
+			}
+			t.Logf("stats %+v; script stderr:\n%s", stats(), py.stderr)
+			t.FailNow()
+		}
+	}
+
+	step("newest")
+	waitMatch("newest", map[string]int{"f": 2, "g": 2, "lora": 2, "remote": 0, "window": 0, "salted": 0})
+	before := stats()
+	assert.Equal(t, int64(0), before.Malformed)
+
+	step("newest_gap")
+	waitMatch("newest_gap", map[string]int{"f": 1, "g": 1, "lora": 2})
+	st := stats()
+	assert.Equal(t, before.Gaps+1, st.Gaps)
+	assert.Equal(t, before.Replayed+1, st.Replayed)
+	assert.Equal(t, before.Resets, st.Resets)
+	assert.Equal(t, int64(0), st.Malformed)
+	py.send("quit")
+}
+
 // pyEvent is an event as testdata/vllm_subscriber.py prints it.
 type pyEvent struct {
 	Seq         int64    `json:"seq"`

@@ -33,10 +33,11 @@ func newTranslator(key string, idx *prefix.Index, h *prefix.Hasher, salt prefix.
 	return &translator{key: key, idx: idx, hasher: h, salt: salt, root: h.Root(salt), hashes: m, max: maxBlocks, stats: st}
 }
 
-// indexed reports whether events about medium and group describe the
-// blocks the index tracks: GPU memory of the first KV-cache group.
+// indexed reports whether events about medium, group and locality describe
+// the blocks the index tracks: the engine's own GPU memory, of the first
+// KV-cache group.
 func indexed(e *Event) bool {
-	return e.Group == 0 && (e.Medium == "" || strings.EqualFold(e.Medium, "GPU"))
+	return e.Group == 0 && !e.remote && (e.Medium == "" || strings.EqualFold(e.Medium, "GPU"))
 }
 
 // apply applies the events of b in order.

@@ -264,8 +264,16 @@ func (w *worker) replay(ctx context.Context, upto int64) error {
 		if len(f) > 0 && len(f[0]) == 0 {
 			f = f[1:] // the empty delimiter the ROUTER echoes
 		}
+		if len(f) == 3 {
+			// vLLM's replay socket sends the topic first, as its PUB
+			// socket does, since 2026 ([topic, seq, payload], and ["",
+			// -1, ""] at the end: ZmqEventPublisher._service_replay in
+			// vllm/distributed/kv_events.py); SGLang's, and vLLM's before,
+			// send [seq, payload].
+			f = f[1:]
+		}
 		if len(f) != 2 || len(f[0]) != 8 {
-			return fmt.Errorf("replay message of %d frames, want [seq, payload]", len(f))
+			return fmt.Errorf("replay message of %d frames, want [seq, payload] or [topic, seq, payload]", len(msg.Frames))
 		}
 		seq := int64(binary.BigEndian.Uint64(f[0]))
 		switch {

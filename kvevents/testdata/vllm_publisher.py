@@ -5,7 +5,18 @@ MessagePack batches packed with the msgpack module, in the layouts vLLM has
 used: positional arrays (vLLM until mid 2026, SGLang) and maps keyed by field
 name (vLLM since PR 42892), with integer and byte-string block hashes.
 
-Usage: vllm_publisher.py PUB_PORT REPLAY_PORT TOPIC BLOCK_SIZE
+Usage: vllm_publisher.py PUB_PORT REPLAY_PORT TOPIC BLOCK_SIZE [REPLAY_SHAPE]
+
+REPLAY_SHAPE is "seq" (the default: replies [seq, payload], as SGLang and
+vLLM before 2026 send) or "topic" (replies [topic, seq, payload] and the end
+marker ["", -1, ""], as vLLM's ZmqEventPublisher._service_replay sends in
+2026).
+
+The "newest" steps send events as vLLM's 2026 kv_events.py encodes them:
+tagged maps, the tag first and fields in declaration order, defaults
+omitted, with event_version, typed extra keys ({"type": "lora", "name": ...}
+and the like), group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window,
+locality, ownership and session_id.
 
 It prints "ready" once bound, then runs the steps named on stdin, one per
 line, printing "done STEP" after each, and answers replay requests
@@ -27,7 +38,8 @@ def tokens(base, blocks, block_size):
 
 
 class Engine:
-    def __init__(self, pub_port, replay_port, topic, block_size):
+    def __init__(self, pub_port, replay_port, topic, block_size, replay_shape="seq"):
+        self.replay_topic = replay_shape == "topic"
         ctx = zmq.Context.instance()
         self.pub = ctx.socket(zmq.PUB)
         self.pub.bind(f"tcp://127.0.0.1:{pub_port}")
@@ -41,7 +53,9 @@ class Engine:
     # --- wire ---------------------------------------------------------
 
     def publish(self, events, send=True, keep=True, as_map=False):
-        if as_map:
+        if isinstance(events, dict):
+            batch = events
+        elif as_map:
             batch = {"ts": time.time(), "events": events, "data_parallel_rank": 0}
         else:
             batch = [time.time(), events, 0]
@@ -59,10 +73,12 @@ class Engine:
             return
         client, _, start = frames
         start = int.from_bytes(start, "big")
+        head = [client, b""]
         for seq, payload in self.buffer:
             if seq >= start:
-                self.replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-        self.replay.send_multipart([client, b"", END_SEQ, b""])
+                topic = [self.topic] if self.replay_topic else []
+                self.replay.send_multipart(head + topic + [seq.to_bytes(8, "big"), payload])
+        self.replay.send_multipart(head + ([b""] if self.replay_topic else []) + [END_SEQ, b""])
 
     # --- block hashes -------------------------------------------------
 
@@ -114,6 +130,21 @@ class Engine:
             "kv_cache_spec_kind": "full_attention",
         }
 
+    def stored_newest(self, hashes, toks, start, end, **extra):
+        """A BlockStored as vLLM's 2026 kv_events.py encodes it."""
+        ev = {
+            "type": "BlockStored",
+            "block_hashes": hashes[start:end],
+            "parent_block_hash": hashes[start - 1] if start > 0 else None,
+            "token_ids": toks[start * self.bs : end * self.bs],
+            "block_size": self.bs,
+            "lora_id": extra.pop("lora_id", None),
+            "medium": extra.pop("medium", "GPU"),
+            "lora_name": extra.pop("lora_name", None),
+        }
+        ev.update(extra)
+        return ev
+
     # --- steps --------------------------------------------------------
 
     def step(self, name):
@@ -158,11 +189,44 @@ class Engine:
             self.publish([self.stored(self.int_hashes(e), e, 0, 1)])
         elif name == "cleared":
             self.publish([["AllBlocksCleared"]], as_map=True)
+        elif name in ("newest", "newest_gap"):
+            self.newest(name)
+
+    def newest(self, name):
+        bs = self.bs
+        f, g, lo = tokens(10000, 2, bs), tokens(11000, 2, bs), tokens(12000, 2, bs)
+        r, w, u = tokens(13000, 2, bs), tokens(14000, 2, bs), tokens(15000, 1, bs)
+        hf, hg, hlo = self.bytes_hashes(f), self.int_hashes(g), self.bytes_hashes(lo)
+        if name == "newest":
+            full = {"group_idx": 0, "kv_cache_spec_kind": "full_attention"}
+            self.publish([
+                # Every field vLLM added in 2026, an unknown one last.
+                self.stored_newest(hf, f, 0, 2, event_version=1, extra_keys=[None, None], **full,
+                                   locality="LOCAL", session_id="req-1", future={"x": [1]}),
+                # Typed extra keys holding only the adapter: indexed under it.
+                self.stored_newest(hlo, lo, 0, 2, lora_id=3, lora_name="ad1", **full,
+                                   extra_keys=[[{"type": "lora", "name": "ad1"}]] * 2),
+                # Not indexed: a remote copy, a sliding-window group, a cache salt.
+                self.stored_newest(self.int_hashes(r), r, 0, 2, locality="REMOTE", ownership="kvcr"),
+                self.stored_newest(self.int_hashes(w), w, 0, 2, group_idx=1, kv_cache_spec_kind="sliding_window",
+                                   kv_cache_spec_sliding_window=128),
+                self.stored_newest(self.int_hashes(u), u, 0, 1, extra_keys=[[{"type": "cache_salt", "salt": "t"}]]),
+                # A class this reader does not know, with fields it could not read.
+                {"type": "BlockMigrated", "block_hashes": [[1]], "block_size": -1, "destination": "peer"},
+            ])
+            # vLLM's batch as a map too (EventBatch without array_like).
+            self.publish({"ts": time.time(), "events": [self.stored_newest(hg, g, 0, 2)], "data_parallel_rank": 0})
+        else:
+            # Lost live, so replayed: a removal in the newest shape.
+            self.publish([{"type": "BlockRemoved", "block_hashes": [hf[1]], "medium": "GPU", "group_idx": 0}],
+                         send=False)
+            self.publish([{"type": "BlockRemoved", "block_hashes": [hg[1]], "medium": "GPU",
+                           "locality": "LOCAL"}])
 
 
 def main():
     pub_port, replay_port, topic, bs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    eng = Engine(pub_port, replay_port, topic, bs)
+    eng = Engine(pub_port, replay_port, topic, bs, *sys.argv[5:6])
     poller = zmq.Poller()
     poller.register(eng.replay, zmq.POLLIN)
     poller.register(sys.stdin, zmq.POLLIN)
