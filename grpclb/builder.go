@@ -83,8 +83,9 @@ type Options struct {
 	// its connection is not READY, and keeps the program's marks apart
 	// from its own); mark the endpoints the program holds unhealthy here,
 	// so that they join the balancer unhealthy. Never call Update, the
-	// adapter owns membership. It is called from grpc's balancer goroutine,
-	// outside the channel's locks, and must not block.
+	// adapter owns membership: an RPC picked for an endpoint the adapter
+	// did not add fails with an Internal status. It is called from grpc's
+	// balancer goroutine, outside the channel's locks, and must not block.
 	OnBalancer func(target string, b *llmlb.Balancer)
 }
 

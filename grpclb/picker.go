@@ -150,7 +150,11 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 	if err != nil {
 		return balancer.PickResult{}, pickError(err)
 	}
-	ep := pk.Endpoint().(*endpoint)
+	ep, ok := pk.Endpoint().(*endpoint)
+	if !ok {
+		pk.Done(errNotSent)
+		return balancer.PickResult{}, errForeign
+	}
 	res, err := ep.picker.Pick(info)
 	if err != nil {
 		// The RPC goes nowhere with this pick (grpc waits for another
@@ -205,7 +209,11 @@ func (p *picker) failed(ctx context.Context, info balancer.PickInfo, call *Call,
 			r.Exclude = append(r.Exclude, p.marked...)
 		}
 		if pk, perr := p.lb.Pick(ctx, &r); perr == nil {
-			again := pk.Endpoint().(*endpoint)
+			again, ok := pk.Endpoint().(*endpoint)
+			if !ok {
+				pk.Done(errNotSent)
+				return llmlb.Pick{}, nil, balancer.PickResult{}, errForeign
+			}
 			res, cerr := again.picker.Pick(info)
 			if cerr == nil {
 				return pk, again, res, nil
@@ -277,6 +285,15 @@ func (d *pickDone) finish(di balancer.DoneInfo) {
 // state, which already takes the endpoint out of the healthy ones, and is
 // not counted again for every RPC that meets it.
 var errNotSent = fmt.Errorf("grpclb: pick discarded before the RPC was sent: %w", context.Canceled)
+
+// errForeign fails an RPC whose pick is an endpoint the adapter did not
+// add: the program replaced the members of the channel's llmlb.Balancer
+// with Update, which Options.OnBalancer forbids. It is a status error, so
+// grpc fails the RPC at once rather than waiting for another picker, until
+// the adapter next sets the membership (when a connection changes state or
+// the resolver updates) and so puts its own endpoints back.
+var errForeign = status.Error(codes.Internal,
+	"grpclb: the channel's llmlb.Balancer holds endpoints the adapter did not add: the program must not call its Update (see Options.OnBalancer)")
 
 // pickError maps an llmlb.Pick error to what grpc expects of a picker.
 func pickError(err error) error {

@@ -15,7 +15,7 @@ const (
 )
 
 // AdmissionConfig configures an [Admission]. The zero value admits
-// everything (no caps) but still bounds the sessions tracked.
+// everything (no caps) and tracks no sessions.
 type AdmissionConfig struct {
 	// MaxInFlight caps the requests admitted and not released, over all
 	// sessions; 0 means no cap.
@@ -23,9 +23,9 @@ type AdmissionConfig struct {
 	// MaxPerSession caps the requests in flight of one session (an agent's
 	// fan-out); 0 means no cap.
 	MaxPerSession int
-	// MaxSessions caps the sessions tracked for MaxPerSession; beyond it,
-	// the session whose last request was admitted longest ago is forgotten.
-	// 0 means [DefaultMaxSessions].
+	// MaxSessions caps the sessions tracked for MaxPerSession (none are
+	// tracked without it); beyond it, the session whose last request was
+	// admitted longest ago is forgotten. 0 means [DefaultMaxSessions].
 	MaxSessions int
 	// RetryAfter is the wait suggested to refused callers; 0 means
 	// [DefaultAdmissionRetryAfter].
@@ -39,15 +39,16 @@ type AdmissionConfig struct {
 // A refused Acquire returns an [*OverloadError] (errors.Is [ErrOverloaded])
 // carrying the suggested Retry-After.
 //
-// Sessions with requests in flight are tracked in a least-recently-used
-// cache of MaxSessions entries (golang-lru's simplelru), and a session leaves
-// it when its last request is released, so memory stays bounded however many
-// session keys callers invent, and a new session is never refused for want
-// of room. If more than MaxSessions sessions are active at once, the one
-// whose last request was admitted longest ago is forgotten: its requests in
-// flight still release correctly, but its next requests are counted afresh,
-// so its cap may be exceeded by those still in flight. Size MaxSessions above
-// the sessions you expect to be active together.
+// With a per-session cap, sessions with requests in flight are tracked in a
+// least-recently-used cache of MaxSessions entries (golang-lru's
+// simplelru), and a session leaves it when its last request is released,
+// so memory stays bounded however many session keys callers invent, and a
+// new session is never refused for want of room. If more than MaxSessions
+// sessions are active at once, the one whose last request was admitted
+// longest ago is forgotten: its requests in flight still release correctly,
+// but its next requests are counted afresh, so its cap may be exceeded by
+// those still in flight. Size MaxSessions above the sessions you expect to
+// be active together.
 //
 // Admission is safe for concurrent use; it starts no goroutines.
 type Admission struct {
@@ -113,7 +114,9 @@ func NewAdmission(cfg AdmissionConfig) (*Admission, error) {
 // to be refused.
 func (a *Admission) Acquire(session string) (release func(), err error) {
 	var count *sessionCount
-	if session == "" {
+	if session == "" || a.perSession <= 0 {
+		// Without a per-session cap, sessions are not tracked: the global
+		// count alone, without the lock.
 		if !a.take() {
 			return nil, a.refuse("global")
 		}
@@ -166,16 +169,17 @@ func (a *Admission) take() bool {
 	}
 }
 
-// enter admits one request of session, counting it in flight globally and
-// in its session, and returns its session's count; or it returns nil and
-// the scope of the refusal. A global refusal takes precedence. The session
-// is checked before the global count is taken, both under mu, so that a
-// request refused for its session never holds a global slot.
+// enter admits one request of session, with a per-session cap, counting it
+// in flight globally and in its session, and returns its session's count;
+// or it returns nil and the scope of the refusal. A global refusal takes
+// precedence. The session is checked before the global count is taken,
+// both under mu, so that a request refused for its session never holds a
+// global slot.
 func (a *Admission) enter(session string) (*sessionCount, string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	c, ok := a.sessions.Peek(session)
-	if ok && a.perSession > 0 && c.n >= a.perSession {
+	if ok && c.n >= a.perSession {
 		if a.maxInFlight > 0 && a.inflight.Load() >= a.maxInFlight {
 			return nil, "global"
 		}
@@ -214,7 +218,8 @@ func (a *Admission) leave(session string, c *sessionCount) {
 func (a *Admission) InFlight() int { return int(a.inflight.Load()) }
 
 // Sessions returns the number of sessions tracked: those with requests in
-// flight, at most MaxSessions.
+// flight, at most MaxSessions. It is 0 without a per-session cap
+// (MaxPerSession 0), which needs no sessions tracked.
 func (a *Admission) Sessions() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()

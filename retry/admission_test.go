@@ -78,6 +78,53 @@ func TestAdmissionSessions(t *testing.T) {
 	}
 }
 
+// TestAdmissionNoSessionCap: without a per-session cap, sessions are not
+// tracked, and requests of a session count only globally, as those of no
+// session do.
+func TestAdmissionNoSessionCap(t *testing.T) {
+	a, _ := NewAdmission(AdmissionConfig{MaxInFlight: 2})
+	r1, err1 := a.Acquire("s1")
+	r2, err2 := a.Acquire("s1")
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	_, err := a.Acquire("s2")
+	overload(t, err, "global")
+	if a.InFlight() != 2 || a.Sessions() != 0 {
+		t.Fatalf("InFlight %d, Sessions %d; want 2 and none tracked", a.InFlight(), a.Sessions())
+	}
+	r1()
+	r1() // no-op
+	r3, err := a.Acquire("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2()
+	r3()
+	if a.InFlight() != 0 {
+		t.Fatalf("InFlight = %d at the end", a.InFlight())
+	}
+
+	free, _ := NewAdmission(AdmissionConfig{})
+	var releases []func()
+	for i := range 100 {
+		r, err := free.Acquire(fmt.Sprint("s", i%10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, r)
+	}
+	if free.InFlight() != 100 || free.Sessions() != 0 {
+		t.Fatalf("InFlight %d, Sessions %d; want 100 and none tracked", free.InFlight(), free.Sessions())
+	}
+	for _, r := range releases {
+		r()
+	}
+	if free.InFlight() != 0 {
+		t.Fatalf("InFlight = %d at the end", free.InFlight())
+	}
+}
+
 // TestAdmissionForgetsLeastRecent checks the LRU: a session beyond
 // MaxSessions is admitted and forgets the least recently admitted one, whose
 // requests still release their own count.

@@ -135,7 +135,8 @@ type Ejector struct {
 	members  int                  // members of h at syncedAt
 	synced   bool                 // members and syncedAt are set
 	syncedAt time.Time
-	gen      uint64 // the last membership read; marks the entries it saw
+	gen      uint64    // the last membership read; marks the entries it saw
+	last     time.Time // the latest time applied; see at
 }
 
 type epHealth struct {
@@ -148,7 +149,8 @@ type epHealth struct {
 	restored    time.Time // when the last ejection ended
 
 	// The rate-limit headroom last reported (ReportQuota): the fraction
-	// left at quotaAt, refilling to 1 by quotaFull.
+	// left at quotaAt, refilling to 1 by quotaFull. quotaAt never goes
+	// back: a report read before it is ignored.
 	quota              float64
 	quotaAt, quotaFull time.Time
 
@@ -282,11 +284,14 @@ func HealthOutcome(err error) Outcome {
 
 // Report records how an attempt on the endpoint with key ended. Reports for
 // an ejected endpoint (requests sent before its ejection) are ignored.
+// Concurrent reports apply one at a time, each at the time Report read the
+// clock or, if a report of a later time applied first, at that later time,
+// so the Ejector's time never goes back.
 func (e *Ejector) Report(key string, err error) {
 	now := e.clock.Now()
 	if d := e.coolFor(err, now); d > 0 {
 		e.mu.Lock()
-		cooled := e.cool(key, d, now)
+		cooled := e.cool(key, d, e.at(now))
 		e.mu.Unlock()
 		if cooled {
 			e.obs.cooldown(key, d) // outside the lock
@@ -299,7 +304,7 @@ func (e *Ejector) Report(key string, err error) {
 		return
 	}
 	e.mu.Lock()
-	d, ejected := e.report(key, o, now)
+	d, ejected := e.report(key, o, e.at(now))
 	e.mu.Unlock()
 	if ejected {
 		e.obs.eject(key, d) // outside the lock
@@ -314,7 +319,8 @@ func (e *Ejector) Report(key string, err error) {
 // this method.
 //
 // It also keeps the fraction of the endpoint's quota that remains, for
-// [Ejector.Headroom].
+// [Ejector.Headroom]; of concurrent calls for one endpoint, the one that
+// read the clock last sets it, whichever finishes last.
 func (e *Ejector) ReportQuota(key string, h http.Header) {
 	now := e.clock.Now()
 	if f, reset, ok := QuotaHeadroom(h, now); ok {
@@ -327,7 +333,9 @@ func (e *Ejector) ReportQuota(key string, h http.Header) {
 		if st == nil {
 			st = e.add(key)
 		}
-		st.quota, st.quotaAt, st.quotaFull = f, now, now.Add(reset)
+		if !now.Before(st.quotaAt) { // else a newer answer's headroom is kept
+			st.quota, st.quotaAt, st.quotaFull = f, now, now.Add(reset)
+		}
 		e.mu.Unlock()
 	}
 	if e.cooldown <= 0 {
@@ -339,7 +347,7 @@ func (e *Ejector) ReportQuota(key string, h http.Header) {
 	}
 	d := min(p.Delay, e.cooldown)
 	e.mu.Lock()
-	cooled := e.cool(key, d, now)
+	cooled := e.cool(key, d, e.at(now))
 	e.mu.Unlock()
 	if cooled {
 		e.obs.cooldown(key, d)
@@ -383,6 +391,21 @@ func (e *Ejector) Headroom(key string) (float64, bool) {
 		f += (1 - f) * float64(now.Sub(at)) / float64(span)
 	}
 	return min(f, 1), true
+}
+
+// at returns the time at which to apply a report or sweep whose clock
+// reading is now: now, or the latest time applied if that is later. The
+// clock is read before e.mu is taken (the pushback headers are parsed
+// outside the lock), so a goroutine may take e.mu with a reading older
+// than one already applied; applying it at its own time would set
+// ejections and cooldowns to end early, already due, and sweep with a
+// time gone back. e.mu is held.
+func (e *Ejector) at(now time.Time) time.Time {
+	if now.Before(e.last) {
+		return e.last
+	}
+	e.last = now
+	return now
 }
 
 // noPushbackLimit is the pushback limit of a cooldown: every requested
@@ -580,7 +603,7 @@ func (e *Ejector) forget(st *epHealth) {
 func (e *Ejector) Sweep() {
 	now := e.clock.Now()
 	e.mu.Lock()
-	e.sweep(now)
+	e.sweep(e.at(now))
 	e.mu.Unlock()
 }
 
@@ -636,6 +659,7 @@ func (e *Ejector) Out() (n int, next time.Duration) {
 	now := e.clock.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	now = e.at(now)
 	e.sweep(now)
 	if len(e.out) > 0 {
 		e.sync(now) // forgets endpoints that left, ejected or not
@@ -656,6 +680,7 @@ func (e *Ejector) outKeys(cooling bool) []string {
 	now := e.clock.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	now = e.at(now)
 	e.sweep(now)
 	if len(e.out) > 0 {
 		e.sync(now)

@@ -1,7 +1,6 @@
 package signals
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -65,8 +64,7 @@ func ParseOrca(header string) (OrcaReport, error) {
 	if len(header) > maxOrcaHeader {
 		return OrcaReport{}, fmt.Errorf("%w: header is %d bytes, above %d", ErrORCA, len(header), maxOrcaHeader)
 	}
-	format, body, _ := strings.Cut(strings.TrimSpace(header), " ")
-	body = strings.TrimSpace(body)
+	format, body := cutFormat(header)
 	var r OrcaReport
 	var err error
 	switch format {
@@ -490,6 +488,12 @@ func (s *Store) RecordOrca(key string, r OrcaReport, at time.Time, m OrcaMapping
 // reports whether the response carried a report; a malformed one is an
 // error and records nothing. A TEXT report without fields, which vLLM sends
 // when it has no gauge to report, is no report.
+//
+// A repeated header is read as Envoy reads it: its first value gives the
+// format, and a JSON or BIN report is that value alone. A TEXT report also
+// takes the fields of the later TEXT values (Envoy drops them), as one
+// comma-separated list: a value of bare "TEXT" adds none, a field repeated
+// across values is a duplicate, and values of another format are ignored.
 func (s *Store) RecordResponse(key string, resp *http.Response, at time.Time, m OrcaMapping) (bool, error) {
 	if resp == nil {
 		return false, nil
@@ -498,23 +502,8 @@ func (s *Store) RecordResponse(key string, resp *http.Response, at time.Time, m 
 	if len(vals) == 0 {
 		return false, nil
 	}
-	h := vals[0]
-	if len(vals) > 1 {
-		// Repeated TEXT headers are one comma-separated list.
-		var b bytes.Buffer
-		for i, v := range vals {
-			if b.Len() > maxOrcaHeader {
-				break // too long already: ParseOrca refuses it
-			}
-			if i > 0 {
-				v = strings.TrimPrefix(strings.TrimSpace(v), "TEXT ")
-				b.WriteString(", ")
-			}
-			b.WriteString(v)
-		}
-		h = b.String()
-	}
-	if strings.TrimSpace(h) == "TEXT" {
+	h, ok := orcaValue(vals)
+	if !ok {
 		// vLLM's header when it has no gauge to report.
 		return false, nil
 	}
@@ -523,4 +512,42 @@ func (s *Store) RecordResponse(key string, resp *http.Response, at time.Time, m 
 		return true, fmt.Errorf("%w (endpoint %q)", err, key)
 	}
 	return true, s.RecordOrca(key, r, at, m)
+}
+
+// orcaValue returns the report that the values vals of an [OrcaHeader]
+// header carry, as one value for [ParseOrca] (see [Store.RecordResponse]),
+// and false if it is a TEXT report without fields.
+func orcaValue(vals []string) (string, bool) {
+	format, body := cutFormat(vals[0])
+	if format != "TEXT" {
+		return vals[0], true
+	}
+	if len(vals) == 1 {
+		return vals[0], body != ""
+	}
+	var b strings.Builder
+	b.WriteString("TEXT ")
+	n := 0
+	for _, v := range vals {
+		if b.Len() > maxOrcaHeader {
+			break // too long already: ParseOrca refuses it
+		}
+		format, body := cutFormat(v)
+		if format != "TEXT" || body == "" {
+			continue
+		}
+		if n > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(body)
+		n++
+	}
+	return b.String(), n > 0
+}
+
+// cutFormat splits a header value into its format name and its report, as
+// [ParseOrca] does.
+func cutFormat(v string) (format, body string) {
+	format, body, _ = strings.Cut(strings.TrimSpace(v), " ")
+	return format, strings.TrimSpace(body)
 }

@@ -213,6 +213,69 @@ func TestRecordResponse(t *testing.T) {
 	assert.True(t, math.IsNaN(l.KVUsage))
 }
 
+// A repeated header is read as Envoy reads it, the first value giving the
+// format, except that a TEXT report takes the fields of every TEXT value:
+// vLLM's bare "TEXT", sent when it has no gauge to report, on one line and
+// the fields on another are a report.
+func TestRecordResponseRepeated(t *testing.T) {
+	const (
+		kv      = "TEXT named_metrics.kv_cache_usage_perc=0.3"
+		waiting = "TEXT named_metrics.num_requests_waiting=4"
+		both    = kv + ", named_metrics.num_requests_waiting=4"
+		running = `JSON {"named_metrics": {"num_requests_running": 7}}`
+	)
+	at := time.Unix(1000, 0)
+	nan := math.NaN()
+	cases := []struct {
+		name string
+		vals []string
+		ok   bool       // a report
+		want llmlb.Load // when recorded
+		err  string     // when refused
+	}{
+		{"bare TEXT first", []string{"TEXT", both}, true, llmlb.Load{At: at, Waiting: 4, KVUsage: 0.3}, ""},
+		{"bare TEXT with a space first", []string{"TEXT ", kv}, true, llmlb.Load{At: at, KVUsage: 0.3}, ""},
+		{"bare TEXT last", []string{kv, "TEXT"}, true, llmlb.Load{At: at, KVUsage: 0.3}, ""},
+		{"bare TEXT between", []string{kv, "TEXT", waiting}, true, llmlb.Load{At: at, Waiting: 4, KVUsage: 0.3}, ""},
+		{"fields on two lines", []string{kv, waiting}, true, llmlb.Load{At: at, Waiting: 4, KVUsage: 0.3}, ""},
+		{"only bare TEXT", []string{"TEXT", "TEXT "}, false, llmlb.Load{}, ""},
+		{"TEXT then JSON", []string{waiting, running}, true, llmlb.Load{At: at, Waiting: 4, KVUsage: nan}, ""},
+		{"bare TEXT then JSON", []string{"TEXT", running}, false, llmlb.Load{}, ""},
+		{"JSON twice", []string{running, `JSON {"named_metrics": {"num_requests_running": 9}}`}, true, llmlb.Load{At: at, Running: 7, KVUsage: nan}, ""},
+		{"JSON then TEXT", []string{running, waiting}, true, llmlb.Load{At: at, Running: 7, KVUsage: nan}, ""},
+		{"BIN then TEXT", []string{orcaBin(0.5, "num_requests_waiting", 2), waiting}, true, llmlb.Load{At: at, Waiting: 2, KVUsage: nan}, ""},
+		{"field on two lines", []string{waiting, "TEXT named_metrics.num_requests_waiting=5"}, true, llmlb.Load{}, "duplicate"},
+		{"bad later TEXT", []string{"TEXT", "TEXT garbage"}, true, llmlb.Load{}, "not name=value"},
+		{"unknown format first", []string{"XML <a/>", waiting}, true, llmlb.Load{}, "unsupported format"},
+		{"too long", []string{kv, "TEXT " + strings.Repeat("named_metrics.a=1,", 1000), "TEXT " + strings.Repeat("named_metrics.b=1,", 1000)}, true, llmlb.Load{}, "bytes"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var s signals.Store
+			resp := &http.Response{Header: http.Header{http.CanonicalHeaderKey(signals.OrcaHeader): c.vals}}
+			ok, err := s.RecordResponse("a", resp, at, signals.OrcaMapping{})
+			assert.Equal(t, c.ok, ok)
+			l, found := s.Load("a")
+			if c.err != "" {
+				require.ErrorIs(t, err, signals.ErrORCA)
+				assert.Contains(t, err.Error(), c.err)
+				assert.False(t, found)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, c.ok, found)
+			if !c.ok {
+				return
+			}
+			if math.IsNaN(c.want.KVUsage) {
+				assert.True(t, math.IsNaN(l.KVUsage), "KV usage %v", l.KVUsage)
+				l.KVUsage, c.want.KVUsage = 0, 0
+			}
+			assert.Equal(t, c.want, l)
+		})
+	}
+}
+
 // scraped is a full observation of a vLLM replica at at, as a scrape
 // records it.
 func scraped(at time.Time) signals.Observation {
