@@ -56,7 +56,9 @@ type OrcaReport struct {
 //	JSON {"cpu_utilization": 0.3, "named_metrics": {"kv_cache_usage_perc": 0.4}}
 //	BIN <base64 of the serialized OrcaLoadReport protobuf>
 //
-// In TEXT, map entries are written with the prefixes named_metrics.,
+// In TEXT, a field may also be written name:value, as Envoy's parser
+// (source/common/orca/orca_parser.cc) reads it where vLLM writes name=value.
+// Map entries are written with the prefixes named_metrics.,
 // utilization. and request_cost.; an unknown field, a duplicate, or a value
 // that is not a finite number is an error wrapping [ErrORCA], as is a
 // negative utilization or rate.
@@ -100,9 +102,15 @@ func (r *OrcaReport) parseText(body string) error {
 	seen := make(map[string]bool)
 	for field := range strings.SplitSeq(body, ",") {
 		name, val, ok := strings.Cut(strings.TrimSpace(field), "=")
+		if !ok {
+			// Envoy's native form before its format prefixes
+			// (source/common/orca/orca_parser.cc, v1.29) separates
+			// with a colon.
+			name, val, ok = strings.Cut(strings.TrimSpace(field), ":")
+		}
 		name, val = strings.TrimSpace(name), strings.TrimSpace(val)
 		if !ok || name == "" || val == "" {
-			return fmt.Errorf("%w: TEXT field %q is not name=value", ErrORCA, truncate(field))
+			return fmt.Errorf("%w: TEXT field %q is not name=value (or name:value)", ErrORCA, truncate(field))
 		}
 		if seen[name] {
 			return fmt.Errorf("%w: duplicate field %q", ErrORCA, truncate(name))
