@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -582,7 +584,7 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 		return resp, nil, &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}
 	}
 	b = &body{rc: resp.Body}
-	code, err := b.peek(resp, t.peek)
+	code, err := b.peek(resp, t.peek+preambleAllowance(a.req))
 	if err != nil {
 		_ = resp.Body.Close()
 		return nil, nil, err
@@ -633,4 +635,18 @@ func (t *Transport) wait(d time.Duration) <-chan time.Time {
 		return t.after(d)
 	}
 	return time.After(d)
+}
+
+// preambleAllowance is how many bytes beyond Config.MaxPeekBytes an
+// attempt of req may hold back before its first event: for an OpenAI
+// Responses request, twice its body, since each of the preamble events
+// held back before its first output (response.created and
+// response.in_progress; see preambleEvent) repeats the request's
+// instructions and tools; for any other request, none. The body is held in
+// memory already, bounded by Config.MaxBodyBytes.
+func preambleAllowance(req *http.Request) int {
+	if req.ContentLength <= 0 || !strings.HasSuffix(req.URL.Path, "/responses") {
+		return 0
+	}
+	return int(min(req.ContentLength, math.MaxInt32)) * 2
 }

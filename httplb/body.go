@@ -91,18 +91,18 @@ func (b *body) end(err error) {
 
 // peek reads the start of resp's body until its first event is known: for
 // a text/event-stream, to the end of the first line that starts with the
-// "data:" field, or only to the first byte of its value if that is not an
-// object (no error event then); for anything else (or a compressed stream),
-// the first byte. It gives up waiting after limit bytes. An EOF ends the
-// wait without error; another read error is returned, and the attempt is
-// then retryable. If the first event is an error event (see
-// [OutputCounter]), code is the status it stands for (see errorEventCode);
-// otherwise code is 0.
+// "data:" field and is not a preamble event (see preambleEvent), or only
+// to the first byte of its value if that is not an object (no error event
+// then); for anything else (or a compressed stream), the first byte. The
+// preamble events before it are held back with it. It gives up waiting
+// after limit bytes. An EOF ends the wait without error; another read
+// error is returned, and the attempt is then retryable. If the first event
+// is an error event (see [OutputCounter]), code is the status it stands
+// for (see errorEventCode); otherwise code is 0.
 func (b *body) peek(resp *http.Response, limit int) (code int, err error) {
 	stream := isEventStream(resp.Header)
-	var first sse.FirstEvent
-	data := -1      // the offset in buf past the first event's "data:"
-	object := false // the first event's value starts with an object
+	var ev eventPeek
+	ev.data = -1
 	buf := make([]byte, 0, 512)
 	for len(buf) < limit {
 		if len(buf) == cap(buf) {
@@ -118,29 +118,8 @@ func (b *body) peek(resp *http.Response, limit int) (code int, err error) {
 			b.rc = eofReader{b.rc}
 		}
 		if n > 0 {
-			if !stream {
+			if !stream || ev.feed(buf, from) {
 				break
-			}
-			if data < 0 {
-				prev := first
-				if first.Feed(buf[from:]) {
-					data = from + dataEnd(prev, buf[from:])
-				}
-			}
-			if data >= 0 {
-				rest := buf[max(from, data):]
-				if bytes.ContainsAny(rest, "\r\n") {
-					break // the line is complete
-				}
-				if !object {
-					// The value has been whitespace so far.
-					if i := indexNonSpace(rest); i >= 0 {
-						if rest[i] != '{' {
-							break // not an object: no error event
-						}
-						object = true
-					}
-				}
 			}
 		}
 		if eof {
@@ -151,14 +130,81 @@ func (b *body) peek(resp *http.Response, limit int) (code int, err error) {
 		}
 	}
 	b.buf = buf
-	if data < 0 {
+	if ev.data < 0 {
 		return 0, nil
 	}
-	value := buf[data:]
+	value := buf[ev.data:]
 	if i := bytes.IndexAny(value, "\r\n"); i >= 0 {
 		value = value[:i]
 	}
-	return errorEventCode(buf[:data], value), nil
+	return errorEventCode(buf[:ev.data], value), nil
+}
+
+// eventPeek follows an event stream held back by peek, across reads, to
+// its first event that is not a preamble event.
+type eventPeek struct {
+	first  sse.FirstEvent // finds the next "data:" line, from the end of the last preamble event
+	data   int            // the offset in the held-back bytes past the current event's "data:"; -1: not found yet
+	object bool           // the current event's value starts with an object
+}
+
+// feed reads buf[from:], the bytes of the stream buf just read, and reports
+// whether the wait is over: the current event's line has ended and it is
+// no preamble event, or its value has begun with anything but an object.
+func (e *eventPeek) feed(buf []byte, from int) bool {
+	for {
+		if e.data < 0 {
+			prev := e.first
+			if !e.first.Feed(buf[from:]) {
+				return false
+			}
+			e.data = from + dataEnd(prev, buf[from:])
+		}
+		at := max(from, e.data)
+		i := bytes.IndexAny(buf[at:], "\r\n")
+		if i < 0 {
+			if !e.object {
+				// The value has been whitespace so far.
+				if j := indexNonSpace(buf[at:]); j >= 0 {
+					if buf[at+j] != '{' {
+						return true // not an object: no error event
+					}
+					e.object = true
+				}
+			}
+			return false
+		}
+		// The line is complete. A value that follows "data:" on its line
+		// (not a "data" line without a colon) may be a preamble event:
+		// then look for the next event from the line break on, with a
+		// fresh FirstEvent, which the line break puts past the stream's
+		// byte-order mark.
+		end := at + i
+		if buf[e.data-1] != ':' || !preambleEvent(buf[e.data:end]) {
+			return true
+		}
+		e.first, e.data, e.object = sse.FirstEvent{}, -1, false
+		from = end
+	}
+}
+
+// preambleEvent reports whether value, the data of an event stream line,
+// is that of a preamble event: an OpenAI Responses event that vLLM and
+// SGLang send before the engine has produced anything, as soon as they
+// accept the request (response.created and response.in_progress), or that
+// OpenAI sends while a background response waits (response.queued): a
+// JSON object whose top-level "type" is one of those, without an error
+// (see [OutputCounter.Failed]). A stream is committed at its first event
+// that is none, so that a failure during the prefill is retried and the
+// time to it is the time to the first token. Anthropic's message_start is
+// no preamble: vLLM sends it with its first output. It does not allocate.
+func preambleEvent(value []byte) bool {
+	if i := indexNonSpace(value); i < 0 || value[i] != '{' || !bytes.Contains(value, []byte(`"`+responsePrefix)) {
+		return false
+	}
+	c := OutputCounter{sse: true, mark: sse.MarkPast, field: lineData, done: -1}
+	c.Count(value)
+	return c.preamble && !c.failed
 }
 
 // dataEnd returns the offset in p past the "data:" that e, fed p, found,
@@ -186,8 +232,8 @@ func indexNonSpace(p []byte) int {
 // errorEventCode returns the status that the first event of a stream stands
 // for, given the stream's bytes before the event's value (head) and the
 // value, the rest of its line: 0 if it is not an error event (see
-// [OutputCounter.Failed]); else the error's "code" if it is a number from
-// 100 to 599, as vLLM and SGLang give one (OpenAI's are strings); else 500.
+// [OutputCounter.Failed]); else the status of the error's "code" (see
+// codeStatus).
 // The code is that of the event's "error" object, else, in an OpenAI
 // Responses "error" event, the event's own, else, in a "response.failed"
 // event, that of its response's error. It allocates only for an error
@@ -209,6 +255,18 @@ func errorEventCode(head, value []byte) int {
 	}
 	if code == nil {
 		code = rawMember(rawMember(rawMember(value, "response"), errorKey), "code")
+	}
+	return codeStatus(code)
+}
+
+// codeStatus returns the status an error event's "code" stands for: the
+// code if it is a number from 100 to 599, as vLLM and SGLang give one;
+// 429 for OpenAI's "rate_limit_exceeded" and "insufficient_quota", the
+// codes of its 429 answers; else 500, as for OpenAI's "server_error".
+func codeStatus(code json.RawMessage) int {
+	switch string(code) {
+	case `"rate_limit_exceeded"`, `"insufficient_quota"`:
+		return http.StatusTooManyRequests
 	}
 	n, err := strconv.Atoi(string(code))
 	if err != nil || n < 100 || n > 599 {

@@ -32,22 +32,30 @@
 // until the response's first event arrives, honouring Retry-After with the
 // back-off, budget and pushback rules of package retry, and optionally hedges
 // an attempt that is slow to start on another endpoint. The first event (the
-// first "data:" line of a server-sent event stream, or the first byte of any
-// other body) is the commitment point: the pick's FirstToken is called and the
-// response is returned; from then on every body Read passes straight through,
+// first "data:" line of a server-sent event stream, after the preamble
+// events an OpenAI Responses stream starts with before generation, or the
+// first byte of any other body) is the commitment point: the pick's
+// FirstToken is called and the response is returned; from then on every body Read passes straight through,
 // a failure reaches the caller as a read error and is never retried, and the
 // pick's Done is called exactly once when the body ends, fails or is closed.
 // An event stream is held back to the end of its first "data:" line (or
 // only to the first byte of its value, if that is not a JSON object; at
 // most [Config.MaxPeekBytes]), to tell whether the first event is an error
-// event: data with an "error" object at its top level, which vLLM and
+// event. A Responses stream's response.created, response.in_progress and
+// response.queued events, which vLLM and SGLang send as soon as they accept
+// the request, before the prompt is prefilled, are held back with it and
+// are no first event: a failure during the prefill is retried, hedges wait
+// for the first output, and FirstToken, from which a balancer learns each
+// replica's prefill speed, is called at the first output. An error event
+// is data with an "error" object at its top level, which vLLM and
 // SGLang send after their 200 when generation fails, as OpenAI and
 // Anthropic do, or with the "type" "error" or "response.failed" of the
 // OpenAI Responses API (see [OutputCounter.Failed]). Such a first event is
 // no commitment: nothing reached the client, and the attempt fails like a
-// status answer whose status is the error's "code" (500 if it has none
-// from 100 to 599), retried on another endpoint if that status is (by
-// default a 408, 429, 500, 502, 503 or 504, not a 400). When it is not
+// status answer whose status is the error's "code" (429 for OpenAI's
+// "rate_limit_exceeded" and "insufficient_quota", 500 if it has none from
+// 100 to 599), retried on another endpoint if that status is (by default a
+// 408, 429, 500, 502, 503 or 504, not a 400). When it is not
 // retried, the caller gets the stream as the upstream sent it, the 200 and
 // the error event, and its pick ends, as the Reporter is told, with
 // that status as the error. A stream that carried an error event after its
@@ -61,8 +69,9 @@
 //
 // The first event is also where retries stop: once an attempt has it, no
 // retry or hedge starts and no other attempt can commit. An attempt that
-// sends nothing at all (only SSE comments, say), or never ends its first
-// "data:" line, is bounded by [Config.FirstEventTimeout], off by default.
+// sends nothing at all (only SSE comments or preamble events, say), or
+// never ends its first "data:" line, is bounded by
+// [Config.FirstEventTimeout], off by default.
 //
 // [NewProxy] wraps a Transport in a ReverseProxy that flushes every event as
 // it arrives, and whose error handler, made by [NewErrorHandler], maps

@@ -219,6 +219,9 @@ func FuzzOutputCounter(f *testing.F) {
 		"data: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\"}\n",
 		"data: {\"type\" : \"response.failed\",\"response\":{\"error\":{\"code\":\"x\"}}}",
 		"data: {\"x\":{\"type\":\"error\"},\"type\":\"response.function_call_arguments.delta\"}\n",
+		"data: {\"type\":\"response.in_progress\",\"response\":{\"type\":\"response.created\"}}",
+		"data: {\"type\":\"response.queued\",\"type\":\"response.in_progresz\"}",
+		"data: {\"type\":\"response.created\",\"error\":{}}",
 		"data",
 		"",
 	} {
@@ -264,6 +267,9 @@ func FuzzOutputCounter(f *testing.F) {
 			if doc := body[len("data:"):]; json.Valid(doc) && failed != errorEventReference(doc) {
 				t.Fatalf("%q: failed %v, want %v", body, failed, !failed)
 			}
+			if doc := body[len("data:"):]; json.Valid(doc) && preambleEvent(doc) != preambleReference(doc) {
+				t.Fatalf("%q: preamble %v, want %v", body, !preambleReference(doc), preambleReference(doc))
+			}
 		}
 		// A JSON body without escapes (an escaped key is never read)
 		// against a decoder's reading of the same rule.
@@ -306,6 +312,34 @@ func errorEventReference(doc []byte) bool {
 		}
 	}
 	return failed
+}
+
+// preambleReference reports whether the valid JSON document doc is the
+// data of a preamble event, as preambleEvent reads it, with encoding/json:
+// an object that is no error event (see errorEventReference) and whose last
+// top-level "type" with a string value is response.created,
+// response.in_progress or response.queued.
+func preambleReference(doc []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return false
+	}
+	preamble := false
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var v json.RawMessage
+		if dec.Decode(&v) != nil {
+			return false
+		}
+		var typ string
+		if tok == typeKey && json.Unmarshal(v, &typ) == nil {
+			preamble = typ == createdType || typ == inProgressType || typ == queuedType
+		}
+	}
+	return preamble && !errorEventReference(doc)
 }
 
 // usageReference returns the last usage count of a valid JSON document as

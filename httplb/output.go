@@ -74,6 +74,10 @@ type OutputCounter struct {
 	// that carries no token: its "type" starts with "response." and does
 	// not end in ".delta".
 	noToken bool
+	// preamble is set if the current line is an OpenAI Responses event
+	// sent before generation: its last top-level "type" is one of the
+	// preamble types.
+	preamble bool
 
 	// The value of the "type" key of an event's top-level object, while
 	// it is read: its head is in key.
@@ -150,6 +154,20 @@ const (
 	deltaSuffix    = ".delta"
 	// deltaEnd is deltaSuffix in the low bytes of OutputCounter.typeEnd.
 	deltaEnd = uint64('.')<<40 | uint64('d')<<32 | uint64('e')<<24 | uint64('l')<<16 | uint64('t')<<8 | uint64('a')
+)
+
+// The types of the OpenAI Responses events that a stream may start with
+// before generation: vLLM and SGLang send response.created and
+// response.in_progress as soon as the request is accepted, before the
+// prompt is prefilled, and OpenAI a response.queued while a background
+// response waits. None carries anything the engine produced. The longest
+// is longer than OutputCounter.key: its head is in key and the rest of it,
+// inProgressTail, in the low bytes of OutputCounter.typeEnd.
+const (
+	createdType    = "response.created"
+	inProgressType = "response.in_progress"
+	queuedType     = "response.queued"
+	inProgressTail = uint64('e')<<16 | uint64('s')<<8 | uint64('s') // inProgressType[maxUsageKeyLen:]
 )
 
 // Count consumes the next piece of the body, p, and returns the tokens it
@@ -404,6 +422,11 @@ func (c *OutputCounter) endString() {
 // a delta.
 func (c *OutputCounter) endType() {
 	head := c.key[:c.keyLen]
+	// The last "type" of the object is its type, as JSON decoders read it.
+	c.preamble = int(c.typeLen) == len(createdType) && string(head) == createdType ||
+		int(c.typeLen) == len(queuedType) && string(head) == queuedType ||
+		int(c.typeLen) == len(inProgressType) && string(head) == inProgressType[:maxUsageKeyLen] &&
+			c.typeEnd&(1<<(8*(len(inProgressType)-maxUsageKeyLen))-1) == inProgressTail
 	switch {
 	case int(c.typeLen) == len(errorType) && string(head) == errorType,
 		int(c.typeLen) == len(failedType) && string(head) == failedType:

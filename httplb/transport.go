@@ -20,8 +20,9 @@ import (
 
 // DefaultMaxPeekBytes bounds the response bytes a Transport holds back while
 // it waits for the first event of a stream: a stream whose first "data:"
-// line has not ended within this many bytes is committed anyway, unless
-// what it holds of that line is already an error event.
+// line (after any preamble events, see [Transport]) has not ended within
+// this many bytes is committed anyway, unless what it holds of that line is
+// already an error event.
 const DefaultMaxPeekBytes = 64 << 10
 
 // maxDrainBytes bounds what is read from a failed attempt's body so that its
@@ -154,14 +155,16 @@ type Config struct {
 	// evict each other.
 	Store *signals.Store
 	// MaxPeekBytes bounds the bytes held back before the first event of a
-	// stream, to the end of its first "data:" line. 0 means
-	// [DefaultMaxPeekBytes].
+	// stream, to the end of its first "data:" line that is no preamble
+	// event (see [Transport]). 0 means [DefaultMaxPeekBytes]. A Responses
+	// request (a path ending in /responses) may hold back twice its body
+	// more, since vLLM's preamble events repeat its instructions and tools.
 	MaxPeekBytes int
 	// FirstEventTimeout, if positive, bounds each attempt's wait for its
 	// first event, from the moment it is sent: an attempt that has not
 	// committed by then (no response, a stream of nothing but SSE
-	// comments and keep-alives, or one whose first "data:" line has not
-	// ended) is cancelled and fails with [ErrFirstEventTimeout], which
+	// comments, keep-alives and preamble events, or one whose first
+	// "data:" line has not ended) is cancelled and fails with [ErrFirstEventTimeout], which
 	// [retry.DefaultClassify] retries on another endpoint like a
 	// connection error, within Retry.MaxAttempts and the budget. Its pick is finished with that error and the
 	// Retry.Reporter is told of it.
@@ -198,11 +201,20 @@ type Config struct {
 // A 2xx response is committed when its first event arrives: for a
 // text/event-stream, the first "data:" line, once it has ended (or its
 // value has begun with anything but a JSON object); for anything else, the
-// first byte. A stream whose first event is an error event (data with an
-// "error" object at its top level, which vLLM and SGLang send when
-// generation fails after their 200) is not committed: its attempt fails as
-// a status answer would, with the error's "code" as the status (500 when it
-// has none from 100 to 599), and is retried or returned as such, with the
+// first byte. The preamble events of an OpenAI Responses stream
+// (response.created, response.in_progress, response.queued: a top-level
+// "type" of one of those), which vLLM and SGLang send as soon as they
+// accept the request, before the prompt is prefilled, are no first event:
+// they are held back with it and passed on before it, so that a failure
+// during the prefill is retried and the time to the first event is the
+// time to the first token, and hedges wait for it. A stream of nothing but
+// preamble events is committed at its end, or when it reaches
+// [Config.MaxPeekBytes]. A stream whose first event is an error event
+// (data with an "error" object at its top level, which vLLM and SGLang
+// send when generation fails after their 200) is not committed: its
+// attempt fails as a status answer would, with the error's "code" as the
+// status (429 for OpenAI's "rate_limit_exceeded" and "insufficient_quota",
+// 500 when it has none from 100 to 599), and is retried or returned as such, with the
 // bytes as sent. RoundTrip holds back the first bytes, calls the pick's
 // FirstToken and returns the response; its body then passes every Read straight through
 // (no buffering), reports the output tokens it carries to the pick with
