@@ -12,11 +12,16 @@
 // an endpoint and answers with its address in the x-gateway-destination-endpoint
 // header and in the envoy.lb dynamic metadata, as the endpoint picker
 // protocol (version [ProtocolVersion], docs/proposals/004-endpoint-picker-protocol
-// in kubernetes-sigs/gateway-api-inference-extension) requires. It then
+// in kubernetes-sigs/gateway-api-inference-extension) requires. With a
+// subset hint from the data plane, the picked endpoint and its fallbacks
+// are among the hint's hosts, even while the pool changes. It then
 // watches the response on the same stream: the pick's FirstToken is called on
 // the first event of a server-sent event stream (the first byte of any other
-// body) and its Done when the response ends, fails, or the stream is
-// cancelled, so the balancer's accounting is exact and returns to zero.
+// body), past the events an OpenAI Responses stream starts with before
+// generation (those named response.created, response.in_progress or
+// response.queued by their "event:" line, which vLLM and SGLang send before
+// the prompt is prefilled), and its Done when the response ends, fails, or
+// the stream is cancelled, so the balancer's accounting is exact and returns to zero.
 // The output tokens of the response body chunks it is sent are reported with
 // the pick's Generated, counted by an [httplb.OutputCounter] (one per event,
 // or the usage count the response reports), so that a balancer with

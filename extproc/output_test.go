@@ -154,3 +154,30 @@ func TestErrorEventEndsThePickAsAFailure(t *testing.T) {
 	require.ErrorIs(t, errs[0], httplb.ErrErrorEvent)
 	require.NoError(t, errs[1])
 }
+
+// The response.created and response.in_progress events that vLLM sends of
+// a Responses stream as soon as it accepts the request, before the prompt
+// is prefilled, are no first token: the first is the event that follows
+// them, with the engine's first output.
+func TestResponsesPreambleNoFirstToken(t *testing.T) {
+	b := newBalancer(t, 1, nil)
+	h := start(t, extproc.Config{Balancer: b})
+	e, picked := exchange(t, h, reasoningBody("low"))
+	e.send(responseHeaders(200, "text/event-stream", false))
+	require.NotNil(t, e.recv().GetResponseHeaders())
+	for _, chunk := range []string{
+		"event: response.created\ndata: {\"response\":{\"status\":\"in_progress\"},\"sequence_number\":0,\"type\":\"response.created\"}\n\n",
+		"event: response.in_progress\ndata: {\"response\":{\"status\":\"in_progress\"},\"sequence_number\":1,\"type\":\"response.in_progress\"}\n\nevent: response.output_item.added\nda",
+	} {
+		e.send(responseBody(chunk, false))
+		require.Equal(t, chunk, string(streamedBack(t, e.recv(), false).GetBody()))
+		require.EqualValues(t, 1, stats(b, picked).Queued, "FirstToken at a preamble event (after %q)", chunk)
+	}
+	e.send(responseBody("ta: {\"item\":{\"type\":\"message\"},\"type\":\"response.output_item.added\"}\n\n", false))
+	streamedBack(t, e.recv(), false)
+	require.EqualValues(t, 0, stats(b, picked).Queued, "no FirstToken at the first output")
+	e.send(responseBody("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"output_tokens\":1}}}\n\n", true))
+	streamedBack(t, e.recv(), false)
+	require.NoError(t, e.closeAndWait())
+	waitIdle(t, b)
+}

@@ -26,6 +26,12 @@ const maxChunk = 62000
 // errEmptySubset: the data plane's subset hint allows no member.
 var errEmptySubset = errors.New("extproc: no endpoint in the subset hint")
 
+// errNotCandidate finishes a pick of an endpoint that joined the pool after
+// the request's candidates were chosen, and that is not one of them (outside
+// the subset hint, or not the endpoint that served the request): the
+// request is picked again.
+var errNotCandidate = errors.New("extproc: picked an endpoint that is not a candidate")
+
 // errBodyBudget: the request bodies the Server holds leave no room for
 // this one ([Config.MaxBufferedBytes]).
 var errBodyBudget = errors.New("extproc: request bodies in flight are over the server's budget")

@@ -24,11 +24,15 @@ import (
 // Names of the endpoint picker protocol, from
 // docs/proposals/004-endpoint-picker-protocol/README.md and
 // pkg/epp/metadata/consts.go of kubernetes-sigs/gateway-api-inference-extension
-// v1.5.0.
+// v1.5.0, unchanged in the proposal's latest revision (1e90962, April 2026)
+// and in llm-d/llm-d-router v0.10.0 (pkg/epp/metadata/consts.go), which
+// maintains the reference picker since the inference extension's v1.6.0.
 const (
 	// ProtocolVersion is the version of the endpoint picker protocol this
 	// package implements (the proposal's version history: fallback lists
-	// since v0.4.0, the served-endpoint metadata since v1.0.0).
+	// since v0.4.0, the served-endpoint metadata since v1.0.0; the latest
+	// revision, still v1.0.0, adds that the picker MUST support the
+	// streamed body modes and serve gRPC health, which cmd/llmlb-epp does).
 	ProtocolVersion = "v1.0.0"
 	// DestinationHeader is the request header, and the key in the
 	// [MetadataNamespace] dynamic metadata, that carries the picked endpoint
@@ -99,7 +103,12 @@ type Config struct {
 	// reached: the healthy endpoints with the fewest requests in flight,
 	// ties broken at random. 0, the default, lists only the picked endpoint,
 	// as the inference extension's default picker does; at most
-	// [MaxFallbacks].
+	// [MaxFallbacks]. Set it only for a data plane that reads the list (one
+	// using Envoy's override_host load balancing policy): an ORIGINAL_DST
+	// cluster that routes on the header or the metadata parses a single
+	// address (envoyproxy/envoy
+	// source/extensions/clusters/original_dst/original_dst_cluster.cc), and
+	// fails every request given a list.
 	Fallbacks int
 	// Logger receives refusals (Info), internal failures (Error) and
 	// protocol violations (Warn). nil means [slog.Default].
@@ -225,13 +234,15 @@ func protocolError(format string, args ...any) error {
 	return status.Errorf(codes.FailedPrecondition, "extproc: "+format, args...)
 }
 
-// fallbacksFor returns up to s.fallbacks member keys other than primary and
-// those in exclude, healthy, fewest requests in flight first, ties at random.
-func (s *Server) fallbacksFor(primary string, exclude map[string]bool) []string {
+// fallbacksFor returns up to s.fallbacks member keys other than primary
+// whose host allowed holds (any, if allowed is nil), healthy, fewest requests
+// in flight first, ties at random. The hosts are matched here, on the
+// members of now, because the pool may have grown since the pick.
+func (s *Server) fallbacksFor(primary string, allowed map[string]bool) []string {
 	stats := s.b.Stats()
 	cand := stats[:0]
 	for _, e := range stats {
-		if e.Key != primary && e.Healthy && !exclude[e.Key] {
+		if e.Key != primary && e.Healthy && (allowed == nil || allowed[hostOf(e.Key)]) {
 			cand = append(cand, e)
 		}
 	}

@@ -18,7 +18,6 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
-	"github.com/llmlb/llmlb/internal/sse"
 	"github.com/llmlb/llmlb/retry"
 )
 
@@ -65,7 +64,7 @@ type stream struct {
 	respStarted bool // response headers (or body, with headers skipped) seen
 	status      int  // the response's :status; 0 while unknown
 	sse         bool // the response is a server-sent event stream
-	events      sse.FirstEvent
+	events      firstEvent
 	output      httplb.OutputCounter // counts the response's output tokens for the pick
 	generated   int                  // the output tokens counted so far
 	first       bool                 // FirstToken was called
@@ -386,13 +385,13 @@ func (st *stream) decide() (string, error) {
 		}
 		st.release = release
 	}
-	var exclude map[string]bool
+	var allowed map[string]bool // the hint's hosts; nil: no hint
 	if st.subset != nil {
-		if exclude, lr.Exclude, err = st.subsetExclusions(); err != nil {
+		if allowed, lr.Exclude, err = st.subsetExclusions(); err != nil {
 			return "", err
 		}
 	}
-	p, err := st.s.b.Pick(st.ctx, &lr)
+	p, err := st.s.pickAllowed(st.ctx, &lr, allowed)
 	if err != nil {
 		return "", err
 	}
@@ -402,8 +401,40 @@ func (st *stream) decide() (string, error) {
 	if st.s.fallbacks == 0 {
 		return st.primary, nil
 	}
-	fb := st.s.fallbacksFor(st.primary, exclude)
+	fb := st.s.fallbacksFor(st.primary, allowed)
 	return strings.Join(append([]string{st.primary}, fb...), ","), nil
+}
+
+// pickAllowed picks an endpoint for lr whose host allowed holds (any, if
+// allowed is nil). lr.Exclude, the members outside allowed, is a snapshot
+// of the pool: a member that joined since may be picked, and is then
+// excluded in turn and the request picked again, so that the protocol's
+// rule that the picker MUST only select endpoints from the subset holds
+// while the pool scales.
+func (s *Server) pickAllowed(ctx context.Context, lr *llmlb.Request, allowed map[string]bool) (llmlb.Pick, error) {
+	if allowed == nil {
+		return s.b.Pick(ctx, lr)
+	}
+	return s.pickWhere(ctx, lr, func(key string) bool { return allowed[hostOf(key)] })
+}
+
+// pickWhere picks an endpoint for lr whose key ok accepts: a pick of any
+// other (a member that joined after lr.Exclude was made) is finished with
+// errNotCandidate, its endpoint excluded, and the request picked again.
+// The loop ends: each round excludes one more member.
+func (s *Server) pickWhere(ctx context.Context, lr *llmlb.Request, ok func(key string) bool) (llmlb.Pick, error) {
+	for {
+		p, err := s.b.Pick(ctx, lr)
+		if err != nil {
+			return p, err
+		}
+		key := p.Endpoint().Key()
+		if ok(key) {
+			return p, nil
+		}
+		p.Done(errNotCandidate)
+		lr.Exclude = append(lr.Exclude, key)
+	}
 }
 
 // admissionKey scopes the session of lr by its tenant, as httplb's
@@ -424,11 +455,12 @@ func (st *stream) noteSubset(m *extprocv3.ProcessingRequest) {
 	}
 }
 
-// subsetExclusions returns the member keys the subset hint leaves out, as a
-// set and as a list, or errEmptySubset if it allows no member. Members match
-// an entry by host, as the v1.5.0 EPP matches pods by IP address
-// (pkg/epp/requestcontrol/candidates.go Locate); entries that are not
-// strings are ignored, and a hint that is not a list is no hint.
+// subsetExclusions returns the hosts the subset hint allows, and the member
+// keys it leaves out, or errEmptySubset if it allows no member. Members match
+// an entry by host, as the EPP matches pods by IP address (pkg/epp/requestcontrol/candidates.go
+// Locate, in kubernetes-sigs/gateway-api-inference-extension v1.5.0 and
+// llm-d/llm-d-router v0.10.0); entries that are not strings are ignored, and
+// a hint that is not a list is no hint (nil, nil, nil).
 func (st *stream) subsetExclusions() (map[string]bool, []string, error) {
 	list := st.subset.GetListValue()
 	if list == nil {
@@ -441,18 +473,16 @@ func (st *stream) subsetExclusions() (map[string]bool, []string, error) {
 		}
 	}
 	stats := st.s.b.Stats()
-	exclude := make(map[string]bool, len(stats))
 	var keys []string
 	for _, e := range stats {
 		if !allowed[hostOf(e.Key)] {
-			exclude[e.Key] = true
 			keys = append(keys, e.Key)
 		}
 	}
 	if len(keys) == len(stats) {
 		return nil, nil, errEmptySubset
 	}
-	return exclude, keys, nil
+	return allowed, keys, nil
 }
 
 // hostOf strips the port from an "address:port" endpoint, as the v1.5.0
@@ -502,7 +532,7 @@ func (st *stream) noteServed(m *extprocv3.ProcessingRequest) {
 	}
 	lr := st.lr
 	lr.Exclude = exclude
-	p, err := st.s.b.Pick(st.ctx, &lr)
+	p, err := st.s.pickWhere(st.ctx, &lr, func(key string) bool { return key == served })
 	if err != nil {
 		return
 	}
@@ -525,8 +555,9 @@ func addHeader(h http.Header, k, v string) http.Header {
 	return h
 }
 
-// observeBody calls FirstToken at the first event of a successful response,
-// and reports the output tokens of every chunk with Generated.
+// observeBody calls FirstToken at the first event of a successful response
+// (see firstEvent), and reports the output tokens of every chunk with
+// Generated.
 func (st *stream) observeBody(chunk []byte) {
 	if !st.picked || st.finished || len(chunk) == 0 || !st.success() {
 		return

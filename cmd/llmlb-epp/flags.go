@@ -110,7 +110,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.Float64Var(&o.cacheWeight, "cache-weight", 0, "default: credit per cached prompt token, in prefill tokens (0: the policy's default)")
 	fs.IntVar(&o.sampled, "sampled", 0, "default: score only the prefix holders and this many random candidates (0: every candidate up to 64, 16 beyond; negative: every candidate)")
 	fs.StringVar(&o.score, "score", "requests", "p2c: the score, requests, tokens or kv")
-	fs.IntVar(&o.fallbacks, "fallbacks", 0, fmt.Sprintf("endpoints listed after the picked one for the data plane to retry on (0-%d)", extproc.MaxFallbacks))
+	fs.IntVar(&o.fallbacks, "fallbacks", 0, fmt.Sprintf("endpoints listed after the picked one for the data plane to retry on (0-%d); only for a data plane that reads the list (Envoy's override_host load balancing policy), not an ORIGINAL_DST cluster, which takes one address", extproc.MaxFallbacks))
 	fs.IntVar(&o.decode, "decode-allowance", 0, "expected output tokens of a request that does not say (0: llmlb's default)")
 	fs.BoolVar(&o.predict, "predict-outputs", false, "learn the output lengths of each kind of request (tenant, model, reasoning effort) from the streamed responses and charge them instead of the decode allowance")
 	fs.StringVar(&o.featureHeader, "feature-header", "", "append this header's value (a route or prompt template) to the kind of request whose output lengths -predict-outputs learns; only behind a proxy that sets or strips it")
@@ -123,7 +123,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.Int64Var(&o.maxBuffered, "max-buffered-bytes", extproc.DefaultMaxBufferedBytes, "most bytes of request bodies held at once, over all streams and connections; a request beyond it is answered 429 (0: the default; at least -max-body-bytes)")
 	fs.Int64Var(&o.maxStreams, "max-concurrent-streams", defaultMaxStreams, "most ext_proc streams (requests) open at once on one data plane connection, advertised in HTTP/2 SETTINGS; Envoy opens another connection beyond it (0: no limit)")
 	fs.StringVar(&o.sessionHeader, "session-header", httplb.DefaultSessionHeader, "header carrying the session (affinity) key; the body's \"user\" otherwise")
-	fs.StringVar(&o.tenantHeader, "tenant-header", "", "header taken as the tenant, e.g. x-gateway-inference-fairness-id; only if the gateway sets or strips it (\"\": no tenant)")
+	fs.StringVar(&o.tenantHeader, "tenant-header", "", "header taken as the tenant, e.g. x-llm-d-inference-fairness-id (formerly x-gateway-inference-fairness-id); only if the gateway sets or strips it (\"\": no tenant)")
 
 	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica (negative: off)")
 	fs.DurationVar(&o.signalMaxAge, "signal-max-age", 0, "ignore engine observations older than this (0: three scrape intervals)")
