@@ -236,8 +236,8 @@ func indexNonSpace(p []byte) int {
 // codeStatus).
 // The code is that of the event's "error" object, else, in an OpenAI
 // Responses "error" event, the event's own, else, in a "response.failed"
-// event, that of its response's error. It allocates only for an error
-// event.
+// event, that of its response's error; without any, an Anthropic error
+// type stands for its status. It allocates only for an error event.
 func errorEventCode(head, value []byte) int {
 	if i := indexNonSpace(value); i < 0 || value[i] != '{' ||
 		!bytes.Contains(value, []byte(`"`+errorKey+`"`)) && !bytes.Contains(value, []byte(`"`+failedType+`"`)) {
@@ -256,7 +256,29 @@ func errorEventCode(head, value []byte) int {
 	if code == nil {
 		code = rawMember(rawMember(rawMember(value, "response"), errorKey), "code")
 	}
+	if code == nil {
+		// Anthropic's error events name a type, not a code.
+		if n, ok := anthropicErrors[string(rawMember(rawMember(value, errorKey), typeKey))]; ok {
+			return n
+		}
+	}
 	return codeStatus(code)
+}
+
+// anthropicErrors are the statuses of the error types of Anthropic's
+// Messages API (its "errors" reference), as JSON strings; its overloaded
+// answer's 529, which no HTTP client retries, stands for 503, as overloaded
+// as it.
+var anthropicErrors = map[string]int{
+	`"invalid_request_error"`: http.StatusBadRequest,
+	`"authentication_error"`:  http.StatusUnauthorized,
+	`"permission_error"`:      http.StatusForbidden,
+	`"not_found_error"`:       http.StatusNotFound,
+	`"request_too_large"`:     http.StatusRequestEntityTooLarge,
+	`"rate_limit_error"`:      http.StatusTooManyRequests,
+	`"api_error"`:             http.StatusInternalServerError,
+	`"timeout_error"`:         http.StatusGatewayTimeout,
+	`"overloaded_error"`:      http.StatusServiceUnavailable,
 }
 
 // codeStatus returns the status an error event's "code" stands for: the

@@ -42,8 +42,10 @@ var (
 	// the OpenAI Responses API sends an "error" or a "response.failed"
 	// event), which is no success whatever the status said. An attempt
 	// whose first event is one fails with it too, wrapping a
-	// [*retry.StatusError] of the event's code if that is an HTTP status,
-	// else of 500.
+	// [*retry.StatusError] of the event's code if that is an HTTP status
+	// or stands for one (OpenAI's "rate_limit_exceeded" for 429, an
+	// Anthropic error type such as "overloaded_error" for 503), else of
+	// 500.
 	ErrErrorEvent = errors.New("httplb: the response stream carried an error event")
 )
 
