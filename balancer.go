@@ -403,7 +403,8 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 // endpoints added after the first non-empty membership start in slow start.
 // Update rejects a nil endpoint, an empty or duplicate key, or a weight that
 // is not finite and positive with an error wrapping [ErrInvalidEndpoints],
-// and then leaves the membership unchanged.
+// and then leaves the membership unchanged. It scales weights of extreme
+// magnitude (see [Endpoint]).
 func (b *Balancer) Update(eps []Endpoint) error {
 	type entry struct {
 		ep     Endpoint
@@ -431,6 +432,21 @@ func (b *Balancer) Update(eps []Endpoint) error {
 			}
 		}
 		entries[i] = entry{ep, w}
+	}
+	if len(entries) > 0 {
+		most := 0.0
+		for _, e := range entries {
+			most = max(most, e.weight)
+		}
+		if most < minUnscaledWeight || most > 1/minUnscaledWeight {
+			// Scale the weights so that the largest is in [1, 2): a score
+			// divided by a weight as small as 1e-300 overflows to +Inf,
+			// and every such candidate would then tie.
+			_, exp := math.Frexp(most)
+			for i := range entries {
+				entries[i].weight = max(math.Ldexp(entries[i].weight, 1-exp), math.SmallestNonzeroFloat64)
+			}
+		}
 	}
 
 	b.mu.Lock()
@@ -482,6 +498,13 @@ func (b *Balancer) Update(eps []Endpoint) error {
 	b.snap.Store(next)
 	return nil
 }
+
+// minUnscaledWeight bounds the weights Update keeps as declared: when the
+// largest weight of a membership is below it, or above its inverse, every
+// weight is scaled by the power of two that brings the largest into
+// [1, 2). The ratios stay exact, unless a weight is so much smaller than
+// the largest that it underflows.
+const minUnscaledWeight = 0x1p-64
 
 // rejoin returns the accounting of the departed endpoint key if requests
 // picked before it left are still in flight, else nil. The endpoint joins

@@ -298,8 +298,9 @@ type EndpointLoad struct {
 	// counts every dispatch since the observation that is still
 	// outstanding, it does not grow with the time since the observation.
 	backlog int64
-	// Weight is the endpoint's effective weight: its static weight times its
-	// slow-start factor.
+	// Weight is the endpoint's effective weight: its static weight (as
+	// declared, or scaled by Update when the membership's weights are
+	// extreme; see [Endpoint]) times its slow-start factor.
 	Weight float64
 	// PeerWaiting and PeerPrefillTokens are the fresh observation's
 	// [Load.PeerWaiting] and [Load.PeerPrefillTokens]: the requests other
@@ -439,7 +440,7 @@ func (c *Candidates) load(i int) *EndpointLoad {
 }
 
 // Weight returns the effective weight of candidate i: its static weight
-// times its slow-start factor.
+// (see [EndpointLoad].Weight) times its slow-start factor.
 func (c *Candidates) Weight(i int) float64 { return c.weight(c.state(i)) }
 
 // unitWeights reports whether every member's effective weight is known to

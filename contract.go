@@ -13,7 +13,12 @@ import (
 // An Endpoint may also implement interface{ Weight() float64 } to declare a
 // relative capacity for heterogeneous replicas. The weight is read when the
 // endpoint is passed to [Balancer.Update]; it must be finite and positive, and
-// defaults to 1. The balancer calls Key and Weight only in Update (two
+// defaults to 1. Weights are relative: when the largest weight of a
+// membership is below 2^-64 or above 2^64, Update scales every weight by the
+// power of two that brings the largest into [1, 2), which keeps their
+// ratios, so that scores divided by them stay within the range of a float64
+// ([EndpointLoad].Weight and [Candidates.Weight] report the scaled weight).
+// The balancer calls Key and Weight only in Update (two
 // concurrent Updates with one endpoint call them at once) and keeps what
 // they return: the key must not change while the endpoint is a member.
 type Endpoint interface {

@@ -11,7 +11,9 @@ import (
 // default, because a zero weight is meaningful: start from
 // [DynamoKVCostConfig] and change what you need. Its Cost method only reads
 // it and may be called from concurrent goroutines; [KVCost] keeps a copy,
-// so changing a KVCostConfig afterwards does not change the policy.
+// so changing a KVCostConfig afterwards does not change the policy. KVCost
+// takes weights (OverlapScoreWeight, HostWeight, DiskWeight, ActiveWeight)
+// in [0, 1e12], and any finite non-negative DecayK and Temperature.
 type KVCostConfig struct {
 	// Index holds which endpoint has which prompt blocks; costs are counted
 	// in its blocks. Nil means a new index with the defaults of package
@@ -115,15 +117,19 @@ func (cfg *KVCostConfig) Cost(t KVCostTerms) float64 {
 
 func (cfg *KVCostConfig) validate() error {
 	for _, f := range []struct {
-		name string
-		v    float64
+		name   string
+		v      float64
+		weight bool // a weight of a term, at most maxCostWeight
 	}{
-		{"OverlapScoreWeight", cfg.OverlapScoreWeight}, {"DecayK", cfg.DecayK},
-		{"HostWeight", cfg.HostWeight}, {"DiskWeight", cfg.DiskWeight}, {"ActiveWeight", cfg.ActiveWeight},
-		{"Temperature", cfg.Temperature},
+		{"OverlapScoreWeight", cfg.OverlapScoreWeight, true}, {"DecayK", cfg.DecayK, false},
+		{"HostWeight", cfg.HostWeight, true}, {"DiskWeight", cfg.DiskWeight, true}, {"ActiveWeight", cfg.ActiveWeight, true},
+		{"Temperature", cfg.Temperature, false},
 	} {
 		if !(f.v >= 0) || math.IsInf(f.v, 0) {
 			return policyErrorf("KV cost %s %v must be finite and non-negative", f.name, f.v)
+		}
+		if f.weight && f.v > maxCostWeight {
+			return policyErrorf("KV cost %s %v out of range [0, %g]", f.name, f.v, maxCostWeight)
 		}
 	}
 	return nil

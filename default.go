@@ -54,6 +54,10 @@ const (
 const sampleAbove = 4 * DefaultSampled
 
 // DefaultConfig configures [Default]. The zero value selects every default.
+// Its weights (CacheWeight, FootprintWeight, KVPenalty, OverloadWeight,
+// QueueWeight, SlotWeight) must be in [0, 1e12]: a larger one would price
+// busy candidates beyond the range of a float64, where they all cost the
+// same.
 type DefaultConfig struct {
 	// Index holds which endpoint has which prompt blocks; its block size
 	// must be that of Request.Prefix. Nil means a new index with the
@@ -293,6 +297,15 @@ type defaultPolicy struct {
 	unknown atomic.Uint64 // float64 bits: the unknown share at the last pick
 }
 
+// maxCostWeight bounds the weights of the cost functions' terms
+// ([DefaultConfig], [KVCostConfig], [GIEConfig]). A term is a count of
+// tokens, blocks or requests, up to about 10^38 from a signal reporting
+// the largest counts and capacities, and a weight beyond 10^270 or so
+// would price a busy candidate at +Inf, the same as every other busy one,
+// or, times a zero count, at NaN: a choice at random. No useful weight
+// comes near the bound.
+const maxCostWeight = 1e12
+
 // Default returns the policy this package recommends for LLM traffic. For
 // each candidate it estimates the prefill work the request would wait behind,
 // credits the prompt tokens the candidate holds in its prefix cache, and adds
@@ -392,8 +405,8 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		name string
 		v    float64
 	}{{"CacheWeight", cfg.CacheWeight}, {"FootprintWeight", cfg.FootprintWeight}, {"KVPenalty", cfg.KVPenalty}, {"OverloadWeight", cfg.OverloadWeight}, {"QueueWeight", cfg.QueueWeight}, {"SlotWeight", cfg.SlotWeight}} {
-		if !(f.v >= 0) || math.IsInf(f.v, 0) {
-			return nil, policyErrorf("default policy %s %v must be finite and non-negative", f.name, f.v)
+		if !(f.v >= 0 && f.v <= maxCostWeight) {
+			return nil, policyErrorf("default policy %s %v out of range [0, %g]", f.name, f.v, maxCostWeight)
 		}
 	}
 	if cfg.Holders < 0 {

@@ -248,6 +248,11 @@ var defaultConfigs = []DefaultConfig{
 	{TTFTObjective: time.Second, TPOTObjective: 50 * time.Millisecond},
 	{Slots: 2},
 	{DisableLearning: true},
+	// The extremes the configuration accepts.
+	{CacheWeight: 1e12, FootprintWeight: 1e12, KVPenalty: 1e12, OverloadWeight: 1e12, QueueWeight: 1e12,
+		SlotWeight: 1e12, Slots: 1, OverloadQueue: 5e-324, TTFTObjective: math.MaxInt64, TPOTObjective: 1},
+	{CacheWeight: 5e-324, FootprintWeight: 5e-324, KVPenalty: 5e-324, OverloadWeight: 5e-324, QueueWeight: 5e-324,
+		SlotWeight: 5e-324, Slots: math.MaxInt, Sampled: math.MaxInt, Holders: math.MaxInt, OverloadQueue: math.MaxFloat64},
 }
 
 // TestDefaultAccountingProperty runs random operation sequences on a

@@ -710,8 +710,9 @@ func TestDefaultExtremeObjectives(t *testing.T) {
 	}
 }
 
-// tinyWeightEP declares the least positive weight, which prices every
-// cost at +Inf.
+// tinyWeightEP declares the least positive weight, which, in a membership
+// with an endpoint of the largest weight (which Update scales into [1, 2)), prices
+// every cost at +Inf.
 type tinyWeightEP struct{ key string }
 
 func (e tinyWeightEP) Key() string     { return e.key }
@@ -732,12 +733,12 @@ func TestDefaultUnscoredChoiceLearnsItsWork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		all := make([]Endpoint, 8)
+		all := make([]Endpoint, 8, 9)
 		for i := range all {
 			all[i] = tinyWeightEP{key: fmt.Sprint("ep", i)}
 		}
-		mustUpdate(t, b, all)
-		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1000})
+		mustUpdate(t, b, append(all, weightedEP{testEP{"huge", math.MaxFloat64}}))
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1000, Exclude: []string{"huge"}})
 		if err != nil {
 			t.Fatal(err)
 		}

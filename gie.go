@@ -36,7 +36,8 @@ type GIEConfig struct {
 	Index *prefix.Index
 	// QueueWeight, KVWeight and PrefixWeight weigh the three scorers. All
 	// zero means the default profile: [DefaultGIEQueueWeight],
-	// [DefaultGIEKVWeight] and [DefaultGIEPrefixWeight].
+	// [DefaultGIEKVWeight] and [DefaultGIEPrefixWeight]. Each must be in
+	// [0, 1e12].
 	QueueWeight, KVWeight, PrefixWeight float64
 	// MaxPrefixBlocks bounds the leading prompt blocks matched and recorded.
 	// Zero means [DefaultGIEMaxPrefixBlocks]; negative means no bound.
@@ -70,9 +71,12 @@ func GIEDefault(cfg GIEConfig) (Policy, error) {
 	if cfg.QueueWeight == 0 && cfg.KVWeight == 0 && cfg.PrefixWeight == 0 {
 		cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight = DefaultGIEQueueWeight, DefaultGIEKVWeight, DefaultGIEPrefixWeight
 	}
-	for _, w := range []float64{cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight} {
-		if !(w >= 0) || math.IsInf(w, 0) {
-			return nil, policyErrorf("GIE scorer weight %v must be finite and non-negative", w)
+	for _, f := range []struct {
+		name string
+		w    float64
+	}{{"QueueWeight", cfg.QueueWeight}, {"KVWeight", cfg.KVWeight}, {"PrefixWeight", cfg.PrefixWeight}} {
+		if !(f.w >= 0 && f.w <= maxCostWeight) {
+			return nil, policyErrorf("GIE scorer %s %v out of range [0, %g]", f.name, f.w, maxCostWeight)
 		}
 	}
 	if cfg.MaxPrefixBlocks == 0 {

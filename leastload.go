@@ -22,6 +22,10 @@ func LeastKV() Policy { return LeastScore(KVScore) }
 // DefaultActiveRequestBias is Envoy's default active_request_bias.
 const DefaultActiveRequestBias = 1.0
 
+// maxBias is the largest bias of [WeightedLeastRequest]: a power of the
+// largest request count by it, in logarithms, stays far from overflow.
+const maxBias = 1e6
+
 type weightedLeastRequest struct {
 	bias float64
 
@@ -40,11 +44,11 @@ type weightedLeastRequest struct {
 // and candidates are chosen by smooth weighted round robin over the dynamic
 // weights, so an idle pool receives requests in proportion to the weights and
 // a loaded one leans towards the endpoints with fewer requests. bias 0 is
-// weighted round robin; larger values approach least outstanding. A negative,
-// NaN or infinite bias is an error. Give each Balancer its own policy.
+// weighted round robin; larger values approach least outstanding. A bias
+// outside [0, 1e6] (or NaN) is an error. Give each Balancer its own policy.
 func WeightedLeastRequest(bias float64) (Policy, error) {
-	if !(bias >= 0) || math.IsInf(bias, 0) {
-		return nil, policyErrorf("weighted least request bias %v must be finite and non-negative", bias)
+	if !(bias >= 0 && bias <= maxBias) {
+		return nil, policyErrorf("weighted least request bias %v out of range [0, %g]", bias, float64(maxBias))
 	}
 	return &weightedLeastRequest{bias: bias}, nil
 }
@@ -72,7 +76,7 @@ func (p *weightedLeastRequest) Choose(c *Candidates) int {
 	}
 	ws := growFloat64(c.costs, n)
 	c.costs = ws
-	total := 0.0
+	total, most := 0.0, 0.0
 	for i := 0; i < n; i++ {
 		l := c.Load(i)
 		w := l.Weight
@@ -83,21 +87,38 @@ func (p *weightedLeastRequest) Choose(c *Candidates) int {
 		}
 		ws[i] = w
 		total += w
+		most = max(most, w)
 	}
-	if math.IsInf(total, 1) {
+	switch {
+	case math.IsInf(total, 1):
 		// Weights near the largest float64 sum past it, and the credits
 		// would turn to NaN: scale them by a power of two, which keeps
 		// their ratios exact.
+		total = 0
 		for i := range ws {
 			ws[i] *= 0x1p-64
+			total += ws[i]
 		}
+	case most < minDynamicWeight:
+		// Every dynamic weight underflowed, to 0 or to a few bits of
+		// precision (a large bias or count, a tiny weight): the credits
+		// would stop moving and every request go to one endpoint.
+		total = p.rescale(c, ws)
 	}
+	// With steady weights a credit stays within about the weights' total
+	// either way (1.2 times it at most in simulations). When the loads jump
+	// (a signal reporting ten thousand requests where there were none), the
+	// dynamic weights shrink by as much, and credits earned at the old
+	// scale would outweigh them for as many picks, every one to the
+	// endpoint holding the largest: bound them by twice the present total,
+	// which steady weights do not reach.
+	bound := 2 * total
 	best, ties := -1, 0
 	total = 0
 	for i := 0; i < n; i++ {
 		w := ws[i]
 		m := c.Member(i)
-		p.current[m] += w
+		p.current[m] = min(max(p.current[m], -bound), bound) + w
 		total += w
 		switch {
 		case best < 0 || p.current[m] > p.current[c.Member(best)]:
@@ -111,4 +132,30 @@ func (p *weightedLeastRequest) Choose(c *Candidates) int {
 	}
 	p.current[c.Member(best)] -= total
 	return best
+}
+
+// minDynamicWeight is the least largest dynamic weight of a pick that
+// weightedLeastRequest uses as computed; below it they are recomputed in
+// logarithms (see rescale). Its square is still a normal float64, so that
+// a weight that is a small fraction of the largest keeps its precision.
+const minDynamicWeight = 0x1p-500
+
+// rescale sets ws to the candidates' dynamic weights divided by the
+// largest, computed in logarithms, so that their ratios survive weights
+// and powers beyond the range of a float64, and returns their sum.
+func (p *weightedLeastRequest) rescale(c *Candidates, ws []float64) (total float64) {
+	most := math.Inf(-1)
+	for i := range ws {
+		l := c.Load(i)
+		// An effective weight that underflowed to 0 counts as the least
+		// positive one, so that the logarithm stays finite.
+		w := max(l.Weight, math.SmallestNonzeroFloat64)
+		ws[i] = math.Log(w) - p.bias*math.Log(float64(l.Requests)+1)
+		most = max(most, ws[i])
+	}
+	for i := range ws {
+		ws[i] = math.Exp(ws[i] - most)
+		total += ws[i]
+	}
+	return total
 }

@@ -134,9 +134,16 @@ type SlowStart struct {
 	// 0 means 1.
 	Aggression float64
 	// MinWeightPercent is the floor of the ramp, in percent of the full
-	// weight. 0 means 10.
+	// weight, at least 1e-6. 0 means 10.
 	MinWeightPercent float64
 }
+
+// minSlowStartPercent is the least [SlowStart].MinWeightPercent. Below it
+// the effective weight of an endpoint at the floor is so small that the
+// score of a loaded one, divided by it, overflows to +Inf: such endpoints
+// would tie however loaded, and with a floor that underflows to 0 even an
+// idle one would.
+const minSlowStartPercent = 1e-6
 
 // WithSlowStart enables slow start; see [SlowStart].
 func WithSlowStart(s SlowStart) Option {
@@ -153,8 +160,8 @@ func WithSlowStart(s SlowStart) Option {
 		if !(s.Aggression > 0) || math.IsInf(s.Aggression, 0) {
 			return fmt.Errorf("%w: slow start aggression %v must be positive and finite", ErrInvalidOption, s.Aggression)
 		}
-		if !(s.MinWeightPercent > 0 && s.MinWeightPercent <= 100) {
-			return fmt.Errorf("%w: slow start min weight percent %v must be in (0, 100]", ErrInvalidOption, s.MinWeightPercent)
+		if !(s.MinWeightPercent >= minSlowStartPercent && s.MinWeightPercent <= 100) {
+			return fmt.Errorf("%w: slow start min weight percent %v out of range [%g, 100]", ErrInvalidOption, s.MinWeightPercent, minSlowStartPercent)
 		}
 		cfg.slow = s
 		return nil

@@ -17,20 +17,40 @@
 // [Store.RecordResponse] records it as a push observation.
 //
 // Metrics read per engine (several series of one metric are summed, KV usage
-// fractions and block sizes averaged):
+// fractions and block sizes averaged; the newest name first where versions
+// differ):
 //
 //	engine    running                          waiting                           KV usage                              KV capacity
 //	vllm      vllm:num_requests_running        vllm:num_requests_waiting         vllm:kv_cache_usage_perc              vllm:cache_config_info labels num_gpu_blocks, block_size
-//	                                                                             (older: vllm:gpu_cache_usage_perc)
-//	sglang    sglang:num_running_reqs          sglang:num_queue_reqs             sglang:token_usage
+//	                                                                             (0.8: vllm:gpu_cache_usage_perc,
+//	                                                                             deprecated 0.9, gone by 0.11)
+//	sglang    sglang:num_running_reqs          sglang:num_queue_reqs             sglang:token_usage                    sglang:max_total_num_tokens (tokens; block size 1)
+//	          {priority=""}                    {priority=""}
 //	trtllm    trtllm_num_requests_running      trtllm_num_requests_waiting       trtllm_kv_cache_utilization           trtllm_kv_cache_max_blocks, trtllm_kv_cache_tokens_per_block
 //	triton    nv_trt_llm_request_metrics       nv_trt_llm_request_metrics        nv_trt_llm_kv_cache_block_metrics     nv_trt_llm_kv_cache_block_metrics
 //	          {request_type="scheduled"}       {request_type="waiting"}          {kv_cache_block_type="fraction"}      {kv_cache_block_type="max"|"tokens_per"}
 //	llamacpp  llamacpp:requests_processing     llamacpp:requests_deferred        llamacpp:kv_cache_usage_ratio
+//	                                                                             (older builds: llama-server dropped
+//	                                                                             it in 2025; not reported since)
 //
 // For vLLM, vllm:num_preemptions_total and vllm:prefix_cache_queries_total /
-// vllm:prefix_cache_hits_total (older: vllm:gpu_prefix_cache_queries_total /
-// vllm:gpu_prefix_cache_hits_total) are also read into the Observation.
+// vllm:prefix_cache_hits_total (0.8: vllm:gpu_prefix_cache_queries_total /
+// vllm:gpu_prefix_cache_hits_total, exported beside the new names by 0.9
+// and 0.10, gone by 0.11) are also read into the Observation, and
+// vllm:lora_requests_info into its adapters.
+//
+// Copies of one value count once (the largest): SGLang's schedulers of one
+// data-parallel rank, which with --enable-metrics-for-all-schedulers all
+// report the same batch in series that differ only in tp_rank, pp_rank and
+// moe_ep_rank; and vLLM's vllm:kv_cache_usage_perc written by each API
+// server process (label pid) with --api-server-count above 1 in vLLM 0.9
+// and 0.10. Data-parallel ranks (vLLM's engine label, SGLang's dp_rank)
+// add up their requests and KV capacity and average their KV usage, a
+// fraction of pools of equal size. SGLang's per-priority request counts
+// (--enable-priority-scheduling) are left out: the total is the series
+// with priority="". trtllm-serve publishes its Prometheus metrics at
+// /prometheus/metrics (its /metrics is JSON), and llama.cpp's router mode
+// needs /metrics?model=<id>: point the Scraper's URL there.
 //
 // Nothing in this package starts a goroutine except [Scraper.Run], which
 // returns when its context is done. Stores and Scrapers are safe for

@@ -55,7 +55,8 @@ func ParseEngine(s string) (Engine, error) {
 }
 
 // series selects the samples of one metric: every series of family name, or
-// only those whose label has value. With info set, the number is read from
+// only those whose label has value (an empty value also selects the series
+// without the label). With info set, the number is read from
 // the label named info instead of the sample value (for info metrics such as
 // vllm:cache_config_info).
 type series struct {
@@ -69,14 +70,33 @@ type series struct {
 }
 
 // sglangCopies are the labels of SGLang's scheduler metrics that tell
-// apart the schedulers of one data-parallel rank
-// (python/sglang/srt/managers/scheduler_metrics_mixin.py, init_metrics:
-// labels model_name, engine_type, tp_rank, pp_rank and, with data
-// parallelism, dp_rank). Only the first tensor-parallel rank of each
-// data-parallel rank reports by default; with
+// apart the schedulers of one data-parallel rank. SchedulerMetricsCollector
+// labels every scheduler series with model_name, engine_type, tp_rank,
+// pp_rank and (in newer releases) moe_ep_rank, dp_rank with data parallelism,
+// and the user's --extra-metric-labels (sgl-project/sglang
+// python/sglang/srt/observability/scheduler_metrics_mixin.py, init_metrics;
+// python/sglang/srt/managers/ before the move). Only the first
+// tensor-parallel rank of each data-parallel rank reports by default; with
 // --enable-metrics-for-all-schedulers every rank does, each with the same
-// batch.
-var sglangCopies = []string{"tp_rank", "pp_rank"}
+// batch and with its own tp_rank and moe_ep_rank.
+var sglangCopies = []string{"tp_rank", "pp_rank", "moe_ep_rank"}
+
+// sglangPriority is the label that SGLang adds, with
+// --enable-priority-scheduling, to its request-count gauges: the total is
+// the series with priority="" and each priority level has a series of its
+// own besides (SchedulerMetricsCollector._log_gauge_queue_count). Only the
+// total is read; without the flag the label is absent, which reads as "".
+const sglangPriority = "priority"
+
+// vllmCopies are the labels that tell apart copies of one vLLM gauge
+// written by several processes. With --api-server-count above 1 (vLLM 0.9
+// on) prometheus_client runs in multiprocess mode, and a gauge without a
+// multiprocess_mode (mode "all") is exported once per API server process,
+// labelled pid: vllm:kv_cache_usage_perc in 0.9 and 0.10
+// (vllm/v1/metrics/loggers.py at 005a810; "mostrecent", one series, since).
+// The copies describe one engine: they count once, the largest, since a
+// process that has not received the engine's statistics exports 0.
+var vllmCopies = []string{"pid"}
 
 // profile maps one engine's exposition to an Observation.
 type profile struct {
@@ -84,6 +104,7 @@ type profile struct {
 	running, waiting   series
 	kv                 []series // the first present wins (renames across versions)
 	blocks, blockSize  series
+	tokenBlocks        bool // blocks counts tokens: the block size is 1
 	preempt            series
 	prefixQ, prefixHit []series // the first present wins (renames across versions)
 	lora               string   // the info gauge of LoRA adapters in use, if the engine has one
@@ -94,24 +115,31 @@ var profiles = [numEngines]*profile{
 		engine:  EngineVLLM,
 		running: series{name: "vllm:num_requests_running"},
 		waiting: series{name: "vllm:num_requests_waiting"},
+		// vllm:gpu_cache_usage_perc (the V1 engine of 0.8) was deprecated
+		// in 0.9 for the new name and is gone by 0.11.
 		kv: []series{
-			{name: "vllm:kv_cache_usage_perc"},
-			{name: "vllm:gpu_cache_usage_perc"},
+			{name: "vllm:kv_cache_usage_perc", copies: vllmCopies},
+			{name: "vllm:gpu_cache_usage_perc", copies: vllmCopies},
 		},
 		blocks:    series{name: "vllm:cache_config_info", info: "num_gpu_blocks"},
 		blockSize: series{name: "vllm:cache_config_info", info: "block_size"},
 		preempt:   series{name: "vllm:num_preemptions_total"},
 		// Named gpu_prefix_cache_* by the V1 engine of vLLM 0.8, and also
-		// exported, deprecated, beside the new names by 0.9 and 0.10.
+		// exported, deprecated, beside the new names by 0.9 and 0.10; gone
+		// by 0.11.
 		prefixQ:   []series{{name: "vllm:prefix_cache_queries_total"}, {name: "vllm:gpu_prefix_cache_queries_total"}},
 		prefixHit: []series{{name: "vllm:prefix_cache_hits_total"}, {name: "vllm:gpu_prefix_cache_hits_total"}},
 		lora:      loraInfo,
 	},
 	EngineSGLang: {
 		engine:  EngineSGLang,
-		running: series{name: "sglang:num_running_reqs", copies: sglangCopies},
-		waiting: series{name: "sglang:num_queue_reqs", copies: sglangCopies},
+		running: series{name: "sglang:num_running_reqs", label: sglangPriority, value: "", copies: sglangCopies},
+		waiting: series{name: "sglang:num_queue_reqs", label: sglangPriority, value: "", copies: sglangCopies},
 		kv:      []series{{name: "sglang:token_usage", copies: sglangCopies}},
+		// The KV pool's size in tokens, per scheduler: SGLang's capacity
+		// counts tokens, not blocks.
+		blocks:      series{name: "sglang:max_total_num_tokens", copies: sglangCopies},
+		tokenBlocks: true,
 	},
 	EngineTRTLLM: {
 		engine:    EngineTRTLLM,
@@ -250,7 +278,7 @@ func otherLabels(m *dto.Metric, names []string) string {
 
 func (s series) describe() string {
 	switch {
-	case s.label != "":
+	case s.label != "" && s.value != "":
 		return fmt.Sprintf("%s{%s=%q}", s.name, s.label, s.value)
 	case s.info != "":
 		return s.name + " label " + s.info
@@ -315,6 +343,9 @@ func (p *profile) observe(fams families) (Observation, error) {
 	// engine's block size, a size and not a count: it is averaged.
 	if o.BlockSize, err = p.count(fams, p.blockSize, maxBlockSize, false, true); err != nil {
 		return Observation{}, err
+	}
+	if p.tokenBlocks && o.KVBlocks > 0 {
+		o.BlockSize = 1
 	}
 	if o.Preemptions, err = counter(fams, p.preempt); err != nil {
 		return Observation{}, err

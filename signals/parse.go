@@ -54,10 +54,14 @@ func observationOf(l llmlb.Load) Observation {
 // is an error wrapping [ErrParse].
 //
 // Counts summed over several series (one per model or data-parallel rank) are
-// added up; KV usage fractions and block sizes are averaged. SGLang's
-// schedulers of one data-parallel rank (series that differ only in tp_rank
-// and pp_rank, as --enable-metrics-for-all-schedulers exports them) report
-// the same batch: they count once. The running and waiting counts
+// added up; KV usage fractions and block sizes are averaged. Copies of one
+// value count once, the largest: SGLang's schedulers of one data-parallel
+// rank (series that differ only in tp_rank, pp_rank and moe_ep_rank, as
+// --enable-metrics-for-all-schedulers exports them) report the same batch,
+// and vLLM 0.9 and 0.10 with several API servers export
+// vllm:kv_cache_usage_perc once per process (label pid). SGLang's
+// per-priority request counts are left out for their total (priority="").
+// The package documentation lists the metrics read. The running and waiting counts
 // are required ([ErrMissingMetric] if absent); KV usage is NaN and the KV
 // capacity 0 when not reported. A NaN, infinite, negative or implausibly
 // large value is an error wrapping [ErrInvalidValue] naming the metric.

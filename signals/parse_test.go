@@ -54,9 +54,16 @@ func TestParseFixtures(t *testing.T) {
 		{"vllm_v0.prom", textType, signals.EngineVLLM, 5, 0, 0.9, 27153, 16, 17, nan, nan},
 		{"vllm_openmetrics.prom", omType, signals.EngineVLLM, 12, 3, 0.42, 27153, 16, 17, 4.8213e6, 2.9011e6},
 		{"sglang.prom", textType, signals.EngineSGLang, 7, 2, 0.28, 0, 0, nan, nan, nan},
+		// Two data-parallel ranks of four schedulers each (every one
+		// exporting), with priority scheduling; the KV capacity is in
+		// tokens, summed over the data-parallel ranks.
+		{"sglang_dp_priority.prom", textType, signals.EngineSGLang, 11, 4, 0.3, 2 * 573440, 1, nan, nan, nan},
 		{"trtllm.prom", textType, signals.EngineTRTLLM, 9, 4, 0.55, 8192, 32, nan, nan, nan},
 		{"triton.prom", textType, signals.EngineTriton, 5, 2, 0.369629, 4096, 64, nan, nan, nan},
 		{"llamacpp.prom", "", signals.EngineLlamaCpp, 2, 1, 0.125, 0, 0, nan, nan, nan},
+		// llama-server as built since 2025 (tools/server/server-context.cpp)
+		// exports no KV usage.
+		{"llamacpp_2026.prom", "text/plain; version=0.0.4", signals.EngineLlamaCpp, 3, 5, nan, 0, 0, nan, nan, nan},
 	}
 	for _, c := range cases {
 		for _, engine := range []signals.Engine{signals.EngineAuto, c.engine} {
@@ -67,7 +74,7 @@ func TestParseFixtures(t *testing.T) {
 				assert.True(t, o.At.IsZero(), "Parse leaves At to the caller")
 				assert.Equal(t, c.running, o.Running)
 				assert.Equal(t, c.waiting, o.Waiting)
-				assert.InDelta(t, c.kv, o.KVUsage, 1e-12)
+				assertNaNOr(t, c.kv, o.KVUsage, "KV usage")
 				assert.Equal(t, c.blocks, o.KVBlocks)
 				assert.Equal(t, c.blockSize, o.BlockSize)
 				assertNaNOr(t, c.preempt, o.Preemptions, "preemptions")
@@ -401,4 +408,81 @@ vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 200
 			}
 		})
 	}
+}
+
+// TestParseSGLangEPRankCopies: SGLang labels its scheduler series with
+// moe_ep_rank too, which differs between the schedulers of one
+// data-parallel rank as tp_rank does: with
+// --enable-metrics-for-all-schedulers they report one batch, counted once.
+func TestParseSGLangEPRankCopies(t *testing.T) {
+	in := `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 5.0
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1"} 5.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 2.0
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1"} 2.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 0.25
+sglang:token_usage{model_name="m",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1"} 0.25
+`
+	o, err := signals.Parse(strings.NewReader(in), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 5, o.Running)
+	assert.Equal(t, 2, o.Waiting)
+	assert.InDelta(t, 0.25, o.KVUsage, 1e-12)
+}
+
+// TestParseSGLangPriorityTotal: with --enable-priority-scheduling SGLang
+// writes each request count's total under priority="" and a series per
+// priority level beside it; only the total is read.
+func TestParseSGLangPriorityTotal(t *testing.T) {
+	in := `# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority=""} 6.0
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="0"} 4.0
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="10"} 2.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority=""} 3.0
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="0"} 3.0
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="10"} 0.0
+`
+	for _, engine := range []signals.Engine{signals.EngineAuto, signals.EngineSGLang} {
+		o, err := signals.Parse(strings.NewReader(in), textType, engine)
+		require.NoError(t, err)
+		assert.Equal(t, 6, o.Running, "engine %v", engine)
+		assert.Equal(t, 3, o.Waiting, "engine %v", engine)
+	}
+
+	// Without a total the count is missing, and the error names the metric.
+	_, err := signals.Parse(strings.NewReader(`sglang:num_running_reqs{priority="1"} 4
+sglang:num_queue_reqs{priority=""} 0
+`), textType, signals.EngineSGLang)
+	require.ErrorIs(t, err, signals.ErrMissingMetric)
+	assert.Contains(t, err.Error(), "no sglang:num_running_reqs")
+}
+
+// TestParseVLLMAPIServerCopies: with --api-server-count above 1, vLLM 0.9
+// and 0.10 export vllm:kv_cache_usage_perc once per API server process,
+// labelled pid; a process that has not received the engine's statistics
+// exports 0. The copies are one engine's usage, not several to average.
+func TestParseVLLMAPIServerCopies(t *testing.T) {
+	in := `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",engine="0"} 8.0
+vllm:num_requests_running{model_name="m",engine="1"} 6.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m",engine="0"} 1.0
+vllm:num_requests_waiting{model_name="m",engine="1"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m",engine="0",pid="4187"} 0.6
+vllm:kv_cache_usage_perc{model_name="m",engine="1",pid="4187"} 0.2
+vllm:kv_cache_usage_perc{model_name="m",engine="0",pid="4188"} 0.0
+vllm:kv_cache_usage_perc{model_name="m",engine="1",pid="4188"} 0.0
+`
+	o, err := signals.Parse(strings.NewReader(in), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 14, o.Running)
+	assert.Equal(t, 1, o.Waiting)
+	assert.InDelta(t, 0.4, o.KVUsage, 1e-12, "the two engines averaged, each process's copy counted once")
 }
