@@ -391,26 +391,17 @@ func (e *Engine) cached(s *seq) int {
 // every request here ends at its output limit, as a vLLM request ends with
 // finish_reason "length", its status is "incomplete".
 func (e *Engine) answerResponse(w http.ResponseWriter, r *http.Request, s *seq, a *response) {
-	for {
-		gen, done, failed, gone := e.wait(r, s)
-		switch {
-		case gone:
-			return
-		case failed:
-			writeError(w, statusError(http.StatusServiceUnavailable, ErrStopped.Error()))
-			return
-		case !done:
-			continue
-		}
-		output := ""
-		if gen > 0 {
-			output = a.message(strings.Repeat(" tok", gen), "null")
-		}
-		w.Header().Set("Content-Type", "application/json")
-		a.write(w, "incomplete", output, responseUsage(s.PromptTokens, e.cached(s), gen))
-		fmt.Fprintln(w)
+	gen, ok := e.waitDone(w, r, s)
+	if !ok {
 		return
 	}
+	output := ""
+	if gen > 0 {
+		output = a.message(strings.Repeat(" tok", gen), "null")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	a.write(w, "incomplete", output, responseUsage(s.PromptTokens, e.cached(s), gen))
+	fmt.Fprintln(w)
 }
 
 // streamResponse answers s as vLLM streams a response: each event as

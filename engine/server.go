@@ -486,28 +486,37 @@ func jsonString(s string) string {
 // string literals.
 func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat bool, id, model string) {
 	created := time.Now().Unix()
+	gen, ok := e.waitDone(w, r, s)
+	if !ok {
+		return
+	}
+	text := strings.Repeat(" tok", gen)
+	usage := usageJSON(s.PromptTokens, gen)
+	w.Header().Set("Content-Type", "application/json")
+	if chat {
+		fmt.Fprintf(w, `{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
+			id, created, model, text, usage)
+	} else {
+		fmt.Fprintf(w, `{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
+			id, created, model, text, usage)
+	}
+}
+
+// waitDone waits until s is done and returns its output tokens, for an
+// answer in one body; or, if the engine stopped first, answers 503, or if
+// the client has gone, gives up, and then reports false.
+func (e *Engine) waitDone(w http.ResponseWriter, r *http.Request, s *seq) (int, bool) {
 	for {
 		gen, done, failed, gone := e.wait(r, s)
 		switch {
 		case gone:
-			return
+			return 0, false
 		case failed:
 			writeError(w, statusError(http.StatusServiceUnavailable, ErrStopped.Error()))
-			return
-		case !done:
-			continue
+			return 0, false
+		case done:
+			return gen, true
 		}
-		text := strings.Repeat(" tok", gen)
-		usage := usageJSON(s.PromptTokens, gen)
-		w.Header().Set("Content-Type", "application/json")
-		if chat {
-			fmt.Fprintf(w, `{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
-				id, created, model, text, usage)
-		} else {
-			fmt.Fprintf(w, `{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
-				id, created, model, text, usage)
-		}
-		return
 	}
 }
 
