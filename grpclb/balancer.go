@@ -1,7 +1,6 @@
 package grpclb
 
 import (
-	"container/list"
 	"fmt"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/grpc/resolver"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/signals"
@@ -436,41 +436,31 @@ const (
 // rememberedMarks is a set of endpoint keys that forgets the least recently
 // added one past maxRememberedMarks. The zero value is an empty set.
 type rememberedMarks struct {
-	at    map[string]*list.Element // lazily initialized
-	order list.List                // of the keys, least recently added first
+	keys *simplelru.LRU[string, struct{}] // lazily made
 }
 
 // add adds key, or makes it the most recently added.
 func (m *rememberedMarks) add(key string) {
-	if e, ok := m.at[key]; ok {
-		m.order.MoveToBack(e)
-		return
+	if m.keys == nil {
+		m.keys, _ = simplelru.NewLRU[string, struct{}](maxRememberedMarks, nil) // a positive size cannot fail
 	}
-	if m.at == nil {
-		m.at = make(map[string]*list.Element)
-	}
-	m.at[key] = m.order.PushBack(key)
-	for m.order.Len() > maxRememberedMarks {
-		oldest := m.order.Front()
-		m.order.Remove(oldest)
-		delete(m.at, oldest.Value.(string))
-	}
+	m.keys.Add(key, struct{}{})
 }
 
 // take removes key and reports whether it was in the set.
 func (m *rememberedMarks) take(key string) bool {
-	e, ok := m.at[key]
-	if ok {
-		m.order.Remove(e)
-		delete(m.at, key)
-	}
-	return ok
+	return m.keys != nil && m.keys.Remove(key)
 }
 
-func (m *rememberedMarks) clear() {
-	m.at = nil
-	m.order.Init()
+// len returns the number of keys in the set.
+func (m *rememberedMarks) len() int {
+	if m.keys == nil {
+		return 0
+	}
+	return m.keys.Len()
 }
+
+func (m *rememberedMarks) clear() { m.keys = nil }
 
 // NewSubConn intercepts the children's SubConns to follow their state for
 // out-of-band ORCA reporting.

@@ -303,8 +303,8 @@ func TestRememberedMarksBounded(t *testing.T) {
 			m.add(key(0))
 		}
 	}
-	if n := m.order.Len(); n != maxRememberedMarks || len(m.at) != maxRememberedMarks {
-		t.Fatalf("remembered %d keys (%d in the map), want %d", n, len(m.at), maxRememberedMarks)
+	if n := m.len(); n != maxRememberedMarks {
+		t.Fatalf("remembered %d keys, want %d", n, maxRememberedMarks)
 	}
 	if m.take(key(0)) || m.take(key(9*maxRememberedMarks-1)) {
 		t.Error("an old key is still remembered")
@@ -318,7 +318,7 @@ func TestRememberedMarksBounded(t *testing.T) {
 		t.Error("a key added twice is not remembered once")
 	}
 	m.clear()
-	if m.order.Len() != 0 || len(m.at) != 0 {
+	if m.len() != 0 {
 		t.Error("clear left keys")
 	}
 	m.add("b")
