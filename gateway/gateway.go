@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -74,7 +75,8 @@ type Config struct {
 	// nil means the engines' events are not read.
 	Events *prefix.Index
 	// ScrapeInterval is the time between two scrapes of a replica's
-	// /metrics, sent through Base; an observation is trusted for three
+	// /metrics, sent through Base; an observation is trusted, and its
+	// values kept while ORCA reports update some of them, for three
 	// intervals. 0 means [signals.DefaultInterval]; a negative value turns
 	// scraping off, and the balancer then counts only its own dispatches.
 	ScrapeInterval time.Duration
@@ -292,12 +294,24 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		if interval == 0 {
 			interval = signals.DefaultInterval
 		}
-		s, err := signals.NewScraper(signals.Config{Interval: interval, OnResult: g.scraped, Client: scrapeClient(base)})
+		maxAge = 3 * interval
+		if maxAge/3 != interval {
+			maxAge = math.MaxInt64 // an interval of a century or more
+		}
+		// The store keeps a scrape's values no longer than the balancer
+		// trusts them: past maxAge, the ORCA reports that keep arriving
+		// while the scrapes fail do not keep the fields they lack (the
+		// running requests, the adapters), and the debug view shows no
+		// observation older than the balancer would use.
+		st, err := signals.NewStore(signals.StoreConfig{MaxAge: maxAge})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		g.scraper, store = s, s.Store()
-		signal, maxAge = s, 3*interval
+		s, err := signals.NewScraper(signals.Config{Interval: interval, OnResult: g.scraped, Client: scrapeClient(base), Store: st})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		g.scraper, store, signal = s, st, s
 	}
 	observer := cfg.Observer
 	if cfg.Share != nil {

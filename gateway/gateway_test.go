@@ -1473,3 +1473,81 @@ func TestGatewayScrapesThroughEnvironmentProxy(t *testing.T) {
 		t.Errorf("the proxy was sent %q, want the scrape of %s/metrics", proxied, replica)
 	}
 }
+
+// When a replica's scrapes fail while its ORCA reports keep arriving, the
+// scraped values the reports do not carry (the running requests) are kept
+// for as long as the balancer trusts a scrape, three scrape intervals, and
+// no longer; once the reports stop too, the debug view shows no signal
+// past that age.
+func TestGatewayOrcaReportsKeepScrapeOnlyWhileTrusted(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	var failing atomic.Bool
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			if failing.Load() {
+				http.Error(w, "down", http.StatusInternalServerError)
+				return
+			}
+			vllmMetrics(w, r)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set(signals.OrcaHeader, "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_waiting=4")
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	g, err := New([]string{up.URL}, Config{ScrapeInterval: interval, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	if _, err := g.scraper.Scrape(context.Background(), up.URL); err != nil {
+		t.Fatal(err)
+	}
+	o, ok := g.scraper.Observation(up.URL)
+	if !ok || o.Running != 3 {
+		t.Fatalf("observation %+v (found %v) after the scrape, want 3 running", o, ok)
+	}
+	scraped := o.At
+	failing.Store(true)
+	report := func() {
+		t.Helper()
+		if _, err := g.scraper.Scrape(context.Background(), up.URL); err == nil {
+			t.Fatal("scrape succeeded, want it to fail")
+		}
+		if code, body, _ := post(t, g, "a prompt"); code != http.StatusOK {
+			t.Fatalf("response %d %q", code, body)
+		}
+	}
+	report()
+	if o, ok := g.scraper.Observation(up.URL); time.Since(scraped) < 2*interval && (!ok || o.Running != 3 || o.Waiting != 4) {
+		t.Errorf("observation %+v (found %v) within the scrape's trust, want its 3 running with the report's 4 waiting", o, ok)
+	}
+	for time.Since(scraped) <= 3*interval+interval/4 {
+		time.Sleep(interval / 4)
+		report()
+	}
+	o, ok = g.scraper.Observation(up.URL)
+	if !ok || o.Running != 0 || o.Waiting != 4 || o.KVUsage != 0.5 {
+		t.Errorf("observation %+v (found %v) %v after the scrape, want the report's 4 waiting and KV usage 0.5, and no running requests kept",
+			o, ok, time.Since(scraped))
+	}
+	st := g.State()
+	if len(st.Endpoints) != 1 {
+		t.Fatalf("debug state %+v", st)
+	}
+	e := st.Endpoints[0]
+	if s := e.Signal; s == nil || s.Running != 0 || s.Waiting != 4 || s.KVUsage == nil || *s.KVUsage != 0.5 || s.AgeSeconds > (3*interval).Seconds() {
+		t.Errorf("debug signal %+v, want the last report's", s)
+	}
+	if e.Scrape == nil || e.Scrape.ConsecutiveFailures == 0 {
+		t.Errorf("debug scrape %+v, want failures", e.Scrape)
+	}
+
+	// The reports stop too: past the balancer's trust, no signal is shown.
+	time.Sleep(3*interval + interval/4)
+	if s := g.State().Endpoints[0].Signal; s != nil {
+		t.Errorf("debug signal %+v after the reports stopped, want none", s)
+	}
+}

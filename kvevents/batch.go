@@ -120,6 +120,10 @@ type Batch struct {
 	// none.
 	DPRank int
 
+	// unknown counts the events of an unknown class the last DecodeBatch
+	// dropped.
+	unknown int
+
 	// Storage reused by DecodeBatch.
 	hashes []uint64
 	tokens []uint32
@@ -140,7 +144,8 @@ type eventSpans struct {
 // PR 42892), for the batch and for each event. Trailing fields missing from
 // a positional event take their zero values, fields it does not know are
 // skipped, and events of an unknown class are dropped whatever their fields
-// hold, so that engines older or newer than this package decode alike. On
+// hold (a Subscriber or Applier counts them in [Stats].Unknown), so that
+// engines older or newer than this package decode alike. On
 // error, which wraps [ErrMalformed], b holds no events.
 //
 // A Batch reused for every batch of a stream keeps the storage of the
@@ -149,13 +154,14 @@ type eventSpans struct {
 // of the last batch's events, hashes or tokens is given back.
 func DecodeBatch(b *Batch, payload []byte) error {
 	used := len(b.Events)
-	b.TS, b.DPRank = 0, -1
+	b.TS, b.DPRank, b.unknown = 0, -1, 0
 	b.Events, b.hashes, b.tokens, b.spans = b.Events[:0], b.hashes[:0], b.tokens[:0], b.spans[:0]
 	err := b.decode(payload)
 	if err != nil {
 		clear(b.Events[:max(used, len(b.Events))])
 		clear(b.spans)
 		b.Events, b.hashes, b.tokens, b.spans = b.Events[:0], b.hashes[:0], b.tokens[:0], b.spans[:0]
+		b.unknown = 0
 	} else {
 		// The events past the new ones still point into the storage of
 		// earlier batches.
@@ -266,6 +272,7 @@ func (b *Batch) decodeEvents(r *reader) error {
 			b.spans = append(b.spans, s)
 		} else {
 			b.hashes, b.tokens = b.hashes[:s.h0], b.tokens[:s.t0]
+			b.unknown++
 		}
 	}
 	return nil

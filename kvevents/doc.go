@@ -45,7 +45,9 @@
 //     costs a cache hit, a wrong one would send requests to the wrong
 //     replica.
 //   - A BlockRemoved removes the blocks; AllBlocksCleared clears the
-//     endpoint.
+//     endpoint. An event of a class this package does not know (a newer
+//     engine's) is dropped, the rest of its batch applied, and counted in
+//     [Stats].Unknown.
 //   - A gap in sequence numbers is filled from the replay socket. If the
 //     replay cannot fill it, the engine restarted (sequence numbers went
 //     back, or the last batch applied is not what the replay returns under

@@ -285,3 +285,54 @@ func TestReplayWithTopic(t *testing.T) {
 	defer mu.Unlock()
 	assert.Empty(t, errs)
 }
+
+// TestUnknownEventsCounted checks that each event of a class this package
+// does not know, or of no class, counts in Stats.Unknown once, and that
+// the rest of its batch is applied; a batch that fails to decode counts
+// none of its events.
+func TestUnknownEventsCounted(t *testing.T) {
+	idx, h := newTestIndex(t)
+	s := prefix.Salt{Model: "m"}
+	ap, err := NewApplier(Config{Index: idx, Hasher: h})
+	require.NoError(t, err)
+	require.NoError(t, ap.SetEndpoints(map[string]prefix.Salt{"e": s}))
+	toks := prompt(1, 2)
+	hs := h.HashTokens(s, toks)
+	ids := make([]any, len(toks))
+	for i, v := range toks {
+		ids[i] = v
+	}
+	stored := ordered{{"type", "BlockStored"}, {"block_hashes", []any{engineHash(hs[0]), engineHash(hs[1])}},
+		{"parent_block_hash", nil}, {"token_ids", ids}, {"block_size", testBlock}}
+	removed := ordered{{"type", "BlockRemoved"}, {"block_hashes", []any{engineHash(hs[1])}}}
+	migrated := ordered{{"type", "BlockMigrated"}, {"block_hashes", []any{engineHash(hs[0])}}}
+	untyped := ordered{{"block_hashes", []any{engineHash(hs[0])}}}
+	positional := []any{"BlockMigrated", []any{engineHash(hs[0])}, "CPU"}
+
+	ap.Apply("e", 0, pack(t, []any{1.0, []any{migrated, stored, positional, untyped}, 0}))
+	st, _ := ap.Stats("e")
+	assert.Equal(t, int64(3), st.Unknown)
+	assert.Equal(t, int64(2), st.Stored)
+	assert.Equal(t, 2, idx.MatchLen("e", hs, time.Now()), "the known events were not applied")
+
+	ap.Apply("e", 1, pack(t, []any{2.0, []any{removed, migrated}, 0}))
+	st, _ = ap.Stats("e")
+	assert.Equal(t, int64(4), st.Unknown)
+	assert.Equal(t, 1, idx.MatchLen("e", hs, time.Now()), "the removal was not applied")
+
+	bad := ordered{{"type", "BlockStored"}, {"block_size", -1}}
+	ap.Apply("e", 2, pack(t, []any{3.0, []any{migrated, bad}, 0}))
+	ap.Apply("e", 3, pack(t, []any{4.0, []any{stored}, 0}))
+	st, _ = ap.Stats("e")
+	assert.Equal(t, int64(1), st.Malformed)
+	assert.Equal(t, int64(4), st.Unknown, "a malformed batch's unknown events were counted")
+
+	// A forwarding subscriber counts them as it forwards their batch.
+	sub, err := NewSubscriber(Config{Forward: func(string, int64, []byte) {}})
+	require.NoError(t, err)
+	w := sub.newWorker("e", Endpoint{PubAddr: "tcp://127.0.0.1:1"})
+	w.apply(0, pack(t, []any{1.0, []any{migrated, stored, positional}, 0}))
+	fst := w.stats.snapshot()
+	assert.Equal(t, int64(2), fst.Unknown)
+	assert.Equal(t, int64(1), fst.Batches)
+}

@@ -142,6 +142,11 @@ type Stats struct {
 	Resets int64
 	// Malformed counts messages that could not be decoded.
 	Malformed int64
+	// Unknown counts events of a class this package does not know (a
+	// newer engine's), or of no class, dropped while the rest of their
+	// batch was applied. With [Config].Forward they are counted as their
+	// batch is forwarded.
+	Unknown int64
 	// Connects counts successful connections.
 	Connects int64
 }
@@ -153,6 +158,7 @@ type counters struct {
 	batches, stored, removed           atomic.Int64
 	skipped, mismatched                atomic.Int64
 	gaps, replayed, cleared, malformed atomic.Int64
+	unknown                            atomic.Int64
 	connects                           atomic.Int64
 }
 
@@ -162,7 +168,7 @@ func (c *counters) snapshot() Stats {
 		Batches: c.batches.Load(), Stored: c.stored.Load(), Removed: c.removed.Load(),
 		Skipped: c.skipped.Load(), Mismatched: c.mismatched.Load(),
 		Gaps: c.gaps.Load(), Replayed: c.replayed.Load(), Resets: c.cleared.Load(),
-		Malformed: c.malformed.Load(), Connects: c.connects.Load(),
+		Malformed: c.malformed.Load(), Unknown: c.unknown.Load(), Connects: c.connects.Load(),
 	}
 }
 

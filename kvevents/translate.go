@@ -53,6 +53,7 @@ func (t *translator) apply(b *Batch) {
 			t.clear()
 		}
 	}
+	t.stats.unknown.Add(int64(b.unknown))
 	t.stats.batches.Add(1)
 }
 

@@ -209,6 +209,7 @@ func (w *worker) apply(seq int64, payload []byte) {
 		return
 	}
 	if w.tr == nil {
+		w.stats.unknown.Add(int64(w.batch.unknown))
 		w.stats.batches.Add(1)
 		w.s.cfg.Forward(w.key, seq, payload)
 		return

@@ -109,3 +109,70 @@ func TestParseLoRARepeatedNames(t *testing.T) {
 		t.Fatalf("%d adapters (%q ... ), want 1024 distinct", len(o.Adapters), o.Adapters[:min(3, len(o.Adapters))])
 	}
 }
+
+// TestParseLoRAInfoMultiprocess reads vllm:lora_requests_info as vLLM
+// exposes it with several API server processes: the gauge's
+// multiprocess_mode is "sum" (vllm/v1/metrics/loggers.py), so each label
+// set's value is the sum of the last update times of every process that
+// set it, without a pid label. The newest label set is the one with the
+// newest mean time, not the largest sum. The values are written as
+// prometheus_client writes them.
+func TestParseLoRAInfoMultiprocess(t *testing.T) {
+	const head = `# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="base"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="base"} 0.0
+# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+`
+	series := func(running, value string) string {
+		return `vllm:lora_requests_info{max_lora="4",running_lora_adapters="` + running + `",waiting_lora_adapters=""} ` + value + "\n"
+	}
+	// t0 = 1789828000; "A at t0+10.125" means process A set the label set
+	// last at that time.
+	cases := []struct {
+		name string
+		body string
+		want []string
+	}{{
+		// Idle: A at t0+10.125, B at t0+20.5. sql: A at t0+100.75. chat:
+		// A, B and C at t0+50.5, t0+60.25 and t0+70.
+		name: "one label set by one process",
+		body: series("", "3.579656030625e+09") + series("sql", "1.78982810075e+09") + series("chat", "5.36948418075e+09"),
+		want: []string{"sql"},
+	}, {
+		// old: A, B and C at t0+0.5, t0+1.25 and t0+2. sql: A and B at
+		// t0+100.5 and t0+101. Idle: A and B at t0+10 and t0+20.25.
+		name: "every label set by several processes",
+		body: series("old", "5.36948400375e+09") + series("sql", "3.5796562015e+09") + series("", "3.57965603025e+09"),
+		want: []string{"sql"},
+	}, {
+		name: "one process",
+		body: series("", "1.7898284e+09") + series("sql", "1.7898285e+09") + series("old", "1.7898283e+09"),
+		want: []string{"sql"},
+	}, {
+		// 400 days apart: not a whole multiple of one time, compared as
+		// they are.
+		name: "one process, times far apart",
+		body: series("sql", "1.7345e+09") + series("old", "1.7e+09"),
+		want: []string{"sql"},
+	}, {
+		// Not Unix times, as a test server sends: compared as they are.
+		name: "not times",
+		body: series("old", "1") + series("sql", "2") + series("", "1"),
+		want: []string{"sql"},
+	}}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o, err := signals.Parse(strings.NewReader(head+c.body), textType, signals.EngineVLLM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(o.Adapters, c.want) || o.MaxAdapters != 4 {
+				t.Fatalf("adapters %q, max %d; want %q, 4", o.Adapters, o.MaxAdapters, c.want)
+			}
+		})
+	}
+}
