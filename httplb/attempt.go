@@ -25,14 +25,25 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// send upstream.
 	ctx := withRequestID(req.Context(), req.Header.Get(requestIDHeader))
 	out := req.Clone(ctx)
-	lreq, err := t.parser.Parse(out)
+	var info bodyInfo
+	lreq, err := t.parser.parse(out, &info)
 	if err != nil {
 		return nil, err
 	}
 	if t.adjust != nil {
 		t.adjust(out, &lreq)
 	}
-	a := &attempt{t: t, req: out, lreq: lreq, release: func() {}}
+	a := &attempt{t: t, req: out, release: func() {}, attempts: t.attempts}
+	if t.ids != nil && isResponses(out) {
+		a.learn = !info.noStore
+		unpinned := lreq.Exclude
+		if info.prevID != nil && t.pin(&lreq, info.prevID) {
+			// The response continued is in the memory of one endpoint:
+			// any other would answer 404, so none is tried.
+			a.attempts, a.pinned, a.unpinned = 1, true, unpinned
+		}
+	}
+	a.lreq = lreq
 	if t.adm != nil {
 		rel, err := t.adm.Acquire(admissionKey(&lreq))
 		if err != nil {
@@ -48,7 +59,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	t.budget.Start()
 	var resp *http.Response
-	if t.hedging {
+	if t.hedging && a.attempts > 1 {
 		resp, err = a.runHedged(ctx)
 	} else {
 		resp, err = a.run(ctx)
@@ -88,6 +99,18 @@ type attempt struct {
 	ticket   *fair.Ticket // the fair queue's admission, if any
 	n        int          // attempts sent
 	prevWait time.Duration
+	// attempts bounds the attempts sent: Config.Retry.MaxAttempts, or 1
+	// for a request pinned to the endpoint holding the response it
+	// continues (see Transport.pin).
+	attempts int
+	// learn is set for a Responses request whose response may be stored:
+	// the id of a committed answer is remembered with its endpoint.
+	learn bool
+	// pinned is set while the request is pinned to one endpoint, all
+	// others being in lreq.Exclude; unpinned is lreq.Exclude without
+	// them.
+	pinned   bool
+	unpinned []string
 
 	// committed is set by the attempt that commits: the first to receive
 	// its first event, or the one whose status answer is handed to the
@@ -131,6 +154,14 @@ func (a *attempt) pick(ctx context.Context, fallback bool) (llmlb.Pick, error) {
 		r.Exclude = append(slices.Clip(a.lreq.Exclude), a.tried...)
 	}
 	p, err := a.t.b.Pick(ctx, &r)
+	if err != nil && a.pinned && errors.Is(err, llmlb.ErrNoCandidates) {
+		// The endpoint left since the request was pinned to it: its
+		// response is gone with it, and the request is routed as any
+		// other.
+		a.lreq.Exclude, a.pinned = a.unpinned, false
+		r.Exclude = append(slices.Clip(a.lreq.Exclude), a.tried...)
+		p, err = a.t.b.Pick(ctx, &r)
+	}
 	if err != nil && fallback && len(a.tried) > 0 && errors.Is(err, llmlb.ErrNoCandidates) {
 		r.Exclude = a.lreq.Exclude
 		p, err = a.t.b.Pick(ctx, &r)
@@ -207,7 +238,7 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 	// Every result is received before runHedged returns: the buffer only
 	// spares the attempts in flight at once (the first and its hedges) a
 	// wait, and MaxAttempts, which has no upper bound, must not size it.
-	results := make(chan *try, 1+min(t.hedge.MaxHedges, t.attempts-1, 16))
+	results := make(chan *try, 1+min(t.hedge.MaxHedges, a.attempts-1, 16))
 	inflight := 0
 	var sent []*try // every attempt launched
 	launch := func(tr *try) {
@@ -298,7 +329,7 @@ func (a *attempt) runHedged(ctx context.Context) (*http.Response, error) {
 			hedgeAt = nil
 			// An attempt that committed may not have reported yet: its
 			// result is on its way, and nothing is hedged after it.
-			if a.committed.Load() || hedges >= t.hedge.MaxHedges || a.n >= t.attempts {
+			if a.committed.Load() || hedges >= t.hedge.MaxHedges || a.n >= a.attempts {
 				continue
 			}
 			// The pick comes before the withdrawal, so that a hedge with
@@ -352,7 +383,7 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 		reason = "canceled"
 	case !retryable:
 		reason = "error"
-	case a.n >= t.attempts:
+	case a.n >= a.attempts:
 		reason = "attempts"
 	}
 	if reason == "" {
@@ -505,6 +536,11 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 	}
 	if q, ok := t.reporter.(retry.QuotaReporter); ok {
 		q.ReportQuota(tr.key, resp.Header)
+	}
+	if a.learn && resp.StatusCode != http.StatusSwitchingProtocols {
+		if id := heldResponseID(b.buf, isEventStream(resp.Header)); id != nil {
+			t.ids.learn(id, tr.key)
+		}
 	}
 	if t.afterCommit != nil {
 		t.afterCommit()

@@ -6,7 +6,8 @@
 // A [Parser] reads each request body (/v1/completions prompts,
 // /v1/chat/completions messages, Anthropic's /v1/messages with its system
 // prompt, the Responses API's instructions and input, max_tokens, model,
-// user, reasoning effort)
+// user, reasoning effort, and, for response affinity, the Responses API's
+// previous_response_id and store)
 // into an llmlb.Request: prompt tokens estimated at [BytesPerToken] bytes a
 // token unless a token counter is given, byte-mode prefix hashes of the
 // prompt text salted with the model and tenant (package prefix), the affinity
@@ -66,6 +67,25 @@
 // stream (per delta of an OpenAI Responses stream), or the usage count the
 // response reports, so that a balancer with llmlb.WithOutputPrediction
 // learns output lengths per tenant and Feature.
+//
+// The Responses API is stateful: vLLM (with its response store enabled)
+// and SGLang keep each stored response in the memory of the replica that
+// produced it, which answers 404 to a request continuing it
+// ("previous_response_id") sent anywhere else, and holds its KV cache. The
+// Transport learns, from the first bytes of each 2xx answer to a POST to a
+// path ending in /responses (the "id" of a JSON body, if held back with its
+// first byte, as vLLM writes it first; the response's "id" in a
+// stream's response.created event, held back with the preamble), which
+// endpoint produced which response, unless the request asked for none to
+// be stored ("store": false). A Responses request continuing a response it
+// knows goes to that endpoint only, excluding every other member, and is
+// never retried or hedged: the endpoint's answer, a 503 say, is the
+// client's. A request continuing a response it does not know (produced
+// through another router, or forgotten) or whose endpoint has left the
+// membership (or is excluded by [Config.Adjust]) is routed as any other.
+// It remembers at most [Config.MaxResponseIDs] ids, the most recently
+// used, each in a fixed few dozen bytes (it keeps seeded hashes, not the
+// ids); ids longer than 256 bytes, or with JSON escapes, are ignored.
 //
 // The first event is also where retries stop: once an attempt has it, no
 // retry or hedge starts and no other attempt can commit. An attempt that

@@ -66,6 +66,11 @@ func FuzzParse(f *testing.F) {
 		`{"system":[{"text":1}],"messages":[{}]}`,
 		`{"input":[],"prompt":"x","instructions":[]}`,
 		`{"input":["a",{"role":"user"}],"instructions":"be brief"}`,
+		`{"input":"hi","previous_response_id":"resp_1","store":true}`,
+		`{"previous_response_id":"resp_\u0031","store":false}`,
+		`{"previous_response_id":7,"previous_response_id":"resp_2"}`,
+		`{"previous_response_id":"resp_2","previous_response_id":null}`,
+		`{"previous_response_id":""}`,
 		`{`,
 		``,
 		`null`,
@@ -127,10 +132,14 @@ func checkReference(t *testing.T, p *Parser, body []byte) {
 		return
 	}
 	var got, want llmlb.Request
-	gotUser := p.parseBody(body, &got, "")
+	var info bodyInfo
+	gotUser := p.parseBody(body, &got, "", &info)
 	wantUser := refParseBody(p, body, &want)
 	if gotUser != wantUser {
 		t.Fatalf("%q: user %q, want %q", body, gotUser, wantUser)
+	}
+	if wantID := refPrevID(body); string(info.prevID) != wantID || (info.prevID == nil) != (wantID == "") {
+		t.Fatalf("%q: previous_response_id %q, want %q", body, info.prevID, wantID)
 	}
 	if got.PromptTokens != want.PromptTokens || got.MaxTokens != want.MaxTokens ||
 		!slices.Equal(got.Prefix, want.Prefix) || (got.Prefix == nil) != (want.Prefix == nil) || got.Feature != want.Feature {

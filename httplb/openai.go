@@ -31,6 +31,9 @@ type fields struct {
 	system, instructions, input []byte
 	// What a reasoning model is asked for (see feature.go).
 	reasoningEffort, reasoning, outputConfig, thinking []byte
+	// The Responses API's stored response continued (the last string
+	// given), and whether to store this one.
+	previousResponseID, store []byte
 }
 
 // readFields returns the fields of body, or false if body is not JSON (as
@@ -105,15 +108,38 @@ func (f *fields) set(key, v []byte) {
 		f.outputConfig = v
 	case "thinking":
 		f.thinking = v
+	case "previous_response_id":
+		if isString(v) {
+			f.previousResponseID = v
+		}
+	case "store":
+		f.store = v
 	}
 }
 
+// bodyInfo is what a request body says that an llmlb.Request does not
+// hold, for the Transport.
+type bodyInfo struct {
+	// prevID is the Responses API's previous_response_id, without its
+	// quotes, if it is a response id (see responseID); nil otherwise. It
+	// is a slice of the body.
+	prevID []byte
+	// noStore is set when the body asks the Responses API not to store
+	// the response ("store": false): no later request can continue it.
+	noStore bool
+}
+
 // parseBody fills req from body as far as body allows, and returns the body's
-// "user". label is the value of the feature header.
-func (p *Parser) parseBody(body []byte, req *llmlb.Request, label string) (user string) {
+// "user". label is the value of the feature header. If info is not nil, it
+// is filled too.
+func (p *Parser) parseBody(body []byte, req *llmlb.Request, label string, info *bodyInfo) (user string) {
 	f, ok := readFields(body)
 	if !ok {
 		return "" // not JSON: route without body information
+	}
+	if info != nil {
+		info.prevID = responseID(f.previousResponseID)
+		info.noStore = string(f.store) == "false"
 	}
 	// A chat request's max_completion_tokens, the newer name, wins over
 	// max_tokens, as in vLLM's and SGLang's ChatCompletionRequest; a

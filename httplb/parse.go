@@ -198,6 +198,11 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 // number of messages or prompts. Field names are matched exactly, and the
 // last of repeated fields is used.
 func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
+	return p.parse(r, nil)
+}
+
+// parse is Parse, also filling info, if not nil, from the body.
+func (p *Parser) parse(r *http.Request, info *bodyInfo) (llmlb.Request, error) {
 	req, h, err := p.headers(r)
 	if err != nil {
 		if r.Body != nil {
@@ -217,7 +222,7 @@ func (p *Parser) Parse(r *http.Request) (llmlb.Request, error) {
 	if err != nil {
 		return req, fmt.Errorf("%w: %w", ErrBodyRead, err)
 	}
-	if err := p.fill(&req, h, body); err != nil {
+	if err := p.fill(&req, h, body, info); err != nil {
 		return req, err
 	}
 	setBody(r, body)
@@ -256,15 +261,15 @@ type headerInfo struct {
 
 // fill completes req, as headers returned it with h, from body: it refuses a
 // body over the cap, and takes the affinity key from the body's "user" when
-// no session header gave one.
-func (p *Parser) fill(req *llmlb.Request, h headerInfo, body []byte) error {
+// no session header gave one. If info is not nil, it is filled too.
+func (p *Parser) fill(req *llmlb.Request, h headerInfo, body []byte, info *bodyInfo) error {
 	if int64(len(body)) > p.maxBody {
 		return errBodyTooLarge(p.maxBody)
 	}
 	if len(body) == 0 {
 		return nil
 	}
-	user := p.parseBody(body, req, h.label)
+	user := p.parseBody(body, req, h.label, info)
 	if h.session == "" {
 		req.AffinityKey = p.affinityKey(req.Tenant, user)
 	}

@@ -23,7 +23,7 @@ func (p *Parser) ParseBody(r *http.Request, body []byte) (llmlb.Request, error) 
 	if err != nil {
 		return req, err
 	}
-	return req, p.fill(&req, h, body)
+	return req, p.fill(&req, h, body, nil)
 }
 
 // MaxBodyBytes returns the longest body the Parser accepts, so that a caller

@@ -181,6 +181,14 @@ type Config struct {
 	// served (non-streaming requests included), and bound each request as
 	// a whole with its context's deadline.
 	FirstEventTimeout time.Duration
+	// MaxResponseIDs bounds the OpenAI Responses API response ids the
+	// Transport remembers for response affinity (see [Transport]): the
+	// least recently used is forgotten beyond it, and a request continuing
+	// a forgotten response is routed as any other. Each id costs about 60
+	// bytes whatever its length (about 4 MiB at the default). 0 means
+	// [DefaultMaxResponseIDs]; a negative value remembers none, which
+	// turns response affinity off.
+	MaxResponseIDs int
 }
 
 // Transport is an [http.RoundTripper] that sends each request to an endpoint
@@ -245,6 +253,13 @@ type Config struct {
 // arrived within the timeout fails with [ErrFirstEventTimeout] and is
 // retried like a connection error.
 //
+// A POST to a path ending in /responses (the OpenAI Responses API) whose
+// body continues a stored response ("previous_response_id") that an
+// endpoint's earlier answer through this Transport produced is sent to that
+// endpoint only, once: not retried or hedged, since any other endpoint
+// would answer 404 (see the package documentation and
+// [Config.MaxResponseIDs]).
+//
 // A Transport is safe for concurrent use. It starts no goroutines, except,
 // when hedging, one per attempt, each of which has ended when RoundTrip
 // returns, and, with a FirstEventTimeout and Config.Retry.After set, one
@@ -274,6 +289,7 @@ type Transport struct {
 	clock     llmlb.Clock
 	after     func(time.Duration) <-chan time.Time
 	ttft      quantile.Window // with hedge.Percentile: the winners' times to first event
+	ids       *responseIDs    // response affinity; nil if off
 
 	// afterCommit, if set, is called by an attempt right after it
 	// committed, before RoundTrip learns of it. Tests use it to order
@@ -383,6 +399,12 @@ func NewTransport(cfg Config) (*Transport, error) {
 	}
 	if t.clock == nil {
 		t.clock = systemClock{}
+	}
+	switch n := cfg.MaxResponseIDs; {
+	case n == 0:
+		t.ids = newResponseIDs(DefaultMaxResponseIDs)
+	case n > 0:
+		t.ids = newResponseIDs(n)
 	}
 	return t, nil
 }
