@@ -51,7 +51,7 @@ func parserWithCap(t *testing.T, n int64) *httplb.Parser {
 }
 
 // requireBudgetRefusal checks that m refuses the request as shed under load:
-// 429 with a Retry-After.
+// 429 with a Retry-After and llm-d's dropped reason for saturation.
 func requireBudgetRefusal(t *testing.T, m *extprocv3.ProcessingResponse) {
 	t.Helper()
 	ir := m.GetImmediateResponse()
@@ -64,6 +64,7 @@ func requireBudgetRefusal(t *testing.T, m *extprocv3.ProcessingResponse) {
 		}
 	}
 	require.Equal(t, "1", retryAfter)
+	require.Equal(t, "rejected-saturated", immediateHeaders(ir)[extproc.DroppedReasonHeader])
 	require.NotContains(t, string(ir.GetBody()), "budget", "the client reads no internal detail")
 }
 

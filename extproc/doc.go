@@ -34,7 +34,8 @@
 //   - FULL_DUPLEX_STREAMED, the mode the protocol requires and the inference
 //     extension's charts configure: the body is gathered (up to the parser's
 //     cap) until its end, the request is routed, and the headers response and
-//     then the body, unchanged, are streamed back.
+//     then the body, unchanged but for the model rewrite below, are streamed
+//     back.
 //   - BUFFERED and BUFFERED_PARTIAL: the headers are let through at once,
 //     less any destination header the client sent, and the route is set in
 //     the response to the buffered body.
@@ -42,17 +43,27 @@
 //     picker, so the request is routed on its headers alone (session key,
 //     tenant), without prompt information.
 //
+// A request that names a model in [ModelRewriteHeader] (or its former name,
+// [OldModelRewriteHeader]), as llm-d's picker reads it, has the value of its
+// body's "model" replaced with it before the body is parsed and sent back,
+// every other byte unchanged and Content-Length set to match, so that the
+// new name is also what it is routed, and its prefix salted, with. Only a
+// whole body the picker holds is rewritten (not in STREAMED or NONE mode,
+// nor a BUFFERED_PARTIAL body cut short).
+//
 // Refusals become immediate responses with an OpenAI-style JSON error that
 // names no internal detail: 429 with Retry-After when an admission cap is
 // reached or the request bodies the Server holds would exceed
 // [Config.MaxBufferedBytes], 503 when no endpoint may take the request
-// (none, or none in the data plane's subset hint), 413 for a body over the
-// cap, 401 when the tenant cannot be established, 400 for a request the
-// balancer rejects.
+// (none, or none in the data plane's subset hint), both with llm-d's
+// [DroppedReasonHeader], 408 for a body not received within
+// [Config.BodyTimeout], 413 for a body over the cap, 401 when the tenant
+// cannot be established, 400 for a request the balancer rejects.
 //
 // A Server is safe for concurrent use; every stream runs on the goroutine
 // gRPC calls [Server.Process] on, and the Server starts no goroutine of its
-// own.
+// own: a stream's body deadline is a [time.AfterFunc] timer, stopped when
+// the request is routed.
 //
 // This package's plain data type, Config, holds no lock: any number of
 // goroutines may read a value of it at once, but none may write it

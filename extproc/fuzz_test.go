@@ -3,7 +3,10 @@ package extproc_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"strconv"
 	"testing"
+	"unicode/utf8"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -117,6 +120,88 @@ func FuzzRequestBody(f *testing.F) {
 		}
 		if m == fullDuplex && !bytes.Equal(back, body) {
 			t.Fatalf("the body streamed back differs: %d bytes for %d", len(back), len(body))
+		}
+	})
+}
+
+// FuzzModelRewrite sends arbitrary bodies with an arbitrary model rewrite
+// header: the Server must route or refuse without failing, hold no body
+// afterwards, and, for a JSON object it routes, stream back a JSON object
+// whose "model" is the header's value and whose other members are the
+// client's, with a Content-Length that matches.
+func FuzzModelRewrite(f *testing.F) {
+	for _, seed := range []struct{ body, model string }{
+		{`{"model":"m","prompt":"hello","max_tokens":16}`, "m2"},
+		{`{"prompt":"hello","max_tokens":16}`, `a"b\c`},
+		{` { "model" : null , "messages":[{"role":"user","content":"{\"model\":1}"}]} `, "\x00\xff"},
+		{`{"model":"m","model":"n","prompt":"x"}`, "é</>"},
+		{`{"model":"m"`, "m2"},
+		{`{}`, "m2"},
+	} {
+		f.Add([]byte(seed.body), seed.model)
+	}
+	b, err := llmlb.New(llmlb.LeastOutstanding())
+	if err != nil {
+		f.Fatal(err)
+	}
+	if err := b.Update(addrs(2)); err != nil {
+		f.Fatal(err)
+	}
+	p, err := httplb.NewParser(httplb.ParserConfig{MaxBodyBytes: 8 << 10})
+	if err != nil {
+		f.Fatal(err)
+	}
+	srv, err := extproc.NewServer(extproc.Config{Balancer: b, Parser: p, Logger: quiet})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, model string) {
+		first := requestHeaders("/v1/completions", false, extproc.ModelRewriteHeader, model)
+		first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: fullDuplex, ResponseBodyMode: fullDuplex}
+		d := &directStream{ctx: context.Background(), in: []*extprocv3.ProcessingRequest{first, requestBody(body, true)}}
+		if err := srv.Process(d); err != nil {
+			t.Fatalf("Process: %v", err)
+		}
+		if !idle(b) || extproc.Buffered(srv) != 0 {
+			t.Fatalf("accounting left behind: %+v, %d bytes", b.Stats(), extproc.Buffered(srv))
+		}
+		if len(d.out) == 0 || d.out[0].GetImmediateResponse() != nil {
+			return
+		}
+		var back []byte
+		var contentLength string
+		for _, a := range d.out {
+			for _, h := range a.GetRequestHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+				if h.GetHeader().GetKey() == "Content-Length" {
+					contentLength = string(h.GetHeader().GetRawValue())
+				}
+			}
+			back = append(back, a.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()...)
+		}
+		if contentLength != strconv.Itoa(len(back)) {
+			t.Fatalf("Content-Length %s for %d bytes", contentLength, len(back))
+		}
+		var in map[string]json.RawMessage
+		if !json.Valid(body) || json.Unmarshal(body, &in) != nil || model == "" || len(model) > 1024 {
+			return
+		}
+		var out map[string]json.RawMessage
+		if err := json.Unmarshal(back, &out); err != nil {
+			t.Fatalf("the rewritten body is not JSON: %v: %q", err, back)
+		}
+		var got string
+		if err := json.Unmarshal(out["model"], &got); err != nil || utf8.ValidString(model) && got != model {
+			t.Fatalf("model %q, want %q", out["model"], model)
+		}
+		delete(in, "model")
+		delete(out, "model")
+		if len(in) != len(out) {
+			t.Fatalf("members changed: %q -> %q", body, back)
+		}
+		for k, v := range in {
+			if !bytes.Equal(v, out[k]) {
+				t.Fatalf("member %q changed: %s -> %s", k, v, out[k])
+			}
 		}
 	})
 }

@@ -70,6 +70,13 @@ func start(t testing.TB, cfg extproc.Config, opts ...grpc.DialOption) *harness {
 	}
 	srv, err := extproc.NewServer(cfg)
 	require.NoError(t, err)
+	return serve(t, srv, cfg.Balancer, opts...)
+}
+
+// serve serves srv, whose balancer is b, over bufconn until the test ends;
+// the client connection is dialled with opts.
+func serve(t testing.TB, srv *extproc.Server, b *llmlb.Balancer, opts ...grpc.DialOption) *harness {
+	t.Helper()
 	l := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(gs, srv)
@@ -87,7 +94,7 @@ func start(t testing.TB, cfg extproc.Config, opts ...grpc.DialOption) *harness {
 		gs.Stop()
 		<-served
 	})
-	return &harness{b: cfg.Balancer, client: extprocv3.NewExternalProcessorClient(cc)}
+	return &harness{b: b, client: extprocv3.NewExternalProcessorClient(cc)}
 }
 
 // envoy drives one ext_proc stream as Envoy's ext_proc filter does: the first

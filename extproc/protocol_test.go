@@ -322,11 +322,14 @@ func TestImmediateResponses(t *testing.T) {
 		body       []byte
 		code       typev3.StatusCode
 		retryAfter string
+		dropped    string // x-llm-d-request-dropped-reason
 	}{
-		{name: "no-endpoints", endpoints: 0, code: typev3.StatusCode_ServiceUnavailable},
-		{name: "empty-subset", endpoints: 3, md: func(e *envoy) { e.md = subsetMetadata() }, code: typev3.StatusCode_ServiceUnavailable},
-		{name: "subset-outside-pool", endpoints: 3, md: func(e *envoy) { e.md = subsetMetadata("192.168.0.1:8000") }, code: typev3.StatusCode_ServiceUnavailable},
-		{name: "overloaded", endpoints: 2, code: typev3.StatusCode_TooManyRequests, retryAfter: "3", cfg: func(t *testing.T, cfg *extproc.Config) {
+		{name: "no-endpoints", endpoints: 0, code: typev3.StatusCode_ServiceUnavailable, dropped: "rejected-no-endpoints"},
+		{name: "empty-subset", endpoints: 3, md: func(e *envoy) { e.md = subsetMetadata() }, code: typev3.StatusCode_ServiceUnavailable,
+			dropped: "rejected-no-endpoints"},
+		{name: "subset-outside-pool", endpoints: 3, md: func(e *envoy) { e.md = subsetMetadata("192.168.0.1:8000") }, code: typev3.StatusCode_ServiceUnavailable,
+			dropped: "rejected-no-endpoints"},
+		{name: "overloaded", endpoints: 2, code: typev3.StatusCode_TooManyRequests, retryAfter: "3", dropped: "rejected-saturated", cfg: func(t *testing.T, cfg *extproc.Config) {
 			adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 1, RetryAfter: 2500 * time.Millisecond})
 			require.NoError(t, err)
 			release, err := adm.Acquire("")
@@ -334,7 +337,7 @@ func TestImmediateResponses(t *testing.T) {
 			t.Cleanup(release)
 			cfg.Admission = adm
 		}},
-		{name: "overloaded-for-ever", endpoints: 2, code: typev3.StatusCode_TooManyRequests, retryAfter: "9223372037", cfg: func(t *testing.T, cfg *extproc.Config) {
+		{name: "overloaded-for-ever", endpoints: 2, code: typev3.StatusCode_TooManyRequests, retryAfter: "9223372037", dropped: "rejected-saturated", cfg: func(t *testing.T, cfg *extproc.Config) {
 			adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 1, RetryAfter: math.MaxInt64})
 			require.NoError(t, err)
 			release, err := adm.Acquire("")
@@ -383,6 +386,7 @@ func TestImmediateResponses(t *testing.T) {
 			}
 			require.Equal(t, "application/json", hdrs["content-type"])
 			require.Equal(t, c.retryAfter, hdrs["retry-after"])
+			require.Equal(t, c.dropped, hdrs[extproc.DroppedReasonHeader])
 			require.Equal(t, "req-1", hdrs["x-request-id"])
 			var doc struct {
 				Error struct {

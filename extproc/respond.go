@@ -36,6 +36,10 @@ var errNotCandidate = errors.New("extproc: picked an endpoint that is not a cand
 // this one ([Config.MaxBufferedBytes]).
 var errBodyBudget = errors.New("extproc: request bodies in flight are over the server's budget")
 
+// errBodyTimeout: the request was not routed within [Config.BodyTimeout]
+// of its first message, its body still coming.
+var errBodyTimeout = errors.New("extproc: request body not received in time")
+
 func errBodyOverCap(limit int) error {
 	return fmt.Errorf("%w: over %d bytes", httplb.ErrBodyTooLarge, limit)
 }
@@ -130,39 +134,46 @@ type refusal struct {
 	message    string // what the client reads
 	details    string // the data plane's response code details, for its access log
 	retryAfter time.Duration
+	dropped    string // the DroppedReasonHeader value; "" for none
 }
 
 // classify maps a failure to its answer: the protocol's 503 when no
 // endpoint may take the request and 429 for requests shed under load
-// (docs/proposals/004-endpoint-picker-protocol), and the statuses httplb's
-// error handler gives the other failures.
+// (docs/proposals/004-endpoint-picker-protocol), each with llm-d's
+// [DroppedReasonHeader], and the statuses httplb's error handler gives the
+// other failures.
 func classify(err error) refusal {
 	var overload *retry.OverloadError
 	switch {
 	case errors.As(err, &overload):
 		return refusal{typev3.StatusCode_TooManyRequests, "rate_limit_error", "Too many requests in flight; retry later.",
-			"llmlb_overloaded", max(overload.RetryAfter, time.Second)}
+			"llmlb_overloaded", max(overload.RetryAfter, time.Second), droppedSaturated}
 	case errors.Is(err, retry.ErrOverloaded):
 		return refusal{typev3.StatusCode_TooManyRequests, "rate_limit_error", "Too many requests in flight; retry later.",
-			"llmlb_overloaded", retry.DefaultAdmissionRetryAfter}
+			"llmlb_overloaded", retry.DefaultAdmissionRetryAfter, droppedSaturated}
 	case errors.Is(err, errBodyBudget):
 		return refusal{typev3.StatusCode_TooManyRequests, "rate_limit_error", "Too many requests in flight; retry later.",
-			"llmlb_body_budget", time.Second}
+			"llmlb_body_budget", time.Second, droppedSaturated}
 	case errors.Is(err, llmlb.ErrNoEndpoints), errors.Is(err, llmlb.ErrNoCandidates), errors.Is(err, errEmptySubset):
 		return refusal{typev3.StatusCode_ServiceUnavailable, "service_unavailable", "No model server is available.",
-			"llmlb_no_endpoint", 0}
+			"llmlb_no_endpoint", 0, droppedNoEndpoints}
+	case errors.Is(err, errBodyTimeout):
+		// As Envoy's request_timeout and httplb's proxy answer a body
+		// not received in time.
+		return refusal{typev3.StatusCode_RequestTimeout, "invalid_request_error", "The request body was not received in time.",
+			"llmlb_body_timeout", 0, ""}
 	case errors.Is(err, httplb.ErrBodyTooLarge):
 		return refusal{typev3.StatusCode_PayloadTooLarge, "invalid_request_error", "The request body is too large.",
-			"llmlb_body_too_large", 0}
+			"llmlb_body_too_large", 0, ""}
 	case errors.Is(err, httplb.ErrUnauthenticated):
 		return refusal{typev3.StatusCode_Unauthorized, "authentication_error", "The request could not be authenticated.",
-			"llmlb_unauthenticated", 0}
+			"llmlb_unauthenticated", 0, ""}
 	case errors.Is(err, llmlb.ErrInvalidRequest):
 		return refusal{typev3.StatusCode_BadRequest, "invalid_request_error", "The request is invalid.",
-			"llmlb_invalid_request", 0}
+			"llmlb_invalid_request", 0, ""}
 	}
 	return refusal{typev3.StatusCode_InternalServerError, "server_error", "The request could not be routed.",
-		"llmlb_internal_error", 0}
+		"llmlb_internal_error", 0, ""}
 }
 
 // refuse answers the request with an immediate response for err, and logs
@@ -202,6 +213,9 @@ func immediateResponse(rf refusal, requestID string) *extprocv3.ProcessingRespon
 	}
 	if requestID != "" {
 		set = append(set, setHeader("x-request-id", requestID))
+	}
+	if rf.dropped != "" {
+		set = append(set, setHeader(DroppedReasonHeader, rf.dropped))
 	}
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
@@ -52,6 +53,24 @@ const (
 	SubsetKey       = "x-gateway-destination-endpoint-subset"
 )
 
+// DroppedReasonHeader is the header llm-d's endpoint picker adds to the
+// requests it refuses (pkg/common/error/error.go of llm-d/llm-d-router
+// v0.10.0, RequestDroppedReasonHeaderKey), which a [Server] adds to its
+// 429 and 503 immediate responses with llm-d's values
+// (RequestDroppedReason, set by pkg/epp/requestcontrol/admission.go
+// translateFlowControlOutcome): "rejected-saturated" for a request shed
+// under load (an admission cap reached, or the bodies in flight over
+// [Config.MaxBufferedBytes]), "rejected-no-endpoints" when no endpoint may
+// take the request (none in the pool, none healthy, none in the data
+// plane's subset hint).
+const DroppedReasonHeader = "x-llm-d-request-dropped-reason"
+
+// The values of [DroppedReasonHeader].
+const (
+	droppedSaturated   = "rejected-saturated"
+	droppedNoEndpoints = "rejected-no-endpoints"
+)
+
 // MaxFallbacks bounds [Config.Fallbacks].
 const MaxFallbacks = 16
 
@@ -60,6 +79,10 @@ const MaxFallbacks = 16
 // the inference extension's chart requests for its picker (8 GiB), which
 // leaves room for the parser's transient copies.
 const DefaultMaxBufferedBytes = 1 << 30
+
+// DefaultBodyTimeout is the default of [Config.BodyTimeout], the default of
+// gateway.Config.BodyTimeout.
+const DefaultBodyTimeout = 30 * time.Second
 
 // Sentinel errors. Errors returned by this package wrap one of them, so
 // callers branch with errors.Is.
@@ -125,6 +148,14 @@ type Config struct {
 	// [DefaultMaxBufferedBytes]; otherwise it must be at least the body cap
 	// (see Parser), so that one body at the cap always fits.
 	MaxBufferedBytes int64
+	// BodyTimeout bounds the time from a stream's first message until its
+	// request is routed: a client that sends its body slower, holding the
+	// stream and its share of MaxBufferedBytes, gets 408 Request Timeout,
+	// the status Envoy's own request_timeout answers, and the body is let
+	// go at once. The stream itself ends when the data plane closes it,
+	// which Envoy does after an immediate response. 0 means
+	// [DefaultBodyTimeout]; a negative value sets no deadline.
+	BodyTimeout time.Duration
 }
 
 // Server is an Envoy external processor that picks an endpoint for each
@@ -140,6 +171,12 @@ type Server struct {
 
 	maxBuffered int64        // bounds buffered
 	buffered    atomic.Int64 // bytes of request bodies the streams hold
+
+	bodyTimeout time.Duration // 0: no deadline
+	// afterFunc arms a stream's body deadline: it calls f after d, unless
+	// the returned stop is called first. time.AfterFunc unless a test
+	// replaces it.
+	afterFunc func(d time.Duration, f func()) (stop func() bool)
 
 	randMu sync.Mutex // protects rnd
 	rnd    *rand.Rand // nil: the global generator
@@ -169,6 +206,13 @@ func NewServer(cfg Config) (*Server, error) {
 	case s.maxBuffered < int64(s.maxBody):
 		return nil, fmt.Errorf("%w: MaxBufferedBytes %d is below the body cap %d", ErrInvalidConfig, cfg.MaxBufferedBytes, s.maxBody)
 	}
+	switch s.bodyTimeout = cfg.BodyTimeout; {
+	case s.bodyTimeout == 0:
+		s.bodyTimeout = DefaultBodyTimeout
+	case s.bodyTimeout < 0:
+		s.bodyTimeout = 0
+	}
+	s.afterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -187,10 +231,20 @@ const maxBodyLimit = 1 << 30
 // violation or a failed send (a gRPC status error). Whatever ends the
 // stream, the request's pick is finished and its admission released before
 // Process returns.
+//
+// A request not routed within [Config.BodyTimeout] of the stream's first
+// message is answered 408 from a timer's goroutine, while this one waits
+// for the data plane to close the stream.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	st := stream{s: s, srv: srv, ctx: srv.Context(), reqMode: fullDuplex, respMode: fullDuplex}
+	st := &stream{s: s, srv: srv, ctx: srv.Context(), reqMode: fullDuplex, respMode: fullDuplex}
 	var cause error
 	defer func() {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		st.closed = true
+		if st.stopTimer != nil {
+			st.stopTimer()
+		}
 		st.end(cause)
 		st.dropBody()
 	}()
@@ -206,7 +260,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 			}
 			return err
 		}
-		stop, err := st.handle(m)
+		stop, err := st.handleLocked(m)
 		if err != nil {
 			// A send fails too when the data plane cancels the stream.
 			cause = st.cause(err)
@@ -215,6 +269,38 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		if stop {
 			return nil
 		}
+	}
+}
+
+// handleLocked handles m under st.mu, and arms the body deadline when the
+// request is not routed by its first message. It reports whether the stream
+// is over: an immediate response was sent, by m's answer or by the deadline.
+func (st *stream) handleLocked(m *extprocv3.ProcessingRequest) (bool, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.expired {
+		return true, nil
+	}
+	stop, err := st.handle(m)
+	if err == nil && !stop && !st.routed && st.stopTimer == nil && st.s.bodyTimeout > 0 {
+		st.stopTimer = st.s.afterFunc(st.s.bodyTimeout, st.expire)
+	}
+	return stop, err
+}
+
+// expire answers 408 to a request not routed by its deadline and lets its
+// body go. It runs on the timer's goroutine.
+func (st *stream) expire() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed || st.routed || st.expired {
+		return
+	}
+	st.expired = true
+	st.routed = true // no route may follow
+	st.dropBody()
+	if err := st.refuse(errBodyTimeout); err != nil {
+		st.s.log.Warn("extproc: the body deadline's answer was not sent", "request_id", st.requestID, "error", err)
 	}
 }
 

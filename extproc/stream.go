@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -29,11 +30,21 @@ const (
 )
 
 // stream is the state of one ext_proc stream: one HTTP request and its
-// response. It is used by the goroutine of Server.Process only.
+// response. It is used by the goroutine of Server.Process and, until the
+// request is routed, by the body deadline's timer.
+//
+// The body deadline's timer runs expire on its own goroutine: mu serializes
+// it with the messages' handling, so every field below is guarded by mu once
+// the timer is armed.
 type stream struct {
 	s   *Server
 	srv extprocv3.ExternalProcessor_ProcessServer
 	ctx context.Context
+
+	mu        sync.Mutex
+	stopTimer func() bool // stops the body deadline; nil until armed
+	expired   bool        // the body deadline passed and 408 was sent
+	closed    bool        // Process returned
 
 	// The body modes, from the first message's protocol_config; without
 	// one, FULL_DUPLEX_STREAMED, the mode the protocol requires.
@@ -322,7 +333,14 @@ func (st *stream) route(kind routeKind) (bool, error) {
 		return false, protocolError("the request was routed already")
 	}
 	st.routed = true
+	if st.stopTimer != nil {
+		st.stopTimer()
+	}
 	defer st.dropBody() // once the body is parsed and sent back
+	rewritten, err := st.applyRewrite(kind)
+	if err != nil {
+		return true, st.refuse(err)
+	}
 	dest, err := st.decide()
 	if err != nil {
 		if ctxErr := st.ctx.Err(); ctxErr != nil {
@@ -333,6 +351,11 @@ func (st *stream) route(kind routeKind) (bool, error) {
 	md := destinationMetadata(dest)
 	switch kind {
 	case routeBuffered:
+		if rewritten {
+			common := routeMutation(dest, len(st.body))
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: st.body}}
+			return false, st.send(bodyResponse(true, common, md))
+		}
 		return false, st.send(bodyResponse(true, routeMutation(dest, -1), md))
 	case routeTrailers:
 		m := trailersResponse(true)
@@ -368,6 +391,39 @@ func (st *stream) route(kind routeKind) (bool, error) {
 		return false, nil
 	}
 	return false, st.send(headersResponse(true, routeMutation(dest, -1), md))
+}
+
+// applyRewrite renames the body's model as [ModelRewriteHeader] asks, before
+// the body is parsed, so that the new name is also what the request is
+// routed and its prefix salted with, as in llm-d (its scheduler's
+// TargetModel). Only a whole body is rewritten: a BUFFERED_PARTIAL body
+// whose rest streams past the picker, or a body the picker does not see
+// (body modes STREAMED and NONE), goes upstream as the client sent it. It
+// reports whether st.body changed.
+func (st *stream) applyRewrite(kind routeKind) (bool, error) {
+	if kind != routeBuffered && kind != routeDuplexEnd && kind != routeDuplexTrailers ||
+		st.reqMode == bufPartial && !st.reqEnded || st.bodyMsgs == 0 || st.skipped {
+		return false, nil
+	}
+	model := st.rewriteModel()
+	if model == "" {
+		return false, nil
+	}
+	if len(model) > maxRewriteModel {
+		return false, errRewriteTooLong
+	}
+	edit, ok, err := planModel(st.body, model)
+	if err != nil || !ok {
+		return false, err // not a JSON object, or the model already
+	}
+	if edit.size > st.s.maxBody {
+		return false, errBodyOverCap(st.s.maxBody)
+	}
+	if !st.charge(int64(edit.size)) {
+		return false, errBodyBudget
+	}
+	st.body = edit.apply(st.body)
+	return true, nil
 }
 
 // decide parses the request, admits it, picks its endpoint and returns the

@@ -49,6 +49,7 @@ type options struct {
 
 	maxBody       int64
 	maxBuffered   int64
+	bodyTimeout   time.Duration
 	maxStreams    int64
 	sessionHeader string
 	tenantHeader  string
@@ -121,6 +122,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 
 	fs.Int64Var(&o.maxBody, "max-body-bytes", httplb.DefaultMaxBodyBytes, "largest request body read; a longer one is answered 413 (0: the default)")
 	fs.Int64Var(&o.maxBuffered, "max-buffered-bytes", extproc.DefaultMaxBufferedBytes, "most bytes of request bodies held at once, over all streams and connections; a request beyond it is answered 429 (0: the default; at least -max-body-bytes)")
+	fs.DurationVar(&o.bodyTimeout, "body-timeout", extproc.DefaultBodyTimeout, "answer 408 to a request whose body is not received this long after its headers, and let the body go (0: the default; negative: no deadline)")
 	fs.Int64Var(&o.maxStreams, "max-concurrent-streams", defaultMaxStreams, "most ext_proc streams (requests) open at once on one data plane connection, advertised in HTTP/2 SETTINGS; Envoy opens another connection beyond it (0: no limit)")
 	fs.StringVar(&o.sessionHeader, "session-header", httplb.DefaultSessionHeader, "header carrying the session (affinity) key; the body's \"user\" otherwise")
 	fs.StringVar(&o.tenantHeader, "tenant-header", "", "header taken as the tenant, e.g. x-llm-d-inference-fairness-id (formerly x-gateway-inference-fairness-id); only if the gateway sets or strips it (\"\": no tenant)")

@@ -22,7 +22,8 @@
 // serves /metrics (OpenTelemetry through the Prometheus exporter) and
 // /debug/llmlb (a JSON view of the endpoints). The request bodies held at
 // once, over all streams, are bounded by -max-buffered-bytes (beyond it a
-// request is answered 429), and the streams open at once on one connection
+// request is answered 429), a body not received within -body-timeout is
+// answered 408, and the streams open at once on one connection
 // by -max-concurrent-streams. On SIGTERM it reports NOT_SERVING,
 // waits -drain-delay for the data plane to notice, stops accepting streams and
 // lets those in flight finish for up to -drain-timeout. A second SIGTERM or

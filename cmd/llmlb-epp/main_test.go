@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/extproc"
 )
 
 func TestMain(m *testing.M) {
@@ -139,6 +140,21 @@ func TestParseFlags(t *testing.T) {
 		require.ErrorContains(t, err, c.err, "%v", c.args)
 		_ = o
 	}
+}
+
+// TestBodyTimeoutFlag: -body-timeout sets the picker's body deadline,
+// extproc's default unless given; a negative value (no deadline) builds.
+func TestBodyTimeoutFlag(t *testing.T) {
+	o, err := parseFlags([]string{"-endpoints", "10.0.0.1:8000"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, extproc.DefaultBodyTimeout, o.bodyTimeout)
+	o, err = parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-body-timeout", "5s"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 5*time.Second, o.bodyTimeout)
+	o, err = parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-body-timeout", "-1s"}, io.Discard)
+	require.NoError(t, err)
+	_, err = newServer(o)
+	require.NoError(t, err)
 }
 
 // TestPolicies: every name -policy accepts builds.

@@ -218,7 +218,7 @@ func newServer(o options) (_ *server, err error) {
 		return nil, err
 	}
 	picker, err := extproc.NewServer(extproc.Config{Balancer: s.b, Parser: p, Admission: s.admission, Fallbacks: o.fallbacks, Logger: s.log,
-		MaxBufferedBytes: o.maxBuffered})
+		MaxBufferedBytes: o.maxBuffered, BodyTimeout: o.bodyTimeout})
 	if err != nil {
 		return nil, err
 	}

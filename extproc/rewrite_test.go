@@ -1,0 +1,200 @@
+package extproc_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/extproc"
+)
+
+// TestModelRewrite: the model rewrite header replaces the value of the
+// body's "model" before the body goes upstream, every other byte unchanged,
+// and Content-Length follows, as llm-d's picker rewrites it.
+func TestModelRewrite(t *testing.T) {
+	chat := chatBody(200, true)
+	cases := []struct {
+		name    string
+		headers []string
+		body    []byte
+		want    []byte
+	}{
+		{"header", []string{extproc.ModelRewriteHeader, "m2"}, chat,
+			bytes.Replace(chat, []byte(`"model":"m"`), []byte(`"model":"m2"`), 1)},
+		{"old-alias", []string{extproc.OldModelRewriteHeader, "m2"}, chat,
+			bytes.Replace(chat, []byte(`"model":"m"`), []byte(`"model":"m2"`), 1)},
+		{"new-name-wins", []string{extproc.OldModelRewriteHeader, "old", extproc.ModelRewriteHeader, "m2"}, chat,
+			bytes.Replace(chat, []byte(`"model":"m"`), []byte(`"model":"m2"`), 1)},
+		{"last-value-wins", []string{extproc.ModelRewriteHeader, "m1", extproc.ModelRewriteHeader, "m2"}, chat,
+			bytes.Replace(chat, []byte(`"model":"m"`), []byte(`"model":"m2"`), 1)},
+		{"empty-value", []string{extproc.ModelRewriteHeader, "", extproc.OldModelRewriteHeader, "old"}, chat, chat},
+		{"same-model", []string{extproc.ModelRewriteHeader, "m"}, chat, chat},
+		{"escaped", []string{extproc.ModelRewriteHeader, "a\"b\\c</d>\x01é"},
+			[]byte(`{"prompt":"hi", "model" : "m" ,"max_tokens":5}`),
+			[]byte(`{"prompt":"hi", "model" : "a\"b\\c</d>\u0001é" ,"max_tokens":5}`)},
+		{"no-model", []string{extproc.ModelRewriteHeader, "m2"},
+			[]byte(` { "prompt" : "hi", "max_tokens": 5 }`),
+			[]byte(` {"model":"m2", "prompt" : "hi", "max_tokens": 5 }`)},
+		{"top-level-only", []string{extproc.ModelRewriteHeader, "m2"},
+			[]byte(`{"model":"m","metadata":{"model":"x","s":"}\"{"},"prompt":["model","]"],"mo\u0064el":"n","max_tokens":5}`),
+			[]byte(`{"model":"m2","metadata":{"model":"x","s":"}\"{"},"prompt":["model","]"],"mo\u0064el":"m2","max_tokens":5}`)},
+		{"not-a-string", []string{extproc.ModelRewriteHeader, "m2"},
+			[]byte(`{"model":null,"prompt":"hi","max_tokens":5}`),
+			[]byte(`{"model":"m2","prompt":"hi","max_tokens":5}`)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b := newBalancer(t, 2, nil)
+			h := start(t, extproc.Config{Balancer: b})
+			e := h.open(t, fullDuplex, fullDuplex)
+			e.send(requestHeaders("/v1/completions", false, c.headers...))
+			e.send(requestBody(c.body[:len(c.body)/2], false))
+			e.send(requestBody(c.body[len(c.body)/2:], true))
+			m := e.recv()
+			hr := m.GetRequestHeaders()
+			require.NotNil(t, hr, "want the route, got %v", m)
+			require.Equal(t, strconv.Itoa(len(c.want)), routeOf(t, m, hr.GetResponse()).contentLength)
+			require.Equal(t, string(c.want), string(streamedBack(t, e.recv(), true).GetBody()))
+			var doc map[string]any
+			require.NoError(t, json.Unmarshal(c.want, &doc))
+			e.cancel()
+			waitIdle(t, b)
+		})
+	}
+}
+
+// TestModelRewriteBuffered: in BUFFERED mode the rewritten body is the body
+// answer's mutation, with its Content-Length; a BUFFERED_PARTIAL body whose
+// rest has not come is not rewritten, since the picker sees only its head.
+func TestModelRewriteBuffered(t *testing.T) {
+	body := []byte(`{"model":"m","prompt":"hi","max_tokens":5}`)
+	want := []byte(`{"model":"long-model-name","prompt":"hi","max_tokens":5}`)
+	b := newBalancer(t, 2, nil)
+	h := start(t, extproc.Config{Balancer: b})
+
+	e := h.open(t, buffered, buffered)
+	e.send(requestHeaders("/v1/completions", false, extproc.ModelRewriteHeader, "long-model-name"))
+	require.NotNil(t, e.recv().GetRequestHeaders())
+	e.send(requestBody(body, true))
+	m := e.recv()
+	br := m.GetRequestBody()
+	require.NotNil(t, br, "got %v", m)
+	r := routeOf(t, m, br.GetResponse())
+	require.NotEmpty(t, r.header)
+	require.Equal(t, strconv.Itoa(len(want)), r.contentLength)
+	require.Equal(t, string(want), string(br.GetResponse().GetBodyMutation().GetBody()))
+	e.cancel()
+
+	e = h.open(t, filterv3.ProcessingMode_BUFFERED_PARTIAL, buffered)
+	e.send(requestHeaders("/v1/completions", false, extproc.ModelRewriteHeader, "long-model-name"))
+	require.NotNil(t, e.recv().GetRequestHeaders())
+	e.send(requestBody(body, false))
+	m = e.recv()
+	require.NotNil(t, m.GetRequestBody(), "got %v", m)
+	require.Nil(t, m.GetRequestBody().GetResponse().GetBodyMutation(), "a partial body is not changed")
+	require.Empty(t, routeOf(t, m, m.GetRequestBody().GetResponse()).contentLength)
+	e.cancel()
+	waitIdle(t, b)
+}
+
+// TestModelRewriteBadInput: a body that is not a JSON object is answered as
+// it is without the header; a rewrite value over the bound, a body with too
+// many "model" members, or one the rewrite takes over the body cap, is
+// refused; nothing panics and no body stays charged.
+func TestModelRewriteBadInput(t *testing.T) {
+	b := newBalancer(t, 2, nil)
+	srv, err := extproc.NewServer(extproc.Config{Balancer: b, Logger: quiet})
+	require.NoError(t, err)
+	h := serve(t, srv, b)
+	answer := func(body []byte, kv ...string) typev3.StatusCode {
+		e := h.open(t, fullDuplex, fullDuplex)
+		defer e.cancel()
+		e.send(requestHeaders("/v1/completions", false, kv...))
+		e.send(requestBody(body, true))
+		m := e.recv()
+		if ir := m.GetImmediateResponse(); ir != nil {
+			return ir.GetStatus().GetCode()
+		}
+		require.NotNil(t, m.GetRequestHeaders(), "got %v", m)
+		return typev3.StatusCode_OK
+	}
+	for _, body := range []string{`{"model":"m","prompt":`, `{"model":"m",}`, `["model","m"]`, `{"model":"m"}}`,
+		`{"model" "m"}`, `{"model":"m`, `{"model":"m","prompt":"hi"} x`, `{"a":[1,{"b":"\"]}`, `{`, ``, `{"model":}`} {
+		want := answer([]byte(body))
+		require.Equal(t, want, answer([]byte(body), extproc.ModelRewriteHeader, "m2"), "%s", body)
+	}
+	require.Equal(t, typev3.StatusCode_BadRequest,
+		answer(chatBody(100, false), extproc.ModelRewriteHeader, strings.Repeat("m", 1025)))
+	require.Equal(t, typev3.StatusCode_OK,
+		answer(chatBody(100, false), extproc.ModelRewriteHeader, strings.Repeat("m", 1024)))
+	many := `{"prompt":"hi"` + strings.Repeat(`,"model":"m"`, 17) + `}`
+	require.Equal(t, typev3.StatusCode_BadRequest, answer([]byte(many), extproc.ModelRewriteHeader, "m2"),
+		"too many members to rewrite")
+	require.Equal(t, typev3.StatusCode_OK, answer([]byte(many[:len(many)-len(`,"model":"m"}`)]+"}"), extproc.ModelRewriteHeader, "m2"))
+	waitIdle(t, b)
+	require.Zero(t, extproc.Buffered(srv))
+
+	// A body just under the cap that the rewrite takes over it.
+	small, err := extproc.NewServer(extproc.Config{Balancer: b, Parser: parserWithCap(t, 4096), Logger: quiet})
+	require.NoError(t, err)
+	h = serve(t, small, b)
+	body := chatBody(4096-len(chatBody(0, false)), false)
+	require.Len(t, body, 4096)
+	require.Equal(t, typev3.StatusCode_OK, answer(body))
+	require.Equal(t, typev3.StatusCode_PayloadTooLarge, answer(body, extproc.ModelRewriteHeader, "m2"))
+	waitIdle(t, b)
+	require.Zero(t, extproc.Buffered(small))
+}
+
+// recordingPolicy records the requests it chooses for.
+type recordingPolicy struct {
+	llmlb.Policy
+	mu   sync.Mutex
+	reqs []llmlb.Request
+}
+
+func (p *recordingPolicy) Choose(c *llmlb.Candidates) int {
+	p.mu.Lock()
+	p.reqs = append(p.reqs, *c.Request())
+	p.mu.Unlock()
+	return p.Policy.Choose(c)
+}
+
+// TestModelRewriteRoutes: the rewritten model is the one the request is
+// routed with, its Feature and the salt of its prefix hashes, as llm-d
+// schedules on the rewritten TargetModel and salts its prefix hashes with
+// it (pkg/epp/framework/plugins/requestcontrol/dataproducer/prefixhash).
+func TestModelRewriteRoutes(t *testing.T) {
+	pol := &recordingPolicy{Policy: llmlb.LeastOutstanding()}
+	b := newBalancer(t, 2, pol)
+	h := start(t, extproc.Config{Balancer: b})
+	route := func(body []byte, kv ...string) llmlb.Request {
+		e := h.open(t, fullDuplex, fullDuplex)
+		defer e.cancel()
+		e.send(requestHeaders("/v1/chat/completions", false, kv...))
+		e.send(requestBody(body, true))
+		require.NotNil(t, e.recv().GetRequestHeaders())
+		pol.mu.Lock()
+		defer pol.mu.Unlock()
+		return pol.reqs[len(pol.reqs)-1]
+	}
+	body := chatBody(2000, false)
+	rewritten := route(body, extproc.ModelRewriteHeader, "m2")
+	asM2 := route(bytes.Replace(body, []byte(`"model":"m"`), []byte(`"model":"m2"`), 1))
+	asM := route(body)
+	require.NotEmpty(t, rewritten.Prefix)
+	require.Equal(t, asM2.Feature, rewritten.Feature)
+	require.Equal(t, asM2.Prefix, rewritten.Prefix)
+	require.NotEqual(t, asM.Feature, rewritten.Feature)
+	require.False(t, slices.Equal(asM.Prefix, rewritten.Prefix), "the prefix is salted with the rewritten model")
+	waitIdle(t, b)
+}
