@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -236,6 +237,11 @@ func TestReplayWithTopic(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
+	// Batch 0 is published before the subscription; every batch after it
+	// repeats batch 1's event, which is idempotent, under a new number.
+	var published atomic.Int64
+	published.Store(1)
+	batch := func(seq int64) []byte { return batches[min(seq, 1)] }
 	requests := make(chan int64, 8)
 	wg.Go(func() {
 		for {
@@ -249,8 +255,8 @@ func TestReplayWithTopic(t *testing.T) {
 			}
 			from := int64(binary.BigEndian.Uint64(f[2]))
 			requests <- from
-			for seq := from; seq < int64(len(batches)); seq++ {
-				_ = router.Send(zmq4.NewMsgFrom(f[0], nil, topic, binary.BigEndian.AppendUint64(nil, uint64(seq)), batches[seq]))
+			for seq := from; seq < published.Load(); seq++ {
+				_ = router.Send(zmq4.NewMsgFrom(f[0], nil, topic, binary.BigEndian.AppendUint64(nil, uint64(seq)), batch(seq)))
 			}
 			end := binary.BigEndian.AppendUint64(nil, ^uint64(0))
 			_ = router.Send(zmq4.NewMsgFrom(f[0], nil, nil, end, nil))
@@ -268,16 +274,19 @@ func TestReplayWithTopic(t *testing.T) {
 	subCtx, stopSub := context.WithCancel(ctx)
 	wg.Go(func() { _ = sub.Run(subCtx) })
 	defer stopSub()
-	// Batch 1 arrives live (sent until the subscription has joined); batch
-	// 0, published before, must come from the replay.
+	// Batches are published live, each under the next number (a number
+	// received twice would mean the engine restarted), until the
+	// subscription has joined; batch 0, published before it, and those
+	// published before the first it received, must come from the replay.
 	require.Eventually(t, func() bool {
-		_ = pub.Send(zmq4.NewMsgFrom(topic, binary.BigEndian.AppendUint64(nil, 1), batches[1]))
+		seq := published.Add(1) - 1
+		_ = pub.Send(zmq4.NewMsgFrom(topic, binary.BigEndian.AppendUint64(nil, uint64(seq)), batch(seq)))
 		st, _ := sub.Stats("e")
 		return st.Batches >= 2
 	}, waitFor, 20*time.Millisecond)
 	st, _ := sub.Stats("e")
-	assert.Equal(t, int64(1), st.Replayed)
-	assert.Equal(t, int64(1), st.Seq)
+	assert.GreaterOrEqual(t, st.Replayed, int64(1))
+	assert.GreaterOrEqual(t, st.Seq, int64(1))
 	assert.Equal(t, int64(0), st.Malformed)
 	assert.Equal(t, 3, idx.MatchLen("e", hs, time.Now()))
 	assert.Equal(t, int64(0), <-requests)
