@@ -32,6 +32,13 @@ const (
 	DefaultBlockTokens = 16
 )
 
+// maxRingPoints bounds the points of one hash ring, whatever the
+// membership: with more than maxRingPoints/Replicas endpoints each has
+// maxRingPoints/n points (at least one), so a ring takes at most about
+// 96 MiB (12 bytes a point). It is Envoy's default and largest
+// maximum_ring_size, 8M entries (ring_hash.proto, v1.29).
+const maxRingPoints = 1 << 23
+
 // ring is a consistent-hash ring over the members of one membership.
 type ring struct {
 	gen    uint64
@@ -60,11 +67,12 @@ func (rc *ringCache) get(c *Candidates) *ring {
 		h uint64
 		m int32
 	}
-	pts := make([]point, 0, n*rc.replicas)
+	per := ringReplicas(rc.replicas, n)
+	pts := make([]point, 0, n*per)
 	buf := make([]byte, 0, 64)
 	for m := 0; m < n; m++ {
 		key := c.MemberKey(m)
-		for v := 0; v < rc.replicas; v++ {
+		for v := 0; v < per; v++ {
 			buf = append(append(append(buf[:0], key...), '#'), strconv.Itoa(v)...)
 			pts = append(pts, point{xxhash.Sum64(buf), int32(m)})
 		}
@@ -84,6 +92,15 @@ func (rc *ringCache) get(c *Candidates) *ring {
 	}
 	rc.cur.Store(r)
 	return r
+}
+
+// ringReplicas returns the points each of n members has on a ring of
+// replicas points per member, bounded to maxRingPoints in all.
+func ringReplicas(replicas, n int) int {
+	if n > 0 && replicas > maxRingPoints/n {
+		return max(maxRingPoints/n, 1)
+	}
+	return replicas
 }
 
 // walk calls accept for the candidates in ring order starting at hash h,
@@ -115,8 +132,10 @@ type HashConfig struct {
 	// requests in all on n candidates. Zero means [DefaultHashBalance];
 	// +Inf disables the bound (plain consistent hashing).
 	Balance float64
-	// Replicas is the number of ring points per endpoint. Zero means
-	// [DefaultRingReplicas].
+	// Replicas is the number of ring points per endpoint, at most 65,536.
+	// Zero means [DefaultRingReplicas]. A ring has at most 8,388,608
+	// points (Envoy's maximum_ring_size): beyond that, each endpoint has
+	// fewer.
 	Replicas int
 	// Fallback chooses for requests without an AffinityKey. Nil means
 	// P2C(RequestsScore). A Fallback that learns endpoint speeds
@@ -210,8 +229,10 @@ type PrefixHashConfig struct {
 	// LoadFactor; otherwise the least loaded candidate does. Zero means
 	// [DefaultPrefixHashLoadFactor].
 	LoadFactor float64
-	// Replicas is the number of ring points per endpoint. Zero means
-	// [DefaultRingReplicas].
+	// Replicas is the number of ring points per endpoint, at most 65,536.
+	// Zero means [DefaultRingReplicas]. A ring has at most 8,388,608
+	// points (Envoy's maximum_ring_size): beyond that, each endpoint has
+	// fewer.
 	Replicas int
 }
 

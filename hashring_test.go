@@ -206,3 +206,54 @@ func TestConsistentHashForwardsLearning(t *testing.T) {
 		t.Fatalf("%v prefill observations, want 1 (of the request without a key)", c)
 	}
 }
+
+func TestRingReplicasBounded(t *testing.T) {
+	for _, c := range []struct{ replicas, n, want int }{
+		{160, 8, 160},
+		{160, 0, 160},
+		{1 << 16, 128, 1 << 16}, // exactly maxRingPoints
+		{1 << 16, 129, maxRingPoints / 129},
+		{1 << 16, 1000, maxRingPoints / 1000},
+		{160, 100_000, maxRingPoints / 100_000},
+		{1, 1 << 24, 1}, // one point each, however many
+	} {
+		got := ringReplicas(c.replicas, c.n)
+		if got != c.want {
+			t.Errorf("ringReplicas(%d, %d) = %d, want %d", c.replicas, c.n, got, c.want)
+		}
+		if c.n > 0 && c.n <= maxRingPoints && got*c.n > maxRingPoints {
+			t.Errorf("ringReplicas(%d, %d): %d points in all", c.replicas, c.n, got*c.n)
+		}
+	}
+}
+
+// TestRingBoundedMembership builds a ring whose Replicas and membership
+// would make 16.8M points: it has at most maxRingPoints, and keys still
+// map to every endpoint.
+func TestRingBoundedMembership(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a ring of 8M points")
+	}
+	pol, err := ConsistentHash(HashConfig{Replicas: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(256))
+	hit := map[string]bool{}
+	for k := 0; k < 4000; k++ {
+		pk, err := b.Pick(context.Background(), &Request{AffinityKey: "k" + strconv.Itoa(k)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hit[pk.Endpoint().Key()] = true
+		pk.Done(nil)
+	}
+	r := pol.(*consistentHash).rings.cur.Load()
+	if len(r.points) > maxRingPoints || len(r.points) != 256*(maxRingPoints/256) {
+		t.Fatalf("ring of %d points, want %d", len(r.points), 256*(maxRingPoints/256))
+	}
+	if len(hit) < 250 {
+		t.Fatalf("4000 keys reached %d of 256 endpoints", len(hit))
+	}
+}
