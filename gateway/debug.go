@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"slices"
 	"time"
+
+	"github.com/llmlb/llmlb/signals"
 )
 
 // DebugState is the JSON document [Gateway.Debug] serves.
@@ -79,7 +81,26 @@ type DebugSignal struct {
 	Waiting    int      `json:"waiting"`
 	KVUsage    *float64 `json:"kv_usage,omitempty"` // absent when the engine does not report it
 	KVBlocks   int      `json:"kv_blocks,omitempty"`
-	Engine     string   `json:"engine,omitempty"`
+	// Engine is the engine whose metrics were scraped (as
+	// [signals.Engine.String] names it), or "orca" when the signal is made
+	// of the replica's ORCA load reports alone, with no scrape the balancer
+	// still trusts.
+	Engine string `json:"engine,omitempty"`
+}
+
+// orcaEngine is the [DebugSignal] engine of an observation made of ORCA
+// reports alone. The scraper's store holds only scrapes, whose engine is
+// the one detected or configured, and the ORCA reports of the proxied
+// responses, which carry none ([signals.EngineAuto]): a scrape that the
+// reports outlive is dropped with its engine.
+const orcaEngine = "orca"
+
+// engineName returns the name [DebugSignal].Engine shows for e.
+func engineName(e signals.Engine) string {
+	if e == signals.EngineAuto {
+		return orcaEngine
+	}
+	return e.String()
 }
 
 // DebugScrape is a scrape status in a [DebugEndpoint].
@@ -114,7 +135,7 @@ func (g *Gateway) State() DebugState {
 		if g.scraper != nil {
 			if o, ok := g.scraper.Observation(k); ok && !o.At.IsZero() {
 				sig := &DebugSignal{AgeSeconds: now.Sub(o.At).Seconds(), Running: o.Running, Waiting: o.Waiting,
-					KVBlocks: o.KVBlocks, Engine: o.Engine.String()}
+					KVBlocks: o.KVBlocks, Engine: engineName(o.Engine)}
 				if !math.IsNaN(o.KVUsage) {
 					u := o.KVUsage
 					sig.KVUsage = &u

@@ -1551,3 +1551,60 @@ func TestGatewayOrcaReportsKeepScrapeOnlyWhileTrusted(t *testing.T) {
 		t.Errorf("debug signal %+v after the reports stopped, want none", s)
 	}
 }
+
+// The debug view names the source of a signal made of ORCA reports alone
+// "orca", not the "auto" of an observation without an engine; a report
+// recorded over a scrape the balancer trusts keeps the scrape's engine.
+func TestGatewayDebugOrcaOnlyEngine(t *testing.T) {
+	var scrapes atomic.Bool // whether /metrics answers
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			if !scrapes.Load() {
+				http.Error(w, "down", http.StatusInternalServerError)
+				return
+			}
+			vllmMetrics(w, r)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set(signals.OrcaHeader, "TEXT named_metrics.kv_cache_usage_perc=0.5, named_metrics.num_requests_waiting=4")
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	// An interval of an hour: every scrape is trusted for the whole test.
+	g, err := New([]string{up.URL}, Config{ScrapeInterval: time.Hour, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	signal := func() *DebugSignal {
+		t.Helper()
+		st := g.State()
+		if len(st.Endpoints) != 1 {
+			t.Fatalf("debug state %+v", st)
+		}
+		return st.Endpoints[0].Signal
+	}
+
+	if _, err := g.scraper.Scrape(context.Background(), up.URL); err == nil {
+		t.Fatal("scrape succeeded, want it to fail")
+	}
+	if code, body, _ := post(t, g, "a prompt"); code != http.StatusOK {
+		t.Fatalf("response %d %q", code, body)
+	}
+	if s := signal(); s == nil || s.Engine != "orca" || s.Waiting != 4 || s.KVUsage == nil || *s.KVUsage != 0.5 {
+		t.Errorf("debug signal %+v with ORCA reports alone, want engine orca with the report's values", s)
+	}
+
+	scrapes.Store(true)
+	if _, err := g.scraper.Scrape(context.Background(), up.URL); err != nil {
+		t.Fatal(err)
+	}
+	if code, body, _ := post(t, g, "a prompt"); code != http.StatusOK {
+		t.Fatalf("response %d %q", code, body)
+	}
+	if s := signal(); s == nil || s.Engine != "vllm" || s.Running != 3 || s.Waiting != 4 {
+		t.Errorf("debug signal %+v with a report over a scrape, want the scrape's engine vllm, its 3 running, the report's 4 waiting", s)
+	}
+}

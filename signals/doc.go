@@ -26,7 +26,9 @@
 //	                                                                             deprecated 0.9, gone by 0.11)
 //	sglang    sglang:num_running_reqs          sglang:num_queue_reqs             sglang:token_usage                    sglang:max_total_num_tokens (tokens; block size 1)
 //	          {priority=""}                    {priority=""}
-//	trtllm    trtllm_num_requests_running      trtllm_num_requests_waiting       trtllm_kv_cache_utilization           trtllm_kv_cache_max_blocks, trtllm_kv_cache_tokens_per_block
+//	trtllm    trtllm_num_scheduled_requests    trtllm_num_requests_waiting       trtllm_kv_cache_utilization           trtllm_kv_cache_max_blocks, trtllm_kv_cache_tokens_per_block
+//	          (before it: all of               + the unscheduled rest of
+//	          trtllm_num_requests_running)     trtllm_num_requests_running
 //	triton    nv_trt_llm_request_metrics       nv_trt_llm_request_metrics        nv_trt_llm_kv_cache_block_metrics     nv_trt_llm_kv_cache_block_metrics
 //	          {request_type="scheduled"}       {request_type="waiting"}          {kv_cache_block_type="fraction"}      {kv_cache_block_type="max"|"tokens_per"}
 //	llamacpp  llamacpp:requests_processing     llamacpp:requests_deferred        llamacpp:kv_cache_usage_ratio
@@ -48,7 +50,14 @@
 // add up their requests and KV capacity and average their KV usage, a
 // fraction of pools of equal size. SGLang's per-priority request counts
 // (--enable-priority-scheduling) are left out: the total is the series
-// with priority="". trtllm-serve publishes its Prometheus metrics at
+// with priority="". TensorRT-LLM's running requests are those in the
+// batch, as its Triton backend reports them: trtllm-serve's
+// trtllm_num_requests_running counts every request the executor has taken
+// in, and those of them not scheduled in the iteration wait, with the queued
+// (without trtllm_num_scheduled_requests, in releases before it, all of
+// them run). trtllm-serve's gauges are written through prometheus_client's
+// multiprocess mode, a copy per process (label pid), which count once, the
+// largest. trtllm-serve publishes its Prometheus metrics at
 // /prometheus/metrics (its /metrics is JSON), and llama.cpp's router mode
 // needs /metrics?model=<id>: point the Scraper's URL there.
 //

@@ -98,6 +98,17 @@ const sglangPriority = "priority"
 // process that has not received the engine's statistics exports 0.
 var vllmCopies = []string{"pid"}
 
+// trtllmCopies are the labels that tell apart copies of one trtllm-serve
+// gauge written by several processes. trtllm-serve serves
+// /prometheus/metrics from prometheus_client's MultiProcessCollector, and
+// its gauges take the default multiprocess_mode, "all": each is exported
+// once per process that wrote it, labelled pid (NVIDIA/TensorRT-LLM
+// tensorrt_llm/serve/openai_server.py, mount_metrics;
+// tensorrt_llm/metrics/collector.py at 050f80d, MetricsCollector). The
+// copies describe one engine, so they count once, the largest, as vLLM's
+// do.
+var trtllmCopies = []string{"pid"}
+
 // profile maps one engine's exposition to an Observation.
 type profile struct {
 	engine             Engine
@@ -108,6 +119,10 @@ type profile struct {
 	preempt            series
 	prefixQ, prefixHit []series // the first present wins (renames across versions)
 	lora               string   // the info gauge of LoRA adapters in use, if the engine has one
+	// scheduled, if the exposition has it, counts the requests of running
+	// that are in this iteration's batch: the others count as waiting
+	// (see [profile.observe]).
+	scheduled series
 }
 
 var profiles = [numEngines]*profile{
@@ -141,14 +156,37 @@ var profiles = [numEngines]*profile{
 		blocks:      series{name: "sglang:max_total_num_tokens", copies: sglangCopies},
 		tokenBlocks: true,
 	},
+	// trtllm-serve's MetricsCollector.log_iteration_stats sets
+	// trtllm_num_requests_running to the executor's numActiveRequests (every
+	// request it has taken in: scheduled, paused, or waiting for KV blocks)
+	// and trtllm_num_requests_waiting to numQueuedRequests (those not yet
+	// taken in), and trtllm_num_scheduled_requests to the batch's
+	// numScheduledRequests (NVIDIA/TensorRT-LLM
+	// tensorrt_llm/metrics/collector.py at 050f80d). Running is read as the
+	// Triton backend reports it: the scheduled requests, the other active
+	// ones waiting with the queued; releases without the scheduled gauge
+	// count every active request as running. Either way running plus
+	// waiting is every request the replica holds. (With pipeline
+	// parallelism the scheduled requests are one micro-batch's; with
+	// attention data parallelism trtllm-serve logs a row per rank into each
+	// gauge, so the counts are one rank's: tensorrt_llm/_torch/pyexecutor/
+	// adp_iter_stats.py.)
 	EngineTRTLLM: {
 		engine:    EngineTRTLLM,
-		running:   series{name: "trtllm_num_requests_running"},
-		waiting:   series{name: "trtllm_num_requests_waiting"},
-		kv:        []series{{name: "trtllm_kv_cache_utilization"}},
-		blocks:    series{name: "trtllm_kv_cache_max_blocks"},
-		blockSize: series{name: "trtllm_kv_cache_tokens_per_block"},
+		running:   series{name: "trtllm_num_requests_running", copies: trtllmCopies},
+		waiting:   series{name: "trtllm_num_requests_waiting", copies: trtllmCopies},
+		scheduled: series{name: "trtllm_num_scheduled_requests", copies: trtllmCopies},
+		kv:        []series{{name: "trtllm_kv_cache_utilization", copies: trtllmCopies}},
+		blocks:    series{name: "trtllm_kv_cache_max_blocks", copies: trtllmCopies},
+		blockSize: series{name: "trtllm_kv_cache_tokens_per_block", copies: trtllmCopies},
 	},
+	// The TensorRT-LLM Triton backend exports request_type "scheduled" (the
+	// batch's numScheduledRequests), "waiting" (numActiveRequests less the
+	// scheduled), "active", "context" and "max": scheduled and waiting add
+	// up to the active requests (NVIDIA/TensorRT-LLM
+	// triton_backend/inflight_batcher_llm/src/model_instance_state.cc at
+	// c8c6df0, WaitForStats). The executor's queue (numQueuedRequests) is
+	// not exported.
 	EngineTriton: {
 		engine:    EngineTriton,
 		running:   series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "scheduled"},
@@ -317,6 +355,23 @@ func (p *profile) observe(fams families) (Observation, error) {
 	}
 	if o.Waiting, err = p.count(fams, p.waiting, maxRequests, true, false); err != nil {
 		return Observation{}, err
+	}
+	if p.scheduled.name != "" {
+		// The gauges are set one after another and may be scraped between
+		// two iterations' values: the scheduled requests are no more than
+		// the running ones.
+		sum, n, err := p.scheduled.sum(fams)
+		switch {
+		case err != nil:
+			return Observation{}, err
+		case sum > maxRequests:
+			return Observation{}, fmt.Errorf("%w: %s is %v, above the plausible limit %v", ErrInvalidValue, p.scheduled.describe(), sum, float64(maxRequests))
+		case n > 0:
+			if scheduled := int(math.Round(sum)); scheduled < o.Running {
+				o.Waiting += o.Running - scheduled
+				o.Running = scheduled
+			}
+		}
 	}
 	o.KVUsage = math.NaN()
 	for _, s := range p.kv {

@@ -59,8 +59,10 @@ func observationOf(l llmlb.Load) Observation {
 // rank (series that differ only in tp_rank, pp_rank and moe_ep_rank, as
 // --enable-metrics-for-all-schedulers exports them) report the same batch,
 // and vLLM 0.9 and 0.10 with several API servers export
-// vllm:kv_cache_usage_perc once per process (label pid). SGLang's
-// per-priority request counts are left out for their total (priority="").
+// vllm:kv_cache_usage_perc once per process (label pid), as trtllm-serve
+// does every gauge. SGLang's per-priority request counts are left out for
+// their total (priority=""), and TensorRT-LLM's running requests are the
+// scheduled ones.
 // The package documentation lists the metrics read. The running and waiting counts
 // are required ([ErrMissingMetric] if absent); KV usage is NaN and the KV
 // capacity 0 when not reported. A NaN, infinite, negative or implausibly

@@ -59,6 +59,10 @@ func TestParseFixtures(t *testing.T) {
 		// tokens, summed over the data-parallel ranks.
 		{"sglang_dp_priority.prom", textType, signals.EngineSGLang, 11, 4, 0.3, 2 * 573440, 1, nan, nan, nan},
 		{"trtllm.prom", textType, signals.EngineTRTLLM, 9, 4, 0.55, 8192, 32, nan, nan, nan},
+		// trtllm-serve of 2026, through prometheus_client's multiprocess
+		// collector (gauges labelled pid): 14 active requests, 11 of them
+		// scheduled, and 3 queued.
+		{"trtllm_2026.prom", textType, signals.EngineTRTLLM, 11, 6, 0.6125, 9600, 32, nan, nan, nan},
 		{"triton.prom", textType, signals.EngineTriton, 5, 2, 0.369629, 4096, 64, nan, nan, nan},
 		{"llamacpp.prom", "", signals.EngineLlamaCpp, 2, 1, 0.125, 0, 0, nan, nan, nan},
 		// llama-server as built since 2025 (tools/server/server-context.cpp)
@@ -485,4 +489,162 @@ vllm:kv_cache_usage_perc{model_name="m",engine="1",pid="4188"} 0.0
 	assert.Equal(t, 14, o.Running)
 	assert.Equal(t, 1, o.Waiting)
 	assert.InDelta(t, 0.4, o.KVUsage, 1e-12, "the two engines averaged, each process's copy counted once")
+}
+
+// TestParseTRTLLMServeScheduled: trtllm-serve's trtllm_num_requests_running
+// counts the executor's active requests, scheduled or not, and
+// trtllm_num_requests_waiting its queue. Where trtllm_num_scheduled_requests
+// is exported, running reads as the Triton backend reports it (its
+// request_type="scheduled"), and the active requests left out of the batch
+// wait with the queued ones; the total stays the same.
+func TestParseTRTLLMServeScheduled(t *testing.T) {
+	const head = `# HELP trtllm_num_requests_running Multiprocess metric
+# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{engine_type="undefined",model_name="undefined",pid="2731"} 14.0
+# HELP trtllm_num_requests_waiting Multiprocess metric
+# TYPE trtllm_num_requests_waiting gauge
+trtllm_num_requests_waiting{engine_type="undefined",model_name="undefined",pid="2731"} 3.0
+`
+	scheduled := func(v string) string {
+		return "# HELP trtllm_num_scheduled_requests Multiprocess metric\n# TYPE trtllm_num_scheduled_requests gauge\n" +
+			`trtllm_num_scheduled_requests{engine_type="undefined",model_name="undefined",pid="2731"} ` + v + "\n"
+	}
+	cases := []struct {
+		name             string
+		body             string
+		running, waiting int
+	}{
+		{"scheduled", head + scheduled("11.0"), 11, 6},
+		{"all scheduled", head + scheduled("14.0"), 14, 3},
+		{"none scheduled", head + scheduled("0.0"), 0, 17},
+		// The gauges are set one by one: a scrape may read the scheduled
+		// requests of a later iteration than the active ones.
+		{"more scheduled than active", head + scheduled("16.0"), 14, 3},
+		// Releases before the scheduled gauge count every active request
+		// as running.
+		{"no scheduled gauge", head, 14, 3},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			for _, engine := range []signals.Engine{signals.EngineAuto, signals.EngineTRTLLM} {
+				o, err := signals.Parse(strings.NewReader(c.body), textType, engine)
+				require.NoError(t, err)
+				assert.Equal(t, signals.EngineTRTLLM, o.Engine)
+				assert.Equal(t, c.running, o.Running, "engine %v", engine)
+				assert.Equal(t, c.waiting, o.Waiting, "engine %v", engine)
+			}
+		})
+	}
+
+	for _, bad := range []string{"NaN", "-1", "1e30"} {
+		_, err := signals.Parse(strings.NewReader(head+scheduled(bad)), textType, signals.EngineTRTLLM)
+		require.ErrorIs(t, err, signals.ErrInvalidValue, bad)
+		assert.Contains(t, err.Error(), "trtllm_num_scheduled_requests", bad)
+	}
+}
+
+// TestParseTRTLLMServeProcessCopies: trtllm-serve's gauges are in
+// prometheus_client's default multiprocess mode, one series per process
+// that wrote it, labelled pid. They describe one engine: each counts once,
+// the largest.
+func TestParseTRTLLMServeProcessCopies(t *testing.T) {
+	in := `# HELP trtllm_num_requests_running Multiprocess metric
+# TYPE trtllm_num_requests_running gauge
+trtllm_num_requests_running{engine_type="undefined",model_name="undefined",pid="2731"} 14.0
+trtllm_num_requests_running{engine_type="undefined",model_name="undefined",pid="2907"} 0.0
+# HELP trtllm_num_requests_waiting Multiprocess metric
+# TYPE trtllm_num_requests_waiting gauge
+trtllm_num_requests_waiting{engine_type="undefined",model_name="undefined",pid="2731"} 3.0
+trtllm_num_requests_waiting{engine_type="undefined",model_name="undefined",pid="2907"} 0.0
+# HELP trtllm_kv_cache_utilization Multiprocess metric
+# TYPE trtllm_kv_cache_utilization gauge
+trtllm_kv_cache_utilization{engine_type="undefined",model_name="undefined",pid="2731"} 0.6
+trtllm_kv_cache_utilization{engine_type="undefined",model_name="undefined",pid="2907"} 0.0
+# HELP trtllm_kv_cache_max_blocks Multiprocess metric
+# TYPE trtllm_kv_cache_max_blocks gauge
+trtllm_kv_cache_max_blocks{engine_type="undefined",model_name="undefined",pid="2731"} 9600.0
+trtllm_kv_cache_max_blocks{engine_type="undefined",model_name="undefined",pid="2907"} 9600.0
+# HELP trtllm_num_scheduled_requests Multiprocess metric
+# TYPE trtllm_num_scheduled_requests gauge
+trtllm_num_scheduled_requests{engine_type="undefined",model_name="undefined",pid="2731"} 11.0
+trtllm_num_scheduled_requests{engine_type="undefined",model_name="undefined",pid="2907"} 0.0
+`
+	o, err := signals.Parse(strings.NewReader(in), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 11, o.Running)
+	assert.Equal(t, 6, o.Waiting)
+	assert.InDelta(t, 0.6, o.KVUsage, 1e-12)
+	assert.Equal(t, 9600, o.KVBlocks)
+}
+
+// TestParseTritonRequestTypes: the TensorRT-LLM Triton backend's "waiting"
+// is its active requests less the scheduled ones, so scheduled and waiting
+// are read and "active" (their sum) is not added; "context" (part of the
+// scheduled) and "max" (a capacity) are not requests to add either.
+// The text is the form of the backend's README (triton-inference-server
+// tensorrtllm_backend README.md, Triton Metrics).
+func TestParseTritonRequestTypes(t *testing.T) {
+	in := `# HELP nv_trt_llm_request_metrics TRT LLM request metrics
+# TYPE nv_trt_llm_request_metrics gauge
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="waiting",version="1"} 3
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="context",version="1"} 2
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="scheduled",version="1"} 9
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="max",version="1"} 512
+nv_trt_llm_request_metrics{model="tensorrt_llm",request_type="active",version="1"} 12
+# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics
+# TYPE nv_trt_llm_kv_cache_block_metrics gauge
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="tensorrt_llm",version="1"} 0.4875
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="tokens_per",model="tensorrt_llm",version="1"} 64
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="tensorrt_llm",version="1"} 3042
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="free",model="tensorrt_llm",version="1"} 3197
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="reused",model="tensorrt_llm",version="1"} 811
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="tensorrt_llm",version="1"} 6239
+`
+	for _, engine := range []signals.Engine{signals.EngineAuto, signals.EngineTriton} {
+		o, err := signals.Parse(strings.NewReader(in), textType, engine)
+		require.NoError(t, err)
+		assert.Equal(t, signals.EngineTriton, o.Engine)
+		assert.Equal(t, 9, o.Running, "engine %v", engine)
+		assert.Equal(t, 3, o.Waiting, "engine %v", engine)
+		assert.Equal(t, 12, o.Running+o.Waiting, "the active requests, once")
+		assert.InDelta(t, 0.4875, o.KVUsage, 1e-12)
+		assert.Equal(t, 6239, o.KVBlocks)
+		assert.Equal(t, 64, o.BlockSize)
+	}
+}
+
+// TestParseSGLangDPAttention: with --enable-dp-attention every attention
+// data-parallel rank runs its own scheduler, batch and KV pool, and the
+// data-parallel controller gives each tensor-parallel rank's scheduler its
+// dp_rank (sgl-project/sglang
+// python/sglang/srt/managers/data_parallel_controller.py,
+// launch_tensor_parallel_group: compute_dp_attention_world_info), which
+// labels its series (python/sglang/srt/observability/
+// scheduler_metrics_mixin.py, init_metrics). With --tp 4 --dp 4 each rank
+// is its own data-parallel rank: four batches to add up, four pools.
+func TestParseSGLangDPAttention(t *testing.T) {
+	var b strings.Builder
+	for _, m := range []struct {
+		name   string
+		values [4]string
+	}{
+		{"sglang:num_running_reqs", [4]string{"7.0", "5.0", "9.0", "3.0"}},
+		{"sglang:num_queue_reqs", [4]string{"2.0", "0.0", "4.0", "1.0"}},
+		{"sglang:token_usage", [4]string{"0.5", "0.25", "0.75", "0.1"}},
+		{"sglang:max_total_num_tokens", [4]string{"401408.0", "401408.0", "401408.0", "401408.0"}},
+	} {
+		fmt.Fprintf(&b, "# HELP %s Multiprocess metric\n# TYPE %s gauge\n", m.name, m.name)
+		for r, v := range m.values {
+			fmt.Fprintf(&b, "%s{dp_rank=\"%d\",engine_type=\"unified\",model_name=\"deepseek-ai/DeepSeek-V3\",moe_ep_rank=\"%d\",pp_rank=\"0\",tp_rank=\"%d\"} %s\n",
+				m.name, r, r, r, v)
+		}
+	}
+	o, err := signals.Parse(strings.NewReader(b.String()), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, signals.EngineSGLang, o.Engine)
+	assert.Equal(t, 24, o.Running, "every data-parallel rank's batch")
+	assert.Equal(t, 7, o.Waiting)
+	assert.InDelta(t, 0.4, o.KVUsage, 1e-12, "four pools of one size: the mean of their fractions")
+	assert.Equal(t, 4*401408, o.KVBlocks)
+	assert.Equal(t, 1, o.BlockSize)
 }
