@@ -64,8 +64,20 @@
 // shape is refused with 400 and the item's index, before the model is
 // checked, as vLLM's request model refuses it. Its output length is
 // max_output_tokens, checked against the context and capped as a chat
-// request's max_tokens. As vLLM without a response store, the engine
-// refuses background mode (400) and a previous_response_id (404). The
+// request's max_tokens. As vLLM with its response store on
+// (VLLM_ENABLE_RESPONSES_API_STORE=1), the engine stores each complete
+// response whose request does not set "store" to false, in its memory
+// only, keeping the 4,096 most recently used within 64 MiB (vLLM keeps
+// every one): GET /v1/responses/{response_id} answers its response
+// object (a stream of it, with ?stream=true, breaks after its 200, as
+// vLLM's does for a response not made in background mode), POST
+// /v1/responses/{response_id}/cancel answers 400, since it is complete,
+// and a request whose previous_response_id names it continues its
+// conversation: the request's instructions, the earlier messages but their
+// system message, the earlier output as an assistant message, then the
+// input. An id it does not hold is answered 404 with vLLM's error
+// ("Response with id '...' not found."). Background mode is not emulated:
+// it is refused (400) as by vLLM without a store. The
 // answer is vLLM's response object: id "resp_" and a random UUID in hex
 // (or the body's request_id), object "response", one assistant message of
 // one output_text part, and usage with input_tokens, its cached_tokens

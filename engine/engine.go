@@ -191,6 +191,8 @@ type Engine struct {
 	root      uint64
 	kvEvents  func(*kvevents.Batch)
 
+	stored responseStore // the Responses API's stored responses; locks itself
+
 	wake chan struct{} // a request arrived; capacity 1
 	ran  atomic.Bool   // Run was called
 

@@ -47,12 +47,16 @@ const typeInvalidRequest = "invalid_request_error"
 
 // response is what every rendering of a Responses API answer repeats: its
 // JSON members other than the output, status and usage, each a JSON
-// literal.
+// literal; and what storing it takes.
 type response struct {
 	id, created, instructions, metadata, model string
 	temperature, topP, toolChoice, tools       string
-	parallelToolCalls, maxOutput, user         string
+	parallelToolCalls, maxOutput, user, prevID string
 	msgID                                      string // the id of its output message
+
+	key   string // the id, unquoted: the key it is stored under
+	store bool   // it is stored once complete
+	turns []turn // the messages of its prompt
 }
 
 // respond answers a Responses API request, whose body must arrive by
@@ -78,21 +82,36 @@ func (e *Engine) respond(w http.ResponseWriter, r *http.Request, deadline time.T
 	}
 }
 
+// keep stores a's complete response, whose JSON object is answer and
+// whose output text is text, if its request asked for it to be stored.
+func (e *Engine) keep(a *response, answer, text string) {
+	if !a.store {
+		return
+	}
+	turns := a.turns
+	if text != "" {
+		turns = append(turns[:len(turns):len(turns)], turn{role: "assistant", content: text, hasContent: true})
+	}
+	e.stored.put(&stored{id: a.key, answer: answer, turns: turns})
+}
+
 // parseResponses reads a Responses API body into a sequence ready to
 // submit and the members of its answer, and whether it asks for a stream,
 // or returns the refusal. As vLLM, it refuses with 400 what vLLM's request
 // model does not validate, then a model it does not serve (404), background
-// mode (400: vLLM without a response store has none), a
-// previous_response_id (404: the engine stores no response), and a
-// context too long, as a chat request (see [Engine.newSeq]).
+// mode (400: not emulated, see below), a previous_response_id that names
+// no stored response (404), and a context too long, as a chat request (see
+// [Engine.newSeq]). A request continuing a stored response has its
+// conversation before its input (see [stored.history]).
 func (e *Engine) parseResponses(body []byte) (s *seq, a response, stream bool, r errorAnswer) {
 	var q responsesRequest
 	if err := json.Unmarshal(body, &q); err != nil {
 		return nil, a, false, invalid(jsonRefusal(err))
 	}
 	f, _ := members(body, responsesFields...)
-	text, refusal := responsesText(q.Instructions, f["input"])
-	if refusal != "" {
+	// The input is validated before anything else, as vLLM's request
+	// model validates it; the conversation it continues is known later.
+	if _, refusal := responsesTurns(q.Instructions, nil, f["input"]); refusal != "" {
 		return nil, a, false, invalid(refusal)
 	}
 	background, ok := laxBool(f["background"])
@@ -134,15 +153,15 @@ func (e *Engine) parseResponses(body []byte) (s *seq, a response, stream bool, r
 	if !hasPrev && present(f["previous_response_id"]) {
 		return nil, a, false, invalid("previous_response_id: a string is required")
 	}
-	a.id, ok = jsonText(f["request_id"])
+	a.key, ok = jsonText(f["request_id"])
 	switch {
 	case ok:
-		a.id = jsonString(a.id)
 	case present(f["request_id"]):
 		return nil, a, false, invalid("request_id: a string is required")
 	default:
-		a.id = randomID("resp_")
+		a.key = randomID("resp_")
 	}
+	a.id = jsonString(a.key)
 	// Then, as vLLM's handler: the model, the request's options, the
 	// response it continues, and last the prompt against the context.
 	if model, ok := exactModel(body); !ok {
@@ -150,13 +169,24 @@ func (e *Engine) parseResponses(body []byte) (s *seq, a response, stream bool, r
 	} else if !e.serves(model) {
 		return nil, a, false, errorAnswer{http.StatusNotFound, typeNotFound, "model", fmt.Sprintf("The model `%s` does not exist.", model)}
 	}
-	switch {
-	case background:
+	if background {
+		// Background mode is not emulated: refused as by vLLM without a
+		// response store.
 		return nil, a, false, errorAnswer{http.StatusBadRequest, typeInvalidRequest, "background",
 			"This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server."}
-	case hasPrev:
-		return nil, a, false, errorAnswer{http.StatusNotFound, typeInvalidRequest, "response_id", fmt.Sprintf("Response with id '%s' not found.", prev)}
-	case text == "":
+	}
+	var history []turn
+	a.prevID = "null"
+	if hasPrev {
+		p, ok := e.stored.get(prev)
+		if !ok {
+			return nil, a, false, notFound(prev)
+		}
+		history, a.prevID = p.history(), jsonString(prev)
+	}
+	turns, _ := responsesTurns(q.Instructions, history, f["input"])
+	text := renderTurns(turns)
+	if text == "" {
 		return nil, a, false, badRequest("", "the prompt is empty")
 	}
 	out := outputLimit{n: e.defMax, message: "'max_output_tokens'", param: "max_output_tokens"}
@@ -178,7 +208,8 @@ func (e *Engine) parseResponses(body []byte) (s *seq, a response, stream bool, r
 	a.temperature = optFloat(q.Temperature)
 	a.topP = optFloat(q.TopP)
 	a.maxOutput = fmt.Sprint(s.OutputTokens)
-	a.msgID = randomID("msg_")
+	a.msgID = jsonString(randomID("msg_"))
+	a.store, a.turns = store, turns
 	return s, a, q.Stream, errorAnswer{}
 }
 
@@ -210,10 +241,10 @@ func optFloat(p *float64) string {
 	return pyRepr(*p)
 }
 
-// randomID returns prefix and a random UUID in hex, as a JSON string
-// literal, as vLLM's random_uuid makes its ids.
+// randomID returns prefix and a random UUID in hex, as vLLM's random_uuid
+// makes its ids.
 func randomID(prefix string) string {
-	return jsonString(fmt.Sprintf("%s%016x%016x", prefix, rand.Uint64(), rand.Uint64()))
+	return fmt.Sprintf("%s%016x%016x", prefix, rand.Uint64(), rand.Uint64())
 }
 
 // turn is one chat message of a Responses API request's prompt.
@@ -223,12 +254,14 @@ type turn struct {
 	reasoning     bool // a reasoning item was merged into it
 }
 
-// responsesText returns the prompt text of a Responses API request (see
-// chatText) with the given instructions and raw input, or the message
-// refusing them. As vLLM's construct_input_messages
+// responsesTurns returns the messages of the prompt of a Responses API
+// request (whose text renderTurns returns, see chatText) with the given
+// instructions, history (the conversation it continues) and raw input, or
+// the message refusing them. As vLLM's construct_input_messages
 // (vllm/entrypoints/openai/responses/utils.py), the prompt is the chat
 // request of these messages: the instructions, unless empty, as a system
-// message; then a string input as a user message, or each item of a list:
+// message; the history; then a string input as a user message, or each
+// item of a list:
 //
 //   - a message (type "message", or no type and a role) of role "user",
 //     "assistant", "system" or "developer", whose content, a string or a
@@ -248,31 +281,32 @@ type turn struct {
 // Anything else is refused: an input that is neither a string nor a list,
 // an item that is not an object, of another type, or with fields missing
 // or of the wrong type.
-func responsesText(instructions *string, input json.RawMessage) (string, string) {
+func responsesTurns(instructions *string, history []turn, input json.RawMessage) ([]turn, string) {
 	var turns []turn
 	if instructions != nil && *instructions != "" {
 		turns = append(turns, turn{role: "system", content: *instructions, hasContent: true})
 	}
+	turns = append(turns, history...)
 	if s, ok := jsonText(input); ok {
 		turns = append(turns, turn{role: "user", content: s, hasContent: true})
-		return renderTurns(turns), ""
+		return turns, ""
 	}
 	var items []json.RawMessage
 	if len(input) == 0 || input[0] != '[' || json.Unmarshal(input, &items) != nil {
-		return "", "input: a string or a list of items is required"
+		return nil, "input: a string or a list of items is required"
 	}
 	for i, raw := range items {
 		if !isObject(raw) {
-			return "", fmt.Sprintf("input[%d]: an item must be an object", i)
+			return nil, fmt.Sprintf("input[%d]: an item must be an object", i)
 		}
 		m, _ := members(raw, "type", "role", "content", "call_id", "name", "arguments", "output", "encrypted_content")
 		typ, typed := jsonText(m["type"])
 		if !typed {
 			if present(m["type"]) {
-				return "", fmt.Sprintf(`input[%d].type: a string is required`, i)
+				return nil, fmt.Sprintf(`input[%d].type: a string is required`, i)
 			}
 			if _, ok := m["role"]; !ok {
-				return "", fmt.Sprintf(`input[%d]: an item needs a "type" or a "role"`, i)
+				return nil, fmt.Sprintf(`input[%d]: an item needs a "type" or a "role"`, i)
 			}
 			typ = "message"
 		}
@@ -286,14 +320,14 @@ func responsesText(instructions *string, input json.RawMessage) (string, string)
 			switch role {
 			case "user", "assistant", "system", "developer":
 			default:
-				return "", fmt.Sprintf(`input[%d].role: "user", "assistant", "system" or "developer" is required`, i)
+				return nil, fmt.Sprintf(`input[%d].role: "user", "assistant", "system" or "developer" is required`, i)
 			}
 			if !present(m["content"]) {
-				return "", fmt.Sprintf("input[%d].content: a string or a list of content parts is required", i)
+				return nil, fmt.Sprintf("input[%d].content: a string or a list of content parts is required", i)
 			}
 			var b strings.Builder
 			if refusal := writeContent(&b, m, role, "input", i); refusal != "" {
-				return "", refusal
+				return nil, refusal
 			}
 			if role == "assistant" && last != nil && !last.hasContent {
 				last.content, last.hasContent = b.String(), true
@@ -303,7 +337,7 @@ func responsesText(instructions *string, input json.RawMessage) (string, string)
 		case "function_call":
 			for _, name := range []string{"call_id", "name", "arguments"} {
 				if _, ok := jsonText(m[name]); !ok {
-					return "", fmt.Sprintf("input[%d].%s: a string is required", i, name)
+					return nil, fmt.Sprintf("input[%d].%s: a string is required", i, name)
 				}
 			}
 			if last == nil {
@@ -311,19 +345,19 @@ func responsesText(instructions *string, input json.RawMessage) (string, string)
 			}
 		case "function_call_output":
 			if _, ok := jsonText(m["call_id"]); !ok {
-				return "", fmt.Sprintf("input[%d].call_id: a string is required", i)
+				return nil, fmt.Sprintf("input[%d].call_id: a string is required", i)
 			}
 			if !present(m["output"]) {
-				return "", fmt.Sprintf("input[%d].output: a string or a list of content parts is required", i)
+				return nil, fmt.Sprintf("input[%d].output: a string or a list of content parts is required", i)
 			}
 			var b strings.Builder
 			if refusal := writeContent(&b, map[string]json.RawMessage{"content": m["output"]}, "tool", "input", i); refusal != "" {
-				return "", strings.Replace(refusal, ".content", ".output", 1)
+				return nil, strings.Replace(refusal, ".content", ".output", 1)
 			}
 			turns = append(turns, turn{role: "tool", content: b.String(), hasContent: true})
 		case "reasoning":
 			if present(m["encrypted_content"]) {
-				return "", fmt.Sprintf("input[%d]: encrypted reasoning content is not supported", i)
+				return nil, fmt.Sprintf("input[%d]: encrypted reasoning content is not supported", i)
 			}
 			if last != nil && !last.reasoning {
 				last.reasoning = true
@@ -331,10 +365,10 @@ func responsesText(instructions *string, input json.RawMessage) (string, string)
 			}
 			turns = append(turns, turn{role: "assistant", reasoning: true})
 		default:
-			return "", fmt.Sprintf("input[%d].type: unsupported item type %q", i, typ)
+			return nil, fmt.Sprintf("input[%d].type: unsupported item type %q", i, typ)
 		}
 	}
-	return renderTurns(turns), ""
+	return turns, ""
 }
 
 // renderTurns returns the prompt text of turns as chatText renders the
@@ -360,8 +394,8 @@ func (a *response) write(w io.Writer, status, output, usage string) {
 	if status == "incomplete" {
 		incomplete = `{"reason":"max_output_tokens"}`
 	}
-	fmt.Fprintf(w, `{"id":%s,"created_at":%s,"incomplete_details":%s,"instructions":%s,"metadata":%s,"model":%s,"object":"response","output":[%s],"parallel_tool_calls":%s,"temperature":%s,"tool_choice":%s,"tools":%s,"top_p":%s,"background":false,"max_output_tokens":%s,"max_tool_calls":null,"previous_response_id":null,"prompt":null,"reasoning":null,"service_tier":"auto","status":%q,"text":null,"top_logprobs":null,"truncation":"disabled","usage":%s,"user":%s,"input_messages":null,"output_messages":null}`,
-		a.id, a.created, incomplete, a.instructions, a.metadata, a.model, output, a.parallelToolCalls, a.temperature, a.toolChoice, a.tools, a.topP, a.maxOutput, status, usage, a.user)
+	fmt.Fprintf(w, `{"id":%s,"created_at":%s,"incomplete_details":%s,"instructions":%s,"metadata":%s,"model":%s,"object":"response","output":[%s],"parallel_tool_calls":%s,"temperature":%s,"tool_choice":%s,"tools":%s,"top_p":%s,"background":false,"max_output_tokens":%s,"max_tool_calls":null,"previous_response_id":%s,"prompt":null,"reasoning":null,"service_tier":"auto","status":%q,"text":null,"top_logprobs":null,"truncation":"disabled","usage":%s,"user":%s,"input_messages":null,"output_messages":null}`,
+		a.id, a.created, incomplete, a.instructions, a.metadata, a.model, output, a.parallelToolCalls, a.temperature, a.toolChoice, a.tools, a.topP, a.maxOutput, a.prevID, status, usage, a.user)
 }
 
 // message returns the output message of text, completed, as JSON;
@@ -395,13 +429,15 @@ func (e *Engine) answerResponse(w http.ResponseWriter, r *http.Request, s *seq, 
 	if !ok {
 		return
 	}
-	output := ""
+	output, text := "", strings.Repeat(" tok", gen)
 	if gen > 0 {
-		output = a.message(strings.Repeat(" tok", gen), "null")
+		output = a.message(text, "null")
 	}
+	var answer strings.Builder
+	a.write(&answer, "incomplete", output, responseUsage(s.PromptTokens, e.cached(s), gen))
+	e.keep(a, answer.String(), text)
 	w.Header().Set("Content-Type", "application/json")
-	a.write(w, "incomplete", output, responseUsage(s.PromptTokens, e.cached(s), gen))
-	fmt.Fprintln(w)
+	fmt.Fprintln(w, answer.String())
 }
 
 // streamResponse answers s as vLLM streams a response: each event as
@@ -462,6 +498,9 @@ func (e *Engine) streamResponse(w http.ResponseWriter, r *http.Request, s *seq, 
 			var final strings.Builder
 			a.write(&final, "incomplete", output, responseUsage(s.PromptTokens, e.cached(s), gen))
 			ev.write("response.completed", `"response":`+final.String())
+			// Stored once complete, as vLLM's stream generator stores
+			// the final response it sends.
+			e.keep(a, final.String(), strings.Repeat(" tok", gen))
 		}
 		if bw.Flush() != nil {
 			e.cancel(s)

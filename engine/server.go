@@ -19,7 +19,8 @@ import (
 )
 
 // ServeHTTP implements [http.Handler]: the completions and responses APIs
-// (POST), /metrics, and GET /health and /v1/models. Requests are queued for
+// (POST, and the retrieve and cancel of a stored response), /metrics, and
+// GET /health and /v1/models. Requests are queued for
 // the batching loop of [Engine.Run]; without it they wait.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.hmu.Lock()
@@ -68,6 +69,10 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, `{"object":"list","data":[{"id":%s,"object":"model","created":%d,"owned_by":"vllm","root":%s,"parent":null,"max_model_len":%d}]}`+"\n",
 			model, time.Now().Unix(), model, e.maxLen)
 	default:
+		if strings.HasPrefix(r.URL.Path, responsesPath) {
+			e.serveStored(w, r)
+			return
+		}
 		writeHTTPError(w, http.StatusNotFound)
 	}
 }

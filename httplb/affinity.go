@@ -63,6 +63,16 @@ func (r *responseIDs) lookup(id []byte) (key uint64, ok bool) {
 	return uint64(k), ok
 }
 
+// lookupString is lookup for an id held in a string: maphash.String hashes
+// a string as maphash.Bytes hashes its bytes.
+func (r *responseIDs) lookupString(id string) (key uint64, ok bool) {
+	h := maphash.String(r.seed, id)
+	r.mu.Lock()
+	k, ok := r.l.Get(h)
+	r.mu.Unlock()
+	return uint64(k), ok
+}
+
 // len returns the number of ids remembered.
 func (r *responseIDs) len() int {
 	r.mu.Lock()
@@ -76,6 +86,62 @@ func isResponses(req *http.Request) bool {
 	return req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/responses")
 }
 
+// storedResponseID returns the id of the stored response that a request
+// with the given method and path addresses, and reports whether it
+// addresses one: a GET of .../responses/{id} (retrieve, with or without
+// ?stream=true), a POST to .../responses/{id}/cancel, as vLLM and SGLang
+// route them (retrieve_responses and cancel_responses in vLLM's
+// vllm/entrypoints/openai/responses/api_router.py, commit f6e93254b870;
+// v1_retrieve_responses and v1_cancel_responses in SGLang's
+// python/sglang/srt/entrypoints/http_server.py, main as of 2026), and the
+// OpenAI API's DELETE of .../responses/{id} and GET of
+// .../responses/{id}/input_items, which an engine storing responses would
+// serve on the same replica. The id is one path segment of 1 to
+// maxResponseIDLen bytes, none of them a control character, a space or
+// '/', and neither "." nor "..".
+//
+// path is the request's decoded path (url.URL.Path), as the engines'
+// routers (Starlette's) match it: an escaped slash ("%2F") is a slash
+// there, so that "/v1/responses/a%2Fb" addresses no stored response, and
+// any other escape stands for the byte it encodes. It does not allocate,
+// and takes time linear in the length of path.
+func storedResponseID(method, path string) (string, bool) {
+	switch method {
+	case http.MethodGet:
+		if id, ok := responseSegment(strings.CutSuffix(path, "/input_items")); ok {
+			return id, true
+		}
+		return responseSegment(path, true)
+	case http.MethodDelete:
+		return responseSegment(path, true)
+	case http.MethodPost:
+		return responseSegment(strings.CutSuffix(path, "/cancel"))
+	}
+	return "", false
+}
+
+// responseSegment returns the last segment of path if ok is set and path
+// is .../responses/{id} with a valid id (see storedResponseID).
+func responseSegment(path string, ok bool) (string, bool) {
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndexByte(path, '/')
+	if i < 0 || !strings.HasSuffix(path[:i], "/responses") {
+		return "", false
+	}
+	id := path[i+1:]
+	if id == "" || len(id) > maxResponseIDLen || id == "." || id == ".." {
+		return "", false
+	}
+	for j := 0; j < len(id); j++ {
+		if c := id[j]; c <= ' ' || c == 0x7f {
+			return "", false
+		}
+	}
+	return id, true
+}
+
 // pin restricts lr to the endpoint that produced the response that the
 // request continues, whose id is prev, and reports whether it did: when the
 // id is remembered and its endpoint is a member that lr does not exclude,
@@ -86,6 +152,20 @@ func (t *Transport) pin(lr *llmlb.Request, prev []byte) bool {
 	if !ok {
 		return false
 	}
+	return t.pinTo(lr, want)
+}
+
+// pinString is pin for an id held in a string, such as a path segment.
+func (t *Transport) pinString(lr *llmlb.Request, id string) bool {
+	want, ok := t.ids.lookupString(id)
+	if !ok {
+		return false
+	}
+	return t.pinTo(lr, want)
+}
+
+// pinTo restricts lr to the member whose key hashes to want, as pin does.
+func (t *Transport) pinTo(lr *llmlb.Request, want uint64) bool {
 	members := t.b.Stats()
 	at := -1
 	for i, s := range members {

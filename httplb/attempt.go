@@ -34,13 +34,24 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.adjust(out, &lreq)
 	}
 	a := &attempt{t: t, req: out, release: func() {}, attempts: t.attempts}
-	if t.ids != nil && isResponses(out) {
-		a.learn = !info.noStore
+	if t.ids != nil {
 		unpinned := lreq.Exclude
-		if info.prevID != nil && t.pin(&lreq, info.prevID) {
-			// The response continued is in the memory of one endpoint:
-			// any other would answer 404, so none is tried.
-			a.attempts, a.pinned, a.unpinned = 1, true, unpinned
+		if isResponses(out) {
+			a.learn = !info.noStore
+			if info.prevID != nil && t.pin(&lreq, info.prevID) {
+				// The response continued is in the memory of one endpoint:
+				// any other would answer 404, so none is tried.
+				a.attempts, a.pinned, a.unpinned = 1, true, unpinned
+			}
+		} else if id, ok := storedResponseID(out.Method, out.URL.Path); ok {
+			// A retrieve or cancel of a stored response: sent once, to the
+			// endpoint holding it if it is known, else wherever the
+			// balancer picks, since another endpoint would answer 404 as
+			// well. Its answer is no new output.
+			a.attempts, a.stored = 1, true
+			if t.pinString(&lreq, id) {
+				a.pinned, a.unpinned = true, unpinned
+			}
 		}
 	}
 	a.lreq = lreq
@@ -106,6 +117,10 @@ type attempt struct {
 	// learn is set for a Responses request whose response may be stored:
 	// the id of a committed answer is remembered with its endpoint.
 	learn bool
+	// stored is set for a request addressing a stored response (see
+	// storedResponseID): its answer is committed at its first byte, even
+	// an event stream, and its output is not counted.
+	stored bool
 	// pinned is set while the request is pinned to one endpoint, all
 	// others being in lreq.Exclude; unpinned is lreq.Exclude without
 	// them.
@@ -545,7 +560,9 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 	if t.afterCommit != nil {
 		t.afterCommit()
 	}
-	b.out.c, b.out.pick, b.out.tk, b.metered = NewOutputCounter(resp.Header), tr.pick, a.ticket, true
+	if !a.stored {
+		b.out.c, b.out.pick, b.out.tk, b.metered = NewOutputCounter(resp.Header), tr.pick, a.ticket, true
+	}
 	b.finish = func(err error) {
 		// The attempt produced a response: a success for the budget even if
 		// the stream broke later (the reporter sees the error).
@@ -620,7 +637,7 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 		return resp, nil, &retry.StatusError{Code: resp.StatusCode, Header: resp.Header}
 	}
 	b = &body{rc: resp.Body}
-	code, err := b.peek(resp, t.peek+preambleAllowance(a.req))
+	code, err := b.peekAs(isEventStream(resp.Header) && !a.stored, peekSize(a.req), t.peek+preambleAllowance(a.req))
 	if err != nil {
 		_ = resp.Body.Close()
 		return nil, nil, err
@@ -671,6 +688,19 @@ func (t *Transport) wait(d time.Duration) <-chan time.Time {
 		return t.after(d)
 	}
 	return time.After(d)
+}
+
+// peekSize returns the capacity with which an attempt of req starts holding
+// back its answer's first bytes: for an OpenAI Responses request, 4 KiB,
+// which holds vLLM's two preamble events, each of which repeats the
+// response object (about 1 KiB without instructions or tools), in one
+// buffer; for any other request, 512 bytes, more than a first chat or
+// completion chunk. The buffer grows, up to the peek limit, if needed.
+func peekSize(req *http.Request) int {
+	if isResponses(req) {
+		return 4 << 10
+	}
+	return 512
 }
 
 // preambleAllowance is how many bytes beyond Config.MaxPeekBytes an

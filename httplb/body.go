@@ -100,10 +100,16 @@ func (b *body) end(err error) {
 // is an error event (see [OutputCounter]), code is the status it stands
 // for (see errorEventCode); otherwise code is 0.
 func (b *body) peek(resp *http.Response, limit int) (code int, err error) {
-	stream := isEventStream(resp.Header)
+	return b.peekAs(isEventStream(resp.Header), 512, limit)
+}
+
+// peekAs is peek, waiting for the first event of an event stream if stream
+// is set, else for the first byte, with the bytes held back in a buffer of
+// capacity size at first (see peekSize).
+func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 	var ev eventPeek
 	ev.data = -1
-	buf := make([]byte, 0, 512)
+	buf := make([]byte, 0, max(1, min(size, limit)))
 	for len(buf) < limit {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]

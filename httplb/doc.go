@@ -83,6 +83,18 @@
 // client's. A request continuing a response it does not know (produced
 // through another router, or forgotten) or whose endpoint has left the
 // membership (or is excluded by [Config.Adjust]) is routed as any other.
+// A request addressing a stored response by its id in the path, as vLLM
+// and SGLang route them (a GET of .../responses/{id}, a retrieve, with
+// ?stream=true or not; a POST to .../responses/{id}/cancel) or as the
+// OpenAI API does (a DELETE of .../responses/{id}, a GET of
+// .../responses/{id}/input_items), goes to the endpoint that produced the
+// response alike, and is sent once whether its id is known or not: the
+// pinned endpoint's 404 is the answer, and another endpoint picked for an
+// unknown id would not hold the response any more likely than the first.
+// The id is a segment of the decoded path, as the engines' routers read
+// it, so that an escaped slash is a slash and "%2F" splits no id. Such a
+// request is no new inference: its answer, even an event stream, is
+// committed at its first byte, and its output tokens are not counted.
 // It remembers at most [Config.MaxResponseIDs] ids, the most recently
 // used, each in a fixed few dozen bytes (it keeps seeded hashes, not the
 // ids); ids longer than 256 bytes, or with JSON escapes, are ignored.

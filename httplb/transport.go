@@ -183,11 +183,13 @@ type Config struct {
 	FirstEventTimeout time.Duration
 	// MaxResponseIDs bounds the OpenAI Responses API response ids the
 	// Transport remembers for response affinity (see [Transport]): the
-	// least recently used is forgotten beyond it, and a request continuing
-	// a forgotten response is routed as any other. Each id costs about 60
+	// least recently used is forgotten beyond it, and a request continuing,
+	// retrieving or cancelling a forgotten response is routed as any other
+	// (a retrieve or cancel, once). Each id costs about 60
 	// bytes whatever its length (about 4 MiB at the default). 0 means
 	// [DefaultMaxResponseIDs]; a negative value remembers none, which
-	// turns response affinity off.
+	// turns response affinity off: a request addressing a stored response
+	// is then routed, and retried, as any other.
 	MaxResponseIDs int
 }
 
@@ -258,7 +260,9 @@ type Config struct {
 // endpoint's earlier answer through this Transport produced is sent to that
 // endpoint only, once: not retried or hedged, since any other endpoint
 // would answer 404 (see the package documentation and
-// [Config.MaxResponseIDs]).
+// [Config.MaxResponseIDs]); so is a retrieve, cancel or delete of a stored
+// response by its id, and such a request with an id it does not know is
+// sent once, to the endpoint the balancer picks.
 //
 // A Transport is safe for concurrent use. It starts no goroutines, except,
 // when hedging, one per attempt, each of which has ended when RoundTrip
