@@ -601,17 +601,34 @@ func (b *Balancer) Stats() []EndpointStats {
 	s := b.snap.Load()
 	out := make([]EndpointStats, len(s.eps))
 	for i, st := range s.eps {
-		n := st.counts()
-		out[i] = EndpointStats{
-			Key:           st.key,
-			Outstanding:   n.outstanding,
-			Queued:        n.queued,
-			PrefillTokens: n.prefill,
-			DecodeTokens:  n.decode,
-			Healthy:       !st.unhealthy.Load(),
-		}
+		out[i] = st.stats()
 	}
 	return out
+}
+
+// StatsOf returns the accounting of the member whose Key is key, and
+// whether there is one. Unlike [Balancer.Stats] it reads one endpoint and
+// does not allocate, so a caller may use it on every request, for example
+// to check that a pick's endpoint is healthy.
+func (b *Balancer) StatsOf(key string) (EndpointStats, bool) {
+	st := b.snap.Load().byKey[key]
+	if st == nil {
+		return EndpointStats{}, false
+	}
+	return st.stats(), true
+}
+
+// stats returns st's EndpointStats.
+func (st *epState) stats() EndpointStats {
+	n := st.counts()
+	return EndpointStats{
+		Key:           st.key,
+		Outstanding:   n.outstanding,
+		Queued:        n.queued,
+		PrefillTokens: n.prefill,
+		DecodeTokens:  n.decode,
+		Healthy:       !st.unhealthy.Load(),
+	}
 }
 
 // Pick chooses an endpoint for r and charges the request to it. The caller

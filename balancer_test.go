@@ -508,3 +508,36 @@ func TestConcurrentFirstTokenAndDone(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsOf checks that StatsOf reads one member as Stats reads it, and
+// allocates nothing.
+func TestStatsOf(t *testing.T) {
+	b := mustNew(t, RoundRobin())
+	mustUpdate(t, b, eps(3))
+	p, err := b.Pick(context.Background(), &Request{PromptTokens: 100, OutputTokens: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Done(nil)
+	if err := b.SetHealthy("ep1", false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range b.Stats() {
+		got, ok := b.StatsOf(want.Key)
+		if !ok || got != want {
+			t.Errorf("StatsOf(%q) = %+v, %v; Stats has %+v", want.Key, got, ok, want)
+		}
+	}
+	if got, ok := b.StatsOf(p.Endpoint().Key()); !ok || got.Outstanding != 1 || got.PrefillTokens != 100 {
+		t.Errorf("StatsOf of the picked endpoint = %+v, %v", got, ok)
+	}
+	if got, ok := b.StatsOf("ep1"); !ok || got.Healthy {
+		t.Errorf("StatsOf(ep1) = %+v, %v after SetHealthy false", got, ok)
+	}
+	if got, ok := b.StatsOf("nope"); ok || got != (EndpointStats{}) {
+		t.Errorf("StatsOf(nope) = %+v, %v", got, ok)
+	}
+	if n := testing.AllocsPerRun(100, func() { b.StatsOf("ep2") }); n != 0 {
+		t.Errorf("StatsOf allocates %v times", n)
+	}
+}

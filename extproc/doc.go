@@ -29,7 +29,8 @@
 // with response_body_mode NONE the picker sees no output and reports none.
 //
 // The request body arrives in the mode the gateway's ext_proc filter is
-// configured with, which Envoy announces in the stream's first message:
+// configured with, which Envoy announces in the stream's first message
+// (since v1.34.0; for an older Envoy, [Config.Protocol] names it):
 //
 //   - FULL_DUPLEX_STREAMED, the mode the protocol requires and the inference
 //     extension's charts configure: the body is gathered (up to the parser's
@@ -43,19 +44,46 @@
 //     picker, so the request is routed on its headers alone (session key,
 //     tenant), without prompt information.
 //
+// A destination header the client sent is replaced by the route, or
+// removed where the route goes in the metadata alone (a BUFFERED request
+// that ends with trailers and no body), so that a client cannot choose its
+// endpoint. With the request headers not sent to the picker
+// (request_header_mode SKIP), the first answer to the body sets the header:
+// it takes effect where the data plane still holds the headers, and a data
+// plane that sends them upstream unseen (body modes STREAMED and NONE, or no
+// body) must remove the header itself.
+//
 // A request that names a model in [ModelRewriteHeader] (or its former name,
 // [OldModelRewriteHeader]), as llm-d's picker reads it, has the value of its
 // body's "model" replaced with it before the body is parsed and sent back,
 // every other byte unchanged and Content-Length set to match, so that the
 // new name is also what it is routed, and its prefix salted, with. Only a
 // whole body the picker holds is rewritten (not in STREAMED or NONE mode,
-// nor a BUFFERED_PARTIAL body cut short).
+// nor a BUFFERED_PARTIAL body cut short). The response then names the
+// model the client asked for, as llm-d's picker renames it back: each
+// "model" member whose value is the new name, in response body mode
+// FULL_DUPLEX_STREAMED (a member cut across chunks included) or BUFFERED,
+// unless the body is compressed.
+//
+// An OpenAI Responses API request that continues a stored response
+// ("previous_response_id"), or retrieves, cancels or deletes one by the
+// id in its path, is routed to the endpoint that produced it, as package
+// httplb's Transport routes it: vLLM and SGLang keep stored responses in
+// the memory of the process, and any other endpoint would answer 404. The
+// Server reads each response's id in the answers to Responses requests
+// that it sees (the response.created event of a stream, the top-level "id"
+// of a JSON body, within the first 64 KiB) and remembers the endpoint of
+// the last [httplb.DefaultMaxResponseIDs] ids; a request naming an id it
+// does not remember, or whose endpoint has left the pool or lies outside
+// the subset hint, is routed as any other.
 //
 // Refusals become immediate responses with an OpenAI-style JSON error that
 // names no internal detail: 429 with Retry-After when an admission cap is
 // reached or the request bodies the Server holds would exceed
 // [Config.MaxBufferedBytes], 503 when no endpoint may take the request
-// (none, or none in the data plane's subset hint), both with llm-d's
+// (none, none healthy, or none in the data plane's subset hint: the
+// balancer's panic mode, which picks among unhealthy endpoints when no
+// healthy one is left, is not used), both with llm-d's
 // [DroppedReasonHeader], 408 for a body not received within
 // [Config.BodyTimeout], 413 for a body over the cap, 401 when the tenant
 // cannot be established, 400 for a request the balancer rejects.

@@ -7,6 +7,7 @@ import (
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -123,36 +124,51 @@ func TestEarlyResponse(t *testing.T) {
 // TestClientDestinationHeader: whatever the body mode, the request that
 // reaches the data plane carries the picked destination or none, never one
 // the client sent; in BUFFERED mode a request that ends with trailers and
-// no body is routed by the metadata alone, its header removed.
+// no body is routed by the metadata alone, its header removed. With the
+// request headers not sent to the picker (request_header_mode SKIP), the
+// answer to the body sets the header.
 func TestClientDestinationHeader(t *testing.T) {
 	const forged = "169.254.169.254:80"
 	cases := []struct {
 		name string
 		mode filterv3.ProcessingMode_BodySendMode
 		body bool // the request has a body (else it ends with trailers)
+		skip bool // the headers are not sent to the picker
 	}{
-		{"duplex", fullDuplex, true},
-		{"duplex-trailers", fullDuplex, false},
-		{"buffered", buffered, true},
-		{"buffered-trailers", buffered, false},
-		{"buffered-partial", filterv3.ProcessingMode_BUFFERED_PARTIAL, true},
-		{"buffered-partial-trailers", filterv3.ProcessingMode_BUFFERED_PARTIAL, false},
-		{"streamed", streamed, true},
-		{"none-trailers", none, false},
+		{"duplex", fullDuplex, true, false},
+		{"duplex-trailers", fullDuplex, false, false},
+		{"buffered", buffered, true, false},
+		{"buffered-trailers", buffered, false, false},
+		{"buffered-partial", filterv3.ProcessingMode_BUFFERED_PARTIAL, true, false},
+		{"buffered-partial-trailers", filterv3.ProcessingMode_BUFFERED_PARTIAL, false, false},
+		{"streamed", streamed, true, false},
+		{"none-trailers", none, false, false},
+		{"duplex-headers-skipped", fullDuplex, true, true},
+		{"duplex-headers-skipped-large", fullDuplex, true, true},
+		{"buffered-headers-skipped", buffered, true, true},
+		{"buffered-partial-headers-skipped", filterv3.ProcessingMode_BUFFERED_PARTIAL, true, true},
+		{"streamed-headers-skipped", streamed, true, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b := newBalancer(t, 2, nil)
 			srv, err := extproc.NewServer(extproc.Config{Balancer: b, Logger: quiet})
 			require.NoError(t, err)
-			first := requestHeaders("/v1/completions", false, extproc.DestinationHeader, forged)
-			first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: c.mode, ResponseBodyMode: fullDuplex}
-			in := []*extprocv3.ProcessingRequest{first}
-			if c.body {
+			var in []*extprocv3.ProcessingRequest
+			if !c.skip {
+				in = append(in, requestHeaders("/v1/completions", false, extproc.DestinationHeader, forged))
+			}
+			switch {
+			case strings.HasSuffix(c.name, "-large"):
+				// The body goes back in several pieces: the first sets the route.
+				body := chatBody(150_000, false)
+				in = append(in, requestBody(body[:70_000], false), requestBody(body[70_000:], true))
+			case c.body:
 				in = append(in, requestBody([]byte(`{"prompt":"x"}`), true))
-			} else {
+			default:
 				in = append(in, requestTrailers())
 			}
+			in[0].ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: c.mode, ResponseBodyMode: fullDuplex}
 			d := &directStream{ctx: context.Background(), in: in}
 			require.NoError(t, srv.Process(d))
 
@@ -182,6 +198,75 @@ func TestClientDestinationHeader(t *testing.T) {
 				require.Equal(t, metadata, dest)
 			}
 			waitIdle(t, b) // the stream ended before the response
+		})
+	}
+}
+
+// TestNoHealthyEndpoint: with every endpoint that may take a request marked
+// unhealthy, the request is refused with 503, as the protocol answers when
+// no endpoint is ready, instead of being sent to an unhealthy one (the
+// balancer's panic mode); a healthy endpoint is picked while there is one,
+// also when the subset hint leaves only unhealthy ones besides it.
+func TestNoHealthyEndpoint(t *testing.T) {
+	cases := []struct {
+		name   string
+		sick   []string
+		subset []string
+		want   string // the endpoint picked; "": 503
+	}{
+		{name: "all-unhealthy", sick: []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}},
+		{name: "one-healthy", sick: []string{"10.0.0.1:8000", "10.0.0.3:8000"}, want: "10.0.0.2:8000"},
+		{name: "subset-all-unhealthy", sick: []string{"10.0.0.1:8000"}, subset: []string{"10.0.0.1:8000"}},
+		{name: "subset-one-healthy", sick: []string{"10.0.0.1:8000"}, subset: []string{"10.0.0.1:8000", "10.0.0.3:8000"}, want: "10.0.0.3:8000"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rec := &doneRecorder{}
+			b := newBalancer(t, 3, nil, llmlb.WithObserver(rec.observer()))
+			for _, k := range c.sick {
+				require.NoError(t, b.SetHealthy(k, false))
+			}
+			h := start(t, extproc.Config{Balancer: b})
+			for range 4 {
+				e := h.open(t, fullDuplex, fullDuplex)
+				if c.subset != nil {
+					e.md = subsetMetadata(c.subset...)
+				}
+				e.send(requestHeaders("/v1/completions", false))
+				e.send(requestBody([]byte(`{"model":"m","prompt":"x","max_tokens":4}`), true))
+				m := e.recv()
+				if c.want == "" {
+					ir := m.GetImmediateResponse()
+					require.NotNil(t, ir, "want 503, got %v", m)
+					require.Equal(t, typev3.StatusCode_ServiceUnavailable, ir.GetStatus().GetCode())
+					var dropped string
+					for _, h := range ir.GetHeaders().GetSetHeaders() {
+						if h.GetHeader().GetKey() == extproc.DroppedReasonHeader {
+							dropped = string(h.GetHeader().GetRawValue())
+						}
+					}
+					require.Equal(t, "rejected-no-endpoints", dropped)
+					require.NoError(t, e.closeAndWait())
+					continue
+				}
+				hr := m.GetRequestHeaders()
+				require.NotNil(t, hr, "got %v", m)
+				require.Equal(t, c.want, routeOf(t, m, hr.GetResponse()).header)
+				streamedBack(t, e.recv(), true)
+				e.send(responseHeaders(200, "application/json", false))
+				require.NotNil(t, e.recv().GetResponseHeaders())
+				e.send(responseBody(`{"choices":[]}`, true))
+				streamedBack(t, e.recv(), false)
+				require.NoError(t, e.closeAndWait())
+			}
+			waitIdle(t, b)
+			_, keys := rec.get()
+			for _, k := range keys {
+				if c.want != "" && !strings.HasPrefix(k, c.want) {
+					// A pick of an unhealthy endpoint is let go at once.
+					require.Contains(t, c.sick, k)
+				}
+			}
 		})
 	}
 }

@@ -10,3 +10,34 @@ func SetAfterFunc(s *Server, f func(d time.Duration, fire func()) (stop func() b
 
 // Buffered returns the bytes of request bodies s's streams hold.
 func Buffered(s *Server) int64 { return s.buffered.Load() }
+
+// RestoreModel renames, in the response body given as chunks, the model
+// target back to incoming (both JSON strings), as a stream does after a
+// model rewrite, and returns the body sent back; ok is false if there is
+// no rename to make.
+func RestoreModel(incoming, target []byte, chunks [][]byte) (out []byte, ok bool) {
+	r := newModelRestore(incoming, target)
+	if r == nil {
+		return nil, false
+	}
+	for i, c := range chunks {
+		out = append(out, r.feed(c, i == len(chunks)-1)...)
+	}
+	return out, true
+}
+
+// ScanResponseID reads the id of a Responses API response from its body,
+// given as chunks, as a stream does; sse tells an event stream.
+func ScanResponseID(sse bool, chunks [][]byte) (string, bool) {
+	s := &idScan{sse: sse}
+	for i, c := range chunks {
+		if id, ok := s.feed(c, i == len(chunks)-1); ok {
+			return id, true
+		}
+	}
+	return "", false
+}
+
+// PreviousResponseID returns the previous_response_id a request body
+// continues, as a stream reads it.
+func PreviousResponseID(body []byte) (string, bool) { return previousResponseID(body) }

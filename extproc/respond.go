@@ -26,6 +26,10 @@ const maxChunk = 62000
 // errEmptySubset: the data plane's subset hint allows no member.
 var errEmptySubset = errors.New("extproc: no endpoint in the subset hint")
 
+// errNoHealthy: every endpoint that may take the request is unhealthy. It
+// wraps llmlb.ErrNoCandidates, and so is answered 503.
+var errNoHealthy = errors.New("extproc: no healthy endpoint")
+
 // errNotCandidate finishes a pick of an endpoint that joined the pool after
 // the request's candidates were chosen, and that is not one of them (outside
 // the subset hint, or not the endpoint that served the request): the
@@ -154,7 +158,7 @@ func classify(err error) refusal {
 	case errors.Is(err, errBodyBudget):
 		return refusal{typev3.StatusCode_TooManyRequests, "rate_limit_error", "Too many requests in flight; retry later.",
 			"llmlb_body_budget", time.Second, droppedSaturated}
-	case errors.Is(err, llmlb.ErrNoEndpoints), errors.Is(err, llmlb.ErrNoCandidates), errors.Is(err, errEmptySubset):
+	case errors.Is(err, llmlb.ErrNoEndpoints), errors.Is(err, llmlb.ErrNoCandidates), errors.Is(err, errEmptySubset), errors.Is(err, errNoHealthy):
 		return refusal{typev3.StatusCode_ServiceUnavailable, "service_unavailable", "No model server is available.",
 			"llmlb_no_endpoint", 0, droppedNoEndpoints}
 	case errors.Is(err, errBodyTimeout):
@@ -180,7 +184,7 @@ func classify(err error) refusal {
 // err, which the client never sees.
 func (st *stream) refuse(err error) error {
 	rf := classify(err)
-	attrs := []any{"request_id", st.requestID, "status", int(rf.code), "error", err}
+	attrs := []any{"request_id", loggable(st.requestID), "status", int(rf.code), "error", err}
 	if rf.code == typev3.StatusCode_InternalServerError {
 		st.s.log.Error("extproc: request not routed", attrs...)
 	} else {

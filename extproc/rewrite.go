@@ -253,3 +253,104 @@ func skipValue(b []byte, i int) int {
 	}
 	return i
 }
+
+// modelRestore gives the response the model name the client asked for,
+// after the request's was rewritten: as llm-d's picker does
+// (pkg/epp/handlers/server.go rewriteModelName, llm-d/llm-d-router
+// v0.10.0), every `"model":` member of the response whose value is the
+// name the request was sent with (the target), with or without one space
+// after the colon, gets the name the client's body had (the incoming)
+// instead. Unlike upstream, which replaces within each streamed chunk, a
+// member cut across two chunks is renamed too: a chunk's tail that may
+// begin one is held back and sent with the next chunk, or at the end of the
+// body. The names are compared as they are written in JSON (the target
+// encoded as the request body's was, the incoming as the client wrote it).
+type modelRestore struct {
+	target   []byte // the name the request was sent with, a JSON string
+	incoming []byte // the client's name, a JSON string
+	carry    []byte // a tail held back: the start of a member, perhaps
+}
+
+// modelKey begins each member renamed.
+var modelKey = []byte(`"model":`)
+
+// newModelRestore returns the restore of the request body's model value
+// incoming (its JSON bytes) after it was renamed to target, nil if there is
+// none to make: incoming is not a JSON string, or is target.
+func newModelRestore(incoming, target []byte) *modelRestore {
+	if len(incoming) == 0 || incoming[0] != '"' || bytes.Equal(incoming, target) {
+		return nil
+	}
+	return &modelRestore{target: target, incoming: bytes.Clone(incoming)}
+}
+
+// feed returns the next piece of the response body renamed, given its next
+// chunk p; eos ends the body, and the tail held back is then returned too.
+// It does not retain p.
+func (r *modelRestore) feed(p []byte, eos bool) []byte {
+	data := p
+	if len(r.carry) > 0 {
+		data = append(r.carry, p...)
+		r.carry = nil
+	}
+	var out []byte // nil: nothing renamed yet
+	last := 0      // data[:last] is in out
+	for i := 0; ; {
+		j := bytes.Index(data[i:], modelKey)
+		if j < 0 {
+			break
+		}
+		v := i + j + len(modelKey)
+		if v < len(data) && data[v] == ' ' {
+			v++
+		}
+		if !bytes.HasPrefix(data[v:], r.target) {
+			i += j + 1
+			continue
+		}
+		out = append(out, data[last:v]...)
+		out = append(out, r.incoming...)
+		last = v + len(r.target)
+		i = last
+	}
+	end := len(data)
+	if !eos {
+		end -= r.pending(data[last:])
+		r.carry = append([]byte(nil), data[end:]...)
+	}
+	if out == nil && end == len(data) && len(data) == len(p) {
+		return p
+	}
+	return append(out, data[last:end]...)
+}
+
+// pending returns the length of the longest tail of tail that may begin a
+// member to rename, which the rest of the body decides: a proper prefix of
+// `"model":` followed by the target, with or without a space between.
+func (r *modelRestore) pending(tail []byte) int {
+	limit := len(modelKey) + 1 + len(r.target) - 1 // the longest proper prefix
+	for i := max(0, len(tail)-limit); i < len(tail); i++ {
+		if tail[i] != '"' {
+			continue
+		}
+		s := tail[i:]
+		if r.couldBegin(s) {
+			return len(s)
+		}
+	}
+	return 0
+}
+
+// couldBegin reports whether s, shorter than a member to rename, is the
+// start of one.
+func (r *modelRestore) couldBegin(s []byte) bool {
+	n := min(len(s), len(modelKey))
+	if !bytes.Equal(s[:n], modelKey[:n]) {
+		return false
+	}
+	s = s[n:]
+	if len(s) > 0 && s[0] == ' ' {
+		s = s[1:]
+	}
+	return bytes.HasPrefix(r.target, s)
+}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/stretchr/testify/require"
@@ -197,4 +198,139 @@ func TestModelRewriteRoutes(t *testing.T) {
 	require.NotEqual(t, asM.Feature, rewritten.Feature)
 	require.False(t, slices.Equal(asM.Prefix, rewritten.Prefix), "the prefix is salted with the rewritten model")
 	waitIdle(t, b)
+}
+
+// TestModelRewriteResponse: after the request's model was rewritten, the
+// response names the model the client asked for, as llm-d's picker renames
+// it back (pkg/epp/handlers/server.go rewriteModelName): every "model"
+// member with the rewritten name, with or without a space after the colon,
+// in a streamed response however it is cut in chunks, whether it ends with
+// end_of_stream or with trailers, and in a buffered one with its
+// Content-Length. A name that only begins like the rewritten one, a
+// compressed body, or a request not rewritten is left as it is.
+func TestModelRewriteResponse(t *testing.T) {
+	const (
+		sent = `data: {"id":"c1","model":"long-model-name","choices":[{"text":"a"}]}` + "\n\n" +
+			`data: {"id":"c1","model": "long-model-name","x":{"model":"long-model-name-2"},"choices":[]}` + "\n\n" +
+			"data: [DONE]\n\n"
+		want = `data: {"id":"c1","model":"m","choices":[{"text":"a"}]}` + "\n\n" +
+			`data: {"id":"c1","model": "m","x":{"model":"long-model-name-2"},"choices":[]}` + "\n\n" +
+			"data: [DONE]\n\n"
+	)
+	b := newBalancer(t, 2, nil)
+	h := start(t, extproc.Config{Balancer: b})
+	request := func(e *envoy, kv ...string) {
+		t.Helper()
+		e.send(requestHeaders("/v1/completions", false, kv...))
+		e.send(requestBody([]byte(`{"model":"m","prompt":"hi","max_tokens":5,"stream":true}`), true))
+		require.NotNil(t, e.recv().GetRequestHeaders())
+		streamedBack(t, e.recv(), true)
+	}
+	// respond sends the response in chunks cut at cuts, and returns the
+	// body streamed back.
+	respond := func(e *envoy, body string, cuts []int, trailers bool, hs ...*corev3.HeaderValue) string {
+		t.Helper()
+		rh := responseHeaders(200, "text/event-stream", false)
+		rh.GetResponseHeaders().GetHeaders().Headers = append(rh.GetResponseHeaders().GetHeaders().Headers, hs...)
+		e.send(rh)
+		require.NotNil(t, e.recv().GetResponseHeaders())
+		var got strings.Builder
+		last := 0
+		for i, c := range append(cuts, len(body)) {
+			eos := i == len(cuts) && !trailers
+			e.send(responseBody(body[last:c], eos))
+			sr := streamedBack(t, e.recv(), false)
+			require.Equal(t, eos, sr.GetEndOfStream())
+			got.Write(sr.GetBody())
+			last = c
+		}
+		if trailers {
+			e.send(responseTrailers())
+			for {
+				m := e.recv()
+				if m.GetResponseTrailers() != nil {
+					break
+				}
+				got.Write(streamedBack(t, m, false).GetBody())
+			}
+		}
+		require.NoError(t, e.closeAndWait())
+		return got.String()
+	}
+	for cut := 1; cut < len(sent); cut++ {
+		for _, trailers := range []bool{false, true} {
+			e := h.open(t, fullDuplex, fullDuplex)
+			request(e, extproc.ModelRewriteHeader, "long-model-name")
+			require.Equal(t, want, respond(e, sent, []int{cut}, trailers), "cut at %d, trailers %v", cut, trailers)
+		}
+	}
+	e := h.open(t, fullDuplex, fullDuplex)
+	request(e, extproc.ModelRewriteHeader, "long-model-name")
+	require.Equal(t, want, respond(e, sent, []int{1, 2, 3, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 100}, false))
+
+	e = h.open(t, fullDuplex, fullDuplex)
+	request(e, extproc.ModelRewriteHeader, "long-model-name")
+	require.Equal(t, sent, respond(e, sent, []int{40}, false, header("content-encoding", "identity, gzip")),
+		"a compressed body is not read")
+
+	e = h.open(t, fullDuplex, fullDuplex)
+	request(e)
+	require.Equal(t, sent, respond(e, sent, []int{40}, false), "not rewritten")
+
+	// BUFFERED: the whole body, with its Content-Length.
+	e = h.open(t, buffered, buffered)
+	e.send(requestHeaders("/v1/completions", false, extproc.ModelRewriteHeader, "long-model-name"))
+	require.NotNil(t, e.recv().GetRequestHeaders())
+	e.send(requestBody([]byte(`{"model":"m","prompt":"hi","max_tokens":5}`), true))
+	require.NotNil(t, e.recv().GetRequestBody())
+	rh := responseHeaders(200, "application/json", false)
+	rh.GetResponseHeaders().GetHeaders().Headers = append(rh.GetResponseHeaders().GetHeaders().Headers, header("content-length", "60"))
+	e.send(rh)
+	require.NotNil(t, e.recv().GetResponseHeaders())
+	e.send(responseBody(`{"id":"c1","object":"text_completion","model":"long-model-name"}`, true))
+	m := e.recv()
+	common := m.GetResponseBody().GetResponse()
+	require.NotNil(t, common, "got %v", m)
+	wantBody := `{"id":"c1","object":"text_completion","model":"m"}`
+	require.Equal(t, wantBody, string(common.GetBodyMutation().GetBody()))
+	require.Equal(t, strconv.Itoa(len(wantBody)), routeOf(t, m, common).contentLength)
+	require.NoError(t, e.closeAndWait())
+	waitIdle(t, b)
+}
+
+// FuzzRestoreModel: renaming the model back in a body cut in chunks gives
+// what renaming it in the whole body gives, and the whole body's rename
+// replaces exactly the members `"model":TARGET` and `"model": TARGET`.
+func FuzzRestoreModel(f *testing.F) {
+	f.Add([]byte(`data: {"model":"mm","x":"model"}`+"\n\n"+`{"model": "mm"}{"model":"mmm"}`), "mm", uint8(5), uint8(17))
+	f.Add([]byte(`"model":"model":"m"`), "m", uint8(1), uint8(9))
+	f.Add([]byte(`"model":"a\"b"`), `a"b`, uint8(3), uint8(12))
+	f.Fuzz(func(t *testing.T, body []byte, target string, c1, c2 uint8) {
+		incoming, tgt := []byte(`"client"`), []byte(strconv.Quote(target))
+		whole, ok := extproc.RestoreModel(incoming, tgt, [][]byte{body})
+		if !ok {
+			return
+		}
+		var want []byte
+		for i := 0; i < len(body); {
+			rest := body[i:]
+			matched := false
+			for _, key := range []string{`"model":`, `"model": `} {
+				if bytes.HasPrefix(rest, append([]byte(key), tgt...)) {
+					want = append(append(want, key...), incoming...)
+					i += len(key) + len(tgt)
+					matched = true
+					break
+				}
+			}
+			if !matched {
+				want = append(want, body[i])
+				i++
+			}
+		}
+		require.Equal(t, string(want), string(whole))
+		a, b := min(int(c1), len(body)), min(int(c1)+int(c2), len(body))
+		cut, _ := extproc.RestoreModel(incoming, tgt, [][]byte{body[:a], body[a:b], body[b:]})
+		require.Equal(t, string(whole), string(cut))
+	})
 }

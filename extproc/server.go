@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -156,6 +157,20 @@ type Config struct {
 	// which Envoy does after an immediate response. 0 means
 	// [DefaultBodyTimeout]; a negative value sets no deadline.
 	BodyTimeout time.Duration
+	// Protocol holds the body modes of the ext_proc filter, for a data
+	// plane that does not announce them: Envoy sends its
+	// processing_mode's request_body_mode and response_body_mode in the
+	// protocol_config of each stream's first message since v1.34.0, and
+	// older versions send none. Set it to the filter's modes when they are
+	// not FULL_DUPLEX_STREAMED: an Envoy configured BUFFERED waits for the
+	// answer to the request headers, which a Server that takes the mode to
+	// be FULL_DUPLEX_STREAMED holds until the body is complete, and the
+	// request fails after BodyTimeout. A stream's protocol_config, when
+	// sent, overrides it. nil means FULL_DUPLEX_STREAMED both ways, the
+	// mode the endpoint picker protocol requires, and the only one the
+	// reference picker serves (it reads no protocol_config:
+	// pkg/epp/handlers/server.go of llm-d/llm-d-router v0.10.0).
+	Protocol *extprocv3.ProtocolConfiguration
 }
 
 // Server is an Envoy external processor that picks an endpoint for each
@@ -173,10 +188,17 @@ type Server struct {
 	buffered    atomic.Int64 // bytes of request bodies the streams hold
 
 	bodyTimeout time.Duration // 0: no deadline
+
+	// The body modes of a stream whose first message announces none
+	// (Config.Protocol).
+	reqMode, respMode filterv3.ProcessingMode_BodySendMode
+
 	// afterFunc arms a stream's body deadline: it calls f after d, unless
 	// the returned stop is called first. time.AfterFunc unless a test
 	// replaces it.
 	afterFunc func(d time.Duration, f func()) (stop func() bool)
+
+	ids *responseIDs // the endpoints that produced the response ids seen
 
 	randMu sync.Mutex // protects rnd
 	rnd    *rand.Rand // nil: the global generator
@@ -191,7 +213,8 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Fallbacks < 0 || cfg.Fallbacks > MaxFallbacks {
 		return nil, fmt.Errorf("%w: Fallbacks %d is outside [0, %d]", ErrInvalidConfig, cfg.Fallbacks, MaxFallbacks)
 	}
-	s := &Server{b: cfg.Balancer, parser: cfg.Parser, admission: cfg.Admission, fallbacks: cfg.Fallbacks, log: cfg.Logger}
+	s := &Server{b: cfg.Balancer, parser: cfg.Parser, admission: cfg.Admission, fallbacks: cfg.Fallbacks, log: cfg.Logger,
+		ids: newResponseIDs()}
 	if s.parser == nil {
 		p, err := httplb.NewParser(httplb.ParserConfig{})
 		if err != nil {
@@ -211,6 +234,15 @@ func NewServer(cfg Config) (*Server, error) {
 		s.bodyTimeout = DefaultBodyTimeout
 	case s.bodyTimeout < 0:
 		s.bodyTimeout = 0
+	}
+	s.reqMode, s.respMode = fullDuplex, fullDuplex
+	if pc := cfg.Protocol; pc != nil {
+		for _, m := range []filterv3.ProcessingMode_BodySendMode{pc.GetRequestBodyMode(), pc.GetResponseBodyMode()} {
+			if _, ok := filterv3.ProcessingMode_BodySendMode_name[int32(m)]; !ok {
+				return nil, fmt.Errorf("%w: Protocol has an unknown body mode %d", ErrInvalidConfig, m)
+			}
+		}
+		s.reqMode, s.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
 	}
 	s.afterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	if s.log == nil {
@@ -236,7 +268,7 @@ const maxBodyLimit = 1 << 30
 // message is answered 408 from a timer's goroutine, while this one waits
 // for the data plane to close the stream.
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
-	st := &stream{s: s, srv: srv, ctx: srv.Context(), reqMode: fullDuplex, respMode: fullDuplex}
+	st := &stream{s: s, srv: srv, ctx: srv.Context(), reqMode: s.reqMode, respMode: s.respMode}
 	var cause error
 	defer func() {
 		st.mu.Lock()
@@ -300,7 +332,7 @@ func (st *stream) expire() {
 	st.routed = true // no route may follow
 	st.dropBody()
 	if err := st.refuse(errBodyTimeout); err != nil {
-		st.s.log.Warn("extproc: the body deadline's answer was not sent", "request_id", st.requestID, "error", err)
+		st.s.log.Warn("extproc: the body deadline's answer was not sent", "request_id", loggable(st.requestID), "error", err)
 	}
 }
 

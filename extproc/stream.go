@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,7 +49,7 @@ type stream struct {
 	closed    bool        // Process returned
 
 	// The body modes, from the first message's protocol_config; without
-	// one, FULL_DUPLEX_STREAMED, the mode the protocol requires.
+	// one, Config.Protocol's.
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 	started           bool // a message was received
 	observe           bool // observability mode: the data plane ignores answers
@@ -71,10 +73,14 @@ type stream struct {
 	picked      bool
 	release     func() // admission's release; nil when not admitted
 	primary     string
-	served      bool // the served endpoint was read from the metadata
-	respStarted bool // response headers (or body, with headers skipped) seen
-	status      int  // the response's :status; 0 while unknown
-	sse         bool // the response is a server-sent event stream
+	served      bool          // the served endpoint was read from the metadata
+	respStarted bool          // response headers (or body, with headers skipped) seen
+	status      int           // the response's :status; 0 while unknown
+	sse         bool          // the response is a server-sent event stream
+	respEncoded bool          // the response body is compressed
+	respLength  bool          // the response has a Content-Length
+	restore     *modelRestore // renames the response's model back; nil: no rename
+	idScan      *idScan       // finds the id of a Responses API response; nil: none to find
 	events      firstEvent
 	output      httplb.OutputCounter // counts the response's output tokens for the pick
 	generated   int                  // the output tokens counted so far
@@ -227,7 +233,15 @@ func (st *stream) responseHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.H
 			v := headerValue(hv)
 			encoded = encoded || !strings.EqualFold(strings.TrimSpace(v), "identity")
 			content = addHeader(content, "Content-Encoding", v)
+		case "content-length":
+			st.respLength = true
 		}
+	}
+	st.respEncoded = encoded
+	if path, _, _ := strings.Cut(st.path, "?"); isResponsesCreate(st.method, path) && st.success() && !encoded {
+		// Remember which endpoint produced the response, which a
+		// request continuing it must go back to.
+		st.idScan = &idScan{sse: st.sse}
 	}
 	// A compressed event stream's events cannot be seen in its bytes: its
 	// first byte is its first token, as for any other body.
@@ -248,13 +262,47 @@ func (st *stream) responseBody(m *extprocv3.ProcessingRequest, b *extprocv3.Http
 	st.respStarted = true
 	st.noteServed(m)
 	st.observeBody(b.GetBody())
+	if st.idScan != nil {
+		if id, ok := st.idScan.feed(b.GetBody(), b.GetEndOfStream()); ok {
+			st.s.ids.learn(id, st.primary)
+		}
+	}
 	if b.GetEndOfStream() {
 		st.complete()
 	}
-	if st.respMode == fullDuplex {
+	r := st.restoreResponse()
+	switch {
+	case st.respMode == fullDuplex && r != nil:
+		return st.sendChunks(false, r.feed(b.GetBody(), b.GetEndOfStream()), b.GetEndOfStream())
+	case st.respMode == fullDuplex:
 		return st.sendChunks(false, b.GetBody(), b.GetEndOfStream())
+	case st.respMode == buffered && r != nil:
+		// The whole body, in one message.
+		if out := r.feed(b.GetBody(), true); !bytes.Equal(out, b.GetBody()) {
+			common := &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}}
+			if st.respLength {
+				// Envoy rejects a buffered body whose length
+				// differs from the Content-Length it is sent with
+				// (processing_mode.proto).
+				common.HeaderMutation = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+					setHeader("Content-Length", strconv.Itoa(len(out)))}}
+			}
+			return st.send(bodyResponse(false, common, nil))
+		}
 	}
 	return st.send(bodyResponse(false, nil, nil))
+}
+
+// restoreResponse returns the rename of the response's model back to the
+// client's, nil if there is none to make: the request's model was not
+// rewritten, or the response body is compressed. It is made in body modes
+// FULL_DUPLEX_STREAMED and BUFFERED only; in the others the body passes
+// unchanged.
+func (st *stream) restoreResponse() *modelRestore {
+	if st.restore == nil || st.respEncoded {
+		return nil
+	}
+	return st.restore
 }
 
 func (st *stream) responseTrailers(m *extprocv3.ProcessingRequest) error {
@@ -264,6 +312,13 @@ func (st *stream) responseTrailers(m *extprocv3.ProcessingRequest) error {
 	st.respStarted = true
 	st.noteServed(m)
 	st.complete()
+	if r := st.restoreResponse(); r != nil && st.respMode == fullDuplex && len(r.carry) > 0 {
+		// The body ended without end_of_stream: the tail held back
+		// goes before the trailers.
+		if err := st.sendChunks(false, r.feed(nil, true), false); err != nil {
+			return err
+		}
+	}
 	return st.send(trailersResponse(false))
 }
 
@@ -376,7 +431,15 @@ func (st *stream) route(kind routeKind) (bool, error) {
 			md = nil
 		}
 		if st.bodyMsgs > 0 {
-			if err := st.sendChunksMD(true, st.body, kind == routeDuplexEnd, md); err != nil {
+			var mut *extprocv3.CommonResponse
+			if st.skipped {
+				// The headers were not sent to the picker
+				// (request_header_mode SKIP): the first body answer
+				// sets the route header, overwriting any the client
+				// sent, for a data plane that still holds the headers.
+				mut = routeMutation(dest, -1)
+			}
+			if err := st.sendChunksMD(true, st.body, kind == routeDuplexEnd, md, mut); err != nil {
 				return false, err
 			}
 			md = nil
@@ -422,6 +485,13 @@ func (st *stream) applyRewrite(kind routeKind) (bool, error) {
 	if !st.charge(int64(edit.size)) {
 		return false, errBodyBudget
 	}
+	if len(edit.spans) > 0 {
+		// The response names the model the request was sent with:
+		// rename it back to the client's, the value a JSON parser reads
+		// (the last member).
+		sp := edit.spans[len(edit.spans)-1]
+		st.restore = newModelRestore(st.body[sp[0]:sp[1]], edit.val)
+	}
 	st.body = edit.apply(st.body)
 	return true, nil
 }
@@ -447,18 +517,43 @@ func (st *stream) decide() (string, error) {
 			return "", err
 		}
 	}
+	pinned := false
+	if id, ok := st.responseRef(); ok {
+		if key, ok := st.s.ids.lookup(id); ok {
+			pinned = st.s.pinTo(&lr, key, allowed)
+		}
+	}
 	p, err := st.s.pickAllowed(st.ctx, &lr, allowed)
 	if err != nil {
+		return "", err
+	}
+	if p, err = st.s.pickHealthy(st.ctx, &lr, p, allowed); err != nil {
 		return "", err
 	}
 	lr.Exclude = nil
 	st.lr, st.pick, st.picked = lr, p, true
 	st.primary = p.Endpoint().Key()
-	if st.s.fallbacks == 0 {
+	if st.s.fallbacks == 0 || pinned {
+		// Any other endpoint would answer 404 to a request for a
+		// stored response.
 		return st.primary, nil
 	}
 	fb := st.s.fallbacksFor(st.primary, allowed)
 	return strings.Join(append([]string{st.primary}, fb...), ","), nil
+}
+
+// responseRef returns the id of the stored response the request continues
+// (a Responses API request's "previous_response_id") or addresses by its
+// path (retrieve, cancel, delete), if any.
+func (st *stream) responseRef() (string, bool) {
+	path, _, _ := strings.Cut(st.path, "?")
+	if id, ok := storedResponseID(st.method, path); ok {
+		return id, true
+	}
+	if isResponsesCreate(st.method, path) {
+		return previousResponseID(st.body)
+	}
+	return "", false
 }
 
 // pickAllowed picks an endpoint for lr whose host allowed holds (any, if
@@ -472,6 +567,40 @@ func (s *Server) pickAllowed(ctx context.Context, lr *llmlb.Request, allowed map
 		return s.b.Pick(ctx, lr)
 	}
 	return s.pickWhere(ctx, lr, func(key string) bool { return allowed[hostOf(key)] })
+}
+
+// pickHealthy returns p if its endpoint is healthy. Otherwise the balancer
+// picked it in panic mode, every candidate being unhealthy
+// (llmlb.Balancer.SetHealthy): p is finished with errNotCandidate and the
+// request picked again among the healthy members whose host allowed holds
+// (any, if allowed is nil), which fails with llmlb.ErrNoCandidates, and so
+// 503, if there is none. The endpoint picker protocol answers 503 when no
+// endpoint is ready (docs/proposals/004-endpoint-picker-protocol), and the
+// reference picker never picks a pod that is not ready, which it drops from
+// its datastore (pkg/epp/controller/pod_reconciler.go of
+// llm-d/llm-d-router v0.10.0): the data plane is not sent to a replica
+// known to be down.
+func (s *Server) pickHealthy(ctx context.Context, lr *llmlb.Request, p llmlb.Pick, allowed map[string]bool) (llmlb.Pick, error) {
+	if e, ok := s.b.StatsOf(p.Endpoint().Key()); !ok || e.Healthy {
+		return p, nil // the common case: one lookup, no allocation
+	}
+	sick := make(map[string]bool)
+	for _, e := range s.b.Stats() {
+		if !e.Healthy {
+			sick[e.Key] = true
+		}
+	}
+	p.Done(errNotCandidate)
+	for k := range sick {
+		if !slices.Contains(lr.Exclude, k) {
+			lr.Exclude = append(lr.Exclude, k)
+		}
+	}
+	p, err := s.pickWhere(ctx, lr, func(k string) bool { return !sick[k] && (allowed == nil || allowed[hostOf(k)]) })
+	if errors.Is(err, llmlb.ErrNoCandidates) {
+		return p, fmt.Errorf("%w: %w", errNoHealthy, err)
+	}
+	return p, err
 }
 
 // pickWhere picks an endpoint for lr whose key ok accepts: a pick of any
@@ -582,8 +711,8 @@ func (st *stream) noteServed(m *extprocv3.ProcessingRequest) {
 	st.pick.Done(ErrFailedOver)
 	st.picked = false
 	if !member {
-		st.s.log.Warn("extproc: the data plane reports an endpoint that is not a member", "request_id", st.requestID,
-			"picked", st.primary, "served", truncate(served))
+		st.s.log.Warn("extproc: the data plane reports an endpoint that is not a member", "request_id", loggable(st.requestID),
+			"picked", st.primary, "served", loggable(served))
 		return
 	}
 	lr := st.lr
@@ -701,18 +830,26 @@ func (st *stream) send(m *extprocv3.ProcessingResponse) error {
 
 // sendChunks streams body back in FULL_DUPLEX_STREAMED mode.
 func (st *stream) sendChunks(request bool, body []byte, eos bool) error {
-	return st.sendChunksMD(request, body, eos, nil)
+	return st.sendChunksMD(request, body, eos, nil, nil)
 }
 
 // sendChunksMD streams body back in pieces of at most maxChunk bytes (the
 // v1.5.0 EPP's BodyByteLimit, pkg/common/envoy/chunking.go), end_of_stream
-// on the last if eos, md on the first; an empty body is one empty piece.
-func (st *stream) sendChunksMD(request bool, body []byte, eos bool, md *structpb.Struct) error {
+// on the last if eos, md and the header mutation and route cache clearing
+// of mut (if not nil) on the first; an empty body is one empty piece.
+func (st *stream) sendChunksMD(request bool, body []byte, eos bool, md *structpb.Struct, mut *extprocv3.CommonResponse) error {
 	for first := true; first || len(body) > 0; first = false {
 		n := min(len(body), maxChunk)
 		m := streamedBody(request, body[:n], eos && n == len(body))
 		if first {
 			m.DynamicMetadata = md
+			if mut != nil {
+				common := m.GetRequestBody().GetResponse()
+				if !request {
+					common = m.GetResponseBody().GetResponse()
+				}
+				common.HeaderMutation, common.ClearRouteCache = mut.HeaderMutation, mut.ClearRouteCache
+			}
 		}
 		if err := st.send(m); err != nil {
 			return err
@@ -763,10 +900,34 @@ func (st *stream) dropBody() {
 	}
 }
 
-// truncate bounds a string from the network before it is logged.
-func truncate(s string) string {
-	if len(s) > 128 {
-		return s[:128] + "..."
+// maxLogged bounds the bytes of a value from the network that are logged.
+const maxLogged = 128
+
+// loggable returns a value from the network as it may be logged: at most
+// maxLogged bytes, "..." marking a cut, and every byte that is not
+// printable ASCII (a control character, a line break, a byte of a
+// multi-byte character) replaced by '?', so that a hostile client can
+// neither flood the log nor forge its lines.
+func loggable(s string) string {
+	cut := len(s) > maxLogged
+	if cut {
+		s = s[:maxLogged]
 	}
-	return s
+	plain := true
+	for i := 0; i < len(s) && plain; i++ {
+		plain = s[i] >= 0x20 && s[i] < 0x7f
+	}
+	if plain && !cut {
+		return s
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if c < 0x20 || c >= 0x7f {
+			b[i] = '?'
+		}
+	}
+	if cut {
+		b = append(b, "..."...)
+	}
+	return string(b)
 }

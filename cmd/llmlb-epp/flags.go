@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/extproc"
@@ -50,6 +52,8 @@ type options struct {
 	maxBody       int64
 	maxBuffered   int64
 	bodyTimeout   time.Duration
+	reqMode       filterv3.ProcessingMode_BodySendMode // for a data plane that announces none
+	respMode      filterv3.ProcessingMode_BodySendMode
 	maxStreams    int64
 	sessionHeader string
 	tenantHeader  string
@@ -123,6 +127,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.Int64Var(&o.maxBody, "max-body-bytes", httplb.DefaultMaxBodyBytes, "largest request body read; a longer one is answered 413 (0: the default)")
 	fs.Int64Var(&o.maxBuffered, "max-buffered-bytes", extproc.DefaultMaxBufferedBytes, "most bytes of request bodies held at once, over all streams and connections; a request beyond it is answered 429 (0: the default; at least -max-body-bytes)")
 	fs.DurationVar(&o.bodyTimeout, "body-timeout", extproc.DefaultBodyTimeout, "answer 408 to a request whose body is not received this long after its headers, and let the body go (0: the default; negative: no deadline)")
+	reqMode := fs.String("request-body-mode", "full-duplex-streamed", "the ext_proc filter's request_body_mode, for an Envoy before v1.34 that does not announce it: "+strings.Join(bodyModeNames, ", "))
+	respMode := fs.String("response-body-mode", "full-duplex-streamed", "the ext_proc filter's response_body_mode, for an Envoy before v1.34 that does not announce it: "+strings.Join(bodyModeNames, ", "))
 	fs.Int64Var(&o.maxStreams, "max-concurrent-streams", defaultMaxStreams, "most ext_proc streams (requests) open at once on one data plane connection, advertised in HTTP/2 SETTINGS; Envoy opens another connection beyond it (0: no limit)")
 	fs.StringVar(&o.sessionHeader, "session-header", httplb.DefaultSessionHeader, "header carrying the session (affinity) key; the body's \"user\" otherwise")
 	fs.StringVar(&o.tenantHeader, "tenant-header", "", "header taken as the tenant, e.g. x-llm-d-inference-fairness-id (formerly x-gateway-inference-fairness-id); only if the gateway sets or strips it (\"\": no tenant)")
@@ -205,6 +211,13 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		return o, fmt.Errorf("-engine: %w", err)
 	}
 	o.engine = e
+	var ok bool
+	if o.reqMode, ok = bodyModes[*reqMode]; !ok {
+		return o, fmt.Errorf("unknown -request-body-mode %q (want one of %s)", *reqMode, strings.Join(bodyModeNames, ", "))
+	}
+	if o.respMode, ok = bodyModes[*respMode]; !ok {
+		return o, fmt.Errorf("unknown -response-body-mode %q (want one of %s)", *respMode, strings.Join(bodyModeNames, ", "))
+	}
 	if err := o.logLevel.UnmarshalText([]byte(*logLevel)); err != nil {
 		return o, fmt.Errorf("-log-level: %w", err)
 	}
@@ -233,6 +246,18 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	return o, nil
 }
+
+// bodyModes are the values of -request-body-mode and -response-body-mode,
+// Envoy's BodySendMode names in lower case with dashes.
+var bodyModes = map[string]filterv3.ProcessingMode_BodySendMode{
+	"full-duplex-streamed": filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+	"buffered":             filterv3.ProcessingMode_BUFFERED,
+	"buffered-partial":     filterv3.ProcessingMode_BUFFERED_PARTIAL,
+	"streamed":             filterv3.ProcessingMode_STREAMED,
+	"none":                 filterv3.ProcessingMode_NONE,
+}
+
+var bodyModeNames = []string{"full-duplex-streamed", "buffered", "buffered-partial", "streamed", "none"}
 
 func contains(list []string, s string) bool {
 	for _, x := range list {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -155,6 +156,28 @@ func TestBodyTimeoutFlag(t *testing.T) {
 	require.NoError(t, err)
 	_, err = newServer(o)
 	require.NoError(t, err)
+}
+
+// TestBodyModeFlags: -request-body-mode and -response-body-mode name the
+// body modes assumed for a data plane that announces none, full duplex
+// unless given; every value builds.
+func TestBodyModeFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-endpoints", "10.0.0.1:8000"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, o.reqMode)
+	require.Equal(t, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, o.respMode)
+	for name, mode := range bodyModes {
+		o, err := parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-request-body-mode", name, "-response-body-mode", name}, io.Discard)
+		require.NoError(t, err)
+		require.Equal(t, mode, o.reqMode)
+		require.Equal(t, mode, o.respMode)
+		_, err = newServer(o)
+		require.NoError(t, err)
+	}
+	_, err = parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-request-body-mode", "BUFFERED"}, io.Discard)
+	require.ErrorContains(t, err, "unknown -request-body-mode")
+	_, err = parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-response-body-mode", "chunked"}, io.Discard)
+	require.ErrorContains(t, err, "unknown -response-body-mode")
 }
 
 // TestPolicies: every name -policy accepts builds.

@@ -218,7 +218,8 @@ func newServer(o options) (_ *server, err error) {
 		return nil, err
 	}
 	picker, err := extproc.NewServer(extproc.Config{Balancer: s.b, Parser: p, Admission: s.admission, Fallbacks: o.fallbacks, Logger: s.log,
-		MaxBufferedBytes: o.maxBuffered, BodyTimeout: o.bodyTimeout})
+		MaxBufferedBytes: o.maxBuffered, BodyTimeout: o.bodyTimeout,
+		Protocol: &extprocv3.ProtocolConfiguration{RequestBodyMode: o.reqMode, ResponseBodyMode: o.respMode}})
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,162 @@
+package extproc_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/llmlb/llmlb/extproc"
+)
+
+// TestResponseAffinity: a Responses API request that continues a stored
+// response ("previous_response_id"), or retrieves, cancels or deletes one
+// by its id, goes to the endpoint that produced it, whose id the picker
+// read in the response (the response.created event of a stream, however
+// cut, or the "id" of a JSON body), even when the policy would choose
+// another; an id it never saw, or one in a response to another kind of
+// request, is routed as any request.
+func TestResponseAffinity(t *testing.T) {
+	b := newBalancer(t, 3, nil) // least outstanding
+	h := start(t, extproc.Config{Balancer: b})
+
+	// route sends a request and returns the endpoint it is routed to,
+	// leaving its stream open (the endpoint stays busy) until the test
+	// ends.
+	route := func(method, path, body string) (*envoy, string) {
+		t.Helper()
+		e := h.open(t, fullDuplex, fullDuplex)
+		hs := requestHeaders(path, body == "")
+		for _, hv := range hs.GetRequestHeaders().GetHeaders().GetHeaders() {
+			if hv.GetKey() == ":method" {
+				hv.RawValue = []byte(method)
+			}
+		}
+		e.send(hs)
+		if body != "" {
+			e.send(requestBody([]byte(body), true))
+		}
+		m := e.recv()
+		hr := m.GetRequestHeaders()
+		require.NotNil(t, hr, "got %v", m)
+		if body != "" {
+			streamedBack(t, e.recv(), true)
+		}
+		return e, routeOf(t, m, hr.GetResponse()).header
+	}
+	respond := func(e *envoy, contentType string, chunks ...string) {
+		t.Helper()
+		e.send(responseHeaders(200, contentType, false))
+		require.NotNil(t, e.recv().GetResponseHeaders())
+		for i, c := range chunks {
+			e.send(responseBody(c, i == len(chunks)-1))
+			streamedBack(t, e.recv(), false)
+		}
+		require.NoError(t, e.closeAndWait())
+	}
+	const created = "event: response.created\n" +
+		`data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_stream1","object":"response","status":"in_progress"}}` + "\n\n"
+
+	e, streamHome := route("POST", "/v1/responses", `{"model":"m","input":"hi","stream":true}`)
+	respond(e, "text/event-stream", created[:40], created[40:90], created[90:]+"event: response.output_text.delta\ndata: {}\n\n")
+	e, jsonHome := route("POST", "/v1/responses?x=1", `{"model":"m","input":"hi"}`)
+	respond(e, "application/json", `{"id":"resp_json1","obj`, `ect":"response","status":"completed"}`)
+	e, _ = route("POST", "/v1/chat/completions", `{"model":"m","messages":[]}`)
+	respond(e, "application/json", `{"id":"resp_chat1","object":"chat.completion"}`)
+
+	// streamHome is kept busy: least outstanding would choose another.
+	route("POST", "/v1/responses", `{"model":"m","input":"more","previous_response_id":"resp_stream1"}`)
+
+	// Unknown ids, and ids not of a Responses API response, are routed
+	// by the policy.
+	for _, body := range []string{
+		`{"model":"m","input":"x","previous_response_id":"resp_unknown"}`,
+		`{"model":"m","input":"x","previous_response_id":"resp_chat1"}`,
+		`{"model":"m","input":"x","previous_response_id":"resp_st\u0072eam1"}`,
+		`{"model":"m","input":"x","previous_response_id":"` + strings.Repeat("r", 300) + `"}`,
+		`{"model":"m","input":"x","previous_response_id":17}`,
+	} {
+		e, got := route("POST", "/v1/responses", body)
+		require.NotEqual(t, streamHome, got, "%s", body)
+		e.cancel()
+		require.Eventually(t, func() bool { return stats(b, got).Outstanding == 0 }, 5*time.Second, time.Millisecond)
+	}
+	_, got := route("GET", "/v1/responses/resp_unknown", "")
+	require.NotEqual(t, streamHome, got)
+
+	// Each request below stays in flight, so that least outstanding
+	// would choose another endpoint than the last.
+	for i := range 4 {
+		_, got := route("POST", "/v1/responses", `{"model":"m","input":"more","previous_response_id":"resp_stream1"}`)
+		require.Equal(t, streamHome, got, "continuation %d", i)
+		_, got = route("POST", "/v1/responses", `{"previous_response_id":"resp_json1","model":"m","input":"more"}`)
+		require.Equal(t, jsonHome, got, "continuation %d", i)
+		_, got = route("GET", "/v1/responses/resp_stream1?stream=true", "")
+		require.Equal(t, streamHome, got, "retrieve %d", i)
+		_, got = route("POST", "/v1/responses/resp_json1/cancel", `{}`)
+		require.Equal(t, jsonHome, got, "cancel %d", i)
+		_, got = route("DELETE", "/v1/responses/resp_json1", "")
+		require.Equal(t, jsonHome, got, "delete %d", i)
+	}
+}
+
+// TestScanResponseID: the response's id is read however the body is cut,
+// within the first 64 KiB; an id with an escape, or out of place, is not.
+func TestScanResponseID(t *testing.T) {
+	bytewise := func(s string) [][]byte {
+		out := make([][]byte, len(s))
+		for i := range s {
+			out[i] = []byte(s[i : i+1])
+		}
+		return out
+	}
+	created := `data: {"type":"response.created","response":{"id":"resp_1","output":[]}}` + "\n\n"
+	pad := `"pad":"` + strings.Repeat("x", 70<<10) + `",`
+	cases := []struct {
+		name   string
+		sse    bool
+		chunks [][]byte
+		want   string // "": none
+	}{
+		{"sse", true, [][]byte{[]byte(created)}, "resp_1"},
+		{"sse-bytewise", true, bytewise("event: response.created\r\n" + created), "resp_1"},
+		{"sse-bom", true, [][]byte{[]byte("\uFEFF" + created)}, "resp_1"},
+		{"sse-no-line-end", true, [][]byte{[]byte(strings.TrimSpace(created))}, ""},
+		{"sse-other-event", true, [][]byte{[]byte(`data: {"type":"response.in_progress","response":{"id":"resp_1"}}` + "\n")}, ""},
+		{"sse-late", true, [][]byte{[]byte(": " + strings.Repeat("x", 70<<10) + "\n"), []byte(created)}, ""},
+		{"json", false, [][]byte{[]byte(`{"id":"resp_2","object":"response"}`)}, "resp_2"},
+		{"json-bytewise", false, bytewise(`{"object":"response", "id" : "resp_2"}`), "resp_2"},
+		{"json-late", false, [][]byte{[]byte(`{` + pad), []byte(`"id":"resp_2"}`)}, ""},
+		{"json-nested", false, [][]byte{[]byte(`{"output":{"id":"resp_3"}}`)}, ""},
+		{"json-escaped", false, [][]byte{[]byte(`{"id":"resp\u005f2"}`)}, ""},
+		{"json-not-object", false, [][]byte{[]byte(`["id","resp_2"]`)}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			id, ok := extproc.ScanResponseID(c.sse, c.chunks)
+			require.Equal(t, c.want != "", ok)
+			require.Equal(t, c.want, id)
+		})
+	}
+}
+
+// FuzzResponseID: reading a response's id, or a request's
+// previous_response_id, from any bytes, cut anywhere, neither fails nor
+// depends on the cut, and what is read is a plain id.
+func FuzzResponseID(f *testing.F) {
+	f.Add([]byte(`data: {"type":"response.created","response":{"id":"resp_1"}}`+"\n"), uint16(9), true)
+	f.Add([]byte(`{"id":"resp_2","previous_response_id":"resp_1"}`), uint16(5), false)
+	f.Add([]byte(`{"a":[{"id":"x"}],"id":"y"`), uint16(3), false)
+	f.Fuzz(func(t *testing.T, body []byte, cut uint16, sse bool) {
+		at := min(int(cut), len(body))
+		whole, okWhole := extproc.ScanResponseID(sse, [][]byte{body})
+		parts, okParts := extproc.ScanResponseID(sse, [][]byte{body[:at], body[at:]})
+		require.Equal(t, okWhole, okParts)
+		require.Equal(t, whole, parts)
+		for _, id := range []string{whole, func() string { id, _ := extproc.PreviousResponseID(body); return id }()} {
+			require.LessOrEqual(t, len(id), 256)
+			require.False(t, strings.ContainsAny(id, "\"\\ \n"), "%q", id)
+		}
+	})
+}
