@@ -17,7 +17,7 @@ import (
 // malformed. Within them, the memory of a decoded batch follows its
 // payload: its block hashes and token IDs take at most 12 bytes per byte
 // of payload, 8 in the worst case known (every block hash a 1-byte
-// integer, which becomes an 8-byte uint64), and its events 184 bytes each;
+// integer, which becomes an 8-byte uint64), and its events 216 bytes each;
 // decoding allocates a small multiple of that as the storage grows (twice
 // in the worst case known, 16 bytes per byte of payload).
 const (
@@ -93,10 +93,24 @@ type Event struct {
 	// Group is the KV-cache group of the blocks (vLLM's group_idx, for
 	// models mixing attention types); 0 when not sent.
 	Group int
+	// GroupKind is the attention type of the blocks' KV-cache group, as
+	// vLLM names it (kv_cache_spec_kind: "full_attention",
+	// "mla_attention", "sink_full_attention", "sliding_window", "mamba",
+	// ...); "" when not sent.
+	GroupKind string
+	// CacheSalt is the cache salt the engine mixed into the hash of the
+	// first stored block (a request's cache_salt: vLLM sends it in
+	// extra_keys, SGLang as cache_salt), set only on an event without a
+	// parent: blocks with a parent continue its chain, salt included. ""
+	// for none. Salted blocks are indexed under the [prefix.Salt] whose
+	// Namespace is the cache salt, and match only the prompts the router
+	// hashes with it.
+	CacheSalt string
 	// Salted reports that the engine mixed keys other than the LoRA name
-	// into the stored blocks' hashes (vLLM's extra_keys: multimodal inputs,
-	// cache_salt, prompt embeddings; SGLang's cache_salt), so the token IDs
-	// alone do not identify the blocks.
+	// and the cache salt into the stored blocks' hashes (vLLM's
+	// extra_keys: multimodal inputs, prompt embeddings), or keys this
+	// package cannot place, so the token IDs alone do not identify the
+	// blocks.
 	Salted bool
 
 	// remote is set when the engine reports the blocks REMOTE relative to
@@ -104,7 +118,21 @@ type Event struct {
 	// vllm/distributed/kv_events.py, 2026): they are not in its own memory,
 	// so they are neither indexed nor removed from the index.
 	remote bool
+	// newer is set on a BlockStored whose event_version is newer than
+	// maxEventVersion: its fields may mean what this package does not
+	// know, so its blocks are not indexed (see maxEventVersion).
+	newer bool
 }
+
+// maxEventVersion is the newest event_version of a BlockStored this
+// package knows. vLLM's BlockStored sends none; event_version 1 was
+// proposed with the typed extra keys ({"type": "lora", "name": ...} and
+// the like, which extraKeys reads) in vllm-project/vllm#55488, to be
+// "incremented whenever the semantics of a field (or of extra_keys)
+// change in a way consumers must branch on". A BlockStored of a newer
+// version is decoded, its blocks are not indexed, and it is counted in
+// [Stats].Unknown.
+const maxEventVersion = 1
 
 // Batch is one message of an engine's KV event stream: the events of one
 // scheduler step.
@@ -134,19 +162,21 @@ type Batch struct {
 // while decoding, before those are final.
 type eventSpans struct {
 	h0, h1, t0, t1 int
-	extra          []byte // raw extra_keys value, checked once LoRA is known
+	extra          []byte // raw extra_keys value, read once LoRA and parent are known
 }
 
 // DecodeBatch decodes payload into b, reusing the storage of b's slices: the
 // slices of an earlier decode into b are overwritten. It accepts both
-// encodings vLLM has used, positional arrays (vLLM up to mid 2026, SGLang)
-// and maps keyed by field name with the class under "type" (vLLM since
-// PR 42892), for the batch and for each event. Trailing fields missing from
-// a positional event take their zero values, fields it does not know are
+// encodings vLLM and SGLang have used, positional arrays (vLLM up to mid
+// 2026, SGLang up to sgl-project/sglang#37482) and maps keyed by field
+// name with the class under "type" (vLLM since PR 42892, SGLang since),
+// for the batch and for each event. Trailing fields missing from a
+// positional event take their zero values, fields it does not know are
 // skipped, and events of an unknown class are dropped whatever their fields
 // hold (a Subscriber or Applier counts them in [Stats].Unknown), so that
-// engines older or newer than this package decode alike. On
-// error, which wraps [ErrMalformed], b holds no events.
+// engines older or newer than this package decode alike; a BlockStored of
+// an event_version newer than it knows is decoded, and counted there too.
+// On error, which wraps [ErrMalformed], b holds no events.
 //
 // A Batch reused for every batch of a stream keeps the storage of the
 // largest batch decoded into it only as long as the batches that follow
@@ -179,8 +209,19 @@ func DecodeBatch(b *Batch, payload []byte) error {
 		e.BlockHashes = b.hashes[s.h0:s.h1:s.h1]
 		e.TokenIDs = b.tokens[s.t0:s.t1:s.t1]
 		if s.extra != nil {
-			e.Salted = e.Salted || salted(s.extra, e.LoRA)
+			salt, other := extraKeys(s.extra, e.LoRA, !e.HasParent)
+			e.Salted = e.Salted || other
+			switch {
+			case salt == "":
+			case e.CacheSalt == "":
+				e.CacheSalt = salt
+			case e.CacheSalt != salt:
+				e.Salted = true // two salts: SGLang's cache_salt and extra_keys disagree
+			}
 			s.extra = nil
+		}
+		if e.HasParent {
+			e.CacheSalt = "" // the parent's chain carries it
 		}
 	}
 	return nil
@@ -267,6 +308,12 @@ func (b *Batch) decodeEvents(r *reader) error {
 		if err := b.decodeEvent(r, &e, &s); err != nil {
 			return fmt.Errorf("event %d: %w", i, err)
 		}
+		if e.Kind != Stored {
+			e.newer = false // event_version is BlockStored's
+		}
+		if e.newer {
+			b.unknown++ // kept, so that its blocks count as skipped
+		}
 		if e.Kind != 0 {
 			b.Events = append(b.Events, e)
 			b.spans = append(b.spans, s)
@@ -278,9 +325,19 @@ func (b *Batch) decodeEvents(r *reader) error {
 	return nil
 }
 
-// Positional field order of each event class, after the tag.
+// Positional field order of each event class, after the tag: vLLM's
+// BlockStored and BlockRemoved as their last positional encoding had them
+// (vllm/distributed/kv_events.py before vllm-project/vllm#42892, which
+// lists the PRs that appended each field: lora_id #16750, medium #19737,
+// lora_name #27577, extra_keys #33304, group_idx #37688,
+// kv_cache_spec_kind and kv_cache_spec_sliding_window #40984). SGLang's
+// positional BlockStored has the same first six, then, when salted, a map
+// {"cache_salt": ...} where vLLM has lora_name (BlockStoredWithMetadata,
+// sgl-project/sglang#30827): the value's type tells the two apart, a
+// string or nil for vLLM, a map for SGLang.
 var (
-	storedFields  = [...]string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
+	storedFields = [...]string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+		"lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
 	removedFields = [...]string{"block_hashes", "medium", "group_idx"}
 )
 
@@ -412,10 +469,15 @@ func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) err
 			e.LoRA = strconv.Itoa(v)
 		}
 	case "lora_name":
-		if r.isMap() {
+		switch {
+		case r.isMap():
 			// SGLang's positional BlockStoredWithMetadata has its metadata
 			// here.
 			return b.decodeField(r, "metadata", e, s)
+		case r.isArray():
+			// An engine that appends extra_keys after medium, as
+			// sgl-project/sglang#27735 proposes: no string is an array.
+			return b.decodeField(r, "extra_keys", e, s)
 		}
 		if !r.isNil() {
 			var p []byte
@@ -427,7 +489,7 @@ func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) err
 		if !r.isNil() {
 			var p []byte
 			if p, err = r.raw(); err == nil {
-				e.Medium = string(p)
+				e.Medium = intern(p)
 			}
 		}
 	case "extra_keys":
@@ -435,21 +497,31 @@ func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) err
 		if err = r.skip(1); err == nil && r.b[start] != mpNil {
 			s.extra = r.b[start:r.off]
 		}
-	case "cache_salt": // SGLang's: a string, nil or "" for none
-		start := r.off
-		if err = r.skip(1); err == nil && r.b[start] != mpNil && r.b[start] != 0xa0 {
-			e.Salted = true
-		}
-	case "metadata": // SGLang's: {"cache_salt": ...}
-		start := r.off
-		if err = r.skip(1); err == nil {
-			m := &reader{b: r.b[start:r.off]}
-			if n, merr := m.mapLen(); merr == nil && n > 0 {
-				e.Salted = true
-			}
+	case "cache_salt":
+		// SGLang's, on BlockStored since sgl-project/sglang#37482 (a
+		// string, nil or absent for none): it seeds the engine's hash chain
+		// (#30827).
+		err = cacheSalt(r, e)
+	case "metadata":
+		// SGLang's positional BlockStoredWithMetadata (#30827):
+		// {"cache_salt": ...}; session_id, added later, is not hashed.
+		err = metadata(r, e)
+	case "event_version":
+		var v int
+		if v, err = optInt(r, 0); err == nil && v > maxEventVersion {
+			e.newer = true
 		}
 	case "group_idx":
-		e.Group, err = optInt(r, 0)
+		if e.Group, err = optInt(r, 0); err == nil && e.Group < 0 {
+			err = fmt.Errorf("group %d is negative", e.Group)
+		}
+	case "kv_cache_spec_kind": // vLLM's, since vllm-project/vllm#40984
+		if !r.isNil() {
+			var p []byte
+			if p, err = r.raw(); err == nil {
+				e.GroupKind = intern(p)
+			}
+		}
 	case "locality": // vLLM's: "LOCAL" or "REMOTE" relative to the engine, nil for unspecified
 		if !r.isNil() {
 			var p []byte
@@ -611,76 +683,200 @@ func dpRank(r *reader) (int, error) {
 	return int(v), nil
 }
 
-// salted reports whether the raw extra_keys value holds a key other than
-// the LoRA name: vLLM sends one entry per block, nil or a tuple of the
-// block's extra keys, of which the LoRA name is one when an adapter is set.
-// The keys are bare values, or, since vLLM's event_version 1, tagged maps:
-// {"type": "lora", "name": NAME} for the adapter, other tags ("cache_salt",
-// "mm", "prompt_embeds", "legacy") for the rest (ExtraKey and its
-// subclasses in vllm/distributed/kv_events.py, 2026).
-func salted(extra []byte, lora string) bool {
+// extraKeys reads the raw extra_keys value of a BlockStored whose LoRA
+// adapter is lora, first telling whether it starts a chain (has no
+// parent). It returns the cache salt it holds, and reports whether it
+// holds a key that is neither the adapter nor that salt.
+//
+// vLLM sends one entry per block: nil, or the tuple of the keys its hash
+// mixed in, in the order generate_block_hash_extra_keys
+// (vllm/v1/core/kv_cache_utils.py) puts them: the LoRA name (every block
+// of an adapter's), multimodal inputs ([identifier, offset] pairs), the
+// request's cache_salt (the first block of a request only), prompt
+// embedding hashes (bytes). The keys are bare values, or, as
+// vllm-project/vllm#55488 proposed with event_version 1, tagged maps:
+// {"type": "lora", "name": NAME}, {"type": "cache_salt", "salt": SALT},
+// and other tags ("mm", "prompt_embeds", "legacy") for the rest. So the
+// adapter is the first string equal to lora in each entry, and the salt
+// any other string in the first entry of a chain's first block.
+func extraKeys(extra []byte, lora string, first bool) (salt string, other bool) {
 	r := &reader{b: extra}
 	if r.isMap() {
 		n, err := r.mapLen()
-		return err != nil || n > 0
+		return "", err != nil || n > 0
 	}
 	n, err := r.arrayLen()
 	if err != nil {
-		return true
+		return "", true
 	}
-	for range n {
+	for i := range n {
 		if r.isNil() {
 			continue
 		}
 		m, err := r.arrayLen()
-		if err != nil || m > 1 {
-			return true
+		if err != nil {
+			return "", true
 		}
-		if m == 1 {
-			var name []byte
-			if r.isMap() {
-				name, err = loraKey(r)
-			} else {
-				name, err = r.raw()
-			}
-			if err != nil || lora == "" || string(name) != lora {
-				return true
+		adapter := false // this entry's LoRA key was seen
+		for range m {
+			class, v, err := extraKey(r)
+			switch {
+			case err != nil:
+				return "", true
+			case class&keyLoRA != 0 && !adapter && lora != "" && string(v) == lora:
+				adapter = true
+			case class&keySalt != 0 && i == 0 && first && salt == "" && len(v) > 0:
+				salt = string(v)
+			default:
+				other = true
 			}
 		}
 	}
-	return false
+	if other {
+		salt = ""
+	}
+	return salt, other
 }
 
-// loraKey reads a typed extra key and returns the adapter name of a LoRA
-// key, {"type": "lora", "name": NAME}; any other key is an error.
-func loraKey(r *reader) ([]byte, error) {
+// Classes of extra keys, for extraKey.
+const (
+	keyLoRA = 1 << iota // a LoRA name
+	keySalt             // a cache salt
+)
+
+// extraKey reads one key of an extra_keys entry and returns what it may
+// be (keyLoRA, keySalt, both for a bare string, none for any other key)
+// and its string.
+func extraKey(r *reader) (class int, v []byte, err error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, nil, err
+	}
+	switch {
+	case isStr(c):
+		v, err = r.raw()
+		return keyLoRA | keySalt, v, err
+	case !r.isMap():
+		return 0, nil, r.skip(1)
+	}
 	n, err := r.mapLen()
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
-	var tag, name []byte
+	var typ, name, salt []byte
 	for range n {
 		k, err := r.raw()
 		if err != nil {
-			return nil, err
+			return 0, nil, err
 		}
-		var v []byte
-		if v, err = r.raw(); err != nil {
-			return nil, err
-		}
+		var p *[]byte
 		switch string(k) {
 		case "type":
-			tag = v
+			p = &typ
 		case "name":
-			name = v
+			p = &name
+		case "salt":
+			p = &salt
 		default:
-			return nil, errType
+			if err := r.skip(1); err != nil {
+				return 0, nil, err
+			}
+			continue
+		}
+		if *p, err = r.raw(); err != nil {
+			return 0, nil, err
 		}
 	}
-	if string(tag) != "lora" || name == nil {
-		return nil, errType
+	switch string(typ) {
+	case "lora":
+		return keyLoRA, name, nil
+	case "cache_salt":
+		return keySalt, salt, nil
 	}
-	return name, nil
+	return 0, nil, nil
+}
+
+// intern returns p as a string, without allocating for the values vLLM
+// and SGLang send on nearly every event: their media and KV-cache group
+// types.
+func intern(p []byte) string {
+	switch string(p) {
+	case "GPU":
+		return "GPU"
+	case "full_attention":
+		return "full_attention"
+	case "mla_attention":
+		return "mla_attention"
+	case "sliding_window":
+		return "sliding_window"
+	case "mamba":
+		return "mamba"
+	}
+	return string(p)
+}
+
+// isStr reports whether c starts a MessagePack string.
+func isStr(c byte) bool {
+	return c >= 0xa0 && c <= 0xbf || c == mpStr8 || c == mpStr16 || c == mpStr32
+}
+
+// cacheSalt reads a cache_salt field, SGLang's: a string, nil or "" for
+// none. A value of another type is a key the event cannot be indexed
+// under.
+func cacheSalt(r *reader, e *Event) error {
+	if r.isNil() {
+		return nil
+	}
+	c, err := r.peek()
+	if err != nil {
+		return err
+	}
+	if !isStr(c) {
+		e.Salted = true
+		return r.skip(1)
+	}
+	p, err := r.raw()
+	if err == nil && len(p) > 0 {
+		e.CacheSalt = string(p)
+	}
+	return err
+}
+
+// metadata reads SGLang's BlockStored metadata (BlockStoredMetadata in
+// python/sglang/srt/disaggregation/kv_events.py): a map holding the
+// request's cache_salt, and session_id, which no hash mixes in. Any other
+// key may be hashed, and makes the event Salted.
+func metadata(r *reader, e *Event) error {
+	if r.isNil() {
+		return nil
+	}
+	if !r.isMap() {
+		e.Salted = true
+		return r.skip(1)
+	}
+	n, err := r.mapLen()
+	if err != nil {
+		return err
+	}
+	for range n {
+		k, err := r.raw()
+		if err != nil {
+			return fmt.Errorf("metadata key: %w", err)
+		}
+		switch string(k) {
+		case "cache_salt":
+			err = cacheSalt(r, e)
+		case "session_id":
+			err = r.skip(1)
+		default:
+			e.Salted = true
+			err = r.skip(1)
+		}
+		if err != nil {
+			return fmt.Errorf("metadata %q: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // AppendBatch appends the MessagePack encoding of b to dst and returns the
@@ -689,12 +885,14 @@ func loraKey(r *reader) ([]byte, error) {
 // events, data_parallel_rank] (the rank only when it is one DecodeBatch
 // accepts, from 0 to 2^31-1), a Stored
 // event as ["BlockStored", block_hashes, parent_block_hash, token_ids,
-// block_size, lora_id, medium] followed by lora_name, extra_keys and
-// group_idx only when LoRA or Group is set, a Removed event as
-// ["BlockRemoved", block_hashes, medium], and a Cleared event as
-// ["AllBlocksCleared"]. Block hashes are written as unsigned integers; lora_id
-// is always nil, the adapter going by name. Events of an unknown Kind are
-// left out.
+// block_size, lora_id, medium] followed, as far as needed, by lora_name,
+// extra_keys (the CacheSalt of an event without a parent, as vLLM sends
+// it: in the first block's keys, after the LoRA name), group_idx and
+// kv_cache_spec_kind (GroupKind), a Removed event as ["BlockRemoved",
+// block_hashes, medium] followed by group_idx when Group is set, and a
+// Cleared event as ["AllBlocksCleared"]. Block hashes are written as
+// unsigned integers; lora_id is always nil, the adapter going by name.
+// Events of an unknown Kind are left out, and Salted is not written.
 func AppendBatch(dst []byte, b *Batch) []byte {
 	buf := bytes.NewBuffer(dst)
 	enc := msgpack.GetEncoder()
@@ -724,6 +922,38 @@ func AppendBatch(dst []byte, b *Batch) []byte {
 	return buf.Bytes()
 }
 
+// encodeExtraKeys writes the extra_keys of a Stored event e: nil, or, when
+// salt is set, one entry per block (at least one) as vLLM's
+// generate_block_hash_extra_keys makes them: the LoRA name in each block's
+// keys, the cache salt after it in the first block's.
+func encodeExtraKeys(enc *msgpack.Encoder, e *Event, salt bool) {
+	if !salt {
+		_ = enc.EncodeNil()
+		return
+	}
+	_ = enc.EncodeArrayLen(max(1, len(e.BlockHashes)))
+	for i := range max(1, len(e.BlockHashes)) {
+		n := 0
+		if e.LoRA != "" {
+			n++
+		}
+		if i == 0 {
+			n++
+		}
+		if n == 0 {
+			_ = enc.EncodeNil()
+			continue
+		}
+		_ = enc.EncodeArrayLen(n)
+		if e.LoRA != "" {
+			_ = enc.EncodeString(e.LoRA)
+		}
+		if i == 0 {
+			_ = enc.EncodeString(e.CacheSalt)
+		}
+	}
+}
+
 func encodeEvent(enc *msgpack.Encoder, e *Event) {
 	optString := func(s string) {
 		if s == "" {
@@ -741,9 +971,14 @@ func encodeEvent(enc *msgpack.Encoder, e *Event) {
 	switch e.Kind {
 	case Stored:
 		n := 7
+		salt := e.CacheSalt != "" && !e.HasParent
 		switch {
+		case e.GroupKind != "":
+			n = 11
 		case e.Group != 0:
 			n = 10
+		case salt:
+			n = 9
 		case e.LoRA != "":
 			n = 8
 		}
@@ -766,8 +1001,13 @@ func encodeEvent(enc *msgpack.Encoder, e *Event) {
 			optString(e.LoRA)
 		}
 		if n > 8 {
-			_ = enc.EncodeNil() // extra_keys
+			encodeExtraKeys(enc, e, salt)
+		}
+		if n > 9 {
 			_ = enc.EncodeInt(int64(e.Group))
+		}
+		if n > 10 {
+			_ = enc.EncodeString(e.GroupKind)
 		}
 	case Removed:
 		if e.Group != 0 {

@@ -42,7 +42,7 @@ func TestDecodeBatch(t *testing.T) {
 			[]any{"AllBlocksCleared", nil},
 		}, 3, "extra"},
 		want: Batch{TS: 2, DPRank: 3, Events: []Event{
-			{Kind: Stored, BlockHashes: []uint64{xxhash.Sum64(digest)}, TokenIDs: []uint32{1, 2}, BlockSize: 2, LoRA: "ad", Medium: "GPU"},
+			{Kind: Stored, BlockHashes: []uint64{xxhash.Sum64(digest)}, TokenIDs: []uint32{1, 2}, BlockSize: 2, LoRA: "ad", Medium: "GPU", GroupKind: "full_attention"},
 			{Kind: Removed, BlockHashes: []uint64{3}, Medium: "CPU", Group: 1},
 			{Kind: Cleared},
 		}},
@@ -72,26 +72,27 @@ func TestDecodeBatch(t *testing.T) {
 			{Kind: Removed, BlockHashes: []uint64{6}, Medium: "GPU"},
 		}},
 	}, {
-		// SGLang sends a request's cache_salt with each block it stores: the
-		// engine's hashes mix it in, so the blocks are Salted.
+		// SGLang sends a request's cache_salt with each block it stores
+		// (sgl-project/sglang#37482): the engine's hashes mix it in, and
+		// the blocks are indexed under it.
 		name: "SGLang cache_salt",
 		payload: []any{5.0, []any{
 			map[string]any{"type": "BlockStored", "block_hashes": []any{8}, "parent_block_hash": nil, "token_ids": []any{1, 2}, "block_size": 2, "lora_id": nil, "medium": "GPU", "cache_salt": "tenant-a", "session_id": "s1"},
 			map[string]any{"type": "BlockStored", "block_hashes": []any{9}, "parent_block_hash": nil, "token_ids": []any{1, 2}, "block_size": 2, "lora_id": nil, "medium": "GPU", "cache_salt": nil},
 		}, 0},
 		want: Batch{TS: 5, DPRank: 0, Events: []Event{
-			{Kind: Stored, BlockHashes: []uint64{8}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", Salted: true},
+			{Kind: Stored, BlockHashes: []uint64{8}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", CacheSalt: "tenant-a"},
 			{Kind: Stored, BlockHashes: []uint64{9}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU"},
 		}},
 	}, {
 		// SGLang's positional BlockStoredWithMetadata puts {"cache_salt":
-		// ...} where vLLM has lora_name.
+		// ...} where vLLM has lora_name (sgl-project/sglang#30827).
 		name: "SGLang positional metadata",
 		payload: []any{6.0, []any{
 			[]any{"BlockStored", []any{10}, nil, []any{1, 2}, 2, nil, "GPU", map[string]any{"cache_salt": "tenant-a"}},
 		}, 0},
 		want: Batch{TS: 6, DPRank: 0, Events: []Event{
-			{Kind: Stored, BlockHashes: []uint64{10}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", Salted: true},
+			{Kind: Stored, BlockHashes: []uint64{10}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", CacheSalt: "tenant-a"},
 		}},
 	}, {
 		name:    "rank -1 means none",
@@ -196,6 +197,9 @@ func TestDecodeBatchAllocs(t *testing.T) {
 	p := AppendBatch(nil, &Batch{TS: 1, Events: []Event{
 		{Kind: Stored, BlockHashes: []uint64{1, 2}, TokenIDs: make([]uint32, 32), BlockSize: 16},
 		{Kind: Removed, BlockHashes: []uint64{1}},
+		// As the newest vLLM sends every event of a hybrid model.
+		{Kind: Stored, BlockHashes: []uint64{3}, TokenIDs: make([]uint32, 16), BlockSize: 16, Medium: "GPU", Group: 1, GroupKind: "full_attention"},
+		{Kind: Removed, BlockHashes: []uint64{3}, Medium: "GPU", Group: 1},
 	}})
 	var b Batch
 	require.NoError(t, DecodeBatch(&b, p))

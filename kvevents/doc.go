@@ -10,10 +10,13 @@
 // is a MessagePack batch [ts, events, data_parallel_rank] whose events are
 // BlockStored (the engine's hashes of the blocks cached, the hash of the
 // block before them, their token IDs, the block size, the LoRA adapter, the
-// medium), BlockRemoved (hashes evicted) and AllBlocksCleared. vLLM has
-// encoded events as positional arrays and, since mid 2026, as maps keyed by
-// field name; block hashes are integers or byte strings depending on the
-// version and the hash function; fields were added over time. [DecodeBatch]
+// medium, the keys other than tokens the hashes mix in, the KV-cache group
+// and its attention type), BlockRemoved (hashes evicted) and
+// AllBlocksCleared. vLLM and SGLang have encoded events as positional
+// arrays and, since mid 2026, as maps keyed by field name; block hashes
+// are integers or byte strings depending on the version and the hash
+// function; fields were added over time, and SGLang's salted BlockStored
+// has a map where vLLM's has a string. [DecodeBatch]
 // reads every one of these forms, skips what it does not know, and rejects
 // what exceeds [MaxPayloadBytes], [MaxEventsPerBatch], [MaxBlocksPerEvent] or
 // [MaxTokensPerEvent]; an event of a class it does not know is dropped,
@@ -36,14 +39,23 @@
 //     hash to router hash ([Config.MaxBlocks]), and the chain continues from
 //     there with [prefix.Hasher.AppendTokens] over the event's token IDs (from
 //     the root of the endpoint's [Endpoint.Salt], with the event's LoRA
-//     adapter, when there is no parent). The blocks then match exactly the
-//     prompts the router hashes with the same hasher. Blocks whose parent is
-//     unknown, whose hashes mix in other keys (multimodal inputs, cache_salt:
-//     [Event.Salted]), that live outside GPU memory or that the engine
-//     reports REMOTE (vLLM's locality), or that belong to a
-//     KV-cache group other than the first are not indexed: a missing block
+//     adapter and cache salt as its Adapter and Namespace, when there is no
+//     parent). The blocks then match exactly the prompts the router hashes
+//     with the same hasher and salt. Blocks whose parent is unknown, whose
+//     hashes mix in other keys (multimodal inputs, prompt embeddings:
+//     [Event.Salted]) or that come with an event_version newer than this
+//     package knows, that live outside GPU memory or that the engine
+//     reports REMOTE (vLLM's locality), or that belong to a KV-cache group
+//     other than a full-attention one are not indexed: a missing block
 //     costs a cache hit, a wrong one would send requests to the wrong
 //     replica.
+//   - A model mixing attention types (sliding-window or Mamba layers with
+//     full attention) has a KV-cache group per type, all storing and
+//     evicting a prompt's blocks under the same hashes. Only full-attention
+//     groups hold a whole prefix, so only they are indexed: vLLM names each
+//     group's type on BlockStored ([Event].GroupKind), and its BlockRemoved
+//     are applied by the type learned for their group. Without types,
+//     group 0 is indexed, as Dynamo's router does.
 //   - A BlockRemoved removes the blocks; AllBlocksCleared clears the
 //     endpoint. An event of a class this package does not know (a newer
 //     engine's) is dropped, the rest of its batch applied, and counted in
@@ -87,6 +99,8 @@
 // size, and a salt the subscriber knows: [Endpoint.Salt] holds the model
 // and, under tenant isolation, the tenant an engine serves; otherwise
 // create the router's hasher with [prefix.HasherConfig.ShareAcrossTenants].
+// A request's LoRA adapter and cache_salt go in its salt's Adapter and
+// Namespace, as the engine's events tell them.
 //
 // A [Publisher] speaks the same protocol from Go: cmd/llmlb-engine uses it
 // to publish its emulated engines' events (-kv-events-port).

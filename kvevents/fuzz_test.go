@@ -13,7 +13,9 @@ import (
 // FuzzDecodeBatch checks that DecodeBatch never panics, returns events only
 // on success, respects the documented limits, and that a decoded batch
 // re-encodes to one that decodes to the same time, rank and events (all but
-// Salted, which the encoding does not carry).
+// Salted, which the encoding does not carry, and the kv_cache_spec_kind of
+// a BlockRemoved, which vLLM's positional one has no place for), and that
+// only an event without a parent carries a cache salt.
 func FuzzDecodeBatch(f *testing.F) {
 	seeds := []any{
 		[]any{1.0, []any{[]any{"BlockStored", []any{1, 2}, nil, []any{1, 2, 3, 4}, 2, nil, "GPU"}}, 0},
@@ -34,6 +36,22 @@ func FuzzDecodeBatch(f *testing.F) {
 			ordered{{"block_size", -1}, {"type", "BlockMigrated"}},
 		}, 0},
 		map[string]any{"ts": 1.0, "events": []any{ordered{{"type", "AllBlocksCleared"}}}},
+		// Hybrid models' KV-cache groups, positional (kv_cache_spec_kind at
+		// index 10) and map-encoded; cache salts as vLLM and SGLang send
+		// them; a newer event_version.
+		[]any{1.0, []any{
+			[]any{"BlockStored", []any{1, 2}, nil, []any{1, 2, 3, 4}, 2, nil, "GPU", "ad", []any{[]any{"ad", "salt"}, []any{"ad"}}, 1, "sliding_window", 128},
+			[]any{"BlockRemoved", []any{1}, "GPU", 1},
+			[]any{"BlockStored", []any{3}, nil, []any{1, 2}, 2, nil, "GPU", map[string]any{"cache_salt": "t", "session_id": "s"}},
+			[]any{"BlockStored", []any{4}, nil, []any{1, 2}, 2, nil, "GPU", []any{[]any{"t"}}},
+		}, 0},
+		[]any{1.0, []any{
+			ordered{{"type", "BlockStored"}, {"block_hashes", []any{5}}, {"parent_block_hash", nil}, {"token_ids", []any{1, 2}},
+				{"block_size", 2}, {"lora_id", 3}, {"medium", "GPU"}, {"cache_salt", "t"}, {"session_id", "s"}},
+			ordered{{"type", "BlockStored"}, {"block_hashes", []any{6}}, {"parent_block_hash", 5}, {"token_ids", []any{1, 2}},
+				{"block_size", 2}, {"cache_salt", "t"}, {"event_version", 2}, {"group_idx", 2}, {"kv_cache_spec_kind", "mamba"}},
+			ordered{{"type", "BlockRemoved"}, {"block_hashes", []any{6}}, {"group_idx", 2}, {"kv_cache_spec_kind", "mamba"}},
+		}, 0},
 	}
 	for _, s := range seeds {
 		b, err := msgpack.Marshal(s)
@@ -78,8 +96,12 @@ func FuzzDecodeBatch(f *testing.F) {
 			x, y := b.Events[i], again.Events[i]
 			if x.Kind != y.Kind || !slices.Equal(x.BlockHashes, y.BlockHashes) || !slices.Equal(x.TokenIDs, y.TokenIDs) ||
 				x.HasParent != y.HasParent || x.Parent != y.Parent || x.LoRA != y.LoRA || x.Group != y.Group ||
-				x.BlockSize != y.BlockSize || x.Medium != y.Medium {
+				x.BlockSize != y.BlockSize || x.Medium != y.Medium || x.CacheSalt != y.CacheSalt ||
+				x.Kind == Stored && x.GroupKind != y.GroupKind {
 				t.Fatalf("event %d: %+v re-encoded as %+v", i, x, y)
+			}
+			if x.CacheSalt != "" && x.HasParent {
+				t.Fatalf("event %d: cache salt %q with a parent", i, x.CacheSalt)
 			}
 		}
 	})
@@ -100,6 +122,13 @@ func FuzzApplier(f *testing.F) {
 	ok := AppendBatch(nil, &Batch{Events: []Event{stored(ha, a, 0, 3)}})
 	f.Add(int64(0), ok, int64(1), []byte{0xc1}, int64(5), ok)
 	f.Add(int64(3), ok, int64(-1), ok, int64(2), []byte(nil))
+	// A hybrid model's groups, and a salted chain.
+	window, full := stored(ha, a, 0, 3), stored(ha, a, 0, 3)
+	window.GroupKind, full.Group, full.GroupKind = "sliding_window", 1, "full_attention"
+	salted := stored(h0.HashTokens(prefix.Salt{Model: "m", Namespace: "t"}, a), a, 0, 3)
+	salted.CacheSalt = "t"
+	hybrid := AppendBatch(nil, &Batch{Events: []Event{window, full, salted, {Kind: Removed, BlockHashes: full.BlockHashes[2:], Medium: "GPU"}}})
+	f.Add(int64(0), hybrid, int64(1), ok, int64(2), hybrid)
 	f.Fuzz(func(t *testing.T, s1 int64, p1 []byte, s2 int64, p2 []byte, s3 int64, p3 []byte) {
 		idx, h := newTestIndex(t)
 		const maxBlocks = 2

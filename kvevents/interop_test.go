@@ -274,6 +274,114 @@ func TestInteropNewestVLLM(t *testing.T) {
 	py.send("quit")
 }
 
+// TestInteropHybridAndSalts subscribes to two pyzmq and msgpack publishers
+// that send events as vLLM and SGLang encode them: vLLM's for a model
+// mixing attention types (a sliding-window group 0, a full-attention group
+// 1, a Mamba group 2, storing and evicting the same blocks), with a cache
+// salt in extra_keys and an event_version newer than this package knows;
+// SGLang's salted blocks, positional (its metadata where vLLM has
+// lora_name) and as tagged maps. Only the full-attention group's blocks
+// are indexed, and removed only by its evictions; salted blocks match the
+// prompts of the same salt only; the newer event is counted, not indexed.
+func TestInteropHybridAndSalts(t *testing.T) {
+	python := python(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	engines := map[string]*script{}
+	ports := map[string][2]int{}
+	for _, name := range []string{"vllm", "sglang"} {
+		pubPort, replayPort := freePort(t), freePort(t)
+		ports[name] = [2]int{pubPort, replayPort}
+		engines[name] = startScript(t, ctx, python, "testdata/vllm_publisher.py", strconv.Itoa(pubPort), strconv.Itoa(replayPort), "kv-events", strconv.Itoa(testBlock))
+		engines[name].expect("ready")
+	}
+	step := func(engine, name string) { engines[engine].send(name); engines[engine].expect("done " + name) }
+
+	idx, h := newTestIndex(t)
+	salt := prefix.Salt{Model: "m"}
+	sub, err := NewSubscriber(Config{Index: idx, Hasher: h, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	require.NoError(t, err)
+	eps := map[string]Endpoint{}
+	for name, p := range ports {
+		eps[name] = Endpoint{
+			PubAddr:    fmt.Sprintf("tcp://127.0.0.1:%d", p[0]),
+			ReplayAddr: fmt.Sprintf("tcp://127.0.0.1:%d", p[1]),
+			Topic:      "kv-events",
+			Salt:       salt,
+		}
+	}
+	require.NoError(t, sub.SetEndpoints(eps))
+	var wg sync.WaitGroup
+	subCtx, stopSub := context.WithCancel(ctx)
+	wg.Go(func() { _ = sub.Run(subCtx) })
+	defer wg.Wait()
+	defer stopSub()
+	stats := func(name string) Stats { s, _ := sub.Stats(name); return s }
+	for name := range engines {
+		require.Eventually(t, func() bool { step(name, "warm"); return stats(name).Batches > 0 }, waitFor, 20*time.Millisecond)
+	}
+
+	tenant := prefix.Salt{Model: "m", Namespace: "tenant"}
+	type set struct {
+		engine string
+		hashes []uint64
+	}
+	sets := map[string]set{
+		"hybrid":              {"vllm", h.HashTokens(salt, prompt(20000, 2))},
+		"salted":              {"vllm", h.HashTokens(tenant, prompt(21000, 2))},
+		"salted unsalted":     {"vllm", h.HashTokens(salt, prompt(21000, 2))},
+		"newer":               {"vllm", h.HashTokens(salt, prompt(22000, 1))},
+		"positional":          {"sglang", h.HashTokens(tenant, prompt(30000, 3))},
+		"positional unsalted": {"sglang", h.HashTokens(salt, prompt(30000, 3))},
+		"map":                 {"sglang", h.HashTokens(tenant, prompt(31000, 3))},
+		"map other salt":      {"sglang", h.HashTokens(prefix.Salt{Model: "m", Namespace: "other"}, prompt(31000, 3))},
+	}
+	waitMatch := func(what string, want map[string]int) {
+		t.Helper()
+		match := func(k string) int { return idx.MatchLen(sets[k].engine, sets[k].hashes, time.Now()) }
+		if !assert.Eventually(t, func() bool {
+			for k, v := range want {
+				if match(k) != v {
+					return false
+				}
+			}
+			return true
+		}, waitFor, tick, what) {
+			for k, v := range want {
+				t.Logf("%s: %s matches %d blocks, want %d", what, k, match(k), v)
+			}
+			t.Logf("stats %+v %+v; stderr:\n%s\n%s", stats("vllm"), stats("sglang"), engines["vllm"].stderr, engines["sglang"].stderr)
+			t.FailNow()
+		}
+	}
+
+	step("vllm", "hybrid")
+	step("sglang", "sglang")
+	waitMatch("stored", map[string]int{"hybrid": 2, "salted": 2, "salted unsalted": 0, "newer": 0,
+		"positional": 3, "positional unsalted": 0, "map": 3, "map other salt": 0})
+
+	step("vllm", "hybrid_evict")
+	waitMatch("evicted", map[string]int{"hybrid": 1})
+	// The batches before the last one matched are applied whole.
+	assert.Equal(t, 0, idx.MatchLen("vllm", sets["newer"].hashes, time.Now()))
+	st := stats("vllm")
+	assert.Equal(t, int64(1), st.Unknown, "the newer event_version")
+	assert.Equal(t, int64(2+2), st.Stored, "the hybrid blocks stored once, the salted ones")
+	for name := range engines {
+		assert.Equal(t, int64(0), stats(name).Malformed, name)
+		engines[name].send("quit")
+	}
+}
+
+// deref returns *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	var v T
+	if p != nil {
+		v = *p
+	}
+	return v
+}
+
 // pyEvent is an event as testdata/vllm_subscriber.py prints it.
 type pyEvent struct {
 	Seq         int64    `json:"seq"`
@@ -283,12 +391,17 @@ type pyEvent struct {
 	TokenIDs    []uint32 `json:"token_ids"`
 	BlockSize   int      `json:"block_size"`
 	Medium      *string  `json:"medium"`
+	LoRAName    *string  `json:"lora_name"`
+	CacheSalt   *string  `json:"cache_salt"`
+	Group       *int     `json:"group_idx"`
+	GroupKind   *string  `json:"kv_cache_spec_kind"`
 }
 
 // TestInteropPythonSubscriber has a pyzmq and msgpack consumer written to
 // vLLM's positional schema follow this package's Publisher: batches
 // published before it connected arrive by replay, later ones live, and
-// every field decodes as vLLM's consumers expect.
+// every field decodes as vLLM's consumers expect, the LoRA name, cache
+// salt (in extra_keys), KV-cache group and its type included.
 func TestInteropPythonSubscriber(t *testing.T) {
 	python := python(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -310,6 +423,9 @@ func TestInteropPythonSubscriber(t *testing.T) {
 	late := []Event{
 		{Kind: Stored, BlockHashes: []uint64{7}, Parent: 1<<64 - 1, HasParent: true, TokenIDs: prompt(9, 1), BlockSize: testBlock, Medium: "GPU", LoRA: "ad"},
 		{Kind: Stored, BlockHashes: []uint64{8}, TokenIDs: prompt(5, 1), BlockSize: testBlock, Medium: "GPU", Group: 1},
+		{Kind: Stored, BlockHashes: []uint64{9, 10}, TokenIDs: prompt(6, 2), BlockSize: testBlock, Medium: "GPU", LoRA: "ad",
+			CacheSalt: "tenant", Group: 2, GroupKind: "full_attention"},
+		{Kind: Stored, BlockHashes: []uint64{11}, TokenIDs: prompt(7, 1), BlockSize: testBlock, Medium: "GPU", CacheSalt: "t2"},
 	}
 	p.Publish(&Batch{TS: 1, DPRank: 0, Events: early[:2]})
 	p.Publish(&Batch{TS: 2, DPRank: 0, Events: early[2:]})
@@ -343,7 +459,7 @@ func TestInteropPythonSubscriber(t *testing.T) {
 		}
 	}
 	want := append(append([]Event(nil), early...), late...)
-	seqs := []int64{0, 0, 1, 2, 2}
+	seqs := []int64{0, 0, 1, 2, 2, 2, 2}
 	for i, w := range want {
 		g := got[i]
 		assert.Equal(t, seqs[i], g.Seq, "event %d", i)
@@ -363,6 +479,10 @@ func TestInteropPythonSubscriber(t *testing.T) {
 			} else {
 				assert.Nil(t, g.Parent, "event %d", i)
 			}
+			assert.Equal(t, w.LoRA, deref(g.LoRAName), "event %d: lora_name", i)
+			assert.Equal(t, w.CacheSalt, deref(g.CacheSalt), "event %d: cache salt", i)
+			assert.Equal(t, w.Group, deref(g.Group), "event %d: group_idx", i)
+			assert.Equal(t, w.GroupKind, deref(g.GroupKind), "event %d: kv_cache_spec_kind", i)
 		}
 	}
 	py.send("quit")

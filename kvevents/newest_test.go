@@ -76,6 +76,7 @@ func TestDecodeNewestVLLM(t *testing.T) {
 		event  ordered
 		salted bool
 		lora   string
+		salt   string
 		remote bool
 		group  int
 	}{{
@@ -98,14 +99,14 @@ func TestDecodeNewestVLLM(t *testing.T) {
 		lora:   "ad",
 		salted: true,
 	}, {
-		name:   "typed LoRA key and cache salt",
-		event:  newestStored([]any{1}, nil, toks, "ad", kv{"extra_keys", []any{[]any{lora("ad"), salt("s")}}}),
-		lora:   "ad",
-		salted: true,
+		name:  "typed LoRA key and cache salt",
+		event: newestStored([]any{1}, nil, toks, "ad", kv{"extra_keys", []any{[]any{lora("ad"), salt("s")}}}),
+		lora:  "ad",
+		salt:  "s",
 	}, {
-		name:   "typed cache salt",
-		event:  newestStored([]any{1}, nil, toks, nil, kv{"extra_keys", []any{[]any{salt("s")}}}),
-		salted: true,
+		name:  "typed cache salt",
+		event: newestStored([]any{1}, nil, toks, nil, kv{"extra_keys", []any{[]any{salt("s")}}}),
+		salt:  "s",
 	}, {
 		name:   "typed multimodal key",
 		event:  newestStored([]any{1}, nil, toks, nil, kv{"extra_keys", []any{[]any{mm("h")}}}),
@@ -135,6 +136,7 @@ func TestDecodeNewestVLLM(t *testing.T) {
 			assert.Equal(t, []uint32{1, 2}, e.TokenIDs)
 			assert.Equal(t, c.salted, e.Salted, "Salted")
 			assert.Equal(t, c.lora, e.LoRA)
+			assert.Equal(t, c.salt, e.CacheSalt)
 			assert.Equal(t, c.remote, e.remote, "remote")
 			assert.Equal(t, c.group, e.Group)
 		})

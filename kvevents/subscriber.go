@@ -111,8 +111,8 @@ type Endpoint struct {
 	Topic string
 	// Salt is the salt the router hashes this engine's prompts with: the
 	// model, and the tenant if the engine serves a single tenant under
-	// tenant isolation. The Adapter field is taken from each event's LoRA
-	// adapter instead.
+	// tenant isolation. The Adapter and Namespace fields are taken from
+	// each event instead: its LoRA adapter and its cache salt ([Event]).
 	Salt prefix.Salt
 }
 
@@ -128,9 +128,12 @@ type Stats struct {
 	Stored, Removed int64
 	// Skipped counts stored blocks not indexed: parent unknown (stored
 	// before the subscription began, or evicted from the MaxBlocks map),
-	// salted hashes (see [Event].Salted), token IDs that do not fill the
-	// blocks, or another block size; Mismatched counts those of the last
-	// kind alone, a misconfiguration.
+	// salted hashes (see [Event].Salted), an event_version newer than
+	// this package knows, token IDs that do not fill the blocks, or
+	// another block size; Mismatched counts those of the last kind alone,
+	// a misconfiguration. Blocks of a KV-cache group other than a
+	// full-attention one, outside GPU memory or remote are not counted:
+	// they are not the engine's prefix cache.
 	Skipped, Mismatched int64
 	// Gaps counts missed batches detected; Replayed counts batches
 	// recovered by replay.
@@ -144,8 +147,9 @@ type Stats struct {
 	Malformed int64
 	// Unknown counts events of a class this package does not know (a
 	// newer engine's), or of no class, dropped while the rest of their
-	// batch was applied. With [Config].Forward they are counted as their
-	// batch is forwarded.
+	// batch was applied, and BlockStored events of an event_version newer
+	// than it knows, whose blocks are not indexed. With [Config].Forward
+	// they are counted as their batch is forwarded.
 	Unknown int64
 	// Connects counts successful connections.
 	Connects int64

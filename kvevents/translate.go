@@ -15,8 +15,8 @@ type translator struct {
 	key    string
 	idx    *prefix.Index
 	hasher *prefix.Hasher
-	salt   prefix.Salt
-	root   uint64 // hasher.Root(salt), the root of blocks without adapter
+	salt   prefix.Salt // the endpoint's, without Adapter and Namespace
+	root   uint64      // hasher.Root(salt), the root of blocks without adapter or cache salt
 	// hashes maps engine block hash to router block hash for the blocks
 	// the endpoint holds, bounded by max; a block whose parent fell out of
 	// it is not indexed, and a block that falls out of it leaves the
@@ -25,19 +25,69 @@ type translator struct {
 	max     int
 	buf     []uint64
 	evicted []uint64 // router hashes of the blocks hashes let go
-	stats   *counters
+	// groups holds the attention type of each KV-cache group learned from
+	// the endpoint's BlockStored events (true for full attention), for the
+	// BlockRemoved events, which do not carry it; at most maxGroups.
+	groups map[int]bool
+	stats  *counters
 }
+
+// maxGroups bounds the KV-cache groups a translator learns the type of:
+// models have a handful.
+const maxGroups = 64
 
 func newTranslator(key string, idx *prefix.Index, h *prefix.Hasher, salt prefix.Salt, maxBlocks int, st *counters) *translator {
 	m, _ := simplelru.NewLRU[uint64, uint64](maxBlocks, nil) // maxBlocks > 0
+	salt.Adapter, salt.Namespace = "", ""
 	return &translator{key: key, idx: idx, hasher: h, salt: salt, root: h.Root(salt), hashes: m, max: maxBlocks, stats: st}
 }
 
-// indexed reports whether events about medium, group and locality describe
-// the blocks the index tracks: the engine's own GPU memory, of the first
-// KV-cache group.
-func indexed(e *Event) bool {
-	return e.Group == 0 && !e.remote && (e.Medium == "" || strings.EqualFold(e.Medium, "GPU"))
+// fullAttention reports whether a KV-cache group of vLLM's
+// kv_cache_spec_kind kind (KVCacheSpecKind in
+// vllm/v1/kv_cache_interface.py) holds every block of a prompt's prefix,
+// as the router's index does: full attention, with MLA or attention
+// sinks. Sliding-window and chunked-local groups drop the blocks before
+// their window, Mamba groups keep states, not blocks. Dynamo's router
+// keeps the same three (ai-dynamo/dynamo#8751: the ZMQ event filter of
+// lib/kv-router), as does llm-d's (isPrefixIndexableSpecKind in
+// llm-d/llm-d-router pkg/kvevents/pool.go, August 2026).
+func fullAttention(kind string) bool {
+	switch kind {
+	case "full_attention", "mla_attention", "sink_full_attention":
+		return true
+	}
+	return false
+}
+
+// indexed reports whether an event describes blocks the index tracks: in
+// the engine's own GPU memory, of a full-attention KV-cache group.
+//
+// A model mixing attention types (sliding window or Mamba layers with
+// full attention) has several KV-cache groups, each storing and evicting
+// the prompt's blocks under the same block hashes (vLLM's group_idx);
+// only the full-attention ones hold a whole prefix. vLLM tells each
+// group's type on its BlockStored events (kv_cache_spec_kind, since
+// vllm-project/vllm#40984), not on BlockRemoved: the type of each group
+// is learned from the former for the latter. Before that, and for a
+// group whose type is not known, only group 0 (or no group, as SGLang
+// sends) is indexed, as Dynamo does. Blocks stored by several
+// full-attention groups are indexed once, and removed as soon as one of
+// the groups evicts them, since the engine then no longer finds them all.
+func (t *translator) indexed(e *Event) bool {
+	full, known := t.groups[e.Group]
+	if e.GroupKind != "" {
+		full, known = fullAttention(e.GroupKind), true
+		if _, ok := t.groups[e.Group]; ok || len(t.groups) < maxGroups {
+			if t.groups == nil {
+				t.groups = make(map[int]bool)
+			}
+			t.groups[e.Group] = full
+		}
+	}
+	if !known {
+		full = e.Group == 0
+	}
+	return full && !e.remote && (e.Medium == "" || strings.EqualFold(e.Medium, "GPU"))
 }
 
 // apply applies the events of b in order.
@@ -59,10 +109,10 @@ func (t *translator) apply(b *Batch) {
 
 func (t *translator) stored(e *Event) {
 	n := len(e.BlockHashes)
-	if n == 0 || !indexed(e) {
+	if !t.indexed(e) || n == 0 {
 		return
 	}
-	if e.Salted || e.BlockSize != t.hasher.BlockTokens() || len(e.TokenIDs) != n*e.BlockSize {
+	if e.Salted || e.newer || e.BlockSize != t.hasher.BlockTokens() || len(e.TokenIDs) != n*e.BlockSize {
 		if e.BlockSize != t.hasher.BlockTokens() {
 			t.stats.mismatched.Add(int64(n))
 		}
@@ -77,9 +127,9 @@ func (t *translator) stored(e *Event) {
 			return
 		}
 		root = r
-	} else if e.LoRA != t.salt.Adapter {
+	} else if e.LoRA != "" || e.CacheSalt != "" {
 		s := t.salt
-		s.Adapter = e.LoRA
+		s.Adapter, s.Namespace = e.LoRA, e.CacheSalt
 		root = t.hasher.Root(s)
 	}
 	t.buf = t.hasher.AppendTokens(t.buf[:0], root, e.TokenIDs)
@@ -88,7 +138,14 @@ func (t *translator) stored(e *Event) {
 	n = min(n, len(t.buf))
 	t.evicted = t.evicted[:0]
 	for i, h := range e.BlockHashes[:n] {
-		if t.hashes.Len() >= t.max && !t.hashes.Contains(h) {
+		if r, ok := t.hashes.Peek(h); ok && r != t.buf[i] {
+			// The engine stored blocks of one hash under two router
+			// hashes: SGLang leaves the LoRA adapter out of its hashes
+			// (sgl-project/sglang#39991). Only the last is tracked, so the
+			// first leaves the index, whose BlockRemoved could no longer
+			// be told apart.
+			t.evicted = append(t.evicted, r)
+		} else if t.hashes.Len() >= t.max && !ok {
 			_, r, _ := t.hashes.RemoveOldest()
 			t.evicted = append(t.evicted, r)
 		}
@@ -108,7 +165,7 @@ func (t *translator) stored(e *Event) {
 }
 
 func (t *translator) removed(e *Event) {
-	if !indexed(e) {
+	if !t.indexed(e) {
 		return
 	}
 	t.buf = t.buf[:0]
@@ -127,6 +184,7 @@ func (t *translator) removed(e *Event) {
 // clear forgets every block of the endpoint.
 func (t *translator) clear() {
 	t.hashes.Purge()
+	clear(t.groups) // a restarted engine may serve another model
 	t.idx.Cleared(t.key)
 	t.stats.cleared.Add(1)
 }

@@ -18,6 +18,18 @@ omitted, with event_version, typed extra keys ({"type": "lora", "name": ...}
 and the like), group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window,
 locality, ownership and session_id.
 
+The "hybrid" steps send what vLLM's kv_events.py sends for a model mixing
+attention types (a KV-cache group per type, group_idx and kv_cache_spec_kind
+on BlockStored, group_idx alone on BlockRemoved), a cache salt in
+extra_keys, and an event_version newer than the reader knows. The "sglang"
+step sends what SGLang's kv_events.py sends: a salted BlockStored as its
+positional BlockStoredWithMetadata (the seven fields, then {"cache_salt":
+...}) and as its tagged map (cache_salt and session_id fields). msgspec,
+which both engines encode with, is not needed: the msgpack module packs the
+same bytes for these layouts (an array_like struct is an array of its
+fields in declaration order, a tagged map struct a map with "type" first,
+then the fields in order, those at their default omitted).
+
 It prints "ready" once bound, then runs the steps named on stdin, one per
 line, printing "done STEP" after each, and answers replay requests
 meanwhile. It exits on "quit" or at the end of its input.
@@ -82,9 +94,10 @@ class Engine:
 
     # --- block hashes -------------------------------------------------
 
-    def int_hashes(self, toks, negative=False):
-        """Chained 64-bit integer hashes, signed like Python's hash()."""
-        out, parent = [], b""
+    def int_hashes(self, toks, negative=False, salt=""):
+        """Chained 64-bit integer hashes, signed like Python's hash(), from
+        a root of the cache salt's."""
+        out, parent = [], hashlib.sha256(salt.encode()).digest() if salt else b""
         for i in range(0, len(toks), self.bs):
             d = hashlib.sha256(parent + repr(toks[i : i + self.bs]).encode()).digest()
             v = int.from_bytes(d[:8], "big")
@@ -191,6 +204,10 @@ class Engine:
             self.publish([["AllBlocksCleared"]], as_map=True)
         elif name in ("newest", "newest_gap"):
             self.newest(name)
+        elif name in ("hybrid", "hybrid_evict"):
+            self.hybrid(name)
+        elif name == "sglang":
+            self.sglang()
 
     def newest(self, name):
         bs = self.bs
@@ -222,6 +239,54 @@ class Engine:
                          send=False)
             self.publish([{"type": "BlockRemoved", "block_hashes": [hg[1]], "medium": "GPU",
                            "locality": "LOCAL"}])
+
+
+    def hybrid(self, name):
+        """A model with a sliding-window group 0, a full-attention group 1
+        and a Mamba group 2, as vLLM's hybrid KV-cache manager publishes it:
+        every group stores the blocks under the same hashes."""
+        bs = self.bs
+        h, st, v = tokens(20000, 2, bs), tokens(21000, 2, bs), tokens(22000, 1, bs)
+        hh = self.bytes_hashes(h)
+        groups = [(0, "sliding_window", {"kv_cache_spec_sliding_window": 4 * bs}), (1, "full_attention", {}), (2, "mamba", {})]
+        if name == "hybrid":
+            self.publish([
+                self.stored_newest(hh, h, 0, 2, extra_keys=[None, None], group_idx=g, kv_cache_spec_kind=k, **more)
+                for g, k, more in groups
+            ] + [
+                # A cache salt, in the first block's extra keys.
+                self.stored_newest(self.int_hashes(st, salt="tenant"), st, 0, 2, extra_keys=[["tenant"], None],
+                                   group_idx=1, kv_cache_spec_kind="full_attention"),
+                # A version this reader does not know: not indexed.
+                self.stored_newest(self.int_hashes(v), v, 0, 1, event_version=2, group_idx=1,
+                                   kv_cache_spec_kind="full_attention"),
+            ])
+        else:
+            # The window slides past the first block; the sliding-window and
+            # Mamba groups evict it. BlockRemoved carries no kind.
+            self.publish([{"type": "BlockRemoved", "block_hashes": [hh[0]], "medium": "GPU", "group_idx": 0},
+                          {"type": "BlockRemoved", "block_hashes": [hh[0]], "medium": "GPU", "group_idx": 2}])
+            self.publish([{"type": "BlockRemoved", "block_hashes": [hh[1]], "medium": "GPU", "group_idx": 1}])
+
+    def sglang(self):
+        """Salted blocks as SGLang publishes them: its engine hashes start
+        from a root of the salt's (sgl-project/sglang#30827)."""
+        bs = self.bs
+        p, m = tokens(30000, 3, bs), tokens(31000, 3, bs)
+        hp, hm = self.int_hashes(p, salt="tenant"), self.int_hashes(m, salt="tenant")
+        meta = {"cache_salt": "tenant"}
+        # Positional, before #37482: BlockStored then BlockStoredWithMetadata.
+        self.publish([
+            ["BlockStored", hp[:2], None, p[: 2 * bs], bs, None, "GPU", meta],
+            ["BlockStored", hp[2:], hp[1], p[2 * bs :], bs, None, "GPU", meta],
+        ])
+        # Tagged maps, since #37482: medium None omitted, cache_salt and
+        # session_id fields.
+        stored = lambda start, end, parent: {
+            "type": "BlockStored", "block_hashes": hm[start:end], "parent_block_hash": parent,
+            "token_ids": m[start * bs : end * bs], "block_size": bs, "lora_id": None,
+            "cache_salt": "tenant", "session_id": "s1"}
+        self.publish([stored(0, 2, None), stored(2, 3, hm[1])])
 
 
 def main():

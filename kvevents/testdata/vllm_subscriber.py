@@ -49,6 +49,21 @@ def decode(seq, payload):
             check(lora_id is None or isinstance(lora_id, int), "lora_id", lora_id)
             check(medium is None or isinstance(medium, str), "medium", medium)
             out.update(block_hashes=hashes, parent=parent, token_ids=tokens, block_size=block_size, medium=medium)
+            # The fields vLLM appended later, in its positional order.
+            lora_name, extra_keys, group_idx, kind = (ev[7:11] + [None] * 4)[:4]
+            check(lora_name is None or isinstance(lora_name, str), "lora_name", lora_name)
+            check(extra_keys is None or isinstance(extra_keys, list) and len(extra_keys) == len(hashes)
+                  and all(k is None or isinstance(k, list) for k in extra_keys), "extra_keys", extra_keys)
+            check(group_idx is None or isinstance(group_idx, int) and group_idx >= 0, "group_idx", group_idx)
+            check(kind is None or isinstance(kind, str), "kv_cache_spec_kind", kind)
+            # vLLM's generate_block_hash_extra_keys: the LoRA name in every
+            # block's keys, then, in the first block's, the cache salt.
+            salt = None
+            if extra_keys and extra_keys[0]:
+                keys = extra_keys[0][1:] if lora_name and extra_keys[0][0] == lora_name else extra_keys[0]
+                check(len(keys) == 1 and isinstance(keys[0], str), "first block's extra keys", extra_keys[0])
+                salt = keys[0]
+            out.update(lora_name=lora_name, cache_salt=salt, group_idx=group_idx, kv_cache_spec_kind=kind)
         elif tag == "BlockRemoved":
             check(len(ev) >= 2, "BlockRemoved", ev)
             check(isinstance(ev[1], list) and all(is_hash(h) for h in ev[1]), "block_hashes", ev[1])
