@@ -6,11 +6,11 @@
 // A [Parser] reads each request body (/v1/completions prompts,
 // /v1/chat/completions messages, Anthropic's /v1/messages with its system
 // prompt, the Responses API's instructions and input, max_tokens, model,
-// user, reasoning effort, and, for response affinity, the Responses API's
-// previous_response_id and store)
+// user, reasoning effort, vLLM's cache_salt, and, for response affinity,
+// the Responses API's previous_response_id and store)
 // into an llmlb.Request: prompt tokens estimated at [BytesPerToken] bytes a
 // token unless a token counter is given, byte-mode prefix hashes of the
-// prompt text salted with the model and tenant (package prefix), the affinity
+// prompt text salted with the model, tenant and cache_salt (package prefix), the affinity
 // key from a session header or the body's user, and the Feature, the kind of
 // request whose output length a balancer learns: the model and the reasoning
 // effort or thinking budget, such as "gpt-oss-120b|effort=high". The body is read up to a cap

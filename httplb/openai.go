@@ -34,6 +34,8 @@ type fields struct {
 	// The Responses API's stored response continued (the last string
 	// given), and whether to store this one.
 	previousResponseID, store []byte
+	// vLLM's cache_salt: the request's prefix cache is its own.
+	cacheSalt []byte
 }
 
 // readFields returns the fields of body, or false if body is not JSON (as
@@ -114,6 +116,10 @@ func (f *fields) set(key, v []byte) {
 		}
 	case "store":
 		f.store = v
+	case "cache_salt":
+		if isString(v) {
+			f.cacheSalt = v
+		}
 	}
 }
 
@@ -158,7 +164,14 @@ func (p *Parser) parseBody(body []byte, req *llmlb.Request, label string, info *
 	if p.adapter != nil {
 		req.Adapter = p.adapter(model)
 	}
-	salt := prefix.Salt{Model: model, Tenant: req.Tenant}
+	// vLLM mixes a request's cache_salt into its first block's hash, so
+	// that only requests with the same salt share its cached blocks
+	// (cache_salt of ChatCompletionRequest, CompletionRequest and
+	// ResponsesRequest in vllm/entrypoints/openai/protocol.py; the salt in
+	// generate_block_hash_extra_keys of vllm/v1/core/kv_cache_utils.py):
+	// the prompt is hashed under it as its namespace, as package kvevents
+	// indexes salted blocks.
+	salt := prefix.Salt{Model: model, Tenant: req.Tenant, Namespace: decodeString(f.cacheSalt)}
 	switch {
 	case hasElems(f.messages):
 		// Chat Completions, or Anthropic's Messages with its system prompt.

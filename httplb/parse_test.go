@@ -483,3 +483,34 @@ func TestParserAdapter(t *testing.T) {
 		t.Errorf("without ParserConfig.Adapter: adapter %q", req.Adapter)
 	}
 }
+
+// A request's cache_salt (vLLM's) keeps its prompt's blocks apart from
+// those of the same prompt under another salt or none, as the engine's
+// cache does; the same salt shares them.
+func TestParseCacheSalt(t *testing.T) {
+	p := newParser(t, ParserConfig{})
+	sys := strings.Repeat("You are a helpful assistant. ", 10)
+	body := func(extra string) string {
+		return `{"model":"m",` + extra + `"messages":[{"role":"system","content":"` + sys + `"},{"role":"user","content":"hi"}]}`
+	}
+	parse := func(b string) llmlb.Request {
+		t.Helper()
+		r, err := p.Parse(post(b))
+		require.NoError(t, err)
+		require.NotEmpty(t, r.Prefix)
+		return r
+	}
+	none := parse(body(""))
+	a := parse(body(`"cache_salt":"tenant-a",`))
+	a2 := parse(body(`"cache_salt":"tenant-a",`))
+	b := parse(body(`"cache_salt":"tenant-b",`))
+	assert.NotEqual(t, none.Prefix[0], a.Prefix[0], "a salted prompt must not share the unsalted one's blocks")
+	assert.NotEqual(t, a.Prefix[0], b.Prefix[0], "two salts must not share blocks")
+	assert.Equal(t, a.Prefix, a2.Prefix, "one salt shares its blocks")
+	assert.Equal(t, none.PromptTokens, a.PromptTokens)
+	// Not a string, or empty: no salt, as vLLM refuses the first and
+	// ignores the second.
+	for _, extra := range []string{`"cache_salt":7,`, `"cache_salt":null,`, `"cache_salt":"",`} {
+		assert.Equal(t, none.Prefix, parse(body(extra)).Prefix, extra)
+	}
+}
