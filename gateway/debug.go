@@ -54,8 +54,14 @@ type DebugShare struct {
 // DebugEndpoint is one replica in a [DebugState].
 type DebugEndpoint struct {
 	Key string `json:"key"`
-	// Healthy is false while the endpoint is ejected or marked unhealthy.
+	// Healthy is false while the endpoint is ejected, cooling down, asleep
+	// or marked unhealthy.
 	Healthy bool `json:"healthy"`
+	// Asleep is true while the scrape the balancer trusts says the engine
+	// is asleep ([signals.Observation].Asleep, vLLM's
+	// vllm:engine_sleep_state): it is not picked while another endpoint is
+	// awake.
+	Asleep bool `json:"asleep,omitempty"`
 	// Outstanding, Queued, PrefillTokens and DecodeTokens are the
 	// balancer's own accounting (llmlb.EndpointStats).
 	Outstanding   int64 `json:"outstanding"`
@@ -127,7 +133,7 @@ func (g *Gateway) State() DebugState {
 		st.Ejected = []string{}
 	}
 	for _, k := range keys {
-		e := DebugEndpoint{Key: k}
+		e := DebugEndpoint{Key: k, Asleep: g.health.isAsleep(k)}
 		if i, ok := byKey[k]; ok {
 			s := stats[i]
 			e.Healthy, e.Outstanding, e.Queued, e.PrefillTokens, e.DecodeTokens = s.Healthy, s.Outstanding, s.Queued, s.PrefillTokens, s.DecodeTokens

@@ -12,7 +12,9 @@
 // load reports the replicas send with their responses, if they do),
 // streams responses through an [httplb.Transport] that retries
 // failures before the first token on another replica, ejects replicas that
-// keep failing ([retry.Ejector]) and, if configured, caps admission. Every
+// keep failing ([retry.Ejector]), keeps a replica whose scrape says its
+// engine is asleep (vLLM's sleep mode, [signals.Observation].Asleep) out of
+// picks while another is awake and, if configured, caps admission. Every
 // upstream failure, refusal, ejection and scrape failure is logged with
 // log/slog (clients get a generic error with a request id; the detail goes
 // to the log). [Gateway.Debug] serves a JSON view of the endpoints, their
@@ -190,6 +192,7 @@ type Gateway struct {
 	scraper   *signals.Scraper // nil without scraping
 	group     *share.Group     // nil without sharing
 	ejector   *retry.Ejector
+	health    *health          // marks the balancer for the ejector and the sleeping engines
 	admission *retry.Admission // nil without caps
 	queue     *fair.Queue      // nil without a fair queue
 	transport *httplb.Transport
@@ -344,8 +347,9 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	g.balancer = b
+	g.health = newHealth(b)
 	obs := g.retryObserver(cfg.Retry.Observer)
-	if g.ejector, err = retry.NewEjector(b, retry.EjectorConfig{Observer: obs}); err != nil {
+	if g.ejector, err = retry.NewEjector(g.health, retry.EjectorConfig{Observer: obs}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if cfg.Admission != (retry.AdmissionConfig{}) {
@@ -464,6 +468,7 @@ func (g *Gateway) Update(backends []string) error {
 	if err := g.balancer.Update(eps); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	g.health.retain(targets)
 	g.backends = keys
 	return nil
 }
@@ -549,7 +554,9 @@ func (g *Gateway) ready() (bool, time.Duration) {
 }
 
 // Balancer returns the gateway's balancer, for its Stats or to mark
-// replicas unhealthy.
+// replicas unhealthy. The gateway marks a replica unhealthy while it is
+// ejected, cooling down or asleep, and healthy when none of these holds
+// it any longer: a mark of your own stands until then.
 func (g *Gateway) Balancer() *llmlb.Balancer { return g.balancer }
 
 // Run scrapes the replicas, shares state with the other replicas (with
@@ -582,7 +589,12 @@ func (g *Gateway) Run(ctx context.Context) error {
 }
 
 // scraped logs a replica's scrape failures (the first, then each power of
-// ten in a row) and its recovery.
+// ten in a row) and its recovery, and keeps the replica out of picks while
+// the observation the balancer trusts says its engine is asleep (see
+// [health]). A failed scrape leaves the last good observation in place
+// until it is older than the balancer trusts: a replica that went to sleep
+// and stopped answering its scrapes is then picked again, and the
+// ejector judges it by its answers.
 func (g *Gateway) scraped(prev, cur signals.Status) {
 	switch n := cur.ConsecutiveFailures; {
 	case n > 0 && isPowerOfTen(n):
@@ -590,6 +602,15 @@ func (g *Gateway) scraped(prev, cur signals.Status) {
 			"consecutive_failures", n, "error", cur.LastError)
 	case n == 0 && prev.ConsecutiveFailures > 0:
 		g.log.Info("gateway: scrape recovered", "endpoint", cur.Key, "failures", prev.ConsecutiveFailures)
+	}
+	o, ok := g.scraper.Observation(cur.Key)
+	asleep := ok && o.Asleep
+	if g.health.setAsleep(cur.Key, asleep) {
+		if asleep {
+			g.log.Info("gateway: engine asleep, not picked while another replica is awake", "endpoint", cur.Key)
+		} else {
+			g.log.Info("gateway: engine awake", "endpoint", cur.Key)
+		}
 	}
 }
 

@@ -38,8 +38,9 @@
 // For vLLM, vllm:num_preemptions_total and vllm:prefix_cache_queries_total /
 // vllm:prefix_cache_hits_total (0.8: vllm:gpu_prefix_cache_queries_total /
 // vllm:gpu_prefix_cache_hits_total, exported beside the new names by 0.9
-// and 0.10, gone by 0.11) are also read into the Observation, and
-// vllm:lora_requests_info into its adapters.
+// and 0.10, gone by 0.11) are also read into the Observation,
+// vllm:lora_requests_info into its adapters, and
+// vllm:engine_sleep_state{sleep_state="awake"} into Asleep.
 //
 // Copies of one value count once (the largest): SGLang's schedulers of one
 // data-parallel rank, which with --enable-metrics-for-all-schedulers all

@@ -123,6 +123,9 @@ type profile struct {
 	// that are in this iteration's batch: the others count as waiting
 	// (see [profile.observe]).
 	scheduled series
+	// awake, if the engine exports it, is 1 while the engine is awake and
+	// 0 while it sleeps (see [Observation].Asleep).
+	awake series
 }
 
 var profiles = [numEngines]*profile{
@@ -145,6 +148,17 @@ var profiles = [numEngines]*profile{
 		prefixQ:   []series{{name: "vllm:prefix_cache_queries_total"}, {name: "vllm:gpu_prefix_cache_queries_total"}},
 		prefixHit: []series{{name: "vllm:prefix_cache_hits_total"}, {name: "vllm:gpu_prefix_cache_hits_total"}},
 		lora:      loraInfo,
+		// vllm:engine_sleep_state is a state set, one series per state
+		// (awake, weights_offloaded, discard_all) and engine index:
+		// PrometheusStatLogger.record_sleep_state sets awake to 0 on every
+		// engine of the server when AsyncLLM.sleep puts them to sleep, at
+		// any level (0, 1 or 2), and back to 1 on wake_up
+		// (vllm/v1/metrics/loggers.py and vllm/v1/engine/async_llm.py;
+		// added by vllm-project/vllm#24176, exported outside dev mode
+		// since #27867). SGLang exports no such gauge for
+		// release_memory_occupation (python/sglang/srt/observability/
+		// metrics_collector.py at 44cedc2).
+		awake: series{name: "vllm:engine_sleep_state", label: "sleep_state", value: "awake"},
 	},
 	EngineSGLang: {
 		engine:  EngineSGLang,
@@ -416,6 +430,13 @@ func (p *profile) observe(fams families) (Observation, error) {
 			return Observation{}, err
 		}
 	}
+	// Asleep when every engine index reports awake 0; an exposition
+	// without the gauge (releases before it) is of an awake engine.
+	awake, n, err := p.awake.sum(fams)
+	if err != nil {
+		return Observation{}, err
+	}
+	o.Asleep = n > 0 && awake == 0
 	return o, nil
 }
 

@@ -27,7 +27,7 @@ var wanted = func() [numEngines]map[string]bool {
 		if p == nil {
 			continue
 		}
-		all := []series{p.running, p.waiting, p.scheduled, p.blocks, p.blockSize, p.preempt, {name: p.lora}}
+		all := []series{p.running, p.waiting, p.scheduled, p.blocks, p.blockSize, p.preempt, p.awake, {name: p.lora}}
 		for _, s := range slices.Concat(all, p.kv, p.prefixQ, p.prefixHit) {
 			if s.name == "" {
 				continue

@@ -37,6 +37,17 @@ type Observation struct {
 	// give the measured hit rate. NaN when not reported.
 	PrefixQueries float64
 	PrefixHits    float64
+	// Asleep reports whether the engine said it is asleep: put to sleep
+	// (vLLM's POST /sleep or LLM.sleep, at any level) and not woken since,
+	// as vLLM exports it in vllm:engine_sleep_state{sleep_state="awake"}
+	// (0 on every engine index). A sleeping engine runs and queues
+	// nothing, so its counts read as the idlest replica's, yet it serves
+	// nothing: the requests it is sent wait until it wakes (since
+	// vllm-project/vllm#34528, sleep pauses the scheduler; before, the
+	// engine crashed on them, #15483). False for engines that do not
+	// export the state and for pushed loads; an ORCA report recorded over
+	// a scrape keeps the scrape's.
+	Asleep bool
 }
 
 // observationOf wraps a pushed load: the extras are not reported.

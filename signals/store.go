@@ -63,9 +63,9 @@ type StoreConfig struct {
 // last full observation or an earlier report, if it was recorded at most
 // StoreConfig.MaxAge ([llmlb.DefaultMaxSignalAge] if 0) before the report;
 // an older value is dropped (counts to 0, KV usage and engine counters to
-// NaN, adapters to nil), so that reports alone never keep a stale scrape
-// alive. The observation's At is the time of the newest record merged into
-// it.
+// NaN, adapters to nil, Asleep to false), so that reports alone never keep
+// a stale scrape alive. The observation's At is the time of the newest
+// record merged into it.
 //
 // A zero Store is ready to use with the defaults of [StoreConfig]. A Store is
 // safe for concurrent use by multiple goroutines; Load takes no lock and does

@@ -1,0 +1,114 @@
+package gateway
+
+import (
+	"sync"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+)
+
+// health marks the replicas on the balancer for the two that keep them
+// out of picks, the ejector and the scrapes that find an engine asleep
+// ([signals.Observation].Asleep), so that neither undoes the other: a
+// replica is marked healthy when neither keeps it out. The ejector is
+// given health as its [retry.Health] in the balancer's place; sleeps are
+// marked through setAsleep. The balancer picks no unhealthy replica while
+// a healthy one is a candidate, and picks among the unhealthy ones when
+// none is: a sleeping replica, whose zero requests would otherwise make it
+// the idlest, takes no request while another is awake, and when all
+// sleep, the requests wait for one to wake rather than fail. (vLLM queues what a sleeping engine is sent
+// until wake_up: since vllm-project/vllm#34528 EngineCore.sleep pauses
+// the scheduler first, and resume_scheduler "flush[es] any requests queued
+// while paused", vllm/v1/engine/core.py; before it, the engine crashed on
+// them, #15483.)
+//
+// health marks a replica only when its state changes, so a mark of the
+// caller's own on [Gateway.Balancer] stands until the ejector or a scrape
+// changes its replica's state. All methods are safe for concurrent use.
+type health struct {
+	b *llmlb.Balancer
+
+	mu sync.Mutex // guards the maps, and orders the marks on b
+	// ejected holds the replicas the ejector marked unhealthy (ejected or
+	// cooling down); asleep those whose last trusted scrape found the
+	// engine asleep. Both hold members only.
+	ejected map[string]bool
+	asleep  map[string]bool
+}
+
+var _ retry.Health = (*health)(nil)
+
+func newHealth(b *llmlb.Balancer) *health {
+	return &health{b: b, ejected: make(map[string]bool), asleep: make(map[string]bool)}
+}
+
+// SetHealthy records the ejector's mark and marks the replica healthy only
+// if it is not asleep either. Like the balancer's, it fails for a key that
+// is not a member.
+func (h *health) SetHealthy(key string, healthy bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if healthy {
+		delete(h.ejected, key)
+	} else {
+		h.ejected[key] = true
+	}
+	return h.markLocked(key)
+}
+
+// Stats returns the balancer's Stats, which the ejector reads for the
+// membership.
+func (h *health) Stats() []llmlb.EndpointStats { return h.b.Stats() }
+
+// setAsleep records whether the replica key is asleep, and marks it if
+// that changed; it reports whether it did.
+func (h *health) setAsleep(key string, asleep bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.asleep[key] == asleep {
+		return false
+	}
+	if asleep {
+		h.asleep[key] = true
+	} else {
+		delete(h.asleep, key)
+	}
+	// A key that is not (yet) a member is forgotten: its next scrape
+	// tries again.
+	return h.markLocked(key) == nil
+}
+
+// isAsleep reports whether the replica key is held out as asleep.
+func (h *health) isAsleep(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.asleep[key]
+}
+
+// markLocked marks key on the balancer from both states, and forgets it if
+// it is not a member. h.mu is held.
+func (h *health) markLocked(key string) error {
+	err := h.b.SetHealthy(key, !h.ejected[key] && !h.asleep[key])
+	if err != nil {
+		delete(h.ejected, key)
+		delete(h.asleep, key)
+	}
+	return err
+}
+
+// retain forgets the replicas not in keys, which have left the balancer: a
+// replica that comes back joins it healthy, as a new one.
+func (h *health) retain(keys map[string]string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k := range h.ejected {
+		if _, ok := keys[k]; !ok {
+			delete(h.ejected, k)
+		}
+	}
+	for k := range h.asleep {
+		if _, ok := keys[k]; !ok {
+			delete(h.asleep, k)
+		}
+	}
+}
