@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"hash/maphash"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 
@@ -23,8 +24,9 @@ import (
 // endpoint only.
 
 // maxResponseIDLen bounds the response ids remembered and looked up, as in
-// httplb: a longer id, or one with an escape, is ignored. OpenAI's, vLLM's
-// and SGLang's ids ("resp_" and 32 to 48 characters) are far shorter.
+// httplb: a longer id is ignored, as is one a body writes with a JSON
+// escape. OpenAI's, vLLM's and SGLang's ids ("resp_" and 32 to 48
+// characters) are far shorter.
 const maxResponseIDLen = 256
 
 // maxIDScan bounds the bytes of a response body kept to find the response's
@@ -65,19 +67,41 @@ func (r *responseIDs) lookup(id string) (string, bool) {
 }
 
 // isResponsesCreate reports whether a request creates an OpenAI Responses
-// API response: a POST to a path ending in /responses (httplb's rule).
+// API response: a POST to a path ending in /responses (httplb's rule, on
+// the decoded path: see decodePath).
 func isResponsesCreate(method, path string) bool {
 	return method == http.MethodPost && strings.HasSuffix(path, "/responses")
 }
 
+// decodePath returns the path of a request whose :path pseudo-header, less
+// its query, is raw, decoded as httplb reads it (url.URL.Path, which
+// storedResponseID in httplb/affinity.go is given) and as the engines'
+// routers (Starlette's) match it: "%2F" is a slash, any other escape
+// stands for the byte it encodes. ok is false if raw has an invalid escape
+// ("%", "%2", "%zz"), which net/http refuses (url.ParseRequestURI), so that
+// httplb never reads such a path. It allocates only for a path with an
+// escape.
+func decodePath(raw string) (path string, ok bool) {
+	if strings.IndexByte(raw, '%') < 0 {
+		return raw, true
+	}
+	// PathUnescape decodes as url.URL.Path is decoded: '+' is itself.
+	p, err := url.PathUnescape(raw)
+	return p, err == nil
+}
+
 // storedResponseID returns the id of the stored response that a request
-// with the given method and path (without its query) addresses, as httplb
-// reads it: a GET or DELETE of .../responses/{id}, a GET of
-// .../responses/{id}/input_items, a POST to .../responses/{id}/cancel (the
-// routes of vLLM's vllm/entrypoints/openai/responses/api_router.py and
-// SGLang's http_server.py, and the OpenAI API's). The id is one path
-// segment of 1 to maxResponseIDLen bytes, none of them a control
-// character, a space, '%' or '/', and neither "." nor "..".
+// with the given method and decoded path (without its query: see
+// decodePath) addresses, as httplb reads it (storedResponseID in
+// httplb/affinity.go, whose rules these are): a GET or DELETE of
+// .../responses/{id}, a GET of .../responses/{id}/input_items, a POST to
+// .../responses/{id}/cancel (the routes of vLLM's
+// vllm/entrypoints/openai/responses/api_router.py and SGLang's
+// http_server.py, and the OpenAI API's). The id is one segment of the
+// decoded path, of 1 to maxResponseIDLen bytes, none of them a control
+// character or a space, and neither "." nor "..": an id escaped "%2F" in
+// the raw path is cut at that slash, and so, like any id of a path that
+// does not end .../responses/{id}, is not one.
 func storedResponseID(method, path string) (string, bool) {
 	switch method {
 	case http.MethodGet:
@@ -105,8 +129,13 @@ func responseSegment(path string) (string, bool) {
 		return "", false
 	}
 	id := path[i+1:]
-	if !plainResponseID(id) || id == "." || id == ".." || strings.IndexByte(id, '%') >= 0 {
+	if id == "" || len(id) > maxResponseIDLen || id == "." || id == ".." {
 		return "", false
+	}
+	for j := 0; j < len(id); j++ {
+		if c := id[j]; c <= ' ' || c == 0x7f {
+			return "", false
+		}
 	}
 	return id, true
 }
@@ -182,16 +211,27 @@ func topLevelString(body []byte, key string, first bool) (string, bool) {
 // idScan finds the id of a Responses API response in the start of its
 // body: in an event stream, the "id" of the "response" of its
 // response.created event (the data of one line); in a JSON body, its
-// top-level "id". It holds at most maxIDScan bytes, and reads each byte a
-// bounded number of times: the lines of a stream once each, a JSON body
-// when its bytes held have doubled since the last try, and at its end.
+// top-level "id". It holds at most maxIDScan bytes, charged to the
+// Server's budget for buffered bodies ([Config.MaxBufferedBytes]) as its
+// buffer grows, and reads each byte a bounded number of times: the lines
+// of a stream once each, a JSON body when its bytes held have doubled
+// since the last try, and at its end. When the budget has no room for the
+// buffer to grow, the scan gives up: the response goes on, its id
+// unlearned. The bytes are returned to the budget when the scan ends
+// (found, given up, or at the body's end) or by stop. An id in the body's
+// first chunk is read without a copy.
 type idScan struct {
+	srv   *Server // whose budget the buffer is charged to; nil: none
 	sse   bool
 	buf   []byte
-	off   int  // sse: buf[:off] are complete lines read
-	tried int  // json: the bytes held at the last try
-	done  bool // found, or given up
+	held  int64 // the bytes of buf's capacity charged to srv's budget
+	off   int   // sse: buf[:off] are complete lines read
+	tried int   // json: the bytes held at the last try
+	done  bool  // found, or given up
 }
+
+// minScanGrowth is the least allocation of an idScan's buffer.
+const minScanGrowth = 4 << 10
 
 // feed scans the next chunk of the body, the last if eos, and returns the
 // id when found.
@@ -203,12 +243,68 @@ func (s *idScan) feed(chunk []byte, eos bool) (string, bool) {
 		chunk = chunk[:maxIDScan-len(s.buf)]
 		eos = true // the last try
 	}
-	s.buf = append(s.buf, chunk...)
+	// The first chunk is read in place, copied (and charged) only if the
+	// id is not in it: the common case, the id in the first event or the
+	// whole body in one chunk, holds nothing.
+	inPlace := len(s.buf) == 0
+	if inPlace {
+		s.buf = chunk
+	} else if !s.keep(chunk) {
+		return "", false
+	}
 	id, ok := s.scan(eos)
 	if ok = ok && plainResponseID(id); ok || eos {
-		s.done, s.buf = true, nil
+		s.stop()
+		return id, ok
 	}
-	return id, ok
+	if inPlace {
+		s.buf = nil
+		if !s.keep(chunk) {
+			return "", false
+		}
+	}
+	return "", false
+}
+
+// keep appends chunk to buf, grown as needed, or, when the budget has no
+// room for it, stops the scan (the id goes unlearned) and reports false.
+func (s *idScan) keep(chunk []byte) bool {
+	if !s.grow(len(chunk)) {
+		s.stop()
+		return false
+	}
+	s.buf = append(s.buf, chunk...)
+	return true
+}
+
+// grow makes room in buf for n more bytes, charging what it allocates to
+// the budget, and reports whether the budget had room. The buffer grows to
+// twice its size, at least minScanGrowth and at most maxIDScan, so that
+// what is charged is what is allocated.
+func (s *idScan) grow(n int) bool {
+	need := len(s.buf) + n
+	if need <= cap(s.buf) {
+		return true
+	}
+	size := min(max(need, 2*cap(s.buf), minScanGrowth), maxIDScan)
+	if s.srv != nil && !s.srv.reserve(int64(size)-s.held) {
+		return false
+	}
+	s.held = int64(size)
+	grown := make([]byte, len(s.buf), size)
+	copy(grown, s.buf)
+	s.buf = grown
+	return true
+}
+
+// stop ends the scan, lets its buffer go and returns its bytes to the
+// budget. It may be called any number of times.
+func (s *idScan) stop() {
+	s.done, s.buf = true, nil
+	if s.held != 0 && s.srv != nil {
+		s.srv.buffered.Add(-s.held)
+	}
+	s.held = 0
 }
 
 func (s *idScan) scan(eos bool) (string, bool) {

@@ -1,6 +1,9 @@
 package extproc_test
 
 import (
+	"fmt"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -98,6 +101,93 @@ func TestResponseAffinity(t *testing.T) {
 		require.Equal(t, jsonHome, got, "cancel %d", i)
 		_, got = route("DELETE", "/v1/responses/resp_json1", "")
 		require.Equal(t, jsonHome, got, "delete %d", i)
+		// The path is decoded, as httplb and the engines decode it.
+		_, got = route("GET", "/v1/responses/resp%5Fstream1", "")
+		require.Equal(t, streamHome, got, "escaped retrieve %d", i)
+		_, got = route("POST", "/v1/responses/%72esp_json1/cancel", `{}`)
+		require.Equal(t, jsonHome, got, "escaped cancel %d", i)
+	}
+}
+
+// TestStoredResponseID: the id of the stored response a request addresses
+// is read in its decoded path, by the rules of httplb's storedResponseID
+// (httplb/stored_test.go TestStoredResponseID has the same cases, decoded):
+// an escape stands for its byte, "%2F" for a slash, which leaves no id, and
+// an invalid escape leaves none either.
+func TestStoredResponseID(t *testing.T) {
+	long := strings.Repeat("x", 256)
+	cases := []struct {
+		method, path, want string
+	}{
+		{"GET", "/v1/responses/resp_1", "resp_1"},
+		{"GET", "/v1/responses/resp_1?stream=true", "resp_1"},
+		{"GET", "/responses/resp_1", "resp_1"},
+		{"GET", "/api/v1/responses/resp_1", "resp_1"},
+		{"GET", "/v1/responses/resp_1/input_items", "resp_1"},
+		{"GET", "/v1/responses/input_items", "input_items"},
+		{"GET", "/v1/responses/" + long, long},
+		{"DELETE", "/v1/responses/resp_1", "resp_1"},
+		{"POST", "/v1/responses/resp_1/cancel", "resp_1"},
+		{"GET", "/v1/responses/" + long + "x", ""},
+		{"GET", "/v1/responses", ""},
+		{"GET", "/v1/responses/", ""},
+		{"GET", "/v1/responses//input_items", ""},
+		{"GET", "/v1/responses/a/b", ""},
+		{"GET", "/v1/responses/resp_1/", ""},
+		{"GET", "/v1/responses/resp_1/cancel", ""},
+		{"GET", "/v1/responses/.", ""},
+		{"GET", "/v1/responses/..", ""},
+		{"GET", "/v1/responses/a b", ""},
+		{"GET", "/v1/responses/a\x00b", ""},
+		{"GET", "/v1/responses/a\x7fb", ""},
+		{"GET", "/v1/xresponses/resp_1", ""},
+		{"GET", "/v1/chat/completions", ""},
+		{"GET", "", ""},
+		{"POST", "/v1/responses/resp_1", ""},
+		{"POST", "/v1/responses/cancel", ""},
+		{"POST", "/v1/responses/resp_1/cancel/", ""},
+		{"PUT", "/v1/responses/resp_1", ""},
+		{"HEAD", "/v1/responses/resp_1", ""},
+		{"DELETE", "/v1/responses/resp_1/cancel", ""},
+		{"GET", "/v1/responses/résp", "résp"},
+
+		// Escapes, decoded.
+		{"GET", "/v1/responses/resp%5F1", "resp_1"},
+		{"GET", "/v1/responses/resp%5f1", "resp_1"},
+		{"GET", "/v1/responses/%72%65%73%70_1", "resp_1"},
+		{"DELETE", "/v1/responses/resp%5F1", "resp_1"},
+		{"POST", "/v1/responses/resp%5F1/cancel", "resp_1"},
+		{"GET", "/v1/responses/resp%5F1/input_items", "resp_1"},
+		{"GET", "/v1/responses/resp%5F1/input%5Fitems", "resp_1"},
+		{"POST", "/v1/responses/resp_1%2Fcancel", "resp_1"},
+		{"GET", "/v1/respons%65s/resp_1", "resp_1"},
+		{"GET", "/v1/responses%2Fresp_1", "resp_1"},
+		{"GET", "/v1/responses/r%C3%A9sp", "résp"},
+		{"GET", "/v1/responses/a+b", "a+b"},
+		{"GET", "/v1/responses/a%2Bb", "a+b"},
+		{"GET", "/v1/responses/%22a%5Cb", `"a\b`},
+		{"GET", "/v1/responses/" + strings.Repeat("%78", 256), long},
+		{"GET", "/v1/responses/" + strings.Repeat("%78", 257), ""},
+		{"GET", "/v1/responses/a%2Fb", ""},
+		{"GET", "/v1/responses/a%2fb", ""},
+		{"GET", "/v1/responses/resp_1%2F", ""},
+		{"GET", "/v1/responses/%2E", ""},
+		{"GET", "/v1/responses/%2E%2E", ""},
+		{"GET", "/v1/responses/a%20b", ""},
+		{"GET", "/v1/responses/a%00b", ""},
+		{"GET", "/v1/responses/a%0Ab", ""},
+		{"GET", "/v1/responses/a%7Fb", ""},
+		{"GET", "/v1/responses/resp%", ""},
+		{"GET", "/v1/responses/resp%5", ""},
+		{"GET", "/v1/responses/resp%zz", ""},
+		{"GET", "/v1/responses/resp%5G", ""},
+		{"GET", "/v1/x%zz/responses/resp_1", ""},
+		{"GET", "/v1/responses/resp_1?q=%zz", "resp_1"},
+	}
+	for _, c := range cases {
+		id, ok := extproc.StoredResponseID(c.method, c.path)
+		require.Equal(t, c.want, id, "%s %q", c.method, c.path)
+		require.Equal(t, c.want != "", ok, "%s %q", c.method, c.path)
 	}
 }
 
@@ -143,12 +233,18 @@ func TestScanResponseID(t *testing.T) {
 
 // FuzzResponseID: reading a response's id, or a request's
 // previous_response_id, from any bytes, cut anywhere, neither fails nor
-// depends on the cut, and what is read is a plain id.
+// depends on the cut, and what is read is a plain id. Reading a stored
+// response's id from any path neither fails nor reads what httplb would
+// not: the id is the decoded path's segment after /responses/, within
+// bounds, and escaping any of its bytes in the path reads the same id.
 func FuzzResponseID(f *testing.F) {
-	f.Add([]byte(`data: {"type":"response.created","response":{"id":"resp_1"}}`+"\n"), uint16(9), true)
-	f.Add([]byte(`{"id":"resp_2","previous_response_id":"resp_1"}`), uint16(5), false)
-	f.Add([]byte(`{"a":[{"id":"x"}],"id":"y"`), uint16(3), false)
-	f.Fuzz(func(t *testing.T, body []byte, cut uint16, sse bool) {
+	f.Add([]byte(`data: {"type":"response.created","response":{"id":"resp_1"}}`+"\n"), uint16(9), true, "GET", "/v1/responses/resp%5F1")
+	f.Add([]byte(`{"id":"resp_2","previous_response_id":"resp_1"}`), uint16(5), false, "POST", "/v1/responses/resp_1/cancel")
+	f.Add([]byte(`{"a":[{"id":"x"}],"id":"y"`), uint16(3), false, "DELETE", "/v1/responses/a%2Fb")
+	f.Add([]byte{}, uint16(0), false, "GET", "/v1/respons%65s/r%C3%A9sp/input_items?x=%zz")
+	f.Add([]byte{}, uint16(0), false, "GET", "/v1/responses/%2E%2E")
+	f.Add([]byte{}, uint16(0), false, "GET", "/v1/responses/resp%5")
+	f.Fuzz(func(t *testing.T, body []byte, cut uint16, sse bool, method, path string) {
 		at := min(int(cut), len(body))
 		whole, okWhole := extproc.ScanResponseID(sse, [][]byte{body})
 		parts, okParts := extproc.ScanResponseID(sse, [][]byte{body[:at], body[at:]})
@@ -158,5 +254,40 @@ func FuzzResponseID(f *testing.F) {
 			require.LessOrEqual(t, len(id), 256)
 			require.False(t, strings.ContainsAny(id, "\"\\ \n"), "%q", id)
 		}
+
+		id, ok := extproc.StoredResponseID(method, path)
+		if !ok {
+			require.Empty(t, id)
+			return
+		}
+		require.True(t, id != "" && len(id) <= 256 && id != "." && id != "..", "%s %q: id %q", method, path, id)
+		for i := 0; i < len(id); i++ {
+			require.False(t, id[i] <= ' ' || id[i] == 0x7f || id[i] == '/', "%s %q: id %q", method, path, id)
+		}
+		raw, _, _ := strings.Cut(path, "?")
+		decoded, err := url.PathUnescape(raw)
+		require.NoError(t, err, "%s %q: an invalid escape gave id %q", method, path, id)
+		var suffix string
+		switch {
+		case method == http.MethodPost:
+			suffix = "/cancel"
+		case method == http.MethodGet && strings.HasSuffix(decoded, "/"+id+"/input_items"):
+			suffix = "/input_items"
+		case method != http.MethodGet && method != http.MethodDelete:
+			t.Fatalf("%s %q: method accepted", method, path)
+		}
+		require.True(t, strings.HasSuffix(decoded, "/responses/"+id+suffix), "%s %q: id %q is not the segment after /responses/", method, path, id)
+		// The same request with every byte of the id escaped.
+		var esc strings.Builder
+		for i := 0; i < len(id); i++ {
+			fmt.Fprintf(&esc, "%%%02X", id[i])
+		}
+		segs := strings.Split(decoded[:len(decoded)-len(id+suffix)], "/")
+		for i, seg := range segs {
+			segs[i] = url.PathEscape(seg)
+		}
+		again, ok := extproc.StoredResponseID(method, strings.Join(segs, "/")+esc.String()+suffix)
+		require.True(t, ok, "%s %q: id %q escaped is not read", method, path, id)
+		require.Equal(t, id, again, "%s %q", method, path)
 	})
 }

@@ -3,6 +3,9 @@ package extproc_test
 import (
 	"io"
 	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,4 +153,196 @@ func TestMaxBufferedBytesConfig(t *testing.T) {
 		_, err := extproc.NewServer(extproc.Config{Balancer: b, Parser: p, MaxBufferedBytes: n})
 		require.NoError(t, err, "MaxBufferedBytes %d", n)
 	}
+}
+
+// TestResponseIDScanBudget: the start of a Responses answer that a stream
+// holds to read the response's id counts against MaxBufferedBytes with the
+// request bodies: on any number of streams at once the total stays within
+// the budget, a scan that does not fit gives up learning the id (the
+// continuation is then routed as any request) without failing the
+// response, and what the scans held returns to the budget when they end,
+// when the response ends, and when the stream is cancelled mid-response.
+func TestResponseIDScanBudget(t *testing.T) {
+	const limit = 8 << 10 // two scan buffers of 4 KiB; the body cap is 4 KiB
+	b := newBalancer(t, 2, nil)
+	srv, err := extproc.NewServer(extproc.Config{Balancer: b, Parser: parserWithCap(t, 4<<10), MaxBufferedBytes: limit,
+		Fallbacks: 1, Logger: quiet})
+	require.NoError(t, err)
+	h := serve(t, srv, b)
+	buffered := func() int64 { return extproc.Buffered(srv) }
+
+	// route sends a Responses request and returns its stream, routed, and
+	// the endpoint it is routed to.
+	route := func(body string) (*envoy, string) {
+		t.Helper()
+		e := h.open(t, fullDuplex, fullDuplex)
+		e.send(requestHeaders("/v1/responses", false))
+		e.send(requestBody([]byte(body), true))
+		m := e.recv()
+		hr := m.GetRequestHeaders()
+		require.NotNil(t, hr, "got %v", m)
+		streamedBack(t, e.recv(), true)
+		return e, routeOf(t, m, hr.GetResponse()).header
+	}
+	// chunk sends a piece of the response body and checks that it comes
+	// back unchanged.
+	chunk := func(e *envoy, s string, eos bool) {
+		t.Helper()
+		e.send(responseBody(s, eos))
+		sr := streamedBack(t, e.recv(), false)
+		require.Equal(t, s, string(sr.GetBody()))
+		require.Equal(t, eos, sr.GetEndOfStream())
+	}
+	created := func(id string) string {
+		return "event: response.created\n" +
+			`data: {"type":"response.created","response":{"id":"` + id + `","status":"in_progress"}}` + "\n\n"
+	}
+	comment := func(n int) string { return ": " + strings.Repeat("x", n-3) + "\n" }
+
+	// A budget smaller than the scan: the id, after 10 KiB of comments, is
+	// not learned, and the response is served whole.
+	e, _ := route(`{"model":"m","input":"hi","stream":true}`)
+	e.send(responseHeaders(200, "text/event-stream", false))
+	require.NotNil(t, e.recv().GetResponseHeaders())
+	chunk(e, comment(3<<10), false)
+	require.Equal(t, int64(4<<10), buffered(), "the scan holds 4 KiB")
+	chunk(e, comment(3<<10), false)
+	require.Equal(t, int64(limit), buffered(), "the scan holds 8 KiB")
+	chunk(e, comment(4<<10), false)
+	require.Zero(t, buffered(), "the scan gave up and let its bytes go")
+	chunk(e, created("resp_late"), true)
+	require.NoError(t, e.closeAndWait())
+	require.Zero(t, buffered())
+	// One within the budget is learned.
+	e, home := route(`{"model":"m","input":"hi","stream":true}`)
+	e.send(responseHeaders(200, "text/event-stream", false))
+	require.NotNil(t, e.recv().GetResponseHeaders())
+	chunk(e, comment(3<<10)+created("resp_early"), true)
+	require.NoError(t, e.closeAndWait())
+	require.Zero(t, buffered())
+
+	// A request pinned to the endpoint holding its response is sent
+	// there with no fallback; any other with one.
+	e, got := route(`{"model":"m","input":"more","previous_response_id":"resp_early"}`)
+	require.Equal(t, strings.Split(home, ",")[0], got, "the id within the budget was learned")
+	e.cancel()
+	e, got = route(`{"model":"m","input":"more","previous_response_id":"resp_late"}`)
+	require.Contains(t, got, ",", "the id beyond the budget was learned")
+	e.cancel()
+	waitIdle(t, b)
+	require.Zero(t, buffered())
+
+	// Many streams at once: each scan takes 4 KiB while it waits for the
+	// end of a line; the first two fill the budget, the others give up.
+	const n = 6
+	streams := make([]*envoy, n)
+	for i := range streams {
+		streams[i], _ = route(`{"model":"m","input":"hi","stream":true}`)
+	}
+	// A routed body is let go right after its answers are sent.
+	require.Eventually(t, func() bool { return buffered() == 0 }, 5*time.Second, time.Millisecond, "routed request bodies are let go")
+	for i, e := range streams {
+		e.send(responseHeaders(200, "text/event-stream", false))
+		require.NotNil(t, e.recv().GetResponseHeaders())
+		chunk(e, "event: response.created\ndata: {", false)
+		require.Equal(t, int64(min(i+1, 2)*4<<10), buffered(), "after stream %d", i)
+	}
+	// A request body finds the budget full.
+	full := h.open(t, fullDuplex, fullDuplex)
+	full.send(requestHeaders("/v1/responses", false))
+	full.send(requestBody([]byte(`{"model":"m","input":"x"}`), true))
+	requireBudgetRefusal(t, full.recv())
+
+	// The first stream is cancelled mid-response, the second ends its
+	// scan by finding its id, the others end.
+	streams[0].cancel()
+	require.Eventually(t, func() bool { return buffered() == 4<<10 }, 5*time.Second, time.Millisecond)
+	chunk(streams[1], `"type":"response.created","response":{"id":"resp_1"}}`+"\n\n", false)
+	require.Zero(t, buffered())
+	for _, e := range streams[2:] {
+		chunk(e, `"type":"response.created","response":{"id":"resp_x"}}`+"\n\n", false)
+		chunk(e, "data: [DONE]\n\n", true)
+		require.NoError(t, e.closeAndWait())
+	}
+	chunk(streams[1], "data: [DONE]\n\n", true)
+	require.NoError(t, streams[1].closeAndWait())
+	require.Zero(t, buffered())
+	waitIdle(t, b)
+
+	// Streams on goroutines of their own, a third cancelled mid-response:
+	// the budget is never exceeded, and is whole again at the end.
+	const m = 16
+	es := make([]*envoy, m)
+	for i := range es {
+		es[i], _ = route(`{"model":"m","input":"hi","stream":true}`)
+	}
+	var wg sync.WaitGroup
+	var over atomic.Int64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(50 * time.Microsecond)
+		defer tick.Stop()
+		for {
+			if n := buffered(); n > limit {
+				over.Store(n)
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	for i, e := range es {
+		wg.Go(func() {
+			// Only the test's goroutine may stop the test: errors are
+			// reported with t.Error.
+			exchange := func(m *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+				if err := e.s.Send(m); err != nil {
+					t.Error(err)
+					return nil
+				}
+				a, err := e.s.Recv()
+				if err != nil {
+					t.Error(err)
+				}
+				return a
+			}
+			if exchange(responseHeaders(200, "text/event-stream", false)).GetResponseHeaders() == nil {
+				t.Error("no answer to the response headers")
+				return
+			}
+			for _, c := range []string{"event: response.created\n", "data: {", strings.Repeat("x", 3<<10)} {
+				a := exchange(responseBody(c, false))
+				if got := a.GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody(); string(got) != c {
+					t.Errorf("a chunk came back as %q", got)
+					return
+				}
+			}
+			if i%3 == 0 {
+				e.cancel()
+				return
+			}
+			exchange(responseBody("\n\n", true))
+			if err := e.s.CloseSend(); err != nil {
+				t.Error(err)
+			}
+			for {
+				if _, err := e.s.Recv(); err != nil {
+					if err != io.EOF {
+						t.Error(err)
+					}
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool { return buffered() == 0 }, 5*time.Second, time.Millisecond)
+	close(stop)
+	<-sampled
+	require.Zero(t, over.Load(), "the budget was exceeded")
+	waitIdle(t, b)
 }

@@ -61,18 +61,29 @@
 // whole body the picker holds is rewritten (not in STREAMED or NONE mode,
 // nor a BUFFERED_PARTIAL body cut short). The response then names the
 // model the client asked for, as llm-d's picker renames it back: each
-// "model" member whose value is the new name, in response body mode
-// FULL_DUPLEX_STREAMED (a member cut across chunks included) or BUFFERED,
-// unless the body is compressed.
+// "model" member whose value is the new name, unless the body is
+// compressed. In response body mode FULL_DUPLEX_STREAMED (a member cut
+// across chunks included) and BUFFERED the whole body is renamed. In
+// STREAMED and BUFFERED_PARTIAL, where Envoy replaces each piece it sends
+// the picker with the answer to it, each piece is renamed on its own (as
+// upstream renames each chunk), so a member cut across two STREAMED
+// chunks keeps the new name: holding its start back until the next chunk
+// could lose it, as a body that ends with trailers has no last chunk to
+// add it to and the answer to trailers carries no body. The rest of a
+// BUFFERED_PARTIAL body, past the piece, reaches the client unseen and
+// unrenamed. In mode NONE the body passes unchanged.
 //
 // An OpenAI Responses API request that continues a stored response
 // ("previous_response_id"), or retrieves, cancels or deletes one by the
-// id in its path, is routed to the endpoint that produced it, as package
+// id in its path (decoded as httplb and the engines decode it: "%5F" is
+// '_', and "%2F" a slash that leaves no id), is routed to the endpoint that produced it, as package
 // httplb's Transport routes it: vLLM and SGLang keep stored responses in
 // the memory of the process, and any other endpoint would answer 404. The
 // Server reads each response's id in the answers to Responses requests
 // that it sees (the response.created event of a stream, the top-level "id"
-// of a JSON body, within the first 64 KiB) and remembers the endpoint of
+// of a JSON body, within the first 64 KiB, which count against
+// [Config.MaxBufferedBytes] while it looks: with no room left, the id is
+// not learned) and remembers the endpoint of
 // the last [httplb.DefaultMaxResponseIDs] ids; a request naming an id it
 // does not remember, or whose endpoint has left the pool or lies outside
 // the subset hint, is routed as any other.

@@ -1,6 +1,9 @@
 package extproc
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // SetAfterFunc replaces the timer that arms the body deadlines of s's
 // streams, so that a test fires them when it chooses.
@@ -8,7 +11,8 @@ func SetAfterFunc(s *Server, f func(d time.Duration, fire func()) (stop func() b
 	s.afterFunc = f
 }
 
-// Buffered returns the bytes of request bodies s's streams hold.
+// Buffered returns the bytes of request bodies and response id scans s's
+// streams hold.
 func Buffered(s *Server) int64 { return s.buffered.Load() }
 
 // RestoreModel renames, in the response body given as chunks, the model
@@ -41,3 +45,14 @@ func ScanResponseID(sse bool, chunks [][]byte) (string, bool) {
 // PreviousResponseID returns the previous_response_id a request body
 // continues, as a stream reads it.
 func PreviousResponseID(body []byte) (string, bool) { return previousResponseID(body) }
+
+// StoredResponseID returns the id of the stored response that a request
+// with the given method and :path addresses, as a stream reads it.
+func StoredResponseID(method, rawPath string) (string, bool) {
+	raw, _, _ := strings.Cut(rawPath, "?")
+	path, ok := decodePath(raw)
+	if !ok {
+		return "", false
+	}
+	return storedResponseID(method, path)
+}

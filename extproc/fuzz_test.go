@@ -18,10 +18,11 @@ import (
 )
 
 // FuzzRequestBody sends arbitrary bodies, cut at an arbitrary point, in each
-// body mode, through a whole ext_proc exchange, as the request's body and
-// then as its response's (an event stream or not): the Server must route the
-// request or refuse it with an immediate response, stream a routed body
-// back unchanged, and leave no accounting behind.
+// body mode, through a whole ext_proc exchange, as the body of a chat or a
+// Responses request and then as its response's (an event stream or not):
+// the Server must route the request or refuse it with an immediate
+// response, stream a routed body back unchanged, and leave no accounting
+// behind, nor any bytes held of its budget.
 func FuzzRequestBody(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","prompt":"hello","max_tokens":16,"stream":true}`,
@@ -69,7 +70,11 @@ func FuzzRequestBody(f *testing.F) {
 		if len(body) > 0 {
 			cut = int(split) % (len(body) + 1)
 		}
-		first := requestHeaders("/v1/chat/completions", false)
+		path := "/v1/chat/completions"
+		if split&2 == 2 {
+			path = "/v1/responses" // the response's id is looked for
+		}
+		first := requestHeaders(path, false)
 		first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: m, ResponseBodyMode: m}
 		msgs := []*extprocv3.ProcessingRequest{first}
 		if m == buffered {
@@ -91,8 +96,8 @@ func FuzzRequestBody(f *testing.F) {
 		if err := srv.Process(d); err != nil {
 			t.Fatalf("Process: %v", err)
 		}
-		if !idle(b) {
-			t.Fatalf("accounting left behind: %+v", b.Stats())
+		if !idle(b) || extproc.Buffered(srv) != 0 {
+			t.Fatalf("accounting left behind: %+v, %d bytes", b.Stats(), extproc.Buffered(srv))
 		}
 		if len(d.out) == 0 {
 			t.Fatal("no answer")

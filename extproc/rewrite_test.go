@@ -3,6 +3,7 @@ package extproc_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -333,4 +334,90 @@ func FuzzRestoreModel(f *testing.F) {
 		cut, _ := extproc.RestoreModel(incoming, tgt, [][]byte{body[:a], body[a:b], body[b:]})
 		require.Equal(t, string(whole), string(cut))
 	})
+}
+
+// TestModelRewriteResponsePiecewise: in response body modes STREAMED and
+// BUFFERED_PARTIAL, where Envoy replaces each piece it sends with the body
+// mutation answered to it (processor_state.cc handleBodyResponse), the
+// model is renamed back within each piece, with no Content-Length (Envoy
+// removes it in these modes); a member cut across two STREAMED chunks, the
+// rest of a BUFFERED_PARTIAL body, a compressed body and a request not
+// rewritten are left as they are.
+func TestModelRewriteResponsePiecewise(t *testing.T) {
+	b := newBalancer(t, 2, nil)
+	h := start(t, extproc.Config{Balancer: b})
+	request := func(e *envoy, kv ...string) {
+		t.Helper()
+		e.send(requestHeaders("/v1/completions", false, kv...))
+		e.send(requestBody([]byte(`{"model":"m","prompt":"hi","max_tokens":5,"stream":true}`), true))
+		require.NotNil(t, e.recv().GetRequestHeaders())
+		streamedBack(t, e.recv(), true)
+	}
+	// respond sends the response body as chunks, and returns what Envoy
+	// makes of each: the chunk, or the body mutation answered to it.
+	respond := func(e *envoy, chunks []string, eos bool, hs ...*corev3.HeaderValue) []string {
+		t.Helper()
+		rh := responseHeaders(200, "text/event-stream", false)
+		rh.GetResponseHeaders().GetHeaders().Headers = append(rh.GetResponseHeaders().GetHeaders().Headers, hs...)
+		e.send(rh)
+		require.NotNil(t, e.recv().GetResponseHeaders())
+		var out []string
+		for i, c := range chunks {
+			e.send(responseBody(c, eos && i == len(chunks)-1))
+			m := e.recv()
+			common := m.GetResponseBody().GetResponse()
+			require.NotNil(t, m.GetResponseBody(), "want a body response, got %v", m)
+			require.Nil(t, common.GetHeaderMutation(), "no Content-Length in this mode")
+			require.Nil(t, common.GetBodyMutation().GetStreamedResponse(), "no streamed response in this mode")
+			if mut := common.GetBodyMutation(); mut != nil {
+				out = append(out, string(mut.GetBody()))
+			} else {
+				out = append(out, c)
+			}
+		}
+		if !eos {
+			e.send(responseTrailers())
+			require.NotNil(t, e.recv().GetResponseTrailers())
+		}
+		require.NoError(t, e.closeAndWait())
+		return out
+	}
+	const (
+		ev1 = `data: {"id":"c1","model":"long-model-name","choices":[{"text":"a"}]}` + "\n\n"
+		ev2 = `data: {"id":"c1","model": "long-model-name","x":{"model":"long-model-name-2"},"choices":[]}` + "\n\n"
+		ok1 = `data: {"id":"c1","model":"m","choices":[{"text":"a"}]}` + "\n\n"
+		ok2 = `data: {"id":"c1","model": "m","x":{"model":"long-model-name-2"},"choices":[]}` + "\n\n"
+	)
+	cut := strings.Index(ev1, "long-model") + 4
+	for _, reqMode := range []filterv3.ProcessingMode_BodySendMode{fullDuplex, buffered} {
+		for _, eos := range []bool{true, false} {
+			name := fmt.Sprintf("request %v, eos %v", reqMode, eos)
+			e := h.open(t, reqMode, streamed)
+			if reqMode == buffered {
+				e.send(requestHeaders("/v1/completions", false, extproc.ModelRewriteHeader, "long-model-name"))
+				require.NotNil(t, e.recv().GetRequestHeaders())
+				e.send(requestBody([]byte(`{"model":"m","prompt":"hi","max_tokens":5,"stream":true}`), true))
+				require.NotNil(t, e.recv().GetRequestBody())
+			} else {
+				request(e, extproc.ModelRewriteHeader, "long-model-name")
+			}
+			got := respond(e, []string{ev1, ev2, ev1[:cut], ev1[cut:], "data: [DONE]\n\n"}, eos)
+			require.Equal(t, []string{ok1, ok2, ev1[:cut], ev1[cut:], "data: [DONE]\n\n"}, got, name)
+		}
+	}
+
+	e := h.open(t, fullDuplex, streamed)
+	request(e, extproc.ModelRewriteHeader, "long-model-name")
+	require.Equal(t, []string{ev1}, respond(e, []string{ev1}, true, header("content-encoding", "gzip")), "a compressed body is not read")
+	e = h.open(t, fullDuplex, streamed)
+	request(e)
+	require.Equal(t, []string{ev1}, respond(e, []string{ev1}, true), "not rewritten")
+
+	// BUFFERED_PARTIAL: the one piece, the whole body or its start.
+	for _, eos := range []bool{true, false} {
+		e := h.open(t, fullDuplex, filterv3.ProcessingMode_BUFFERED_PARTIAL)
+		request(e, extproc.ModelRewriteHeader, "long-model-name")
+		require.Equal(t, []string{ok1 + ok2 + ev1[:cut]}, respond(e, []string{ev1 + ev2 + ev1[:cut]}, eos), "eos %v", eos)
+	}
+	waitIdle(t, b)
 }

@@ -145,7 +145,10 @@ type Config struct {
 	// connections. A stream holds its body from its first byte until the
 	// route is sent; a request whose body would take the total over the
 	// bound is refused with 429 and a Retry-After of one second, as the
-	// protocol answers a request shed under load. 0 means
+	// protocol answers a request shed under load. The start of the answer
+	// to an OpenAI Responses API request, up to 64 KiB that a stream holds
+	// until it has read the response's id, counts too; when it does not
+	// fit, the id is not learned and the response goes on. 0 means
 	// [DefaultMaxBufferedBytes]; otherwise it must be at least the body cap
 	// (see Parser), so that one body at the cap always fits.
 	MaxBufferedBytes int64
@@ -185,7 +188,7 @@ type Server struct {
 	maxBody   int
 
 	maxBuffered int64        // bounds buffered
-	buffered    atomic.Int64 // bytes of request bodies the streams hold
+	buffered    atomic.Int64 // bytes of request bodies, and of response id scans, the streams hold
 
 	bodyTimeout time.Duration // 0: no deadline
 
@@ -279,6 +282,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		}
 		st.end(cause)
 		st.dropBody()
+		st.dropScan()
 	}()
 	for {
 		m, err := srv.Recv()

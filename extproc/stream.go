@@ -25,10 +25,11 @@ import (
 )
 
 const (
-	fullDuplex = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
-	buffered   = filterv3.ProcessingMode_BUFFERED
-	bufPartial = filterv3.ProcessingMode_BUFFERED_PARTIAL
-	modeNone   = filterv3.ProcessingMode_NONE
+	fullDuplex   = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	buffered     = filterv3.ProcessingMode_BUFFERED
+	bufPartial   = filterv3.ProcessingMode_BUFFERED_PARTIAL
+	streamedMode = filterv3.ProcessingMode_STREAMED
+	modeNone     = filterv3.ProcessingMode_NONE
 )
 
 // stream is the state of one ext_proc stream: one HTTP request and its
@@ -80,7 +81,7 @@ type stream struct {
 	respEncoded bool          // the response body is compressed
 	respLength  bool          // the response has a Content-Length
 	restore     *modelRestore // renames the response's model back; nil: no rename
-	idScan      *idScan       // finds the id of a Responses API response; nil: none to find
+	idScan      *idScan       // finds the id of a Responses API response; nil: none to find; stopped when Process returns
 	events      firstEvent
 	output      httplb.OutputCounter // counts the response's output tokens for the pick
 	generated   int                  // the output tokens counted so far
@@ -238,10 +239,10 @@ func (st *stream) responseHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.H
 		}
 	}
 	st.respEncoded = encoded
-	if path, _, _ := strings.Cut(st.path, "?"); isResponsesCreate(st.method, path) && st.success() && !encoded {
+	if path, ok := st.decodedPath(); ok && isResponsesCreate(st.method, path) && st.success() && !encoded {
 		// Remember which endpoint produced the response, which a
 		// request continuing it must go back to.
-		st.idScan = &idScan{sse: st.sse}
+		st.idScan = &idScan{srv: st.s, sse: st.sse}
 	}
 	// A compressed event stream's events cannot be seen in its bytes: its
 	// first byte is its first token, as for any other body.
@@ -289,6 +290,21 @@ func (st *stream) responseBody(m *extprocv3.ProcessingRequest, b *extprocv3.Http
 			}
 			return st.send(bodyResponse(false, common, nil))
 		}
+	case (st.respMode == streamedMode || st.respMode == bufPartial) && r != nil:
+		// Envoy replaces each piece it sends with the body mutation
+		// answered to it (ProcessorState::handleBodyResponse, in
+		// envoy's source/extensions/filters/http/ext_proc/processor_state.cc
+		// at 055a650d3bfa): a STREAMED chunk, or the one
+		// BUFFERED_PARTIAL piece, the rest of the body then passing
+		// unseen. The piece is renamed on its own, nothing held back: a
+		// tail held could be lost, as a response that ends with
+		// trailers has no body chunk with end_of_stream, and an answer
+		// to trailers carries no body. Envoy removes Content-Length in
+		// these modes (processor_state.h shouldRemoveContentLength).
+		if out := r.feed(b.GetBody(), true); !bytes.Equal(out, b.GetBody()) {
+			common := &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: out}}}
+			return st.send(bodyResponse(false, common, nil))
+		}
 	}
 	return st.send(bodyResponse(false, nil, nil))
 }
@@ -296,8 +312,8 @@ func (st *stream) responseBody(m *extprocv3.ProcessingRequest, b *extprocv3.Http
 // restoreResponse returns the rename of the response's model back to the
 // client's, nil if there is none to make: the request's model was not
 // rewritten, or the response body is compressed. It is made in body modes
-// FULL_DUPLEX_STREAMED and BUFFERED only; in the others the body passes
-// unchanged.
+// FULL_DUPLEX_STREAMED and BUFFERED over the whole body, and in STREAMED
+// and BUFFERED_PARTIAL within each piece the picker is sent.
 func (st *stream) restoreResponse() *modelRestore {
 	if st.restore == nil || st.respEncoded {
 		return nil
@@ -546,7 +562,10 @@ func (st *stream) decide() (string, error) {
 // (a Responses API request's "previous_response_id") or addresses by its
 // path (retrieve, cancel, delete), if any.
 func (st *stream) responseRef() (string, bool) {
-	path, _, _ := strings.Cut(st.path, "?")
+	path, ok := st.decodedPath()
+	if !ok {
+		return "", false
+	}
 	if id, ok := storedResponseID(st.method, path); ok {
 		return id, true
 	}
@@ -554,6 +573,13 @@ func (st *stream) responseRef() (string, bool) {
 		return previousResponseID(st.body)
 	}
 	return "", false
+}
+
+// decodedPath returns the request's path without its query, decoded (see
+// decodePath); ok is false if it has an invalid escape.
+func (st *stream) decodedPath() (string, bool) {
+	raw, _, _ := strings.Cut(st.path, "?")
+	return decodePath(raw)
 }
 
 // pickAllowed picks an endpoint for lr whose host allowed holds (any, if
@@ -890,6 +916,14 @@ func (st *stream) appendBody(chunk []byte) bool {
 
 // minBodyGrowth is the least allocation of a body gathered in pieces.
 const minBodyGrowth = 4 << 10
+
+// dropScan ends the scan for the response's id, if any, and returns its
+// bytes to the Server's budget.
+func (st *stream) dropScan() {
+	if st.idScan != nil {
+		st.idScan.stop()
+	}
+}
 
 // dropBody lets the body go and returns its bytes to the Server's budget.
 func (st *stream) dropBody() {
