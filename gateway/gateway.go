@@ -168,9 +168,10 @@ type Config struct {
 	// naming Name, the tier it left. With SpillTo, a replica's Retry-After
 	// does not delay the retry on another replica (unless Retry.MaxPushback
 	// is set), and when every replica's retries are spent the request
-	// spills at once. The request body is kept for replay to the next
-	// tier, up to Parser's MaxBodyBytes, the cap it has without SpillTo.
-	// nil spills nothing.
+	// spills at once; while every replica is ejected, cooling down or
+	// asleep, requests go to the next tier directly. The request body is
+	// kept for replay to the next tier, up to Parser's MaxBodyBytes, the
+	// cap it has without SpillTo. nil spills nothing.
 	SpillTo []spill.Tier
 	// Name names this gateway's replicas as a tier in spilled responses'
 	// header and in SpillObserver's events. "" means "primary".
@@ -200,6 +201,9 @@ type Gateway struct {
 	proxy     *httputil.ReverseProxy
 	// bodyTimeout bounds the reading of a request body; 0 for none.
 	bodyTimeout time.Duration
+	// scrapeEvery is the time between two scrapes of a replica; 0
+	// without scraping.
+	scrapeEvery time.Duration
 	// running is set while Run runs.
 	running atomic.Bool
 
@@ -315,6 +319,7 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		g.scraper, store, signal = s, st, s
+		g.scrapeEvery = interval
 	}
 	observer := cfg.Observer
 	if cfg.Share != nil {
@@ -518,37 +523,36 @@ func (g *Gateway) Headroom(backend string) (float64, bool) { return g.ejector.He
 // Tier returns the gateway's replicas as a tier named name, for another
 // gateway's [Config].SpillTo or a [spill.Transport]. Requests sent to the
 // tier are routed, retried and accounted for as the gateway's own; run the
-// gateway ([Gateway.Run]) for its scraping and ejections to go on.
+// gateway ([Gateway.Run]) for its scraping and ejections to go on. The
+// tier is not ready ([spill.Tier].Ready) while every replica is held out
+// of picks, ejected, cooling down or asleep: requests then spill past it
+// rather than wait for a sleeping engine to wake.
 func (g *Gateway) Tier(name string) spill.Tier {
 	return spill.Tier{Name: name, Transport: g.transport, Ready: g.ready}
 }
 
-// ready reports whether some replica is neither ejected nor cooling down,
-// and if none is, the time until the first is back.
+// ready reports whether some replica is held out of picks by neither an
+// ejection, a cooldown nor a sleep ([health]), and if none is, the time
+// until one may be back: the end of the first ejection or cooldown, or,
+// while a replica sleeps, the next scrape, which finds it awake if it
+// woke, whichever comes first. A gateway without replicas is ready: its
+// requests fail there, and spill.
 func (g *Gateway) ready() (bool, time.Duration) {
+	// Out ends the ejections that are over, marking their replicas in
+	// health, before health is asked.
 	out, next := g.ejector.Out()
-	if out == 0 {
-		return true, 0
-	}
-	// Out may still count a replica that Update removed in the last
-	// second: look at the replicas themselves.
 	g.mu.Lock()
 	backends := g.backends
 	g.mu.Unlock()
-	if out < len(backends) {
+	if len(backends) == 0 {
 		return true, next
 	}
-	gone := make(map[string]bool, out)
-	for _, k := range g.ejector.Ejected() {
-		gone[k] = true
+	in, asleep := g.health.anyIn(backends)
+	if in {
+		return true, next
 	}
-	for _, k := range g.ejector.Cooling() {
-		gone[k] = true
-	}
-	for _, k := range backends {
-		if !gone[k] {
-			return true, next
-		}
+	if asleep && (out == 0 || g.scrapeEvery < next) {
+		next = g.scrapeEvery
 	}
 	return false, next
 }

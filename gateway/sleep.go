@@ -85,6 +85,25 @@ func (h *health) isAsleep(key string) bool {
 	return h.asleep[key]
 }
 
+// anyIn reports whether some key of keys is held out by neither the
+// ejector nor a sleep, and whether some key is held out as asleep.
+func (h *health) anyIn(keys []string) (in, asleep bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.ejected) == 0 && len(h.asleep) == 0 {
+		return len(keys) > 0, false
+	}
+	for _, k := range keys {
+		switch {
+		case h.asleep[k]:
+			asleep = true
+		case !h.ejected[k]:
+			return true, asleep
+		}
+	}
+	return false, asleep
+}
+
 // markLocked marks key on the balancer from both states, and forgets it if
 // it is not a member. h.mu is held.
 func (h *health) markLocked(key string) error {

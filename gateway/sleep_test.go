@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,8 @@ import (
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/spill"
 )
 
 // sleepyBase is a Base in front of emulated engines: it counts the
@@ -252,4 +255,90 @@ func TestHealthEjectionAndSleep(t *testing.T) {
 	if h.isAsleep(a) || len(h.asleep) != 0 || len(h.ejected) != 0 {
 		t.Errorf("state of departed replicas kept: asleep %v, ejected %v", h.asleep, h.ejected)
 	}
+}
+
+// With SpillTo, a tier whose replicas all sleep is not ready: requests
+// spill to the next tier rather than wait on a sleeping replica, until a
+// replica wakes. A tier whose replicas are each held out, one asleep and
+// one cooling down, is not ready either.
+func TestGatewaySpillsPastSleepingReplicas(t *testing.T) {
+	c, err := e2e.StartCluster(3, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, b := c.URLs[0], c.URLs[1]
+	base := newSleepyBase(t, a, b)
+	next, err := New(c.URLs[2:], Config{ScrapeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.transport.CloseIdleConnections()
+	log, _ := newLogger()
+	g, err := New([]string{a, b}, Config{Logger: log, ScrapeInterval: time.Hour, Base: base, Name: "local",
+		SpillTo: []spill.Tier{next.Tier("next")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrape := func() {
+		t.Helper()
+		for _, k := range []string{a, b} {
+			if _, err := g.scraper.Scrape(context.Background(), k); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	send := func(wantFrom string) {
+		t.Helper()
+		code, body, h := post(t, g, "spill past sleep")
+		if code != http.StatusOK || !strings.Contains(body, "data: [DONE]") || h.Get(spill.DefaultHeader) != wantFrom {
+			t.Fatalf("%d, spilled from %q, want %q: %q", code, h.Get(spill.DefaultHeader), wantFrom, body)
+		}
+	}
+	local := func() int64 { return base.completions[a].Load() + base.completions[b].Load() }
+
+	// One asleep: the other serves.
+	base.asleep[a].Store(true)
+	scrape()
+	send("")
+	if n := local(); n != 1 {
+		t.Fatalf("%d requests reached the tier's replicas, want 1", n)
+	}
+
+	// Both asleep: the tier is not ready until the next scrape, and the
+	// request spills without reaching them.
+	base.asleep[b].Store(true)
+	scrape()
+	if ok, wait := g.ready(); ok || wait != time.Hour {
+		t.Errorf("every replica asleep: ready() = %v, %v; want false, the scrape interval", ok, wait)
+	}
+	send("local")
+	if n := local(); n != 1 {
+		t.Errorf("%d requests reached the sleeping replicas, want none", n-1)
+	}
+
+	// a asleep, b cooling down: held out both, the tier is not ready
+	// until b's cooldown ends, before the next scrape.
+	base.asleep[b].Store(false)
+	scrape()
+	g.ejector.Report(b, &retry.StatusError{Code: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"60"}}})
+	if st := g.State(); !slices.Equal(st.Cooling, []string{b}) {
+		t.Fatalf("cooling %v, want %s", st.Cooling, b)
+	}
+	if ok, wait := g.ready(); ok || wait <= 0 || wait > time.Minute {
+		t.Errorf("one replica asleep, one cooling: ready() = %v, %v; want false, b's cooldown", ok, wait)
+	}
+	send("local")
+
+	// a wakes: the tier is ready again and serves.
+	base.asleep[a].Store(false)
+	scrape()
+	if ok, _ := g.ready(); !ok {
+		t.Error("not ready with a replica awake")
+	}
+	send("")
+	if n := local(); n != 2 {
+		t.Errorf("%d requests reached the tier's replicas, want 2", n)
+	}
+	g.transport.CloseIdleConnections()
 }
