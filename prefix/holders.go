@@ -72,6 +72,21 @@ func (t *holderTable) get(key uint64) holder {
 	}
 }
 
+// warm reads the home slot of each key, each read independent of the
+// others, so that the processor fetches them from memory in parallel; see
+// lru.LRU.Warm.
+func (t *holderTable) warm(keys []uint64) uint64 {
+	var acc uint64
+	for _, k := range keys {
+		x := t.spread(k)
+		s := &t.shards[x>>(64-tableShardBits)]
+		if len(s.slots) != 0 {
+			acc += s.slots[s.home(x)].key
+		}
+	}
+	return acc
+}
+
 // put stores hd under key, deleting key when hd.bits is zero.
 func (t *holderTable) put(key uint64, hd holder) {
 	if hd.bits == 0 {

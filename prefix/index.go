@@ -157,6 +157,7 @@ type Index struct {
 	endpoints map[string]*endpoint
 	slots     []*endpoint // by slot; nil when free
 	occupied  []uint64    // bitset of non-nil slots
+	warmed    uint64      // keeps the reads of touchLocked's warm-up
 	// holders has one table per group of 64 slots, keyed by block hash;
 	// nil until the group's first endpoint arrives.
 	holders []*holderTable
@@ -480,6 +481,12 @@ func (x *Index) checkBlockSize(blockSize int) error {
 	return nil
 }
 
+// warmBlocks is the least number of blocks a touch reads ahead (see
+// lru.LRU.Warm): an index larger than the processor's caches waits for
+// memory at each block's holder entry, table slot and list node, and
+// reading them all first lets those misses overlap.
+const warmBlocks = 8
+
 // expiredBatch is how many expired blocks a Record drops beyond the blocks
 // it records.
 const expiredBatch = 16
@@ -520,6 +527,9 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 	}
 	w, bit := e.slot/64, uint64(1)<<(e.slot%64)
 	t := x.holders[w]
+	if n >= warmBlocks {
+		x.warmed += t.warm(blocks[:n]) + e.lru.Warm(blocks[:n])
+	}
 	minExp := int64(math.MaxInt64)
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]

@@ -51,6 +51,9 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 				t.Fatalf("op %d: Get(%x) = %d, %v; simplelru %d, %v", i/2, k, e1, ok1, e2, ok2)
 			}
 		case 3:
+			// Warm reads ahead and changes nothing, which the checks
+			// after the operation would see.
+			l.Warm(keys[:int(arg)%len(keys)])
 			e1, ok1 := l.Peek(k)
 			e2, ok2 := ref.Peek(k)
 			if e1 != e2 || ok1 != ok2 {

@@ -24,6 +24,22 @@ func home(h, mask uint64) uint64 {
 	return (h ^ h>>32) & mask
 }
 
+// warm reads the home slot of each of hs, each read independent of the
+// others, so that the processor fetches them from memory in parallel
+// before gets of the same hashes; it returns a value of the reads for the
+// caller to keep.
+func (t *hashIndex) warm(hs []uint64) uint64 {
+	if len(t.slots) == 0 {
+		return 0
+	}
+	mask := uint64(len(t.slots) - 1)
+	var acc uint64
+	for _, h := range hs {
+		acc += t.slots[home(h, mask)].hash
+	}
+	return acc
+}
+
 // get returns the entry of h, or 0.
 func (t *hashIndex) get(h uint64) int32 {
 	if len(t.slots) == 0 {

@@ -85,6 +85,8 @@ type Replica struct {
 	eng   Engine
 	kv    *kvPool
 	wmark int // watermark blocks kept free when admitting
+	// warmed keeps the reads of the cache's warm-ups (see publish).
+	warmed uint64
 
 	waiting []*Sequence // FIFO from whead
 	whead   int
@@ -478,6 +480,11 @@ func (r *Replica) publish(s *Sequence) {
 	}
 	full := min(len(s.Prefix), min(s.computed, s.PromptTokens)/bt)
 	per := bt / r.eng.BlockSize
+	if full-len(s.held) >= 8 {
+		// A large cache waits for memory at each block's slot: read
+		// them all first, so that the misses overlap.
+		r.warmed += r.kv.index.warm(s.Prefix[len(s.held):full])
+	}
 	for i := len(s.held); i < full; i++ {
 		r.cache(s, s.Prefix[i], per)
 	}
