@@ -32,7 +32,8 @@ type debugSource struct {
 
 type debugEndpoint struct {
 	Key           string               `json:"key"`
-	Healthy       bool                 `json:"healthy"`
+	Healthy       bool                 `json:"healthy"`          // false while asleep
+	Asleep        bool                 `json:"asleep,omitempty"` // the trusted scrape says the engine is asleep
 	Outstanding   int64                `json:"outstanding"`
 	Queued        int64                `json:"queued"`
 	PrefillTokens int64                `json:"prefill_tokens"`
@@ -71,6 +72,9 @@ func (s *server) state() debugState {
 	for _, e := range s.b.Stats() {
 		de := debugEndpoint{Key: e.Key, Healthy: e.Healthy, Outstanding: e.Outstanding, Queued: e.Queued,
 			PrefillTokens: e.PrefillTokens, DecodeTokens: e.DecodeTokens, IndexBlocks: s.ix.Len(e.Key)}
+		if s.sleep != nil {
+			de.Asleep = s.sleep.is(e.Key)
+		}
 		if s.scraper != nil {
 			if o, ok := s.scraper.Observation(e.Key); ok && !o.At.IsZero() {
 				sig := &gateway.DebugSignal{AgeSeconds: now.Sub(o.At).Seconds(), Running: o.Running, Waiting: o.Waiting, Engine: o.Engine.String()}

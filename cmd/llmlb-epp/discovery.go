@@ -245,11 +245,13 @@ func oneFamily(ips []string) []string {
 }
 
 // membership applies the replicas a source lists to the balancer, the
-// scraper and the KV-event subscriber.
+// scraper and the KV-event subscriber, and has the replicas that left
+// forgotten as asleep.
 type membership struct {
 	src      source
 	b        *llmlb.Balancer
 	scraper  *signals.Scraper     // nil: no scraping
+	sleep    *sleeping            // nil: no scraping
 	sub      *kvevents.Subscriber // nil: no KV events
 	scheme   string               // of the metrics URLs
 	path     string
@@ -361,6 +363,9 @@ func (m *membership) apply(addrs []string) error {
 	}
 	if err := m.b.Update(eps); err != nil {
 		return err
+	}
+	if m.sleep != nil {
+		m.sleep.retain(targets)
 	}
 	m.mu.Lock()
 	m.current = addrs

@@ -133,7 +133,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.sessionHeader, "session-header", httplb.DefaultSessionHeader, "header carrying the session (affinity) key; the body's \"user\" otherwise")
 	fs.StringVar(&o.tenantHeader, "tenant-header", "", "header taken as the tenant, e.g. x-llm-d-inference-fairness-id (formerly x-gateway-inference-fairness-id); only if the gateway sets or strips it (\"\": no tenant)")
 
-	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica (negative: off)")
+	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica (negative: off); a replica whose vLLM engine is asleep is not picked while its scrape says so, and while every replica sleeps requests are answered 503")
 	fs.DurationVar(&o.signalMaxAge, "signal-max-age", 0, "ignore engine observations older than this (0: three scrape intervals)")
 	fs.StringVar(&o.metricsPath, "metrics-path", "/metrics", "path of the replicas' Prometheus metrics")
 	fs.BoolVar(&o.metricsTLS, "metrics-https", false, "scrape the replicas' metrics over https")

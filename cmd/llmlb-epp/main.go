@@ -13,6 +13,16 @@
 // headless Service), re-resolved periodically. Their /metrics are scraped as
 // the policy's signal and, with -kv-events-port, their KV events followed.
 //
+// A replica whose vLLM engine was put to sleep (POST /sleep; the gauge
+// vllm:engine_sleep_state{sleep_state="awake"} 0 on every engine) reports no
+// requests, yet serves none until it wakes: while its last scrape, no older
+// than -signal-max-age, says so, it is marked unhealthy and picked no more,
+// and a scrape that finds it awake puts it back. While every replica that
+// may take a request is asleep, the picker answers 503 with
+// x-llm-d-request-dropped-reason: rejected-no-endpoints, as when none is
+// ready, rather than send requests to an engine that would hold them until
+// it wakes.
+//
 // It listens, as the reference EPP does, for ext_proc on :9002 (TLS with a
 // self-signed certificate unless -secure-serving=false or -cert-path names a
 // tls.crt and tls.key, which are reloaded when they change) and for gRPC

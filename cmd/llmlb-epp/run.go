@@ -59,6 +59,8 @@ type server struct {
 	group     *share.Group // nil without -nats
 	admission *retry.Admission
 	members   *membership
+	sleep     *sleeping     // nil without scraping
+	maxAge    time.Duration // the age past which the balancer trusts no observation
 	health    *health.Server
 	grpc      *grpc.Server // ext_proc and health
 	healthSrv *grpc.Server // health only
@@ -170,6 +172,7 @@ func newServer(o options) (_ *server, err error) {
 	if maxAge == 0 {
 		maxAge = llmlb.DefaultMaxSignalAge
 	}
+	s.maxAge = maxAge
 	if o.natsURL != "" {
 		// The connection keeps retrying in the background: a picker
 		// starts, and routes on its own state, while NATS is away.
@@ -202,6 +205,9 @@ func newServer(o options) (_ *server, err error) {
 	if s.b, err = llmlb.New(policy, opts...); err != nil {
 		return nil, err
 	}
+	if s.scraper != nil {
+		s.sleep = &sleeping{b: s.b}
+	}
 	if _, err := metrics.Watch(s.b); err != nil {
 		return nil, err
 	}
@@ -232,6 +238,7 @@ func newServer(o options) (_ *server, err error) {
 		src:     source{static: o.endpoints, file: o.endpointsFile, dns: o.dns, res: net.DefaultResolver},
 		b:       s.b,
 		scraper: s.scraper,
+		sleep:   s.sleep,
 		sub:     s.sub,
 		scheme:  scheme,
 		path:    o.metricsPath,
@@ -425,13 +432,30 @@ func (s *server) drain() {
 }
 
 // scraped logs a replica's scrape failures (the first, then each power of
-// ten in a row) and its recovery.
+// ten in a row) and its recovery, and keeps the replica out of picks while
+// the observation the balancer trusts (one no older than the maximum signal
+// age) says its engine is asleep ([sleeping]). A failed scrape leaves the
+// last good observation in place until it is older than that: a replica
+// that went to sleep and stopped answering its scrapes is then picked
+// again.
 func (s *server) scraped(prev, cur signals.Status) {
 	switch n := cur.ConsecutiveFailures; {
 	case n > 0 && isPowerOfTen(n):
 		s.log.Warn("llmlb-epp: scrape failed", "endpoint", cur.Key, "consecutive_failures", n, "error", cur.LastError)
 	case n == 0 && prev.ConsecutiveFailures > 0:
 		s.log.Info("llmlb-epp: scrape recovered", "endpoint", cur.Key, "failures", prev.ConsecutiveFailures)
+	}
+	if s.sleep == nil {
+		return
+	}
+	o, ok := s.scraper.Observation(cur.Key)
+	asleep := ok && o.Asleep && time.Since(o.At) <= s.maxAge
+	if s.sleep.set(cur.Key, asleep) {
+		if asleep {
+			s.log.Info("llmlb-epp: engine asleep, not picked while another replica is awake", "endpoint", cur.Key)
+		} else {
+			s.log.Info("llmlb-epp: engine awake", "endpoint", cur.Key)
+		}
 	}
 }
 
