@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/internal/respid"
 )
 
 // This file keeps the response affinity of the OpenAI Responses API, as
@@ -27,7 +28,7 @@ import (
 // httplb: a longer id is ignored, as is one a body writes with a JSON
 // escape. OpenAI's, vLLM's and SGLang's ids ("resp_" and 32 to 48
 // characters) are far shorter.
-const maxResponseIDLen = 256
+const maxResponseIDLen = respid.MaxLen
 
 // maxIDScan bounds the bytes of a response body kept to find the response's
 // id in: vLLM and SGLang write it in the first event of a stream
@@ -92,53 +93,10 @@ func decodePath(raw string) (path string, ok bool) {
 
 // storedResponseID returns the id of the stored response that a request
 // with the given method and decoded path (without its query: see
-// decodePath) addresses, as httplb reads it (storedResponseID in
-// httplb/affinity.go, whose rules these are): a GET or DELETE of
-// .../responses/{id}, a GET of .../responses/{id}/input_items, a POST to
-// .../responses/{id}/cancel (the routes of vLLM's
-// vllm/entrypoints/openai/responses/api_router.py and SGLang's
-// http_server.py, and the OpenAI API's). The id is one segment of the
-// decoded path, of 1 to maxResponseIDLen bytes, none of them a control
-// character or a space, and neither "." nor "..": an id escaped "%2F" in
-// the raw path is cut at that slash, and so, like any id of a path that
-// does not end .../responses/{id}, is not one.
-func storedResponseID(method, path string) (string, bool) {
-	switch method {
-	case http.MethodGet:
-		if p, ok := strings.CutSuffix(path, "/input_items"); ok {
-			if id, ok := responseSegment(p); ok {
-				return id, true
-			}
-		}
-		return responseSegment(path)
-	case http.MethodDelete:
-		return responseSegment(path)
-	case http.MethodPost:
-		if p, ok := strings.CutSuffix(path, "/cancel"); ok {
-			return responseSegment(p)
-		}
-	}
-	return "", false
-}
-
-// responseSegment returns the last segment of path if path is
-// .../responses/{id} with a valid id (see storedResponseID).
-func responseSegment(path string) (string, bool) {
-	i := strings.LastIndexByte(path, '/')
-	if i < 0 || !strings.HasSuffix(path[:i], "/responses") {
-		return "", false
-	}
-	id := path[i+1:]
-	if id == "" || len(id) > maxResponseIDLen || id == "." || id == ".." {
-		return "", false
-	}
-	for j := 0; j < len(id); j++ {
-		if c := id[j]; c <= ' ' || c == 0x7f {
-			return "", false
-		}
-	}
-	return id, true
-}
+// decodePath) addresses, by the rules httplb reads it with
+// (respid.Stored): an id escaped "%2F" in the raw path is cut at that
+// slash, and so is not one.
+func storedResponseID(method, path string) (string, bool) { return respid.Stored(method, path) }
 
 // plainResponseID reports whether id may be a response id: 1 to
 // maxResponseIDLen bytes, none of them a control character, a space, a

@@ -10,6 +10,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/internal/lru"
+	"github.com/llmlb/llmlb/internal/respid"
 )
 
 // This file keeps the response affinity of the OpenAI Responses API: vLLM
@@ -26,7 +27,7 @@ const DefaultMaxResponseIDs = 1 << 16
 // maxResponseIDLen bounds the response ids remembered and looked up: a
 // longer id, or one with an escape, is ignored. OpenAI's, vLLM's and
 // SGLang's ids ("resp_" and 32 to 48 characters) are far shorter.
-const maxResponseIDLen = 256
+const maxResponseIDLen = respid.MaxLen
 
 // responseIDs remembers, for each response id, the endpoint that produced
 // it. It keeps seeded 64-bit hashes of both, not the strings: each id costs
@@ -87,60 +88,8 @@ func isResponses(req *http.Request) bool {
 }
 
 // storedResponseID returns the id of the stored response that a request
-// with the given method and path addresses, and reports whether it
-// addresses one: a GET of .../responses/{id} (retrieve, with or without
-// ?stream=true), a POST to .../responses/{id}/cancel, as vLLM and SGLang
-// route them (retrieve_responses and cancel_responses in vLLM's
-// vllm/entrypoints/openai/responses/api_router.py, commit f6e93254b870;
-// v1_retrieve_responses and v1_cancel_responses in SGLang's
-// python/sglang/srt/entrypoints/http_server.py, main as of 2026), and the
-// OpenAI API's DELETE of .../responses/{id} and GET of
-// .../responses/{id}/input_items, which an engine storing responses would
-// serve on the same replica. The id is one path segment of 1 to
-// maxResponseIDLen bytes, none of them a control character, a space or
-// '/', and neither "." nor "..".
-//
-// path is the request's decoded path (url.URL.Path), as the engines'
-// routers (Starlette's) match it: an escaped slash ("%2F") is a slash
-// there, so that "/v1/responses/a%2Fb" addresses no stored response, and
-// any other escape stands for the byte it encodes. It does not allocate,
-// and takes time linear in the length of path.
-func storedResponseID(method, path string) (string, bool) {
-	switch method {
-	case http.MethodGet:
-		if id, ok := responseSegment(strings.CutSuffix(path, "/input_items")); ok {
-			return id, true
-		}
-		return responseSegment(path, true)
-	case http.MethodDelete:
-		return responseSegment(path, true)
-	case http.MethodPost:
-		return responseSegment(strings.CutSuffix(path, "/cancel"))
-	}
-	return "", false
-}
-
-// responseSegment returns the last segment of path if ok is set and path
-// is .../responses/{id} with a valid id (see storedResponseID).
-func responseSegment(path string, ok bool) (string, bool) {
-	if !ok {
-		return "", false
-	}
-	i := strings.LastIndexByte(path, '/')
-	if i < 0 || !strings.HasSuffix(path[:i], "/responses") {
-		return "", false
-	}
-	id := path[i+1:]
-	if id == "" || len(id) > maxResponseIDLen || id == "." || id == ".." {
-		return "", false
-	}
-	for j := 0; j < len(id); j++ {
-		if c := id[j]; c <= ' ' || c == 0x7f {
-			return "", false
-		}
-	}
-	return id, true
-}
+// with the given method and decoded path addresses (see respid.Stored).
+func storedResponseID(method, path string) (string, bool) { return respid.Stored(method, path) }
 
 // pin restricts lr to the endpoint that produced the response that the
 // request continues, whose id is prev, and reports whether it did: when the
