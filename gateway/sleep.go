@@ -7,20 +7,20 @@ import (
 	"github.com/llmlb/llmlb/retry"
 )
 
-// health marks the replicas on the balancer for the two that keep them
-// out of picks, the ejector and the scrapes that find an engine asleep
-// ([signals.Observation].Asleep), so that neither undoes the other: a
-// replica is marked healthy when neither keeps it out. The ejector is
-// given health as its [retry.Health] in the balancer's place; sleeps are
-// marked through setAsleep. The balancer picks no unhealthy replica while
-// a healthy one is a candidate, and picks among the unhealthy ones when
-// none is: a sleeping replica, whose zero requests would otherwise make it
-// the idlest, takes no request while another is awake, and when all
-// sleep, the requests wait for one to wake rather than fail. (vLLM queues what a sleeping engine is sent
-// until wake_up: since vllm-project/vllm#34528 EngineCore.sleep pauses
-// the scheduler first, and resume_scheduler "flush[es] any requests queued
-// while paused", vllm/v1/engine/core.py; before it, the engine crashed on
-// them, #15483.)
+// health marks the replicas on the balancer for the two that keep them out of
+// picks, the ejector and the scrapes that find an engine asleep
+// ([signals.Observation].Asleep), so that neither undoes the other: a replica
+// is marked healthy when neither keeps it out. The ejector is given health as
+// its [retry.Health] in the balancer's place; sleeps are marked through
+// setAsleep. The balancer picks no unhealthy replica while a healthy one is a
+// candidate, and picks among the unhealthy ones when none is: a sleeping
+// replica, whose zero requests would otherwise make it the idlest, takes no
+// request while another is awake, and when all sleep, the requests wait for
+// one to wake rather than fail. (vLLM queues what a sleeping engine is sent
+// until wake_up: since vllm-project/vllm#34528 EngineCore.sleep pauses the
+// scheduler first, and resume_scheduler "flush[es] any requests queued while
+// paused", vllm/v1/engine/core.py; before it, the engine crashed on them,
+// #15483.)
 //
 // health marks a replica only when its state changes, so a mark of the
 // caller's own on [Gateway.Balancer] stands until the ejector or a scrape

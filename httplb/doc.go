@@ -36,8 +36,9 @@
 // first "data:" line of a server-sent event stream, after the preamble
 // events an OpenAI Responses stream starts with before generation, or the
 // first byte of any other body) is the commitment point: the pick's
-// FirstToken is called and the response is returned; from then on every body Read passes straight through,
-// a failure reaches the caller as a read error and is never retried, and the
+// FirstToken is called and the response is returned; from then on every
+// body Read passes straight through, a failure reaches the caller as a read
+// error and is never retried, and the
 // pick's Done is called exactly once when the body ends, fails or is closed.
 // An event stream is held back to the end of its first "data:" line (or
 // only to the first byte of its value, if that is not a JSON object; at

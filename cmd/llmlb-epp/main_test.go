@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -388,4 +389,14 @@ func TestFileSourceAddresses(t *testing.T) {
 	// -dns names its host with the same rule.
 	_, err := parseFlags([]string{"-dns", "vllm headless:8000"}, io.Discard)
 	require.ErrorContains(t, err, "-dns")
+}
+
+// TestScrapeCentury: a scrape interval whose three-fold default signal age
+// overflows builds, with an age that never runs out, as the gateway's.
+func TestScrapeCentury(t *testing.T) {
+	o, err := parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-scrape", "1000000h"}, io.Discard)
+	require.NoError(t, err)
+	s, err := newServer(o)
+	require.NoError(t, err)
+	require.Equal(t, time.Duration(math.MaxInt64), s.maxAge)
 }

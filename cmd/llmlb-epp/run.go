@@ -166,6 +166,9 @@ func newServer(o options) (_ *server, err error) {
 		}
 		if maxAge == 0 {
 			maxAge = 3 * interval
+			if maxAge/3 != interval {
+				maxAge = math.MaxInt64 // an interval of a century or more
+			}
 		}
 		signal = s.scraper
 	}
