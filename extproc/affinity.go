@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"hash/maphash"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 
@@ -69,31 +68,14 @@ func (r *responseIDs) lookup(id string) (string, bool) {
 
 // isResponsesCreate reports whether a request creates an OpenAI Responses
 // API response: a POST to a path ending in /responses (httplb's rule, on
-// the decoded path: see decodePath).
+// the decoded path: see requestURL).
 func isResponsesCreate(method, path string) bool {
 	return method == http.MethodPost && strings.HasSuffix(path, "/responses")
 }
 
-// decodePath returns the path of a request whose :path pseudo-header, less
-// its query, is raw, decoded as httplb reads it (url.URL.Path, which
-// storedResponseID in httplb/affinity.go is given) and as the engines'
-// routers (Starlette's) match it: "%2F" is a slash, any other escape
-// stands for the byte it encodes. ok is false if raw has an invalid escape
-// ("%", "%2", "%zz"), which net/http refuses (url.ParseRequestURI), so that
-// httplb never reads such a path. It allocates only for a path with an
-// escape.
-func decodePath(raw string) (path string, ok bool) {
-	if strings.IndexByte(raw, '%') < 0 {
-		return raw, true
-	}
-	// PathUnescape decodes as url.URL.Path is decoded: '+' is itself.
-	p, err := url.PathUnescape(raw)
-	return p, err == nil
-}
-
 // storedResponseID returns the id of the stored response that a request
 // with the given method and decoded path (without its query: see
-// decodePath) addresses, by the rules httplb reads it with
+// requestURL) addresses, by the rules httplb reads it with
 // (respid.Stored): an id escaped "%2F" in the raw path is cut at that
 // slash, and so is not one.
 func storedResponseID(method, path string) (string, bool) { return respid.Stored(method, path) }

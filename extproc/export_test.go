@@ -1,8 +1,11 @@
 package extproc
 
 import (
-	"strings"
+	"context"
+	"net/http"
 	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 )
 
 // SetAfterFunc replaces the timer that arms the body deadlines of s's
@@ -48,11 +51,26 @@ func PreviousResponseID(body []byte) (string, bool) { return previousResponseID(
 
 // StoredResponseID returns the id of the stored response that a request
 // with the given method and :path addresses, as a stream reads it.
-func StoredResponseID(method, rawPath string) (string, bool) {
-	raw, _, _ := strings.Cut(rawPath, "?")
-	path, ok := decodePath(raw)
+func StoredResponseID(method, path string) (string, bool) {
+	st := headersOnly(method, path)
+	decoded, ok := st.decodedPath()
 	if !ok {
 		return "", false
 	}
-	return storedResponseID(method, path)
+	return storedResponseID(st.method, decoded)
+}
+
+// ParserRequest returns the request a stream gives its parser for request
+// headers with the given :method and :path.
+func ParserRequest(method, path string) *http.Request {
+	return headersOnly(method, path).httpRequest()
+}
+
+// headersOnly returns a stream that has read request headers with the
+// given :method and :path.
+func headersOnly(method, path string) *stream {
+	st := &stream{ctx: context.Background()}
+	st.readHeaders(&corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+		{Key: ":method", RawValue: []byte(method)}, {Key: ":path", RawValue: []byte(path)}}})
+	return st
 }

@@ -61,7 +61,8 @@ type stream struct {
 	reqEnded    bool        // the request's end of stream was seen (headers, body or trailers)
 	hdr         http.Header // canonical keys; nil until a header is read
 	method      string
-	path        string
+	target      url.URL // the :path as net/http reads it (see requestURL)
+	validPath   bool    // net/http would accept the :path: target.Path is its decoded path
 	authority   string
 	requestID   string
 	body        []byte          // the request body gathered; nil once routed
@@ -339,8 +340,10 @@ func (st *stream) responseTrailers(m *extprocv3.ProcessingRequest) error {
 }
 
 // readHeaders keeps the request's headers for the parser: pseudo-headers as
-// the method, path and authority, the others under canonical keys.
+// the method, URL (see requestURL) and authority, the others under
+// canonical keys.
 func (st *stream) readHeaders(hm *corev3.HeaderMap) {
+	var path string
 	for _, hv := range hm.GetHeaders() {
 		k, v := hv.GetKey(), headerValue(hv)
 		if strings.HasPrefix(k, ":") {
@@ -348,7 +351,7 @@ func (st *stream) readHeaders(hm *corev3.HeaderMap) {
 			case ":method":
 				st.method = v
 			case ":path":
-				st.path = v
+				path = v
 			case ":authority":
 				st.authority = v
 			}
@@ -362,6 +365,7 @@ func (st *stream) readHeaders(hm *corev3.HeaderMap) {
 			st.requestID = v
 		}
 	}
+	st.target, st.validPath = requestURL(path)
 }
 
 // headerValue returns a header's value: raw_value, which Envoy sets, else
@@ -373,17 +377,44 @@ func headerValue(hv *corev3.HeaderValue) string {
 	return hv.GetValue()
 }
 
-// httpRequest returns the request as the parser sees it.
+// httpRequest returns the request as the parser sees it: its URL is the
+// :path read as net/http reads a request's target (see requestURL), so that
+// a [httplb.ParserConfig.Tenant] reads the same Path, RawPath and RawQuery
+// here as behind httplb's proxy.
 func (st *stream) httpRequest() *http.Request {
-	r := &http.Request{Method: st.method, Host: st.authority, Header: st.hdr, URL: &url.URL{Path: st.path},
+	u := st.target // a copy: what the parser does with it is not read back
+	r := &http.Request{Method: st.method, Host: st.authority, Header: st.hdr, URL: &u,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Body: http.NoBody}
 	if r.Header == nil {
 		r.Header = http.Header{}
 	}
-	if i := strings.IndexByte(st.path, '?'); i >= 0 {
-		r.URL.Path, r.URL.RawQuery = st.path[:i], st.path[i+1:]
-	}
 	return r.WithContext(st.ctx)
+}
+
+// requestURL returns the URL of a request whose :path pseudo-header is p, as
+// net/http reads a request's target (url.ParseRequestURI, called by
+// readRequest in net/http/request.go and, for HTTP/2, by NewServerRequest in
+// net/http/internal/httpcommon/httpcommon.go, Go 1.26), and so as httplb's
+// parser is given it: Path decoded, as the engines' routers (Starlette's)
+// match it ("%2F" a slash, any other escape the byte it encodes), RawPath
+// set when p's escapes are not the default ones, RawQuery the query,
+// unchecked.
+//
+// ok is false, and the URL has Path p less its query and RawQuery the
+// query, for a :path that net/http refuses (an invalid escape in the path,
+// "%", "%2" or "%zz", or a control character), for one not in origin form
+// (a '/' and the path, RFC 9113 section 8.3.1: what Envoy sends), and for
+// an empty one (the request headers skipped, or without :path). Such a
+// request is routed as any other, its body parsed, but addresses no stored
+// response, as httplb never reads such a path.
+func requestURL(p string) (u url.URL, ok bool) {
+	if strings.HasPrefix(p, "/") {
+		if pu, err := url.ParseRequestURI(p); err == nil {
+			return *pu, true
+		}
+	}
+	u.Path, u.RawQuery, _ = strings.Cut(p, "?")
+	return u, false
 }
 
 type routeKind int
@@ -575,11 +606,11 @@ func (st *stream) responseRef() (string, bool) {
 	return "", false
 }
 
-// decodedPath returns the request's path without its query, decoded (see
-// decodePath); ok is false if it has an invalid escape.
+// decodedPath returns the request's path without its query, decoded as
+// the parser is given it (see requestURL); ok is false if net/http would
+// refuse the :path.
 func (st *stream) decodedPath() (string, bool) {
-	raw, _, _ := strings.Cut(st.path, "?")
-	return decodePath(raw)
+	return st.target.Path, st.validPath
 }
 
 // pickAllowed picks an endpoint for lr whose host allowed holds (any, if
