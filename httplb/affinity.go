@@ -54,6 +54,14 @@ func (r *responseIDs) learn(id []byte, key string) {
 	r.mu.Unlock()
 }
 
+// learnString is learn for an id held in a string.
+func (r *responseIDs) learnString(id, key string) {
+	h, k := maphash.String(r.seed, id), int64(maphash.String(r.seed, key))
+	r.mu.Lock()
+	r.l.Add(h, k)
+	r.mu.Unlock()
+}
+
 // lookup returns the hash of the key of the endpoint that produced the
 // response id, if it is remembered.
 func (r *responseIDs) lookup(id []byte) (key uint64, ok bool) {

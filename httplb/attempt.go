@@ -38,19 +38,28 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		unpinned := lreq.Exclude
 		if isResponses(out) {
 			a.learn = !info.noStore
-			if info.prevID != nil && t.pin(&lreq, info.prevID) {
-				// The response continued is in the memory of one endpoint:
-				// any other would answer 404, so none is tried.
-				a.attempts, a.pinned, a.unpinned = 1, true, unpinned
+			if info.prevID != nil {
+				if t.pin(&lreq, info.prevID) {
+					// The response continued is in the memory of one
+					// endpoint: any other would answer 404, so none is
+					// tried.
+					a.attempts, a.pinned, a.unpinned = 1, true, unpinned
+				} else {
+					// Produced through another router, or forgotten: the
+					// endpoints are probed for it (see probeNext).
+					a.probeID = string(info.prevID)
+				}
 			}
 		} else if id, ok := storedResponseID(out.Method, out.URL.Path); ok {
-			// A retrieve or cancel of a stored response: sent once, to the
-			// endpoint holding it if it is known, else wherever the
-			// balancer picks, since another endpoint would answer 404 as
-			// well. Its answer is no new output.
+			// A retrieve, cancel or delete of a stored response: sent
+			// once, to the endpoint holding it if it is known, else to
+			// each endpoint in turn while they answer 404. Its answer is
+			// no new output.
 			a.attempts, a.stored = 1, true
 			if t.pinString(&lreq, id) {
 				a.pinned, a.unpinned = true, unpinned
+			} else {
+				a.probeID = id
 			}
 		}
 	}
@@ -70,7 +79,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	t.budget.Start()
 	var resp *http.Response
-	if t.hedging && a.attempts > 1 {
+	if t.hedging && a.attempts > 1 && a.probeID == "" {
 		resp, err = a.runHedged(ctx)
 	} else {
 		resp, err = a.run(ctx)
@@ -126,6 +135,13 @@ type attempt struct {
 	// them.
 	pinned   bool
 	unpinned []string
+	// probeID is the id of the stored response that a request not pinned
+	// addresses (continues, retrieves, cancels or deletes): while the
+	// endpoints answer 404, it is sent to the next one (see probeNext).
+	probeID string
+	// probe is the pick of the next endpoint probed, made by probeNext and
+	// taken by next.
+	probe *llmlb.Pick
 
 	// committed is set by the attempt that commits: the first to receive
 	// its first event, or the one whose status answer is handed to the
@@ -152,6 +168,10 @@ type try struct {
 // next picks the endpoint of the next attempt (see pick) and makes it the
 // request's next attempt.
 func (a *attempt) next(ctx context.Context, fallback bool) (*try, error) {
+	if p := a.probe; p != nil {
+		a.probe = nil
+		return a.add(*p), nil
+	}
 	p, err := a.pick(ctx, fallback)
 	if err != nil {
 		return nil, err
@@ -386,6 +406,14 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 	t := a.t
 	var status *retry.StatusError
 	isStatus := errors.As(tr.err, &status)
+	if isStatus && status.Code == http.StatusNotFound && a.probeID != "" {
+		if a.probeNext(ctx) {
+			drain(tr.resp.Body)
+			a.finish(tr, tr.err, retry.Abandoned)
+			return 0, false, nil, nil
+		}
+		return 0, true, a.commitStatus(tr, retry.Abandoned), nil
+	}
 	retryable := t.classify(tr.err)
 	if isStatus && !retryable {
 		// An answer that is not retried (a 400, a 404): the caller gets
@@ -449,6 +477,38 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 		return 0, true, nil, tr.err
 	}
 	return 0, true, nil, &retry.GiveUpError{Attempts: a.n, Reason: reason, Err: tr.err}
+}
+
+// probeNext picks the next endpoint to probe for the stored response that
+// the request addresses, after an endpoint answered 404, and reports
+// whether there is one: an endpoint not tried yet, and the retry budget's
+// leave to send it. The stores are per process, so a response unknown to
+// this Transport (produced through another replica of the router, or
+// before it restarted) is on any endpoint, and vLLM and SGLang answer 404
+// for a response they do not hold before they compute anything
+// (vllm/entrypoints/openai/serving_responses.py, _make_not_found_error,
+// for a retrieve, a cancel and a previous_response_id). Each endpoint is
+// tried once at most, so a request makes at most one attempt per member,
+// and each probe after the first is a retry for the budget, which bounds
+// what a client sending unknown ids can make the pool answer.
+func (a *attempt) probeNext(ctx context.Context) bool {
+	t := a.t
+	if ctx.Err() != nil {
+		return false
+	}
+	p, err := a.pick(ctx, false)
+	if err != nil {
+		return false
+	}
+	if !t.budget.Withdraw() {
+		p.Done(errNotSent)
+		if t.obs.Denied != nil {
+			t.obs.Denied()
+		}
+		return false
+	}
+	a.probe = &p
+	return true
 }
 
 // retryCause is the cause given to the Retry observer for the failed
@@ -551,6 +611,12 @@ func (a *attempt) send(ctx context.Context, tr *try) {
 	}
 	if q, ok := t.reporter.(retry.QuotaReporter); ok {
 		q.ReportQuota(tr.key, resp.Header)
+	}
+	if a.stored && a.probeID != "" {
+		// The endpoint answered for the response: it holds it. (The
+		// response a continuation continues is not remembered: its answer
+		// is, and the conversation goes on from there.)
+		t.ids.learnString(a.probeID, tr.key)
 	}
 	if a.learn && resp.StatusCode != http.StatusSwitchingProtocols {
 		if id := heldResponseID(b.buf, isEventStream(resp.Header)); id != nil {

@@ -82,16 +82,24 @@
 // knows goes to that endpoint only, excluding every other member, and is
 // never retried or hedged: the endpoint's answer, a 503 say, is the
 // client's. A request continuing a response it does not know (produced
-// through another router, or forgotten) or whose endpoint has left the
-// membership (or is excluded by [Config.Adjust]) is routed as any other.
+// through another replica of the router, or before a restart, or
+// forgotten) is routed as any other, and probes: while the endpoints answer
+// 404, which vLLM and SGLang answer for a response they do not hold before
+// computing anything, it is sent to the next endpoint not tried yet (not
+// hedged, each endpoint at most once, each probe after the first a retry
+// for [Config.Retry]'s budget, which bounds what a client sending unknown
+// ids can cost), and the endpoint that answers is remembered as the
+// response's. The last endpoint's 404 is the answer when none holds it. A
+// request continuing a response whose endpoint has left the membership (or
+// is excluded by [Config.Adjust]) is routed as any other, without probing.
 // A request addressing a stored response by its id in the path, as vLLM
 // and SGLang route them (a GET of .../responses/{id}, a retrieve, with
 // ?stream=true or not; a POST to .../responses/{id}/cancel) or as the
 // OpenAI API does (a DELETE of .../responses/{id}, a GET of
 // .../responses/{id}/input_items), goes to the endpoint that produced the
-// response alike, and is sent once whether its id is known or not: the
-// pinned endpoint's 404 is the answer, and another endpoint picked for an
-// unknown id would not hold the response any more likely than the first.
+// response alike, and is sent once to it: the pinned endpoint's answer, a
+// 404 say, is the client's. For an id it does not know it probes as a
+// continuation does, and is not otherwise retried.
 // The id is a segment of the decoded path, as the engines' routers read
 // it, so that an escaped slash is a slash and "%2F" splits no id. Such a
 // request is no new inference: its answer, even an event stream, is

@@ -184,12 +184,13 @@ type Config struct {
 	// MaxResponseIDs bounds the OpenAI Responses API response ids the
 	// Transport remembers for response affinity (see [Transport]): the
 	// least recently used is forgotten beyond it, and a request continuing,
-	// retrieving or cancelling a forgotten response is routed as any other
-	// (a retrieve or cancel, once). Each id costs about 60
+	// retrieving or cancelling a forgotten response is routed as any other,
+	// probing the endpoints in turn while they answer 404 (see the package
+	// documentation). Each id costs about 60
 	// bytes whatever its length (about 4 MiB at the default). 0 means
 	// [DefaultMaxResponseIDs]; a negative value remembers none, which
 	// turns response affinity off: a request addressing a stored response
-	// is then routed, and retried, as any other.
+	// is then routed, and retried, as any other, without probing.
 	MaxResponseIDs int
 }
 
@@ -261,8 +262,10 @@ type Config struct {
 // endpoint only, once: not retried or hedged, since any other endpoint
 // would answer 404 (see the package documentation and
 // [Config.MaxResponseIDs]); so is a retrieve, cancel or delete of a stored
-// response by its id, and such a request with an id it does not know is
-// sent once, to the endpoint the balancer picks.
+// response by its id. Such a request with an id it does not know goes to
+// the endpoint the balancer picks, and then to each other endpoint in turn
+// while they answer 404, within the retry budget; the endpoint that answers
+// is remembered.
 //
 // A Transport is safe for concurrent use. It starts no goroutines, except,
 // when hedging, one per attempt, each of which has ended when RoundTrip

@@ -69,7 +69,7 @@ func TestResponsesRetrieveThroughGateway(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, status, "cancel %d: %s", i, got)
 		assert.Contains(t, string(got), "Cannot cancel a synchronous response.")
 	}
-	// An id no engine holds is answered 404 by the one engine it is sent to.
+	// An id no engine holds is answered 404, once each engine said so.
 	status, got, err := getBody(ctx, client, http.MethodGet, base+"/v1/responses/resp_unknown")
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusNotFound, status, "%s", got)
