@@ -112,7 +112,9 @@ type Config struct {
 	// its cap ([httplb.Parser.MaxBodyBytes]) and 1 GiB bounds the body a
 	// stream holds, and a longer one is refused with 413. Take the
 	// tenant from a header only if the gateway sets or removes it
-	// ([httplb.ParserConfig.TrustTenantHeader]).
+	// ([httplb.ParserConfig.TrustTenantHeader]). Its functions see the
+	// request's :path as net/http reads a request target (decoded Path,
+	// RawPath, RawQuery), as behind httplb's proxy.
 	// nil means a Parser with the defaults of [httplb.ParserConfig].
 	// In BUFFERED mode a whole body comes in one gRPC message: give the
 	// grpc.Server a grpc.MaxRecvMsgSize above the cap (grpc-go's default
