@@ -636,7 +636,15 @@ func (g *Gateway) retryObserver(user *retry.Observer) *retry.Observer {
 		Retry: func(attempt int, cause error) {
 			// cause names the endpoint and the request id (see
 			// httplb.Config.Retry).
-			g.log.Warn("gateway: attempt failed before its first token, retrying", "attempt", attempt, "error", cause)
+			var status *retry.StatusError
+			if errors.As(cause, &status) && status.Code == http.StatusNotFound {
+				// Not retried as a failure: a request for a stored
+				// response the gateway does not know tries the next
+				// endpoint (see httplb.Transport).
+				g.log.Debug("gateway: stored response not on this endpoint, trying the next", "attempt", attempt, "error", cause)
+			} else {
+				g.log.Warn("gateway: attempt failed before its first token, retrying", "attempt", attempt, "error", cause)
+			}
 			if u.Retry != nil {
 				u.Retry(attempt, cause)
 			}
