@@ -31,13 +31,7 @@ func TestResponsesAcrossGatewayReplicas(t *testing.T) {
 	instructions := randomText(11, 2048)
 	var ids []string
 	for i := range 6 {
-		status, body, err := postBody(ctx, client, baseA+"/v1/responses", responsesBody(instructions, "question "+string(rune('a'+i)), want, false))
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, status, "%s", body)
-		var created map[string]any
-		require.NoError(t, json.Unmarshal(body, &created))
-		id, _ := created["id"].(string)
-		require.NotEmpty(t, id)
+		id, _ := createResponse(t, client, baseA, instructions, "question "+string(rune('a'+i)), want)
 		ids = append(ids, id)
 	}
 

@@ -30,6 +30,19 @@ func getBody(ctx context.Context, client *http.Client, method, url string) (int,
 	return resp.StatusCode, b, err
 }
 
+// createResponse creates a stored response through the gateway at base and
+// returns its id and the whole answer.
+func createResponse(t *testing.T, client *http.Client, base, instructions, input string, want int) (string, []byte) {
+	t.Helper()
+	status, body, err := postBody(context.Background(), client, base+"/v1/responses", responsesBody(instructions, input, want, false))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	var created struct{ ID string }
+	require.NoError(t, json.Unmarshal(body, &created))
+	require.NotEmpty(t, created.ID)
+	return created.ID, body
+}
+
 // A stored response lives in the memory of the engine that produced it,
 // as in vLLM's and SGLang's: through the gateway, every retrieve of it and
 // every cancel goes to that engine, though the balancer would spread
@@ -46,13 +59,7 @@ func TestResponsesRetrieveThroughGateway(t *testing.T) {
 
 	const want = 4
 	instructions := randomText(7, 2048)
-	status, body, err := postBody(ctx, client, base+"/v1/responses", responsesBody(instructions, "first question", want, false))
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, status, "%s", body)
-	var created map[string]any
-	require.NoError(t, json.Unmarshal(body, &created))
-	id, _ := created["id"].(string)
-	require.NotEmpty(t, id)
+	id, body := createResponse(t, client, base, instructions, "first question", want)
 
 	const n = 30
 	for i := range n {
