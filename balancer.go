@@ -712,7 +712,11 @@ func (b *Balancer) pickFast(snap *snapshot, r *Request) (Pick, error) {
 			decode = min(decode, int64(r.MaxTokens))
 		}
 	}
+	if r.Choices > 1 {
+		decode = min(decode*int64(r.Choices), maxTokens)
+	}
 	rec := b.newRecord(st, prompt, prompt, decode)
+	rec.choices = uint32(r.choices())
 	if b.signal != nil {
 		b.commitEpoch(rec, st, prompt, decode, &t, false)
 	}
@@ -842,7 +846,7 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	prefill := prompt - int64(min(c.cached, r.PromptTokens))
 	decode := c.reqTok - prompt
 	rec := b.newRecord(st, prefill, prompt, decode)
-	rec.kind, rec.feature = c.outKind, c.outFeature
+	rec.kind, rec.feature, rec.choices = c.outKind, c.outFeature, uint32(c.req.choices())
 	rec.active, c.active = c.active, nil
 	c.signalAge = -1
 	timed := b.obs != nil || b.learn || b.peak != nil // they need the time of the pick
@@ -947,7 +951,7 @@ func (b *Balancer) unobserved() bool {
 func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record {
 	rec := recordPool.Get().(*record)
 	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work, rec.area0 = st, b, 0, 0, never, 0, 0
-	rec.kind, rec.feature, rec.active, rec.prefillOnly = 0, 0, nil, false
+	rec.kind, rec.feature, rec.active, rec.prefillOnly, rec.choices = 0, 0, nil, false, 1
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	if rec.spill != 0 && !b.spilled.Load() {
 		b.spilled.Store(true)
@@ -1069,11 +1073,15 @@ func (p Pick) done(err error, notify bool) {
 	if streaming && err == nil {
 		// Only a request that streamed to its end measures decode and
 		// teaches its output length.
+		// What is learned is one completion's: a request's completions
+		// decode side by side, each a token an iteration.
+		choices := int64(rec.choices)
 		if b.learn && st.est != nil && rec.first != never {
 			tokens := int64(rec.d2 >> 32) // the decode charged
 			if out > 0 {
 				tokens = out
 			}
+			tokens = perChoice(tokens, choices)
 			// The mean of this balancer's tokens outstanding at the
 			// endpoint while the request decoded.
 			load := -1.0
@@ -1083,13 +1091,14 @@ func (p Pick) done(err error, notify bool) {
 			st.est.done(time.Duration(now-rec.first), tokens, now, load)
 		}
 		if b.outputs != nil && out > 0 {
-			b.outputs.observe(rec.kind, rec.feature, out)
+			b.outputs.observe(rec.kind, rec.feature, max(perChoice(out, choices), 1))
 		}
 		if b.peak != nil {
 			tokens := int64(rec.d2 >> 32) // the decode charged
 			if out > 0 {
 				tokens = out
 			}
+			tokens = perChoice(tokens, choices)
 			now := b.now()
 			st.aux.lat.observe(float64(now-picked)/1e9/float64(max(tokens, 1)), now, b.peak.decay)
 		}
@@ -1195,7 +1204,11 @@ type record struct {
 	out           atomic.Uint64
 	kind, feature uint64      // the request's output-prediction keys
 	active        *activeHold // the request's active blocks, released at Done
-	_             [8]byte     // to 128 bytes (see the record pool)
+	// choices is the request's completions (Request.Choices, at least 1):
+	// its decode and output count all of them, and what is learned from
+	// them is one completion's.
+	choices uint32
+	_       [4]byte // to 128 bytes (see the record pool)
 }
 
 // The packing of record.out: a generation tag, the low 33 bits of the

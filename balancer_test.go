@@ -368,7 +368,7 @@ func TestConcurrentAccountingProperty(t *testing.T) {
 					for range ops {
 						switch op := rng.IntN(100); {
 						case op < 45:
-							r := Request{PromptTokens: rng.IntN(5000), MaxTokens: rng.IntN(600)}
+							r := Request{PromptTokens: rng.IntN(5000), MaxTokens: rng.IntN(600), Choices: rng.IntN(3) * rng.IntN(9)}
 							if rng.IntN(4) == 0 {
 								r.Exclude = []string{"ep" + strconv.Itoa(rng.IntN(pool))}
 							}

@@ -251,7 +251,8 @@ func (c *Candidates) nowNanos() int64 { return c.t.nanos(c.b) }
 
 // RequestTokens returns the work, in tokens, that the request being picked
 // adds to an endpoint: its prompt tokens plus its expected decode tokens
-// (OutputTokens, else the decode allowance capped by MaxTokens).
+// (OutputTokens, else the decode allowance capped by MaxTokens, times its
+// Choices).
 func (c *Candidates) RequestTokens() int64 { return c.reqTok }
 
 // EndpointLoad is the balancer's estimate of one candidate's load.
@@ -569,8 +570,8 @@ func (b *Balancer) observedAt(st *epState) int64 {
 
 // decodeEstimate returns the decode work charged for the request: the
 // caller's estimate, else the learned length of its kind, else the
-// allowance, capped by MaxTokens. With output prediction it also notes the
-// request's keys in c.
+// allowance, capped by MaxTokens, times its choices (at most maxTokens).
+// With output prediction it also notes the request's keys in c.
 func (c *Candidates) decodeEstimate(b *Balancer) int64 {
 	r := c.req
 	c.outKind, c.outFeature = 0, 0
@@ -578,7 +579,7 @@ func (c *Candidates) decodeEstimate(b *Balancer) int64 {
 		c.outKind, c.outFeature = outputKeys(r)
 	}
 	if r.OutputTokens > 0 {
-		return int64(r.OutputTokens)
+		return min(int64(r.OutputTokens)*r.choices(), maxTokens)
 	}
 	d := int64(b.allowance)
 	if b.outputs != nil {
@@ -589,7 +590,7 @@ func (c *Candidates) decodeEstimate(b *Balancer) int64 {
 	if r.MaxTokens > 0 {
 		d = min(d, int64(r.MaxTokens))
 	}
-	return d
+	return min(d*r.choices(), maxTokens)
 }
 
 // requests returns candidate i's estimated requests.

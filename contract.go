@@ -37,6 +37,12 @@ type Request struct {
 	// OutputTokens is the caller's estimate of the output length; 0 means use
 	// the balancer's decode allowance (see [WithDecodeAllowance]).
 	OutputTokens int
+	// Choices is the number of completions generated from the one prompt
+	// (OpenAI's and vLLM's "n"): the engine prefills the prompt once and
+	// decodes every completion, so the request is charged Choices times
+	// the decode work of one, whose length OutputTokens, MaxTokens and the
+	// allowance give. 0 means 1; at most 65,536.
+	Choices int
 	// Prefix holds chained block hashes of the prompt head (see package
 	// prefix); nil means unknown. Only prefix-aware policies read it.
 	Prefix []uint64
@@ -62,6 +68,16 @@ type Request struct {
 // requests cannot overflow.
 const maxTokens = 1<<31 - 1
 
+// maxChoices bounds Request.Choices.
+const maxChoices = 1 << 16
+
+// choices returns the completions r generates: Choices, or 1 for 0.
+func (r *Request) choices() int64 { return int64(max(r.Choices, 1)) }
+
+// perChoice returns the decode work charged for one of r's completions
+// from the whole request's, total.
+func perChoice(total, choices int64) int64 { return total / max(choices, 1) }
+
 func (r *Request) validate() error {
 	switch {
 	case r.PromptTokens < 0 || r.PromptTokens > maxTokens:
@@ -70,6 +86,8 @@ func (r *Request) validate() error {
 		return invalidf("MaxTokens %d out of range [0, %d]", r.MaxTokens, maxTokens)
 	case r.OutputTokens < 0 || r.OutputTokens > maxTokens:
 		return invalidf("OutputTokens %d out of range [0, %d]", r.OutputTokens, maxTokens)
+	case r.Choices < 0 || r.Choices > maxChoices:
+		return invalidf("Choices %d out of range [0, %d]", r.Choices, maxChoices)
 	}
 	return nil
 }

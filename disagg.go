@@ -106,7 +106,7 @@ func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error
 		return DisaggPick{Decode: dec}, nil
 	}
 	pr := *r
-	pr.MaxTokens, pr.OutputTokens = 1, 1
+	pr.MaxTokens, pr.OutputTokens, pr.Choices = 1, 1, 1 // one prefill, one token
 	pre, err := d.prefill.Pick(ctx, &pr)
 	switch {
 	case errors.Is(err, ErrNoEndpoints) || errors.Is(err, ErrNoCandidates):

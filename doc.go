@@ -22,7 +22,7 @@
 // Pick charges the request to the chosen endpoint: one outstanding request,
 // its prompt tokens as pending prefill work, and its expected output tokens as
 // decode work (Request.OutputTokens, else the decode allowance, capped by
-// MaxTokens). FirstToken releases the prefill charge: the prompt has been
+// MaxTokens, times its Choices). FirstToken releases the prefill charge: the prompt has been
 // processed and the request is now only decoding. It is also the commitment
 // point: before it a request may be retried or hedged elsewhere invisibly,
 // after it not. Done releases the rest. Every accepted but unfinished request

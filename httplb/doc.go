@@ -5,8 +5,9 @@
 //
 // A [Parser] reads each request body (/v1/completions prompts,
 // /v1/chat/completions messages, Anthropic's /v1/messages with its system
-// prompt, the Responses API's instructions and input, max_tokens, model,
-// user, reasoning effort, vLLM's cache_salt, and, for response affinity,
+// prompt, the Responses API's instructions and input, max_tokens, n (the
+// completions of a chat or completion request, [llmlb.Request].Choices),
+// model, user, reasoning effort, vLLM's cache_salt, and, for response affinity,
 // the Responses API's previous_response_id and store)
 // into an llmlb.Request: prompt tokens estimated at [BytesPerToken] bytes a
 // token unless a token counter is given, byte-mode prefix hashes of the

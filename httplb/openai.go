@@ -25,6 +25,7 @@ type fields struct {
 	model, user                    []byte // the last string value given
 	prompt, messages               []byte
 	maxTokens, maxCompletionTokens []byte
+	n                              []byte // completions per prompt
 	// Anthropic's system prompt (a string or text blocks), and the
 	// Responses API's instructions (a string) and input (a string or
 	// items).
@@ -102,6 +103,8 @@ func (f *fields) set(key, v []byte) {
 		f.maxTokens = v
 	case "max_completion_tokens":
 		f.maxCompletionTokens = v
+	case "n":
+		f.n = v
 	case "reasoning_effort":
 		f.reasoningEffort = v
 	case "reasoning":
@@ -159,6 +162,13 @@ func (p *Parser) parseBody(body []byte, req *llmlb.Request, label string, info *
 	if req.MaxTokens == 0 {
 		req.MaxTokens = count(second)
 	}
+	if f.messages != nil || f.prompt != nil {
+		// A chat or completion request's n: that many completions of the
+		// one prompt (n of ChatCompletionRequest and CompletionRequest in
+		// vllm/entrypoints/openai/protocol.py), each decoded; an invalid
+		// n is left for the engine to refuse, and charged as one.
+		req.Choices = min(count(f.n), maxChoices)
+	}
 	model := decodeString(f.model)
 	req.Feature = feature(model, &f, label)
 	if p.adapter != nil {
@@ -215,6 +225,10 @@ func hasElems(v []byte) bool {
 	_, ok = l.next()
 	return ok
 }
+
+// maxChoices bounds the completions a request is charged for, as
+// llmlb.Request.Choices is bounded.
+const maxChoices = 1 << 16
 
 // count reads a token count: a JSON number that is a positive integer within
 // range, else 0.

@@ -514,3 +514,33 @@ func TestParseCacheSalt(t *testing.T) {
 		assert.Equal(t, none.Prefix, parse(body(extra)).Prefix, extra)
 	}
 }
+
+// A chat or completion request's n is the completions the balancer
+// charges it for; an invalid one is charged as one, a huge one as the
+// most a Request holds, and n means nothing elsewhere.
+func TestParseChoices(t *testing.T) {
+	p := newParser(t, ParserConfig{})
+	chat := func(n string) string { return `{"messages":[{"role":"user","content":"x"}],"n":` + n + `}` }
+	for _, tc := range []struct {
+		body string
+		want int
+	}{
+		{chat("4"), 4},
+		{`{"prompt":"x","n":2,"max_tokens":8}`, 2},
+		{chat("1"), 1},
+		{`{"messages":[{"role":"user","content":"x"}]}`, 0},
+		{chat("0"), 0},
+		{chat("-3"), 0},
+		{chat("2.5"), 0},
+		{chat(`"4"`), 0},
+		{chat("null"), 0},
+		{chat("1e9"), maxChoices},
+		{`{"input":"x","n":4}`, 0}, // the Responses API has none
+		{`{"model":"m","n":4}`, 0}, // no prompt
+		{`{"prompt":"x","n":65536}`, 65536},
+	} {
+		r, err := p.Parse(post(tc.body))
+		require.NoError(t, err, tc.body)
+		assert.Equal(t, tc.want, r.Choices, tc.body)
+	}
+}
