@@ -408,7 +408,9 @@ func (a *attempt) failed(ctx context.Context, tr *try) (wait time.Duration, done
 	isStatus := errors.As(tr.err, &status)
 	if isStatus && status.Code == http.StatusNotFound && a.probeID != "" {
 		if a.probeNext(ctx) {
-			drain(tr.resp.Body)
+			if tr.resp != nil {
+				drain(tr.resp.Body)
+			}
 			a.finish(tr, tr.err, retry.Abandoned)
 			return 0, false, nil, nil
 		}
