@@ -1072,16 +1072,16 @@ func (p Pick) done(err error, notify bool) {
 	}
 	if streaming && err == nil {
 		// Only a request that streamed to its end measures decode and
-		// teaches its output length.
-		// What is learned is one completion's: a request's completions
-		// decode side by side, each a token an iteration.
+		// teaches its output length. What is learned is one completion's:
+		// a request's completions decode side by side, each a token an
+		// iteration.
 		choices := int64(rec.choices)
 		if b.learn && st.est != nil && rec.first != never {
 			tokens := int64(rec.d2 >> 32) // the decode charged
 			if out > 0 {
 				tokens = out
 			}
-			tokens = perChoice(tokens, choices)
+			tokens = max(perChoice(tokens, choices), 1)
 			// The mean of this balancer's tokens outstanding at the
 			// endpoint while the request decoded.
 			load := -1.0
@@ -1098,7 +1098,7 @@ func (p Pick) done(err error, notify bool) {
 			if out > 0 {
 				tokens = out
 			}
-			tokens = perChoice(tokens, choices)
+			tokens = max(perChoice(tokens, choices), 1)
 			now := b.now()
 			st.aux.lat.observe(float64(now-picked)/1e9/float64(max(tokens, 1)), now, b.peak.decay)
 		}
