@@ -94,8 +94,9 @@ type Config struct {
 	//     it: the ejector is then told nothing, so no replica is ejected
 	//     or cooled down and Headroom reports nothing.
 	//   - Observer: the gateway logs every retry, hedge and refusal by the
-	//     budget, and every ejection and admission refusal, and then tells
-	//     Observer, if set, of each (package telemetry's
+	//     budget, and every ejection and admission refusal, and probes (for
+	//     a stored response, see httplb.Transport) at debug level, and then
+	//     tells Observer, if set, of each (package telemetry's
 	//     Metrics.RetryObserver provides one).
 	//   - MaxPushback: with SpillTo, 0 means -1: a replica's Retry-After
 	//     does not delay the retry on another replica.
@@ -636,17 +637,18 @@ func (g *Gateway) retryObserver(user *retry.Observer) *retry.Observer {
 		Retry: func(attempt int, cause error) {
 			// cause names the endpoint and the request id (see
 			// httplb.Config.Retry).
-			var status *retry.StatusError
-			if errors.As(cause, &status) && status.Code == http.StatusNotFound {
-				// Not retried as a failure: a request for a stored
-				// response the gateway does not know tries the next
-				// endpoint (see httplb.Transport).
-				g.log.Debug("gateway: stored response not on this endpoint, trying the next", "attempt", attempt, "error", cause)
-			} else {
-				g.log.Warn("gateway: attempt failed before its first token, retrying", "attempt", attempt, "error", cause)
-			}
+			g.log.Warn("gateway: attempt failed before its first token, retrying", "attempt", attempt, "error", cause)
 			if u.Retry != nil {
 				u.Retry(attempt, cause)
+			}
+		},
+		Probe: func(attempt int, cause error) {
+			// No failure: a request for a stored response the gateway
+			// does not know tries the next endpoint (see
+			// httplb.Transport).
+			g.log.Debug("gateway: stored response not on this endpoint, trying the next", "attempt", attempt, "error", cause)
+			if u.Probe != nil {
+				u.Probe(attempt, cause)
 			}
 		},
 		Hedge: func(attempt int) {

@@ -6,11 +6,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/internal/e2e"
+	"github.com/llmlb/llmlb/retry"
 )
 
 // A gateway replica that did not relay a stored response finds it by
@@ -31,9 +33,17 @@ func TestGatewayProbeLoggedQuietly(t *testing.T) {
 		b, _ := io.ReadAll(w.Result().Body)
 		return w.Code, b
 	}
+	// The program's own observer hears the probes as probes too.
+	var userProbes, userRetries atomic.Int32
+	obs := &retry.Observer{
+		Probe: func(int, error) { userProbes.Add(1) },
+		Retry: func(int, error) { userRetries.Add(1) },
+	}
 	newGateway := func() (*Gateway, *logBuffer) {
 		l, logs := newLogger()
-		g, err := New(c.URLs, Config{Logger: l, ScrapeInterval: -1, Policy: llmlb.RoundRobin()})
+		cfg := Config{Logger: l, ScrapeInterval: -1, Policy: llmlb.RoundRobin()}
+		cfg.Retry.Observer = obs
+		g, err := New(c.URLs, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,5 +77,8 @@ func TestGatewayProbeLoggedQuietly(t *testing.T) {
 	}
 	if probes != 1 || warnings != 0 {
 		t.Errorf("logged %d probes and %d retry warnings, want 1 and 0", probes, warnings)
+	}
+	if p, r := userProbes.Load(), userRetries.Load(); p != 1 || r != 0 {
+		t.Errorf("the program's observer heard %d probes and %d retries, want 1 and 0", p, r)
 	}
 }

@@ -157,6 +157,7 @@ type try struct {
 	start   time.Time          // when picked; set only with a hedge Percentile
 	n       int                // the attempt's number, from 1
 	isRetry bool               // sent with a budget withdrawal (a retry or a hedge)
+	probe   bool               // sent to look for a stored response (see probeNext)
 	cancel  context.CancelFunc // cancels a hedged attempt; nil otherwise
 	// endCtx releases the context of an attempt with a first-event timer;
 	// nil otherwise. Set by send, called by finish.
@@ -170,7 +171,9 @@ type try struct {
 func (a *attempt) next(ctx context.Context, fallback bool) (*try, error) {
 	if p := a.probe; p != nil {
 		a.probe = nil
-		return a.add(*p), nil
+		tr := a.add(*p)
+		tr.probe = true
+		return tr, nil
 	}
 	p, err := a.pick(ctx, fallback)
 	if err != nil {
@@ -255,11 +258,16 @@ func (a *attempt) run(ctx context.Context) (*http.Response, error) {
 	}
 }
 
-// retried tells the Retry observer that tr, about to be sent, retries the
-// failed attempt prev.
+// retried tells the observer that tr, about to be sent, follows the
+// failed attempt prev: as a probe if it looks for a stored response, else
+// as a retry.
 func (a *attempt) retried(tr, prev *try) {
-	if a.t.obs.Retry != nil {
-		a.t.obs.Retry(tr.n, a.retryCause(prev))
+	f := a.t.obs.Retry
+	if tr.probe {
+		f = a.t.obs.Probe
+	}
+	if f != nil {
+		f(tr.n, a.retryCause(prev))
 	}
 }
 
@@ -513,10 +521,10 @@ func (a *attempt) probeNext(ctx context.Context) bool {
 	return true
 }
 
-// retryCause is the cause given to the Retry observer for the failed
-// attempt tr: its error, with the endpoint and the id the attempt was sent
-// with, which the error alone does not name (a status answer's says only
-// the status).
+// retryCause is the cause given to the Retry and Probe observers for the
+// failed attempt tr: its error, with the endpoint and the id the attempt
+// was sent with, which the error alone does not name (a status answer's
+// says only the status).
 func (a *attempt) retryCause(tr *try) error {
 	if id := attemptID(a.req, tr.n); id != "" {
 		return fmt.Errorf("httplb: request %s, endpoint %s: %w", id, tr.key, tr.err)

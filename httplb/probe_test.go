@@ -2,6 +2,7 @@ package httplb
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -100,9 +101,17 @@ func TestContinuationProbed(t *testing.T) {
 func TestStoredResponseProbedNowhere(t *testing.T) {
 	ups := []*upstream{newUpstream(t, storedServer("a", 0)), newUpstream(t, storedServer("b", 0)), newUpstream(t, storedServer("c", 0))}
 	var want atomic.Int32
-	var retries atomic.Int32
+	var retries, probes atomic.Int32
 	cfg := Config{Retry: llmlbRetry(false)}
-	cfg.Retry.Observer = &retry.Observer{Retry: func(int, error) { retries.Add(1) }}
+	cfg.Retry.Observer = &retry.Observer{
+		Retry: func(int, error) { retries.Add(1) },
+		Probe: func(attempt int, cause error) {
+			probes.Add(1)
+			assert.Equal(t, int(probes.Load())+1, attempt)
+			var status *retry.StatusError
+			assert.True(t, errors.As(cause, &status) && status.Code == http.StatusNotFound, "cause %v", cause)
+		},
+	}
 	h := newHarness(t, prefer{&want}, cfg, ups...)
 	got, body := send(t, h, nil, http.MethodGet, "/v1/responses/resp_z_1")
 	assert.Equal(t, http.StatusNotFound, got)
@@ -110,7 +119,8 @@ func TestStoredResponseProbedNowhere(t *testing.T) {
 	for i, u := range ups {
 		assert.EqualValues(t, 1, u.hits.Load(), "endpoint %d", i)
 	}
-	assert.EqualValues(t, 2, retries.Load())
+	assert.EqualValues(t, 2, probes.Load(), "probes")
+	assert.Zero(t, retries.Load(), "a probe follows no failure: not a retry")
 	assert.Zero(t, h.tr.ids.len(), "an id no endpoint holds is not remembered")
 	for _, s := range h.b.Stats() {
 		assert.Zero(t, s.Outstanding, s.Key)
@@ -149,4 +159,27 @@ func TestStoredResponseProbeOff(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, got)
 	assert.EqualValues(t, 1, ups[0].hits.Load())
 	assert.Zero(t, ups[1].hits.Load())
+}
+
+// A probe follows no failure and a retry follows one: a continuation whose
+// first endpoint fails is retried, and the observer hears a retry for the
+// attempt after the failure and a probe for the one after a 404. (A
+// request naming a stored response in its path is not retried at all.)
+func TestStoredResponseProbeAfterFailure(t *testing.T) {
+	ups := []*upstream{newUpstream(t, status(http.StatusServiceUnavailable)), newUpstream(t, continuingServer("b")), newUpstream(t, continuingServer("c"))}
+	var want atomic.Int32
+	var events []string // attempts run one at a time: no lock needed
+	cfg := Config{Retry: llmlbRetry(false)}
+	cfg.Retry.Observer = &retry.Observer{
+		Retry: func(attempt int, _ error) { events = append(events, fmt.Sprint("retry ", attempt)) },
+		Probe: func(attempt int, _ error) { events = append(events, fmt.Sprint("probe ", attempt)) },
+	}
+	h := newHarness(t, prefer{&want}, cfg, ups...)
+	got, id := respond(t, h, nil, responsesBody(false, `"resp_c_3"`))
+	require.Equal(t, http.StatusOK, got)
+	assert.True(t, strings.HasPrefix(id, "resp_c_"), id)
+	assert.Equal(t, []string{"retry 2", "probe 3"}, events)
+	for i, u := range ups {
+		assert.EqualValues(t, 1, u.hits.Load(), "endpoint %d", i)
+	}
 }

@@ -107,15 +107,17 @@ type Config struct {
 	//     [retry.QuotaReporter], as a [*retry.Ejector] is, it is given the
 	//     headers of every successful answer, whose rate-limit headers may
 	//     say that the endpoint's quota is spent.
-	//   - Observer is told of every retry and hedge sent and every one the
-	//     budget refuses (its Retry, Hedge and Denied functions; package
-	//     telemetry provides one). Retry is called as the retry is sent,
-	//     after its back-off; a hedge is picked before the budget is asked,
-	//     so one with no endpoint to go to takes no budget and is not
-	//     counted as refused. The cause given to Retry wraps the
-	//     failed attempt's error with a message that names the endpoint and,
-	//     if the request has a valid X-Request-Id (as [NewProxy] gives each
-	//     request), its id.
+	//   - Observer is told of every retry, probe and hedge sent and every
+	//     one the budget refuses (its Retry, Probe, Hedge and Denied
+	//     functions; package telemetry provides one). Retry is called as
+	//     the retry is sent, after its back-off; Probe instead of Retry for
+	//     an attempt that looks for a stored response on the next endpoint
+	//     (see the package doc); a hedge is picked before the budget is
+	//     asked, so one with no endpoint to go to takes no budget and is
+	//     not counted as refused. The cause given to Retry and Probe wraps
+	//     the failed attempt's error with a message that names the endpoint
+	//     and, if the request has a valid X-Request-Id (as [NewProxy] gives
+	//     each request), its id.
 	//   - Clock also stamps the load reports recorded into Store.
 	//   - After also times the first-event timeouts: with After set, an
 	//     attempt with a FirstEventTimeout has a goroutine of its own that

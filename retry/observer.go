@@ -21,6 +21,13 @@ type Observer struct {
 	// (2 for the first retry) and cause the error of the failed attempt it
 	// replaces.
 	Retry func(attempt int, cause error)
+	// Probe is called, instead of Retry, for each attempt that package
+	// httplb sends to look for a stored response (OpenAI's Responses API)
+	// on the next endpoint after the one before answered 404: such an
+	// attempt follows no failure, though it is a retry for the budget.
+	// attempt is its number within the request and cause the 404 of the
+	// attempt before it.
+	Probe func(attempt int, cause error)
 	// Hedge is called when a [Loop] sends a hedge; attempt is its number.
 	Hedge func(attempt int)
 	// Denied is called once for each retry or hedge that a [Loop]'s

@@ -34,7 +34,9 @@
 // llmlb.endpoint.decode_tokens ({token}), llmlb.endpoint.healthy (0 or 1).
 //
 // From package retry, through [Metrics.RetryObserver]: llmlb.retries,
-// llmlb.hedges and llmlb.retry.budget_exhausted ({attempt}),
+// llmlb.probes (attempts of package httplb that look for a stored response
+// on the next endpoint), llmlb.hedges and llmlb.retry.budget_exhausted
+// ({attempt}),
 // llmlb.ejections ({ejection}, with llmlb.endpoint), llmlb.cooldowns
 // ({cooldown}, with llmlb.endpoint) and
 // llmlb.admission.rejections ({request}, with llmlb.admission.scope "global"

@@ -39,6 +39,7 @@ const (
 	MetricDecodeTokens      = "llmlb.endpoint.decode_tokens"
 	MetricHealthy           = "llmlb.endpoint.healthy"
 	MetricRetries           = "llmlb.retries"
+	MetricProbes            = "llmlb.probes"
 	MetricHedges            = "llmlb.hedges"
 	MetricBudgetExhausted   = "llmlb.retry.budget_exhausted"
 	MetricEjections         = "llmlb.ejections"
@@ -141,6 +142,7 @@ type Metrics struct {
 	ttft      metric.Float64Histogram
 	duration  metric.Float64Histogram
 	retries   metric.Int64Counter
+	probes    metric.Int64Counter
 	hedges    metric.Int64Counter
 	exhausted metric.Int64Counter
 	ejections metric.Int64Counter
@@ -266,6 +268,7 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 		})
 	}
 	counter(&m.retries, MetricRetries, "{attempt}", "Retries sent after a failed attempt, before the first token.")
+	counter(&m.probes, MetricProbes, "{attempt}", "Attempts sent to look for a stored response on the next endpoint, after a 404.")
 	counter(&m.hedges, MetricHedges, "{attempt}", "Hedges sent while an earlier attempt had no first token yet.")
 	counter(&m.exhausted, MetricBudgetExhausted, "{attempt}", "Retries and hedges the retry budget refused.")
 	counter(&m.ejections, MetricEjections, "{ejection}", "Endpoints ejected as outliers, by endpoint.")
@@ -302,6 +305,7 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 	m.observer = llmlb.Observer{Pick: m.pick, FirstToken: m.firstToken, Done: m.done}
 	m.retryObserver = retry.Observer{
 		Retry:  func(int, error) { m.retries.Add(context.Background(), 1, m.baseOpt) },
+		Probe:  func(int, error) { m.probes.Add(context.Background(), 1, m.baseOpt) },
 		Hedge:  func(int) { m.hedges.Add(context.Background(), 1, m.baseOpt) },
 		Denied: func() { m.exhausted.Add(context.Background(), 1, m.baseOpt) },
 		Eject: func(key string, _ time.Duration) {

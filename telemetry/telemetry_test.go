@@ -319,6 +319,9 @@ func TestRetryInstruments(t *testing.T) {
 	// A cooldown: a 429 asking for a wait.
 	ej.Report("b", &retry.StatusError{Code: 429, Header: http.Header{"Retry-After": {"3"}}})
 
+	// A probe, as package httplb reports one.
+	obs.Probe(2, &retry.StatusError{Code: http.StatusNotFound})
+
 	data := collect(t, reader)
 	one := func(name string) {
 		t.Helper()
@@ -327,6 +330,7 @@ func TestRetryInstruments(t *testing.T) {
 		}
 	}
 	one(telemetry.MetricRetries)
+	one(telemetry.MetricProbes)
 	one(telemetry.MetricBudgetExhausted)
 	one(telemetry.MetricHedges)
 	if got := sums(t, data, telemetry.MetricCooldowns, telemetry.AttrEndpoint); got["b"] != 1 {
