@@ -83,7 +83,8 @@ func TestEscapedPath(t *testing.T) {
 
 // TestParserRequestURL: the URL the parser is given for a :path is the one
 // net/http reads from the same request line (Path decoded, RawPath set when
-// the escapes are not the default ones, RawQuery as sent); a :path
+// the escapes are not the default ones, RawQuery as sent), and its
+// RequestURI is the :path as sent, as net/http's server sets it; a :path
 // net/http refuses, or one not in origin form, is given as it always was:
 // Path the :path less its query, RawQuery the query. Such a path, and an
 // empty one, addresses no stored response.
@@ -105,6 +106,7 @@ func TestParserRequestURL(t *testing.T) {
 		got := extproc.ParserRequest(http.MethodPost, path)
 		require.Equal(t, req.URL, got.URL, path)
 		require.Equal(t, req.URL.EscapedPath(), got.URL.EscapedPath(), path)
+		require.Equal(t, req.RequestURI, got.RequestURI, path)
 		require.Equal(t, http.MethodPost, got.Method)
 	}
 	for _, path := range []string{
@@ -122,6 +124,7 @@ func TestParserRequestURL(t *testing.T) {
 		got := extproc.ParserRequest(http.MethodGet, path)
 		raw, query, _ := strings.Cut(path, "?")
 		require.Equal(t, &url.URL{Path: raw, RawQuery: query}, got.URL, "%q", path)
+		require.Equal(t, path, got.RequestURI, "%q", path)
 		id, ok := extproc.StoredResponseID(http.MethodGet, path)
 		require.False(t, ok, "%q: id %q", path, id)
 	}

@@ -61,6 +61,7 @@ type stream struct {
 	reqEnded    bool        // the request's end of stream was seen (headers, body or trailers)
 	hdr         http.Header // canonical keys; nil until a header is read
 	method      string
+	rawPath     string  // the :path as sent
 	target      url.URL // the :path as net/http reads it (see requestURL)
 	validPath   bool    // net/http would accept the :path: target.Path is its decoded path
 	authority   string
@@ -365,6 +366,7 @@ func (st *stream) readHeaders(hm *corev3.HeaderMap) {
 			st.requestID = v
 		}
 	}
+	st.rawPath = path
 	st.target, st.validPath = requestURL(path)
 }
 
@@ -378,13 +380,14 @@ func headerValue(hv *corev3.HeaderValue) string {
 }
 
 // httpRequest returns the request as the parser sees it: its URL is the
-// :path read as net/http reads a request's target (see requestURL), so that
-// a [httplb.ParserConfig.Tenant] reads the same Path, RawPath and RawQuery
-// here as behind httplb's proxy.
+// :path read as net/http reads a request's target (see requestURL), and its
+// RequestURI the :path as sent, as net/http's server sets it, so that a
+// [httplb.ParserConfig.Tenant] reads the same Path, RawPath, RawQuery and
+// RequestURI here as behind httplb's proxy.
 func (st *stream) httpRequest() *http.Request {
 	u := st.target // a copy: what the parser does with it is not read back
 	r := &http.Request{Method: st.method, Host: st.authority, Header: st.hdr, URL: &u,
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Body: http.NoBody}
+		RequestURI: st.rawPath, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Body: http.NoBody}
 	if r.Header == nil {
 		r.Header = http.Header{}
 	}
