@@ -61,12 +61,19 @@ type DisaggConfig struct {
 // the two Balancers account for everything, and their other users (such as
 // membership updates) keep working on them directly. Each Balancer's
 // [Observer] sees its own part: the prefill pool's first token is the end of
-// the prefill, and the decode pool's observer sees no first token for a
-// request prefilled remotely, whose prompt the decode endpoint received
-// rather than computed. Likewise for the speeds [Default] learns: the
-// prefill pool's learns each endpoint's time to first token and no decode
-// speed (after its one token, a prefill request waits only for its KV to
-// move), and the decode pool's learns the decode from the first token on.
+// the prefill, and the decode pool's observer sees the first token of a
+// request prefilled remotely at its pick, marked
+// [FirstTokenInfo].Transferred: the decode endpoint receives the prompt
+// rather than computes it, so the balancer counts the request as streaming
+// from then on, and so does an observer that follows the requests in
+// flight (such as share.Group's), whose [DoneInfo].Streamed then agrees
+// with the first tokens it saw; one that measures times to first token
+// skips it (package telemetry does). The
+// speeds [Default] learns follow the work instead: the prefill pool's
+// learns each endpoint's time to first token and no decode speed (after its
+// one token, a prefill request waits only for its KV to move), and the
+// decode pool's learns the decode from the request's own first token
+// ([DisaggPick.FirstToken]) on, and no time to first token.
 type Disaggregated struct {
 	prefill, decode *Balancer
 	localTokens     int
@@ -96,7 +103,7 @@ func NewDisaggregated(prefill, decode *Balancer, cfg DisaggConfig) (*Disaggregat
 // Pick picks the endpoints of one request. The decode pool sees the request
 // as it is; the prefill pool sees it with its output capped at one token,
 // the token a prefill worker computes. On error, nothing stays charged to
-// either pool.
+// either pool, nor when a pool's policy or Observer function panics.
 func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error) {
 	dec, err := d.decode.Pick(ctx, r)
 	if err != nil {
@@ -105,13 +112,28 @@ func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error
 	if r == nil || d.local(r.PromptTokens, int(dec.cached), dec) {
 		return DisaggPick{Decode: dec}, nil
 	}
+	// If the prefill pool's Pick or the decode pool's Observer.FirstToken
+	// panics (or exits the goroutine), Pick never returns the handles, and
+	// its caller could never release them: they are released before the
+	// panic goes on, as a Balancer releases a pick whose Observer.Pick
+	// panics.
+	var pre Pick
+	returned := false
+	defer func() {
+		if !returned {
+			pre.Done(errPickPanicked)
+			dec.Done(errPickPanicked)
+		}
+	}()
 	pr := *r
 	pr.MaxTokens, pr.OutputTokens, pr.Choices = 1, 1, 1 // one prefill, one token
-	pre, err := d.prefill.Pick(ctx, &pr)
+	pre, err = d.prefill.Pick(ctx, &pr)
 	switch {
 	case errors.Is(err, ErrNoEndpoints) || errors.Is(err, ErrNoCandidates):
+		returned = true
 		return DisaggPick{Decode: dec}, nil // prefill where it decodes
 	case err != nil:
+		returned = true
 		dec.Done(err)
 		return DisaggPick{}, err
 	}
@@ -120,9 +142,30 @@ func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error
 	// speed. Nothing else holds the handle yet.
 	pre.rec.prefillOnly = true
 	// The decode endpoint computes none of the prompt: it receives its KV.
-	// From now on it is charged the KV footprint and the decode work only.
+	// From now on it is charged the KV footprint and the decode work only,
+	// as a streaming request, and its observer is told so.
 	dec.firstToken(false)
+	d.decode.notifyTransfer(dec)
+	returned = true
 	return DisaggPick{Prefill: pre, Decode: dec}, nil
+}
+
+// errPickPanicked ends the handles of a request whose pick panicked in a
+// pool's policy or Observer function.
+var errPickPanicked = errors.New("llmlb: disaggregated pick panicked")
+
+// notifyTransfer tells b's observer of the first token of dec, a decode
+// pick moved to streaming by [Pick.firstToken](false) before its handle
+// was returned: from the pick on, the balancer counts the request as
+// streaming, and an Observer that follows requests in flight (share.Group's
+// does) must see the same, or the Done that reports it streamed would find
+// no request streaming. The latency is the pick's own, and the call says
+// so (FirstTokenInfo.Transferred).
+func (b *Balancer) notifyTransfer(dec Pick) {
+	if b.obs == nil || b.obs.FirstToken == nil {
+		return
+	}
+	b.obs.FirstToken(FirstTokenInfo{Endpoint: dec.Endpoint(), Latency: b.since(dec.rec.picked), Transferred: true})
 }
 
 // local reports whether a prompt of the given tokens, of which cached are

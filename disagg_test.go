@@ -216,33 +216,62 @@ func TestNewDisaggregatedRejectsBadConfigs(t *testing.T) {
 	}
 }
 
-// TestDisaggregatedDoesNotTeachTheDecodePoolATransfer checks that a remote
-// prefill, whose prompt the decode endpoint receives, is not measured as a
-// first token there: learning would take the pick-to-pick gap for a prefill
-// speed.
-func TestDisaggregatedDoesNotTeachTheDecodePoolATransfer(t *testing.T) {
-	pre := mustNew(t, RoundRobin())
-	mustUpdate(t, pre, pdPool("p", 1))
-	var firsts, dones int
-	var mu sync.Mutex
-	obs := &Observer{
-		FirstToken: func(FirstTokenInfo) { mu.Lock(); firsts++; mu.Unlock() },
-		Done:       func(DoneInfo) { mu.Lock(); dones++; mu.Unlock() },
-	}
-	dec := mustNew(t, RoundRobin(), WithObserver(obs))
-	mustUpdate(t, dec, pdPool("d", 1))
-	d, err := NewDisaggregated(pre, dec, DisaggConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pk, err := d.Pick(context.Background(), &Request{PromptTokens: 4000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pk.FirstToken()
-	pk.Done(nil)
-	if firsts != 0 || dones != 1 {
-		t.Fatalf("decode observer saw %d first tokens and %d completions, want 0 and 1", firsts, dones)
+// TestDisaggregatedDecodeObserverSeesTheTransferAsAFirstToken checks that
+// the decode pool's observer sees a request prefilled remotely as its
+// balancer counts it: streaming from the pick, with one first token then
+// and none at the decode's own first token, so that every Done reporting
+// Streamed follows a first token it saw, whether the request completed or
+// failed before its prefill ended; the first token is marked Transferred,
+// so that nothing takes it for a time to first token.
+func TestDisaggregatedDecodeObserverSeesTheTransferAsAFirstToken(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		finish func(DisaggPick)
+	}{
+		{"completed", func(pk DisaggPick) { pk.Prefilled(); pk.FirstToken(); pk.Done(nil) }},
+		{"failed in prefill", func(pk DisaggPick) { pk.Done(errors.New("prefill worker reset")) }},
+		{"failed in transfer", func(pk DisaggPick) { pk.Prefilled(); pk.Done(context.DeadlineExceeded) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pre := mustNew(t, RoundRobin())
+			mustUpdate(t, pre, pdPool("p", 1))
+			var (
+				mu     sync.Mutex
+				firsts int
+				dones  []DoneInfo
+			)
+			obs := &Observer{
+				FirstToken: func(i FirstTokenInfo) {
+					mu.Lock()
+					defer mu.Unlock()
+					firsts++
+					if !i.Transferred {
+						t.Errorf("first token %+v at the pick, want Transferred", i)
+					}
+				},
+				Done:       func(i DoneInfo) { mu.Lock(); dones = append(dones, i); mu.Unlock() },
+			}
+			dec := mustNew(t, RoundRobin(), WithObserver(obs))
+			mustUpdate(t, dec, pdPool("d", 1))
+			d, err := NewDisaggregated(pre, dec, DisaggConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pk, err := d.Pick(context.Background(), &Request{PromptTokens: 4000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pk.Local() {
+				t.Fatal("local pick, want a remote prefill")
+			}
+			if firsts != 1 {
+				t.Fatalf("decode observer saw %d first tokens at the pick, want 1", firsts)
+			}
+			tc.finish(pk)
+			if firsts != 1 || len(dones) != 1 || !dones[0].Streamed {
+				t.Fatalf("decode observer saw %d first tokens and completions %+v, want 1 first token and 1 streamed completion", firsts, dones)
+			}
+		})
 	}
 }
 
@@ -415,4 +444,59 @@ func TestDisaggregatedLocalPrefillsDoNotPileUp(t *testing.T) {
 	}
 	third.Done(nil)
 	first.Done(nil)
+}
+
+// panickingPolicy is a policy with a bug.
+type panickingPolicy struct{}
+
+func (panickingPolicy) Choose(*Candidates) int { panic("policy bug") }
+
+// TestDisaggregatedPanicLeavesNothingCharged checks that a panic in the
+// prefill pool's policy or Observer.Pick, or in the decode pool's
+// Observer.FirstToken, after the decode endpoint was picked releases both
+// pools' charges before it goes on: Pick returns no handle to release them.
+func TestDisaggregatedPanicLeavesNothingCharged(t *testing.T) {
+	bug := func(FirstTokenInfo) { panic("observer bug") }
+	for _, tc := range []struct {
+		name     string
+		pre, dec func(t *testing.T) *Balancer
+	}{
+		{"prefill policy",
+			func(t *testing.T) *Balancer { return mustNew(t, panickingPolicy{}) },
+			func(t *testing.T) *Balancer { return mustNew(t, P2C(RequestsScore)) }},
+		{"prefill Observer.Pick",
+			func(t *testing.T) *Balancer {
+				return mustNew(t, P2C(RequestsScore), WithObserver(&Observer{Pick: func(PickInfo) { panic("observer bug") }}))
+			},
+			func(t *testing.T) *Balancer { return mustNew(t, P2C(RequestsScore)) }},
+		{"decode Observer.FirstToken",
+			func(t *testing.T) *Balancer { return mustNew(t, P2C(RequestsScore)) },
+			func(t *testing.T) *Balancer {
+				return mustNew(t, P2C(RequestsScore), WithObserver(&Observer{FirstToken: bug}))
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pre, dec := tc.pre(t), tc.dec(t)
+			mustUpdate(t, pre, pdPool("p", 2))
+			mustUpdate(t, dec, pdPool("d", 2))
+			d, err := NewDisaggregated(pre, dec, DisaggConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			panicked := func() (p bool) {
+				defer func() { p = recover() != nil }()
+				_, _ = d.Pick(context.Background(), &Request{PromptTokens: 1000, OutputTokens: 50})
+				return false
+			}()
+			if !panicked {
+				t.Fatal("Pick did not panic")
+			}
+			if s := sum(dec); s != (EndpointStats{}) {
+				t.Errorf("decode pool %+v after the panic, want nothing charged", s)
+			}
+			if s := sum(pre); s != (EndpointStats{}) {
+				t.Errorf("prefill pool %+v after the panic, want nothing charged", s)
+			}
+		})
+	}
 }

@@ -58,6 +58,12 @@ type FirstTokenInfo struct {
 	// Latency is the time from the pick to the first token, on the
 	// balancer's clock.
 	Latency time.Duration
+	// Transferred reports a request whose prompt another endpoint
+	// prefills ([Disaggregated]): this endpoint receives its KV cache
+	// rather than computing it, and counts it as streaming from the pick
+	// on, so FirstToken is called at the pick and Latency is no time to
+	// first token.
+	Transferred bool
 }
 
 // DoneInfo describes a finished request for [Observer.Done].

@@ -24,7 +24,9 @@
 //   - llmlb.signal.age (histogram, s): the age of the engine load
 //     observation the pick used, when it used one.
 //   - gen_ai.server.time_to_first_token (histogram, s): from the pick to
-//     [llmlb.Pick.FirstToken], with llmlb.endpoint.
+//     [llmlb.Pick.FirstToken], with llmlb.endpoint; not for the decode
+//     endpoint of a request prefilled on another
+//     ([llmlb.FirstTokenInfo].Transferred).
 //   - gen_ai.server.request.duration (histogram, s): from the pick to
 //     [llmlb.Pick.Done], with llmlb.endpoint and, for failures, error.type.
 //

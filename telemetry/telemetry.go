@@ -458,6 +458,9 @@ func (m *Metrics) pick(p llmlb.PickInfo) {
 }
 
 func (m *Metrics) firstToken(f llmlb.FirstTokenInfo) {
+	if f.Transferred {
+		return // the prefill endpoint's first token is the request's
+	}
 	m.ttft.Record(context.Background(), f.Latency.Seconds(), m.endpoint(f.Endpoint.Key()).rec...)
 }
 
