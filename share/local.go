@@ -166,7 +166,8 @@ func (l *local) init(width int64, horizon, maxEPs, maxBlocks, allowance int) {
 }
 
 // charges returns the prefill and decode tokens the balancer charged for a
-// pick, as it computes them.
+// pick, as it computes them: the decode of each of the request's
+// completions (Request.Choices), at most maxChargedTokens in all.
 func (l *local) charges(info *llmlb.PickInfo) (prefill, decode int64) {
 	r := info.Request
 	if r == nil {
@@ -181,8 +182,16 @@ func (l *local) charges(info *llmlb.PickInfo) (prefill, decode int64) {
 	default:
 		decode = l.allowance
 	}
-	return prefill, decode
+	n := int64(max(r.Choices, 1))
+	if decode > maxChargedTokens/n {
+		return prefill, maxChargedTokens
+	}
+	return prefill, decode * n
 }
+
+// maxChargedTokens is the most decode tokens the balancer charges a
+// request.
+const maxChargedTokens = 1<<31 - 1
 
 // pick records a successful pick made at now (unix nanoseconds). A pick at
 // a key longer than the wire carries is dropped: a batch with it would be
