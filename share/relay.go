@@ -263,11 +263,13 @@ type FollowerConfig struct {
 // A Follower that has heard a heartbeat of a Relay ([Relay.Run]) and then
 // hears nothing from it for three of its Intervals drops the blocks of the
 // endpoints that Relay relayed: a Relay that died unseen leaves no guessed
-// blocks behind. It follows at most 1024 Relays of 4096 endpoints each, and
-// forgets a Relay that never sent a heartbeat (keeping its endpoints' blocks)
-// once it has been silent for three minutes. A message that names a Relay
-// ID longer than 128 bytes, or an endpoint key longer than 1024 bytes, is
-// not from a Relay: it is dropped and reported to OnError.
+// blocks behind. An endpoint another Relay relayed since (a Relay restarted
+// under a new ID, or a replacement) is that one's, and keeps its blocks. It
+// follows at most 1024 Relays of 4096 endpoints each, and forgets a Relay
+// that never sent a heartbeat (keeping its endpoints' blocks) once it has
+// been silent for three minutes. A message that names a Relay ID longer
+// than 128 bytes, or an endpoint key longer than 1024 bytes, is not from a
+// Relay: it is dropped and reported to OnError.
 //
 // Run is the only method; a Follower starts no goroutine until it is
 // called.
@@ -287,6 +289,9 @@ type Follower struct {
 	stopped bool
 	// relays is what Run knows of each Relay heard.
 	relays map[string]*relayLife
+	// owner is the Relay followed that last relayed each endpoint: the
+	// one whose silence drops the endpoint's blocks.
+	owner map[string]*relayLife
 }
 
 // DefaultFollowerBufferBytes is the bytes of relayed messages a [Follower]
@@ -297,7 +302,7 @@ const DefaultFollowerBufferBytes = 64 << 20
 type relayLife struct {
 	seen time.Time       // when a message of it last arrived
 	ttl  time.Duration   // three heartbeat periods; 0 before a heartbeat
-	keys map[string]bool // the endpoints it relayed
+	keys map[string]bool // the endpoints it was the last to relay
 }
 
 // NewFollower returns a Follower for cfg, or an error wrapping
@@ -324,7 +329,7 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 		cfg.Clock = systemClock{}
 	}
 	return &Follower{conn: cfg.Conn, subject: cfg.Subject, sink: cfg.Sink, buffer: cfg.Buffer, bufferBytes: cfg.BufferBytes,
-		onError: cfg.OnError, clock: cfg.Clock, relays: make(map[string]*relayLife)}, nil
+		onError: cfg.OnError, clock: cfg.Clock, relays: make(map[string]*relayLife), owner: make(map[string]*relayLife)}, nil
 }
 
 // livenessTick is how often a running Follower looks for silent Relays.
@@ -363,6 +368,7 @@ func (f *Follower) Run(ctx context.Context) error {
 		f.stopped = true
 		f.sink.Clear()
 		clear(f.relays)
+		clear(f.owner)
 	}()
 	if err := sub.SetPendingLimits(f.buffer, f.bufferBytes); err != nil {
 		return fmt.Errorf("share: subscribe to %q: %w", f.subject, err)
@@ -400,29 +406,47 @@ func (f *Follower) heard(id, key string) *relayLife {
 		f.relays[id] = r
 	}
 	r.seen = f.clock.Now()
-	if key != "" && len(r.keys) < maxRelayKeys {
-		r.keys[key] = true
+	if o := f.owner[key]; key != "" && o != r {
+		// Another Relay took the endpoint over (the first restarted
+		// under a new ID, or was replaced): the first one's silence no
+		// longer says anything of the blocks stored since.
+		if o != nil {
+			delete(o.keys, key)
+			delete(f.owner, key)
+		}
+		if len(r.keys) < maxRelayKeys {
+			r.keys[key] = true
+			f.owner[key] = r
+		}
 	}
 	return r
 }
 
-// expire drops the endpoints of every Relay not heard from within its TTL,
-// and forgets the Relays that never sent a heartbeat once they are silent
-// for longer than any TTL, keeping their endpoints: they promised no
+// forget stops following Relay id, whose state is r.
+func (f *Follower) forget(id string, r *relayLife) {
+	delete(f.relays, id)
+	for key := range r.keys {
+		delete(f.owner, key)
+	}
+}
+
+// expire drops the endpoints last relayed by a Relay not heard from within
+// its TTL, and forgets the Relays that never sent a heartbeat once they are
+// silent for longer than any TTL, keeping their endpoints: they promised no
 // liveness, and Relays come and gone must not fill the table.
 func (f *Follower) expire() {
 	now := f.clock.Now()
 	for id, r := range f.relays {
 		if r.ttl == 0 {
 			if now.Sub(r.seen) > 3*maxRelayInterval {
-				delete(f.relays, id)
+				f.forget(id, r)
 			}
 			continue
 		}
 		if now.Sub(r.seen) <= r.ttl {
 			continue
 		}
-		delete(f.relays, id)
+		f.forget(id, r)
 		for key := range r.keys {
 			f.sink.Apply(key, -1, nil)
 			if f.onError != nil {
