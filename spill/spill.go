@@ -16,7 +16,8 @@
 //   - [ContextLength]: HTTP 400 saying the prompt exceeds the model's
 //     context, which a tier with a longer context may serve;
 //   - [ServerError]: HTTP 5xx;
-//   - [Unreachable]: the tier could not be reached (a transport error).
+//   - [Unreachable]: the tier could not be reached, or did not answer
+//     within its transport's timeouts (a transport error).
 //
 // A tier is skipped while it is not ready ([Cooling]): when its
 // [Tier.Ready] says so (a gateway's tier is not ready while every one of its
@@ -59,6 +60,9 @@ package spill
 
 import (
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
 	"context"
 	"errors"
 	"fmt"
@@ -492,13 +496,17 @@ func discard(resp *http.Response) {
 
 // DefaultSpill spills on HTTP 429; on an error wrapping retry.ErrOverloaded
 // (the tier's admission or queue is full) or HTTP 503 with a wait asked
-// (Retry-After or a rate-limit reset); on HTTP 400 whose error says the
-// prompt exceeds the model's context (OpenAI's context_length_exceeded,
-// vLLM's "maximum context length", Anthropic's "prompt is too long"); on
-// any other HTTP 5xx; and on a transport error, unless the request's own
-// context ended. Other answers, 2xx and other 4xx, stay: the next tier
-// would answer them alike. A nil resp with a nil err, which no
-// RoundTripper may return, spills as unreachable.
+// (Retry-After or a rate-limit reset); on HTTP 400 whose error, plain or
+// compressed with gzip or deflate, says the prompt exceeds the model's
+// context (OpenAI's context_length_exceeded, vLLM's "maximum context
+// length", Anthropic's "prompt is too long", and Gemini's, Bedrock's and
+// llama.cpp's wordings); on any other HTTP 5xx; and on a transport error
+// other than a cancellation, a timeout included (net/http's dial and
+// response header timeouts satisfy errors.Is(err, context.DeadlineExceeded)
+// as a deadline does; [Transport.RoundTrip] itself moves no request whose
+// own context ended). Other answers, 2xx and other 4xx, stay: the next tier
+// would answer them alike. A nil resp with a nil err, which no RoundTripper
+// may return, spills as unreachable.
 func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
 	if resp == nil && err == nil {
 		return Unreachable, true
@@ -507,7 +515,12 @@ func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
 		switch {
 		case errors.Is(err, retry.ErrOverloaded):
 			return Overloaded, true
-		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		case errors.Is(err, context.Canceled):
+			// A deadline is not taken as the caller's: a dial timeout
+			// (net/net.go) and ResponseHeaderTimeout (net/http/transport.go)
+			// are errors whose Is reports context.DeadlineExceeded (Go
+			// 1.26), though the tier, not the caller, gave up. RoundTrip
+			// checks the request's own context before it spills.
 			return "", false
 		case errors.Is(err, httplb.ErrBodyTooLarge):
 			return "", false
@@ -535,6 +548,14 @@ var contextLengthMarks = []string{
 	"prompt is too long",         // Anthropic
 	"exceeds the context window", // and similar wordings
 	"context length",
+	// Google Gemini's INVALID_ARGUMENT: "The input token count (N)
+	// exceeds the maximum number of tokens allowed (M)."
+	"exceeds the maximum number of tokens allowed",
+	// Amazon Bedrock's ValidationException.
+	"input is too long for requested model",
+	// llama.cpp's server (tools/server: ERROR_TYPE_EXCEED_CONTEXT_SIZE,
+	// a 400), and Ollama's OpenAI-compatible API over it.
+	"exceed_context_size_error",
 }
 
 // isContextLength reports whether resp, a 400, says the prompt exceeds the
@@ -552,11 +573,45 @@ func isContextLength(resp *http.Response) bool {
 	if err != nil {
 		return false
 	}
-	s := strings.ToLower(string(head))
+	s := strings.ToLower(string(decoded(head, resp.Header.Get("Content-Encoding"))))
 	for _, m := range contextLengthMarks {
 		if strings.Contains(s, m) {
 			return true
 		}
 	}
 	return false
+}
+
+// decoded returns the text of head, the first bytes of a body sent with
+// Content-Encoding enc: head itself without an encoding, the start of its
+// decompression for gzip and deflate (which net/http leaves compressed when
+// the request asked for an encoding itself, as a gateway passing on its
+// client's Accept-Encoding does), at most maxPeekBytes of it, and nil for
+// an encoding it cannot read.
+func decoded(head []byte, enc string) []byte {
+	var r io.Reader
+	switch strings.ToLower(strings.TrimSpace(enc)) {
+	case "", "identity":
+		return head
+	case "gzip", "x-gzip":
+		z, err := gzip.NewReader(bytes.NewReader(head))
+		if err != nil {
+			return nil
+		}
+		r = z
+	case "deflate":
+		// RFC 9110, section 8.4.1.2: the zlib format; some servers send
+		// the raw deflate stream instead.
+		if z, err := zlib.NewReader(bytes.NewReader(head)); err == nil {
+			r = z
+		} else {
+			r = flate.NewReader(bytes.NewReader(head))
+		}
+	default:
+		return nil
+	}
+	// head may be cut short of the stream's end: what was decompressed
+	// before the cut is kept.
+	text, _ := io.ReadAll(io.LimitReader(r, maxPeekBytes))
+	return text
 }
