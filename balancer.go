@@ -793,7 +793,7 @@ func (b *Balancer) pickSimple(c *Candidates, snap *snapshot, r *Request) (Pick, 
 	}
 	p := b.commit(c, c.state(i))
 	if b.obs != nil && b.obs.Pick != nil {
-		b.notifyPick(p, PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
+		b.notifyPick(p, c.pickInfo(p, r))
 	}
 	return p, nil
 }
@@ -812,9 +812,15 @@ func (b *Balancer) pick(c *Candidates, snap *snapshot, r *Request) (Pick, error)
 	}
 	p := b.commit(c, c.state(i))
 	if b.obs != nil && b.obs.Pick != nil {
-		b.notifyPick(p, PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached, SignalAge: c.signalAge})
+		b.notifyPick(p, c.pickInfo(p, r))
 	}
 	return p, nil
+}
+
+// pickInfo describes p, the pick of r among c, for the observer.
+func (c *Candidates) pickInfo(p Pick, r *Request) PickInfo {
+	return PickInfo{Endpoint: p.Endpoint(), Request: r, Candidates: c.Len(), CachedTokens: c.cached,
+		DecodeTokens: int(c.reqTok) - c.req.PromptTokens, SignalAge: c.signalAge}
 }
 
 // notifyPick tells the observer of the pick p. If Observer.Pick panics (or

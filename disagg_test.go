@@ -249,7 +249,7 @@ func TestDisaggregatedDecodeObserverSeesTheTransferAsAFirstToken(t *testing.T) {
 						t.Errorf("first token %+v at the pick, want Transferred", i)
 					}
 				},
-				Done:       func(i DoneInfo) { mu.Lock(); dones = append(dones, i); mu.Unlock() },
+				Done: func(i DoneInfo) { mu.Lock(); dones = append(dones, i); mu.Unlock() },
 			}
 			dec := mustNew(t, RoundRobin(), WithObserver(obs))
 			mustUpdate(t, dec, pdPool("d", 1))

@@ -41,6 +41,13 @@ type PickInfo struct {
 	// endpoint to hold in its prefix cache (0 for policies that do not
 	// track caches).
 	CachedTokens int
+	// DecodeTokens is the output the chosen endpoint is charged for the
+	// request, in tokens, as [Balancer.Stats] counts it: OutputTokens
+	// times Choices, or without OutputTokens the learned prediction
+	// ([WithOutputPrediction]) or else the decode allowance
+	// ([WithDecodeAllowance]), at most MaxTokens, times Choices; at most
+	// 2^31-1. 0 if Err is set.
+	DecodeTokens int
 	// SignalAge is the age of the engine observation of the chosen endpoint
 	// that the estimate used, or -1 if none was used (no signal configured,
 	// or the observation was missing or older than the maximum age).

@@ -110,6 +110,51 @@ func TestObserver(t *testing.T) {
 	}
 }
 
+// PickInfo.DecodeTokens is the decode the pick charged, as the endpoint's
+// stats count it, on every path: the policies without candidates and those
+// with, for an estimate, the allowance capped by MaxTokens, a learned
+// length and several completions.
+func TestPickInfoDecodeTokens(t *testing.T) {
+	for _, policy := range []Policy{RoundRobin(), LeastOutstanding()} {
+		var rec recorder
+		b := mustNew(t, policy, WithObserver(rec.observer()), WithDecodeAllowance(300),
+			WithOutputPrediction(OutputConfig{MinObservations: 1}))
+		mustUpdate(t, b, eps(1))
+		taught := false
+		for _, r := range []*Request{
+			nil,
+			{PromptTokens: 10},
+			{PromptTokens: 10, MaxTokens: 20},
+			{PromptTokens: 10, OutputTokens: 50, Choices: 3},
+			{PromptTokens: 10, MaxTokens: 200, Choices: 2},
+			{PromptTokens: 10, Feature: "f"},
+			{PromptTokens: 10, Feature: "f", Choices: 4},
+		} {
+			before, _ := b.StatsOf("ep0")
+			p, err := b.Pick(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after, _ := b.StatsOf("ep0")
+			got := rec.picks[len(rec.picks)-1].DecodeTokens
+			if want := after.DecodeTokens - before.DecodeTokens; int64(got) != want {
+				t.Errorf("%T, request %+v: PickInfo.DecodeTokens %d, the stats charged %d", policy, r, got, want)
+			}
+			if r != nil && r.Feature == "f" && !taught {
+				// Teach the feature 40 tokens: later picks of it are
+				// charged that.
+				p.FirstToken()
+				p.Generated(40)
+				p.Done(nil)
+				taught = true
+			}
+		}
+		if got := rec.picks[len(rec.picks)-1].DecodeTokens; got != 160 {
+			t.Errorf("%T: 4 completions of a feature learned at 40 tokens charged %d, want 160", policy, got)
+		}
+	}
+}
+
 func TestWithObserverErrors(t *testing.T) {
 	if _, err := New(RoundRobin(), WithObserver(nil)); !errors.Is(err, ErrInvalidOption) {
 		t.Errorf("WithObserver(nil): %v", err)

@@ -46,8 +46,14 @@ func transfer(from *Group, to ...*Group) {
 
 func at(ms int) time.Time { return time.Unix(1000, 0).Add(time.Duration(ms) * time.Millisecond) }
 
+// pickInfo is the PickInfo a balancer gives for a request of prompt and
+// output tokens (output 0: charged the default decode allowance).
 func pickInfo(ep string, prompt, output int) llmlb.PickInfo {
-	return llmlb.PickInfo{Endpoint: key(ep), Request: &llmlb.Request{PromptTokens: prompt, OutputTokens: output}, SignalAge: -1}
+	decode := output
+	if decode == 0 {
+		decode = llmlb.DefaultDecodeAllowance
+	}
+	return llmlb.PickInfo{Endpoint: key(ep), Request: &llmlb.Request{PromptTokens: prompt, OutputTokens: output}, DecodeTokens: decode, SignalAge: -1}
 }
 
 // A peer's requests count only if they were picked after the observation:
@@ -427,11 +433,6 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"endpoints", Config{Conn: conn, MaxEndpoints: maxEPsLimit + 1}},
 		{"blocks", Config{Conn: conn, MaxBlocks: maxBlocksLimit + 1}},
 		{"id", Config{Conn: conn, ID: string(make([]byte, 129))}},
-		{"allowance", Config{Conn: conn, DecodeAllowance: -1}},
-		// The balancer refuses it, and its batches would carry token
-		// counts that receivers refuse.
-		{"allowance beyond the balancer's", Config{Conn: conn, DecodeAllowance: math.MaxInt32 + 1}},
-		{"allowance beyond the wire's", Config{Conn: conn, DecodeAllowance: 1 << 60}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

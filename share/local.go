@@ -18,7 +18,6 @@ type local struct {
 	horizon   int   // buckets kept per endpoint before merging into older
 	maxEPs    int
 	maxBlocks int // per batch; 0: blocks are not shared
-	allowance int64
 
 	mu     sync.Mutex // protects the fields below
 	eps    map[string]*localEP
@@ -156,8 +155,8 @@ func (e *localEP) compact(now int64, width int64, horizon int) {
 	})
 }
 
-func (l *local) init(width int64, horizon, maxEPs, maxBlocks, allowance int) {
-	l.width, l.horizon, l.maxEPs, l.maxBlocks, l.allowance = width, horizon, maxEPs, maxBlocks, int64(allowance)
+func (l *local) init(width int64, horizon, maxEPs, maxBlocks int) {
+	l.width, l.horizon, l.maxEPs, l.maxBlocks = width, horizon, maxEPs, maxBlocks
 	l.eps = make(map[string]*localEP)
 	l.sent = make(map[sentKey]bool)
 	if maxBlocks > 0 {
@@ -166,32 +165,13 @@ func (l *local) init(width int64, horizon, maxEPs, maxBlocks, allowance int) {
 }
 
 // charges returns the prefill and decode tokens the balancer charged for a
-// pick, as it computes them: the decode of each of the request's
-// completions (Request.Choices), at most maxChargedTokens in all.
-func (l *local) charges(info *llmlb.PickInfo) (prefill, decode int64) {
-	r := info.Request
-	if r == nil {
-		return 0, l.allowance
+// pick.
+func charges(info *llmlb.PickInfo) (prefill, decode int64) {
+	if r := info.Request; r != nil {
+		prefill = int64(r.PromptTokens - min(info.CachedTokens, r.PromptTokens))
 	}
-	prefill = int64(r.PromptTokens - min(info.CachedTokens, r.PromptTokens))
-	switch {
-	case r.OutputTokens > 0:
-		decode = int64(r.OutputTokens)
-	case r.MaxTokens > 0:
-		decode = min(l.allowance, int64(r.MaxTokens))
-	default:
-		decode = l.allowance
-	}
-	n := int64(max(r.Choices, 1))
-	if decode > maxChargedTokens/n {
-		return prefill, maxChargedTokens
-	}
-	return prefill, decode * n
+	return prefill, int64(info.DecodeTokens)
 }
-
-// maxChargedTokens is the most decode tokens the balancer charges a
-// request.
-const maxChargedTokens = 1<<31 - 1
 
 // pick records a successful pick made at now (unix nanoseconds). A pick at
 // a key longer than the wire carries is dropped: a batch with it would be
@@ -202,7 +182,7 @@ func (l *local) pick(info *llmlb.PickInfo, now int64) {
 		l.dropped.Add(1)
 		return
 	}
-	prefill, decode := l.charges(info)
+	prefill, decode := charges(info)
 	idx := now / l.width
 	l.mu.Lock()
 	defer l.mu.Unlock()

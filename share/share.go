@@ -106,11 +106,6 @@ type Config struct {
 	// each other's work counted. 0 means three Intervals; it must not be
 	// below Interval.
 	TTL time.Duration
-	// DecodeAllowance is the balancer's decode allowance
-	// (llmlb.WithDecodeAllowance), used to estimate the tokens of this
-	// replica's requests as the balancer does. 0 means
-	// [llmlb.DefaultDecodeAllowance]; at most 2^31-1, as for the balancer.
-	DecodeAllowance int
 	// MaxPeers bounds the peers tracked; batches of further peers are
 	// rejected until one expires. 0 means [DefaultMaxPeers].
 	MaxPeers int
@@ -213,9 +208,6 @@ func New(cfg Config) (*Group, error) {
 	if cfg.TTL == 0 {
 		cfg.TTL = 3 * cfg.Interval
 	}
-	if cfg.DecodeAllowance == 0 {
-		cfg.DecodeAllowance = llmlb.DefaultDecodeAllowance
-	}
 	if cfg.MaxPeers == 0 {
 		cfg.MaxPeers = DefaultMaxPeers
 	}
@@ -237,8 +229,6 @@ func New(cfg Config) (*Group, error) {
 		return nil, fmt.Errorf("%w: Interval %v out of range [1ms, %v]", ErrInvalidConfig, cfg.Interval, maxIntervalTime)
 	case cfg.TTL < cfg.Interval:
 		return nil, fmt.Errorf("%w: TTL %v is below Interval %v", ErrInvalidConfig, cfg.TTL, cfg.Interval)
-	case cfg.DecodeAllowance < 0 || cfg.DecodeAllowance > math.MaxInt32:
-		return nil, fmt.Errorf("%w: DecodeAllowance %d out of range [0, %d]", ErrInvalidConfig, cfg.DecodeAllowance, math.MaxInt32)
 	case cfg.MaxPeers < 0 || cfg.MaxPeers > maxPeersLimit:
 		return nil, fmt.Errorf("%w: MaxPeers %d out of range [1, %d]", ErrInvalidConfig, cfg.MaxPeers, maxPeersLimit)
 	case cfg.MaxEndpoints < 0 || cfg.MaxEndpoints > maxEPsLimit:
@@ -277,7 +267,7 @@ func New(cfg Config) (*Group, error) {
 		horizon = 256
 		width = (span + 255) / 256
 	}
-	g.local.init(int64(width), horizon, cfg.MaxEndpoints, cfg.MaxBlocks, cfg.DecodeAllowance)
+	g.local.init(int64(width), horizon, cfg.MaxEndpoints, cfg.MaxBlocks)
 	g.peers = peers{ttl: int64(cfg.TTL), max: cfg.MaxPeers}
 	return g, nil
 }

@@ -186,7 +186,7 @@ func newServer(o options) (_ *server, err error) {
 			return nil, fmt.Errorf("-nats: %w", err)
 		}
 		s.group, err = share.New(share.Config{Conn: s.nc, Subject: o.shareSubject, ID: o.shareID, Interval: o.shareInterval,
-			Signal: signal, MaxSignalAge: maxAge, Index: s.ix, DecodeAllowance: o.decode, Logger: s.log})
+			Signal: signal, MaxSignalAge: maxAge, Index: s.ix, Logger: s.log})
 		if err != nil {
 			return nil, err
 		}
