@@ -127,8 +127,10 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 
 // Run publishes a heartbeat every Interval until ctx ends, and returns
 // ctx's error; a concurrent second call returns an error wrapping
-// [ErrRunning] at once. Run it beside the Subscriber whose Forward the
-// Relay is, for as long as it runs.
+// [ErrRunning] at once. Once the connection is closed for good (closed by
+// the program, or out of reconnection attempts) it returns an error
+// wrapping [nats.ErrConnectionClosed] at its next Interval. Run it beside
+// the Subscriber whose Forward the Relay is, for as long as it runs.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Relay.Run", ErrRunning)
@@ -137,6 +139,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
+		if r.conn.IsClosed() {
+			return fmt.Errorf("share: the Relay stops: %w", nats.ErrConnectionClosed)
+		}
 		r.publish(r.heartbeat())
 		select {
 		case <-ctx.Done():
@@ -340,7 +345,10 @@ const livenessTick = 100 * time.Millisecond
 // any more, and returns ctx's error. A Follower runs once at a time: a
 // concurrent second call returns an error wrapping [ErrRunning] at once.
 // The connection reconnects by itself and the subscription resumes; the
-// batches missed meanwhile are gaps.
+// batches missed meanwhile are gaps. Once the connection is closed for
+// good (closed by the program, or out of reconnection attempts) Run drops
+// the relayed blocks, which nothing would correct any more, and returns an
+// error wrapping [nats.ErrConnectionClosed] (it looks every 100 ms).
 func (f *Follower) Run(ctx context.Context) error {
 	if !f.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Follower.Run", ErrRunning)
@@ -381,6 +389,9 @@ func (f *Follower) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick.C:
+			if f.conn.IsClosed() {
+				return fmt.Errorf("share: the Follower stops: %w", nats.ErrConnectionClosed)
+			}
 			f.mu.Lock()
 			f.expire()
 			if n, err := sub.Dropped(); err == nil && n > dropped {

@@ -521,11 +521,16 @@ func (g *Group) Stats() Stats {
 // subscription's goroutine; while they arrive faster than they are
 // applied, it holds at most 256 of them and 32 MiB, drops the others and
 // counts them in [Stats].Rejected, and says so in the log. It returns
-// ctx.Err(), or an error if the subscription cannot be made (a closed
-// connection). While the connection is down Run keeps going: it skips
-// publishing, lets the peers' batches expire, and resumes when the
-// connection does. Run may be called again after it returns, but not twice
-// at once. Without a Config.Conn, Run returns an error at once.
+// ctx.Err(), or an error if the subscription cannot be made. While the
+// connection is down Run keeps going: it skips publishing, lets the peers'
+// batches expire, and resumes when the connection does. Once the
+// connection is closed for good (closed by the program, or out of
+// reconnection attempts: connect with nats.MaxReconnects(-1) to retry
+// forever) Run returns an error wrapping [nats.ErrConnectionClosed] at its
+// next Interval; the balancer goes on with its own work alone, and the
+// peers' work stops counting as their batches age. Run may be called again
+// after it returns, but not twice at once. Without a Config.Conn, Run
+// returns an error at once.
 func (g *Group) Run(ctx context.Context) error {
 	if g.conn == nil {
 		return fmt.Errorf("%w: Group.Run needs a Config.Conn", ErrInvalidConfig)
@@ -556,6 +561,10 @@ func (g *Group) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-tick.C:
+			if g.conn.IsClosed() {
+				g.connected.Store(false)
+				return fmt.Errorf("share: the Group stops: %w", nats.ErrConnectionClosed)
+			}
 			buf = g.publish(buf[:0])
 			g.expire()
 			drops.count(g, sub)

@@ -681,7 +681,13 @@ func serve(ctx context.Context, g *gateway.Gateway, runners []runner, l net.List
 	}()
 	wg.Go(func() { _ = g.Run(bg) })
 	for _, r := range runners {
-		wg.Go(func() { _ = r.Run(bg) })
+		wg.Go(func() {
+			// A runner that stops early (its NATS connection closed for
+			// good) leaves the gateway routing without it.
+			if err := r.Run(bg); err != nil && bg.Err() == nil {
+				log.Error("gateway: a background task stopped", "task", fmt.Sprintf("%T", r), "error", err)
+			}
+		})
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()
