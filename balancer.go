@@ -852,7 +852,7 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	prefill := prompt - int64(min(c.cached, r.PromptTokens))
 	decode := c.reqTok - prompt
 	rec := b.newRecord(st, prefill, prompt, decode)
-	rec.kind, rec.feature, rec.choices = c.outKind, c.outFeature, uint32(c.req.choices())
+	rec.kind, rec.feature, rec.choices, rec.flowed = c.outKind, c.outFeature, uint32(c.req.choices()), c.flowed
 	rec.active, c.active = c.active, nil
 	c.signalAge = -1
 	timed := b.obs != nil || b.learn || b.peak != nil // they need the time of the pick
@@ -957,7 +957,7 @@ func (b *Balancer) unobserved() bool {
 func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record {
 	rec := recordPool.Get().(*record)
 	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work, rec.area0 = st, b, 0, 0, never, 0, 0
-	rec.kind, rec.feature, rec.active, rec.prefillOnly, rec.choices = 0, 0, nil, false, 1
+	rec.kind, rec.feature, rec.active, rec.prefillOnly, rec.choices, rec.flowed = 0, 0, nil, false, 1, 0
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	if rec.spill != 0 && !b.spilled.Load() {
 		b.spilled.Store(true)
@@ -1214,7 +1214,9 @@ type record struct {
 	// its decode and output count all of them, and what is learned from
 	// them is one completion's.
 	choices uint32
-	_       [4]byte // to 128 bytes (see the record pool)
+	// flowed is the prompt tokens the policy added to the endpoint's
+	// prefill flow for the request (Candidates.flowed).
+	flowed int32
 }
 
 // The packing of record.out: a generation tag, the low 33 bits of the

@@ -53,9 +53,13 @@ type Candidates struct {
 	// [DefaultConfig].DisableLearning); work is the prefill work it priced
 	// for the chosen candidate, which the balancer hands to the estimate
 	// at the first token.
-	speeds    []speedView
-	pool      poolSpeed
-	work      float64
+	speeds []speedView
+	pool   poolSpeed
+	work   float64
+	// flowed is the prompt tokens the policy added to the chosen
+	// candidate's prefill flow (Default with objectives), which the
+	// balancer keeps in the record for a Disaggregated pick to withdraw.
+	flowed    int32
 	signalAge time.Duration // for the observer: age of the chosen endpoint's observation, -1 if none
 	t         clockReading  // the pick's time
 }
@@ -85,7 +89,7 @@ func (c *Candidates) release() {
 		c.active.drop()
 		c.active = nil
 	}
-	c.b, c.snap, c.req, c.cached, c.t, c.work = nil, nil, nil, 0, clockReading{}, 0
+	c.b, c.snap, c.req, c.cached, c.t, c.work, c.flowed = nil, nil, nil, 0, clockReading{}, 0, 0
 	c.cand = c.cand[:0]
 	candidatesPool.Put(c)
 }

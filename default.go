@@ -553,6 +553,7 @@ func (p *defaultPolicy) Choose(c *Candidates) int {
 	if p.stall > 0 {
 		uncached := c.req.PromptTokens - p.t.cachedTokens(c, int(c.matched[best]))
 		c.state(best).aux.flow.add(float64(uncached), c.nowNanos())
+		c.flowed = int32(max(uncached, 0))
 	}
 	switch {
 	case pool != nil:
@@ -851,6 +852,20 @@ func (f *prefillFlow) add(tokens float64, now int64) {
 	}
 	f.sum.Store(math.Float64bits(sum + tokens))
 	f.at.Store(at)
+	f.mu.Unlock()
+}
+
+// withdraw takes back tokens that add counted a moment ago: a request whose
+// prompt another endpoint prefills after all ([Disaggregated]). The sum is
+// not decayed for the moment between the add and the withdrawal, which
+// overstates the flow by a few millionths of tokens at most.
+func (f *prefillFlow) withdraw(tokens float64) {
+	if !(tokens > 0) {
+		return
+	}
+	f.mu.Lock()
+	sum := math.Float64frombits(f.sum.Load())
+	f.sum.Store(math.Float64bits(max(sum-tokens, 0)))
 	f.mu.Unlock()
 }
 

@@ -143,8 +143,13 @@ func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error
 	pre.rec.prefillOnly = true
 	// The decode endpoint computes none of the prompt: it receives its KV.
 	// From now on it is charged the KV footprint and the decode work only,
-	// as a streaming request, and its observer is told so.
+	// as a streaming request, and its observer is told so; the prompt
+	// Default counted into its prefill flow (with objectives) is taken
+	// back, since it stalls no decode there.
 	dec.firstToken(false)
+	if n := dec.rec.flowed; n > 0 {
+		dec.rec.st.aux.flow.withdraw(float64(n))
+	}
 	d.decode.notifyTransfer(dec)
 	returned = true
 	return DisaggPick{Prefill: pre, Decode: dec}, nil

@@ -500,3 +500,49 @@ func TestDisaggregatedPanicLeavesNothingCharged(t *testing.T) {
 		})
 	}
 }
+
+// With latency objectives, Default counts the uncached prompt it sends an
+// endpoint into that endpoint's prefill flow, the decode stall to come. A
+// decode endpoint whose request is prefilled on the prefill pool computes
+// none of it: the flow it counted at the pick is taken back, and only a
+// request that prefills where it decodes leaves its prompt in the flow.
+func TestDisaggregatedDecodeFlowIsTheLocalPrefills(t *testing.T) {
+	clock := newFakeClock()
+	pol, err := Default(DefaultConfig{TTFTObjective: time.Second, TPOTObjective: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre := mustNew(t, P2C(RequestsScore), WithClock(clock))
+	mustUpdate(t, pre, pdPool("p", 1))
+	dec := mustNew(t, pol, WithClock(clock))
+	mustUpdate(t, dec, pdPool("d", 1))
+	d, err := NewDisaggregated(pre, dec, DisaggConfig{LocalPrefillTokens: 1000, LocalPrefillRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := func() float64 {
+		return dec.snap.Load().byKey["d0"].aux.flow.rate(clock.Now().UnixNano())
+	}
+	pk, err := d.Pick(context.Background(), &Request{PromptTokens: 8000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pk.Local() {
+		t.Fatal("an 8000-token prompt prefilled locally")
+	}
+	if r := rate(); r != 0 {
+		t.Errorf("decode endpoint's prefill flow %v tokens/s after a remote prefill, want 0", r)
+	}
+	pk.Done(nil)
+	local, err := d.Pick(context.Background(), &Request{PromptTokens: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !local.Local() {
+		t.Fatal("a 500-token prompt prefilled remotely")
+	}
+	if r := rate(); !(r > 0) {
+		t.Errorf("decode endpoint's prefill flow %v tokens/s after a local prefill, want above 0", r)
+	}
+	local.Done(nil)
+}
