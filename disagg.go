@@ -102,14 +102,20 @@ func NewDisaggregated(prefill, decode *Balancer, cfg DisaggConfig) (*Disaggregat
 
 // Pick picks the endpoints of one request. The decode pool sees the request
 // as it is; the prefill pool sees it with its output capped at one token,
-// the token a prefill worker computes. On error, nothing stays charged to
-// either pool, nor when a pool's policy or Observer function panics.
+// the token a prefill worker computes. A request whose prompt length is
+// unknown (PromptTokens 0, or a nil request) prefills on the prefill pool:
+// the rule of [DisaggConfig].LocalPrefillTokens needs the length. On error,
+// nothing stays charged to either pool, nor when a pool's policy or
+// Observer function panics.
 func (d *Disaggregated) Pick(ctx context.Context, r *Request) (DisaggPick, error) {
 	dec, err := d.decode.Pick(ctx, r)
 	if err != nil {
 		return DisaggPick{}, err
 	}
-	if r == nil || d.local(r.PromptTokens, int(dec.cached), dec) {
+	if r == nil {
+		r = &zeroRequest // only read
+	}
+	if d.local(r.PromptTokens, int(dec.cached), dec) {
 		return DisaggPick{Decode: dec}, nil
 	}
 	// If the prefill pool's Pick or the decode pool's Observer.FirstToken
@@ -176,10 +182,7 @@ func (b *Balancer) notifyTransfer(dec Pick) {
 // local reports whether a prompt of the given tokens, of which cached are
 // expected on the decode endpoint, prefills there.
 func (d *Disaggregated) local(prompt, cached int, dec Pick) bool {
-	if prompt == 0 {
-		return true // nothing to prefill
-	}
-	if d.localTokens == 0 {
+	if prompt == 0 || d.localTokens == 0 { // a length unknown, or no rule
 		return false
 	}
 	uncached := prompt - min(cached, prompt)

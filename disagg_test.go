@@ -546,3 +546,29 @@ func TestDisaggregatedDecodeFlowIsTheLocalPrefills(t *testing.T) {
 	}
 	local.Done(nil)
 }
+
+// A request whose prompt length is unknown (PromptTokens 0, or a nil
+// request) prefills on the prefill pool, as every request does without
+// the local-prefill rule, which needs the length to apply.
+func TestDisaggregatedUnknownPromptPrefillsRemotely(t *testing.T) {
+	for _, cfg := range []DisaggConfig{{}, {LocalPrefillTokens: 2048}, {LocalPrefillTokens: 2048, LocalPrefillRatio: 1}} {
+		d, pre, dec, _ := newPD(t, 2, 2, cfg)
+		for _, r := range []*Request{nil, {}, {MaxTokens: 100}} {
+			pk, err := d.Pick(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pk.Local() {
+				t.Errorf("%+v: request %+v prefilled on its decode endpoint, want the prefill pool", cfg, r)
+			}
+			pk.Done(nil)
+		}
+		for _, b := range []*Balancer{pre, dec} {
+			for _, s := range b.Stats() {
+				if s.Outstanding != 0 {
+					t.Errorf("%s: %d outstanding after every Done", s.Key, s.Outstanding)
+				}
+			}
+		}
+	}
+}
