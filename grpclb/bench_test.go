@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/balancer"
 	_ "google.golang.org/grpc/balancer/leastrequest" // registers least_request_experimental
@@ -189,8 +190,12 @@ func TestFakePickerSpreadsLoad(t *testing.T) {
 // least_request_experimental (P2C over outstanding RPCs, the algorithm of
 // llmlb's p2c) and round_robin. The llmlb pickers build the request from
 // the call: "ctx" reads a Call attached with WithCall, "md" reads the
-// outgoing metadata keys, and a plain context has neither. Run with -cpu 1,2
-// to see the scaling.
+// outgoing metadata keys, and a plain context has neither; "rpc" is a
+// context as an RPC's is at the pick, with neither but a deadline, a few
+// values and outgoing metadata of its own (an authorization header), which
+// the llmlb pickers look through for their keys (the same context is given
+// to grpc-go's pickers, which do not read it). Run with -cpu 1,2 to see the
+// scaling.
 func BenchmarkPickGRPC(b *testing.B) {
 	callCtx := func() context.Context {
 		return grpclb.WithCall(context.Background(), &grpclb.Call{Request: llmlb.Request{PromptTokens: 1000, MaxTokens: 256}})
@@ -200,6 +205,14 @@ func BenchmarkPickGRPC(b *testing.B) {
 			grpclb.MetadataPromptTokens, "1000", grpclb.MetadataMaxTokens, "256")
 	}
 	plainCtx := context.Background
+	rpcCtx := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+		b.Cleanup(cancel)
+		for i := range 4 {
+			ctx = context.WithValue(ctx, benchKey(i), i)
+		}
+		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer token")
+	}
 	for _, n := range []int{8, 64} {
 		for _, tc := range []struct {
 			name    string
@@ -210,9 +223,11 @@ func BenchmarkPickGRPC(b *testing.B) {
 			{"llmlb-p2c", newTestBuilder(b), `{"policy": "p2c"}`, plainCtx},
 			{"llmlb-p2c-ctx", newTestBuilder(b), `{"policy": "p2c"}`, callCtx},
 			{"llmlb-p2c-md", newTestBuilder(b), `{"policy": "p2c"}`, mdCtx},
+			{"llmlb-p2c-rpc", newTestBuilder(b), `{"policy": "p2c"}`, rpcCtx},
 			{"llmlb-round-robin", newTestBuilder(b), `{"policy": "round-robin"}`, plainCtx},
 			{"llmlb-default", newTestBuilder(b), `{"policy": "default"}`, plainCtx},
 			{"least_request", balancer.Get("least_request_experimental"), `{}`, plainCtx},
+			{"least_request-rpc", balancer.Get("least_request_experimental"), `{}`, rpcCtx},
 			{"round_robin", balancer.Get("round_robin"), ``, plainCtx},
 		} {
 			b.Run(fmt.Sprintf("picker=%s/endpoints=%d", tc.name, n), func(b *testing.B) {
@@ -237,6 +252,9 @@ func BenchmarkPickGRPC(b *testing.B) {
 		}
 	}
 }
+
+// benchKey is a context key of BenchmarkPickGRPC's RPC context.
+type benchKey int
 
 // TestPickDoesNotAllocate checks that a pick and its Done through the
 // picker allocate nothing, with the request read from a Call in the context

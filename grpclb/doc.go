@@ -53,8 +53,13 @@
 // The picker builds an llmlb.Request for each RPC from a [Call] the caller
 // put in the RPC's context ([WithCall], [WithRequest]), or else from the
 // call metadata keys x-llmlb-prompt-tokens, x-llmlb-max-tokens,
-// x-llmlb-output-tokens, x-llmlb-affinity-key and x-llmlb-tenant. The pick
-// handle's Done is called from grpc's PickResult.Done when the RPC ends;
+// x-llmlb-output-tokens, x-llmlb-affinity-key and x-llmlb-tenant. Each key
+// is a lookup through the RPC's context and its outgoing metadata (grpc-go
+// reads several keys only by copying the whole metadata), so on an RPC that
+// carries metadata of its own, such as an authorization header, reading
+// them costs more than the pick itself (BenchmarkPickGRPC, "rpc"); a Call
+// is one context lookup. Attach a Call where the pick's cost matters. The
+// pick handle's Done is called from grpc's PickResult.Done when the RPC ends;
 // a streaming caller reports the first token with [Call.FirstToken] (grpc
 // has no hook for it; without it, the prompt counts as pending prefill until
 // the RPC ends).
