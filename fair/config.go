@@ -85,14 +85,14 @@ type Config struct {
 	// that a lower class waits as long as a higher one has waiters.
 	AgingInterval time.Duration
 	// RetryAfter is the least wait suggested to refused callers; 0 means
-	// [DefaultRetryAfter]. The wait suggested is the time the queue is
-	// expected to take to admit the requests waiting, at the rate it has
-	// admitted requests lately (an exponentially weighted rate over about
-	// 10 s): all of them for a refusal of scope "queue", and for scope
-	// "principal" the principal's own, at its share of that rate (the rate
-	// divided by the principals waiting). It is never below RetryAfter, nor
-	// above MaxRetryAfter, and is RetryAfter until the queue has admitted
-	// requests for a second.
+	// [DefaultRetryAfter], or MaxRetryAfter if that is set and less. The
+	// wait suggested is the time the queue is expected to take to admit
+	// the requests waiting, at the rate it has admitted requests lately
+	// (an exponentially weighted rate over about 10 s): all of them for a
+	// refusal of scope "queue", and for scope "principal" the principal's
+	// own, at its share of that rate (the rate divided by the principals
+	// waiting). It is never below RetryAfter, nor above MaxRetryAfter, and
+	// is RetryAfter until the queue has admitted requests for a second.
 	RetryAfter time.Duration
 	// MaxRetryAfter is the most wait suggested to refused callers; 0 means
 	// [DefaultMaxRetryAfter], or RetryAfter if that is more. A value set

@@ -49,7 +49,11 @@
 // principal's backlog, however old, does not pass a principal served less
 // (VTC holds within every class).
 // Admission is strictly in that order: when the first waiter does not fit
-// the token cap, no later one is admitted past it.
+// the token cap, no later one is admitted past it, and it keeps its place
+// until it fits: however aging or the counters change the order meanwhile,
+// no waiter of its class or of a less urgent one is admitted before it (one
+// of a more urgent class still is), so that the admissions aging lends a
+// less urgent class cannot keep the tokens in flight from ever draining.
 //
 // A Queue is safe for concurrent use. It starts no goroutines: a waiter
 // blocks in its own [Queue.Admit] call and is woken by the release that

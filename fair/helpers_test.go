@@ -144,6 +144,9 @@ func (q *Queue) check() error {
 	if q.inflight == 0 && q.tokens != 0 {
 		return fmt.Errorf("nothing in flight but %d tokens", q.tokens)
 	}
+	if b := q.blocked; b != nil && (b.q != q || b.state != stateQueued) {
+		return fmt.Errorf("the waiter keeping its place is in state %d", b.state)
+	}
 	return nil
 }
 

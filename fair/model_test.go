@@ -19,6 +19,7 @@ type model struct {
 	hasLast     bool
 	served      map[int]time.Time // the last admission of each rank
 	waiters     []*mreq           // in arrival order
+	blocked     *mreq             // the waiter first in order that did not fit the token cap
 	inflight    []*mreq
 	tokens      int64
 }
@@ -123,11 +124,26 @@ func (m *model) dispatch(now time.Time) {
 				bi = i + 1
 			}
 		}
+		// A waiter that did not fit the token cap when it was first keeps
+		// its place against its own class and the less urgent ones.
+		if m.blocked != nil && m.waiters[bi].rank >= m.blocked.rank {
+			for i, w := range m.waiters {
+				if w == m.blocked {
+					bi = i
+				}
+			}
+		}
 		b := m.waiters[bi]
 		if !m.fits(b.prompt) {
+			if m.maxInFlight == 0 || len(m.inflight) < m.maxInFlight {
+				m.blocked = b
+			}
 			return
 		}
 		m.waiters = append(m.waiters[:bi], m.waiters[bi+1:]...)
+		if m.blocked == b {
+			m.blocked = nil
+		}
 		m.admit(b, now)
 	}
 }
@@ -147,6 +163,9 @@ func (m *model) charge(i, n int) {
 }
 
 func (m *model) cancel(i int, now time.Time) {
+	if m.blocked == m.waiters[i] {
+		m.blocked = nil
+	}
 	m.waiters = append(m.waiters[:i], m.waiters[i+1:]...)
 	m.dispatch(now)
 }

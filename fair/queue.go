@@ -77,6 +77,7 @@ type Queue struct {
 	idle       idleList              // principals with nothing waiting or in flight, most recent first
 	backlog    []*principal          // principals with requests waiting
 	last       *principal            // the principal admitted last: VTC's lifting level when nothing waits
+	blocked    *Ticket               // the waiter first in order that did not fit the token cap; nil if none
 	served     [numClasses]time.Time // the last admission of a request of each class, by its own class
 	rate       float64               // admissions per second, exponentially weighted, as of rateAt
 	rateAt     time.Time             // the last admission
@@ -145,7 +146,12 @@ func New(cfg Config) (*Queue, error) {
 		q.aging = DefaultAgingInterval
 	}
 	if q.retryAfter == 0 {
+		// Within a MaxRetryAfter set below the default, so that no wait
+		// suggested is above it.
 		q.retryAfter = DefaultRetryAfter
+		if q.maxRetryAfter > 0 {
+			q.retryAfter = min(q.retryAfter, q.maxRetryAfter)
+		}
 	}
 	if q.maxRetryAfter == 0 {
 		q.maxRetryAfter = max(DefaultMaxRetryAfter, q.retryAfter)
@@ -524,15 +530,28 @@ func (q *Queue) releaseLocked(t *Ticket) {
 
 // dispatchLocked admits waiters in order while they fit, and refuses those
 // whose deadline has passed.
+//
+// A waiter first in order that does not fit the token cap keeps its place
+// until it does (q.blocked): no waiter of its class or a less urgent one is
+// admitted before it, however the order changes meanwhile. Otherwise the
+// admissions that aging lends a less urgent class, one an interval, could
+// keep tokens in flight for ever, and a request that needs them to drain
+// (a prompt larger than the cap) would never be admitted.
 func (q *Queue) dispatchLocked(now time.Time) {
 	for q.waiting > 0 {
 		t := q.nextLocked(now)
+		if b := q.blocked; b != nil && t.rank >= b.rank {
+			t = b
+		}
 		if !t.deadline.IsZero() && !now.Before(t.deadline) {
 			q.unlinkLocked(t)
 			q.refuseLocked(t, q.refusal(t.rank, nil, ReasonDeadline, now, context.DeadlineExceeded))
 			continue
 		}
 		if !q.fitsLocked(t.prompt) {
+			if q.maxInFlight == 0 || q.inflight < q.maxInFlight {
+				q.blocked = t // only the token cap keeps it out
+			}
 			return
 		}
 		q.unlinkLocked(t)
@@ -673,6 +692,9 @@ func (q *Queue) pushLocked(t *Ticket) {
 
 // unlinkLocked takes t, queued, out of its principal's queue.
 func (q *Queue) unlinkLocked(t *Ticket) {
+	if q.blocked == t {
+		q.blocked = nil
+	}
 	p, c := t.p, t.rank
 	if t.prev != nil {
 		t.prev.next = t.next

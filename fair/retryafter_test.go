@@ -227,3 +227,19 @@ func TestRetryAfterWhenTheClockGoesBack(t *testing.T) {
 	}
 	mustCheck(t, q)
 }
+
+// TestRetryAfterWithinMaxRetryAfterAlone: with only MaxRetryAfter set, and
+// below DefaultRetryAfter, no refusal suggests a wait above it.
+func TestRetryAfterWithinMaxRetryAfterAlone(t *testing.T) {
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 1, MaxRetryAfter: 200 * time.Millisecond})
+	if _, err := q.push(Request{Principal: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.push(Request{Principal: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := q.push(Request{Principal: "b"})
+	if got := retryAfter(t, err, "queue"); got <= 0 || got > 200*time.Millisecond {
+		t.Errorf("suggested wait %v, want one in (0, MaxRetryAfter 200ms]", got)
+	}
+}
