@@ -27,8 +27,9 @@ const (
 	RetryLater
 	// DoNotRetry: the server asked not to retry. Only gRPC has a way to
 	// say so: a grpc-retry-pushback-ms that is negative or unparseable
-	// means it, as gRPC's retry design (gRFC A6) specifies. HTTP's
-	// Retry-After and rate-limit resets only ever ask for a wait.
+	// means it, as gRPC's retry design (gRFC A6) specifies, and so does
+	// one sent more than once, as grpc-go has it. HTTP's Retry-After and
+	// rate-limit resets only ever ask for a wait.
 	DoNotRetry
 )
 
@@ -162,7 +163,8 @@ func ParseRateLimitReset(v string, now time.Time, limit time.Duration) Pushback 
 	return Pushback{}
 }
 
-// Header names read by [FromHeader].
+// Header names read by [FromHeader]. Each is also found under its
+// lowercase form, which gRPC metadata and headers copied from HTTP/2 have.
 const (
 	HeaderGRPCPushback       = "Grpc-Retry-Pushback-Ms"
 	HeaderRetryAfter         = "Retry-After"
@@ -174,36 +176,80 @@ const (
 	headerRemainingTokensKey = "X-Ratelimit-Remaining-Tokens"
 )
 
+// lowerNames maps each header name read here to its lowercase form, so
+// that looking a header up does not allocate.
+var lowerNames = func() map[string]string {
+	m := make(map[string]string)
+	for _, name := range [...]string{
+		HeaderGRPCPushback, HeaderRetryAfter, HeaderRateLimitReset, HeaderXRateLimitReset,
+		HeaderResetRequests, HeaderResetTokens, headerRemainingRequests, headerRemainingTokensKey,
+		headerLimitRequests, headerLimitTokens,
+	} {
+		m[name] = strings.ToLower(name)
+	}
+	return m
+}()
+
+// headerValues returns the values of the header name (one of the names
+// above, in canonical form) in h: under name, as http.Header's methods
+// store it, or else under its lowercase form. gRPC metadata keys are
+// lowercase (grpc-go v1.85.0 metadata/metadata.go lowers every key, and
+// stream.go reads trailer["grpc-retry-pushback-ms"]), so trailers passed on
+// as http.Header(md) have them so, as do headers copied as an HTTP/2 frame
+// carries them; h.Get would miss both.
+func headerValues(h http.Header, name string) []string {
+	if v, ok := h[name]; ok {
+		return v
+	}
+	return h[lowerNames[name]]
+}
+
+// header returns the first value of the header name in h, or "".
+func header(h http.Header, name string) string {
+	if v := headerValues(h, name); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 // FromHeader reads the server's pushback from response headers (or gRPC
-// trailers copied into an http.Header), trying in order
-// grpc-retry-pushback-ms, Retry-After, RateLimit-Reset, X-RateLimit-Reset,
-// and x-ratelimit-reset-requests / -tokens. The first header that says
-// anything decides; one whose delay is above limit, or an HTTP one whose
-// value is negative or malformed, is skipped, as Envoy does. Only a
-// negative or malformed grpc-retry-pushback-ms means DoNotRetry. For the
-// OpenAI pair, the reset of the limit whose remaining count is "0" is used,
-// else the longer of the two. A nil header is NoPushback.
+// trailers: a metadata.MD converted with http.Header(md) will do), trying
+// in order grpc-retry-pushback-ms, Retry-After, RateLimit-Reset,
+// X-RateLimit-Reset, and x-ratelimit-reset-requests / -tokens. A header is
+// found under its canonical name (http.Header's Set and Add store it so) or
+// its lowercase one (gRPC metadata's). The first header that says anything
+// decides; one whose delay is above limit, or an HTTP one whose value is
+// negative or malformed, is skipped, as Envoy does. Only a negative or
+// malformed grpc-retry-pushback-ms, or one sent more than once, means
+// DoNotRetry. For the OpenAI pair, the reset of the limit whose remaining
+// count is "0" is used, else the longer of the two. A nil header is
+// NoPushback.
 func FromHeader(h http.Header, now time.Time, limit time.Duration) Pushback {
 	if h == nil {
 		return Pushback{}
 	}
-	if p := ParseGRPCPushback(h.Get(HeaderGRPCPushback), limit); p.Kind != NoPushback {
+	// Several values of grpc-retry-pushback-ms mean "do not retry", as for
+	// grpc-go (v1.85.0 stream.go, shouldRetry).
+	if len(headerValues(h, HeaderGRPCPushback)) > 1 {
+		return Pushback{Kind: DoNotRetry}
+	}
+	if p := ParseGRPCPushback(header(h, HeaderGRPCPushback), limit); p.Kind != NoPushback {
 		return p
 	}
-	if p := ParseRetryAfter(h.Get(HeaderRetryAfter), now, limit); p.Kind != NoPushback {
+	if p := ParseRetryAfter(header(h, HeaderRetryAfter), now, limit); p.Kind != NoPushback {
 		return p
 	}
 	for _, name := range [...]string{HeaderRateLimitReset, HeaderXRateLimitReset} {
-		if p := ParseRateLimitReset(h.Get(name), now, limit); p.Kind != NoPushback {
+		if p := ParseRateLimitReset(header(h, name), now, limit); p.Kind != NoPushback {
 			return p
 		}
 	}
-	rq := ParseRateLimitReset(h.Get(HeaderResetRequests), now, limit)
-	tk := ParseRateLimitReset(h.Get(HeaderResetTokens), now, limit)
+	rq := ParseRateLimitReset(header(h, HeaderResetRequests), now, limit)
+	tk := ParseRateLimitReset(header(h, HeaderResetTokens), now, limit)
 	switch {
-	case rq.Kind != NoPushback && strings.TrimSpace(h.Get(headerRemainingRequests)) == "0":
+	case rq.Kind != NoPushback && strings.TrimSpace(header(h, headerRemainingRequests)) == "0":
 		return rq
-	case tk.Kind != NoPushback && strings.TrimSpace(h.Get(headerRemainingTokensKey)) == "0":
+	case tk.Kind != NoPushback && strings.TrimSpace(header(h, headerRemainingTokensKey)) == "0":
 		return tk
 	case rq.Kind == RetryLater && (tk.Kind != RetryLater || rq.Delay >= tk.Delay):
 		return rq
@@ -223,11 +269,11 @@ func QuotaReset(h http.Header, now time.Time, limit time.Duration) Pushback {
 	if h == nil {
 		return p
 	}
-	if strings.TrimSpace(h.Get(headerRemainingRequests)) == "0" {
-		p = ParseRateLimitReset(h.Get(HeaderResetRequests), now, limit)
+	if strings.TrimSpace(header(h, headerRemainingRequests)) == "0" {
+		p = ParseRateLimitReset(header(h, HeaderResetRequests), now, limit)
 	}
-	if strings.TrimSpace(h.Get(headerRemainingTokensKey)) == "0" {
-		q := ParseRateLimitReset(h.Get(HeaderResetTokens), now, limit)
+	if strings.TrimSpace(header(h, headerRemainingTokensKey)) == "0" {
+		q := ParseRateLimitReset(header(h, HeaderResetTokens), now, limit)
 		if q.Kind == RetryLater && (p.Kind != RetryLater || q.Delay > p.Delay) {
 			p = q
 		}
@@ -260,14 +306,14 @@ func QuotaHeadroom(h http.Header, now time.Time) (fraction float64, reset time.D
 		{headerRemainingRequests, headerLimitRequests, HeaderResetRequests},
 		{headerRemainingTokensKey, headerLimitTokens, HeaderResetTokens},
 	} {
-		rem, err1 := strconv.ParseFloat(strings.TrimSpace(h.Get(w.rem)), 64)
-		lim, err2 := strconv.ParseFloat(strings.TrimSpace(h.Get(w.lim)), 64)
+		rem, err1 := strconv.ParseFloat(strings.TrimSpace(header(h, w.rem)), 64)
+		lim, err2 := strconv.ParseFloat(strings.TrimSpace(header(h, w.lim)), 64)
 		if err1 != nil || err2 != nil || !(rem >= 0) || !(lim > 0) || math.IsInf(lim, 1) {
 			continue
 		}
 		if f := min(rem/lim, 1); f < fraction {
 			fraction, reset = f, 0
-			if p := ParseRateLimitReset(h.Get(w.reset), now, noPushbackLimit); p.Kind == RetryLater {
+			if p := ParseRateLimitReset(header(h, w.reset), now, noPushbackLimit); p.Kind == RetryLater {
 				reset = p.Delay
 			}
 		}

@@ -28,7 +28,9 @@ type StatusError struct {
 	Code int
 	// GRPC reports whether Code is a gRPC code.
 	GRPC bool
-	// Header holds the response headers or trailers; it may be nil.
+	// Header holds the response headers or trailers; it may be nil. gRPC
+	// trailers may be given as they are, http.Header(md), with metadata's
+	// lowercase keys ([FromHeader] reads both forms).
 	Header http.Header
 }
 
