@@ -54,8 +54,9 @@ const MinHeadroom = 0.05
 // requests that streamed to their end without an error teach it: pair it
 // with a retry.Ejector, which takes endpoints out on failures and cools
 // them down for the wait a 429 asks. An endpoint without a completion
-// yet costs what the other sampled candidate costs per request, so that
-// new endpoints are tried at once and by their outstanding requests.
+// yet, or whose average has decayed to zero, costs what the other sampled
+// candidate costs per request, so that new endpoints are tried at once and
+// by their outstanding requests.
 // Wrapped in [AdapterAffinity], as a [Segregated] pool's policy or as
 // [ConsistentHash]'s fallback it learns as it does alone; a balancer keeps
 // one average per endpoint, with the Decay of the first pool's PeakEWMA.
@@ -114,8 +115,19 @@ func (p *peakEWMA) Choose(c *Candidates) int {
 	sa, sb := c.state(a), c.state(b)
 	la, oka := sa.aux.lat.read(now, p.decay)
 	lb, okb := sb.aux.lat.read(now, p.decay)
+	// An average that decayed to nothing (after some 745 Decays without a
+	// completion, as when an endpoint returns from hours out of service)
+	// is no history: at a cost of 0 it would win every comparison however
+	// many requests it has outstanding, and take all of them until its
+	// first completion. Finagle penalizes a zero cost with requests
+	// pending for the same reason (twitter/finagle,
+	// finagle-core/src/main/scala/com/twitter/finagle/loadbalancer/PeakEwma.scala,
+	// Metric.get: "if (cost == 0.0 && pending != 0) Penalty + pending");
+	// here it costs what the other candidate costs per request, as an
+	// endpoint without a completion does.
+	oka, okb = oka && la > 0, okb && lb > 0
 	switch {
-	case !oka && !okb, la == 0 && lb == 0:
+	case !oka && !okb:
 		// Nothing to compare but the outstanding requests.
 		la, lb = 1, 1
 	case !oka:
