@@ -191,7 +191,8 @@ type PrefixAwareConfig struct {
 	Index *prefix.Index
 	// AbsThreshold and RelThreshold define imbalance: the candidates are
 	// imbalanced when max-min requests > AbsThreshold and max > min *
-	// RelThreshold. Zero means [DefaultBalanceAbsThreshold] and
+	// RelThreshold ([PrefixAware] counts requests per unit of weight).
+	// Zero means [DefaultBalanceAbsThreshold] and
 	// [DefaultBalanceRelThreshold].
 	AbsThreshold int
 	RelThreshold float64
@@ -246,8 +247,12 @@ func newPrefixAware(cfg PrefixAwareConfig, faithful bool) (*prefixAware, error) 
 
 // PrefixAware returns cache-aware routing with an escape hatch, improving
 // on SGLang's cache_aware policy where its users found it weak. Loads are
-// estimated requests ([EndpointLoad.Requests]); the candidates are imbalanced
-// when max-min > AbsThreshold and max > min*RelThreshold.
+// estimated requests ([EndpointLoad.Requests]) per unit of effective weight
+// ([EndpointLoad.Weight]), so that heavier endpoints take more and an
+// endpoint in slow start ([WithSlowStart]) is ramped up rather than
+// flooded; the candidates are imbalanced when max-min > AbsThreshold and
+// max > min*RelThreshold. The least loaded is the candidate whose
+// requests, counting this one, are fewest per unit of weight.
 //
 //   - Balanced, and some candidate holds more than MatchThreshold of the
 //     prompt: among the candidates with the longest match, the least loaded.
@@ -282,15 +287,34 @@ func SGLangCacheAware(cfg PrefixAwareConfig) (Policy, error) { return newPrefixA
 func (p *prefixAware) Choose(c *Candidates) int {
 	n := c.Len()
 	c.loads = growLoads(c.loads, n)
+	c.costs = growFloat64(c.costs, n)
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i := 0; i < n; i++ {
-		c.loadInto(i, &c.loads[i])
+		l := &c.loads[i]
+		c.loadInto(i, l)
+		r := float64(l.Requests)
 		if p.faithful {
 			// SGLang's load is the router's in-flight count alone.
-			c.loads[i].Requests = c.loads[i].Outstanding
+			l.Requests = l.Outstanding
+			r = float64(l.Outstanding)
+		} else {
+			// Requests per unit of effective weight, so that a heavier
+			// endpoint takes more and one in slow start less.
+			r /= l.Weight
 		}
-		r := float64(c.loads[i].Requests)
+		c.costs[i] = r
 		lo, hi = min(lo, r), max(hi, r)
+	}
+	// least orders the candidates by load for the least loaded choices:
+	// SGLang's count, or here the load after taking the request, which is
+	// positive even for an idle endpoint, so that dividing it by a small
+	// weight (slow start) makes the endpoint worse rather than leaving it
+	// at 0, the least loaded however few requests it is ramped to.
+	least := func(i int) float64 {
+		if p.faithful {
+			return c.costs[i]
+		}
+		return (float64(c.loads[i].Requests) + 1) / c.loads[i].Weight
 	}
 	best := p.t.match(c)
 	imbalanced := hi-lo > p.abs && hi > lo*p.rel
@@ -301,22 +325,22 @@ func (p *prefixAware) Choose(c *Candidates) int {
 	var i int
 	switch {
 	case imbalanced && p.faithful:
-		i = pickBy(c, func(i int) (float64, float64) { return float64(c.loads[i].Requests), 0 })
+		i = pickBy(c, func(i int) (float64, float64) { return least(i), 0 })
 	case imbalanced:
 		i = pickBy(c, func(i int) (float64, float64) {
-			if float64(c.loads[i].Requests) > lo+p.abs {
+			if c.costs[i] > lo+p.abs {
 				return math.Inf(1), 0
 			}
-			return -float64(c.matched[i]), float64(c.loads[i].Requests)
+			return -float64(c.matched[i]), least(i)
 		})
 	case rate > p.thresh && p.faithful:
 		i = pickBy(c, func(i int) (float64, float64) { return -float64(c.matched[i]), 0 })
 	case rate > p.thresh:
-		i = pickBy(c, func(i int) (float64, float64) { return -float64(c.matched[i]), float64(c.loads[i].Requests) })
+		i = pickBy(c, func(i int) (float64, float64) { return -float64(c.matched[i]), least(i) })
 	case p.smallTree:
 		i = pickBy(c, func(i int) (float64, float64) { return float64(p.t.index.Len(c.Key(i))), 0 })
 	default:
-		i = pickBy(c, func(i int) (float64, float64) { return float64(c.loads[i].Requests), 0 })
+		i = pickBy(c, func(i int) (float64, float64) { return least(i), 0 })
 	}
 	p.t.record(c, i, &c.loads[i])
 	return i
