@@ -49,6 +49,11 @@ type ring struct {
 // ringCache builds and keeps the ring of the current membership.
 type ringCache struct {
 	replicas int
+	// weighted gives each member points in proportion to its static
+	// weight, the largest weight having replicas points, as Envoy's ring
+	// hash does (source/extensions/load_balancing_policies/ring_hash/
+	// ring_hash_lb.cc: hashes per host = normalized weight * scale).
+	weighted bool
 	cur      atomic.Pointer[ring]
 	mu       sync.Mutex // serializes builds
 }
@@ -68,11 +73,23 @@ func (rc *ringCache) get(c *Candidates) *ring {
 		m int32
 	}
 	per := ringReplicas(rc.replicas, n)
+	most := 0.0
+	if rc.weighted && !c.snap.unit {
+		for _, st := range c.snap.eps {
+			most = max(most, st.staticWeight())
+		}
+	}
 	pts := make([]point, 0, n*per)
 	buf := make([]byte, 0, 64)
 	for m := 0; m < n; m++ {
 		key := c.MemberKey(m)
-		for v := 0; v < per; v++ {
+		points := per
+		if most > 0 {
+			// At least one point, and at most per: the ring stays within
+			// maxRingPoints.
+			points = int(min(max(math.Round(float64(per)*(c.snap.eps[m].staticWeight()/most)), 1), float64(per)))
+		}
+		for v := 0; v < points; v++ {
 			buf = append(append(append(buf[:0], key...), '#'), strconv.Itoa(v)...)
 			pts = append(pts, point{xxhash.Sum64(buf), int32(m)})
 		}
@@ -129,8 +146,10 @@ func (r *ring) walk(c *Candidates, h uint64, accept func(i int) bool) int {
 type HashConfig struct {
 	// Balance is the bounded-load factor c >= 1: an endpoint accepts a key
 	// while its requests, counting this one, are at most ceil(c*m/n) for m
-	// requests in all on n candidates. Zero means [DefaultHashBalance];
-	// +Inf disables the bound (plain consistent hashing).
+	// requests in all on n candidates of equal weight; with unequal
+	// effective weights, ceil(c*m*w/W) for an endpoint of weight w out of
+	// W in all. Zero means [DefaultHashBalance]; +Inf disables the bound
+	// (plain consistent hashing).
 	Balance float64
 	// Replicas is the number of ring points per endpoint, at most 65,536.
 	// Zero means [DefaultRingReplicas]. A ring has at most 8,388,608
@@ -157,8 +176,12 @@ type consistentHash struct {
 // share ceil(c*m/n) passes the key to the next one on the ring. Adding an
 // endpoint moves about 1/(n+1) of the keys; a hot key spills to its
 // neighbours instead of burying one replica. Use it for session affinity:
-// a conversation's turns share a prefix by construction. Give each Balancer
-// its own policy.
+// a conversation's turns share a prefix by construction. Weights are
+// respected as in Envoy's ring hash with a hash balance factor: an
+// endpoint has ring points in proportion to its weight, and its share of
+// the requests is in proportion to its effective weight, so that an
+// endpoint in slow start ([WithSlowStart]) passes keys on beyond its
+// ramped share. Give each Balancer its own policy.
 func ConsistentHash(cfg HashConfig) (Policy, error) {
 	if cfg.Balance == 0 {
 		cfg.Balance = DefaultHashBalance
@@ -176,8 +199,8 @@ func ConsistentHash(cfg HashConfig) (Policy, error) {
 		cfg.Fallback = P2C(RequestsScore)
 	}
 	l, ok := cfg.Fallback.(interface{ learns() bool })
-	return &consistentHash{balance: cfg.Balance, rings: ringCache{replicas: cfg.Replicas}, fallback: cfg.Fallback,
-		learn: ok && l.learns()}, nil
+	return &consistentHash{balance: cfg.Balance, rings: ringCache{replicas: cfg.Replicas, weighted: true},
+		fallback: cfg.Fallback, learn: ok && l.learns()}, nil
 }
 
 // learns reports whether the balancer should keep speed estimates: the
@@ -201,15 +224,34 @@ func (p *consistentHash) Choose(c *Candidates) int {
 }
 
 // boundedWalk walks the ring from h to the first candidate whose requests,
-// counting this one, fit in ceil(balance*m/n).
+// counting this one, fit in ceil(balance*m*w/W), its share by effective
+// weight w of W in all (ceil(balance*m/n) for equal weights), as Envoy
+// bounds a host's slots by its normalized weight
+// (source/common/upstream/thread_aware_lb_impl.cc,
+// BoundedLoadHashingLoadBalancer::hostOverloadFactor: slots =
+// ceil(total_slots * weight)).
 func boundedWalk(c *Candidates, r *ring, h uint64, balance float64) int {
 	n := c.Len()
 	var total int64 = 1
+	unit := c.unitWeights()
+	weights := float64(n)
+	if !unit {
+		weights = 0
+		for i := 0; i < n; i++ {
+			weights += c.Weight(i)
+		}
+	}
 	for i := 0; i < n; i++ {
 		total = addSat(total, c.requests(i))
 	}
-	capacity := math.Ceil(balance * float64(total) / float64(n))
-	i := r.walk(c, h, func(i int) bool { return float64(c.requests(i))+1 <= capacity })
+	m := balance * float64(total)
+	i := r.walk(c, h, func(i int) bool {
+		w := 1.0
+		if !unit {
+			w = c.Weight(i)
+		}
+		return float64(c.requests(i))+1 <= math.Ceil(m*w/weights)
+	})
 	if i < 0 { // unreachable for balance >= 1: some candidate is at most average
 		return argmin(c, byRequests)
 	}
