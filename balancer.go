@@ -574,6 +574,10 @@ func (b *Balancer) SetHealthy(key string, healthy bool) error {
 	}
 	st.unhealthy.Store(!healthy)
 	if healthy {
+		// PeakEWMA's average starts afresh, as Finagle gives a node back
+		// in its balancer a new metric: decayed over the time out, it
+		// would draw every request until the first completion.
+		st.aux.lat.reset()
 		b.unhealthy.Add(-1)
 		if b.slow.Window > 0 {
 			now := b.now()

@@ -54,9 +54,10 @@ const MinHeadroom = 0.05
 // requests that streamed to their end without an error teach it: pair it
 // with a retry.Ejector, which takes endpoints out on failures and cools
 // them down for the wait a 429 asks. An endpoint without a completion
-// yet, or whose average has decayed to zero, costs what the other sampled
-// candidate costs per request, so that new endpoints are tried at once and
-// by their outstanding requests.
+// yet, or whose average has decayed to zero, or marked healthy again
+// ([Balancer.SetHealthy]) since its last completion, costs what the other
+// sampled candidate costs per request, so that new and returning
+// endpoints are tried at once and by their outstanding requests.
 // Wrapped in [AdapterAffinity], as a [Segregated] pool's policy or as
 // [ConsistentHash]'s fallback it learns as it does alone; a balancer keeps
 // one average per endpoint, with the Decay of the first pool's PeakEWMA.
@@ -165,6 +166,15 @@ func (l *peakLatency) read(now int64, decay float64) (float64, bool) {
 		avg *= math.Exp(-float64(dt) / decay)
 	}
 	return avg, true
+}
+
+// reset forgets the average: the endpoint has no history again.
+func (l *peakLatency) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last = 0
+	l.avg.Store(0)
+	l.at.Store(0)
 }
 
 // observe adds a completion of sample seconds per output token at now.
