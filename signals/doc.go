@@ -47,9 +47,11 @@
 // report the same batch in series that differ only in tp_rank, pp_rank and
 // moe_ep_rank; and vLLM's vllm:kv_cache_usage_perc written by each API
 // server process (label pid) with --api-server-count above 1 in vLLM 0.9
-// and 0.10. Data-parallel ranks (vLLM's engine label, SGLang's dp_rank)
-// add up their requests and KV capacity and average their KV usage, a
-// fraction of pools of equal size. SGLang's per-priority request counts
+// and 0.10; and vLLM's vllm:cache_config_info, which the API server writes
+// once per engine (label engine), each series with its num_gpu_blocks
+// already summed over the engines. Data-parallel ranks (vLLM's engine
+// label, SGLang's dp_rank) add up their requests and SGLang's KV capacity,
+// and average their KV usage, a fraction of pools of equal size. SGLang's per-priority request counts
 // (--enable-priority-scheduling) are left out: the total is the series
 // with priority="". TensorRT-LLM's running requests are those in the
 // batch, as its Triton backend reports them: trtllm-serve's

@@ -98,6 +98,19 @@ const sglangPriority = "priority"
 // process that has not received the engine's statistics exports 0.
 var vllmCopies = []string{"pid"}
 
+// vllmCacheCopies are the labels that tell apart copies of vLLM's
+// vllm:cache_config_info. The API server writes one series per engine
+// (data-parallel rank) it serves, every one with the labels of its own
+// CacheConfig (PrometheusStatLogger.log_metrics_info in
+// vllm/v1/metrics/loggers.py at 005a810, and since), and that config's
+// num_gpu_blocks is the sum over those engines: the server adds up the
+// blocks each engine reports when it starts ("Sum values from all engines
+// in DP case", wait_for_engine_startup in vllm/v1/engine/utils.py; the
+// client's _apply_ready_response in vllm/v1/engine/core_client.py in later
+// releases). The series are copies of the server's capacity, so they count
+// once; summing them would count it once per engine.
+var vllmCacheCopies = []string{"engine"}
+
 // trtllmCopies are the labels that tell apart copies of one trtllm-serve
 // gauge written by several processes. trtllm-serve serves
 // /prometheus/metrics from prometheus_client's MultiProcessCollector, and
@@ -139,8 +152,8 @@ var profiles = [numEngines]*profile{
 			{name: "vllm:kv_cache_usage_perc", copies: vllmCopies},
 			{name: "vllm:gpu_cache_usage_perc", copies: vllmCopies},
 		},
-		blocks:    series{name: "vllm:cache_config_info", info: "num_gpu_blocks"},
-		blockSize: series{name: "vllm:cache_config_info", info: "block_size"},
+		blocks:    series{name: "vllm:cache_config_info", info: "num_gpu_blocks", copies: vllmCacheCopies},
+		blockSize: series{name: "vllm:cache_config_info", info: "block_size", copies: vllmCacheCopies},
 		preempt:   series{name: "vllm:num_preemptions_total"},
 		// Named gpu_prefix_cache_* by the V1 engine of vLLM 0.8, and also
 		// exported, deprecated, beside the new names by 0.9 and 0.10; gone

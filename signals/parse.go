@@ -71,7 +71,8 @@ func observationOf(l llmlb.Load) Observation {
 // --enable-metrics-for-all-schedulers exports them) report the same batch,
 // and vLLM 0.9 and 0.10 with several API servers export
 // vllm:kv_cache_usage_perc once per process (label pid), as trtllm-serve
-// does every gauge. SGLang's per-priority request counts are left out for
+// does every gauge; a vLLM server with several data-parallel engines
+// exports its KV capacity, the sum over them, once per engine. SGLang's per-priority request counts are left out for
 // their total (priority=""), and TensorRT-LLM's running requests are the
 // scheduled ones.
 // The package documentation lists the metrics read. The running and waiting counts

@@ -115,15 +115,15 @@ vllm:num_requests_waiting{engine="1",model_name="a"} 2
 vllm:kv_cache_usage_perc{engine="0",model_name="a"} 0.2
 vllm:kv_cache_usage_perc{engine="1",model_name="a"} 0.6
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="1000"} 1
-vllm:cache_config_info{engine="1",block_size="16",num_gpu_blocks="1000"} 1
+vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="2000"} 1
+vllm:cache_config_info{engine="1",block_size="16",num_gpu_blocks="2000"} 1
 `
 	o, err := signals.Parse(strings.NewReader(in), textType, signals.EngineAuto)
 	require.NoError(t, err)
 	assert.Equal(t, 7, o.Running)
 	assert.Equal(t, 3, o.Waiting)
 	assert.InDelta(t, 0.4, o.KVUsage, 1e-12, "fractions are averaged")
-	assert.Equal(t, 2000, o.KVBlocks, "capacity is summed over ranks")
+	assert.Equal(t, 2000, o.KVBlocks, "every engine's series carries the server's total")
 	assert.Equal(t, 16, o.BlockSize, "a block size is a size, the same on every rank: not summed")
 
 	trt := `trtllm_num_requests_running{rank="0"} 1
@@ -320,12 +320,46 @@ func TestParseWideSeries(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("vllm:num_requests_running 1\nvllm:num_requests_waiting{model_name=\"a=\\\"b\\\"=c\"} 2\n")
 	for rank := range 64 {
-		fmt.Fprintf(&b, "vllm:cache_config_info{engine=\"%d\",block_size=\"16\",num_gpu_blocks=\"100\",%s} 1\n", rank, manyLabels(40))
+		fmt.Fprintf(&b, "vllm:cache_config_info{engine=\"%d\",block_size=\"16\",num_gpu_blocks=\"6400\",%s} 1\n", rank, manyLabels(40))
 	}
 	o, err := signals.Parse(strings.NewReader(b.String()), textType, signals.EngineAuto)
 	require.NoError(t, err)
 	assert.Equal(t, 6400, o.KVBlocks)
 	assert.Equal(t, 2, o.Waiting)
+}
+
+// TestParseVLLMDataParallelCapacity: a vLLM server with several
+// data-parallel engines writes vllm:cache_config_info once per engine, and
+// every series carries the server's CacheConfig, whose num_gpu_blocks the
+// server has summed over the engines as they started
+// (PrometheusStatLogger.log_metrics_info in vllm/v1/metrics/loggers.py;
+// wait_for_engine_startup in vllm/v1/engine/utils.py). The capacity is that
+// sum, not the sum of the series.
+func TestParseVLLMDataParallelCapacity(t *testing.T) {
+	// vllm serve MODEL --data-parallel-size 4, 12000 blocks per engine.
+	var b strings.Builder
+	b.WriteString("# HELP vllm:num_requests_running Number of requests in model execution batches.\n# TYPE vllm:num_requests_running gauge\n")
+	for e := range 4 {
+		fmt.Fprintf(&b, "vllm:num_requests_running{engine=\"%d\",model_name=\"m\"} 2.0\n", e)
+	}
+	b.WriteString("# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n# TYPE vllm:num_requests_waiting gauge\n")
+	for e := range 4 {
+		fmt.Fprintf(&b, "vllm:num_requests_waiting{engine=\"%d\",model_name=\"m\"} 1.0\n", e)
+	}
+	b.WriteString("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n")
+	for e := range 4 {
+		fmt.Fprintf(&b, "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"%d\","+
+			"gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"48000\",num_gpu_blocks_override=\"None\","+
+			"prefix_caching_hash_algo=\"sha256\",sliding_window=\"None\"} 1.0\n", e)
+	}
+	for _, engine := range []signals.Engine{signals.EngineAuto, signals.EngineVLLM} {
+		o, err := signals.Parse(strings.NewReader(b.String()), textType, engine)
+		require.NoError(t, err)
+		assert.Equal(t, 8, o.Running, "requests add up over engines")
+		assert.Equal(t, 4, o.Waiting)
+		assert.Equal(t, 48000, o.KVBlocks, "the server's capacity, counted once")
+		assert.Equal(t, 16, o.BlockSize)
+	}
 }
 
 // TestParseSGLangSchedulerCopies checks that SGLang's schedulers of one
