@@ -57,7 +57,11 @@
 //     are applied by the type learned for their group. Without types,
 //     group 0 is indexed, as Dynamo's router does.
 //   - A BlockRemoved removes the blocks; AllBlocksCleared clears the
-//     endpoint. An event of a class this package does not know (a newer
+//     endpoint. vLLM does not deduplicate cached blocks: a prompt sent
+//     twice at once may be cached twice, a BlockStored for each copy and
+//     a BlockRemoved when each is evicted, so the copies of a block are
+//     counted per KV-cache group and the block stays indexed until the
+//     last goes. An event of a class this package does not know (a newer
 //     engine's) is dropped, the rest of its batch applied, and counted in
 //     [Stats].Unknown.
 //   - A gap in sequence numbers is filled from the replay socket. If the

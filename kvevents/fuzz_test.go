@@ -129,6 +129,9 @@ func FuzzApplier(f *testing.F) {
 	salted.CacheSalt = "t"
 	hybrid := AppendBatch(nil, &Batch{Events: []Event{window, full, salted, {Kind: Removed, BlockHashes: full.BlockHashes[2:], Medium: "GPU"}}})
 	f.Add(int64(0), hybrid, int64(1), ok, int64(2), hybrid)
+	// Two copies of a prompt's blocks, one of them evicted.
+	twice := AppendBatch(nil, &Batch{Events: []Event{stored(ha, a, 0, 3), stored(ha, a, 0, 2), removed(ha[1], ha[0])}})
+	f.Add(int64(0), twice, int64(1), twice, int64(2), ok)
 	f.Fuzz(func(t *testing.T, s1 int64, p1 []byte, s2 int64, p2 []byte, s3 int64, p3 []byte) {
 		idx, h := newTestIndex(t)
 		const maxBlocks = 2
@@ -157,6 +160,15 @@ func FuzzApplier(f *testing.F) {
 			}
 			if op.p != nil && op.seq >= 0 && st.Seq != op.seq {
 				t.Fatalf("Seq %d after batch %d", st.Seq, op.seq)
+			}
+			tr := ap.eps["e1"].tr
+			if len(tr.copies) > maxBlocks {
+				t.Fatalf("%d blocks with copies counted, beyond %d", len(tr.copies), maxBlocks)
+			}
+			for k := range tr.copies {
+				if !tr.hashes.Contains(k.hash) {
+					t.Fatalf("copies counted of block %x, which is not followed", k.hash)
+				}
 			}
 		}
 	})

@@ -62,7 +62,9 @@ type Config struct {
 	// first. A stored block whose parent is no longer in it is not
 	// indexed, and a block that falls out of it is removed from the index,
 	// since the engine's BlockRemoved for it could no longer be applied.
-	// Size it at least to the engine's KV-cache block count. Zero means
+	// It also bounds the count of blocks cached more than once that are
+	// followed (as many entries again, at most). Size it at least to the
+	// engine's KV-cache block count. Zero means
 	// [DefaultMaxBlocks].
 	MaxBlocks int
 	// MinBackoff and MaxBackoff bound the wait before reconnecting to an

@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"math/bits"
 	"strings"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -17,11 +18,15 @@ type translator struct {
 	hasher *prefix.Hasher
 	salt   prefix.Salt // the endpoint's, without Adapter and Namespace
 	root   uint64      // hasher.Root(salt), the root of blocks without adapter or cache salt
-	// hashes maps engine block hash to router block hash for the blocks
-	// the endpoint holds, bounded by max; a block whose parent fell out of
-	// it is not indexed, and a block that falls out of it leaves the
+	// hashes maps engine block hash to what is known of the block for the
+	// blocks the endpoint holds, bounded by max; a block whose parent fell
+	// out of it is not indexed, and a block that falls out of it leaves the
 	// index, whose BlockRemoved could no longer be applied.
-	hashes  *simplelru.LRU[uint64, uint64]
+	hashes *simplelru.LRU[uint64, block]
+	// copies counts the copies of a block a KV-cache group holds beyond
+	// its first (see [translator.stored]), at most max entries, each for a
+	// block in hashes.
+	copies  map[copyKey]uint32
 	max     int
 	buf     []uint64
 	evicted []uint64 // router hashes of the blocks hashes let go
@@ -36,8 +41,31 @@ type translator struct {
 // models have a handful.
 const maxGroups = 64
 
+// block is what a translator knows of a block the endpoint holds.
+type block struct {
+	router uint64 // the router's hash of the block
+	// groups has bit g set when full-attention KV-cache group g (below
+	// 64) holds a copy of the block.
+	groups uint64
+}
+
+// copyKey names a block (by engine hash) in a KV-cache group.
+type copyKey struct {
+	hash  uint64
+	group int
+}
+
+// groupBit returns the bit of KV-cache group g in [block].groups, 0 for a
+// group beyond them, whose copies are not counted.
+func groupBit(g int) uint64 {
+	if g < 0 || g >= 64 {
+		return 0
+	}
+	return 1 << g
+}
+
 func newTranslator(key string, idx *prefix.Index, h *prefix.Hasher, salt prefix.Salt, maxBlocks int, st *counters) *translator {
-	m, _ := simplelru.NewLRU[uint64, uint64](maxBlocks, nil) // maxBlocks > 0
+	m, _ := simplelru.NewLRU[uint64, block](maxBlocks, nil) // maxBlocks > 0
 	salt.Adapter, salt.Namespace = "", ""
 	return &translator{key: key, idx: idx, hasher: h, salt: salt, root: h.Root(salt), hashes: m, max: maxBlocks, stats: st}
 }
@@ -107,6 +135,20 @@ func (t *translator) apply(b *Batch) {
 	t.stats.batches.Add(1)
 }
 
+// stored indexes the blocks of a BlockStored.
+//
+// vLLM does not deduplicate cached blocks: two requests that compute the
+// same blocks before either is cached (a prompt sent twice at once) each
+// cache a copy under the same hash and KV-cache group, a BlockStored for
+// each, and each copy's eviction sends a BlockRemoved
+// (BlockHashToBlockMap and BlockPool._maybe_evict_cached_block in
+// vllm/v1/core/block_pool.py). The blocks stay cached until the last copy
+// goes, so the copies of a block are counted per group, and a
+// BlockRemoved takes one away; Dynamo's router counts them too
+// (ai-dynamo/dynamo#8012, EventDedupFilter). When the count cannot be
+// kept (more than max blocks with copies), the first BlockRemoved removes
+// the block: a missing block costs a cache hit, a wrong one would send
+// requests to the wrong replica.
 func (t *translator) stored(e *Event) {
 	n := len(e.BlockHashes)
 	if !t.indexed(e) || n == 0 {
@@ -121,12 +163,12 @@ func (t *translator) stored(e *Event) {
 	}
 	root := t.root
 	if e.HasParent {
-		r, ok := t.hashes.Get(e.Parent)
+		p, ok := t.hashes.Get(e.Parent)
 		if !ok {
 			t.stats.skipped.Add(int64(n))
 			return
 		}
-		root = r
+		root = p.router
 	} else if e.LoRA != "" || e.CacheSalt != "" {
 		s := t.salt
 		s.Adapter, s.Namespace = e.LoRA, e.CacheSalt
@@ -137,19 +179,37 @@ func (t *translator) stored(e *Event) {
 	// beyond that are never matched, so they need no index entry.
 	n = min(n, len(t.buf))
 	t.evicted = t.evicted[:0]
+	bit := groupBit(e.Group)
 	for i, h := range e.BlockHashes[:n] {
-		if r, ok := t.hashes.Peek(h); ok && r != t.buf[i] {
+		b, ok := t.hashes.Peek(h)
+		switch {
+		case ok && b.router != t.buf[i]:
 			// The engine stored blocks of one hash under two router
 			// hashes: SGLang leaves the LoRA adapter out of its hashes
 			// (sgl-project/sglang#39991). Only the last is tracked, so the
 			// first leaves the index, whose BlockRemoved could no longer
 			// be told apart.
-			t.evicted = append(t.evicted, r)
-		} else if t.hashes.Len() >= t.max && !ok {
-			_, r, _ := t.hashes.RemoveOldest()
-			t.evicted = append(t.evicted, r)
+			t.evicted = append(t.evicted, b.router)
+			t.forget(h, b)
+			b = block{router: t.buf[i]}
+		case ok && b.groups&bit != 0:
+			// Another copy in a group that holds one.
+			if k := (copyKey{h, e.Group}); t.copies[k] > 0 || len(t.copies) < t.max {
+				if t.copies == nil {
+					t.copies = make(map[copyKey]uint32)
+				}
+				t.copies[k]++
+			}
+		case !ok:
+			if t.hashes.Len() >= t.max {
+				old, ob, _ := t.hashes.RemoveOldest()
+				t.evicted = append(t.evicted, ob.router)
+				t.forget(old, ob)
+			}
+			b = block{router: t.buf[i]}
 		}
-		t.hashes.Add(h, t.buf[i])
+		b.groups |= bit
+		t.hashes.Add(h, b)
 	}
 	err := t.idx.Stored(t.key, e.BlockSize, t.buf[:n]...)
 	if len(t.evicted) > 0 {
@@ -170,10 +230,20 @@ func (t *translator) removed(e *Event) {
 	}
 	t.buf = t.buf[:0]
 	for _, h := range e.BlockHashes {
-		if r, ok := t.hashes.Peek(h); ok {
-			t.hashes.Remove(h)
-			t.buf = append(t.buf, r)
+		b, ok := t.hashes.Peek(h)
+		if !ok {
+			continue
 		}
+		if k := (copyKey{h, e.Group}); t.copies[k] > 0 {
+			// The group still holds another copy (see [translator.stored]).
+			if t.copies[k]--; t.copies[k] == 0 {
+				delete(t.copies, k)
+			}
+			continue
+		}
+		t.hashes.Remove(h)
+		t.forget(h, b)
+		t.buf = append(t.buf, b.router)
 	}
 	if len(t.buf) > 0 {
 		_ = t.idx.Removed(t.key, t.idx.BlockSize(), t.buf...) // the index's own block size
@@ -184,7 +254,18 @@ func (t *translator) removed(e *Event) {
 // clear forgets every block of the endpoint.
 func (t *translator) clear() {
 	t.hashes.Purge()
+	clear(t.copies)
 	clear(t.groups) // a restarted engine may serve another model
 	t.idx.Cleared(t.key)
 	t.stats.cleared.Add(1)
+}
+
+// forget drops the copies counted of block h, b, which leaves hashes.
+func (t *translator) forget(h uint64, b block) {
+	if len(t.copies) == 0 {
+		return
+	}
+	for gs := b.groups; gs != 0; gs &= gs - 1 {
+		delete(t.copies, copyKey{h, bits.TrailingZeros64(gs)})
+	}
 }
