@@ -26,6 +26,8 @@
 //	                                                                             deprecated 0.9, gone by 0.11)
 //	sglang    sglang:num_running_reqs          sglang:num_queue_reqs             sglang:token_usage                    sglang:max_total_num_tokens (tokens; block size 1)
 //	          {priority=""}                    {priority=""}
+//	                                           + disaggregation queues
+//	                                           (see below)
 //	trtllm    trtllm_num_scheduled_requests    trtllm_num_requests_waiting       trtllm_kv_cache_utilization           trtllm_kv_cache_max_blocks, trtllm_kv_cache_tokens_per_block
 //	          (before it: all of               + the unscheduled rest of
 //	          trtllm_num_requests_running)     trtllm_num_requests_running
@@ -39,8 +41,27 @@
 // vllm:prefix_cache_hits_total (0.8: vllm:gpu_prefix_cache_queries_total /
 // vllm:gpu_prefix_cache_hits_total, exported beside the new names by 0.9
 // and 0.10, gone by 0.11) are also read into the Observation,
-// vllm:lora_requests_info into its adapters, and
-// vllm:engine_sleep_state{sleep_state="awake"} into Asleep.
+// vllm:lora_requests_info into its adapters, and vllm:engine_fully_awake,
+// or where it is absent vllm:engine_sleep_state{sleep_state="awake"}, into
+// Asleep. The older gauge cannot tell a partial wake-up from a full one:
+// vLLM's wake_up sets it to awake whatever the tags, so after a wake-up of
+// the weights alone (LLM.wake_up(tags=["weights"]), or the tags of POST
+// /wake_up) an engine whose KV cache is still released reads as awake, with
+// the counts of an idle replica, until the kv_cache wake-up; nothing in that
+// exposition shows it (GET /is_sleeping does: true until every tag is
+// awake). Nor does it show a scheduler paused without sleep
+// (AsyncLLM.pause_generation). vllm:engine_fully_awake, where vLLM exports
+// it, is 0 in both cases.
+//
+// SGLang's prefill/decode disaggregation queues hold requests a server has
+// admitted but not yet put in its waiting queue, and count as waiting: a
+// prefill server's sglang:num_prefill_bootstrap_queue_reqs (before the
+// rename sglang:num_prefill_prealloc_queue_reqs) and a decode server's
+// sglang:num_decode_prealloc_queue_reqs (requests waiting for KV memory, so
+// that a decode server short of it does not look idle) and
+// sglang:num_decode_transfer_queue_reqs, each the series with priority="".
+// A prefill server's sglang:num_prefill_inflight_queue_reqs (prefilled
+// requests whose cache is being sent) is not.
 //
 // Copies of one value count once (the largest): SGLang's schedulers of one
 // data-parallel rank, which with --enable-metrics-for-all-schedulers all
@@ -63,6 +84,9 @@
 // largest. trtllm-serve publishes its Prometheus metrics at
 // /prometheus/metrics (its /metrics is JSON), and llama.cpp's router mode
 // needs /metrics?model=<id>: point the Scraper's URL there.
+//
+// Two series of one metric with the same labels make the exposition
+// malformed ([ErrParse]): summing them would count one value twice.
 //
 // Nothing in this package starts a goroutine except [Scraper.Run], which
 // returns when its context is done. Stores and Scrapers are safe for

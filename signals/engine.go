@@ -88,6 +88,34 @@ var sglangCopies = []string{"tp_rank", "pp_rank", "moe_ep_rank"}
 // total is read; without the flag the label is absent, which reads as "".
 const sglangPriority = "priority"
 
+// sglangQueued are the queues of SGLang's prefill/decode disaggregation
+// (--disaggregation-mode prefill or decode) that hold requests the server
+// has admitted and not yet put in its waiting queue, counted as waiting: a
+// prefill server's bootstrap queue (requests waiting for the handshake with
+// their decode server), and a decode server's prealloc queue (requests
+// waiting for KV memory to receive the prefilled cache into: a decode
+// server short of memory queues here, not in sglang:num_queue_reqs) and
+// transfer queue (requests whose KV cache is on its way). The scheduler
+// reports each beside num_queue_reqs, with the same labels and the same
+// per-priority breakdown (SchedulerStats and
+// SchedulerMetricsCollector.log_stats in
+// python/sglang/srt/observability/metrics_collector.py at 016d860;
+// report_prefill_stats and report_decode_stats in scheduler_metrics_mixin.py,
+// whose _build_queued_request_metrics counts the same queues as queued).
+// Releases before the rename name the bootstrap queue
+// sglang:num_prefill_prealloc_queue_reqs (scheduler_metrics_mixin.py at
+// 00eef54). The prefill server's inflight queue is left out: its requests
+// are prefilled and only wait for their cache to leave, whose memory
+// sglang:token_usage counts. Unified servers report the queues as 0.
+var sglangQueued = [][]series{
+	{
+		{name: "sglang:num_prefill_bootstrap_queue_reqs", label: sglangPriority, value: "", copies: sglangCopies},
+		{name: "sglang:num_prefill_prealloc_queue_reqs", label: sglangPriority, value: "", copies: sglangCopies},
+	},
+	{{name: "sglang:num_decode_prealloc_queue_reqs", label: sglangPriority, value: "", copies: sglangCopies}},
+	{{name: "sglang:num_decode_transfer_queue_reqs", label: sglangPriority, value: "", copies: sglangCopies}},
+}
+
 // vllmCopies are the labels that tell apart copies of one vLLM gauge
 // written by several processes. With --api-server-count above 1 (vLLM 0.9
 // on) prometheus_client runs in multiprocess mode, and a gauge without a
@@ -136,9 +164,15 @@ type profile struct {
 	// that are in this iteration's batch: the others count as waiting
 	// (see [profile.observe]).
 	scheduled series
+	// queued are the engine's queues of requests it has admitted but not
+	// yet put in waiting (see sglangQueued): each present one adds to
+	// Waiting. Within one entry the first present name wins (renames
+	// across versions).
+	queued [][]series
 	// awake, if the engine exports it, is 1 while the engine is awake and
-	// 0 while it sleeps (see [Observation].Asleep).
-	awake series
+	// 0 while it sleeps (see [Observation].Asleep); the first present
+	// wins.
+	awake []series
 }
 
 var profiles = [numEngines]*profile{
@@ -171,7 +205,22 @@ var profiles = [numEngines]*profile{
 		// since #27867). SGLang exports no such gauge for
 		// release_memory_occupation (python/sglang/srt/observability/
 		// metrics_collector.py at 44cedc2).
-		awake: series{name: "vllm:engine_sleep_state", label: "sleep_state", value: "awake"},
+		//
+		// The gauge cannot tell a partial wake-up from a full one:
+		// AsyncLLM.wake_up records the awake state whatever tags it was
+		// given (record_sleep_state(0, 0) in vllm/v1/engine/async_llm.py
+		// at 00080ee), so after wake_up(tags=["weights"]) the exposition
+		// reads awake 1, weights_offloaded 0 and discard_all 0, exactly as
+		// after a full wake-up, while the KV cache is still released and
+		// the engine cannot serve. Where vLLM exports
+		// vllm:engine_fully_awake (docs/design/engine_sleep_state.md at
+		// 13cbd44: 1 only while the scheduler runs and both weights and KV
+		// cache are resident, 0 after a partial wake; its Rust frontend
+		// exports it without the older gauge), that is read instead.
+		awake: []series{
+			{name: "vllm:engine_fully_awake"},
+			{name: "vllm:engine_sleep_state", label: "sleep_state", value: "awake"},
+		},
 	},
 	EngineSGLang: {
 		engine:  EngineSGLang,
@@ -182,6 +231,7 @@ var profiles = [numEngines]*profile{
 		// counts tokens, not blocks.
 		blocks:      series{name: "sglang:max_total_num_tokens", copies: sglangCopies},
 		tokenBlocks: true,
+		queued:      sglangQueued,
 	},
 	// trtllm-serve's MetricsCollector.log_iteration_stats sets
 	// trtllm_num_requests_running to the executor's numActiveRequests (every
@@ -383,6 +433,22 @@ func (p *profile) observe(fams families) (Observation, error) {
 	if o.Waiting, err = p.count(fams, p.waiting, maxRequests, true, false); err != nil {
 		return Observation{}, err
 	}
+	for _, names := range p.queued {
+		for _, s := range names {
+			sum, n, err := s.sum(fams)
+			if err != nil {
+				return Observation{}, err
+			}
+			if n == 0 {
+				continue
+			}
+			if sum > maxRequests {
+				return Observation{}, fmt.Errorf("%w: %s is %v, above the plausible limit %v", ErrInvalidValue, s.describe(), sum, float64(maxRequests))
+			}
+			o.Waiting += int(math.Round(sum))
+			break
+		}
+	}
 	if p.scheduled.name != "" {
 		// The gauges are set one after another and may be scraped between
 		// two iterations' values: the scheduled requests are no more than
@@ -399,6 +465,10 @@ func (p *profile) observe(fams families) (Observation, error) {
 				o.Running = scheduled
 			}
 		}
+	}
+	// Each count is within the limit; their sum may not be.
+	if o.Waiting > maxRequests {
+		return Observation{}, fmt.Errorf("%w: %d requests waiting, above the plausible limit %v", ErrInvalidValue, o.Waiting, float64(maxRequests))
 	}
 	o.KVUsage = math.NaN()
 	for _, s := range p.kv {
@@ -445,11 +515,16 @@ func (p *profile) observe(fams families) (Observation, error) {
 	}
 	// Asleep when every engine index reports awake 0; an exposition
 	// without the gauge (releases before it) is of an awake engine.
-	awake, n, err := p.awake.sum(fams)
-	if err != nil {
-		return Observation{}, err
+	for _, s := range p.awake {
+		awake, n, err := s.sum(fams)
+		if err != nil {
+			return Observation{}, err
+		}
+		if n > 0 {
+			o.Asleep = awake == 0
+			break
+		}
 	}
-	o.Asleep = n > 0 && awake == 0
 	return o, nil
 }
 

@@ -27,8 +27,12 @@ var wanted = func() [numEngines]map[string]bool {
 		if p == nil {
 			continue
 		}
-		all := []series{p.running, p.waiting, p.scheduled, p.blocks, p.blockSize, p.preempt, p.awake, {name: p.lora}}
-		for _, s := range slices.Concat(all, p.kv, p.prefixQ, p.prefixHit) {
+		all := []series{p.running, p.waiting, p.scheduled, p.blocks, p.blockSize, p.preempt, {name: p.lora}}
+		all = slices.Concat(all, p.kv, p.prefixQ, p.prefixHit, p.awake)
+		for _, q := range p.queued {
+			all = append(all, q...)
+		}
+		for _, s := range all {
 			if s.name == "" {
 				continue
 			}
@@ -45,7 +49,8 @@ var wanted = func() [numEngines]map[string]bool {
 // the result, with the line number in b of each line kept appended to lines.
 func filter(b []byte, want map[string]bool, lines []int) ([]byte, []int, error) {
 	out := b[:0]
-	work := 0 // the sum of the squares of the label counts of the kept sample lines above freeLabels
+	work := 0    // the sum of the squares of the label counts of the kept sample lines above freeLabels
+	samples := 0 // the kept sample lines
 	for n, rest := 1, b; len(rest) > 0; n++ {
 		line := rest
 		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
@@ -61,6 +66,9 @@ func filter(b []byte, want map[string]bool, lines []int) ([]byte, []int, error) 
 			continue
 		}
 		if !comment(line) {
+			if samples++; samples > maxSeries {
+				return nil, lines, fmt.Errorf("%w: line %d: more than %d series in the metrics read", ErrParse, n, maxSeries)
+			}
 			if k := labels(line); k > freeLabels {
 				if work += k * k; work > maxLabelWork {
 					return nil, lines, fmt.Errorf("%w: line %d: too many labels (%d on the line)", ErrParse, n, k)

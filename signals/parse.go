@@ -39,9 +39,12 @@ type Observation struct {
 	PrefixHits    float64
 	// Asleep reports whether the engine said it is asleep: put to sleep
 	// (vLLM's POST /sleep or LLM.sleep, at any level) and not woken since,
-	// as vLLM exports it in vllm:engine_sleep_state{sleep_state="awake"}
-	// (0 on every engine index). A sleeping engine runs and queues
-	// nothing, so its counts read as the idlest replica's, yet it serves
+	// as vLLM exports it in vllm:engine_fully_awake or, where that is
+	// absent, vllm:engine_sleep_state{sleep_state="awake"} (0 on every
+	// engine index). The older gauge reads awake after a partial wake-up
+	// (wake_up with tags=["weights"]), though the KV cache is still
+	// released: see the package documentation. A sleeping engine runs and
+	// queues nothing, so its counts read as the idlest replica's, yet it serves
 	// nothing: the requests it is sent wait until it wakes (since
 	// vllm-project/vllm#34528, sleep pauses the scheduler; before, the
 	// engine crashed on them, #15483). False for engines that do not
@@ -73,12 +76,15 @@ func observationOf(l llmlb.Load) Observation {
 // vllm:kv_cache_usage_perc once per process (label pid), as trtllm-serve
 // does every gauge; a vLLM server with several data-parallel engines
 // exports its KV capacity, the sum over them, once per engine. SGLang's per-priority request counts are left out for
-// their total (priority=""), and TensorRT-LLM's running requests are the
+// their total (priority=""), its prefill/decode disaggregation queues wait
+// with its waiting queue, and TensorRT-LLM's running requests are the
 // scheduled ones.
 // The package documentation lists the metrics read. The running and waiting counts
 // are required ([ErrMissingMetric] if absent); KV usage is NaN and the KV
 // capacity 0 when not reported. A NaN, infinite, negative or implausibly
-// large value is an error wrapping [ErrInvalidValue] naming the metric.
+// large value is an error wrapping [ErrInvalidValue] naming the metric, and
+// two series of one metric with the same labels an error wrapping
+// [ErrParse].
 //
 // Only the lines naming a metric some profile reads go to the parser (a vLLM
 // body is mostly histogram buckets, which would dominate the cost); every
@@ -93,8 +99,11 @@ func observationOf(l llmlb.Load) Observation {
 // with no message allowed to be longer than the body, and only the families
 // some profile reads are decoded (the others must still be well-formed).
 //
-// Parse reads all of r; bound it (the [Scraper] caps the body). The returned
-// observation's At is zero: the caller stamps it.
+// The metrics read may hold 65536 series in all; a body with more of them
+// (in any format) fails with [ErrParse] before they are parsed, as no
+// engine exposes that many. Parse reads all of r; bound it (the [Scraper]
+// caps the body). The returned observation's At is zero: the caller stamps
+// it.
 func Parse(r io.Reader, contentType string, engine Engine) (Observation, error) {
 	format, err := formatOf(contentType)
 	if err != nil {
@@ -143,6 +152,9 @@ func parse(b []byte, format expfmt.Format, engine Engine) (Observation, error) {
 	if err != nil {
 		return Observation{}, parseErr(err)
 	}
+	if err := checkDuplicates(fams); err != nil {
+		return Observation{}, err
+	}
 	p := profiles[engine]
 	if p == nil {
 		if p, err = detect(fams); err != nil {
@@ -180,7 +192,7 @@ func formatOf(contentType string) (expfmt.Format, error) {
 // It does not use expfmt's protobuf decoder, which accepts any length prefix
 // and allocates a buffer of that size before reading: a few bytes of garbage
 // could make it allocate gigabytes. Here no message may be longer than the
-// rest of b, and the families read may hold at most maxProtoMetrics series.
+// rest of b, and the families read may hold at most maxSeries series.
 func decodeProto(b []byte, want map[string]bool) (families, error) {
 	fams := make(families)
 	metrics := 0
@@ -202,24 +214,33 @@ func decodeProto(b []byte, want map[string]bool) (families, error) {
 		if !want[name] {
 			continue
 		}
-		if metrics += count; metrics > maxProtoMetrics {
-			return nil, fmt.Errorf("more than %d series in the metrics read", maxProtoMetrics)
+		if metrics += count; metrics > maxSeries {
+			return nil, fmt.Errorf("more than %d series in the metrics read", maxSeries)
 		}
 		mf := new(dto.MetricFamily)
 		if err := proto.Unmarshal(msg, mf); err != nil {
 			return nil, err
 		}
-		if len(mf.Metric) > 0 {
-			fams[mf.GetName()] = mf
+		if len(mf.Metric) == 0 {
+			continue
 		}
+		// A second message of one family would replace the first; the
+		// text parser refuses a family declared twice, and so does this.
+		if _, ok := fams[mf.GetName()]; ok {
+			return nil, fmt.Errorf("metric family %q appears twice", clip(mf.GetName()))
+		}
+		fams[mf.GetName()] = mf
 	}
 	return fams, nil
 }
 
-// maxProtoMetrics bounds the series of the protobuf families decoded: each
-// costs an allocation of a hundred bytes or more, for as little as two bytes
-// of body. An engine exposes a few per metric read (one per model or rank).
-const maxProtoMetrics = 1 << 16
+// maxSeries bounds the series of the families read, in every format: each
+// costs the parser allocations of a hundred bytes or more, for as little as
+// two bytes of protobuf or some thirty of text (a 4 MiB text body of short
+// series made it allocate 50 MB). An engine exposes a few per metric read
+// (one per model, rank or process), and vllm:lora_requests_info one per
+// combination of adapters seen, well below it.
+const maxSeries = 1 << 16
 
 // familyHeader returns the name (field 1) of the serialized MetricFamily
 // msg and the number of its metrics (field 4), checking its wire format.
@@ -248,6 +269,33 @@ func familyHeader(msg []byte) (name string, metrics int, err error) {
 		msg = msg[n:]
 	}
 	return name, metrics, nil
+}
+
+// checkDuplicates returns an error wrapping [ErrParse] if a family of fams
+// has two series with the same labels. Neither parser rejects them (expfmt's
+// text parser appends a repeated line as another series), and the sums
+// would count the value twice; Prometheus keeps only one of such samples.
+// No engine writes them: prometheus_client's multiprocess mode merges the
+// processes' copies or tells them apart by pid.
+func checkDuplicates(fams families) error {
+	var seen map[string]struct{}
+	for name, fam := range fams {
+		if len(fam.Metric) < 2 {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[string]struct{}, len(fam.Metric))
+		}
+		clear(seen)
+		for _, m := range fam.Metric {
+			k := otherLabels(m, nil)
+			if _, ok := seen[k]; ok {
+				return fmt.Errorf("%w: duplicate series %s{%s}", ErrParse, name, clip(k))
+			}
+			seen[k] = struct{}{}
+		}
+	}
+	return nil
 }
 
 func parseErr(err error) error {

@@ -58,6 +58,14 @@ func TestParseFixtures(t *testing.T) {
 		// exporting), with priority scheduling; the KV capacity is in
 		// tokens, summed over the data-parallel ranks.
 		{"sglang_dp_priority.prom", textType, signals.EngineSGLang, 11, 4, 0.3, 2 * 573440, 1, nan, nan, nan},
+		// Prefill/decode disaggregation: a decode server short of KV
+		// memory (tp 2, every scheduler exporting) with 12 requests in its
+		// prealloc queue and 3 in its transfer queue and none in
+		// num_queue_reqs; a prefill server with priority scheduling whose
+		// 7 requests in the bootstrap queue wait with the 5 queued (the 9
+		// prefilled and sending their cache do not).
+		{"sglang_pd_decode.prom", textType, signals.EngineSGLang, 48, 15, 0.97, 400000, 1, nan, nan, nan},
+		{"sglang_pd_prefill_priority.prom", textType, signals.EngineSGLang, 2, 12, 0.42, 400000, 1, nan, nan, nan},
 		{"trtllm.prom", textType, signals.EngineTRTLLM, 9, 4, 0.55, 8192, 32, nan, nan, nan},
 		// trtllm-serve of 2026, through prometheus_client's multiprocess
 		// collector (gauges labelled pid): 14 active requests, 11 of them
@@ -681,4 +689,151 @@ func TestParseSGLangDPAttention(t *testing.T) {
 	assert.InDelta(t, 0.4, o.KVUsage, 1e-12, "four pools of one size: the mean of their fractions")
 	assert.Equal(t, 4*401408, o.KVBlocks)
 	assert.Equal(t, 1, o.BlockSize)
+}
+
+// SGLang's disaggregation queues hold requests the server has admitted and
+// not yet put in num_queue_reqs: they wait with it. The bootstrap queue was
+// named num_prefill_prealloc_queue_reqs before its rename; where both
+// names are present the new one is read.
+func TestParseSGLangDisaggregationQueues(t *testing.T) {
+	const base = `sglang:num_running_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 4
+sglang:num_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 1
+`
+	cases := []struct {
+		name    string
+		extra   string
+		waiting int
+	}{
+		{"unified", "", 1},
+		{"decode prealloc", `sglang:num_decode_prealloc_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 6` + "\n", 7},
+		{"decode transfer", `sglang:num_decode_transfer_queue_reqs{engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 2` + "\n", 3},
+		{"prefill bootstrap", `sglang:num_prefill_bootstrap_queue_reqs{engine_type="prefill",model_name="m",pp_rank="0",tp_rank="0"} 5` + "\n", 6},
+		{"prefill bootstrap, old name", `sglang:num_prefill_prealloc_queue_reqs{engine_type="prefill",model_name="m",pp_rank="0",tp_rank="0"} 5` + "\n", 6},
+		{"prefill bootstrap, both names", `sglang:num_prefill_bootstrap_queue_reqs{engine_type="prefill",model_name="m",pp_rank="0",tp_rank="0"} 5
+sglang:num_prefill_prealloc_queue_reqs{engine_type="prefill",model_name="m",pp_rank="0",tp_rank="0"} 5` + "\n", 6},
+		{"prefill inflight is not waiting", `sglang:num_prefill_inflight_queue_reqs{engine_type="prefill",model_name="m",pp_rank="0",tp_rank="0"} 9` + "\n", 1},
+		// Two data-parallel ranks add up; two schedulers of one rank
+		// (tp_rank) count once.
+		{"data parallel", `sglang:num_decode_prealloc_queue_reqs{dp_rank="0",engine_type="decode",model_name="m",pp_rank="0",tp_rank="0"} 6
+sglang:num_decode_prealloc_queue_reqs{dp_rank="0",engine_type="decode",model_name="m",pp_rank="0",tp_rank="1"} 6
+sglang:num_decode_prealloc_queue_reqs{dp_rank="1",engine_type="decode",model_name="m",pp_rank="0",tp_rank="2"} 2` + "\n", 9},
+	}
+	for _, c := range cases {
+		for _, engine := range []signals.Engine{signals.EngineAuto, signals.EngineSGLang} {
+			t.Run(c.name+"/engine="+engine.String(), func(t *testing.T) {
+				o, err := signals.Parse(strings.NewReader(base+c.extra), textType, engine)
+				require.NoError(t, err)
+				assert.Equal(t, 4, o.Running)
+				assert.Equal(t, c.waiting, o.Waiting)
+			})
+		}
+	}
+	for _, v := range []string{"NaN", "-1", "+Inf", "1e9"} {
+		t.Run("invalid "+v, func(t *testing.T) {
+			_, err := signals.Parse(strings.NewReader(base+`sglang:num_decode_transfer_queue_reqs{tp_rank="0"} `+v+"\n"), textType, signals.EngineSGLang)
+			require.ErrorIs(t, err, signals.ErrInvalidValue)
+			assert.Contains(t, err.Error(), "sglang:num_decode_transfer_queue_reqs")
+		})
+	}
+}
+
+// Two series of one metric with the same labels are not two replicas' or
+// ranks' counts but a malformed exposition: it fails instead of counting
+// the value twice, in every format and whatever the labels' order.
+func TestParseDuplicateSeries(t *testing.T) {
+	cases := []struct{ name, body string }{
+		{"no labels", "vllm:num_requests_running 5\nvllm:num_requests_running 5\nvllm:num_requests_waiting 0\n"},
+		{"apart", `vllm:num_requests_running{engine="0"} 5` + "\nvllm:num_requests_waiting 0\n" + `vllm:num_requests_running{engine="0"} 5` + "\n"},
+		{"label order", `vllm:num_requests_running{engine="0",model_name="m"} 5` + "\n" + `vllm:num_requests_running{model_name="m",engine="0"} 5` + "\nvllm:num_requests_waiting 0\n"},
+		{"sglang queue", `sglang:num_running_reqs{tp_rank="0"} 1` + "\nsglang:num_queue_reqs 0\n" +
+			`sglang:num_decode_prealloc_queue_reqs{tp_rank="0"} 3` + "\n" + `sglang:num_decode_prealloc_queue_reqs{tp_rank="0"} 3` + "\n"},
+		{"sleep state", vllmSleep([2]int{0}, [2]int{1}, [2]int{}, false) +
+			`vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 0.0` + "\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := signals.Parse(strings.NewReader(c.body), textType, signals.EngineAuto)
+			require.ErrorIs(t, err, signals.ErrParse)
+			assert.Contains(t, err.Error(), "duplicate series")
+
+			// The same families, delimited protobuf.
+			var buf bytes.Buffer
+			p := expfmt.NewTextParser(model.UTF8Validation)
+			fams, err := p.TextToMetricFamilies(strings.NewReader(c.body))
+			require.NoError(t, err)
+			for _, mf := range fams {
+				_, err := protodelim.MarshalTo(&buf, mf)
+				require.NoError(t, err)
+			}
+			_, err = signals.Parse(&buf, string(expfmt.NewFormat(expfmt.TypeProtoDelim)), signals.EngineAuto)
+			require.ErrorIs(t, err, signals.ErrParse)
+			assert.Contains(t, err.Error(), "duplicate series")
+		})
+	}
+	// Series that differ in a label are not duplicates.
+	o, err := signals.Parse(strings.NewReader(`vllm:num_requests_running{engine="0"} 5`+"\n"+`vllm:num_requests_running{engine="1"} 5`+"\nvllm:num_requests_waiting 0\n"), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 10, o.Running)
+}
+
+// A body of more short series of the metrics read than any engine exposes
+// fails before the parser allocates for each (a 4 MiB text body of them cost
+// it 50 MB), in text as in protobuf; a body of as many lines the profiles
+// do not read parses.
+func TestParseTooManySeries(t *testing.T) {
+	var b strings.Builder
+	for i := range 1<<16 + 1 {
+		fmt.Fprintf(&b, "vllm:num_requests_running{e=\"%d\"} 0\n", i)
+	}
+	b.WriteString("vllm:num_requests_waiting 0\n")
+	_, err := signals.Parse(strings.NewReader(b.String()), textType, signals.EngineAuto)
+	require.ErrorIs(t, err, signals.ErrParse)
+	assert.Contains(t, err.Error(), "series")
+
+	b.Reset()
+	for i := range 1<<16 + 1 {
+		fmt.Fprintf(&b, "vllm:request_success_total{e=\"%d\"} 0\n", i)
+	}
+	b.WriteString("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n")
+	o, err := signals.Parse(strings.NewReader(b.String()), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 1, o.Running)
+}
+
+// Waiting adds up several gauges, each within the plausible limit: the
+// total is held to it too.
+func TestParseWaitingSumLimit(t *testing.T) {
+	for _, body := range []string{
+		// TensorRT-LLM: the queued requests and the active ones not
+		// scheduled.
+		"trtllm_num_requests_running 16777216\ntrtllm_num_requests_waiting 16777216\ntrtllm_num_scheduled_requests 0\n",
+		// SGLang: the waiting queue and the disaggregation queues.
+		"sglang:num_running_reqs 0\nsglang:num_queue_reqs 16777216\nsglang:num_decode_prealloc_queue_reqs 16777216\n",
+	} {
+		_, err := signals.Parse(strings.NewReader(body), textType, signals.EngineAuto)
+		require.ErrorIs(t, err, signals.ErrInvalidValue, body)
+		assert.Contains(t, err.Error(), "waiting")
+	}
+	o, err := signals.Parse(strings.NewReader("trtllm_num_requests_running 8388608\ntrtllm_num_requests_waiting 8388608\ntrtllm_num_scheduled_requests 0\n"), textType, signals.EngineAuto)
+	require.NoError(t, err)
+	assert.Equal(t, 1<<24, o.Waiting)
+}
+
+// A protobuf body with two messages of one family fails, as a text body
+// declaring a family twice does, instead of reading only the last message.
+func TestParseProtoFamilyTwice(t *testing.T) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	first, err := p.TextToMetricFamilies(strings.NewReader("vllm:num_requests_running{engine=\"0\"} 5\nvllm:num_requests_waiting 0\n"))
+	require.NoError(t, err)
+	p = expfmt.NewTextParser(model.UTF8Validation)
+	second, err := p.TextToMetricFamilies(strings.NewReader("vllm:num_requests_running{engine=\"1\"} 7\n"))
+	require.NoError(t, err)
+	var buf bytes.Buffer
+	for _, mf := range []*dto.MetricFamily{first["vllm:num_requests_running"], first["vllm:num_requests_waiting"], second["vllm:num_requests_running"]} {
+		_, err := protodelim.MarshalTo(&buf, mf)
+		require.NoError(t, err)
+	}
+	_, err = signals.Parse(&buf, string(expfmt.NewFormat(expfmt.TypeProtoDelim)), signals.EngineAuto)
+	require.ErrorIs(t, err, signals.ErrParse)
+	assert.Contains(t, err.Error(), "twice")
 }

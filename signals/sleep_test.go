@@ -3,6 +3,7 @@ package signals_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -202,4 +203,59 @@ func TestStoreSleepStateMerge(t *testing.T) {
 	require.NoError(t, s.Record("c", l))
 	got, _ = s.Observation("c")
 	assert.False(t, got.Asleep)
+}
+
+// vllmFullyAwake returns a vLLM exposition with vllm:engine_fully_awake, one
+// series per engine index, as vLLM's sleep-state telemetry writes it (1 only
+// while the scheduler runs and weights and KV cache are both resident;
+// docs/design/engine_sleep_state.md), with the older gauge's awake series
+// (which there follows the same predicate) if legacy is set.
+func vllmFullyAwake(awake []int, legacy bool) string {
+	var b strings.Builder
+	b.WriteString("vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 0.0\n")
+	b.WriteString("# TYPE vllm:engine_fully_awake gauge\n")
+	for e, v := range awake {
+		fmt.Fprintf(&b, "vllm:engine_fully_awake{engine=\"%d\",model_name=\"m\"} %d.0\n", e, v)
+	}
+	if legacy {
+		b.WriteString("# TYPE vllm:engine_sleep_state gauge\n")
+		for e, v := range awake {
+			fmt.Fprintf(&b, "vllm:engine_sleep_state{engine=\"%d\",model_name=\"m\",sleep_state=\"awake\"} %d.0\n", e, v)
+		}
+	}
+	return b.String()
+}
+
+// A partial wake-up (wake_up(tags=["weights"])) leaves the KV cache
+// released. vllm:engine_sleep_state cannot show it: AsyncLLM.wake_up
+// records awake whatever its tags, so the exposition is that of an engine
+// fully awake, and reads as one. vllm:engine_fully_awake stays 0 until
+// every resource is back, and is read first where vLLM exports it.
+func TestParseVLLMPartialWake(t *testing.T) {
+	cases := []struct {
+		name   string
+		body   string
+		asleep bool
+	}{
+		{"engine_sleep_state after a partial wake", vllmSleep([2]int{1}, [2]int{}, [2]int{}, false), false},
+		{"fully_awake 0 alone", vllmFullyAwake([]int{0}, false), true},
+		{"fully_awake 0 with the older gauge", vllmFullyAwake([]int{0}, true), true},
+		{"fully_awake 1", vllmFullyAwake([]int{1}, false), false},
+		{"fully_awake data parallel, one awake", vllmFullyAwake([]int{0, 1}, false), false},
+		{"fully_awake data parallel, none awake", vllmFullyAwake([]int{0, 0}, false), true},
+		// fully_awake wins over an older gauge that disagrees with it.
+		{"fully_awake 0 over awake 1", vllmFullyAwake([]int{0}, false) +
+			`vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} 1.0` + "\n", true},
+	}
+	for _, c := range cases {
+		for _, engine := range []signals.Engine{signals.EngineAuto, signals.EngineVLLM} {
+			t.Run(c.name+"/engine="+engine.String(), func(t *testing.T) {
+				o, err := signals.Parse(strings.NewReader(c.body), textType, engine)
+				require.NoError(t, err)
+				assert.Equal(t, c.asleep, o.Asleep)
+			})
+		}
+	}
+	_, err := signals.Parse(strings.NewReader(vllmFullyAwake(nil, false)+"vllm:engine_fully_awake NaN\n"), textType, signals.EngineVLLM)
+	require.ErrorIs(t, err, signals.ErrInvalidValue)
 }
