@@ -21,9 +21,11 @@ const (
 	// DefaultMaxCooldown caps the time an overload answer's requested wait
 	// takes an endpoint out ([EjectorConfig.MaxCooldown]).
 	DefaultMaxCooldown = 5 * time.Minute
-	// DefaultSweepInterval is how often [Ejector.Run] ends the ejections
-	// that are due ([EjectorConfig.SweepInterval]).
-	DefaultSweepInterval = time.Second
+	// DefaultSweepInterval is Envoy's outlier detection interval: how often
+	// [Ejector.Run] ends the ejections that are due, and the time back in
+	// that lowers an endpoint's ejection multiplier by one
+	// ([EjectorConfig.SweepInterval]).
+	DefaultSweepInterval = 10 * time.Second
 )
 
 // An Ejector reads the rate-limit headers that a transport gives it.
@@ -42,6 +44,19 @@ const membersTTL = time.Second
 // report outcomes and from Run, while the rest of the program (a
 // Balancer's picks) uses it too: an implementation must be safe for
 // concurrent use.
+//
+// A Balancer keeps one mark per endpoint, which the rest of the program may
+// set too (its own checks, a health checker). Given an *llmlb.Balancer
+// itself, the Ejector therefore marks unhealthy only an endpoint that is
+// healthy when it takes it out, and marks healthy again, when the ejection
+// or cooldown ends, only the endpoints it marked: an endpoint the program
+// held out before stays out. A mark that the program sets while the
+// Ejector holds an endpoint out is not seen: the Ejector's end marks the
+// endpoint healthy. A program with several sources of health should
+// therefore give the Ejector a Health of its own that records each
+// source's mark and marks the balancer healthy only when no source holds
+// the endpoint out; the Ejector then calls its SetHealthy(key, false) at
+// every ejection and cooldown and SetHealthy(key, true) at every end.
 type Health interface {
 	SetHealthy(key string, healthy bool) error
 	Stats() []llmlb.EndpointStats
@@ -49,22 +64,28 @@ type Health interface {
 
 // EjectorConfig configures an [Ejector]. The zero value is Envoy's default
 // outlier detection: eject after 5 consecutive failures for 30 s times the
-// number of ejections, at most 300 s, and never more than 10% of the
-// endpoints (though always at least one).
+// ejection multiplier, at most 300 s, with an interval of 10 s, and never
+// more than 10% of the endpoints, though always at least one (as Envoy does
+// with always_eject_one_host set).
 type EjectorConfig struct {
 	// ConsecutiveFailures ejects an endpoint; 0 means
 	// [DefaultConsecutiveFailures].
 	ConsecutiveFailures int
-	// BaseEjectionTime is multiplied by the times the endpoint was ejected;
-	// 0 means [DefaultBaseEjectionTime].
+	// BaseEjectionTime is multiplied by the endpoint's ejection
+	// multiplier, which each ejection raises by one and each SweepInterval
+	// the endpoint then spends back in lowers by one, down to zero; 0 means
+	// [DefaultBaseEjectionTime].
 	BaseEjectionTime time.Duration
-	// MaxEjectionTime caps an ejection, and is how long an endpoint must
-	// stay healthy for its ejection count to reset; 0 means
-	// [DefaultMaxEjectionTime]. It must not be below BaseEjectionTime.
+	// MaxEjectionTime caps an ejection: the multiplier stops rising once
+	// it takes BaseEjectionTime past MaxEjectionTime. 0 means
+	// [DefaultMaxEjectionTime], or BaseEjectionTime if that is longer. It
+	// must not be below BaseEjectionTime.
 	MaxEjectionTime time.Duration
 	// MaxEjectionPercent bounds the share of endpoints ejected at once, in
-	// (0, 100]; one endpoint may always be ejected. 0 means
-	// [DefaultMaxEjectionPercent].
+	// (0, 100]: an endpoint is ejected only if the ejected ones, it
+	// included, are at most that share of the members, or if none is
+	// ejected (Envoy's always_eject_one_host), so one endpoint may always
+	// be ejected. 0 means [DefaultMaxEjectionPercent].
 	MaxEjectionPercent float64
 	// Classify maps an attempt's error to Succeeded (resets the count),
 	// Failed (counts) or Abandoned (ignored); nil means [HealthOutcome].
@@ -78,9 +99,10 @@ type EjectorConfig struct {
 	// half-open probe. 0 means [DefaultMaxCooldown]; a negative value
 	// disables cooldowns.
 	MaxCooldown time.Duration
-	// SweepInterval is how often [Ejector.Run] calls Sweep, as Envoy's
-	// outlier detection interval. 0 means [DefaultSweepInterval]; it must
-	// not be negative.
+	// SweepInterval is Envoy's outlier detection interval: how often
+	// [Ejector.Run] calls Sweep, and the time back in after an ejection
+	// that lowers the endpoint's ejection multiplier by one. 0 means
+	// [DefaultSweepInterval]; it must not be negative.
 	SweepInterval time.Duration
 	// Clock tells the time; nil means the system clock.
 	Clock llmlb.Clock
@@ -91,12 +113,16 @@ type EjectorConfig struct {
 // Ejector is outlier detection per endpoint, and cooldown after overload
 // answers that ask for a wait ([EjectorConfig.MaxCooldown]): an endpoint with
 // ConsecutiveFailures failures in a row is marked unhealthy in the balancer
-// for BaseEjectionTime times the number of times it was ejected (capped at
+// for BaseEjectionTime times its ejection multiplier (capped at
 // MaxEjectionTime), then marked healthy again, which starts the balancer's
-// slow start. It is then half-open: its first success closes it, its first
-// failure ejects it again, for longer. Overload answers do not count: busy is
-// not unhealthy. Create one with [NewEjector]; report outcomes with Report
-// (a [Loop] does it when the Ejector is its Reporter). Ejections end lazily,
+// slow start; the multiplier goes up by one at each ejection and down by
+// one for each SweepInterval the endpoint spends back in, as in Envoy. It
+// is then half-open: its first success closes it, its first failure ejects
+// it again. Overload answers do not count: busy is not unhealthy. In an
+// [*llmlb.Balancer], an endpoint that the program already marked unhealthy
+// is left so, during the ejection and after ([Health]). Create one with
+// [NewEjector]; report outcomes with Report (a [Loop] does it when the
+// Ejector is its Reporter). Ejections end lazily,
 // on the next Report or Sweep after their time; call [Ejector.Run] to end
 // them when no traffic arrives. It starts no goroutines and is safe for
 // concurrent use.
@@ -142,9 +168,10 @@ type Ejector struct {
 type epHealth struct {
 	key         string
 	consecutive int
-	ejections   int       // times ejected, for the ejection time
+	backoff     int       // the ejection multiplier when restored; see Ejector.backoff
 	until       time.Time // end of the current ejection or cooldown; zero = neither
 	cooling     bool      // until is a cooldown's, not an ejection's
+	marked      bool      // out, and the Ejector marked it unhealthy
 	halfOpen    bool      // restored, no outcome seen since
 	restored    time.Time // when the last ejection ended
 
@@ -265,10 +292,12 @@ func HealthOutcome(err error) Outcome {
 		switch se.Code {
 		case GRPCResourceExhausted:
 			return Abandoned
-		case GRPCUnavailable, 13, 2: // UNAVAILABLE, INTERNAL, UNKNOWN
+		case GRPCUnavailable:
 			if hasPushback(se.Header) {
 				return Abandoned
 			}
+			return Failed
+		case 13, 2: // INTERNAL, UNKNOWN: failures, pushback or not, as HTTP 500
 			return Failed
 		}
 		return Succeeded
@@ -452,11 +481,12 @@ func (e *Ejector) cool(key string, d time.Duration, now time.Time) bool {
 		}
 		return false
 	}
-	if err := e.h.SetHealthy(key, false); err != nil {
+	marked, ok := e.markOut(key)
+	if !ok {
 		e.forget(st) // not a member
 		return false
 	}
-	st.until, st.cooling = until, true
+	st.until, st.cooling, st.marked = until, true, marked
 	e.cooling++
 	e.unlink(st)
 	heap.Push(&e.out, st)
@@ -482,10 +512,7 @@ func (e *Ejector) report(key string, o Outcome, now time.Time) (time.Duration, b
 	}
 	if o == Succeeded {
 		st.consecutive, st.halfOpen = 0, false
-		if st.ejections > 0 && now.Sub(st.restored) >= e.max {
-			st.ejections = 0
-		}
-		if st.ejections == 0 && !now.Before(st.quotaFull) {
+		if e.backoff(st, now) == 0 && !now.Before(st.quotaFull) {
 			e.forget(st) // nothing to remember: no ejection, no quota spent
 		}
 		return 0, false
@@ -505,24 +532,76 @@ func (e *Ejector) eject(st *epHealth, now time.Time) (time.Duration, bool) {
 		if e.eps[st.key] != st {
 			return 0, false // not a member
 		}
-		if len(e.out)-e.cooling >= max(1, int(e.percent*float64(e.members)/100)) {
+		// As Envoy's DetectorImpl::ejectHost (envoyproxy/envoy at
+		// 00c7146d, source/common/upstream/outlier_detection_impl.cc):
+		// eject if 100*(ejected+1)/hosts <= max_ejection_percent, or,
+		// with always_eject_one_host, if none is ejected.
+		active := len(e.out) - e.cooling
+		if active > 0 && 100*float64(active+1)/float64(e.members) > e.percent {
 			return 0, false
 		}
 	}
-	if err := e.h.SetHealthy(st.key, false); err != nil {
+	marked, ok := e.markOut(st.key)
+	if !ok {
 		e.forget(st) // not a member
 		return 0, false
 	}
-	st.ejections++
-	d := e.max
-	if st.ejections <= int(e.max/max(e.base, 1)) {
-		d = e.base * time.Duration(st.ejections)
+	// Envoy's ejectHost and checkHostForUneject (same file): the multiplier
+	// (ejectTimeBackoff) goes up by one while backoff*base < max+base,
+	// and the ejection lasts min(base*backoff, max). With base >= 1 and
+	// max >= base, backoff*base < max+base is backoff-1 <= (max-1)/base,
+	// which cannot overflow.
+	b := e.backoff(st, now)
+	if time.Duration(b-1) <= (e.max-1)/e.base {
+		b++
 	}
-	st.until = now.Add(d)
+	d := e.max
+	if time.Duration(b) <= e.max/e.base {
+		d = e.base * time.Duration(b)
+	}
+	st.backoff, st.until, st.marked = b, now.Add(d), marked
 	st.consecutive, st.halfOpen = 0, false
 	e.unlink(st)
 	heap.Push(&e.out, st)
 	return d, true
+}
+
+// backoff returns the ejection multiplier of st, which is not ejected, at
+// now: the multiplier when its last ejection ended, less one for each
+// SweepInterval since, at least 0. Envoy's DetectorImpl::onIntervalTimer
+// (envoyproxy/envoy at 00c7146d,
+// source/common/upstream/outlier_detection_impl.cc) decrements the
+// ejectTimeBackoff of every host not ejected at each interval, from the
+// first one a whole interval after its unejection; this counts the same
+// decrements lazily. e.mu is held.
+func (e *Ejector) backoff(st *epHealth, now time.Time) int {
+	if st.backoff == 0 {
+		return 0
+	}
+	n := now.Sub(st.restored) / e.interval
+	if n >= time.Duration(st.backoff) {
+		return 0
+	}
+	return st.backoff - int(n)
+}
+
+// markOut marks the endpoint of key unhealthy in e.h unless e.h is an
+// *llmlb.Balancer in which it is unhealthy already, and reports whether it
+// marked it and whether key is a member. e.mu is held.
+func (e *Ejector) markOut(key string) (marked, ok bool) {
+	if b, isBalancer := e.h.(*llmlb.Balancer); isBalancer {
+		s, member := b.StatsOf(key)
+		if !member {
+			return false, false
+		}
+		if !s.Healthy {
+			return false, true // the program's mark: left as it is
+		}
+	}
+	if err := e.h.SetHealthy(key, false); err != nil {
+		return false, false
+	}
+	return true, true
 }
 
 // sync reads the membership of e.h unless it did less than membersTTL ago:
@@ -599,7 +678,8 @@ func (e *Ejector) forget(st *epHealth) {
 }
 
 // Sweep ends the ejections whose time has passed, marking their endpoints
-// healthy again. Report calls it; call it (or Run) when traffic may stop.
+// healthy again (those the Ejector marked unhealthy; see [Health]). Report
+// calls it; call it (or Run) when traffic may stop.
 func (e *Ejector) Sweep() {
 	now := e.clock.Now()
 	e.mu.Lock()
@@ -620,9 +700,13 @@ func (e *Ejector) sweep(now time.Time) {
 		} else {
 			st.until, st.halfOpen, st.restored = time.Time{}, true, now
 		}
-		if err := e.h.SetHealthy(st.key, true); err != nil {
-			delete(e.eps, st.key) // no longer a member
-			continue
+		marked := st.marked
+		st.marked = false
+		if marked {
+			if err := e.h.SetHealthy(st.key, true); err != nil {
+				delete(e.eps, st.key) // no longer a member
+				continue
+			}
 		}
 		e.track(st)
 	}

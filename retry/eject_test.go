@@ -107,8 +107,8 @@ func TestEjectorLifecycle(t *testing.T) {
 	if !healthy(b, "e0") {
 		t.Fatal("not restored after 90 s")
 	}
-	// After MaxEjectionTime of health, the ejection count resets.
-	clk.Advance(DefaultMaxEjectionTime)
+	// Back in for 3 intervals, the multiplier is down from 3 to 0.
+	clk.Advance(3 * DefaultSweepInterval)
 	e.Report("e0", nil)
 	for i := 0; i < 5; i++ {
 		e.Report("e0", fail)
@@ -116,7 +116,7 @@ func TestEjectorLifecycle(t *testing.T) {
 	clk.Advance(30 * time.Second)
 	e.Sweep()
 	if !healthy(b, "e0") {
-		t.Fatal("ejection count did not reset after a healthy period")
+		t.Fatal("ejection multiplier did not come down after three intervals back in")
 	}
 }
 
@@ -196,6 +196,13 @@ func TestHealthOutcome(t *testing.T) {
 		{&StatusError{Code: GRPCUnavailable, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"x"}}}, Abandoned}, // gRPC's "do not retry"
 		{&StatusError{Code: 3, GRPC: true}, Succeeded},
 		{&StatusError{Code: 13, GRPC: true}, Failed},
+		// A pushback makes only UNAVAILABLE an overload answer, as only
+		// 503 among the HTTP 5xx: INTERNAL and UNKNOWN fail the endpoint
+		// whatever trailers come with them.
+		{&StatusError{Code: 13, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"100"}}}, Failed},
+		{&StatusError{Code: 2, GRPC: true, Header: http.Header{"grpc-retry-pushback-ms": {"x"}}}, Failed},
+		{&StatusError{Code: 13, GRPC: true, Header: http.Header{"Retry-After": {"5"}}}, Failed},
+		{&StatusError{Code: 500, Header: http.Header{"Retry-After": {"5"}}}, Failed},
 		{errors.New("dial tcp: connection refused"), Failed},
 		{context.DeadlineExceeded, Abandoned},
 		{fmt.Errorf("wrapped: %w", ErrOverloaded), Abandoned},
