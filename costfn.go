@@ -27,8 +27,15 @@ type KVCostConfig struct {
 	// the pick's Done. Its block size must be the index's.
 	// Nil means no such tracking: the decode term then counts the prompt
 	// blocks of this balancer's outstanding requests, each request's in
-	// full.
+	// full, as Dynamo's router_assume_kv_reuse off does (its decode router
+	// under disaggregation runs so).
 	Active *ActiveBlocks
+	// NoDecode drops the decode term: the cost is the prefill alone (and
+	// ActiveWeight's), as Dynamo's prefill router runs with
+	// router_track_active_blocks off, prefill workers not decoding
+	// (ai-dynamo/dynamo, docs/components/router, disaggregated serving).
+	// Active must then be nil.
+	NoDecode bool
 	// OverlapScoreWeight is Dynamo's overlap_score_weight (its router's
 	// --kv-overlap-score-weight, described in Dynamo's KV router
 	// documentation): the weight of the prefill blocks, those of the
@@ -158,6 +165,9 @@ func KVCost(cfg KVCostConfig) (Policy, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.NoDecode && cfg.Active != nil {
+		return nil, policyErrorf("KV cost with NoDecode tracks no active blocks: Active must be nil")
+	}
 	if cfg.Active != nil && cfg.Active.block != t.block {
 		return nil, policyErrorf("KV cost active blocks of %d tokens, index blocks of %d", cfg.Active.block, t.block)
 	}
@@ -188,10 +198,12 @@ func (p *kvCost) Choose(c *Candidates) int {
 		// request's blocks not active there. Without active-block tracking,
 		// each outstanding request's prompt counts in full.
 		var decode float64
-		if a := p.cfg.Active; a != nil {
+		switch a := p.cfg.Active; {
+		case p.cfg.NoDecode: // no decode term
+		case a != nil:
 			active, added := a.potentialLocked(c.Key(i), c.req)
 			decode = float64(active + added)
-		} else {
+		default:
 			decode = float64(l.ActiveTokens-l.DecodeTokens)/bs + fullBlocks
 		}
 		c.costs[i] = p.cfg.Cost(KVCostTerms{

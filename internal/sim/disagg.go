@@ -325,24 +325,41 @@ func newPDDefault(env *PolicyEnv) (llmlb.Policy, error) {
 	return newEventsDefault(env, llmlb.DefaultConfig{Slots: env.Slots})
 }
 
-// newDynamoDecode is the policy of Dynamo's decode router under
-// disaggregation: its KV cost with the overlap credit at 0, so that only
-// the decode load (the active blocks) counts. Dynamo's prefill router sets
-// overlap_score_credit to 0 in the router configuration it passes with
-// every decode request (lib/llm/src/kv_router/prefill_router in
-// ai-dynamo/dynamo; overlap_score_weight before the weight was split), along
-// with assume_kv_reuse and track_prefill_tokens off; it relaxes this only
-// for a request it keeps local under conditional disaggregation.
-func newDynamoDecode(env *PolicyEnv) (llmlb.Policy, error) {
-	active, err := llmlb.NewActiveBlocks(env.BlockTokens)
-	if err != nil {
-		return nil, err
-	}
+// newDynamoPrefill is the policy of Dynamo's prefill router under
+// disaggregation: its KV cost on the prefill pool, cache state from the
+// replicas' KV events, without the decode term. The prefill router turns
+// router_track_active_blocks off, prefill workers not decoding
+// (ai-dynamo/dynamo, docs/components/router, "Automatic Prefill Router
+// Activation"); the configuration then yields no active sequence hashes
+// (KvRouterConfig::compute_seq_hashes_for_tracking in
+// lib/kv-router/src/scheduling/config.rs).
+func newDynamoPrefill(env *PolicyEnv) (llmlb.Policy, error) {
 	ix, err := newEventIndex(env)
 	if err != nil {
 		return nil, err
 	}
 	cfg := llmlb.DynamoKVCostConfig()
-	cfg.Index, cfg.Active, cfg.OverlapScoreWeight = ix, active, 0
+	cfg.Index, cfg.NoDecode = ix, true
+	return llmlb.KVCost(cfg)
+}
+
+// newDynamoDecode is the policy of Dynamo's decode router under
+// disaggregation: its KV cost with the overlap credit at 0, so that only
+// the decode load counts. The router configuration Dynamo passes with
+// every decode request (build_decode_router_override in
+// lib/llm/src/kv_router/prefill_router of ai-dynamo/dynamo) sets
+// overlap_score_credit to 0 (overlap_score_weight before the weight was
+// split), assume_kv_reuse off and track_prefill_tokens off; it relaxes
+// this only for a request it keeps local under conditional disaggregation.
+// Without KV reuse every active request's prompt blocks count in full
+// (random tracking hashes, compute_seq_hashes_for_tracking), as
+// KVCostConfig.Active nil counts them.
+func newDynamoDecode(env *PolicyEnv) (llmlb.Policy, error) {
+	ix, err := newEventIndex(env)
+	if err != nil {
+		return nil, err
+	}
+	cfg := llmlb.DynamoKVCostConfig()
+	cfg.Index, cfg.OverlapScoreWeight = ix, 0
 	return llmlb.KVCost(cfg)
 }
