@@ -22,10 +22,10 @@ const (
 	DefaultAdapterMemory = 4096
 	// DefaultAdapterSpread is the default [AdapterConfig].Spread: a
 	// further endpoint is admitted to hold an adapter once its least loaded
-	// holder carries more than twice the candidates' average requests, plus
-	// one. It was chosen on the simulator's lora scenario (docs/lora.md),
-	// where 0.75 to 1 did best.
-	DefaultAdapterSpread = 1.0
+	// holder carries more than three times the average requests of the
+	// endpoints not holding it, plus one. It was chosen on the simulator's
+	// lora scenario (docs/lora.md), where 2 did best.
+	DefaultAdapterSpread = 2.0
 )
 
 // AdapterConfig configures [AdapterAffinity]. The zero value selects the
@@ -43,10 +43,11 @@ type AdapterConfig struct {
 	Memory int
 	// Spread sets how busy an adapter's holders must be before it spreads:
 	// when the least loaded holder's requests per unit of weight exceed
-	// (1+Spread) times the candidates' average, plus one, one more endpoint
-	// is admitted beside the holders. Larger values keep adapters on fewer
-	// endpoints (fewer adapters per endpoint, longer queues at the hot
-	// ones). 0 means [DefaultAdapterSpread].
+	// (1+Spread) times the average of the candidates not holding the
+	// adapter, plus one, one more endpoint is admitted beside the holders.
+	// Larger values keep adapters on fewer endpoints (fewer adapters per
+	// endpoint, longer queues at the hot ones). 0 means
+	// [DefaultAdapterSpread].
 	Spread float64
 }
 
@@ -91,11 +92,12 @@ type adapterAffinity struct {
 //   - with neither, every candidate.
 //
 // A hot adapter is spread rather than buried on its first holder: when the
-// least loaded holder carries more than the candidates' average requests
-// (per unit of weight) by the margin of [AdapterConfig].Spread, the least
-// loaded other endpoint with room is admitted beside the holders, and
-// inner weighs it against them. The holder set so grows with the adapter's
-// load, one endpoint at a time, and shrinks as decisions expire and the
+// least loaded holder carries more requests (per unit of weight) than the
+// average of the endpoints not holding the adapter by the margin of
+// [AdapterConfig].Spread, the least loaded other endpoint with room is
+// admitted beside the holders, and inner weighs it against them. The
+// holder set so grows with the adapter's load, one endpoint at a time, up
+// to every endpoint with room, and shrinks as decisions expire and the
 // engines stop reporting it. Inner sees the narrowed candidates (see
 // [Candidates.Narrow]).
 //
@@ -171,25 +173,26 @@ func (p *adapterAffinity) Choose(c *Candidates) int {
 		}
 	}
 	c.loads = growLoads(c.loads, n)
-	var sum float64
+	var others float64 // the non-holders' summed load
 	holders, room := 0, 0
 	least := math.Inf(1) // the least loaded holder's load
 	for i := 0; i < n; i++ {
 		l := &c.loads[i]
 		c.loadInto(i, l)
 		load := float64(l.Requests) / l.Weight
-		sum += load
 		if c.adapter[i] != adapterHolder && c.b.signal != nil {
 			var buf Load
 			if obs := c.observe(c.state(i), &buf); obs != nil {
 				c.adapter[i] = adapterClass(obs, name)
 			}
 		}
-		switch c.adapter[i] {
-		case adapterHolder:
+		if c.adapter[i] == adapterHolder {
 			holders++
 			least = min(least, load)
-		case adapterRoom:
+			continue
+		}
+		others += load
+		if c.adapter[i] == adapterRoom {
 			room++
 		}
 	}
@@ -200,7 +203,13 @@ func (p *adapterAffinity) Choose(c *Candidates) int {
 		return p.record(c, ah, now, p.inner.Choose(c))
 	case holders == 0:
 		keep = adapterRoom
-	case room > 0 && least > (1+p.spread)*sum/float64(n)+1:
+	case room > 0 && least > (1+p.spread)*others/float64(n-holders)+1:
+		// The holders are measured against the others, not against an
+		// average that includes them: with k of n endpoints holding an
+		// adapter at load L each and the rest idle, that average is k*L/n,
+		// and L never exceeds (1+Spread) times it once k >= n/(1+Spread):
+		// a hot adapter would stop spreading at n/(1+Spread) endpoints
+		// however busy its holders were.
 		spare = pickBy(c, func(i int) (float64, float64) {
 			if c.adapter[i] != adapterRoom {
 				return 1, 0

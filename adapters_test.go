@@ -131,8 +131,9 @@ func TestAdapterAffinityRemembersDecisions(t *testing.T) {
 func TestAdapterAffinitySpreadsHotAdapter(t *testing.T) {
 	b, pr, clock, sig := adapterSetup(t, 4, AdapterConfig{TTL: -1})
 	now := clock.Now()
-	// ep0 holds the adapter with 10 requests; the others hold 2 each, ep3
-	// has no room: average 4, and 10 > (1+1)*4 + 1.
+	// ep0 holds the adapter with 10 requests; ep1 and ep2 hold 2 each, ep3
+	// none and has no room: the others' average is 4/3, and with the
+	// default Spread of 2, 10 > (1+2)*4/3 + 1.
 	sig.Set("ep0", Load{At: now, Running: 10, Adapters: []string{"hot"}, MaxAdapters: 2})
 	sig.Set("ep1", Load{At: now, Running: 2, Adapters: []string{"x"}, MaxAdapters: 2})
 	sig.Set("ep2", Load{At: now, Running: 1, Waiting: 1, Adapters: []string{"x"}, MaxAdapters: 2})
@@ -142,19 +143,20 @@ func TestAdapterAffinitySpreadsHotAdapter(t *testing.T) {
 	if len(pr.keys) != 2 || pr.keys[0] != "ep0" || (pr.keys[1] != "ep1" && pr.keys[1] != "ep2") {
 		t.Fatalf("inner saw %v, want ep0 and one of ep1, ep2 (ep3 is full)", pr.keys)
 	}
-	// At 6 requests the holder is within the margin (6 <= 2*2.5 + 1).
-	sig.Set("ep0", Load{At: now, Running: 6, Adapters: []string{"hot"}, MaxAdapters: 2})
+	// At 3 requests the holder is within the margin (3 <= 3*4/3 + 1).
+	sig.Set("ep0", Load{At: now, Running: 3, Adapters: []string{"hot"}, MaxAdapters: 2})
 	pickKey(t, b, &Request{Adapter: "hot"})
 	if !slices.Equal(pr.keys, []string{"ep0"}) {
 		t.Fatalf("inner saw %v, want the holder alone", pr.keys)
 	}
-	// A larger Spread keeps a busier holder alone.
+	// A larger Spread keeps a busier holder alone: 6 > 3*4/3 + 1, but
+	// 6 <= (1+3)*4/3 + 1.
 	b2, pr2, clock2, sig2 := adapterSetup(t, 4, AdapterConfig{TTL: -1, Spread: 3})
 	for k, v := range sig.obs {
 		v.At = clock2.Now()
 		sig2.Set(k, v)
 	}
-	sig2.Set("ep0", Load{At: clock2.Now(), Running: 10, Adapters: []string{"hot"}, MaxAdapters: 2})
+	sig2.Set("ep0", Load{At: clock2.Now(), Running: 6, Adapters: []string{"hot"}, MaxAdapters: 2})
 	pickKey(t, b2, &Request{Adapter: "hot"})
 	if !slices.Equal(pr2.keys, []string{"ep0"}) {
 		t.Fatalf("Spread 3: inner saw %v, want the holder alone", pr2.keys)

@@ -135,7 +135,9 @@ type Match struct {
 //
 // Times are the caller's clock, passed to each call. They should not go
 // backwards: a Match at a time earlier than a preceding Record's may treat a
-// block that expired between the two times as expired already. Readings
+// block that expired between the two times as expired already, and a
+// Record of such a block gives it the expiry of the Record's own time even
+// if it was recorded to expire later. Readings
 // that carry the monotonic clock, as time.Now's do, are measured on it, so
 // a step of the wall clock neither expires every recorded block nor keeps
 // them past their TTL.
@@ -151,7 +153,7 @@ type Index struct {
 	ttl          int64
 	maxEndpoints int
 	eventsOnly   bool
-	records      atomic.Uint64 // Record calls with blocks
+	records      atomic.Uint64 // Record calls that recorded blocks
 
 	mu        sync.RWMutex // protects the fields below
 	endpoints map[string]*endpoint
@@ -365,9 +367,6 @@ func (x *Index) Len(endpoint string) int {
 // Record returns an error wrapping [ErrInvalidArgument] for an empty
 // endpoint key, or [ErrTooManyEndpoints].
 func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
-	if len(blocks) > 0 && endpoint != "" {
-		x.records.Add(1)
-	}
 	t := x.unixNano(now)
 	exp := t + x.ttl
 	if exp < t { // overflow
@@ -376,18 +375,21 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	e, err := x.endpointLocked(endpoint, true)
-	if err != nil || x.eventsOnly {
+	if err != nil || x.eventsOnly || len(blocks) == 0 {
 		return err
 	}
+	x.records.Add(1)
 	x.touchLocked(e, blocks, exp, x.ttl/recordSlack, t)
 	return nil
 }
 
 // Records returns how many placements have been recorded in the index: the
-// calls of [Index.Record] with an endpoint and at least one block, by every
-// caller (the policies that record their decisions, and a share.Group that
-// records its peers'). A policy compares it with its own decisions to learn
-// which part of all placements it knows of.
+// calls of [Index.Record] that recorded at least one block, by every caller
+// (the policies that record their decisions, and a share.Group that records
+// its peers'). A call that returned an error, or was made on an index with
+// [IndexConfig.EventsOnly] set, recorded nothing and is not counted. A
+// policy compares it with its own decisions to learn which part of all
+// placements it knows of.
 func (x *Index) Records() uint64 { return x.records.Load() }
 
 // Stored applies an engine KV event: endpoint now holds the blocks, which
