@@ -44,6 +44,7 @@ type Candidates struct {
 	// events reported, for policies with a separate events index.
 	confirmed []int32
 	matches   []prefix.Match
+	strided   []uint64 // a request's prefix grouped into a policy's blocks (prefixTracker.blocks)
 	costs     []float64
 	src       []int32 // per candidate: the candidate whose estimate in loads is its own (see loadsInto)
 	adapter   []uint8 // per candidate: its class for the request's adapter (AdapterAffinity)

@@ -39,9 +39,24 @@ type GIEConfig struct {
 	// [DefaultGIEKVWeight] and [DefaultGIEPrefixWeight]. Each must be in
 	// [0, 1e12].
 	QueueWeight, KVWeight, PrefixWeight float64
-	// MaxPrefixBlocks bounds the leading prompt blocks matched and recorded.
-	// Zero means [DefaultGIEMaxPrefixBlocks]; negative means no bound.
+	// MaxPrefixBlocks bounds the leading prompt blocks matched and recorded,
+	// in the picker's blocks (see MinBlockTokens). Zero means
+	// [DefaultGIEMaxPrefixBlocks]; negative means no bound.
 	MaxPrefixBlocks int
+	// MinBlockTokens, if above the engines' KV block size, is the size of
+	// the picker's blocks, at most 2^24 tokens. llm-d's router, the
+	// picker's successor, hashes blocks of the engine's size but at least
+	// 64 tokens (minBlockSizeTokens in
+	// pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/plugin.go
+	// of llm-d/llm-d-router v0.10.0), and matches up to 131,072 tokens of a
+	// prompt, 2,048 such blocks. The request's prefix blocks (of the
+	// Index's block size) are then grouped MinBlockTokens / block size at
+	// a time, rounded up, each group identified by the chained hash of its
+	// last block; a partial group at the end is not hashed. The index is
+	// sized as the picker sizes its LRU: one entry per engine KV block,
+	// each standing for MinBlockTokens tokens. 0 means the engines' blocks,
+	// as the v1.5.0 picker hashes them.
+	MinBlockTokens int
 }
 
 type gie struct {
@@ -65,8 +80,11 @@ type gie struct {
 // outstanding tokens. The prefix score divides the leading blocks matched
 // by the blocks hashed, at most MaxPrefixBlocks. The choice is recorded in
 // the index, as the picker's prefix plugin does, and the index is sized from
-// the engines' reported KV capacity. Give each Balancer its own policy;
-// several may share one Index.
+// the engines' reported KV capacity. The inference gateway v1.6.0 moved the
+// picker to llm-d's router, whose v0.10.0 keeps this profile, its weights
+// and its 50 ms metrics refresh, with blocks of at least 64 tokens
+// ([GIEConfig].MinBlockTokens) matched over up to 131,072 tokens of a
+// prompt. Give each Balancer its own policy; several may share one Index.
 func GIEDefault(cfg GIEConfig) (Policy, error) {
 	if cfg.QueueWeight == 0 && cfg.KVWeight == 0 && cfg.PrefixWeight == 0 {
 		cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight = DefaultGIEQueueWeight, DefaultGIEKVWeight, DefaultGIEPrefixWeight
@@ -79,6 +97,9 @@ func GIEDefault(cfg GIEConfig) (Policy, error) {
 			return nil, policyErrorf("GIE scorer %s %v out of range [0, %g]", f.name, f.w, maxCostWeight)
 		}
 	}
+	if cfg.MinBlockTokens < 0 || cfg.MinBlockTokens > 1<<24 {
+		return nil, policyErrorf("GIE minimum block of %d tokens out of range [0, %d]", cfg.MinBlockTokens, 1<<24)
+	}
 	if cfg.MaxPrefixBlocks == 0 {
 		cfg.MaxPrefixBlocks = DefaultGIEMaxPrefixBlocks
 	}
@@ -87,6 +108,11 @@ func GIEDefault(cfg GIEConfig) (Policy, error) {
 		return nil, err
 	}
 	t.maxBlocks = max(cfg.MaxPrefixBlocks, 0)
+	t.minBlockTokens = cfg.MinBlockTokens
+	if stride := (cfg.MinBlockTokens + t.block - 1) / t.block; stride > 1 {
+		t.stride = stride
+		t.block = mulSat(t.block, stride)
+	}
 	return &gie{t: t, wQueue: cfg.QueueWeight, wKV: cfg.KVWeight, wPref: cfg.PrefixWeight}, nil
 }
 
@@ -117,7 +143,7 @@ func (p *gie) Choose(c *Candidates) int {
 		minQ, maxQ = min(minQ, float64(q)), max(maxQ, float64(q))
 	}
 	p.t.match(c)
-	blocks := float64(len(p.t.blocks(c.req)))
+	blocks := float64(len(p.t.blocks(c)))
 	for i := 0; i < n; i++ {
 		l := &c.loads[i]
 		queue := 1.0

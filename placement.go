@@ -17,7 +17,7 @@ const knownWindow = 64
 // home returns the candidate the request's unknown part belongs to, or -1
 // if the index knows the whole prompt on two candidates or more.
 func (p *defaultPolicy) home(c *Candidates, n int) int {
-	blocks := p.t.blocks(c.req)
+	blocks := p.t.blocks(c)
 	first, second := int32(0), int32(0)
 	for _, m := range c.matched {
 		switch {
@@ -48,7 +48,7 @@ func (p *defaultPolicy) home(c *Candidates, n int) int {
 // number of placements known per own placement. It reports whether the
 // request has prompt blocks to place.
 func (p *defaultPolicy) observeRecords(c *Candidates) bool {
-	if len(p.t.blocks(c.req)) == 0 {
+	if len(p.t.blocks(c)) == 0 {
 		return false
 	}
 	total := p.t.index.Records()
@@ -93,7 +93,7 @@ func (p *defaultPolicy) unknownShare(own, all int64) float64 {
 // candidate was scored; home is the request's home if already found, else
 // -1; avgPrompt is the mean prompt length.
 func (p *defaultPolicy) credit(c *Candidates, home, longest int, avgPrompt, over float64, pick []int32) {
-	if len(p.t.blocks(c.req)) == 0 {
+	if len(p.t.blocks(c)) == 0 {
 		return
 	}
 	var own, all int64

@@ -33,6 +33,14 @@ type prefixTracker struct {
 	// fixedCap keeps the index's capacity instead of sizing it from the
 	// engines' reported KV capacity.
 	fixedCap bool
+	// stride, above 1, groups that many of a request's blocks into one
+	// block of the index, standing for the prompt up to the group's end
+	// (the hashes are chained): the group's last hash (see GIEConfig).
+	stride int
+	// minBlockTokens, if above the engine's KV block size, is the block
+	// size the index's capacity counts the engine's KV blocks in: the
+	// index covers that many tokens per engine block (see GIEConfig).
+	minBlockTokens int
 
 	mu      sync.Mutex // protects gen, members and capacity
 	gen     uint64
@@ -103,7 +111,7 @@ func (t *prefixTracker) match(c *Candidates) int {
 func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) ([]int32, int32) {
 	dst = growInt32(dst, c.Len())
 	clear(dst)
-	blocks := t.blocks(c.req)
+	blocks := t.blocks(c)
 	if len(blocks) == 0 {
 		return dst, 0
 	}
@@ -135,7 +143,19 @@ func (t *prefixTracker) matchInto(c *Candidates, ix *prefix.Index, dst []int32) 
 }
 
 // blocks returns the prompt blocks of r the tracker matches and records.
-func (t *prefixTracker) blocks(r *Request) []uint64 {
+func (t *prefixTracker) blocks(c *Candidates) []uint64 {
+	r := c.req
+	if t.stride > 1 {
+		n := len(r.Prefix) / t.stride
+		if t.maxBlocks > 0 {
+			n = min(n, t.maxBlocks)
+		}
+		c.strided = c.strided[:0]
+		for k := 1; k <= n; k++ {
+			c.strided = append(c.strided, r.Prefix[k*t.stride-1])
+		}
+		return c.strided
+	}
 	if t.maxBlocks > 0 && len(r.Prefix) > t.maxBlocks {
 		return r.Prefix[:t.maxBlocks]
 	}
@@ -152,13 +172,13 @@ func (t *prefixTracker) cachedTokens(c *Candidates, blocks int) int {
 // many prompt tokens it expects to be cached there.
 func (t *prefixTracker) record(c *Candidates, i int, l *EndpointLoad) {
 	c.SetCachedTokens(t.cachedTokens(c, int(c.matched[i])))
-	blocks := t.blocks(c.req)
+	blocks := t.blocks(c)
 	if len(blocks) == 0 {
 		return
 	}
 	key := c.Key(i)
 	if !t.fixedCap && l != nil && l.KVBlocks > 0 && l.BlockSize > 0 {
-		blocks := min(max(mulSat(l.KVBlocks, l.BlockSize)/t.block, 1), prefix.MaxCapacity)
+		blocks := min(max(mulSat(l.KVBlocks, max(l.BlockSize, t.minBlockTokens))/t.block, 1), prefix.MaxCapacity)
 		// The index is resized under the lock that records the size, so
 		// that concurrent picks seeing different reports apply them in
 		// the order they record them.

@@ -176,6 +176,16 @@ const (
 	GIEMaxSignalAge = time.Hour
 )
 
+// The llmd-default preset's prefix blocks: llm-d's router hashes blocks of
+// the engine's size, at least LLMDMinBlockTokens (minBlockSizeTokens), and
+// matches up to LLMDMaxPrefixTokens of a prompt (defaultMaxPrefixTokens), in
+// pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix of
+// llm-d/llm-d-router v0.10.0.
+const (
+	LLMDMinBlockTokens  = 64
+	LLMDMaxPrefixTokens = 131072
+)
+
 // SGLangTreeBlocks is the capacity per replica of the sglang-* presets'
 // prefix index: SGLang's router bounds each worker's approximate radix tree
 // to --max-tree-size 67108864 characters (2^26, the router's command-line
@@ -264,6 +274,21 @@ func Policies() []PolicySpec {
 					return nil, err
 				}
 				return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
+			}},
+		{Name: "llmd-default", Doc: "llm-d's router v0.10.0, the inference gateway's picker since its v1.6.0: gie-default's scorers and 50 ms polls, prefix blocks of at least 64 tokens matched over up to 131,072 tokens", Variant: true,
+			Scrape: GIEScrape, MaxSignalAge: GIEMaxSignalAge, New: func(env *PolicyEnv) (llmlb.Policy, error) {
+				// The same LRU per replica, one entry per engine KV block
+				// however large the picker's blocks (minBlockSizeTokens 64
+				// and defaultMaxPrefixTokens 131072 in llm-d/llm-d-router
+				// v0.10.0, pkg/epp/framework/plugins/requestcontrol/
+				// dataproducer/approximateprefix).
+				ix, err := env.decisionIndex(prefix.IndexConfig{BlockSize: env.BlockTokens, TTL: noTTL})
+				if err != nil {
+					return nil, err
+				}
+				block := max(env.BlockTokens, LLMDMinBlockTokens)
+				return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix, MinBlockTokens: LLMDMinBlockTokens,
+					MaxPrefixBlocks: LLMDMaxPrefixTokens / block})
 			}},
 		{Name: "segregated", Doc: "prompts >= 8k tokens to a pool sized by their token share; least tokens in each pool", New: newSegregated},
 		{Name: "default", Doc: "llmlb.Default: queued prefill + k x uncached prompt + KV footprint, k grows under overload; caches from KV events and its decisions; replicas' speeds measured and priced when they differ", New: func(env *PolicyEnv) (llmlb.Policy, error) {
