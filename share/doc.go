@@ -19,7 +19,11 @@
 // prompt tokens the queued ones have still to prefill); for each
 // bucket boundary of the last MaxSignalAge, how many requests in flight at
 // that moment have finished since; and the prefix blocks of each pick since
-// the last batch. The Group learns all this from the balancer's
+// the last batch. A batch larger than the peers take (8 MiB, or the NATS
+// server's max_payload if smaller, 1 MiB by default) is published in
+// parts of some endpoints each, under the IDs "<ID>/part1", "<ID>/part2"...
+// for all but the first, which peers count as replicas of their own (in
+// [Stats].Peers and against MaxPeers). The Group learns all this from the balancer's
 // [llmlb.Observer] ([Group.Observer]), whose functions only update memory:
 // the network is touched only by [Group.Run].
 //

@@ -185,9 +185,10 @@ func (l *lockedBuffer) count(s string) int {
 	return strings.Count(l.b.String(), s)
 }
 
-// A batch larger than the server's max_payload cannot be published: the
-// Group says so once, counts every failure, and says when it publishes
-// again.
+// The work at an endpoint that alone exceeds the server's max_payload
+// cannot be published (a larger batch is published in parts, but one
+// endpoint is not cut): the Group says so once, counts every failure, and
+// says when it publishes again.
 func TestPublishFailureIsLogged(t *testing.T) {
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: 1024})
 	require.NoError(t, err)
@@ -205,8 +206,8 @@ func TestPublishFailureIsLogged(t *testing.T) {
 	b, err := llmlb.New(llmlb.LeastOutstanding(), llmlb.WithSignal(g, age), llmlb.WithObserver(g.Observer(nil)))
 	require.NoError(t, err)
 	var eps []llmlb.Endpoint
-	for i := range 64 { // 64 keys of 100 bytes with work in flight: over 6 KB a batch
-		eps = append(eps, key(fmt.Sprintf("%0100d", i)))
+	for i := range 4 { // keys of 1000 bytes with work in flight: over 1 KB each
+		eps = append(eps, key(fmt.Sprintf("%01000d", i)))
 	}
 	require.NoError(t, b.Update(eps))
 	ctx, cancel := context.WithCancel(context.Background())

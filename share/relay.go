@@ -2,6 +2,7 @@ package share
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -22,8 +23,12 @@ const DefaultRelaySubject = "llmlb.kvevents"
 // The headers of a relayed message. Its data is the engine's payload, as
 // the engine published it.
 const (
-	// headerEndpoint is the endpoint key.
-	headerEndpoint = "Llmlb-Endpoint"
+	// headerEndpoint is the endpoint key, as it is, or in base64 (standard
+	// encoding, padded) when headerEndpointEncoding says "base64": a key
+	// that nats.go would not carry unchanged (see headerSafe) is sent so.
+	headerEndpoint         = "Llmlb-Endpoint"
+	headerEndpointEncoding = "Llmlb-Endpoint-Encoding"
+	endpointBase64         = "base64"
 	// headerSeq is the engine's sequence number of the batch, or "clear":
 	// what the followers hold of the endpoint is unknown, and is dropped.
 	headerSeq = "Llmlb-Seq"
@@ -43,9 +48,13 @@ const DefaultRelayInterval = time.Second
 // Bounds on what a Follower tracks of the Relays it hears, whatever is
 // published on the subject.
 const (
-	maxRelays        = 1024 // Relays followed for liveness
-	maxRelayKeys     = 4096 // endpoints of one Relay
-	maxRelayIDBytes  = 128  // as RelayConfig.ID
+	maxRelays    = 1024 // Relays followed for liveness
+	maxRelayKeys = 4096 // endpoints of one Relay
+	// maxFollowedKeys bounds the endpoints followed for liveness over all
+	// Relays, so that many Relay IDs each naming their own endpoints
+	// cannot make a Follower hold gigabytes of keys.
+	maxFollowedKeys  = 1 << 14
+	maxRelayIDBytes  = 128 // as RelayConfig.ID
 	maxRelayInterval = time.Minute
 )
 
@@ -171,10 +180,10 @@ func (r *Relay) publish(m *nats.Msg) {
 // Forward publishes batch seq of endpoint key, or, for a nil payload, a
 // clear of the endpoint: the signature of kvevents.Config.Forward. It does
 // not keep payload, and does not wait for the network. A key a Follower
-// would refuse (longer than 1024 bytes) or that no header can carry (a
-// line break in it) is not published and counts as failed.
+// would refuse (longer than 1024 bytes) is not published and counts as
+// failed; any other key reaches the Followers exactly as given.
 func (r *Relay) Forward(key string, seq int64, payload []byte) {
-	if len(key) > maxKeyBytes || strings.ContainsAny(key, "\r\n") {
+	if len(key) > maxKeyBytes {
 		r.failed.Add(1)
 		return
 	}
@@ -187,7 +196,12 @@ func (r *Relay) Forward(key string, seq int64, payload []byte) {
 // bytes.
 func relayMessage(subject, id, key string, seq int64, payload []byte, maxPayload int64) *nats.Msg {
 	m := nats.NewMsg(subject)
-	m.Header.Set(headerEndpoint, key)
+	if headerSafe(key) {
+		m.Header.Set(headerEndpoint, key)
+	} else {
+		m.Header.Set(headerEndpoint, base64.StdEncoding.EncodeToString([]byte(key)))
+		m.Header.Set(headerEndpointEncoding, endpointBase64)
+	}
 	if id != "" {
 		m.Header.Set(headerRelay, id)
 	}
@@ -198,6 +212,50 @@ func relayMessage(subject, id, key string, seq int64, payload []byte, maxPayload
 		m.Data = payload
 	}
 	return m
+}
+
+// headerSafe reports whether nats.go carries v as a header value
+// unchanged. nats.go v1.55.0 (nats.go: writeHeaderValue) trims a value's
+// leading and trailing spaces, tabs, CRs and LFs (textproto.TrimString)
+// and turns the line breaks within it into spaces, and its decoder
+// (readMIMEHeader) drops the spaces and tabs after the colon; nats-server
+// passes the header block of a core NATS message on as it came.
+func headerSafe(v string) bool {
+	if strings.ContainsAny(v, "\r\n") {
+		return false
+	}
+	if v == "" {
+		return true
+	}
+	switch v[0] {
+	case ' ', '\t':
+		return false
+	}
+	switch v[len(v)-1] {
+	case ' ', '\t':
+		return false
+	}
+	return true
+}
+
+// endpointKey returns the endpoint key of a relayed message, and false if
+// its encoding is unknown or its base64 malformed.
+func endpointKey(h nats.Header) (string, bool) {
+	v := h.Get(headerEndpoint)
+	switch h.Get(headerEndpointEncoding) {
+	case "":
+		return v, true
+	case endpointBase64:
+		if len(v) > base64.StdEncoding.EncodedLen(maxKeyBytes) {
+			return "", false
+		}
+		b, err := base64.StdEncoding.Strict().DecodeString(v)
+		if err != nil {
+			return "", false
+		}
+		return string(b), true
+	}
+	return "", false
 }
 
 // headerBytes returns the size of h on the wire, at most: nats.go writes a
@@ -270,11 +328,13 @@ type FollowerConfig struct {
 // endpoints that Relay relayed: a Relay that died unseen leaves no guessed
 // blocks behind. An endpoint another Relay relayed since (a Relay restarted
 // under a new ID, or a replacement) is that one's, and keeps its blocks. It
-// follows at most 1024 Relays of 4096 endpoints each, and forgets a Relay
-// that never sent a heartbeat (keeping its endpoints' blocks) once it has
-// been silent for three minutes. A message that names a Relay ID longer
-// than 128 bytes, or an endpoint key longer than 1024 bytes, is not from a
-// Relay: it is dropped and reported to OnError.
+// follows at most 1024 Relays of 4096 endpoints each, 16384 endpoints in
+// all (the others keep their blocks when their Relay falls silent), and
+// forgets a Relay that never sent a heartbeat (keeping its endpoints'
+// blocks) once it has been silent for three minutes. A message that names
+// a Relay ID longer than 128 bytes, or an endpoint key longer than 1024
+// bytes or in an encoding it does not know, is not from a Relay: it is
+// dropped and reported to OnError.
 //
 // Run is the only method; a Follower starts no goroutine until it is
 // called.
@@ -425,7 +485,7 @@ func (f *Follower) heard(id, key string) *relayLife {
 			delete(o.keys, key)
 			delete(f.owner, key)
 		}
-		if len(r.keys) < maxRelayKeys {
+		if len(r.keys) < maxRelayKeys && len(f.owner) < maxFollowedKeys {
 			r.keys[key] = true
 			f.owner[key] = r
 		}
@@ -469,9 +529,17 @@ func (f *Follower) expire() {
 
 // receive hands one message of the Relay to the Sink.
 func (f *Follower) receive(m *nats.Msg) {
-	key := m.Header.Get(headerEndpoint)
+	key, ok := endpointKey(m.Header)
 	s := m.Header.Get(headerSeq)
 	id := m.Header.Get(headerRelay)
+	if !ok {
+		// Which endpoint it names is unknown: there is nothing to clear.
+		if f.onError != nil {
+			f.onError("", fmt.Errorf("%w: relayed message with an endpoint key of unknown encoding %q or malformed",
+				ErrMalformed, truncate(m.Header.Get(headerEndpointEncoding), 32)))
+		}
+		return
+	}
 	if len(id) > maxRelayIDBytes || len(key) > maxKeyBytes {
 		// Not from a Relay: those keeping them would hold their bytes.
 		if f.onError != nil {
@@ -499,12 +567,17 @@ func (f *Follower) receive(m *nats.Msg) {
 	if err != nil || seq < 0 || m.Data == nil {
 		f.sink.Apply(key, -1, nil)
 		if f.onError != nil {
-			if len(s) > 32 {
-				s = s[:32] + "..."
-			}
-			f.onError(key, fmt.Errorf("%w: relayed message with sequence %q and %d bytes", ErrMalformed, s, len(m.Data)))
+			f.onError(key, fmt.Errorf("%w: relayed message with sequence %q and %d bytes", ErrMalformed, truncate(s, 32), len(m.Data)))
 		}
 		return
 	}
 	f.sink.Apply(key, seq, m.Data)
+}
+
+// truncate returns s cut to n bytes, marked with "..." if it was cut.
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
 }

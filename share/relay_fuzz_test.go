@@ -2,6 +2,7 @@ package share
 
 import (
 	"bytes"
+	"encoding/base64"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,16 +25,20 @@ func (s *fuzzSink) Clear() {}
 // FuzzFollowerReceive hands a Follower relayed messages with fuzzed headers
 // and data: it never panics, hands the Sink exactly one call per message,
 // with the endpoint the message names (none for a key longer than a Relay
-// sends), and passes the data on only with the
+// sends, or of an unknown or malformed encoding), and passes the data on
+// only with the
 // non-negative sequence number the message carries; anything else is a
 // clear.
 func FuzzFollowerReceive(f *testing.F) {
-	f.Add("e1", "7", []byte("batch"))
-	f.Add("e1", "clear", []byte(nil))
-	f.Add("", "-3", []byte("x"))
-	f.Add("e2", "99999999999999999999", []byte{})
-	f.Add(strings.Repeat("k", maxKeyBytes+1), "1", []byte("x"))
-	f.Fuzz(func(t *testing.T, key, seq string, data []byte) {
+	f.Add("e1", "", "7", []byte("batch"))
+	f.Add("e1", "", "clear", []byte(nil))
+	f.Add("", "", "-3", []byte("x"))
+	f.Add("e2", "", "99999999999999999999", []byte{})
+	f.Add(strings.Repeat("k", maxKeyBytes+1), "", "1", []byte("x"))
+	f.Add("IGUx", endpointBase64, "1", []byte("x"))
+	f.Add("IGUx=", endpointBase64, "1", []byte("x"))
+	f.Add("e1", "gzip", "1", []byte("x"))
+	f.Fuzz(func(t *testing.T, key, enc, seq string, data []byte) {
 		sink := &fuzzSink{}
 		fl, err := NewFollower(FollowerConfig{Conn: new(nats.Conn), Sink: sink})
 		if err != nil {
@@ -41,20 +46,28 @@ func FuzzFollowerReceive(f *testing.F) {
 		}
 		m := nats.NewMsg(DefaultRelaySubject)
 		m.Header.Set(headerEndpoint, key)
+		if enc != "" {
+			m.Header.Set(headerEndpointEncoding, enc)
+		}
 		m.Header.Set(headerSeq, seq)
 		m.Data = data
 		fl.receive(m)
-		if len(m.Header.Get(headerEndpoint)) > maxKeyBytes {
+		want, ok := key, enc == ""
+		if enc == endpointBase64 {
+			b, err := base64.StdEncoding.Strict().DecodeString(key)
+			want, ok = string(b), err == nil
+		}
+		if !ok || len(want) > maxKeyBytes {
 			if len(sink.keys) != 0 {
-				t.Fatalf("%d calls for a message naming a key of %d bytes", len(sink.keys), len(m.Header.Get(headerEndpoint)))
+				t.Fatalf("%d calls for a message naming key %q in encoding %q", len(sink.keys), key, enc)
 			}
 			return
 		}
 		if len(sink.keys) != 1 {
 			t.Fatalf("%d calls for one message", len(sink.keys))
 		}
-		if sink.keys[0] != m.Header.Get(headerEndpoint) {
-			t.Fatalf("key %q, message names %q", sink.keys[0], m.Header.Get(headerEndpoint))
+		if sink.keys[0] != want {
+			t.Fatalf("key %q, message names %q", sink.keys[0], want)
 		}
 		got, p := sink.seqs[0], sink.payloads[0]
 		if p == nil {

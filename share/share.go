@@ -74,8 +74,10 @@ type Config struct {
 	// different gateways (different endpoint sets) need different
 	// subjects. "" means [DefaultSubject].
 	Subject string
-	// ID names this replica to its peers, at most 128 bytes. "" means a
-	// random name. Two live replicas must not share an ID.
+	// ID names this replica to its peers, at most 128 bytes, not ending
+	// in "/part" and a number (the IDs of the parts of a batch too large
+	// for one message). "" means a random name. Two live replicas must not
+	// share an ID.
 	ID string
 	// Signal is the engine signal whose observations the peers' work is
 	// added to, such as a signals.Scraper. Nil means none: [Group.Load] then
@@ -175,8 +177,12 @@ type Group struct {
 	keys     keyTable // decodeInto's scratch
 	impostor uint64   // incarnation of the last other replica with this ID logged
 
-	connected     atomic.Bool
-	failing       bool // the last publish while connected failed; guarded by batchMu
+	connected atomic.Bool
+	failing   bool // the last publish while connected failed; guarded by batchMu
+	// parts is the number of parts of the last batch published (see
+	// split), and partMsgs their messages, reused; guarded by batchMu.
+	parts         int
+	partMsgs      []message
 	published     atomic.Uint64
 	publishFailed atomic.Uint64
 	received      atomic.Uint64
@@ -223,6 +229,8 @@ func New(cfg Config) (*Group, error) {
 	switch {
 	case len(cfg.ID) > 128:
 		return nil, fmt.Errorf("%w: ID is %d bytes, at most 128", ErrInvalidConfig, len(cfg.ID))
+	case baseID(cfg.ID) != cfg.ID:
+		return nil, fmt.Errorf("%w: ID %q ends like the ID of a part of a batch (%q and a number)", ErrInvalidConfig, cfg.ID, partSep)
 	case cfg.MaxSignalAge < 0 || cfg.MaxSignalAge > maxSignalAgeTime:
 		return nil, fmt.Errorf("%w: MaxSignalAge %v out of range [0, %v]", ErrInvalidConfig, cfg.MaxSignalAge, maxSignalAgeTime)
 	case cfg.Interval < time.Millisecond || cfg.Interval > maxIntervalTime:
@@ -498,8 +506,11 @@ type Stats struct {
 	// already waiting to be applied.
 	Received, Rejected uint64
 	// Dropped counts picks not recorded for the peers: the endpoint table
-	// or the batch's block buffer was full, or the endpoint key is longer
-	// than the 1024 bytes a batch carries.
+	// or the batch's block buffer was full, the endpoint key is longer
+	// than the 1024 bytes a batch carries, or the batch did not fit what
+	// the peers take (see [Group.AppendBatch]; [Group.Run] publishes it in
+	// parts, and drops only the prefix blocks of an endpoint whose blocks
+	// do not fit one part).
 	Dropped uint64
 }
 
@@ -608,7 +619,10 @@ func (d *dropCounter) count(g *Group, sub *nats.Subscription) {
 // another transport, or on simulated time: call it every Interval, and
 // never while [Group.Run] runs. The batch must not be reordered with the
 // previous ones of this Group: a peer refuses a batch older than one it
-// has.
+// has. A batch is at most the 8 MiB a peer takes: past it, the endpoints
+// that do not fit are left out, their requests in flight and picks counted
+// in [Stats].Dropped (and said in the log), where [Group.Run] would publish
+// the batch in parts.
 func (g *Group) AppendBatch(buf []byte) []byte {
 	g.batchMu.Lock()
 	defer g.batchMu.Unlock()
@@ -617,7 +631,35 @@ func (g *Group) AppendBatch(buf []byte) []byte {
 	m.id, m.inc, m.seq = g.id, g.inc, g.seq.Add(1)
 	g.published.Add(1)
 	g.expire()
-	return appendMessage(buf, m)
+	start := len(buf)
+	buf = appendMessage(buf, m)
+	if len(buf)-start <= maxMessageBytes {
+		return buf
+	}
+	// Larger than any peer takes: the endpoints that fit are kept, and
+	// the work of the others is counted as dropped.
+	parts, dropped, _ := split(m, maxMessageBytes, g.partMsgs)
+	g.partMsgs = parts
+	for _, p := range parts[1:] {
+		dropped += len(p.routes)
+		for _, e := range p.eps {
+			for _, b := range e.buckets {
+				dropped += int(b.out)
+			}
+		}
+	}
+	g.local.dropped.Add(uint64(dropped))
+	g.log.Warn("share: batch larger than peers take; the work at some endpoints is not shared",
+		"self", g.id, "bytes", len(buf)-start, "dropped", dropped)
+	first := message{id: g.id, inc: g.inc, seq: m.seq, width: m.width, phase: m.phase, horizon: m.horizon}
+	if len(parts) > 0 {
+		first.eps, first.routes = parts[0].eps, parts[0].routes
+	}
+	buf = appendMessage(buf[:start], &first)
+	for k := range parts {
+		parts[k].eps, parts[k].routes = parts[k].eps[:0], parts[k].routes[:0]
+	}
+	return buf
 }
 
 // Receive applies a peer's batch, made by its [Group.AppendBatch], as
@@ -664,12 +706,28 @@ func (g *Group) publish(buf []byte) []byte {
 	}
 	m.id, m.inc, m.seq = g.id, g.inc, g.seq.Add(1)
 	buf = appendMessage(buf, m)
-	if limit := g.conn.MaxPayload(); limit > 0 && int64(len(buf)) > limit && len(m.routes) > 0 {
-		g.local.dropped.Add(uint64(len(m.routes)))
-		m.routes = m.routes[:0]
-		buf = appendMessage(buf[:0], m)
+	limit := maxMessageBytes
+	if p := g.conn.MaxPayload(); p > 0 && p < int64(limit) {
+		limit = int(p)
 	}
-	if err := g.conn.Publish(g.subject, buf); err != nil {
+	var err error
+	parts := 1
+	if len(buf) <= limit {
+		err = g.conn.Publish(g.subject, buf)
+	} else {
+		buf, parts, err = g.publishParts(buf, m, limit)
+	}
+	// The parts published last time and not now are published empty, so
+	// that their work stops counting at once.
+	for k := parts; k < g.parts && err == nil; k++ {
+		empty := message{id: partID(g.id, k), inc: g.inc, seq: g.seq.Add(1), width: m.width, phase: m.phase, horizon: m.horizon}
+		buf = appendMessage(buf[:0], &empty)
+		err = g.conn.Publish(g.subject, buf)
+	}
+	if err == nil || parts > g.parts {
+		g.parts = parts
+	}
+	if err != nil {
 		g.publishFailed.Add(1)
 		if !g.failing {
 			// Say why once, not every Interval: until a publish succeeds
@@ -686,6 +744,35 @@ func (g *Group) publish(buf []byte) []byte {
 	}
 	g.published.Add(1)
 	return buf
+}
+
+// publishParts publishes m, whose encoding exceeds limit bytes, in parts
+// of at most limit bytes (see split), and returns the encoding buffer, the
+// number of parts and the first error. An endpoint that does not fit a
+// part alone is left out, with an error wrapping nats.ErrMaxPayload, after
+// the others are published.
+func (g *Group) publishParts(buf []byte, m *message, limit int) ([]byte, int, error) {
+	parts, dropped, tooLarge := split(m, limit, g.partMsgs)
+	g.partMsgs = parts
+	if dropped > 0 {
+		g.local.dropped.Add(uint64(dropped))
+	}
+	var err error
+	for k := range parts {
+		p := &parts[k]
+		p.id, p.inc, p.seq = partID(g.id, k), g.inc, g.seq.Add(1)
+		buf = appendMessage(buf[:0], p)
+		if e := g.conn.Publish(g.subject, buf); e != nil && err == nil {
+			err = e
+		}
+	}
+	for k := range parts {
+		parts[k].eps, parts[k].routes = parts[k].eps[:0], parts[k].routes[:0]
+	}
+	if err == nil && tooLarge != "" {
+		err = fmt.Errorf("share: the work at endpoint %.64q does not fit a batch of %d bytes: %w", tooLarge, limit, nats.ErrMaxPayload)
+	}
+	return buf, len(parts), err
 }
 
 // notConnected records a batch that publish skips because the connection
@@ -734,7 +821,7 @@ func (g *Group) receive(data []byte) error {
 		g.rejected.Add(1)
 		return err
 	}
-	if m.id == g.id {
+	if m.id == g.id || baseID(m.id) == g.id {
 		if m.inc != g.inc {
 			g.rejected.Add(1)
 			if m.inc != g.impostor {

@@ -109,21 +109,7 @@ func appendMessage(dst []byte, m *message) []byte {
 	dst = binary.AppendUvarint(dst, uint64(m.horizon))
 	dst = binary.AppendUvarint(dst, uint64(len(m.eps)))
 	for i := range m.eps {
-		e := &m.eps[i]
-		dst = appendString(dst, e.key)
-		dst = binary.AppendUvarint(dst, uint64(len(e.buckets)))
-		for _, b := range e.buckets {
-			dst = binary.AppendUvarint(dst, uint64(b.age))
-			dst = binary.AppendUvarint(dst, uint64(b.out))
-			dst = binary.AppendUvarint(dst, uint64(b.queued))
-			dst = binary.AppendUvarint(dst, uint64(b.tokens))
-			dst = binary.AppendUvarint(dst, uint64(max(b.prefill, 0)))
-		}
-		dst = binary.AppendUvarint(dst, uint64(len(e.fin)))
-		for _, f := range e.fin {
-			dst = binary.AppendUvarint(dst, uint64(f.age))
-			dst = binary.AppendUvarint(dst, uint64(f.n))
-		}
+		dst = appendEP(dst, &m.eps[i])
 	}
 	dst = binary.AppendUvarint(dst, uint64(len(m.routes)))
 	for _, r := range m.routes {
@@ -132,6 +118,25 @@ func appendMessage(dst []byte, m *message) []byte {
 		for _, h := range r.blocks {
 			dst = binary.LittleEndian.AppendUint64(dst, h)
 		}
+	}
+	return dst
+}
+
+// appendEP appends the encoding of one endpoint of a message to dst.
+func appendEP(dst []byte, e *epSnap) []byte {
+	dst = appendString(dst, e.key)
+	dst = binary.AppendUvarint(dst, uint64(len(e.buckets)))
+	for _, b := range e.buckets {
+		dst = binary.AppendUvarint(dst, uint64(b.age))
+		dst = binary.AppendUvarint(dst, uint64(b.out))
+		dst = binary.AppendUvarint(dst, uint64(b.queued))
+		dst = binary.AppendUvarint(dst, uint64(b.tokens))
+		dst = binary.AppendUvarint(dst, uint64(max(b.prefill, 0)))
+	}
+	dst = binary.AppendUvarint(dst, uint64(len(e.fin)))
+	for _, f := range e.fin {
+		dst = binary.AppendUvarint(dst, uint64(f.age))
+		dst = binary.AppendUvarint(dst, uint64(f.n))
 	}
 	return dst
 }

@@ -10,6 +10,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/zstd"
 )
 
 // A context-length error compressed for a client that accepts it (the
@@ -27,6 +30,10 @@ func TestContextLengthCompressed(t *testing.T) {
 		{"x-gzip", "x-gzip", func(w io.Writer) io.WriteCloser { return gzip.NewWriter(w) }},
 		{"deflate", "deflate", func(w io.Writer) io.WriteCloser { return zlib.NewWriter(w) }},
 		{"raw deflate", "deflate", func(w io.Writer) io.WriteCloser { z, _ := flate.NewWriter(w, flate.DefaultCompression); return z }},
+		{"br", "br", func(w io.Writer) io.WriteCloser { return brotli.NewWriter(w) }},
+		{"zstd", "zstd", func(w io.Writer) io.WriteCloser { z, _ := zstd.NewWriter(w); return z }},
+		{"gzip then br", "gzip, br", func(w io.Writer) io.WriteCloser { return stacked(w, gzipWriter, brotliWriter) }},
+		{"zstd then deflate", "zstd,deflate", func(w io.Writer) io.WriteCloser { return stacked(w, zstdWriter, zlibWriter) }},
 	} {
 		enc, newWriter := c.enc, c.newWriter
 		for _, tc := range []struct {
@@ -84,6 +91,58 @@ func TestContextLengthCompressed(t *testing.T) {
 	}
 }
 
+func gzipWriter(w io.Writer) io.WriteCloser   { return gzip.NewWriter(w) }
+func zlibWriter(w io.Writer) io.WriteCloser   { return zlib.NewWriter(w) }
+func brotliWriter(w io.Writer) io.WriteCloser { return brotli.NewWriter(w) }
+func zstdWriter(w io.Writer) io.WriteCloser {
+	z, err := zstd.NewWriter(w)
+	if err != nil {
+		panic(err)
+	}
+	return z
+}
+
+// stacked returns a writer that applies first, then second, to what it
+// is given, writing the result to w: Content-Encoding "first, second".
+func stacked(w io.Writer, first, second func(io.Writer) io.WriteCloser) io.WriteCloser {
+	outer := second(w)
+	inner := first(outer)
+	return closers{inner, outer}
+}
+
+type closers [2]io.WriteCloser
+
+func (c closers) Write(p []byte) (int, error) { return c[0].Write(p) }
+func (c closers) Close() error {
+	if err := c[0].Close(); err != nil {
+		return err
+	}
+	return c[1].Close()
+}
+
+// A compressed answer that decodes to far more than is peeked, as a small
+// body of zeros does, is decoded no further than maxPeekBytes, whatever
+// its encoding.
+func TestDecodedIsBounded(t *testing.T) {
+	zeros := make([]byte, 1<<20)
+	for _, c := range []struct {
+		enc       string
+		newWriter func(io.Writer) io.WriteCloser
+	}{{"gzip", gzipWriter}, {"deflate", zlibWriter}, {"br", brotliWriter}, {"zstd", zstdWriter}} {
+		t.Run(c.enc, func(t *testing.T) {
+			var b bytes.Buffer
+			w := c.newWriter(&b)
+			_, _ = w.Write(zeros)
+			_ = w.Close()
+			head := b.Bytes()[:min(b.Len(), maxPeekBytes)]
+			got := decoded(head, c.enc)
+			if len(got) != maxPeekBytes {
+				t.Fatalf("%d bytes decoded from %d, want %d", len(got), len(head), maxPeekBytes)
+			}
+		})
+	}
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
@@ -100,6 +159,17 @@ func FuzzContextLengthEncoded(f *testing.F) {
 	f.Add("gzip", gz.Bytes()[:gz.Len()/2])
 	f.Add("deflate", []byte{0x78, 0x9c, 0x01, 0x02})
 	f.Add("br", []byte("x"))
+	for _, enc := range []struct {
+		name      string
+		newWriter func(io.Writer) io.WriteCloser
+	}{{"br", brotliWriter}, {"zstd", zstdWriter}} {
+		var b bytes.Buffer
+		w := enc.newWriter(&b)
+		_, _ = io.WriteString(w, `{"error":{"code":"context_length_exceeded"}}`)
+		_ = w.Close()
+		f.Add(enc.name, b.Bytes())
+		f.Add("gzip, "+enc.name, b.Bytes())
+	}
 	f.Fuzz(func(t *testing.T, enc string, body []byte) {
 		h := http.Header{}
 		h.Set("Content-Encoding", enc)

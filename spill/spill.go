@@ -13,8 +13,9 @@
 //   - [Overloaded]: the tier's admission caps or fair queue refused the
 //     request (an error wrapping retry.ErrOverloaded), or HTTP 503 asking
 //     for a wait;
-//   - [ContextLength]: HTTP 400 saying the prompt exceeds the model's
-//     context, which a tier with a longer context may serve;
+//   - [ContextLength]: HTTP 400 (422 from text-generation-inference)
+//     saying the prompt exceeds the model's context, which a tier with a
+//     longer context may serve;
 //   - [ServerError]: HTTP 5xx;
 //   - [Unreachable]: the tier could not be reached, or did not answer
 //     within its transport's timeouts (a transport error).
@@ -59,6 +60,7 @@
 package spill
 
 import (
+	"bufio"
 	"bytes"
 	"compress/flate"
 	"compress/gzip"
@@ -73,6 +75,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
@@ -90,7 +95,7 @@ const (
 	DefaultMaxBodyBytes = 32 << 20
 )
 
-// maxPeekBytes bounds what is read of a 400 answer's body to tell a
+// maxPeekBytes bounds what is read of a 400 or 422 answer's body to tell a
 // context-length error, and of a spilled answer's body to reuse its
 // connection.
 const maxPeekBytes = 64 << 10
@@ -496,17 +501,19 @@ func discard(resp *http.Response) {
 
 // DefaultSpill spills on HTTP 429; on an error wrapping retry.ErrOverloaded
 // (the tier's admission or queue is full) or HTTP 503 with a wait asked
-// (Retry-After or a rate-limit reset); on HTTP 400 whose error, plain or
-// compressed with gzip or deflate, says the prompt exceeds the model's
-// context (OpenAI's context_length_exceeded, vLLM's "maximum context
-// length", Anthropic's "prompt is too long", and Gemini's, Bedrock's and
-// llama.cpp's wordings); on any other HTTP 5xx; and on a transport error
-// other than a cancellation, a timeout included (net/http's dial and
-// response header timeouts satisfy errors.Is(err, context.DeadlineExceeded)
-// as a deadline does; [Transport.RoundTrip] itself moves no request whose
-// own context ended). Other answers, 2xx and other 4xx, stay: the next tier
-// would answer them alike. A nil resp with a nil err, which no RoundTripper
-// may return, spills as unreachable.
+// (Retry-After or a rate-limit reset); on HTTP 400 or 422 whose error,
+// plain or compressed with gzip, deflate, br or zstd, says the prompt
+// exceeds the model's context (OpenAI's context_length_exceeded, vLLM's
+// "maximum context length" and "longer than the maximum model length",
+// Anthropic's "prompt is too long", and Gemini's, Bedrock's, llama.cpp's
+// and text-generation-inference's wordings, the last a 422); on any other
+// HTTP 5xx; and on a transport error other than a cancellation, a timeout
+// included (net/http's dial and response header timeouts satisfy
+// errors.Is(err, context.DeadlineExceeded) as a deadline does;
+// [Transport.RoundTrip] itself moves no request whose own context ended).
+// Other answers, 2xx and other 4xx, stay: the next tier would answer them
+// alike. A nil resp with a nil err, which no RoundTripper may return,
+// spills as unreachable.
 func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
 	if resp == nil && err == nil {
 		return Unreachable, true
@@ -534,7 +541,7 @@ func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
 		return Overloaded, true
 	case code >= 500:
 		return ServerError, true
-	case code == http.StatusBadRequest && isContextLength(resp):
+	case (code == http.StatusBadRequest || code == http.StatusUnprocessableEntity) && isContextLength(resp):
 		return ContextLength, true
 	}
 	return "", false
@@ -556,9 +563,19 @@ var contextLengthMarks = []string{
 	// llama.cpp's server (tools/server: ERROR_TYPE_EXCEED_CONTEXT_SIZE,
 	// a 400), and Ollama's OpenAI-compatible API over it.
 	"exceed_context_size_error",
+	// vLLM's check of the prompt after multimodal processing, a 400
+	// (vllm/v1/engine/processor.py, Processor._validate_model_input,
+	// v0.11): "The decoder prompt (length N) is longer than the maximum
+	// model length of M."
+	"longer than the maximum model length",
+	// Hugging Face text-generation-inference, a 422 "Input validation
+	// error: ..." (router/src/validation.rs, ValidationError::
+	// MaxTotalTokens and InputLength, and router/src/server.rs, v3.3.6).
+	"`inputs` tokens + `max_new_tokens` must be <=",
+	"`inputs` must have less than",
 }
 
-// isContextLength reports whether resp, a 400, says the prompt exceeds the
+// isContextLength reports whether resp, a 400 or 422, says the prompt exceeds the
 // model's context. It reads at most maxPeekBytes of the body and puts them
 // back in front of the rest.
 func isContextLength(resp *http.Response) bool {
@@ -583,35 +600,81 @@ func isContextLength(resp *http.Response) bool {
 }
 
 // decoded returns the text of head, the first bytes of a body sent with
-// Content-Encoding enc: head itself without an encoding, the start of its
-// decompression for gzip and deflate (which net/http leaves compressed when
+// Content-Encoding enc: head itself without an encoding, and otherwise the
+// start of its decoding, at most maxPeekBytes of it, and nil for an
+// encoding it cannot read. It reads gzip, deflate, br and zstd, and a list
+// of them applied in turn ("gzip, br"), which net/http leaves encoded when
 // the request asked for an encoding itself, as a gateway passing on its
-// client's Accept-Encoding does), at most maxPeekBytes of it, and nil for
-// an encoding it cannot read.
+// client's Accept-Encoding does: the answer then reaches the client as the
+// tier sent it, and only this peek is decoded. What a small head decodes to
+// is bounded by maxPeekBytes whatever its ratio, and the memory of a
+// decoder by its window (16 MiB for brotli, maxZstdWindow for zstd).
 func decoded(head []byte, enc string) []byte {
-	var r io.Reader
-	switch strings.ToLower(strings.TrimSpace(enc)) {
-	case "", "identity":
-		return head
-	case "gzip", "x-gzip":
-		z, err := gzip.NewReader(bytes.NewReader(head))
-		if err != nil {
-			return nil
-		}
-		r = z
-	case "deflate":
-		// RFC 9110, section 8.4.1.2: the zlib format; some servers send
-		// the raw deflate stream instead.
-		if z, err := zlib.NewReader(bytes.NewReader(head)); err == nil {
-			r = z
-		} else {
-			r = flate.NewReader(bytes.NewReader(head))
-		}
-	default:
+	codings := strings.Split(enc, ",")
+	if len(codings) > maxCodings {
 		return nil
 	}
-	// head may be cut short of the stream's end: what was decompressed
-	// before the cut is kept.
+	var r io.Reader = bytes.NewReader(head)
+	identity := true
+	// RFC 9110, section 8.4: the codings are listed in the order applied,
+	// so the last is undone first.
+	for i := len(codings) - 1; i >= 0; i-- {
+		switch strings.ToLower(strings.TrimSpace(codings[i])) {
+		case "", "identity":
+			continue
+		case "gzip", "x-gzip":
+			z, err := gzip.NewReader(r)
+			if err != nil {
+				return nil
+			}
+			r = z
+		case "deflate":
+			// RFC 9110, section 8.4.1.2: the zlib format; some servers
+			// send the raw deflate stream instead.
+			b := bufio.NewReader(r)
+			if h, err := b.Peek(2); err == nil && isZlibHeader(h) {
+				z, err := zlib.NewReader(b)
+				if err != nil {
+					return nil
+				}
+				r = z
+			} else {
+				r = flate.NewReader(b)
+			}
+		case "br":
+			r = brotli.NewReader(r)
+		case "zstd":
+			z, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true),
+				zstd.WithDecoderMaxWindow(maxZstdWindow), zstd.WithDecoderMaxMemory(maxZstdWindow))
+			if err != nil {
+				return nil
+			}
+			defer z.Close()
+			r = z
+		default:
+			return nil
+		}
+		identity = false
+	}
+	if identity {
+		return head
+	}
+	// head may be cut short of the stream's end: what was decoded before
+	// the cut is kept.
 	text, _ := io.ReadAll(io.LimitReader(r, maxPeekBytes))
 	return text
+}
+
+// maxCodings bounds the content codings of an answer that are undone.
+const maxCodings = 4
+
+// maxZstdWindow bounds the window of a zstd stream decoded: 8 MiB, as RFC
+// 8878 (section 3) requires of a Content-Encoding "zstd" sender.
+const maxZstdWindow = 8 << 20
+
+// isZlibHeader reports whether h starts a zlib stream (RFC 1950, section
+// 2.2): the deflate method, a window of at most 32 KiB, and a check that
+// makes the two bytes a multiple of 31.
+func isZlibHeader(h []byte) bool {
+	return h[0]&0x0f == 8 && h[0]>>4 <= 7 && (uint16(h[0])<<8|uint16(h[1]))%31 == 0
 }

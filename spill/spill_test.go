@@ -185,10 +185,17 @@ func TestDefaultTriggers(t *testing.T) {
 		{"500", status(500, ""), ServerError},
 		{"OpenAI context length", status(400, `{"error":{"code":"context_length_exceeded","message":"..."}}`), ContextLength},
 		{"vLLM context length", status(400, `{"object":"error","message":"This model's maximum context length is 8192 tokens. However, you requested 9000 tokens"}`), ContextLength},
+		{"vLLM multimodal prompt length", status(400, "{\"object\":\"error\",\"message\":\"The decoder prompt (length 8825) is longer than the maximum model length of 8192. Make sure that `max_model_len` is no smaller than the number of text tokens plus multimodal tokens.\",\"type\":\"BadRequestError\",\"code\":400}"), ContextLength},
 		{"Anthropic context length", status(400, `{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}`), ContextLength},
 		{"Gemini context length", status(400, `{"error":{"code":400,"message":"The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}`), ContextLength},
 		{"Bedrock context length", status(400, `{"message":"Input is too long for requested model."}`), ContextLength},
 		{"llama.cpp context length", status(400, `{"error":{"code":400,"message":"request (4476 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":4476,"n_ctx":4096}}`), ContextLength},
+		// text-generation-inference's router (v3.3.6): InferError::
+		// ValidationError is a 422 whose error is "Input validation error: "
+		// and ValidationError's message.
+		{"TGI total tokens", status(422, "{\"error\":\"Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`\",\"error_type\":\"validation\"}"), ContextLength},
+		{"TGI input length", status(422, "{\"error\":\"Input validation error: `inputs` must have less than 4095 tokens. Given: 5000\",\"error_type\":\"validation\"}"), ContextLength},
+		{"TGI other validation", status(422, "{\"error\":\"Input validation error: `temperature` must be strictly positive\",\"error_type\":\"validation\"}"), ""},
 		{"connection refused", fail(errors.New("dial tcp: connection refused")), Unreachable},
 		{"another 400", status(400, `{"error":{"message":"bad temperature"}}`), ""},
 		{"401", status(401, ""), ""},

@@ -49,8 +49,9 @@
 // llmlb.queue.class), llmlb.queue.refusals ({request}, with
 // llmlb.queue.class and llmlb.queue.reason), and the gauges
 // llmlb.queue.waiting and llmlb.queue.in_flight ({request}) and
-// llmlb.queue.tokens_in_flight ({token}). Tenants are not an attribute:
-// their number is unbounded.
+// llmlb.queue.tokens_in_flight ({token}), summed over the queues watched
+// through one Metrics. Tenants are not an attribute: their number is
+// unbounded.
 //
 // From a spill.Transport or a gateway with tiers to spill to, through
 // [Metrics.SpillObserver]: llmlb.spillovers ({request}, with

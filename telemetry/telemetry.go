@@ -14,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/embedded"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/fair"
@@ -171,6 +172,11 @@ type Metrics struct {
 	scopes    [2]metric.MeasurementOption
 	classes   [len(queueClasses)][]metric.RecordOption                 // by class
 	refusals  [len(queueClasses)][len(queueReasons)][]metric.AddOption // by class and reason
+
+	regMu  sync.Mutex          // protects qreg; serializes WatchQueue and its Unregister
+	qreg   metric.Registration // the callback reading queues, while any is watched
+	qmu    sync.Mutex          // protects queues
+	queues map[*fair.Queue]int // the queues watched: their registrations
 
 	observer      llmlb.Observer
 	retryObserver retry.Observer
@@ -375,18 +381,87 @@ func (m *Metrics) QueueObserver() *fair.Observer { return &m.queueObserver }
 
 // WatchQueue reports q's requests waiting and in flight and its tokens in
 // flight as gauges, read from [fair.Queue.Stats] at each collection.
-// Unregister the returned registration to stop.
+// Unregister the returned registration to stop. The queues watched through
+// one Metrics are reported together, their counts summed, as the refusals
+// and waits their [Metrics.QueueObserver] reports are; a queue watched
+// twice counts once. To tell queues apart, watch each through Metrics whose
+// [Config.Attributes] differ.
 func (m *Metrics) WatchQueue(q *fair.Queue) (metric.Registration, error) {
 	if q == nil {
 		return nil, fmt.Errorf("%w: WatchQueue(nil)", ErrInvalidConfig)
 	}
-	return registered(m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		s := q.Stats()
-		o.ObserveInt64(m.qwaiting, int64(s.Waiting), m.baseOpt)
-		o.ObserveInt64(m.qinflight, int64(s.InFlight), m.baseOpt)
-		o.ObserveInt64(m.qtokens, s.TokensInFlight, m.baseOpt)
+	// The SDK calls observeQueues holding the lock that RegisterCallback
+	// and Unregister take: they are called under regMu, never under qmu.
+	m.regMu.Lock()
+	defer m.regMu.Unlock()
+	if m.qreg == nil {
+		reg, err := registered(m.meter.RegisterCallback(m.observeQueues, m.qwaiting, m.qinflight, m.qtokens))
+		if err != nil {
+			return nil, err
+		}
+		m.qreg = reg
+	}
+	m.qmu.Lock()
+	if m.queues == nil {
+		m.queues = make(map[*fair.Queue]int)
+	}
+	m.queues[q]++
+	m.qmu.Unlock()
+	return &queueWatch{m: m, q: q}, nil
+}
+
+// observeQueues reports the sums of the watched queues' stats.
+func (m *Metrics) observeQueues(_ context.Context, o metric.Observer) error {
+	m.qmu.Lock()
+	qs := make([]*fair.Queue, 0, len(m.queues))
+	for q := range m.queues {
+		qs = append(qs, q)
+	}
+	m.qmu.Unlock()
+	if len(qs) == 0 {
 		return nil
-	}, m.qwaiting, m.qinflight, m.qtokens))
+	}
+	var waiting, inFlight, tokens int64
+	for _, q := range qs {
+		s := q.Stats()
+		waiting += int64(s.Waiting)
+		inFlight += int64(s.InFlight)
+		tokens += s.TokensInFlight
+	}
+	o.ObserveInt64(m.qwaiting, waiting, m.baseOpt)
+	o.ObserveInt64(m.qinflight, inFlight, m.baseOpt)
+	o.ObserveInt64(m.qtokens, tokens, m.baseOpt)
+	return nil
+}
+
+// queueWatch is the registration of one call of [Metrics.WatchQueue].
+type queueWatch struct {
+	embedded.Registration
+	m    *Metrics
+	q    *fair.Queue
+	once sync.Once
+}
+
+// Unregister stops watching the queue, once; the callback reading the
+// queues is unregistered with the last of them.
+func (w *queueWatch) Unregister() error {
+	var err error
+	w.once.Do(func() {
+		m := w.m
+		m.regMu.Lock()
+		defer m.regMu.Unlock()
+		m.qmu.Lock()
+		if m.queues[w.q]--; m.queues[w.q] <= 0 {
+			delete(m.queues, w.q)
+		}
+		none := len(m.queues) == 0
+		m.qmu.Unlock()
+		if none && m.qreg != nil {
+			err = m.qreg.Unregister()
+			m.qreg = nil
+		}
+	})
+	return err
 }
 
 // registered returns RegisterCallback's results, or an error in place of
