@@ -560,8 +560,12 @@ func (g *Gateway) ready() (bool, time.Duration) {
 
 // Balancer returns the gateway's balancer, for its Stats or to mark
 // replicas unhealthy. The gateway marks a replica unhealthy while it is
-// ejected, cooling down or asleep, and healthy when none of these holds
-// it any longer: a mark of your own stands until then.
+// ejected, cooling down or asleep, unless it is unhealthy already, and
+// healthy again when none of these holds it any longer, but only a replica
+// it marked itself: one you marked unhealthy before stays so until you mark
+// it healthy. A mark you set while the gateway holds the replica out takes
+// effect but is not recorded: when the hold ends, the gateway marks the
+// replica healthy if it had marked it unhealthy.
 func (g *Gateway) Balancer() *llmlb.Balancer { return g.balancer }
 
 // Run scrapes the replicas, shares state with the other replicas (with

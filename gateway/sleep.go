@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/llmlb/llmlb"
@@ -22,9 +23,13 @@ import (
 // paused", vllm/v1/engine/core.py; before it, the engine crashed on them,
 // #15483.)
 //
-// health marks a replica only when its state changes, so a mark of the
-// caller's own on [Gateway.Balancer] stands until the ejector or a scrape
-// changes its replica's state. All methods are safe for concurrent use.
+// As the ejector does with a balancer of its own ([retry.Health]), health
+// marks a replica unhealthy only if it is healthy when the first of the two
+// takes it out, and marks healthy again, when neither holds it out any
+// longer, only the replicas it marked: a replica the program marked
+// unhealthy on [Gateway.Balancer] before stays out. A mark the program sets
+// while health holds the replica out takes effect but is not recorded. All
+// methods are safe for concurrent use.
 type health struct {
 	b *llmlb.Balancer
 
@@ -34,12 +39,15 @@ type health struct {
 	// engine asleep. Both hold members only.
 	ejected map[string]bool
 	asleep  map[string]bool
+	// marked holds the replicas health marked unhealthy on b: those it
+	// marks healthy again when neither state holds them out.
+	marked map[string]bool
 }
 
 var _ retry.Health = (*health)(nil)
 
 func newHealth(b *llmlb.Balancer) *health {
-	return &health{b: b, ejected: make(map[string]bool), asleep: make(map[string]bool)}
+	return &health{b: b, ejected: make(map[string]bool), asleep: make(map[string]bool), marked: make(map[string]bool)}
 }
 
 // SetHealthy records the ejector's mark and marks the replica healthy only
@@ -104,13 +112,39 @@ func (h *health) anyIn(keys []string) (in, asleep bool) {
 	return false, asleep
 }
 
+// errNotMember is the error of a mark of a replica that is not a member.
+var errNotMember = errors.New("gateway: not a replica")
+
 // markLocked marks key on the balancer from both states, and forgets it if
-// it is not a member. h.mu is held.
+// it is not a member. It marks key unhealthy only if the balancer has it
+// healthy, and healthy only if it marked it unhealthy. h.mu is held.
 func (h *health) markLocked(key string) error {
-	err := h.b.SetHealthy(key, !h.ejected[key] && !h.asleep[key])
+	out := h.ejected[key] || h.asleep[key]
+	var err error
+	switch {
+	case out && !h.marked[key]:
+		s, member := h.b.StatsOf(key)
+		switch {
+		case !member:
+			err = errNotMember
+		case s.Healthy:
+			if err = h.b.SetHealthy(key, false); err == nil {
+				h.marked[key] = true
+			}
+		}
+		// Unhealthy already: the program's mark, left as it is.
+	case !out && h.marked[key]:
+		err = h.b.SetHealthy(key, true)
+		delete(h.marked, key)
+	default:
+		if _, member := h.b.StatsOf(key); !member {
+			err = errNotMember
+		}
+	}
 	if err != nil {
 		delete(h.ejected, key)
 		delete(h.asleep, key)
+		delete(h.marked, key)
 	}
 	return err
 }
@@ -128,6 +162,11 @@ func (h *health) retain(keys map[string]string) {
 	for k := range h.asleep {
 		if _, ok := keys[k]; !ok {
 			delete(h.asleep, k)
+		}
+	}
+	for k := range h.marked {
+		if _, ok := keys[k]; !ok {
+			delete(h.marked, k)
 		}
 	}
 }

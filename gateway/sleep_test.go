@@ -252,8 +252,74 @@ func TestHealthEjectionAndSleep(t *testing.T) {
 	}
 	h.setAsleep(a, true)
 	h.retain(map[string]string{"http://b": ""})
-	if h.isAsleep(a) || len(h.asleep) != 0 || len(h.ejected) != 0 {
-		t.Errorf("state of departed replicas kept: asleep %v, ejected %v", h.asleep, h.ejected)
+	if h.isAsleep(a) || len(h.asleep) != 0 || len(h.ejected) != 0 || len(h.marked) != 0 {
+		t.Errorf("state of departed replicas kept: asleep %v, ejected %v, marked %v", h.asleep, h.ejected, h.marked)
+	}
+}
+
+// A replica the program marked unhealthy on the balancer stays so when an
+// ejection or a sleep of it ends: the gateway marks healthy again only the
+// replicas it marked unhealthy itself.
+func TestHealthKeepsProgramMark(t *testing.T) {
+	b, err := llmlb.New(llmlb.RoundRobin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps, err := httplb.NewEndpoints("http://a", "http://b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Update(eps); err != nil {
+		t.Fatal(err)
+	}
+	h := newHealth(b)
+	const a = "http://a"
+	healthy := func() bool {
+		s, ok := b.StatsOf(a)
+		if !ok {
+			t.Fatalf("no endpoint %s", a)
+		}
+		return s.Healthy
+	}
+	cases := []struct {
+		name      string
+		out, back func() error
+	}{
+		{"ejection", func() error { return h.SetHealthy(a, false) }, func() error { return h.SetHealthy(a, true) }},
+		{"sleep", func() error { h.setAsleep(a, true); return nil }, func() error { h.setAsleep(a, false); return nil }},
+	}
+	for _, test := range cases {
+		t.Run(test.name, func(t *testing.T) {
+			if err := b.SetHealthy(a, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := test.out(); err != nil {
+				t.Fatal(err)
+			}
+			if err := test.back(); err != nil {
+				t.Fatal(err)
+			}
+			if healthy() {
+				t.Error("the end of the gateway's hold marked healthy a replica the program marked unhealthy")
+			}
+			// Once the program lets it back in, the gateway's own holds
+			// mark it as before.
+			if err := b.SetHealthy(a, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := test.out(); err != nil {
+				t.Fatal(err)
+			}
+			if healthy() {
+				t.Error("the gateway's hold did not mark the replica unhealthy")
+			}
+			if err := test.back(); err != nil {
+				t.Fatal(err)
+			}
+			if !healthy() {
+				t.Error("the end of the gateway's hold did not mark the replica healthy")
+			}
+		})
 	}
 }
 
