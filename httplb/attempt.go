@@ -105,6 +105,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			context.AfterFunc(ctx, func() { _ = u.Close() })
 		}
 		resp.Body = u
+	} else {
+		b.watch(ctx)
 	}
 	return resp, nil
 }

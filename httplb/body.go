@@ -32,6 +32,26 @@ type body struct {
 	// in order, and its end before finish is called.
 	out     outputMeter
 	metered bool
+	// unwatch stops watching the request's context (see watch), if set.
+	unwatch atomic.Pointer[func() bool]
+}
+
+// watch finishes the body, as failed with ctx's cause, when ctx is done
+// before the body has ended, whether or not anyone reads or closes it: a
+// handler that panics while it relays the response (in a ModifyResponse,
+// or a ResponseWriter of a middleware) never closes it, and its pick and
+// admission would be held for good. It neither closes the body nor fails
+// its reads: the base transport does that when the context is done.
+func (b *body) watch(ctx context.Context) {
+	stop := context.AfterFunc(ctx, func() {
+		b.end(fmt.Errorf("httplb: request ended before its response body: %w", context.Cause(ctx)))
+	})
+	b.unwatch.Store(&stop)
+	if b.done.Load() {
+		// Ended meanwhile, perhaps before the store: end may not have
+		// seen it.
+		stop()
+	}
 }
 
 // Read implements io.Reader.
@@ -87,6 +107,9 @@ func (b *body) end(err error) {
 	if b.finish != nil {
 		b.finish(err)
 	}
+	if stop := b.unwatch.Load(); stop != nil {
+		(*stop)()
+	}
 }
 
 // peek reads the start of resp's body until its first event is known: for
@@ -137,6 +160,11 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 	}
 	b.buf = buf
 	if ev.data < 0 {
+		if stream {
+			// No data line, but the stream may have ended after an
+			// error line.
+			return errorFieldCode(buf), nil
+		}
 		return 0, nil
 	}
 	value := buf[ev.data:]
@@ -245,6 +273,9 @@ func indexNonSpace(p []byte) int {
 // event, that of its response's error; without any, an Anthropic error
 // type stands for its status. It allocates only for an error event.
 func errorEventCode(head, value []byte) int {
+	if code := errorFieldCode(head); code != 0 {
+		return code
+	}
 	if i := indexNonSpace(value); i < 0 || value[i] != '{' ||
 		!bytes.Contains(value, []byte(`"`+errorKey+`"`)) && !bytes.Contains(value, []byte(`"`+failedType+`"`)) {
 		return 0 // not an object with the key or type "error" or the type "response.failed", unescaped
@@ -269,6 +300,35 @@ func errorEventCode(head, value []byte) int {
 		}
 	}
 	return codeStatus(code)
+}
+
+// errorFieldCode returns the status that an error line (see errorField)
+// among head, the lines of a stream before its first event, stands for,
+// or 0 if there is none: its value's "code" (or that of an "error" object
+// in it) as codeStatus reads it. llama.cpp's server sends such a line, not
+// a data line, when it fails a streamed request, with a "code" that is an
+// HTTP status. It does not allocate for a stream without one.
+func errorFieldCode(head []byte) int {
+	head = bytes.TrimPrefix(head, []byte(sse.ByteOrderMark))
+	for len(head) > 0 {
+		line := head
+		if i := bytes.IndexAny(head, "\r\n"); i >= 0 {
+			line, head = head[:i], head[i+1:]
+		} else {
+			head = nil
+		}
+		v, ok := bytes.CutPrefix(line, []byte(errorField))
+		if !ok {
+			continue
+		}
+		v = bytes.TrimPrefix(v, []byte(" "))
+		code := rawMember(v, "code")
+		if code == nil {
+			code = rawMember(rawMember(v, errorKey), "code")
+		}
+		return codeStatus(code)
+	}
+	return 0
 }
 
 // anthropicErrors are the statuses of the error types of Anthropic's

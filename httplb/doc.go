@@ -40,7 +40,9 @@
 // FirstToken is called and the response is returned; from then on every
 // body Read passes straight through, a failure reaches the caller as a read
 // error and is never retried, and the
-// pick's Done is called exactly once when the body ends, fails or is closed.
+// pick's Done is called exactly once when the body ends, fails or is closed,
+// or when the request's context ends first (a handler that panicked while
+// relaying it never closes it).
 // An event stream is held back to the end of its first "data:" line (or
 // only to the first byte of its value, if that is not a JSON object; at
 // most [Config.MaxPeekBytes]), to tell whether the first event is an error
@@ -53,7 +55,9 @@
 // is data with an "error" object at its top level, which vLLM and
 // SGLang send after their 200 when generation fails, as OpenAI and
 // Anthropic do, or with the "type" "error" or "response.failed" of the
-// OpenAI Responses API (see [OutputCounter.Failed]). Such a first event is
+// OpenAI Responses API, or a line with the field name "error" in place of
+// a data line, as llama.cpp's server sends (see [OutputCounter.Failed]).
+// Such a first event is
 // no commitment: nothing reached the client, and the attempt fails like a
 // status answer whose status is the error's "code" (429 for OpenAI's
 // "rate_limit_exceeded" and "insufficient_quota", 500 if it has none from

@@ -407,6 +407,8 @@ func FuzzPeek(f *testing.F) {
 		"event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"x\",\"sequence_number\":0}\n\n",
 		"data: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":503}}}\n",
 		"event: response.created\ndata: {\"response\":{\"error\":null},\"type\":\"response.created\"}\n\n",
+		"error: {\"code\": 400, \"message\": \"x\", \"type\": \"exceed_context_size_error\"}\n\ndata: [DONE]\n\n",
+		"\xef\xbb\xbferror: {\"error\":{\"code\":503}}",
 		"",
 	} {
 		f.Add([]byte(s), uint8(3), uint16(0), true)

@@ -232,6 +232,7 @@ func FuzzOutputCounter(f *testing.F) {
 		"data: {\"type\":\"response.queued\",\"type\":\"response.in_progresz\"}",
 		"data: {\"type\":\"response.created\",\"error\":{}}",
 		"data",
+		"data: {\"a\":1}\n\nerror: {\"code\": 500, \"message\": \"x\", \"type\": \"server_error\"}\n\ndata: [DONE]\n\n",
 		"",
 	} {
 		f.Add([]byte(s), uint16(len(s)/2), true)

@@ -63,6 +63,9 @@ type OutputCounter struct {
 	field int8 // bytes of "data:" matched at the start of the line; lineData after it; -1: not a data line
 	done  int8 // bytes of "[DONE]" matched at the start of the value; -1: the value is something else
 	space bool // the value's leading space was skipped
+	// errField is the bytes of "error:" matched at the start of the line
+	// (see errorField); -1: the line is none.
+	errField int8
 	// usage is set if a usage count was found: in the current line of an
 	// event stream, anywhere in any other body.
 	usage bool
@@ -118,6 +121,15 @@ func isEventStream(h http.Header) bool {
 const (
 	lineData  = 5 // OutputCounter.field after "data:"
 	doneValue = "[DONE]"
+	// errorField starts the line with which llama.cpp's server reports a
+	// streamed request it fails: "error: " and the error object (with its
+	// "code", "message" and "type"), not a "data:" line, then the stream's
+	// "data: [DONE]" (server_sent_event(sink, "error", error_data) in
+	// handle_completions_impl, tools/server/server.cpp, and
+	// server_sent_event in tools/server/utils.hpp, ggml-org/llama.cpp at
+	// c63cb1581f9f). Event-stream parsers ignore the field; its clients
+	// and this package do not.
+	errorField = "error:"
 
 	usageKey       = "usage"
 	errorKey       = "error"
@@ -199,7 +211,7 @@ func (c *OutputCounter) Count(p []byte) int {
 	if c.mark.Skipping() {
 		var broken bool
 		if p, broken = c.mark.Skip(p); broken {
-			c.field = -1
+			c.field, c.errField = -1, -1
 		}
 	}
 	for i := 0; i < len(p); i++ {
@@ -215,11 +227,15 @@ func (c *OutputCounter) Count(p []byte) int {
 		case c.field == lineData:
 			c.matchDone(b)
 			c.scan(b)
-		case c.field < 0:
-		case b == sse.DataField[c.field]:
-			c.field++
 		default:
-			c.field = -1
+			c.matchErrorField(b)
+			switch {
+			case c.field < 0:
+			case b == sse.DataField[c.field]:
+				c.field++
+			default:
+				c.field = -1
+			}
 		}
 	}
 	return int(c.total - before)
@@ -485,13 +501,30 @@ func (c *OutputCounter) matchDone(b byte) {
 	}
 }
 
+// matchErrorField matches b, the next byte of a line that is no data line
+// (yet), against the "error:" that starts an error line (see errorField),
+// and marks the stream failed once it has.
+func (c *OutputCounter) matchErrorField(b byte) {
+	switch {
+	case c.errField < 0 || int(c.errField) == len(errorField):
+	case b == errorField[c.errField]:
+		if c.errField++; int(c.errField) == len(errorField) {
+			c.failed = true
+		}
+	default:
+		c.errField = -1
+	}
+}
+
 // Failed reports whether an event of an event stream counted so far was an
 // error event, its data an object with, at its top level, either an "error"
 // object, as vLLM and SGLang send when generation fails after the 200 (and
 // OpenAI and Anthropic too), or a "type" of "error" or "response.failed",
 // the OpenAI Responses API's error events. An "error" or a type deeper in
 // the object, or in a string, is none, nor is a "type" written with
-// escapes. A caller relaying the body then ends the request's pick with an
+// escapes. A line with the field name "error" (see errorField), which
+// llama.cpp's server sends instead of a data line when it fails a streamed
+// request, is an error event too, whatever its value. A caller relaying the body then ends the request's pick with an
 // error, such as [ErrErrorEvent]. It is false for a body that is not an
 // event stream, whose status tells.
 func (c *OutputCounter) Failed() bool { return c.failed }
