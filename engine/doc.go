@@ -29,8 +29,10 @@
 // the shape of vLLM's, {"error": {"message", "type", "param", "code"}}, with
 // vLLM's type: "Bad Request" for a body vLLM's request models would not
 // validate, "BadRequestError" for one its handler refuses (a context too
-// long has param "input_tokens" or "max_tokens" and vLLM's message),
-// otherwise the status's reason phrase. A request whose model is
+// long has param "input_tokens" or "max_tokens" and vLLM's message, and so
+// has an output length below 1, of whichever field, param "max_tokens" and
+// vLLM's "max_tokens must be at least 1, got N."), otherwise the status's
+// reason phrase. A request whose model is
 // "", null or absent is for the served model, and every answer names the
 // served model; the model is checked before the prompt is read, as vLLM
 // checks it before rendering the prompt. Chat messages are checked as vLLM

@@ -128,3 +128,49 @@ func TestOutputLengthFields(t *testing.T) {
 		})
 	}
 }
+
+// TestOutputLengthBelowOne: as vLLM's, an output length below 1, of any of
+// the fields that ask for one, is refused with SamplingParams' error of
+// parameter max_tokens, after the prompt's own check against the context.
+func TestOutputLengthBelowOne(t *testing.T) {
+	e := newEngine(t, Config{KVBlocks: 16}) // 256 tokens of context
+	url, _ := serve(t, e)
+	long := strings.Repeat("abcd", 256)
+	cases := []struct {
+		name, path, body string
+		param, msg       string
+	}{
+		{"completions, zero", "/v1/completions", `{"prompt":"hi","max_tokens":0}`,
+			"max_tokens", "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"},
+		{"completions, negative", "/v1/completions", `{"prompt":"hi","max_tokens":-46771}`,
+			"max_tokens", "max_tokens must be at least 1, got -46771. (parameter=max_tokens, value=-46771)"},
+		{"chat, max_completion_tokens", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":-1}`,
+			"max_tokens", "max_tokens must be at least 1, got -1. (parameter=max_tokens, value=-1)"},
+		{"chat, max_tokens", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":-2.0}`,
+			"max_tokens", "max_tokens must be at least 1, got -2. (parameter=max_tokens, value=-2)"},
+		{"responses, max_output_tokens", "/v1/responses", `{"input":"hi","max_output_tokens":0}`,
+			"max_tokens", "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"},
+		{"prompt filling the context first", "/v1/completions", `{"prompt":"` + long + `","max_tokens":-1}`,
+			"input_tokens", "This model's maximum context length is 256 tokens. However, your request has 256 input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=256)"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp := post(t, url+c.path, c.body)
+			b, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
+			var answer struct {
+				Error struct {
+					Message string `json:"message"`
+					Type    string `json:"type"`
+					Param   string `json:"param"`
+				} `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal(b, &answer), "%s", b)
+			assert.Equal(t, c.msg, answer.Error.Message)
+			assert.Equal(t, "BadRequestError", answer.Error.Type)
+			assert.Equal(t, c.param, answer.Error.Param)
+		})
+	}
+	assert.Zero(t, e.Stats().Running+e.Stats().Waiting)
+}

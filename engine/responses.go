@@ -191,7 +191,7 @@ func (e *Engine) parseResponses(body []byte) (s *seq, a response, stream bool, r
 	}
 	out := outputLimit{n: e.defMax, message: "'max_output_tokens'", param: "max_output_tokens"}
 	if v := q.MaxOutputTokens; v != nil {
-		if *v < 1 || *v > math.MaxInt32 || *v != math.Trunc(*v) {
+		if !outputInt(*v) {
 			return nil, a, false, badRequest("max_output_tokens", fmt.Sprintf("max_output_tokens must be an integer from 1 to %d", math.MaxInt32))
 		}
 		out.n, out.asked = int(*v), true

@@ -371,7 +371,7 @@ func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r erro
 	out := outputLimit{n: e.defMax, message: "'max_tokens' or 'max_completion_tokens'", param: "max_tokens"}
 	for _, l := range limits {
 		if l.v != nil {
-			if *l.v < 1 || *l.v > math.MaxInt32 || *l.v != math.Trunc(*l.v) {
+			if !outputInt(*l.v) {
 				return nil, q, badRequest(l.name, fmt.Sprintf("%s must be an integer from 1 to %d", l.name, math.MaxInt32))
 			}
 			out.n, out.asked = int(*l.v), true
@@ -380,6 +380,13 @@ func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r erro
 	}
 	s, r = e.newSeq(text, out)
 	return s, q, r
+}
+
+// outputInt reports whether v, a request's output length, is an integer
+// the engine reads: at most 2^31-1, and not below -2^53, so that it is
+// exact. One below 1 is refused later, as vLLM refuses it (see newSeq).
+func outputInt(v float64) bool {
+	return v == math.Trunc(v) && v <= math.MaxInt32 && v >= -(1<<53)
 }
 
 // outputLimit is the output length a request asks for.
@@ -408,6 +415,12 @@ func (e *Engine) newSeq(text string, out outputLimit) (*seq, errorAnswer) {
 	case out.asked && prompt+maxOut > e.maxLen:
 		return nil, badRequest(out.param, fmt.Sprintf("%s is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d). (parameter=%s, value=%d)",
 			out.message, maxOut, e.maxLen, prompt, maxOut, e.maxLen, prompt, out.param, maxOut))
+	case out.asked && maxOut < 1:
+		// Then, as vLLM's SamplingParams._verify_args
+		// (vllm/sampling_params.py, vLLM main as of 2026), an output
+		// length below 1, whichever field asked for it, a
+		// VLLMValidationError of parameter max_tokens.
+		return nil, badRequest("max_tokens", fmt.Sprintf("max_tokens must be at least 1, got %d. (parameter=max_tokens, value=%d)", maxOut, maxOut))
 	case !out.asked:
 		// As vLLM, a request that sets no output length gets the
 		// default as far as its context has room, not a refusal.

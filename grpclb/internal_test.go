@@ -48,6 +48,46 @@ func TestRequestFromMetadata(t *testing.T) {
 	}
 }
 
+// FuzzRequestFromMetadata: whatever the call metadata holds, reading it
+// does not panic, a number is read only when it is a decimal integer from 0
+// to 2^31-1 (anything else leaves its field unknown), the strings are
+// taken as they are, and the request is nil only when nothing was read.
+func FuzzRequestFromMetadata(f *testing.F) {
+	f.Add("1200", "512", "100", "s1", "acme")
+	f.Add("-5", "99999999999", "1e3", "", "")
+	f.Add("+7", "0x10", " 3", "\x00", "\xff")
+	f.Add("2147483647", "2147483648", "007", "k", "")
+	f.Fuzz(func(t *testing.T, prompt, maxTokens, output, affinity, tenant string) {
+		md := metadata.Pairs(MetadataPromptTokens, prompt, MetadataMaxTokens, maxTokens,
+			MetadataOutputTokens, output, MetadataAffinityKey, affinity, MetadataTenant, tenant)
+		num := func(v string) (int, bool) {
+			n, err := strconv.ParseInt(v, 10, 32)
+			if err != nil || n < 0 {
+				return 0, false
+			}
+			return int(n), true
+		}
+		p, pok := num(prompt)
+		m, mok := num(maxTokens)
+		o, ook := num(output)
+		got := requestFromMetadata(metadata.NewOutgoingContext(context.Background(), md))
+		if !pok && !mok && !ook && affinity == "" && tenant == "" {
+			if got != nil {
+				t.Fatalf("nothing to read, got %+v", got)
+			}
+			return
+		}
+		if got == nil {
+			t.Fatal("got nil, want a request")
+		}
+		want := llmlb.Request{PromptTokens: p, MaxTokens: m, OutputTokens: o, AffinityKey: affinity, Tenant: tenant}
+		if !reflect.DeepEqual(*got, want) {
+			t.Fatalf("got %+v, want %+v", *got, want)
+		}
+		requestPool.Put(got)
+	})
+}
+
 func TestRecorder(t *testing.T) {
 	store := new(signals.Store)
 	rec := &recorder{store: store}
