@@ -45,9 +45,9 @@ type Config struct {
 	// MaxTokensInFlight caps the tokens of the requests admitted and not
 	// done: their prompt tokens and the output tokens charged so far, a
 	// proxy for the KV cache they hold. A request is admitted if its prompt
-	// fits under the cap, or if nothing else is in flight, so that a prompt
-	// larger than the cap is admitted alone rather than never. 0 means no
-	// cap.
+	// fits under the cap, or if no tokens are in flight (only requests of
+	// no tokens, or none), so that a prompt larger than the cap is admitted
+	// alone rather than never. 0 means no cap.
 	MaxTokensInFlight int64
 	// MaxWaiting bounds the requests waiting. A request arriving when it is
 	// reached sheds the newest waiter of the least urgent class less urgent

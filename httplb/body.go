@@ -270,8 +270,11 @@ func indexNonSpace(p []byte) int {
 // codeStatus).
 // The code is that of the event's "error" object, else, in an OpenAI
 // Responses "error" event, the event's own, else, in a "response.failed"
-// event, that of its response's error; without any, an Anthropic error
-// type stands for its status. It allocates only for an error event.
+// event, that of its response's error. Without a code that names a
+// status, the error object's type does, among Anthropic's types (which
+// OpenAI's "invalid_request_error" shares): OpenAI's word codes, such as
+// "context_length_exceeded", name none. It allocates only for an error
+// event.
 func errorEventCode(head, value []byte) int {
 	if code := errorFieldCode(head); code != 0 {
 		return code
@@ -293,13 +296,16 @@ func errorEventCode(head, value []byte) int {
 	if code == nil {
 		code = rawMember(rawMember(rawMember(value, "response"), errorKey), "code")
 	}
-	if code == nil {
-		// Anthropic's error events name a type, not a code.
-		if n, ok := anthropicErrors[string(rawMember(rawMember(value, errorKey), typeKey))]; ok {
-			return n
-		}
+	if n, ok := codeStatus(code); ok {
+		return n
 	}
-	return codeStatus(code)
+	// Anthropic's error events name a type, not a code, and OpenAI's codes
+	// are often words ("context_length_exceeded") beside a type that says
+	// more ("invalid_request_error").
+	if n, ok := anthropicErrors[string(rawMember(rawMember(value, errorKey), typeKey))]; ok {
+		return n
+	}
+	return http.StatusInternalServerError
 }
 
 // errorFieldCode returns the status that an error line (see errorField)
@@ -326,7 +332,8 @@ func errorFieldCode(head []byte) int {
 		if code == nil {
 			code = rawMember(rawMember(v, errorKey), "code")
 		}
-		return codeStatus(code)
+		n, _ := codeStatus(code)
+		return n
 	}
 	return 0
 }
@@ -347,20 +354,21 @@ var anthropicErrors = map[string]int{
 	`"overloaded_error"`:      http.StatusServiceUnavailable,
 }
 
-// codeStatus returns the status an error event's "code" stands for: the
-// code if it is a number from 100 to 599, as vLLM and SGLang give one;
-// 429 for OpenAI's "rate_limit_exceeded" and "insufficient_quota", the
-// codes of its 429 answers; else 500, as for OpenAI's "server_error".
-func codeStatus(code json.RawMessage) int {
+// codeStatus returns the status an error event's "code" stands for, and
+// whether it stands for one: the code if it is a number from 100 to 599, as
+// vLLM and SGLang give one; 429 for OpenAI's "rate_limit_exceeded" and
+// "insufficient_quota", the codes of its 429 answers. Otherwise it returns
+// 500, as for OpenAI's "server_error", and false.
+func codeStatus(code json.RawMessage) (int, bool) {
 	switch string(code) {
 	case `"rate_limit_exceeded"`, `"insufficient_quota"`:
-		return http.StatusTooManyRequests
+		return http.StatusTooManyRequests, true
 	}
 	n, err := strconv.Atoi(string(code))
 	if err != nil || n < 100 || n > 599 {
-		return http.StatusInternalServerError
+		return http.StatusInternalServerError, false
 	}
-	return n
+	return n, true
 }
 
 // rawMember returns the raw value of key in the JSON object v, or nil if v is

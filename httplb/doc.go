@@ -60,8 +60,9 @@
 // Such a first event is
 // no commitment: nothing reached the client, and the attempt fails like a
 // status answer whose status is the error's "code" (429 for OpenAI's
-// "rate_limit_exceeded" and "insufficient_quota", 500 if it has none from
-// 100 to 599), retried on another endpoint if that status is (by default a
+// "rate_limit_exceeded" and "insufficient_quota"; without a code from 100
+// to 599, the status of the error's type, 400 for an
+// "invalid_request_error", else 500), retried on another endpoint if that status is (by default a
 // 408, 429, 500, 502, 503 or 504, not a 400). When it is not
 // retried, the caller gets the stream as the upstream sent it, the 200 and
 // the error event, and its pick ends, as the Reporter is told, with

@@ -44,8 +44,8 @@ var (
 	// whose first event is one fails with it too, wrapping a
 	// [*retry.StatusError] of the event's code if that is an HTTP status
 	// or stands for one (OpenAI's "rate_limit_exceeded" for 429, an
-	// Anthropic error type such as "overloaded_error" for 503), else of
-	// 500.
+	// error type such as Anthropic's "overloaded_error" for 503 or
+	// "invalid_request_error" for 400), else of 500.
 	ErrErrorEvent = errors.New("httplb: the response stream carried an error event")
 )
 

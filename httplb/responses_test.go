@@ -118,6 +118,8 @@ func TestErrorEventCode(t *testing.T) {
 		{"anthropic bad request", `{"type":"error","error":{"type":"invalid_request_error","message":"x"}}`, 400},
 		{"anthropic unknown type", `{"type":"error","error":{"type":"new_error","message":"x"}}`, 500},
 		{"code before type", `{"type":"error","error":{"type":"overloaded_error","code":502}}`, 502},
+		{"openai context length", `{"error":{"message":"x","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}`, 400},
+		{"openai word code, server type", `{"error":{"message":"x","type":"server_error","code":"internal"}}`, 500},
 		{"openai nested", `{"type":"error","error":{"code":503,"message":"x"},"code":429}`, 503},
 		{"not an error's code", `{"type":"response.failed","code":429,"response":{"error":{"code":"server_error"}}}`, 500},
 		{"response failed", `{"type":"response.failed","response":{"status":"failed","error":{"code":503,"message":"x"}}}`, 503},

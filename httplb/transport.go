@@ -226,8 +226,9 @@ type Config struct {
 // (data with an "error" object at its top level, which vLLM and SGLang
 // send when generation fails after their 200) is not committed: its
 // attempt fails as a status answer would, with the error's "code" as the
-// status (429 for OpenAI's "rate_limit_exceeded" and "insufficient_quota",
-// 500 when it has none from 100 to 599), and is retried or returned as such, with the
+// status (429 for OpenAI's "rate_limit_exceeded" and "insufficient_quota";
+// without a code from 100 to 599, the status of the error's type, 400 for an
+// "invalid_request_error", else 500), and is retried or returned as such, with the
 // bytes as sent. RoundTrip holds back the first bytes, calls the pick's
 // FirstToken and returns the response; its body then passes every Read straight through
 // (no buffering), reports the output tokens it carries to the pick with
