@@ -33,7 +33,10 @@
 // Per endpoint, read from [llmlb.Balancer.Stats] at each collection once
 // [Metrics.Watch] is called: llmlb.endpoint.outstanding and
 // llmlb.endpoint.queued ({request}), llmlb.endpoint.prefill_tokens and
-// llmlb.endpoint.decode_tokens ({token}), llmlb.endpoint.healthy (0 or 1).
+// llmlb.endpoint.decode_tokens ({token}), asynchronous UpDownCounters since
+// they add up across endpoints (as OpenTelemetry's semantic conventions
+// make http.server.active_requests), and the gauge llmlb.endpoint.healthy
+// (0 or 1). The Prometheus exporter writes all of them as gauges.
 //
 // From package retry, through [Metrics.RetryObserver]: llmlb.retries,
 // llmlb.probes (attempts of package httplb that look for a stored response
@@ -47,8 +50,8 @@
 // From a fair queue (package fair), through [Metrics.QueueObserver] and
 // [Metrics.WatchQueue]: llmlb.queue.wait (histogram, s, with
 // llmlb.queue.class), llmlb.queue.refusals ({request}, with
-// llmlb.queue.class and llmlb.queue.reason), and the gauges
-// llmlb.queue.waiting and llmlb.queue.in_flight ({request}) and
+// llmlb.queue.class and llmlb.queue.reason), and the asynchronous
+// UpDownCounters llmlb.queue.waiting and llmlb.queue.in_flight ({request}) and
 // llmlb.queue.tokens_in_flight ({token}), summed over the queues watched
 // through one Metrics. Tenants are not an attribute: their number is
 // unbounded.
@@ -68,7 +71,7 @@
 //
 // # Endpoint churn
 //
-// The load gauges report the balancer's current members only, but the
+// The load counts report the balancer's current members only, but the
 // counters and histograms with llmlb.endpoint keep a series for every key
 // they ever recorded, for as long as the MeterProvider lives (cumulative
 // temporality, which the Prometheus exporter uses), and the SDK caps the
@@ -76,7 +79,7 @@
 // one overflow series. Where keys churn, as pod addresses do in
 // Kubernetes, drop llmlb.endpoint from those instruments with a view on the
 // provider ([ExampleMetrics_endpointChurn]) and read per-endpoint load from
-// the gauges.
+// the load counts.
 //
 // # Cost
 //

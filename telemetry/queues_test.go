@@ -4,8 +4,10 @@ import (
 	"context"
 	"testing"
 
-	"github.com/llmlb/llmlb/fair"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/fair"
 
 	"github.com/llmlb/llmlb/telemetry"
 )
@@ -45,8 +47,8 @@ func TestWatchQueuesSum(t *testing.T) {
 	inFlight := func() []int64 {
 		t.Helper()
 		data := collect(t, reader)
-		g, ok := data[telemetry.MetricQueueInFlight].(metricdata.Gauge[int64])
-		if !ok {
+		g, ok := data[telemetry.MetricQueueInFlight].(metricdata.Sum[int64])
+		if !ok || g.IsMonotonic {
 			return nil
 		}
 		var vs []int64
@@ -78,5 +80,40 @@ func TestWatchQueuesSum(t *testing.T) {
 	}
 	if got := inFlight(); len(got) != 0 {
 		t.Fatalf("no queue watched: points %v", got)
+	}
+}
+
+// The counts that add up across endpoints and queues are asynchronous
+// UpDownCounters (non-monotonic sums), as OpenTelemetry's semantic
+// conventions make http.server.active_requests; health is a gauge.
+func TestCountsAreUpDownCounters(t *testing.T) {
+	m, reader := setup(t)
+	q, err := fair.New(fair.Config{MaxInFlight: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.WatchQueue(q); err != nil {
+		t.Fatal(err)
+	}
+	b, err := llmlb.New(llmlb.RoundRobin(), llmlb.WithObserver(m.Observer()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Update([]llmlb.Endpoint{ep("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Watch(b); err != nil {
+		t.Fatal(err)
+	}
+	data := collect(t, reader)
+	for _, name := range []string{telemetry.MetricOutstanding, telemetry.MetricQueued, telemetry.MetricPrefillTokens,
+		telemetry.MetricDecodeTokens, telemetry.MetricQueueWaiting, telemetry.MetricQueueInFlight, telemetry.MetricQueueTokens} {
+		s, ok := data[name].(metricdata.Sum[int64])
+		if !ok || s.IsMonotonic || s.Temporality != metricdata.CumulativeTemporality {
+			t.Errorf("%s: %T, want a cumulative non-monotonic sum", name, data[name])
+		}
+	}
+	if _, ok := data[telemetry.MetricHealthy].(metricdata.Gauge[int64]); !ok {
+		t.Errorf("%s: %T, want a gauge", telemetry.MetricHealthy, data[telemetry.MetricHealthy])
 	}
 }

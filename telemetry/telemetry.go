@@ -153,14 +153,14 @@ type Metrics struct {
 	qrefused  metric.Int64Counter
 	spills    metric.Int64Counter
 
-	outstanding metric.Int64ObservableGauge
-	queued      metric.Int64ObservableGauge
-	prefill     metric.Int64ObservableGauge
-	decode      metric.Int64ObservableGauge
+	outstanding metric.Int64ObservableUpDownCounter
+	queued      metric.Int64ObservableUpDownCounter
+	prefill     metric.Int64ObservableUpDownCounter
+	decode      metric.Int64ObservableUpDownCounter
 	healthy     metric.Int64ObservableGauge
-	qwaiting    metric.Int64ObservableGauge
-	qinflight   metric.Int64ObservableGauge
-	qtokens     metric.Int64ObservableGauge
+	qwaiting    metric.Int64ObservableUpDownCounter
+	qinflight   metric.Int64ObservableUpDownCounter
+	qtokens     metric.Int64ObservableUpDownCounter
 	meter       metric.Meter
 
 	endpoints sync.Map     // endpoint key -> *endpointAttrs
@@ -288,20 +288,27 @@ func New(mp metric.MeterProvider, cfg Config) (*Metrics, error) {
 			metric.WithExplicitBucketBoundaries(waitBuckets...))
 		return m.qwait, e
 	})
-	gauge := func(dst *metric.Int64ObservableGauge, name, unit, desc string) {
+	// Counts that add up across endpoints and queues are asynchronous
+	// UpDownCounters, as OpenTelemetry's semantic conventions make
+	// http.server.active_requests; whether an endpoint is healthy is a
+	// gauge. Prometheus exports both as gauges.
+	count := func(dst *metric.Int64ObservableUpDownCounter, name, unit, desc string) {
 		mk(name, func() (i any, e error) {
-			*dst, e = mt.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+			*dst, e = mt.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 			return *dst, e
 		})
 	}
-	gauge(&m.outstanding, MetricOutstanding, "{request}", "Requests picked for the endpoint and not done.")
-	gauge(&m.queued, MetricQueued, "{request}", "Requests picked for the endpoint and before their first token.")
-	gauge(&m.prefill, MetricPrefillTokens, "{token}", "Prompt tokens picked for the endpoint and not yet prefilled, net of expected cache hits.")
-	gauge(&m.decode, MetricDecodeTokens, "{token}", "Expected output tokens of the endpoint's outstanding requests.")
-	gauge(&m.healthy, MetricHealthy, "1", "1 if the endpoint is marked healthy, 0 if not.")
-	gauge(&m.qwaiting, MetricQueueWaiting, "{request}", "Requests waiting in a fair queue.")
-	gauge(&m.qinflight, MetricQueueInFlight, "{request}", "Requests a fair queue admitted and not done.")
-	gauge(&m.qtokens, MetricQueueTokens, "{token}", "Prompt and output tokens of the requests a fair queue admitted and not done.")
+	count(&m.outstanding, MetricOutstanding, "{request}", "Requests picked for the endpoint and not done.")
+	count(&m.queued, MetricQueued, "{request}", "Requests picked for the endpoint and before their first token.")
+	count(&m.prefill, MetricPrefillTokens, "{token}", "Prompt tokens picked for the endpoint and not yet prefilled, net of expected cache hits.")
+	count(&m.decode, MetricDecodeTokens, "{token}", "Expected output tokens of the endpoint's outstanding requests.")
+	mk(MetricHealthy, func() (i any, e error) {
+		m.healthy, e = mt.Int64ObservableGauge(MetricHealthy, metric.WithUnit("1"), metric.WithDescription("1 if the endpoint is marked healthy, 0 if not."))
+		return m.healthy, e
+	})
+	count(&m.qwaiting, MetricQueueWaiting, "{request}", "Requests waiting in a fair queue.")
+	count(&m.qinflight, MetricQueueInFlight, "{request}", "Requests a fair queue admitted and not done.")
+	count(&m.qtokens, MetricQueueTokens, "{token}", "Prompt and output tokens of the requests a fair queue admitted and not done.")
 	if err != nil {
 		if errors.Is(err, ErrInvalidConfig) {
 			return nil, err // already prefixed
