@@ -24,8 +24,8 @@
 //     nothing is retried or hedged, because the user has seen output.
 //   - [Ejector] ejects endpoints that fail repeatedly by marking them
 //     unhealthy in the balancer, and brings them back half-open; overload
-//     answers (429, 503 with a readable Retry-After) do not count, since
-//     busy is not unhealthy.
+//     answers (429, 503 with a readable Retry-After that asks for a wait)
+//     do not count, since busy is not unhealthy.
 //   - [Admission] fails fast with [ErrOverloaded] and a suggested Retry-After
 //     when a global or per-session concurrency cap is reached.
 //

@@ -85,7 +85,10 @@ type EjectorConfig struct {
 	// (0, 100]: an endpoint is ejected only if the ejected ones, it
 	// included, are at most that share of the members, or if none is
 	// ejected (Envoy's always_eject_one_host), so one endpoint may always
-	// be ejected. 0 means [DefaultMaxEjectionPercent].
+	// be ejected. An ejection the cap refuses restarts the endpoint's
+	// count, as in Envoy: it is tried again after ConsecutiveFailures more
+	// failures, and a refused half-open probe closes the half-open state.
+	// 0 means [DefaultMaxEjectionPercent].
 	MaxEjectionPercent float64
 	// Classify maps an attempt's error to Succeeded (resets the count),
 	// Failed (counts) or Abandoned (ignored); nil means [HealthOutcome].
@@ -118,14 +121,15 @@ type EjectorConfig struct {
 // slow start; the multiplier goes up by one at each ejection and down by
 // one for each SweepInterval the endpoint spends back in, as in Envoy. It
 // is then half-open: its first success closes it, its first failure ejects
-// it again. Overload answers do not count: busy is not unhealthy. In an
-// [*llmlb.Balancer], an endpoint that the program already marked unhealthy
-// is left so, during the ejection and after ([Health]). Create one with
-// [NewEjector]; report outcomes with Report (a [Loop] does it when the
-// Ejector is its Reporter). Ejections end lazily,
-// on the next Report or Sweep after their time; call [Ejector.Run] to end
-// them when no traffic arrives. It starts no goroutines and is safe for
-// concurrent use.
+// it again; an attempt sent before the return is not one of them if its
+// start is reported ([Ejector.ReportElapsed]). Overload answers do not
+// count: busy is not unhealthy. In an [*llmlb.Balancer], an endpoint that
+// the program already marked unhealthy is left so, during the ejection and
+// after ([Health]). Create one with [NewEjector]; report outcomes with
+// Report or ReportElapsed (a [Loop] calls ReportElapsed when the Ejector is
+// its Reporter). Ejections end lazily, on the next Report or Sweep after
+// their time; call [Ejector.Run] to end them when no traffic arrives. It
+// starts no goroutines and is safe for concurrent use.
 //
 // Like Envoy's outlier detection, which follows the hosts of its cluster,
 // an Ejector follows the membership of its Health, and reads it only when it
@@ -174,6 +178,7 @@ type epHealth struct {
 	marked      bool      // out, and the Ejector marked it unhealthy
 	halfOpen    bool      // restored, no outcome seen since
 	restored    time.Time // when the last ejection ended
+	back        time.Time // when the last ejection or cooldown ended
 
 	// The rate-limit headroom last reported (ReportQuota): the fraction
 	// left at quotaAt, refilling to 1 by quotaFull. quotaAt never goes
@@ -269,9 +274,11 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 // HealthOutcome is the default classification of an attempt's error for
 // outlier detection. nil and HTTP statuses below 500 (the endpoint answered)
 // are Succeeded. Overload answers are Abandoned: HTTP 429, HTTP 503 and gRPC
-// UNAVAILABLE with a pushback that [FromHeader] reads (Retry-After,
-// grpc-retry-pushback-ms, rate-limit resets; a malformed Retry-After or
-// reset, which it ignores, is none), gRPC RESOURCE_EXHAUSTED, and
+// UNAVAILABLE with a pushback that [FromHeader] reads and that asks for a
+// wait or for no retry (Retry-After, grpc-retry-pushback-ms, rate-limit
+// resets; a malformed Retry-After or reset, which it ignores, is none, and
+// so is a wait of zero, "Retry-After: 0", which asks for an immediate
+// retry, not for time to recover), gRPC RESOURCE_EXHAUSTED, and
 // [*OverloadError]; so are context errors and errors wrapping [ErrExhausted]
 // (a lower layer gave up, which says nothing of this endpoint). Other HTTP
 // 5xx, gRPC UNAVAILABLE, INTERNAL and UNKNOWN, and errors without a status
@@ -315,8 +322,27 @@ func HealthOutcome(err error) Outcome {
 // an ejected endpoint (requests sent before its ejection) are ignored.
 // Concurrent reports apply one at a time, each at the time Report read the
 // clock or, if a report of a later time applied first, at that later time,
-// so the Ejector's time never goes back.
+// so the Ejector's time never goes back. Report cannot tell an attempt sent
+// before the endpoint came back from an ejection from one sent after: a
+// caller that knows how long ago its attempts were sent should call
+// [Ejector.ReportElapsed].
 func (e *Ejector) Report(key string, err error) {
+	e.ReportElapsed(key, 0, err)
+}
+
+// ReportElapsed is [Ejector.Report] for an attempt that was sent to the
+// endpoint elapsed before this report (0 if unknown, as with Report). The
+// success or failure of an attempt sent before the endpoint's latest return
+// from an ejection or cooldown is ignored, as it would have been had it
+// ended while the endpoint was out: it tells of the endpoint before it went
+// out, and a long stream sent then must not close or trip the half-open
+// state of the endpoint that came back (re-ejecting it for a failure that
+// preceded the ejection). An overload answer asking for a wait still cools
+// the endpoint down: it is the endpoint's answer of now. The attempt's age,
+// not its start, is given so that the caller's clock need not be the
+// Ejector's. A [Loop] whose Reporter is an Ejector calls ReportElapsed with
+// the time since the attempt was picked.
+func (e *Ejector) ReportElapsed(key string, elapsed time.Duration, err error) {
 	now := e.clock.Now()
 	if d := e.coolFor(err, now); d > 0 {
 		e.mu.Lock()
@@ -333,7 +359,12 @@ func (e *Ejector) Report(key string, err error) {
 		return
 	}
 	e.mu.Lock()
-	d, ejected := e.report(key, o, e.at(now))
+	now = e.at(now)
+	var start time.Time // unknown
+	if elapsed > 0 {
+		start = now.Add(-elapsed)
+	}
+	d, ejected := e.report(key, o, start, now)
 	e.mu.Unlock()
 	if ejected {
 		e.obs.eject(key, d) // outside the lock
@@ -493,9 +524,10 @@ func (e *Ejector) cool(key string, d time.Duration, now time.Time) bool {
 	return true
 }
 
-// report records an attempt's outcome o and reports whether it ejected the
-// endpoint, and for how long. e.mu is held.
-func (e *Ejector) report(key string, o Outcome, now time.Time) (time.Duration, bool) {
+// report records the outcome o of an attempt that started at start (zero if
+// unknown) and reports whether it ejected the endpoint, and for how long.
+// e.mu is held.
+func (e *Ejector) report(key string, o Outcome, start, now time.Time) (time.Duration, bool) {
 	e.sweep(now)
 	st := e.eps[key]
 	switch {
@@ -506,6 +538,8 @@ func (e *Ejector) report(key string, o Outcome, now time.Time) (time.Duration, b
 		st = e.add(key)
 	case !st.until.IsZero():
 		return 0, false
+	case !start.IsZero() && start.Before(st.back):
+		return 0, false // sent before the endpoint came back
 	default:
 		e.unlink(st)
 		e.track(st)
@@ -538,6 +572,14 @@ func (e *Ejector) eject(st *epHealth, now time.Time) (time.Duration, bool) {
 		// with always_eject_one_host, if none is ejected.
 		active := len(e.out) - e.cooling
 		if active > 0 && 100*float64(active+1)/float64(e.members) > e.percent {
+			// Refused: the count starts again, as Envoy's
+			// DetectorImpl::onConsecutiveErrorWorker (same file) resets
+			// the consecutive counter after ejectHost whether it ejected
+			// or overflowed, so that the endpoint is not tried again at
+			// every further failure but after ConsecutiveFailures more.
+			// A failed half-open probe that the cap refuses likewise
+			// closes the half-open state.
+			st.consecutive, st.halfOpen = 0, false
 			return 0, false
 		}
 	}
@@ -700,6 +742,7 @@ func (e *Ejector) sweep(now time.Time) {
 		} else {
 			st.until, st.halfOpen, st.restored = time.Time{}, true, now
 		}
+		st.back = now
 		marked := st.marked
 		st.marked = false
 		if marked {
@@ -779,11 +822,20 @@ func (e *Ejector) outKeys(cooling bool) []string {
 	return keys
 }
 
-// hasPushback reports whether h carries a pushback that [FromHeader] reads:
-// a wait, however long, or gRPC's "do not retry". A header it ignores (an
-// empty, negative or malformed Retry-After or rate-limit reset) is no
-// pushback. Whether there is one does not depend on the time, only how long
-// it asks to wait does.
+// hasPushback reports whether h carries a pushback that [FromHeader] reads
+// and that makes an answer an overload answer: a wait above zero, however
+// long, or gRPC's "do not retry". A header it ignores (an empty, negative or
+// malformed Retry-After or rate-limit reset) is no pushback, and neither is
+// a wait of zero (a Retry-After or reset of 0, a grpc-retry-pushback-ms of
+// 0): "retry now" asks for no time to recover, so a 503 that says it is an
+// endpoint failing the request, as every 5xx is for Envoy's consecutive_5xx
+// (DetectorHostMonitorImpl::putHttpResponseCode, envoyproxy/envoy at
+// 00c7146d, source/common/upstream/outlier_detection_impl.cc), and, asking
+// for no wait, it cools nothing down either. A time (an HTTP date, a Unix or
+// RFC 3339 reset) is read against the zero time, so that whether there is a
+// pushback does not depend on the time, only how long it asks to wait does:
+// a time is always a wait.
 func hasPushback(h http.Header) bool {
-	return FromHeader(h, time.Time{}, noPushbackLimit).Kind != NoPushback
+	p := FromHeader(h, time.Time{}, noPushbackLimit)
+	return p.Kind == DoNotRetry || p.Kind == RetryLater && p.Delay > 0
 }

@@ -193,6 +193,13 @@ func TestHealthOutcome(t *testing.T) {
 		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {"soon"}}}, Failed},
 		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {" "}}}, Failed},
 		{&StatusError{Code: 503, Header: http.Header{"X-Ratelimit-Reset": {"-1"}}}, Failed},
+		// A wait of zero asks for an immediate retry, not for time: a
+		// plain 503, or UNAVAILABLE.
+		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {"0"}}}, Failed},
+		{&StatusError{Code: 503, Header: http.Header{"X-Ratelimit-Reset": {"0"}}}, Failed},
+		{&StatusError{Code: GRPCUnavailable, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"0"}}}, Failed},
+		{&StatusError{Code: 503, Header: http.Header{"Retry-After": {"0.5"}}}, Abandoned},
+		{&StatusError{Code: 429, Header: http.Header{"Retry-After": {"0"}}}, Abandoned},
 		{&StatusError{Code: GRPCUnavailable, GRPC: true, Header: http.Header{"Grpc-Retry-Pushback-Ms": {"x"}}}, Abandoned}, // gRPC's "do not retry"
 		{&StatusError{Code: 3, GRPC: true}, Succeeded},
 		{&StatusError{Code: 13, GRPC: true}, Failed},

@@ -31,9 +31,19 @@ type Backoff interface {
 // Reporter is told how each attempt ended; [*Ejector] implements it. Report
 // is called once per finished attempt, except for attempts that lost to
 // another one, unless their upstream answered with a retryable status (a
-// [*StatusError]); it must be safe for concurrent use.
+// [*StatusError]); it must be safe for concurrent use. A [Loop] calls a
+// Reporter that also has the method ReportElapsed(key string, elapsed
+// time.Duration, err error), as [*Ejector] does, with that method instead,
+// elapsed being the time since the attempt was picked, read from the loop's
+// Clock.
 type Reporter interface {
 	Report(key string, err error)
+}
+
+// elapsedReporter is a [Reporter] told how long ago each attempt was sent:
+// see [Ejector.ReportElapsed].
+type elapsedReporter interface {
+	ReportElapsed(key string, elapsed time.Duration, err error)
 }
 
 // QuotaReporter is a [Reporter] that also reads the rate-limit headers of
@@ -79,7 +89,7 @@ type LoopConfig struct {
 	// it.
 	Hedge HedgeConfig
 	// Reporter, if set, is told the outcome of every attempt, e.g. an
-	// [*Ejector].
+	// [*Ejector], which is also told how long ago the attempt was sent.
 	Reporter Reporter
 	// Observer, if set, is told of every retry and hedge sent and every
 	// one the budget refused.
@@ -530,7 +540,11 @@ func (r *run) finished(a *Attempt) (final bool, err error) {
 	a.pick.Done(a.err)
 	l.budget.Finish(a.retry, o)
 	if (!lost || answered) && l.reporter != nil {
-		l.reporter.Report(a.key, a.err)
+		if er, ok := l.reporter.(elapsedReporter); ok {
+			er.ReportElapsed(a.key, l.clock.Now().Sub(a.start), a.err)
+		} else {
+			l.reporter.Report(a.key, a.err)
+		}
 	}
 	switch {
 	case w == a.n:
