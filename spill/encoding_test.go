@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -140,6 +141,55 @@ func TestDecodedIsBounded(t *testing.T) {
 				t.Fatalf("%d bytes decoded from %d, want %d", len(got), len(head), maxPeekBytes)
 			}
 		})
+	}
+}
+
+// Each coding of a list is decoded no further than maxPeekBytes, not only
+// the text: an inner coding can read a great deal and produce nothing, as
+// gzip does for empty members, which the outer coding makes from a few
+// bytes (2 KiB of "gzip, gzip, gzip" was 300 MB of empty members, seconds
+// of work for every answer). A refusal behind more than maxPeekBytes of
+// empty members is not read.
+func TestDecodedBoundsEachCoding(t *testing.T) {
+	var member bytes.Buffer
+	w := gzip.NewWriter(&member)
+	_ = w.Close()
+	var inner bytes.Buffer
+	for inner.Len() <= 2*maxPeekBytes {
+		inner.Write(member.Bytes())
+	}
+	w = gzip.NewWriter(&inner)
+	_, _ = io.WriteString(w, `{"error":{"code":"context_length_exceeded"}}`)
+	_ = w.Close()
+	var b bytes.Buffer
+	w = gzip.NewWriter(&b)
+	_, _ = w.Write(inner.Bytes())
+	_ = w.Close()
+	if b.Len() > maxPeekBytes {
+		t.Fatalf("%d bytes, more than are peeked", b.Len())
+	}
+	if got := decoded(inner.Bytes(), "gzip"); !bytes.Contains(got, []byte("context_length_exceeded")) {
+		t.Fatalf("the inner coding alone decoded to %q", got)
+	}
+	if got := decoded(b.Bytes(), "gzip, gzip"); len(got) != 0 {
+		t.Fatalf("decoded %q past maxPeekBytes of the inner coding", got)
+	}
+}
+
+// A Content-Encoding of more codings than are undone is refused before it
+// is split: a header of a million commas was split into a million strings,
+// 16 MiB for every answer.
+func TestDecodedManyCodings(t *testing.T) {
+	enc := strings.Repeat(",", 1<<20)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	got := decoded([]byte("x"), enc)
+	runtime.ReadMemStats(&after)
+	if got != nil {
+		t.Fatalf("decoded %q", got)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > uint64(len(enc)) {
+		t.Fatalf("%d bytes allocated for a header of %d", n, len(enc))
 	}
 }
 

@@ -15,7 +15,9 @@
 //     for a wait;
 //   - [ContextLength]: HTTP 400 (422 from text-generation-inference)
 //     saying the prompt exceeds the model's context, which a tier with a
-//     longer context may serve;
+//     longer context may serve (the body is read ahead, on a goroutine of
+//     its own, and waited for at most a second: one that has not said so
+//     by then stays with its tier, whose caller still reads it whole);
 //   - [ServerError]: HTTP 5xx;
 //   - [Unreachable]: the tier could not be reached, or did not answer
 //     within its transport's timeouts (a transport error).
@@ -506,7 +508,9 @@ func discard(resp *http.Response) {
 // exceeds the model's context (OpenAI's context_length_exceeded, vLLM's
 // "maximum context length" and "longer than the maximum model length",
 // Anthropic's "prompt is too long", and Gemini's, Bedrock's, llama.cpp's
-// and text-generation-inference's wordings, the last a 422); on any other
+// and text-generation-inference's wordings, the last a 422, in the first
+// 64 KiB of the body and within a second of the call: a body that stalls
+// is taken as no such error, and its answer stays whole); on any other
 // HTTP 5xx; and on a transport error other than a cancellation, a timeout
 // included (net/http's dial and response header timeouts satisfy
 // errors.Is(err, context.DeadlineExceeded) as a deadline does;
@@ -537,7 +541,7 @@ func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
 	switch code := resp.StatusCode; {
 	case code == http.StatusTooManyRequests:
 		return Throttled, true
-	case code == http.StatusServiceUnavailable && retry.FromHeader(resp.Header, time.Now(), noPushbackLimit).Kind == retry.RetryLater:
+	case code == http.StatusServiceUnavailable && asksWait(resp.Header):
 		return Overloaded, true
 	case code >= 500:
 		return ServerError, true
@@ -545,6 +549,16 @@ func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
 		return ContextLength, true
 	}
 	return "", false
+}
+
+// asksWait reports whether h, an answer's header, asks for a wait, however
+// long (see retry.FromHeader). Whether it asks does not depend on the time
+// it is read at, only how long it asks: with no limit on the wait, a time
+// past or future reads as a wait, of 0 for one past. So no time is read,
+// and DefaultSpill, which has no clock, decides the same under any
+// Config.Clock.
+func asksWait(h http.Header) bool {
+	return retry.FromHeader(h, time.Time{}, noPushbackLimit).Kind == retry.RetryLater
 }
 
 // contextLengthMarks are what the engines and providers say when a prompt
@@ -575,19 +589,27 @@ var contextLengthMarks = []string{
 	"`inputs` must have less than",
 }
 
-// isContextLength reports whether resp, a 400 or 422, says the prompt exceeds the
-// model's context. It reads at most maxPeekBytes of the body and puts them
-// back in front of the rest.
+// isContextLength reports whether resp, a 400 or 422, says the prompt
+// exceeds the model's context. It reads at most maxPeekBytes of the body
+// ahead (see readAhead) and waits for them at most maxPeekTime: a body
+// that has not said so by then, because it stalls after its headers, is
+// taken as no context-length error, and resp, whose body still returns
+// every byte the tier sends, stays with its tier. A body that fails is
+// none either.
 func isContextLength(resp *http.Response) bool {
-	if resp.Body == nil {
+	if resp.Body == nil || resp.Body == http.NoBody {
 		return false
 	}
-	head, err := io.ReadAll(io.LimitReader(resp.Body, maxPeekBytes))
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
-	if err != nil {
+	p := readAhead(resp.Body)
+	resp.Body = p
+	timer := time.NewTimer(maxPeekTime)
+	select {
+	case <-p.done:
+	case <-timer.C:
+	}
+	timer.Stop()
+	head, err := p.head()
+	if err != nil && err != io.EOF {
 		return false
 	}
 	s := strings.ToLower(string(decoded(head, resp.Header.Get("Content-Encoding"))))
@@ -607,13 +629,16 @@ func isContextLength(resp *http.Response) bool {
 // the request asked for an encoding itself, as a gateway passing on its
 // client's Accept-Encoding does: the answer then reaches the client as the
 // tier sent it, and only this peek is decoded. What a small head decodes to
-// is bounded by maxPeekBytes whatever its ratio, and the memory of a
-// decoder by its window (16 MiB for brotli, maxZstdWindow for zstd).
+// is bounded by maxPeekBytes whatever its ratio, at each coding of a list,
+// and the memory of a decoder by its window (16 MiB for brotli,
+// maxZstdWindow for zstd).
 func decoded(head []byte, enc string) []byte {
-	codings := strings.Split(enc, ",")
-	if len(codings) > maxCodings {
+	// Counted before the split, which for a header of many commas would
+	// allocate many times its size.
+	if strings.Count(enc, ",") >= maxCodings {
 		return nil
 	}
+	codings := strings.Split(enc, ",")
 	var r io.Reader = bytes.NewReader(head)
 	identity := true
 	// RFC 9110, section 8.4: the codings are listed in the order applied,
@@ -654,6 +679,10 @@ func decoded(head []byte, enc string) []byte {
 		default:
 			return nil
 		}
+		// What each coding decodes to is bounded, not only the text: an
+		// inner coding may read a great deal to produce nothing (empty
+		// gzip members, say), which an outer one makes from a few bytes.
+		r = io.LimitReader(r, maxPeekBytes)
 		identity = false
 	}
 	if identity {
@@ -661,7 +690,7 @@ func decoded(head []byte, enc string) []byte {
 	}
 	// head may be cut short of the stream's end: what was decoded before
 	// the cut is kept.
-	text, _ := io.ReadAll(io.LimitReader(r, maxPeekBytes))
+	text, _ := io.ReadAll(r)
 	return text
 }
 

@@ -181,6 +181,11 @@ func TestDefaultTriggers(t *testing.T) {
 		{"429 without a wait", status(429, ""), Throttled},
 		{"admission full", fail(fmt.Errorf("httplb: %w", &retry.OverloadError{Scope: "global"})), Overloaded},
 		{"503 asking for a wait", status(503, "", "Retry-After", "1"), Overloaded},
+		// Whether a 503 asks for a wait does not depend on the time it is
+		// read at (DefaultSpill reads none): a date past or future asks.
+		{"503 asking for a wait until a date", status(503, "", "Retry-After", "Sun, 06 Nov 2101 08:49:37 GMT"), Overloaded},
+		{"503 asking for a wait until a date past", status(503, "", "Retry-After", "Sun, 06 Nov 1994 08:49:37 GMT"), Overloaded},
+		{"503 asking for a wait until a Unix time", status(503, "", "X-Ratelimit-Reset", "4102444800"), Overloaded},
 		{"503", status(503, ""), ServerError},
 		{"500", status(500, ""), ServerError},
 		{"OpenAI context length", status(400, `{"error":{"code":"context_length_exceeded","message":"..."}}`), ContextLength},
