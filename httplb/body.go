@@ -273,8 +273,9 @@ func indexNonSpace(p []byte) int {
 // event, that of its response's error. Without a code that names a
 // status, the error object's type does, among Anthropic's types (which
 // OpenAI's "invalid_request_error" shares): OpenAI's word codes, such as
-// "context_length_exceeded", name none. It allocates only for an error
-// event.
+// "context_length_exceeded", name none. An "error" string, as
+// text-generation-inference sends, stands for the status of its
+// "error_type" (see tgiErrors). It allocates only for an error event.
 func errorEventCode(head, value []byte) int {
 	if code := errorFieldCode(head); code != 0 {
 		return code
@@ -298,6 +299,12 @@ func errorEventCode(head, value []byte) int {
 	}
 	if n, ok := codeStatus(code); ok {
 		return n
+	}
+	if e := rawMember(value, errorKey); len(e) > 0 && e[0] == '"' {
+		if n, ok := tgiErrors[string(rawMember(value, "error_type"))]; ok {
+			return n
+		}
+		return http.StatusInternalServerError
 	}
 	// Anthropic's error events name a type, not a code, and OpenAI's codes
 	// are often words ("context_length_exceeded") beside a type that says
@@ -352,6 +359,28 @@ var anthropicErrors = map[string]int{
 	`"api_error"`:             http.StatusInternalServerError,
 	`"timeout_error"`:         http.StatusGatewayTimeout,
 	`"overloaded_error"`:      http.StatusServiceUnavailable,
+}
+
+// tgiErrors are the statuses that Hugging Face text-generation-inference
+// answers with for the "error_type" of its ErrorResponse, {"error": "...",
+// "error_type": "..."}, as JSON strings. Its streams send the same
+// ErrorResponse as an event after their 200 when they fail, before the
+// first token (a prompt beyond the context, or a full queue) or later
+// (router/src/server.rs: impl From<InferError> for (StatusCode,
+// Json<ErrorResponse>), the statuses, and impl From<InferError> for Event,
+// the event; router/src/infer/mod.rs: InferError::error_type; v3.3.7).
+// A generation error's 424 is not retried by default, as TGI's answer
+// to a request that does not stream would not be.
+var tgiErrors = map[string]int{
+	`"validation"`:                   http.StatusUnprocessableEntity,
+	`"template_error"`:               http.StatusUnprocessableEntity,
+	`"missing_template_variable"`:    http.StatusUnprocessableEntity,
+	`"tool_error"`:                   http.StatusUnprocessableEntity,
+	`"overloaded"`:                   http.StatusTooManyRequests,
+	`"generation"`:                   http.StatusFailedDependency,
+	`"incomplete_generation"`:        http.StatusInternalServerError,
+	`"incomplete_generation_stream"`: http.StatusInternalServerError,
+	`"stream_serialization_error"`:   http.StatusInternalServerError,
 }
 
 // codeStatus returns the status an error event's "code" stands for, and

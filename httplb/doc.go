@@ -54,15 +54,20 @@
 // replica's prefill speed, is called at the first output. An error event
 // is data with an "error" object at its top level, which vLLM and
 // SGLang send after their 200 when generation fails, as OpenAI and
-// Anthropic do, or with the "type" "error" or "response.failed" of the
-// OpenAI Responses API, or a line with the field name "error" in place of
-// a data line, as llama.cpp's server sends (see [OutputCounter.Failed]).
+// Anthropic do, or with an "error" string, as Hugging Face
+// text-generation-inference sends (with an "error_type"), or with the
+// "type" "error" or "response.failed" of the OpenAI Responses API, or a
+// line with the field name "error" in place of a data line, as llama.cpp's
+// server sends (see [OutputCounter.Failed]).
 // Such a first event is
 // no commitment: nothing reached the client, and the attempt fails like a
 // status answer whose status is the error's "code" (429 for OpenAI's
 // "rate_limit_exceeded" and "insufficient_quota"; without a code from 100
 // to 599, the status of the error's type, 400 for an
-// "invalid_request_error", else 500), retried on another endpoint if that status is (by default a
+// "invalid_request_error", else 500; for text-generation-inference's, the
+// status it answers for the error_type: 422 for "validation", 429 for
+// "overloaded", 424 for "generation", else 500), retried on another
+// endpoint if that status is (by default a
 // 408, 429, 500, 502, 503 or 504, not a 400). When it is not
 // retried, the caller gets the stream as the upstream sent it, the 200 and
 // the error event, and its pick ends, as the Reporter is told, with

@@ -38,14 +38,16 @@ var (
 	// ErrErrorEvent is passed to a pick's Done, and to the Reporter, for
 	// a response stream that carried an error event (see
 	// [OutputCounter.Failed]): the engine failed the request after its
-	// 200 (vLLM and SGLang then send {"error": {...}} and end the stream;
+	// 200 (vLLM and SGLang then send {"error": {...}} and end the stream,
+	// text-generation-inference {"error": "...", "error_type": "..."};
 	// the OpenAI Responses API sends an "error" or a "response.failed"
 	// event), which is no success whatever the status said. An attempt
 	// whose first event is one fails with it too, wrapping a
 	// [*retry.StatusError] of the event's code if that is an HTTP status
 	// or stands for one (OpenAI's "rate_limit_exceeded" for 429, an
 	// error type such as Anthropic's "overloaded_error" for 503 or
-	// "invalid_request_error" for 400), else of 500.
+	// "invalid_request_error" for 400, text-generation-inference's
+	// error_type "validation" for 422), else of 500.
 	ErrErrorEvent = errors.New("httplb: the response stream carried an error event")
 )
 

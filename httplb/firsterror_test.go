@@ -409,6 +409,7 @@ func FuzzPeek(f *testing.F) {
 		"event: response.created\ndata: {\"response\":{\"error\":null},\"type\":\"response.created\"}\n\n",
 		"error: {\"code\": 400, \"message\": \"x\", \"type\": \"exceed_context_size_error\"}\n\ndata: [DONE]\n\n",
 		"\xef\xbb\xbferror: {\"error\":{\"code\":503}}",
+		"data:{\"error\":\"Input validation error: x\",\"error_type\":\"validation\"}\n\n",
 		"",
 	} {
 		f.Add([]byte(s), uint8(3), uint16(0), true)

@@ -233,6 +233,8 @@ func FuzzOutputCounter(f *testing.F) {
 		"data: {\"type\":\"response.created\",\"error\":{}}",
 		"data",
 		"data: {\"a\":1}\n\nerror: {\"code\": 500, \"message\": \"x\", \"type\": \"server_error\"}\n\ndata: [DONE]\n\n",
+		"data:{\"error\":\"Model is overloaded\",\"error_type\":\"overloaded\"}",
+		"data: {\"error\":\"\",\"x\":{\"error\":\"y\"}}",
 		"",
 	} {
 		f.Add([]byte(s), uint16(len(s)/2), true)
@@ -298,7 +300,8 @@ func FuzzOutputCounter(f *testing.F) {
 // errorEventReference reports whether the valid JSON document doc is the
 // data of an error event, as OutputCounter reads it, with encoding/json: an
 // object with, at its top level, an "error" key whose value is an object
-// or a "type" key whose value is "error" or "response.failed".
+// or a string other than "", or a "type" key whose value is "error" or
+// "response.failed".
 func errorEventReference(doc []byte) bool {
 	dec := json.NewDecoder(bytes.NewReader(doc))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
@@ -316,7 +319,7 @@ func errorEventReference(doc []byte) bool {
 		}
 		switch tok {
 		case errorKey:
-			failed = failed || v[0] == '{'
+			failed = failed || v[0] == '{' || v[0] == '"' && string(v) != `""`
 		case typeKey:
 			failed = failed || string(v) == `"`+errorType+`"` || string(v) == `"`+failedType+`"`
 		}

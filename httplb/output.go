@@ -73,6 +73,9 @@ type OutputCounter struct {
 	// failed is set once an event of the stream was an error (see
 	// Failed); errLine if the current line is that event's.
 	failed, errLine bool
+	// errStr is set while the next byte is the first of the string
+	// value of an event's top-level "error" key (see Failed).
+	errStr bool
 	// noToken is set if the current line is an OpenAI Responses event
 	// that carries no token: its "type" starts with "response." and does
 	// not end in ".delta".
@@ -151,7 +154,7 @@ const (
 	expectUsageColon  // a "usage" key: its colon
 	expectUsageObject // after the colon: an object
 	expectErrorColon  // an "error" key of an event's top-level object: its colon
-	expectErrorObject // after the colon: an object
+	expectErrorValue  // after the colon: an object, or a string (text-generation-inference's)
 	expectTypeColon   // a "type" key of an event's top-level object: its colon
 	expectTypeValue   // after the colon: a string
 )
@@ -306,6 +309,13 @@ func (c *OutputCounter) scanLine(p []byte) int {
 // nesting and the usage counts in it.
 func (c *OutputCounter) scan(b byte) {
 	if c.inStr {
+		if c.errStr {
+			// Any string but "" as the error is one.
+			c.errStr, c.keyLen = false, -1
+			if b != '"' {
+				c.failed, c.errLine = true, true
+			}
+		}
 		switch {
 		case c.esc:
 			c.esc = false
@@ -349,6 +359,9 @@ func (c *OutputCounter) scan(b byte) {
 		c.inStr, c.keyLen = true, -1
 		if c.expect == expectTypeValue {
 			c.keyLen, c.typeVal, c.typeLen, c.typeEnd = 0, true, 0, 0
+		} else if c.expect == expectErrorValue {
+			// Its first byte is read (keyLen is not -1), to tell "".
+			c.keyLen, c.errStr = 0, true
 		} else if c.usageAt != 0 && c.depth == c.usageAt || c.usageAt == 0 && c.depth <= maxUsageDepth {
 			c.keyLen = 0
 		}
@@ -361,7 +374,7 @@ func (c *OutputCounter) scan(b byte) {
 			c.expect = expectUsageObject
 			return
 		case expectErrorColon:
-			c.expect = expectErrorObject
+			c.expect = expectErrorValue
 			return
 		case expectTypeColon:
 			c.expect = expectTypeValue
@@ -374,7 +387,7 @@ func (c *OutputCounter) scan(b byte) {
 		if b == '{' && c.expect == expectUsageObject {
 			c.usageAt = c.depth
 		}
-		if b == '{' && c.expect == expectErrorObject {
+		if b == '{' && c.expect == expectErrorValue {
 			c.failed, c.errLine = true, true
 		}
 	case '}', ']':
@@ -519,10 +532,12 @@ func (c *OutputCounter) matchErrorField(b byte) {
 // Failed reports whether an event of an event stream counted so far was an
 // error event, its data an object with, at its top level, either an "error"
 // object, as vLLM and SGLang send when generation fails after the 200 (and
-// OpenAI and Anthropic too), or a "type" of "error" or "response.failed",
-// the OpenAI Responses API's error events. An "error" or a type deeper in
-// the object, or in a string, is none, nor is a "type" written with
-// escapes. A line with the field name "error" (see errorField), which
+// OpenAI and Anthropic too), or an "error" string other than "", as
+// Hugging Face text-generation-inference sends ({"error": "...",
+// "error_type": "validation"}, say), or a "type" of "error" or
+// "response.failed", the OpenAI Responses API's error events. An "error" or
+// a type deeper in the object, or in a string, is none, nor is a "type"
+// written with escapes. A line with the field name "error" (see errorField), which
 // llama.cpp's server sends instead of a data line when it fails a streamed
 // request, is an error event too, whatever its value. A caller relaying the body then ends the request's pick with an
 // error, such as [ErrErrorEvent]. It is false for a body that is not an
