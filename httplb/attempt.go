@@ -156,7 +156,7 @@ type attempt struct {
 type try struct {
 	pick    llmlb.Pick
 	key     string
-	start   time.Time          // when picked; set only with a hedge Percentile
+	start   time.Time          // when picked; set only with a hedge Percentile or an elapsedReporter
 	n       int                // the attempt's number, from 1
 	isRetry bool               // sent with a budget withdrawal (a retry or a hedge)
 	probe   bool               // sent to look for a stored response (see probeNext)
@@ -213,7 +213,7 @@ func (a *attempt) pick(ctx context.Context, fallback bool) (llmlb.Pick, error) {
 func (a *attempt) add(p llmlb.Pick) *try {
 	a.n++
 	tr := &try{pick: p, key: p.Endpoint().Key(), n: a.n, isRetry: a.n > 1}
-	if a.t.hedge.Percentile > 0 {
+	if a.t.hedge.Percentile > 0 || a.t.elapsed != nil {
 		tr.start = a.t.clock.Now()
 	}
 	a.tried = append(a.tried, tr.key)
@@ -551,11 +551,26 @@ func attemptID(req *http.Request, n int) string {
 	return id + "-" + strconv.Itoa(n)
 }
 
+// elapsedReporter is a retry.Reporter told how long ago each attempt was
+// picked (retry.Ejector.ReportElapsed).
+type elapsedReporter interface {
+	ReportElapsed(key string, elapsed time.Duration, err error)
+}
+
+// elapsedOf returns r as an elapsedReporter, or nil if it is not one.
+func elapsedOf(r retry.Reporter) elapsedReporter {
+	e, _ := r.(elapsedReporter)
+	return e
+}
+
 // finish ends one attempt: its pick, the reporter and the budget learn how,
 // and a hedged attempt's context is released.
 func (a *attempt) finish(tr *try, err error, o retry.Outcome) {
 	tr.pick.Done(err)
-	if a.t.reporter != nil {
+	switch {
+	case a.t.elapsed != nil:
+		a.t.elapsed.ReportElapsed(tr.key, a.t.clock.Now().Sub(tr.start), err)
+	case a.t.reporter != nil:
 		a.t.reporter.Report(tr.key, err)
 	}
 	a.t.budget.Finish(tr.isRetry, o)

@@ -106,7 +106,10 @@ type Config struct {
 	//     attempt is reported when its body ends. If it is also a
 	//     [retry.QuotaReporter], as a [*retry.Ejector] is, it is given the
 	//     headers of every successful answer, whose rate-limit headers may
-	//     say that the endpoint's quota is spent.
+	//     say that the endpoint's quota is spent. If it has the method
+	//     ReportElapsed, as a [*retry.Ejector] has, it is told how long ago
+	//     each attempt was picked, so that a stream sent before an
+	//     endpoint's ejection does not count against it once it is back.
 	//   - Observer is told of every retry, probe and hedge sent and every
 	//     one the budget refuses (its Retry, Probe, Hedge and Denied
 	//     functions; package telemetry provides one). Retry is called as
@@ -224,11 +227,13 @@ type Config struct {
 // preamble events is committed at its end, or when it reaches
 // [Config.MaxPeekBytes]. A stream whose first event is an error event
 // (data with an "error" object at its top level, which vLLM and SGLang
-// send when generation fails after their 200) is not committed: its
+// send when generation fails after their 200, or an "error" string, which
+// text-generation-inference sends) is not committed: its
 // attempt fails as a status answer would, with the error's "code" as the
 // status (429 for OpenAI's "rate_limit_exceeded" and "insufficient_quota";
 // without a code from 100 to 599, the status of the error's type, 400 for an
-// "invalid_request_error", else 500), and is retried or returned as such, with the
+// "invalid_request_error", else 500; for text-generation-inference's, that
+// of its error_type, 422 for "validation", 429 for "overloaded"), and is retried or returned as such, with the
 // bytes as sent. RoundTrip holds back the first bytes, calls the pick's
 // FirstToken and returns the response; its body then passes every Read straight through
 // (no buffering), reports the output tokens it carries to the pick with
@@ -290,6 +295,7 @@ type Transport struct {
 	queue     *fair.Queue
 	classHdr  string // Config.TrustClassHeader
 	reporter  retry.Reporter
+	elapsed   elapsedReporter // reporter, if it has ReportElapsed
 	obs       retry.Observer
 	store     *signals.Store
 	peek      int
@@ -353,6 +359,7 @@ func NewTransport(cfg Config) (*Transport, error) {
 		queue:     cfg.Queue,
 		classHdr:  cfg.TrustClassHeader,
 		reporter:  rc.Reporter,
+		elapsed:   elapsedOf(rc.Reporter),
 		store:     cfg.Store,
 		peek:      cfg.MaxPeekBytes,
 		hedge:     h,
