@@ -48,6 +48,10 @@ func TestIndexArbitraryBlocks(t *testing.T) {
 		m := newModel(cfg)
 		now := time.Unix(1000, 0)
 		maxNow := now
+		// A Record at a time earlier than a preceding one's may leave
+		// expiries the model does not (see Index); the states are compared
+		// until the first step back.
+		wentBack := false
 		for op := 0; op < 400; op++ {
 			ep := epName(r.IntN(cfg.MaxEndpoints + 3))
 			blocks := make([]uint64, r.IntN(10))
@@ -101,8 +105,9 @@ func TestIndexArbitraryBlocks(t *testing.T) {
 			case 9:
 				steps := []time.Duration{0, 1, cfg.TTL / 64, cfg.TTL/64 - 1, cfg.TTL, cfg.TTL - 1, cfg.TTL / 3}
 				d := steps[r.IntN(len(steps))]
-				if r.IntN(3) == 0 {
+				if r.IntN(3) == 0 && d > 0 {
 					d = -d
+					wentBack = true
 				}
 				now = now.Add(d)
 				if now.After(maxNow) {
@@ -111,6 +116,13 @@ func TestIndexArbitraryBlocks(t *testing.T) {
 			}
 			checkInvariants(t, x)
 			checkMinExp(t, x)
+			if raceEnabled && op%4 != 0 {
+				continue // the race detector finds nothing more in every op
+			}
+			if !wentBack {
+				checkModel(t, x, m)
+			}
+			checkListed(t, x, maxNow.UnixNano())
 		}
 	}
 }

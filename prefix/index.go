@@ -2,12 +2,14 @@ package prefix
 
 import (
 	"fmt"
+	"hash/maphash"
 	"math"
 	"math/bits"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/llmlb/llmlb/internal/lru"
 	"github.com/llmlb/llmlb/internal/timeline"
@@ -140,7 +142,12 @@ type Match struct {
 // if it was recorded to expire later. Readings
 // that carry the monotonic clock, as time.Now's do, are measured on it, so
 // a step of the wall clock neither expires every recorded block nor keeps
-// them past their TTL.
+// them past their TTL. The index cannot place the zero time.Time, nor any
+// other time before late 1677, where int64 Unix nanoseconds begin; a clock
+// returning one was not set. A Record at such a time is refused (its blocks
+// would be expired at every real time, yet take the room of live ones),
+// and a Match or MatchLen there takes it as later than every expiry, so
+// that only blocks reported by engine events match.
 //
 // Index is safe for concurrent use. Match, MatchLen, Len and Capacity take a
 // read lock, so concurrent matches proceed in parallel; every other method
@@ -163,7 +170,8 @@ type Index struct {
 	// holders has one table per group of 64 slots, keyed by block hash;
 	// nil until the group's first endpoint arrives.
 	holders []*holderTable
-	seed    uint64 // of every holder table
+	seed    uint64       // of every holder table
+	fpSeed  maphash.Seed // keys the fingerprints of lastTouch
 	// line places Record's and Match's times: readings that carry the
 	// monotonic clock expire on it, whatever the wall clock does.
 	line timeline.Line
@@ -185,10 +193,10 @@ type endpoint struct {
 }
 
 // lastTouch describes an endpoint's latest touch of n blocks: their
-// fingerprint, the least expiry it left them with, and the endpoint's gen
-// after it. While gen is unchanged those blocks are the n most recently
-// used, in order, and touching the same blocks again would change nothing
-// until an expiry needs refreshing.
+// fingerprint (see fingerprint), the least expiry it left them with, and
+// the endpoint's gen after it. While gen is unchanged those blocks are the
+// n most recently used, in order, and touching the same blocks again would
+// change nothing until an expiry needs refreshing.
 type lastTouch struct {
 	n      int
 	print  uint64
@@ -196,14 +204,24 @@ type lastTouch struct {
 	gen    uint64
 }
 
-// fingerprint returns a hash of blocks, in order.
-func fingerprint(blocks []uint64) uint64 {
-	h := uint64(len(blocks))
-	for _, b := range blocks {
-		h = (h ^ b) * 0x9e3779b97f4a7c15
-		h ^= h >> 29
-	}
-	return h
+// fingerprint returns a hash of blocks, in order, keyed with seed. A touch
+// of blocks with the previous touch's fingerprint is skipped (see
+// touchLocked), and clients choose their prompts, hence the blocks: a
+// fingerprint computable without a secret would let a client find offline
+// a prompt with its previous prompt's fingerprint (in about 2^32 hashes for
+// any 64-bit one; at once for a multiply-xorshift chain, where flipping a
+// block's top bit flips two fixed bits of the state, which the next block
+// can flip back) and so keep that prompt from being recorded. Keyed by a
+// random seed per index through hash/maphash (the runtime's AES-based hash
+// where the processor has AES instructions, a wyhash-like one elsewhere),
+// a collision can only be sought by sending prompts, of which one in 2^64
+// would be skipped. It is cheap next to the touch it may save, a table
+// lookup and a list move per block: maphash hashes 16 blocks (128 bytes)
+// per runtime call, a cycle or two a block with AES, and allocates
+// nothing.
+func fingerprint(seed maphash.Seed, blocks []uint64) uint64 {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(blocks))), 8*len(blocks))
+	return maphash.Bytes(seed, b)
 }
 
 // holder is the set of endpoints, within one group of 64 slots, that hold a
@@ -256,6 +274,7 @@ func NewIndex(c IndexConfig) (*Index, error) {
 		occupied:     make([]uint64, (c.MaxEndpoints+63)/64),
 		holders:      make([]*holderTable, (c.MaxEndpoints+63)/64),
 		seed:         rand.Uint64(),
+		fpSeed:       maphash.MakeSeed(),
 	}, nil
 }
 
@@ -365,9 +384,13 @@ func (x *Index) Len(endpoint string) int {
 // [IndexConfig.EventsOnly] set, Record only adds the endpoint.
 //
 // Record returns an error wrapping [ErrInvalidArgument] for an empty
-// endpoint key, or [ErrTooManyEndpoints].
+// endpoint key or a time the index cannot place (the zero time.Time; see
+// [Index]), or [ErrTooManyEndpoints]; it then changes nothing.
 func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	t := x.unixNano(now)
+	if t == math.MinInt64 {
+		return fmt.Errorf("%w: Record at %v, a time the index cannot place (zero, or before 1677-09-21)", ErrInvalidArgument, now)
+	}
 	exp := t + x.ttl
 	if exp < t { // overflow
 		exp = never - 1
@@ -471,9 +494,21 @@ func (x *Index) RemoveEndpoint(endpoint string) {
 
 // unixNano returns now on x's time line, at most never-1: blocks reported by
 // engine events, whose expiry is never, outlast every time, even a reading
-// such as time.Unix(0, math.MaxInt64).
+// such as time.Unix(0, math.MaxInt64). It is math.MinInt64 for every time
+// the index cannot place: the zero time.Time and every other time up to
+// time.Unix(0, math.MinInt64), in 1677.
 func (x *Index) unixNano(now time.Time) int64 {
 	return min(x.line.UnixNano(now), never-1)
+}
+
+// matchNano is unixNano for Match and MatchLen, which take a time they
+// cannot place as later than every expiry: blocks reported by engine events
+// match there, recorded blocks do not.
+func (x *Index) matchNano(now time.Time) int64 {
+	if t := x.unixNano(now); t > math.MinInt64 {
+		return t
+	}
+	return never - 1
 }
 
 func (x *Index) checkBlockSize(blockSize int) error {
@@ -523,7 +558,7 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 			e.lru.RemoveOldest()
 		}
 	}
-	fp := fingerprint(blocks[:n])
+	fp := fingerprint(x.fpSeed, blocks[:n])
 	if l := &e.last; l.gen == e.gen && l.n == n && l.print == fp && l.minExp >= exp-slack && l.minExp > now {
 		return
 	}
@@ -592,7 +627,9 @@ const maxGroups = DefaultMaxEndpoints / 64
 // Match appends to dst, for each endpoint holding at least the first of
 // blocks, the number of leading blocks it holds unexpired at now, and
 // returns the extended slice. Each endpoint's match stops at its first
-// missing or expired block; endpoints that match no block are omitted. The
+// missing or expired block; endpoints that match no block are omitted. At
+// a time the index cannot place, such as the zero time.Time, only blocks
+// reported by engine events match (see [Index]). The
 // appended matches are in decreasing order of Blocks; the order of equal
 // matches is unspecified, so a policy should break ties at random.
 //
@@ -603,7 +640,7 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	if len(blocks) == 0 {
 		return dst
 	}
-	t := x.unixNano(now)
+	t := x.matchNano(now)
 	start := len(dst)
 	var alive [maxGroups]uint64
 	var active [maxGroups]uint8
@@ -676,7 +713,7 @@ func (x *Index) appendMatches(dst []Match, w int, set uint64, n int) []Match {
 // MatchLen returns the number of leading blocks endpoint holds unexpired at
 // now: [Index.Match] for one endpoint. It is 0 for unknown endpoints.
 func (x *Index) MatchLen(endpoint string, blocks []uint64, now time.Time) int {
-	t := x.unixNano(now)
+	t := x.matchNano(now)
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	e := x.endpoints[endpoint]

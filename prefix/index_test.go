@@ -668,3 +668,35 @@ func TestRecordDropsExpiredBlocks(t *testing.T) {
 	}
 	checkInvariants(t, x)
 }
+
+// TestRecordAgainCraftedPrompt checks that a Record is skipped only for the
+// blocks the endpoint's previous Record gave it, not for other blocks
+// crafted to share their fingerprint. The pairs below differ in their first
+// two hashes by constants that cancel in an unkeyed multiply-xorshift
+// fingerprint (and in one keyed only by its starting value) whatever the
+// hashes, so that a client choosing its prompt could make the index skip
+// recording it where it was sent.
+func TestRecordAgainCraftedPrompt(t *testing.T) {
+	for i := range uint64(8) {
+		x := mustIndex(t, IndexConfig{})
+		a := chainOf(1+i, 2+int(i))
+		b := append([]uint64{}, a...)
+		b[0] ^= 1 << 63
+		b[1] ^= 1<<63 | 1<<34
+		must(t, x.Record("e", a, t0))
+		must(t, x.Record("e", b, t0))
+		if got := x.MatchLen("e", b, t0); got != len(b) {
+			t.Fatalf("pair %d: the second prompt recorded matches %d blocks, want %d", i, got, len(b))
+		}
+		if got := x.MatchLen("e", a, t0); got != len(a) {
+			t.Fatalf("pair %d: the first prompt matches %d blocks, want %d", i, got, len(a))
+		}
+		// The same prompt recorded again is still skipped.
+		gen := x.endpoints["e"].gen
+		must(t, x.Record("e", b, t0))
+		if x.endpoints["e"].gen != gen {
+			t.Fatalf("pair %d: the second prompt recorded again was not skipped", i)
+		}
+		checkInvariants(t, x)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"slices"
 	"testing"
+	"time"
 )
 
 // model is a plain reference implementation of Index: per endpoint, a slice
@@ -69,7 +70,12 @@ func (e *modelEndpoint) find(h uint64) int {
 	return slices.IndexFunc(e.list, func(x modelEntry) bool { return x.h == h })
 }
 
+// record is Index.Record at t, math.MinInt64 standing for a time the index
+// cannot place (see modelNano).
 func (m *model) record(key string, blocks []uint64, t int64) bool {
+	if t == math.MinInt64 {
+		return false
+	}
 	e := m.endpoint(key)
 	if e == nil {
 		return false
@@ -136,6 +142,9 @@ func (m *model) matchLen(key string, blocks []uint64, t int64) int {
 		return 0
 	}
 	t = min(t, math.MaxInt64-1)
+	if t == math.MinInt64 { // later than every expiry
+		t = math.MaxInt64 - 1
+	}
 	for i, h := range blocks {
 		j := e.find(h)
 		if j < 0 || e.list[j].exp <= t {
@@ -245,6 +254,15 @@ func asMap(t testing.TB, ms []Match) map[string]int {
 	return out
 }
 
+// modelNano returns t in Unix nanoseconds for the model, math.MinInt64 for
+// the zero time.Time, whose UnixNano is undefined.
+func modelNano(t time.Time) int64 {
+	if t.IsZero() {
+		return math.MinInt64
+	}
+	return t.UnixNano()
+}
+
 func epName(i int) string { return fmt.Sprintf("ep%d", i) }
 
 // epNames returns epName(0) to epName(n-1).
@@ -254,4 +272,55 @@ func epNames(n int) []string {
 		names[i] = epName(i)
 	}
 	return names
+}
+
+// checkModel verifies that the index holds exactly the model's state: the
+// same endpoints with the same capacities, and for each the same blocks
+// in the same recency order with the same expiries. Matches compare only
+// what the LRUs yield for a prompt; this compares what later evictions
+// and expiries will act on.
+func checkModel(t testing.TB, x *Index, m *model) {
+	t.Helper()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if len(x.endpoints) != len(m.eps) {
+		t.Fatalf("index has %d endpoints, model %d", len(x.endpoints), len(m.eps))
+	}
+	for key, me := range m.eps {
+		e := x.endpoints[key]
+		if e == nil {
+			t.Fatalf("endpoint %q in the model, not in the index", key)
+		}
+		if e.capacity != me.capacity {
+			t.Fatalf("endpoint %q: capacity %d, model %d", key, e.capacity, me.capacity)
+		}
+		keys := e.lru.Keys()
+		if len(keys) != len(me.list) {
+			t.Fatalf("endpoint %q: %d blocks, model %d", key, len(keys), len(me.list))
+		}
+		for i, h := range keys {
+			exp, _ := e.lru.Peek(h)
+			if want := me.list[i]; h != want.h || exp != want.exp {
+				t.Fatalf("endpoint %q: block %d (least recently used first) is %x expiring at %d, model %x at %d", key, i, h, exp, want.h, want.exp)
+			}
+		}
+	}
+}
+
+// checkListed verifies that the holder table lists every endpoint for every
+// block it holds unexpired after now, the latest time passed to the index:
+// the table may omit only copies found expired (see holder), and Match
+// finds blocks only through it.
+func checkListed(t testing.TB, x *Index, now int64) {
+	t.Helper()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for key, e := range x.endpoints {
+		w, bit := e.slot/64, uint64(1)<<(e.slot%64)
+		for _, h := range e.lru.Keys() {
+			if exp, _ := e.lru.Peek(h); exp > now && x.holders[w].get(h).bits&bit == 0 {
+				t.Fatalf("endpoint %q holds %x until %d, after %d, but the holder table does not list it", key, h, exp, now)
+			}
+		}
+	}
 }
