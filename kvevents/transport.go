@@ -83,6 +83,12 @@ func registerGuards() error {
 	return registerErr
 }
 
+// dialed, if set, is called with every connection a guardTransport dials,
+// before it is used. Tests set it to shrink the kernel's receive buffer, so
+// that what a subscription holds is measured without the buffer the kernel
+// sizes at will.
+var dialed func(net.Conn)
+
 // guardTransport is the zmq4 transport of network ("tcp" or "unix") that
 // dials guarded connections for the connGroup on the socket's context.
 // It only dials.
@@ -101,6 +107,9 @@ func (t guardTransport) Dial(ctx context.Context, dialer transport.Dialer, addr 
 	c, err := dialer.DialContext(ctx, t.network, addr)
 	if err != nil {
 		return nil, err
+	}
+	if dialed != nil {
+		dialed(c)
 	}
 	gc := newGuardConn(c, g.handshake)
 	gc.budget = g

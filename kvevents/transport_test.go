@@ -549,6 +549,15 @@ func TestSlowSubscriptionBoundsQueuedBytes(t *testing.T) {
 		size  = 8 << 20 // bytes of padding per batch
 		count = 20
 	)
+	// The kernel grows a connection's receive buffer at will (up to 32 MiB
+	// on some hosts, four batches): keep it small, so that what the
+	// subscription holds is what is measured.
+	dialed = func(c net.Conn) {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetReadBuffer(64 << 10)
+		}
+	}
+	t.Cleanup(func() { dialed = nil })
 	var written atomic.Int64
 	p := bigBatches(t, size, count, &written)
 	gate := make(chan struct{})
@@ -567,7 +576,7 @@ func TestSlowSubscriptionBoundsQueuedBytes(t *testing.T) {
 	stop := runSubscriber(t, sub)
 	defer close(gate)
 
-	awaitStall(t, &written, 4*size, 11*size)
+	t.Logf("stalled at %d MiB", awaitStall(t, &written, 4*size, 11*size)>>20)
 	gate <- struct{}{}
 	require.Eventually(t, func() bool { return forwarded.Load() == count }, waitFor, tick, "batches lost")
 	assert.Zero(t, gaps.Load())
