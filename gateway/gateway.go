@@ -90,9 +90,10 @@ type Config struct {
 	//   - Reporter: nil means the gateway's [retry.Ejector], which ejects
 	//     the replicas that keep failing, cools down those that ask for a
 	//     wait or whose quota is spent, and answers [Gateway.Headroom] and
-	//     the readiness of [Gateway.Tier]. A Reporter of yours replaces
-	//     it: the ejector is then told nothing, so no replica is ejected
-	//     or cooled down and Headroom reports nothing.
+	//     the readiness of [Gateway.Tier]; it reads Clock, as the
+	//     retries do. A Reporter of yours replaces it: the ejector is
+	//     then told nothing, so no replica is ejected or cooled down and
+	//     Headroom reports nothing.
 	//   - Observer: the gateway logs every retry, hedge and refusal by the
 	//     budget, and every ejection and admission refusal, and probes (for
 	//     a stored response, see httplb.Transport) at debug level, and then
@@ -355,7 +356,7 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 	g.balancer = b
 	g.health = newHealth(b)
 	obs := g.retryObserver(cfg.Retry.Observer)
-	if g.ejector, err = retry.NewEjector(g.health, retry.EjectorConfig{Observer: obs}); err != nil {
+	if g.ejector, err = retry.NewEjector(g.health, retry.EjectorConfig{Observer: obs, Clock: cfg.Retry.Clock}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if cfg.Admission != (retry.AdmissionConfig{}) {
@@ -526,29 +527,33 @@ func (g *Gateway) Headroom(backend string) (float64, bool) { return g.ejector.He
 // tier are routed, retried and accounted for as the gateway's own; run the
 // gateway ([Gateway.Run]) for its scraping and ejections to go on. The
 // tier is not ready ([spill.Tier].Ready) while every replica is held out
-// of picks, ejected, cooling down or asleep: requests then spill past it
-// rather than wait for a sleeping engine to wake.
+// of picks, ejected, cooling down, asleep or marked unhealthy on
+// [Gateway.Balancer]: requests then spill past it rather than wait for a
+// sleeping engine to wake or go to replicas taken out of service.
 func (g *Gateway) Tier(name string) spill.Tier {
 	return spill.Tier{Name: name, Transport: g.transport, Ready: g.ready}
 }
 
 // ready reports whether some replica is held out of picks by neither an
-// ejection, a cooldown nor a sleep ([health]), and if none is, the time
-// until one may be back: the end of the first ejection or cooldown, or,
-// while a replica sleeps, the next scrape, which finds it awake if it
-// woke, whichever comes first. A gateway without replicas is ready: its
-// requests fail there, and spill.
+// ejection, a cooldown, a sleep ([health]) nor the program's unhealthy
+// mark, and if none is, the time until one may be back: the end of the
+// first ejection or cooldown, or, while a replica sleeps, the next scrape,
+// which finds it awake if it woke, whichever comes first; 0 if only the
+// program's marks hold them out, whose end is the program's to tell. A
+// gateway without replicas is ready: its requests fail there, and spill.
 func (g *Gateway) ready() (bool, time.Duration) {
 	// Out ends the ejections that are over, marking their replicas in
 	// health, before health is asked.
 	out, next := g.ejector.Out()
+	// g.mu is held while health reads the balancer, so that the backends
+	// are its members.
 	g.mu.Lock()
-	backends := g.backends
-	g.mu.Unlock()
-	if len(backends) == 0 {
+	if len(g.backends) == 0 {
+		g.mu.Unlock()
 		return true, next
 	}
-	in, asleep := g.health.anyIn(backends)
+	in, asleep := g.health.anyIn(g.backends)
+	g.mu.Unlock()
 	if in {
 		return true, next
 	}
@@ -565,7 +570,9 @@ func (g *Gateway) ready() (bool, time.Duration) {
 // it marked itself: one you marked unhealthy before stays so until you mark
 // it healthy. A mark you set while the gateway holds the replica out takes
 // effect but is not recorded: when the hold ends, the gateway marks the
-// replica healthy if it had marked it unhealthy.
+// replica healthy if it had marked it unhealthy. A tier of the gateway
+// ([Gateway.Tier]) is not ready while you have marked unhealthy every
+// replica that the gateway does not hold out.
 func (g *Gateway) Balancer() *llmlb.Balancer { return g.balancer }
 
 // Run scrapes the replicas, shares state with the other replicas (with

@@ -94,19 +94,23 @@ func (h *health) isAsleep(key string) bool {
 }
 
 // anyIn reports whether some key of keys is held out by neither the
-// ejector nor a sleep, and whether some key is held out as asleep.
+// ejector, a sleep nor the program's mark (unhealthy on the balancer while
+// neither of the others holds it, so not health's own), and whether some
+// key is held out as asleep. A key that is not a member is not in.
 func (h *health) anyIn(keys []string) (in, asleep bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.ejected) == 0 && len(h.asleep) == 0 {
-		return len(keys) > 0, false
-	}
 	for _, k := range keys {
 		switch {
 		case h.asleep[k]:
 			asleep = true
-		case !h.ejected[k]:
-			return true, asleep
+		case h.ejected[k]:
+		default:
+			// Read under h.mu, which orders health's own marks: one
+			// unhealthy here is the program's.
+			if s, member := h.b.StatsOf(k); member && s.Healthy {
+				return true, asleep
+			}
 		}
 	}
 	return false, asleep

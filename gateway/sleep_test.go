@@ -408,3 +408,86 @@ func TestGatewaySpillsPastSleepingReplicas(t *testing.T) {
 	}
 	g.transport.CloseIdleConnections()
 }
+
+// With SpillTo, a tier whose replicas the program all marked unhealthy on
+// Gateway.Balancer is not ready: requests spill past it rather than go to
+// replicas taken out of service, until the program marks one healthy. A
+// program's mark on one replica and an ejection of the other hold the tier
+// out until the ejection ends.
+func TestGatewaySpillsPastProgramMarks(t *testing.T) {
+	c, err := e2e.StartCluster(3, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, b := c.URLs[0], c.URLs[1]
+	base := newSleepyBase(t, a, b)
+	next, err := New(c.URLs[2:], Config{ScrapeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.transport.CloseIdleConnections()
+	log, _ := newLogger()
+	g, err := New([]string{a, b}, Config{Logger: log, ScrapeInterval: -1, Base: base, Name: "local",
+		SpillTo: []spill.Tier{next.Tier("next")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	send := func(wantFrom string) {
+		t.Helper()
+		code, body, h := post(t, g, "spill past marks")
+		if code != http.StatusOK || !strings.Contains(body, "data: [DONE]") || h.Get(spill.DefaultHeader) != wantFrom {
+			t.Fatalf("%d, spilled from %q, want %q: %q", code, h.Get(spill.DefaultHeader), wantFrom, body)
+		}
+	}
+	local := func() int64 { return base.completions[a].Load() + base.completions[b].Load() }
+	mark := func(key string, healthy bool) {
+		t.Helper()
+		if err := g.Balancer().SetHealthy(key, healthy); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// One marked: the tier is ready and the other serves.
+	mark(a, false)
+	if ok, _ := g.ready(); !ok {
+		t.Error("one replica marked unhealthy: not ready")
+	}
+	send("")
+	if n := local(); n != 1 {
+		t.Fatalf("%d requests reached the tier's replicas, want 1", n)
+	}
+
+	// Both marked: not ready, with no time of the gateway's own to wait,
+	// and the request spills without reaching them.
+	mark(b, false)
+	if ok, wait := g.ready(); ok || wait != 0 {
+		t.Errorf("every replica marked unhealthy: ready() = %v, %v; want false, 0", ok, wait)
+	}
+	send("local")
+	if n := local(); n != 1 {
+		t.Errorf("%d requests reached the replicas marked unhealthy, want none", n-1)
+	}
+
+	// b cooling down, a marked: not ready until b's cooldown ends.
+	mark(b, true)
+	g.ejector.Report(b, &retry.StatusError{Code: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"60"}}})
+	if st := g.State(); !slices.Equal(st.Cooling, []string{b}) {
+		t.Fatalf("cooling %v, want %s", st.Cooling, b)
+	}
+	if ok, wait := g.ready(); ok || wait <= 0 || wait > time.Minute {
+		t.Errorf("one replica marked, one cooling: ready() = %v, %v; want false, b's cooldown", ok, wait)
+	}
+	send("local")
+
+	// The program lets a back in: the tier is ready and serves.
+	mark(a, true)
+	if ok, _ := g.ready(); !ok {
+		t.Error("not ready with a replica marked healthy")
+	}
+	send("")
+	if n := local(); n != 2 {
+		t.Errorf("%d requests reached the tier's replicas, want 2", n)
+	}
+}
