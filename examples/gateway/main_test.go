@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -484,10 +485,18 @@ func TestDrainKeepsBackgroundWork(t *testing.T) {
 
 // With -first-event-timeout, a request sent to a replica that takes the
 // connection and never answers is retried on another replica in time; every
-// request completes.
+// request completes. The silent replica answers nothing before the test
+// ends, so a request it was sent completes only if the timeout fired. The
+// timeout must also spare the good replica's answer, which takes
+// milliseconds but is measured from the send as well: the limit is far
+// longer, so that a loaded machine does not time that out too, and far
+// shorter than the client waits.
 func TestFirstEventTimeout(t *testing.T) {
+	const limit = time.Second
 	release := make(chan struct{})
+	var sent atomic.Int64
 	silent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sent.Add(1)
 		_, _ = io.Copy(io.Discard, r.Body)
 		select {
 		case <-r.Context().Done():
@@ -502,9 +511,9 @@ func TestFirstEventTimeout(t *testing.T) {
 	}))
 	t.Cleanup(good.Close)
 	p := startProcess(t, "-backends", silent.URL+","+good.URL, "-policy", "round-robin", "-attempts", "2",
-		"-first-event-timeout", "200ms", "-listen", "127.0.0.1:0", "-admin", "", "-scrape", "-1s")
+		"-first-event-timeout", limit.String(), "-listen", "127.0.0.1:0", "-admin", "", "-scrape", "-1s")
 	addr := p.waitFor("gateway serving", "addr")
-	client := &http.Client{Timeout: 10 * time.Second}
+	client := &http.Client{Timeout: 20 * limit}
 	for i := range 4 {
 		body := strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 		resp, err := client.Post(addr+"/v1/chat/completions", "application/json", body)
@@ -516,6 +525,12 @@ func TestFirstEventTimeout(t *testing.T) {
 		if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(got), "[DONE]") {
 			t.Fatalf("request %d: %s, %q, %v; want 200 and the good replica's stream", i, resp.Status, got, err)
 		}
+	}
+	// Round robin sends every other request to the silent replica first
+	// (a retry has one candidate left and takes no turn): two got past it
+	// only by the timeout.
+	if n := sent.Load(); n != 2 {
+		t.Errorf("the silent replica was sent %d requests, want 2", n)
 	}
 	p.signal(syscall.SIGTERM)
 	p.wait()
