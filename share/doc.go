@@ -22,10 +22,12 @@
 // the last batch. A batch larger than the peers take (8 MiB, or the NATS
 // server's max_payload if smaller, 1 MiB by default) is published in
 // parts of some endpoints each, under the IDs "<ID>/part1", "<ID>/part2"...
-// for all but the first, which peers count as replicas of their own (in
-// [Stats].Peers and against MaxPeers). The Group learns all this from the balancer's
-// [llmlb.Observer] ([Group.Observer]), whose functions only update memory:
-// the network is touched only by [Group.Run].
+// for all but the first, which peers count as the one replica that sent
+// them (in [Stats].Peers and against MaxPeers); peers keep at most 64
+// parts of 64 MiB in all, and the endpoints beyond are left out. The
+// Group learns all this from the balancer's [llmlb.Observer]
+// ([Group.Observer]), whose functions only update memory: the network is
+// touched only by [Group.Run].
 //
 // The Group is also the balancer's [llmlb.Signal]. An engine's observation
 // (a scrape of its metrics) counts the whole replica at the moment it was
@@ -74,8 +76,9 @@
 //
 // Memory is bounded whatever the peers send: at most [Config].MaxPeers
 // peers (64 by default; further ones are rejected until one expires), the
-// latest batch of each kept in at most about ten times its size (a batch
-// over 8 MiB is refused), up to 256 batches and 32 MiB received by
+// latest batch of each kept in at most about ten times its size (a message
+// over 8 MiB is refused, and so are the parts of a batch beyond 64 MiB or
+// 64 parts), up to 256 batches and 32 MiB received by
 // [Group.Run] and not yet applied (NATS drops the batches beyond, counted
 // in [Stats].Rejected), this replica's work at most
 // [Config].MaxEndpoints endpoints (1024) of at most 256 time buckets of 56

@@ -8,15 +8,22 @@ import (
 	"unsafe"
 )
 
-// peers holds the latest snapshot of every peer heard from.
+// peers holds the latest snapshot of every peer heard from: of each part
+// of its batches (see split), which count as one peer.
 type peers struct {
 	ttl int64 // nanoseconds a snapshot counts after it arrived, at least
-	max int
+	max int   // senders
+	// maxBytes bounds the bytes of one sender's batches (maxSenderBytes;
+	// tests lower it).
+	maxBytes int
 
-	mu sync.RWMutex // protects list
-	// list holds the peers by increasing id, so that sums over them are
-	// the same whatever the order their batches arrived in.
+	mu sync.RWMutex // protects list and senders
+	// list holds the snapshots by increasing id, so that sums over them
+	// are the same whatever the order their batches arrived in.
 	list []*peer
+	// senders holds, by the ID of the replica that sent them (baseID),
+	// the snapshots in list and the bytes of their batches.
+	senders map[string]*sender
 
 	// spare is the memory of a snapshot replaced by a newer one, for apply
 	// to fill with the next. Only apply uses it, and its caller
@@ -24,15 +31,30 @@ type peers struct {
 	spare *snap
 }
 
-// peer is the latest snapshot of one peer.
+// peer is the latest snapshot of one peer, or of one part of its batches.
 type peer struct {
 	id   string
+	base string // the sender's ID: baseID(id)
 	inc  uint64 // incarnation of the sender
 	seq  uint64
 	seen int64 // local unix nanoseconds the snapshot arrived
 	ttl  int64 // nanoseconds it counts after it arrived (see peerTTL)
+	size int   // bytes of the batch
 	*snap
 }
+
+// sender is the snapshots of one peer: one per part of its batches.
+type sender struct {
+	parts int // snapshots in list
+	bytes int // of their batches
+}
+
+// maxSenderBytes bounds the bytes of the batches of one peer kept at once,
+// over the parts of its batches: a batch of the largest MaxEndpoints, of
+// the longest keys and many requests in flight at each, takes several
+// times the 8 MiB of a message, and a peer sending more fills no more
+// memory than eight peers of the largest messages.
+const maxSenderBytes = 8 * maxMessageBytes
 
 // snap is a peer's snapshot as kept: its work per endpoint, as the batch
 // carried it, in at most about ten times the batch's bytes (about 4 times
@@ -258,29 +280,50 @@ func fit[T any](s []T, n int) []T {
 // needs, so that batches of varying sizes reuse it.
 const fitSlack = 64 << 10
 
-// apply stores m, received at now, as its sender's snapshot. It reports
+// apply stores m, received at now in size bytes, as its sender's snapshot,
+// or the snapshot of the part of the sender's batches it is. It reports
 // whether the sender is new, and false in ok if m was refused: older than
-// the sender's latest, or from a new peer beyond the limit. Its calls must
-// not overlap.
-func (p *peers) apply(m *message, now int64) (joined, ok bool) {
+// the latest of its ID, from a new peer beyond the limit, or a part beyond
+// maxParts or maxBytes of its sender's. The parts of one sender's
+// batches count as one peer. Its calls must not overlap.
+func (p *peers) apply(m *message, size int, now int64) (joined, ok bool) {
 	s := p.build(m, now)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	i, found := slices.BinarySearchFunc(p.list, m.id, func(pr *peer, id string) int { return strings.Compare(pr.id, id) })
-	switch {
-	case !found:
-		if len(p.list) >= p.max {
-			p.spare = s
-			return false, false
-		}
-		pr := &peer{id: m.id, inc: m.inc, seq: m.seq, seen: now, ttl: p.peerTTL(0, m.width), snap: s}
-		p.list = slices.Insert(p.list, i, pr)
-		return true, true
-	case p.list[i].inc == m.inc && m.seq <= p.list[i].seq:
+	if found && p.list[i].inc == m.inc && m.seq <= p.list[i].seq {
 		p.spare = s
 		return false, false // a late or repeated message
 	}
+	base := baseID(m.id)
+	snd := p.senders[base]
+	if !found {
+		switch {
+		case snd == nil && len(p.senders) >= p.max,
+			snd != nil && (snd.parts >= maxParts || snd.bytes+size > p.maxBytes):
+			p.spare = s
+			return false, false
+		case snd == nil:
+			if p.senders == nil {
+				p.senders = make(map[string]*sender)
+			}
+			snd = new(sender)
+			p.senders[base] = snd
+			joined = true
+		}
+		snd.parts++
+		snd.bytes += size
+		pr := &peer{id: m.id, base: base, inc: m.inc, seq: m.seq, seen: now, ttl: p.peerTTL(0, m.width), size: size, snap: s}
+		p.list = slices.Insert(p.list, i, pr)
+		return joined, true
+	}
 	pr := p.list[i]
+	if snd.bytes-pr.size+size > p.maxBytes {
+		p.spare = s
+		return false, false
+	}
+	snd.bytes += size - pr.size
+	pr.size = size
 	if pr.inc == m.inc {
 		pr.ttl = p.peerTTL(now-pr.seen, m.width)
 	} else {
@@ -379,31 +422,47 @@ func (s *span) after(since int64) float64 {
 	return float64(s.end-since) / float64(s.end-s.start)
 }
 
-// live returns the number of peers heard from within the TTL before now.
+// live returns the number of peers heard from within the TTL before now,
+// each counted once however many parts its batches have.
 func (p *peers) live(now int64) int {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
+	var parts map[string]bool // senders with a live part, of those with parts
 	n := 0
 	for _, pr := range p.list {
-		if now-pr.seen <= pr.ttl {
+		switch {
+		case now-pr.seen > pr.ttl:
+		case p.senders[pr.base].parts == 1:
+			n++
+		case !parts[pr.base]:
+			if parts == nil {
+				parts = make(map[string]bool)
+			}
+			parts[pr.base] = true
 			n++
 		}
 	}
 	return n
 }
 
-// expire forgets the peers not heard from within the TTL before now and
-// returns their ids.
+// expire forgets the snapshots not heard from within the TTL before now
+// and returns the ids of the peers none of whose snapshots is left.
 func (p *peers) expire(now int64) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var gone []string
 	p.list = slices.DeleteFunc(p.list, func(pr *peer) bool {
-		if now-pr.seen > pr.ttl {
-			gone = append(gone, pr.id)
-			return true
+		if now-pr.seen <= pr.ttl {
+			return false
 		}
-		return false
+		snd := p.senders[pr.base]
+		snd.parts--
+		snd.bytes -= pr.size
+		if snd.parts == 0 {
+			delete(p.senders, pr.base)
+			gone = append(gone, pr.base)
+		}
+		return true
 	})
 	return gone
 }

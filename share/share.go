@@ -109,7 +109,8 @@ type Config struct {
 	// below Interval.
 	TTL time.Duration
 	// MaxPeers bounds the peers tracked; batches of further peers are
-	// rejected until one expires. 0 means [DefaultMaxPeers].
+	// rejected until one expires. The parts of a peer's batch too large
+	// for one message count as that one peer. 0 means [DefaultMaxPeers].
 	MaxPeers int
 	// MaxEndpoints bounds the endpoints tracked. 0 means
 	// [DefaultMaxEndpoints].
@@ -276,7 +277,7 @@ func New(cfg Config) (*Group, error) {
 		width = (span + 255) / 256
 	}
 	g.local.init(int64(width), horizon, cfg.MaxEndpoints, cfg.MaxBlocks)
-	g.peers = peers{ttl: int64(cfg.TTL), max: cfg.MaxPeers}
+	g.peers = peers{ttl: int64(cfg.TTL), max: cfg.MaxPeers, maxBytes: maxSenderBytes}
 	return g, nil
 }
 
@@ -494,14 +495,16 @@ type Stats struct {
 	// is down, batches are not published and, once the peers' batches
 	// expire, the balancer routes on local state alone.
 	Connected bool
-	// Peers is the number of peers whose batches count now.
+	// Peers is the number of peers whose batches count now, each counted
+	// once however many parts its batches are published in.
 	Peers int
 	// Published counts batches published, or built by
 	// [Group.AppendBatch]; Unpublished those not published because the
 	// connection was down or the publish failed.
 	Published, Unpublished uint64
-	// Received counts peers' batches applied; Rejected those refused:
-	// malformed, late, or from a peer beyond MaxPeers, and those
+	// Received counts peers' batches applied (each part of one); Rejected
+	// those refused: malformed, late, from a peer beyond MaxPeers, or
+	// parts of a peer's batch beyond 64 MiB or 64 parts, and those
 	// [Group.Run] dropped because 256 batches or 32 MiB of them were
 	// already waiting to be applied.
 	Received, Rejected uint64
@@ -638,7 +641,7 @@ func (g *Group) AppendBatch(buf []byte) []byte {
 	}
 	// Larger than any peer takes: the endpoints that fit are kept, and
 	// the work of the others is counted as dropped.
-	parts, dropped, _ := split(m, maxMessageBytes, g.partMsgs)
+	parts, dropped, _ := split(m, maxMessageBytes, maxSenderBytes, g.partMsgs)
 	g.partMsgs = parts
 	for _, p := range parts[1:] {
 		dropped += len(p.routes)
@@ -665,8 +668,9 @@ func (g *Group) AppendBatch(buf []byte) []byte {
 // Receive applies a peer's batch, made by its [Group.AppendBatch], as
 // arrived at the Group's clock's time: it counts until TTL after that. It
 // returns an error if the batch is refused (malformed, older than one of
-// the same peer applied before, from a new peer beyond MaxPeers, or from
-// another replica with this Group's ID); refused batches are counted in
+// the same peer applied before, from a new peer beyond MaxPeers, a part of
+// a peer's batch beyond 64 MiB or 64 parts, or from another replica with
+// this Group's ID); refused batches are counted in
 // [Stats].Rejected. This Group's own batches are ignored.
 func (g *Group) Receive(data []byte) error {
 	return g.receive(data)
@@ -749,10 +753,11 @@ func (g *Group) publish(buf []byte) []byte {
 // publishParts publishes m, whose encoding exceeds limit bytes, in parts
 // of at most limit bytes (see split), and returns the encoding buffer, the
 // number of parts and the first error. An endpoint that does not fit a
-// part alone is left out, with an error wrapping nats.ErrMaxPayload, after
-// the others are published.
+// part alone, or that the receivers would not keep (beyond maxParts parts
+// or maxSenderBytes), is left out, with an error wrapping
+// nats.ErrMaxPayload, after the others are published.
 func (g *Group) publishParts(buf []byte, m *message, limit int) ([]byte, int, error) {
-	parts, dropped, tooLarge := split(m, limit, g.partMsgs)
+	parts, dropped, tooLarge := split(m, limit, maxSenderBytes, g.partMsgs)
 	g.partMsgs = parts
 	if dropped > 0 {
 		g.local.dropped.Add(uint64(dropped))
@@ -770,7 +775,7 @@ func (g *Group) publishParts(buf []byte, m *message, limit int) ([]byte, int, er
 		parts[k].eps, parts[k].routes = parts[k].eps[:0], parts[k].routes[:0]
 	}
 	if err == nil && tooLarge != "" {
-		err = fmt.Errorf("share: the work at endpoint %.64q does not fit a batch of %d bytes: %w", tooLarge, limit, nats.ErrMaxPayload)
+		err = fmt.Errorf("share: the work at endpoint %.64q does not fit a batch of %d bytes, or %d parts of %d MiB in all: %w", tooLarge, limit, maxParts, maxSenderBytes>>20, nats.ErrMaxPayload)
 	}
 	return buf, len(parts), err
 }
@@ -836,15 +841,15 @@ func (g *Group) receive(data []byte) error {
 	}
 	t := g.clock.Now()
 	now := g.line.UnixNano(t)
-	joined, ok := g.peers.apply(m, now)
+	joined, ok := g.peers.apply(m, len(data), now)
 	if !ok {
 		g.rejected.Add(1)
-		return fmt.Errorf("%w: batch %d of peer %q came late, or the peer is beyond MaxPeers", ErrRefused, m.seq, m.id)
+		return fmt.Errorf("%w: batch %d of peer %q came late, the peer is beyond MaxPeers, or its batch in parts is too large", ErrRefused, m.seq, m.id)
 	}
 	g.received.Add(1)
 	g.local.newBatch()
 	if joined {
-		g.log.Info("share: peer joined", "peer", m.id, "self", g.id)
+		g.log.Info("share: peer joined", "peer", baseID(m.id), "self", g.id)
 	}
 	if g.index == nil {
 		return nil

@@ -9,18 +9,23 @@ import (
 // A batch whose encoding exceeds what its receivers take (maxMessageBytes,
 // or the NATS connection's maximum payload if smaller) is published in
 // parts: each part is a batch of some of the endpoints, with the routes to
-// them, published under the ID partID(id, k) for part k > 0. A receiver,
-// this version or one before it, takes each part for the batch of a peer
-// of its own, and adds the work of all: the endpoints of the parts do not
-// overlap. A part not needed any more is published once empty, so that the
-// work it described stops counting at once rather than after the TTL.
+// them, published under the ID partID(id, k) for part k > 0. A receiver
+// keeps each part as a snapshot of its own and adds the work of all (the
+// endpoints of the parts do not overlap), and counts the parts as one
+// peer, their sender (a receiver of a version before took each part for a
+// peer of its own). A part not needed any more is published once empty,
+// so that the work it described stops counting at once rather than after
+// the TTL.
 
 // partSep separates a replica's ID from the number of a part of its batch.
 const partSep = "/part"
 
 // maxParts bounds the parts of one batch, and so the part IDs of a
-// replica: maxWireEPs endpoints of a few kilobytes each need far fewer.
-const maxParts = 1 << 12
+// replica a receiver keeps: the batch of maxSenderBytes in parts of NATS's
+// default max_payload, 1 MiB. A receiver keeps the parts of a replica's
+// batches as snapshots of their own, and sums every snapshot at each
+// Load.
+const maxParts = 64
 
 // partID returns the ID of part k of the batches of replica id.
 func partID(id string, k int) string {
@@ -65,9 +70,10 @@ func uvarintLen(v uint64) int {
 // appends them to parts[:0] (reusing its memory); the parts' id, inc and
 // seq are left for the caller. An endpoint whose routes do not fit one
 // part goes without them, the picks counted in dropped; one that does not
-// fit alone, which only a maximum payload of a few kilobytes allows, is
-// left out and reported in tooLarge.
-func split(m *message, limit int, parts []message) (_ []message, dropped int, tooLarge string) {
+// fit alone, which only a maximum payload of a few kilobytes allows, or
+// not in maxParts parts of maxBytes in all (maxSenderBytes, which the
+// receivers keep at most), is left out and reported in tooLarge.
+func split(m *message, limit, maxBytes int, parts []message) (_ []message, dropped int, tooLarge string) {
 	// The largest header a part has: its id with the longest part suffix,
 	// and counts of endpoints and routes of three bytes each.
 	hdr := len(appendMessage(nil, &message{id: partID(m.id, maxParts), seq: ^uint64(0),
@@ -79,7 +85,7 @@ func split(m *message, limit int, parts []message) (_ []message, dropped int, to
 	var scratch []byte
 	parts = parts[:0]
 	var cur *message
-	size := 0
+	size, total := 0, 0 // bytes of cur, and of every part
 	for i := range m.eps {
 		e := &m.eps[i]
 		scratch = appendEP(scratch[:0], e)
@@ -98,14 +104,19 @@ func split(m *message, limit int, parts []message) (_ []message, dropped int, to
 				continue
 			}
 		}
-		if cur == nil || size+sz+rs > limit {
-			if len(parts) == maxParts {
-				dropped += len(routes)
-				if tooLarge == "" {
-					tooLarge = e.key
-				}
-				continue
+		next := cur == nil || size+sz+rs > limit // e starts a new part
+		need := sz + rs
+		if next {
+			need += hdr
+		}
+		if (next && len(parts) == maxParts) || total+need > maxBytes {
+			dropped += len(routes)
+			if tooLarge == "" {
+				tooLarge = e.key
 			}
+			continue
+		}
+		if next {
 			parts = append(parts, message{})
 			cur = &parts[len(parts)-1]
 			cur.width, cur.phase, cur.horizon = m.width, m.phase, m.horizon
@@ -116,6 +127,7 @@ func split(m *message, limit int, parts []message) (_ []message, dropped int, to
 			cur.routes = append(cur.routes, route{ep: len(cur.eps) - 1, blocks: m.routes[r].blocks})
 		}
 		size += sz + rs
+		total += need
 	}
 	return parts, dropped, tooLarge
 }

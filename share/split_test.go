@@ -106,7 +106,11 @@ func TestVanishedPartStopsCountingAtOnce(t *testing.T) {
 	go func() { done <- a.Run(ctx) }()
 	go func() { done <- b.Run(ctx) }()
 	defer func() { cancel(); <-done; <-done }()
-	require.Eventually(t, func() bool { return b.Stats().Peers >= 3 }, 10*time.Second, 10*time.Millisecond, "a batch of several parts")
+	require.Eventually(t, func() bool {
+		b.peers.mu.RLock()
+		defer b.peers.mu.RUnlock()
+		return len(b.peers.list) >= 3
+	}, 10*time.Second, 10*time.Millisecond, "a batch of several parts")
 	for _, k := range keys[:80] {
 		a.Observer(nil).Done(llmlb.DoneInfo{Endpoint: key(k), Latency: time.Since(picked)})
 	}
@@ -164,4 +168,139 @@ func TestAppendBatchFitsPeers(t *testing.T) {
 	}
 	assert.Greater(t, seen, 7000, "most endpoints fit")
 	assert.Equal(t, uint64(len(keys)-seen), a.Stats().Dropped, "the others' requests are counted as dropped")
+}
+
+// The parts of a batch count as their sender, one peer, against MaxPeers
+// and in Stats.Peers: a replica whose batches go in parts does not push
+// the other replicas out of a receiver's MaxPeers.
+func TestPartsCountAsOnePeer(t *testing.T) {
+	ns := startServerMaxPayload(t, 16<<10)
+	a, err := New(Config{Conn: connect(t, ns.ClientURL()), ID: "a", Logger: quiet})
+	require.NoError(t, err)
+	c, err := New(Config{Conn: connect(t, ns.ClientURL()), ID: "c", Logger: quiet})
+	require.NoError(t, err)
+	b, err := New(Config{Conn: connect(t, ns.ClientURL()), ID: "b", MaxPeers: 2, TTL: time.Minute, Logger: quiet})
+	require.NoError(t, err)
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%0500d", i)
+		a.Observer(nil).Pick(pickInfo(keys[i], 100, 10))
+	}
+	c.Observer(nil).Pick(pickInfo("c's", 100, 10))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 3)
+	for _, g := range []*Group{a, b, c} {
+		go func() { done <- g.Run(ctx) }()
+	}
+	defer func() { cancel(); <-done; <-done; <-done }()
+	require.Eventually(t, func() bool {
+		a.batchMu.Lock()
+		defer a.batchMu.Unlock()
+		return a.parts >= 3
+	}, 10*time.Second, 10*time.Millisecond, "a's batch goes in parts")
+	waiting := func(k string) int { l, _ := b.Load(k); return l.Waiting }
+	require.Eventually(t, func() bool {
+		for _, k := range keys {
+			if waiting(k) != 1 {
+				return false
+			}
+		}
+		return waiting("c's") == 1
+	}, 10*time.Second, 10*time.Millisecond, "b sees the work of a, in parts, and of c")
+	assert.Equal(t, 2, b.Stats().Peers)
+	assert.Zero(t, b.Stats().Rejected)
+}
+
+// partMsg returns the encoding of part k of the batches of sender id: one
+// request waiting at the endpoint "<id> <k>".
+func partMsg(id string, k int, seq uint64) []byte {
+	return appendMessage(nil, &message{id: partID(id, k), inc: 1, seq: seq, width: int64(100 * time.Millisecond), horizon: 10,
+		eps: []epSnap{{key: fmt.Sprintf("%s %d", id, k), buckets: []bucket{{out: 1, queued: 1, tokens: 10, prefill: 5}}}}})
+}
+
+// A peer's parts are bounded, in number and in bytes, as the batches of a
+// peer in one message are: the parts beyond are refused, the parts kept
+// still count, and the other peers still join up to MaxPeers. Once its
+// parts expire, the peer's room is free again.
+func TestPartsOfOnePeerAreBounded(t *testing.T) {
+	clock := &fakeClock{t: at(0)}
+	b := offline(t, Config{ID: "b", Clock: clock, MaxPeers: 2})
+	for k := range maxParts {
+		require.NoError(t, b.Receive(partMsg("a", k, 1)), "part %d", k)
+	}
+	assert.ErrorIs(t, b.Receive(partMsg("a", maxParts, 1)), ErrRefused, "a part beyond maxParts")
+	require.NoError(t, b.Receive(partMsg("c", 0, 1)), "another peer joins")
+	assert.ErrorIs(t, b.Receive(partMsg("d", 0, 1)), ErrRefused, "a peer beyond MaxPeers")
+	assert.Equal(t, 2, b.Stats().Peers)
+	for _, k := range []string{"a 0", fmt.Sprintf("a %d", maxParts-1), "c 0"} {
+		l, _ := b.Load(k)
+		assert.Equal(t, 1, l.Waiting, "at %s", k)
+	}
+
+	// Bytes: three parts fit, a fourth does not, nor does a kept part
+	// replaced by a larger one.
+	clock.Advance(time.Hour)
+	b.expire()
+	require.Zero(t, b.Stats().Peers)
+	size := len(partMsg("a", 1, 2))
+	b.peers.maxBytes = 3 * size
+	for k := 1; k <= 3; k++ {
+		require.NoError(t, b.Receive(partMsg("a", k, 2)), "part %d", k)
+	}
+	assert.ErrorIs(t, b.Receive(partMsg("a", 4, 2)), ErrRefused, "a part beyond the bytes of a peer")
+	big := appendMessage(nil, &message{id: partID("a", 1), inc: 1, seq: 3, width: int64(100 * time.Millisecond), horizon: 10,
+		eps: []epSnap{{key: "a 1"}, {key: "a 1 more"}}})
+	require.Greater(t, len(big), size)
+	assert.ErrorIs(t, b.Receive(big), ErrRefused, "a part grown beyond the bytes of a peer")
+	require.NoError(t, b.Receive(partMsg("a", 1, 4)), "a part of the same size")
+	l, _ := b.Load("a 1")
+	assert.Equal(t, 1, l.Waiting)
+}
+
+// A batch is cut in no more parts, and no more bytes in all, than its
+// receivers keep of one peer: the endpoints beyond are left out and
+// reported, rather than published for every receiver to refuse.
+func TestSplitKeepsToWhatPeersKeep(t *testing.T) {
+	m := &message{id: "a", width: int64(100 * time.Millisecond), horizon: 10}
+	for i := range 400 {
+		m.eps = append(m.eps, epSnap{key: fmt.Sprintf("%0500d", i), buckets: []bucket{{out: 1, queued: 1, tokens: 10, prefill: 5}}})
+	}
+	whole := len(appendMessage(nil, m))
+	cases := []struct {
+		name            string
+		limit, maxBytes int
+		parts           int
+	}{
+		{"parts", 1 << 10, maxSenderBytes, maxParts},
+		{"bytes", 4 << 10, whole / 2, -1},
+		{"both fit", 16 << 10, maxSenderBytes, -1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			parts, _, tooLarge := split(m, c.limit, c.maxBytes, nil)
+			total, eps := 0, 0
+			for k := range parts {
+				p := parts[k]
+				p.id, p.seq = partID(m.id, k), ^uint64(0)
+				n := len(appendMessage(nil, &p))
+				assert.LessOrEqual(t, n, c.limit)
+				total += n
+				eps += len(p.eps)
+			}
+			assert.LessOrEqual(t, len(parts), maxParts)
+			assert.LessOrEqual(t, total, c.maxBytes)
+			if c.parts > 0 {
+				assert.Equal(t, c.parts, len(parts))
+			}
+			if c.name == "both fit" {
+				assert.Equal(t, len(m.eps), eps)
+				assert.Empty(t, tooLarge)
+				return
+			}
+			assert.Less(t, eps, len(m.eps), "endpoints left out")
+			assert.Greater(t, eps, 0)
+			assert.NotEmpty(t, tooLarge)
+		})
+	}
 }
