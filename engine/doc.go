@@ -48,13 +48,27 @@
 // UUID in hex; the header is not echoed, as vLLM echoes it only with
 // --enable-request-id-headers.
 //
-// A stream sends one chunk a token, then "data: [DONE]". As vLLM's, it
-// reports usage only when asked: with "stream_options":
-// {"include_usage": true} a last chunk, with no choices, carries the
-// request's usage (prompt_tokens, completion_tokens, total_tokens), and
-// with "continuous_usage_stats": true as well every chunk carries the usage
-// so far. stream_options other than null or {} without "stream": true are
-// refused (400). A non-streaming answer always carries its usage.
+// A stream (of Content-Type "text/event-stream; charset=utf-8", as
+// vLLM's, from Starlette) sends one chunk a token, then "data: [DONE]"; as
+// vLLM's, a chat stream's first token is preceded, in the same write, by a
+// chunk whose delta is {"role": "assistant", "content": ""}. As vLLM's, it
+// reports
+// usage only when asked: with "stream_options" (include_usage is true
+// unless set false or null, so {} asks too) a last chunk, with no choices,
+// carries the request's usage (prompt_tokens, completion_tokens,
+// total_tokens), and with "continuous_usage_stats": true as well every
+// chunk carries the usage so far (none yet in the role chunk).
+// stream_options other than null or {} without "stream": true are refused
+// (400). A non-streaming answer always carries its usage. Every choice has
+// the members vLLM writes for a request without logprobs or token IDs:
+// index, the text, message or delta, "logprobs": null, finish_reason
+// ("length", or null in a chunk before the last), "stop_reason": null (in a
+// chat stream only in the last chunk), and vLLM's token tracing members as
+// null: "token_ids" (not in a chat stream's role chunk), in a completions
+// choice "prompt_token_ids", and in a non-streaming choice, which has every
+// member of vLLM's model, "prompt_logprobs" (completions) and
+// "routed_experts"; a non-streaming message has "refusal", "annotations",
+// "audio", "function_call" and "reasoning" null.
 //
 // POST /v1/responses is the Responses API as vLLM serves it without a
 // reasoning or tool parser. Its prompt is the chat request of the same
@@ -121,8 +135,16 @@
 // used first, so a later prompt with the same head skips that prefill. The
 // first token is emitted at the end of the prefill, then one per iteration,
 // up to the request's max_tokens (a chat request's max_completion_tokens,
-// if set, wins over it, as in vLLM; at most [Config.MaxTokensCap]) or else
-// [Config.DefaultMaxTokens], as far as the context has room.
+// if set, wins over it, as in vLLM; at most [Config.MaxTokensCap]). As
+// vLLM's, a completions request without max_tokens asks for 16 tokens,
+// checked against the context as an explicit max_tokens is, and reads no
+// max_completion_tokens. A request that sets no output length (a chat
+// request, a responses request, or a completions request whose max_tokens
+// is null) gets [Config.DefaultMaxTokens] as far as the context has room:
+// vLLM gives it the rest of the context, which a model ends sooner at its
+// end-of-sequence token, or the model's generation config's
+// max_new_tokens; the engine, whose output has no end but its length,
+// stands for either with DefaultMaxTokens.
 //
 // Creating an Engine starts nothing: [Engine.Run] runs the batching loop
 // until its context ends, and [Engine.Serve] runs it together with an HTTP

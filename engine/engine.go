@@ -22,8 +22,8 @@ import (
 const (
 	// DefaultModel is the model name served.
 	DefaultModel = "emulated"
-	// DefaultMaxTokens is the output length of a request without
-	// max_tokens.
+	// DefaultMaxTokens is the output length of a request that sets no
+	// output length (see Config.DefaultMaxTokens).
 	DefaultMaxTokens = 128
 	// DefaultMaxTokensCap bounds the output length of any request.
 	DefaultMaxTokensCap = 4096
@@ -101,8 +101,12 @@ type Config struct {
 	// JSON and Prometheus renderings quote alike.
 	Model string
 	// DefaultMaxTokens is the output length of a request that sets no
-	// max_tokens, or less if its prompt leaves less room in the context
-	// (see MaxModelLen). 0 means [DefaultMaxTokens].
+	// output length: a chat request without max_tokens or
+	// max_completion_tokens, a responses request without
+	// max_output_tokens, or a completions request whose max_tokens is
+	// null; or less if its prompt leaves less room in the context (see
+	// MaxModelLen). A completions request without max_tokens asks for
+	// 16 tokens, as vLLM's does. 0 means [DefaultMaxTokens].
 	DefaultMaxTokens int
 	// MaxTokensCap bounds every request's output length. 0 means
 	// [DefaultMaxTokensCap].
@@ -121,7 +125,8 @@ type Config struct {
 	// MaxModelLen, if positive, is the model's context length: a request
 	// whose prompt and max_tokens exceed it (or exceed the KV cache), or
 	// whose prompt alone fills it, gets 400 with vLLM's "maximum context
-	// length" message; a request without max_tokens generates
+	// length" message (a completions request without max_tokens asks for
+	// 16 tokens); a request that sets no output length generates
 	// DefaultMaxTokens, or fewer if that many would not fit, as vLLM
 	// generates no more than the context has room for. 0 means the KV
 	// cache's size. Either way the context is at most 16,777,216 (2^24)

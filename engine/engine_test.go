@@ -88,7 +88,7 @@ func TestStreamCompletions(t *testing.T) {
 	url, _ := serve(t, e)
 	resp := post(t, url+"/v1/completions", `{"model":"m","prompt":"hello world","max_tokens":5,"stream":true}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	assert.Equal(t, "text/event-stream; charset=utf-8", resp.Header.Get("Content-Type"))
 	ev := events(t, resp.Body)
 	require.Len(t, ev, 6)
 	assert.Equal(t, "[DONE]", ev[5])
@@ -114,10 +114,15 @@ func TestStreamChat(t *testing.T) {
 	url, _ := serve(t, e)
 	resp := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"stream":true}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "text/event-stream; charset=utf-8", resp.Header.Get("Content-Type"))
 	ev := events(t, resp.Body)
-	require.Len(t, ev, 4)
-	assert.Contains(t, ev[0], `"role":"assistant"`)
-	assert.Contains(t, ev[1], `"delta":{"content":" tok"}`)
+	// As vLLM's, the role chunk, then a chunk a token, then [DONE].
+	require.Len(t, ev, 5)
+	assert.Contains(t, ev[0], `"delta":{"role":"assistant","content":""}`)
+	for _, e := range ev[1:4] {
+		assert.Contains(t, e, `"delta":{"content":" tok"}`)
+	}
+	assert.Equal(t, "[DONE]", ev[4])
 }
 
 func TestNonStreaming(t *testing.T) {

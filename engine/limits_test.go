@@ -31,9 +31,10 @@ func completionTokens(t *testing.T, url, path, body string) (int, int, string) {
 	return resp.StatusCode, answer.Usage.CompletionTokens, answer.Error.Message
 }
 
-// A request without max_tokens generates the default output as far as its
-// context has room, as vLLM does; only a prompt that fills the context, or
-// an explicit max_tokens beyond it, is refused, each with vLLM's message.
+// A request that sets no output length (here a completions request whose
+// max_tokens is null) generates the default output as far as its context
+// has room, as vLLM does; only a prompt that fills the context, or an
+// explicit max_tokens beyond it, is refused, each with vLLM's message.
 func TestOutputBoundedByContext(t *testing.T) {
 	e := newEngine(t, Config{KVBlocks: 16}) // 256 tokens of context
 	url, _ := serve(t, e)
@@ -45,10 +46,10 @@ func TestOutputBoundedByContext(t *testing.T) {
 		tokens int    // completion tokens, if 200
 		msg    string // part of the error's message, if not 200
 	}{
-		{"default output fits", fmt.Sprintf(`{"prompt":%q}`, prompt(100)), http.StatusOK, DefaultMaxTokens, ""},
-		{"default output cut to the context", fmt.Sprintf(`{"prompt":%q}`, prompt(200)), http.StatusOK, 56, ""},
-		{"one token of room", fmt.Sprintf(`{"prompt":%q}`, prompt(255)), http.StatusOK, 1, ""},
-		{"prompt fills the context", fmt.Sprintf(`{"prompt":%q}`, prompt(256)), http.StatusBadRequest, 0,
+		{"default output fits", fmt.Sprintf(`{"prompt":%q,"max_tokens":null}`, prompt(100)), http.StatusOK, DefaultMaxTokens, ""},
+		{"default output cut to the context", fmt.Sprintf(`{"prompt":%q,"max_tokens":null}`, prompt(200)), http.StatusOK, 56, ""},
+		{"one token of room", fmt.Sprintf(`{"prompt":%q,"max_tokens":null}`, prompt(255)), http.StatusOK, 1, ""},
+		{"prompt fills the context", fmt.Sprintf(`{"prompt":%q,"max_tokens":null}`, prompt(256)), http.StatusBadRequest, 0,
 			"This model's maximum context length is 256 tokens. However, your request has 256 input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=256)"},
 		// The prompt is checked first, whatever max_tokens asks.
 		{"prompt fills the context, with max_tokens", fmt.Sprintf(`{"prompt":%q,"max_tokens":1}`, prompt(300)), http.StatusBadRequest, 0,
@@ -68,6 +69,46 @@ func TestOutputBoundedByContext(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDefaultOutputLength: as vLLM, a completions request without
+// max_tokens asks for 16 tokens (CompletionRequest's default), checked
+// against the context as if asked, and reads no max_completion_tokens; a
+// chat request without an output length, or a completions request whose
+// max_tokens is null, gets the default output.
+func TestDefaultOutputLength(t *testing.T) {
+	e := newEngine(t, Config{KVBlocks: 16, DefaultMaxTokens: 40}) // 256 tokens of context
+	url, _ := serve(t, e)
+	prompt := func(tokens int) string { return strings.Repeat("abcd", tokens) }
+	for _, c := range []struct {
+		name, path, body string
+		code, tokens     int
+		msg              string
+	}{
+		{"completions", "/v1/completions", `{"prompt":"hi"}`, http.StatusOK, 16, ""},
+		{"completions, max_completion_tokens ignored", "/v1/completions", `{"prompt":"hi","max_completion_tokens":3}`, http.StatusOK, 16, ""},
+		{"completions, a key in another case ignored", "/v1/completions", `{"prompt":"hi","Max_Tokens":3}`, http.StatusOK, 16, ""},
+		{"completions, null", "/v1/completions", `{"prompt":"hi","max_tokens":null}`, http.StatusOK, 40, ""},
+		{"completions, asked", "/v1/completions", `{"prompt":"hi","max_tokens":3}`, http.StatusOK, 3, ""},
+		{"completions, 16 fit", "/v1/completions", fmt.Sprintf(`{"prompt":%q}`, prompt(240)), http.StatusOK, 16, ""},
+		{"completions, 16 do not fit", "/v1/completions", fmt.Sprintf(`{"prompt":%q}`, prompt(241)), http.StatusBadRequest, 0,
+			"'max_tokens' or 'max_completion_tokens' is too large: 16. This model's maximum context length is 256 tokens and your request has 241 input tokens (16 > 256 - 241). (parameter=max_tokens, value=16)"},
+		{"chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, http.StatusOK, 40, ""},
+		{"chat, null", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":null,"max_completion_tokens":null}`, http.StatusOK, 40, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			code, tokens, msg := completionTokens(t, url, c.path, c.body)
+			require.Equal(t, c.code, code, msg)
+			if code == http.StatusOK {
+				assert.Equal(t, c.tokens, tokens)
+			} else {
+				assert.Equal(t, c.msg, msg)
+			}
+		})
+	}
+	// A stream too.
+	ev := events(t, post(t, url+"/v1/completions", `{"prompt":"hi","stream":true}`).Body)
+	assert.Len(t, ev, 16+1)
 }
 
 // The context is checked against the max_tokens asked for, as vLLM checks

@@ -450,7 +450,7 @@ func (e *Engine) answerResponse(w http.ResponseWriter, r *http.Request, s *seq, 
 // and its usage (of status "incomplete", see answerResponse). The stream
 // has no "data: [DONE]", as vLLM's has none.
 func (e *Engine) streamResponse(w http.ResponseWriter, r *http.Request, s *seq, a *response) {
-	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Content-Type", eventStreamType)
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)

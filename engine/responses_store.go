@@ -183,7 +183,7 @@ func (e *Engine) retrieveStored(w http.ResponseWriter, r *http.Request, id strin
 		return
 	}
 	if stream {
-		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Type", eventStreamType)
 		w.WriteHeader(http.StatusOK)
 		if fl, ok := w.(http.Flusher); ok {
 			fl.Flush()

@@ -118,7 +118,7 @@ func TestResponsesStoredRoutes(t *testing.T) {
 	}
 	code, h, _, err := do(t, http.MethodGet, url+"/v1/responses/"+id+"?stream=true")
 	assert.Equal(t, http.StatusOK, code)
-	assert.Equal(t, "text/event-stream", h.Get("Content-Type"))
+	assert.Equal(t, "text/event-stream; charset=utf-8", h.Get("Content-Type"))
 	assert.Error(t, err, "the stream ended cleanly")
 }
 

@@ -126,7 +126,7 @@ func TestResponsesStream(t *testing.T) {
 	url, _ := serve(t, e)
 	resp := post(t, url+"/v1/responses", `{"input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"max_output_tokens":3,"stream":true}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	assert.Equal(t, "text/event-stream; charset=utf-8", resp.Header.Get("Content-Type"))
 	evs := readEvents(t, resp.Body)
 
 	want := []string{

@@ -357,18 +357,26 @@ func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r erro
 	case q.N != nil && *q.N != 1:
 		return nil, q, badRequest("n", "n: this emulator answers one choice a request; send each choice as a request of its own")
 	}
-	// As vLLM's chat endpoint, the newer max_completion_tokens wins over
-	// max_tokens; a completions request reads max_tokens first.
-	limits := []struct {
-		name string
-		v    *float64
-	}{{"max_tokens", q.MaxTokens}, {"max_completion_tokens", q.MaxCompletionTokens}}
-	if chat {
-		limits[0], limits[1] = limits[1], limits[0]
-	}
 	// out is the output asked for, checked against the context as vLLM
 	// checks it; the emulator's own cap applies after.
 	out := outputLimit{n: e.defMax, message: "'max_tokens' or 'max_completion_tokens'", param: "max_tokens"}
+	// As vLLM's chat endpoint, the newer max_completion_tokens wins over
+	// max_tokens. A completions request has max_tokens only, and as
+	// vLLM's CompletionRequest (vllm/entrypoints/openai/completion/
+	// protocol.py, vLLM main as of 2026) one without it asks for 16
+	// tokens, checked against the context as if asked; one whose
+	// max_tokens is null gets the default, as a chat request does.
+	limits := []struct {
+		name string
+		v    *float64
+	}{{"max_completion_tokens", q.MaxCompletionTokens}, {"max_tokens", q.MaxTokens}}
+	if !chat {
+		limits = limits[1:]
+		if fields, _ := members(body, "max_tokens"); fields["max_tokens"] == nil {
+			limits = nil
+			out.n, out.asked = completionMaxTokens, true
+		}
+	}
 	for _, l := range limits {
 		if l.v != nil {
 			if !outputInt(*l.v) {
@@ -381,6 +389,10 @@ func (e *Engine) parseRequest(body []byte, chat bool) (s *seq, q request, r erro
 	s, r = e.newSeq(text, out)
 	return s, q, r
 }
+
+// completionMaxTokens is the output length of a completions request
+// without max_tokens: the default of vLLM's CompletionRequest.max_tokens.
+const completionMaxTokens = 16
 
 // outputInt reports whether v, a request's output length, is an integer
 // the engine reads: at most 2^31-1, and not below -2^53, so that it is
@@ -511,12 +523,14 @@ func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 	text := strings.Repeat(" tok", gen)
 	usage := usageJSON(s.PromptTokens, gen)
 	w.Header().Set("Content-Type", "application/json")
+	// Each choice has every member of vLLM's choice model, as vLLM dumps
+	// the whole answer (see chatChoiceNulls).
 	if chat {
-		fmt.Fprintf(w, `{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"finish_reason":"length"}],%s}`+"\n",
-			id, created, model, text, usage)
+		fmt.Fprintf(w, `{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%s,%s},%s}],%s}`+"\n",
+			id, created, model, jsonString(text), chatMessageNulls, chatChoiceNulls, usage)
 	} else {
-		fmt.Fprintf(w, `{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%q,"finish_reason":"length"}],%s}`+"\n",
-			id, created, model, text, usage)
+		fmt.Fprintf(w, `{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%s,%s}],%s}`+"\n",
+			id, created, model, jsonString(text), textChoiceNulls, usage)
 	}
 }
 

@@ -9,6 +9,12 @@ import (
 	"time"
 )
 
+// eventStreamType is the Content-Type of every stream the engine sends, as
+// vLLM's: FastAPI's StreamingResponse of media type text/event-stream, to
+// which Starlette's Response.init_headers (starlette/responses.py) adds
+// the charset of every text/ type.
+const eventStreamType = "text/event-stream; charset=utf-8"
+
 // streamUsage is what a request's stream_options ask of its stream.
 type streamUsage struct {
 	// final: a last chunk, with no choices, carries the request's usage.
@@ -20,7 +26,8 @@ type streamUsage struct {
 // parseStreamOptions reads a request's raw stream_options as vLLM does, or
 // returns the message refusing them. Absent or null options ask nothing.
 // Options must be an object, and an object that is not empty only comes with
-// "stream": true. include_usage asks for a final usage chunk;
+// "stream": true. include_usage asks for a final usage chunk, and is true
+// if absent, as in vLLM, so that options of {} ask for it;
 // continuous_usage_stats, with include_usage, for the usage in every chunk.
 // Each is a boolean, or null for false, read as pydantic reads one: 0 and 1
 // and strings such as "true" and "no" count too. Other fields are ignored.
@@ -36,14 +43,23 @@ func parseStreamOptions(raw json.RawMessage, stream bool) (streamUsage, string) 
 		return streamUsage{}, "Stream options can only be defined when `stream=True`."
 	}
 	var u streamUsage
+	// The defaults are vLLM's StreamOptions'
+	// (vllm/entrypoints/openai/engine/protocol.py, vLLM main as of 2026),
+	// which its handlers read from any options a request has
+	// (should_include_usage in vllm/entrypoints/utils.py).
 	for _, f := range []struct {
 		name string
 		to   *bool
+		def  bool // the value if absent
 	}{
-		{"include_usage", &u.final},
-		{"continuous_usage_stats", &u.continuous},
+		{"include_usage", &u.final, true},
+		{"continuous_usage_stats", &u.continuous, false},
 	} {
-		v, ok := laxBool(opts[f.name])
+		raw, set := opts[f.name]
+		v, ok := laxBool(raw)
+		if !set {
+			v = f.def
+		}
 		if !ok {
 			return streamUsage{}, fmt.Sprintf("stream_options.%s: a boolean is required", f.name)
 		}
@@ -84,11 +100,12 @@ func usageJSON(prompt, completion int) string {
 	return fmt.Sprintf(`"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}`, prompt, completion, prompt+completion)
 }
 
-// stream answers s as server-sent events, one chunk a token, then the usage
-// chunk if u asks for it, then "data: [DONE]"; id and model are JSON string
+// stream answers s as server-sent events, one chunk a token (a chat
+// stream's first token preceded by the role chunk), then the usage chunk if
+// u asks for it, then "data: [DONE]"; id and model are JSON string
 // literals.
 func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat bool, id, model string, u streamUsage) {
-	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Content-Type", eventStreamType)
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
@@ -109,11 +126,20 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 			panic(http.ErrAbortHandler)
 		}
 		for ; sent < gen; sent++ {
+			if sent == 0 && chat {
+				// As vLLM, the role goes out with the first token, in
+				// the same write: it does not move the first token.
+				usage := ""
+				if u.continuous {
+					usage = usageJSON(s.PromptTokens, 0)
+				}
+				c.writeRole(bw, usage)
+			}
 			usage := ""
 			if u.continuous {
 				usage = usageJSON(s.PromptTokens, sent+1)
 			}
-			c.write(bw, sent == 0, done && sent == gen-1, usage)
+			c.write(bw, done && sent == gen-1, usage)
 		}
 		if done && u.final {
 			c.writeUsage(bw, usageJSON(s.PromptTokens, gen))
@@ -143,26 +169,60 @@ type chunk struct {
 	model   string
 }
 
-// write writes one token's event; usage, if set, is a "usage" member.
-func (c chunk) write(w *bufio.Writer, first, last bool, usage string) {
-	finish := "null"
-	if last {
-		finish = `"length"`
+// The members of a choice that vLLM writes besides its index and its text,
+// message or delta, for a request that asks for no logprobs and no token
+// IDs: a chunk's choice (ChatCompletionResponseStreamChoice,
+// CompletionResponseStreamChoice) has the members the handler sets, as
+// vLLM dumps a chunk with exclude_unset, and a non-streaming answer's
+// choice (ChatCompletionResponseChoice, CompletionResponseChoice) and
+// message (ChatMessage, whose tool_calls are dropped when empty) every
+// member of their model, as vLLM dumps the whole answer. A chat chunk sets
+// stop_reason only in the chunk that finishes, and token_ids in every
+// chunk but the role chunk (vllm/entrypoints/openai/chat_completion/
+// protocol.py and serving.py, completion/protocol.py and serving.py, vLLM
+// main as of 2026).
+const (
+	chatChunkNulls       = `"logprobs":null,"finish_reason":null,"token_ids":null`
+	chatLastChunkNulls   = `"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null`
+	textChunkNulls       = `"stop_reason":null,"prompt_token_ids":null,"token_ids":null`
+	chatChoiceNulls      = `"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,"routed_experts":null`
+	textChoiceNulls      = `"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,"prompt_logprobs":null,"prompt_token_ids":null,"routed_experts":null`
+	chatMessageNulls     = `"refusal":null,"annotations":null,"audio":null,"function_call":null,"reasoning":null`
+	roleChunkChoiceDelta = `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null`
+)
+
+// writeRole writes the event that opens a chat stream, as vLLM's
+// chat_completion_stream_generator sends it with the first output, just
+// before the first token's: the role, empty content, and no finish reason;
+// usage, if set, is a "usage" member (with no completion tokens yet).
+func (c chunk) writeRole(w *bufio.Writer, usage string) {
+	if usage != "" {
+		usage = "," + usage
 	}
+	fmt.Fprintf(w, `data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,%s}]%s}`+"\n\n",
+		c.id, c.created, c.model, roleChunkChoiceDelta, usage)
+}
+
+// write writes one token's event; usage, if set, is a "usage" member.
+func (c chunk) write(w *bufio.Writer, last bool, usage string) {
 	if usage != "" {
 		usage = "," + usage
 	}
 	if c.chat {
-		role := ""
-		if first {
-			role = `"role":"assistant",`
+		rest := chatChunkNulls
+		if last {
+			rest = chatLastChunkNulls
 		}
-		fmt.Fprintf(w, `data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,"delta":{%s"content":" tok"},"finish_reason":%s}]%s}`+"\n\n",
-			c.id, c.created, c.model, role, finish, usage)
+		fmt.Fprintf(w, `data: {"id":%s,"object":"chat.completion.chunk","created":%d,"model":%s,"choices":[{"index":0,"delta":{"content":" tok"},%s}]%s}`+"\n\n",
+			c.id, c.created, c.model, rest, usage)
 		return
 	}
-	fmt.Fprintf(w, `data: {"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s}]%s}`+"\n\n",
-		c.id, c.created, c.model, finish, usage)
+	finish := "null"
+	if last {
+		finish = `"length"`
+	}
+	fmt.Fprintf(w, `data: {"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":%s,%s}]%s}`+"\n\n",
+		c.id, c.created, c.model, finish, textChunkNulls, usage)
 }
 
 // writeUsage writes the event that ends a stream asked to include usage: no

@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -45,17 +47,21 @@ func streamChunks(t *testing.T, url, path, body string) []streamChunk {
 }
 
 // TestStreamUsage: as vLLM, a stream reports usage only when
-// stream_options.include_usage asks: then a last chunk, with no choices,
-// carries it, and with continuous_usage_stats every chunk carries the usage
-// so far.
+// stream_options ask, include_usage being true unless set otherwise: then a
+// last chunk, with no choices, carries it, and with continuous_usage_stats
+// every chunk carries the usage so far (a chat stream's role chunk none
+// yet).
 func TestStreamUsage(t *testing.T) {
 	e := newEngine(t, Config{})
 	url, _ := serve(t, e)
 	const prompt = `"prompt":"hello world!"` // 12 bytes: 3 tokens
 	const messages = `"messages":[{"role":"user","content":"hello world!"}]`
-	for _, ep := range []struct{ path, input, id, object string }{
-		{"/v1/completions", prompt, "cmpl-", "text_completion"},
-		{"/v1/chat/completions", messages, "chatcmpl-", "chat.completion.chunk"},
+	for _, ep := range []struct {
+		path, input, id, object string
+		role                    int // chunks before the first token's
+	}{
+		{"/v1/completions", prompt, "cmpl-", "text_completion", 0},
+		{"/v1/chat/completions", messages, "chatcmpl-", "chat.completion.chunk", 1},
 	} {
 		promptTokens := 3
 		if ep.input == messages {
@@ -64,10 +70,11 @@ func TestStreamUsage(t *testing.T) {
 		body := func(opts string) string {
 			return fmt.Sprintf(`{%s,"max_tokens":4,"stream":true%s}`, ep.input, opts)
 		}
-		t.Run(ep.path+" without stream_options", func(t *testing.T) {
-			for _, opts := range []string{"", `,"stream_options":null`, `,"stream_options":{}`, `,"stream_options":{"include_usage":false}`, `,"stream_options":{"continuous_usage_stats":true}`} {
+		n := ep.role + 4 // the chunks of a stream without usage
+		t.Run(ep.path+" without usage", func(t *testing.T) {
+			for _, opts := range []string{"", `,"stream_options":null`, `,"stream_options":{"include_usage":false}`, `,"stream_options":{"include_usage":null}`, `,"stream_options":{"include_usage":false,"continuous_usage_stats":true}`} {
 				chunks := streamChunks(t, url, ep.path, body(opts))
-				require.Equal(t, 4, len(chunks), "%s: one chunk a token and no usage chunk", opts)
+				require.Equal(t, n, len(chunks), "%s: one chunk a token and no usage chunk", opts)
 				for _, c := range chunks {
 					assert.Nil(t, c.Usage, opts)
 					assert.Len(t, c.Choices, 1, opts)
@@ -75,13 +82,13 @@ func TestStreamUsage(t *testing.T) {
 			}
 		})
 		t.Run(ep.path+" include_usage", func(t *testing.T) {
-			for _, opts := range []string{`,"stream_options":{"include_usage":true}`, `,"stream_options":{"include_usage":"yes","other":1}`} {
+			for _, opts := range []string{`,"stream_options":{"include_usage":true}`, `,"stream_options":{"include_usage":"yes","other":1}`, `,"stream_options":{}`, `,"stream_options":{"other":1}`} {
 				chunks := streamChunks(t, url, ep.path, body(opts))
-				require.Equal(t, 5, len(chunks), "%s: one chunk a token, then the usage chunk", opts)
-				for _, c := range chunks[:4] {
+				require.Equal(t, n+1, len(chunks), "%s: one chunk a token, then the usage chunk", opts)
+				for _, c := range chunks[:n] {
 					assert.Nil(t, c.Usage, opts)
 				}
-				last := chunks[4]
+				last := chunks[n]
 				assert.Empty(t, last.Choices, opts)
 				assert.Equal(t, chunks[0].ID, last.ID, opts)
 				assert.Equal(t, ep.object, last.Object, opts)
@@ -92,15 +99,18 @@ func TestStreamUsage(t *testing.T) {
 			}
 		})
 		t.Run(ep.path+" continuous_usage_stats", func(t *testing.T) {
-			chunks := streamChunks(t, url, ep.path, body(`,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`))
-			require.Equal(t, 5, len(chunks), "one chunk a token, then the usage chunk")
-			for i, c := range chunks {
-				require.NotNil(t, c.Usage, "chunk %d", i)
-				assert.Equal(t, promptTokens, c.Usage.PromptTokens, "chunk %d", i)
-				assert.Equal(t, min(i+1, 4), c.Usage.CompletionTokens, "chunk %d", i)
-				assert.Equal(t, promptTokens+min(i+1, 4), c.Usage.TotalTokens, "chunk %d", i)
+			for _, opts := range []string{`,"stream_options":{"include_usage":true,"continuous_usage_stats":true}`, `,"stream_options":{"continuous_usage_stats":true}`} {
+				chunks := streamChunks(t, url, ep.path, body(opts))
+				require.Equal(t, n+1, len(chunks), "%s: one chunk a token, then the usage chunk", opts)
+				for i, c := range chunks {
+					tokens := min(i+1-ep.role, 4)
+					require.NotNil(t, c.Usage, "%s: chunk %d", opts, i)
+					assert.Equal(t, promptTokens, c.Usage.PromptTokens, "%s: chunk %d", opts, i)
+					assert.Equal(t, tokens, c.Usage.CompletionTokens, "%s: chunk %d", opts, i)
+					assert.Equal(t, promptTokens+tokens, c.Usage.TotalTokens, "%s: chunk %d", opts, i)
+				}
+				assert.Empty(t, chunks[n].Choices, opts)
 			}
-			assert.Empty(t, chunks[4].Choices)
 		})
 	}
 }
@@ -154,4 +164,128 @@ func TestLaxBool(t *testing.T) {
 		assert.Equal(t, c.ok, ok, "%s", c.raw)
 		assert.Equal(t, c.v, v, "%s", c.raw)
 	}
+}
+
+// choices returns the members of each choice of the JSON answer or event
+// data.
+func choices(t *testing.T, data string) []map[string]json.RawMessage {
+	t.Helper()
+	var v struct {
+		Choices []map[string]json.RawMessage `json:"choices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(data), &v), "%s", data)
+	return v.Choices
+}
+
+// requireMembers requires that obj has exactly the members of want, each
+// with the value want gives as JSON ("" for any value).
+func requireMembers(t *testing.T, want map[string]string, obj map[string]json.RawMessage, msgAndArgs ...any) {
+	t.Helper()
+	var names []string
+	for name := range obj {
+		names = append(names, name)
+	}
+	var wantNames []string
+	for name := range want {
+		wantNames = append(wantNames, name)
+	}
+	require.ElementsMatch(t, wantNames, names, msgAndArgs...)
+	for name, v := range want {
+		if v != "" {
+			assert.JSONEq(t, v, string(obj[name]), append([]any{name}, msgAndArgs...)...)
+		}
+	}
+}
+
+// TestStreamChatRole: as vLLM's, a chat stream opens with a chunk whose
+// delta is the role and empty content, sent with the first token: just
+// before it, at the end of the prefill, not earlier.
+func TestStreamChatRole(t *testing.T) {
+	// 100 times slower than a GPU: a prefill lasts some 1.65 s, a decode
+	// iteration some 0.57 s.
+	e := newEngine(t, Config{Speedup: 0.01})
+	url, _ := serve(t, e)
+	start := time.Now()
+	resp := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	br := bufio.NewReader(resp.Body)
+	var data []string
+	var at []time.Duration
+	for {
+		line, err := br.ReadString('\n')
+		if d, ok := strings.CutPrefix(line, "data: "); ok {
+			data = append(data, strings.TrimSpace(d))
+			at = append(at, time.Since(start))
+		}
+		if err != nil {
+			break
+		}
+	}
+	require.Len(t, data, 4, "the role chunk, a chunk a token, [DONE]")
+	role := choices(t, data[0])
+	require.Len(t, role, 1)
+	requireMembers(t, map[string]string{
+		"index": "0", "delta": `{"role":"assistant","content":""}`, "logprobs": "null", "finish_reason": "null",
+	}, role[0], "the role chunk")
+	requireMembers(t, map[string]string{
+		"index": "0", "delta": `{"content":" tok"}`, "logprobs": "null", "finish_reason": "null", "token_ids": "null",
+	}, choices(t, data[1])[0], "the first token's chunk")
+	assert.Greater(t, at[0], time.Second, "the role chunk waits for the prefill")
+	assert.Less(t, at[1]-at[0], 300*time.Millisecond, "the first token follows the role chunk at once")
+	assert.Greater(t, at[2]-at[1], 300*time.Millisecond, "the second token a decode iteration later")
+}
+
+// TestChoiceMembers: every choice has the members vLLM writes for a
+// request without logprobs or token IDs: logprobs and stop_reason null
+// among them (stop_reason in a chat stream only where it finishes), and a
+// non-streaming answer every member of vLLM's choice model.
+func TestChoiceMembers(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	const messages = `"messages":[{"role":"user","content":"hi"}]`
+	const prompt = `"prompt":"hi"`
+
+	t.Run("chat stream", func(t *testing.T) {
+		ev := events(t, post(t, url+"/v1/chat/completions", `{`+messages+`,"max_tokens":2,"stream":true}`).Body)
+		require.Len(t, ev, 4)
+		requireMembers(t, map[string]string{"index": "0", "delta": `{"role":"assistant","content":""}`, "logprobs": "null", "finish_reason": "null"}, choices(t, ev[0])[0])
+		requireMembers(t, map[string]string{"index": "0", "delta": `{"content":" tok"}`, "logprobs": "null", "finish_reason": "null", "token_ids": "null"}, choices(t, ev[1])[0])
+		requireMembers(t, map[string]string{"index": "0", "delta": `{"content":" tok"}`, "logprobs": "null", "finish_reason": `"length"`, "stop_reason": "null", "token_ids": "null"}, choices(t, ev[2])[0])
+	})
+	t.Run("completions stream", func(t *testing.T) {
+		ev := events(t, post(t, url+"/v1/completions", `{`+prompt+`,"max_tokens":2,"stream":true}`).Body)
+		require.Len(t, ev, 3)
+		for i, finish := range []string{"null", `"length"`} {
+			requireMembers(t, map[string]string{
+				"index": "0", "text": `" tok"`, "logprobs": "null", "finish_reason": finish, "stop_reason": "null",
+				"prompt_token_ids": "null", "token_ids": "null",
+			}, choices(t, ev[i])[0], "chunk %d", i)
+		}
+	})
+	t.Run("chat", func(t *testing.T) {
+		b, err := io.ReadAll(post(t, url+"/v1/chat/completions", `{`+messages+`,"max_tokens":2}`).Body)
+		require.NoError(t, err)
+		c := choices(t, string(b))
+		require.Len(t, c, 1)
+		requireMembers(t, map[string]string{
+			"index": "0", "message": "", "logprobs": "null", "finish_reason": `"length"`, "stop_reason": "null",
+			"token_ids": "null", "routed_experts": "null",
+		}, c[0])
+		var msg map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(c[0]["message"], &msg))
+		requireMembers(t, map[string]string{
+			"role": `"assistant"`, "content": `" tok tok"`, "refusal": "null", "annotations": "null", "audio": "null",
+			"function_call": "null", "reasoning": "null",
+		}, msg)
+	})
+	t.Run("completions", func(t *testing.T) {
+		b, err := io.ReadAll(post(t, url+"/v1/completions", `{`+prompt+`,"max_tokens":2}`).Body)
+		require.NoError(t, err)
+		c := choices(t, string(b))
+		require.Len(t, c, 1)
+		requireMembers(t, map[string]string{
+			"index": "0", "text": `" tok tok"`, "logprobs": "null", "finish_reason": `"length"`, "stop_reason": "null",
+			"token_ids": "null", "prompt_logprobs": "null", "prompt_token_ids": "null", "routed_experts": "null",
+		}, c[0])
+	})
 }

@@ -118,7 +118,7 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	host := fs.String("host", "127.0.0.1", "address to bind")
 	speedup := fs.Float64("speedup", 1, "run the iteration-time model this many times faster than real time")
 	model := fs.String("model", engine.DefaultModel, "model name served")
-	maxTokens := fs.Int("max-tokens", engine.DefaultMaxTokens, "output tokens of a request without max_tokens")
+	maxTokens := fs.Int("max-tokens", engine.DefaultMaxTokens, "output tokens of a chat or responses request without a length (a completion without max_tokens gets 16, as in vLLM)")
 	kvBlocks := fs.Int("kv-blocks", engine.DefaultKVBlocks, "KV-cache capacity in blocks")
 	blockSize := fs.Int("block-size", engine.DefaultBlockSize, "tokens per KV block")
 	budget := fs.Int("token-budget", engine.DefaultTokenBudget, "tokens per iteration (chunked prefill)")

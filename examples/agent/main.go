@@ -313,18 +313,21 @@ func call(ctx context.Context, client *http.Client, msgs []message, maxTokens in
 		if !ok || data == "[DONE]" {
 			continue
 		}
-		if r.tokens == 0 {
-			r.ttft = time.Since(start)
-		}
-		r.tokens++
 		var chunk struct {
 			Choices []struct {
 				Delta struct{ Content string } `json:"delta"`
 			} `json:"choices"`
 		}
-		if json.Unmarshal([]byte(data), &chunk) == nil && len(chunk.Choices) > 0 {
-			text.WriteString(chunk.Choices[0].Delta.Content)
+		// A token is a chunk with content: not the role chunk that
+		// opens the stream, whose content is empty.
+		if json.Unmarshal([]byte(data), &chunk) != nil || len(chunk.Choices) == 0 || chunk.Choices[0].Delta.Content == "" {
+			continue
 		}
+		if r.tokens == 0 {
+			r.ttft = time.Since(start)
+		}
+		r.tokens++
+		text.WriteString(chunk.Choices[0].Delta.Content)
 	}
 	r.text = text.String()
 	return r, sc.Err()

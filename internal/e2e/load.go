@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -81,7 +82,8 @@ func (w *Workload) defaults() {
 // Outcome is what the client saw of one request.
 type Outcome struct {
 	// Want is the number of tokens requested, Got the number of token
-	// events received.
+	// events received: chunks with text or delta content, not a chat
+	// stream's role chunk or a usage chunk.
 	Want, Got int
 	// Status is the HTTP status, 0 if none arrived, and RetryAfter the
 	// response's Retry-After header.
@@ -245,7 +247,7 @@ func send(ctx context.Context, client *http.Client, url, body, session string, w
 		if data, ok := strings.CutPrefix(line, "data: "); ok && strings.HasSuffix(line, "\n") {
 			if strings.HasPrefix(data, "[DONE]") {
 				o.Done = true
-			} else {
+			} else if carriesToken(data) {
 				if !o.Started {
 					o.Started = true
 					o.TTFT = time.Since(start)
@@ -262,6 +264,25 @@ func send(ctx context.Context, client *http.Client, url, body, session string, w
 			return o
 		}
 	}
+}
+
+// carriesToken reports whether the data of a stream's event is a chunk
+// that carries output: its choice has text (a completions chunk) or delta
+// content (a chat chunk). A chat stream's role chunk, whose content is
+// empty, and a usage chunk, which has no choices, carry none.
+func carriesToken(data string) bool {
+	var chunk struct {
+		Choices []struct {
+			Text  string `json:"text"`
+			Delta struct {
+				Content string `json:"content"`
+			} `json:"delta"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal([]byte(data), &chunk) != nil || len(chunk.Choices) == 0 {
+		return false
+	}
+	return chunk.Choices[0].Text != "" || chunk.Choices[0].Delta.Content != ""
 }
 
 const letters = "abcdefghijklmnopqrstuvwxyz      "
