@@ -262,10 +262,11 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	eps := make([]llmlb.Endpoint, 0, len(children))
 	seen := make(map[string]bool, len(children))
 	var (
-		back    []string // members to mark healthy once Update is done
-		held    []int    // indexes in eps of those joining marked unhealthy
-		unready []string // members whose child is not READY, for the picker
-		marked  []string // members the program marked unhealthy, for the picker
+		back    []string    // members to mark healthy once Update is done
+		held    []int       // indexes in eps of those joining marked unhealthy
+		unready []string    // members whose child is not READY, for the picker
+		marked  []string    // members the program marked unhealthy, for the picker
+		pending []*endpoint // resolved endpoints not yet members, for the picker
 	)
 	slow := b.cfg != nil && b.cfg.SlowStartWindow > 0
 	// anyReady: a member is READY; healthyReady: one the program has not
@@ -302,8 +303,15 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		// warm replica would be ramped for a mere reconnection.
 		reconnecting := member && !ready && !failing && !b.failed[key] && !b.sick[key]
 		fresh := slow && (firstTry || reconnecting)
+		p := c.State.Picker
+		if p == nil {
+			p = noSubConnPicker{}
+		}
 		if !member && !ready && !fresh {
-			continue // never READY since lb was built: nothing to keep
+			// Never READY since lb was built: nothing to keep. A request
+			// that excludes every member waits for it (picker.pending).
+			pending = append(pending, &endpoint{key: key, picker: p})
+			continue
 		}
 		if member && wasHealthy == (b.unready[key] || b.sick[key]) {
 			setMark(b.sick, key, !wasHealthy) // the program's lb.SetHealthy
@@ -324,10 +332,6 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		}
 		if b.sick[key] {
 			marked = append(marked, key)
-		}
-		p := c.State.Picker
-		if p == nil {
-			p = noSubConnPicker{}
 		}
 		eps = append(eps, &endpoint{key: key, picker: p, ready: ready, fresh: fresh})
 	}
@@ -379,7 +383,7 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	if anyReady {
 		b.ClientConn.UpdateState(balancer.State{
 			ConnectivityState: connectivity.Ready,
-			Picker:            &picker{lb: b.lb, rec: b.rec, unready: unready, marked: marked},
+			Picker:            &picker{lb: b.lb, rec: b.rec, unready: unready, marked: marked, pending: pending},
 		})
 		return
 	}

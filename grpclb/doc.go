@@ -38,7 +38,12 @@
 // TRANSIENT_FAILURE unless they wait for ready; so they do while the only
 // READY endpoints are ones the program marked unhealthy and another, one
 // of the first listed since the balancer was built, makes its first
-// connection attempt.
+// connection attempt. An RPC whose llmlb.Request.Exclude leaves no member
+// meets the resolved endpoints it does not exclude that have not been
+// READY since the balancer was built as grpc meets their connections: it
+// queues while one connects, and fails fast while all are in
+// TRANSIENT_FAILURE unless it waits for ready; one that excludes every
+// resolved endpoint fails with Unavailable.
 // The program's marks are kept apart from the adapter's: an endpoint the program marks unhealthy
 // with [Builder.SetHealthy], given the balancer Options.OnBalancer
 // receives, stays so, its connection READY or not, until the program marks

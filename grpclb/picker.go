@@ -127,6 +127,10 @@ type picker struct {
 	unready []string
 	// marked holds the members the program had marked unhealthy then.
 	marked []string
+	// pending holds the resolved endpoints that were not members then,
+	// their first connection attempt since lb was built not yet READY,
+	// with their children's pickers (see pendingError).
+	pending []*endpoint
 }
 
 func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
@@ -148,6 +152,11 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		pk, err = p.lb.Pick(ctx, nil)
 	}
 	if err != nil {
+		if call != nil && len(p.pending) > 0 && errors.Is(err, llmlb.ErrNoCandidates) {
+			if perr := p.pendingError(info, call.Request.Exclude); perr != nil {
+				return balancer.PickResult{}, perr
+			}
+		}
 		return balancer.PickResult{}, pickError(err)
 	}
 	ep, ok := pk.Endpoint().(*endpoint)
@@ -189,7 +198,9 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 // its child connects (with slow start, see lbBalancer.UpdateState). The RPC is
 // then picked again without such members, so that it goes to a READY one
 // if any is a candidate; for a fresh endpoint, only to a healthy one, since
-// llmlb was not in panic mode. Otherwise the error stands: an RPC waits
+// llmlb was not in panic mode. If that leaves no candidate while an
+// endpoint that is not yet a member connects, the RPC waits for it (see
+// pendingError). Otherwise the error stands: an RPC waits
 // while the child connects, and fails unless it waits for ready while the
 // child is in transient failure. A READY child whose picker fails has left READY since
 // the last UpdateState: the RPC waits for the picker that is on its way.
@@ -208,7 +219,8 @@ func (p *picker) failed(ctx context.Context, info balancer.PickInfo, call *Call,
 			// waits for ep, rather than to one the program marked.
 			r.Exclude = append(r.Exclude, p.marked...)
 		}
-		if pk, perr := p.lb.Pick(ctx, &r); perr == nil {
+		pk, perr := p.lb.Pick(ctx, &r)
+		if perr == nil {
 			again, ok := pk.Endpoint().(*endpoint)
 			if !ok {
 				pk.Done(errNotSent)
@@ -219,12 +231,48 @@ func (p *picker) failed(ctx context.Context, info balancer.PickInfo, call *Call,
 				return pk, again, res, nil
 			}
 			pk.Done(errNotSent)
+		} else if len(p.pending) > 0 && errors.Is(perr, llmlb.ErrNoCandidates) &&
+			errors.Is(p.pendingError(info, r.Exclude), balancer.ErrNoSubConnAvailable) {
+			// An endpoint that is not yet a member connects: the RPC
+			// waits for it, as it would with no member left.
+			err = balancer.ErrNoSubConnAvailable
 		}
 	}
 	if errors.Is(err, balancer.ErrNoSubConnAvailable) || ep.ready && status.Code(err) == codes.Unknown {
 		err = balancer.ErrNoSubConnAvailable
 	}
 	return llmlb.Pick{}, nil, balancer.PickResult{}, err
+}
+
+// pendingError returns what grpc is to see for an RPC whose request
+// excludes every member, or nil if it also excludes every pending endpoint
+// (resolved, but not READY since lb was built, and so not a member): the RPC
+// then fails. Otherwise it meets these endpoints as grpc-go's pickers meet
+// their connections (balancer/pickfirst/pickfirst.go and
+// balancer/endpointsharding/endpointsharding.go, grpc-go v1.85.0): it waits
+// while one connects (or has just become READY, and joins with the next
+// picker), and, while all are in TRANSIENT_FAILURE, fails unless it waits
+// for ready, with the error of the first one's child.
+func (p *picker) pendingError(info balancer.PickInfo, exclude []string) error {
+	var first error
+	for _, ep := range p.pending {
+		if slices.Contains(exclude, ep.key) {
+			continue
+		}
+		res, err := ep.picker.Pick(info)
+		switch {
+		case err == nil:
+			if res.Done != nil {
+				res.Done(balancer.DoneInfo{}) // not sent: see pickDone.finish
+			}
+			return balancer.ErrNoSubConnAvailable
+		case errors.Is(err, balancer.ErrNoSubConnAvailable):
+			return balancer.ErrNoSubConnAvailable
+		case first == nil:
+			first = err
+		}
+	}
+	return first
 }
 
 // pickDone is the Done callback of one picked RPC. grpc calls a pick's Done
