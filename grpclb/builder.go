@@ -131,11 +131,20 @@ func NewBuilder(opts Options) (*Builder, error) {
 // should not change how every channel in the process may be configured.
 // Call Register once, early in main or in a test's TestMain, before any
 // channel is dialed and not concurrently with dials; give each differently
-// configured Builder its own name.
+// configured Builder its own name. A name that another balancer holds
+// (grpc-go's "round_robin" or "pick_first", say) is refused with an error
+// wrapping [ErrInvalidOptions]: registering it would replace that balancer
+// for every channel of the process. A Builder of this package registered
+// under the name before is replaced.
 func Register(opts Options) (*Builder, error) {
 	b, err := NewBuilder(opts)
 	if err != nil {
 		return nil, err
+	}
+	if old := balancer.Get(b.Name()); old != nil {
+		if _, ours := old.(*Builder); !ours {
+			return nil, fmt.Errorf("%w: name %q is another balancer's; registering it would replace that balancer in every channel", ErrInvalidOptions, b.Name())
+		}
 	}
 	balancer.Register(b)
 	return b, nil

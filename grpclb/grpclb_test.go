@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -409,6 +410,22 @@ func TestRegisterRejectsBadName(t *testing.T) {
 	for _, name := range []string{"LLMLB", "ll mlb"} {
 		if _, err := grpclb.NewBuilder(grpclb.Options{Name: name}); !errors.Is(err, grpclb.ErrInvalidOptions) {
 			t.Errorf("NewBuilder(%q) = %v, want ErrInvalidOptions", name, err)
+		}
+	}
+	// A name another balancer holds is refused, and that balancer stays.
+	for _, name := range []string{"round_robin", "pick_first", "least_request_experimental"} {
+		before := balancer.Get(name)
+		if _, err := grpclb.Register(grpclb.Options{Name: name}); !errors.Is(err, grpclb.ErrInvalidOptions) {
+			t.Errorf("Register(%q) = %v, want ErrInvalidOptions", name, err)
+		}
+		if balancer.Get(name) != before {
+			t.Errorf("Register(%q) replaced grpc-go's balancer", name)
+		}
+	}
+	// A Builder of this package may be registered again under its name.
+	for range 2 {
+		if _, err := grpclb.Register(grpclb.Options{Name: "llmlb-twice"}); err != nil {
+			t.Fatalf("Register(llmlb-twice) = %v", err)
 		}
 	}
 	b, err := grpclb.NewBuilder(grpclb.Options{})
