@@ -262,12 +262,13 @@ type membership struct {
 	log      *slog.Logger
 	ready    func() // called after the first successful load
 
-	mu      sync.Mutex // protects the fields below
-	current []string
-	pending []string // a changed file not yet read twice alike; nil: none
-	loaded  time.Time
-	lastErr error
-	synced  bool
+	mu        sync.Mutex // protects the fields below
+	current   []string
+	pending   []string // a changed file not yet read twice alike; nil: none
+	loaded    time.Time
+	lastErr   error
+	synced    bool
+	noRecords bool // the last lookup of the -dns name found no records
 }
 
 // refresh loads the source and applies a changed membership. A failed load
@@ -278,6 +279,9 @@ type membership struct {
 // a DNS blip does not empty the pool.
 func (m *membership) refresh(ctx context.Context) error {
 	addrs, err := m.src.load(ctx)
+	if err == nil && m.src.dns != "" {
+		m.noteRecords(len(addrs) > 0)
+	}
 	if err == nil {
 		switch {
 		case m.src.file != "", m.src.dns != "" && len(addrs) == 0:
@@ -305,6 +309,24 @@ func (m *membership) refresh(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// noteRecords logs when the -dns name stops or starts having records. A
+// name without records is no error, as a headless Service with no ready pod
+// has none, but a picker that routes nothing must say why: the name may be
+// misspelt.
+func (m *membership) noteRecords(has bool) {
+	m.mu.Lock()
+	changed := m.noRecords == has
+	m.noRecords = !has
+	m.mu.Unlock()
+	switch {
+	case changed && !has:
+		m.log.Warn("llmlb-epp: the -dns name has no records (a misspelt name, or a headless Service with no ready pod)",
+			"name", m.src.dns)
+	case changed && has:
+		m.log.Info("llmlb-epp: the -dns name has records again", "name", m.src.dns)
+	}
 }
 
 // settle returns the file's addresses to apply: addrs if they are those of

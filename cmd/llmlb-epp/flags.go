@@ -244,6 +244,36 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if o.retryAfter < 0 {
 		return o, fmt.Errorf("-retry-after %v must not be negative", o.retryAfter)
 	}
+	// A header name that no request can carry would never match: a typo,
+	// not a setting to accept silently.
+	for _, h := range []struct{ flag, name string }{
+		{"session-header", o.sessionHeader}, {"tenant-header", o.tenantHeader}, {"feature-header", o.featureHeader},
+	} {
+		if h.name != "" && !validHeaderName(h.name) {
+			return o, fmt.Errorf("-%s %q is not an HTTP header name", h.flag, h.name)
+		}
+	}
+	// A flag of one policy given with another, or one that only a
+	// setting it is given without would read, is refused as well.
+	for _, dep := range []struct {
+		flag, needs string
+		ok          bool
+	}{
+		{"score", "-policy p2c", o.policy == "p2c"},
+		{"slots", "-policy default", o.policy == "default"},
+		{"cache-weight", "-policy default", o.policy == "default"},
+		{"sampled", "-policy default", o.policy == "default"},
+		{"cert-path", "-secure-serving", o.secure},
+		{"feature-header", "-predict-outputs", o.predict},
+		{"retry-after", "-max-in-flight or -max-per-session", o.maxInFlight != 0 || o.maxPerSession != 0},
+		{"metrics-path", "scraping (-scrape is negative)", o.scrape >= 0},
+		{"metrics-https", "scraping (-scrape is negative)", o.scrape >= 0},
+		{"engine", "scraping (-scrape is negative)", o.scrape >= 0},
+	} {
+		if set[dep.flag] && !dep.ok {
+			return o, fmt.Errorf("-%s does nothing without %s", dep.flag, dep.needs)
+		}
+	}
 	return o, nil
 }
 
@@ -258,6 +288,21 @@ var bodyModes = map[string]filterv3.ProcessingMode_BodySendMode{
 }
 
 var bodyModeNames = []string{"full-duplex-streamed", "buffered", "buffered-partial", "streamed", "none"}
+
+// validHeaderName reports whether name is an HTTP field name: a token of
+// RFC 9110 section 5.1 (letters, digits and !#$%&'*+-.^_`|~).
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
 
 func contains(list []string, s string) bool {
 	for _, x := range list {

@@ -131,6 +131,28 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-dns", "vllm.default.svc:8000", "-metrics-path", "/%zz"}, "-metrics-path"},
 		{[]string{"-dns", "vllm.default.svc:8000", "-metrics-path", "/v1/metrics?format=text"}, ""},
 		{[]string{"-endpoints", "10.0.0.1:8000,10.0.0.2:8000", "-policy", "p2c", "-score", "kv"}, ""},
+		// A flag read only by another policy or setting is refused, not ignored.
+		{[]string{"-endpoints", "10.0.0.1:8000", "-score", "kv"}, "-score does nothing without -policy p2c"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-policy", "least-kv", "-score", "kv"}, "-score does nothing without -policy p2c"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-policy", "p2c", "-slots", "64"}, "-slots does nothing without -policy default"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-policy", "gie-default", "-cache-weight", "2"}, "-cache-weight does nothing without -policy default"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-policy", "random", "-sampled", "4"}, "-sampled does nothing without -policy default"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-slots", "64", "-cache-weight", "2", "-sampled", "4"}, ""},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-secure-serving=false", "-cert-path", "/etc/tls"}, "-cert-path does nothing without -secure-serving"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-feature-header", "x-route"}, "-feature-header does nothing without -predict-outputs"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-feature-header", "x-route", "-predict-outputs"}, ""},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-retry-after", "5s"}, "-retry-after does nothing without -max-in-flight or -max-per-session"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-retry-after", "5s", "-max-per-session", "2"}, ""},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-scrape", "-1s", "-metrics-path", "/m"}, "-metrics-path does nothing without scraping"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-scrape", "-1s", "-metrics-https"}, "-metrics-https does nothing without scraping"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-scrape", "-1s", "-engine", "vllm"}, "-engine does nothing without scraping"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-scrape", "2s", "-engine", "vllm", "-metrics-https", "-metrics-path", "/m"}, ""},
+		// A header name no request can carry is refused.
+		{[]string{"-endpoints", "10.0.0.1:8000", "-tenant-header", "x tenant"}, "-tenant-header \"x tenant\" is not an HTTP header name"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-session-header", "x-session:"}, "-session-header \"x-session:\" is not an HTTP header name"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-session-header", ":authority"}, "is not an HTTP header name"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-predict-outputs", "-feature-header", "x-route\n"}, "-feature-header"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-session-header", "", "-tenant-header", "x-llm-d-inference-fairness-id"}, ""},
 		{[]string{"-dns", "vllm.default.svc:8000", "-kv-events-port", "5557", "-tokenizer", "engine"}, ""},
 	}
 	for _, c := range cases {
@@ -305,6 +327,48 @@ func TestDNSSource(t *testing.T) {
 	require.Len(t, keys(m), 1, "a second blip, after records, is one lookup without records again")
 	require.NoError(t, m.refresh(context.Background()))
 	require.Empty(t, keys(m), "two lookups in a row without records")
+}
+
+// TestDNSNoRecords: a -dns name without records is logged, at the first
+// lookup and at each lookup that finds none after one that found some, and
+// its return once; the picker otherwise starts ready with no replicas, and
+// would answer 503 with nothing in the log to say why.
+func TestDNSNoRecords(t *testing.T) {
+	var logs lockedBuffer
+	res := &fakeResolver{err: &net.DNSError{Err: "no such host", Name: "vlm.ns.svc", IsNotFound: true}}
+	m := newMembership(t, source{dns: "vlm.ns.svc:8000", res: res})
+	m.log = slog.New(slog.NewTextHandler(&logs, nil))
+	const none, back = "the -dns name has no records", "the -dns name has records again"
+	require.NoError(t, m.refresh(context.Background()))
+	require.NoError(t, m.refresh(context.Background()))
+	require.Equal(t, 1, logs.count(none), "logged once, not at every lookup")
+	require.Equal(t, 1, logs.count("name=vlm.ns.svc:8000"))
+	res.ips, res.err = []string{"10.1.0.4"}, nil
+	require.NoError(t, m.refresh(context.Background()))
+	require.NoError(t, m.refresh(context.Background()))
+	require.Equal(t, 1, logs.count(back))
+	res.ips, res.err = nil, &net.DNSError{Err: "no such host", Name: "vlm.ns.svc", IsNotFound: true}
+	require.NoError(t, m.refresh(context.Background()))
+	require.Equal(t, 2, logs.count(none))
+	res.err = errors.New("server misbehaving") // a failed lookup says nothing of the records
+	require.Error(t, m.refresh(context.Background()))
+	require.Equal(t, 2, logs.count(none))
+	require.Equal(t, 1, logs.count(back))
+}
+
+// TestCertPathError: a -cert-path whose key pair cannot be loaded fails the
+// start with an error that names the flag.
+func TestCertPathError(t *testing.T) {
+	dir := t.TempDir()
+	o, err := parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-cert-path", dir}, io.Discard)
+	require.NoError(t, err)
+	_, err = newServer(o)
+	require.ErrorContains(t, err, "-cert-path: ")
+	require.ErrorContains(t, err, "tls.crt")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.crt"), []byte("not PEM"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "tls.key"), []byte("not PEM"), 0o600))
+	_, err = newServer(o)
+	require.ErrorContains(t, err, "-cert-path: ")
 }
 
 // TestCertReload: a key pair in -cert-path is served, and replaced when its

@@ -274,6 +274,9 @@ func newServer(o options) (_ *server, err error) {
 	if o.secure {
 		tc, err := tlsConfig(o.certPath)
 		if err != nil {
+			if o.certPath != "" {
+				return nil, fmt.Errorf("-cert-path: %w", err)
+			}
 			return nil, err
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
