@@ -44,6 +44,9 @@
 //     picker, so the request is routed on its headers alone (session key,
 //     tenant), without prompt information.
 //
+// A stream that announces another mode (GRPC, which de-frames gRPC
+// messages) fails with FAILED_PRECONDITION before anything is picked.
+//
 // A destination header the client sent is replaced by the route, or
 // removed where the route goes in the metadata alone (a BUFFERED request
 // that ends with trailers and no body), so that a client cannot choose its

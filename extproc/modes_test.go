@@ -4,8 +4,11 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/extproc"
@@ -90,6 +93,30 @@ func TestProtocolConfig(t *testing.T) {
 	require.ErrorIs(t, err, extproc.ErrInvalidConfig)
 	_, err = extproc.NewServer(extproc.Config{Balancer: b, Protocol: &extprocv3.ProtocolConfiguration{RequestBodyMode: buffered, ResponseBodyMode: none}})
 	require.NoError(t, err)
+	// GRPC is a body mode of the enum that a Server does not serve.
+	_, err = extproc.NewServer(extproc.Config{Balancer: b, Protocol: &extprocv3.ProtocolConfiguration{RequestBodyMode: fullDuplex, ResponseBodyMode: filterv3.ProcessingMode_GRPC}})
+	require.ErrorIs(t, err, extproc.ErrInvalidConfig)
+}
+
+// TestUnsupportedAnnouncedMode: a stream whose protocol_config announces a
+// body mode the Server does not serve (GRPC, or one unknown) fails with
+// FAILED_PRECONDITION before anything is answered or picked, rather than be
+// answered in another mode's messages, which the data plane rejects.
+func TestUnsupportedAnnouncedMode(t *testing.T) {
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_GRPC, 42} {
+		t.Run(mode.String(), func(t *testing.T) {
+			b := newBalancer(t, 2, nil)
+			h := start(t, extproc.Config{Balancer: b})
+			e := h.open(t, mode, fullDuplex)
+			e.send(requestHeaders("/v1/chat/completions", false))
+			_, err := e.s.Recv()
+			require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+			require.Contains(t, status.Convert(err).Message(), "unsupported body modes")
+			for _, s := range b.Stats() {
+				require.Zero(t, s.Outstanding)
+			}
+		})
+	}
 }
 
 // recvWithin returns the next answer on e, failing the test if none comes

@@ -171,10 +171,12 @@ type Config struct {
 	// answer to the request headers, which a Server that takes the mode to
 	// be FULL_DUPLEX_STREAMED holds until the body is complete, and the
 	// request fails after BodyTimeout. A stream's protocol_config, when
-	// sent, overrides it. nil means FULL_DUPLEX_STREAMED both ways, the
-	// mode the endpoint picker protocol requires, and the only one the
-	// reference picker serves (it reads no protocol_config:
-	// pkg/epp/handlers/server.go of llm-d/llm-d-router v0.10.0).
+	// sent, overrides it. A mode other than NONE, STREAMED, BUFFERED,
+	// BUFFERED_PARTIAL and FULL_DUPLEX_STREAMED (GRPC) is refused. nil
+	// means FULL_DUPLEX_STREAMED both ways, the mode the endpoint picker
+	// protocol requires, and the only one the reference picker serves (it
+	// reads no protocol_config: pkg/epp/handlers/server.go of
+	// llm-d/llm-d-router v0.10.0).
 	Protocol *extprocv3.ProtocolConfiguration
 }
 
@@ -243,8 +245,8 @@ func NewServer(cfg Config) (*Server, error) {
 	s.reqMode, s.respMode = fullDuplex, fullDuplex
 	if pc := cfg.Protocol; pc != nil {
 		for _, m := range []filterv3.ProcessingMode_BodySendMode{pc.GetRequestBodyMode(), pc.GetResponseBodyMode()} {
-			if _, ok := filterv3.ProcessingMode_BodySendMode_name[int32(m)]; !ok {
-				return nil, fmt.Errorf("%w: Protocol has an unknown body mode %d", ErrInvalidConfig, m)
+			if !supportedMode(m) {
+				return nil, fmt.Errorf("%w: Protocol has an unsupported body mode %v", ErrInvalidConfig, m)
 			}
 		}
 		s.reqMode, s.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()

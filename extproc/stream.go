@@ -32,6 +32,19 @@ const (
 	modeNone     = filterv3.ProcessingMode_NONE
 )
 
+// supportedMode reports whether m is a body mode a Server serves: NONE,
+// STREAMED, BUFFERED, BUFFERED_PARTIAL or FULL_DUPLEX_STREAMED. GRPC, which
+// envoyproxy/envoy api/envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto
+// adds (not implemented as of go-control-plane envoy v1.40.0), de-frames
+// gRPC messages, and any other value is unknown.
+func supportedMode(m filterv3.ProcessingMode_BodySendMode) bool {
+	switch m {
+	case modeNone, streamedMode, buffered, bufPartial, fullDuplex:
+		return true
+	}
+	return false
+}
+
 // stream is the state of one ext_proc stream: one HTTP request and its
 // response. It is used by the goroutine of Server.Process and, until the
 // request is routed, by the body deadline's timer.
@@ -98,6 +111,13 @@ func (st *stream) handle(m *extprocv3.ProcessingRequest) (bool, error) {
 		st.started = true
 		if pc := m.GetProtocolConfig(); pc != nil {
 			st.reqMode, st.respMode = pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+			if !supportedMode(st.reqMode) || !supportedMode(st.respMode) {
+				// GRPC is answered with StreamedBodyResponse messages
+				// (processing_mode.proto): answered as another mode,
+				// the request would fail for no reason the data plane
+				// could name.
+				return false, protocolError("unsupported body modes %v and %v", st.reqMode, st.respMode)
+			}
 		}
 	}
 	st.observe = m.GetObservabilityMode()
