@@ -91,7 +91,11 @@ type EjectorConfig struct {
 	// 0 means [DefaultMaxEjectionPercent].
 	MaxEjectionPercent float64
 	// Classify maps an attempt's error to Succeeded (resets the count),
-	// Failed (counts) or Abandoned (ignored); nil means [HealthOutcome].
+	// Failed (counts) or Abandoned (ignored); nil means [HealthOutcome],
+	// read at the Ejector's Clock: a pushback that is a time (an HTTP date
+	// in Retry-After, a Unix or RFC 3339 rate-limit reset) at or before
+	// now asks for no wait, so the answer is a failure, as a 503 without
+	// one is.
 	Classify func(err error) Outcome
 	// MaxCooldown caps a cooldown: an endpoint that answers an overload
 	// status (HTTP 429, HTTP 503 or gRPC UNAVAILABLE or RESOURCE_EXHAUSTED)
@@ -99,8 +103,12 @@ type EjectorConfig struct {
 	// rate-limit resets) is marked unhealthy for that wait, at most
 	// MaxCooldown, however large the wait asked; a cooldown is not a
 	// failure, counts in no ejection and in no cap, and is followed by no
-	// half-open probe. 0 means [DefaultMaxCooldown]; a negative value
-	// disables cooldowns.
+	// half-open probe. A wait asked of an ejected endpoint (by an attempt
+	// sent before its ejection) does not lengthen the ejection, which
+	// nothing does once it starts, as in Envoy: the part of the wait that
+	// outlasts it is a cooldown that follows it, and the endpoint is then
+	// half-open when it comes back. 0 means [DefaultMaxCooldown]; a
+	// negative value disables cooldowns.
 	MaxCooldown time.Duration
 	// SweepInterval is Envoy's outlier detection interval: how often
 	// [Ejector.Run] calls Sweep, and the time back in after an ejection
@@ -138,20 +146,21 @@ type EjectorConfig struct {
 // same time forgets every endpoint that is no longer a member, freeing the
 // cap's share of an ejected endpoint that left. An endpoint is also
 // forgotten when marking it fails because it is not a member. State is kept
-// only for endpoints that are failing, ejected or recently ejected, and for
-// at most 10,000 that are not ejected: beyond that, a newly failing endpoint
-// displaces the one reported least recently, which loses its count, so
-// endpoints that come and go never stop the ejector from tracking current
-// ones. A report costs the same however many endpoints there are, apart from
-// that reading of the membership.
+// only for endpoints that are failing, out, or have been out (for the time
+// they came back; see [Ejector.ReportElapsed]), and for at most 10,000 that
+// are not out: beyond that, a newly failing endpoint displaces the one
+// reported least recently, which loses its count and the time it came
+// back, so endpoints that come and go never stop the ejector from tracking
+// current ones. A report costs the same however many endpoints there are,
+// apart from that reading of the membership.
 type Ejector struct {
 	h         Health
 	threshold int
 	base, max time.Duration
 	percent   float64
-	classify  func(error) Outcome
-	cooldown  time.Duration // MaxCooldown; <= 0: no cooldowns
-	interval  time.Duration // SweepInterval
+	classify  func(error) Outcome // Classify; nil: healthOutcome at the clock's time
+	cooldown  time.Duration       // MaxCooldown; <= 0: no cooldowns
+	interval  time.Duration       // SweepInterval
 	clock     llmlb.Clock
 	obs       *Observer
 	limit     int // most entries that are not ejected; maxTracked
@@ -174,6 +183,7 @@ type epHealth struct {
 	consecutive int
 	backoff     int       // the ejection multiplier when restored; see Ejector.backoff
 	until       time.Time // end of the current ejection or cooldown; zero = neither
+	coolUntil   time.Time // ejected: end of the cooldown that follows; zero = none
 	cooling     bool      // until is a cooldown's, not an ejection's
 	marked      bool      // out, and the Ejector marked it unhealthy
 	halfOpen    bool      // restored, no outcome seen since
@@ -265,9 +275,6 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 		eps:       make(map[string]*epHealth),
 	}
 	e.lru.prev, e.lru.next = &e.lru, &e.lru
-	if e.classify == nil {
-		e.classify = HealthOutcome
-	}
 	return e, nil
 }
 
@@ -283,7 +290,19 @@ func NewEjector(h Health, cfg EjectorConfig) (*Ejector, error) {
 // (a lower layer gave up, which says nothing of this endpoint). Other HTTP
 // 5xx, gRPC UNAVAILABLE, INTERNAL and UNKNOWN, and errors without a status
 // (transport failures) are Failed; other gRPC codes are Succeeded.
+//
+// HealthOutcome has no clock, so it reads a pushback that is a time (an
+// HTTP date in Retry-After, a Unix or RFC 3339 rate-limit reset) as a wait
+// however far in the past it lies: such a 503 or UNAVAILABLE is Abandoned.
+// An [Ejector] without a Classify reads it at its own Clock instead, and
+// counts an answer whose time is at or before now as Failed.
 func HealthOutcome(err error) Outcome {
+	return healthOutcome(err, time.Time{})
+}
+
+// healthOutcome is [HealthOutcome] with the pushback's times read at now;
+// the zero now reads every time as a wait.
+func healthOutcome(err error, now time.Time) Outcome {
 	if err == nil {
 		return Succeeded
 	}
@@ -300,7 +319,7 @@ func HealthOutcome(err error) Outcome {
 		case GRPCResourceExhausted:
 			return Abandoned
 		case GRPCUnavailable:
-			if hasPushback(se.Header) {
+			if hasPushback(se.Header, now) {
 				return Abandoned
 			}
 			return Failed
@@ -310,7 +329,7 @@ func HealthOutcome(err error) Outcome {
 		return Succeeded
 	}
 	switch {
-	case se.Code == 429, se.Code == 503 && hasPushback(se.Header):
+	case se.Code == 429, se.Code == 503 && hasPushback(se.Header, now):
 		return Abandoned
 	case se.Code >= 500:
 		return Failed
@@ -333,7 +352,8 @@ func (e *Ejector) Report(key string, err error) {
 // ReportElapsed is [Ejector.Report] for an attempt that was sent to the
 // endpoint elapsed before this report (0 if unknown, as with Report). The
 // success or failure of an attempt sent before the endpoint's latest return
-// from an ejection or cooldown is ignored, as it would have been had it
+// from an ejection or cooldown is ignored (unless the endpoint's state was
+// displaced since; see [Ejector]), as it would have been had it
 // ended while the endpoint was out: it tells of the endpoint before it went
 // out, and a long stream sent then must not close or trip the half-open
 // state of the endpoint that came back (re-ejecting it for a failure that
@@ -353,7 +373,7 @@ func (e *Ejector) ReportElapsed(key string, elapsed time.Duration, err error) {
 		}
 		return
 	}
-	o := e.classify(err)
+	o := e.outcome(err, now)
 	if o == Abandoned {
 		e.Sweep()
 		return
@@ -369,6 +389,19 @@ func (e *Ejector) ReportElapsed(key string, elapsed time.Duration, err error) {
 	if ejected {
 		e.obs.eject(key, d) // outside the lock
 	}
+}
+
+// outcome classifies err with Classify or, if it is nil, with
+// [HealthOutcome] read at now, the time at which coolFor found no wait in
+// err: a Retry-After date or reset time at or before now is then a failure
+// (a 503 that asks for no time to recover, as every 5xx is for Envoy's
+// consecutive_5xx; see hasPushback) rather than an overload answer that
+// would neither count nor cool the endpoint down.
+func (e *Ejector) outcome(err error, now time.Time) Outcome {
+	if e.classify != nil {
+		return e.classify(err)
+	}
+	return healthOutcome(err, now)
 }
 
 // ReportQuota reads the rate-limit headers h of an answer of the endpoint
@@ -495,9 +528,16 @@ func (e *Ejector) coolFor(err error, now time.Time) time.Duration {
 	return min(p.Delay, e.cooldown)
 }
 
-// cool takes the endpoint of key out for d and reports whether it did: an
-// endpoint ejected or cooling already stays out until the later of its end
-// and d from now. e.mu is held.
+// cool takes the endpoint of key out for d and reports whether it started
+// a cooldown: an endpoint cooling already stays out until the later of its
+// end and d from now, without a new cooldown. An ejected endpoint's
+// ejection keeps its end: as Envoy's DetectorImpl::onConsecutiveErrorWorker
+// (envoyproxy/envoy at 00c7146d,
+// source/common/upstream/outlier_detection_impl.cc) leaves a host that is
+// already ejected (FAILED_OUTLIER_CHECK) as it is, nothing lengthens an
+// ejection. If d from now is later, a cooldown that ends then follows the
+// ejection (sweep starts it), and cool reports a new cooldown unless one
+// already followed, which then ends at the later of the two. e.mu is held.
 func (e *Ejector) cool(key string, d time.Duration, now time.Time) bool {
 	e.sweep(now)
 	until := now.Add(d)
@@ -505,12 +545,19 @@ func (e *Ejector) cool(key string, d time.Duration, now time.Time) bool {
 	switch {
 	case st == nil:
 		st = e.add(key)
-	case !st.until.IsZero():
+	case st.cooling:
 		if until.After(st.until) {
 			st.until = until
 			heap.Fix(&e.out, st.idx)
 		}
 		return false
+	case !st.until.IsZero(): // ejected
+		if !until.After(st.until) || !until.After(st.coolUntil) {
+			return false
+		}
+		fresh := st.coolUntil.IsZero()
+		st.coolUntil = until
+		return fresh
 	}
 	marked, ok := e.markOut(key)
 	if !ok {
@@ -546,8 +593,12 @@ func (e *Ejector) report(key string, o Outcome, start, now time.Time) (time.Dura
 	}
 	if o == Succeeded {
 		st.consecutive, st.halfOpen = 0, false
-		if e.backoff(st, now) == 0 && !now.Before(st.quotaFull) {
-			e.forget(st) // nothing to remember: no ejection, no quota spent
+		if e.backoff(st, now) == 0 && !now.Before(st.quotaFull) && st.back.IsZero() {
+			// Nothing to remember: no ejection, no quota spent, never
+			// out. An endpoint that has been out keeps the time it came
+			// back, which tells later reports of attempts sent before it
+			// (long streams) from those sent after.
+			e.forget(st)
 		}
 		return 0, false
 	}
@@ -741,6 +792,16 @@ func (e *Ejector) sweep(now time.Time) {
 			st.until = time.Time{}
 		} else {
 			st.until, st.halfOpen, st.restored = time.Time{}, true, now
+			if st.coolUntil.After(now) {
+				// A wait asked while it was ejected outlasts the
+				// ejection: it cools down for the rest, marked as it
+				// was, half-open when it comes back.
+				st.until, st.coolUntil, st.cooling = st.coolUntil, time.Time{}, true
+				e.cooling++
+				heap.Push(&e.out, st)
+				continue
+			}
+			st.coolUntil = time.Time{}
 		}
 		st.back = now
 		marked := st.marked
@@ -779,7 +840,10 @@ func (e *Ejector) Ejected() []string {
 }
 
 // Out returns the number of endpoints out now, ejected or cooling down, and
-// the time until the first of them is due back (0 if none is out). It costs
+// the time until the first of them is due back (0 if none is out), or
+// until the end of its ejection if a cooldown follows it
+// ([EjectorConfig.MaxCooldown]): a lower bound of the time until one is
+// back, exact unless a wait was asked of an ejected endpoint. It costs
 // the same however many endpoints are out, apart from reading the Health's
 // membership at most once a second while some endpoint is out.
 func (e *Ejector) Out() (n int, next time.Duration) {
@@ -832,10 +896,10 @@ func (e *Ejector) outKeys(cooling bool) []string {
 // (DetectorHostMonitorImpl::putHttpResponseCode, envoyproxy/envoy at
 // 00c7146d, source/common/upstream/outlier_detection_impl.cc), and, asking
 // for no wait, it cools nothing down either. A time (an HTTP date, a Unix or
-// RFC 3339 reset) is read against the zero time, so that whether there is a
-// pushback does not depend on the time, only how long it asks to wait does:
-// a time is always a wait.
-func hasPushback(h http.Header) bool {
-	p := FromHeader(h, time.Time{}, noPushbackLimit)
+// RFC 3339 reset) is read at now: one at or before now is a wait of zero,
+// and so no pushback. The zero now, which [HealthOutcome] passes for want
+// of a clock, makes every time a wait.
+func hasPushback(h http.Header, now time.Time) bool {
+	p := FromHeader(h, now, noPushbackLimit)
 	return p.Kind == DoNotRetry || p.Kind == RetryLater && p.Delay > 0
 }

@@ -22,7 +22,7 @@ func checkEjector(t testing.TB, e *Ejector) {
 		if st.next.prev != st {
 			t.Fatalf("ring broken at %s", st.key)
 		}
-		if e.eps[st.key] != st || !st.until.IsZero() {
+		if e.eps[st.key] != st || !st.until.IsZero() || !st.coolUntil.IsZero() {
 			t.Fatalf("%s in the ring: tracked %v, until %v", st.key, e.eps[st.key] == st, st.until)
 		}
 	}
@@ -32,6 +32,9 @@ func checkEjector(t testing.TB, e *Ejector) {
 	for i, st := range e.out {
 		if st.idx != i || e.eps[st.key] != st || st.until.IsZero() {
 			t.Fatalf("heap entry %d (%s): idx %d, tracked %v, until %v", i, st.key, st.idx, e.eps[st.key] == st, st.until)
+		}
+		if !st.coolUntil.IsZero() && (st.cooling || !st.coolUntil.After(st.until)) {
+			t.Fatalf("%s: a cooldown to %v follows an ejection to %v, cooling %v", st.key, st.coolUntil, st.until, st.cooling)
 		}
 		if i > 0 && st.until.Before(e.out[(i-1)/2].until) {
 			t.Fatalf("heap out of order at %d", i)

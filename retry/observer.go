@@ -38,7 +38,12 @@ type Observer struct {
 	// Eject is called when an [Ejector] ejects an endpoint, for d.
 	Eject func(key string, d time.Duration)
 	// Cooldown is called when an [Ejector] takes an endpoint out for d
-	// because it answered an overload status asking for that wait.
+	// because it answered an overload status asking for that wait. For an
+	// endpoint ejected at the time, whose ejection such a wait does not
+	// lengthen, it is called when the wait outlasts the ejection: the
+	// endpoint is out for d from the call, ejected and then cooling down.
+	// A longer wait asked of an endpoint already cooling down (or due to)
+	// lengthens its cooldown without a call.
 	Cooldown func(key string, d time.Duration)
 	// Reject is called when an [Admission] refuses a request.
 	Reject func(err *OverloadError)
