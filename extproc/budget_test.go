@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/stretchr/testify/require"
@@ -79,7 +80,7 @@ func TestBodiesInFlightShareTheBudget(t *testing.T) {
 	const limit = 32 << 10
 	b := newBalancer(t, 2, nil)
 	h := startTCP(t, extproc.Config{Balancer: b, Parser: parserWithCap(t, limit), MaxBufferedBytes: limit})
-	body := chatBody(limit-200, false)
+	body := chatBody(limit-1<<10, false) // and its headers: the whole budget
 
 	// Two streams gather more than half the budget each: the one that
 	// comes second is refused, whichever it is.
@@ -344,5 +345,91 @@ func TestResponseIDScanBudget(t *testing.T) {
 	close(stop)
 	<-sampled
 	require.Zero(t, over.Load(), "the budget was exceeded")
+	waitIdle(t, b)
+}
+
+// TestHeadersShareTheBudget: the request headers a stream holds count
+// against MaxBufferedBytes with the bodies, until the request is routed:
+// headers that would take the total over it are refused with 429, alone
+// or beside other streams' headers, and a routed request's headers no
+// longer count, while its response goes on.
+func TestHeadersShareTheBudget(t *testing.T) {
+	const limit = 64 << 10
+	b := newBalancer(t, 2, nil)
+	srv, err := extproc.NewServer(extproc.Config{Balancer: b, Parser: parserWithCap(t, 4<<10), MaxBufferedBytes: limit, Logger: quiet})
+	require.NoError(t, err)
+	h := serve(t, srv, b)
+	big := strings.Repeat("v", 40<<10) // more than half the budget
+	body := []byte(`{"model":"m","prompt":"x","max_tokens":4}`)
+
+	// Headers over the whole budget are refused, in any body mode.
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{fullDuplex, buffered, streamed} {
+		e := h.open(t, mode, fullDuplex)
+		e.send(requestHeaders("/v1/completions", false, "x-big", big+big))
+		requireBudgetRefusal(t, e.recv())
+		require.NoError(t, e.closeAndWait())
+		require.Zero(t, extproc.Buffered(srv))
+	}
+
+	// One stream's headers wait for its body (FULL_DUPLEX_STREAMED): a
+	// second stream's as large do not fit beside them.
+	first := h.open(t, fullDuplex, fullDuplex)
+	first.send(requestHeaders("/v1/completions", false, "x-big", big))
+	require.Eventually(t, func() bool { return extproc.Buffered(srv) > 40<<10 }, 10*time.Second, time.Millisecond)
+	second := h.open(t, fullDuplex, fullDuplex)
+	second.send(requestHeaders("/v1/completions", false, "x-big", big))
+	requireBudgetRefusal(t, second.recv())
+	require.NoError(t, second.closeAndWait())
+
+	// Routed, the first lets its headers go while its response streams:
+	// another as large fits.
+	first.send(requestBody(body, true))
+	require.NotNil(t, first.recv().GetRequestHeaders())
+	streamedBack(t, first.recv(), true)
+	require.Zero(t, extproc.Buffered(srv))
+	first.send(responseHeaders(200, "text/event-stream", false))
+	require.NotNil(t, first.recv().GetResponseHeaders())
+	third := h.open(t, buffered, fullDuplex)
+	third.send(requestHeaders("/v1/completions", false, "x-big", big))
+	require.NotNil(t, third.recv().GetRequestHeaders(), "the headers fit")
+	third.send(requestBody(body, true))
+	require.NotNil(t, third.recv().GetRequestBody(), "routed")
+	require.Zero(t, extproc.Buffered(srv))
+
+	// Headers held until the stream ends unrouted are let go then.
+	fourth := h.open(t, fullDuplex, fullDuplex)
+	fourth.send(requestHeaders("/v1/completions", false, "x-big", big))
+	require.Eventually(t, func() bool { return extproc.Buffered(srv) > 40<<10 }, 10*time.Second, time.Millisecond)
+	fourth.cancel()
+	require.Eventually(t, func() bool { return extproc.Buffered(srv) == 0 }, 10*time.Second, time.Millisecond)
+	first.cancel()
+	third.cancel()
+	waitIdle(t, b)
+}
+
+// A request that could not fit even alone, its headers beside a body at the
+// cap over a MaxBufferedBytes set to that cap, is refused with 413, which
+// retrying would not change, not with the 429 of a budget full for now.
+func TestRequestOverTheWholeBudget(t *testing.T) {
+	const limit = 8 << 10
+	b := newBalancer(t, 2, nil)
+	srv, err := extproc.NewServer(extproc.Config{Balancer: b, Parser: parserWithCap(t, limit), MaxBufferedBytes: limit, Logger: quiet})
+	require.NoError(t, err)
+	h := serve(t, srv, b)
+	body := []byte(`{"model":"m","max_tokens":4,"prompt":"` + strings.Repeat("x", limit-64) + `"}`)
+	require.LessOrEqual(t, len(body), limit)
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{fullDuplex, buffered} {
+		e := h.open(t, mode, fullDuplex)
+		e.send(requestHeaders("/v1/completions", false, "x-pad", strings.Repeat("v", 512)))
+		if mode == buffered {
+			require.NotNil(t, e.recv().GetRequestHeaders())
+		}
+		e.send(requestBody(body, true))
+		ir := e.recv().GetImmediateResponse()
+		require.NotNil(t, ir)
+		require.Equal(t, typev3.StatusCode_PayloadTooLarge, ir.GetStatus().GetCode(), "mode %v", mode)
+		require.NoError(t, e.closeAndWait())
+		require.Zero(t, extproc.Buffered(srv))
+	}
 	waitIdle(t, b)
 }

@@ -26,7 +26,10 @@
 // the pick's Generated, counted by an [httplb.OutputCounter] (one per event,
 // or the usage count the response reports), so that a balancer with
 // llmlb.WithOutputPrediction learns output lengths per tenant and Feature;
-// with response_body_mode NONE the picker sees no output and reports none.
+// with response_body_mode NONE the picker sees no output and reports none,
+// and the stream's close ends the response: one whose response headers the
+// picker is not sent either (response_header_mode SKIP) ends as neither a
+// success nor a failure (see [Server.Process]).
 //
 // The request body arrives in the mode the gateway's ext_proc filter is
 // configured with, which Envoy announces in the stream's first message
@@ -93,7 +96,7 @@
 //
 // Refusals become immediate responses with an OpenAI-style JSON error that
 // names no internal detail: 429 with Retry-After when an admission cap is
-// reached or the request bodies the Server holds would exceed
+// reached or the request bodies and headers the Server holds would exceed
 // [Config.MaxBufferedBytes], 503 when no endpoint may take the request
 // (none, none healthy, or none in the data plane's subset hint: the
 // balancer's panic mode, which picks among unhealthy endpoints when no

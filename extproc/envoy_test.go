@@ -14,6 +14,8 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/extproc"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/llmlb/llmlb/telemetry"
 )
 
 // resetStream is a directStream that Envoy closes as it closes every
@@ -37,9 +39,12 @@ func (r *resetStream) Recv() (*extprocv3.ProcessingRequest, error) {
 // TestResponseBodyNoneStreamEnd: with response_body_mode NONE the end of the
 // stream is the end of the response, however Envoy's close reaches the
 // server: after the response headers, a half-close or a reset completes the
-// pick alike; before them, the response never came, and the pick ends with
-// ErrStreamEnded, not as a success that would teach the policy a response
-// that never was.
+// pick alike; before them, the response headers were not sent to the picker
+// (response_header_mode SKIP, where Envoy closes the stream once the request
+// is answered) or the client went away, and the pick ends with
+// ErrStreamEnded wrapping context.Canceled, alike: neither a success that
+// would teach the policy a response that never was, nor a failure that
+// outlier detection would count against the endpoint.
 func TestResponseBodyNoneStreamEnd(t *testing.T) {
 	for _, responded := range []bool{true, false} {
 		for _, reset := range []bool{false, true} {
@@ -66,7 +71,11 @@ func TestResponseBodyNoneStreamEnd(t *testing.T) {
 					require.NoError(t, err)
 					require.NoError(t, errs[0], "the response completed")
 				} else {
+					require.NoError(t, err)
 					require.ErrorIs(t, errs[0], extproc.ErrStreamEnded)
+					require.ErrorIs(t, errs[0], context.Canceled)
+					require.Equal(t, retry.Abandoned, retry.HealthOutcome(errs[0]))
+					require.Equal(t, "canceled", telemetry.ErrorType(errs[0]))
 				}
 			})
 		}
@@ -267,6 +276,43 @@ func TestNoHealthyEndpoint(t *testing.T) {
 					require.Contains(t, c.sick, k)
 				}
 			}
+		})
+	}
+}
+
+// TestResponseHeadersSkipped: with response_header_mode SKIP and
+// response_body_mode NONE, Envoy sends the picker nothing of the response
+// and half-closes the stream once the request is answered; the pick ends
+// then, as neither a success nor a failure of the endpoint, in every
+// request body mode.
+func TestResponseHeadersSkipped(t *testing.T) {
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{fullDuplex, buffered, streamed, none} {
+		t.Run(mode.String(), func(t *testing.T) {
+			rec := &doneRecorder{}
+			b := newBalancer(t, 2, nil, llmlb.WithObserver(rec.observer()))
+			h := start(t, extproc.Config{Balancer: b})
+			e := h.open(t, mode, none)
+			body := []byte(`{"model":"m","prompt":"x","max_tokens":4}`)
+			e.send(requestHeaders("/v1/completions", mode == none))
+			if mode == fullDuplex { // the headers are answered with the route
+				e.send(requestBody(body, true))
+				require.NotNil(t, e.recv().GetRequestHeaders())
+				require.NotNil(t, e.recv().GetRequestBody())
+			} else {
+				require.NotNil(t, e.recv().GetRequestHeaders())
+				if mode != none {
+					e.send(requestBody(body, true))
+					require.NotNil(t, e.recv().GetRequestBody())
+				}
+			}
+			require.NoError(t, e.closeAndWait())
+			waitIdle(t, b)
+			errs, keys := rec.get()
+			require.Len(t, errs, 1)
+			require.Len(t, keys, 1)
+			require.ErrorIs(t, errs[0], extproc.ErrStreamEnded)
+			require.Equal(t, retry.Abandoned, retry.HealthOutcome(errs[0]), "the endpoint's answer is unknown: %v", errs[0])
+			require.Equal(t, "canceled", telemetry.ErrorType(errs[0]))
 		})
 	}
 }

@@ -69,7 +69,7 @@ func ParserRequest(method, path string) *http.Request {
 // headersOnly returns a stream that has read request headers with the
 // given :method and :path.
 func headersOnly(method, path string) *stream {
-	st := &stream{ctx: context.Background()}
+	st := &stream{s: &Server{maxBuffered: DefaultMaxBufferedBytes}, ctx: context.Background()}
 	st.readHeaders(&corev3.HeaderMap{Headers: []*corev3.HeaderValue{
 		{Key: ":method", RawValue: []byte(method)}, {Key: ":path", RawValue: []byte(path)}}})
 	return st

@@ -36,9 +36,9 @@ var errNoHealthy = errors.New("extproc: no healthy endpoint")
 // request is picked again.
 var errNotCandidate = errors.New("extproc: picked an endpoint that is not a candidate")
 
-// errBodyBudget: the request bodies the Server holds leave no room for
-// this one ([Config.MaxBufferedBytes]).
-var errBodyBudget = errors.New("extproc: request bodies in flight are over the server's budget")
+// errBodyBudget: the request bodies and headers the Server holds leave no
+// room for this request's ([Config.MaxBufferedBytes]).
+var errBodyBudget = errors.New("extproc: requests in flight are over the server's buffered bytes budget")
 
 // errBodyTimeout: the request was not routed within [Config.BodyTimeout]
 // of its first message, its body still coming.

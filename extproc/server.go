@@ -60,10 +60,10 @@ const (
 // 429 and 503 immediate responses with llm-d's values
 // (RequestDroppedReason, set by pkg/epp/requestcontrol/admission.go
 // translateFlowControlOutcome): "rejected-saturated" for a request shed
-// under load (an admission cap reached, or the bodies in flight over
-// [Config.MaxBufferedBytes]), "rejected-no-endpoints" when no endpoint may
-// take the request (none in the pool, none healthy, none in the data
-// plane's subset hint).
+// under load (an admission cap reached, or the bodies and headers in
+// flight over [Config.MaxBufferedBytes]), "rejected-no-endpoints" when no
+// endpoint may take the request (none in the pool, none healthy, none in
+// the data plane's subset hint).
 const DroppedReasonHeader = "x-llm-d-request-dropped-reason"
 
 // The values of [DroppedReasonHeader].
@@ -93,7 +93,10 @@ var (
 	// ErrStreamEnded is passed to a pick's Done when its ext_proc stream
 	// ended before the response did: the client went away, the upstream
 	// connection failed, or the data plane reset the stream. It wraps
-	// context.Canceled when the stream was cancelled.
+	// context.Canceled when the stream was cancelled, and when, with
+	// response_body_mode NONE, the data plane closed the stream without
+	// sending the response headers: the picker then learns nothing of the
+	// response (see [Server.Process]).
 	ErrStreamEnded = errors.New("extproc: stream ended before the response")
 	// ErrFailedOver is passed to a pick's Done when the data plane reports
 	// that another endpoint of the list served the request (it failed
@@ -108,18 +111,22 @@ type Config struct {
 	// address the data plane connects to, "host:port" (an IPv6 host in
 	// brackets), which is what the protocol returns. Required.
 	Balancer *llmlb.Balancer
-	// Parser reads the request body into an llmlb.Request; the lesser of
-	// its cap ([httplb.Parser.MaxBodyBytes]) and 1 GiB bounds the body a
-	// stream holds, and a longer one is refused with 413. Take the
-	// tenant from a header only if the gateway sets or removes it
-	// ([httplb.ParserConfig.TrustTenantHeader]). Its functions see the
+	// Parser reads the request body into an llmlb.Request; the body cap,
+	// the lesser of its cap ([httplb.Parser.MaxBodyBytes]) and 1 GiB,
+	// bounds the body a stream holds, and a longer one is refused with
+	// 413: a Server holds no body over 1 GiB, whatever the parser's cap.
+	// Take the tenant from a header only if the gateway sets or removes
+	// it ([httplb.ParserConfig.TrustTenantHeader]). Its functions see the
 	// request's :path as net/http reads a request target (decoded Path,
-	// RawPath, RawQuery), as behind httplb's proxy.
-	// nil means a Parser with the defaults of [httplb.ParserConfig].
-	// In BUFFERED mode a whole body comes in one gRPC message: give the
-	// grpc.Server a grpc.MaxRecvMsgSize above the cap (grpc-go's default
-	// is 4 MiB, the cap's 8 MiB), or a body over the server's limit fails
-	// the stream instead of getting 413.
+	// RawPath, RawQuery), as behind httplb's proxy. nil means a Parser
+	// with the defaults of [httplb.ParserConfig]. In BUFFERED mode a
+	// whole body comes in one gRPC message: give the grpc.Server a
+	// grpc.MaxRecvMsgSize a little above the body cap (grpc-go's default
+	// is 4 MiB, the parser's default cap 8 MiB), or a body over the
+	// server's limit fails the stream instead of getting 413; and no
+	// more than that, as gRPC reads a message whole into memory before
+	// the Server sees it, and one longer than the body cap is refused
+	// anyway.
 	Parser *httplb.Parser
 	// Admission, if set, caps the requests in flight, globally and per
 	// session; a refused request gets 429 with the suggested Retry-After.
@@ -143,22 +150,25 @@ type Config struct {
 	// nil means math/rand/v2's global generator.
 	Rand rand.Source
 	// MaxBufferedBytes bounds the memory taken at once by the request
-	// bodies the Server's streams hold, whatever the number of streams and
-	// connections. A stream holds its body from its first byte until the
-	// route is sent; a request whose body would take the total over the
-	// bound is refused with 429 and a Retry-After of one second, as the
-	// protocol answers a request shed under load. The start of the answer
-	// to an OpenAI Responses API request, up to 64 KiB that a stream holds
-	// until it has read the response's id, counts too; when it does not
-	// fit, the id is not learned and the response goes on. 0 means
-	// [DefaultMaxBufferedBytes]; otherwise it must be at least the body cap
-	// (see Parser), so that one body at the cap always fits.
+	// bodies and headers the Server's streams hold, whatever the number of
+	// streams and connections. A stream holds its request headers from
+	// their arrival, and its body from its first byte, until the route is
+	// sent (or the request refused); a request whose headers or body would
+	// take the total over the bound is refused with 429 and a Retry-After
+	// of one second, as the protocol answers a request shed under load. The
+	// start of the answer to an OpenAI Responses API request, up to 64 KiB
+	// that a stream holds until it has read the response's id, counts too;
+	// when it does not fit, the id is not learned and the response goes
+	// on. 0 means [DefaultMaxBufferedBytes]; otherwise it must be at least
+	// the body cap (see Parser), so that one body at the cap fits, and
+	// with its headers when the bound exceeds the cap by their size (which
+	// Envoy bounds with max_request_headers_kb, 60 KiB by default).
 	MaxBufferedBytes int64
 	// BodyTimeout bounds the time from a stream's first message until its
 	// request is routed: a client that sends its body slower, holding the
 	// stream and its share of MaxBufferedBytes, gets 408 Request Timeout,
-	// the status Envoy's own request_timeout answers, and the body is let
-	// go at once. The stream itself ends when the data plane closes it,
+	// the status Envoy's own request_timeout answers, and the body and
+	// headers are let go at once. The stream itself ends when the data plane closes it,
 	// which Envoy does after an immediate response. 0 means
 	// [DefaultBodyTimeout]; a negative value sets no deadline.
 	BodyTimeout time.Duration
@@ -264,12 +274,37 @@ func NewServer(cfg Config) (*Server, error) {
 // maxBodyLimit bounds the body a stream gathers whatever the parser's cap.
 const maxBodyLimit = 1 << 30
 
+// errResponseUnseen finishes the pick of a request whose stream the data
+// plane closed, with response_body_mode NONE, before any response message:
+// with response_header_mode SKIP (and response_trailer_mode SKIP, its
+// default) Envoy sends the picker nothing of the response, and closes the
+// stream as soon as it has the answer to the request's last message
+// (Filter::closeGrpcStreamIfLastRespReceived in envoyproxy/envoy
+// source/extensions/filters/http/ext_proc/ext_proc.cc at 294012761b5c,
+// runtime feature envoy.reloadable_features.ext_proc_stream_close_optimization;
+// without it, when the request is over). The header modes are not in the
+// protocol_config of the stream's first message, which holds the body
+// modes alone (envoy/service/ext_proc/v3/external_processor.proto
+// ProtocolConfiguration, go-control-plane envoy v1.40.0), so such a close
+// cannot be told from a client that went away before the response
+// (response_header_mode SEND, processing_mode.proto). Either way the
+// endpoint's answer is unknown: the error wraps context.Canceled, which
+// outlier detection (retry.HealthOutcome: Abandoned) and the observers
+// count as neither a success nor a failure of the endpoint, and not nil,
+// which would claim an answer (llmlb.Pick.Done) the picker never saw.
+var errResponseUnseen = fmt.Errorf("%w: the response is not sent to the picker (response_body_mode NONE): %w", ErrStreamEnded, context.Canceled)
+
 // Process serves one ext_proc stream, the life of one HTTP request: it
 // returns when the data plane closes the stream (nil), when the stream's
 // context ends (nil), after an immediate response (nil), or on a protocol
 // violation or a failed send (a gRPC status error). Whatever ends the
 // stream, the request's pick is finished and its admission released before
-// Process returns.
+// Process returns. With response_body_mode NONE the data plane's close of
+// the stream is the response's end: after the response headers it
+// completes the pick (a 2xx as a success); before them, the response
+// headers not sent to the picker (response_header_mode SKIP) or the client
+// gone, it finishes the pick with an error wrapping [ErrStreamEnded] and
+// context.Canceled, as neither a success nor a failure.
 //
 // A request not routed within [Config.BodyTimeout] of the stream's first
 // message is answered 408 from a timer's goroutine, while this one waits
@@ -286,6 +321,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		}
 		st.end(cause)
 		st.dropBody()
+		st.dropHeaders()
 		st.dropScan()
 	}()
 	for {
@@ -329,7 +365,7 @@ func (st *stream) handleLocked(m *extprocv3.ProcessingRequest) (bool, error) {
 }
 
 // expire answers 408 to a request not routed by its deadline and lets its
-// body go. It runs on the timer's goroutine.
+// body and headers go. It runs on the timer's goroutine.
 func (st *stream) expire() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -339,7 +375,9 @@ func (st *stream) expire() {
 	st.expired = true
 	st.routed = true // no route may follow
 	st.dropBody()
-	if err := st.refuse(errBodyTimeout); err != nil {
+	err := st.refuse(errBodyTimeout)
+	st.dropHeaders() // after the answer, which names the request id
+	if err != nil {
 		st.s.log.Warn("extproc: the body deadline's answer was not sent", "request_id", loggable(st.requestID), "error", err)
 	}
 }

@@ -72,15 +72,17 @@ type stream struct {
 	headers     bool        // request headers received, or skipped by the data plane
 	skipped     bool        // the data plane sent a body without headers
 	reqEnded    bool        // the request's end of stream was seen (headers, body or trailers)
-	hdr         http.Header // canonical keys; nil until a header is read
+	hdr         http.Header // canonical keys; nil until a header is read, and once routed (dropHeaders)
 	method      string
 	rawPath     string  // the :path as sent
 	target      url.URL // the :path as net/http reads it (see requestURL)
 	validPath   bool    // net/http would accept the :path: target.Path is its decoded path
 	authority   string
-	requestID   string
+	requestID   string          // cut to maxLogged+1 bytes once routed
 	body        []byte          // the request body gathered; nil once routed
 	held        int64           // bytes of body charged to the Server's budget
+	hdrHeld     int64           // bytes of request headers charged to the Server's budget; 0 once routed
+	createsResp bool            // the request creates an OpenAI Responses API response (known once routed)
 	bodyMsgs    int             // request body messages received
 	subset      *structpb.Value // the data plane's subset hint; nil: none
 	routed      bool            // the route was sent (or the request refused)
@@ -150,7 +152,9 @@ func (st *stream) requestHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.Ht
 	}
 	st.headers = true
 	st.noteSubset(m)
-	st.readHeaders(h.GetHeaders())
+	if !st.readHeaders(h.GetHeaders()) {
+		return true, st.refuse(errBodyBudget)
+	}
 	if h.GetEndOfStream() {
 		st.reqEnded = true
 		return st.route(routeHeaders)
@@ -192,11 +196,11 @@ func (st *stream) requestBody(m *extprocv3.ProcessingRequest, b *extprocv3.HttpB
 		if st.body == nil && b.GetEndOfStream() {
 			// The whole body in one message: no copy.
 			if !st.charge(int64(len(chunk))) {
-				return true, st.refuse(errBodyBudget)
+				return true, st.refuse(st.budgetRefusal(len(st.body) + len(chunk)))
 			}
 			st.body = chunk
 		} else if !st.appendBody(chunk) {
-			return true, st.refuse(errBodyBudget)
+			return true, st.refuse(st.budgetRefusal(len(st.body) + len(chunk)))
 		}
 		if b.GetEndOfStream() {
 			return st.route(routeDuplexEnd)
@@ -206,7 +210,7 @@ func (st *stream) requestBody(m *extprocv3.ProcessingRequest, b *extprocv3.HttpB
 		// The whole body (or, BUFFERED_PARTIAL, as much as the data plane
 		// buffers) in one message; route on it whatever end_of_stream says.
 		if !st.charge(int64(len(chunk))) {
-			return true, st.refuse(errBodyBudget)
+			return true, st.refuse(st.budgetRefusal(len(st.body) + len(chunk)))
 		}
 		st.body = chunk
 		return st.route(routeBuffered)
@@ -261,7 +265,7 @@ func (st *stream) responseHeaders(m *extprocv3.ProcessingRequest, h *extprocv3.H
 		}
 	}
 	st.respEncoded = encoded
-	if path, ok := st.decodedPath(); ok && isResponsesCreate(st.method, path) && st.success() && !encoded {
+	if st.createsResp && st.success() && !encoded {
 		// Remember which endpoint produced the response, which a
 		// request continuing it must go back to.
 		st.idScan = &idScan{srv: st.s, sse: st.sse}
@@ -362,9 +366,12 @@ func (st *stream) responseTrailers(m *extprocv3.ProcessingRequest) error {
 
 // readHeaders keeps the request's headers for the parser: pseudo-headers as
 // the method, URL (see requestURL) and authority, the others under
-// canonical keys.
-func (st *stream) readHeaders(hm *corev3.HeaderMap) {
+// canonical keys. What it keeps is charged to the Server's budget until the
+// request is routed (see dropHeaders); it reports whether the budget had
+// room, and keeps no header map if not.
+func (st *stream) readHeaders(hm *corev3.HeaderMap) bool {
 	var path string
+	var size int64
 	for _, hv := range hm.GetHeaders() {
 		k, v := hv.GetKey(), headerValue(hv)
 		if strings.HasPrefix(k, ":") {
@@ -382,12 +389,43 @@ func (st *stream) readHeaders(hm *corev3.HeaderMap) {
 			st.hdr = make(http.Header, len(hm.GetHeaders()))
 		}
 		st.hdr.Add(textproto.CanonicalMIMEHeaderKey(k), v)
+		size += int64(len(k)+len(v)) + headerEntryBytes
 		if k == "x-request-id" || k == "X-Request-Id" {
 			st.requestID = v
 		}
 	}
+	// The path is kept twice: as sent, and as the URL net/http reads.
+	size += int64(len(st.method)+2*len(path)+len(st.authority)) + headerEntryBytes
+	if !st.s.reserve(size) {
+		st.hdr = nil // the refusal names the request id
+		return false
+	}
+	st.hdrHeld = size
 	st.rawPath = path
 	st.target, st.validPath = requestURL(path)
+	return true
+}
+
+// headerEntryBytes approximates what a header takes in memory beyond its
+// name and value: the strings' and the value slice's headers and the
+// map's slot. It is charged with each header kept, so that a request of
+// many empty headers counts too.
+const headerEntryBytes = 64
+
+// dropHeaders lets the request's headers go, which nothing reads once the
+// request is routed but its request id, cut to what a log line shows, and
+// returns their bytes to the Server's budget. The stream then holds no
+// more of the request than its parsed form (lr).
+func (st *stream) dropHeaders() {
+	st.hdr, st.method, st.rawPath, st.authority = nil, "", "", ""
+	st.target, st.validPath = url.URL{}, false
+	if len(st.requestID) > maxLogged {
+		st.requestID = strings.Clone(st.requestID[:maxLogged+1]) // loggable marks the cut
+	}
+	if st.hdrHeld != 0 {
+		st.s.buffered.Add(-st.hdrHeld)
+		st.hdrHeld = 0
+	}
 }
 
 // headerValue returns a header's value: raw_value, which Envoy sets, else
@@ -462,6 +500,10 @@ func (st *stream) route(kind routeKind) (bool, error) {
 		st.stopTimer()
 	}
 	defer st.dropBody() // once the body is parsed and sent back
+	if path, ok := st.decodedPath(); ok {
+		st.createsResp = isResponsesCreate(st.method, path)
+	}
+	defer st.dropHeaders()
 	rewritten, err := st.applyRewrite(kind)
 	if err != nil {
 		return true, st.refuse(err)
@@ -879,14 +921,20 @@ func (st *stream) finish(err error) {
 // body hidden from the picker (response_body_mode NONE) the response's end is
 // the stream's end: Envoy closes a stream by half-closing it and then
 // resetting it, so a stream that ends either way after the response headers
-// completes the response. Otherwise a stream that ends before the response
-// did finishes the pick with ErrStreamEnded.
+// completes the response, and one that ends so before them finishes the
+// pick with errResponseUnseen, neither a success nor a failure. Otherwise a
+// stream that ends before the response did finishes the pick with
+// ErrStreamEnded.
 func (st *stream) end(cause error) {
 	if st.finished {
 		return
 	}
-	if st.respStarted && st.respMode == modeNone && (cause == nil || errors.Is(cause, context.Canceled)) {
-		st.complete()
+	if st.respMode == modeNone && (cause == nil || errors.Is(cause, context.Canceled)) {
+		if st.respStarted {
+			st.complete()
+		} else {
+			st.finish(errResponseUnseen)
+		}
 		return
 	}
 	switch {
@@ -939,6 +987,18 @@ func (st *stream) sendChunksMD(request bool, body []byte, eos bool, md *structpb
 	return nil
 }
 
+// budgetRefusal is the refusal of a request whose body, n bytes so far,
+// found no room in the Server's budget: 413 if the request could not fit
+// even alone, its headers and body over MaxBufferedBytes (possible when
+// that is set to the body cap), since waiting would not help; otherwise the
+// 429 of a budget full for now.
+func (st *stream) budgetRefusal(n int) error {
+	if room := st.s.maxBuffered - st.hdrHeld; int64(n) > room {
+		return errBodyOverCap(int(max(room, 0)))
+	}
+	return errBodyBudget
+}
+
 // charge adds n bytes to what the stream holds of the Server's body budget,
 // and reports whether they fit.
 func (st *stream) charge(n int64) bool {
@@ -952,13 +1012,17 @@ func (st *stream) charge(n int64) bool {
 // appendBody appends chunk to the body, growing it in steps charged to the
 // Server's body budget, and reports whether the budget had room. The body
 // grows to twice its size, at least minBodyGrowth and at most the body cap,
-// so that what is charged is what is allocated.
+// or, when the budget has no room for that, to the size it needs, so that
+// what is charged is what is allocated.
 func (st *stream) appendBody(chunk []byte) bool {
 	need := len(st.body) + len(chunk)
 	if need > cap(st.body) {
 		size := min(max(need, 2*cap(st.body), minBodyGrowth), st.s.maxBody)
 		if !st.charge(int64(size) - st.held) {
-			return false
+			// No room to grow ahead: the size needed, if it fits.
+			if size = need; !st.charge(int64(size) - st.held) {
+				return false
+			}
 		}
 		grown := make([]byte, len(st.body), size)
 		copy(grown, st.body)
