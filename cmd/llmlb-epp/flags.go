@@ -74,6 +74,8 @@ type options struct {
 	shareID       string
 	shareInterval time.Duration
 
+	perEndpoint bool // llmlb.endpoint on the counters and histograms
+
 	drainDelay, drainTimeout time.Duration
 	logJSON                  bool
 	logLevel                 slog.Level
@@ -124,7 +126,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per session (0: no cap)")
 	fs.DurationVar(&o.retryAfter, "retry-after", retry.DefaultAdmissionRetryAfter, "Retry-After suggested with a 429")
 
-	fs.Int64Var(&o.maxBody, "max-body-bytes", httplb.DefaultMaxBodyBytes, "largest request body read; a longer one is answered 413 (0: the default)")
+	fs.Int64Var(&o.maxBody, "max-body-bytes", httplb.DefaultMaxBodyBytes, "largest request body read, at most 1 GiB (a larger value means 1 GiB); a longer one is answered 413 (0: the default)")
 	fs.Int64Var(&o.maxBuffered, "max-buffered-bytes", extproc.DefaultMaxBufferedBytes, "most bytes of request bodies held at once, over all streams and connections; a request beyond it is answered 429 (0: the default; at least -max-body-bytes)")
 	fs.DurationVar(&o.bodyTimeout, "body-timeout", extproc.DefaultBodyTimeout, "answer 408 to a request whose body is not received this long after its headers, and let the body go (0: the default; negative: no deadline)")
 	reqMode := fs.String("request-body-mode", "full-duplex-streamed", "the ext_proc filter's request_body_mode, for an Envoy before v1.34 that does not announce it: "+strings.Join(bodyModeNames, ", "))
@@ -151,6 +153,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 
 	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "on SIGTERM, how long to report NOT_SERVING before refusing new streams")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 120*time.Second, "on SIGTERM, how long streams in flight may take to finish (a second SIGTERM ends the process at once)")
+	fs.BoolVar(&o.perEndpoint, "per-endpoint-metrics", false, "label the counters and histograms of /metrics (picks, time to first token, duration, ...) with llmlb_endpoint, the replica's address, "+
+		"as the load gauges llmlb_endpoint_* always are (default: true with -endpoints; false with -endpoints-file and -dns, whose addresses change with every rollout: "+
+		"each address would keep its series until the picker restarts, up to 2000 an instrument, the OpenTelemetry SDK's default limit, beyond which new addresses count in one series labelled otel_metric_overflow=\"true\")")
 	fs.BoolVar(&o.logJSON, "log-json", false, "log as JSON lines")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -170,6 +175,11 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		if set[dep.flag] && !set[dep.needs] {
 			return o, fmt.Errorf("-%s does nothing without -%s", dep.flag, dep.needs)
 		}
+	}
+	if !set["per-endpoint-metrics"] {
+		// A fixed list keeps its series bounded; discovered addresses
+		// do not.
+		o.perEndpoint = *endpoints != ""
 	}
 	if *endpoints != "" {
 		for _, e := range strings.Split(*endpoints, ",") {
@@ -269,6 +279,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		{"metrics-path", "scraping (-scrape is negative)", o.scrape >= 0},
 		{"metrics-https", "scraping (-scrape is negative)", o.scrape >= 0},
 		{"engine", "scraping (-scrape is negative)", o.scrape >= 0},
+		{"per-endpoint-metrics", "-admin", o.adminAddr != ""},
 	} {
 		if set[dep.flag] && !dep.ok {
 			return o, fmt.Errorf("-%s does nothing without %s", dep.flag, dep.needs)

@@ -38,6 +38,17 @@
 // waits -drain-delay for the data plane to notice, stops accepting streams and
 // lets those in flight finish for up to -drain-timeout. A second SIGTERM or
 // interrupt during the drain ends the process at once.
+//
+// On /metrics, the load gauges (llmlb_endpoint_outstanding, ..._queued,
+// ..._healthy_ratio and the token gauges) carry each current replica's
+// address in llmlb_endpoint. The counters and histograms (picks, time to
+// first token, request duration, cached tokens) carry it only with
+// -per-endpoint-metrics, on by default for an -endpoints list and off for
+// -endpoints-file and -dns, whose addresses change with every rollout: those
+// series are cumulative, and each address gone would keep its own until the
+// picker restarts (up to 2000 an instrument, the OpenTelemetry SDK's default
+// limit, beyond which new addresses are counted together in a series
+// labelled otel_metric_overflow="true").
 package main
 
 import (

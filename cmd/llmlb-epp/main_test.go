@@ -464,3 +464,22 @@ func TestScrapeCentury(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, time.Duration(math.MaxInt64), s.maxAge)
 }
+
+// TestRecvLimit: gRPC's receive limit is a little over the body cap, and
+// no more than a little over the 1 GiB extproc holds at most, so that a
+// BUFFERED body over that is refused before it is read into memory.
+func TestRecvLimit(t *testing.T) {
+	for _, c := range []struct {
+		maxBody int64
+		want    int
+	}{
+		{8 << 20, 9 << 20},
+		{1 << 30, 1<<30 + 1<<20},
+		{2 << 30, 1<<30 + 1<<20},
+		{math.MaxInt64, 1<<30 + 1<<20},
+	} {
+		if got := recvLimit(c.maxBody); got != c.want {
+			t.Errorf("recvLimit(%d) = %d, want %d", c.maxBody, got, c.want)
+		}
+	}
+}

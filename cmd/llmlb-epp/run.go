@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
@@ -116,7 +117,11 @@ func newServer(o options) (_ *server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s.provider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	popts := []sdkmetric.Option{sdkmetric.WithReader(exporter)}
+	if !o.perEndpoint {
+		popts = append(popts, sdkmetric.WithView(dropEndpointViews()...))
+	}
+	s.provider = sdkmetric.NewMeterProvider(popts...)
 	metrics, err := telemetry.New(s.provider, telemetry.Config{Policy: o.policy})
 	if err != nil {
 		return nil, err
@@ -262,10 +267,8 @@ func newServer(o options) (_ *server, err error) {
 		// A BUFFERED body comes in one message: room for a body up to
 		// the parser's cap (-max-body-bytes, or its default for 0) and
 		// then some, so that one over it gets 413 and not a failed stream
-		// (up to recvHeadroom over). The sum saturates: a cap near
-		// MaxInt64 must not wrap to a negative limit that fails every
-		// message.
-		grpc.MaxRecvMsgSize(int(min(p.MaxBodyBytes(), math.MaxInt32-recvHeadroom) + recvHeadroom)),
+		// (up to recvHeadroom over); see recvLimit.
+		grpc.MaxRecvMsgSize(recvLimit(p.MaxBodyBytes())),
 		// Each stream holds a goroutine and gRPC's buffers: bound them per
 		// connection (0: grpc-go's default, no limit). The request bodies
 		// are bounded over all connections by -max-buffered-bytes.
@@ -465,12 +468,38 @@ func (s *server) scraped(prev, cur signals.Status) {
 	}
 }
 
+// dropEndpointViews are the views that take the llmlb.endpoint attribute
+// off llmlb's counters and histograms (-per-endpoint-metrics=false), as
+// package telemetry advises where endpoint keys churn: their series are
+// cumulative and would stay, one per address ever picked, for as long as the
+// provider lives. The load gauges keep it: they report the current replicas
+// only.
+func dropEndpointViews() []sdkmetric.View {
+	drop := sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter(telemetry.AttrEndpoint)}
+	return []sdkmetric.View{
+		sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter}, drop),
+		sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram}, drop),
+	}
+}
+
 func isPowerOfTen(n int) bool {
 	for n%10 == 0 {
 		n /= 10
 	}
 	return n == 1
 }
+
+// recvLimit is the largest gRPC message received with a body cap of
+// maxBody: recvHeadroom over the cap, or over 1 GiB (maxHeldBody) for a
+// larger cap, since extproc holds no body over that whatever the cap, and
+// a message grpc-go accepts is read whole into memory first.
+func recvLimit(maxBody int64) int {
+	return int(min(maxBody, maxHeldBody) + recvHeadroom)
+}
+
+// maxHeldBody is the largest body extproc holds, whatever the parser's cap
+// (see extproc.Config.Parser).
+const maxHeldBody = 1 << 30
 
 // recvHeadroom is how far over -max-body-bytes a gRPC message may be: a
 // BUFFERED body that much over the cap still gets its 413, and headers and

@@ -35,6 +35,17 @@
 //	go run ./examples/gateway -backends ... -nats nats://127.0.0.1:4222 -listen 127.0.0.1:8080 -admin 127.0.0.1:9090
 //	go run ./examples/gateway -backends ... -nats nats://127.0.0.1:4222 -listen 127.0.0.1:8081 -admin 127.0.0.1:9091
 //
+// On /metrics, the load gauges (llmlb_endpoint_outstanding, ...) carry each
+// current replica's base URL in llmlb_endpoint, and by default so do the
+// counters and histograms (picks, time to first token, request duration,
+// ejections, ...), since the -backends are fixed for the life of the process.
+// A gateway whose replicas change, such as a copy of this one that calls
+// Gateway.Update from discovery, runs with -per-endpoint-metrics=false:
+// those series are cumulative, and each replica that left would keep its own
+// until the gateway restarts (up to 2000 an instrument, the OpenTelemetry
+// SDK's default limit, beyond which new replicas are counted together in a
+// series labelled otel_metric_overflow="true").
+//
 // With -demo it starts 4 emulated engines in-process for each policy
 // (default, least-outstanding, round-robin), sends them the same open-loop
 // load through the gateway, and prints the time to first token and the prefix
@@ -78,6 +89,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -194,6 +206,9 @@ func run(args []string, stderr io.Writer) error {
 	fs.BoolVar(&o.kvRelay, "kv-relay", false, "with -nats and -kv-events: publish the engines' KV events on NATS for the replicas started with -kv-events-nats (this one follows them from NATS too)")
 	fs.BoolVar(&o.kvFromNATS, "kv-events-nats", false, "with -nats: follow the engines' KV events that a replica started with -kv-relay publishes on NATS")
 	fs.StringVar(&o.loraBase, "lora-base", "", "the replicas' base model name: a request naming another model names a LoRA adapter, and goes to the replicas holding it (llmlb.AdapterAffinity, residency from vLLM's vllm:lora_requests_info) (\"\": no adapter routing)")
+	perEndpoint := fs.Bool("per-endpoint-metrics", true, "label the counters and histograms of /metrics (picks, time to first token, duration, ejections, ...) with llmlb_endpoint, the replica's base URL, "+
+		"as the load gauges llmlb_endpoint_* always are; false for replicas whose addresses change (a copy of this gateway that calls Gateway.Update from discovery), "+
+		"each of which would keep its series until the gateway restarts, up to 2000 an instrument, the OpenTelemetry SDK's default limit, beyond which new ones count in one series labelled otel_metric_overflow=\"true\"")
 	spillTo := fs.String("spill-to", "", "comma-separated base URLs of a second tier (a managed provider's deployments) that requests spill to when the replicas answer 429, a full queue, 5xx or a context-length 400; spilled responses carry X-Llmlb-Spillover-From")
 	var demo func(o options, stdout, stderr io.Writer) (bool, error)
 	if demoFlags != nil {
@@ -313,11 +328,10 @@ func run(args []string, stderr io.Writer) error {
 
 	// OpenTelemetry metrics, exported in the Prometheus format.
 	reg := prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+	provider, err := meterProvider(reg, *perEndpoint)
 	if err != nil {
 		return err
 	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	defer provider.Shutdown(context.Background())
 	metrics, err := telemetry.New(provider, telemetry.Config{Policy: o.policy})
 	if err != nil {
@@ -370,6 +384,27 @@ func run(args []string, stderr io.Writer) error {
 		o.log.Info("spilling to a second tier", "backends", strings.Join(o.spillTo, ","))
 	}
 	return serve(ctx, g, runners, l, sd, o.log)
+}
+
+// meterProvider returns a MeterProvider that exports to reg in the
+// Prometheus format. Unless perEndpoint, views take the llmlb.endpoint
+// attribute off llmlb's counters and histograms, as package telemetry
+// advises where endpoint keys churn: their series are cumulative, and would
+// stay, one for each endpoint ever picked, as long as the provider lives. The
+// load gauges keep it: they report the current endpoints only.
+func meterProvider(reg prometheus.Registerer, perEndpoint bool) (*sdkmetric.MeterProvider, error) {
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		return nil, err
+	}
+	opts := []sdkmetric.Option{sdkmetric.WithReader(exporter)}
+	if !perEndpoint {
+		drop := sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter(telemetry.AttrEndpoint)}
+		opts = append(opts, sdkmetric.WithView(
+			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter}, drop),
+			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram}, drop)))
+	}
+	return sdkmetric.NewMeterProvider(opts...), nil
 }
 
 func policyByName(name string, slots int, ix, events *prefix.Index) (llmlb.Policy, error) {
