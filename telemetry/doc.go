@@ -20,9 +20,10 @@
 //   - llmlb.picks (counter, {pick}): picks, with llmlb.endpoint, or with
 //     error.type when the pick failed.
 //   - llmlb.pick.cached_tokens (histogram, {token}): the prompt tokens the
-//     policy expected the chosen endpoint to hold in its prefix cache.
+//     policy expected the chosen endpoint to hold in its prefix cache, with
+//     llmlb.endpoint.
 //   - llmlb.signal.age (histogram, s): the age of the engine load
-//     observation the pick used, when it used one.
+//     observation the pick used, when it used one, with llmlb.endpoint.
 //   - gen_ai.server.time_to_first_token (histogram, s): from the pick to
 //     [llmlb.Pick.FirstToken], with llmlb.endpoint; not for the decode
 //     endpoint of a request prefilled on another
@@ -77,9 +78,10 @@
 // temporality, which the Prometheus exporter uses), and the SDK caps the
 // series of an instrument (its cardinality limit), folding the rest into
 // one overflow series. Where keys churn, as pod addresses do in
-// Kubernetes, drop llmlb.endpoint from those instruments with a view on the
-// provider ([ExampleMetrics_endpointChurn]) and read per-endpoint load from
-// the load counts.
+// Kubernetes, drop llmlb.endpoint from every counter and histogram with
+// views on the provider ([ExampleMetrics_endpointChurn]) and read
+// per-endpoint load from the load counts, which views by instrument kind
+// leave alone (they are asynchronous).
 //
 // # Cost
 //

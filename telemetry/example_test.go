@@ -83,8 +83,11 @@ func ExampleMetrics_endpointChurn() {
 	dropEndpoint := sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter(telemetry.AttrEndpoint)}
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader),
 		sdkmetric.WithView(
-			sdkmetric.NewView(sdkmetric.Instrument{Name: telemetry.MetricPicks}, dropEndpoint),
-			sdkmetric.NewView(sdkmetric.Instrument{Name: "gen_ai.*"}, dropEndpoint),
+			// Every counter and histogram (picks, cached tokens, signal
+			// age, time to first token, duration, ejections, cooldowns);
+			// not the load counts, which report the current members.
+			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter}, dropEndpoint),
+			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram}, dropEndpoint),
 		))
 	defer provider.Shutdown(context.Background())
 
@@ -116,8 +119,12 @@ func ExampleMetrics_endpointChurn() {
 			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == telemetry.MetricPicks {
 				fmt.Printf("%s: %d series, %d picks\n", m.Name, len(sum.DataPoints), sum.DataPoints[0].Value)
 			}
+			if h, ok := m.Data.(metricdata.Histogram[int64]); ok && m.Name == "llmlb.pick.cached_tokens" {
+				fmt.Printf("%s: %d series\n", m.Name, len(h.DataPoints))
+			}
 		}
 	}
-	// Output:
+	// Unordered output:
 	// llmlb.picks: 1 series, 100 picks
+	// llmlb.pick.cached_tokens: 1 series
 }
