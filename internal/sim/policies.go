@@ -275,7 +275,7 @@ func Policies() []PolicySpec {
 				}
 				return llmlb.GIEDefault(llmlb.GIEConfig{Index: ix})
 			}},
-		{Name: "llmd-default", Doc: "llm-d's router v0.10.0, the inference gateway's picker since its v1.6.0: gie-default's scorers and 50 ms polls, prefix blocks of at least 64 tokens matched over up to 131,072 tokens", Variant: true,
+		{Name: "llmd-default", Doc: "llm-d's router v0.10.0, the inference gateway's picker since its v1.6.0: gie-default's scorers and 50 ms polls, prefix blocks of at least 64 tokens matched over up to 131,072 tokens",
 			Scrape: GIEScrape, MaxSignalAge: GIEMaxSignalAge, New: func(env *PolicyEnv) (llmlb.Policy, error) {
 				// The same LRU per replica, one entry per engine KV block
 				// however large the picker's blocks (minBlockSizeTokens 64

@@ -74,7 +74,7 @@ var mixedSpeed = []float64{1, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}
 
 // mixedPolicies returns the policies the mixed scenarios compare by default.
 func mixedPolicies() []string {
-	return []string{"round-robin", "least-outstanding", "sglang-cache-aware", "dynamo-kv", "gie-default", "default-nolearn", "default"}
+	return []string{"round-robin", "least-outstanding", "sglang-cache-aware", "dynamo-kv", "gie-default", "llmd-default", "default-nolearn", "default"}
 }
 
 // Scenarios returns the presets, in display order:

@@ -98,7 +98,7 @@ func TestAffinityAndDefault(t *testing.T) {
 	if rr.PrefixHitRate > 0.2 {
 		t.Errorf("round robin hit rate %.3f, want at most 0.2 on the default workload", rr.PrefixHitRate)
 	}
-	for _, name := range []string{"consistent-hash", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"} {
+	for _, name := range []string{"consistent-hash", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "llmd-default", "default"} {
 		// Dynamo's decode term charges every worker the request's blocks
 		// not active there, the cache holder included, so dynamo-kv trades
 		// locality for balance sooner: 2.5x.
@@ -137,7 +137,7 @@ func checkDefaultBest(t *testing.T, m map[string]*Result, bound float64) {
 }
 
 // anchorPresets are the simulator's presets of other systems' routers.
-var anchorPresets = []string{"sglang-prefix-hash", "sglang-cache-aware", "dynamo-kv", "gie-default"}
+var anchorPresets = []string{"sglang-prefix-hash", "sglang-cache-aware", "dynamo-kv", "gie-default", "llmd-default"}
 
 // checkTailVsAnchors fails t unless llmlb.Default's TTFT p99 in m is no
 // worse than every anchor preset's.
@@ -361,7 +361,7 @@ func scenario(t *testing.T, name string) (Scenario, []Request) {
 // llmlb.Default is again the best.
 func TestPrefixesScenario(t *testing.T) {
 	sc, reqs := scenario(t, "prefixes")
-	affinity := []string{"sglang-cache-aware", "prefix-aware", "gie-default", "default"}
+	affinity := []string{"sglang-cache-aware", "prefix-aware", "gie-default", "llmd-default", "default"}
 	res, err := Compare(context.Background(), sc.Config, reqs, append([]string{"round-robin", "least-tokens", "sglang-prefix-hash", "dynamo-kv", "default-approx"}, affinity...), nil)
 	if err != nil {
 		t.Fatal(err)
