@@ -35,6 +35,7 @@ type Candidates struct {
 	seen    []bool  // scratch flags: per member in ring walks, per candidate in Default
 	excl    []bool  // per member: excluded by the request; set by init for a long Exclude
 	scratch EndpointLoad
+	kvMean  kvMean         // the candidates' mean KV usage, for KVScore
 	loads   []EndpointLoad // per candidate, for policies that need them all
 	matched []int32        // per candidate: leading prompt blocks cached
 	// holding lists the candidates with matched above zero, some perhaps
@@ -91,6 +92,7 @@ func (c *Candidates) release() {
 		c.active = nil
 	}
 	c.b, c.snap, c.req, c.cached, c.t, c.work, c.flowed = nil, nil, nil, 0, clockReading{}, 0, 0
+	c.kvMean = kvMean{}
 	c.cand = c.cand[:0]
 	candidatesPool.Put(c)
 }
@@ -666,6 +668,7 @@ func (c *Candidates) Narrow(keep func(i int) bool) bool {
 		c.idx = c.idx[:len(kept)]
 	}
 	c.cand = c.cand[:0]
+	c.kvMean = kvMean{}
 	return true
 }
 

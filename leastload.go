@@ -16,7 +16,10 @@ func LeastTokens() Policy { return LeastScore(TokensScore) }
 
 // LeastKV returns the full-scan policy that picks the candidate with the
 // lowest KV usage plus queued work ([KVScore]). It needs a [Signal] reporting
-// KV usage to be more than [LeastTokens].
+// KV usage to be more than [LeastTokens]. A candidate without a fresh KV
+// usage (never observed, stale, or not reporting it) counts at the mean
+// usage of the candidates that report one rather than as empty, so an
+// endpoint whose metrics cannot be read does not draw every request.
 func LeastKV() Policy { return LeastScore(KVScore) }
 
 // DefaultActiveRequestBias is Envoy's default active_request_bias.

@@ -36,11 +36,63 @@ const DefaultKVCapacityTokens = 1 << 18
 // balancer's dispatches since the observation) plus this balancer's prompt
 // tokens not yet prefilled plus this request's tokens. Queued work counts
 // because a request waiting for admission holds no KV blocks yet but will.
-// Without a fresh KV observation the usage is estimated from the KV footprint
-// of this balancer's own requests past prefill, against the reported capacity
-// or [DefaultKVCapacityTokens].
+//
+// An endpoint without a fresh KV usage (never observed, observed longer ago
+// than the maximum signal age, or reporting none) is not assumed empty: its
+// usage is the mean usage of the candidates that have one, or the KV
+// footprint of this balancer's own requests there past prefill if that is
+// larger, as grpc-go's weighted round robin gives an endpoint without a
+// weight the mean weight of the others. A replica whose metrics cannot be
+// read then takes its share of the traffic, not all of it. When no
+// candidate has a fresh KV usage, the usage is that footprint alone. The
+// footprint is counted against the reported capacity or
+// [DefaultKVCapacityTokens]. The mean is computed once per pick, the first
+// time a candidate without a KV usage is scored: under [P2C] such a pick
+// reads every candidate's observation.
 func KVScore(c *Candidates, i int, l *EndpointLoad) float64 {
-	return kvUsage(l) + float64(l.PrefillTokens+c.RequestTokens()+1)/kvCapacity(l)
+	usage := kvUsage(l)
+	if math.IsNaN(l.KVUsage) {
+		// grpc-go v1.83.1, balancer/weightedroundrobin/scheduler.go
+		// (newScheduler): "Backends with weight = 0 use the mean", the
+		// mean of the non-zero weights; balancer.go (endpointWeight.weight)
+		// gives 0 to an endpoint with no load report or a stale one.
+		if mean, ok := c.kvUsageMean(); ok {
+			usage = max(usage, mean)
+		}
+	}
+	return usage + float64(l.PrefillTokens+c.RequestTokens()+1)/kvCapacity(l)
+}
+
+// kvUsageMean returns the mean of the candidates' fresh KV usages, each
+// corrected as [EndpointLoad].KVUsage is, and whether any candidate has
+// one. It computes the mean at its first call of a pick (or after Narrow)
+// and keeps it for the rest.
+func (c *Candidates) kvUsageMean() (float64, bool) {
+	if c.kvMean.done {
+		return c.kvMean.mean, c.kvMean.ok
+	}
+	sum, k := 0.0, 0
+	if c.b.signal != nil && !c.b.unobserved() {
+		var l EndpointLoad // not c.scratch: it may hold the load being scored
+		for j := range c.Len() {
+			c.loadInto(j, &l)
+			if !math.IsNaN(l.KVUsage) {
+				sum += l.KVUsage
+				k++
+			}
+		}
+	}
+	c.kvMean = kvMean{done: true, ok: k > 0}
+	if k > 0 {
+		c.kvMean.mean = sum / float64(k)
+	}
+	return c.kvMean.mean, c.kvMean.ok
+}
+
+// kvMean is the mean KV usage of a pick's candidates (see kvUsageMean).
+type kvMean struct {
+	mean     float64
+	ok, done bool // some candidate has a KV usage; mean and ok are set
 }
 
 // isRequestsScore reports whether s is [RequestsScore], which the selectors
