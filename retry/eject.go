@@ -28,8 +28,12 @@ const (
 	DefaultSweepInterval = 10 * time.Second
 )
 
-// An Ejector reads the rate-limit headers that a transport gives it.
-var _ QuotaReporter = (*Ejector)(nil)
+// An Ejector reads the rate-limit headers that a transport gives it, and
+// the age of each attempt reported.
+var (
+	_ QuotaReporter   = (*Ejector)(nil)
+	_ ElapsedReporter = (*Ejector)(nil)
+)
 
 // maxTracked bounds the endpoints an [Ejector] keeps state for that are not
 // ejected.
@@ -83,12 +87,16 @@ type EjectorConfig struct {
 	MaxEjectionTime time.Duration
 	// MaxEjectionPercent bounds the share of endpoints ejected at once, in
 	// (0, 100]: an endpoint is ejected only if the ejected ones, it
-	// included, are at most that share of the members, or if none is
-	// ejected (Envoy's always_eject_one_host), so one endpoint may always
-	// be ejected. An ejection the cap refuses restarts the endpoint's
-	// count, as in Envoy: it is tried again after ConsecutiveFailures more
-	// failures, and a refused half-open probe closes the half-open state.
-	// 0 means [DefaultMaxEjectionPercent].
+	// included, are at most that share of the members (rounding down, as
+	// Envoy does: 10% of 29 allows 2), or if none is ejected (Envoy's
+	// always_eject_one_host), so one endpoint may always be ejected. Envoy
+	// leaves always_eject_one_host off by default, and then ejects nothing
+	// from fewer than 10 hosts at 10%; most pools of model replicas are
+	// that small, and a cap that allowed none in them would turn ejection
+	// off. An ejection the cap refuses restarts the endpoint's count, as in
+	// Envoy: it is tried again after ConsecutiveFailures more failures,
+	// and a refused half-open probe closes the half-open state. 0 means
+	// [DefaultMaxEjectionPercent].
 	MaxEjectionPercent float64
 	// Classify maps an attempt's error to Succeeded (resets the count),
 	// Failed (counts) or Abandoned (ignored); nil means [HealthOutcome],
@@ -103,7 +111,11 @@ type EjectorConfig struct {
 	// rate-limit resets) is marked unhealthy for that wait, at most
 	// MaxCooldown, however large the wait asked; a cooldown is not a
 	// failure, counts in no ejection and in no cap, and is followed by no
-	// half-open probe. A wait asked of an ejected endpoint (by an attempt
+	// half-open probe. Unlike an ejection, a cooldown follows the server:
+	// a longer wait asked of an endpoint cooling down (by an attempt sent
+	// before the cooldown) keeps it out until that wait ends, and
+	// [Observer.Cooldown] is told if that is a second or more after the
+	// cooldown's end. A wait asked of an ejected endpoint (by an attempt
 	// sent before its ejection) does not lengthen the ejection, which
 	// nothing does once it starts, as in Envoy: the part of the wait that
 	// outlasts it is a cooldown that follows it, and the endpoint is then
@@ -135,7 +147,8 @@ type EjectorConfig struct {
 // the program already marked unhealthy is left so, during the ejection and
 // after ([Health]). Create one with [NewEjector]; report outcomes with
 // Report or ReportElapsed (a [Loop] calls ReportElapsed when the Ejector is
-// its Reporter). Ejections end lazily, on the next Report or Sweep after
+// its Reporter, and a Reporter that wraps it must have the method too: see
+// [ElapsedReporter]). Ejections end lazily, on the next Report or Sweep after
 // their time; call [Ejector.Run] to end them when no traffic arrives. It
 // starts no goroutines and is safe for concurrent use.
 //
@@ -361,7 +374,11 @@ func (e *Ejector) Report(key string, err error) {
 // the endpoint down: it is the endpoint's answer of now. The attempt's age,
 // not its start, is given so that the caller's clock need not be the
 // Ejector's. A [Loop] whose Reporter is an Ejector calls ReportElapsed with
-// the time since the attempt was picked.
+// the time since the attempt was picked, and so does an httplb Transport.
+// They call it only on a Reporter that has the method ([ElapsedReporter]):
+// a type that wraps the Ejector (to log, say) and has only Report makes
+// them call Report, and a long stream's failure then re-ejects the
+// endpoint that came back. Such a wrapper must forward ReportElapsed.
 func (e *Ejector) ReportElapsed(key string, elapsed time.Duration, err error) {
 	now := e.clock.Now()
 	if d := e.coolFor(err, now); d > 0 {
@@ -528,16 +545,25 @@ func (e *Ejector) coolFor(err error, now time.Time) time.Duration {
 	return min(p.Delay, e.cooldown)
 }
 
-// cool takes the endpoint of key out for d and reports whether it started
-// a cooldown: an endpoint cooling already stays out until the later of its
-// end and d from now, without a new cooldown. An ejected endpoint's
-// ejection keeps its end: as Envoy's DetectorImpl::onConsecutiveErrorWorker
-// (envoyproxy/envoy at 00c7146d,
+// coolSlack is how much later than the end of an endpoint's cooldown a
+// wait asked meanwhile must end for the move to be reported: Retry-After,
+// HTTP dates and Unix rate-limit resets count whole seconds, so the answers
+// of a burst that ask the same wait end up to a second apart, and telling
+// the Observer of each would report one cooldown many times.
+const coolSlack = time.Second
+
+// cool takes the endpoint of key out for d and reports whether the caller
+// should report it to Observer.Cooldown with d: the endpoint is then out for
+// d from now. An endpoint cooling already stays out until the later of its
+// cooldown's end and d from now; cool reports the move only if it is
+// coolSlack or more. An
+// ejected endpoint's ejection keeps its end: as Envoy's
+// DetectorImpl::onConsecutiveErrorWorker (envoyproxy/envoy at 00c7146d,
 // source/common/upstream/outlier_detection_impl.cc) leaves a host that is
 // already ejected (FAILED_OUTLIER_CHECK) as it is, nothing lengthens an
 // ejection. If d from now is later, a cooldown that ends then follows the
-// ejection (sweep starts it), and cool reports a new cooldown unless one
-// already followed, which then ends at the later of the two. e.mu is held.
+// ejection (sweep starts it); if one follows already, it is moved as that
+// of an endpoint cooling down. e.mu is held.
 func (e *Ejector) cool(key string, d time.Duration, now time.Time) bool {
 	e.sweep(now)
 	until := now.Add(d)
@@ -546,18 +572,20 @@ func (e *Ejector) cool(key string, d time.Duration, now time.Time) bool {
 	case st == nil:
 		st = e.add(key)
 	case st.cooling:
-		if until.After(st.until) {
-			st.until = until
-			heap.Fix(&e.out, st.idx)
+		if !until.After(st.until) {
+			return false
 		}
-		return false
+		moved := until.Sub(st.until) >= coolSlack
+		st.until = until
+		heap.Fix(&e.out, st.idx)
+		return moved
 	case !st.until.IsZero(): // ejected
 		if !until.After(st.until) || !until.After(st.coolUntil) {
 			return false
 		}
-		fresh := st.coolUntil.IsZero()
+		moved := st.coolUntil.IsZero() || until.Sub(st.coolUntil) >= coolSlack
 		st.coolUntil = until
-		return fresh
+		return moved
 	}
 	marked, ok := e.markOut(key)
 	if !ok {
@@ -620,7 +648,10 @@ func (e *Ejector) eject(st *epHealth, now time.Time) (time.Duration, bool) {
 		// As Envoy's DetectorImpl::ejectHost (envoyproxy/envoy at
 		// 00c7146d, source/common/upstream/outlier_detection_impl.cc):
 		// eject if 100*(ejected+1)/hosts <= max_ejection_percent, or,
-		// with always_eject_one_host, if none is ejected.
+		// with always_eject_one_host (off by default there, always on
+		// here), if none is ejected. The share is computed in floating
+		// point as there, so that a percent such as 100*5/19 allows 5
+		// of 19.
 		active := len(e.out) - e.cooling
 		if active > 0 && 100*float64(active+1)/float64(e.members) > e.percent {
 			// Refused: the count starts again, as Envoy's

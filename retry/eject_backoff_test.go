@@ -106,6 +106,8 @@ func TestEjectorCap(t *testing.T) {
 		want    int
 	}{
 		{3, 10, 1},  // none ejected: always one
+		{9, 10, 1},  // Envoy without always_eject_one_host: none
+		{1, 10, 1},  // the only one: the balancer picks it in panic mode
 		{19, 10, 1}, // 2 of 19 is 10.5%
 		{20, 10, 2}, // 2 of 20 is 10%
 		{29, 10, 2}, // not ceil(2.9)

@@ -31,18 +31,31 @@ type Backoff interface {
 // Reporter is told how each attempt ended; [*Ejector] implements it. Report
 // is called once per finished attempt, except for attempts that lost to
 // another one, unless their upstream answered with a retryable status (a
-// [*StatusError]); it must be safe for concurrent use. A [Loop] calls a
-// Reporter that also has the method ReportElapsed(key string, elapsed
-// time.Duration, err error), as [*Ejector] does, with that method instead,
-// elapsed being the time since the attempt was picked, read from the loop's
-// Clock.
+// [*StatusError]); it must be safe for concurrent use. A [Loop] calls
+// ReportElapsed instead of Report on a Reporter that is also an
+// [ElapsedReporter], as [*Ejector] is.
 type Reporter interface {
 	Report(key string, err error)
 }
 
-// elapsedReporter is a [Reporter] told how long ago each attempt was sent:
-// see [Ejector.ReportElapsed].
-type elapsedReporter interface {
+// ElapsedReporter is a [Reporter] told how long ago each attempt was sent
+// ([Ejector.ReportElapsed]); [*Ejector] is one. A [Loop], and an httplb
+// Transport, whose Reporter implements it calls ReportElapsed instead of
+// Report, elapsed being the time since the attempt was picked, read from
+// the caller's Clock. ReportElapsed must be safe for concurrent use.
+//
+// A type that wraps an Ejector as a Reporter (to log, or to feed two
+// Ejectors) must implement ReportElapsed too, passing elapsed on: one
+// with only Report gives the Ejector no attempt's age, and the failure of
+// a long stream sent before an endpoint's ejection then re-ejects the
+// endpoint once it is back. Embedding a Reporter loses the method.
+// Embedding *Ejector keeps it, but then a Loop calls the Ejector's
+// ReportElapsed, not the wrapper's Report: a wrapper that defines Report
+// must define ReportElapsed too. Assert it with
+//
+//	var _ retry.ElapsedReporter = (*MyReporter)(nil)
+type ElapsedReporter interface {
+	Reporter
 	ReportElapsed(key string, elapsed time.Duration, err error)
 }
 
@@ -89,7 +102,8 @@ type LoopConfig struct {
 	// it.
 	Hedge HedgeConfig
 	// Reporter, if set, is told the outcome of every attempt, e.g. an
-	// [*Ejector], which is also told how long ago the attempt was sent.
+	// [*Ejector]; one that is an [ElapsedReporter], as the Ejector is, is
+	// also told how long ago the attempt was sent.
 	Reporter Reporter
 	// Observer, if set, is told of every retry and hedge sent and every
 	// one the budget refused.
@@ -540,7 +554,7 @@ func (r *run) finished(a *Attempt) (final bool, err error) {
 	a.pick.Done(a.err)
 	l.budget.Finish(a.retry, o)
 	if (!lost || answered) && l.reporter != nil {
-		if er, ok := l.reporter.(elapsedReporter); ok {
+		if er, ok := l.reporter.(ElapsedReporter); ok {
 			er.ReportElapsed(a.key, l.clock.Now().Sub(a.start), a.err)
 		} else {
 			l.reporter.Report(a.key, a.err)

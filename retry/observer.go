@@ -38,12 +38,18 @@ type Observer struct {
 	// Eject is called when an [Ejector] ejects an endpoint, for d.
 	Eject func(key string, d time.Duration)
 	// Cooldown is called when an [Ejector] takes an endpoint out for d
-	// because it answered an overload status asking for that wait. For an
-	// endpoint ejected at the time, whose ejection such a wait does not
-	// lengthen, it is called when the wait outlasts the ejection: the
-	// endpoint is out for d from the call, ejected and then cooling down.
-	// A longer wait asked of an endpoint already cooling down (or due to)
-	// lengthens its cooldown without a call.
+	// because it answered an overload status asking for that wait: the
+	// endpoint is out for d from the call, and the latest call for an
+	// endpoint tells when it is due back, within a second. It is called again when a longer
+	// wait asked of an endpoint already cooling down keeps it out longer,
+	// for that wait. For an endpoint ejected at the time, whose ejection
+	// such a wait does not lengthen, it is called when the wait outlasts
+	// the ejection (or the cooldown due to follow it): the endpoint is out
+	// for d from the call, ejected and then cooling down. A wait that ends
+	// less than a second after the end of the endpoint's cooldown still
+	// keeps it out until then but is not reported, so that a burst of
+	// answers asking the same wait is reported once: the latest call may
+	// be up to a second early.
 	Cooldown func(key string, d time.Duration)
 	// Reject is called when an [Admission] refuses a request.
 	Reject func(err *OverloadError)
