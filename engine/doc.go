@@ -49,7 +49,8 @@
 // --enable-request-id-headers.
 //
 // A stream (of Content-Type "text/event-stream; charset=utf-8", as
-// vLLM's, from Starlette) sends one chunk a token, then "data: [DONE]"; as
+// vLLM's, from Starlette, and, as vLLM's, no other header such as
+// Cache-Control) sends one chunk a token, then "data: [DONE]"; as
 // vLLM's, a chat stream's first token is preceded, in the same write, by a
 // chunk whose delta is {"role": "assistant", "content": ""}. As vLLM's, it
 // reports
@@ -68,7 +69,20 @@
 // choice "prompt_token_ids", and in a non-streaming choice, which has every
 // member of vLLM's model, "prompt_logprobs" (completions) and
 // "routed_experts"; a non-streaming message has "refusal", "annotations",
-// "audio", "function_call" and "reasoning" null.
+// "audio", "function_call" and "reasoning" null. A non-streaming answer
+// has every member of vLLM's answer model too: "service_tier",
+// "system_fingerprint" (as from vLLM with --fingerprint-mode none),
+// "kv_transfer_params" and "metrics" null, a chat answer
+// "prompt_logprobs", "prompt_token_ids" and "prompt_text" null as well,
+// and its usage "prompt_tokens_details" null.
+//
+// A chat or completions stream in progress when the engine's Run returns
+// ends as vLLM's ends when its engine dies: after the chunks sent so far,
+// one event with vLLM's error, {"error": {"message": "EngineCore
+// encountered an issue. See stack trace (above) for the root cause.",
+// "type": "InternalServerError", "param": null, "code": 500}}, then
+// "data: [DONE]"; a responses stream breaks, as vLLM's does. A request
+// that does not stream gets 503 then.
 //
 // POST /v1/responses is the Responses API as vLLM serves it without a
 // reasoning or tool parser. Its prompt is the chat request of the same
@@ -148,7 +162,10 @@
 //
 // Creating an Engine starts nothing: [Engine.Run] runs the batching loop
 // until its context ends, and [Engine.Serve] runs it together with an HTTP
-// server on a listener. An Engine is safe for concurrent use.
+// server on a listener; when Serve's context ends, it closes every
+// connection before it stops the batching loop, so that its streams break
+// as a killed server's do, not with the event of a dead engine. An Engine
+// is safe for concurrent use.
 //
 // This package's plain data types (Config, Stats) hold no lock: any number
 // of goroutines may read a value of one at once, but none may write it

@@ -450,8 +450,7 @@ func (e *Engine) answerResponse(w http.ResponseWriter, r *http.Request, s *seq, 
 // and its usage (of status "incomplete", see answerResponse). The stream
 // has no "data: [DONE]", as vLLM's has none.
 func (e *Engine) streamResponse(w http.ResponseWriter, r *http.Request, s *seq, a *response) {
-	w.Header().Set("Content-Type", eventStreamType)
-	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Set("Content-Type", eventStreamType) // and no other header, see eventStreamType
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
 	bw := bufio.NewWriter(w)
@@ -475,8 +474,14 @@ func (e *Engine) streamResponse(w http.ResponseWriter, r *http.Request, s *seq, 
 			return
 		}
 		if failed {
-			// Break the connection, as a chat stream does: the client
-			// must see an error, not a stream that merely ends.
+			// Break the connection, as vLLM's does: unlike its chat and
+			// completions streams, its responses_stream_generator
+			// catches only a GenerationError, so that the engine's
+			// EngineDeadError escapes the StreamingResponse after the
+			// 200, which breaks the connection
+			// (vllm/entrypoints/openai/responses/serving.py, vLLM main
+			// as of 2026). The client sees an error, not a stream that
+			// merely ends.
 			panic(http.ErrAbortHandler)
 		}
 		for ; sent < gen; sent++ {

@@ -103,7 +103,11 @@ func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 		return fmt.Errorf("%w: Serve called after Run or Serve", ErrRunning)
 	}
 	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: e.idleTime}
-	runCtx, cancel := context.WithCancel(ctx)
+	// The batching loop stops only once the server has closed every
+	// connection: stopping it first would end the streams in progress
+	// with the event of a dead engine (see engineDeadEvent), not break
+	// them as a killed server does.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	ran := make(chan struct{})
 	go func() {
@@ -116,12 +120,12 @@ func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 	select {
 	case <-ctx.Done():
 		err = ctx.Err()
-		cancel()
 		_ = srv.Close()
+		cancel()
 		<-served
 	case err = <-served:
-		cancel()
 		_ = srv.Close()
+		cancel()
 	}
 	<-ran
 	e.waitHandlers()
@@ -521,18 +525,39 @@ func (e *Engine) answer(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 		return
 	}
 	text := strings.Repeat(" tok", gen)
-	usage := usageJSON(s.PromptTokens, gen)
+	usage := fmt.Sprintf(`"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":null}`,
+		s.PromptTokens, s.PromptTokens+gen, gen)
 	w.Header().Set("Content-Type", "application/json")
-	// Each choice has every member of vLLM's choice model, as vLLM dumps
-	// the whole answer (see chatChoiceNulls).
+	// The answer and each choice have every member of vLLM's models, as
+	// vLLM dumps the whole answer (see chatChoiceNulls and
+	// chatAnswerNulls).
 	if chat {
-		fmt.Fprintf(w, `{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%s,%s},%s}],%s}`+"\n",
-			id, created, model, jsonString(text), chatMessageNulls, chatChoiceNulls, usage)
+		fmt.Fprintf(w, `{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":[{"index":0,"message":{"role":"assistant","content":%s,%s},%s}],%s,%s,%s}`+"\n",
+			id, created, model, jsonString(text), chatMessageNulls, chatChoiceNulls, answerNulls, usage, chatAnswerNulls)
 	} else {
-		fmt.Fprintf(w, `{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%s,%s}],%s}`+"\n",
-			id, created, model, jsonString(text), textChoiceNulls, usage)
+		fmt.Fprintf(w, `{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":[{"index":0,"text":%s,%s}],%s,%s,%s}`+"\n",
+			id, created, model, jsonString(text), textChoiceNulls, answerNulls, usage, textAnswerNulls)
 	}
 }
+
+// The members of a non-streaming answer, besides its id, object, created,
+// model, choices and usage, that vLLM writes null for a request without
+// logprobs, token IDs or KV transfer: every member of its
+// ChatCompletionResponse or CompletionResponse, which vLLM dumps whole
+// (model_dump, in create_chat_completion and create_completion of
+// vllm/entrypoints/openai/chat_completion/api_router.py and
+// completion/api_router.py, and the models in chat_completion/protocol.py
+// and completion/protocol.py, vLLM main as of 2026), in their order:
+// service_tier and system_fingerprint before usage, the rest after it.
+// system_fingerprint is null as from vLLM run with --fingerprint-mode
+// none; by default vLLM fills it with its version and a hash of its
+// configuration (vllm/entrypoints/openai/fingerprint.py). usage has
+// prompt_tokens_details null, as UsageInfo dumped whole.
+const (
+	answerNulls     = `"service_tier":null,"system_fingerprint":null`
+	chatAnswerNulls = `"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,"metrics":null`
+	textAnswerNulls = `"kv_transfer_params":null,"metrics":null`
+)
 
 // waitDone waits until s is done and returns its output tokens, for an
 // answer in one body; or, if the engine stopped first, answers 503, or if

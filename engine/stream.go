@@ -12,7 +12,11 @@ import (
 // eventStreamType is the Content-Type of every stream the engine sends, as
 // vLLM's: FastAPI's StreamingResponse of media type text/event-stream, to
 // which Starlette's Response.init_headers (starlette/responses.py) adds
-// the charset of every text/ type.
+// the charset of every text/ type. vLLM sets no other header on a stream,
+// no Cache-Control either: its routes return StreamingResponse(content=
+// generator, media_type="text/event-stream") (create_completion in
+// vllm/entrypoints/openai/completion/api_router.py, and the chat and
+// responses routes alike, vLLM main as of 2026).
 const eventStreamType = "text/event-stream; charset=utf-8"
 
 // streamUsage is what a request's stream_options ask of its stream.
@@ -102,11 +106,13 @@ func usageJSON(prompt, completion int) string {
 
 // stream answers s as server-sent events, one chunk a token (a chat
 // stream's first token preceded by the role chunk), then the usage chunk if
-// u asks for it, then "data: [DONE]"; id and model are JSON string
-// literals.
+// u asks for it, then "data: [DONE]"; or, if the engine stops first, the
+// chunks so far, engineDeadEvent and "data: [DONE]". id and model are JSON
+// string literals.
 func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat bool, id, model string, u streamUsage) {
+	// As vLLM's StreamingResponse, of media type text/event-stream and no
+	// other header: no Cache-Control (see eventStreamType).
 	w.Header().Set("Content-Type", eventStreamType)
-	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
 	if fl != nil {
@@ -121,9 +127,15 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 			return
 		}
 		if failed {
-			// Break the connection: the client must see an error, not a
-			// stream that merely ends.
-			panic(http.ErrAbortHandler)
+			// As vLLM's stream generators, which catch the dead engine's
+			// error, send it as an event and end the stream (see
+			// engineDeadEvent).
+			fmt.Fprint(bw, engineDeadEvent)
+			fmt.Fprint(bw, "data: [DONE]\n\n")
+			if bw.Flush() == nil && fl != nil {
+				fl.Flush()
+			}
+			return
 		}
 		for ; sent < gen; sent++ {
 			if sent == 0 && chat {
@@ -159,6 +171,19 @@ func (e *Engine) stream(w http.ResponseWriter, r *http.Request, s *seq, chat boo
 		}
 	}
 }
+
+// engineDeadEvent is the event that ends a chat or completions stream whose
+// request failed because the engine stopped, before "data: [DONE]", as
+// vLLM ends one whose engine died: its chat_completion_stream_generator and
+// completion_stream_generator catch the EngineDeadError
+// (vllm/v1/engine/exceptions.py), send "data: " and
+// create_streaming_error_response(e), json.dumps of the ErrorResponse that
+// create_error_response makes of it (an exception of no type it knows: type
+// "InternalServerError", code 500, param null; members in ErrorInfo's
+// order, with json.dumps's spaces), then "data: [DONE]"
+// (vllm/entrypoints/openai/chat_completion/serving.py,
+// completion/serving.py and engine/serving.py, vLLM main as of 2026).
+const engineDeadEvent = `data: {"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\n"
 
 // chunk is what every event of a stream repeats; id and model are JSON
 // string literals.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -287,5 +288,109 @@ func TestChoiceMembers(t *testing.T) {
 			"index": "0", "text": `" tok tok"`, "logprobs": "null", "finish_reason": `"length"`, "stop_reason": "null",
 			"token_ids": "null", "prompt_logprobs": "null", "prompt_token_ids": "null", "routed_experts": "null",
 		}, c[0])
+	})
+}
+
+// TestStreamEngineStopped: a chat or completions stream in progress when
+// the engine's Run returns ends as vLLM's does when its engine dies: the
+// chunks sent so far, then vLLM's error event, then "data: [DONE]", and the
+// body ends cleanly, not with a broken connection.
+func TestStreamEngineStopped(t *testing.T) {
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1000,"stream":true}`},
+		{"/v1/completions", `{"prompt":"hi","max_tokens":1000,"stream":true}`},
+	} {
+		t.Run(c.path, func(t *testing.T) {
+			e := newEngine(t, Config{Speedup: 1})
+			url := startHandlerOnly(t, e)
+			ctx, cancel := context.WithCancel(context.Background())
+			ran := make(chan error, 1)
+			go func() { ran <- e.Run(ctx) }()
+			resp := post(t, url+c.path, c.body)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			br := bufio.NewReader(resp.Body)
+			line, err := br.ReadString('\n')
+			require.NoError(t, err)
+			require.True(t, strings.HasPrefix(line, "data: {"), line)
+			cancel()
+			require.ErrorIs(t, <-ran, context.Canceled)
+			rest, err := io.ReadAll(br)
+			require.NoError(t, err, "the stream ends, not breaks")
+			ev := events(t, strings.NewReader(line+string(rest)))
+			require.GreaterOrEqual(t, len(ev), 3)
+			assert.Equal(t, "[DONE]", ev[len(ev)-1])
+			assert.Equal(t, `{"error": {"message": "EngineCore encountered an issue. See stack trace (above) for the root cause.", "type": "InternalServerError", "param": null, "code": 500}}`,
+				ev[len(ev)-2], "vLLM's event, as json.dumps writes it")
+			for _, d := range ev[:len(ev)-2] {
+				assert.NotContains(t, d, `"error"`, "only the last event before [DONE] is the error")
+			}
+			assert.True(t, strings.HasSuffix(line+string(rest), "\n\ndata: [DONE]\n\n"))
+		})
+	}
+}
+
+// TestStreamHeaders: as vLLM's, a stream's only header of its own is its
+// Content-Type: no Cache-Control.
+func TestStreamHeaders(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}`},
+		{"/v1/completions", `{"prompt":"hi","max_tokens":2,"stream":true}`},
+		{"/v1/responses", `{"input":"hi","max_output_tokens":2,"stream":true}`},
+	} {
+		resp := post(t, url+c.path, c.body)
+		_, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, c.path)
+		assert.Equal(t, "text/event-stream; charset=utf-8", resp.Header.Get("Content-Type"), c.path)
+		assert.NotContains(t, resp.Header, "Cache-Control", c.path)
+	}
+}
+
+// TestAnswerMembers: a non-streaming answer has every member of vLLM's
+// answer model, those the engine does not fill null, and its usage vLLM's
+// prompt_tokens_details null.
+func TestAnswerMembers(t *testing.T) {
+	e := newEngine(t, Config{})
+	url, _ := serve(t, e)
+	answer := func(path, body string) map[string]json.RawMessage {
+		t.Helper()
+		resp := post(t, url+path, body)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		var m map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(b, &m), "%s", b)
+		return m
+	}
+	usage := map[string]string{"prompt_tokens": "1", "completion_tokens": "2", "total_tokens": "3", "prompt_tokens_details": "null"}
+	t.Run("chat", func(t *testing.T) {
+		m := answer("/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`)
+		requireMembers(t, map[string]string{
+			"id": "", "object": `"chat.completion"`, "created": "", "model": `"emulated"`, "choices": "",
+			"service_tier": "null", "system_fingerprint": "null", "usage": "",
+			"prompt_logprobs": "null", "prompt_token_ids": "null", "prompt_text": "null", "kv_transfer_params": "null", "metrics": "null",
+		}, m)
+		var u map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(m["usage"], &u))
+		chatUsage := map[string]string{}
+		for k, v := range usage {
+			chatUsage[k] = v
+		}
+		// "user" and "hi": 6 bytes, 2 tokens.
+		chatUsage["prompt_tokens"], chatUsage["total_tokens"] = "2", "4"
+		requireMembers(t, chatUsage, u)
+	})
+	t.Run("completions", func(t *testing.T) {
+		m := answer("/v1/completions", `{"prompt":"hi","max_tokens":2}`)
+		requireMembers(t, map[string]string{
+			"id": "", "object": `"text_completion"`, "created": "", "model": `"emulated"`, "choices": "",
+			"service_tier": "null", "system_fingerprint": "null", "usage": "",
+			"kv_transfer_params": "null", "metrics": "null",
+		}, m)
+		var u map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(m["usage"], &u))
+		requireMembers(t, usage, u)
 	})
 }
