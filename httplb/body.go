@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/llmlb/llmlb/internal/sse"
@@ -300,11 +301,15 @@ func errorEventCode(head, value []byte) int {
 	if n, ok := codeStatus(code); ok {
 		return n
 	}
-	if e := rawMember(value, errorKey); len(e) > 0 && e[0] == '"' {
+	e := rawMember(value, errorKey)
+	if len(e) > 0 && e[0] == '"' {
 		if n, ok := tgiErrors[string(rawMember(value, "error_type"))]; ok {
 			return n
 		}
 		return http.StatusInternalServerError
+	}
+	if status := rawMember(e, "http_status_code"); status != nil {
+		return tgiOpenAIStatus(rawMember(e, "message"), status)
 	}
 	// Anthropic's error events name a type, not a code, and OpenAI's codes
 	// are often words ("context_length_exceeded") beside a type that says
@@ -381,6 +386,50 @@ var tgiErrors = map[string]int{
 	`"incomplete_generation"`:        http.StatusInternalServerError,
 	`"incomplete_generation_stream"`: http.StatusInternalServerError,
 	`"stream_serialization_error"`:   http.StatusInternalServerError,
+}
+
+// tgiOpenAIStatus returns the status that the error event of
+// text-generation-inference's OpenAI-compatible routes (/v1/chat/completions
+// and /v1/completions) stands for, given its message and http_status_code
+// as JSON: {"error": {"message": "...", "http_status_code": 422}}, which
+// InferError::into_openai_event writes for every error with 422 and no
+// error_type, an overloaded replica's included (router/src/infer/mod.rs and
+// router/src/server.rs, v3.3.7). The message is the InferError's Display,
+// whose start names the error, so the status is the one TGI answers with
+// for that error when the request does not stream (impl From<InferError>
+// for (StatusCode, Json<ErrorResponse>)): 429 for "Model is overloaded", to
+// be retried, 422 for a validation, template or tool error, to be handed
+// to the client, 424 for a generation error, 500 for an incomplete
+// generation. A message of no error TGI names stands for the
+// http_status_code, if that is a status, else for 500.
+func tgiOpenAIStatus(message, status json.RawMessage) int {
+	var msg string
+	if json.Unmarshal(message, &msg) == nil {
+		for _, m := range tgiMessages {
+			if strings.HasPrefix(msg, m.prefix) {
+				return m.status
+			}
+		}
+	}
+	n, _ := codeStatus(status)
+	return n
+}
+
+// tgiMessages are the starts of the Display of text-generation-inference's
+// InferError variants (#[error(...)] in router/src/infer/mod.rs, v3.3.7; the
+// misspelt "vatiable" is TGI's), with the status TGI answers each with.
+var tgiMessages = []struct {
+	prefix string
+	status int
+}{
+	{"Request failed during generation: ", http.StatusFailedDependency},
+	{"Model is overloaded", http.StatusTooManyRequests},
+	{"Input validation error: ", http.StatusUnprocessableEntity},
+	{"Incomplete generation", http.StatusInternalServerError}, // and "Incomplete generation stream"
+	{"Template error: ", http.StatusUnprocessableEntity},
+	{"Missing template vatiable: ", http.StatusUnprocessableEntity},
+	{"Tool error: ", http.StatusUnprocessableEntity},
+	{"Stream event serialization error", http.StatusInternalServerError},
 }
 
 // codeStatus returns the status an error event's "code" stands for, and

@@ -66,7 +66,11 @@
 // to 599, the status of the error's type, 400 for an
 // "invalid_request_error", else 500; for text-generation-inference's, the
 // status it answers for the error_type: 422 for "validation", 429 for
-// "overloaded", 424 for "generation", else 500), retried on another
+// "overloaded", 424 for "generation", else 500, and for the {"error":
+// {"message": "...", "http_status_code": 422}} of its OpenAI-compatible
+// routes, which say 422 for every error, the status it answers for the
+// error the message names: 429 for "Model is overloaded", 422 for an
+// "Input validation error: ..."), retried on another
 // endpoint if that status is (by default a
 // 408, 429, 500, 502, 503 or 504, not a 400). When it is not
 // retried, the caller gets the stream as the upstream sent it, the 200 and

@@ -39,15 +39,19 @@ var (
 	// a response stream that carried an error event (see
 	// [OutputCounter.Failed]): the engine failed the request after its
 	// 200 (vLLM and SGLang then send {"error": {...}} and end the stream,
-	// text-generation-inference {"error": "...", "error_type": "..."};
-	// the OpenAI Responses API sends an "error" or a "response.failed"
-	// event), which is no success whatever the status said. An attempt
+	// text-generation-inference {"error": "...", "error_type": "..."}
+	// or, on its OpenAI-compatible routes, {"error": {"message": "...",
+	// "http_status_code": 422}}; the OpenAI Responses API sends an
+	// "error" or a "response.failed" event), which is no success whatever
+	// the status said. An attempt
 	// whose first event is one fails with it too, wrapping a
 	// [*retry.StatusError] of the event's code if that is an HTTP status
 	// or stands for one (OpenAI's "rate_limit_exceeded" for 429, an
 	// error type such as Anthropic's "overloaded_error" for 503 or
 	// "invalid_request_error" for 400, text-generation-inference's
-	// error_type "validation" for 422), else of 500.
+	// error_type "validation" for 422, or the error its OpenAI-compatible
+	// routes name in the message of an event whose http_status_code is
+	// 422 whatever the error, "Model is overloaded" for 429), else of 500.
 	ErrErrorEvent = errors.New("httplb: the response stream carried an error event")
 )
 

@@ -148,3 +148,82 @@ func TestTGIErrorEventAfterFirstEvent(t *testing.T) {
 		assert.ErrorIs(t, errs[0], ErrErrorEvent)
 	}
 }
+
+// tgiOpenAIErrorStream is what text-generation-inference's OpenAI-compatible
+// routes stream when they fail a request after their 200: one event whose
+// data is InferError::into_openai_event's, the error's message and an
+// http_status_code of 422 whatever the error, then "data: [DONE]".
+func tgiOpenAIErrorStream(msg string) string {
+	return `data:{"error":{"message":"` + msg + `","http_status_code":422}}` + "\n\ndata:[DONE]\n\n"
+}
+
+// A first event that is the error of text-generation-inference's
+// OpenAI-compatible routes stands for the status TGI answers with for the
+// error its message names, not for its http_status_code, 422 for every
+// error, nor for 500.
+func TestTGIOpenAIErrorEventCode(t *testing.T) {
+	cases := []struct {
+		stream string
+		code   int
+	}{
+		{tgiOpenAIErrorStream("Model is overloaded"), http.StatusTooManyRequests},
+		{tgiOpenAIErrorStream("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`"), http.StatusUnprocessableEntity},
+		{tgiOpenAIErrorStream("Template error: x"), http.StatusUnprocessableEntity},
+		{tgiOpenAIErrorStream("Missing template vatiable: x"), http.StatusUnprocessableEntity},
+		{tgiOpenAIErrorStream("Tool error: x"), http.StatusUnprocessableEntity},
+		{tgiOpenAIErrorStream("Request failed during generation: x"), http.StatusFailedDependency},
+		{tgiOpenAIErrorStream("Incomplete generation"), http.StatusInternalServerError},
+		{tgiOpenAIErrorStream("Incomplete generation stream"), http.StatusInternalServerError},
+		{tgiOpenAIErrorStream("Stream event serialization error"), http.StatusInternalServerError},
+		{tgiOpenAIErrorStream("something new"), http.StatusUnprocessableEntity},
+		{`data: {"error":{"message":"x","http_status_code":503}}` + "\n\n", http.StatusServiceUnavailable},
+		{`data: {"error":{"message":"x","http_status_code":"x"}}` + "\n\n", http.StatusInternalServerError},
+		{`data: {"error":{"message":1,"http_status_code":422}}` + "\n\n", http.StatusUnprocessableEntity},
+		{`data: {"error":{"message":"Model is overloaded","code":503}}` + "\n\n", http.StatusServiceUnavailable},
+	}
+	for _, tc := range cases {
+		for _, step := range []int{1, 7, len(tc.stream)} {
+			b := &body{rc: io.NopCloser(&pieces{chunk(tc.stream, step)})}
+			code, err := b.peek(&http.Response{Header: sseHeader}, DefaultMaxPeekBytes)
+			require.NoError(t, err)
+			assert.Equal(t, tc.code, code, "%q in reads of %d", tc.stream, step)
+		}
+	}
+}
+
+// A stream of text-generation-inference's OpenAI-compatible routes that
+// starts with its error event produced nothing: an overloaded replica's is
+// retried on the other replica, and a request it refused as invalid is
+// handed to the client as sent, not retried, though both say 422.
+func TestTGIOpenAIFirstErrorEvent(t *testing.T) {
+	t.Run("overloaded", func(t *testing.T) {
+		a := newUpstream(t, sendStream(tgiOpenAIErrorStream("Model is overloaded")))
+		b := newUpstream(t, streamTokens(2))
+		rec := &recorder{}
+		done := &doneLog{}
+		h := newObservedHarness(t, Config{Retry: retry.LoopConfig{Reporter: rec}}, done, nil, a, b)
+		code, body := postProxy(t, h)
+		assert.Equal(t, http.StatusOK, code)
+		assert.Equal(t, "data: {\"i\":0}\n\ndata: {\"i\":1}\n\ndata: [DONE]\n\n", body)
+		assert.EqualValues(t, 1, a.hits.Load())
+		assert.EqualValues(t, 1, b.hits.Load())
+		requireStatusFailure(t, done.get(a.URL), http.StatusTooManyRequests)
+		requireStatusFailure(t, rec.reported(a.URL), http.StatusTooManyRequests)
+		assert.Equal(t, []error{nil}, done.get(b.URL))
+	})
+	t.Run("invalid", func(t *testing.T) {
+		stream := tgiOpenAIErrorStream("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`")
+		a := newUpstream(t, sendStream(stream))
+		b := newUpstream(t, streamTokens(2))
+		rec := &recorder{}
+		done := &doneLog{}
+		h := newObservedHarness(t, Config{Retry: retry.LoopConfig{Reporter: rec}}, done, nil, a, b)
+		code, body := postProxy(t, h)
+		assert.Equal(t, http.StatusOK, code)
+		assert.Equal(t, stream, body)
+		assert.EqualValues(t, 1, a.hits.Load())
+		assert.Zero(t, b.hits.Load())
+		requireStatusFailure(t, done.get(a.URL), http.StatusUnprocessableEntity)
+		requireStatusFailure(t, rec.reported(a.URL), http.StatusUnprocessableEntity)
+	})
+}

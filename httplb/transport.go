@@ -233,7 +233,10 @@ type Config struct {
 // status (429 for OpenAI's "rate_limit_exceeded" and "insufficient_quota";
 // without a code from 100 to 599, the status of the error's type, 400 for an
 // "invalid_request_error", else 500; for text-generation-inference's, that
-// of its error_type, 422 for "validation", 429 for "overloaded"), and is retried or returned as such, with the
+// of its error_type, 422 for "validation", 429 for "overloaded", or, on its
+// OpenAI-compatible routes, which say 422 for every error, that of the error
+// its message names, 429 for "Model is overloaded"), and is retried or
+// returned as such, with the
 // bytes as sent. RoundTrip holds back the first bytes, calls the pick's
 // FirstToken and returns the response; its body then passes every Read straight through
 // (no buffering), reports the output tokens it carries to the pick with
