@@ -30,10 +30,14 @@ import (
 // channel's ClientConn to intercept the children's UpdateState and
 // NewSubConn calls.
 //
-// grpc calls the balancer.Balancer methods from one goroutine; the children
-// call UpdateState and the SubConn state listeners from that goroutine too,
-// but mu still guards the fields below against the pickers' Done callbacks,
-// the out-of-band listeners and Builder.SetHealthy.
+// grpc calls the balancer.Balancer methods and the SubConn state listeners
+// from one goroutine, and the children call UpdateState from it too, except
+// that endpointsharding calls ExitIdle on a child that goes IDLE from a
+// goroutine of its own, and the pick-first child then calls UpdateState
+// from there (endpointsharding.go, endpointState.UpdateState, grpc-go
+// v1.85.0). mu guards the fields below against that goroutine, the
+// pickers' Done callbacks, the out-of-band listeners and
+// Builder.SetHealthy.
 type lbBalancer struct {
 	balancer.ClientConn
 	child   balancer.Balancer
@@ -83,7 +87,13 @@ type lbBalancer struct {
 	// listed: the resolver has listed an endpoint since lb was built, and
 	// fresh was filled.
 	listed bool
-	closed bool
+	// hooking: Options.OnBalancer has not yet returned for lb. No endpoint
+	// joins lb meanwhile, so that the program's marks set there apply
+	// from the first pick: UpdateState ignores the children's states, and
+	// UpdateClientConnState has the children push theirs again once the
+	// hook returns.
+	hooking bool
+	closed  bool
 }
 
 // subConnState tracks one SubConn for out-of-band ORCA reporting.
@@ -159,6 +169,7 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 		clear(b.failed)
 		b.remembered.clear()
 		hook = b.builder.opts.OnBalancer
+		b.hooking = hook != nil
 	}
 	lb := b.lb
 	oobChanged := b.cfg == nil || b.cfg.OOBReportInterval != cfg.OOBReportInterval
@@ -203,11 +214,19 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 	b.mu.Unlock()
 	if hook != nil {
 		// Outside the lock, so that the hook may call Builder.SetHealthy.
-		hook(b.target, lb)
+		func() {
+			defer func() {
+				b.mu.Lock()
+				b.hooking = false
+				b.mu.Unlock()
+			}()
+			hook(b.target, lb)
+		}()
 	}
 
 	// The child pushes its aggregated state inline, which publishes a
-	// picker for the new balancer.
+	// picker for the new balancer (and brings in the states UpdateState
+	// ignored while the hook ran).
 	rs := ccs.ResolverState
 	rs.Endpoints = eps
 	return b.child.UpdateClientConnState(balancer.ClientConnState{
@@ -244,13 +263,14 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 // the program marked before it joined joins unhealthy: it is first given a
 // picker that has an RPC picked for it wait for the next picker, then
 // marked, then given its child's picker, so that no RPC reaches it
-// meanwhile.
+// meanwhile. While Options.OnBalancer runs for a new lb, where the program
+// sets its marks, UpdateState changes nothing (see hooking).
 func (b *lbBalancer) UpdateState(state balancer.State) {
 	children := endpointsharding.ChildStatesFromPicker(state.Picker)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed || b.lb == nil {
+	if b.closed || b.lb == nil || b.hooking {
 		return
 	}
 	// healthy holds the members and whether they are marked healthy.

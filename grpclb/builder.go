@@ -74,10 +74,17 @@ type Options struct {
 	NewRand func() rand.Source
 	// OnBalancer, if set, is called with the channel's target each time a
 	// channel builds its llmlb.Balancer: when the first config arrives,
-	// when a config change replaces the policy, and when the channel
+	// when a config change replaces the policy or sets a parameter of the
+	// policy or the balancer to another value, and when the channel
 	// leaves idle mode (see grpc.WithIdleTimeout), for grpc then builds
-	// the channel's balancer anew. The new balancer has no members yet and
-	// none of the marks of the one it replaces. Use it to read Stats, and
+	// the channel's balancer anew. A config change that builds the same
+	// balancer (one that only spells out a parameter's default, or
+	// changes only OOBReportInterval) keeps it, with its accounting and
+	// marks. The new balancer has no members yet, none of the marks of
+	// the one it replaces, and none of its accounting: the RPCs in flight
+	// stay charged to the old one until they end, and the new one sees
+	// their endpoints without them. No endpoint joins it before
+	// OnBalancer returns. Use it to read Stats, and
 	// keep the balancer to mark endpoints unhealthy with
 	// [Builder.SetHealthy] (the adapter marks an endpoint unhealthy while
 	// its connection is not READY, and keeps the program's marks apart

@@ -61,7 +61,7 @@ type Config struct {
 	// age limit, a dropped connection) is not slowed down: its server kept
 	// running, and its cache is warm. It stays healthy while it
 	// reconnects. The endpoints listed when the balancer is built (the
-	// channel's first config, a config change that replaces the policy,
+	// channel's first config, a config change that builds another one,
 	// leaving idle mode), or, if none is listed then, those of the
 	// resolver's first update that lists some, are not slowed down either,
 	// whichever connects first: they join at once, and count as healthy
@@ -477,18 +477,100 @@ func (c *Config) options() []llmlb.Option {
 	return opts
 }
 
-// sameBalancer reports whether c and o build the same balancer, so that a
-// config update that only changes out-of-band reporting keeps the
-// balancer's accounting.
+// sameBalancer reports whether c and o build the same balancer: a config
+// update that builds an equivalent one keeps the channel's llmlb.Balancer,
+// and with it the accounting of the RPCs in flight, its members' health
+// and slow start. grpc-go's least_request keeps its in-flight counts across
+// a config update likewise (balancer/leastrequest/leastrequest.go,
+// UpdateClientConnState, grpc-go v1.85.0). The configs are compared on
+// what builds the balancer (see balancerKey).
 func (c *Config) sameBalancer(o *Config) bool {
 	if c == nil || o == nil {
 		return c == o
 	}
-	a, b := *c, *o
-	a.OOBReportInterval, b.OOBReportInterval = 0, 0
-	ja, err1 := json.Marshal(&a)
-	jb, err2 := json.Marshal(&b)
-	return err1 == nil && err2 == nil && bytes.Equal(ja, jb)
+	ka, err1 := c.balancerKey()
+	kb, err2 := o.balancerKey()
+	return err1 == nil && err2 == nil && bytes.Equal(ka, kb)
+}
+
+// balancerKey returns the parameters c builds its balancer from, as JSON:
+// the policy and the parameters it and the balancer read, each that is
+// set to its documented default left out as if unset. So two configs
+// have the same key when one sets a parameter to its default and the other
+// leaves it out, when they differ only in out-of-band reporting (the
+// adapter's, not the balancer's), in the ramp of a slow start that neither
+// enables, or in parameters the policy does not read (which only a Config
+// built in Go, not parsed, can carry). The index and events indexes are
+// the builder's, the same for every config it parses.
+func (c *Config) balancerKey() ([]byte, error) {
+	name := c.Policy
+	if name == "" {
+		name = DefaultPolicy
+	}
+	spec, ok := lookup(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown policy %q", ErrInvalidConfig, truncate(name))
+	}
+	js, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(js, &fields); err != nil {
+		return nil, err
+	}
+	fields["policy"], _ = json.Marshal(name)
+	delete(fields, "oobReportInterval")
+	if name == "dynamo-kv" && c.events != nil {
+		delete(fields, "blockTokens") // it reads the events index instead
+	}
+	if c.SlowStartWindow == 0 {
+		delete(fields, "slowStartAggression")
+		delete(fields, "slowStartMinWeightPercent")
+	}
+	for k := range fields {
+		if !slices.Contains(commonParams, k) && !slices.Contains(spec.params, k) {
+			delete(fields, k)
+		}
+	}
+	for k, v := range c.paramDefaults(name) {
+		if d, err := json.Marshal(v); err == nil && bytes.Equal(fields[k], d) {
+			delete(fields, k)
+		}
+	}
+	return json.Marshal(fields) // sorted keys
+}
+
+// paramDefaults returns, by parameter, the value that the policy name of c
+// and the balancer read a parameter's zero value as, where it is a
+// documented default of package llmlb or prefix.
+func (c *Config) paramDefaults(name string) map[string]any {
+	d := map[string]any{
+		"decodeAllowance": llmlb.DefaultDecodeAllowance,
+		"maxSignalAge":    Duration(llmlb.DefaultMaxSignalAge),
+		"score":           "requests",
+		"bias":            llmlb.DefaultActiveRequestBias,
+		"hashBalance":     llmlb.DefaultHashBalance,
+		"ringReplicas":    llmlb.DefaultRingReplicas,
+		"prefixTokens":    llmlb.DefaultPrefixHashTokens,
+		"loadFactor":      llmlb.DefaultPrefixHashLoadFactor,
+		"absThreshold":    llmlb.DefaultBalanceAbsThreshold,
+		"relThreshold":    llmlb.DefaultBalanceRelThreshold,
+		"matchThreshold":  llmlb.DefaultMatchThreshold,
+		"peakDecay":       Duration(llmlb.DefaultPeakDecay),
+	}
+	switch {
+	case name == "prefix-hash":
+		d["blockTokens"] = llmlb.DefaultBlockTokens
+	case name == "dynamo-kv" && c.events != nil:
+		// Its index is the events index, whatever blockTokens says (see
+		// balancerKey).
+	case c.index != nil:
+		d["blockTokens"] = c.index.BlockSize()
+	default:
+		d["blockTokens"] = prefix.DefaultBlockTokens
+	}
+	return d
 }
 
 func truncate(s string) string {

@@ -51,9 +51,12 @@
 // lasts while that balancer serves the channel, set before the resolver
 // lists the endpoint or while it does; of the endpoints it does not list,
 // the marks of the 1024 most recently marked are remembered. A channel gets a new balancer when a config change replaces
-// the policy and when it leaves idle mode: OnBalancer receives it before
-// any endpoint joins it, and is where the program marks again the
-// endpoints it holds unhealthy.
+// the policy or changes a parameter (one that spells out a default, or
+// changes only Config.OOBReportInterval, keeps the balancer) and when it
+// leaves idle mode: OnBalancer receives it before any endpoint joins it,
+// and is where the program marks again the endpoints it holds unhealthy.
+// The RPCs in flight then stay counted on the balancer they were picked
+// with, not on the new one.
 //
 // The picker builds an llmlb.Request for each RPC from a [Call] the caller
 // put in the RPC's context ([WithCall], [WithRequest]), or else from the

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -112,6 +113,32 @@ func TestRecorder(t *testing.T) {
 	rec.record("c", &v3orcapb.OrcaLoadReport{Utilization: map[string]float64{"kv_cache_usage_perc": 0.25}})
 	if l, ok := store.Load("c"); !ok || l.KVUsage != 0.25 {
 		t.Errorf("utilization report: %+v, %v", l, ok)
+	}
+}
+
+// TestRejectedReportIsNoObservation: in a channel's own store, an endpoint
+// whose every report is rejected (here, a NaN KV usage) has no observation
+// for the balancer, not a KV usage of 0, also once other endpoints'
+// reports are recorded; so the policy prices it as it prices an endpoint
+// that reports nothing.
+func TestRejectedReportIsNoObservation(t *testing.T) {
+	keys := map[string]string{"good": "good", "bad": "bad"}
+	rec := &recorder{store: new(signals.Store), owned: true}
+	rec.keys = new(atomic.Pointer[map[string]string])
+	rec.keys.Store(&keys)
+	sig := rec.signal()
+	nan := &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_utilization": math.NaN(), "num_requests_running": 1}}
+	rec.record("bad", nan)
+	if l, ok := sig.Load("bad"); ok {
+		t.Fatalf("a rejected report is an observation: %+v", l)
+	}
+	rec.record("good", &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{"kv_cache_utilization": 0.5}})
+	rec.record("bad", nan)
+	if l, ok := sig.Load("good"); !ok || l.KVUsage != 0.5 {
+		t.Fatalf("good: %+v, %v; want KV usage 0.5", l, ok)
+	}
+	if l, ok := sig.Load("bad"); ok {
+		t.Errorf("a rejected report is an observation once others are recorded: %+v", l)
 	}
 }
 
