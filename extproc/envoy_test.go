@@ -82,6 +82,49 @@ func TestResponseBodyNoneStreamEnd(t *testing.T) {
 	}
 }
 
+// TestStreamEndedMidResponse: in the modes where the picker sees the
+// response, a stream that Envoy closes mid-response, as its ext_proc filter
+// does whatever ended the HTTP request (the client went away, the upstream
+// failed, a timeout), ends the pick with ErrStreamEnded: a half-close, with
+// which Envoy starts every close, as a failure of the endpoint
+// (retry.HealthOutcome: Failed), since the picker cannot tell a client that
+// left from an upstream that failed; a reset read first, as neither
+// (Abandoned). See ErrStreamEnded.
+func TestStreamEndedMidResponse(t *testing.T) {
+	modes := map[string]filterv3.ProcessingMode_BodySendMode{"full-duplex-streamed": fullDuplex, "streamed": streamed, "buffered": buffered}
+	for name, mode := range modes {
+		for _, reset := range []bool{false, true} {
+			t.Run(name+map[bool]string{false: "/half-close", true: "/reset"}[reset], func(t *testing.T) {
+				rec := &doneRecorder{}
+				b := newBalancer(t, 2, nil, llmlb.WithObserver(rec.observer()))
+				srv, err := extproc.NewServer(extproc.Config{Balancer: b, Logger: quiet})
+				require.NoError(t, err)
+				first := requestHeaders("/v1/completions", false)
+				first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: fullDuplex, ResponseBodyMode: mode}
+				in := []*extprocv3.ProcessingRequest{first, requestBody([]byte(`{"prompt":"x","max_tokens":4,"stream":true}`), true),
+					responseHeaders(200, "text/event-stream", false)}
+				if mode != buffered { // a buffered body comes whole or not at all
+					in = append(in, responseBody("data: {}\n\n", false))
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				require.NoError(t, srv.Process(&resetStream{reset: reset, cancel: cancel, directStream: directStream{ctx: ctx, in: in}}))
+				require.True(t, idle(b))
+				errs, _ := rec.get()
+				require.Len(t, errs, 1)
+				require.ErrorIs(t, errs[0], extproc.ErrStreamEnded)
+				if reset {
+					require.ErrorIs(t, errs[0], context.Canceled)
+					require.Equal(t, retry.Abandoned, retry.HealthOutcome(errs[0]))
+					return
+				}
+				require.NotErrorIs(t, errs[0], context.Canceled)
+				require.Equal(t, retry.Failed, retry.HealthOutcome(errs[0]))
+			})
+		}
+	}
+}
+
 // TestEarlyResponse: an upstream may answer before the request body has all
 // reached it (an early error, a bidirectional stream); in the modes where
 // the request goes upstream as it arrives, the rest of its body and its

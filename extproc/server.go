@@ -93,10 +93,37 @@ var (
 	// ErrStreamEnded is passed to a pick's Done when its ext_proc stream
 	// ended before the response did: the client went away, the upstream
 	// connection failed, or the data plane reset the stream. It wraps
-	// context.Canceled when the stream was cancelled, and when, with
-	// response_body_mode NONE, the data plane closed the stream without
-	// sending the response headers: the picker then learns nothing of the
-	// response (see [Server.Process]).
+	// context.Canceled when the stream was cancelled (reset), and when,
+	// with response_body_mode NONE, the data plane closed the stream
+	// without sending the response headers: the picker then learns nothing
+	// of the response (see [Server.Process]). A stream that the data plane
+	// half-closes before the response's end in any other mode ends the pick
+	// with ErrStreamEnded alone, which retry.HealthOutcome rates Failed: it
+	// counts against the endpoint in outlier detection.
+	//
+	// The picker cannot tell a client that went away from an upstream that
+	// failed. Envoy's ext_proc filter closes the stream alike whatever ends
+	// the HTTP request (Filter::onDestroy calls closeStreamMaybeGraceful in
+	// envoyproxy/envoy source/extensions/filters/http/ext_proc/ext_proc.cc),
+	// and no ext_proc message says why: a client reset mid-response, an
+	// upstream reset mid-response, and a timeout all reach the picker as
+	// the same close. Envoy's answer to an upstream that fails before its
+	// response headers (a local reply, such as 503) is not sent to the
+	// picker either, since v1.34.0 (runtime guard
+	// envoy.reloadable_features.skip_ext_proc_on_local_reply,
+	// changelogs/1.34.0.yaml), so it looks like a client gone before the
+	// response. How the close arrives depends on the runtime guard
+	// envoy.reloadable_features.ext_proc_graceful_grpc_close (v1.34.0, off
+	// by default): off, Envoy half-closes the stream and resets it at once
+	// (ExternalProcessorStreamImpl::close in client_impl.cc), and the pick
+	// ends Failed or, if the reset is read first, Abandoned; on, Envoy
+	// half-closes it and waits for the picker to end it, and the pick ends
+	// Failed. So with the default classification a client that leaves
+	// mid-response may count as a failure of its endpoint. A program that
+	// would rather not count such ends gives its retry.Ejector a Classify
+	// that rates errors wrapping ErrStreamEnded Abandoned, and then counts
+	// no upstream failure that ends a stream early either; a response with
+	// a 5xx status that the picker sees to its end still counts.
 	ErrStreamEnded = errors.New("extproc: stream ended before the response")
 	// ErrFailedOver is passed to a pick's Done when the data plane reports
 	// that another endpoint of the list served the request (it failed
@@ -109,7 +136,10 @@ var (
 type Config struct {
 	// Balancer picks the endpoints. The key of each of its endpoints is the
 	// address the data plane connects to, "host:port" (an IPv6 host in
-	// brackets), which is what the protocol returns. Required.
+	// brackets), which is what the protocol returns. Each pick ends with
+	// its response's outcome, or with [ErrStreamEnded] when the stream ends
+	// first, which outlier detection may count against the endpoint even
+	// when the client went away: see ErrStreamEnded. Required.
 	Balancer *llmlb.Balancer
 	// Parser reads the request body into an llmlb.Request; the body cap,
 	// the lesser of its cap ([httplb.Parser.MaxBodyBytes]) and 1 GiB,

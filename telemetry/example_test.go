@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -81,13 +82,16 @@ func (r replica) Key() string { return string(r) }
 func ExampleMetrics_endpointChurn() {
 	reader := sdkmetric.NewManualReader()
 	dropEndpoint := sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter(telemetry.AttrEndpoint)}
+	llmlbScope := instrumentation.Scope{Name: telemetry.ScopeName}
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader),
 		sdkmetric.WithView(
 			// Every counter and histogram (picks, cached tokens, signal
 			// age, time to first token, duration, ejections, cooldowns);
 			// not the load counts, which report the current members.
-			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter}, dropEndpoint),
-			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram}, dropEndpoint),
+			// Only this package's meter: other instrumentation on the
+			// provider keeps its attributes.
+			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter, Scope: llmlbScope}, dropEndpoint),
+			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram, Scope: llmlbScope}, dropEndpoint),
 		))
 	defer provider.Shutdown(context.Background())
 

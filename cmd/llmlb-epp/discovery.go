@@ -397,14 +397,15 @@ func (m *membership) apply(addrs []string) error {
 }
 
 // watch refreshes the membership every interval until ctx ends; a file or
-// DNS source changes, a static one does not.
-func (m *membership) watch(ctx context.Context, every time.Duration) {
+// DNS source changes, a static one does not. failing is the number of reads
+// that failed in a row before it, already logged: a failure is logged the
+// first time in a row and then every hundredth, and the recovery once.
+func (m *membership) watch(ctx context.Context, every time.Duration, failing int) {
 	if m.src.file == "" && m.src.dns == "" {
 		return
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
-	failing := 0
 	for {
 		select {
 		case <-ctx.Done():

@@ -96,11 +96,15 @@ const defaultMaxStreams = 1024
 const minRefresh = 10 * time.Millisecond
 
 // parseFlags reads the command line into options, or returns an error
-// (flag.ErrHelp for -h).
+// (flag.ErrHelp for -h, after writing the usage to out). It writes nothing
+// else: the caller reports the error, once.
 func parseFlags(args []string, out io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("llmlb-epp", flag.ContinueOnError)
-	fs.SetOutput(out)
+	// The flag package writes a parse error and the usage before returning
+	// the error; the caller writes the error alone, and the usage is for -h.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.StringVar(&o.grpcAddr, "grpc-addr", ":9002", "address of the ext_proc gRPC server (the InferencePool's endpointPickerRef port)")
 	fs.StringVar(&o.healthAddr, "grpc-health-addr", ":9003", "address of the gRPC health server for probes (\"\": none; health is also served on -grpc-addr)")
 	fs.StringVar(&o.adminAddr, "admin", "127.0.0.1:9090", "address of /metrics and /debug/llmlb (\"\": none); the debug view names replicas: keep it private")
@@ -159,6 +163,11 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.BoolVar(&o.logJSON, "log-json", false, "log as JSON lines")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(out)
+			fmt.Fprintf(out, "Usage of %s:\n", fs.Name())
+			fs.PrintDefaults()
+		}
 		return o, err
 	}
 	if fs.NArg() > 0 {

@@ -29,15 +29,19 @@
 // health checks on :9003: the services "liveness", "readiness",
 // "inference-extension" and envoy.service.ext_proc.v3.ExternalProcessor,
 // which are also served on the ext_proc port. The admin listener (-admin)
-// serves /metrics (OpenTelemetry through the Prometheus exporter) and
-// /debug/llmlb (a JSON view of the endpoints). The request bodies held at
+// serves /metrics (OpenTelemetry through the Prometheus exporter; its
+// target_info names the service llmlb-epp unless OTEL_SERVICE_NAME or
+// OTEL_RESOURCE_ATTRIBUTES names another) and /debug/llmlb (a JSON view of
+// the endpoints). The request bodies held at
 // once, over all streams, are bounded by -max-buffered-bytes (beyond it a
 // request is answered 429), a body not received within -body-timeout is
 // answered 408, and the streams open at once on one connection
 // by -max-concurrent-streams. On SIGTERM it reports NOT_SERVING,
 // waits -drain-delay for the data plane to notice, stops accepting streams and
 // lets those in flight finish for up to -drain-timeout. A second SIGTERM or
-// interrupt during the drain ends the process at once.
+// interrupt during the drain ends the process at once. A usage error (a
+// flag unknown, unparsable or refused) exits with status 2, a picker that
+// fails to start or to serve with status 1.
 //
 // On /metrics, the load gauges (llmlb_endpoint_outstanding, ..._queued,
 // ..._healthy_ratio and the token gauges) carry each current replica's
@@ -56,6 +60,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -66,7 +71,6 @@ func main() {
 	// begins, so that a second signal ends the process, as an operator who
 	// sends it expects.
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
@@ -77,15 +81,29 @@ func main() {
 		signal.Stop(sigs)
 		cancel()
 	}()
-	o, err := parseFlags(os.Args[1:], os.Stderr)
-	if err == nil {
-		err = run(ctx, o, nil)
-	}
+	code := command(ctx, os.Args[1:], os.Stderr)
+	cancel()
+	os.Exit(code)
+}
+
+// command runs llmlb-epp with the command-line arguments args, writing its
+// usage and errors to stderr, and returns its exit status: 0 when it ends
+// well or after -h; 2 for a usage error (a flag the command does not know,
+// a value it cannot parse or refuses), as the flag package's ExitOnError
+// exits, with one line naming the error and no usage; 1 when the picker
+// fails to start or fails while serving.
+func command(ctx context.Context, args []string, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
-		return // -h: the usage is written, and asking for it is no failure
+		return 0 // -h: the usage is written, and asking for it is no failure
 	}
-	if err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "llmlb-epp:", err)
-		os.Exit(1)
+	if err != nil {
+		fmt.Fprintf(stderr, "llmlb-epp: %v\nRun 'llmlb-epp -h' for the flags.\n", err)
+		return 2
 	}
+	if err := run(ctx, o, nil); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(stderr, "llmlb-epp:", err)
+		return 1
+	}
+	return 0
 }

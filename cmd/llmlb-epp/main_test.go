@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,24 +81,52 @@ func TestSecondSignal(t *testing.T) {
 }
 
 // TestHelp: -h writes the usage and exits with status 0, like any command
-// asked for help; a bad flag exits with status 1.
+// asked for help; a usage error (an unknown flag, a value that does not
+// parse, one the command refuses) exits with status 2, as the flag
+// package's ExitOnError does, and writes its error once, without the usage.
 func TestHelp(t *testing.T) {
 	cases := []struct {
-		arg  string
+		args []string
 		code int
-	}{{"-h", 0}, {"-help", 0}, {"-no-such-flag", 1}}
+		want string // the error, for a usage error
+	}{
+		{[]string{"-h"}, 0, ""},
+		{[]string{"-help"}, 0, ""},
+		{[]string{"-no-such-flag"}, 2, "flag provided but not defined: -no-such-flag"},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-refresh", "soon"}, 2, `invalid value "soon" for flag -refresh`},
+		{[]string{"-endpoints", "10.0.0.1:8000", "-policy", "fastest"}, 2, `unknown -policy "fastest"`},
+	}
 	for _, c := range cases {
-		t.Run(c.arg, func(t *testing.T) {
-			cmd := exec.Command(os.Args[0], c.arg)
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], c.args...)
 			cmd.Env = append(os.Environ(), runMainEnv+"=1")
 			out, err := cmd.CombinedOutput()
-			require.Contains(t, string(out), "Usage of llmlb-epp")
 			require.Equal(t, c.code, cmd.ProcessState.ExitCode(), "%v\n%s", err, out)
 			if c.code == 0 {
+				require.Contains(t, string(out), "Usage of llmlb-epp")
 				require.NotContains(t, string(out), "help requested")
+				return
 			}
+			require.Equal(t, 1, strings.Count(string(out), c.want), "the error once:\n%s", out)
+			require.True(t, strings.HasPrefix(string(out), "llmlb-epp: "+c.want), "%s", out)
+			require.NotContains(t, string(out), "Usage of llmlb-epp", "a usage error names the error, not every flag")
+			require.Equal(t, 2, strings.Count(string(out), "\n"), "one line for the error, one pointing to -h:\n%s", out)
 		})
 	}
+}
+
+// TestCommandExitStatus: a picker that fails to start (here, its listener
+// cannot be opened) exits with status 1, not the 2 of a usage error.
+func TestCommandExitStatus(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	var out strings.Builder
+	code := command(context.Background(), []string{"-endpoints", "127.0.0.1:1", "-grpc-addr", l.Addr().String(),
+		"-grpc-health-addr", "", "-admin", "", "-scrape", "-1s"}, &out)
+	require.Equal(t, 1, code, "%s", out.String())
+	require.Contains(t, out.String(), "llmlb-epp: ")
+	require.Equal(t, 1, strings.Count(out.String(), "\n"), "%s", out.String())
 }
 
 func TestParseFlags(t *testing.T) {
@@ -250,7 +280,7 @@ func TestFileSource(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		m.watch(ctx, 5*time.Millisecond)
+		m.watch(ctx, 5*time.Millisecond, 0)
 	}()
 	defer func() {
 		cancel()
@@ -272,6 +302,40 @@ func TestFileSource(t *testing.T) {
 	require.Eventually(t, func() bool { return m.status().err != nil }, 5*time.Second, 5*time.Millisecond)
 	require.ErrorContains(t, m.status().err, ":1:")
 	require.ElementsMatch(t, []string{"10.0.0.3:8000", "[fd00::1]:8000"}, keys(m), "kept")
+}
+
+// TestFileSourceStartupFailureWarnedOnce: an endpoints file that cannot be
+// read when the picker starts is warned about once, not again by the first
+// re-read that fails too; its recovery is logged with the failures counted
+// from the start.
+func TestFileSourceStartupFailureWarnedOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "endpoints")
+	o, err := parseFlags([]string{"-endpoints-file", path, "-refresh", "10ms", "-scrape", "-1s", "-grpc-addr", "127.0.0.1:0",
+		"-grpc-health-addr", "", "-admin", "", "-drain-delay", "0", "-secure-serving=false"}, io.Discard)
+	require.NoError(t, err)
+	logs := &lockedBuffer{}
+	o.logOut = logs
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o, nil) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	require.Eventually(t, func() bool { return logs.count("llmlb-epp serving") == 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // re-reads that fail, every 10ms
+	require.NoError(t, os.WriteFile(path, []byte("10.0.0.1:8000\n"), 0o644))
+	require.Eventually(t, func() bool { return logs.count("reading the replicas recovered") == 1 }, 5*time.Second, time.Millisecond)
+
+	logs.mu.Lock()
+	out := logs.b.String()
+	logs.mu.Unlock()
+	m := regexp.MustCompile(`reading the replicas recovered" failures=(\d+)`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	n, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, n, 2, "the startup read and at least one re-read failed:\n%s", out)
+	require.Equal(t, 1, strings.Count(out, "reading the replicas failed"), "warned once:\n%s", out)
 }
 
 // TestFileSourceTooLarge: a file past the bound, or a device, is refused,

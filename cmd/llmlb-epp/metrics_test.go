@@ -127,3 +127,52 @@ func TestPerEndpointMetricsDefault(t *testing.T) {
 		require.Equal(t, c.want, o.perEndpoint, c.args)
 	}
 }
+
+// TestServiceName: the telemetry resource on /metrics (target_info) names
+// the service llmlb-epp, unless OTEL_RESOURCE_ATTRIBUTES or
+// OTEL_SERVICE_NAME, which takes precedence, names another, as the
+// OpenTelemetry SDK reads them.
+func TestServiceName(t *testing.T) {
+	cases := []struct {
+		name, serviceName, attributes string
+		want                          map[string]string
+	}{
+		{"default", "", "", map[string]string{"service_name": "llmlb-epp", "telemetry_sdk_language": "go"}},
+		{"OTEL_SERVICE_NAME", "picker-a", "", map[string]string{"service_name": "picker-a"}},
+		{"OTEL_RESOURCE_ATTRIBUTES", "", "service.name=picker-b,deployment.environment.name=prod",
+			map[string]string{"service_name": "picker-b", "deployment_environment_name": "prod"}},
+		{"both", "picker-a", "service.name=picker-b,service.namespace=inference",
+			map[string]string{"service_name": "picker-a", "service_namespace": "inference"}},
+		{"invalid attributes", "", "service.namespace=inference,novalue",
+			map[string]string{"service_name": "llmlb-epp", "service_namespace": "inference"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("OTEL_SERVICE_NAME", c.serviceName)
+			t.Setenv("OTEL_RESOURCE_ATTRIBUTES", c.attributes)
+			o, err := parseFlags([]string{"-endpoints", "10.0.0.1:8000", "-scrape", "-1s"}, io.Discard)
+			require.NoError(t, err)
+			o.logOut = io.Discard
+			s, err := newServer(o)
+			require.NoError(t, err)
+			defer s.provider.Shutdown(context.Background())
+
+			rec := httptest.NewRecorder()
+			s.admin.Handler.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+			require.Equal(t, 200, rec.Code)
+			parser := expfmt.NewTextParser(model.UTF8Validation)
+			families, err := parser.TextToMetricFamilies(strings.NewReader(rec.Body.String()))
+			require.NoError(t, err)
+			info := families["target_info"]
+			require.NotNil(t, info, "no target_info")
+			require.Len(t, info.GetMetric(), 1)
+			labels := map[string]string{}
+			for _, l := range info.GetMetric()[0].GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			for k, v := range c.want {
+				require.Equal(t, v, labels[k], "%s in %v", k, labels)
+			}
+		})
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -117,8 +118,18 @@ func newServer(o options) (_ *server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	popts := []sdkmetric.Option{sdkmetric.WithReader(exporter)}
+	res, err := telemetryResource(context.Background(), s.log)
+	if err != nil {
+		return nil, err
+	}
+	popts := []sdkmetric.Option{sdkmetric.WithReader(exporter), sdkmetric.WithResource(res)}
 	if !o.perEndpoint {
+		// The views take the llmlb.endpoint attribute off llmlb's
+		// counters and histograms (-per-endpoint-metrics=false), as
+		// package telemetry advises where endpoint keys churn: their
+		// series are cumulative and would stay, one per address ever
+		// picked, for as long as the provider lives. The load gauges keep
+		// it: they report the current replicas only.
 		popts = append(popts, sdkmetric.WithView(dropEndpointViews()...))
 	}
 	s.provider = sdkmetric.NewMeterProvider(popts...)
@@ -356,14 +367,16 @@ func (s *server) serve(ctx context.Context) error {
 		}
 		_ = s.provider.Shutdown(context.Background())
 	}()
+	failing := 0 // the reads of the replicas failed in a row
 	if err := s.members.refresh(ctx); err != nil {
 		if s.o.endpointsFile == "" && s.o.dns == "" {
 			s.closeListeners()
 			return err // a bad -endpoints list does not get better
 		}
 		s.log.Warn("llmlb-epp: reading the replicas failed; not ready until it succeeds", "error", err)
+		failing = 1 // warned about: the watch does not warn again for the next read
 	}
-	wg.Go(func() { s.members.watch(bg, s.o.refresh) })
+	wg.Go(func() { s.members.watch(bg, s.o.refresh, failing) })
 	if s.scraper != nil {
 		wg.Go(func() { _ = s.scraper.Run(bg) })
 	}
@@ -468,17 +481,20 @@ func (s *server) scraped(prev, cur signals.Status) {
 	}
 }
 
-// dropEndpointViews are the views that take the llmlb.endpoint attribute
-// off llmlb's counters and histograms (-per-endpoint-metrics=false), as
-// package telemetry advises where endpoint keys churn: their series are
-// cumulative and would stay, one per address ever picked, for as long as the
-// provider lives. The load gauges keep it: they report the current replicas
-// only.
+// dropEndpointViews are the views that take [telemetry.AttrEndpoint] off
+// every counter and histogram of package telemetry (-per-endpoint-metrics
+// =false): picks, cached tokens, signal age, time to first token, request
+// duration, ejections and cooldowns. The load counts and the health gauge
+// keep it: they are asynchronous, which the views leave alone, and report
+// the current replicas only. The views match the instruments of the
+// telemetry package's meter ([telemetry.ScopeName]) alone, so other
+// instrumentation on the provider keeps its attributes.
 func dropEndpointViews() []sdkmetric.View {
 	drop := sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter(telemetry.AttrEndpoint)}
+	scope := instrumentation.Scope{Name: telemetry.ScopeName}
 	return []sdkmetric.View{
-		sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter}, drop),
-		sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram}, drop),
+		sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter, Scope: scope}, drop),
+		sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram, Scope: scope}, drop),
 	}
 }
 

@@ -91,6 +91,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/llmlb/llmlb"
@@ -400,9 +401,12 @@ func meterProvider(reg prometheus.Registerer, perEndpoint bool) (*sdkmetric.Mete
 	opts := []sdkmetric.Option{sdkmetric.WithReader(exporter)}
 	if !perEndpoint {
 		drop := sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter(telemetry.AttrEndpoint)}
+		// Only llmlb's meter: other instrumentation on the provider keeps
+		// its attributes.
+		scope := instrumentation.Scope{Name: telemetry.ScopeName}
 		opts = append(opts, sdkmetric.WithView(
-			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter}, drop),
-			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram}, drop)))
+			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindCounter, Scope: scope}, drop),
+			sdkmetric.NewView(sdkmetric.Instrument{Kind: sdkmetric.InstrumentKindHistogram, Scope: scope}, drop)))
 	}
 	return sdkmetric.NewMeterProvider(opts...), nil
 }
