@@ -77,7 +77,9 @@
 // observation counted that have finished since, so the correction never
 // counts a request twice. An observation older than the maximum age is
 // dropped and the endpoint falls back to this balancer's own counts: a stale
-// endpoint never looks idle.
+// endpoint never looks idler than this balancer's own requests make it, and
+// [KVScore] prices its KV usage at the mean of the candidates that report
+// one.
 //
 // # Slow start and health
 //
