@@ -93,6 +93,8 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/engine"
@@ -392,13 +394,23 @@ func run(args []string, stderr io.Writer) error {
 // attribute off llmlb's counters and histograms, as package telemetry
 // advises where endpoint keys churn: their series are cumulative, and would
 // stay, one for each endpoint ever picked, as long as the provider lives. The
-// load gauges keep it: they report the current endpoints only.
+// load gauges keep it: they report the current endpoints only. Its
+// resource, which /metrics writes as target_info, names the service
+// llmlb-gateway unless OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES names
+// another (resource.New applies its options in order, each over the ones
+// before).
 func meterProvider(reg prometheus.Registerer, perEndpoint bool) (*sdkmetric.MeterProvider, error) {
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
 		return nil, err
 	}
-	opts := []sdkmetric.Option{sdkmetric.WithReader(exporter)}
+	res, err := resource.New(context.Background(),
+		resource.WithAttributes(semconv.ServiceName("llmlb-gateway")),
+		resource.WithFromEnv(), resource.WithTelemetrySDK())
+	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
+		return nil, err // a bad pair in OTEL_RESOURCE_ATTRIBUTES is left out
+	}
+	opts := []sdkmetric.Option{sdkmetric.WithReader(exporter), sdkmetric.WithResource(res)}
 	if !perEndpoint {
 		drop := sdkmetric.Stream{AttributeFilter: attribute.NewDenyKeysFilter(telemetry.AttrEndpoint)}
 		// Only llmlb's meter: other instrumentation on the provider keeps

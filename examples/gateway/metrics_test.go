@@ -72,6 +72,9 @@ func TestEndpointChurnMetrics(t *testing.T) {
 			before, _ := scrape(t, reg)
 			churn(1, 1+rounds)
 			after, withEndpoint := scrape(t, reg)
+			if name := serviceName(t, reg); name != "llmlb-gateway" {
+				t.Errorf("target_info service_name %q, want llmlb-gateway", name)
+			}
 			if n := withEndpoint["llmlb_endpoint_outstanding"]; n != 1 {
 				t.Errorf("llmlb_endpoint_outstanding: %d series with llmlb_endpoint, want 1, the current replica's", n)
 			}
@@ -114,4 +117,25 @@ func scrape(t *testing.T, reg *prometheus.Registry) (series, withEndpoint map[st
 		}
 	}
 	return series, withEndpoint
+}
+
+// serviceName returns the service_name label of the target_info reg
+// exports on /metrics.
+func serviceName(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range families["target_info"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "service_name" {
+				return l.GetValue()
+			}
+		}
+	}
+	return ""
 }
