@@ -2,6 +2,7 @@ package llmlb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -857,7 +858,11 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	decode := c.reqTok - prompt
 	rec := b.newRecord(st, prefill, prompt, decode)
 	rec.kind, rec.feature, rec.choices, rec.flowed = c.outKind, c.outFeature, uint32(c.req.choices()), c.flowed
-	rec.active, c.active = c.active, nil
+	if c.active != nil || c.undo.t != nil {
+		aux := auxPool.Get().(*recordAux)
+		aux.active, aux.undo = c.active, c.undo
+		rec.aux, c.active, c.undo = aux, nil, recorded{}
+	}
 	c.signalAge = -1
 	timed := b.obs != nil || b.learn || b.peak != nil // they need the time of the pick
 	if timed {
@@ -961,7 +966,7 @@ func (b *Balancer) unobserved() bool {
 func (b *Balancer) newRecord(st *epState, prefill, prompt, decode int64) *record {
 	rec := recordPool.Get().(*record)
 	rec.st, rec.b, rec.epoch, rec.picked, rec.first, rec.work, rec.area0 = st, b, 0, 0, never, 0, 0
-	rec.kind, rec.feature, rec.active, rec.prefillOnly, rec.choices, rec.flowed = 0, 0, nil, false, 1, 0
+	rec.kind, rec.feature, rec.aux, rec.prefillOnly, rec.choices, rec.flowed = 0, 0, nil, false, 1, 0
 	rec.d1, rec.d2, rec.spill = st.charge(prefill, prompt, decode)
 	if rec.spill != 0 && !b.spilled.Load() {
 		b.spilled.Store(true)
@@ -1041,7 +1046,10 @@ func (p Pick) firstToken(measure bool) {
 // output length of WithOutputPrediction and PeakEWMA's latency; pass nil
 // for a stream read to its end (not io.EOF). err is passed on to
 // Observer.Done and otherwise decides nothing: health and retries are the
-// caller's. Calls after the first are no-ops.
+// caller's. The exception is an err wrapping [ErrNotSent] before
+// FirstToken: the request never reached the endpoint, and a prefix-aware
+// policy forgets the prompt blocks it recorded there for the pick. Calls
+// after the first are no-ops.
 func (p Pick) Done(err error) { p.done(err, true) }
 
 // done is Done, telling the observer if notify is set.
@@ -1120,9 +1128,16 @@ func (p Pick) done(err error, notify bool) {
 	if rec.epoch != 0 {
 		b.doneEpoch(st, rec, streaming)
 	}
-	if rec.active != nil {
-		rec.active.drop()
-		rec.active = nil
+	if aux := rec.aux; aux != nil {
+		if aux.active != nil {
+			aux.active.drop()
+		}
+		if aux.undo.t != nil && !streaming && err != nil && errors.Is(err, ErrNotSent) {
+			aux.undo.forget(st.key)
+		}
+		*aux = recordAux{} // the request's Prefix is the caller's
+		auxPool.Put(aux)
+		rec.aux = nil
 	}
 	rec.st, rec.b = nil, nil
 	recordPool.Put(rec)
@@ -1212,8 +1227,10 @@ type record struct {
 	// the count clears it, so that no count outlives its request to be
 	// read by a later generation with the same tag.
 	out           atomic.Uint64
-	kind, feature uint64      // the request's output-prediction keys
-	active        *activeHold // the request's active blocks, released at Done
+	kind, feature uint64 // the request's output-prediction keys
+	// aux holds what only some policies keep for a request until Done, nil
+	// if none: it keeps the record within two cache lines.
+	aux *recordAux
 	// choices is the request's completions (Request.Choices, at least 1):
 	// its decode and output count all of them, and what is learned from
 	// them is one completion's.
@@ -1222,6 +1239,17 @@ type record struct {
 	// prefill flow for the request (Candidates.flowed).
 	flowed int32
 }
+
+// recordAux is the part of a record that only some policies fill.
+type recordAux struct {
+	active *activeHold // the request's active blocks, released at Done
+	// undo is the prompt blocks the policy recorded at the endpoint for
+	// the request, which Done forgets if the request was not sent.
+	undo recorded
+}
+
+// auxPool holds the recordAux values of no request.
+var auxPool = sync.Pool{New: func() any { return new(recordAux) }}
 
 // The packing of record.out: a generation tag, the low 33 bits of the
 // generation, above a count of 31 bits, which saturates at maxTokens, the

@@ -36,6 +36,7 @@ type Candidates struct {
 	excl    []bool  // per member: excluded by the request; set by init for a long Exclude
 	scratch EndpointLoad
 	kvMean  kvMean         // the candidates' mean KV usage, for KVScore
+	undo    recorded       // the prompt blocks the policy recorded for the pick
 	loads   []EndpointLoad // per candidate, for policies that need them all
 	matched []int32        // per candidate: leading prompt blocks cached
 	// holding lists the candidates with matched above zero, some perhaps
@@ -92,7 +93,7 @@ func (c *Candidates) release() {
 		c.active = nil
 	}
 	c.b, c.snap, c.req, c.cached, c.t, c.work, c.flowed = nil, nil, nil, 0, clockReading{}, 0, 0
-	c.kvMean = kvMean{}
+	c.kvMean, c.undo = kvMean{}, recorded{}
 	c.cand = c.cand[:0]
 	candidatesPool.Put(c)
 }

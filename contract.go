@@ -189,6 +189,17 @@ var (
 	// ErrInvalidPolicy: a policy constructor was given a configuration out
 	// of range, or a policy chose a candidate that does not exist.
 	ErrInvalidPolicy = errors.New("llmlb: invalid policy")
+	// ErrNotSent, wrapped by the error a pick's Done is given, says that
+	// the request never reached the picked endpoint: the caller discarded
+	// the pick, or connecting to the endpoint failed. A prefix-aware
+	// policy that recorded the prompt's blocks at the endpoint for the pick
+	// then forgets those it recorded beyond what the endpoint already held,
+	// so that later requests with the prompt's prefix are not sent after a
+	// cache the endpoint never filled. It is no outcome by itself: wrap
+	// context.Canceled as well for a pick that should count as neither a
+	// success nor a failure of the endpoint, and not for a connection that
+	// failed. The request's Prefix must be unchanged until Done.
+	ErrNotSent = errors.New("llmlb: request not sent to the endpoint")
 )
 
 func invalidf(format string, args ...any) error {

@@ -189,9 +189,45 @@ func (t *prefixTracker) record(c *Candidates, i int, l *EndpointLoad) {
 		}
 		t.mu.Unlock()
 	}
-	// An error here means the index is full of endpoints; the policy still
-	// routes, it only forgets this decision.
-	_ = t.index.Record(key, blocks, c.Now())
+	// An error here means the index is full of endpoints (or holds engine
+	// events only); the policy still routes, it only forgets this decision.
+	if t.index.Record(key, blocks, c.Now()) == nil {
+		c.undo = recorded{t: t, prefix: c.req.Prefix, from: c.matched[i]}
+	}
+}
+
+// recorded is the prompt blocks a tracker recorded at a pick's endpoint:
+// those of prefix (a Request.Prefix) from index block from on, the ones the
+// endpoint did not hold already.
+type recorded struct {
+	t      *prefixTracker
+	prefix []uint64
+	from   int32
+}
+
+// forget removes from the index the blocks u recorded at the endpoint of
+// key, for a request that was not sent ([ErrNotSent]).
+func (u recorded) forget(key string) {
+	t := u.t
+	var blocks []uint64
+	if t.stride > 1 {
+		n := len(u.prefix) / t.stride
+		if t.maxBlocks > 0 {
+			n = min(n, t.maxBlocks)
+		}
+		for k := int(u.from) + 1; k <= n; k++ {
+			blocks = append(blocks, u.prefix[k*t.stride-1])
+		}
+	} else {
+		blocks = u.prefix
+		if t.maxBlocks > 0 && len(blocks) > t.maxBlocks {
+			blocks = blocks[:t.maxBlocks]
+		}
+		blocks = blocks[min(int(u.from), len(blocks)):]
+	}
+	if len(blocks) > 0 {
+		_ = t.index.Removed(key, t.index.BlockSize(), blocks...)
+	}
 }
 
 func growInt32(s []int32, n int) []int32 {
