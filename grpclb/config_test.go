@@ -215,16 +215,24 @@ func TestSharedIndex(t *testing.T) {
 	}
 	p, closeFn := readyPicker(t, b, `{"policy": "prefix-aware"}`, 3)
 	defer closeFn()
+	// A pick grpc discards (a zero DoneInfo: the RPC was not sent) leaves
+	// nothing in the index; one whose RPC was sent leaves its blocks.
 	blocks := []uint64{11, 22, 33, 44}
-	ctx := grpclb.WithRequest(context.Background(), &llmlb.Request{PromptTokens: 128, Prefix: blocks})
-	r, err := p.Pick(balancer.PickInfo{Ctx: ctx})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Done(balancer.DoneInfo{})
-	key := r.SubConn.(*fakeSC).addr
-	if got := ix.MatchLen(key, blocks, time.Now()); got != len(blocks) {
-		t.Errorf("shared index matches %d blocks on the picked endpoint %s, want %d", got, key, len(blocks))
+	for _, sent := range []bool{false, true} {
+		ctx := grpclb.WithRequest(context.Background(), &llmlb.Request{PromptTokens: 128, Prefix: blocks})
+		r, err := p.Pick(balancer.PickInfo{Ctx: ctx})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(balancer.DoneInfo{BytesSent: sent, BytesReceived: sent})
+		key := r.SubConn.(*fakeSC).addr
+		want := 0
+		if sent {
+			want = len(blocks)
+		}
+		if got := ix.MatchLen(key, blocks, time.Now()); got != want {
+			t.Errorf("RPC sent %v: shared index matches %d blocks on the picked endpoint %s, want %d", sent, got, key, want)
+		}
 	}
 }
 

@@ -331,8 +331,16 @@ func (d *pickDone) finish(di balancer.DoneInfo) {
 // (retry.HealthOutcome) count as neither a success nor a failure of the
 // endpoint: a SubConn's failure to connect is the channel's connectivity
 // state, which already takes the endpoint out of the healthy ones, and is
-// not counted again for every RPC that meets it.
-var errNotSent = fmt.Errorf("grpclb: pick discarded before the RPC was sent: %w", context.Canceled)
+// not counted again for every RPC that meets it. It wraps
+// [llmlb.ErrNotSent] too, so that a prefix-aware policy forgets the prompt
+// blocks it recorded at the endpoint for the pick.
+var errNotSent error = notSent{fmt.Errorf("grpclb: pick discarded before the RPC was sent: %w", context.Canceled)}
+
+// notSent is an error that also wraps [llmlb.ErrNotSent], whose message it
+// leaves out.
+type notSent struct{ error }
+
+func (e notSent) Unwrap() []error { return []error{e.error, llmlb.ErrNotSent} }
 
 // errForeign fails an RPC whose pick is an endpoint the adapter did not
 // add: the program replaced the members of the channel's llmlb.Balancer

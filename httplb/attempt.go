@@ -566,7 +566,7 @@ func elapsedOf(r retry.Reporter) elapsedReporter {
 // finish ends one attempt: its pick, the reporter and the budget learn how,
 // and a hedged attempt's context is released.
 func (a *attempt) finish(tr *try, err error, o retry.Outcome) {
-	tr.pick.Done(err)
+	tr.pick.Done(pickError(err))
 	switch {
 	case a.t.elapsed != nil:
 		a.t.elapsed.ReportElapsed(tr.key, a.t.clock.Now().Sub(tr.start), err)

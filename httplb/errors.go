@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+
+	"github.com/llmlb/llmlb"
 )
 
 // Sentinel errors. Errors returned by this package wrap one of them, so
@@ -63,8 +66,28 @@ var errOutrun = fmt.Errorf("httplb: another attempt committed first: %w", contex
 // errNotSent ends a pick that was not sent: a hedge that the budget
 // refused or that the client left before it started. It wraps
 // [context.Canceled], which observers and outlier detection count as
-// neither a success nor a failure of the endpoint.
-var errNotSent = fmt.Errorf("httplb: attempt not sent: %w", context.Canceled)
+// neither a success nor a failure of the endpoint, and [llmlb.ErrNotSent],
+// so that a prefix-aware policy forgets the prompt blocks it recorded at
+// the endpoint for the pick.
+var errNotSent error = notSent{fmt.Errorf("httplb: attempt not sent: %w", context.Canceled)}
+
+// notSent is an error that also wraps [llmlb.ErrNotSent], whose message it
+// leaves out.
+type notSent struct{ error }
+
+func (e notSent) Unwrap() []error { return []error{e.error, llmlb.ErrNotSent} }
+
+// pickError returns the error that ends the pick of an attempt that failed
+// with err: err, wrapping [llmlb.ErrNotSent] as well if the connection to
+// the endpoint could not be opened (a dial error), since the endpoint then
+// never saw the request. Outlier detection still counts it as a failure.
+func pickError(err error) error {
+	var op *net.OpError
+	if err != nil && errors.As(err, &op) && op.Op == "dial" && !errors.Is(err, llmlb.ErrNotSent) {
+		return notSent{err}
+	}
+	return err
+}
 
 func configErrorf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
