@@ -51,7 +51,11 @@ type Config struct {
 	MaxTokensInFlight int64
 	// MaxWaiting bounds the requests waiting. A request arriving when it is
 	// reached sheds the newest waiter of the least urgent class less urgent
-	// than its own, or else is refused. 0 means [DefaultMaxWaiting].
+	// than its own; or else, in its own class, the newest waiter of the
+	// principal with the most requests waiting, if that principal has at
+	// least two more waiting than the request's own, so that one principal
+	// filling the queue does not have every other's requests refused; or
+	// else is refused. 0 means [DefaultMaxWaiting].
 	MaxWaiting int
 	// MaxWaitingPerPrincipal bounds the requests of one principal waiting;
 	// past it the principal's requests are refused. 0 means no bound but
@@ -139,7 +143,7 @@ const (
 	// were waiting.
 	ReasonPrincipal Reason = "principal"
 	// ReasonShed: the request was waiting and made room for a more urgent
-	// one.
+	// one, or for one of a principal with fewer requests waiting.
 	ReasonShed Reason = "shed"
 	// ReasonDeadline: the caller's deadline passed before admission.
 	ReasonDeadline Reason = "deadline"

@@ -21,7 +21,10 @@
 // [*retry.OverloadError] (errors.Is [retry.ErrOverloaded]) carrying a
 // suggested Retry-After: an HTTP gateway answers 429 with it, as the
 // handler of httplb.NewErrorHandler does. A full queue sheds its newest
-// waiter of a less urgent class to make room for a more urgent request.
+// waiter of a less urgent class to make room for a more urgent request,
+// and else, within the request's class, the newest waiter of the principal
+// with the most waiting to make room for a principal with at least two
+// fewer, so that no principal can keep the others out by filling it.
 //
 // The order in which waiters are admitted, for a waiter w of principal p:
 //

@@ -262,7 +262,7 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(
 		if p != nil && q.maxPerPrincipal > 0 && p.waiting >= q.maxPerPrincipal {
 			return nil, false, q.refusal(rank, p, ReasonPrincipal, now, nil)
 		}
-		if q.waiting >= q.maxWaiting && !q.shedLocked(rank, p, now) {
+		if q.waiting >= q.maxWaiting && !q.shedLocked(rank, p, now) && !q.shedLongestLocked(rank, p, now) {
 			return nil, false, q.refusal(rank, nil, ReasonFull, now, nil)
 		}
 	}
@@ -666,6 +666,37 @@ func (q *Queue) shedLocked(rank int, entering *principal, now time.Time) bool {
 		}
 	}
 	return false
+}
+
+// shedLongestLocked refuses the newest waiter of class rank of the
+// principal with the most requests waiting, to make room for a request of
+// that class of entering (nil if not tracked), and reports whether there
+// was one: only if that principal has at least two requests more waiting
+// than entering, so that the room goes to a principal with fewer waiting
+// and two principals never shed each other's requests in turn. Without
+// it, a principal that keeps the queue full would have every other
+// principal's requests refused, and the order of the waiters, fair as it
+// is, would serve that principal alone.
+func (q *Queue) shedLongestLocked(rank int, entering *principal, now time.Time) bool {
+	least := 2
+	if entering != nil {
+		least += entering.waiting
+	}
+	var victim *principal
+	for _, p := range q.backlog {
+		if p.tail[rank] != nil && p.waiting >= least && (victim == nil || p.waiting > victim.waiting) {
+			victim = p
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	t := victim.tail[rank]
+	q.unlinkLocked(t)
+	// victim still has requests waiting: it is not settled idle.
+	t.state, t.err = stateRefused, q.refusal(t.rank, nil, ReasonShed, now, nil)
+	q.wakeLocked(t)
+	return true
 }
 
 // pushLocked appends t to its principal's queue of its class, lifting the

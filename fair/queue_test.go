@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -327,7 +328,7 @@ func TestBounds(t *testing.T) {
 	_, err := q.push(Request{Principal: "a"})
 	isOverload(t, err, "principal")
 	q.push(Request{Principal: "b"})
-	_, err = q.push(Request{Principal: "c"})
+	_, err = q.push(Request{Principal: "c", Class: Batch})
 	isOverload(t, err, "queue")
 	if s := q.Stats(); s.Waiting != 3 || s.InFlight != 1 {
 		t.Fatalf("stats %+v", s)
@@ -762,4 +763,62 @@ func TestAbandonAfterAdmissionObservedOnce(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 	mustCheck(t, q)
+}
+
+// A principal that fills the queue does not keep the others out: a full
+// queue sheds the newest waiter of the class of the principal with the
+// most waiting for an arrival of a principal with at least two fewer, and
+// refuses the arrival once the two are within one of each other.
+func TestFullQueueShedsTheLongestPrincipal(t *testing.T) {
+	var reasons []Reason
+	obs := &Observer{Refused: func(_ Class, r Reason) { reasons = append(reasons, r) }}
+	q, _ := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 4, RetryAfter: 3 * time.Second, Observer: obs})
+	hold, _ := q.push(Request{Principal: "a"})
+	var flood []*Ticket
+	for range 4 {
+		tk, err := q.push(Request{Principal: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		flood = append(flood, tk)
+	}
+	if _, err := q.push(Request{Principal: "a"}); err == nil {
+		t.Fatal("a's own arrival into a full queue of its requests should be refused")
+	}
+	b1, err := q.push(Request{Principal: "b"})
+	if err != nil {
+		t.Fatalf("b's first request was refused: %v", err)
+	}
+	if flood[3].stateNow() != stateRefused || flood[2].stateNow() != stateQueued {
+		t.Fatal("a's newest waiter should be shed")
+	}
+	<-flood[3].ready
+	isOverload(t, flood[3].err, "queue")
+	if _, err := q.push(Request{Principal: "b"}); err != nil {
+		t.Fatalf("b's second request was refused: %v", err) // a has 3 waiting, b 1
+	}
+	if flood[2].stateNow() != stateRefused {
+		t.Fatal("a's newest waiter should be shed")
+	}
+	// a and b have two waiting each: neither sheds the other's.
+	_, err = q.push(Request{Principal: "b"})
+	isOverload(t, err, "queue")
+	// A more urgent class is not shed for a less urgent arrival.
+	q2, _ := newTestQueue(t, Config{MaxInFlight: 1, MaxWaiting: 2})
+	q2.push(Request{Principal: "a"})
+	q2.push(Request{Principal: "a", Class: Interactive})
+	q2.push(Request{Principal: "a", Class: Interactive})
+	if _, err := q2.push(Request{Principal: "b"}); err == nil {
+		t.Fatal("a standard arrival shed an interactive waiter")
+	}
+	want := []Reason{ReasonFull, ReasonShed, ReasonShed, ReasonFull}
+	if !slices.Equal(reasons, want) {
+		t.Errorf("refusals %v, want %v", reasons, want)
+	}
+	hold.Done() // admits a's oldest waiter
+	if !flood[0].admitted() || b1.stateNow() != stateQueued {
+		t.Fatal("admission order")
+	}
+	mustCheck(t, q)
+	mustCheck(t, q2)
 }

@@ -83,7 +83,7 @@ func TestRetryAfterFollowsTheDrainRate(t *testing.T) {
 	if got := retryAfter(t, err, "principal"); !within(got, 3*time.Second) {
 		t.Errorf("principal scope: RetryAfter %v, want about 3s (15 waiting, half of 10/s)", got)
 	}
-	_, err = q.push(Request{Principal: "d"})
+	_, err = q.push(Request{Principal: "d", Class: Batch})
 	if got := retryAfter(t, err, "queue"); !within(got, 2*time.Second) {
 		t.Errorf("queue scope: RetryAfter %v, want about 2s (20 waiting at 10/s)", got)
 	}
@@ -91,7 +91,7 @@ func TestRetryAfterFollowsTheDrainRate(t *testing.T) {
 	// Nothing admitted for a long time: the rate decays, the wait grows to
 	// its cap.
 	clk.Advance(10 * time.Minute)
-	_, err = q.push(Request{Principal: "d"})
+	_, err = q.push(Request{Principal: "d", Class: Batch})
 	if got := retryAfter(t, err, "queue"); got != DefaultMaxRetryAfter {
 		t.Errorf("after 10 minutes without admission: RetryAfter %v, want the cap %v", got, DefaultMaxRetryAfter)
 	}
@@ -209,19 +209,19 @@ func TestRetryAfterWhenTheClockGoesBack(t *testing.T) {
 	}
 	want := 2 * time.Second // 20 waiting at 10/s
 	within := func(got time.Duration) bool { return math.Abs(got.Seconds()-want.Seconds()) <= 0.1*want.Seconds() }
-	_, err := q.push(Request{Principal: "b"})
+	_, err := q.push(Request{Principal: "b", Class: Batch})
 	if got := retryAfter(t, err, "queue"); !within(got) {
 		t.Fatalf("before the step: RetryAfter %v, want about %v", got, want)
 	}
 	clk.Advance(-time.Hour)
-	_, err = q.push(Request{Principal: "b"})
+	_, err = q.push(Request{Principal: "b", Class: Batch})
 	if got := retryAfter(t, err, "queue"); !within(got) {
 		t.Errorf("just after the clock went back: RetryAfter %v, want about %v", got, want)
 	}
 	for range 50 {
 		step()
 	}
-	_, err = q.push(Request{Principal: "b"})
+	_, err = q.push(Request{Principal: "b", Class: Batch})
 	if got := retryAfter(t, err, "queue"); !within(got) {
 		t.Errorf("5 s after the clock went back: RetryAfter %v, want about %v", got, want)
 	}

@@ -101,6 +101,10 @@ type Config struct {
 	//     Metrics.RetryObserver provides one).
 	//   - MaxPushback: with SpillTo, 0 means -1: a replica's Retry-After
 	//     does not delay the retry on another replica.
+	//   - Classify: with SpillTo and the gateway's ejector as Reporter, an
+	//     answer asking for a wait (HTTP 429, or 503 with a wait asked) is
+	//     retried only while another replica is in picks, whatever
+	//     Classify says; otherwise the request spills at once.
 	Retry retry.LoopConfig
 	// FirstEventTimeout, if positive, fails an attempt that has sent no
 	// event after it, so it is retried elsewhere; see
@@ -169,8 +173,10 @@ type Config struct {
 	// [Gateway.Tier]. A spilled response carries [spill.DefaultHeader]
 	// naming Name, the tier it left. With SpillTo, a replica's Retry-After
 	// does not delay the retry on another replica (unless Retry.MaxPushback
-	// is set), and when every replica's retries are spent the request
-	// spills at once; while every replica is ejected, cooling down or
+	// is set), an answer asking for a wait is not retried when no other
+	// replica is in picks (neither the replica that asked nor one cooling
+	// down is asked again), and when every replica's retries are spent the
+	// request spills at once; while every replica is ejected, cooling down or
 	// asleep, requests go to the next tier directly. The request body is
 	// kept for replay to the next tier, up to Parser's MaxBodyBytes, the
 	// cap it has without SpillTo. nil spills nothing.
@@ -388,6 +394,9 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 		// others: spilling is the better answer than waiting.
 		rc.MaxPushback = -1
 	}
+	if len(cfg.SpillTo) > 0 && rc.Reporter == g.ejector {
+		rc.Classify = g.spillClassify(rc.Classify, rc.Clock)
+	}
 	g.transport, err = httplb.NewTransport(httplb.Config{
 		Balancer:          b,
 		Base:              base,
@@ -478,6 +487,44 @@ func (g *Gateway) Update(backends []string) error {
 	g.health.retain(targets)
 	g.backends = keys
 	return nil
+}
+
+// spillClassify returns the classifier of the retries of a gateway with
+// SpillTo: classify (nil means [retry.DefaultClassify]), except that an
+// answer asking for a wait (HTTP 429, or 503 with a wait asked), which
+// cools its replica down, is not retried while no other replica is in
+// picks. Retried, it would go back to the replica that asked to be left
+// alone, or to one held out, when the request can go to the next tier at
+// once.
+func (g *Gateway) spillClassify(classify func(error) bool, clock llmlb.Clock) func(error) bool {
+	if classify == nil {
+		classify = retry.DefaultClassify
+	}
+	now := time.Now
+	if clock != nil {
+		now = clock.Now
+	}
+	return func(err error) bool {
+		if !classify(err) {
+			return false
+		}
+		var se *retry.StatusError
+		if !errors.As(err, &se) || se.GRPC || se.Code != http.StatusTooManyRequests && se.Code != http.StatusServiceUnavailable {
+			return true
+		}
+		// The ejector's rule for a cooldown (retry.Ejector), read before
+		// it is told of this answer.
+		if p := retry.FromHeader(se.Header, now(), math.MaxInt64); p.Kind != retry.RetryLater || p.Delay <= 0 {
+			return true
+		}
+		// The replica that answered is still in picks, unless it was
+		// picked while held out: another is in if two are.
+		g.ejector.Out()
+		g.mu.Lock()
+		n := g.health.countIn(g.backends, 2)
+		g.mu.Unlock()
+		return n >= 2
+	}
 }
 
 // errRunning is the error of a Run called while another is running.

@@ -1610,3 +1610,50 @@ func TestGatewayDebugOrcaOnlyEngine(t *testing.T) {
 		t.Errorf("debug signal %+v with a report over a scrape, want the scrape's engine vllm, its 3 running, the report's 4 waiting", s)
 	}
 }
+
+// TestGatewaySpillsWithoutRetryingCoolingReplicas: with SpillTo, an answer
+// asking for a wait is retried on another replica that is in picks, but
+// not on the replica that asked, nor on one cooling down: the request
+// spills instead.
+func TestGatewaySpillsWithoutRetryingCoolingReplicas(t *testing.T) {
+	paygo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"text\":\"paygo\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer paygo.Close()
+	provider, err := New([]string{paygo.URL}, Config{ScrapeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer provider.transport.CloseIdleConnections()
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprint("replicas=", replicas), func(t *testing.T) {
+			var hits atomic.Int32
+			var urls []string
+			for range replicas {
+				busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					hits.Add(1)
+					w.Header().Set("Retry-After", "30")
+					http.Error(w, `{"error":{"message":"busy"}}`, http.StatusTooManyRequests)
+				}))
+				defer busy.Close()
+				urls = append(urls, busy.URL)
+			}
+			log, _ := newLogger()
+			g, err := New(urls, Config{ScrapeInterval: -1, Logger: log, Name: "ptu",
+				Retry: retry.LoopConfig{MaxAttempts: 3}, SpillTo: []spill.Tier{provider.Tier("paygo")}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.transport.CloseIdleConnections()
+			code, body, h := post(t, g, "hello")
+			if code != http.StatusOK || h.Get(spill.DefaultHeader) != "ptu" || !strings.Contains(body, "paygo") {
+				t.Fatalf("%d, spilled from %q, %q", code, h.Get(spill.DefaultHeader), body)
+			}
+			// Each replica once: none is asked again after asking for a wait.
+			if n := hits.Load(); n != int32(replicas) {
+				t.Errorf("the replicas were sent %d attempts, want %d", n, replicas)
+			}
+		})
+	}
+}

@@ -116,6 +116,26 @@ func (h *health) anyIn(keys []string) (in, asleep bool) {
 	return false, asleep
 }
 
+// countIn returns how many keys of keys are in, as anyIn tells one, up to
+// limit.
+func (h *health) countIn(keys []string, limit int) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, k := range keys {
+		if n >= limit {
+			break
+		}
+		if h.asleep[k] || h.ejected[k] {
+			continue
+		}
+		if s, member := h.b.StatsOf(k); member && s.Healthy {
+			n++
+		}
+	}
+	return n
+}
+
 // errNotMember is the error of a mark of a replica that is not a member.
 var errNotMember = errors.New("gateway: not a replica")
 
