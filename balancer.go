@@ -1125,14 +1125,15 @@ func (p Pick) done(err error, notify bool) {
 	if b.learn && st.est != nil {
 		st.est.area.Add(-chargedTokens(rec.d2) * areaTime(now))
 	}
+	notSent := !streaming && err != nil && errors.Is(err, ErrNotSent)
 	if rec.epoch != 0 {
-		b.doneEpoch(st, rec, streaming)
+		b.doneEpoch(st, rec, streaming, notSent)
 	}
 	if aux := rec.aux; aux != nil {
 		if aux.active != nil {
 			aux.active.drop()
 		}
-		if aux.undo.t != nil && !streaming && err != nil && errors.Is(err, ErrNotSent) {
+		if aux.undo.t != nil && notSent {
 			aux.undo.forget(st.key)
 		}
 		*aux = recordAux{} // the request's Prefix is the caller's
@@ -1162,8 +1163,10 @@ func (b *Balancer) now() int64 { return b.line.UnixNano(b.clock.Now()) }
 // the wall clock stretches or reverses none of them (see timeline.Line).
 func (b *Balancer) unixNano(t time.Time) int64 { return b.line.UnixNano(t) }
 
-// doneEpoch counts the completion of rec's request in st's epoch.
-func (b *Balancer) doneEpoch(st *epState, rec *record, streaming bool) {
+// doneEpoch counts the completion of rec's request in st's epoch; notSent
+// says the request never reached the endpoint, whose observations then
+// never counted it.
+func (b *Balancer) doneEpoch(st *epState, rec *record, streaming, notSent bool) {
 	at := b.observedAt(st)
 	if at == never && st.obsAt.Load() == never {
 		return // epoch 0 still, which keeps no counts
@@ -1177,7 +1180,7 @@ func (b *Balancer) doneEpoch(st *epState, rec *record, streaming bool) {
 			st.epQueued.Add(-1)
 		}
 		st.epTokens.Add(-int64(rec.d1&low32 + rec.d2>>32))
-	case rec.picked <= st.obsAt.Load():
+	case rec.picked <= st.obsAt.Load() && !notSent:
 		// The observation counted it; it is gone now.
 		if streaming {
 			st.epRunDone.Add(1)

@@ -153,3 +153,26 @@ func TestNotSentKeepsNoPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestNotSentNotTakenOffObservation: a request that was never sent is not
+// one the engine's observation counted, so its Done takes nothing off the
+// observation's requests, where a request that reached the engine and
+// ended before streaming takes one off its waiting ones.
+func TestNotSentNotTakenOffObservation(t *testing.T) {
+	_, clock, sig, p, pick := signalProbe(t)
+	x, y := pick(), pick()
+	sig.Set("ep0", Load{At: clock.Now(), Running: 1, Waiting: 3, KVUsage: math.NaN()})
+	clock.Advance(10 * time.Millisecond)
+	check := func(when string, requests, waiting int64) {
+		t.Helper()
+		pick().Done(nil) // refreshes p.loads; finished at once, it adds nothing
+		if l := p.loads["ep0"]; !l.Fresh || l.Requests != requests || l.Waiting != waiting {
+			t.Fatalf("%s: requests %d, waiting %d; want %d, %d", when, l.Requests, l.Waiting, requests, waiting)
+		}
+	}
+	check("at the observation", 4, 3)
+	x.Done(fmt.Errorf("connection refused: %w", ErrNotSent))
+	check("after a request not sent", 4, 3)
+	y.Done(context.Canceled)
+	check("after a request cancelled while waiting", 3, 2)
+}
