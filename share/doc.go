@@ -35,11 +35,12 @@
 // returns it corrected for what happened since: plus the requests the peers
 // picked at or after the observation's time (those streaming count as
 // running, those before their first token as waiting, their tokens as KV
-// usage), and minus the requests this replica and its peers picked before
-// it and finished since (they were counted and are gone). The observation
-// keeps its time, so the balancer then adds its own dispatches since, as it
-// does alone. Each request is thus counted once: by the observation if it
-// was in flight then and still is, by its router's correction otherwise.
+// usage), and minus the requests the peers picked before it and finished
+// since (they were counted and are gone). The observation keeps its time,
+// so the balancer then corrects it for its own requests, as it does alone:
+// plus its dispatches since, minus its requests counted and finished since.
+// Each request is thus counted once: by the observation if it was in
+// flight then and still is, by its router's correction otherwise.
 // Load also reports which of the waiting requests are the peers' and the
 // prefill they queue ([llmlb.Load].PeerWaiting, PeerPrefillTokens), so that
 // [llmlb.Default] prices the peers' queue at its true prefill, as it prices
@@ -54,7 +55,9 @@
 // finished since it are unknown for up to an Interval, so keep the Interval
 // well below the engines' scrape interval (the defaults are 100 ms and 1 s).
 // Requests that never reached the engine (a refused connection) count as
-// finished ones; and the KV usage is not lowered for finished requests.
+// finished ones unless their Done says so with [llmlb.ErrNotSent], as
+// httplb's and grpclb's do; and the KV usage is not lowered for finished
+// requests.
 //
 // The peers' prefix blocks are recorded in the index the policy records its
 // own decisions in ([Config].Index, with [prefix.Index.Record]), so a

@@ -264,8 +264,10 @@ func (l *local) firstToken(key string, picked int64) {
 	}
 }
 
-// done records the end, at now, of a request picked at picked.
-func (l *local) done(key string, picked, now int64, streamed bool) {
+// done records the end, at now, of a request picked at picked; sent
+// reports whether it reached the engine, whose observations then counted
+// it while it was in flight.
+func (l *local) done(key string, picked, now int64, streamed, sent bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.eps[key]
@@ -281,6 +283,9 @@ func (l *local) done(key string, picked, now int64, streamed bool) {
 	l.out--
 	if !streamed {
 		e.queued--
+	}
+	if !sent {
+		return
 	}
 	// The request was in flight at every boundary in (picked, now].
 	last := floorDiv(now, l.width)
@@ -298,29 +303,6 @@ func (l *local) done(key string, picked, now int64, streamed bool) {
 		}
 		f.n++
 	}
-}
-
-// finished returns this replica's requests at key picked before since and
-// finished between since and now.
-func (l *local) finished(key string, since, now int64) float64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e := l.eps[key]
-	if e == nil || e.fin == nil {
-		return 0
-	}
-	var pts [2]finPoint // the boundaries around since; 0 outside the horizon
-	lo := floorDiv(since, l.width)
-	for i, k := range [2]int64{lo, lo + 1} {
-		pts[i] = finPoint{at: k * l.width}
-		if f := e.fin[mod(k, len(e.fin))]; f.k == k {
-			pts[i].n = f.n
-		}
-	}
-	if pts[1].at > now {
-		pts[1] = finPoint{at: now} // nothing finished after now
-	}
-	return interpolate(pts[:], since)
 }
 
 func floorDiv(a, b int64) int64 {

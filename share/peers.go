@@ -45,8 +45,9 @@ type peer struct {
 
 // sender is the snapshots of one peer: one per part of its batches.
 type sender struct {
-	parts int // snapshots in list
-	bytes int // of their batches
+	parts int    // snapshots in list
+	bytes int    // of their batches
+	inc   uint64 // incarnation of the latest batch applied
 }
 
 // maxSenderBytes bounds the bytes of the batches of one peer kept at once,
@@ -97,20 +98,6 @@ type peerFin struct {
 type finPoint struct {
 	at int64
 	n  int64
-}
-
-// interpolate returns the requests in flight at t that have finished
-// since, interpolating linearly between pts (ascending). Before the first
-// point it is the first's count; after the last, the last's.
-func interpolate(pts []finPoint, t int64) float64 {
-	var l lerp
-	l.t = t
-	for _, p := range pts {
-		if l.add(p) {
-			break
-		}
-	}
-	return l.value()
 }
 
 // lerp interpolates at t between points given by increasing time.
@@ -285,7 +272,10 @@ const fitSlack = 64 << 10
 // whether the sender is new, and false in ok if m was refused: older than
 // the latest of its ID, from a new peer beyond the limit, or a part beyond
 // maxParts or maxBytes of its sender's. The parts of one sender's
-// batches count as one peer. Its calls must not overlap.
+// batches count as one peer. A batch of a new incarnation of the sender
+// (restarted under the same ID) drops the snapshots of the old one, whose
+// requests died with it, however many parts its batches had. Its calls
+// must not overlap.
 func (p *peers) apply(m *message, size int, now int64) (joined, ok bool) {
 	s := p.build(m, now)
 	p.mu.Lock()
@@ -297,17 +287,35 @@ func (p *peers) apply(m *message, size int, now int64) (joined, ok bool) {
 	}
 	base := baseID(m.id)
 	snd := p.senders[base]
+	if snd != nil && snd.inc != m.inc {
+		// The sender restarted: the parts of its old incarnation that the
+		// new one no longer publishes would count the dead process's
+		// requests until they expire.
+		p.list = slices.DeleteFunc(p.list, func(pr *peer) bool {
+			if pr.base != base || pr.inc == m.inc {
+				return false
+			}
+			snd.parts--
+			snd.bytes -= pr.size
+			return true
+		})
+		snd.inc = m.inc
+		i, found = slices.BinarySearchFunc(p.list, m.id, func(pr *peer, id string) int { return strings.Compare(pr.id, id) })
+	}
 	if !found {
 		switch {
 		case snd == nil && len(p.senders) >= p.max,
 			snd != nil && (snd.parts >= maxParts || snd.bytes+size > p.maxBytes):
+			if snd != nil && snd.parts == 0 {
+				delete(p.senders, base) // all its parts were of an old incarnation
+			}
 			p.spare = s
 			return false, false
 		case snd == nil:
 			if p.senders == nil {
 				p.senders = make(map[string]*sender)
 			}
-			snd = new(sender)
+			snd = &sender{inc: m.inc}
 			p.senders[base] = snd
 			joined = true
 		}

@@ -198,3 +198,17 @@ func TestPeerMemoryIsAFewTimesItsBatch(t *testing.T) {
 		})
 	}
 }
+
+// interpolate returns the requests in flight at t that have finished
+// since, interpolating linearly between pts (ascending). Before the first
+// point it is the first's count; after the last, the last's.
+func interpolate(pts []finPoint, t int64) float64 {
+	var l lerp
+	l.t = t
+	for _, p := range pts {
+		if l.add(p) {
+			break
+		}
+	}
+	return l.value()
+}

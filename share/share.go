@@ -300,14 +300,16 @@ func (g *Group) ID() string { return g.id }
 // after the observation's time (those streaming count as running, those
 // before their first token as waiting, and their tokens as KV usage when
 // the observation reports the capacity, capped at 1), and minus the
-// requests this replica and its peers picked before that time and finished
-// since (the engine counted them, and they are gone; they are taken from
-// the running, then the waiting). The observation's time is kept, so the
-// balancer adds this replica's own dispatches since then, as it does
-// without sharing. Load.PeerWaiting and PeerPrefillTokens report every
-// request of the peers at key before its first token, whenever picked, and
-// the prompt tokens it has still to prefill, so that the balancer prices
-// the peers' queue at its true prefill rather than at a mean prompt.
+// requests the peers picked before that time and finished since (the
+// engine counted them, and they are gone; they are taken from the running,
+// then the waiting). The observation's time is kept, so the balancer
+// corrects it for this replica's own requests, as it does without sharing:
+// it adds its dispatches since then, and takes off its requests the
+// observation counted that have finished since. Load.PeerWaiting and
+// PeerPrefillTokens report every request of the peers at key before its
+// first token, whenever picked, and the prompt tokens it has still to
+// prefill, so that the balancer prices the peers' queue at its true
+// prefill rather than at a mean prompt.
 //
 // When no usable observation exists (no inner signal, none for key, or one
 // older than MaxSignalAge) but peers have work at key, Load returns this
@@ -327,7 +329,11 @@ func (g *Group) Load(key string) (llmlb.Load, bool) {
 		at := g.line.UnixNano(obs.At)
 		w, found := g.peers.work(key, at, now)
 		found = g.extrapolate(key, &w) || found
-		gone := w.finished + g.local.finished(key, at, now)
+		// This replica's own requests finished since are not taken off:
+		// the balancer takes them off the observation itself (its epoch
+		// counts, llmlb's balancer.go doneEpoch), and would count them
+		// twice.
+		gone := w.finished
 		if !found && gone == 0 {
 			return obs, true
 		}
@@ -479,7 +485,10 @@ func (g *Group) Observer(next *llmlb.Observer) *llmlb.Observer {
 		Done: func(info llmlb.DoneInfo) {
 			if info.Endpoint != nil {
 				now := g.now()
-				g.local.done(info.Endpoint.Key(), now-int64(info.Latency), now, info.Streamed)
+				// A request that never reached the engine was in none of
+				// its observations: the peers must not take it off them.
+				sent := info.Streamed || info.Err == nil || !errors.Is(info.Err, llmlb.ErrNotSent)
+				g.local.done(info.Endpoint.Key(), now-int64(info.Latency), now, info.Streamed, sent)
 			}
 			if n.Done != nil {
 				n.Done(info)

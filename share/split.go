@@ -2,6 +2,7 @@ package share
 
 import (
 	"encoding/binary"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -82,11 +83,22 @@ func split(m *message, limit, maxBytes int, parts []message) (_ []message, dropp
 	for i := range m.routes {
 		byEP[m.routes[i].ep] = append(byEP[m.routes[i].ep], i)
 	}
+	// The endpoints go into the parts in the order of their keys, so that
+	// each stays in its part from one batch to the next while the
+	// endpoints change little: a receiver that has applied some parts of
+	// a batch and not yet the others would otherwise count an endpoint
+	// that moved to an earlier part twice, and one that moved to a later
+	// part not at all (m.eps is in the order of a map's iteration).
+	order := make([]int, len(m.eps))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(m.eps[a].key, m.eps[b].key) })
 	var scratch []byte
 	parts = parts[:0]
 	var cur *message
 	size, total := 0, 0 // bytes of cur, and of every part
-	for i := range m.eps {
+	for _, i := range order {
 		e := &m.eps[i]
 		scratch = appendEP(scratch[:0], e)
 		sz, rs := len(scratch), 0
