@@ -1125,7 +1125,11 @@ func (p Pick) done(err error, notify bool) {
 	if b.learn && st.est != nil {
 		st.est.area.Add(-chargedTokens(rec.d2) * areaTime(now))
 	}
-	notSent := !streaming && err != nil && errors.Is(err, ErrNotSent)
+	// Whether the request never reached the endpoint matters only to the
+	// epoch's counts and to a policy's recorded blocks: errors.Is walks
+	// err's chain, which a cancelled pick need not pay for otherwise.
+	notSent := !streaming && err != nil && (rec.epoch != 0 || rec.aux != nil && rec.aux.undo.t != nil) &&
+		isNotSent(err)
 	if rec.epoch != 0 {
 		b.doneEpoch(st, rec, streaming, notSent)
 	}
@@ -1162,6 +1166,20 @@ func (b *Balancer) now() int64 { return b.line.UnixNano(b.clock.Now()) }
 // monotonic clock, as time.Now's do, are placed on it, so that a step of
 // the wall clock stretches or reverses none of them (see timeline.Line).
 func (b *Balancer) unixNano(t time.Time) int64 { return b.line.UnixNano(t) }
+
+// isNotSent reports whether err wraps [ErrNotSent]. An error that joins it
+// to another, as the adapters' do, is recognised without the reflection of
+// errors.Is.
+func isNotSent(err error) bool {
+	if u, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range u.Unwrap() {
+			if e == ErrNotSent {
+				return true
+			}
+		}
+	}
+	return errors.Is(err, ErrNotSent)
+}
 
 // doneEpoch counts the completion of rec's request in st's epoch; notSent
 // says the request never reached the endpoint, whose observations then

@@ -334,13 +334,19 @@ func (d *pickDone) finish(di balancer.DoneInfo) {
 // not counted again for every RPC that meets it. It wraps
 // [llmlb.ErrNotSent] too, so that a prefix-aware policy forgets the prompt
 // blocks it recorded at the endpoint for the pick.
-var errNotSent error = notSent{fmt.Errorf("grpclb: pick discarded before the RPC was sent: %w", context.Canceled)}
+var errNotSent error = newNotSent(fmt.Errorf("grpclb: pick discarded before the RPC was sent: %w", context.Canceled))
 
 // notSent is an error that also wraps [llmlb.ErrNotSent], whose message it
 // leaves out.
-type notSent struct{ error }
+type notSent struct {
+	error
+	errs []error // llmlb.ErrNotSent, first for a short errors.Is, and error; built once
+}
 
-func (e notSent) Unwrap() []error { return []error{e.error, llmlb.ErrNotSent} }
+// newNotSent returns err wrapping [llmlb.ErrNotSent] as well.
+func newNotSent(err error) error { return &notSent{err, []error{llmlb.ErrNotSent, err}} }
+
+func (e *notSent) Unwrap() []error { return e.errs }
 
 // errForeign fails an RPC whose pick is an endpoint the adapter did not
 // add: the program replaced the members of the channel's llmlb.Balancer

@@ -69,13 +69,19 @@ var errOutrun = fmt.Errorf("httplb: another attempt committed first: %w", contex
 // neither a success nor a failure of the endpoint, and [llmlb.ErrNotSent],
 // so that a prefix-aware policy forgets the prompt blocks it recorded at
 // the endpoint for the pick.
-var errNotSent error = notSent{fmt.Errorf("httplb: attempt not sent: %w", context.Canceled)}
+var errNotSent error = newNotSent(fmt.Errorf("httplb: attempt not sent: %w", context.Canceled))
 
 // notSent is an error that also wraps [llmlb.ErrNotSent], whose message it
 // leaves out.
-type notSent struct{ error }
+type notSent struct {
+	error
+	errs []error // llmlb.ErrNotSent, first for a short errors.Is, and error; built once
+}
 
-func (e notSent) Unwrap() []error { return []error{e.error, llmlb.ErrNotSent} }
+// newNotSent returns err wrapping [llmlb.ErrNotSent] as well.
+func newNotSent(err error) error { return &notSent{err, []error{llmlb.ErrNotSent, err}} }
+
+func (e *notSent) Unwrap() []error { return e.errs }
 
 // pickError returns the error that ends the pick of an attempt that failed
 // with err: err, wrapping [llmlb.ErrNotSent] as well if the connection to
@@ -84,7 +90,7 @@ func (e notSent) Unwrap() []error { return []error{e.error, llmlb.ErrNotSent} }
 func pickError(err error) error {
 	var op *net.OpError
 	if err != nil && errors.As(err, &op) && op.Op == "dial" && !errors.Is(err, llmlb.ErrNotSent) {
-		return notSent{err}
+		return newNotSent(err)
 	}
 	return err
 }
