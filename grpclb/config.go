@@ -446,15 +446,25 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// newPolicy builds a new policy for c.
-func (c *Config) newPolicy() (llmlb.Policy, error) {
+// spec returns the name of c's policy (DefaultPolicy if unset) and its
+// spec, or an error wrapping ErrInvalidConfig if there is none.
+func (c *Config) spec() (string, *policySpec, error) {
 	name := c.Policy
 	if name == "" {
 		name = DefaultPolicy
 	}
 	spec, ok := lookup(name)
 	if !ok {
-		return nil, fmt.Errorf("%w: unknown policy %q", ErrInvalidConfig, truncate(name))
+		return name, spec, fmt.Errorf("%w: unknown policy %q", ErrInvalidConfig, truncate(name))
+	}
+	return name, spec, nil
+}
+
+// newPolicy builds a new policy for c.
+func (c *Config) newPolicy() (llmlb.Policy, error) {
+	name, spec, err := c.spec()
+	if err != nil {
+		return nil, err
 	}
 	p, err := spec.build(c)
 	if err != nil {
@@ -503,13 +513,9 @@ func (c *Config) sameBalancer(o *Config) bool {
 // built in Go, not parsed, can carry). The index and events indexes are
 // the builder's, the same for every config it parses.
 func (c *Config) balancerKey() ([]byte, error) {
-	name := c.Policy
-	if name == "" {
-		name = DefaultPolicy
-	}
-	spec, ok := lookup(name)
-	if !ok {
-		return nil, fmt.Errorf("%w: unknown policy %q", ErrInvalidConfig, truncate(name))
+	name, spec, err := c.spec()
+	if err != nil {
+		return nil, err
 	}
 	js, err := json.Marshal(c)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -98,13 +99,7 @@ func TestEndpointChurnMetrics(t *testing.T) {
 // and how many of them carry the llmlb_endpoint label.
 func scrape(t *testing.T, reg *prometheus.Registry) (series, withEndpoint map[string]int) {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(rec.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	families := metricFamilies(t, reg)
 	series, withEndpoint = map[string]int{}, map[string]int{}
 	for name, f := range families {
 		series[name] = len(f.GetMetric())
@@ -123,14 +118,7 @@ func scrape(t *testing.T, reg *prometheus.Registry) (series, withEndpoint map[st
 // exports on /metrics.
 func serviceName(t *testing.T, reg *prometheus.Registry) string {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(rec.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range families["target_info"].GetMetric() {
+	for _, m := range metricFamilies(t, reg)["target_info"].GetMetric() {
 		for _, l := range m.GetLabel() {
 			if l.GetName() == "service_name" {
 				return l.GetValue()
@@ -138,4 +126,17 @@ func serviceName(t *testing.T, reg *prometheus.Registry) string {
 		}
 	}
 	return ""
+}
+
+// metricFamilies returns the metric families reg exports on /metrics.
+func metricFamilies(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return families
 }
