@@ -156,7 +156,7 @@ type attempt struct {
 type try struct {
 	pick    llmlb.Pick
 	key     string
-	start   time.Time          // when picked; set only with a hedge Percentile or an elapsedReporter
+	start   time.Time          // when picked; set only with a hedge Percentile or a retry.ElapsedReporter
 	n       int                // the attempt's number, from 1
 	isRetry bool               // sent with a budget withdrawal (a retry or a hedge)
 	probe   bool               // sent to look for a stored response (see probeNext)
@@ -549,18 +549,6 @@ func attemptID(req *http.Request, n int) string {
 		return id
 	}
 	return id + "-" + strconv.Itoa(n)
-}
-
-// elapsedReporter is a retry.Reporter told how long ago each attempt was
-// picked (retry.Ejector.ReportElapsed).
-type elapsedReporter interface {
-	ReportElapsed(key string, elapsed time.Duration, err error)
-}
-
-// elapsedOf returns r as an elapsedReporter, or nil if it is not one.
-func elapsedOf(r retry.Reporter) elapsedReporter {
-	e, _ := r.(elapsedReporter)
-	return e
 }
 
 // finish ends one attempt: its pick, the reporter and the budget learn how,

@@ -30,7 +30,7 @@ func TestStreamBeforeEjectionDoesNotReeject(t *testing.T) {
 	clk := &stepClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	ej, err := retry.NewEjector(h.b, retry.EjectorConfig{Clock: clk, MaxEjectionPercent: 100})
 	require.NoError(t, err)
-	h.tr.reporter, h.tr.elapsed = ej, elapsedOf(ej)
+	h.tr.reporter, h.tr.elapsed = ej, elapsedReporter(ej)
 
 	resp, err := do(t, h, chatBody)
 	require.NoError(t, err)

@@ -298,7 +298,7 @@ type Transport struct {
 	queue     *fair.Queue
 	classHdr  string // Config.TrustClassHeader
 	reporter  retry.Reporter
-	elapsed   elapsedReporter // reporter, if it has ReportElapsed
+	elapsed   retry.ElapsedReporter // reporter, if it has ReportElapsed
 	obs       retry.Observer
 	store     *signals.Store
 	peek      int
@@ -362,7 +362,7 @@ func NewTransport(cfg Config) (*Transport, error) {
 		queue:     cfg.Queue,
 		classHdr:  cfg.TrustClassHeader,
 		reporter:  rc.Reporter,
-		elapsed:   elapsedOf(rc.Reporter),
+		elapsed:   elapsedReporter(rc.Reporter),
 		store:     cfg.Store,
 		peek:      cfg.MaxPeekBytes,
 		hedge:     h,
@@ -580,4 +580,11 @@ func joinPath(a, b string) string {
 		return a + "/" + b
 	}
 	return a + b
+}
+
+// elapsedReporter returns r as a [retry.ElapsedReporter], told each
+// attempt's age, or nil if it is not one.
+func elapsedReporter(r retry.Reporter) retry.ElapsedReporter {
+	e, _ := r.(retry.ElapsedReporter)
+	return e
 }
