@@ -113,11 +113,11 @@ func (a *Applier) apply(key string, seq int64, payload []byte) error {
 		return nil
 	case seq < 0:
 		return a.malformed(ap, fmt.Errorf("%w: sequence number %d", ErrMalformed, seq))
-	case ap.last >= 0 && seq > ap.last+1:
-		ap.stats.gaps.Add(1)
-		ap.tr.clear()
 	case ap.last >= 0 && seq <= ap.last:
 		ap.tr.clear() // the engine restarted
+	case ap.last >= 0 && seq > ap.last+1: // ap.last+1 does not overflow: seq > ap.last
+		ap.stats.gaps.Add(1)
+		ap.tr.clear()
 	}
 	ap.last = seq
 	ap.stats.seq.Store(seq)

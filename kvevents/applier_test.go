@@ -3,6 +3,7 @@ package kvevents
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"testing"
@@ -83,6 +84,25 @@ func TestApplierSequence(t *testing.T) {
 	_, ok := ap.Stats("e1")
 	assert.False(t, ok)
 	assert.ErrorIs(t, ap.SetEndpoints(map[string]prefix.Salt{"": {}}), ErrInvalidConfig)
+}
+
+// A sequence that goes back from the largest number is an engine restart,
+// not a gap: last+1 would overflow.
+func TestApplierRestartAfterLargestSeq(t *testing.T) {
+	idx, h := newTestIndex(t)
+	ap, err := NewApplier(Config{Index: idx, Hasher: h})
+	require.NoError(t, err)
+	salt := prefix.Salt{Model: "m"}
+	require.NoError(t, ap.SetEndpoints(map[string]prefix.Salt{"e1": salt}))
+	a := prompt(1, 2)
+	p := AppendBatch(nil, &Batch{Events: []Event{stored(h.HashTokens(salt, a), a, 0, 2)}})
+	ap.Apply("e1", math.MaxInt64, p)
+	ap.Apply("e1", 0, p)
+	st, _ := ap.Stats("e1")
+	assert.Zero(t, st.Gaps, "a restart counted as a gap")
+	assert.Equal(t, int64(1), st.Resets)
+	assert.Equal(t, int64(0), st.Seq)
+	assert.Equal(t, 2, idx.MatchLen("e1", h.HashTokens(salt, a), time.Now()))
 }
 
 func TestApplierConfigErrors(t *testing.T) {

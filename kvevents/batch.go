@@ -17,9 +17,11 @@ import (
 // malformed. Within them, the memory of a decoded batch follows its
 // payload: its block hashes and token IDs take at most 12 bytes per byte
 // of payload, 8 in the worst case known (every block hash a 1-byte
-// integer, which becomes an 8-byte uint64), and its events 216 bytes each;
-// decoding allocates a small multiple of that as the storage grows (twice
-// in the worst case known, 16 bytes per byte of payload).
+// integer, which becomes an 8-byte uint64), and its events 200 bytes
+// each, at most 16 bytes per byte of payload (every event the shortest
+// one, 13 bytes); decoding allocates a small multiple of that as the
+// storage grows (twice in the worst case known, 16 bytes per byte of
+// payload), and reserves the storage of the events at once.
 const (
 	// MaxPayloadBytes is the largest payload decoded: 64 MiB.
 	MaxPayloadBytes = 64 << 20
@@ -161,7 +163,7 @@ type Batch struct {
 // eventSpans locates an event's slices in Batch.hashes and Batch.tokens
 // while decoding, before those are final.
 type eventSpans struct {
-	h0, h1, t0, t1 int
+	h0, h1, t0, t1 int32  // below MaxPayloadBytes, which bounds the elements
 	extra          []byte // raw extra_keys value, read once LoRA and parent are known
 }
 
@@ -302,6 +304,12 @@ func (b *Batch) decodeEvents(r *reader) error {
 	if n > MaxEventsPerBatch {
 		return fmt.Errorf("%d events exceed %d", n, MaxEventsPerBatch)
 	}
+	// Room for every event the bytes left can hold, at once: grown by
+	// append, the storage of a batch of many small events would be
+	// allocated over and over, about five times its final size in all.
+	most := (len(r.b) - r.off) / minEventBytes
+	b.Events = grow(b.Events, min(n, most), most)
+	b.spans = grow(b.spans, min(n, most), most)
 	for i := range n {
 		var e Event
 		var s eventSpans
@@ -325,6 +333,11 @@ func (b *Batch) decodeEvents(r *reader) error {
 	return nil
 }
 
+// minEventBytes is the size of the shortest event of a known class:
+// ["BlockStored"], a fixarray header, a fixstr header and 11 bytes. A map
+// ({"type": "BlockStored"}) takes 18.
+const minEventBytes = 13
+
 // Positional field order of each event class, after the tag: vLLM's
 // BlockStored and BlockRemoved as their last positional encoding had them
 // (vllm/distributed/kv_events.py before vllm-project/vllm#42892, which
@@ -343,7 +356,7 @@ var (
 
 // decodeEvent decodes one event; e.Kind stays 0 for an unknown class.
 func (b *Batch) decodeEvent(r *reader, e *Event, s *eventSpans) error {
-	s.h0, s.h1, s.t0, s.t1 = len(b.hashes), len(b.hashes), len(b.tokens), len(b.tokens)
+	s.h0, s.h1, s.t0, s.t1 = int32(len(b.hashes)), int32(len(b.hashes)), int32(len(b.tokens)), int32(len(b.tokens))
 	if r.isMap() {
 		n, err := r.mapLen()
 		if err != nil {
@@ -445,18 +458,18 @@ func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) err
 	var err error
 	switch name {
 	case "block_hashes":
-		s.h0 = len(b.hashes)
+		s.h0 = int32(len(b.hashes))
 		err = b.decodeHashes(r)
-		s.h1 = len(b.hashes)
+		s.h1 = int32(len(b.hashes))
 	case "parent_block_hash":
 		if !r.isNil() {
 			e.Parent, err = blockHash(r)
 			e.HasParent = err == nil
 		}
 	case "token_ids":
-		s.t0 = len(b.tokens)
+		s.t0 = int32(len(b.tokens))
 		err = b.decodeTokens(r)
-		s.t1 = len(b.tokens)
+		s.t1 = int32(len(b.tokens))
 	case "block_size":
 		var v int
 		if v, err = optInt(r, 0); err == nil && (v < 0 || v > math.MaxInt32) {

@@ -256,6 +256,37 @@ func TestDecodeBatchMemory(t *testing.T) {
 	}
 }
 
+// TestDecodeBatchMemoryEvents checks the documented bound against the
+// payload that holds the most events per byte: the shortest event of a
+// known class, ["BlockStored"] (13 bytes), as many as a batch may hold.
+// Decoding reserves their storage at once instead of growing it by
+// append, which allocated some 90 times the payload.
+func TestDecodeBatchMemoryEvents(t *testing.T) {
+	for _, tag := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared"} {
+		p := []byte{0x92, 0x00, 0xdd} // [ts 0, events as an array32]
+		p = binary.BigEndian.AppendUint32(p, MaxEventsPerBatch)
+		for range MaxEventsPerBatch {
+			p = append(p, 0x91, 0xa0|byte(len(tag)))
+			p = append(p, tag...)
+		}
+		var before, after, kept runtime.MemStats
+		var b Batch
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		require.NoError(t, DecodeBatch(&b, p))
+		runtime.ReadMemStats(&after)
+		runtime.GC()
+		runtime.ReadMemStats(&kept)
+		require.Len(t, b.Events, MaxEventsPerBatch)
+		allocated := float64(after.TotalAlloc-before.TotalAlloc) / float64(len(p))
+		held := float64(int64(kept.HeapAlloc)-int64(before.HeapAlloc)) / float64(len(p))
+		t.Logf("%s: payload %d bytes: allocated %.1fx, held %.1fx", tag, len(p), allocated, held)
+		assert.Less(t, allocated, 17.0, "%s: decoding allocated %.1f times the payload", tag, allocated)
+		assert.Less(t, held, 16.0, "%s: the decoded batch holds %.1f times the payload", tag, held)
+		runtime.KeepAlive(&b)
+	}
+}
+
 // AppendBatch writes a rank DecodeBatch would refuse as none, so that what
 // a Publisher sends always decodes.
 func TestAppendBatchRankOutOfRange(t *testing.T) {

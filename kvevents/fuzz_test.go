@@ -1,9 +1,11 @@
 package kvevents
 
 import (
+	"bytes"
 	"math"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -170,6 +172,51 @@ func FuzzApplier(f *testing.F) {
 					t.Fatalf("copies counted of block %x, which is not followed", k.hash)
 				}
 			}
+		}
+	})
+}
+
+// FuzzGuardConn checks the guard's reading of ZMTP framing over any bytes a
+// peer may send, read in pieces of any size: it never panics, passes every
+// byte through until it fails, and fails, or not, whatever the size of the
+// pieces: the stream read a byte at a time is the reference.
+func FuzzGuardConn(f *testing.F) {
+	ok := append(make([]byte, greetingBytes), 0x04, 5, 5, 'R', 'E', 'A', 'D')
+	ok = append(ok, flagMore, 2, 'k', 'v', flagMore, 1, 7, 0, 3, 1, 2, 3)
+	f.Add(ok, uint8(3))
+	f.Add(append(bytes.Clone(ok), longHeader(0, 1<<40)...), uint8(1))
+	f.Add(append(bytes.Clone(ok), bytes.Repeat([]byte{flagMore, 0}, maxFrames+1)...), uint8(7))
+	f.Add(append(bytes.Clone(ok), 0x04|flagLong, 0, 0, 0, 0, 0, 0, 0, 90), uint8(64))
+	f.Fuzz(func(t *testing.T, stream []byte, chunk uint8) {
+		read := func(chunk int) (passed []byte, failed bool) {
+			c := newGuardConn(&chunkConn{data: bytes.Clone(stream), chunk: chunk}, time.Minute)
+			c.limit = 100 // small, so that random input reaches it
+			buf := make([]byte, 256)
+			for len(passed) < len(stream) {
+				n, err := c.Read(buf)
+				if err != nil {
+					if n != 0 {
+						t.Fatalf("a failed read returned %d bytes", n)
+					}
+					if _, err := c.Read(buf); err == nil {
+						t.Fatal("a read after a failure succeeded")
+					}
+					return passed, true
+				}
+				passed = append(passed, buf[:n]...)
+			}
+			return passed, false
+		}
+		want, wantFailed := read(1)
+		got, failed := read(1 + int(chunk))
+		if failed != wantFailed {
+			t.Fatalf("read in pieces of %d bytes: failed %v, a byte at a time: %v", 1+int(chunk), failed, wantFailed)
+		}
+		if !bytes.HasPrefix(stream, got) || !bytes.HasPrefix(want, got) {
+			t.Fatalf("read in pieces of %d bytes, passed %d bytes not the stream's first", 1+int(chunk), len(got))
+		}
+		if !wantFailed && !bytes.Equal(want, stream) {
+			t.Fatalf("passed %d bytes of %d without failing", len(want), len(stream))
 		}
 	})
 }

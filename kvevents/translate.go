@@ -177,7 +177,10 @@ func (t *translator) stored(e *Event) {
 	t.buf = t.hasher.AppendTokens(t.buf[:0], root, e.TokenIDs)
 	// The hasher caps a chain continued from root at its MaxBlocks; blocks
 	// beyond that are never matched, so they need no index entry.
-	n = min(n, len(t.buf))
+	if len(t.buf) < n {
+		t.stats.skipped.Add(int64(n - len(t.buf)))
+		n = len(t.buf)
+	}
 	t.evicted = t.evicted[:0]
 	bit := groupBit(e.Group)
 	for i, h := range e.BlockHashes[:n] {

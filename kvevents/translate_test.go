@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/llmlb/llmlb/prefix"
 )
@@ -68,4 +69,25 @@ func TestTranslatorForgetsWhatItCannotRemove(t *testing.T) {
 	tr.apply(&Batch{Events: []Event{{Kind: Cleared}, stored(hs, toks, 0, 3)}})
 	tr.apply(&Batch{Events: []Event{removed(hs[0])}})
 	assert.Equal(t, 0, idx.MatchLen("e", hs, time.Now()), "the engine holds no prefix of the prompt")
+}
+
+// TestTranslatorCountsBlocksBeyondMaxBlocks checks that the blocks of an
+// event beyond the hasher's MaxBlocks, which are not indexed, are counted
+// as skipped: every block of a BlockStored is either stored or skipped.
+func TestTranslatorCountsBlocksBeyondMaxBlocks(t *testing.T) {
+	h, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: testBlock, MaxTokens: 2 * testBlock})
+	require.NoError(t, err)
+	idx, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: testBlock, EventsOnly: true})
+	require.NoError(t, err)
+	salt := prefix.Salt{Model: "m"}
+	var st counters
+	tr := newTranslator("e", idx, h, salt, 16, &st)
+	toks := prompt(1, 3)
+	long, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: testBlock})
+	require.NoError(t, err)
+	hs := long.HashTokens(salt, toks)
+	tr.apply(&Batch{Events: []Event{stored(hs, toks, 0, 3)}})
+	assert.Equal(t, 2, idx.Len("e"))
+	assert.Equal(t, int64(2), st.stored.Load())
+	assert.Equal(t, int64(1), st.skipped.Load(), "the block beyond MaxBlocks")
 }

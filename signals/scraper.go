@@ -42,20 +42,22 @@ const (
 )
 
 // acceptHeader asks for the Prometheus text format, which expfmt parses in
-// linear time, and not for OpenMetrics (see [MaxOpenMetricsBytes]).
+// linear time, and not for OpenMetrics, whose syntax beyond the text
+// format's (exemplars, fractional timestamps) [Parse] refuses.
 const acceptHeader = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 // Config configures a [Scraper]. The zero value is valid: every field's zero
 // value is a documented default.
 type Config struct {
 	// Client performs the scrapes. nil means a client of this package's own,
-	// with keep-alive connections and at most [DefaultMaxRedirects]
-	// redirects, that connects directly (no proxy from the environment)
-	// with Go's default TLS configuration; its idle connections are closed
-	// by Close. Give a Client to scrape through a proxy or with a CA or
-	// client certificate of your own. Timeout, MaxBodyBytes and
-	// MaxConcurrent bound the scrapes whatever the Client; the Timeout of a
-	// caller's client still applies, as does its redirect policy.
+	// with keep-alive connections, at most [DefaultMaxRedirects] redirects
+	// and 1 MiB of response headers, that connects directly (no proxy from
+	// the environment) with Go's default TLS configuration; its idle
+	// connections are closed by Close. Give a Client to scrape through a
+	// proxy or with a CA or client certificate of your own. Timeout,
+	// MaxBodyBytes and MaxConcurrent bound the scrapes whatever the Client;
+	// the Timeout of a caller's client still applies, as does its redirect
+	// policy.
 	Client *http.Client
 	// Interval is the time between two scrapes of one endpoint, at least
 	// 1ms. 0 means [DefaultInterval].
@@ -266,9 +268,16 @@ func NewScraper(cfg Config) (*Scraper, error) {
 	return s, nil
 }
 
+// maxHeaderBytes bounds the response headers the default client reads: a
+// metrics endpoint sends a few hundred bytes of them, and net/http's own
+// default (10 MiB) is more than the body a scrape may have. It is the bound
+// net/http's server puts on request headers (http.DefaultMaxHeaderBytes).
+const maxHeaderBytes = 1 << 20
+
 // defaultClient returns the client used when Config.Client is nil: direct
 // connections (no proxy from the environment: metrics endpoints are internal),
-// kept alive across scrapes, at most DefaultMaxRedirects redirects.
+// kept alive across scrapes, at most DefaultMaxRedirects redirects, response
+// headers of at most 1 MiB.
 func defaultClient(conc int) *http.Client {
 	tr := &http.Transport{
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -277,6 +286,9 @@ func defaultClient(conc int) *http.Client {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   5 * time.Second,
 		ExpectContinueTimeout: time.Second,
+		// net/http's default allows 10 MiB of response headers, more
+		// than the body a scrape is allowed by default.
+		MaxResponseHeaderBytes: maxHeaderBytes,
 	}
 	return &http.Client{
 		Transport: tr,

@@ -156,6 +156,14 @@ func TestScrapeBadEndpoints(t *testing.T) {
 				}
 			}
 		}), signals.ErrBodyTooLarge, "more than 4194304 bytes"},
+		{"8 MiB of headers", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			pad := strings.Repeat("x", 64<<10)
+			for i := range 128 {
+				w.Header().Set(fmt.Sprintf("X-Pad-%d", i), pad)
+			}
+			w.Header().Set("Content-Type", textType)
+			_, _ = w.Write(good)
+		}), nil, "headers exceeded"},
 		{"redirect loop", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			http.Redirect(w, r, r.URL.Path, http.StatusFound)
 		}), nil, "stopped after 3 redirects"},
