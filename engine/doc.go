@@ -82,7 +82,9 @@
 // encountered an issue. See stack trace (above) for the root cause.",
 // "type": "InternalServerError", "param": null, "code": 500}}, then
 // "data: [DONE]"; a responses stream breaks, as vLLM's does. A request
-// that does not stream gets 503 then.
+// that does not stream gets 500 then, with the same error, and so does any
+// request after that, streaming or not, as vLLM refuses every request once
+// its engine is dead (GET /health answers 503).
 //
 // POST /v1/responses is the Responses API as vLLM serves it without a
 // reasoning or tool parser. Its prompt is the chat request of the same

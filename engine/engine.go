@@ -69,7 +69,8 @@ const maxModelLen = 1 << 24
 var ErrInvalidConfig = errors.New("engine: invalid config")
 
 // ErrStopped: the engine's Run has returned; requests in progress fail, new
-// ones are refused with 503, and GET /health answers 503.
+// ones are refused with 500, as vLLM's are once its engine is dead, and GET
+// /health answers 503.
 var ErrStopped = errors.New("engine: stopped")
 
 // ErrRunning: Run or Serve was called a second time; an Engine runs once.

@@ -365,7 +365,7 @@ func TestHealthAfterStop(t *testing.T) {
 	require.ErrorIs(t, <-ran, context.Canceled)
 	assert.Equal(t, http.StatusServiceUnavailable, health())
 	resp := post(t, url+"/v1/completions", `{"prompt":"x","max_tokens":1}`)
-	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 }
 
 // With a tiny KV cache, concurrent requests preempt each other and still all

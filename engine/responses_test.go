@@ -417,7 +417,7 @@ func TestResponsesStreamOutlastsReadTimeout(t *testing.T) {
 
 // TestResponsesEngineStopped: a responses stream in progress when the
 // engine's Run returns breaks with an error, as a chat stream does, and a
-// request after it gets 503.
+// request after it gets 500, as from vLLM once its engine is dead.
 func TestResponsesEngineStopped(t *testing.T) {
 	e := newEngine(t, Config{Speedup: 1})
 	url := startHandlerOnly(t, e)
@@ -435,5 +435,5 @@ func TestResponsesEngineStopped(t *testing.T) {
 	_, err = io.ReadAll(br)
 	assert.Error(t, err, "a stopped engine's stream must end with an error")
 	resp = post(t, url+"/v1/responses", `{"input":"x"}`)
-	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 }

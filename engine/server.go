@@ -239,6 +239,9 @@ func (e *Engine) accept(w http.ResponseWriter, r *http.Request, deadline time.Ti
 		w.Header().Set("Retry-After", "1")
 		writeError(w, statusError(http.StatusTooManyRequests, "too many requests waiting"))
 		return nil
+	case errors.Is(err, ErrStopped):
+		writeError(w, engineDead)
+		return nil
 	case err != nil:
 		writeError(w, statusError(http.StatusServiceUnavailable, err.Error()))
 		return nil
@@ -560,8 +563,9 @@ const (
 )
 
 // waitDone waits until s is done and returns its output tokens, for an
-// answer in one body; or, if the engine stopped first, answers 503, or if
-// the client has gone, gives up, and then reports false.
+// answer in one body; or, if the engine stopped first, answers as vLLM
+// answers when its engine dies (see engineDead), or if the client has gone,
+// gives up, and then reports false.
 func (e *Engine) waitDone(w http.ResponseWriter, r *http.Request, s *seq) (int, bool) {
 	for {
 		gen, done, failed, gone := e.wait(r, s)
@@ -569,7 +573,7 @@ func (e *Engine) waitDone(w http.ResponseWriter, r *http.Request, s *seq) (int, 
 		case gone:
 			return 0, false
 		case failed:
-			writeError(w, statusError(http.StatusServiceUnavailable, ErrStopped.Error()))
+			writeError(w, engineDead)
 			return 0, false
 		case done:
 			return gen, true
@@ -592,6 +596,27 @@ const (
 	// (OpenAIServing._check_model, with param "model").
 	typeNotFound = "NotFoundError"
 )
+
+// engineDead answers a request that the engine's stop failed, or that came
+// after it, as vLLM answers one whose engine died: 500, with the message of
+// its EngineDeadError (vllm/v1/engine/exceptions.py) and the type
+// create_error_response gives an exception of no type it knows,
+// "InternalServerError" (vllm/entrypoints/openai/engine/serving.py). A
+// request to a dead engine raises it at once (render_completion_request and
+// render_chat_request: "If the engine is dead, raise the engine's
+// DEAD_ERROR", streaming or not), and a request in progress when it dies
+// raises it from its result generator, which the non-streaming paths of
+// create_completion and create_chat_completion do not catch (they catch
+// CancelledError, GenerationError and ValueError); the routes
+// create_completion and create_chat_completion answer it with
+// create_error_response(e), of code 500 (completion/api_router.py and
+// chat_completion/api_router.py; earlier versions raised an HTTPException
+// of 500 with its message), and launcher.py's runtime_exception_handler
+// answers 500 to an EngineDeadError that escapes a route (all in
+// vllm/entrypoints/ and vllm/entrypoints/openai/, vLLM main as of 2026).
+// Not 503: that is only /health's answer for a dead engine.
+var engineDead = errorAnswer{code: http.StatusInternalServerError, typ: "InternalServerError",
+	msg: "EngineCore encountered an issue. See stack trace (above) for the root cause."}
 
 // errorAnswer is an error answer: its status, and vLLM's error type, the
 // request's field at fault ("" for none) and message.

@@ -179,14 +179,22 @@ type Config struct {
 	// request spills at once; while every replica is ejected, cooling down or
 	// asleep, requests go to the next tier directly. The request body is
 	// kept for replay to the next tier, up to Parser's MaxBodyBytes, the
-	// cap it has without SpillTo. nil spills nothing.
+	// cap it has without SpillTo. A request the gateway refuses itself (its
+	// tenant not established by Parser) does not spill, nor does one a
+	// replica refuses as invalid (a 400 other than a context too long);
+	// and a tier's answer whose status is about the tier (401, 403, 429,
+	// 5xx) reaches the client with its status but a generic body, as
+	// package spill describes. nil spills nothing.
 	SpillTo []spill.Tier
 	// Name names this gateway's replicas as a tier in spilled responses'
 	// header and in SpillObserver's events. "" means "primary".
 	Name string
 	// SpillObserver, if set, is told of every spill, for example by
 	// telemetry's SpillObserver; the gateway also logs each one at debug
-	// level.
+	// level, and the answer it spilled past (the replica, its status or
+	// error and its body) at level Warn for a failure and Info otherwise,
+	// once every ten seconds for a replica, with the count of those left
+	// out (see package spill).
 	SpillObserver func(spill.Event)
 }
 
@@ -429,6 +437,11 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 			// bounds it: the first tier refuses a longer one anyway, and a
 			// spill cap of its own would refuse bodies the parser takes.
 			MaxBodyBytes: parser.MaxBodyBytes(),
+			// The answers that requests spill past, which neither the
+			// client nor the proxy's handlers see, are logged by spill,
+			// with the replica that gave them: a failure at level Warn,
+			// once in each interval for a replica.
+			Logger: g.log,
 			Observer: func(e spill.Event) {
 				g.log.Debug("gateway: request spilled", "from", e.From, "to", e.To, "reason", string(e.Reason))
 				if user != nil {

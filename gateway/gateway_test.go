@@ -1657,3 +1657,112 @@ func TestGatewaySpillsWithoutRetryingCoolingReplicas(t *testing.T) {
 		})
 	}
 }
+
+// tierFunc is a tier of SpillTo answered by a function.
+type tierFunc func(*http.Request) (*http.Response, error)
+
+func (f tierFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// okTier is a next tier that serves every request it is sent, counting
+// them.
+func okTier(sent *atomic.Int32) spill.Tier {
+	return spill.Tier{Name: "paygo", Transport: tierFunc(func(r *http.Request) (*http.Response, error) {
+		sent.Add(1)
+		if r.Body != nil {
+			_, _ = io.Copy(io.Discard, r.Body)
+		}
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+			Body: io.NopCloser(strings.NewReader("data: {\"choices\":[{\"text\":\"paygo\"}]}\n\ndata: [DONE]\n\n")), Request: r}, nil
+	})}
+}
+
+// With SpillTo, a replica whose failure the request spills past is named
+// in the operator's log at level Warn, with its status and body, as a
+// failure the client sees is: once in an interval for the replica, not for
+// every request.
+func TestGatewayLogsReplicaSpilledPast(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+		fmt.Fprint(w, "CUDA error: an illegal memory access was encountered")
+	}))
+	defer up.Close()
+	var sent atomic.Int32
+	log, logs := newLogger()
+	g, err := New([]string{up.URL}, Config{Logger: log, ScrapeInterval: -1, Retry: retry.LoopConfig{MaxAttempts: 1},
+		SpillTo: []spill.Tier{okTier(&sent)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	for range 3 {
+		if code, body, h := post(t, g, "hello", "X-Request-Id", "req-7"); code != http.StatusOK || !strings.Contains(body, "paygo") || h.Get(spill.DefaultHeader) != "primary" {
+			t.Fatalf("got %d %q spilled from %q; want the next tier's answer", code, body, h.Get(spill.DefaultHeader))
+		}
+	}
+	recs := logs.records(t, "spill: tier refused the request, sent to the next tier")
+	host := strings.TrimPrefix(up.URL, "http://")
+	if len(recs) != 1 || recs[0]["level"] != "WARN" || recs[0]["upstream"] != host || recs[0]["status"] != float64(500) ||
+		recs[0]["request_id"] != "req-7" || !strings.Contains(fmt.Sprint(recs[0]["body"]), "CUDA error") {
+		t.Fatalf("records %v, want one at Warn naming the replica, its status and body", recs)
+	}
+}
+
+// With SpillTo, a request whose tenant the gateway's Parser cannot
+// establish is refused with 401, not spilled to a next tier that would
+// serve it without authentication.
+func TestGatewayUnauthenticatedDoesNotSpill(t *testing.T) {
+	c, err := e2e.StartCluster(1, engine.Config{Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var sent atomic.Int32
+	g, err := New(c.URLs, Config{Logger: slog.New(slog.DiscardHandler), ScrapeInterval: -1,
+		Parser: httplb.ParserConfig{Tenant: func(r *http.Request) (string, error) {
+			if k := r.Header.Get("X-Api-Key"); k != "" {
+				return k, nil
+			}
+			return "", errors.New("no key")
+		}},
+		SpillTo: []spill.Tier{okTier(&sent)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	if code, body, _ := post(t, g, "hello"); code != http.StatusUnauthorized || sent.Load() != 0 {
+		t.Fatalf("got %d %q, %d sent to the next tier; want 401 and none", code, body, sent.Load())
+	}
+	if code, _, _ := post(t, g, "hello", "X-Api-Key", "tenant-a"); code != http.StatusOK || sent.Load() != 0 {
+		t.Fatalf("an authenticated request: %d, %d sent to the next tier", code, sent.Load())
+	}
+}
+
+// With SpillTo, a managed provider's 429, which names the operator's
+// organisation in its body and headers, reaches the client with its status
+// and Retry-After but a generic error; the operator's log has the body.
+func TestGatewayHidesProviderRefusal(t *testing.T) {
+	const org = "org-Zx81secret"
+	provider := spill.Tier{Name: "paygo", Transport: tierFunc(func(r *http.Request) (*http.Response, error) {
+		h := http.Header{}
+		h.Set("Retry-After", "7")
+		h.Set("Openai-Organization", org)
+		h.Set("Content-Type", "application/json")
+		return &http.Response{StatusCode: http.StatusTooManyRequests, Header: h, Request: r, Body: io.NopCloser(strings.NewReader(
+			`{"error":{"message":"Rate limit reached for gpt-4o in organization ` + org + ` on requests per min (RPM): Limit 500.","type":"requests","param":null,"code":"rate_limit_exceeded"}}`))}, nil
+	})}
+	log, logs := newLogger()
+	g, err := New([]string{deadURL(t)}, Config{Logger: log, ScrapeInterval: -1, Retry: retry.LoopConfig{MaxAttempts: 1},
+		SpillTo: []spill.Tier{provider}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, body, h := post(t, g, "hello", "X-Request-Id", "req-9")
+	if code != http.StatusTooManyRequests || h.Get("Retry-After") != "7" || strings.Contains(body, org) ||
+		strings.Contains(fmt.Sprint(h), org) || !strings.Contains(body, "rate_limit_exceeded") || !strings.Contains(body, "req-9") {
+		t.Fatalf("client got %d %v %q; want 429 with Retry-After and a generic error naming req-9", code, h, body)
+	}
+	recs := logs.records(t, "spill: tier's error answer replaced with a generic one for the client")
+	if len(recs) != 1 || !strings.Contains(fmt.Sprint(recs[0]["body"]), org) || recs[0]["request_id"] != "req-9" {
+		t.Fatalf("records %v, want the provider's body under req-9", recs)
+	}
+}

@@ -34,7 +34,25 @@
 // *retry.OverloadError suggesting the shortest remaining wait (a 429 with
 // Retry-After from httplb's error handler), rather than sent to a tier that
 // asked to be left alone. The last tier's answer is returned whatever it
-// is.
+// is, but for a failure (a 5xx, a 429, an unreachable tier) that follows a
+// refusal of the request itself by an earlier tier, such as a context-length
+// 400: that refusal, which tells the client what to change, is the answer.
+// An invalid request does not spill: the default triggers move no other
+// 4xx, nor an error of a tier's own checks of the request (a tenant it
+// could not establish, a body it could not take).
+//
+// An answer whose status is about the tier rather than the request (401,
+// 402, 403, 407, 429 and 5xx: a managed provider's 429 names the
+// operator's organisation, its 401 part of the operator's key, a 5xx may
+// carry a stack trace) reaches the client with its status, Retry-After and
+// Retry-After-Ms (or a Retry-After of the wait its rate-limit reset asks,
+// if it has neither), but none of its other headers, and with an
+// OpenAI-style error of a generic message, the request's id, and the type
+// and code of the tier's error when they are plain tokens (such as
+// "insufficient_quota"); its body goes to [Config.Logger]. So does every answer a request spilled
+// past, which the client never sees: a failure at level Warn, a refusal
+// under load or a context too long at Info, once every ten seconds for
+// each tier and upstream, with the count of those left out.
 //
 // A spilled response carries the header [DefaultHeader] naming the first
 // tier the request left (as Azure OpenAI's spillover marks its responses),
@@ -71,6 +89,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net/http"
 	"strconv"
@@ -174,6 +193,11 @@ type Config struct {
 	Observer func(Event)
 	// Clock tells the time; nil means the system clock.
 	Clock llmlb.Clock
+	// Logger receives the operator's log: the bodies of the tiers' error
+	// answers that a client gets only as a generic error, and the answers
+	// that requests spilled past (see the package documentation). nil means
+	// [slog.Default] at the time of the answer.
+	Logger *slog.Logger
 }
 
 // Transport is an [http.RoundTripper] over ordered tiers; see the package
@@ -187,6 +211,8 @@ type Transport struct {
 	observer func(Event)
 	clock    llmlb.Clock
 	idSuffix []string // per tier: appended to the request's X-Request-Id
+	log      *slog.Logger
+	limit    limiter // spaces out the records of the answers spilled past
 
 	mu    sync.Mutex
 	until []time.Time // per tier: the end of its cooldown
@@ -221,6 +247,7 @@ func New(cfg Config) (*Transport, error) {
 		header:   cfg.Header,
 		observer: cfg.Observer,
 		clock:    cfg.Clock,
+		log:      cfg.Logger,
 		until:    make([]time.Time, len(cfg.Tiers)),
 		idSuffix: make([]string, len(cfg.Tiers)),
 	}
@@ -255,12 +282,15 @@ func (systemClock) Now() time.Time { return time.Now() }
 
 // RoundTrip sends r to the first tier that is not cooling, and on to the
 // next while the answer is a trigger of [Config.Spill]. It returns the
-// answer of the tier that kept the request, marked with the spill header if
-// it is not the first tier tried, or the last tier's answer. When every
-// tier is cooling it returns a *retry.OverloadError suggesting the shortest
-// remaining wait, at most MaxCooldown. A body larger than
-// MaxBodyBytes fails with an error wrapping httplb.ErrBodyTooLarge, and one
-// that cannot be read with an error wrapping httplb.ErrBodyRead.
+// answer of the tier that kept the request, or the last tier's answer, or
+// an earlier tier's refusal of the request itself if the later tiers failed
+// (see the package documentation), marked with the spill header if it is
+// not the first tier's, and with a generic body if its status is about the
+// tier rather than the request. When every tier is cooling it returns a
+// *retry.OverloadError suggesting the shortest remaining wait, at most
+// MaxCooldown. A body larger than MaxBodyBytes fails with an error wrapping
+// httplb.ErrBodyTooLarge, and one that cannot be read with an error
+// wrapping httplb.ErrBodyRead.
 func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 	body, err := t.readBody(r)
 	if err != nil {
@@ -272,13 +302,13 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("spill: every tier asked to wait: %w",
 			&retry.OverloadError{Scope: "spill", RetryAfter: wait})
 	}
-	from := ""
-	if start > 0 {
-		from = t.tiers[0].Name
-		for i := range start {
-			t.notify(Event{From: t.tiers[i].Name, To: t.tiers[start].Name, Reason: Cooling})
-		}
+	for i := range start {
+		t.notify(Event{From: t.tiers[i].Name, To: t.tiers[start].Name, Reason: Cooling})
 	}
+	// kept is the answer of a tier that refused the request itself and
+	// that the request spilled past all the same (see keep): it is the
+	// answer if every later tier fails.
+	var kept *keptAnswer
 	for i := start; ; {
 		resp, err := t.tiers[i].Transport.RoundTrip(withBody(r, body, t.idSuffix[i]))
 		if resp == nil && err == nil {
@@ -297,28 +327,92 @@ func (t *Transport) RoundTrip(r *http.Request) (*http.Response, error) {
 			reason, spill = t.spill(resp, err)
 		}
 		if !spill {
-			if resp != nil && from != "" {
-				if resp.Header == nil {
-					resp.Header = make(http.Header)
-				}
-				resp.Header.Set(t.header, from)
-			}
-			return resp, err
+			return t.answer(r, i, resp, err, kept)
 		}
-		discard(resp)
+		var head []byte
+		if requestFault(resp, err) {
+			kept, head = keep(i, resp, err)
+		} else {
+			head, _ = drain(resp, maxPeekBytes)
+		}
 		if err := r.Context().Err(); err != nil {
 			// The client is gone: the request goes to no next tier.
 			return nil, err
 		}
-		if from == "" {
-			from = t.tiers[i].Name
-		}
+		t.logSpilled(r, i, t.tiers[next].Name, reason, resp, err, head)
 		t.notify(Event{From: t.tiers[i].Name, To: t.tiers[next].Name, Reason: reason})
 		for j := i + 1; j < next; j++ {
 			t.notify(Event{From: t.tiers[j].Name, To: t.tiers[next].Name, Reason: Cooling})
 		}
 		i = next
 	}
+}
+
+// keptAnswer is a tier's refusal of the request itself, its body read
+// whole (see keep).
+type keptAnswer struct {
+	tier int
+	resp *http.Response // with its body in memory; nil for err
+	err  error
+}
+
+// keep returns tier i's answer, resp or err, which refused the request
+// itself (see requestFault), as a keptAnswer, with what was read of its
+// body; nil if its body could not be read whole, within maxPeekBytes and
+// maxDiscardTime, so that it cannot be answered.
+func keep(i int, resp *http.Response, err error) (*keptAnswer, []byte) {
+	if resp == nil {
+		return &keptAnswer{tier: i, err: err}, nil
+	}
+	b, whole := drain(resp, maxPeekBytes)
+	if !whole {
+		return nil, b
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	return &keptAnswer{tier: i, resp: resp}, b
+}
+
+// answer returns tier i's answer to r, resp or err, as RoundTrip returns
+// it: or, if it is a failure of the tier (see failed) and an earlier tier
+// refused the request itself (kept), that refusal, which tells the client
+// more, as a 400 saying its prompt is too long says more than the 503 of
+// the tier with the longer context. An answer from a tier after the first
+// is marked with the spill header, and one whose status is about the tier
+// rather than the request (see hidden) has its body and headers replaced
+// with a generic error, the body going to the log.
+func (t *Transport) answer(r *http.Request, i int, resp *http.Response, err error, kept *keptAnswer) (*http.Response, error) {
+	if kept != nil && failed(resp, err) && r.Context().Err() == nil {
+		head, _ := drain(resp, maxPeekBytes)
+		t.logLimited(r, slog.LevelWarn, "spill: tier failed after an earlier tier refused the request; the client gets the refusal",
+			i, resp, err, head, slog.String("refused_by", t.tiers[kept.tier].Name))
+		i, resp, err = kept.tier, kept.resp, kept.err
+	}
+	if resp == nil {
+		return nil, err
+	}
+	if hidden(resp.StatusCode) {
+		limit := t.cooldown
+		if limit <= 0 {
+			limit = DefaultMaxCooldown
+		}
+		level := slog.LevelInfo
+		if resp.StatusCode >= 500 {
+			level = slog.LevelError
+		}
+		h := resp.Header
+		body := replaceBody(resp, clientID(r), t.clock.Now(), limit)
+		if log := t.logger(); log.Enabled(r.Context(), level) {
+			log.LogAttrs(r.Context(), level, "spill: tier's error answer replaced with a generic one for the client",
+				answerAttrs(r, t.tiers[i].Name, resp, nil, body, h)...)
+		}
+	}
+	if i > 0 {
+		if resp.Header == nil {
+			resp.Header = make(http.Header)
+		}
+		resp.Header.Set(t.header, t.tiers[0].Name)
+	}
+	return resp, err
 }
 
 // Cooling returns the names of the tiers skipped now: those not ready, or
@@ -482,24 +576,11 @@ func (t *Transport) notify(e Event) {
 	}
 }
 
-// maxDiscardTime bounds how long a spilled answer's body is read for (see
-// discard). It is wall-clock time, as a network deadline is, not the
-// Transport's clock: an error body normally arrives with its headers.
+// maxDiscardTime bounds how long a spilled or replaced answer's body is
+// read for (see drain). It is wall-clock time, as a network deadline is,
+// not the Transport's clock: an error body normally arrives with its
+// headers.
 const maxDiscardTime = 100 * time.Millisecond
-
-// discard drains a little of a spilled answer's body, so that its
-// connection may be reused, and closes it. A body that stalls is closed
-// unread after maxDiscardTime: the request moves on to the next tier rather
-// than wait on a tier that answered and then stopped sending.
-func discard(resp *http.Response) {
-	if resp == nil || resp.Body == nil {
-		return
-	}
-	stop := time.AfterFunc(maxDiscardTime, func() { _ = resp.Body.Close() })
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxPeekBytes))
-	stop.Stop()
-	_ = resp.Body.Close()
-}
 
 // DefaultSpill spills on HTTP 429; on an error wrapping retry.ErrOverloaded
 // (the tier's admission or queue is full) or HTTP 503 with a wait asked
@@ -516,8 +597,11 @@ func discard(resp *http.Response) {
 // errors.Is(err, context.DeadlineExceeded) as a deadline does;
 // [Transport.RoundTrip] itself moves no request whose own context ended).
 // Other answers, 2xx and other 4xx, stay: the next tier would answer them
-// alike. A nil resp with a nil err, which no RoundTripper may return,
-// spills as unreachable.
+// alike; and so do the errors of a tier's own checks of the request, which
+// an httplb.Transport wraps in httplb.ErrUnauthenticated (its tenant could
+// not be established: the next tier must not serve a client this one
+// refused), httplb.ErrBodyTooLarge or httplb.ErrBodyRead. A nil resp with
+// a nil err, which no RoundTripper may return, spills as unreachable.
 func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
 	if resp == nil && err == nil {
 		return Unreachable, true
@@ -533,7 +617,11 @@ func DefaultSpill(resp *http.Response, err error) (Reason, bool) {
 			// 1.26), though the tier, not the caller, gave up. RoundTrip
 			// checks the request's own context before it spills.
 			return "", false
-		case errors.Is(err, httplb.ErrBodyTooLarge):
+		case errors.Is(err, httplb.ErrBodyTooLarge), errors.Is(err, httplb.ErrUnauthenticated),
+			errors.Is(err, httplb.ErrBodyRead):
+			// The request itself is at fault, as with a 400: the next
+			// tier would refuse it too, or, if it does not authenticate
+			// as this one does, serve a client this one refused.
 			return "", false
 		}
 		return Unreachable, true
