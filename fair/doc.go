@@ -8,13 +8,14 @@
 // (Interactive, Standard, Batch), with aging so that lower classes never
 // starve, and within a class by the Virtual Token Counter of Sheng et al.,
 // "Fairness in Serving Large Language Models" (OSDI 2024): each principal (a
-// tenant, or a session) has a counter of the weighted tokens it was served,
-// and the next request admitted is one of the waiting principal with the
-// least counter. Prompt tokens are charged when a request is admitted and
-// output tokens as they stream ([Ticket.Charge]), since output length is not
-// known at admission. A principal that starts waiting has its counter lifted
-// to the least counter of the principals already waiting, so that an idle
-// principal cannot bank credit and then monopolise the capacity.
+// tenant, or a client; see [Request].Principal) has a counter of the
+// weighted tokens it was served, and the next request admitted is one of
+// the waiting principal with the least counter. Prompt tokens are charged
+// when a request is admitted and output tokens as they stream
+// ([Ticket.Charge]), since output length is not known at admission. A
+// principal that starts waiting has its counter lifted to the least counter
+// of the principals already waiting, so that an idle principal cannot bank
+// credit and then monopolise the capacity.
 //
 // Past its bounds (waiting requests overall or per principal) the queue
 // fails fast, and a waiter whose deadline passes leaves it, with a

@@ -14,8 +14,13 @@ import (
 
 // Request is what the queue needs to know of a request.
 type Request struct {
-	// Principal is the tenant or session whose share the request uses;
-	// "" is a principal like any other. A name of any length may be given:
+	// Principal is the tenant or client whose share the request uses;
+	// "" is a principal like any other. It must be a name the client cannot
+	// choose freely (an authenticated tenant, a client address), never a
+	// session key it sends: a client that sends each request under a new
+	// principal, each lifted to the least counter of those waiting, is
+	// served as that many principals, nearly the whole capacity when it
+	// keeps many requests waiting. A name of any length may be given:
 	// the queue keeps at most 65 bytes of it while it tracks the principal
 	// (a longer name is kept as its SHA-256 digest).
 	Principal string

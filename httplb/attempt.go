@@ -25,6 +25,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// send upstream.
 	ctx := withRequestID(req.Context(), req.Header.Get(requestIDHeader))
 	out := req.Clone(ctx)
+	resolveDotSegments(out.URL)
 	var info bodyInfo
 	lreq, err := t.parser.parse(out, &info)
 	if err != nil {

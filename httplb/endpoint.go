@@ -15,7 +15,9 @@ import (
 // with the base URL's path, if any, prepended. A path prefix suits a replica
 // behind a path-routing proxy, but the base URL is the server's, not its
 // OpenAI API's: "http://10.0.0.7:8000", not "http://10.0.0.7:8000/v1", since
-// the client's /v1/... path is forwarded as it was sent. A request whose
+// the client's /v1/... path is forwarded as it was sent, but for its dot
+// segments ("/v1/../x", escaped or not), which are resolved first, so that
+// no request climbs out of the base URL's path. A request whose
 // path starts with /v1/ to a base URL whose path ends in /v1 fails, without
 // a retry, with an error wrapping [ErrInvalidConfig] that says so (a base
 // ending in /v1 suits requests whose /v1 was stripped, as by

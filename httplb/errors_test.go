@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -482,6 +484,9 @@ func TestProxyRedirectHidesUpstreamAddress(t *testing.T) {
 			return "http://" + host + "/v1/models"
 		}, "/v1/models"},
 		{"scheme-relative", func(r *http.Request) string { return "//" + r.Host }, "/"},
+		{"own address, path of another host", func(r *http.Request) string { return "http://" + r.Host + "//evil.example/x?y=1" },
+			"/evil.example/x?y=1"},
+		{"own address, path of slashes", func(r *http.Request) string { return "http://" + r.Host + "///" }, "/"},
 		{"relative", func(*http.Request) string { return "/v1/other" }, "/v1/other"},
 		{"elsewhere", func(*http.Request) string { return "https://login.example.com/auth" },
 			"https://login.example.com/auth"},
@@ -506,4 +511,62 @@ func TestProxyRedirectHidesUpstreamAddress(t *testing.T) {
 			assert.Equal(t, c.want, resp.Header.Get("Location"))
 		})
 	}
+}
+
+// The Location of an answer that is no redirect (a 201 Created, a 503, a
+// 400) reaches the client without the upstream's address too.
+func TestProxyLocationHidesUpstreamAddress(t *testing.T) {
+	for _, code := range []int{http.StatusCreated, http.StatusAccepted, http.StatusBadRequest, http.StatusServiceUnavailable} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Location", "http://"+r.Host+"/v1/files/file-1")
+				w.WriteHeader(code)
+			})
+			h := newHarness(t, llmlb.RoundRobin(), Config{}, up)
+			gw := h.proxy(t)
+			client := &http.Client{Transport: &http.Transport{}}
+			defer client.CloseIdleConnections()
+			resp, err := client.Post(gw.URL+"/v1/files", "application/json", strings.NewReader(chatBody))
+			require.NoError(t, err)
+			_, err = readAll(t, resp)
+			require.NoError(t, err)
+			assert.Equal(t, code, resp.StatusCode)
+			assert.Equal(t, "/v1/files/file-1", resp.Header.Get("Location"))
+		})
+	}
+}
+
+// FuzzRelativeLocation checks that relativeLocation never panics, and that a
+// Location it rewrites names neither the upstream's host nor any other: it
+// is a path on the gateway.
+func FuzzRelativeLocation(f *testing.F) {
+	for _, s := range [][2]string{
+		{"http://up:8080/v1/x?y=1", "up:8080"},
+		{"http://up//evil.example/x", "up:8080"},
+		{"//UP/a", "up"},
+		{"https://user@up:1///", "up"},
+		{"http://[::1]:80/x", "[::1]:8080"},
+		{"http://up", "up"},
+		{"http://up?x", "up"},
+		{"http://up/%2F%2Fevil", "up"},
+		{"http://up/./", "up"},
+		{"http://up#//evil", "up"},
+		{"/relative", "up"},
+		{"http://elsewhere/", "up"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, loc, host string) {
+		h := http.Header{}
+		h.Set("Location", loc)
+		relativeLocation(h, host)
+		got := h.Get("Location")
+		if got == loc {
+			return
+		}
+		u, err := url.Parse(got)
+		if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(got, "/") || strings.HasPrefix(got, "//") {
+			t.Fatalf("relativeLocation(%q, %q) = %q", loc, host, got)
+		}
+	})
 }

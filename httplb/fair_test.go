@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -39,17 +42,21 @@ func TestFairRequest(t *testing.T) {
 	cases := []struct {
 		name      string
 		t         *Transport
+		remote    string
 		lreq      llmlb.Request
 		principal string
 		class     fair.Class
 	}{
-		{"tenant", tr, llmlb.Request{Tenant: "acme", AffinityKey: "4:acmes1", PromptTokens: 7}, "acme", fair.Interactive},
-		{"session without tenant", tr, llmlb.Request{AffinityKey: "s1"}, "session:s1", fair.Interactive},
-		{"neither", tr, llmlb.Request{}, "", fair.Interactive},
-		{"untrusted header", &Transport{}, llmlb.Request{Tenant: "acme"}, "acme", fair.Standard},
+		{"tenant", tr, "192.0.2.1:1234", llmlb.Request{Tenant: "acme", AffinityKey: "4:acmes1", PromptTokens: 7}, "acme", fair.Interactive},
+		{"session without tenant", tr, "192.0.2.1:1234", llmlb.Request{AffinityKey: "s1"}, "addr:192.0.2.1", fair.Interactive},
+		{"session without address", tr, "", llmlb.Request{AffinityKey: "s1"}, "session:s1", fair.Interactive},
+		{"neither", tr, "", llmlb.Request{}, "", fair.Interactive},
+		{"untrusted header", &Transport{}, "", llmlb.Request{Tenant: "acme"}, "acme", fair.Standard},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			req := req.Clone(context.Background())
+			req.RemoteAddr = tc.remote
 			a := &attempt{t: tc.t, req: req, lreq: tc.lreq}
 			r := a.fairRequest()
 			assert.Equal(t, tc.principal, r.Principal)
@@ -57,6 +64,141 @@ func TestFairRequest(t *testing.T) {
 			assert.Equal(t, tc.lreq.PromptTokens, r.PromptTokens)
 		})
 	}
+}
+
+// The principal of a request without a tenant is its client's IPv4 address
+// or IPv6 /48, whatever its port; "" without an address.
+func TestAddrPrincipal(t *testing.T) {
+	cases := []struct{ remote, want string }{
+		{"192.0.2.1:1234", "addr:192.0.2.1"},
+		{"192.0.2.1:9999", "addr:192.0.2.1"},
+		{"192.0.2.1", "addr:192.0.2.1"},
+		{"[::ffff:192.0.2.1]:80", "addr:192.0.2.1"},
+		{"[2001:db8:1:2:3:4:5:6]:443", "addr:2001:db8:1::/48"},
+		{"[2001:db8:1:ffff::1%eth0]:443", "addr:2001:db8:1::/48"},
+		{"2001:db8:1:2::7", "addr:2001:db8:1::/48"},
+		{"[2001:db8:2::1]:443", "addr:2001:db8:2::/48"},
+		{"", ""},
+		{"@", ""},
+		{"not an address:80", ""},
+	}
+	for _, tc := range cases {
+		assert.Equal(t, tc.want, addrPrincipal(tc.remote), "%q", tc.remote)
+	}
+}
+
+// A client without a tenant that sends every request under a new session
+// key, from a new port, gets its share of the fair queue, no more: its
+// requests are one principal, its address's. Two steady clients keep one
+// request each waiting and the rotating one twenty; one request is in
+// flight at a time.
+func TestFairQueueRotatingSessionsGetFairShare(t *testing.T) {
+	for _, rotating := range []string{"192.0.2.3", "2001:db8:3::"} { // IPv6: 2001:db8:3:<n>::<n>
+		t.Run(rotating, func(t *testing.T) {
+			p, err := NewParser(ParserConfig{})
+			require.NoError(t, err)
+			q := newFairQueue(t, fair.Config{MaxInFlight: 1, MaxWaiting: 100})
+			tr := &Transport{}
+			type client struct {
+				host    string
+				depth   int
+				waiting int
+				served  int
+			}
+			clients := []*client{{host: "192.0.2.1", depth: 1}, {host: "192.0.2.2", depth: 1}, {host: rotating, depth: 20}}
+			var (
+				n        int
+				inflight *fair.Ticket
+				admitted []*client
+			)
+			send := func(c *client) {
+				n++
+				host, session := c.host, "steady-"+c.host
+				if c.depth > 1 { // the rotating client: a new session, a new port, a new IPv6 /64 in its /48
+					session = fmt.Sprintf("rot-%d", n)
+					if strings.HasSuffix(host, "::") {
+						host = fmt.Sprintf("%s%x::%x", strings.TrimSuffix(host, ":"), n, n)
+					}
+				}
+				req, _ := http.NewRequest(http.MethodPost, "http://gw.invalid/v1/chat/completions", strings.NewReader(chatBody))
+				req.Header.Set(DefaultSessionHeader, session)
+				req.RemoteAddr = net.JoinHostPort(host, strconv.Itoa(1024+n))
+				lreq, err := p.Parse(req)
+				require.NoError(t, err)
+				a := &attempt{t: tr, req: req, lreq: lreq}
+				fr := a.fairRequest()
+				require.NotEmpty(t, fr.Principal, "principal of %s", req.RemoteAddr) // each client is told apart
+				var tk *fair.Ticket
+				tk, ok, err := q.Enter(fr, func(err error) {
+					require.NoError(t, err)
+					c.waiting--
+					admitted = append(admitted, c)
+					inflight = tk
+				})
+				require.NoError(t, err)
+				if ok {
+					admitted = append(admitted, c)
+					inflight = tk
+				} else {
+					c.waiting++
+				}
+			}
+			for len(admitted) < 300 {
+				for _, c := range clients {
+					for c.waiting < c.depth {
+						send(c)
+					}
+				}
+				require.NotNil(t, inflight)
+				tk := inflight
+				inflight = nil
+				tk.Charge(50)
+				tk.Done()
+			}
+			for _, c := range admitted[:300] {
+				c.served++
+			}
+			for _, c := range clients {
+				t.Logf("%s: %d of 300", c.host, c.served)
+				assert.InDelta(t, 100, c.served, 10, "%s served %d of 300 admissions", c.host, c.served)
+			}
+		})
+	}
+}
+
+// Behind NewProxy, a request without a tenant is queued under its client's
+// address, whatever session key it sends.
+func TestFairQueuePrincipalIsClientAddress(t *testing.T) {
+	var (
+		mu    sync.Mutex
+		names []string
+	)
+	q := newFairQueue(t, fair.Config{Weight: func(p string) float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		names = append(names, p)
+		return 1
+	}})
+	up := newUpstream(t, streamTokens(1))
+	h := newHarness(t, llmlb.LeastOutstanding(), Config{Queue: q}, up)
+	gw := h.proxy(t)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	for _, session := range []string{"a", "b", ""} {
+		req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+		require.NoError(t, err)
+		if session != "" {
+			req.Header.Set(DefaultSessionHeader, session)
+		}
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_, err = readAll(t, resp)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"addr:127.0.0.1", "addr:127.0.0.1", "addr:127.0.0.1"}, names)
 }
 
 // gatedSSE streams first events, then waits for gate before the rest.
@@ -245,4 +387,35 @@ func TestFairQueueOverloadAnswers429(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 0, q.Stats().InFlight)
 	http.DefaultClient.CloseIdleConnections()
+}
+
+// FuzzAddrPrincipal checks that addrPrincipal never panics, names an
+// address or nothing, and does not depend on the port.
+func FuzzAddrPrincipal(f *testing.F) {
+	for _, s := range []string{"192.0.2.1:1234", "[2001:db8::1]:80", "[fe80::1%eth0]:1", "[::ffff:1.2.3.4]:5", "1.2.3.4", "::1", "", "@", "x:y", "[::1]", "1.2.3.4:99999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, remote string) {
+		got := addrPrincipal(remote)
+		if got == "" {
+			return
+		}
+		addr, ok := strings.CutPrefix(got, addrPrincipalPrefix)
+		if !ok {
+			t.Fatalf("addrPrincipal(%q) = %q", remote, got)
+		}
+		if p, err := netip.ParsePrefix(addr); err == nil {
+			if p.Bits() != ipv6PrincipalBits || !p.Addr().Is6() || p.Masked() != p {
+				t.Fatalf("addrPrincipal(%q) = %q", remote, got)
+			}
+		} else if ip, err := netip.ParseAddr(addr); err != nil || !ip.Is4() {
+			t.Fatalf("addrPrincipal(%q) = %q", remote, got)
+		}
+		if ap, err := netip.ParseAddrPort(remote); err == nil {
+			other := netip.AddrPortFrom(ap.Addr(), ap.Port()+1).String()
+			if again := addrPrincipal(other); again != got {
+				t.Fatalf("addrPrincipal(%q) = %q, addrPrincipal(%q) = %q", remote, got, other, again)
+			}
+		}
+	})
 }

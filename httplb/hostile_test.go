@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -177,7 +178,10 @@ func TestProxyAccountingEndsOnceWithHostileUpstreams(t *testing.T) {
 				}
 				t.Cleanup(base.CloseIdleConnections)
 				budget, reporter := &tallyBudget{}, &tallyReporter{}
-				cfg := Config{Balancer: bal, Base: base, FirstEventTimeout: mode.firstEvent, Retry: retry.LoopConfig{
+				q := newFairQueue(t, fair.Config{MaxInFlight: 4})
+				adm, err := retry.NewAdmission(retry.AdmissionConfig{MaxInFlight: 4, MaxPerSession: 2})
+				require.NoError(t, err)
+				cfg := Config{Balancer: bal, Base: base, Queue: q, Admission: adm, FirstEventTimeout: mode.firstEvent, Retry: retry.LoopConfig{
 					MaxAttempts: 3, Budget: budget, Reporter: reporter,
 					After: func(time.Duration) <-chan time.Time { return closedTime }, // no back-off
 				}}
@@ -225,6 +229,10 @@ func TestProxyAccountingEndsOnceWithHostileUpstreams(t *testing.T) {
 					picks.Load(), dones.Load(), budget.starts.Load(), budget.firstDone.Load(), budget.withdrawals.Load(), budget.retryDone.Load())
 				assert.EqualValues(t, 1, budget.starts.Load())
 				assert.LessOrEqual(t, firstTokens.Load(), int64(1))
+				require.Eventually(t, func() bool {
+					s := q.Stats()
+					return s.InFlight == 0 && s.TokensInFlight == 0 && s.Waiting == 0 && adm.InFlight() == 0
+				}, 5*time.Second, time.Millisecond, "fair queue or admission not released: %+v, %d", q.Stats(), adm.InFlight())
 				// A hedge picked as another attempt commits is not sent,
 				// withdraws nothing and is not reported.
 				assert.Equal(t, budget.starts.Load()+budget.withdrawals.Load(), reporter.n.Load(), "attempts reported")

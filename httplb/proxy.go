@@ -95,10 +95,11 @@ func upstreamErrorHandler(resp *http.Response) error {
 // Each log record has the attributes request_id, method, path, status and
 // upstream (the endpoint that answered), and upstream_request_id, the id the
 // upstream was sent, when that differs. nil log means [slog.Default] at the
-// time of the answer. Answers under 400 pass untouched, except that the
-// Location of a redirect (3xx) to the upstream's own host loses its scheme
-// and host, becoming relative to the gateway: a server builds such a
-// redirect (for a trailing slash, say) from the address it was sent.
+// time of the answer. Answers under 400 pass untouched. In every answer, a
+// Location header (a redirect's, a 201 Created's) that names the
+// upstream's own host loses its scheme and host, becoming relative to the
+// gateway: a server builds such a URL (a redirect for a trailing slash,
+// say) from the address it was sent.
 func NewUpstreamErrorHandler(log *slog.Logger) func(*http.Response) error {
 	return func(resp *http.Response) error {
 		l := log
@@ -117,10 +118,8 @@ func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 	if resp.Request == nil {
 		return
 	}
+	relativeLocation(resp.Header, resp.Request.URL.Host)
 	if resp.StatusCode < 400 {
-		if resp.StatusCode >= 300 {
-			relativeLocation(resp.Header, resp.Request.URL.Host)
-		}
 		return
 	}
 	r := resp.Request // the request sent upstream
@@ -166,7 +165,11 @@ func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 // scheme and host, if it is an absolute URL of the upstream's host, on any
 // port (as servers build redirects from the Host they were sent, such as a
 // trailing slash's): the client must not learn the address of the
-// upstream, nor bypass the gateway by following it.
+// upstream, nor bypass the gateway by following it. A path that starts
+// with several slashes, which a server echoes from the request's own path
+// ("http://upstream//evil.example/x"), keeps one: without its host,
+// "//evil.example/x" would be a URL of another host, where the client
+// would follow the gateway's redirect.
 func relativeLocation(h http.Header, host string) {
 	loc := h.Get("Location")
 	if loc == "" || host == "" {
@@ -180,7 +183,11 @@ func relativeLocation(h http.Header, host string) {
 	if u.Path == "" {
 		u.Path = "/"
 	}
-	h.Set("Location", u.String())
+	rel := u.String()
+	if strings.HasPrefix(rel, "//") {
+		rel = "/" + strings.TrimLeft(rel, "/")
+	}
+	h.Set("Location", rel)
 }
 
 // errorHandler is the handler returned by [NewErrorHandler] with a nil

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -135,9 +136,15 @@ type Config struct {
 	// too): the request waits while the queue's capacity is used, and fails
 	// with a [*retry.OverloadError] (a 429 from the proxy's error handler)
 	// when the queue is full or the request's deadline passes. Its principal
-	// is the request's tenant, or, with no tenant, its session key prefixed
-	// with "session:" (sessions are chosen by clients, so set a tenant where
-	// clients are not trusted), or else "". Its prompt tokens are charged at
+	// is the request's tenant, or, with no tenant, the client's address
+	// (the request's RemoteAddr without its port; for IPv6, its /48
+	// prefix, a site's). A request a server received is never counted by
+	// its session key, which a client chooses freely: one sending each
+	// request under a new key would otherwise count as that many
+	// principals. Behind another proxy every request has that proxy's
+	// address: set a tenant to tell the clients apart. A request without a
+	// RemoteAddr, sent by the program that uses the Transport as its own
+	// client, has its session key prefixed with "session:", or else "". Its prompt tokens are charged at
 	// admission; output tokens are charged as the response body is read,
 	// as they are reported to the pick (see [OutputCounter]): one per event
 	// of a server-sent event stream, or the usage count of any other 2xx
@@ -566,6 +573,36 @@ func readHead(rc io.ReadCloser, n int64) []byte {
 	stop.Stop()
 	_ = rc.Close()
 	return head
+}
+
+// resolveDotSegments removes the dot segments ("." and "..") of u's path,
+// as a reference is resolved (RFC 3986, section 5.2.4), if it has any once
+// unescaped ("%2e%2e" is ".."), so that the path, appended to an endpoint's
+// base path, stays under it: an upstream that resolves them, such as a
+// path-routing ingress in front of several backends, would otherwise be
+// sent "/base/../other", another backend's path. A path with a dot segment
+// is nothing an API client sends: it also loses its escaping (an escaped
+// slash becomes a slash, and may make a dot segment of its own).
+func resolveDotSegments(u *url.URL) {
+	if u == nil || !hasDotSegment(u.Path) {
+		return
+	}
+	dir := strings.HasSuffix(u.Path, "/") || strings.HasSuffix(u.Path, "/.") || strings.HasSuffix(u.Path, "/..")
+	p := path.Clean("/" + u.Path)
+	if dir && p != "/" {
+		p += "/"
+	}
+	u.Path, u.RawPath = p, ""
+}
+
+// hasDotSegment reports whether p has a segment "." or "..".
+func hasDotSegment(p string) bool {
+	for seg := range strings.SplitSeq(p, "/") {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
 }
 
 func joinPath(a, b string) string {

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -786,6 +787,51 @@ func TestEscapedPathKept(t *testing.T) {
 	}
 }
 
+// A request path with dot segments ("..", or "%2e%2e" escaped) stays under
+// the endpoint's base path: an upstream that resolves them, as a path-routing
+// ingress in front of several backends does, is never sent a path that
+// climbs out of the base path to another backend's.
+func TestDotSegmentsStayUnderBasePath(t *testing.T) {
+	var got atomic.Value
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.URL.Path)
+		fmt.Fprint(w, "{}")
+	})
+	b, err := llmlb.New(llmlb.RoundRobin())
+	require.NoError(t, err)
+	eps, err := NewEndpoints(up.URL + "/api")
+	require.NoError(t, err)
+	require.NoError(t, b.Update(eps))
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	tr, err := NewTransport(Config{Balancer: b, Base: base})
+	require.NoError(t, err)
+	cases := []struct{ path, want string }{
+		{"/../secret", "/api/secret"},
+		{"/v1/../../secret/", "/api/secret/"},
+		{"/%2e%2e/secret", "/api/secret"},
+		{"/v1/%2E%2E/.%2e/secret", "/api/secret"},
+		{"/v1/..%2F..%2Fsecret", "/api/secret"},
+		{"/v1/./models/..", "/api/v1/"},
+		{"/v1/models/.", "/api/v1/models/"},
+		{"/v1/models", "/api/v1/models"},
+		{"/v1/models/..x/.y", "/api/v1/models/..x/.y"},
+	}
+	for _, c := range cases {
+		t.Run(c.path, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodGet, "http://gw.invalid"+c.path, nil)
+			require.NoError(t, err)
+			resp, err := tr.RoundTrip(req)
+			require.NoError(t, err)
+			_, _ = readAll(t, resp)
+			sent := got.Load().(string)
+			assert.Equal(t, c.want, sent)
+			resolved := path.Clean(sent)
+			assert.True(t, strings.HasPrefix(resolved, "/api/") || resolved == "/api", "sent %q, which resolves to %q", sent, resolved)
+		})
+	}
+}
+
 // Many concurrent requests through the proxy, some of them to a failing
 // endpoint: every one succeeds, and the accounting returns to zero.
 func TestConcurrentWithFailingEndpoint(t *testing.T) {
@@ -982,4 +1028,33 @@ func TestExpectNotForwarded(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "", got.Load(), "Expect reached the endpoint")
 	assert.Equal(t, "100-continue", req.Header.Get("Expect"), "the caller's request was changed")
+}
+
+// FuzzResolveDotSegments checks that a request path, once its dot segments
+// are resolved, has none left and, appended to a base path, resolves under
+// it; a path without dot segments is left as it is.
+func FuzzResolveDotSegments(f *testing.F) {
+	for _, s := range []string{"/v1/models", "/../x", "/a/./b/../", "/%2e%2e/x", "/v1/..%2F..%2Fx", "..", "", "/", "//..//", "/a/.../b", "x/../../y"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		u, err := url.Parse("http://gw.invalid/" + strings.TrimPrefix(raw, "/"))
+		if err != nil {
+			return
+		}
+		before := *u
+		resolveDotSegments(u)
+		if !hasDotSegment(before.Path) {
+			if *u != before {
+				t.Fatalf("%q changed to %q", before.String(), u.String())
+			}
+			return
+		}
+		if hasDotSegment(u.Path) || !strings.HasPrefix(u.Path, "/") || u.RawPath != "" {
+			t.Fatalf("%q resolved to %q", before.Path, u.Path)
+		}
+		if joined := path.Clean(joinPath("/api", u.EscapedPath())); joined != "/api" && !strings.HasPrefix(joined, "/api/") {
+			t.Fatalf("%q resolved to %q, which climbs out of /api: %q", before.Path, u.Path, joined)
+		}
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/llmlb/llmlb/retry"
@@ -95,4 +96,35 @@ func TestProxyUpgradeWithoutHijacker(t *testing.T) {
 	_, _, resp := upgrade(t, gw.Listener.Addr().String(), "echo")
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 	h.requireIdle(t)
+}
+
+// FuzzUpgradeType checks upgradeType and sameProtocol, which read the
+// Connection and Upgrade headers of a request and of its 101 answer,
+// against a plain reference: a protocol is asked for when a comma-separated
+// option of a Connection header is "upgrade" in any case, and the answer's
+// protocol matches when it is printable ASCII equal to the request's but
+// for the case of its letters.
+func FuzzUpgradeType(f *testing.F) {
+	f.Add("Upgrade", "websocket", "WebSocket")
+	f.Add("keep-alive, UPGRADE ", "h2c", "h2c")
+	f.Add("upgradex", "websocket", "websocket")
+	f.Add(",,upgrade,", "a\x00", "A\x00")
+	f.Add("close", "websocket", "websoc\u212aet")
+	f.Fuzz(func(t *testing.T, connection, want, got string) {
+		h := http.Header{"Connection": {connection}, "Upgrade": {want}}
+		asked := false
+		for _, opt := range strings.Split(connection, ",") {
+			asked = asked || strings.ToLower(strings.TrimSpace(opt)) == "upgrade"
+		}
+		if ut := upgradeType(h); asked && ut != want || !asked && ut != "" {
+			t.Fatalf("upgradeType(Connection %q, Upgrade %q) = %q", connection, want, ut)
+		}
+		same := len(got) == len(want)
+		for i := 0; same && i < len(got); i++ {
+			same = got[i] >= ' ' && got[i] <= '~' && strings.ToLower(got[i:i+1]) == strings.ToLower(want[i:i+1])
+		}
+		if sameProtocol(got, want) != same {
+			t.Fatalf("sameProtocol(%q, %q) = %v", got, want, !same)
+		}
+	})
 }
