@@ -196,6 +196,26 @@ type Config struct {
 	// once every ten seconds for a replica, with the count of those left
 	// out (see package spill).
 	SpillObserver func(spill.Event)
+	// AllowPaths lists request paths forwarded to the replicas besides
+	// the inference APIs' a Gateway forwards by default; each is a clean
+	// absolute path, or one ending in "/" for every path under it, and
+	// "/" forwards every path. By default a Gateway forwards the
+	// OpenAI-compatible routes (/v1/completions, /v1/chat/completions,
+	// /v1/responses and /v1/responses/..., /v1/embeddings, /v1/models and
+	// /v1/models/..., /v1/messages, /v1/messages/count_tokens,
+	// /v1/audio/transcriptions, /v1/audio/translations, /v1/score,
+	// /v1/rerank, /v2/rerank, /v1/classify), vLLM's, SGLang's, TGI's and
+	// llama.cpp's own inference routes (/score, /rerank, /pooling,
+	// /classify, /tokenize, /detokenize, /generate, /generate_stream,
+	// /completion, /completions, /chat/completions, /embedding,
+	// /embeddings, /infill) and the probes /health, /ping and /version,
+	// and answers any other path 404 without sending it on: the engines'
+	// administration endpoints (vLLM's /sleep, /wake_up, /collective_rpc
+	// and /v1/load_lora_adapter; SGLang's /update_weights_from_disk and
+	// /flush_cache; llama.cpp's /slots) would otherwise let any client
+	// put a replica to sleep or change what it serves. A path is matched
+	// with its dot segments resolved, as it is forwarded.
+	AllowPaths []string
 }
 
 // Gateway routes OpenAI-compatible requests across replicas. Create one
@@ -215,6 +235,7 @@ type Gateway struct {
 	transport *httplb.Transport
 	spill     *spill.Transport // nil without SpillTo
 	proxy     *httputil.ReverseProxy
+	paths     pathSet // the paths forwarded
 	// bodyTimeout bounds the reading of a request body; 0 for none.
 	bodyTimeout time.Duration
 	// scrapeEvery is the time between two scrapes of a replica; 0
@@ -278,6 +299,11 @@ func scrapeClient(base http.RoundTripper) *http.Client {
 // request is answered 503 until [Gateway.Update] gives some.
 func New(backends []string, cfg Config) (*Gateway, error) {
 	g := &Gateway{log: cfg.Logger, index: cfg.Index, events: cfg.Events, queue: cfg.Queue, bodyTimeout: cfg.BodyTimeout}
+	paths, err := newPathSet(cfg.AllowPaths)
+	if err != nil {
+		return nil, err
+	}
+	g.paths = paths
 	if g.log == nil {
 		g.log = slog.Default()
 	}
@@ -546,8 +572,15 @@ var errRunning = errors.New("gateway: Run is already running")
 // DefaultBodyTimeout is the default of [Config].BodyTimeout.
 const DefaultBodyTimeout = 30 * time.Second
 
-// ServeHTTP routes one request.
+// ServeHTTP routes one request, or answers 404 for a path it does not
+// forward (see [Config].AllowPaths).
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !g.paths.allows(r.URL.Path) {
+		g.log.LogAttrs(r.Context(), slog.LevelInfo, "gateway: path not forwarded",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path))
+		notFound(w)
+		return
+	}
 	if g.bodyTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(g.bodyTimeout)) == nil {

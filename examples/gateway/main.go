@@ -130,6 +130,7 @@ type options struct {
 	kvRelay       bool     // relay the -kv-events engines' events onto NATS
 	kvFromNATS    bool     // follow the engines' events relayed on NATS
 	spillTo       []string // base URLs of a managed provider's deployments to spill to
+	allowPaths    []string // paths forwarded besides the inference APIs'
 	loraBase      string   // the base model's name: other model names are LoRA adapters
 }
 
@@ -191,7 +192,7 @@ func run(args []string, stderr io.Writer) error {
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fs.IntVar(&o.maxPerSession, "max-per-session", 0, "answer 429 beyond this many requests in flight per X-Session-ID (0: no cap)")
 	fs.IntVar(&o.slots, "slots", 0, "the replicas' batch slots (max_num_seqs, llama.cpp --parallel) for the default policy (0: unknown)")
-	fs.IntVar(&o.fairInFlight, "fair", 0, "admit at most this many requests at once through a token-fair queue: by priority class, then by the service each tenant (else session) has received (0: no queue)")
+	fs.IntVar(&o.fairInFlight, "fair", 0, "admit at most this many requests at once through a token-fair queue: by priority class, then by the service each tenant (else client address) has received (0: no queue)")
 	fs.StringVar(&o.tenantHeader, "tenant-header", "", "take the tenant from this header; only behind a proxy that sets or strips it")
 	fs.StringVar(&o.featureHeader, "feature-header", "", "append this header's value (a route or prompt template) to the kind of request whose output lengths -predict-outputs learns; only behind a proxy that sets or strips it")
 	fs.BoolVar(&o.predict, "predict-outputs", false, "learn the output lengths of each kind of request (tenant, model, reasoning effort) from the streamed responses and charge them as decode work instead of a fixed allowance")
@@ -212,6 +213,7 @@ func run(args []string, stderr io.Writer) error {
 	perEndpoint := fs.Bool("per-endpoint-metrics", true, "label the counters and histograms of /metrics (picks, time to first token, duration, ejections, ...) with llmlb_endpoint, the replica's base URL, "+
 		"as the load gauges llmlb_endpoint_* always are; false for replicas whose addresses change (a copy of this gateway that calls Gateway.Update from discovery), "+
 		"each of which would keep its series until the gateway restarts, up to 2000 an instrument, the OpenTelemetry SDK's default limit, beyond which new ones count in one series labelled otel_metric_overflow=\"true\"")
+	allowPaths := fs.String("allow-paths", "", "comma-separated request paths to forward besides the inference APIs' (a path ending in / for every path under it; / for every path): the engines' administration endpoints, such as /sleep or /v1/load_lora_adapter, are answered 404 otherwise")
 	spillTo := fs.String("spill-to", "", "comma-separated base URLs of a second tier (a managed provider's deployments) that requests spill to when the replicas answer 429, a full queue, 5xx or a context-length 400; spilled responses carry X-Llmlb-Spillover-From")
 	var demo func(o options, stdout, stderr io.Writer) (bool, error)
 	if demoFlags != nil {
@@ -264,6 +266,7 @@ func run(args []string, stderr io.Writer) error {
 		}
 	}
 	o.spillTo = list(*spillTo)
+	o.allowPaths = list(*allowPaths)
 	bases := list(*backends)
 	if len(bases) == 0 {
 		if demo != nil {
@@ -632,6 +635,7 @@ func newGateway(backends []string, o options, metrics *telemetry.Metrics) (*gate
 		Parser:            parser,
 		Logger:            o.log,
 		Share:             o.share,
+		AllowPaths:        o.allowPaths,
 	}
 	if o.predict {
 		cfg.Outputs = &llmlb.OutputConfig{}
