@@ -195,4 +195,20 @@ func TestFollowerDropsMessagesBeyondBufferBytes(t *testing.T) {
 	applied := sink.applied("e1")
 	assert.Positive(t, applied)
 	assert.LessOrEqual(t, applied, 5, "at most the budget, 4 batches, was held")
+	// The Relay's messages are numbered: the Follower knew at once that it
+	// lost some, and dropped the blocks of every endpoint the Relay
+	// relays, even one with no batch since.
+	assert.True(t, sink.cleared("probe"), "the endpoint relayed before the loss is cleared")
+}
+
+// cleared reports whether key was cleared.
+func (s *blockingSink) cleared(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.calls {
+		if c.key == key && c.seq < 0 {
+			return true
+		}
+	}
+	return false
 }

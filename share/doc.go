@@ -85,9 +85,13 @@
 // [Group.Run] and not yet applied (NATS drops the batches beyond, counted
 // in [Stats].Rejected), this replica's work at most
 // [Config].MaxEndpoints endpoints (1024) of at most 256 time buckets of 56
-// bytes, and at most [Config].MaxBlocks prefix blocks per batch (8192; a
-// pick that does not fit is dropped and counted). The wire format is
-// versioned and binary; its decoder rejects anything malformed.
+// bytes (a pick at an endpoint beyond them is dropped and counted, and
+// keeps a count of its endpoint until it is done, so that its first token
+// and completion release no other request's work), and at most
+// [Config].MaxBlocks prefix blocks per batch (8192; a pick that does not
+// fit is dropped and counted). The wire format is versioned and binary;
+// its decoder rejects anything malformed. A Group reads only the sender
+// of its own batches, which NATS echoes back to it.
 //
 // # Running several replicas
 //
@@ -134,6 +138,33 @@
 // again, rather than leave them guessed. Run the Relay too ([Relay.Run]):
 // its heartbeats let the Followers drop the blocks of its engines if it
 // dies without a word.
+//
+// A relayed message is a NATS message on the Relay's subject whose data is
+// the engine's payload, as the engine published it, and whose headers say
+// the rest: Llmlb-Endpoint, the endpoint key (in standard base64 when
+// Llmlb-Endpoint-Encoding is "base64"); Llmlb-Seq, the engine's sequence
+// number of the batch, or "clear" when the Followers must drop the
+// endpoint's blocks, or "alive" for a heartbeat, whose period
+// Llmlb-Interval gives in nanoseconds; Llmlb-Relay, the Relay's ID; and
+// Llmlb-Relay-Msg, the message's number among those of the Relay process:
+// a random instance in base 36, "-", and the number, from 1 (heartbeats
+// included). A Follower that misses a number knows at once that messages
+// were lost on the way (dropped by NATS before a slow Follower, or while
+// its connection was down), if not of which endpoints: it drops the blocks
+// of every endpoint that Relay relays, without waiting for each
+// endpoint's next batch to show the gap. Relays before Llmlb-Relay-Msg send
+// none, and their messages are read as before; Followers before it ignore
+// it, so that versions mix during a rolling update.
+//
+// Several Relays may follow the same engines at once, for high
+// availability or while a Relay is replaced. Each Follower hands each
+// batch of an engine to its Sink once, from whichever Relay brings it
+// first, recognising a repeat by its sequence number and payload, and
+// clears an endpoint only when no Relay carries its batches any more: an
+// engine that restarts (its batches numbered from 0 again) is cleared once
+// every Relay has said so, and a Relay that stops or falls silent costs
+// nothing while another relays its engines. Give the Relays distinct IDs,
+// as the random default ones are.
 //
 // # Without NATS
 //

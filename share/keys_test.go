@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -41,4 +42,20 @@ func TestDuplicateIDIsLogged(t *testing.T) {
 	}
 	assert.Equal(t, 1, logs.count("level=WARN"), "one warning")
 	assert.Equal(t, 1, logs.count("another replica publishes under this ID"))
+}
+
+// Batches under this Group's ID with ever new incarnations (a replica in a
+// crash loop, or a hostile publisher) are refused, and logged at most once
+// a minute rather than once each.
+func TestDuplicateIDLogIsBounded(t *testing.T) {
+	var logs lockedBuffer
+	clock := &fakeClock{t: at(0)}
+	a := offline(t, Config{ID: "a", Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	for i := range uint64(100) {
+		clock.Advance(time.Second)
+		b := appendMessage(nil, &message{id: "a", inc: a.inc + 1 + i, seq: 1, width: 1, horizon: 1})
+		assert.ErrorIs(t, a.Receive(b), ErrRefused)
+	}
+	assert.Equal(t, 2, logs.count("another replica publishes under this ID"), "at 1s and 61s")
+	assert.Equal(t, uint64(100), a.Stats().Rejected)
 }

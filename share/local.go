@@ -27,6 +27,12 @@ type local struct {
 	blocks []uint64         // the blocks of routes, back to back
 	sent   map[sentKey]bool // routes already in this batch, by endpoint and last block
 	epIdx  map[string]int   // snapshot's scratch: a routed endpoint's index in the message
+	// untracked counts, by endpoint, the requests in flight picked while
+	// the endpoint had no entry and the table was full: their FirstToken
+	// and Done must release nothing, though an entry may be free by then.
+	// An endpoint is in eps or in untracked, never both, so that no
+	// request is taken for another; nil when empty.
+	untracked map[string]int64
 
 	dropped atomic.Uint64 // picks not buffered: table or block buffer full
 }
@@ -188,7 +194,14 @@ func (l *local) pick(info *llmlb.PickInfo, now int64) {
 	defer l.mu.Unlock()
 	e := l.eps[key]
 	if e == nil {
-		if len(l.eps) >= l.maxEPs {
+		if l.untracked[key] > 0 || len(l.eps) >= l.maxEPs {
+			// Not tracked, and no entry is made for key until every
+			// untracked request at it is done: the Done of one must not
+			// release a tracked one.
+			if l.untracked == nil {
+				l.untracked = make(map[string]int64)
+			}
+			l.untracked[key]++
 			l.dropped.Add(1)
 			return
 		}
@@ -256,7 +269,7 @@ func (l *local) firstToken(key string, picked int64) {
 	defer l.mu.Unlock()
 	e := l.eps[key]
 	if e == nil {
-		return // its pick was dropped
+		return // its pick was dropped, as every one in flight at key
 	}
 	if b := e.find(picked/l.width, false); b != nil {
 		e.tokens -= b.firstToken()
@@ -270,6 +283,18 @@ func (l *local) firstToken(key string, picked int64) {
 func (l *local) done(key string, picked, now int64, streamed, sent bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if n := l.untracked[key]; n > 0 {
+		// Its pick was dropped, as every one in flight at key.
+		if n == 1 {
+			delete(l.untracked, key)
+			if len(l.untracked) == 0 {
+				l.untracked = nil // the memory of a burst is not kept
+			}
+		} else {
+			l.untracked[key] = n - 1
+		}
+		return
+	}
 	e := l.eps[key]
 	if e == nil {
 		return

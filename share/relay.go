@@ -39,6 +39,14 @@ const (
 	headerInterval = "Llmlb-Interval"
 	// headerRelay is the ID of the Relay that published the message.
 	headerRelay = "Llmlb-Relay"
+	// headerRelayMsg numbers the messages of one Relay process: its
+	// instance, a random number in base 36 drawn when the Relay is made,
+	// a "-", and the number of the message, from 1, in decimal. A
+	// Follower that misses a number has lost a message of that Relay.
+	// Relays before it send no such header.
+	headerRelayMsg = "Llmlb-Relay-Msg"
+	// relayMsgBytes bounds the bytes headerRelayMsg adds to a message.
+	relayMsgBytes = len(headerRelayMsg) + len(": ") + 13 + len("-") + 20 + len("\r\n")
 )
 
 // DefaultRelayInterval is the period of a running Relay's heartbeats when
@@ -48,13 +56,8 @@ const DefaultRelayInterval = time.Second
 // Bounds on what a Follower tracks of the Relays it hears, whatever is
 // published on the subject.
 const (
-	maxRelays    = 1024 // Relays followed for liveness
-	maxRelayKeys = 4096 // endpoints of one Relay
-	// maxFollowedKeys bounds the endpoints followed for liveness over all
-	// Relays, so that many Relay IDs each naming their own endpoints
-	// cannot make a Follower hold gigabytes of keys.
-	maxFollowedKeys  = 1 << 14
-	maxRelayIDBytes  = 128 // as RelayConfig.ID
+	maxRelays        = 1024 // Relay processes followed
+	maxRelayIDBytes  = 128  // as RelayConfig.ID
 	maxRelayInterval = time.Minute
 )
 
@@ -67,7 +70,9 @@ type RelayConfig struct {
 	// means [DefaultRelaySubject].
 	Subject string
 	// ID names the Relay in its messages, so that Followers know which
-	// endpoints it relays. "" means a random ID.
+	// endpoints it relays. "" means a random ID. Two Relays that run at
+	// once, one beside the other or during a rolling update, should have
+	// distinct IDs, as the random ones are.
 	ID string
 	// Interval is the period of the heartbeats [Relay.Run] publishes. 0
 	// means [DefaultRelayInterval]; at most a minute.
@@ -100,13 +105,21 @@ type RelayConfig struct {
 // Follower that has heard one drops the blocks of that Relay's endpoints
 // when it hears nothing from it for three Intervals.
 //
+// Several Relays may follow the same engines, for high availability or
+// during a rolling update of the Relay: each Follower hands on each batch
+// once, whichever Relay brought it first (see [Follower]).
+//
 // A Relay is safe for concurrent use and starts no goroutine but Run's.
 type Relay struct {
 	conn     *nats.Conn
 	subject  string
 	id       string
+	instance string // random, in base 36: this process in headerRelayMsg
 	interval time.Duration
 	running  atomic.Bool
+
+	mu   sync.Mutex // serializes the publishing, so that msgs go out in order
+	msgs uint64     // messages the connection took; guarded by mu
 
 	published, failed atomic.Int64
 }
@@ -131,7 +144,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if cfg.Interval == 0 {
 		cfg.Interval = DefaultRelayInterval
 	}
-	return &Relay{conn: cfg.Conn, subject: cfg.Subject, id: cfg.ID, interval: cfg.Interval}, nil
+	return &Relay{conn: cfg.Conn, subject: cfg.Subject, id: cfg.ID, interval: cfg.Interval,
+		instance: strconv.FormatUint(rand.Uint64(), 36)}, nil
 }
 
 // Run publishes a heartbeat every Interval until ctx ends, and returns
@@ -169,12 +183,38 @@ func (r *Relay) heartbeat() *nats.Msg {
 	return m
 }
 
+// publish numbers m (headerRelayMsg) and publishes it. A message the
+// connection refuses takes no number: the Followers see it as a gap at
+// its endpoint's next batch.
 func (r *Relay) publish(m *nats.Msg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.Header.Set(headerRelayMsg, r.instance+"-"+strconv.FormatUint(r.msgs+1, 10))
 	if err := r.conn.PublishMsg(m); err != nil {
 		r.failed.Add(1)
 		return
 	}
+	r.msgs++
 	r.published.Add(1)
+}
+
+// relayMsg parses the value of headerRelayMsg: the Relay's instance and
+// the message's number, and false if v is not one.
+func relayMsg(v string) (instance string, n uint64, ok bool) {
+	i := strings.IndexByte(v, '-')
+	if i < 1 || i > 13 || len(v)-i-1 > 20 {
+		return "", 0, false
+	}
+	for _, c := range v[:i] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'z') {
+			return "", 0, false
+		}
+	}
+	n, err := strconv.ParseUint(v[i+1:], 10, 64)
+	if err != nil || n == 0 {
+		return "", 0, false
+	}
+	return v[:i], n, true
 }
 
 // Forward publishes batch seq of endpoint key, or, for a nil payload, a
@@ -192,8 +232,8 @@ func (r *Relay) Forward(key string, seq int64, payload []byte) {
 
 // relayMessage returns the message of Relay id ("" for none) carrying
 // batch seq of endpoint key, or a clear for a nil payload, a negative seq
-// or a batch whose message, headers included, would exceed maxPayload
-// bytes.
+// or a batch whose message, headers included (and the headerRelayMsg that
+// publish adds), would exceed maxPayload bytes.
 func relayMessage(subject, id, key string, seq int64, payload []byte, maxPayload int64) *nats.Msg {
 	m := nats.NewMsg(subject)
 	if headerSafe(key) {
@@ -206,7 +246,7 @@ func relayMessage(subject, id, key string, seq int64, payload []byte, maxPayload
 		m.Header.Set(headerRelay, id)
 	}
 	m.Header.Set(headerSeq, strconv.FormatInt(seq, 10))
-	if payload == nil || seq < 0 || int64(len(payload)+headerBytes(m.Header)) > maxPayload {
+	if payload == nil || seq < 0 || int64(len(payload)+headerBytes(m.Header)+relayMsgBytes) > maxPayload {
 		m.Header.Set(headerSeq, clearSeq)
 	} else {
 		m.Data = payload
@@ -299,17 +339,19 @@ type FollowerConfig struct {
 	// Sink receives the batches, usually a kvevents.Applier. Required.
 	Sink Sink
 	// Buffer bounds the messages received and not yet applied; beyond it
-	// NATS drops messages, which the Sink sees as gaps. 0 means 4096.
+	// NATS drops messages, which the Follower sees as a loss of messages
+	// of their Relays (see [Follower]). 0 means 4096.
 	Buffer int
 	// BufferBytes bounds the bytes of the messages received and not yet
 	// applied (their payloads and headers); beyond it NATS drops messages,
-	// which the Sink sees as gaps. A message larger than BufferBytes is
-	// always dropped. 0 means [DefaultFollowerBufferBytes].
+	// as beyond Buffer. A message larger than BufferBytes is always
+	// dropped. 0 means [DefaultFollowerBufferBytes].
 	BufferBytes int
 	// OnError, if set, is told of every message that is not a relayed
 	// batch, of every endpoint of a Relay fallen silent (the endpoint's
 	// blocks are then dropped), and, with an empty key, of the messages
-	// dropped beyond Buffer or BufferBytes; it must not block.
+	// of a Relay lost on the way and of those dropped beyond Buffer or
+	// BufferBytes; it must not block.
 	OnError func(key string, err error)
 	// Clock tells the time a Relay was last heard. Nil means the system
 	// clock.
@@ -323,18 +365,45 @@ type FollowerConfig struct {
 // endpoint's blocks rather than guess. Blocks stored before a Follower
 // starts are not known until the engine stores them again.
 //
+// A Relay numbers its messages, so a Follower knows at the next message of
+// a Relay, or its next heartbeat, that messages of it were lost (dropped
+// beyond Buffer or BufferBytes, by a NATS server whose client was too slow,
+// or while the connection was down), though not of which endpoints: every
+// endpoint that Relay relayed is then taken as having a gap, and its blocks
+// are dropped, unless another Relay relays it too (below).
+//
+// Several Relays may relay the same engine, for high availability or
+// during a rolling update. The Follower hands each batch on once, from
+// whichever Relay brings it first, and drops its repeats: a batch it
+// already handed on, recognised by its number and its payload (a Relay
+// passes on the engine's payload as the engine published it, and two
+// batches of an engine are alike only by chance), or one of a Relay whose
+// batches it has not yet seen to be the same. An engine that restarts
+// numbers its batches from 0 again (vLLM's ZmqEventPublisher,
+// vllm/distributed/kv_events.py at commit 0181ea3, draws them from
+// itertools.count() in each process and sends nothing else that names the
+// process), and each Relay's Subscriber then
+// sends a clear before the new batches: a clear, like a sequence that goes
+// back, is handed on once no other Relay is known to carry the batches
+// handed on, so an engine restart still clears the endpoint at the Sink,
+// while a Relay that stops, or has a gap of its own, costs nothing while
+// another carries the endpoint. A Relay that alone brings batches of an
+// endpoint ahead of the others takes it over if they relay nothing of it
+// for 3 seconds. Each endpoint remembers the last 16 batches handed on and
+// 4 Relays; at most 4096 endpoints are followed so, and forgotten after 3
+// minutes without a batch; the batches of other endpoints, and of Relays
+// without an ID (not this package's) or beyond the 1024 followed, are
+// handed on as they come.
+//
 // A Follower that has heard a heartbeat of a Relay ([Relay.Run]) and then
 // hears nothing from it for three of its Intervals drops the blocks of the
-// endpoints that Relay relayed: a Relay that died unseen leaves no guessed
-// blocks behind. An endpoint another Relay relayed since (a Relay restarted
-// under a new ID, or a replacement) is that one's, and keeps its blocks. It
-// follows at most 1024 Relays of 4096 endpoints each, 16384 endpoints in
-// all (the others keep their blocks when their Relay falls silent), and
-// forgets a Relay that never sent a heartbeat (keeping its endpoints'
-// blocks) once it has been silent for three minutes. A message that names
-// a Relay ID longer than 128 bytes, or an endpoint key longer than 1024
-// bytes or in an encoding it does not know, is not from a Relay: it is
-// dropped and reported to OnError.
+// endpoints that Relay relayed, unless another Relay relays them too: a
+// Relay that died unseen leaves no guessed blocks behind. It follows at
+// most 1024 Relays, and forgets a Relay that never sent a heartbeat (keeping
+// its endpoints' blocks) once it has been silent for three minutes. A
+// message that names a Relay ID longer than 128 bytes, or an endpoint key
+// longer than 1024 bytes or in an encoding it does not know, is not from a
+// Relay: it is dropped and reported to OnError.
 //
 // Run is the only method; a Follower starts no goroutine until it is
 // called.
@@ -352,22 +421,25 @@ type Follower struct {
 	// stopped is set when Run returns, so that a message still being
 	// delivered is not applied.
 	stopped bool
-	// relays is what Run knows of each Relay heard.
+	// relays is what Run knows of each Relay process heard, by its ID and,
+	// if its messages are numbered, its instance (see relayIdentity).
 	relays map[string]*relayLife
-	// owner is the Relay followed that last relayed each endpoint: the
-	// one whose silence drops the endpoint's blocks.
-	owner map[string]*relayLife
+	// streams is what Run knows of each endpoint's batches (stream.go).
+	streams map[string]*stream
+	// swept is when streams were last rid of the idle ones.
+	swept time.Time
 }
 
 // DefaultFollowerBufferBytes is the bytes of relayed messages a [Follower]
 // holds before applying them when its config names no bound.
 const DefaultFollowerBufferBytes = 64 << 20
 
-// relayLife is a Follower's view of one Relay.
+// relayLife is a Follower's view of one Relay process.
 type relayLife struct {
-	seen time.Time       // when a message of it last arrived
-	ttl  time.Duration   // three heartbeat periods; 0 before a heartbeat
-	keys map[string]bool // the endpoints it was the last to relay
+	id   string        // its ID
+	seen time.Time     // when a message of it last arrived
+	ttl  time.Duration // three heartbeat periods; 0 before a heartbeat
+	msgs uint64        // the number of its last message (headerRelayMsg); 0 if none
 }
 
 // NewFollower returns a Follower for cfg, or an error wrapping
@@ -394,7 +466,7 @@ func NewFollower(cfg FollowerConfig) (*Follower, error) {
 		cfg.Clock = systemClock{}
 	}
 	return &Follower{conn: cfg.Conn, subject: cfg.Subject, sink: cfg.Sink, buffer: cfg.Buffer, bufferBytes: cfg.BufferBytes,
-		onError: cfg.OnError, clock: cfg.Clock, relays: make(map[string]*relayLife), owner: make(map[string]*relayLife)}, nil
+		onError: cfg.OnError, clock: cfg.Clock, relays: make(map[string]*relayLife), streams: make(map[string]*stream)}, nil
 }
 
 // livenessTick is how often a running Follower looks for silent Relays.
@@ -436,7 +508,7 @@ func (f *Follower) Run(ctx context.Context) error {
 		f.stopped = true
 		f.sink.Clear()
 		clear(f.relays)
-		clear(f.owner)
+		clear(f.streams)
 	}()
 	if err := sub.SetPendingLimits(f.buffer, f.bufferBytes); err != nil {
 		return fmt.Errorf("share: subscribe to %q: %w", f.subject, err)
@@ -465,63 +537,105 @@ func (f *Follower) Run(ctx context.Context) error {
 	}
 }
 
-// heard notes a message of Relay id, relaying key ("" for a heartbeat), and
-// returns its state, or nil if the Follower follows too many Relays.
-func (f *Follower) heard(id, key string) *relayLife {
-	r := f.relays[id]
+// relayIdentity returns the name a Follower knows a Relay process by: its
+// ID and, if its messages are numbered, its instance, so that two
+// processes under one ID (a Relay restarted, or two configured alike)
+// are told apart.
+func relayIdentity(id, instance string) string {
+	if instance == "" {
+		return id
+	}
+	return id + "\x00" + instance
+}
+
+// heard notes a message of Relay id numbered msg (the value of
+// headerRelayMsg) and returns the Relay's state, or nil if the Follower
+// follows too many Relays. A number skipped means that messages of the
+// Relay were lost: its endpoints are then taken to have a gap (see lost).
+func (f *Follower) heard(id, msg string) *relayLife {
+	instance, n, numbered := relayMsg(msg)
+	ident := relayIdentity(id, instance)
+	r := f.relays[ident]
 	if r == nil {
 		if len(f.relays) >= maxRelays {
 			return nil
 		}
-		r = &relayLife{keys: make(map[string]bool)}
-		f.relays[id] = r
+		r = &relayLife{id: id}
+		f.relays[ident] = r
 	}
 	r.seen = f.clock.Now()
-	if o := f.owner[key]; key != "" && o != r {
-		// Another Relay took the endpoint over (the first restarted
-		// under a new ID, or was replaced): the first one's silence no
-		// longer says anything of the blocks stored since.
-		if o != nil {
-			delete(o.keys, key)
-			delete(f.owner, key)
+	if numbered && n > r.msgs {
+		if r.msgs > 0 && n > r.msgs+1 {
+			f.lost(r, n-r.msgs-1)
 		}
-		if len(r.keys) < maxRelayKeys && len(f.owner) < maxFollowedKeys {
-			r.keys[key] = true
-			f.owner[key] = r
-		}
+		r.msgs = n
 	}
 	return r
 }
 
-// forget stops following Relay id, whose state is r.
-func (f *Follower) forget(id string, r *relayLife) {
-	delete(f.relays, id)
-	for key := range r.keys {
-		delete(f.owner, key)
+// lost handles the loss of n messages of Relay r: which endpoints they
+// were of is unknown, so every endpoint r relays has a gap, as if r had
+// cleared it.
+func (f *Follower) lost(r *relayLife, n uint64) {
+	dropped := 0
+	for key, s := range f.streams {
+		if i := s.index(r); i >= 0 && f.release(key, s, i) {
+			dropped++
+		}
+	}
+	if f.onError != nil {
+		f.onError("", fmt.Errorf("share: %d messages of relay %q lost on the way: the blocks of %d endpoints it relayed are dropped",
+			n, truncate(r.id, 32), dropped))
 	}
 }
 
-// expire drops the endpoints last relayed by a Relay not heard from within
-// its TTL, and forgets the Relays that never sent a heartbeat once they are
-// silent for longer than any TTL, keeping their endpoints: they promised no
-// liveness, and Relays come and gone must not fill the table.
-func (f *Follower) expire() {
-	now := f.clock.Now()
-	for id, r := range f.relays {
-		if r.ttl == 0 {
-			if now.Sub(r.seen) > 3*maxRelayInterval {
-				f.forget(id, r)
+// forget stops following Relay process ident, whose state is r. With
+// drop, the endpoints it relayed that no other Relay carries are cleared
+// at the Sink, each reported to OnError with why; without, they keep their
+// blocks.
+func (f *Follower) forget(ident string, r *relayLife, drop bool, why func() error) {
+	delete(f.relays, ident)
+	for key, s := range f.streams {
+		i := s.index(r)
+		if i < 0 {
+			continue
+		}
+		if !drop {
+			s.remove(i)
+			if len(s.from) == 0 {
+				delete(f.streams, key)
 			}
 			continue
 		}
-		if now.Sub(r.seen) <= r.ttl {
-			continue
+		if f.release(key, s, i) && f.onError != nil {
+			f.onError(key, why())
 		}
-		f.forget(id, r)
-		for key := range r.keys {
-			f.sink.Apply(key, -1, nil)
-			if f.onError != nil {
-				f.onError(key, fmt.Errorf("share: relay %q silent for %v: the endpoint's blocks are dropped", id, now.Sub(r.seen).Round(time.Millisecond)))
+	}
+}
+
+// expire drops the endpoints relayed by a Relay not heard from within its
+// TTL, and forgets the Relays that never sent a heartbeat once they are
+// silent for longer than any TTL, keeping their endpoints: they promised no
+// liveness, and Relays come and gone must not fill the table. It also
+// forgets, once a minute, the endpoints that had no batch for longer than
+// streamIdle.
+func (f *Follower) expire() {
+	now := f.clock.Now()
+	for ident, r := range f.relays {
+		switch {
+		case r.ttl == 0 && now.Sub(r.seen) > 3*maxRelayInterval:
+			f.forget(ident, r, false, nil)
+		case r.ttl > 0 && now.Sub(r.seen) > r.ttl:
+			f.forget(ident, r, true, func() error {
+				return fmt.Errorf("share: relay %q silent for %v: the endpoint's blocks are dropped", r.id, now.Sub(r.seen).Round(time.Millisecond))
+			})
+		}
+	}
+	if now.Sub(f.swept) >= time.Minute || now.Before(f.swept) {
+		f.swept = now
+		for key, s := range f.streams {
+			if now.Sub(s.heard) > streamIdle {
+				delete(f.streams, key)
 			}
 		}
 	}
@@ -548,8 +662,9 @@ func (f *Follower) receive(m *nats.Msg) {
 		}
 		return
 	}
+	var r *relayLife
 	if id != "" {
-		r := f.heard(id, key)
+		r = f.heard(id, m.Header.Get(headerRelayMsg))
 		if s == aliveSeq {
 			if r != nil {
 				if d, err := strconv.ParseInt(m.Header.Get(headerInterval), 10, 64); err == nil && d > 0 {
@@ -560,18 +675,18 @@ func (f *Follower) receive(m *nats.Msg) {
 		}
 	}
 	if s == clearSeq {
-		f.sink.Apply(key, -1, nil)
+		f.clear(key, r)
 		return
 	}
 	seq, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || seq < 0 || m.Data == nil {
-		f.sink.Apply(key, -1, nil)
+		f.clear(key, r)
 		if f.onError != nil {
 			f.onError(key, fmt.Errorf("%w: relayed message with sequence %q and %d bytes", ErrMalformed, truncate(s, 32), len(m.Data)))
 		}
 		return
 	}
-	f.sink.Apply(key, seq, m.Data)
+	f.batch(key, seq, m.Data, r)
 }
 
 // truncate returns s cut to n bytes, marked with "..." if it was cut.

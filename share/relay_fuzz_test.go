@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -81,6 +82,77 @@ func FuzzFollowerReceive(f *testing.F) {
 		}
 		if !bytes.Equal(p, data) {
 			t.Fatalf("payload %q for data %q", p, data)
+		}
+	})
+}
+
+// dupSink fails the fuzz test when a key is handed the same batch twice in
+// a row.
+type dupSink struct {
+	t    *testing.T
+	last map[string]string
+}
+
+func (s *dupSink) Apply(key string, seq int64, payload []byte) {
+	if payload == nil {
+		delete(s.last, key)
+		return
+	}
+	b := strconv.FormatInt(seq, 10) + "/" + string(payload)
+	if s.last[key] == b {
+		s.t.Fatalf("batch %s of %q handed on twice", b, key)
+	}
+	s.last[key] = b
+}
+func (s *dupSink) Clear() {}
+
+// FuzzFollowerStreams hands a Follower the messages of a few Relays, each
+// byte choosing a Relay, an endpoint, a sequence number, a payload, a clear
+// or a heartbeat, a message number and a step of the clock: it never
+// panics, keeps within its bounds, and never hands the Sink a batch twice
+// in a row.
+func FuzzFollowerStreams(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add(bytes.Repeat([]byte{0x11, 0x91, 0x12, 0x92}, 8))
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		clock := &fakeClock{t: time.Unix(1000, 0)}
+		sink := &dupSink{t: t, last: map[string]string{}}
+		fl, err := NewFollower(FollowerConfig{Conn: new(nats.Conn), Sink: sink, Clock: clock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := map[string]uint64{}
+		for i := 0; i+1 < len(ops); i += 2 {
+			a, b := ops[i], ops[i+1]
+			id := "r" + strconv.Itoa(int(a&7))
+			key := "e" + strconv.Itoa(int(a>>3&3))
+			var m *nats.Msg
+			switch b >> 6 {
+			case 0:
+				m = relayMessage(DefaultRelaySubject, id, key, -1, nil, 1<<20)
+			case 1:
+				m = (&Relay{subject: DefaultRelaySubject, id: id, interval: time.Second}).heartbeat()
+			default:
+				seq := int64(b & 15)
+				m = relayMessage(DefaultRelaySubject, id, key, seq, []byte{byte(seq), b >> 4 & 3}, 1<<20)
+			}
+			if a>>5 != 0 {
+				msgs[id] += uint64(a >> 5)
+				m.Header.Set(headerRelayMsg, "i-"+strconv.FormatUint(msgs[id], 10))
+			}
+			clock.Advance(time.Duration(b>>4&3) * time.Second)
+			fl.receive(m)
+			if b&0x30 == 0x30 {
+				fl.expire()
+			}
+			if len(fl.streams) > maxStreams || len(fl.relays) > maxRelays {
+				t.Fatalf("%d streams, %d relays", len(fl.streams), len(fl.relays))
+			}
+			for _, s := range fl.streams {
+				if len(s.from) > maxStreamRelays || len(s.from) == 0 {
+					t.Fatalf("a stream of %d relays", len(s.from))
+				}
+			}
 		}
 	})
 }

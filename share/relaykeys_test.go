@@ -110,22 +110,28 @@ func TestFollowerRefusesUndecodableKeys(t *testing.T) {
 }
 
 // Messages naming many Relay IDs, each with endpoints of its own, make a
-// Follower follow at most maxFollowedKeys endpoints in all: else one
-// publisher could make it hold 1024 Relays of 4096 keys of a kilobyte.
+// Follower follow at most maxStreams endpoints of maxStreamRelays Relays,
+// and maxRelays Relays: else one publisher could make it hold 1024 Relays
+// of thousands of keys of a kilobyte. The batches beyond are handed on.
 func TestFollowerBoundsFollowedKeys(t *testing.T) {
-	f, err := NewFollower(FollowerConfig{Conn: new(nats.Conn), Sink: &fuzzSink{}})
+	sink := &fuzzSink{}
+	f, err := NewFollower(FollowerConfig{Conn: new(nats.Conn), Sink: sink})
 	require.NoError(t, err)
 	pad := strings.Repeat("k", 100)
-	for r := range 2 * maxFollowedKeys / maxRelayKeys {
+	sent := 0
+	for r := range 2 * maxRelays {
 		id := fmt.Sprintf("r%d", r)
-		for k := range maxRelayKeys {
-			f.receive(relayMessage(DefaultRelaySubject, id, fmt.Sprintf("%s-%d-%s", id, k, pad), 1, nil, 1<<20))
+		for k := range 2 * maxStreams / maxRelays {
+			f.receive(relayMessage(DefaultRelaySubject, id, fmt.Sprintf("%s-%d-%s", id, k, pad), 1, []byte("b"), 1<<20))
+			sent++
 		}
+		f.receive(relayMessage(DefaultRelaySubject, id, "shared", int64(r+1), []byte(id), 1<<20))
+		sent++
 	}
-	assert.LessOrEqual(t, len(f.owner), maxFollowedKeys)
-	n := 0
-	for _, r := range f.relays {
-		n += len(r.keys)
+	assert.Equal(t, maxStreams, len(f.streams))
+	assert.Equal(t, maxRelays, len(f.relays))
+	for _, s := range f.streams {
+		assert.LessOrEqual(t, len(s.from), maxStreamRelays)
 	}
-	assert.LessOrEqual(t, n, maxFollowedKeys)
+	assert.Equal(t, sent, len(sink.keys), "every batch handed on once: no two alike")
 }

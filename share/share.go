@@ -112,8 +112,10 @@ type Config struct {
 	// rejected until one expires. The parts of a peer's batch too large
 	// for one message count as that one peer. 0 means [DefaultMaxPeers].
 	MaxPeers int
-	// MaxEndpoints bounds the endpoints tracked. 0 means
-	// [DefaultMaxEndpoints].
+	// MaxEndpoints bounds the endpoints tracked. A pick at an endpoint
+	// beyond them is not shared (it is counted in [Stats].Dropped), and
+	// neither are the later picks at that endpoint until each of those in
+	// flight is done. 0 means [DefaultMaxEndpoints].
 	MaxEndpoints int
 	// MaxBlocks bounds the prefix blocks of one batch; a pick's blocks
 	// beyond the room left are cut, and a pick that finds no room is
@@ -177,6 +179,9 @@ type Group struct {
 	recv     message  // the batch being received, reused
 	keys     keyTable // decodeInto's scratch
 	impostor uint64   // incarnation of the last other replica with this ID logged
+	// impostorLogged is when it was logged: another is logged at most
+	// once a downReportInterval, however many incarnations appear.
+	impostorLogged time.Time
 
 	connected atomic.Bool
 	failing   bool // the last publish while connected failed; guarded by batchMu
@@ -680,7 +685,8 @@ func (g *Group) AppendBatch(buf []byte) []byte {
 // the same peer applied before, from a new peer beyond MaxPeers, a part of
 // a peer's batch beyond 64 MiB or 64 parts, or from another replica with
 // this Group's ID); refused batches are counted in
-// [Stats].Rejected. This Group's own batches are ignored.
+// [Stats].Rejected. This Group's own batches are ignored, read no further
+// than their sender.
 func (g *Group) Receive(data []byte) error {
 	return g.receive(data)
 }
@@ -818,6 +824,11 @@ const keepDecoded = 256 << 10
 
 // receive applies one peer batch.
 func (g *Group) receive(data []byte) error {
+	if id, inc, ok := decodeSender(data); ok && inc == g.inc && isOwnID(id, g.id) {
+		// This Group's own batch, echoed by NATS: the rest is not read,
+		// and the buffers kept for the peers' batches are kept.
+		return nil
+	}
 	g.recvMu.Lock()
 	defer g.recvMu.Unlock()
 	m := &g.recv
@@ -835,18 +846,17 @@ func (g *Group) receive(data []byte) error {
 		g.rejected.Add(1)
 		return err
 	}
-	if m.id == g.id || baseID(m.id) == g.id {
-		if m.inc != g.inc {
-			g.rejected.Add(1)
-			if m.inc != g.impostor {
-				// Peers see the two replicas' batches replace each
-				// other's: say so once per other replica.
-				g.impostor = m.inc
-				g.log.Warn("share: another replica publishes under this ID; peers miss the work of one of the two", "self", g.id)
-			}
-			return fmt.Errorf("%w: another replica publishes as %q", ErrRefused, g.id)
+	if baseID(m.id) == g.id {
+		// Another replica's, since this one's incarnation was checked.
+		g.rejected.Add(1)
+		if now := g.clock.Now(); m.inc != g.impostor && (g.impostorLogged.IsZero() || now.Sub(g.impostorLogged) >= downReportInterval) {
+			// Peers see the two replicas' batches replace each
+			// other's: say so once per other replica, and at most
+			// once a minute, whatever claims new incarnations.
+			g.impostor, g.impostorLogged = m.inc, now
+			g.log.Warn("share: another replica publishes under this ID; peers miss the work of one of the two", "self", g.id)
 		}
-		return nil
+		return fmt.Errorf("%w: another replica publishes as %q", ErrRefused, g.id)
 	}
 	t := g.clock.Now()
 	now := g.line.UnixNano(t)

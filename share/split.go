@@ -40,19 +40,37 @@ func partID(id string, k int) string {
 // or, for part k > 0 of its batches, id without the part's suffix.
 func baseID(id string) string {
 	i := strings.LastIndex(id, partSep)
-	if i < 0 {
+	if i < 0 || !isPartNumber(id[i+len(partSep):]) {
 		return id
 	}
-	n := id[i+len(partSep):]
-	if n == "" || n[0] == '0' || len(n) > 4 {
-		return id
+	return id[:i]
+}
+
+// isPartNumber reports whether n is the number of a part k > 0, as partID
+// writes it: digits without a leading zero, at most 4 of them.
+func isPartNumber[T string | []byte](n T) bool {
+	if len(n) == 0 || n[0] == '0' || len(n) > 4 {
+		return false
 	}
 	for j := 0; j < len(n); j++ {
 		if n[j] < '0' || n[j] > '9' {
-			return id
+			return false
 		}
 	}
-	return id[:i]
+	return true
+}
+
+// isOwnID reports whether id, as bytes, is base or the ID of a part of
+// base's batches (baseID(id) == base), without allocating.
+func isOwnID(id []byte, base string) bool {
+	if len(id) < len(base) || string(id[:len(base)]) != base {
+		return false
+	}
+	rest := id[len(base):]
+	if len(rest) == 0 {
+		return true
+	}
+	return len(rest) > len(partSep) && string(rest[:len(partSep)]) == partSep && isPartNumber(rest[len(partSep):])
 }
 
 // routeBytes bounds the encoding of route r in a message of fewer than

@@ -231,6 +231,21 @@ func (d *decoder) fixed64(what string) uint64 {
 	return v
 }
 
+// decodeSender reads the sender's id (bytes of b) and incarnation at the
+// head of message b, and reports false if b is not a message of a version
+// it reads or too short to name them. It reads nothing after them, so
+// that a receiver ignores its own batches, which NATS echoes back to it,
+// without decoding them.
+func decodeSender(b []byte) (id []byte, inc uint64, ok bool) {
+	if len(b) == 0 || len(b) > maxMessageBytes || (b[0] != wireVersion && b[0] != 1) {
+		return nil, 0, false
+	}
+	d := &decoder{b: b[1:]}
+	id = d.bytes("id length", "id", maxIDBytes)
+	inc = d.fixed64("incarnation")
+	return id, inc, d.err == nil
+}
+
 // decode parses one message. It never panics, and it allocates at most a
 // small multiple of len(b): every element it allocates for takes at least
 // one byte of input.

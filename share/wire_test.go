@@ -161,6 +161,10 @@ func FuzzDecode(f *testing.F) {
 		if errReused != nil {
 			t.Fatalf("a reused message refuses what a new one accepts: %v", errReused)
 		}
+		// Its sender reads alone as in the whole message.
+		if id, inc, ok := decodeSender(b); !ok || string(id) != m.id || inc != m.inc {
+			t.Fatalf("sender %q %x (%v), message's %q %x", id, inc, ok, m.id, m.inc)
+		}
 		if !bytes.Equal(appendMessage(nil, &reused), appendMessage(nil, m)) {
 			t.Fatal("a reused message decodes differently")
 		}
