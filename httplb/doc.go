@@ -138,7 +138,11 @@
 // get a generic OpenAI-style error with a request id; the detail (addresses,
 // TLS and DNS errors) goes to the operator's log under that id. An
 // upstream's own 5xx answer is treated alike by [NewUpstreamErrorHandler]:
-// its status and Retry-After reach the client, its body only the log.
+// its status and Retry-After reach the client, its body only the log; and
+// so is its 401, 403 or 429, about its credentials, account or capacity,
+// whose message and headers (a managed provider's name the operator's
+// organisation) stay in the log, and whose error type and code, if plain
+// tokens, reach the client.
 //
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt

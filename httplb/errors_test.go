@@ -137,7 +137,9 @@ func TestProxyErrorHidesDetails(t *testing.T) {
 
 // An upstream's own error answer: a 5xx reaches the client with its status
 // and Retry-After but a generic body and a request id, its body only the
-// log; a 4xx reaches the client as it is, with a request id, and is logged
+// log; so do a 401, 403 and 429, about the upstream's credentials, account
+// or capacity, without the upstream's other headers and logged at Info;
+// another 4xx reaches the client as it is, with a request id, and is logged
 // at Info.
 func TestProxyUpstreamErrors(t *testing.T) {
 	const secret = "Traceback: /srv/model/worker.py line 7, 10.1.2.3"
@@ -150,13 +152,16 @@ func TestProxyUpstreamErrors(t *testing.T) {
 		{http.StatusServiceUnavailable, true, "ERROR", ""},
 		{http.StatusInternalServerError, true, "ERROR", "client-7"},
 		{http.StatusBadRequest, false, "INFO", ""},
-		{http.StatusTooManyRequests, false, "INFO", "client-8"},
+		{http.StatusTooManyRequests, true, "INFO", "client-8"},
+		{http.StatusUnauthorized, true, "INFO", ""},
+		{http.StatusForbidden, true, "INFO", ""},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprint(c.status), func(t *testing.T) {
 			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Retry-After", "3")
 				w.Header().Set("Content-Type", "text/plain")
+				w.Header().Set("Openai-Organization", "org-secret")
 				w.WriteHeader(c.status)
 				fmt.Fprint(w, secret)
 			})
@@ -207,6 +212,9 @@ func TestProxyUpstreamErrors(t *testing.T) {
 			assert.Equal(t, c.status, body.Error.Code)
 			assert.Contains(t, body.Error.Message, id)
 			assert.Equal(t, secret, rec.Body, "the operator sees the upstream's body")
+			if c.status < 500 {
+				assert.Empty(t, resp.Header.Get("Openai-Organization"), "a refusal's headers name the upstream's account")
+			}
 		})
 	}
 }
@@ -569,4 +577,44 @@ func FuzzRelativeLocation(f *testing.F) {
 			t.Fatalf("relativeLocation(%q, %q) = %q", loc, host, got)
 		}
 	})
+}
+
+// A managed provider's 429 reaches the client with its error's type and
+// code, plain tokens, but not its message, which names the operator's
+// organisation, nor its headers but Retry-After.
+func TestProxyUpstreamRefusalKeepsTypeAndCode(t *testing.T) {
+	const org = "org-Zx81secret"
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "7")
+		w.Header().Set("Openai-Organization", org)
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		fmt.Fprint(w, `{"error":{"message":"Rate limit reached for gpt-4o in organization `+org+` on requests per min (RPM): Limit 500.","type":"requests","param":null,"code":"rate_limit_exceeded"}}`)
+	})
+	h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
+	proxy := NewProxy(h.tr)
+	proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.DiscardHandler))
+	gw := httptest.NewServer(proxy)
+	defer gw.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	raw, err := readAll(t, resp)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.Equal(t, "7", resp.Header.Get("Retry-After"))
+	assert.NotContains(t, raw, org)
+	assert.NotContains(t, fmt.Sprint(resp.Header), org)
+	assert.Empty(t, resp.Header.Get("X-Ratelimit-Remaining-Requests"))
+	var body struct {
+		Error struct {
+			Type string `json:"type"`
+			Code any    `json:"code"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(raw), &body), raw)
+	assert.Equal(t, "requests", body.Error.Type)
+	assert.Equal(t, "rate_limit_exceeded", body.Error.Code)
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/apierror"
 	"github.com/llmlb/llmlb/retry"
 )
 
@@ -85,10 +86,16 @@ func upstreamErrorHandler(resp *http.Response) error {
 // upstream's body go to log at level Error. A 407 Proxy Authentication
 // Required, which a forward proxy on the gateway's way to the upstream sends
 // about the gateway's own credentials, is treated alike but reaches the
-// client as a 502 Bad Gateway without any of its headers. Any other answer
-// from 400 to 499 (a context length exceeded, a 429) reaches the client
-// unchanged, since it describes the client's request, and is logged at
-// Info. Either carries the request id in its X-Request-Id header, chosen as
+// client as a 502 Bad Gateway without any of its headers. A 401, 402, 403
+// or 429 reaches the client with its status, its Retry-After and
+// Retry-After-Ms headers and a generic body, keeping the error's type and
+// code if they are plain tokens ("insufficient_quota"), but none of its
+// other headers or its message: it is about the upstream's credentials,
+// account or capacity rather than the request, and a managed provider's
+// names the operator's organisation or part of its key. The upstream's body
+// is logged at Info. Any other answer from 400 to 499 (a context length exceeded, a
+// validation error) reaches the client unchanged, since it describes the
+// client's request, and is logged at Info. Either carries the request id in its X-Request-Id header, chosen as
 // by NewErrorHandler: the id of the request the [Transport] (or NewProxy)
 // was given, not the one the answering attempt was sent with, which has a
 // suffix on a retry or a hedge ("-2") or in a later tier of package spill.
@@ -111,8 +118,12 @@ func NewUpstreamErrorHandler(log *slog.Logger) func(*http.Response) error {
 	}
 }
 
-// maxLoggedBody is how much of an upstream's error body is logged.
-const maxLoggedBody = 1 << 10
+// maxLoggedBody is how much of an upstream's error body is logged, and
+// maxParsedBody how much is read for its type and code.
+const (
+	maxLoggedBody = 1 << 10
+	maxParsedBody = 8 << 10
+)
 
 func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 	if resp.Request == nil {
@@ -136,23 +147,63 @@ func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 		// A retry's or another tier's id, which the upstream logged.
 		attrs = append(attrs, slog.String("upstream_request_id", sent))
 	}
-	if resp.StatusCode < 500 && resp.StatusCode != http.StatusProxyAuthRequired {
-		log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream refused the request", attrs...)
-		return
+	typ, message := "upstream_error", "The upstream failed to answer."
+	var code any = resp.StatusCode
+	refused := false // an answer about the upstream's credentials, account or capacity
+	switch resp.StatusCode {
+	case http.StatusUnauthorized:
+		typ, message, refused = "authentication_error", "The upstream refused the request's credentials.", true
+	case http.StatusPaymentRequired, http.StatusForbidden:
+		typ, message, refused = "permission_error", "The upstream refused the request.", true
+	case http.StatusTooManyRequests:
+		typ, message, refused = "rate_limit_error", "The upstream is rate limited; retry later.", true
+	case http.StatusProxyAuthRequired:
+	default:
+		if resp.StatusCode < 500 {
+			log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream refused the request", attrs...)
+			return
+		}
 	}
-	head := readHead(resp.Body, maxLoggedBody)
-	log.LogAttrs(r.Context(), slog.LevelError, "httplb: upstream failed", append(attrs, slog.String("body", string(head)))...)
+	head := readHead(resp.Body, maxParsedBody)
+	logged := slog.String("body", string(head[:min(len(head), maxLoggedBody)]))
+	if refused {
+		// The error's type and code, if plain tokens ("insufficient_quota"),
+		// tell the client what happened without naming anything.
+		if t, c := apierror.Fields(head); t != "" || c != nil {
+			if t != "" {
+				typ = t
+			}
+			if c != nil {
+				code = c
+			}
+		}
+		log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream refused the request", append(attrs, logged)...)
+	} else {
+		log.LogAttrs(r.Context(), slog.LevelError, "httplb: upstream failed", append(attrs, logged)...)
+	}
 	if resp.StatusCode == http.StatusProxyAuthRequired {
 		// A proxy between the gateway and the upstream wants the
 		// gateway's credentials: nothing the client can send, and its
 		// page and headers (Via, Server) name the proxy. The gateway got
 		// no answer.
-		resp.StatusCode, resp.Status = http.StatusBadGateway, "502 Bad Gateway"
+		resp.StatusCode, resp.Status, code = http.StatusBadGateway, "502 Bad Gateway", http.StatusBadGateway
 		clear(resp.Header)
 		resp.Header.Set(requestIDHeader, id)
 	}
+	if refused {
+		// Its headers name the upstream's account too (a managed
+		// provider's organisation and project, its rate-limit windows):
+		// only the wait it asks for is the client's.
+		for k := range resp.Header {
+			switch k {
+			case "Retry-After", "Retry-After-Ms", requestIDHeader:
+			default:
+				delete(resp.Header, k)
+			}
+		}
+	}
 	var buf bytes.Buffer
-	encodeError(&buf, resp.StatusCode, "upstream_error", "The upstream failed to answer. Request ID: "+id)
+	encodeError(&buf, code, typ, message+" Request ID: "+id)
 	resp.Body = io.NopCloser(&buf)
 	resp.ContentLength = int64(buf.Len())
 	resp.TransferEncoding = nil
@@ -364,13 +415,14 @@ func writeError(w http.ResponseWriter, code int, typ, message string) {
 	encodeError(w, code, typ, message)
 }
 
-// encodeError writes the OpenAI error format's body to w.
-func encodeError(w io.Writer, code int, typ, message string) {
+// encodeError writes the OpenAI error format's body to w; code is a status
+// number or an error's plain token.
+func encodeError(w io.Writer, code any, typ, message string) {
 	var body struct {
 		Error struct {
 			Message string `json:"message"`
 			Type    string `json:"type"`
-			Code    int    `json:"code"`
+			Code    any    `json:"code"`
 		} `json:"error"`
 	}
 	body.Error.Message = message

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/internal/apierror"
 	"github.com/llmlb/llmlb/retry"
 )
 
@@ -113,7 +114,7 @@ func replaceBody(resp *http.Response, id string, now time.Time, limit time.Durat
 	var typ string
 	var code any
 	if whole {
-		typ, code = errorFields(decoded(body, resp.Header.Get("Content-Encoding")))
+		typ, code = apierror.Fields(decoded(body, resp.Header.Get("Content-Encoding")))
 	}
 	defTyp, message := "upstream_error", "The upstream failed to answer."
 	switch resp.StatusCode {
@@ -168,50 +169,6 @@ func replaceBody(resp *http.Response, id string, now time.Time, limit time.Durat
 	resp.Uncompressed = false
 	return body
 }
-
-// maxTokenLen bounds an error's type or code kept by replaceBody.
-const maxTokenLen = 64
-
-// errorFields returns the type and code of an error body, if each is a
-// plain token (a number, for a code): of its "error" object
-// ({"error": {"type", "code"}}, as OpenAI's, Anthropic's and vLLM's are),
-// or else of the body itself (vLLM's older {"object": "error", "type",
-// "code"}). It returns "" and nil for what it cannot read.
-func errorFields(body []byte) (string, any) {
-	var v struct {
-		Error json.RawMessage `json:"error"`
-		Type  json.RawMessage `json:"type"`
-		Code  json.RawMessage `json:"code"`
-	}
-	if json.Unmarshal(body, &v) != nil {
-		return "", nil
-	}
-	var inner struct {
-		Type json.RawMessage `json:"type"`
-		Code json.RawMessage `json:"code"`
-	}
-	if len(v.Error) > 0 && v.Error[0] == '{' && json.Unmarshal(v.Error, &inner) == nil {
-		v.Type, v.Code = inner.Type, inner.Code
-	}
-	var typ string
-	if json.Unmarshal(v.Type, &typ) != nil || !isToken(typ) {
-		typ = ""
-	}
-	var code any
-	var s string
-	var n int64
-	switch {
-	case json.Unmarshal(v.Code, &s) == nil && isToken(s):
-		code = s
-	case json.Unmarshal(v.Code, &n) == nil:
-		code = n
-	}
-	return typ, code
-}
-
-// isToken reports whether s is a short plain token: letters, digits, '-',
-// '_', '.' and ':'.
-func isToken(s string) bool { return s != "" && len(s) <= maxTokenLen && isIDToken(s) }
 
 // clientID returns r's X-Request-Id, the id its client knows it by, if it
 // is one httplb would send (see isIDToken), or "".

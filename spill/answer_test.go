@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/internal/apierror"
 )
 
 // syncBuffer is a bytes.Buffer safe for concurrent use.
@@ -356,12 +357,12 @@ func FuzzReplaceBody(f *testing.F) {
 		if err := json.Unmarshal(got, &e); err != nil {
 			t.Fatalf("body %q: %v", got, err)
 		}
-		if !strings.HasPrefix(e.Error.Message, "The upstream ") || !strings.HasSuffix(e.Error.Message, " Request ID: req_1") || !isToken(e.Error.Type) || e.Error.Param != nil {
+		if !strings.HasPrefix(e.Error.Message, "The upstream ") || !strings.HasSuffix(e.Error.Message, " Request ID: req_1") || !apierror.IsToken(e.Error.Type) || e.Error.Param != nil {
 			t.Fatalf("error %+v", e.Error)
 		}
 		switch c := e.Error.Code.(type) {
 		case string:
-			if !isToken(c) {
+			if !apierror.IsToken(c) {
 				t.Fatalf("code %q", c)
 			}
 		case float64:

@@ -1,0 +1,51 @@
+package apierror
+
+import (
+	"testing"
+)
+
+func TestFields(t *testing.T) {
+	cases := []struct {
+		body string
+		typ  string
+		code any
+	}{
+		{`{"error":{"message":"Rate limit reached in organization org-x","type":"requests","param":null,"code":"rate_limit_exceeded"}}`, "requests", "rate_limit_exceeded"},
+		{`{"error":{"message":"m","type":"insufficient_quota","code":null}}`, "insufficient_quota", nil},
+		{`{"object":"error","message":"m","type":"BadRequestError","code":400}`, "BadRequestError", int64(400)},
+		{`{"type":"error","error":{"type":"rate_limit_error","message":"m"}}`, "rate_limit_error", nil},
+		{`{"error":{"type":"has spaces, so a message","code":"org-x key sk-abc"}}`, "", nil},
+		{`{"error":"Unauthorized"}`, "", nil},
+		{`not json`, "", nil},
+		{``, "", nil},
+		{`{"error":{"code":1.5}}`, "", nil},
+	}
+	for _, c := range cases {
+		typ, code := Fields([]byte(c.body))
+		if typ != c.typ || code != c.code {
+			t.Errorf("Fields(%s) = %q, %#v; want %q, %#v", c.body, typ, code, c.typ, c.code)
+		}
+	}
+}
+
+// Whatever the body, Fields returns only plain tokens or numbers.
+func FuzzFields(f *testing.F) {
+	f.Add([]byte(`{"error":{"type":"requests","code":"rate_limit_exceeded"}}`))
+	f.Add([]byte(`{"object":"error","type":"X","code":400}`))
+	f.Add([]byte(`{"error":{"type":"a b","code":"c\u0000d"}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		typ, code := Fields(body)
+		if typ != "" && !IsToken(typ) {
+			t.Fatalf("type %q is not a plain token", typ)
+		}
+		switch c := code.(type) {
+		case nil, int64:
+		case string:
+			if !IsToken(c) {
+				t.Fatalf("code %q is not a plain token", c)
+			}
+		default:
+			t.Fatalf("code %#v of type %T", code, code)
+		}
+	})
+}
