@@ -24,7 +24,11 @@
 // also binds a replay (ROUTER) socket that answers a sequence number with
 // the batches it still buffers from that number on, then an end marker:
 // each as [seq, payload] (SGLang, vLLM before 2026) or as [topic, seq,
-// payload] (vLLM since 2026), both of which the subscriber reads.
+// payload] (vLLM since 2026), both of which the subscriber reads. SGLang,
+// when its publisher has a snapshot endpoint, appends the publisher's epoch
+// to the topic frame of each live message ("\x00sgl-kv-epoch=" and a UUID
+// drawn in each engine process); a SUB socket matches the topic as a
+// prefix, so the endpoint's topic still receives them.
 //
 // # The subscriber
 //
@@ -66,10 +70,11 @@
 //     [Stats].Unknown.
 //   - A gap in sequence numbers is filled from the replay socket. If the
 //     replay cannot fill it, the engine restarted (sequence numbers went
-//     back, or the last batch applied is not what the replay returns under
-//     its number), or a batch cannot be decoded, the endpoint's blocks are
-//     cleared ([prefix.Index.Cleared]): what it holds is then unknown, and is
-//     never guessed. Without a replay socket, nothing tells an engine that
+//     back, the last batch applied is not what the replay returns under
+//     its number, or the epoch in the topic changed), or a batch cannot be
+//     decoded, the endpoint's blocks are cleared ([prefix.Index.Cleared]):
+//     what it holds is then unknown, and is never guessed. Without a
+//     replay socket and without an epoch, nothing tells an engine that
 //     restarted while the subscriber was away from one that did not, so
 //     the blocks are cleared on every new connection too.
 //

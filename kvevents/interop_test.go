@@ -199,6 +199,54 @@ func TestInteropPythonPublisher(t *testing.T) {
 	py.send("quit")
 }
 
+// TestInteropSGLangEpoch subscribes to a pyzmq publisher whose live
+// messages carry SGLang's epoch after the topic: libzmq's PUB socket
+// matches the subscription as a prefix, so they arrive and are indexed,
+// and an engine restart whose sequence numbers follow on, seen only by
+// its new epoch, clears the endpoint's blocks, once.
+func TestInteropSGLangEpoch(t *testing.T) {
+	python := python(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pubPort, replayPort := freePort(t), freePort(t)
+	py := startScript(t, ctx, python, "testdata/vllm_publisher.py", strconv.Itoa(pubPort), strconv.Itoa(replayPort), "kv-events", strconv.Itoa(testBlock), "epoch")
+	py.expect("ready")
+	step := func(name string) { py.send(name); py.expect("done " + name) }
+
+	idx, h := newTestIndex(t)
+	salt := prefix.Salt{Model: "m"}
+	sub, err := NewSubscriber(Config{Index: idx, Hasher: h, MinBackoff: 10 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, sub.SetEndpoints(map[string]Endpoint{"sglang": {
+		PubAddr:    fmt.Sprintf("tcp://127.0.0.1:%d", pubPort),
+		ReplayAddr: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
+		Topic:      "kv-events",
+		Salt:       salt,
+	}}))
+	var wg sync.WaitGroup
+	subCtx, stopSub := context.WithCancel(ctx)
+	wg.Go(func() { _ = sub.Run(subCtx) })
+	defer wg.Wait()
+	defer stopSub()
+	stats := func() Stats { s, _ := sub.Stats("sglang"); return s }
+	require.Eventually(t, func() bool { step("warm"); return stats().Batches > 0 }, waitFor, 20*time.Millisecond)
+
+	a := h.HashTokens(salt, prompt(1000, 3))
+	d := h.HashTokens(salt, prompt(8000, 2))
+	match := func(hs []uint64) int { return idx.MatchLen("sglang", hs, time.Now()) }
+	step("store")
+	require.Eventually(t, func() bool { return match(a) == 3 }, waitFor, tick, "stats %+v; stderr:\n%s", stats(), py.stderr)
+	before := stats()
+
+	step("epoch_restart")
+	require.Eventually(t, func() bool { return match(d) == 2 }, waitFor, tick, "stats %+v; stderr:\n%s", stats(), py.stderr)
+	assert.Equal(t, 0, match(a), "the blocks of the engine's previous process are still indexed")
+	st := stats()
+	assert.Equal(t, before.Resets+1, st.Resets)
+	assert.Equal(t, int64(0), st.Malformed)
+	py.send("quit")
+}
+
 // TestInteropNewestVLLM subscribes to a pyzmq and msgpack publisher that
 // sends events as vLLM's 2026 kv_events.py encodes them (tagged maps with
 // event_version, typed extra keys, group_idx, kv_cache_spec_kind,

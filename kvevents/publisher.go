@@ -48,7 +48,8 @@ type PublisherConfig struct {
 // for replay: a request of one 8-byte big-endian sequence number on the
 // replay socket (after the empty delimiter frame of a REQ or DEALER client)
 // is answered with one message [sequence number, payload] per buffered
-// batch from that number on, then the end marker [-1, empty payload].
+// batch from that number on, then the end marker [-1, empty payload]; a
+// number of 2^63 or more, beyond every batch, with the end marker alone.
 //
 // [Publisher.Publish] numbers, encodes and queues a batch, and never
 // blocks; [Publisher.Run] binds the sockets and sends until its context
@@ -122,14 +123,20 @@ func (p *Publisher) publish(b *Batch, live bool) {
 	p.mu.Unlock()
 }
 
-// since returns the buffered batches numbered from seq on, oldest first.
-func (p *Publisher) since(seq int64) []frame {
+// since returns the buffered batches numbered from start on, oldest first.
+// Numbers compare as the unsigned 8-byte integers they are on the wire, as
+// vLLM's replay reads them (int.from_bytes(start_seq_bytes, "big") in
+// ZmqEventPublisher._service_replay, vllm/distributed/kv_events.py, from
+// vLLM 0.9 to the 2026 source that replays [topic, seq, payload]): a
+// request of 2^63 or more asks for batches after every one published, and
+// gets none.
+func (p *Publisher) since(start uint64) []frame {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []frame
 	for i := range p.ring {
 		f := p.ring[(p.head+i)%len(p.ring)]
-		if f.seq >= seq {
+		if uint64(f.seq) >= start {
 			out = append(out, f)
 		}
 	}
@@ -138,6 +145,14 @@ func (p *Publisher) since(seq int64) []frame {
 
 // sendTimeout bounds one send on the replay socket.
 const sendTimeout = 5 * time.Second
+
+// The wait after a failed receive on the replay socket starts at
+// minReplayRetry and doubles after each failure in a row, up to
+// maxReplayRetry, so that an error that persists does not spin.
+const (
+	minReplayRetry = 10 * time.Millisecond
+	maxReplayRetry = time.Second
+)
 
 // Run binds the PUB socket (and the replay socket, if configured), sends
 // the queued batches and answers replay requests until ctx ends, then
@@ -187,18 +202,35 @@ func bindAddr(ep string) string {
 	return strings.Replace(ep, "://*:", "://0.0.0.0:", 1)
 }
 
+// replaySocket is what serveReplay uses of the replay (ROUTER) socket.
+type replaySocket interface {
+	Recv() (zmq4.Msg, error)
+	SendMulti(zmq4.Msg) error
+}
+
 // serveReplay answers replay requests until ctx ends.
-func (p *Publisher) serveReplay(ctx context.Context, router zmq4.Socket) {
+func (p *Publisher) serveReplay(ctx context.Context, router replaySocket) {
 	var end [8]byte
 	binary.BigEndian.PutUint64(end[:], ^uint64(0))
+	retry := minReplayRetry
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
 	for {
 		msg, err := router.Recv()
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
+			t.Reset(retry)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return
+			}
+			retry = min(2*retry, maxReplayRetry)
 			continue
 		}
+		retry = minReplayRetry
 		// [identity, "", seq] from REQ and DEALER clients; [identity, seq]
 		// from a DEALER that sends no delimiter.
 		f := msg.Frames
@@ -213,7 +245,7 @@ func (p *Publisher) serveReplay(ctx context.Context, router zmq4.Socket) {
 		if len(rest) != 1 || len(rest[0]) != 8 {
 			continue
 		}
-		start := int64(binary.BigEndian.Uint64(rest[0]))
+		start := binary.BigEndian.Uint64(rest[0])
 		reply := func(seq []byte, payload []byte) error {
 			frames := append(append([][]byte{id}, delim...), seq, payload)
 			return router.SendMulti(zmq4.NewMsgFrom(frames...))

@@ -107,9 +107,11 @@ type Endpoint struct {
 	// "tcp://10.0.0.7:5558". Empty means the engine has none: batches
 	// missed are then never recovered, and the endpoint's blocks are
 	// cleared instead, on every gap and on every new connection (the
-	// engine may have restarted meanwhile).
+	// engine may have restarted meanwhile) unless the topic carries the
+	// engine's epoch, as SGLang's does with a snapshot endpoint.
 	ReplayAddr string
-	// Topic is the topic subscribed to; "" receives every topic.
+	// Topic is the topic subscribed to, matched as a prefix of each
+	// message's topic as ZMQ does; "" receives every topic.
 	Topic string
 	// Salt is the salt the router hashes this engine's prompts with: the
 	// model, and the tenant if the engine serves a single tenant under
@@ -143,8 +145,10 @@ type Stats struct {
 	Gaps, Replayed int64
 	// Resets counts the times the endpoint's blocks were cleared: the
 	// engine's AllBlocksCleared, an engine restart (its sequence numbers
-	// went back), a gap replay could not fill, a new connection to an
-	// engine without a replay socket, or a malformed batch.
+	// went back, or its epoch changed), a gap replay could not fill, a new
+	// connection to an engine without a replay socket or an epoch, or a
+	// malformed batch. A restart counts once, even when the replay after
+	// it fails too.
 	Resets int64
 	// Malformed counts messages that could not be decoded.
 	Malformed int64

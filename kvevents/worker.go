@@ -1,6 +1,7 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -40,6 +41,12 @@ type worker struct {
 	last    int64  // last batch applied, -1 if none
 	lastSum uint64 // XXH64 of its payload
 	live    int64  // last sequence number received on the current connection, -1 if none
+	// The epoch of the engine process that published the last batch
+	// applied (see [topicEpoch]), as its XXH64; epoched is false if that
+	// batch's topic had none.
+	epoch   uint64
+	epoched bool
+	cleared bool // reset cleared the endpoint's blocks, and no batch was applied since
 }
 
 func (s *Subscriber) newWorker(key string, ep Endpoint) *worker {
@@ -136,24 +143,57 @@ func (w *worker) session(ctx context.Context) (got bool, err error) {
 			w.malformed(fmt.Errorf("kvevents: batch numbered %d, beyond %d", seq, int64(math.MaxInt64)))
 			continue
 		}
-		w.receive(ctx, int64(seq), msg.Frames[2])
+		epoch, epoched := topicEpoch(msg.Frames[0])
+		w.receive(ctx, int64(seq), epoch, epoched, msg.Frames[2])
 	}
 }
 
-// receive handles the batch seq received on the PUB socket.
+// epochMarker and snapshotMarker separate the metadata SGLang appends to
+// the topic frame of its live messages when its publisher has a snapshot
+// endpoint: topic + "\x00sgl-kv-epoch=" + epoch, where the epoch is a fresh
+// UUID for each publisher (each engine process), then, on the empty batch
+// that marks where a snapshot was cut, "\x00sgl-kv-snapshot=" + its id
+// (_live_topic and _snapshot_barrier_topic in
+// python/sglang/srt/disaggregation/kv_events.py, SGLang's 2026 source with
+// snapshot_endpoint; without one, the topic is sent as it is). A SUB
+// socket's filter matches the topic as a prefix, so the endpoint's Topic
+// receives these messages.
+var (
+	epochMarker    = []byte("\x00sgl-kv-epoch=")
+	snapshotMarker = []byte("\x00sgl-kv-snapshot=")
+)
+
+// topicEpoch returns the XXH64 of the engine epoch in a topic frame, and
+// false if the frame has none.
+func topicEpoch(topic []byte) (uint64, bool) {
+	_, epoch, ok := bytes.Cut(topic, epochMarker)
+	if !ok {
+		return 0, false
+	}
+	epoch, _, _ = bytes.Cut(epoch, snapshotMarker)
+	return xxhash.Sum64(epoch), true
+}
+
+// receive handles the batch seq received on the PUB socket, whose topic
+// carried the engine epoch (epoched) or not.
 //
 // A batch numbered below one already received on the same connection means
 // the engine restarted (vLLM numbers batches from 0 in each process), and so
 // does the first batch of a new connection numbered below the last one
-// applied. Missed batches are asked of the replay socket; on a new
-// connection the replay also starts with the last batch applied, which
-// must come back unchanged: otherwise the engine restarted and reached the
-// old numbers again while the subscriber was away. Without a replay socket
+// applied, and a batch of another epoch than the last one applied (SGLang
+// draws one for each process), whatever its number. Missed batches are
+// asked of the replay socket; on a new connection the replay also starts
+// with the last batch applied, which must come back unchanged: otherwise
+// the engine restarted and reached the old numbers again while the
+// subscriber was away. Without a replay socket and without an epoch,
 // nothing tells such a restart from a connection that merely broke, so a
-// new connection clears the endpoint's blocks.
-func (w *worker) receive(ctx context.Context, seq int64, payload []byte) {
+// new connection clears the endpoint's blocks. An engine restart clears
+// them once, even when the replay after it fails too.
+func (w *worker) receive(ctx context.Context, seq int64, epoch uint64, epoched bool, payload []byte) {
 	fresh := w.live < 0
 	switch {
+	case w.last >= 0 && (epoched != w.epoched || epoch != w.epoch):
+		w.reset() // another engine process
 	case !fresh && seq <= w.live, fresh && w.last >= 0 && seq <= w.last:
 		w.reset()
 	case seq <= w.last:
@@ -161,16 +201,20 @@ func (w *worker) receive(ctx context.Context, seq int64, payload []byte) {
 		return // already applied from a replay
 	}
 	w.live = seq
+	w.epoch, w.epoched = epoch, epoched
 	gap := w.last >= 0 && seq > w.last+1
 	if gap {
 		w.stats.gaps.Add(1)
 	}
+	// On a new connection, a batch of the epoch of the last one applied
+	// comes from the same engine process.
+	unsure := fresh && w.last >= 0 && !epoched
 	switch {
 	case w.ep.ReplayAddr == "":
-		if gap || fresh && w.last >= 0 {
+		if gap || unsure {
 			w.reset()
 		}
-	case gap, fresh && w.last >= 0, w.last < 0 && seq > 0:
+	case gap, unsure, w.last < 0 && seq > 0:
 		err := w.replay(ctx, seq)
 		if errors.Is(err, errRestarted) {
 			w.reset()
@@ -184,10 +228,17 @@ func (w *worker) receive(ctx context.Context, seq int64, payload []byte) {
 	w.apply(seq, payload)
 }
 
-// reset clears the endpoint's blocks and forgets the sequence.
+// reset clears the endpoint's blocks and forgets the sequence. Once they
+// are cleared, and until a batch is applied, there is nothing to clear: a
+// second reset (a restart detected, then the replay after it failing) does
+// nothing.
 func (w *worker) reset() {
+	if w.cleared {
+		return
+	}
 	w.clear()
 	w.last = -1
+	w.cleared = true
 }
 
 // clear drops the endpoint's blocks, or forwards a clear.
@@ -203,6 +254,7 @@ func (w *worker) clear() {
 // apply decodes and applies batch seq, or forwards it.
 func (w *worker) apply(seq int64, payload []byte) {
 	w.last, w.lastSum = seq, xxhash.Sum64(payload)
+	w.cleared = false
 	w.stats.seq.Store(seq)
 	if err := DecodeBatch(&w.batch, payload); err != nil {
 		w.malformed(fmt.Errorf("kvevents: batch %d: %w", seq, err))

@@ -123,6 +123,8 @@ func FuzzORCA(f *testing.F) {
 		"TEXT utilization.gpu=-0.5",
 		`JSON {"utilization": {"gpu": -1}, "request_cost": {"": 1}}`,
 		"JSON {",
+		`JSON {"cpu_utilization": 0.3, "cpuUtilization": 0.4}`,
+		`JSON {"named_metrics": {"a": 1, "a": 2}, "eps": null}`,
 		"XML <a/>",
 	} {
 		f.Add(s)

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -61,7 +62,10 @@ type OrcaReport struct {
 // Map entries are written with the prefixes named_metrics.,
 // utilization. and request_cost.; an unknown field, a duplicate, or a value
 // that is not a finite number is an error wrapping [ErrORCA], as is a
-// negative utilization or rate.
+// negative utilization or rate. In JSON, a field is named as in the proto3
+// JSON mapping (cpuUtilization) or as in the proto (cpu_utilization),
+// matched exactly; a field given twice, under either name, and a map key
+// given twice are duplicates there too.
 func ParseOrca(header string) (OrcaReport, error) {
 	if len(header) > maxOrcaHeader {
 		return OrcaReport{}, fmt.Errorf("%w: header is %d bytes, above %d", ErrORCA, len(header), maxOrcaHeader)
@@ -175,67 +179,155 @@ func put(m *map[string]float64, key string, v float64) error {
 	return nil
 }
 
-// orcaJSON is the proto3 JSON mapping of OrcaLoadReport; both the
-// lowerCamelCase JSON names and the original field names are accepted.
-type orcaJSON struct {
-	CPUUtilization         *float64           `json:"cpu_utilization"`
-	CPUUtilizationCamel    *float64           `json:"cpuUtilization"`
-	MemUtilization         *float64           `json:"mem_utilization"`
-	MemUtilizationCamel    *float64           `json:"memUtilization"`
-	ApplicationUtilization *float64           `json:"application_utilization"`
-	AppUtilizationCamel    *float64           `json:"applicationUtilization"`
-	RPSFractional          *float64           `json:"rps_fractional"`
-	RPSFractionalCamel     *float64           `json:"rpsFractional"`
-	EPS                    *float64           `json:"eps"`
-	Utilization            map[string]float64 `json:"utilization"`
-	RequestCost            map[string]float64 `json:"request_cost"`
-	RequestCostCamel       map[string]float64 `json:"requestCost"`
-	NamedMetrics           map[string]float64 `json:"named_metrics"`
-	NamedMetricsCamel      map[string]float64 `json:"namedMetrics"`
+// orcaJSONFields maps each name a field of OrcaLoadReport has in its proto3
+// JSON mapping, the lowerCamelCase JSON name and the original field name,
+// to the latter.
+var orcaJSONFields = map[string]string{
+	"cpu_utilization": "cpu_utilization", "cpuUtilization": "cpu_utilization",
+	"mem_utilization": "mem_utilization", "memUtilization": "mem_utilization",
+	"application_utilization": "application_utilization", "applicationUtilization": "application_utilization",
+	"rps_fractional": "rps_fractional", "rpsFractional": "rps_fractional",
+	"eps":          "eps",
+	"utilization":  "utilization",
+	"request_cost": "request_cost", "requestCost": "request_cost",
+	"named_metrics": "named_metrics", "namedMetrics": "named_metrics",
 }
 
+// parseJSON reads a JSON report as protobuf's JSON parser reads an
+// OrcaLoadReport, the parser Envoy's ORCA parser hands JSON reports to
+// (MessageUtil::loadFromJsonNoThrow in source/common/orca/orca_parser.cc;
+// ParseField and ParseMap in src/google/protobuf/json/internal/parser.cc,
+// protobuf 22 and later): field names match exactly, in either of their
+// two forms; a field set twice (under one name or both) and a map key
+// repeated are errors, as they are in TEXT; null leaves a field unset.
+// vLLM, the producer of JSON reports, writes them with json.dumps of a
+// dict (create_orca_header in vllm/entrypoints/openai/orca_metrics.py),
+// which holds no duplicate; grpc-go's orca package sends and reads only
+// the binary form (orca/internal/internal.go, ToLoadReport).
 func (r *OrcaReport) parseJSON(body string) error {
-	var j orcaJSON
 	dec := json.NewDecoder(strings.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&j); err != nil {
-		return fmt.Errorf("%w: JSON: %v", ErrORCA, err)
+	if err := jsonDelim(dec, '{'); err != nil {
+		return err
 	}
-	if dec.More() {
-		return fmt.Errorf("%w: JSON: trailing data after the report", ErrORCA)
-	}
-	pick := func(a, b *float64) float64 {
-		if a != nil {
-			return *a
+	seen := make(map[string]bool) // the fields set so far
+	for dec.More() {
+		name, err := jsonKey(dec)
+		if err != nil {
+			return err
 		}
-		if b != nil {
-			return *b
+		field, ok := orcaJSONFields[name]
+		if !ok {
+			return fmt.Errorf("%w: JSON: unknown field %q", ErrORCA, truncate(name))
 		}
-		return 0
-	}
-	r.CPUUtilization = pick(j.CPUUtilization, j.CPUUtilizationCamel)
-	r.MemUtilization = pick(j.MemUtilization, j.MemUtilizationCamel)
-	r.ApplicationUtilization = pick(j.ApplicationUtilization, j.AppUtilizationCamel)
-	r.RPSFractional = pick(j.RPSFractional, j.RPSFractionalCamel)
-	r.EPS = pick(j.EPS, nil)
-	for _, m := range []struct {
-		dst *map[string]float64
-		a   map[string]float64
-		b   map[string]float64
-	}{
-		{&r.Utilization, j.Utilization, nil},
-		{&r.RequestCost, j.RequestCost, j.RequestCostCamel},
-		{&r.NamedMetrics, j.NamedMetrics, j.NamedMetricsCamel},
-	} {
-		for _, src := range []map[string]float64{m.a, m.b} {
-			for k, v := range src {
-				if err := put(m.dst, k, v); err != nil {
-					return err
-				}
+		if seen[field] {
+			return fmt.Errorf("%w: JSON: duplicate field %q", ErrORCA, truncate(name))
+		}
+		seen[field] = true
+		switch field {
+		case "utilization", "request_cost", "named_metrics":
+			err = r.jsonMap(dec, field)
+		default:
+			var v float64
+			var null bool
+			if v, null, err = jsonNumber(dec, name); err == nil && !null {
+				err = r.set(field, v)
 			}
 		}
+		if err != nil {
+			return err
+		}
+	}
+	if err := jsonDelim(dec, '}'); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: JSON: trailing data after the report", ErrORCA)
 	}
 	return nil
+}
+
+// jsonMap reads the map field of a JSON report, or null.
+func (r *OrcaReport) jsonMap(dec *json.Decoder, field string) error {
+	t, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("%w: JSON: %v", ErrORCA, err)
+	}
+	if t == nil {
+		return nil
+	}
+	if t != json.Delim('{') {
+		return fmt.Errorf("%w: JSON: %s is not an object", ErrORCA, field)
+	}
+	for dec.More() {
+		key, err := jsonKey(dec)
+		if err != nil {
+			return err
+		}
+		name := field + "." + key
+		v, null, err := jsonNumber(dec, name)
+		if err != nil {
+			return err
+		}
+		if null {
+			return fmt.Errorf("%w: JSON: %s is null", ErrORCA, truncate(name))
+		}
+		m := r.mapField(field)
+		if _, dup := (*m)[key]; dup {
+			return fmt.Errorf("%w: JSON: duplicate key %q", ErrORCA, truncate(name))
+		}
+		if err := put(m, key, v); err != nil {
+			return err
+		}
+	}
+	return jsonDelim(dec, '}')
+}
+
+// mapField returns the map field named field of r.
+func (r *OrcaReport) mapField(field string) *map[string]float64 {
+	switch field {
+	case "utilization":
+		return &r.Utilization
+	case "request_cost":
+		return &r.RequestCost
+	}
+	return &r.NamedMetrics
+}
+
+// jsonDelim reads the delimiter d.
+func jsonDelim(dec *json.Decoder, d json.Delim) error {
+	t, err := dec.Token()
+	if err != nil {
+		return fmt.Errorf("%w: JSON: %v", ErrORCA, err)
+	}
+	if t != d {
+		return fmt.Errorf("%w: JSON: got %v, want %v", ErrORCA, t, d)
+	}
+	return nil
+}
+
+// jsonKey reads the key of an object's member.
+func jsonKey(dec *json.Decoder) (string, error) {
+	t, err := dec.Token()
+	if err != nil {
+		return "", fmt.Errorf("%w: JSON: %v", ErrORCA, err)
+	}
+	k, _ := t.(string) // the decoder returns nothing else where a key goes
+	return k, nil
+}
+
+// jsonNumber reads the number of field name, or null.
+func jsonNumber(dec *json.Decoder, name string) (v float64, null bool, err error) {
+	t, err := dec.Token()
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: JSON: field %q: %v", ErrORCA, truncate(name), err)
+	}
+	switch t := t.(type) {
+	case float64:
+		return t, false, nil
+	case nil:
+		return 0, true, nil
+	}
+	return 0, false, fmt.Errorf("%w: JSON: field %q is not a number", ErrORCA, truncate(name))
 }
 
 // Field numbers of xds.data.orca.v3.OrcaLoadReport.

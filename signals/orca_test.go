@@ -430,3 +430,48 @@ func TestOrcaReportsAndScrapesConcurrently(t *testing.T) {
 	assert.Equal(t, n-2, o.Running, "running requests from the newest scrape")
 	assert.Equal(t, 1000+n-2, o.KVBlocks)
 }
+
+// TestParseOrcaJSONStrict checks that a JSON report is read as strictly
+// as a TEXT one, and as protobuf's JSON parser (Envoy's) reads it: names
+// match exactly, and a field or a map key given twice is an error rather
+// than the last one winning.
+func TestParseOrcaJSONStrict(t *testing.T) {
+	errs := []struct{ name, header, mention string }{
+		{"duplicate field", `JSON {"cpu_utilization": 0.3, "cpu_utilization": 0.9}`, "duplicate field"},
+		{"both names of a field", `JSON {"cpu_utilization": 0.3, "cpuUtilization": 0.9}`, "duplicate field"},
+		{"both names of a map", `JSON {"named_metrics": {"a": 1}, "namedMetrics": {"b": 2}}`, "duplicate field"},
+		{"duplicate map", `JSON {"utilization": {"a": 0.1}, "utilization": {"b": 0.2}}`, "duplicate field"},
+		{"duplicate map key", `JSON {"named_metrics": {"num_requests_waiting": 1, "num_requests_waiting": 9}}`, "duplicate key"},
+		{"upper case", `JSON {"CPU_UTILIZATION": 0.3}`, "unknown field"},
+		{"other case", `JSON {"CpuUtilization": 0.3}`, "unknown field"},
+		{"other case of a map", `JSON {"Named_Metrics": {"a": 1}}`, "unknown field"},
+		{"null map value", `JSON {"named_metrics": {"a": null}}`, "null"},
+		{"map not an object", `JSON {"named_metrics": [1]}`, "not an object"},
+		{"nested object", `JSON {"cpu_utilization": {"a": 1}}`, "not a number"},
+	}
+	for _, c := range errs {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := signals.ParseOrca(c.header)
+			require.ErrorIs(t, err, signals.ErrORCA)
+			assert.Contains(t, err.Error(), c.mention)
+		})
+	}
+	oks := []struct {
+		name, header string
+		want         signals.OrcaReport
+	}{
+		{"null fields", `JSON {"cpu_utilization": null, "named_metrics": null, "eps": 1}`, signals.OrcaReport{EPS: 1}},
+		{"escaped name", `JSON {"cpu\u005futilization": 0.5}`, signals.OrcaReport{CPUUtilization: 0.5}},
+		{"same key in two maps", `JSON {"named_metrics": {"a": 1}, "request_cost": {"a": 2}}`,
+			signals.OrcaReport{NamedMetrics: map[string]float64{"a": 1}, RequestCost: map[string]float64{"a": 2}}},
+		{"keys differing in case", `JSON {"named_metrics": {"a": 1, "A": 2}}`,
+			signals.OrcaReport{NamedMetrics: map[string]float64{"a": 1, "A": 2}}},
+	}
+	for _, c := range oks {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := signals.ParseOrca(c.header)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, got)
+		})
+	}
+}

@@ -345,7 +345,9 @@ func (s *Store) Record(key string, l llmlb.Load) error {
 	return s.RecordObservation(key, observationOf(l))
 }
 
-// RecordObservation is like Record for a full observation.
+// RecordObservation is like Record for a full observation. It also fails
+// with [ErrInvalidLoad] for engine counters (Preemptions, PrefixQueries,
+// PrefixHits) that are negative or infinite; NaN means not reported.
 func (s *Store) RecordObservation(key string, o Observation) error {
 	return s.record(key, &o, allFields, true)
 }
@@ -353,7 +355,7 @@ func (s *Store) RecordObservation(key string, o Observation) error {
 // record merges o into key's observation: a full observation if full, else
 // a report of the fields in set.
 func (s *Store) record(key string, p *Observation, set uint8, full bool) error {
-	if err := validate(key, &p.Load); err != nil {
+	if err := validate(key, p); err != nil {
 		return err
 	}
 	if set == 0 {
@@ -485,7 +487,10 @@ func (s *Store) Delete(key string) {
 // Len returns the number of endpoints held.
 func (s *Store) Len() int { return int(s.n.Load()) }
 
-func validate(key string, l *llmlb.Load) error {
+// validate checks the observation o of key. The engine counters, like KV
+// usage, may be NaN: not reported.
+func validate(key string, o *Observation) error {
+	l := &o.Load
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: empty endpoint key", ErrInvalidLoad)
@@ -496,6 +501,13 @@ func validate(key string, l *llmlb.Load) error {
 			ErrInvalidLoad, key, l.Running, l.Waiting, l.KVBlocks, l.BlockSize)
 	case !math.IsNaN(l.KVUsage) && !(l.KVUsage >= 0 && l.KVUsage <= 1):
 		return fmt.Errorf("%w: %q: KV usage %v outside [0, 1]", ErrInvalidLoad, key, l.KVUsage)
+	case badCounter(o.Preemptions) || badCounter(o.PrefixQueries) || badCounter(o.PrefixHits):
+		return fmt.Errorf("%w: %q: engine counter negative or infinite (preemptions %v, prefix queries %v, prefix hits %v)",
+			ErrInvalidLoad, key, o.Preemptions, o.PrefixQueries, o.PrefixHits)
 	}
 	return nil
 }
+
+// badCounter reports whether v cannot be a cumulative count, nor NaN for
+// one not reported.
+func badCounter(v float64) bool { return v < 0 || math.IsInf(v, 0) }

@@ -91,6 +91,35 @@ func TestStoreRejectsInvalid(t *testing.T) {
 	assert.Zero(t, s.Len())
 }
 
+// TestStoreRejectsInvalidCounters checks that RecordObservation refuses
+// engine counters that are negative or infinite, as the scrape's parser
+// does, and accepts NaN, the value of a counter not reported.
+func TestStoreRejectsInvalidCounters(t *testing.T) {
+	var s signals.Store
+	now := time.Unix(1000, 0)
+	nan := math.NaN()
+	for _, bad := range []float64{-1, math.Inf(1), math.Inf(-1)} {
+		for _, o := range []signals.Observation{
+			{Load: llmlb.Load{At: now}, Preemptions: bad, PrefixQueries: nan, PrefixHits: nan},
+			{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: bad, PrefixHits: nan},
+			{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: nan, PrefixHits: bad},
+		} {
+			assert.ErrorIs(t, s.RecordObservation("a", o), signals.ErrInvalidLoad, "%+v", o)
+		}
+	}
+	assert.Zero(t, s.Len())
+	for _, o := range []signals.Observation{
+		{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: nan, PrefixHits: nan},
+		{Load: llmlb.Load{At: now}},
+		{Load: llmlb.Load{At: now}, Preemptions: 3, PrefixQueries: 1e6, PrefixHits: 5e5},
+	} {
+		require.NoError(t, s.RecordObservation("a", o), "%+v", o)
+	}
+	got, ok := s.Observation("a")
+	require.True(t, ok)
+	assert.Equal(t, 3.0, got.Preemptions)
+}
+
 func TestStoreConfig(t *testing.T) {
 	_, err := signals.NewStore(signals.StoreConfig{MaxKeys: -1})
 	assert.ErrorIs(t, err, signals.ErrInvalidConfig)

@@ -8,9 +8,14 @@ name (vLLM since PR 42892), with integer and byte-string block hashes.
 Usage: vllm_publisher.py PUB_PORT REPLAY_PORT TOPIC BLOCK_SIZE [REPLAY_SHAPE]
 
 REPLAY_SHAPE is "seq" (the default: replies [seq, payload], as SGLang and
-vLLM before 2026 send) or "topic" (replies [topic, seq, payload] and the end
+vLLM before 2026 send), "topic" (replies [topic, seq, payload] and the end
 marker ["", -1, ""], as vLLM's ZmqEventPublisher._service_replay sends in
-2026).
+2026) or "epoch" (replies as "seq", and the live messages' topic frame ends
+with "\x00sgl-kv-epoch=" and the publisher's epoch, as SGLang's
+ZmqEventPublisher sends them when it has a snapshot_endpoint: _live_topic
+in python/sglang/srt/disaggregation/kv_events.py). The "epoch_restart"
+step then stands for a new engine process, a new epoch and an empty replay
+buffer, whose numbers follow on from the old one's.
 
 The "newest" steps send events as vLLM's 2026 kv_events.py encodes them:
 tagged maps, the tag first and fields in declaration order, defaults
@@ -38,6 +43,7 @@ meanwhile. It exits on "quit" or at the end of its input.
 import hashlib
 import sys
 import time
+import uuid
 
 import msgpack
 import zmq
@@ -52,6 +58,7 @@ def tokens(base, blocks, block_size):
 class Engine:
     def __init__(self, pub_port, replay_port, topic, block_size, replay_shape="seq"):
         self.replay_topic = replay_shape == "topic"
+        self.epoch = uuid.uuid4().hex if replay_shape == "epoch" else None
         ctx = zmq.Context.instance()
         self.pub = ctx.socket(zmq.PUB)
         self.pub.bind(f"tcp://127.0.0.1:{pub_port}")
@@ -77,7 +84,10 @@ class Engine:
         if keep:
             self.buffer.append((seq, payload))
         if send:
-            self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+            topic = self.topic
+            if self.epoch is not None:
+                topic += b"\x00sgl-kv-epoch=" + self.epoch.encode()
+            self.pub.send_multipart([topic, seq.to_bytes(8, "big"), payload])
 
     def serve_replay(self):
         frames = self.replay.recv_multipart()
@@ -195,6 +205,10 @@ class Engine:
         elif name == "restart":
             # A new engine process: an empty cache, sequence numbers from 0.
             self.seq, self.buffer = 0, []
+            self.publish([self.stored(self.int_hashes(d), d, 0, 2)])
+        elif name == "epoch_restart":
+            # A new engine process, its numbers following on.
+            self.epoch, self.buffer = uuid.uuid4().hex, []
             self.publish([self.stored(self.int_hashes(d), d, 0, 2)])
         elif name == "lost":
             # A batch the replay buffer no longer holds.
