@@ -350,8 +350,10 @@ func TestResponsesFirstTokenAfterPrefill(t *testing.T) {
 	prefill := time.Duration(float64(model.MockerIterTime(model.Batch{PrefillTokens: promptBytes / engine.BytesPerToken})) / speedup)
 	t.Logf("first token: chat %v, responses %v; prefill at least %v", chat, resp, prefill)
 	assert.GreaterOrEqual(t, chat, prefill)
+	// The prefill's own time is the bound: a first token reported at the
+	// stream's preamble comes at once, and comparing with the chat
+	// stream's time would measure the machine's load as well.
 	assert.GreaterOrEqual(t, resp, prefill, "the Responses stream's first token was reported before its prefill ended")
-	assert.GreaterOrEqual(t, resp, chat/2, "the Responses stream's first token was reported long before the chat stream's")
 }
 
 // preambleWatch is a gateway's transport to the engines that tells, once,
