@@ -179,7 +179,8 @@ type Config struct {
 	// request spills at once; while every replica is ejected, cooling down or
 	// asleep, requests go to the next tier directly. The request body is
 	// kept for replay to the next tier, up to Parser's MaxBodyBytes, the
-	// cap it has without SpillTo. A request the gateway refuses itself (its
+	// cap it has without SpillTo; the tiers' cooldowns run on Retry.Clock,
+	// as the ejector's do. A request the gateway refuses itself (its
 	// tenant not established by Parser) does not spill, nor does one a
 	// replica refuses as invalid (a 400 other than a context too long);
 	// and a tier's answer whose status is about the tier (401, 403, 429,
@@ -463,6 +464,8 @@ func New(backends []string, cfg Config) (*Gateway, error) {
 			// bounds it: the first tier refuses a longer one anyway, and a
 			// spill cap of its own would refuse bodies the parser takes.
 			MaxBodyBytes: parser.MaxBodyBytes(),
+			// The tiers' cooldowns run on the clock of the replicas'.
+			Clock: cfg.Retry.Clock,
 			// The answers that requests spill past, which neither the
 			// client nor the proxy's handlers see, are logged by spill,
 			// with the replica that gave them: a failure at level Warn,
