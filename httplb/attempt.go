@@ -739,9 +739,12 @@ func (a *attempt) roundTrip(ctx context.Context, tr *try) (resp *http.Response, 
 func (a *attempt) commitStatus(tr *try, o retry.Outcome) *http.Response {
 	resp := tr.resp
 	err := tr.err
-	// resp.Body may be the *body, finishing nothing, of a stream whose
-	// first event was an error, with the bytes held back.
 	b := &body{rc: resp.Body}
+	if held, ok := resp.Body.(*body); ok {
+		// The *body, finishing nothing, of a stream whose first event was
+		// an error: its bytes held back, and where the error is in them.
+		b.rc, b.buf, b.firstErr, b.errAt, b.errEnd = held.rc, held.buf, held.firstErr, held.errAt, held.errEnd
+	}
 	b.finish = func(error) { a.finish(tr, err, o) }
 	resp.Body = b
 	return resp

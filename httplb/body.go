@@ -35,6 +35,12 @@ type body struct {
 	metered bool
 	// unwatch stops watching the request's context (see watch), if set.
 	unwatch atomic.Pointer[func() bool]
+	// firstErr, if not 0, is the status that the stream's first event, an
+	// error event held back in buf, stands for, and buf[errAt:errEnd] is
+	// that event's value (see peekAs): not yet read, it may be replaced
+	// (see handleFirstError).
+	firstErr      int
+	errAt, errEnd int
 }
 
 // watch finishes the body, as failed with ctx's cause, when ctx is done
@@ -164,7 +170,12 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 		if stream {
 			// No data line, but the stream may have ended after an
 			// error line.
-			return errorFieldCode(buf), nil
+			code = errorFieldCode(buf)
+			if code != 0 {
+				b.firstErr = code
+				b.errAt, b.errEnd = errorFieldSpan(buf)
+			}
+			return code, nil
 		}
 		return 0, nil
 	}
@@ -172,7 +183,16 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 	if i := bytes.IndexAny(value, "\r\n"); i >= 0 {
 		value = value[:i]
 	}
-	return errorEventCode(buf[:ev.data], value), nil
+	code = errorEventCode(buf[:ev.data], value)
+	if code != 0 {
+		b.firstErr = code
+		if errorFieldCode(buf[:ev.data]) != 0 {
+			b.errAt, b.errEnd = errorFieldSpan(buf[:ev.data])
+		} else {
+			b.errAt, b.errEnd = ev.data+max(indexNonSpace(value), 0), ev.data+len(value)
+		}
+	}
+	return code, nil
 }
 
 // eventPeek follows an event stream held back by peek, across reads, to
@@ -348,6 +368,31 @@ func errorFieldCode(head []byte) int {
 		return n
 	}
 	return 0
+}
+
+// errorFieldSpan returns the bounds in head of the value of the first
+// error line (see errorFieldCode), or 0, 0 if there is none.
+func errorFieldSpan(head []byte) (start, end int) {
+	off := 0
+	if bytes.HasPrefix(head, []byte(sse.ByteOrderMark)) {
+		off = len(sse.ByteOrderMark)
+	}
+	for off < len(head) {
+		line := head[off:]
+		next := len(head)
+		if i := bytes.IndexAny(line, "\r\n"); i >= 0 {
+			line, next = line[:i], off+i+1
+		}
+		if bytes.HasPrefix(line, []byte(errorField)) {
+			start = off + len(errorField)
+			if start < off+len(line) && head[start] == ' ' {
+				start++
+			}
+			return start, off + len(line)
+		}
+		off = next
+	}
+	return 0, 0
 }
 
 // anthropicErrors are the statuses of the error types of Anthropic's

@@ -74,8 +74,9 @@
 // endpoint if that status is (by default a
 // 408, 429, 500, 502, 503 or 504, not a 400). When it is not
 // retried, the caller gets the stream as the upstream sent it, the 200 and
-// the error event, and its pick ends, as the Reporter is told, with
-// that status as the error. A stream that carried an error event after its
+// the error event (through [NewProxy], with the event's message made
+// generic, as for an error answer: see [NewUpstreamErrorHandler]), and its
+// pick ends, as the Reporter is told, with that status as the error. A stream that carried an error event after its
 // first is passed on as sent, and ends its pick, and the Reporter's count,
 // as a failure.
 // As the body is read, the output tokens it carries are reported to the pick
@@ -142,7 +143,9 @@
 // so is its 401, 403 or 429, about its credentials, account or capacity,
 // whose message and headers (a managed provider's name the operator's
 // organisation) stay in the log, and whose error type and code, if plain
-// tokens, reach the client.
+// tokens, reach the client. No answer, a success included, passes on the
+// upstream's headers about the operator's account (its organisation,
+// project, deployment, region, rate limits) or its cookies.
 //
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt

@@ -3,11 +3,15 @@ package httplb
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -238,17 +242,18 @@ func TestFirstEventErrorNotRetryable(t *testing.T) {
 }
 
 // When every attempt's first event is an error, the client receives the
-// last attempt's stream as its upstream sent it, and every attempt ends as
-// a failure, once.
+// last attempt's stream as its upstream sent it, but for the error's
+// message, which is generic, and every attempt ends as a failure, once.
 func TestFirstEventErrorAllFail(t *testing.T) {
 	cases := []struct {
 		name, code string // the error's code as sent
 		status     int    // the status it stands for
+		shown      string // the code the client is shown
 	}{
-		{"503", "503", http.StatusServiceUnavailable},
-		{"no code", "null", http.StatusInternalServerError},
-		{"code out of range", "700", http.StatusInternalServerError},
-		{"code a string", `"429"`, http.StatusInternalServerError},
+		{"503", "503", http.StatusServiceUnavailable, "503"},
+		{"no code", "null", http.StatusInternalServerError, "500"},
+		{"code out of range", "700", http.StatusInternalServerError, "700"},
+		{"code a string", `"429"`, http.StatusInternalServerError, `"429"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -260,7 +265,12 @@ func TestFirstEventErrorAllFail(t *testing.T) {
 			h := newObservedHarness(t, Config{Retry: retry.LoopConfig{Reporter: rec, MaxAttempts: 2}}, done, nil, a, b)
 			code, body := postProxy(t, h)
 			assert.Equal(t, http.StatusOK, code)
-			assert.Equal(t, bStream, body)
+			// The stream as sent, but for its error's message, which may
+			// carry the engine's internals.
+			assert.NotEqual(t, bStream, body)
+			assert.NotContains(t, body, "b is down")
+			assert.Regexp(t, `^data: \{"error":\{"message":"The upstream failed to answer. Request ID: req_[A-Z0-9]+","type":"InternalServerError","code":`+
+				regexp.QuoteMeta(c.shown)+`\}\}\n\ndata: \[DONE\]\n\n$`, body)
 			for _, u := range []*upstream{a, b} {
 				assert.EqualValues(t, 1, u.hits.Load())
 				requireStatusFailure(t, rec.reported(u.URL), c.status)
@@ -486,3 +496,81 @@ func TestPeekReadError(t *testing.T) {
 type iotestErr struct{ err error }
 
 func (e iotestErr) Read([]byte) (int, error) { return 0, e.err }
+
+// A stream whose first event is an error that is not retried reaches the
+// client with the event's message generic, as the body of an error answer
+// of the status it stands for would be, in the event's own shape, with its
+// type and code if they are plain tokens; the event as sent goes to the
+// log. An event that describes the request (a 400) reaches it as sent.
+func TestFirstEventErrorHidden(t *testing.T) {
+	const secret = "Traceback: /srv/vllm/worker.py line 7, 10.1.2.3"
+	cases := []struct {
+		name   string
+		stream string
+		level  string
+		status int
+		want   string // the first event's line as the client gets it, with ID for the request id
+	}{
+		{"vLLM", `data: {"error": {"message": "` + secret + `", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\ndata: [DONE]\n\n",
+			"ERROR", 500, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"InternalServerError","code":500}}`},
+		{"vLLM, a type that is no token", `data: {"error": {"message": "` + secret + `", "type": "` + secret + `", "code": 503}}` + "\n\n",
+			"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":503}}`},
+		{"OpenAI rate limit", `data: {"error": {"message": "Rate limit reached in organization org-secret", "type": "requests", "code": "rate_limit_exceeded"}}` + "\n\n",
+			"INFO", 429, `data: {"error":{"message":"The upstream is rate limited; retry later. Request ID: ID","type":"requests","code":"rate_limit_exceeded"}}`},
+		{"Anthropic", "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"" + secret + "\"}}\n\n",
+			"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"overloaded_error","code":503},"type":"error"}`},
+		{"TGI", `data: {"error":"Incomplete generation: ` + secret + `","error_type":"incomplete_generation"}` + "\n\n",
+			"ERROR", 500, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"incomplete_generation"}`},
+		{"Responses error", "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"" + secret + "\",\"param\":null,\"sequence_number\":0}\n\n",
+			"ERROR", 500, `data: {"code":"server_error","message":"The upstream failed to answer. Request ID: ID","param":null,"sequence_number":0,"type":"error"}`},
+		{"Responses failed", "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"" + secret + "\"}}}\n\n",
+			"ERROR", 500, `data: {"response":{"error":{"code":"server_error","message":"The upstream failed to answer. Request ID: ID"},"id":"resp_1","status":"failed"},"type":"response.failed"}`},
+		{"llama.cpp error line", "error: {\"code\":500,\"message\":\"" + secret + "\",\"type\":\"server_error\"}\n\n",
+			"ERROR", 500, `error: {"code":500,"message":"The upstream failed to answer. Request ID: ID","type":"server_error"}`},
+		{"400", `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}` + "\n\n",
+			"INFO", 400, `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			up := newUpstream(t, sendStream(c.stream))
+			h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
+			var logs syncBuffer
+			proxy := NewProxy(h.tr)
+			proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+			gw := httptest.NewServer(proxy)
+			defer gw.Close()
+			client := &http.Client{Transport: &http.Transport{}}
+			defer client.CloseIdleConnections()
+			resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			require.NoError(t, err)
+			body, err := readAll(t, resp)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			id := resp.Header.Get(requestIDHeader)
+			require.True(t, validRequestID(id), id)
+			want := strings.ReplaceAll(c.want, "Request ID: ID", "Request ID: "+id)
+			if c.status == http.StatusBadRequest {
+				assert.Equal(t, c.stream, body, "an error about the request reaches the client as sent")
+			} else {
+				assert.NotContains(t, body, "secret")
+				assert.NotContains(t, body, "Traceback")
+			}
+			assert.Contains(t, body, want+"\n")
+			// The rest of the stream is as sent.
+			_, rest, _ := strings.Cut(c.stream, "\n\n")
+			assert.True(t, strings.HasSuffix(body, "\n\n"+rest), body)
+			var rec struct {
+				Level     string `json:"level"`
+				RequestID string `json:"request_id"`
+				Status    int    `json:"status"`
+				Event     string `json:"event"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(logs.String()), &rec), logs.String())
+			assert.Equal(t, c.level, rec.Level)
+			assert.Equal(t, id, rec.RequestID)
+			assert.Equal(t, c.status, rec.Status)
+			assert.Contains(t, c.stream, rec.Event, "the operator sees the event as sent")
+			assert.NotEmpty(t, rec.Event)
+		})
+	}
+}

@@ -418,3 +418,27 @@ func usageReference(doc []byte) (count int, found bool) {
 		}
 	}
 }
+
+// FuzzGenericErrorEvent checks that the generic form of any error event's
+// value is one JSON value, without the message it was given in place of
+// the upstream's, whatever the upstream sent.
+func FuzzGenericErrorEvent(f *testing.F) {
+	f.Add([]byte(`{"error": {"message": "boom", "type": "InternalServerError", "param": null, "code": 500}}`), 500)
+	f.Add([]byte(`{"type":"error","error":{"type":"overloaded_error","message":"boom"}}`), 503)
+	f.Add([]byte(`{"error":"Incomplete generation","error_type":"incomplete_generation"}`), 500)
+	f.Add([]byte(`{"type":"error","code":"server_error","message":"boom","param":null,"sequence_number":0}`), 500)
+	f.Add([]byte(`{"type":"response.failed","response":{"error":{"code":"server_error","message":"boom"}}}`), 500)
+	f.Add([]byte(`{"code":500,"message":"boom","type":"server_error"}`), 500)
+	f.Add([]byte(`{"type":"response.failed","response":7}`), 500)
+	f.Add([]byte(`not json`), 502)
+	f.Fuzz(func(t *testing.T, value []byte, status int) {
+		const message = "The upstream failed to answer. Request ID: req_1"
+		out := genericErrorEvent(value, status, "upstream_error", message)
+		if !json.Valid(out) {
+			t.Fatalf("%q: not JSON: %q", value, out)
+		}
+		if !bytes.Contains(out, []byte(message)) {
+			t.Fatalf("%q: the generic message is missing: %q", value, out)
+		}
+	})
+}

@@ -41,8 +41,10 @@ const maxRequestIDLen = 128
 // its ErrorHandler is the handler of [NewErrorHandler] and its
 // ModifyResponse that of [NewUpstreamErrorHandler], both with a nil logger,
 // which log the details of each failure with [slog.Default]; set them to
-// the same with another logger to log elsewhere. The returned proxy may be
-// modified before use.
+// the same with another logger to log elsewhere. No answer through it
+// carries the upstream's headers about the operator's account: its
+// organisation, project, deployment, region, rate limits or cookies (see
+// NewUpstreamErrorHandler). The returned proxy may be modified before use.
 func NewProxy(t *Transport) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -102,11 +104,38 @@ func upstreamErrorHandler(resp *http.Response) error {
 // Each log record has the attributes request_id, method, path, status and
 // upstream (the endpoint that answered), and upstream_request_id, the id the
 // upstream was sent, when that differs. nil log means [slog.Default] at the
-// time of the answer. Answers under 400 pass untouched. In every answer, a
-// Location header (a redirect's, a 201 Created's) that names the
-// upstream's own host loses its scheme and host, becoming relative to the
-// gateway: a server builds such a URL (a redirect for a trailing slash,
-// say) from the address it was sent.
+// time of the answer. An answer whose body package spill replaced with a
+// generic one, and logged with the tier's own, is neither logged nor
+// replaced again.
+//
+// A 2xx stream whose first event is an error event the Transport did not
+// retry (see the package documentation) is treated as an answer of the
+// status the event stands for: the event as sent goes to the log, with the
+// attribute event in place of body, and, for a 5xx, 401, 402, 403, 407 or
+// 429, the client gets it in its own shape (an "error" object, a
+// text-generation-inference "error" string, a Responses "error" or
+// "response.failed" event, llama.cpp's error line) with a generic message
+// naming the request id, and the error's type and code only if they are
+// plain tokens; the 200 stays, and so does every other byte of the stream.
+// An error event of another status, a 400 for a prompt too long say,
+// reaches the client as sent.
+//
+// Every answer, a 200 as much as an error, loses the headers that name or
+// describe the operator's account with the upstream rather than the answer:
+// its organisation, project, deployment or region (OpenAI's
+// openai-organization and openai-project, Anthropic's
+// anthropic-organization-id, Azure's x-ms-region and x-ms-deployment-name,
+// azureml-model-deployment), its quota (x-ratelimit-*,
+// anthropic-ratelimit-*, RateLimit: the operator's, which the [Transport]
+// has read before the answer gets here), and the cookies it sets
+// (Set-Cookie: a provider's CDN's, such as Cloudflare's __cf_bm, or a
+// replica's, which are theirs and not the gateway's). Retry-After and
+// Retry-After-Ms stay. Answers under 400 are otherwise untouched, but for
+// a stream's first error event, above. In every answer, a Location header
+// (a redirect's, a 201 Created's) that names the upstream's own host loses
+// its scheme and host, becoming relative to the gateway: a server builds
+// such a URL (a redirect for a trailing slash, say) from the address it
+// was sent.
 func NewUpstreamErrorHandler(log *slog.Logger) func(*http.Response) error {
 	return func(resp *http.Response) error {
 		l := log
@@ -126,27 +155,33 @@ const (
 )
 
 func handleUpstreamError(log *slog.Logger, resp *http.Response) {
+	// The Transport has read the rate-limit headers already (its
+	// retry.QuotaReporter, at the first event, and its retries' waits):
+	// RoundTrip returned before the proxy calls this.
+	apierror.StripAccount(resp.Header)
 	if resp.Request == nil {
 		return
 	}
 	relativeLocation(resp.Header, resp.Request.URL.Host)
 	if resp.StatusCode < 400 {
+		handleFirstError(log, resp)
 		return
 	}
 	r := resp.Request // the request sent upstream
 	id := requestID(r)
 	resp.Header.Set(requestIDHeader, id)
-	attrs := []slog.Attr{
-		slog.String("request_id", id),
-		slog.String("method", r.Method),
-		slog.String("path", r.URL.Path),
-		slog.Int("status", resp.StatusCode),
-		slog.String("upstream", r.URL.Host),
+	// An answer whose body package spill replaced, and logged with the
+	// tier's own body, is not logged again with the generic one; nor is
+	// its body, generic already and keeping the error's plain type and
+	// code, replaced again, but for a 407's, which becomes a 502 below.
+	_, replaced := resp.Body.(*apierror.Replaced)
+	if replaced {
+		if resp.StatusCode != http.StatusProxyAuthRequired {
+			return
+		}
+		log = slog.New(slog.DiscardHandler)
 	}
-	if sent := r.Header.Get(requestIDHeader); sent != "" && sent != id {
-		// A retry's or another tier's id, which the upstream logged.
-		attrs = append(attrs, slog.String("upstream_request_id", sent))
-	}
+	attrs := upstreamAttrs(r, id, resp.StatusCode)
 	typ, message := "upstream_error", "The upstream failed to answer."
 	var code any = resp.StatusCode
 	refused := false // an answer about the upstream's credentials, account or capacity
@@ -210,6 +245,23 @@ func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 	resp.Header.Set("Content-Type", "application/json")
 	resp.Header.Set("Content-Length", strconv.Itoa(buf.Len()))
 	resp.Header.Del("Content-Encoding")
+}
+
+// upstreamAttrs returns the attributes of a log record about the answer of
+// status to r, the request sent upstream, whose client knows it as id.
+func upstreamAttrs(r *http.Request, id string, status int) []slog.Attr {
+	attrs := []slog.Attr{
+		slog.String("request_id", id),
+		slog.String("method", r.Method),
+		slog.String("path", r.URL.Path),
+		slog.Int("status", status),
+		slog.String("upstream", r.URL.Host),
+	}
+	if sent := r.Header.Get(requestIDHeader); sent != "" && sent != id {
+		// A retry's or another tier's id, which the upstream logged.
+		attrs = append(attrs, slog.String("upstream_request_id", sent))
+	}
+	return attrs
 }
 
 // relativeLocation makes h's Location relative to the gateway, without

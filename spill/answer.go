@@ -97,7 +97,8 @@ func logText(head []byte, h http.Header) string {
 // when its body does not (see replaceBody): when to come back, as the
 // OpenAI SDKs read it. Every other header may name the operator's account
 // (OpenAI's openai-organization and openai-project), deployment or region,
-// and the rate-limit headers its quota.
+// and the rate-limit headers its quota; those do not reach the client of
+// any answer (see apierror.StripAccount).
 var keptHeaders = []string{"Retry-After", "Retry-After-Ms"}
 
 // replaceBody replaces the body and headers of resp, an answer of a status
@@ -107,8 +108,10 @@ var keptHeaders = []string{"Retry-After", "Retry-After-Ms"}
 // tokens (OpenAI's "insufficient_quota" or "rate_limit_exceeded", say),
 // which tell a client what happened without naming anything, and the
 // headers of keptHeaders. An answer that asks for a wait with a rate-limit
-// reset alone gets a Retry-After of that wait, at most limit. It returns
-// what it read of the body, which it closes.
+// reset alone gets a Retry-After of that wait, at most limit. The new body
+// is an *apierror.Replaced, which tells httplb's NewUpstreamErrorHandler
+// that the answer is logged already. It returns what it read of the body,
+// which it closes.
 func replaceBody(resp *http.Response, id string, now time.Time, limit time.Duration) []byte {
 	body, whole := drain(resp, maxPeekBytes)
 	var typ string
@@ -162,7 +165,7 @@ func replaceBody(resp *http.Response, id string, now time.Time, limit time.Durat
 		h.Set(requestIDHeader, id)
 	}
 	resp.Header = h
-	resp.Body = io.NopCloser(&buf)
+	resp.Body = apierror.NewReplaced(buf.Bytes())
 	resp.ContentLength = int64(buf.Len())
 	resp.TransferEncoding = nil
 	resp.Trailer = nil

@@ -14,8 +14,9 @@
 //     request (an error wrapping retry.ErrOverloaded), or HTTP 503 asking
 //     for a wait;
 //   - [ContextLength]: HTTP 400 (422 from text-generation-inference)
-//     saying the prompt exceeds the model's context, which a tier with a
-//     longer context may serve (the body is read ahead, on a goroutine of
+//     whose error says the prompt exceeds the model's context, by its code
+//     or the start of its message, which a tier with a longer context may
+//     serve (the body is read ahead, on a goroutine of
 //     its own, and waited for at most a second: one that has not said so
 //     by then stays with its tier, whose caller still reads it whole);
 //   - [ServerError]: HTTP 5xx;
@@ -49,10 +50,21 @@
 // if it has neither), but none of its other headers, and with an
 // OpenAI-style error of a generic message, the request's id, and the type
 // and code of the tier's error when they are plain tokens (such as
-// "insufficient_quota"); its body goes to [Config.Logger]. So does every answer a request spilled
-// past, which the client never sees: a failure at level Warn, a refusal
-// under load or a context too long at Info, once every ten seconds for
-// each tier and upstream, with the count of those left out.
+// "insufficient_quota"); its body goes to [Config.Logger], and only
+// there: httplb's NewUpstreamErrorHandler, told by the body it is given,
+// does not log the generic one again. So does every answer a request
+// spilled past, which the client never sees: a failure at level Warn, a
+// refusal under load or a context too long at Info, once every ten seconds
+// for each tier and upstream, with the count of those left out.
+//
+// No answer, a success included, passes on the headers that name or
+// describe the operator's account with the tier rather than the answer:
+// its organisation, project, deployment or region (OpenAI's
+// openai-organization and openai-project, Anthropic's
+// anthropic-organization-id, Azure's x-ms-region), its rate limits
+// (x-ratelimit-*, anthropic-ratelimit-*: the operator's quota, which the
+// tier's cooldown reads first), or the cookies it sets (Set-Cookie, a
+// provider's CDN's or a replica's, not the gateway's).
 //
 // A spilled response carries the header [DefaultHeader] naming the first
 // tier the request left (as Azure OpenAI's spillover marks its responses),
@@ -86,12 +98,14 @@ import (
 	"compress/gzip"
 	"compress/zlib"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +116,7 @@ import (
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/internal/apierror"
 	"github.com/llmlb/llmlb/retry"
 )
 
@@ -406,6 +421,9 @@ func (t *Transport) answer(r *http.Request, i int, resp *http.Response, err erro
 				answerAttrs(r, t.tiers[i].Name, resp, nil, body, h)...)
 		}
 	}
+	// Read by pushback and replaceBody already, the headers that name the
+	// operator's account with the tier are the operator's, not the client's.
+	apierror.StripAccount(resp.Header)
 	if i > 0 {
 		if resp.Header == nil {
 			resp.Header = make(http.Header)
@@ -586,12 +604,15 @@ const maxDiscardTime = 100 * time.Millisecond
 // (the tier's admission or queue is full) or HTTP 503 with a wait asked
 // (Retry-After or a rate-limit reset); on HTTP 400 or 422 whose error,
 // plain or compressed with gzip, deflate, br or zstd, says the prompt
-// exceeds the model's context (OpenAI's context_length_exceeded, vLLM's
-// "maximum context length" and "longer than the maximum model length",
-// Anthropic's "prompt is too long", and Gemini's, Bedrock's, llama.cpp's
-// and text-generation-inference's wordings, the last a 422, in the first
-// 64 KiB of the body and within a second of the call: a body that stalls
-// is taken as no such error, and its answer stays whole); on any other
+// exceeds the model's context: the code or type of its error is OpenAI's
+// context_length_exceeded or llama.cpp's exceed_context_size_error, or its
+// error's message starts as OpenAI's, vLLM's, SGLang's, Anthropic's,
+// Gemini's, Bedrock's, llama.cpp's or text-generation-inference's (a 422)
+// do ("This model's maximum context length is", "prompt is too long", ...),
+// not merely quotes them further on, as a validation error quoting the
+// prompt does; in the first 64 KiB of the body and within a second of the
+// call: a body that stalls is taken as no such error, and its answer stays
+// whole); on any other
 // HTTP 5xx; and on a transport error other than a cancellation, a timeout
 // included (net/http's dial and response header timeouts satisfy
 // errors.Is(err, context.DeadlineExceeded) as a deadline does;
@@ -649,41 +670,74 @@ func asksWait(h http.Header) bool {
 	return retry.FromHeader(h, time.Time{}, noPushbackLimit).Kind == retry.RetryLater
 }
 
-// contextLengthMarks are what the engines and providers say when a prompt
-// is beyond the model's context, lower-cased.
-var contextLengthMarks = []string{
-	"context_length_exceeded",    // OpenAI's error code
-	"maximum context length",     // OpenAI's and vLLM's message
-	"prompt is too long",         // Anthropic
-	"exceeds the context window", // and similar wordings
-	"context length",
-	// Google Gemini's INVALID_ARGUMENT: "The input token count (N)
-	// exceeds the maximum number of tokens allowed (M)."
-	"exceeds the maximum number of tokens allowed",
-	// Amazon Bedrock's ValidationException.
-	"input is too long for requested model",
-	// llama.cpp's server (tools/server: ERROR_TYPE_EXCEED_CONTEXT_SIZE,
-	// a 400), and Ollama's OpenAI-compatible API over it.
-	"exceed_context_size_error",
-	// vLLM's check of the prompt after multimodal processing, a 400
+// contextLengthCodes are the error codes and types, lower-cased, that say
+// a prompt is beyond the model's context: OpenAI's code, and llama.cpp's
+// server's type (tools/server: ERROR_TYPE_EXCEED_CONTEXT_SIZE, a 400), which
+// Ollama's OpenAI-compatible API passes on.
+var contextLengthCodes = []string{"context_length_exceeded", "exceed_context_size_error"}
+
+// contextLengthMessages are how the engines and providers start the message
+// of an error saying a prompt is beyond the model's context, lower-cased;
+// '#' stands for a number. They are matched at the start of the error's
+// message only, never elsewhere in the body: the 400 with which vLLM
+// (vllm/entrypoints/openai/api_server.py) and SGLang
+// (python/sglang/srt/entrypoints/http_server.py) answer a request that fails
+// validation (their validation_exception_handler) has the message
+// str(exc) + str(exc.errors()), pydantic's errors, each with the offending
+// "input", which may be the client's prompt: a prompt quoting these words
+// would otherwise make any invalid request spill. That message starts with
+// pydantic's account of the errors (their count, or "[{'type': ..."),
+// never with the input.
+var contextLengthMessages = []string{
+	// OpenAI's, and vLLM's (OpenAIServing._validate_input, in
+	// vllm/entrypoints/openai/serving_engine.py, engine/serving.py in later
+	// versions): "This model's maximum context length is N tokens.
+	// However, ..."
+	"this model's maximum context length is #",
+	// vLLM's for max_tokens beyond what the prompt leaves: "'max_tokens' or
+	// 'max_completion_tokens' is too large: N. This model's maximum context
+	// length is M tokens and your request has K input tokens ..."
+	"'max_tokens' or 'max_completion_tokens' is too large: #. this model's maximum context length is #",
+	// vLLM's check of the prompt after multimodal processing
 	// (vllm/v1/engine/processor.py, Processor._validate_model_input,
 	// v0.11): "The decoder prompt (length N) is longer than the maximum
-	// model length of M."
-	"longer than the maximum model length",
+	// model length of M.", "... plus the number of requested output tokens
+	// (at least 1) is longer than ..." in later versions.
+	"the decoder prompt (length #)",
+	"the encoder prompt (length #)",
+	// SGLang's (python/sglang/srt/managers/tokenizer_manager.py,
+	// TokenizerManager._validate_one_request): "The input (N tokens) is
+	// longer than the model's context length (M tokens)." and "Requested
+	// token count exceeds the model's maximum context length of M tokens.
+	// ..."
+	"the input (# tokens) is longer than the model's context length",
+	"requested token count exceeds the model's maximum context length",
+	// OpenAI's later wording, with the code context_length_exceeded.
+	"your input exceeds the context window",
+	// Anthropic's: "prompt is too long: N tokens > M maximum".
+	"prompt is too long",
+	// Google Gemini's INVALID_ARGUMENT: "The input token count (N) exceeds
+	// the maximum number of tokens allowed (M)."
+	"the input token count (#) exceeds the maximum number of tokens allowed",
+	// Amazon Bedrock's ValidationException.
+	"input is too long for requested model",
+	// llama.cpp's server, whose type says so too.
+	"request (# tokens) exceeds the available context size",
+	"the request exceeds the available context size",
 	// Hugging Face text-generation-inference, a 422 "Input validation
 	// error: ..." (router/src/validation.rs, ValidationError::
 	// MaxTotalTokens and InputLength, and router/src/server.rs, v3.3.6).
-	"`inputs` tokens + `max_new_tokens` must be <=",
-	"`inputs` must have less than",
+	"input validation error: `inputs` tokens + `max_new_tokens` must be <= #",
+	"input validation error: `inputs` must have less than #",
 }
 
 // isContextLength reports whether resp, a 400 or 422, says the prompt
-// exceeds the model's context. It reads at most maxPeekBytes of the body
-// ahead (see readAhead) and waits for them at most maxPeekTime: a body
-// that has not said so by then, because it stalls after its headers, is
-// taken as no context-length error, and resp, whose body still returns
-// every byte the tier sends, stays with its tier. A body that fails is
-// none either.
+// exceeds the model's context (see contextLengthError). It reads at most
+// maxPeekBytes of the body ahead (see readAhead) and waits for them at most
+// maxPeekTime: a body that has not said so by then, because it stalls after
+// its headers, is taken as no context-length error, and resp, whose body
+// still returns every byte the tier sends, stays with its tier. A body that
+// fails is none either.
 func isContextLength(resp *http.Response) bool {
 	if resp.Body == nil || resp.Body == http.NoBody {
 		return false
@@ -700,13 +754,96 @@ func isContextLength(resp *http.Response) bool {
 	if err != nil && err != io.EOF {
 		return false
 	}
-	s := strings.ToLower(string(decoded(head, resp.Header.Get("Content-Encoding"))))
-	for _, m := range contextLengthMarks {
-		if strings.Contains(s, m) {
-			return true
+	return contextLengthError(decoded(head, resp.Header.Get("Content-Encoding")))
+}
+
+// contextLengthError reports whether body, an error answer's JSON, says the
+// prompt exceeds the model's context: its error's code or type is one of
+// contextLengthCodes, or its error's message starts as one of
+// contextLengthMessages. The error is the body's "error" object (OpenAI,
+// Anthropic, vLLM, Gemini, llama.cpp), or its "error" string
+// (text-generation-inference), or the body itself (vLLM's and SGLang's
+// {"object": "error", "message": ...}, Bedrock's {"message": ...}). A body
+// that is not JSON, or is cut short, says nothing.
+func contextLengthError(body []byte) bool {
+	var v struct {
+		Error   json.RawMessage `json:"error"`
+		Message json.RawMessage `json:"message"`
+		Type    json.RawMessage `json:"type"`
+		Code    json.RawMessage `json:"code"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return false
+	}
+	fields := [][3]json.RawMessage{{v.Message, v.Type, v.Code}}
+	if len(v.Error) > 0 {
+		switch v.Error[0] {
+		case '{':
+			var e struct {
+				Message json.RawMessage `json:"message"`
+				Type    json.RawMessage `json:"type"`
+				Code    json.RawMessage `json:"code"`
+			}
+			if json.Unmarshal(v.Error, &e) == nil {
+				fields = append(fields, [3]json.RawMessage{e.Message, e.Type, e.Code})
+			}
+		case '"':
+			fields = append(fields, [3]json.RawMessage{v.Error, nil, nil})
+		}
+	}
+	for _, f := range fields {
+		for _, raw := range f[1:] {
+			if s, ok := jsonString(raw); ok && slices.Contains(contextLengthCodes, strings.ToLower(s)) {
+				return true
+			}
+		}
+		msg, ok := jsonString(f[0])
+		if !ok {
+			continue
+		}
+		msg = strings.ToLower(strings.TrimSpace(msg))
+		for _, m := range contextLengthMessages {
+			if hasPattern(msg, m) {
+				return true
+			}
 		}
 	}
 	return false
+}
+
+// jsonString returns the string raw holds, if it holds one.
+func jsonString(raw json.RawMessage) (string, bool) {
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// hasPattern reports whether s starts with pattern, in which '#' stands for
+// one or more ASCII digits.
+func hasPattern(s, pattern string) bool {
+	i := 0
+	for j := 0; j < len(pattern); j++ {
+		if pattern[j] != '#' {
+			if i >= len(s) || s[i] != pattern[j] {
+				return false
+			}
+			i++
+			continue
+		}
+		n := i
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+		if i == n {
+			return false
+		}
+	}
+	return true
 }
 
 // decoded returns the text of head, the first bytes of a body sent with

@@ -205,6 +205,16 @@ func TestDefaultTriggers(t *testing.T) {
 		{"TGI total tokens", status(422, "{\"error\":\"Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens and 200 `max_new_tokens`\",\"error_type\":\"validation\"}"), ContextLength},
 		{"TGI input length", status(422, "{\"error\":\"Input validation error: `inputs` must have less than 4095 tokens. Given: 5000\",\"error_type\":\"validation\"}"), ContextLength},
 		{"TGI other validation", status(422, "{\"error\":\"Input validation error: `temperature` must be strictly positive\",\"error_type\":\"validation\"}"), ""},
+		{"vLLM max_tokens too large", status(400, `{"error":{"message":"'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum context length is 4096 tokens and your request has 2778 input tokens (8000 > 4096 - 2778).","type":"BadRequestError","param":null,"code":400}}`), ContextLength},
+		{"SGLang input too long", status(400, `{"object":"error","message":"The input (10009 tokens) is longer than the model's context length (8192 tokens).","type":"BadRequest","param":null,"code":400}`), ContextLength},
+		{"SGLang total too long", status(400, `{"object":"error","message":"Requested token count exceeds the model's maximum context length of 8192 tokens. You requested a total of 9000 tokens: 8000 tokens from the input messages and 1000 tokens for the completion.","type":"BadRequest","param":null,"code":400}`), ContextLength},
+		// vLLM's and SGLang's validation errors echo the request's input in
+		// their message: a prompt quoting a context-length error is no
+		// context-length error.
+		{"vLLM validation error echoing the prompt", status(400, `{"error":{"message":"1 validation error: {'type': 'value_error', 'loc': ('body', 'temperature'), 'msg': 'bad temperature', 'input': {'messages': [{'role': 'user', 'content': "This model's maximum context length is 10 tokens. context_length_exceeded prompt is too long"}], 'temperature': -1}}","type":"Bad Request","param":null,"code":400}}`), ""},
+		{"SGLang validation error echoing the prompt", status(400, `{"object":"error","message":"1 validation error for ChatCompletionRequest: bad temperature, input: The input (9 tokens) is longer than the model's context length (8 tokens).","type":"Bad Request","param":null,"code":400}`), ""},
+		{"marker outside the message", status(400, `{"error":{"message":"bad temperature","param":"maximum context length","detail":"context_length_exceeded"}}`), ""},
+		{"marker in a body that is no JSON", status(400, `bad temperature: This model's maximum context length is 10 tokens`), ""},
 		{"connection refused", fail(errors.New("dial tcp: connection refused")), Unreachable},
 		{"another 400", status(400, `{"error":{"message":"bad temperature"}}`), ""},
 		{"401", status(401, ""), ""},

@@ -2,7 +2,9 @@
 // the type and code of an OpenAI-style error, when they are plain tokens
 // that name nothing (OpenAI's "insufficient_quota", a status number), as
 // opposed to its message, which may name the operator's organisation, part
-// of a key, a path or an address.
+// of a key, a path or an address. [StripAccount] drops the headers of any
+// answer that are the operator's rather than the client's, and [Replaced]
+// marks a body put in place of an upstream's error body, which was logged.
 package apierror
 
 import "encoding/json"

@@ -49,3 +49,22 @@ func FuzzFields(f *testing.F) {
 		}
 	})
 }
+
+func TestAccountHeader(t *testing.T) {
+	for _, name := range []string{
+		"Openai-Organization", "openai-project", "Anthropic-Organization-Id", "Anthropic-Ratelimit-Tokens-Reset",
+		"X-Ratelimit-Remaining-Tokens", "RateLimit-Policy", "Ratelimit", "X-Ms-Region", "X-Ms-Deployment-Name",
+		"Azureml-Model-Deployment", "Apim-Request-Id", "Set-Cookie", "set-cookie2",
+	} {
+		if !AccountHeader(name) {
+			t.Errorf("AccountHeader(%q) = false", name)
+		}
+	}
+	for _, name := range []string{
+		"Retry-After", "Retry-After-Ms", "Content-Type", "X-Request-Id", "Request-Id", "Cache-Control", "Openai", "X-Ms",
+	} {
+		if AccountHeader(name) {
+			t.Errorf("AccountHeader(%q) = true", name)
+		}
+	}
+}
