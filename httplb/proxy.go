@@ -439,18 +439,7 @@ func requestID(r *http.Request) string {
 func newRequestID() string { return "req_" + rand.Text() }
 
 func validRequestID(id string) bool {
-	if id == "" || len(id) > maxRequestIDLen {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		switch c := id[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
-			c == '-', c == '_', c == '.', c == ':':
-		default:
-			return false
-		}
-	}
-	return true
+	return id != "" && len(id) <= maxRequestIDLen && apierror.Plain(id)
 }
 
 func writeRetryAfter(w http.ResponseWriter, d time.Duration) {

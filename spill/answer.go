@@ -174,9 +174,9 @@ func replaceBody(resp *http.Response, id string, now time.Time, limit time.Durat
 }
 
 // clientID returns r's X-Request-Id, the id its client knows it by, if it
-// is one httplb would send (see isIDToken), or "".
+// is one httplb would send (see apierror.Plain), or "".
 func clientID(r *http.Request) string {
-	if id := r.Header.Get(requestIDHeader); id != "" && len(id) <= maxRequestIDLen && isIDToken(id) {
+	if id := r.Header.Get(requestIDHeader); id != "" && len(id) <= maxRequestIDLen && apierror.Plain(id) {
 		return id
 	}
 	return ""

@@ -267,7 +267,7 @@ func New(cfg Config) (*Transport, error) {
 		idSuffix: make([]string, len(cfg.Tiers)),
 	}
 	for i, tier := range t.tiers[1:] {
-		if isIDToken(tier.Name) {
+		if apierror.Plain(tier.Name) {
 			t.idSuffix[i+1] = "." + tier.Name
 		} else {
 			t.idSuffix[i+1] = "." + strconv.Itoa(i+1)
@@ -471,7 +471,7 @@ func (t *Transport) readBody(r *http.Request) ([]byte, error) {
 func withBody(r *http.Request, body []byte, idSuffix string) *http.Request {
 	c := r.Clone(r.Context())
 	if id := c.Header.Get(requestIDHeader); idSuffix != "" && id != "" &&
-		len(id)+len(idSuffix) <= maxRequestIDLen && isIDToken(id) {
+		len(id)+len(idSuffix) <= maxRequestIDLen && apierror.Plain(id) {
 		c.Header.Set(requestIDHeader, id+idSuffix)
 	}
 	if body == nil {
@@ -489,20 +489,6 @@ const requestIDHeader = "X-Request-Id"
 // maxRequestIDLen is the length of the longest X-Request-Id httplb sends on
 // as the request's own.
 const maxRequestIDLen = 128
-
-// isIDToken reports whether s is made only of the characters httplb allows
-// in a request id: letters, digits, '-', '_', '.' and ':'.
-func isIDToken(s string) bool {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
-			c == '-', c == '_', c == '.', c == ':':
-		default:
-			return false
-		}
-	}
-	return true
-}
 
 // ready reports whether tier i may take a request at now and, if not, the
 // time until it may.

@@ -48,12 +48,14 @@ func Fields(body []byte) (typ string, code any) {
 	return typ, code
 }
 
-// IsToken reports whether s is a short plain token: at most 64 letters,
-// digits, '-', '_', '.' and ':'.
-func IsToken(s string) bool {
-	if s == "" || len(s) > maxTokenLen {
-		return false
-	}
+// IsToken reports whether s is a short plain token: at most 64 of
+// Plain's characters.
+func IsToken(s string) bool { return s != "" && len(s) <= maxTokenLen && Plain(s) }
+
+// Plain reports whether s is made only of letters, digits, '-', '_', '.'
+// and ':', the characters of a plain token and of a request id that httplb
+// sends on.
+func Plain(s string) bool {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9',
