@@ -63,9 +63,9 @@ type Config struct {
 	MaxWaitingPerPrincipal int
 	// MaxPrincipals bounds the principals remembered while they have
 	// nothing waiting or in flight. Past it the one idle the longest is
-	// forgotten, and if it comes back it starts afresh at the least
-	// counter of those waiting (as any newcomer does), losing any lead it
-	// had. Principals with requests waiting or in flight are always
+	// forgotten, and if it comes back it starts afresh, lifted as any
+	// principal that starts waiting (see the package documentation),
+	// losing any lead it had. Principals with requests waiting or in flight are always
 	// tracked; a request refused on arrival does not make the queue track
 	// its principal. 0 means [DefaultMaxPrincipals].
 	MaxPrincipals int

@@ -12,10 +12,34 @@
 // weighted tokens it was served, and the next request admitted is one of
 // the waiting principal with the least counter. Prompt tokens are charged
 // when a request is admitted and output tokens as they stream
-// ([Ticket.Charge]), since output length is not known at admission. A
-// principal that starts waiting has its counter lifted to the least counter
-// of the principals already waiting, so that an idle principal cannot bank
-// credit and then monopolise the capacity.
+// ([Ticket.Charge]), since output length is not known at admission.
+//
+// A principal that starts waiting, or is admitted at once, has its counter
+// lifted, so that an idle principal cannot bank credit and then monopolise
+// the capacity: to the least counter of the principals already waiting (or
+// of the principal admitted last, if none waits), as in VTC, and, if it has
+// nothing in flight, to the queue's virtual time if that is higher. The
+// virtual time never decreases. When a request is admitted, and again when
+// it is done, with the output it was charged, it rises to the counter of
+// the request's principal, as self-clocked fair queueing (Golestani, 1994)
+// sets its virtual time to the finish tag of the packet in service; but no
+// further than the counter that any principal waiting would have if the
+// request had been its own. VTC's level alone would be held down by the
+// principals just lifted to it, which are charged nothing until they are
+// admitted and leave: principals that each wait once (a client with many
+// addresses) would keep it where it is, and a principal above it, served
+// once, would wait as long as any of them waits. The virtual time rises
+// with every request served, so that principals that each wait once are
+// served in turn with the others: with 20 of them always waiting against 3
+// steady principals, each steady one gets about 1/23 of the admissions, as
+// it would against 20 more steady ones. Its bound keeps every principal it
+// lifts at most one request (the last one served, priced at the weight of
+// the principal waiting) above the principal waiting that was served
+// least, whatever the weights: a principal of weight 0.01 is charged 100
+// times its request's tokens, and a virtual time that followed its counter
+// would lift every principal after it as far, serving it as if its weight
+// were theirs. A principal with requests in flight is not lifted to it,
+// since their output, yet to be charged, may be counted in it already.
 //
 // Past its bounds (waiting requests overall or per principal) the queue
 // fails fast, and a waiter whose deadline passes leaves it, with a

@@ -72,6 +72,13 @@ func (q *Queue) counter(key string) (float64, bool) {
 	return p.counter, true
 }
 
+// virtualTime returns the queue's virtual time.
+func (q *Queue) virtualTime() float64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.vtime
+}
+
 // check verifies the queue's internal invariants.
 func (q *Queue) check() error {
 	q.mu.Lock()

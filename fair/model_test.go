@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 )
@@ -14,7 +15,9 @@ type model struct {
 	maxInFlight int
 	maxTokens   int64
 	aging       time.Duration
+	weights     map[string]float64 // every principal's weight
 	counters    map[string]float64
+	vtime       float64 // the virtual time
 	last        string
 	hasLast     bool
 	served      map[int]time.Time // the last admission of each rank
@@ -30,7 +33,8 @@ type mreq struct {
 	rank      int
 	prompt    int64
 	enq       time.Time
-	cost      float64
+	cost      float64 // the counter charge at admission
+	price     float64 // the prompt and output charged, before weight
 	tokens    int64
 }
 
@@ -64,13 +68,38 @@ func (m *model) floor() float64 {
 	return f
 }
 
+// lift lifts the counter of a principal that starts waiting, or is
+// admitted at once: to the least counter of those waiting (or the counter
+// of the principal admitted last), and, if it has nothing in flight, to the
+// virtual time.
+func (m *model) lift(p string) {
+	l := m.floor()
+	if !slices.ContainsFunc(m.inflight, func(r *mreq) bool { return r.principal == p }) {
+		l = max(l, m.vtime)
+	}
+	m.counters[p] = max(m.counters[p], l)
+}
+
+// advance raises the virtual time once r, admitted, was charged: to the
+// counter of r's principal, but not past the counter of any principal
+// waiting plus r's price at that principal's weight.
+func (m *model) advance(r *mreq) {
+	v := m.counters[r.principal]
+	for _, w := range m.waiters {
+		v = min(v, m.counters[w.principal]+r.price/m.weights[w.principal])
+	}
+	m.vtime = max(m.vtime, v)
+}
+
 func (m *model) admit(r *mreq, now time.Time) {
 	if m.served == nil {
 		m.served = map[int]time.Time{}
 	}
 	m.served[r.rank] = now
-	r.cost = float64(max(r.prompt, 1)) * DefaultInputWeight
+	r.price = float64(max(r.prompt, 1)) * DefaultInputWeight
+	r.cost = r.price / m.weights[r.principal]
 	m.counters[r.principal] += r.cost
+	m.advance(r)
 	r.tokens = r.prompt
 	m.tokens += r.prompt
 	m.inflight = append(m.inflight, r)
@@ -79,12 +108,12 @@ func (m *model) admit(r *mreq, now time.Time) {
 
 func (m *model) push(r *mreq) {
 	if len(m.waiters) == 0 && m.fits(r.prompt) {
-		m.counters[r.principal] = max(m.counters[r.principal], m.floor())
+		m.lift(r.principal)
 		m.admit(r, r.enq)
 		return
 	}
 	if !m.waitingPrincipal(r.principal) {
-		m.counters[r.principal] = max(m.counters[r.principal], m.floor())
+		m.lift(r.principal)
 	}
 	m.waiters = append(m.waiters, r)
 	m.dispatch(r.enq)
@@ -150,6 +179,7 @@ func (m *model) dispatch(now time.Time) {
 
 func (m *model) done(i int, now time.Time) {
 	r := m.inflight[i]
+	m.advance(r) // with its output
 	m.inflight = append(m.inflight[:i], m.inflight[i+1:]...)
 	m.tokens -= r.tokens
 	m.dispatch(now)
@@ -157,7 +187,9 @@ func (m *model) done(i int, now time.Time) {
 
 func (m *model) charge(i, n int) {
 	r := m.inflight[i]
-	m.counters[r.principal] += float64(n) * DefaultOutputWeight
+	price := float64(n) * DefaultOutputWeight
+	r.price += price
+	m.counters[r.principal] += price / m.weights[r.principal]
 	r.tokens += int64(n)
 	m.tokens += int64(n)
 }
@@ -202,8 +234,12 @@ func checkQueueMatchesModel(t *testing.T, ops []byte) {
 		ops = ops[:600]
 	}
 	const aging = time.Second
-	q, clk := newTestQueue(t, Config{MaxInFlight: 3, MaxTokensInFlight: 120, MaxWaiting: 1000, AgingInterval: aging})
-	m := &model{maxInFlight: 3, maxTokens: 120, aging: aging, counters: map[string]float64{}}
+	// Weights far apart, so that a principal's charge moves its counter far
+	// past the others' and the bound on the virtual time matters.
+	weights := map[string]float64{"a": 1, "b": 1, "c": 4, "d": 0.01}
+	weight := func(p string) float64 { return weights[p] }
+	q, clk := newTestQueue(t, Config{MaxInFlight: 3, MaxTokensInFlight: 120, MaxWaiting: 1000, AgingInterval: aging, Weight: weight})
+	m := &model{maxInFlight: 3, maxTokens: 120, aging: aging, weights: weights, counters: map[string]float64{}}
 	tickets := map[int]*Ticket{}
 	next := 0
 	for i := 0; i+1 < len(ops); i += 2 {
@@ -258,6 +294,9 @@ func checkQueueMatchesModel(t *testing.T, ops []byte) {
 			if got, _ := q.counter(p); math.Abs(got-c) > 1e-9 {
 				t.Fatalf("op %d: counter of %q %v, model %v", i/2, p, got, c)
 			}
+		}
+		if got := q.virtualTime(); got != m.vtime {
+			t.Fatalf("op %d: virtual time %v, model %v", i/2, got, m.vtime)
 		}
 		if s := q.Stats(); s.TokensInFlight != m.tokens || s.InFlight != len(m.inflight) || s.Waiting != len(m.waiters) {
 			t.Fatalf("op %d: stats %+v, model %d in flight, %d tokens, %d waiting", i/2, s, len(m.inflight), m.tokens, len(m.waiters))

@@ -18,11 +18,11 @@ type Request struct {
 	// "" is a principal like any other. It must be a name the client cannot
 	// choose freely (an authenticated tenant, a client address), never a
 	// session key it sends: a client that sends each request under a new
-	// principal, each lifted to the least counter of those waiting, is
-	// served as that many principals, nearly the whole capacity when it
-	// keeps many requests waiting. A name of any length may be given:
-	// the queue keeps at most 65 bytes of it while it tracks the principal
-	// (a longer name is kept as its SHA-256 digest).
+	// principal is served as that many principals, with n requests waiting
+	// among m other principals waiting about n/(n+m) of the capacity. A
+	// name of any length may be given: the queue keeps at most 65 bytes of
+	// it while it tracks the principal (a longer name is kept as its
+	// SHA-256 digest).
 	Principal string
 	// Class is the request's priority class; the zero value is [Standard].
 	Class Class
@@ -82,6 +82,7 @@ type Queue struct {
 	idle       idleList              // principals with nothing waiting or in flight, most recent first
 	backlog    []*principal          // principals with requests waiting
 	last       *principal            // the principal admitted last: VTC's lifting level when nothing waits
+	vtime      float64               // virtual time, the least level a principal is lifted to; see advanceLocked
 	blocked    *Ticket               // the waiter first in order that did not fit the token cap; nil if none
 	served     [numClasses]time.Time // the last admission of a request of each class, by its own class
 	rate       float64               // admissions per second, exponentially weighted, as of rateAt
@@ -275,7 +276,7 @@ func (q *Queue) enter(r Request, weight float64, deadline time.Time, ready func(
 	t := &Ticket{q: q, p: p, rank: rank, prompt: prompt}
 	if atOnce {
 		// Lifted like any newcomer.
-		p.counter = max(p.counter, q.floorLocked())
+		q.liftLocked(p)
 		q.admitLocked(t, now)
 		return t, true, nil
 	}
@@ -353,6 +354,12 @@ func (q *Queue) abandon(t *Ticket, cause error) error {
 			t.p.counter = c
 		} else {
 			t.p.counter = 0 // NaN-safe, unlike max
+		}
+		if q.vtime == t.vto {
+			// Nothing moved the virtual time since: take back what the
+			// admission moved it, which the principal would otherwise
+			// pay when it is next lifted.
+			q.vtime = t.vfrom
 		}
 		q.releaseLocked(t)
 		observe = false
@@ -493,12 +500,50 @@ func (q *Queue) floorLocked() float64 {
 	return m
 }
 
+// liftLocked lifts the counter of p, which starts waiting or is admitted
+// at once: to the floor, and to the virtual time if nothing of p is in
+// flight. A request in flight is yet to be charged its output, which the
+// virtual time may count already: lifting p to it would charge p that
+// output twice, once a request of p waits while another is in flight.
+func (q *Queue) liftLocked(p *principal) {
+	l := q.floorLocked()
+	if p.inflight == 0 {
+		l = max(l, q.vtime)
+	}
+	p.counter = max(p.counter, l)
+}
+
+// advanceLocked raises the virtual time once t, admitted, was charged (at
+// its admission, and with its output when it is done): to the counter of
+// t's principal, as self-clocked fair queueing (Golestani, 1994) sets its
+// virtual time to the finish tag of the packet in service, but no further
+// than the counter that any principal waiting would have if t had been its
+// request: its counter plus t's price (tokens times their price, before
+// any weight) at its own weight. So the virtual time rises with every
+// request served, and a principal lifted to it is never more than one
+// request (t, priced at the weight of the principal waiting) above the
+// principal waiting that was served least. The bound is what keeps weights
+// meaningful: a principal of weight 0.01 is charged 100 times t's price,
+// and a virtual time that followed its counter would lift every principal
+// after it as far, serving it as if its weight were theirs.
+func (q *Queue) advanceLocked(t *Ticket) {
+	v := t.p.counter
+	for _, b := range q.backlog {
+		v = min(v, b.counter+t.price/b.weight)
+	}
+	q.vtime = max(q.vtime, v)
+}
+
 // admitLocked admits t, which is not queued, at now, and charges its
 // prompt.
 func (q *Queue) admitLocked(t *Ticket, now time.Time) {
 	p := t.p
-	t.cost = float64(max(t.prompt, 1)) * q.inW / p.weight
+	t.price = float64(max(t.prompt, 1)) * q.inW
+	t.cost = t.price / p.weight
 	p.counter += t.cost
+	t.vfrom = q.vtime
+	q.advanceLocked(t)
+	t.vto = q.vtime
 	p.inflight++
 	t.tokens = min(t.prompt, math.MaxInt64-q.tokens) // saturating, as in Charge
 	q.inflight++
@@ -709,7 +754,7 @@ func (q *Queue) shedLongestLocked(rank int, entering *principal, now time.Time) 
 func (q *Queue) pushLocked(t *Ticket) {
 	p := t.p
 	if p.waiting == 0 {
-		p.counter = max(p.counter, q.floorLocked())
+		q.liftLocked(p)
 		p.bidx = len(q.backlog)
 		q.backlog = append(q.backlog, p)
 	}

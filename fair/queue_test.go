@@ -505,6 +505,14 @@ func TestAbandonAfterAdmissionRefunds(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 	w.Done() // no-op
+	// Nor does it lose the refund when it comes back, lifted to the
+	// virtual time the admission had moved: it is charged this request
+	// alone.
+	again, _ := q.push(Request{Principal: "b", PromptTokens: 40})
+	if c, _ := q.counter("b"); c != before+40 {
+		t.Fatalf("counter %v once admitted again, want %v", c, before+40)
+	}
+	again.Done()
 	mustCheck(t, q)
 }
 

@@ -28,6 +28,9 @@ type Ticket struct {
 	// Protected by q.mu.
 	state    int
 	cost     float64 // the counter charge at admission
+	price    float64 // the prompt and output charged so far, before weight
+	vfrom    float64 // the virtual time before its admission
+	vto      float64 // and after
 	tokens   int64   // tokens in flight: prompt plus output charged
 	output   int64   // output tokens charged, at most maxRequestTokens
 	seq      uint64  // arrival order, when queued
@@ -66,7 +69,9 @@ func (t *Ticket) Charge(n int) {
 		return
 	}
 	t.output += add
-	t.p.counter += float64(add) * q.outW / t.p.weight
+	price := float64(add) * q.outW
+	t.price += price
+	t.p.counter += price / t.p.weight
 	// The tokens in flight saturate rather than wrap, which would let
 	// everything past the token cap.
 	add = min(add, math.MaxInt64-q.tokens)
@@ -85,6 +90,7 @@ func (t *Ticket) Done() {
 	defer q.unlock()
 	switch t.state {
 	case stateAdmitted:
+		q.advanceLocked(t) // with the output it was charged
 		q.releaseLocked(t)
 	case stateQueued:
 		q.unlinkLocked(t)
