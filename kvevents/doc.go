@@ -45,9 +45,12 @@
 //     the root of the endpoint's [Endpoint.Salt], with the event's LoRA
 //     adapter and cache salt as its Adapter and Namespace, when there is no
 //     parent). The blocks then match exactly the prompts the router hashes
-//     with the same hasher and salt. Blocks whose parent is unknown, whose
-//     hashes mix in other keys (multimodal inputs, prompt embeddings:
-//     [Event.Salted]) or that come with an event_version newer than this
+//     with the same hasher and salt. Blocks deeper in their chain than the
+//     hasher's MaxBlocks, which no prompt the router hashes reaches, take
+//     no room: they are skipped, as are those stored after them. Blocks
+//     whose parent is unknown, whose hashes mix in other keys (multimodal
+//     inputs, prompt embeddings: [Event.Salted]) or that come with an
+//     event_version newer than this
 //     package knows, that live outside GPU memory or that the engine
 //     reports REMOTE (vLLM's locality), or that belong to a KV-cache group
 //     other than a full-attention one are not indexed: a missing block

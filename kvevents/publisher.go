@@ -45,11 +45,15 @@ type PublisherConfig struct {
 // sent on a PUB socket as the three frames [topic, sequence number as 8
 // bytes big-endian, payload], the payload encoded by [AppendBatch], with
 // sequence numbers counting from 0. The last BufferSteps batches are kept
-// for replay: a request of one 8-byte big-endian sequence number on the
-// replay socket (after the empty delimiter frame of a REQ or DEALER client)
-// is answered with one message [sequence number, payload] per buffered
-// batch from that number on, then the end marker [-1, empty payload]; a
-// number of 2^63 or more, beyond every batch, with the end marker alone.
+// for replay: a request of one big-endian sequence number on the replay
+// socket (after the empty delimiter frame of a REQ or DEALER client) is
+// answered with one message [sequence number, payload] per buffered batch
+// from that number on, then the end marker [-1, empty payload]; a number of
+// 2^63 or more, beyond every batch, with the end marker alone. vLLM's
+// subscribers send the number as 8 bytes; as in vLLM, a number of any
+// other length is read as the unsigned number its bytes spell, an empty one
+// after the delimiter as 0, and one of more than 64 bits as beyond every
+// batch.
 //
 // [Publisher.Publish] numbers, encodes and queues a batch, and never
 // blocks; [Publisher.Run] binds the sockets and sends until its context
@@ -123,6 +127,27 @@ func (p *Publisher) publish(b *Batch, live bool) {
 	p.mu.Unlock()
 }
 
+// replayStart reads the sequence number of a replay request as vLLM does,
+// int.from_bytes(start_seq_bytes, "big") in
+// ZmqEventPublisher._service_replay (vllm/distributed/kv_events.py, vLLM
+// 0.9 to 2026): the unsigned big-endian number of any length, 0 for none.
+// A number that does not fit in 64 bits (more than 8 bytes after its
+// leading zeros) is beyond every sequence number, read as the largest. It
+// allocates nothing and reads each byte at most once.
+func replayStart(b []byte) uint64 {
+	for len(b) > 0 && b[0] == 0 {
+		b = b[1:]
+	}
+	if len(b) > 8 {
+		return ^uint64(0)
+	}
+	var n uint64
+	for _, c := range b {
+		n = n<<8 | uint64(c)
+	}
+	return n
+}
+
 // since returns the buffered batches numbered from start on, oldest first.
 // Numbers compare as the unsigned 8-byte integers they are on the wire, as
 // vLLM's replay reads them (int.from_bytes(start_seq_bytes, "big") in
@@ -181,7 +206,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		if err := router.Listen(bindAddr(p.cfg.ReplayEndpoint)); err != nil {
 			return fmt.Errorf("kvevents: %w", err)
 		}
-		wg.Go(func() { p.serveReplay(ctx, router) })
+		wg.Go(func() { p.serveReplay(ctx, router, sleep) })
 	}
 	for {
 		select {
@@ -208,23 +233,28 @@ type replaySocket interface {
 	SendMulti(zmq4.Msg) error
 }
 
-// serveReplay answers replay requests until ctx ends.
-func (p *Publisher) serveReplay(ctx context.Context, router replaySocket) {
+// sleep waits for d or until ctx ends, and reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// serveReplay answers replay requests until ctx ends, waiting with wait
+// ([sleep], or a fake clock's in tests) after a failed receive.
+func (p *Publisher) serveReplay(ctx context.Context, router replaySocket, wait func(context.Context, time.Duration) bool) {
 	var end [8]byte
 	binary.BigEndian.PutUint64(end[:], ^uint64(0))
 	retry := minReplayRetry
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
 	for {
 		msg, err := router.Recv()
 		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			t.Reset(retry)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
+			if ctx.Err() != nil || !wait(ctx, retry) {
 				return
 			}
 			retry = min(2*retry, maxReplayRetry)
@@ -242,10 +272,11 @@ func (p *Publisher) serveReplay(ctx context.Context, router replaySocket) {
 		if len(rest) == 2 && len(rest[0]) == 0 {
 			delim, rest = [][]byte{{}}, rest[1:]
 		}
-		if len(rest) != 1 || len(rest[0]) != 8 {
+		// A lone empty frame is a delimiter without a request.
+		if len(rest) != 1 || (delim == nil && len(rest[0]) == 0) {
 			continue
 		}
-		start := binary.BigEndian.Uint64(rest[0])
+		start := replayStart(rest[0])
 		reply := func(seq []byte, payload []byte) error {
 			frames := append(append([][]byte{id}, delim...), seq, payload)
 			return router.SendMulti(zmq4.NewMsgFrom(frames...))

@@ -1,9 +1,11 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,12 +20,24 @@ import (
 // and returns the sequence numbers of the replies, the end marker's last.
 func replayFrom(ctx context.Context, t *testing.T, addr string, start uint64) []uint64 {
 	t.Helper()
+	return replayRequest(ctx, t, addr, binary.BigEndian.AppendUint64(nil, start))
+}
+
+// replayRequest sends each of reqs on one DEALER connection to the replay
+// socket at addr, each a message of its own, the first n-1 without the
+// empty delimiter frame (to be ignored), the last with it, and returns the
+// sequence numbers of the replies, the end marker's last.
+func replayRequest(ctx context.Context, t *testing.T, addr string, reqs ...[]byte) []uint64 {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, waitFor)
 	defer cancel()
 	d := zmq4.NewDealer(ctx, zmq4.WithLogger(quiet))
 	defer d.Close()
 	require.NoError(t, d.Dial(addr))
-	require.NoError(t, d.SendMulti(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, start))))
+	for _, r := range reqs[:len(reqs)-1] {
+		require.NoError(t, d.Send(zmq4.NewMsg(r)))
+	}
+	require.NoError(t, d.SendMulti(zmq4.NewMsgFrom(nil, reqs[len(reqs)-1])))
 	var seqs []uint64
 	for {
 		msg, err := d.Recv()
@@ -69,35 +83,107 @@ func TestReplayFromBeyondInt64(t *testing.T) {
 	}
 }
 
-// failingSocket is a replay socket whose every Recv fails.
-type failingSocket struct{ recvs atomic.Int64 }
+// TestReplayRequestOfAnyLength checks that the Publisher reads a replay
+// request's number of any length as vLLM does (int.from_bytes(..., "big")):
+// shorter than 8 bytes, a smaller number; none, 0; longer, the number its
+// bytes spell, which beyond 64 bits is past every batch, a megabyte of it
+// included; and that a lone empty frame, a delimiter without a request, is
+// ignored.
+func TestReplayRequestOfAnyLength(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	replayAddr := freeAddr(t)
+	p, stop := publisherStarter(ctx, t, &wg, freeAddr(t), replayAddr)()
+	defer stop()
+	for range 3 {
+		p.Publish(&Batch{})
+	}
+	end := ^uint64(0)
+	zerosThen := func(n int, last byte) []byte {
+		b := make([]byte, n)
+		b[n-1] = last
+		return b
+	}
+	mega := bytes.Repeat([]byte{0xff}, 1<<20)
+	cases := []struct {
+		name string
+		reqs [][]byte
+		want []uint64
+	}{
+		{"empty", [][]byte{{}}, []uint64{0, 1, 2, end}},
+		{"1 byte", [][]byte{{2}}, []uint64{2, end}},
+		{"3 bytes", [][]byte{{0, 0, 1}}, []uint64{1, 2, end}},
+		{"9 bytes, leading zero", [][]byte{zerosThen(9, 2)}, []uint64{2, end}},
+		{"9 bytes, above 2^64", [][]byte{append([]byte{1}, make([]byte, 8)...)}, []uint64{end}},
+		{"1 MiB of zeros, then 1", [][]byte{zerosThen(1<<20, 1)}, []uint64{1, 2, end}},
+		{"1 MiB of 0xff", [][]byte{mega}, []uint64{end}},
+		{"lone empty frame ignored", [][]byte{{}, {2}}, []uint64{2, end}},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.want, replayRequest(ctx, t, replayAddr, c.reqs...), c.name)
+	}
+}
+
+// TestReplayStartAllocs checks that reading a replay request's number,
+// however long, allocates nothing.
+func TestReplayStartAllocs(t *testing.T) {
+	big := bytes.Repeat([]byte{0xff}, 1<<20)
+	assert.Zero(t, testing.AllocsPerRun(10, func() { _ = replayStart(big) }))
+	assert.Equal(t, ^uint64(0), replayStart(big))
+	assert.Equal(t, uint64(0x0102), replayStart([]byte{0, 0, 1, 2}))
+}
+
+// failingSocket is a replay socket whose Recv fails, except the calls
+// numbered (from 1) in ok, which return a malformed request (ignored).
+type failingSocket struct {
+	recvs atomic.Int64
+	ok    []int64
+}
 
 func (s *failingSocket) Recv() (zmq4.Msg, error) {
-	s.recvs.Add(1)
+	if n := s.recvs.Add(1); slices.Contains(s.ok, n) {
+		return zmq4.NewMsg([]byte("short")), nil
+	}
 	return zmq4.Msg{}, errors.New("broken")
 }
 
 func (s *failingSocket) SendMulti(zmq4.Msg) error { return errors.New("broken") }
 
 // TestServeReplayBacksOff checks that the Publisher waits, longer and
-// longer, between receives on a replay socket that keeps failing, instead
-// of retrying at once for ever.
+// longer up to a limit, between receives on a replay socket that keeps
+// failing, instead of retrying at once for ever; that a receive that
+// succeeds starts the waits over; and that it returns when its context
+// ends during a wait. The waits are taken on a fake clock: the test
+// counts them, not the time.
 func TestServeReplayBacksOff(t *testing.T) {
 	p, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:1"})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
-	s := new(failingSocket)
+	defer cancel()
+	// Receive 11 succeeds; the 14th wait ends the context.
+	s := &failingSocket{ok: []int64{11}}
+	var waits []time.Duration
+	wait := func(ctx context.Context, d time.Duration) bool {
+		waits = append(waits, d)
+		if len(waits) == 14 {
+			cancel()
+			return false
+		}
+		return true
+	}
 	done := make(chan struct{})
-	go func() { defer close(done); p.serveReplay(ctx, s) }()
-	// Waits of 10, 20, 40, 80, 160 ms... leave room for 6 or 7 receives in
-	// 400ms; without them there would be millions.
-	time.Sleep(400 * time.Millisecond)
-	cancel()
+	go func() { defer close(done); p.serveReplay(ctx, s, wait) }()
 	select {
 	case <-done:
 	case <-time.After(waitFor):
 		t.Fatal("serveReplay did not return when its context ended")
 	}
-	assert.Less(t, s.recvs.Load(), int64(20))
-	assert.Greater(t, s.recvs.Load(), int64(1))
+	ms := time.Millisecond
+	assert.Equal(t, []time.Duration{
+		10 * ms, 20 * ms, 40 * ms, 80 * ms, 160 * ms, 320 * ms, 640 * ms, time.Second, time.Second, time.Second,
+		10 * ms, 20 * ms, 40 * ms, 80 * ms, // after the receive that succeeded
+	}, waits)
+	assert.Equal(t, int64(15), s.recvs.Load(), "one receive before each wait, and the one that succeeded")
 }

@@ -134,8 +134,9 @@ type Stats struct {
 	// before the subscription began, or evicted from the MaxBlocks map),
 	// salted hashes (see [Event].Salted), an event_version newer than
 	// this package knows, token IDs that do not fill the blocks, blocks
-	// of one event beyond the Hasher's MaxBlocks (which no prompt the
-	// router hashes reaches), or another block size; Mismatched counts
+	// deeper in their chain than the Hasher's MaxBlocks (which no prompt
+	// the router hashes reaches, whether stored by one event or by events
+	// continuing a chain), or another block size; Mismatched counts
 	// those of the last kind alone, a misconfiguration. Blocks of a
 	// KV-cache group other than a full-attention one, outside GPU memory
 	// or remote are not counted: they are not the engine's prefix cache.

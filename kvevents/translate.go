@@ -47,6 +47,10 @@ type block struct {
 	// groups has bit g set when full-attention KV-cache group g (below
 	// 64) holds a copy of the block.
 	groups uint64
+	// depth is the block's position in its chain, from 1 for the block
+	// after the root: at most the hasher's MaxBlocks, as the router hashes
+	// no prompt further.
+	depth int
 }
 
 // copyKey names a block (by engine hash) in a KV-cache group.
@@ -161,26 +165,29 @@ func (t *translator) stored(e *Event) {
 		t.stats.skipped.Add(int64(n))
 		return
 	}
-	root := t.root
+	root, depth := t.root, 0 // depth: the parent's
 	if e.HasParent {
 		p, ok := t.hashes.Get(e.Parent)
 		if !ok {
 			t.stats.skipped.Add(int64(n))
 			return
 		}
-		root = p.router
+		root, depth = p.router, p.depth
 	} else if e.LoRA != "" || e.CacheSalt != "" {
 		s := t.salt
 		s.Adapter, s.Namespace = e.LoRA, e.CacheSalt
 		root = t.hasher.Root(s)
 	}
-	t.buf = t.hasher.AppendTokens(t.buf[:0], root, e.TokenIDs)
-	// The hasher caps a chain continued from root at its MaxBlocks; blocks
-	// beyond that are never matched, so they need no index entry.
-	if len(t.buf) < n {
-		t.stats.skipped.Add(int64(n - len(t.buf)))
-		n = len(t.buf)
+	// The router hashes no prompt beyond the hasher's MaxBlocks: blocks
+	// deeper in their chain, in this event or continuing an earlier one,
+	// are never matched, so they take no room in the map or the index.
+	if room := max(t.hasher.MaxBlocks()-depth, 0); room < n {
+		t.stats.skipped.Add(int64(n - room))
+		if n = room; n == 0 {
+			return
+		}
 	}
+	t.buf = t.hasher.AppendTokens(t.buf[:0], root, e.TokenIDs[:n*e.BlockSize])
 	t.evicted = t.evicted[:0]
 	bit := groupBit(e.Group)
 	for i, h := range e.BlockHashes[:n] {
@@ -194,7 +201,7 @@ func (t *translator) stored(e *Event) {
 			// be told apart.
 			t.evicted = append(t.evicted, b.router)
 			t.forget(h, b)
-			b = block{router: t.buf[i]}
+			b = block{router: t.buf[i], depth: depth + i + 1}
 		case ok && b.groups&bit != 0:
 			// Another copy in a group that holds one.
 			if k := (copyKey{h, e.Group}); t.copies[k] > 0 || len(t.copies) < t.max {
@@ -209,7 +216,7 @@ func (t *translator) stored(e *Event) {
 				t.evicted = append(t.evicted, ob.router)
 				t.forget(old, ob)
 			}
-			b = block{router: t.buf[i]}
+			b = block{router: t.buf[i], depth: depth + i + 1}
 		}
 		b.groups |= bit
 		t.hashes.Add(h, b)

@@ -91,3 +91,57 @@ func TestTranslatorCountsBlocksBeyondMaxBlocks(t *testing.T) {
 	assert.Equal(t, int64(2), st.stored.Load())
 	assert.Equal(t, int64(1), st.skipped.Load(), "the block beyond MaxBlocks")
 }
+
+// TestTranslatorLimitsChainDepth checks that blocks deeper in their chain
+// than the hasher's MaxBlocks are skipped when they continue a chain
+// stored by earlier events, not only within one event: no prompt the router
+// hashes reaches them, so they take no room in the map or the index, and
+// the blocks stored after them find no parent. A chain from a LoRA
+// adapter's or cache salt's root is limited alike.
+func TestTranslatorLimitsChainDepth(t *testing.T) {
+	h, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: testBlock, MaxTokens: 3 * testBlock})
+	require.NoError(t, err)
+	idx, err := prefix.NewIndex(prefix.IndexConfig{BlockSize: testBlock, EventsOnly: true})
+	require.NoError(t, err)
+	salt := prefix.Salt{Model: "m"}
+	var st counters
+	tr := newTranslator("e", idx, h, salt, 16, &st)
+	long, err := prefix.NewHasher(prefix.HasherConfig{BlockTokens: testBlock})
+	require.NoError(t, err)
+	toks := prompt(1, 6)
+	hs := long.HashTokens(salt, toks)
+	apply := func(events ...Event) { tr.apply(&Batch{Events: events}) }
+
+	apply(stored(hs, toks, 0, 2)) // depths 1 and 2
+	apply(stored(hs, toks, 2, 4)) // 3, then 4 beyond MaxBlocks
+	apply(stored(hs, toks, 4, 5)) // its parent, at depth 4, was skipped
+	apply(stored(hs, toks, 5, 6))
+	assert.Equal(t, 3, idx.Len("e"))
+	assert.Equal(t, 3, tr.hashes.Len())
+	assert.Equal(t, int64(3), st.stored.Load())
+	assert.Equal(t, int64(3), st.skipped.Load())
+	assert.Equal(t, 3, idx.MatchLen("e", h.HashTokens(salt, toks), time.Now()))
+
+	// One block at a time, as a decode extends its sequence.
+	apply(Event{Kind: Cleared})
+	st = counters{}
+	for i := range 6 {
+		apply(stored(hs, toks, i, i+1))
+	}
+	assert.Equal(t, 3, idx.Len("e"))
+	assert.Equal(t, int64(3), st.stored.Load())
+	assert.Equal(t, int64(3), st.skipped.Load())
+
+	// From the root of a LoRA adapter.
+	apply(Event{Kind: Cleared})
+	st = counters{}
+	ls := salt
+	ls.Adapter = "lora"
+	lhs := long.HashTokens(ls, toks)
+	first := stored(lhs, toks, 0, 3)
+	first.LoRA = "lora"
+	apply(first, stored(lhs, toks, 3, 4))
+	assert.Equal(t, 3, idx.Len("e"))
+	assert.Equal(t, int64(1), st.skipped.Load())
+	assert.Equal(t, 3, idx.MatchLen("e", h.HashTokens(ls, toks), time.Now()))
+}

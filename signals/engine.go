@@ -508,6 +508,18 @@ func (p *profile) observe(fams families) (Observation, error) {
 	if o.PrefixHits, err = counter(fams, p.prefixHit...); err != nil {
 		return Observation{}, err
 	}
+	// vLLM adds a request's tokens to the queries and the tokens it found
+	// cached, at most all but the last, to the hits (get_computed_blocks in
+	// vllm/v1/core/kv_cache_manager.py), and PrometheusStatLogger.record
+	// (vllm/v1/metrics/loggers.py, 0.9 to 2026) increments the queries
+	// counter before the hits one: more hits than queries is not a count.
+	// A scrape that reads them so (prometheus_client's multiprocess files,
+	// with several API servers, read while another process writes them)
+	// reports neither, rather than failing, which would lose its queue and
+	// KV usage too.
+	if o.PrefixHits > o.PrefixQueries { // false when either is NaN
+		o.PrefixHits, o.PrefixQueries = math.NaN(), math.NaN()
+	}
 	if p.lora != "" {
 		if o.Adapters, o.MaxAdapters, err = adapters(fams[p.lora]); err != nil {
 			return Observation{}, err

@@ -27,8 +27,8 @@ var (
 	// full Store evicts an endpoint instead.)
 	ErrTooManyKeys = errors.New("signals: too many endpoints")
 	// ErrInvalidLoad: an observation has an empty key, a zero time, negative
-	// counts, a KV usage outside [0, 1], or engine counters negative or
-	// infinite.
+	// counts, a KV usage outside [0, 1], engine counters negative or above
+	// 1e18, or more prefix-cache hits than queries.
 	ErrInvalidLoad = errors.New("signals: invalid observation")
 	// ErrORCA: an ORCA load report is malformed, in an unsupported format, or
 	// carries none of the mapped metrics.

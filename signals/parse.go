@@ -84,7 +84,9 @@ func observationOf(l llmlb.Load) Observation {
 // capacity 0 when not reported. A NaN, infinite, negative or implausibly
 // large value is an error wrapping [ErrInvalidValue] naming the metric, and
 // two series of one metric with the same labels an error wrapping
-// [ErrParse].
+// [ErrParse]. More prefix-cache hits than queries, which no engine counts
+// (a read racing a write of several API servers' metrics), reports
+// neither.
 //
 // Only the lines naming a metric some profile reads go to the parser (a vLLM
 // body is mostly histogram buckets, which would dominate the cost); every

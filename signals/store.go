@@ -347,7 +347,9 @@ func (s *Store) Record(key string, l llmlb.Load) error {
 
 // RecordObservation is like Record for a full observation. It also fails
 // with [ErrInvalidLoad] for engine counters (Preemptions, PrefixQueries,
-// PrefixHits) that are negative or infinite; NaN means not reported.
+// PrefixHits) that are negative or above 1e18, as a scrape's are checked
+// ([Parse]), and for PrefixHits above PrefixQueries, which no engine
+// reports; NaN means not reported.
 func (s *Store) RecordObservation(key string, o Observation) error {
 	return s.record(key, &o, allFields, true)
 }
@@ -502,12 +504,16 @@ func validate(key string, o *Observation) error {
 	case !math.IsNaN(l.KVUsage) && !(l.KVUsage >= 0 && l.KVUsage <= 1):
 		return fmt.Errorf("%w: %q: KV usage %v outside [0, 1]", ErrInvalidLoad, key, l.KVUsage)
 	case badCounter(o.Preemptions) || badCounter(o.PrefixQueries) || badCounter(o.PrefixHits):
-		return fmt.Errorf("%w: %q: engine counter negative or infinite (preemptions %v, prefix queries %v, prefix hits %v)",
-			ErrInvalidLoad, key, o.Preemptions, o.PrefixQueries, o.PrefixHits)
+		return fmt.Errorf("%w: %q: engine counter negative or above %v (preemptions %v, prefix queries %v, prefix hits %v)",
+			ErrInvalidLoad, key, maxCounter, o.Preemptions, o.PrefixQueries, o.PrefixHits)
+	case o.PrefixHits > o.PrefixQueries: // false when either is NaN
+		return fmt.Errorf("%w: %q: prefix hits %v exceed prefix queries %v",
+			ErrInvalidLoad, key, o.PrefixHits, o.PrefixQueries)
 	}
 	return nil
 }
 
-// badCounter reports whether v cannot be a cumulative count, nor NaN for
-// one not reported.
-func badCounter(v float64) bool { return v < 0 || math.IsInf(v, 0) }
+// badCounter reports whether v cannot be a cumulative count (negative, or
+// above the bound a scrape's counters are held to, infinity included), nor
+// NaN for one not reported.
+func badCounter(v float64) bool { return v < 0 || v > maxCounter }

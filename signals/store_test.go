@@ -120,6 +120,54 @@ func TestStoreRejectsInvalidCounters(t *testing.T) {
 	assert.Equal(t, 3.0, got.Preemptions)
 }
 
+// TestStoreCountersBoundedAsParse checks that RecordObservation holds
+// engine counters to the bounds a scrape's parser does: none above 1e18,
+// and no more prefix-cache hits than queries (vLLM counts a request's hits
+// among its queries), while a hit count without queries, or equal to them,
+// is accepted.
+func TestStoreCountersBoundedAsParse(t *testing.T) {
+	var s signals.Store
+	now := time.Unix(1000, 0)
+	nan := math.NaN()
+	for _, o := range []signals.Observation{
+		{Load: llmlb.Load{At: now}, Preemptions: 2e18, PrefixQueries: nan, PrefixHits: nan},
+		{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: math.MaxFloat64, PrefixHits: 1},
+		{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: nan, PrefixHits: 1.5e18},
+		{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: 10, PrefixHits: 11},
+		{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: 0, PrefixHits: 1},
+	} {
+		assert.ErrorIs(t, s.RecordObservation("a", o), signals.ErrInvalidLoad, "%+v", o)
+	}
+	assert.Zero(t, s.Len())
+	for _, o := range []signals.Observation{
+		{Load: llmlb.Load{At: now}, Preemptions: 1e18, PrefixQueries: 1e18, PrefixHits: 1e18},
+		{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: 10, PrefixHits: 10},
+		{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: nan, PrefixHits: 10},
+		{Load: llmlb.Load{At: now}, Preemptions: nan, PrefixQueries: 10, PrefixHits: nan},
+	} {
+		require.NoError(t, s.RecordObservation("a", o), "%+v", o)
+	}
+
+	// The parser reports neither counter of the same exposition, rather
+	// than fail the scrape and lose its queue too, so that a scrape never
+	// yields an observation the Store rejects.
+	const body = `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 1
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 10
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 11
+`
+	o, err := signals.Parse(strings.NewReader(body), "text/plain; version=0.0.4", signals.EngineVLLM)
+	require.NoError(t, err)
+	assert.True(t, math.IsNaN(o.PrefixHits) && math.IsNaN(o.PrefixQueries), "%+v", o)
+	assert.Equal(t, 1, o.Running)
+	o.At = now
+	require.NoError(t, s.RecordObservation("a", o))
+}
+
 func TestStoreConfig(t *testing.T) {
 	_, err := signals.NewStore(signals.StoreConfig{MaxKeys: -1})
 	assert.ErrorIs(t, err, signals.ErrInvalidConfig)
