@@ -34,6 +34,21 @@ var accountHeaders = map[string]string{
 	"Set-Cookie":                       "__cf_bm=secret; path=/; HttpOnly",
 }
 
+// upstreamOwnHeaders are response headers that are the upstream's own:
+// its software and version, the hosts and proxies behind the gateway, its
+// ORCA load report, and its origin's policies.
+var upstreamOwnHeaders = map[string]string{
+	"Server":                    "uvicorn",
+	"X-Powered-By":              "vllm/0.11.0",
+	"Via":                       "1.1 egress-proxy.corp.internal (squid/5.7)",
+	"Endpoint-Load-Metrics":     "TEXT cpu_utilization=0.5, named_metrics.kv_cache_usage_perc=0.9",
+	"Strict-Transport-Security": "max-age=31536000; includeSubDomains; preload",
+	"Alt-Svc":                   `h3=":443"; ma=86400`,
+	"Nel":                       `{"success_fraction":0,"report_to":"cf-nel","max_age":604800}`,
+	"Report-To":                 `{"endpoints":[{"url":"https://a.nel.cloudflare.com/report/v4"}],"group":"cf-nel","max_age":604800}`,
+	"Reporting-Endpoints":       `default="https://reports.provider.example/"`,
+}
+
 // quotaRecorder is a retry.QuotaReporter that keeps the headers it is given.
 type quotaRecorder struct {
 	mu      sync.Mutex // protects headers
@@ -49,7 +64,8 @@ func (q *quotaRecorder) ReportQuota(_ string, h http.Header) {
 }
 
 // No answer through NewProxy, a 200 as much as an error, stream or not,
-// passes on the upstream's headers about the operator's account; the
+// passes on the upstream's headers about the operator's account, or its
+// own (its software, its load report, its origin's policies); the
 // Transport's QuotaReporter still reads the rate-limit headers, before the
 // proxy drops them.
 func TestProxyDropsAccountHeaders(t *testing.T) {
@@ -71,6 +87,10 @@ func TestProxyDropsAccountHeaders(t *testing.T) {
 				for k, v := range accountHeaders {
 					w.Header().Set(k, v)
 				}
+				for k, v := range upstreamOwnHeaders {
+					w.Header().Set(k, v)
+				}
+				w.Header().Set("Cf-Ray", "8f1e2d3c4b5a6978-ARN")
 				w.Header().Set("Retry-After", "3")
 				w.Header().Set("Content-Type", c.contentType)
 				w.WriteHeader(c.status)
@@ -92,6 +112,10 @@ func TestProxyDropsAccountHeaders(t *testing.T) {
 			for k := range accountHeaders {
 				assert.Empty(t, resp.Header.Values(k), "%s reached the client", k)
 			}
+			for k := range upstreamOwnHeaders {
+				assert.Empty(t, resp.Header.Values(k), "%s reached the client", k)
+			}
+			assert.Equal(t, "8f1e2d3c4b5a6978-ARN", resp.Header.Get("Cf-Ray"), "a request's id at the provider's CDN names nothing: kept")
 			assert.Empty(t, resp.Cookies())
 			assert.Equal(t, "3", resp.Header.Get("Retry-After"))
 			if c.status == http.StatusOK {

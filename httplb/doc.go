@@ -145,7 +145,8 @@
 // organisation) stay in the log, and whose error type and code, if plain
 // tokens, reach the client. No answer, a success included, passes on the
 // upstream's headers about the operator's account (its organisation,
-// project, deployment, region, rate limits) or its cookies.
+// project, deployment, region, rate limits), its cookies, or its own
+// (Server, Via, its ORCA load report, its origin's HSTS and Alt-Svc).
 //
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt

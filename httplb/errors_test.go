@@ -155,6 +155,9 @@ func TestProxyUpstreamErrors(t *testing.T) {
 		{http.StatusTooManyRequests, true, "INFO", "client-8"},
 		{http.StatusUnauthorized, true, "INFO", ""},
 		{http.StatusForbidden, true, "INFO", ""},
+		// text-generation-inference's failure of its model shard,
+		// "Request failed during generation: " and the shard's error.
+		{http.StatusFailedDependency, true, "ERROR", ""},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprint(c.status), func(t *testing.T) {

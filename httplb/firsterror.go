@@ -15,7 +15,8 @@ import (
 // [body.peek]) as handleUpstreamError treats an answer of the status the
 // event stands for: the event, held back and not yet read, is logged, and,
 // for a status about the upstream rather than the request (5xx, 401, 402,
-// 403, 407, 429), replaced in the stream with one of the same shape whose
+// 403, 407, 429, and text-generation-inference's 424 for a failure of its
+// model shard), replaced in the stream with one of the same shape whose
 // message is generic and names the request by its id, keeping the error's
 // type and code if they are plain tokens. The error's message may carry
 // engine internals (a stack trace, a path, an address) or the operator's
@@ -41,7 +42,7 @@ func handleFirstError(log *slog.Logger, resp *http.Response) {
 		typ, message, level = "permission_error", "The upstream refused the request.", slog.LevelInfo
 	case c == http.StatusTooManyRequests:
 		typ, message, level = "rate_limit_error", "The upstream is rate limited; retry later.", slog.LevelInfo
-	case c == http.StatusProxyAuthRequired, c >= 500:
+	case c == http.StatusProxyAuthRequired, c == http.StatusFailedDependency, c >= 500:
 	default:
 		log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream's stream refused the request at its first event", attrs...)
 		return

@@ -85,13 +85,16 @@ func upstreamErrorHandler(resp *http.Response) error {
 // Retry-After, but with a generic body in the OpenAI error format and a
 // request id instead of the upstream's own body, which may carry stack
 // traces, paths or addresses; the status and the first kilobyte of the
-// upstream's body go to log at level Error. A 407 Proxy Authentication
-// Required, which a forward proxy on the gateway's way to the upstream sends
-// about the gateway's own credentials, is treated alike but reaches the
-// client as a 502 Bad Gateway without any of its headers. A 401, 402, 403
-// or 429 reaches the client with its status, its Retry-After and
-// Retry-After-Ms headers and a generic body, keeping the error's type and
-// code if they are plain tokens ("insufficient_quota"), but none of its
+// upstream's body go to log at level Error. So does a 424, which
+// text-generation-inference answers only for a failure of its model shard
+// ("Request failed during generation: " and the shard's own error). A 407
+// Proxy Authentication Required, which a forward proxy on the gateway's way
+// to the upstream sends about the gateway's own credentials, is treated
+// alike but reaches the client as a 502 Bad Gateway without any of its
+// headers. A 401, 402, 403 or 429 reaches the client with its status, its
+// Retry-After and Retry-After-Ms headers and a generic body, keeping the
+// error's type and code if they are plain tokens ("insufficient_quota"),
+// but none of its
 // other headers or its message: it is about the upstream's credentials,
 // account or capacity rather than the request, and a managed provider's
 // names the operator's organisation or part of its key. The upstream's body
@@ -111,8 +114,8 @@ func upstreamErrorHandler(resp *http.Response) error {
 // A 2xx stream whose first event is an error event the Transport did not
 // retry (see the package documentation) is treated as an answer of the
 // status the event stands for: the event as sent goes to the log, with the
-// attribute event in place of body, and, for a 5xx, 401, 402, 403, 407 or
-// 429, the client gets it in its own shape (an "error" object, a
+// attribute event in place of body, and, for a 5xx, 401, 402, 403, 407,
+// 424 or 429, the client gets it in its own shape (an "error" object, a
 // text-generation-inference "error" string, a Responses "error" or
 // "response.failed" event, llama.cpp's error line) with a generic message
 // naming the request id, and the error's type and code only if they are
@@ -129,9 +132,20 @@ func upstreamErrorHandler(resp *http.Response) error {
 // anthropic-ratelimit-*, RateLimit: the operator's, which the [Transport]
 // has read before the answer gets here), and the cookies it sets
 // (Set-Cookie: a provider's CDN's, such as Cloudflare's __cf_bm, or a
-// replica's, which are theirs and not the gateway's). Retry-After and
-// Retry-After-Ms stay. Answers under 400 are otherwise untouched, but for
-// a stream's first error event, above. In every answer, a Location header
+// replica's, which are theirs and not the gateway's). It loses too the
+// headers that are the upstream's own rather than the answer's: Server,
+// X-Powered-By and Via, which name the engine, its version and the hosts
+// and proxies behind the gateway; endpoint-load-metrics, a replica's ORCA
+// load report, which the Transport's Store has read; and the upstream
+// origin's policies that a browser would apply to the gateway's
+// (Strict-Transport-Security, Alt-Svc, NEL, Report-To,
+// Reporting-Endpoints). Retry-After and Retry-After-Ms stay; a 429 or 503
+// with neither, whose rate-limit reset asks for a wait (OpenAI's
+// x-ratelimit-reset-requests or -tokens, Anthropic's
+// anthropic-ratelimit-*-reset) of at most [retry.DefaultMaxCooldown], gets
+// a Retry-After of that wait in whole seconds, as package spill gives it.
+// Answers under 400 are otherwise untouched, but for a stream's first
+// error event, above. In every answer, a Location header
 // (a redirect's, a 201 Created's) that names the upstream's own host loses
 // its scheme and host, becoming relative to the gateway: a server builds
 // such a URL (a redirect for a trailing slash, say) from the address it
@@ -156,9 +170,17 @@ const (
 
 func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 	// The Transport has read the rate-limit headers already (its
-	// retry.QuotaReporter, at the first event, and its retries' waits):
-	// RoundTrip returned before the proxy calls this.
-	apierror.StripAccount(resp.Header)
+	// retry.QuotaReporter, at the first event, and its retries' waits),
+	// and its Store the ORCA load report: RoundTrip returned before the
+	// proxy calls this. A 429's or 503's rate-limit reset, when it asks
+	// for a wait and no Retry-After does, becomes the client's
+	// Retry-After, as package spill has it: the client gets no other hint
+	// of the wait.
+	retryAfter := apierror.RetryAfter(resp.StatusCode, resp.Header, time.Now(), retry.DefaultMaxCooldown)
+	apierror.StripUpstream(resp.Header)
+	if retryAfter != "" {
+		resp.Header.Set("Retry-After", retryAfter)
+	}
 	if resp.Request == nil {
 		return
 	}
@@ -173,13 +195,9 @@ func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 	// An answer whose body package spill replaced, and logged with the
 	// tier's own body, is not logged again with the generic one; nor is
 	// its body, generic already and keeping the error's plain type and
-	// code, replaced again, but for a 407's, which becomes a 502 below.
-	_, replaced := resp.Body.(*apierror.Replaced)
-	if replaced {
-		if resp.StatusCode != http.StatusProxyAuthRequired {
-			return
-		}
-		log = slog.New(slog.DiscardHandler)
+	// code, replaced again (spill makes a 407 a 502, as below).
+	if _, replaced := resp.Body.(*apierror.Replaced); replaced {
+		return
 	}
 	attrs := upstreamAttrs(r, id, resp.StatusCode)
 	typ, message := "upstream_error", "The upstream failed to answer."
@@ -192,7 +210,14 @@ func handleUpstreamError(log *slog.Logger, resp *http.Response) {
 		typ, message, refused = "permission_error", "The upstream refused the request.", true
 	case http.StatusTooManyRequests:
 		typ, message, refused = "rate_limit_error", "The upstream is rate limited; retry later.", true
-	case http.StatusProxyAuthRequired:
+	case http.StatusProxyAuthRequired, http.StatusFailedDependency:
+		// A 424 is text-generation-inference's answer to a failure of
+		// its model shard and to nothing else: only
+		// InferError::GenerationError maps to it
+		// (router/src/server.rs, impl From<InferError> for (StatusCode,
+		// Json<ErrorResponse>), v3.3.7; see tgiErrors), "Request failed
+		// during generation: " and the shard's own error, which is the
+		// engine's and not the request's.
 	default:
 		if resp.StatusCode < 500 {
 			log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream refused the request", attrs...)

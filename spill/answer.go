@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -14,24 +13,35 @@ import (
 
 	"github.com/llmlb/llmlb/httplb"
 	"github.com/llmlb/llmlb/internal/apierror"
-	"github.com/llmlb/llmlb/retry"
 )
 
 // hidden reports whether an answer of status code is about the tier rather
 // than the request, so that its body reaches the client only as a generic
 // error (see replaceBody): the tier's credentials, account or quota (401,
-// 402, 403, 407, 429: a managed provider's 429 names the operator's
+// 402, 403, 429: a managed provider's 429 names the operator's
 // organisation, its 401 part of the operator's key) or its failure (5xx,
-// whose body may carry stack traces, paths or addresses). Any other answer
-// describes the request, as a 400 or a 404 does, and reaches the client as
-// it is.
+// whose body may carry stack traces, paths or addresses, and see
+// tierFailure). Any other answer describes the request, as a 400 or a 404
+// does, and reaches the client as it is.
 func hidden(code int) bool {
 	switch code {
 	case http.StatusUnauthorized, http.StatusPaymentRequired, http.StatusForbidden,
-		http.StatusProxyAuthRequired, http.StatusTooManyRequests:
+		http.StatusTooManyRequests:
 		return true
 	}
-	return code >= 500
+	return tierFailure(code)
+}
+
+// tierFailure reports whether an answer of status code is a failure of the
+// tier, logged at level Error: a 5xx; a 407, which a forward proxy on the
+// tier's way sends about the gateway's own credentials (the client gets a
+// 502, see replaceBody); or a 424, which text-generation-inference answers
+// only for a failure of its model shard, InferError::GenerationError,
+// "Request failed during generation: " and the shard's error
+// (router/src/server.rs, impl From<InferError> for (StatusCode,
+// Json<ErrorResponse>), v3.3.7): the engine's, not the request's.
+func tierFailure(code int) bool {
+	return code >= 500 || code == http.StatusProxyAuthRequired || code == http.StatusFailedDependency
 }
 
 // requestFault reports whether a tier's answer, resp or err, says that the
@@ -107,8 +117,11 @@ var keptHeaders = []string{"Retry-After", "Retry-After-Ms"}
 // status stays, and so do the error's type and code if they are plain
 // tokens (OpenAI's "insufficient_quota" or "rate_limit_exceeded", say),
 // which tell a client what happened without naming anything, and the
-// headers of keptHeaders. An answer that asks for a wait with a rate-limit
-// reset alone gets a Retry-After of that wait, at most limit. The new body
+// headers of keptHeaders. A 429 or 503 that asks for a wait with a
+// rate-limit reset alone gets a Retry-After of that wait, if at most limit
+// (see apierror.RetryAfter). A 407, about the gateway's own credentials
+// with a forward proxy, becomes a 502 with none of its headers, type or
+// code. The new body
 // is an *apierror.Replaced, which tells httplb's NewUpstreamErrorHandler
 // that the answer is logged already. It returns what it read of the body,
 // which it closes.
@@ -123,7 +136,7 @@ func replaceBody(resp *http.Response, id string, now time.Time, limit time.Durat
 	switch resp.StatusCode {
 	case http.StatusTooManyRequests:
 		defTyp, message = "rate_limit_error", "The upstream is rate limited; retry later."
-	case http.StatusUnauthorized, http.StatusProxyAuthRequired:
+	case http.StatusUnauthorized:
 		defTyp, message = "authentication_error", "The upstream refused the request's credentials."
 	case http.StatusPaymentRequired, http.StatusForbidden:
 		defTyp, message = "permission_error", "The upstream refused the request."
@@ -138,14 +151,22 @@ func replaceBody(resp *http.Response, id string, now time.Time, limit time.Durat
 		message += " Request ID: " + id
 	}
 	h := make(http.Header)
-	for _, k := range keptHeaders {
-		if v := resp.Header.Values(k); len(v) > 0 {
-			h[k] = v
+	if resp.StatusCode == http.StatusProxyAuthRequired {
+		// A forward proxy on the tier's way to its upstream wants the
+		// gateway's own credentials: nothing the client can send, so
+		// the gateway got no answer, as httplb's NewUpstreamErrorHandler
+		// has it. The proxy's type, code and headers (Retry-After
+		// included) are the proxy's.
+		resp.StatusCode, resp.Status = http.StatusBadGateway, "502 Bad Gateway"
+		typ, code = defTyp, http.StatusBadGateway
+	} else {
+		for _, k := range keptHeaders {
+			if v := resp.Header.Values(k); len(v) > 0 {
+				h[k] = v
+			}
 		}
-	}
-	if len(h) == 0 && (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) {
-		if p := retry.FromHeader(resp.Header, now, limit); p.Kind == retry.RetryLater && p.Delay > 0 {
-			h.Set("Retry-After", strconv.FormatInt(int64(math.Ceil(p.Delay.Seconds())), 10))
+		if v := apierror.RetryAfter(resp.StatusCode, resp.Header, now, limit); v != "" {
+			h.Set("Retry-After", v)
 		}
 	}
 	var buf bytes.Buffer

@@ -13,7 +13,8 @@ import (
 
 // accountHeaders are response headers of managed providers that name the
 // operator's account, organisation, project, deployment or region, its
-// quota, or set the upstream's cookies.
+// quota, or set the upstream's cookies, and headers that are the
+// upstream's own.
 var accountHeaders = []string{
 	"Openai-Organization", "org-Zx81secret",
 	"Openai-Project", "proj_secret",
@@ -26,11 +27,22 @@ var accountHeaders = []string{
 	"X-Ratelimit-Remaining-Requests", "0",
 	"X-Ratelimit-Reset-Requests", "1m0s",
 	"Set-Cookie", "__cf_bm=secret; path=/; HttpOnly",
+	// The tier's own: its software, the hosts behind it, its load report,
+	// its origin's policies.
+	"Server", "uvicorn",
+	"X-Powered-By", "vllm/0.11.0",
+	"Via", "1.1 egress-proxy.corp.internal (squid/5.7)",
+	"Endpoint-Load-Metrics", "TEXT named_metrics.kv_cache_usage_perc=0.9",
+	"Strict-Transport-Security", "max-age=31536000; includeSubDomains; preload",
+	"Alt-Svc", `h3=":443"; ma=86400`,
+	"Nel", `{"report_to":"cf-nel","max_age":604800}`,
+	"Report-To", `{"group":"cf-nel","endpoints":[{"url":"https://a.nel.cloudflare.com/report/v4"}]}`,
+	"Reporting-Endpoints", `default="https://reports.provider.example/"`,
 }
 
 // No answer a Transport returns, a 200 as much as an error, from the
 // first tier or a later one, carries the tier's headers about the
-// operator's account; the tier's cooldown reads its rate-limit headers
+// operator's account, or its own; the tier's cooldown reads its rate-limit headers
 // before they are dropped.
 func TestAnswersDropAccountHeaders(t *testing.T) {
 	cases := []struct {
@@ -90,7 +102,8 @@ func TestProxyLogsReplacedAnswerOnce(t *testing.T) {
 	for _, c := range []struct {
 		status int
 		level  string
-	}{{500, "ERROR"}, {503, "ERROR"}, {401, "INFO"}, {429, "INFO"}} {
+		client int // the client's status, if not status
+	}{{500, "ERROR", 0}, {503, "ERROR", 0}, {401, "INFO", 0}, {429, "INFO", 0}, {424, "ERROR", 0}, {407, "ERROR", 502}} {
 		t.Run(http.StatusText(c.status), func(t *testing.T) {
 			log, buf := jsonLogger()
 			f := newFixture(t, 1, Config{Logger: log})
@@ -103,7 +116,11 @@ func TestProxyLogsReplacedAnswerOnce(t *testing.T) {
 			r := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader("{}"))
 			r.Header.Set("X-Request-Id", "req-1")
 			proxy.ServeHTTP(w, r)
-			if w.Code != c.status || strings.Contains(w.Body.String(), "Traceback") || !strings.Contains(w.Body.String(), "req-1") {
+			client := c.status
+			if c.client != 0 {
+				client = c.client
+			}
+			if w.Code != client || strings.Contains(w.Body.String(), "Traceback") || !strings.Contains(w.Body.String(), "req-1") {
 				t.Fatalf("client got %d %q", w.Code, w.Body)
 			}
 			recs := buf.records(t)

@@ -43,16 +43,22 @@
 // could not establish, a body it could not take).
 //
 // An answer whose status is about the tier rather than the request (401,
-// 402, 403, 407, 429 and 5xx: a managed provider's 429 names the
-// operator's organisation, its 401 part of the operator's key, a 5xx may
+// 402, 403, 429, 5xx, and text-generation-inference's 424 for a failure of
+// its model shard: a managed provider's 429 names the operator's
+// organisation, its 401 part of the operator's key, a 5xx or a 424 may
 // carry a stack trace) reaches the client with its status, Retry-After and
-// Retry-After-Ms (or a Retry-After of the wait its rate-limit reset asks,
-// if it has neither), but none of its other headers, and with an
+// Retry-After-Ms (or, for a 429 or 503 with neither, a Retry-After of the
+// wait its rate-limit reset asks: OpenAI's x-ratelimit-reset-requests or
+// -tokens, Anthropic's anthropic-ratelimit-*-reset), but none of its other
+// headers, and with an
 // OpenAI-style error of a generic message, the request's id, and the type
 // and code of the tier's error when they are plain tokens (such as
 // "insufficient_quota"); its body goes to [Config.Logger], and only
 // there: httplb's NewUpstreamErrorHandler, told by the body it is given,
-// does not log the generic one again. So does every answer a request
+// does not log the generic one again. A 407 Proxy Authentication Required,
+// which a forward proxy on the tier's way sends about the gateway's own
+// credentials, is treated alike but reaches the client as a 502 Bad
+// Gateway without any of its headers, as through httplb's handler. So does every answer a request
 // spilled past, which the client never sees: a failure at level Warn, a
 // refusal under load or a context too long at Info, once every ten seconds
 // for each tier and upstream, with the count of those left out.
@@ -64,7 +70,12 @@
 // anthropic-organization-id, Azure's x-ms-region), its rate limits
 // (x-ratelimit-*, anthropic-ratelimit-*: the operator's quota, which the
 // tier's cooldown reads first), or the cookies it sets (Set-Cookie, a
-// provider's CDN's or a replica's, not the gateway's).
+// provider's CDN's or a replica's, not the gateway's); nor those that are
+// the tier's own: the software that answered and the hosts behind it
+// (Server, X-Powered-By, Via), its ORCA load report
+// (endpoint-load-metrics), and its origin's policies, which a browser
+// would apply to the gateway's (Strict-Transport-Security, Alt-Svc, NEL,
+// Report-To, Reporting-Endpoints).
 //
 // A spilled response carries the header [DefaultHeader] naming the first
 // tier the request left (as Azure OpenAI's spillover marks its responses),
@@ -411,19 +422,21 @@ func (t *Transport) answer(r *http.Request, i int, resp *http.Response, err erro
 			limit = DefaultMaxCooldown
 		}
 		level := slog.LevelInfo
-		if resp.StatusCode >= 500 {
+		if tierFailure(resp.StatusCode) {
 			level = slog.LevelError
 		}
-		h := resp.Header
+		tier := *resp // the tier's status, for the log: a 407 becomes a 502
 		body := replaceBody(resp, clientID(r), t.clock.Now(), limit)
 		if log := t.logger(); log.Enabled(r.Context(), level) {
 			log.LogAttrs(r.Context(), level, "spill: tier's error answer replaced with a generic one for the client",
-				answerAttrs(r, t.tiers[i].Name, resp, nil, body, h)...)
+				answerAttrs(r, t.tiers[i].Name, &tier, nil, body, tier.Header)...)
 		}
 	}
 	// Read by pushback and replaceBody already, the headers that name the
-	// operator's account with the tier are the operator's, not the client's.
-	apierror.StripAccount(resp.Header)
+	// operator's account with the tier are the operator's, not the
+	// client's, and the tier's own (its software, its load report, its
+	// origin's policies) the tier's.
+	apierror.StripUpstream(resp.Header)
 	if i > 0 {
 		if resp.Header == nil {
 			resp.Header = make(http.Header)

@@ -3,8 +3,12 @@
 // that name nothing (OpenAI's "insufficient_quota", a status number), as
 // opposed to its message, which may name the operator's organisation, part
 // of a key, a path or an address. [StripAccount] drops the headers of any
-// answer that are the operator's rather than the client's, and [Replaced]
-// marks a body put in place of an upstream's error body, which was logged.
+// answer that are the operator's rather than the client's, and
+// [StripUpstream] those and the upstream's own (its software, its load
+// report, its origin's policies); [RetryAfter] turns the wait a rate-limit
+// reset asks for into a Retry-After for the client before those headers
+// go, and [Replaced] marks a body put in place of an upstream's error
+// body, which was logged.
 package apierror
 
 import "encoding/json"

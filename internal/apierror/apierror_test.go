@@ -1,6 +1,7 @@
 package apierror
 
 import (
+	"net/http"
 	"testing"
 )
 
@@ -65,6 +66,32 @@ func TestAccountHeader(t *testing.T) {
 	} {
 		if AccountHeader(name) {
 			t.Errorf("AccountHeader(%q) = true", name)
+		}
+	}
+}
+
+func TestStripUpstream(t *testing.T) {
+	h := http.Header{}
+	gone := []string{"Server", "X-Powered-By", "Via", "Endpoint-Load-Metrics", "Strict-Transport-Security",
+		"Alt-Svc", "Nel", "Report-To", "Reporting-Endpoints", "Openai-Organization", "Set-Cookie"}
+	kept := []string{"Retry-After", "Content-Type", "X-Request-Id", "Cf-Ray", "X-Envoy-Upstream-Service-Time",
+		"Access-Control-Allow-Origin", "Cache-Control", "Date"}
+	for _, k := range append(gone, kept...) {
+		h.Set(k, "v")
+	}
+	h["endpoint-load-metrics"] = []string{"v"} // as an HTTP/2 frame carries it
+	StripUpstream(h)
+	for _, k := range gone {
+		if v := h.Values(k); len(v) > 0 {
+			t.Errorf("%s kept", k)
+		}
+	}
+	if _, ok := h["endpoint-load-metrics"]; ok {
+		t.Error("endpoint-load-metrics, lower-cased, kept")
+	}
+	for _, k := range kept {
+		if h.Get(k) == "" {
+			t.Errorf("%s deleted", k)
 		}
 	}
 }

@@ -65,3 +65,59 @@ func AccountHeader(name string) bool {
 	}
 	return false
 }
+
+// upstreamHeaders are the headers, lower-cased, of an upstream's answer
+// that StripUpstream deletes besides StripAccount's, each for one of three
+// reasons:
+//
+//   - Server, X-Powered-By and Via name the software that answered and its
+//     version (uvicorn's "server: uvicorn", which vLLM and SGLang run on;
+//     an nginx or squid in between) and the proxies and hosts behind the
+//     gateway: RFC 9110, section 7.6.3, has an intermediary at a network's
+//     edge not forward the names of hosts within it;
+//   - endpoint-load-metrics is the ORCA load report a replica sends to
+//     its balancer (its KV cache use, its queue), which the Transport
+//     records before its answer gets here: the fleet's load is not the
+//     client's to read;
+//   - Strict-Transport-Security, Alt-Svc, NEL, Report-To and
+//     Reporting-Endpoints are policies of the upstream's origin, which a
+//     browser would apply to the gateway's: a managed provider's HSTS
+//     with includeSubDomains would pin every subdomain of the gateway's
+//     domain to HTTPS for a year, its Alt-Svc announce an HTTP/3 port
+//     the gateway may not have, and its NEL send the network errors of
+//     the gateway's clients to the provider's CDN.
+//
+// The other headers describe the answer and stay: its content, caching
+// and date; the ids and timings a provider or its CDN gives a request
+// (X-Request-Id, cf-ray, x-envoy-upstream-service-time), which name
+// nothing of the operator's and which its support asks for; and the CORS
+// headers, which may be the operator's own choice of origins, set on the
+// engine (vLLM's --allowed-origins).
+var upstreamHeaders = []string{
+	"server", "x-powered-by", "via",
+	"endpoint-load-metrics",
+	"strict-transport-security", "alt-svc", "nel", "report-to", "reporting-endpoints",
+}
+
+// StripUpstream deletes from h, the header of an upstream's answer, what
+// StripAccount deletes and the fields that are the upstream's own rather
+// than the answer's (see upstreamHeaders). Whatever reads them (the
+// Transport's ORCA store) must do so before.
+func StripUpstream(h http.Header) {
+	for k := range h {
+		if AccountHeader(k) || upstreamHeader(k) {
+			delete(h, k)
+		}
+	}
+}
+
+// upstreamHeader reports whether name, a response header's name, is one
+// StripUpstream deletes besides StripAccount's.
+func upstreamHeader(name string) bool {
+	for _, n := range upstreamHeaders {
+		if strings.EqualFold(name, n) {
+			return true
+		}
+	}
+	return false
+}
