@@ -125,8 +125,9 @@ type Config struct {
 	Admission retry.AdmissionConfig
 	// Queue, if set, admits requests through a token-fair queue (package
 	// fair): by priority class, then by the service each tenant (or, with
-	// no tenant, session) has received. TrustClassHeader names the header
-	// that carries the class; see [httplb.Config].TrustClassHeader.
+	// no tenant, client address; see [httplb.Config].Queue) has received.
+	// TrustClassHeader names the header that carries the class; see
+	// [httplb.Config].TrustClassHeader.
 	Queue            *fair.Queue
 	TrustClassHeader string
 	// Parser configures how request bodies are read: the tenant (from your
