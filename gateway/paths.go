@@ -67,10 +67,10 @@ func (s pathSet) allows(p string) bool {
 	if s.all {
 		return true
 	}
-	if p == "" {
-		p = "/"
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
 	}
-	p = path.Clean("/" + p)
+	p = path.Clean(p) // a clean path, as clients send, is not copied
 	if _, ok := s.exact[p]; ok {
 		return true
 	}
