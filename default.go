@@ -191,10 +191,27 @@ type DefaultConfig struct {
 	// endpoint (a rate decayed with a time constant of 2 s) over the
 	// request's own budget; without it the first term would send every
 	// long prompt to the endpoints with the fewest requests decoding, whose
-	// requests would then decode behind them all. Set them when requests
-	// are held to a TPOT objective: see docs/learn.md for what they gain
-	// and cost in the simulator. Both zero (the default) prices no stall;
-	// setting one without the other, or a negative one, is an error.
+	// requests would then decode behind them all.
+	//
+	// When the endpoints' speeds are learned to differ (see
+	// DisableLearning), a candidate also costs the decode misses the
+	// request would cause there, each at an eighth of a TTFTObjective of
+	// prefill at the pool's speed: the requests streaming there times the
+	// density, at TPOTObjective, of their times per token (spread
+	// log-normally, with a standard deviation of 0.6, around the
+	// endpoint's decode fit at its load), times the rise of the log of the time per token that the
+	// request's decode and uncached prompt tokens bring (the pool's rate
+	// of growth with the load times their number). Requests far below
+	// the objective meet it anyway and those far above miss it anyway;
+	// past saturation this keeps the faster endpoints' decoding within
+	// the objective rather than taking it past with the slower ones'.
+	//
+	// Set them when requests are held to a TPOT objective: see
+	// docs/learn.md for what they gain and cost in the simulator (past
+	// saturation, on unequal replicas, more requests within the
+	// objectives; a longer TTFT tail). Both zero (the
+	// default) prices no stall; setting one without the other, or a
+	// negative one, is an error.
 	TTFTObjective time.Duration
 	TPOTObjective time.Duration
 	// DisableLearning turns off the speed estimates, so that the policy
@@ -795,6 +812,9 @@ func (p *defaultPolicy) cost(c *Candidates, i int, l *EndpointLoad, avgPrompt, o
 	}
 	if p.stall > 0 {
 		miss += p.stallCost(c, i, l, prompt-cached) * s
+		if pool != nil && pool.learned() {
+			miss += p.decodeMisses(c, &c.speeds[i], l, pool, prompt-cached)
+		}
 	}
 	return scale * (wait + miss - over*(cached-sure) + fp +
 		p.kvPenalty*max(demand-capacity, 0))
@@ -819,6 +839,58 @@ func (p *defaultPolicy) stallCost(c *Candidates, i int, l *EndpointLoad, uncache
 	}
 	return cost
 }
+
+// decodeMisses returns the requests decoding at candidate v, of load l,
+// that the request, uncached prompt tokens of it to prefill there, is
+// expected to take past TPOTObjective, each priced at decodeMissWeight
+// TTFTObjectives of prefill at the pool's speed (see
+// DefaultConfig.TTFTObjective). The candidate's time per token at its
+// load is its decode fit at that load; a request's time per token spreads
+// around it with a standard deviation of decodeSpread on a log scale, so
+// the requests near the objective are the streaming ones times the density
+// of that spread at the objective, and the request's prefill and decode
+// tokens raise the log of the time per token by the pool's rate of growth
+// with the load times their number. It is at most the requests streaming
+// there, and 0 without a decode fit, without a rate of growth, or with
+// nothing streaming there.
+func (p *defaultPolicy) decodeMisses(c *Candidates, v *speedView, l *EndpointLoad, pool *poolSpeed, uncached float64) float64 {
+	streaming := l.Outstanding - l.Queued
+	beta := pool.beta()
+	if streaming <= 0 || !(v.dtau > 0) || !(beta > 0) || !(pool.g > 0) || !(pool.tau > 0) {
+		return 0
+	}
+	// The log of the time per token at the load, over the objective.
+	lr := math.Log(v.dtau * p.stall / p.ttft)
+	if v.loaded {
+		lr += beta * (float64(l.ActiveTokens) - v.lload)
+	}
+	z := lr / decodeSpread
+	density := math.Exp(-z*z/2) / (math.Sqrt(2*math.Pi) * decodeSpread)
+	tokens := float64(c.reqTok-int64(c.req.PromptTokens)) + max(uncached, 0)
+	// No more than the requests streaming there; a NaN from absurd fits
+	// counts as none.
+	misses := min(float64(streaming)*density*beta*tokens, float64(streaming))
+	if !(misses > 0) {
+		return 0
+	}
+	// A miss costs decodeMissWeight TTFTObjectives of prefill at the
+	// pool's mean seconds per prompt token.
+	return decodeMissWeight * misses * p.ttft * pool.g / pool.tau
+}
+
+// decodeSpread is the standard deviation, on a log scale, of a request's
+// time per output token around its endpoint's decode fit at the load, and
+// decodeMissWeight the price of a decode miss in TTFTObjectives of prefill.
+// Both were chosen on the training runs (the mixed scenario at 1, 1.25 and
+// 1.5 times its load, the default and prefixes workloads, the Mooncake
+// trace at unequal speeds and the mixed-slowdown scenario, seeds 1-8, with
+// latency objectives), by the geometric mean over the runs of the requests
+// outside the objectives relative to those without the term: 0.839, where
+// the next best of the 16 settings tried left 0.848 (see docs/learn.md).
+const (
+	decodeSpread     = 0.6
+	decodeMissWeight = 0.125
+)
 
 // flowTimeConstant is the time constant of prefillFlow's decay. It was
 // chosen on the training runs (the mixed, default and prefixes workloads

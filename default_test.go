@@ -797,3 +797,72 @@ func TestDefaultEventsIndexOutlivesMembership(t *testing.T) {
 	mustUpdate(t, a, all) // and comes back
 	wantEP1(a, "after ep1 came back")
 }
+
+// decodeMisses prices the requests decoding at a candidate that the new
+// request would take past the TPOT objective: most when their time per
+// token is at the objective, little when it is far below (they meet it
+// anyway) or far above (they miss it anyway); in proportion to the
+// requests streaming and to the request's decode and uncached prompt
+// tokens; never more than the requests streaming, and never NaN.
+func TestDefaultDecodeMisses(t *testing.T) {
+	pol, err := Default(DefaultConfig{TTFTObjective: 2 * time.Second, TPOTObjective: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pol.(*defaultPolicy)
+	req := &Request{PromptTokens: 1000}
+	c := &Candidates{req: req, reqTok: 1100} // 100 decode tokens
+	// The pool prefills 10,000 tokens a second; the log of the time per
+	// token grows by 1e-5 per token of load.
+	pool := &poolSpeed{g: 1, tau: 1e-4, lg: 1, lcov: 1e-5, lvar: 1}
+	misses := func(dtau float64, streaming int64, uncached float64) float64 {
+		v := &speedView{dtau: dtau, dg: 0.5, loaded: true, lload: 5000}
+		l := &EndpointLoad{Outstanding: streaming + 2, Queued: 2, ActiveTokens: 5000}
+		return p.decodeMisses(c, v, l, pool, uncached)
+	}
+	at := misses(0.050, 10, 900)
+	// 10 streaming * the spread's density at the objective * 1e-5 * 1000
+	// tokens, decodeMissWeight TTFT objectives (20,000 tokens) each.
+	want := 10 / (math.Sqrt(2*math.Pi) * decodeSpread) * 1e-5 * 1000 * decodeMissWeight * 20000
+	if math.Abs(at-want) > 1e-6*want {
+		t.Errorf("at the objective: %v, want %v", at, want)
+	}
+	// Four spreads below and above the objective.
+	for _, dtau := range []float64{0.05 * math.Exp(-4*decodeSpread), 0.05 * math.Exp(4*decodeSpread)} {
+		if got := misses(dtau, 10, 900); !(got < at/100) {
+			t.Errorf("time per token %v: %v, want far less than %v at the objective", dtau, got, at)
+		}
+	}
+	if got := misses(0.05, 20, 900); math.Abs(got-2*at) > 1e-6*at {
+		t.Errorf("twice the streaming requests: %v, want %v", got, 2*at)
+	}
+	if got := misses(0.05, 10, 1900); math.Abs(got-2*at) > 1e-6*at {
+		t.Errorf("twice the tokens: %v, want %v", got, 2*at)
+	}
+	if got := misses(0.05, 0, 900); got != 0 {
+		t.Errorf("nothing streaming: %v, want 0", got)
+	}
+	if got := misses(0, 10, 900); got != 0 {
+		t.Errorf("no decode fit: %v, want 0", got)
+	}
+	// The load moves the time per token: at 1e-5 per token, 2*decodeSpread
+	// / 1e-5 more tokens than the fit's mean load take it two spreads past
+	// the objective.
+	v := &speedView{dtau: 0.05, dg: 0.5, loaded: true, lload: 5000}
+	l := &EndpointLoad{Outstanding: 12, Queued: 2, ActiveTokens: 5000 + int64(2*decodeSpread/1e-5)}
+	if got := p.decodeMisses(c, v, l, pool, 900); !(got < at/2) {
+		t.Errorf("loaded past the objective: %v, want less than half of %v", got, at)
+	}
+	// Bounded by the streaming requests, whatever the fits say.
+	for _, tc := range []struct{ beta, dtau, lload float64 }{
+		{1e300, 0.05, 5000}, {math.Inf(1), 0.05, 5000}, {1e-5, 1e6, 0}, {1e-5, 1e-15, 1e12}, {1e-5, 0.05, math.NaN()},
+	} {
+		pool := &poolSpeed{g: 1, tau: 1e-4, lg: 1, lcov: tc.beta, lvar: 1}
+		v := &speedView{dtau: tc.dtau, dg: 0.5, loaded: true, lload: tc.lload}
+		l := &EndpointLoad{Outstanding: 12, Queued: 2, ActiveTokens: 5000}
+		got := p.decodeMisses(c, v, l, pool, 900)
+		if !(got >= 0) || got > 10*decodeMissWeight*20000*(1+1e-9) {
+			t.Errorf("beta %v, dtau %v, lload %v: %v, want in [0, %v]", tc.beta, tc.dtau, tc.lload, got, 10*decodeMissWeight*20000)
+		}
+	}
+}
