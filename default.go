@@ -299,6 +299,7 @@ type defaultPolicy struct {
 	slotWeight  float64
 	stall       float64 // TTFTObjective over TPOTObjective; 0 = no stall priced
 	ttft        float64 // TTFTObjective in seconds
+	logStall    float64 // the log of 1/TPOTObjective in seconds; 0 without objectives
 	learn       bool
 	// evenUntil is the clock reading (unix nanos) until which the last
 	// test of the pool's speeds (poolSpeed.test) stands: it found them
@@ -461,6 +462,9 @@ func Default(cfg DefaultConfig) (Policy, error) {
 		ttft:        cfg.TTFTObjective.Seconds(),
 		learn:       !cfg.DisableLearning,
 		placing:     t.events == nil && !t.index.EventsOnly(),
+	}
+	if p.stall > 0 {
+		p.logStall = -math.Log(cfg.TPOTObjective.Seconds())
 	}
 	p.records.Store(t.index.Records())
 	p.known.Store(math.Float64bits(1))
@@ -860,7 +864,7 @@ func (p *defaultPolicy) decodeMisses(c *Candidates, v *speedView, l *EndpointLoa
 		return 0
 	}
 	// The log of the time per token at the load, over the objective.
-	lr := math.Log(v.dtau * p.stall / p.ttft)
+	lr := v.dlog + p.logStall
 	if v.loaded {
 		lr += beta * (float64(l.ActiveTokens) - v.lload)
 	}

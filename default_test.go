@@ -816,7 +816,7 @@ func TestDefaultDecodeMisses(t *testing.T) {
 	// token grows by 1e-5 per token of load.
 	pool := &poolSpeed{g: 1, tau: 1e-4, lg: 1, lcov: 1e-5, lvar: 1}
 	misses := func(dtau float64, streaming int64, uncached float64) float64 {
-		v := &speedView{dtau: dtau, dg: 0.5, loaded: true, lload: 5000}
+		v := &speedView{dtau: dtau, dlog: math.Log(dtau), dg: 0.5, loaded: true, lload: 5000}
 		l := &EndpointLoad{Outstanding: streaming + 2, Queued: 2, ActiveTokens: 5000}
 		return p.decodeMisses(c, v, l, pool, uncached)
 	}
@@ -848,7 +848,7 @@ func TestDefaultDecodeMisses(t *testing.T) {
 	// The load moves the time per token: at 1e-5 per token, 2*decodeSpread
 	// / 1e-5 more tokens than the fit's mean load take it two spreads past
 	// the objective.
-	v := &speedView{dtau: 0.05, dg: 0.5, loaded: true, lload: 5000}
+	v := &speedView{dtau: 0.05, dlog: math.Log(0.05), dg: 0.5, loaded: true, lload: 5000}
 	l := &EndpointLoad{Outstanding: 12, Queued: 2, ActiveTokens: 5000 + int64(2*decodeSpread/1e-5)}
 	if got := p.decodeMisses(c, v, l, pool, 900); !(got < at/2) {
 		t.Errorf("loaded past the objective: %v, want less than half of %v", got, at)
@@ -858,11 +858,31 @@ func TestDefaultDecodeMisses(t *testing.T) {
 		{1e300, 0.05, 5000}, {math.Inf(1), 0.05, 5000}, {1e-5, 1e6, 0}, {1e-5, 1e-15, 1e12}, {1e-5, 0.05, math.NaN()},
 	} {
 		pool := &poolSpeed{g: 1, tau: 1e-4, lg: 1, lcov: tc.beta, lvar: 1}
-		v := &speedView{dtau: tc.dtau, dg: 0.5, loaded: true, lload: tc.lload}
+		v := &speedView{dtau: tc.dtau, dlog: math.Log(tc.dtau), dg: 0.5, loaded: true, lload: tc.lload}
 		l := &EndpointLoad{Outstanding: 12, Queued: 2, ActiveTokens: 5000}
 		got := p.decodeMisses(c, v, l, pool, 900)
 		if !(got >= 0) || got > 10*decodeMissWeight*20000*(1+1e-9) {
 			t.Errorf("beta %v, dtau %v, lload %v: %v, want in [0, %v]", tc.beta, tc.dtau, tc.lload, got, 10*decodeMissWeight*20000)
 		}
+	}
+}
+
+// BenchmarkDecodeMisses measures the decode-miss price of one candidate
+// whose decoding is near the TPOT objective: the cost a pick adds per
+// scored candidate with objectives on a pool of unequal speeds.
+func BenchmarkDecodeMisses(b *testing.B) {
+	pol, _ := Default(DefaultConfig{TTFTObjective: 2 * time.Second, TPOTObjective: 50 * time.Millisecond})
+	p := pol.(*defaultPolicy)
+	c := &Candidates{req: &Request{PromptTokens: 1000}, reqTok: 1100}
+	pool := &poolSpeed{g: 1, tau: 1e-4, lg: 1, lcov: 1e-5, lvar: 1}
+	v := &speedView{dtau: 0.045, dlog: math.Log(0.045), dg: 0.5, loaded: true, lload: 5000}
+	l := &EndpointLoad{Outstanding: 12, Queued: 2, ActiveTokens: 6000}
+	b.ReportAllocs()
+	sum := 0.0
+	for b.Loop() {
+		sum += p.decodeMisses(c, v, l, pool, 900)
+	}
+	if !(sum > 0) {
+		b.Fatal("no decode misses priced")
 	}
 }

@@ -106,6 +106,7 @@ type speedEstimate struct {
 	count  atomic.Uint64 // c
 	at     atomic.Int64  // unix nanos of the last prefill observation
 	dtau   atomic.Uint64 // decode seconds per expected token; 0 = no fit
+	dlog   atomic.Uint64 // the log of dtau, once dtau is set
 	dse    atomic.Uint64 // its relative standard error
 	dcount atomic.Uint64 // dn
 	dat    atomic.Int64  // unix nanos of the last decode observation
@@ -269,6 +270,9 @@ func (e *speedEstimate) done(d time.Duration, tokens int64, now int64, load floa
 	if e.dt > 0 && e.dy > 0 {
 		tau = min(max(e.dy/e.dt, learnMinTau), learnMaxSeconds)
 	}
+	if tau > 0 {
+		e.dlog.Store(math.Float64bits(math.Log(tau)))
+	}
 	e.dtau.Store(math.Float64bits(tau))
 	if load >= 0 && y > 0 {
 		load = min(load, learnMaxWork)
@@ -297,6 +301,7 @@ func (e *speedEstimate) done(d time.Duration, tokens int64, now int64, load floa
 type speedView struct {
 	a, tau, g, se float64
 	dtau, dg, dse float64
+	dlog          float64 // the log of dtau
 	// The decode's load moments (speedEstimate.lload and the others);
 	// loaded is set when they are known.
 	lload, llog, lcov, lvar float64
@@ -330,6 +335,7 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 	}
 	if dtau := math.Float64frombits(e.dtau.Load()); dtau > 0 {
 		v.dtau = dtau
+		v.dlog = math.Float64frombits(e.dlog.Load())
 		v.dg = confidence(math.Float64frombits(e.dcount.Load()), e.dat.Load(), now)
 		v.dse = math.Float64frombits(e.dse.Load())
 		if e.loaded.Load() {

@@ -992,3 +992,59 @@ func TestLearnDecodeOfFirstTokenAtUnixEpoch(t *testing.T) {
 		t.Errorf("decode %v s/token, want %v", got, want)
 	}
 }
+
+// BenchmarkPickLearnUneven measures a pick of Default whose candidates'
+// speeds differ (the odd endpoints take three times as long per token),
+// with 32 requests in flight, without and with latency objectives: the
+// path that prices speeds and, with objectives, decode misses.
+func BenchmarkPickLearnUneven(b *testing.B) {
+	for _, n := range []int{8, 64} {
+		for _, slo := range []bool{false, true} {
+			b.Run("objectives="+strconv.FormatBool(slo)+"/endpoints="+strconv.Itoa(n), func(b *testing.B) {
+				cfg := DefaultConfig{}
+				if slo {
+					cfg.TTFTObjective, cfg.TPOTObjective = 2*time.Second, 50*time.Millisecond
+				}
+				p, _ := Default(cfg)
+				clock := newFakeClock()
+				bal := benchBalancer(b, p, n, WithClock(clock))
+				run := unevenRun(bal, clock)
+				for range 4096 { // warm the estimates
+					run()
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					run()
+				}
+			})
+		}
+	}
+}
+
+// unevenRun returns a step that picks a request, sees its first token
+// after a time per prompt token three times as long on the odd endpoints,
+// and completes the oldest of the 32 requests in flight after a decode as
+// slow, so that the estimates of a pool of two speeds stay warm.
+func unevenRun(bal *Balancer, clock *fakeClock) func() {
+	ctx := context.Background()
+	req := &Request{PromptTokens: 1000, MaxTokens: 256}
+	var ring [32]Pick
+	k := 0
+	return func() {
+		pk, err := bal.Pick(ctx, req)
+		if err != nil {
+			panic(err)
+		}
+		slow := time.Duration(1)
+		if key := pk.Endpoint().Key(); (key[len(key)-1]-'0')%2 == 1 {
+			slow = 3
+		}
+		clock.Advance(slow * 50 * time.Microsecond)
+		pk.FirstToken()
+		old := ring[k]
+		ring[k] = pk
+		k = (k + 1) % len(ring)
+		clock.Advance(slow * 50 * time.Microsecond)
+		old.Done(nil)
+	}
+}
