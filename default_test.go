@@ -886,3 +886,71 @@ func BenchmarkDecodeMisses(b *testing.B) {
 		b.Fatal("no decode misses priced")
 	}
 }
+
+// With objectives, on a pool whose measured speeds differ, Default prices
+// the decode misses a request causes: of two endpoints measured alike, the
+// one whose requests decode at the objective loses the request to the one
+// whose requests decode far past it, which holds more tokens and so wins
+// without objectives.
+func TestDefaultObjectivesAvoidDecodeAtObjective(t *testing.T) {
+	for _, slo := range []bool{false, true} {
+		cfg := DefaultConfig{}
+		if slo {
+			cfg.TTFTObjective, cfg.TPOTObjective = 2*time.Second, 50*time.Millisecond
+		}
+		p, err := Default(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock := newFakeClock()
+		b := mustNew(t, p, WithClock(clock))
+		mustUpdate(t, b, []Endpoint{testEP{key: "edge"}, testEP{key: "past"}, testEP{key: "slow"}})
+		// Prefill: "slow" takes four times as long per token, so the pool
+		// is uneven. Decode: the time per token is 50 ms at a load of 2,000
+		// tokens and grows by a factor e per 1,000 tokens, on every
+		// endpoint.
+		rng := rand.New(rand.NewPCG(5, 5))
+		now := clock.Now().UnixNano()
+		for range 400 {
+			work := float64(100 + rng.IntN(20000))
+			load := 1000 + 2000*rng.Float64()
+			tokens := int64(100 + rng.IntN(200))
+			decode := time.Duration(float64(tokens) * 0.05 * math.Exp((load-2000)/1000) * float64(time.Second))
+			for _, st := range b.snap.Load().eps {
+				rate := 40000.0
+				if st.key == "slow" {
+					rate /= 4
+				}
+				st.est.firstToken(work, syntheticTTFT(rng, 0.02, rate, work, 0), now)
+				st.est.done(decode, tokens, now, load)
+			}
+		}
+		// "edge" holds 2,000 tokens decoding, at the objective; "past" and
+		// "slow" 6,000, four factors of e past it.
+		var held []Pick
+		for _, h := range []struct {
+			key string
+			n   int
+		}{{"edge", 10}, {"past", 30}, {"slow", 30}} {
+			for _, h := range holdOn(t, b, h.key, h.n, Request{PromptTokens: 100, OutputTokens: 100}) {
+				h.FirstToken()
+				held = append(held, h)
+			}
+		}
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1000, OutputTokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := pk.Endpoint().Key()
+		pk.Done(nil)
+		for _, h := range held {
+			h.Done(nil)
+		}
+		if !slo && got != "edge" {
+			t.Errorf("without objectives: picked %s, want edge, which holds the fewest tokens", got)
+		}
+		if slo && got == "edge" {
+			t.Errorf("with objectives: picked edge, whose requests decode at the objective")
+		}
+	}
+}
