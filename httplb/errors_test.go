@@ -531,6 +531,9 @@ func TestProxyLocationHidesUpstreamAddress(t *testing.T) {
 		t.Run(strconv.Itoa(code), func(t *testing.T) {
 			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Location", "http://"+r.Host+"/v1/files/file-1")
+				w.Header().Set("Content-Location", "http://"+r.Host+"/v1/files/file-1/content")
+				w.Header().Add("Link", `<http://`+r.Host+`/v1/files?after=file-1>; rel="next"; title="<http://`+r.Host+`/x>", <https://docs.example.com/files>; rel="help"`)
+				w.Header().Add("Link", "</v1/files>; rel=\"first\"")
 				w.WriteHeader(code)
 			})
 			h := newHarness(t, llmlb.RoundRobin(), Config{}, up)
@@ -543,8 +546,49 @@ func TestProxyLocationHidesUpstreamAddress(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, code, resp.StatusCode)
 			assert.Equal(t, "/v1/files/file-1", resp.Header.Get("Location"))
+			assert.Equal(t, "/v1/files/file-1/content", resp.Header.Get("Content-Location"))
+			// The URI of the upstream's host becomes a path; a quoted
+			// parameter, another host's URI and a relative one stay.
+			assert.Equal(t, []string{
+				`</v1/files?after=file-1>; rel="next"; title="<http://` + up.Listener.Addr().String() + `/x>", <https://docs.example.com/files>; rel="help"`,
+				`</v1/files>; rel="first"`,
+			}, resp.Header.Values("Link"))
 		})
 	}
+}
+
+// FuzzRelativeLinks checks that relativeLinks never panics, that it leaves
+// a value it does not rewrite as it was, and that a value it rewrites
+// names the upstream's host in no URI.
+func FuzzRelativeLinks(f *testing.F) {
+	for _, s := range [][2]string{
+		{`<http://up:8080/v1/x?after=2>; rel="next"`, "up:8080"},
+		{`<http://up/a>; rel="next", <http://up/b>; rel="prev"`, "up"},
+		{`<http://up/a>; title="a \" <http://up/b>"`, "up"},
+		{`<http://up//evil.example/x>; rel=next`, "up"},
+		{`<http://elsewhere/>; rel=help`, "up"},
+		{`<http://up/unterminated`, "up"},
+		{`"<http://up/quoted>`, "up"},
+		{`<>; rel=x`, "up"},
+	} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, v, host string) {
+		got, ok := relativeLinks(v, host)
+		if !ok {
+			if got != v {
+				t.Fatalf("relativeLinks(%q, %q) = %q, false", v, host, got)
+			}
+			return
+		}
+		if got == v || host == "" {
+			t.Fatalf("relativeLinks(%q, %q) = %q, true", v, host, got)
+		}
+		again, _ := relativeLinks(got, host)
+		if again != got {
+			t.Fatalf("relativeLinks(%q, %q) = %q, rewritten again to %q", v, host, got, again)
+		}
+	})
 }
 
 // FuzzRelativeLocation checks that relativeLocation never panics, and that a

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -149,7 +150,8 @@ func upstreamErrorHandler(resp *http.Response) error {
 // (a redirect's, a 201 Created's) that names the upstream's own host loses
 // its scheme and host, becoming relative to the gateway: a server builds
 // such a URL (a redirect for a trailing slash, say) from the address it
-// was sent.
+// was sent. So do a Content-Location of that host and each such URI of a
+// Link header.
 func NewUpstreamErrorHandler(log *slog.Logger) func(*http.Response) error {
 	return func(resp *http.Response) error {
 		l := log
@@ -289,23 +291,48 @@ func upstreamAttrs(r *http.Request, id string, status int) []slog.Attr {
 	return attrs
 }
 
-// relativeLocation makes h's Location relative to the gateway, without
-// scheme and host, if it is an absolute URL of the upstream's host, on any
-// port (as servers build redirects from the Host they were sent, such as a
-// trailing slash's): the client must not learn the address of the
-// upstream, nor bypass the gateway by following it. A path that starts
-// with several slashes, which a server echoes from the request's own path
-// ("http://upstream//evil.example/x"), keeps one: without its host,
-// "//evil.example/x" would be a URL of another host, where the client
-// would follow the gateway's redirect.
+// relativeLocation makes h's Location and Content-Location relative to the
+// gateway, without scheme and host, if they are absolute URLs of the
+// upstream's host, and so each URI of its Link header: see relativeURL.
 func relativeLocation(h http.Header, host string) {
-	loc := h.Get("Location")
-	if loc == "" || host == "" {
+	if host == "" {
 		return
+	}
+	for _, name := range [...]string{"Location", "Content-Location"} {
+		if rel, ok := relativeURL(h.Get(name), host); ok {
+			h.Set(name, rel)
+		}
+	}
+	var links []string // h's Link values, once one is rewritten
+	for i, v := range h.Values("Link") {
+		if rel, ok := relativeLinks(v, host); ok {
+			if links == nil {
+				links = slices.Clone(h.Values("Link"))
+			}
+			links[i] = rel
+		}
+	}
+	if links != nil {
+		h["Link"] = links
+	}
+}
+
+// relativeURL returns loc relative to the gateway, without scheme and host,
+// and true, if it is an absolute URL of the upstream's host, on any port
+// (as servers build redirects and resource URLs from the Host they were
+// sent, such as a trailing slash's redirect): the client must not learn the
+// address of the upstream, nor bypass the gateway by following it. A path
+// that starts with several slashes, which a server echoes from the
+// request's own path ("http://upstream//evil.example/x"), keeps one:
+// without its host, "//evil.example/x" would be a URL of another host,
+// where the client would follow the gateway's redirect.
+func relativeURL(loc, host string) (string, bool) {
+	if loc == "" {
+		return "", false
 	}
 	u, err := url.Parse(loc)
 	if err != nil || u.Host == "" || !strings.EqualFold(u.Hostname(), (&url.URL{Host: host}).Hostname()) {
-		return
+		return "", false
 	}
 	u.Scheme, u.Host, u.User, u.OmitHost = "", "", nil, false
 	if u.Path == "" {
@@ -315,7 +342,46 @@ func relativeLocation(h http.Header, host string) {
 	if strings.HasPrefix(rel, "//") {
 		rel = "/" + strings.TrimLeft(rel, "/")
 	}
-	h.Set("Location", rel)
+	return rel, true
+}
+
+// relativeLinks returns v, a Link header's value (RFC 8288: link-values,
+// each a URI in angle brackets and its parameters), with each URI that
+// relativeURL rewrites rewritten, and true if one was. Quoted parameter
+// values are passed over, so that an angle bracket in one does not count
+// as a URI.
+func relativeLinks(v, host string) (string, bool) {
+	var out strings.Builder
+	changed := false
+	last := 0 // v[:last] is in out
+	for i := 0; i < len(v); i++ {
+		switch v[i] {
+		case '"':
+			for i++; i < len(v) && v[i] != '"'; i++ {
+				if v[i] == '\\' {
+					i++
+				}
+			}
+		case '<':
+			end := strings.IndexByte(v[i+1:], '>')
+			if end < 0 {
+				i = len(v)
+				break
+			}
+			end += i + 1
+			if rel, ok := relativeURL(v[i+1:end], host); ok {
+				out.WriteString(v[last : i+1])
+				out.WriteString(rel)
+				last, changed = end, true
+			}
+			i = end
+		}
+	}
+	if !changed {
+		return v, false
+	}
+	out.WriteString(v[last:])
+	return out.String(), true
 }
 
 // errorHandler is the handler returned by [NewErrorHandler] with a nil
