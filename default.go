@@ -890,7 +890,7 @@ func (p *defaultPolicy) decodeMisses(c *Candidates, v *speedView, l *EndpointLoa
 // trace at unequal speeds and the mixed-slowdown scenario, seeds 1-8, with
 // latency objectives), by the geometric mean over the runs of the requests
 // outside the objectives relative to those without the term: 0.839, where
-// the next best of the 16 settings tried left 0.848 (see docs/learn.md).
+// the next best of the 17 settings tried left 0.848 (see docs/learn.md).
 const (
 	decodeSpread     = 0.6
 	decodeMissWeight = 0.125
