@@ -41,6 +41,18 @@ type body struct {
 	// (see handleFirstError).
 	firstErr      int
 	errAt, errEnd int
+	// stream is set for an event stream that peek read to its first
+	// event. buf[:scanned] is what peek judged of it: the lines up to the
+	// end of the first event's line, or up to the end of its cut-short
+	// value if cut is set.
+	stream  bool
+	scanned int
+	cut     bool
+	// scrub, if set, rewrites the error events read after buf[:scanned]
+	// (see scrubEvents); srcErr is the error that ended the reads of rc,
+	// returned once buf is read.
+	scrub  *scrubber
+	srcErr error
 }
 
 // watch finishes the body, as failed with ctx's cause, when ctx is done
@@ -65,6 +77,9 @@ func (b *body) watch(ctx context.Context) {
 func (b *body) Read(p []byte) (int, error) {
 	if b.closed.Load() {
 		return 0, http.ErrBodyReadAfterClose
+	}
+	if b.scrub != nil {
+		return b.readScrubbed(p)
 	}
 	if len(b.buf) > 0 {
 		n := copy(p, b.buf)
@@ -93,6 +108,63 @@ func (b *body) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// readScrubbed is Read through b.scrub: the bytes of rc pass through it,
+// and are returned once it has let them go, after those in buf.
+func (b *body) readScrubbed(p []byte) (int, error) {
+	s := b.scrub
+	if len(p) == 0 {
+		return 0, nil
+	}
+	for len(b.buf) == 0 && b.srcErr == nil {
+		n, err := b.rc.Read(p)
+		if err == nil && s.passes(p[:n]) {
+			if b.metered {
+				b.out.observe(p[:n])
+			}
+			return n, nil
+		}
+		b.buf = s.feed(s.out[:0], p[:n])
+		if err != nil {
+			b.buf = s.flush(b.buf)
+			b.srcErr = err
+		}
+		s.out = b.buf
+	}
+	n := copy(p, b.buf)
+	b.buf = b.buf[n:]
+	if b.metered {
+		b.out.observe(p[:n])
+	}
+	if _, eof := b.rc.(eofReader); eof && b.srcErr == nil && len(b.buf) == 0 && len(s.line) == 0 {
+		// As Read: the body ended with these bytes.
+		b.srcErr = io.EOF
+	}
+	if len(b.buf) > 0 || b.srcErr == nil {
+		return n, nil
+	}
+	err := b.srcErr
+	if errors.Is(err, io.EOF) {
+		b.end(nil)
+	} else {
+		b.end(err)
+	}
+	return n, err
+}
+
+// scrubEvents makes the body rewrite, as it is read, each error event
+// after the first event that hide hides (see scrubber): those held back
+// after buf[:scanned] now, and those read later. It does nothing to a body
+// that is not an event stream read to its first event.
+func (b *body) scrubEvents(hide func(status int, value []byte) []byte) {
+	if !b.stream || b.scrub != nil || b.scanned > len(b.buf) {
+		return
+	}
+	s := &scrubber{hide: hide, skip: b.cut}
+	out := append(make([]byte, 0, len(b.buf)), b.buf[:b.scanned]...)
+	b.buf = s.feed(out, b.buf[b.scanned:])
+	b.scrub = s
 }
 
 // Close implements io.Closer. Closing before the end finishes the request as
@@ -166,6 +238,7 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 		}
 	}
 	b.buf = buf
+	b.stream = stream
 	if ev.data < 0 {
 		if stream {
 			// No data line, but the stream may have ended after an
@@ -174,6 +247,7 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 			if code != 0 {
 				b.firstErr = code
 				b.errAt, b.errEnd = errorFieldSpan(buf)
+				b.scanned = b.errEnd
 			}
 			return code, nil
 		}
@@ -182,7 +256,10 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 	value := buf[ev.data:]
 	if i := bytes.IndexAny(value, "\r\n"); i >= 0 {
 		value = value[:i]
+	} else {
+		b.cut = true
 	}
+	b.scanned = ev.data + len(value)
 	code = errorEventCode(buf[:ev.data], value)
 	if code != 0 {
 		b.firstErr = code

@@ -77,8 +77,9 @@
 // the error event (through [NewProxy], with the event's message made
 // generic, as for an error answer: see [NewUpstreamErrorHandler]), and its
 // pick ends, as the Reporter is told, with that status as the error. A stream that carried an error event after its
-// first is passed on as sent, and ends its pick, and the Reporter's count,
-// as a failure.
+// first is passed on (through NewProxy, with that event's message made
+// generic alike), and ends its pick, and the Reporter's count, as a
+// failure.
 // As the body is read, the output tokens it carries are reported to the pick
 // with Generated (see [OutputCounter]): one per event of a server-sent event
 // stream (per delta of an OpenAI Responses stream), or the usage count the

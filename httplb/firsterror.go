@@ -21,21 +21,62 @@ import (
 // type and code if they are plain tokens. The error's message may carry
 // engine internals (a stack trace, a path, an address) or the operator's
 // account. An event of any other status (a 400 for a prompt too long, say)
-// describes the request and reaches the client as sent. Every byte after
-// the event passes unchanged. resp gets the request's id in X-Request-Id.
+// describes the request and reaches the client as sent. resp then gets the
+// request's id in X-Request-Id. Each later error event of the stream is
+// treated alike as the stream is read (see [body.scrubEvents]), but for
+// the log records after the first few; every other byte passes unchanged.
 func handleFirstError(log *slog.Logger, resp *http.Response) {
 	b, ok := resp.Body.(*body)
-	if !ok || b.firstErr == 0 || b.errAt >= b.errEnd || b.errEnd > len(b.buf) {
+	if !ok {
 		return
 	}
 	r := resp.Request
 	id := requestID(r)
-	resp.Header.Set(requestIDHeader, id)
-	value := b.buf[b.errAt:b.errEnd]
-	attrs := append(upstreamAttrs(r, id, b.firstErr),
+	if b.firstErr != 0 && b.errAt < b.errEnd && b.errEnd <= len(b.buf) {
+		resp.Header.Set(requestIDHeader, id)
+		if generic := hideEvent(log, r, id, b.firstErr, b.buf[b.errAt:b.errEnd], "at its first event"); generic != nil {
+			if b.scanned >= b.errEnd {
+				b.scanned += len(generic) - (b.errEnd - b.errAt)
+			}
+			b.buf = slices.Concat(b.buf[:b.errAt], generic, b.buf[b.errEnd:])
+			// The stream's length is no longer the upstream's.
+			resp.ContentLength = -1
+			resp.Header.Del("Content-Length")
+		}
+		b.firstErr, b.errAt, b.errEnd = 0, 0, 0
+	}
+	logged := 0
+	b.scrubEvents(func(status int, value []byte) []byte {
+		l := log
+		if logged++; logged > maxLoggedEvents {
+			l = discardLog
+		}
+		return hideEvent(l, r, id, status, value, "after its first event")
+	})
+	if b.scrub != nil {
+		// Its length may change as it is read.
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
+	}
+}
+
+// maxLoggedEvents is how many of a stream's error events after its first
+// go to the log: an upstream that sends them by the thousand has them
+// replaced, not logged, past these.
+const maxLoggedEvents = 8
+
+// discardLog is a logger that logs nothing.
+var discardLog = slog.New(slog.DiscardHandler)
+
+// hideEvent logs value, the value of an error event of a stream to r
+// standing for status, and returns the value it is replaced by for the
+// client, whose request's id is id, or nil if it reaches the client as
+// sent (see handleFirstError). where says where in the stream it came.
+func hideEvent(log *slog.Logger, r *http.Request, id string, status int, value []byte, where string) []byte {
+	attrs := append(upstreamAttrs(r, id, status),
 		slog.String("event", string(value[:min(len(value), maxLoggedBody)])))
 	typ, message, level := "upstream_error", "The upstream failed to answer.", slog.LevelError
-	switch c := b.firstErr; {
+	switch c := status; {
 	case c == http.StatusUnauthorized:
 		typ, message, level = "authentication_error", "The upstream refused the request's credentials.", slog.LevelInfo
 	case c == http.StatusPaymentRequired, c == http.StatusForbidden:
@@ -44,16 +85,11 @@ func handleFirstError(log *slog.Logger, resp *http.Response) {
 		typ, message, level = "rate_limit_error", "The upstream is rate limited; retry later.", slog.LevelInfo
 	case c == http.StatusProxyAuthRequired, c == http.StatusFailedDependency, c >= 500:
 	default:
-		log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream's stream refused the request at its first event", attrs...)
-		return
+		log.LogAttrs(r.Context(), slog.LevelInfo, "httplb: upstream's stream refused the request "+where, attrs...)
+		return nil
 	}
-	log.LogAttrs(r.Context(), level, "httplb: upstream's stream failed at its first event", attrs...)
-	generic := genericErrorEvent(value, b.firstErr, typ, message+" Request ID: "+id)
-	b.buf = slices.Concat(b.buf[:b.errAt], generic, b.buf[b.errEnd:])
-	b.firstErr, b.errAt, b.errEnd = 0, 0, 0
-	// The stream's length is no longer the upstream's.
-	resp.ContentLength = -1
-	resp.Header.Del("Content-Length")
+	log.LogAttrs(r.Context(), level, "httplb: upstream's stream failed "+where, attrs...)
+	return genericErrorEvent(value, status, typ, message+" Request ID: "+id)
 }
 
 // genericErrorEvent returns value, the JSON of an error event, with its

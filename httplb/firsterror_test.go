@@ -497,44 +497,51 @@ type iotestErr struct{ err error }
 
 func (e iotestErr) Read([]byte) (int, error) { return 0, e.err }
 
+// secret is what an upstream's error message may tell that no client
+// should read.
+const secret = "Traceback: /srv/vllm/worker.py line 7, 10.1.2.3"
+
+// hiddenEvents are error events, each as a stream sends it, with the level
+// and status it is logged with and the line the client gets in place of
+// its value's line (ID for the request id).
+var hiddenEvents = []struct {
+	name   string
+	stream string
+	level  string
+	status int
+	want   string // the error event's line as the client gets it
+}{
+	{"vLLM", `data: {"error": {"message": "` + secret + `", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\ndata: [DONE]\n\n",
+		"ERROR", 500, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"InternalServerError","code":500}}`},
+	{"vLLM, a type that is no token", `data: {"error": {"message": "` + secret + `", "type": "` + secret + `", "code": 503}}` + "\n\n",
+		"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":503}}`},
+	{"OpenAI rate limit", `data: {"error": {"message": "Rate limit reached in organization org-secret", "type": "requests", "code": "rate_limit_exceeded"}}` + "\n\n",
+		"INFO", 429, `data: {"error":{"message":"The upstream is rate limited; retry later. Request ID: ID","type":"requests","code":"rate_limit_exceeded"}}`},
+	{"Anthropic", "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"" + secret + "\"}}\n\n",
+		"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"overloaded_error","code":503},"type":"error"}`},
+	{"TGI", `data: {"error":"Incomplete generation: ` + secret + `","error_type":"incomplete_generation"}` + "\n\n",
+		"ERROR", 500, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"incomplete_generation"}`},
+	{"TGI generation", `data: {"error":"Request failed during generation: ` + secret + `","error_type":"generation"}` + "\n\n",
+		"ERROR", 424, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"generation"}`},
+	{"TGI OpenAI-compatible generation", `data: {"error":{"message":"Request failed during generation: ` + secret + `","http_status_code":422}}` + "\n\ndata: [DONE]\n\n",
+		"ERROR", 424, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":424}}`},
+	{"Responses error", "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"" + secret + "\",\"param\":null,\"sequence_number\":0}\n\n",
+		"ERROR", 500, `data: {"code":"server_error","message":"The upstream failed to answer. Request ID: ID","param":null,"sequence_number":0,"type":"error"}`},
+	{"Responses failed", "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"" + secret + "\"}}}\n\n",
+		"ERROR", 500, `data: {"response":{"error":{"code":"server_error","message":"The upstream failed to answer. Request ID: ID"},"id":"resp_1","status":"failed"},"type":"response.failed"}`},
+	{"llama.cpp error line", "error: {\"code\":500,\"message\":\"" + secret + "\",\"type\":\"server_error\"}\n\n",
+		"ERROR", 500, `error: {"code":500,"message":"The upstream failed to answer. Request ID: ID","type":"server_error"}`},
+	{"400", `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}` + "\n\n",
+		"INFO", 400, `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}`},
+}
+
 // A stream whose first event is an error that is not retried reaches the
 // client with the event's message generic, as the body of an error answer
 // of the status it stands for would be, in the event's own shape, with its
 // type and code if they are plain tokens; the event as sent goes to the
 // log. An event that describes the request (a 400) reaches it as sent.
 func TestFirstEventErrorHidden(t *testing.T) {
-	const secret = "Traceback: /srv/vllm/worker.py line 7, 10.1.2.3"
-	cases := []struct {
-		name   string
-		stream string
-		level  string
-		status int
-		want   string // the first event's line as the client gets it, with ID for the request id
-	}{
-		{"vLLM", `data: {"error": {"message": "` + secret + `", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\ndata: [DONE]\n\n",
-			"ERROR", 500, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"InternalServerError","code":500}}`},
-		{"vLLM, a type that is no token", `data: {"error": {"message": "` + secret + `", "type": "` + secret + `", "code": 503}}` + "\n\n",
-			"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":503}}`},
-		{"OpenAI rate limit", `data: {"error": {"message": "Rate limit reached in organization org-secret", "type": "requests", "code": "rate_limit_exceeded"}}` + "\n\n",
-			"INFO", 429, `data: {"error":{"message":"The upstream is rate limited; retry later. Request ID: ID","type":"requests","code":"rate_limit_exceeded"}}`},
-		{"Anthropic", "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"" + secret + "\"}}\n\n",
-			"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"overloaded_error","code":503},"type":"error"}`},
-		{"TGI", `data: {"error":"Incomplete generation: ` + secret + `","error_type":"incomplete_generation"}` + "\n\n",
-			"ERROR", 500, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"incomplete_generation"}`},
-		{"TGI generation", `data: {"error":"Request failed during generation: ` + secret + `","error_type":"generation"}` + "\n\n",
-			"ERROR", 424, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"generation"}`},
-		{"TGI OpenAI-compatible generation", `data: {"error":{"message":"Request failed during generation: ` + secret + `","http_status_code":422}}` + "\n\ndata: [DONE]\n\n",
-			"ERROR", 424, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":424}}`},
-		{"Responses error", "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"" + secret + "\",\"param\":null,\"sequence_number\":0}\n\n",
-			"ERROR", 500, `data: {"code":"server_error","message":"The upstream failed to answer. Request ID: ID","param":null,"sequence_number":0,"type":"error"}`},
-		{"Responses failed", "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"" + secret + "\"}}}\n\n",
-			"ERROR", 500, `data: {"response":{"error":{"code":"server_error","message":"The upstream failed to answer. Request ID: ID"},"id":"resp_1","status":"failed"},"type":"response.failed"}`},
-		{"llama.cpp error line", "error: {\"code\":500,\"message\":\"" + secret + "\",\"type\":\"server_error\"}\n\n",
-			"ERROR", 500, `error: {"code":500,"message":"The upstream failed to answer. Request ID: ID","type":"server_error"}`},
-		{"400", `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}` + "\n\n",
-			"INFO", 400, `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}`},
-	}
-	for _, c := range cases {
+	for _, c := range hiddenEvents {
 		t.Run(c.name, func(t *testing.T) {
 			up := newUpstream(t, sendStream(c.stream))
 			h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)

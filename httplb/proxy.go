@@ -122,7 +122,13 @@ func upstreamErrorHandler(resp *http.Response) error {
 // naming the request id, and the error's type and code only if they are
 // plain tokens; the 200 stays, and so does every other byte of the stream.
 // An error event of another status, a 400 for a prompt too long say,
-// reaches the client as sent.
+// reaches the client as sent. Each later error event of an uncompressed
+// event stream (the engine failing mid-generation) is treated alike as the
+// client reads the stream, logged with the message "httplb: upstream's
+// stream failed after its first event" (or "refused the request"), the
+// first 8 of a stream only: the stream's lines are held back until their
+// ends, which a streaming engine writes with each event, and a line whose
+// end has not come after 64 KiB passes as sent.
 //
 // Every answer, a 200 as much as an error, loses the headers that name or
 // describe the operator's account with the upstream rather than the answer:

@@ -134,7 +134,8 @@ func TestErrorEventCode(t *testing.T) {
 }
 
 // A Responses stream that fails after its response.created ends its pick
-// and the Reporter with ErrErrorEvent; the client gets the stream as sent.
+// and the Reporter with ErrErrorEvent; the client gets the stream as sent
+// up to the error event, whose message is generic.
 func TestResponsesErrorEventFailsThePick(t *testing.T) {
 	for _, end := range []string{
 		event("error", `"code":"server_error","message":"The server had an error.","param":null,"sequence_number":6`),
@@ -147,7 +148,13 @@ func TestResponsesErrorEventFailsThePick(t *testing.T) {
 		h := newObservedHarness(t, Config{Retry: retry.LoopConfig{Reporter: rec}}, done, nil, a)
 		code, body := postProxy(t, h)
 		assert.Equal(t, http.StatusOK, code)
-		assert.Equal(t, stream, body)
+		before, _, _ := strings.Cut(end, "\ndata: ")
+		head, _, ok := strings.Cut(stream, before)
+		require.True(t, ok)
+		assert.True(t, strings.HasPrefix(body, head+before+"\ndata: "), body)
+		assert.NotContains(t, body, "The server had an error.")
+		assert.Contains(t, body, `"message":"The upstream failed to answer. Request ID: req_`)
+		assert.True(t, strings.HasSuffix(body, "}\n\n"), body)
 		require.Len(t, rec.reported(a.URL), 1)
 		assert.ErrorIs(t, rec.reported(a.URL)[0], ErrErrorEvent)
 		require.Len(t, done.get(a.URL), 1)

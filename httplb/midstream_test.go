@@ -1,0 +1,326 @@
+package httplb
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/retry"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// tokenEvents are two chat completion chunks, as a stream starts.
+const tokenEvents = `data: {"choices":[{"delta":{"content":"a"}}]}` + "\n\n" +
+	`data: {"choices":[{"delta":{"content":"b"}}]}` + "\n\n"
+
+// errorLine returns the line of stream that carries its error event's
+// value: its first data or error line that names an error.
+func errorLine(stream string) string {
+	for line := range strings.SplitSeq(stream, "\n") {
+		if (strings.HasPrefix(line, "data:") || strings.HasPrefix(line, "error:")) && mayFail([]byte(line)) {
+			return line
+		}
+	}
+	return ""
+}
+
+// writeIn sends s as an event stream in writes of size bytes (all of it
+// if size is 0), flushing each.
+func writeIn(s string, size int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for len(s) > 0 {
+			n := len(s)
+			if size > 0 {
+				n = min(n, size)
+			}
+			if _, err := io.WriteString(w, s[:n]); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			s = s[n:]
+		}
+	}
+}
+
+// An error event after a stream's first reaches the client through the
+// proxy as the first event's would: in its own shape with a generic message
+// naming the request id, unless it describes the request (a 400), which
+// passes as sent. The operator's log gets the event as sent. Every other
+// byte passes unchanged, however the upstream's writes cut the stream.
+func TestMidStreamErrorHidden(t *testing.T) {
+	for _, c := range hiddenEvents {
+		for _, size := range []int{0, 1, 7, 64} {
+			t.Run(fmt.Sprintf("%s/writes=%d", c.name, size), func(t *testing.T) {
+				stream := tokenEvents + c.stream
+				up := newUpstream(t, writeIn(stream, size))
+				h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
+				var logs syncBuffer
+				proxy := NewProxy(h.tr)
+				proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+				gw := httptest.NewServer(proxy)
+				defer gw.Close()
+				client := &http.Client{Transport: &http.Transport{}}
+				defer client.CloseIdleConnections()
+				resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+				require.NoError(t, err)
+				body, err := readAll(t, resp)
+				require.NoError(t, err)
+				assert.Equal(t, http.StatusOK, resp.StatusCode)
+				var rec struct {
+					Level     string `json:"level"`
+					Msg       string `json:"msg"`
+					RequestID string `json:"request_id"`
+					Status    int    `json:"status"`
+					Event     string `json:"event"`
+				}
+				require.NoError(t, json.Unmarshal([]byte(logs.String()), &rec), logs.String())
+				id := rec.RequestID
+				require.True(t, validRequestID(id), id)
+				want := strings.Replace(stream, errorLine(c.stream), strings.ReplaceAll(c.want, "Request ID: ID", "Request ID: "+id), 1)
+				assert.Equal(t, want, body)
+				if c.status != http.StatusBadRequest {
+					assert.NotContains(t, body, secret)
+					assert.Equal(t, "httplb: upstream's stream failed after its first event", rec.Msg)
+				} else {
+					assert.Equal(t, stream, body, "an error about the request reaches the client as sent")
+					assert.Equal(t, "httplb: upstream's stream refused the request after its first event", rec.Msg)
+				}
+				assert.Equal(t, c.level, rec.Level)
+				assert.Equal(t, c.status, rec.Status)
+				assert.Contains(t, c.stream, rec.Event, "the operator sees the event as sent")
+				assert.NotEmpty(t, rec.Event)
+			})
+		}
+	}
+}
+
+// A stream that fails again and again has each error event replaced, and
+// only the first few logged.
+func TestMidStreamErrorsLogBounded(t *testing.T) {
+	ev := `data: {"error": {"message": "` + secret + `", "type": "InternalServerError", "code": 500}}` + "\n\n"
+	stream := tokenEvents + strings.Repeat(ev, 3*maxLoggedEvents) + "data: [DONE]\n\n"
+	up := newUpstream(t, writeIn(stream, 0))
+	h := newHarness(t, llmlb.RoundRobin(), Config{}, up)
+	var logs syncBuffer
+	proxy := NewProxy(h.tr)
+	proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+	gw := httptest.NewServer(proxy)
+	defer gw.Close()
+	resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	body, err := readAll(t, resp)
+	require.NoError(t, err)
+	assert.NotContains(t, body, secret)
+	assert.Equal(t, 3*maxLoggedEvents, strings.Count(body, "The upstream failed to answer."))
+	assert.True(t, strings.HasPrefix(body, tokenEvents), body)
+	assert.True(t, strings.HasSuffix(body, "}\n\ndata: [DONE]\n\n"), body)
+	assert.Equal(t, maxLoggedEvents, strings.Count(logs.String(), "\n"), logs.String())
+}
+
+// A compressed event stream is not read, so it passes as sent; so does a
+// stream read through a Transport without the proxy's ModifyResponse.
+func TestMidStreamErrorNotRead(t *testing.T) {
+	stream := tokenEvents + hiddenEvents[0].stream
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	_, _ = io.WriteString(zw, stream)
+	require.NoError(t, zw.Close())
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Encoding", "gzip")
+		_, _ = w.Write(zipped.Bytes())
+	})
+	h := newHarness(t, llmlb.RoundRobin(), Config{}, up)
+	gw := httptest.NewServer(NewProxy(h.tr))
+	defer gw.Close()
+	req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.NoError(t, err)
+	assert.Equal(t, zipped.Bytes(), got)
+
+	plain := newUpstream(t, writeIn(stream, 3))
+	h = newHarness(t, llmlb.RoundRobin(), Config{}, plain)
+	req, err = http.NewRequest(http.MethodPost, plain.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	resp, err = h.tr.RoundTrip(req)
+	require.NoError(t, err)
+	body, err := readAll(t, resp)
+	require.NoError(t, err)
+	assert.Equal(t, stream, body)
+}
+
+// scrubAll feeds stream to a scrubber in the pieces cut at the given
+// offsets, through a body as Read serves it, and returns what it lets go.
+func scrubAll(stream string, cuts []int, hide func(int, []byte) []byte) string {
+	var p []string
+	from := 0
+	for _, c := range cuts {
+		if c > from && c < len(stream) {
+			p = append(p, stream[from:c])
+			from = c
+		}
+	}
+	p = append(p, stream[from:])
+	b := &body{rc: io.NopCloser(&pieces{p: p}), stream: true}
+	b.scrubEvents(hide)
+	var out bytes.Buffer
+	buf := make([]byte, 5)
+	for {
+		n, err := b.Read(buf)
+		out.Write(buf[:n])
+		if err != nil {
+			return out.String()
+		}
+	}
+}
+
+// hideAll replaces every error event's value with its status.
+func hideAll(status int, _ []byte) []byte { return fmt.Appendf(nil, `{"hidden":%d}`, status) }
+
+// Wherever the stream is cut into reads, the scrubber lets the same bytes
+// go: each error event's value replaced, every other byte as sent.
+func TestScrubberCutAnywhere(t *testing.T) {
+	stream := "\ufeff: comment\r\n" + tokenEvents + hiddenEvents[0].stream[:len(hiddenEvents[0].stream)-len("data: [DONE]\n\n")] +
+		"event: error\r\ndata:" + `{"type":"error","error":{"type":"overloaded_error","message":"x"}}` + "\r\n\r\n" +
+		hiddenEvents[9].stream + `data: {"choices":[{"delta":{"content":"error"}}]}` + "\n\n" + "data: [DONE]"
+	want := strings.NewReplacer(
+		`{"error": {"message": "`+secret+`", "type": "InternalServerError", "param": null, "code": 500}}`, `{"hidden":500}`,
+		`{"type":"error","error":{"type":"overloaded_error","message":"x"}}`, `{"hidden":503}`,
+		`{"code":500,"message":"`+secret+`","type":"server_error"}`, `{"hidden":500}`,
+	).Replace(stream)
+	require.NotEqual(t, stream, want)
+	assert.Equal(t, want, scrubAll(stream, nil, hideAll))
+	assert.Equal(t, stream, scrubAll(stream, nil, func(int, []byte) []byte { return nil }))
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 500 {
+		cuts := make([]int, r.IntN(12))
+		for i := range cuts {
+			cuts[i] = r.IntN(len(stream))
+		}
+		slices.Sort(cuts)
+		require.Equal(t, want, scrubAll(stream, cuts, hideAll), "cuts %v", cuts)
+	}
+	// One byte a read.
+	cuts := make([]int, len(stream))
+	for i := range cuts {
+		cuts[i] = i
+	}
+	assert.Equal(t, want, scrubAll(stream, cuts, hideAll))
+}
+
+// A line that outgrows what the scrubber holds passes as sent, even an
+// error event's, and the scrubber holds no more than maxHeldLine of it.
+func TestScrubberLongLine(t *testing.T) {
+	long := `data: {"error": {"message": "` + strings.Repeat("x", 2*maxHeldLine) + `", "code": 500}}`
+	stream := tokenEvents + long + "\n\n" + hiddenEvents[0].stream
+	want := tokenEvents + long + "\n\n" + strings.Replace(hiddenEvents[0].stream, errorLine(hiddenEvents[0].stream), `data: {"hidden":500}`, 1)
+	s := &scrubber{hide: hideAll}
+	var out []byte
+	for p := []byte(stream); len(p) > 0; {
+		n := min(len(p), 1000)
+		out = s.feed(out, p[:n])
+		p = p[n:]
+		require.LessOrEqual(t, len(s.line), maxHeldLine)
+	}
+	out = s.flush(out)
+	assert.Equal(t, want, string(out))
+}
+
+// Reading a stream of events with nothing to rewrite costs no allocation.
+func TestScrubbedReadAllocs(t *testing.T) {
+	chunk := []byte(tokenEvents)
+	b := &body{rc: io.NopCloser(&repeatReader{p: chunk}), stream: true}
+	b.scrubEvents(hideAll)
+	buf := make([]byte, len(chunk))
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := b.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	})
+	assert.Zero(t, allocs)
+}
+
+// repeatReader returns p at each Read.
+type repeatReader struct{ p []byte }
+
+func (r *repeatReader) Read(b []byte) (int, error) { return copy(b, r.p), nil }
+
+// BenchmarkReadEventStream reads a stream of chat completion chunks through
+// a body as the proxy does, without and with its error events rewritten,
+// in reads that end at the ends of events (as a streaming engine's writes
+// arrive) or cut them.
+func BenchmarkReadEventStream(b *testing.B) {
+	chunk := []byte(strings.Repeat(tokenEvents, 8))
+	for _, scrub := range []bool{false, true} {
+		for _, cut := range []bool{false, true} {
+			b.Run(fmt.Sprintf("scrub=%v/cut=%v", scrub, cut), func(b *testing.B) {
+				src := &repeatReader{p: chunk}
+				if cut {
+					src.p = chunk[:len(chunk)-7]
+				}
+				body := &body{rc: io.NopCloser(src), stream: true}
+				if scrub {
+					body.scrubEvents(hideAll)
+				}
+				buf := make([]byte, 32<<10)
+				b.SetBytes(int64(len(src.p)))
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := body.Read(buf); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// FuzzScrubber checks that a scrubber never panics, lets every byte of a
+// stream with no error event go as sent, lets the same bytes go wherever
+// the stream is cut, and holds no more than maxHeldLine.
+func FuzzScrubber(f *testing.F) {
+	for _, c := range hiddenEvents {
+		f.Add([]byte(tokenEvents+c.stream), uint64(3))
+	}
+	f.Add([]byte("error: {\"code\":503}\r\ndata:{\"error\":\"x\"}\rdata: [DONE]"), uint64(1))
+	f.Fuzz(func(t *testing.T, stream []byte, seed uint64) {
+		whole := scrubAll(string(stream), nil, hideAll)
+		if !mayFail(stream) && whole != string(stream) {
+			t.Fatalf("changed a stream without error events: %q -> %q", stream, whole)
+		}
+		if len(stream) == 0 {
+			return
+		}
+		r := rand.New(rand.NewPCG(seed, 1))
+		cuts := make([]int, r.IntN(8))
+		for i := range cuts {
+			cuts[i] = r.IntN(len(stream))
+		}
+		slices.Sort(cuts)
+		if got := scrubAll(string(stream), cuts, hideAll); len(stream) <= maxHeldLine && got != whole {
+			t.Fatalf("cuts %v: %q, whole: %q", cuts, got, whole)
+		}
+		if kept := scrubAll(string(stream), cuts, func(int, []byte) []byte { return nil }); kept != string(stream) {
+			t.Fatalf("kept %q as %q", stream, kept)
+		}
+	})
+}
