@@ -3,6 +3,7 @@ package httplb
 import (
 	"context"
 	"net/netip"
+	"strings"
 
 	"github.com/llmlb/llmlb/fair"
 )
@@ -15,6 +16,12 @@ const addrPrincipalPrefix = "addr:"
 // tenant nor a client address, but a session: so that a session key never
 // names a tenant.
 const sessionPrincipalPrefix = "session:"
+
+// tenantPrincipalPrefix prefixes the principal of a tenant whose name
+// starts with a principal prefix (this one included), so that no tenant
+// shares a principal with an address, a session or another tenant: see
+// tenantPrincipal.
+const tenantPrincipalPrefix = "tenant:"
 
 // ipv6PrincipalBits is the length of the IPv6 prefix that names a client
 // (see addrPrincipal).
@@ -34,7 +41,7 @@ const ipv6PrincipalBits = 48
 // address comes from the program that uses the Transport as its own client
 // (an agent's sessions), which chooses its sessions itself.
 func (a *attempt) fairRequest() fair.Request {
-	r := fair.Request{Principal: a.lreq.Tenant, PromptTokens: a.lreq.PromptTokens}
+	r := fair.Request{Principal: tenantPrincipal(a.lreq.Tenant), PromptTokens: a.lreq.PromptTokens}
 	if r.Principal == "" {
 		r.Principal = addrPrincipal(a.req.RemoteAddr)
 	}
@@ -45,6 +52,20 @@ func (a *attempt) fairRequest() fair.Request {
 		r.Class, _ = fair.ParseClass(a.req.Header.Get(h))
 	}
 	return r
+}
+
+// tenantPrincipal returns the principal of tenant: the tenant itself,
+// unless it starts with "addr:", "session:" or "tenant:", the prefixes of
+// the principals of the requests without a tenant and of such tenants,
+// when it is prefixed with "tenant:". A tenant named "addr:10.0.0.1" is
+// then not counted with the anonymous clients at that address, and the
+// mapping stays one to one.
+func tenantPrincipal(tenant string) string {
+	if strings.HasPrefix(tenant, addrPrincipalPrefix) || strings.HasPrefix(tenant, sessionPrincipalPrefix) ||
+		strings.HasPrefix(tenant, tenantPrincipalPrefix) {
+		return tenantPrincipalPrefix + tenant
+	}
+	return tenant
 }
 
 // addrPrincipal returns the principal of a request without a tenant sent

@@ -52,6 +52,12 @@ func TestFairRequest(t *testing.T) {
 		{"session without address", tr, "", llmlb.Request{AffinityKey: "s1"}, "session:s1", fair.Interactive},
 		{"neither", tr, "", llmlb.Request{}, "", fair.Interactive},
 		{"untrusted header", &Transport{}, "", llmlb.Request{Tenant: "acme"}, "acme", fair.Standard},
+		// A tenant named as an address, a session or an escaped tenant is
+		// counted as none of them.
+		{"tenant named as an address", tr, "192.0.2.1:1234", llmlb.Request{Tenant: "addr:192.0.2.1"}, "tenant:addr:192.0.2.1", fair.Interactive},
+		{"tenant named as a session", tr, "", llmlb.Request{Tenant: "session:s1"}, "tenant:session:s1", fair.Interactive},
+		{"tenant named as an escaped tenant", tr, "", llmlb.Request{Tenant: "tenant:addr:192.0.2.1"}, "tenant:tenant:addr:192.0.2.1", fair.Interactive},
+		{"tenant with a colon", tr, "", llmlb.Request{Tenant: "org:acme"}, "org:acme", fair.Interactive},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,6 +70,26 @@ func TestFairRequest(t *testing.T) {
 			assert.Equal(t, tc.lreq.PromptTokens, r.PromptTokens)
 		})
 	}
+}
+
+// No two tenants, and no tenant and anonymous client, share a principal:
+// the mapping from tenants, addresses and sessions to principals is one to
+// one.
+func TestPrincipalsDistinct(t *testing.T) {
+	seen := map[string]string{}
+	add := func(what, principal string) {
+		t.Helper()
+		if prev, ok := seen[principal]; ok {
+			t.Fatalf("%s and %s share the principal %q", prev, what, principal)
+		}
+		seen[principal] = what
+	}
+	for _, name := range []string{"acme", "addr:192.0.2.1", "session:s1", "tenant:acme", "tenant:addr:192.0.2.1", "tenant:tenant:acme", "addr:", "tenant:", ":"} {
+		add("tenant "+name, tenantPrincipal(name))
+	}
+	add("address 192.0.2.1", addrPrincipal("192.0.2.1:80"))
+	add("session s1", sessionPrincipalPrefix+"s1")
+	add("session acme", sessionPrincipalPrefix+"acme")
 }
 
 // The principal of a request without a tenant is its client's IPv4 address

@@ -144,7 +144,9 @@ type Config struct {
 	// principals. Behind another proxy every request has that proxy's
 	// address: set a tenant to tell the clients apart. A request without a
 	// RemoteAddr, sent by the program that uses the Transport as its own
-	// client, has its session key prefixed with "session:", or else "". Its prompt tokens are charged at
+	// client, has its session key prefixed with "session:", or else "". A
+	// tenant whose name starts with "addr:", "session:" or "tenant:" is
+	// counted as "tenant:" and its name, apart from those. Its prompt tokens are charged at
 	// admission; output tokens are charged as the response body is read,
 	// as they are reported to the pick (see [OutputCounter]): one per event
 	// of a server-sent event stream, or the usage count of any other 2xx
