@@ -324,3 +324,28 @@ func FuzzScrubber(f *testing.F) {
 		}
 	})
 }
+
+// A stream whose first event is an error not retried, and that sends
+// another after it, has both replaced, each logged where it came.
+func TestFirstAndLaterErrorsHidden(t *testing.T) {
+	ev := `data: {"error": {"message": "` + secret + `", "type": "InternalServerError", "code": 500}}` + "\n\n"
+	for _, size := range []int{0, 1} {
+		up := newUpstream(t, writeIn(ev+ev+"data: [DONE]\n\n", size))
+		h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
+		var logs syncBuffer
+		proxy := NewProxy(h.tr)
+		proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+		gw := httptest.NewServer(proxy)
+		resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		require.NoError(t, err)
+		body, err := readAll(t, resp)
+		require.NoError(t, err)
+		gw.Close()
+		id := resp.Header.Get(requestIDHeader)
+		line := `data: {"error":{"message":"The upstream failed to answer. Request ID: ` + id + `","type":"InternalServerError","code":500}}` + "\n\n"
+		assert.Equal(t, line+line+"data: [DONE]\n\n", body, "writes of %d", size)
+		l := logs.String()
+		assert.Equal(t, 1, strings.Count(l, "failed at its first event"), l)
+		assert.Equal(t, 1, strings.Count(l, "failed after its first event"), l)
+	}
+}
