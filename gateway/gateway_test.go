@@ -542,6 +542,59 @@ func TestGatewayHidesUpstreamAnswers(t *testing.T) {
 	}
 }
 
+// A replica whose engine dies while it streams ends the stream with vLLM's
+// error event (the emulator's, as vLLM's): the client gets the chunks sent
+// so far and the event with a generic message naming the request, the log
+// the event as the replica sent it.
+func TestGatewayHidesMidStreamError(t *testing.T) {
+	e, err := engine.New(engine.Config{Speedup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := httptest.NewServer(e)
+	defer up.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { _ = e.Run(ctx); close(ran) }()
+	defer func() { cancel(); <-ran }()
+	log, logs := newLogger()
+	g, err := New([]string{up.URL}, Config{Logger: log, ScrapeInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.transport.CloseIdleConnections()
+	gw := httptest.NewServer(g)
+	defer gw.Close()
+	req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/completions",
+		strings.NewReader(`{"model": "`+engine.DefaultModel+`", "prompt": "hello", "max_tokens": 1000, "stream": true}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", "req-44")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	first, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(first, "data: {") {
+		t.Fatalf("first line %q, %v", first, err)
+	}
+	cancel() // the engine dies mid-stream
+	<-ran
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `data: {"error":{"message":"The upstream failed to answer. Request ID: req-44","type":"InternalServerError","code":500}}` + "\n\ndata: [DONE]\n\n"
+	if !strings.HasSuffix(string(rest), want) || strings.Contains(string(rest), "EngineCore") {
+		t.Errorf("the stream ends %q, want the generic error event %q", rest[max(len(rest)-300, 0):], want)
+	}
+	recs := logs.records(t, "httplb: upstream's stream failed after its first event")
+	if len(recs) != 1 || recs[0]["request_id"] != "req-44" || !strings.Contains(fmt.Sprint(recs[0]["event"]), "EngineCore encountered an issue") {
+		t.Errorf("logged %v, want the engine's event under req-44", recs)
+	}
+}
+
 // A client that sends its body too slowly gets 408 after BodyTimeout, while
 // a response that streams longer than BodyTimeout is not cut.
 func TestGatewayBodyTimeout(t *testing.T) {
