@@ -59,7 +59,14 @@ func NewEndpoint(base string) (*Endpoint, error) {
 	u.Host = canonicalHost(u.Scheme, u.Host)
 	u.Path = strings.TrimRight(u.Path, "/")
 	u.RawPath = ""
-	return &Endpoint{key: u.String(), u: u}, nil
+	key := u.String()
+	// The key is the endpoint's name wherever it is written, and names it
+	// again when parsed: an IPv6 zone of bytes a URL must escape, which
+	// url.Parse accepts raw ("[::1%25\xe5]") but not escaped, has no key.
+	if _, err := url.Parse(key); err != nil {
+		return nil, configErrorf("endpoint %q: %v", base, err)
+	}
+	return &Endpoint{key: key, u: u}, nil
 }
 
 // canonicalHost returns host, the host[:port] of a URL with the given

@@ -38,6 +38,17 @@ func TestNewEndpointCanonicalKey(t *testing.T) {
 	}
 }
 
+// A base URL whose key would not parse back is refused: an IPv6 zone of
+// raw bytes that a URL must escape, which url.Parse accepts but refuses
+// escaped.
+func TestNewEndpointZoneWithoutKey(t *testing.T) {
+	_, err := NewEndpoint("http://[::%25\xe5]")
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+	e, err := NewEndpoint("http://[::1%25eth0]:8000")
+	require.NoError(t, err)
+	assert.Equal(t, "http://[::1%25eth0]:8000", e.Key())
+}
+
 // A list that names one replica twice, however spelled, is refused with an
 // error that shows both spellings.
 func TestNewEndpointsSameReplicaTwice(t *testing.T) {
