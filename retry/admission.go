@@ -21,7 +21,13 @@ type AdmissionConfig struct {
 	// sessions; 0 means no cap.
 	MaxInFlight int
 	// MaxPerSession caps the requests in flight of one session (an agent's
-	// fan-out); 0 means no cap.
+	// fan-out); 0 means no cap. A session is the key the caller admits a
+	// request under (httplb's is the request's affinity key), which a
+	// client usually chooses: it bounds a client that keeps its session,
+	// as an agent does, not one that sends each request under a new key,
+	// which only MaxInFlight bounds. To bound each client, admit through a
+	// fair.Queue, whose principal is the tenant or the client's address
+	// (see fair.Config.MaxWaitingPerPrincipal).
 	MaxPerSession int
 	// MaxSessions caps the sessions tracked for MaxPerSession (none are
 	// tracked without it); beyond it, the session whose last request was
