@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strings"
 	"sync"
@@ -545,17 +543,7 @@ func TestFirstEventErrorHidden(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			up := newUpstream(t, sendStream(c.stream))
 			h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
-			var logs syncBuffer
-			proxy := NewProxy(h.tr)
-			proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
-			gw := httptest.NewServer(proxy)
-			defer gw.Close()
-			client := &http.Client{Transport: &http.Transport{}}
-			defer client.CloseIdleConnections()
-			resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-			require.NoError(t, err)
-			body, err := readAll(t, resp)
-			require.NoError(t, err)
+			resp, body, logs := postLogged(t, h)
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			id := resp.Header.Get(requestIDHeader)
 			require.True(t, validRequestID(id), id)

@@ -55,6 +55,25 @@ func writeIn(s string, size int) http.HandlerFunc {
 	}
 }
 
+// postLogged sends chatBody through a proxy over h whose upstream errors
+// are logged as JSON into the returned buffer, and returns the answer and
+// its body.
+func postLogged(t *testing.T, h *harness) (*http.Response, string, *syncBuffer) {
+	t.Helper()
+	var logs syncBuffer
+	proxy := NewProxy(h.tr)
+	proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+	gw := httptest.NewServer(proxy)
+	defer gw.Close()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	require.NoError(t, err)
+	body, err := readAll(t, resp)
+	require.NoError(t, err)
+	return resp, body, &logs
+}
+
 // An error event after a stream's first reaches the client through the
 // proxy as the first event's would: in its own shape with a generic message
 // naming the request id, unless it describes the request (a 400), which
@@ -67,17 +86,7 @@ func TestMidStreamErrorHidden(t *testing.T) {
 				stream := tokenEvents + c.stream
 				up := newUpstream(t, writeIn(stream, size))
 				h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
-				var logs syncBuffer
-				proxy := NewProxy(h.tr)
-				proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
-				gw := httptest.NewServer(proxy)
-				defer gw.Close()
-				client := &http.Client{Transport: &http.Transport{}}
-				defer client.CloseIdleConnections()
-				resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-				require.NoError(t, err)
-				body, err := readAll(t, resp)
-				require.NoError(t, err)
+				resp, body, logs := postLogged(t, h)
 				assert.Equal(t, http.StatusOK, resp.StatusCode)
 				var rec struct {
 					Level     string `json:"level"`
@@ -114,15 +123,7 @@ func TestMidStreamErrorsLogBounded(t *testing.T) {
 	stream := tokenEvents + strings.Repeat(ev, 3*maxLoggedEvents) + "data: [DONE]\n\n"
 	up := newUpstream(t, writeIn(stream, 0))
 	h := newHarness(t, llmlb.RoundRobin(), Config{}, up)
-	var logs syncBuffer
-	proxy := NewProxy(h.tr)
-	proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
-	gw := httptest.NewServer(proxy)
-	defer gw.Close()
-	resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-	require.NoError(t, err)
-	body, err := readAll(t, resp)
-	require.NoError(t, err)
+	_, body, logs := postLogged(t, h)
 	assert.NotContains(t, body, secret)
 	assert.Equal(t, 3*maxLoggedEvents, strings.Count(body, "The upstream failed to answer."))
 	assert.True(t, strings.HasPrefix(body, tokenEvents), body)
@@ -332,15 +333,7 @@ func TestFirstAndLaterErrorsHidden(t *testing.T) {
 	for _, size := range []int{0, 1} {
 		up := newUpstream(t, writeIn(ev+ev+"data: [DONE]\n\n", size))
 		h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
-		var logs syncBuffer
-		proxy := NewProxy(h.tr)
-		proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
-		gw := httptest.NewServer(proxy)
-		resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-		require.NoError(t, err)
-		body, err := readAll(t, resp)
-		require.NoError(t, err)
-		gw.Close()
+		resp, body, logs := postLogged(t, h)
 		id := resp.Header.Get(requestIDHeader)
 		line := `data: {"error":{"message":"The upstream failed to answer. Request ID: ` + id + `","type":"InternalServerError","code":500}}` + "\n\n"
 		assert.Equal(t, line+line+"data: [DONE]\n\n", body, "writes of %d", size)
