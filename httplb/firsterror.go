@@ -39,9 +39,6 @@ func handleFirstError(log *slog.Logger, resp *http.Response) {
 				b.scanned += len(generic) - (b.errEnd - b.errAt)
 			}
 			b.buf = slices.Concat(b.buf[:b.errAt], generic, b.buf[b.errEnd:])
-			// The stream's length is no longer the upstream's.
-			resp.ContentLength = -1
-			resp.Header.Del("Content-Length")
 		}
 		b.firstErr, b.errAt, b.errEnd = 0, 0, 0
 	}
@@ -54,7 +51,8 @@ func handleFirstError(log *slog.Logger, resp *http.Response) {
 		return hideEvent(l, r, id, status, value, "after its first event")
 	})
 	if b.scrub != nil {
-		// Its length may change as it is read.
+		// Its length is no longer the upstream's once an error event is
+		// replaced, at its first event or later.
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")
 	}
