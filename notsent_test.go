@@ -94,6 +94,52 @@ func TestNotSentForgetsRecordedBlocks(t *testing.T) {
 	}
 }
 
+// TestNotSentKeepsBlocksOfASentPick: a pick that was not sent forgets the
+// blocks it recorded, but not those a later pick with the same prefix,
+// which was sent to the same endpoint, matched there or recorded too: that
+// endpoint holds them.
+func TestNotSentKeepsBlocksOfASentPick(t *testing.T) {
+	for _, tc := range notSentPolicies {
+		t.Run(tc.name, func(t *testing.T) {
+			ix, err := prefix.NewIndex(prefix.IndexConfig{TTL: time.Duration(math.MaxInt64)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pol, err := tc.new(ix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := mustNew(t, pol)
+			mustUpdate(t, b, eps(1))
+			prompt := blocks(4, 8)
+			pick := func(n int) Pick {
+				t.Helper()
+				p, err := b.Pick(context.Background(), &Request{PromptTokens: 16 * n, Prefix: prompt[:n]})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}
+			// Both picks of the whole prompt are under way; the first is
+			// not sent, the second is.
+			first, second := pick(8), pick(8)
+			first.Done(ErrNotSent)
+			second.Done(nil)
+			if got := ix.MatchLen("ep0", prompt, time.Now()); got != 8 {
+				t.Fatalf("ep0 holds %d blocks, want the 8 the sent pick put there", got)
+			}
+			// A shorter prompt of the same prefix keeps its part only.
+			ix.Cleared("ep0")
+			first, second = pick(8), pick(5)
+			first.Done(ErrNotSent)
+			second.Done(nil)
+			if got := ix.MatchLen("ep0", prompt, time.Now()); got != 5 {
+				t.Fatalf("ep0 holds %d blocks, want the 5 the sent pick put there", got)
+			}
+		})
+	}
+}
+
 // TestNotSentStridedBlocks: a policy whose index blocks group several of the
 // request's blocks (llm-d's router, GIEConfig.MinBlockTokens) forgets the
 // groups it recorded.

@@ -3,6 +3,7 @@ package llmlb
 import (
 	"math"
 	"sync"
+	"time"
 
 	"github.com/llmlb/llmlb/prefix"
 )
@@ -191,22 +192,25 @@ func (t *prefixTracker) record(c *Candidates, i int, l *EndpointLoad) {
 	}
 	// An error here means the index is full of endpoints (or holds engine
 	// events only); the policy still routes, it only forgets this decision.
-	if t.index.Record(key, blocks, c.Now()) == nil {
-		c.undo = recorded{t: t, prefix: c.req.Prefix, from: c.matched[i]}
+	if now := c.Now(); t.index.Record(key, blocks, now) == nil {
+		c.undo = recorded{t: t, prefix: c.req.Prefix, from: c.matched[i], at: now}
 	}
 }
 
-// recorded is the prompt blocks a tracker recorded at a pick's endpoint:
-// those of prefix (a Request.Prefix) from index block from on, the ones the
-// endpoint did not hold already.
+// recorded is the prompt blocks a tracker recorded at a pick's endpoint at
+// time at: those of prefix (a Request.Prefix) from index block from on, the
+// ones the endpoint did not hold already.
 type recorded struct {
 	t      *prefixTracker
 	prefix []uint64
 	from   int32
+	at     time.Time
 }
 
 // forget removes from the index the blocks u recorded at the endpoint of
-// key, for a request that was not sent ([ErrNotSent]).
+// key, for a request that was not sent ([ErrNotSent]), but those that a
+// later pick recorded there too, which went to the endpoint with the
+// request that pick sent (see prefix.Index.Unrecord).
 func (u recorded) forget(key string) {
 	t := u.t
 	var blocks []uint64
@@ -226,7 +230,7 @@ func (u recorded) forget(key string) {
 		blocks = blocks[min(int(u.from), len(blocks)):]
 	}
 	if len(blocks) > 0 {
-		_ = t.index.Removed(key, t.index.BlockSize(), blocks...)
+		_ = t.index.Unrecord(key, blocks, u.at)
 	}
 }
 

@@ -97,7 +97,7 @@ func runOps(t *testing.T, data []byte, eventsOnly bool) {
 		if c >= 250 {
 			at = time.Time{}
 		}
-		switch op % 9 {
+		switch op % 10 {
 		case 0, 1:
 			err := x.Record(ep, blocks, at)
 			if ok := m.record(ep, blocks, modelNano(at)); ok != (err == nil) {
@@ -146,6 +146,14 @@ func runOps(t *testing.T, data []byte, eventsOnly bool) {
 			}
 		case 8:
 			now = now.Add(time.Duration(b%8) * 10 * time.Millisecond)
+		case 9:
+			// Undo a Record at this time: of a chain's blocks from the
+			// middle on, as a policy passes those it did not match.
+			un := blocks[len(blocks)/3:]
+			err := x.Unrecord(ep, un, at)
+			if ok := m.unrecord(ep, un, modelNano(at)); ok != (err == nil) {
+				t.Fatalf("Unrecord(%s) at %v = %v, model ok %v", ep, at, err, ok)
+			}
 		}
 		for key, e := range m.eps {
 			if got := x.Len(key); got != len(e.list) {
@@ -312,7 +320,8 @@ func FuzzRoot(f *testing.F) {
 }
 
 // TestIndexHostileOps compares the index with the reference model under
-// inputs runOps does not produce: block lists with repeated hashes, hashes
+// inputs runOps does not produce (Unrecord among its operations): block
+// lists with repeated hashes, hashes
 // 0 and all ones and hashes that cancel the holder table's seed, capacities
 // from 1 to MaxCapacity, TTLs from 1 ns to the largest, times up to the
 // largest, and up to five groups of endpoints removed and added again.
@@ -347,7 +356,7 @@ func TestIndexHostileOps(t *testing.T) {
 			ep := epName(r.IntN(cfg.MaxEndpoints + 3))
 			bl := blocks()
 			at := time.Unix(0, now)
-			switch r.IntN(10) {
+			switch r.IntN(11) {
 			case 0, 1:
 				err := x.Record(ep, bl, at)
 				if ok := m.record(ep, bl, now); ok != (err == nil) {
@@ -389,6 +398,11 @@ func TestIndexHostileOps(t *testing.T) {
 			case 8, 9:
 				if step := int64(r.IntN(3)) * int64(ttl/64+1); now <= math.MaxInt64-step {
 					now += step
+				}
+			case 10:
+				err := x.Unrecord(ep, bl, at)
+				if ok := m.unrecord(ep, bl, now); ok != (err == nil) {
+					t.Fatalf("seed %d op %d: Unrecord(%s) = %v, model ok %v", seed, op, ep, err, ok)
 				}
 			}
 			for key, e := range m.eps {

@@ -196,12 +196,15 @@ type endpoint struct {
 // fingerprint (see fingerprint), the least expiry it left them with, and
 // the endpoint's gen after it. While gen is unchanged those blocks are the
 // n most recently used, in order, and touching the same blocks again would
-// change nothing until an expiry needs refreshing.
+// change nothing until an expiry needs refreshing, once they are marked:
+// the first repeat of a touch marks them (see touchLocked), and the later
+// ones are skipped.
 type lastTouch struct {
 	n      int
 	print  uint64
 	minExp int64
 	gen    uint64
+	marked bool
 }
 
 // fingerprint returns a hash of blocks, in order, keyed with seed. A touch
@@ -391,10 +394,7 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	if t == math.MinInt64 {
 		return fmt.Errorf("%w: Record at %v, a time the index cannot place (zero, or before 1677-09-21)", ErrInvalidArgument, now)
 	}
-	exp := t + x.ttl
-	if exp < t { // overflow
-		exp = never - 1
-	}
+	exp := x.expiry(t)
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	e, err := x.endpointLocked(endpoint, true)
@@ -403,6 +403,55 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	}
 	x.records.Add(1)
 	x.touchLocked(e, blocks, exp, x.ttl/recordSlack, t)
+	return nil
+}
+
+// expiry returns the expiry of the blocks a Record at t adds.
+func (x *Index) expiry(t int64) int64 {
+	exp := t + x.ttl
+	if exp < t { // overflow
+		exp = never - 1
+	}
+	return exp
+}
+
+// Unrecord undoes a [Index.Record] of blocks at endpoint at time now, for a
+// request that was not sent after all: it removes those of blocks whose
+// expiry is the one that Record gave them, unless another Record has
+// touched them since (a request with the same prefix that went to the same
+// endpoint) or an engine event reported them. Blocks the endpoint held
+// before that Record and that it only refreshed stay too, unless their
+// expiry was renewed by it; so pass only the blocks the endpoint did not
+// hold before it, the blocks beyond a [Index.Match] of the prompt at the
+// time. Unknown endpoints and blocks are ignored. Unrecord returns an error
+// wrapping [ErrInvalidArgument] for a time the index cannot place, as
+// Record does.
+//
+// A Record less than TTL/64 after another keeps the earlier expiry of the
+// blocks both touch (see [IndexConfig.TTL]); it marks them instead, which
+// is how Unrecord tells them apart.
+func (x *Index) Unrecord(endpoint string, blocks []uint64, now time.Time) error {
+	t := x.unixNano(now)
+	if t == math.MinInt64 {
+		return fmt.Errorf("%w: Unrecord at %v, a time the index cannot place (zero, or before 1677-09-21)", ErrInvalidArgument, now)
+	}
+	exp := x.expiry(t)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e := x.endpoints[endpoint]
+	if e == nil {
+		return nil
+	}
+	removed := false
+	for _, h := range blocks {
+		if v, marked, ok := e.lru.PeekMarked(h); ok && v == exp && !marked {
+			e.lru.Remove(h)
+			removed = true
+		}
+	}
+	if removed {
+		e.gen++
+	}
 	return nil
 }
 
@@ -559,7 +608,9 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 		}
 	}
 	fp := fingerprint(x.fpSeed, blocks[:n])
-	if l := &e.last; l.gen == e.gen && l.n == n && l.print == fp && l.minExp >= exp-slack && l.minExp > now {
+	l := &e.last
+	repeat := l.gen == e.gen && l.n == n && l.print == fp && l.minExp >= exp-slack && l.minExp > now
+	if repeat && l.marked {
 		return
 	}
 	w, bit := e.slot/64, uint64(1)<<(e.slot%64)
@@ -579,8 +630,11 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 		v := exp
 		if !listed {
 			e.lru.Add(h, v) // may evict another block, unlinking it
-		} else if old, _ := e.lru.Get(h); old >= exp-slack { // Get makes h the most recently used
-			v = old // recent enough, or held longer: no update needed
+		} else if old, _ := e.lru.GetMark(h); old >= exp-slack && old > now { // GetMark makes h the most recently used
+			// Recent enough, or held longer: no update needed, only the
+			// mark (for Unrecord). An expired copy, which can be recent
+			// enough only at the end of time, is recorded afresh.
+			v = old
 		} else {
 			e.lru.Add(h, v)
 		}
@@ -601,7 +655,7 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 		t.put(h, hd)
 	}
 	e.gen++
-	e.last = lastTouch{n: n, print: fp, minExp: minExp, gen: e.gen}
+	e.last = lastTouch{n: n, print: fp, minExp: minExp, gen: e.gen, marked: repeat}
 }
 
 // refresh recomputes the expiry summary of the holders of block h in group

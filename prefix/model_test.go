@@ -28,6 +28,8 @@ type modelEndpoint struct {
 type modelEntry struct {
 	h   uint64
 	exp int64
+	// marked: touched again since exp was set, keeping it (see Unrecord).
+	marked bool
 }
 
 func newModel(c IndexConfig) *model {
@@ -46,20 +48,21 @@ func (m *model) endpoint(key string) *modelEndpoint {
 	return e
 }
 
-func (e *modelEndpoint) touch(blocks []uint64, exp, slack int64) {
+func (e *modelEndpoint) touch(blocks []uint64, exp, slack, now int64) {
 	n := min(len(blocks), e.capacity)
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]
 		v := exp
 		if j := e.find(h); j >= 0 {
-			if old := e.list[j].exp; old >= exp-slack {
-				v = old
+			marked := false
+			if old := e.list[j].exp; old >= exp-slack && old > now {
+				v, marked = old, true
 			}
 			e.list = slices.Delete(e.list, j, j+1)
-			e.list = append(e.list, modelEntry{h, v})
+			e.list = append(e.list, modelEntry{h, v, marked})
 			continue
 		}
-		e.list = append(e.list, modelEntry{h, v})
+		e.list = append(e.list, modelEntry{h: h, exp: v})
 		if len(e.list) > e.capacity {
 			e.list = e.list[1:]
 		}
@@ -82,10 +85,7 @@ func (m *model) record(key string, blocks []uint64, t int64) bool {
 	}
 	if !m.eventsOnly {
 		t = min(t, math.MaxInt64-1) // blocks from events outlast every time
-		exp := t + m.ttl
-		if exp < t {
-			exp = math.MaxInt64 - 1
-		}
+		exp := m.expiry(t)
 		if n := min(len(blocks), e.capacity); n > 0 {
 			// Expired blocks go from the least recently used end first,
 			// at most n+expiredBatch of them.
@@ -93,7 +93,34 @@ func (m *model) record(key string, blocks []uint64, t int64) bool {
 				e.list = e.list[1:]
 			}
 		}
-		e.touch(blocks, exp, m.ttl/64)
+		e.touch(blocks, exp, m.ttl/64, t)
+	}
+	return true
+}
+
+// expiry is the expiry a Record at t gives, with t as for record.
+func (m *model) expiry(t int64) int64 {
+	t = min(t, math.MaxInt64-1) // blocks from events outlast every time
+	exp := t + m.ttl
+	if exp < t {
+		exp = math.MaxInt64 - 1
+	}
+	return exp
+}
+
+// unrecord is Index.Unrecord: it removes the blocks still unmarked with
+// the expiry a Record at t gave them.
+func (m *model) unrecord(key string, blocks []uint64, t int64) bool {
+	if t == math.MinInt64 {
+		return false
+	}
+	if e := m.eps[key]; e != nil {
+		exp := m.expiry(t)
+		for _, h := range blocks {
+			if j := e.find(h); j >= 0 && e.list[j].exp == exp && !e.list[j].marked {
+				e.list = slices.Delete(e.list, j, j+1)
+			}
+		}
 	}
 	return true
 }
@@ -106,7 +133,7 @@ func (m *model) stored(key string, blockSize int, blocks []uint64) bool {
 	if e == nil {
 		return false
 	}
-	e.touch(blocks, math.MaxInt64, 0)
+	e.touch(blocks, math.MaxInt64, 0, math.MinInt64)
 	return true
 }
 
@@ -299,9 +326,10 @@ func checkModel(t testing.TB, x *Index, m *model) {
 			t.Fatalf("endpoint %q: %d blocks, model %d", key, len(keys), len(me.list))
 		}
 		for i, h := range keys {
-			exp, _ := e.lru.Peek(h)
-			if want := me.list[i]; h != want.h || exp != want.exp {
-				t.Fatalf("endpoint %q: block %d (least recently used first) is %x expiring at %d, model %x at %d", key, i, h, exp, want.h, want.exp)
+			exp, marked, _ := e.lru.PeekMarked(h)
+			if want := me.list[i]; h != want.h || exp != want.exp || marked != want.marked {
+				t.Fatalf("endpoint %q: block %d (least recently used first) is %x expiring at %d marked %v, model %x at %d marked %v",
+					key, i, h, exp, marked, want.h, want.exp, want.marked)
 			}
 		}
 	}

@@ -16,12 +16,15 @@ import "math/rand/v2"
 // the most recently used, Peek does not, adding a key beyond the capacity
 // evicts the least recently used one, and every key leaving the list
 // (evicted, removed, purged or dropped by Resize) is passed to the eviction
-// callback. A property test checks it against simplelru. It is not safe
-// for concurrent use, except for concurrent Peek, Len and Keys.
+// callback. A property test checks it against simplelru. Besides, a key
+// can be marked (GetMark), until its value is set again or it leaves. It
+// is not safe for concurrent use, except for concurrent Peek, PeekMarked,
+// Len and Keys.
 type LRU struct {
 	// slots is the table: 0 when empty, else the key's tag in the high
-	// 32 bits and its node index in the low 32. Its length is a power of
-	// two at least twice the keys held, so a probe always ends.
+	// 32 bits, its mark in bit 31 and its node index in the bits below.
+	// Its length is a power of two at least twice the keys held, so a
+	// probe always ends.
 	slots []uint64
 	// nodes[0] is the list's sentinel: its next is the most recently used
 	// key, its prev the least recently used.
@@ -43,11 +46,18 @@ type lruNode struct {
 // minLRUSlots is the smallest table of a non-empty LRU.
 const minLRUSlots = 16
 
-// New returns an empty list of capacity size (at least 1) that passes
-// every key leaving it to onEvict, if not nil. onEvict must not use the
-// list.
+// marked is the bit of a table slot that marks its key; the node indices
+// are below it.
+const marked = 1 << 31
+
+// MaxSize is the largest capacity of an LRU.
+const MaxSize = marked - 2
+
+// New returns an empty list of capacity size (at least 1, at most MaxSize)
+// that passes every key leaving it to onEvict, if not nil. onEvict must not
+// use the list.
 func New(size int, onEvict func(key uint64)) *LRU {
-	return &LRU{nodes: make([]lruNode, 1), size: max(size, 1), seed: rand.Uint64(), onEvict: onEvict}
+	return &LRU{nodes: make([]lruNode, 1), size: min(max(size, 1), MaxSize), seed: rand.Uint64(), onEvict: onEvict}
 }
 
 // tag returns the tag of key: its table position is the tag modulo the
@@ -75,8 +85,8 @@ func (l *LRU) find(key uint64) (pos int, node uint32) {
 		if s == 0 {
 			return i, 0
 		}
-		if uint32(s>>32) == tag && l.nodes[uint32(s)].key == key {
-			return i, uint32(s)
+		if uint32(s>>32) == tag && l.nodes[uint32(s)&^marked].key == key {
+			return i, uint32(s) &^ marked
 		}
 	}
 }
@@ -95,7 +105,7 @@ func (l *LRU) Warm(keys []uint64) uint64 {
 	var acc uint64
 	for _, k := range keys {
 		s := l.slots[l.tag(k)&mask]
-		acc += l.nodes[uint32(s)].key
+		acc += l.nodes[uint32(s)&^marked].key
 	}
 	return acc
 }
@@ -111,6 +121,15 @@ func (l *LRU) Peek(key uint64) (val int64, ok bool) {
 	return 0, false
 }
 
+// PeekMarked returns the value of key and whether it is marked, without
+// changing its recency.
+func (l *LRU) PeekMarked(key uint64) (val int64, isMarked, ok bool) {
+	if pos, nd := l.find(key); nd != 0 {
+		return l.nodes[nd].val, l.slots[pos]&marked != 0, true
+	}
+	return 0, false, false
+}
+
 // Get returns the value of key and makes it the most recently used.
 func (l *LRU) Get(key uint64) (val int64, ok bool) {
 	_, nd := l.find(key)
@@ -121,11 +140,25 @@ func (l *LRU) Get(key uint64) (val int64, ok bool) {
 	return l.nodes[nd].val, true
 }
 
-// Add sets the value of key and makes it the most recently used, evicting
-// the least recently used key if key is new and the list is full.
+// GetMark is Get, and marks key. The mark stays until Add sets the value
+// of key or key leaves the list.
+func (l *LRU) GetMark(key uint64) (val int64, ok bool) {
+	pos, nd := l.find(key)
+	if nd == 0 {
+		return 0, false
+	}
+	l.slots[pos] |= marked
+	l.moveToFront(nd)
+	return l.nodes[nd].val, true
+}
+
+// Add sets the value of key, unmarking it, and makes it the most recently
+// used, evicting the least recently used key if key is new and the list is
+// full.
 func (l *LRU) Add(key uint64, val int64) {
 	pos, nd := l.find(key)
 	if nd != 0 {
+		l.slots[pos] &^= marked
 		l.nodes[nd].val = val
 		l.moveToFront(nd)
 		return
@@ -297,9 +330,18 @@ func (l *LRU) rehash(n int) {
 }
 
 // compact rebuilds the nodes and the table for the keys held, in the
-// same order, dropping the storage freed since.
+// same order and with the same marks, dropping the storage freed since.
 func (l *LRU) compact() {
-	old := l.nodes
+	old, oldSlots := l.nodes, l.slots
+	var marks map[uint64]bool // nil until a mark is found
+	for _, s := range oldSlots {
+		if s&marked != 0 {
+			if marks == nil {
+				marks = make(map[uint64]bool)
+			}
+			marks[old[uint32(s)&^marked].key] = true
+		}
+	}
 	l.nodes = make([]lruNode, 1, l.n+1)
 	l.free = 0
 	slots := minLRUSlots
@@ -319,5 +361,8 @@ func (l *LRU) compact() {
 			i = (i + 1) & mask
 		}
 		l.slots[i] = uint64(tag)<<32 | uint64(id)
+		if marks[key] {
+			l.slots[i] |= marked
+		}
 	}
 }

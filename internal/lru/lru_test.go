@@ -36,6 +36,9 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 		keys[i] = uint64(i) << 48
 	}
 	key := func(b byte) uint64 { return keys[b%128] }
+	// marks are the keys GetMark marked since they were added or last
+	// given a value: a key leaving the list, or Add, unmarks it.
+	marks := make(map[uint64]bool)
 	for i := 0; i+1 < len(ops); i += 2 {
 		op, arg := ops[i]%9, ops[i+1]
 		k := key(arg)
@@ -44,8 +47,18 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 		case 0, 1: // Add, twice as often as the others
 			l.Add(k, int64(i))
 			ref.Add(k, int64(i))
+			delete(marks, k)
 		case 2:
-			e1, ok1 := l.Get(k)
+			// GetMark, for odd args, is Get and marks the key, which
+			// the model below follows.
+			get := l.Get
+			if arg&1 != 0 {
+				get = l.GetMark
+			}
+			e1, ok1 := get(k)
+			if ok1 && arg&1 != 0 {
+				marks[k] = true
+			}
 			e2, ok2 := ref.Get(k)
 			if e1 != e2 || ok1 != ok2 {
 				t.Fatalf("op %d: Get(%x) = %d, %v; simplelru %d, %v", i/2, k, e1, ok1, e2, ok2)
@@ -81,6 +94,9 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 			l.RemoveOldest()
 			ref.RemoveOldest()
 		}
+		for _, k := range got {
+			delete(marks, k) // evicted or removed
+		}
 		slices.Sort(got) // Purge evicts in map order
 		slices.Sort(want)
 		if !slices.Equal(got, want) {
@@ -93,10 +109,13 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 			t.Fatalf("op %d: Len %d, simplelru %d", i/2, l.Len(), ref.Len())
 		}
 		for _, k := range ref.Keys() {
-			e1, _ := l.Peek(k)
+			e1, m, _ := l.PeekMarked(k)
 			e2, _ := ref.Peek(k)
 			if e1 != e2 {
 				t.Fatalf("op %d: value of %x = %d, simplelru %d", i/2, k, e1, e2)
+			}
+			if m != marks[k] {
+				t.Fatalf("op %d: key %x marked %v, want %v", i/2, k, m, marks[k])
 			}
 		}
 		if l.n > 0 && 2*l.n > len(l.slots) {
