@@ -23,7 +23,7 @@ import (
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// The id answers and logs name the request by, whatever the attempts
 	// send upstream.
-	ctx := withRequestID(req.Context(), req.Header.Get(requestIDHeader))
+	ctx := withoutInterim(withRequestID(req.Context(), req.Header.Get(requestIDHeader)))
 	out := req.Clone(ctx)
 	resolveDotSegments(out.URL)
 	var info bodyInfo

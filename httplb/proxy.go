@@ -45,7 +45,9 @@ const maxRequestIDLen = 128
 // the same with another logger to log elsewhere. No answer through it
 // carries the upstream's headers about the operator's account: its
 // organisation, project, deployment, region, rate limits or cookies (see
-// NewUpstreamErrorHandler). The returned proxy may be modified before use.
+// NewUpstreamErrorHandler), nor does an upstream's interim (1xx) answer
+// reach the client, since t does not report them (see [Transport]). The
+// returned proxy may be modified before use.
 func NewProxy(t *Transport) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

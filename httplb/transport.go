@@ -258,6 +258,12 @@ type Config struct {
 // transport failure that cannot be retried is returned as a
 // [*retry.GiveUpError] wrapping [retry.ErrExhausted].
 //
+// An attempt's interim answers (1xx, such as 103 Early Hints) are not
+// passed to the request's [httptrace.ClientTrace] Got1xxResponse, its other
+// hooks being called as usual: the attempt may yet fail and be retried, or
+// lose to a hedge, and the answer's headers are the upstream's own, which
+// [httputil.ReverseProxy] would forward to its client as they came.
+//
 // A 101 Switching Protocols answer (a WebSocket, say) is returned with the
 // switched connection as its body, writable as the base transport's is; the
 // switch counts as the request's first token, and its pick is done when the
