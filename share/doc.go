@@ -81,7 +81,8 @@
 // peers (64 by default; further ones are rejected until one expires), the
 // latest batch of each kept in at most about ten times its size (a message
 // over 8 MiB is refused, and so are the parts of a batch beyond 64 MiB or
-// 64 parts), up to 256 batches and 32 MiB received by
+// 64 parts), at most about 1 MiB of memory kept from decoding one batch to
+// decode the next, up to 256 batches and 32 MiB received by
 // [Group.Run] and not yet applied (NATS drops the batches beyond, counted
 // in [Stats].Rejected), this replica's work at most
 // [Config].MaxEndpoints endpoints (1024) of at most 256 time buckets of 56

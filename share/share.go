@@ -175,10 +175,13 @@ type Group struct {
 	batchMu sync.Mutex
 	batch   message // the batch being built (by Run or AppendBatch), reused
 
-	recvMu   sync.Mutex
-	recv     message  // the batch being received, reused
-	keys     keyTable // decodeInto's scratch
-	impostor uint64   // incarnation of the last other replica with this ID logged
+	recvMu sync.Mutex
+	recv   message // the batch being received, reused
+	// recvGrown is the bytes decoding grew recv's memory by since it was
+	// last dropped (see keepDecoded).
+	recvGrown int
+	keys      keyTable // decodeInto's scratch
+	impostor  uint64   // incarnation of the last other replica with this ID logged
 	// impostorLogged is when it was logged: another is logged at most
 	// once a downReportInterval, however many incarnations appear.
 	impostorLogged time.Time
@@ -819,8 +822,14 @@ func (g *Group) notConnected(now time.Time, wasUp bool) {
 
 // keepDecoded is the size of the largest batch whose decoded memory a Group
 // keeps for the next one; a batch of more than MaxEndpoints endpoints is not
-// kept either.
-const keepDecoded = 256 << 10
+// kept either. Nor is the memory of batches that grew it beyond
+// maxKeptDecoded in all: the slices of routes and endpoints that one batch
+// grew are kept when the next has fewer, so that batches each larger than
+// the last in another slice would otherwise keep all of them.
+const (
+	keepDecoded    = 256 << 10
+	maxKeptDecoded = 4 * keepDecoded
+)
 
 // receive applies one peer batch.
 func (g *Group) receive(data []byte) error {
@@ -833,15 +842,15 @@ func (g *Group) receive(data []byte) error {
 	defer g.recvMu.Unlock()
 	m := &g.recv
 	defer func() {
-		if len(data) > keepDecoded || len(m.eps) > g.maxEPs {
+		if len(data) > keepDecoded || len(m.eps) > g.maxEPs || g.recvGrown > maxKeptDecoded {
 			// The buffers a rare large batch grew are dropped after it,
 			// so that its memory is not kept for the small ones that
 			// follow.
-			g.recv, g.keys = message{}, keyTable{}
+			g.recv, g.keys, g.recvGrown = message{}, keyTable{}, 0
 			g.peers.dropSpare()
 		}
 	}()
-	err := decodeInto(m, &g.keys, data)
+	err := decodeGrowing(m, &g.keys, data, &g.recvGrown)
 	if err != nil {
 		g.rejected.Add(1)
 		return err

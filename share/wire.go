@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"unsafe"
 )
 
 // The wire format, version 2. Every integer is an unsigned varint unless
@@ -262,6 +263,15 @@ func decode(b []byte) (*message, error) {
 // receiver's steady stream of batches allocates nothing. On error m holds
 // a partial message.
 func decodeInto(m *message, keys *keyTable, b []byte) error {
+	var grown int
+	return decodeGrowing(m, keys, b, &grown)
+}
+
+// decodeGrowing is decodeInto, adding to *grown the bytes by which it grew
+// the memory of m's slices. Those of all its routes and endpoints are kept
+// for the next message, whether or not it uses them, so a receiver sums
+// them to bound what it keeps.
+func decodeGrowing(m *message, keys *keyTable, b []byte, grown *int) error {
 	if len(b) > maxMessageBytes {
 		return fmt.Errorf("%w: %d bytes exceeds %d", ErrMalformed, len(b), maxMessageBytes)
 	}
@@ -298,7 +308,7 @@ func decodeInto(m *message, keys *keyTable, b []byte) error {
 		d.fail("%d endpoints in %d bytes", neps, d.left())
 	}
 	if d.err == nil && neps > 0 {
-		m.eps = grow(m.eps, neps)
+		m.eps = growKept(grown, m.eps, neps)
 	}
 	for i := 0; i < neps && d.err == nil; i++ {
 		e := &m.eps[i]
@@ -315,7 +325,7 @@ func decodeInto(m *message, keys *keyTable, b []byte) error {
 		}
 		e.buckets = e.buckets[:0]
 		if d.err == nil && nb > 0 {
-			e.buckets = grow(e.buckets, nb)
+			e.buckets = growKept(grown, e.buckets, nb)
 		}
 		prev := -1
 		for j := range e.buckets {
@@ -364,7 +374,7 @@ func decodeInto(m *message, keys *keyTable, b []byte) error {
 		}
 		e.fin = e.fin[:0]
 		if d.err == nil && nf > 0 {
-			e.fin = grow(e.fin, nf)
+			e.fin = growKept(grown, e.fin, nf)
 		}
 		prev = -1
 		for j := 0; j < nf && d.err == nil; j++ {
@@ -389,7 +399,7 @@ func decodeInto(m *message, keys *keyTable, b []byte) error {
 		d.fail("%d routes in %d bytes", nr, d.left())
 	}
 	if d.err == nil && nr > 0 {
-		m.routes = grow(m.routes, nr)
+		m.routes = growKept(grown, m.routes, nr)
 	}
 	total := 0
 	for i := 0; i < nr && d.err == nil; i++ {
@@ -414,7 +424,7 @@ func decodeInto(m *message, keys *keyTable, b []byte) error {
 		if d.err != nil {
 			break
 		}
-		r.blocks = grow(r.blocks[:0], n)
+		r.blocks = growKept(grown, r.blocks, n)
 		for j := range r.blocks {
 			r.blocks[j] = binary.LittleEndian.Uint64(d.b[d.off+8*j:])
 		}
@@ -476,4 +486,14 @@ func (t *keyTable) add(k string) bool {
 // epSnap or route, to be reused in turn), so the caller sets every field.
 func grow[T any](s []T, n int) []T {
 	return slices.Grow(s[:0], n)[:n]
+}
+
+// growKept is grow, adding to *kept the bytes by which it grew s's memory.
+func growKept[T any](kept *int, s []T, n int) []T {
+	old := cap(s)
+	s = grow(s, n)
+	if c := cap(s); c != old {
+		*kept += (c - old) * int(unsafe.Sizeof(s[0]))
+	}
+	return s
 }

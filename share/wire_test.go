@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -223,6 +225,86 @@ func TestReceiveReleasesLargeBatches(t *testing.T) {
 	assert.Nil(t, g.keys.known)
 	require.NoError(t, g.Receive(batch(3, 4)))
 	assert.Equal(t, uint64(3), g.Stats().Received)
+}
+
+// keptDecoded returns the memory held by the slices of m, as decodeInto
+// leaves them for the next message: those beyond the message's routes and
+// endpoints too.
+func keptDecoded(m *message) int {
+	n := cap(m.routes)*int(unsafe.Sizeof(route{})) + cap(m.eps)*int(unsafe.Sizeof(epSnap{}))
+	for _, r := range m.routes[:cap(m.routes)] {
+		n += 8 * cap(r.blocks)
+	}
+	for _, e := range m.eps[:cap(m.eps)] {
+		n += cap(e.buckets)*int(unsafe.Sizeof(bucket{})) + cap(e.fin)*int(unsafe.Sizeof(finCount{}))
+	}
+	return n
+}
+
+// A peer cannot make a receiver keep ever more memory with batches each
+// small enough to be kept: batch k has k routes of one block and then one
+// long route, so that each grows the blocks of a route slot no batch
+// before used, nor (k endpoints with long bucket lists) an endpoint slot's.
+// Refused batches (a sequence number replayed) decode first and count
+// alike.
+func TestReceiveBoundsKeptMemory(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msg  func(k int) *message
+	}{
+		{"route slots", func(k int) *message {
+			m := &message{id: "peer", inc: 1, seq: uint64(k + 1), width: 1e8, horizon: 1, eps: []epSnap{{key: "e"}}}
+			for i := range k {
+				m.routes = append(m.routes, route{blocks: []uint64{uint64(i)}})
+			}
+			return append1(m, route{blocks: make([]uint64, (250<<10-10*k-64)/8)})
+		}},
+		{"endpoint slots", func(k int) *message {
+			m := &message{id: "peer", inc: 1, seq: uint64(k%maxEPsTest + 1), width: 1e8, horizon: 255}
+			for i := range k % maxEPsTest {
+				m.eps = append(m.eps, epSnap{key: fmt.Sprint("e", i)})
+			}
+			long := epSnap{key: "long"}
+			for age := range 256 {
+				long.buckets = append(long.buckets, bucket{age: age, out: 1, queued: 1, tokens: 1, prefill: 1})
+			}
+			m.eps = append(m.eps, long)
+			return m
+		}},
+		{"replayed", func(k int) *message {
+			m := &message{id: "peer", inc: 1, seq: 1, width: 1e8, horizon: 1, eps: []epSnap{{key: "e"}}}
+			for i := range k {
+				m.routes = append(m.routes, route{blocks: []uint64{uint64(i)}})
+			}
+			return append1(m, route{blocks: make([]uint64, (250<<10-10*k-64)/8)})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := offline(t, Config{ID: "self"})
+			most := 0
+			for k := range 600 {
+				data := appendMessage(nil, tc.msg(k))
+				require.LessOrEqual(t, len(data), keepDecoded)
+				if err := g.Receive(data); tc.name == "replayed" && k > 0 {
+					require.ErrorIs(t, err, ErrRefused, "batch %d", k)
+				} else {
+					require.NoError(t, err, "batch %d", k)
+				}
+				most = max(most, keptDecoded(&g.recv))
+				require.LessOrEqual(t, keptDecoded(&g.recv), 2*maxKeptDecoded, "after batch %d", k)
+			}
+			t.Logf("at most %d KiB kept", most>>10)
+		})
+	}
+}
+
+// maxEPsTest is the endpoints of TestReceiveBoundsKeptMemory's batches, at
+// most: under Config.MaxEndpoints.
+const maxEPsTest = 1000
+
+func append1(m *message, r route) *message {
+	m.routes = append(m.routes, r)
+	return m
 }
 
 // The decoder's inlined reading of short varints agrees with its general
