@@ -25,6 +25,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// send upstream.
 	ctx := withoutInterim(withRequestID(req.Context(), req.Header.Get(requestIDHeader)))
 	out := req.Clone(ctx)
+	// The answer must be readable here (its first event, error events,
+	// the output tokens): the base transport asks for the encodings it
+	// decodes, an *http.Transport gzip, rather than the client's.
+	out.Header.Del("Accept-Encoding")
 	resolveDotSegments(out.URL)
 	var info bodyInfo
 	lreq, err := t.parser.parse(out, &info)

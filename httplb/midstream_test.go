@@ -131,38 +131,56 @@ func TestMidStreamErrorsLogBounded(t *testing.T) {
 	assert.Equal(t, maxLoggedEvents, strings.Count(logs.String(), "\n"), logs.String())
 }
 
-// A compressed event stream is not read, so it passes as sent; so does a
-// stream read through a Transport without the proxy's ModifyResponse.
+// A client asking for gzip does not get the error events of a stream that
+// the upstream would compress for it passed as sent: its Accept-Encoding is
+// not sent upstream, and the base transport decodes the gzip it asked for
+// itself. A stream compressed unasked (a base transport that does not
+// decompress) is not read, so it passes as sent; so does a stream read
+// through a Transport without the proxy's ModifyResponse.
 func TestMidStreamErrorNotRead(t *testing.T) {
 	stream := tokenEvents + hiddenEvents[0].stream
 	var zipped bytes.Buffer
 	zw := gzip.NewWriter(&zipped)
 	_, _ = io.WriteString(zw, stream)
 	require.NoError(t, zw.Close())
+	var asked []string
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		asked = append(asked, r.Header.Get("Accept-Encoding"))
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Content-Encoding", "gzip")
 		_, _ = w.Write(zipped.Bytes())
 	})
+	post := func(h *harness) []byte {
+		t.Helper()
+		gw := httptest.NewServer(NewProxy(h.tr))
+		defer gw.Close()
+		req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+		require.NoError(t, err)
+		req.Header.Set("Accept-Encoding", "gzip, br")
+		resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, resp.Body.Close())
+		require.NoError(t, err)
+		return got
+	}
+	got := post(newHarness(t, llmlb.RoundRobin(), Config{}, up))
+	assert.Equal(t, []string{"gzip"}, asked, "the base transport's own Accept-Encoding, not the client's")
+	assert.NotContains(t, string(got), secret)
+	assert.Contains(t, string(got), "The upstream failed to answer.")
+
 	h := newHarness(t, llmlb.RoundRobin(), Config{}, up)
-	gw := httptest.NewServer(NewProxy(h.tr))
-	defer gw.Close()
-	req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(chatBody))
-	require.NoError(t, err)
-	req.Header.Set("Accept-Encoding", "gzip")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	got, err := io.ReadAll(resp.Body)
-	require.NoError(t, resp.Body.Close())
-	require.NoError(t, err)
-	assert.Equal(t, zipped.Bytes(), got)
+	h.base.DisableCompression = true
+	got = post(h)
+	assert.Equal(t, []string{"gzip", ""}, asked)
+	assert.Equal(t, zipped.Bytes(), got, "compressed unasked: passed as sent")
 
 	plain := newUpstream(t, writeIn(stream, 3))
 	h = newHarness(t, llmlb.RoundRobin(), Config{}, plain)
-	req, err = http.NewRequest(http.MethodPost, plain.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+	req, err := http.NewRequest(http.MethodPost, plain.URL+"/v1/chat/completions", strings.NewReader(chatBody))
 	require.NoError(t, err)
-	resp, err = h.tr.RoundTrip(req)
+	resp, err := h.tr.RoundTrip(req)
 	require.NoError(t, err)
 	body, err := readAll(t, resp)
 	require.NoError(t, err)

@@ -258,6 +258,14 @@ type Config struct {
 // transport failure that cannot be retried is returned as a
 // [*retry.GiveUpError] wrapping [retry.ErrExhausted].
 //
+// A request's Accept-Encoding is not sent upstream: the Transport reads
+// each answer (its first event, error events, the output tokens), which it
+// could not do in an encoding a client chose, so a client could turn that
+// off by asking for gzip. The base transport asks for what it decodes
+// instead (an [http.Transport] asks for gzip and decompresses it), and the
+// caller gets the answer decoded. An answer the upstream compresses unasked
+// is read as compressed: a stream's first byte is its first event.
+//
 // An attempt's interim answers (1xx, such as 103 Early Hints) are not
 // passed to the request's [httptrace.ClientTrace] Got1xxResponse, its other
 // hooks being called as usual: the attempt may yet fail and be retried, or
