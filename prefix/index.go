@@ -124,7 +124,8 @@ type Match struct {
 // block for up to 64 endpoints, one per block and group beyond.
 //
 // An endpoint's blocks are fed approximately by [Index.Record] (the router's
-// own decisions; they expire after the TTL) or precisely by
+// own decisions; they expire after the TTL, and [Index.Unrecord] takes back
+// a decision whose request was not sent) or precisely by
 // [Index.Stored], [Index.Removed] and [Index.Cleared] (the engine's KV
 // events; they do not expire). Both may feed the same endpoint: a block's
 // expiry is the latest of the two. A block recorded at time t matches while
