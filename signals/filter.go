@@ -51,6 +51,7 @@ func filter(b []byte, want map[string]bool, lines []int) ([]byte, []int, error) 
 	out := b[:0]
 	work := 0    // the sum of the squares of the label counts of the kept sample lines above freeLabels
 	samples := 0 // the kept sample lines
+	all := 0     // their labels
 	for n, rest := 1, b; len(rest) > 0; n++ {
 		line := rest
 		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
@@ -69,10 +70,14 @@ func filter(b []byte, want map[string]bool, lines []int) ([]byte, []int, error) 
 			if samples++; samples > maxSeries {
 				return nil, lines, fmt.Errorf("%w: line %d: more than %d series in the metrics read", ErrParse, n, maxSeries)
 			}
-			if k := labels(line); k > freeLabels {
+			k := labels(line)
+			if k > freeLabels {
 				if work += k * k; work > maxLabelWork {
 					return nil, lines, fmt.Errorf("%w: line %d: too many labels (%d on the line)", ErrParse, n, k)
 				}
+			}
+			if all += k; all > maxLabels {
+				return nil, lines, fmt.Errorf("%w: line %d: more than %d labels in the metrics read", ErrParse, n, maxLabels)
 			}
 		}
 		// out never overtakes line: both advance through b and out only by
@@ -140,6 +145,16 @@ const maxLabelWork = 1 << 20
 // maxLabelWork: the parser's work on it is within a small factor of its
 // length.
 const freeLabels = 16
+
+// maxLabels bounds the labels of the sample lines that go to the parser,
+// in all: each costs it allocations of a few hundred bytes (a label pair,
+// and a set of the line's labels so far once a line has more than 8), for
+// as little as five bytes of text, so that a 4 MiB body of lines of 8 to
+// 16 labels, each under freeLabels and all within maxSeries, made it
+// allocate 117 to 330 MB. Two labels per series of maxSeries fit, and an
+// engine's exposition of the metrics read has a few series of one to four
+// labels.
+const maxLabels = 2 * maxSeries
 
 // comment reports whether line is a comment (HELP, TYPE, or other).
 func comment(line []byte) bool {

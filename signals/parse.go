@@ -197,7 +197,7 @@ func formatOf(contentType string) (expfmt.Format, error) {
 // rest of b, and the families read may hold at most maxSeries series.
 func decodeProto(b []byte, want map[string]bool) (families, error) {
 	fams := make(families)
-	metrics := 0
+	metrics, elements := 0, 0
 	for len(b) > 0 {
 		size, n := protowire.ConsumeVarint(b)
 		if n < 0 {
@@ -209,7 +209,7 @@ func decodeProto(b []byte, want map[string]bool) (families, error) {
 		}
 		msg := b[:size]
 		b = b[size:]
-		name, count, err := familyHeader(msg)
+		name, count, parts, err := familyHeader(msg)
 		if err != nil {
 			return nil, err
 		}
@@ -218,6 +218,9 @@ func decodeProto(b []byte, want map[string]bool) (families, error) {
 		}
 		if metrics += count; metrics > maxSeries {
 			return nil, fmt.Errorf("more than %d series in the metrics read", maxSeries)
+		}
+		if elements += parts; elements > maxParts {
+			return nil, fmt.Errorf("more than %d labels, buckets or other parts of series in the metrics read", maxParts)
 		}
 		mf := new(dto.MetricFamily)
 		if err := proto.Unmarshal(msg, mf); err != nil {
@@ -244,33 +247,83 @@ func decodeProto(b []byte, want map[string]bool) (families, error) {
 // combination of adapters seen, well below it.
 const maxSeries = 1 << 16
 
+// maxParts bounds the parts of the series of the families read from
+// protobuf: their labels, buckets, quantiles and the other messages and
+// strings they hold (see parts). Each costs the decoder an allocation, for
+// as little as two bytes (a 2 MB body of one series with a million empty
+// labels made it allocate 111 MB), as the labels of a text line cost its
+// parser (see maxLabels). An engine's series of the metrics read have a
+// handful each.
+const maxParts = 4 * maxSeries
+
 // familyHeader returns the name (field 1) of the serialized MetricFamily
-// msg and the number of its metrics (field 4), checking its wire format.
-func familyHeader(msg []byte) (name string, metrics int, err error) {
+// msg, the number of its metrics (field 4) and their parts (see parts),
+// checking its wire format.
+func familyHeader(msg []byte) (name string, metrics, n int, err error) {
 	for len(msg) > 0 {
-		num, typ, n := protowire.ConsumeTag(msg)
-		if n < 0 {
-			return "", 0, protowire.ParseError(n)
+		num, typ, k := protowire.ConsumeTag(msg)
+		if k < 0 {
+			return "", 0, 0, protowire.ParseError(k)
 		}
-		msg = msg[n:]
-		if num == 1 && typ == protowire.BytesType {
-			v, n := protowire.ConsumeBytes(msg)
-			if n < 0 {
-				return "", 0, protowire.ParseError(n)
+		msg = msg[k:]
+		if typ == protowire.BytesType && (num == 1 || num == 4) {
+			v, k := protowire.ConsumeBytes(msg)
+			if k < 0 {
+				return "", 0, 0, protowire.ParseError(k)
 			}
-			name, msg = string(v), msg[n:]
+			msg = msg[k:]
+			if num == 1 {
+				name = string(v)
+			} else {
+				metrics++
+				n += parts(v, false)
+			}
 			continue
 		}
 		if num == 4 {
 			metrics++
 		}
-		n = protowire.ConsumeFieldValue(num, typ, msg)
-		if n < 0 {
-			return "", 0, protowire.ParseError(n)
+		k = protowire.ConsumeFieldValue(num, typ, msg)
+		if k < 0 {
+			return "", 0, 0, protowire.ParseError(k)
 		}
-		msg = msg[n:]
+		msg = msg[k:]
 	}
-	return name, metrics, nil
+	return name, metrics, n, nil
+}
+
+// parts counts the length-delimited fields of the serialized Metric msg
+// (its labels, its value's message) and those of its summary (field 4: its
+// quantiles) or histogram (field 7: its buckets, spans and exemplars), each
+// of which the decoder allocates. Malformed input stops the count (the
+// decoder refuses it).
+func parts(msg []byte, nested bool) int {
+	n := 0
+	for len(msg) > 0 {
+		num, typ, k := protowire.ConsumeTag(msg)
+		if k < 0 {
+			return n
+		}
+		msg = msg[k:]
+		if typ == protowire.BytesType {
+			v, k := protowire.ConsumeBytes(msg)
+			if k < 0 {
+				return n
+			}
+			n++
+			if !nested && (num == 4 || num == 7) {
+				n += parts(v, true)
+			}
+			msg = msg[k:]
+			continue
+		}
+		k = protowire.ConsumeFieldValue(num, typ, msg)
+		if k < 0 {
+			return n
+		}
+		msg = msg[k:]
+	}
+	return n
 }
 
 // checkDuplicates returns an error wrapping [ErrParse] if a family of fams

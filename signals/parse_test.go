@@ -285,6 +285,12 @@ func TestParseProtobufBounded(t *testing.T) {
 		}
 		return b.Bytes()
 	}
+	one := func(m *dto.Metric) []byte {
+		var b bytes.Buffer
+		_, err := protodelim.MarshalTo(&b, &dto.MetricFamily{Name: proto.String("vllm:num_requests_running"), Metric: []*dto.Metric{m}})
+		require.NoError(t, err)
+		return b.Bytes()
+	}
 	cases := []struct {
 		name string
 		body []byte
@@ -297,6 +303,10 @@ func TestParseProtobufBounded(t *testing.T) {
 		{"series by the million", fill(func(int) *dto.MetricFamily {
 			return &dto.MetricFamily{Name: proto.String("vllm:num_requests_running"), Metric: make([]*dto.Metric, 64)}
 		}), signals.ErrParse},
+		// One series of two million empty labels, or buckets: two bytes
+		// each, and an allocation each for the decoder.
+		{"labels by the million", one(&dto.Metric{Label: empty[dto.LabelPair](size / 2)}), signals.ErrParse},
+		{"buckets by the million", one(&dto.Metric{Histogram: &dto.Histogram{Bucket: empty[dto.Bucket](size / 2)}}), signals.ErrParse},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -319,6 +329,44 @@ func manyLabels(n int) string {
 		fmt.Fprintf(&b, "l%d=\"%d\",", i, i)
 	}
 	return b.String()
+}
+
+// empty returns n pointers to zero messages.
+func empty[T any](n int) []*T {
+	s := make([]*T, n)
+	for i := range s {
+		s[i] = new(T)
+	}
+	return s
+}
+
+// TestParseTextLabelsBounded: a text body costs a few times its size
+// whatever its lines' labels, also when each line has too few of them to
+// count in the bound on a line's labels (the parser allocates for each
+// label, and a set of the line's labels once it has more than 8).
+func TestParseTextLabelsBounded(t *testing.T) {
+	const size = 4 << 20
+	for _, n := range []int{2, 8, 16} {
+		t.Run(fmt.Sprintf("labels=%d", n), func(t *testing.T) {
+			var labels strings.Builder
+			for i := range n - 1 {
+				fmt.Fprintf(&labels, "l%d=\"\",", i)
+			}
+			var b strings.Builder
+			b.WriteString("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n")
+			for i := 0; b.Len() < size-200; i++ {
+				fmt.Fprintf(&b, "vllm:kv_cache_usage_perc{%sz=\"%d\"} 0\n", labels.String(), i)
+			}
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			_, err := signals.Parse(strings.NewReader(b.String()), textType, signals.EngineVLLM)
+			runtime.ReadMemStats(&after)
+			require.ErrorIs(t, err, signals.ErrParse)
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 12*size {
+				t.Errorf("parsing %d bytes of %d-label lines allocated %d", b.Len(), n, alloc)
+			}
+		})
+	}
 }
 
 // TestParseWideSeries: the bound on labels leaves room for the widest
