@@ -127,7 +127,13 @@ type EjectorConfig struct {
 	// that lowers the endpoint's ejection multiplier by one. 0 means
 	// [DefaultSweepInterval]; it must not be negative.
 	SweepInterval time.Duration
-	// Clock tells the time; nil means the system clock.
+	// Clock tells the time; nil means the system clock. A reading older
+	// than one already applied is applied at that later time, as a report
+	// read before it that took the Ejector's lock after it; one more than a
+	// minute older is a clock that went back, and the ejections,
+	// cooldowns and quota refills set at later readings are bounded from
+	// it (MaxEjectionTime, MaxCooldown, a day), so that a clock read once
+	// far ahead does not hold later ejections as long.
 	Clock llmlb.Clock
 	// Observer, if set, is told of every ejection.
 	Observer *Observer
@@ -439,6 +445,7 @@ func (e *Ejector) ReportQuota(key string, h http.Header) {
 		}
 		reset = min(reset, maxQuotaWindow)
 		e.mu.Lock()
+		e.at(now) // a clock gone back bounds quotaAt
 		st := e.eps[key]
 		if st == nil {
 			st = e.add(key)
@@ -504,18 +511,61 @@ func (e *Ejector) Headroom(key string) (float64, bool) {
 }
 
 // at returns the time at which to apply a report or sweep whose clock
-// reading is now: now, or the latest time applied if that is later. The
-// clock is read before e.mu is taken (the pushback headers are parsed
-// outside the lock), so a goroutine may take e.mu with a reading older
-// than one already applied; applying it at its own time would set
-// ejections and cooldowns to end early, already due, and sweep with a
-// time gone back. e.mu is held.
+// reading is now: now, or the latest time applied if that is later by at
+// most maxReorder. The clock is read before e.mu is taken (the pushback
+// headers are parsed outside the lock), so a goroutine may take e.mu with a
+// reading older than one already applied; applying it at its own time
+// would set ejections and cooldowns to end early, already due, and sweep
+// with a time gone back. A reading older still is a clock that went back
+// (an injected clock without monotonic readings, after one reading too far
+// ahead): it is applied, and what was set at the later times is bounded
+// from it (see stepBack), so that one bad reading does not hold every
+// later ejection for as long as it was ahead. e.mu is held.
 func (e *Ejector) at(now time.Time) time.Time {
 	if now.Before(e.last) {
-		return e.last
+		if e.last.Sub(now) <= maxReorder {
+			return e.last
+		}
+		e.stepBack(now)
 	}
 	e.last = now
 	return now
+}
+
+// maxReorder is how much older than the latest time applied a reading may
+// be and still be taken for one read before it, by a goroutine that took
+// e.mu after it.
+const maxReorder = time.Minute
+
+// stepBack bounds the times set at readings later than now, the clock
+// having gone back to now: no ejection ends later than MaxEjectionTime
+// from now, no cooldown later than MaxCooldown, no headroom refills later
+// than a day, and no past event (an ejection's end, a quota report, the
+// last membership read) is later than now. e.mu is held.
+func (e *Ejector) stepBack(now time.Time) {
+	bound := func(t *time.Time, most time.Time) {
+		if t.After(most) {
+			*t = most
+		}
+	}
+	for _, st := range e.eps {
+		if !st.until.IsZero() {
+			if st.cooling {
+				bound(&st.until, now.Add(e.cooldown))
+			} else {
+				bound(&st.until, now.Add(e.max))
+			}
+		}
+		if !st.coolUntil.IsZero() {
+			bound(&st.coolUntil, now.Add(e.cooldown))
+		}
+		bound(&st.restored, now)
+		bound(&st.back, now)
+		bound(&st.quotaAt, now)
+		bound(&st.quotaFull, now.Add(maxQuotaWindow))
+	}
+	bound(&e.syncedAt, now)
+	heap.Init(&e.out)
 }
 
 // noPushbackLimit is the pushback limit of a cooldown: every requested

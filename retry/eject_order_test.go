@@ -90,3 +90,49 @@ func TestEjectorReportOutOfOrder(t *testing.T) {
 	}
 	checkEjector(t, e)
 }
+
+// A clock that read once far ahead and came back (an injected clock
+// without monotonic readings) does not hold the ejections and cooldowns
+// after it, nor those set at that reading, beyond their bounds from the
+// time it came back to: a reading more than maxReorder older than the
+// latest applied is a clock gone back, not a report that took the lock
+// late.
+func TestEjectorClockStepsBack(t *testing.T) {
+	clk := newFakeClock()
+	t0 := clk.Now()
+	b := newBalancer(t, "a", "b", "c", "d")
+	e, _ := NewEjector(b, EjectorConfig{Clock: clk, ConsecutiveFailures: 1, BaseEjectionTime: 30 * time.Second,
+		MaxEjectionPercent: 100, MaxCooldown: time.Minute})
+	quota := func(remaining string) http.Header {
+		return http.Header{"X-Ratelimit-Limit-Requests": {"100"}, "X-Ratelimit-Remaining-Requests": {remaining}, "X-Ratelimit-Reset-Requests": {"60s"}}
+	}
+	// One reading a day ahead: an ejection, a cooldown and a quota
+	// report at that time.
+	clk.Advance(24 * time.Hour)
+	e.Report("b", &StatusError{Code: 500})
+	e.Report("c", &StatusError{Code: 429, Header: http.Header{"Retry-After": {"60"}}})
+	e.ReportQuota("d", quota("10"))
+	if n, _ := e.Out(); n != 2 {
+		t.Fatalf("Out() = %d after an ejection and a cooldown; want 2", n)
+	}
+	// Back to the right time: an ejection after it lasts its 30 s.
+	clk.Advance(-24 * time.Hour)
+	e.Report("a", &StatusError{Code: 500})
+	e.ReportQuota("d", quota("90"))
+	if h, ok := e.Headroom("d"); !ok || h != 0.9 {
+		t.Fatalf("headroom %v, %v after the clock came back; want 0.9, the report since", h, ok)
+	}
+	clk.Advance(31 * time.Second)
+	e.Sweep()
+	if got := e.Ejected(); slices.Contains(got, "a") {
+		t.Fatalf("Ejected() = %v 31 s after a was ejected for 30 s", got)
+	}
+	// Those set at the reading ahead end within their bounds from the
+	// time the clock came back to, not a day later.
+	clk.Advance(t0.Add(DefaultMaxEjectionTime + time.Second).Sub(clk.Now()))
+	e.Sweep()
+	if got := e.Ejected(); len(got) != 0 {
+		t.Fatalf("Ejected() = %v past MaxEjectionTime and MaxCooldown from the step back; want none", got)
+	}
+	checkEjector(t, e)
+}
