@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+
+	"github.com/llmlb/llmlb/prefix"
 )
 
 // ActiveBlocks counts, for each endpoint, the distinct prompt blocks of the
@@ -20,7 +22,10 @@ import (
 // A zero ActiveBlocks is not ready for use; call [NewActiveBlocks]. Policies
 // given the same ActiveBlocks count their requests together. It is safe for
 // concurrent use; memory is proportional to the blocks of the requests in
-// flight.
+// flight. A request's hashes beyond its first 8,192, which a [prefix.Hasher]
+// hashes at most by default, count as private blocks, so that a longer
+// Request.Prefix costs no more time and memory under the lock that every
+// pick of the policies shares.
 type ActiveBlocks struct {
 	block int // tokens per block
 
@@ -44,11 +49,17 @@ func NewActiveBlocks(blockTokens int) (*ActiveBlocks, error) {
 	return &ActiveBlocks{block: blockTokens, eps: map[string]*activeSet{}}, nil
 }
 
-// split returns r's hashed full prompt blocks and the number of its full
-// prompt blocks beyond them.
+// maxActiveHashes is the number of a request's Prefix hashes an
+// [ActiveBlocks] tells apart: the blocks a [prefix.Hasher] hashes at most by
+// default (its DefaultMaxTokens in blocks of DefaultBlockTokens, 8,192).
+// Its full prompt blocks beyond count as private ones.
+const maxActiveHashes = prefix.DefaultMaxTokens / prefix.DefaultBlockTokens
+
+// split returns r's hashed full prompt blocks, at most maxActiveHashes, and
+// the number of its full prompt blocks beyond them.
 func (a *ActiveBlocks) split(r *Request) (hashed []uint64, private int64) {
 	full := r.PromptTokens / a.block
-	hashed = r.Prefix[:min(len(r.Prefix), full)]
+	hashed = r.Prefix[:min(len(r.Prefix), full, maxActiveHashes)]
 	return hashed, int64(full - len(hashed))
 }
 

@@ -33,6 +33,8 @@ func TestTrustClassHeaderRequiresQueue(t *testing.T) {
 	require.NoError(t, err)
 	_, err = NewTransport(Config{Balancer: b, TrustClassHeader: "X-Priority"})
 	assert.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewTransport(Config{Balancer: b, Queue: newFairQueue(t, fair.Config{MaxInFlight: 4}), TrustClassHeader: "X Priority"})
+	assert.ErrorIs(t, err, ErrInvalidConfig, "not a header name")
 }
 
 func TestFairRequest(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/prefix"
@@ -138,6 +139,13 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 	}
 	if p.tenant != nil && p.tenantHdr != "" {
 		return nil, configErrorf("both Tenant and TrustTenantHeader are set")
+	}
+	for _, h := range []struct{ field, name string }{
+		{"SessionHeader", cfg.SessionHeader}, {"TrustTenantHeader", cfg.TrustTenantHeader}, {"FeatureHeader", cfg.FeatureHeader},
+	} {
+		if h.name != "" && !validHeaderName(h.name) {
+			return nil, configErrorf("%s %q is not a header name", h.field, h.name)
+		}
 	}
 	if p.tokenize != nil && p.countTokens != nil {
 		return nil, configErrorf("both Tokenize and CountTokens are set")
@@ -359,4 +367,20 @@ func setBody(r *http.Request, body []byte) {
 	r.GetBody = func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(body)), nil
 	}
+}
+
+// validHeaderName reports whether name is an HTTP field name: a token of
+// RFC 9110 section 5.1 (letters, digits and !#$%&'*+-.^_`|~). A request
+// never carries a header of any other name, which Go's server refuses.
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }

@@ -144,6 +144,13 @@ func TestParseConfig(t *testing.T) {
 		TrustTenantHeader: "X-Tenant-ID",
 	})
 	assert.ErrorIs(t, err, ErrInvalidConfig, "two tenant sources")
+	// A header no request can carry would silently never be read.
+	for _, cfg := range []ParserConfig{{SessionHeader: "X Session"}, {TrustTenantHeader: "bad header"}, {FeatureHeader: "X-Feature:"}, {TrustTenantHeader: "X-Ténant"}} {
+		_, err = NewParser(cfg)
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", cfg)
+	}
+	_, err = NewParser(ParserConfig{SessionHeader: "x-session_id", TrustTenantHeader: "X-Tenant-ID", FeatureHeader: "X-Prompt-Template"})
+	assert.NoError(t, err)
 
 	h, err := prefix.NewHasher(prefix.HasherConfig{BlockBytes: 8})
 	require.NoError(t, err)

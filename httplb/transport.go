@@ -369,6 +369,9 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if cfg.TrustClassHeader != "" && cfg.Queue == nil {
 		return nil, configErrorf("TrustClassHeader without a Queue")
 	}
+	if cfg.TrustClassHeader != "" && !validHeaderName(cfg.TrustClassHeader) {
+		return nil, configErrorf("TrustClassHeader %q is not a header name", cfg.TrustClassHeader)
+	}
 	t := &Transport{
 		b:         cfg.Balancer,
 		base:      cfg.Base,
