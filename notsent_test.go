@@ -32,6 +32,31 @@ var notSentPolicies = []struct {
 	{"kv-cost", func(ix *prefix.Index) (Policy, error) { return KVCost(KVCostConfig{Index: ix}) }},
 }
 
+// notSentPicker returns the decisions index of a balancer of one endpoint,
+// ep0, with the policy newPolicy builds on it, and a function that picks
+// for the first n blocks of prompt there.
+func notSentPicker(t *testing.T, newPolicy func(*prefix.Index) (Policy, error), prompt []uint64) (*prefix.Index, func(n int) Pick) {
+	t.Helper()
+	ix, err := prefix.NewIndex(prefix.IndexConfig{TTL: time.Duration(math.MaxInt64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := newPolicy(ix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mustNew(t, pol)
+	mustUpdate(t, b, eps(1)) // one endpoint: every pick goes to ep0
+	return ix, func(n int) Pick {
+		t.Helper()
+		p, err := b.Pick(context.Background(), &Request{PromptTokens: 16 * n, Prefix: prompt[:n]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+}
+
 // TestNotSentForgetsRecordedBlocks: a pick whose request was not sent
 // (Done with an error wrapping ErrNotSent) leaves the decisions index as it
 // was: the endpoint holds the blocks it held before the pick, not those the
@@ -40,26 +65,9 @@ func TestNotSentForgetsRecordedBlocks(t *testing.T) {
 	notSent := fmt.Errorf("adapter: discarded: %w", ErrNotSent)
 	for _, tc := range notSentPolicies {
 		t.Run(tc.name, func(t *testing.T) {
-			ix, err := prefix.NewIndex(prefix.IndexConfig{TTL: time.Duration(math.MaxInt64)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pol, err := tc.new(ix)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := mustNew(t, pol)
-			mustUpdate(t, b, eps(1)) // one endpoint: every pick goes to ep0
 			prompt := blocks(1, 8)
+			ix, pick := notSentPicker(t, tc.new, prompt)
 			now := time.Now()
-			pick := func(n int) Pick {
-				t.Helper()
-				p, err := b.Pick(context.Background(), &Request{PromptTokens: 16 * n, Prefix: prompt[:n]})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return p
-			}
 
 			// Not sent: nothing stays.
 			pick(8).Done(notSent)
@@ -101,25 +109,8 @@ func TestNotSentForgetsRecordedBlocks(t *testing.T) {
 func TestNotSentKeepsBlocksOfASentPick(t *testing.T) {
 	for _, tc := range notSentPolicies {
 		t.Run(tc.name, func(t *testing.T) {
-			ix, err := prefix.NewIndex(prefix.IndexConfig{TTL: time.Duration(math.MaxInt64)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pol, err := tc.new(ix)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := mustNew(t, pol)
-			mustUpdate(t, b, eps(1))
 			prompt := blocks(4, 8)
-			pick := func(n int) Pick {
-				t.Helper()
-				p, err := b.Pick(context.Background(), &Request{PromptTokens: 16 * n, Prefix: prompt[:n]})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return p
-			}
+			ix, pick := notSentPicker(t, tc.new, prompt)
 			// Both picks of the whole prompt are under way; the first is
 			// not sent, the second is.
 			first, second := pick(8), pick(8)

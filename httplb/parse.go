@@ -7,9 +7,9 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/token"
 	"github.com/llmlb/llmlb/prefix"
 )
 
@@ -143,7 +143,7 @@ func NewParser(cfg ParserConfig) (*Parser, error) {
 	for _, h := range []struct{ field, name string }{
 		{"SessionHeader", cfg.SessionHeader}, {"TrustTenantHeader", cfg.TrustTenantHeader}, {"FeatureHeader", cfg.FeatureHeader},
 	} {
-		if h.name != "" && !validHeaderName(h.name) {
+		if h.name != "" && !token.Valid(h.name) {
 			return nil, configErrorf("%s %q is not a header name", h.field, h.name)
 		}
 	}
@@ -367,20 +367,4 @@ func setBody(r *http.Request, body []byte) {
 	r.GetBody = func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(body)), nil
 	}
-}
-
-// validHeaderName reports whether name is an HTTP field name: a token of
-// RFC 9110 section 5.1 (letters, digits and !#$%&'*+-.^_`|~). A request
-// never carries a header of any other name, which Go's server refuses.
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }

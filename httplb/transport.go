@@ -15,6 +15,7 @@ import (
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/fair"
 	"github.com/llmlb/llmlb/internal/quantile"
+	"github.com/llmlb/llmlb/internal/token"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/signals"
 )
@@ -369,7 +370,7 @@ func NewTransport(cfg Config) (*Transport, error) {
 	if cfg.TrustClassHeader != "" && cfg.Queue == nil {
 		return nil, configErrorf("TrustClassHeader without a Queue")
 	}
-	if cfg.TrustClassHeader != "" && !validHeaderName(cfg.TrustClassHeader) {
+	if cfg.TrustClassHeader != "" && !token.Valid(cfg.TrustClassHeader) {
 		return nil, configErrorf("TrustClassHeader %q is not a header name", cfg.TrustClassHeader)
 	}
 	t := &Transport{

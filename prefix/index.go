@@ -391,11 +391,10 @@ func (x *Index) Len(endpoint string) int {
 // endpoint key or a time the index cannot place (the zero time.Time; see
 // [Index]), or [ErrTooManyEndpoints]; it then changes nothing.
 func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
-	t := x.unixNano(now)
-	if t == math.MinInt64 {
-		return fmt.Errorf("%w: Record at %v, a time the index cannot place (zero, or before 1677-09-21)", ErrInvalidArgument, now)
+	t, exp, err := x.expiry("Record", now)
+	if err != nil {
+		return err
 	}
-	exp := x.expiry(t)
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	e, err := x.endpointLocked(endpoint, true)
@@ -407,13 +406,19 @@ func (x *Index) Record(endpoint string, blocks []uint64, now time.Time) error {
 	return nil
 }
 
-// expiry returns the expiry of the blocks a Record at t adds.
-func (x *Index) expiry(t int64) int64 {
-	exp := t + x.ttl
+// expiry returns now on x's time line and the expiry of the blocks a
+// Record at now adds, or an error naming op for a time the index cannot
+// place.
+func (x *Index) expiry(op string, now time.Time) (t, exp int64, err error) {
+	t = x.unixNano(now)
+	if t == math.MinInt64 {
+		return 0, 0, fmt.Errorf("%w: %s at %v, a time the index cannot place (zero, or before 1677-09-21)", ErrInvalidArgument, op, now)
+	}
+	exp = t + x.ttl
 	if exp < t { // overflow
 		exp = never - 1
 	}
-	return exp
+	return t, exp, nil
 }
 
 // Unrecord undoes a [Index.Record] of blocks at endpoint at time now, for a
@@ -432,11 +437,10 @@ func (x *Index) expiry(t int64) int64 {
 // blocks both touch (see [IndexConfig.TTL]); it marks them instead, which
 // is how Unrecord tells them apart.
 func (x *Index) Unrecord(endpoint string, blocks []uint64, now time.Time) error {
-	t := x.unixNano(now)
-	if t == math.MinInt64 {
-		return fmt.Errorf("%w: Unrecord at %v, a time the index cannot place (zero, or before 1677-09-21)", ErrInvalidArgument, now)
+	_, exp, err := x.expiry("Unrecord", now)
+	if err != nil {
+		return err
 	}
-	exp := x.expiry(t)
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	e := x.endpoints[endpoint]

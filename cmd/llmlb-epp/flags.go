@@ -18,6 +18,7 @@ import (
 	"github.com/llmlb/llmlb/engine"
 	"github.com/llmlb/llmlb/extproc"
 	"github.com/llmlb/llmlb/httplb"
+	"github.com/llmlb/llmlb/internal/token"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/llmlb/llmlb/share"
@@ -268,7 +269,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	for _, h := range []struct{ flag, name string }{
 		{"session-header", o.sessionHeader}, {"tenant-header", o.tenantHeader}, {"feature-header", o.featureHeader},
 	} {
-		if h.name != "" && !validHeaderName(h.name) {
+		if h.name != "" && !token.Valid(h.name) {
 			return o, fmt.Errorf("-%s %q is not an HTTP header name", h.flag, h.name)
 		}
 	}
@@ -308,21 +309,6 @@ var bodyModes = map[string]filterv3.ProcessingMode_BodySendMode{
 }
 
 var bodyModeNames = []string{"full-duplex-streamed", "buffered", "buffered-partial", "streamed", "none"}
-
-// validHeaderName reports whether name is an HTTP field name: a token of
-// RFC 9110 section 5.1 (letters, digits and !#$%&'*+-.^_`|~).
-func validHeaderName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
 
 func contains(list []string, s string) bool {
 	for _, x := range list {
