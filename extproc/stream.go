@@ -412,12 +412,12 @@ func (st *stream) readHeaders(hm *corev3.HeaderMap) bool {
 // many empty headers counts too.
 const headerEntryBytes = 64
 
-// dropHeaders lets the request's headers go, which nothing reads once the
-// request is routed but its request id, cut to what a log line shows, and
-// returns their bytes to the Server's budget. The stream then holds no
-// more of the request than its parsed form (lr).
+// dropHeaders lets the request's headers and subset hint go, which nothing
+// reads once the request is routed but its request id, cut to what a log
+// line shows, and returns their bytes to the Server's budget. The stream
+// then holds no more of the request than its parsed form (lr).
 func (st *stream) dropHeaders() {
-	st.hdr, st.method, st.rawPath, st.authority = nil, "", "", ""
+	st.hdr, st.method, st.rawPath, st.authority, st.subset = nil, "", "", "", nil
 	st.target, st.validPath = url.URL{}, false
 	if len(st.requestID) > maxLogged {
 		st.requestID = strings.Clone(st.requestID[:maxLogged+1]) // loggable marks the cut
@@ -754,8 +754,12 @@ func admissionKey(lr *llmlb.Request) string {
 	return strconv.Itoa(len(lr.Tenant)) + ":" + lr.Tenant + lr.AffinityKey
 }
 
-// noteSubset keeps the data plane's subset hint from a request message.
+// noteSubset keeps the data plane's subset hint from a request message
+// until the request is routed; a hint after it could change nothing.
 func (st *stream) noteSubset(m *extprocv3.ProcessingRequest) {
+	if st.routed {
+		return
+	}
 	ns := m.GetMetadataContext().GetFilterMetadata()[SubsetNamespace]
 	if v, ok := ns.GetFields()[SubsetKey]; ok {
 		st.subset = v
