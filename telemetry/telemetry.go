@@ -58,9 +58,9 @@ const (
 const (
 	// AttrEndpoint is the endpoint's key ([llmlb.Endpoint.Key]). Invalid
 	// UTF-8 in a key is replaced with U+FFFD, and a key longer than 256
-	// bytes is cut to 256 bytes ending in "~" and 16 hex digits of its hash,
-	// so that any key exports (the same holds for error types and spill
-	// tiers).
+	// bytes is cut to at most 256; either ends with "~" and 16 hex digits
+	// of the key's hash, so that any key exports and two keys stay two
+	// series (the same holds for error types, spill tiers and reasons).
 	AttrEndpoint = attribute.Key("llmlb.endpoint")
 	// AttrPolicy is [Config.Policy].
 	AttrPolicy = attribute.Key("llmlb.policy")
@@ -588,19 +588,20 @@ const maxAttrBytes = 256
 // attrValue returns s as an attribute value every exporter accepts: invalid
 // UTF-8 is replaced (the Prometheus exporter fails a whole scrape on one
 // invalid label value), and a value longer than maxAttrBytes is cut on a
-// character boundary and ends with "~" and a hash of all of s, so that
-// long keys sharing their first bytes stay distinct series and a scrape
-// stays small whatever the keys.
+// character boundary; either ends with "~" and a hash of all of s, so that
+// keys differing only in their invalid bytes, or long keys sharing their
+// first bytes, stay distinct series, and a scrape stays small whatever the
+// keys.
 func attrValue(s string) string {
 	v := strings.ToValidUTF8(s, "\uFFFD")
-	if len(v) <= maxAttrBytes {
+	if len(v) <= maxAttrBytes && v == s {
 		return v
 	}
 	h := fnv.New64a()
 	h.Write([]byte(s))
 	suffix := fmt.Sprintf("~%016x", h.Sum64())
-	cut := maxAttrBytes - len(suffix)
-	for cut > 0 && !utf8.RuneStart(v[cut]) {
+	cut := min(len(v), maxAttrBytes-len(suffix))
+	for cut > 0 && cut < len(v) && !utf8.RuneStart(v[cut]) {
 		cut--
 	}
 	return v[:cut] + suffix

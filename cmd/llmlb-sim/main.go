@@ -614,7 +614,9 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		if fmtName == "" {
 			fmtName = formatOf(*trace)
 		}
-		base.Name, base.Trace = "trace", filepath.Base(*trace)
+		// Valid UTF-8, which the SVG's XML must be (JSON output replaces
+		// invalid bytes itself).
+		base.Name, base.Trace = "trace", strings.ToValidUTF8(filepath.Base(*trace), "\uFFFD")
 		if *trace == "-" {
 			base.Trace = "stdin"
 		}

@@ -125,6 +125,29 @@ func TestRunSVGToStdout(t *testing.T) {
 	}
 }
 
+// A trace whose file name is not valid UTF-8 still gives an SVG that is one
+// XML document: the name in its title is made valid.
+func TestRunSVGOfOddTraceName(t *testing.T) {
+	dir := t.TempDir()
+	trace := filepath.Join(dir, "x\xff.jsonl")
+	line := `{"timestamp": 0, "input_length": 50, "output_length": 5}` + "\n"
+	if err := os.WriteFile(trace, []byte(strings.Repeat(line, 20)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := run(context.Background(), []string{"-trace", trace, "-policies", "round-robin,p2c", "-svg", "-"}, &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	dec := xml.NewDecoder(&out)
+	for {
+		if _, err := dec.Token(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("stdout is not one XML document: %v", err)
+		}
+	}
+}
+
 func TestRunErrors(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.jsonl")

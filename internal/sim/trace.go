@@ -173,6 +173,7 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 	var ts, ctx, gen int
 	width := 0
 	var origin time.Time
+	hasOrigin := false // the first request's time, which may be the zero time
 	err := scanLines(r, func(n int, line []byte) error {
 		fields := strings.Split(strings.TrimSpace(string(line)), ",")
 		if width == 0 {
@@ -208,8 +209,8 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 		if err != nil || output < 0 || output > MaxOutputTokens {
 			return fmt.Errorf("%w: line %d: GeneratedTokens %q, want an integer in [0, %d]", ErrMalformedTrace, n, fields[gen], MaxOutputTokens)
 		}
-		if origin.IsZero() {
-			origin = t
+		if !hasOrigin {
+			origin, hasOrigin = t, true
 		}
 		d := t.Sub(origin).Seconds()
 		if math.Abs(d) > 1e9 {

@@ -77,6 +77,21 @@ func TestReadAzure(t *testing.T) {
 	}
 }
 
+// TestReadAzureZeroTimeOrigin: a trace whose first request is at the zero
+// time keeps the times of the others from it.
+func TestReadAzureZeroTimeOrigin(t *testing.T) {
+	const in = "TIMESTAMP,ContextTokens,GeneratedTokens\n" +
+		"0001-01-01 00:00:00,100,10\n" +
+		"0001-01-01 00:01:40,100,10\n"
+	reqs, err := ReadTrace(strings.NewReader(in), "", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reqs) != 2 || reqs[1].Arrival != 100*time.Second {
+		t.Fatalf("requests %+v, want the second 100 s after the first", reqs)
+	}
+}
+
 func TestTraceErrorsNameTheLine(t *testing.T) {
 	cases := []struct {
 		name, format, in, want string
