@@ -57,7 +57,10 @@ type PublisherConfig struct {
 //
 // [Publisher.Publish] numbers, encodes and queues a batch, and never
 // blocks; [Publisher.Run] binds the sockets and sends until its context
-// ends. A batch that finds the queue full is not sent live but is kept for
+// ends. A subscriber or replay client that stops reading is disconnected
+// once a write to it has waited 5 seconds, so that it does not stop the
+// others' messages; it recovers what it missed by replay once it
+// reconnects. A batch that finds the queue full is not sent live but is kept for
 // replay, so a subscriber sees the gap and recovers it. Publish is safe for
 // concurrent use; creating a Publisher starts nothing. The zero Publisher is
 // not usable; create one with [NewPublisher].
@@ -188,6 +191,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 		return fmt.Errorf("%w: Publisher.Run", ErrRunning)
 	}
 	defer p.running.Store(false)
+	if err := registerGuards(); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pub := zmq4.NewPub(ctx, zmq4.WithLogger(quiet))
@@ -222,9 +228,17 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 }
 
-// bindAddr turns vLLM's "tcp://*:port" into an address zmq4 binds.
+// bindAddr turns vLLM's "tcp://*:port" into an address zmq4 binds, through
+// the stall-bounded transports for tcp and ipc.
 func bindAddr(ep string) string {
-	return strings.Replace(ep, "://*:", "://0.0.0.0:", 1)
+	ep = strings.Replace(ep, "://*:", "://0.0.0.0:", 1)
+	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
+		return stallTCP + "://" + rest
+	}
+	if rest, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		return stallIPC + "://" + rest
+	}
+	return ep
 }
 
 // replaySocket is what serveReplay uses of the replay (ROUTER) socket.

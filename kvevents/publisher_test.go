@@ -187,3 +187,93 @@ func TestServeReplayBacksOff(t *testing.T) {
 	}, waits)
 	assert.Equal(t, int64(15), s.recvs.Load(), "one receive before each wait, and the one that succeeded")
 }
+
+// bigBatch is a batch of about 64 KiB encoded: one event removing 8,192
+// blocks.
+func bigBatch() *Batch {
+	hashes := make([]uint64, 8192)
+	for i := range hashes {
+		hashes[i] = uint64(i) | 1<<60 // 9 bytes each, encoded
+	}
+	return &Batch{Events: []Event{{Kind: Removed, BlockHashes: hashes}}}
+}
+
+// TestPublisherDropsStalledPeers: a subscriber that stops reading does not
+// stop the live stream of the others, nor does a replay client that stops
+// reading stop later replays: zmq4 writes to a socket's peers one after
+// another without a deadline, and the Publisher's connections close
+// themselves once a write has waited maxStall.
+func TestPublisherDropsStalledPeers(t *testing.T) {
+	defer func(d time.Duration) { maxStall = d }(maxStall)
+	maxStall = 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	pubAddr, replayAddr := freeAddr(t), freeAddr(t)
+	p, stop := publisherStarter(ctx, t, &wg, pubAddr, replayAddr)()
+	defer stop()
+	sub := func() zmq4.Socket {
+		s := zmq4.NewSub(ctx, zmq4.WithLogger(quiet))
+		require.NoError(t, s.Dial(pubAddr))
+		require.NoError(t, s.SetOption(zmq4.OptionSubscribe, ""))
+		return s
+	}
+	stalled, live := sub(), sub() // stalled is not read until the end
+	defer live.Close()
+	// The live subscriber's reader: the highest sequence number seen.
+	var seen atomic.Int64
+	seen.Store(-1)
+	wg.Go(func() {
+		for {
+			msg, err := live.Recv()
+			if err != nil {
+				return
+			}
+			if f := msg.Frames; len(f) == 3 {
+				seen.Store(int64(binary.BigEndian.Uint64(f[1])))
+			}
+		}
+	})
+	// Publish until the live subscriber has seen batches far past what
+	// fills the stalled one's buffers (each batch 64 KiB: 2,000 of them
+	// 128 MiB).
+	deadline := time.Now().Add(waitFor)
+	for n := 0; seen.Load() < 2000; n++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("the live subscriber saw batch %d of %d published", seen.Load(), n)
+		}
+		p.Publish(bigBatch())
+		if n%64 == 63 {
+			time.Sleep(time.Millisecond) // let the queue drain
+		}
+	}
+
+	// A replay client that asks for everything and never reads.
+	d := zmq4.NewDealer(ctx, zmq4.WithLogger(quiet))
+	require.NoError(t, d.Dial(replayAddr))
+	require.NoError(t, d.SendMulti(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, 0))))
+	time.Sleep(50 * time.Millisecond) // its request first
+	last := uint64(seen.Load())
+	got := replayFrom(ctx, t, replayAddr, last)
+	require.NotEmpty(t, got)
+	assert.Equal(t, ^uint64(0), got[len(got)-1], "the replay after the stalled one ends with the end marker")
+
+	// zmq4's reading goroutine of each stalled socket waits to queue a
+	// message; it ends once what it queued is read, its connection
+	// having been closed by the Publisher.
+	for _, s := range []zmq4.Socket{stalled, d} {
+		drained := make(chan struct{})
+		go func() {
+			defer close(drained)
+			for {
+				if _, err := s.Recv(); err != nil {
+					return
+				}
+			}
+		}()
+		time.Sleep(100 * time.Millisecond)
+		s.Close()
+		<-drained
+	}
+}

@@ -69,12 +69,15 @@ var (
 	registerErr  error
 )
 
-// registerGuards registers the guarded transports with zmq4, once.
+// registerGuards registers the guarded transports and the Publisher's
+// stall-bounded ones with zmq4, once.
 func registerGuards() error {
 	registerOnce.Do(func() {
 		registerErr = errors.Join(
 			zmq4.RegisterTransport(guardTCP, guardTransport{network: "tcp"}),
 			zmq4.RegisterTransport(guardIPC, guardTransport{network: "unix"}),
+			zmq4.RegisterTransport(stallTCP, stallTransport{network: "tcp"}),
+			zmq4.RegisterTransport(stallIPC, stallTransport{network: "unix"}),
 		)
 		if registerErr != nil {
 			registerErr = fmt.Errorf("kvevents: %w", registerErr)
@@ -401,4 +404,70 @@ func (s *zsocket) Close() {
 	}
 	s.cancel()
 	_ = s.Socket.Close()
+}
+
+// The Publisher's sockets listen through transports of this package's own,
+// which bound each write to a connection by maxStall. zmq4 writes a message
+// to a socket's peers one after another, with no deadline, holding the
+// socket's lock: one subscriber that stops reading (its window full) would
+// stop the live stream of every other, and one replay client that stops
+// reading every later replay. A connection whose write has not completed
+// within maxStall is closed, cut mid-message: the peer is dropped, as
+// libzmq drops a subscriber's messages past its high-water mark, and once
+// it reconnects it asks the replay socket for what it missed.
+const (
+	stallTCP = "llmlb-kvevents-pub-tcp"
+	stallIPC = "llmlb-kvevents-pub-ipc"
+)
+
+// maxStall is how long one write to a Publisher's peer may take; a variable
+// for tests.
+var maxStall = 5 * time.Second
+
+// stallTransport is the zmq4 transport of network ("tcp" or "unix") whose
+// listeners accept stall-bounded connections. It only listens.
+type stallTransport struct{ network string }
+
+// Dial refuses: the stall-bounded transports only listen.
+func (t stallTransport) Dial(context.Context, transport.Dialer, string) (net.Conn, error) {
+	return nil, errors.New("kvevents: the publisher's transport does not dial")
+}
+
+// Listen listens on addr and returns a listener of stall-bounded
+// connections.
+func (t stallTransport) Listen(_ context.Context, addr string) (net.Listener, error) {
+	l, err := net.Listen(t.network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return stallListener{l}, nil
+}
+
+// Addr returns the address listened on for ep, as zmq4's own transports
+// read it ("*" for every interface or any port).
+func (t stallTransport) Addr(ep string) (string, error) { return transport.New(t.network).Addr(ep) }
+
+// stallListener accepts stall-bounded connections.
+type stallListener struct{ net.Listener }
+
+func (l stallListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return stallConn{c}, nil
+}
+
+// stallConn is a connection whose writes fail, and close it, once one has
+// taken maxStall.
+type stallConn struct{ net.Conn }
+
+func (c stallConn) Write(p []byte) (int, error) {
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(maxStall))
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		// A message cut short leaves the peer's stream out of frame.
+		_ = c.Conn.Close()
+	}
+	return n, err
 }
