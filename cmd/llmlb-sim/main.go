@@ -1010,7 +1010,10 @@ func parseSpeeds(list string, replicas int) ([]float64, error) {
 		if c, s, ok := strings.Cut(p, "x"); ok {
 			c = strings.TrimSpace(c)
 			n, err := strconv.Atoi(c)
-			if err != nil || n < 1 {
+			switch {
+			case errors.Is(err, strconv.ErrRange) || err == nil && n > maxSpeedReplicas:
+				return nil, fmt.Errorf("-speeds %q lists more than %d speeds", list, maxSpeedReplicas)
+			case err != nil || n < 1:
 				return nil, fmt.Errorf("-speeds %q: in %q, the count %q is not a positive whole number", list, p, c)
 			}
 			count, speed = n, strings.TrimSpace(s)

@@ -249,6 +249,9 @@ func scanLines(r io.Reader, f func(n int, line []byte) error) error {
 		}
 	}
 	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return fmt.Errorf("%w: line %d: longer than %d bytes", ErrMalformedTrace, n+1, maxLine)
+		}
 		return fmt.Errorf("%w: line %d: %v", ErrMalformedTrace, n+1, err)
 	}
 	return nil
@@ -388,6 +391,10 @@ func jsonProblem(err error) string {
 			want = "an integer"
 		case reflect.Slice, reflect.Array:
 			want = "an array of integers"
+		case reflect.Float32, reflect.Float64:
+			if strings.HasPrefix(te.Value, "number") { // such as 1e400
+				return fmt.Sprintf("%s: %s is out of range", te.Field, te.Value)
+			}
 		}
 		return fmt.Sprintf("%s: want %s, not %s %s", te.Field, want, article(te.Value), te.Value)
 	}

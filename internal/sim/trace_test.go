@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -74,6 +75,16 @@ func TestReadAzure(t *testing.T) {
 	}
 	if reqs[0].Prefix != nil {
 		t.Error("Azure requests have prefix hashes")
+	}
+}
+
+// TestTraceLineTooLong: a line beyond the longest read is refused with its
+// number and the limit.
+func TestTraceLineTooLong(t *testing.T) {
+	in := `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\n" + strings.Repeat(" ", maxLine+1) + "\n"
+	_, err := ReadMooncake(strings.NewReader(in), TraceOptions{})
+	if want := fmt.Sprintf("line 2: longer than %d bytes", maxLine); !errors.Is(err, ErrMalformedTrace) || !strings.HasSuffix(err.Error(), want) {
+		t.Fatalf("error %v, want one ending %q", err, want)
 	}
 }
 
@@ -423,6 +434,7 @@ func TestReadMooncakeFieldErrors(t *testing.T) {
 		{`{"timestamp": 1, "input_length": 5, "output_length": 3, "hash_ids": "a"}`, "line 1: hash_ids: want an array of integers, not a string"},
 		{`{"timestamp": 1, "input_length": 5, "output_length": {}}`, "line 1: output_length: want an integer, not an object"},
 		{`{"timestamp": 1, "input_length":`, "line 1: not a JSON object (unexpected end of JSON input at byte 32)"},
+		{`{"timestamp": 1e400, "input_length": 5, "output_length": 3}`, "line 1: timestamp: number 1e400 is out of range"},
 	}
 	for _, c := range cases {
 		_, err := ReadMooncake(strings.NewReader(c.line+"\n"), TraceOptions{})

@@ -297,7 +297,7 @@ func (s *Synthetic) validate() error {
 	case !(s.Rate > 0) || math.IsInf(s.Rate, 0):
 		return fmt.Errorf("%w: rate %v", ErrInvalidWorkload, s.Rate)
 	case float64(s.Requests)/s.Rate > maxTraceSeconds:
-		return fmt.Errorf("%w: rate %.3g requests/s spreads %d requests over about %.3gs, beyond %gs", ErrInvalidWorkload, s.Rate, s.Requests, float64(s.Requests)/s.Rate, float64(maxTraceSeconds))
+		return fmt.Errorf("%w: rate %.3g requests/s spreads %d requests over more than %gs", ErrInvalidWorkload, s.Rate, s.Requests, float64(maxTraceSeconds))
 	case s.ArrivalCV < 0 || math.IsNaN(s.ArrivalCV) || math.IsInf(s.ArrivalCV, 0):
 		return fmt.Errorf("%w: arrival CV %v", ErrInvalidWorkload, s.ArrivalCV)
 	case s.BlockTokens < 0:
