@@ -194,8 +194,10 @@ func TestFakePickerSpreadsLoad(t *testing.T) {
 // context as an RPC's is at the pick, with neither but a deadline, a few
 // values and outgoing metadata of its own (an authorization header), which
 // the llmlb pickers look through for their keys (the same context is given
-// to grpc-go's pickers, which do not read it). Run with -cpu 1,2 to see the
-// scaling.
+// to grpc-go's pickers, which do not read it). Each Done is an RPC's that
+// was sent and answered (bytes sent and received): a zero DoneInfo is grpc's
+// for a pick it discarded, which the llmlb pickers end as not sent. Run with
+// -cpu 1,2 to see the scaling.
 func BenchmarkPickGRPC(b *testing.B) {
 	callCtx := func() context.Context {
 		return grpclb.WithCall(context.Background(), &grpclb.Call{Request: llmlb.Request{PromptTokens: 1000, MaxTokens: 256}})
@@ -244,7 +246,7 @@ func BenchmarkPickGRPC(b *testing.B) {
 							return
 						}
 						if r.Done != nil { // round_robin does not ask
-							r.Done(balancer.DoneInfo{})
+							r.Done(balancer.DoneInfo{BytesSent: true, BytesReceived: true})
 						}
 					}
 				})
