@@ -2,10 +2,7 @@ package httplb
 
 import (
 	"fmt"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 
@@ -98,16 +95,7 @@ func TestProxyDropsAccountHeaders(t *testing.T) {
 			})
 			quota := &quotaRecorder{}
 			h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1, Reporter: quota}}, up)
-			proxy := NewProxy(h.tr)
-			proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.DiscardHandler))
-			gw := httptest.NewServer(proxy)
-			defer gw.Close()
-			client := &http.Client{Transport: &http.Transport{}}
-			defer client.CloseIdleConnections()
-			resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-			require.NoError(t, err)
-			raw, err := readAll(t, resp)
-			require.NoError(t, err)
+			resp, raw, _ := postLogged(t, h)
 			assert.Equal(t, c.status, resp.StatusCode)
 			for k := range accountHeaders {
 				assert.Empty(t, resp.Header.Values(k), "%s reached the client", k)

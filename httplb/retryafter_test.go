@@ -2,9 +2,7 @@ package httplb
 
 import (
 	"fmt"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -55,16 +53,7 @@ func TestProxyRateLimitResetBecomesRetryAfter(t *testing.T) {
 				fmt.Fprint(w, `{"error":{"message":"Rate limit reached in organization org-secret","type":"requests","code":"rate_limit_exceeded"}}`)
 			})
 			h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
-			proxy := NewProxy(h.tr)
-			proxy.ModifyResponse = NewUpstreamErrorHandler(slog.New(slog.DiscardHandler))
-			gw := httptest.NewServer(proxy)
-			defer gw.Close()
-			client := &http.Client{Transport: &http.Transport{}}
-			defer client.CloseIdleConnections()
-			resp, err := client.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
-			require.NoError(t, err)
-			_, err = readAll(t, resp)
-			require.NoError(t, err)
+			resp, _, _ := postLogged(t, h)
 			assert.Equal(t, c.status, resp.StatusCode)
 			for k := range resp.Header {
 				assert.False(t, strings.Contains(strings.ToLower(k), "ratelimit"), "header %s reached the client", k)

@@ -113,14 +113,8 @@ func TestRunSVGToStdout(t *testing.T) {
 		if !bytes.HasPrefix(out.Bytes(), []byte("<?xml")) {
 			t.Errorf("%v: stdout does not start with the SVG document:\n%.200s", args, out.String())
 		}
-		dec := xml.NewDecoder(&out)
-		for {
-			if _, err := dec.Token(); err == io.EOF {
-				break
-			} else if err != nil {
-				t.Errorf("%v: stdout is not one XML document: %v", args, err)
-				break
-			}
+		if err := xmlDocument(&out); err != nil {
+			t.Errorf("%v: stdout is not one XML document: %v", args, err)
 		}
 	}
 }
@@ -138,12 +132,19 @@ func TestRunSVGOfOddTraceName(t *testing.T) {
 	if code := run(context.Background(), []string{"-trace", trace, "-policies", "round-robin,p2c", "-svg", "-"}, &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	dec := xml.NewDecoder(&out)
+	if err := xmlDocument(&out); err != nil {
+		t.Fatalf("stdout is not one XML document: %v", err)
+	}
+}
+
+// xmlDocument reads r to its end as XML and returns the first error.
+func xmlDocument(r io.Reader) error {
+	dec := xml.NewDecoder(r)
 	for {
 		if _, err := dec.Token(); err == io.EOF {
-			break
+			return nil
 		} else if err != nil {
-			t.Fatalf("stdout is not one XML document: %v", err)
+			return err
 		}
 	}
 }
