@@ -82,7 +82,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -702,24 +701,6 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
-// shutdown is how the gateway stops: it reports not ready for delay, still
-// taking requests, then stops taking them and lets those in flight finish
-// for up to grace.
-type shutdown struct {
-	grace, delay time.Duration
-	draining     atomic.Bool // the readiness probe fails
-}
-
-// serveReady answers the readiness probe: 200 until the shutdown begins,
-// then 503.
-func (sd *shutdown) serveReady(w http.ResponseWriter, _ *http.Request) {
-	if sd.draining.Load() {
-		http.Error(w, "shutting down", http.StatusServiceUnavailable)
-		return
-	}
-	fmt.Fprintln(w, "ok")
-}
-
 // serve serves the gateway on l until ctx is done; then it shuts down as sd
 // says, after which it cuts the requests still in flight. The gateway's own
 // background work (scraping, sharing, ending ejections) and runners run
@@ -727,7 +708,7 @@ func (sd *shutdown) serveReady(w http.ResponseWriter, _ *http.Request) {
 // drain delay and the grace period it still routes requests, on current
 // state. serve returns once they have ended.
 func serve(ctx context.Context, g *gateway.Gateway, runners []runner, l net.Listener, sd *shutdown, log *slog.Logger) error {
-	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout}
+	srv := sd.server(g)
 	var wg sync.WaitGroup
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
@@ -754,13 +735,5 @@ func serve(ctx context.Context, g *gateway.Gateway, runners []runner, l net.List
 	sd.draining.Store(true)
 	log.Info("gateway shutting down; a second signal ends it at once", "drain_delay", sd.delay, "grace", sd.grace)
 	time.Sleep(sd.delay)
-	stopping, done := context.WithTimeout(context.Background(), sd.grace)
-	defer done()
-	err := srv.Shutdown(stopping)
-	if errors.Is(err, context.DeadlineExceeded) {
-		log.Warn("gateway: shutdown grace period over, cutting the requests still in flight", "grace", sd.grace)
-		err = srv.Close()
-	}
-	<-served
-	return err
+	return sd.stop(srv, served, log)
 }
