@@ -29,8 +29,8 @@
 // caps, so equal session keys of different tenants are different sessions.
 //
 // The Transport picks an endpoint per attempt, rewrites the request URL to
-// it (endpoints are [*Endpoint]s, base URLs, unless [Config.URL] maps them),
-// and retries connection errors and retryable statuses on other endpoints
+// it (endpoints are [*Endpoint] values, base URLs, unless [Config.URL] maps
+// them), and retries connection errors and retryable statuses on other endpoints
 // until the response's first event arrives, honouring Retry-After with the
 // back-off, budget and pushback rules of package retry, and optionally hedges
 // an attempt that is slow to start on another endpoint. The first event (the

@@ -97,8 +97,9 @@ type ParserConfig struct {
 	Tokenize func(text string) []uint32
 }
 
-// Parser reads OpenAI-compatible request bodies (/v1/completions and
-// /v1/chat/completions) into an llmlb.Request. It is immutable and safe for
+// Parser reads OpenAI-compatible request bodies (/v1/completions,
+// /v1/chat/completions, the Responses API's /v1/responses and Anthropic's
+// /v1/messages) into an llmlb.Request. It is immutable and safe for
 // concurrent use.
 type Parser struct {
 	maxBody     int64

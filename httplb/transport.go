@@ -50,7 +50,7 @@ type Config struct {
 	Base http.RoundTripper
 	// URL returns the base URL of a picked endpoint; the request's path is
 	// appended to its path (see [Endpoint]). nil means the endpoints are
-	// [*Endpoint]s, as [NewEndpoints] makes them. An attempt fails, and is
+	// [*Endpoint] values, as [NewEndpoints] makes them. An attempt fails, and is
 	// not retried, with an error wrapping [ErrNoURL] when its endpoint has
 	// no URL (URL returned nil, or URL is nil and the endpoint is not an
 	// [*Endpoint]), and with one wrapping [ErrInvalidConfig] when both the

@@ -16,8 +16,8 @@ import (
 	"github.com/llmlb/llmlb"
 )
 
-// DefaultRelaySubject is the NATS subject of a [Relay] and its [Follower]s
-// when their configs name none.
+// DefaultRelaySubject is the NATS subject of a [Relay] and of each
+// [Follower] of it when their configs name none.
 const DefaultRelaySubject = "llmlb.kvevents"
 
 // The headers of a relayed message. Its data is the engine's payload, as

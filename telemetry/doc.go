@@ -3,7 +3,7 @@
 //
 // It uses only the OpenTelemetry metric API (go.opentelemetry.io/otel/metric):
 // bring your own MeterProvider, from the OpenTelemetry SDK with whichever
-// exporter you run (Prometheus, OTLP, ...); the package [Example] wires one
+// exporter you run (Prometheus, OTLP, ...); the package's Example wires one
 // to the Prometheus exporter. The root package llmlb imports no telemetry
 // library: it calls the plain functions of an [llmlb.Observer], and package
 // retry those of a [retry.Observer]; a [Metrics] provides both.
@@ -79,7 +79,7 @@
 // series of an instrument (its cardinality limit), folding the rest into
 // one overflow series. Where keys churn, as pod addresses do in
 // Kubernetes, drop llmlb.endpoint from every counter and histogram with
-// views on the provider ([ExampleMetrics_endpointChurn]) and read
+// views on the provider (ExampleMetrics_endpointChurn) and read
 // per-endpoint load from the load counts, which views by instrument kind
 // leave alone (they are asynchronous).
 //
