@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
+
+	"github.com/llmlb/llmlb/internal/sim"
 )
 
 // An interrupt stops the command while it waits for a trace on standard
@@ -59,24 +64,101 @@ func TestRunInterruptDuringSimulation(t *testing.T) {
 	}
 }
 
-// A trace longer than the limit is refused, naming the limit, before it
-// is held in memory whole; one at the limit is read.
-func TestReadFileLimit(t *testing.T) {
+// A trace longer than the limit is refused, naming the limit, whatever
+// its first limit bytes hold, as when the command read a trace whole
+// before parsing it; one at the limit is read.
+func TestScanFileLimit(t *testing.T) {
+	const line = `{"timestamp": 0, "input_length": 5, "output_length": 1}` + "\n"
 	path := filepath.Join(t.TempDir(), "trace.jsonl")
-	if err := os.WriteFile(path, []byte("0123456789"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(line+line), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if data, err := readFile(path, nil, 10); err != nil || string(data) != "0123456789" {
-		t.Errorf("at the limit: %q, %v; want the file", data, err)
+	limit := int64(2 * len(line))
+	if tr, format, err := scanFile(path, nil, limit, "", 0); err != nil || format != "mooncake" {
+		t.Errorf("at the limit: format %q, %v; want the trace", format, err)
+	} else if reqs, err := tr.Requests(1); err != nil || len(reqs) != 2 {
+		t.Errorf("at the limit: %d requests, %v; want 2", len(reqs), err)
 	}
-	_, err := readFile(path, nil, 9)
-	var ue usageError
-	if !errors.As(err, &ue) || !strings.Contains(err.Error(), "-trace: "+path+" is longer than the simulator's limit of 9 bytes") {
-		t.Errorf("above the limit: %v; want a usage error naming the limit", err)
+	for _, requests := range []int{0, 1} {
+		_, _, err := scanFile(path, nil, limit-1, "", requests)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), fmt.Sprintf("-trace: %s is longer than the simulator's limit of %d bytes", path, limit-1)) {
+			t.Errorf("-requests %d, above the limit: %v; want a usage error naming the limit", requests, err)
+		}
 	}
 
-	if _, err := readFile("-", strings.NewReader("0123456789"), 9); err == nil || !strings.Contains(err.Error(), "-trace: standard input is longer than the simulator's limit of 9 bytes") {
-		t.Errorf("standard input above the limit: %v; want an error naming the limit", err)
+	// Too long wins over a malformed line within the limit, and over one
+	// cut by it.
+	for _, in := range []string{"not json\n" + line + line, line + line + "x"} {
+		_, _, err := scanFile("-", strings.NewReader(in), limit, "mooncake", 1)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("-trace: standard input is longer than the simulator's limit of %d bytes", limit)) {
+			t.Errorf("%q on standard input above the limit: %v; want an error naming the limit", in, err)
+		}
+	}
+}
+
+// A read error is reported as such, even after a malformed line, and not
+// as a malformed trace.
+func TestScanFileReadError(t *testing.T) {
+	broken := errors.New("device gone")
+	in := io.MultiReader(strings.NewReader("not json\n"), iotest.ErrReader(broken))
+	_, _, err := scanFile("-", in, 1<<20, "", 1)
+	if !errors.Is(err, broken) || errors.Is(err, sim.ErrMalformedTrace) || err.Error() != "-trace: standard input: device gone" {
+		t.Errorf("error %v; want the read error", err)
+	}
+}
+
+// manyLines is a Mooncake trace of n lines, the later ones earlier, made
+// as it is read; it calls sample every n/10 lines.
+type manyLines struct {
+	n, i   int
+	buf    []byte
+	sample func()
+}
+
+func (m *manyLines) Read(p []byte) (int, error) {
+	for len(m.buf) == 0 {
+		if m.i == m.n {
+			return 0, io.EOF
+		}
+		if m.i%(m.n/10) == 0 {
+			m.sample()
+		}
+		m.buf = fmt.Appendf(m.buf, `{"timestamp": %d, "input_length": 600, "output_length": 20, "hash_ids": [%d, 7]}`+"\n", m.n-m.i, m.i)
+		m.i++
+	}
+	n := copy(p, m.buf)
+	m.buf = m.buf[n:]
+	return n, nil
+}
+
+// The command reads a trace as it streams in, holding only the requests
+// it keeps: 100,000 lines (8 MB) on standard input with -requests 10 keep
+// the live heap within 1 MiB of where it started, and it keeps the last 10
+// lines, the earliest. Reading the trace whole first held all of it, and
+// then every request.
+func TestScanFileBoundsMemory(t *testing.T) {
+	const lines, limit = 100_000, 10
+	live := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	base := live()
+	var peak uint64
+	in := &manyLines{n: lines, sample: func() { peak = max(peak, live()) }}
+	tr, _, err := scanFile("-", in, maxTraceBytes, "", limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak = max(peak, live())
+	if grew := int64(peak) - int64(base); grew > 1<<20 {
+		t.Errorf("live heap grew by %d bytes reading %d lines with -requests %d, want at most 1 MiB", grew, lines, limit)
+	}
+	reqs, err := tr.Requests(1)
+	if err != nil || len(reqs) != limit || reqs[limit-1].Arrival != (limit-1)*time.Millisecond {
+		t.Errorf("%d requests, %v; want the %d earliest, 1ms apart", len(reqs), err, limit)
 	}
 }
 

@@ -99,8 +99,10 @@
 // cannot be opened, exits with status 2; any other failure with 1. A trace
 // request longer than sim.MaxPromptTokens prompt tokens (2^24) or
 // sim.MaxOutputTokens output tokens (2^20) makes a bad trace, and the
-// error names its line and field. A trace longer than 1 GiB, which the
-// command would hold in memory, is refused as a bad trace. An interrupt
+// error names its line and field. A trace is read once, as it streams in:
+// with -requests N the command holds only the N earliest requests, however
+// long the trace, though it still checks every line; without, every
+// request. A trace longer than 1 GiB is refused as a bad trace. An interrupt
 // (Ctrl-C) or SIGTERM stops the run, even one waiting for a trace on
 // standard input, and exits with status 1, removing an output file the
 // command created; a second one ends a run that is slow to stop at once.
@@ -220,7 +222,7 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		signalIv  = durationVar("signal-interval", 0, time.Millisecond, maxInterval, "each preset's own", "run every policy, presets with their own interval included, on engine signals refreshed at this `duration` (default: each preset's own)")
 		stagger   = fs.Bool("stagger", false, "stagger the routers' scrapes, router k scraping k/routers of an interval after the first (needs -routers 2 or more)")
 		shareIv   = durationVar("share", 0, time.Millisecond, maxShare, "", "routers share their requests in flight and routed prefixes every `duration`, each batch reaching the others at once, the simulated network having no delay (needs -routers 2 or more)")
-		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace)")
+		requests  = fs.Int("requests", 0, "number of requests (default: the scenario's, or the whole trace); of a -trace, the earliest, and the only ones held in memory")
 		seed      = fs.Uint64("seed", 1, "random seed")
 		seeds     = fs.Int("seeds", 1, "run this many seeds, from -seed on, and pool their results")
 		kvBlocks  = fs.Int("kv-blocks", 0, fmt.Sprintf("KV capacity per replica in %d-token blocks (default: the scenario's: %s; for a trace the larger of %d, the default scenario's 512k tokens, and twice its largest request)",
@@ -659,17 +661,14 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 	if sweeping {
 		rateFlag = "-sweep rate scale"
 	}
-	// The trace is read once, and parsed at each rate scale: a pipe's
+	// The trace is read once, and replayed at each rate scale: a pipe's
 	// contents are gone once read, and opening a named pipe again waits
 	// for a writer.
-	var traceData []byte
+	var tr *sim.Trace
 	if *trace != "" {
 		var err error
-		if traceData, err = readTrace(ctx, *trace); err != nil {
+		if tr, fmtName, err = readTrace(ctx, *trace, fmtName, *requests); err != nil {
 			return err
-		}
-		if fmtName == "" {
-			fmtName = sim.DetectFormat(traceData[:min(len(traceData), 64)])
 		}
 		base.Format = fmtName
 	}
@@ -678,12 +677,13 @@ func runErr(ctx context.Context, args []string, stdout, stderr io.Writer) (err e
 		var reqs []sim.Request
 		if *trace != "" {
 			var err error
-			if reqs, err = parseTrace(*trace, traceData, fmtName, sim.TraceOptions{RateScale: x, Requests: *requests}); err != nil {
+			if reqs, err = tr.Requests(x); err != nil {
+				err = traceError(*trace, err)
 				// A trace that reads at its own rate is not malformed:
 				// the rate scale spreads its arrivals too far. Only a
 				// scale below 1 spreads them beyond the trace's own.
 				if x < 1 && errors.Is(err, sim.ErrMalformedTrace) {
-					if _, err1 := parseTrace(*trace, traceData, fmtName, sim.TraceOptions{Requests: *requests}); err1 == nil {
+					if _, err1 := tr.Requests(1); err1 == nil {
 						err = fmt.Errorf("%s %g spreads the trace's arrivals beyond the simulator's limit: %w", rateFlag, x, err)
 					}
 				}
@@ -1045,83 +1045,6 @@ func parseSpeeds(list string, replicas int) ([]float64, error) {
 
 // stdin is what -trace - reads: standard input, or a test's input.
 var stdin io.Reader = os.Stdin
-
-// maxTraceBytes bounds the trace the command reads, which it holds in
-// memory while it runs.
-const maxTraceBytes = 1 << 30
-
-// readTrace reads the trace at path, or stdin if path is "-", as readFile
-// does with limit maxTraceBytes, and returns ctx's cause if ctx ends
-// first: opening a named pipe or reading a pipe or terminal can wait for a
-// writer indefinitely, and an interrupt must still stop the command. The
-// abandoned read ends with its input, or with the process.
-func readTrace(ctx context.Context, path string) ([]byte, error) {
-	type result struct {
-		data []byte
-		err  error
-	}
-	done := make(chan result, 1)
-	in := stdin
-	go func() {
-		data, err := readFile(path, in, maxTraceBytes)
-		done <- result{data, err}
-	}()
-	select {
-	case r := <-done:
-		return r.data, r.err
-	case <-ctx.Done():
-		return nil, context.Cause(ctx)
-	}
-}
-
-// readFile reads the trace file at path, or in if path is "-", of at most
-// limit bytes. A path that cannot be opened or is a directory, or a trace
-// longer than limit, is a usage error; a read error is reported as such,
-// not as a malformed trace.
-func readFile(path string, in io.Reader, limit int64) ([]byte, error) {
-	name := path
-	r := in
-	if path == "-" {
-		name = "standard input"
-	} else {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return nil, usageError{fmt.Errorf("-trace: %w", err)}
-		}
-		if fi.IsDir() {
-			return nil, usageError{fmt.Errorf("-trace %s is a directory", path)}
-		}
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, usageError{fmt.Errorf("-trace: %w", err)}
-		}
-		defer f.Close()
-		r = f
-	}
-	data, err := io.ReadAll(io.LimitReader(r, limit+1))
-	switch {
-	case err != nil && path == "-":
-		return nil, fmt.Errorf("-trace: standard input: %w", err)
-	case err != nil:
-		return nil, fmt.Errorf("-trace: %w", err)
-	case int64(len(data)) > limit:
-		return nil, usageError{fmt.Errorf("-trace: %s is longer than the simulator's limit of %d bytes: replay a part of it", name, limit)}
-	}
-	return data, nil
-}
-
-// parseTrace parses data, the trace read from path ("-" for standard
-// input), in format, detected from the content when format is empty.
-func parseTrace(path string, data []byte, format string, opt sim.TraceOptions) ([]sim.Request, error) {
-	reqs, err := sim.ReadTrace(bytes.NewReader(data), format, opt)
-	if err != nil {
-		if path == "-" {
-			path = "-trace: standard input"
-		}
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return reqs, nil
-}
 
 // formatOf is the trace format that path's extension names, or "" if it
 // names none.

@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,8 +39,11 @@ type TraceOptions struct {
 	// RateScale multiplies the arrival rate: inter-arrival times are divided
 	// by it. 0 means 1.
 	RateScale float64
-	// Requests keeps only the first Requests requests by arrival; 0 keeps
-	// all.
+	// Requests keeps only the first Requests requests by arrival, lines
+	// of equal time in their order in the trace; 0 keeps all. Reading then
+	// holds at most Requests requests, however long the trace: every line
+	// is still read and checked, so a malformed line anywhere is still an
+	// error, but only the earliest Requests are kept.
 	Requests int
 }
 
@@ -62,7 +64,8 @@ func (o *TraceOptions) normalize() error {
 // from the content: a line starting with '{' is Mooncake JSONL, anything
 // else Azure CSV. In either format a UTF-8 byte-order mark is skipped, and
 // lines need not be in time order: the requests are sorted by arrival
-// (stably), the first arriving at 0.
+// (stably), the first arriving at 0. It is [ScanTrace] followed by
+// [Trace.Requests].
 func ReadTrace(r io.Reader, format string, opt TraceOptions) ([]Request, error) {
 	br := bufio.NewReader(r)
 	if format == "" {
@@ -75,7 +78,46 @@ func ReadTrace(r io.Reader, format string, opt TraceOptions) ([]Request, error) 
 	case FormatAzure:
 		return ReadAzure(br, opt)
 	}
-	return nil, fmt.Errorf("%w: unknown trace format %q (want %s or %s)", ErrInvalidConfig, format, FormatMooncake, FormatAzure)
+	return nil, unknownFormat(format)
+}
+
+func unknownFormat(format string) error {
+	return fmt.Errorf("%w: unknown trace format %q (want %s or %s)", ErrInvalidConfig, format, FormatMooncake, FormatAzure)
+}
+
+// A Trace is the arrivals read from a trace, kept in arrival order, before
+// they are turned into requests: [ScanTrace] reads a trace once, and
+// [Trace.Requests] replays it at any rate scale. A zero Trace holds no
+// arrival and is not ready to use. A Trace is not modified once read, so
+// its methods may be called from several goroutines at once.
+type Trace struct {
+	lines       []traceLine // by arrival, lines of equal time in trace order
+	blockTokens int         // tokens per hash id
+}
+
+// ScanTrace reads a trace in format ("" detects it, as [ReadTrace] does)
+// and keeps its first requests arrivals, or all of them if requests is 0,
+// exactly those that [ReadTrace] with [TraceOptions.Requests] set to
+// requests turns into requests. It checks every line as ReadTrace does, but
+// holds only the arrivals it keeps: with a limit, its memory is bounded by
+// the limit, not by the trace, and each line costs O(log requests) time
+// beyond its parsing.
+func ScanTrace(r io.Reader, format string, requests int) (*Trace, error) {
+	if requests < 0 {
+		return nil, fmt.Errorf("%w: request cap %d is negative", ErrInvalidConfig, requests)
+	}
+	br := bufio.NewReader(r)
+	if format == "" {
+		head, _ := br.Peek(64)
+		format = DetectFormat(head)
+	}
+	switch format {
+	case FormatMooncake:
+		return scanMooncake(br, requests)
+	case FormatAzure:
+		return scanAzure(br, requests)
+	}
+	return nil, unknownFormat(format)
 }
 
 // DetectFormat returns the format of a trace that starts with head, as
@@ -117,7 +159,17 @@ func ReadMooncake(r io.Reader, opt TraceOptions) ([]Request, error) {
 	if err := opt.normalize(); err != nil {
 		return nil, err
 	}
-	var lines []traceLine
+	t, err := scanMooncake(r, opt.Requests)
+	if err != nil {
+		return nil, err
+	}
+	return t.Requests(opt.RateScale)
+}
+
+// scanMooncake reads a Mooncake trace as ReadMooncake does and keeps its
+// first limit arrivals (0 keeps all).
+func scanMooncake(r io.Reader, limit int) (*Trace, error) {
+	sel := earliest{limit: limit}
 	err := scanLines(r, func(n int, line []byte) error {
 		var rec mooncakeRecord
 		if err := json.Unmarshal(line, &rec); err != nil {
@@ -138,20 +190,29 @@ func ReadMooncake(r io.Reader, opt TraceOptions) ([]Request, error) {
 		if len(rec.HashIDs) > nb {
 			return fmt.Errorf("%w: line %d: %d hash_ids for %d tokens (at most %d)", ErrMalformedTrace, n, len(rec.HashIDs), prompt, nb)
 		}
-		ids := make([]uint64, len(rec.HashIDs))
+		at := *rec.Timestamp / 1000
+		keep := sel.admits(at)
+		var ids []uint64
+		if keep {
+			ids = make([]uint64, len(rec.HashIDs))
+		}
 		for i, id := range rec.HashIDs {
 			if id < 0 || id != math.Trunc(id) || id >= 1<<53 {
 				return fmt.Errorf("%w: line %d: hash id %v is not a non-negative integer", ErrMalformedTrace, n, id)
 			}
-			ids[i] = uint64(id)
+			if keep {
+				ids[i] = uint64(id)
+			}
 		}
-		lines = append(lines, traceLine{line: n, at: *rec.Timestamp / 1000, prompt: prompt, output: max(int(*rec.OutputLength), 1), ids: ids})
+		if keep {
+			sel.add(traceLine{line: n, at: at, prompt: prompt, output: max(int(*rec.OutputLength), 1), ids: ids})
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return toRequests(lines, MooncakeBlockTokens, opt)
+	return sel.trace(MooncakeBlockTokens)
 }
 
 // azureLayout is the TIMESTAMP format of the Azure LLM inference traces.
@@ -168,7 +229,18 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 	if err := opt.normalize(); err != nil {
 		return nil, err
 	}
-	var lines []traceLine
+	t, err := scanAzure(r, opt.Requests)
+	if err != nil {
+		return nil, err
+	}
+	return t.Requests(opt.RateScale)
+}
+
+// scanAzure reads an Azure trace as ReadAzure does and keeps its first
+// limit arrivals (0 keeps all). Times are relative to the first line's,
+// whether or not that line is kept.
+func scanAzure(r io.Reader, limit int) (*Trace, error) {
+	sel := earliest{limit: limit}
 	cols := map[string]int{}
 	var ts, ctx, gen int
 	width := 0
@@ -216,7 +288,9 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 		if math.Abs(d) > 1e9 {
 			return fmt.Errorf("%w: line %d: TIMESTAMP %s too far from the first one", ErrMalformedTrace, n, fields[ts])
 		}
-		lines = append(lines, traceLine{line: n, at: d, prompt: prompt, output: max(output, 1)})
+		if sel.admits(d) {
+			sel.add(traceLine{line: n, at: d, prompt: prompt, output: max(output, 1)})
+		}
 		return nil
 	})
 	if err != nil {
@@ -225,7 +299,7 @@ func ReadAzure(r io.Reader, opt TraceOptions) ([]Request, error) {
 	if width == 0 {
 		return nil, fmt.Errorf("%w: empty trace", ErrMalformedTrace)
 	}
-	return toRequests(lines, 0, opt)
+	return sel.trace(0)
 }
 
 // scanLines calls f with each non-blank line and its 1-based number, the
@@ -257,27 +331,20 @@ func scanLines(r io.Reader, f func(n int, line []byte) error) error {
 	return nil
 }
 
-// toRequests sorts lines by time (stably), keeps the first opt.Requests,
-// shifts the first arrival to 0, scales time and chains the hash ids.
-func toRequests(lines []traceLine, blockTokens int, opt TraceOptions) ([]Request, error) {
-	if len(lines) == 0 {
-		return nil, fmt.Errorf("%w: no requests", ErrMalformedTrace)
+// Requests returns the trace's arrivals as requests, rate scaled by
+// rateScale (0 means 1): the first arrives at 0, inter-arrival times are
+// divided by rateScale, and block i of a request with hash ids gets the
+// chained hash ChainHash(hash of block i-1, id i). Each call returns new
+// requests. An arrival scaled beyond about 30 years after the first is an
+// error wrapping [ErrMalformedTrace] that names its line.
+func (t *Trace) Requests(rateScale float64) ([]Request, error) {
+	opt := TraceOptions{RateScale: rateScale}
+	if err := opt.normalize(); err != nil {
+		return nil, err
 	}
-	slices.SortStableFunc(lines, func(a, b traceLine) int {
-		switch {
-		case a.at < b.at:
-			return -1
-		case a.at > b.at:
-			return 1
-		}
-		return 0
-	})
-	if opt.Requests > 0 && len(lines) > opt.Requests {
-		lines = lines[:opt.Requests]
-	}
-	out := make([]Request, len(lines))
-	t0 := lines[0].at
-	for i, l := range lines {
+	out := make([]Request, len(t.lines))
+	t0 := t.lines[0].at
+	for i, l := range t.lines {
 		at := (l.at - t0) / opt.RateScale
 		if at > maxTraceSeconds {
 			return nil, fmt.Errorf("%w: line %d: arrival %.3gs after the first request exceeds %gs", ErrMalformedTrace, l.line, at, float64(maxTraceSeconds))
@@ -288,7 +355,7 @@ func toRequests(lines []traceLine, blockTokens int, opt TraceOptions) ([]Request
 			OutputTokens: l.output,
 		}
 		if len(l.ids) > 0 {
-			req.BlockTokens = blockTokens
+			req.BlockTokens = t.blockTokens
 			req.Prefix = make([]uint64, len(l.ids))
 			var h uint64
 			for j, id := range l.ids {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -236,18 +237,50 @@ func FuzzReadAzure(f *testing.F) {
 
 // FuzzReadTrace checks the detection of the format as well as both readers:
 // whatever the input, a parsed trace is valid and any error is a malformed
-// trace.
+// trace. With a request limit, the trace is the first requests of the
+// whole trace, or fails as the whole trace does, and ScanTrace then
+// Requests returns what ReadTrace does.
 func FuzzReadTrace(f *testing.F) {
 	f.Add([]byte(mooncakeSample), 1.0, 0)
 	f.Add([]byte("\ufeff"+mooncakeSample), 1e-9, 2)
 	f.Add([]byte("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:40,1,0\n"), 1e9, 1)
 	f.Add([]byte("\n\n  {\"timestamp\": 5e14, \"input_length\": 1, \"output_length\": 0}\n"), 0.5, 0)
+	// Equal times in no order, and a line too far that a limit drops.
+	f.Add([]byte(`{"timestamp": 9, "input_length": 1, "output_length": 0}
+{"timestamp": 1e15, "input_length": 2, "output_length": 0}
+{"timestamp": 3, "input_length": 3, "output_length": 0, "hash_ids": [4]}
+{"timestamp": 9, "input_length": 4, "output_length": 0}
+{"timestamp": 3, "input_length": 5, "output_length": 0}
+`), 1.0, 3)
+	f.Add([]byte("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:47,1,0\n2023-11-16 18:15:46,2,0\n2023-11-16 18:15:47,3,0\n2023-11-16 18:15:46,4,0\n"), 2.0, 3)
 	f.Fuzz(func(t *testing.T, in []byte, scale float64, n int) {
 		opt := TraceOptions{RateScale: scale, Requests: n}
 		if opt.normalize() != nil {
 			return
 		}
 		reqs, err := ReadTrace(strings.NewReader(string(in)), "", opt)
+		whole, wholeErr := ReadTrace(strings.NewReader(string(in)), "", TraceOptions{RateScale: scale})
+		tr, scanErr := ScanTrace(strings.NewReader(string(in)), "", n)
+		if scanErr == nil {
+			again, err1 := tr.Requests(scale)
+			if fmt.Sprint(err1) != fmt.Sprint(err) || !reflect.DeepEqual(again, reqs) {
+				t.Fatalf("ScanTrace then Requests: %v; ReadTrace: %v", err1, err)
+			}
+		} else if fmt.Sprint(scanErr) != fmt.Sprint(err) {
+			t.Fatalf("ScanTrace: %v; ReadTrace: %v", scanErr, err)
+		}
+		first := whole
+		if n > 0 && n < len(whole) {
+			first = whole[:n]
+		}
+		switch {
+		case err != nil && fmt.Sprint(err) != fmt.Sprint(wholeErr):
+			// Only a line kept can be too far to replay, and the
+			// lines kept come first in the whole trace.
+			t.Fatalf("with a limit of %d: %v; the whole trace: %v", n, err, wholeErr)
+		case wholeErr == nil && (err != nil || !reflect.DeepEqual(reqs, first)):
+			t.Fatalf("with a limit of %d: %d requests, %v; not the first of the whole trace's %d", n, len(reqs), err, len(whole))
+		}
 		if err != nil {
 			if !errors.Is(err, ErrMalformedTrace) {
 				t.Fatalf("error %v does not wrap ErrMalformedTrace", err)
