@@ -145,7 +145,11 @@ func checkTailVsAnchors(t *testing.T, m map[string]*Result) {
 	t.Helper()
 	d := m["default"]
 	for _, a := range anchorPresets {
-		if r := m[a]; r.TTFT.P99 < d.TTFT.P99 {
+		r := m[a]
+		if r == nil {
+			t.Fatalf("no result for the anchor preset %s", a)
+		}
+		if r.TTFT.P99 < d.TTFT.P99 {
 			t.Errorf("%s TTFT p99 %.0fms < default's %.0fms", a, r.TTFT.P99, d.TTFT.P99)
 		}
 	}

@@ -301,7 +301,7 @@ func FuzzReadTrace(f *testing.F) {
 // root, or skips.
 func sharedTrace(t *testing.T, name string) *os.File {
 	t.Helper()
-	path := filepath.Join("..", "..", "shared", "traces", name)
+	path := filepath.Join("..", "..", "..", "shared", "traces", name)
 	f, err := os.Open(path)
 	if err != nil {
 		t.Skipf("trace %s not available (%v): save it in ../shared/traces beside the repository "+
@@ -383,7 +383,7 @@ func TestMooncakeCacheAware(t *testing.T) {
 		{kv: 131072, bound: true},
 	} {
 		t.Run("kv="+strconv.Itoa(tc.kv), func(t *testing.T) {
-			policies := []string{"round-robin", "least-tokens", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "default"}
+			policies := []string{"round-robin", "least-tokens", "sglang-prefix-hash", "sglang-cache-aware", "prefix-aware", "dynamo-kv", "gie-default", "llmd-default", "default"}
 			if tc.all {
 				policies = append(policies, "default-approx")
 			}
