@@ -24,10 +24,10 @@
 //	vllm      vllm:num_requests_running        vllm:num_requests_waiting         vllm:kv_cache_usage_perc              vllm:cache_config_info labels num_gpu_blocks, block_size
 //	                                                                             (0.8: vllm:gpu_cache_usage_perc,
 //	                                                                             deprecated 0.9, gone by 0.11)
-//	sglang    sglang:num_running_reqs          sglang:num_queue_reqs             sglang:token_usage                    sglang:max_total_num_tokens (tokens; block size 1)
-//	          {priority=""}                    {priority=""}
-//	                                           + disaggregation queues
-//	                                           (see below)
+//	sglang    sglang:num_running_reqs          sglang:num_queue_reqs             sglang:token_usage                    sglang:num_pages, sglang:page_size
+//	          {priority=""}                    {priority=""}                                                           (before 0.5.12: sglang:max_total_num_tokens
+//	                                           + disaggregation queues                                                 in pages of sglang:cache_config_info's
+//	                                           (see below)                                                             page_size, or without it of 1 token)
 //	trtllm    trtllm_num_scheduled_requests    trtllm_num_requests_waiting       trtllm_kv_cache_utilization           trtllm_kv_cache_max_blocks, trtllm_kv_cache_tokens_per_block
 //	          (before it: all of               + the unscheduled rest of
 //	          trtllm_num_requests_running)     trtllm_num_requests_running

@@ -116,6 +116,33 @@ var sglangQueued = [][]series{
 	{{name: "sglang:num_decode_transfer_queue_reqs", label: sglangPriority, value: "", copies: sglangCopies}},
 }
 
+// sglangCaps are the ways SGLang reports the size of its KV pool, newest
+// first. Since sgl-project/sglang#24197 (v0.5.12 on, as
+// llm-d/llm-d-router#2294 found) each scheduler writes, once at start-up,
+// sglang:page_size (--page-size) and sglang:num_pages (its
+// max_total_num_tokens // page_size) with the labels of its other gauges
+// (SchedulerMetricsCollector.emit_constants in
+// python/sglang/srt/observability/metrics_collector.py, called by the
+// scheduler in python/sglang/srt/managers/scheduler.py). Every release with
+// metrics writes sglang:max_total_num_tokens, the pool in tokens. From
+// #17273 to #24197 the page size was only a label of
+// sglang:cache_config_info, whose one series carries page_size and
+// num_pages and none of the scheduler's labels, so that the identical
+// pools of several data-parallel ranks read as one: there the tokens,
+// which count every rank's pool, are divided into pages of that size.
+// Without a page size the tokens are blocks of 1.
+var sglangCaps = []kvCap{
+	{
+		blocks:    series{name: "sglang:num_pages", copies: sglangCopies},
+		blockSize: series{name: "sglang:page_size", copies: sglangCopies},
+	},
+	{
+		blocks:      series{name: "sglang:max_total_num_tokens", copies: sglangCopies},
+		blockSize:   series{name: "sglang:cache_config_info", info: "page_size"},
+		tokenBlocks: true,
+	},
+}
+
 // vllmCopies are the labels that tell apart copies of one vLLM gauge
 // written by several processes. With --api-server-count above 1 (vLLM 0.9
 // on) prometheus_client runs in multiprocess mode, and a gauge without a
@@ -150,13 +177,20 @@ var vllmCacheCopies = []string{"engine"}
 // do.
 var trtllmCopies = []string{"pid"}
 
+// kvCap is one way an engine reports its KV capacity: blocks of blockSize
+// tokens, or with tokenBlocks a count of tokens, which blockSize, if
+// present, groups into blocks (of 1 token if not).
+type kvCap struct {
+	blocks, blockSize series
+	tokenBlocks       bool
+}
+
 // profile maps one engine's exposition to an Observation.
 type profile struct {
 	engine             Engine
 	running, waiting   series
 	kv                 []series // the first present wins (renames across versions)
-	blocks, blockSize  series
-	tokenBlocks        bool // blocks counts tokens: the block size is 1
+	caps               []kvCap  // the first whose blocks are present wins (renames across versions)
 	preempt            series
 	prefixQ, prefixHit []series // the first present wins (renames across versions)
 	lora               string   // the info gauge of LoRA adapters in use, if the engine has one
@@ -186,9 +220,11 @@ var profiles = [numEngines]*profile{
 			{name: "vllm:kv_cache_usage_perc", copies: vllmCopies},
 			{name: "vllm:gpu_cache_usage_perc", copies: vllmCopies},
 		},
-		blocks:    series{name: "vllm:cache_config_info", info: "num_gpu_blocks", copies: vllmCacheCopies},
-		blockSize: series{name: "vllm:cache_config_info", info: "block_size", copies: vllmCacheCopies},
-		preempt:   series{name: "vllm:num_preemptions_total"},
+		caps: []kvCap{{
+			blocks:    series{name: "vllm:cache_config_info", info: "num_gpu_blocks", copies: vllmCacheCopies},
+			blockSize: series{name: "vllm:cache_config_info", info: "block_size", copies: vllmCacheCopies},
+		}},
+		preempt: series{name: "vllm:num_preemptions_total"},
 		// Named gpu_prefix_cache_* by the V1 engine of vLLM 0.8, and also
 		// exported, deprecated, beside the new names by 0.9 and 0.10; gone
 		// by 0.11.
@@ -227,11 +263,8 @@ var profiles = [numEngines]*profile{
 		running: series{name: "sglang:num_running_reqs", label: sglangPriority, value: "", copies: sglangCopies},
 		waiting: series{name: "sglang:num_queue_reqs", label: sglangPriority, value: "", copies: sglangCopies},
 		kv:      []series{{name: "sglang:token_usage", copies: sglangCopies}},
-		// The KV pool's size in tokens, per scheduler: SGLang's capacity
-		// counts tokens, not blocks.
-		blocks:      series{name: "sglang:max_total_num_tokens", copies: sglangCopies},
-		tokenBlocks: true,
-		queued:      sglangQueued,
+		caps:    sglangCaps,
+		queued:  sglangQueued,
 	},
 	// trtllm-serve's MetricsCollector.log_iteration_stats sets
 	// trtllm_num_requests_running to the executor's numActiveRequests (every
@@ -254,8 +287,10 @@ var profiles = [numEngines]*profile{
 		waiting:   series{name: "trtllm_num_requests_waiting", copies: trtllmCopies},
 		scheduled: series{name: "trtllm_num_scheduled_requests", copies: trtllmCopies},
 		kv:        []series{{name: "trtllm_kv_cache_utilization", copies: trtllmCopies}},
-		blocks:    series{name: "trtllm_kv_cache_max_blocks", copies: trtllmCopies},
-		blockSize: series{name: "trtllm_kv_cache_tokens_per_block", copies: trtllmCopies},
+		caps: []kvCap{{
+			blocks:    series{name: "trtllm_kv_cache_max_blocks", copies: trtllmCopies},
+			blockSize: series{name: "trtllm_kv_cache_tokens_per_block", copies: trtllmCopies},
+		}},
 	},
 	// The TensorRT-LLM Triton backend exports request_type "scheduled" (the
 	// batch's numScheduledRequests), "waiting" (numActiveRequests less the
@@ -265,12 +300,14 @@ var profiles = [numEngines]*profile{
 	// c8c6df0, WaitForStats). The executor's queue (numQueuedRequests) is
 	// not exported.
 	EngineTriton: {
-		engine:    EngineTriton,
-		running:   series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "scheduled"},
-		waiting:   series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "waiting"},
-		kv:        []series{{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "fraction"}},
-		blocks:    series{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "max"},
-		blockSize: series{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "tokens_per"},
+		engine:  EngineTriton,
+		running: series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "scheduled"},
+		waiting: series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "waiting"},
+		kv:      []series{{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "fraction"}},
+		caps: []kvCap{{
+			blocks:    series{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "max"},
+			blockSize: series{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "tokens_per"},
+		}},
 	},
 	EngineLlamaCpp: {
 		engine:  EngineLlamaCpp,
@@ -488,16 +525,8 @@ func (p *profile) observe(fams families) (Observation, error) {
 		o.KVUsage = min(kv, 1)
 		break
 	}
-	if o.KVBlocks, err = p.count(fams, p.blocks, maxBlocks, false, false); err != nil {
+	if o.KVBlocks, o.BlockSize, err = p.capacity(fams); err != nil {
 		return Observation{}, err
-	}
-	// Every series (one per data-parallel rank or model) reports its own
-	// engine's block size, a size and not a count: it is averaged.
-	if o.BlockSize, err = p.count(fams, p.blockSize, maxBlockSize, false, true); err != nil {
-		return Observation{}, err
-	}
-	if p.tokenBlocks && o.KVBlocks > 0 {
-		o.BlockSize = 1
 	}
 	if o.Preemptions, err = counter(fams, p.preempt); err != nil {
 		return Observation{}, err
@@ -538,6 +567,38 @@ func (p *profile) observe(fams families) (Observation, error) {
 		}
 	}
 	return o, nil
+}
+
+// capacity returns the KV blocks and block size of the first of p.caps
+// whose blocks are present (the last one if none is), 0 for what is
+// missing.
+func (p *profile) capacity(fams families) (blocks, size int, err error) {
+	for i, c := range p.caps {
+		if i < len(p.caps)-1 {
+			if _, n, err := c.blocks.sum(fams); err != nil {
+				return 0, 0, err
+			} else if n == 0 {
+				continue
+			}
+		}
+		if blocks, err = p.count(fams, c.blocks, maxBlocks, false, false); err != nil {
+			return 0, 0, err
+		}
+		// Every series (one per data-parallel rank or model) reports its
+		// own engine's block size, a size and not a count: it is averaged.
+		if size, err = p.count(fams, c.blockSize, maxBlockSize, false, true); err != nil {
+			return 0, 0, err
+		}
+		if c.tokenBlocks && blocks > 0 {
+			if size > 0 {
+				blocks /= size
+			} else {
+				size = 1
+			}
+		}
+		return blocks, size, nil
+	}
+	return 0, 0, nil
 }
 
 // count returns the sum of s's samples, or with mean their average, as an

@@ -27,8 +27,11 @@ var wanted = func() [numEngines]map[string]bool {
 		if p == nil {
 			continue
 		}
-		all := []series{p.running, p.waiting, p.scheduled, p.blocks, p.blockSize, p.preempt, {name: p.lora}}
+		all := []series{p.running, p.waiting, p.scheduled, p.preempt, {name: p.lora}}
 		all = slices.Concat(all, p.kv, p.prefixQ, p.prefixHit, p.awake)
+		for _, c := range p.caps {
+			all = append(all, c.blocks, c.blockSize)
+		}
 		for _, q := range p.queued {
 			all = append(all, q...)
 		}

@@ -36,6 +36,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:lora_requests_info{max_lora=\"4\",running_lora_adapters=\"a, b,a\",waiting_lora_adapters=\"\"} 1.7e9\n"), uint8(0), uint8(1))
 	f.Add([]byte("sglang:num_running_reqs{tp_rank=\"0\"} 1\nsglang:num_queue_reqs{priority=\"\"} 2\nsglang:num_decode_prealloc_queue_reqs{priority=\"\"} 16777215\nsglang:num_prefill_prealloc_queue_reqs 3\n"), uint8(1), uint8(2))
 	f.Add([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 2\nvllm:num_requests_running 1\nvllm:engine_fully_awake{engine=\"0\"} 0\n"), uint8(0), uint8(0))
+	f.Add([]byte("sglang:num_running_reqs 1\nsglang:num_queue_reqs 0\nsglang:max_total_num_tokens 1000\nsglang:cache_config_info{page_size=\"64\",num_pages=\"15\"} 1\n"), uint8(1), uint8(2))
 	f.Add([]byte("<html>oops</html>"), uint8(4), uint8(0))
 	f.Add([]byte{0x0a, 0xff, 0x01}, uint8(3), uint8(0))
 	f.Fuzz(func(t *testing.T, data []byte, ct, engine uint8) {

@@ -66,6 +66,9 @@ func TestParseFixtures(t *testing.T) {
 		// prefilled and sending their cache do not).
 		{"sglang_pd_decode.prom", textType, signals.EngineSGLang, 48, 15, 0.97, 400000, 1, nan, nan, nan},
 		{"sglang_pd_prefill_priority.prom", textType, signals.EngineSGLang, 2, 12, 0.42, 400000, 1, nan, nan, nan},
+		// SGLang of 2026 (v0.5.12 on) with --page-size 64: its capacity in
+		// pages of 64 tokens (sglang:num_pages, sglang:page_size).
+		{"sglang_2026.prom", textType, signals.EngineSGLang, 36, 4, 0.71, 6272, 64, nan, nan, nan},
 		{"trtllm.prom", textType, signals.EngineTRTLLM, 9, 4, 0.55, 8192, 32, nan, nan, nan},
 		// trtllm-serve of 2026, through prometheus_client's multiprocess
 		// collector (gauges labelled pid): 14 active requests, 11 of them
@@ -737,6 +740,63 @@ func TestParseSGLangDPAttention(t *testing.T) {
 	assert.InDelta(t, 0.4, o.KVUsage, 1e-12, "four pools of one size: the mean of their fractions")
 	assert.Equal(t, 4*401408, o.KVBlocks)
 	assert.Equal(t, 1, o.BlockSize)
+}
+
+// TestParseSGLangPages: SGLang reports its KV pool in pages of
+// --page-size tokens. Since sgl-project/sglang#24197 (v0.5.12) every
+// scheduler writes sglang:page_size and sglang:num_pages, the pool's
+// max_total_num_tokens // page_size (SchedulerMetricsCollector.emit_constants
+// in python/sglang/srt/observability/metrics_collector.py), with the labels
+// of its other gauges; from #17273 to then it wrote both as the labels of
+// one sglang:cache_config_info series, without the scheduler's labels, so
+// that the data-parallel ranks' identical pools read as one. Here two
+// data-parallel ranks of two schedulers each (every one exporting), each
+// with a pool of 401408 tokens in pages of 64.
+func TestParseSGLangPages(t *testing.T) {
+	const labels = `model_name="deepseek-ai/DeepSeek-V3",engine_type="unified",tp_rank="%d",pp_rank="0",moe_ep_rank="%d",dp_rank="%d"`
+	gauge := func(b *strings.Builder, name, help, value string) {
+		fmt.Fprintf(b, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name)
+		for dp := range 2 {
+			for tp := range 2 {
+				r := 2*dp + tp
+				fmt.Fprintf(b, "%s{"+labels+"} %s\n", name, r, r, dp, value)
+			}
+		}
+	}
+	base := func() *strings.Builder {
+		var b strings.Builder
+		gauge(&b, "sglang:num_running_reqs", "The number of running requests.", "5.0")
+		gauge(&b, "sglang:num_queue_reqs", "The number of requests in the waiting queue.", "1.0")
+		gauge(&b, "sglang:token_usage", "The token usage.", "0.5")
+		gauge(&b, "sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", "401408.0")
+		return &b
+	}
+	gauges := base()
+	gauge(gauges, "sglang:page_size", "KV cache page size in tokens.", "64.0")
+	gauge(gauges, "sglang:num_pages", "Number of KV cache pages.", "6272.0")
+	info := base()
+	info.WriteString("# HELP sglang:cache_config_info Cache configuration information.\n# TYPE sglang:cache_config_info gauge\n" +
+		`sglang:cache_config_info{page_size="64",num_pages="6272"} 1.0` + "\n")
+	cases := []struct {
+		name              string
+		in                string
+		blocks, blockSize int
+	}{
+		{"page gauges", gauges.String(), 2 * 6272, 64},
+		{"cache_config_info", info.String(), 2 * 401408 / 64, 64},
+		{"tokens only", base().String(), 2 * 401408, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o, err := signals.Parse(strings.NewReader(c.in), textType, signals.EngineAuto)
+			require.NoError(t, err)
+			assert.Equal(t, signals.EngineSGLang, o.Engine)
+			assert.Equal(t, 10, o.Running)
+			assert.Equal(t, c.blocks, o.KVBlocks)
+			assert.Equal(t, c.blockSize, o.BlockSize)
+			assert.Equal(t, 2*401408, o.KVBlocks*o.BlockSize, "the pools' tokens")
+		})
+	}
 }
 
 // SGLang's disaggregation queues hold requests the server has admitted and
