@@ -684,7 +684,7 @@ func (e *Engine) metrics(w http.ResponseWriter) {
 	gauge("vllm:num_requests_running", "Number of requests in model execution batches.", float64(st.Running))
 	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", float64(st.Waiting))
 	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", st.KVUsage)
-	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig.\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\",engine=\"0\"} 1.0\n", e.blockSize, e.kvBlocks)
+	fmt.Fprintf(w, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"%d\",num_gpu_blocks=\"%d\",engine=\"0\"} 1.0\n", e.blockSize, e.kvBlocks)
 	counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", "", st.PrefixQueries)
 	counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "", st.PrefixHits)
 	counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "", st.Preemptions)
