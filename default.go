@@ -250,7 +250,10 @@ type DefaultConfig struct {
 	// grow linearly with the load, at a rate the pool shares and that is fitted
 	// from each endpoint's variation). Both are moved from 1 only by the
 	// estimate's confidence g = n/(n+8), n its observations decayed with a
-	// half-life of 30 s without new ones, and bounded to [1/16, 16]. Slowness is
+	// half-life of 30 s without new ones (an observation that ends a silence
+	// longer than that, and than 8 times the endpoint's mean interval between
+	// observations, finds the earlier ones aged for the time beyond both), and
+	// bounded to [1/16, 16]. Slowness is
 	// priced only when the candidates' fits differ by more than their noise: when
 	// their deviations from the pool (decode times compared at equal load, as
 	// they are priced), each the log of a ratio in standard errors of its fit,

@@ -23,8 +23,14 @@ const (
 	// learnHalfLife is the half-life of the evidence of an endpoint that
 	// gets no new observations: an endpoint judged slow and therefore
 	// avoided drifts back to the pool's average, gets traffic again and is
-	// measured anew.
+	// measured anew (see silence).
 	learnHalfLife = 30 * time.Second
+	// learnSilence is how many times its mean interval between
+	// observations an endpoint must go without one, beyond learnHalfLife,
+	// for its evidence to age (see silence); learnGapWindow is about how
+	// many intervals that mean reflects.
+	learnSilence   = 8.0
+	learnGapWindow = 32.0
 	// learnClamp bounds an observation of a warm endpoint to within this
 	// many mean absolute deviations of its prediction (on a log scale), so
 	// that a request stuck behind a preemption or a lost cache (the tail)
@@ -99,6 +105,9 @@ type speedEstimate struct {
 	// dev and ddev are the mean absolute log ratios of observation to
 	// prediction, prefill and decode, for the clamp.
 	dev, ddev float64
+	// gap and dgap are the mean intervals between observations, prefill
+	// and decode, in nanoseconds (see silence); 0 before the second.
+	gap, dgap float64
 
 	// Published for the pick path, float64 bits unless noted.
 	a, tau atomic.Uint64 // intercept (s) and slope (s per token); tau 0 = no fit
@@ -134,11 +143,23 @@ func (e *speedEstimate) firstToken(work float64, ttft time.Duration, now int64) 
 	work, y = min(work, learnMaxWork), min(y, learnMaxSeconds)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	w := 1.0
+	f := 1.0 // the weight the evidence keeps (see silence)
+	if e.c > 0 {
+		f = silence(&e.gap, e.at.Load(), now)
+	}
 	if e.c >= learnWarm {
 		a, tau := math.Float64frombits(e.a.Load()), math.Float64frombits(e.tau.Load())
-		y = winsorize(y, a+tau*work, &e.dev, e.c)
+		if f < 1 {
+			y = bound(y, a+tau*work)
+		} else {
+			y = winsorize(y, a+tau*work, &e.dev, e.c)
+		}
 	}
+	if f < 1 {
+		e.c *= f
+		e.n, e.sw, e.sy, e.sww, e.swy = e.n*f, e.sw*f, e.sy*f, e.sww*f, e.swy*f
+	}
+	w := 1.0
 	keep := 1 - 1.0/learnWindow
 	// The noise of a TTFT grows with it: weigh each observation by the
 	// inverse square of its work plus the mean work, a proxy for its
@@ -205,6 +226,19 @@ func winsorize(y, pred float64, dev *float64, n float64) float64 {
 	return pred * math.Exp(min(max(l, -limit), limit))
 }
 
+// bound returns y bounded to within a factor of learnMaxClamp of the
+// prediction pred: an observation that ends a silence (see silence), which
+// counts beside evidence aged to little and may be what the endpoint is now,
+// rather than the tail winsorize bounds, but is not let take the place of
+// the fit whatever it measured (a clock read far ahead at the first token).
+// A zero y or pred passes unchanged.
+func bound(y, pred float64) float64 {
+	if !(y > 0) || !(pred > 0) || math.IsInf(pred, 0) {
+		return y
+	}
+	return min(max(y, pred/learnMaxClamp), pred*learnMaxClamp)
+}
+
 // fitLine returns the least-squares line y = a + tau*w of the sums, with a
 // and tau non-negative: flat (tau the least positive slope, a the mean) when
 // the free fit's slope is negative, since the works then explain nothing;
@@ -259,8 +293,20 @@ func (e *speedEstimate) done(d time.Duration, tokens int64, now int64, load floa
 	x := min(float64(tokens), learnMaxWork)
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	f := 1.0 // the weight the evidence keeps (see silence)
+	if e.dn > 0 {
+		f = silence(&e.dgap, e.dat.Load(), now)
+	}
 	if e.dn >= learnWarm && e.dt > 0 {
-		y = winsorize(y, e.dy/e.dt*x, &e.ddev, e.dn)
+		if f < 1 {
+			y = bound(y, e.dy/e.dt*x)
+		} else {
+			y = winsorize(y, e.dy/e.dt*x, &e.ddev, e.dn)
+		}
+	}
+	if f < 1 {
+		e.dn, e.dy, e.dt = e.dn*f, e.dy*f, e.dt*f
+		e.ln, e.ll, e.ly, e.lll, e.lly = e.ln*f, e.ll*f, e.ly*f, e.lll*f, e.lly*f
 	}
 	keep := 1 - 1.0/learnWindow
 	e.dn = e.dn*keep + 1
@@ -320,6 +366,34 @@ func confidence(count float64, at, now int64) float64 {
 		count *= math.Exp2(-float64(age) / float64(learnHalfLife))
 	}
 	return count / (count + learnPrior)
+}
+
+// silence returns the weight the evidence of an estimate keeps when an
+// observation comes at now after its last one at at, and folds the
+// interval into *gap, the mean interval between its observations. An
+// interval longer than learnHalfLife and than learnSilence times the mean
+// is a silence: the endpoint was not used, as one avoided for being slow is
+// not, and its evidence has aged, as the confidence read it meanwhile,
+// for the time beyond both; the observation that ends the silence must not
+// bring it back at its full weight, or the endpoint would be priced by what
+// it was before the silence, as soon as it is tried again. An endpoint in
+// steady use, however light, keeps its evidence: the window forgets it.
+func silence(gap *float64, at, now int64) float64 {
+	d := float64(now) - float64(at) // no overflow
+	if !(d > 0) {
+		return 1
+	}
+	m := *gap
+	if m == 0 {
+		*gap = d
+		return 1
+	}
+	*gap = m + (d-m)/learnGapWindow
+	beyond := d - max(float64(learnHalfLife), learnSilence*m)
+	if !(beyond > 0) {
+		return 1
+	}
+	return math.Exp2(-beyond / float64(learnHalfLife))
 }
 
 // load reads e into v at now.

@@ -1048,3 +1048,110 @@ func unevenRun(bal *Balancer, clock *fakeClock) func() {
 		old.Done(nil)
 	}
 }
+
+// TestLearnSilenceAgesEvidence checks that an endpoint avoided for being
+// slow is measured anew when it is tried again after a silence: the
+// observation that ends the silence must not bring the aged evidence back
+// at its full weight. ep0's first tokens are slow for 40 requests, then as
+// fast as ep1's again; after five minutes without a request to it (ten
+// half-lives), sequential requests to an idle pool should go to either
+// endpoint about as often. They used to go to ep1 alone: the first request
+// ep0 was tried with restored its confidence from the silence's 0.1% to
+// 97%, its fit still that of its slow spell, and it was avoided for another
+// silence.
+func TestLearnSilenceAgesEvidence(t *testing.T) {
+	p, _ := Default(DefaultConfig{})
+	clock := newFakeClock()
+	b := mustNew(t, p, WithClock(clock))
+	mustUpdate(t, b, eps(2))
+	slow := false
+	run := func(exclude []string) string {
+		pk, err := b.Pick(context.Background(), &Request{PromptTokens: 1000, OutputTokens: 10, Exclude: exclude})
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := pk.Endpoint().Key()
+		ttft := 100 * time.Millisecond
+		if slow && key == "ep0" {
+			ttft *= 8
+		}
+		clock.Advance(ttft)
+		pk.FirstToken()
+		clock.Advance(200 * time.Millisecond)
+		pk.Done(nil)
+		clock.Advance(100 * time.Millisecond)
+		return key
+	}
+	for range 200 {
+		run(nil)
+	}
+	slow = true
+	for range 40 {
+		run([]string{"ep1"})
+	}
+	slow = false
+	clock.Advance(5 * time.Minute)
+	n := 0
+	for range 200 {
+		if run(nil) == "ep0" {
+			n++
+		}
+	}
+	share := float64(n) / 200
+	t.Logf("the recovered endpoint's share after the silence %.2f", share)
+	if share < 0.3 {
+		t.Errorf("the endpoint slow before a silence of 5 minutes got %.2f of the requests after it, want about half", share)
+	}
+}
+
+// TestSpeedEstimateSilence checks the confidence an estimate reads right
+// after an observation that ends a silence, for the prefill and the
+// decode: after a silence of up to a half-life the evidence is as before
+// (the window alone forgets the observations of an endpoint in use), and
+// after a longer one it is aged by the half-life for the time beyond the
+// first. An endpoint in steady light use, observed every 40 s, keeps its
+// evidence over an interval of a minute.
+func TestSpeedEstimateSilence(t *testing.T) {
+	var light speedEstimate
+	now := int64(time.Hour)
+	for range 400 {
+		now += int64(40 * time.Second)
+		light.firstToken(1000, 100*time.Millisecond, now)
+		light.done(time.Second, 50, now, 1000)
+	}
+	before := math.Float64frombits(light.count.Load())
+	now += int64(time.Minute)
+	light.firstToken(1000, 100*time.Millisecond, now)
+	light.done(time.Second, 50, now, 1000)
+	want := before*(1-1.0/learnWindow) + 1
+	for _, got := range []float64{math.Float64frombits(light.count.Load()), math.Float64frombits(light.dcount.Load())} {
+		if math.Abs(got-want) > 1e-9*want {
+			t.Errorf("observed every 40 s, then after a minute: count %.6g, want %.6g", got, want)
+		}
+	}
+
+	for _, quiet := range []time.Duration{0, learnHalfLife, 3 * learnHalfLife, 10 * learnHalfLife} {
+		var e speedEstimate
+		now = int64(time.Hour)
+		for range 400 {
+			now += int64(100 * time.Millisecond)
+			e.firstToken(1000, 100*time.Millisecond, now)
+			e.done(time.Second, 50, now, 1000)
+		}
+		before = math.Float64frombits(e.count.Load())
+		now += int64(quiet)
+		e.firstToken(1000, 100*time.Millisecond, now)
+		e.done(time.Second, 50, now, 1000)
+		keep := 1 - 1.0/learnWindow
+		want = before*keep + 1
+		if quiet > learnHalfLife {
+			want = before*math.Exp2(-float64(quiet-learnHalfLife)/float64(learnHalfLife))*keep + 1
+		}
+		for _, got := range []float64{math.Float64frombits(e.count.Load()), math.Float64frombits(e.dcount.Load())} {
+			if math.Abs(got-want) > 1e-9*want {
+				t.Errorf("after a silence of %v: count %.6g, want %.6g", quiet, got, want)
+			}
+		}
+		t.Logf("silence %v: confidence %.3f", quiet, confidence(math.Float64frombits(e.count.Load()), e.at.Load(), now))
+	}
+}
