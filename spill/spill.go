@@ -217,7 +217,10 @@ type Config struct {
 	// Observer, if set, is called for every spill, synchronously; it must
 	// be safe for concurrent use and must not block.
 	Observer func(Event)
-	// Clock tells the time; nil means the system clock.
+	// Clock tells the time; nil means the system clock. A cooldown set at a
+	// reading more than MaxCooldown ahead of a later one (a clock without
+	// monotonic readings that went back) ends MaxCooldown after the later
+	// one.
 	Clock llmlb.Clock
 	// Logger receives the operator's log: the bodies of the tiers' error
 	// answers that a client gets only as a generic error, and the answers
@@ -504,13 +507,21 @@ const requestIDHeader = "X-Request-Id"
 const maxRequestIDLen = 128
 
 // ready reports whether tier i may take a request at now and, if not, the
-// time until it may.
+// time until it may. A cooldown is at most MaxCooldown from the reading
+// that set it, so one that ends further from now was set at a reading of a
+// clock that has since gone back (an injected clock without monotonic
+// readings, read once far ahead): it ends MaxCooldown from now instead of
+// holding the tier until the clock catches up.
 func (t *Transport) ready(i int, now time.Time) (bool, time.Duration) {
 	if f := t.tiers[i].Ready; f != nil {
 		return f()
 	}
 	t.mu.Lock()
 	u := t.until[i]
+	if t.cooldown > 0 && u.Sub(now) > t.cooldown {
+		u = now.Add(t.cooldown)
+		t.until[i] = u
+	}
 	t.mu.Unlock()
 	if !now.Before(u) {
 		return true, 0

@@ -526,3 +526,28 @@ func TestBrokenTierAnswers(t *testing.T) {
 		t.Fatalf("DefaultSpill(nil, nil) = %q, %v; want unreachable", reason, spill)
 	}
 }
+
+// A tier that asked for a wait at a reading of the clock far ahead (an
+// injected clock without monotonic readings) is skipped for at most
+// MaxCooldown after the clock went back, not until it catches up with
+// that reading.
+func TestCooldownAfterClockWentBack(t *testing.T) {
+	f := newFixture(t, 2, Config{MaxCooldown: time.Minute})
+	f.tiers[0].set(status(429, "slow down", "Retry-After", "30"))
+	f.clk.Advance(24 * time.Hour)
+	if code, from, _, err := f.send(`{}`); err != nil || code != 200 || from != "t0" {
+		t.Fatalf("spilled: %d from %q %v", code, from, err)
+	}
+	f.clk.Advance(-24 * time.Hour)
+	f.tiers[0].set(status(200, "ok"))
+	if got := f.tr.Cooling(); !slices.Equal(got, []string{"t0"}) {
+		t.Fatalf("cooling %v right after the clock went back, want [t0]", got)
+	}
+	f.clk.Advance(time.Minute)
+	if got := f.tr.Cooling(); len(got) != 0 {
+		t.Errorf("cooling %v a MaxCooldown after the clock went back, want none", got)
+	}
+	if code, from, _, err := f.send(`{}`); err != nil || code != 200 || from != "" {
+		t.Errorf("a MaxCooldown after the clock went back: %d from %q %v, want the first tier's answer", code, from, err)
+	}
+}
