@@ -162,7 +162,10 @@ func (p *adapterAffinity) Choose(c *Candidates) int {
 		p.mu.Lock()
 		for i := 0; i < n; i++ {
 			c.adapter[i] = adapterRoom
-			if at, ok := p.seen.Peek(pairKey(ah, c.state(i).keyHash)); ok && now-at < p.ttl {
+			// A decision stamped far ahead of now was made at a reading of
+			// a clock that has since gone back: when is unknown, and it
+			// holds nothing rather than until the clock catches up.
+			if at, ok := p.seen.Peek(pairKey(ah, c.state(i).keyHash)); ok && now-at < p.ttl && !ahead(at, now) {
 				c.adapter[i] = adapterHolder
 			}
 		}

@@ -1151,6 +1151,19 @@ func (p Pick) done(err error, notify bool) {
 	}
 }
 
+// maxAhead is how far a time stamped at one clock reading may be ahead of
+// a later reading and still be taken for a reading made a moment before
+// it, whose goroutine stored it late. A stamp further ahead was read from a
+// clock that has since gone back (an injected clock without monotonic
+// readings, read once far ahead): what decays from such a stamp decays from
+// the later reading instead, so that one reading far ahead does not hold it
+// until the clock catches up.
+const maxAhead = time.Second
+
+// ahead reports whether the stamp at (unix nanos) is more than maxAhead
+// ahead of the reading now.
+func ahead(at, now int64) bool { return at > now && uint64(at-now) > uint64(maxAhead) }
+
 // since returns the time from start, on the balancer's time line, to the
 // clock's reading, or 0 if the clock went back past start.
 func (b *Balancer) since(start int64) time.Duration {

@@ -909,7 +909,7 @@ const flowTimeConstant = 2 * time.Second
 // prefillFlow is a rate of prompt tokens: the tokens sent, each weighted by
 // exp(-age/flowTimeConstant), over flowTimeConstant.
 type prefillFlow struct {
-	mu  sync.Mutex    // serializes add
+	mu  sync.Mutex    // serializes add and rate's move of a stamp far ahead
 	sum atomic.Uint64 // float64 bits of the decayed sum at at
 	at  atomic.Int64  // unix nanos
 }
@@ -917,7 +917,8 @@ type prefillFlow struct {
 // flowTau is flowTimeConstant in nanoseconds.
 const flowTau = float64(flowTimeConstant)
 
-// add counts tokens sent at now (unix nanos).
+// add counts tokens sent at now (unix nanos). A stamp far ahead of now (see
+// maxAhead) is moved back to it.
 func (f *prefillFlow) add(tokens float64, now int64) {
 	if !(tokens > 0) {
 		return
@@ -925,8 +926,8 @@ func (f *prefillFlow) add(tokens float64, now int64) {
 	f.mu.Lock()
 	at := f.at.Load()
 	sum := math.Float64frombits(f.sum.Load())
-	if now > at {
-		sum *= math.Exp(-float64(now-at) / flowTau)
+	if now > at || ahead(at, now) { // ahead: the clock went back
+		sum *= math.Exp(-float64(max(now-at, 0)) / flowTau)
 		at = now
 	}
 	f.sum.Store(math.Float64bits(sum + tokens))
@@ -956,8 +957,17 @@ func (f *prefillFlow) rate(now int64) float64 {
 	if sum == 0 {
 		return 0
 	}
-	if dt := now - f.at.Load(); dt > 0 {
-		sum *= math.Exp(-float64(dt) / flowTau)
+	switch at := f.at.Load(); {
+	case now > at:
+		sum *= math.Exp(-float64(now-at) / flowTau)
+	case ahead(at, now):
+		// Stamped at a reading far ahead of the clock: the flow decays
+		// from now on, rather than not at all until the clock catches up.
+		f.mu.Lock()
+		if ahead(f.at.Load(), now) {
+			f.at.Store(now)
+		}
+		f.mu.Unlock()
 	}
 	return sum / (flowTau / 1e9)
 }

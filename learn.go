@@ -396,6 +396,19 @@ func silence(gap *float64, at, now int64) float64 {
 	return math.Exp2(-beyond / float64(learnHalfLife))
 }
 
+// stampAt returns the time of the last observation stamped in at, read at
+// now: a stamp far ahead of now (see maxAhead) is moved back to now, so that
+// the evidence ages from now on rather than not at all until the clock
+// catches up.
+func stampAt(at *atomic.Int64, now int64) int64 {
+	t := at.Load()
+	if ahead(t, now) {
+		at.CompareAndSwap(t, now)
+		return now
+	}
+	return t
+}
+
 // load reads e into v at now.
 func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 	*v = speedView{weight: weight}
@@ -404,13 +417,13 @@ func (v *speedView) load(e *speedEstimate, weight float64, now int64) {
 	}
 	if tau := math.Float64frombits(e.tau.Load()); tau > 0 {
 		v.a, v.tau = math.Float64frombits(e.a.Load()), tau
-		v.g = confidence(math.Float64frombits(e.count.Load()), e.at.Load(), now)
+		v.g = confidence(math.Float64frombits(e.count.Load()), stampAt(&e.at, now), now)
 		v.se = math.Float64frombits(e.se.Load())
 	}
 	if dtau := math.Float64frombits(e.dtau.Load()); dtau > 0 {
 		v.dtau = dtau
 		v.dlog = math.Float64frombits(e.dlog.Load())
-		v.dg = confidence(math.Float64frombits(e.dcount.Load()), e.dat.Load(), now)
+		v.dg = confidence(math.Float64frombits(e.dcount.Load()), stampAt(&e.dat, now), now)
 		v.dse = math.Float64frombits(e.dse.Load())
 		if e.loaded.Load() {
 			v.loaded = true

@@ -25,7 +25,12 @@ const (
 // must be safe for concurrent use. The balancer measures intervals between
 // readings that carry the monotonic clock (as time.Now's do) on it, so a
 // step of the wall clock changes none of them; other readings are taken as
-// they are.
+// they are. Of those, one more than a second behind a time the balancer
+// stamped at an earlier reading is a clock that went back: what decays from
+// that time (a latency average, the confidence in a speed, the flow of
+// prompt tokens priced with objectives) decays from the later reading, and
+// an adapter routed at it counts as held nowhere, rather than until the
+// clock catches up.
 type Clock interface {
 	Now() time.Time
 }

@@ -155,7 +155,9 @@ type peakLatency struct {
 	last float64       // avg, under mu
 }
 
-// read returns the average decayed to now, and whether there is one.
+// read returns the average decayed to now, and whether there is one. An
+// average stamped far ahead of now (see maxAhead) is stamped now, so that
+// it decays from now on rather than not at all until the clock catches up.
 func (l *peakLatency) read(now int64, decay float64) (float64, bool) {
 	at := l.at.Load()
 	if at == 0 {
@@ -164,6 +166,8 @@ func (l *peakLatency) read(now int64, decay float64) (float64, bool) {
 	avg := math.Float64frombits(l.avg.Load())
 	if dt := now - at; dt > 0 {
 		avg *= math.Exp(-float64(dt) / decay)
+	} else if ahead(at, now) {
+		l.at.CompareAndSwap(at, max(now, 1))
 	}
 	return avg, true
 }
