@@ -811,7 +811,7 @@ func (b *Balancer) pick(c *Candidates, snap *snapshot, r *Request) (Pick, error)
 	// The policy sees every pick, even of a single candidate: a policy that
 	// keeps state (a prefix index) must record where each request went, and
 	// only it knows how many prompt tokens the endpoint holds.
-	i := b.policy.Choose(c)
+	i := b.choose(c)
 	if uint(i) >= uint(c.Len()) {
 		return Pick{}, b.failed(r, policyErrorf("policy %T chose %d of %d candidates", b.policy, i, c.Len()))
 	}
@@ -820,6 +820,25 @@ func (b *Balancer) pick(c *Candidates, snap *snapshot, r *Request) (Pick, error)
 		b.notifyPick(p, c.pickInfo(p, r))
 	}
 	return p, nil
+}
+
+// choose returns the policy's choice among c. If the policy panics (or
+// exits its goroutine), the pick is never made and no Done will release
+// what the policy held for it: the active blocks it added for the request
+// ([KVCostConfig].Active) are released before the panic goes on, as they
+// are for a pick whose Observer.Pick panics, so that the endpoint's count
+// in an ActiveBlocks its other users share does not keep them for good.
+func (b *Balancer) choose(c *Candidates) int {
+	chose := false
+	defer func() {
+		if !chose && c.active != nil {
+			c.active.drop()
+			c.active = nil
+		}
+	}()
+	i := b.policy.Choose(c)
+	chose = true
+	return i
 }
 
 // pickInfo describes p, the pick of r among c, for the observer.
