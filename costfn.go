@@ -155,8 +155,9 @@ type kvCost struct {
 // decode load is the distinct prompt blocks of the requests in flight there
 // plus the request's blocks not among them ([KVCostConfig].Active). With
 // Temperature > 0 it samples by softmax instead. The choice is recorded in
-// the index. Give each Balancer its own policy; several may share one Index
-// and one ActiveBlocks.
+// the index. Give each Balancer its own policy; several over the same
+// endpoints may share one Index (a balancer that removes an endpoint removes
+// its blocks for all) and one ActiveBlocks.
 func KVCost(cfg KVCostConfig) (Policy, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err

@@ -366,7 +366,9 @@ const maxCostWeight = 1e12
 // grows: a miss then costs capacity the whole pool lacks, so the policy holds
 // on to locality instead of spiralling into misses. The choice is
 // recorded in the index and its cached tokens are not charged as prefill.
-// Give each Balancer its own policy; several may share one Index.
+// Give each Balancer its own policy; several over the same endpoints may
+// share one Index (a balancer that removes an endpoint removes its blocks
+// for all).
 //
 // Without engine KV events, a router behind which other routers place
 // requests on the same engines does not know their placements: the next

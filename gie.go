@@ -84,7 +84,9 @@ type gie struct {
 // picker to llm-d's router, whose v0.10.0 keeps this profile, its weights
 // and its 50 ms metrics refresh, with blocks of at least 64 tokens
 // ([GIEConfig].MinBlockTokens) matched over up to 131,072 tokens of a
-// prompt. Give each Balancer its own policy; several may share one Index.
+// prompt. Give each Balancer its own policy; several over the same
+// endpoints may share one Index (a balancer that removes an endpoint
+// removes its blocks for all).
 func GIEDefault(cfg GIEConfig) (Policy, error) {
 	if cfg.QueueWeight == 0 && cfg.KVWeight == 0 && cfg.PrefixWeight == 0 {
 		cfg.QueueWeight, cfg.KVWeight, cfg.PrefixWeight = DefaultGIEQueueWeight, DefaultGIEKVWeight, DefaultGIEPrefixWeight

@@ -324,7 +324,8 @@ func newPrefixAware(cfg PrefixAwareConfig, faithful bool) (*prefixAware, error) 
 //
 // Ties are broken at random. The choice is recorded in the index, and the
 // matched tokens are not charged as prefill work. Give each Balancer its own
-// policy; several may share one Index.
+// policy; several over the same endpoints may share one Index (a balancer
+// that removes an endpoint removes its blocks for all).
 func PrefixAware(cfg PrefixAwareConfig) (Policy, error) { return newPrefixAware(cfg, false) }
 
 // SGLangCacheAware returns SGLang's cache_aware policy as its router runs it
