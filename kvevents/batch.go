@@ -117,8 +117,9 @@ type Event struct {
 
 	// remote is set when the engine reports the blocks REMOTE relative to
 	// itself (vLLM's locality, "LOCAL or REMOTE relative to the publisher";
-	// vllm/distributed/kv_events.py, 2026): they are not in its own memory,
-	// so they are neither indexed nor removed from the index.
+	// vllm/distributed/kv_events.py, 2026), or a locality this package
+	// does not know: they are not known to be in its own memory, so they
+	// are neither indexed nor removed from the index.
 	remote bool
 	// newer is set on a BlockStored whose event_version is newer than
 	// maxEventVersion: its fields may mean what this package does not
@@ -211,7 +212,7 @@ func DecodeBatch(b *Batch, payload []byte) error {
 		e.BlockHashes = b.hashes[s.h0:s.h1:s.h1]
 		e.TokenIDs = b.tokens[s.t0:s.t1:s.t1]
 		if s.extra != nil {
-			salt, other := extraKeys(s.extra, e.LoRA, !e.HasParent)
+			salt, other := extraKeys(s.extra, e.LoRA, e.CacheSalt, !e.HasParent)
 			e.Salted = e.Salted || other
 			switch {
 			case salt == "":
@@ -338,20 +339,29 @@ func (b *Batch) decodeEvents(r *reader) error {
 // ({"type": "BlockStored"}) takes 18.
 const minEventBytes = 13
 
-// Positional field order of each event class, after the tag: vLLM's
+// Positional field order of each event class, after the tag. vLLM's
 // BlockStored and BlockRemoved as their last positional encoding had them
 // (vllm/distributed/kv_events.py before vllm-project/vllm#42892, which
 // lists the PRs that appended each field: lora_id #16750, medium #19737,
 // lora_name #27577, extra_keys #33304, group_idx #37688,
-// kv_cache_spec_kind and kv_cache_spec_sliding_window #40984). SGLang's
-// positional BlockStored has the same first six, then, when salted, a map
-// {"cache_salt": ...} where vLLM has lora_name (BlockStoredWithMetadata,
-// sgl-project/sglang#30827): the value's type tells the two apart, a
-// string or nil for vLLM, a map for SGLang.
+// kv_cache_spec_kind and kv_cache_spec_sliding_window #40984) are the
+// first eleven and three; the layout KV-aware routers read by position
+// then has locality and ownership on both, and kv_cache_spec_kind and
+// kv_cache_spec_sliding_window on BlockRemoved too (SGLang's
+// TestBlockStoredWireFormat pins it: test/registered/unit/disaggregation/
+// test_kv_events.py, 2026; Dynamo reads the same in
+// lib/kv-router/src/zmq_wire/deserialize.rs). SGLang's positional
+// BlockStored has the same first six, then, when salted, a map
+// {"cache_salt": ...} (BlockStoredWithMetadata, sgl-project/sglang#30827):
+// first where vLLM has lora_name, the value's type telling the two apart
+// (a string or nil for vLLM, a map for SGLang), then, in the routers'
+// layout, after ownership.
 var (
 	storedFields = [...]string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-		"lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
-	removedFields = [...]string{"block_hashes", "medium", "group_idx"}
+		"lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+		"locality", "ownership", "metadata"}
+	removedFields = [...]string{"block_hashes", "medium", "group_idx", "kv_cache_spec_kind",
+		"kv_cache_spec_sliding_window", "locality", "ownership"}
 )
 
 // decodeEvent decodes one event; e.Kind stays 0 for an unknown class.
@@ -535,12 +545,22 @@ func (b *Batch) decodeField(r *reader, name string, e *Event, s *eventSpans) err
 				e.GroupKind = intern(p)
 			}
 		}
-	case "locality": // vLLM's: "LOCAL" or "REMOTE" relative to the engine, nil for unspecified
-		if !r.isNil() {
+	case "locality":
+		// vLLM's: "LOCAL" or "REMOTE" relative to the engine, nil for
+		// unspecified. Any other value, of any type, is not known to be
+		// the engine's own memory.
+		switch c, perr := r.peek(); {
+		case perr != nil:
+			err = perr
+		case r.isNil():
+		case isStr(c):
 			var p []byte
 			if p, err = r.raw(); err == nil && !strings.EqualFold(string(p), "LOCAL") {
 				e.remote = true
 			}
+		default:
+			e.remote = true
+			err = r.skip(1)
 		}
 	default:
 		err = r.skip(1)
@@ -697,9 +717,10 @@ func dpRank(r *reader) (int, error) {
 }
 
 // extraKeys reads the raw extra_keys value of a BlockStored whose LoRA
-// adapter is lora, first telling whether it starts a chain (has no
-// parent). It returns the cache salt it holds, and reports whether it
-// holds a key that is neither the adapter nor that salt.
+// adapter is lora and whose own cache salt field (SGLang's) is own, first
+// telling whether it starts a chain (has no parent). It returns the cache
+// salt it holds, and reports whether it holds a key that is neither the
+// adapter nor a salt.
 //
 // vLLM sends one entry per block: nil, or the tuple of the keys its hash
 // mixed in, in the order generate_block_hash_extra_keys
@@ -712,7 +733,18 @@ func dpRank(r *reader) (int, error) {
 // and other tags ("mm", "prompt_embeds", "legacy") for the rest. So the
 // adapter is the first string equal to lora in each entry, and the salt
 // any other string in the first entry of a chain's first block.
-func extraKeys(extra []byte, lora string, first bool) (salt string, other bool) {
+//
+// SGLang, in the layout KV-aware routers read by position, copies the
+// cache salt of its metadata (own) into extra_keys, tagged as Dynamo tags
+// the salts it hands vLLM: dynamoSaltTag + own, in every salted event
+// (cache_salt_extra_keys in python/sglang/srt/disaggregation/kv_events.py,
+// 2026). A key equal to that is the event's own salt again, wherever it
+// comes.
+func extraKeys(extra []byte, lora, own string, first bool) (salt string, other bool) {
+	tagged := ""
+	if own != "" {
+		tagged = dynamoSaltTag + own
+	}
 	r := &reader{b: extra}
 	if r.isMap() {
 		n, err := r.mapLen()
@@ -736,6 +768,8 @@ func extraKeys(extra []byte, lora string, first bool) (salt string, other bool) 
 			switch {
 			case err != nil:
 				return "", true
+			case class&keySalt != 0 && tagged != "" && string(v) == tagged:
+				// SGLang's tagged copy of the salt it sends apart.
 			case class&keyLoRA != 0 && !adapter && lora != "" && string(v) == lora:
 				adapter = true
 			case class&keySalt != 0 && i == 0 && first && salt == "" && len(v) > 0:
@@ -750,6 +784,13 @@ func extraKeys(extra []byte, lora string, first bool) (salt string, other bool) 
 	}
 	return salt, other
 }
+
+// dynamoSaltTag starts the cache salts Dynamo hands vLLM, and SGLang's
+// tagged copy of its own in extra_keys (DYNAMO_CACHE_SALT_PREFIX in
+// ai-dynamo/dynamo lib/kv-router/src/zmq_wire/extra_keys.rs). A salt
+// alone in extra_keys is taken as it is, tag and all: it is the one the
+// engine was handed, and so the one the router hashes prompts with.
+const dynamoSaltTag = "dynamo-cache-salt:"
 
 // Classes of extra keys, for extraKey.
 const (

@@ -36,9 +36,9 @@ func TestDecodeBatch(t *testing.T) {
 	}, {
 		name: "later fields, unknown trailing ones and unknown events",
 		payload: []any{2, []any{
-			[]any{"BlockStored", []any{digest}, nil, []any{1, 2}, 2, 7, "GPU", "ad", []any{[]any{"ad"}}, 0, "full_attention", 1024, map[string]any{"future": []any{1}}},
+			[]any{"BlockStored", []any{digest}, nil, []any{1, 2}, 2, 7, "GPU", "ad", []any{[]any{"ad"}}, 0, "full_attention", 1024, nil, nil, nil, map[string]any{"future": []any{1}}},
 			[]any{"Renamed", 1, 2},
-			[]any{"BlockRemoved", []any{3}, "CPU", 1, "x"},
+			[]any{"BlockRemoved", []any{3}, "CPU", 1, nil, nil, nil, nil, "x"},
 			[]any{"AllBlocksCleared", nil},
 		}, 3, "extra"},
 		want: Batch{TS: 2, DPRank: 3, Events: []Event{
@@ -93,6 +93,44 @@ func TestDecodeBatch(t *testing.T) {
 		}, 0},
 		want: Batch{TS: 6, DPRank: 0, Events: []Event{
 			{Kind: Stored, BlockHashes: []uint64{10}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", CacheSalt: "tenant-a"},
+		}},
+	}, {
+		// SGLang's positional events in the layout KV-aware routers read
+		// by position (TestBlockStoredWireFormat in SGLang's
+		// test/registered/unit/disaggregation/test_kv_events.py):
+		// BlockStored's 13 fields, the cache salt tagged
+		// "dynamo-cache-salt:" in extra_keys and, salted, the metadata
+		// 14th; BlockRemoved's 7; AllBlocksCleared's ownership.
+		name: "SGLang positional, the routers' layout",
+		payload: []any{10.0, []any{
+			[]any{"BlockStored", []any{123}, nil, []any{1, 2}, 2, nil, "GPU", nil, []any{[]any{"dynamo-cache-salt:tenant-a"}}, nil, nil, nil, nil, nil, map[string]any{"cache_salt": "tenant-a"}},
+			[]any{"BlockStored", []any{124}, 123, []any{3, 4}, 2, nil, "GPU", nil, []any{[]any{"dynamo-cache-salt:tenant-a"}}, nil, nil, nil, nil, nil, map[string]any{"cache_salt": "tenant-a"}},
+			[]any{"BlockStored", []any{125}, nil, []any{5, 6}, 2, nil, "GPU", nil, nil, nil, nil, nil, nil, nil},
+			[]any{"BlockRemoved", []any{123}, "GPU", nil, nil, nil, nil, nil},
+			[]any{"AllBlocksCleared", nil},
+		}, 0},
+		want: Batch{TS: 10, DPRank: 0, Events: []Event{
+			{Kind: Stored, BlockHashes: []uint64{123}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", CacheSalt: "tenant-a"},
+			{Kind: Stored, BlockHashes: []uint64{124}, Parent: 123, HasParent: true, TokenIDs: []uint32{3, 4}, BlockSize: 2, Medium: "GPU"},
+			{Kind: Stored, BlockHashes: []uint64{125}, TokenIDs: []uint32{5, 6}, BlockSize: 2, Medium: "GPU"},
+			{Kind: Removed, BlockHashes: []uint64{123}, Medium: "GPU"},
+			{Kind: Cleared},
+		}},
+	}, {
+		// The same layout's locality: REMOTE, or a value not known, is not
+		// the engine's own memory.
+		name: "positional locality",
+		payload: []any{11.0, []any{
+			[]any{"BlockStored", []any{1}, nil, []any{1, 2}, 2, nil, "GPU", nil, nil, 0, "full_attention", nil, "REMOTE", "kvcr"},
+			[]any{"BlockStored", []any{2}, nil, []any{1, 2}, 2, nil, "GPU", nil, nil, 0, "full_attention", nil, "LOCAL", nil},
+			[]any{"BlockRemoved", []any{1}, "GPU", 0, nil, nil, "REMOTE", "kvcr"},
+			[]any{"BlockRemoved", []any{2}, "GPU", 0, "full_attention", nil, 7},
+		}, 0},
+		want: Batch{TS: 11, DPRank: 0, Events: []Event{
+			{Kind: Stored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", GroupKind: "full_attention", remote: true},
+			{Kind: Stored, BlockHashes: []uint64{2}, TokenIDs: []uint32{1, 2}, BlockSize: 2, Medium: "GPU", GroupKind: "full_attention"},
+			{Kind: Removed, BlockHashes: []uint64{1}, Medium: "GPU", remote: true},
+			{Kind: Removed, BlockHashes: []uint64{2}, Medium: "GPU", GroupKind: "full_attention", remote: true},
 		}},
 	}, {
 		name:    "rank -1 means none",

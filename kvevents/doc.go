@@ -16,7 +16,14 @@
 // arrays and, since mid 2026, as maps keyed by field name; block hashes
 // are integers or byte strings depending on the version and the hash
 // function; fields were added over time, and SGLang's salted BlockStored
-// has a map where vLLM's has a string. [DecodeBatch]
+// has a map where vLLM's has a string. SGLang's 2026 positional events
+// follow the layout KV-aware routers read by position
+// (TestBlockStoredWireFormat in its
+// test/registered/unit/disaggregation/test_kv_events.py): vLLM's fields,
+// then locality and ownership (and kv_cache_spec_kind and
+// kv_cache_spec_sliding_window on BlockRemoved), the salted BlockStored's
+// metadata last, and its salt copied into extra_keys tagged
+// "dynamo-cache-salt:" as Dynamo tags the salts it hands vLLM. [DecodeBatch]
 // reads every one of these forms, skips what it does not know, and rejects
 // what exceeds [MaxPayloadBytes], [MaxEventsPerBatch], [MaxBlocksPerEvent] or
 // [MaxTokensPerEvent]; an event of a class it does not know is dropped,
@@ -50,9 +57,9 @@
 //     no room: they are skipped, as are those stored after them. Blocks
 //     whose parent is unknown, whose hashes mix in other keys (multimodal
 //     inputs, prompt embeddings: [Event.Salted]) or that come with an
-//     event_version newer than this
-//     package knows, that live outside GPU memory or that the engine
-//     reports REMOTE (vLLM's locality), or that belong to a KV-cache group
+//     event_version newer than this package knows, that live outside GPU
+//     memory or that the engine reports REMOTE, or with a locality this
+//     package does not know, or that belong to a KV-cache group
 //     other than a full-attention one are not indexed: a missing block
 //     costs a cache hit, a wrong one would send requests to the wrong
 //     replica.

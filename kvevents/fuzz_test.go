@@ -54,6 +54,17 @@ func FuzzDecodeBatch(f *testing.F) {
 				{"block_size", 2}, {"cache_salt", "t"}, {"event_version", 2}, {"group_idx", 2}, {"kv_cache_spec_kind", "mamba"}},
 			ordered{{"type", "BlockRemoved"}, {"block_hashes", []any{6}}, {"group_idx", 2}, {"kv_cache_spec_kind", "mamba"}},
 		}, 0},
+		// SGLang's positional events in the layout KV-aware routers read by
+		// position: locality and ownership on both events, the salted
+		// BlockStored's metadata after them, its salt tagged in extra_keys.
+		[]any{1.0, []any{
+			[]any{"BlockStored", []any{7}, nil, []any{1, 2}, 2, nil, "GPU", nil, []any{[]any{"dynamo-cache-salt:t"}}, nil, nil, nil, nil, nil, map[string]any{"cache_salt": "t"}},
+			[]any{"BlockStored", []any{8}, 7, []any{3, 4}, 2, nil, "GPU", nil, []any{[]any{"dynamo-cache-salt:t"}}, nil, nil, nil, "LOCAL", nil, map[string]any{"cache_salt": "t"}},
+			[]any{"BlockStored", []any{9}, nil, []any{1, 2}, 2, nil, "GPU", nil, nil, 0, "full_attention", nil, "REMOTE", "kvcr"},
+			[]any{"BlockRemoved", []any{7}, "GPU", nil, nil, nil, nil, nil},
+			[]any{"BlockRemoved", []any{9}, "GPU", 0, "full_attention", nil, "REMOTE", "kvcr"},
+			[]any{"AllBlocksCleared", nil},
+		}, 0},
 	}
 	for _, s := range seeds {
 		b, err := msgpack.Marshal(s)
@@ -134,6 +145,20 @@ func FuzzApplier(f *testing.F) {
 	// Two copies of a prompt's blocks, one of them evicted.
 	twice := AppendBatch(nil, &Batch{Events: []Event{stored(ha, a, 0, 3), stored(ha, a, 0, 2), removed(ha[1], ha[0])}})
 	f.Add(int64(0), twice, int64(1), twice, int64(2), ok)
+	// SGLang's positional events in the routers' layout: a salted chain,
+	// its salt tagged in extra_keys too, and a REMOTE copy's eviction.
+	hs := h0.HashTokens(prefix.Salt{Model: "m", Namespace: "t"}, a)
+	layout, err := msgpack.Marshal([]any{1.0, []any{
+		[]any{"BlockStored", engineHashes(hs[:2]), nil, tokenList(a[:2*testBlock]), testBlock, nil, "GPU", nil,
+			[]any{[]any{"dynamo-cache-salt:t"}}, nil, nil, nil, nil, nil, map[string]any{"cache_salt": "t"}},
+		[]any{"BlockStored", engineHashes(hs[2:]), engineHash(hs[1]), tokenList(a[2*testBlock:]), testBlock, nil, "GPU", nil,
+			[]any{[]any{"dynamo-cache-salt:t"}}, nil, nil, nil, nil, nil, map[string]any{"cache_salt": "t"}},
+		[]any{"BlockRemoved", engineHashes(hs[2:]), "GPU", nil, nil, nil, "REMOTE", nil},
+	}, 0})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(int64(0), layout, int64(1), ok, int64(2), layout)
 	f.Fuzz(func(t *testing.T, s1 int64, p1 []byte, s2 int64, p2 []byte, s3 int64, p3 []byte) {
 		idx, h := newTestIndex(t)
 		const maxBlocks = 2

@@ -328,9 +328,11 @@ func TestInteropNewestVLLM(t *testing.T) {
 // 1, a Mamba group 2, storing and evicting the same blocks), with a cache
 // salt in extra_keys and an event_version newer than this package knows;
 // SGLang's salted blocks, positional (its metadata where vLLM has
-// lora_name) and as tagged maps. Only the full-attention group's blocks
-// are indexed, and removed only by its evictions; salted blocks match the
-// prompts of the same salt only; the newer event is counted, not indexed.
+// lora_name, or in the layout KV-aware routers read by position: the salt
+// tagged in extra_keys, the metadata after ownership, a REMOTE locality)
+// and as tagged maps. Only the full-attention group's blocks are indexed,
+// and removed only by its evictions; salted blocks match the prompts of
+// the same salt only; the newer event is counted, not indexed.
 func TestInteropHybridAndSalts(t *testing.T) {
 	python := python(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -383,6 +385,9 @@ func TestInteropHybridAndSalts(t *testing.T) {
 		"positional unsalted": {"sglang", h.HashTokens(salt, prompt(30000, 3))},
 		"map":                 {"sglang", h.HashTokens(tenant, prompt(31000, 3))},
 		"map other salt":      {"sglang", h.HashTokens(prefix.Salt{Model: "m", Namespace: "other"}, prompt(31000, 3))},
+		"layout":              {"sglang", h.HashTokens(tenant, prompt(32000, 3))},
+		"layout tagged":       {"sglang", h.HashTokens(prefix.Salt{Model: "m", Namespace: "dynamo-cache-salt:tenant"}, prompt(32000, 3))},
+		"layout remote":       {"sglang", h.HashTokens(salt, prompt(33000, 2))},
 	}
 	waitMatch := func(what string, want map[string]int) {
 		t.Helper()
@@ -405,8 +410,12 @@ func TestInteropHybridAndSalts(t *testing.T) {
 
 	step("vllm", "hybrid")
 	step("sglang", "sglang")
+	step("sglang", "sglang_layout")
 	waitMatch("stored", map[string]int{"hybrid": 2, "salted": 2, "salted unsalted": 0, "newer": 0,
-		"positional": 3, "positional unsalted": 0, "map": 3, "map other salt": 0})
+		"positional": 3, "positional unsalted": 0, "map": 3, "map other salt": 0,
+		"layout": 3, "layout tagged": 0, "layout remote": 0})
+	step("sglang", "sglang_layout_evict")
+	waitMatch("layout evicted", map[string]int{"layout": 2, "map": 3})
 
 	step("vllm", "hybrid_evict")
 	waitMatch("evicted", map[string]int{"hybrid": 1})

@@ -68,6 +68,15 @@ func TestCacheSaltIndexed(t *testing.T) {
 			map[string]any{"cache_salt": "tenant", "session_id": "s1"}},
 		next: []any{"BlockStored", nil, nil, tokenList(toks[2*testBlock:]), testBlock, nil, "GPU",
 			map[string]any{"cache_salt": "tenant"}},
+	}, {
+		// The layout KV-aware routers read by position: the salt tagged
+		// in extra_keys of every salted event, and in the metadata after
+		// ownership.
+		name: "SGLang positional, the routers' layout",
+		first: []any{"BlockStored", nil, nil, tokenList(toks[:2*testBlock]), testBlock, nil, "GPU", nil,
+			[]any{[]any{"dynamo-cache-salt:tenant"}}, nil, nil, nil, nil, nil, map[string]any{"cache_salt": "tenant"}},
+		next: []any{"BlockStored", nil, nil, tokenList(toks[2*testBlock:]), testBlock, nil, "GPU", nil,
+			[]any{[]any{"dynamo-cache-salt:tenant"}}, nil, nil, nil, nil, nil, map[string]any{"cache_salt": "tenant"}},
 	}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -125,6 +134,8 @@ func TestUnplacedKeysNotIndexed(t *testing.T) {
 			kv{"extra_keys", []any{[]any{"other"}, []any{"other"}}}),
 		"SGLang salt and another in extra_keys": saltedStored(make([]uint64, 2), toks, 0, 2, kv{"cache_salt", "tenant"},
 			kv{"extra_keys", []any{[]any{"other"}, nil}}),
+		"SGLang salt and another tagged in extra_keys": saltedStored(make([]uint64, 2), toks, 0, 2, kv{"cache_salt", "tenant"},
+			kv{"extra_keys", []any{[]any{"dynamo-cache-salt:other"}, nil}}),
 		"SGLang salt not a string": saltedStored(make([]uint64, 2), toks, 0, 2, kv{"cache_salt", 7}),
 		"SGLang metadata key unknown": saltedStored(make([]uint64, 2), toks, 0, 2,
 			kv{"metadata", map[string]any{"cache_salt": "tenant", "namespace": "x"}}),

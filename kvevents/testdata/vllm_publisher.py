@@ -29,7 +29,9 @@ on BlockStored, group_idx alone on BlockRemoved), a cache salt in
 extra_keys, and an event_version newer than the reader knows. The "sglang"
 step sends what SGLang's kv_events.py sends: a salted BlockStored as its
 positional BlockStoredWithMetadata (the seven fields, then {"cache_salt":
-...}) and as its tagged map (cache_salt and session_id fields). msgspec,
+...}) and as its tagged map (cache_salt and session_id fields); the
+"sglang_layout" steps send its positional events in the layout KV-aware
+routers read by position (see Engine.sglang_layout). msgspec,
 which both engines encode with, is not needed: the msgpack module packs the
 same bytes for these layouts (an array_like struct is an array of its
 fields in declaration order, a tagged map struct a map with "type" first,
@@ -222,6 +224,8 @@ class Engine:
             self.hybrid(name)
         elif name == "sglang":
             self.sglang()
+        elif name in ("sglang_layout", "sglang_layout_evict"):
+            self.sglang_layout(name)
 
     def newest(self, name):
         bs = self.bs
@@ -301,6 +305,44 @@ class Engine:
             "token_ids": m[start * bs : end * bs], "block_size": bs, "lora_id": None,
             "cache_salt": "tenant", "session_id": "s1"}
         self.publish([stored(0, 2, None), stored(2, 3, hm[1])])
+
+    def sglang_layout(self, name):
+        """SGLang's positional events in the layout KV-aware routers read by
+        position (TestBlockStoredWireFormat in SGLang's
+        test/registered/unit/disaggregation/test_kv_events.py): BlockStored
+        as its 13 fields (block_hashes, parent_block_hash, token_ids,
+        block_size, lora_id, medium, lora_name, extra_keys, group_idx,
+        kv_cache_spec_kind, kv_cache_spec_sliding_window, locality,
+        ownership), a salt tagged "dynamo-cache-salt:" in extra_keys and,
+        salted, BlockStoredWithMetadata's {"cache_salt": ...} 14th;
+        BlockRemoved as its 7 (block_hashes, medium, group_idx,
+        kv_cache_spec_kind, kv_cache_spec_sliding_window, locality,
+        ownership)."""
+        bs = self.bs
+        k, x = tokens(32000, 3, bs), tokens(33000, 2, bs)
+        hk, hx = self.int_hashes(k, salt="tenant"), self.int_hashes(x)
+
+        def stored(h, t, start, end, salt=None, locality=None):
+            extra = [["dynamo-cache-salt:" + salt]] if salt else None
+            ev = ["BlockStored", h[start:end], h[start - 1] if start else None, t[start * bs : end * bs], bs,
+                  None, "GPU", None, extra, None, None, None, locality, None]
+            if salt:
+                ev.append({"cache_salt": salt})
+            return ev
+
+        if name == "sglang_layout":
+            self.publish([
+                stored(hk, k, 0, 2, salt="tenant"),
+                stored(hk, k, 2, 3, salt="tenant"),
+                # Not the engine's own memory: not indexed.
+                stored(hx, x, 0, 2, locality="REMOTE"),
+            ])
+        else:
+            self.publish([
+                ["BlockRemoved", [hk[2]], "GPU", None, None, None, None, None],
+                # A remote copy's eviction leaves the local block.
+                ["BlockRemoved", [hk[1]], "GPU", None, None, None, "REMOTE", None],
+            ])
 
 
 def main():
