@@ -147,7 +147,8 @@
 // tokens, reach the client. No answer, a success included, passes on the
 // upstream's headers about the operator's account (its organisation,
 // project, deployment, region, rate limits), its cookies, or its own
-// (Server, Via, its ORCA load report, its origin's HSTS and Alt-Svc).
+// (Server, Via, its ORCA load report, its origin's HSTS and Alt-Svc),
+// whether as headers or as trailers.
 //
 // Parsers, Transports and Endpoints are safe for concurrent use. Nothing in
 // this package starts a goroutine, except a hedging Transport, whose attempt

@@ -148,7 +148,11 @@ func upstreamErrorHandler(resp *http.Response) error {
 // load report, which the Transport's Store has read; and the upstream
 // origin's policies that a browser would apply to the gateway's
 // (Strict-Transport-Security, Alt-Svc, NEL, Report-To,
-// Reporting-Endpoints). Retry-After and Retry-After-Ms stay; a 429 or 503
+// Reporting-Endpoints). Its trailers lose the same, those its Trailer
+// header announces and those that arrive unannounced after its body
+// (which the ReverseProxy forwards too), and an answer whose body is
+// replaced with a generic one loses them all: they were its upstream
+// body's. Retry-After and Retry-After-Ms stay; a 429 or 503
 // with neither, whose rate-limit reset asks for a wait (OpenAI's
 // x-ratelimit-reset-requests or -tokens, Anthropic's
 // anthropic-ratelimit-*-reset) of at most [retry.DefaultMaxCooldown], gets
@@ -179,6 +183,7 @@ const (
 )
 
 func handleUpstreamError(log *slog.Logger, resp *http.Response) {
+	defer stripTrailer(resp, resp.Body)
 	// The Transport has read the rate-limit headers already (its
 	// retry.QuotaReporter, at the first event, and its retries' waits),
 	// and its Store the ORCA load report: RoundTrip returned before the
