@@ -331,7 +331,8 @@ func (e *eventPeek) feed(buf []byte, from int) bool {
 // time to it is the time to the first token. Anthropic's message_start is
 // no preamble: vLLM sends it with its first output. It does not allocate.
 func preambleEvent(value []byte) bool {
-	if i := indexNonSpace(value); i < 0 || value[i] != '{' || !bytes.Contains(value, []byte(`"`+responsePrefix)) {
+	if i := indexNonSpace(value); i < 0 || value[i] != '{' ||
+		!bytes.Contains(value, []byte(`"`+responsePrefix)) && !hasNameEscape(value) {
 		return false
 	}
 	c := OutputCounter{sse: true, mark: sse.MarkPast, field: lineData, done: -1}
@@ -348,6 +349,51 @@ func dataEnd(e sse.FirstEvent, p []byte) int {
 		}
 	}
 	return len(p)
+}
+
+// hasNameEscape reports whether p may have a JSON string that has, in its
+// decoded form, a lowercase letter, a '.' or a '_' escaped: a \u escape of
+// one (\u0065 is "e"), or the start of a \u escape at the end of p. Every
+// key and type that OutputCounter reads is such bytes, and a
+// string that JSON decodes to one may escape any of them; a JSON encoder
+// escapes none of them, so that an event without such an escape is
+// judged by its unescaped text. It does not allocate.
+func hasNameEscape(p []byte) bool {
+	for {
+		i := bytes.IndexByte(p, '\\')
+		if i < 0 {
+			return false
+		}
+		if i+6 > len(p) {
+			return string(p[i+1:]) == "u00"[:min(len(p)-i-1, 3)]
+		}
+		if string(p[i+1:i+4]) == "u00" {
+			if c, ok := hexByte(p[i+4], p[i+5]); ok && ('a' <= c && c <= 'z' || c == '.' || c == '_') {
+				return true
+			}
+		}
+		p = p[i+1:]
+	}
+}
+
+// hexByte returns the byte that the hex digits hi and lo write, and whether
+// they are hex digits.
+func hexByte(hi, lo byte) (byte, bool) {
+	h, ok1 := hexDigit(hi)
+	l, ok2 := hexDigit(lo)
+	return h<<4 | l, ok1 && ok2
+}
+
+func hexDigit(b byte) (byte, bool) {
+	switch {
+	case '0' <= b && b <= '9':
+		return b - '0', true
+	case 'a' <= b && b <= 'f':
+		return b - 'a' + 10, true
+	case 'A' <= b && b <= 'F':
+		return b - 'A' + 10, true
+	}
+	return 0, false
 }
 
 // indexNonSpace returns the index of the first byte of p that is not JSON
@@ -379,8 +425,9 @@ func errorEventCode(head, value []byte) int {
 		return code
 	}
 	if i := indexNonSpace(value); i < 0 || value[i] != '{' ||
-		!bytes.Contains(value, []byte(`"`+errorKey+`"`)) && !bytes.Contains(value, []byte(`"`+failedType+`"`)) {
-		return 0 // not an object with the key or type "error" or the type "response.failed", unescaped
+		!bytes.Contains(value, []byte(`"`+errorKey+`"`)) && !bytes.Contains(value, []byte(`"`+failedType+`"`)) &&
+			!hasNameEscape(value) {
+		return 0 // not an object with the key or type "error" or the type "response.failed"
 	}
 	c := OutputCounter{sse: true}
 	c.Count(head)
@@ -389,7 +436,7 @@ func errorEventCode(head, value []byte) int {
 		return 0
 	}
 	code := rawMember(rawMember(value, errorKey), "code")
-	if code == nil && string(rawMember(value, typeKey)) == `"`+errorType+`"` {
+	if code == nil && jsonString(rawMember(value, typeKey)) == errorType {
 		code = rawMember(value, "code")
 	}
 	if code == nil {
@@ -400,7 +447,7 @@ func errorEventCode(head, value []byte) int {
 	}
 	e := rawMember(value, errorKey)
 	if len(e) > 0 && e[0] == '"' {
-		if n, ok := tgiErrors[string(rawMember(value, "error_type"))]; ok {
+		if n, ok := tgiErrors[jsonString(rawMember(value, "error_type"))]; ok {
 			return n
 		}
 		return http.StatusInternalServerError
@@ -411,7 +458,7 @@ func errorEventCode(head, value []byte) int {
 	// Anthropic's error events name a type, not a code, and OpenAI's codes
 	// are often words ("context_length_exceeded") beside a type that says
 	// more ("invalid_request_error").
-	if n, ok := anthropicErrors[string(rawMember(rawMember(value, errorKey), typeKey))]; ok {
+	if n, ok := anthropicErrors[jsonString(rawMember(rawMember(value, errorKey), typeKey))]; ok {
 		return n
 	}
 	return http.StatusInternalServerError
@@ -473,24 +520,24 @@ func errorFieldSpan(head []byte) (start, end int) {
 }
 
 // anthropicErrors are the statuses of the error types of Anthropic's
-// Messages API (its "errors" reference), as JSON strings; its overloaded
+// Messages API (its "errors" reference); its overloaded
 // answer's 529, which no HTTP client retries, stands for 503, as overloaded
 // as it.
 var anthropicErrors = map[string]int{
-	`"invalid_request_error"`: http.StatusBadRequest,
-	`"authentication_error"`:  http.StatusUnauthorized,
-	`"permission_error"`:      http.StatusForbidden,
-	`"not_found_error"`:       http.StatusNotFound,
-	`"request_too_large"`:     http.StatusRequestEntityTooLarge,
-	`"rate_limit_error"`:      http.StatusTooManyRequests,
-	`"api_error"`:             http.StatusInternalServerError,
-	`"timeout_error"`:         http.StatusGatewayTimeout,
-	`"overloaded_error"`:      http.StatusServiceUnavailable,
+	"invalid_request_error": http.StatusBadRequest,
+	"authentication_error":  http.StatusUnauthorized,
+	"permission_error":      http.StatusForbidden,
+	"not_found_error":       http.StatusNotFound,
+	"request_too_large":     http.StatusRequestEntityTooLarge,
+	"rate_limit_error":      http.StatusTooManyRequests,
+	"api_error":             http.StatusInternalServerError,
+	"timeout_error":         http.StatusGatewayTimeout,
+	"overloaded_error":      http.StatusServiceUnavailable,
 }
 
 // tgiErrors are the statuses that Hugging Face text-generation-inference
 // answers with for the "error_type" of its ErrorResponse, {"error": "...",
-// "error_type": "..."}, as JSON strings. Its streams send the same
+// "error_type": "..."}. Its streams send the same
 // ErrorResponse as an event after their 200 when they fail, before the
 // first token (a prompt beyond the context, or a full queue) or later
 // (router/src/server.rs: impl From<InferError> for (StatusCode,
@@ -499,15 +546,15 @@ var anthropicErrors = map[string]int{
 // A generation error's 424 is not retried by default, as TGI's answer
 // to a request that does not stream would not be.
 var tgiErrors = map[string]int{
-	`"validation"`:                   http.StatusUnprocessableEntity,
-	`"template_error"`:               http.StatusUnprocessableEntity,
-	`"missing_template_variable"`:    http.StatusUnprocessableEntity,
-	`"tool_error"`:                   http.StatusUnprocessableEntity,
-	`"overloaded"`:                   http.StatusTooManyRequests,
-	`"generation"`:                   http.StatusFailedDependency,
-	`"incomplete_generation"`:        http.StatusInternalServerError,
-	`"incomplete_generation_stream"`: http.StatusInternalServerError,
-	`"stream_serialization_error"`:   http.StatusInternalServerError,
+	"validation":                   http.StatusUnprocessableEntity,
+	"template_error":               http.StatusUnprocessableEntity,
+	"missing_template_variable":    http.StatusUnprocessableEntity,
+	"tool_error":                   http.StatusUnprocessableEntity,
+	"overloaded":                   http.StatusTooManyRequests,
+	"generation":                   http.StatusFailedDependency,
+	"incomplete_generation":        http.StatusInternalServerError,
+	"incomplete_generation_stream": http.StatusInternalServerError,
+	"stream_serialization_error":   http.StatusInternalServerError,
 }
 
 // tgiOpenAIStatus returns the status that the error event of
@@ -560,9 +607,11 @@ var tgiMessages = []struct {
 // "insufficient_quota", the codes of its 429 answers. Otherwise it returns
 // 500, as for OpenAI's "server_error", and false.
 func codeStatus(code json.RawMessage) (int, bool) {
-	switch string(code) {
-	case `"rate_limit_exceeded"`, `"insufficient_quota"`:
-		return http.StatusTooManyRequests, true
+	if len(code) > 0 && code[0] == '"' {
+		switch jsonString(code) {
+		case "rate_limit_exceeded", "insufficient_quota":
+			return http.StatusTooManyRequests, true
+		}
 	}
 	n, err := strconv.Atoi(string(code))
 	if err != nil || n < 100 || n > 599 {
@@ -579,6 +628,16 @@ func rawMember(v []byte, key string) json.RawMessage {
 		return nil
 	}
 	return m[key]
+}
+
+// jsonString returns the string that raw, a JSON value, is, decoded, or ""
+// if it is no string.
+func jsonString(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
 }
 
 // eofReader reports EOF at once but still closes the underlying body.

@@ -35,3 +35,28 @@ func TestBaseNilResponse(t *testing.T) {
 	}
 	assert.ErrorContains(t, err, "nil response")
 }
+
+// A \u escape of a lowercase letter, a '.' or a '_' (of which every key
+// and type OutputCounter reads is made) may make an error event; other
+// escapes may not, but one cut short may.
+func TestHasNameEscape(t *testing.T) {
+	cases := []struct {
+		in   string
+		want bool
+	}{
+		{`{"\u0065rror":{}}`, true},
+		{`{"type":"response\u002Efailed"}`, true},
+		{`{"type":"response.in\u005fprogress"}`, true},
+		{`{"\\u0065rror":{}}`, true}, // an escaped backslash, then text: read as one, to be sure
+		{`{"\u0045rror":{}}`, false},
+		{`{"text":"\u00e9\u4e00\n\t\"\\\/\u003c"}`, false},
+		{`{"text":"x\u00`, true},
+		{`{"text":"x\u0`, true},
+		{`{"text":"x\`, true},
+		{`{"text":"x\n`, false},
+		{``, false},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.want, hasNameEscape([]byte(c.in)), c.in)
+	}
+}

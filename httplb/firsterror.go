@@ -128,7 +128,7 @@ func genericErrorEvent(value []byte, status int, typ, message string) []byte {
 		if json.Unmarshal(top["error_type"], &et) != nil || !apierror.IsToken(et) {
 			delete(top, "error_type")
 		}
-	case string(top[typeKey]) == `"`+failedType+`"` && len(top["response"]) > 0:
+	case jsonString(top[typeKey]) == failedType && len(top["response"]) > 0:
 		var resp map[string]json.RawMessage
 		if json.Unmarshal(top["response"], &resp) != nil {
 			return marshalJSON(map[string]json.RawMessage{errorKey: errObj})

@@ -375,6 +375,9 @@ func TestFirstEventCutAnywhere(t *testing.T) {
 		{"error deeper", "data: {\"choices\":[{\"error\":{\"code\":500}}]}\n\n", false},
 		{"error after a chunk", "data: {\"i\":0}\n\n" + errorStream("x", "500"), false},
 		{"not an object", "data: [DONE]\n\ndata: {\"error\":{}}\n\n", false},
+		{"escaped key", `data: {"\u0065rror":{"code":500}}` + "\n\n", true},
+		{"escaped type", `data: {"type":"response.f\u0061iled","response":{}}` + "\n\n", true},
+		{"error in a string", `data: {"text":"\"error\":","n":{"\u0065rror":{}},"x":"\u0065rror"}` + "\n\n", false},
 	}
 	for _, s := range streams {
 		t.Run(s.name, func(t *testing.T) {
@@ -418,6 +421,7 @@ func FuzzPeek(f *testing.F) {
 		"error: {\"code\": 400, \"message\": \"x\", \"type\": \"exceed_context_size_error\"}\n\ndata: [DONE]\n\n",
 		"\xef\xbb\xbferror: {\"error\":{\"code\":503}}",
 		"data:{\"error\":\"Input validation error: x\",\"error_type\":\"validation\"}\n\n",
+		"data: {\"\\u0065rror\":{\"code\":503}}\n\n",
 		"",
 	} {
 		f.Add([]byte(s), uint8(3), uint16(0), true)
@@ -501,36 +505,60 @@ const secret = "Traceback: /srv/vllm/worker.py line 7, 10.1.2.3"
 
 // hiddenEvents are error events, each as a stream sends it, with the level
 // and status it is logged with and the line the client gets in place of
-// its value's line (ID for the request id).
+// its value's line (ID for the request id), or in place of sent, the lines
+// of a value over several.
 var hiddenEvents = []struct {
 	name   string
 	stream string
 	level  string
 	status int
 	want   string // the error event's line as the client gets it
+	sent   string // the lines it replaces, if not errorLine(stream)
 }{
 	{"vLLM", `data: {"error": {"message": "` + secret + `", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\ndata: [DONE]\n\n",
-		"ERROR", 500, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"InternalServerError","code":500}}`},
+		"ERROR", 500, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"InternalServerError","code":500}}`, ""},
 	{"vLLM, a type that is no token", `data: {"error": {"message": "` + secret + `", "type": "` + secret + `", "code": 503}}` + "\n\n",
-		"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":503}}`},
+		"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":503}}`, ""},
 	{"OpenAI rate limit", `data: {"error": {"message": "Rate limit reached in organization org-secret", "type": "requests", "code": "rate_limit_exceeded"}}` + "\n\n",
-		"INFO", 429, `data: {"error":{"message":"The upstream is rate limited; retry later. Request ID: ID","type":"requests","code":"rate_limit_exceeded"}}`},
+		"INFO", 429, `data: {"error":{"message":"The upstream is rate limited; retry later. Request ID: ID","type":"requests","code":"rate_limit_exceeded"}}`, ""},
 	{"Anthropic", "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"" + secret + "\"}}\n\n",
-		"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"overloaded_error","code":503},"type":"error"}`},
+		"ERROR", 503, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"overloaded_error","code":503},"type":"error"}`, ""},
 	{"TGI", `data: {"error":"Incomplete generation: ` + secret + `","error_type":"incomplete_generation"}` + "\n\n",
-		"ERROR", 500, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"incomplete_generation"}`},
+		"ERROR", 500, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"incomplete_generation"}`, ""},
 	{"TGI generation", `data: {"error":"Request failed during generation: ` + secret + `","error_type":"generation"}` + "\n\n",
-		"ERROR", 424, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"generation"}`},
+		"ERROR", 424, `data: {"error":"The upstream failed to answer. Request ID: ID","error_type":"generation"}`, ""},
 	{"TGI OpenAI-compatible generation", `data: {"error":{"message":"Request failed during generation: ` + secret + `","http_status_code":422}}` + "\n\ndata: [DONE]\n\n",
-		"ERROR", 424, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":424}}`},
+		"ERROR", 424, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":424}}`, ""},
 	{"Responses error", "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"" + secret + "\",\"param\":null,\"sequence_number\":0}\n\n",
-		"ERROR", 500, `data: {"code":"server_error","message":"The upstream failed to answer. Request ID: ID","param":null,"sequence_number":0,"type":"error"}`},
+		"ERROR", 500, `data: {"code":"server_error","message":"The upstream failed to answer. Request ID: ID","param":null,"sequence_number":0,"type":"error"}`, ""},
 	{"Responses failed", "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"" + secret + "\"}}}\n\n",
-		"ERROR", 500, `data: {"response":{"error":{"code":"server_error","message":"The upstream failed to answer. Request ID: ID"},"id":"resp_1","status":"failed"},"type":"response.failed"}`},
+		"ERROR", 500, `data: {"response":{"error":{"code":"server_error","message":"The upstream failed to answer. Request ID: ID"},"id":"resp_1","status":"failed"},"type":"response.failed"}`, ""},
 	{"llama.cpp error line", "error: {\"code\":500,\"message\":\"" + secret + "\",\"type\":\"server_error\"}\n\n",
-		"ERROR", 500, `error: {"code":500,"message":"The upstream failed to answer. Request ID: ID","type":"server_error"}`},
+		"ERROR", 500, `error: {"code":500,"message":"The upstream failed to answer. Request ID: ID","type":"server_error"}`, ""},
 	{"400", `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}` + "\n\n",
-		"INFO", 400, `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}`},
+		"INFO", 400, `data: {"error": {"message": "This model's maximum context length is 8 tokens.", "type": "BadRequestError", "param": null, "code": 400}}`, ""},
+	// Keys and types are what JSON decodes them to, escapes and all.
+	{"vLLM, escaped key", `data: {"\u0065rror": {"message": "` + secret + `", "type": "InternalServerError", "param": null, "code": 500}}` + "\n\ndata: [DONE]\n\n",
+		"ERROR", 500, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"InternalServerError","code":500}}`, ""},
+	{"Responses error, escaped type", "event: error\ndata: {\"t\\u0079pe\":\"\\u0065rror\",\"code\":\"server_error\",\"message\":\"" + secret + "\",\"param\":null,\"sequence_number\":0}\n\n",
+		"ERROR", 500, `data: {"code":"server_error","message":"The upstream failed to answer. Request ID: ID","param":null,"sequence_number":0,"type":"\u0065rror"}`, ""},
+	{"Responses failed, escaped type", "data: {\"type\":\"response.f\\u0061iled\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"" + secret + "\"}}}\n\n",
+		"ERROR", 500, `data: {"response":{"error":{"code":"server_error","message":"The upstream failed to answer. Request ID: ID"},"id":"resp_1","status":"failed"},"type":"response.f\u0061iled"}`, ""},
+}
+
+// sentLines returns the lines of the stream of hiddenEvents[i] that the
+// client gets its want in place of.
+func sentLines(i int) string {
+	if c := hiddenEvents[i]; c.sent != "" {
+		return c.sent
+	}
+	return errorLine(hiddenEvents[i].stream)
+}
+
+// loggedEvent reports whether event, logged for the error event of stream,
+// is its value as sent.
+func loggedEvent(stream, event string) bool {
+	return event != "" && strings.Contains(stream, event)
 }
 
 // A stream whose first event is an error that is not retried reaches the
@@ -538,38 +566,38 @@ var hiddenEvents = []struct {
 // of the status it stands for would be, in the event's own shape, with its
 // type and code if they are plain tokens; the event as sent goes to the
 // log. An event that describes the request (a 400) reaches it as sent.
+// So it is however the upstream's writes cut it, a byte each, say.
 func TestFirstEventErrorHidden(t *testing.T) {
-	for _, c := range hiddenEvents {
-		t.Run(c.name, func(t *testing.T) {
-			up := newUpstream(t, sendStream(c.stream))
-			h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
-			resp, body, logs := postLogged(t, h)
-			assert.Equal(t, http.StatusOK, resp.StatusCode)
-			id := resp.Header.Get(requestIDHeader)
-			require.True(t, validRequestID(id), id)
-			want := strings.ReplaceAll(c.want, "Request ID: ID", "Request ID: "+id)
-			if c.status == http.StatusBadRequest {
-				assert.Equal(t, c.stream, body, "an error about the request reaches the client as sent")
-			} else {
-				assert.NotContains(t, body, "secret")
-				assert.NotContains(t, body, "Traceback")
-			}
-			assert.Contains(t, body, want+"\n")
-			// The rest of the stream is as sent.
-			_, rest, _ := strings.Cut(c.stream, "\n\n")
-			assert.True(t, strings.HasSuffix(body, "\n\n"+rest), body)
-			var rec struct {
-				Level     string `json:"level"`
-				RequestID string `json:"request_id"`
-				Status    int    `json:"status"`
-				Event     string `json:"event"`
-			}
-			require.NoError(t, json.Unmarshal([]byte(logs.String()), &rec), logs.String())
-			assert.Equal(t, c.level, rec.Level)
-			assert.Equal(t, id, rec.RequestID)
-			assert.Equal(t, c.status, rec.Status)
-			assert.Contains(t, c.stream, rec.Event, "the operator sees the event as sent")
-			assert.NotEmpty(t, rec.Event)
-		})
+	for i, c := range hiddenEvents {
+		for _, size := range []int{0, 1} {
+			t.Run(fmt.Sprintf("%s/writes=%d", c.name, size), func(t *testing.T) {
+				up := newUpstream(t, writeIn(c.stream, size))
+				h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
+				resp, body, logs := postLogged(t, h)
+				assert.Equal(t, http.StatusOK, resp.StatusCode)
+				id := resp.Header.Get(requestIDHeader)
+				require.True(t, validRequestID(id), id)
+				want := strings.ReplaceAll(c.want, "Request ID: ID", "Request ID: "+id)
+				if c.status == http.StatusBadRequest {
+					assert.Equal(t, c.stream, body, "an error about the request reaches the client as sent")
+				} else {
+					assert.NotContains(t, body, "secret")
+					assert.NotContains(t, body, "Traceback")
+				}
+				// The rest of the stream is as sent.
+				assert.Equal(t, strings.Replace(c.stream, sentLines(i), want, 1), body)
+				var rec struct {
+					Level     string `json:"level"`
+					RequestID string `json:"request_id"`
+					Status    int    `json:"status"`
+					Event     string `json:"event"`
+				}
+				require.NoError(t, json.Unmarshal([]byte(logs.String()), &rec), logs.String())
+				assert.Equal(t, c.level, rec.Level)
+				assert.Equal(t, id, rec.RequestID)
+				assert.Equal(t, c.status, rec.Status)
+				assert.True(t, loggedEvent(c.stream, rec.Event), "the operator sees the event as sent: %q", rec.Event)
+			})
+		}
 	}
 }

@@ -79,9 +79,10 @@ func (s *scrubber) passes(p []byte) bool {
 }
 
 // mayFail reports whether p may hold an error event: every error event
-// has "error" or "failed" in it.
+// has "error" or "failed" in it, or writes a letter of its key or type
+// with an escape (see hasNameEscape).
 func mayFail(p []byte) bool {
-	return bytes.Contains(p, []byte(errorKey)) || bytes.Contains(p, []byte("failed"))
+	return bytes.Contains(p, []byte(errorKey)) || bytes.Contains(p, []byte("failed")) || hasNameEscape(p)
 }
 
 // scrub appends line, without its end, to out, with its value replaced if

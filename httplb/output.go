@@ -48,8 +48,10 @@ import (
 // streaming events put it), not from one nested deeper, where a response
 // may echo what its client sent (a tool's JSON schema, say): a client
 // cannot raise the count reported for its own request. The JSON is read as
-// it passes, without decoding it; keys are only ever matched outside
-// strings.
+// it passes, without decoding it whole: keys are only ever matched outside
+// strings, and the keys and the "type" values that it reads are matched as
+// JSON decodes them, escapes and all ("\u0065rror" is "error"), in
+// constant memory.
 //
 // The zero value counts a body that is not an event stream. An
 // OutputCounter is not safe for concurrent use; it does not allocate.
@@ -95,7 +97,9 @@ type OutputCounter struct {
 	// event stream.
 	inStr   bool                 // in a string
 	esc     bool                 // in a string, the next byte is escaped
-	keyLen  int8                 // bytes of the current string in key; -1: it is none of the keys read
+	hex     int8                 // in a string read (see keyLen), the hex digits of a \u escape still to come
+	uni     rune                 // the code point of that escape so far
+	keyLen  int8                 // bytes of the current string in key, as decoded; -1: it is none of the keys read
 	key     [maxUsageKeyLen]byte // the start of the current string
 	expect  int8                 // what the last key calls for: one of the expect constants
 	depth   int32                // objects and arrays open
@@ -319,19 +323,18 @@ func (c *OutputCounter) scan(b byte) {
 		switch {
 		case c.esc:
 			c.esc = false
+			if c.keyLen >= 0 {
+				c.unescape(b)
+			}
+		case c.hex > 0:
+			c.unhex(b)
 		case b == '\\':
-			// No key or type read has an escape.
-			c.esc, c.keyLen, c.typeVal = true, -1, false
+			c.esc = true
 		case b == '"':
 			c.inStr = false
 			c.endString()
 		case c.typeVal:
-			if int(c.keyLen) < len(c.key) {
-				c.key[c.keyLen] = b
-				c.keyLen++
-			}
-			c.typeLen = min(c.typeLen+1, math.MaxInt32)
-			c.typeEnd = c.typeEnd<<8 | uint64(b)
+			c.strByte(b)
 		case c.keyLen < 0:
 		case int(c.keyLen) == maxUsageKeyLen || c.keyLen == 0 && !c.startsKey(b):
 			c.keyLen = -1 // too long, or starts as no key read here does
@@ -404,6 +407,78 @@ func (c *OutputCounter) scan(b byte) {
 		}
 	}
 	c.expect = expectNothing
+}
+
+// strByte reads b, the next byte of the current string as decoded, into
+// the key or type value being read, if it is one.
+func (c *OutputCounter) strByte(b byte) {
+	switch {
+	case c.typeVal:
+		if int(c.keyLen) < len(c.key) {
+			c.key[c.keyLen] = b
+			c.keyLen++
+		}
+		c.typeLen = min(c.typeLen+1, math.MaxInt32)
+		c.typeEnd = c.typeEnd<<8 | uint64(b)
+	case c.keyLen < 0:
+	case int(c.keyLen) == maxUsageKeyLen || c.keyLen == 0 && !c.startsKey(b):
+		c.keyLen = -1 // too long, or starts as no key read here does
+	default:
+		c.key[c.keyLen] = b
+		c.keyLen++
+	}
+}
+
+// unescape reads b, the byte after a backslash in a string being read (a
+// key or a type value), as JSON decodes it: a key written "\u0065rror" is
+// "error". A string with an escape JSON has not is read no further.
+func (c *OutputCounter) unescape(b byte) {
+	switch b {
+	case 'u':
+		c.hex, c.uni = 4, 0
+	case '"', '\\', '/':
+		c.strByte(b)
+	case 'b':
+		c.strByte('\b')
+	case 'f':
+		c.strByte('\f')
+	case 'n':
+		c.strByte('\n')
+	case 'r':
+		c.strByte('\r')
+	case 't':
+		c.strByte('\t')
+	default:
+		c.keyLen, c.typeVal = -1, false
+	}
+}
+
+// unhex reads b, where a hex digit of a \u escape is due (see unescape).
+// With the last, the escape's character is read: an ASCII one as itself,
+// any other as a byte that is in no key or type read (0x80), as they are
+// all ASCII. A string whose escape is cut short is read no further, and b
+// is then the string's next byte.
+func (c *OutputCounter) unhex(b byte) {
+	d, ok := hexDigit(b)
+	if !ok {
+		c.hex, c.keyLen, c.typeVal = 0, -1, false
+		switch b {
+		case '\\':
+			c.esc = true
+		case '"':
+			c.inStr = false
+			c.endString()
+		}
+		return
+	}
+	c.uni = c.uni<<4 | rune(d)
+	if c.hex--; c.hex == 0 {
+		if c.uni < 0x80 {
+			c.strByte(byte(c.uni))
+		} else {
+			c.strByte(0x80)
+		}
+	}
 }
 
 // structural marks the bytes that matter in JSON text outside a string
@@ -535,9 +610,9 @@ func (c *OutputCounter) matchErrorField(b byte) {
 // OpenAI and Anthropic too), or an "error" string other than "", as
 // Hugging Face text-generation-inference sends ({"error": "...",
 // "error_type": "validation"}, say), or a "type" of "error" or
-// "response.failed", the OpenAI Responses API's error events. An "error" or
-// a type deeper in the object, or in a string, is none, nor is a "type"
-// written with escapes. A line with the field name "error" (see errorField), which
+// "response.failed", the OpenAI Responses API's error events, their keys
+// and types as JSON decodes them. An "error" or a type deeper in the object,
+// or in a string, is none. A line with the field name "error" (see errorField), which
 // llama.cpp's server sends instead of a data line when it fails a streamed
 // request, is an error event too, whatever its value. A caller relaying the body then ends the request's pick with an
 // error, such as [ErrErrorEvent]. It is false for a body that is not an

@@ -104,8 +104,11 @@ func TestOutputCounter(t *testing.T) {
 			body: `{"usage":{"completion_tokens_details":{"completion_tokens":99},"details":[{"output_tokens":98}],"completion_tokens":7}}`},
 		{name: "escapes", header: jsonHeader, want: 7, end: 7,
 			body: `{"choices":[{"message":{"content":"a\\\"b\\","usage":{"completion_tokens":5}}}],"x":"\\","usage":{"completion_tokens":7}}`},
-		{name: "escaped key", header: jsonHeader, want: 7, end: 7,
+		// A key is read as JSON decodes it: the last count is 900.
+		{name: "escaped key", header: jsonHeader, want: 900, end: 900,
 			body: `{"usage":{"completion_tokens":7,"completion\u005ftokens":900}}`},
+		{name: "escaped key, not a count key", header: jsonHeader, want: 7, end: 7,
+			body: `{"usage":{"completion_tokens":7,"completion\u005Ftoken\"":900,"completion\u00":9,"completion\x":8}}`},
 		{name: "json without usage", header: jsonHeader, body: strings.Repeat("x", 4*25+3), want: 25, end: 25},
 		{name: "json usage not a count", header: jsonHeader, body: `{"usage":{"completion_tokens":"12"},"x":"` + strings.Repeat("y", 21) + `"}`, want: 16, end: 16},
 		{name: "compressed stream", header: http.Header{"Content-Type": {"text/event-stream"}, "Content-Encoding": {"gzip"}},
@@ -128,6 +131,44 @@ func TestOutputCounter(t *testing.T) {
 			}
 			got, _ := countPieces(t, tc.header, tc.body, cuts...)
 			assert.Equal(t, tc.want, got, "byte by byte")
+		})
+	}
+}
+
+// An event stream fails with its first error event, whatever its keys'
+// escapes, and with no event that has "error" deeper or in a string.
+func TestOutputCounterFailed(t *testing.T) {
+	cases := []struct {
+		name   string
+		body   string
+		failed bool
+	}{
+		{"escaped key", `data: {"\u0065rror":{}}`, true},
+		{"escaped key, upper-case hex", `data: {"\u0045rror":{},"err\u006Fr":"x"}`, true},
+		{"escaped type", `data: {"\u0074ype":"\u0072esponse.failed"}`, true},
+		{"escaped error type", `data: {"type":"err\u006fr"}`, true},
+		{"escaped quote", `data: {"text":"\"error\":{}","x":{"\"error":{}}}`, false},
+		{"escaped value", `data: {"text":"\u0065rror","n":{}}`, false},
+		{"escape cut short", `data: {"\u006":{},"\u00zzerror":{},"\x65rror":{}}`, false},
+		{"escape of another letter", `data: {"\u0066rror":{},"e\u00e9ror":{}}`, false},
+		{"event type alone", "event: error\ndata: {\"message\":\"x\"}\n\n", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for cut := range len(tc.body) + 1 {
+				for _, step := range []int{len(tc.body) + 1, 1} {
+					c := NewOutputCounter(sseHeader)
+					for _, p := range []string{tc.body[:cut], tc.body[cut:]} {
+						for i := 0; i < len(p); i += step {
+							c.Count([]byte(p[i:min(i+step, len(p))]))
+						}
+					}
+					c.End()
+					if c.Failed() != tc.failed {
+						t.Fatalf("cut at %d, reads of %d: failed %v", cut, step, c.Failed())
+					}
+				}
+			}
 		})
 	}
 }

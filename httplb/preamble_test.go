@@ -29,8 +29,8 @@ const firstOutput = "event: response.output_item.added\n"
 
 // Which events are sent before generation: only response.created,
 // response.in_progress and response.queued, wherever their "type" is in
-// the object and however it is spaced, and not if the event is an error
-// too, nor for a "type" that is nested, escaped, or merely similar.
+// the object, however it is spaced or escaped, and not if the event is an
+// error too, nor for a "type" that is nested or merely similar.
 func TestPreambleEvent(t *testing.T) {
 	cases := []struct {
 		value string
@@ -48,7 +48,9 @@ func TestPreambleEvent(t *testing.T) {
 		{`{"type":"response.create"}`, false},
 		{`{"type":"response.queue"}`, false},
 		{`{"type":"response.completed","response":{}}`, false},
-		{`{"type":"response.\u0063reated"}`, false},
+		{`{"type":"response.\u0063reated"}`, true},
+		{`{"type":"\u0072esponse.in\u005Fprogress"}`, true},
+		{`{"type":"response.\u0063reate"}`, false},
 		{`{"item":{"type":"response.created"},"type":"x"}`, false},
 		{`{"type":"response.created","type":"response.output_text.delta"}`, false},
 		{`{"type":"response.output_text.delta","type":"response.created"}`, true},

@@ -50,8 +50,8 @@ func completed(n int) string {
 // In an OpenAI Responses stream only the deltas carry tokens, and the
 // usage of its response.completed (or response.incomplete) makes the count
 // exact; an "error" or a "response.failed" event fails the stream, as an
-// "error" object does, but an "error" elsewhere (in a text, deeper, or
-// escaped) does not.
+// "error" object does, but an "error" elsewhere (in a text, or deeper)
+// does not. A type written with escapes is what JSON decodes it to.
 func TestOutputCounterResponses(t *testing.T) {
 	five := []string{`"Hello"`, `","`, `" error"`, `"\"type\":\"error\""`, `"{\"error\": {}}"`}
 	cases := []struct {
@@ -80,7 +80,8 @@ func TestOutputCounterResponses(t *testing.T) {
 		// count a token each; "response.failed.x" and "response.error" are
 		// Responses events, but no error events, without a token.
 		{"other types", responsesStream(five, "data: {\"type\":\"errors\"}\n\ndata: {\"type\":\"response.failed.x\"}\n\ndata: {\"type\":\"response.error\"}\n\ndata: {\"type\":\"x.delta\"}\n\ndata: {\"type\":\"response.\"}\n\n"), 8, false},
-		{"escaped type", responsesStream(five, "data: {\"type\":\"\\u0065rror\"}\n\ndata: {\"type\":\"response.output_text.\\u0064elta\"}\n\n"), 7, false},
+		{"escaped type", responsesStream(five, "data: {\"type\":\"response.output_text.\\u0064elta\"}\n\ndata: {\"type\":\"\\u0065rror\"}\n\n"), 6, true},
+		{"escaped type, not an error", responsesStream(five, "data: {\"type\":\"\\u0065rrors\"}\n\ndata: {\"type\":\"\\\"error\"}\n\n"), 7, false},
 		{"long type", responsesStream(five, event("response.code_interpreter_call_code.delta", `"delta":"x"`)+event("response.code_interpreter_call_code.done", `"code":"x"`)), 6, false},
 		{"type not a string", responsesStream(five, "data: {\"type\":[\"error\"]}\n\ndata: {\"type\":null,\"x\":\"error\"}\n\n"), 7, false},
 		{"anthropic", "event: message_start\ndata: {\"type\":\"message_start\"}\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\n", 2, false},
