@@ -137,7 +137,7 @@ func (b *body) readScrubbed(p []byte) (int, error) {
 	if b.metered {
 		b.out.observe(p[:n])
 	}
-	if _, eof := b.rc.(eofReader); eof && b.srcErr == nil && len(b.buf) == 0 && len(s.line) == 0 {
+	if _, eof := b.rc.(eofReader); eof && b.srcErr == nil && len(b.buf) == 0 && len(s.line) == 0 && len(s.val) == 0 {
 		// As Read: the body ended with these bytes.
 		b.srcErr = io.EOF
 	}
@@ -253,36 +253,54 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 		}
 		return 0, nil
 	}
-	value := buf[ev.data:]
-	if i := bytes.IndexAny(value, "\r\n"); i >= 0 {
-		value = value[:i]
-	} else {
-		b.cut = true
-	}
-	b.scanned = ev.data + len(value)
+	at, end, cut := ev.span(buf)
+	value := spanValue(buf[at:end])
+	b.scanned, b.cut = end, cut
 	code = errorEventCode(buf[:ev.data], value)
 	if code != 0 {
 		b.firstErr = code
 		if errorFieldCode(buf[:ev.data]) != 0 {
 			b.errAt, b.errEnd = errorFieldSpan(buf[:ev.data])
 		} else {
-			b.errAt, b.errEnd = ev.data+max(indexNonSpace(value), 0), ev.data+len(value)
+			b.errAt, b.errEnd = at, end
 		}
 	}
 	return code, nil
 }
 
 // eventPeek follows an event stream held back by peek, across reads, to
-// its first event that is not a preamble event.
+// the end of its first value that is not a preamble event: the value of
+// an event's first data field, which goes on in the event's next data
+// lines while it is open at the end of one (see nesting), past the lines
+// of other fields, to the end of the data line where it is complete or to
+// the event's end. Only its lines that have ended are read, but for the
+// first byte of the value, which ends the wait if it is not an object's.
 type eventPeek struct {
-	first  sse.FirstEvent // finds the next "data:" line, from the end of the last preamble event
-	data   int            // the offset in the held-back bytes past the current event's "data:"; -1: not found yet
-	object bool           // the current event's value starts with an object
+	first sse.FirstEvent // finds the next data field, from the end of the last preamble event
+	// data is the offset in the held-back bytes past the value's first
+	// "data:", or past the line break of a "data" line; -1: not found
+	// yet. Either way its line starts at data-len(sse.DataField).
+	data int
+	// next is the offset of the value's next line, or of the rest of its
+	// first line's value if inFirst is set; cr is set if the line before
+	// next ended with a CR, whose LF, if next, is part of its break.
+	next    int
+	inFirst bool
+	cr      bool
+	// seen is the offset up to which the line at next, which has not
+	// ended, has been looked at; object is set once the value has begun
+	// there with an object.
+	seen   int
+	object bool
+	end    int     // the offset of the end of the value's last data line read; -1: none has ended
+	multi  bool    // the value is not its first line's alone
+	ended  bool    // the value has ended
+	nest   nesting // the value's JSON, up to end
 }
 
 // feed reads buf[from:], the bytes of the stream buf just read, and reports
-// whether the wait is over: the current event's line has ended and it is
-// no preamble event, or its value has begun with anything but an object.
+// whether the wait is over: the current value has ended and is no preamble
+// event, or has begun with anything but an object.
 func (e *eventPeek) feed(buf []byte, from int) bool {
 	for {
 		if e.data < 0 {
@@ -291,38 +309,169 @@ func (e *eventPeek) feed(buf []byte, from int) bool {
 				return false
 			}
 			e.data = from + dataEnd(prev, buf[from:])
-		}
-		at := max(from, e.data)
-		i := bytes.IndexAny(buf[at:], "\r\n")
-		if i < 0 {
-			if !e.object {
-				// The value has been whitespace so far.
-				if j := indexNonSpace(buf[at:]); j >= 0 {
-					if buf[at+j] != '{' {
-						return true // not an object: no error event
-					}
-					e.object = true
-				}
+			e.next, e.inFirst, e.cr, e.seen, e.object = e.data, true, false, e.data, false
+			e.end, e.multi, e.ended, e.nest = -1, false, false, nesting{}
+			if c := buf[e.data-1]; c == '\n' || c == '\r' {
+				// A "data" line: an empty value so far, which goes on.
+				e.inFirst, e.cr, e.end, e.multi = false, c == '\r', e.data-1, true
 			}
-			return false
 		}
-		// The line is complete. A value that follows "data:" on its line
-		// (not a "data" line without a colon) may be a preamble event:
-		// then look for the next event from the line break on, with a
-		// fresh FirstEvent, which the line break puts past the stream's
+		if done := e.readLines(buf); !e.ended {
+			return done
+		}
+		// The value has ended. If it is a preamble event, look for the
+		// next event from its last line break on, with a fresh
+		// FirstEvent, which the line break puts past the stream's
 		// byte-order mark.
-		end := at + i
-		if buf[e.data-1] != ':' || !preambleEvent(buf[e.data:end]) {
+		at, end, _ := e.span(buf)
+		if !preambleEvent(spanValue(buf[at:end])) {
 			return true
 		}
-		e.first, e.data, e.object = sse.FirstEvent{}, -1, false
-		from = end
+		from = e.next - 1
+		e.first, e.data = sse.FirstEvent{}, -1
 	}
 }
 
-// preambleEvent reports whether value, the data of an event stream line,
-// is that of a preamble event: an OpenAI Responses event that vLLM and
-// SGLang send before the engine has produced anything, as soon as they
+// readLines reads the value's lines in buf from e.next that have ended,
+// setting e.ended if the value has, and otherwise reports whether the wait
+// is over all the same: the value has begun, in a line that has not ended,
+// with anything but an object.
+func (e *eventPeek) readLines(buf []byte) (done bool) {
+	for {
+		if e.cr && e.next < len(buf) {
+			e.cr = false
+			if buf[e.next] == '\n' {
+				e.next++
+			}
+		}
+		// Only the bytes not looked at yet are, so that a line read in
+		// many pieces costs its length once.
+		from := max(e.next, e.seen)
+		i := bytes.IndexAny(buf[from:], "\r\n")
+		if i < 0 {
+			if !e.nest.begun && !e.object {
+				value := -1 // the offset of the line's value
+				if e.inFirst {
+					value = e.next
+				} else if bytes.HasPrefix(buf[e.next:], []byte(sse.DataField)) {
+					value = e.next + len(sse.DataField)
+				}
+				if value >= 0 {
+					from := max(value, e.seen)
+					if j := indexNonSpace(buf[from:]); j >= 0 {
+						if buf[from+j] != '{' {
+							return true // not an object: no error event
+						}
+						e.object = true
+					}
+				}
+			}
+			e.seen = len(buf)
+			return false
+		}
+		lineEnd := from + i
+		line := buf[e.next:lineEnd]
+		e.next = lineEnd + 1
+		e.cr = buf[lineEnd] == '\r'
+		switch {
+		case e.inFirst:
+			e.inFirst = false
+			e.nest.feed(line)
+			e.end = lineEnd
+		case len(line) == 0:
+			e.ended = true // the event's end, and the value's
+			return false
+		case sse.IsData(line):
+			_, v := sse.Field(line)
+			e.nest.feed(lineFeed)
+			e.nest.feed(v)
+			e.end, e.multi = lineEnd, true
+		default:
+			continue // another field's line, or a comment
+		}
+		if !e.nest.open() {
+			e.ended = true
+			return false
+		}
+	}
+}
+
+// lineFeed is the LF that the event-stream format joins an event's data
+// lines with.
+var lineFeed = []byte{'\n'}
+
+// span returns the bounds in buf of the value read so far, from its first
+// byte that is not whitespace (or its end, if it has none) to the end of
+// its last data line, and whether that line is cut short: a data line of
+// the value that has not ended ends it.
+func (e *eventPeek) span(buf []byte) (at, end int, cut bool) {
+	end = e.end
+	if !e.ended {
+		rest := buf[e.next:]
+		if e.cr && len(rest) > 0 && rest[0] == '\n' {
+			rest = rest[1:]
+		}
+		if e.inFirst || len(rest) > 0 && bytes.HasPrefix(rest, []byte(sse.DataField)) {
+			end, cut = len(buf), true
+		}
+	}
+	if !e.multi && (e.inFirst || !cut) {
+		return e.data + max(indexNonSpace(buf[e.data:end]), 0), end, cut
+	}
+	return valueStart(buf, e.data-len(sse.DataField), end), end, cut
+}
+
+// valueStart returns the offset in buf of the first byte that is not
+// whitespace of the data of buf[from:end], the lines of an event from its
+// value's first data line on, or end if it has none.
+func valueStart(buf []byte, from, end int) int {
+	for p := buf[from:end]; len(p) > 0; {
+		line, rest, _ := sse.Line(p)
+		if sse.IsData(line) {
+			_, v := sse.Field(line)
+			if i := indexNonSpace(v); i >= 0 {
+				return end - len(p) + (len(line) - len(v)) + i
+			}
+		}
+		p = rest
+	}
+	return end
+}
+
+// spanValue returns the data of an event's value in span, which runs from
+// the value's first byte in its first data line to the end of its last
+// (see eventPeek.span): the rest of its first line, joined with LFs to the
+// values of the data lines after it, as the event-stream format joins
+// them. It allocates only if the value has more than one line.
+func spanValue(span []byte) []byte {
+	first, rest, ok := sse.Line(span)
+	if !ok {
+		return span
+	}
+	return sse.AppendData(append(append([]byte(nil), first...), '\n'), rest)
+}
+
+// appendRewritten appends to dst the lines of span (see spanValue) with
+// the value replaced by v: v, then the lines among them of other fields
+// than data, each after the line break before it, so that the event keeps
+// its other fields.
+func appendRewritten(dst, span, v []byte) []byte {
+	dst = append(dst, v...)
+	first, rest, _ := sse.Line(span)
+	for brk := len(span) - len(rest) - len(first); len(rest) > 0; {
+		line, after, _ := sse.Line(rest)
+		if !sse.IsData(line) {
+			dst = append(append(dst, span[len(span)-len(rest)-brk:len(span)-len(rest)]...), line...)
+		}
+		brk = len(rest) - len(after) - len(line)
+		rest = after
+	}
+	return dst
+}
+
+// preambleEvent reports whether value, the data of an event stream's value
+// (see spanValue), is that of a preamble event: an OpenAI Responses event
+// that vLLM and SGLang send before the engine has produced anything, as soon as they
 // accept the request (response.created and response.in_progress), or that
 // OpenAI sends while a background response waits (response.queued): a
 // JSON object whose top-level "type" is one of those, without an error
@@ -336,7 +485,7 @@ func preambleEvent(value []byte) bool {
 		return false
 	}
 	c := OutputCounter{sse: true, mark: sse.MarkPast, field: lineData, done: -1}
-	c.Count(value)
+	c.scanData(value)
 	return c.preamble && !c.failed
 }
 
@@ -409,7 +558,9 @@ func indexNonSpace(p []byte) int {
 
 // errorEventCode returns the status that the first event of a stream stands
 // for, given the stream's bytes before the event's value (head) and the
-// value, the rest of its line: 0 if it is not an error event (see
+// value's data (the rest of its data line, joined with LFs to the values of
+// the data lines it goes on in; see spanValue): 0 if it is not an error
+// event (see
 // [OutputCounter.Failed]); else the status of the error's "code" (see
 // codeStatus).
 // The code is that of the event's "error" object, else, in an OpenAI
@@ -429,9 +580,8 @@ func errorEventCode(head, value []byte) int {
 			!hasNameEscape(value) {
 		return 0 // not an object with the key or type "error" or the type "response.failed"
 	}
-	c := OutputCounter{sse: true}
-	c.Count(head)
-	c.Count(value)
+	c := OutputCounter{sse: true, mark: sse.MarkPast, field: lineData, done: -1}
+	c.scanData(value)
 	if !c.Failed() {
 		return 0
 	}

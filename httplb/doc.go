@@ -46,7 +46,13 @@
 // An event stream is held back to the end of its first "data:" line (or
 // only to the first byte of its value, if that is not a JSON object; at
 // most [Config.MaxPeekBytes]), to tell whether the first event is an error
-// event. A Responses stream's response.created, response.in_progress and
+// event. The event-stream format joins an event's data lines with a line
+// feed, so a value may spread over several: one whose JSON is still open
+// at the end of its line (an object, array or string not closed, or no
+// value yet, as after a bare "data") goes on in the event's next data line,
+// past comments and other fields, to the line where it ends, or to the
+// event's end, and it is held back to there, and read as one value. Lines
+// end at a line feed, a carriage return or both, as the format has it. A Responses stream's response.created, response.in_progress and
 // response.queued events, which vLLM and SGLang send as soon as they accept
 // the request, before the prompt is prefilled, are held back with it and
 // are no first event: a failure during the prefill is retried, hedges wait
@@ -56,7 +62,8 @@
 // SGLang send after their 200 when generation fails, as OpenAI and
 // Anthropic do, or with an "error" string, as Hugging Face
 // text-generation-inference sends (with an "error_type"), or with the
-// "type" "error" or "response.failed" of the OpenAI Responses API, or a
+// "type" "error" or "response.failed" of the OpenAI Responses API (keys and
+// types as JSON decodes them, escapes and all), or a
 // line with the field name "error" in place of a data line, as llama.cpp's
 // server sends (see [OutputCounter.Failed]).
 // Such a first event is
@@ -128,7 +135,7 @@
 // The first event is also where retries stop: once an attempt has it, no
 // retry or hedge starts and no other attempt can commit. An attempt that
 // sends nothing at all (only SSE comments or preamble events, say), or
-// never ends its first "data:" line, is bounded by
+// never ends its first "data:" line (or value), is bounded by
 // [Config.FirstEventTimeout], off by default.
 //
 // [NewProxy] wraps a Transport in a ReverseProxy that flushes every event as

@@ -34,7 +34,9 @@ func handleFirstError(log *slog.Logger, resp *http.Response) {
 	id := requestID(r)
 	if b.firstErr != 0 && b.errAt < b.errEnd && b.errEnd <= len(b.buf) {
 		resp.Header.Set(requestIDHeader, id)
-		if generic := hideEvent(log, r, id, b.firstErr, b.buf[b.errAt:b.errEnd], "at its first event"); generic != nil {
+		span := b.buf[b.errAt:b.errEnd]
+		if generic := hideEvent(log, r, id, b.firstErr, spanValue(span), "at its first event"); generic != nil {
+			generic = appendRewritten(nil, span, generic)
 			if b.scanned >= b.errEnd {
 				b.scanned += len(generic) - (b.errEnd - b.errAt)
 			}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/sse"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -378,6 +379,14 @@ func TestFirstEventCutAnywhere(t *testing.T) {
 		{"escaped key", `data: {"\u0065rror":{"code":500}}` + "\n\n", true},
 		{"escaped type", `data: {"type":"response.f\u0061iled","response":{}}` + "\n\n", true},
 		{"error in a string", `data: {"text":"\"error\":","n":{"\u0065rror":{}},"x":"\u0065rror"}` + "\n\n", false},
+		{"data over lines", "data: {\"error\":\ndata: {\"code\":500}}\n\n", true},
+		{"data over CR LF lines, a mark, others between", "\xef\xbb\xbfdata: {\r\n: keep-alive\r\nevent: error\r\ndata: \"error\": {\"code\": 503}\r\ndata: }\r\n\r\n", true},
+		{"data over CR lines", "data:\rdata:{\"error\"\rdata::{}}\r\r", true},
+		{"data without a colon first", "data\ndata: {\"error\":{\"code\":500}}\n\n", true},
+		{"data over lines, not an error", "data: {\"choices\":\ndata: [{\"delta\":{\"content\":\"\\\"error\\\":{}\"}}]}\n\ndata: [DONE]\n\n", false},
+		{"data over lines, error deeper", "data: {\"choices\":[\ndata: {\"error\":{}}]}\n\n", false},
+		{"value ended at the event's end", "data: {\"error\":{\"code\":500}\n\ndata: b\n\n", true},
+		{"preamble over lines", "event: response.created\ndata: {\"type\":\ndata: \"response.created\"}\n\n" + errorStream("x", "500"), true},
 	}
 	for _, s := range streams {
 		t.Run(s.name, func(t *testing.T) {
@@ -422,6 +431,9 @@ func FuzzPeek(f *testing.F) {
 		"\xef\xbb\xbferror: {\"error\":{\"code\":503}}",
 		"data:{\"error\":\"Input validation error: x\",\"error_type\":\"validation\"}\n\n",
 		"data: {\"\\u0065rror\":{\"code\":503}}\n\n",
+		"\xef\xbb\xbfdata: {\r\n: c\r\nevent: error\r\ndata: \"error\":\r\ndata\r\ndata: {\"code\": 429}}\r\n\r\n",
+		"data\rdata:\rdata: {\"type\":\"response.created\",\rdata:\"x\":1}\r\rdata: {\"error\":\n\ndata: {}}\n",
+		"event: response.created\ndata: {\"type\":\ndata: \"response.created\"}\n\ndata: {\"a\":\"\ndata: \\\"error\\\":{}\"}\n\n",
 		"",
 	} {
 		f.Add([]byte(s), uint8(3), uint16(0), true)
@@ -544,6 +556,19 @@ var hiddenEvents = []struct {
 		"ERROR", 500, `data: {"code":"server_error","message":"The upstream failed to answer. Request ID: ID","param":null,"sequence_number":0,"type":"\u0065rror"}`, ""},
 	{"Responses failed, escaped type", "data: {\"type\":\"response.f\\u0061iled\",\"response\":{\"id\":\"resp_1\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"" + secret + "\"}}}\n\n",
 		"ERROR", 500, `data: {"response":{"error":{"code":"server_error","message":"The upstream failed to answer. Request ID: ID"},"id":"resp_1","status":"failed"},"type":"response.f\u0061iled"}`, ""},
+	// An event's data lines are joined with a LF: one value may spread
+	// over several, among the lines of other fields, which stay.
+	{"vLLM, data over lines", "data: {\"error\":\ndata: {\"message\": \"" + secret + "\", \"type\": \"InternalServerError\", \"code\": 500}}\n\ndata: [DONE]\n\n",
+		"ERROR", 500, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"InternalServerError","code":500}}`,
+		"data: {\"error\":\ndata: {\"message\": \"" + secret + "\", \"type\": \"InternalServerError\", \"code\": 500}}"},
+	{"Anthropic, data over CR LF lines among others", "event: error\r\ndata: {\"type\": \"error\",\r\n: keep-alive\r\ndata:\"error\": {\"type\": \"overloaded_error\",\r\nid: 7\r\ndata:  \"message\": \"" + secret + "\"}}\r\n\r\n",
+		"ERROR", 503, "data: {\"error\":{\"message\":\"The upstream failed to answer. Request ID: ID\",\"type\":\"overloaded_error\",\"code\":503},\"type\":\"error\"}\r\n: keep-alive\r\nid: 7",
+		"data: {\"type\": \"error\",\r\n: keep-alive\r\ndata:\"error\": {\"type\": \"overloaded_error\",\r\nid: 7\r\ndata:  \"message\": \"" + secret + "\"}}"},
+	{"vLLM, data without a colon first", "data\ndata: {\"error\": {\"message\": \"" + secret + "\", \"type\": \"InternalServerError\", \"code\": 502}}\n\n",
+		"ERROR", 502, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"InternalServerError","code":502}}`, ""},
+	{"TGI, data over lines, CR", "data:{\"error\":\"Request failed during generation: " + secret + "\",\rdata:\"error_type\":\"generation\"}\r\r",
+		"ERROR", 424, `data:{"error":"The upstream failed to answer. Request ID: ID","error_type":"generation"}`,
+		"data:{\"error\":\"Request failed during generation: " + secret + "\",\rdata:\"error_type\":\"generation\"}"},
 }
 
 // sentLines returns the lines of the stream of hiddenEvents[i] that the
@@ -556,9 +581,10 @@ func sentLines(i int) string {
 }
 
 // loggedEvent reports whether event, logged for the error event of stream,
-// is its value as sent.
+// is its value as sent: a line's, or the data of a value over several
+// lines, as the event-stream format joins them.
 func loggedEvent(stream, event string) bool {
-	return event != "" && strings.Contains(stream, event)
+	return event != "" && (strings.Contains(stream, event) || strings.Contains(string(sse.AppendData(nil, []byte(stream))), event))
 }
 
 // A stream whose first event is an error that is not retried reaches the

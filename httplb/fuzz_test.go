@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/sse"
 	"github.com/llmlb/llmlb/prefix"
 	"github.com/stretchr/testify/require"
 )
@@ -240,6 +241,10 @@ func FuzzOutputCounter(f *testing.F) {
 		`data: {"text":"\"error\":{}","x":"\u0065rror","\u0065rro":{}}`,
 		`data: {"\u0065rror\u0000":{},"\u0065rro\u0072":""}`,
 		`{"usage":{"output\u005Ftokens":3,"\u006futput_tokens":4}}`,
+		"data: {\"error\":\ndata: {\"code\":500}}\n\n",
+		"data: {\r\n: c\r\nevent: error\r\ndata: \"error\"\r\ndata: :\"x\"}\r\n\r\ndata: [DONE]\r\n",
+		"data\ndata:\rdata: {\"type\":\r\ndata: \"response.failed\"}\r\rdata: {\"a\":\"\ndata: \\\"error\\\":{}\"}\n\n",
+		"data: {\"a\":{\n\ndata: {\"b\":\"error\"}\n\ndata: {\"a\":1}\ndata: \"error\":{}}\n",
 		"",
 	} {
 		f.Add([]byte(s), uint16(len(s)/2), true)
@@ -287,6 +292,12 @@ func FuzzOutputCounter(f *testing.F) {
 				t.Fatalf("%q: preamble %v, want %v", body, !preambleReference(doc), preambleReference(doc))
 			}
 		}
+		// Each event whose data (its data lines joined, as the
+		// event-stream format joins them) is JSON against a decoder's
+		// reading of what an error event is.
+		if want, ok := eventsErrorReference(body, true); sse && ok && failed != want {
+			t.Fatalf("%q: failed %v, want %v", body, failed, want)
+		}
 		// A JSON body against a decoder's reading of the same rule.
 		if !sse && json.Valid(body) {
 			want := len(body) / BytesPerToken
@@ -298,6 +309,41 @@ func FuzzOutputCounter(f *testing.F) {
 			}
 		}
 	})
+}
+
+// eventsErrorReference reports whether an event of the event stream body
+// (after a byte-order mark at its start, if mark is set) is an error event,
+// its data read with encoding/json (see errorEventReference), and ok if
+// the data of each of its events is a JSON document, or whitespace, and no
+// line is llama.cpp's error line.
+func eventsErrorReference(body []byte, mark bool) (failed, ok bool) {
+	if mark {
+		body = bytes.TrimPrefix(body, []byte(sse.ByteOrderMark))
+	}
+	var event []byte // the current event's lines
+	for rest := body; ; {
+		line, after, ended := sse.Line(rest)
+		if bytes.HasPrefix(line, []byte(errorField)) {
+			return false, false
+		}
+		if len(line) > 0 {
+			event = append(append(event, line...), '\n')
+		}
+		if len(line) == 0 || !ended || len(after) == 0 {
+			// The event's end.
+			if data := sse.AppendData(nil, event); len(bytes.TrimSpace(data)) > 0 {
+				if !json.Valid(data) {
+					return false, false
+				}
+				failed = failed || errorEventReference(data)
+			}
+			event = event[:0]
+		}
+		if !ended || len(after) == 0 {
+			return failed, true
+		}
+		rest = after
+	}
 }
 
 // errorEventReference reports whether the valid JSON document doc is the

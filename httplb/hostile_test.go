@@ -240,3 +240,38 @@ func TestProxyAccountingEndsOnceWithHostileUpstreams(t *testing.T) {
 		}
 	}
 }
+
+// An upstream's error event too long to hold (a line, or a value over
+// thousands of lines, of a MiB) is no trouble: as the first event, held
+// back only to the peek's limit, it is still retried, its start being an
+// error's; after the first, it passes as sent, and its pick still ends as
+// a failure. The attempts end once, and the other events are as sent.
+func TestHugeErrorEvents(t *testing.T) {
+	line := `data: {"error": {"message": "` + strings.Repeat("x", 1<<20) + `", "code": 500}}` + "\n\n"
+	lines := "data: {\"error\": {\n" + strings.Repeat("data: \"x\": 1,\n", 1<<16) + "data: \"code\": 500}}\n\n"
+	for _, huge := range []struct{ name, event string }{{"one line", line}, {"lines", lines}} {
+		for _, first := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/first=%v", huge.name, first), func(t *testing.T) {
+				stream := huge.event + "data: [DONE]\n\n"
+				if !first {
+					stream = tokenEvents + stream
+				}
+				a := newUpstream(t, writeIn(stream, 4096))
+				b := newUpstream(t, streamTokens(1))
+				done := &doneLog{}
+				h := newObservedHarness(t, Config{}, done, nil, a, b)
+				resp, body, _ := postLogged(t, h)
+				assert.Equal(t, http.StatusOK, resp.StatusCode)
+				errs := done.get(a.URL)
+				require.Len(t, errs, 1)
+				assert.ErrorIs(t, errs[0], ErrErrorEvent)
+				if first {
+					assert.Equal(t, "data: {\"i\":0}\n\ndata: [DONE]\n\n", body)
+					return
+				}
+				assert.Equal(t, stream, body)
+				assert.EqualValues(t, 0, b.hits.Load())
+			})
+		}
+	}
+}

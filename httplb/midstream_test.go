@@ -220,12 +220,14 @@ func TestScrubberCutAnywhere(t *testing.T) {
 	stream := "\ufeff: comment\r\n" + tokenEvents + hiddenEvents[0].stream[:len(hiddenEvents[0].stream)-len("data: [DONE]\n\n")] +
 		"event: error\r\ndata:" + `{"type":"error","error":{"type":"overloaded_error","message":"x"}}` + "\r\n\r\n" +
 		hiddenEvents[9].stream + `data: {"choices":[{"delta":{"content":"error"}}]}` + "\n\n" +
-		`data: {"\u0065rror":{"code":502}}` + "\r\n\r\n" + "data: [DONE]"
+		`data: {"\u0065rror":{"code":502}}` + "\r\n" + "data: {\"choices\":\r\n: x\r\ndata:[]}\r\n\r\n" +
+		"data: {\"type\":\"error\",\r: x\rdata: \"message\":\"" + secret + "\"}\r\r" + "data: [DONE]"
 	want := strings.NewReplacer(
 		`{"error": {"message": "`+secret+`", "type": "InternalServerError", "param": null, "code": 500}}`, `{"hidden":500}`,
 		`{"type":"error","error":{"type":"overloaded_error","message":"x"}}`, `{"hidden":503}`,
 		`{"code":500,"message":"`+secret+`","type":"server_error"}`, `{"hidden":500}`,
 		`{"\u0065rror":{"code":502}}`, `{"hidden":502}`,
+		"{\"type\":\"error\",\r: x\rdata: \"message\":\""+secret+"\"}", "{\"hidden\":500}\r: x",
 	).Replace(stream)
 	require.NotEqual(t, stream, want)
 	assert.Equal(t, want, scrubAll(stream, nil, hideAll))
@@ -248,21 +250,28 @@ func TestScrubberCutAnywhere(t *testing.T) {
 }
 
 // A line that outgrows what the scrubber holds passes as sent, even an
-// error event's, and the scrubber holds no more than maxHeldLine of it.
+// error event's, and so does a value over lines that does, to its event's
+// end; the scrubber holds no more than maxHeldLine of either, and the
+// events after them are read as ever.
 func TestScrubberLongLine(t *testing.T) {
 	long := `data: {"error": {"message": "` + strings.Repeat("x", 2*maxHeldLine) + `", "code": 500}}`
-	stream := tokenEvents + long + "\n\n" + hiddenEvents[0].stream
-	want := tokenEvents + long + "\n\n" + strings.Replace(hiddenEvents[0].stream, errorLine(hiddenEvents[0].stream), `data: {"hidden":500}`, 1)
-	s := &scrubber{hide: hideAll}
-	var out []byte
-	for p := []byte(stream); len(p) > 0; {
-		n := min(len(p), 1000)
-		out = s.feed(out, p[:n])
-		p = p[n:]
-		require.LessOrEqual(t, len(s.line), maxHeldLine)
+	longLines := "data: {\"error\": {\"message\": \"x\",\n" + strings.Repeat("data: \"x\": 1,\n", maxHeldLine/10) + "data: \"code\": 500}}"
+	for _, long := range []string{long, longLines} {
+		stream := tokenEvents + long + "\n\n" + hiddenEvents[0].stream
+		want := tokenEvents + long + "\n\n" + strings.Replace(hiddenEvents[0].stream, errorLine(hiddenEvents[0].stream), `data: {"hidden":500}`, 1)
+		for _, size := range []int{1000, 3} {
+			s := &scrubber{hide: hideAll}
+			var out []byte
+			for p := []byte(stream); len(p) > 0; {
+				n := min(len(p), size)
+				out = s.feed(out, p[:n])
+				p = p[n:]
+				require.LessOrEqual(t, len(s.line)+len(s.val), maxHeldLine)
+			}
+			out = s.flush(out)
+			assert.Equal(t, want, string(out))
+		}
 	}
-	out = s.flush(out)
-	assert.Equal(t, want, string(out))
 }
 
 // Reading a stream of events with nothing to rewrite costs no allocation.
@@ -316,16 +325,23 @@ func BenchmarkReadEventStream(b *testing.B) {
 
 // FuzzScrubber checks that a scrubber never panics, lets every byte of a
 // stream with no error event go as sent, lets the same bytes go wherever
-// the stream is cut, and holds no more than maxHeldLine.
+// the stream is cut, and holds no more than maxHeldLine; and that no
+// event it lets go is an error event, its data read with encoding/json
+// (hideAll's values are none).
 func FuzzScrubber(f *testing.F) {
 	for _, c := range hiddenEvents {
 		f.Add([]byte(tokenEvents+c.stream), uint64(3))
 	}
 	f.Add([]byte("error: {\"code\":503}\r\ndata:{\"error\":\"x\"}\rdata: [DONE]"), uint64(1))
+	f.Add([]byte("data: {\"a\":1}\ndata: {\r\n: x\r\ndata: \"\\u0065rror\":\r\ndata\r\ndata: {}}\r\n\r\ndata: {\"b\":\"\ndata: \\\"error\\\":{}\"}\n\n"), uint64(2))
+	f.Add([]byte("data:\rdata:  \rdata:{\"type\":\"response.failed\"\r\rdata: {\"error\":\n\ndata: {}}\n\n"), uint64(4))
 	f.Fuzz(func(t *testing.T, stream []byte, seed uint64) {
 		whole := scrubAll(string(stream), nil, hideAll)
 		if !mayFail(stream) && whole != string(stream) {
 			t.Fatalf("changed a stream without error events: %q -> %q", stream, whole)
+		}
+		if failed, ok := eventsErrorReference([]byte(whole), false); ok && failed && len(stream) <= maxHeldLine {
+			t.Fatalf("let an error event go: %q -> %q", stream, whole)
 		}
 		if len(stream) == 0 {
 			return

@@ -21,7 +21,13 @@ import (
 // For a server-sent event stream it counts one token per event, a "data:"
 // line (after the byte-order mark a stream may start with), when the line
 // ends: one per chunk of the OpenAI-compatible servers, which stream a
-// token or a few per chunk. The "data: [DONE]" line is not
+// token or a few per chunk. The format joins the data lines of an event
+// with a LF, so that a JSON value may spread over several: one whose
+// object, array or string is still open at the end of its line (or that
+// has not begun) goes on in the event's next data line, past the lines of
+// other fields, and ends at the end of the data line where it is complete,
+// or with its event, at a blank line; it counts one token, and is read as
+// one value. Lines end at a LF, a CR or a CR LF. The "data: [DONE]" line is not
 // counted, nor is a line with a usage count ("completion_tokens" in OpenAI
 // chat and completions, "output_tokens" in OpenAI responses and Anthropic
 // messages): it raises the total to its count instead, if that is higher.
@@ -65,6 +71,11 @@ type OutputCounter struct {
 	field int8 // bytes of "data:" matched at the start of the line; lineData after it; -1: not a data line
 	done  int8 // bytes of "[DONE]" matched at the start of the value; -1: the value is something else
 	space bool // the value's leading space was skipped
+	cr    bool // the last line ended with a CR: a LF now is the rest of its line break
+	// cont is set while the current value, open at the end of its data
+	// line, goes on in the event's next data line; begun once it has a
+	// byte other than whitespace.
+	cont, begun bool
 	// errField is the bytes of "error:" matched at the start of the line
 	// (see errorField); -1: the line is none.
 	errField int8
@@ -230,9 +241,18 @@ func (c *OutputCounter) Count(p []byte) int {
 		}
 		switch b := p[i]; {
 		case b == '\n' || b == '\r':
+			if b == '\n' && c.cr && c.field == 0 {
+				// The LF of a CR LF: the line ended at the CR.
+				c.cr = false
+				continue
+			}
 			c.endLine()
+			c.cr = b == '\r'
 		case c.field == lineData:
 			c.matchDone(b)
+			if !isSpace(b) {
+				c.begun = true
+			}
 			c.scan(b)
 		default:
 			c.matchErrorField(b)
@@ -281,6 +301,18 @@ func backslashesBefore(p []byte, j, from int) int {
 // scanLine reads the bytes of an event's data at the start of p, up to a
 // line break, and returns how many it read.
 func (c *OutputCounter) scanLine(p []byte) int {
+	if !c.begun {
+		// Whitespace before the value changes nothing.
+		i := 0
+		for i < len(p) && (p[i] == ' ' || p[i] == '\t') {
+			i++
+		}
+		if i == len(p) || p[i] == '\n' || p[i] == '\r' {
+			return i
+		}
+		c.begun = true
+		return i + c.scanLine(p[i:])
+	}
 	for i := 0; i < len(p); i++ {
 		b := p[i]
 		switch {
@@ -307,6 +339,17 @@ func (c *OutputCounter) scanLine(p []byte) int {
 		c.scan(b)
 	}
 	return len(p)
+}
+
+// scanData reads p, the data of an event stream's value (its data lines'
+// values joined with LFs), as the JSON text of one value.
+func (c *OutputCounter) scanData(p []byte) {
+	for i := 0; i < len(p); {
+		if i += c.scanLine(p[i:]); i < len(p) {
+			c.scan(p[i]) // a LF: whitespace, or in a string
+			i++
+		}
+	}
 }
 
 // scan reads b, the next byte of JSON text, following its strings, its
@@ -542,12 +585,16 @@ func (c *OutputCounter) endType() {
 }
 
 // End returns the tokens the end of the body completes: those of an event
-// stream's last line if it has no line break, or, for a body that is not an
-// event stream, all of its tokens. Calls after the first return 0.
+// stream's last value if the body ends before it does, or, for a body that
+// is not an event stream, all of its tokens. Calls after the first return
+// 0.
 func (c *OutputCounter) End() int {
 	before := c.total
 	if c.sse {
-		c.endLine()
+		if c.field == lineData || c.cont {
+			c.endValue()
+		}
+		*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast, failed: c.failed}
 		return int(c.total - before)
 	}
 	c.endNumber()
@@ -559,20 +606,37 @@ func (c *OutputCounter) End() int {
 	return int(c.total - before)
 }
 
-// endLine counts the event stream line that ends and starts the next one.
+// endLine ends the event stream line that ends, and starts the next one. A
+// data line ends its value, and counts it, unless the value is open at its
+// end (see nesting): the format joins the data lines of an event with a
+// LF, and the value goes on in the event's next data line, past the lines
+// of other fields. A blank line ends the event, and its value with it.
 func (c *OutputCounter) endLine() {
-	if c.field == lineData {
-		c.endNumber()
-		switch {
-		case c.errLine: // no token
-		case c.usage:
-			c.total = max(c.total, c.count)
-		case c.noToken:
-		case c.done != int8(len(doneValue)):
-			c.total = min(c.total+1, maxCount)
-		}
+	switch {
+	case c.field == lineData && (!c.begun || c.inStr || c.depth > 0):
+		c.scan('\n')
+		c.field, c.errField, c.done, c.cont = 0, 0, -1, true
+		return
+	case c.field == lineData, c.cont && c.field == 0:
+		c.endValue()
+	case c.cont:
+		c.field, c.errField = 0, 0
+		return
 	}
 	*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast, failed: c.failed}
+}
+
+// endValue counts the value of an event stream that ends.
+func (c *OutputCounter) endValue() {
+	c.endNumber()
+	switch {
+	case c.errLine: // no token
+	case c.usage:
+		c.total = max(c.total, c.count)
+	case c.noToken:
+	case c.done != int8(len(doneValue)):
+		c.total = min(c.total+1, maxCount)
+	}
 }
 
 // matchDone matches b, the next byte of a data line's value, against

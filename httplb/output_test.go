@@ -67,7 +67,9 @@ func TestOutputCounter(t *testing.T) {
 		{name: "byte-order mark", header: sseHeader, body: "\xef\xbb\xbfdata: a\n\ndata: b\n\n", want: 2},
 		{name: "part of a mark", header: sseHeader, body: "\xef\xbbdata: a\n\ndata: b\n\n", want: 1},
 		{name: "mark after the start", header: sseHeader, body: "data: a\n\xef\xbb\xbfdata: b\n\n", want: 1},
-		{name: "done without space", header: sseHeader, body: "data:[DONE]\ndata: [DONE]x\ndata: [DON\n", want: 2},
+		// "[DON" is an array open at its line's end: it goes on to the
+		// event's end, here the body's.
+		{name: "done without space", header: sseHeader, body: "data:[DONE]\ndata: [DONE]x\ndata: [DON\n", want: 2, end: 1},
 		{name: "usage equals events", header: sseHeader, body: openAI(5, "5"), want: 5},
 		{name: "usage above events", header: sseHeader, body: openAI(5, "12"), want: 12},
 		{name: "usage below events", header: sseHeader, body: openAI(5, "2"), want: 5},
@@ -114,6 +116,15 @@ func TestOutputCounter(t *testing.T) {
 		{name: "compressed stream", header: http.Header{"Content-Type": {"text/event-stream"}, "Content-Encoding": {"gzip"}},
 			body: strings.Repeat("data: x\n", 10), want: 20, end: 20},
 		{name: "no header", header: http.Header{}, body: "data: 12345678\n", want: 3, end: 3},
+		// A value open at the end of its data line goes on in the event's
+		// next: one token, one value.
+		{name: "data over lines", header: sseHeader, want: 9,
+			body: "data: {\"choices\":\ndata: [{\"delta\":{}}]}\n\n" +
+				"data: {\"usage\":\r\ndata: {\"completion_tokens\":\r\n: c\r\nid: 1\r\ndata: 9}}\r\n\r\n"},
+		{name: "data over lines, ended by the event", header: sseHeader, body: "data: {\"a\":\n\ndata: b\n\n", want: 2},
+		{name: "data lines after a value", header: sseHeader, body: "data: {\"a\":1}\ndata: {\"b\":2}\n\n", want: 2},
+		{name: "blank data lines", header: sseHeader, body: "data:\ndata:  \ndata\ndata: x\n\ndata:\n\n", want: 2},
+		{name: "data over lines, unterminated", header: sseHeader, body: "data: a\n\ndata: {\"usage\":\ndata: {\"completion_tokens\":7}", want: 7, end: 6},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,7 +147,8 @@ func TestOutputCounter(t *testing.T) {
 }
 
 // An event stream fails with its first error event, whatever its keys'
-// escapes, and with no event that has "error" deeper or in a string.
+// escapes and however its data spreads over lines, and with no event that
+// has "error" deeper, in a string, or in another value than the event's.
 func TestOutputCounterFailed(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -151,6 +163,16 @@ func TestOutputCounterFailed(t *testing.T) {
 		{"escaped value", `data: {"text":"\u0065rror","n":{}}`, false},
 		{"escape cut short", `data: {"\u006":{},"\u00zzerror":{},"\x65rror":{}}`, false},
 		{"escape of another letter", `data: {"\u0066rror":{},"e\u00e9ror":{}}`, false},
+		{"data over lines", "data: {\"error\":\ndata: {\"code\":500}}\n\n", true},
+		{"data over CR LF lines", "data: {\r\ndata: \"error\"\r\ndata: : \"x\"}\r\n\r\n", true},
+		{"data over CR lines", "data: {\rdata: \"error\"\rdata: :{}}\r\r", true},
+		{"others between", "data: {\"a\":1,\n: ping\nevent: error\nid: 1\nretry: 1\ndata: \"error\":{}}\n\n", true},
+		{"data without a colon", "data\ndata: {\"error\":{}}\n\n", true},
+		{"blank first line", "data:\ndata:   \ndata: {\"error\":\"x\"}\n\n", true},
+		{"error deeper over lines", "data: {\"a\":{\ndata: \"error\":{}}}\n\n", false},
+		{"error in a string over lines", "data: {\"a\":\"\ndata: \\\"error\\\":{}\"}\n\n", false},
+		{"a value ended by its event", "data: {\"a\":{\n\ndata: {\"b\":\"error\"}\n\n", false},
+		{"a value ended by its line", "data: {\"a\":1}\ndata: \"error\":{}}\n\n", false},
 		{"event type alone", "event: error\ndata: {\"message\":\"x\"}\n\n", false},
 	}
 	for _, tc := range cases {

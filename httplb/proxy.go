@@ -129,8 +129,10 @@ func upstreamErrorHandler(resp *http.Response) error {
 // client reads the stream, logged with the message "httplb: upstream's
 // stream failed after its first event" (or "refused the request"), the
 // first 8 of a stream only: the stream's lines are held back until their
-// ends, which a streaming engine writes with each event, and a line whose
-// end has not come after 64 KiB passes as sent.
+// ends, which a streaming engine writes with each event, and the lines of
+// a value that goes on in its event's next data line (see the package
+// documentation) until the value's end; a line, or a value, whose end has
+// not come after 64 KiB passes as sent, the value to its event's end.
 //
 // Every answer, a 200 as much as an error, loses the headers that name or
 // describe the operator's account with the upstream rather than the answer:

@@ -22,9 +22,9 @@ import (
 
 // DefaultMaxPeekBytes bounds the response bytes a Transport holds back while
 // it waits for the first event of a stream: a stream whose first "data:"
-// line (after any preamble events, see [Transport]) has not ended within
-// this many bytes is committed anyway, unless what it holds of that line is
-// already an error event.
+// line (after any preamble events, see [Transport]), or the value that
+// goes on past it, has not ended within this many bytes is committed
+// anyway, unless what it holds of that value is already an error event.
 const DefaultMaxPeekBytes = 64 << 10
 
 // maxDrainBytes bounds what is read from a failed attempt's body so that its
@@ -170,8 +170,8 @@ type Config struct {
 	// evict each other.
 	Store *signals.Store
 	// MaxPeekBytes bounds the bytes held back before the first event of a
-	// stream, to the end of its first "data:" line that is no preamble
-	// event (see [Transport]). 0 means [DefaultMaxPeekBytes]. A Responses
+	// stream, to the end of its first "data:" line (or value over several)
+	// that is no preamble event (see [Transport]). 0 means [DefaultMaxPeekBytes]. A Responses
 	// request (a path ending in /responses) may hold back twice its body
 	// more, since vLLM's preamble events repeat its instructions and tools.
 	MaxPeekBytes int
@@ -226,7 +226,9 @@ type Config struct {
 //
 // A 2xx response is committed when its first event arrives: for a
 // text/event-stream, the first "data:" line, once it has ended (or its
-// value has begun with anything but a JSON object); for anything else, the
+// value has begun with anything but a JSON object; a value still open at
+// the end of its line, once it has ended in a later data line of its
+// event, or the event has); for anything else, the
 // first byte. The preamble events of an OpenAI Responses stream
 // (response.created, response.in_progress, response.queued: a top-level
 // "type" of one of those), which vLLM and SGLang send as soon as they

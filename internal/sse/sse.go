@@ -2,8 +2,12 @@
 // text/event-stream format) as their bytes pass, in pieces of any size,
 // without keeping them: where the first event begins, and the byte-order
 // mark a stream may start with. Packages httplb and extproc use it to see a
-// streamed response's first token.
+// streamed response's first token. [Line], [Field] and [AppendData] read
+// the lines of an event held whole, as the format's interpretation does
+// (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation).
 package sse
+
+import "bytes"
 
 // DataField starts a line that carries an event's data.
 const DataField = "data:"
@@ -88,4 +92,65 @@ func (e *FirstEvent) Feed(p []byte) bool {
 		}
 	}
 	return false
+}
+
+// Line returns the first line of p, without its line break, and the rest of
+// p after the break: a line ends at a CR LF pair, a LF or a CR. If p has no
+// line break, line is p, rest is empty and ok is false. A CR that is the
+// last byte of p ends its line; if the stream's next byte is a LF, it is
+// part of that line's break, and ends no line of its own.
+func Line(p []byte) (line, rest []byte, ok bool) {
+	i := bytes.IndexAny(p, "\r\n")
+	if i < 0 {
+		return p, p[len(p):], false
+	}
+	if p[i] == '\r' && i+1 < len(p) && p[i+1] == '\n' {
+		return p[:i], p[i+2:], true
+	}
+	return p[:i], p[i+1:], true
+}
+
+// Field returns the name and the value of the field that line, without its
+// line break, is: the name is the line up to its first colon and the value
+// the rest after that colon, less one leading space; a line without a
+// colon is a name with an empty value. A comment, a line that starts with
+// a colon, has an empty name, and so has a blank line.
+func Field(line []byte) (name, value []byte) {
+	i := bytes.IndexByte(line, ':')
+	if i < 0 {
+		return line, line[len(line):]
+	}
+	value = line[i+1:]
+	if len(value) > 0 && value[0] == ' ' {
+		value = value[1:]
+	}
+	return line[:i], value
+}
+
+// IsData reports whether line, without its line break, is a data field:
+// one that starts with "data:", or that is "data", a data field whose value
+// is empty.
+func IsData(line []byte) bool {
+	return bytes.HasPrefix(line, []byte(DataField)) || string(line) == DataField[:len(DataField)-1]
+}
+
+// AppendData appends to dst the data of the event whose lines are lines
+// (the last one with or without its line break): the values of its data
+// fields joined with a LF, as the format's event dispatch has the data
+// buffer, without its last LF. Its other lines (comments, other fields,
+// blank lines) add nothing.
+func AppendData(dst, lines []byte) []byte {
+	first := true
+	for len(lines) > 0 {
+		line, rest, _ := Line(lines)
+		if IsData(line) {
+			if !first {
+				dst = append(dst, '\n')
+			}
+			_, v := Field(line)
+			dst, first = append(dst, v...), false
+		}
+		lines = rest
+	}
+	return dst
 }

@@ -88,3 +88,92 @@ func FuzzFirstEvent(f *testing.F) {
 		}
 	})
 }
+
+// Lines end at a CR LF, a LF or a CR, and fields split at their first
+// colon, less one leading space of the value.
+func TestLineField(t *testing.T) {
+	lines := []struct {
+		in, line, rest string
+		ok             bool
+	}{
+		{"a\r\nb", "a", "b", true},
+		{"a\nb", "a", "b", true},
+		{"a\rb", "a", "b", true},
+		{"a\r", "a", "", true},
+		{"\n\r\n", "", "\r\n", true},
+		{"\r\r\n", "", "\r\n", true},
+		{"a", "a", "", false},
+		{"", "", "", false},
+	}
+	for _, c := range lines {
+		line, rest, ok := Line([]byte(c.in))
+		if string(line) != c.line || string(rest) != c.rest || ok != c.ok {
+			t.Errorf("Line(%q) = %q, %q, %v", c.in, line, rest, ok)
+		}
+	}
+	fields := []struct{ in, name, value string }{
+		{"data: x", "data", "x"},
+		{"data:x", "data", "x"},
+		{"data:  x ", "data", " x "},
+		{"data", "data", ""},
+		{"data:", "data", ""},
+		{": ping", "", "ping"},
+		{"id: a:b", "id", "a:b"},
+		{"", "", ""},
+	}
+	for _, c := range fields {
+		name, value := Field([]byte(c.in))
+		if string(name) != c.name || string(value) != c.value {
+			t.Errorf("Field(%q) = %q, %q", c.in, name, value)
+		}
+		if want := c.name == "data"; IsData([]byte(c.in)) != want {
+			t.Errorf("IsData(%q) = %v", c.in, !want)
+		}
+	}
+}
+
+// The data of an event is its data fields' values joined with LFs, as the
+// examples of the event-stream format's interpretation have it.
+func TestAppendData(t *testing.T) {
+	cases := []struct{ event, data string }{
+		{"data: YHOO\ndata: +2\ndata: 10\n", "YHOO\n+2\n10"},
+		{": test stream\n", ""},
+		{"data: first event\nid: 1\n", "first event"},
+		{"data:second event\nid\n", "second event"},
+		{"data:  third event\n", " third event"},
+		{"data\n", ""},
+		{"data\ndata\n", "\n"},
+		{"data:\r\n: x\r\nevent: e\r\ndata: {\"a\":\rdata:1}", "\n{\"a\":\n1}"},
+	}
+	for _, c := range cases {
+		if got := string(AppendData([]byte("x"), []byte(c.event))); got != "x"+c.data {
+			t.Errorf("AppendData(%q) = %q, want %q", c.event, got[1:], c.data)
+		}
+	}
+}
+
+// FuzzAppendData checks AppendData against a direct reading of the
+// format's rules: lines split at CR LF, LF or CR, the data fields' values
+// (after the first colon and one space) joined with LFs.
+func FuzzAppendData(f *testing.F) {
+	f.Add([]byte("data: a\r\ndata:b\rdata\n: c\ndata:  d\r"))
+	f.Add([]byte("datax: a\ndata:: b\r\r\n"))
+	f.Fuzz(func(t *testing.T, event []byte) {
+		norm := strings.ReplaceAll(strings.ReplaceAll(string(event), "\r\n", "\n"), "\r", "\n")
+		norm = strings.TrimSuffix(norm, "\n")
+		var values []string
+		for _, line := range strings.Split(norm, "\n") {
+			name, value, colon := strings.Cut(line, ":")
+			if name != "data" {
+				continue
+			}
+			if colon {
+				value = strings.TrimPrefix(value, " ")
+			}
+			values = append(values, value)
+		}
+		if got, want := string(AppendData(nil, event)), strings.Join(values, "\n"); got != want {
+			t.Fatalf("AppendData(%q) = %q, want %q", event, got, want)
+		}
+	})
+}
