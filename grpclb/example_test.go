@@ -106,7 +106,9 @@ func ExampleBuilder_ParseConfig() {
 // program marks it healthy again. The program keeps its marks and applies
 // them in OnBalancer to each new balancer (of a new channel, after a config
 // change that replaces the policy, when a channel leaves idle mode), so
-// that the endpoints join it unhealthy.
+// that the endpoints join it unhealthy. Here the mark comes before the
+// channel is dialed, and the channel's round robin sends every call to the
+// other server.
 func ExampleBuilder_SetHealthy() {
 	var (
 		mu   sync.Mutex                         // protects lbs and down
@@ -146,6 +148,44 @@ func ExampleBuilder_SetHealthy() {
 		}
 	}
 
-	// Later, when the health check of 10.0.0.7:8000 fails:
-	setHealthy("10.0.0.7:8000", false)
+	// Two servers; the program's health check of the first fails before
+	// any channel is dialed, so it joins the channel's balancer unhealthy.
+	var servers []*kvServer
+	var eps []resolver.Endpoint
+	for range 2 {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			log.Fatal(err)
+		}
+		s := &kvServer{}
+		srv := grpc.NewServer(orca.CallMetricsServerOption(nil))
+		testgrpc.RegisterTestServiceServer(srv, s)
+		go srv.Serve(lis)
+		defer srv.Stop()
+		servers = append(servers, s)
+		eps = append(eps, resolver.Endpoint{Addresses: []resolver.Address{{Addr: lis.Addr().String()}}})
+	}
+	failing := eps[0].Addresses[0].Addr // the endpoint's key: its first address
+	setHealthy(failing, false)
+
+	r := manual.NewBuilderWithScheme("example-health")
+	r.InitialState(resolver.State{Endpoints: eps})
+	cc, err := grpc.NewClient("example-health:///replicas", grpc.WithResolvers(r),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig": [{"llmlb-example-health": {"policy": "round-robin"}}]}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+	for range 20 {
+		if _, err := client.UnaryCall(context.Background(), &testgrpc.SimpleRequest{}, grpc.WaitForReady(true)); err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Println("calls to the server marked unhealthy:", servers[0].calls.Load())
+	fmt.Println("calls to the other:", servers[1].calls.Load())
+	// Output:
+	// calls to the server marked unhealthy: 0
+	// calls to the other: 20
 }
