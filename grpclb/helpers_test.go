@@ -293,10 +293,15 @@ func waitReady(t testing.TB, lb func() *llmlb.Balancer, n int) {
 	})
 }
 
-// assertIdle checks that b's accounting is back to zero.
+// assertIdle checks that b has endpoints and that their accounting is back
+// to zero.
 func assertIdle(t testing.TB, b *llmlb.Balancer) {
 	t.Helper()
-	for _, s := range b.Stats() {
+	stats := b.Stats()
+	if len(stats) == 0 {
+		t.Error("the balancer has no endpoints to check")
+	}
+	for _, s := range stats {
 		if s.Outstanding != 0 || s.Queued != 0 || s.PrefillTokens != 0 || s.DecodeTokens != 0 {
 			t.Errorf("endpoint %s not idle after all calls: %+v", s.Key, s)
 		}

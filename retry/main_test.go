@@ -67,10 +67,15 @@ func newBalancerOpts(t testing.TB, p llmlb.Policy, opts []llmlb.Option, keys ...
 	return b
 }
 
-// assertIdle fails the test unless every endpoint's accounting is zero.
+// assertIdle fails the test unless b has endpoints and every endpoint's
+// accounting is zero.
 func assertIdle(t testing.TB, b *llmlb.Balancer) {
 	t.Helper()
-	for _, s := range b.Stats() {
+	stats := b.Stats()
+	if len(stats) == 0 {
+		t.Error("the balancer has no endpoints to check")
+	}
+	for _, s := range stats {
 		if s.Outstanding != 0 || s.Queued != 0 || s.PrefillTokens != 0 || s.DecodeTokens != 0 {
 			t.Errorf("endpoint %s not idle: %+v", s.Key, s)
 		}
