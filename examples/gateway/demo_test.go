@@ -173,6 +173,11 @@ func TestDemoFair(t *testing.T) {
 		t.Logf("fair=%d (%v): heavy %d complete, TTFT p50 %v; light %d/%d complete, TTFT p50 %v p99 %v; light token share %.1f%%",
 			fair, res.Elapsed.Round(time.Millisecond), res.Heavy.Count((*e2e.Outcome).Complete), res.Heavy.TTFT(0.5),
 			res.Light.Count((*e2e.Outcome).Complete), load.Light, res.Light.TTFT(0.5), res.Light.TTFT(0.99), 100*res.lightShare())
+		// A light request the run's timeout cut is not among the
+		// outcomes.
+		if n := len(res.Light.Outcomes); n != load.Light {
+			t.Errorf("fair=%d: %d light requests answered, want all %d", fair, n, load.Light)
+		}
 		for i, out := range res.Light.Outcomes {
 			if !out.Complete() {
 				t.Errorf("fair=%d: light request %d incomplete: status %d, %d/%d tokens, error %v", fair, i, out.Status, out.Got, out.Want, out.Err)
