@@ -1,9 +1,6 @@
 package httplb
 
-import (
-	"bytes"
-	"math"
-)
+import "math"
 
 // nesting follows JSON text across pieces, as far as needed to tell whether
 // a value has ended: the objects and arrays open, whether a string is, and
@@ -75,16 +72,7 @@ func (n *nesting) skipString(p []byte) int {
 		}
 		from = 1
 	}
-	for {
-		j := bytes.IndexByte(p[from:], '"')
-		if j < 0 {
-			n.esc = backslashesBefore(p, len(p), from)%2 == 1
-			return -1
-		}
-		j += from
-		if backslashesBefore(p, j, from)%2 == 0 {
-			return j
-		}
-		from = j + 1
-	}
+	j, esc := closingQuote(p, from)
+	n.esc = esc
+	return j
 }

@@ -272,18 +272,25 @@ func (c *OutputCounter) Count(p []byte) int {
 // string, whose next byte, p[0], is not escaped; or -1 if p ends first,
 // leaving c.esc set if p ends with an escaping backslash.
 func (c *OutputCounter) skipString(p []byte) int {
-	from := 0
+	j, esc := closingQuote(p, 0)
+	c.esc = esc
+	return j
+}
+
+// closingQuote returns the index in p of the first quote at or after from
+// that no backslash escapes, where p[from] is not escaped; or -1 if p ends
+// first, and then esc reports whether p ends with an escaping backslash.
+func closingQuote(p []byte, from int) (j int, esc bool) {
 	for {
-		j := bytes.IndexByte(p[from:], '"')
-		if j < 0 {
-			c.esc = backslashesBefore(p, len(p), from)%2 == 1
-			return -1
+		k := bytes.IndexByte(p[from:], '"')
+		if k < 0 {
+			return -1, backslashesBefore(p, len(p), from)%2 == 1
 		}
-		j += from
-		if backslashesBefore(p, j, from)%2 == 0 {
-			return j
+		k += from
+		if backslashesBefore(p, k, from)%2 == 0 {
+			return k, false
 		}
-		from = j + 1
+		from = k + 1
 	}
 }
 
