@@ -71,11 +71,34 @@ type Balancer struct {
 	mu          sync.Mutex // serializes Update and SetHealthy
 	initialized bool       // a non-empty membership was seen
 	// departed holds, under mu, the accounting of endpoints that left the
-	// membership with requests in flight, so that an endpoint that comes
-	// back while they are (a flap of service discovery) still counts
-	// them. The pointers are weak: handles dropped without Done do not
-	// keep an endpoint's accounting alive.
-	departed map[string]weak.Pointer[epState]
+	// membership while an endpoint coming back (a flap of service
+	// discovery) would still need it (see departure).
+	departed map[string]*departure
+}
+
+// departure is the accounting of an endpoint that left the membership,
+// kept while the endpoint would need it if it came back (see
+// Balancer.carries): while requests picked before it left are in flight,
+// which it must still count; and, with a signal, while an observation that
+// counted some of this balancer's requests that finished since may still be
+// fresh, which must still have them taken from it. A new accounting would
+// know neither, and count the observation's requests again until the next
+// one.
+type departure struct {
+	// weak refers to the accounting while requests are in flight: their
+	// handles keep it alive, and handles dropped without Done do not.
+	weak weak.Pointer[epState]
+	// held keeps the accounting alive once no request is in flight, when
+	// nothing else refers to it; nil before.
+	held atomic.Pointer[epState]
+}
+
+// value returns the departed accounting, or nil if it was collected.
+func (d *departure) value() *epState {
+	if st := d.held.Load(); st != nil {
+		return st
+	}
+	return d.weak.Value()
 }
 
 // snapshot is an immutable membership. Pick reads it without locks; Update
@@ -116,7 +139,8 @@ func newEpState(key string) *epState {
 }
 
 // epState is the accounting of one endpoint. It lives as long as the endpoint
-// is a member and past that while handles still point to it.
+// is a member and past that while handles still point to it or its
+// departure holds it.
 //
 // Its first cache line holds what every pick reads or writes: the counts of
 // this balancer's requests, packed into two words so that a pick and a
@@ -174,10 +198,15 @@ type epState struct {
 	loader atomic.Pointer[func() *Load]
 }
 
-// epAux is the state policies keep per endpoint beyond its counts.
+// epAux is the state policies keep per endpoint beyond its counts, and
+// what only a departed endpoint needs.
 type epAux struct {
 	lat  peakLatency // PeakEWMA's latency average
 	flow prefillFlow // Default's rate of prompt tokens sent, with objectives
+	// dep is the endpoint's departure while it is out of the membership
+	// with a signal configured, else nil: the Done of its last request in
+	// flight holds its accounting there.
+	dep atomic.Pointer[departure]
 }
 
 // areaTime is the unit of time of epState.area: unix nanoseconds over 1024,
@@ -400,8 +429,12 @@ func New(policy Policy, opts ...Option) (*Balancer, error) {
 // Update replaces the membership with eps. Endpoints whose key stays keep
 // their accounting and health; requests picked before the update finish
 // correctly after it even if their endpoint is gone, and an endpoint that
-// comes back while they are in flight counts them again. With [WithSlowStart],
-// endpoints added after the first non-empty membership start in slow start.
+// comes back while they are in flight counts them again. With a signal
+// ([WithSignal]), an endpoint that comes back while its observation is
+// still fresh has that observation corrected as if it had stayed: the
+// requests it counted that finished meanwhile are taken from it. With
+// [WithSlowStart], endpoints added after the first non-empty membership
+// start in slow start.
 // Update rejects a nil endpoint, an empty or duplicate key, or a weight that
 // is not finite and positive with an error wrapping [ErrInvalidEndpoints],
 // and then leaves the membership unchanged. It scales weights of extreme
@@ -459,9 +492,10 @@ func (b *Balancer) Update(eps []Endpoint) error {
 		pos:   make(map[string]int, len(entries)),
 		gen:   generations.Add(1),
 	}
+	var t clockReading  // read when a departed endpoint's observation must be dated
 	now := int64(never) // the start of slow start of added endpoints
 	if b.initialized && b.slow.Window > 0 {
-		now = b.now()
+		now = t.nanos(b)
 	}
 	var unhealthy int64
 	next.unit = true
@@ -470,7 +504,7 @@ func (b *Balancer) Update(eps []Endpoint) error {
 		key := e.ep.Key()
 		st := old.byKey[key]
 		if st == nil {
-			st = b.rejoin(key)
+			st = b.rejoin(key, &t)
 		}
 		if st == nil {
 			st = newEpState(key)
@@ -494,7 +528,7 @@ func (b *Balancer) Update(eps []Endpoint) error {
 	if len(entries) > 0 {
 		b.initialized = true
 	}
-	b.depart(old, next)
+	b.depart(old, next, &t)
 	b.unhealthy.Store(unhealthy)
 	b.snap.Store(next)
 	return nil
@@ -507,18 +541,22 @@ func (b *Balancer) Update(eps []Endpoint) error {
 // the largest that it underflows.
 const minUnscaledWeight = 0x1p-64
 
-// rejoin returns the accounting of the departed endpoint key if requests
-// picked before it left are still in flight, else nil. The endpoint joins
-// as a new one would, healthy; only its counts carry over. The caller holds
+// rejoin returns the accounting of the departed endpoint key if it
+// carries over (see carries) at the time t, else nil. The endpoint joins as
+// a new one would, healthy; only its counts carry over. The caller holds
 // b.mu.
-func (b *Balancer) rejoin(key string) *epState {
-	wp, ok := b.departed[key]
+func (b *Balancer) rejoin(key string, t *clockReading) *epState {
+	d, ok := b.departed[key]
 	if !ok {
 		return nil
 	}
 	delete(b.departed, key)
-	st := wp.Value()
-	if st == nil || st.outstanding() == 0 {
+	st := d.value()
+	if st == nil {
+		return nil
+	}
+	st.aux.dep.Store(nil)
+	if !b.carries(st, t) {
 		return nil
 	}
 	st.unhealthy.Store(false)
@@ -526,23 +564,81 @@ func (b *Balancer) rejoin(key string) *epState {
 	return st
 }
 
-// depart notes the endpoints of old that are not in next and still have
-// requests in flight, and forgets the departed endpoints whose requests
-// have all finished. The caller holds b.mu.
-func (b *Balancer) depart(old, next *snapshot) {
-	for key, wp := range b.departed {
-		if st := wp.Value(); st == nil || st.outstanding() == 0 {
+// depart notes the endpoints of old that are not in next and whose
+// accounting carries over, and forgets the departed endpoints whose
+// accounting no longer does. The caller holds b.mu.
+//
+// Without a signal only the requests in flight carry over, and the
+// departure refers to the accounting weakly. With one, each request's Done
+// counts its completion in the epoch before it releases its counts, and the
+// Done that finds no request left in flight holds the accounting in the
+// departure (see Pick.done), so that what this reads of an endpoint with no
+// request in flight includes every completion, and an endpoint with
+// requests in flight is held by the Done of the last, whichever of the two
+// comes first.
+func (b *Balancer) depart(old, next *snapshot, t *clockReading) {
+	for key, d := range b.departed {
+		st := d.value()
+		if st == nil || !b.carries(st, t) {
+			if st != nil {
+				st.aux.dep.Store(nil)
+			}
 			delete(b.departed, key)
+			continue
+		}
+		if b.signal != nil && st.outstanding() == 0 {
+			d.held.Store(st) // a Done between its release and the hold
 		}
 	}
 	for _, st := range old.eps {
-		if next.byKey[st.key] == nil && st.outstanding() > 0 {
-			if b.departed == nil {
-				b.departed = map[string]weak.Pointer[epState]{}
-			}
-			b.departed[st.key] = weak.Make(st)
+		if next.byKey[st.key] != nil {
+			continue
 		}
+		var d *departure
+		if b.signal != nil {
+			// Announced before the counts are read: a Done that releases
+			// the last request after they were finds it.
+			d = new(departure)
+			st.aux.dep.Store(d)
+		}
+		if !b.carries(st, t) {
+			if d != nil {
+				st.aux.dep.Store(nil)
+			}
+			continue
+		}
+		if d == nil {
+			d = new(departure)
+		} else if st.outstanding() == 0 {
+			d.held.Store(st)
+		}
+		d.weak = weak.Make(st)
+		if b.departed == nil {
+			b.departed = map[string]*departure{}
+		}
+		b.departed[st.key] = d
 	}
+}
+
+// carries reports whether the accounting of a departed endpoint st must
+// carry over to its return at the time t: requests picked before it left
+// are in flight, or requests its current observation counted have finished
+// since, to be taken from it, and the observation is not older than the
+// maximum signal age (nor that far ahead of t), so that it may still be
+// trusted.
+func (b *Balancer) carries(st *epState, t *clockReading) bool {
+	if st.outstanding() > 0 {
+		return true
+	}
+	if b.signal == nil || st.epRunDone.Load() == 0 && st.epWaitDone.Load() == 0 {
+		return false
+	}
+	at := st.obsAt.Load()
+	if at == never {
+		return false
+	}
+	age := addSat(t.nanos(b), -at)
+	return age <= int64(b.maxAge) && age >= -int64(b.maxAge)
 }
 
 func (b *Balancer) extendSlowStart(startNanos int64) {
@@ -1140,17 +1236,28 @@ func (p Pick) done(err error, notify bool) {
 			st.aux.lat.observe(float64(now-picked)/1e9/float64(max(tokens, 1)), now, b.peak.decay)
 		}
 	}
-	st.release(rec.d1, rec.d2, rec.spill, streaming)
-	if b.learn && st.est != nil {
-		st.est.area.Add(-chargedTokens(rec.d2) * areaTime(now))
-	}
 	// Whether the request never reached the endpoint matters only to the
 	// epoch's counts and to a policy's recorded blocks: errors.Is walks
 	// err's chain, which a cancelled pick need not pay for otherwise.
 	notSent := !streaming && err != nil && (rec.epoch != 0 || rec.aux != nil && rec.aux.undo.t != nil) &&
 		isNotSent(err)
 	if rec.epoch != 0 {
+		// The epoch counts the completion before the counts release the
+		// request: an Update that finds no request of a departing
+		// endpoint in flight then finds every completion (see depart).
 		b.doneEpoch(st, rec, streaming, notSent)
+	}
+	st.release(rec.d1, rec.d2, rec.spill, streaming)
+	if rec.epoch != 0 && st.outstanding() == 0 {
+		// The last request in flight of an endpoint that left: no handle
+		// refers to its accounting any more, which the departure keeps
+		// while the endpoint's return would need it.
+		if d := st.aux.dep.Load(); d != nil {
+			d.held.Store(st)
+		}
+	}
+	if b.learn && st.est != nil {
+		st.est.area.Add(-chargedTokens(rec.d2) * areaTime(now))
 	}
 	if aux := rec.aux; aux != nil {
 		if aux.active != nil {
