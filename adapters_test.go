@@ -75,10 +75,11 @@ func TestAdapterAffinityObservedHolder(t *testing.T) {
 		t.Fatalf("inner saw %v, want the holders ep2 and ep3", pr.keys)
 	}
 	// No holder: endpoints with a free slot; ep2 is full, ep1 unreported.
-	pickKey(t, b, &Request{Adapter: "c"})
+	_, pk := pickKey(t, b, &Request{Adapter: "c"})
 	if !slices.Equal(pr.keys, []string{"ep0", "ep1", "ep3"}) {
 		t.Fatalf("inner saw %v, want those with room", pr.keys)
 	}
+	pk.Done(nil) // in flight, it would hold c where it went
 	// No holder and no room: every candidate.
 	for _, k := range []string{"ep0", "ep1", "ep3"} {
 		sig.Set(k, Load{At: now, Adapters: []string{"y"}, MaxAdapters: 1})

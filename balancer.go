@@ -201,8 +201,9 @@ type epState struct {
 // epAux is the state policies keep per endpoint beyond its counts, and
 // what only a departed endpoint needs.
 type epAux struct {
-	lat  peakLatency // PeakEWMA's latency average
-	flow prefillFlow // Default's rate of prompt tokens sent, with objectives
+	lat      peakLatency  // PeakEWMA's latency average
+	flow     prefillFlow  // Default's rate of prompt tokens sent, with objectives
+	adapters adapterSlots // AdapterAffinity's adapters in use beyond the observation
 	// dep is the endpoint's departure while it is out of the membership
 	// with a signal configured, else nil: the Done of its last request in
 	// flight holds its accounting there.
@@ -909,6 +910,7 @@ func (b *Balancer) pick(c *Candidates, snap *snapshot, r *Request) (Pick, error)
 	// only it knows how many prompt tokens the endpoint holds.
 	i := b.choose(c)
 	if uint(i) >= uint(c.Len()) {
+		c.slot.release()
 		return Pick{}, b.failed(r, policyErrorf("policy %T chose %d of %d candidates", b.policy, i, c.Len()))
 	}
 	p := b.commit(c, c.state(i))
@@ -927,9 +929,12 @@ func (b *Balancer) pick(c *Candidates, snap *snapshot, r *Request) (Pick, error)
 func (b *Balancer) choose(c *Candidates) int {
 	chose := false
 	defer func() {
-		if !chose && c.active != nil {
-			c.active.drop()
-			c.active = nil
+		if !chose {
+			if c.active != nil {
+				c.active.drop()
+				c.active = nil
+			}
+			c.slot.release()
 		}
 	}()
 	i := b.policy.Choose(c)
@@ -973,10 +978,10 @@ func (b *Balancer) commit(c *Candidates, st *epState) Pick {
 	decode := c.reqTok - prompt
 	rec := b.newRecord(st, prefill, prompt, decode)
 	rec.kind, rec.feature, rec.choices, rec.flowed = c.outKind, c.outFeature, uint32(c.req.choices()), c.flowed
-	if c.active != nil || c.undo.t != nil {
+	if c.active != nil || c.undo.t != nil || c.slot.st != nil {
 		aux := auxPool.Get().(*recordAux)
-		aux.active, aux.undo = c.active, c.undo
-		rec.aux, c.active, c.undo = aux, nil, recorded{}
+		aux.active, aux.undo, aux.slot = c.active, c.undo, c.slot
+		rec.aux, c.active, c.undo, c.slot = aux, nil, recorded{}, adapterHold{}
 	}
 	c.signalAge = -1
 	timed := b.obs != nil || b.learn || b.peak != nil // they need the time of the pick
@@ -1263,6 +1268,7 @@ func (p Pick) done(err error, notify bool) {
 		if aux.active != nil {
 			aux.active.drop()
 		}
+		aux.slot.release()
 		if aux.undo.t != nil && notSent {
 			aux.undo.forget(st.key)
 		}
@@ -1406,6 +1412,7 @@ type recordAux struct {
 	// undo is the prompt blocks the policy recorded at the endpoint for
 	// the request, which Done forgets if the request was not sent.
 	undo recorded
+	slot adapterHold // the adapter slot the request holds, released at Done
 }
 
 // auxPool holds the recordAux values of no request.

@@ -65,6 +65,9 @@ type Candidates struct {
 	flowed    int32
 	signalAge time.Duration // for the observer: age of the chosen endpoint's observation, -1 if none
 	t         clockReading  // the pick's time
+	// slot is the adapter slot AdapterAffinity counted at the endpoint it
+	// chose; commit hands it to the pick's record.
+	slot adapterHold
 }
 
 // clockReading is the time of one pick, read from the balancer's clock on
