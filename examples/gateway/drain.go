@@ -32,64 +32,80 @@ func (sd *shutdown) serveReady(w http.ResponseWriter, _ *http.Request) {
 	fmt.Fprintln(w, "ok")
 }
 
-// server returns the server of h, whose connections sd follows; call it
-// once.
-func (sd *shutdown) server(h http.Handler) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout, ConnState: sd.conns.track}
+// serve serves h on l, following its connections, until stop; call it
+// once. It returns the server and the channel on which the server's Serve
+// sends its result.
+func (sd *shutdown) serve(h http.Handler, l net.Listener) (*http.Server, <-chan error) {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout, ConnState: sd.conns.track}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(listener{l, &sd.conns}) }()
+	return srv, served
 }
 
-// stop stops srv, which server made and whose Serve sends its result on
-// served: srv takes no more connections, its requests in flight have up to
-// sd.grace to finish, and then those left are cut. stop returns once srv
-// has stopped and Serve has returned.
+// stop stops srv, which serve made and whose Serve sends its result on
+// served: srv takes no more connections, its requests in flight and its
+// upgraded connections have up to sd.grace to finish, and then those left
+// are cut. stop returns once srv has stopped and Serve has returned.
 //
 // http.Server.Shutdown alone notices that the last request has finished
 // only at its next look at the connections, and it looks at intervals that
 // grow to 500ms: the gateway would exit up to half a second after its last
 // stream ended. stop learns it from srv's connection states instead, and
 // then ends the Shutdown and closes the connections left, all idle.
+//
+// Nor does Shutdown wait for, or Close close, a connection that a handler
+// has taken over (hijacked): the gateway's ReverseProxy takes over the
+// client's connection when an upstream switches protocols (101 Switching
+// Protocols, as a WebSocket such as vLLM's /v1/realtime does, on a path the
+// gateway forwards), and copies bytes both ways until either side closes.
+// stop waits for such a connection as for a request in flight, and closes
+// it once the grace period is over.
 func (sd *shutdown) stop(srv *http.Server, served <-chan error, log *slog.Logger) error {
 	stopping, done := context.WithTimeout(context.Background(), sd.grace)
 	defer done()
 	drained, quiet := context.WithCancel(stopping)
 	defer quiet()
-	watched := make(chan struct{})
+	idle := make(chan bool, 1)
 	go func() {
-		defer close(watched)
 		// Serve returns once Shutdown has closed the listener, and each
 		// connection it accepted has reported its first state before:
 		// from then on, none that is busy can be missed.
 		<-served
-		if sd.conns.waitIdle(drained) {
-			quiet()
-		}
+		ok := sd.conns.waitIdle(stopping)
+		quiet()
+		idle <- ok
 	}()
+	// Shutdown returns nil once every connection it follows is closed,
+	// which may be before an upgraded one is: idle has the last word.
 	err := srv.Shutdown(drained)
-	quiet()
-	<-watched
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		log.Warn("gateway: shutdown grace period over, cutting the requests still in flight", "grace", sd.grace)
-		return srv.Close()
-	case errors.Is(err, context.Canceled):
-		// No request in flight: close the idle connections, as Shutdown
-		// would have at its next look.
+	if !<-idle {
+		log.Warn("gateway: shutdown grace period over, cutting the requests still in flight",
+			"grace", sd.grace, "upgraded", sd.conns.closeUpgraded())
 		return srv.Close()
 	}
-	return err
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	// Nothing in flight: close the idle connections, as Shutdown would
+	// have at its next look.
+	return srv.Close()
 }
 
 // conns follows the states of a server's connections, as its ConnState
 // hook. A connection is busy from its start, through each request it
 // serves, to its end; it is idle between two requests. A new connection
 // counts as busy for as long as it sends nothing, where
-// http.Server.Shutdown gives up on one after 5 seconds: stop then waits for
-// Shutdown's own verdict. A zero conns follows no connection and is ready
-// to use; it is safe for simultaneous use by multiple goroutines.
+// http.Server.Shutdown gives up on one after 5 seconds and closes it, which
+// ends it here too. A connection taken over by a handler
+// (http.StateHijacked, an upgraded connection) is busy until it is closed,
+// which the server does not report: the listener that serve gives the
+// server reports it instead (see conn). A zero conns follows no connection
+// and is ready to use; it is safe for simultaneous use by multiple
+// goroutines.
 type conns struct {
-	mu   sync.Mutex            // protects busy and idle
-	busy map[net.Conn]struct{} // lazily initialized
-	idle chan struct{}         // takes a value when busy empties; buffered 1, lazily initialized
+	mu   sync.Mutex        // protects busy and idle
+	busy map[net.Conn]bool // true for an upgraded connection; lazily initialized
+	idle chan struct{}     // takes a value when busy empties; buffered 1, lazily initialized
 }
 
 // track records that c is in state st now.
@@ -99,10 +115,13 @@ func (cs *conns) track(c net.Conn, st http.ConnState) {
 	cs.init()
 	switch st {
 	case http.StateNew, http.StateActive:
-		cs.busy[c] = struct{}{}
+		cs.busy[c] = false
+		return
+	case http.StateHijacked:
+		cs.busy[c] = true
 		return
 	}
-	// Idle, hijacked or closed: Shutdown waits for none of these.
+	// Idle or closed: Shutdown waits for neither.
 	delete(cs.busy, c)
 	if len(cs.busy) == 0 {
 		select {
@@ -131,9 +150,72 @@ func (cs *conns) waitIdle(ctx context.Context) bool {
 	}
 }
 
+// closeUpgraded closes the upgraded connections and returns how many it
+// closed.
+func (cs *conns) closeUpgraded() int {
+	cs.mu.Lock()
+	var up []net.Conn
+	for c, upgraded := range cs.busy {
+		if upgraded {
+			up = append(up, c)
+		}
+	}
+	cs.mu.Unlock()
+	// Outside the lock: a conn's Close tracks its end.
+	for _, c := range up {
+		_ = c.Close()
+	}
+	return len(up)
+}
+
 // init makes busy and idle; the caller holds mu.
 func (cs *conns) init() {
 	if cs.busy == nil {
-		cs.busy, cs.idle = make(map[net.Conn]struct{}), make(chan struct{}, 1)
+		cs.busy, cs.idle = make(map[net.Conn]bool), make(chan struct{}, 1)
 	}
+}
+
+// listener is a server's listener whose connections report their Close to
+// cs (see conn).
+type listener struct {
+	net.Listener
+	cs *conns
+}
+
+// Accept waits for and returns the next connection, which reports its
+// Close to l.cs.
+func (l listener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &conn{Conn: c, cs: l.cs}, nil
+}
+
+// conn is a connection that reports its Close to cs as its end
+// (http.StateClosed). The server reports the end of the connections it
+// keeps itself, and a handler that takes one over gets this conn from
+// Hijack, so that its Close, the end of an upgraded connection, is
+// reported too. The server closes a connection a second time after its
+// end, which changes nothing.
+type conn struct {
+	net.Conn
+	cs *conns
+}
+
+// Close closes the connection and reports its end.
+func (c *conn) Close() error {
+	c.cs.track(c, http.StateClosed)
+	return c.Conn.Close()
+}
+
+// CloseWrite shuts down the writing side of the connection if it can (a
+// TCP connection can), as the server and the ReverseProxy do when the
+// connection has one: after a response that closes it, and when the
+// upstream of an upgraded one has finished sending.
+func (c *conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }

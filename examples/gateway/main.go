@@ -11,7 +11,8 @@
 // /readyz 503 from the first SIGTERM or SIGINT on. With -drain-delay the
 // gateway keeps taking requests that long after the signal, so that a
 // Kubernetes Service drops the pod before it stops; then it lets streams in
-// flight finish for up to -shutdown-grace.
+// flight, and upgraded connections (a WebSocket that a replica accepts on a
+// forwarded path), finish for up to -shutdown-grace.
 //
 //	go run ./cmd/llmlb-engine -ports 8001,8002,8003,8004 -speedup 10 &
 //	go run ./examples/gateway -backends http://127.0.0.1:8001,http://127.0.0.1:8002,http://127.0.0.1:8003,http://127.0.0.1:8004
@@ -182,7 +183,7 @@ func run(args []string, stderr io.Writer) error {
 	listen := fs.String("listen", "127.0.0.1:8080", "address to serve clients on")
 	admin := fs.String("admin", "127.0.0.1:9090", "address to serve /metrics and /debug/llmlb on (\"\": none)")
 	backends := fs.String("backends", "", "comma-separated base URLs of the replicas")
-	grace := fs.Duration("shutdown-grace", 25*time.Second, "on SIGINT or SIGTERM, how long streams in flight may finish before they are cut (a second signal cuts them at once)")
+	grace := fs.Duration("shutdown-grace", 25*time.Second, "on SIGINT or SIGTERM, how long streams in flight and upgraded connections (WebSockets) may finish before they are cut (a second signal cuts them at once)")
 	drainDelay := fs.Duration("drain-delay", 0, "on SIGINT or SIGTERM, how long the admin address's /readyz answers 503 while the gateway still takes requests, before it stops taking them: behind a Kubernetes Service, a few seconds for the endpoints to drop the pod (0: stop at once)")
 	fs.StringVar(&o.policy, "policy", "default", "routing policy: default, least-outstanding, round-robin or peak-ewma (for replicas without metrics, such as a managed API's deployments)")
 	fs.DurationVar(&o.scrape, "scrape", time.Second, "interval between /metrics scrapes of each replica (negative: no scraping)")
@@ -708,7 +709,6 @@ func signalContext() (context.Context, context.CancelFunc) {
 // drain delay and the grace period it still routes requests, on current
 // state. serve returns once they have ended.
 func serve(ctx context.Context, g *gateway.Gateway, runners []runner, l net.Listener, sd *shutdown, log *slog.Logger) error {
-	srv := sd.server(g)
 	var wg sync.WaitGroup
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
@@ -725,8 +725,7 @@ func serve(ctx context.Context, g *gateway.Gateway, runners []runner, l net.List
 			}
 		})
 	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
+	srv, served := sd.serve(g, l)
 	select {
 	case err := <-served:
 		return err
