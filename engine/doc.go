@@ -166,8 +166,10 @@
 // until its context ends, and [Engine.Serve] runs it together with an HTTP
 // server on a listener; when Serve's context ends, it closes every
 // connection before it stops the batching loop, so that its streams break
-// as a killed server's do, not with the event of a dead engine. An Engine
-// is safe for concurrent use.
+// as a killed server's do, not with the event of a dead engine. With
+// [Config].ShutdownTimeout it drains first, as vLLM with --shutdown-timeout
+// does: it refuses new requests with 503 and lets those in progress finish
+// for up to that long. An Engine is safe for concurrent use.
 //
 // This package's plain data types (Config, Stats) hold no lock: any number
 // of goroutines may read a value of one at once, but none may write it

@@ -165,6 +165,18 @@ type Config struct {
 	// here shows a client what vLLM will do. 0 means
 	// [DefaultIdleTimeout]; it must not be negative.
 	IdleTimeout time.Duration
+	// ShutdownTimeout is how long [Engine.Serve] drains once its context
+	// ends, as vLLM's --shutdown-timeout does on SIGTERM: the engine
+	// refuses every new request with 503 (GET /metrics still answers, and
+	// GET /health answers 503, as SGLang's does while it drains), closes
+	// each connection after its answer, and lets the requests in progress
+	// finish for up to ShutdownTimeout; then, or as soon as none is left,
+	// it closes every connection and stops. 0 means no drain: Serve closes
+	// every connection at once, breaking the streams in progress, as vLLM
+	// aborts its requests in progress by default (--shutdown-timeout 0,
+	// vllm/v1/engine/core.py, vLLM v0.18.0 and later). It must not be
+	// negative.
+	ShutdownTimeout time.Duration
 	// KVEvents, if set, receives the engine's KV-cache events as vLLM
 	// reports them: after every iteration that changed the prefix cache,
 	// one batch of BlockStored events (the blocks' hashes, their parent's
@@ -189,6 +201,7 @@ type Engine struct {
 	maxBody   int64
 	readTime  time.Duration // ReadTimeout
 	idleTime  time.Duration // IdleTimeout
+	drainTime time.Duration // ShutdownTimeout
 	speedup   float64
 	blockSize int
 	kvBlocks  int
@@ -199,8 +212,9 @@ type Engine struct {
 
 	stored responseStore // the Responses API's stored responses; locks itself
 
-	wake chan struct{} // a request arrived; capacity 1
-	ran  atomic.Bool   // Run was called
+	wake     chan struct{} // a request arrived; capacity 1
+	ran      atomic.Bool   // Run was called
+	draining atomic.Bool   // Serve's context has ended: new requests are refused
 
 	hmu      sync.Mutex // protects handlers
 	handlers int        // ServeHTTP calls in progress
@@ -286,6 +300,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.IdleTimeout < 0 {
 		return nil, fmt.Errorf("%w: IdleTimeout %v is negative", ErrInvalidConfig, cfg.IdleTimeout)
 	}
+	if cfg.ShutdownTimeout < 0 {
+		return nil, fmt.Errorf("%w: ShutdownTimeout %v is negative", ErrInvalidConfig, cfg.ShutdownTimeout)
+	}
 	h, err := prefix.NewHasher(prefix.HasherConfig{
 		BlockTokens: eng.BlockSize,
 		BlockBytes:  eng.BlockSize * BytesPerToken,
@@ -305,6 +322,7 @@ func New(cfg Config) (*Engine, error) {
 		maxBody:   cfg.MaxBodyBytes,
 		readTime:  cfg.ReadTimeout,
 		idleTime:  cfg.IdleTimeout,
+		drainTime: cfg.ShutdownTimeout,
 		speedup:   speed,
 		blockSize: eng.BlockSize,
 		kvBlocks:  eng.KVBlocks,

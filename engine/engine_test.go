@@ -496,6 +496,7 @@ func TestConfig(t *testing.T) {
 		{MaxModelLen: -1},
 		{ReadTimeout: -time.Second},
 		{IdleTimeout: -time.Second},
+		{ShutdownTimeout: -time.Second},
 		// Iteration times of these overflow time.Duration: the engine
 		// would not wait at all.
 		{Speedup: 1e-300},

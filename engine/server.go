@@ -34,6 +34,10 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		e.hmu.Unlock()
 	}()
+	if e.draining.Load() && r.URL.Path != "/metrics" {
+		refuseDraining(w, r)
+		return
+	}
 	deadline := e.boundBody(w, r)
 	switch r.URL.Path {
 	case "/v1/completions":
@@ -91,9 +95,11 @@ func getOnly(w http.ResponseWriter, r *http.Request) bool {
 }
 
 // Serve runs the batching loop and an HTTP server on l until ctx is done, then
-// closes the listener and every connection at once (streams in progress
-// break, as when a server is killed), waits for its handlers and returns
-// ctx's error, or the error that stopped the server. Serve calls Run: use one
+// closes the listener and every connection (streams in progress break, as
+// when a server is killed), waits for its handlers and returns ctx's error,
+// or the error that stopped the server. It closes them at once, or, with a
+// [Config].ShutdownTimeout, once the requests in progress have finished or
+// the timeout is over, refusing new ones meanwhile. Serve calls Run: use one
 // or the other, once; an engine that has run already is not served (l is
 // closed) and Serve returns an error wrapping [ErrRunning]. The server
 // closes a keep-alive connection idle for [Config].IdleTimeout.
@@ -120,6 +126,7 @@ func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 	select {
 	case <-ctx.Done():
 		err = ctx.Err()
+		e.drain(srv)
 		_ = srv.Close()
 		cancel()
 		<-served
@@ -130,6 +137,39 @@ func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 	<-ran
 	e.waitHandlers()
 	return err
+}
+
+// drain, given a ShutdownTimeout, refuses new requests, closes each of
+// srv's connections after its answer, and waits until no request is in
+// progress or the timeout is over, whichever comes first.
+func (e *Engine) drain(srv *http.Server) {
+	if e.drainTime <= 0 {
+		return
+	}
+	e.draining.Store(true)
+	srv.SetKeepAlivesEnabled(false) // also closes the idle connections
+	idle := make(chan struct{})
+	go func() {
+		e.waitHandlers()
+		close(idle)
+	}()
+	timer := time.NewTimer(e.drainTime)
+	defer timer.Stop()
+	select {
+	case <-idle:
+	case <-timer.C:
+	}
+}
+
+// refuseDraining answers a request that comes while Serve drains: 503,
+// without a body for GET /health, else with the error of a server shutting
+// down.
+func refuseDraining(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/health" {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	writeError(w, statusError(http.StatusServiceUnavailable, "The server is shutting down."))
 }
 
 // waitHandlers waits for the ServeHTTP calls in progress to return.

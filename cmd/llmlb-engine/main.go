@@ -13,8 +13,19 @@
 // just as the connection closes, as it would against vLLM.
 //
 // It binds every port first, HTTP and KV events, then prints one base URL
-// per engine and runs until interrupted; if a port cannot be bound, it
-// prints no URL, only the error, and exits 1. -h lists the flags.
+// per engine and runs until SIGTERM or SIGINT; if a port cannot be bound,
+// it prints no URL, only the error, and exits 1. -h lists the flags.
+//
+// On SIGTERM or SIGINT it stops as vLLM's server does with its
+// --shutdown-timeout (vLLM v0.18.0 and later): by default (0) at once, its
+// streams in progress breaking, as vLLM aborts its requests in progress by
+// default; with -shutdown-timeout D, each engine drains first: it answers
+// new requests with 503 (and GET /health with 503, as SGLang's does while
+// it drains; GET /metrics still answers) and lets its requests in progress
+// finish for up to D, then stops, and the command exits 0 once every engine
+// has. A second signal ends the command at once.
+//
+//	go run ./cmd/llmlb-engine -n 2 -shutdown-timeout 30s
 //
 // With -kv-events-port N, engine i also publishes its KV-cache events as
 // vLLM does with --kv-events-config (publisher zmq, topic "kv-events"): on a
@@ -41,6 +52,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/llmlb/llmlb/engine"
@@ -48,14 +60,32 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signalContext()
 	code := status(run(ctx, os.Args[1:], os.Stdout, os.Stderr), os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
+// signalContext returns a context that ends at the first SIGTERM or SIGINT.
+// Its handler goes before the context ends, so that a second signal, during
+// the drain, ends the process at once.
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs:
+		case <-ctx.Done():
+		}
+		signal.Stop(sigs)
+		cancel()
+	}()
+	return ctx, cancel
+}
+
 // status returns the exit status for run's error, which it writes to
-// stderr: 0 for none, for the end of an interrupt, and for -h or -help
+// stderr: 0 for none, for the end of a signal, and for -h or -help
 // (whose usage run wrote); 1 otherwise.
 func status(err error, stderr io.Writer) int {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, flag.ErrHelp) {
@@ -128,6 +158,8 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	maxModelLen := fs.Int("max-model-len", 0, "context length: a prompt plus max_tokens beyond it gets 400 in vLLM's words, a request without max_tokens generates no more than fits (0: the KV cache's size)")
 	readTimeout := fs.Duration("read-timeout", engine.DefaultReadTimeout, "time a client has to send a request's body once its header is in (408 past it); answers, streams among them, are not bounded")
 	idleTimeout := fs.Duration("idle-timeout", vllmIdleTimeout, "close a keep-alive connection idle this long, as vLLM's server does after 5s (a client must keep connections idle for less, or retry)")
+	shutdownTimeout := fs.Duration("shutdown-timeout", 0, "on SIGTERM or SIGINT, how long each engine lets its requests in progress finish while it answers new ones 503, "+
+		"as vLLM's --shutdown-timeout (0: break them at once, vLLM's default)")
 	kvPort := fs.Int("kv-events-port", 0, "publish engine i's KV events over ZMQ on this port + i, replay on this port + i + 1000 (0: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -164,6 +196,9 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 	}
 	if *idleTimeout <= 0 {
 		return fmt.Errorf("-idle-timeout %v must be positive", *idleTimeout)
+	}
+	if *shutdownTimeout < 0 {
+		return fmt.Errorf("-shutdown-timeout %v must not be negative", *shutdownTimeout)
 	}
 	// "" would be engine.Config's default model, not what was asked.
 	if *model == "" {
@@ -202,6 +237,7 @@ func run(ctx context.Context, args []string, out, stderr io.Writer) error {
 		MaxModelLen:       *maxModelLen,
 		ReadTimeout:       *readTimeout,
 		IdleTimeout:       *idleTimeout,
+		ShutdownTimeout:   *shutdownTimeout,
 	}
 	if *kvPort < 0 || *kvPort > 0 && *kvPort+len(addrs)-1+1000 > 65535 {
 		return fmt.Errorf("-kv-events-port %d out of range for %d engines", *kvPort, len(addrs))

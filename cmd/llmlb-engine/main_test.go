@@ -283,6 +283,7 @@ func TestRunErrors(t *testing.T) {
 		{[]string{"-read-timeout", "-1s"}, "-read-timeout -1s must be positive"},
 		{[]string{"-idle-timeout", "0"}, "-idle-timeout 0s must be positive"},
 		{[]string{"-idle-timeout", "-1s"}, "-idle-timeout -1s must be positive"},
+		{[]string{"-shutdown-timeout", "-1s"}, "-shutdown-timeout -1s must not be negative"},
 		{[]string{"-model", ""}, "-model must not be empty"},
 		// Engine 1000's PUB port would be engine 0's replay port.
 		{[]string{"-n", "1001", "-kv-events-port", "5000"}, "-kv-events-port: 1001 engines publish KV events, at most 1000 can"},
