@@ -48,6 +48,9 @@ type body struct {
 	stream  bool
 	scanned int
 	cut     bool
+	// named is set if buf[:scanned] ends in an event named "error" that
+	// has not ended: the scrubber goes on in it (see scrubEvents).
+	named bool
 	// scrub, if set, rewrites the error events read after buf[:scanned]
 	// (see scrubEvents); srcErr is the error that ended the reads of rc,
 	// returned once buf is read.
@@ -161,7 +164,10 @@ func (b *body) scrubEvents(hide func(status int, value []byte) []byte) {
 	if !b.stream || b.scrub != nil || b.scanned > len(b.buf) {
 		return
 	}
-	s := &scrubber{hide: hide, skip: b.cut}
+	// The rest of the line at buf[scanned] passes if it is a value cut
+	// short, or the line break of an event named "error" held back to a
+	// data line's end, not yet to the event's.
+	s := &scrubber{hide: hide, skip: b.cut || b.named, named: b.named}
 	out := append(make([]byte, 0, len(b.buf)), b.buf[:b.scanned]...)
 	b.buf = s.feed(out, b.buf[b.scanned:])
 	b.scrub = s
@@ -195,7 +201,8 @@ func (b *body) end(err error) {
 // a text/event-stream, to the end of the first line that starts with the
 // "data:" field and is not a preamble event (see preambleEvent), or only
 // to the first byte of its value if that is not an object (no error event
-// then); for anything else (or a compressed stream), the first byte. The
+// then), or, for an event named "error", to the event's end; for anything
+// else (or a compressed stream), the first byte. The
 // preamble events before it are held back with it. It gives up waiting
 // after limit bytes. An EOF ends the wait without error; another read
 // error is returned, and the attempt is then retryable. If the first event
@@ -242,12 +249,17 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 	if ev.data < 0 {
 		if stream {
 			// No data line, but the stream may have ended after an
-			// error line.
+			// error line, or an event named "error" without data.
 			code = errorFieldCode(buf)
 			if code != 0 {
 				b.firstErr = code
 				b.errAt, b.errEnd = errorFieldSpan(buf)
 				b.scanned = b.errEnd
+			} else if named, _ := errorNamed(endedLines(buf, b.rc)); named {
+				// Nothing to rewrite: the scrubber reads the stream
+				// from its start.
+				code = http.StatusInternalServerError
+				b.firstErr = code
 			}
 			return code, nil
 		}
@@ -255,17 +267,35 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 	}
 	at, end, cut := ev.span(buf)
 	value := spanValue(buf[at:end])
-	b.scanned, b.cut = end, cut
-	code = errorEventCode(buf[:ev.data], value)
+	b.scanned, b.cut, b.named = end, cut, ev.named && !ev.ended
+	head := buf[:ev.data]
+	if ev.named && errorFieldCode(head) == 0 {
+		code = namedErrorCode(value) // named before its value, or among its lines
+	} else {
+		code = errorEventCode(head, value)
+	}
 	if code != 0 {
 		b.firstErr = code
-		if errorFieldCode(buf[:ev.data]) != 0 {
-			b.errAt, b.errEnd = errorFieldSpan(buf[:ev.data])
-		} else {
+		switch named, _ := errorNamed(head); {
+		case errorFieldCode(head) != 0:
+			b.errAt, b.errEnd = errorFieldSpan(head)
+		case ev.named || !named || valueErrorCode(value) != 0:
 			b.errAt, b.errEnd = at, end
 		}
+		// Otherwise the error is an event named "error" before this
+		// one, without data: nothing to rewrite.
 	}
 	return code, nil
+}
+
+// endedLines returns the lines of buf, the start of a body read from rc,
+// that have ended: all of them if the body has (rc is an eofReader), else
+// those up to its last line break.
+func endedLines(buf []byte, rc io.ReadCloser) []byte {
+	if _, eof := rc.(eofReader); eof {
+		return buf
+	}
+	return buf[:bytes.LastIndexAny(buf, "\r\n")+1]
 }
 
 // eventPeek follows an event stream held back by peek, across reads, to
@@ -275,6 +305,9 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 // of other fields, to the end of the data line where it is complete or to
 // the event's end. Only its lines that have ended are read, but for the
 // first byte of the value, which ends the wait if it is not an object's.
+// The value of an event named "error" (see errorNamed) before its value or
+// among its lines, whatever it is, is its data lines from there, all of
+// them, to the event's end.
 type eventPeek struct {
 	first sse.FirstEvent // finds the next data field, from the end of the last preamble event
 	// data is the offset in the held-back bytes past the value's first
@@ -296,6 +329,17 @@ type eventPeek struct {
 	multi  bool    // the value is not its first line's alone
 	ended  bool    // the value has ended
 	nest   nesting // the value's JSON, up to end
+	// lead is the value's first byte that is not whitespace, in its lines
+	// that have ended; 0 until one has come.
+	lead byte
+	// named is set if the value's event is named "error", before the
+	// value or among its lines while it has not begun with anything but
+	// an object: the value then ends with the event.
+	named bool
+	// names follows the event names of the lines before nameAt, the
+	// start of the last value's first line, read once each.
+	names  eventNames
+	nameAt int
 }
 
 // feed reads buf[from:], the bytes of the stream buf just read, and reports
@@ -310,7 +354,8 @@ func (e *eventPeek) feed(buf []byte, from int) bool {
 			}
 			e.data = from + dataEnd(prev, buf[from:])
 			e.next, e.inFirst, e.cr, e.seen, e.object = e.data, true, false, e.data, false
-			e.end, e.multi, e.ended, e.nest = -1, false, false, nesting{}
+			e.end, e.multi, e.ended, e.nest, e.lead = -1, false, false, nesting{}, 0
+			e.named = e.readNames(buf, e.data-len(sse.DataField))
 			if c := buf[e.data-1]; c == '\n' || c == '\r' {
 				// A "data" line: an empty value so far, which goes on.
 				e.inFirst, e.cr, e.end, e.multi = false, c == '\r', e.data-1, true
@@ -324,7 +369,7 @@ func (e *eventPeek) feed(buf []byte, from int) bool {
 		// FirstEvent, which the line break puts past the stream's
 		// byte-order mark.
 		at, end, _ := e.span(buf)
-		if !preambleEvent(spanValue(buf[at:end])) {
+		if e.named || !preambleEvent(spanValue(buf[at:end])) {
 			return true
 		}
 		from = e.next - 1
@@ -349,7 +394,7 @@ func (e *eventPeek) readLines(buf []byte) (done bool) {
 		from := max(e.next, e.seen)
 		i := bytes.IndexAny(buf[from:], "\r\n")
 		if i < 0 {
-			if !e.nest.begun && !e.object {
+			if !e.nest.begun && !e.object && !e.named {
 				value := -1 // the offset of the line's value
 				if e.inFirst {
 					value = e.next
@@ -377,6 +422,7 @@ func (e *eventPeek) readLines(buf []byte) (done bool) {
 		case e.inFirst:
 			e.inFirst = false
 			e.nest.feed(line)
+			e.noteLead(line)
 			e.end = lineEnd
 		case len(line) == 0:
 			e.ended = true // the event's end, and the value's
@@ -385,13 +431,44 @@ func (e *eventPeek) readLines(buf []byte) (done bool) {
 			_, v := sse.Field(line)
 			e.nest.feed(lineFeed)
 			e.nest.feed(v)
+			e.noteLead(v)
 			e.end, e.multi = lineEnd, true
 		default:
-			continue // another field's line, or a comment
+			// Another field's line, or a comment. A value that has begun
+			// with anything but an object is no error event by its data,
+			// and its wait may have ended at its first byte: an event name
+			// after it, as that wait would not have read, changes nothing.
+			if (e.lead == 0 || e.lead == '{') && sse.IsEvent(line, errorName) {
+				e.named = true // the value goes on to the event's end
+			}
+			continue
 		}
-		if !e.nest.open() {
+		if !e.named && !e.nest.open() {
 			e.ended = true
 			return false
+		}
+	}
+}
+
+// readNames reads the event names of the lines of buf up to to, a line's
+// start, from where the last read stopped, and reports whether the event
+// that they end in is named "error".
+func (e *eventPeek) readNames(buf []byte, to int) bool {
+	p := buf[e.nameAt:to]
+	if e.nameAt == 0 {
+		p = bytes.TrimPrefix(p, []byte(sse.ByteOrderMark))
+	}
+	e.names.read(p)
+	e.nameAt = to
+	return e.names.current
+}
+
+// noteLead records the first byte of v, the value of a data line of the
+// value, that is not whitespace, if the value had none.
+func (e *eventPeek) noteLead(v []byte) {
+	if e.lead == 0 {
+		if i := indexNonSpace(v); i >= 0 {
+			e.lead = v[i]
 		}
 	}
 }
@@ -560,7 +637,80 @@ func indexNonSpace(p []byte) int {
 // for, given the stream's bytes before the event's value (head) and the
 // value's data (the rest of its data line, joined with LFs to the values of
 // the data lines it goes on in; see spanValue): 0 if it is not an error
-// event (see
+// event (see [OutputCounter.Failed]); else that of llama.cpp's error line
+// among head (see errorFieldCode); else, for an event named "error" (see
+// errorNamed), what its data says (see namedErrorCode); else that of the
+// value (see valueErrorCode); else, if an event named "error" without data
+// came before it, 500. It allocates only for an error event.
+func errorEventCode(head, value []byte) int {
+	if code := errorFieldCode(head); code != 0 {
+		return code
+	}
+	named, current := errorNamed(head)
+	if current {
+		return namedErrorCode(value)
+	}
+	if code := valueErrorCode(value); code != 0 || !named {
+		return code
+	}
+	return http.StatusInternalServerError
+}
+
+// errorNamed reports whether a line of head, lines of an event stream from
+// its start, names an event "error" (see eventErrorLine), and whether the
+// event that head ends in, the lines after its last blank line, is so
+// named. It does not allocate.
+func errorNamed(head []byte) (named, current bool) {
+	var n eventNames
+	n.read(bytes.TrimPrefix(head, []byte(sse.ByteOrderMark)))
+	return n.named, n.current
+}
+
+// eventNames follows the names of an event stream's events, across pieces
+// of its lines that each start at a line's start.
+type eventNames struct {
+	named   bool // a line named an event "error"
+	current bool // the current event is so named: no blank line since
+}
+
+// read reads lines, the next lines of the stream (the last one ended or
+// not). It does not allocate.
+func (n *eventNames) read(lines []byte) {
+	if !n.current && !bytes.Contains(lines, []byte(sse.EventField)) {
+		return
+	}
+	for len(lines) > 0 {
+		line, rest, _ := sse.Line(lines)
+		switch {
+		case len(line) == 0:
+			n.current = false // the event's end
+		case sse.IsEvent(line, errorName):
+			n.named, n.current = true, true
+		}
+		lines = rest
+	}
+}
+
+// namedErrorCode returns the status that an event named "error" stands
+// for, given its data: that of its value if it is an error event by its
+// data too (see valueErrorCode); else that of its top-level "code" (see
+// codeStatus), or of an Anthropic error type as its top-level "type" (see
+// anthropicErrors); else 500, for data of any other shape, or none.
+func namedErrorCode(value []byte) int {
+	if code := valueErrorCode(value); code != 0 {
+		return code
+	}
+	if n, ok := codeStatus(rawMember(value, "code")); ok {
+		return n
+	}
+	if n, ok := anthropicErrors[jsonString(rawMember(value, typeKey))]; ok {
+		return n
+	}
+	return http.StatusInternalServerError
+}
+
+// valueErrorCode returns the status that value, the data of an event's
+// value, stands for: 0 if it is not an error event by its data (see
 // [OutputCounter.Failed]); else the status of the error's "code" (see
 // codeStatus).
 // The code is that of the event's "error" object, else, in an OpenAI
@@ -571,10 +721,7 @@ func indexNonSpace(p []byte) int {
 // "context_length_exceeded", name none. An "error" string, as
 // text-generation-inference sends, stands for the status of its
 // "error_type" (see tgiErrors). It allocates only for an error event.
-func errorEventCode(head, value []byte) int {
-	if code := errorFieldCode(head); code != 0 {
-		return code
-	}
+func valueErrorCode(value []byte) int {
 	if i := indexNonSpace(value); i < 0 || value[i] != '{' ||
 		!bytes.Contains(value, []byte(`"`+errorKey+`"`)) && !bytes.Contains(value, []byte(`"`+failedType+`"`)) &&
 			!hasNameEscape(value) {

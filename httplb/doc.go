@@ -65,9 +65,12 @@
 // "type" "error" or "response.failed" of the OpenAI Responses API (keys and
 // types as JSON decodes them, escapes and all), or a
 // line with the field name "error" in place of a data line, as llama.cpp's
-// server sends (see [OutputCounter.Failed]).
-// Such a first event is
-// no commitment: nothing reached the client, and the attempt fails like a
+// server sends, or an event named "error" (an "event: error" line before
+// its data), as Anthropic's Messages API names its error events, whatever
+// its data, or without any: Anthropic's SDKs raise such an event on its
+// name alone (see [OutputCounter.Failed]); the first event is then held
+// back to the event's end, all its data lines. Such a first event is no
+// commitment: nothing reached the client, and the attempt fails like a
 // status answer whose status is the error's "code" (429 for OpenAI's
 // "rate_limit_exceeded" and "insufficient_quota"; without a code from 100
 // to 599, the status of the error's type, 400 for an
@@ -77,7 +80,9 @@
 // {"message": "...", "http_status_code": 422}} of its OpenAI-compatible
 // routes, which say 422 for every error, the status it answers for the
 // error the message names: 429 for "Model is overloaded", 422 for an
-// "Input validation error: ..."), retried on another
+// "Input validation error: ..."; for an event named "error" whose data is
+// of no such shape, its top-level "code", or its Anthropic error "type",
+// else 500), retried on another
 // endpoint if that status is (by default a
 // 408, 429, 500, 502, 503 or 504, not a 400). When it is not
 // retried, the caller gets the stream as the upstream sent it, the 200 and

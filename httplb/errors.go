@@ -45,8 +45,9 @@ var (
 	// text-generation-inference {"error": "...", "error_type": "..."}
 	// or, on its OpenAI-compatible routes, {"error": {"message": "...",
 	// "http_status_code": 422}}; the OpenAI Responses API sends an
-	// "error" or a "response.failed" event), which is no success whatever
-	// the status said. An attempt
+	// "error" or a "response.failed" event, Anthropic's Messages API an
+	// event named "error"), which is no success whatever the status said.
+	// An attempt
 	// whose first event is one fails with it too, wrapping a
 	// [*retry.StatusError] of the event's code if that is an HTTP status
 	// or stands for one (OpenAI's "rate_limit_exceeded" for 429, an
@@ -54,7 +55,8 @@ var (
 	// "invalid_request_error" for 400, text-generation-inference's
 	// error_type "validation" for 422, or the error its OpenAI-compatible
 	// routes name in the message of an event whose http_status_code is
-	// 422 whatever the error, "Model is overloaded" for 429), else of 500.
+	// 422 whatever the error, "Model is overloaded" for 429, or the
+	// top-level "code" of an event named "error"), else of 500.
 	ErrErrorEvent = errors.New("httplb: the response stream carried an error event")
 )
 

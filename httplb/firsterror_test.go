@@ -387,6 +387,17 @@ func TestFirstEventCutAnywhere(t *testing.T) {
 		{"data over lines, error deeper", "data: {\"choices\":[\ndata: {\"error\":{}}]}\n\n", false},
 		{"value ended at the event's end", "data: {\"error\":{\"code\":500}\n\ndata: b\n\n", true},
 		{"preamble over lines", "event: response.created\ndata: {\"type\":\ndata: \"response.created\"}\n\n" + errorStream("x", "500"), true},
+		// An event named "error" is one whatever its data, held back to
+		// its end.
+		{"named error", "event: error\ndata: {\"message\":\"boom\"}\n\n", true},
+		{"named error, no space, text over CR LF lines", "event:error\r\ndata: Internal\r\ndata: error\r\n\r\n", true},
+		{"named error after a comment", ": ping\r\n\r\n: x\r\nevent: error\r\ndata: [1]\r\n\r\n", true},
+		{"named error without data", "event: error\n\ndata: {\"i\":0}\n\n", true},
+		{"named error without data at the end", "\xef\xbb\xbfevent: error", true},
+		{"named error in a value", "data: {\"a\":\nevent: error\ndata: 1}\n\n", true},
+		{"named error after a preamble", "event: response.created\ndata: {\"type\":\"response.created\"}\n\nevent:error\ndata: x\n\n", true},
+		{"named otherwise", "event: errors\ndata: {\"message\":\"x\"}\n\nevent:  error\ndata: x\n\n", false},
+		{"named error after its first value", "data: {\"i\":0}\nevent: error\n\n", false},
 	}
 	for _, s := range streams {
 		t.Run(s.name, func(t *testing.T) {
@@ -434,6 +445,13 @@ func FuzzPeek(f *testing.F) {
 		"\xef\xbb\xbfdata: {\r\n: c\r\nevent: error\r\ndata: \"error\":\r\ndata\r\ndata: {\"code\": 429}}\r\n\r\n",
 		"data\rdata:\rdata: {\"type\":\"response.created\",\rdata:\"x\":1}\r\rdata: {\"error\":\n\ndata: {}}\n",
 		"event: response.created\ndata: {\"type\":\ndata: \"response.created\"}\n\ndata: {\"a\":\"\ndata: \\\"error\\\":{}\"}\n\n",
+		"event: error\ndata: {\"message\":\"x\",\"code\":503}\n\ndata: [DONE]\n\n",
+		": c\r\nevent:error\r\ndata: Internal\r\n: c\r\ndata: error\r\n\r\n",
+		"event: error\n\ndata: {\"a\":1}\n\n",
+		"\xef\xbb\xbfevent: error\rdata\rdata: x",
+		"event: response.created\ndata: {\"type\":\"response.created\"}\nevent: error\n\ndata: {\"a\":1}\n",
+		"data:\"\"\"\nevent:error\n",
+		"data:\nevent: error\ndata: x\n\n",
 		"",
 	} {
 		f.Add([]byte(s), uint8(3), uint16(0), true)
@@ -569,6 +587,24 @@ var hiddenEvents = []struct {
 	{"TGI, data over lines, CR", "data:{\"error\":\"Request failed during generation: " + secret + "\",\rdata:\"error_type\":\"generation\"}\r\r",
 		"ERROR", 424, `data:{"error":"The upstream failed to answer. Request ID: ID","error_type":"generation"}`,
 		"data:{\"error\":\"Request failed during generation: " + secret + "\",\rdata:\"error_type\":\"generation\"}"},
+	// An event named "error" is an error event whatever its data, which
+	// is replaced whole, all its data lines, its status the data's code
+	// or type if it has one, else 500.
+	{"named, a message and a code", "event: error\ndata: {\"message\": \"" + secret + "\", \"code\": 503}\n\n",
+		"ERROR", 503, `data: {"code":503,"message":"The upstream failed to answer. Request ID: ID"}`,
+		"data: {\"message\": \"" + secret + "\", \"code\": 503}"},
+	{"named, an Anthropic type", "event: error\ndata: {\"type\": \"overloaded_error\", \"message\": \"" + secret + "\"}\n\n",
+		"ERROR", 503, `data: {"code":503,"message":"The upstream failed to answer. Request ID: ID","type":"overloaded_error"}`,
+		"data: {\"type\": \"overloaded_error\", \"message\": \"" + secret + "\"}"},
+	{"named, no space, text over CR LF lines", "event:error\r\n: keep-alive\r\ndata: " + secret + "\r\nid: 7\r\ndata: RuntimeError: engine dead\r\n\r\n",
+		"ERROR", 500, "data: {\"error\":{\"message\":\"The upstream failed to answer. Request ID: ID\",\"type\":\"upstream_error\",\"code\":500}}\r\nid: 7",
+		"data: " + secret + "\r\nid: 7\r\ndata: RuntimeError: engine dead"},
+	{"named, text after a comment, CR", ": ping\r\revent: error\rdata: " + secret + "\r\r",
+		"ERROR", 500, `data: {"error":{"message":"The upstream failed to answer. Request ID: ID","type":"upstream_error","code":500}}`,
+		"data: " + secret},
+	{"named, a 400", "event: error\ndata: {\"code\": 400, \"message\": \"The prompt is too long.\"}\n\n",
+		"INFO", 400, "data: {\"code\": 400, \"message\": \"The prompt is too long.\"}",
+		"data: {\"code\": 400, \"message\": \"The prompt is too long.\"}"},
 }
 
 // sentLines returns the lines of the stream of hiddenEvents[i] that the

@@ -245,6 +245,10 @@ func FuzzOutputCounter(f *testing.F) {
 		"data: {\r\n: c\r\nevent: error\r\ndata: \"error\"\r\ndata: :\"x\"}\r\n\r\ndata: [DONE]\r\n",
 		"data\ndata:\rdata: {\"type\":\r\ndata: \"response.failed\"}\r\rdata: {\"a\":\"\ndata: \\\"error\\\":{}\"}\n\n",
 		"data: {\"a\":{\n\ndata: {\"b\":\"error\"}\n\ndata: {\"a\":1}\ndata: \"error\":{}}\n",
+		"event: error\ndata: {\"message\":\"x\"}\n\ndata: {\"a\":1}\n\n",
+		": c\r\nevent:error\r\ndata: Internal\r\ndata: error\r\n\r\ndata: [DONE]\r\n\r\n",
+		"event: errors\nevent:  error\nevent: error \nEvent: error\ndata: x\n\nevent: erro",
+		"data: {\"a\":\nevent: error\rdata: 1}\r\revent: error",
 		"",
 	} {
 		f.Add([]byte(s), uint16(len(s)/2), true)
@@ -298,6 +302,10 @@ func FuzzOutputCounter(f *testing.F) {
 		if want, ok := eventsErrorReference(body, true); sse && ok && failed != want {
 			t.Fatalf("%q: failed %v, want %v", body, failed, want)
 		}
+		// An event named "error" fails the stream, whatever its data.
+		if sse && namedErrorReference(body, true) && !failed {
+			t.Fatalf("%q: an event named \"error\" did not fail the stream", body)
+		}
 		// A JSON body against a decoder's reading of the same rule.
 		if !sse && json.Valid(body) {
 			want := len(body) / BytesPerToken
@@ -311,12 +319,37 @@ func FuzzOutputCounter(f *testing.F) {
 	})
 }
 
+// namedErrorReference reports whether a line of the event stream body
+// (after a byte-order mark at its start, if mark is set) names an event
+// "error": its field, split at its first colon, is "event", and its value,
+// less one leading space, is "error".
+func namedErrorReference(body []byte, mark bool) bool {
+	if mark {
+		body = bytes.TrimPrefix(body, []byte(sse.ByteOrderMark))
+	}
+	norm := strings.ReplaceAll(strings.ReplaceAll(string(body), "\r\n", "\n"), "\r", "\n")
+	for line := range strings.SplitSeq(norm, "\n") {
+		name, value, _ := strings.Cut(line, ":")
+		if name == "event" && strings.TrimPrefix(value, " ") == "error" {
+			return true
+		}
+	}
+	return false
+}
+
 // eventsErrorReference reports whether an event of the event stream body
 // (after a byte-order mark at its start, if mark is set) is an error event,
-// its data read with encoding/json (see errorEventReference), and ok if
-// the data of each of its events is a JSON document, or whitespace, and no
-// line is llama.cpp's error line.
+// its data read with encoding/json (see errorEventReference) or its name
+// "error" (see namedErrorReference), and ok if the data of each of its
+// events is a JSON document, or whitespace, and no line is llama.cpp's
+// error line.
 func eventsErrorReference(body []byte, mark bool) (failed, ok bool) {
+	failed, ok = dataErrorReference(body, mark)
+	return failed || namedErrorReference(body, mark), ok
+}
+
+// dataErrorReference is eventsErrorReference by the events' data alone.
+func dataErrorReference(body []byte, mark bool) (failed, ok bool) {
 	if mark {
 		body = bytes.TrimPrefix(body, []byte(sse.ByteOrderMark))
 	}

@@ -15,9 +15,12 @@ const maxHeldLine = 64 << 10
 // scrubber rewrites the error events of an event stream, after its first
 // event, as the stream is read: each line is held back until its end, and
 // the lines of a data value that goes on past its line (see nesting) until
-// the value's end; a data value (or llama.cpp's error line) that is an
-// error event is replaced by what hide returns for it. Every other byte
-// passes as sent.
+// the value's end, and the data lines of an event named "error" (see
+// errorNamed) until the event's end; a data value (or llama.cpp's error
+// line) that is an error event, and the data of an event named "error",
+// whatever it is, are replaced by what hide returns for them. Every other
+// byte passes as sent. An event's name counts for the data lines after
+// it: the data of an event whose name comes after it has passed.
 type scrubber struct {
 	// hide returns the value that replaces value, that of an error event
 	// standing for status, or nil to keep it.
@@ -32,8 +35,12 @@ type scrubber struct {
 	val  []byte
 	nest nesting
 	pass bool
-	cr   bool   // the last line ended with a CR: a LF next is the rest of its line break
-	out  []byte // the buffer feed writes into, reused once read
+	// named is set while the current event is named "error": an "event:
+	// error" line of it has ended. Its data lines are held back in val
+	// to the event's end, and replaced whole.
+	named bool
+	cr    bool   // the last line ended with a CR: a LF next is the rest of its line break
+	out   []byte // the buffer feed writes into, reused once read
 }
 
 // feed appends to out the bytes of p, the stream's next bytes, that are
@@ -56,7 +63,7 @@ func (s *scrubber) feed(out, p []byte) []byte {
 				continue
 			}
 		}
-		if bulk && len(s.line) == 0 && len(s.val) == 0 && !s.skip && !s.pass {
+		if bulk && len(s.line) == 0 && len(s.val) == 0 && !s.skip && !s.pass && !s.named {
 			// Whole events that cannot be error events pass at once.
 			bulk = false
 			if e := eventsEnd(p); e > 0 && !mayFail(p[:e]) {
@@ -96,8 +103,21 @@ func (s *scrubber) feed(out, p []byte) []byte {
 }
 
 // endLine appends to out what the end of line, a line of the stream
-// without its line break brk, lets go.
+// without its line break brk, lets go, and follows the event's name.
 func (s *scrubber) endLine(out, line []byte, brk byte) []byte {
+	out = s.letGo(out, line, brk)
+	switch {
+	case len(line) == 0:
+		s.named = false // the event's end
+	case sse.IsEvent(line, errorName):
+		s.named = true
+	}
+	return out
+}
+
+// letGo appends to out what the end of line, a line of the stream without
+// its line break brk, lets go.
+func (s *scrubber) letGo(out, line []byte, brk byte) []byte {
 	s.cr = brk == '\r'
 	switch {
 	case s.pass:
@@ -115,6 +135,7 @@ func (s *scrubber) endLine(out, line []byte, brk byte) []byte {
 		switch {
 		case len(line) == 0:
 			return s.scrubHeld(out) // the event's end, and the value's
+		case s.named: // to the event's end
 		case sse.IsData(line):
 			_, v := sse.Field(line)
 			s.nest.feed(lineFeed)
@@ -126,7 +147,7 @@ func (s *scrubber) endLine(out, line []byte, brk byte) []byte {
 	case sse.IsData(line):
 		_, v := sse.Field(line)
 		s.nest = nesting{}
-		if s.nest.feed(v); s.nest.open() {
+		if s.nest.feed(v); s.named || s.nest.open() {
 			if len(line) >= maxHeldLine {
 				s.pass = true
 				return append(append(out, line...), brk)
@@ -142,8 +163,9 @@ func (s *scrubber) endLine(out, line []byte, brk byte) []byte {
 // if it is an error event: a client may read an event whose line the
 // stream did not end.
 func (s *scrubber) flush(out []byte) []byte {
-	if len(s.val) > 0 {
-		// The stream ends in the value, and the value with it.
+	if len(s.val) > 0 || s.named && !s.pass && sse.IsData(s.line) {
+		// The stream ends in the value, or in the data of an event
+		// named "error", and the value with it.
 		s.val = append(s.val, s.line...)
 		s.line = s.line[:0]
 		out = s.scrubHeld(out)
@@ -156,14 +178,14 @@ func (s *scrubber) flush(out []byte) []byte {
 		}
 		s.line = s.line[:0]
 	}
-	s.skip, s.pass = false, false
+	s.skip, s.pass, s.named = false, false, false
 	return out
 }
 
 // passes reports whether p, the stream's next bytes, may pass as they are:
 // nothing is held back, p ends an event, and it cannot hold an error event.
 func (s *scrubber) passes(p []byte) bool {
-	return len(s.line) == 0 && len(s.val) == 0 && !s.skip && !s.pass && !s.cr && len(p) > 0 &&
+	return len(s.line) == 0 && len(s.val) == 0 && !s.skip && !s.pass && !s.named && !s.cr && len(p) > 0 &&
 		eventsEnd(p) == len(p) && !mayFail(p)
 }
 
@@ -188,8 +210,8 @@ func eventsEnd(p []byte) int {
 }
 
 // mayFail reports whether p may hold an error event: every error event
-// has "error" or "failed" in it, or writes a letter of its key or type
-// with an escape (see hasNameEscape).
+// has "error" or "failed" in it (an event named "error", its name), or
+// writes a letter of its key or type with an escape (see hasNameEscape).
 func mayFail(p []byte) bool {
 	return bytes.Contains(p, []byte(errorKey)) || bytes.Contains(p, []byte("failed")) || hasNameEscape(p)
 }
@@ -203,7 +225,7 @@ func (s *scrubber) scrub(out, line []byte) []byte {
 	var status, at, end int
 	if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 		head := len(line) - len(v)
-		if status = errorEventCode(line[:head], v); status != 0 {
+		if status = valueErrorCode(v); status != 0 {
 			at, end = head+max(indexNonSpace(v), 0), len(line)
 		}
 	} else if bytes.HasPrefix(line, []byte(errorField)) {
@@ -222,7 +244,8 @@ func (s *scrubber) scrub(out, line []byte) []byte {
 }
 
 // scrubHeld appends to out the lines held in s.val, with their value
-// replaced if it is an error event that hide hides, and empties s.val.
+// replaced if it is an error event that hide hides, or the data of an
+// event named "error", and empties s.val.
 func (s *scrubber) scrubHeld(out []byte) []byte {
 	held := s.val
 	s.val = s.val[:0]
@@ -235,12 +258,17 @@ func (s *scrubber) scrubHeld(out []byte) []byte {
 		p = rest
 	}
 	at := valueStart(held, 0, end)
-	if at >= end || !mayFail(held[at:end]) {
+	if at >= end || !s.named && !mayFail(held[at:end]) {
 		return append(out, held...)
 	}
 	span := held[at:end]
 	value := spanValue(span)
-	status := errorEventCode(nil, value)
+	var status int
+	if s.named {
+		status = namedErrorCode(value)
+	} else {
+		status = valueErrorCode(value)
+	}
 	if status == 0 {
 		return append(out, held...)
 	}

@@ -10,11 +10,13 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/sse"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -221,13 +223,17 @@ func TestScrubberCutAnywhere(t *testing.T) {
 		"event: error\r\ndata:" + `{"type":"error","error":{"type":"overloaded_error","message":"x"}}` + "\r\n\r\n" +
 		hiddenEvents[9].stream + `data: {"choices":[{"delta":{"content":"error"}}]}` + "\n\n" +
 		`data: {"\u0065rror":{"code":502}}` + "\r\n" + "data: {\"choices\":\r\n: x\r\ndata:[]}\r\n\r\n" +
-		"data: {\"type\":\"error\",\r: x\rdata: \"message\":\"" + secret + "\"}\r\r" + "data: [DONE]"
+		"data: {\"type\":\"error\",\r: x\rdata: \"message\":\"" + secret + "\"}\r\r" +
+		"event:error\r\n: x\r\ndata: " + secret + "\r\nid: 1\r\ndata: engine dead\r\n\r\n" + tokenEvents +
+		"event: error\ndata: {\"message\":\"boom\",\"code\":503}\n\n" + "data: [DONE]"
 	want := strings.NewReplacer(
 		`{"error": {"message": "`+secret+`", "type": "InternalServerError", "param": null, "code": 500}}`, `{"hidden":500}`,
 		`{"type":"error","error":{"type":"overloaded_error","message":"x"}}`, `{"hidden":503}`,
 		`{"code":500,"message":"`+secret+`","type":"server_error"}`, `{"hidden":500}`,
 		`{"\u0065rror":{"code":502}}`, `{"hidden":502}`,
 		"{\"type\":\"error\",\r: x\rdata: \"message\":\""+secret+"\"}", "{\"hidden\":500}\r: x",
+		secret+"\r\nid: 1\r\ndata: engine dead", "{\"hidden\":500}\r\nid: 1",
+		`{"message":"boom","code":503}`, `{"hidden":503}`,
 	).Replace(stream)
 	require.NotEqual(t, stream, want)
 	assert.Equal(t, want, scrubAll(stream, nil, hideAll))
@@ -327,7 +333,8 @@ func BenchmarkReadEventStream(b *testing.B) {
 // stream with no error event go as sent, lets the same bytes go wherever
 // the stream is cut, and holds no more than maxHeldLine; and that no
 // event it lets go is an error event, its data read with encoding/json
-// (hideAll's values are none).
+// (hideAll's values are none), nor has any other data than one of
+// hideAll's values after a line that names it "error".
 func FuzzScrubber(f *testing.F) {
 	for _, c := range hiddenEvents {
 		f.Add([]byte(tokenEvents+c.stream), uint64(3))
@@ -335,13 +342,18 @@ func FuzzScrubber(f *testing.F) {
 	f.Add([]byte("error: {\"code\":503}\r\ndata:{\"error\":\"x\"}\rdata: [DONE]"), uint64(1))
 	f.Add([]byte("data: {\"a\":1}\ndata: {\r\n: x\r\ndata: \"\\u0065rror\":\r\ndata\r\ndata: {}}\r\n\r\ndata: {\"b\":\"\ndata: \\\"error\\\":{}\"}\n\n"), uint64(2))
 	f.Add([]byte("data:\rdata:  \rdata:{\"type\":\"response.failed\"\r\rdata: {\"error\":\n\ndata: {}}\n\n"), uint64(4))
+	f.Add([]byte("event:error\r\n: c\r\ndata: x\r\ndata\r\ndata: {\"a\":\r\n\r\ndata: y\nevent: error\ndata: z\n\nevent: error\ndata: w"), uint64(5))
+	f.Add([]byte("data: {\"a\":\nevent: error\ndata: 1}\ndata: x\n\nevent: error\n\ndata: y\n\n"), uint64(6))
 	f.Fuzz(func(t *testing.T, stream []byte, seed uint64) {
 		whole := scrubAll(string(stream), nil, hideAll)
 		if !mayFail(stream) && whole != string(stream) {
 			t.Fatalf("changed a stream without error events: %q -> %q", stream, whole)
 		}
-		if failed, ok := eventsErrorReference([]byte(whole), false); ok && failed && len(stream) <= maxHeldLine {
+		if failed, ok := dataErrorReference([]byte(whole), false); ok && failed && len(stream) <= maxHeldLine {
 			t.Fatalf("let an error event go: %q -> %q", stream, whole)
+		}
+		if len(stream) <= maxHeldLine && namedDataLeaked([]byte(whole)) {
+			t.Fatalf("let the data of an event named \"error\" go: %q -> %q", stream, whole)
 		}
 		if len(stream) == 0 {
 			return
@@ -359,6 +371,42 @@ func FuzzScrubber(f *testing.F) {
 			t.Fatalf("kept %q as %q", stream, kept)
 		}
 	})
+}
+
+// hiddenValue matches a value of hideAll.
+var hiddenValue = regexp.MustCompile(`^\{"hidden":\d+\}$`)
+
+// namedDataLeaked reports whether an event of the event stream body has
+// data after a line that names it "error", its data lines from there on
+// joined as the event-stream format joins them, that is neither blank nor
+// one of hideAll's values.
+func namedDataLeaked(body []byte) bool {
+	named, any := false, false
+	var data []byte
+	leaked := func() bool {
+		d := bytes.TrimSpace(data)
+		return named && len(d) > 0 && !hiddenValue.Match(d)
+	}
+	for rest := body; len(rest) > 0; {
+		line, after, ended := sse.Line(rest)
+		switch {
+		case len(line) == 0 && ended: // the event's end
+			if leaked() {
+				return true
+			}
+			named, any, data = false, false, data[:0]
+		case sse.IsEvent(line, "error"):
+			named = true
+		case named && sse.IsData(line):
+			if any {
+				data = append(data, '\n')
+			}
+			_, v := sse.Field(line)
+			data, any = append(data, v...), true
+		}
+		rest = after
+	}
+	return leaked()
 }
 
 // A stream whose first event is an error not retried, and that sends

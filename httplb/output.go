@@ -42,7 +42,8 @@ import (
 // "response.output_text.delta") are counted: its other events
 // (response.created, response.output_item.added, ...) carry no token, and
 // its response.completed or response.incomplete has the usage. An error
-// event (see [OutputCounter.Failed]) counts none.
+// event (see [OutputCounter.Failed]) counts none, nor does the data of an
+// event named "error" after its name.
 //
 // For any other body (a non-streaming JSON response, or a compressed
 // stream) it counts nothing until [OutputCounter.End]: then the last usage
@@ -79,6 +80,14 @@ type OutputCounter struct {
 	// errField is the bytes of "error:" matched at the start of the line
 	// (see errorField); -1: the line is none.
 	errField int8
+	// evName is the bytes of eventErrorLine matched at the start of the
+	// line, the space after its colon counted whether it came or not;
+	// -1: the line is none (see matchEventName).
+	evName int8
+	// errEvent is set while the current event is named "error": an
+	// "event: error" line of it has ended, and its values count no
+	// token.
+	errEvent bool
 	// usage is set if a usage count was found: in the current line of an
 	// event stream, anywhere in any other body.
 	usage bool
@@ -148,6 +157,13 @@ const (
 	// c63cb1581f9f). Event-stream parsers ignore the field; its clients
 	// and this package do not.
 	errorField = "error:"
+	// eventErrorLine names an event "error": Anthropic's Messages API
+	// sends its error events so, and the OpenAI Responses API its "error"
+	// events, and their SDKs raise the event's data as an error on the
+	// name alone (Anthropic's) or when it has an "error" (OpenAI's). The
+	// space after the colon is optional, as for every field.
+	eventErrorLine = sse.EventField + " " + errorName
+	errorName      = "error"
 
 	usageKey       = "usage"
 	errorKey       = "error"
@@ -229,7 +245,7 @@ func (c *OutputCounter) Count(p []byte) int {
 	if c.mark.Skipping() {
 		var broken bool
 		if p, broken = c.mark.Skip(p); broken {
-			c.field, c.errField = -1, -1
+			c.field, c.errField, c.evName = -1, -1, -1
 		}
 	}
 	for i := 0; i < len(p); i++ {
@@ -256,6 +272,7 @@ func (c *OutputCounter) Count(p []byte) int {
 			c.scan(b)
 		default:
 			c.matchErrorField(b)
+			c.matchEventName(b)
 			switch {
 			case c.field < 0:
 			case b == sse.DataField[c.field]:
@@ -598,6 +615,9 @@ func (c *OutputCounter) endType() {
 func (c *OutputCounter) End() int {
 	before := c.total
 	if c.sse {
+		if int(c.evName) == len(eventErrorLine) {
+			c.failed = true // the body ends in the line that names an event "error"
+		}
 		if c.field == lineData || c.cont {
 			c.endValue()
 		}
@@ -617,27 +637,32 @@ func (c *OutputCounter) End() int {
 // data line ends its value, and counts it, unless the value is open at its
 // end (see nesting): the format joins the data lines of an event with a
 // LF, and the value goes on in the event's next data line, past the lines
-// of other fields. A blank line ends the event, and its value with it.
+// of other fields. A blank line ends the event, and its value with it. A
+// line that names the event "error" fails the stream (see Failed).
 func (c *OutputCounter) endLine() {
+	if int(c.evName) == len(eventErrorLine) {
+		c.failed, c.errEvent = true, true
+	}
 	switch {
 	case c.field == lineData && (!c.begun || c.inStr || c.depth > 0):
 		c.scan('\n')
-		c.field, c.errField, c.done, c.cont = 0, 0, -1, true
+		c.field, c.errField, c.evName, c.done, c.cont = 0, 0, 0, -1, true
 		return
 	case c.field == lineData, c.cont && c.field == 0:
 		c.endValue()
 	case c.cont:
-		c.field, c.errField = 0, 0
+		c.field, c.errField, c.evName = 0, 0, 0
 		return
 	}
-	*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast, failed: c.failed}
+	// A blank line (no byte matched "data:") ends the event and its name.
+	*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast, failed: c.failed, errEvent: c.errEvent && c.field != 0}
 }
 
 // endValue counts the value of an event stream that ends.
 func (c *OutputCounter) endValue() {
 	c.endNumber()
 	switch {
-	case c.errLine: // no token
+	case c.errLine, c.errEvent: // no token
 	case c.usage:
 		c.total = max(c.total, c.count)
 	case c.noToken:
@@ -675,6 +700,24 @@ func (c *OutputCounter) matchErrorField(b byte) {
 	}
 }
 
+// matchEventName matches b, the next byte of a line that is no data line
+// (yet), against eventErrorLine, with or without its space: the line names
+// the event "error" if it has matched all of it when it ends.
+func (c *OutputCounter) matchEventName(b byte) {
+	const colon = len(sse.EventField) // the offset of the space
+	switch {
+	case c.evName < 0:
+	case int(c.evName) == len(eventErrorLine):
+		c.evName = -1 // the name goes on: another
+	case b == eventErrorLine[c.evName]:
+		c.evName++
+	case int(c.evName) == colon && b == eventErrorLine[colon+1]:
+		c.evName += 2 // "event:error"
+	default:
+		c.evName = -1
+	}
+}
+
 // Failed reports whether an event of an event stream counted so far was an
 // error event, its data an object with, at its top level, either an "error"
 // object, as vLLM and SGLang send when generation fails after the 200 (and
@@ -685,7 +728,12 @@ func (c *OutputCounter) matchErrorField(b byte) {
 // and types as JSON decodes them. An "error" or a type deeper in the object,
 // or in a string, is none. A line with the field name "error" (see errorField), which
 // llama.cpp's server sends instead of a data line when it fails a streamed
-// request, is an error event too, whatever its value. A caller relaying the body then ends the request's pick with an
+// request, is an error event too, whatever its value; and so is an event
+// named "error" (an "event: error" or "event:error" line), as Anthropic's
+// Messages API and the OpenAI Responses API name their error events,
+// whatever its data, or without any: Anthropic's SDKs raise such an event
+// as an error on its name alone. Its data, from the name on, counts no
+// token. A caller relaying the body then ends the request's pick with an
 // error, such as [ErrErrorEvent]. It is false for a body that is not an
 // event stream, whose status tells.
 func (c *OutputCounter) Failed() bool { return c.failed }

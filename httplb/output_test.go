@@ -148,7 +148,8 @@ func TestOutputCounter(t *testing.T) {
 
 // An event stream fails with its first error event, whatever its keys'
 // escapes and however its data spreads over lines, and with no event that
-// has "error" deeper, in a string, or in another value than the event's.
+// has "error" deeper, in a string, or in another value than the event's;
+// and with any event named "error", and no other name.
 func TestOutputCounterFailed(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -173,7 +174,24 @@ func TestOutputCounterFailed(t *testing.T) {
 		{"error in a string over lines", "data: {\"a\":\"\ndata: \\\"error\\\":{}\"}\n\n", false},
 		{"a value ended by its event", "data: {\"a\":{\n\ndata: {\"b\":\"error\"}\n\n", false},
 		{"a value ended by its line", "data: {\"a\":1}\ndata: \"error\":{}}\n\n", false},
-		{"event type alone", "event: error\ndata: {\"message\":\"x\"}\n\n", false},
+		// An event named "error" is an error event whatever its data,
+		// or without any, as Anthropic's SDKs read it.
+		{"event named error", "event: error\ndata: {\"message\":\"x\"}\n\n", true},
+		{"event named error, no space", "event:error\ndata: x\n\n", true},
+		{"event named error, CR LF, after a comment", ": ping\r\n\r\n: x\r\nevent: error\r\ndata: x\r\n\r\n", true},
+		{"event named error, CR", "event: error\rdata: x\r\r", true},
+		{"event named error without data", "data: {\"a\":1}\n\nevent: error\n\n", true},
+		{"event named error at the end", "data: {\"a\":1}\n\nevent: error", true},
+		{"event named error after its data", "data: {\"a\":1}\nevent: error\n\n", true},
+		{"event named error with a mark", "\xef\xbb\xbfevent: error\n", true},
+		{"event named errors", "event: errors\ndata: x\n\n", false},
+		{"event named error cut short", "event: erro\ndata: x\n\n", false},
+		{"event named with two spaces", "event:  error\ndata: x\n\n", false},
+		{"event named with a trailing space", "event: error \ndata: x\n\n", false},
+		{"event field in capitals", "Event: error\ndata: x\n\n", false},
+		{"event name in a comment", ": event: error\ndata: x\n\n", false},
+		{"event name in data", "data: event: error\n\n", false},
+		{"event name after a broken mark", "\xef\xbbevent: error\ndata: x\n\n", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -321,6 +339,13 @@ func TestOutputCounterErrorEvent(t *testing.T) {
 		{"deeper", token + `data: {"response":{"error":{"code":"x"}}}` + "\n\n", 2, false},
 		{"in text", token + `data: {"choices":[{"delta":{"content":"{\"error\": {}}"}}]}` + "\n\n", 2, false},
 		{"a value", token + `data: {"choices":[{"delta":{"content":"error"}}],"x":"error"}` + "\n\n", 2, false},
+		// The data of an event named "error" counts no token, whatever
+		// it is, up to the event's end.
+		{"named", token + "event: error\ndata: {\"message\":\"boom\"}\n\n" + token, 2, true},
+		{"named, plain text over lines", token + "event:error\r\ndata: Internal\r\ndata: error\r\n\r\n" + token, 2, true},
+		{"named, a value over lines", token + "event: error\ndata: {\"a\":\n: x\ndata: 1}\ndata: {\"b\":2}\n\n" + token, 2, true},
+		{"named after its data", token + "data: {\"a\":1}\nevent: error\ndata: {\"b\":2}\n\n" + token, 3, true},
+		{"named otherwise", token + "event: message\ndata: {\"a\":1}\n\n", 2, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -120,9 +120,12 @@ func upstreamErrorHandler(resp *http.Response) error {
 // attribute event in place of body, and, for a 5xx, 401, 402, 403, 407,
 // 424 or 429, the client gets it in its own shape (an "error" object, a
 // text-generation-inference "error" string, a Responses "error" or
-// "response.failed" event, llama.cpp's error line) with a generic message
-// naming the request id, and the error's type and code only if they are
-// plain tokens; the 200 stays, and so does every other byte of the stream.
+// "response.failed" event, llama.cpp's error line; the data of an event
+// named "error" of no such shape, all its data lines, becomes one line of
+// {"error": {...}}, or keeps its other members if it is a JSON object with
+// a "message") with a generic message naming the request id, and the
+// error's type and code only if they are plain tokens; the 200 stays, and
+// so does every other byte of the stream.
 // An error event of another status, a 400 for a prompt too long say,
 // reaches the client as sent. Each later error event of an uncompressed
 // event stream (the engine failing mid-generation) is treated alike as the
@@ -131,8 +134,12 @@ func upstreamErrorHandler(resp *http.Response) error {
 // first 8 of a stream only: the stream's lines are held back until their
 // ends, which a streaming engine writes with each event, and the lines of
 // a value that goes on in its event's next data line (see the package
-// documentation) until the value's end; a line, or a value, whose end has
-// not come after 64 KiB passes as sent, the value to its event's end.
+// documentation) until the value's end, and the data lines of an event
+// named "error" until the event's end; a line, or a value, whose end has
+// not come after 64 KiB passes as sent, the value to its event's end. An
+// event's name counts for the data lines after it: data that came before
+// an "event: error" line in its event has passed (the stream still ends
+// its pick as failed).
 //
 // Every answer, a 200 as much as an error, loses the headers that name or
 // describe the operator's account with the upstream rather than the answer:

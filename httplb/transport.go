@@ -240,14 +240,17 @@ type Config struct {
 // [Config.MaxPeekBytes]. A stream whose first event is an error event
 // (data with an "error" object at its top level, which vLLM and SGLang
 // send when generation fails after their 200, or an "error" string, which
-// text-generation-inference sends) is not committed: its
+// text-generation-inference sends, or an event named "error", whatever its
+// data, which is held back to the event's end) is not committed: its
 // attempt fails as a status answer would, with the error's "code" as the
 // status (429 for OpenAI's "rate_limit_exceeded" and "insufficient_quota";
 // without a code from 100 to 599, the status of the error's type, 400 for an
 // "invalid_request_error", else 500; for text-generation-inference's, that
 // of its error_type, 422 for "validation", 429 for "overloaded", or, on its
 // OpenAI-compatible routes, which say 422 for every error, that of the error
-// its message names, 429 for "Model is overloaded"), and is retried or
+// its message names, 429 for "Model is overloaded"; for an event named
+// "error" of no such data, its "code" or Anthropic error "type", else 500),
+// and is retried or
 // returned as such, with the
 // bytes as sent. RoundTrip holds back the first bytes, calls the pick's
 // FirstToken and returns the response; its body then passes every Read straight through

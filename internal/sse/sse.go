@@ -2,8 +2,8 @@
 // text/event-stream format) as their bytes pass, in pieces of any size,
 // without keeping them: where the first event begins, and the byte-order
 // mark a stream may start with. Packages httplb and extproc use it to see a
-// streamed response's first token. [Line], [Field] and [AppendData] read
-// the lines of an event held whole, as the format's interpretation does
+// streamed response's first token. [Line], [Field], [IsData], [IsEvent] and
+// [AppendData] read the lines of an event held whole, as the format's interpretation does
 // (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation).
 package sse
 
@@ -11,6 +11,9 @@ import "bytes"
 
 // DataField starts a line that carries an event's data.
 const DataField = "data:"
+
+// EventField starts a line that names the event it is part of.
+const EventField = "event:"
 
 // ByteOrderMark is U+FEFF in UTF-8. A stream may start with one, which is
 // not part of its first line.
@@ -132,6 +135,18 @@ func Field(line []byte) (name, value []byte) {
 // is empty.
 func IsData(line []byte) bool {
 	return bytes.HasPrefix(line, []byte(DataField)) || string(line) == DataField[:len(DataField)-1]
+}
+
+// IsEvent reports whether line, without its line break, is an event field
+// whose value is name, as [Field] splits it: "event:" and name, with or
+// without one space between. The value is matched exactly: "event: errors",
+// "event:  error" and "Event: error" do not name an event "error".
+func IsEvent(line []byte, name string) bool {
+	if !bytes.HasPrefix(line, []byte(EventField[:len(EventField)-1])) {
+		return false
+	}
+	n, v := Field(line)
+	return string(n) == EventField[:len(EventField)-1] && string(v) == name
 }
 
 // AppendData appends to dst the data of the event whose lines are lines

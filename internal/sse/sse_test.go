@@ -132,6 +132,37 @@ func TestLineField(t *testing.T) {
 	}
 }
 
+// An event field names its event with its value, matched exactly, with
+// or without one space after the colon.
+func TestIsEvent(t *testing.T) {
+	cases := []struct {
+		line, name string
+		want       bool
+	}{
+		{"event: error", "error", true},
+		{"event:error", "error", true},
+		{"event:  error", "error", false},
+		{"event: error ", "error", false},
+		{"event: errors", "error", false},
+		{"event: erro", "error", false},
+		{"Event: error", "error", false},
+		{"events: error", "error", false},
+		{"event error", "error", false},
+		{": event: error", "error", false},
+		{"data: error", "error", false},
+		{"event: response.created", "response.created", true},
+		{"event", "", true},
+		{"event:", "", true},
+		{"event: ", "", true},
+		{"event", "error", false},
+	}
+	for _, c := range cases {
+		if got := IsEvent([]byte(c.line), c.name); got != c.want {
+			t.Errorf("IsEvent(%q, %q) = %v", c.line, c.name, got)
+		}
+	}
+}
+
 // The data of an event is its data fields' values joined with LFs, as the
 // examples of the event-stream format's interpretation have it.
 func TestAppendData(t *testing.T) {
@@ -154,21 +185,27 @@ func TestAppendData(t *testing.T) {
 
 // FuzzAppendData checks AppendData against a direct reading of the
 // format's rules: lines split at CR LF, LF or CR, the data fields' values
-// (after the first colon and one space) joined with LFs.
+// (after the first colon and one space) joined with LFs; and IsEvent
+// against the same reading of its lines' fields.
 func FuzzAppendData(f *testing.F) {
 	f.Add([]byte("data: a\r\ndata:b\rdata\n: c\ndata:  d\r"))
 	f.Add([]byte("datax: a\ndata:: b\r\r\n"))
+	f.Add([]byte("event:error\r\nevent: error \nevent\ndata: x\n"))
 	f.Fuzz(func(t *testing.T, event []byte) {
 		norm := strings.ReplaceAll(strings.ReplaceAll(string(event), "\r\n", "\n"), "\r", "\n")
 		norm = strings.TrimSuffix(norm, "\n")
 		var values []string
 		for _, line := range strings.Split(norm, "\n") {
 			name, value, colon := strings.Cut(line, ":")
-			if name != "data" {
-				continue
-			}
 			if colon {
 				value = strings.TrimPrefix(value, " ")
+			}
+			// An event field's value names the event.
+			if got, want := IsEvent([]byte(line), "error"), name == "event" && value == "error"; got != want {
+				t.Fatalf("IsEvent(%q, \"error\") = %v, want %v", line, got, want)
+			}
+			if name != "data" {
+				continue
 			}
 			values = append(values, value)
 		}
