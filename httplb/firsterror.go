@@ -3,6 +3,7 @@ package httplb
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -26,7 +27,7 @@ import (
 // treated alike as the stream is read (see [body.scrubEvents]), but for
 // the log records after the first few; every other byte passes unchanged.
 func handleFirstError(log *slog.Logger, resp *http.Response) {
-	b, ok := resp.Body.(*body)
+	b, ok := heldBody(resp.Body)
 	if !ok {
 		return
 	}
@@ -59,6 +60,28 @@ func handleFirstError(log *slog.Logger, resp *http.Response) {
 		resp.Header.Del("Content-Length")
 	}
 }
+
+// heldBody returns the *body that rc is, or that it reads through: a body
+// that wraps another says so with an Unwrap method returning it, as
+// package spill's does, which strips its answers' trailers. It looks
+// through at most maxUnwrap wrappers.
+func heldBody(rc io.ReadCloser) (*body, bool) {
+	for range maxUnwrap {
+		switch b := rc.(type) {
+		case *body:
+			return b, true
+		case interface{ Unwrap() io.ReadCloser }:
+			rc = b.Unwrap()
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// maxUnwrap bounds the wrappers heldBody looks through, so that one whose
+// Unwrap returns itself does not hold it.
+const maxUnwrap = 8
 
 // maxLoggedEvents is how many of a stream's error events after its first
 // go to the log: an upstream that sends them by the thousand has them

@@ -115,7 +115,9 @@ func upstreamErrorHandler(resp *http.Response) error {
 // replaced again.
 //
 // A 2xx stream whose first event is an error event the Transport did not
-// retry (see the package documentation) is treated as an answer of the
+// retry (see the package documentation), read from the body the Transport
+// returned or through a body that wraps it and returns it from an Unwrap
+// method (as package spill's Transport does), is treated as an answer of the
 // status the event stands for: the event as sent goes to the log, with the
 // attribute event in place of body, and, for a 5xx, 401, 402, 403, 407,
 // 424 or 429, the client gets it in its own shape (an "error" object, a

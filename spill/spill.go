@@ -75,7 +75,14 @@
 // (Server, X-Powered-By, Via), its ORCA load report
 // (endpoint-load-metrics), and its origin's policies, which a browser
 // would apply to the gateway's (Strict-Transport-Security, Alt-Svc, NEL,
-// Report-To, Reporting-Endpoints).
+// Report-To, Reporting-Endpoints). Its trailers, the fields that follow
+// its body, lose the same, whatever proxy or client reads it: those its
+// Trailer header announces at once, and those that arrive after the body,
+// announced or not, as the body ends. To strip these, the Transport wraps
+// the body of each answer it passes on (but a 101 Switching Protocols
+// answer's), in a body whose Unwrap method returns the tier's: httplb's
+// NewUpstreamErrorHandler reads through it to an httplb.Transport tier's
+// body, whose error events it rewrites.
 //
 // A spilled response carries the header [DefaultHeader] naming the first
 // tier the request left (as Azure OpenAI's spillover marks its responses),
@@ -438,8 +445,9 @@ func (t *Transport) answer(r *http.Request, i int, resp *http.Response, err erro
 	// Read by pushback and replaceBody already, the headers that name the
 	// operator's account with the tier are the operator's, not the
 	// client's, and the tier's own (its software, its load report, its
-	// origin's policies) the tier's.
+	// origin's policies) the tier's; so are such trailers.
 	apierror.StripUpstream(resp.Header)
+	stripTrailer(resp)
 	if i > 0 {
 		if resp.Header == nil {
 			resp.Header = make(http.Header)
