@@ -24,8 +24,7 @@ type kvPool struct {
 	onEvent func(hash uint64, stored bool)
 	// onEvents, if set, hears the same events in batches: each run of
 	// events of one kind, in order, when the run ends or the replica
-	// flushes them, at the end of each Plan and each publication of a
-	// sequence's blocks.
+	// flushes them, at the end of each Plan, Finish and Receive.
 	onEvents      func(hashes []uint64, stored bool)
 	pending       []uint64 // the hashes of the current run
 	pendingStored bool     // the kind of the current run
@@ -114,6 +113,17 @@ func (p *kvPool) pushNewest(i int32) {
 	p.ents[i].prev, p.ents[i].next = last, 0
 	p.ents[last].next = i
 	p.ents[0].prev = i
+}
+
+// warm reads entries es, each read independent of the others, so that the
+// processor fetches them from memory in parallel before they are used; it
+// returns a value of the reads for the caller to keep.
+func (p *kvPool) warm(es []int32) uint64 {
+	var acc uint64
+	for _, i := range es {
+		acc += uint64(p.ents[i].ref)
+	}
+	return acc
 }
 
 // lookup returns the entry cached under h, or 0.

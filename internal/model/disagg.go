@@ -16,6 +16,7 @@ func (r *Replica) Receive(s *Sequence) {
 	s.computed = s.target
 	s.remote = false
 	r.publish(s)
+	r.kv.flush()
 	s.state = StateRunning
 	r.running = append(r.running, s)
 }

@@ -76,6 +76,14 @@ func (s *Sequence) Generated() int { return s.generated }
 // Done reports whether the sequence emitted all its output tokens.
 func (s *Sequence) Done() bool { return s.state == StateDone }
 
+// warmAhead is the least number of scattered reads worth a warm-up loop: a
+// large simulation finds a batch's sequences, the cache slots of a chunk's
+// blocks and the cache entries a sequence holds outside the processor's
+// caches, and reading them all first, each read independent of the others,
+// lets their misses overlap instead of stalling the work on them one by
+// one.
+const warmAhead = 8
+
 // Replica is the scheduling state machine of one continuous-batching engine,
 // without a clock: [Replica.Plan] decides the next iteration and returns the
 // batch whose duration the caller models (with [Engine].IterTime) and waits
@@ -85,7 +93,7 @@ type Replica struct {
 	eng   Engine
 	kv    *kvPool
 	wmark int // watermark blocks kept free when admitting
-	// warmed keeps the reads of the cache's warm-ups (see publish).
+	// warmed keeps the reads of the warm-ups (see warmAhead).
 	warmed uint64
 
 	waiting []*Sequence // FIFO from whead
@@ -147,10 +155,9 @@ func NewReplica(eng Engine) (*Replica, error) {
 // stops the reports.
 func (r *Replica) SetKVEventHandler(fn func(hash uint64, stored bool)) { r.kv.onEvent = fn }
 
-// setKVEventsHandler is SetKVEventHandler for a handler of batches: fn
+// SetKVEventsHandler is SetKVEventHandler for a handler of batches: fn
 // hears the same events, in the same order, each run of events of one kind
-// at once, before the Plan, or the publication of a sequence's blocks, that
-// made it returns.
+// at once, before the Plan, Finish or Receive that made it returns.
 func (r *Replica) SetKVEventsHandler(fn func(hashes []uint64, stored bool)) { r.kv.onEvents = fn }
 
 // Engine returns the replica's configuration with defaults filled in.
@@ -372,7 +379,17 @@ func (r *Replica) Plan() (Batch, bool) {
 // least one prompt token is always left to compute.
 func (r *Replica) match(s *Sequence) {
 	bt := s.BlockTokens
-	if bt == 0 || len(s.Prefix) == 0 {
+	if bt == 0 {
+		return
+	}
+	if s.held == nil {
+		// Room for every entry s can hold, its prompt's full blocks and
+		// its reply's, at once rather than a doubling at a time.
+		if n := min(len(s.Prefix), s.PromptTokens/bt) + len(s.Reply); n > 0 {
+			s.held = make([]int32, 0, n)
+		}
+	}
+	if len(s.Prefix) == 0 {
 		return
 	}
 	maxBlocks := min(len(s.Prefix), (s.target-1)/bt)
@@ -409,6 +426,9 @@ func (r *Replica) MatchTokens(prefix []uint64, blockTokens, promptTokens int) in
 // entries are released last block first, so the head of a prefix, shared
 // most widely, is evicted last.
 func (r *Replica) releaseBlocks(s *Sequence) {
+	if len(s.held) >= warmAhead {
+		r.warmed += r.kv.warm(s.held)
+	}
 	for i := len(s.held) - 1; i >= 0; i-- {
 		r.kv.unref(s.held[i])
 	}
@@ -440,6 +460,17 @@ func (r *Replica) Finish() []*Sequence {
 	// the slice's spare capacity: at most a batch of them, overwritten as
 	// it fills again.
 	r.emitted = r.emitted[:0]
+	if len(r.running) >= warmAhead {
+		// In a simulation of many replicas, the others' iterations ran
+		// since Plan read this batch, whose sequences lie all over
+		// memory: read them all first, so that their cache misses
+		// overlap instead of stalling the loop below one by one.
+		var acc int32
+		for _, s := range r.running {
+			acc += s.chunk
+		}
+		r.warmed += uint64(acc)
+	}
 	keep := r.running[:0]
 	for _, s := range r.running {
 		if s.chunk > 0 {
@@ -464,6 +495,7 @@ func (r *Replica) Finish() []*Sequence {
 	}
 	clear(r.running[len(keep):])
 	r.running = keep
+	r.kv.flush()
 	return r.emitted
 }
 
@@ -480,7 +512,7 @@ func (r *Replica) publish(s *Sequence) {
 	}
 	full := min(len(s.Prefix), min(s.computed, s.PromptTokens)/bt)
 	per := bt / r.eng.BlockSize
-	if full-len(s.held) >= 8 {
+	if full-len(s.held) >= warmAhead {
 		// A large cache waits for memory at each block's slot: read
 		// them all first, so that the misses overlap.
 		r.warmed += r.kv.index.warm(s.Prefix[len(s.held):full])
@@ -488,7 +520,6 @@ func (r *Replica) publish(s *Sequence) {
 	for i := len(s.held); i < full; i++ {
 		r.cache(s, s.Prefix[i], per)
 	}
-	r.kv.flush()
 }
 
 // cache turns per private blocks of s into the cache entry h, sharing the
@@ -521,18 +552,24 @@ func (r *Replica) publishReply(s *Sequence) {
 		}
 		r.cache(s, h, per)
 	}
-	r.kv.flush()
 }
 
+// emit counts a token of s, which completes it if it was the last.
 func (r *Replica) emit(s *Sequence) {
 	s.generated++
 	if s.generated >= s.output {
-		r.publishReply(s)
-		r.releaseBlocks(s)
-		s.held = nil
-		s.state = StateDone
+		r.complete(s)
 	}
 	r.emitted = append(r.emitted, s)
+}
+
+// complete caches the reply of s, which emitted its last token, and frees
+// its blocks.
+func (r *Replica) complete(s *Sequence) {
+	r.publishReply(s)
+	r.releaseBlocks(s)
+	s.held = nil
+	s.state = StateDone
 }
 
 // State returns the sequence's state, one of the State constants.

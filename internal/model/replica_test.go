@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -193,5 +194,122 @@ func BenchmarkReplicaStep(b *testing.B) {
 				}
 			}
 		}
+	}
+}
+
+// TestKVEventsBatches runs random prompts sharing heads, with replies, on a
+// small cache that evicts often, and checks the batches the events handler
+// hears against the events heard one by one: the same events in the same
+// order, each batch of one kind, none left over when a Plan or Finish
+// returns, and at most one batch of stored blocks per Finish, which only
+// stores.
+func TestKVEventsBatches(t *testing.T) {
+	merged := 0 // Finishes with several sequences' blocks to store
+	for seed := range uint64(10) {
+		rng := rand.New(rand.NewPCG(seed, 2))
+		r := mustReplica(t, Engine{TokenBudget: 96, MaxRunning: 8, KVBlocks: 60, BlockSize: 4})
+		var single, batched []uint64
+		var kinds []bool
+		calls := 0
+		r.SetKVEventHandler(func(h uint64, stored bool) {
+			single = append(single, h)
+			kinds = append(kinds, stored)
+		})
+		r.SetKVEventsHandler(func(hs []uint64, stored bool) {
+			calls++
+			for _, h := range hs {
+				if i := len(batched); kinds[i] != stored {
+					t.Fatalf("seed %d: event %d in a batch of stored=%v, heard alone with %v", seed, i, stored, kinds[i])
+				}
+				batched = append(batched, h)
+			}
+		})
+		check := func(op string) {
+			t.Helper()
+			if !slices.Equal(batched, single) {
+				t.Fatalf("seed %d: after %s, batches %v, events %v", seed, op, batched, single)
+			}
+		}
+		var seqs []*Sequence
+		step := func() bool {
+			if _, ok := r.Plan(); !ok {
+				return false
+			}
+			check("Plan")
+			prefilling := 0
+			for _, s := range r.running {
+				if s.chunk > 0 && s.computed < s.target {
+					prefilling++
+				}
+			}
+			calls = 0
+			stored := len(single)
+			r.Finish()
+			check("Finish")
+			if calls > 1 || slices.Contains(kinds[stored:], false) {
+				t.Fatalf("seed %d: a Finish reported %d events in %d batches, removals among them: %v", seed, len(single)-stored, calls, kinds[stored:])
+			}
+			if prefilling > 1 && calls == 1 {
+				merged++
+			}
+			return true
+		}
+		for i := range 200 {
+			if rng.IntN(3) == 0 {
+				n := 1 + rng.IntN(6)
+				prefix := make([]uint64, n)
+				for j := range prefix {
+					prefix[j] = uint64(rng.IntN(4))<<32 | uint64(j+1)
+				}
+				reply := []uint64{uint64(i) << 40, uint64(i)<<40 | 1}
+				s := &Sequence{ID: i, PromptTokens: 8*n + rng.IntN(8), OutputTokens: 1 + rng.IntN(20), Prefix: prefix, BlockTokens: 8, Reply: reply}
+				if err := r.Submit(s); err != nil {
+					t.Fatal(err)
+				}
+				seqs = append(seqs, s)
+			}
+			step()
+		}
+		for step() {
+		}
+		for _, s := range seqs {
+			if !s.Done() {
+				t.Fatalf("seed %d: sequence %d not done", seed, s.ID)
+			}
+		}
+		if !slices.Contains(kinds, false) {
+			t.Fatalf("seed %d: %d events, none a removal: the test exercises too little", seed, len(single))
+		}
+	}
+	if merged == 0 {
+		t.Fatal("no Finish stored several sequences' blocks: the test exercises too little")
+	}
+}
+
+// TestSequenceAllocs checks that a sequence's prefix and reply blocks cost
+// one allocation however many they are: the list of the cache entries it
+// holds is made once, at its size.
+func TestSequenceAllocs(t *testing.T) {
+	r := mustReplica(t, Engine{KVBlocks: 1000, BlockSize: 16})
+	prefix := make([]uint64, 30)
+	for i := range prefix {
+		prefix[i] = uint64(i + 1)
+	}
+	reply := []uint64{100, 101, 102}
+	var s Sequence
+	allocs := testing.AllocsPerRun(20, func() {
+		s = Sequence{PromptTokens: 30*16 + 5, OutputTokens: 50, Prefix: prefix, BlockTokens: 16, Reply: reply}
+		if err := r.Submit(&s); err != nil {
+			t.Fatal(err)
+		}
+		for !s.Done() {
+			if _, ok := r.Plan(); !ok {
+				t.Fatal("nothing planned")
+			}
+			r.Finish()
+		}
+	})
+	if allocs != 1 {
+		t.Errorf("%v allocations per sequence, want 1", allocs)
 	}
 }
