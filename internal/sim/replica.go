@@ -3,13 +3,24 @@ package sim
 import (
 	"github.com/llmlb/llmlb/internal/model"
 	"time"
+	"unsafe"
 
 	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/fair"
 )
 
-// reqState is the progress of one simulated request.
+// reqState is the progress of one simulated request. The runner keeps them
+// in one slice, whose backing array, a large allocation, starts on a page;
+// the padding makes each a whole number of 64-byte cache lines, so that
+// every Sequence starts a line and the progress its engine reads at every
+// iteration (see model.Sequence) takes one line instead of straddling two.
 type reqState struct {
+	reqFields
+	_ [(64 - unsafe.Sizeof(reqFields{})%64) % 64]byte
+}
+
+// reqFields are the fields of a reqState.
+type reqFields struct {
 	Sequence
 	req     *Request
 	pick    llmlb.Pick
