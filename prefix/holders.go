@@ -37,8 +37,12 @@ type holderSlot struct {
 
 // spread maps a key to its shard (top bits) and home slot (low bits). The
 // multiply-xorshift rounds make every output bit depend on every key bit.
-func (t *holderTable) spread(key uint64) uint64 {
-	x := (key ^ t.seed) * prime2
+func (t *holderTable) spread(key uint64) uint64 { return spreadKey(t.seed, key) }
+
+// spreadKey is spread for the tables of seed. The tables of an index share
+// their seed, so that Index.Match spreads a key once for all of them.
+func spreadKey(seed, key uint64) uint64 {
+	x := (key ^ seed) * prime2
 	x ^= x >> 32
 	x *= prime3
 	x ^= x >> 29
@@ -54,8 +58,10 @@ func (s *shard) home(x uint64) uint64 {
 }
 
 // get returns the entry for key, or the zero holder.
-func (t *holderTable) get(key uint64) holder {
-	x := t.spread(key)
+func (t *holderTable) get(key uint64) holder { return t.lookup(key, t.spread(key)) }
+
+// lookup is get of a key whose spread is x.
+func (t *holderTable) lookup(key, x uint64) holder {
 	s := &t.shards[x>>(64-tableShardBits)]
 	if len(s.slots) == 0 {
 		return holder{}
@@ -78,13 +84,24 @@ func (t *holderTable) get(key uint64) holder {
 func (t *holderTable) warm(keys []uint64) uint64 {
 	var acc uint64
 	for _, k := range keys {
-		x := t.spread(k)
+		x := spreadKey(t.seed, k)
 		s := &t.shards[x>>(64-tableShardBits)]
 		if len(s.slots) != 0 {
 			acc += s.slots[s.home(x)].key
 		}
 	}
 	return acc
+}
+
+// homeKey returns the key in the home slot of the spread key x, or 0: a
+// read of the memory a lookup of x starts with, for Index.Match to issue
+// ahead as warm does.
+func (t *holderTable) homeKey(x uint64) uint64 {
+	s := &t.shards[x>>(64-tableShardBits)]
+	if len(s.slots) == 0 {
+		return 0
+	}
+	return s.slots[s.home(x)].key
 }
 
 // put stores hd under key, deleting key when hd.bits is zero.

@@ -161,6 +161,7 @@ type Index struct {
 	ttl          int64
 	maxEndpoints int
 	eventsOnly   bool
+	aheadEntries int           // matchAheadEntries; tests lower it
 	records      atomic.Uint64 // Record calls that recorded blocks
 
 	mu        sync.RWMutex // protects the fields below
@@ -168,6 +169,9 @@ type Index struct {
 	slots     []*endpoint // by slot; nil when free
 	occupied  []uint64    // bitset of non-nil slots
 	warmed    uint64      // keeps the reads of touchLocked's warm-up
+	// matchWarmed keeps the reads of Match's read-ahead. Match holds only
+	// the read lock, so it is atomic; it is next to never written.
+	matchWarmed atomic.Uint64
 	// holders has one table per group of 64 slots, keyed by block hash;
 	// nil until the group's first endpoint arrives.
 	holders []*holderTable
@@ -274,6 +278,7 @@ func NewIndex(c IndexConfig) (*Index, error) {
 		ttl:          int64(c.TTL),
 		maxEndpoints: c.MaxEndpoints,
 		eventsOnly:   c.EventsOnly,
+		aheadEntries: matchAheadEntries,
 		endpoints:    make(map[string]*endpoint),
 		occupied:     make([]uint64, (c.MaxEndpoints+63)/64),
 		holders:      make([]*holderTable, (c.MaxEndpoints+63)/64),
@@ -683,6 +688,30 @@ func (x *Index) refresh(h uint64, w int, hd holder, now int64) holder {
 // maxGroups is the number of 64-endpoint groups of the largest index.
 const maxGroups = DefaultMaxEndpoints / 64
 
+// [Index.Match] reads blocks ahead in an index whose holder tables hold at
+// least matchAheadEntries entries (2 to 4 MB of table, more than a core's
+// share of the processor's caches; below that, reading ahead only costs
+// time). There each block's holder entry in each group still matching is
+// likely a cache miss, and the walk's branches on the entries it reads
+// keep the processor from running far ahead, so that the misses come
+// mostly one after another. Reading the home slots of a window of blocks
+// first, each read independent of the others, lets those misses overlap,
+// and the walk then finds the entries in cache. Reads beyond the block
+// where the match ends are wasted, so the first window is one block (most
+// matches in a large cluster end there), the next is matchAhead blocks,
+// and each next one twice as long, up to maxMatchAhead. In the simulator's
+// cluster of 512 replicas behind 16 routers, timed call by call against the
+// walk without reading ahead, Match took 10 to 13% less time, reading 14%
+// more slots than the walk needed; windows from 4 blocks up to 32 read 73%
+// more and took longer than no read-ahead. The gain is bounded because
+// each read is in a different page of tables that span gigabytes, so it
+// waits for a page-table walk as well, and few of those proceed at once.
+const (
+	matchAheadEntries = 1 << 16
+	matchAhead        = 8
+	maxMatchAhead     = 16
+)
+
 // Match appends to dst, for each endpoint holding at least the first of
 // blocks, the number of leading blocks it holds unexpired at now, and
 // returns the extended slice. Each endpoint's match stops at its first
@@ -706,38 +735,61 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	var tabs [maxGroups]*holderTable
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	na := 0
+	na, entries := 0, 0
 	for w, occ := range x.occupied {
 		if occ != 0 {
 			alive[w] = occ
 			active[na] = uint8(w)
 			tabs[w] = x.holders[w]
+			entries += tabs[w].len()
 			na++
 		}
 	}
-	for i, h := range blocks {
-		j := 0
-		for _, w8 := range active[:na] {
-			w := int(w8)
-			cur := alive[w]
-			hd := tabs[w].get(h)
-			next := cur & hd.bits
-			if next != 0 && hd.minExp <= t {
-				next = x.unexpired(h, w, next, t)
+	// An index larger than the caches is walked in windows of blocks, each
+	// read ahead first (see matchAhead): one block, then matchAhead, then
+	// twice as many each time.
+	ahead := entries >= x.aheadEntries
+	var warmed uint64
+	seed := x.seed
+	k := 1
+walk:
+	for i := 0; i < len(blocks); {
+		end := len(blocks)
+		if ahead {
+			end = min(i+k, end)
+			k = min(max(2*k, matchAhead), maxMatchAhead)
+			warmed += x.readAhead(blocks[i:end], &tabs, active[:na])
+		}
+		for ; i < end; i++ {
+			h := blocks[i]
+			sp := spreadKey(seed, h)
+			j := 0
+			for _, w8 := range active[:na] {
+				w := int(w8)
+				cur := alive[w]
+				hd := tabs[w].lookup(h, sp)
+				next := cur & hd.bits
+				if next != 0 && hd.minExp <= t {
+					next = x.unexpired(h, w, next, t)
+				}
+				if gone := cur &^ next; gone != 0 && i > 0 {
+					dst = x.appendMatches(dst, w, gone, i)
+				}
+				alive[w] = next
+				if next != 0 {
+					active[j] = w8
+					j++
+				}
 			}
-			if gone := cur &^ next; gone != 0 && i > 0 {
-				dst = x.appendMatches(dst, w, gone, i)
-			}
-			alive[w] = next
-			if next != 0 {
-				active[j] = w8
-				j++
+			if na = j; na == 0 {
+				break walk
 			}
 		}
-		na = j
-		if na == 0 {
-			break
-		}
+	}
+	if warmed == 1 {
+		// Not expected ever, but the compiler cannot rule it out: so the
+		// read-ahead's reads are used and stay in the compiled code.
+		x.matchWarmed.Store(warmed)
 	}
 	for _, w8 := range active[:na] {
 		dst = x.appendMatches(dst, int(w8), alive[w8], len(blocks))
@@ -747,6 +799,23 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 		dst[i], dst[j] = dst[j], dst[i]
 	}
 	return dst
+}
+
+// readAhead reads, for each of blocks, the home slot of its holder entry in
+// the table of each group of active, and returns a value computed from the
+// reads, which the caller keeps so that they are not optimized away. The
+// reads are independent of one another, so the processor has them all in
+// flight at once.
+func (x *Index) readAhead(blocks []uint64, tabs *[maxGroups]*holderTable, active []uint8) uint64 {
+	var acc uint64
+	seed := x.seed
+	for _, w := range active {
+		t := tabs[w]
+		for _, h := range blocks {
+			acc += t.homeKey(spreadKey(seed, h))
+		}
+	}
+	return acc
 }
 
 // unexpired returns the endpoints of set (group w) whose copy of block h

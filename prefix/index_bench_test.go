@@ -9,8 +9,9 @@ import (
 // BenchmarkPrefixMatch matches a prompt of `blocks` blocks against
 // `endpoints` endpoints, endpoint i holding the first (i+1)*blocks/endpoints
 // blocks of the prompt. With filled=N each endpoint also holds N unrelated
-// blocks, so the index no longer fits in the CPU caches and each block's
-// lookup costs a cache miss.
+// blocks, so that the index no longer fits in the CPU caches, though the
+// prompt's own entries, read at every Match, stay cached; see
+// BenchmarkPrefixMatchLarge for an index whose entries do not.
 func BenchmarkPrefixMatch(b *testing.B) {
 	for _, bc := range []struct{ blocks, endpoints, filled int }{
 		{512, 64, 0},
@@ -61,6 +62,53 @@ func BenchmarkPrefixMatchParallel(b *testing.B) {
 			dst = x.Match(prompt, t0, dst[:0])
 		}
 	})
+}
+
+// BenchmarkPrefixMatchLarge matches prompts against an index far larger
+// than the processor's caches, as a router in front of hundreds of
+// replicas holds: 512 endpoints (8 groups of 64), each prompt held by one
+// endpoint of every group, for `matched` blocks in half of the groups and
+// half as many in the others, and longer than that, so that Match walks
+// matched+1 blocks and stops. The prompts are matched in turn and are too
+// many to stay cached, so that the holder entries Match reads are cache
+// misses, as they are at scale. Every Match takes the same branches, so
+// the processor runs further ahead of the walk than in a router, whose
+// matches end at varying blocks; the benchmark understates what reading
+// ahead gains there.
+func BenchmarkPrefixMatchLarge(b *testing.B) {
+	const endpoints = 512
+	for _, bc := range []struct{ matched, prompts int }{
+		{8, 1 << 16},
+		{32, 1 << 14},
+	} {
+		b.Run(fmt.Sprintf("endpoints=%d/matched=%d", endpoints, bc.matched), func(b *testing.B) {
+			x := mustIndex(b, IndexConfig{Capacity: 1 << 16})
+			names := epNames(endpoints)
+			n := 2 * bc.matched
+			prompts := make([]uint64, 0, bc.prompts*n)
+			for p := range bc.prompts {
+				prompt := chainOf(uint64(p+1), n)
+				prompts = append(prompts, prompt...)
+				for g := range endpoints / 64 {
+					held := bc.matched >> (g % 2)
+					must(b, x.Record(names[64*g+(7*p+g)%64], prompt[:held], t0))
+				}
+			}
+			now := t0.Add(time.Second)
+			dst := make([]Match, 0, endpoints)
+			b.ReportAllocs()
+			p := 0
+			for b.Loop() {
+				dst = x.Match(prompts[p*n:(p+1)*n], now, dst[:0])
+				if p++; p == bc.prompts {
+					p = 0
+				}
+			}
+			if len(dst) != endpoints/64 || dst[0].Blocks != bc.matched || dst[len(dst)-1].Blocks != bc.matched/2 {
+				b.Fatalf("unexpected result: %v", dst)
+			}
+		})
+	}
 }
 
 // BenchmarkRecord records a 256-block prompt (4096 tokens) whose head is

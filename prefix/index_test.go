@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -456,6 +458,75 @@ func TestMatchAllocs(t *testing.T) {
 	}
 	if len(dst) != 64 || dst[0].Blocks != 64 || dst[63].Blocks != 1 {
 		t.Fatalf("unexpected matches: first %v last %v", dst[0], dst[len(dst)-1])
+	}
+}
+
+// TestMatchReadAhead checks Match on an index large enough for it to read
+// blocks ahead (see matchAheadEntries) against MatchLen, endpoint by
+// endpoint: prompts whose matches end on either side of the bounds of the
+// windows read ahead, in three groups of endpoints, with blocks recorded,
+// reported by events and expired. Then it checks that such a Match does
+// not allocate when dst has room.
+func TestMatchReadAhead(t *testing.T) {
+	const endpoints = 150
+	x := mustIndex(t, IndexConfig{MaxEndpoints: endpoints})
+	names := epNames(endpoints)
+	a := chainOf(1, 100)
+	b := append(slices.Clone(a[:30]), chainOf(2, 70)...) // shares a's first 30 blocks
+	prompts := [][]uint64{a, b, a[:9], a[:1]}
+	ends := []int{0, 1, 2, 8, 9, 10, 24, 25, 26, 40, 41, 42, 56, 57, 99, 100}
+	r := rand.New(rand.NewPCG(5, 6))
+	held := func() []uint64 {
+		p := prompts[r.IntN(2)]
+		return p[:ends[r.IntN(len(ends))]]
+	}
+	// A third of the endpoints recorded blocks a TTL before the others:
+	// those that are not recorded again expire between the records and
+	// the matches.
+	early, now := t0.Add(time.Second-DefaultTTL), t0.Add(2*time.Second)
+	for i, ep := range names {
+		if i%3 == 0 {
+			must(t, x.Record(ep, held(), early))
+		}
+	}
+	per := matchAheadEntries/endpoints + 1
+	for i, ep := range names {
+		must(t, x.Record(ep, chainOf(uint64(1000+i), per), t0)) // filler
+		switch i % 4 {
+		case 0, 1:
+			must(t, x.Record(ep, held(), t0))
+		case 2:
+			must(t, x.Stored(ep, DefaultBlockTokens, held()...))
+		}
+	}
+	entries := 0
+	for _, tab := range x.holders {
+		if tab != nil {
+			entries += tab.len()
+		}
+	}
+	if entries < x.aheadEntries {
+		t.Fatalf("%d holder entries, fewer than the %d that make Match read ahead", entries, x.aheadEntries)
+	}
+	for _, p := range append(prompts, a[:2], a[:25], a[:26], a[:57], b[:31]) {
+		want := map[string]int{}
+		for _, ep := range names {
+			if n := x.MatchLen(ep, p, now); n > 0 {
+				want[ep] = n
+			}
+		}
+		if got := asMap(t, x.Match(p, now, nil)); !maps.Equal(got, want) {
+			t.Fatalf("Match of %d blocks = %v, want %v", len(p), got, want)
+		}
+	}
+	if raceEnabled {
+		return // allocation counts are meaningless under the race detector
+	}
+	dst := make([]Match, 0, endpoints)
+	if n := testing.AllocsPerRun(20, func() {
+		dst = x.Match(a, now, dst[:0])
+	}); n != 0 {
+		t.Fatalf("Match with room in dst: %v allocs, want 0", n)
 	}
 }
 
