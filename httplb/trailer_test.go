@@ -2,11 +2,14 @@ package httplb
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/internal/apierror"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/stretchr/testify/assert"
@@ -113,4 +116,82 @@ func TestSpilledAnswerLosesTrailers(t *testing.T) {
 	}
 	require.NoError(t, NewUpstreamErrorHandler(discardLog)(resp))
 	assert.Empty(t, resp.Trailer)
+}
+
+// selfWrapper is a body whose Unwrap returns itself.
+type selfWrapper struct{ io.ReadCloser }
+
+func (w *selfWrapper) Unwrap() io.ReadCloser { return w }
+
+// heldBody finds the Transport's body under the wrappers that strip an
+// answer's trailers as it ends, httplb's own and package spill's alike, up
+// to maxUnwrap-1 of them, and gives up on a wrapper that unwraps to
+// itself.
+func TestHeldBodyUnwrap(t *testing.T) {
+	b := &body{rc: http.NoBody}
+	for n := range maxUnwrap + 1 {
+		resp := &http.Response{Body: b}
+		for range n {
+			apierror.StripTrailerAtEnd(resp)
+		}
+		got, ok := heldBody(resp.Body)
+		if n < maxUnwrap {
+			assert.True(t, ok, "under %d wrappers", n)
+			assert.Same(t, b, got)
+		} else {
+			assert.False(t, ok, "under %d wrappers", n)
+		}
+	}
+	_, ok := heldBody(&selfWrapper{http.NoBody})
+	assert.False(t, ok)
+}
+
+// An answer that NewUpstreamErrorHandler treats twice, as two handlers in a
+// chain of ModifyResponse would, reaches the client as one treatment
+// leaves it: the second finds the Transport's body under the first's
+// wrapper of it, but its first event was treated, and its later events
+// are rewritten once, each logged once; its trailers are stripped.
+func TestUpstreamErrorHandlerTwice(t *testing.T) {
+	ev := `data: {"error": {"message": "` + secret + `", "type": "InternalServerError", "code": 500}}` + "\n\n"
+	stream := ev + tokenEvents + ev + "data: [DONE]\n\n"
+	post := func(times int) (string, string, http.Header) {
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Trailer", "Server, X-Checksum")
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, stream)
+			w.(http.Flusher).Flush()
+			w.Header().Set("Server", "uvicorn")
+			w.Header().Set("X-Checksum", "crc32=1234")
+		})
+		h := newHarness(t, llmlb.RoundRobin(), Config{Retry: retry.LoopConfig{MaxAttempts: 1}}, up)
+		var logs syncBuffer
+		handle := NewUpstreamErrorHandler(slog.New(slog.NewJSONHandler(&logs, nil)))
+		proxy := NewProxy(h.tr)
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			for range times {
+				if err := handle(resp); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		gw := httptest.NewServer(proxy)
+		defer gw.Close()
+		resp, err := http.Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		require.NoError(t, err)
+		body, err := readAll(t, resp)
+		require.NoError(t, err)
+		id := resp.Header.Get(requestIDHeader)
+		return strings.ReplaceAll(body, id, "ID"), strings.ReplaceAll(logs.String(), id, "ID"), resp.Trailer
+	}
+	once, onceLogs, onceTrailer := post(1)
+	twice, twiceLogs, twiceTrailer := post(2)
+	assert.NotContains(t, once, secret)
+	assert.Equal(t, 2, strings.Count(once, "The upstream failed to answer. Request ID: ID"), once)
+	assert.Equal(t, once, twice)
+	assert.Equal(t, 2, strings.Count(twiceLogs, "\n"), twiceLogs)
+	assert.Equal(t, strings.Count(onceLogs, "\n"), strings.Count(twiceLogs, "\n"))
+	assert.Equal(t, http.Header{"X-Checksum": {"crc32=1234"}}, onceTrailer)
+	assert.Equal(t, onceTrailer, twiceTrailer)
 }

@@ -1,7 +1,6 @@
 package spill
 
 import (
-	"io"
 	"net/http"
 
 	"github.com/llmlb/llmlb/internal/apierror"
@@ -12,13 +11,13 @@ import (
 // names it announces in its Trailer header, which a reverse proxy
 // announces to its client before the body, and the values that arrive
 // after the body, announced or not, which net/http adds to resp.Trailer
-// as the body ends and a reverse proxy then sends on. The body is wrapped
-// to strip those (see trailerBody), but for a body replaced with a generic
-// one, whose trailers are gone (see replaceBody), and a 101 Switching
-// Protocols answer's, the switched connection, which has none and must
-// stay writable. The announced names are stripped now unless a read ahead
-// of the body (see isContextLength) may still be reading it, which would
-// add the trailers at its end meanwhile.
+// as the body ends and a reverse proxy then sends on. The body is
+// wrapped to strip those (see apierror.StripTrailerAtEnd), but for a body
+// replaced with a generic one, whose trailers are gone (see replaceBody),
+// and a 101 Switching Protocols answer's, the switched connection, which
+// has none and must stay writable. The announced names are stripped now
+// unless a read ahead of the body (see isContextLength) may still be
+// reading it, which would add the trailers at its end meanwhile.
 func stripTrailer(resp *http.Response) {
 	if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
 		return
@@ -37,27 +36,8 @@ func stripTrailer(resp *http.Response) {
 	if _, replaced := resp.Body.(*apierror.Replaced); replaced || resp.Body == nil || resp.Body == http.NoBody {
 		return
 	}
-	resp.Body = &trailerBody{ReadCloser: resp.Body, resp: resp}
+	// The wrapper unwraps to the body, so that httplb's
+	// NewUpstreamErrorHandler finds the body of an httplb.Transport tier
+	// under it, to rewrite the stream's error events.
+	apierror.StripTrailerAtEnd(resp)
 }
-
-// trailerBody is the body of resp, whose trailers lose, as it ends, what
-// stripTrailer strips: net/http adds the trailers that follow a body to
-// its answer's Trailer before the Read that reaches the body's end
-// returns, on the goroutine that reads it. Its Unwrap returns the body it
-// reads, so that httplb's NewUpstreamErrorHandler finds the body of an
-// httplb.Transport tier under it, to rewrite the stream's error events.
-type trailerBody struct {
-	io.ReadCloser
-	resp *http.Response
-}
-
-func (b *trailerBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err != nil {
-		apierror.StripUpstream(b.resp.Trailer)
-	}
-	return n, err
-}
-
-// Unwrap returns the body b reads.
-func (b *trailerBody) Unwrap() io.ReadCloser { return b.ReadCloser }
