@@ -2,6 +2,8 @@ package spill
 
 import (
 	"io"
+	"maps"
+	"net/http"
 	"sync"
 	"time"
 )
@@ -34,15 +36,62 @@ type peekedBody struct {
 	err error      // the read ahead's error, io.EOF at the body's end
 
 	off int // the bytes of buf that Read returned
+
+	// src is the answer whose body is read, and announced its Trailer
+	// before the read ahead began: the names announced. dst, if set, is
+	// the copy of src that the caller got instead (see detach), whose
+	// Trailer gets src's at the body's end.
+	src       *http.Response
+	announced http.Header
+	dst       *http.Response
 }
 
-// readAhead returns rc as a peekedBody, having started to read it ahead.
-// The goroutine that reads ends once it has read maxPeekBytes, at the
-// body's end, or on a read error, such as that of a read of a closed body.
-func readAhead(rc io.ReadCloser) *peekedBody {
-	p := &peekedBody{rc: rc, done: make(chan struct{})}
+// readAhead makes resp's body a peekedBody, having started to read it
+// ahead. The goroutine that reads ends once it has read maxPeekBytes, at
+// the body's end, or on a read error, such as that of a read of a closed
+// body. Reaching the body's end, net/http adds the trailers that follow it
+// to resp.Trailer on that goroutine: resp.Trailer is made a map first if
+// it is nil, so that the field itself is not set then, only the map's
+// entries (see detach).
+func readAhead(resp *http.Response) *peekedBody {
+	if resp.Trailer == nil {
+		resp.Trailer = make(http.Header)
+	}
+	p := &peekedBody{rc: resp.Body, done: make(chan struct{}), src: resp, announced: resp.Trailer.Clone()}
+	resp.Body = p
 	go p.fill()
 	return p
+}
+
+// detach returns resp, or, if its body is read ahead (see readAhead) and
+// the read ahead may still be reading, a copy of resp whose Trailer the
+// read ahead never touches: the trailers of an answer must not be used
+// while its body is read (see http.Response), and a caller uses them
+// before it reads the body (httputil.ReverseProxy announces their names to
+// its client; httplb's NewUpstreamErrorHandler strips them), while the
+// read ahead's goroutine, reaching the body's end, adds them to
+// resp.Trailer. The copy's Trailer holds the names resp announced, and
+// gets the trailers that follow the body when a Read of the body returns
+// its end, on the goroutine that reads it, as net/http's Trailer does.
+func detach(resp *http.Response) *http.Response {
+	p, ok := resp.Body.(*peekedBody)
+	if !ok || p.ended() || p.src != resp {
+		return resp
+	}
+	c := *resp // the read ahead sets no field of resp (see readAhead)
+	c.Trailer = p.announced
+	p.dst = &c
+	return &c
+}
+
+// ended reports whether the read ahead has ended.
+func (p *peekedBody) ended() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (p *peekedBody) fill() {
@@ -85,9 +134,29 @@ func (p *peekedBody) Read(b []byte) (int, error) {
 		return n, nil
 	}
 	if p.err != nil {
+		p.end(p.err)
 		return 0, p.err
 	}
-	return p.rc.Read(b)
+	n, err := p.rc.Read(b)
+	if err != nil {
+		p.end(err)
+	}
+	return n, err
+}
+
+// end gives the caller's copy of the answer, if any (see detach), the
+// trailers that the body's end, err io.EOF, added to the answer read.
+// They are fixed by then: the read ahead has ended, or the end was read
+// on the goroutine that calls.
+func (p *peekedBody) end(err error) {
+	if p.dst == nil || err != io.EOF {
+		return
+	}
+	if p.dst.Trailer == nil {
+		p.dst.Trailer = make(http.Header, len(p.src.Trailer))
+	}
+	maps.Copy(p.dst.Trailer, p.src.Trailer)
+	p.dst = nil
 }
 
 // Close implements io.Closer.

@@ -447,6 +447,7 @@ func (t *Transport) answer(r *http.Request, i int, resp *http.Response, err erro
 	// client's, and the tier's own (its software, its load report, its
 	// origin's policies) the tier's; so are such trailers.
 	apierror.StripUpstream(resp.Header)
+	resp = detach(resp)
 	stripTrailer(resp)
 	if i > 0 {
 		if resp.Header == nil {
@@ -760,8 +761,7 @@ func isContextLength(resp *http.Response) bool {
 	if resp.Body == nil || resp.Body == http.NoBody {
 		return false
 	}
-	p := readAhead(resp.Body)
-	resp.Body = p
+	p := readAhead(resp)
 	timer := time.NewTimer(maxPeekTime)
 	select {
 	case <-p.done:

@@ -15,24 +15,13 @@ import (
 // wrapped to strip those (see apierror.StripTrailerAtEnd), but for a body
 // replaced with a generic one, whose trailers are gone (see replaceBody),
 // and a 101 Switching Protocols answer's, the switched connection, which
-// has none and must stay writable. The announced names are stripped now
-// unless a read ahead of the body (see isContextLength) may still be
-// reading it, which would add the trailers at its end meanwhile.
+// has none and must stay writable. No read ahead of the body may still be
+// reading it (see detach): the names are stripped now.
 func stripTrailer(resp *http.Response) {
 	if resp == nil || resp.StatusCode == http.StatusSwitchingProtocols {
 		return
 	}
-	reading := false
-	if p, ok := resp.Body.(*peekedBody); ok {
-		select {
-		case <-p.done: // the read ahead is over
-		default:
-			reading = true
-		}
-	}
-	if !reading {
-		apierror.StripUpstream(resp.Trailer)
-	}
+	apierror.StripUpstream(resp.Trailer)
 	if _, replaced := resp.Body.(*apierror.Replaced); replaced || resp.Body == nil || resp.Body == http.NoBody {
 		return
 	}

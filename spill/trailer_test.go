@@ -148,23 +148,42 @@ func (r *endReader) Read(p []byte) (int, error) {
 }
 
 // A body that a read ahead is still reading (a 400 whose end is slow to
-// come) has its trailers stripped as it ends, and not touched before: the
-// read ahead's goroutine may be adding them meanwhile, and an answer's
-// Trailer must not be used while its body is read (go test -race tells).
+// come) is returned with an answer of its own, whose trailers are
+// stripped now, of the names announced, and as the body ends, of those
+// that follow it: the read ahead's goroutine may be adding them to the
+// answer it reads meanwhile, and an answer's Trailer must not be used
+// while its body is read (go test -race tells). An answer whose read
+// ahead has ended is returned as it is.
 func TestTrailerStrippedAfterReadAhead(t *testing.T) {
 	const body = `{"error":{"message":"bad"}}`
-	resp := &http.Response{StatusCode: http.StatusBadRequest, Header: http.Header{}, Trailer: http.Header{"Server": nil, "X-Checksum": nil}}
-	r := &endReader{head: body, ending: make(chan struct{}), release: make(chan struct{}), resp: resp}
-	resp.Body = readAhead(io.NopCloser(r))
-	<-r.ending
-	stripTrailer(resp)
-	close(r.release)
-	got, err := io.ReadAll(resp.Body)
-	if err != nil || string(got) != body {
-		t.Fatalf("read %q, %v", got, err)
-	}
-	if _, ok := resp.Trailer["Server"]; ok || resp.Trailer.Get("X-Checksum") != "crc32=1234" {
-		t.Fatalf("trailers at the body's end %v, want X-Checksum alone", resp.Trailer)
+	for _, ended := range []bool{false, true} {
+		resp := &http.Response{StatusCode: http.StatusBadRequest, Header: http.Header{}, Trailer: http.Header{"Server": nil, "X-Checksum": nil}}
+		r := &endReader{head: body, ending: make(chan struct{}), release: make(chan struct{}), resp: resp}
+		resp.Body = io.NopCloser(r)
+		p := readAhead(resp)
+		<-r.ending
+		if ended {
+			close(r.release)
+			<-p.done
+		}
+		got := detach(resp)
+		if (got == resp) != ended {
+			t.Fatalf("read ahead ended %v: the answer itself returned %v", ended, got == resp)
+		}
+		stripTrailer(got)
+		if _, ok := got.Trailer["Server"]; ok || len(got.Trailer) != 1 {
+			t.Fatalf("announced trailers %v, want X-Checksum alone", got.Trailer)
+		}
+		if !ended {
+			close(r.release)
+		}
+		b, err := io.ReadAll(got.Body)
+		if err != nil || string(b) != body {
+			t.Fatalf("read %q, %v", b, err)
+		}
+		if _, ok := got.Trailer["Server"]; ok || got.Trailer.Get("X-Checksum") != "crc32=1234" {
+			t.Fatalf("trailers at the body's end %v, want X-Checksum alone", got.Trailer)
+		}
 	}
 }
 
