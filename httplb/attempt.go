@@ -749,6 +749,7 @@ func (a *attempt) commitStatus(tr *try, o retry.Outcome) *http.Response {
 		// an error: its bytes held back, and where the error is in them.
 		b.rc, b.buf, b.firstErr, b.errAt, b.errEnd = held.rc, held.buf, held.firstErr, held.errAt, held.errEnd
 		b.stream, b.scanned, b.cut, b.named = held.stream, held.scanned, held.cut, held.named
+		b.holdValue, b.valueAt = held.holdValue, held.valueAt
 	}
 	b.finish = func(error) { a.finish(tr, err, o) }
 	resp.Body = b

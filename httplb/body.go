@@ -51,6 +51,12 @@ type body struct {
 	// named is set if buf[:scanned] ends in an event named "error" that
 	// has not ended: the scrubber goes on in it (see scrubEvents).
 	named bool
+	// holdValue is set if buf[valueAt:scanned] is the first value, from
+	// the start of its first data line, and peek judged it no error
+	// event: the scrubber holds it back to its event's end, where an
+	// "event: error" line after it makes it one (see scrubEvents).
+	holdValue bool
+	valueAt   int
 	// scrub, if set, rewrites the error events read after buf[:scanned]
 	// (see scrubEvents); srcErr is the error that ended the reads of rc,
 	// returned once buf is read.
@@ -157,19 +163,40 @@ func (b *body) readScrubbed(p []byte) (int, error) {
 }
 
 // scrubEvents makes the body rewrite, as it is read, each error event
-// after the first event that hide hides (see scrubber): those held back
-// after buf[:scanned] now, and those read later. It does nothing to a body
-// that is not an event stream read to its first event.
-func (b *body) scrubEvents(hide func(status int, value []byte) []byte) {
+// after the first value that hide hides (see scrubber): those held back
+// after buf[:scanned] now, and those read later; and the first value,
+// peek's verdict on which was no error event, if its event turns out to
+// be named "error" after it. hidden reports whether the first value, if
+// peek left it in an event named "error" that has not ended (see
+// body.named), was replaced. It does nothing to a body that is not an
+// event stream read to its first event.
+func (b *body) scrubEvents(hide func(status int, value []byte) []byte, hidden bool) {
 	if !b.stream || b.scrub != nil || b.scanned > len(b.buf) {
 		return
 	}
-	// The rest of the line at buf[scanned] passes if it is a value cut
-	// short, or the line break of an event named "error" held back to a
-	// data line's end, not yet to the event's.
-	s := &scrubber{hide: hide, skip: b.cut || b.named, named: b.named}
-	out := append(make([]byte, 0, len(b.buf)), b.buf[:b.scanned]...)
-	b.buf = s.feed(out, b.buf[b.scanned:])
+	s := &scrubber{hide: hide, named: b.named}
+	from := b.scanned
+	switch {
+	case b.holdValue && b.valueAt <= b.scanned:
+		// The first value's event has not ended as far as peek read:
+		// held back from its first data line, the value passes, or is
+		// replaced, with the event.
+		from = b.valueAt
+	case b.named && hidden:
+		// The rest of the line at buf[scanned] is more of the value
+		// replaced, cut short, or the line break after it: it is
+		// dropped but for its line break, and so is the event's data
+		// after it, up to the event's end.
+		s.lineFate, s.lineOut, s.fate = lineDropped, true, eventDropped
+	case b.named:
+		// An error about the request, kept: the event's rest passes.
+		s.lineFate, s.fate = linePassed, eventPassed
+	case b.cut:
+		// The rest of the value cut short passes.
+		s.lineFate = linePassed
+	}
+	out := append(make([]byte, 0, len(b.buf)), b.buf[:from]...)
+	b.buf = s.feed(out, b.buf[from:])
 	b.scrub = s
 }
 
@@ -273,6 +300,9 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 		code = namedErrorCode(value) // named before its value, or among its lines
 	} else {
 		code = errorEventCode(head, value)
+	}
+	if code == 0 {
+		b.holdValue, b.valueAt = true, ev.data-len(sse.DataField)
 	}
 	if code != 0 {
 		b.firstErr = code
@@ -438,7 +468,7 @@ func (e *eventPeek) readLines(buf []byte) (done bool) {
 			// with anything but an object is no error event by its data,
 			// and its wait may have ended at its first byte: an event name
 			// after it, as that wait would not have read, changes nothing.
-			if (e.lead == 0 || e.lead == '{') && sse.IsEvent(line, errorName) {
+			if (e.lead == 0 || e.lead == '{') && sse.IsEvent(line, sse.ErrorEvent) {
 				e.named = true // the value goes on to the event's end
 			}
 			continue
@@ -684,7 +714,7 @@ func (n *eventNames) read(lines []byte) {
 		switch {
 		case len(line) == 0:
 			n.current = false // the event's end
-		case sse.IsEvent(line, errorName):
+		case sse.IsEvent(line, sse.ErrorEvent):
 			n.named, n.current = true, true
 		}
 		lines = rest

@@ -69,7 +69,10 @@
 // its data), as Anthropic's Messages API names its error events, whatever
 // its data, or without any: Anthropic's SDKs raise such an event on its
 // name alone (see [OutputCounter.Failed]); the first event is then held
-// back to the event's end, all its data lines. Such a first event is no
+// back to the event's end, all its data lines. (An "event: error" line
+// after the first value comes after the commitment: the pick ends as
+// failed, and through [NewProxy] the value is made generic, see
+// [NewUpstreamErrorHandler].) Such a first event is no
 // commitment: nothing reached the client, and the attempt fails like a
 // status answer whose status is the error's "code" (429 for OpenAI's
 // "rate_limit_exceeded" and "insufficient_quota"; without a code from 100

@@ -33,10 +33,12 @@ func handleFirstError(log *slog.Logger, resp *http.Response) {
 	}
 	r := resp.Request
 	id := requestID(r)
+	hidden := false // the first event's value was replaced
 	if b.firstErr != 0 && b.errAt < b.errEnd && b.errEnd <= len(b.buf) {
 		resp.Header.Set(requestIDHeader, id)
 		span := b.buf[b.errAt:b.errEnd]
 		if generic := hideEvent(log, r, id, b.firstErr, spanValue(span), "at its first event"); generic != nil {
+			hidden = true
 			generic = appendRewritten(nil, span, generic)
 			if b.scanned >= b.errEnd {
 				b.scanned += len(generic) - (b.errEnd - b.errAt)
@@ -52,7 +54,7 @@ func handleFirstError(log *slog.Logger, resp *http.Response) {
 			l = discardLog
 		}
 		return hideEvent(l, r, id, status, value, "after its first event")
-	})
+	}, hidden)
 	if b.scrub != nil {
 		// Its length is no longer the upstream's once an error event is
 		// replaced, at its first event or later.

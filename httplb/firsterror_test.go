@@ -452,6 +452,9 @@ func FuzzPeek(f *testing.F) {
 		"event: response.created\ndata: {\"type\":\"response.created\"}\nevent: error\n\ndata: {\"a\":1}\n",
 		"data:\"\"\"\nevent:error\n",
 		"data:\nevent: error\ndata: x\n\n",
+		"data: {\"a\":1}\nevent: error\n\ndata: [DONE]\n\n",
+		"data: text\r\nid: 1\r\nevent:error\r\n\r\n",
+		": c\n\ndata: {\"a\":\ndata: 1}\ndata: x\nevent: error\n",
 		"",
 	} {
 		f.Add([]byte(s), uint8(3), uint16(0), true)
@@ -466,7 +469,10 @@ func FuzzPeek(f *testing.F) {
 		if lim == 0 {
 			lim = len(stream) + 1
 		}
-		read := func(step int) (int, []byte) {
+		// read peeks and reads the stream in pieces of step bytes, through
+		// a scrubber that hides as hide does if it is set, as
+		// handleFirstError hands the body on.
+		read := func(step int, hide func(int, []byte) []byte) (int, []byte) {
 			var p []string
 			for i := 0; i < len(stream); i += step {
 				p = append(p, string(stream[i:min(i+step, len(stream))]))
@@ -479,20 +485,33 @@ func FuzzPeek(f *testing.F) {
 			if code != 0 && (!sse || code < 100 || code > 599) {
 				t.Fatalf("code %d", code)
 			}
+			if hide != nil {
+				b.scrubEvents(hide, false)
+			}
 			got, err := io.ReadAll(b)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return code, got
 		}
-		code, got := read(int(step%16) + 1)
+		code, got := read(int(step%16)+1, nil)
 		if !bytes.Equal(got, stream) {
 			t.Fatalf("read %q, want %q", got, stream)
 		}
 		if lim > len(stream) {
-			if whole, _ := read(len(stream) + 1); whole != code {
+			if whole, _ := read(len(stream)+1, nil); whole != code {
 				t.Fatalf("code %d, %d when read whole", code, whole)
 			}
+		}
+		if _, kept := read(int(step%16)+1, func(int, []byte) []byte { return nil }); !bytes.Equal(kept, stream) {
+			t.Fatalf("read through a scrubber that hides nothing %q, want %q", kept, stream)
+		}
+		// A first event that the peek took for no error event is held
+		// back to its event's end by the scrubber, as every later one:
+		// no data of an event named "error" passes, the first's included.
+		if _, scrubbed := read(int(step%16)+1, hideAll); sse && code == 0 && len(stream) <= maxHeldEvent &&
+			namedDataLeaked(scrubbed) {
+			t.Fatalf("let the data of an event named \"error\" go: %q -> %q", stream, scrubbed)
 		}
 	})
 }

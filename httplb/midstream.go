@@ -6,64 +6,104 @@ import (
 	"github.com/llmlb/llmlb/internal/sse"
 )
 
-// maxHeldLine is the most of an event stream that a [scrubber] holds back
-// to read it whole: a line, or the lines of a value that goes on past its
-// data line, whose end has not come by then passes as sent. An error event
-// is a few hundred bytes.
-const maxHeldLine = 64 << 10
+// maxHeldEvent is the most of an event stream that a [scrubber] holds
+// back: the lines of an event from its first data line on, and the line
+// being read. An error event is a few hundred bytes.
+const maxHeldEvent = 64 << 10
 
 // scrubber rewrites the error events of an event stream, after its first
-// event, as the stream is read: each line is held back until its end, and
-// the lines of a data value that goes on past its line (see nesting) until
-// the value's end, and the data lines of an event named "error" (see
-// errorNamed) until the event's end; a data value (or llama.cpp's error
-// line) that is an error event, and the data of an event named "error",
-// whatever it is, are replaced by what hide returns for them. Every other
-// byte passes as sent. An event's name counts for the data lines after
-// it: the data of an event whose name comes after it has passed.
+// event, as the stream is read. Each line is held back until its end, and
+// the lines of an event from its first data line on until the event's
+// end, its blank line, where the event is dispatched: the format sets an
+// event's name by its "event:" line wherever that comes before the blank
+// line, and a client acts on an event only there. Then the data of an
+// event named "error" (see errorNamed), whatever it is and wherever the
+// name came, is replaced whole by what hide returns for it; so is each
+// data value (see nesting) of another event that is an error event by its
+// data, and llama.cpp's error lines. Every other byte passes as sent, the
+// lines of an event before its first data line as each ends.
+//
+// A scrubber holds at most maxHeldEvent bytes. An event that outgrows it
+// before its end is let go, as follows. If it is named "error" by then,
+// its data held so far is replaced as at its end, and its data lines after
+// that are dropped up to its end: an event so named is an error whatever
+// its data, and none of it is the client's. Otherwise its lines held pass
+// as sent, and so does the rest of it as it comes, even if it is named
+// "error" later or is an error event by its data: an event that large is,
+// in the streams of every engine and provider known, output (a tool
+// call's arguments, a Responses stream's partial image), which replacing
+// or dropping would corrupt, while holding it whole would hold any amount
+// of memory. The pick still ends as failed (see [OutputCounter.Failed]). A
+// line longer than maxHeldEvent alone, likewise, passes as it comes, or,
+// in an event whose data is dropped, is dropped.
 type scrubber struct {
 	// hide returns the value that replaces value, that of an error event
 	// standing for status, or nil to keep it.
 	hide func(status int, value []byte) []byte
 	line []byte // the current line's bytes so far, held back
-	skip bool   // the current line passes as it comes: too long, or the first event's
-	// val holds back the lines of an event, each with its line break,
-	// from the first data line of a value still open at the end of it
-	// until the value ends; nest follows the value's JSON. pass is set
-	// while the rest of such a value, grown beyond maxHeldLine, passes as
-	// it comes, up to its event's end.
+	// lineFate is what becomes of the rest of the current line, and
+	// lineOut, for a line dropped, whether its start went out, so that
+	// its line break goes out too.
+	lineFate int8
+	lineOut  bool
+	// val holds back the lines of the current event, each with its line
+	// break, from its first data line on, until the event's end; fate
+	// says what becomes of the event's lines instead once it outgrew
+	// maxHeldEvent.
 	val  []byte
-	nest nesting
-	pass bool
+	fate int8
 	// named is set while the current event is named "error": an "event:
-	// error" line of it has ended. Its data lines are held back in val
-	// to the event's end, and replaced whole.
+	// error" line of it has ended.
 	named bool
-	cr    bool   // the last line ended with a CR: a LF next is the rest of its line break
+	cr    int8   // where the line break of the last line, a CR, went: a LF next is the rest of it
 	out   []byte // the buffer feed writes into, reused once read
 }
 
+// What becomes of the rest of the current line (scrubber.lineFate).
+const (
+	lineHeld    = iota // held back to its end
+	linePassed         // passes as it comes: too long to hold, or the first event's value cut short
+	lineDropped        // is dropped as it comes, and its line break with it unless its start went out
+)
+
+// What becomes of the lines of the current event (scrubber.fate).
+const (
+	eventHeld    = iota // held back from its first data line on
+	eventPassed         // each passes as it ends: the event outgrew maxHeldEvent
+	eventDropped        // its data lines are dropped, its others pass: its data was replaced
+)
+
+// Where the line break of the last line went, if it was a CR (scrubber.cr).
+const (
+	crNone    = iota // it was no CR
+	crOut            // it went out
+	crHeld           // it is held in val
+	crDropped        // it was dropped
+)
+
 // feed appends to out the bytes of p, the stream's next bytes, that are
-// ready: every line that p ends, rewritten if it is an error event, but
-// those of a value that goes on. The rest of p is held back. The lines end
-// at a LF, a CR or a CR LF, as an event stream's do.
+// ready: every line that p ends, but those of an event that has not
+// ended, from its first data line on, which are held back with the rest
+// of p, and the error events rewritten. The lines end at a LF, a CR or a
+// CR LF, as an event stream's do.
 func (s *scrubber) feed(out, p []byte) []byte {
 	bulk := true // p's whole events may pass at once: looked for once, as it costs a pass over p
 	for len(p) > 0 {
-		if s.cr {
-			s.cr = false
+		if s.cr != crNone {
 			if p[0] == '\n' {
 				// The rest of a CR LF.
-				if len(s.val) > 0 {
-					s.val = append(s.val, '\n')
-				} else {
+				switch s.cr {
+				case crOut:
 					out = append(out, '\n')
+				case crHeld:
+					s.val = append(s.val, '\n')
 				}
 				p = p[1:]
-				continue
 			}
+			s.cr = crNone
+			continue
 		}
-		if bulk && len(s.line) == 0 && len(s.val) == 0 && !s.skip && !s.pass && !s.named {
+		if bulk && s.idle() {
 			// Whole events that cannot be error events pass at once.
 			bulk = false
 			if e := eventsEnd(p); e > 0 && !mayFail(p[:e]) {
@@ -74,119 +114,213 @@ func (s *scrubber) feed(out, p []byte) []byte {
 		}
 		i := bytes.IndexAny(p, "\r\n")
 		if i < 0 {
-			switch {
-			case s.skip:
-				out = append(out, p...)
-			case len(s.val)+len(s.line)+len(p) > maxHeldLine:
-				out = append(append(append(out, s.val...), s.line...), p...)
-				s.pass = s.pass || len(s.val) > 0
-				s.val, s.line, s.skip = s.val[:0], s.line[:0], true
-			default:
-				s.line = append(s.line, p...)
-			}
-			return out
+			return s.partial(out, p)
 		}
-		switch {
-		case s.skip:
-			out = append(append(out, p[:i]...), p[i])
-			s.skip, s.cr = false, p[i] == '\r'
-		case len(s.line) == 0:
-			out = s.endLine(out, p[:i], p[i])
-		default:
-			s.line = append(s.line, p[:i]...)
-			out = s.endLine(out, s.line, p[i])
-			s.line = s.line[:0]
+		brk := p[i]
+		switch s.lineFate {
+		case linePassed:
+			out = append(append(out, p[:i]...), brk)
+			s.setCR(brk, crOut)
+			s.lineFate = lineHeld
+		case lineDropped:
+			if s.lineOut {
+				out = append(out, brk)
+				s.setCR(brk, crOut)
+			} else {
+				s.setCR(brk, crDropped)
+			}
+			s.lineFate = lineHeld
+		case lineHeld:
+			if len(s.line) == 0 {
+				out = s.endLine(out, p[:i], brk)
+			} else {
+				s.line = append(s.line, p[:i]...)
+				out = s.endLine(out, s.line, brk)
+				s.line = s.line[:0]
+			}
 		}
 		p = p[i+1:]
 	}
 	return out
 }
 
+// idle reports whether the scrubber holds nothing and is at the start of
+// a line, in an event that is held back as any is (see feed).
+func (s *scrubber) idle() bool {
+	return len(s.line) == 0 && len(s.val) == 0 && s.lineFate == lineHeld && s.fate == eventHeld && !s.named &&
+		s.cr == crNone
+}
+
+// setCR records where brk, the line break of the line that ended, went,
+// if it is a CR.
+func (s *scrubber) setCR(brk byte, to int8) {
+	if brk == '\r' {
+		s.cr = to
+	}
+}
+
+// partial appends to out what p, the next bytes of the current line,
+// which p does not end, lets go, and holds back the rest.
+func (s *scrubber) partial(out, p []byte) []byte {
+	switch s.lineFate {
+	case linePassed:
+		return append(out, p...)
+	case lineDropped:
+		return out
+	}
+	if len(s.val)+len(s.line)+len(p) < maxHeldEvent {
+		s.line = append(s.line, p...)
+		return out
+	}
+	// Too much to hold: the event's lines held go first.
+	if len(s.val) > 0 {
+		out = s.overflow(out)
+		if len(s.line)+len(p) < maxHeldEvent {
+			s.line = append(s.line, p...)
+			return out
+		}
+	}
+	// The line alone is too long to hold.
+	if data := startsData(s.line, p); data && s.fate == eventHeld && s.named {
+		// The first data line of an event named "error": replaced as far
+		// as it goes, and the rest of it dropped, with the event's data
+		// lines after it (or passed, with them, if hide keeps it).
+		var replaced bool
+		out, replaced = s.scrubNamed(out, s.line)
+		s.line = s.line[:0]
+		if replaced {
+			s.lineFate, s.lineOut, s.fate = lineDropped, true, eventDropped
+			return out
+		}
+		s.lineFate, s.fate = linePassed, eventPassed
+		return append(out, p...)
+	} else if data && s.fate == eventDropped {
+		s.line = s.line[:0]
+		s.lineFate, s.lineOut = lineDropped, false
+		return out
+	} else if data && s.fate == eventHeld {
+		s.fate = eventPassed
+	}
+	out = append(append(out, s.line...), p...)
+	s.line = s.line[:0]
+	s.lineFate = linePassed
+	return out
+}
+
+// startsData reports whether a line that starts with a and goes on with b
+// is a data line (see sse.IsData), as far as they tell.
+func startsData(a, b []byte) bool {
+	for i := range len(sse.DataField) {
+		var c byte
+		switch {
+		case i < len(a):
+			c = a[i]
+		case i-len(a) < len(b):
+			c = b[i-len(a)]
+		default:
+			return false
+		}
+		if c != sse.DataField[i] {
+			return false
+		}
+	}
+	return true
+}
+
 // endLine appends to out what the end of line, a line of the stream
 // without its line break brk, lets go, and follows the event's name.
 func (s *scrubber) endLine(out, line []byte, brk byte) []byte {
-	out = s.letGo(out, line, brk)
-	switch {
-	case len(line) == 0:
-		s.named = false // the event's end
-	case sse.IsEvent(line, errorName):
+	if len(line) == 0 {
+		// The event's end.
+		if len(s.val) > 0 {
+			out, _ = s.dispatch(out)
+		}
+		s.named, s.fate = false, eventHeld
+		s.setCR(brk, crOut)
+		return append(out, brk)
+	}
+	if sse.IsEvent(line, sse.ErrorEvent) {
 		s.named = true
+	}
+	data := sse.IsData(line)
+	if s.fate == eventHeld && (len(s.val) > 0 || data) {
+		// Room for the line and its line break, a CR LF's LF included.
+		if len(s.val)+len(line)+2 <= maxHeldEvent {
+			s.val = append(append(s.val, line...), brk)
+			s.setCR(brk, crHeld)
+			return out
+		}
+		switch {
+		case len(s.val) > 0:
+			out = s.overflow(out)
+		case s.named:
+			// The event's first data line, too long to hold.
+			var replaced bool
+			out, replaced = s.scrubNamed(out, line)
+			s.fate = eventPassed
+			if replaced {
+				s.fate = eventDropped
+			}
+			s.setCR(brk, crOut)
+			return append(out, brk)
+		default:
+			s.fate = eventPassed
+		}
+	}
+	if s.fate == eventDropped && data {
+		s.setCR(brk, crDropped)
+		return out
+	}
+	// A line before the event's first data line, or of an event let go.
+	s.setCR(brk, crOut)
+	out, _ = s.scrubErrorLine(out, line)
+	return append(out, brk)
+}
+
+// overflow lets go of the lines held of the current event, which has
+// outgrown maxHeldEvent (see scrubber): the data of an event named
+// "error" replaced, its data lines after it to be dropped; those of any
+// other passing as sent, and the rest of the event after them.
+func (s *scrubber) overflow(out []byte) []byte {
+	if !s.named {
+		out = append(out, s.val...)
+		s.val, s.fate = s.val[:0], eventPassed
+		return out
+	}
+	out, replaced := s.dispatch(out)
+	s.fate = eventPassed // an error about the request, which passes as sent
+	if replaced {
+		s.fate = eventDropped
 	}
 	return out
 }
 
-// letGo appends to out what the end of line, a line of the stream without
-// its line break brk, lets go.
-func (s *scrubber) letGo(out, line []byte, brk byte) []byte {
-	s.cr = brk == '\r'
-	switch {
-	case s.pass:
-		s.pass = len(line) > 0 // to the event's end
-		return append(append(out, line...), brk)
-	case len(s.val) > 0:
-		if len(line) > 0 && len(s.val)+len(line) >= maxHeldLine {
-			// Too long to hold: the value passes as sent, to its event's
-			// end.
-			out = append(append(append(out, s.val...), line...), brk)
-			s.val, s.pass = s.val[:0], true
-			return out
-		}
-		s.val = append(append(s.val, line...), brk)
-		switch {
-		case len(line) == 0:
-			return s.scrubHeld(out) // the event's end, and the value's
-		case s.named: // to the event's end
-		case sse.IsData(line):
-			_, v := sse.Field(line)
-			s.nest.feed(lineFeed)
-			if s.nest.feed(v); !s.nest.open() {
-				return s.scrubHeld(out)
-			}
-		}
-		return out
-	case sse.IsData(line):
-		_, v := sse.Field(line)
-		s.nest = nesting{}
-		if s.nest.feed(v); s.named || s.nest.open() {
-			if len(line) >= maxHeldLine {
-				s.pass = true
-				return append(append(out, line...), brk)
-			}
-			s.val = append(append(s.val, line...), brk)
-			return out
-		}
-	}
-	return append(s.scrub(out, line), brk)
-}
-
 // flush appends to out what is held back at the stream's end, rewritten
-// if it is an error event: a client may read an event whose line the
-// stream did not end.
+// if it is an error event: a client may read an event whose blank line,
+// or whose last line's end, the stream did not send.
 func (s *scrubber) flush(out []byte) []byte {
-	if len(s.val) > 0 || s.named && !s.pass && sse.IsData(s.line) {
-		// The stream ends in the value, or in the data of an event
-		// named "error", and the value with it.
-		s.val = append(s.val, s.line...)
-		s.line = s.line[:0]
-		out = s.scrubHeld(out)
-	}
-	if len(s.line) > 0 {
-		if s.pass {
-			out = append(out, s.line...)
-		} else {
-			out = s.scrub(out, s.line)
+	line := s.line
+	switch {
+	case s.lineFate != lineHeld:
+	case s.fate == eventDropped && sse.IsData(line):
+	case s.fate == eventHeld && (len(s.val) > 0 || sse.IsData(line)):
+		if sse.IsEvent(line, sse.ErrorEvent) {
+			s.named = true // the stream ends in the line that names it
 		}
-		s.line = s.line[:0]
+		s.val = append(s.val, line...)
+		out, _ = s.dispatch(out)
+	default:
+		out, _ = s.scrubErrorLine(out, line)
 	}
-	s.skip, s.pass, s.named = false, false, false
+	s.line, s.val = s.line[:0], s.val[:0]
+	s.lineFate, s.fate, s.named, s.cr = lineHeld, eventHeld, false, crNone
 	return out
 }
 
 // passes reports whether p, the stream's next bytes, may pass as they are:
 // nothing is held back, p ends an event, and it cannot hold an error event.
 func (s *scrubber) passes(p []byte) bool {
-	return len(s.line) == 0 && len(s.val) == 0 && !s.skip && !s.pass && !s.named && !s.cr && len(p) > 0 &&
-		eventsEnd(p) == len(p) && !mayFail(p)
+	return s.idle() && len(p) > 0 && eventsEnd(p) == len(p) && !mayFail(p)
 }
 
 // eventsEnd returns the offset in p, which starts a line, past its last
@@ -216,40 +350,107 @@ func mayFail(p []byte) bool {
 	return bytes.Contains(p, []byte(errorKey)) || bytes.Contains(p, []byte("failed")) || hasNameEscape(p)
 }
 
-// scrub appends line, without its end, to out, with its value replaced if
-// it is an error event that hide hides.
-func (s *scrubber) scrub(out, line []byte) []byte {
-	if !mayFail(line) {
-		return append(out, line...)
+// scrubErrorLine appends line, without its end, to out, with its value
+// replaced if it is llama.cpp's error line (see errorField) and hide
+// hides it, and reports whether it replaced it.
+func (s *scrubber) scrubErrorLine(out, line []byte) ([]byte, bool) {
+	if !bytes.HasPrefix(line, []byte(errorField)) {
+		return append(out, line...), false
 	}
-	var status, at, end int
-	if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
-		head := len(line) - len(v)
-		if status = valueErrorCode(v); status != 0 {
-			at, end = head+max(indexNonSpace(v), 0), len(line)
-		}
-	} else if bytes.HasPrefix(line, []byte(errorField)) {
-		if status = errorFieldCode(line); status != 0 {
-			at, end = errorFieldSpan(line)
-		}
-	}
+	status := errorFieldCode(line)
+	at, end := errorFieldSpan(line)
 	if status == 0 || at >= end {
-		return append(out, line...)
+		return append(out, line...), false
 	}
 	v := s.hide(status, line[at:end])
 	if v == nil {
-		return append(out, line...)
+		return append(out, line...), false
 	}
-	return append(append(append(out, line[:at]...), v...), line[end:]...)
+	return append(append(append(out, line[:at]...), v...), line[end:]...), true
 }
 
-// scrubHeld appends to out the lines held in s.val, with their value
-// replaced if it is an error event that hide hides, or the data of an
-// event named "error", and empties s.val.
-func (s *scrubber) scrubHeld(out []byte) []byte {
+// dispatch appends to out the lines held in s.val, those of an event from
+// its first data line on, each with its line break but perhaps the last,
+// and empties s.val. If the event is named "error", its data, all of its
+// data lines, is replaced by what hide returns for it; otherwise each of
+// its data values that is an error event is (see scrubValue), and each
+// error line between them (see scrubErrorLine). It reports whether it
+// replaced anything.
+func (s *scrubber) dispatch(out []byte) ([]byte, bool) {
 	held := s.val
 	s.val = s.val[:0]
-	end := 0 // of the value's last data line
+	if s.named {
+		return s.scrubNamed(out, held)
+	}
+	replaced := false
+	from := 0   // the offset in held up to which out has it
+	start := -1 // the offset of the current value's first data line; -1: none
+	end := 0    // that of the end of its last data line so far
+	var nest nesting
+	for p := held; len(p) > 0; {
+		line, rest, _ := sse.Line(p)
+		at := len(held) - len(p)
+		switch {
+		case sse.IsData(line):
+			_, v := sse.Field(line)
+			if start < 0 {
+				start, nest = at, nesting{}
+			} else {
+				nest.feed(lineFeed)
+			}
+			nest.feed(v)
+			end = at + len(line)
+			if !nest.open() {
+				var r bool
+				out, from, r = s.scrubValue(out, held, from, start, end)
+				replaced = replaced || r
+				start = -1
+			}
+		case start < 0 && bytes.HasPrefix(line, []byte(errorField)):
+			var r bool
+			out, r = s.scrubErrorLine(append(out, held[from:at]...), line)
+			replaced = replaced || r
+			from = at + len(line)
+		}
+		p = rest
+	}
+	if start >= 0 {
+		// A value still open at the event's end ends with it.
+		var r bool
+		out, from, r = s.scrubValue(out, held, from, start, end)
+		replaced = replaced || r
+	}
+	return append(out, held[from:]...), replaced
+}
+
+// scrubValue appends to out held[from:] up to the value whose lines are
+// held[start:end], from its first data line to the end of its last,
+// with the value replaced if it is an error event that hide hides, and
+// returns the offset in held up to which out then has it, and whether it
+// replaced the value. It appends nothing for a value kept.
+func (s *scrubber) scrubValue(out, held []byte, from, start, end int) ([]byte, int, bool) {
+	at := valueStart(held, start, end)
+	if at >= end || !mayFail(held[at:end]) {
+		return out, from, false
+	}
+	span := held[at:end]
+	value := spanValue(span)
+	status := valueErrorCode(value)
+	if status == 0 {
+		return out, from, false
+	}
+	v := s.hide(status, value)
+	if v == nil {
+		return out, from, false
+	}
+	return appendRewritten(append(out, held[from:at]...), span, v), end, true
+}
+
+// scrubNamed appends to out held, the lines of an event named "error"
+// from its first data line on, with its data replaced by what hide
+// returns for it, and reports whether it replaced it.
+func (s *scrubber) scrubNamed(out, held []byte) ([]byte, bool) {
+	end := 0 // of the event's last data line
 	for p := held; len(p) > 0; {
 		line, rest, _ := sse.Line(p)
 		if sse.IsData(line) {
@@ -258,23 +459,14 @@ func (s *scrubber) scrubHeld(out []byte) []byte {
 		p = rest
 	}
 	at := valueStart(held, 0, end)
-	if at >= end || !s.named && !mayFail(held[at:end]) {
-		return append(out, held...)
+	if at >= end {
+		return append(out, held...), false // no data but blanks
 	}
 	span := held[at:end]
 	value := spanValue(span)
-	var status int
-	if s.named {
-		status = namedErrorCode(value)
-	} else {
-		status = valueErrorCode(value)
-	}
-	if status == 0 {
-		return append(out, held...)
-	}
-	v := s.hide(status, value)
+	v := s.hide(namedErrorCode(value), value)
 	if v == nil {
-		return append(out, held...)
+		return append(out, held...), false
 	}
-	return append(appendRewritten(append(out, held[:at]...), span, v), held[end:]...)
+	return append(appendRewritten(append(out, held[:at]...), span, v), held[end:]...), true
 }

@@ -201,7 +201,7 @@ func scrubAll(stream string, cuts []int, hide func(int, []byte) []byte) string {
 	}
 	p = append(p, stream[from:])
 	b := &body{rc: io.NopCloser(&pieces{p: p}), stream: true}
-	b.scrubEvents(hide)
+	b.scrubEvents(hide, false)
 	var out bytes.Buffer
 	buf := make([]byte, 5)
 	for {
@@ -257,11 +257,11 @@ func TestScrubberCutAnywhere(t *testing.T) {
 
 // A line that outgrows what the scrubber holds passes as sent, even an
 // error event's, and so does a value over lines that does, to its event's
-// end; the scrubber holds no more than maxHeldLine of either, and the
+// end; the scrubber holds no more than maxHeldEvent of either, and the
 // events after them are read as ever.
 func TestScrubberLongLine(t *testing.T) {
-	long := `data: {"error": {"message": "` + strings.Repeat("x", 2*maxHeldLine) + `", "code": 500}}`
-	longLines := "data: {\"error\": {\"message\": \"x\",\n" + strings.Repeat("data: \"x\": 1,\n", maxHeldLine/10) + "data: \"code\": 500}}"
+	long := `data: {"error": {"message": "` + strings.Repeat("x", 2*maxHeldEvent) + `", "code": 500}}`
+	longLines := "data: {\"error\": {\"message\": \"x\",\n" + strings.Repeat("data: \"x\": 1,\n", maxHeldEvent/10) + "data: \"code\": 500}}"
 	for _, long := range []string{long, longLines} {
 		stream := tokenEvents + long + "\n\n" + hiddenEvents[0].stream
 		want := tokenEvents + long + "\n\n" + strings.Replace(hiddenEvents[0].stream, errorLine(hiddenEvents[0].stream), `data: {"hidden":500}`, 1)
@@ -272,7 +272,7 @@ func TestScrubberLongLine(t *testing.T) {
 				n := min(len(p), size)
 				out = s.feed(out, p[:n])
 				p = p[n:]
-				require.LessOrEqual(t, len(s.line)+len(s.val), maxHeldLine)
+				require.LessOrEqual(t, len(s.line)+len(s.val), maxHeldEvent)
 			}
 			out = s.flush(out)
 			assert.Equal(t, want, string(out))
@@ -284,7 +284,7 @@ func TestScrubberLongLine(t *testing.T) {
 func TestScrubbedReadAllocs(t *testing.T) {
 	chunk := []byte(tokenEvents)
 	b := &body{rc: io.NopCloser(&repeatReader{p: chunk}), stream: true}
-	b.scrubEvents(hideAll)
+	b.scrubEvents(hideAll, false)
 	buf := make([]byte, len(chunk))
 	allocs := testing.AllocsPerRun(100, func() {
 		if _, err := b.Read(buf); err != nil {
@@ -314,7 +314,7 @@ func BenchmarkReadEventStream(b *testing.B) {
 				}
 				body := &body{rc: io.NopCloser(src), stream: true}
 				if scrub {
-					body.scrubEvents(hideAll)
+					body.scrubEvents(hideAll, false)
 				}
 				buf := make([]byte, 32<<10)
 				b.SetBytes(int64(len(src.p)))
@@ -331,7 +331,7 @@ func BenchmarkReadEventStream(b *testing.B) {
 
 // FuzzScrubber checks that a scrubber never panics, lets every byte of a
 // stream with no error event go as sent, lets the same bytes go wherever
-// the stream is cut, and holds no more than maxHeldLine; and that no
+// the stream is cut, and holds no more than maxHeldEvent; and that no
 // event it lets go is an error event, its data read with encoding/json
 // (hideAll's values are none), nor has any other data than one of
 // hideAll's values after a line that names it "error".
@@ -344,15 +344,17 @@ func FuzzScrubber(f *testing.F) {
 	f.Add([]byte("data:\rdata:  \rdata:{\"type\":\"response.failed\"\r\rdata: {\"error\":\n\ndata: {}}\n\n"), uint64(4))
 	f.Add([]byte("event:error\r\n: c\r\ndata: x\r\ndata\r\ndata: {\"a\":\r\n\r\ndata: y\nevent: error\ndata: z\n\nevent: error\ndata: w"), uint64(5))
 	f.Add([]byte("data: {\"a\":\nevent: error\ndata: 1}\ndata: x\n\nevent: error\n\ndata: y\n\n"), uint64(6))
+	f.Add([]byte("data: {\"a\":1}\n\ndata: x\ndata: {\"b\":\r\nevent: error\r\ndata: 2}\r\n\r\ndata: y\revent:error\r\rdata: z\nevent: error"), uint64(7))
+	f.Add([]byte("data: a\n\ndata: {\"error\":{}}\ndata: b\nevent: error\n: c\ndata: {\"error\":\"x\"}\n\n"), uint64(8))
 	f.Fuzz(func(t *testing.T, stream []byte, seed uint64) {
 		whole := scrubAll(string(stream), nil, hideAll)
 		if !mayFail(stream) && whole != string(stream) {
 			t.Fatalf("changed a stream without error events: %q -> %q", stream, whole)
 		}
-		if failed, ok := dataErrorReference([]byte(whole), false); ok && failed && len(stream) <= maxHeldLine {
+		if failed, ok := dataErrorReference([]byte(whole), false); ok && failed && len(stream) <= maxHeldEvent {
 			t.Fatalf("let an error event go: %q -> %q", stream, whole)
 		}
-		if len(stream) <= maxHeldLine && namedDataLeaked([]byte(whole)) {
+		if len(stream) <= maxHeldEvent && namedDataLeaked([]byte(whole)) {
 			t.Fatalf("let the data of an event named \"error\" go: %q -> %q", stream, whole)
 		}
 		if len(stream) == 0 {
@@ -364,7 +366,7 @@ func FuzzScrubber(f *testing.F) {
 			cuts[i] = r.IntN(len(stream))
 		}
 		slices.Sort(cuts)
-		if got := scrubAll(string(stream), cuts, hideAll); len(stream) <= maxHeldLine && got != whole {
+		if got := scrubAll(string(stream), cuts, hideAll); len(stream) <= maxHeldEvent && got != whole {
 			t.Fatalf("cuts %v: %q, whole: %q", cuts, got, whole)
 		}
 		if kept := scrubAll(string(stream), cuts, func(int, []byte) []byte { return nil }); kept != string(stream) {
@@ -376,10 +378,10 @@ func FuzzScrubber(f *testing.F) {
 // hiddenValue matches a value of hideAll.
 var hiddenValue = regexp.MustCompile(`^\{"hidden":\d+\}$`)
 
-// namedDataLeaked reports whether an event of the event stream body has
-// data after a line that names it "error", its data lines from there on
-// joined as the event-stream format joins them, that is neither blank nor
-// one of hideAll's values.
+// namedDataLeaked reports whether an event of the event stream body that
+// a line names "error", before its data lines or after, has data, its data
+// lines joined as the event-stream format joins them, that is neither
+// blank nor one of hideAll's values.
 func namedDataLeaked(body []byte) bool {
 	named, any := false, false
 	var data []byte
@@ -397,7 +399,7 @@ func namedDataLeaked(body []byte) bool {
 			named, any, data = false, false, data[:0]
 		case sse.IsEvent(line, "error"):
 			named = true
-		case named && sse.IsData(line):
+		case sse.IsData(line):
 			if any {
 				data = append(data, '\n')
 			}

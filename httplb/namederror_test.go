@@ -1,6 +1,7 @@
 package httplb
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/llmlb/llmlb"
+	"github.com/llmlb/llmlb/internal/sse"
 	"github.com/llmlb/llmlb/retry"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,16 +73,21 @@ func TestNamedErrorEventNotRetryable(t *testing.T) {
 
 // An event named "error" after the first event is past retrying: the
 // stream reaches the client, its event's data made generic through the
-// proxy, and the pick ends as a failure. So does a stream whose first
-// event is named "error" only after its first value, which commits it.
+// proxy, wherever its name comes in it, and the pick ends as a failure.
+// So does a stream whose first event is named "error" only after its
+// first value, which commits it: the value is held back to its event's
+// end, and replaced there.
 func TestNamedErrorEventAfterFirst(t *testing.T) {
 	cases := []struct {
 		name, stream string
-		hidden       bool // the client gets a generic message in place of "boom"
+		hidden       string // the data the client gets a generic message in place of; "": none
 	}{
-		{"a later event", "data: {\"i\":0}\n\nevent: error\ndata: {\"message\": \"boom\"}\n\ndata: [DONE]\n\n", true},
-		{"a later event without data", "data: {\"i\":0}\n\nevent:error\n\ndata: [DONE]\n\n", false},
-		{"named after the first value", "data: {\"i\":0}\nevent: error\n\ndata: boom\n\n", false},
+		{"a later event", "data: {\"i\":0}\n\nevent: error\ndata: {\"message\": \"boom\"}\n\ndata: [DONE]\n\n", `{"message": "boom"}`},
+		{"a later event without data", "data: {\"i\":0}\n\nevent:error\n\ndata: [DONE]\n\n", ""},
+		{"a later event named after its data", "data: {\"i\":0}\n\ndata: {\"message\": \"boom\"}\nevent: error\n\ndata: [DONE]\n\n", `{"message": "boom"}`},
+		{"a later event named between its data lines", "data: {\"i\":0}\n\ndata: boom\r\nevent:error\r\ndata: again\r\n\r\ndata: [DONE]\n\n", "boom\r\nevent:error\r\ndata: again"},
+		{"named after the first value", "data: {\"i\":0}\nevent: error\n\ndata: boom\n\n", `{"i":0}`},
+		{"named after a first value of text", "data: boom\nevent: error\n\ndata: [DONE]\n\n", "boom"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -91,9 +98,20 @@ func TestNamedErrorEventAfterFirst(t *testing.T) {
 			code, body := postProxy(t, h)
 			assert.Equal(t, http.StatusOK, code)
 			assert.Zero(t, b.hits.Load(), "committed at the first event")
-			if c.hidden {
-				assert.NotContains(t, body, "boom")
-				assert.Contains(t, body, "event: error\ndata: {\"code\":500,\"message\":\"The upstream failed to answer. Request ID: ")
+			if c.hidden != "" {
+				before, after, ok := strings.Cut(c.stream, c.hidden)
+				require.True(t, ok)
+				require.True(t, strings.HasPrefix(body, before), body)
+				require.True(t, strings.HasSuffix(body, after), body)
+				got := body[len(before) : len(body)-len(after)]
+				assert.NotContains(t, got, "boom")
+				// The value, then the event's other lines among its data.
+				generic, others, _ := strings.Cut(got, "\r\n")
+				assert.Contains(t, generic, "The upstream failed to answer. Request ID: ")
+				assert.True(t, json.Valid([]byte(generic)), generic)
+				if strings.Contains(c.hidden, "event:error") {
+					assert.Equal(t, "event:error", others)
+				}
 			} else {
 				assert.Equal(t, c.stream, body)
 			}
@@ -107,9 +125,9 @@ func TestNamedErrorEventAfterFirst(t *testing.T) {
 }
 
 // A first event named "error" that outgrows what the Transport holds back
-// has what it held replaced, and its data lines after that replaced as the
-// stream is read, up to the event's end: none reaches the client as sent
-// but the rest of a line the limit cut.
+// has what it held replaced, and the rest of it, up to its end, dropped
+// but for its lines of other fields: the client gets one generic value
+// as the event's data, and none of the data as sent.
 func TestNamedErrorEventPastPeekLimit(t *testing.T) {
 	const head = "event: error\ndata: aaaa\n"
 	cases := []struct {
@@ -127,8 +145,12 @@ func TestNamedErrorEventPastPeekLimit(t *testing.T) {
 			resp, body, _ := postLogged(t, h)
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			assert.NotContains(t, body, secret)
-			assert.Contains(t, body, "The upstream failed to answer.")
-			assert.True(t, strings.HasSuffix(body, "data: [DONE]\n\n") || strings.HasSuffix(body, "data: [DONE]\r\n\r\n"), body)
+			assert.NotContains(t, body, "aa")
+			first, rest, _ := strings.Cut(strings.ReplaceAll(body, "\r\n", "\n"), "\n\n")
+			data := sse.AppendData(nil, []byte(first))
+			assert.Contains(t, string(data), "The upstream failed to answer.")
+			assert.True(t, json.Valid(data), "%q", data)
+			assert.Equal(t, "data: [DONE]\n\n", rest)
 		})
 	}
 }

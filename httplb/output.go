@@ -162,8 +162,7 @@ const (
 	// events, and their SDKs raise the event's data as an error on the
 	// name alone (Anthropic's) or when it has an "error" (OpenAI's). The
 	// space after the colon is optional, as for every field.
-	eventErrorLine = sse.EventField + " " + errorName
-	errorName      = "error"
+	eventErrorLine = sse.EventField + " " + sse.ErrorEvent
 
 	usageKey       = "usage"
 	errorKey       = "error"

@@ -133,15 +133,19 @@ func upstreamErrorHandler(resp *http.Response) error {
 // event stream (the engine failing mid-generation) is treated alike as the
 // client reads the stream, logged with the message "httplb: upstream's
 // stream failed after its first event" (or "refused the request"), the
-// first 8 of a stream only: the stream's lines are held back until their
-// ends, which a streaming engine writes with each event, and the lines of
-// a value that goes on in its event's next data line (see the package
-// documentation) until the value's end, and the data lines of an event
-// named "error" until the event's end; a line, or a value, whose end has
-// not come after 64 KiB passes as sent, the value to its event's end. An
-// event's name counts for the data lines after it: data that came before
-// an "event: error" line in its event has passed (the stream still ends
-// its pick as failed).
+// first 8 of a stream only. The stream's lines are held back until their
+// ends, and the lines of an event from its first data line on until the
+// event's end, its blank line, which a streaming engine writes with each
+// event and where a client dispatches the event: an "event: error" line
+// counts wherever it comes before that, after the event's data too, and
+// the data of an event so named is replaced whole, all its data lines.
+// So is the data of a first event named "error" only after its first
+// value, which the Transport committed to: the value is held back to its
+// event's end too. At most 64 KiB of a stream is held back: an event that
+// outgrows it before its end passes as sent, the rest of it as it comes,
+// unless it is named "error" by then, when the data held is replaced and
+// the rest of its data dropped up to its end (the stream still ends its
+// pick as failed either way, if it carried an error event).
 //
 // Every answer, a 200 as much as an error, loses the headers that name or
 // describe the operator's account with the upstream rather than the answer:

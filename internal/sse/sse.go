@@ -15,6 +15,13 @@ const DataField = "data:"
 // EventField starts a line that names the event it is part of.
 const EventField = "event:"
 
+// ErrorEvent is the name of an error event: an event that an "event:"
+// line names so is one whatever its data, or without any. Anthropic's
+// Messages API sends its error events so named, and its SDKs raise such
+// an event as an error on its name alone; the OpenAI Responses API names
+// its "error" events so too.
+const ErrorEvent = "error"
+
 // ByteOrderMark is U+FEFF in UTF-8. A stream may start with one, which is
 // not part of its first line.
 const ByteOrderMark = "\xef\xbb\xbf"
