@@ -20,8 +20,10 @@
 // body), past the events an OpenAI Responses stream starts with before
 // generation (those named response.created, response.in_progress or
 // response.queued by their "event:" line, which vLLM and SGLang send before
-// the prompt is prefilled), and its Done when the response ends, fails, or
-// the stream is cancelled, so the balancer's accounting is exact and returns to zero.
+// the prompt is prefilled) and past an event named "error", which produced
+// nothing, as package httplb takes it; and its Done when the response ends,
+// fails, or the stream is cancelled, so the balancer's accounting is exact
+// and returns to zero.
 // The output tokens of the response body chunks it is sent are reported with
 // the pick's Generated, counted by an [httplb.OutputCounter] (one per event,
 // or the usage count the response reports), so that a balancer with

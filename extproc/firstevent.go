@@ -12,21 +12,27 @@ const (
 	createdEvent    = "response.created"
 	inProgressEvent = "response.in_progress"
 	queuedEvent     = "response.queued"
-	maxPreambleName = len(inProgressEvent)
+	maxPreambleName = len(inProgressEvent) // the longest name skipped, sse.ErrorEvent's included
 )
 
 // eventField starts a line that names the event it is part of.
 const eventField = "event:"
 
 // firstEvent finds the first event of a server-sent event stream that is
-// not a preamble event: the start of a line that begins with "data:"
-// (after a leading byte-order mark), or the end of a line that is exactly
-// "data", as [sse.FirstEvent] finds it, unless an "event:" line before it
-// in its event names it response.created, response.in_progress or
-// response.queued. Package httplb, which holds these events back, reads the
-// same types from their data. It keeps no more than its position in the
-// current line and the current event's name. Its zero value is at the
-// start of a stream.
+// not a preamble event nor an error event named so: the start of a line
+// that begins with "data:" (after a leading byte-order mark), or the end
+// of a line that is exactly "data", as [sse.FirstEvent] finds it, unless
+// the last "event:" line before it in its event names it
+// response.created, response.in_progress or response.queued, or one names
+// it [sse.ErrorEvent]. Package httplb, which holds these events back,
+// reads the same preamble types from their data, and takes an event named
+// "error" for an error event whatever its data: the attempt fails rather
+// than commit, and its time is no time to a first token. An error event by
+// its data alone, or named "error" only after its data, is a first event
+// here, its data having begun before it can be told; the pick ends as
+// failed all the same (see [httplb.OutputCounter.Failed]). It keeps no
+// more than its position in the current line and the current event's
+// name. Its zero value is at the start of a stream.
 type firstEvent struct {
 	mark  sse.Mark
 	found bool
@@ -38,15 +44,18 @@ type firstEvent struct {
 	// The value of an "event:" line, while it is read.
 	inName  bool
 	spaced  bool // the value's first byte was read (a space there is not part of it)
-	nameLen int8 // bytes of the name; -1: too long to be a preamble event's
+	nameLen int8 // bytes of the name; -1: too long to be one skipped
 	name    [maxPreambleName]byte
-	// preamble is set while the current event is named as a preamble
-	// event.
-	preamble bool
+	// preamble is set while the current event's name, its last "event:"
+	// line's, is a preamble event's; errorNamed once an "event:" line of
+	// it has named it "error", which it stays, as package httplb takes
+	// it. Either way it is no first event.
+	preamble, errorNamed bool
 }
 
 // Feed scans the next piece of the stream and reports whether the first
-// event that is not a preamble event has started in it or before.
+// event that is neither a preamble event nor named "error" has started in
+// it or before.
 func (e *firstEvent) Feed(p []byte) bool {
 	if e.found {
 		return true
@@ -106,11 +115,11 @@ func (e *firstEvent) Feed(p []byte) bool {
 			e.inName, e.spaced, e.nameLen = true, false, 0
 			continue
 		}
-		if !e.preamble {
+		if !e.preamble && !e.errorNamed {
 			e.found = true
 			return true
 		}
-		e.n = -1 // a preamble event's data
+		e.n = -1 // a preamble or error event's data
 	}
 	return false
 }
@@ -134,21 +143,21 @@ func (e *firstEvent) readName(c byte) {
 }
 
 // endLine ends the current line and reports whether it was a "data" line
-// without a colon (an empty line of data) of an event that is no preamble
-// event. An empty line ends the event, and so its name; an "event:" line
-// names it.
+// without a colon (an empty line of data) of an event that is none skipped.
+// An empty line ends the event, and so its name; an "event:" line names it.
 func (e *firstEvent) endLine() bool {
 	data := false
 	switch {
 	case e.blank:
-		e.preamble = false
+		e.preamble, e.errorNamed = false, false
 	case e.inName:
 		name := e.name[:max(e.nameLen, 0)]
 		e.preamble = string(name) == createdEvent || string(name) == inProgressEvent || string(name) == queuedEvent
+		e.errorNamed = e.errorNamed || string(name) == sse.ErrorEvent
 	case e.field == eventField[0] && int(e.n) == len(eventField)-1:
 		e.preamble = false // "event" without a colon: an empty name
 	case e.field == sse.DataField[0] && int(e.n) == len(sse.DataField)-1:
-		data = !e.preamble
+		data = !e.preamble && !e.errorNamed
 	}
 	e.field, e.n, e.blank, e.inName = 0, 0, true, false
 	return data

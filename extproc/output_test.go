@@ -3,6 +3,7 @@ package extproc_test
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -153,6 +154,44 @@ func TestErrorEventEndsThePickAsAFailure(t *testing.T) {
 	require.Len(t, errs, 2)
 	require.ErrorIs(t, errs[0], httplb.ErrErrorEvent)
 	require.NoError(t, errs[1])
+}
+
+// A stream whose first event is named "error" (Anthropic's error events,
+// the OpenAI Responses API's "error"), whatever its data, produced no first
+// token: its pick ends as failed without FirstToken, as httplb's attempt
+// at such a stream fails before it commits, and the balancer learns no
+// time to first token from it. An event that follows it is one.
+func TestNamedErrorEventNoFirstToken(t *testing.T) {
+	for _, c := range []struct {
+		stream   string
+		streamed bool
+	}{
+		{"event: error\ndata: {\"type\": \"overloaded_error\", \"message\": \"Overloaded\"}\n\n", false},
+		{": ping\r\n\r\nevent:error\r\ndata: upstream timed out\r\n\r\n", false},
+		{"event: error\ndata: {\"message\": \"x\"}\n\ndata: {\"choices\":[]}\n\n", true},
+		{"data: {\"choices\":[]}\n\n", true},
+	} {
+		var mu sync.Mutex
+		var infos []llmlb.DoneInfo
+		b := newBalancer(t, 1, nil, llmlb.WithObserver(&llmlb.Observer{Done: func(d llmlb.DoneInfo) {
+			mu.Lock()
+			infos = append(infos, d)
+			mu.Unlock()
+		}}))
+		h := start(t, extproc.Config{Balancer: b})
+		e, _ := exchange(t, h, reasoningBody("low"))
+		respond(t, e, "text/event-stream", cut(c.stream, 7)...)
+		waitIdle(t, b)
+		mu.Lock()
+		require.Len(t, infos, 1)
+		require.Equal(t, c.streamed, infos[0].Streamed, "FirstToken for %q", c.stream)
+		if strings.Contains(c.stream, "error") {
+			require.ErrorIs(t, infos[0].Err, httplb.ErrErrorEvent)
+		} else {
+			require.NoError(t, infos[0].Err)
+		}
+		mu.Unlock()
+	}
 }
 
 // The response.created and response.in_progress events that vLLM sends of
