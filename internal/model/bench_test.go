@@ -11,8 +11,19 @@ import (
 // fill and evict. The sequences lie in one large array, in the order they
 // were submitted, as the simulator's requests do: the engine model's cost
 // when neither its sequences nor its caches fit in the processor's caches.
-// An op is one iteration of every replica.
+// An op is one iteration of every replica. With decode=quiet the replicas
+// decode quietly, as the simulator's do ([Replica.SetQuietDecode]).
 func BenchmarkReplicaFleet(b *testing.B) {
+	for _, quiet := range []bool{false, true} {
+		name := "decode=reported"
+		if quiet {
+			name = "decode=quiet"
+		}
+		b.Run(name, func(b *testing.B) { benchmarkReplicaFleet(b, quiet) })
+	}
+}
+
+func benchmarkReplicaFleet(b *testing.B, quiet bool) {
 	const replicas, running, groups, headBlocks, bt = 256, 32, 32, 24, 64
 	rng := rand.New(rand.NewPCG(1, 2))
 	heads := make([][]uint64, groups)
@@ -46,6 +57,7 @@ func BenchmarkReplicaFleet(b *testing.B) {
 	reps := make([]*Replica, replicas)
 	for i := range reps {
 		reps[i] = mustReplica(b, Engine{})
+		reps[i].SetQuietDecode(quiet)
 		for range running {
 			submit(reps[i])
 		}

@@ -19,4 +19,5 @@ func (r *Replica) Receive(s *Sequence) {
 	r.kv.flush()
 	s.state = StateRunning
 	r.running = append(r.running, s)
+	r.lanes = append(r.lanes, lane{})
 }

@@ -14,7 +14,6 @@ func TestSequenceProgressLine(t *testing.T) {
 		end  uintptr
 	}{
 		{"state", unsafe.Offsetof(s.state) + unsafe.Sizeof(s.state)},
-		{"chunk", unsafe.Offsetof(s.chunk) + unsafe.Sizeof(s.chunk)},
 		{"private", unsafe.Offsetof(s.private) + unsafe.Sizeof(s.private)},
 		{"shared", unsafe.Offsetof(s.shared) + unsafe.Sizeof(s.shared)},
 		{"target", unsafe.Offsetof(s.target) + unsafe.Sizeof(s.target)},

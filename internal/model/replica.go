@@ -23,11 +23,13 @@ const (
 // replica. A Sequence is submitted once and must not be copied afterwards.
 // Like its Replica, it is not safe for concurrent use.
 type Sequence struct {
-	// The progress that every iteration reads and writes comes first, so
-	// that it shares a cache line with ID: a simulation steps through
-	// hundreds of thousands of sequences, and the fewer lines each costs
-	// the fewer cache misses. The counts of KV blocks and of the tokens of
-	// one iteration fit in 32 bits.
+	// The progress comes first, so that it shares a cache line with ID:
+	// a simulation steps through hundreds of thousands of sequences, and
+	// the fewer lines each costs the fewer cache misses. While the
+	// sequence decodes, its replica keeps the progress of each iteration
+	// in its lane (see lane) and brings these fields up to date only when
+	// it reports a token of the sequence or lets it go. The counts of KV
+	// blocks fit in 32 bits.
 	state     uint8
 	admitted  bool // admitted at least once (cache hit counted)
 	onAdapter bool // counted as a running user of its adapter's slot
@@ -35,7 +37,6 @@ type Sequence struct {
 	// replica: admitted, it takes KV blocks for the whole prompt and waits
 	// in Replica.receiving for the KV, computing nothing (see disagg.go).
 	remote    bool
-	chunk     int32 // tokens scheduled in the current iteration
 	private   int32 // KV blocks owned by this sequence alone
 	shared    int32 // KV blocks of held cache entries
 	target    int   // tokens to prefill: the prompt, plus output on recompute
@@ -70,7 +71,10 @@ type Sequence struct {
 	preemptions int
 }
 
-// Generated returns the number of output tokens emitted so far.
+// Generated returns the number of output tokens emitted so far. On a
+// replica with quiet decoding ([Replica.SetQuietDecode]), the count of a
+// running sequence is up to date only when [Replica.Finish] returns the
+// sequence and after [Replica.Running].
 func (s *Sequence) Generated() int { return s.generated }
 
 // Done reports whether the sequence emitted all its output tokens.
@@ -95,10 +99,12 @@ type Replica struct {
 	wmark int // watermark blocks kept free when admitting
 	// warmed keeps the reads of the warm-ups (see warmAhead).
 	warmed uint64
+	quiet  bool // SetQuietDecode's setting
 
 	waiting []*Sequence // FIFO from whead
 	whead   int
 	running []*Sequence
+	lanes   []lane // the running sequences' lanes, in the same order
 	emitted []*Sequence
 
 	receiving []*Sequence // remote sequences admitted, their KV on its way
@@ -114,6 +120,41 @@ type Replica struct {
 
 	prefilled int64 // prompt tokens computed by prefill chunks
 	decodes   int64 // tokens emitted by decode steps
+}
+
+// lane is the part of a running sequence's state that every iteration reads
+// and writes, kept in Replica.lanes, beside Replica.running: an iteration
+// reads its batch's lanes, a few cache lines, and a decoding sequence only
+// when it emits a token the replica reports (see Replica.SetQuietDecode),
+// is preempted or cancelled. In a simulation of many replicas the
+// sequences lie all over memory, and reading each at every iteration, one
+// cache miss a token, cost more than the rest of the iteration.
+//
+// A decoding sequence's lane counts what it emitted and allocated since
+// its fields were last brought up to date (see settle): left counts down
+// from OutputTokens less Generated, and grown up from 0.
+type lane struct {
+	chunk int32 // tokens scheduled in the current iteration
+	// left is the output tokens a decoding sequence has still to emit: 0
+	// while the sequence prefills, or decodes without a lane (see
+	// Replica.startLane), and -1 once it completed, until Finish drops it.
+	left int32
+	// room is the tokens a decoding sequence's KV blocks hold beyond its
+	// own, counting the current iteration's token as its own.
+	room int32
+	// grown is the KV blocks a decoding sequence allocated since its
+	// private count was last brought up to date.
+	grown int32
+}
+
+// settle brings the progress of s, which decodes in lane ln, up to date:
+// the tokens it emitted and the blocks it allocated.
+func settle(s *Sequence, ln *lane) {
+	d := s.output - s.generated - int(ln.left)
+	s.generated += d
+	s.decoded += d
+	s.private += ln.grown
+	ln.grown = 0
 }
 
 // ReplicaStats is a snapshot of a [Replica]'s state and counters.
@@ -159,6 +200,17 @@ func (r *Replica) SetKVEventHandler(fn func(hash uint64, stored bool)) { r.kv.on
 // hears the same events, in the same order, each run of events of one kind
 // at once, before the Plan, Finish or Receive that made it returns.
 func (r *Replica) SetKVEventsHandler(fn func(hashes []uint64, stored bool)) { r.kv.onEvents = fn }
+
+// SetQuietDecode sets whether [Replica.Finish] leaves out the decode tokens
+// between a sequence's first and last: with quiet decoding, Finish returns
+// only the sequences whose token ends a prefill, is their first, or is
+// their last. The replica schedules, allocates, preempts and completes the
+// sequences as it does without it, but the progress of a running sequence
+// ([Sequence.Generated] and [Sequence.Decoded]) is up to date only when
+// Finish returns it and after [Replica.Running]. It suits a caller that
+// acts only on those tokens: a simulation of many replicas then reads each
+// decoding sequence twice instead of at every token.
+func (r *Replica) SetQuietDecode(on bool) { r.quiet = on }
 
 // Engine returns the replica's configuration with defaults filled in.
 func (r *Replica) Engine() Engine { return r.eng }
@@ -245,7 +297,11 @@ func (r *Replica) Cancel(s *Sequence) bool {
 		if i < 0 {
 			return false
 		}
+		if ln := &r.lanes[i]; ln.left > 0 {
+			settle(s, ln)
+		}
 		r.running = slices.Delete(r.running, i, i+1)
+		r.lanes = slices.Delete(r.lanes, i, i+1)
 	default:
 		return false
 	}
@@ -293,35 +349,40 @@ func (r *Replica) popFront() {
 func (r *Replica) Plan() (Batch, bool) {
 	budget := r.eng.TokenBudget
 	var b Batch
-	preempted := false
+	preemptions := r.preemptions
 	for i := 0; i < len(r.running); i++ {
-		s := r.running[i]
-		s.chunk = 0
+		ln := &r.lanes[i]
+		ln.chunk = 0
 		if budget == 0 {
 			continue
 		}
+		if ln.left > 0 {
+			// A decoding sequence in its lane: one token, and one more
+			// block when its blocks are full.
+			if ln.room == 0 {
+				if !r.allocRunning(i, 1) {
+					break
+				}
+				ln.grown++
+				ln.room = int32(r.eng.BlockSize)
+			}
+			ln.room--
+			ln.chunk = 1
+			budget--
+			b.DecodeSeqs++
+			continue
+		}
+		s := r.running[i]
 		n := 1
 		if s.computed < s.target {
 			n = min(s.target-s.computed, budget)
 		}
 		need := r.BlocksFor(s.computed+s.decoded+n) - int(s.private) - int(s.shared)
-		victim := false
-		for !r.kv.alloc(need) {
-			last := len(r.running) - 1
-			v := r.running[last]
-			r.running = r.running[:last]
-			r.preempt(v)
-			preempted = true
-			if v == s {
-				victim = true
-				break
-			}
-		}
-		if victim {
+		if !r.allocRunning(i, need) {
 			break
 		}
 		s.private += int32(max(need, 0))
-		s.chunk = int32(n)
+		ln.chunk = int32(n)
 		budget -= n
 		if s.computed < s.target {
 			b.PrefillTokens += n
@@ -329,6 +390,7 @@ func (r *Replica) Plan() (Batch, bool) {
 			b.DecodeSeqs++
 		}
 	}
+	preempted := r.preemptions != preemptions
 	for !preempted && budget > 0 && r.NumWaiting() > 0 && len(r.running)+len(r.receiving) < r.eng.MaxRunning {
 		w, slot := r.nextAdmissible()
 		if w < 0 {
@@ -364,15 +426,35 @@ func (r *Replica) Plan() (Batch, bool) {
 			r.started = append(r.started, s)
 			continue
 		}
-		s.chunk = int32(n)
 		s.state = StateRunning
 		r.running = append(r.running, s)
+		r.lanes = append(r.lanes, lane{chunk: int32(n)})
 		budget -= n
 		b.PrefillTokens += n
 	}
 	b.KVUsage = float64(r.kv.used) / float64(r.kv.total)
 	r.kv.flush()
 	return b, b.PrefillTokens+b.DecodeSeqs > 0
+}
+
+// allocRunning takes n blocks for the running sequence at i, preempting
+// the newest running sequences while the cache cannot hold them. It
+// reports false if it preempted the sequence at i itself.
+func (r *Replica) allocRunning(i, n int) bool {
+	for !r.kv.alloc(n) {
+		last := len(r.running) - 1
+		s := r.running[last]
+		if ln := &r.lanes[last]; ln.left > 0 {
+			settle(s, ln)
+		}
+		r.running = r.running[:last]
+		r.lanes = r.lanes[:last]
+		r.preempt(s)
+		if last == i {
+			return false
+		}
+	}
+	return true
 }
 
 // match references the cached prefix of s and counts it as computed. At
@@ -434,7 +516,7 @@ func (r *Replica) releaseBlocks(s *Sequence) {
 	}
 	s.held = s.held[:0]
 	r.kv.release(int(s.private))
-	s.private, s.shared, s.computed, s.decoded, s.chunk = 0, 0, 0, 0, 0
+	s.private, s.shared, s.computed, s.decoded = 0, 0, 0, 0
 	r.releaseAdapter(s)
 }
 
@@ -453,50 +535,96 @@ func (r *Replica) preempt(s *Sequence) {
 // emit a token,
 // decoding sequences emit a token, and finished sequences leave, freeing
 // their KV blocks. It returns the sequences that emitted a token, in batch
-// order; [Sequence.Generated] and [Sequence.Done] tell which token and
-// whether it was the last. The slice is reused by the next Finish.
+// order (with quiet decoding, only some of them; see
+// [Replica.SetQuietDecode]); [Sequence.Generated] and [Sequence.Done] tell
+// which token and whether it was the last. The slice is reused by the next
+// Finish.
 func (r *Replica) Finish() []*Sequence {
 	// The sequences emitted by the previous Finish are not cleared from
 	// the slice's spare capacity: at most a batch of them, overwritten as
 	// it fills again.
 	r.emitted = r.emitted[:0]
-	if len(r.running) >= warmAhead {
+	if !r.quiet && len(r.running) >= warmAhead {
 		// In a simulation of many replicas, the others' iterations ran
 		// since Plan read this batch, whose sequences lie all over
 		// memory: read them all first, so that their cache misses
 		// overlap instead of stalling the loop below one by one.
-		var acc int32
+		var acc int
 		for _, s := range r.running {
-			acc += s.chunk
+			acc += s.output
 		}
 		r.warmed += uint64(acc)
 	}
-	keep := r.running[:0]
-	for _, s := range r.running {
-		if s.chunk > 0 {
-			if s.computed < s.target {
-				s.computed += int(s.chunk)
-				r.prefilled += int64(s.chunk)
-				r.publish(s)
-				if s.computed == s.target {
-					r.emit(s)
-				}
-			} else {
-				s.decoded++
-				r.decodes++
-				r.emit(s)
-			}
-			s.chunk = 0
-		}
-		if s.state == StateDone {
+	done := 0
+	for i := range r.lanes {
+		ln := &r.lanes[i]
+		n := ln.chunk
+		if n == 0 {
 			continue
 		}
-		keep = append(keep, s)
+		ln.chunk = 0
+		if ln.left > 0 {
+			ln.left--
+			r.decodes++
+			if r.quiet && ln.left > 0 {
+				continue
+			}
+			s := r.running[i]
+			settle(s, ln)
+			r.emitted = append(r.emitted, s)
+			if ln.left == 0 {
+				r.complete(s)
+				ln.left = -1
+				done++
+			}
+			continue
+		}
+		s := r.running[i]
+		if s.computed < s.target {
+			s.computed += int(n)
+			r.prefilled += int64(n)
+			r.publish(s)
+			if s.computed < s.target {
+				continue
+			}
+		} else {
+			s.decoded++
+			r.decodes++
+		}
+		s.generated++
+		r.emitted = append(r.emitted, s)
+		if s.generated >= s.output {
+			r.complete(s)
+			ln.left = -1
+			done++
+			continue
+		}
+		r.startLane(s, ln)
 	}
-	clear(r.running[len(keep):])
-	r.running = keep
+	if done > 0 {
+		k := 0
+		for i, ln := range r.lanes {
+			if ln.left >= 0 {
+				r.running[k], r.lanes[k] = r.running[i], ln
+				k++
+			}
+		}
+		clear(r.running[k:])
+		r.running, r.lanes = r.running[:k], r.lanes[:k]
+	}
 	r.kv.flush()
 	return r.emitted
+}
+
+// startLane has s, running in lane ln, decode in its lane from now on,
+// once it emitted a token: the first token of a sequence whose prompt was
+// prefilled elsewhere is a decode token, which Finish must report, and
+// such a sequence decodes it outside a lane.
+func (r *Replica) startLane(s *Sequence, ln *lane) {
+	bs := r.eng.BlockSize
+	ln.left = int32(s.output - s.generated)
+	ln.room = int32(int(s.private+s.shared)*bs - s.computed - s.decoded)
+	ln.grown = 0
 }
 
 // publish moves the prompt blocks of s computed so far, beyond those already
@@ -554,15 +682,6 @@ func (r *Replica) publishReply(s *Sequence) {
 	}
 }
 
-// emit counts a token of s, which completes it if it was the last.
-func (r *Replica) emit(s *Sequence) {
-	s.generated++
-	if s.generated >= s.output {
-		r.complete(s)
-	}
-	r.emitted = append(r.emitted, s)
-}
-
 // complete caches the reply of s, which emitted its last token, and frees
 // its blocks.
 func (r *Replica) complete(s *Sequence) {
@@ -608,8 +727,19 @@ func (s *Sequence) Cached() int { return s.cached }
 // change it.
 func (r *Replica) Waiting() []*Sequence { return r.waiting[r.whead:] }
 
-// Running returns the running batch. The caller must not change it.
-func (r *Replica) Running() []*Sequence { return r.running }
+// Running returns the running batch, each sequence's progress up to date.
+// The caller must not change it.
+func (r *Replica) Running() []*Sequence {
+	for i := range r.lanes {
+		if ln := &r.lanes[i]; ln.left > 0 {
+			settle(r.running[i], ln)
+		}
+	}
+	return r.running
+}
+
+// NumRunning returns the number of sequences in the running batch.
+func (r *Replica) NumRunning() int { return len(r.running) }
 
 // NumReceiving returns the remote sequences admitted whose KV has not
 // arrived.

@@ -26,12 +26,13 @@ func step(t *testing.T, r *Replica) (Batch, []*Sequence) {
 	return b, r.Finish()
 }
 
-// checkBlocks asserts the replica's block accounting against its sequences.
+// checkBlocks asserts the replica's block accounting against its running
+// and receiving sequences.
 func checkBlocks(t *testing.T, r *Replica) {
 	t.Helper()
 	held := 0
 	seen := map[int32]bool{}
-	for _, s := range r.running {
+	for _, s := range append(slices.Clip(r.Running()), r.receiving...) {
 		held += int(s.private)
 		for _, e := range s.held {
 			if !seen[e] {
@@ -237,8 +238,8 @@ func TestKVEventsBatches(t *testing.T) {
 			}
 			check("Plan")
 			prefilling := 0
-			for _, s := range r.running {
-				if s.chunk > 0 && s.computed < s.target {
+			for i, s := range r.running {
+				if r.lanes[i].chunk > 0 && s.computed < s.target {
 					prefilling++
 				}
 			}

@@ -87,6 +87,9 @@ func (r *replica) kick(now time.Duration) {
 }
 
 // finish completes the iteration that ends at now and starts the next.
+// Unless admission control charges every token, the replica decodes
+// quietly: Finish returns only the tokens finish acts on, a request's first
+// and last (and the one that ends a prefill).
 func (r *replica) finish(now time.Duration) {
 	r.busy = false
 	for _, q := range r.Finish() {

@@ -225,6 +225,10 @@ func simulate(ctx context.Context, cfg Config, reqs []Request, spec PolicySpec) 
 		if err != nil {
 			return nil, err
 		}
+		// Without admission control, which charges every token to its
+		// tenant, the runner acts only on a request's first and last
+		// tokens (see replica.finish and finishDisagg).
+		rep.SetQuietDecode(r.adm == nil)
 		r.reps[i] = &replica{Replica: rep, idx: i, run: r}
 		key := replicaKey(i)
 		eps[i] = cfg.newEndpoint(key, i)
@@ -510,7 +514,7 @@ func (r *runner) scrape(k int) {
 	for i, rep := range r.reps {
 		rt.snap[i] = llmlb.Load{
 			At:        at,
-			Running:   len(rep.Running()),
+			Running:   rep.NumRunning(),
 			Waiting:   rep.NumWaiting() + rep.NumReceiving(),
 			KVUsage:   rep.KVUsage(),
 			KVBlocks:  rep.KVTotal(),
