@@ -14,20 +14,26 @@ type kvPool struct {
 	used      int // blocks held by running sequences (private + referenced entries)
 	evictable int // blocks of unreferenced cache entries
 
+	// onEvents, if set, hears the same events as onEvent in batches:
+	// each run of events of one kind, in order, when the run ends or the
+	// replica flushes them, at the end of each Plan, Finish and Receive.
+	onEvents      func(hashes []uint64, stored bool)
+	pending       []uint64 // the hashes of the current run
+	pendingStored bool     // the kind of the current run
+
 	// ents[0] is the sentinel of the LRU list of unreferenced entries:
 	// ents[0].next is the oldest. Index 0 is no entry elsewhere.
 	ents  []entry
 	index hashIndex // entries by hash
-	free  int32     // recycled entries, linked through next
+	// free holds the entries evicted, for insert to reuse, last evicted
+	// first: kept apart from the entries, so that reusing one only writes
+	// it.
+	free []int32
+	// warmed keeps the reads of the warm-ups (see warmAhead).
+	warmed uint64
 
 	// onEvent, if set, hears every entry stored and evicted, at once.
 	onEvent func(hash uint64, stored bool)
-	// onEvents, if set, hears the same events in batches: each run of
-	// events of one kind, in order, when the run ends or the replica
-	// flushes them, at the end of each Plan, Finish and Receive.
-	onEvents      func(hashes []uint64, stored bool)
-	pending       []uint64 // the hashes of the current run
-	pendingStored bool     // the kind of the current run
 }
 
 // entry is one cached prefix block: the KV blocks of BlockTokens prompt
@@ -40,7 +46,14 @@ type entry struct {
 }
 
 func newKVPool(total int) *kvPool {
-	return &kvPool{total: total, ents: make([]entry, 1, 16)}
+	p := new(kvPool)
+	p.init(total)
+	return p
+}
+
+// init makes p an empty pool of total blocks.
+func (p *kvPool) init(total int) {
+	*p = kvPool{total: total, ents: make([]entry, 1, 16)}
 }
 
 // available is the number of blocks that can be allocated, evicting cached
@@ -57,26 +70,57 @@ func (p *kvPool) alloc(n int) bool {
 	if p.total-p.used < n {
 		return false
 	}
-	for p.total-p.used-p.evictable < n {
-		p.evict()
+	if short := n - (p.total - p.used - p.evictable); short > 0 {
+		p.evictBlocks(short)
 	}
 	p.used += n
 	return true
 }
 
+// evictBlocks evicts the least recently used entries until short more
+// blocks are free; the caller checked that enough blocks are evictable.
+func (p *kvPool) evictBlocks(short int) {
+	if int(p.ents[p.ents[0].next].blocks) < short {
+		// Several entries go. In a simulation of many replicas, each
+		// entry and its slot in the index are cache misses: walk the
+		// entries first, reading each one's slot as it goes, so that
+		// the misses of the slots overlap those of the walk.
+		p.warmed += p.warmOldest(short)
+	}
+	for short > 0 {
+		short -= p.evict()
+	}
+}
+
+// warmOldest reads the least recently used entries that hold short blocks,
+// and their slots in the index; it returns a value of the reads for the
+// caller to keep.
+func (p *kvPool) warmOldest(short int) uint64 {
+	var acc uint64
+	for i := p.ents[0].next; i != 0 && short > 0; i = p.ents[i].next {
+		e := &p.ents[i]
+		short -= int(e.blocks)
+		acc += p.index.warmOne(e.hash)
+	}
+	return acc
+}
+
 // release returns n private blocks.
 func (p *kvPool) release(n int) { p.used -= n }
 
-func (p *kvPool) evict() {
+// evict evicts the least recently used entry and returns its blocks.
+func (p *kvPool) evict() int {
 	i := p.ents[0].next
 	e := &p.ents[i]
 	p.unlink(i)
-	p.evictable -= int(e.blocks)
+	blocks := int(e.blocks)
+	p.evictable -= blocks
 	h := e.hash
 	p.index.del(h)
-	*e = entry{next: p.free}
-	p.free = i
+	*e = entry{}
+	p.free = append(p.free, i)
 	p.event(h, false)
+	return blocks
 }
 
 // event reports that the entry of h was stored or evicted.
@@ -157,9 +201,10 @@ func (p *kvPool) unref(i int32) {
 // referenced once by that sequence, and returns it. The caller checked that
 // h is not cached.
 func (p *kvPool) insert(h uint64, blocks int) int32 {
-	i := p.free
-	if i != 0 {
-		p.free = p.ents[i].next
+	var i int32
+	if n := len(p.free); n > 0 {
+		i = p.free[n-1]
+		p.free = p.free[:n-1]
 	} else {
 		i = int32(len(p.ents))
 		p.ents = append(p.ents, entry{})

@@ -1,6 +1,9 @@
 package model
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestKVPoolLRU(t *testing.T) {
 	p := newKVPool(10)
@@ -34,5 +37,46 @@ func TestKVPoolLRU(t *testing.T) {
 	}
 	if p.used != 10 || p.evictable != 0 {
 		t.Errorf("used %d evictable %d, want 10 0", p.used, p.evictable)
+	}
+}
+
+// TestKVPoolEvictSeveral checks that an allocation evicting several entries
+// evicts the least recently used first, as many as it needs and no more,
+// reports them in that order, and that the entry evicted last is reused
+// first.
+func TestKVPoolEvictSeveral(t *testing.T) {
+	p := newKVPool(10)
+	var removed []uint64
+	p.onEvent = func(h uint64, stored bool) {
+		if !stored {
+			removed = append(removed, h)
+		}
+	}
+	var ents []int32
+	for h := uint64(1); h <= 5; h++ {
+		if !p.alloc(2) {
+			t.Fatalf("alloc 2 for entry %d failed", h)
+		}
+		ents = append(ents, p.insert(h, 2))
+	}
+	for _, i := range []int{1, 0, 2, 3, 4} { // 2 is the least recently used
+		p.unref(ents[i])
+	}
+	if !p.alloc(5) {
+		t.Fatal("alloc 5 with 10 evictable failed")
+	}
+	if want := []uint64{2, 1, 3}; !slices.Equal(removed, want) {
+		t.Errorf("evicted %v, want %v", removed, want)
+	}
+	if p.used != 5 || p.evictable != 4 {
+		t.Errorf("used %d evictable %d, want 5 4", p.used, p.evictable)
+	}
+	for h, want := range map[uint64]bool{1: false, 2: false, 3: false, 4: true, 5: true} {
+		if got := p.lookup(h) != 0; got != want {
+			t.Errorf("entry %d cached: %v, want %v", h, got, want)
+		}
+	}
+	if got := p.insert(6, 2); got != ents[2] {
+		t.Errorf("insert reused entry %d, want %d, the last evicted", got, ents[2])
 	}
 }

@@ -40,6 +40,14 @@ func (t *hashIndex) warm(hs []uint64) uint64 {
 	return acc
 }
 
+// warmOne is warm for one hash.
+func (t *hashIndex) warmOne(h uint64) uint64 {
+	if len(t.slots) == 0 {
+		return 0
+	}
+	return t.slots[home(h, uint64(len(t.slots)-1))].hash
+}
+
 // get returns the entry of h, or 0.
 func (t *hashIndex) get(h uint64) int32 {
 	if len(t.slots) == 0 {

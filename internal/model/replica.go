@@ -94,23 +94,30 @@ const warmAhead = 8
 // for, simulated or real, and [Replica.Finish] applies it. The simulator and
 // an emulated engine both drive it. A Replica is not safe for concurrent use.
 type Replica struct {
-	eng   Engine
-	kv    *kvPool
-	wmark int // watermark blocks kept free when admitting
-	// warmed keeps the reads of the warm-ups (see warmAhead).
-	warmed uint64
-	quiet  bool // SetQuietDecode's setting
-
-	waiting []*Sequence // FIFO from whead
-	whead   int
+	// The state an iteration reads comes first, the KV pool's counters
+	// with it: in a simulation of many replicas, the others' iterations
+	// push a replica's state out of the processor's caches between two of
+	// its own, and the fewer cache lines an iteration reads the fewer
+	// misses it takes.
 	running []*Sequence
 	lanes   []lane // the running sequences' lanes, in the same order
 	emitted []*Sequence
+	waiting []*Sequence // FIFO from whead
+	whead   int
+	eng     Engine
+	quiet   bool // SetQuietDecode's setting
+
+	preemptions int
+	decodes     int64 // tokens emitted by decode steps
 
 	receiving []*Sequence // remote sequences admitted, their KV on its way
 	started   []*Sequence // remote sequences admitted since the caller last took them
 
-	preemptions   int
+	kv    kvPool
+	wmark int // watermark blocks kept free when admitting
+	// warmed keeps the reads of the warm-ups (see warmAhead).
+	warmed uint64
+
 	prefixQueries int64
 	prefixHits    int64
 
@@ -119,7 +126,6 @@ type Replica struct {
 	adapterLoads int64
 
 	prefilled int64 // prompt tokens computed by prefill chunks
-	decodes   int64 // tokens emitted by decode steps
 }
 
 // lane is the part of a running sequence's state that every iteration reads
@@ -183,7 +189,9 @@ func NewReplica(eng Engine) (*Replica, error) {
 	if err := eng.Normalize(); err != nil {
 		return nil, err
 	}
-	return &Replica{eng: eng, kv: newKVPool(eng.KVBlocks), wmark: eng.KVBlocks / 100}, nil
+	r := &Replica{eng: eng, wmark: eng.KVBlocks / 100}
+	r.kv.init(eng.KVBlocks)
+	return r, nil
 }
 
 // SetKVEventHandler makes the replica report its prefix cache the way an
@@ -476,15 +484,28 @@ func (r *Replica) match(s *Sequence) {
 	}
 	maxBlocks := min(len(s.Prefix), (s.target-1)/bt)
 	per := bt / r.eng.BlockSize
+	start := len(s.held)
 	for i := 0; i < maxBlocks; i++ {
 		e := r.kv.lookup(s.Prefix[i])
 		if e == 0 {
 			break
 		}
-		r.kv.acquire(e)
+		if i == 0 && maxBlocks > 2 {
+			// The prefix is cached: read the slots of the rest of its
+			// blocks first, so that their cache misses overlap.
+			r.warmed += r.kv.index.warm(s.Prefix[1:maxBlocks])
+		}
 		s.held = append(s.held, e)
-		s.shared += int32(per)
 	}
+	// Then hold the entries found, read first for the same reason.
+	got := s.held[start:]
+	if len(got) > 1 {
+		r.warmed += r.kv.warm(got)
+	}
+	for _, e := range got {
+		r.kv.acquire(e)
+	}
+	s.shared += int32(len(got) * per)
 	s.computed = len(s.held) * bt
 }
 
@@ -640,7 +661,7 @@ func (r *Replica) publish(s *Sequence) {
 	}
 	full := min(len(s.Prefix), min(s.computed, s.PromptTokens)/bt)
 	per := bt / r.eng.BlockSize
-	if full-len(s.held) >= warmAhead {
+	if full-len(s.held) > 1 {
 		// A large cache waits for memory at each block's slot: read
 		// them all first, so that the misses overlap.
 		r.warmed += r.kv.index.warm(s.Prefix[len(s.held):full])
