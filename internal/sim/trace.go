@@ -419,24 +419,24 @@ func PooledCacheHitRate(reqs []Request, tokens int) float64 {
 // blocks whose chained hash appeared in an earlier request's prompt or
 // Reply. No policy can exceed it.
 func InfiniteCacheHitRate(reqs []Request) float64 {
-	seen := make(map[uint64]struct{})
+	var seen hashSet
 	var hit, total int64
 	for i := range reqs {
 		r := &reqs[i]
 		total += int64(r.PromptTokens)
+		seen.warm(r.Prefix)
+		seen.warm(r.Reply)
 		for j, h := range r.Prefix {
 			tokens := min(r.BlockTokens, r.PromptTokens-j*r.BlockTokens)
 			if tokens <= 0 {
 				break
 			}
-			if _, ok := seen[h]; ok {
+			if !seen.add(h) {
 				hit += int64(tokens)
-			} else {
-				seen[h] = struct{}{}
 			}
 		}
 		for _, h := range r.Reply {
-			seen[h] = struct{}{}
+			seen.add(h)
 		}
 	}
 	if total == 0 {
