@@ -91,10 +91,13 @@ func (l *LRU) find(key uint64) (pos int, node uint32) {
 	}
 }
 
-// Warm reads the table slot and the node of each key's home position, each
-// key's reads independent of the others', so that the processor fetches
-// them from memory in parallel instead of one miss after another; Get or
-// Add of the same keys right after then find them in cache. It changes
+// Warm reads the table slot of each key's home position and, if the slot
+// holds the key's tag, its node, each key's reads independent of the
+// others', so that the processor fetches them from memory in parallel
+// instead of one miss after another; Get, Add or Remove of the same keys
+// right after then find them in cache. (A slot holding another tag names
+// another key's node, which those calls do not read.) It also reads the
+// first unused node, which the next Add of a new key takes. It changes
 // nothing and returns a value computed from the reads, which the caller
 // should keep (store it) so that they are not optimized away.
 func (l *LRU) Warm(keys []uint64) uint64 {
@@ -102,10 +105,15 @@ func (l *LRU) Warm(keys []uint64) uint64 {
 		return 0
 	}
 	mask := uint32(len(l.slots) - 1)
-	var acc uint64
+	acc := uint64(l.nodes[l.free].next)
 	for _, k := range keys {
-		s := l.slots[l.tag(k)&mask]
-		acc += l.nodes[uint32(s)&^marked].key
+		tag := l.tag(k)
+		s := l.slots[tag&mask]
+		nd := uint32(s) &^ marked
+		if uint32(s>>32) != tag {
+			nd = 0 // the sentinel, in cache
+		}
+		acc += l.nodes[nd].key
 	}
 	return acc
 }
@@ -188,6 +196,23 @@ func (l *LRU) Oldest() (key uint64, val int64, ok bool) {
 		return 0, 0, false
 	}
 	return l.nodes[nd].key, l.nodes[nd].val, true
+}
+
+// AppendOldest appends to dst the keys of the least recently used entries,
+// oldest first, as long as their value is at most maxVal, up to n keys, and
+// returns the extended slice: the keys that n calls of RemoveOldest, each
+// after checking that Oldest's value is at most maxVal, would drop. It
+// changes nothing. Reading the keys first lets a caller fetch what their
+// removal touches (see Warm) in parallel, before removing them.
+func (l *LRU) AppendOldest(dst []uint64, n int, maxVal int64) []uint64 {
+	for nd := l.nodes[0].prev; nd != 0 && n > 0; nd = l.nodes[nd].prev {
+		if l.nodes[nd].val > maxVal {
+			break
+		}
+		dst = append(dst, l.nodes[nd].key)
+		n--
+	}
+	return dst
 }
 
 // RemoveOldest drops the least recently used key, if any.

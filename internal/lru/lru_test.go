@@ -90,6 +90,21 @@ func checkLRU(t *testing.T, size int, ops []byte) {
 			if k1 != k2 || v1 != v2 || ok1 != ok2 {
 				t.Fatalf("op %d: Oldest() = %x, %d, %v; simplelru %x, %d, %v", i/2, k1, v1, ok1, k2, v2, ok2)
 			}
+			// AppendOldest lists the oldest keys while their values
+			// (the indexes of the operations that added them) are at
+			// most a bound that falls among them.
+			n, maxVal := int(arg%8)+1, int64(i)-int64(arg)*8
+			oldest := l.AppendOldest([]uint64{7}, n, maxVal)
+			refOldest := []uint64{7}
+			for _, k := range ref.Keys() {
+				if v, _ := ref.Peek(k); v > maxVal || len(refOldest) > n {
+					break
+				}
+				refOldest = append(refOldest, k)
+			}
+			if !slices.Equal(oldest, refOldest) {
+				t.Fatalf("op %d: AppendOldest(%d, %d) = %x, want %x", i/2, n, maxVal, oldest, refOldest)
+			}
 		case 8:
 			l.RemoveOldest()
 			ref.RemoveOldest()
