@@ -15,20 +15,15 @@ func checkMinExp(t *testing.T, x *Index) {
 	t.Helper()
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	for w, tab := range x.holders {
-		if tab == nil {
-			continue
-		}
-		tab.all(func(h uint64, hd holder) {
-			for b := hd.bits; b != 0; b &= b - 1 {
-				i := bits.TrailingZeros64(b)
-				exp, _ := x.slots[64*w+i].lru.Peek(h)
-				if exp < hd.minExp {
-					t.Fatalf("holder %x minExp %d > expiry %d of slot %d", h, hd.minExp, exp, 64*w+i)
-				}
+	x.holders.all(func(h uint64, w int, hd holder) {
+		for b := hd.bits; b != 0; b &= b - 1 {
+			i := bits.TrailingZeros64(b)
+			exp, _ := x.slots[64*w+i].lru.Peek(h)
+			if exp < hd.minExp {
+				t.Fatalf("holder %x minExp %d > expiry %d of slot %d", h, hd.minExp, exp, 64*w+i)
 			}
-		})
-	}
+		}
+	})
 }
 
 // TestIndexArbitraryBlocks compares the index with the model on block lists

@@ -347,7 +347,7 @@ func TestIndexHostileOps(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := newModel(cfg)
-		pool := []uint64{0, math.MaxUint64, 1, 2, 3, 0x9e3779b97f4a7c15, x.seed, ^x.seed, 5, 6}
+		pool := []uint64{0, math.MaxUint64, 1, 2, 3, 0x9e3779b97f4a7c15, x.holders.seed, ^x.holders.seed, 5, 6}
 		blocks := func() []uint64 {
 			b := make([]uint64, r.IntN(9))
 			for i := range b {

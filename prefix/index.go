@@ -38,24 +38,24 @@ const (
 	// grows toward its capacity), its slot in the endpoint's table (8
 	// bytes in a table kept between 1/4 and 1/2 full) and the block's entry
 	// in the index-wide holder table (a 24-byte slot in a table that grows
-	// to 3/8 full when it reaches 3/4, shared by all endpoints of a
-	// 64-endpoint group that hold the block): at most 144 bytes, to which
-	// the bound adds 16 for what the count leaves out. Measured:
-	// 45 bytes when 8 endpoints share every block, 80-87 bytes when no
-	// block is shared, 120 bytes just after an endpoint's storage doubled;
-	// a test checks the bound over a million blocks. While it fills, the
-	// index as a whole stays below the sum of the endpoints' capacities
-	// times BytesPerBlock, plus about a kilobyte per endpoint and 10 KB per
-	// group of 64 endpoints. Removing endpoints or lowering capacities
+	// to 3/8 full when it reaches 3/4, one per block and group of 64
+	// endpoints, shared by the endpoints of the group that hold the block):
+	// at most 144 bytes, to which the bound adds 16 for what the count
+	// leaves out. Measured: 45 bytes when 8 endpoints share every block,
+	// 80-87 bytes when no block is shared, 120 bytes just after an
+	// endpoint's storage doubled; a test checks the bound over a million
+	// blocks. While it fills, the index as a whole stays below the sum of
+	// the endpoints' capacities times BytesPerBlock, plus about a kilobyte
+	// per endpoint and 10 KB. Removing endpoints or lowering capacities
 	// frees their blocks; the holder table then shrinks as it empties,
 	// halving the parts of it that fall below 1/8 full (parts of up to 64
-	// slots keep their memory, at most 384 KB per group of 64 endpoints, so
-	// that small indexes do not allocate as their load moves), and an
-	// endpoint's storage is compacted when its capacity falls below half
-	// of it. So the index then stays below about 1.6 times the sum of the
-	// new capacities times BytesPerBlock: up to 230 bytes per block of
-	// capacity were measured after lowering the capacities of a full index
-	// by factors from 1.2 to 60, and a test checks the worst of them.
+	// slots keep their memory, at most 384 KB, so that small indexes do not
+	// allocate as their load moves), and an endpoint's storage is compacted
+	// when its capacity falls below half of it. So the index then stays
+	// below about 1.6 times the sum of the new capacities times
+	// BytesPerBlock: up to 230 bytes per block of capacity were measured
+	// after lowering the capacities of a full index by factors from 1.2 to
+	// 60, and a test checks the worst of them.
 	BytesPerBlock = 160
 )
 
@@ -118,10 +118,11 @@ type Match struct {
 //
 // Each endpoint has its own LRU of block hashes, bounded by its capacity. An
 // index-wide table from block hash to the set of endpoints holding it (a
-// bitset per group of 64 endpoints) is kept consistent with the LRUs through
-// their eviction callbacks, so [Index.Match] walks the prompt's blocks once,
-// intersecting the set of endpoints still matching: one table lookup per
-// block for up to 64 endpoints, one per block and group beyond.
+// bitset per group of 64 endpoints, the groups' entries of a block side by
+// side) is kept consistent with the LRUs through their eviction callbacks,
+// so [Index.Match] walks the prompt's blocks once, intersecting the set of
+// endpoints still matching: one probe run of one table per block, however
+// many endpoints.
 //
 // An endpoint's blocks are fed approximately by [Index.Record] (the router's
 // own decisions; they expire after the TTL, and [Index.Unrecord] takes back
@@ -172,10 +173,9 @@ type Index struct {
 	// matchWarmed keeps the reads of Match's read-ahead. Match holds only
 	// the read lock, so it is atomic; it is next to never written.
 	matchWarmed atomic.Uint64
-	// holders has one table per group of 64 slots, keyed by block hash;
-	// nil until the group's first endpoint arrives.
-	holders []*holderTable
-	seed    uint64       // of every holder table
+	// holders maps each block and group of 64 slots to the endpoints of
+	// the group that hold the block.
+	holders holderTable
 	fpSeed  maphash.Seed // keys the fingerprints of lastTouch
 	// line places Record's and Match's times: readings that carry the
 	// monotonic clock expire on it, whatever the wall clock does.
@@ -233,8 +233,8 @@ func fingerprint(seed maphash.Seed, blocks []uint64) uint64 {
 }
 
 // holder is the set of endpoints, within one group of 64 slots, that hold a
-// block. It is stored in the group's table of Index.holders under the
-// block's hash.
+// block. It is stored in Index.holders under the block's hash and the
+// group.
 //
 // bits may omit endpoints whose copy of the block is known to have expired
 // (their LRU entry stays until evicted, so that expiry never changes which
@@ -281,8 +281,7 @@ func NewIndex(c IndexConfig) (*Index, error) {
 		aheadEntries: matchAheadEntries,
 		endpoints:    make(map[string]*endpoint),
 		occupied:     make([]uint64, (c.MaxEndpoints+63)/64),
-		holders:      make([]*holderTable, (c.MaxEndpoints+63)/64),
-		seed:         rand.Uint64(),
+		holders:      holderTable{seed: rand.Uint64()},
 		fpSeed:       maphash.MakeSeed(),
 	}, nil
 }
@@ -322,22 +321,12 @@ func (x *Index) endpointLocked(key string, create bool) (*endpoint, error) {
 	}
 	x.slots[slot] = e
 	x.occupied[w] |= bit
-	if x.holders[w] == nil {
-		x.holders[w] = &holderTable{seed: x.seed}
-	}
 	return e, nil
 }
 
-// unlink removes the holder bit of group w from block h.
-func (x *Index) unlink(h uint64, w int, bit uint64) {
-	t := x.holders[w]
-	hd := t.get(h)
-	if hd.bits&bit == 0 {
-		return
-	}
-	hd.bits &^= bit
-	t.put(h, hd) // deletes the entry when no holder is left
-}
+// unlink removes the holder bit of group w from block h, deleting the
+// entry when no holder is left.
+func (x *Index) unlink(h uint64, w int, bit uint64) { x.holders.clear(h, w, bit) }
 
 // SetCapacity sets the number of blocks indexed for endpoint, adding the
 // endpoint if it is new; the least recently used blocks beyond the new
@@ -624,14 +613,14 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 		return
 	}
 	w, bit := e.slot/64, uint64(1)<<(e.slot%64)
-	t := x.holders[w]
+	t := &x.holders
 	if n >= warmBlocks {
 		x.warmed += t.warm(blocks[:n]) + e.lru.Warm(blocks[:n])
 	}
 	minExp := int64(math.MaxInt64)
 	for i := n - 1; i >= 0; i-- {
 		h := blocks[i]
-		hd := t.get(h)
+		hd := t.get(h, w)
 		// A listed endpoint holds the block (see holder), so only then can
 		// its expiry be recent enough to keep; an unlisted one either
 		// lacks it or holds a copy that expired, and a single Add inserts
@@ -662,7 +651,7 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 				hd = x.refresh(h, w, hd, now)
 			}
 		}
-		t.put(h, hd)
+		t.put(h, w, hd)
 	}
 	e.gen++
 	e.last = lastTouch{n: n, print: fp, minExp: minExp, gen: e.gen, marked: repeat}
@@ -688,24 +677,25 @@ func (x *Index) refresh(h uint64, w int, hd holder, now int64) holder {
 // maxGroups is the number of 64-endpoint groups of the largest index.
 const maxGroups = DefaultMaxEndpoints / 64
 
-// [Index.Match] reads blocks ahead in an index whose holder tables hold at
+// [Index.Match] reads blocks ahead in an index whose holder table holds at
 // least matchAheadEntries entries (2 to 4 MB of table, more than a core's
 // share of the processor's caches; below that, reading ahead only costs
-// time). There each block's holder entry in each group still matching is
-// likely a cache miss, and the walk's branches on the entries it reads
-// keep the processor from running far ahead, so that the misses come
-// mostly one after another. Reading the home slots of a window of blocks
-// first, each read independent of the others, lets those misses overlap,
-// and the walk then finds the entries in cache. Reads beyond the block
-// where the match ends are wasted, so the first window is one block (most
-// matches in a large cluster end there), the next is matchAhead blocks,
-// and each next one twice as long, up to maxMatchAhead. In the simulator's
-// cluster of 512 replicas behind 16 routers, timed call by call against the
-// walk without reading ahead, Match took 10 to 13% less time, reading 14%
-// more slots than the walk needed; windows from 4 blocks up to 32 read 73%
-// more and took longer than no read-ahead. The gain is bounded because
-// each read is in a different page of tables that span gigabytes, so it
-// waits for a page-table walk as well, and few of those proceed at once.
+// time). There each block's holder entries are likely a cache miss, and
+// the walk's branches on the entries it reads keep the processor from
+// running far ahead, so that the misses come mostly one after another.
+// Reading the home slots of a window of blocks first, each read
+// independent of the others, lets those misses overlap, and the walk then
+// finds the entries in cache. Reads beyond the block where the match ends
+// are wasted, so the first window is one block (most matches in a large
+// cluster end there), the next is matchAhead blocks, and each next one
+// twice as long, up to maxMatchAhead. In the simulator's cluster of 512
+// replicas behind 16 routers, timed call by call against the walk without
+// reading ahead, Match took 10 to 13% less time, reading 14% more slots
+// than the walk needed (when each group of 64 endpoints had a holder table
+// of its own); windows from 4 blocks up to 32 read 73% more and took
+// longer than no read-ahead. The gain is bounded because each read is in
+// a different page of a table that spans gigabytes, so it waits for a
+// page-table walk as well, and few of those proceed at once.
 const (
 	matchAheadEntries = 1 << 16
 	matchAhead        = 8
@@ -730,59 +720,40 @@ func (x *Index) Match(blocks []uint64, now time.Time, dst []Match) []Match {
 	}
 	t := x.matchNano(now)
 	start := len(dst)
-	var alive [maxGroups]uint64
-	var active [maxGroups]uint8
-	var tabs [maxGroups]*holderTable
+	var st matchState
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	na, entries := 0, 0
 	for w, occ := range x.occupied {
 		if occ != 0 {
-			alive[w] = occ
-			active[na] = uint8(w)
-			tabs[w] = x.holders[w]
-			entries += tabs[w].len()
-			na++
+			st.alive[w] = occ
+			st.active[st.na] = uint8(w)
+			st.na++
 		}
 	}
+	tab := &x.holders
 	// An index larger than the caches is walked in windows of blocks, each
 	// read ahead first (see matchAhead): one block, then matchAhead, then
 	// twice as many each time.
-	ahead := entries >= x.aheadEntries
+	ahead := tab.len() >= x.aheadEntries
 	var warmed uint64
-	seed := x.seed
 	k := 1
-walk:
-	for i := 0; i < len(blocks); {
+	for i := 0; i < len(blocks) && st.na > 0; {
 		end := len(blocks)
 		if ahead {
 			end = min(i+k, end)
 			k = min(max(2*k, matchAhead), maxMatchAhead)
-			warmed += x.readAhead(blocks[i:end], &tabs, active[:na])
+			warmed += tab.warm(blocks[i:end])
 		}
-		for ; i < end; i++ {
-			h := blocks[i]
-			sp := spreadKey(seed, h)
-			j := 0
-			for _, w8 := range active[:na] {
-				w := int(w8)
-				cur := alive[w]
-				hd := tabs[w].lookup(h, sp)
-				next := cur & hd.bits
-				if next != 0 && hd.minExp <= t {
-					next = x.unexpired(h, w, next, t)
-				}
-				if gone := cur &^ next; gone != 0 && i > 0 {
-					dst = x.appendMatches(dst, w, gone, i)
-				}
-				alive[w] = next
-				if next != 0 {
-					active[j] = w8
-					j++
-				}
+		for i < end && st.na > 0 {
+			if st.na > 1 {
+				i, dst = x.walkGroups(blocks, i, end, &st, t, dst)
+				continue
 			}
-			if na = j; na == 0 {
-				break walk
+			// One group left: always so up to 64 endpoints, and for
+			// most blocks beyond.
+			w := int(st.active[0])
+			if i, st.alive[w], dst = x.walkGroup(blocks, i, end, w, st.alive[w], t, dst); st.alive[w] == 0 {
+				st.na = 0
 			}
 		}
 	}
@@ -791,8 +762,8 @@ walk:
 		// read-ahead's reads are used and stay in the compiled code.
 		x.matchWarmed.Store(warmed)
 	}
-	for _, w8 := range active[:na] {
-		dst = x.appendMatches(dst, int(w8), alive[w8], len(blocks))
+	for _, w8 := range st.active[:st.na] {
+		dst = x.appendMatches(dst, int(w8), st.alive[w8], len(blocks))
 	}
 	// Matches were appended shortest first.
 	for i, j := start, len(dst)-1; i < j; i, j = i+1, j-1 {
@@ -801,21 +772,76 @@ walk:
 	return dst
 }
 
-// readAhead reads, for each of blocks, the home slot of its holder entry in
-// the table of each group of active, and returns a value computed from the
-// reads, which the caller keeps so that they are not optimized away. The
-// reads are independent of one another, so the processor has them all in
-// flight at once.
-func (x *Index) readAhead(blocks []uint64, tabs *[maxGroups]*holderTable, active []uint8) uint64 {
-	var acc uint64
-	seed := x.seed
-	for _, w := range active {
-		t := tabs[w]
-		for _, h := range blocks {
-			acc += t.homeKey(spreadKey(seed, h))
+// matchState is the state of Match's walk: alive[w] is the set of
+// endpoints of group w still matching, and active[:na] lists the groups
+// whose set is not empty, in increasing order.
+type matchState struct {
+	alive  [maxGroups]uint64
+	active [maxGroups]uint8
+	na     int
+}
+
+// walkGroup is Match's walk of blocks[i:end] while group w is the only one
+// with endpoints still matching, set: it appends to dst the endpoints of
+// set that stop matching at a block, with the number of blocks before it,
+// and returns the index after the last block walked, the endpoints still
+// matching and dst. It stops after the first block none of set holds. A
+// function of its own, the walk compiles to a loop that keeps its values
+// in registers.
+func (x *Index) walkGroup(blocks []uint64, i, end, w int, set uint64, now int64, dst []Match) (int, uint64, []Match) {
+	tab := &x.holders
+	seed := tab.seed
+	for ; i < end; i++ {
+		h := blocks[i]
+		sl := tab.lookup(h, spreadKey(seed, h), w)
+		next := set & sl.bits
+		if next != 0 && sl.minExp() <= now {
+			next = x.unexpired(h, w, next, now)
+		}
+		if gone := set &^ next; gone != 0 && i > 0 {
+			dst = x.appendMatches(dst, w, gone, i)
+		}
+		if set = next; set == 0 {
+			return i + 1, 0, dst
 		}
 	}
-	return acc
+	return i, set, dst
+}
+
+// walkGroups is Match's walk of blocks[i:end] while several groups have
+// endpoints still matching: as walkGroup, for the groups of st, in
+// increasing order. It returns after a block that leaves at most one group
+// matching, or at end.
+func (x *Index) walkGroups(blocks []uint64, i, end int, st *matchState, now int64, dst []Match) (int, []Match) {
+	tab := &x.holders
+	seed := tab.seed
+	for ; i < end && st.na > 1; i++ {
+		h := blocks[i]
+		sp := spreadKey(seed, h)
+		n := 0
+		for _, w8 := range st.active[:st.na] {
+			// The block's entries in every group lie in one probe run
+			// (see holderTable), so after the first group's lookup the
+			// others' are in cache.
+			w := int(w8)
+			cur := st.alive[w]
+			sl := tab.lookup(h, sp, w)
+			next := cur & sl.bits
+			if next != 0 && sl.minExp() <= now {
+				next = x.unexpired(h, w, next, now)
+			}
+			if gone := cur &^ next; gone != 0 && i > 0 {
+				dst = x.appendMatches(dst, w, gone, i)
+			}
+			st.alive[w] = next
+			if next != 0 {
+				st.active[n] = w8
+				n++
+			}
+		}
+		st.na = n
+	}
+	return i, dst
 }
 
 // unexpired returns the endpoints of set (group w) whose copy of block h

@@ -499,13 +499,7 @@ func TestMatchReadAhead(t *testing.T) {
 			must(t, x.Stored(ep, DefaultBlockTokens, held()...))
 		}
 	}
-	entries := 0
-	for _, tab := range x.holders {
-		if tab != nil {
-			entries += tab.len()
-		}
-	}
-	if entries < x.aheadEntries {
+	if entries := x.holders.len(); entries < x.aheadEntries {
 		t.Fatalf("%d holder entries, fewer than the %d that make Match read ahead", entries, x.aheadEntries)
 	}
 	for _, p := range append(prompts, a[:2], a[:25], a[:26], a[:57], b[:31]) {

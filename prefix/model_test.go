@@ -214,29 +214,24 @@ func checkInvariants(t testing.TB, x *Index) {
 			w := e.slot / 64
 			held[[3]uint64{uint64(w), h, uint64(e.slot % 64)}] = true
 			exp, _ := e.lru.Peek(h)
-			if x.holders[w].get(h).bits&(1<<(e.slot%64)) == 0 && exp == never {
+			if x.holders.get(h, w).bits&(1<<(e.slot%64)) == 0 && exp == never {
 				t.Fatalf("endpoint %q holds %x from an event but the holder map does not say so", key, h)
 			}
 		}
 		pairs += e.lru.Len()
 	}
 	bitsSet := 0
-	for w, tab := range x.holders {
-		if tab == nil {
-			continue
+	x.holders.all(func(h uint64, w int, hd holder) {
+		if hd.bits == 0 {
+			t.Fatalf("empty holder entry kept")
 		}
-		tab.all(func(h uint64, hd holder) {
-			if hd.bits == 0 {
-				t.Fatalf("empty holder entry kept")
+		for b := hd.bits; b != 0; b &= b - 1 {
+			if !held[[3]uint64{uint64(w), h, uint64(bits.TrailingZeros64(b))}] {
+				t.Fatalf("holder entry %x of group %d names an endpoint that does not hold the block", h, w)
 			}
-			for b := hd.bits; b != 0; b &= b - 1 {
-				if !held[[3]uint64{uint64(w), h, uint64(bits.TrailingZeros64(b))}] {
-					t.Fatalf("holder entry %x of group %d names an endpoint that does not hold the block", h, w)
-				}
-			}
-			bitsSet += bits.OnesCount64(hd.bits)
-		})
-	}
+		}
+		bitsSet += bits.OnesCount64(hd.bits)
+	})
 	if bitsSet > pairs {
 		t.Fatalf("holder map has %d (block, endpoint) pairs, LRUs only %d", bitsSet, pairs)
 	}
@@ -251,15 +246,7 @@ func checkInvariants(t testing.TB, x *Index) {
 
 // holderEntries returns the number of holder entries of every group. x.mu
 // must be held.
-func holderEntries(x *Index) int {
-	n := 0
-	for _, tab := range x.holders {
-		if tab != nil {
-			n += tab.len()
-		}
-	}
-	return n
-}
+func holderEntries(x *Index) int { return x.holders.len() }
 
 // asMap turns Match results into a map, failing on duplicates, zero counts
 // or a wrong order.
@@ -346,7 +333,7 @@ func checkListed(t testing.TB, x *Index, now int64) {
 	for key, e := range x.endpoints {
 		w, bit := e.slot/64, uint64(1)<<(e.slot%64)
 		for _, h := range e.lru.Keys() {
-			if exp, _ := e.lru.Peek(h); exp > now && x.holders[w].get(h).bits&bit == 0 {
+			if exp, _ := e.lru.Peek(h); exp > now && x.holders.get(h, w).bits&bit == 0 {
 				t.Fatalf("endpoint %q holds %x until %d, after %d, but the holder table does not list it", key, h, exp, now)
 			}
 		}
