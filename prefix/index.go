@@ -504,6 +504,11 @@ func (x *Index) Removed(endpoint string, blockSize int, hashes ...uint64) error 
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if e := x.endpoints[endpoint]; e != nil {
+		if x.large() {
+			// Read the blocks' table slots, nodes and holder entries
+			// ahead, so that their misses overlap (see warmBlocks).
+			x.warmed += x.holders.warm(hashes) + e.lru.Warm(hashes)
+		}
 		for _, h := range hashes {
 			e.lru.Remove(h)
 		}
@@ -576,6 +581,51 @@ const warmBlocks = 8
 // it records.
 const expiredBatch = 16
 
+// dropChunk is how many blocks an index at least as large as
+// aheadEntries drops at once, their table slots and holder entries read
+// ahead (see dropExpiredLocked).
+const dropChunk = 32
+
+// large reports whether the holder table is large enough that the index
+// likely misses the processor's caches, so that reading ahead pays: the
+// threshold of Match's read-ahead. x.mu must be held.
+func (x *Index) large() bool { return x.holders.len() >= x.aheadEntries }
+
+// dropExpiredLocked drops up to limit blocks of e that expired at now, from
+// the least recently used end, stopping at the first unexpired one. In a
+// large index the blocks are listed first, a chunk at a time, and their
+// table slots and holder entries read ahead, so that the misses of their
+// removals overlap instead of coming one after another. x.mu must be
+// held for writing.
+func (x *Index) dropExpiredLocked(e *endpoint, limit int, now int64) {
+	if !x.large() {
+		for ; limit > 0; limit-- {
+			_, v, ok := e.lru.Oldest()
+			if !ok || v > now {
+				return
+			}
+			e.lru.RemoveOldest()
+		}
+		return
+	}
+	var buf [dropChunk]uint64
+	for limit > 0 {
+		want := min(limit, len(buf))
+		keys := e.lru.AppendOldest(buf[:0], want, now)
+		if len(keys) == 0 {
+			return
+		}
+		x.warmed += x.holders.warm(keys) + e.lru.Warm(keys)
+		for range keys {
+			e.lru.RemoveOldest()
+		}
+		if len(keys) < want {
+			return // the next one has not expired
+		}
+		limit -= len(keys)
+	}
+}
+
 // touchLocked makes e hold blocks[:capacity], touching them tail first, with
 // expiry exp, or the expiry they already have if it is at least exp-slack.
 // now is the time used to refresh the expiry summary of each block's holder
@@ -598,13 +648,7 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 		// first, so which unexpired blocks the LRU keeps does not change.
 		// At most n+expiredBatch go per call, which keeps up with the n
 		// blocks a call may add and bounds the work of one call.
-		for k := n + expiredBatch; k > 0; k-- {
-			_, v, ok := e.lru.Oldest()
-			if !ok || v > now {
-				break
-			}
-			e.lru.RemoveOldest()
-		}
+		x.dropExpiredLocked(e, n+expiredBatch, now)
 	}
 	fp := fingerprint(x.fpSeed, blocks[:n])
 	l := &e.last
@@ -616,6 +660,13 @@ func (x *Index) touchLocked(e *endpoint, blocks []uint64, exp, slack, now int64)
 	t := &x.holders
 	if n >= warmBlocks {
 		x.warmed += t.warm(blocks[:n]) + e.lru.Warm(blocks[:n])
+	}
+	if over := e.lru.Len() + n - e.capacity; over > 0 && x.large() {
+		// Adding the blocks the endpoint lacks evicts as many of its
+		// least recently used ones: read theirs ahead too.
+		var buf [dropChunk]uint64
+		keys := e.lru.AppendOldest(buf[:0], min(over, len(buf)), math.MaxInt64)
+		x.warmed += t.warm(keys) + e.lru.Warm(keys)
 	}
 	minExp := int64(math.MaxInt64)
 	for i := n - 1; i >= 0; i-- {

@@ -168,3 +168,107 @@ func BenchmarkRecordRepeat(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRecordLarge records prompts of 32 new blocks each on an index
+// far larger than the processor's caches, as a router in front of hundreds
+// of replicas holds: 512 endpoints, one after another, with the TTL
+// holding the last 40,000 records (1.3 million blocks, over 100 MB). Each
+// Record drops as many expired blocks as it adds, so that it costs what a
+// router's Record costs in its steady state: every block's holder entry,
+// table slot and node, and those of the blocks it drops, are likely cache
+// misses.
+func BenchmarkRecordLarge(b *testing.B) {
+	const endpoints, blocks, live = 512, 32, 40_000
+	x := mustIndex(b, IndexConfig{TTL: time.Duration(live) * time.Millisecond})
+	names := epNames(endpoints)
+	prompt := make([]uint64, blocks)
+	i := 0
+	step := func() {
+		i++
+		for j := range prompt {
+			prompt[j] = (uint64(i)<<8 | uint64(j)) * 0x9e3779b97f4a7c15
+		}
+		if err := x.Record(names[(i*7)%endpoints], prompt, t0.Add(time.Duration(i)*time.Millisecond)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 2 * live {
+		step()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		step()
+	}
+}
+
+// BenchmarkStoredLarge applies one engine event storing one new block on
+// each of 512 endpoints in turn, each at its capacity of 2048 blocks (a
+// million blocks in all, about 100 MB of index), so that each event evicts
+// the endpoint's least recently used block: the steady state of an index
+// fed by the KV events of a large cluster.
+func BenchmarkStoredLarge(b *testing.B) {
+	const endpoints, capacity = 512, 2048
+	x := mustIndex(b, IndexConfig{Capacity: capacity})
+	names := epNames(endpoints)
+	i := 0
+	step := func() {
+		i++
+		if err := x.Stored(names[(i*7)%endpoints], DefaultBlockTokens, uint64(i)*0x9e3779b97f4a7c15); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range endpoints * capacity * 3 / 2 {
+		step()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		step()
+	}
+}
+
+// BenchmarkRemovedLarge applies an engine event removing 8 blocks held
+// across the middle of an endpoint's LRU and one storing 8 new ones, on
+// each of 512 endpoints in turn, each holding about 2048 blocks (a million
+// in all): the blocks removed are likely cache misses, as in an index fed
+// by the KV events of a large cluster.
+func BenchmarkRemovedLarge(b *testing.B) {
+	const endpoints, held, batch = 512, 2048, 8
+	x := mustIndex(b, IndexConfig{Capacity: 2 * held})
+	names := epNames(endpoints)
+	blocks := make([][]uint64, endpoints) // held by each endpoint, oldest first
+	next := uint64(0)
+	store := func(e int) {
+		start := len(blocks[e])
+		for range batch {
+			next++
+			blocks[e] = append(blocks[e], next*0x9e3779b97f4a7c15)
+		}
+		if err := x.Stored(names[e], DefaultBlockTokens, blocks[e][start:]...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for e := range endpoints {
+		for range held / batch {
+			store(e)
+		}
+	}
+	i := 0
+	step := func() {
+		i++
+		e := (i * 7) % endpoints
+		held := blocks[e]
+		at := (i * 13) % (len(held) - batch)
+		if err := x.Removed(names[e], DefaultBlockTokens, held[at:at+batch]...); err != nil {
+			b.Fatal(err)
+		}
+		blocks[e] = append(held[:at], held[at+batch:]...)
+		store(e)
+	}
+	for range 4 * endpoints {
+		step()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		step()
+	}
+}

@@ -767,3 +767,69 @@ func TestRecordAgainCraftedPrompt(t *testing.T) {
 		checkInvariants(t, x)
 	}
 }
+
+// TestReadAheadKeepsResults applies the same random records, engine events
+// and matches to an index that reads ahead as a large one does and to one
+// that never does, with prompts long enough that a Record drops its expired
+// blocks in several chunks and endpoints at their capacity evict, and
+// checks that both hold the same blocks, in the same order and with the
+// same expiries, and match alike.
+func TestReadAheadKeepsResults(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	cfg := IndexConfig{Capacity: 300, TTL: time.Second, MaxEndpoints: 140}
+	ahead, plain := mustIndex(t, cfg), mustIndex(t, cfg)
+	ahead.aheadEntries, plain.aheadEntries = 0, math.MaxInt
+	names := epNames(140)
+	now := t0
+	for op := range 4000 {
+		now = now.Add(time.Duration(r.IntN(120)) * time.Millisecond)
+		// Most operations on a few endpoints, so that each holds blocks
+		// that expire while it is recorded again; the others spread the
+		// holders over three groups of 64.
+		ep := names[r.IntN(4)*64/4]
+		if r.IntN(3) == 0 {
+			ep = names[r.IntN(len(names))]
+		}
+		blocks := chainOf(uint64(r.IntN(40)), 1+r.IntN(150))
+		switch r.IntN(5) {
+		case 0, 1, 2:
+			must(t, ahead.Record(ep, blocks, now))
+			must(t, plain.Record(ep, blocks, now))
+		case 3:
+			to := r.IntN(len(blocks))
+			must(t, ahead.Stored(ep, DefaultBlockTokens, blocks[:to]...))
+			must(t, plain.Stored(ep, DefaultBlockTokens, blocks[:to]...))
+		case 4:
+			from := r.IntN(len(blocks))
+			must(t, ahead.Removed(ep, DefaultBlockTokens, blocks[from:]...))
+			must(t, plain.Removed(ep, DefaultBlockTokens, blocks[from:]...))
+		}
+		if got, want := ahead.Match(blocks, now, nil), plain.Match(blocks, now, nil); !maps.Equal(asMap(t, got), asMap(t, want)) {
+			t.Fatalf("op %d: Match = %v, without reading ahead %v", op, got, want)
+		}
+		if op%100 != 0 {
+			continue
+		}
+		for _, ep := range names {
+			a, p := ahead.endpoints[ep], plain.endpoints[ep]
+			if (a == nil) != (p == nil) {
+				t.Fatalf("op %d: endpoint %s tracked %v, without reading ahead %v", op, ep, a != nil, p != nil)
+			}
+			if a == nil {
+				continue
+			}
+			ka, kp := a.lru.Keys(), p.lru.Keys()
+			if !slices.Equal(ka, kp) {
+				t.Fatalf("op %d: endpoint %s holds %d blocks, without reading ahead %d (or others)", op, ep, len(ka), len(kp))
+			}
+			for _, h := range ka {
+				va, _ := a.lru.Peek(h)
+				vp, _ := p.lru.Peek(h)
+				if va != vp {
+					t.Fatalf("op %d: endpoint %s block %x expires at %d, without reading ahead %d", op, ep, h, va, vp)
+				}
+			}
+		}
+	}
+	checkInvariants(t, ahead)
+}
