@@ -380,8 +380,14 @@ func TestRelayDeathDropsBlocks(t *testing.T) {
 	require.ErrorIs(t, <-rdone, context.Canceled)
 	relayConn.Close()
 	require.Eventually(t, func() bool { return idx.MatchLen("e1", ha, time.Now()) == 0 }, 10*time.Second, 10*time.Millisecond)
-	msg, ok := dropped.Load("e1")
-	require.True(t, ok)
+	// The Follower clears the endpoint's blocks, then reports why: wait
+	// for the report too.
+	var msg any
+	require.Eventually(t, func() bool {
+		var ok bool
+		msg, ok = dropped.Load("e1")
+		return ok
+	}, 10*time.Second, 10*time.Millisecond)
 	assert.Contains(t, msg, "silent")
 }
 
