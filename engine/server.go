@@ -141,7 +141,8 @@ func (e *Engine) Serve(ctx context.Context, l net.Listener) error {
 
 // drain, given a ShutdownTimeout, refuses new requests, closes each of
 // srv's connections after its answer, and waits until no request is in
-// progress or the timeout is over, whichever comes first.
+// progress and every answer is sent, or the timeout is over, whichever
+// comes first.
 func (e *Engine) drain(srv *http.Server) {
 	if e.drainTime <= 0 {
 		return
@@ -153,10 +154,18 @@ func (e *Engine) drain(srv *http.Server) {
 		e.waitHandlers()
 		close(idle)
 	}()
+	deadline := time.Now().Add(e.drainTime)
 	timer := time.NewTimer(e.drainTime)
 	defer timer.Stop()
 	select {
 	case <-idle:
+		// A handler that has returned has not yet sent all of its
+		// answer: the server ends the response (a chunked stream's last
+		// chunk) after it. Shutdown waits for that, within what is left
+		// of the timeout, before the connections are closed.
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
 	case <-timer.C:
 	}
 }
