@@ -10,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
-	"github.com/llmlb/llmlb/retry"
 )
 
 // Behind httplb's proxy, a 400 whose body stalls past maxPeekTime, and so
@@ -57,21 +55,7 @@ func TestProxyStalledReadAheadTrailers(t *testing.T) {
 				t.Error("a 400 that is no context-length error spilled")
 				return nil, io.EOF
 			}}
-			b, err := llmlb.New(llmlb.RoundRobin())
-			if err != nil {
-				t.Fatal(err)
-			}
-			eps, err := httplb.NewEndpoints(up.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Update(eps); err != nil {
-				t.Fatal(err)
-			}
-			tierTr, err := httplb.NewTransport(httplb.Config{Balancer: b, Base: up.Client().Transport, Retry: retry.LoopConfig{MaxAttempts: 1}})
-			if err != nil {
-				t.Fatal(err)
-			}
+			tierTr := oneEndpointTier(t, up.URL, up.Client().Transport)
 			log := slog.New(slog.DiscardHandler)
 			tr, err := New(Config{Tiers: []Tier{{Name: "a", Transport: tierTr}, {Name: "b", Transport: next}}, Logger: log})
 			if err != nil {

@@ -11,9 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/llmlb/llmlb"
 	"github.com/llmlb/llmlb/httplb"
-	"github.com/llmlb/llmlb/retry"
 )
 
 // trailerUpstream answers every request with status, content type and
@@ -203,23 +201,9 @@ func TestProxyRewritesTierErrorEvents(t *testing.T) {
 		token + "data: {\"error\": {\"message\": \"" + secret + "\", \"type\": \"InternalServerError\", \"code\": 500}}\n\ndata: [DONE]\n\n",
 	} {
 		up := trailerUpstream(t, false, http.StatusOK, "text/event-stream", stream)
-		b, err := llmlb.New(llmlb.RoundRobin())
-		if err != nil {
-			t.Fatal(err)
-		}
-		eps, err := httplb.NewEndpoints(up.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Update(eps); err != nil {
-			t.Fatal(err)
-		}
 		base := &http.Transport{}
 		defer base.CloseIdleConnections()
-		tierTr, err := httplb.NewTransport(httplb.Config{Balancer: b, Base: base, Retry: retry.LoopConfig{MaxAttempts: 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tierTr := oneEndpointTier(t, up.URL, base)
 		log := slog.New(slog.DiscardHandler)
 		tr, err := New(Config{Tiers: []Tier{{Name: "a", Transport: tierTr}}, Logger: log})
 		if err != nil {
