@@ -51,10 +51,17 @@ type lbBalancer struct {
 	// recorder.
 	addrKey atomic.Pointer[map[string]string]
 
+	// carry holds the RPCs in flight that were picked with a balancer
+	// the channel replaced, and has lb count them.
+	carry carrier
+
 	mu       sync.Mutex // protects the fields below
 	cfg      *Config
 	lb       *llmlb.Balancer
 	subConns map[*subConnState]struct{}
+	// rpcs counts lb's RPCs in flight by endpoint key; it moves to carry
+	// when lb is replaced.
+	rpcs map[string]*rpcCount
 	// The adapter marks a member of lb healthy exactly when it is in
 	// neither set below, and sets its mark whenever either changes.
 	// unready holds the members whose child was not READY at the last
@@ -118,6 +125,7 @@ func newBalancer(bb *Builder, cc balancer.ClientConn, opts balancer.BuildOptions
 		sick:       make(map[string]bool),
 		failed:     make(map[string]bool),
 		fresh:      make(map[string]bool),
+		rpcs:       make(map[string]*rpcCount),
 	}
 	b.rec = &recorder{store: store, owned: owned, mapping: bb.opts.OrcaMapping, clock: bb.opts.Clock,
 		keys: &b.addrKey}
@@ -163,6 +171,10 @@ func (b *lbBalancer) UpdateClientConnState(ccs balancer.ClientConnState) error {
 			return fmt.Errorf("%v: %w", err, balancer.ErrBadResolverState)
 		}
 		b.builder.track(b.lb, lb, b)
+		// The RPCs in flight on the replaced balancer, if any, are
+		// counted by the new one until they end.
+		b.carry.replace(lb, b.rpcs)
+		b.rpcs = make(map[string]*rpcCount)
 		b.lb = lb
 		clear(b.unready)
 		clear(b.sick)
@@ -353,7 +365,7 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 		if b.sick[key] {
 			marked = append(marked, key)
 		}
-		eps = append(eps, &endpoint{key: key, picker: p, ready: ready, fresh: fresh})
+		eps = append(eps, &endpoint{key: key, picker: p, ready: ready, fresh: fresh, rpcs: b.rpcCountLocked(key)})
 	}
 	// Keys are non-empty and distinct, so Update cannot fail, nor can
 	// SetHealthy of a member.
@@ -372,6 +384,12 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	_ = b.lb.Update(eps)
 	for _, key := range back {
 		_ = b.lb.SetHealthy(key, true) // a member since Update: cannot fail
+	}
+	b.carry.adopt(b.lb, eps)
+	for key, r := range b.rpcs {
+		if !seen[key] && r.n.Load() == 0 {
+			delete(b.rpcs, key) // left the membership, nothing in flight
+		}
 	}
 	for _, marks := range []map[string]bool{b.unready, b.failed} {
 		for key := range marks {
@@ -410,6 +428,17 @@ func (b *lbBalancer) UpdateState(state balancer.State) {
 	// No READY endpoint: the children's picker queues RPCs while they
 	// connect and fails them when all are in transient failure.
 	b.ClientConn.UpdateState(state)
+}
+
+// rpcCountLocked returns the count of lb's RPCs in flight to the endpoint
+// key, made if there is none. The caller holds b.mu.
+func (b *lbBalancer) rpcCountLocked(key string) *rpcCount {
+	r := b.rpcs[key]
+	if r == nil {
+		r = &rpcCount{key: key, carry: &b.carry}
+		b.rpcs[key] = r
+	}
+	return r
 }
 
 // setMark adds key to marks if on, and removes it otherwise.
@@ -569,6 +598,7 @@ func (b *lbBalancer) Close() {
 		}
 	}
 	clear(b.subConns)
+	b.carry.close()
 	b.mu.Unlock()
 	b.child.Close()
 }
@@ -581,6 +611,9 @@ type endpoint struct {
 	picker balancer.Picker
 	ready  bool // the child was READY
 	fresh  bool // healthy while its child first connects (lbBalancer.fresh)
+	// rpcs counts the RPCs picked for the endpoint with the balancer
+	// that has it as a member; nil for a stand-in that is never picked.
+	rpcs *rpcCount
 }
 
 func (e *endpoint) Key() string { return e.key }

@@ -55,8 +55,14 @@
 // changes only Config.OOBReportInterval, keeps the balancer) and when it
 // leaves idle mode: OnBalancer receives it before any endpoint joins it,
 // and is where the program marks again the endpoints it holds unhealthy.
-// The RPCs in flight then stay counted on the balancer they were picked
-// with, not on the new one.
+// The RPCs in flight that were picked with a replaced balancer count on
+// the new one too, until each ends, from the time their endpoint joins it:
+// a least-loaded policy does not take an endpoint busy with long streams
+// for an idle one. The new balancer knows nothing of them but their
+// number: it counts each as an outstanding request before its first token,
+// of unknown prompt, charged its decode allowance (a pick of the endpoint
+// with a request that excludes every other member, which its Stats show and
+// the RPC's end ends).
 //
 // The picker builds an llmlb.Request for each RPC from a [Call] the caller
 // put in the RPC's context ([WithCall], [WithRequest]), or else from the

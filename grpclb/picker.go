@@ -182,7 +182,10 @@ func (p *picker) Pick(info balancer.PickInfo) (balancer.PickResult, error) {
 		d = new(pickDone)
 		d.done = d.finish
 	}
-	d.pk, d.rec, d.key, d.child = pk, p.rec, ep.key, res.Done
+	if ep.rpcs != nil {
+		ep.rpcs.picked()
+	}
+	d.pk, d.rec, d.key, d.child, d.rpcs = pk, p.rec, ep.key, res.Done, ep.rpcs
 	res.Done = d.done
 	return res, nil
 }
@@ -294,7 +297,8 @@ type pickDone struct {
 	key   string
 	child func(balancer.DoneInfo) // the pick-first child's Done, if any
 	done  func(balancer.DoneInfo) // d.finish, bound once
-	_     [128 - 72]byte
+	rpcs  *rpcCount               // counts the RPC, if not nil
+	_     [128 - 80]byte
 }
 
 // donePool holds free pickDones; Pick makes a new one when it is empty.
@@ -304,8 +308,8 @@ func (d *pickDone) finish(di balancer.DoneInfo) {
 	if d.rec == nil {
 		return // called again: Pick sets rec, the first finish clears it
 	}
-	pk, rec, key, child := d.pk, d.rec, d.key, d.child
-	d.pk, d.rec, d.key, d.child = llmlb.Pick{}, nil, "", nil
+	pk, rec, key, child, rpcs := d.pk, d.rec, d.key, d.child, d.rpcs
+	d.pk, d.rec, d.key, d.child, d.rpcs = llmlb.Pick{}, nil, "", nil, nil
 	donePool.Put(d)
 	if r, ok := di.ServerLoad.(*v3orcapb.OrcaLoadReport); ok && r != nil {
 		rec.record(key, r)
@@ -318,6 +322,9 @@ func (d *pickDone) finish(di balancer.DoneInfo) {
 		err = errNotSent
 	}
 	pk.Done(err)
+	if rpcs != nil {
+		rpcs.done(err)
+	}
 	if child != nil {
 		child(di)
 	}
