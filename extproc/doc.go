@@ -15,13 +15,13 @@
 // in kubernetes-sigs/gateway-api-inference-extension) requires. With a
 // subset hint from the data plane, the picked endpoint and its fallbacks
 // are among the hint's hosts, even while the pool changes. It then
-// watches the response on the same stream: the pick's FirstToken is called on
-// the first event of a server-sent event stream (the first byte of any other
-// body), past the events an OpenAI Responses stream starts with before
-// generation (those named response.created, response.in_progress or
-// response.queued by their "event:" line, which vLLM and SGLang send before
-// the prompt is prefilled) and past an event named "error", which produced
-// nothing, as package httplb takes it; and its Done when the response ends,
+// watches the response on the same stream: the pick's FirstToken is called at
+// the end of the first event of a server-sent event stream, its blank line
+// (the first byte of any other body), past the events an OpenAI Responses
+// stream starts with before generation (those named response.created,
+// response.in_progress or response.queued by their last "event:" line,
+// which vLLM and SGLang send before the prompt is prefilled) and past an
+// event named "error", which produced nothing, as package httplb takes it; and its Done when the response ends,
 // fails, or the stream is cancelled, so the balancer's accounting is exact
 // and returns to zero.
 // The output tokens of the response body chunks it is sent are reported with

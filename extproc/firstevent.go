@@ -19,17 +19,17 @@ const (
 const eventField = "event:"
 
 // firstEvent finds the first event of a server-sent event stream that is
-// not a preamble event nor an error event named so: the start of a line
-// that begins with "data:" (after a leading byte-order mark), or the end
-// of a line that is exactly "data", as [sse.FirstEvent] finds it, unless
-// the last "event:" line before it in its event names it
-// response.created, response.in_progress or response.queued, or one names
-// it [sse.ErrorEvent]. Package httplb, which holds these events back,
-// reads the same preamble types from their data, and takes an event named
-// "error" for an error event whatever its data: the attempt fails rather
-// than commit, and its time is no time to a first token. An error event by
-// its data alone, or named "error" only after its data, is a first event
-// here, its data having begun before it can be told; the pick ends as
+// not a preamble event nor an error event named so: the end of the first
+// event (its blank line, where a client dispatches it) that has a data
+// field (a line that begins with "data:", after a leading byte-order
+// mark, or that is exactly "data") and whose name, which its last
+// "event:" line before the blank line gives (see [sse.EventType]), is none
+// of response.created, response.in_progress, response.queued and
+// [sse.ErrorEvent]. Package httplb, which holds the first event back to
+// its end, reads the same preamble types from their data, and takes an
+// event named "error" for an error event whatever its data: the attempt
+// fails rather than commit, and its time is no time to a first token. An
+// error event by its data alone is a first event here; the pick ends as
 // failed all the same (see [httplb.OutputCounter.Failed]). It keeps no
 // more than its position in the current line and the current event's
 // name. Its zero value is at the start of a stream.
@@ -46,16 +46,16 @@ type firstEvent struct {
 	spaced  bool // the value's first byte was read (a space there is not part of it)
 	nameLen int8 // bytes of the name; -1: too long to be one skipped
 	name    [maxPreambleName]byte
-	// preamble is set while the current event's name, its last "event:"
-	// line's, is a preamble event's; errorNamed once an "event:" line of
-	// it has named it "error", which it stays, as package httplb takes
-	// it. Either way it is no first event.
-	preamble, errorNamed bool
+	// The current event: data is set once it has a data field; preamble
+	// while its name, its last "event:" line's so far, is a preamble
+	// event's, and errorNamed while it is "error". Either way it is no
+	// first event.
+	data, preamble, errorNamed bool
 }
 
 // Feed scans the next piece of the stream and reports whether the first
-// event that is neither a preamble event nor named "error" has started in
-// it or before.
+// event that is neither a preamble event nor named "error" has ended in it
+// or before.
 func (e *firstEvent) Feed(p []byte) bool {
 	if e.found {
 		return true
@@ -115,13 +115,21 @@ func (e *firstEvent) Feed(p []byte) bool {
 			e.inName, e.spaced, e.nameLen = true, false, 0
 			continue
 		}
-		if !e.preamble && !e.errorNamed {
-			e.found = true
-			return true
-		}
-		e.n = -1 // a preamble or error event's data
+		e.data, e.n = true, -1 // the rest of a data line changes nothing
 	}
 	return false
+}
+
+// End reports whether the stream, which ends, had its first event that is
+// neither a preamble event nor named "error": one that has ended, or the
+// event that the stream's end cuts short, its last line included, which a
+// client may read as one.
+func (e *firstEvent) End() bool {
+	if !e.found && !e.blank {
+		e.endLine()
+	}
+	e.found = e.found || e.data && !e.preamble && !e.errorNamed
+	return e.found
 }
 
 // readName reads c, the next byte of an "event:" line's value.
@@ -142,23 +150,25 @@ func (e *firstEvent) readName(c byte) {
 	}
 }
 
-// endLine ends the current line and reports whether it was a "data" line
-// without a colon (an empty line of data) of an event that is none skipped.
-// An empty line ends the event, and so its name; an "event:" line names it.
+// endLine ends the current line and reports whether it was the blank line
+// that ends an event with data that is none skipped. An "event:" line
+// names the event, an "event" line without a colon leaves it the default
+// name, and a blank line ends it, and so its name.
 func (e *firstEvent) endLine() bool {
-	data := false
+	found := false
 	switch {
 	case e.blank:
-		e.preamble, e.errorNamed = false, false
+		found = e.data && !e.preamble && !e.errorNamed
+		e.data, e.preamble, e.errorNamed = false, false, false
 	case e.inName:
 		name := e.name[:max(e.nameLen, 0)]
 		e.preamble = string(name) == createdEvent || string(name) == inProgressEvent || string(name) == queuedEvent
-		e.errorNamed = e.errorNamed || string(name) == sse.ErrorEvent
+		e.errorNamed = string(name) == sse.ErrorEvent
 	case e.field == eventField[0] && int(e.n) == len(eventField)-1:
-		e.preamble = false // "event" without a colon: an empty name
+		e.preamble, e.errorNamed = false, false // "event" without a colon: an empty name
 	case e.field == sse.DataField[0] && int(e.n) == len(sse.DataField)-1:
-		data = !e.preamble && !e.errorNamed
+		e.data = true // "data" without a colon: an empty line of data
 	}
 	e.field, e.n, e.blank, e.inName = 0, 0, true, false
-	return data
+	return found
 }

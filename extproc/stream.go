@@ -866,9 +866,9 @@ func addHeader(h http.Header, k, v string) http.Header {
 	return h
 }
 
-// observeBody calls FirstToken at the first event of a successful response
-// (see firstEvent), and reports the output tokens of every chunk with
-// Generated.
+// observeBody calls FirstToken at the end of the first event of a
+// successful response (see firstEvent), and reports the output tokens of
+// every chunk with Generated.
 func (st *stream) observeBody(chunk []byte) {
 	if !st.picked || st.finished || len(chunk) == 0 || !st.success() {
 		return
@@ -897,6 +897,12 @@ func (st *stream) complete() {
 		return
 	}
 	if st.picked && !st.finished {
+		if !st.first && st.sse && st.events.End() {
+			// The stream ended in its first event, without the blank
+			// line that would have ended it.
+			st.first = true
+			st.pick.FirstToken()
+		}
 		st.pick.Generated(st.output.End())
 		if st.output.Failed() {
 			// The engine failed the request after its 200.

@@ -43,18 +43,22 @@ type body struct {
 	errAt, errEnd int
 	// stream is set for an event stream that peek read to its first
 	// event. buf[:scanned] is what peek judged of it: the lines up to the
-	// end of the first event's line, or up to the end of its cut-short
-	// value if cut is set.
+	// end of the first event's value (the value of its first data line, or
+	// all its data if it is named "error"), or up to the end of its
+	// cut-short data if cut is set.
 	stream  bool
 	scanned int
 	cut     bool
-	// named is set if buf[:scanned] ends in an event named "error" that
-	// has not ended: the scrubber goes on in it (see scrubEvents).
+	// named is set if the event the scrubber goes on in (see
+	// scrubEvents) is named "error" as far as the lines before it go: the
+	// event that buf[:scanned] ends in, if it has not ended, or, with
+	// holdValue, the first event, at buf[valueAt].
 	named bool
 	// holdValue is set if buf[valueAt:scanned] is the first value, from
 	// the start of its first data line, and peek judged it no error
-	// event: the scrubber holds it back to its event's end, where an
-	// "event: error" line after it makes it one (see scrubEvents).
+	// event: the scrubber holds it back to its event's end, where, if the
+	// peek limit cut the event short, its last "event:" line may yet name
+	// it "error" (see scrubEvents).
 	holdValue bool
 	valueAt   int
 	// scrub, if set, rewrites the error events read after buf[:scanned]
@@ -165,10 +169,10 @@ func (b *body) readScrubbed(p []byte) (int, error) {
 // scrubEvents makes the body rewrite, as it is read, each error event
 // after the first value that hide hides (see scrubber): those held back
 // after buf[:scanned] now, and those read later; and the first value,
-// peek's verdict on which was no error event, if its event turns out to
-// be named "error" after it. hidden reports whether the first value, if
-// peek left it in an event named "error" that has not ended (see
-// body.named), was replaced. It does nothing to a body that is not an
+// peek's verdict on which was no error event, if its event, cut short by
+// the peek limit, turns out to be named "error" after it. hidden reports
+// whether the first value, if peek left it in an event named "error" that
+// has not ended (see body.named), was replaced. It does nothing to a body that is not an
 // event stream read to its first event.
 func (b *body) scrubEvents(hide func(status int, value []byte) []byte, hidden bool) {
 	if !b.stream || b.scrub != nil || b.scanned > len(b.buf) {
@@ -178,7 +182,7 @@ func (b *body) scrubEvents(hide func(status int, value []byte) []byte, hidden bo
 	from := b.scanned
 	switch {
 	case b.holdValue && b.valueAt <= b.scanned:
-		// The first value's event has not ended as far as peek read:
+		// The first value is no error event as far as peek read:
 		// held back from its first data line, the value passes, or is
 		// replaced, with the event.
 		from = b.valueAt
@@ -225,16 +229,16 @@ func (b *body) end(err error) {
 }
 
 // peek reads the start of resp's body until its first event is known: for
-// a text/event-stream, to the end of the first line that starts with the
-// "data:" field and is not a preamble event (see preambleEvent), or only
-// to the first byte of its value if that is not an object (no error event
-// then), or, for an event named "error", to the event's end; for anything
-// else (or a compressed stream), the first byte. The
-// preamble events before it are held back with it. It gives up waiting
-// after limit bytes. An EOF ends the wait without error; another read
-// error is returned, and the attempt is then retryable. If the first event
-// is an error event (see [OutputCounter]), code is the status it stands
-// for (see errorEventCode); otherwise code is 0.
+// a text/event-stream, to the end of the first event (its blank line) that
+// has a data field and is not a preamble event (see preambleEvent), all
+// its lines, where a client dispatches it and its name, which its last
+// "event:" line gives, is known; for anything else (or a compressed
+// stream), the first byte. The preamble events before it are held back
+// with it. It gives up waiting after limit bytes, or at the body's end. An
+// EOF ends the wait without error; another read error is returned, and the
+// attempt is then retryable. If the first event is an error event (see
+// [OutputCounter]), code is the status it stands for (see errorEventCode);
+// otherwise code is 0.
 func (b *body) peek(resp *http.Response, limit int) (code int, err error) {
 	return b.peekAs(isEventStream(resp.Header), 512, limit)
 }
@@ -243,8 +247,7 @@ func (b *body) peek(resp *http.Response, limit int) (code int, err error) {
 // is set, else for the first byte, with the bytes held back in a buffer of
 // capacity size at first (see peekSize).
 func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
-	var ev eventPeek
-	ev.data = -1
+	ev := eventPeek{at: -1}
 	buf := make([]byte, 0, max(1, min(size, limit)))
 	for len(buf) < limit {
 		if len(buf) == cap(buf) {
@@ -260,11 +263,14 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 			b.rc = eofReader{b.rc}
 		}
 		if n > 0 {
-			if !stream || ev.feed(buf, from) {
+			if !stream || ev.feed(buf) {
 				break
 			}
 		}
 		if eof {
+			if stream {
+				ev.endStream(buf)
+			}
 			break
 		}
 		if err != nil {
@@ -273,145 +279,91 @@ func (b *body) peekAs(stream bool, size, limit int) (code int, err error) {
 	}
 	b.buf = buf
 	b.stream = stream
-	if ev.data < 0 {
-		if stream {
-			// No data line, but the stream may have ended after an
-			// error line, or an event named "error" without data.
-			code = errorFieldCode(buf)
-			if code != 0 {
-				b.firstErr = code
-				b.errAt, b.errEnd = errorFieldSpan(buf)
-				b.scanned = b.errEnd
-			} else if named, _ := errorNamed(endedLines(buf, b.rc)); named {
-				// Nothing to rewrite: the scrubber reads the stream
-				// from its start.
-				code = http.StatusInternalServerError
-				b.firstErr = code
-			}
-			return code, nil
-		}
+	if !stream {
 		return 0, nil
 	}
-	at, end, cut := ev.span(buf)
-	value := spanValue(buf[at:end])
-	b.scanned, b.cut, b.named = end, cut, ev.named && !ev.ended
-	head := buf[:ev.data]
-	if ev.named && errorFieldCode(head) == 0 {
-		code = namedErrorCode(value) // named before its value, or among its lines
-	} else {
-		code = errorEventCode(head, value)
+	if ev.at < 0 {
+		ev.cutData(buf)
 	}
-	if code == 0 {
-		b.holdValue, b.valueAt = true, ev.data-len(sse.DataField)
-	}
-	if code != 0 {
-		b.firstErr = code
-		switch named, _ := errorNamed(head); {
-		case errorFieldCode(head) != 0:
-			b.errAt, b.errEnd = errorFieldSpan(head)
-		case ev.named || !named || valueErrorCode(value) != 0:
-			b.errAt, b.errEnd = at, end
+	if ev.at < 0 {
+		// No data line, but the stream may have ended after an error
+		// line, or an event named "error" without data.
+		code = errorFieldCode(buf)
+		if code != 0 {
+			b.firstErr = code
+			b.errAt, b.errEnd = errorFieldSpan(buf)
+			b.scanned = b.errEnd
+		} else if ev.names.named || ev.names.current {
+			// Nothing to rewrite: the scrubber reads the stream from its
+			// start.
+			code = http.StatusInternalServerError
+			b.firstErr = code
 		}
-		// Otherwise the error is an event named "error" before this
-		// one, without data: nothing to rewrite.
+		return code, nil
 	}
+	head := buf[:ev.at]
+	named := ev.names.current // the first event's name, as far as its lines have come
+	at, end, cut := ev.span(buf, named)
+	value := ev.value(buf, at, end)
+	b.scanned, b.cut, b.named = end, cut, named && !ev.ended
+	code = errorEventCode(head, ev.names.named, named, value)
+	if code == 0 {
+		// The scrubber holds the first event back from its first data
+		// line, in an event named as far as the lines before it go.
+		b.holdValue, b.valueAt, b.named = true, ev.at, ev.atNamed
+		return 0, nil
+	}
+	b.firstErr = code
+	switch {
+	case errorFieldCode(head) != 0:
+		b.errAt, b.errEnd = errorFieldSpan(head)
+	case named || valueErrorCode(value) != 0:
+		b.errAt, b.errEnd = at, end
+	}
+	// Otherwise the error is an event named "error" before this one,
+	// without data: nothing to rewrite.
 	return code, nil
 }
 
-// endedLines returns the lines of buf, the start of a body read from rc,
-// that have ended: all of them if the body has (rc is an eofReader), else
-// those up to its last line break.
-func endedLines(buf []byte, rc io.ReadCloser) []byte {
-	if _, eof := rc.(eofReader); eof {
-		return buf
-	}
-	return buf[:bytes.LastIndexAny(buf, "\r\n")+1]
-}
-
-// eventPeek follows an event stream held back by peek, across reads, to
-// the end of its first value that is not a preamble event: the value of
-// an event's first data field, which goes on in the event's next data
-// lines while it is open at the end of one (see nesting), past the lines
-// of other fields, to the end of the data line where it is complete or to
-// the event's end. Only its lines that have ended are read, but for the
-// first byte of the value, which ends the wait if it is not an object's.
-// The value of an event named "error" (see errorNamed) before its value or
-// among its lines, whatever it is, is its data lines from there, all of
-// them, to the event's end.
+// eventPeek follows an event stream held back by peek, across reads, line
+// by line as each line ends, to the end of its first event that has a
+// data field and is not a preamble event: its blank line, where a client
+// dispatches it. It follows the event's name (see eventNames), its first
+// value, the value of its first data field, which goes on in the event's
+// next data lines while it is open at the end of one (see nesting), past
+// the lines of other fields, to the end of the data line where it is
+// complete or to the event's end, and the end of the event's last data
+// line, which ends the data of an event named "error".
 type eventPeek struct {
-	first sse.FirstEvent // finds the next data field, from the end of the last preamble event
-	// data is the offset in the held-back bytes past the value's first
-	// "data:", or past the line break of a "data" line; -1: not found
-	// yet. Either way its line starts at data-len(sse.DataField).
-	data int
-	// next is the offset of the value's next line, or of the rest of its
-	// first line's value if inFirst is set; cr is set if the line before
-	// next ended with a CR, whose LF, if next, is part of its break.
-	next    int
-	inFirst bool
-	cr      bool
-	// seen is the offset up to which the line at next, which has not
-	// ended, has been looked at; object is set once the value has begun
-	// there with an object.
-	seen   int
-	object bool
-	end    int     // the offset of the end of the value's last data line read; -1: none has ended
-	multi  bool    // the value is not its first line's alone
-	ended  bool    // the value has ended
-	nest   nesting // the value's JSON, up to end
-	// lead is the value's first byte that is not whitespace, in its lines
-	// that have ended; 0 until one has come.
-	lead byte
-	// named is set if the value's event is named "error", before the
-	// value or among its lines while it has not begun with anything but
-	// an object: the value then ends with the event.
-	named bool
-	// names follows the event names of the lines before nameAt, the
-	// start of the last value's first line, read once each.
-	names  eventNames
-	nameAt int
+	// at is the offset in the held-back bytes of the event's first data
+	// line (after the stream's byte-order mark); -1: none yet. atNamed is
+	// whether the event was named "error" by the lines before it.
+	at      int
+	atNamed bool
+	// next is the offset of the next line, the first not read; cr is set
+	// if the line before it ended with a CR, whose LF, if next, is part
+	// of its break. seen is the offset up to which the line at next,
+	// which has not ended, has been looked at for its end.
+	next int
+	cr   bool
+	seen int
+	// valueEnd is the offset of the end of the first value's last data
+	// line, once the value has ended there; -1: it has not. dataEnd is
+	// that of the end of the event's last data line read.
+	valueEnd, dataEnd int
+	// firstEnd is the offset of the end of the event's first data line,
+	// and lead that of the first byte of its value that is not
+	// whitespace; -1: it has not ended, or has no such byte.
+	firstEnd, lead int
+	nest           nesting // the first value's JSON, as far as it has come
+	ended          bool    // the event has ended: its blank line was read
+	names          eventNames
 }
 
-// feed reads buf[from:], the bytes of the stream buf just read, and reports
-// whether the wait is over: the current value has ended and is no preamble
-// event, or has begun with anything but an object.
-func (e *eventPeek) feed(buf []byte, from int) bool {
-	for {
-		if e.data < 0 {
-			prev := e.first
-			if !e.first.Feed(buf[from:]) {
-				return false
-			}
-			e.data = from + dataEnd(prev, buf[from:])
-			e.next, e.inFirst, e.cr, e.seen, e.object = e.data, true, false, e.data, false
-			e.end, e.multi, e.ended, e.nest, e.lead = -1, false, false, nesting{}, 0
-			e.named = e.readNames(buf, e.data-len(sse.DataField))
-			if c := buf[e.data-1]; c == '\n' || c == '\r' {
-				// A "data" line: an empty value so far, which goes on.
-				e.inFirst, e.cr, e.end, e.multi = false, c == '\r', e.data-1, true
-			}
-		}
-		if done := e.readLines(buf); !e.ended {
-			return done
-		}
-		// The value has ended. If it is a preamble event, look for the
-		// next event from its last line break on, with a fresh
-		// FirstEvent, which the line break puts past the stream's
-		// byte-order mark.
-		at, end, _ := e.span(buf)
-		if e.named || !preambleEvent(spanValue(buf[at:end])) {
-			return true
-		}
-		from = e.next - 1
-		e.first, e.data = sse.FirstEvent{}, -1
-	}
-}
-
-// readLines reads the value's lines in buf from e.next that have ended,
-// setting e.ended if the value has, and otherwise reports whether the wait
-// is over all the same: the value has begun, in a line that has not ended,
-// with anything but an object.
-func (e *eventPeek) readLines(buf []byte) (done bool) {
+// feed reads the lines of buf, the bytes of the stream read so far, that
+// have ended since the last feed, and reports whether the wait is over: the
+// first event that is no preamble event has ended.
+func (e *eventPeek) feed(buf []byte) bool {
 	for {
 		if e.cr && e.next < len(buf) {
 			e.cr = false
@@ -424,108 +376,147 @@ func (e *eventPeek) readLines(buf []byte) (done bool) {
 		from := max(e.next, e.seen)
 		i := bytes.IndexAny(buf[from:], "\r\n")
 		if i < 0 {
-			if !e.nest.begun && !e.object && !e.named {
-				value := -1 // the offset of the line's value
-				if e.inFirst {
-					value = e.next
-				} else if bytes.HasPrefix(buf[e.next:], []byte(sse.DataField)) {
-					value = e.next + len(sse.DataField)
-				}
-				if value >= 0 {
-					from := max(value, e.seen)
-					if j := indexNonSpace(buf[from:]); j >= 0 {
-						if buf[from+j] != '{' {
-							return true // not an object: no error event
-						}
-						e.object = true
-					}
-				}
-			}
 			e.seen = len(buf)
 			return false
 		}
-		lineEnd := from + i
-		line := buf[e.next:lineEnd]
-		e.next = lineEnd + 1
-		e.cr = buf[lineEnd] == '\r'
-		switch {
-		case e.inFirst:
-			e.inFirst = false
-			e.nest.feed(line)
-			e.noteLead(line)
-			e.end = lineEnd
-		case len(line) == 0:
-			e.ended = true // the event's end, and the value's
-			return false
-		case sse.IsData(line):
-			_, v := sse.Field(line)
-			e.nest.feed(lineFeed)
-			e.nest.feed(v)
-			e.noteLead(v)
-			e.end, e.multi = lineEnd, true
-		default:
-			// Another field's line, or a comment. A value that has begun
-			// with anything but an object is no error event by its data,
-			// and its wait may have ended at its first byte: an event name
-			// after it, as that wait would not have read, changes nothing.
-			if (e.lead == 0 || e.lead == '{') && sse.IsEvent(line, sse.ErrorEvent) {
-				e.named = true // the value goes on to the event's end
-			}
-			continue
+		start, end := e.next, from+i
+		e.next, e.cr = end+1, buf[end] == '\r'
+		if e.line(buf, start, end) {
+			return true
 		}
-		if !e.named && !e.nest.open() {
+	}
+}
+
+// endStream reads the last line of buf, the whole stream, if its end did
+// not end it with a line break: a client reads the lines that a stream's
+// end ends.
+func (e *eventPeek) endStream(buf []byte) {
+	if e.cr && e.next < len(buf) && buf[e.next] == '\n' {
+		e.next++
+	}
+	if e.next < len(buf) {
+		start := e.next
+		e.next = len(buf)
+		e.line(buf, start, len(buf))
+	}
+}
+
+// line reads buf[start:end], a line of the stream without its line break,
+// and reports whether it ends the first event that is no preamble event.
+func (e *eventPeek) line(buf []byte, start, end int) bool {
+	if start == 0 && bytes.HasPrefix(buf[:end], []byte(sse.ByteOrderMark)) {
+		start = len(sse.ByteOrderMark) // not part of the stream's first line
+	}
+	line := buf[start:end]
+	switch {
+	case len(line) == 0:
+		if e.at < 0 {
+			break
+		}
+		// The end of an event with data: the first event, unless it is a
+		// preamble event, named otherwise than "error".
+		if e.names.current || !e.preamble(buf) {
 			e.ended = true
-			return false
+			return true
 		}
-	}
-}
-
-// readNames reads the event names of the lines of buf up to to, a line's
-// start, from where the last read stopped, and reports whether the event
-// that they end in is named "error".
-func (e *eventPeek) readNames(buf []byte, to int) bool {
-	p := buf[e.nameAt:to]
-	if e.nameAt == 0 {
-		p = bytes.TrimPrefix(p, []byte(sse.ByteOrderMark))
-	}
-	e.names.read(p)
-	e.nameAt = to
-	return e.names.current
-}
-
-// noteLead records the first byte of v, the value of a data line of the
-// value, that is not whitespace, if the value had none.
-func (e *eventPeek) noteLead(v []byte) {
-	if e.lead == 0 {
-		if i := indexNonSpace(v); i >= 0 {
-			e.lead = v[i]
+		e.at = -1
+	case sse.IsData(line):
+		_, v := sse.Field(line)
+		if e.at < 0 {
+			e.at, e.atNamed, e.valueEnd, e.nest = start, e.names.current, -1, nesting{}
+			e.firstEnd, e.lead = end, -1
+			if i := indexNonSpace(v); i >= 0 {
+				e.lead = end - len(v) + i
+			}
+		} else if e.valueEnd < 0 {
+			e.nest.feed(lineFeed)
 		}
+		if e.valueEnd < 0 {
+			e.nest.feed(v)
+			if !e.nest.open() {
+				e.valueEnd = end
+			}
+		}
+		e.dataEnd = end
+		return false
 	}
+	e.names.line(line)
+	return false
 }
 
 // lineFeed is the LF that the event-stream format joins an event's data
 // lines with.
 var lineFeed = []byte{'\n'}
 
-// span returns the bounds in buf of the value read so far, from its first
-// byte that is not whitespace (or its end, if it has none) to the end of
-// its last data line, and whether that line is cut short: a data line of
-// the value that has not ended ends it.
-func (e *eventPeek) span(buf []byte) (at, end int, cut bool) {
-	end = e.end
-	if !e.ended {
+// preamble reports whether the first value of the event that has just
+// ended is a preamble event's (see preambleEvent).
+func (e *eventPeek) preamble(buf []byte) bool {
+	end := e.valueEnd
+	if end < 0 {
+		end = e.dataEnd // a value still open ends with its event
+	}
+	return preambleEvent(e.value(buf, e.start(buf, end), end))
+}
+
+// cutData takes, when the wait ended before any data line of buf, the
+// bytes held back, ended, the line that has not ended for the event's
+// first data line if it is one: a value that the limit cuts short.
+func (e *eventPeek) cutData(buf []byte) {
+	rest := buf[e.next:]
+	if e.cr && len(rest) > 0 && rest[0] == '\n' {
+		rest = rest[1:]
+	}
+	start := len(buf) - len(rest)
+	if start == 0 && bytes.HasPrefix(rest, []byte(sse.ByteOrderMark)) {
+		start, rest = len(sse.ByteOrderMark), rest[len(sse.ByteOrderMark):]
+	}
+	if len(rest) > 0 && bytes.HasPrefix(rest, []byte(sse.DataField)) {
+		e.at, e.atNamed, e.valueEnd, e.dataEnd = start, e.names.current, -1, -1
+		e.firstEnd, e.lead = -1, -1
+	}
+}
+
+// span returns the bounds in buf of the data read so far of the first
+// event, from its first byte that is not whitespace (or its end, if it has
+// none) to the end of its last data line, and whether that line is cut
+// short: a data line of the event that has not ended ends it. Of an event
+// named "error" the data is all of its data lines; of another, its first
+// value's.
+func (e *eventPeek) span(buf []byte, named bool) (at, end int, cut bool) {
+	end = e.dataEnd
+	if !named && e.valueEnd >= 0 {
+		end = e.valueEnd
+	} else if !e.ended {
 		rest := buf[e.next:]
 		if e.cr && len(rest) > 0 && rest[0] == '\n' {
 			rest = rest[1:]
 		}
-		if e.inFirst || len(rest) > 0 && bytes.HasPrefix(rest, []byte(sse.DataField)) {
+		if len(rest) > 0 && bytes.HasPrefix(rest, []byte(sse.DataField)) || e.dataEnd < e.at {
 			end, cut = len(buf), true
 		}
 	}
-	if !e.multi && (e.inFirst || !cut) {
-		return e.data + max(indexNonSpace(buf[e.data:end]), 0), end, cut
+	return e.start(buf, end), end, cut
+}
+
+// start returns the offset in buf of the first byte that is not whitespace
+// of the event's data up to end, or end if it has none (see valueStart):
+// without a look at the data lines again if the first one has such a byte.
+func (e *eventPeek) start(buf []byte, end int) int {
+	if e.lead >= 0 && e.lead <= end {
+		return e.lead
 	}
-	return valueStart(buf, e.data-len(sse.DataField), end), end, cut
+	return valueStart(buf, e.at, end)
+}
+
+// value returns the data of the event in buf[at:end], from the first byte
+// of its data that is not whitespace to the end of a data line (see
+// spanValue): without a look at its lines again if it is the first data
+// line's alone.
+func (e *eventPeek) value(buf []byte, at, end int) []byte {
+	if end <= e.firstEnd {
+		return buf[at:end]
+	}
+	return spanValue(buf[at:end])
 }
 
 // valueStart returns the offset in buf of the first byte that is not
@@ -596,17 +587,6 @@ func preambleEvent(value []byte) bool {
 	return c.preamble && !c.failed
 }
 
-// dataEnd returns the offset in p past the "data:" that e, fed p, found,
-// where e is in the state it had before.
-func dataEnd(e sse.FirstEvent, p []byte) int {
-	for i := range p {
-		if e.Feed(p[i : i+1]) {
-			return i + 1
-		}
-	}
-	return len(p)
-}
-
 // hasNameEscape reports whether p may have a JSON string that has, in its
 // decoded form, a lowercase letter, a '.' or a '_' escaped: a \u escape of
 // one (\u0065 is "e"), or the start of a \u escape at the end of p. Every
@@ -664,60 +644,49 @@ func indexNonSpace(p []byte) int {
 }
 
 // errorEventCode returns the status that the first event of a stream stands
-// for, given the stream's bytes before the event's value (head) and the
-// value's data (the rest of its data line, joined with LFs to the values of
-// the data lines it goes on in; see spanValue): 0 if it is not an error
-// event (see [OutputCounter.Failed]); else that of llama.cpp's error line
-// among head (see errorFieldCode); else, for an event named "error" (see
-// errorNamed), what its data says (see namedErrorCode); else that of the
-// value (see valueErrorCode); else, if an event named "error" without data
-// came before it, 500. It allocates only for an error event.
-func errorEventCode(head, value []byte) int {
+// for, given the stream's bytes before the event's first data line (head),
+// whether an event before it was named "error" (prior; see eventNames),
+// whether it is (named), and its data (see spanValue): of an event named
+// "error", all of it; of another, its first value's. It is 0 if the event
+// is not an error event (see [OutputCounter.Failed]); else that of
+// llama.cpp's error line among head (see errorFieldCode); else, for an
+// event named "error", what its data says (see namedErrorCode); else that
+// of the value (see valueErrorCode); else, if an event named "error"
+// without data came before it, 500. It allocates only for an error event.
+func errorEventCode(head []byte, prior, named bool, value []byte) int {
 	if code := errorFieldCode(head); code != 0 {
 		return code
 	}
-	named, current := errorNamed(head)
-	if current {
+	if named {
 		return namedErrorCode(value)
 	}
-	if code := valueErrorCode(value); code != 0 || !named {
+	if code := valueErrorCode(value); code != 0 || !prior {
 		return code
 	}
 	return http.StatusInternalServerError
 }
 
-// errorNamed reports whether a line of head, lines of an event stream from
-// its start, names an event "error" (see eventErrorLine), and whether the
-// event that head ends in, the lines after its last blank line, is so
-// named. It does not allocate.
-func errorNamed(head []byte) (named, current bool) {
-	var n eventNames
-	n.read(bytes.TrimPrefix(head, []byte(sse.ByteOrderMark)))
-	return n.named, n.current
-}
-
-// eventNames follows the names of an event stream's events, across pieces
-// of its lines that each start at a line's start.
+// eventNames follows whether the events of an event stream are named
+// "error", line by line. The format sets an event's type at each of its
+// "event:" lines (see [sse.EventType]), so that the last one before the
+// blank line that ends the event names it: "event: error" and then
+// "event: message" name a "message" event, and an "event" line without a
+// value names none, leaving the default type, "message".
 type eventNames struct {
-	named   bool // a line named an event "error"
-	current bool // the current event is so named: no blank line since
+	named   bool // an event that has ended was named "error"
+	current bool // the current event is so named, as far as its lines have come
 }
 
-// read reads lines, the next lines of the stream (the last one ended or
-// not). It does not allocate.
-func (n *eventNames) read(lines []byte) {
-	if !n.current && !bytes.Contains(lines, []byte(sse.EventField)) {
+// line reads the next line of the stream, without its line break.
+func (n *eventNames) line(line []byte) {
+	if len(line) == 0 {
+		// The event's end: it keeps the name it has.
+		n.named = n.named || n.current
+		n.current = false
 		return
 	}
-	for len(lines) > 0 {
-		line, rest, _ := sse.Line(lines)
-		switch {
-		case len(line) == 0:
-			n.current = false // the event's end
-		case sse.IsEvent(line, sse.ErrorEvent):
-			n.named, n.current = true, true
-		}
-		lines = rest
+	if typ, ok := sse.EventType(line); ok {
+		n.current = string(typ) == sse.ErrorEvent
 	}
 }
 

@@ -33,25 +33,31 @@
 // them), and retries connection errors and retryable statuses on other endpoints
 // until the response's first event arrives, honouring Retry-After with the
 // back-off, budget and pushback rules of package retry, and optionally hedges
-// an attempt that is slow to start on another endpoint. The first event (the
-// first "data:" line of a server-sent event stream, after the preamble
-// events an OpenAI Responses stream starts with before generation, or the
-// first byte of any other body) is the commitment point: the pick's
+// an attempt that is slow to start on another endpoint. The first event
+// (of a server-sent event stream, its first event with a "data:" line after
+// the preamble events an OpenAI Responses stream starts with before
+// generation, once it has ended with its blank line, where a client
+// dispatches it; of any other body, its first byte) is the commitment
+// point: the pick's
 // FirstToken is called and the response is returned; from then on every
 // body Read passes straight through, a failure reaches the caller as a read
 // error and is never retried, and the
 // pick's Done is called exactly once when the body ends, fails or is closed,
 // or when the request's context ends first (a handler that panicked while
 // relaying it never closes it).
-// An event stream is held back to the end of its first "data:" line (or
-// only to the first byte of its value, if that is not a JSON object; at
-// most [Config.MaxPeekBytes]), to tell whether the first event is an error
-// event. The event-stream format joins an event's data lines with a line
-// feed, so a value may spread over several: one whose JSON is still open
-// at the end of its line (an object, array or string not closed, or no
-// value yet, as after a bare "data") goes on in the event's next data line,
-// past comments and other fields, to the line where it ends, or to the
-// event's end, and it is held back to there, and read as one value. Lines
+// An event stream is held back to the end of that first event (at most
+// [Config.MaxPeekBytes], or to the body's end), all its lines, to tell
+// whether it is an error event: the format names an event by its last
+// "event:" line before the blank line, which may come after its data. A
+// streaming engine writes each event whole, its blank line with its data,
+// so the wait costs nothing there. The event's value, which is judged, is
+// the value of its first data line; the event-stream format joins an
+// event's data lines with a line feed, so a value may spread over several:
+// one whose JSON is still open at the end of its line (an object, array or
+// string not closed, or no value yet, as after a bare "data") goes on in
+// the event's next data line, past comments and other fields, to the line
+// where it ends, or to the event's end, and is read as one value. When the
+// limit cuts the event short, the value is judged as far as it came. Lines
 // end at a line feed, a carriage return or both, as the format has it. A Responses stream's response.created, response.in_progress and
 // response.queued events, which vLLM and SGLang send as soon as they accept
 // the request, before the prompt is prefilled, are held back with it and
@@ -65,14 +71,14 @@
 // "type" "error" or "response.failed" of the OpenAI Responses API (keys and
 // types as JSON decodes them, escapes and all), or a
 // line with the field name "error" in place of a data line, as llama.cpp's
-// server sends, or an event named "error" (an "event: error" line before
-// its data), as Anthropic's Messages API names its error events, whatever
-// its data, or without any: Anthropic's SDKs raise such an event on its
-// name alone (see [OutputCounter.Failed]); the first event is then held
-// back to the event's end, all its data lines. (An "event: error" line
-// after the first value comes after the commitment: the pick ends as
-// failed, and through [NewProxy] the value is made generic, see
-// [NewUpstreamErrorHandler].) Such a first event is no
+// server sends, or an event named "error", as Anthropic's Messages API
+// names its error events, whatever its data, all its data lines, or
+// without any: Anthropic's SDKs raise such an event on its name alone (see
+// [OutputCounter.Failed]). An event is named by its last "event:" line
+// before its blank line, before its data or after it, as the event-stream
+// format has it: "event: error" names it "error", and a later "event:
+// message", or an "event" line without a value, names it otherwise again.
+// Such a first event is no
 // commitment: nothing reached the client, and the attempt fails like a
 // status answer whose status is the error's "code" (429 for OpenAI's
 // "rate_limit_exceeded" and "insufficient_quota"; without a code from 100
@@ -143,8 +149,8 @@
 // The first event is also where retries stop: once an attempt has it, no
 // retry or hedge starts and no other attempt can commit. An attempt that
 // sends nothing at all (only SSE comments or preamble events, say), or
-// never ends its first "data:" line (or value), is bounded by
-// [Config.FirstEventTimeout], off by default.
+// never ends its first event, is bounded by [Config.FirstEventTimeout], off
+// by default.
 //
 // [NewProxy] wraps a Transport in a ReverseProxy that flushes every event as
 // it arrives, and whose error handler, made by [NewErrorHandler], maps

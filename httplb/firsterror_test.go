@@ -397,7 +397,11 @@ func TestFirstEventCutAnywhere(t *testing.T) {
 		{"named error in a value", "data: {\"a\":\nevent: error\ndata: 1}\n\n", true},
 		{"named error after a preamble", "event: response.created\ndata: {\"type\":\"response.created\"}\n\nevent:error\ndata: x\n\n", true},
 		{"named otherwise", "event: errors\ndata: {\"message\":\"x\"}\n\nevent:  error\ndata: x\n\n", false},
-		{"named error after its first value", "data: {\"i\":0}\nevent: error\n\n", false},
+		{"named error after its first value", "data: {\"i\":0}\nevent: error\n\n", true},
+		{"named error, then otherwise", "event: error\nevent: message\ndata: {\"i\":0}\n\n", false},
+		{"named error, then without a value", "event: error\r\nevent\r\ndata: {\"i\":0}\r\n\r\n", false},
+		{"named otherwise, then error", "event: message\nevent:error\ndata: {\"i\":0}\n\n", true},
+		{"named error between values, then otherwise", "data: {\"i\":0}\nevent: error\ndata: {\"i\":1}\nevent: message\n\n", false},
 	}
 	for _, s := range streams {
 		t.Run(s.name, func(t *testing.T) {
@@ -455,6 +459,14 @@ func FuzzPeek(f *testing.F) {
 		"data: {\"a\":1}\nevent: error\n\ndata: [DONE]\n\n",
 		"data: text\r\nid: 1\r\nevent:error\r\n\r\n",
 		": c\n\ndata: {\"a\":\ndata: 1}\ndata: x\nevent: error\n",
+		// The last "event:" line of an event names it, and the wait ends
+		// with the event.
+		"event: error\nevent: message\ndata: {\"a\":1}\n\ndata: [DONE]\n\n",
+		"event: message\nevent: error\ndata: {\"a\":1}\n\ndata: [DONE]\n\n",
+		"data: {\"a\":1}\nevent: error\n\nevent: error\nevent\ndata: {\"b\":2}\n\n",
+		"event:error\r\ndata: {\"a\":1}\r\nevent:\r\n\r\ndata: x\r\nevent: error\r\n\r\n",
+		"data: {\"type\":\"response.created\"}\nevent: error\n\ndata: {\"a\":1}\n\n",
+		"event: error\nevent: e\n\ndata: {\"a\":1}\nevent: message\nevent: error",
 		"",
 	} {
 		f.Add([]byte(s), uint8(3), uint16(0), true)
@@ -501,6 +513,19 @@ func FuzzPeek(f *testing.F) {
 		if lim > len(stream) {
 			if whole, _ := read(len(stream)+1, nil); whole != code {
 				t.Fatalf("code %d, %d when read whole", code, whole)
+			}
+		}
+		// The first event with data, as a client reads it, against the
+		// verdict: one named "error" by its last "event:" line, or after
+		// an event so named without data, is an error; one that is not,
+		// whose data has no error (nor a preamble to skip), is none.
+		if named, prior, data, ok := firstEventReference(stream); sse && ok && lim > len(stream) {
+			if (named || prior) && code == 0 {
+				t.Fatalf("%q: the first event is named \"error\", or one before it without data, and no error", stream)
+			}
+			if !named && !prior && code != 0 && !mayFail(data) && !bytes.Contains(stream, []byte(errorField)) &&
+				!bytes.Contains(stream, []byte(responsePrefix)) {
+				t.Fatalf("%q: code %d for a first event that is no error", stream, code)
 			}
 		}
 		if _, kept := read(int(step%16)+1, func(int, []byte) []byte { return nil }); !bytes.Equal(kept, stream) {

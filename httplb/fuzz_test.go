@@ -249,6 +249,12 @@ func FuzzOutputCounter(f *testing.F) {
 		": c\r\nevent:error\r\ndata: Internal\r\ndata: error\r\n\r\ndata: [DONE]\r\n\r\n",
 		"event: errors\nevent:  error\nevent: error \nEvent: error\ndata: x\n\nevent: erro",
 		"data: {\"a\":\nevent: error\rdata: 1}\r\revent: error",
+		// The last "event:" line of an event names it.
+		"event: error\nevent: message\ndata: {\"a\":1}\n\ndata: [DONE]\n\n",
+		"event: message\nevent: error\ndata: {\"a\":1}\n\ndata: [DONE]\n\n",
+		"event: error\r\ndata: {\"a\":1}\r\nevent\r\n\r\nevent:error\r\nevent:\r\n\r\n",
+		"data: {\"a\":1}\nevent: error\n\ndata: {\"b\":2}\nevent: error\nevent: errors\n\n",
+		"event: error\nevent: error2\nevent:  error\ndata: x\n\nevent: error\nevent: e",
 		"",
 	} {
 		f.Add([]byte(s), uint16(len(s)/2), true)
@@ -302,9 +308,12 @@ func FuzzOutputCounter(f *testing.F) {
 		if want, ok := eventsErrorReference(body, true); sse && ok && failed != want {
 			t.Fatalf("%q: failed %v, want %v", body, failed, want)
 		}
-		// An event named "error" fails the stream, whatever its data.
-		if sse && namedErrorReference(body, true) && !failed {
+		// An event named "error" fails the stream, whatever its data;
+		// one named so and then otherwise does not, unless its data does.
+		if named := namedErrorReference(body, true); sse && named && !failed {
 			t.Fatalf("%q: an event named \"error\" did not fail the stream", body)
+		} else if dataFailed, ok := dataErrorReference(body, true); sse && ok && !named && !dataFailed && failed {
+			t.Fatalf("%q: failed, but no event is named \"error\" nor is an error by its data", body)
 		}
 		// A JSON body against a decoder's reading of the same rule.
 		if !sse && json.Valid(body) {
@@ -319,22 +328,31 @@ func FuzzOutputCounter(f *testing.F) {
 	})
 }
 
-// namedErrorReference reports whether a line of the event stream body
-// (after a byte-order mark at its start, if mark is set) names an event
-// "error": its field, split at its first colon, is "event", and its value,
-// less one leading space, is "error".
+// namedErrorReference reports whether an event of the event stream body
+// (after a byte-order mark at its start, if mark is set), its lines up to
+// a blank line or to the body's end, is named "error", as the event-stream
+// format's interpretation names it: by its last line whose field, split at
+// its first colon (or the whole line, without one), is "event", and whose
+// value, less one leading space, is then "error".
 func namedErrorReference(body []byte, mark bool) bool {
 	if mark {
 		body = bytes.TrimPrefix(body, []byte(sse.ByteOrderMark))
 	}
 	norm := strings.ReplaceAll(strings.ReplaceAll(string(body), "\r\n", "\n"), "\r", "\n")
+	named := false // the current event is
 	for line := range strings.SplitSeq(norm, "\n") {
+		if line == "" {
+			if named {
+				return true
+			}
+			continue
+		}
 		name, value, _ := strings.Cut(line, ":")
-		if name == "event" && strings.TrimPrefix(value, " ") == "error" {
-			return true
+		if name == "event" {
+			named = strings.TrimPrefix(value, " ") == "error"
 		}
 	}
-	return false
+	return named
 }
 
 // eventsErrorReference reports whether an event of the event stream body

@@ -15,10 +15,11 @@ const maxHeldEvent = 64 << 10
 // event, as the stream is read. Each line is held back until its end, and
 // the lines of an event from its first data line on until the event's
 // end, its blank line, where the event is dispatched: the format sets an
-// event's name by its "event:" line wherever that comes before the blank
-// line, and a client acts on an event only there. Then the data of an
-// event named "error" (see errorNamed), whatever it is and wherever the
-// name came, is replaced whole by what hide returns for it; so is each
+// event's name at each of its "event:" lines, wherever they come before
+// the blank line, the last one naming it, and a client acts on an event
+// only there. Then the data of an event named "error" (see eventNames),
+// whatever it is and wherever the name came, is replaced whole by what
+// hide returns for it; so is each
 // data value (see nesting) of another event that is an error event by its
 // data, and llama.cpp's error lines. Every other byte passes as sent, the
 // lines of an event before its first data line as each ends.
@@ -26,8 +27,9 @@ const maxHeldEvent = 64 << 10
 // A scrubber holds at most maxHeldEvent bytes. An event that outgrows it
 // before its end is let go, as follows. If it is named "error" by then,
 // its data held so far is replaced as at its end, and its data lines after
-// that are dropped up to its end: an event so named is an error whatever
-// its data, and none of it is the client's. Otherwise its lines held pass
+// that are dropped up to its end, even if a later "event:" line names it
+// otherwise: an event so named is an error whatever its data, and none of
+// it is the client's. Otherwise its lines held pass
 // as sent, and so does the rest of it as it comes, even if it is named
 // "error" later or is an error event by its data: an event that large is,
 // in the streams of every engine and provider known, output (a tool
@@ -52,8 +54,8 @@ type scrubber struct {
 	// maxHeldEvent.
 	val  []byte
 	fate int8
-	// named is set while the current event is named "error": an "event:
-	// error" line of it has ended.
+	// named is set while the current event is named "error": the last
+	// "event:" line of it that has ended is "event: error".
 	named bool
 	cr    int8   // where the line break of the last line, a CR, went: a LF next is the rest of it
 	out   []byte // the buffer feed writes into, reused once read
@@ -239,8 +241,8 @@ func (s *scrubber) endLine(out, line []byte, brk byte) []byte {
 		s.setCR(brk, crOut)
 		return append(out, brk)
 	}
-	if sse.IsEvent(line, sse.ErrorEvent) {
-		s.named = true
+	if typ, ok := sse.EventType(line); ok {
+		s.named = string(typ) == sse.ErrorEvent // the last name counts
 	}
 	data := sse.IsData(line)
 	if s.fate == eventHeld && (len(s.val) > 0 || data) {
@@ -304,8 +306,8 @@ func (s *scrubber) flush(out []byte) []byte {
 	case s.lineFate != lineHeld:
 	case s.fate == eventDropped && sse.IsData(line):
 	case s.fate == eventHeld && (len(s.val) > 0 || sse.IsData(line)):
-		if sse.IsEvent(line, sse.ErrorEvent) {
-			s.named = true // the stream ends in the line that names it
+		if typ, ok := sse.EventType(line); ok {
+			s.named = string(typ) == sse.ErrorEvent // the stream ends in the line that names it
 		}
 		s.val = append(s.val, line...)
 		out, _ = s.dispatch(out)

@@ -346,6 +346,9 @@ func FuzzScrubber(f *testing.F) {
 	f.Add([]byte("data: {\"a\":\nevent: error\ndata: 1}\ndata: x\n\nevent: error\n\ndata: y\n\n"), uint64(6))
 	f.Add([]byte("data: {\"a\":1}\n\ndata: x\ndata: {\"b\":\r\nevent: error\r\ndata: 2}\r\n\r\ndata: y\revent:error\r\rdata: z\nevent: error"), uint64(7))
 	f.Add([]byte("data: a\n\ndata: {\"error\":{}}\ndata: b\nevent: error\n: c\ndata: {\"error\":\"x\"}\n\n"), uint64(8))
+	// The last "event:" line of an event names it.
+	f.Add([]byte("data: a\n\nevent: error\nevent: message\ndata: b\n\nevent: message\nevent: error\ndata: c\n\n"), uint64(9))
+	f.Add([]byte("data: a\r\n\r\nevent:error\r\ndata: b\r\nevent\r\n\r\ndata: c\revent: error\revent:\r\rdata: d\nevent: message\nevent: error"), uint64(10))
 	f.Fuzz(func(t *testing.T, stream []byte, seed uint64) {
 		whole := scrubAll(string(stream), nil, hideAll)
 		if !mayFail(stream) && whole != string(stream) {
@@ -379,9 +382,9 @@ func FuzzScrubber(f *testing.F) {
 var hiddenValue = regexp.MustCompile(`^\{"hidden":\d+\}$`)
 
 // namedDataLeaked reports whether an event of the event stream body that
-// a line names "error", before its data lines or after, has data, its data
-// lines joined as the event-stream format joins them, that is neither
-// blank nor one of hideAll's values.
+// is named "error", by its last "event:" line, before its data lines or
+// after, has data, its data lines joined as the event-stream format joins
+// them, that is neither blank nor one of hideAll's values.
 func namedDataLeaked(body []byte) bool {
 	named, any := false, false
 	var data []byte
@@ -397,8 +400,9 @@ func namedDataLeaked(body []byte) bool {
 				return true
 			}
 			named, any, data = false, false, data[:0]
-		case sse.IsEvent(line, "error"):
-			named = true
+		case isEventField(line):
+			_, v := sse.Field(line)
+			named = string(v) == "error" // the last name counts
 		case sse.IsData(line):
 			if any {
 				data = append(data, '\n')
@@ -409,6 +413,14 @@ func namedDataLeaked(body []byte) bool {
 		rest = after
 	}
 	return leaked()
+}
+
+// isEventField reports whether line is an event field, as the event-stream
+// format's interpretation reads it: its name, up to its first colon or the
+// whole line, is "event".
+func isEventField(line []byte) bool {
+	name, _, _ := bytes.Cut(line, []byte(":"))
+	return string(name) == "event"
 }
 
 // A stream whose first event is an error not retried, and that sends

@@ -33,6 +33,14 @@ func TestNamedErrorEventRetried(t *testing.T) {
 		{"without data", "event: error\n\n", http.StatusInternalServerError},
 		{"without data, then a chunk", "event: error\r\rdata: {\"i\":0}\r\r", http.StatusInternalServerError},
 		{"after a preamble", "event: response.created\ndata: {\"type\": \"response.created\"}\n\nevent: error\ndata: {\"message\": \"x\"}\n\n", http.StatusInternalServerError},
+		// The last "event:" line of an event names it, wherever it comes
+		// before the blank line that ends the event, after its data
+		// included: the wait for the first event ends there.
+		{"named after its data", "data: {\"i\":0}\nevent: error\n\ndata: boom\n\n", http.StatusInternalServerError},
+		{"named after a value of text", "data: boom\nevent: error\n\ndata: [DONE]\n\n", http.StatusInternalServerError},
+		{"named after its data, a code", "data: {\"code\": 429}\r\nid: 1\r\nevent:error\r\n\r\n", http.StatusTooManyRequests},
+		{"named otherwise, then error", "event: message\ndata: {\"i\":0}\nevent: error\n\n", http.StatusInternalServerError},
+		{"a preamble's data, then named error", "data: {\"type\": \"response.created\"}\nevent: error\n\n", http.StatusInternalServerError},
 	}
 	for _, c := range cases {
 		for _, size := range []int{0, 1} {
@@ -74,9 +82,6 @@ func TestNamedErrorEventNotRetryable(t *testing.T) {
 // An event named "error" after the first event is past retrying: the
 // stream reaches the client, its event's data made generic through the
 // proxy, wherever its name comes in it, and the pick ends as a failure.
-// So does a stream whose first event is named "error" only after its
-// first value, which commits it: the value is held back to its event's
-// end, and replaced there.
 func TestNamedErrorEventAfterFirst(t *testing.T) {
 	cases := []struct {
 		name, stream string
@@ -86,8 +91,7 @@ func TestNamedErrorEventAfterFirst(t *testing.T) {
 		{"a later event without data", "data: {\"i\":0}\n\nevent:error\n\ndata: [DONE]\n\n", ""},
 		{"a later event named after its data", "data: {\"i\":0}\n\ndata: {\"message\": \"boom\"}\nevent: error\n\ndata: [DONE]\n\n", `{"message": "boom"}`},
 		{"a later event named between its data lines", "data: {\"i\":0}\n\ndata: boom\r\nevent:error\r\ndata: again\r\n\r\ndata: [DONE]\n\n", "boom\r\nevent:error\r\ndata: again"},
-		{"named after the first value", "data: {\"i\":0}\nevent: error\n\ndata: boom\n\n", `{"i":0}`},
-		{"named after a first value of text", "data: boom\nevent: error\n\ndata: [DONE]\n\n", "boom"},
+		{"a later event named otherwise, then error", "data: {\"i\":0}\n\nevent: message\ndata: {\"message\": \"boom\"}\nevent: error\n\ndata: [DONE]\n\n", `{"message": "boom"}`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

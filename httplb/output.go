@@ -43,7 +43,7 @@ import (
 // (response.created, response.output_item.added, ...) carry no token, and
 // its response.completed or response.incomplete has the usage. An error
 // event (see [OutputCounter.Failed]) counts none, nor does the data of an
-// event named "error" after its name.
+// event named "error", from its name on.
 //
 // For any other body (a non-streaming JSON response, or a compressed
 // stream) it counts nothing until [OutputCounter.End]: then the last usage
@@ -82,12 +82,15 @@ type OutputCounter struct {
 	errField int8
 	// evName is the bytes of eventErrorLine matched at the start of the
 	// line, the space after its colon counted whether it came or not;
-	// -1: the line is none (see matchEventName).
+	// -1: the line is no event field; evOther: it is one with another
+	// value (see matchEventName).
 	evName int8
-	// errEvent is set while the current event is named "error": an
-	// "event: error" line of it has ended, and its values count no
-	// token.
+	// errEvent is set while the current event is named "error": the last
+	// "event:" line of it that has ended is "event: error". Its values
+	// then count no token; held is how many they would have counted, which
+	// count if a later "event:" line names the event otherwise.
 	errEvent bool
+	held     int64
 	// usage is set if a usage count was found: in the current line of an
 	// event stream, anywhere in any other body.
 	usage bool
@@ -163,6 +166,10 @@ const (
 	// name alone (Anthropic's) or when it has an "error" (OpenAI's). The
 	// space after the colon is optional, as for every field.
 	eventErrorLine = sse.EventField + " " + sse.ErrorEvent
+	// evOther is OutputCounter.evName for an event field whose value is
+	// not "error": the line names the event otherwise, or, without a
+	// value, leaves it the default type, "message".
+	evOther = -2
 
 	usageKey       = "usage"
 	errorKey       = "error"
@@ -614,12 +621,11 @@ func (c *OutputCounter) endType() {
 func (c *OutputCounter) End() int {
 	before := c.total
 	if c.sse {
-		if int(c.evName) == len(eventErrorLine) {
-			c.failed = true // the body ends in the line that names an event "error"
-		}
+		c.endName() // the body may end in the line that names its last event
 		if c.field == lineData || c.cont {
 			c.endValue()
 		}
+		c.endEvent()
 		*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast, failed: c.failed}
 		return int(c.total - before)
 	}
@@ -636,12 +642,10 @@ func (c *OutputCounter) End() int {
 // data line ends its value, and counts it, unless the value is open at its
 // end (see nesting): the format joins the data lines of an event with a
 // LF, and the value goes on in the event's next data line, past the lines
-// of other fields. A blank line ends the event, and its value with it. A
-// line that names the event "error" fails the stream (see Failed).
+// of other fields. A blank line ends the event, and its value with it; an
+// event named "error" there fails the stream (see Failed).
 func (c *OutputCounter) endLine() {
-	if int(c.evName) == len(eventErrorLine) {
-		c.failed, c.errEvent = true, true
-	}
+	c.endName()
 	switch {
 	case c.field == lineData && (!c.begun || c.inStr || c.depth > 0):
 		c.scan('\n')
@@ -653,15 +657,47 @@ func (c *OutputCounter) endLine() {
 		c.field, c.errField, c.evName = 0, 0, 0
 		return
 	}
-	// A blank line (no byte matched "data:") ends the event and its name.
-	*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast, failed: c.failed, errEvent: c.errEvent && c.field != 0}
+	if c.field == 0 {
+		// A blank line (no byte matched "data:") ends the event and its
+		// name.
+		c.endEvent()
+	}
+	*c = OutputCounter{sse: true, total: c.total, mark: sse.MarkPast, failed: c.failed, errEvent: c.errEvent, held: c.held}
+}
+
+// endName reads the name of the event field that the line that ends is,
+// if it is one: the format sets the event's type at each, and the last
+// one before the blank line names the event.
+func (c *OutputCounter) endName() {
+	switch {
+	case int(c.evName) == len(eventErrorLine):
+		c.errEvent = true
+	case c.evName == evOther || int(c.evName) >= len(sse.EventField)-1:
+		c.errEvent = false // named otherwise, or "event" without a value
+	}
+}
+
+// endEvent ends the current event: an event named "error" fails the
+// stream; the tokens of another that were held while it was so named
+// count.
+func (c *OutputCounter) endEvent() {
+	if c.errEvent {
+		c.failed = true
+	} else {
+		c.total = min(c.total+c.held, maxCount)
+	}
+	c.errEvent, c.held = false, 0
 }
 
 // endValue counts the value of an event stream that ends.
 func (c *OutputCounter) endValue() {
 	c.endNumber()
 	switch {
-	case c.errLine, c.errEvent: // no token
+	case c.errLine: // no token
+	case c.errEvent:
+		if !c.usage && !c.noToken && c.done != int8(len(doneValue)) {
+			c.held = min(c.held+1, maxCount) // counted if the event is named otherwise after all
+		}
 	case c.usage:
 		c.total = max(c.total, c.count)
 	case c.noToken:
@@ -701,17 +737,20 @@ func (c *OutputCounter) matchErrorField(b byte) {
 
 // matchEventName matches b, the next byte of a line that is no data line
 // (yet), against eventErrorLine, with or without its space: the line names
-// the event "error" if it has matched all of it when it ends.
+// the event "error" if it has matched all of it when it ends, and names it
+// otherwise if it is an event field with another value, or none.
 func (c *OutputCounter) matchEventName(b byte) {
 	const colon = len(sse.EventField) // the offset of the space
 	switch {
 	case c.evName < 0:
 	case int(c.evName) == len(eventErrorLine):
-		c.evName = -1 // the name goes on: another
+		c.evName = evOther // the name goes on: another
 	case b == eventErrorLine[c.evName]:
 		c.evName++
 	case int(c.evName) == colon && b == eventErrorLine[colon+1]:
 		c.evName += 2 // "event:error"
+	case int(c.evName) >= colon:
+		c.evName = evOther // the field is "event", its value another
 	default:
 		c.evName = -1
 	}
@@ -728,11 +767,15 @@ func (c *OutputCounter) matchEventName(b byte) {
 // or in a string, is none. A line with the field name "error" (see errorField), which
 // llama.cpp's server sends instead of a data line when it fails a streamed
 // request, is an error event too, whatever its value; and so is an event
-// named "error" (an "event: error" or "event:error" line), as Anthropic's
-// Messages API and the OpenAI Responses API name their error events,
-// whatever its data, or without any: Anthropic's SDKs raise such an event
-// as an error on its name alone. Its data, from the name on, counts no
-// token. A caller relaying the body then ends the request's pick with an
+// named "error", as Anthropic's Messages API and the OpenAI Responses API
+// name their error events, whatever its data, or without any: Anthropic's
+// SDKs raise such an event as an error on its name alone. An event is named
+// by its last "event:" line before the blank line that ends it (or before
+// the body's end), as the event-stream format has it: "event: error" (or
+// "event:error") names it "error", and a later "event: message", or
+// "event" without a value, names it otherwise again. Its data, from an
+// "event: error" line on, counts no token unless a later line names it
+// otherwise. A caller relaying the body then ends the request's pick with an
 // error, such as [ErrErrorEvent]. It is false for a body that is not an
 // event stream, whose status tells.
 func (c *OutputCounter) Failed() bool { return c.failed }

@@ -81,7 +81,7 @@ func TestPreambleEvent(t *testing.T) {
 // its first event that is not one, however it is cut into reads; that
 // event may be an error, which then stands for its status. A stream of
 // nothing but preamble events is committed at its end, or at the peek
-// limit; a chat stream is held back to its first "data:" line only.
+// limit; a chat stream is held back to the end of its first event only.
 func TestPeekPastPreamble(t *testing.T) {
 	pre := responsesPreamble()
 	cases := []struct {
@@ -106,7 +106,7 @@ func TestPeekPastPreamble(t *testing.T) {
 		{"preamble only", pre, DefaultMaxPeekBytes, pre, 0},
 		{"limit", pre + errorStream("x", "500"), len(pre) - 10, pre[:len(pre)-10], 0},
 		{"not an object", pre + "data: [DONE]\n\n", DefaultMaxPeekBytes, pre + "data: [", 0},
-		{"chat", "data: {\"i\":0}\n\ndata: {\"error\":{\"code\":500}}\n\n", DefaultMaxPeekBytes, "data: {\"i\":0}\n", 0},
+		{"chat", "data: {\"i\":0}\n\ndata: {\"error\":{\"code\":500}}\n\n", DefaultMaxPeekBytes, "data: {\"i\":0}\n\n", 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -120,7 +120,7 @@ func TestPeekPastPreamble(t *testing.T) {
 				require.GreaterOrEqual(t, len(b.buf), held, "cut at %d", cut)
 				switch c.name {
 				case "chat":
-					// Held back as before: no read past the first line.
+					// Held back as before: no read past the first event.
 					if cut >= held {
 						require.Equal(t, cut, len(b.buf), "cut at %d", cut)
 					}

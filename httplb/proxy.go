@@ -136,12 +136,13 @@ func upstreamErrorHandler(resp *http.Response) error {
 // first 8 of a stream only. The stream's lines are held back until their
 // ends, and the lines of an event from its first data line on until the
 // event's end, its blank line, which a streaming engine writes with each
-// event and where a client dispatches the event: an "event: error" line
-// counts wherever it comes before that, after the event's data too, and
-// the data of an event so named is replaced whole, all its data lines.
-// So is the data of a first event named "error" only after its first
-// value, which the Transport committed to: the value is held back to its
-// event's end too. At most 64 KiB of a stream is held back: an event that
+// event and where a client dispatches the event: the last "event:" line
+// before that names the event, after the event's data too, and the data
+// of an event so named "error" is replaced whole, all its data lines; that
+// of an event named "error" and then otherwise passes as sent. The first
+// event, which the Transport committed to if the peek limit cut it short
+// before it was named "error", is treated alike: its data is held back to
+// its event's end too. At most 64 KiB of a stream is held back: an event that
 // outgrows it before its end passes as sent, the rest of it as it comes,
 // unless it is named "error" by then, when the data held is replaced and
 // the rest of its data dropped up to its end (the stream still ends its

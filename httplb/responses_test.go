@@ -130,7 +130,7 @@ func TestErrorEventCode(t *testing.T) {
 		{"nested failed", `{"type":"response.output_item.added","item":{"type":"response.failed","error":{"code":500}}}`, 0},
 	}
 	for _, c := range cases {
-		assert.Equal(t, c.code, errorEventCode([]byte("event: x\ndata: "), []byte(c.value)), c.name)
+		assert.Equal(t, c.code, errorEventCode([]byte("event: x\n"), false, false, []byte(c.value)), c.name)
 	}
 }
 

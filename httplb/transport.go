@@ -21,10 +21,10 @@ import (
 )
 
 // DefaultMaxPeekBytes bounds the response bytes a Transport holds back while
-// it waits for the first event of a stream: a stream whose first "data:"
-// line (after any preamble events, see [Transport]), or the value that
-// goes on past it, has not ended within this many bytes is committed
-// anyway, unless what it holds of that value is already an error event.
+// it waits for the first event of a stream: a stream whose first event
+// with a "data:" line (after any preamble events, see [Transport]) has not
+// ended within this many bytes is committed anyway, unless what it holds
+// of that event is already an error event.
 const DefaultMaxPeekBytes = 64 << 10
 
 // maxDrainBytes bounds what is read from a failed attempt's body so that its
@@ -170,8 +170,8 @@ type Config struct {
 	// evict each other.
 	Store *signals.Store
 	// MaxPeekBytes bounds the bytes held back before the first event of a
-	// stream, to the end of its first "data:" line (or value over several)
-	// that is no preamble event (see [Transport]). 0 means [DefaultMaxPeekBytes]. A Responses
+	// stream, to the end of its first event with a "data:" line that is no
+	// preamble event (see [Transport]). 0 means [DefaultMaxPeekBytes]. A Responses
 	// request (a path ending in /responses) may hold back twice its body
 	// more, since vLLM's preamble events repeat its instructions and tools.
 	MaxPeekBytes int
@@ -179,7 +179,7 @@ type Config struct {
 	// first event, from the moment it is sent: an attempt that has not
 	// committed by then (no response, a stream of nothing but SSE
 	// comments, keep-alives and preamble events, or one whose first
-	// "data:" line has not ended) is cancelled and fails with [ErrFirstEventTimeout], which
+	// event has not ended) is cancelled and fails with [ErrFirstEventTimeout], which
 	// [retry.DefaultClassify] retries on another endpoint like a
 	// connection error, within Retry.MaxAttempts and the budget. Its pick is finished with that error and the
 	// Retry.Reporter is told of it.
@@ -225,11 +225,9 @@ type Config struct {
 // the failed ones become candidates again.
 //
 // A 2xx response is committed when its first event arrives: for a
-// text/event-stream, the first "data:" line, once it has ended (or its
-// value has begun with anything but a JSON object; a value still open at
-// the end of its line, once it has ended in a later data line of its
-// event, or the event has); for anything else, the
-// first byte. The preamble events of an OpenAI Responses stream
+// text/event-stream, the first event with a "data:" line, once it has
+// ended with its blank line, where a client dispatches it and its name
+// (its last "event:" line) is known; for anything else, the first byte. The preamble events of an OpenAI Responses stream
 // (response.created, response.in_progress, response.queued: a top-level
 // "type" of one of those), which vLLM and SGLang send as soon as they
 // accept the request, before the prompt is prefilled, are no first event:

@@ -2,9 +2,9 @@
 // text/event-stream format) as their bytes pass, in pieces of any size,
 // without keeping them: where the first event begins, and the byte-order
 // mark a stream may start with. Packages httplb and extproc use it to see a
-// streamed response's first token. [Line], [Field], [IsData], [IsEvent] and
-// [AppendData] read the lines of an event held whole, as the format's interpretation does
-// (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation).
+// streamed response's first token. [Line], [Field], [IsData], [IsEvent],
+// [EventType] and [AppendData] read the lines of an event held whole, as
+// the format's interpretation does (https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation).
 package sse
 
 import "bytes"
@@ -15,8 +15,10 @@ const DataField = "data:"
 // EventField starts a line that names the event it is part of.
 const EventField = "event:"
 
-// ErrorEvent is the name of an error event: an event that an "event:"
-// line names so is one whatever its data, or without any. Anthropic's
+// ErrorEvent is the name of an error event: an event whose type is so
+// named is one whatever its data, or without any. An event's type is set
+// by each of its "event:" lines, so that the last one before the blank
+// line that ends the event names it (see [EventType]). Anthropic's
 // Messages API sends its error events so named, and its SDKs raise such
 // an event as an error on its name alone; the OpenAI Responses API names
 // its "error" events so too.
@@ -147,13 +149,34 @@ func IsData(line []byte) bool {
 // IsEvent reports whether line, without its line break, is an event field
 // whose value is name, as [Field] splits it: "event:" and name, with or
 // without one space between. The value is matched exactly: "event: errors",
-// "event:  error" and "Event: error" do not name an event "error".
+// "event:  error" and "Event: error" do not name an event "error". A later
+// event field of the same event names it again (see [EventType]).
 func IsEvent(line []byte, name string) bool {
 	if !bytes.HasPrefix(line, []byte(EventField[:len(EventField)-1])) {
 		return false
 	}
 	n, v := Field(line)
 	return string(n) == EventField[:len(EventField)-1] && string(v) == name
+}
+
+// EventType reports whether line, without its line break, is an event
+// field, and returns its value, as [Field] splits it: the type the line
+// gives its event. The format sets the event type buffer at each event
+// field, so that the last one before the blank line that dispatches the
+// event names it; an empty value ("event", "event:" or "event: ") leaves
+// the event the default type, "message". The name is matched exactly:
+// "Event: error" is no event field, and "event:  error" gives the type
+// " error".
+func EventType(line []byte) (typ []byte, ok bool) {
+	name := EventField[:len(EventField)-1]
+	if !bytes.HasPrefix(line, []byte(name)) {
+		return nil, false
+	}
+	n, v := Field(line)
+	if string(n) != name {
+		return nil, false
+	}
+	return v, true
 }
 
 // AppendData appends to dst the data of the event whose lines are lines

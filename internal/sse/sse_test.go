@@ -163,6 +163,38 @@ func TestIsEvent(t *testing.T) {
 	}
 }
 
+// EventType returns the value of an event field as the format's
+// interpretation reads it: one leading space stripped, a line without a
+// colon a field name with an empty value.
+func TestEventType(t *testing.T) {
+	cases := []struct {
+		line, typ string
+		ok        bool
+	}{
+		{"event: error", "error", true},
+		{"event:error", "error", true},
+		{"event:  error", " error", true},
+		{"event: error ", "error ", true},
+		{"event: a:b", "a:b", true},
+		{"event", "", true},
+		{"event:", "", true},
+		{"event: ", "", true},
+		{"Event: error", "", false},
+		{"events: error", "", false},
+		{"event error", "", false},
+		{"eventx", "", false},
+		{": event: error", "", false},
+		{"data: error", "", false},
+		{"", "", false},
+	}
+	for _, c := range cases {
+		typ, ok := EventType([]byte(c.line))
+		if string(typ) != c.typ || ok != c.ok {
+			t.Errorf("EventType(%q) = %q, %v; want %q, %v", c.line, typ, ok, c.typ, c.ok)
+		}
+	}
+}
+
 // The data of an event is its data fields' values joined with LFs, as the
 // examples of the event-stream format's interpretation have it.
 func TestAppendData(t *testing.T) {
