@@ -113,16 +113,7 @@ func TestScrubberEventBound(t *testing.T) {
 				want = stream
 			}
 			for _, size := range []int{1 << 20, 4096, 61} {
-				s := &scrubber{hide: hide}
-				var out []byte
-				for p := []byte(stream); len(p) > 0; {
-					n := min(len(p), size)
-					out = s.feed(out, p[:n])
-					p = p[n:]
-					require.LessOrEqual(t, len(s.line)+len(s.val), maxHeldEvent)
-				}
-				out = s.flush(out)
-				require.Equal(t, want, string(out), "reads of %d", size)
+				require.Equal(t, want, feedScrubber(t, stream, size, hide), "reads of %d", size)
 			}
 		})
 	}

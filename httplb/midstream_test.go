@@ -188,6 +188,22 @@ func TestMidStreamErrorNotRead(t *testing.T) {
 	assert.Equal(t, stream, body)
 }
 
+// feedScrubber feeds stream to a scrubber that hides with hide, in pieces
+// of size bytes, and returns what it let through; it checks after each
+// piece that the scrubber holds no more than maxHeldEvent.
+func feedScrubber(t *testing.T, stream string, size int, hide func(int, []byte) []byte) string {
+	t.Helper()
+	s := &scrubber{hide: hide}
+	var out []byte
+	for p := []byte(stream); len(p) > 0; {
+		n := min(len(p), size)
+		out = s.feed(out, p[:n])
+		p = p[n:]
+		require.LessOrEqual(t, len(s.line)+len(s.val), maxHeldEvent)
+	}
+	return string(s.flush(out))
+}
+
 // scrubAll feeds stream to a scrubber in the pieces cut at the given
 // offsets, through a body as Read serves it, and returns what it lets go.
 func scrubAll(stream string, cuts []int, hide func(int, []byte) []byte) string {
@@ -266,16 +282,7 @@ func TestScrubberLongLine(t *testing.T) {
 		stream := tokenEvents + long + "\n\n" + hiddenEvents[0].stream
 		want := tokenEvents + long + "\n\n" + strings.Replace(hiddenEvents[0].stream, errorLine(hiddenEvents[0].stream), `data: {"hidden":500}`, 1)
 		for _, size := range []int{1000, 3} {
-			s := &scrubber{hide: hideAll}
-			var out []byte
-			for p := []byte(stream); len(p) > 0; {
-				n := min(len(p), size)
-				out = s.feed(out, p[:n])
-				p = p[n:]
-				require.LessOrEqual(t, len(s.line)+len(s.val), maxHeldEvent)
-			}
-			out = s.flush(out)
-			assert.Equal(t, want, string(out))
+			assert.Equal(t, want, feedScrubber(t, stream, size, hideAll))
 		}
 	}
 }
