@@ -199,6 +199,9 @@ func (b *body) scrubEvents(hide func(status int, value []byte) []byte, hidden bo
 		// The rest of the value cut short passes.
 		s.lineFate = linePassed
 	}
+	if from > 0 {
+		s.mark = sse.MarkPast // past the stream's byte-order mark, if any
+	}
 	out := append(make([]byte, 0, len(b.buf)), b.buf[:from]...)
 	b.buf = s.feed(out, b.buf[from:])
 	b.scrub = s

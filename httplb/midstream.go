@@ -22,7 +22,9 @@ const maxHeldEvent = 64 << 10
 // hide returns for it; so is each
 // data value (see nesting) of another event that is an error event by its
 // data, and llama.cpp's error lines. Every other byte passes as sent, the
-// lines of an event before its first data line as each ends.
+// lines of an event before its first data line as each ends. A stream
+// read from its start is read past the byte-order mark it may start
+// with, as a client decodes it, the mark passing as sent.
 //
 // A scrubber holds at most maxHeldEvent bytes. An event that outgrows it
 // before its end is let go, as follows. If it is named "error" by then,
@@ -59,6 +61,12 @@ type scrubber struct {
 	named bool
 	cr    int8   // where the line break of the last line, a CR, went: a LF next is the rest of it
 	out   []byte // the buffer feed writes into, reused once read
+	// mark follows the byte-order mark that a stream read from its start
+	// (the zero value) may start with, and that is no part of its first
+	// line: its bytes go out as sent once it is whole, and begin the first
+	// line if it is cut short by another byte. sse.MarkPast for a
+	// scrubber that starts past the stream's start.
+	mark sse.Mark
 }
 
 // What becomes of the rest of the current line (scrubber.lineFate).
@@ -90,6 +98,11 @@ const (
 // CR LF, as an event stream's do.
 func (s *scrubber) feed(out, p []byte) []byte {
 	bulk := true // p's whole events may pass at once: looked for once, as it costs a pass over p
+	if s.mark.Skipping() {
+		if out, p = s.skipMark(out, p); s.mark.Skipping() {
+			return out
+		}
+	}
 	for len(p) > 0 {
 		if s.cr != crNone {
 			if p[0] == '\n' {
@@ -146,11 +159,30 @@ func (s *scrubber) feed(out, p []byte) []byte {
 	return out
 }
 
+// skipMark reads the bytes of p, the stream's first bytes, that may be
+// its byte-order mark (see scrubber.mark), appends to out the mark if they
+// complete it, and returns out and the rest of p.
+func (s *scrubber) skipMark(out, p []byte) ([]byte, []byte) {
+	held := int(s.mark) // the mark's bytes matched in the pieces before p
+	rest, broken := s.mark.Skip(p)
+	matched := held + len(p) - len(rest)
+	switch {
+	case broken:
+		// No mark: the bytes taken for one begin the first line, which is
+		// no field.
+		s.line = append(s.line, sse.ByteOrderMark[:matched]...)
+	case !s.mark.Skipping() && matched == len(sse.ByteOrderMark):
+		out = append(out, sse.ByteOrderMark...)
+	}
+	return out, rest
+}
+
 // idle reports whether the scrubber holds nothing and is at the start of
-// a line, in an event that is held back as any is (see feed).
+// a line, past the stream's byte-order mark, in an event that is held back
+// as any is (see feed).
 func (s *scrubber) idle() bool {
 	return len(s.line) == 0 && len(s.val) == 0 && s.lineFate == lineHeld && s.fate == eventHeld && !s.named &&
-		s.cr == crNone
+		s.cr == crNone && !s.mark.Skipping()
 }
 
 // setCR records where brk, the line break of the line that ended, went,
@@ -301,6 +333,11 @@ func (s *scrubber) overflow(out []byte) []byte {
 // if it is an error event: a client may read an event whose blank line,
 // or whose last line's end, the stream did not send.
 func (s *scrubber) flush(out []byte) []byte {
+	if s.mark.Skipping() {
+		// The stream ended in what may have been its mark.
+		out = append(out, sse.ByteOrderMark[:s.mark]...)
+		s.mark = sse.MarkPast
+	}
 	line := s.line
 	switch {
 	case s.lineFate != lineHeld:
