@@ -727,3 +727,44 @@ func TestNamedErrorAfterMarkPastPeekLimit(t *testing.T) {
 		})
 	}
 }
+
+// Content codings are case-insensitive, and a header value may have spaces
+// about it: an event stream whose Content-Encoding is "Identity" or
+// " identity " is no compressed stream. Its first event named "error" is
+// retried, a later error event reaches the client without its data, and
+// OutputCounter counts its events and fails it.
+func TestIdentityEncodingAnyCase(t *testing.T) {
+	for _, ce := range []string{"Identity", "IDENTITY", " identity "} {
+		send := func(stream string) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.Header()["Content-Encoding"] = []string{ce}
+				_, _ = io.WriteString(w, stream)
+			}
+		}
+		t.Run(ce, func(t *testing.T) {
+			h := http.Header{"Content-Type": {"text/event-stream"}, "Content-Encoding": {ce}}
+			c := NewOutputCounter(h)
+			assert.Equal(t, 2, c.Count([]byte("data: {\"i\":0}\n\ndata: {\"i\":1}\n\nevent: error\ndata: {}\n\n"))+c.End())
+			assert.True(t, c.Failed())
+
+			a := newUpstream(t, send("data: {\"m\":\""+advSecret+"\"}\nevent: error\n\n"))
+			b := newUpstream(t, sendStream(okStream))
+			log := &advLog{}
+			code, body := postProxy(t, newAdvHarness(t, Config{}, log, nil, a, b))
+			assert.Equal(t, http.StatusOK, code)
+			assert.Equal(t, okStream, body)
+			requireStatusFailure(t, log.errs(a.URL), http.StatusInternalServerError)
+
+			a = newUpstream(t, send("data: {\"i\":0}\n\nevent: error\ndata: {\"m\":\""+advSecret+"\"}\n\n"))
+			log = &advLog{}
+			code, body = postProxy(t, newAdvHarness(t, Config{}, log, nil, a))
+			assert.Equal(t, http.StatusOK, code)
+			assert.NotContains(t, body, advSecret)
+			errs := log.errs(a.URL)
+			require.Len(t, errs, 1)
+			assert.ErrorIs(t, errs[0], ErrErrorEvent)
+		})
+	}
+}

@@ -132,20 +132,22 @@ type OutputCounter struct {
 
 // NewOutputCounter returns an OutputCounter for a response body with header
 // h: one that counts events if h's Content-Type is text/event-stream, with
-// no Content-Encoding other than identity; one that counts usage or bytes
-// otherwise.
+// no Content-Encoding other than identity (in any case); one that counts
+// usage or bytes otherwise.
 func NewOutputCounter(h http.Header) OutputCounter {
 	return OutputCounter{sse: isEventStream(h)}
 }
 
-// isEventStream reports whether h announces an uncompressed event stream.
+// isEventStream reports whether h announces an uncompressed event stream:
+// without a Content-Encoding, or with identity, a content coding's name
+// being case-insensitive.
 func isEventStream(h http.Header) bool {
 	mt, _, _ := strings.Cut(h.Get("Content-Type"), ";")
 	if !strings.EqualFold(strings.TrimSpace(mt), "text/event-stream") {
 		return false
 	}
-	ce := h.Get("Content-Encoding")
-	return ce == "" || ce == "identity"
+	ce := strings.TrimSpace(h.Get("Content-Encoding"))
+	return ce == "" || strings.EqualFold(ce, "identity")
 }
 
 const (
