@@ -2,7 +2,6 @@ package extproc_test
 
 import (
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/llmlb/llmlb"
@@ -118,13 +117,8 @@ func TestFirstTokenLineBreaksAndChunks(t *testing.T) {
 					continue
 				}
 				t.Run(c.name+"/"+le.name+"/"+ch.name, func(t *testing.T) {
-					var mu sync.Mutex
-					var infos []llmlb.DoneInfo
-					b := newBalancer(t, 1, nil, llmlb.WithObserver(&llmlb.Observer{Done: func(d llmlb.DoneInfo) {
-						mu.Lock()
-						infos = append(infos, d)
-						mu.Unlock()
-					}}))
+					var rec infoRecorder
+					b := newBalancer(t, 1, nil, llmlb.WithObserver(rec.observer()))
 					h := start(t, extproc.Config{Balancer: b})
 					e, picked := exchange(t, h, reasoningBody("low"))
 					e.send(responseHeaders(200, "text/event-stream", false))
@@ -147,14 +141,12 @@ func TestFirstTokenLineBreaksAndChunks(t *testing.T) {
 					}
 					require.NoError(t, e.closeAndWait())
 					waitIdle(t, b)
-					mu.Lock()
-					defer mu.Unlock()
-					require.Len(t, infos, 1)
-					assert.Equal(t, firstEventEnded(stream, true), infos[0].Streamed, "FirstToken")
+					d := rec.only(t)
+					assert.Equal(t, firstEventEnded(stream, true), d.Streamed, "FirstToken")
 					if c.failed {
-						assert.ErrorIs(t, infos[0].Err, httplb.ErrErrorEvent)
+						assert.ErrorIs(t, d.Err, httplb.ErrErrorEvent)
 					} else {
-						assert.NoError(t, infos[0].Err)
+						assert.NoError(t, d.Err)
 					}
 				})
 			}
@@ -166,13 +158,8 @@ func TestFirstTokenLineBreaksAndChunks(t *testing.T) {
 // no compressed stream: its first token is the end of its first event,
 // and an error event after it fails the pick.
 func TestIdentityEncodingAnyCase(t *testing.T) {
-	var mu sync.Mutex
-	var infos []llmlb.DoneInfo
-	b := newBalancer(t, 1, nil, llmlb.WithObserver(&llmlb.Observer{Done: func(d llmlb.DoneInfo) {
-		mu.Lock()
-		infos = append(infos, d)
-		mu.Unlock()
-	}}))
+	var rec infoRecorder
+	b := newBalancer(t, 1, nil, llmlb.WithObserver(rec.observer()))
 	h := start(t, extproc.Config{Balancer: b})
 	e, picked := exchange(t, h, reasoningBody("low"))
 	m := responseHeaders(200, "text/event-stream", false)
@@ -187,9 +174,7 @@ func TestIdentityEncodingAnyCase(t *testing.T) {
 	streamedBack(t, e.recv(), false)
 	require.NoError(t, e.closeAndWait())
 	waitIdle(t, b)
-	mu.Lock()
-	defer mu.Unlock()
-	require.Len(t, infos, 1)
-	assert.True(t, infos[0].Streamed)
-	assert.ErrorIs(t, infos[0].Err, httplb.ErrErrorEvent)
+	d := rec.only(t)
+	assert.True(t, d.Streamed)
+	assert.ErrorIs(t, d.Err, httplb.ErrErrorEvent)
 }

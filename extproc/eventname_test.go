@@ -1,7 +1,6 @@
 package extproc_test
 
 import (
-	"sync"
 	"testing"
 
 	"github.com/llmlb/llmlb"
@@ -51,25 +50,18 @@ func TestLastEventNameFirstToken(t *testing.T) {
 		{"data: {\"choices\":[]}", true, false},
 		{"data: {\"choices\":[]}\nevent: error", false, true},
 	} {
-		var mu sync.Mutex
-		var infos []llmlb.DoneInfo
-		b := newBalancer(t, 1, nil, llmlb.WithObserver(&llmlb.Observer{Done: func(d llmlb.DoneInfo) {
-			mu.Lock()
-			infos = append(infos, d)
-			mu.Unlock()
-		}}))
+		var rec infoRecorder
+		b := newBalancer(t, 1, nil, llmlb.WithObserver(rec.observer()))
 		h := start(t, extproc.Config{Balancer: b})
 		e, _ := exchange(t, h, reasoningBody("low"))
 		respond(t, e, "text/event-stream", cut(c.stream, 7)...)
 		waitIdle(t, b)
-		mu.Lock()
-		require.Len(t, infos, 1)
-		require.Equal(t, c.streamed, infos[0].Streamed, "FirstToken for %q", c.stream)
+		d := rec.only(t)
+		require.Equal(t, c.streamed, d.Streamed, "FirstToken for %q", c.stream)
 		if c.failed {
-			require.ErrorIs(t, infos[0].Err, httplb.ErrErrorEvent, "%q", c.stream)
+			require.ErrorIs(t, d.Err, httplb.ErrErrorEvent, "%q", c.stream)
 		} else {
-			require.NoError(t, infos[0].Err, "%q", c.stream)
+			require.NoError(t, d.Err, "%q", c.stream)
 		}
-		mu.Unlock()
 	}
 }

@@ -331,3 +331,27 @@ func (r *doneRecorder) get() ([]error, []string) {
 	defer r.mu.Unlock()
 	return append([]error(nil), r.errs...), append([]string(nil), r.keys...)
 }
+
+// infoRecorder keeps the DoneInfo of every pick that ends.
+type infoRecorder struct {
+	mu    sync.Mutex
+	infos []llmlb.DoneInfo
+}
+
+func (r *infoRecorder) observer() *llmlb.Observer {
+	return &llmlb.Observer{Done: func(d llmlb.DoneInfo) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.infos = append(r.infos, d)
+	}}
+}
+
+// only returns the DoneInfo of the one pick that ended, and fails t unless
+// exactly one did.
+func (r *infoRecorder) only(t *testing.T) llmlb.DoneInfo {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.Len(t, r.infos, 1)
+	return r.infos[0]
+}

@@ -3,7 +3,6 @@ package extproc_test
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -171,26 +170,19 @@ func TestNamedErrorEventNoFirstToken(t *testing.T) {
 		{"event: error\ndata: {\"message\": \"x\"}\n\ndata: {\"choices\":[]}\n\n", true},
 		{"data: {\"choices\":[]}\n\n", true},
 	} {
-		var mu sync.Mutex
-		var infos []llmlb.DoneInfo
-		b := newBalancer(t, 1, nil, llmlb.WithObserver(&llmlb.Observer{Done: func(d llmlb.DoneInfo) {
-			mu.Lock()
-			infos = append(infos, d)
-			mu.Unlock()
-		}}))
+		var rec infoRecorder
+		b := newBalancer(t, 1, nil, llmlb.WithObserver(rec.observer()))
 		h := start(t, extproc.Config{Balancer: b})
 		e, _ := exchange(t, h, reasoningBody("low"))
 		respond(t, e, "text/event-stream", cut(c.stream, 7)...)
 		waitIdle(t, b)
-		mu.Lock()
-		require.Len(t, infos, 1)
-		require.Equal(t, c.streamed, infos[0].Streamed, "FirstToken for %q", c.stream)
+		d := rec.only(t)
+		require.Equal(t, c.streamed, d.Streamed, "FirstToken for %q", c.stream)
 		if strings.Contains(c.stream, "error") {
-			require.ErrorIs(t, infos[0].Err, httplb.ErrErrorEvent)
+			require.ErrorIs(t, d.Err, httplb.ErrErrorEvent)
 		} else {
-			require.NoError(t, infos[0].Err)
+			require.NoError(t, d.Err)
 		}
-		mu.Unlock()
 	}
 }
 
