@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -84,29 +83,7 @@ func (l *advLog) errs(key string) []error {
 // nil.
 func newAdvHarness(t *testing.T, cfg Config, log *advLog, base *http.Transport, ups ...*upstream) *harness {
 	t.Helper()
-	b, err := llmlb.New(fixed{}, llmlb.WithRand(rand.NewPCG(1, 2)), llmlb.WithObserver(log.observer()))
-	require.NoError(t, err)
-	urls := make([]string, len(ups))
-	for i, u := range ups {
-		urls[i] = u.URL
-	}
-	eps, err := NewEndpoints(urls...)
-	require.NoError(t, err)
-	require.NoError(t, b.Update(eps))
-	if base == nil {
-		base = &http.Transport{}
-	}
-	t.Cleanup(base.CloseIdleConnections)
-	cfg.Balancer = b
-	cfg.Base = base
-	if cfg.Retry.After == nil {
-		cfg.Retry.After = func(time.Duration) <-chan time.Time { return closedTime }
-	}
-	tr, err := NewTransport(cfg)
-	require.NoError(t, err)
-	h := &harness{b: b, tr: tr, base: base, cfg: cfg}
-	t.Cleanup(func() { h.requireIdle(t) })
-	return h
+	return harnessWith(t, cfg, log.observer(), base, nil, ups...)
 }
 
 // writeSteps sends steps as an event stream, each in a write of its own,

@@ -66,7 +66,15 @@ func (d *doneLog) get(key string) []error {
 // wrapping of a loopback one (wrap may be nil).
 func newObservedHarness(t *testing.T, cfg Config, done *doneLog, wrap func(http.RoundTripper) http.RoundTripper, ups ...*upstream) *harness {
 	t.Helper()
-	b, err := llmlb.New(fixed{}, llmlb.WithRand(rand.NewPCG(1, 2)), llmlb.WithObserver(done.observer()))
+	return harnessWith(t, cfg, done.observer(), nil, wrap, ups...)
+}
+
+// harnessWith is newHarness with the fixed policy, a balancer that tells
+// obs of its picks, and base as the loopback base transport if not nil,
+// wrapped by wrap if not nil.
+func harnessWith(t *testing.T, cfg Config, obs *llmlb.Observer, base *http.Transport, wrap func(http.RoundTripper) http.RoundTripper, ups ...*upstream) *harness {
+	t.Helper()
+	b, err := llmlb.New(fixed{}, llmlb.WithRand(rand.NewPCG(1, 2)), llmlb.WithObserver(obs))
 	require.NoError(t, err)
 	urls := make([]string, len(ups))
 	for i, u := range ups {
@@ -75,7 +83,9 @@ func newObservedHarness(t *testing.T, cfg Config, done *doneLog, wrap func(http.
 	eps, err := NewEndpoints(urls...)
 	require.NoError(t, err)
 	require.NoError(t, b.Update(eps))
-	base := &http.Transport{}
+	if base == nil {
+		base = &http.Transport{}
+	}
 	t.Cleanup(base.CloseIdleConnections)
 	cfg.Balancer = b
 	cfg.Base = base
